@@ -1,0 +1,184 @@
+/*
+ * ganglion common module: error codes, logging, the parameter registry, clocks and
+ * backoff. Every other module sits on top of this one; it depends on nothing but libc.
+ */
+#ifndef GANGLION_COMMON_H
+#define GANGLION_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---------------------------------------------------------------------------------
+ * Errors (libuv style): functions return 0 or a negative GANG_E* code. One X-macro
+ * generates the enum, gang_strerror() and gang_err_name(). Codes that mirror an errno
+ * use its negative value so that system errors pass through unchanged.
+ * --------------------------------------------------------------------------------- */
+#define GANG_ERRNO_MAP(XX)                                                                 \
+    XX(EINVAL, -22, "invalid argument")                                                    \
+    XX(ENOMEM, -12, "out of memory")                                                       \
+    XX(EIO, -5, "input/output error")                                                      \
+    XX(EAGAIN, -11, "resource temporarily unavailable")                                    \
+    XX(ENOENT, -2, "no such file or directory")                                            \
+    XX(EACCES, -13, "permission denied")                                                   \
+    XX(EEXIST, -17, "already exists")                                                      \
+    XX(EMSGSIZE, -90, "message too long")                                                  \
+    XX(EPROTO, -71, "protocol error")                                                      \
+    XX(ECONNRESET, -104, "connection reset by peer")                                       \
+    XX(ECONNREFUSED, -111, "connection refused")                                           \
+    XX(ETIMEDOUT, -110, "timed out")                                                       \
+    XX(ENOSYS, -38, "not built into this binary")                                          \
+    XX(ERANGE, -34, "value out of range")                                                  \
+    XX(EVERSION, -3001, "unsupported protocol version")                                    \
+    XX(EAUTH, -3002, "authentication failed")                                              \
+    XX(ESTALE, -3003, "message of an older generation")                                    \
+    XX(EPEER, -3004, "a remote rank failed")                                               \
+    XX(EABORTED, -3005, "operation aborted")                                               \
+    XX(EDUPLICATE, -3006, "duplicate rank")                                                \
+    XX(EMISMATCH, -3007, "gang configuration mismatch")                                    \
+    XX(ERESOLVE, -3008, "name does not resolve")                                           \
+    XX(EBUDGET, -3009, "restart budget spent")                                             \
+    XX(ECLOSED, -3010, "connection closed")                                                \
+    XX(EUSAGE, -3011, "usage error")                                                       \
+    XX(EMODEL, -3012, "model or weights error")                                            \
+    XX(EINTERNAL, -3013, "internal error")
+
+typedef enum {
+#define GANG_ERR_ENUM_(name, val, msg) GANG_##name = (val),
+    GANG_ERRNO_MAP(GANG_ERR_ENUM_)
+#undef GANG_ERR_ENUM_
+} gang_errno_t;
+
+/* Returns a static human-readable message for a GANG_E* code (or "unknown error"). */
+const char *gang_strerror(int err);
+/* Returns the static symbolic name ("GANG_ETIMEDOUT") of a code, or "GANG_E?" if unknown. */
+const char *gang_err_name(int err);
+/* Maps a positive errno value to a GANG_E* code (known ones keep their value). */
+int gang_err_from_errno(int errnum);
+
+/* Process exit codes of the external contract (DESIGN.md §3). */
+enum {
+    GANG_EXIT_OK = 0,
+    GANG_EXIT_USAGE = 2,    /* usage / config error, never retried */
+    GANG_EXIT_MODEL = 3,    /* model / weights error, never retried */
+    GANG_EXIT_INTERNAL = 70,
+    GANG_EXIT_TEMPFAIL = 75 /* transient failure, retryable */
+};
+/* Maps an error code to the exit code the contract gives it. */
+int gang_exit_code_for(int err);
+
+/* ---------------------------------------------------------------------------------
+ * Logging. Text ("2026-11-30T19:00:00.123Z INFO node=1 rank=3 gen=7 msg") or JSON lines
+ * ({"ts":...,"level":...,"node":1,"rank":3,"gen":7,"msg":...}). Every line carries the
+ * node, rank and generation of the process (-1 when not known yet). Thread-safe: a line
+ * is written with one write(2). Writes to stderr.
+ * --------------------------------------------------------------------------------- */
+typedef enum { GANG_LOG_DEBUG = 0, GANG_LOG_INFO, GANG_LOG_WARN, GANG_LOG_ERROR } gang_log_level;
+typedef enum { GANG_LOG_TEXT = 0, GANG_LOG_JSON } gang_log_format;
+
+void gang_log_configure(gang_log_format fmt, gang_log_level min_level);
+/* Sets the identity printed on every line; -1 leaves a field unknown. */
+void gang_log_set_identity(int node, int rank);
+void gang_log_set_generation(int64_t gen);
+/* Parses "text"/"json" and "debug"/"info"/"warn"/"error"; returns GANG_EINVAL otherwise. */
+int gang_log_parse_format(const char *s, gang_log_format *out);
+int gang_log_parse_level(const char *s, gang_log_level *out);
+/* Redirects output to fd (default 2); for tests. */
+void gang_log_set_fd(int fd);
+void gang_log_write(gang_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define gang_debug(...) gang_log_write(GANG_LOG_DEBUG, __VA_ARGS__)
+#define gang_info(...) gang_log_write(GANG_LOG_INFO, __VA_ARGS__)
+#define gang_warn(...) gang_log_write(GANG_LOG_WARN, __VA_ARGS__)
+#define gang_error(...) gang_log_write(GANG_LOG_ERROR, __VA_ARGS__)
+
+/* ---------------------------------------------------------------------------------
+ * Parameter registry (NCCL_PARAM style): every tunable has a flag, a GANGLION_* env twin
+ * (derived from the flag: --heartbeat-interval-ms -> GANGLION_HEARTBEAT_INTERVAL_MS), a
+ * default and a help line. The list lives in common/params.def; precedence is
+ * flag > environment > default. Nothing else in the code base reads GANGLION_* env.
+ * --------------------------------------------------------------------------------- */
+typedef enum { GANG_PARAM_INT = 0, GANG_PARAM_STR, GANG_PARAM_BOOL } gang_param_type;
+
+#define GANG_PARAM_STR_MAX 256
+
+typedef struct gang_params {
+#define GANG_PARAM_INT_(field, flag, def, lo, hi, help) int64_t field;
+#define GANG_PARAM_STR_(field, flag, def, help) char field[GANG_PARAM_STR_MAX];
+#define GANG_PARAM_BOOL_(field, flag, def, help) int field;
+#include "ganglion/params.def"
+#undef GANG_PARAM_INT_
+#undef GANG_PARAM_STR_
+#undef GANG_PARAM_BOOL_
+} gang_params;
+
+typedef struct gang_param_info {
+    const char *flag;     /* "heartbeat-interval-ms" (without dashes) */
+    const char *env;      /* "GANGLION_HEARTBEAT_INTERVAL_MS" */
+    gang_param_type type;
+    const char *def;      /* default as text */
+    int64_t lo, hi;       /* bounds of INT params */
+    const char *help;
+    size_t offset;        /* into gang_params */
+} gang_param_info;
+
+/* The registry, in declaration order; *count receives its length. */
+const gang_param_info *gang_params_registry(size_t *count);
+/* Fills p with every default. */
+void gang_params_defaults(gang_params *p);
+/*
+ * Applies GANGLION_* variables found in envp (a NULL-terminated "K=V" array, usually
+ * environ). On a bad value returns GANG_EUSAGE and writes a message into err.
+ */
+int gang_params_from_env(gang_params *p, char *const *envp, char *err, size_t errlen);
+/*
+ * Parses "--flag value", "--flag=value" and "--bool-flag" from argv[0..argc). Arguments
+ * that are not registered flags are left in order in rest (rest[0..*nrest)) so the caller
+ * can handle subcommand-specific ones; rest may be NULL to refuse them. Returns 0, or
+ * GANG_EUSAGE with a message in err.
+ */
+int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, int *nrest,
+                           char *err, size_t errlen);
+/* Sets one parameter from text, with the same validation as flags. */
+int gang_params_set(gang_params *p, const char *flag, const char *value, char *err,
+                    size_t errlen);
+/* Prints every parameter: flag, env twin, default and help. */
+void gang_params_print_help(FILE *out);
+/* Prints the effective values (for --check-config); tokens are never printed. */
+void gang_params_print_values(const gang_params *p, FILE *out);
+
+/* ---------------------------------------------------------------------------------
+ * Clocks and backoff.
+ * --------------------------------------------------------------------------------- */
+/* Monotonic clock in milliseconds / nanoseconds. */
+uint64_t gang_now_ms(void);
+uint64_t gang_now_ns(void);
+/* Wall clock in milliseconds since the epoch. */
+uint64_t gang_wall_ms(void);
+/* Sleeps ms milliseconds (restarting on EINTR). */
+void gang_sleep_ms(uint64_t ms);
+
+/*
+ * Bounded exponential backoff with jitter. The n-th delay is drawn uniformly from
+ * [d/2, d] with d = min(max_ms, initial_ms * 2^n) ("equal jitter"): the floor keeps
+ * retries from hammering, the jitter keeps many Pods from retrying in lockstep.
+ */
+typedef struct gang_backoff {
+    uint64_t initial_ms; /* first nominal delay */
+    uint64_t max_ms;     /* cap on the nominal delay */
+    uint32_t attempt;    /* delays handed out since the last reset */
+    uint64_t rng;        /* xorshift state; never 0 */
+} gang_backoff;
+
+void gang_backoff_init(gang_backoff *b, uint64_t initial_ms, uint64_t max_ms, uint64_t seed);
+uint64_t gang_backoff_next(gang_backoff *b);
+void gang_backoff_reset(gang_backoff *b);
+
+/* Copies src into dst (size cap) always NUL-terminating; returns GANG_ERANGE if cut. */
+int gang_strlcpy(char *dst, const char *src, size_t cap);
+/* Parses a base-10 integer within [lo, hi]; returns GANG_EINVAL / GANG_ERANGE. */
+int gang_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+#endif /* GANGLION_COMMON_H */

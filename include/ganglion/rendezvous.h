@@ -1,0 +1,307 @@
+/*
+ * ganglion rendezvous module: identity discovery, the wire protocol v1 codec,
+ * authentication, and the coordinator / member state machines that run on a libuv loop.
+ * docs/protocol.md is the normative description of the wire format.
+ *
+ * No libuv types appear here: functions that need the caller's loop take it as
+ * `void *uv_loop` (a uv_loop_t *), and every handle is opaque.
+ */
+#ifndef GANGLION_RENDEZVOUS_H
+#define GANGLION_RENDEZVOUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/common.h"
+
+/* =================================================================================
+ * Wire protocol v1
+ *
+ * A frame is a 20-byte header followed by payload_len bytes of payload, all integers
+ * little-endian:
+ *
+ *   offset 0  u32 magic        0x474E4147 ("GANG" as bytes 'G','A','N','G')
+ *   offset 4  u16 version      1
+ *   offset 6  u16 type         gang_msg_type
+ *   offset 8  u64 generation   the sender's generation (0 = none yet)
+ *   offset 16 u32 payload_len  <= GANG_WIRE_MAX_PAYLOAD
+ *
+ * Payload fields are encoded in the order of the structs below: integers as fixed-width
+ * little-endian, byte arrays raw with their fixed size, strings as u16 length + bytes
+ * (no NUL, length < the field's capacity), blobs as u32 length + bytes. A payload must be
+ * consumed exactly: trailing bytes are a protocol error.
+ * ================================================================================= */
+#define GANG_WIRE_MAGIC 0x474E4147u
+#define GANG_WIRE_VERSION 1u
+#define GANG_WIRE_HEADER_SIZE 20u
+#define GANG_WIRE_MAX_PAYLOAD (64u * 1024u)
+#define GANG_WIRE_MAX_FRAME (GANG_WIRE_HEADER_SIZE + GANG_WIRE_MAX_PAYLOAD)
+
+#define GANG_NONCE_SIZE 32
+#define GANG_MAC_SIZE 32
+#define GANG_DIGEST_SIZE 32
+#define GANG_JOB_MAX 64       /* capacity including NUL */
+#define GANG_HOST_MAX 256     /* capacity including NUL */
+#define GANG_REASON_MAX 256   /* capacity including NUL */
+#define GANG_BLOB_MAX 8192    /* bootstrap blob bytes */
+#define GANG_MAX_LOCAL_RANKS 64
+
+typedef enum gang_msg_type {
+    GANG_MSG_CHALLENGE = 1,     /* coord -> member, first frame on a connection */
+    GANG_MSG_JOIN = 2,          /* member -> coord, answers the challenge */
+    GANG_MSG_WELCOME = 3,       /* coord -> member, proves the coordinator knows the token */
+    GANG_MSG_REJECT = 4,        /* either way, then the sender closes */
+    GANG_MSG_BLOB_REQUEST = 5,  /* coord -> node 0: have rank 0 produce the bootstrap blob */
+    GANG_MSG_BLOB = 6,          /* node 0 -> coord: the blob for generation G */
+    GANG_MSG_START = 7,         /* coord -> all: generation G starts with this blob */
+    GANG_MSG_READY = 8,         /* member -> coord: all local ranks serve generation G */
+    GANG_MSG_HEARTBEAT = 9,     /* both ways */
+    GANG_MSG_ABORT = 10,        /* member -> coord: a local failure; coord -> all: abort G */
+    GANG_MSG_REJOIN = 11,       /* member -> coord: aborted in place, ready for a new G */
+    GANG_MSG_GIVE_UP = 12,      /* coord -> all: the restart budget is spent */
+    GANG_MSG_TYPE_MAX_ = 12
+} gang_msg_type;
+
+/* State of one rank as members report it in heartbeats. */
+typedef enum gang_rank_state {
+    GANG_RANK_DOWN = 0,     /* no worker process */
+    GANG_RANK_IDLE = 1,     /* worker up, not in a generation */
+    GANG_RANK_STARTING = 2, /* initialising comms for a generation */
+    GANG_RANK_READY = 3,    /* serving the current generation */
+    GANG_RANK_ABORTING = 4, /* tearing down comms after an abort */
+    GANG_RANK_FAILED = 5    /* reported an error / hung */
+} gang_rank_state;
+
+/* State of the gang as the coordinator reports it. */
+typedef enum gang_state {
+    GANG_STATE_WAITING = 0,   /* waiting for members to (re)join */
+    GANG_STATE_BACKOFF = 1,   /* all present, waiting out the restart backoff */
+    GANG_STATE_STARTING = 2,  /* START sent, waiting for READY from every node */
+    GANG_STATE_SERVING = 3,   /* every rank is READY in the current generation */
+    GANG_STATE_ABORTING = 4,  /* ABORT sent, waiting for members to REJOIN */
+    GANG_STATE_FAILED = 5     /* restart budget spent; stays down */
+} gang_state;
+
+const char *gang_rank_state_name(int s);
+const char *gang_state_name(int s);
+
+typedef struct gang_msg_challenge {
+    uint8_t nonce[GANG_NONCE_SIZE];     /* fresh random server nonce */
+    uint8_t auth_required;              /* 1 when the coordinator has a token */
+} gang_msg_challenge;
+
+typedef struct gang_msg_join {
+    char job[GANG_JOB_MAX];             /* job name; must match the coordinator's */
+    uint32_t node_index;                /* this member's node index */
+    uint32_t nnodes;                    /* world shape the member was started with */
+    uint32_t nproc_per_node;
+    uint32_t tp;
+    uint32_t pp;
+    uint8_t model_digest[GANG_DIGEST_SIZE]; /* digest of the model the member loaded */
+    uint64_t generation_seen;           /* highest generation this member has served */
+    char host[GANG_HOST_MAX];           /* address peers use to reach this node's workers */
+    uint8_t client_nonce[GANG_NONCE_SIZE];
+    uint8_t mac[GANG_MAC_SIZE];         /* HMAC over gang_auth_join_input(); zero w/o token */
+} gang_msg_join;
+
+typedef struct gang_msg_welcome {
+    uint8_t mac[GANG_MAC_SIZE];         /* HMAC proving the coordinator holds the token */
+    uint32_t heartbeat_interval_ms;     /* the coordinator's heartbeat settings */
+    uint32_t heartbeat_timeout_ms;
+    uint64_t generation;                /* coordinator's current generation */
+} gang_msg_welcome;
+
+typedef struct gang_msg_reject {
+    int32_t code;                       /* GANG_E* */
+    char reason[GANG_REASON_MAX];
+} gang_msg_reject;
+
+typedef struct gang_msg_blob {          /* BLOB and START (and BLOB_REQUEST with len 0) */
+    uint32_t world_size;                /* ranks in the gang */
+    uint32_t len;
+    uint8_t data[GANG_BLOB_MAX];
+} gang_msg_blob;
+
+typedef struct gang_msg_ready {
+    uint32_t node_index;
+} gang_msg_ready;
+
+typedef struct gang_msg_heartbeat {
+    uint32_t node_index;                /* sender's node (coordinator: UINT32_MAX) */
+    uint32_t state;                     /* gang_state from the coordinator, 0 from members */
+    uint32_t nranks;                    /* entries below (members: local ranks) */
+    uint8_t rank_state[GANG_MAX_LOCAL_RANKS];  /* gang_rank_state */
+    uint32_t rank_age_ms[GANG_MAX_LOCAL_RANKS]; /* ms since each worker's last heartbeat */
+} gang_msg_heartbeat;
+
+typedef struct gang_msg_abort {
+    int32_t rank;                       /* global rank that failed, -1 = unknown/node */
+    int32_t code;                       /* GANG_E* */
+    char reason[GANG_REASON_MAX];
+} gang_msg_abort;
+
+typedef struct gang_msg_rejoin {
+    uint32_t node_index;
+} gang_msg_rejoin;
+
+typedef struct gang_msg_give_up {
+    char reason[GANG_REASON_MAX];
+} gang_msg_give_up;
+
+/* One decoded message: the header fields plus the payload of its type. */
+typedef struct gang_msg {
+    uint16_t type;                      /* gang_msg_type */
+    uint64_t generation;
+    union {
+        gang_msg_challenge challenge;
+        gang_msg_join join;
+        gang_msg_welcome welcome;
+        gang_msg_reject reject;
+        gang_msg_blob blob;             /* BLOB_REQUEST, BLOB, START */
+        gang_msg_ready ready;
+        gang_msg_heartbeat heartbeat;
+        gang_msg_abort abort;
+        gang_msg_rejoin rejoin;
+        gang_msg_give_up give_up;
+    } u;
+} gang_msg;
+
+/*
+ * Encodes m as one frame into buf[0..cap). On success returns 0 and the frame length in
+ * *out_len. GANG_EINVAL for an unknown type or a field out of bounds (a string too long
+ * for its capacity, a blob len > GANG_BLOB_MAX, nranks > GANG_MAX_LOCAL_RANKS);
+ * GANG_EMSGSIZE when cap is too small.
+ */
+int gang_wire_encode(const gang_msg *m, uint8_t *buf, size_t cap, size_t *out_len);
+
+typedef struct gang_wire_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint64_t generation;
+    uint32_t payload_len;
+} gang_wire_header;
+
+/*
+ * Parses and validates a header from buf[0..len). Returns 0, GANG_EAGAIN when len <
+ * GANG_WIRE_HEADER_SIZE, GANG_EPROTO for a bad magic or unknown type, GANG_EVERSION for
+ * another version, GANG_EMSGSIZE when payload_len > GANG_WIRE_MAX_PAYLOAD.
+ */
+int gang_wire_decode_header(const uint8_t *buf, size_t len, gang_wire_header *h);
+
+/*
+ * Decodes one whole frame from buf[0..len) into m. Returns 0 and the bytes used in
+ * *consumed; GANG_EAGAIN if the frame is not complete yet; a header error as above;
+ * GANG_EPROTO for a payload that is truncated, has trailing bytes, or holds an invalid
+ * field (string too long or with a NUL byte, blob len out of bounds, nranks too big).
+ * Never reads outside buf[0..len).
+ */
+int gang_wire_decode(const uint8_t *buf, size_t len, gang_msg *m, size_t *consumed);
+
+/*
+ * Streaming frame reader for a byte stream: feed it what arrives, take messages out.
+ * Owns a buffer of GANG_WIRE_MAX_FRAME bytes. Not thread-safe.
+ */
+typedef struct gang_wire_reader gang_wire_reader;
+gang_wire_reader *gang_wire_reader_new(void);
+void gang_wire_reader_free(gang_wire_reader *r);
+/* Appends data; GANG_EMSGSIZE if it does not fit (caller must drain with _next first). */
+int gang_wire_reader_feed(gang_wire_reader *r, const uint8_t *data, size_t len);
+/* Room left for feed(). */
+size_t gang_wire_reader_space(const gang_wire_reader *r);
+/*
+ * Takes the next complete message: returns 1 with *m filled, 0 when more bytes are
+ * needed, or a negative error (the stream is then unusable: close the connection). A
+ * bad header is reported as soon as its 20 bytes are in, before any payload arrives.
+ */
+int gang_wire_reader_next(gang_wire_reader *r, gang_msg *m);
+/* Bytes buffered but not yet taken. */
+size_t gang_wire_reader_pending(const gang_wire_reader *r);
+
+/* =================================================================================
+ * Authentication: HMAC-SHA256 (libsodium) keyed by SHA-256 of the shared token.
+ *
+ *   coordinator -> CHALLENGE(server_nonce)
+ *   member      -> JOIN(..., client_nonce, mac_m = HMAC(k, "ganglion-join-v1" |
+ *                       server_nonce | client_nonce | job | u32 node_index))
+ *   coordinator -> WELCOME(mac_c = HMAC(k, "ganglion-welcome-v1" | client_nonce |
+ *                       server_nonce))  or REJECT(GANG_EAUTH)
+ * Both sides prove the token; the fresh nonces stop replay.
+ * ================================================================================= */
+typedef struct gang_token {
+    int present;                        /* 0 = no token configured */
+    uint8_t key[32];                    /* SHA-256 of the token file's contents */
+} gang_token;
+
+/* Initialises libsodium; call once before anything else here. Safe to call again. */
+int gang_auth_init(void);
+/*
+ * Loads a token file: trailing whitespace/newlines are stripped; the token must be 16
+ * to 4096 bytes. path "" gives a token with present = 0. Errors: GANG_ENOENT /
+ * GANG_EACCES (file), GANG_EINVAL (too short, too long, empty) with a message in err.
+ */
+int gang_auth_load_token(const char *path, gang_token *t, char *err, size_t errlen);
+/* Fills out with n cryptographically random bytes. */
+void gang_auth_random(uint8_t *out, size_t n);
+/* Computes the member's JOIN mac into j->mac (over j's fields and server_nonce). */
+void gang_auth_sign_join(const gang_token *t, const uint8_t server_nonce[GANG_NONCE_SIZE],
+                         gang_msg_join *j);
+/* Verifies j->mac in constant time: 0 or GANG_EAUTH. */
+int gang_auth_verify_join(const gang_token *t, const uint8_t server_nonce[GANG_NONCE_SIZE],
+                          const gang_msg_join *j);
+/* The coordinator's proof for WELCOME. */
+void gang_auth_sign_welcome(const gang_token *t, const uint8_t client_nonce[GANG_NONCE_SIZE],
+                            const uint8_t server_nonce[GANG_NONCE_SIZE],
+                            uint8_t mac[GANG_MAC_SIZE]);
+int gang_auth_verify_welcome(const gang_token *t, const uint8_t client_nonce[GANG_NONCE_SIZE],
+                             const uint8_t server_nonce[GANG_NONCE_SIZE],
+                             const uint8_t mac[GANG_MAC_SIZE]);
+/*
+ * Digest of a model directory: SHA-256 over config.json's bytes and the names and sizes
+ * of its *.safetensors / *.json files in sorted order. An empty path digests to the
+ * SHA-256 of the empty string. GANG_ENOENT when the directory does not exist.
+ */
+int gang_model_digest(const char *dir, uint8_t out[GANG_DIGEST_SIZE]);
+
+/* =================================================================================
+ * Identity and discovery (DESIGN.md §3). Sources, first match wins:
+ *   1. flags: --node-index >= 0 (and --coordinator, else discovered below);
+ *   2. Open MPI: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (one agent per node);
+ *      needs --coordinator;
+ *   3. LeaderWorkerSet: LWS_WORKER_INDEX, LWS_GROUP_SIZE, LWS_LEADER_ADDRESS;
+ *   4. StatefulSet: hostname NAME-ORDINAL + --service (GANGLION_SERVICE) + namespace
+ *      (--namespace, else POD_NAMESPACE, else "default") + --cluster-domain:
+ *      coordinator = NAME-0.SERVICE.NAMESPACE.svc.DOMAIN:rdzv_port.
+ * ================================================================================= */
+typedef enum gang_identity_source {
+    GANG_ID_FLAGS = 0,
+    GANG_ID_MPI,
+    GANG_ID_LWS,
+    GANG_ID_STATEFULSET
+} gang_identity_source;
+
+typedef struct gang_identity {
+    gang_identity_source source;
+    int32_t node_index;                 /* 0-based */
+    int32_t nnodes;                     /* from the source, or the --nnodes flag */
+    char coordinator_host[GANG_HOST_MAX];
+    uint16_t coordinator_port;
+    int is_coordinator;                 /* node_index == 0 */
+} gang_identity;
+
+const char *gang_identity_source_name(gang_identity_source s);
+
+/*
+ * Derives this process's identity from the parameters p and the environment envp (a
+ * NULL-terminated "K=V" array; pure: reads nothing else). hostname is the machine's
+ * host name (the caller passes gethostname()'s answer; p->hostname overrides it).
+ * Returns 0, or GANG_EUSAGE with a clear message in err (no source matched, an index
+ * outside [0, nnodes), a group size that disagrees with --nnodes, a bad HOST:PORT).
+ */
+int gang_identity_discover(const gang_params *p, char *const *envp, const char *hostname,
+                           gang_identity *id, char *err, size_t errlen);
+
+/* Splits "host:port" or "[v6]:port" (port required, 1..65535). */
+int gang_parse_host_port(const char *s, char *host, size_t hostcap, uint16_t *port);
+
+#endif /* GANGLION_RENDEZVOUS_H */

@@ -1,0 +1,58 @@
+/*
+ * Agent <-> worker control channel (internal to launcher/).
+ *
+ * The agent creates one AF_UNIX SOCK_SEQPACKET listening socket per node and spawns each
+ * worker as `ganglion worker --agent-socket PATH --local-rank L ...`. SEQPACKET keeps
+ * message boundaries, so every message is exactly one gang_wctl struct per packet; a
+ * packet of another size is a protocol error and closes the channel. Both ends run on
+ * the same host and binary, so the struct travels in host byte order.
+ *
+ * Conversation (G = generation):
+ *   worker -> HELLO(local_rank, pid)             once, right after connect
+ *   worker -> HEARTBEAT(state)                   every heartbeat interval, always
+ *   agent  -> BLOB_REQUEST(G)                    to local rank 0 of node 0 only
+ *   worker -> BLOB(G, blob)                      rank 0 listens and describes itself
+ *   agent  -> START(G, rank, world, blob)        every worker joins the data plane
+ *   worker -> READY(G)                           data plane up for G
+ *   worker -> ERROR(G, code, reason)             data plane failed (peer lost, timeout)
+ *   agent  -> ABORT(G)                           tear down the data plane, stay alive
+ *   worker -> ABORTED(G)                         torn down; weights (later) stay loaded
+ *   agent  -> SHUTDOWN                           exit 0
+ * A message whose generation is older than the worker's current one is ignored.
+ * If the channel closes, the worker exits (its agent is gone).
+ */
+#ifndef GANGLION_LAUNCHER_WCTL_H
+#define GANGLION_LAUNCHER_WCTL_H
+
+#include <stdint.h>
+
+#include "ganglion/rendezvous.h"
+
+typedef enum gang_wctl_type {
+    GANG_WCTL_HELLO = 1,
+    GANG_WCTL_HEARTBEAT = 2,
+    GANG_WCTL_BLOB_REQUEST = 3,
+    GANG_WCTL_BLOB = 4,
+    GANG_WCTL_START = 5,
+    GANG_WCTL_READY = 6,
+    GANG_WCTL_ERROR = 7,
+    GANG_WCTL_ABORT = 8,
+    GANG_WCTL_ABORTED = 9,
+    GANG_WCTL_SHUTDOWN = 10
+} gang_wctl_type;
+
+typedef struct gang_wctl {
+    uint32_t type;          /* gang_wctl_type */
+    uint32_t local_rank;    /* sender / addressee local rank */
+    uint64_t generation;    /* fences every message */
+    int32_t pid;            /* HELLO: worker pid */
+    int32_t code;           /* ERROR: GANG_E* */
+    uint32_t state;         /* HEARTBEAT: gang_rank_state */
+    uint32_t rank;          /* START: global rank */
+    uint32_t world_size;    /* START: ranks in the gang */
+    uint32_t blob_len;      /* BLOB, START */
+    uint8_t blob[GANG_BLOB_MAX];
+    char reason[GANG_REASON_MAX]; /* ERROR */
+} gang_wctl;
+
+#endif

@@ -1,0 +1,1 @@
+typedef int gang__placeholder_13011;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs every Debian package that ganglion's build and tests need.
+# Idempotent: packages already present are not touched, and apt is not even
+# called when nothing is missing. Works as root (CI) or through sudo.
+set -euo pipefail
+
+PKGS=(
+    build-essential cmake pkg-config git
+    libuv1-dev            # event loop: rendezvous, agent, HTTP
+    libsodium-dev         # HMAC-SHA256 challenge-response on the rendezvous port
+    libhttp-parser-dev    # HTTP/1.1 request parsing for probes and the API
+    libcjson-dev          # JSON for /status, config.json, API bodies
+    libcmocka-dev         # unit tests
+    libopenmpi-dev openmpi-bin   # MPI backend and the mpirun peer in benchmarks
+    libopenblas-dev       # CPU GEMM
+    clang libclang-rt-14-dev     # libFuzzer target for the frame decoder
+    curl python3 iproute2 procps psmisc
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#PKGS[@]} packages present"
+    exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1
+    fi
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
