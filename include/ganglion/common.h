@@ -116,7 +116,6 @@ typedef struct gang_params {
 
 typedef struct gang_param_info {
     const char *flag;     /* "heartbeat-interval-ms" (without dashes) */
-    const char *env;      /* "GANGLION_HEARTBEAT_INTERVAL_MS" */
     gang_param_type type;
     const char *def;      /* default as text */
     int64_t lo, hi;       /* bounds of INT params */
@@ -124,6 +123,8 @@ typedef struct gang_param_info {
     size_t offset;        /* into gang_params */
 } gang_param_info;
 
+/* Writes the environment twin of a flag ("GANGLION_HTTP_PORT") into out. */
+void gang_param_env_name(const char *flag, char *out, size_t cap);
 /* The registry, in declaration order; *count receives its length. */
 const gang_param_info *gang_params_registry(size_t *count);
 /* Fills p with every default. */

@@ -1,0 +1,212 @@
+/* cmocka tests of the common module: errors, parameters, backoff, logging. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ganglion/common.h"
+
+static void test_error_names(void **state)
+{
+    (void)state;
+    assert_string_equal(gang_err_name(GANG_ETIMEDOUT), "GANG_ETIMEDOUT");
+    assert_string_equal(gang_strerror(GANG_ESTALE), "message of an older generation");
+    assert_string_equal(gang_err_name(-99999), "GANG_E?");
+    assert_string_equal(gang_strerror(0), "success");
+    assert_int_equal(gang_err_from_errno(110), GANG_ETIMEDOUT);
+    assert_int_equal(gang_err_from_errno(32), GANG_ECONNRESET); /* EPIPE */
+    assert_int_equal(gang_exit_code_for(GANG_EUSAGE), 2);
+    assert_int_equal(gang_exit_code_for(GANG_EMODEL), 3);
+    assert_int_equal(gang_exit_code_for(GANG_EPEER), 75);
+    assert_int_equal(gang_exit_code_for(GANG_EINTERNAL), 70);
+}
+
+static void test_params_defaults_and_flags(void **state)
+{
+    (void)state;
+    gang_params p;
+    char err[256];
+    gang_params_defaults(&p);
+    assert_int_equal(p.heartbeat_interval_ms, 500);
+    assert_int_equal(p.rdzv_port, 29400);
+    assert_string_equal(p.backend, "auto");
+    assert_int_equal(p.local, 0);
+
+    char *argv[] = {"--tp", "4", "--pp=2", "--local", "serve-extra", "--model", "/m"};
+    char *rest[8];
+    int nrest = 0;
+    assert_int_equal(gang_params_parse_args(&p, 7, argv, rest, &nrest, err, sizeof(err)), 0);
+    assert_int_equal(p.tp, 4);
+    assert_int_equal(p.pp, 2);
+    assert_int_equal(p.local, 1);
+    assert_string_equal(p.model, "/m");
+    assert_int_equal(nrest, 1);
+    assert_string_equal(rest[0], "serve-extra");
+}
+
+static void test_params_errors(void **state)
+{
+    (void)state;
+    gang_params p;
+    char err[256];
+    gang_params_defaults(&p);
+    char *bad_int[] = {"--tp", "4x"};
+    assert_int_equal(gang_params_parse_args(&p, 2, bad_int, NULL, NULL, err, sizeof(err)),
+                     GANG_EUSAGE);
+    assert_non_null(strstr(err, "--tp"));
+    char *range[] = {"--http-port=70000"};
+    assert_int_equal(gang_params_parse_args(&p, 1, range, NULL, NULL, err, sizeof(err)),
+                     GANG_EUSAGE);
+    char *missing[] = {"--model"};
+    assert_int_equal(gang_params_parse_args(&p, 1, missing, NULL, NULL, err, sizeof(err)),
+                     GANG_EUSAGE);
+    char *unknown[] = {"--no-such-flag"};
+    assert_int_equal(gang_params_parse_args(&p, 1, unknown, NULL, NULL, err, sizeof(err)),
+                     GANG_EUSAGE);
+    char *badbool[] = {"--local=maybe"};
+    assert_int_equal(gang_params_parse_args(&p, 1, badbool, NULL, NULL, err, sizeof(err)),
+                     GANG_EUSAGE);
+    /* A failed parse of one flag leaves earlier defaults intact. */
+    assert_int_equal(p.tp, 1);
+}
+
+static void test_params_env_and_precedence(void **state)
+{
+    (void)state;
+    gang_params p;
+    char err[256];
+    gang_params_defaults(&p);
+    char *envp[] = {"PATH=/bin", "GANGLION_HEARTBEAT_TIMEOUT_MS=1234", "GANGLION_SERVICE=gang",
+                    "GANGLION_LOCAL=true", NULL};
+    assert_int_equal(gang_params_from_env(&p, envp, err, sizeof(err)), 0);
+    assert_int_equal(p.heartbeat_timeout_ms, 1234);
+    assert_string_equal(p.service, "gang");
+    assert_int_equal(p.local, 1);
+    /* Flags come after the environment and win. */
+    char *argv[] = {"--heartbeat-timeout-ms", "99"};
+    assert_int_equal(gang_params_parse_args(&p, 2, argv, NULL, NULL, err, sizeof(err)), 0);
+    assert_int_equal(p.heartbeat_timeout_ms, 99);
+
+    char *bad[] = {"GANGLION_TP=zero", NULL};
+    assert_int_equal(gang_params_from_env(&p, bad, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "GANGLION_TP"));
+}
+
+static void test_params_registry_complete(void **state)
+{
+    (void)state;
+    size_t n = 0;
+    const gang_param_info *r = gang_params_registry(&n);
+    assert_true(n > 20);
+    char env[96];
+    for (size_t i = 0; i < n; i++) {
+        assert_non_null(r[i].help);
+        assert_true(strlen(r[i].help) > 5);
+        gang_param_env_name(r[i].flag, env, sizeof(env));
+        assert_int_equal(strncmp(env, "GANGLION_", 9), 0);
+        assert_null(strchr(env, '-'));
+        for (size_t j = i + 1; j < n; j++)
+            assert_string_not_equal(r[i].flag, r[j].flag);
+    }
+    gang_param_env_name("heartbeat-interval-ms", env, sizeof(env));
+    assert_string_equal(env, "GANGLION_HEARTBEAT_INTERVAL_MS");
+    /* --help mentions every flag and its twin. */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    gang_params_print_help(f);
+    fclose(f);
+    for (size_t i = 0; i < n; i++) {
+        gang_param_env_name(r[i].flag, env, sizeof(env));
+        assert_non_null(strstr(buf, env));
+    }
+    free(buf);
+}
+
+static void test_backoff(void **state)
+{
+    (void)state;
+    gang_backoff b;
+    gang_backoff_init(&b, 100, 1000, 42);
+    uint64_t nominal = 100;
+    for (int i = 0; i < 10; i++) {
+        uint64_t d = gang_backoff_next(&b);
+        assert_true(d >= nominal / 2);
+        assert_true(d <= nominal);
+        nominal = nominal * 2 > 1000 ? 1000 : nominal * 2;
+    }
+    gang_backoff_reset(&b);
+    uint64_t d = gang_backoff_next(&b);
+    assert_true(d >= 50 && d <= 100);
+    /* Jitter: two seeds do not produce the same sequence. */
+    gang_backoff a, c;
+    gang_backoff_init(&a, 1000, 100000, 1);
+    gang_backoff_init(&c, 1000, 100000, 2);
+    int differ = 0;
+    for (int i = 0; i < 8; i++)
+        differ |= gang_backoff_next(&a) != gang_backoff_next(&c);
+    assert_true(differ);
+}
+
+static void test_log_lines_carry_identity(void **state)
+{
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    gang_log_set_fd(fds[1]);
+    gang_log_set_identity(3, 7);
+    gang_log_set_generation(42);
+    gang_log_configure(GANG_LOG_JSON, GANG_LOG_INFO);
+    gang_info("hello \"world\"");
+    gang_debug("filtered out");
+    gang_log_configure(GANG_LOG_TEXT, GANG_LOG_INFO);
+    gang_warn("plain %d", 5);
+    gang_log_set_fd(2);
+    close(fds[1]);
+    char buf[2048] = {0};
+    ssize_t n = read(fds[0], buf, sizeof(buf) - 1);
+    close(fds[0]);
+    assert_true(n > 0);
+    assert_non_null(strstr(buf, "\"node\":3,\"rank\":7,\"gen\":42,\"msg\":\"hello \\\"world\\\"\""));
+    assert_null(strstr(buf, "filtered out"));
+    assert_non_null(strstr(buf, "WARN  node=3 rank=7 gen=42"));
+    assert_non_null(strstr(buf, "plain 5"));
+    gang_log_format f;
+    assert_int_equal(gang_log_parse_format("yaml", &f), GANG_EINVAL);
+}
+
+static void test_parse_and_strlcpy(void **state)
+{
+    (void)state;
+    int64_t v;
+    assert_int_equal(gang_parse_i64("12", 0, 100, &v), 0);
+    assert_int_equal(v, 12);
+    assert_int_equal(gang_parse_i64("", 0, 100, &v), GANG_EINVAL);
+    assert_int_equal(gang_parse_i64("1 ", 0, 100, &v), GANG_EINVAL);
+    assert_int_equal(gang_parse_i64("101", 0, 100, &v), GANG_ERANGE);
+    char small[4];
+    assert_int_equal(gang_strlcpy(small, "abcdef", sizeof(small)), GANG_ERANGE);
+    assert_string_equal(small, "abc");
+    assert_int_equal(gang_strlcpy(small, "ab", sizeof(small)), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_names),
+        cmocka_unit_test(test_params_defaults_and_flags),
+        cmocka_unit_test(test_params_errors),
+        cmocka_unit_test(test_params_env_and_precedence),
+        cmocka_unit_test(test_params_registry_complete),
+        cmocka_unit_test(test_backoff),
+        cmocka_unit_test(test_log_lines_carry_identity),
+        cmocka_unit_test(test_parse_and_strlcpy),
+    };
+    return cmocka_run_group_tests_name("common", tests, NULL, NULL);
+}
