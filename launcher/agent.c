@@ -1,1 +1,659 @@
-typedef int gang__placeholder_24738;
+/*
+ * The agent: one per Pod (node). CUDA-free so that it can always answer probes and kill
+ * a stuck worker. It wires four parts together on one libuv loop:
+ *
+ *   coordinator (node 0 only)  <-TCP->  member  <->  supervisor  <->  workers
+ *                                          |
+ *                                  HTTP: /healthz /readyz /metrics /status
+ *
+ * The member turns coordinator messages into supervisor actions (BLOB_REQUEST -> blob
+ * from local rank 0, START -> start the generation, ABORT -> abort in place) and the
+ * supervisor's events back into messages (BLOB, READY, failure reports). The agent also
+ * owns the process's fate: SIGTERM stops it cleanly (exit 0), a refusal for good exits 2,
+ * and a spent restart budget keeps /status up for --give-up-linger-ms, writes the reason
+ * to the termination log and exits 75.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cjson/cJSON.h>
+
+#include "agent.h"
+#include "ganglion/rendezvous.h"
+#include "http.h"
+#include "metrics.h"
+#include "supervisor.h"
+
+typedef struct agent {
+    gang_params p;
+    gang_identity id;
+    uv_loop_t loop;
+    gang_http_server *http;
+    gang_coord *coord;
+    gang_member *member;
+    gang_sup *sup;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t linger;
+    int linger_started;
+    int stopping;
+    int exit_code;
+    gang_token token;
+    uint8_t digest[GANG_DIGEST_SIZE];
+    char coord_addr[GANG_HOST_MAX + 8];
+
+    uint64_t started_ms;
+    uint64_t last_serving_ms;     /* monotonic; last time /readyz would have said 200 */
+    uint64_t ready_gen;           /* generation in which all local ranks became READY */
+    uint64_t ready_wall_ms;
+    uint64_t aborts_seen;
+    int gave_up;
+    int32_t fail_rank, fail_code;
+    uint64_t fail_wall_ms;
+    char fail_reason[GANG_REASON_MAX];
+} agent;
+
+static void record_failure(agent *a, int32_t rank, int32_t code, const char *reason)
+{
+    a->fail_rank = rank;
+    a->fail_code = code;
+    a->fail_wall_ms = gang_wall_ms();
+    gang_strlcpy(a->fail_reason, reason, sizeof(a->fail_reason));
+}
+
+/* Kubernetes shows this file's contents as the container's termination message. */
+static void write_termination_log(const agent *a, const char *reason)
+{
+    if (a->p.termination_log[0] == '\0')
+        return;
+    int fd = open(a->p.termination_log, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t w = write(fd, reason, strlen(reason));
+    (void)w;
+    close(fd);
+}
+
+static void sup_done(void *ctx)
+{
+    (void)ctx;
+}
+
+static void close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* Starts the orderly stop; uv_run returns once every handle has closed. */
+static void agent_stop(agent *a, int exit_code)
+{
+    if (a->stopping)
+        return;
+    a->stopping = 1;
+    a->exit_code = exit_code;
+    gang_info("agent: stopping (exit code %d)", exit_code);
+    if (a->sup)
+        gang_sup_shutdown(a->sup, sup_done, a);
+    gang_member_close(a->member);
+    gang_coord_close(a->coord);
+    if (a->http)
+        gang_http_server_close(a->http);
+    uv_close((uv_handle_t *)&a->sigterm, NULL);
+    uv_close((uv_handle_t *)&a->sigint, NULL);
+    uv_close((uv_handle_t *)&a->linger, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    agent *a = h->data;
+    gang_info("agent: signal %d", signum);
+    agent_stop(a, GANG_EXIT_OK);
+}
+
+static void on_linger_done(uv_timer_t *t)
+{
+    agent_stop(t->data, GANG_EXIT_TEMPFAIL);
+}
+
+/* --- member callbacks ------------------------------------------------------------- */
+
+static void m_on_blob_request(void *ctx, uint64_t gen)
+{
+    agent *a = ctx;
+    gang_sup_request_blob(a->sup, gen);
+}
+
+static void m_on_start(void *ctx, uint64_t gen, uint32_t world, const uint8_t *blob, uint32_t len)
+{
+    agent *a = ctx;
+    gang_info("agent: START generation %llu (world %u)", (unsigned long long)gen, world);
+    gang_sup_start_gen(a->sup, gen, world, blob, len);
+}
+
+static void m_on_abort(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason)
+{
+    agent *a = ctx;
+    a->aborts_seen++;
+    if (code != GANG_ECLOSED)
+        record_failure(a, rank, code, reason);
+    gang_sup_abort(a->sup, gen);
+}
+
+static void m_on_give_up(void *ctx, const char *reason)
+{
+    agent *a = ctx;
+    if (a->gave_up)
+        return;
+    a->gave_up = 1;
+    record_failure(a, a->fail_rank, GANG_EBUDGET, reason);
+    write_termination_log(a, reason);
+    gang_error("agent: gang gave up: %s; exiting 75 in %lld ms", reason,
+               (long long)a->p.give_up_linger_ms);
+    gang_sup_abort(a->sup, 0);
+    a->linger_started = 1;
+    uv_timer_start(&a->linger, on_linger_done, (uint64_t)a->p.give_up_linger_ms, 0);
+}
+
+static void m_on_rejected(void *ctx, int32_t code, const char *reason)
+{
+    agent *a = ctx;
+    char msg[GANG_REASON_MAX + 64];
+    snprintf(msg, sizeof(msg), "refused by the coordinator: %s", reason);
+    record_failure(a, -1, code, msg);
+    write_termination_log(a, msg);
+    agent_stop(a, GANG_EXIT_USAGE);
+}
+
+static void m_fill_heartbeat(void *ctx, gang_msg_heartbeat *hb)
+{
+    agent *a = ctx;
+    uint32_t n = gang_sup_nranks(a->sup);
+    hb->nranks = n > GANG_MAX_LOCAL_RANKS ? GANG_MAX_LOCAL_RANKS : n;
+    for (uint32_t i = 0; i < hb->nranks; i++) {
+        gang_sup_rank r;
+        gang_sup_rank_info(a->sup, i, &r);
+        hb->rank_state[i] = r.state;
+        hb->rank_age_ms[i] = r.heartbeat_age_ms > UINT32_MAX ? UINT32_MAX
+                                                              : (uint32_t)r.heartbeat_age_ms;
+    }
+}
+
+/* --- supervisor callbacks --------------------------------------------------------- */
+
+static void s_on_blob(void *ctx, uint64_t gen, const uint8_t *blob, uint32_t len)
+{
+    agent *a = ctx;
+    gang_member_send_blob(a->member, gen, blob, len);
+}
+
+static void s_on_all_ready(void *ctx, uint64_t gen)
+{
+    agent *a = ctx;
+    a->ready_gen = gen;
+    a->ready_wall_ms = gang_wall_ms();
+    gang_info("agent: all %u local ranks READY in generation %llu",
+              gang_sup_nranks(a->sup), (unsigned long long)gen);
+    gang_member_send_ready(a->member, gen);
+}
+
+static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason)
+{
+    agent *a = ctx;
+    record_failure(a, rank, code, reason);
+    gang_member_report_failure(a->member, gen, rank, code, reason);
+}
+
+static void s_on_idle(void *ctx)
+{
+    agent *a = ctx;
+    if (!a->gave_up)
+        gang_member_set_available(a->member, 1);
+}
+
+/* --- probes, status, metrics ------------------------------------------------------ */
+
+static int agent_ready(agent *a)
+{
+    gang_member_status ms;
+    gang_member_get_status(a->member, &ms);
+    int ready = !a->gave_up && ms.connected && ms.gang_state == GANG_STATE_SERVING &&
+                gang_sup_all_ready(a->sup, ms.generation);
+    if (ready)
+        a->last_serving_ms = gang_now_ms();
+    return ready;
+}
+
+/*
+ * Liveness fails only when a restart of this container could help: the gang gave up, or
+ * this node has not been part of a serving gang for longer than the rendezvous timeout.
+ */
+static int agent_healthy(agent *a)
+{
+    if (a->gave_up)
+        return 0;
+    agent_ready(a);
+    uint64_t since = a->last_serving_ms ? a->last_serving_ms : a->started_ms;
+    return gang_now_ms() - since <= (uint64_t)a->p.rendezvous_timeout_ms;
+}
+
+static const char *agent_state_name(agent *a, const gang_member_status *ms)
+{
+    if (a->gave_up)
+        return "failed";
+    if (!ms->connected)
+        return "waiting";
+    return gang_state_name(ms->gang_state);
+}
+
+static char *render_status(agent *a)
+{
+    gang_member_status ms;
+    gang_member_get_status(a->member, &ms);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "node_index", a->id.node_index);
+    cJSON_AddNumberToObject(o, "nnodes", (double)a->p.nnodes);
+    cJSON_AddNumberToObject(o, "nproc_per_node", (double)a->p.nproc_per_node);
+    cJSON_AddBoolToObject(o, "is_coordinator", a->coord != NULL);
+    cJSON_AddStringToObject(o, "identity_source", gang_identity_source_name(a->id.source));
+    cJSON_AddStringToObject(o, "job", a->p.job_name);
+    cJSON_AddNumberToObject(o, "generation", (double)ms.generation);
+    cJSON_AddStringToObject(o, "state", agent_state_name(a, &ms));
+    cJSON_AddBoolToObject(o, "ready", agent_ready(a));
+    cJSON_AddBoolToObject(o, "healthy", agent_healthy(a));
+    cJSON *co = cJSON_AddObjectToObject(o, "coordinator");
+    cJSON_AddBoolToObject(co, "connected", ms.connected);
+    cJSON_AddStringToObject(co, "address", a->coord_addr);
+    cJSON_AddStringToObject(co, "gang_state", gang_state_name(ms.gang_state));
+    cJSON_AddNumberToObject(co, "heartbeat_age_ms",
+                            ms.connected ? (double)ms.coordinator_heartbeat_age_ms : -1);
+    cJSON_AddNumberToObject(co, "reconnects", (double)ms.reconnects);
+    cJSON *lr = cJSON_AddArrayToObject(o, "local_ranks");
+    for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
+        gang_sup_rank r;
+        gang_sup_rank_info(a->sup, i, &r);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "local_rank", i);
+        cJSON_AddNumberToObject(e, "rank", (double)((uint64_t)a->id.node_index *
+                                                    (uint64_t)a->p.nproc_per_node + i));
+        cJSON_AddNumberToObject(e, "pid", r.pid);
+        cJSON_AddStringToObject(e, "state", gang_rank_state_name(r.state));
+        cJSON_AddNumberToObject(e, "heartbeat_age_ms",
+                                r.heartbeat_age_ms == UINT64_MAX ? -1 : (double)r.heartbeat_age_ms);
+        cJSON_AddNumberToObject(e, "restarts", (double)r.restarts);
+        cJSON_AddItemToArray(lr, e);
+    }
+    if (a->fail_wall_ms) {
+        cJSON *f = cJSON_AddObjectToObject(o, "last_failure");
+        cJSON_AddNumberToObject(f, "rank", a->fail_rank);
+        cJSON_AddStringToObject(f, "code", gang_err_name(a->fail_code));
+        cJSON_AddStringToObject(f, "reason", a->fail_reason);
+        cJSON_AddNumberToObject(f, "wall_ms", (double)a->fail_wall_ms);
+    } else {
+        cJSON_AddNullToObject(o, "last_failure");
+    }
+    cJSON_AddNumberToObject(o, "last_abort_wall_ms", (double)ms.last_abort_wall_ms);
+    cJSON_AddNumberToObject(o, "ready_wall_ms", (double)a->ready_wall_ms);
+    cJSON_AddNumberToObject(o, "restarts_total", (double)a->aborts_seen);
+    if (a->coord) {
+        gang_coord_status cs;
+        gang_coord_get_status(a->coord, &cs);
+        cJSON *g = cJSON_AddObjectToObject(o, "gang");
+        cJSON_AddStringToObject(g, "state", gang_state_name(cs.state));
+        cJSON_AddNumberToObject(g, "generation", (double)cs.generation);
+        cJSON_AddNumberToObject(g, "members", cs.members);
+        cJSON_AddNumberToObject(g, "world_size", cs.world_size);
+        cJSON_AddNumberToObject(g, "restarts_total", (double)cs.restarts_total);
+        cJSON_AddNumberToObject(g, "budget_left", cs.budget_left);
+        cJSON_AddNumberToObject(g, "rendezvous_seconds", cs.rendezvous_seconds);
+        cJSON_AddNumberToObject(g, "serving_since_wall_ms", (double)cs.serving_since_wall_ms);
+        if (cs.last_failure_wall_ms) {
+            cJSON *f = cJSON_AddObjectToObject(g, "last_failure");
+            cJSON_AddNumberToObject(f, "rank", cs.last_failure_rank);
+            cJSON_AddStringToObject(f, "code", gang_err_name(cs.last_failure_code));
+            cJSON_AddStringToObject(f, "reason", cs.last_failure);
+            cJSON_AddNumberToObject(f, "wall_ms", (double)cs.last_failure_wall_ms);
+        } else {
+            cJSON_AddNullToObject(g, "last_failure");
+        }
+        cJSON *rk = cJSON_AddArrayToObject(g, "ranks");
+        for (uint32_t i = 0; i < cs.world_size; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "rank", i);
+            cJSON_AddNumberToObject(e, "node", (double)(i / (uint32_t)a->p.nproc_per_node));
+            cJSON_AddStringToObject(e, "state", gang_rank_state_name(cs.ranks[i].state));
+            cJSON_AddNumberToObject(e, "heartbeat_age_ms",
+                                    cs.ranks[i].heartbeat_age_ms == UINT32_MAX
+                                        ? -1
+                                        : (double)cs.ranks[i].heartbeat_age_ms);
+            cJSON_AddItemToArray(rk, e);
+        }
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+static void rank_age_sample(gang_metrics_buf *b, uint64_t rank, uint64_t age_ms)
+{
+    char rs[24];
+    snprintf(rs, sizeof(rs), "%llu", (unsigned long long)rank);
+    gang_metric_label l = {.name = "rank", .value = rs};
+    gang_metrics_sample_double(b, "ganglion_heartbeat_age_seconds", &l, 1,
+                               age_ms == UINT64_MAX ? -1.0 : (double)age_ms / 1000.0);
+}
+
+static void render_metrics(agent *a, gang_metrics_buf *b)
+{
+    static const char *const states[] = {"waiting", "backoff",  "starting",
+                                         "serving", "aborting", "failed"};
+    gang_member_status ms;
+    gang_member_get_status(a->member, &ms);
+    gang_coord_status cs;
+    if (a->coord)
+        gang_coord_get_status(a->coord, &cs);
+    char node[16];
+    snprintf(node, sizeof(node), "%d", a->id.node_index);
+    gang_metric_label nl = {.name = "node", .value = node};
+
+    gang_metrics_family(b, "ganglion_generation", GANG_METRIC_GAUGE,
+                        "Generation (epoch) of the gang this node last started");
+    gang_metrics_sample_u64(b, "ganglion_generation", &nl, 1, ms.generation);
+    gang_metrics_family(b, "ganglion_gang_restarts_total", GANG_METRIC_COUNTER,
+                        "Gang restarts: counted by the coordinator on node 0, ABORTs seen "
+                        "elsewhere");
+    gang_metrics_sample_u64(b, "ganglion_gang_restarts_total", &nl, 1,
+                            a->coord ? cs.restarts_total : a->aborts_seen);
+    gang_metrics_family(b, "ganglion_ready", GANG_METRIC_GAUGE,
+                        "1 while the whole gang serves and this node's ranks are ready");
+    gang_metrics_sample_i64(b, "ganglion_ready", &nl, 1, agent_ready(a));
+    gang_metrics_family(b, "ganglion_state", GANG_METRIC_GAUGE,
+                        "Gang state as this node sees it (one-hot)");
+    const char *cur = agent_state_name(a, &ms);
+    for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
+        gang_metric_label sl[2] = {nl, {.name = "state", .value = states[i]}};
+        gang_metrics_sample_i64(b, "ganglion_state", sl, 2, strcmp(cur, states[i]) == 0);
+    }
+    gang_metrics_family(b, "ganglion_heartbeat_age_seconds", GANG_METRIC_GAUGE,
+                        "Seconds since each rank's last heartbeat (-1: no process)");
+    if (a->coord) {
+        for (uint32_t i = 0; i < cs.world_size; i++)
+            rank_age_sample(b, i, cs.ranks[i].heartbeat_age_ms == UINT32_MAX
+                                      ? UINT64_MAX
+                                      : cs.ranks[i].heartbeat_age_ms);
+    } else {
+        for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
+            gang_sup_rank r;
+            gang_sup_rank_info(a->sup, i, &r);
+            rank_age_sample(b, (uint64_t)a->id.node_index * (uint64_t)a->p.nproc_per_node + i,
+                            r.heartbeat_age_ms);
+        }
+    }
+    gang_metrics_family(b, "ganglion_coordinator_connected", GANG_METRIC_GAUGE,
+                        "1 while this node is a member of the coordinator");
+    gang_metrics_sample_i64(b, "ganglion_coordinator_connected", &nl, 1, ms.connected);
+    if (a->coord) {
+        gang_metrics_family(b, "ganglion_rendezvous_seconds", GANG_METRIC_GAUGE,
+                            "Seconds the last (re)formation took, from the first member or the "
+                            "failure to SERVING");
+        gang_metrics_sample_double(b, "ganglion_rendezvous_seconds", NULL, 0,
+                                   cs.rendezvous_seconds);
+        gang_metrics_family(b, "ganglion_gang_members", GANG_METRIC_GAUGE,
+                            "Nodes currently joined to the coordinator");
+        gang_metrics_sample_u64(b, "ganglion_gang_members", NULL, 0, cs.members);
+        gang_metrics_family(b, "ganglion_restart_budget_left", GANG_METRIC_GAUGE,
+                            "Gang restarts left in the current window");
+        gang_metrics_sample_u64(b, "ganglion_restart_budget_left", NULL, 0, cs.budget_left);
+    }
+}
+
+static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *req)
+{
+    agent *a = ctx;
+    if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0) {
+        const char *b = "{\"error\":\"method not allowed\"}";
+        gang_http_reply(x, 405, "application/json", b, strlen(b));
+        return;
+    }
+    if (strcmp(req->path, "/healthz") == 0) {
+        int ok = agent_healthy(a);
+        const char *b = ok ? "ok\n" : (a->gave_up ? "gave up\n" : "not rejoined in time\n");
+        gang_http_reply(x, ok ? 200 : 503, NULL, b, strlen(b));
+    } else if (strcmp(req->path, "/readyz") == 0) {
+        int ok = agent_ready(a);
+        const char *b = ok ? "ready\n" : "not ready\n";
+        gang_http_reply(x, ok ? 200 : 503, NULL, b, strlen(b));
+    } else if (strcmp(req->path, "/status") == 0) {
+        char *text = render_status(a);
+        if (text == NULL) {
+            gang_http_reply(x, 500, NULL, "out of memory\n", 14);
+            return;
+        }
+        gang_http_reply(x, 200, "application/json", text, strlen(text));
+        cJSON_free(text);
+    } else if (strcmp(req->path, "/metrics") == 0) {
+        gang_metrics_buf b;
+        gang_metrics_buf_init(&b);
+        render_metrics(a, &b);
+        if (b.err) {
+            gang_http_reply(x, 500, NULL, "metrics error\n", 14);
+        } else {
+            const char *t = gang_metrics_buf_text(&b);
+            gang_http_reply(x, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t));
+        }
+        gang_metrics_buf_free(&b);
+    } else {
+        const char *b = "{\"error\":\"not found\"}";
+        gang_http_reply(x, 404, "application/json", b, strlen(b));
+    }
+}
+
+/* --- start-up --------------------------------------------------------------------- */
+
+/*
+ * The address peers use to reach this node's workers: --advertise-address, else the bind
+ * address when it is a concrete one, else the first non-loopback IPv4 of this host.
+ */
+static void pick_advertise_address(gang_params *p)
+{
+    if (p->advertise_address[0])
+        return;
+    if (strcmp(p->bind_address, "0.0.0.0") != 0 && strcmp(p->bind_address, "::") != 0) {
+        gang_strlcpy(p->advertise_address, p->bind_address, sizeof(p->advertise_address));
+        return;
+    }
+    gang_strlcpy(p->advertise_address, "127.0.0.1", sizeof(p->advertise_address));
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        struct sockaddr_in *sin = (struct sockaddr_in *)i->ifa_addr;
+        if ((ntohl(sin->sin_addr.s_addr) >> 24) == 127)
+            continue;
+        inet_ntop(AF_INET, &sin->sin_addr, p->advertise_address, sizeof(p->advertise_address));
+        break;
+    }
+    freeifaddrs(ifs);
+}
+
+int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, char *err,
+                       size_t errlen)
+{
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    int rc = gang_identity_discover(p, envp, host, id, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (id->nnodes != (int32_t)p->nnodes)
+        p->nnodes = id->nnodes;
+    if ((uint64_t)p->nnodes * (uint64_t)p->nproc_per_node > 65536) {
+        snprintf(err, errlen, "world size %lld x %lld is too large", (long long)p->nnodes,
+                 (long long)p->nproc_per_node);
+        return GANG_EUSAGE;
+    }
+    if (p->heartbeat_timeout_ms <= p->heartbeat_interval_ms) {
+        snprintf(err, errlen, "--heartbeat-timeout-ms (%lld) must exceed "
+                 "--heartbeat-interval-ms (%lld)", (long long)p->heartbeat_timeout_ms,
+                 (long long)p->heartbeat_interval_ms);
+        return GANG_EUSAGE;
+    }
+    pick_advertise_address(p);
+    return 0;
+}
+
+int gang_agent_main(const gang_params *params, char *const *envp)
+{
+    char err[512] = "";
+    agent *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return GANG_EXIT_INTERNAL;
+    a->p = *params;
+    a->fail_rank = -1;
+    a->started_ms = gang_now_ms();
+    int rc = gang_agent_prepare(&a->p, envp, &a->id, err, sizeof(err));
+    if (rc != 0) {
+        gang_error("agent: %s", err);
+        free(a);
+        return GANG_EXIT_USAGE;
+    }
+    gang_log_set_identity(a->id.node_index, -1);
+    rc = gang_auth_init();
+    if (rc == 0)
+        rc = gang_auth_load_token(a->p.token_file, &a->token, err, sizeof(err));
+    if (rc != 0) {
+        gang_error("agent: token: %s", err);
+        free(a);
+        return GANG_EXIT_USAGE;
+    }
+    if (!a->token.present)
+        gang_warn("agent: running WITHOUT a rendezvous token (--token-file): the gang is not "
+                  "authenticated");
+    rc = gang_model_digest(a->p.model, a->digest);
+    if (rc != 0) {
+        gang_error("agent: model directory '%s': %s", a->p.model, gang_strerror(rc));
+        free(a);
+        return GANG_EXIT_MODEL;
+    }
+    snprintf(a->coord_addr, sizeof(a->coord_addr), "%s:%u", a->id.coordinator_host,
+             a->id.coordinator_port);
+
+    uv_loop_init(&a->loop);
+    /* Initialised now so agent_stop() can close them on any path; started at the end. */
+    uv_signal_init(&a->loop, &a->sigterm);
+    uv_signal_init(&a->loop, &a->sigint);
+    uv_timer_init(&a->loop, &a->linger);
+    a->sigterm.data = a->sigint.data = a->linger.data = a;
+    int exit_code = GANG_EXIT_TEMPFAIL;
+    gang_http_config hc = {.bind_address = a->p.bind_address,
+                           .port = (int)a->p.http_port,
+                           .max_body = 1 << 20,
+                           .max_conns = 256,
+                           .idle_timeout_ms = 10000};
+    rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);
+    if (rc != 0) {
+        gang_error("agent: HTTP on %s:%lld: %s", a->p.bind_address, (long long)a->p.http_port,
+                   gang_strerror(rc));
+        goto out_loop;
+    }
+    if (a->id.is_coordinator) {
+        gang_coord_config cc = {
+            .bind_address = a->p.bind_address,
+            .port = (int)a->p.rdzv_port,
+            .job = a->p.job_name,
+            .nnodes = (uint32_t)a->p.nnodes,
+            .nproc_per_node = (uint32_t)a->p.nproc_per_node,
+            .tp = (uint32_t)a->p.tp,
+            .pp = (uint32_t)a->p.pp,
+            .token = a->token,
+            .heartbeat_interval_ms = (uint64_t)a->p.heartbeat_interval_ms,
+            .heartbeat_timeout_ms = (uint64_t)a->p.heartbeat_timeout_ms,
+            .handshake_timeout_ms = (uint64_t)a->p.handshake_timeout_ms,
+            .start_timeout_ms = (uint64_t)a->p.start_timeout_ms,
+            .max_restarts = (uint32_t)a->p.max_restarts,
+            .restart_window_ms = (uint64_t)a->p.restart_window_s * 1000,
+            .restart_backoff_ms = (uint64_t)a->p.restart_backoff_ms,
+            .restart_backoff_max_ms = (uint64_t)a->p.restart_backoff_max_ms,
+            .max_connections = (uint32_t)a->p.max_connections,
+        };
+        memcpy(cc.model_digest, a->digest, GANG_DIGEST_SIZE);
+        rc = gang_coord_start(&a->loop, &cc, &a->coord);
+        if (rc != 0) {
+            gang_error("agent: coordinator on %s:%lld: %s", a->p.bind_address,
+                       (long long)a->p.rdzv_port, gang_strerror(rc));
+            goto out_http;
+        }
+    }
+    gang_sup_callbacks sc = {.ctx = a,
+                             .on_blob = s_on_blob,
+                             .on_all_ready = s_on_all_ready,
+                             .on_failure = s_on_failure,
+                             .on_idle = s_on_idle};
+    rc = gang_sup_start(&a->loop, &a->p, (uint32_t)a->id.node_index, "/proc/self/exe", &sc,
+                        &a->sup);
+    if (rc != 0) {
+        gang_error("agent: cannot start workers: %s", gang_strerror(rc));
+        goto out_coord;
+    }
+    gang_member_config mc = {
+        .coordinator_host = a->id.coordinator_host,
+        .coordinator_port = a->id.coordinator_port,
+        .token = a->token,
+        .heartbeat_interval_ms = (uint64_t)a->p.heartbeat_interval_ms,
+        .heartbeat_timeout_ms = (uint64_t)a->p.heartbeat_timeout_ms,
+        .connect_timeout_ms = (uint64_t)a->p.connect_timeout_ms,
+        .backoff_initial_ms = (uint64_t)a->p.dns_backoff_initial_ms,
+        .backoff_max_ms = (uint64_t)a->p.dns_backoff_max_ms,
+    };
+    gang_strlcpy(mc.join.job, a->p.job_name, sizeof(mc.join.job));
+    mc.join.node_index = (uint32_t)a->id.node_index;
+    mc.join.nnodes = (uint32_t)a->p.nnodes;
+    mc.join.nproc_per_node = (uint32_t)a->p.nproc_per_node;
+    mc.join.tp = (uint32_t)a->p.tp;
+    mc.join.pp = (uint32_t)a->p.pp;
+    memcpy(mc.join.model_digest, a->digest, GANG_DIGEST_SIZE);
+    gang_strlcpy(mc.join.host, a->p.advertise_address, sizeof(mc.join.host));
+    gang_member_callbacks mcb = {.ctx = a,
+                                 .on_blob_request = m_on_blob_request,
+                                 .on_start = m_on_start,
+                                 .on_abort = m_on_abort,
+                                 .on_give_up = m_on_give_up,
+                                 .on_rejected = m_on_rejected,
+                                 .fill_heartbeat = m_fill_heartbeat};
+    rc = gang_member_start(&a->loop, &mc, &mcb, &a->member);
+    if (rc != 0) {
+        gang_error("agent: member: %s", gang_strerror(rc));
+        exit_code = GANG_EXIT_INTERNAL;
+        agent_stop(a, GANG_EXIT_INTERNAL);
+        goto out_run;
+    }
+    uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&a->sigint, on_signal, SIGINT);
+    gang_info("agent: node %d of %lld (%s), %lld workers, coordinator %s, HTTP %s:%lld",
+              a->id.node_index, (long long)a->p.nnodes, gang_identity_source_name(a->id.source),
+              (long long)a->p.nproc_per_node, a->coord_addr, a->p.bind_address,
+              (long long)a->p.http_port);
+out_run:
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    exit_code = a->exit_code;
+    goto out_close;
+out_coord:
+    gang_coord_close(a->coord);
+out_http:
+    gang_http_server_close(a->http);
+out_loop:
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+out_close:
+    uv_walk(&a->loop, close_walk, NULL);
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&a->loop);
+    free(a);
+    return exit_code;
+}

@@ -1,1 +1,546 @@
-typedef int gang__placeholder_31576;
+/*
+ * Local mode: a whole gang of agents on one host, supervised the way kubelet supervises
+ * the Pods of a StatefulSet.
+ *
+ * The parent is a small single-threaded supervisor. It forks one agent per node, each
+ * bound to its own loopback address so that every agent can use the same HTTP and
+ * rendezvous port numbers, exactly as Pods do with their own IPs. It then sleeps in
+ * poll(2) on a signalfd that delivers SIGCHLD, SIGINT, SIGTERM and SIGHUP; the poll
+ * timeout is the nearest deadline (a scheduled restart or a shutdown step), so every
+ * wait is bounded and no signal can be lost between a check and the sleep.
+ *
+ * Exit status policy (DESIGN.md §3 exit codes):
+ *   signal, 70 or any other code   restart after a backoff, like a crashed container;
+ *   0                              the agent stopped cleanly: it stays down;
+ *   2, 3                           configuration or model error, never retried: the gang
+ *                                  cannot form, so everything stops with that code;
+ *   75                             the agent gave up (restart budget spent): nothing is
+ *                                  restarted any more, the others are given their
+ *                                  give-up linger to exit on their own, then stopped;
+ *   127                            execv failed: stop everything, exit 70.
+ *
+ * Shutdown runs in steps, each with a deadline: optionally wait for the agents to exit
+ * on their own (after a give-up), then SIGTERM and wait 5 s, then SIGKILL and wait 5 s
+ * more; an agent that survives even that is reported and abandoned.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "local.h"
+
+#define LOCAL_BACKOFF_INITIAL_MS 100
+#define LOCAL_BACKOFF_MAX_MS 2000
+#define LOCAL_STABLE_MS 10000       /* uptime after which an agent's backoff is reset */
+#define LOCAL_TERM_GRACE_MS 5000    /* SIGTERM -> SIGKILL */
+#define LOCAL_KILL_GRACE_MS 5000    /* SIGKILL -> abandon */
+#define LOCAL_GIVE_UP_SLACK_MS 2000 /* added to --give-up-linger-ms */
+#define LOCAL_EXIT_EXEC_FAILED 127
+
+/* One supervised agent. */
+typedef struct local_agent {
+    pid_t pid;                  /* running process, 0 when down */
+    uint64_t started_ms;        /* monotonic time of the last start */
+    uint64_t restart_at_ms;     /* monotonic time of a scheduled restart, 0 = none */
+    uint32_t restarts;          /* restarts so far, for the logs */
+    gang_backoff backoff;       /* delay before the next restart */
+} local_agent;
+
+/* Where the shutdown sequence stands. */
+typedef enum local_phase {
+    LOCAL_RUNNING = 0,  /* supervising and restarting */
+    LOCAL_DRAINING,     /* no restarts; waiting for agents to exit on their own */
+    LOCAL_TERMINATING,  /* SIGTERM sent; waiting */
+    LOCAL_KILLING,      /* SIGKILL sent; waiting */
+    LOCAL_DONE
+} local_phase;
+
+typedef struct local_gang {
+    gang_local_spawn_cfg spawn; /* shared spawn settings; node_index set per start */
+    local_agent *agents;
+    int nagents;
+    int sfd;                    /* signalfd for SIGCHLD, SIGINT, SIGTERM, SIGHUP */
+    local_phase phase;
+    uint64_t phase_deadline_ms; /* when the current shutdown step ends */
+    int exit_code;              /* what gang_local_main() returns */
+} local_gang;
+
+/* ---------------------------------------------------------------------------------
+ * Addresses and argument lists.
+ * --------------------------------------------------------------------------------- */
+
+int gang__local_address(int index, char *buf, size_t cap)
+{
+    int n;
+
+    /* The third octet grows by one per 254 nodes and must stay below 256. */
+    if (index < 0 || index / 254 > 254)
+        return GANG_EINVAL;
+    if (index < 254)
+        n = snprintf(buf, cap, "127.0.0.%d", index + 1);
+    else
+        n = snprintf(buf, cap, "127.0.%d.%d", 1 + index / 254, 1 + index % 254);
+    if (n < 0 || (size_t)n >= cap)
+        return GANG_ERANGE;
+    return 0;
+}
+
+/* Finds a registered parameter by flag name (without dashes), or NULL. */
+static const gang_param_info *local_find_param(const char *name, size_t len)
+{
+    size_t count = 0;
+    const gang_param_info *reg = gang_params_registry(&count);
+
+    for (size_t i = 0; i < count; i++) {
+        if (strlen(reg[i].flag) == len && strncmp(reg[i].flag, name, len) == 0)
+            return &reg[i];
+    }
+    return NULL;
+}
+
+/* Flags that local mode sets per agent itself, so the user's copies are dropped. */
+static int local_flag_is_dropped(const char *flag)
+{
+    static const char *const dropped[] = {"local", "node-index", "bind-address", "coordinator"};
+
+    for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++) {
+        if (strcmp(flag, dropped[i]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/*
+ * Filters argv as described in local.h. A registered non-boolean flag written without
+ * '=' owns the next argument as its value, so the value travels (or is dropped) with it
+ * even when it looks like a flag itself; this mirrors gang_params_parse_args().
+ */
+int gang__local_filter_args(int argc, char **argv, char **out)
+{
+    int kept = 0;
+    int i = 0;
+
+    if (argc > 0 && strcmp(argv[0], "serve") == 0)
+        i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const gang_param_info *pi = NULL;
+        const char *eq = NULL;
+        int owns_next;
+        int drop;
+
+        if (strncmp(a, "--", 2) == 0 && a[2] != '\0') {
+            eq = strchr(a + 2, '=');
+            pi = local_find_param(a + 2, eq ? (size_t)(eq - (a + 2)) : strlen(a + 2));
+        }
+        if (pi == NULL) {
+            out[kept++] = argv[i];
+            continue;
+        }
+        owns_next = eq == NULL && pi->type != GANG_PARAM_BOOL && i + 1 < argc;
+        drop = local_flag_is_dropped(pi->flag);
+        if (!drop)
+            out[kept++] = argv[i];
+        if (owns_next) {
+            i++;
+            if (!drop)
+                out[kept++] = argv[i];
+        }
+    }
+    return kept;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Spawning.
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * Runs in the forked child only: restores the signal state an exec'd program expects,
+ * ties the child's life to the parent's, and execs. Never returns.
+ */
+static void local_child_exec(const gang_local_spawn_cfg *cfg, char **argv, pid_t parent)
+{
+    sigset_t none;
+    static const int reset[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+    for (size_t i = 0; i < sizeof reset / sizeof reset[0]; i++)
+        signal(reset[i], SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    /* SIGTERM rather than SIGKILL: the agent then stops its own workers cleanly. The
+     * getppid() check closes the race with a parent that died before prctl(). */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent)
+        _exit(0);
+    unsetenv("GANGLION_LOCAL");
+    if (cfg->out_fd >= 0) {
+        dup2(cfg->out_fd, 1);
+        dup2(cfg->out_fd, 2);
+    }
+    execv(cfg->exe, argv);
+    dprintf(2, "ganglion local: cannot exec %s: %s\n", cfg->exe, strerror(errno));
+    _exit(LOCAL_EXIT_EXEC_FAILED);
+}
+
+/*
+ * Builds the agent's argv before fork(), so the child does nothing but syscalls, then
+ * forks. The argv and its strings are freed in the parent once fork() has returned.
+ */
+int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out)
+{
+    char addr[GANG_LOCAL_ADDR_MAX];
+    char index[16];
+    char coord[32];
+    char **argv;
+    int n = 0;
+    int rc;
+    pid_t parent = getpid();
+    pid_t pid;
+
+    rc = gang__local_address(cfg->node_index, addr, sizeof addr);
+    if (rc < 0)
+        return rc;
+    snprintf(index, sizeof index, "%d", cfg->node_index);
+    snprintf(coord, sizeof coord, "127.0.0.1:%d", cfg->rdzv_port);
+
+    /* argv0, "serve", the shared args, three flag/value pairs, NULL. */
+    argv = calloc((size_t)cfg->nargs + 9, sizeof *argv);
+    if (argv == NULL)
+        return GANG_ENOMEM;
+    argv[n++] = (char *)(cfg->argv0 ? cfg->argv0 : cfg->exe);
+    argv[n++] = "serve";
+    for (int i = 0; i < cfg->nargs; i++)
+        argv[n++] = cfg->args[i];
+    argv[n++] = "--node-index";
+    argv[n++] = index;
+    argv[n++] = "--bind-address";
+    argv[n++] = addr;
+    argv[n++] = "--coordinator";
+    argv[n++] = coord;
+    argv[n] = NULL;
+
+    pid = fork();
+    if (pid < 0) {
+        rc = gang_err_from_errno(errno);
+        goto out_free;
+    }
+    if (pid == 0)
+        local_child_exec(cfg, argv, parent);
+    *out = pid;
+    rc = 0;
+
+out_free:
+    free(argv);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Supervision.
+ * --------------------------------------------------------------------------------- */
+
+/* Starts agent i now. A failed fork is retried through the normal restart backoff. */
+static void local_start(local_gang *g, int i)
+{
+    local_agent *a = &g->agents[i];
+    char addr[GANG_LOCAL_ADDR_MAX];
+    int rc;
+
+    a->restart_at_ms = 0;
+    g->spawn.node_index = i;
+    gang__local_address(i, addr, sizeof addr);
+    rc = gang__local_spawn(&g->spawn, &a->pid);
+    if (rc < 0) {
+        uint64_t delay = gang_backoff_next(&a->backoff);
+        gang_error("local: cannot start agent %d: %s; retrying in %llu ms", i,
+                   gang_strerror(rc), (unsigned long long)delay);
+        a->pid = 0;
+        a->restart_at_ms = gang_now_ms() + delay;
+        return;
+    }
+    a->started_ms = gang_now_ms();
+    gang_info("local: started agent %d (pid %d) on %s, restarts %u", i, (int)a->pid, addr,
+              a->restarts);
+}
+
+/* Sends sig to every running agent. */
+static void local_signal_all(local_gang *g, int sig)
+{
+    for (int i = 0; i < g->nagents; i++) {
+        if (g->agents[i].pid > 0)
+            kill(g->agents[i].pid, sig);
+    }
+}
+
+static int local_running(const local_gang *g)
+{
+    int n = 0;
+
+    for (int i = 0; i < g->nagents; i++)
+        n += g->agents[i].pid > 0;
+    return n;
+}
+
+/*
+ * Enters a shutdown phase: cancels scheduled restarts, sends the phase's signal and sets
+ * its deadline. The first reason to stop decides the exit code; later ones only move
+ * the sequence forward.
+ */
+static void local_enter_phase(local_gang *g, local_phase phase, uint64_t wait_ms)
+{
+    for (int i = 0; i < g->nagents; i++)
+        g->agents[i].restart_at_ms = 0;
+    g->phase = phase;
+    g->phase_deadline_ms = gang_now_ms() + wait_ms;
+    if (phase == LOCAL_TERMINATING) {
+        gang_info("local: sending SIGTERM to %d agent(s)", local_running(g));
+        local_signal_all(g, SIGTERM);
+    } else if (phase == LOCAL_KILLING) {
+        gang_warn("local: sending SIGKILL to %d agent(s) still running", local_running(g));
+        local_signal_all(g, SIGKILL);
+    }
+}
+
+/* Starts shutting down with exit code `code`, unless a shutdown is already under way. */
+static void local_stop(local_gang *g, int code, local_phase phase, uint64_t wait_ms)
+{
+    if (g->phase != LOCAL_RUNNING)
+        return;
+    g->exit_code = code;
+    local_enter_phase(g, phase, wait_ms);
+}
+
+/* Applies the exit status policy of the file comment to agent i's wait status. */
+static void local_on_exit(local_gang *g, int i, int status, const gang_params *p)
+{
+    local_agent *a = &g->agents[i];
+    uint64_t up_ms = gang_now_ms() - a->started_ms;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+
+    if (WIFSIGNALED(status))
+        gang_info("local: agent %d (pid %d) killed by signal %d after %llu ms", i, (int)a->pid,
+                  WTERMSIG(status), (unsigned long long)up_ms);
+    else
+        gang_info("local: agent %d (pid %d) exited with code %d after %llu ms", i, (int)a->pid,
+                  code, (unsigned long long)up_ms);
+    a->pid = 0;
+    if (g->phase != LOCAL_RUNNING)
+        return;
+
+    switch (code) {
+    case GANG_EXIT_OK:
+        gang_info("local: agent %d stopped cleanly; not restarting it", i);
+        return;
+    case GANG_EXIT_USAGE:
+    case GANG_EXIT_MODEL:
+        gang_error("local: agent %d failed with a %s error (exit %d), which a restart cannot "
+                   "fix; stopping the gang", i, code == GANG_EXIT_USAGE ? "usage" : "model",
+                   code);
+        local_stop(g, code, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
+        return;
+    case GANG_EXIT_TEMPFAIL:
+        gang_error("local: agent %d gave up (exit 75); waiting up to %lld ms for the others "
+                   "to exit", i, (long long)p->give_up_linger_ms + LOCAL_GIVE_UP_SLACK_MS);
+        local_stop(g, GANG_EXIT_TEMPFAIL, LOCAL_DRAINING,
+                   (uint64_t)p->give_up_linger_ms + LOCAL_GIVE_UP_SLACK_MS);
+        return;
+    case LOCAL_EXIT_EXEC_FAILED:
+        gang_error("local: agent %d could not be executed; stopping the gang", i);
+        local_stop(g, GANG_EXIT_INTERNAL, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
+        return;
+    default:
+        break;
+    }
+
+    /* A crash: restart after a backoff that resets once the agent had run stably. */
+    if (up_ms >= LOCAL_STABLE_MS)
+        gang_backoff_reset(&a->backoff);
+    uint64_t delay = gang_backoff_next(&a->backoff);
+    a->restarts++;
+    a->restart_at_ms = gang_now_ms() + delay;
+    gang_info("local: restarting agent %d in %llu ms", i, (unsigned long long)delay);
+}
+
+/* Reaps every exited child without blocking. */
+static void local_reap(local_gang *g, const gang_params *p)
+{
+    int status;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < g->nagents; i++) {
+            if (g->agents[i].pid == pid) {
+                local_on_exit(g, i, status, p);
+                break;
+            }
+        }
+    }
+}
+
+/* Drains the signalfd; SIGINT/SIGTERM/SIGHUP start a shutdown, a repeat escalates it. */
+static void local_read_signals(local_gang *g)
+{
+    struct signalfd_siginfo si;
+
+    while (read(g->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD)
+            continue;
+        if (g->phase == LOCAL_RUNNING) {
+            gang_info("local: received signal %u; stopping the gang", si.ssi_signo);
+            local_stop(g, GANG_EXIT_OK, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
+        } else if (g->phase == LOCAL_DRAINING) {
+            local_enter_phase(g, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
+        } else if (g->phase == LOCAL_TERMINATING) {
+            gang_info("local: received signal %u again; killing the gang", si.ssi_signo);
+            local_enter_phase(g, LOCAL_KILLING, LOCAL_KILL_GRACE_MS);
+        }
+    }
+}
+
+/*
+ * Advances the state machine by time: starts due restarts, moves a shutdown phase on at
+ * its deadline, and returns the poll timeout to the next deadline (at most 1 s).
+ */
+static int local_tick(local_gang *g)
+{
+    uint64_t now = gang_now_ms();
+    uint64_t next = now + 1000;
+
+    if (g->phase == LOCAL_RUNNING) {
+        for (int i = 0; i < g->nagents; i++) {
+            local_agent *a = &g->agents[i];
+            if (a->pid == 0 && a->restart_at_ms != 0 && a->restart_at_ms <= now)
+                local_start(g, i);
+            if (a->pid == 0 && a->restart_at_ms != 0 && a->restart_at_ms < next)
+                next = a->restart_at_ms;
+        }
+        /* Every agent stopped cleanly and none is due: the gang is over. */
+        if (local_running(g) == 0) {
+            int pending = 0;
+            for (int i = 0; i < g->nagents; i++)
+                pending += g->agents[i].restart_at_ms != 0;
+            if (!pending) {
+                g->exit_code = GANG_EXIT_OK;
+                g->phase = LOCAL_DONE;
+            }
+        }
+        return (int)(next - now);
+    }
+
+    if (local_running(g) == 0) {
+        g->phase = LOCAL_DONE;
+        return 0;
+    }
+    if (now >= g->phase_deadline_ms) {
+        if (g->phase == LOCAL_DRAINING) {
+            local_enter_phase(g, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
+        } else if (g->phase == LOCAL_TERMINATING) {
+            local_enter_phase(g, LOCAL_KILLING, LOCAL_KILL_GRACE_MS);
+        } else {
+            gang_error("local: %d agent(s) survived SIGKILL for %d ms; abandoning them",
+                       local_running(g), LOCAL_KILL_GRACE_MS);
+            g->phase = LOCAL_DONE;
+            return 0;
+        }
+    }
+    if (g->phase_deadline_ms < next)
+        next = g->phase_deadline_ms;
+    return next > now ? (int)(next - now) : 0;
+}
+
+int gang_local_main(const gang_params *p, int argc, char **argv)
+{
+    local_gang g = {.sfd = -1, .exit_code = GANG_EXIT_INTERNAL};
+    char exe_path[PATH_MAX];
+    char last_addr[GANG_LOCAL_ADDR_MAX];
+    char **args = NULL;
+    sigset_t mask, oldmask;
+    ssize_t len;
+    int rc = GANG_EXIT_INTERNAL;
+
+    if (p->nnodes < 1 || gang__local_address((int)p->nnodes - 1, last_addr, sizeof last_addr)) {
+        gang_error("local: --nnodes %lld does not fit the loopback range", (long long)p->nnodes);
+        return GANG_EXIT_USAGE;
+    }
+    /* The agents exec /proc/self/exe, which works even if the file is replaced while the
+     * gang runs; argv[0] carries the real path for ps and logs. */
+    len = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+    if (len < 0)
+        len = 0;
+    exe_path[len] = '\0';
+
+    args = calloc((size_t)argc + 1, sizeof *args);
+    g.agents = calloc((size_t)p->nnodes, sizeof *g.agents);
+    if (args == NULL || g.agents == NULL) {
+        gang_error("local: out of memory");
+        goto out_free;
+    }
+    g.nagents = (int)p->nnodes;
+    g.spawn = (gang_local_spawn_cfg){
+        .exe = "/proc/self/exe",
+        .argv0 = len > 0 ? exe_path : "ganglion",
+        .args = args,
+        .nargs = gang__local_filter_args(argc, argv, args),
+        .rdzv_port = (int)p->rdzv_port,
+        .out_fd = -1,
+    };
+    /* Workers orphaned by a killed agent are re-parented to us and reaped with the rest,
+     * instead of lingering as zombies under a container's init. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    for (int i = 0; i < g.nagents; i++)
+        gang_backoff_init(&g.agents[i].backoff, LOCAL_BACKOFF_INITIAL_MS, LOCAL_BACKOFF_MAX_MS,
+                          (uint64_t)getpid() * 7919u + (uint64_t)i + 1);
+
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    if (sigprocmask(SIG_BLOCK, &mask, &oldmask) != 0) {
+        gang_error("local: sigprocmask: %s", strerror(errno));
+        goto out_free;
+    }
+    g.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (g.sfd < 0) {
+        gang_error("local: signalfd: %s", strerror(errno));
+        goto out_mask;
+    }
+
+    gang_info("local: starting %d agent(s) x %lld rank(s); coordinator 127.0.0.1:%lld, "
+              "http port %lld", g.nagents, (long long)p->nproc_per_node,
+              (long long)p->rdzv_port, (long long)p->http_port);
+    for (int i = 0; i < g.nagents; i++)
+        local_start(&g, i);
+
+    while (g.phase != LOCAL_DONE) {
+        struct pollfd pfd = {.fd = g.sfd, .events = POLLIN};
+        int timeout = local_tick(&g);
+
+        if (g.phase == LOCAL_DONE)
+            break;
+        if (poll(&pfd, 1, timeout) < 0 && errno != EINTR) {
+            gang_error("local: poll: %s", strerror(errno));
+            local_signal_all(&g, SIGKILL);
+            break;
+        }
+        local_read_signals(&g);
+        local_reap(&g, p);
+    }
+    rc = g.exit_code;
+    gang_info("local: gang stopped; exit code %d", rc);
+
+    close(g.sfd);
+out_mask:
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+out_free:
+    free(g.agents);
+    free(args);
+    return rc;
+}

@@ -1,1 +1,659 @@
-typedef int gang__placeholder_13011;
+/*
+ * The worker process: the control side of one rank. See worker.h for what it is and
+ * wctl.h for the protocol it speaks with its agent.
+ *
+ * Threads. The main thread owns the agent channel and never blocks for long: it polls
+ * the agent socket and the data thread's event pipe, and sends HEARTBEAT(state) every
+ * heartbeat interval whatever the data plane is doing. That is how the agent tells a
+ * hung worker from a busy one: a worker whose data plane waits on a dead peer still
+ * heartbeats (and reports ERROR), while a stopped or wedged process goes silent. The data
+ * thread (worker-step.c, one per generation) forms the placeholder data plane and runs
+ * its steps; it reports READY and FAILED through the event pipe and is stopped, from any
+ * of its waits, by gang__wstep_stop().
+ *
+ * Generations. The worker remembers the highest generation the agent has named in any
+ * message (gen). A message of an older generation is ignored and logged at debug level:
+ * it was overtaken in flight by a newer decision of the agent. A newer generation
+ * supersedes anything still running for an older one.
+ *
+ * Exit codes: 0 after SHUTDOWN; 75 when the agent channel closes, fails, carries a packet
+ * of the wrong size, or the agent process is gone; 2 for a usage error.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "wctl.h"
+#include "worker.h"
+
+extern char **environ;
+
+#define WORKER_NO_RANK UINT32_MAX /* ERROR / HEARTBEAT rank before START gives one */
+
+typedef struct worker {
+    gang_params p;
+    char agent_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    uint32_t local_rank;
+    int node;            /* node index, -1 when the agent did not say */
+    pid_t ppid;          /* the agent; a different parent means it is gone */
+    int agent_fd;        /* SOCK_SEQPACKET to the agent, non-blocking */
+    int ev_rd;           /* events of the data thread (read end, non-blocking) */
+    int ev_wr;           /* handed to each data thread */
+    uint64_t gen;        /* highest generation named by the agent */
+    uint32_t state;      /* gang_rank_state reported in heartbeats */
+    uint32_t rank;       /* global rank in gen, WORKER_NO_RANK when none */
+    int listen_fd;       /* rank 0's data-plane listener, -1 when none */
+    uint64_t listen_gen; /* the generation it was opened for */
+    gang__wstep *step;   /* running data plane, NULL when none */
+    uint64_t step_gen;   /* its generation */
+    uint64_t next_hb_ms; /* when the next heartbeat is due */
+    int quit;            /* leave the loop with exit_code */
+    int exit_code;
+} worker;
+
+/* -------------------------------------------------------------------------------------
+ * Command line
+ * ------------------------------------------------------------------------------------- */
+
+/*
+ * Takes the value of a worker-only flag from rest[*i] ("--name=value" or "--name value").
+ * Returns the value, or NULL when rest[*i] is not that flag; *missing is set when the
+ * flag is there without a value.
+ */
+static const char *take_flag(char **rest, int nrest, int *i, const char *name, int *missing)
+{
+    size_t len = strlen(name);
+    const char *a = rest[*i];
+    if (strncmp(a, name, len) != 0)
+        return NULL;
+    if (a[len] == '=')
+        return a + len + 1;
+    if (a[len] != '\0')
+        return NULL;
+    if (*i + 1 >= nrest) {
+        *missing = 1;
+        return NULL;
+    }
+    return rest[++*i];
+}
+
+/*
+ * Fills w from the environment and argv (argv[0] is the subcommand). Registered flags go
+ * through the parameter registry; --agent-socket and --local-rank are the worker's own.
+ * Returns 0 or GANG_EUSAGE after logging what is wrong.
+ */
+static int worker_parse(worker *w, int argc, char **argv)
+{
+    char err[256];
+    int rc, nrest = 0;
+    char **rest = calloc((size_t)(argc > 0 ? argc : 1), sizeof(*rest));
+    if (rest == NULL)
+        return GANG_ENOMEM;
+
+    gang_params_defaults(&w->p);
+    rc = gang_params_from_env(&w->p, environ, err, sizeof(err));
+    if (rc == 0)
+        rc = gang_params_parse_args(&w->p, argc - 1, argv + 1, rest, &nrest, err, sizeof(err));
+    if (rc != 0) {
+        gang_error("worker: %s", err);
+        goto out_free;
+    }
+
+    int64_t local_rank = -1;
+    for (int i = 0; i < nrest; i++) {
+        int missing = 0;
+        const char *v;
+        if ((v = take_flag(rest, nrest, &i, "--agent-socket", &missing)) != NULL) {
+            if (gang_strlcpy(w->agent_path, v, sizeof(w->agent_path)) != 0 || !v[0]) {
+                gang_error("worker: --agent-socket '%s' is empty or longer than %zu bytes", v,
+                           sizeof(w->agent_path) - 1);
+                rc = GANG_EUSAGE;
+                goto out_free;
+            }
+        } else if (!missing && (v = take_flag(rest, nrest, &i, "--local-rank", &missing)) != NULL) {
+            if (gang_parse_i64(v, 0, GANG_MAX_LOCAL_RANKS - 1, &local_rank) != 0) {
+                gang_error("worker: --local-rank '%s' is not an integer in [0, %d]", v,
+                           GANG_MAX_LOCAL_RANKS - 1);
+                rc = GANG_EUSAGE;
+                goto out_free;
+            }
+        } else {
+            gang_error("worker: %s '%s'", missing ? "missing value for" : "unknown argument",
+                       rest[i]);
+            rc = GANG_EUSAGE;
+            goto out_free;
+        }
+    }
+    if (w->agent_path[0] == '\0' || local_rank < 0) {
+        gang_error("worker: --agent-socket PATH and --local-rank L are required "
+                   "(the agent starts workers; see `ganglion serve`)");
+        rc = GANG_EUSAGE;
+        goto out_free;
+    }
+    w->local_rank = (uint32_t)local_rank;
+    w->node = (int)w->p.node_index;
+
+    gang_log_format fmt;
+    gang_log_level lvl;
+    if (gang_log_parse_format(w->p.log_format, &fmt) != 0 ||
+        gang_log_parse_level(w->p.log_level, &lvl) != 0) {
+        gang_error("worker: bad --log-format '%s' or --log-level '%s'", w->p.log_format,
+                   w->p.log_level);
+        rc = GANG_EUSAGE;
+        goto out_free;
+    }
+    gang_log_configure(fmt, lvl);
+    rc = 0;
+
+out_free:
+    free(rest);
+    return rc == 0 ? 0 : GANG_EUSAGE;
+}
+
+/* -------------------------------------------------------------------------------------
+ * Agent channel
+ * ------------------------------------------------------------------------------------- */
+
+/* Milliseconds from now until deadline as a poll() timeout (0 when passed). */
+static int ms_until(uint64_t deadline)
+{
+    uint64_t now = gang_now_ms();
+    if (now >= deadline)
+        return 0;
+    return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+}
+
+/* A message of type for generation gen, addressed from this worker. */
+static void worker_msg(const worker *w, gang_wctl *m, gang_wctl_type type, uint64_t gen)
+{
+    memset(m, 0, sizeof(*m));
+    m->type = type;
+    m->local_rank = w->local_rank;
+    m->generation = gen;
+    m->pid = (int32_t)getpid();
+    m->state = w->state;
+    m->rank = w->rank;
+}
+
+/*
+ * Sends m to the agent. A heartbeat (wait = 0) is dropped when the channel is full: the
+ * agent is behind, and a newer heartbeat follows. Any other message waits for room up to
+ * the heartbeat timeout; an agent that reads nothing for that long is gone as far as
+ * this worker can tell. Returns 0, GANG_EAGAIN (heartbeat dropped), or an error after
+ * which the channel is lost: the caller leaves with exit code 75.
+ */
+static int worker_send(worker *w, const gang_wctl *m, int wait)
+{
+    uint64_t deadline = gang_now_ms() + (uint64_t)w->p.heartbeat_timeout_ms;
+    for (;;) {
+        ssize_t n = send(w->agent_fd, m, sizeof(*m), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n == (ssize_t)sizeof(*m))
+            return 0;
+        if (n >= 0)
+            return GANG_EIO; /* SEQPACKET sends whole packets; this cannot happen */
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return gang_err_from_errno(errno);
+        if (!wait)
+            return GANG_EAGAIN;
+        struct pollfd pfd = {.fd = w->agent_fd, .events = POLLOUT};
+        int timeout = ms_until(deadline);
+        if (timeout == 0)
+            return GANG_ETIMEDOUT;
+        if (poll(&pfd, 1, timeout) < 0 && errno != EINTR)
+            return gang_err_from_errno(errno);
+    }
+}
+
+/* Marks the channel lost: the loop ends and the worker exits 75. */
+static void worker_channel_lost(worker *w, const char *what, int err)
+{
+    gang_error("agent channel lost (%s: %s); exiting %d", what, gang_strerror(err),
+               GANG_EXIT_TEMPFAIL);
+    w->quit = 1;
+    w->exit_code = GANG_EXIT_TEMPFAIL;
+}
+
+/* Sends a reply that must arrive (not a heartbeat); a failure ends the worker. */
+static void worker_reply(worker *w, const gang_wctl *m)
+{
+    int rc = worker_send(w, m, 1);
+    if (rc != 0)
+        worker_channel_lost(w, "send", rc);
+}
+
+static void worker_heartbeat(worker *w)
+{
+    gang_wctl m;
+    worker_msg(w, &m, GANG_WCTL_HEARTBEAT, w->gen);
+    int rc = worker_send(w, &m, 0);
+    if (rc == GANG_EAGAIN)
+        gang_debug("agent channel full: heartbeat dropped");
+    else if (rc != 0)
+        worker_channel_lost(w, "heartbeat", rc);
+}
+
+/*
+ * Reports a failure of generation gen to the agent: ERROR(gen, code, rank, reason) with
+ * rank the global rank at fault (the own rank, or WORKER_NO_RANK before START, when the
+ * fault is local). The worker is FAILED until the agent aborts the generation.
+ */
+static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank, const char *fmt,
+                                ...) __attribute__((format(printf, 5, 6)));
+static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank, const char *fmt,
+                                ...)
+{
+    gang_wctl m;
+    w->state = GANG_RANK_FAILED;
+    worker_msg(w, &m, GANG_WCTL_ERROR, gen);
+    m.code = code;
+    m.rank = rank;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.reason, sizeof(m.reason), fmt, ap);
+    va_end(ap);
+    gang_error("generation %llu failed: %s (%s); waiting for ABORT", (unsigned long long)gen,
+               m.reason, gang_err_name(code));
+    worker_reply(w, &m);
+}
+
+/* -------------------------------------------------------------------------------------
+ * Data plane lifetime
+ * ------------------------------------------------------------------------------------- */
+
+/* Drops every event in the pipe (those of a data thread that has been joined). */
+static void worker_drain_events(worker *w)
+{
+    gang__wevent ev;
+    while (read(w->ev_rd, &ev, sizeof(ev)) > 0)
+        ;
+}
+
+/*
+ * Stops the data plane and closes the listener: after this no data socket of any
+ * generation is open and no event of one is pending. Bounded by the abort latency of the
+ * data thread (milliseconds).
+ */
+static void worker_teardown(worker *w)
+{
+    if (w->step != NULL) {
+        gang__wstep_stop(w->step);
+        w->step = NULL;
+        worker_drain_events(w);
+    }
+    if (w->listen_fd >= 0) {
+        close(w->listen_fd);
+        w->listen_fd = -1;
+    }
+    w->rank = WORKER_NO_RANK;
+    gang_log_set_identity(w->node, -1);
+}
+
+/*
+ * Accepts the generation of an incoming message. Returns 0 when it is current or newer
+ * (a newer one supersedes a data plane still running for an older generation), or
+ * GANG_ESTALE after logging that it is ignored.
+ */
+static int worker_fence(worker *w, const gang_wctl *m, const char *what)
+{
+    if (m->generation < w->gen) {
+        gang_debug("ignoring %s of generation %llu: generation %llu is current", what,
+                   (unsigned long long)m->generation, (unsigned long long)w->gen);
+        return GANG_ESTALE;
+    }
+    if (m->generation > w->gen && (w->step != NULL || w->listen_fd >= 0)) {
+        if (w->step != NULL)
+            gang_warn("%s of generation %llu supersedes generation %llu: tearing it down", what,
+                      (unsigned long long)m->generation, (unsigned long long)w->step_gen);
+        worker_teardown(w);
+        w->state = GANG_RANK_IDLE;
+    }
+    w->gen = m->generation;
+    gang_log_set_generation((int64_t)w->gen);
+    return 0;
+}
+
+/* -------------------------------------------------------------------------------------
+ * Messages from the agent
+ * ------------------------------------------------------------------------------------- */
+
+/* BLOB_REQUEST(G): open rank 0's listener for G and describe it as "host:port". */
+static void on_blob_request(worker *w, const gang_wctl *m)
+{
+    if (worker_fence(w, m, "BLOB_REQUEST") != 0)
+        return;
+    if (w->node != 0 || w->local_rank != 0)
+        gang_warn("BLOB_REQUEST sent to node %d local rank %u; expected node 0 local rank 0",
+                  w->node, w->local_rank);
+    if (w->listen_fd >= 0) {
+        close(w->listen_fd);
+        w->listen_fd = -1;
+    }
+
+    gang_wctl r;
+    worker_msg(w, &r, GANG_WCTL_BLOB, m->generation);
+    size_t len = 0;
+    int rc =
+        gang__wstep_listen(w->p.advertise_address, &w->listen_fd, r.blob, sizeof(r.blob), &len);
+    if (rc != 0) {
+        worker_report_error(w, m->generation, rc, w->rank,
+                            "rank 0 cannot open its data-plane listener on '%s': %s",
+                            w->p.advertise_address, gang_strerror(rc));
+        return;
+    }
+    w->listen_gen = m->generation;
+    r.blob_len = (uint32_t)len;
+    gang_info("BLOB for generation %llu: placeholder star listens on %.*s",
+              (unsigned long long)m->generation, (int)len, (const char *)r.blob);
+    worker_reply(w, &r);
+}
+
+/* START(G, rank, world, blob): join the data plane of G on a new data thread. */
+static void on_start(worker *w, const gang_wctl *m)
+{
+    uint64_t g = m->generation;
+    if (worker_fence(w, m, "START") != 0)
+        return;
+    if (w->step != NULL && w->step_gen == g) {
+        gang_warn("duplicate START of generation %llu ignored", (unsigned long long)g);
+        return;
+    }
+    if (w->step != NULL) {
+        /* Defensive: worker_fence() tears down older generations, and a data plane of
+         * another generation must never run beside this one. */
+        gang__wstep_stop(w->step);
+        w->step = NULL;
+        worker_drain_events(w);
+    }
+
+    w->rank = m->rank;
+    gang_log_set_identity(w->node,
+                          m->world_size > 0 && m->rank < m->world_size ? (int)m->rank : -1);
+    if (m->world_size == 0 || m->rank >= m->world_size || m->blob_len > GANG_BLOB_MAX) {
+        worker_report_error(w, g, GANG_EINVAL, w->rank,
+                            "START with rank %u, world %u, blob of %u bytes", m->rank,
+                            m->world_size, m->blob_len);
+        return;
+    }
+
+    gang__wstep_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.generation = g;
+    cfg.rank = m->rank;
+    cfg.world = m->world_size;
+    cfg.listen_fd = -1;
+    cfg.event_fd = w->ev_wr;
+    cfg.start_timeout_ms = w->p.start_timeout_ms;
+    cfg.heartbeat_timeout_ms = w->p.heartbeat_timeout_ms;
+    cfg.step_interval_ms = w->p.worker_step_interval_ms;
+
+    char blob[GANG_HOST_MAX + 16];
+    if (m->rank > 0) {
+        int rc = GANG_EINVAL;
+        if (m->blob_len < sizeof(blob)) {
+            memcpy(blob, m->blob, m->blob_len);
+            blob[m->blob_len] = '\0';
+            rc = gang_parse_host_port(blob, cfg.root_host, sizeof(cfg.root_host), &cfg.root_port);
+        }
+        if (rc != 0) {
+            worker_report_error(w, g, GANG_EINVAL, w->rank,
+                                "START blob of %u bytes is not a placeholder star address "
+                                "(host:port)",
+                                m->blob_len);
+            return;
+        }
+    } else if (m->world_size > 1) {
+        if (w->listen_fd < 0 || w->listen_gen != g) {
+            worker_report_error(w, g, GANG_EPROTO, w->rank,
+                                "START of generation %llu makes this worker rank 0, but no "
+                                "BLOB_REQUEST of that generation came first",
+                                (unsigned long long)g);
+            return;
+        }
+        cfg.listen_fd = w->listen_fd;
+    }
+
+    int rc = gang__wstep_start(&cfg, &w->step);
+    if (rc != 0) {
+        worker_report_error(w, g, rc, w->rank, "cannot start the data thread: %s",
+                            gang_strerror(rc));
+        return;
+    }
+    w->step_gen = g;
+    w->state = GANG_RANK_STARTING;
+    if (m->rank > 0)
+        gang_info("START: rank %u of %u joins the placeholder star at %s:%u", m->rank,
+                  m->world_size, cfg.root_host, (unsigned)cfg.root_port);
+    else
+        gang_info("START: rank 0 of %u forms the placeholder star", m->world_size);
+}
+
+/* ABORT(G): tear the data plane down in place and confirm with ABORTED(G). */
+static void on_abort(worker *w, const gang_wctl *m)
+{
+    if (worker_fence(w, m, "ABORT") != 0)
+        return;
+    uint64_t t0 = gang_now_ms();
+    w->state = GANG_RANK_ABORTING;
+    worker_teardown(w);
+    w->state = GANG_RANK_IDLE;
+
+    gang_wctl r;
+    worker_msg(w, &r, GANG_WCTL_ABORTED, m->generation);
+    gang_info("ABORT of generation %llu done in %llu ms", (unsigned long long)m->generation,
+              (unsigned long long)(gang_now_ms() - t0));
+    worker_reply(w, &r);
+}
+
+/*
+ * Receives one packet from the agent and acts on it. A closed channel, an error or a
+ * packet that is not exactly one gang_wctl ends the worker with exit code 75.
+ */
+static void worker_on_agent(worker *w)
+{
+    gang_wctl m;
+    struct iovec iov = {.iov_base = &m, .iov_len = sizeof(m)};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    ssize_t n = recvmsg(w->agent_fd, &mh, MSG_DONTWAIT);
+    if (n < 0) {
+        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+            worker_channel_lost(w, "receive", gang_err_from_errno(errno));
+        return;
+    }
+    if (n == 0) {
+        worker_channel_lost(w, "agent closed the channel", GANG_ECLOSED);
+        return;
+    }
+    if ((size_t)n != sizeof(m) || (mh.msg_flags & MSG_TRUNC)) {
+        gang_error("agent sent a packet of %zd bytes, not %zu", n, sizeof(m));
+        worker_channel_lost(w, "protocol", GANG_EPROTO);
+        return;
+    }
+
+    switch (m.type) {
+    case GANG_WCTL_BLOB_REQUEST:
+        on_blob_request(w, &m);
+        break;
+    case GANG_WCTL_START:
+        on_start(w, &m);
+        break;
+    case GANG_WCTL_ABORT:
+        on_abort(w, &m);
+        break;
+    case GANG_WCTL_SHUTDOWN:
+        gang_info("SHUTDOWN from the agent");
+        w->state = GANG_RANK_ABORTING;
+        worker_teardown(w);
+        w->quit = 1;
+        w->exit_code = GANG_EXIT_OK;
+        break;
+    default:
+        gang_warn("ignoring agent message of type %u", m.type);
+        break;
+    }
+}
+
+/* Acts on what the data thread reported: READY goes to the agent, a failure as ERROR. */
+static void worker_on_events(worker *w)
+{
+    gang__wevent ev;
+    for (;;) {
+        ssize_t n = read(w->ev_rd, &ev, sizeof(ev));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != (ssize_t)sizeof(ev))
+            return; /* empty (EAGAIN); events are written whole, so never partial */
+        if (w->step == NULL || ev.generation != w->step_gen) {
+            gang_debug("ignoring a data-plane event of generation %llu",
+                       (unsigned long long)ev.generation);
+            continue;
+        }
+        if (ev.type == GANG__WEV_READY && w->state == GANG_RANK_STARTING) {
+            gang_wctl r;
+            w->state = GANG_RANK_READY;
+            worker_msg(w, &r, GANG_WCTL_READY, ev.generation);
+            gang_info("READY in generation %llu", (unsigned long long)ev.generation);
+            worker_reply(w, &r);
+        } else if (ev.type == GANG__WEV_FAILED) {
+            ev.reason[sizeof(ev.reason) - 1] = '\0';
+            worker_report_error(w, ev.generation, ev.code, (uint32_t)ev.rank, "%s", ev.reason);
+        }
+    }
+}
+
+/* -------------------------------------------------------------------------------------
+ * Entry point
+ * ------------------------------------------------------------------------------------- */
+
+/* Connects to the agent's socket and says HELLO. Returns 0 or an error (exit 75). */
+static int worker_connect(worker *w)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, w->agent_path, sizeof(sa.sun_path));
+
+    w->agent_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (w->agent_fd < 0)
+        return gang_err_from_errno(errno);
+    /* The agent is local and listening before it spawns us: connect does not wait. */
+    if (connect(w->agent_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+        return gang_err_from_errno(errno);
+    int fl = fcntl(w->agent_fd, F_GETFL);
+    if (fl < 0 || fcntl(w->agent_fd, F_SETFL, fl | O_NONBLOCK) != 0)
+        return gang_err_from_errno(errno);
+
+    gang_wctl m;
+    worker_msg(w, &m, GANG_WCTL_HELLO, 0);
+    return worker_send(w, &m, 1);
+}
+
+/* The main thread's loop: heartbeats on time, agent messages, data-plane events. */
+static void worker_loop(worker *w)
+{
+    while (!w->quit) {
+        uint64_t now = gang_now_ms();
+        if (now >= w->next_hb_ms) {
+            worker_heartbeat(w);
+            w->next_hb_ms = now + (uint64_t)w->p.heartbeat_interval_ms;
+            if (w->quit)
+                break;
+        }
+        /* PR_SET_PDEATHSIG covers this too; the check also covers a subreaper. */
+        if (getppid() != w->ppid) {
+            worker_channel_lost(w, "parent", GANG_ECLOSED);
+            break;
+        }
+        struct pollfd pfd[2] = {{.fd = w->agent_fd, .events = POLLIN},
+                                {.fd = w->ev_rd, .events = POLLIN}};
+        int n = poll(pfd, 2, ms_until(w->next_hb_ms));
+        if (n < 0) {
+            if (errno != EINTR)
+                worker_channel_lost(w, "poll", gang_err_from_errno(errno));
+            continue;
+        }
+        if (pfd[1].revents)
+            worker_on_events(w);
+        if (pfd[0].revents && !w->quit)
+            worker_on_agent(w);
+    }
+}
+
+int gang_worker_main(int argc, char **argv)
+{
+    worker w;
+    memset(&w, 0, sizeof(w));
+    w.agent_fd = w.ev_rd = w.ev_wr = w.listen_fd = -1;
+    w.rank = WORKER_NO_RANK;
+    w.state = GANG_RANK_IDLE;
+    w.exit_code = GANG_EXIT_TEMPFAIL;
+
+    if (worker_parse(&w, argc, argv) != 0)
+        return GANG_EXIT_USAGE;
+    gang_log_set_identity(w.node, -1);
+    gang_log_set_generation(-1);
+
+    /* Die with the agent: it is the one that can restart us, and a worker without it
+     * would hold its GPU for nothing. The parent may have died before prctl() took
+     * effect, hence the check right after it. */
+    w.ppid = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        gang_warn("prctl(PR_SET_PDEATHSIG): %s", strerror(errno));
+    if (getppid() != w.ppid) {
+        gang_error("the agent exited while this worker started");
+        return GANG_EXIT_TEMPFAIL;
+    }
+
+    int fds[2];
+    int rc = pipe2(fds, O_CLOEXEC);
+    if (rc != 0) {
+        rc = gang_err_from_errno(errno);
+        gang_error("worker: pipe: %s", gang_strerror(rc));
+        goto out;
+    }
+    w.ev_rd = fds[0];
+    w.ev_wr = fds[1];
+    /* Only the reader is non-blocking: an event must never be lost by the data thread. */
+    int fl = fcntl(w.ev_rd, F_GETFL);
+    if (fl < 0 || fcntl(w.ev_rd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        rc = gang_err_from_errno(errno);
+        gang_error("worker: fcntl: %s", gang_strerror(rc));
+        goto out;
+    }
+
+    rc = worker_connect(&w);
+    if (rc != 0) {
+        gang_error("cannot reach the agent at %s: %s", w.agent_path, gang_strerror(rc));
+        goto out;
+    }
+    gang_info("worker local rank %u up (pid %d); data plane is the placeholder star until "
+              "the communicator backends exist",
+              w.local_rank, (int)getpid());
+    w.next_hb_ms = gang_now_ms();
+    worker_loop(&w);
+
+out:
+    worker_teardown(&w);
+    if (w.agent_fd >= 0)
+        close(w.agent_fd);
+    if (w.ev_rd >= 0)
+        close(w.ev_rd);
+    if (w.ev_wr >= 0)
+        close(w.ev_wr);
+    gang_info("worker exits with %d", w.exit_code);
+    return w.exit_code;
+}

@@ -304,4 +304,113 @@ int gang_identity_discover(const gang_params *p, char *const *envp, const char *
 /* Splits "host:port" or "[v6]:port" (port required, 1..65535). */
 int gang_parse_host_port(const char *s, char *host, size_t hostcap, uint16_t *port);
 
+/* =================================================================================
+ * Coordinator (inside agent 0) and member (every agent), on the caller's libuv loop.
+ * Both are single-threaded: every function below runs on the loop thread.
+ * ================================================================================= */
+typedef struct gang_coord gang_coord;
+
+typedef struct gang_coord_config {
+    const char *bind_address;           /* listen address */
+    int port;                           /* 0 = ephemeral */
+    const char *job;
+    uint32_t nnodes, nproc_per_node, tp, pp;
+    uint8_t model_digest[GANG_DIGEST_SIZE];
+    gang_token token;                   /* present = 0: accept unauthenticated (warned) */
+    uint64_t heartbeat_interval_ms, heartbeat_timeout_ms;
+    uint64_t handshake_timeout_ms, start_timeout_ms;
+    uint32_t max_restarts;              /* within restart_window_ms */
+    uint64_t restart_window_ms, restart_backoff_ms, restart_backoff_max_ms;
+    uint32_t max_connections;
+} gang_coord_config;
+
+/*
+ * Binds and starts serving on uv_loop. Returns 0 with *out, or a GANG_E* code (the port
+ * is taken, bad address). The coordinator lives until gang_coord_close(); its memory is
+ * released by the loop once every handle has closed.
+ */
+int gang_coord_start(void *uv_loop, const gang_coord_config *cfg, gang_coord **out);
+void gang_coord_close(gang_coord *c);
+int gang_coord_port(const gang_coord *c);
+
+typedef struct gang_coord_rank {
+    uint8_t state;                      /* gang_rank_state as last reported */
+    uint32_t heartbeat_age_ms;          /* worker heartbeat age reported by its agent,
+                                           plus the age of that report */
+} gang_coord_rank;
+
+typedef struct gang_coord_status {
+    gang_state state;
+    uint64_t generation;
+    uint32_t members;                   /* authenticated member connections */
+    uint64_t restarts_total;
+    uint32_t budget_left;               /* restarts left in the current window */
+    double rendezvous_seconds;          /* last time from "all waiting" to SERVING */
+    uint64_t serving_since_wall_ms;
+    int32_t last_failure_rank;
+    int32_t last_failure_code;
+    uint64_t last_failure_wall_ms;      /* 0 = none */
+    char last_failure[GANG_REASON_MAX];
+    uint32_t world_size;
+    const gang_coord_rank *ranks;       /* world_size entries, valid until the next loop turn */
+} gang_coord_status;
+
+void gang_coord_get_status(gang_coord *c, gang_coord_status *st);
+
+typedef struct gang_member gang_member;
+
+/* Callbacks from the member to its agent; all run on the loop thread. */
+typedef struct gang_member_callbacks {
+    void *ctx;
+    /* Node 0 only: produce the bootstrap blob for gen, then gang_member_send_blob(). */
+    void (*on_blob_request)(void *ctx, uint64_t gen);
+    /* Start generation gen: bring the local ranks up, then gang_member_send_ready(). */
+    void (*on_start)(void *ctx, uint64_t gen, uint32_t world_size, const uint8_t *blob,
+                     uint32_t len);
+    /*
+     * Abort the current generation in place (keep workers alive), then call
+     * gang_member_set_available(m, 1). Also called with code GANG_ECLOSED when the
+     * coordinator is lost.
+     */
+    void (*on_abort)(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason);
+    /* The restart budget is spent: the gang stays down. */
+    void (*on_give_up)(void *ctx, const char *reason);
+    /* The coordinator refused this member for good (config mismatch, bad token). */
+    void (*on_rejected)(void *ctx, int32_t code, const char *reason);
+    /* Fill node_index, nranks and the per-rank state/age of the next heartbeat. */
+    void (*fill_heartbeat)(void *ctx, gang_msg_heartbeat *hb);
+} gang_member_callbacks;
+
+typedef struct gang_member_config {
+    const char *coordinator_host;       /* re-resolved on every connect */
+    uint16_t coordinator_port;
+    gang_msg_join join;                 /* identity fields; nonce, mac, generation filled here */
+    gang_token token;
+    uint64_t heartbeat_interval_ms, heartbeat_timeout_ms, connect_timeout_ms;
+    uint64_t backoff_initial_ms, backoff_max_ms;
+} gang_member_config;
+
+int gang_member_start(void *uv_loop, const gang_member_config *cfg,
+                      const gang_member_callbacks *cb, gang_member **out);
+void gang_member_close(gang_member *m);
+/* Declares whether the local ranks are idle and able to join a new generation. */
+void gang_member_set_available(gang_member *m, int available);
+int gang_member_send_blob(gang_member *m, uint64_t gen, const uint8_t *blob, uint32_t len);
+int gang_member_send_ready(gang_member *m, uint64_t gen);
+/* Reports a local failure (worker died, hung, data-plane error) to the coordinator. */
+int gang_member_report_failure(gang_member *m, uint64_t gen, int32_t rank, int32_t code,
+                               const char *reason);
+
+typedef struct gang_member_status {
+    int connected;                      /* welcomed by the coordinator */
+    gang_state gang_state;              /* as last heard from the coordinator */
+    uint64_t generation;                /* generation of the last START */
+    uint64_t coordinator_heartbeat_age_ms;
+    uint64_t reconnects;
+    uint64_t last_abort_wall_ms;
+    uint64_t connected_since_ms;        /* monotonic, 0 = never */
+} gang_member_status;
+
+void gang_member_get_status(const gang_member *m, gang_member_status *st);
+
 #endif /* GANGLION_RENDEZVOUS_H */

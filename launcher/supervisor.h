@@ -1,0 +1,54 @@
+/*
+ * Worker supervisor (internal to launcher/): spawns nproc_per_node workers of the same
+ * binary, talks to them over the wctl channel (wctl.h), watches their heartbeats and
+ * exits, and drives them through generations for the agent. Runs on the agent's loop.
+ */
+#ifndef GANGLION_LAUNCHER_SUPERVISOR_H
+#define GANGLION_LAUNCHER_SUPERVISOR_H
+
+#include <stdint.h>
+
+#include "ganglion/common.h"
+
+typedef struct gang_sup gang_sup;
+
+typedef struct gang_sup_callbacks {
+    void *ctx;
+    /* Local rank 0 produced the bootstrap blob for gen. */
+    void (*on_blob)(void *ctx, uint64_t gen, const uint8_t *blob, uint32_t len);
+    /* Every local rank is READY in gen. */
+    void (*on_all_ready)(void *ctx, uint64_t gen);
+    /* A local rank failed in gen (exit, silence, data-plane error); rank is global. */
+    void (*on_failure)(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason);
+    /* Every worker is alive, connected and outside any generation. */
+    void (*on_idle)(void *ctx);
+} gang_sup_callbacks;
+
+/*
+ * Spawns the workers on uv_loop with the effective parameters p (forwarded as flags).
+ * exe is the binary to run ("/proc/self/exe"). Returns 0 or a GANG_E* code.
+ */
+int gang_sup_start(void *uv_loop, const gang_params *p, uint32_t node_index, const char *exe,
+                   const gang_sup_callbacks *cb, gang_sup **out);
+void gang_sup_request_blob(gang_sup *s, uint64_t gen);
+void gang_sup_start_gen(gang_sup *s, uint64_t gen, uint32_t world, const uint8_t *blob,
+                        uint32_t len);
+/* Aborts gen in place; workers that do not confirm within the abort timeout are killed. */
+void gang_sup_abort(gang_sup *s, uint64_t gen);
+int gang_sup_is_idle(const gang_sup *s);
+/* 1 when every local rank is READY in gen. */
+int gang_sup_all_ready(const gang_sup *s, uint64_t gen);
+
+typedef struct gang_sup_rank {
+    int pid;                      /* 0 when no process */
+    uint8_t state;                /* gang_rank_state */
+    uint64_t heartbeat_age_ms;    /* UINT64_MAX when never heard */
+    uint64_t restarts;            /* times this slot's worker was respawned */
+} gang_sup_rank;
+
+uint32_t gang_sup_nranks(const gang_sup *s);
+void gang_sup_rank_info(const gang_sup *s, uint32_t local_rank, gang_sup_rank *out);
+/* Sends SHUTDOWN, waits up to the abort timeout, kills the rest; done(ctx) when all gone. */
+void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx);
+
+#endif

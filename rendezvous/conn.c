@@ -1,0 +1,207 @@
+/* Framed TCP connections for the rendezvous protocol; see conn.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn.h"
+
+int gang__uv_err(int uverr)
+{
+    if (uverr == UV_EOF)
+        return GANG_ECLOSED;
+    if (uverr == UV_ETIMEDOUT)
+        return GANG_ETIMEDOUT;
+    if (uverr == UV_ECONNREFUSED)
+        return GANG_ECONNREFUSED;
+    if (uverr == UV_ECONNRESET || uverr == UV_EPIPE)
+        return GANG_ECONNRESET;
+    if (uverr == UV_ENOMEM)
+        return GANG_ENOMEM;
+    if (uverr == UV_EADDRINUSE)
+        return GANG_EEXIST;
+    if (uverr == UV_EACCES)
+        return GANG_EACCES;
+    if (uverr == UV_EINVAL)
+        return GANG_EINVAL;
+    return GANG_EIO;
+}
+
+int gang__conn_init(uv_loop_t *loop, gang__conn *c, void *owner, gang__conn_msg_cb on_msg,
+                    gang__conn_close_cb on_close)
+{
+    c->rd = gang_wire_reader_new();
+    c->msg = malloc(sizeof(*c->msg));
+    if (c->rd == NULL || c->msg == NULL)
+        goto out_nomem;
+    c->owner = owner;
+    c->on_msg = on_msg;
+    c->on_close = on_close;
+    c->opened_ms = gang_now_ms();
+    c->last_rx_ms = c->opened_ms;
+    uv_tcp_init(loop, &c->tcp);
+    c->tcp.data = c;
+    snprintf(c->peer, sizeof(c->peer), "?");
+    return 0;
+out_nomem:
+    gang_wire_reader_free(c->rd);
+    free(c->msg);
+    c->rd = NULL;
+    c->msg = NULL;
+    return GANG_ENOMEM;
+}
+
+/*
+ * One read buffer per thread: libuv calls alloc and read back to back on the loop
+ * thread, so the bytes are copied into the connection's reader before the buffer can be
+ * reused. This keeps idle connections cheap (only the reader's buffer each).
+ */
+static _Thread_local char read_buf[64 * 1024];
+
+static void conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    (void)suggested;
+    buf->base = read_buf;
+    buf->len = sizeof(read_buf);
+}
+
+static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    gang__conn *c = s->data;
+    if (nread < 0) {
+        gang__conn_close(c, gang__uv_err((int)nread));
+        return;
+    }
+    if (nread == 0 || c->closing)
+        return;
+    /* Feed in pieces: a frame is taken out as soon as it is complete, making room. */
+    size_t off = 0;
+    while (off < (size_t)nread && !c->closing) {
+        size_t room = gang_wire_reader_space(c->rd);
+        size_t n = (size_t)nread - off < room ? (size_t)nread - off : room;
+        int rc = n ? gang_wire_reader_feed(c->rd, (const uint8_t *)buf->base + off, n)
+                   : GANG_EMSGSIZE;
+        if (rc != 0) {
+            gang__conn_close(c, rc);
+            return;
+        }
+        off += n;
+        while (!c->closing) {
+            rc = gang_wire_reader_next(c->rd, c->msg);
+            if (rc == 0)
+                break;
+            if (rc < 0) {
+                gang_warn("rendezvous: closing %s: bad frame: %s", c->peer, gang_strerror(rc));
+                gang__conn_close(c, rc);
+                return;
+            }
+            c->last_rx_ms = gang_now_ms();
+            c->on_msg(c, c->msg);
+        }
+    }
+}
+
+int gang__conn_start(gang__conn *c)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        char ip[48] = "?";
+        int port = 0;
+        if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            uv_ip4_name(a, ip, sizeof(ip));
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            uv_ip6_name(a, ip, sizeof(ip));
+            port = ntohs(a->sin6_port);
+        }
+        snprintf(c->peer, sizeof(c->peer), "%s:%d", ip, port);
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read);
+    return rc ? gang__uv_err(rc) : 0;
+}
+
+typedef struct conn_write {
+    uv_write_t req;
+    int close_after;              /* close the connection once this is written (REJECT) */
+    uint8_t data[];
+} conn_write;
+
+static void conn_on_write(uv_write_t *req, int status)
+{
+    conn_write *w = (conn_write *)req;
+    gang__conn *c = req->handle->data;
+    int close_after = w->close_after;
+    free(w);
+    if (status < 0)
+        gang__conn_close(c, gang__uv_err(status));
+    else if (close_after)
+        gang__conn_close(c, 0);
+}
+
+static int conn_send(gang__conn *c, const gang_msg *m, int close_after)
+{
+    if (c->closing)
+        return GANG_ECLOSED;
+    size_t cap = GANG_WIRE_MAX_FRAME, len = 0;
+    conn_write *w = malloc(sizeof(*w) + cap);
+    if (w == NULL)
+        return GANG_ENOMEM;
+    int rc = gang_wire_encode(m, w->data, cap, &len);
+    if (rc != 0)
+        goto out_free;
+    w->close_after = close_after;
+    uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)len);
+    rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, conn_on_write);
+    if (rc != 0) {
+        rc = gang__uv_err(rc);
+        goto out_free;
+    }
+    return 0;
+out_free:
+    free(w);
+    return rc;
+}
+
+int gang__conn_send(gang__conn *c, const gang_msg *m)
+{
+    return conn_send(c, m, 0);
+}
+
+void gang__conn_reject(gang__conn *c, int32_t code, const char *reason)
+{
+    gang_msg *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        gang__conn_close(c, GANG_ENOMEM);
+        return;
+    }
+    m->type = GANG_MSG_REJECT;
+    m->u.reject.code = code;
+    gang_strlcpy(m->u.reject.reason, reason, sizeof(m->u.reject.reason));
+    if (conn_send(c, m, 1) != 0)
+        gang__conn_close(c, GANG_ECLOSED);
+    else
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    free(m);
+}
+
+static void conn_on_closed(uv_handle_t *h)
+{
+    gang__conn *c = h->data;
+    gang_wire_reader_free(c->rd);
+    free(c->msg);
+    c->rd = NULL;
+    c->msg = NULL;
+    c->on_close(c, c->close_err);
+}
+
+void gang__conn_close(gang__conn *c, int err)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    c->close_err = err;
+    uv_close((uv_handle_t *)&c->tcp, conn_on_closed);
+}

@@ -1,0 +1,165 @@
+/*
+ * libFuzzer target for the wire protocol v1 decoder and the streaming reader: the code
+ * that parses bytes from any peer that can reach the rendezvous port.
+ *
+ * For each input it checks three properties, and abort()s (a fuzzer finding) on any
+ * violation; the sanitizers catch every out-of-bounds access on the way:
+ *
+ *   1. Exact round trip: a frame that decodes re-encodes to the very same bytes, and
+ *      decoding those again yields the very same message. The encoding is canonical, so a
+ *      decoder that accepts something the encoder would not produce is a bug.
+ *   2. The input, read as a stream of frames with gang_wire_decode(), and the same input
+ *      fed to a gang_wire_reader in pseudo-random chunk sizes give the same messages and
+ *      the same final verdict (error code, or "more bytes needed" with the same leftover).
+ *   3. Every decoded message stays within its declared bounds.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ganglion/rendezvous.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static gang_msg msg, again;
+static uint8_t reencoded[GANG_WIRE_MAX_FRAME];
+
+static void die(const char *what)
+{
+    fprintf(stderr, "fuzz-wire: %s\n", what);
+    abort();
+}
+
+/* Property 3: bounds that every consumer of a decoded message relies on. */
+static void check_bounds(const gang_msg *m)
+{
+    if (m->type < GANG_MSG_CHALLENGE || m->type > GANG_MSG_TYPE_MAX_)
+        die("decoded an unknown type");
+    switch (m->type) {
+    case GANG_MSG_JOIN:
+        if (memchr(m->u.join.job, 0, sizeof m->u.join.job) == NULL ||
+            memchr(m->u.join.host, 0, sizeof m->u.join.host) == NULL)
+            die("JOIN string without NUL");
+        break;
+    case GANG_MSG_REJECT:
+        if (memchr(m->u.reject.reason, 0, sizeof m->u.reject.reason) == NULL)
+            die("REJECT reason without NUL");
+        break;
+    case GANG_MSG_ABORT:
+        if (memchr(m->u.abort.reason, 0, sizeof m->u.abort.reason) == NULL)
+            die("ABORT reason without NUL");
+        break;
+    case GANG_MSG_GIVE_UP:
+        if (memchr(m->u.give_up.reason, 0, sizeof m->u.give_up.reason) == NULL)
+            die("GIVE_UP reason without NUL");
+        break;
+    case GANG_MSG_BLOB_REQUEST:
+    case GANG_MSG_BLOB:
+    case GANG_MSG_START:
+        if (m->u.blob.len > GANG_BLOB_MAX)
+            die("blob len out of bounds");
+        break;
+    case GANG_MSG_HEARTBEAT:
+        if (m->u.heartbeat.nranks > GANG_MAX_LOCAL_RANKS)
+            die("nranks out of bounds");
+        /* The names must be total functions: any wire value gets a printable name. */
+        for (uint32_t i = 0; i < m->u.heartbeat.nranks; i++)
+            if (gang_rank_state_name(m->u.heartbeat.rank_state[i]) == NULL)
+                die("rank state without a name");
+        if (gang_state_name((int)m->u.heartbeat.state) == NULL)
+            die("gang state without a name");
+        break;
+    default:
+        break;
+    }
+}
+
+/* Property 1 for one frame frame[0..len) that decoded into m. */
+static void check_roundtrip(const uint8_t *frame, size_t len, const gang_msg *m)
+{
+    size_t out = 0, used = 0;
+
+    check_bounds(m);
+    if (gang_wire_encode(m, reencoded, sizeof reencoded, &out) != 0)
+        die("a decoded message does not encode");
+    if (out != len || memcmp(reencoded, frame, len) != 0)
+        die("re-encoding differs from the frame");
+    if (gang_wire_decode(reencoded, out, &again, &used) != 0 || used != out)
+        die("a re-encoded frame does not decode");
+    if (memcmp(&again, m, sizeof again) != 0)
+        die("re-decoding yields another message");
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+/* Chunk sizes derive from the input itself, so every finding reproduces exactly. */
+static uint64_t seed_of(const uint8_t *data, size_t size)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ data[i]) * 0x100000001b3ull;
+    return h | 1;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    gang_wire_reader *r;
+    size_t off = 0, used = 0, nframes = 0;
+    size_t fed = 0, roff = 0, nread = 0;
+    uint64_t s = seed_of(data, size);
+    int final_rc, rc;
+
+    /* Property 1, and the reference reading for property 2. */
+    for (;;) {
+        final_rc = gang_wire_decode(data + off, size - off, &msg, &used);
+        if (final_rc != 0)
+            break;
+        check_roundtrip(data + off, used, &msg);
+        off += used;
+        nframes++;
+    }
+
+    r = gang_wire_reader_new();
+    if (r == NULL)
+        die("out of memory");
+    rc = 0;
+    while (fed < size && rc >= 0) {
+        size_t n = rng_next(&s) % 8 == 0 ? 1 + rng_next(&s) % 4096 : 1 + rng_next(&s) % 48;
+        if (n > size - fed)
+            n = size - fed;
+        if (n > gang_wire_reader_space(r))
+            n = gang_wire_reader_space(r);
+        if (n == 0)
+            die("reader has no room although it was drained");
+        if (gang_wire_reader_feed(r, data + fed, n) != 0)
+            die("feed within space failed");
+        fed += n;
+        while ((rc = gang_wire_reader_next(r, &msg)) == 1) {
+            size_t out = 0;
+            if (gang_wire_encode(&msg, reencoded, sizeof reencoded, &out) != 0)
+                die("a message from the reader does not encode");
+            if (nread >= nframes || out > size - roff || memcmp(reencoded, data + roff, out))
+                die("reader and decode disagree on a message");
+            roff += out;
+            nread++;
+        }
+    }
+    if (nread != nframes)
+        die("reader and decode disagree on the number of messages");
+    if (final_rc == GANG_EAGAIN) {
+        if (rc != 0 || gang_wire_reader_pending(r) != size - off)
+            die("reader and decode disagree on an incomplete tail");
+    } else if (rc != final_rc) {
+        die("reader and decode disagree on the error");
+    }
+    gang_wire_reader_free(r);
+    return 0;
+}

@@ -1,0 +1,807 @@
+/*
+ * The worker process, tested from the agent's side of its control channel. The test
+ * plays the agent: it listens on a SOCK_SEQPACKET socket in a fresh temporary directory,
+ * forks children that run gang_worker_main() with small timings, and talks wctl.h to
+ * them. Some tests also play a data-plane peer of rank 0 with the frames of worker.h, to
+ * check what rank 0 accepts and rejects.
+ *
+ * Every child is reaped: tests wait for the exits they expect (with a deadline, then
+ * SIGKILL), and the teardown SIGKILLs and reaps whatever is left, even after a failed
+ * assertion. While a test waits for anything it keeps reading every worker's channel
+ * ("pumping"), as a real agent would, so that no worker blocks on a full channel.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ganglion/common.h"
+#include "launcher-tests.h"
+#include "wctl.h"
+#include "worker.h"
+
+#define TW_MAX 8          /* workers one test may run */
+#define TW_QMAX 16        /* non-heartbeat messages queued per worker */
+#define TW_HB_INTERVAL 50 /* --heartbeat-interval-ms given to workers */
+#define TW_HB_TIMEOUT 400 /* --heartbeat-timeout-ms */
+#define TW_STEP 20        /* --worker-step-interval-ms */
+#define TW_SLACK 300      /* scheduling slack of a loaded 2-core CI machine */
+
+/* One worker as the fake agent sees it. */
+typedef struct tw_worker {
+    pid_t pid; /* 0 once reaped */
+    int fd;    /* agent side of the channel, -1 once closed */
+    int eof;   /* the worker closed its side */
+    uint32_t local_rank;
+    uint64_t nhb;         /* heartbeats received */
+    uint64_t last_hb_ms;  /* when the last one arrived */
+    uint32_t last_state;  /* its state */
+    uint64_t last_hb_gen; /* its generation */
+    gang_wctl q[TW_QMAX]; /* other messages, oldest first */
+    size_t qlen;
+} tw_worker;
+
+typedef struct tw_ctx {
+    char dir[64];
+    char path[128];
+    int lfd; /* the agent's listening socket */
+    tw_worker w[TW_MAX];
+    size_t n;
+} tw_ctx;
+
+/* -------------------------------------------------------------------------------------
+ * The fake agent
+ * ------------------------------------------------------------------------------------- */
+
+static int tw_setup(void **state)
+{
+    tw_ctx *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return -1;
+    for (size_t i = 0; i < TW_MAX; i++)
+        c->w[i].fd = -1;
+    snprintf(c->dir, sizeof(c->dir), "/tmp/gang-test-worker-XXXXXX");
+    if (mkdtemp(c->dir) == NULL)
+        goto out_free;
+    snprintf(c->path, sizeof(c->path), "%s/agent.sock", c->dir);
+    c->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (c->lfd < 0)
+        goto out_rmdir;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    gang_strlcpy(sa.sun_path, c->path, sizeof(sa.sun_path));
+    if (bind(c->lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(c->lfd, 16) != 0)
+        goto out_close;
+    *state = c;
+    return 0;
+
+out_close:
+    close(c->lfd);
+out_rmdir:
+    rmdir(c->dir);
+out_free:
+    free(c);
+    return -1;
+}
+
+/* SIGKILLs and reaps every worker still there, then removes the socket and directory. */
+static int tw_teardown(void **state)
+{
+    tw_ctx *c = *state;
+    for (size_t i = 0; i < c->n; i++) {
+        tw_worker *w = &c->w[i];
+        if (w->fd >= 0)
+            close(w->fd);
+        if (w->pid > 0) {
+            kill(w->pid, SIGKILL);
+            while (waitpid(w->pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        }
+    }
+    close(c->lfd);
+    unlink(c->path);
+    rmdir(c->dir);
+    free(c);
+    return 0;
+}
+
+/* Reads everything worker i has sent: heartbeats are recorded, the rest is queued. */
+static void tw_drain(tw_ctx *c, size_t i)
+{
+    tw_worker *w = &c->w[i];
+    for (;;) {
+        gang_wctl m;
+        ssize_t n = recv(w->fd, &m, sizeof(m), MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            w->eof = 1;
+            return;
+        }
+        if ((size_t)n != sizeof(m))
+            fail_msg("worker %zu sent a packet of %zd bytes", i, n);
+        if (m.type == GANG_WCTL_HEARTBEAT) {
+            w->nhb++;
+            w->last_hb_ms = gang_now_ms();
+            w->last_state = m.state;
+            w->last_hb_gen = m.generation;
+            continue;
+        }
+        if (w->qlen == TW_QMAX)
+            fail_msg("worker %zu sent more than %d unread messages", i, TW_QMAX);
+        w->q[w->qlen++] = m;
+    }
+}
+
+/* Waits up to timeout_ms for any worker to send something, and reads it. */
+static void tw_pump(tw_ctx *c, int timeout_ms)
+{
+    struct pollfd pfd[TW_MAX];
+    size_t idx[TW_MAX], n = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->w[i].fd >= 0 && !c->w[i].eof) {
+            idx[n] = i;
+            pfd[n++] = (struct pollfd){.fd = c->w[i].fd, .events = POLLIN};
+        }
+    }
+    if (poll(pfd, (nfds_t)n, timeout_ms) <= 0)
+        return;
+    for (size_t k = 0; k < n; k++) {
+        if (pfd[k].revents)
+            tw_drain(c, idx[k]);
+    }
+}
+
+/* Keeps reading every channel for ms milliseconds. */
+static void tw_pump_for(tw_ctx *c, uint64_t ms)
+{
+    uint64_t end = gang_now_ms() + ms;
+    for (uint64_t now = gang_now_ms(); now < end; now = gang_now_ms())
+        tw_pump(c, (int)(end - now));
+}
+
+/*
+ * Takes worker i's next message that is not a heartbeat (skipping any of type skip, 0 for
+ * none) within timeout_ms, and fails the test unless it is of type and generation gen.
+ */
+static gang_wctl tw_expect(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, int timeout_ms,
+                           uint32_t skip)
+{
+    tw_worker *w = &c->w[i];
+    uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        while (w->qlen == 0) {
+            uint64_t now = gang_now_ms();
+            if (now >= deadline || w->eof)
+                fail_msg("worker %zu: no message of type %u within %d ms%s", i, type, timeout_ms,
+                         w->eof ? " (channel closed)" : "");
+            tw_pump(c, (int)(deadline - now));
+        }
+        gang_wctl m = w->q[0];
+        memmove(&w->q[0], &w->q[1], (w->qlen - 1) * sizeof(w->q[0]));
+        w->qlen--;
+        if (skip != 0 && m.type == skip)
+            continue;
+        if (m.type != type || m.generation != gen)
+            fail_msg("worker %zu: expected type %u generation %llu, got type %u generation "
+                     "%llu (reason '%s')",
+                     i, type, (unsigned long long)gen, m.type, (unsigned long long)m.generation,
+                     m.reason);
+        return m;
+    }
+}
+
+/* Sends one control message to worker i. */
+static void tw_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t rank, uint32_t world,
+                    const uint8_t *blob, uint32_t blob_len)
+{
+    gang_wctl m;
+    memset(&m, 0, sizeof(m));
+    m.type = type;
+    m.local_rank = c->w[i].local_rank;
+    m.generation = gen;
+    m.rank = rank;
+    m.world_size = world;
+    m.blob_len = blob_len;
+    if (blob_len > 0)
+        memcpy(m.blob, blob, blob_len);
+    assert_int_equal(send(c->w[i].fd, &m, sizeof(m), MSG_NOSIGNAL), (ssize_t)sizeof(m));
+}
+
+/* Closes every descriptor of the fake agent; for forked children. */
+static void tw_close_all(tw_ctx *c)
+{
+    close(c->lfd);
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->w[i].fd >= 0)
+            close(c->w[i].fd);
+    }
+}
+
+/* Runs a worker in this (forked) process with the test's timings and exits with its code. */
+static void tw_run_worker(tw_ctx *c, uint32_t local_rank)
+{
+    char lr[16];
+    snprintf(lr, sizeof(lr), "%u", local_rank);
+    char *argv[] = {"worker",
+                    "--agent-socket",
+                    c->path,
+                    "--local-rank",
+                    lr,
+                    "--node-index",
+                    "0",
+                    "--heartbeat-interval-ms=50",
+                    "--heartbeat-timeout-ms=400",
+                    "--worker-step-interval-ms=20",
+                    "--start-timeout-ms",
+                    "3000",
+                    NULL};
+    tw_close_all(c);
+    _exit(gang_worker_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv));
+}
+
+/*
+ * Accepts the next worker connection into slot c->n (whose pid is already set) and checks
+ * its HELLO: local rank, and the pid when known (0 = take it from the HELLO).
+ */
+static size_t tw_accept(tw_ctx *c, uint32_t local_rank)
+{
+    size_t i = c->n - 1;
+    tw_worker *w = &c->w[i];
+    struct pollfd pfd = {.fd = c->lfd, .events = POLLIN};
+    if (poll(&pfd, 1, 3000) != 1)
+        fail_msg("worker with local rank %u did not connect within 3 s", local_rank);
+    w->fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    assert_true(w->fd >= 0);
+    gang_wctl m = tw_expect(c, i, GANG_WCTL_HELLO, 0, 2000, 0);
+    assert_int_equal(m.local_rank, local_rank);
+    if (w->pid == 0)
+        w->pid = m.pid;
+    assert_int_equal(m.pid, w->pid);
+    return i;
+}
+
+/* Forks a worker with local rank local_rank, accepts it and checks its HELLO. */
+static size_t tw_spawn(tw_ctx *c, uint32_t local_rank)
+{
+    assert_true(c->n < TW_MAX);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        tw_run_worker(c, local_rank);
+    tw_worker *w = &c->w[c->n++];
+    memset(w, 0, sizeof(*w));
+    w->pid = pid;
+    w->fd = -1;
+    w->local_rank = local_rank;
+    return tw_accept(c, local_rank);
+}
+
+/*
+ * Waits up to timeout_ms for worker i to exit, reading the channels meanwhile, and returns
+ * its wait status. A worker still there at the deadline is SIGKILLed, reaped, and fails
+ * the test.
+ */
+static int tw_reap(tw_ctx *c, size_t i, int timeout_ms)
+{
+    tw_worker *w = &c->w[i];
+    uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
+    int status = 0;
+    for (;;) {
+        pid_t r = waitpid(w->pid, &status, WNOHANG);
+        if (r == w->pid)
+            break;
+        assert_true(r == 0 || errno == EINTR);
+        if (gang_now_ms() >= deadline) {
+            kill(w->pid, SIGKILL);
+            waitpid(w->pid, NULL, 0);
+            w->pid = 0;
+            fail_msg("worker %zu did not exit within %d ms", i, timeout_ms);
+        }
+        tw_pump(c, 5);
+    }
+    w->pid = 0;
+    return status;
+}
+
+static void tw_assert_exit(int status, int code)
+{
+    if (!WIFEXITED(status))
+        fail_msg("worker did not exit normally (status 0x%x)", status);
+    assert_int_equal(WEXITSTATUS(status), code);
+}
+
+/*
+ * Forms generation gen over workers idx[0..n): BLOB_REQUEST to the first (rank 0), START
+ * to all with rank = position, then READY from all. The blob goes to blob/blob_len.
+ */
+static void tw_form(tw_ctx *c, uint64_t gen, const size_t *idx, uint32_t n, uint8_t *blob,
+                    uint32_t *blob_len)
+{
+    tw_send(c, idx[0], GANG_WCTL_BLOB_REQUEST, gen, 0, 0, NULL, 0);
+    gang_wctl b = tw_expect(c, idx[0], GANG_WCTL_BLOB, gen, 2000, 0);
+    assert_true(b.blob_len > 0 && b.blob_len < 64);
+    assert_non_null(memchr(b.blob, ':', b.blob_len));
+    memcpy(blob, b.blob, b.blob_len);
+    *blob_len = b.blob_len;
+    for (uint32_t k = 0; k < n; k++)
+        tw_send(c, idx[k], GANG_WCTL_START, gen, k, n, blob, *blob_len);
+    for (uint32_t k = 0; k < n; k++)
+        tw_expect(c, idx[k], GANG_WCTL_READY, gen, 3000, 0);
+}
+
+/* Sends ABORT(gen) to each of idx[0..n) and expects ABORTED from each within 200 ms. */
+static void tw_abort_all(tw_ctx *c, uint64_t gen, const size_t *idx, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint64_t t0 = gang_now_ms();
+        tw_send(c, idx[k], GANG_WCTL_ABORT, gen, 0, 0, NULL, 0);
+        /* An ERROR that raced the ABORT (a peer's view of the same failure) is fine. */
+        tw_expect(c, idx[k], GANG_WCTL_ABORTED, gen, 200, GANG_WCTL_ERROR);
+        uint64_t dt = gang_now_ms() - t0;
+        if (dt > 200)
+            fail_msg("ABORTED after %llu ms", (unsigned long long)dt);
+    }
+}
+
+/* Sends SHUTDOWN to each of idx[0..n) and expects each to exit 0. */
+static void tw_shutdown_all(tw_ctx *c, const size_t *idx, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        tw_send(c, idx[k], GANG_WCTL_SHUTDOWN, 0, 0, 0, NULL, 0);
+    for (size_t k = 0; k < n; k++)
+        tw_assert_exit(tw_reap(c, idx[k], 1000), GANG_EXIT_OK);
+}
+
+/* -------------------------------------------------------------------------------------
+ * A fake data-plane peer of rank 0
+ * ------------------------------------------------------------------------------------- */
+
+/* Connects to the placeholder star's listener named by blob ("host:port"). */
+static int tw_peer_connect(const uint8_t *blob, uint32_t len, int *err)
+{
+    char text[128], host[GANG_HOST_MAX];
+    uint16_t port;
+    assert_true(len < sizeof(text));
+    memcpy(text, blob, len);
+    text[len] = '\0';
+    assert_int_equal(gang_parse_host_port(text, host, sizeof(host), &port), 0);
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    char ports[8];
+    snprintf(ports, sizeof(ports), "%u", (unsigned)port);
+    assert_int_equal(getaddrinfo(host, ports, &hints, &ai), 0);
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    *err = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    freeaddrinfo(ai);
+    if (*err != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void tw_peer_send(int fd, uint32_t kind, uint64_t gen, uint32_t rank, uint32_t world,
+                         uint64_t step, uint64_t value)
+{
+    gang__wframe f = {.kind = kind,
+                      .generation = gen,
+                      .rank = rank,
+                      .world = world,
+                      .step = step,
+                      .value = value};
+    uint8_t buf[GANG__WFRAME_SIZE];
+    gang__wframe_encode(&f, buf);
+    assert_int_equal(send(fd, buf, sizeof(buf), MSG_NOSIGNAL), (ssize_t)sizeof(buf));
+}
+
+/*
+ * Reads one frame from fd within timeout_ms, pumping the agent channels meanwhile.
+ * Returns 1 with *f filled, 0 when the worker closed the connection (EOF or reset), and
+ * fails the test at the deadline.
+ */
+static int tw_peer_recv(tw_ctx *c, int fd, gang__wframe *f, int timeout_ms)
+{
+    uint8_t buf[GANG__WFRAME_SIZE];
+    size_t len = 0;
+    uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
+    while (len < sizeof(buf)) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 5) == 1) {
+            ssize_t n = recv(fd, buf + len, sizeof(buf) - len, 0);
+            if (n == 0 || (n < 0 && errno == ECONNRESET))
+                return 0;
+            assert_true(n > 0);
+            len += (size_t)n;
+            continue;
+        }
+        if (gang_now_ms() >= deadline)
+            fail_msg("data-plane peer: nothing from rank 0 within %d ms", timeout_ms);
+        tw_pump(c, 0);
+    }
+    assert_int_equal(gang__wframe_decode(buf, f), 0);
+    return 1;
+}
+
+/* -------------------------------------------------------------------------------------
+ * Tests
+ * ------------------------------------------------------------------------------------- */
+
+/* Usage errors return 2 before the worker touches anything (so this runs in-process). */
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    char *no_args[] = {"worker", NULL};
+    char *no_socket[] = {"worker", "--local-rank", "0", NULL};
+    char *no_rank[] = {"worker", "--agent-socket", "/nonexistent/a.sock", NULL};
+    char *bad_rank[] = {"worker", "--agent-socket", "/x", "--local-rank", "64", NULL};
+    char *unknown[] = {"worker", "--agent-socket", "/x", "--local-rank", "0", "--bogus", NULL};
+    char *no_value[] = {"worker", "--local-rank", "0", "--agent-socket", NULL};
+    char *bad_param[] = {
+        "worker", "--agent-socket=/x", "--local-rank=0", "--heartbeat-interval-ms", "soon", NULL};
+    assert_int_equal(gang_worker_main(1, no_args), GANG_EXIT_USAGE);
+    assert_int_equal(gang_worker_main(3, no_socket), GANG_EXIT_USAGE);
+    assert_int_equal(gang_worker_main(3, no_rank), GANG_EXIT_USAGE);
+    assert_int_equal(gang_worker_main(5, bad_rank), GANG_EXIT_USAGE);
+    assert_int_equal(gang_worker_main(6, unknown), GANG_EXIT_USAGE);
+    assert_int_equal(gang_worker_main(4, no_value), GANG_EXIT_USAGE);
+    assert_int_equal(gang_worker_main(5, bad_param), GANG_EXIT_USAGE);
+}
+
+/* HELLO, then IDLE heartbeats on the configured period, then SHUTDOWN exits 0. */
+static void test_heartbeat_and_shutdown(void **state)
+{
+    tw_ctx *c = *state;
+    size_t w = tw_spawn(c, 0);
+    uint64_t t0 = gang_now_ms(), nhb0 = c->w[w].nhb;
+    tw_pump_for(c, 500);
+    uint64_t dt = gang_now_ms() - t0, nhb = c->w[w].nhb - nhb0;
+    /* About dt / 50 heartbeats; demand a solid fraction of them, and not a flood. */
+    if (nhb < dt / TW_HB_INTERVAL / 2 || nhb > dt / TW_HB_INTERVAL + 2)
+        fail_msg("%llu heartbeats in %llu ms", (unsigned long long)nhb, (unsigned long long)dt);
+    assert_int_equal(c->w[w].last_state, GANG_RANK_IDLE);
+    assert_int_equal(c->w[w].qlen, 0);
+    tw_shutdown_all(c, &w, 1);
+}
+
+/* The agent closes the channel: the worker exits 75 (retryable). */
+static void test_agent_eof_exits_75(void **state)
+{
+    tw_ctx *c = *state;
+    size_t w = tw_spawn(c, 0);
+    close(c->w[w].fd);
+    c->w[w].fd = -1;
+    tw_assert_exit(tw_reap(c, w, 1000), GANG_EXIT_TEMPFAIL);
+}
+
+/* A packet that is not one gang_wctl is a protocol error: the channel is dropped, exit 75. */
+static void test_bad_packet_exits_75(void **state)
+{
+    tw_ctx *c = *state;
+    size_t w = tw_spawn(c, 0);
+    char junk[10] = {0};
+    assert_int_equal(send(c->w[w].fd, junk, sizeof(junk), MSG_NOSIGNAL), (ssize_t)sizeof(junk));
+    tw_assert_exit(tw_reap(c, w, 1000), GANG_EXIT_TEMPFAIL);
+}
+
+/* The agent process dies: PR_SET_PDEATHSIG kills the worker. */
+static void test_dies_with_agent(void **state)
+{
+    tw_ctx *c = *state;
+    /* Orphans come to this process instead of init, so the worker can be reaped here. */
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    int gate[2];
+    assert_int_equal(pipe(gate), 0);
+    pid_t mid = fork();
+    assert_true(mid >= 0);
+    if (mid == 0) {
+        /* The "agent": starts the worker, then exits when the test closes the gate. */
+        close(gate[1]);
+        pid_t pid = fork();
+        if (pid < 0)
+            _exit(1);
+        if (pid == 0) {
+            close(gate[0]);
+            tw_run_worker(c, 3);
+        }
+        char b;
+        while (read(gate[0], &b, 1) < 0 && errno == EINTR)
+            ;
+        _exit(0);
+    }
+    close(gate[0]);
+    /* The "agent" gets a slot too, so that the teardown reaps it whatever happens. */
+    tw_worker *a = &c->w[c->n++];
+    memset(a, 0, sizeof(*a));
+    a->pid = mid;
+    a->fd = -1;
+    tw_worker *w = &c->w[c->n++];
+    memset(w, 0, sizeof(*w));
+    w->fd = -1;
+    w->local_rank = 3;
+    size_t i = tw_accept(c, 3); /* the pid comes from HELLO */
+    close(gate[1]);
+    int st;
+    assert_int_equal(waitpid(mid, &st, 0), mid);
+    a->pid = 0;
+    st = tw_reap(c, i, 1000);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGKILL);
+}
+
+/* A gang of one needs no sockets and no BLOB_REQUEST. */
+static void test_world_of_one(void **state)
+{
+    tw_ctx *c = *state;
+    size_t w = tw_spawn(c, 0);
+    tw_send(c, w, GANG_WCTL_START, 7, 0, 1, NULL, 0);
+    tw_expect(c, w, GANG_WCTL_READY, 7, 2000, 0);
+    tw_pump_for(c, 120);
+    assert_int_equal(c->w[w].last_state, GANG_RANK_READY);
+    assert_int_equal(c->w[w].last_hb_gen, 7);
+    tw_abort_all(c, 7, &w, 1);
+    tw_shutdown_all(c, &w, 1);
+}
+
+/*
+ * The whole life of a gang: form generation 5 over three workers, heartbeats say READY,
+ * stale messages are ignored, a killed rank is named by rank 0 within 1 s, the survivors
+ * abort within 200 ms, and generation 6 forms with the survivors and a fresh worker.
+ */
+static void test_gang_lifecycle(void **state)
+{
+    tw_ctx *c = *state;
+    uint8_t blob[GANG_BLOB_MAX];
+    uint32_t blob_len;
+    size_t g[3];
+    for (uint32_t k = 0; k < 3; k++)
+        g[k] = tw_spawn(c, k);
+    tw_form(c, 5, g, 3, blob, &blob_len);
+
+    uint64_t nhb[3];
+    for (int k = 0; k < 3; k++)
+        nhb[k] = c->w[g[k]].nhb;
+    tw_pump_for(c, 200);
+    for (int k = 0; k < 3; k++) {
+        assert_true(c->w[g[k]].nhb >= nhb[k] + 2);
+        assert_int_equal(c->w[g[k]].last_state, GANG_RANK_READY);
+        assert_int_equal(c->w[g[k]].last_hb_gen, 5);
+    }
+
+    /* Older generations are ignored: no reply, no state change, the data plane runs on. */
+    tw_send(c, g[1], GANG_WCTL_START, 4, 1, 3, blob, blob_len);
+    tw_send(c, g[2], GANG_WCTL_ABORT, 4, 0, 0, NULL, 0);
+    tw_send(c, g[0], GANG_WCTL_BLOB_REQUEST, 3, 0, 0, NULL, 0);
+    tw_pump_for(c, 200);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(c->w[g[k]].qlen, 0);
+        assert_int_equal(c->w[g[k]].last_state, GANG_RANK_READY);
+    }
+
+    /* Rank 2 dies: rank 0 sees its connection close and names it. */
+    uint64_t t0 = gang_now_ms();
+    assert_int_equal(kill(c->w[g[2]].pid, SIGKILL), 0);
+    gang_wctl e = tw_expect(c, g[0], GANG_WCTL_ERROR, 5, 1000, 0);
+    uint64_t dt = gang_now_ms() - t0;
+    print_message("rank 0 reported '%s' after %llu ms\n", e.reason, (unsigned long long)dt);
+    assert_true(dt <= 1000);
+    assert_int_equal(e.rank, 2);
+    assert_int_equal(e.code, GANG_EPEER);
+    assert_non_null(strstr(e.reason, "rank 2"));
+    int st = tw_reap(c, g[2], 1000);
+    assert_true(WIFSIGNALED(st));
+    tw_pump_for(c, 2 * TW_HB_INTERVAL + 20);
+    assert_int_equal(c->w[g[0]].last_state, GANG_RANK_FAILED);
+
+    tw_abort_all(c, 5, g, 2);
+    tw_pump_for(c, 2 * TW_HB_INTERVAL + 20);
+    assert_int_equal(c->w[g[0]].last_state, GANG_RANK_IDLE);
+    assert_int_equal(c->w[g[1]].last_state, GANG_RANK_IDLE);
+
+    /* Generation 6: the survivors and a freshly started worker. */
+    g[2] = tw_spawn(c, 2);
+    tw_form(c, 6, g, 3, blob, &blob_len);
+    tw_pump_for(c, 150);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(c->w[g[k]].last_state, GANG_RANK_READY);
+        assert_int_equal(c->w[g[k]].qlen, 0); /* the all-reduce checks out everywhere */
+    }
+    tw_shutdown_all(c, g, 3);
+}
+
+/*
+ * A stopped worker (SIGSTOP: a hang) goes silent on the control channel, and rank 0
+ * reports it silent on the data plane within heartbeat timeout + step interval.
+ */
+static void test_stopped_worker(void **state)
+{
+    tw_ctx *c = *state;
+    uint8_t blob[GANG_BLOB_MAX];
+    uint32_t blob_len;
+    size_t g[3];
+    for (uint32_t k = 0; k < 3; k++)
+        g[k] = tw_spawn(c, k);
+    tw_form(c, 1, g, 3, blob, &blob_len);
+    tw_pump_for(c, 100);
+
+    uint64_t t0 = gang_now_ms();
+    assert_int_equal(kill(c->w[g[1]].pid, SIGSTOP), 0);
+    int budget = TW_HB_TIMEOUT + TW_STEP + TW_SLACK;
+    gang_wctl e = tw_expect(c, g[0], GANG_WCTL_ERROR, 1, budget, 0);
+    uint64_t dt = gang_now_ms() - t0;
+    print_message("rank 0 reported '%s' after %llu ms\n", e.reason, (unsigned long long)dt);
+    assert_int_equal(e.rank, 1);
+    assert_int_equal(e.code, GANG_ETIMEDOUT);
+    assert_non_null(strstr(e.reason, "rank 1 silent"));
+
+    /* Its heartbeats stopped with it; everyone else's go on. */
+    uint64_t more = gang_now_ms() - t0 < 400 ? 400 - (gang_now_ms() - t0) : 0;
+    tw_pump_for(c, more + TW_HB_INTERVAL);
+    uint64_t silence = gang_now_ms() - c->w[g[1]].last_hb_ms;
+    if (silence <= 300)
+        fail_msg("the stopped worker's heartbeats went on (silent only %llu ms)",
+                 (unsigned long long)silence);
+    assert_true(gang_now_ms() - c->w[g[0]].last_hb_ms < 3 * TW_HB_INTERVAL);
+    assert_int_equal(c->w[g[0]].last_state, GANG_RANK_FAILED);
+
+    assert_int_equal(kill(c->w[g[1]].pid, SIGKILL), 0);
+    tw_reap(c, g[1], 1000);
+    size_t rest[2] = {g[0], g[2]};
+    tw_abort_all(c, 1, rest, 2);
+    tw_shutdown_all(c, rest, 2);
+}
+
+/* Rank 0 dies: a peer names it. */
+static void test_rank0_dies(void **state)
+{
+    tw_ctx *c = *state;
+    uint8_t blob[GANG_BLOB_MAX];
+    uint32_t blob_len;
+    size_t g[2];
+    for (uint32_t k = 0; k < 2; k++)
+        g[k] = tw_spawn(c, k);
+    tw_form(c, 2, g, 2, blob, &blob_len);
+    assert_int_equal(kill(c->w[g[0]].pid, SIGKILL), 0);
+    gang_wctl e = tw_expect(c, g[1], GANG_WCTL_ERROR, 2, 1000, 0);
+    assert_int_equal(e.rank, 0);
+    assert_int_equal(e.code, GANG_EPEER);
+    assert_non_null(strstr(e.reason, "rank 0 closed its connection"));
+    tw_reap(c, g[0], 1000);
+    tw_abort_all(c, 2, &g[1], 1);
+    tw_shutdown_all(c, &g[1], 1);
+}
+
+/*
+ * Rank 0 seen from the data plane, with the test as ranks 1 and 2: connections of another
+ * generation, an out-of-range rank, another world size or a duplicate rank are closed and
+ * the star still forms; the all-reduce adds up; ABORT closes the connections and the
+ * listener.
+ */
+static void test_rank0_judges_hellos(void **state)
+{
+    tw_ctx *c = *state;
+    size_t w = tw_spawn(c, 0);
+    tw_send(c, w, GANG_WCTL_BLOB_REQUEST, 3, 0, 0, NULL, 0);
+    gang_wctl b = tw_expect(c, w, GANG_WCTL_BLOB, 3, 2000, 0);
+    tw_send(c, w, GANG_WCTL_START, 3, 0, 3, b.blob, b.blob_len);
+    tw_pump_for(c, 120);
+    assert_int_equal(c->w[w].last_state, GANG_RANK_STARTING);
+
+    static const struct {
+        uint64_t gen;
+        uint32_t rank, world;
+    } bad[] = {{2, 1, 3}, {3, 7, 3}, {3, 0, 3}, {3, 1, 4}};
+    gang__wframe f;
+    int err;
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        int fd = tw_peer_connect(b.blob, b.blob_len, &err);
+        assert_true(fd >= 0);
+        tw_peer_send(fd, GANG__WF_HELLO, bad[k].gen, bad[k].rank, bad[k].world, 0, 0);
+        if (tw_peer_recv(c, fd, &f, 1000) != 0)
+            fail_msg("bad HELLO %zu was answered", k);
+        close(fd);
+    }
+    int r1 = tw_peer_connect(b.blob, b.blob_len, &err);
+    assert_true(r1 >= 0);
+    tw_peer_send(r1, GANG__WF_HELLO, 3, 1, 3, 0, 0);
+    int dup = tw_peer_connect(b.blob, b.blob_len, &err);
+    assert_true(dup >= 0);
+    tw_peer_send(dup, GANG__WF_HELLO, 3, 1, 3, 0, 0);
+    assert_int_equal(tw_peer_recv(c, dup, &f, 1000), 0);
+    close(dup);
+    assert_int_equal(c->w[w].qlen, 0); /* not READY with a rank missing */
+    int r2 = tw_peer_connect(b.blob, b.blob_len, &err);
+    assert_true(r2 >= 0);
+    tw_peer_send(r2, GANG__WF_HELLO, 3, 2, 3, 0, 0);
+
+    int peers[2] = {r1, r2};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(tw_peer_recv(c, peers[k], &f, 1000), 1);
+        assert_int_equal(f.kind, GANG__WF_WELCOME);
+        assert_int_equal(f.generation, 3);
+        assert_int_equal(f.world, 3);
+    }
+    tw_expect(c, w, GANG_WCTL_READY, 3, 1000, 0);
+
+    /* Two steps of the placeholder all-reduce: rank r contributes r + 1 + step. */
+    for (uint64_t step = 0; step < 2; step++) {
+        for (uint32_t k = 0; k < 2; k++)
+            tw_peer_send(peers[k], GANG__WF_STEP, 3, k + 1, 3, step, k + 2 + step);
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(tw_peer_recv(c, peers[k], &f, 1000), 1);
+            assert_int_equal(f.kind, GANG__WF_SUM);
+            assert_int_equal(f.step, step);
+            assert_int_equal(f.value, 6 + 3 * step);
+        }
+    }
+
+    tw_abort_all(c, 3, &w, 1);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(tw_peer_recv(c, peers[k], &f, 1000), 0);
+        close(peers[k]);
+    }
+    assert_int_equal(tw_peer_connect(b.blob, b.blob_len, &err), -1);
+    assert_int_equal(err, ECONNREFUSED);
+    tw_shutdown_all(c, &w, 1);
+}
+
+/* ABORT reaches a data thread blocked forming the star (no peer ever comes) promptly. */
+static void test_abort_while_starting(void **state)
+{
+    tw_ctx *c = *state;
+    size_t w = tw_spawn(c, 0);
+    tw_send(c, w, GANG_WCTL_BLOB_REQUEST, 9, 0, 0, NULL, 0);
+    gang_wctl b = tw_expect(c, w, GANG_WCTL_BLOB, 9, 2000, 0);
+    tw_send(c, w, GANG_WCTL_START, 9, 0, 2, b.blob, b.blob_len);
+    tw_pump_for(c, 120);
+    assert_int_equal(c->w[w].last_state, GANG_RANK_STARTING);
+    uint64_t t0 = gang_now_ms();
+    tw_send(c, w, GANG_WCTL_ABORT, 9, 0, 0, NULL, 0);
+    tw_expect(c, w, GANG_WCTL_ABORTED, 9, 200, 0);
+    uint64_t dt = gang_now_ms() - t0;
+    print_message("ABORTED after %llu ms\n", (unsigned long long)dt);
+    assert_true(dt < 200);
+    int err;
+    assert_int_equal(tw_peer_connect(b.blob, b.blob_len, &err), -1);
+    assert_int_equal(err, ECONNREFUSED);
+    tw_shutdown_all(c, &w, 1);
+}
+
+int gang_test_worker(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test_setup_teardown(test_heartbeat_and_shutdown, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_agent_eof_exits_75, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_packet_exits_75, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_dies_with_agent, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_world_of_one, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_gang_lifecycle, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_stopped_worker, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_rank0_dies, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_rank0_judges_hellos, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_abort_while_starting, tw_setup, tw_teardown),
+    };
+    return cmocka_run_group_tests_name("worker", tests, NULL, NULL);
+}
