@@ -3,10 +3,18 @@
  *
  * Life of a connection (one request at a time; pipelined bytes wait their turn):
  *
- *   accept ──► READING ──request complete──► HANDLING ──reply (keep-alive)──► WRITING
- *                 ▲  │                          │                               │
- *                 │  └─parse error / 413 / 431──┼─reply (close)──► LINGERING ◄──┘(close)
- *                 └──────────── write done ─────┴──────────────────────┘ ──► CLOSED
+ *    accept
+ *      |
+ *      v       request complete              reply, keep-alive
+ *   READING ----------------------> HANDLING -------------------> WRITING
+ *    ^  |                               |                           |
+ *    |  | bad request, 413, 431         | reply, close              |
+ *    |  +-------------------------------+---> LINGERING             |
+ *    |                                           |                  |
+ *    +-------------- response written -----------|------------------+
+ *                                                v
+ *                                             CLOSED  (also from any state on a deadline,
+ *                                                      EOF, socket error or server close)
  *
  * READING   the read side is on; the idle timer runs from accept (or from the end of the
  *           previous response) and is NOT pushed back by arriving bytes, so a client that
@@ -44,12 +52,12 @@
 #include "ganglion/common.h"
 #include "http.h"
 
-#define HTTP_MAX_HEAD (16 * 1024)       /* request line + headers, in bytes */
-#define HTTP_READ_BUF (64 * 1024)       /* one read() worth */
-#define HTTP_LINGER_MS 2000             /* cap on draining after the final response */
-#define HTTP_KEEP_BODY_CAP (64 * 1024)  /* larger body buffers are not kept across requests */
+#define HTTP_MAX_HEAD (16 * 1024)      /* request line + headers, in bytes */
+#define HTTP_READ_BUF (64 * 1024)      /* one read() worth */
+#define HTTP_LINGER_MS 2000            /* cap on draining after the final response */
+#define HTTP_KEEP_BODY_CAP (64 * 1024) /* larger body buffers are not kept across requests */
 #define HTTP_BACKLOG 511
-#define HTTP_FIELD_MAX 16               /* header names we look at are shorter */
+#define HTTP_FIELD_MAX 16 /* header names we look at are shorter */
 #define HTTP_VALUE_MAX 32
 
 typedef enum conn_state {
@@ -69,43 +77,43 @@ struct gang_http_server {
     void *ctx;
     size_t max_body;
     int max_conns;
-    uint64_t idle_timeout_ms;       /* 0 = no deadline */
+    uint64_t idle_timeout_ms; /* 0 = no deadline */
     int port;
-    int nconns;                     /* open connections, counted against max_conns */
-    int refs;                       /* listener + every connection not yet freed */
-    int closing;                    /* gang_http_server_close() was called */
-    uint64_t last_reject_warn_ms;   /* rate limit of the "too many connections" warning */
-    uint64_t rejected;              /* connections closed at accept since the last warning */
-    http_conn *conns;               /* open connections (doubly linked) */
-    int read_buf_busy;              /* read_buf is lent to a read in progress */
-    char read_buf[HTTP_READ_BUF];   /* shared: reads are sequential on the loop thread */
+    int nconns;                   /* open connections, counted against max_conns */
+    int refs;                     /* listener + every connection not yet freed */
+    int closing;                  /* gang_http_server_close() was called */
+    uint64_t last_reject_warn_ms; /* rate limit of the "too many connections" warning */
+    uint64_t rejected;            /* connections closed at accept since the last warning */
+    http_conn *conns;             /* open connections (doubly linked) */
+    int read_buf_busy;            /* read_buf is lent to a read in progress */
+    char read_buf[HTTP_READ_BUF]; /* shared: reads are sequential on the loop thread */
 };
 
 struct http_conn {
     uv_tcp_t tcp;
-    uv_timer_t timer;               /* idle / write / linger deadline */
+    uv_timer_t timer; /* idle / write / linger deadline */
     uv_shutdown_t shutdown;
     gang_http_server *srv;
-    http_conn *prev, *next;         /* in srv->conns while not CLOSED */
-    int refs;                       /* handles not yet closed + exchange outstanding */
+    http_conn *prev, *next; /* in srv->conns while not CLOSED */
+    int refs;               /* handles not yet closed + exchange outstanding */
     conn_state state;
-    int reading;                    /* uv_read_start() is in effect */
-    int shut_done;                  /* LINGERING: the final response is out */
+    int reading;   /* uv_read_start() is in effect */
+    int shut_done; /* LINGERING: the final response is out */
     http_parser parser;
-    gang_http_exchange *x;          /* the exchange being handled, if any */
+    gang_http_exchange *x; /* the exchange being handled, if any */
 
     /* The request being parsed. */
     char *url;
     size_t url_len, url_cap;
     char *body;
     size_t body_len, body_cap;
-    size_t head_bytes;              /* request line + header bytes seen (approximately) */
-    int err_status;                 /* 413/431 decided inside a parser callback */
+    size_t head_bytes; /* request line + header bytes seen (approximately) */
+    int err_status;    /* 413/431 decided inside a parser callback */
     int keep_alive;
-    int last_was_value;             /* header callbacks: a new field starts after a value */
-    char field[HTTP_FIELD_MAX];     /* current header name, lower-case, if short */
-    size_t field_len;               /* may exceed HTTP_FIELD_MAX: then it matches nothing */
-    char expect[HTTP_VALUE_MAX];    /* value of Expect:, if short */
+    int last_was_value;          /* header callbacks: a new field starts after a value */
+    char field[HTTP_FIELD_MAX];  /* current header name, lower-case, if short */
+    size_t field_len;            /* may exceed HTTP_FIELD_MAX: then it matches nothing */
+    char expect[HTTP_VALUE_MAX]; /* value of Expect:, if short */
     size_t expect_len;
 
     /* Bytes received after a complete request, parsed once its response is written. */
@@ -114,22 +122,22 @@ struct http_conn {
 };
 
 struct gang_http_exchange {
-    http_conn *conn;                /* holds a reference until the reply */
+    http_conn *conn; /* holds a reference until the reply */
     int keep_alive;
-    int head;                       /* HEAD request: headers only */
+    int head; /* HEAD request: headers only */
 };
 
 typedef enum write_kind {
-    WRITE_INTERIM = 0,              /* 100 Continue: the request goes on */
-    WRITE_RESPONSE,                 /* keep-alive response: resume reading when done */
-    WRITE_FINAL                     /* last response: lingering close follows */
+    WRITE_INTERIM = 0, /* 100 Continue: the request goes on */
+    WRITE_RESPONSE,    /* keep-alive response: resume reading when done */
+    WRITE_FINAL        /* last response: lingering close follows */
 } write_kind;
 
 typedef struct http_write {
     uv_write_t req;
     http_conn *conn;
     write_kind kind;
-    char data[];                    /* header + body */
+    char data[]; /* header + body */
 } http_write;
 
 static void conn_close(http_conn *c);
@@ -369,8 +377,8 @@ static const char *reason_phrase(int status)
  * out; otherwise it goes to LINGERING: write, shut the write side down, drain, close.
  * head suppresses the body bytes (HEAD); 1xx, 204 and 304 carry no body and no length.
  */
-static void conn_send_response(http_conn *c, int status, const char *content_type,
-                               const char *body, size_t body_len, int keep_alive, int head)
+static void conn_send_response(http_conn *c, int status, const char *content_type, const char *body,
+                               size_t body_len, int keep_alive, int head)
 {
     int no_body = status < 200 || status == 204 || status == 304;
     char hdr[512];
@@ -415,8 +423,8 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
     } else {
         c->state = CONN_LINGERING;
         /* Bound the time the client takes to read the response; on_shutdown re-arms. */
-        conn_arm_timer(c, c->srv->idle_timeout_ms != 0 ? c->srv->idle_timeout_ms
-                                                       : HTTP_LINGER_MS * 5);
+        conn_arm_timer(c,
+                       c->srv->idle_timeout_ms != 0 ? c->srv->idle_timeout_ms : HTTP_LINGER_MS * 5);
     }
     conn_write(c, w, (size_t)n + body_len);
     if (keep_alive || c->state == CONN_CLOSED)
@@ -690,9 +698,7 @@ static void conn_parse(http_conn *c, const char *data, size_t len)
         return;
     }
     if (e != HPE_OK) {
-        int status = c->err_status != 0            ? c->err_status
-                     : e == HPE_HEADER_OVERFLOW ? 431
-                                                 : 400;
+        int status = c->err_status != 0 ? c->err_status : e == HPE_HEADER_OVERFLOW ? 431 : 400;
 
         gang_debug("http: rejecting a request with %d (%s)", status, http_errno_name(e));
         conn_fail(c, status);
@@ -718,8 +724,8 @@ static void conn_resume(http_conn *c)
 }
 
 /* See http.h. Runs on the loop thread; x is freed here. */
-void gang_http_reply(gang_http_exchange *x, int status, const char *content_type,
-                     const char *body, size_t body_len)
+void gang_http_reply(gang_http_exchange *x, int status, const char *content_type, const char *body,
+                     size_t body_len)
 {
     http_conn *c = x->conn;
     int keep_alive = x->keep_alive, head = x->head;
@@ -819,12 +825,12 @@ static void on_listener_closed(uv_handle_t *h)
 /*
  * Creates the listening socket with plain socket calls, so that the usual failures
  * (address in use, bad address) leave no libuv handle behind and nothing to wait for.
- * Returns the fd and the bound port, or a negative errno / GANG_EINVAL.
+ * Returns the fd and the bound port, or GANG_EINVAL / the GANG_E* code of the errno.
  */
 static int listen_socket(const char *address, int port, int *bound_port)
 {
     struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
+    socklen_t sl = sizeof(ss), alen;
     int one = 1, fd, rc;
 
     memset(&ss, 0, sizeof(ss));
@@ -833,13 +839,12 @@ static int listen_socket(const char *address, int port, int *bound_port)
         return GANG_EINVAL;
     fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -errno;
+        return gang_err_from_errno(errno);
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (struct sockaddr *)&ss, ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                                   : sizeof(struct sockaddr_in))
-            < 0 ||
-        listen(fd, HTTP_BACKLOG) < 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
-        rc = -errno;
+    alen = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (bind(fd, (struct sockaddr *)&ss, alen) < 0 || listen(fd, HTTP_BACKLOG) < 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+        rc = gang_err_from_errno(errno);
         close(fd);
         return rc;
     }
@@ -849,10 +854,10 @@ static int listen_socket(const char *address, int port, int *bound_port)
 }
 
 /*
- * See http.h. Errors: GANG_EINVAL (bad config or address), a negative errno from
- * socket/bind/listen (-EADDRINUSE, -EACCES), GANG_ENOMEM. On the unlikely failure of
- * libuv after the socket exists, the handle is closed and its memory goes when the loop
- * runs next.
+ * See http.h. Errors: GANG_EINVAL (bad config or address), the errno of socket, bind or
+ * listen through gang_err_from_errno() (address in use: GANG_EEXIST; permission:
+ * GANG_EACCES), GANG_ENOMEM. On the unlikely failure of libuv after the socket exists, the
+ * handle is closed and its memory goes when the loop runs next.
  */
 int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http_handler h,
                            void *ctx, gang_http_server **out)
@@ -861,8 +866,8 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
     int fd, port = 0, rc;
 
     *out = NULL;
-    if (uv_loop == NULL || cfg == NULL || h == NULL || cfg->bind_address == NULL ||
-        cfg->port < 0 || cfg->port > 65535 || cfg->max_conns < 1)
+    if (uv_loop == NULL || cfg == NULL || h == NULL || cfg->bind_address == NULL || cfg->port < 0 ||
+        cfg->port > 65535 || cfg->max_conns < 1)
         return GANG_EINVAL;
     fd = listen_socket(cfg->bind_address, cfg->port, &port);
     if (fd < 0)
@@ -895,7 +900,7 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
 
 out_close:
     uv_close((uv_handle_t *)&s->listener, on_listener_closed);
-    return rc;
+    return gang_err_from_errno(-rc); /* libuv codes are negative errnos on Unix */
 }
 
 int gang_http_server_port(const gang_http_server *s)

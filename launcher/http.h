@@ -42,7 +42,7 @@ typedef struct gang_http_config {
 
 /*
  * Starts listening on uv_loop (a uv_loop_t *). Returns 0 and the server in *out, or a
- * GANG_E* code (address in use -> the errno code). The loop must be run by the caller.
+ * GANG_E* code (address in use -> GANG_EEXIST, bad address -> GANG_EINVAL). The loop must be run by the caller.
  */
 int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http_handler h,
                            void *ctx, gang_http_server **out);

@@ -3,6 +3,7 @@
  * --local), `worker` is how an agent runs its ranks, `bench` measures, `info` reports GPUs.
  * Parameters come from the registry (flags > GANGLION_* environment > defaults).
  */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -102,6 +103,8 @@ static int cmd_serve(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* A peer that goes away mid-write must be an error value, not a killed process. */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);

@@ -239,8 +239,8 @@ static int sample_text(gang_metrics_buf *b, const char *name, const gang_metric_
     return buf_puts(b, "\n");
 }
 
-int gang_metrics_sample_i64(gang_metrics_buf *b, const char *name,
-                            const gang_metric_label *labels, size_t nlabels, int64_t value)
+int gang_metrics_sample_i64(gang_metrics_buf *b, const char *name, const gang_metric_label *labels,
+                            size_t nlabels, int64_t value)
 {
     char num[32];
 
@@ -248,8 +248,8 @@ int gang_metrics_sample_i64(gang_metrics_buf *b, const char *name,
     return sample_text(b, name, labels, nlabels, num);
 }
 
-int gang_metrics_sample_u64(gang_metrics_buf *b, const char *name,
-                            const gang_metric_label *labels, size_t nlabels, uint64_t value)
+int gang_metrics_sample_u64(gang_metrics_buf *b, const char *name, const gang_metric_label *labels,
+                            size_t nlabels, uint64_t value)
 {
     char num[32];
 

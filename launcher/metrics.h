@@ -19,10 +19,10 @@
 #include <stdint.h>
 
 typedef struct gang_metrics_buf {
-    char *data;  /* NUL-terminated text; NULL until the first append (see _text()) */
-    size_t len;  /* bytes of text, without the NUL */
-    size_t cap;  /* bytes allocated */
-    int err;     /* first error, sticky; 0 while everything succeeded */
+    char *data; /* NUL-terminated text; NULL until the first append (see _text()) */
+    size_t len; /* bytes of text, without the NUL */
+    size_t cap; /* bytes allocated */
+    int err;    /* first error, sticky; 0 while everything succeeded */
 } gang_metrics_buf;
 
 typedef enum gang_metric_type {
@@ -32,8 +32,8 @@ typedef enum gang_metric_type {
 } gang_metric_type;
 
 typedef struct gang_metric_label {
-    const char *name;   /* [a-zA-Z_][a-zA-Z0-9_]*; "le" is reserved for histograms */
-    const char *value;  /* any UTF-8; escaped on output */
+    const char *name;  /* [a-zA-Z_][a-zA-Z0-9_]*; "le" is reserved for histograms */
+    const char *value; /* any UTF-8; escaped on output */
 } gang_metric_label;
 
 /* Sets b up empty; allocates nothing. */
@@ -57,10 +57,10 @@ int gang_metrics_family(gang_metrics_buf *b, const char *name, gang_metric_type 
  * The sample name is separate from the family name because a family's samples may carry
  * suffixes (name_total, name_bucket, ...). Returns 0 or b->err.
  */
-int gang_metrics_sample_i64(gang_metrics_buf *b, const char *name,
-                            const gang_metric_label *labels, size_t nlabels, int64_t value);
-int gang_metrics_sample_u64(gang_metrics_buf *b, const char *name,
-                            const gang_metric_label *labels, size_t nlabels, uint64_t value);
+int gang_metrics_sample_i64(gang_metrics_buf *b, const char *name, const gang_metric_label *labels,
+                            size_t nlabels, int64_t value);
+int gang_metrics_sample_u64(gang_metrics_buf *b, const char *name, const gang_metric_label *labels,
+                            size_t nlabels, uint64_t value);
 int gang_metrics_sample_double(gang_metrics_buf *b, const char *name,
                                const gang_metric_label *labels, size_t nlabels, double value);
 
@@ -72,12 +72,12 @@ int gang_metrics_sample_double(gang_metrics_buf *b, const char *name,
 #define GANG_HISTOGRAM_MAX_BUCKETS 32
 
 typedef struct gang_histogram {
-    size_t nbounds;                                   /* finite upper bounds in use */
-    double bounds[GANG_HISTOGRAM_MAX_BUCKETS];        /* strictly increasing, finite */
-    uint64_t counts[GANG_HISTOGRAM_MAX_BUCKETS + 1];  /* per bucket, not cumulative; the
-                                                         last one used is +Inf */
-    double sum;                                       /* of every observation */
-    uint64_t count;                                   /* observations */
+    size_t nbounds;                                  /* finite upper bounds in use */
+    double bounds[GANG_HISTOGRAM_MAX_BUCKETS];       /* strictly increasing, finite */
+    uint64_t counts[GANG_HISTOGRAM_MAX_BUCKETS + 1]; /* per bucket, not cumulative; the
+                                                        last one used is +Inf */
+    double sum;                                      /* of every observation */
+    uint64_t count;                                  /* observations */
 } gang_histogram;
 
 /*

@@ -171,8 +171,7 @@ static int coordinator_from_flag(const gang_params *p, gang_identity *id, const 
 static int coordinator_port_from_param(const gang_params *p, gang_identity *id, char *err,
                                        size_t errlen)
 {
-    if (p->rdzv_port < 0 || p->rdzv_port > 65535 ||
-        (p->rdzv_port == 0 && id->node_index != 0)) {
+    if (p->rdzv_port < 0 || p->rdzv_port > 65535 || (p->rdzv_port == 0 && id->node_index != 0)) {
         set_err(err, errlen,
                 "--rdzv-port %lld cannot be used to reach the coordinator: pass a port in "
                 "1..65535 (or --coordinator HOST:PORT)",
@@ -188,8 +187,8 @@ static int coordinator_port_from_param(const gang_params *p, gang_identity *id, 
  * default of 1 means "not given", so the source's size is taken; any other value must
  * agree, because two views of the gang size would deadlock the rendezvous.
  */
-static int reconcile_nnodes(const gang_params *p, int64_t size, const char *var,
-                            gang_identity *id, char *err, size_t errlen)
+static int reconcile_nnodes(const gang_params *p, int64_t size, const char *var, gang_identity *id,
+                            char *err, size_t errlen)
 {
     if (p->nnodes != 1 && p->nnodes != size) {
         set_err(err, errlen, "%s=%lld disagrees with --nnodes %lld", var, (long long)size,
@@ -204,8 +203,8 @@ static int reconcile_nnodes(const gang_params *p, int64_t size, const char *var,
  * Reads an index or size variable with a message that names it. [lo, hi] bounds the value;
  * the message says what the bound means (the caller knows whether it is a group size).
  */
-static int env_index(char *const *envp, const char *var, int64_t lo, int64_t hi,
-                     int64_t *out, char *err, size_t errlen)
+static int env_index(char *const *envp, const char *var, int64_t lo, int64_t hi, int64_t *out,
+                     char *err, size_t errlen)
 {
     const char *s = env_get(envp, var);
     int rc;
@@ -220,8 +219,7 @@ static int env_index(char *const *envp, const char *var, int64_t lo, int64_t hi,
         return GANG_EUSAGE;
     }
     if (rc < 0) {
-        set_err(err, errlen, "%s=%s is outside [%lld, %lld]", var, s, (long long)lo,
-                (long long)hi);
+        set_err(err, errlen, "%s=%s is outside [%lld, %lld]", var, s, (long long)lo, (long long)hi);
         return GANG_EUSAGE;
     }
     return 0;
@@ -279,11 +277,11 @@ static int statefulset_coordinator(const gang_params *p, char *const *envp, cons
     if (ns == NULL)
         ns = "default";
     if (p->cluster_domain[0] != '\0')
-        n = snprintf(id->coordinator_host, sizeof(id->coordinator_host), "%s-0.%s.%s.svc.%s",
-                     name, p->service, ns, p->cluster_domain);
+        n = snprintf(id->coordinator_host, sizeof(id->coordinator_host), "%s-0.%s.%s.svc.%s", name,
+                     p->service, ns, p->cluster_domain);
     else
-        n = snprintf(id->coordinator_host, sizeof(id->coordinator_host), "%s-0.%s.%s.svc",
-                     name, p->service, ns);
+        n = snprintf(id->coordinator_host, sizeof(id->coordinator_host), "%s-0.%s.%s.svc", name,
+                     p->service, ns);
     if (n < 0 || (size_t)n >= sizeof(id->coordinator_host)) {
         set_err(err, errlen,
                 "coordinator name for StatefulSet '%s', service '%s', namespace '%s' is longer "
@@ -316,8 +314,8 @@ static int from_flags(const gang_params *p, char *const *envp, const char *hostn
     if (p->service[0] != '\0') {
         char name[GANG_HOST_MAX];
         int64_t ordinal;
-        int rc = split_ordinal(effective_hostname(p, hostname), name, sizeof(name), &ordinal,
-                               err, errlen);
+        int rc = split_ordinal(effective_hostname(p, hostname), name, sizeof(name), &ordinal, err,
+                               errlen);
 
         if (rc < 0)
             return rc;
@@ -329,9 +327,8 @@ static int from_flags(const gang_params *p, char *const *envp, const char *hostn
          * to dial, so loopback stands in for it; a specific one is used as is.
          */
         const char *b = p->bind_address;
-        const char *host = (b[0] == '\0' || strcmp(b, "0.0.0.0") == 0 || strcmp(b, "::") == 0)
-                               ? "127.0.0.1"
-                               : b;
+        const char *host =
+            (b[0] == '\0' || strcmp(b, "0.0.0.0") == 0 || strcmp(b, "::") == 0) ? "127.0.0.1" : b;
 
         if (gang_strlcpy(id->coordinator_host, host, sizeof(id->coordinator_host)) < 0) {
             set_err(err, errlen, "--bind-address '%s' is too long", b);
@@ -417,8 +414,7 @@ static int from_statefulset(const gang_params *p, char *const *envp, const char 
     int rc;
 
     id->source = GANG_ID_STATEFULSET;
-    rc = split_ordinal(effective_hostname(p, hostname), name, sizeof(name), &ordinal, err,
-                       errlen);
+    rc = split_ordinal(effective_hostname(p, hostname), name, sizeof(name), &ordinal, err, errlen);
     if (rc < 0)
         return rc;
     if (ordinal >= p->nnodes) {
@@ -459,8 +455,7 @@ int gang_identity_discover(const gang_params *p, char *const *envp, const char *
     else if (env_get(envp, "OMPI_COMM_WORLD_RANK") != NULL ||
              env_get(envp, "OMPI_COMM_WORLD_SIZE") != NULL)
         rc = from_mpi(p, envp, id, err, errlen);
-    else if (env_get(envp, "LWS_WORKER_INDEX") != NULL ||
-             env_get(envp, "LWS_GROUP_SIZE") != NULL ||
+    else if (env_get(envp, "LWS_WORKER_INDEX") != NULL || env_get(envp, "LWS_GROUP_SIZE") != NULL ||
              env_get(envp, "LWS_LEADER_ADDRESS") != NULL)
         rc = from_lws(p, envp, id, err, errlen);
     else if (p->service[0] != '\0')

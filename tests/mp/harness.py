@@ -759,6 +759,72 @@ class WireClient:
 
 
 # ---------------------------------------------------------------------------------------
+# The placeholder data plane (launcher/worker-step.c, launcher/worker.h)
+# ---------------------------------------------------------------------------------------
+
+WFRAME = struct.Struct("<IIQIIQQ")  # magic, kind, generation, rank, world, step, value
+WFRAME_MAGIC = 0x44474E47
+WF_HELLO, WF_WELCOME, WF_STEP, WF_SUM = 1, 2, 3, 4
+
+
+class StarPeer:
+    """Plays one rank r > 0 of the placeholder data plane, a TCP star around rank 0 whose
+    address ("host:port") is the bootstrap blob of START: HELLO, wait for WELCOME, then a
+    STEP (value r + 1 + step) every step interval, each answered by a SUM. A scenario
+    that plays a whole node at the protocol level needs this, because the real rank 0
+    reports READY only once every rank has joined its star. Tied to the placeholder: when
+    the real communicators replace it, this class goes with it."""
+
+    def __init__(self, blob, generation, rank, world, step_interval_ms=100, timeout=10.0):
+        host, port = blob.decode().rsplit(":", 1)
+        self.gen, self.rank, self.world = generation, rank, world
+        self.interval = step_interval_ms / 1000.0
+        self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        self.stop = threading.Event()
+        self.error = None
+        self.steps = 0
+        self.sock.sendall(WFRAME.pack(WFRAME_MAGIC, WF_HELLO, generation, rank, world, 0, 0))
+        kind = self._recv()[1]
+        check(kind == WF_WELCOME, "data plane: expected WELCOME from rank 0, got kind %d" % kind)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _recv(self):
+        buf = b""
+        while len(buf) < WFRAME.size:
+            chunk = self.sock.recv(WFRAME.size - len(buf))
+            if not chunk:
+                raise EOFError("rank 0 closed the data connection")
+            buf += chunk
+        f = WFRAME.unpack(buf)
+        if f[0] != WFRAME_MAGIC:
+            raise ValueError("bad data-plane frame")
+        return f
+
+    def _run(self):
+        step = 0
+        try:
+            while not self.stop.is_set():
+                self.sock.sendall(WFRAME.pack(WFRAME_MAGIC, WF_STEP, self.gen, self.rank,
+                                              self.world, step, self.rank + 1 + step))
+                f = self._recv()
+                if f[1] != WF_SUM or f[5] != step:
+                    raise ValueError("data plane: expected SUM of step %d, got %r" % (step, f))
+                step += 1
+                self.steps = step
+                self.stop.wait(self.interval)
+        except (OSError, EOFError, ValueError) as e:
+            if not self.stop.is_set():
+                self.error = e
+
+    def close(self):
+        self.stop.set()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------
 

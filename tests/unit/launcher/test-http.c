@@ -41,12 +41,12 @@ typedef struct fixture {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int started;            /* under mu: the thread has set start_rc and port */
+    int started; /* under mu: the thread has set start_rc and port */
     int start_rc;
     int port;
     gang_http_server *srv;
-    int loop_close_rc;      /* uv_loop_close() at the end: 0 = nothing leaked */
-    int stop_sent;          /* test thread only: the stop async was sent */
+    int loop_close_rc; /* uv_loop_close() at the end: 0 = nothing leaked */
+    int stop_sent;     /* test thread only: the stop async was sent */
 } fixture;
 
 /* A reply sent later from a timer, as the coordinator does for completions. */
@@ -95,8 +95,7 @@ static void handler(void *ctx, gang_http_exchange *x, const gang_http_request *r
         d->x = x;
         d->timer.data = d;
         uv_timer_init(&f->loop, &d->timer);
-        uv_timer_start(&d->timer, on_delayed_reply, strcmp(req->path, "/async") == 0 ? 50 : 300,
-                       0);
+        uv_timer_start(&d->timer, on_delayed_reply, strcmp(req->path, "/async") == 0 ? 50 : 300, 0);
     } else if (strcmp(req->path, "/json") == 0) {
         gang_http_reply(x, 201, "application/json", "{\"ok\":true}", 11);
     } else if (strcmp(req->path, "/nocontent") == 0) {
@@ -232,11 +231,11 @@ static void send_str(int fd, const char *s)
 
 typedef struct response {
     int status;
-    char head[4096];        /* status line + headers, NUL-terminated */
+    char head[4096]; /* status line + headers, NUL-terminated */
     char body[4096];
     size_t body_len;
-    long content_length;    /* -1 when absent */
-    int closed;             /* Connection: close */
+    long content_length; /* -1 when absent */
+    int closed;          /* Connection: close */
 } response;
 
 /*
@@ -673,7 +672,8 @@ static void test_start_errors(void **state)
     (void)f;
     uv_loop_init(&loop);
     cfg.port = f->port; /* taken by the fixture's server */
-    assert_int_equal(gang_http_server_start(&loop, &cfg, handler, NULL, &s), -EADDRINUSE);
+    assert_int_equal(gang_http_server_start(&loop, &cfg, handler, NULL, &s),
+                     gang_err_from_errno(EADDRINUSE));
     assert_null(s);
     cfg.port = 0;
     cfg.bind_address = "not-an-address";

@@ -39,11 +39,10 @@ static void test_gauge_and_counter(void **state)
     gang_metrics_buf_init(&b);
     assert_int_equal(gang_metrics_family(&b, "ganglion_up", GANG_METRIC_GAUGE, "1 while up."), 0);
     assert_int_equal(gang_metrics_sample_i64(&b, "ganglion_up", NULL, 0, 1), 0);
-    assert_int_equal(gang_metrics_family(&b, "ganglion_restarts_total", GANG_METRIC_COUNTER,
-                                         "Gang restarts."),
-                     0);
-    assert_int_equal(gang_metrics_sample_u64(&b, "ganglion_restarts_total", node, 2,
-                                             UINT64_MAX),
+    assert_int_equal(
+        gang_metrics_family(&b, "ganglion_restarts_total", GANG_METRIC_COUNTER, "Gang restarts."),
+        0);
+    assert_int_equal(gang_metrics_sample_u64(&b, "ganglion_restarts_total", node, 2, UINT64_MAX),
                      0);
     assert_int_equal(gang_metrics_family(&b, "ganglion:ratio", GANG_METRIC_GAUGE, NULL), 0);
     assert_int_equal(gang_metrics_sample_i64(&b, "ganglion:ratio", node, 1, INT64_MIN), 0);
@@ -253,14 +252,10 @@ static void test_growth(void **state)
 int gang_test_metrics(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty_buffer),
-        cmocka_unit_test(test_gauge_and_counter),
-        cmocka_unit_test(test_doubles),
-        cmocka_unit_test(test_escaping),
-        cmocka_unit_test(test_histogram),
-        cmocka_unit_test(test_histogram_empty_and_invalid),
-        cmocka_unit_test(test_sticky_errors),
-        cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_empty_buffer),  cmocka_unit_test(test_gauge_and_counter),
+        cmocka_unit_test(test_doubles),       cmocka_unit_test(test_escaping),
+        cmocka_unit_test(test_histogram),     cmocka_unit_test(test_histogram_empty_and_invalid),
+        cmocka_unit_test(test_sticky_errors), cmocka_unit_test(test_growth),
     };
 
     return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);

@@ -144,8 +144,8 @@ static void test_flags_errors(void **state)
 
 static void test_mpi(void **state)
 {
-    char *env[] = {"PATH=/bin", "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
-                   "LWS_WORKER_INDEX=1", "LWS_GROUP_SIZE=2", NULL};
+    char *env[] = {"PATH=/bin",          "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4",
+                   "LWS_WORKER_INDEX=1", "LWS_GROUP_SIZE=2",       NULL};
     id_case c;
 
     (void)state;
@@ -329,8 +329,7 @@ static void test_lws_errors(void **state)
         c.p.nnodes = 1;
     }
     {
-        char *env[] = {"LWS_LEADER_ADDRESS=a b", "LWS_WORKER_INDEX=0", "LWS_GROUP_SIZE=2",
-                       NULL};
+        char *env[] = {"LWS_LEADER_ADDRESS=a b", "LWS_WORKER_INDEX=0", "LWS_GROUP_SIZE=2", NULL};
 
         expect_usage_error(&c, env, NULL, "LWS_LEADER_ADDRESS='a b'");
     }
@@ -413,8 +412,8 @@ static void test_statefulset_namespace_default_and_hostname(void **state)
 
 static void test_statefulset_errors(void **state)
 {
-    static const char *const bad_hosts[] = {"web", "web-", "-3", "web-3a", "web3", "web-x.s",
-                                            "web-1234567890"};
+    static const char *const bad_hosts[] = {"web",     "web-",          "-3", "web-3a", "web3",
+                                            "web-x.s", "web-1234567890"};
     char longname[300];
     id_case c;
 
