@@ -162,8 +162,7 @@ static void welcome_mac(const gang_token *t, const uint8_t client_nonce[GANG_NON
     crypto_auth_hmacsha256_state st;
 
     crypto_auth_hmacsha256_init(&st, t->key, sizeof t->key);
-    crypto_auth_hmacsha256_update(&st, (const uint8_t *)welcome_label,
-                                  sizeof welcome_label - 1);
+    crypto_auth_hmacsha256_update(&st, (const uint8_t *)welcome_label, sizeof welcome_label - 1);
     crypto_auth_hmacsha256_update(&st, client_nonce, GANG_NONCE_SIZE);
     crypto_auth_hmacsha256_update(&st, server_nonce, GANG_NONCE_SIZE);
     crypto_auth_hmacsha256_final(&st, mac);
@@ -206,8 +205,7 @@ int gang_auth_verify_join(const gang_token *t, const uint8_t server_nonce[GANG_N
 
 /* Computes the coordinator's WELCOME proof into mac; all zero without a token. */
 void gang_auth_sign_welcome(const gang_token *t, const uint8_t client_nonce[GANG_NONCE_SIZE],
-                            const uint8_t server_nonce[GANG_NONCE_SIZE],
-                            uint8_t mac[GANG_MAC_SIZE])
+                            const uint8_t server_nonce[GANG_NONCE_SIZE], uint8_t mac[GANG_MAC_SIZE])
 {
     if (!t->present) {
         memset(mac, 0, GANG_MAC_SIZE);

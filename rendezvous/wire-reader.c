@@ -15,10 +15,10 @@
 #include "ganglion/rendezvous.h"
 
 struct gang_wire_reader {
-    size_t start;                       /* offset of the first byte not yet taken */
-    size_t end;                         /* offset one past the last byte fed */
-    int err;                            /* sticky: a broken stream stays broken */
-    uint8_t buf[GANG_WIRE_MAX_FRAME];   /* buf[start..end) holds the pending bytes */
+    size_t start;                     /* offset of the first byte not yet taken */
+    size_t end;                       /* offset one past the last byte fed */
+    int err;                          /* sticky: a broken stream stays broken */
+    uint8_t buf[GANG_WIRE_MAX_FRAME]; /* buf[start..end) holds the pending bytes */
 };
 
 /* Allocates an empty reader; NULL when out of memory. Free it with _free(). */

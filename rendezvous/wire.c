@@ -70,13 +70,13 @@ static uint64_t load_le64(const uint8_t *p)
  * its own and the caller looks at `invalid` once at the end.
  * --------------------------------------------------------------------------------- */
 typedef struct wire_codec {
-    int decoding;           /* 1: rbuf -> struct, 0: struct -> wbuf */
-    uint8_t *wbuf;          /* encode destination (may be NULL when cap is 0) */
-    size_t cap;             /* bytes available at wbuf */
-    const uint8_t *rbuf;    /* decode source */
-    size_t end;             /* decode: offset one past the payload's last byte */
-    size_t off;             /* bytes produced or consumed so far, header included */
-    int invalid;            /* a field was truncated or out of bounds */
+    int decoding;        /* 1: rbuf -> struct, 0: struct -> wbuf */
+    uint8_t *wbuf;       /* encode destination (may be NULL when cap is 0) */
+    size_t cap;          /* bytes available at wbuf */
+    const uint8_t *rbuf; /* decode source */
+    size_t end;          /* decode: offset one past the payload's last byte */
+    size_t off;          /* bytes produced or consumed so far, header included */
+    int invalid;         /* a field was truncated or out of bounds */
 } wire_codec;
 
 /* Moves n raw bytes between the wire and p, in the codec's direction. */
@@ -314,8 +314,7 @@ static int codec_payload(wire_codec *c, gang_msg *m)
  */
 int gang_wire_encode(const gang_msg *m, uint8_t *buf, size_t cap, size_t *out_len)
 {
-    wire_codec c = {.decoding = 0, .wbuf = buf, .cap = buf ? cap : 0,
-                    .off = GANG_WIRE_HEADER_SIZE};
+    wire_codec c = {.decoding = 0, .wbuf = buf, .cap = buf ? cap : 0, .off = GANG_WIRE_HEADER_SIZE};
     size_t payload_len;
     int rc;
 
@@ -391,7 +390,9 @@ int gang_wire_decode(const uint8_t *buf, size_t len, gang_msg *m, size_t *consum
 
     m->type = h.type;
     m->generation = h.generation;
-    c = (wire_codec){.decoding = 1, .rbuf = buf, .end = GANG_WIRE_HEADER_SIZE + h.payload_len,
+    c = (wire_codec){.decoding = 1,
+                     .rbuf = buf,
+                     .end = GANG_WIRE_HEADER_SIZE + h.payload_len,
                      .off = GANG_WIRE_HEADER_SIZE};
     rc = codec_payload(&c, m);
     if (rc < 0)

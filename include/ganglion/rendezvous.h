@@ -205,7 +205,10 @@ int gang_wire_decode(const uint8_t *buf, size_t len, gang_msg *m, size_t *consum
 typedef struct gang_wire_reader gang_wire_reader;
 gang_wire_reader *gang_wire_reader_new(void);
 void gang_wire_reader_free(gang_wire_reader *r);
-/* Appends data; GANG_EMSGSIZE if it does not fit (caller must drain with _next first). */
+/*
+ * Appends data (all or nothing); GANG_EMSGSIZE if it does not fit (drain with _next
+ * first), or the stream's saved error once _next() has failed.
+ */
 int gang_wire_reader_feed(gang_wire_reader *r, const uint8_t *data, size_t len);
 /* Room left for feed(). */
 size_t gang_wire_reader_space(const gang_wire_reader *r);
@@ -223,7 +226,7 @@ size_t gang_wire_reader_pending(const gang_wire_reader *r);
  *
  *   coordinator -> CHALLENGE(server_nonce)
  *   member      -> JOIN(..., client_nonce, mac_m = HMAC(k, "ganglion-join-v1" |
- *                       server_nonce | client_nonce | job | u32 node_index))
+ *                       server_nonce | client_nonce | job | 0x00 | u32le node_index))
  *   coordinator -> WELCOME(mac_c = HMAC(k, "ganglion-welcome-v1" | client_nonce |
  *                       server_nonce))  or REJECT(GANG_EAUTH)
  * Both sides prove the token; the fresh nonces stop replay.
@@ -259,7 +262,9 @@ int gang_auth_verify_welcome(const gang_token *t, const uint8_t client_nonce[GAN
 /*
  * Digest of a model directory: SHA-256 over config.json's bytes and the names and sizes
  * of its *.safetensors / *.json files in sorted order. An empty path digests to the
- * SHA-256 of the empty string. GANG_ENOENT when the directory does not exist.
+ * SHA-256 of the empty string. GANG_ENOENT when the directory or its config.json does
+ * not exist, GANG_EMODEL when config.json is over 64 MiB. docs/protocol.md §5.4 gives the
+ * exact construction.
  */
 int gang_model_digest(const char *dir, uint8_t out[GANG_DIGEST_SIZE]);
 

@@ -153,8 +153,8 @@ static void test_token_empty_and_missing(void **state)
     assert_int_equal(load_from_string("", &t, err, sizeof err), GANG_EINVAL);
     assert_int_equal(load_from_string(" \n\t\n", &t, err, sizeof err), GANG_EINVAL);
     assert_int_equal(t.present, 0);
-    assert_int_equal(gang_auth_load_token("/tmp/ganglion-no-such-token-file", &t, err,
-                                          sizeof err), GANG_ENOENT);
+    assert_int_equal(gang_auth_load_token("/tmp/ganglion-no-such-token-file", &t, err, sizeof err),
+                     GANG_ENOENT);
     assert_int_equal(t.present, 0);
     assert_non_null(strstr(err, "ganglion-no-such-token-file"));
     /* No path: no token, and that is not an error here (the agent warns). */
@@ -373,8 +373,7 @@ static void test_digest_tracks_model(void **state)
     crypto_hash_sha256_init(&st);
     crypto_hash_sha256_update(&st, cfg_hash, sizeof cfg_hash);
     crypto_hash_sha256_update(&st, (const uint8_t *)"config.json\0\x13\0\0\0\0\0\0\0", 20);
-    crypto_hash_sha256_update(&st, (const uint8_t *)"model.safetensors\0\x64\0\0\0\0\0\0\0",
-                              26);
+    crypto_hash_sha256_update(&st, (const uint8_t *)"model.safetensors\0\x64\0\0\0\0\0\0\0", 26);
     crypto_hash_sha256_final(&st, want);
     assert_memory_equal(d1, want, sizeof want);
 

@@ -95,8 +95,7 @@ static void fill_msg(uint64_t *s, uint16_t t, int mode, gang_msg *m)
     case GANG_MSG_BLOB:
     case GANG_MSG_START:
         m->u.blob.world_size = (uint32_t)rng_next(s);
-        m->u.blob.len = mode == 1 ? GANG_BLOB_MAX : mode == 2 ? 0
-                                                              : rng_below(s, GANG_BLOB_MAX + 1);
+        m->u.blob.len = mode == 1 ? GANG_BLOB_MAX : mode == 2 ? 0 : rng_below(s, GANG_BLOB_MAX + 1);
         rng_bytes(s, m->u.blob.data, m->u.blob.len);
         break;
     case GANG_MSG_READY:
@@ -106,8 +105,9 @@ static void fill_msg(uint64_t *s, uint16_t t, int mode, gang_msg *m)
         gang_msg_heartbeat *h = &m->u.heartbeat;
         h->node_index = (uint32_t)rng_next(s);
         h->state = (uint32_t)rng_next(s);
-        h->nranks = mode == 1 ? GANG_MAX_LOCAL_RANKS
-                              : mode == 2 ? 0 : rng_below(s, GANG_MAX_LOCAL_RANKS + 1);
+        h->nranks = mode == 1   ? GANG_MAX_LOCAL_RANKS
+                    : mode == 2 ? 0
+                                : rng_below(s, GANG_MAX_LOCAL_RANKS + 1);
         rng_bytes(s, h->rank_state, h->nranks);
         for (uint32_t i = 0; i < h->nranks; i++)
             h->rank_age_ms[i] = (uint32_t)rng_next(s);
@@ -216,7 +216,7 @@ static void test_roundtrip_every_type(void **state)
 static void test_header_layout(void **state)
 {
     static const uint8_t want[] = {
-        'G', 'A', 'N', 'G',                             /* magic 0x474E4147 LE */
+        'G',  'A',  'N',  'G',                          /* magic 0x474E4147 LE */
         0x01, 0x00,                                     /* version 1 */
         0x08, 0x00,                                     /* type READY */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* generation */
@@ -254,7 +254,10 @@ static void test_payload_layout(void **state)
     strcpy(msg_a.u.give_up.reason, "budget");
     len = encode_ok(&msg_a, frame, sizeof frame);
     assert_int_equal(len, GANG_WIRE_HEADER_SIZE + 2 + 6);
-    assert_memory_equal(frame + GANG_WIRE_HEADER_SIZE, "\x06\x00" "budget", 8);
+    assert_memory_equal(frame + GANG_WIRE_HEADER_SIZE,
+                        "\x06\x00"
+                        "budget",
+                        8);
 
     memset(&msg_a, 0, sizeof msg_a);
     msg_a.type = GANG_MSG_HEARTBEAT;
@@ -269,8 +272,12 @@ static void test_payload_layout(void **state)
     len = encode_ok(&msg_a, frame, sizeof frame);
     assert_int_equal(len, GANG_WIRE_HEADER_SIZE + 12 + 2 + 8);
     assert_memory_equal(frame + GANG_WIRE_HEADER_SIZE,
-                        "\x01\0\0\0" "\x03\0\0\0" "\x02\0\0\0" "\x03\x05"
-                        "\x0B\x0A\0\0" "\x0D\x0C\0\0",
+                        "\x01\0\0\0"
+                        "\x03\0\0\0"
+                        "\x02\0\0\0"
+                        "\x03\x05"
+                        "\x0B\x0A\0\0"
+                        "\x0D\x0C\0\0",
                         22);
 }
 
@@ -839,8 +846,8 @@ static void test_reader_random_chunks(void **state)
         uint16_t t = (uint16_t)(i % 3 == 0 ? GANG_MSG_START : 1 + rng_below(&s, 12));
         size_t len = 0;
         fill_msg(&s, t, i % 3 == 0 ? 1 : 0, &msgs[i]);
-        assert_int_equal(gang_wire_encode(&msgs[i], stream + total, sizeof stream - total,
-                                          &len), 0);
+        assert_int_equal(gang_wire_encode(&msgs[i], stream + total, sizeof stream - total, &len),
+                         0);
         total += len;
     }
     assert_true(total > 2 * GANG_WIRE_MAX_FRAME);
