@@ -38,9 +38,12 @@
 #define TW_MAX 8          /* workers one test may run */
 #define TW_QMAX 16        /* non-heartbeat messages queued per worker */
 #define TW_HB_INTERVAL 50 /* --heartbeat-interval-ms given to workers */
-#define TW_HB_TIMEOUT 400 /* --heartbeat-timeout-ms */
-#define TW_STEP 20        /* --worker-step-interval-ms */
-#define TW_SLACK 300      /* scheduling slack of a loaded 2-core CI machine */
+#define TW_HB_TIMEOUT 400 /* --heartbeat-timeout-ms where a test measures silence */
+/* --heartbeat-timeout-ms elsewhere: long enough that a worker descheduled on a loaded
+ * machine is not reported silent in a test that is about something else. */
+#define TW_HB_TIMEOUT_CALM 2000
+#define TW_STEP 20   /* --worker-step-interval-ms */
+#define TW_SLACK 300 /* scheduling slack of a loaded 2-core CI machine */
 
 /* One worker as the fake agent sees it. */
 typedef struct tw_worker {
@@ -59,7 +62,8 @@ typedef struct tw_worker {
 typedef struct tw_ctx {
     char dir[64];
     char path[128];
-    int lfd; /* the agent's listening socket */
+    int lfd;           /* the agent's listening socket */
+    int hb_timeout_ms; /* --heartbeat-timeout-ms of the workers spawned next */
     tw_worker w[TW_MAX];
     size_t n;
 } tw_ctx;
@@ -75,6 +79,7 @@ static int tw_setup(void **state)
         return -1;
     for (size_t i = 0; i < TW_MAX; i++)
         c->w[i].fd = -1;
+    c->hb_timeout_ms = TW_HB_TIMEOUT_CALM;
     snprintf(c->dir, sizeof(c->dir), "/tmp/gang-test-worker-XXXXXX");
     if (mkdtemp(c->dir) == NULL)
         goto out_free;
@@ -179,6 +184,24 @@ static void tw_pump_for(tw_ctx *c, uint64_t ms)
 }
 
 /*
+ * Reads the channels until worker i's latest heartbeat reports state, and fails the test
+ * if that takes longer than timeout_ms. Waiting for the state, rather than sampling it
+ * after a fixed time, keeps the check meaningful on a heavily loaded machine.
+ */
+static void tw_wait_state(tw_ctx *c, size_t i, uint32_t state, int timeout_ms)
+{
+    uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
+    while (c->w[i].last_state != state || c->w[i].nhb == 0) {
+        uint64_t now = gang_now_ms();
+        if (now >= deadline)
+            fail_msg("worker %zu: heartbeats say %s, not %s, after %d ms", i,
+                     gang_rank_state_name((int)c->w[i].last_state),
+                     gang_rank_state_name((int)state), timeout_ms);
+        tw_pump(c, (int)(deadline - now));
+    }
+}
+
+/*
  * Takes worker i's next message that is not a heartbeat (skipping any of type skip, 0 for
  * none) within timeout_ms, and fails the test unless it is of type and generation gen.
  */
@@ -239,8 +262,9 @@ static void tw_close_all(tw_ctx *c)
 /* Runs a worker in this (forked) process with the test's timings and exits with its code. */
 static void tw_run_worker(tw_ctx *c, uint32_t local_rank)
 {
-    char lr[16];
+    char lr[16], hbt[48];
     snprintf(lr, sizeof(lr), "%u", local_rank);
+    snprintf(hbt, sizeof(hbt), "--heartbeat-timeout-ms=%d", c->hb_timeout_ms);
     char *argv[] = {"worker",
                     "--agent-socket",
                     c->path,
@@ -249,7 +273,7 @@ static void tw_run_worker(tw_ctx *c, uint32_t local_rank)
                     "--node-index",
                     "0",
                     "--heartbeat-interval-ms=50",
-                    "--heartbeat-timeout-ms=400",
+                    hbt,
                     "--worker-step-interval-ms=20",
                     "--start-timeout-ms",
                     "3000",
@@ -478,7 +502,7 @@ static void test_heartbeat_and_shutdown(void **state)
     tw_pump_for(c, 500);
     uint64_t dt = gang_now_ms() - t0, nhb = c->w[w].nhb - nhb0;
     /* About dt / 50 heartbeats; demand a solid fraction of them, and not a flood. */
-    if (nhb < dt / TW_HB_INTERVAL / 2 || nhb > dt / TW_HB_INTERVAL + 2)
+    if (nhb < dt / TW_HB_INTERVAL / 4 || nhb > dt / TW_HB_INTERVAL + 2)
         fail_msg("%llu heartbeats in %llu ms", (unsigned long long)nhb, (unsigned long long)dt);
     assert_int_equal(c->w[w].last_state, GANG_RANK_IDLE);
     assert_int_equal(c->w[w].qlen, 0);
@@ -557,8 +581,7 @@ static void test_world_of_one(void **state)
     size_t w = tw_spawn(c, 0);
     tw_send(c, w, GANG_WCTL_START, 7, 0, 1, NULL, 0);
     tw_expect(c, w, GANG_WCTL_READY, 7, 2000, 0);
-    tw_pump_for(c, 120);
-    assert_int_equal(c->w[w].last_state, GANG_RANK_READY);
+    tw_wait_state(c, w, GANG_RANK_READY, 1000);
     assert_int_equal(c->w[w].last_hb_gen, 7);
     tw_abort_all(c, 7, &w, 1);
     tw_shutdown_all(c, &w, 1);
@@ -582,10 +605,11 @@ static void test_gang_lifecycle(void **state)
     uint64_t nhb[3];
     for (int k = 0; k < 3; k++)
         nhb[k] = c->w[g[k]].nhb;
-    tw_pump_for(c, 200);
+    for (int k = 0; k < 3; k++)
+        tw_wait_state(c, g[k], GANG_RANK_READY, 1000);
+    tw_pump_for(c, 300);
     for (int k = 0; k < 3; k++) {
         assert_true(c->w[g[k]].nhb >= nhb[k] + 2);
-        assert_int_equal(c->w[g[k]].last_state, GANG_RANK_READY);
         assert_int_equal(c->w[g[k]].last_hb_gen, 5);
     }
 
@@ -611,22 +635,20 @@ static void test_gang_lifecycle(void **state)
     assert_non_null(strstr(e.reason, "rank 2"));
     int st = tw_reap(c, g[2], 1000);
     assert_true(WIFSIGNALED(st));
-    tw_pump_for(c, 2 * TW_HB_INTERVAL + 20);
-    assert_int_equal(c->w[g[0]].last_state, GANG_RANK_FAILED);
+    tw_wait_state(c, g[0], GANG_RANK_FAILED, 1000);
 
     tw_abort_all(c, 5, g, 2);
-    tw_pump_for(c, 2 * TW_HB_INTERVAL + 20);
-    assert_int_equal(c->w[g[0]].last_state, GANG_RANK_IDLE);
-    assert_int_equal(c->w[g[1]].last_state, GANG_RANK_IDLE);
+    tw_wait_state(c, g[0], GANG_RANK_IDLE, 1000);
+    tw_wait_state(c, g[1], GANG_RANK_IDLE, 1000);
 
     /* Generation 6: the survivors and a freshly started worker. */
     g[2] = tw_spawn(c, 2);
     tw_form(c, 6, g, 3, blob, &blob_len);
+    for (int k = 0; k < 3; k++)
+        tw_wait_state(c, g[k], GANG_RANK_READY, 1000);
     tw_pump_for(c, 150);
-    for (int k = 0; k < 3; k++) {
-        assert_int_equal(c->w[g[k]].last_state, GANG_RANK_READY);
+    for (int k = 0; k < 3; k++)
         assert_int_equal(c->w[g[k]].qlen, 0); /* the all-reduce checks out everywhere */
-    }
     tw_shutdown_all(c, g, 3);
 }
 
@@ -640,6 +662,7 @@ static void test_stopped_worker(void **state)
     uint8_t blob[GANG_BLOB_MAX];
     uint32_t blob_len;
     size_t g[3];
+    c->hb_timeout_ms = TW_HB_TIMEOUT;
     for (uint32_t k = 0; k < 3; k++)
         g[k] = tw_spawn(c, k);
     tw_form(c, 1, g, 3, blob, &blob_len);
@@ -662,8 +685,8 @@ static void test_stopped_worker(void **state)
     if (silence <= 300)
         fail_msg("the stopped worker's heartbeats went on (silent only %llu ms)",
                  (unsigned long long)silence);
-    assert_true(gang_now_ms() - c->w[g[0]].last_hb_ms < 3 * TW_HB_INTERVAL);
-    assert_int_equal(c->w[g[0]].last_state, GANG_RANK_FAILED);
+    assert_true(gang_now_ms() - c->w[g[0]].last_hb_ms < TW_HB_TIMEOUT);
+    tw_wait_state(c, g[0], GANG_RANK_FAILED, 1000);
 
     assert_int_equal(kill(c->w[g[1]].pid, SIGKILL), 0);
     tw_reap(c, g[1], 1000);
@@ -705,8 +728,7 @@ static void test_rank0_judges_hellos(void **state)
     tw_send(c, w, GANG_WCTL_BLOB_REQUEST, 3, 0, 0, NULL, 0);
     gang_wctl b = tw_expect(c, w, GANG_WCTL_BLOB, 3, 2000, 0);
     tw_send(c, w, GANG_WCTL_START, 3, 0, 3, b.blob, b.blob_len);
-    tw_pump_for(c, 120);
-    assert_int_equal(c->w[w].last_state, GANG_RANK_STARTING);
+    tw_wait_state(c, w, GANG_RANK_STARTING, 1000);
 
     static const struct {
         uint64_t gen;
@@ -774,8 +796,7 @@ static void test_abort_while_starting(void **state)
     tw_send(c, w, GANG_WCTL_BLOB_REQUEST, 9, 0, 0, NULL, 0);
     gang_wctl b = tw_expect(c, w, GANG_WCTL_BLOB, 9, 2000, 0);
     tw_send(c, w, GANG_WCTL_START, 9, 0, 2, b.blob, b.blob_len);
-    tw_pump_for(c, 120);
-    assert_int_equal(c->w[w].last_state, GANG_RANK_STARTING);
+    tw_wait_state(c, w, GANG_RANK_STARTING, 1000);
     uint64_t t0 = gang_now_ms();
     tw_send(c, w, GANG_WCTL_ABORT, 9, 0, 0, NULL, 0);
     tw_expect(c, w, GANG_WCTL_ABORTED, 9, 200, 0);
