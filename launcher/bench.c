@@ -14,6 +14,7 @@
  * trial and the ratio is printed next to it.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,6 +31,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cjson/cJSON.h>
 
 #include "bench.h"
@@ -44,31 +47,32 @@
 
 /* Command-line options of both benchmarks; each uses the fields it documents. */
 typedef struct bench_opts {
-    const char *kind;           /* "rendezvous" or "failover" */
-    int nodes;                  /* rendezvous: agents */
-    int trials;                 /* timed trials (failover: per kind) */
-    int warmup;                 /* untimed trials first */
-    int timeout_s;              /* deadline of one gang formation / one trial */
-    int no_peer;                /* rendezvous: skip mpirun */
-    int nnodes;                 /* failover: gang shape and timings */
+    const char *kind;   /* "rendezvous" or "failover" */
+    int nodes;          /* rendezvous: agents */
+    int trials;         /* timed trials (failover: per kind) */
+    int warmup;         /* untimed trials first */
+    int timeout_s;      /* deadline of one gang formation / one trial */
+    int peer_timeout_s; /* rendezvous: deadline of one mpirun run */
+    int no_peer;        /* rendezvous: skip mpirun */
+    int nnodes;         /* failover: gang shape and timings */
     int nproc_per_node;
     int hb_interval_ms;
     int hb_timeout_ms;
     int abort_timeout_ms;
-    int crash;                  /* failover kinds to run */
+    int crash; /* failover kinds to run */
     int hang;
-    const char *agent_log;      /* where agents' stdout/stderr go */
-    char **extra;               /* serve flags after "--" */
+    const char *agent_log; /* where agents' stdout/stderr go */
+    char **extra;          /* serve flags after "--" */
     int nextra;
 } bench_opts;
 
 /* Paths and files shared by a run. */
 typedef struct bench_ctx {
-    char exe[PATH_MAX];         /* this binary's real path */
-    char dir[PATH_MAX];         /* its directory, where mpi-barrier lives */
-    char log_path[PATH_MAX];    /* agent log */
+    char exe[PATH_MAX];      /* this binary's real path */
+    char dir[PATH_MAX];      /* its directory, where mpi-barrier lives */
+    char log_path[PATH_MAX]; /* agent log */
     int log_fd;
-    uint64_t rng;               /* xorshift state for port choice */
+    uint64_t rng; /* xorshift state for port choice */
 } bench_ctx;
 
 /* ---------------------------------------------------------------------------------
@@ -227,8 +231,8 @@ static int http_get(const char *host, int port, const char *path, int timeout_ms
 
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
         return GANG_EINVAL;
-    reqlen = (size_t)snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s:%d\r\n\r\n", path,
-                              host, port);
+    reqlen = (size_t)snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s:%d\r\n\r\n", path, host,
+                              port);
     fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return gang_err_from_errno(errno);
@@ -418,6 +422,74 @@ static int reap_until(pid_t *pids, int *statuses, int n, uint64_t deadline_ms)
     }
 }
 
+/* The parent pid of pid from /proc/PID/stat, or -1. */
+static pid_t proc_ppid(pid_t pid)
+{
+    char path[64], buf[512];
+    const char *rp;
+    ssize_t n;
+    int fd;
+    int ppid = -1;
+
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    /* The command name may hold spaces and ')'; the fields resume after the last ')'. */
+    rp = strrchr(buf, ')');
+    if (rp == NULL || sscanf(rp + 1, " %*c %d", &ppid) != 1)
+        return -1;
+    return (pid_t)ppid;
+}
+
+/*
+ * Sends sig to root and every process below it. Needed for mpirun, which puts each rank
+ * in a process group of its own, so that signalling mpirun's group misses them. The
+ * tree is walked breadth-first over /proc, a bounded number of levels deep.
+ */
+static void kill_tree(pid_t root, int sig)
+{
+    pid_t level[4096];
+    size_t nlevel = 1;
+
+    level[0] = root;
+    for (int depth = 0; depth < 8 && nlevel > 0; depth++) {
+        pid_t next[4096];
+        size_t nnext = 0;
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+
+        while (d != NULL && (e = readdir(d)) != NULL && nnext < 4096) {
+            pid_t pid = (pid_t)atoi(e->d_name);
+            pid_t ppid = pid > 0 ? proc_ppid(pid) : -1;
+            for (size_t i = 0; i < nlevel && ppid > 0; i++) {
+                if (ppid == level[i]) {
+                    next[nnext++] = pid;
+                    break;
+                }
+            }
+        }
+        if (d != NULL)
+            closedir(d);
+        for (size_t i = 0; i < nlevel; i++)
+            kill(level[i], sig);
+        memcpy(level, next, nnext * sizeof next[0]);
+        nlevel = nnext;
+    }
+}
+
+/* Reaps whatever children are left over (nothing tracked may still be running). */
+static void reap_strays(void)
+{
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+}
+
 /*
  * Stops processes: SIGTERM to each, up to BENCH_STOP_GRACE_MS, then SIGKILL and up to
  * BENCH_KILL_GRACE_MS more. With `group` each pid leads a process group (spawn_group());
@@ -465,10 +537,12 @@ static int stop_all(pid_t *pids, int n, int group)
 
 /*
  * One ganglion trial: starts o->nodes agents, times first fork -> coordinator serving,
- * stops them. Returns 0 with the seconds in *secs and the count of agents that did not
- * exit 0 after SIGTERM in *bad_exits; GANG_ETIMEDOUT when the gang did not form.
+ * stops them. Returns 0 with the seconds in *secs (and the part of them spent forking
+ * the agents in *spawn_secs) and the count of agents that did not exit 0 after SIGTERM
+ * in *bad_exits; GANG_ETIMEDOUT when the gang did not form.
  */
-static int rdzv_trial_ganglion(bench_ctx *c, const bench_opts *o, double *secs, int *bad_exits)
+static int rdzv_trial_ganglion(bench_ctx *c, const bench_opts *o, double *secs, double *spawn_secs,
+                               int *bad_exits)
 {
     char nn[16], rp[16], hp[16];
     char **args = NULL;
@@ -504,8 +578,12 @@ static int rdzv_trial_ganglion(bench_ctx *c, const bench_opts *o, double *secs, 
     for (int i = 0; i < o->nextra; i++)
         args[nargs++] = o->extra[i];
 
-    gang_local_spawn_cfg cfg = {.exe = "/proc/self/exe", .argv0 = c->exe, .args = args,
-                                .nargs = nargs, .rdzv_port = rdzv, .out_fd = c->log_fd};
+    gang_local_spawn_cfg cfg = {.exe = "/proc/self/exe",
+                                .argv0 = c->exe,
+                                .args = args,
+                                .nargs = nargs,
+                                .rdzv_port = rdzv,
+                                .out_fd = c->log_fd};
     t0 = gang_now_ns();
     for (int i = 0; i < o->nodes; i++) {
         cfg.node_index = i;
@@ -516,6 +594,7 @@ static int rdzv_trial_ganglion(bench_ctx *c, const bench_opts *o, double *secs, 
         }
         started++;
     }
+    *spawn_secs = (double)(gang_now_ns() - t0) / 1e9;
 
     rc = GANG_ETIMEDOUT;
     deadline = gang_now_ms() + (uint64_t)o->timeout_s * 1000u;
@@ -588,10 +667,14 @@ static int rdzv_trial_mpirun(bench_ctx *c, const bench_opts *o, double *secs, ch
         snprintf(why, whycap, "cannot start mpirun: %s", gang_strerror(rc));
         return rc;
     }
-    if (reap_until(&pid, &status, 1, gang_now_ms() + (uint64_t)o->timeout_s * 1000u) > 0) {
-        kill(-pid, SIGKILL);
-        reap_until(&pid, &status, 1, gang_now_ms() + BENCH_KILL_GRACE_MS);
-        snprintf(why, whycap, "mpirun did not finish within %d s", o->timeout_s);
+    if (reap_until(&pid, &status, 1, gang_now_ms() + (uint64_t)o->peer_timeout_s * 1000u) > 0) {
+        /* mpirun stops its ranks on SIGTERM; what is left after the grace is killed. */
+        kill(pid, SIGTERM);
+        if (reap_until(&pid, &status, 1, gang_now_ms() + BENCH_STOP_GRACE_MS) > 0) {
+            kill_tree(pid, SIGKILL);
+            reap_until(&pid, &status, 1, gang_now_ms() + BENCH_KILL_GRACE_MS);
+        }
+        snprintf(why, whycap, "mpirun did not finish within %d s", o->peer_timeout_s);
         return GANG_ETIMEDOUT;
     }
     *secs = (double)(gang_now_ns() - t0) / 1e9;
@@ -617,10 +700,10 @@ static int bench_rendezvous(bench_ctx *c, const bench_opts *o)
     }
     for (int t = -o->warmup; t < o->trials; t++) {
         cJSON *line = cJSON_CreateObject();
-        double gs = 0, ms = 0;
+        double gs = 0, ms = 0, spawn = 0;
         int bad = 0;
         char why[PATH_MAX + 128] = "";
-        int rc = rdzv_trial_ganglion(c, o, &gs, &bad);
+        int rc = rdzv_trial_ganglion(c, o, &gs, &spawn, &bad);
 
         cJSON_AddStringToObject(line, "bench", "rendezvous");
         cJSON_AddNumberToObject(line, "trial", t);
@@ -633,6 +716,7 @@ static int bench_rendezvous(bench_ctx *c, const bench_opts *o)
             failed = 1;
         } else {
             cJSON_AddNumberToObject(line, "ganglion_s", round_to(gs, 4));
+            cJSON_AddNumberToObject(line, "spawn_s", round_to(spawn, 4));
             if (t >= 0)
                 g[ng++] = gs;
         }
@@ -652,6 +736,7 @@ static int bench_rendezvous(bench_ctx *c, const bench_opts *o)
             }
         }
         json_emit(line);
+        reap_strays();
         if (skipped[0] != '\0' && t == -o->warmup) {
             cJSON *peer = cJSON_CreateObject();
             cJSON_AddStringToObject(peer, "peer", "mpirun");
@@ -685,7 +770,7 @@ static int bench_rendezvous(bench_ctx *c, const bench_opts *o)
 
 /* A running local gang as the failover benchmark sees it. */
 typedef struct failover_gang {
-    pid_t pid;                  /* the `serve --local` parent (its own process group) */
+    pid_t pid; /* the `serve --local` parent (its own process group) */
     int nnodes;
     int http_port;
     char (*addr)[GANG_LOCAL_ADDR_MAX]; /* each agent's address */
@@ -751,11 +836,11 @@ static pid_t worker_pid(const failover_gang *fg, int node, int lr)
 
 /* Results of one failover trial. */
 typedef struct failover_result {
-    double detect_ms;           /* last agent to learn of the failure */
-    double first_detect_ms;     /* first agent */
-    double reform_ms;           /* kill -> coordinator serving a newer generation */
+    double detect_ms;       /* last agent to learn of the failure */
+    double first_detect_ms; /* first agent */
+    double reform_ms;       /* kill -> coordinator serving a newer generation */
     double reform_after_detect_ms;
-    int64_t generation;         /* the new generation */
+    int64_t generation; /* the new generation */
 } failover_result;
 
 /*
@@ -807,8 +892,8 @@ static int failover_trial(const failover_gang *fg, const bench_opts *o, int tria
             if (coord_view(fg, state, sizeof state, &gen, &since) &&
                 strcmp(state, "serving") == 0 && gen > gen0) {
                 double polled = (double)(gang_now_ns() - kill_ns) / 1e6;
-                res->reform_ms = since >= (int64_t)kill_wall ? (double)(since - (int64_t)kill_wall)
-                                                             : polled;
+                res->reform_ms =
+                    since >= (int64_t)kill_wall ? (double)(since - (int64_t)kill_wall) : polled;
                 res->generation = gen;
                 rc = 0;
                 break;
@@ -833,8 +918,8 @@ static int failover_trial(const failover_gang *fg, const bench_opts *o, int tria
     }
     res->reform_after_detect_ms = res->reform_ms - res->detect_ms;
     if (rc < 0)
-        cJSON_AddStringToObject(line, "error", nseen < fg->nnodes
-                                                   ? "not every agent saw the abort"
+        cJSON_AddStringToObject(line, "error",
+                                nseen < fg->nnodes ? "not every agent saw the abort"
                                                    : "gang did not re-form in time");
     free(seen);
     return rc;
@@ -869,12 +954,24 @@ static int failover_start(bench_ctx *c, const bench_opts *o, failover_gang *fg)
     /* Every trial is a gang restart; the budget must outlast them all. */
     snprintf(mr, sizeof mr, "%d", 4 * (o->trials + o->warmup) + 10);
 
-    char *fixed[] = {c->exe, "serve", "--local", "--nnodes", nn, "--nproc-per-node", np,
-                     "--rdzv-port", rp, "--http-port", hp, "--heartbeat-interval-ms", hi,
-                     "--heartbeat-timeout-ms", ht, "--abort-timeout-ms", at,
-                     "--max-restarts", mr, "--restart-backoff-ms", "20",
-                     "--restart-backoff-max-ms", "200", "--job-name", "bench-failover",
-                     "--log-level", "warn"};
+    /* Flag/value pairs read best one pair per line. */
+    /* clang-format off */
+    char *fixed[] = {
+        c->exe, "serve", "--local",
+        "--nnodes", nn,
+        "--nproc-per-node", np,
+        "--rdzv-port", rp,
+        "--http-port", hp,
+        "--heartbeat-interval-ms", hi,
+        "--heartbeat-timeout-ms", ht,
+        "--abort-timeout-ms", at,
+        "--max-restarts", mr,
+        "--restart-backoff-ms", "20",
+        "--restart-backoff-max-ms", "200",
+        "--job-name", "bench-failover",
+        "--log-level", "warn",
+    };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         argv[n++] = fixed[i];
     for (int i = 0; i < o->nextra; i++)
@@ -899,6 +996,11 @@ static int bench_failover(bench_ctx *c, const bench_opts *o)
         v[k] = calloc((size_t)o->trials + 1, sizeof(double));
     for (int k = 0; k < 2; k++)
         after[k] = calloc((size_t)o->trials + 1, sizeof(double));
+    if (!v[0] || !v[1] || !v[2] || !v[3] || !after[0] || !after[1]) {
+        gang_error("bench: out of memory");
+        failed = 1;
+        goto out_free;
+    }
     rc = failover_start(c, o, &fg);
     if (rc < 0) {
         gang_error("bench: cannot start the local gang: %s", gang_strerror(rc));
@@ -985,8 +1087,7 @@ out_stop:
             cJSON_AddBoolToObject(sum, "crash_detect_under_100ms", median(v[0], nv[0]) < 100);
         if (nv[1] > 0) {
             cJSON_AddNumberToObject(sum, "hang_detect_bound_ms", bound);
-            cJSON_AddBoolToObject(sum, "hang_detect_within_bound",
-                                  median(v[2], nv[1]) <= bound);
+            cJSON_AddBoolToObject(sum, "hang_detect_within_bound", median(v[2], nv[1]) <= bound);
         }
         cJSON_AddBoolToObject(sum, "gang_stopped_cleanly", unclean == 0);
         cJSON_AddStringToObject(sum, "agent_log", c->log_path);
@@ -1007,15 +1108,16 @@ out_free:
 
 static void bench_usage(void)
 {
-    fprintf(stderr,
-            "usage: ganglion bench rendezvous --nodes N [--trials T] [--warmup W] "
-            "[--timeout-s S] [--no-peer] [--agent-log FILE] [-- SERVE FLAGS]\n"
-            "       ganglion bench failover [--trials T] [--warmup W] [--nnodes P] "
-            "[--nproc-per-node Q]\n"
-            "                [--heartbeat-interval-ms I] [--heartbeat-timeout-ms H] "
-            "[--abort-timeout-ms A]\n"
-            "                [--kinds crash,hang] [--timeout-s S] [--agent-log FILE] "
-            "[-- SERVE FLAGS]\n");
+    fprintf(stderr, "usage: ganglion bench rendezvous --nodes N [--trials T] [--warmup W] "
+                    "[--timeout-s S]\n"
+                    "                [--no-peer] [--peer-timeout-s S] [--agent-log FILE] "
+                    "[-- SERVE FLAGS]\n"
+                    "       ganglion bench failover [--trials T] [--warmup W] [--nnodes P] "
+                    "[--nproc-per-node Q]\n"
+                    "                [--heartbeat-interval-ms I] [--heartbeat-timeout-ms H] "
+                    "[--abort-timeout-ms A]\n"
+                    "                [--kinds crash,hang] [--timeout-s S] [--agent-log FILE] "
+                    "[-- SERVE FLAGS]\n");
 }
 
 /*
@@ -1053,6 +1155,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {"trials", offsetof(bench_opts, trials), 1, 100000},
         {"warmup", offsetof(bench_opts, warmup), 0, 1000},
         {"timeout-s", offsetof(bench_opts, timeout_s), 1, 86400},
+        {"peer-timeout-s", offsetof(bench_opts, peer_timeout_s), 1, 86400},
         {"nnodes", offsetof(bench_opts, nnodes), 1, 4096},
         {"nproc-per-node", offsetof(bench_opts, nproc_per_node), 1, 64},
         {"heartbeat-interval-ms", offsetof(bench_opts, hb_interval_ms), 10, 600000},
@@ -1161,9 +1264,18 @@ static int bench_ctx_init(bench_ctx *c, const bench_opts *o)
 
 int gang_bench_main(int argc, char **argv)
 {
-    bench_opts o = {.nodes = 8, .trials = 0, .warmup = 1, .timeout_s = 0, .nnodes = 4,
-                    .nproc_per_node = 2, .hb_interval_ms = 100, .hb_timeout_ms = 1000,
-                    .abort_timeout_ms = 500, .crash = 1, .hang = 1};
+    bench_opts o = {.nodes = 8,
+                    .trials = 0,
+                    .warmup = 1,
+                    .timeout_s = 0,
+                    .peer_timeout_s = 900,
+                    .nnodes = 4,
+                    .nproc_per_node = 2,
+                    .hb_interval_ms = 100,
+                    .hb_timeout_ms = 1000,
+                    .abort_timeout_ms = 500,
+                    .crash = 1,
+                    .hang = 1};
     bench_ctx c = {.log_fd = -1};
     int rc;
 
@@ -1185,7 +1297,8 @@ int gang_bench_main(int argc, char **argv)
         o.trials = o.trials ? o.trials : 10;
         o.timeout_s = o.timeout_s ? o.timeout_s : 60;
         gang_info("bench failover: %d x %d, %d trial(s) per kind after %d warm-up; "
-                  "agent log %s", o.nnodes, o.nproc_per_node, o.trials, o.warmup, c.log_path);
+                  "agent log %s",
+                  o.nnodes, o.nproc_per_node, o.trials, o.warmup, c.log_path);
         rc = bench_failover(&c, &o);
     }
     close(c.log_fd);

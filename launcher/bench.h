@@ -15,11 +15,12 @@
  * argv[0..argc) are the arguments that followed `bench` (a leading "bench" is skipped):
  *
  *   rendezvous --nodes N [--trials T] [--warmup W] [--timeout-s S] [--no-peer]
- *              [--agent-log FILE] [-- EXTRA SERVE FLAGS]
+ *              [--peer-timeout-s S] [--agent-log FILE] [-- EXTRA SERVE FLAGS]
  *       Starts N agents directly (one rank each, each on its own 127.0.0.x address) and
  *       times first fork -> coordinator's gang.state "serving". Then times the peer,
  *       `mpirun -np N mpi-barrier` (the mpi-barrier binary next to ganglion), and prints
- *       the ratio mpirun_s / ganglion_s.
+ *       the ratio mpirun_s / ganglion_s. Warm-up trials run both too. On a 2-core
+ *       machine mpirun -np 256 takes minutes: use --warmup 0 --trials 1 there.
  *
  *   failover [--trials T] [--nnodes P] [--nproc-per-node Q] [--heartbeat-interval-ms I]
  *            [--heartbeat-timeout-ms H] [--kinds crash,hang] [--timeout-s S]

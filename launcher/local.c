@@ -47,19 +47,19 @@
 
 /* One supervised agent. */
 typedef struct local_agent {
-    pid_t pid;                  /* running process, 0 when down */
-    uint64_t started_ms;        /* monotonic time of the last start */
-    uint64_t restart_at_ms;     /* monotonic time of a scheduled restart, 0 = none */
-    uint32_t restarts;          /* restarts so far, for the logs */
-    gang_backoff backoff;       /* delay before the next restart */
+    pid_t pid;              /* running process, 0 when down */
+    uint64_t started_ms;    /* monotonic time of the last start */
+    uint64_t restart_at_ms; /* monotonic time of a scheduled restart, 0 = none */
+    uint32_t restarts;      /* restarts so far, for the logs */
+    gang_backoff backoff;   /* delay before the next restart */
 } local_agent;
 
 /* Where the shutdown sequence stands. */
 typedef enum local_phase {
-    LOCAL_RUNNING = 0,  /* supervising and restarting */
-    LOCAL_DRAINING,     /* no restarts; waiting for agents to exit on their own */
-    LOCAL_TERMINATING,  /* SIGTERM sent; waiting */
-    LOCAL_KILLING,      /* SIGKILL sent; waiting */
+    LOCAL_RUNNING = 0, /* supervising and restarting */
+    LOCAL_DRAINING,    /* no restarts; waiting for agents to exit on their own */
+    LOCAL_TERMINATING, /* SIGTERM sent; waiting */
+    LOCAL_KILLING,     /* SIGKILL sent; waiting */
     LOCAL_DONE
 } local_phase;
 
@@ -67,7 +67,7 @@ typedef struct local_gang {
     gang_local_spawn_cfg spawn; /* shared spawn settings; node_index set per start */
     local_agent *agents;
     int nagents;
-    int sfd;                    /* signalfd for SIGCHLD, SIGINT, SIGTERM, SIGHUP */
+    int sfd; /* signalfd for SIGCHLD, SIGINT, SIGTERM, SIGHUP */
     local_phase phase;
     uint64_t phase_deadline_ms; /* when the current shutdown step ends */
     int exit_code;              /* what gang_local_main() returns */
@@ -259,8 +259,8 @@ static void local_start(local_gang *g, int i)
     rc = gang__local_spawn(&g->spawn, &a->pid);
     if (rc < 0) {
         uint64_t delay = gang_backoff_next(&a->backoff);
-        gang_error("local: cannot start agent %d: %s; retrying in %llu ms", i,
-                   gang_strerror(rc), (unsigned long long)delay);
+        gang_error("local: cannot start agent %d: %s; retrying in %llu ms", i, gang_strerror(rc),
+                   (unsigned long long)delay);
         a->pid = 0;
         a->restart_at_ms = gang_now_ms() + delay;
         return;
@@ -341,13 +341,14 @@ static void local_on_exit(local_gang *g, int i, int status, const gang_params *p
     case GANG_EXIT_USAGE:
     case GANG_EXIT_MODEL:
         gang_error("local: agent %d failed with a %s error (exit %d), which a restart cannot "
-                   "fix; stopping the gang", i, code == GANG_EXIT_USAGE ? "usage" : "model",
-                   code);
+                   "fix; stopping the gang",
+                   i, code == GANG_EXIT_USAGE ? "usage" : "model", code);
         local_stop(g, code, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
         return;
     case GANG_EXIT_TEMPFAIL:
         gang_error("local: agent %d gave up (exit 75); waiting up to %lld ms for the others "
-                   "to exit", i, (long long)p->give_up_linger_ms + LOCAL_GIVE_UP_SLACK_MS);
+                   "to exit",
+                   i, (long long)p->give_up_linger_ms + LOCAL_GIVE_UP_SLACK_MS);
         local_stop(g, GANG_EXIT_TEMPFAIL, LOCAL_DRAINING,
                    (uint64_t)p->give_up_linger_ms + LOCAL_GIVE_UP_SLACK_MS);
         return;
@@ -514,8 +515,9 @@ int gang_local_main(const gang_params *p, int argc, char **argv)
     }
 
     gang_info("local: starting %d agent(s) x %lld rank(s); coordinator 127.0.0.1:%lld, "
-              "http port %lld", g.nagents, (long long)p->nproc_per_node,
-              (long long)p->rdzv_port, (long long)p->http_port);
+              "http port %lld",
+              g.nagents, (long long)p->nproc_per_node, (long long)p->rdzv_port,
+              (long long)p->http_port);
     for (int i = 0; i < g.nagents; i++)
         local_start(&g, i);
 

@@ -49,13 +49,13 @@ int gang__local_address(int index, char *buf, size_t cap);
 /* What gang__local_spawn() starts: `exe serve ARGS... --node-index I --bind-address A
  * --coordinator 127.0.0.1:PORT`. */
 typedef struct gang_local_spawn_cfg {
-    const char *exe;        /* path to execv, usually "/proc/self/exe" */
-    const char *argv0;      /* argv[0] the agent sees (ps, logs); NULL = exe */
-    char *const *args;      /* serve flags shared by every agent */
+    const char *exe;   /* path to execv, usually "/proc/self/exe" */
+    const char *argv0; /* argv[0] the agent sees (ps, logs); NULL = exe */
+    char *const *args; /* serve flags shared by every agent */
     int nargs;
-    int node_index;         /* this agent's index */
-    int rdzv_port;          /* coordinator port on 127.0.0.1 */
-    int out_fd;             /* stdout and stderr of the agent; -1 = inherit */
+    int node_index; /* this agent's index */
+    int rdzv_port;  /* coordinator port on 127.0.0.1 */
+    int out_fd;     /* stdout and stderr of the agent; -1 = inherit */
 } gang_local_spawn_cfg;
 
 /*

@@ -82,6 +82,17 @@ static int send_msg(gang_member *m, const gang_msg *msg)
     return gang__conn_send(&m->mc->conn, msg);
 }
 
+/* Sends the local ranks' states now; also used right after WELCOME and READY so the
+ * coordinator's view is never older than the state change it reports. */
+static void send_heartbeat(gang_member *m)
+{
+    gang_msg *msg = scratch_msg(m, GANG_MSG_HEARTBEAT);
+    if (m->cb.fill_heartbeat)
+        m->cb.fill_heartbeat(m->cb.ctx, &msg->u.heartbeat);
+    msg->u.heartbeat.node_index = m->cfg.join.node_index;
+    send_msg(m, msg);
+}
+
 static void send_rejoin_if_due(gang_member *m)
 {
     if (!m->welcomed || !m->available || m->rejoin_sent)
@@ -164,6 +175,7 @@ static void on_welcome(gang_member *m, const gang_msg *msg)
     gang_info("member: joined the coordinator at %s as node %u (its generation %llu)",
               m->mc->conn.peer, m->cfg.join.node_index,
               (unsigned long long)msg->u.welcome.generation);
+    send_heartbeat(m);
     send_rejoin_if_due(m);
 }
 
@@ -356,12 +368,7 @@ static void on_beat(uv_timer_t *t)
         gang__conn_close(&m->mc->conn, GANG_ETIMEDOUT);
         return;
     }
-    gang_msg *msg = scratch_msg(m, GANG_MSG_HEARTBEAT);
-    msg->u.heartbeat.node_index = m->cfg.join.node_index;
-    if (m->cb.fill_heartbeat)
-        m->cb.fill_heartbeat(m->cb.ctx, &msg->u.heartbeat);
-    msg->u.heartbeat.node_index = m->cfg.join.node_index;
-    send_msg(m, msg);
+    send_heartbeat(m);
 }
 
 int gang_member_start(void *uv_loop, const gang_member_config *cfg,
@@ -431,7 +438,10 @@ int gang_member_send_ready(gang_member *m, uint64_t gen)
     gang_msg *msg = scratch_msg(m, GANG_MSG_READY);
     msg->generation = gen;
     msg->u.ready.node_index = m->cfg.join.node_index;
-    return send_msg(m, msg);
+    int rc = send_msg(m, msg);
+    if (rc == 0)
+        send_heartbeat(m);
+    return rc;
 }
 
 int gang_member_report_failure(gang_member *m, uint64_t gen, int32_t rank, int32_t code,

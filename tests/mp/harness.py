@@ -32,7 +32,6 @@ import json
 import os
 import queue
 import random
-import re
 import shutil
 import signal
 import socket
@@ -148,7 +147,8 @@ def _proc_table():
             rest = stat[stat.rindex(")") + 2:].split()
             with open("/proc/%s/cmdline" % d, "rb") as f:
                 cmd = f.read().split(b"\0")
-            table[int(d)] = (int(rest[1]), rest[0], [c.decode("utf-8", "replace") for c in cmd if c])
+            args = [c.decode("utf-8", "replace") for c in cmd if c]
+            table[int(d)] = (int(rest[1]), rest[0], args)
         except (OSError, ValueError, IndexError):
             continue
     return table
@@ -291,7 +291,8 @@ class Harness:
 
     def print_logs(self, lines=80):
         for p in self.procs:
-            sys.stdout.write("----- tail of %s (%s) -----\n%s\n" % (p.name, p.log_path, p.tail(lines)))
+            sys.stdout.write("----- tail of %s (%s) -----\n%s\n"
+                             % (p.name, p.log_path, p.tail(lines)))
         sys.stdout.flush()
 
     def finish(self):
@@ -308,7 +309,8 @@ class Harness:
             else:
                 log("%s exited with %s" % (p.name, code))
         try:
-            wait_until(lambda: not descendants(os.getpid()), 5.0, 0.05, "leftover processes to exit")
+            wait_until(lambda: not descendants(os.getpid()), 5.0, 0.05,
+                       "leftover processes to exit")
         except TestFailure:
             table = _proc_table()
             left = descendants(os.getpid(), table)

@@ -8,10 +8,10 @@ once, the stalled ones at the handshake deadline), and after each the gang still
 the same generation with /readyz 200 everywhere and fresh heartbeats; a legitimate JOIN
 is still answered."""
 import os
-import socket
 import sys
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 

@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
@@ -71,7 +72,8 @@ def scenario(h):
                     pass
             return open_ == 0
 
-        H.wait_until(all_closed, HANDSHAKE_S + 5, 0.1, "the coordinator to close the idle connections")
+        H.wait_until(all_closed, HANDSHAKE_S + 5, 0.1,
+                     "the coordinator to close the idle connections")
         H.log("all idle connections closed %.3f s after the flood began" % (time.monotonic() - t0))
     finally:
         for s in socks:

@@ -4,6 +4,7 @@ rank is ready, the probes and /metrics tell the truth, and SIGTERM stops it all 
 import os
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
@@ -36,7 +37,8 @@ def kill_and_check(g, gen0, node, local_rank):
     st = g.status(0)
     lf = st.get("last_failure")
     H.check(lf is not None, "coordinator /status has no last_failure")
-    H.check(lf.get("rank") == rank, "last_failure names rank %r, expected %d" % (lf.get("rank"), rank))
+    H.check(lf.get("rank") == rank,
+            "last_failure names rank %r, expected %d" % (lf.get("rank"), rank))
     H.check(lf.get("reason"), "last_failure has no reason: %r" % lf)
     H.check(lf.get("wall_ms", 0) >= t_kill, "last_failure is older than the kill: %r" % lf)
     new_pid = g.worker_pid(node, local_rank)

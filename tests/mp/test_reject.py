@@ -10,6 +10,7 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
@@ -57,7 +58,8 @@ def scenario(h):
         H.check(gang["state"] == "serving" and gang["generation"] == gen,
                 "%s disturbed the gang: %r" % (name, gang))
         H.check(gang["restarts_total"] == restarts, "%s caused a gang restart" % name)
-        H.check(gang["members"] == NNODES, "%s changed the member count: %r" % (name, gang["members"]))
+        H.check(gang["members"] == NNODES,
+                "%s changed the member count: %r" % (name, gang["members"]))
     H.check(g.stop()["local"] == 0, "local gang did not exit 0")
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
@@ -23,7 +24,8 @@ def scenario(h):
 
     os.kill(g.worker_pid(1, 0), signal.SIGKILL)
     gen = g.wait_serving(timeout=20, min_gen=gen)
-    H.log("first failure repaired: generation %d, budget left %r" % (gen, g.coord().get("budget_left")))
+    H.log("first failure repaired: generation %d, budget left %r"
+          % (gen, g.coord().get("budget_left")))
     H.check(g.coord().get("budget_left") == 0, "budget_left should be 0 after one restart of one")
 
     os.kill(g.worker_pid(2, 0), signal.SIGKILL)
