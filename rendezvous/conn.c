@@ -141,28 +141,30 @@ static void conn_on_write(uv_write_t *req, int status)
         gang__conn_close(c, 0);
 }
 
+/* Encoding scratch, one per thread like read_buf: the frame is copied out right away. */
+static _Thread_local uint8_t encode_buf[GANG_WIRE_MAX_FRAME];
+
 static int conn_send(gang__conn *c, const gang_msg *m, int close_after)
 {
     if (c->closing)
         return GANG_ECLOSED;
-    size_t cap = GANG_WIRE_MAX_FRAME, len = 0;
-    conn_write *w = malloc(sizeof(*w) + cap);
+    size_t len = 0;
+    int rc = gang_wire_encode(m, encode_buf, sizeof(encode_buf), &len);
+    if (rc != 0)
+        return rc;
+    /* Sized to the frame: heartbeats are ~100 bytes, not a 64 KiB maximum. */
+    conn_write *w = malloc(sizeof(*w) + len);
     if (w == NULL)
         return GANG_ENOMEM;
-    int rc = gang_wire_encode(m, w->data, cap, &len);
-    if (rc != 0)
-        goto out_free;
+    memcpy(w->data, encode_buf, len);
     w->close_after = close_after;
     uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)len);
     rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, conn_on_write);
     if (rc != 0) {
-        rc = gang__uv_err(rc);
-        goto out_free;
+        free(w);
+        return gang__uv_err(rc);
     }
     return 0;
-out_free:
-    free(w);
-    return rc;
 }
 
 int gang__conn_send(gang__conn *c, const gang_msg *m)

@@ -169,6 +169,7 @@ static void on_welcome(gang_member *m, const gang_msg *msg)
         return;
     }
     m->welcomed = 1;
+    uv_timer_stop(&m->retry);
     m->failed_attempts = 0;
     gang_backoff_reset(&m->backoff);
     m->connected_since_ms = gang_now_ms();
@@ -277,17 +278,22 @@ static void on_connect(uv_connect_t *req, int status)
         return;
     }
     mc->connected = 1;
-    uv_timer_stop(&m->retry);
+    /* The connect deadline keeps running: it also bounds CHALLENGE -> JOIN -> WELCOME. */
     if (gang__conn_start(&mc->conn) != 0)
         gang__conn_close(&mc->conn, GANG_EIO);
 }
 
-/* The connect deadline: a SYN into a black hole must not wait for the kernel's minutes. */
+/*
+ * The connect deadline covers the TCP connect (a SYN into a black hole must not wait for
+ * the kernel's minutes) and the handshake (a peer that accepts and never speaks, or stalls
+ * after JOIN, must not hold the member forever).
+ */
 static void on_connect_deadline(uv_timer_t *t)
 {
     gang_member *m = t->data;
-    if (m->mc && !m->mc->connected) {
-        gang_info("member: connect to %s:%u timed out", m->host, m->cfg.coordinator_port);
+    if (m->mc && !m->welcomed) {
+        gang_info("member: %s to %s:%u timed out", m->mc->connected ? "handshake" : "connect",
+                  m->host, m->cfg.coordinator_port);
         gang__conn_close(&m->mc->conn, GANG_ETIMEDOUT);
     }
 }
