@@ -70,6 +70,7 @@ struct gang_coord {
     uint64_t *restart_ms;         /* ring of the last max_restarts+1 restart times */
     uint32_t restart_head;
     uint64_t round_start_ms;      /* start of the current (re)formation round */
+    uint64_t rejoin_since_ms;     /* ABORTING since; members must rejoin in start_timeout */
     double rendezvous_seconds;
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank, last_failure_code;
@@ -211,6 +212,7 @@ static void coord_fail(gang_coord *c, int32_t rank, int32_t code, const char *re
     c->restart_ms[c->restart_head] = now;
     c->restart_head = (c->restart_head + 1) % (c->cfg.max_restarts + 1);
     c->round_start_ms = now;
+    c->rejoin_since_ms = now;
     gang_warn("coordinator: generation %llu failed: rank %d: %s (%s)",
               (unsigned long long)c->generation, rank, reason, gang_err_name(code));
 
@@ -500,6 +502,21 @@ static void on_tick(uv_timer_t *t)
                 n += snprintf(why + n, sizeof(why) - (size_t)n, " node %u", i);
         }
         coord_fail(c, -1, GANG_ETIMEDOUT, why);
+    }
+    /*
+     * A member that has not rejoined long after an abort is dropped, so that it reconnects
+     * and rejoins afresh instead of holding the whole gang down.
+     */
+    if (c->state == GANG_STATE_ABORTING && now - c->rejoin_since_ms > c->cfg.start_timeout_ms) {
+        for (uint32_t i = 0; i < c->cfg.nnodes; i++) {
+            node_slot *s = &c->slots[i];
+            if (s->peer && !s->available && !s->peer->conn.closing) {
+                gang_warn("coordinator: node %u did not rejoin within %llu ms of the abort: "
+                          "dropping it", i, (unsigned long long)c->cfg.start_timeout_ms);
+                gang__conn_close(&s->peer->conn, GANG_ETIMEDOUT);
+            }
+        }
+        c->rejoin_since_ms = now;
     }
     if (c->state == GANG_STATE_BACKOFF || c->state == GANG_STATE_ABORTING ||
         c->state == GANG_STATE_WAITING)

@@ -53,6 +53,7 @@ struct gang_member {
 };
 
 static void schedule_connect(gang_member *m, uint64_t delay_ms);
+static void on_beat(uv_timer_t *t);
 
 static void member_unref(gang_member *m)
 {
@@ -170,6 +171,19 @@ static void on_welcome(gang_member *m, const gang_msg *msg)
     }
     m->welcomed = 1;
     uv_timer_stop(&m->retry);
+    /* The coordinator's heartbeat settings win: it drops members by its own timeout. */
+    uint64_t iv = msg->u.welcome.heartbeat_interval_ms;
+    uint64_t to = msg->u.welcome.heartbeat_timeout_ms;
+    if (iv && to > iv &&
+        (iv != m->cfg.heartbeat_interval_ms || to != m->cfg.heartbeat_timeout_ms)) {
+        gang_warn("member: adopting the coordinator's heartbeat settings %llu/%llu ms "
+                  "(configured here: %llu/%llu ms)", (unsigned long long)iv,
+                  (unsigned long long)to, (unsigned long long)m->cfg.heartbeat_interval_ms,
+                  (unsigned long long)m->cfg.heartbeat_timeout_ms);
+        m->cfg.heartbeat_interval_ms = iv;
+        m->cfg.heartbeat_timeout_ms = to;
+        uv_timer_start(&m->beat, on_beat, iv, iv);
+    }
     m->failed_attempts = 0;
     gang_backoff_reset(&m->backoff);
     m->connected_since_ms = gang_now_ms();
