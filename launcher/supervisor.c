@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,37 +307,56 @@ static void on_exit_cb(uv_process_t *proc, int64_t status, int sig)
     uv_close((uv_handle_t *)proc, on_proc_closed);
 }
 
+/* An argv under construction: pointers into one flat store. */
+typedef struct argv_builder {
+    char **argv;
+    size_t argc;
+    char *store;
+    size_t used, cap;
+} argv_builder;
+
+/* Appends one formatted argument; GANG_ERANGE when the store or argv is full. */
+static int push_arg(argv_builder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int push_arg(argv_builder *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->store + b->used, b->cap - b->used, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= b->cap - b->used || b->argc + 2 >= ARGV_MAX)
+        return GANG_ERANGE;
+    b->argv[b->argc++] = b->store + b->used;
+    b->argv[b->argc] = NULL;
+    b->used += (size_t)n + 1;
+    return 0;
+}
+
 /* Builds "--flag=value" for every registered parameter so the worker sees what we see. */
 static int build_argv(gang_sup *s, wslot *w, char **argv, char *store, size_t cap)
 {
-    size_t used = 0, argc = 0, count = 0;
+    argv_builder b = {.argv = argv, .store = store, .cap = cap};
+    size_t count = 0;
     const gang_param_info *reg = gang_params_registry(&count);
-#define PUSH(...)                                                                          \
-    do {                                                                                   \
-        int n_ = snprintf(store + used, cap - used, __VA_ARGS__);                          \
-        if (n_ < 0 || (size_t)n_ >= cap - used || argc + 2 >= ARGV_MAX)                     \
-            return GANG_ERANGE;                                                            \
-        argv[argc++] = store + used;                                                       \
-        used += (size_t)n_ + 1;                                                            \
-    } while (0)
-    PUSH("%s", s->exe);
-    PUSH("worker");
-    PUSH("--agent-socket=%s", s->path);
-    PUSH("--local-rank=%u", w->local_rank);
-    for (size_t i = 0; i < count; i++) {
+    int rc = push_arg(&b, "%s", s->exe);
+    if (rc == 0)
+        rc = push_arg(&b, "worker");
+    if (rc == 0)
+        rc = push_arg(&b, "--agent-socket=%s", s->path);
+    if (rc == 0)
+        rc = push_arg(&b, "--local-rank=%u", w->local_rank);
+    for (size_t i = 0; i < count && rc == 0; i++) {
         const char *base = (const char *)&s->p + reg[i].offset;
         if (strcmp(reg[i].flag, "local") == 0 || strcmp(reg[i].flag, "check-config") == 0)
             continue;
         if (reg[i].type == GANG_PARAM_INT)
-            PUSH("--%s=%lld", reg[i].flag, (long long)*(const int64_t *)(const void *)base);
+            rc = push_arg(&b, "--%s=%lld", reg[i].flag,
+                          (long long)*(const int64_t *)(const void *)base);
         else if (reg[i].type == GANG_PARAM_BOOL)
-            PUSH("--%s=%d", reg[i].flag, *(const int *)(const void *)base);
+            rc = push_arg(&b, "--%s=%d", reg[i].flag, *(const int *)(const void *)base);
         else
-            PUSH("--%s=%s", reg[i].flag, base);
+            rc = push_arg(&b, "--%s=%s", reg[i].flag, base);
     }
-#undef PUSH
-    argv[argc] = NULL;
-    return 0;
+    return rc;
 }
 
 static void spawn_worker(wslot *w)
