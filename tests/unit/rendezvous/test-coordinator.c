@@ -1734,6 +1734,196 @@ static void test_member_handshake_deadline(void **state)
     assert_int_equal(a->aborts, 0);
 }
 
+/* ---------------------------------------------------------------------------------
+ * 18. A member adopts the coordinator's heartbeat settings
+ *
+ * The coordinator drops members by its own heartbeat timeout, so WELCOME's interval and
+ * timeout win over the member's configuration. Members configured with 1000/5000 ms send
+ * a heartbeat right after WELCOME and after READY, then only every interval: were the
+ * settings not adopted, the coordinator (20/200 ms) would drop them 200 ms into SERVING,
+ * and a member would notice a silent coordinator only after 5 s.
+ * --------------------------------------------------------------------------------- */
+
+#define SLOW_HEARTBEAT_MS 1000u
+#define SLOW_TIMEOUT_MS 5000u
+
+/* Agent *arg has seen an abort. */
+static int pred_agent_aborted(test_env *e, const void *arg)
+{
+    (void)e;
+    return ((const agent *)arg)->aborts > 0;
+}
+
+/* Drains a played coordinator's inbox: at least 5 heartbeats from the member since reset. */
+static int pred_raw_five_heartbeats(test_env *e, const void *arg)
+{
+    raw_peer *p = (raw_peer *)(uintptr_t)arg;
+
+    (void)e;
+    while (raw_next(p)) {
+        if (p->msg->type != GANG_MSG_HEARTBEAT)
+            fail_msg("raw peer: expected heartbeats only, got message type %u", p->msg->type);
+        p->heartbeats++;
+    }
+    return p->heartbeats >= 5;
+}
+
+static void slow_member_config(test_env *e, uint32_t node, gang_member_config *mc)
+{
+    default_member_config(e, node, mc);
+    mc->heartbeat_interval_ms = SLOW_HEARTBEAT_MS;
+    mc->heartbeat_timeout_ms = SLOW_TIMEOUT_MS;
+}
+
+static void test_member_adopts_heartbeat(void **state)
+{
+    test_env *e = *state;
+    gang_member_config mc;
+    gang_coord_status st;
+    raw_peer *p;
+    gang_msg *out;
+    agent *a;
+    uint64_t gen = 1, silent_since;
+    int lfd;
+
+    /* The real coordinator: members with the slow beat stay well past 3x its timeout. */
+    start_coord(e);
+    for (uint32_t n = 0; n < NNODES; n++) {
+        slow_member_config(e, n, &mc);
+        start_agent_with(e, (int)n, &mc, 1);
+    }
+    wait_serving(e, 1);
+    run_holding(e, TIMEOUT_MS * 3 + 50, pred_still_serving, &gen,
+                "members configured with a slower beat stay in the gang");
+    st = coord_status(e);
+    assert_int_equal(st.restarts_total, 0);
+    assert_int_equal(st.members, NNODES);
+    for (uint32_t r = 0; r < st.world_size; r++)
+        assert_true(st.ranks[r].heartbeat_age_ms < TIMEOUT_MS);
+    check_started(e, 1, 1);
+    for (int i = 0; i < (int)NNODES; i++) {
+        gang_member_status ms = member_status(&e->agents[i]);
+        assert_int_equal(e->agents[i].aborts, 0);
+        assert_int_equal(ms.connected, 1);
+        assert_int_equal(ms.reconnects, 0);
+    }
+
+    /*
+     * A played coordinator: another slow member heartbeats at WELCOME's interval and gives
+     * up on the coordinator's silence after WELCOME's timeout, not its own 5 s.
+     */
+    lfd = listen_local(e, 0);
+    slow_member_config(e, 1, &mc);
+    a = start_agent_with(e, 3, &mc, 0);
+    p = raw_accept(e, lfd);
+    send_challenge(p);
+    raw_expect(e, p, GANG_MSG_JOIN);
+    out = raw_out(GANG_MSG_WELCOME, 0);
+    out->u.welcome.heartbeat_interval_ms = HEARTBEAT_MS;
+    out->u.welcome.heartbeat_timeout_ms = TIMEOUT_MS;
+    raw_send_msg(p, out);
+    p->plays_coordinator = 1;
+    p->hb_state = GANG_STATE_WAITING;
+    p->alive = 1;
+    e->pump = raw_pump;
+    raw_expect(e, p, GANG_MSG_REJOIN);
+    p->heartbeats = 0;
+    run_until(e, pred_raw_five_heartbeats, p, 500, "the member heartbeats every 20 ms");
+
+    p->alive = 0;
+    silent_since = p->last_tx_ms;
+    run_until(e, pred_agent_aborted, a, TIMEOUT_MS + 500,
+              "the member gives up on a silent coordinator after 200 ms");
+    assert_true(gang_now_ms() - silent_since >= TIMEOUT_MS);
+    assert_int_equal(a->abort_code, GANG_ECLOSED);
+    assert_int_equal(a->abort_rank, -1);
+    assert_int_equal(member_status(a).reconnects, 1);
+}
+
+/* ---------------------------------------------------------------------------------
+ * 19. A member that does not rejoin after an abort is dropped
+ *
+ * Node 2 is a raw member that heartbeats (so the silence timeout never drops it) but never
+ * sends REJOIN after the abort. The coordinator hangs up on it once start_timeout has
+ * passed since the abort, not before; the real members, which rejoined, stay; and a fresh
+ * member for node 2 lets the gang re-form in generation 2 without spending another restart.
+ * --------------------------------------------------------------------------------- */
+
+#define REJOIN_TIMEOUT_MS 300u
+
+/* ABORTING generation 1 with every node still a member and raw peer *arg still connected. */
+static int pred_waiting_for_rejoin(test_env *e, const void *arg)
+{
+    const raw_peer *p = arg;
+    gang_coord_status st = coord_status(e);
+
+    return st.state == GANG_STATE_ABORTING && st.generation == 1 && st.members == NNODES &&
+           !p->closed;
+}
+
+static void test_no_rejoin_dropped(void **state)
+{
+    test_env *e = *state;
+    raw_peer *p;
+    agent *fresh;
+    gang_msg *out;
+    gang_coord_status st;
+    uint32_t two = NNODES - 1;
+    uint64_t aborted_at, hold_until, dropped_after;
+
+    e->ccfg.start_timeout_ms = REJOIN_TIMEOUT_MS;
+    start_coord(e);
+    start_member(e, 0, 0);
+    start_member(e, 1, 1);
+    p = raw_connect(e);
+    raw_member_join(e, p, 2);
+    raw_expect(e, p, GANG_MSG_WELCOME);
+    out = raw_out(GANG_MSG_REJOIN, 0);
+    out->u.rejoin.node_index = 2;
+    raw_send_msg(p, out);
+    p->alive = 1;
+    e->pump = raw_pump;
+    wait_serving(e, 1);
+    assert_int_equal(p->start_gen, 1);
+
+    /* Node 1 reports a failure; nodes 0 and 1 abort and rejoin, node 2 only heartbeats. */
+    aborted_at = gang_now_ms();
+    assert_int_equal(gang_member_report_failure(e->agents[1].m, 1, 2, GANG_EIO, "crash"), 0);
+    wait_all_aborted(e, 1);
+    hold_until = aborted_at + REJOIN_TIMEOUT_MS - 60;
+    assert_true(gang_now_ms() < hold_until);
+    run_holding(e, hold_until - gang_now_ms(), pred_waiting_for_rejoin, p,
+                "node 2 keeps its slot until the rejoin deadline");
+    run_until(e, pred_raw_peer_closed, p, 500, "the coordinator drops node 2");
+    dropped_after = p->closed_ms - aborted_at;
+    print_message("node 2 dropped %llu ms after the abort\n", (unsigned long long)dropped_after);
+    assert_true(dropped_after >= REJOIN_TIMEOUT_MS);
+    assert_true(dropped_after < REJOIN_TIMEOUT_MS + 500);
+
+    /* The drop is no new failure: no restart spent, no second abort, nothing starts. */
+    run_until(e, pred_members, &two, WAIT_MS, "node 2 has left");
+    run_holding(e, 50, pred_not_started, NULL, "no generation starts without node 2");
+    st = coord_status(e);
+    assert_int_equal(st.restarts_total, 1);
+    assert_string_equal(st.last_failure, "crash");
+    for (int i = 0; i < 2; i++) {
+        gang_member_status ms = member_status(&e->agents[i]);
+        assert_int_equal(e->agents[i].aborts, 1);
+        assert_int_equal(ms.connected, 1);
+        assert_int_equal(ms.reconnects, 0);
+    }
+
+    fresh = start_member(e, 2, 2);
+    wait_serving(e, 2);
+    assert_int_equal(e->agents[0].starts, 2);
+    assert_int_equal(e->agents[1].starts, 2);
+    assert_int_equal(fresh->starts, 1);
+    st = coord_status(e);
+    assert_int_equal(st.members, NNODES);
+    assert_int_equal(st.restarts_total, 1);
+    assert_string_equal(fresh->blob, "blob-2");
+}
+
 int gang_test_coordinator(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1754,6 +1944,8 @@ int gang_test_coordinator(void)
         cmocka_unit_test_setup_teardown(test_member_fencing, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_member_refuses_impostor, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_member_handshake_deadline, env_setup, env_teardown),
+        cmocka_unit_test_setup_teardown(test_member_adopts_heartbeat, env_setup, env_teardown),
+        cmocka_unit_test_setup_teardown(test_no_rejoin_dropped, env_setup, env_teardown),
     };
 
     /* A peer that hangs up while we write must be an error value, not a signal. */

@@ -1,0 +1,199 @@
+/*
+ * ganglion parallel module: the gang topology (which rank does what) and, later, the
+ * communicator front, the tensor-parallel layers and the pipeline schedule.
+ *
+ * No CUDA, NCCL, MPI or libuv types appear here. Everything in the topology part is pure
+ * arithmetic on plain structs: it allocates nothing, keeps no global state and is safe to
+ * call from any thread, as long as a gang_topology is not written while it is read.
+ */
+#ifndef GANGLION_PARALLEL_H
+#define GANGLION_PARALLEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/common.h"
+
+/* =================================================================================
+ * Topology: rank numbering
+ *
+ * The gang has world = nnodes x nproc_per_node ranks. Ranks are numbered node by node:
+ *
+ *     rank = node x nproc_per_node + local_rank
+ *
+ * and the world is cut into pp pipeline stages of tp ranks each:
+ *
+ *     pp_stage = rank / tp          tp_rank = rank % tp
+ *
+ * so a tensor-parallel group is tp consecutive ranks. Tensor parallelism all-reduces
+ * twice per layer and wants NVLink, so a TP group must sit on one node: tp must divide
+ * nproc_per_node. allow_cross_node_tp lifts that rule for tests and for odd clusters;
+ * the numbering does not change, a group then simply straddles a node boundary.
+ * Pipeline stages exchange only one activation tensor per microbatch, so they may (and
+ * on multi-node gangs usually do) span nodes: with nproc_per_node = tp, stage i is node i.
+ *
+ * Pipeline neighbours keep their tp_rank: rank r of stage s sends its activations to
+ * rank r + tp (same tp_rank, stage s + 1), so every TP rank has its own point-to-point
+ * link and no stage has to gather before sending.
+ *
+ * =================================================================================
+ * Topology: the Megatron split of a transformer layer across a TP group
+ *
+ * A linear layer Y = X W can be split two ways across tp ranks:
+ *
+ *   column-parallel  W = [W_0 | W_1 | ... ]  (split by output columns). Rank r computes
+ *                    Y_r = X W_r, a slice of the output columns. It needs the full
+ *                    input X and produces a sharded output; no communication.
+ *   row-parallel     W = [W_0 ; W_1 ; ... ]  (split by input rows). Rank r computes the
+ *                    partial product P_r = X_r W_r from its slice X_r of the input
+ *                    columns; Y = sum_r P_r, which is one all-reduce of a full-size Y.
+ *
+ * Megatron-LM chains the two so that the sharded output of the first is exactly the
+ * sharded input of the second, with anything elementwise in between done locally:
+ *
+ *   MLP        gate and up projections (hidden x ffn) are column-parallel over the ffn
+ *              columns [ffn_first, ffn_first + ffn_count); SiLU(gate) * up is elementwise
+ *              so it runs on the local columns; the down projection (ffn x hidden) is
+ *              row-parallel over the SAME rows [ffn_first, ffn_first + ffn_count); one
+ *              all-reduce of the (tokens x hidden) output.
+ *   attention  Q, K and V projections are column-parallel by heads: rank r holds the
+ *              query heads [head_first, head_first + head_count) and the key/value heads
+ *              [kv_head_first, kv_head_first + kv_head_count), each head being head_dim
+ *              consecutive columns. Attention is per head, so it runs locally. The output
+ *              projection is row-parallel over the rows of the local query heads,
+ *              [head_first x head_dim, (head_first + head_count) x head_dim); one
+ *              all-reduce.
+ *
+ * So a layer costs two all-reduces in the forward pass and nothing else. Grouped-query
+ * attention: query head h reads key/value head h / (n_heads / n_kv_heads). When
+ * tp <= n_kv_heads the kv heads are split like the query heads (tp must divide
+ * n_kv_heads). When tp > n_kv_heads there are not enough kv heads to go round: each kv
+ * head is replicated on kv_replicas = tp / n_kv_heads consecutive ranks, rank r holding
+ * kv head r / kv_replicas (tp must be a multiple of n_kv_heads). In both cases the query
+ * heads of a rank read only kv heads the rank holds, so attention never communicates.
+ *
+ * The LM head (hidden x vocab) may be column-parallel over the vocabulary; rank r then
+ * produces the logits of [vocab_first, vocab_first + vocab_count) and the caller gathers
+ * them (or reduces a local argmax). The vocabulary need not divide by tp: the first
+ * vocab % tp ranks hold one extra entry. Callers that keep the LM head whole on every
+ * rank simply ignore the vocab range.
+ * ================================================================================= */
+
+/* Upper bound on the world size; keeps every rank representable in an int32_t. */
+#define GANG_TOPOLOGY_MAX_WORLD 65536
+
+/*
+ * What the caller asks for. Fields are signed so that a negative value coming from a
+ * flag or a config file is reported as such rather than wrapped into a huge unsigned one.
+ */
+typedef struct gang_topology_config {
+    int32_t nnodes;              /* nodes (Pods) in the gang, >= 1 */
+    int32_t nproc_per_node;      /* ranks (GPUs) per node, >= 1 */
+    int32_t tp;                  /* tensor-parallel degree, >= 1 */
+    int32_t pp;                  /* pipeline-parallel degree, >= 1 */
+    int32_t allow_cross_node_tp; /* 0 or 1: let a TP group straddle a node boundary */
+    int32_t n_layers;            /* transformer layers, >= pp */
+    int32_t n_heads;             /* query heads, divisible by tp and by n_kv_heads */
+    int32_t n_kv_heads;          /* key/value heads (GQA); == n_heads without GQA */
+    int32_t ffn;                 /* MLP intermediate size, divisible by tp */
+    int32_t hidden;              /* model width, divisible by n_heads (head_dim) */
+    int32_t vocab;               /* vocabulary size, >= tp */
+} gang_topology_config;
+
+/* A validated layout. Plain value type: copy it freely; it owns nothing. */
+typedef struct gang_topology {
+    uint32_t nnodes;            /* as configured */
+    uint32_t nproc_per_node;    /* as configured */
+    uint32_t world_size;        /* nnodes x nproc_per_node == tp x pp */
+    uint32_t tp;                /* ranks per TP group */
+    uint32_t pp;                /* pipeline stages */
+    uint32_t tp_cross_node;     /* 1 when TP groups straddle nodes (only if allowed) */
+    uint32_t n_layers;          /* as configured */
+    uint32_t n_heads;           /* as configured */
+    uint32_t n_kv_heads;        /* as configured */
+    uint32_t ffn;               /* as configured */
+    uint32_t hidden;            /* as configured */
+    uint32_t vocab;             /* as configured */
+    uint32_t head_dim;          /* hidden / n_heads */
+    uint32_t heads_per_rank;    /* n_heads / tp */
+    uint32_t kv_heads_per_rank; /* n_kv_heads / tp, or 1 when kv heads are replicated */
+    uint32_t kv_replicas;       /* ranks holding each kv head: tp / n_kv_heads, or 1 */
+    uint32_t ffn_per_rank;      /* ffn / tp */
+} gang_topology;
+
+/* Where one rank sits in the gang. */
+typedef struct gang_rank_place {
+    uint32_t rank;                /* global rank */
+    uint32_t node;                /* rank / nproc_per_node */
+    uint32_t local_rank;          /* rank % nproc_per_node */
+    uint32_t pp_stage;            /* rank / tp */
+    uint32_t tp_rank;             /* rank % tp */
+    uint32_t tp_group_first_rank; /* the TP group is [first, first + tp) */
+    int32_t pp_prev_rank;         /* same tp_rank in stage - 1, or -1 on the first stage */
+    int32_t pp_next_rank;         /* same tp_rank in stage + 1, or -1 on the last stage */
+} gang_rank_place;
+
+/* What one TP rank holds of every layer (see the Megatron block above). */
+typedef struct gang_tp_shard {
+    uint32_t tp_rank;       /* the rank within its TP group this shard belongs to */
+    uint32_t head_first;    /* query heads [head_first, head_first + head_count) */
+    uint32_t head_count;    /* n_heads / tp */
+    uint32_t kv_head_first; /* kv heads [kv_head_first, kv_head_first + kv_head_count) */
+    uint32_t kv_head_count; /* n_kv_heads / tp, or 1 when replicated */
+    uint32_t kv_replicas;   /* TP ranks that hold the same kv heads (1 = no replication) */
+    uint32_t ffn_first;     /* gate/up columns and down rows [ffn_first, +ffn_count) */
+    uint32_t ffn_count;     /* ffn / tp */
+    uint32_t vocab_first;   /* LM-head columns [vocab_first, vocab_first + vocab_count) */
+    uint32_t vocab_count;   /* vocab / tp, plus one on the first vocab % tp ranks */
+} gang_tp_shard;
+
+/*
+ * Validates cfg and fills *t. Refuses, with GANG_EUSAGE and a one-line message in err
+ * that names the offending values: a field that is zero or negative (allow_cross_node_tp
+ * not 0 or 1); a world size above GANG_TOPOLOGY_MAX_WORLD; tp x pp different from
+ * nnodes x nproc_per_node; a TP group spanning nodes (tp > nproc_per_node or
+ * nproc_per_node % tp != 0) unless allow_cross_node_tp; pp > n_layers; n_heads not
+ * divisible by n_kv_heads; n_heads not divisible by tp; n_kv_heads not divisible by tp
+ * while tp is not a multiple of n_kv_heads; ffn not divisible by tp; hidden not
+ * divisible by n_heads; vocab < tp. Returns GANG_EINVAL if cfg or t is NULL.
+ * err may be NULL or errlen 0 to skip the message; it is always NUL-terminated otherwise
+ * (empty on success). *t is written only on success.
+ */
+int gang_topology_init(const gang_topology_config *cfg, gang_topology *t, char *err, size_t errlen);
+
+/*
+ * Fills *out with where global rank `rank` sits: node, local rank, pp stage, tp rank, the
+ * first rank of its TP group and its pipeline neighbours. Returns 0, or GANG_EINVAL if a
+ * pointer is NULL or rank >= t->world_size (then *out is untouched).
+ */
+int gang_topology_rank(const gang_topology *t, uint32_t rank, gang_rank_place *out);
+
+/*
+ * The global rank at (pp_stage, tp_rank): pp_stage x tp + tp_rank. Returns 0, or
+ * GANG_EINVAL if a pointer is NULL or either index is out of range.
+ */
+int gang_topology_rank_at(const gang_topology *t, uint32_t pp_stage, uint32_t tp_rank,
+                          uint32_t *rank);
+
+/*
+ * The layers of pipeline stage `stage`: [*first, *first + *count). Uneven split rule:
+ * every stage gets n_layers / pp layers and the FIRST n_layers % pp stages get one more,
+ * so stages are contiguous, in order, cover [0, n_layers) exactly and differ by at most
+ * one layer (the earlier stages also run the embedding, the last one the LM head, which
+ * roughly balances the extra layer). Every stage has at least one layer because
+ * pp <= n_layers. Returns 0, or GANG_EINVAL if a pointer is NULL or stage >= pp.
+ */
+int gang_topology_stage_layers(const gang_topology *t, uint32_t stage, uint32_t *first,
+                               uint32_t *count);
+
+/*
+ * The shard of every layer held by TP rank `tp_rank` (0 <= tp_rank < tp): query heads,
+ * key/value heads (replicated when tp > n_kv_heads, see above), ffn columns of the
+ * column-parallel gate/up projections which are also the rows of the row-parallel down
+ * projection, and the LM-head vocabulary range. The shards of ranks 0..tp-1 partition
+ * the query heads, the ffn width and the vocabulary in rank order. Returns 0, or
+ * GANG_EINVAL if a pointer is NULL or tp_rank >= tp.
+ */
+int gang_topology_tp_shard(const gang_topology *t, uint32_t tp_rank, gang_tp_shard *out);
+
+#endif /* GANGLION_PARALLEL_H */

@@ -1,0 +1,291 @@
+/*
+ * CPU backend: element-wise and row-wise operations (RMSNorm, RoPE, softmax, SiLU.mul,
+ * embedding lookup, residual add, argmax) and the host dtype conversions.
+ *
+ * These are memory-bound loops; they favour clarity and accuracy (double accumulators
+ * where a sum runs over a whole row) over vectorisation tricks.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+
+int gang__cpu_rmsnorm(const float *x, const float *w, float eps, size_t rows, size_t dim,
+                      float *out)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *orow = out + r * dim;
+        double ss = 0.0;
+
+        /* Summing squares in float loses about log2(dim) bits on wide rows; double keeps
+         * the scale exact to f32 precision for any realistic hidden size. */
+        for (size_t i = 0; i < dim; i++)
+            ss += (double)xr[i] * (double)xr[i];
+        double scale = 1.0 / sqrt(ss / (double)dim + (double)eps);
+        /* Reading xr[i] and writing orow[i] in the same iteration keeps out == x safe. */
+        for (size_t i = 0; i < dim; i++)
+            orow[i] = (float)((double)xr[i] * scale) * w[i];
+    }
+    return 0;
+}
+
+/*
+ * RoPE, rotate_half convention. The angle for pair i of a token depends only on its
+ * position, so the cos/sin table of one token is computed once and applied to every head.
+ */
+int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t heads,
+                   size_t head_dim, float theta)
+{
+    size_t half = head_dim / 2;
+    int rc = 0;
+    double *inv_freq = malloc(half * sizeof(*inv_freq));
+    double *cs = malloc(2 * half * sizeof(*cs));
+
+    if (inv_freq == NULL || cs == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_free;
+    }
+    for (size_t i = 0; i < half; i++)
+        inv_freq[i] = pow((double)theta, -(double)(2 * i) / (double)head_dim);
+
+    for (size_t t = 0; t < tokens; t++) {
+        double pos = (double)positions[t];
+
+        for (size_t i = 0; i < half; i++) {
+            double angle = pos * inv_freq[i];
+            cs[2 * i] = cos(angle);
+            cs[2 * i + 1] = sin(angle);
+        }
+        for (size_t h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * head_dim;
+
+            for (size_t i = 0; i < half; i++) {
+                double x0 = v[i], x1 = v[i + half];
+                double c = cs[2 * i], s = cs[2 * i + 1];
+                v[i] = (float)(x0 * c - x1 * s);
+                v[i + half] = (float)(x1 * c + x0 * s);
+            }
+        }
+    }
+
+out_free:
+    free(cs);
+    free(inv_freq);
+    return rc;
+}
+
+int gang__cpu_softmax(float *x, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++) {
+        float *row = x + r * cols;
+        float max = -INFINITY;
+        double sum = 0.0;
+
+        for (size_t i = 0; i < cols; i++)
+            if (row[i] > max)
+                max = row[i];
+        /* A fully masked row has no meaningful distribution; zeros keep NaN from
+         * spreading into whatever consumes it. */
+        if (max == -INFINITY) {
+            memset(row, 0, cols * sizeof(*row));
+            continue;
+        }
+        /* Subtracting the maximum keeps every exponent <= 0, so nothing overflows. */
+        for (size_t i = 0; i < cols; i++) {
+            float e = expf(row[i] - max);
+            row[i] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (size_t i = 0; i < cols; i++)
+            row[i] *= inv;
+    }
+    return 0;
+}
+
+int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        /* For very negative g, expf(-g) is +inf and g / inf is -0: the correct limit. */
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+    return 0;
+}
+
+int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,
+                        size_t n_ids, float *out)
+{
+    /* Check every id first so that a bad one leaves out untouched (no partial output). */
+    for (size_t t = 0; t < n_ids; t++)
+        if (ids[t] < 0 || (size_t)ids[t] >= vocab)
+            return GANG_EINVAL;
+    for (size_t t = 0; t < n_ids; t++)
+        memcpy(out + t * dim, table + (size_t)ids[t] * dim, dim * sizeof(*out));
+    return 0;
+}
+
+int gang__cpu_add(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+    return 0;
+}
+
+int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *row = x + r * cols;
+        size_t best = 0;
+        int found = 0;
+
+        /* A strict ">" keeps the lowest index on ties; NaN never compares greater. */
+        for (size_t i = 0; i < cols; i++) {
+            if (isnan(row[i]))
+                continue;
+            if (!found || row[i] > row[best]) {
+                best = i;
+                found = 1;
+            }
+        }
+        out[r] = (int32_t)best;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Dtype conversions. Bit-level code instead of _Float16 / __bf16 so that the result is
+ * the same with every compiler and every target, and so the rounding is explicit.
+ * --------------------------------------------------------------------------------- */
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+float gang_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+
+    if (exp == 0) {
+        if (mant == 0)
+            return f32_from_bits(sign);
+        /* Subnormal half: shift the mantissa up until its implicit bit appears, lowering
+         * the exponent once per shift; every f16 subnormal is a normal f32. */
+        exp = 127 - 15 + 1;
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            exp--;
+        }
+        mant &= 0x3ffu;
+        return f32_from_bits(sign | (exp << 23) | (mant << 13));
+    }
+    if (exp == 31)
+        return f32_from_bits(sign | 0x7f800000u | (mant << 13));
+    return f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}
+
+/*
+ * f32 -> f16, round to nearest, ties to even. Three ranges:
+ *  - |x| >= 65520 (half-way between the largest half, 65504, and 2^16) rounds to infinity;
+ *  - normal halves: rebias the exponent, then add 0xfff plus the lowest kept bit so that a
+ *    tie rounds towards an even mantissa; a mantissa carry moves into the exponent, which
+ *    is the right result;
+ *  - subnormal halves (|x| < 2^-14): shift the full mantissa right and round by hand.
+ */
+uint16_t gang_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) /* NaN: keep the top payload bits and force the quiet bit */
+        return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (x >= 0x38800000u) {
+        x -= (uint32_t)(127 - 15) << 23;
+        x += 0xfffu + ((x >> 13) & 1u);
+        return (uint16_t)(sign | (x >> 13));
+    }
+    /* 2^-25 is half the smallest subnormal; at or below it the tie goes to even zero. */
+    if (x <= 0x33000000u)
+        return sign;
+    uint32_t exp = x >> 23;
+    uint32_t mant = (x & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - exp; /* 14 .. 24 in this range */
+    uint32_t r = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1u);
+    uint32_t halfway = 1u << (shift - 1);
+
+    if (rem > halfway || (rem == halfway && (r & 1u)))
+        r++;
+    return (uint16_t)(sign | r);
+}
+
+float gang_bf16_to_f32(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+/* f32 -> bf16: bf16 is the top half of an f32, so rounding is adding 0x7fff plus the lowest
+ * kept bit (ties to even) before truncating; an overflow of the mantissa correctly carries
+ * into the exponent, up to infinity. NaN is handled first so the addition cannot turn it
+ * into infinity. */
+uint16_t gang_f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x0040u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+int gang_f16_to_f32_array(const uint16_t *src, float *dst, size_t n)
+{
+    if (n > 0 && (src == NULL || dst == NULL))
+        return GANG_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gang_f16_to_f32(src[i]);
+    return 0;
+}
+
+int gang_f32_to_f16_array(const float *src, uint16_t *dst, size_t n)
+{
+    if (n > 0 && (src == NULL || dst == NULL))
+        return GANG_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gang_f32_to_f16(src[i]);
+    return 0;
+}
+
+int gang_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n)
+{
+    if (n > 0 && (src == NULL || dst == NULL))
+        return GANG_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gang_bf16_to_f32(src[i]);
+    return 0;
+}
+
+int gang_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n)
+{
+    if (n > 0 && (src == NULL || dst == NULL))
+        return GANG_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gang_f32_to_bf16(src[i]);
+    return 0;
+}

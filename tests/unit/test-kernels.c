@@ -1,0 +1,842 @@
+/*
+ * cmocka tests of the kernels module: every CPU operation against a naive reference written
+ * here (double accumulation, no shared code with the backend) on random inputs of odd
+ * sizes, plus hand-computed cases, causality and GQA checks, the dtype conversions and the
+ * error paths of the front.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ganglion/common.h"
+#include "ganglion/kernels.h"
+
+static const size_t sizes[] = {1, 3, 17, 64, 129};
+#define N_SIZES (sizeof(sizes) / sizeof(sizes[0]))
+
+/* ---------------------------------------------------------------------------------
+ * Helpers.
+ * --------------------------------------------------------------------------------- */
+
+/* xorshift64*: deterministic across runs and platforms, so a failure reproduces. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
+    return (float)((double)(r >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static float *rnd_buf(size_t n, float scale)
+{
+    float *p = malloc(n * sizeof(*p));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = rnd() * scale;
+    return p;
+}
+
+/* Mixed tolerance: relative for large values, absolute (scaled by 1) near zero, where a
+ * relative error is meaningless. */
+static void assert_close(const float *got, const double *ref, size_t n, double tol,
+                         const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]);
+        double lim = tol * fmax(1.0, fabs(ref[i]));
+        if (!(err <= lim))
+            fail_msg("%s: element %zu is %.9g, reference %.9g (error %.3g > %.3g)", what, i,
+                     (double)got[i], ref[i], err, lim);
+    }
+}
+
+static double *dbuf(size_t n)
+{
+    double *p = calloc(n, sizeof(*p));
+    assert_non_null(p);
+    return p;
+}
+
+static int setup(void **state)
+{
+    gang_kernels *k = NULL;
+    if (gang_kernels_open("cpu", &k) != 0)
+        return -1;
+    *state = k;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    gang_kernels_close(*state);
+    return 0;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Handle and registration.
+ * --------------------------------------------------------------------------------- */
+static void test_open_names(void **state)
+{
+    (void)state;
+    gang_kernels *k = NULL;
+
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_non_null(k);
+    assert_string_equal(gang_kernels_name(k), "cpu");
+    gang_kernels_close(k);
+
+    assert_int_equal(gang_kernels_open("auto", &k), 0);
+    assert_string_equal(gang_kernels_name(k), "cpu");
+    gang_kernels_close(k);
+
+    k = (gang_kernels *)&rng_state; /* must be reset to NULL on error */
+    assert_int_equal(gang_kernels_open("tpu", &k), GANG_EINVAL);
+    assert_null(k);
+    assert_int_equal(gang_kernels_open(NULL, &k), GANG_EINVAL);
+    assert_int_equal(gang_kernels_open("cpu", NULL), GANG_EINVAL);
+    assert_string_equal(gang_kernels_name(NULL), "?");
+    gang_kernels_close(NULL);
+}
+
+/* "cuda" is not built: GANG_ENOSYS, no handle, and a log line that names the device and
+ * says why, so an operator who asked for --device cuda knows what happened. */
+static void test_cuda_not_built(void **state)
+{
+    (void)state;
+    gang_kernels *k = (gang_kernels *)&rng_state;
+    int fds[2];
+    char buf[1024];
+
+    assert_int_equal(pipe(fds), 0);
+    gang_log_set_fd(fds[1]);
+    int rc = gang_kernels_open("cuda", &k);
+    gang_log_set_fd(2);
+    close(fds[1]);
+    ssize_t len = read(fds[0], buf, sizeof(buf) - 1);
+    close(fds[0]);
+
+    assert_int_equal(rc, GANG_ENOSYS);
+    assert_null(k);
+    assert_true(len > 0);
+    buf[len] = '\0';
+    assert_non_null(strstr(buf, "'cuda'"));
+    assert_non_null(strstr(buf, "not built into this binary"));
+    assert_non_null(strstr(buf, "GANG_ENOSYS"));
+}
+
+/* ---------------------------------------------------------------------------------
+ * GEMM.
+ * --------------------------------------------------------------------------------- */
+static void ref_gemm(int trans_b, size_t m, size_t n, size_t kd, double alpha, const float *a,
+                     const float *b, double beta, const float *c0, double *ref)
+{
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < n; j++) {
+            double s = 0.0;
+            for (size_t p = 0; p < kd; p++) {
+                double bv = trans_b ? b[j * kd + p] : b[p * n + j];
+                s += (double)a[i * kd + p] * bv;
+            }
+            ref[i * n + j] = alpha * s + (c0 ? beta * c0[i * n + j] : 0.0);
+        }
+    }
+}
+
+static void test_gemm(void **state)
+{
+    gang_kernels *k = *state;
+    char what[96];
+
+    for (size_t im = 0; im < N_SIZES; im++) {
+        for (size_t in = 0; in < N_SIZES; in++) {
+            for (size_t ik = 0; ik < N_SIZES; ik++) {
+                size_t m = sizes[im], n = sizes[in], kd = sizes[ik];
+                float *a = rnd_buf(m * kd, 1.0f);
+                float *b = rnd_buf(kd * n, 1.0f);
+                float *c0 = rnd_buf(m * n, 1.0f);
+                float *c = malloc(m * n * sizeof(*c));
+                double *ref = dbuf(m * n);
+                assert_non_null(c);
+
+                for (int tb = 0; tb < 2; tb++) {
+                    /* beta != 0 accumulates into C. */
+                    memcpy(c, c0, m * n * sizeof(*c));
+                    assert_int_equal(
+                        gang_kernels_gemm(k, tb, m, n, kd, 0.75f, a, b, -0.5f, c), 0);
+                    ref_gemm(tb, m, n, kd, 0.75, a, b, -0.5, c0, ref);
+                    snprintf(what, sizeof(what), "gemm tb=%d m=%zu n=%zu k=%zu", tb, m, n, kd);
+                    assert_close(c, ref, m * n, 1e-4, what);
+
+                    /* beta == 0 must not read C: NaN there must not leak into the result. */
+                    for (size_t i = 0; i < m * n; i++)
+                        c[i] = NAN;
+                    assert_int_equal(gang_kernels_gemm(k, tb, m, n, kd, 1.0f, a, b, 0.0f, c),
+                                     0);
+                    ref_gemm(tb, m, n, kd, 1.0, a, b, 0.0, NULL, ref);
+                    assert_close(c, ref, m * n, 1e-4, what);
+                }
+                free(a), free(b), free(c0), free(c), free(ref);
+            }
+        }
+    }
+}
+
+/* A hand-checked case of the Hugging Face layout: y = x . W^T with W stored [out, in]. */
+static void test_gemm_hf_linear(void **state)
+{
+    gang_kernels *k = *state;
+    const float x[2 * 3] = {1, 2, 3, 4, 5, 6};        /* [tokens=2, in=3] */
+    const float w[2 * 3] = {1, 0, -1, 0.5f, 1, 0.5f}; /* [out=2, in=3] */
+    float y[4];
+
+    assert_int_equal(gang_kernels_gemm(k, 1, 2, 2, 3, 1.0f, x, w, 0.0f, y), 0);
+    assert_float_equal(y[0], -2.0f, 1e-6);
+    assert_float_equal(y[1], 4.0f, 1e-6);
+    assert_float_equal(y[2], -2.0f, 1e-6);
+    assert_float_equal(y[3], 10.0f, 1e-6);
+}
+
+/* ---------------------------------------------------------------------------------
+ * RMSNorm.
+ * --------------------------------------------------------------------------------- */
+static void test_rmsnorm(void **state)
+{
+    gang_kernels *k = *state;
+    const float scales[] = {1.0f, 1000.0f, 1e-3f};
+    char what[96];
+
+    for (size_t ir = 0; ir < N_SIZES; ir++) {
+        for (size_t id = 0; id < N_SIZES; id++) {
+            for (size_t is = 0; is < 3; is++) {
+                size_t rows = sizes[ir], dim = sizes[id];
+                float *x = rnd_buf(rows * dim, scales[is]);
+                float *w = rnd_buf(dim, 2.0f);
+                float *out = malloc(rows * dim * sizeof(*out));
+                double *ref = dbuf(rows * dim);
+                float eps = 1e-5f;
+                assert_non_null(out);
+
+                for (size_t r = 0; r < rows; r++) {
+                    double ss = 0.0;
+                    for (size_t i = 0; i < dim; i++)
+                        ss += (double)x[r * dim + i] * x[r * dim + i];
+                    double inv = 1.0 / sqrt(ss / (double)dim + eps);
+                    for (size_t i = 0; i < dim; i++)
+                        ref[r * dim + i] = x[r * dim + i] * inv * w[i];
+                }
+                snprintf(what, sizeof(what), "rmsnorm rows=%zu dim=%zu scale=%g", rows, dim,
+                         (double)scales[is]);
+                assert_int_equal(gang_kernels_rmsnorm(k, x, w, eps, rows, dim, out), 0);
+                assert_close(out, ref, rows * dim, 1e-5, what);
+                /* In place gives the same answer. */
+                assert_int_equal(gang_kernels_rmsnorm(k, x, w, eps, rows, dim, x), 0);
+                assert_close(x, ref, rows * dim, 1e-5, what);
+                free(x), free(w), free(out), free(ref);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------
+ * RoPE.
+ * --------------------------------------------------------------------------------- */
+static void ref_rope(const float *x, const int32_t *pos, size_t tokens, size_t heads,
+                     size_t hd, double theta, double *ref)
+{
+    size_t half = hd / 2;
+    for (size_t t = 0; t < tokens; t++) {
+        for (size_t h = 0; h < heads; h++) {
+            const float *v = x + (t * heads + h) * hd;
+            double *o = ref + (t * heads + h) * hd;
+            for (size_t i = 0; i < half; i++) {
+                double ang = pos[t] / pow(theta, (double)(2 * i) / (double)hd);
+                o[i] = v[i] * cos(ang) - v[i + half] * sin(ang);
+                o[i + half] = v[i + half] * cos(ang) + v[i] * sin(ang);
+            }
+        }
+    }
+}
+
+static void test_rope(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t head_dims[] = {2, 4, 64, 128};
+    char what[96];
+
+    for (size_t it = 0; it < N_SIZES; it++) {
+        for (size_t ih = 0; ih < 3; ih++) {
+            for (size_t id = 0; id < 4; id++) {
+                size_t tokens = sizes[it], heads = sizes[ih], hd = head_dims[id];
+                size_t n = tokens * heads * hd;
+                float *x = rnd_buf(n, 1.0f);
+                float *orig = malloc(n * sizeof(*orig));
+                int32_t *pos = malloc(tokens * sizeof(*pos));
+                double *ref = dbuf(n);
+                assert_non_null(orig);
+                assert_non_null(pos);
+                memcpy(orig, x, n * sizeof(*x));
+                for (size_t t = 0; t < tokens; t++)
+                    pos[t] = (int32_t)(t * 37 % 4099); /* out of order, up to 4098 */
+
+                ref_rope(orig, pos, tokens, heads, hd, 500000.0, ref);
+                assert_int_equal(gang_kernels_rope(k, x, pos, tokens, heads, hd, 500000.0f), 0);
+                snprintf(what, sizeof(what), "rope tokens=%zu heads=%zu hd=%zu", tokens, heads,
+                         hd);
+                assert_close(x, ref, n, 1e-5, what);
+                free(x), free(orig), free(pos), free(ref);
+            }
+        }
+    }
+}
+
+/* Hand-computed: head_dim 4, theta 10000, so the pair frequencies are 1 and 0.01. The pairs
+ * are (0,2) and (1,3) (rotate_half); the interleaved convention would give other numbers. */
+static void test_rope_hand(void **state)
+{
+    gang_kernels *k = *state;
+    float x[2 * 4] = {1, 2, 3, 4, 1, 2, 3, 4};
+    const int32_t pos[2] = {0, 1};
+
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, 10000.0f), 0);
+    /* Position 0 is the identity. */
+    assert_float_equal(x[0], 1.0f, 1e-6);
+    assert_float_equal(x[1], 2.0f, 1e-6);
+    assert_float_equal(x[2], 3.0f, 1e-6);
+    assert_float_equal(x[3], 4.0f, 1e-6);
+    /* Position 1: x0' = cos1 - 3 sin1, x2' = 3 cos1 + sin1, x1' = 2 cos.01 - 4 sin.01,
+     * x3' = 4 cos.01 + 2 sin.01. */
+    assert_float_equal(x[4], -1.9841106485555495f, 1e-6);
+    assert_float_equal(x[5], 1.959900667496664f, 1e-6);
+    assert_float_equal(x[6], 2.4623779024123156f, 1e-6);
+    assert_float_equal(x[7], 4.019799668334994f, 1e-6);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Softmax.
+ * --------------------------------------------------------------------------------- */
+static void test_softmax(void **state)
+{
+    gang_kernels *k = *state;
+    char what[96];
+
+    for (size_t ir = 0; ir < N_SIZES; ir++) {
+        for (size_t ic = 0; ic < N_SIZES; ic++) {
+            size_t rows = sizes[ir], cols = sizes[ic];
+            /* Logits around +-1000 overflow a naive exp() in f32: this checks stability. */
+            float *x = rnd_buf(rows * cols, 20.0f);
+            double *ref = dbuf(rows * cols);
+            for (size_t r = 0; r < rows; r++)
+                for (size_t i = 0; i < cols; i++)
+                    x[r * cols + i] += (r % 2 ? 1000.0f : -1000.0f);
+            for (size_t r = 0; r < rows; r++) {
+                double mx = -INFINITY, s = 0.0;
+                for (size_t i = 0; i < cols; i++)
+                    mx = fmax(mx, x[r * cols + i]);
+                for (size_t i = 0; i < cols; i++)
+                    s += exp((double)x[r * cols + i] - mx);
+                for (size_t i = 0; i < cols; i++)
+                    ref[r * cols + i] = exp((double)x[r * cols + i] - mx) / s;
+            }
+            assert_int_equal(gang_kernels_softmax(k, x, rows, cols), 0);
+            snprintf(what, sizeof(what), "softmax rows=%zu cols=%zu", rows, cols);
+            /* Probabilities are <= 1, so this is an absolute 1e-6 bound. */
+            assert_close(x, ref, rows * cols, 1e-6, what);
+            free(x), free(ref);
+        }
+    }
+}
+
+static void test_softmax_masked(void **state)
+{
+    gang_kernels *k = *state;
+    float x[2 * 3] = {-INFINITY, 0.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+
+    assert_int_equal(gang_kernels_softmax(k, x, 2, 3), 0);
+    assert_float_equal(x[0], 0.0f, 0.0);
+    assert_float_equal(x[1], 1.0f, 0.0);
+    assert_float_equal(x[2], 0.0f, 0.0);
+    for (int i = 3; i < 6; i++)
+        assert_true(x[i] == 0.0f); /* all masked: zeros, not NaN */
+}
+
+/* ---------------------------------------------------------------------------------
+ * Attention.
+ * --------------------------------------------------------------------------------- */
+static void ref_attention(const float *q, const float *kc, const float *vc, size_t tq,
+                          size_t n_heads, size_t n_kv, size_t hd, size_t pos0, double *ref)
+{
+    double *w = dbuf(pos0 + tq);
+    for (size_t i = 0; i < tq; i++) {
+        for (size_t h = 0; h < n_heads; h++) {
+            /* Written as heads-per-group arithmetic on purpose, unlike the backend. */
+            size_t g = h * n_kv / n_heads;
+            size_t nk = pos0 + i + 1;
+            double mx = -INFINITY, s = 0.0;
+            for (size_t j = 0; j < nk; j++) {
+                double d = 0.0;
+                for (size_t e = 0; e < hd; e++)
+                    d += (double)q[(i * n_heads + h) * hd + e] * kc[(j * n_kv + g) * hd + e];
+                w[j] = d / sqrt((double)hd);
+                mx = fmax(mx, w[j]);
+            }
+            for (size_t j = 0; j < nk; j++) {
+                w[j] = exp(w[j] - mx);
+                s += w[j];
+            }
+            for (size_t e = 0; e < hd; e++) {
+                double acc = 0.0;
+                for (size_t j = 0; j < nk; j++)
+                    acc += w[j] * vc[(j * n_kv + g) * hd + e];
+                ref[(i * n_heads + h) * hd + e] = acc / s;
+            }
+        }
+    }
+    free(w);
+}
+
+struct attn_case {
+    size_t tq, tk, pos0, n_heads, n_kv, hd;
+};
+
+static const struct attn_case attn_cases[] = {
+    {1, 1, 0, 1, 1, 1},       /* smallest */
+    {17, 17, 0, 4, 2, 64},    /* prefill, GQA 2:1 */
+    {1, 129, 128, 8, 1, 17},  /* decode at the end of the cache, MQA */
+    {3, 40, 5, 3, 3, 3},      /* chunk in the middle of a larger cache, MHA */
+    {64, 129, 64, 6, 2, 129}, /* long prefill continuing a cache */
+};
+
+static void test_attention(void **state)
+{
+    gang_kernels *k = *state;
+    char what[128];
+
+    for (size_t c = 0; c < sizeof(attn_cases) / sizeof(attn_cases[0]); c++) {
+        const struct attn_case *ac = &attn_cases[c];
+        size_t nq = ac->tq * ac->n_heads * ac->hd, nkv = ac->tk * ac->n_kv * ac->hd;
+        float *q = rnd_buf(nq, 2.0f), *kc = rnd_buf(nkv, 2.0f), *vc = rnd_buf(nkv, 1.0f);
+        float *out = malloc(nq * sizeof(*out));
+        double *ref = dbuf(nq);
+        assert_non_null(out);
+
+        ref_attention(q, kc, vc, ac->tq, ac->n_heads, ac->n_kv, ac->hd, ac->pos0, ref);
+        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads,
+                                                ac->n_kv, ac->hd, ac->pos0, out),
+                         0);
+        snprintf(what, sizeof(what), "attention case %zu", c);
+        assert_close(out, ref, nq, 1e-5, what);
+
+        /* out == q is allowed. */
+        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads,
+                                                ac->n_kv, ac->hd, ac->pos0, q),
+                         0);
+        assert_close(q, ref, nq, 1e-5, what);
+        free(q), free(kc), free(vc), free(out), free(ref);
+    }
+}
+
+/* Changing the key and value at position p changes the outputs of queries at positions
+ * >= p and of no query before it. The second half makes sure the test can notice. */
+static void test_attention_causal(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t tq = 9, tk = 12, pos0 = 2, nh = 4, nkv = 2, hd = 8, p = 6; /* query i=4 */
+    size_t nq = tq * nh * hd, nkvs = tk * nkv * hd;
+    float *q = rnd_buf(nq, 1.0f), *kc = rnd_buf(nkvs, 1.0f), *vc = rnd_buf(nkvs, 1.0f);
+    float *a = malloc(nq * sizeof(*a)), *b = malloc(nq * sizeof(*b));
+    assert_non_null(a);
+    assert_non_null(b);
+
+    assert_int_equal(gang_kernels_attention(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0, a), 0);
+    for (size_t e = 0; e < nkv * hd; e++) {
+        kc[p * nkv * hd + e] += 3.0f;
+        vc[p * nkv * hd + e] -= 5.0f;
+    }
+    /* Rows past the last query's position are never read: poison them. */
+    for (size_t e = (pos0 + tq) * nkv * hd; e < nkvs; e++)
+        kc[e] = vc[e] = NAN;
+    assert_int_equal(gang_kernels_attention(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0, b), 0);
+
+    size_t first_affected = p - pos0;
+    for (size_t i = 0; i < tq; i++) {
+        int same = memcmp(a + i * nh * hd, b + i * nh * hd, nh * hd * sizeof(float)) == 0;
+        if (i < first_affected)
+            assert_true(same);
+        else
+            assert_false(same);
+        for (size_t e = 0; e < nh * hd; e++)
+            assert_false(isnan(b[i * nh * hd + e]));
+    }
+    free(q), free(kc), free(vc), free(a), free(b);
+}
+
+/* GQA mapping: make every value of kv head g equal to g + 1; head h must then output
+ * exactly h / (n_heads / n_kv) + 1 everywhere (any softmax weights average a constant). */
+static void test_attention_gqa(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t tq = 3, tk = 5, pos0 = 2, nh = 6, nkv = 3, hd = 4;
+    float *q = rnd_buf(tq * nh * hd, 1.0f), *kc = rnd_buf(tk * nkv * hd, 1.0f);
+    float *vc = malloc(tk * nkv * hd * sizeof(*vc)), *out = malloc(tq * nh * hd * sizeof(*out));
+    assert_non_null(vc);
+    assert_non_null(out);
+
+    for (size_t j = 0; j < tk; j++)
+        for (size_t g = 0; g < nkv; g++)
+            for (size_t e = 0; e < hd; e++)
+                vc[(j * nkv + g) * hd + e] = (float)(g + 1);
+    assert_int_equal(gang_kernels_attention(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0, out), 0);
+    for (size_t i = 0; i < tq; i++)
+        for (size_t h = 0; h < nh; h++)
+            for (size_t e = 0; e < hd; e++)
+                assert_float_equal(out[(i * nh + h) * hd + e], (float)(h / 2 + 1), 1e-6);
+    free(q), free(kc), free(vc), free(out);
+}
+
+/* Decoding one token at a time over the same cache reproduces the prefill rows. */
+static void test_attention_decode_matches_prefill(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t t = 17, nh = 4, nkv = 1, hd = 16, row = nh * hd;
+    float *q = rnd_buf(t * row, 1.0f), *kc = rnd_buf(t * nkv * hd, 1.0f);
+    float *vc = rnd_buf(t * nkv * hd, 1.0f);
+    float *pre = malloc(t * row * sizeof(*pre)), one[4 * 16];
+    double ref[4 * 16];
+    assert_non_null(pre);
+
+    assert_int_equal(gang_kernels_attention(k, q, kc, vc, t, t, nh, nkv, hd, 0, pre), 0);
+    for (size_t i = 0; i < t; i++) {
+        assert_int_equal(gang_kernels_attention(k, q + i * row, kc, vc, 1, t, nh, nkv, hd, i,
+                                                one),
+                         0);
+        for (size_t e = 0; e < row; e++)
+            ref[e] = pre[i * row + e];
+        assert_close(one, ref, row, 1e-6, "decode vs prefill");
+    }
+    free(q), free(kc), free(vc), free(pre);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Element-wise operations, embedding, argmax.
+ * --------------------------------------------------------------------------------- */
+static void test_silu_mul_add(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t ns[] = {1, 3, 17, 64, 129, 4099};
+
+    for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
+        size_t n = ns[c];
+        float *g = rnd_buf(n, 30.0f), *u = rnd_buf(n, 2.0f), *out = malloc(n * sizeof(*out));
+        double *ref = dbuf(n);
+        assert_non_null(out);
+
+        for (size_t i = 0; i < n; i++)
+            ref[i] = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        assert_int_equal(gang_kernels_silu_mul(k, g, u, n, out), 0);
+        assert_close(out, ref, n, 1e-5, "silu_mul");
+        assert_int_equal(gang_kernels_silu_mul(k, g, u, n, g), 0); /* out == gate */
+        assert_close(g, ref, n, 1e-5, "silu_mul in place");
+
+        for (size_t i = 0; i < n; i++)
+            ref[i] = (double)out[i] + u[i];
+        assert_int_equal(gang_kernels_add(k, out, u, n), 0);
+        assert_close(out, ref, n, 1e-6, "add");
+        for (size_t i = 0; i < n; i++)
+            ref[i] = 2.0 * u[i];
+        assert_int_equal(gang_kernels_add(k, u, u, n), 0); /* y == x */
+        assert_close(u, ref, n, 1e-6, "add self");
+        free(g), free(u), free(out), free(ref);
+    }
+}
+
+static void test_embedding(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t vocab = 129, dim = 17, n = 64;
+    float *table = rnd_buf(vocab * dim, 1.0f), *out = malloc(n * dim * sizeof(*out));
+    int32_t ids[64];
+    assert_non_null(out);
+
+    for (size_t t = 0; t < n; t++)
+        ids[t] = (int32_t)((t * 53 + 7) % vocab);
+    ids[0] = 0;
+    ids[1] = (int32_t)vocab - 1;
+    assert_int_equal(gang_kernels_embedding(k, table, vocab, dim, ids, n, out), 0);
+    for (size_t t = 0; t < n; t++)
+        assert_memory_equal(out + t * dim, table + (size_t)ids[t] * dim, dim * sizeof(float));
+
+    /* A bad id anywhere (here the last one) writes nothing. */
+    for (size_t i = 0; i < n * dim; i++)
+        out[i] = -7.0f;
+    ids[n - 1] = (int32_t)vocab;
+    assert_int_equal(gang_kernels_embedding(k, table, vocab, dim, ids, n, out), GANG_EINVAL);
+    ids[n - 1] = -1;
+    assert_int_equal(gang_kernels_embedding(k, table, vocab, dim, ids, n, out), GANG_EINVAL);
+    for (size_t i = 0; i < n * dim; i++)
+        assert_true(out[i] == -7.0f);
+    free(table), free(out);
+}
+
+static void test_argmax(void **state)
+{
+    gang_kernels *k = *state;
+
+    for (size_t ir = 0; ir < N_SIZES; ir++) {
+        for (size_t ic = 0; ic < N_SIZES; ic++) {
+            size_t rows = sizes[ir], cols = sizes[ic];
+            float *x = rnd_buf(rows * cols, 1.0f);
+            int32_t *out = malloc(rows * sizeof(*out));
+            assert_non_null(out);
+            assert_int_equal(gang_kernels_argmax(k, x, rows, cols, out), 0);
+            for (size_t r = 0; r < rows; r++) {
+                size_t best = 0;
+                for (size_t i = 1; i < cols; i++)
+                    if (x[r * cols + i] > x[r * cols + best])
+                        best = i;
+                assert_int_equal(out[r], (int32_t)best);
+            }
+            free(x), free(out);
+        }
+    }
+
+    /* Ties go to the lowest index; NaN is ignored; an all-NaN row gives 0. */
+    const float t[4 * 4] = {1, 5, 5, 2, NAN, 3, NAN, 3, NAN, NAN, NAN, NAN, -1, -1, -1, -1};
+    int32_t o[4];
+    assert_int_equal(gang_kernels_argmax(k, t, 4, 4, o), 0);
+    assert_int_equal(o[0], 1);
+    assert_int_equal(o[1], 1);
+    assert_int_equal(o[2], 0);
+    assert_int_equal(o[3], 0);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Dtype conversions.
+ * --------------------------------------------------------------------------------- */
+static int half_is_nan(uint16_t h)
+{
+    return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+}
+
+/* Every f16 value converts to f32 and back unchanged (NaNs stay NaN with the same sign). */
+static void test_f16_round_trip(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h <= 0xffffu; h++) {
+        float f = gang_f16_to_f32((uint16_t)h);
+        uint16_t back = gang_f32_to_f16(f);
+        if (half_is_nan((uint16_t)h)) {
+            assert_true(isnan(f));
+            assert_true(half_is_nan(back));
+            assert_int_equal(back & 0x8000u, h & 0x8000u);
+        } else {
+            assert_int_equal(back, h);
+        }
+    }
+    /* Known values, including the subnormal range and the largest finite half. */
+    assert_true(gang_f16_to_f32(0x3c00) == 1.0f);
+    assert_true(gang_f16_to_f32(0xc000) == -2.0f);
+    assert_true(gang_f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(gang_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    assert_true(gang_f16_to_f32(0x03ff) == ldexpf(1023.0f, -24));
+    assert_true(gang_f16_to_f32(0x0400) == ldexpf(1.0f, -14));
+    assert_true(isinf(gang_f16_to_f32(0x7c00)) && gang_f16_to_f32(0x7c00) > 0);
+}
+
+/* Round to nearest even, checked exhaustively: for every pair of adjacent finite positive
+ * halves the exact midpoint (representable in f32) rounds to the even one, and the f32
+ * neighbours of the midpoint round to the nearer half. */
+static void test_f16_rounding(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 0x7bffu; h++) {
+        float lo = gang_f16_to_f32((uint16_t)h), hi = gang_f16_to_f32((uint16_t)(h + 1));
+        float mid = (float)(((double)lo + (double)hi) / 2.0);
+        uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+        assert_int_equal(gang_f32_to_f16(mid), even);
+        assert_int_equal(gang_f32_to_f16(nextafterf(mid, 0.0f)), h);
+        assert_int_equal(gang_f32_to_f16(nextafterf(mid, INFINITY)), h + 1);
+        assert_int_equal(gang_f32_to_f16(-mid), 0x8000u | even);
+    }
+    assert_int_equal(gang_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);      /* tie -> even */
+    assert_int_equal(gang_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02);  /* tie -> even */
+    assert_int_equal(gang_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(gang_f32_to_f16(65520.0f), 0x7c00); /* overflow rounds to infinity */
+    assert_int_equal(gang_f32_to_f16(1e10f), 0x7c00);
+    assert_int_equal(gang_f32_to_f16(-1e10f), 0xfc00);
+    assert_int_equal(gang_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);       /* tie -> zero */
+    assert_int_equal(gang_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
+    assert_int_equal(gang_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);       /* tie -> even */
+    assert_int_equal(gang_f32_to_f16(ldexpf(1.0f, -30)), 0x0000);
+    assert_int_equal(gang_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(gang_f32_to_f16(INFINITY), 0x7c00);
+    assert_true(half_is_nan(gang_f32_to_f16(NAN)));
+    /* A NaN whose payload lives only in the low f32 bits must not become infinity. */
+    assert_true(half_is_nan(gang_f32_to_f16(float_of(0x7f800001u))));
+}
+
+static void test_bf16(void **state)
+{
+    (void)state;
+    /* Exhaustive round trip and midpoint rounding over all finite positive bf16 values. */
+    for (uint32_t h = 0; h <= 0xffffu; h++) {
+        float f = gang_bf16_to_f32((uint16_t)h);
+        assert_int_equal(bits_of(f), h << 16);
+        if (isnan(f))
+            assert_true(isnan(gang_bf16_to_f32(gang_f32_to_bf16(f))));
+        else
+            assert_int_equal(gang_f32_to_bf16(f), h);
+    }
+    for (uint32_t h = 0; h < 0x7f7fu; h++) {
+        uint32_t mid = (h << 16) | 0x8000u;
+        uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+        assert_int_equal(gang_f32_to_bf16(float_of(mid)), even);
+        assert_int_equal(gang_f32_to_bf16(float_of(mid - 1)), h);
+        assert_int_equal(gang_f32_to_bf16(float_of(mid + 1)), h + 1);
+    }
+    assert_int_equal(gang_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(gang_f32_to_bf16(float_of(0x3f808000u)), 0x3f80); /* tie -> even */
+    assert_int_equal(gang_f32_to_bf16(float_of(0x3f818000u)), 0x3f82); /* tie -> even */
+    assert_int_equal(gang_f32_to_bf16(float_of(0x7f7fffffu)), 0x7f80); /* FLT_MAX -> inf */
+    assert_int_equal(gang_f32_to_bf16(-INFINITY), 0xff80);
+    /* A NaN with only low payload bits stays NaN instead of rounding to infinity. */
+    assert_true(isnan(gang_bf16_to_f32(gang_f32_to_bf16(float_of(0x7f800001u)))));
+    assert_true(isnan(gang_bf16_to_f32(gang_f32_to_bf16(float_of(0xffffffffu)))));
+}
+
+static void test_convert_arrays(void **state)
+{
+    (void)state;
+    const float src[5] = {1.0f, -2.5f, 65504.0f, 1e-8f, 3.14159f};
+    uint16_t h[5], b[5];
+    float back[5];
+
+    assert_int_equal(gang_f32_to_f16_array(src, h, 5), 0);
+    assert_int_equal(gang_f16_to_f32_array(h, back, 5), 0);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(h[i], gang_f32_to_f16(src[i]));
+        assert_true(back[i] == gang_f16_to_f32(h[i]));
+    }
+    assert_float_equal(back[4], 3.140625f, 0.0);
+    assert_int_equal(gang_f32_to_bf16_array(src, b, 5), 0);
+    assert_int_equal(gang_bf16_to_f32_array(b, back, 5), 0);
+    for (int i = 0; i < 5; i++)
+        assert_true(back[i] == gang_bf16_to_f32(gang_f32_to_bf16(src[i])));
+    assert_float_equal(back[4], 3.140625f, 0.0);
+
+    assert_int_equal(gang_f32_to_f16_array(NULL, h, 1), GANG_EINVAL);
+    assert_int_equal(gang_f16_to_f32_array(h, NULL, 1), GANG_EINVAL);
+    assert_int_equal(gang_f32_to_bf16_array(src, NULL, 1), GANG_EINVAL);
+    assert_int_equal(gang_bf16_to_f32_array(NULL, back, 1), GANG_EINVAL);
+    assert_int_equal(gang_bf16_to_f32_array(NULL, NULL, 0), 0);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Error paths of the front.
+ * --------------------------------------------------------------------------------- */
+static void test_errors(void **state)
+{
+    gang_kernels *k = *state;
+    float x[64] = {0}, y[64] = {0};
+    int32_t ids[2] = {0, 1}, pos[2] = {0, 1}, am[2];
+
+    /* NULL handle and pointers, zero sizes. */
+    assert_int_equal(gang_kernels_gemm(NULL, 0, 2, 2, 2, 1, x, y, 0, x + 8), GANG_EINVAL);
+    assert_int_equal(gang_kernels_gemm(k, 0, 0, 2, 2, 1, x, y, 0, x + 8), GANG_EINVAL);
+    assert_int_equal(gang_kernels_gemm(k, 0, 2, 2, 2, 1, NULL, y, 0, x + 8), GANG_EINVAL);
+    assert_int_equal(gang_kernels_gemm(k, 0, (size_t)1 << 31, 2, 2, 1, x, y, 0, x + 8),
+                     GANG_ERANGE);
+    assert_int_equal(gang_kernels_rmsnorm(k, x, y, 1e-5f, 2, 0, x), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rmsnorm(k, x, NULL, 1e-5f, 2, 2, x), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rmsnorm(k, x, y, -1.0f, 2, 2, x), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rmsnorm(k, x, y, NAN, 2, 2, x), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rmsnorm(k, x, y, 1e-5f, SIZE_MAX / 2, 4, x), GANG_ERANGE);
+
+    /* RoPE: odd head_dim, negative position, bad theta. */
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 3, 10000.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 0, 10000.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, 0.0f), GANG_EINVAL);
+    pos[1] = -1;
+    memcpy(y, x, sizeof(x));
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, 10000.0f), GANG_EINVAL);
+    assert_memory_equal(x, y, sizeof(x));
+
+    assert_int_equal(gang_kernels_softmax(k, x, 0, 3), GANG_EINVAL);
+    assert_int_equal(gang_kernels_softmax(k, NULL, 1, 3), GANG_EINVAL);
+
+    /* Attention: heads not divisible, cache too short for pos0 + tq, zero sizes. */
+    assert_int_equal(gang_kernels_attention(k, x, x, x, 1, 4, 3, 2, 2, 0, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention(k, x, x, x, 2, 4, 2, 1, 2, 3, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention(k, x, x, x, 1, 4, 2, 1, 2, 5, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention(k, x, x, x, 1, 4, 2, 1, 2, 3, y), 0);
+    assert_int_equal(gang_kernels_attention(k, x, x, x, 0, 4, 2, 1, 2, 0, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention(k, x, x, x, 1, 4, 2, 0, 2, 0, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention(k, x, NULL, x, 1, 4, 2, 1, 2, 0, y), GANG_EINVAL);
+
+    assert_int_equal(gang_kernels_silu_mul(k, x, y, 0, x), GANG_EINVAL);
+    assert_int_equal(gang_kernels_silu_mul(k, x, NULL, 4, x), GANG_EINVAL);
+    assert_int_equal(gang_kernels_add(k, x, y, 0), GANG_EINVAL);
+    assert_int_equal(gang_kernels_add(k, NULL, y, 4), GANG_EINVAL);
+
+    /* Embedding: id == vocab is one past the end. */
+    assert_int_equal(gang_kernels_embedding(k, x, 2, 4, ids, 2, y), 0);
+    assert_int_equal(gang_kernels_embedding(k, x, 1, 4, ids, 2, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_embedding(k, x, 2, 0, ids, 2, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_embedding(k, x, 2, 4, NULL, 2, y), GANG_EINVAL);
+
+    assert_int_equal(gang_kernels_argmax(k, x, 0, 4, am), GANG_EINVAL);
+    assert_int_equal(gang_kernels_argmax(k, x, 1, 4, NULL), GANG_EINVAL);
+    assert_int_equal(gang_kernels_argmax(k, x, 1, (size_t)INT32_MAX + 1, am), GANG_ERANGE);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_names),
+        cmocka_unit_test(test_cuda_not_built),
+        cmocka_unit_test_setup_teardown(test_gemm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gemm_hf_linear, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rmsnorm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rope, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rope_hand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_softmax, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_softmax_masked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_causal, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_gqa, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_decode_matches_prefill, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silu_mul_add, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_argmax, setup, teardown),
+        cmocka_unit_test(test_f16_round_trip),
+        cmocka_unit_test(test_f16_rounding),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_convert_arrays),
+        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
