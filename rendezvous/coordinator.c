@@ -32,6 +32,7 @@ typedef struct node_slot {
     uint64_t generation_seen;     /* highest generation the member reported */
     gang_msg_heartbeat hb;        /* last heartbeat from the member */
     uint64_t hb_rx_ms;            /* when it arrived (monotonic) */
+    uint64_t rejoin_deadline_ms;  /* REJOIN due by then after an abort; 0 = no deadline */
 } node_slot;
 
 struct coord_peer {
@@ -70,7 +71,6 @@ struct gang_coord {
     uint64_t *restart_ms;         /* ring of the last max_restarts+1 restart times */
     uint32_t restart_head;
     uint64_t round_start_ms;      /* start of the current (re)formation round */
-    uint64_t rejoin_since_ms;     /* ABORTING since; members must rejoin in start_timeout */
     double rendezvous_seconds;
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank, last_failure_code;
@@ -212,7 +212,6 @@ static void coord_fail(gang_coord *c, int32_t rank, int32_t code, const char *re
     c->restart_ms[c->restart_head] = now;
     c->restart_head = (c->restart_head + 1) % (c->cfg.max_restarts + 1);
     c->round_start_ms = now;
-    c->rejoin_since_ms = now;
     gang_warn("coordinator: generation %llu failed: rank %d: %s (%s)",
               (unsigned long long)c->generation, rank, reason, gang_err_name(code));
 
@@ -229,6 +228,8 @@ static void coord_fail(gang_coord *c, int32_t rank, int32_t code, const char *re
     for (uint32_t i = 0; i < c->cfg.nnodes; i++) {
         c->slots[i].available = 0;
         c->slots[i].ready = 0;
+        /* Members that got this ABORT owe a REJOIN; newcomers are not bound by it. */
+        c->slots[i].rejoin_deadline_ms = c->slots[i].peer ? now + c->cfg.start_timeout_ms : 0;
     }
     /* The delay grows with the restarts inside the window, so a crash loop slows down. */
     c->backoff.attempt = used ? used - 1 : 0;
@@ -297,6 +298,7 @@ static void on_join(gang_coord *c, coord_peer *p, const gang_msg *m)
     s->available = 0;
     s->ready = 0;
     s->generation_seen = j->generation_seen;
+    s->rejoin_deadline_ms = 0;
     memset(&s->hb, 0, sizeof(s->hb));
     s->hb_rx_ms = gang_now_ms();
     /* After a coordinator restart the generation continues from what members served. */
@@ -340,6 +342,7 @@ static void on_member_msg(gang_coord *c, coord_peer *p, const gang_msg *m)
         if (m->generation > s->generation_seen)
             s->generation_seen = m->generation;
         s->available = 1;
+        s->rejoin_deadline_ms = 0;
         maybe_begin(c);
         return;
     case GANG_MSG_BLOB:
@@ -504,19 +507,22 @@ static void on_tick(uv_timer_t *t)
         coord_fail(c, -1, GANG_ETIMEDOUT, why);
     }
     /*
-     * A member that has not rejoined long after an abort is dropped, so that it reconnects
-     * and rejoins afresh instead of holding the whole gang down.
+     * A member that has not rejoined within the start timeout of the abort it received is
+     * dropped, so that it reconnects and rejoins afresh instead of holding the gang down.
+     * A member that joined after the abort (a replacement Pod still loading) has no such
+     * deadline: its agent rejoins once its workers are up.
      */
-    if (c->state == GANG_STATE_ABORTING && now - c->rejoin_since_ms > c->cfg.start_timeout_ms) {
+    if (c->state == GANG_STATE_ABORTING || c->state == GANG_STATE_BACKOFF) {
         for (uint32_t i = 0; i < c->cfg.nnodes; i++) {
             node_slot *s = &c->slots[i];
-            if (s->peer && !s->available && !s->peer->conn.closing) {
+            if (s->peer && !s->available && !s->peer->conn.closing && s->rejoin_deadline_ms &&
+                now > s->rejoin_deadline_ms) {
                 gang_warn("coordinator: node %u did not rejoin within %llu ms of the abort: "
                           "dropping it", i, (unsigned long long)c->cfg.start_timeout_ms);
+                s->rejoin_deadline_ms = 0;
                 gang__conn_close(&s->peer->conn, GANG_ETIMEDOUT);
             }
         }
-        c->rejoin_since_ms = now;
     }
     if (c->state == GANG_STATE_BACKOFF || c->state == GANG_STATE_ABORTING ||
         c->state == GANG_STATE_WAITING)
