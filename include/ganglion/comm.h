@@ -1,0 +1,121 @@
+/*
+ * ganglion communicator: one front, several backends (socket, mpi, nccl), chosen at run
+ * time. The front validates arguments and dispatches through a vtable; a backend that is
+ * not built is registered as a stub whose entries return GANG_ENOSYS.
+ *
+ * Semantics (all backends):
+ *  - Every rank of a communicator calls the collectives in the same order with the same
+ *    counts and dtypes (as with NCCL/MPI); violating that is a caller bug.
+ *  - Every operation takes a deadline (timeout_ms, > 0) and returns GANG_ETIMEDOUT when it
+ *    passes; GANG_EPEER when a peer is known to be gone (EOF, reset); GANG_EABORTED when
+ *    gang_comm_abort() was called, from any thread, promptly (< 100 ms) even while the
+ *    operation is blocked. After any of these errors the communicator is unusable except
+ *    for gang_comm_free(); the gang re-forms with a new communicator.
+ *  - Buffers are host memory for the socket and mpi backends, device memory for nccl.
+ *  - One thread drives a communicator; only gang_comm_abort() and
+ *    gang_comm_async_error() may be called from another thread.
+ */
+#ifndef GANGLION_COMM_H
+#define GANGLION_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/common.h"
+
+typedef struct gang_comm gang_comm;
+
+typedef enum gang_dtype {
+    GANG_DTYPE_F32 = 0,
+    GANG_DTYPE_F16 = 1,   /* IEEE half; reductions accumulate in f32 */
+    GANG_DTYPE_BF16 = 2,  /* bfloat16; reductions accumulate in f32, round to nearest even */
+    GANG_DTYPE_I32 = 3
+} gang_dtype;
+
+/* Bytes of one element of dt (0 for an unknown dtype). */
+size_t gang_dtype_size(gang_dtype dt);
+const char *gang_dtype_name(gang_dtype dt);
+
+typedef enum gang_comm_backend {
+    GANG_COMM_SOCKET = 0,
+    GANG_COMM_MPI = 1,
+    GANG_COMM_NCCL = 2
+} gang_comm_backend;
+
+const char *gang_comm_backend_name(gang_comm_backend b);
+/* 1 when backend b is built into this binary (its stub returns GANG_ENOSYS otherwise). */
+int gang_comm_backend_built(gang_comm_backend b);
+
+/*
+ * Bootstrap of the socket backend (the blob of the control plane): rank 0 creates a
+ * listener with gang_comm_socket_listen(), which writes a printable, NUL-free blob
+ * describing it ("host:port" plus a random 16-byte session id in hex, so that a stale
+ * connection from another generation is refused). Every rank then calls
+ * gang_comm_init() with backend = GANG_COMM_SOCKET and that blob.
+ */
+typedef struct gang_comm_listener gang_comm_listener;
+int gang_comm_socket_listen(const char *advertise_host, gang_comm_listener **out,
+                            char *blob, size_t blob_cap, size_t *blob_len);
+void gang_comm_listener_free(gang_comm_listener *l);
+
+typedef struct gang_comm_config {
+    gang_comm_backend backend;
+    uint32_t rank;                     /* this rank, in [0, world_size) */
+    uint32_t world_size;
+    const uint8_t *blob;               /* socket: rank 0's blob; nccl: the unique id */
+    size_t blob_len;
+    gang_comm_listener *listener;      /* socket, rank 0 only: from gang_comm_socket_listen */
+    const char *advertise_host;        /* socket: address other ranks use to reach this one */
+    uint64_t timeout_ms;               /* deadline of the whole initialisation */
+} gang_comm_config;
+
+/*
+ * Creates the communicator for all world_size ranks (a collective call). Returns 0 and
+ * *out, GANG_ETIMEDOUT, GANG_EPEER, GANG_EINVAL (bad config or blob), GANG_ENOSYS (backend
+ * not built) or GANG_EABORTED. For rank 0 the listener is consumed (freed) on any outcome.
+ */
+int gang_comm_init(const gang_comm_config *cfg, gang_comm **out);
+void gang_comm_free(gang_comm *c);
+
+uint32_t gang_comm_rank(const gang_comm *c);
+uint32_t gang_comm_size(const gang_comm *c);
+gang_comm_backend gang_comm_backend_of(const gang_comm *c);
+
+/*
+ * Splits c into sub-communicators (a collective call over all ranks of c): ranks with the
+ * same color form one communicator, ordered by key then by parent rank. TP groups use
+ * color = pp stage, PP neighbours color = tp rank. Returns 0 and *out.
+ */
+int gang_comm_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout_ms,
+                    gang_comm **out);
+
+/* In-place sum over all ranks: buf holds count elements of dt on every rank. */
+int gang_comm_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
+                         uint64_t timeout_ms);
+/* recv (count * size elements) = concatenation of every rank's send (count elements). */
+int gang_comm_all_gather(gang_comm *c, const void *send, void *recv, size_t count,
+                         gang_dtype dt, uint64_t timeout_ms);
+/* buf of root is copied to every rank. */
+int gang_comm_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
+                        uint64_t timeout_ms);
+/*
+ * Point-to-point, tagged (the pipeline tags by microbatch): a send matches the recv with
+ * the same (peer, tag); messages between two ranks with different tags may be received in
+ * any order. A size mismatch is GANG_EPROTO.
+ */
+int gang_comm_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                   uint64_t timeout_ms);
+int gang_comm_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                   uint64_t timeout_ms);
+int gang_comm_barrier(gang_comm *c, uint64_t timeout_ms);
+
+/*
+ * Makes every blocked and future operation on c return GANG_EABORTED promptly. Safe from
+ * any thread and from a signal-free context while another thread is inside an operation;
+ * idempotent. The communicator must still be freed by its owning thread.
+ */
+void gang_comm_abort(gang_comm *c);
+/* 0, or the first error the communicator recorded (e.g. a peer lost in the background). */
+int gang_comm_async_error(gang_comm *c);
+
+#endif /* GANGLION_COMM_H */

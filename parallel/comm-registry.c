@@ -1,0 +1,144 @@
+/*
+ * Registration of the communicator backends: the only file that asks which optional
+ * backends this build contains (DESIGN.md §5). A backend that is not built is answered by
+ * a stub vtable whose entries return GANG_ENOSYS, so callers never test for NULL.
+ */
+#include "ganglion/config.h"
+
+#include "comm-backend.h"
+
+static int stub_init(gang_comm *c, const gang_comm_config *cfg)
+{
+    (void)c;
+    (void)cfg;
+    return GANG_ENOSYS;
+}
+
+static void stub_free(gang_comm *c)
+{
+    (void)c;
+}
+
+static int stub_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout_ms,
+                      gang_comm *child)
+{
+    (void)c;
+    (void)color;
+    (void)key;
+    (void)timeout_ms;
+    (void)child;
+    return GANG_ENOSYS;
+}
+
+static int stub_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
+{
+    (void)c;
+    (void)buf;
+    (void)count;
+    (void)dt;
+    (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int stub_all_gather(gang_comm *c, const void *send, void *recv, size_t count, gang_dtype dt,
+                           uint64_t tmo)
+{
+    (void)c;
+    (void)send;
+    (void)recv;
+    (void)count;
+    (void)dt;
+    (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int stub_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
+                          uint64_t tmo)
+{
+    (void)c;
+    (void)buf;
+    (void)count;
+    (void)dt;
+    (void)root;
+    (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int stub_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                     uint64_t tmo)
+{
+    (void)c;
+    (void)buf;
+    (void)bytes;
+    (void)peer;
+    (void)tag;
+    (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int stub_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                     uint64_t tmo)
+{
+    (void)c;
+    (void)buf;
+    (void)bytes;
+    (void)peer;
+    (void)tag;
+    (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int stub_barrier(gang_comm *c, uint64_t tmo)
+{
+    (void)c;
+    (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static void stub_abort(gang_comm *c)
+{
+    (void)c;
+}
+
+#define GANG_COMM_STUB_OPS(backend_name)                                                           \
+    {                                                                                              \
+        .name = backend_name, .init = stub_init, .free = stub_free, .split = stub_split,           \
+        .all_reduce = stub_all_reduce, .all_gather = stub_all_gather, .broadcast = stub_broadcast, \
+        .send = stub_send, .recv = stub_recv, .barrier = stub_barrier, .abort = stub_abort,        \
+    }
+
+#if !GANG_HAVE_MPI
+static const gang__comm_ops comm_mpi_stub_ops = GANG_COMM_STUB_OPS("mpi");
+#endif
+/* NCCL is found by CMake but its backend is not written yet: always the stub for now. */
+static const gang__comm_ops comm_nccl_stub_ops = GANG_COMM_STUB_OPS("nccl");
+
+const gang__comm_ops *gang__comm_ops_for(gang_comm_backend b)
+{
+    switch (b) {
+    case GANG_COMM_SOCKET:
+        return &gang__comm_socket_ops;
+    case GANG_COMM_MPI:
+#if GANG_HAVE_MPI
+        return &gang__comm_mpi_ops;
+#else
+        return &comm_mpi_stub_ops;
+#endif
+    case GANG_COMM_NCCL:
+        return &comm_nccl_stub_ops;
+    }
+    return NULL;
+}
+
+int gang_comm_backend_built(gang_comm_backend b)
+{
+    switch (b) {
+    case GANG_COMM_SOCKET:
+        return 1;
+    case GANG_COMM_MPI:
+        return GANG_HAVE_MPI ? 1 : 0;
+    case GANG_COMM_NCCL:
+        return 0;
+    }
+    return 0;
+}

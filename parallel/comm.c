@@ -1,0 +1,475 @@
+/*
+ * Communicator front: validates arguments, checks the aborted flag and dispatches through
+ * the backend's vtable (parallel/comm-backend.h). Backends may assume valid arguments.
+ *
+ * Argument rules decided here, for every backend:
+ *  - c must be non-NULL and timeout_ms > 0 (every wait has a deadline, DESIGN.md §4).
+ *  - dtype must be known; peer and root must be < size; a rank may not send to itself.
+ *  - count == 0 (collectives) is a no-op that returns 0 without communicating: every rank
+ *    passes the same count, so every rank skips together. buf may then be NULL.
+ *  - bytes == 0 (send/recv) is NOT skipped: an empty message is a legitimate token and is
+ *    matched like any other.
+ *  - An aborted communicator answers GANG_EABORTED before any argument reaches a backend.
+ *  - Any error a backend returns is recorded as the communicator's async error.
+ *
+ * Ownership of gang_comm: the front allocates and frees the struct; ops->init / ops->split
+ * fill impl (and, for split, the child's rank and size) and ops->free releases impl only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm-backend.h"
+
+size_t gang_dtype_size(gang_dtype dt)
+{
+    switch (dt) {
+    case GANG_DTYPE_F32:
+    case GANG_DTYPE_I32:
+        return 4;
+    case GANG_DTYPE_F16:
+    case GANG_DTYPE_BF16:
+        return 2;
+    }
+    return 0;
+}
+
+const char *gang_dtype_name(gang_dtype dt)
+{
+    switch (dt) {
+    case GANG_DTYPE_F32:
+        return "f32";
+    case GANG_DTYPE_F16:
+        return "f16";
+    case GANG_DTYPE_BF16:
+        return "bf16";
+    case GANG_DTYPE_I32:
+        return "i32";
+    }
+    return "unknown";
+}
+
+const char *gang_comm_backend_name(gang_comm_backend b)
+{
+    switch (b) {
+    case GANG_COMM_SOCKET:
+        return "socket";
+    case GANG_COMM_MPI:
+        return "mpi";
+    case GANG_COMM_NCCL:
+        return "nccl";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------------------------------
+ * Half-precision conversions. parallel/ must not depend on kernels/, so the reduction
+ * carries its own small converters; both round to nearest even like the hardware does.
+ * --------------------------------------------------------------------------------- */
+static float comm_bits_to_f32(uint32_t u)
+{
+    float f;
+
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static uint32_t comm_f32_to_bits(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static float comm_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+
+    if (exp == 0x1f) /* inf or nan: keep the payload */
+        return comm_bits_to_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        /* Zero or subnormal: value = mant * 2^-24, exact in f32. */
+        float v = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    return comm_bits_to_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/*
+ * f32 -> f16 with round to nearest even; overflow goes to infinity and values below the
+ * subnormal range to (signed) zero, as IEEE conversion does.
+ */
+static uint16_t comm_f32_to_f16(float f)
+{
+    uint32_t u = comm_f32_to_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t exp = (u >> 23) & 0xffu;
+    uint32_t mant = u & 0x7fffffu;
+    int32_t e;
+
+    if (exp == 0xff) /* inf stays inf; nan stays a quiet nan */
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0));
+    e = (int32_t)exp - 127 + 15;
+    if (e >= 0x1f)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        /* Subnormal result: shift the full significand and round once. */
+        uint32_t shift, m, half, rest, r;
+
+        if (e < -10)
+            return (uint16_t)sign;
+        m = mant | 0x800000u;
+        shift = (uint32_t)(14 - e);
+        r = m >> shift;
+        rest = m & ((1u << shift) - 1);
+        half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (r & 1u)))
+            r++;
+        return (uint16_t)(sign | r);
+    }
+    {
+        uint32_t r = ((uint32_t)e << 10) | (mant >> 13);
+        uint32_t rest = mant & 0x1fffu;
+
+        /* A carry out of the mantissa correctly bumps the exponent (up to infinity). */
+        if (rest > 0x1000u || (rest == 0x1000u && (r & 1u)))
+            r++;
+        return (uint16_t)(sign | r);
+    }
+}
+
+static float comm_bf16_to_f32(uint16_t b)
+{
+    return comm_bits_to_f32((uint32_t)b << 16);
+}
+
+static uint16_t comm_f32_to_bf16(float f)
+{
+    uint32_t u = comm_f32_to_bits(f);
+
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* nan: keep it a quiet nan after truncation */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/*
+ * dst[i] += src[i] for count elements. f16 and bf16 are widened to f32, added, and
+ * rounded back once per call (so a ring of n ranks rounds n - 1 times, like NCCL). i32
+ * wraps modulo 2^32 instead of invoking signed overflow.
+ */
+void gang__comm_reduce_sum(void *dst, const void *src, size_t count, gang_dtype dt)
+{
+    size_t i;
+
+    switch (dt) {
+    case GANG_DTYPE_F32: {
+        float *d = dst;
+        const float *s = src;
+
+        for (i = 0; i < count; i++)
+            d[i] += s[i];
+        break;
+    }
+    case GANG_DTYPE_I32: {
+        int32_t *d = dst;
+        const int32_t *s = src;
+
+        for (i = 0; i < count; i++)
+            d[i] = (int32_t)((uint32_t)d[i] + (uint32_t)s[i]);
+        break;
+    }
+    case GANG_DTYPE_F16: {
+        uint16_t *d = dst;
+        const uint16_t *s = src;
+
+        for (i = 0; i < count; i++)
+            d[i] = comm_f32_to_f16(comm_f16_to_f32(d[i]) + comm_f16_to_f32(s[i]));
+        break;
+    }
+    case GANG_DTYPE_BF16: {
+        uint16_t *d = dst;
+        const uint16_t *s = src;
+
+        for (i = 0; i < count; i++)
+            d[i] = comm_f32_to_bf16(comm_bf16_to_f32(d[i]) + comm_bf16_to_f32(s[i]));
+        break;
+    }
+    }
+}
+
+void gang__comm_set_error(gang_comm *c, int err)
+{
+    int expected = 0;
+
+    if (c == NULL || err >= 0)
+        return;
+    atomic_compare_exchange_strong(&c->async_error, &expected, err);
+}
+
+/* Checks what every operation needs: a communicator, a deadline and no abort. */
+static int comm_check_common(gang_comm *c, uint64_t timeout_ms)
+{
+    if (c == NULL || timeout_ms == 0)
+        return GANG_EINVAL;
+    if (atomic_load(&c->aborted))
+        return GANG_EABORTED;
+    return 0;
+}
+
+/* Checks dtype and that count elements (times mult) fit in a size_t. */
+static int comm_check_count(size_t count, size_t mult, gang_dtype dt)
+{
+    size_t esz = gang_dtype_size(dt);
+
+    if (esz == 0 || mult == 0)
+        return GANG_EINVAL;
+    if (count > SIZE_MAX / esz / mult)
+        return GANG_EINVAL;
+    return 0;
+}
+
+/* Records a backend's error and passes it through. */
+static int comm_result(gang_comm *c, int rc)
+{
+    if (rc < 0)
+        gang__comm_set_error(c, rc);
+    return rc;
+}
+
+/*
+ * Validates cfg, allocates the communicator and lets the backend fill it. The socket
+ * listener is consumed on every outcome, also when the front refuses cfg before the
+ * backend sees it (a socket-only type, so only a socket config may carry one).
+ */
+int gang_comm_init(const gang_comm_config *cfg, gang_comm **out)
+{
+    const gang__comm_ops *ops;
+    gang_comm *c;
+    int rc;
+
+    if (out != NULL)
+        *out = NULL;
+    if (cfg == NULL || out == NULL) {
+        rc = GANG_EINVAL;
+        goto out_listener;
+    }
+    if (cfg->world_size == 0 || cfg->rank >= cfg->world_size || cfg->timeout_ms == 0) {
+        rc = GANG_EINVAL;
+        goto out_listener;
+    }
+    if (cfg->listener != NULL && (cfg->backend != GANG_COMM_SOCKET || cfg->rank != 0)) {
+        rc = GANG_EINVAL;
+        goto out_listener;
+    }
+    ops = gang__comm_ops_for(cfg->backend);
+    if (ops == NULL) {
+        rc = GANG_EINVAL;
+        goto out_listener;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_listener;
+    }
+    c->ops = ops;
+    c->backend = cfg->backend;
+    c->rank = cfg->rank;
+    c->size = cfg->world_size;
+    atomic_init(&c->aborted, 0);
+    atomic_init(&c->async_error, 0);
+    /* From here the backend owns the listener, whatever it returns. */
+    rc = ops->init(c, cfg);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+
+out_listener:
+    if (cfg != NULL && cfg->listener != NULL && cfg->backend == GANG_COMM_SOCKET)
+        gang_comm_listener_free(cfg->listener);
+    return rc;
+}
+
+void gang_comm_free(gang_comm *c)
+{
+    if (c == NULL)
+        return;
+    c->ops->free(c);
+    free(c);
+}
+
+uint32_t gang_comm_rank(const gang_comm *c)
+{
+    return c != NULL ? c->rank : 0;
+}
+
+uint32_t gang_comm_size(const gang_comm *c)
+{
+    return c != NULL ? c->size : 0;
+}
+
+gang_comm_backend gang_comm_backend_of(const gang_comm *c)
+{
+    return c != NULL ? c->backend : GANG_COMM_SOCKET;
+}
+
+/*
+ * The front allocates the child with the parent's backend; ops->split sets the child's
+ * rank, size and impl. On failure the child is freed here and *out stays NULL.
+ */
+int gang_comm_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout_ms,
+                    gang_comm **out)
+{
+    gang_comm *child;
+    int rc;
+
+    if (out == NULL)
+        return GANG_EINVAL;
+    *out = NULL;
+    rc = comm_check_common(c, timeout_ms);
+    if (rc < 0)
+        return rc;
+    child = calloc(1, sizeof(*child));
+    if (child == NULL)
+        return GANG_ENOMEM;
+    child->ops = c->ops;
+    child->backend = c->backend;
+    atomic_init(&child->aborted, 0);
+    atomic_init(&child->async_error, 0);
+    rc = c->ops->split(c, color, key, timeout_ms, child);
+    if (rc < 0) {
+        free(child);
+        return comm_result(c, rc);
+    }
+    *out = child;
+    return 0;
+}
+
+int gang_comm_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t timeout_ms)
+{
+    int rc = comm_check_common(c, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    rc = comm_check_count(count, 1, dt);
+    if (rc < 0)
+        return rc;
+    if (count == 0)
+        return 0;
+    if (buf == NULL)
+        return GANG_EINVAL;
+    return comm_result(c, c->ops->all_reduce(c, buf, count, dt, timeout_ms));
+}
+
+int gang_comm_all_gather(gang_comm *c, const void *send, void *recv, size_t count, gang_dtype dt,
+                         uint64_t timeout_ms)
+{
+    int rc = comm_check_common(c, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    rc = comm_check_count(count, c->size, dt);
+    if (rc < 0)
+        return rc;
+    if (count == 0)
+        return 0;
+    if (send == NULL || recv == NULL)
+        return GANG_EINVAL;
+    return comm_result(c, c->ops->all_gather(c, send, recv, count, dt, timeout_ms));
+}
+
+int gang_comm_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
+                        uint64_t timeout_ms)
+{
+    int rc = comm_check_common(c, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    rc = comm_check_count(count, 1, dt);
+    if (rc < 0)
+        return rc;
+    if (root >= c->size)
+        return GANG_EINVAL;
+    if (count == 0)
+        return 0;
+    if (buf == NULL)
+        return GANG_EINVAL;
+    return comm_result(c, c->ops->broadcast(c, buf, count, dt, root, timeout_ms));
+}
+
+/* Checks a point-to-point call: a real peer other than this rank and a buffer if bytes > 0. */
+static int comm_check_p2p(gang_comm *c, const void *buf, size_t bytes, uint32_t peer,
+                          uint64_t timeout_ms)
+{
+    int rc = comm_check_common(c, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    if (peer >= c->size || peer == c->rank)
+        return GANG_EINVAL;
+    if (bytes > 0 && buf == NULL)
+        return GANG_EINVAL;
+    return 0;
+}
+
+int gang_comm_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                   uint64_t timeout_ms)
+{
+    int rc = comm_check_p2p(c, buf, bytes, peer, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    return comm_result(c, c->ops->send(c, buf, bytes, peer, tag, timeout_ms));
+}
+
+int gang_comm_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                   uint64_t timeout_ms)
+{
+    int rc = comm_check_p2p(c, buf, bytes, peer, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    return comm_result(c, c->ops->recv(c, buf, bytes, peer, tag, timeout_ms));
+}
+
+/*
+ * A backend without a native barrier gets one from an all-reduce of a single i32: no rank
+ * can finish it before every rank has contributed.
+ */
+int gang_comm_barrier(gang_comm *c, uint64_t timeout_ms)
+{
+    int32_t one = 1;
+    int rc = comm_check_common(c, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    if (c->ops->barrier != NULL)
+        return comm_result(c, c->ops->barrier(c, timeout_ms));
+    return comm_result(c, c->ops->all_reduce(c, &one, 1, GANG_DTYPE_I32, timeout_ms));
+}
+
+/*
+ * Sets the flag first, so that an operation about to start sees it in the front, then
+ * lets the backend wake operations already blocked.
+ */
+void gang_comm_abort(gang_comm *c)
+{
+    if (c == NULL)
+        return;
+    atomic_store(&c->aborted, 1);
+    gang__comm_set_error(c, GANG_EABORTED);
+    if (c->ops->abort != NULL)
+        c->ops->abort(c);
+}
+
+int gang_comm_async_error(gang_comm *c)
+{
+    if (c == NULL)
+        return GANG_EINVAL;
+    return atomic_load(&c->async_error);
+}
