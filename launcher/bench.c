@@ -35,6 +35,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench-comm.h"
 #include "bench.h"
 #include "local.h"
 
@@ -618,8 +619,7 @@ out_free:
     return rc;
 }
 
-/* Looks for an executable `name` in $PATH; fills out and returns 1 when found. */
-static int find_in_path(const char *name, char *out, size_t cap)
+int gang__bench_find_in_path(const char *name, char *out, size_t cap)
 {
     const char *path = getenv("PATH");
     const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin";
@@ -649,7 +649,7 @@ static int rdzv_trial_mpirun(bench_ctx *c, const bench_opts *o, double *secs, ch
     uint64_t t0;
     int rc;
 
-    if (!find_in_path("mpirun", mpirun, sizeof mpirun)) {
+    if (!gang__bench_find_in_path("mpirun", mpirun, sizeof mpirun)) {
         snprintf(why, whycap, "mpirun not found in PATH (install openmpi-bin)");
         return 1;
     }
@@ -1117,7 +1117,9 @@ static void bench_usage(void)
                     "                [--heartbeat-interval-ms I] [--heartbeat-timeout-ms H] "
                     "[--abort-timeout-ms A]\n"
                     "                [--kinds crash,hang] [--timeout-s S] [--agent-log FILE] "
-                    "[-- SERVE FLAGS]\n");
+                    "[-- SERVE FLAGS]\n"
+                    "       ganglion bench allreduce [--ranks N] [--backend socket|mpi] "
+                    "[--max-bytes B] [--timeout-s S] [--no-peer]\n");
 }
 
 /*
@@ -1279,6 +1281,8 @@ int gang_bench_main(int argc, char **argv)
     bench_ctx c = {.log_fd = -1};
     int rc;
 
+    if (argc > 0 && strncmp(argv[0], "allreduce", 9) == 0)
+        return gang_bench_allreduce_main(argc, argv);
     if (bench_parse(argc, argv, &o) < 0)
         return GANG_EXIT_USAGE;
     if (bench_ctx_init(&c, &o) < 0)

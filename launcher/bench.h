@@ -33,4 +33,8 @@
  */
 int gang_bench_main(int argc, char **argv);
 
+/* Looks for an executable `name` in $PATH; fills out and returns 1 when found (shared by
+ * the benchmarks that start mpirun). */
+int gang__bench_find_in_path(const char *name, char *out, size_t cap);
+
 #endif

@@ -196,4 +196,166 @@ int gang_topology_stage_layers(const gang_topology *t, uint32_t stage, uint32_t 
  */
 int gang_topology_tp_shard(const gang_topology *t, uint32_t tp_rank, gang_tp_shard *out);
 
+/* =================================================================================
+ * Tensor-parallel layers (parallel/tp-layers.c)
+ *
+ * The Megatron split above applied to one Llama decoder layer, in f32 on host memory
+ * with the kernels of include/ganglion/kernels.h and the all-reduce of
+ * include/ganglion/comm.h. A TP rank copies its shard out of the full Hugging Face
+ * weight matrices once (gang_tp_layer_init); the forward functions then run on that
+ * shard and all-reduce over the TP communicator (the ranks of one pipeline stage, in
+ * tp-rank order, e.g. from gang_comm_split with color = pp stage and key = tp rank).
+ *
+ * Every weight is stored as Hugging Face does, [out_features, in_features] row-major,
+ * so y = x . W^T. A column-parallel shard is a band of rows of W (output features),
+ * a row-parallel shard is a band of columns of W (input features).
+ *
+ * With tp == 1 the communicator may be NULL: the layer is then the plain single-rank
+ * forward pass, which is what the distributed one is checked against.
+ *
+ * Threads: a gang_tp_layer is read-only after init and may be shared by threads; the
+ * kernels handle and the communicator follow their own rules (one driving thread each).
+ * ================================================================================= */
+#include "ganglion/comm.h"
+#include "ganglion/kernels.h"
+
+/*
+ * Copies rows [row_first, row_first + row_count) of the row-major matrix src [rows, cols]
+ * into dst [row_count, cols]: the shard of a column-parallel weight. Returns 0, or
+ * GANG_EINVAL for a NULL pointer, a zero size or a band outside the matrix.
+ */
+int gang_tp_slice_rows(const float *src, size_t rows, size_t cols, size_t row_first,
+                       size_t row_count, float *dst);
+
+/*
+ * Copies columns [col_first, col_first + col_count) of src [rows, cols] into dst
+ * [rows, col_count]: the shard of a row-parallel weight. Same errors as above.
+ */
+int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_first,
+                       size_t col_count, float *dst);
+
+/*
+ * Column-parallel linear: y [tokens, out_shard] = x [tokens, in] . w_shard^T, where
+ * w_shard [out_shard, in] is this rank's band of output rows of W. No communication:
+ * the output stays sharded by output feature. y must not overlap x or w_shard.
+ * Returns 0 or the kernel's error.
+ */
+int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t in,
+                          const float *w_shard, size_t out_shard, float *y);
+
+/*
+ * Row-parallel linear: y [tokens, out] = sum over TP ranks of x_shard [tokens, in_shard] .
+ * w_shard^T, where w_shard [out, in_shard] is this rank's band of input columns of W and
+ * x_shard the matching slice of the input features. Every rank ends with the full y.
+ * comm is the TP communicator (NULL only for a single rank: no reduction). A
+ * communicator error (GANG_ETIMEDOUT, GANG_EPEER, GANG_EABORTED, ...) is returned as is
+ * and leaves y holding garbage; the communicator is then unusable, as comm.h says.
+ * y must not overlap x_shard or w_shard.
+ */
+int gang_tp_linear_row(gang_kernels *k, gang_comm *comm, const float *x_shard, size_t tokens,
+                       size_t in_shard, const float *w_shard, size_t out, float *y,
+                       uint64_t timeout_ms);
+
+/*
+ * The full weights of one Llama decoder layer, host f32, Hugging Face layout. The
+ * caller owns them; gang_tp_layer_init only reads them. Sizes come from the topology:
+ * q_dim = n_heads x head_dim, kv_dim = n_kv_heads x head_dim.
+ */
+typedef struct gang_layer_weights {
+    const float *attn_norm; /* [hidden] input_layernorm */
+    const float *wq;        /* [q_dim, hidden] q_proj */
+    const float *wk;        /* [kv_dim, hidden] k_proj */
+    const float *wv;        /* [kv_dim, hidden] v_proj */
+    const float *wo;        /* [hidden, q_dim] o_proj */
+    const float *mlp_norm;  /* [hidden] post_attention_layernorm */
+    const float *w_gate;    /* [ffn, hidden] gate_proj */
+    const float *w_up;      /* [ffn, hidden] up_proj */
+    const float *w_down;    /* [hidden, ffn] down_proj */
+} gang_layer_weights;
+
+/* One TP rank's shard of one decoder layer. Owns its arrays (malloc'd by init). */
+typedef struct gang_tp_layer {
+    gang_tp_shard shard; /* which heads and ffn columns these arrays hold */
+    uint32_t tp;         /* TP degree the shard was cut for */
+    uint32_t hidden;     /* model width */
+    uint32_t head_dim;   /* per-head width */
+    float rope_theta;    /* RoPE base */
+    float norm_eps;      /* RMSNorm epsilon */
+    float *attn_norm;    /* [hidden], replicated on every rank */
+    float *wq;           /* [head_count x head_dim, hidden] rows of q_proj */
+    float *wk;           /* [kv_head_count x head_dim, hidden] rows of k_proj */
+    float *wv;           /* [kv_head_count x head_dim, hidden] rows of v_proj */
+    float *wo;           /* [hidden, head_count x head_dim] columns of o_proj */
+    float *mlp_norm;     /* [hidden], replicated on every rank */
+    float *w_gate;       /* [ffn_count, hidden] rows of gate_proj */
+    float *w_up;         /* [ffn_count, hidden] rows of up_proj */
+    float *w_down;       /* [hidden, ffn_count] columns of down_proj */
+} gang_tp_layer;
+
+/*
+ * Cuts TP rank tp_rank's shard of one layer out of the full weights w, for the layout t,
+ * into *l (which the caller provides; its old contents are ignored). rope_theta must be
+ * > 0 and norm_eps >= 0. On success the caller releases l with gang_tp_layer_free. The
+ * norm weights may be NULL when only the attention and MLP blocks are used (then
+ * gang_tp_layer_forward refuses with GANG_EINVAL). Returns 0, GANG_EINVAL (NULL
+ * argument, tp_rank out of range, bad theta or eps) or GANG_ENOMEM; on error *l is left
+ * zeroed and owns nothing.
+ */
+int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_rank,
+                       const gang_layer_weights *w, float rope_theta, float norm_eps);
+
+/* Releases the arrays of a layer from gang_tp_layer_init and zeroes it; NULL is ignored. */
+void gang_tp_layer_free(gang_tp_layer *l);
+
+/*
+ * Sharded MLP block: out [tokens, hidden] = down(silu(gate(x)) * up(x)) for the full
+ * x [tokens, hidden] (every rank passes the same x and gets the same out). gate and up
+ * are column-parallel over the rank's ffn columns, down is row-parallel over the same
+ * rows; one all-reduce. out must not overlap x. Returns 0, GANG_EINVAL, GANG_ENOMEM
+ * (scratch of 2 x tokens x ffn_count floats), a kernel error or the communicator's error.
+ */
+int gang_tp_mlp_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
+                        const float *x, size_t tokens, float *out, uint64_t timeout_ms);
+
+/*
+ * This rank's key/value cache of one layer: rows of [cap, kv_head_count, head_dim] for
+ * positions 0 .. cap-1, holding only the kv heads of the rank's shard (a replicated kv
+ * head is cached by every rank that holds it). The caller owns the arrays; the attention
+ * block writes the rows of the tokens it processes and reads the earlier ones.
+ */
+typedef struct gang_tp_kv_cache {
+    float *k;   /* [cap, kv_head_count, head_dim] */
+    float *v;   /* [cap, kv_head_count, head_dim] */
+    size_t cap; /* positions the arrays can hold */
+} gang_tp_kv_cache;
+
+/*
+ * Sharded attention block (Llama, no bias): for x [tokens, hidden] at absolute positions
+ * pos0 .. pos0 + tokens - 1, projects this rank's query heads and kv heads
+ * (column-parallel), applies RoPE, stores the new keys and values in cache rows
+ * pos0 .. pos0 + tokens - 1, runs causal GQA attention over cache rows 0 .. pos0 +
+ * tokens - 1, and applies o_proj row-parallel over the rank's query heads; one
+ * all-reduce. Prefill is tokens > 1 at pos0 = 0, decode is tokens == 1 at pos0 > 0; any
+ * mix is allowed as long as rows 0 .. pos0 - 1 were filled by earlier calls.
+ * out [tokens, hidden] must not overlap x or the cache. Returns 0, GANG_EINVAL (NULL
+ * pointer, zero tokens, pos0 + tokens > cache->cap or > INT32_MAX), GANG_ENOMEM, a
+ * kernel error or the communicator's error; on a communicator error the cache rows of
+ * these tokens are written but out is garbage.
+ */
+int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
+                              const float *x, size_t tokens, size_t pos0,
+                              gang_tp_kv_cache *cache, float *out, uint64_t timeout_ms);
+
+/*
+ * One whole decoder layer, in place on the residual stream x [tokens, hidden]:
+ *   x = x + attention(rmsnorm(x, attn_norm));  x = x + mlp(rmsnorm(x, mlp_norm))
+ * with the arguments and errors of the two blocks (two all-reduces). Needs the norm
+ * weights (GANG_EINVAL otherwise). On error x is garbage.
+ */
+int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
+                          float *x, size_t tokens, size_t pos0, gang_tp_kv_cache *cache,
+                          uint64_t timeout_ms);
+
+/* ================================ end of tensor-parallel layers ======================== */
+
 #endif /* GANGLION_PARALLEL_H */

@@ -1,0 +1,822 @@
+/*
+ * Communicator benchmark: `ganglion bench allreduce`, in the manner of nccl-tests'
+ * all_reduce_perf.
+ *
+ * Method: for every message size (4 KiB, then times 4, up to 64 MiB of f32) each rank runs
+ * warm-up all-reduces that are not timed, then a timed loop of iterations and reports its
+ * own mean time per call. Across ranks the benchmark prints the average, the minimum and
+ * the maximum; bandwidths come from the average time, as nccl-tests does:
+ *
+ *     algbw = bytes / time          busbw = algbw * 2 (n - 1) / n
+ *
+ * busbw is the rate a ring all-reduce drives every link at, so it can be compared across
+ * rank counts and against the hardware. The peer, Open MPI's MPI_Allreduce on the same
+ * sizes with the same iteration counts (bench/mpi-allreduce.c under mpirun), runs in the
+ * same invocation; every line carries ratio = ganglion busbw / MPI busbw.
+ *
+ * The buffers hold zeros so that repeated in-place sums neither overflow to infinity nor
+ * fall into denormals, either of which would time the FPU instead of the communicator;
+ * the peer uses zeros too.
+ *
+ * Every wait has a deadline: forked ranks are SIGKILLed and mpirun is stopped (SIGTERM,
+ * then SIGKILL to its process group) when --timeout-s passes, and every child is reaped.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "ganglion/comm.h"
+#include "ganglion/common.h"
+
+#include "bench-comm.h"
+#include "bench.h"
+
+#define BC_MIN_BYTES ((size_t)4096)
+#define BC_MAX_BYTES ((size_t)64 << 20)
+#define BC_MAX_SIZES 16
+#define BC_BUDGET_BYTES ((size_t)256 << 20) /* timed bytes per rank and size, roughly */
+#define BC_MIN_ITERS 5
+#define BC_MAX_ITERS 100
+#define BC_OP_TIMEOUT_MS 60000
+#define BC_STOP_GRACE_MS 5000
+#define BC_LINE_MAX 4096
+#define BC_TARGET 0.8
+#define BC_TARGET_MIN_BYTES ((size_t)1 << 20)
+
+/* Command-line options and the size schedule derived from them. */
+typedef struct bc_opts {
+    int ranks;                     /* world size */
+    gang_comm_backend backend;     /* socket or mpi */
+    size_t max_bytes;              /* largest message */
+    int timeout_s;                 /* deadline of the ganglion run and of the peer run */
+    int no_peer;                   /* skip mpirun mpi-allreduce */
+    int nsizes;                    /* entries of the three arrays below */
+    size_t bytes[BC_MAX_SIZES];    /* message sizes, multiples of 4 */
+    int iters[BC_MAX_SIZES];       /* timed iterations per size */
+    int warmup[BC_MAX_SIZES];      /* untimed iterations per size */
+} bc_opts;
+
+/* Per-size results across ranks, in microseconds per call. */
+typedef struct bc_stats {
+    double avg, min, max;
+    int count; /* ranks (or peer lines) that reported this size */
+} bc_stats;
+
+/* Parsing state of one result stream: per-rank times for ganglion, stats for the peer. */
+typedef struct bc_sink {
+    const bc_opts *o;
+    double *times;   /* ranks x nsizes, -1 until reported; NULL for the peer */
+    bc_stats *stats; /* nsizes; filled directly from the peer's lines */
+    char error[256]; /* first "error" a rank reported */
+} bc_sink;
+
+/* ---------------------------------------------------------------------------------
+ * Schedule and helpers.
+ * --------------------------------------------------------------------------------- */
+
+/* Fills the size schedule: 4 KiB times 4 up to max_bytes, fewer iterations when larger. */
+static void bc_schedule(bc_opts *o)
+{
+    o->nsizes = 0;
+    for (size_t b = BC_MIN_BYTES; b <= o->max_bytes && o->nsizes < BC_MAX_SIZES; b *= 4) {
+        size_t it = BC_BUDGET_BYTES / b;
+        if (it < BC_MIN_ITERS)
+            it = BC_MIN_ITERS;
+        if (it > BC_MAX_ITERS)
+            it = BC_MAX_ITERS;
+        o->bytes[o->nsizes] = b;
+        o->iters[o->nsizes] = (int)it;
+        o->warmup[o->nsizes] = it / 10 > 0 ? (int)(it / 10) : 1;
+        o->nsizes++;
+    }
+}
+
+/* Index of bytes in the schedule, or -1. */
+static int bc_size_index(const bc_opts *o, double bytes)
+{
+    for (int i = 0; i < o->nsizes; i++) {
+        if ((double)o->bytes[i] == bytes)
+            return i;
+    }
+    return -1;
+}
+
+/* Writes "a,b,c" of the n integers of vals (size_t when sz, int otherwise) into out. */
+static void bc_format_list(char *out, size_t cap, const void *vals, int n, int sz)
+{
+    size_t used = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i < n && used < cap; i++) {
+        unsigned long long v = sz ? (unsigned long long)((const size_t *)vals)[i]
+                                  : (unsigned long long)((const int *)vals)[i];
+        int w = snprintf(out + used, cap - used, "%s%llu", i ? "," : "", v);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/*
+ * Parses a comma-separated list of at most BC_MAX_SIZES integers in [lo, hi] into vals
+ * (size_t when sz, int otherwise). Returns the count, or GANG_EINVAL.
+ */
+static int bc_parse_list(const char *s, void *vals, int sz, int64_t lo, int64_t hi)
+{
+    char buf[512], *save = NULL;
+    int n = 0;
+
+    if (gang_strlcpy(buf, s, sizeof buf) != 0)
+        return GANG_EINVAL;
+    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        int64_t x;
+        if (n >= BC_MAX_SIZES || gang_parse_i64(tok, lo, hi, &x) != 0)
+            return GANG_EINVAL;
+        if (sz)
+            ((size_t *)vals)[n++] = (size_t)x;
+        else
+            ((int *)vals)[n++] = (int)x;
+    }
+    return n > 0 ? n : GANG_EINVAL;
+}
+
+static double bc_round(double x, int digits)
+{
+    double f = 1;
+
+    for (int i = 0; i < digits; i++)
+        f *= 10;
+    return (double)(long long)(x * f + (x >= 0 ? 0.5 : -0.5)) / f;
+}
+
+/* Prints one cJSON object as a line on stdout and frees it. */
+static void bc_emit(cJSON *obj)
+{
+    char *s = obj != NULL ? cJSON_PrintUnformatted(obj) : NULL;
+
+    if (s != NULL) {
+        printf("%s\n", s);
+        fflush(stdout);
+    }
+    cJSON_free(s);
+    cJSON_Delete(obj);
+}
+
+/* ---------------------------------------------------------------------------------
+ * One rank: the timed loop, shared by forked socket ranks and mpirun-started mpi ranks.
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * Runs the whole schedule on comm and writes one line {"rank","bytes","time_us"} per size
+ * to out_fd (one write each, so lines of ranks sharing a pipe do not interleave). Returns
+ * 0, or the first collective's error after writing {"rank","error"}.
+ */
+static int bc_rank_loop(gang_comm *comm, const bc_opts *o, int out_fd)
+{
+    uint32_t rank = gang_comm_rank(comm);
+    float *buf = calloc(o->bytes[o->nsizes - 1] / sizeof(float), sizeof(float));
+    int rc = 0;
+
+    if (buf == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_report;
+    }
+    for (int s = 0; s < o->nsizes; s++) {
+        size_t count = o->bytes[s] / sizeof(float);
+        uint64_t t0;
+        double us;
+
+        for (int i = 0; i < o->warmup[s] && rc == 0; i++)
+            rc = gang_comm_all_reduce(comm, buf, count, GANG_DTYPE_F32, BC_OP_TIMEOUT_MS);
+        t0 = gang_now_ns();
+        for (int i = 0; i < o->iters[s] && rc == 0; i++)
+            rc = gang_comm_all_reduce(comm, buf, count, GANG_DTYPE_F32, BC_OP_TIMEOUT_MS);
+        if (rc != 0)
+            goto out_report;
+        us = (double)(gang_now_ns() - t0) / 1e3 / o->iters[s];
+        dprintf(out_fd, "{\"rank\":%u,\"bytes\":%zu,\"time_us\":%.3f}\n", (unsigned)rank,
+                o->bytes[s], us);
+    }
+
+out_report:
+    if (rc != 0)
+        dprintf(out_fd, "{\"rank\":%u,\"error\":\"%s\"}\n", (unsigned)rank, gang_err_name(rc));
+    free(buf);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Collecting results from a pipe.
+ * --------------------------------------------------------------------------------- */
+
+/* Takes one result line: a rank's time, a rank's error, or a peer's per-size stats. */
+static void bc_sink_line(bc_sink *k, const char *line)
+{
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(j, "bytes");
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+    int s = cJSON_IsNumber(bytes) ? bc_size_index(k->o, bytes->valuedouble) : -1;
+
+    if (j == NULL) {
+        gang_debug("bench allreduce: ignoring output line '%s'", line);
+        return;
+    }
+    if (cJSON_IsString(err) && k->error[0] == '\0')
+        snprintf(k->error, sizeof k->error, "%s", err->valuestring);
+    if (s >= 0 && k->times != NULL) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rank");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "time_us");
+        if (cJSON_IsNumber(r) && cJSON_IsNumber(t) && r->valueint >= 0 &&
+            r->valueint < k->o->ranks)
+            k->times[(size_t)r->valueint * (size_t)k->o->nsizes + (size_t)s] = t->valuedouble;
+    } else if (s >= 0) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "time_us_avg");
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(j, "time_us_min");
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(j, "time_us_max");
+        if (cJSON_IsNumber(a) && cJSON_IsNumber(mn) && cJSON_IsNumber(mx)) {
+            k->stats[s].avg = a->valuedouble;
+            k->stats[s].min = mn->valuedouble;
+            k->stats[s].max = mx->valuedouble;
+            k->stats[s].count = 1;
+        }
+    }
+    cJSON_Delete(j);
+}
+
+/*
+ * Reads lines from fd into k until every writer closed it (EOF) or deadline_ms passes.
+ * Returns 0 at EOF, GANG_ETIMEDOUT at the deadline, or a read error. fd stays open.
+ */
+static int bc_collect(int fd, bc_sink *k, uint64_t deadline_ms)
+{
+    char line[BC_LINE_MAX];
+    size_t used = 0;
+
+    for (;;) {
+        uint64_t now = gang_now_ms();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+        int pr;
+
+        if (now >= deadline_ms)
+            return GANG_ETIMEDOUT;
+        pr = poll(&p, 1, (int)(deadline_ms - now > 1000 ? 1000 : deadline_ms - now));
+        if (pr < 0 && errno != EINTR)
+            return gang_err_from_errno(errno);
+        if (pr <= 0)
+            continue;
+        n = read(fd, line + used, sizeof line - 1 - used);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n < 0)
+            return gang_err_from_errno(errno);
+        if (n == 0)
+            break;
+        used += (size_t)n;
+        line[used] = '\0';
+        /* Hand over every complete line; a line longer than the buffer is dropped. */
+        char *start = line, *nl;
+        while ((nl = strchr(start, '\n')) != NULL) {
+            *nl = '\0';
+            bc_sink_line(k, start);
+            start = nl + 1;
+        }
+        used = (size_t)(line + used - start);
+        memmove(line, start, used);
+        if (used == sizeof line - 1)
+            used = 0;
+    }
+    if (used > 0) {
+        line[used] = '\0';
+        bc_sink_line(k, line);
+    }
+    return 0;
+}
+
+/* Turns per-rank times into per-size stats; a size some rank did not report has count 0. */
+static void bc_times_to_stats(const bc_opts *o, const double *times, bc_stats *st)
+{
+    for (int s = 0; s < o->nsizes; s++) {
+        bc_stats x = {.avg = 0, .min = 0, .max = 0, .count = 0};
+        for (int r = 0; r < o->ranks; r++) {
+            double t = times[(size_t)r * (size_t)o->nsizes + (size_t)s];
+            if (t < 0)
+                continue;
+            x.min = x.count == 0 || t < x.min ? t : x.min;
+            x.max = x.count == 0 || t > x.max ? t : x.max;
+            x.avg += t;
+            x.count++;
+        }
+        if (x.count > 0)
+            x.avg /= x.count;
+        st[s] = x.count == o->ranks ? x : (bc_stats){.count = 0};
+    }
+}
+
+/* ---------------------------------------------------------------------------------
+ * The socket backend: forked ranks.
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * Forks o->ranks ranks of the socket backend on 127.0.0.1 and collects their times into
+ * st. Rank 0's listener is created before the fork, so that every child knows the blob.
+ * Every child is reaped before returning: after the deadline, or once the results are
+ * in, the ones still running are SIGKILLed. Returns 0, GANG_ETIMEDOUT, GANG_EPEER (a rank
+ * failed; why says how) or another GANG_E* code.
+ */
+static int bc_run_socket(const bc_opts *o, bc_stats *st, char *why, size_t whycap)
+{
+    char blob[256];
+    size_t blob_len = 0;
+    gang_comm_listener *l = NULL;
+    pid_t *pids = calloc((size_t)o->ranks, sizeof *pids);
+    double *times = malloc((size_t)o->ranks * (size_t)o->nsizes * sizeof *times);
+    bc_sink k = {.o = o, .times = times, .stats = st};
+    uint64_t deadline = gang_now_ms() + (uint64_t)o->timeout_s * 1000u;
+    int fds[2] = {-1, -1};
+    int started = 0, failed = 0;
+    int rc;
+
+    if (pids == NULL || times == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_free;
+    }
+    for (size_t i = 0; i < (size_t)o->ranks * (size_t)o->nsizes; i++)
+        times[i] = -1;
+    rc = gang_comm_socket_listen("127.0.0.1", &l, blob, sizeof blob, &blob_len);
+    if (rc != 0) {
+        snprintf(why, whycap, "cannot listen: %s", gang_strerror(rc));
+        goto out_free;
+    }
+    if (pipe(fds) != 0) {
+        rc = gang_err_from_errno(errno);
+        goto out_listener;
+    }
+    fflush(NULL);
+    for (; started < o->ranks; started++) {
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+            rc = gang_err_from_errno(errno);
+            snprintf(why, whycap, "fork: %s", strerror(errno));
+            goto out_reap;
+        }
+        if (pid == 0) {
+            gang_comm_config cfg = {.backend = GANG_COMM_SOCKET,
+                                    .rank = (uint32_t)started,
+                                    .world_size = (uint32_t)o->ranks,
+                                    .blob = (const uint8_t *)blob,
+                                    .blob_len = blob_len,
+                                    .listener = started == 0 ? l : NULL,
+                                    .advertise_host = "127.0.0.1",
+                                    .timeout_ms = BC_OP_TIMEOUT_MS};
+            gang_comm *comm = NULL;
+            int crc;
+
+            /* A rank must not outlive the benchmark that collects its results. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent)
+                _exit(1);
+            close(fds[0]);
+            gang_log_set_identity(-1, started);
+            if (started != 0)
+                gang_comm_listener_free(l); /* only this copy of the descriptor */
+            crc = gang_comm_init(&cfg, &comm);
+            if (crc != 0)
+                dprintf(fds[1], "{\"rank\":%d,\"error\":\"init: %s\"}\n", started,
+                        gang_err_name(crc));
+            else
+                crc = bc_rank_loop(comm, o, fds[1]);
+            gang_comm_free(comm);
+            _exit(crc == 0 ? 0 : 1);
+        }
+        pids[started] = pid;
+    }
+    close(fds[1]);
+    fds[1] = -1;
+    rc = bc_collect(fds[0], &k, deadline);
+    if (rc == GANG_ETIMEDOUT)
+        snprintf(why, whycap, "ranks did not finish within %d s", o->timeout_s);
+
+out_reap:
+    gang_comm_listener_free(l); /* the parent's copy; rank 0 owns its own */
+    l = NULL;
+    /* Ranks that have written EOF are exiting; give them until the deadline, no longer. */
+    for (int i = 0; i < started; i++) {
+        int status = 0;
+        while (pids[i] > 0 && gang_now_ms() < deadline &&
+               waitpid(pids[i], &status, WNOHANG) == 0)
+            gang_sleep_ms(2);
+        if (pids[i] > 0 && gang_now_ms() >= deadline) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], &status, 0);
+            status = -1;
+        }
+        if (status != 0)
+            failed++;
+    }
+    if (fds[0] >= 0)
+        close(fds[0]);
+    if (fds[1] >= 0)
+        close(fds[1]);
+    bc_times_to_stats(o, times, st);
+    if (rc == 0 && (failed > 0 || k.error[0] != '\0')) {
+        snprintf(why, whycap, "%d rank(s) failed%s%s", failed, k.error[0] ? ": " : "",
+                 k.error);
+        rc = GANG_EPEER;
+    }
+out_listener:
+    gang_comm_listener_free(l);
+out_free:
+    free(times);
+    free(pids);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * mpirun: the mpi backend and the peer.
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * Runs argv (mpirun ...) in a process group of its own with stdout into a pipe, collects
+ * its lines into k until EOF or deadline_ms and reaps it. On the deadline mpirun gets
+ * SIGTERM (it stops its ranks), then after BC_STOP_GRACE_MS SIGKILL to its whole group;
+ * the ranks themselves die with their parent (PR_SET_PDEATHSIG in both rank programs).
+ * Returns 0, GANG_ETIMEDOUT, GANG_EPEER (mpirun failed) or another GANG_E* code.
+ */
+static int bc_run_mpirun(char *const *argv, bc_sink *k, uint64_t deadline_ms, char *why,
+                         size_t whycap)
+{
+    int fds[2];
+    int status = 0;
+    pid_t pid;
+    int rc;
+
+    if (pipe(fds) != 0)
+        return gang_err_from_errno(errno);
+    fflush(NULL);
+    pid = fork();
+    if (pid < 0) {
+        rc = gang_err_from_errno(errno);
+        close(fds[0]);
+        close(fds[1]);
+        return rc;
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        /* Open MPI's single-copy shared memory needs ptrace rights that containers
+         * usually withhold. */
+        setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+        execvp(argv[0], argv);
+        dprintf(2, "ganglion bench: cannot exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    setpgid(pid, pid); /* also from here, so that it holds before the child runs */
+    close(fds[1]);
+    rc = bc_collect(fds[0], k, deadline_ms);
+    close(fds[0]);
+    if (rc == GANG_ETIMEDOUT) {
+        kill(pid, SIGTERM);
+        for (uint64_t end = gang_now_ms() + BC_STOP_GRACE_MS;
+             gang_now_ms() < end && waitpid(pid, &status, WNOHANG) == 0;)
+            gang_sleep_ms(5);
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        snprintf(why, whycap, "mpirun did not finish in time");
+        return rc;
+    }
+    /* EOF: mpirun is exiting; it still gets only the rest of the deadline. */
+    while (gang_now_ms() < deadline_ms && waitpid(pid, &status, WNOHANG) == 0)
+        gang_sleep_ms(5);
+    if (gang_now_ms() >= deadline_ms) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        snprintf(why, whycap, "mpirun did not exit in time");
+        return GANG_ETIMEDOUT;
+    }
+    if (rc == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+        snprintf(why, whycap, "mpirun failed (wait status 0x%x)%s%s", (unsigned)status,
+                 k->error[0] ? ": " : "", k->error);
+        rc = GANG_EPEER;
+    }
+    return rc;
+}
+
+/*
+ * Runs `mpirun --allow-run-as-root --oversubscribe -np N PROG [PRE_ARGS] --sizes ...
+ * --iters ... --warmup ...` and collects its lines into k. Returns 1 with a reason when
+ * mpirun or PROG is missing (the caller prints "skipped"), otherwise bc_run_mpirun's code.
+ */
+static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *pre, int npre,
+                              bc_sink *k, char *why, size_t whycap)
+{
+    char mpirun[PATH_MAX], np[16], sizes[512], iters[512], warm[512];
+    char *argv[32];
+    int n = 0;
+
+    if (!gang__bench_find_in_path("mpirun", mpirun, sizeof mpirun)) {
+        snprintf(why, whycap, "mpirun not found in PATH (install openmpi-bin)");
+        return 1;
+    }
+    if (access(prog, X_OK) != 0) {
+        snprintf(why, whycap, "%s not built (needs MPI at configure time)", prog);
+        return 1;
+    }
+    snprintf(np, sizeof np, "%d", o->ranks);
+    bc_format_list(sizes, sizeof sizes, o->bytes, o->nsizes, 1);
+    bc_format_list(iters, sizeof iters, o->iters, o->nsizes, 0);
+    bc_format_list(warm, sizeof warm, o->warmup, o->nsizes, 0);
+    argv[n++] = mpirun;
+    argv[n++] = "--allow-run-as-root";
+    argv[n++] = "--oversubscribe";
+    argv[n++] = "-np";
+    argv[n++] = np;
+    argv[n++] = (char *)prog;
+    for (int i = 0; i < npre && n < 20; i++)
+        argv[n++] = pre[i];
+    argv[n++] = "--sizes";
+    argv[n++] = sizes;
+    argv[n++] = "--iters";
+    argv[n++] = iters;
+    argv[n++] = "--warmup";
+    argv[n++] = warm;
+    argv[n] = NULL;
+    return bc_run_mpirun(argv, k, gang_now_ms() + (uint64_t)o->timeout_s * 1000u, why,
+                         whycap);
+}
+
+/* ---------------------------------------------------------------------------------
+ * The hidden per-rank subcommand for the mpi backend.
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * `allreduce-rank --backend mpi --sizes L --iters L --warmup L`: one rank started by
+ * mpirun. Rank and world come from Open MPI's environment (OMPI_COMM_WORLD_RANK/SIZE),
+ * which gang_comm_init checks against MPI_COMM_WORLD. Prints its lines on stdout.
+ */
+static int bc_rank_main(int argc, char **argv)
+{
+    bc_opts o = {.backend = GANG_COMM_MPI};
+    const char *rs = getenv("OMPI_COMM_WORLD_RANK");
+    const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
+    int64_t rank = 0, world = 0;
+    int ns = 0, ni = 0, nw = 0;
+    gang_comm *comm = NULL;
+    int rc;
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--sizes") == 0)
+            ns = bc_parse_list(argv[i + 1], o.bytes, 1, 4, (int64_t)BC_MAX_BYTES);
+        else if (strcmp(argv[i], "--iters") == 0)
+            ni = bc_parse_list(argv[i + 1], o.iters, 0, 1, 1000000);
+        else if (strcmp(argv[i], "--warmup") == 0)
+            nw = bc_parse_list(argv[i + 1], o.warmup, 0, 0, 1000000);
+        else if (strcmp(argv[i], "--backend") != 0 || strcmp(argv[i + 1], "mpi") != 0)
+            ns = GANG_EINVAL;
+    }
+    if (ns <= 0 || ns != ni || ns != nw || rs == NULL || ws == NULL ||
+        gang_parse_i64(rs, 0, 65535, &rank) != 0 || gang_parse_i64(ws, 1, 65536, &world) != 0) {
+        fprintf(stderr, "ganglion bench allreduce-rank: needs --backend mpi, equally long "
+                        "--sizes/--iters/--warmup lists and to run under Open MPI's mpirun\n");
+        return GANG_EXIT_USAGE;
+    }
+    o.nsizes = ns;
+    o.ranks = (int)world;
+    gang_log_set_identity(-1, (int)rank);
+    gang_comm_config cfg = {.backend = GANG_COMM_MPI,
+                            .rank = (uint32_t)rank,
+                            .world_size = (uint32_t)world,
+                            .timeout_ms = BC_OP_TIMEOUT_MS};
+    rc = gang_comm_init(&cfg, &comm);
+    if (rc != 0) {
+        printf("{\"rank\":%d,\"error\":\"init: %s\"}\n", (int)rank, gang_err_name(rc));
+        fflush(stdout);
+        return GANG_EXIT_TEMPFAIL;
+    }
+    fflush(stdout);
+    rc = bc_rank_loop(comm, &o, 1);
+    gang_comm_free(comm);
+    return rc == 0 ? GANG_EXIT_OK : GANG_EXIT_TEMPFAIL;
+}
+
+/* ---------------------------------------------------------------------------------
+ * The benchmark.
+ * --------------------------------------------------------------------------------- */
+
+static void bc_usage(void)
+{
+    fprintf(stderr, "usage: ganglion bench allreduce [--ranks N] [--backend socket|mpi] "
+                    "[--max-bytes B] [--timeout-s S] [--no-peer]\n");
+}
+
+/* Parses argv (argv[0] is "allreduce") into o; returns 0 or GANG_EUSAGE after printing. */
+static int bc_parse(int argc, char **argv, bc_opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int64_t x;
+
+        if (strcmp(a, "--no-peer") == 0) {
+            o->no_peer = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            goto out_bad;
+        if (strcmp(a, "--backend") == 0) {
+            a = argv[++i];
+            if (strcmp(a, "socket") == 0)
+                o->backend = GANG_COMM_SOCKET;
+            else if (strcmp(a, "mpi") == 0)
+                o->backend = GANG_COMM_MPI;
+            else
+                goto out_bad;
+        } else if (strcmp(a, "--ranks") == 0) {
+            if (gang_parse_i64(argv[++i], 2, 64, &x) != 0)
+                goto out_bad;
+            o->ranks = (int)x;
+        } else if (strcmp(a, "--max-bytes") == 0) {
+            if (gang_parse_i64(argv[++i], (int64_t)BC_MIN_BYTES, (int64_t)BC_MAX_BYTES * 4,
+                               &x) != 0)
+                goto out_bad;
+            o->max_bytes = (size_t)x;
+        } else if (strcmp(a, "--timeout-s") == 0) {
+            if (gang_parse_i64(argv[++i], 1, 86400, &x) != 0)
+                goto out_bad;
+            o->timeout_s = (int)x;
+        } else {
+            goto out_bad;
+        }
+    }
+    return 0;
+
+out_bad:
+    fprintf(stderr, "ganglion bench allreduce: bad or incomplete argument near '%s'\n",
+            argv[argc - 1]);
+    bc_usage();
+    return GANG_EUSAGE;
+}
+
+/* Adds time_us_avg/min/max, algbw_gbps and busbw_gbps (GB/s = 1e9 B/s) of st to obj. */
+static void bc_add_stats(cJSON *obj, const char *prefix, const bc_stats *st, size_t bytes,
+                         int ranks, double *busbw)
+{
+    char key[64];
+    double alg = (double)bytes / (st->avg * 1e-6) / 1e9;
+
+    *busbw = alg * 2.0 * (ranks - 1) / ranks;
+    snprintf(key, sizeof key, "%stime_us_avg", prefix);
+    cJSON_AddNumberToObject(obj, key, bc_round(st->avg, 2));
+    snprintf(key, sizeof key, "%stime_us_min", prefix);
+    cJSON_AddNumberToObject(obj, key, bc_round(st->min, 2));
+    snprintf(key, sizeof key, "%stime_us_max", prefix);
+    cJSON_AddNumberToObject(obj, key, bc_round(st->max, 2));
+    snprintf(key, sizeof key, "%salgbw_gbps", prefix);
+    cJSON_AddNumberToObject(obj, key, bc_round(alg, 4));
+    snprintf(key, sizeof key, "%sbusbw_gbps", prefix);
+    cJSON_AddNumberToObject(obj, key, bc_round(*busbw, 4));
+}
+
+static int bc_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
+int gang_bench_allreduce_main(int argc, char **argv)
+{
+    bc_opts o = {.ranks = 2, .backend = GANG_COMM_SOCKET, .max_bytes = BC_MAX_BYTES,
+                 .timeout_s = 300};
+    bc_stats g[BC_MAX_SIZES], m[BC_MAX_SIZES];
+    double ratios[BC_MAX_SIZES];
+    int nratios = 0;
+    char why[512] = "", peer_why[512] = "", exe[PATH_MAX], dir[PATH_MAX], prog[PATH_MAX + 32];
+    bc_sink pk = {.o = &o, .stats = m};
+    const char *bname;
+    ssize_t len;
+    int rc, prc = 1;
+
+    if (argc > 0 && strcmp(argv[0], "allreduce-rank") == 0)
+        return bc_rank_main(argc, argv);
+    if (bc_parse(argc, argv, &o) != 0)
+        return GANG_EXIT_USAGE;
+    bc_schedule(&o);
+    memset(g, 0, sizeof g);
+    memset(m, 0, sizeof m);
+    signal(SIGPIPE, SIG_IGN);
+    bname = gang_comm_backend_name(o.backend);
+    len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        gang_error("bench allreduce: cannot read /proc/self/exe: %s", strerror(errno));
+        return GANG_EXIT_INTERNAL;
+    }
+    exe[len] = '\0';
+    gang_strlcpy(dir, exe, sizeof dir);
+    if (strrchr(dir, '/') != NULL)
+        *strrchr(dir, '/') = '\0';
+
+    gang_info("bench allreduce: backend %s, %d ranks, %d sizes up to %zu bytes", bname,
+              o.ranks, o.nsizes, o.max_bytes);
+    if (o.backend == GANG_COMM_SOCKET) {
+        rc = bc_run_socket(&o, g, why, sizeof why);
+    } else {
+        double *times = malloc((size_t)o.ranks * (size_t)o.nsizes * sizeof *times);
+        bc_sink k = {.o = &o, .times = times, .stats = g};
+        char *pre[] = {"bench", "allreduce-rank", "--backend", "mpi"};
+
+        if (times == NULL)
+            return GANG_EXIT_INTERNAL;
+        for (size_t i = 0; i < (size_t)o.ranks * (size_t)o.nsizes; i++)
+            times[i] = -1;
+        rc = bc_mpirun_schedule(&o, exe, pre, 4, &k, why, sizeof why);
+        bc_times_to_stats(&o, times, g);
+        free(times);
+        if (rc == 1)
+            rc = GANG_ENOSYS;
+    }
+    if (rc != 0)
+        gang_error("bench allreduce: ganglion %s run failed: %s (%s)", bname, why,
+                   gang_err_name(rc));
+
+    if (!o.no_peer) {
+        snprintf(prog, sizeof prog, "%s/mpi-allreduce", dir);
+        gang_info("bench allreduce: peer mpirun -np %d %s", o.ranks, prog);
+        prc = bc_mpirun_schedule(&o, prog, NULL, 0, &pk, peer_why, sizeof peer_why);
+        if (prc == 1) {
+            cJSON *skip = cJSON_CreateObject();
+            cJSON_AddStringToObject(skip, "bench", "allreduce");
+            cJSON_AddStringToObject(skip, "peer", "mpirun mpi-allreduce");
+            cJSON_AddStringToObject(skip, "skipped", peer_why);
+            bc_emit(skip);
+        } else if (prc != 0) {
+            gang_error("bench allreduce: peer failed: %s (%s)", peer_why, gang_err_name(prc));
+        }
+    }
+
+    for (int s = 0; s < o.nsizes; s++) {
+        cJSON *line = cJSON_CreateObject();
+        double gb = 0, mb = 0;
+
+        cJSON_AddStringToObject(line, "bench", "allreduce");
+        cJSON_AddStringToObject(line, "backend", bname);
+        cJSON_AddNumberToObject(line, "ranks", o.ranks);
+        cJSON_AddNumberToObject(line, "bytes", (double)o.bytes[s]);
+        cJSON_AddNumberToObject(line, "iters", o.iters[s]);
+        cJSON_AddNumberToObject(line, "warmup", o.warmup[s]);
+        if (g[s].count > 0)
+            bc_add_stats(line, "", &g[s], o.bytes[s], o.ranks, &gb);
+        else
+            cJSON_AddStringToObject(line, "error", why[0] ? why : "not measured");
+        if (m[s].count > 0) {
+            bc_add_stats(line, "mpi_", &m[s], o.bytes[s], o.ranks, &mb);
+            if (g[s].count > 0 && mb > 0) {
+                cJSON_AddNumberToObject(line, "ratio", bc_round(gb / mb, 3));
+                if (o.bytes[s] >= BC_TARGET_MIN_BYTES)
+                    ratios[nratios++] = gb / mb;
+            }
+        } else if (!o.no_peer && prc != 1) {
+            cJSON_AddStringToObject(line, "mpi_error", peer_why[0] ? peer_why : "not measured");
+        }
+        bc_emit(line);
+    }
+
+    cJSON *sum = cJSON_CreateObject();
+    cJSON_AddStringToObject(sum, "bench", "allreduce");
+    cJSON_AddStringToObject(sum, "summary", "ratio = ganglion busbw / Open MPI busbw");
+    cJSON_AddStringToObject(sum, "backend", bname);
+    cJSON_AddNumberToObject(sum, "ranks", o.ranks);
+    cJSON_AddNumberToObject(sum, "sizes_ge_1mib", nratios);
+    if (nratios > 0) {
+        double med;
+        qsort(ratios, (size_t)nratios, sizeof ratios[0], bc_cmp_double);
+        med = nratios % 2 ? ratios[nratios / 2]
+                          : (ratios[nratios / 2 - 1] + ratios[nratios / 2]) / 2;
+        cJSON_AddNumberToObject(sum, "median_ratio_ge_1mib", bc_round(med, 3));
+        cJSON_AddNumberToObject(sum, "min_ratio_ge_1mib", bc_round(ratios[0], 3));
+        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
+        cJSON_AddBoolToObject(sum, "target_met", med >= BC_TARGET);
+    } else {
+        cJSON_AddNullToObject(sum, "median_ratio_ge_1mib");
+        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
+        cJSON_AddNullToObject(sum, "target_met");
+    }
+    if (rc != 0)
+        cJSON_AddStringToObject(sum, "error", why[0] ? why : gang_err_name(rc));
+    bc_emit(sum);
+    return rc == 0 ? GANG_EXIT_OK : GANG_EXIT_TEMPFAIL;
+}

@@ -1,0 +1,592 @@
+/*
+ * Tests of the tensor-parallel layers (parallel/tp-layers.c): for TP = 1, 2 and 4, with
+ * the ranks as threads over the socket backend, every rank's output of the MLP block,
+ * the attention block and the whole decoder layer (prefill, then decode steps at
+ * pos0 > 0) equals the single-rank forward on the full weights; the single-rank MLP
+ * itself equals a naive loop. GQA is covered with kv heads split (n_kv_heads >= tp) and
+ * replicated (n_kv_heads < tp). A gang abort during a layer returns GANG_EABORTED.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ganglion/comm.h"
+#include "ganglion/kernels.h"
+#include "ganglion/parallel.h"
+
+#define MAX_RANKS 4
+#define HOST "127.0.0.1"
+#define OP_TIMEOUT_MS 20000
+
+/* Model shape: small enough to run in milliseconds, large enough for 4-way splits. */
+#define HIDDEN 64
+#define N_HEADS 8
+#define HEAD_DIM (HIDDEN / N_HEADS)
+#define FFN 128
+#define PREFILL 5 /* tokens of the prefill step, at positions 0 .. PREFILL - 1 */
+#define DECODES 2 /* single-token steps after it, at positions PREFILL, PREFILL + 1 */
+#define CACHE_CAP 16
+#define ROPE_THETA 10000.0f
+#define NORM_EPS 1e-5f
+#define REL_TOL 1e-4
+
+/* ---------------------------------------------------------------------------------
+ * A random model and the outputs one rank produces from it.
+ * --------------------------------------------------------------------------------- */
+typedef struct model {
+    uint32_t n_kv_heads;
+    float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
+    float x[PREFILL * HIDDEN];    /* prefill input */
+    float x_dec[DECODES][HIDDEN]; /* decode inputs */
+    gang_layer_weights w;
+} model;
+
+/* What one rank computes; compared against the tp = 1 outputs on the main thread. */
+typedef struct outputs {
+    float mlp[PREFILL * HIDDEN];      /* MLP block on x */
+    float attn[PREFILL * HIDDEN];     /* attention block, prefill */
+    float attn_dec[DECODES][HIDDEN];  /* attention block, decode steps */
+    float layer[PREFILL * HIDDEN];    /* whole layer, prefill */
+    float layer_dec[DECODES][HIDDEN]; /* whole layer, decode steps */
+} outputs;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+/* Uniform in [-1, 1) from xorshift64*: deterministic across runs and platforms. */
+static float rnd(void)
+{
+    double u;
+
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    u = (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+    return (float)(2.0 * u - 1.0);
+}
+
+/* A random rows x cols matrix with entries in [-scale, scale). */
+static float *rnd_matrix(size_t rows, size_t cols, float scale)
+{
+    float *m = malloc(rows * cols * sizeof(float));
+    size_t i;
+
+    assert_non_null(m);
+    for (i = 0; i < rows * cols; i++)
+        m[i] = rnd() * scale;
+    return m;
+}
+
+static void model_init(model *m, uint32_t n_kv_heads)
+{
+    size_t kv_dim = (size_t)n_kv_heads * HEAD_DIM, i;
+    float s_h = 1.0f / sqrtf((float)HIDDEN), s_f = 1.0f / sqrtf((float)FFN);
+
+    memset(m, 0, sizeof(*m));
+    m->n_kv_heads = n_kv_heads;
+    m->attn_norm = rnd_matrix(1, HIDDEN, 0.2f);
+    m->mlp_norm = rnd_matrix(1, HIDDEN, 0.2f);
+    for (i = 0; i < HIDDEN; i++) {
+        m->attn_norm[i] += 1.0f;
+        m->mlp_norm[i] += 1.0f;
+    }
+    /* Large q/k weights give peaked softmaxes, so a wrong head mapping cannot hide. */
+    m->wq = rnd_matrix(HIDDEN, HIDDEN, 3.0f * s_h);
+    m->wk = rnd_matrix(kv_dim, HIDDEN, 3.0f * s_h);
+    m->wv = rnd_matrix(kv_dim, HIDDEN, s_h);
+    m->wo = rnd_matrix(HIDDEN, HIDDEN, s_h);
+    m->w_gate = rnd_matrix(FFN, HIDDEN, 2.0f * s_h);
+    m->w_up = rnd_matrix(FFN, HIDDEN, s_h);
+    m->w_down = rnd_matrix(HIDDEN, FFN, s_f);
+    for (i = 0; i < PREFILL * HIDDEN; i++)
+        m->x[i] = rnd();
+    for (i = 0; i < DECODES * HIDDEN; i++)
+        m->x_dec[i / HIDDEN][i % HIDDEN] = rnd();
+    m->w = (gang_layer_weights){.attn_norm = m->attn_norm,
+                                .wq = m->wq,
+                                .wk = m->wk,
+                                .wv = m->wv,
+                                .wo = m->wo,
+                                .mlp_norm = m->mlp_norm,
+                                .w_gate = m->w_gate,
+                                .w_up = m->w_up,
+                                .w_down = m->w_down};
+}
+
+static void model_free(model *m)
+{
+    free(m->attn_norm);
+    free(m->wq);
+    free(m->wk);
+    free(m->wv);
+    free(m->wo);
+    free(m->mlp_norm);
+    free(m->w_gate);
+    free(m->w_up);
+    free(m->w_down);
+}
+
+static int topology_for(uint32_t tp, uint32_t n_kv_heads, gang_topology *t)
+{
+    gang_topology_config cfg = {
+        .nnodes = 1,
+        .nproc_per_node = (int32_t)tp,
+        .tp = (int32_t)tp,
+        .pp = 1,
+        .allow_cross_node_tp = 0,
+        .n_layers = 1,
+        .n_heads = N_HEADS,
+        .n_kv_heads = (int32_t)n_kv_heads,
+        .ffn = FFN,
+        .hidden = HIDDEN,
+        .vocab = 16,
+    };
+
+    return gang_topology_init(&cfg, t, NULL, 0);
+}
+
+/*
+ * Runs every block of one rank: the MLP on x, the attention block over a prefill and
+ * the decode steps (its own cache), and the whole layer likewise (a second cache, since
+ * the layer feeds the attention a normed input). Returns 0 or the first error.
+ */
+static int rank_forward(const model *m, uint32_t tp, uint32_t tp_rank, gang_comm *comm, outputs *o)
+{
+    gang_topology t;
+    gang_tp_layer l;
+    gang_kernels *k = NULL;
+    gang_tp_kv_cache ca = {0}, cl = {0};
+    size_t kv_row, d;
+    int rc;
+
+    memset(&l, 0, sizeof(l));
+    rc = topology_for(tp, m->n_kv_heads, &t);
+    if (rc != 0)
+        return rc;
+    rc = gang_kernels_open("cpu", &k);
+    if (rc != 0)
+        return rc;
+    rc = gang_tp_layer_init(&l, &t, tp_rank, &m->w, ROPE_THETA, NORM_EPS);
+    if (rc != 0)
+        goto out;
+    kv_row = (size_t)l.shard.kv_head_count * HEAD_DIM;
+    ca.cap = cl.cap = CACHE_CAP;
+    ca.k = calloc(CACHE_CAP * kv_row, sizeof(float));
+    ca.v = calloc(CACHE_CAP * kv_row, sizeof(float));
+    cl.k = calloc(CACHE_CAP * kv_row, sizeof(float));
+    cl.v = calloc(CACHE_CAP * kv_row, sizeof(float));
+    if (ca.k == NULL || ca.v == NULL || cl.k == NULL || cl.v == NULL) {
+        rc = GANG_ENOMEM;
+        goto out;
+    }
+
+    rc = gang_tp_mlp_forward(&l, k, comm, m->x, PREFILL, o->mlp, OP_TIMEOUT_MS);
+    if (rc != 0)
+        goto out;
+    rc = gang_tp_attention_forward(&l, k, comm, m->x, PREFILL, 0, &ca, o->attn, OP_TIMEOUT_MS);
+    if (rc != 0)
+        goto out;
+    memcpy(o->layer, m->x, sizeof(o->layer));
+    rc = gang_tp_layer_forward(&l, k, comm, o->layer, PREFILL, 0, &cl, OP_TIMEOUT_MS);
+    if (rc != 0)
+        goto out;
+    for (d = 0; d < DECODES; d++) {
+        rc = gang_tp_attention_forward(&l, k, comm, m->x_dec[d], 1, PREFILL + d, &ca,
+                                       o->attn_dec[d], OP_TIMEOUT_MS);
+        if (rc != 0)
+            goto out;
+        memcpy(o->layer_dec[d], m->x_dec[d], sizeof(o->layer_dec[d]));
+        rc =
+            gang_tp_layer_forward(&l, k, comm, o->layer_dec[d], 1, PREFILL + d, &cl, OP_TIMEOUT_MS);
+        if (rc != 0)
+            goto out;
+    }
+
+out:
+    free(ca.k);
+    free(ca.v);
+    free(cl.k);
+    free(cl.v);
+    gang_tp_layer_free(&l);
+    gang_kernels_close(k);
+    return rc;
+}
+
+/*
+ * Norm-wise relative error: max |got - ref| over max |ref|. An element-wise ratio would
+ * blow up on outputs that happen to be near zero, which say nothing about the split.
+ */
+static double rel_err(const float *got, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)got[i] - (double)ref[i]));
+        den = fmax(den, fabs((double)ref[i]));
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+static void assert_close(const char *what, const float *got, const float *ref, size_t n,
+                         uint32_t tp, uint32_t rank, uint32_t n_kv)
+{
+    double e = rel_err(got, ref, n);
+
+    if (!(e <= REL_TOL))
+        fail_msg("%s: tp=%u rank=%u n_kv_heads=%u relative error %g > %g", what, tp, rank, n_kv, e,
+                 REL_TOL);
+}
+
+/* ---------------------------------------------------------------------------------
+ * A gang of threads over the socket backend (as in test-comm.c).
+ * --------------------------------------------------------------------------------- */
+typedef struct rank_ctx rank_ctx;
+typedef int (*rank_body)(rank_ctx *x, gang_comm *c);
+
+typedef struct gang_run {
+    uint32_t n;
+    char blob[256];
+    size_t blob_len;
+    pthread_barrier_t ready; /* every rank initialised (or failed), plus main */
+    rank_body body;
+    const model *m;
+} gang_run;
+
+struct rank_ctx {
+    gang_run *run;
+    uint32_t rank;
+    gang_comm_listener *listener; /* rank 0 only */
+    gang_comm *_Atomic comm;      /* published for the controlling main thread */
+    int init_rc, body_rc;
+    uint64_t elapsed_ms; /* measured by a body */
+    outputs out;
+};
+
+static void *rank_main(void *arg)
+{
+    rank_ctx *x = arg;
+    gang_comm_config cfg;
+    gang_comm *c = NULL;
+
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.backend = GANG_COMM_SOCKET;
+    cfg.rank = x->rank;
+    cfg.world_size = x->run->n;
+    cfg.blob = (const uint8_t *)x->run->blob;
+    cfg.blob_len = x->run->blob_len;
+    cfg.listener = x->listener;
+    cfg.advertise_host = HOST;
+    cfg.timeout_ms = 10000;
+    x->init_rc = gang_comm_init(&cfg, &c);
+    atomic_store(&x->comm, c);
+    pthread_barrier_wait(&x->run->ready);
+    if (x->init_rc == 0)
+        x->body_rc = x->run->body(x, c);
+    c = atomic_exchange(&x->comm, NULL);
+    gang_comm_free(c);
+    return NULL;
+}
+
+typedef void (*gang_controller)(rank_ctx *xs, uint32_t n);
+
+/* Runs body on n ranks; controller (may be NULL) runs on the main thread meanwhile. */
+static void run_gang(uint32_t n, const model *m, rank_body body, gang_controller controller,
+                     rank_ctx *xs)
+{
+    static gang_run run;
+    pthread_t th[MAX_RANKS];
+    uint32_t r;
+
+    memset(&run, 0, sizeof(run));
+    memset(xs, 0, sizeof(*xs) * n);
+    run.n = n;
+    run.body = body;
+    run.m = m;
+    assert_int_equal(
+        gang_comm_socket_listen(HOST, &xs[0].listener, run.blob, sizeof(run.blob), &run.blob_len),
+        0);
+    assert_int_equal(pthread_barrier_init(&run.ready, NULL, n + 1), 0);
+    for (r = 0; r < n; r++) {
+        xs[r].run = &run;
+        xs[r].rank = r;
+        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &xs[r]), 0);
+    }
+    pthread_barrier_wait(&run.ready);
+    if (controller != NULL)
+        controller(xs, n);
+    for (r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&run.ready);
+    for (r = 0; r < n; r++)
+        assert_int_equal(xs[r].init_rc, 0);
+}
+
+static int forward_body(rank_ctx *x, gang_comm *c)
+{
+    return rank_forward(x->run->m, x->run->n, x->rank, c, &x->out);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Tests
+ * --------------------------------------------------------------------------------- */
+
+/* The naive MLP: out[t][o] = sum_f w_down[o][f] * silu(gate_f(x_t)) * up_f(x_t). */
+static void naive_mlp(const model *m, const float *x, size_t tokens, float *out)
+{
+    double act[FFN];
+    size_t t, f, i, o;
+
+    for (t = 0; t < tokens; t++) {
+        for (f = 0; f < FFN; f++) {
+            double g = 0.0, u = 0.0;
+
+            for (i = 0; i < HIDDEN; i++) {
+                g += (double)m->w_gate[f * HIDDEN + i] * x[t * HIDDEN + i];
+                u += (double)m->w_up[f * HIDDEN + i] * x[t * HIDDEN + i];
+            }
+            act[f] = g / (1.0 + exp(-g)) * u;
+        }
+        for (o = 0; o < HIDDEN; o++) {
+            double s = 0.0;
+
+            for (f = 0; f < FFN; f++)
+                s += (double)m->w_down[o * FFN + f] * act[f];
+            out[t * HIDDEN + o] = (float)s;
+        }
+    }
+}
+
+/* The slicing helpers cut the right bands and refuse bands outside the matrix. */
+static void test_slices(void **state)
+{
+    float src[3 * 4] = {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23}, dst[12];
+    const float rows_want[] = {10, 11, 12, 13, 20, 21, 22, 23};
+    const float cols_want[] = {1, 2, 11, 12, 21, 22};
+
+    (void)state;
+    assert_int_equal(gang_tp_slice_rows(src, 3, 4, 1, 2, dst), 0);
+    assert_memory_equal(dst, rows_want, sizeof(rows_want));
+    assert_int_equal(gang_tp_slice_cols(src, 3, 4, 1, 2, dst), 0);
+    assert_memory_equal(dst, cols_want, sizeof(cols_want));
+    assert_int_equal(gang_tp_slice_rows(src, 3, 4, 2, 2, dst), GANG_EINVAL);
+    assert_int_equal(gang_tp_slice_cols(src, 3, 4, 3, 2, dst), GANG_EINVAL);
+    assert_int_equal(gang_tp_slice_rows(NULL, 3, 4, 0, 1, dst), GANG_EINVAL);
+    assert_int_equal(gang_tp_slice_cols(src, 3, 4, 0, 0, dst), GANG_EINVAL);
+}
+
+/* Argument checks: a communicator is required for tp > 1, a cache must be large enough. */
+static void test_invalid(void **state)
+{
+    model m;
+    gang_topology t;
+    gang_tp_layer l;
+    gang_kernels *k = NULL;
+    gang_tp_kv_cache cache = {0};
+    float out[PREFILL * HIDDEN];
+    gang_layer_weights w;
+
+    (void)state;
+    model_init(&m, 2);
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(topology_for(2, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 2, &m.w, ROPE_THETA, NORM_EPS), GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, 0.0f, NORM_EPS), GANG_EINVAL);
+    w = m.w;
+    w.wk = NULL;
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &w, ROPE_THETA, NORM_EPS), GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 1, &m.w, ROPE_THETA, NORM_EPS), 0);
+    /* A NULL communicator on a rank of a 2-way group would skip the reduction. */
+    assert_int_equal(gang_tp_mlp_forward(&l, k, NULL, m.x, PREFILL, out, OP_TIMEOUT_MS),
+                     GANG_EINVAL);
+    gang_tp_layer_free(&l);
+
+    assert_int_equal(topology_for(1, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
+    cache.cap = PREFILL - 1;
+    cache.k = calloc(2 * HEAD_DIM * PREFILL, sizeof(float));
+    cache.v = calloc(2 * HEAD_DIM * PREFILL, sizeof(float));
+    assert_non_null(cache.k);
+    assert_non_null(cache.v);
+    assert_int_equal(
+        gang_tp_attention_forward(&l, k, NULL, m.x, PREFILL, 0, &cache, out, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+    assert_int_equal(gang_tp_attention_forward(&l, k, NULL, m.x, 0, 0, &cache, out, OP_TIMEOUT_MS),
+                     GANG_EINVAL);
+    free(cache.k);
+    free(cache.v);
+    gang_tp_layer_free(&l);
+    gang_tp_layer_free(NULL);
+    gang_kernels_close(k);
+    model_free(&m);
+}
+
+/*
+ * For one GQA shape: the single-rank forward (comm = NULL) is the reference, its MLP is
+ * checked against the naive loop, and TP = 1, 2, 4 over sockets must match it on every
+ * rank.
+ */
+static void check_equivalence(uint32_t n_kv_heads)
+{
+    static const uint32_t tps[] = {1, 2, 4};
+    static rank_ctx xs[MAX_RANKS];
+    static outputs ref;
+    float naive[PREFILL * HIDDEN];
+    model m;
+    size_t i, d;
+    uint32_t r;
+
+    model_init(&m, n_kv_heads);
+    assert_int_equal(rank_forward(&m, 1, 0, NULL, &ref), 0);
+    naive_mlp(&m, m.x, PREFILL, naive);
+    assert_close("mlp vs naive", ref.mlp, naive, PREFILL * HIDDEN, 1, 0, n_kv_heads);
+
+    for (i = 0; i < sizeof(tps) / sizeof(tps[0]); i++) {
+        run_gang(tps[i], &m, forward_body, NULL, xs);
+        for (r = 0; r < tps[i]; r++) {
+            const outputs *o = &xs[r].out;
+
+            if (xs[r].body_rc != 0)
+                fail_msg("tp=%u rank=%u n_kv_heads=%u: %s", tps[i], r, n_kv_heads,
+                         gang_err_name(xs[r].body_rc));
+            assert_close("mlp", o->mlp, ref.mlp, PREFILL * HIDDEN, tps[i], r, n_kv_heads);
+            assert_close("attention prefill", o->attn, ref.attn, PREFILL * HIDDEN, tps[i], r,
+                         n_kv_heads);
+            assert_close("layer prefill", o->layer, ref.layer, PREFILL * HIDDEN, tps[i], r,
+                         n_kv_heads);
+            for (d = 0; d < DECODES; d++) {
+                assert_close("attention decode", o->attn_dec[d], ref.attn_dec[d], HIDDEN, tps[i], r,
+                             n_kv_heads);
+                assert_close("layer decode", o->layer_dec[d], ref.layer_dec[d], HIDDEN, tps[i], r,
+                             n_kv_heads);
+            }
+        }
+    }
+    model_free(&m);
+}
+
+/* n_kv_heads = 8 > tp: kv heads split with the query heads (plain MHA, group of 1). */
+static void test_equivalence_kv_split(void **state)
+{
+    (void)state;
+    check_equivalence(8);
+}
+
+/* n_kv_heads = 2: split for tp = 2 (GQA group of 4), replicated twice for tp = 4. */
+static void test_equivalence_kv_gqa2(void **state)
+{
+    (void)state;
+    check_equivalence(2);
+}
+
+/* n_kv_heads = 1 (multi-query): replicated on every rank for tp = 2 and 4. */
+static void test_equivalence_kv_mqa(void **state)
+{
+    (void)state;
+    check_equivalence(1);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Abort during a layer.
+ * --------------------------------------------------------------------------------- */
+static atomic_int release_idle;
+static _Atomic uint64_t abort_at_ms;
+
+/*
+ * Rank 0 runs a whole layer, which blocks in the attention all-reduce because rank 1
+ * never calls it; the controller aborts the gang and rank 0 must come back with
+ * GANG_EABORTED. Rank 1 keeps its communicator until then so that rank 0 sees the abort
+ * rather than a lost peer.
+ */
+static int abort_body(rank_ctx *x, gang_comm *c)
+{
+    const model *m = x->run->m;
+    gang_topology t;
+    gang_tp_layer l;
+    gang_kernels *k = NULL;
+    gang_tp_kv_cache cache = {0};
+    float h[PREFILL * HIDDEN];
+    int rc;
+
+    if (x->rank != 0) {
+        while (!atomic_load(&release_idle))
+            gang_sleep_ms(5);
+        return 0;
+    }
+    rc = topology_for(x->run->n, m->n_kv_heads, &t);
+    if (rc != 0)
+        return rc;
+    rc = gang_kernels_open("cpu", &k);
+    if (rc != 0)
+        return rc;
+    rc = gang_tp_layer_init(&l, &t, x->rank, &m->w, ROPE_THETA, NORM_EPS);
+    if (rc != 0)
+        goto out_kernels;
+    cache.cap = CACHE_CAP;
+    cache.k = calloc(CACHE_CAP * (size_t)l.shard.kv_head_count * HEAD_DIM, sizeof(float));
+    cache.v = calloc(CACHE_CAP * (size_t)l.shard.kv_head_count * HEAD_DIM, sizeof(float));
+    if (cache.k == NULL || cache.v == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_layer;
+    }
+    memcpy(h, m->x, sizeof(h));
+    rc = gang_tp_layer_forward(&l, k, c, h, PREFILL, 0, &cache, 30000);
+    x->elapsed_ms = gang_now_ms() - atomic_load(&abort_at_ms);
+    while (!atomic_load(&release_idle))
+        gang_sleep_ms(5);
+
+out_layer:
+    free(cache.k);
+    free(cache.v);
+    gang_tp_layer_free(&l);
+out_kernels:
+    gang_kernels_close(k);
+    return rc;
+}
+
+static void abort_controller(rank_ctx *xs, uint32_t n)
+{
+    uint32_t r;
+
+    gang_sleep_ms(200); /* let rank 0 block in the all-reduce */
+    atomic_store(&abort_at_ms, gang_now_ms());
+    for (r = 0; r < n; r++)
+        gang_comm_abort(atomic_load(&xs[r].comm));
+    atomic_store(&release_idle, 1);
+}
+
+static void test_abort_during_layer(void **state)
+{
+    static rank_ctx xs[MAX_RANKS];
+    model m;
+
+    (void)state;
+    model_init(&m, 2);
+    atomic_store(&release_idle, 0);
+    run_gang(2, &m, abort_body, abort_controller, xs);
+    assert_int_equal(xs[0].body_rc, GANG_EABORTED);
+    assert_true(xs[0].elapsed_ms < 1000);
+    assert_int_equal(xs[1].body_rc, 0);
+    model_free(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slices),
+        cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_equivalence_kv_split),
+        cmocka_unit_test(test_equivalence_kv_gqa2),
+        cmocka_unit_test(test_equivalence_kv_mqa),
+        cmocka_unit_test(test_abort_during_layer),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
