@@ -7,11 +7,19 @@
  * its non-blocking form (MPI_Iallreduce, MPI_Iallgather, MPI_Ibcast, MPI_Isend/Irecv,
  * MPI_Ibarrier, MPI_Comm_idup) and driven by mpi_wait(), which calls MPI_Test in a loop
  * until the request completes, the deadline passes (GANG_ETIMEDOUT) or gang_comm_abort()
- * sets the aborted flag (GANG_EABORTED). Open MPI has no asynchronous progress thread, so
- * MPI_Test is what moves a collective forward: mpi_wait() therefore polls without sleeping
- * for the first GANG_MPI_SPIN_NS and only then backs off with short sleeps (50 to 200 us),
- * which keeps the latency of a short operation low and a long wait (a pipeline stage idle
- * on its recv) from burning a core.
+ * sets the aborted flag (GANG_EABORTED). Open MPI has no asynchronous progress thread:
+ * a non-blocking collective or a large (rendezvous, fragmented) message moves forward only
+ * inside MPI calls, one step per MPI_Test, so any sleep between two tests stalls the
+ * transfer of every rank waiting on this one. Measured with 2 ranks on shared memory, the
+ * former 2 ms of spinning followed by 50-200 us sleeps made a 16 MiB all_reduce 8x and a
+ * 64 MiB one 4x slower than with continuous polling. Collectives, sends and the
+ * communicator duplication therefore poll continuously (MPI_Test, then sched_yield() so
+ * that an oversubscribed core goes to the peer that has work), exactly as Open MPI's own
+ * blocking calls do, checking the aborted flag and the deadline after every test. Only a
+ * receive, which may legitimately wait a long time (a pipeline stage idle until its
+ * predecessor sends), backs off to short sleeps (50 to 200 us) after GANG_MPI_SPIN_NS of
+ * polling, so that an idle stage does not burn a core; a receive of a large message that
+ * is already under way may be slowed by these sleeps.
  *
  * After GANG_ETIMEDOUT or GANG_EABORTED the request is still in flight inside MPI: it can
  * be neither cancelled (collectives, sends) nor completed safely, because a late peer may
@@ -47,8 +55,10 @@
 
 #include "comm-backend.h"
 
-/* Busy polling before the first sleep of mpi_wait(), and the range of its sleeps. */
+/* Busy polling before the first sleep of a receive's mpi_wait(), and the range of its
+ * sleeps; GANG_MPI_SPIN_FOREVER makes mpi_wait() poll until completion, abort or deadline. */
 #define GANG_MPI_SPIN_NS 2000000ull
+#define GANG_MPI_SPIN_FOREVER UINT64_MAX
 #define GANG_MPI_SLEEP_MIN_NS 50000ull
 #define GANG_MPI_SLEEP_MAX_NS 200000ull
 /* How long a cancelled receive may take to complete before it is left in flight. */
@@ -56,12 +66,19 @@
 /* Largest element count handed to one MPI call (MPI counts are int); larger all_reduce and
  * broadcast buffers are processed in chunks of this many elements. */
 #define GANG_MPI_MAX_CHUNK ((size_t)1 << 30)
+/* Smallest all_reduce, in bytes, that uses the ring of point-to-point messages instead of
+ * MPI_Iallreduce (see mpi_all_reduce()). */
+#define GANG_MPI_RING_MIN_BYTES ((size_t)256 << 10)
 
 /* State of one MPI communicator (c->impl). */
 typedef struct mpi_comm {
-    MPI_Comm comm; /* our own communicator: a duplicate of WORLD or a split of one */
-    int tag_ub;    /* largest tag MPI accepts (MPI_TAG_UB) */
-    int poisoned;  /* a request was left in flight: the communicator must not be freed */
+    MPI_Comm comm;      /* our own communicator: a duplicate of WORLD or a split of one */
+    MPI_Comm ring;      /* duplicate of comm for the ring all_reduce's messages, so that
+                           they never match a send or recv of the user, whatever its tag */
+    int tag_ub;         /* largest tag MPI accepts (MPI_TAG_UB) */
+    int poisoned;       /* a request was left in flight: the communicator must not be freed */
+    void *scratch;      /* receive buffer of the ring all_reduce, kept between calls */
+    size_t scratch_cap; /* bytes at scratch */
 } mpi_comm;
 
 /* Process-wide state of the backend; every field is guarded by mpi_state_lock. */
@@ -149,14 +166,18 @@ static void mpi_nap(uint64_t ns)
 }
 
 /*
- * Drives *req to completion, filling *st (may be MPI_STATUS_IGNORE). Returns 0, the
- * mapped MPI error, GANG_EABORTED when c's aborted flag is set (c may be NULL during
- * init, when only the deadline applies) or GANG_ETIMEDOUT when deadline_ns passes. On
- * GANG_EABORTED and GANG_ETIMEDOUT *req is still in flight and belongs to MPI; the caller
- * decides whether to cancel it or leave the communicator poisoned.
+ * Drives *req to completion, filling *st (may be MPI_STATUS_IGNORE). Polls MPI_Test
+ * continuously (yielding the core between tests) for spin_ns, then with sleeps of
+ * GANG_MPI_SLEEP_MIN_NS growing to GANG_MPI_SLEEP_MAX_NS; spin_ns = GANG_MPI_SPIN_FOREVER
+ * never sleeps, which is what a collective needs to progress at full speed (see the top of
+ * the file). Returns 0, the mapped MPI error, GANG_EABORTED when c's aborted flag is set
+ * (c may be NULL during init, when only the deadline applies) or GANG_ETIMEDOUT when
+ * deadline_ns passes; both are checked after every test. On GANG_EABORTED and
+ * GANG_ETIMEDOUT *req is still in flight and belongs to MPI; the caller decides whether to
+ * cancel it or leave the communicator poisoned.
  */
 static int mpi_wait(gang_comm *c, MPI_Request *req, MPI_Status *st, uint64_t deadline_ns,
-                    const char *what)
+                    uint64_t spin_ns, const char *what)
 {
     uint64_t start = gang_now_ns();
     uint64_t nap = 0;
@@ -178,7 +199,7 @@ static int mpi_wait(gang_comm *c, MPI_Request *req, MPI_Status *st, uint64_t dea
         now = gang_now_ns();
         if (now >= deadline_ns)
             return GANG_ETIMEDOUT;
-        if (now - start < GANG_MPI_SPIN_NS) {
+        if (now - start < spin_ns) {
             sched_yield();
             continue;
         }
@@ -210,7 +231,7 @@ static int mpi_fail(gang_comm *c, int err, const char *what)
 /* Waits for a request of c and poisons c if it is left in flight; returns 0 or an error. */
 static int mpi_wait_op(gang_comm *c, MPI_Request *req, uint64_t deadline_ns, const char *what)
 {
-    int err = mpi_wait(c, req, MPI_STATUS_IGNORE, deadline_ns, what);
+    int err = mpi_wait(c, req, MPI_STATUS_IGNORE, deadline_ns, GANG_MPI_SPIN_FOREVER, what);
 
     if (err == GANG_ETIMEDOUT || err == GANG_EABORTED)
         return mpi_fail(c, err, what);
@@ -385,6 +406,7 @@ static int mpi_init(gang_comm *c, const gang_comm_config *cfg)
         goto out;
     }
     m->comm = MPI_COMM_NULL;
+    m->ring = MPI_COMM_NULL;
     m->tag_ub = mpi_tag_ub;
     mpi_enter();
     rc = MPI_Comm_idup(MPI_COMM_WORLD, &m->comm, &req);
@@ -393,7 +415,7 @@ static int mpi_init(gang_comm *c, const gang_comm_config *cfg)
         err = mpi_error(rc, "MPI_Comm_idup");
         goto out_free;
     }
-    err = mpi_wait(c, &req, MPI_STATUS_IGNORE, deadline, "MPI_Comm_idup");
+    err = mpi_wait(c, &req, MPI_STATUS_IGNORE, deadline, GANG_MPI_SPIN_FOREVER, "MPI_Comm_idup");
     if (err != 0) {
         /* The duplication is still in flight: leak m, MPI may write m->comm later. */
         m = NULL;
@@ -405,6 +427,20 @@ static int mpi_init(gang_comm *c, const gang_comm_config *cfg)
     if (rc != MPI_SUCCESS) {
         err = mpi_error(rc, "MPI_Comm_set_errhandler");
         goto out_comm;
+    }
+    /* The ring's communicator inherits MPI_ERRORS_RETURN from m->comm. */
+    mpi_enter();
+    rc = MPI_Comm_idup(m->comm, &m->ring, &req);
+    mpi_leave();
+    if (rc != MPI_SUCCESS) {
+        err = mpi_error(rc, "MPI_Comm_idup");
+        goto out_comm;
+    }
+    err = mpi_wait(c, &req, MPI_STATUS_IGNORE, deadline, GANG_MPI_SPIN_FOREVER, "MPI_Comm_idup");
+    if (err != 0) {
+        /* As above: the duplication is still in flight, so m is leaked. */
+        m = NULL;
+        goto out;
     }
     c->rank = (uint32_t)rank;
     c->size = (uint32_t)size;
@@ -436,9 +472,12 @@ static void mpi_free(gang_comm *c)
         return;
     if (!m->poisoned) {
         mpi_enter();
+        MPI_Comm_free(&m->ring);
         MPI_Comm_free(&m->comm);
         mpi_leave();
+        free(m->scratch);
     }
+    /* A poisoned communicator leaks its scratch too: a ring receive may still write it. */
     free(m);
     c->impl = NULL;
     mpi_ref_put();
@@ -472,6 +511,7 @@ static int mpi_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeou
     if (cm == NULL)
         return GANG_ENOMEM;
     cm->comm = MPI_COMM_NULL;
+    cm->ring = MPI_COMM_NULL;
     cm->tag_ub = m->tag_ub;
     mpi_enter();
     rc = MPI_Ibarrier(m->comm, &req);
@@ -487,6 +527,9 @@ static int mpi_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeou
     rc = MPI_Comm_split(m->comm, (int)color, (int)key, &cm->comm);
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_set_errhandler(cm->comm, MPI_ERRORS_RETURN);
+    /* Every member has just completed the split, so this blocking dup completes too. */
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_dup(cm->comm, &cm->ring);
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_rank(cm->comm, &rank);
     if (rc == MPI_SUCCESS)
@@ -504,19 +547,150 @@ static int mpi_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeou
     return 0;
 
 out_comm:
-    if (cm->comm != MPI_COMM_NULL) {
-        mpi_enter();
+    mpi_enter();
+    if (cm->ring != MPI_COMM_NULL)
+        MPI_Comm_free(&cm->ring);
+    if (cm->comm != MPI_COMM_NULL)
         MPI_Comm_free(&cm->comm);
-        mpi_leave();
-    }
+    mpi_leave();
 out_free:
     free(cm);
     return err;
 }
 
 /*
- * In-place sum with MPI_Iallreduce(MPI_IN_PLACE); f16 and bf16 use the user-defined
- * operations above. Buffers beyond GANG_MPI_MAX_CHUNK elements go in several calls.
+ * Drives the n requests reqs[] of c to completion with MPI_Testall, polling continuously
+ * like mpi_wait() with GANG_MPI_SPIN_FOREVER. Returns 0 or an error recorded on c; on
+ * GANG_ETIMEDOUT and GANG_EABORTED the requests are still in flight and c is poisoned.
+ */
+static int mpi_wait_all(gang_comm *c, MPI_Request *reqs, int n, uint64_t deadline_ns,
+                        const char *what)
+{
+    int err = 0;
+
+    for (;;) {
+        int done = 0;
+        int rc;
+
+        mpi_enter();
+        rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        mpi_leave();
+        if (rc != MPI_SUCCESS) {
+            err = mpi_error(rc, what);
+            break;
+        }
+        if (done)
+            return 0;
+        if (atomic_load(&c->aborted)) {
+            err = GANG_EABORTED;
+            break;
+        }
+        if (gang_now_ns() >= deadline_ns) {
+            err = GANG_ETIMEDOUT;
+            break;
+        }
+        sched_yield();
+    }
+    /* After an MPI error the state of the other requests is unknown: treat them as in
+     * flight, like after a timeout. */
+    return mpi_fail(c, err, what);
+}
+
+/*
+ * One step of the ring: sends send_len elements at send to the right neighbour and
+ * receives recv_len elements from the left one into recv, both on m->ring, and waits for
+ * both under the deadline. Returns 0 or an error recorded on c (c is then poisoned).
+ */
+static int mpi_ring_step(gang_comm *c, const void *send, size_t send_len, void *recv,
+                         size_t recv_len, gang_dtype dt, uint64_t deadline_ns)
+{
+    mpi_comm *m = c->impl;
+    int right = (int)((c->rank + 1) % c->size);
+    int left = (int)((c->rank + c->size - 1) % c->size);
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc;
+
+    mpi_enter();
+    rc = MPI_Irecv(recv, (int)recv_len, mpi_type_of(dt), left, 0, m->ring, &reqs[0]);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Isend(send, (int)send_len, mpi_type_of(dt), right, 0, m->ring, &reqs[1]);
+    mpi_leave();
+    if (rc != MPI_SUCCESS) {
+        /* A receive already posted cannot be withdrawn safely: c is unusable. */
+        mpi_error(rc, "all_reduce ring");
+        return mpi_fail(c, GANG_EIO, "all_reduce");
+    }
+    return mpi_wait_all(c, reqs, 2, deadline_ns, "all_reduce");
+}
+
+/*
+ * Ring all_reduce of count elements at buf over c's size ranks (at least 2), as NCCL and
+ * Open MPI's tuned MPI_Allreduce do: the buffer is cut into size blocks; in size - 1
+ * reduce-scatter steps every rank sends one block to its right neighbour and adds the
+ * block it receives from its left one into its own copy, after which rank r holds the
+ * full sum of block (r + 1) % size; size - 1 allgather steps then pass the summed blocks
+ * around. Every rank sends and receives 2 (size - 1) / size of the buffer, all links busy
+ * at once. Every block must fit an int (the caller checks). Returns 0 or an error
+ * recorded on c.
+ */
+static int mpi_ring_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
+                               uint64_t deadline_ns)
+{
+    mpi_comm *m = c->impl;
+    size_t esize = gang_dtype_size(dt);
+    size_t p = c->size;
+    size_t r = c->rank;
+    size_t most = (count + p - 1) / p;
+    char *b = buf;
+    int err;
+
+    if (m->scratch_cap < most * esize) {
+        void *n = malloc(most * esize);
+
+        if (n == NULL) {
+            gang__comm_set_error(c, GANG_ENOMEM);
+            return GANG_ENOMEM;
+        }
+        free(m->scratch);
+        m->scratch = n;
+        m->scratch_cap = most * esize;
+    }
+    /* Block i spans elements [i * count / p, (i + 1) * count / p). */
+#define RING_OFF(i) ((i) * count / p)
+#define RING_LEN(i) (RING_OFF((i) + 1) - RING_OFF(i))
+    for (size_t s = 0; s + 1 < p; s++) {
+        size_t out = (r + p - s) % p;
+        size_t in = (r + p - s - 1) % p;
+
+        err = mpi_ring_step(c, b + RING_OFF(out) * esize, RING_LEN(out), m->scratch,
+                            RING_LEN(in), dt, deadline_ns);
+        if (err != 0)
+            return err;
+        gang__comm_reduce_sum(b + RING_OFF(in) * esize, m->scratch, RING_LEN(in), dt);
+    }
+    for (size_t s = 0; s + 1 < p; s++) {
+        size_t out = (r + 1 + p - s) % p;
+        size_t in = (r + p - s) % p;
+
+        err = mpi_ring_step(c, b + RING_OFF(out) * esize, RING_LEN(out),
+                            b + RING_OFF(in) * esize, RING_LEN(in), dt, deadline_ns);
+        if (err != 0)
+            return err;
+    }
+#undef RING_OFF
+#undef RING_LEN
+    return 0;
+}
+
+/*
+ * In-place sum. Buffers of at least GANG_MPI_RING_MIN_BYTES (with blocks that fit an int)
+ * use mpi_ring_all_reduce(): Open MPI's libnbc, behind MPI_Iallreduce, sums 2 or 3 ranks
+ * and every in-place buffer by reducing to a root and broadcasting back, two full
+ * transfers one after the other, which measured 0.5-0.7x the blocking MPI_Allreduce at 1
+ * to 64 MiB with 2 ranks; the ring of MPI_Isend/MPI_Irecv measured 1-2x. Smaller buffers,
+ * where latency dominates, use MPI_Iallreduce(MPI_IN_PLACE), in chunks of at most
+ * GANG_MPI_MAX_CHUNK elements. f16 and bf16 use the user-defined operations above, or
+ * gang__comm_reduce_sum() in the ring, which round alike.
  */
 static int mpi_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
 {
@@ -526,6 +700,9 @@ static int mpi_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
     size_t done = 0;
     int err = 0;
 
+    if (c->size > 1 && count * esize >= GANG_MPI_RING_MIN_BYTES &&
+        count / c->size < (size_t)INT_MAX)
+        return mpi_ring_all_reduce(c, buf, count, dt, deadline);
     while (err == 0 && done < count) {
         size_t n = count - done < GANG_MPI_MAX_CHUNK ? count - done : GANG_MPI_MAX_CHUNK;
         MPI_Request req = MPI_REQUEST_NULL;
@@ -680,7 +857,7 @@ static int mpi_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32
         err = mpi_error(rc, "MPI_Irecv");
         goto out_error;
     }
-    err = mpi_wait(c, &req, &st, deadline, "recv");
+    err = mpi_wait(c, &req, &st, deadline, GANG_MPI_SPIN_NS, "recv");
     if (err == GANG_ETIMEDOUT || err == GANG_EABORTED)
         goto out_cancel;
     if (err != 0)
@@ -700,7 +877,7 @@ out_cancel:
     mpi_leave();
     if (rc != MPI_SUCCESS ||
         mpi_wait(NULL, &req, MPI_STATUS_IGNORE, mpi_deadline(0) + GANG_MPI_CANCEL_GRACE_NS,
-                 "recv cancel") != 0)
+                 GANG_MPI_SPIN_NS, "recv cancel") != 0)
         return mpi_fail(c, err, "recv");
     if (err == GANG_ETIMEDOUT)
         gang_error("comm mpi: recv from rank %u tag %u timed out on rank %u", (unsigned)peer,
@@ -731,9 +908,10 @@ static int mpi_barrier(gang_comm *c, uint64_t tmo)
 }
 
 /*
- * Nothing to wake: a blocked operation sleeps at most GANG_MPI_SLEEP_MAX_NS between two
- * looks at the aborted flag, which the front has already set. No MPI call is made here,
- * which is what makes gang_comm_abort() safe from any thread at any MPI thread level.
+ * Nothing to wake: a blocked operation looks at the aborted flag, which the front has
+ * already set, after every MPI_Test, and sleeps at most GANG_MPI_SLEEP_MAX_NS between two
+ * tests (a receive only; the others never sleep). No MPI call is made here, which is what
+ * makes gang_comm_abort() safe from any thread at any MPI thread level.
  */
 static void mpi_abort(gang_comm *c)
 {
