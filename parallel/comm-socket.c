@@ -46,7 +46,8 @@
  * operations of a communicator family must be driven by one thread and never interleaved
  * concurrently (the pipeline and TP layers call them in sequence).
  *
- * Not done yet: the shared-memory fast path for ranks on one host (loopback TCP is used).
+ * Shared memory: see the block comment before sock_ring (below) for the fast path that
+ * pairs of ranks on one host use for their data instead of the TCP byte stream.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,9 +60,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm-backend.h"
@@ -77,6 +81,11 @@
 #define SOCK_HANDSHAKE_MS 2000 /* a connecting peer must say hello within this */
 #define SOCK_MAX_MSG ((uint64_t)1 << 40)
 #define SOCK_BLOB_MAX 512
+#define SOCK_RING_CAP ((uint64_t)4 << 20) /* bytes of one direction's shared ring */
+#define SOCK_RING_HDR 4096                /* control page before the two rings */
+#define SOCK_SHM_LEN (SOCK_RING_HDR + 2 * SOCK_RING_CAP)
+#define SOCK_SPIN_US 50      /* keep polling the rings this long after progress before sleeping */
+#define SOCK_SHM_NAME_MAX 96 /* "/ganglion-" + 32 hex digits + "-lo-hi" fits with room */
 
 /* Refusal statuses of a hello; 0 is acceptance. */
 enum {
@@ -119,8 +128,60 @@ typedef struct sock_op {
     int claimed; /* recv: the peer's reader is filling it */
 } sock_op;
 
+/*
+ * Shared-memory fast path.
+ *
+ * Two ranks on one host share one mapping per pair: a control page, then one ring per
+ * direction (SOCK_RING_CAP bytes each; ring 0 carries lower rank -> higher rank, ring 1
+ * the other way). A ring is a single-producer single-consumer byte stream that carries
+ * exactly the frames (header + payload) the TCP stream would carry, so matching, the
+ * unexpected-message queue and the error rules above are unchanged.
+ *
+ * Each ring has two monotonic 64-bit counters on their own cache lines: head (bytes ever
+ * written, stored only by the writer) and tail (bytes ever read, stored only by the
+ * reader); head - tail is the fill. The writer copies bytes into [head, head + n) modulo
+ * the capacity, then publishes them with a release store of head; the reader loads head
+ * with acquire, so the bytes are visible before it copies them out, and hands the space
+ * back with a release store of tail, which the writer loads with acquire before reusing
+ * it. Neither side ever writes the other's counter, so no read-modify-write is needed.
+ *
+ * The pair's TCP connection stays: it carries the shared-memory handshake at start-up,
+ * then only one-byte doorbells, and its EOF is how a dead peer is seen (GANG_EPEER).
+ * Doorbells are rung only for a peer that may sleep, an eventcount in two flags (one per
+ * side, own cache lines): a side about to sleep in poll() sets its flag, issues a
+ * seq_cst fence and then looks at its rings once more before it sleeps; a side that moved
+ * a counter (data written, or space freed) issues a seq_cst fence and then reads the
+ * peer's flag, ringing when it is set. The two fences order "flag, then look" against
+ * "counter, then flag", so either the sleeper sees the new counter or the mover sees the
+ * flag and rings. The flag is cleared after progress. A doorbell that finds the socket
+ * buffer full is dropped, since unread doorbells already wake the peer. Until it sleeps,
+ * a side spins (SOCK_SPIN_US after its last progress), which spares the wake-up latency.
+ * poll() stays the only place that blocks (with the abort eventfd and the deadline).
+ *
+ * Detection: after the mesh is up, the lower rank of each pair creates a POSIX shared
+ * memory object whose name holds the session id and both ranks, the higher rank tries
+ * to open it, and each tells the other over TCP whether it succeeded. Only a rank that
+ * shares the creator's /dev/shm can open it (the session id is random), so this is an
+ * exact same-host test, stricter than comparing host names or boot ids (containers on
+ * one host that do not share /dev/shm fall back to TCP). The object is unlinked as soon
+ * as the higher rank has it mapped, or as soon as the lower rank learns it failed.
+ */
+typedef struct sock_ring {
+    _Alignas(64) atomic_uint_least64_t head;
+    _Alignas(64) atomic_uint_least64_t tail;
+} sock_ring;
+
+/* The control page holds ring 0 at 0, ring 1 at 128 and the two sleep flags at 256, 320. */
+_Static_assert(sizeof(sock_ring) == 128, "sock_ring must span exactly two cache lines");
+
 typedef struct sock_peer {
     int fd;                       /* -1 for this rank itself */
+    void *shm;                    /* shared mapping of the pair, or NULL for TCP data */
+    sock_ring *tx_ring, *rx_ring; /* control words of both directions, in shm */
+    atomic_int *my_sleep;         /* in shm: set while we may sleep; the peer rings then */
+    atomic_int *peer_sleep;       /* in shm: the peer's flag, read after we move a counter */
+    int bell;                     /* poll() saw the fd readable: drain it before the rings */
+    uint8_t *tx_data, *rx_data;   /* ring bytes, in shm */
     int eof;                      /* the peer closed; noted, an error only if needed */
     sock_msg *uq_head, *uq_tail;  /* unexpected messages, in arrival order */
     uint8_t rx_hdr[SOCK_HDR_LEN]; /* reader state, kept across calls */
@@ -135,9 +196,11 @@ typedef struct sock_peer {
 typedef struct sock_net {
     atomic_int refs;
     atomic_int aborted;
-    atomic_int error; /* first error; poisons the whole family */
-    int abort_fd;     /* eventfd, readable once aborted */
-    uint32_t n;       /* ranks of the root communicator */
+    atomic_int error;                  /* first error; poisons the whole family */
+    int abort_fd;                      /* eventfd, readable once aborted */
+    uint32_t n;                        /* ranks of the root communicator */
+    uint8_t session[SOCK_SESSION_LEN]; /* names the shared-memory objects */
+    uint32_t shm_peers;                /* peers on the shared-memory path */
     sock_peer *peers;
 } sock_net;
 
@@ -728,6 +791,7 @@ static int sock_boot_root(sock_net *net, gang_comm_listener *l, uint64_t deadlin
         rc = GANG_ENOMEM;
         goto out_free;
     }
+    memcpy(net->session, l->session, SOCK_SESSION_LEN);
     memcpy(addrs[0].host, l->host, strlen(l->host) + 1);
     addrs[0].port = l->port;
     rc = sock_accept_ranks(net, l->fd, 0, 1, l->session, deadline, addrs);
@@ -788,6 +852,7 @@ static int sock_boot_rank(sock_net *net, uint32_t rank, const gang_comm_config *
     rc = sock_parse_blob(cfg->blob, cfg->blob_len, host0, &port0, session);
     if (rc < 0)
         return rc;
+    memcpy(net->session, session, SOCK_SESSION_LEN);
     if (cfg->advertise_host == NULL || cfg->advertise_host[0] == '\0' ||
         strlen(cfg->advertise_host) > SOCK_HOST_MAX)
         return GANG_EINVAL;
@@ -837,6 +902,143 @@ out:
     return rc;
 }
 
+/* Writes the shared-memory object name of the pair (lo, hi) into name (SOCK_SHM_NAME_MAX). */
+static void sock_shm_name(const sock_net *net, uint32_t lo, uint32_t hi, char *name)
+{
+    size_t i, k;
+
+    k = (size_t)snprintf(name, SOCK_SHM_NAME_MAX, "/ganglion-");
+    for (i = 0; i < SOCK_SESSION_LEN; i++)
+        k += (size_t)snprintf(name + k, SOCK_SHM_NAME_MAX - k, "%02x", net->session[i]);
+    snprintf(name + k, SOCK_SHM_NAME_MAX - k, "-%u-%u", (unsigned)lo, (unsigned)hi);
+}
+
+/*
+ * Creates (create != 0) or opens the pair's shared object and maps it into peer's ring
+ * pointers; self < peer decides which ring is ours to write. Returns 0 or a negative
+ * code, leaving peer untouched on failure. The creator sizes it (zero-filled, so every
+ * counter and flag starts at 0) and reserves its pages.
+ */
+static int sock_shm_map(sock_net *net, sock_peer *p, uint32_t self, uint32_t peer, int create)
+{
+    char name[SOCK_SHM_NAME_MAX];
+    uint32_t lo = self < peer ? self : peer, hi = self < peer ? peer : self;
+    uint8_t *base;
+    int fd, rc = 0;
+
+    sock_shm_name(net, lo, hi, name);
+    fd = create ? shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)
+                : shm_open(name, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return gang_err_from_errno(errno);
+    if (create && ftruncate(fd, (off_t)SOCK_SHM_LEN) < 0) {
+        rc = gang_err_from_errno(errno);
+        goto out_fd;
+    }
+    /*
+     * Reserve the pages now: a tmpfs that is too small (a container's 64 MiB /dev/shm)
+     * then refuses here and the pair stays on TCP, instead of a SIGBUS at first touch.
+     */
+    if (create) {
+        rc = posix_fallocate(fd, 0, (off_t)SOCK_SHM_LEN);
+        if (rc != 0) {
+            rc = gang_err_from_errno(rc);
+            goto out_fd;
+        }
+    }
+    base = mmap(NULL, SOCK_SHM_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        rc = gang_err_from_errno(errno);
+        goto out_fd;
+    }
+    p->shm = base;
+    /* Ring 0 carries lo -> hi, ring 1 hi -> lo; zero-filled counters are an empty ring. */
+    p->tx_ring = (sock_ring *)(void *)(base + (self == lo ? 0 : 128));
+    p->rx_ring = (sock_ring *)(void *)(base + (self == lo ? 128 : 0));
+    p->tx_data = base + SOCK_RING_HDR + (self == lo ? 0 : SOCK_RING_CAP);
+    p->rx_data = base + SOCK_RING_HDR + (self == lo ? SOCK_RING_CAP : 0);
+    p->my_sleep = (atomic_int *)(void *)(base + (self == lo ? 256 : 320));
+    p->peer_sleep = (atomic_int *)(void *)(base + (self == lo ? 320 : 256));
+    p->bell = 1;
+out_fd:
+    close(fd);
+    if (rc < 0 && create)
+        shm_unlink(name);
+    return rc;
+}
+
+static void sock_shm_unmap(sock_peer *p)
+{
+    munmap(p->shm, SOCK_SHM_LEN);
+    p->shm = NULL;
+    p->tx_ring = p->rx_ring = NULL;
+    p->tx_data = p->rx_data = NULL;
+    p->my_sleep = p->peer_sleep = NULL;
+}
+
+/*
+ * Sets up the shared-memory fast path with every peer that can open our objects (see
+ * the block comment before sock_ring). Runs on the fresh data connections before any
+ * frame: (1) as the lower rank of a pair, create the object and send 1 byte (1 = made);
+ * (2) as the higher rank, read that byte, try to open and map, unlink, answer 1 byte;
+ * (3) as the lower rank, read the answer and unlink / unmap when it failed. Steps (1)
+ * and (2) never wait on a later step of anyone, so the exchange cannot deadlock. A
+ * failure to set up only leaves that pair on TCP; a broken connection is an error.
+ */
+static int sock_shm_setup(sock_net *net, uint32_t self, uint64_t deadline)
+{
+    char name[SOCK_SHM_NAME_MAX];
+    uint8_t b;
+    uint32_t r;
+    int rc;
+
+    for (r = self + 1; r < net->n; r++) {
+        b = sock_shm_map(net, &net->peers[r], self, r, 1) == 0;
+        rc = sock_write_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+        if (rc < 0)
+            goto out_unlink;
+    }
+    for (r = 0; r < self; r++) {
+        rc = sock_read_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+        if (rc < 0)
+            goto out_unlink;
+        if (b == 1) {
+            b = sock_shm_map(net, &net->peers[r], self, r, 0) == 0;
+            sock_shm_name(net, r, self, name);
+            shm_unlink(name);
+        } else {
+            b = 0;
+        }
+        rc = sock_write_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+        if (rc < 0)
+            goto out_unlink;
+    }
+    /* Every higher peer answers, even to a 0, so the stream stays in step. */
+    for (r = self + 1; r < net->n; r++) {
+        rc = sock_read_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+        if (rc < 0)
+            goto out_unlink;
+        if (b != 1 && net->peers[r].shm != NULL) {
+            sock_shm_name(net, self, r, name);
+            shm_unlink(name);
+            sock_shm_unmap(&net->peers[r]);
+        }
+    }
+    for (r = 0; r < net->n; r++)
+        net->shm_peers += net->peers[r].shm != NULL;
+    return 0;
+
+out_unlink:
+    /* Objects we created may still be named; the mappings go with the net. */
+    for (r = self + 1; r < net->n; r++) {
+        if (net->peers[r].shm != NULL) {
+            sock_shm_name(net, self, r, name);
+            shm_unlink(name);
+        }
+    }
+    return rc;
+}
+
 static void sock_net_unref(sock_net *net)
 {
     uint32_t r;
@@ -853,6 +1055,8 @@ static void sock_net_unref(sock_net *net)
             free(m);
         }
         free(p->rx_msg);
+        if (p->shm != NULL)
+            munmap(p->shm, SOCK_SHM_LEN);
         if (p->fd >= 0)
             close(p->fd);
     }
@@ -936,6 +1140,8 @@ static int sock_init(gang_comm *c, const gang_comm_config *cfg)
         rc = net->n > 1 ? sock_boot_root(net, cfg->listener, deadline) : 0;
     else
         rc = sock_boot_rank(net, cfg->rank, cfg, deadline);
+    if (rc == 0 && net->n > 1)
+        rc = sock_shm_setup(net, cfg->rank, deadline);
     if (rc < 0)
         goto out_net;
     sc = sock_comm_new(net, net->n, 0);
@@ -975,6 +1181,108 @@ static void sock_abort(gang_comm *c)
     if (write(sc->net->abort_fd, &one, sizeof(one)) < 0) {
         /* Only EAGAIN (counter saturated) is possible, and then it is readable already. */
     }
+}
+
+/* ---------------------------------------------------------------------------------
+ * Shared-memory rings (protocol in the block comment before sock_ring).
+ * --------------------------------------------------------------------------------- */
+
+/* Copies up to len bytes into the ring without blocking; returns the count (0: full). */
+static size_t sock_ring_write(sock_ring *rg, uint8_t *data, const uint8_t *src, size_t len)
+{
+    uint64_t head = atomic_load_explicit(&rg->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_acquire);
+    uint64_t space = SOCK_RING_CAP - (head - tail);
+    size_t n = len < space ? len : (size_t)space, at = (size_t)(head % SOCK_RING_CAP), first;
+
+    if (n == 0)
+        return 0;
+    first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
+    memcpy(data + at, src, first);
+    memcpy(data, src + first, n - first);
+    atomic_store_explicit(&rg->head, head + n, memory_order_release);
+    return n;
+}
+
+/* Copies up to len bytes out of the ring without blocking; returns the count (0: empty). */
+static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint8_t *dst, size_t len)
+{
+    uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
+    uint64_t avail = head - tail;
+    size_t n = len < avail ? len : (size_t)avail, at = (size_t)(tail % SOCK_RING_CAP), first;
+
+    if (n == 0)
+        return 0;
+    first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
+    memcpy(dst, data + at, first);
+    memcpy(dst + first, data, n - first);
+    atomic_store_explicit(&rg->tail, tail + n, memory_order_release);
+    return n;
+}
+
+/* Whether peer's incoming ring holds unread bytes (0 for a TCP peer). */
+static int sock_shm_readable(const sock_peer *p)
+{
+    if (p->shm == NULL)
+        return 0;
+    return atomic_load_explicit(&p->rx_ring->head, memory_order_acquire) !=
+           atomic_load_explicit(&p->rx_ring->tail, memory_order_relaxed);
+}
+
+/* Sends a one-byte doorbell; a full socket buffer already holds unread doorbells. */
+static void sock_shm_ring_bell(sock_peer *p)
+{
+    uint8_t b = 1;
+
+    if (send(p->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        /* EAGAIN: the peer has doorbells to read; other errors show as EOF on a drain. */
+    }
+}
+
+/* Reads every pending doorbell without blocking; EOF or an error marks the peer gone. */
+static void sock_shm_drain(sock_peer *p)
+{
+    uint8_t buf[256];
+
+    for (;;) {
+        ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+        if (n > 0 && (size_t)n == sizeof(buf))
+            continue;
+        if (n > 0)
+            return;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        p->eof = 1;
+        return;
+    }
+}
+
+/* Monotonic microseconds, for the short spin before sleeping on a shared-memory peer. */
+static uint64_t sock_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Reads up to want bytes from peer without blocking: recv()'s contract for both paths. */
+static ssize_t sock_peer_recv(sock_peer *p, void *dst, size_t want)
+{
+    size_t n;
+
+    if (p->shm == NULL)
+        return recv(p->fd, dst, want, MSG_DONTWAIT);
+    n = sock_ring_read(p->rx_ring, p->rx_data, dst, want);
+    if (n == 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    return (ssize_t)n;
 }
 
 /* ---------------------------------------------------------------------------------
@@ -1095,7 +1403,7 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
 
         if (want > 0) {
             uint8_t *dst = in_hdr ? p->rx_hdr + p->rx_hdr_got : p->rx_dst + p->rx_got;
-            ssize_t n = recv(p->fd, dst, want, MSG_DONTWAIT);
+            ssize_t n = sock_peer_recv(p, dst, want);
 
             if (n < 0 && errno == EINTR)
                 continue;
@@ -1143,11 +1451,36 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
     }
 }
 
+/* Writes op (header then payload) into the peer's ring as far as it goes without blocking. */
+static void sock_tx_shm(sock_peer *p, sock_op *op)
+{
+    while (!op->complete) {
+        size_t n;
+
+        if (op->hdr_done < SOCK_HDR_LEN) {
+            n = sock_ring_write(p->tx_ring, p->tx_data, op->hdr + op->hdr_done,
+                                SOCK_HDR_LEN - op->hdr_done);
+            op->hdr_done += n;
+        } else {
+            n = sock_ring_write(p->tx_ring, p->tx_data, op->buf + op->done, op->len - op->done);
+            op->done += n;
+        }
+        if (op->hdr_done == SOCK_HDR_LEN && op->done == op->len)
+            op->complete = 1;
+        else if (n == 0)
+            return;
+    }
+}
+
 /* Writes op (header then payload) as far as it goes without blocking. */
 static int sock_tx(sock_net *net, sock_op *op)
 {
     int fd = net->peers[op->peer].fd;
 
+    if (net->peers[op->peer].shm != NULL) {
+        sock_tx_shm(&net->peers[op->peer], op);
+        return 0;
+    }
     while (!op->complete) {
         struct iovec iov[2];
         struct msghdr mh;
@@ -1201,6 +1534,57 @@ static int sock_check_net(sock_net *net)
 }
 
 /*
+ * Moves peer r's rings forward without blocking when it is a shared-memory peer: drains
+ * its doorbells when poll() saw some (and so notices EOF), reads what has arrived, writes
+ * the first unfinished send to it, and rings when a counter moved and the peer may sleep.
+ * Sets *moved then.
+ */
+static int sock_shm_step(sock_net *net, uint32_t r, sock_op *ops, size_t nops, int *moved)
+{
+    sock_peer *p = &net->peers[r];
+    uint64_t tail, head;
+    size_t k;
+    int rc;
+
+    if (p->shm == NULL)
+        return 0;
+    if (p->bell && !p->eof)
+        sock_shm_drain(p);
+    p->bell = 0;
+    tail = atomic_load_explicit(&p->rx_ring->tail, memory_order_relaxed);
+    head = atomic_load_explicit(&p->tx_ring->head, memory_order_relaxed);
+    rc = sock_rx(net, r, ops, nops);
+    if (rc < 0)
+        return rc;
+    for (k = 0; k < nops; k++) {
+        if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
+            break;
+    }
+    if (k < nops && !p->eof)
+        sock_tx_shm(p, &ops[k]);
+    if (tail != atomic_load_explicit(&p->rx_ring->tail, memory_order_relaxed) ||
+        head != atomic_load_explicit(&p->tx_ring->head, memory_order_relaxed)) {
+        *moved = 1;
+        atomic_thread_fence(memory_order_seq_cst);
+        if (!p->eof && atomic_load_explicit(p->peer_sleep, memory_order_relaxed))
+            sock_shm_ring_bell(p);
+    }
+    return 0;
+}
+
+/* Sets or clears our sleep flag towards every shared-memory peer (see sock_ring). */
+static void sock_shm_sleep_flags(sock_net *net, int on)
+{
+    uint32_t r;
+
+    for (r = 0; r < net->n; r++) {
+        if (net->peers[r].shm != NULL)
+            atomic_store_explicit(net->peers[r].my_sleep, on, memory_order_relaxed);
+    }
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/*
  * Runs ops (sends and recvs of one step) to completion before deadline. Every connected
  * peer is read while waiting, so that nothing a peer sends can block it behind us; sends to
  * one peer go out in array order, since they share one byte stream.
@@ -1210,8 +1594,9 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
     sock_net *net = sc->net;
     struct pollfd *pfds;
     uint32_t *pmap, r;
+    uint64_t spin_until = sock_now_us() + SOCK_SPIN_US;
     size_t i, np;
-    int rc;
+    int rc, armed = 0;
 
     pfds = malloc((net->n + 1) * sizeof(*pfds));
     pmap = malloc((net->n + 1) * sizeof(*pmap));
@@ -1221,10 +1606,16 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
     }
     for (;;) {
         size_t pending = 0;
+        int moved = 0, shm_wait = 0;
 
         rc = sock_check_net(net);
         if (rc < 0)
             goto out;
+        for (r = 0; r < net->n; r++) {
+            rc = sock_shm_step(net, r, ops, nops, &moved);
+            if (rc < 0)
+                goto out_poison;
+        }
         for (i = 0; i < nops; i++) {
             sock_op *op = &ops[i];
             sock_msg *m;
@@ -1244,10 +1635,13 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
                     continue;
                 }
             }
-            if (net->peers[op->peer].eof) {
+            /* A gone shared-memory peer may have left its last bytes in the ring. */
+            if (net->peers[op->peer].eof &&
+                (op->is_send || !sock_shm_readable(&net->peers[op->peer]))) {
                 rc = GANG_EPEER;
                 goto out_poison;
             }
+            shm_wait |= net->peers[op->peer].shm != NULL;
             pending++;
         }
         if (pending == 0) {
@@ -1264,9 +1658,9 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
             if (p->fd < 0 || p->eof)
                 continue;
             pfds[np].fd = p->fd;
-            pfds[np].events = POLLIN;
+            pfds[np].events = POLLIN; /* data, or a shared-memory peer's doorbell */
             pfds[np].revents = 0;
-            for (i = 0; i < nops; i++) {
+            for (i = 0; i < nops && p->shm == NULL; i++) {
                 if (ops[i].is_send && !ops[i].complete && ops[i].peer == r)
                     pfds[np].events |= POLLOUT;
             }
@@ -1276,7 +1670,28 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
             rc = GANG_ETIMEDOUT;
             goto out_poison;
         }
-        rc = poll(pfds, (nfds_t)np, sock_poll_ms(deadline));
+        /*
+         * After shared-memory progress, and for a short spin after it while a shared-memory
+         * peer is awaited (a doorbell wake-up costs tens of microseconds), only look at the
+         * sockets and go round again; otherwise sleep until a doorbell, data or the abort.
+         */
+        if (moved) {
+            spin_until = sock_now_us() + SOCK_SPIN_US;
+            if (armed)
+                sock_shm_sleep_flags(net, 0);
+            armed = 0;
+        }
+        if (!moved && !armed && net->shm_peers > 0 && (!shm_wait || sock_now_us() >= spin_until)) {
+            /*
+             * About to sleep: raise the flags, then look at the rings once more first. Also
+             * when only TCP peers are awaited, so that a shared-memory peer that sends us
+             * something unexpected wakes us to drain it, as its socket would.
+             */
+            sock_shm_sleep_flags(net, 1);
+            armed = 1;
+            moved = 1;
+        }
+        rc = poll(pfds, (nfds_t)np, moved || (shm_wait && !armed) ? 0 : sock_poll_ms(deadline));
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc < 0) {
@@ -1290,9 +1705,11 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
         for (i = 1; i < np; i++) {
             short ev = pfds[i].revents;
 
-            if (ev == 0)
-                continue;
             r = pmap[i];
+            if (ev != 0 && net->peers[r].shm != NULL)
+                net->peers[r].bell = 1;
+            if (ev == 0 || net->peers[r].shm != NULL)
+                continue; /* shared-memory peers move at the top of the loop */
             if (ev & (POLLIN | POLLHUP | POLLERR)) {
                 rc = sock_rx(net, r, ops, nops);
                 if (rc < 0)
@@ -1317,6 +1734,8 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
 out_poison:
     sock_poison(net, rc);
 out:
+    if (armed)
+        sock_shm_sleep_flags(net, 0);
     free(pfds);
     free(pmap);
     return rc;
