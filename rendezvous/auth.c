@@ -5,15 +5,19 @@
  *   coordinator -> CHALLENGE(server_nonce)
  *   member      -> JOIN(..., client_nonce,
  *                       mac_m = HMAC(k, "ganglion-join-v1" | server_nonce | client_nonce |
- *                                   job | 0x00 | u32le node_index))
+ *                                   job | 0x00 | u32le node_index | u32le nnodes |
+ *                                   u32le nproc_per_node | u32le tp | u32le pp |
+ *                                   model_digest[32] | u64le generation_seen | host | 0x00))
  *   coordinator -> WELCOME(mac_c = HMAC(k, "ganglion-welcome-v1" | client_nonce |
  *                                      server_nonce))          or REJECT(GANG_EAUTH)
  *
  * k is the SHA-256 of the token, so every token length gives a full-size key. The labels
  * are different for the two directions, which stops a reflected member MAC from passing
  * as the coordinator's proof; each side's fresh nonce stops replay of the other side's
- * old messages. The job name ends in a 0 byte so that job and node_index cannot trade
- * bytes and produce the same MAC input; the labels and nonces have fixed lengths.
+ * old messages. The MAC covers every field of the JOIN, so a man in the middle cannot
+ * change the shape, model digest, generation or advertised host of a member. The strings
+ * end in a 0 byte so that neighbouring fields cannot trade bytes and produce the same MAC
+ * input; everything else has a fixed length.
  *
  * Without a token (present = 0) signing writes an all-zero MAC and verifying accepts
  * anything: whether an unauthenticated peer is acceptable is the coordinator's policy,
@@ -151,6 +155,20 @@ static void join_mac(const gang_token *t, const uint8_t server_nonce[GANG_NONCE_
     crypto_auth_hmacsha256_update(&st, (const uint8_t *)j->job, strnlen(j->job, GANG_JOB_MAX));
     crypto_auth_hmacsha256_update(&st, &zero, 1);
     crypto_auth_hmacsha256_update(&st, idx, sizeof idx);
+    const uint32_t shape[4] = {j->nnodes, j->nproc_per_node, j->tp, j->pp};
+    for (int f = 0; f < 4; f++) {
+        uint8_t le[4];
+        for (int i = 0; i < 4; i++)
+            le[i] = (uint8_t)(shape[f] >> (8 * i));
+        crypto_auth_hmacsha256_update(&st, le, sizeof le);
+    }
+    crypto_auth_hmacsha256_update(&st, j->model_digest, GANG_DIGEST_SIZE);
+    uint8_t gen[8];
+    for (int i = 0; i < 8; i++)
+        gen[i] = (uint8_t)(j->generation_seen >> (8 * i));
+    crypto_auth_hmacsha256_update(&st, gen, sizeof gen);
+    crypto_auth_hmacsha256_update(&st, (const uint8_t *)j->host, strnlen(j->host, GANG_HOST_MAX));
+    crypto_auth_hmacsha256_update(&st, &zero, 1);
     crypto_auth_hmacsha256_final(&st, mac);
     sodium_memzero(&st, sizeof st);
 }

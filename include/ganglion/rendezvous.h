@@ -226,7 +226,9 @@ size_t gang_wire_reader_pending(const gang_wire_reader *r);
  *
  *   coordinator -> CHALLENGE(server_nonce)
  *   member      -> JOIN(..., client_nonce, mac_m = HMAC(k, "ganglion-join-v1" |
- *                       server_nonce | client_nonce | job | 0x00 | u32le node_index))
+ *                       server_nonce | client_nonce | job | 0x00 | u32le node_index |
+ *                       u32le nnodes | u32le nproc_per_node | u32le tp | u32le pp |
+ *                       model_digest | u64le generation_seen | host | 0x00))
  *   coordinator -> WELCOME(mac_c = HMAC(k, "ganglion-welcome-v1" | client_nonce |
  *                       server_nonce))  or REJECT(GANG_EAUTH)
  * Both sides prove the token; the fresh nonces stop replay.

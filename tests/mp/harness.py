@@ -600,11 +600,14 @@ def token_key(token):
     return hashlib.sha256(token.rstrip(" \t\r\n\v\f").encode()).digest()
 
 
-def join_mac(key, server_nonce, client_nonce, job, node_index):
+def join_mac(key, server_nonce, client_nonce, job, node_index, nnodes, nproc_per_node, tp, pp,
+             digest, generation_seen, host):
     """mac_m = HMAC(k, "ganglion-join-v1" | server_nonce | client_nonce | job | 0x00 |
-    u32le node_index) (rendezvous/auth.c)."""
+    u32le node_index | u32le nnodes | u32le nproc_per_node | u32le tp | u32le pp | digest |
+    u64le generation_seen | host | 0x00) (rendezvous/auth.c)."""
     msg = (b"ganglion-join-v1" + server_nonce + client_nonce + job.encode() + b"\0"
-           + struct.pack("<I", node_index))
+           + struct.pack("<IIIII", node_index, nnodes, nproc_per_node, tp, pp) + digest
+           + struct.pack("<Q", generation_seen) + host.encode() + b"\0")
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
@@ -703,7 +706,8 @@ class WireClient:
         client_nonce = os.urandom(NONCE)
         host = host or local_address(node_index)
         key_src = mac_token if mac_token is not None else token
-        mac = (join_mac(token_key(key_src), server_nonce, client_nonce, job, node_index)
+        mac = (join_mac(token_key(key_src), server_nonce, client_nonce, job, node_index,
+                        nnodes, nproc_per_node, tp, pp, digest, generation_seen, host)
                if key_src is not None else bytes(MAC))
         self.send(JOIN, generation_seen,
                   p_join(job, node_index, nnodes, nproc_per_node, tp, pp, digest,

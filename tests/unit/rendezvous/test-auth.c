@@ -84,6 +84,9 @@ static void sample_join(gang_msg_join *j)
     j->nproc_per_node = 8;
     j->tp = 8;
     j->pp = 4;
+    for (int i = 0; i < GANG_DIGEST_SIZE; i++)
+        j->model_digest[i] = (uint8_t)(i * 7 + 1);
+    j->generation_seen = 7;
     strcpy(j->host, "10.0.0.3");
     gang_auth_random(j->client_nonce, sizeof j->client_nonce);
 }
@@ -192,8 +195,44 @@ static void test_join_mac_layout(void **state)
     n += 12;
     memcpy(input + n, "\x03\0\0\0", 4); /* node_index 3, little-endian */
     n += 4;
+    memcpy(input + n, "\x04\0\0\0\x08\0\0\0\x08\0\0\0\x04\0\0\0", 16); /* shape */
+    n += 16;
+    memcpy(input + n, j.model_digest, GANG_DIGEST_SIZE);
+    n += GANG_DIGEST_SIZE;
+    memcpy(input + n, "\x07\0\0\0\0\0\0\0", 8); /* generation_seen 7 */
+    n += 8;
+    memcpy(input + n, "10.0.0.3", 9); /* host and its terminating 0 byte */
+    n += 9;
     crypto_auth_hmacsha256(want, input, n, t.key);
     assert_memory_equal(j.mac, want, sizeof want);
+}
+
+/* Every JOIN field is bound by the MAC: changing any one of them breaks verification. */
+static void test_join_mac_binds_every_field(void **state)
+{
+    uint8_t nonce[GANG_NONCE_SIZE];
+    gang_msg_join j, x;
+    gang_token t;
+    (void)state;
+
+    token_of("a-token-of-sufficient-length", &t);
+    sample_join(&j);
+    gang_auth_random(nonce, sizeof nonce);
+    gang_auth_sign_join(&t, nonce, &j);
+    assert_int_equal(gang_auth_verify_join(&t, nonce, &j), 0);
+    for (int field = 0; field < 7; field++) {
+        x = j;
+        switch (field) {
+        case 0: x.nnodes++; break;
+        case 1: x.nproc_per_node++; break;
+        case 2: x.tp++; break;
+        case 3: x.pp++; break;
+        case 4: x.model_digest[31] ^= 1; break;
+        case 5: x.generation_seen++; break;
+        default: x.host[0] = '9'; break;
+        }
+        assert_int_equal(gang_auth_verify_join(&t, nonce, &x), GANG_EAUTH);
+    }
 }
 
 static void test_welcome_mac_layout(void **state)
@@ -419,6 +458,7 @@ int gang_test_auth(void)
         cmocka_unit_test(test_token_length_bounds),
         cmocka_unit_test(test_token_empty_and_missing),
         cmocka_unit_test(test_join_mac_layout),
+        cmocka_unit_test(test_join_mac_binds_every_field),
         cmocka_unit_test(test_welcome_mac_layout),
         cmocka_unit_test(test_join_sign_verify),
         cmocka_unit_test(test_welcome_sign_verify),
