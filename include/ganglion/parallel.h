@@ -358,4 +358,109 @@ int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *co
 
 /* ================================ end of tensor-parallel layers ======================== */
 
+/* =================================================================================
+ * Pipeline (parallel/pipeline.c)
+ *
+ * A rank of pipeline stage s holds, as gang_tp_layer shards of its tp_rank, the layers
+ * gang_topology_stage_layers(s) gives it (uneven splits: the first n_layers % pp stages
+ * hold one more layer). gang_pipeline_forward() runs a batch of B sequences of T tokens
+ * of hidden states through all the layers of the gang: stage 0 holds the input, cuts it
+ * into K microbatches of whole, consecutive sequences, and the microbatches flow through
+ * the stages in a GPipe-style schedule (described in pipeline.c): stage s works on
+ * microbatch k while stage s + 1 works on k - 1. Activations go point-to-point to the
+ * rank of the same tp_rank in the next stage, tagged with the microbatch index k; after
+ * the row-parallel all-reduce every TP rank of a stage holds the full activations, so
+ * each one sends its own copy and no stage gathers. The last stage sends every result
+ * back to stage 0 with tag K + k, so every TP rank of stage 0 ends with the full output.
+ *
+ * Uneven microbatches: K need not divide B (1 <= K <= B). Like the layer split, every
+ * microbatch gets B / K sequences and the FIRST B % K microbatches get one more, so
+ * microbatch k starts at sequence k x (B / K) + min(k, B % K). Every rank derives the
+ * same sizes from (B, T, K), so a message's size is never sent.
+ *
+ * KV cache: a pipeline owns one gang_tp_kv_cache per (layer of its stage, sequence slot
+ * of the batch), holding only its kv-head shard, with room for max_tokens positions.
+ * For now the forward pass is a prefill: every call runs positions 0 .. T - 1 (pos0 = 0)
+ * and overwrites the cache rows 0 .. T - 1 of slots 0 .. B - 1; decode steps at pos0 > 0
+ * will reuse the same caches.
+ *
+ * Communicators are arguments of each call, not part of the pipeline, because they live
+ * for one generation while the weights stay loaded: after an abort the caller frees the
+ * old communicators, joins the next generation and calls gang_pipeline_forward again on
+ * the same pipeline with the new ones.
+ *
+ * Threads: one thread drives a pipeline (it owns the caches and the scratch buffer);
+ * different pipelines may run in different threads of one process.
+ * ================================================================================= */
+
+/* Opaque handle on one rank's share of the pipeline: its layers, caches and scratch. */
+typedef struct gang_pipeline gang_pipeline;
+
+/* What gang_pipeline_init needs. Nothing here is kept after init returns. */
+typedef struct gang_pipeline_config {
+    const gang_topology *topo;        /* validated layout (gang_topology_init) */
+    uint32_t rank;                    /* this rank's global rank, < topo->world_size */
+    const gang_layer_weights *layers; /* [topo->n_layers] full weights; only the stage's read */
+    float rope_theta;                 /* RoPE base, > 0 */
+    float norm_eps;                   /* RMSNorm epsilon, >= 0 */
+    uint32_t max_batch;               /* largest B a forward call may pass, >= 1 */
+    uint32_t max_tokens;              /* largest T (the KV cache capacity), >= 1 */
+} gang_pipeline_config;
+
+/*
+ * Cuts this rank's shards of its stage's layers out of cfg->layers and allocates the KV
+ * caches (max_batch slots per layer, max_tokens positions each) and, on stages other
+ * than 0, one microbatch of activations (max_batch x max_tokens x hidden floats). The
+ * weights are copied: the caller may release cfg->layers afterwards. Returns 0 and *out,
+ * which the caller releases with gang_pipeline_free; GANG_EINVAL for a NULL pointer, a
+ * rank outside the topology, a zero max_batch or max_tokens, a product that overflows
+ * size_t, or bad weights, theta or eps (as gang_tp_layer_init); GANG_ENOMEM. *out is
+ * NULL on error.
+ */
+int gang_pipeline_init(const gang_pipeline_config *cfg, gang_pipeline **out);
+
+/* Releases a pipeline from gang_pipeline_init; NULL is ignored. */
+void gang_pipeline_free(gang_pipeline *p);
+
+/* This rank's place in the gang (stage, tp rank, neighbours), as computed at init. */
+const gang_rank_place *gang_pipeline_place(const gang_pipeline *p);
+
+/*
+ * One pipelined forward pass (prefill, pos0 = 0) of `batch` sequences of `tokens` tokens
+ * through every layer of the gang, in `microbatches` microbatches. A collective call:
+ * every rank of the gang calls it with the same batch, tokens and microbatches.
+ *
+ *  x          stage 0: [batch x tokens, hidden] f32, sequence-major; the input hidden
+ *             states on entry and the output of the last layer on return (every TP rank
+ *             of stage 0 passes the same input and gets the same output). Other stages:
+ *             ignored, may be NULL. On error the contents are unspecified.
+ *  tp_comm    the TP communicator of this rank's stage (gang_comm_split with color =
+ *             pp stage, key = tp rank): size tp, rank tp_rank. May be NULL when tp == 1.
+ *  pp_comm    the pipeline communicator of this rank's tp_rank (color = tp rank, key =
+ *             pp stage): size pp, rank pp_stage. May be NULL when pp == 1.
+ *  k          this thread's kernels handle.
+ *  timeout_ms the deadline of the whole call (> 0), shared out among its operations.
+ *
+ * Returns 0; GANG_EINVAL (NULL pipeline or kernels, x NULL on stage 0, zero sizes,
+ * batch > max_batch, tokens > max_tokens, microbatches outside [1, batch], a missing
+ * communicator or one whose size or rank does not match the topology); GANG_ETIMEDOUT
+ * when the deadline passes; a kernel error; or the communicators' errors as they are
+ * (GANG_EABORTED after gang_comm_abort from another thread, GANG_EPEER, GANG_ETIMEDOUT,
+ * GANG_EPROTO). After a communicator error both communicators must be treated as
+ * unusable (comm.h); the pipeline itself stays usable with new ones.
+ */
+int gang_pipeline_forward(gang_pipeline *p, gang_kernels *k, gang_comm *tp_comm, gang_comm *pp_comm,
+                          float *x, uint32_t batch, uint32_t tokens, uint32_t microbatches,
+                          uint64_t timeout_ms);
+
+/*
+ * The first sequence and the sequence count of microbatch mb when `batch` sequences are
+ * cut into `microbatches` (the uneven rule above). Returns 0, or GANG_EINVAL when
+ * microbatches is 0 or above batch, mb >= microbatches, or a pointer is NULL.
+ */
+int gang_pipeline_microbatch(uint32_t batch, uint32_t microbatches, uint32_t mb, uint32_t *first,
+                             uint32_t *count);
+
+/* ====================================== end of pipeline ================================== */
+
 #endif /* GANGLION_PARALLEL_H */
