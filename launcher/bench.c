@@ -36,6 +36,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench-comm.h"
+#include "bench-pipeline.h"
 #include "bench.h"
 #include "local.h"
 
@@ -1119,7 +1120,9 @@ static void bench_usage(void)
                     "                [--kinds crash,hang] [--timeout-s S] [--agent-log FILE] "
                     "[-- SERVE FLAGS]\n"
                     "       ganglion bench allreduce [--ranks N] [--backend socket|mpi] "
-                    "[--max-bytes B] [--timeout-s S] [--no-peer]\n");
+                    "[--max-bytes B] [--timeout-s S] [--no-peer]\n"
+                    "       ganglion bench pipeline [--pp P] [--microbatches M] [--stage-ms T] "
+                    "[--bytes B] [--iters N]\n");
 }
 
 /*
@@ -1283,6 +1286,8 @@ int gang_bench_main(int argc, char **argv)
 
     if (argc > 0 && strncmp(argv[0], "allreduce", 9) == 0)
         return gang_bench_allreduce_main(argc, argv);
+    if (argc > 0 && strcmp(argv[0], "pipeline") == 0)
+        return gang_bench_pipeline_main(argc, argv);
     if (bench_parse(argc, argv, &o) < 0)
         return GANG_EXIT_USAGE;
     if (bench_ctx_init(&c, &o) < 0)
