@@ -26,7 +26,7 @@ static void usage(FILE *out)
             "  ganglion serve --local [flags]     run a whole gang of --nnodes agents on this "
             "host\n"
             "  ganglion serve --check-config ...  validate the configuration, print it, exit\n"
-            "  ganglion bench rendezvous|failover|allreduce [...]   benchmarks (JSON lines)\n"
+            "  ganglion bench rendezvous|failover|allreduce|pipeline [...]   benchmarks (JSON lines)\n"
             "  ganglion info [--labels]           GPU discovery\n"
             "  ganglion --help | --version\n\n"
             "flags (every flag has an environment twin GANGLION_<FLAG>):\n",
