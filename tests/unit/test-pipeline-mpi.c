@@ -39,6 +39,7 @@
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
 #include "ganglion/parallel.h"
+#include "stack-fixture.h"
 
 /* The one layout under test: tp x pp ranks, as pp nodes of tp ranks. */
 #define TP 2u
@@ -48,40 +49,8 @@
 /* Deadline of every operation: generous, a failure shows as a timeout. */
 #define OP_TIMEOUT_MS 20000u
 
-/*
- * Model shape (that of test-pipeline.c): small enough for milliseconds, large enough for
- * 2-way TP with GQA. Five layers split unevenly over the two stages (3 + 2).
- */
+/* Five layers of the shared stack (stack-fixture.h) split unevenly over the stages (3 + 2). */
 #define N_LAYERS 5
-#define HIDDEN 32
-#define N_HEADS 4
-#define N_KV_HEADS 2
-#define HEAD_DIM (HIDDEN / N_HEADS)
-#define KV_DIM (N_KV_HEADS * HEAD_DIM)
-#define FFN 64
-#define BATCH 8
-#define TOKENS 3
-#define ACT (BATCH * TOKENS * HIDDEN)
-#define ROPE_THETA 10000.0f
-#define NORM_EPS 1e-5f
-#define REL_TOL 1e-4
-
-/* ---------------------------------------------------------------------------------
- * A random model and its single-rank reference (as in test-pipeline.c).
- * --------------------------------------------------------------------------------- */
-typedef struct layer_mem {
-    float attn_norm[HIDDEN], mlp_norm[HIDDEN];
-    float wq[HIDDEN * HIDDEN], wk[KV_DIM * HIDDEN], wv[KV_DIM * HIDDEN], wo[HIDDEN * HIDDEN];
-    float w_gate[FFN * HIDDEN], w_up[FFN * HIDDEN], w_down[HIDDEN * FFN];
-} layer_mem;
-
-typedef struct model {
-    layer_mem mem[N_LAYERS];
-    gang_layer_weights w[N_LAYERS];
-    float x[ACT];   /* the input hidden states of the batch */
-    float ref[ACT]; /* the reference output */
-    float out[ACT]; /* stage 0: the pipelined output */
-} model;
 
 /* What every rank holds for the tests; set by main and the group setup. */
 typedef struct rank_state {
@@ -89,129 +58,13 @@ typedef struct rank_state {
     uint32_t stage, tp_rank; /* place in the layout */
     gang_comm *tp_comm;      /* the ranks of this stage, in tp-rank order */
     gang_comm *pp_comm;      /* the ranks of this tp rank, in stage order */
-    model *m;                /* the random stack, its input and reference */
+    stack_model *m;          /* the random stack, its input and reference */
+    float out[ACT];          /* stage 0: the pipelined output */
     gang_pipeline *pipe;     /* this rank's share of the pipeline */
     gang_kernels *k;         /* this thread's kernels handle */
 } rank_state;
 
 static rank_state g;
-
-/* The same seed on every rank: every process draws the same stack and input. */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-/* Uniform in [-1, 1) from xorshift64*: deterministic across runs, ranks and platforms. */
-static float rnd(void)
-{
-    double u;
-
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    u = (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return (float)(2.0 * u - 1.0);
-}
-
-static void fill(float *a, size_t n, float scale, float offset)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++)
-        a[i] = rnd() * scale + offset;
-}
-
-static int topology_for(uint32_t tp, uint32_t pp, gang_topology *t)
-{
-    gang_topology_config cfg = {
-        .nnodes = (int32_t)pp,
-        .nproc_per_node = (int32_t)tp,
-        .tp = (int32_t)tp,
-        .pp = (int32_t)pp,
-        .allow_cross_node_tp = 0,
-        .n_layers = N_LAYERS,
-        .n_heads = N_HEADS,
-        .n_kv_heads = N_KV_HEADS,
-        .ffn = FFN,
-        .hidden = HIDDEN,
-        .vocab = 16,
-    };
-
-    return gang_topology_init(&cfg, t, NULL, 0);
-}
-
-/*
- * The reference: every sequence through every layer in turn on this one rank, with the
- * plain single-rank layer (tp = 1, comm NULL) and one cache reused by every prefill.
- */
-static void model_reference(model *m)
-{
-    gang_topology t;
-    gang_tp_layer l;
-    gang_kernels *k = NULL;
-    float ck[TOKENS * KV_DIM], cv[TOKENS * KV_DIM];
-    gang_tp_kv_cache cache = {.k = ck, .v = cv, .cap = TOKENS};
-    uint32_t i, s;
-
-    assert_int_equal(topology_for(1, 1, &t), 0);
-    assert_int_equal(gang_kernels_open("cpu", &k), 0);
-    memcpy(m->ref, m->x, sizeof(m->ref));
-    for (i = 0; i < N_LAYERS; i++) {
-        assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m->w[i], ROPE_THETA, NORM_EPS), 0);
-        for (s = 0; s < BATCH; s++)
-            assert_int_equal(gang_tp_layer_forward(&l, k, NULL, m->ref + s * TOKENS * HIDDEN,
-                                                   TOKENS, 0, &cache, OP_TIMEOUT_MS),
-                             0);
-        gang_tp_layer_free(&l);
-    }
-    gang_kernels_close(k);
-}
-
-static model *model_new(void)
-{
-    model *m = calloc(1, sizeof(*m));
-    float s_h = 1.0f / sqrtf((float)HIDDEN), s_f = 1.0f / sqrtf((float)FFN);
-    uint32_t i;
-
-    assert_non_null(m);
-    for (i = 0; i < N_LAYERS; i++) {
-        layer_mem *p = &m->mem[i];
-
-        fill(p->attn_norm, HIDDEN, 0.2f, 1.0f);
-        fill(p->mlp_norm, HIDDEN, 0.2f, 1.0f);
-        /* Large q/k weights give peaked softmaxes, so a wrong head mapping cannot hide. */
-        fill(p->wq, HIDDEN * HIDDEN, 3.0f * s_h, 0.0f);
-        fill(p->wk, KV_DIM * HIDDEN, 3.0f * s_h, 0.0f);
-        fill(p->wv, KV_DIM * HIDDEN, s_h, 0.0f);
-        fill(p->wo, HIDDEN * HIDDEN, s_h, 0.0f);
-        fill(p->w_gate, FFN * HIDDEN, 2.0f * s_h, 0.0f);
-        fill(p->w_up, FFN * HIDDEN, s_h, 0.0f);
-        fill(p->w_down, HIDDEN * FFN, s_f, 0.0f);
-        m->w[i] = (gang_layer_weights){.attn_norm = p->attn_norm,
-                                       .wq = p->wq,
-                                       .wk = p->wk,
-                                       .wv = p->wv,
-                                       .wo = p->wo,
-                                       .mlp_norm = p->mlp_norm,
-                                       .w_gate = p->w_gate,
-                                       .w_up = p->w_up,
-                                       .w_down = p->w_down};
-    }
-    fill(m->x, ACT, 1.0f, 0.0f);
-    model_reference(m);
-    return m;
-}
-
-/* Norm-wise relative error: max |got - ref| over max |ref|. */
-static double rel_err(const float *got, const float *ref, size_t n)
-{
-    double num = 0.0, den = 0.0;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)got[i] - (double)ref[i]));
-        den = fmax(den, fabs((double)ref[i]));
-    }
-    return den > 0.0 ? num / den : num;
-}
 
 /* ---------------------------------------------------------------------------------
  * Group setup and teardown: the model, this rank's pipeline and its kernels handle.
@@ -223,8 +76,8 @@ static int group_setup(void **state)
     const gang_rank_place *place;
 
     (void)state;
-    g.m = model_new();
-    assert_int_equal(topology_for(TP, PP, &t), 0);
+    g.m = stack_model_new(N_LAYERS);
+    assert_int_equal(stack_topology(TP, PP, N_LAYERS, &t), 0);
     cfg = (gang_pipeline_config){.topo = &t,
                                  .rank = g.rank,
                                  .layers = g.m->w,
@@ -279,15 +132,15 @@ static void check_forward(uint32_t microbatches)
     int rc;
 
     if (is_first)
-        memcpy(g.m->out, g.m->x, sizeof(g.m->out));
-    rc = gang_pipeline_forward(g.pipe, g.k, g.tp_comm, g.pp_comm, is_first ? g.m->out : NULL, BATCH,
+        memcpy(g.out, g.m->x, sizeof(g.out));
+    rc = gang_pipeline_forward(g.pipe, g.k, g.tp_comm, g.pp_comm, is_first ? g.out : NULL, BATCH,
                                TOKENS, microbatches, OP_TIMEOUT_MS);
     if (rc != 0)
         fail_msg("rank %u (stage %u, tp rank %u), %u microbatches: %s", g.rank, g.stage, g.tp_rank,
                  microbatches, gang_err_name(rc));
     if (!is_first)
         return;
-    e = rel_err(g.m->out, g.m->ref, ACT);
+    e = stack_rel_err(g.out, g.m->ref, ACT);
     if (!(e <= REL_TOL))
         fail_msg("rank %u (tp rank %u), %u microbatches: relative error %g", g.rank, g.tp_rank,
                  microbatches, e);

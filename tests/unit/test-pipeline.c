@@ -24,162 +24,14 @@
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
 #include "ganglion/parallel.h"
+#include "stack-fixture.h"
 
 #define MAX_RANKS 12
 #define HOST "127.0.0.1"
 #define OP_TIMEOUT_MS 20000
 
-/* Model shape: small enough for milliseconds, large enough for 4-way TP with GQA. */
-#define MAX_LAYERS 7
-#define HIDDEN 32
-#define N_HEADS 4
-#define N_KV_HEADS 2
-#define HEAD_DIM (HIDDEN / N_HEADS)
-#define KV_DIM (N_KV_HEADS * HEAD_DIM)
-#define FFN 64
-#define BATCH 8
-#define TOKENS 3
-#define ACT (BATCH * TOKENS * HIDDEN)
-#define ROPE_THETA 10000.0f
-#define NORM_EPS 1e-5f
-#define REL_TOL 1e-4
-
 static const uint32_t mb_counts[] = {1, 2, 3, 4, 8};
 #define N_MB (sizeof(mb_counts) / sizeof(mb_counts[0]))
-
-/* ---------------------------------------------------------------------------------
- * A random model and its single-rank reference.
- * --------------------------------------------------------------------------------- */
-typedef struct layer_mem {
-    float attn_norm[HIDDEN], mlp_norm[HIDDEN];
-    float wq[HIDDEN * HIDDEN], wk[KV_DIM * HIDDEN], wv[KV_DIM * HIDDEN], wo[HIDDEN * HIDDEN];
-    float w_gate[FFN * HIDDEN], w_up[FFN * HIDDEN], w_down[HIDDEN * FFN];
-} layer_mem;
-
-typedef struct model {
-    uint32_t n_layers;
-    layer_mem mem[MAX_LAYERS];
-    gang_layer_weights w[MAX_LAYERS];
-    float x[ACT];   /* the input hidden states of the batch */
-    float ref[ACT]; /* the reference output */
-} model;
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-/* Uniform in [-1, 1) from xorshift64*: deterministic across runs and platforms. */
-static float rnd(void)
-{
-    double u;
-
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    u = (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return (float)(2.0 * u - 1.0);
-}
-
-static void fill(float *a, size_t n, float scale, float offset)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++)
-        a[i] = rnd() * scale + offset;
-}
-
-static int topology_for(uint32_t tp, uint32_t pp, uint32_t n_layers, gang_topology *t)
-{
-    gang_topology_config cfg = {
-        .nnodes = (int32_t)pp,
-        .nproc_per_node = (int32_t)tp,
-        .tp = (int32_t)tp,
-        .pp = (int32_t)pp,
-        .allow_cross_node_tp = 0,
-        .n_layers = (int32_t)n_layers,
-        .n_heads = N_HEADS,
-        .n_kv_heads = N_KV_HEADS,
-        .ffn = FFN,
-        .hidden = HIDDEN,
-        .vocab = 16,
-    };
-
-    return gang_topology_init(&cfg, t, NULL, 0);
-}
-
-/*
- * The reference: every sequence through every layer in turn on one rank, with the plain
- * single-rank layer (tp = 1, comm NULL) and one cache reused by every prefill.
- */
-static void model_reference(model *m)
-{
-    gang_topology t;
-    gang_tp_layer l;
-    gang_kernels *k = NULL;
-    float ck[TOKENS * KV_DIM], cv[TOKENS * KV_DIM];
-    gang_tp_kv_cache cache = {.k = ck, .v = cv, .cap = TOKENS};
-    uint32_t i, s;
-
-    assert_int_equal(topology_for(1, 1, m->n_layers, &t), 0);
-    assert_int_equal(gang_kernels_open("cpu", &k), 0);
-    memcpy(m->ref, m->x, sizeof(m->ref));
-    for (i = 0; i < m->n_layers; i++) {
-        assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m->w[i], ROPE_THETA, NORM_EPS), 0);
-        for (s = 0; s < BATCH; s++)
-            assert_int_equal(gang_tp_layer_forward(&l, k, NULL, m->ref + s * TOKENS * HIDDEN,
-                                                   TOKENS, 0, &cache, OP_TIMEOUT_MS),
-                             0);
-        gang_tp_layer_free(&l);
-    }
-    gang_kernels_close(k);
-}
-
-static model *model_new(uint32_t n_layers)
-{
-    model *m = calloc(1, sizeof(*m));
-    float s_h = 1.0f / sqrtf((float)HIDDEN), s_f = 1.0f / sqrtf((float)FFN);
-    uint32_t i;
-
-    assert_non_null(m);
-    m->n_layers = n_layers;
-    for (i = 0; i < n_layers; i++) {
-        layer_mem *p = &m->mem[i];
-
-        fill(p->attn_norm, HIDDEN, 0.2f, 1.0f);
-        fill(p->mlp_norm, HIDDEN, 0.2f, 1.0f);
-        /* Large q/k weights give peaked softmaxes, so a wrong head mapping cannot hide. */
-        fill(p->wq, HIDDEN * HIDDEN, 3.0f * s_h, 0.0f);
-        fill(p->wk, KV_DIM * HIDDEN, 3.0f * s_h, 0.0f);
-        fill(p->wv, KV_DIM * HIDDEN, s_h, 0.0f);
-        fill(p->wo, HIDDEN * HIDDEN, s_h, 0.0f);
-        fill(p->w_gate, FFN * HIDDEN, 2.0f * s_h, 0.0f);
-        fill(p->w_up, FFN * HIDDEN, s_h, 0.0f);
-        fill(p->w_down, HIDDEN * FFN, s_f, 0.0f);
-        m->w[i] = (gang_layer_weights){.attn_norm = p->attn_norm,
-                                       .wq = p->wq,
-                                       .wk = p->wk,
-                                       .wv = p->wv,
-                                       .wo = p->wo,
-                                       .mlp_norm = p->mlp_norm,
-                                       .w_gate = p->w_gate,
-                                       .w_up = p->w_up,
-                                       .w_down = p->w_down};
-    }
-    fill(m->x, ACT, 1.0f, 0.0f);
-    model_reference(m);
-    return m;
-}
-
-/* Norm-wise relative error: max |got - ref| over max |ref|. */
-static double rel_err(const float *got, const float *ref, size_t n)
-{
-    double num = 0.0, den = 0.0;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)got[i] - (double)ref[i]));
-        den = fmax(den, fabs((double)ref[i]));
-    }
-    return den > 0.0 ? num / den : num;
-}
 
 /* ---------------------------------------------------------------------------------
  * A gang of threads over the socket backend, with TP and PP sub-communicators.
@@ -194,7 +46,7 @@ typedef struct gang_run {
     size_t blob_len;
     pthread_barrier_t ready; /* every rank initialised (or failed), plus main */
     rank_body body;
-    model *m;
+    stack_model *m;
     atomic_int release; /* with a controller: ranks keep their comms until it is set */
     int controlled;
 } gang_run;
@@ -260,7 +112,7 @@ static void *rank_main(void *arg)
  * Runs body on tp x pp ranks with the pipelines pipes[] (made by the caller, so that they
  * outlive a generation); controller (may be NULL) runs on the main thread meanwhile.
  */
-static void run_gang(uint32_t tp, uint32_t pp, model *m, gang_pipeline **pipes, rank_body body,
+static void run_gang(uint32_t tp, uint32_t pp, stack_model *m, gang_pipeline **pipes, rank_body body,
                      gang_controller controller, rank_ctx *xs)
 {
     static gang_run run;
@@ -298,13 +150,13 @@ static void run_gang(uint32_t tp, uint32_t pp, model *m, gang_pipeline **pipes, 
             fail_msg("rank %u: comm init %s", r, gang_err_name(xs[r].init_rc));
 }
 
-static void make_pipes(uint32_t tp, uint32_t pp, const model *m, gang_pipeline **pipes)
+static void make_pipes(uint32_t tp, uint32_t pp, const stack_model *m, gang_pipeline **pipes)
 {
     gang_topology t;
     gang_pipeline_config cfg;
     uint32_t r;
 
-    assert_int_equal(topology_for(tp, pp, m->n_layers, &t), 0);
+    assert_int_equal(stack_topology(tp, pp, m->n_layers, &t), 0);
     for (r = 0; r < tp * pp; r++) {
         cfg = (gang_pipeline_config){.topo = &t,
                                      .rank = r,
@@ -348,7 +200,7 @@ static int forward_body(rank_ctx *x, gang_comm *tp, gang_comm *pp)
 }
 
 /* Checks every stage-0 rank's outputs against the reference. */
-static void check_outputs(const rank_ctx *xs, uint32_t tp, uint32_t pp, const model *m)
+static void check_outputs(const rank_ctx *xs, uint32_t tp, uint32_t pp, const stack_model *m)
 {
     uint32_t r;
     size_t i;
@@ -359,7 +211,7 @@ static void check_outputs(const rank_ctx *xs, uint32_t tp, uint32_t pp, const mo
                      gang_err_name(xs[r].body_rc));
     for (r = 0; r < tp; r++) {
         for (i = 0; i < N_MB; i++) {
-            double e = rel_err(xs[r].out[i], m->ref, ACT);
+            double e = stack_rel_err(xs[r].out[i], m->ref, ACT);
 
             if (!(e <= REL_TOL))
                 fail_msg("tp=%u pp=%u layers=%u microbatches=%u rank=%u: relative error %g", tp, pp,
@@ -368,7 +220,7 @@ static void check_outputs(const rank_ctx *xs, uint32_t tp, uint32_t pp, const mo
     }
 }
 
-static void check_layout(model *m, uint32_t tp, uint32_t pp)
+static void check_layout(stack_model *m, uint32_t tp, uint32_t pp)
 {
     static rank_ctx xs[MAX_RANKS];
     gang_pipeline *pipes[MAX_RANKS];
@@ -393,7 +245,7 @@ static void test_microbatch_and_invalid(void **state)
     gang_topology t;
     uint32_t first, count, i;
     float x[ACT];
-    model *m;
+    stack_model *m;
 
     (void)state;
     for (i = 0; i < 3; i++) {
@@ -405,8 +257,8 @@ static void test_microbatch_and_invalid(void **state)
     assert_int_equal(gang_pipeline_microbatch(8, 0, 0, &first, &count), GANG_EINVAL);
     assert_int_equal(gang_pipeline_microbatch(8, 4, 4, &first, &count), GANG_EINVAL);
 
-    m = model_new(6);
-    assert_int_equal(topology_for(2, 3, 6, &t), 0);
+    m = stack_model_new(6);
+    assert_int_equal(stack_topology(2, 3, 6, &t), 0);
     cfg = (gang_pipeline_config){.topo = &t,
                                  .rank = 6,
                                  .layers = m->w,
@@ -445,12 +297,12 @@ static void test_microbatch_and_invalid(void **state)
     gang_pipeline_free(NULL);
 
     /* A single rank needs no communicator at all and equals the reference. */
-    assert_int_equal(topology_for(1, 1, 6, &t), 0);
+    assert_int_equal(stack_topology(1, 1, 6, &t), 0);
     assert_int_equal(gang_pipeline_init(&cfg, &p), 0);
     memcpy(x, m->x, sizeof(x));
     assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, x, BATCH, TOKENS, 4, OP_TIMEOUT_MS),
                      0);
-    assert_true(rel_err(x, m->ref, ACT) <= REL_TOL);
+    assert_true(stack_rel_err(x, m->ref, ACT) <= REL_TOL);
     gang_pipeline_free(p);
     gang_kernels_close(k);
     free(m);
@@ -460,7 +312,7 @@ static void test_microbatch_and_invalid(void **state)
 static void test_equivalence_matrix(void **state)
 {
     static const uint32_t tps[] = {1, 2, 4}, pps[] = {1, 2, 3};
-    model *m = model_new(6);
+    stack_model *m = stack_model_new(6);
     size_t i, j;
 
     (void)state;
@@ -473,7 +325,7 @@ static void test_equivalence_matrix(void **state)
 /* 7 layers: stages of 4 + 3 and 3 + 2 + 2 layers. */
 static void test_equivalence_uneven_layers(void **state)
 {
-    model *m = model_new(7);
+    stack_model *m = stack_model_new(7);
 
     (void)state;
     check_layout(m, 1, 2);
@@ -530,7 +382,7 @@ static void test_abort_then_next_generation(void **state)
 {
     static rank_ctx xs[MAX_RANKS];
     gang_pipeline *pipes[MAX_RANKS];
-    model *m = model_new(6);
+    stack_model *m = stack_model_new(6);
     uint32_t r;
 
     (void)state;
