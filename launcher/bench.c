@@ -37,6 +37,7 @@
 
 #include "bench-comm.h"
 #include "bench-pipeline.h"
+#include "cmds.h"
 #include "bench.h"
 #include "local.h"
 
@@ -1288,6 +1289,10 @@ int gang_bench_main(int argc, char **argv)
         return gang_bench_allreduce_main(argc, argv);
     if (argc > 0 && strcmp(argv[0], "pipeline") == 0)
         return gang_bench_pipeline_main(argc, argv);
+    if (argc > 0 && strcmp(argv[0], "decode") == 0)
+        return gang_bench_decode_main(argc, argv);
+    if (argc > 0 && strcmp(argv[0], "gemm") == 0)
+        return gang_bench_gemm_main(argc, argv);
     if (bench_parse(argc, argv, &o) < 0)
         return GANG_EXIT_USAGE;
     if (bench_ctx_init(&c, &o) < 0)

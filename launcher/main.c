@@ -12,6 +12,7 @@
 #include "ganglion/config.h"
 #include "ganglion/rendezvous.h"
 #include "local.h"
+#include "cmds.h"
 #include "worker.h"
 
 extern char **environ;
@@ -129,15 +130,12 @@ int main(int argc, char **argv)
         return gang_worker_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0)
         return gang_bench_main(argc - 2, argv + 2);
-    if (strcmp(argv[1], "info") == 0) {
-        /* GPU discovery arrives with the GPU-path work; say so rather than pretend. */
-        printf("ganglion info: GPU discovery is not built into this binary yet; "
-               "no GPU information available\n");
-        return GANG_EXIT_OK;
-    }
-    if (strcmp(argv[1], "generate") == 0 || strcmp(argv[1], "mkmodel") == 0) {
-        fprintf(stderr, "ganglion %s: not available yet (model support is not built)\n",
-                argv[1]);
+    if (strcmp(argv[1], "info") == 0)
+        return gang_cmd_info(argc - 1, argv + 1);
+    if (strcmp(argv[1], "mkmodel") == 0)
+        return gang_cmd_mkmodel(argc - 1, argv + 1);
+    if (strcmp(argv[1], "generate") == 0) {
+        fprintf(stderr, "ganglion generate: not available yet\n");
         return GANG_EXIT_USAGE;
     }
     fprintf(stderr, "ganglion: unknown command '%s' (see ganglion --help)\n", argv[1]);

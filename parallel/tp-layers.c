@@ -84,6 +84,9 @@ void gang_tp_layer_free(gang_tp_layer *l)
     free(l->w_gate);
     free(l->w_up);
     free(l->w_down);
+    free(l->bq);
+    free(l->bk);
+    free(l->bv);
     memset(l, 0, sizeof(*l));
 }
 

@@ -15,6 +15,9 @@ PKGS=(
     libopenblas-dev       # CPU GEMM
     clang libclang-rt-14-dev     # libFuzzer target for the frame decoder
     curl python3 iproute2 procps psmisc
+    python3-numpy         # the independent numpy reference of the model's logits
+    dnsmasq-base          # cluster DNS of the Kubernetes simulation (tests/k8s-sim)
+    bridge-utils          # Pod network of the Kubernetes simulation
 )
 
 missing=()
@@ -26,16 +29,21 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: all ${#PKGS[@]} packages present"
-    exit 0
+else
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+            echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1
+        fi
+    fi
+    echo "install-deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-        echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1
-    fi
+# Tools that are not Debian packages (kubectl with kustomize, the schema validator).
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -x "$here/install-k8s-tools.sh" ]; then
+    "$here/install-k8s-tools.sh"
 fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -290,6 +290,9 @@ typedef struct gang_tp_layer {
     float *w_gate;       /* [ffn_count, hidden] rows of gate_proj */
     float *w_up;         /* [ffn_count, hidden] rows of up_proj */
     float *w_down;       /* [hidden, ffn_count] columns of down_proj */
+    float *bq;           /* [head_count x head_dim] q_proj bias (Qwen2), or NULL */
+    float *bk;           /* [kv_head_count x head_dim] k_proj bias, or NULL */
+    float *bv;           /* [kv_head_count x head_dim] v_proj bias, or NULL */
 } gang_tp_layer;
 
 /*

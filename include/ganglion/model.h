@@ -1,0 +1,242 @@
+/*
+ * ganglion model module: Llama-family models in the Hugging Face layout (config.json and
+ * safetensors), one rank's shard of them, the random-model generator behind
+ * `ganglion mkmodel`, and the generation engine that runs a gang's forward passes with a
+ * KV cache, continuous batching and sampling.
+ *
+ * Layering: model/ sits on kernels/ and parallel/ (it fills gang_tp_layer shards and
+ * drives the communicators); launcher/ sits on top of it. No CUDA, MPI or libuv types.
+ *
+ * Numerics follow the Hugging Face implementation of LlamaForCausalLM, MistralForCausalLM
+ * and Qwen2ForCausalLM (RMSNorm, rotate_half RoPE, GQA, SwiGLU, q/k/v biases for Qwen2,
+ * tied or separate LM head); weights stored as F32, F16 or BF16 are computed in f32.
+ */
+#ifndef GANGLION_MODEL_H
+#define GANGLION_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/comm.h"
+#include "ganglion/common.h"
+#include "ganglion/kernels.h"
+#include "ganglion/parallel.h"
+
+/* ================================ model configuration ================================ */
+
+typedef enum gang_model_arch {
+    GANG_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
+    GANG_ARCH_MISTRAL = 1, /* MistralForCausalLM */
+    GANG_ARCH_QWEN2 = 2    /* Qwen2ForCausalLM: q/k/v projections carry biases */
+} gang_model_arch;
+
+/* Bounds on what config.json may declare (inputs from model files are bounded). */
+#define GANG_MODEL_MAX_LAYERS 1024
+#define GANG_MODEL_MAX_HIDDEN 65536
+#define GANG_MODEL_MAX_VOCAB (1u << 22)
+#define GANG_MODEL_MAX_HEADS 1024
+#define GANG_MODEL_MAX_CONFIG_BYTES (1u << 20)
+#define GANG_MODEL_MAX_HEADER_BYTES (100u << 20) /* safetensors JSON header */
+
+typedef struct gang_model_config {
+    gang_model_arch arch;
+    uint32_t hidden;       /* hidden_size */
+    uint32_t ffn;          /* intermediate_size */
+    uint32_t n_heads;      /* num_attention_heads */
+    uint32_t n_kv_heads;   /* num_key_value_heads (= n_heads when absent) */
+    uint32_t n_layers;     /* num_hidden_layers */
+    uint32_t vocab;        /* vocab_size */
+    uint32_t head_dim;     /* hidden / n_heads (a different "head_dim" key is refused) */
+    uint32_t max_pos;      /* max_position_embeddings */
+    float rms_eps;         /* rms_norm_eps */
+    float rope_theta;      /* rope_theta (10000 when absent) */
+    int32_t tie_embeddings; /* tie_word_embeddings: the LM head is the embedding table */
+    int32_t attn_bias;     /* q/k/v biases present (Qwen2, or "attention_bias": true) */
+    int32_t bos_token_id;  /* -1 when absent */
+    int32_t eos_token_id;  /* -1 when absent (the first one when config gives a list) */
+    gang_dtype dtype;      /* torch_dtype (F32, F16 or BF16), informational */
+} gang_model_config;
+
+/*
+ * Reads and validates DIR/config.json. Returns 0 and *cfg; GANG_EMODEL with a one-line
+ * message in err (naming the file and the field) for a missing file, a file larger than
+ * GANG_MODEL_MAX_CONFIG_BYTES, invalid JSON, an unknown architecture, a missing,
+ * non-integer or out-of-bounds field, or a field combination that cannot work
+ * (hidden % n_heads, n_heads % n_kv_heads, rope scaling we do not implement);
+ * GANG_EINVAL for NULL arguments. err is always NUL-terminated when errlen > 0.
+ */
+int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen);
+
+/*
+ * Fills the model fields of a topology config (layers, heads, kv heads, ffn, hidden,
+ * vocab) from mc; the caller sets nnodes, nproc_per_node, tp, pp, allow_cross_node_tp
+ * and then calls gang_topology_init, which refuses layouts the model cannot take.
+ */
+void gang_model_topology_config(const gang_model_config *mc, gang_topology_config *tc);
+
+/* ================================ one rank's shard ================================ */
+
+/*
+ * One rank's share of a model: the layers of its pipeline stage cut for its TP rank,
+ * the embedding table on stage 0, the final norm and this TP rank's vocabulary rows of
+ * the LM head on the last stage. Every array is malloc'd f32 owned by the model.
+ * Fields are public so that the engine and tests can build one by hand
+ * (gang_model_free releases whatever non-NULL arrays it holds with free()).
+ */
+typedef struct gang_model {
+    gang_model_config cfg;
+    gang_topology topo;      /* the layout this shard was cut for */
+    gang_rank_place place;   /* this rank */
+    gang_tp_shard shard;     /* heads, ffn columns and vocab rows of this TP rank */
+    uint32_t layer_first;    /* layers [layer_first, layer_first + layer_count) */
+    uint32_t layer_count;
+    gang_tp_layer *layers;   /* [layer_count] shards (gang_tp_layer_free each) */
+    float *embed;            /* stage 0: [vocab, hidden] embed_tokens, else NULL */
+    float *final_norm;       /* last stage: [hidden] model.norm, else NULL */
+    float *lm_head;          /* last stage: [shard.vocab_count, hidden] rows of lm_head
+                                (of embed_tokens when tied), else NULL */
+    size_t weight_bytes;     /* bytes of f32 weights this rank holds */
+} gang_model;
+
+/*
+ * Loads rank `rank`'s shard of the model in DIR for the validated layout t (built from
+ * this model's config). Reads config.json, then model.safetensors or the shards named by
+ * model.safetensors.index.json; maps each file read-only and reads only the tensors of
+ * its stage and the rows / columns of its TP shard, converting them to f32; pages it
+ * touched are released as it goes, so peak resident memory tracks the shard.
+ * Validation (GANG_EMODEL, one-line message in err naming file and tensor): a missing
+ * file or tensor, a header length beyond the file or GANG_MODEL_MAX_HEADER_BYTES, a
+ * header that is not JSON or not an object of tensors, an unknown dtype, a shape that
+ * differs from what the config implies, data offsets outside the file or overlapping
+ * or not matching dtype x shape, a config that differs from the one t was built for.
+ * Returns 0 and *out (release with gang_model_free); GANG_EINVAL for NULL arguments or
+ * a rank outside t; GANG_ENOMEM. *out is NULL on error.
+ */
+int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang_model **out,
+                    char *err, size_t errlen);
+
+/* Releases a model (every non-NULL array, the layers with gang_tp_layer_free). NULL ok. */
+void gang_model_free(gang_model *m);
+
+/* ================================ mkmodel ================================ */
+
+typedef struct gang_mkmodel_opts {
+    const char *out_dir;    /* created if absent; config.json and model.safetensors written */
+    gang_model_arch arch;
+    uint32_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos;
+    uint64_t seed;          /* same options and seed -> byte-identical files */
+    gang_dtype dtype;       /* F32, F16 or BF16 */
+    int32_t tie_embeddings;
+    uint32_t shards;        /* 1: model.safetensors; > 1: model-0000i-of-0000n.safetensors
+                               + model.safetensors.index.json */
+} gang_mkmodel_opts;
+
+/*
+ * Writes a deterministic random model of the given shape in the Hugging Face layout.
+ * Weights are drawn so that activations stay O(1) through the layers (a scaled normal
+ * distribution from a seeded counter-based generator; norms near 1). Returns 0;
+ * GANG_EUSAGE (message in err) for a shape the config reader would refuse; a system
+ * error when a file cannot be written (nothing half-written is left under the final
+ * names: files are written to temporary names and renamed).
+ */
+int gang_mkmodel(const gang_mkmodel_opts *o, char *err, size_t errlen);
+
+/* ================================ generation engine ================================ */
+
+/* Sampling of one request. temperature 0 = greedy (argmax, lowest index on ties). */
+typedef struct gang_sampling {
+    float temperature; /* >= 0 */
+    uint32_t top_k;    /* 0 = off */
+    float top_p;       /* (0, 1]; 1 = off */
+    uint64_t seed;     /* draws depend only on (seed, position): batching never changes them */
+} gang_sampling;
+
+#define GANG_MAX_STOP_TOKENS 16
+
+/* One completion request, as the rank-0 worker receives it. Copied by submit. */
+typedef struct gang_gen_request {
+    uint64_t id;                 /* caller's id, unique among live requests */
+    const int32_t *prompt;       /* token ids, each < vocab */
+    uint32_t n_prompt;           /* >= 1 */
+    uint32_t max_tokens;         /* >= 1; prompt + max_tokens <= the engine's context */
+    int32_t stop[GANG_MAX_STOP_TOKENS];
+    uint32_t n_stop;             /* generation ends after emitting one of these */
+    gang_sampling sampling;
+} gang_gen_request;
+
+typedef enum gang_gen_event_kind {
+    GANG_GEN_TOKEN = 1, /* one generated token */
+    GANG_GEN_DONE = 2   /* the request finished: reason "length" or "stop" */
+} gang_gen_event_kind;
+
+typedef struct gang_gen_event {
+    uint32_t kind;       /* gang_gen_event_kind */
+    uint64_t id;         /* the request */
+    int32_t token;       /* TOKEN: the token id */
+    uint32_t index;      /* TOKEN: 0-based index among the generated tokens */
+    char finish[8];      /* DONE: "length" or "stop" */
+} gang_gen_event;
+
+typedef struct gang_engine_config {
+    uint32_t max_batch;      /* sequences in flight at once (KV slots wanted), >= 1 */
+    uint32_t max_ctx;        /* positions per sequence (prompt + generated), >= 2,
+                                capped at the model's max_pos */
+    uint64_t kv_cache_bytes; /* KV budget of this rank (--kv-cache-mb); slots = min(max_batch,
+                                budget / bytes per slot of the gang's largest stage shard),
+                                the same number on every rank; < 1 slot is GANG_ENOMEM */
+    uint32_t microbatches;   /* sequences of a step are cut into this many microbatches */
+    uint32_t max_step_tokens; /* prompt tokens admitted per step (chunking bound), >= 1 */
+} gang_engine_config;
+
+typedef struct gang_engine gang_engine;
+
+/*
+ * Creates the engine of one rank around a loaded model (borrowed; it must outlive the
+ * engine). Allocates every buffer the steps need (KV slots, activations, logits) once:
+ * nothing is allocated in the step loop. Returns 0 and *out; GANG_EINVAL; GANG_ENOMEM
+ * (also when the budget holds no slot: the message in err says how much one needs).
+ */
+int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine **out, char *err,
+                     size_t errlen);
+void gang_engine_free(gang_engine *e);
+/* KV slots (sequences that can be in flight at once) and context length of the engine. */
+uint32_t gang_engine_slots(const gang_engine *e);
+uint32_t gang_engine_max_ctx(const gang_engine *e);
+
+/*
+ * Rank 0 only: queues a request. Validates it first (GANG_EINVAL with a message in err:
+ * empty prompt, a token id outside the vocabulary, max_tokens 0, prompt + max_tokens
+ * beyond the context, a duplicate id, too many stop tokens) and changes nothing on error.
+ * Requests wait for a free slot; there is no bound other than GANG_ENOMEM.
+ */
+int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, size_t errlen);
+
+/* Rank 0 only: requests queued or in flight. */
+uint32_t gang_engine_pending(const gang_engine *e);
+
+/*
+ * One engine step: a collective call on every rank of the gang (world, tp and pp
+ * communicators of the current generation; tp may be NULL when tp == 1, pp when pp == 1).
+ * Rank 0 builds the step's plan (continuous batching: running sequences decode one token,
+ * waiting requests take free slots and prefill, up to max_step_tokens prompt tokens) and
+ * broadcasts it over world; an empty plan is legal and is how idle ranks keep a deadline
+ * (every rank returns after it). The plan's sequences run through the stages in
+ * microbatches; the last stage samples and sends the tokens back to rank 0.
+ * Rank 0 then has events to poll. Returns 0, or a communicator error as is (the
+ * communicators are then unusable; call gang_engine_reset before the next generation),
+ * GANG_EPROTO for a plan that does not fit this rank's buffers, or a kernel error.
+ */
+int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                     gang_comm *pp, uint64_t timeout_ms);
+
+/* Rank 0 only: the next event, 1 when one was written to *ev, 0 when none. */
+int gang_engine_poll(gang_engine *e, gang_gen_event *ev);
+
+/*
+ * Drops every request (rank 0) and forgets every KV slot's contents, after a gang abort:
+ * the caller re-submits the requests it still owes from their prompts. Keeps the weights
+ * and buffers.
+ */
+void gang_engine_reset(gang_engine *e);
+
+#endif /* GANGLION_MODEL_H */

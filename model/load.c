@@ -1,0 +1,2 @@
+/* placeholder: model I/O (in progress) */
+#include "ganglion/model.h"

@@ -1,0 +1,2 @@
+/* placeholder: generation engine (in progress) */
+#include "ganglion/model.h"

@@ -1,0 +1,1 @@
+# Kubernetes simulation: Pods as network namespaces, dnsmasq DNS, a kubelet-like prober.

@@ -1,0 +1,1 @@
+# Kubernetes manifests: kustomize render + schema validation + serve --check-config.
