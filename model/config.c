@@ -1,2 +1,389 @@
-/* placeholder: model I/O (in progress) */
+/*
+ * config.json of a Hugging Face Llama-family checkpoint: which architecture, and the
+ * shape and numerics fields the loader and the engine need. Everything a model file
+ * declares is bounded here (model.h), and every feature we do not implement (RoPE
+ * scaling, sliding-window attention, another activation, MLP biases, a head_dim that is
+ * not hidden / n_heads) is refused with a message that names it, rather than computed
+ * wrongly.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
 #include "ganglion/model.h"
+#include "safetensors.h"
+
+/* Bounds on fields model.h does not bound itself. */
+#define CFG_MAX_FFN (1u << 20)
+#define CFG_MAX_POS (1u << 24)
+
+/* What a config reader pass shares: the parsed object and where messages go. */
+typedef struct cfg_ctx {
+    const cJSON *root;
+    const char *path;
+    char *err;
+    size_t errlen;
+} cfg_ctx;
+
+/* The member `key`, or NULL when it is absent or JSON null (HF writes null for "unset"). */
+static const cJSON *cfg_get(const cfg_ctx *c, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/*
+ * Reads integer field key into *out, within [lo, hi]. An absent field takes def when
+ * def >= 0 and is an error otherwise. Returns 0 or GANG_EMODEL with a message.
+ */
+static int cfg_uint(const cfg_ctx *c, const char *key, int64_t def, uint32_t lo, uint32_t hi,
+                    uint32_t *out)
+{
+    const cJSON *v = cfg_get(c, key);
+    double d;
+
+    if (v == NULL) {
+        if (def < 0) {
+            gang__model_err(c->err, c->errlen, "%s: field \"%s\" is missing", c->path, key);
+            return GANG_EMODEL;
+        }
+        *out = (uint32_t)def;
+        return 0;
+    }
+    d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d == floor(d))) {
+        gang__model_err(c->err, c->errlen, "%s: field \"%s\" is not an integer", c->path, key);
+        return GANG_EMODEL;
+    }
+    if (d < (double)lo || d > (double)hi) {
+        gang__model_err(c->err, c->errlen, "%s: field \"%s\" = %.0f is outside [%u, %u]", c->path,
+                        key, d, lo, hi);
+        return GANG_EMODEL;
+    }
+    *out = (uint32_t)d;
+    return 0;
+}
+
+/* Reads a positive finite number field (def when absent) no larger than hi. */
+static int cfg_float(const cfg_ctx *c, const char *key, double def, double hi, float *out)
+{
+    const cJSON *v = cfg_get(c, key);
+    double d;
+
+    if (v == NULL) {
+        *out = (float)def;
+        return 0;
+    }
+    d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d > 0.0) || !(d <= hi)) {
+        gang__model_err(c->err, c->errlen, "%s: field \"%s\" is not a number in (0, %g]", c->path,
+                        key, hi);
+        return GANG_EMODEL;
+    }
+    *out = (float)d;
+    return 0;
+}
+
+/* Reads a boolean field (def when absent). */
+static int cfg_bool(const cfg_ctx *c, const char *key, int def, int32_t *out)
+{
+    const cJSON *v = cfg_get(c, key);
+
+    if (v == NULL) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) {
+        gang__model_err(c->err, c->errlen, "%s: field \"%s\" is not a boolean", c->path, key);
+        return GANG_EMODEL;
+    }
+    *out = cJSON_IsTrue(v) ? 1 : 0;
+    return 0;
+}
+
+/*
+ * A token id field: absent or null -> -1; an integer in [0, vocab); or (eos_token_id of
+ * newer checkpoints) a non-empty list of them, of which the first is kept.
+ */
+static int cfg_token(const cfg_ctx *c, const char *key, uint32_t vocab, int32_t *out)
+{
+    const cJSON *v = cfg_get(c, key);
+    double d;
+
+    *out = -1;
+    if (v == NULL)
+        return 0;
+    if (cJSON_IsArray(v))
+        v = cJSON_GetArrayItem(v, 0);
+    d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d == floor(d)) || d < 0 || d >= (double)vocab) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: field \"%s\" is not a token id (or a list of them) in [0, %u)",
+                        c->path, key, vocab);
+        return GANG_EMODEL;
+    }
+    *out = (int32_t)d;
+    return 0;
+}
+
+/* The architecture from "architectures" (first known entry wins) or "model_type". */
+static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
+{
+    static const struct {
+        const char *cls, *type;
+        gang_model_arch arch;
+    } known[] = {
+        {"LlamaForCausalLM", "llama", GANG_ARCH_LLAMA},
+        {"MistralForCausalLM", "mistral", GANG_ARCH_MISTRAL},
+        {"Qwen2ForCausalLM", "qwen2", GANG_ARCH_QWEN2},
+    };
+    const cJSON *archs = cfg_get(c, "architectures"), *type = cfg_get(c, "model_type"), *a;
+    size_t i;
+
+    if (cJSON_IsArray(archs)) {
+        cJSON_ArrayForEach(a, archs)
+        {
+            for (i = 0; cJSON_IsString(a) && i < sizeof(known) / sizeof(known[0]); i++) {
+                if (strcmp(a->valuestring, known[i].cls) == 0) {
+                    *arch = known[i].arch;
+                    return 0;
+                }
+            }
+        }
+        a = cJSON_GetArrayItem(archs, 0);
+        gang__model_err(c->err, c->errlen,
+                        "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
+                        "MistralForCausalLM and Qwen2ForCausalLM are)",
+                        c->path, cJSON_IsString(a) ? a->valuestring : "?");
+        return GANG_EMODEL;
+    }
+    if (cJSON_IsString(type)) {
+        for (i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+            if (strcmp(type->valuestring, known[i].type) == 0) {
+                *arch = known[i].arch;
+                return 0;
+            }
+        }
+        gang__model_err(c->err, c->errlen,
+                        "%s: unsupported model_type \"%.64s\" (llama, mistral and qwen2 are)",
+                        c->path, type->valuestring);
+        return GANG_EMODEL;
+    }
+    gang__model_err(c->err, c->errlen,
+                    "%s: neither \"architectures\" nor \"model_type\" names the architecture",
+                    c->path);
+    return GANG_EMODEL;
+}
+
+/* torch_dtype (or "dtype" in newer files): float32 when absent. */
+static int cfg_dtype(const cfg_ctx *c, gang_dtype *dt)
+{
+    const cJSON *v = cfg_get(c, "torch_dtype");
+
+    if (v == NULL)
+        v = cfg_get(c, "dtype");
+    *dt = GANG_DTYPE_F32;
+    if (v == NULL)
+        return 0;
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "float32") == 0)
+        return 0;
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "float16") == 0) {
+        *dt = GANG_DTYPE_F16;
+        return 0;
+    }
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "bfloat16") == 0) {
+        *dt = GANG_DTYPE_BF16;
+        return 0;
+    }
+    gang__model_err(c->err, c->errlen,
+                    "%s: field \"torch_dtype\" is not \"float32\", \"float16\" or \"bfloat16\"",
+                    c->path);
+    return GANG_EMODEL;
+}
+
+/*
+ * The features we do not implement. RoPE scaling and a different activation change every
+ * output; sliding-window attention changes the output only past the window, so a window
+ * at least as long as the context is accepted (it never binds).
+ */
+static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
+{
+    const cJSON *v;
+    int32_t use_sw = 1, mlp_bias = 0;
+    uint32_t sw = 0;
+    int rc;
+
+    if (cfg_get(c, "rope_scaling") != NULL) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: \"rope_scaling\" is set; RoPE scaling is not implemented", c->path);
+        return GANG_EMODEL;
+    }
+    v = cfg_get(c, "hidden_act");
+    if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, "silu") == 0)) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: \"hidden_act\" is not \"silu\"; only SwiGLU MLPs are implemented",
+                        c->path);
+        return GANG_EMODEL;
+    }
+    rc = cfg_bool(c, "mlp_bias", 0, &mlp_bias);
+    if (rc != 0)
+        return rc;
+    if (mlp_bias) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: \"mlp_bias\" is true; MLP biases are not "
+                        "implemented",
+                        c->path);
+        return GANG_EMODEL;
+    }
+    v = cfg_get(c, "head_dim");
+    if (v != NULL && !(cJSON_IsNumber(v) && v->valuedouble == (double)cfg->head_dim)) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: \"head_dim\" differs from hidden_size / num_attention_heads = %u; "
+                        "a separate head_dim is not implemented",
+                        c->path, cfg->head_dim);
+        return GANG_EMODEL;
+    }
+    /* Qwen2 carries a window it does not use unless use_sliding_window is true. */
+    if (cfg->arch == GANG_ARCH_QWEN2) {
+        rc = cfg_bool(c, "use_sliding_window", 0, &use_sw);
+        if (rc != 0)
+            return rc;
+    }
+    if (use_sw && cfg_get(c, "sliding_window") != NULL) {
+        rc = cfg_uint(c, "sliding_window", -1, 1, UINT32_MAX, &sw);
+        if (rc != 0)
+            return rc;
+        if (sw < cfg->max_pos) {
+            gang__model_err(c->err, c->errlen,
+                            "%s: \"sliding_window\" = %u is shorter than "
+                            "max_position_embeddings = %u; sliding-window attention is not "
+                            "implemented",
+                            c->path, sw, cfg->max_pos);
+            return GANG_EMODEL;
+        }
+    }
+    return 0;
+}
+
+/* Reads every field of the parsed config into *cfg. */
+static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
+{
+    int rc;
+
+    rc = cfg_arch(c, &cfg->arch);
+    if (rc == 0)
+        rc = cfg_uint(c, "hidden_size", -1, 1, GANG_MODEL_MAX_HIDDEN, &cfg->hidden);
+    if (rc == 0)
+        rc = cfg_uint(c, "intermediate_size", -1, 1, CFG_MAX_FFN, &cfg->ffn);
+    if (rc == 0)
+        rc = cfg_uint(c, "num_attention_heads", -1, 1, GANG_MODEL_MAX_HEADS, &cfg->n_heads);
+    if (rc == 0)
+        rc = cfg_uint(c, "num_key_value_heads", cfg->n_heads, 1, GANG_MODEL_MAX_HEADS,
+                      &cfg->n_kv_heads);
+    if (rc == 0)
+        rc = cfg_uint(c, "num_hidden_layers", -1, 1, GANG_MODEL_MAX_LAYERS, &cfg->n_layers);
+    if (rc == 0)
+        rc = cfg_uint(c, "vocab_size", -1, 1, GANG_MODEL_MAX_VOCAB, &cfg->vocab);
+    if (rc == 0)
+        rc = cfg_uint(c, "max_position_embeddings", -1, 1, CFG_MAX_POS, &cfg->max_pos);
+    if (rc == 0)
+        rc = cfg_float(c, "rms_norm_eps", 1e-6, 1.0, &cfg->rms_eps);
+    if (rc == 0)
+        rc = cfg_float(c, "rope_theta", 10000.0, 1e12, &cfg->rope_theta);
+    if (rc == 0)
+        rc = cfg_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings);
+    if (rc == 0)
+        rc = cfg_bool(c, "attention_bias", 0, &cfg->attn_bias);
+    if (rc == 0)
+        rc = cfg_token(c, "bos_token_id", cfg->vocab, &cfg->bos_token_id);
+    if (rc == 0)
+        rc = cfg_token(c, "eos_token_id", cfg->vocab, &cfg->eos_token_id);
+    if (rc == 0)
+        rc = cfg_dtype(c, &cfg->dtype);
+    if (rc != 0)
+        return rc;
+    /*
+     * Qwen2 always has q/k/v biases (its config does not say so). Llama's attention_bias
+     * also puts a bias on o_proj, which the TP layers do not carry, so it is refused
+     * rather than half applied.
+     */
+    if (cfg->arch == GANG_ARCH_QWEN2) {
+        cfg->attn_bias = 1;
+    } else if (cfg->attn_bias) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: \"attention_bias\" is true; the o_proj bias it implies is not "
+                        "implemented",
+                        c->path);
+        return GANG_EMODEL;
+    }
+    if (cfg->hidden % cfg->n_heads != 0) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: hidden_size %u is not divisible by num_attention_heads %u", c->path,
+                        cfg->hidden, cfg->n_heads);
+        return GANG_EMODEL;
+    }
+    if (cfg->n_kv_heads > cfg->n_heads || cfg->n_heads % cfg->n_kv_heads != 0) {
+        gang__model_err(c->err, c->errlen,
+                        "%s: num_attention_heads %u is not divisible by num_key_value_heads %u",
+                        c->path, cfg->n_heads, cfg->n_kv_heads);
+        return GANG_EMODEL;
+    }
+    cfg->head_dim = cfg->hidden / cfg->n_heads;
+    return cfg_unsupported(c, cfg);
+}
+
+int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen)
+{
+    char path[4096], *text = NULL;
+    gang_model_config out;
+    cfg_ctx c;
+    cJSON *root = NULL;
+    size_t len;
+    int rc;
+
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    if (dir == NULL || cfg == NULL)
+        return GANG_EINVAL;
+    if (snprintf(path, sizeof(path), "%s/config.json", dir) >= (int)sizeof(path)) {
+        gang__model_err(err, errlen, "%s: model directory path too long", dir);
+        return GANG_EMODEL;
+    }
+    rc = gang__read_small_file(path, GANG_MODEL_MAX_CONFIG_BYTES, &text, &len, err, errlen);
+    if (rc != 0)
+        return rc;
+    root = cJSON_ParseWithLength(text, len);
+    if (root == NULL || !cJSON_IsObject(root)) {
+        gang__model_err(err, errlen, "%s: not a JSON object", path);
+        rc = GANG_EMODEL;
+        goto out_free;
+    }
+    memset(&out, 0, sizeof(out));
+    c.root = root;
+    c.path = path;
+    c.err = err;
+    c.errlen = errlen;
+    rc = cfg_fill(&c, &out);
+    if (rc == 0)
+        *cfg = out;
+out_free:
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+void gang_model_topology_config(const gang_model_config *mc, gang_topology_config *tc)
+{
+    if (mc == NULL || tc == NULL)
+        return;
+    tc->n_layers = (int32_t)mc->n_layers;
+    tc->n_heads = (int32_t)mc->n_heads;
+    tc->n_kv_heads = (int32_t)mc->n_kv_heads;
+    tc->ffn = (int32_t)mc->ffn;
+    tc->hidden = (int32_t)mc->hidden;
+    tc->vocab = (int32_t)mc->vocab;
+}

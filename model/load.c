@@ -1,2 +1,287 @@
-/* placeholder: model I/O (in progress) */
+/*
+ * Loading one rank's shard of a model: config.json, then the tensors of its pipeline
+ * stage cut for its TP rank straight out of the safetensors files.
+ *
+ * The cut is exactly the one gang_tp_layer_init makes from full matrices (parallel.h,
+ * "the Megatron split"): q_proj rows of the rank's query heads, k_proj / v_proj rows of
+ * its kv heads (replicated when tp > n_kv_heads), o_proj columns of its query heads,
+ * gate_proj / up_proj rows and down_proj columns of its ffn slice, and the q/k/v biases
+ * like the rows of their projections. Here the band is read directly from the file, so
+ * a rank never holds a full matrix: a row band is one contiguous byte range, a column
+ * band one short range per row (gang__st_read), and nothing else of the file is read.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "ganglion/model.h"
+#include "safetensors.h"
+
+typedef struct loader {
+    gang__st_set set;
+    const gang_topology *t;
+    char *err;
+    size_t errlen;
+    size_t bytes; /* f32 bytes copied out so far */
+} loader;
+
+/* The file a missing tensor is reported against: the single file or the index. */
+static const char *ld_where(const loader *L)
+{
+    return L->set.n_entries > 0 ? GANG__ST_INDEX_NAME : GANG__ST_SINGLE_NAME;
+}
+
+/* "[a, b, c]" into buf. */
+static void ld_shape_str(const uint64_t *shape, uint32_t ndim, char *buf, size_t cap)
+{
+    size_t used = 0;
+    uint32_t i;
+
+    used += (size_t)snprintf(buf, cap, "[");
+    for (i = 0; i < ndim && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%llu", i ? ", " : "",
+                                 (unsigned long long)shape[i]);
+    if (used < cap)
+        snprintf(buf + used, cap - used, "]");
+}
+
+/*
+ * Reads the band rows [row_first, +row_count) x columns [col_first, +col_count) of the
+ * tensor `name`, which must have the shape [rows, cols] (rows == 0: the 1-D shape
+ * [cols], read as one row), into a new malloc'd f32 array *out. Returns 0, GANG_EMODEL
+ * (missing tensor, wrong shape; message names the file and the tensor) or GANG_ENOMEM.
+ */
+static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, uint64_t row_first,
+                   uint64_t row_count, uint64_t col_first, uint64_t col_count, float **out)
+{
+    const gang__st_file *f;
+    const gang__st_tensor *t;
+    uint64_t want[2];
+    uint32_t want_ndim = rows == 0 ? 1 : 2;
+    char got_s[128], want_s[64];
+    int rc;
+
+    *out = NULL;
+    if (gang__st_set_find(&L->set, name, &f, &t) != 0) {
+        gang__model_err(L->err, L->errlen, "%s: tensor %s is missing", ld_where(L), name);
+        return GANG_EMODEL;
+    }
+    want[0] = rows == 0 ? cols : rows;
+    want[1] = cols;
+    if (t->ndim != want_ndim || t->shape[0] != want[0] || (want_ndim == 2 && t->shape[1] != cols)) {
+        ld_shape_str(t->shape, t->ndim, got_s, sizeof(got_s));
+        ld_shape_str(want, want_ndim, want_s, sizeof(want_s));
+        gang__model_err(L->err, L->errlen, "%s: tensor %s has shape %s, config.json implies %s",
+                        f->base, name, got_s, want_s);
+        return GANG_EMODEL;
+    }
+    if (rows == 0)
+        row_count = 1;
+    *out = malloc((size_t)(row_count * col_count) * sizeof(float));
+    if (*out == NULL)
+        return GANG_ENOMEM;
+    rc = gang__st_read(f, t, row_first, row_count, col_first, col_count, *out);
+    if (rc != 0) {
+        gang__model_err(L->err, L->errlen, "%s: tensor %s: %s", f->base, name,
+                        rc == GANG_EIO ? "read failed (the file changed or shrank?)"
+                                       : "band outside the tensor");
+        free(*out);
+        *out = NULL;
+        return rc == GANG_EIO ? GANG_EMODEL : GANG_EINTERNAL;
+    }
+    L->bytes += (size_t)(row_count * col_count) * sizeof(float);
+    return 0;
+}
+
+/* A whole 1-D tensor of n elements. */
+static int ld_vector(loader *L, const char *name, uint64_t n, float **out)
+{
+    return ld_band(L, name, 0, n, 0, 1, 0, n, out);
+}
+
+/* Rows [first, +count) of a [rows, cols] matrix (a column-parallel shard). */
+static int ld_rows(loader *L, const char *name, uint64_t rows, uint64_t cols, uint64_t first,
+                   uint64_t count, float **out)
+{
+    return ld_band(L, name, rows, cols, first, count, 0, cols, out);
+}
+
+/* Columns [first, +count) of a [rows, cols] matrix (a row-parallel shard). */
+static int ld_cols(loader *L, const char *name, uint64_t rows, uint64_t cols, uint64_t first,
+                   uint64_t count, float **out)
+{
+    return ld_band(L, name, rows, cols, 0, rows, first, count, out);
+}
+
+/* Loads this rank's shard of decoder layer li into *l (zeroed and owning nothing on error). */
+static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *l)
+{
+    const gang_tp_shard *s = &m->shard;
+    uint64_t hidden = m->cfg.hidden, hd = m->cfg.head_dim, ffn = m->cfg.ffn;
+    uint64_t q_dim = (uint64_t)m->cfg.n_heads * hd, kv_dim = (uint64_t)m->cfg.n_kv_heads * hd;
+    uint64_t q_first = (uint64_t)s->head_first * hd, q_rows = (uint64_t)s->head_count * hd;
+    uint64_t kv_first = (uint64_t)s->kv_head_first * hd, kv_rows = (uint64_t)s->kv_head_count * hd;
+    char name[128];
+    int rc;
+
+    memset(l, 0, sizeof(*l));
+    l->shard = *s;
+    l->tp = m->topo.tp;
+    l->hidden = m->cfg.hidden;
+    l->head_dim = m->cfg.head_dim;
+    l->rope_theta = m->cfg.rope_theta;
+    l->norm_eps = m->cfg.rms_eps;
+
+#define LD_NAME(suffix) (snprintf(name, sizeof(name), "model.layers.%u.%s", li, suffix), name)
+    rc = ld_vector(L, LD_NAME("input_layernorm.weight"), hidden, &l->attn_norm);
+    if (rc == 0)
+        rc = ld_rows(L, LD_NAME("self_attn.q_proj.weight"), q_dim, hidden, q_first, q_rows, &l->wq);
+    if (rc == 0)
+        rc = ld_rows(L, LD_NAME("self_attn.k_proj.weight"), kv_dim, hidden, kv_first, kv_rows,
+                     &l->wk);
+    if (rc == 0)
+        rc = ld_rows(L, LD_NAME("self_attn.v_proj.weight"), kv_dim, hidden, kv_first, kv_rows,
+                     &l->wv);
+    if (rc == 0)
+        rc = ld_cols(L, LD_NAME("self_attn.o_proj.weight"), hidden, q_dim, q_first, q_rows, &l->wo);
+    if (rc == 0 && m->cfg.attn_bias) {
+        /* A bias is one row per output feature: it is cut like the rows of its weight. */
+        rc = ld_band(L, LD_NAME("self_attn.q_proj.bias"), 0, q_dim, 0, 1, q_first, q_rows, &l->bq);
+        if (rc == 0)
+            rc = ld_band(L, LD_NAME("self_attn.k_proj.bias"), 0, kv_dim, 0, 1, kv_first, kv_rows,
+                         &l->bk);
+        if (rc == 0)
+            rc = ld_band(L, LD_NAME("self_attn.v_proj.bias"), 0, kv_dim, 0, 1, kv_first, kv_rows,
+                         &l->bv);
+    }
+    if (rc == 0)
+        rc = ld_vector(L, LD_NAME("post_attention_layernorm.weight"), hidden, &l->mlp_norm);
+    if (rc == 0)
+        rc = ld_rows(L, LD_NAME("mlp.gate_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
+                     &l->w_gate);
+    if (rc == 0)
+        rc = ld_rows(L, LD_NAME("mlp.up_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
+                     &l->w_up);
+    if (rc == 0)
+        rc = ld_cols(L, LD_NAME("mlp.down_proj.weight"), hidden, ffn, s->ffn_first, s->ffn_count,
+                     &l->w_down);
+#undef LD_NAME
+    if (rc != 0)
+        gang_tp_layer_free(l);
+    return rc;
+}
+
+/* The layout must have been built from this very config (same shape fields). */
+static int ld_check_layout(const gang_model_config *c, const gang_topology *t, const char *dir,
+                           char *err, size_t errlen)
+{
+    if (t->n_layers == c->n_layers && t->n_heads == c->n_heads && t->n_kv_heads == c->n_kv_heads &&
+        t->ffn == c->ffn && t->hidden == c->hidden && t->vocab == c->vocab)
+        return 0;
+    gang__model_err(err, errlen,
+                    "%s/config.json: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
+                    "%u differ from the layout's %u, %u, %u, %u, %u, %u",
+                    dir, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn, c->hidden, c->vocab,
+                    t->n_layers, t->n_heads, t->n_kv_heads, t->ffn, t->hidden, t->vocab);
+    return GANG_EMODEL;
+}
+
+/* Stage 0's embedding and the last stage's final norm and LM-head rows. */
+static int ld_ends(loader *L, gang_model *m)
+{
+    uint64_t hidden = m->cfg.hidden, vocab = m->cfg.vocab;
+    const char *head = m->cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    int rc = 0;
+
+    if (m->place.pp_stage == 0)
+        rc = ld_rows(L, "model.embed_tokens.weight", vocab, hidden, 0, vocab, &m->embed);
+    if (rc == 0 && m->place.pp_stage == m->topo.pp - 1) {
+        rc = ld_vector(L, "model.norm.weight", hidden, &m->final_norm);
+        if (rc == 0)
+            rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count,
+                         &m->lm_head);
+    }
+    return rc;
+}
+
+int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang_model **out,
+                    char *err, size_t errlen)
+{
+    gang_model *m;
+    loader L;
+    uint32_t i;
+    int rc;
+
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    if (out != NULL)
+        *out = NULL;
+    if (dir == NULL || t == NULL || out == NULL || rank >= t->world_size)
+        return GANG_EINVAL;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return GANG_ENOMEM;
+    memset(&L, 0, sizeof(L));
+    L.t = t;
+    L.err = err;
+    L.errlen = errlen;
+
+    rc = gang_model_config_read(dir, &m->cfg, err, errlen);
+    if (rc != 0)
+        goto out_free;
+    rc = ld_check_layout(&m->cfg, t, dir, err, errlen);
+    if (rc != 0)
+        goto out_free;
+    m->topo = *t;
+    rc = gang_topology_rank(t, rank, &m->place);
+    if (rc == 0)
+        rc = gang_topology_tp_shard(t, m->place.tp_rank, &m->shard);
+    if (rc == 0)
+        rc = gang_topology_stage_layers(t, m->place.pp_stage, &m->layer_first, &m->layer_count);
+    if (rc != 0)
+        goto out_free;
+    m->layers = calloc(m->layer_count, sizeof(*m->layers));
+    if (m->layers == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_free;
+    }
+
+    rc = gang__st_set_open(dir, &L.set, err, errlen);
+    if (rc != 0)
+        goto out_free;
+    for (i = 0; i < m->layer_count; i++) {
+        rc = ld_layer(&L, m, m->layer_first + i, &m->layers[i]);
+        if (rc != 0)
+            goto out_close;
+    }
+    rc = ld_ends(&L, m);
+    if (rc != 0)
+        goto out_close;
+    m->weight_bytes = L.bytes;
+    gang__st_set_close(&L.set);
+    *out = m;
+    return 0;
+
+out_close:
+    gang__st_set_close(&L.set);
+out_free:
+    gang_model_free(m);
+    return rc;
+}
+
+void gang_model_free(gang_model *m)
+{
+    uint32_t i;
+
+    if (m == NULL)
+        return;
+    if (m->layers != NULL) {
+        for (i = 0; i < m->layer_count; i++)
+            gang_tp_layer_free(&m->layers[i]);
+        free(m->layers);
+    }
+    free(m->embed);
+    free(m->final_norm);
+    free(m->lm_head);
+    free(m);
+}
