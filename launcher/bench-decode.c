@@ -1,13 +1,576 @@
-/* placeholder: ganglion bench decode (in progress) */
+/*
+ * Decode benchmark: `ganglion bench decode`, prefill and decode tokens/s of the generation
+ * engine on the CPU for TP x PP in {1x1, 2x1, 1x2, 2x2}, batch 1 and 8, the ranks as
+ * threads of this process over the socket communicator.
+ *
+ * Model: a random model of the given shape written once by gang_mkmodel into a
+ * temporary directory and loaded per rank with gang_model_load (so the loader's shards are
+ * what runs). Point (tp, pp, batch): rank 0 submits `batch` greedy requests of --prompt
+ * tokens and --tokens new tokens each, with max_step_tokens = batch x prompt, so that
+ *
+ *   step 1            prefills every prompt (and samples each request's first token),
+ *   steps 2 .. N      decode one token of every request each,
+ *
+ * and after N = --tokens steps every request is done. Every rank runs exactly N steps per
+ * iteration (the plan tells the others what to do; the count keeps them in lockstep).
+ * Rank 0 times the first step (prefill: batch x prompt tokens) and the rest (decode:
+ * batch x (N - 1) tokens). --warmup untimed iterations, then --iters timed ones; the line
+ * reports the medians, and ratios against the 1x1 point of the same batch measured in the
+ * same run (nccl-tests style: compare against the peer in the same run). The greedy
+ * tokens of every layout must equal those of 1x1 (tokens_match_1x1), which checks the
+ * layouts while measuring them.
+ *
+ * On a small CPU the TP and PP layouts cost more than 1x1 (the "ranks" share cores, and
+ * every layer adds two all-reduces over loopback sockets); the numbers measure the
+ * engine's and the communicator's overhead, not GPU scaling.
+ *
+ * Every wait has a deadline: every engine step takes --timeout-s; a rank that fails
+ * aborts every communicator of the point, so the others return promptly.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "cmds.h"
+#include "ganglion/comm.h"
 #include "ganglion/common.h"
+#include "ganglion/model.h"
+
+#define BD_MAX_RANKS 4
+#define BD_MAX_BATCHES 8
+#define BD_MAX_ITERS 1000
+#define BD_HOST "127.0.0.1"
+#define BD_INIT_TIMEOUT_MS 20000
+
+typedef struct bd_opts {
+    uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
+    uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s;
+    uint32_t batches[BD_MAX_BATCHES];
+    uint32_t n_batches;
+    char dir[64]; /* the temporary model directory */
+} bd_opts;
+
+/* One point: shared by its rank threads. */
+typedef struct bd_run {
+    const bd_opts *o;
+    uint32_t tp, pp, batch;
+    char blob[256];
+    size_t blob_len;
+    gang_comm_listener *listener;
+    gang_topology topo;
+    double *prefill_ms, *decode_ms; /* [iters], written by rank 0 */
+    int32_t *tokens;                /* [batch x tokens] of the last iteration, rank 0 */
+    pthread_mutex_t lock;
+    gang_comm *comms[BD_MAX_RANKS][3]; /* lock: live communicators, for abort */
+    int aborted;                       /* lock */
+    int rc;                            /* lock: first error */
+    char why[256];                     /* lock */
+} bd_run;
+
+typedef struct bd_rank {
+    bd_run *run;
+    uint32_t rank;
+    pthread_t th;
+} bd_rank;
+
+static void bd_usage(void)
+{
+    fprintf(stderr,
+            "usage: ganglion bench decode [--layers 4] [--hidden 256] [--heads 8] [--kv-heads 4]\n"
+            "                             [--ffn 512] [--vocab 2048] [--prompt 32] [--tokens 16]\n"
+            "                             [--batch 1,8] [--microbatches 1] [--iters 3]\n"
+            "                             [--warmup 1] [--timeout-s 120]\n");
+}
+
+static double bd_round(double x, int digits)
+{
+    double f = pow(10.0, digits);
+
+    return round(x * f) / f;
+}
+
+static int bd_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* The median of n values (sorts them). */
+static double bd_median(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof(*v), bd_cmp);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+}
+
+/* Records the point's first failure and aborts every live communicator. */
+static void bd_fail(bd_run *r, int rc, const char *what, uint32_t rank)
+{
+    uint32_t i, j;
+
+    pthread_mutex_lock(&r->lock);
+    if (r->rc == 0) {
+        r->rc = rc;
+        snprintf(r->why, sizeof(r->why), "rank %u: %s: %s", rank, what, gang_err_name(rc));
+    }
+    r->aborted = 1;
+    for (i = 0; i < BD_MAX_RANKS; i++)
+        for (j = 0; j < 3; j++)
+            if (r->comms[i][j] != NULL)
+                gang_comm_abort(r->comms[i][j]);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* World, then TP (color stage, key tp rank) and PP (color tp rank, key stage) splits. */
+static int bd_comms(bd_rank *x, gang_comm **c, const char **what)
+{
+    bd_run *r = x->run;
+    gang_comm_config cfg = {.backend = GANG_COMM_SOCKET,
+                            .rank = x->rank,
+                            .world_size = r->tp * r->pp,
+                            .blob = (const uint8_t *)r->blob,
+                            .blob_len = r->blob_len,
+                            .listener = x->rank == 0 ? r->listener : NULL,
+                            .advertise_host = BD_HOST,
+                            .timeout_ms = BD_INIT_TIMEOUT_MS};
+    uint32_t stage = x->rank / r->tp, tp_rank = x->rank % r->tp, i;
+    int rc, aborted;
+
+    *what = "comm init";
+    rc = gang_comm_init(&cfg, &c[0]);
+    if (rc == 0) {
+        *what = "tp split";
+        rc = gang_comm_split(c[0], stage, tp_rank, BD_INIT_TIMEOUT_MS, &c[1]);
+    }
+    if (rc == 0) {
+        *what = "pp split";
+        rc = gang_comm_split(c[0], tp_rank, stage, BD_INIT_TIMEOUT_MS, &c[2]);
+    }
+    pthread_mutex_lock(&r->lock);
+    for (i = 0; i < 3; i++)
+        r->comms[x->rank][i] = c[i];
+    aborted = r->aborted;
+    pthread_mutex_unlock(&r->lock);
+    return rc != 0 ? rc : (aborted ? GANG_EABORTED : 0);
+}
+
+/*
+ * One timed (or warm-up) iteration on rank x: rank 0 submits the batch, every rank runs
+ * `tokens` steps; rank 0 times the prefill step and the decode steps and records the
+ * tokens. Returns 0 or the first error.
+ */
+static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm **c, int32_t *prompt,
+                        int iter, const char **what)
+{
+    bd_run *r = x->run;
+    const bd_opts *o = r->o;
+    gang_comm *tp = r->tp > 1 ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
+    uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
+    gang_gen_request req;
+    gang_gen_event ev;
+    char err[256];
+    uint32_t i, s;
+    int rc;
+
+    if (x->rank == 0) {
+        for (i = 0; i < r->batch; i++) {
+            memset(&req, 0, sizeof(req));
+            req.id = (uint64_t)iter * r->batch + i + 1;
+            req.prompt = prompt + (size_t)i * o->prompt;
+            req.n_prompt = o->prompt;
+            req.max_tokens = o->tokens;
+            req.sampling.top_p = 1.0f;
+            *what = "submit";
+            rc = gang_engine_submit(e, &req, err, sizeof(err));
+            if (rc != 0) {
+                fprintf(stderr, "ganglion bench decode: %s\n", err);
+                return rc;
+            }
+        }
+    }
+    for (s = 0; s < o->tokens; s++) {
+        if (s == 0)
+            t0 = gang_now_ns();
+        *what = "engine step";
+        rc = gang_engine_step(e, k, c[0], tp, pp, tmo);
+        if (rc != 0)
+            return rc;
+        if (s == 0)
+            t1 = gang_now_ns();
+        while (x->rank == 0 && gang_engine_poll(e, &ev) == 1) {
+            uint64_t seq = (ev.id - 1) % r->batch;
+
+            if (ev.kind == GANG_GEN_TOKEN && ev.index < o->tokens)
+                r->tokens[seq * o->tokens + ev.index] = ev.token;
+        }
+    }
+    if (x->rank == 0) {
+        if (gang_engine_pending(e) != 0) {
+            *what = "requests left after the last step";
+            return GANG_EINTERNAL;
+        }
+        if (iter >= (int)o->warmup) {
+            r->prefill_ms[iter - o->warmup] = (double)(t1 - t0) / 1e6;
+            r->decode_ms[iter - o->warmup] = (double)(gang_now_ns() - t1) / 1e6;
+        }
+    }
+    return 0;
+}
+
+/* Thread of one rank: comms, shard, engine, warm-up and timed iterations. */
+static void *bd_rank_main(void *arg)
+{
+    bd_rank *x = arg;
+    bd_run *r = x->run;
+    const bd_opts *o = r->o;
+    gang_engine_config cfg = {.max_batch = r->batch,
+                              .max_ctx = o->prompt + o->tokens,
+                              .kv_cache_bytes = UINT64_C(1) << 40,
+                              .microbatches =
+                                  o->microbatches < r->batch ? o->microbatches : r->batch,
+                              .max_step_tokens = r->batch * o->prompt};
+    gang_comm *c[3] = {NULL, NULL, NULL};
+    gang_model *m = NULL;
+    gang_engine *e = NULL;
+    gang_kernels *k = NULL;
+    int32_t *prompt = NULL;
+    const char *what = "init";
+    char err[512];
+    uint32_t i, it;
+    int rc;
+
+    rc = bd_comms(x, c, &what);
+    if (rc != 0)
+        goto out_fail;
+    what = "load";
+    rc = gang_model_load(o->dir, &r->topo, x->rank, &m, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "ganglion bench decode: %s\n", err);
+        goto out_fail;
+    }
+    what = "engine init";
+    rc = gang_engine_init(m, &cfg, &e, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "ganglion bench decode: %s\n", err);
+        goto out_fail;
+    }
+    what = "kernels";
+    rc = gang_kernels_open("cpu", &k);
+    if (rc != 0)
+        goto out_fail;
+    prompt = malloc((size_t)r->batch * o->prompt * sizeof(int32_t));
+    if (prompt == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_fail;
+    }
+    /* Different prompts per sequence, the same ones on every layout. */
+    for (i = 0; i < r->batch * o->prompt; i++)
+        prompt[i] = (int32_t)(((uint64_t)i * 2654435761u + 17) % o->vocab);
+    for (it = 0; it < o->warmup + o->iters; it++) {
+        rc = bd_iteration(x, e, k, c, prompt, (int)it, &what);
+        if (rc != 0)
+            goto out_fail;
+    }
+    /* Keep the sockets until every rank is done with them. */
+    what = "closing barrier";
+    rc = gang_comm_barrier(c[0], (uint64_t)o->timeout_s * 1000u);
+    if (rc == 0)
+        goto out_free;
+
+out_fail:
+    bd_fail(r, rc, what, x->rank);
+out_free:
+    pthread_mutex_lock(&r->lock);
+    for (i = 0; i < 3; i++)
+        r->comms[x->rank][i] = NULL;
+    pthread_mutex_unlock(&r->lock);
+    for (i = 3; i-- > 0;)
+        gang_comm_free(c[i]);
+    free(prompt);
+    gang_kernels_close(k);
+    gang_engine_free(e);
+    gang_model_free(m);
+    return NULL;
+}
+
+/* What one point measured, for the ratios against 1x1. */
+typedef struct bd_result {
+    double prefill_tps, decode_tps;
+    int32_t *tokens; /* [batch x tokens], owned */
+} bd_result;
+
+/*
+ * Measures one (tp, pp, batch) point and prints its line. base is the 1x1 result of the
+ * same batch (NULL for the 1x1 point itself). Returns 0 or the error of the point.
+ */
+static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
+                    uint32_t batch, const bd_result *base, bd_result *res)
+{
+    bd_run r;
+    bd_rank ranks[BD_MAX_RANKS];
+    gang_topology_config tc;
+    char err[256];
+    uint32_t i, n = tp * pp, started = 0;
+    double pre, dec;
+    cJSON *line;
+    int rc;
+
+    memset(&r, 0, sizeof(r));
+    memset(res, 0, sizeof(*res));
+    r.o = o;
+    r.tp = tp;
+    r.pp = pp;
+    r.batch = batch;
+    pthread_mutex_init(&r.lock, NULL);
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(mc, &tc);
+    tc.nnodes = (int32_t)pp;
+    tc.nproc_per_node = (int32_t)tp;
+    tc.tp = (int32_t)tp;
+    tc.pp = (int32_t)pp;
+    rc = gang_topology_init(&tc, &r.topo, err, sizeof(err));
+    if (rc != 0) {
+        snprintf(r.why, sizeof(r.why), "topology: %s", err);
+        goto out_line;
+    }
+    r.prefill_ms = calloc(o->iters, sizeof(double));
+    r.decode_ms = calloc(o->iters, sizeof(double));
+    res->tokens = calloc((size_t)batch * o->tokens, sizeof(int32_t));
+    r.tokens = res->tokens;
+    if (r.prefill_ms == NULL || r.decode_ms == NULL || res->tokens == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_line;
+    }
+    rc = gang_comm_socket_listen(BD_HOST, &r.listener, r.blob, sizeof(r.blob) - 1, &r.blob_len);
+    if (rc != 0) {
+        snprintf(r.why, sizeof(r.why), "listen: %s", gang_err_name(rc));
+        goto out_line;
+    }
+    for (i = 0; i < n; i++) {
+        ranks[i] = (bd_rank){.run = &r, .rank = i};
+        if (pthread_create(&ranks[i].th, NULL, bd_rank_main, &ranks[i]) != 0) {
+            if (i == 0)
+                gang_comm_listener_free(r.listener);
+            bd_fail(&r, GANG_ENOMEM, "pthread_create", i);
+            break;
+        }
+        started++;
+    }
+    /* Every rank's operations carry deadlines, so the joins are bounded. */
+    for (i = 0; i < started; i++)
+        pthread_join(ranks[i].th, NULL);
+    rc = r.rc;
+
+out_line:
+    line = cJSON_CreateObject();
+    if (line != NULL) {
+        cJSON_AddStringToObject(line, "bench", "decode");
+        cJSON_AddStringToObject(line, "backend", "socket");
+        cJSON_AddStringToObject(line, "device", "cpu");
+        cJSON_AddNumberToObject(line, "tp", tp);
+        cJSON_AddNumberToObject(line, "pp", pp);
+        cJSON_AddNumberToObject(line, "batch", batch);
+        cJSON_AddNumberToObject(line, "microbatches",
+                                o->microbatches < batch ? o->microbatches : batch);
+        cJSON_AddNumberToObject(line, "layers", o->layers);
+        cJSON_AddNumberToObject(line, "hidden", o->hidden);
+        cJSON_AddNumberToObject(line, "prompt", o->prompt);
+        cJSON_AddNumberToObject(line, "tokens", o->tokens);
+        cJSON_AddNumberToObject(line, "iters", o->iters);
+        if (rc == 0) {
+            pre = bd_median(r.prefill_ms, o->iters);
+            dec = bd_median(r.decode_ms, o->iters);
+            res->prefill_tps = (double)batch * o->prompt / (pre / 1e3);
+            res->decode_tps = o->tokens > 1 ? (double)batch * (o->tokens - 1) / (dec / 1e3) : 0.0;
+            cJSON_AddNumberToObject(line, "prefill_ms_p50", bd_round(pre, 3));
+            cJSON_AddNumberToObject(line, "prefill_ms_min", bd_round(r.prefill_ms[0], 3));
+            cJSON_AddNumberToObject(line, "prefill_ms_max",
+                                    bd_round(r.prefill_ms[o->iters - 1], 3));
+            cJSON_AddNumberToObject(line, "decode_ms_p50", bd_round(dec, 3));
+            cJSON_AddNumberToObject(line, "prefill_tok_s", bd_round(res->prefill_tps, 1));
+            cJSON_AddNumberToObject(line, "decode_tok_s", bd_round(res->decode_tps, 1));
+            if (base != NULL) {
+                cJSON_AddNumberToObject(line, "prefill_ratio_vs_1x1",
+                                        bd_round(res->prefill_tps / base->prefill_tps, 3));
+                cJSON_AddNumberToObject(
+                    line, "decode_ratio_vs_1x1",
+                    base->decode_tps > 0.0 ? bd_round(res->decode_tps / base->decode_tps, 3) : 0.0);
+                cJSON_AddBoolToObject(line, "tokens_match_1x1",
+                                      memcmp(res->tokens, base->tokens,
+                                             (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
+            }
+        } else {
+            cJSON_AddStringToObject(line, "error", r.why[0] ? r.why : gang_err_name(rc));
+        }
+        {
+            char *s = cJSON_PrintUnformatted(line);
+
+            if (s != NULL)
+                printf("%s\n", s);
+            fflush(stdout);
+            cJSON_free(s);
+        }
+        cJSON_Delete(line);
+    }
+    free(r.prefill_ms);
+    free(r.decode_ms);
+    pthread_mutex_destroy(&r.lock);
+    if (rc != 0) {
+        free(res->tokens);
+        res->tokens = NULL;
+    }
+    return rc;
+}
+
+/* Parses "1,8" into o->batches. */
+static int bd_parse_batches(const char *s, bd_opts *o)
+{
+    char buf[128], *tok, *save = NULL;
+    int64_t x;
+
+    if (gang_strlcpy(buf, s, sizeof(buf)) != 0)
+        return GANG_EUSAGE;
+    o->n_batches = 0;
+    for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_batches == BD_MAX_BATCHES || gang_parse_i64(tok, 1, 256, &x) != 0)
+            return GANG_EUSAGE;
+        o->batches[o->n_batches++] = (uint32_t)x;
+    }
+    return o->n_batches > 0 ? 0 : GANG_EUSAGE;
+}
+
+/* Parses argv[1..argc) into o. Returns 0, or GANG_EUSAGE after printing the usage. */
+static int bd_parse(int argc, char **argv, bd_opts *o)
+{
+    static const struct {
+        const char *flag;
+        int64_t lo, hi;
+        size_t off;
+    } ints[] = {
+        {"--layers", 1, 256, offsetof(bd_opts, layers)},
+        {"--hidden", 8, 16384, offsetof(bd_opts, hidden)},
+        {"--heads", 1, 256, offsetof(bd_opts, heads)},
+        {"--kv-heads", 1, 256, offsetof(bd_opts, kv_heads)},
+        {"--ffn", 2, 65536, offsetof(bd_opts, ffn)},
+        {"--vocab", 2, 1 << 20, offsetof(bd_opts, vocab)},
+        {"--prompt", 1, 8192, offsetof(bd_opts, prompt)},
+        {"--tokens", 2, 8192, offsetof(bd_opts, tokens)},
+        {"--iters", 1, BD_MAX_ITERS, offsetof(bd_opts, iters)},
+        {"--warmup", 0, BD_MAX_ITERS, offsetof(bd_opts, warmup)},
+        {"--microbatches", 1, 256, offsetof(bd_opts, microbatches)},
+        {"--timeout-s", 1, 86400, offsetof(bd_opts, timeout_s)},
+    };
+    int i;
+    size_t j;
+    int64_t x;
+
+    for (i = 1; i < argc; i++) {
+        if (i + 1 >= argc)
+            goto out_bad;
+        if (strcmp(argv[i], "--batch") == 0) {
+            if (bd_parse_batches(argv[++i], o) != 0)
+                goto out_bad;
+            continue;
+        }
+        for (j = 0; j < sizeof(ints) / sizeof(ints[0]); j++)
+            if (strcmp(argv[i], ints[j].flag) == 0)
+                break;
+        if (j == sizeof(ints) / sizeof(ints[0]) ||
+            gang_parse_i64(argv[i + 1], ints[j].lo, ints[j].hi, &x) != 0)
+            goto out_bad;
+        *(uint32_t *)((char *)o + ints[j].off) = (uint32_t)x;
+        i++;
+    }
+    return 0;
+
+out_bad:
+    fprintf(stderr, "ganglion bench decode: bad or incomplete argument '%s'\n",
+            argv[i < argc ? i : argc - 1]);
+    bd_usage();
+    return GANG_EUSAGE;
+}
 
 int gang_bench_decode_main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ganglion bench decode: not available yet\n");
-    return GANG_EXIT_USAGE;
+    static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
+    bd_opts o = {.layers = 4,
+                 .hidden = 256,
+                 .heads = 8,
+                 .kv_heads = 4,
+                 .ffn = 512,
+                 .vocab = 2048,
+                 .prompt = 32,
+                 .tokens = 16,
+                 .iters = 3,
+                 .warmup = 1,
+                 .microbatches = 1,
+                 .timeout_s = 120,
+                 .batches = {1, 8},
+                 .n_batches = 2};
+    gang_mkmodel_opts mo;
+    gang_model_config mc;
+    bd_result base, res;
+    char err[512], cmd[128];
+    uint32_t b, l;
+    int rc = 0, prc, failed = 0;
+
+    if (bd_parse(argc, argv, &o) != 0)
+        return GANG_EXIT_USAGE;
+    snprintf(o.dir, sizeof(o.dir), "/tmp/ganglion-bench-decode-XXXXXX");
+    if (mkdtemp(o.dir) == NULL) {
+        fprintf(stderr, "ganglion bench decode: cannot create a temporary directory\n");
+        return GANG_EXIT_INTERNAL;
+    }
+    memset(&mo, 0, sizeof(mo));
+    mo = (gang_mkmodel_opts){.out_dir = o.dir,
+                             .arch = GANG_ARCH_LLAMA,
+                             .layers = o.layers,
+                             .hidden = o.hidden,
+                             .heads = o.heads,
+                             .kv_heads = o.kv_heads,
+                             .ffn = o.ffn,
+                             .vocab = o.vocab,
+                             .max_pos = o.prompt + o.tokens,
+                             .seed = 1,
+                             .dtype = GANG_DTYPE_F32,
+                             .shards = 1};
+    rc = gang_mkmodel(&mo, err, sizeof(err));
+    if (rc == 0)
+        rc = gang_model_config_read(o.dir, &mc, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "ganglion bench decode: %s\n", err);
+        rc = GANG_EUSAGE;
+        goto out_rm;
+    }
+    for (b = 0; b < o.n_batches; b++) {
+        memset(&base, 0, sizeof(base));
+        for (l = 0; l < 4; l++) {
+            prc = bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], l == 0 ? NULL : &base,
+                           l == 0 ? &base : &res);
+            if (prc != 0) {
+                failed++;
+                rc = prc;
+                if (l == 0)
+                    break; /* no base to compare the other layouts against */
+            } else if (l > 0) {
+                free(res.tokens);
+            }
+        }
+        free(base.tokens);
+    }
+
+out_rm:
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", o.dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "ganglion bench decode: could not remove %s\n", o.dir);
+    if (rc == GANG_EUSAGE)
+        return GANG_EXIT_USAGE;
+    return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
 }

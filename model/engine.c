@@ -1,2 +1,489 @@
-/* placeholder: generation engine (in progress) */
-#include "ganglion/model.h"
+/*
+ * The generation engine: one rank's share of serving a model with a KV cache,
+ * continuous batching and sampling, on the tensor-parallel layers and the pipeline
+ * schedule of parallel/.
+ *
+ * Design.
+ *
+ *  - Rank 0 (stage 0, TP rank 0) owns the requests: submit queues them, the scheduler
+ *    (engine-plan.c) turns the queue into one step's plan, poll hands out the events.
+ *    Every other rank only ever sees plans.
+ *  - KV slots. Every rank holds, for each layer of its stage, `slots` caches of max_ctx
+ *    positions of its kv-head shard. slots = min(max_batch, kv budget / bytes per slot
+ *    of the gang's LARGEST stage shard), computed from the topology and the config
+ *    alone, so every rank arrives at the same number without talking; the stage with
+ *    the most layers is the one that must fit.
+ *  - A step is a collective call. Rank 0 builds the plan (per sequence: slot, pos0, n
+ *    tokens, token ids, sampling parameters, whether to sample) and broadcasts it over
+ *    the world communicator: a fixed-size header, then the variable part, whose size
+ *    every rank checks against its own bounds first (GANG_EPROTO otherwise). An empty
+ *    plan is an idle tick: every rank returns after the broadcast.
+ *  - Every rank then runs its stage (engine-run.c): stage 0 embeds, every stage runs its
+ *    layers with gang_tp_layer_forward_batch on the TP communicator, activations go
+ *    point-to-point over the PP communicator to the same TP rank of the next stage,
+ *    tagged by microbatch, in the GPipe schedule; the last stage norms the last token of
+ *    each sampling sequence, applies its vocabulary rows of the LM head, all-gathers the
+ *    logits over TP, and its TP rank 0 samples (sample.c) and sends the tokens to rank 0.
+ *  - Rank 0 commits the tokens: TOKEN events, DONE on a stop token or at max_tokens,
+ *    and the slot is free for the next waiting request in the next step.
+ *  - Every buffer a step needs is allocated here, at init, from the config's bounds:
+ *    a step carries at most `slots` sequences and slots + max_step_tokens tokens.
+ *    Nothing is allocated in the step loop (submit allocates the request it queues).
+ *  - Sampling draws are keyed by (seed, position), so a request's tokens do not depend
+ *    on how it was batched, cut into microbatches or chunked, or on a gang restart.
+ *  - A failed step (abort, lost peer, deadline) leaves the communicators unusable; the
+ *    caller resets the engine (requests dropped, slots forgotten, weights and buffers
+ *    kept) and re-submits from the prompts in the next generation.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-internal.h"
+
+/* a x b into *out; 0, or GANG_EINVAL when the product does not fit a size_t. */
+static int eng_mul(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a)
+        return GANG_EINVAL;
+    *out = a * b;
+    return 0;
+}
+
+static void eng_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void eng_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+void gang_engine_free(gang_engine *e)
+{
+    if (e == NULL)
+        return;
+    gang__sched_clear(e);
+    free(e->caches);
+    free(e->kv_mem);
+    free(e->cache_ptrs);
+    gang_tp_scratch_free(&e->scratch);
+    free(e->act);
+    free(e->head_in);
+    free(e->head_out);
+    free(e->head_pad);
+    free(e->gathered);
+    free(e->logits);
+    free(e->shards);
+    gang__sampler_free(&e->sampler);
+    free(e->plan_buf);
+    free(e->slot_seen);
+    free(e->plan.seqs);
+    free(e->plan.tokens);
+    free(e->plan.seq_tokens);
+    free(e->plan.seq_pos0);
+    free(e->plan.out);
+    free(e->slot_req);
+    free(e->events);
+    free(e);
+}
+
+/* Checks that the model holds what its stage needs. */
+static int eng_check_model(const gang_model *m, char *err, size_t errlen)
+{
+    uint32_t first, count;
+
+    if (gang_topology_stage_layers(&m->topo, m->place.pp_stage, &first, &count) != 0 ||
+        first != m->layer_first || count != m->layer_count || m->layers == NULL) {
+        eng_err(err, errlen, "model shard does not match its topology (stage layers)");
+        return GANG_EINVAL;
+    }
+    if (m->place.pp_stage == 0 && m->embed == NULL) {
+        eng_err(err, errlen, "stage 0 has no embedding table");
+        return GANG_EINVAL;
+    }
+    if (m->place.pp_stage + 1 == m->topo.pp && (m->final_norm == NULL || m->lm_head == NULL)) {
+        eng_err(err, errlen, "the last stage has no final norm or LM head");
+        return GANG_EINVAL;
+    }
+    if (m->topo.vocab == 0 || m->topo.vocab > GANG_MODEL_MAX_VOCAB || m->topo.hidden == 0) {
+        eng_err(err, errlen, "model vocabulary or width out of bounds");
+        return GANG_EINVAL;
+    }
+    return 0;
+}
+
+/*
+ * KV slots: the budget over the bytes one slot takes on the gang's largest stage shard
+ * (the first stages hold one more layer when the split is uneven), capped at max_batch.
+ */
+static int eng_slots(gang_engine *e, char *err, size_t errlen)
+{
+    const gang_topology *t = &e->m->topo;
+    uint32_t max_layers = t->n_layers / t->pp + (t->n_layers % t->pp != 0 ? 1u : 0u);
+    size_t per_slot;
+    uint64_t n;
+
+    if (eng_mul((size_t)max_layers * 2u * sizeof(float), e->max_ctx, &per_slot) != 0 ||
+        eng_mul(per_slot, (size_t)t->kv_heads_per_rank * t->head_dim, &per_slot) != 0) {
+        eng_err(err, errlen, "KV slot size overflows");
+        return GANG_EINVAL;
+    }
+    n = e->cfg.kv_cache_bytes / per_slot;
+    if (n == 0) {
+        eng_err(err, errlen,
+                "KV cache budget of %" PRIu64 " bytes holds no sequence: one slot needs %zu "
+                "bytes (%u layers x 2 x %u positions x %u kv heads x %u x 4 bytes)",
+                e->cfg.kv_cache_bytes, per_slot, max_layers, e->max_ctx, t->kv_heads_per_rank,
+                t->head_dim);
+        return GANG_ENOMEM;
+    }
+    e->slots = n < e->cfg.max_batch ? (uint32_t)n : e->cfg.max_batch;
+    return 0;
+}
+
+/* Allocates the KV caches of this rank's layers and slots. */
+static int eng_alloc_caches(gang_engine *e)
+{
+    const gang_model *m = e->m;
+    size_t row = (size_t)m->shard.kv_head_count * m->topo.head_dim, slot_floats, n, i;
+
+    n = (size_t)m->layer_count * e->slots;
+    slot_floats = row * e->max_ctx;
+    e->caches = calloc(n, sizeof(*e->caches));
+    e->kv_mem = calloc(2 * n * slot_floats, sizeof(float));
+    e->cache_ptrs = calloc(e->slots, sizeof(*e->cache_ptrs));
+    if (e->caches == NULL || e->kv_mem == NULL || e->cache_ptrs == NULL)
+        return GANG_ENOMEM;
+    for (i = 0; i < n; i++) {
+        e->caches[i].k = e->kv_mem + 2 * i * slot_floats;
+        e->caches[i].v = e->kv_mem + (2 * i + 1) * slot_floats;
+        e->caches[i].cap = e->max_ctx;
+    }
+    return 0;
+}
+
+/* Allocates the activations, the head's buffers, the plan and rank 0's bookkeeping. */
+static int eng_alloc_buffers(gang_engine *e)
+{
+    const gang_model *m = e->m;
+    size_t hidden = m->topo.hidden, n;
+    uint32_t r;
+    int rc;
+
+    if (eng_mul((size_t)e->max_tokens, hidden, &n) != 0 || n > SIZE_MAX / sizeof(float))
+        return GANG_EINVAL;
+    e->act = malloc(n * sizeof(float));
+    if (e->act == NULL)
+        return GANG_ENOMEM;
+    if (m->layer_count > 0) {
+        rc = gang_tp_scratch_init(&e->scratch, &m->layers[0], e->max_tokens);
+        if (rc != 0)
+            return rc;
+    }
+    if (e->is_last) {
+        e->head_in = malloc((size_t)e->slots * hidden * sizeof(float));
+        e->head_out = malloc((size_t)e->slots * m->shard.vocab_count * sizeof(float));
+        e->head_pad = malloc((size_t)e->slots * e->vpad * sizeof(float));
+        e->gathered = malloc((size_t)m->topo.tp * e->slots * e->vpad * sizeof(float));
+        e->logits = malloc((size_t)e->slots * e->vocab * sizeof(float));
+        e->shards = calloc(m->topo.tp, sizeof(*e->shards));
+        if (e->head_in == NULL || e->head_out == NULL || e->head_pad == NULL ||
+            e->gathered == NULL || e->logits == NULL || e->shards == NULL)
+            return GANG_ENOMEM;
+        for (r = 0; r < m->topo.tp; r++) {
+            rc = gang_topology_tp_shard(&m->topo, r, &e->shards[r]);
+            if (rc != 0)
+                return rc;
+        }
+        rc = gang__sampler_init(&e->sampler, e->vocab);
+        if (rc != 0)
+            return rc;
+    }
+    e->plan_max_words = (size_t)e->slots * GANG__PLAN_SEQ_WORDS + e->max_tokens;
+    e->plan_buf = malloc((GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t));
+    e->slot_seen = calloc(e->slots, 1);
+    e->plan.seqs = calloc(e->slots, sizeof(*e->plan.seqs));
+    e->plan.tokens = malloc((size_t)e->max_tokens * sizeof(int32_t));
+    e->plan.seq_tokens = calloc(e->slots, sizeof(uint32_t));
+    e->plan.seq_pos0 = calloc(e->slots, sizeof(uint32_t));
+    e->plan.out = calloc(e->slots, sizeof(int32_t));
+    if (e->plan_buf == NULL || e->slot_seen == NULL || e->plan.seqs == NULL ||
+        e->plan.tokens == NULL || e->plan.seq_tokens == NULL || e->plan.seq_pos0 == NULL ||
+        e->plan.out == NULL)
+        return GANG_ENOMEM;
+    if (m->place.rank == 0) {
+        e->slot_req = calloc(e->slots, sizeof(*e->slot_req));
+        e->ev_cap = 4 * e->slots;
+        e->events = calloc(e->ev_cap, sizeof(*e->events));
+        if (e->slot_req == NULL || e->events == NULL)
+            return GANG_ENOMEM;
+    }
+    return 0;
+}
+
+int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine **out, char *err,
+                     size_t errlen)
+{
+    gang_engine *e = NULL;
+    int rc;
+
+    eng_err(err, errlen, "%s", "");
+    if (out != NULL)
+        *out = NULL;
+    if (m == NULL || cfg == NULL || out == NULL) {
+        eng_err(err, errlen, "NULL argument");
+        return GANG_EINVAL;
+    }
+    if (cfg->max_batch == 0 || cfg->max_ctx < 2 || cfg->microbatches == 0 ||
+        cfg->max_step_tokens == 0 || cfg->max_batch > UINT32_MAX / 2 ||
+        cfg->max_step_tokens > UINT32_MAX / 2) {
+        eng_err(err, errlen,
+                "engine config out of range (max_batch >= 1, max_ctx >= 2, microbatches >= 1, "
+                "max_step_tokens >= 1)");
+        return GANG_EINVAL;
+    }
+    rc = eng_check_model(m, err, errlen);
+    if (rc != 0)
+        return rc;
+    e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return GANG_ENOMEM;
+    e->m = m;
+    e->cfg = *cfg;
+    e->max_ctx = cfg->max_ctx;
+    if (m->cfg.max_pos > 0 && e->max_ctx > m->cfg.max_pos)
+        e->max_ctx = m->cfg.max_pos;
+    e->vocab = m->topo.vocab;
+    e->vpad = (e->vocab + m->topo.tp - 1) / m->topo.tp;
+    e->is_first = m->place.pp_stage == 0;
+    e->is_last = m->place.pp_stage + 1 == m->topo.pp;
+    rc = eng_slots(e, err, errlen);
+    if (rc != 0)
+        goto out_free;
+    e->max_tokens = e->slots + cfg->max_step_tokens;
+    rc = eng_alloc_caches(e);
+    if (rc == 0)
+        rc = eng_alloc_buffers(e);
+    if (rc != 0) {
+        if (err != NULL && errlen > 0 && err[0] == '\0')
+            eng_err(err, errlen, "engine buffers: %s", gang_strerror(rc));
+        goto out_free;
+    }
+    *out = e;
+    return 0;
+
+out_free:
+    gang_engine_free(e);
+    return rc;
+}
+
+uint32_t gang_engine_slots(const gang_engine *e)
+{
+    return e == NULL ? 0 : e->slots;
+}
+
+uint32_t gang_engine_max_ctx(const gang_engine *e)
+{
+    return e == NULL ? 0 : e->max_ctx;
+}
+
+uint32_t gang_engine_pending(const gang_engine *e)
+{
+    return e == NULL ? 0 : e->n_pending;
+}
+
+/* Validates r against the engine; 0 or GANG_EINVAL with the reason in err. */
+static int eng_check_request(const gang_engine *e, const gang_gen_request *r, char *err,
+                             size_t errlen)
+{
+    const gang__request *q;
+    uint32_t i;
+
+    if (r->prompt == NULL || r->n_prompt == 0) {
+        eng_err(err, errlen, "request %" PRIu64 ": empty prompt", r->id);
+        return GANG_EINVAL;
+    }
+    for (i = 0; i < r->n_prompt; i++) {
+        if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= e->vocab) {
+            eng_err(err, errlen,
+                    "request %" PRIu64 ": prompt token %u is %d, outside the "
+                    "vocabulary of %u",
+                    r->id, i, r->prompt[i], e->vocab);
+            return GANG_EINVAL;
+        }
+    }
+    if (r->max_tokens == 0) {
+        eng_err(err, errlen, "request %" PRIu64 ": max_tokens must be >= 1", r->id);
+        return GANG_EINVAL;
+    }
+    if ((uint64_t)r->n_prompt + r->max_tokens > e->max_ctx) {
+        eng_err(err, errlen,
+                "request %" PRIu64 ": prompt (%u) + max_tokens (%u) exceeds the "
+                "context of %u",
+                r->id, r->n_prompt, r->max_tokens, e->max_ctx);
+        return GANG_EINVAL;
+    }
+    if (r->n_stop > GANG_MAX_STOP_TOKENS) {
+        eng_err(err, errlen, "request %" PRIu64 ": %u stop tokens, at most %d", r->id, r->n_stop,
+                GANG_MAX_STOP_TOKENS);
+        return GANG_EINVAL;
+    }
+    if (!(r->sampling.temperature >= 0.0f) || !isfinite(r->sampling.temperature) ||
+        !(r->sampling.top_p > 0.0f && r->sampling.top_p <= 1.0f)) {
+        eng_err(err, errlen, "request %" PRIu64 ": temperature must be >= 0 and top_p in (0, 1]",
+                r->id);
+        return GANG_EINVAL;
+    }
+    for (q = e->queue_head; q != NULL; q = q->next) {
+        if (q->r.id == r->id) {
+            eng_err(err, errlen, "request %" PRIu64 ": duplicate id", r->id);
+            return GANG_EINVAL;
+        }
+    }
+    return 0;
+}
+
+int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, size_t errlen)
+{
+    gang__request *q;
+    int rc;
+
+    eng_err(err, errlen, "%s", "");
+    if (e == NULL || r == NULL) {
+        eng_err(err, errlen, "NULL argument");
+        return GANG_EINVAL;
+    }
+    if (e->m->place.rank != 0) {
+        eng_err(err, errlen, "requests are submitted on rank 0 only");
+        return GANG_EINVAL;
+    }
+    rc = eng_check_request(e, r, err, errlen);
+    if (rc != 0)
+        return rc;
+    q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return GANG_ENOMEM;
+    q->prompt = malloc((size_t)r->n_prompt * sizeof(int32_t));
+    if (q->prompt == NULL) {
+        free(q);
+        return GANG_ENOMEM;
+    }
+    memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+    q->r = *r;
+    q->r.prompt = q->prompt;
+    if (e->queue_tail != NULL)
+        e->queue_tail->next = q;
+    else
+        e->queue_head = q;
+    e->queue_tail = q;
+    e->n_pending++;
+    return 0;
+}
+
+int gang_engine_poll(gang_engine *e, gang_gen_event *ev)
+{
+    if (e == NULL || ev == NULL || e->ev_count == 0)
+        return 0;
+    *ev = e->events[e->ev_head];
+    e->ev_head = (e->ev_head + 1) % e->ev_cap;
+    e->ev_count--;
+    return 1;
+}
+
+void gang_engine_reset(gang_engine *e)
+{
+    if (e == NULL)
+        return;
+    gang__sched_clear(e);
+    /*
+     * Cache rows are always written before they are read (a sequence's step writes rows
+     * pos0 .. pos0 + n - 1 and attends to rows below), so forgetting the slots is only
+     * forgetting who held them; the plan of the failed step is dropped too.
+     */
+    e->plan.n_seq = 0;
+    e->plan.n_tokens = 0;
+    e->plan_valid = 0;
+}
+
+/* Checks a communicator against the size and rank the topology gives this rank. */
+static int eng_check_comm(gang_comm *c, uint32_t size, uint32_t rank)
+{
+    if (c == NULL)
+        return size == 1 ? 0 : GANG_EINVAL;
+    return gang_comm_size(c) == size && gang_comm_rank(c) == rank ? 0 : GANG_EINVAL;
+}
+
+/* Broadcasts rank 0's plan to every rank and decodes it; every rank validates it. */
+static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline)
+{
+    uint32_t body = 0;
+    uint64_t now;
+    int rc;
+
+    if (e->m->place.rank == 0)
+        gang__plan_encode(e);
+    if (world != NULL && gang_comm_size(world) > 1) {
+        now = gang_now_ms();
+        if (now >= deadline)
+            return GANG_ETIMEDOUT;
+        rc = gang_comm_broadcast(world, e->plan_buf, GANG__PLAN_HDR_WORDS, GANG_DTYPE_I32, 0,
+                                 deadline - now);
+        if (rc != 0)
+            return rc;
+    }
+    rc = gang__plan_check_header(e, e->plan_buf, &body);
+    if (rc != 0)
+        return rc;
+    if (body > 0 && world != NULL && gang_comm_size(world) > 1) {
+        now = gang_now_ms();
+        if (now >= deadline)
+            return GANG_ETIMEDOUT;
+        rc = gang_comm_broadcast(world, e->plan_buf + GANG__PLAN_HDR_WORDS, body, GANG_DTYPE_I32, 0,
+                                 deadline - now);
+        if (rc != 0)
+            return rc;
+    }
+    return gang__plan_decode(e);
+}
+
+int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                     gang_comm *pp, uint64_t timeout_ms)
+{
+    const gang_model *m;
+    uint64_t now, deadline;
+    int rc;
+
+    if (e == NULL || k == NULL || timeout_ms == 0)
+        return GANG_EINVAL;
+    m = e->m;
+    if (eng_check_comm(world, m->topo.world_size, m->place.rank) != 0 ||
+        eng_check_comm(tp, m->topo.tp, m->place.tp_rank) != 0 ||
+        eng_check_comm(pp, m->topo.pp, m->place.pp_stage) != 0)
+        return GANG_EINVAL;
+    now = gang_now_ms();
+    deadline = timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
+    e->plan_valid = 0;
+    if (m->place.rank == 0)
+        gang__sched_build(e);
+    rc = eng_exchange_plan(e, world, deadline);
+    if (rc != 0)
+        return rc;
+    if (e->plan.n_seq == 0)
+        return 0;
+    rc = gang__engine_run(e, k, tp, pp, deadline);
+    if (rc != 0)
+        return rc;
+    e->plan_valid = 1;
+    if (m->place.rank == 0)
+        gang__sched_commit(e);
+    return 0;
+}

@@ -101,9 +101,9 @@ typedef struct gang_model {
 /*
  * Loads rank `rank`'s shard of the model in DIR for the validated layout t (built from
  * this model's config). Reads config.json, then model.safetensors or the shards named by
- * model.safetensors.index.json; maps each file read-only and reads only the tensors of
- * its stage and the rows / columns of its TP shard, converting them to f32; pages it
- * touched are released as it goes, so peak resident memory tracks the shard.
+ * model.safetensors.index.json; opens each file read-only and reads (pread) only the
+ * tensors of its stage and the rows / columns of its TP shard, converting them to f32,
+ * so peak resident memory tracks the shard, not the file (docs/model.md has figures).
  * Validation (GANG_EMODEL, one-line message in err naming file and tensor): a missing
  * file or tensor, a header length beyond the file or GANG_MODEL_MAX_HEADER_BYTES, a
  * header that is not JSON or not an object of tensors, an unknown dtype, a shape that
@@ -216,7 +216,9 @@ uint32_t gang_engine_pending(const gang_engine *e);
 
 /*
  * One engine step: a collective call on every rank of the gang (world, tp and pp
- * communicators of the current generation; tp may be NULL when tp == 1, pp when pp == 1).
+ * communicators of the current generation; tp may be NULL when tp == 1, pp when pp == 1,
+ * world when the gang is one rank). A communicator whose size or rank does not match the
+ * model's topology is GANG_EINVAL before anything is sent.
  * Rank 0 builds the step's plan (continuous batching: running sequences decode one token,
  * waiting requests take free slots and prefill, up to max_step_tokens prompt tokens) and
  * broadcasts it over world; an empty plan is legal and is how idle ranks keep a deadline
@@ -229,7 +231,13 @@ uint32_t gang_engine_pending(const gang_engine *e);
 int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
                      gang_comm *pp, uint64_t timeout_ms);
 
-/* Rank 0 only: the next event, 1 when one was written to *ev, 0 when none. */
+/*
+ * Rank 0 only: the next event, 1 when one was written to *ev, 0 when none. Events are
+ * kept in a ring of 4 x slots allocated at init; a step schedules a sequence to sample
+ * only when the ring has room for its TOKEN and DONE events, so a caller that does not
+ * poll stalls generation (steps become empty) but never loses an event. Poll after
+ * every step.
+ */
 int gang_engine_poll(gang_engine *e, gang_gen_event *ev);
 
 /*

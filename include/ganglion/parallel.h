@@ -271,6 +271,9 @@ typedef struct gang_layer_weights {
     const float *w_gate;    /* [ffn, hidden] gate_proj */
     const float *w_up;      /* [ffn, hidden] up_proj */
     const float *w_down;    /* [hidden, ffn] down_proj */
+    const float *bq;        /* [q_dim] q_proj bias (Qwen2), or NULL for none */
+    const float *bk;        /* [kv_dim] k_proj bias, or NULL */
+    const float *bv;        /* [kv_dim] v_proj bias, or NULL */
 } gang_layer_weights;
 
 /* One TP rank's shard of one decoder layer. Owns its arrays (malloc'd by init). */
@@ -297,12 +300,13 @@ typedef struct gang_tp_layer {
 
 /*
  * Cuts TP rank tp_rank's shard of one layer out of the full weights w, for the layout t,
- * into *l (which the caller provides; its old contents are ignored). rope_theta must be
- * > 0 and norm_eps >= 0. On success the caller releases l with gang_tp_layer_free. The
- * norm weights may be NULL when only the attention and MLP blocks are used (then
- * gang_tp_layer_forward refuses with GANG_EINVAL). Returns 0, GANG_EINVAL (NULL
- * argument, tp_rank out of range, bad theta or eps) or GANG_ENOMEM; on error *l is left
- * zeroed and owns nothing.
+ * into *l (which the caller provides; its old contents are ignored). The q/k/v biases,
+ * when present, are cut like the rows of their projections (each is independent: a NULL
+ * one stays NULL in the shard). rope_theta must be > 0 and norm_eps >= 0. On success
+ * the caller releases l with gang_tp_layer_free. The norm weights may be NULL when only
+ * the attention and MLP blocks are used (then gang_tp_layer_forward refuses with
+ * GANG_EINVAL). Returns 0, GANG_EINVAL (NULL argument, tp_rank out of range, bad theta
+ * or eps) or GANG_ENOMEM; on error *l is left zeroed and owns nothing.
  */
 int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_rank,
                        const gang_layer_weights *w, float rope_theta, float norm_eps);
@@ -333,17 +337,17 @@ typedef struct gang_tp_kv_cache {
 } gang_tp_kv_cache;
 
 /*
- * Sharded attention block (Llama, no bias): for x [tokens, hidden] at absolute positions
+ * Sharded attention block: for x [tokens, hidden] at absolute positions
  * pos0 .. pos0 + tokens - 1, projects this rank's query heads and kv heads
- * (column-parallel), applies RoPE, stores the new keys and values in cache rows
- * pos0 .. pos0 + tokens - 1, runs causal GQA attention over cache rows 0 .. pos0 +
- * tokens - 1, and applies o_proj row-parallel over the rank's query heads; one
- * all-reduce. Prefill is tokens > 1 at pos0 = 0, decode is tokens == 1 at pos0 > 0; any
- * mix is allowed as long as rows 0 .. pos0 - 1 were filled by earlier calls.
- * out [tokens, hidden] must not overlap x or the cache. Returns 0, GANG_EINVAL (NULL
- * pointer, zero tokens, pos0 + tokens > cache->cap or > INT32_MAX), GANG_ENOMEM, a
- * kernel error or the communicator's error; on a communicator error the cache rows of
- * these tokens are written but out is garbage.
+ * (column-parallel), adds the q/k/v biases the layer has (Qwen2), applies RoPE, stores
+ * the new keys and values in cache rows pos0 .. pos0 + tokens - 1, runs causal GQA
+ * attention over cache rows 0 .. pos0 + tokens - 1, and applies o_proj row-parallel over
+ * the rank's query heads; one all-reduce. Prefill is tokens > 1 at pos0 = 0, decode is
+ * tokens == 1 at pos0 > 0; any mix is allowed as long as rows 0 .. pos0 - 1 were filled
+ * by earlier calls. out [tokens, hidden] must not overlap x or the cache. Returns 0,
+ * GANG_EINVAL (NULL pointer, zero tokens, pos0 + tokens > cache->cap or > INT32_MAX),
+ * GANG_ENOMEM, a kernel error or the communicator's error; on a communicator error the
+ * cache rows of these tokens are written but out is garbage.
  */
 int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
                               const float *x, size_t tokens, size_t pos0,
@@ -358,6 +362,57 @@ int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm
 int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
                           float *x, size_t tokens, size_t pos0, gang_tp_kv_cache *cache,
                           uint64_t timeout_ms);
+
+/*
+ * Caller-provided scratch of the batched forward below, sized once for a layer shape
+ * and a token bound, so that a serving step loop allocates nothing. One per driving
+ * thread; every layer of a stage has the same shard shape, so one serves them all.
+ */
+typedef struct gang_tp_scratch {
+    size_t max_tokens; /* tokens one call may pass (sum over its sequences) */
+    size_t hidden;     /* the shape it was sized for */
+    size_t q_cols;     /* head_count x head_dim */
+    size_t kv_cols;    /* kv_head_count x head_dim */
+    size_t ffn_cols;   /* ffn_count */
+    float *normed;     /* [max_tokens, hidden] */
+    float *delta;      /* [max_tokens, hidden] */
+    float *q;          /* [max_tokens, q_cols] */
+    float *k;          /* [max_tokens, kv_cols] */
+    float *v;          /* [max_tokens, kv_cols] */
+    float *gate;       /* [max_tokens, ffn_cols] */
+    float *up;         /* [max_tokens, ffn_cols] */
+    int32_t *positions; /* [max_tokens] */
+} gang_tp_scratch;
+
+/*
+ * Allocates scratch for up to max_tokens tokens of layers shaped like l (hidden, shard
+ * heads and ffn columns). Returns 0; GANG_EINVAL (NULL, max_tokens 0 or a size that
+ * overflows); GANG_ENOMEM. On error *s is zeroed. Release with gang_tp_scratch_free.
+ */
+int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens);
+
+/* Releases the arrays of gang_tp_scratch_init and zeroes s; NULL is ignored. */
+void gang_tp_scratch_free(gang_tp_scratch *s);
+
+/*
+ * Batched ragged decoder layer for serving: n_seq sequences whose tokens are
+ * concatenated in the residual stream x [sum of seq_tokens, hidden], sequence i holding
+ * seq_tokens[i] >= 1 tokens at absolute positions seq_pos0[i] .. seq_pos0[i] +
+ * seq_tokens[i] - 1 and its own cache caches[i] (distinct sequences must have distinct
+ * caches). Same numerics as gang_tp_layer_forward on each sequence alone, but the norms,
+ * the q/k/v, o_proj, gate/up and down GEMMs run once on all the tokens, RoPE takes
+ * per-token positions, and only the cache writes and the attention run per sequence:
+ * two all-reduces per call, whatever n_seq. In place on x; scratch s must have been
+ * sized for this layer's shape and at least the total token count. Returns 0;
+ * GANG_EINVAL (NULL pointer, n_seq 0, an empty sequence, a sequence beyond its cache,
+ * too many tokens for s, a scratch or communicator that does not match the layer, no
+ * norm weights); a kernel error; the communicator's error as is (x is then garbage and
+ * the cache rows of these tokens may be written).
+ */
+int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
+                                float *x, uint32_t n_seq, const uint32_t *seq_tokens,
+                                const uint32_t *seq_pos0, gang_tp_kv_cache *const *caches,
+                                gang_tp_scratch *s, uint64_t timeout_ms);
 
 /* ================================ end of tensor-parallel layers ======================== */
 

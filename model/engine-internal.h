@@ -1,0 +1,161 @@
+/*
+ * Internals of the generation engine (model/engine*.c, model/sample.c): the engine
+ * struct, the step plan and its wire form, the scheduler of rank 0, the stage runner and
+ * the sampler. Not a public header: only model/ and the engine's own tests include it.
+ */
+#ifndef GANGLION_MODEL_ENGINE_INTERNAL_H
+#define GANGLION_MODEL_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/model.h"
+
+/* ---------------------------------------------------------------------------------
+ * The plan of one step, as every rank holds it after the broadcast.
+ *
+ * Wire form, int32 words (broadcast over the world communicator in two parts):
+ *   header [GANG__PLAN_HDR_WORDS]: magic, n_seq, n_tokens, body_words
+ *   body   [body_words]: n_seq entries of GANG__PLAN_SEQ_WORDS words
+ *                          (slot, pos0, n, sample, temperature bits, top_k, top_p bits,
+ *                           seed low, seed high)
+ *                        then the n_tokens token ids, sequence after sequence.
+ * The header has a fixed size, so every rank can validate the body's size against its
+ * own bounds before receiving it.
+ * --------------------------------------------------------------------------------- */
+#define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
+#define GANG__PLAN_HDR_WORDS 4u
+#define GANG__PLAN_SEQ_WORDS 9u
+
+typedef struct gang__plan_seq {
+    uint32_t slot;    /* KV slot of the sequence */
+    uint32_t pos0;    /* position of its first token of this step */
+    uint32_t n;       /* tokens of this step (1 for a decode) */
+    uint32_t sample;  /* 1: the last token's logits are sampled this step */
+    gang_sampling sp; /* sampling parameters (when sample) */
+    uint32_t tok_off; /* offset of its tokens in the plan's token array (derived) */
+} gang__plan_seq;
+
+typedef struct gang__plan {
+    uint32_t n_seq;       /* sequences of the step, <= slots */
+    uint32_t n_tokens;    /* their tokens, <= max_tokens */
+    gang__plan_seq *seqs; /* [slots] */
+    int32_t *tokens;      /* [max_tokens] */
+    uint32_t *seq_tokens; /* [slots] n of each sequence, for the batched layers */
+    uint32_t *seq_pos0;   /* [slots] pos0 of each sequence */
+    int32_t *out;         /* [slots] the sampled token of each sequence (-1: none) */
+} gang__plan;
+
+/* ---------------------------------------------------------------------------------
+ * Rank 0's request bookkeeping.
+ * --------------------------------------------------------------------------------- */
+typedef struct gang__request {
+    gang_gen_request r;         /* the request; r.prompt points at prompt below */
+    int32_t *prompt;            /* owned copy of the prompt */
+    int running;                /* holds a slot */
+    uint32_t slot;              /* when running */
+    uint32_t n_fed;             /* prompt tokens already in the cache */
+    uint32_t n_gen;             /* tokens generated so far */
+    int32_t last;               /* the last generated token (the next decode's input) */
+    struct gang__request *next; /* arrival order */
+} gang__request;
+
+/* Sampling scratch: candidates of one row, allocated once for the vocabulary. */
+typedef struct gang__cand {
+    float logit;
+    int32_t id;
+} gang__cand;
+
+typedef struct gang__sampler {
+    gang__cand *cand; /* [vocab] */
+    double *prob;     /* [vocab] */
+    uint32_t vocab;
+} gang__sampler;
+
+struct gang_engine {
+    gang_model *m; /* borrowed */
+    gang_engine_config cfg;
+    uint32_t slots;             /* KV slots (same on every rank) */
+    uint32_t max_ctx;           /* positions per slot */
+    uint32_t max_tokens;        /* tokens one step may carry: slots + max_step_tokens */
+    uint32_t vocab;             /* model vocabulary */
+    uint32_t vpad;              /* ceil(vocab / tp): the padded logits of one TP rank */
+    uint32_t is_first, is_last; /* this rank's stage is 0 / pp - 1 */
+    size_t plan_max_words;      /* largest body a valid plan can have */
+
+    gang_tp_kv_cache *caches;      /* [layer_count x slots], layer-major */
+    float *kv_mem;                 /* backing store of the caches */
+    gang_tp_kv_cache **cache_ptrs; /* [slots] per-sequence caches of one batched call */
+    gang_tp_scratch scratch;       /* the batched layers' scratch */
+    float *act;                    /* [max_tokens, hidden] activations of the step */
+    float *head_in;                /* last stage: [slots, hidden] normed last tokens */
+    float *head_out;               /* last stage: [slots, vocab_count] this rank's logits */
+    float *head_pad;               /* last stage: [slots, vpad] the same, padded */
+    float *gathered;               /* last stage: [tp, slots, vpad] all ranks' logits */
+    float *logits;                 /* last stage: [slots, vocab] per plan sequence */
+    gang_tp_shard *shards;         /* [tp] every TP rank's shard (vocab ranges) */
+    gang__sampler sampler;
+    int32_t *plan_buf;  /* header + body of the wire form */
+    uint8_t *slot_seen; /* [slots] duplicate check of a received plan */
+    gang__plan plan;
+    uint32_t plan_valid; /* the plan of the last step ran to completion */
+
+    /* Rank 0 only. */
+    gang__request *queue_head, *queue_tail; /* every live request, in arrival order */
+    gang__request **slot_req;               /* [slots] the request holding each slot, or NULL */
+    uint32_t n_pending;
+    gang_gen_event *events; /* ring of [ev_cap] */
+    uint32_t ev_cap, ev_head, ev_count;
+};
+
+/* ---- plan (engine-plan.c) ---- */
+
+/* Rank 0: builds this step's plan from the queue (continuous batching) into e->plan. */
+void gang__sched_build(gang_engine *e);
+/* Rank 0: applies the sampled tokens of a completed step: events, finished requests. */
+void gang__sched_commit(gang_engine *e);
+/* Drops every request and event (rank 0); used by reset and free. */
+void gang__sched_clear(gang_engine *e);
+/* Encodes e->plan into e->plan_buf; returns the body's word count. */
+uint32_t gang__plan_encode(gang_engine *e);
+/*
+ * Validates a received header against this rank's bounds. Returns 0 and the body's
+ * word count, or GANG_EPROTO.
+ */
+int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words);
+/* Decodes and validates the body in e->plan_buf into e->plan. 0 or GANG_EPROTO. */
+int gang__plan_decode(gang_engine *e);
+
+/* ---- the stages (engine-run.c) ---- */
+
+/*
+ * Runs e->plan through this rank's stage: embedding on stage 0, the layers, the LM head
+ * and sampling on the last stage, microbatches through the pipeline; rank 0 ends with
+ * e->plan.out. Returns 0 or the first error.
+ */
+int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
+                     uint64_t deadline);
+
+/*
+ * The logits [vocab] the last step computed for plan sequence i, on the last stage's
+ * TP rank 0 (for tests and the reference tool), or NULL when that sequence did not
+ * sample or this rank does not hold them.
+ */
+const float *gang__engine_logits(const gang_engine *e, uint32_t i);
+
+/* ---- sampling (sample.c) ---- */
+
+int gang__sampler_init(gang__sampler *s, uint32_t vocab);
+void gang__sampler_free(gang__sampler *s);
+/*
+ * Draws the token at position `position` from logits [vocab] with sp: greedy (argmax,
+ * lowest index on ties, NaN ignored) when temperature is 0 or top_k is 1, otherwise
+ * top-k, then temperature softmax, then top-p, then one uniform draw keyed by
+ * (sp->seed, position).
+ */
+int32_t gang__sample(gang__sampler *s, const float *logits, const gang_sampling *sp,
+                     uint64_t position);
+/* The uniform draw in [0, 1) of (seed, position): a counter-based generator. */
+double gang__sample_uniform(uint64_t seed, uint64_t position);
+
+#endif /* GANGLION_MODEL_ENGINE_INTERNAL_H */

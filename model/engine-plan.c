@@ -1,0 +1,300 @@
+/*
+ * The step plan: rank 0's scheduler (continuous batching over the KV slots) that builds
+ * it, its wire form and the validation every rank applies on receipt, and the commit of
+ * a completed step's sampled tokens into events.
+ *
+ * Scheduling, once per step, on rank 0:
+ *
+ *   1. Every running sequence whose prompt is fully in its cache decodes one token: its
+ *      last generated token at position n_prompt + n_gen - 1, sampled.
+ *   2. Then, in arrival order, requests still prefilling continue, and waiting requests
+ *      take the lowest free slot and start, each with a chunk of at most the prompt
+ *      tokens left in the step's budget (max_step_tokens). A chunk samples only when it
+ *      completes the prompt: its last logits give the first generated token.
+ *   3. Events are bounded: a sampling sequence can produce two (TOKEN and DONE), and a
+ *      sequence is only scheduled to sample when the event ring has room for them, so a
+ *      caller that stops polling stalls the engine (empty plans) instead of losing
+ *      events or allocating.
+ *
+ * Nothing here allocates; requests are allocated by submit, outside the step loop.
+ * Which sequences share a step changes only what runs together, never the numbers of a
+ * sequence: each one attends to its own slot, and sampling is keyed by position.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-internal.h"
+
+/* ---------------------------------------------------------------------------------
+ * Building the plan (rank 0)
+ * --------------------------------------------------------------------------------- */
+
+/* Event-ring room left for this step, after what already sits in the ring. */
+static uint32_t sched_event_room(const gang_engine *e, uint32_t reserved)
+{
+    uint32_t used = e->ev_count + reserved;
+
+    return used >= e->ev_cap ? 0 : e->ev_cap - used;
+}
+
+/* Appends a sequence of n tokens taken from ids to the plan. */
+static void sched_add(gang_engine *e, gang__request *q, uint32_t pos0, const int32_t *ids,
+                      uint32_t n, uint32_t sample)
+{
+    gang__plan *p = &e->plan;
+    gang__plan_seq *s = &p->seqs[p->n_seq++];
+
+    s->slot = q->slot;
+    s->pos0 = pos0;
+    s->n = n;
+    s->sample = sample;
+    s->sp = q->r.sampling;
+    s->tok_off = p->n_tokens;
+    memcpy(p->tokens + p->n_tokens, ids, (size_t)n * sizeof(int32_t));
+    p->n_tokens += n;
+}
+
+void gang__sched_build(gang_engine *e)
+{
+    gang__request *q;
+    uint32_t slot, budget = e->cfg.max_step_tokens, reserved = 0, chunk, free_slot;
+
+    e->plan.n_seq = 0;
+    e->plan.n_tokens = 0;
+    /* 1. Decodes, in slot order. */
+    for (slot = 0; slot < e->slots; slot++) {
+        q = e->slot_req[slot];
+        if (q == NULL || q->n_fed < q->r.n_prompt)
+            continue;
+        if (sched_event_room(e, reserved) < 2)
+            break;
+        reserved += 2;
+        sched_add(e, q, q->r.n_prompt + q->n_gen - 1, &q->last, 1, 1);
+    }
+    /* 2. Prefill chunks, in arrival order, within the prompt-token budget. */
+    free_slot = 0;
+    for (q = e->queue_head; q != NULL && budget > 0; q = q->next) {
+        if (q->running && q->n_fed >= q->r.n_prompt)
+            continue;
+        if (!q->running) {
+            while (free_slot < e->slots && e->slot_req[free_slot] != NULL)
+                free_slot++;
+            if (free_slot == e->slots)
+                break; /* no slot: later requests wait too (first come, first served) */
+        }
+        chunk = q->r.n_prompt - q->n_fed;
+        if (chunk > budget)
+            chunk = budget;
+        if (q->n_fed + chunk == q->r.n_prompt) {
+            if (sched_event_room(e, reserved) < 2)
+                break;
+            reserved += 2;
+        }
+        if (!q->running) {
+            q->running = 1;
+            q->slot = free_slot;
+            e->slot_req[free_slot] = q;
+        }
+        sched_add(e, q, q->n_fed, q->prompt + q->n_fed, chunk, q->n_fed + chunk == q->r.n_prompt);
+        budget -= chunk;
+    }
+}
+
+/* ---------------------------------------------------------------------------------
+ * Committing a step (rank 0)
+ * --------------------------------------------------------------------------------- */
+
+static void sched_event(gang_engine *e, const gang_gen_event *ev)
+{
+    /* The scheduler reserved the room when it planned the sampling sequence. */
+    e->events[(e->ev_head + e->ev_count) % e->ev_cap] = *ev;
+    e->ev_count++;
+}
+
+/* Unlinks q from the queue, frees its slot and the request. */
+static void sched_finish(gang_engine *e, gang__request *q)
+{
+    gang__request **pp;
+
+    for (pp = &e->queue_head; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    }
+    if (e->queue_tail == q) {
+        e->queue_tail = e->queue_head;
+        while (e->queue_tail != NULL && e->queue_tail->next != NULL)
+            e->queue_tail = e->queue_tail->next;
+    }
+    if (q->running)
+        e->slot_req[q->slot] = NULL;
+    e->n_pending--;
+    free(q->prompt);
+    free(q);
+}
+
+void gang__sched_commit(gang_engine *e)
+{
+    gang_gen_event ev;
+    gang__request *q;
+    uint32_t i, j;
+    int stop;
+
+    for (i = 0; i < e->plan.n_seq; i++) {
+        const gang__plan_seq *s = &e->plan.seqs[i];
+
+        q = e->slot_req[s->slot];
+        if (q == NULL)
+            continue;
+        if (q->n_fed < q->r.n_prompt)
+            q->n_fed += s->n;
+        if (!s->sample)
+            continue;
+        q->last = e->plan.out[i];
+        memset(&ev, 0, sizeof(ev));
+        ev.kind = GANG_GEN_TOKEN;
+        ev.id = q->r.id;
+        ev.token = q->last;
+        ev.index = q->n_gen;
+        sched_event(e, &ev);
+        q->n_gen++;
+        stop = 0;
+        for (j = 0; j < q->r.n_stop; j++)
+            stop |= q->r.stop[j] == q->last;
+        if (stop || q->n_gen >= q->r.max_tokens) {
+            memset(&ev, 0, sizeof(ev));
+            ev.kind = GANG_GEN_DONE;
+            ev.id = q->r.id;
+            memcpy(ev.finish, stop ? "stop" : "length", stop ? 5 : 7);
+            sched_event(e, &ev);
+            sched_finish(e, q);
+        }
+    }
+}
+
+void gang__sched_clear(gang_engine *e)
+{
+    gang__request *q, *next;
+
+    for (q = e->queue_head; q != NULL; q = next) {
+        next = q->next;
+        free(q->prompt);
+        free(q);
+    }
+    e->queue_head = e->queue_tail = NULL;
+    e->n_pending = 0;
+    if (e->slot_req != NULL)
+        memset(e->slot_req, 0, (size_t)e->slots * sizeof(*e->slot_req));
+    e->ev_head = e->ev_count = 0;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Wire form
+ * --------------------------------------------------------------------------------- */
+
+static int32_t f2w(float f)
+{
+    int32_t w;
+
+    memcpy(&w, &f, sizeof(w));
+    return w;
+}
+
+static float w2f(int32_t w)
+{
+    float f;
+
+    memcpy(&f, &w, sizeof(f));
+    return f;
+}
+
+uint32_t gang__plan_encode(gang_engine *e)
+{
+    const gang__plan *p = &e->plan;
+    int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
+    uint32_t i, body = p->n_seq * GANG__PLAN_SEQ_WORDS + p->n_tokens;
+
+    e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
+    e->plan_buf[1] = (int32_t)p->n_seq;
+    e->plan_buf[2] = (int32_t)p->n_tokens;
+    e->plan_buf[3] = (int32_t)body;
+    for (i = 0; i < p->n_seq; i++) {
+        const gang__plan_seq *s = &p->seqs[i];
+
+        w[0] = (int32_t)s->slot;
+        w[1] = (int32_t)s->pos0;
+        w[2] = (int32_t)s->n;
+        w[3] = (int32_t)s->sample;
+        w[4] = f2w(s->sp.temperature);
+        w[5] = (int32_t)s->sp.top_k;
+        w[6] = f2w(s->sp.top_p);
+        w[7] = (int32_t)(uint32_t)(s->sp.seed & 0xffffffffu);
+        w[8] = (int32_t)(uint32_t)(s->sp.seed >> 32);
+        w += GANG__PLAN_SEQ_WORDS;
+    }
+    /* Rank 0 built its tokens in place; encoding copies them after the entries. */
+    memmove(w, p->tokens, (size_t)p->n_tokens * sizeof(int32_t));
+    return body;
+}
+
+int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words)
+{
+    uint32_t n_seq = (uint32_t)hdr[1], n_tokens = (uint32_t)hdr[2], body = (uint32_t)hdr[3];
+
+    if ((uint32_t)hdr[0] != GANG__PLAN_MAGIC || n_seq > e->slots || n_tokens > e->max_tokens)
+        return GANG_EPROTO;
+    if (n_tokens < n_seq || (uint64_t)body != (uint64_t)n_seq * GANG__PLAN_SEQ_WORDS + n_tokens)
+        return GANG_EPROTO;
+    *body_words = body;
+    return 0;
+}
+
+int gang__plan_decode(gang_engine *e)
+{
+    gang__plan *p = &e->plan;
+    const int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
+    uint32_t i, off = 0, n_seq = (uint32_t)e->plan_buf[1], n_tokens = (uint32_t)e->plan_buf[2];
+    const int32_t *ids;
+
+    memset(e->slot_seen, 0, e->slots);
+    for (i = 0; i < n_seq; i++) {
+        gang__plan_seq *s = &p->seqs[i];
+
+        s->slot = (uint32_t)w[0];
+        s->pos0 = (uint32_t)w[1];
+        s->n = (uint32_t)w[2];
+        s->sample = (uint32_t)w[3];
+        s->sp.temperature = w2f(w[4]);
+        s->sp.top_k = (uint32_t)w[5];
+        s->sp.top_p = w2f(w[6]);
+        s->sp.seed = (uint64_t)(uint32_t)w[7] | (uint64_t)(uint32_t)w[8] << 32;
+        w += GANG__PLAN_SEQ_WORDS;
+        /* Everything that sizes a buffer or indexes one is checked against our bounds. */
+        if (s->slot >= e->slots || e->slot_seen[s->slot] || s->n == 0 || s->sample > 1)
+            return GANG_EPROTO;
+        if (s->n > n_tokens - off || s->pos0 > e->max_ctx || s->n > e->max_ctx - s->pos0)
+            return GANG_EPROTO;
+        if (!(s->sp.temperature >= 0.0f) || !isfinite(s->sp.temperature) ||
+            !(s->sp.top_p > 0.0f && s->sp.top_p <= 1.0f))
+            return GANG_EPROTO;
+        e->slot_seen[s->slot] = 1;
+        s->tok_off = off;
+        p->seq_tokens[i] = s->n;
+        p->seq_pos0[i] = s->pos0;
+        p->out[i] = -1;
+        off += s->n;
+    }
+    if (off != n_tokens)
+        return GANG_EPROTO;
+    ids = w;
+    for (i = 0; i < n_tokens; i++) {
+        if (ids[i] < 0 || (uint32_t)ids[i] >= e->vocab)
+            return GANG_EPROTO;
+    }
+    memmove(p->tokens, ids, (size_t)n_tokens * sizeof(int32_t));
+    p->n_seq = n_seq;
+    p->n_tokens = n_tokens;
+    return 0;
+}

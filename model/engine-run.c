@@ -1,0 +1,291 @@
+/*
+ * The stages of one engine step: what every rank does with the plan once it has it.
+ *
+ * The plan's sequences are cut into K = min(microbatches, n_seq) microbatches of whole,
+ * consecutive sequences (the pipeline's uneven rule, gang_pipeline_microbatch), and the
+ * microbatches flow through the stages in the GPipe schedule of parallel/pipeline.c:
+ *
+ *   stage 0:       for k: F(k); if k >= P-1: [tp 0] RECV tokens k-P+1 from P-1 (tag K+k-P+1);
+ *                         SEND act(k) to stage 1 (tag k)
+ *                  then [tp 0] RECV the tokens not yet received (tags K + j)
+ *   0 < s < P-1:   for k: RECV act(k) from s-1 (tag k); F(k); SEND act(k) to s+1 (tag k)
+ *   stage P-1:     for k: RECV act(k) from P-2 (tag k); F(k); [tp 0] SEND tokens(k) to 0
+ *
+ * so stage s works on microbatch k while stage s+1 works on k-1. F(k) is the stage's
+ * work: stage 0 embeds the microbatch's token ids; every stage runs its layers with the
+ * batched ragged forward (one GEMM per weight for all the microbatch's tokens, two TP
+ * all-reduces per layer); the last stage takes the last token of every sequence that
+ * samples, applies the final RMSNorm and this TP rank's vocabulary rows of the LM head,
+ * all-gathers the logits over the TP group (each rank's part padded to ceil(vocab / tp)
+ * so the counts are equal), and its TP rank 0 samples. Only TP rank 0 of the last stage
+ * sends tokens, and only rank 0 (stage 0, TP rank 0) receives them; the other TP ranks
+ * skip both ends, which keeps every message's two ends in agreement. The deadlock
+ * argument of parallel/pipeline.c applies unchanged: the token message of microbatch k
+ * takes the place of the result message there.
+ *
+ * Tags are reused from step to step. That is safe because rank 0 starts the next step's
+ * broadcast only after it has received every token of this step, which the last stage
+ * sends after receiving every activation of this step.
+ */
+#include <string.h>
+
+#include "engine-internal.h"
+
+/* The time left until deadline (>= 1), or GANG_ETIMEDOUT. */
+static int run_left(uint64_t deadline, uint64_t *left)
+{
+    uint64_t now = gang_now_ms();
+
+    if (now >= deadline)
+        return GANG_ETIMEDOUT;
+    *left = deadline - now;
+    return 0;
+}
+
+/* Token range [*t0, *t1) of the sequences [first, first + count) of the plan. */
+static void run_token_range(const gang_engine *e, uint32_t first, uint32_t count, uint32_t *t0,
+                            uint32_t *t1)
+{
+    const gang__plan_seq *last = &e->plan.seqs[first + count - 1];
+
+    *t0 = e->plan.seqs[first].tok_off;
+    *t1 = last->tok_off + last->n;
+}
+
+/*
+ * The last stage's head for sequences [first, first + count): final norm of each
+ * sampling sequence's last token, LM head on this rank's vocabulary rows, all-gather of
+ * the padded logits, and on TP rank 0 the full logits and the sampled tokens in
+ * e->plan.out.
+ */
+static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
+                    uint64_t deadline)
+{
+    const gang_model *m = e->m;
+    size_t hidden = m->topo.hidden, vc = m->shard.vocab_count;
+    uint32_t i, j, r, ns = 0, tp_n = m->topo.tp;
+    uint64_t left;
+    int rc;
+
+    for (i = first; i < first + count; i++) {
+        const gang__plan_seq *s = &e->plan.seqs[i];
+
+        if (!s->sample)
+            continue;
+        memcpy(e->head_in + (size_t)ns * hidden, e->act + ((size_t)s->tok_off + s->n - 1) * hidden,
+               hidden * sizeof(float));
+        ns++;
+    }
+    if (ns == 0)
+        return 0;
+    rc = gang_kernels_rmsnorm(k, e->head_in, m->final_norm, m->cfg.rms_eps, ns, hidden, e->head_in);
+    if (rc != 0)
+        return rc;
+    rc = gang_kernels_gemm(k, 1, ns, vc, hidden, 1.0f, e->head_in, m->lm_head, 0.0f, e->head_out);
+    if (rc != 0)
+        return rc;
+    if (tp_n > 1) {
+        /* Pad every rank's part to vpad columns so the all-gather counts are equal. */
+        for (j = 0; j < ns; j++) {
+            memcpy(e->head_pad + (size_t)j * e->vpad, e->head_out + (size_t)j * vc,
+                   vc * sizeof(float));
+            memset(e->head_pad + (size_t)j * e->vpad + vc, 0, (e->vpad - vc) * sizeof(float));
+        }
+        rc = run_left(deadline, &left);
+        if (rc != 0)
+            return rc;
+        rc = gang_comm_all_gather(tp, e->head_pad, e->gathered, (size_t)ns * e->vpad,
+                                  GANG_DTYPE_F32, left);
+        if (rc != 0)
+            return rc;
+    }
+    if (m->place.tp_rank != 0)
+        return 0;
+    j = 0;
+    for (i = first; i < first + count; i++) {
+        const gang__plan_seq *s = &e->plan.seqs[i];
+        float *row = e->logits + (size_t)i * e->vocab;
+
+        if (!s->sample)
+            continue;
+        if (tp_n == 1) {
+            memcpy(row, e->head_out + (size_t)j * vc, vc * sizeof(float));
+        } else {
+            for (r = 0; r < tp_n; r++)
+                memcpy(row + e->shards[r].vocab_first, e->gathered + ((size_t)r * ns + j) * e->vpad,
+                       e->shards[r].vocab_count * sizeof(float));
+        }
+        /* The token being drawn sits at position pos0 + n: the key of its draw. */
+        e->plan.out[i] = gang__sample(&e->sampler, row, &s->sp, (uint64_t)s->pos0 + s->n);
+        j++;
+    }
+    return 0;
+}
+
+/* F(k): the stage's work on the sequences [first, first + count), in place in e->act. */
+static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
+                     uint64_t deadline)
+{
+    const gang_model *m = e->m;
+    size_t hidden = m->topo.hidden;
+    uint32_t t0, t1, l, i;
+    uint64_t left;
+    float *h;
+    int rc;
+
+    run_token_range(e, first, count, &t0, &t1);
+    h = e->act + (size_t)t0 * hidden;
+    if (e->is_first) {
+        rc = gang_kernels_embedding(k, m->embed, e->vocab, hidden, e->plan.tokens + t0, t1 - t0, h);
+        if (rc != 0)
+            return rc;
+    }
+    for (l = 0; l < m->layer_count; l++) {
+        for (i = 0; i < count; i++)
+            e->cache_ptrs[i] = &e->caches[(size_t)l * e->slots + e->plan.seqs[first + i].slot];
+        rc = run_left(deadline, &left);
+        if (rc != 0)
+            return rc;
+        rc =
+            gang_tp_layer_forward_batch(&m->layers[l], k, tp, h, count, e->plan.seq_tokens + first,
+                                        e->plan.seq_pos0 + first, e->cache_ptrs, &e->scratch, left);
+        if (rc != 0)
+            return rc;
+    }
+    if (e->is_last)
+        return run_head(e, k, tp, first, count, deadline);
+    return 0;
+}
+
+/* Activations of sequences [first, first + count) to or from PP rank peer. */
+static int run_xfer_act(gang_engine *e, int is_send, gang_comm *pp, uint32_t first, uint32_t count,
+                        uint32_t peer, uint32_t tag, uint64_t deadline)
+{
+    size_t hidden = e->m->topo.hidden;
+    uint32_t t0, t1;
+    uint64_t left;
+    float *h;
+    int rc;
+
+    run_token_range(e, first, count, &t0, &t1);
+    h = e->act + (size_t)t0 * hidden;
+    rc = run_left(deadline, &left);
+    if (rc != 0)
+        return rc;
+    if (is_send)
+        return gang_comm_send(pp, h, (size_t)(t1 - t0) * hidden * sizeof(float), peer, tag, left);
+    return gang_comm_recv(pp, h, (size_t)(t1 - t0) * hidden * sizeof(float), peer, tag, left);
+}
+
+/* The sampled tokens of sequences [first, first + count) to or from PP rank peer. */
+static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *pp, uint32_t first,
+                           uint32_t count, uint32_t peer, uint32_t tag, uint64_t deadline)
+{
+    uint64_t left;
+    int rc;
+
+    rc = run_left(deadline, &left);
+    if (rc != 0)
+        return rc;
+    if (is_send)
+        return gang_comm_send(pp, e->plan.out + first, (size_t)count * sizeof(int32_t), peer, tag,
+                              left);
+    return gang_comm_recv(pp, e->plan.out + first, (size_t)count * sizeof(int32_t), peer, tag,
+                          left);
+}
+
+/* Stage 0 of P >= 2 stages. */
+static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
+                           uint32_t nmb, uint64_t deadline)
+{
+    uint32_t lag = e->m->topo.pp - 1, mb, first, count, j, jf, jc;
+    int is_root = e->m->place.tp_rank == 0, rc;
+
+    for (mb = 0; mb < nmb; mb++) {
+        rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
+        if (rc != 0)
+            return rc;
+        rc = run_stage(e, k, tp, first, count, deadline);
+        if (rc != 0)
+            return rc;
+        if (mb >= lag && is_root) {
+            j = mb - lag;
+            rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, j, &jf, &jc);
+            if (rc == 0)
+                rc = run_xfer_tokens(e, 0, pp, jf, jc, lag, nmb + j, deadline);
+            if (rc != 0)
+                return rc;
+        }
+        rc = run_xfer_act(e, 1, pp, first, count, 1, mb, deadline);
+        if (rc != 0)
+            return rc;
+    }
+    if (!is_root)
+        return 0;
+    for (j = nmb > lag ? nmb - lag : 0; j < nmb; j++) {
+        rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, j, &jf, &jc);
+        if (rc == 0)
+            rc = run_xfer_tokens(e, 0, pp, jf, jc, lag, nmb + j, deadline);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* A stage s >= 1 of P >= 2 stages. */
+static int run_later_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
+                           uint32_t nmb, uint64_t deadline)
+{
+    uint32_t s = e->m->place.pp_stage, mb, first, count;
+    int rc;
+
+    for (mb = 0; mb < nmb; mb++) {
+        rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
+        if (rc != 0)
+            return rc;
+        rc = run_xfer_act(e, 0, pp, first, count, s - 1, mb, deadline);
+        if (rc != 0)
+            return rc;
+        rc = run_stage(e, k, tp, first, count, deadline);
+        if (rc != 0)
+            return rc;
+        if (!e->is_last)
+            rc = run_xfer_act(e, 1, pp, first, count, s + 1, mb, deadline);
+        else if (e->m->place.tp_rank == 0)
+            rc = run_xfer_tokens(e, 1, pp, first, count, 0, nmb + mb, deadline);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
+                     uint64_t deadline)
+{
+    uint32_t nmb = e->cfg.microbatches, mb, first, count;
+    int rc;
+
+    if (nmb > e->plan.n_seq)
+        nmb = e->plan.n_seq;
+    if (e->m->topo.pp == 1) {
+        for (mb = 0; mb < nmb; mb++) {
+            rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
+            if (rc == 0)
+                rc = run_stage(e, k, tp, first, count, deadline);
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
+    }
+    if (e->is_first)
+        return run_first_stage(e, k, tp, pp, nmb, deadline);
+    return run_later_stage(e, k, tp, pp, nmb, deadline);
+}
+
+const float *gang__engine_logits(const gang_engine *e, uint32_t i)
+{
+    if (e == NULL || !e->plan_valid || !e->is_last || e->m->place.tp_rank != 0 ||
+        i >= e->plan.n_seq || !e->plan.seqs[i].sample)
+        return NULL;
+    return e->logits + (size_t)i * e->vocab;
+}

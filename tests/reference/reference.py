@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Independent numpy reference of the Llama / Mistral / Qwen2 forward pass.
+
+Reads a Hugging Face model directory (config.json, model.safetensors or the shards named
+by model.safetensors.index.json) with its own safetensors parser -- nothing of ganglion's
+code -- and computes the logits of the last position of a token sequence in float64,
+following transformers' LlamaForCausalLM / Qwen2ForCausalLM: RMSNorm, rotate_half RoPE,
+grouped-query attention with a causal mask, SwiGLU MLP, q/k/v biases when the checkpoint
+has them, and the LM head (the embedding table when the embeddings are tied).
+
+Modes:
+  reference.py logits DIR --ids 1,2,3
+      prints {"logits": [...]} for the last position.
+  reference.py check --ganglion BIN --tool BIN --workdir DIR
+      makes small models with `ganglion mkmodel` (llama with GQA, qwen2 with biases, tied
+      embeddings, bf16 in two shards, mistral in f16), runs the C tool model-logits on each
+      (the engine's single-rank forward on gang_model_load's shard) and asserts that its
+      logits agree with this reference within 1e-4 relative (max abs difference over max
+      abs reference). Exit 0 on agreement, 1 on a mismatch, 77 when numpy is missing.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+try:
+    import numpy as np
+except ImportError:  # the CTest treats 77 as "skipped"
+    print("reference.py: numpy is not installed (Debian: python3-numpy); skipping")
+    sys.exit(77)
+
+REL_TOL = 1e-4
+
+
+# ------------------------------------------------------------------------------------
+# safetensors: 8-byte little-endian header length, a JSON header, then the raw data.
+# ------------------------------------------------------------------------------------
+def _to_f64(raw, dtype, shape):
+    if dtype == "F32":
+        a = np.frombuffer(raw, dtype="<f4")
+    elif dtype == "F16":
+        a = np.frombuffer(raw, dtype="<f2")
+    elif dtype == "BF16":
+        # A bfloat16 is the top half of a float32.
+        u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        a = u.view(np.float32)
+    elif dtype == "F64":
+        a = np.frombuffer(raw, dtype="<f8")
+    else:
+        raise ValueError("unsupported dtype %s" % dtype)
+    return a.astype(np.float64).reshape(shape)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        out[name] = _to_f64(blob[base + b : base + e], t["dtype"], t["shape"])
+    return out
+
+
+def read_model(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    index = os.path.join(d, "model.safetensors.index.json")
+    tensors = {}
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        for name in files:
+            tensors.update(read_safetensors(os.path.join(d, name)))
+    else:
+        tensors = read_safetensors(os.path.join(d, "model.safetensors"))
+    return cfg, tensors
+
+
+# ------------------------------------------------------------------------------------
+# The forward pass, float64.
+# ------------------------------------------------------------------------------------
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, theta):
+    # x [T, heads, d]; rotate_half: pairs (i, i + d/2); position t = row t.
+    t_len, _, d = x.shape
+    inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    ang = np.arange(t_len, dtype=np.float64)[:, None] * inv[None, :]
+    cos = np.cos(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    sin = np.sin(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    half = d // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rot * sin
+
+
+def forward_logits(cfg, w, ids):
+    hidden = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    d = hidden // heads
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    theta = cfg.get("rope_theta", 10000.0)
+    n_layers = cfg["num_hidden_layers"]
+    t_len = len(ids)
+
+    x = w["model.embed_tokens.weight"][np.array(ids)]
+    mask = np.triu(np.full((t_len, t_len), -np.inf), k=1)
+    for i in range(n_layers):
+        p = "model.layers.%d." % i
+        h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = h @ w[p + "self_attn.q_proj.weight"].T
+        k = h @ w[p + "self_attn.k_proj.weight"].T
+        v = h @ w[p + "self_attn.v_proj.weight"].T
+        if p + "self_attn.q_proj.bias" in w:
+            q = q + w[p + "self_attn.q_proj.bias"]
+            k = k + w[p + "self_attn.k_proj.bias"]
+            v = v + w[p + "self_attn.v_proj.bias"]
+        q = rope(q.reshape(t_len, heads, d), theta)
+        k = rope(k.reshape(t_len, kv_heads, d), theta)
+        v = v.reshape(t_len, kv_heads, d)
+        rep = heads // kv_heads
+        k = np.repeat(k, rep, axis=1)
+        v = np.repeat(v, rep, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(d) + mask[None]
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s = s / s.sum(axis=-1, keepdims=True)
+        a = np.einsum("hts,shd->thd", s, v).reshape(t_len, heads * d)
+        x = x + a @ w[p + "self_attn.o_proj.weight"].T
+        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+    h = rmsnorm(x[-1], w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight")
+    if head is None or cfg.get("tie_word_embeddings", False):
+        head = w["model.embed_tokens.weight"]
+    return h @ head.T
+
+
+# ------------------------------------------------------------------------------------
+# The check against the C engine.
+# ------------------------------------------------------------------------------------
+MODELS = [
+    ("llama-gqa", ["--arch", "llama", "--layers", "3", "--hidden", "64", "--heads", "8",
+                   "--kv-heads", "2", "--ffn", "96", "--vocab", "301", "--seed", "3"]),
+    ("qwen2-bias", ["--arch", "qwen2", "--layers", "2", "--hidden", "64", "--heads", "4",
+                    "--kv-heads", "2", "--ffn", "128", "--vocab", "256", "--seed", "4"]),
+    ("llama-tied", ["--arch", "llama", "--layers", "2", "--hidden", "32", "--heads", "4",
+                    "--kv-heads", "4", "--ffn", "64", "--vocab", "200", "--seed", "5", "--tie"]),
+    ("llama-bf16", ["--arch", "llama", "--layers", "2", "--hidden", "64", "--heads", "4",
+                    "--kv-heads", "1", "--ffn", "128", "--vocab", "256", "--seed", "6",
+                    "--dtype", "bf16", "--shards", "2"]),
+    ("mistral-f16", ["--arch", "mistral", "--layers", "2", "--hidden", "64", "--heads", "4",
+                     "--kv-heads", "2", "--ffn", "128", "--vocab", "256", "--seed", "7",
+                     "--dtype", "f16"]),
+]
+IDS = [1, 17, 42, 5, 99, 3, 150, 7, 64, 2, 33]
+
+
+def check(ganglion, tool, workdir):
+    os.makedirs(workdir, exist_ok=True)
+    failed = 0
+    for name, flags in MODELS:
+        d = os.path.join(workdir, name)
+        subprocess.run([ganglion, "mkmodel", "--out", d] + flags, check=True,
+                       stdout=subprocess.DEVNULL)
+        cfg, w = read_model(d)
+        ids = [i % cfg["vocab_size"] for i in IDS]
+        out = subprocess.run([tool, d, ",".join(map(str, ids))], check=True,
+                             capture_output=True, text=True).stdout
+        got = np.array(json.loads(out)["logits"], dtype=np.float64)
+        ref = forward_logits(cfg, w, ids)
+        if got.shape != ref.shape:
+            print("%s: %d logits, expected %d" % (name, got.size, ref.size))
+            failed += 1
+            continue
+        rel = np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30)
+        ok = rel <= REL_TOL and int(np.argmax(got)) == int(np.argmax(ref))
+        print(json.dumps({"model": name, "rel_err": float(rel), "argmax": int(np.argmax(got)),
+                          "ref_argmax": int(np.argmax(ref)), "ok": bool(ok)}))
+        failed += 0 if ok else 1
+    return 1 if failed else 0
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[1] == "logits":
+        d = argv[2]
+        ids = [int(t) for t in argv[argv.index("--ids") + 1].split(",")]
+        cfg, w = read_model(d)
+        print(json.dumps({"logits": [float(v) for v in forward_logits(cfg, w, ids)]}))
+        return 0
+    if len(argv) >= 2 and argv[1] == "check":
+        opt = {argv[i]: argv[i + 1] for i in range(2, len(argv) - 1, 2)}
+        return check(opt["--ganglion"], opt["--tool"], opt["--workdir"])
+    sys.stderr.write(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
