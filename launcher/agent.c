@@ -25,6 +25,9 @@
 #include <cjson/cJSON.h>
 
 #include "agent.h"
+#include "api.h"
+#include "ganglion/model.h"
+#include "ganglion/parallel.h"
 #include "ganglion/rendezvous.h"
 #include "http.h"
 #include "metrics.h"
@@ -38,6 +41,7 @@ typedef struct agent {
     gang_coord *coord;
     gang_member *member;
     gang_sup *sup;
+    gang_api *api;               /* coordinator only: POST /v1/completions */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
     int linger_started;
@@ -99,6 +103,9 @@ static void agent_stop(agent *a, int exit_code)
     a->stopping = 1;
     a->exit_code = exit_code;
     gang_info("agent: stopping (exit code %d)", exit_code);
+    if (a->api)
+        gang_api_close(a->api);
+    a->api = NULL;
     if (a->sup)
         gang_sup_shutdown(a->sup, sup_done, a);
     gang_member_close(a->member);
@@ -135,6 +142,8 @@ static void m_on_start(void *ctx, uint64_t gen, uint32_t world, const uint8_t *b
     agent *a = ctx;
     gang_info("agent: START generation %llu (world %u)", (unsigned long long)gen, world);
     gang_sup_start_gen(a->sup, gen, world, blob, len);
+    if (a->api)
+        gang_api_on_start(a->api, gen);
 }
 
 static void m_on_abort(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason)
@@ -143,6 +152,8 @@ static void m_on_abort(void *ctx, uint64_t gen, int32_t rank, int32_t code, cons
     a->aborts_seen++;
     if (code != GANG_ECLOSED)
         record_failure(a, rank, code, reason);
+    if (a->api)
+        gang_api_on_abort(a->api, gen);
     gang_sup_abort(a->sup, gen);
 }
 
@@ -208,6 +219,34 @@ static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, co
     agent *a = ctx;
     record_failure(a, rank, code, reason);
     gang_member_report_failure(a->member, gen, rank, code, reason);
+}
+
+static void s_on_token(void *ctx, uint64_t gen, uint64_t id, uint32_t index, int32_t token)
+{
+    agent *a = ctx;
+    if (a->api)
+        gang_api_on_token(a->api, gen, id, index, token);
+}
+
+static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
+                      const char *reason)
+{
+    agent *a = ctx;
+    if (a->api)
+        gang_api_on_done(a->api, gen, id, code, finish, reason);
+}
+
+/* A worker says a retry cannot help (bad model, impossible layout): stop with its code. */
+static void s_on_fatal(void *ctx, int exit_code, const char *reason)
+{
+    agent *a = ctx;
+    if (a->stopping)
+        return;
+    record_failure(a, a->fail_rank, exit_code == GANG_EXIT_MODEL ? GANG_EMODEL : GANG_EUSAGE,
+                   reason);
+    write_termination_log(a, reason);
+    gang_error("agent: %s; exiting %d", reason, exit_code);
+    agent_stop(a, exit_code);
 }
 
 static void s_on_idle(void *ctx)
@@ -411,11 +450,26 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
                             "Gang restarts left in the current window");
         gang_metrics_sample_u64(b, "ganglion_restart_budget_left", NULL, 0, cs.budget_left);
     }
+    if (a->api)
+        gang_api_metrics(a->api, b);
 }
 
 static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *req)
 {
     agent *a = ctx;
+    if (strcmp(req->path, "/v1/completions") == 0) {
+        if (strcmp(req->method, "POST") != 0) {
+            const char *b = "{\"error\":\"method not allowed: POST a JSON body\"}";
+            gang_http_reply(x, 405, "application/json", b, strlen(b));
+        } else if (a->api == NULL) {
+            const char *b = "{\"error\":{\"message\":\"completions are served by the "
+                            "coordinator (node 0)\",\"type\":\"not_found\",\"code\":404}}";
+            gang_http_reply(x, 404, "application/json", b, strlen(b));
+        } else {
+            gang_api_completions(a->api, x, req);
+        }
+        return;
+    }
     if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0) {
         const char *b = "{\"error\":\"method not allowed\"}";
         gang_http_reply(x, 405, "application/json", b, strlen(b));
@@ -494,6 +548,9 @@ int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, cha
         return rc;
     if (id->nnodes != (int32_t)p->nnodes)
         p->nnodes = id->nnodes;
+    /* Workers inherit the parameters: they need the node index the agent discovered
+     * (hostname ordinal, MPI, LWS) to cut their shard of the model. */
+    p->node_index = id->node_index;
     if ((uint64_t)p->nnodes * (uint64_t)p->nproc_per_node > 65536) {
         snprintf(err, errlen, "world size %lld x %lld is too large", (long long)p->nnodes,
                  (long long)p->nproc_per_node);
@@ -506,6 +563,65 @@ int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, cha
         return GANG_EUSAGE;
     }
     pick_advertise_address(p);
+    return 0;
+}
+
+int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *err,
+                            size_t errlen)
+{
+    int64_t world = p->nnodes * p->nproc_per_node;
+    *ctx = 0;
+    if (strcmp(p->device, "cuda") == 0) {
+        snprintf(err, errlen, "--device cuda: the generation engine runs on the CPU in this "
+                 "version (the CUDA kernels are built and tested on their own; see docs/gpu.md)");
+        return GANG_EUSAGE;
+    }
+    if (strcmp(p->backend, "auto") != 0 && strcmp(p->backend, "socket") != 0) {
+        snprintf(err, errlen, "--backend %s: workers use the socket backend in this version "
+                 "(mpi and nccl are available to the benchmarks and tests)", p->backend);
+        return GANG_EUSAGE;
+    }
+    /* Without a model and with the default tp = pp = 1 there is nothing to split: such a
+     * gang only forms its data plane (tests, network checks). */
+    if (p->model[0] == '\0' && p->tp == 1 && p->pp == 1)
+        return 0;
+    if (p->tp * p->pp != world) {
+        snprintf(err, errlen, "--tp %lld x --pp %lld = %lld ranks, but the gang has --nnodes "
+                 "%lld x --nproc-per-node %lld = %lld", (long long)p->tp, (long long)p->pp,
+                 (long long)(p->tp * p->pp), (long long)p->nnodes, (long long)p->nproc_per_node,
+                 (long long)world);
+        return GANG_EUSAGE;
+    }
+    if (!p->allow_cross_node_tp && p->nproc_per_node % p->tp != 0) {
+        snprintf(err, errlen, "--tp %lld does not divide --nproc-per-node %lld: a TP group "
+                 "would span nodes (--allow-cross-node-tp to force it)", (long long)p->tp,
+                 (long long)p->nproc_per_node);
+        return GANG_EUSAGE;
+    }
+    if (p->model[0] == '\0')
+        return 0;
+    int rc = gang_model_config_read(p->model, mc, err, errlen);
+    if (rc != 0)
+        return GANG_EMODEL;
+    gang_topology_config tc;
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(mc, &tc);
+    tc.nnodes = (int32_t)p->nnodes;
+    tc.nproc_per_node = (int32_t)p->nproc_per_node;
+    tc.tp = (int32_t)p->tp;
+    tc.pp = (int32_t)p->pp;
+    tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
+    gang_topology t;
+    rc = gang_topology_init(&tc, &t, err, errlen);
+    if (rc != 0)
+        return GANG_EUSAGE;
+    uint32_t cap = mc->max_pos < 4096 ? mc->max_pos : 4096;
+    *ctx = p->max_ctx > 0 ? (uint32_t)p->max_ctx : cap;
+    if (*ctx > mc->max_pos) {
+        snprintf(err, errlen, "--max-ctx %lld exceeds the model's max_position_embeddings %u",
+                 (long long)p->max_ctx, mc->max_pos);
+        return GANG_EUSAGE;
+    }
     return 0;
 }
 
@@ -544,6 +660,16 @@ int gang_agent_main(const gang_params *params, char *const *envp)
     }
     snprintf(a->coord_addr, sizeof(a->coord_addr), "%s:%u", a->id.coordinator_host,
              a->id.coordinator_port);
+    gang_model_config model_cfg;
+    uint32_t ctx_len = 0;
+    memset(&model_cfg, 0, sizeof(model_cfg));
+    rc = gang_agent_check_layout(&a->p, &model_cfg, &ctx_len, err, sizeof(err));
+    if (rc != 0) {
+        gang_error("agent: %s", err);
+        write_termination_log(a, err);
+        free(a);
+        return gang_exit_code_for(rc);
+    }
 
     uv_loop_init(&a->loop);
     /* Initialised now so agent_stop() can close them on any path; started at the end. */
@@ -595,12 +721,24 @@ int gang_agent_main(const gang_params *params, char *const *envp)
                              .on_blob = s_on_blob,
                              .on_all_ready = s_on_all_ready,
                              .on_failure = s_on_failure,
-                             .on_idle = s_on_idle};
+                             .on_idle = s_on_idle,
+                             .on_token = s_on_token,
+                             .on_done = s_on_done,
+                             .on_fatal = s_on_fatal};
     rc = gang_sup_start(&a->loop, &a->p, (uint32_t)a->id.node_index, "/proc/self/exe", &sc,
                         &a->sup);
     if (rc != 0) {
         gang_error("agent: cannot start workers: %s", gang_strerror(rc));
         goto out_coord;
+    }
+    if (a->id.is_coordinator) {
+        rc = gang_api_init(&a->loop, &a->p, a->sup, a->p.model[0] ? &model_cfg : NULL, ctx_len,
+                           &a->api);
+        if (rc != 0) {
+            gang_error("agent: API: %s", gang_strerror(rc));
+            agent_stop(a, GANG_EXIT_INTERNAL);
+            goto out_run;
+        }
     }
     gang_member_config mc = {
         .coordinator_host = a->id.coordinator_host,

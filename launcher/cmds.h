@@ -9,6 +9,9 @@
 /* ganglion mkmodel --out DIR [...]: writes a deterministic random model (cmd-model.c). */
 int gang_cmd_mkmodel(int argc, char **argv);
 
+/* ganglion generate --model DIR --prompt-ids 1,2,3 [...]: one prompt through a local gang. */
+int gang_cmd_generate(int argc, char **argv);
+
 /* ganglion info [--labels]: GPU discovery (cmd-info.c). */
 int gang_cmd_info(int argc, char **argv);
 

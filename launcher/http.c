@@ -440,12 +440,17 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
 /* Answers a request that failed to parse or exceeded a limit, then closes. */
 static void conn_fail(http_conn *c, int status)
 {
-    const char *msg = status == 413   ? "request body too large\n"
-                      : status == 431 ? "request header fields too large\n"
-                      : status == 500 ? "internal error\n"
-                                      : "bad request\n";
+    const char *msg =
+        status == 413   ? "{\"error\":{\"message\":\"request body too large\","
+                          "\"type\":\"invalid_request_error\",\"code\":413}}"
+        : status == 431 ? "{\"error\":{\"message\":\"request header fields too large\","
+                          "\"type\":\"invalid_request_error\",\"code\":431}}"
+        : status == 500 ? "{\"error\":{\"message\":\"internal error\",\"type\":\"internal\","
+                          "\"code\":500}}"
+                        : "{\"error\":{\"message\":\"bad request\","
+                          "\"type\":\"invalid_request_error\",\"code\":400}}";
 
-    conn_send_response(c, status, NULL, msg, strlen(msg), 0, 0);
+    conn_send_response(c, status, "application/json", msg, strlen(msg), 0, 0);
 }
 
 static void conn_send_continue(http_conn *c)

@@ -9,7 +9,9 @@
 
 #include "agent.h"
 #include "bench.h"
+#include "ganglion/comm.h"
 #include "ganglion/config.h"
+#include "ganglion/model.h"
 #include "ganglion/rendezvous.h"
 #include "local.h"
 #include "cmds.h"
@@ -91,6 +93,17 @@ static int cmd_serve(int argc, char **argv)
             fprintf(stderr, "ganglion: invalid configuration: %s\n", err);
             return GANG_EXIT_USAGE;
         }
+        gang_model_config mc;
+        uint32_t ctx = 0;
+        rc = gang_agent_check_layout(&p, &mc, &ctx, err, sizeof(err));
+        if (rc != 0) {
+            fprintf(stderr, "ganglion: invalid configuration: %s\n", err);
+            return gang_exit_code_for(rc);
+        }
+        if (p.model[0])
+            printf("# model: %s: %u layers, hidden %u, %u heads (%u kv), ffn %u, vocab %u; "
+                   "context %u\n", p.model, mc.n_layers, mc.hidden, mc.n_heads, mc.n_kv_heads,
+                   mc.ffn, mc.vocab, ctx);
         printf("# identity: node %d of %d from %s; coordinator %s:%u\n", id.node_index,
                id.nnodes, gang_identity_source_name(id.source), id.coordinator_host,
                id.coordinator_port);
@@ -112,10 +125,12 @@ int main(int argc, char **argv)
         return argc < 2 ? GANG_EXIT_USAGE : GANG_EXIT_OK;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        /* Toolkits found at configure time; no backend uses them yet (placeholder data
-         * plane), so this must not read as "MPI/CUDA backends built". */
-        printf("ganglion %s (toolkits found: mpi=%s cuda=%s; data plane: placeholder)\n",
-               GANG_VERSION, GANG_HAVE_MPI ? "yes" : "no", GANG_HAVE_CUDA ? "yes" : "no");
+        /* What is built, so that "mpi=yes" is never read as "workers run over MPI". */
+        printf("ganglion %s (backends built: socket=yes mpi=%s nccl=%s; kernels: cpu%s; "
+               "workers serve over the socket backend on the CPU)\n",
+               GANG_VERSION, gang_comm_backend_built(GANG_COMM_MPI) ? "yes" : "no",
+               gang_comm_backend_built(GANG_COMM_NCCL) ? "yes" : "no",
+               GANG_HAVE_CUDA ? " cuda" : "");
         return GANG_EXIT_OK;
     }
     for (int i = 2; i < argc; i++) {
@@ -134,10 +149,8 @@ int main(int argc, char **argv)
         return gang_cmd_info(argc - 1, argv + 1);
     if (strcmp(argv[1], "mkmodel") == 0)
         return gang_cmd_mkmodel(argc - 1, argv + 1);
-    if (strcmp(argv[1], "generate") == 0) {
-        fprintf(stderr, "ganglion generate: not available yet\n");
-        return GANG_EXIT_USAGE;
-    }
+    if (strcmp(argv[1], "generate") == 0)
+        return gang_cmd_generate(argc - 1, argv + 1);
     fprintf(stderr, "ganglion: unknown command '%s' (see ganglion --help)\n", argv[1]);
     return GANG_EXIT_USAGE;
 }

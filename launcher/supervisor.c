@@ -29,6 +29,7 @@
 #include "wctl.h"
 
 #define ARGV_MAX 256
+#define SUP_HELLO_TIMEOUT_MS 10000 /* silence allowed before a new worker's HELLO */
 
 typedef struct wslot {
     gang_sup *sup;
@@ -183,6 +184,21 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
         report_failure(w, (int32_t)pkt->rank, pkt->code ? pkt->code : GANG_EPEER, why);
         return;
     }
+    case GANG_WCTL_TOKEN:
+        if (w->local_rank == 0 && s->cb.on_token)
+            s->cb.on_token(s->cb.ctx, pkt->generation, pkt->req_id, pkt->index, pkt->token);
+        return;
+    case GANG_WCTL_DONE: {
+        if (w->local_rank != 0 || s->cb.on_done == NULL)
+            return;
+        char finish[sizeof(pkt->finish)], reason[GANG_REASON_MAX];
+        memcpy(finish, pkt->finish, sizeof(finish));
+        finish[sizeof(finish) - 1] = '\0';
+        memcpy(reason, pkt->reason, sizeof(reason));
+        reason[sizeof(reason) - 1] = '\0';
+        s->cb.on_done(s->cb.ctx, pkt->generation, pkt->req_id, pkt->code, finish, reason);
+        return;
+    }
     case GANG_WCTL_ABORTED:
         if (pkt->generation < w->gen)
             return;
@@ -295,6 +311,14 @@ static void on_exit_cb(uv_process_t *proc, int64_t status, int sig)
                  "status %lld", global_rank(s, w), s->node, w->local_rank, w->pid,
                  (long long)status);
     report_failure(w, global_rank(s, w), GANG_EPEER, why);
+    if (!sig && (status == GANG_EXIT_USAGE || status == GANG_EXIT_MODEL) && !s->shutting_down &&
+        s->cb.on_fatal) {
+        char fatal[GANG_REASON_MAX];
+        snprintf(fatal, sizeof(fatal), "%s: %s (see its log); not retried", why,
+                 status == GANG_EXIT_MODEL ? "the model cannot be loaded"
+                                           : "the configuration cannot work");
+        s->cb.on_fatal(s->cb.ctx, (int)status, fatal);
+    }
     if (!w->failure_reported || s->shutting_down)
         gang_info("supervisor: %s", why);
     close_conn(w);
@@ -415,7 +439,12 @@ static void on_tick(uv_timer_t *t)
             continue;
         }
         uint64_t silent = now - w->last_hb_ms;
-        if (silent > (uint64_t)s->p.heartbeat_timeout_ms) {
+        /* A worker that has not said HELLO yet is starting (exec, dynamic loading of
+         * CUDA/NCCL/MPI on a busy machine): it gets a start-up allowance of its own. */
+        uint64_t allowed = (uint64_t)s->p.heartbeat_timeout_ms;
+        if (!w->hello && allowed < SUP_HELLO_TIMEOUT_MS)
+            allowed = SUP_HELLO_TIMEOUT_MS;
+        if (silent > allowed) {
             char why[GANG_REASON_MAX];
             snprintf(why, sizeof(why), "worker rank %d (node %u local %u, pid %d) silent for "
                      "%llu ms: hung or stopped", global_rank(s, w), s->node, w->local_rank,
@@ -623,4 +652,11 @@ void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx)
         uv_close((uv_handle_t *)&s->tick, handle_closed);
     }
     /* The tick keeps enforcing the shutdown deadline; it closes once the workers are gone. */
+}
+
+int gang_sup_submit(gang_sup *s, gang_wctl *pkt)
+{
+    if (s == NULL || s->n == 0 || s->slots[0].fd < 0)
+        return GANG_EPEER;
+    return send_pkt(&s->slots[0], pkt) == 0 ? 0 : GANG_EPEER;
 }

@@ -22,6 +22,15 @@ typedef struct gang_sup_callbacks {
     void (*on_failure)(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason);
     /* Every worker is alive, connected and outside any generation. */
     void (*on_idle)(void *ctx);
+    /* Local rank 0 (global rank 0 on node 0): a token of request id in gen. May be NULL. */
+    void (*on_token)(void *ctx, uint64_t gen, uint64_t id, uint32_t index, int32_t token);
+    /* Local rank 0: request id finished (code 0, finish "length"/"stop") or was refused
+     * (code < 0, reason). May be NULL. */
+    void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
+                    const char *reason);
+    /* A worker exited with a code that says a retry cannot help (2 usage/layout, 3 model):
+     * the agent should stop with that exit code. May be NULL. */
+    void (*on_fatal)(void *ctx, int exit_code, const char *reason);
 } gang_sup_callbacks;
 
 /*
@@ -35,6 +44,14 @@ void gang_sup_start_gen(gang_sup *s, uint64_t gen, uint32_t world, const uint8_t
                         uint32_t len);
 /* Aborts gen in place; workers that do not confirm within the abort timeout are killed. */
 void gang_sup_abort(gang_sup *s, uint64_t gen);
+
+struct gang_wctl;
+/*
+ * Sends a SUBMIT packet (type, generation and request fields filled by the caller) to
+ * local rank 0. Returns 0, or GANG_EPEER when it is not connected (the caller keeps the
+ * request and submits it again after the next START).
+ */
+int gang_sup_submit(gang_sup *s, struct gang_wctl *pkt);
 int gang_sup_is_idle(const gang_sup *s);
 /* 1 when every local rank is READY in gen. */
 int gang_sup_all_ready(const gang_sup *s, uint64_t gen);

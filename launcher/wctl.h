@@ -18,6 +18,13 @@
  *   agent  -> ABORT(G)                           tear down the data plane, stay alive
  *   worker -> ABORTED(G)                         torn down; weights (later) stay loaded
  *   agent  -> SHUTDOWN                           exit 0
+ * Requests (node 0 only: the coordinator's agent and global rank 0):
+ *   agent  -> SUBMIT(G, req_id, prompt in blob as int32 ids, max_tokens, sampling, stops)
+ *   worker -> TOKEN(G, req_id, index, token)     one per generated token, in order
+ *   worker -> DONE(G, req_id, code, finish)      code 0: finished ("length" or "stop");
+ *                                                code < 0: refused, reason says why
+ * Requests live in one generation: an ABORT drops them in the worker, and the agent
+ * submits what it still owes again, from the prompt, in the next generation.
  * A message whose generation is older than the worker's current one is ignored.
  * If the channel closes, the worker exits (its agent is gone).
  */
@@ -38,8 +45,14 @@ typedef enum gang_wctl_type {
     GANG_WCTL_ERROR = 7,
     GANG_WCTL_ABORT = 8,
     GANG_WCTL_ABORTED = 9,
-    GANG_WCTL_SHUTDOWN = 10
+    GANG_WCTL_SHUTDOWN = 10,
+    GANG_WCTL_SUBMIT = 11,
+    GANG_WCTL_TOKEN = 12,
+    GANG_WCTL_DONE = 13
 } gang_wctl_type;
+
+/* Prompt ids one SUBMIT can carry (the blob holds them as int32). */
+#define GANG_WCTL_MAX_PROMPT (GANG_BLOB_MAX / 4)
 
 typedef struct gang_wctl {
     uint32_t type;          /* gang_wctl_type */
@@ -52,7 +65,18 @@ typedef struct gang_wctl {
     uint32_t world_size;    /* START: ranks in the gang */
     uint32_t blob_len;      /* BLOB, START */
     uint8_t blob[GANG_BLOB_MAX];
-    char reason[GANG_REASON_MAX]; /* ERROR */
+    char reason[GANG_REASON_MAX]; /* ERROR, DONE with code < 0 */
+    uint64_t req_id;        /* SUBMIT, TOKEN, DONE */
+    uint32_t max_tokens;    /* SUBMIT */
+    uint32_t top_k;         /* SUBMIT */
+    float temperature;      /* SUBMIT */
+    float top_p;            /* SUBMIT */
+    uint64_t seed;          /* SUBMIT */
+    uint32_t n_stop;        /* SUBMIT */
+    int32_t stop[16];       /* SUBMIT: stop token ids */
+    int32_t token;          /* TOKEN */
+    uint32_t index;         /* TOKEN: 0-based among the generated tokens */
+    char finish[8];         /* DONE: "length" or "stop" */
 } gang_wctl;
 
 #endif

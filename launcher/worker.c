@@ -6,10 +6,12 @@
  * the agent socket and the data thread's event pipe, and sends HEARTBEAT(state) every
  * heartbeat interval whatever the data plane is doing. That is how the agent tells a
  * hung worker from a busy one: a worker whose data plane waits on a dead peer still
- * heartbeats (and reports ERROR), while a stopped or wedged process goes silent. The data
- * thread (worker-step.c, one per generation) forms the placeholder data plane and runs
- * its steps; it reports READY and FAILED through the event pipe and is stopped, from any
- * of its waits, by gang__wstep_stop().
+ * heartbeats (and reports ERROR), while a stopped or wedged process goes silent. The
+ * loader thread reads the model shard once; the data thread (worker-engine.c, one per
+ * generation) forms the communicator and runs the engine; both report through the event
+ * pipe (READY, FAILED, TOKEN, DONE, LOADED) and the data thread is stopped, from any of
+ * its waits, by gang__wstep_stop(). A model that cannot be loaded ends the worker with
+ * exit code 3 (never retried), after it told the agent why.
  *
  * Generations. The worker remembers the highest generation the agent has named in any
  * message (gen). A message of an older generation is ignored and logged at debug level:
@@ -17,7 +19,8 @@
  * supersedes anything still running for an older one.
  *
  * Exit codes: 0 after SHUTDOWN; 75 when the agent channel closes, fails, carries a packet
- * of the wrong size, or the agent process is gone; 2 for a usage error.
+ * of the wrong size, or the agent process is gone; 2 for a usage error or a layout the
+ * model cannot take; 3 when the model cannot be loaded.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -52,8 +55,9 @@ typedef struct worker {
     uint64_t gen;        /* highest generation named by the agent */
     uint32_t state;      /* gang_rank_state reported in heartbeats */
     uint32_t rank;       /* global rank in gen, WORKER_NO_RANK when none */
-    int listen_fd;       /* rank 0's data-plane listener, -1 when none */
+    gang_comm_listener *listener; /* rank 0's data-plane listener, NULL when none */
     uint64_t listen_gen; /* the generation it was opened for */
+    gang__wres *res;     /* model shard and engine, for the worker's whole life */
     gang__wstep *step;   /* running data plane, NULL when none */
     uint64_t step_gen;   /* its generation */
     uint64_t next_hb_ms; /* when the next heartbeat is due */
@@ -292,10 +296,8 @@ static void worker_teardown(worker *w)
         w->step = NULL;
         worker_drain_events(w);
     }
-    if (w->listen_fd >= 0) {
-        close(w->listen_fd);
-        w->listen_fd = -1;
-    }
+    gang_comm_listener_free(w->listener);
+    w->listener = NULL;
     w->rank = WORKER_NO_RANK;
     gang_log_set_identity(w->node, -1);
 }
@@ -312,7 +314,7 @@ static int worker_fence(worker *w, const gang_wctl *m, const char *what)
                    (unsigned long long)m->generation, (unsigned long long)w->gen);
         return GANG_ESTALE;
     }
-    if (m->generation > w->gen && (w->step != NULL || w->listen_fd >= 0)) {
+    if (m->generation > w->gen && (w->step != NULL || w->listener != NULL)) {
         if (w->step != NULL)
             gang_warn("%s of generation %llu supersedes generation %llu: tearing it down", what,
                       (unsigned long long)m->generation, (unsigned long long)w->step_gen);
@@ -336,25 +338,23 @@ static void on_blob_request(worker *w, const gang_wctl *m)
     if (w->node != 0 || w->local_rank != 0)
         gang_warn("BLOB_REQUEST sent to node %d local rank %u; expected node 0 local rank 0",
                   w->node, w->local_rank);
-    if (w->listen_fd >= 0) {
-        close(w->listen_fd);
-        w->listen_fd = -1;
-    }
+    gang_comm_listener_free(w->listener);
+    w->listener = NULL;
 
     gang_wctl r;
     worker_msg(w, &r, GANG_WCTL_BLOB, m->generation);
     size_t len = 0;
-    int rc =
-        gang__wstep_listen(w->p.advertise_address, &w->listen_fd, r.blob, sizeof(r.blob), &len);
+    const char *adv = w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1";
+    int rc = gang_comm_socket_listen(adv, &w->listener, (char *)r.blob, sizeof(r.blob), &len);
     if (rc != 0) {
         worker_report_error(w, m->generation, rc, w->rank,
-                            "rank 0 cannot open its data-plane listener on '%s': %s",
-                            w->p.advertise_address, gang_strerror(rc));
+                            "rank 0 cannot open its data-plane listener on '%s': %s", adv,
+                            gang_strerror(rc));
         return;
     }
     w->listen_gen = m->generation;
     r.blob_len = (uint32_t)len;
-    gang_info("BLOB for generation %llu: placeholder star listens on %.*s",
+    gang_info("BLOB for generation %llu: the socket backend listens as %.*s",
               (unsigned long long)m->generation, (int)len, (const char *)r.blob);
     worker_reply(w, &r);
 }
@@ -392,36 +392,26 @@ static void on_start(worker *w, const gang_wctl *m)
     cfg.generation = g;
     cfg.rank = m->rank;
     cfg.world = m->world_size;
-    cfg.listen_fd = -1;
+    cfg.blob = m->blob;
+    cfg.blob_len = m->blob_len;
+    cfg.res = w->res;
     cfg.event_fd = w->ev_wr;
     cfg.start_timeout_ms = w->p.start_timeout_ms;
+    cfg.heartbeat_interval_ms = w->p.heartbeat_interval_ms;
     cfg.heartbeat_timeout_ms = w->p.heartbeat_timeout_ms;
-    cfg.step_interval_ms = w->p.worker_step_interval_ms;
-
-    char blob[GANG_HOST_MAX + 16];
-    if (m->rank > 0) {
-        int rc = GANG_EINVAL;
-        if (m->blob_len < sizeof(blob)) {
-            memcpy(blob, m->blob, m->blob_len);
-            blob[m->blob_len] = '\0';
-            rc = gang_parse_host_port(blob, cfg.root_host, sizeof(cfg.root_host), &cfg.root_port);
-        }
-        if (rc != 0) {
-            worker_report_error(w, g, GANG_EINVAL, w->rank,
-                                "START blob of %u bytes is not a placeholder star address "
-                                "(host:port)",
-                                m->blob_len);
-            return;
-        }
-    } else if (m->world_size > 1) {
-        if (w->listen_fd < 0 || w->listen_gen != g) {
+    cfg.step_timeout_ms = w->p.step_timeout_ms;
+    gang_strlcpy(cfg.advertise, w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1",
+                 sizeof(cfg.advertise));
+    if (m->rank == 0 && m->world_size > 1) {
+        if (w->listener == NULL || w->listen_gen != g) {
             worker_report_error(w, g, GANG_EPROTO, w->rank,
                                 "START of generation %llu makes this worker rank 0, but no "
                                 "BLOB_REQUEST of that generation came first",
                                 (unsigned long long)g);
             return;
         }
-        cfg.listen_fd = w->listen_fd;
+        cfg.listener = w->listener;
+        w->listener = NULL; /* gang__wstep_start consumes it */
     }
 
     int rc = gang__wstep_start(&cfg, &w->step);
@@ -432,11 +422,44 @@ static void on_start(worker *w, const gang_wctl *m)
     }
     w->step_gen = g;
     w->state = GANG_RANK_STARTING;
-    if (m->rank > 0)
-        gang_info("START: rank %u of %u joins the placeholder star at %s:%u", m->rank,
-                  m->world_size, cfg.root_host, (unsigned)cfg.root_port);
-    else
-        gang_info("START: rank 0 of %u forms the placeholder star", m->world_size);
+    gang_info("START: rank %u of %u joins the data plane", m->rank, m->world_size);
+}
+
+/*
+ * SUBMIT(G, request): rank 0 of generation G queues it for its data thread. A request for
+ * another generation, or arriving where no data thread runs, is dropped: the agent
+ * submits everything it still owes again after the next START.
+ */
+static void on_submit(worker *w, const gang_wctl *m)
+{
+    if (worker_fence(w, m, "SUBMIT") != 0)
+        return;
+    if (w->step == NULL || w->step_gen != m->generation || w->rank != 0) {
+        gang_debug("SUBMIT of request %llu dropped: no rank-0 data plane in generation %llu",
+                   (unsigned long long)m->req_id, (unsigned long long)m->generation);
+        return;
+    }
+    gang_gen_request r;
+    memset(&r, 0, sizeof(r));
+    r.id = m->req_id;
+    r.prompt = (const int32_t *)(const void *)m->blob;
+    r.n_prompt = m->blob_len / 4;
+    r.max_tokens = m->max_tokens;
+    r.n_stop = m->n_stop > GANG_MAX_STOP_TOKENS ? GANG_MAX_STOP_TOKENS : m->n_stop;
+    memcpy(r.stop, m->stop, r.n_stop * sizeof(int32_t));
+    r.sampling.temperature = m->temperature;
+    r.sampling.top_k = m->top_k;
+    r.sampling.top_p = m->top_p;
+    r.sampling.seed = m->seed;
+    int rc = gang__wstep_submit(w->step, &r);
+    if (rc != 0) {
+        gang_wctl d;
+        worker_msg(w, &d, GANG_WCTL_DONE, m->generation);
+        d.req_id = m->req_id;
+        d.code = rc;
+        snprintf(d.reason, sizeof(d.reason), "cannot queue the request: %s", gang_strerror(rc));
+        worker_reply(w, &d);
+    }
 }
 
 /* ABORT(G): tear the data plane down in place and confirm with ABORTED(G). */
@@ -494,6 +517,9 @@ static void worker_on_agent(worker *w)
     case GANG_WCTL_ABORT:
         on_abort(w, &m);
         break;
+    case GANG_WCTL_SUBMIT:
+        on_submit(w, &m);
+        break;
     case GANG_WCTL_SHUTDOWN:
         gang_info("SHUTDOWN from the agent");
         w->state = GANG_RANK_ABORTING;
@@ -517,6 +543,17 @@ static void worker_on_events(worker *w)
             continue;
         if (n != (ssize_t)sizeof(ev))
             return; /* empty (EAGAIN); events are written whole, so never partial */
+        if (ev.type == GANG__WEV_LOADED) {
+            if (ev.code == 0)
+                continue;
+            /* A model that cannot be loaded will not load on a retry either. */
+            ev.reason[sizeof(ev.reason) - 1] = '\0';
+            worker_report_error(w, w->gen, ev.code, w->rank, "%s", ev.reason);
+            gang_error("cannot load the model: %s", ev.reason);
+            w->quit = 1;
+            w->exit_code = gang_exit_code_for(ev.code);
+            return;
+        }
         if (w->step == NULL || ev.generation != w->step_gen) {
             gang_debug("ignoring a data-plane event of generation %llu",
                        (unsigned long long)ev.generation);
@@ -531,6 +568,19 @@ static void worker_on_events(worker *w)
         } else if (ev.type == GANG__WEV_FAILED) {
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             worker_report_error(w, ev.generation, ev.code, (uint32_t)ev.rank, "%s", ev.reason);
+        } else if (ev.type == GANG__WEV_TOKEN || ev.type == GANG__WEV_DONE) {
+            gang_wctl r;
+            worker_msg(w, &r, ev.type == GANG__WEV_TOKEN ? GANG_WCTL_TOKEN : GANG_WCTL_DONE,
+                       ev.generation);
+            r.req_id = ev.req_id;
+            r.token = ev.token;
+            r.index = ev.index;
+            r.code = ev.code;
+            memcpy(r.finish, ev.finish, sizeof(r.finish));
+            r.finish[sizeof(r.finish) - 1] = '\0';
+            ev.reason[sizeof(ev.reason) - 1] = '\0';
+            gang_strlcpy(r.reason, ev.reason, sizeof(r.reason));
+            worker_reply(w, &r);
         }
     }
 }
@@ -597,7 +647,7 @@ int gang_worker_main(int argc, char **argv)
 {
     worker w;
     memset(&w, 0, sizeof(w));
-    w.agent_fd = w.ev_rd = w.ev_wr = w.listen_fd = -1;
+    w.agent_fd = w.ev_rd = w.ev_wr = -1;
     w.rank = WORKER_NO_RANK;
     w.state = GANG_RANK_IDLE;
     w.exit_code = GANG_EXIT_TEMPFAIL;
@@ -640,14 +690,27 @@ int gang_worker_main(int argc, char **argv)
         gang_error("cannot reach the agent at %s: %s", w.agent_path, gang_strerror(rc));
         goto out;
     }
-    gang_info("worker local rank %u up (pid %d); data plane is the placeholder star until "
-              "the communicator backends exist",
-              w.local_rank, (int)getpid());
+    if (w.p.model[0] != '\0' && w.node < 0) {
+        gang_error("worker: --model needs the node index (--node-index) to cut its shard");
+        w.exit_code = GANG_EXIT_USAGE;
+        goto out;
+    }
+    rc = gang__wres_open(&w.p,
+                         (uint32_t)(w.node < 0 ? 0 : w.node) * (uint32_t)w.p.nproc_per_node +
+                             w.local_rank,
+                         w.ev_wr, &w.res);
+    if (rc != 0) {
+        gang_error("worker: cannot start the model loader: %s", gang_strerror(rc));
+        goto out;
+    }
+    gang_info("worker local rank %u up (pid %d)%s%s", w.local_rank, (int)getpid(),
+              w.p.model[0] ? "; loading " : "; no model", w.p.model);
     w.next_hb_ms = gang_now_ms();
     worker_loop(&w);
 
 out:
     worker_teardown(&w);
+    gang__wres_close(w.res);
     if (w.agent_fd >= 0)
         close(w.agent_fd);
     if (w.ev_rd >= 0)

@@ -3,14 +3,13 @@
  *
  *   ganglion worker --agent-socket PATH --local-rank L --node-index N [--registered-flag V]
  *
- * It speaks the control protocol of wctl.h with its agent and, for every generation the
- * agent starts, joins the data plane of the gang. The data plane is an honest
- * PLACEHOLDER until the real communicator backends (parallel/) exist: a TCP star around
- * global rank 0 that runs a periodic integer "all-reduce" and checks its result, so that
- * peer loss, hangs and aborts behave exactly as they will with a real communicator.
+ * It speaks the control protocol of wctl.h with its agent, loads its shard of the model
+ * once (--model), and for every generation the agent starts joins the gang's
+ * communicator (parallel/, socket backend) and runs the generation engine on it; global
+ * rank 0 also takes the completion requests of the coordinator's agent.
  *
  * The first half of this header is the worker's entry point; the second half is internal
- * to launcher/worker.c, launcher/worker-step.c and the worker's unit test.
+ * to launcher/worker.c, launcher/worker-engine.c and the worker's unit test.
  */
 #ifndef GANGLION_LAUNCHER_WORKER_H
 #define GANGLION_LAUNCHER_WORKER_H
@@ -18,7 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ganglion/comm.h"
 #include "ganglion/common.h"
+#include "ganglion/model.h"
 #include "ganglion/rendezvous.h"
 
 /*
@@ -32,105 +33,83 @@
 int gang_worker_main(int argc, char **argv);
 
 /* =================================================================================
- * Internal: the placeholder data plane (launcher/worker-step.c).
+ * Internal: the data plane (launcher/worker-engine.c).
  *
- * One gang__wstep runs one generation on its own thread, so that the worker's main thread
- * keeps heartbeating to the agent even when the data plane is blocked. The thread reports
- * to the main thread by writing gang__wevent records into a pipe the main thread owns;
- * the main thread stops it with gang__wstep_stop(), which wakes every wait of the thread
- * through an abort pipe.
+ * gang__wres holds what a worker keeps for its whole life: its shard of the model, the
+ * kernels and the engine, loaded on a loader thread. One gang__wstep runs one generation
+ * on its own thread, so that the worker's main thread keeps heartbeating to the agent
+ * even when the data plane is blocked. Both report to the main thread by writing
+ * gang__wevent records into a pipe the main thread owns; the main thread stops a
+ * generation with gang__wstep_stop(), which aborts its communicators.
  * ================================================================================= */
-
-/* What the data thread reports. */
+/* What the data thread and the loader report. */
 typedef enum gang__wevent_type {
-    GANG__WEV_READY = 1, /* the star is formed: every rank of the generation is connected */
-    GANG__WEV_FAILED = 2 /* the data plane failed; the thread has returned */
+    GANG__WEV_READY = 1,  /* the communicators of the generation are up */
+    GANG__WEV_FAILED = 2, /* the data plane failed; the thread has returned */
+    GANG__WEV_TOKEN = 3,  /* rank 0: one generated token of a request */
+    GANG__WEV_DONE = 4,   /* rank 0: a request finished (code 0) or was refused (code < 0) */
+    GANG__WEV_LOADED = 5  /* the loader finished: code 0, or the load error (fatal) */
 } gang__wevent_type;
 
 /* One report, written with a single write(2) (smaller than PIPE_BUF, so atomic). */
 typedef struct gang__wevent {
     uint32_t type;                /* gang__wevent_type */
-    int32_t code;                 /* FAILED: GANG_E* */
+    int32_t code;                 /* FAILED, LOADED, DONE: GANG_E* (0 = fine) */
     uint64_t generation;          /* the generation the thread serves */
     int32_t rank;                 /* FAILED: global rank at fault (the own rank if unknown) */
-    char reason[GANG_REASON_MAX]; /* FAILED: one line for the agent and the logs */
+    char reason[GANG_REASON_MAX]; /* FAILED, LOADED, DONE: one line for the agent and logs */
+    uint64_t req_id;              /* TOKEN, DONE */
+    int32_t token;                /* TOKEN */
+    uint32_t index;               /* TOKEN */
+    char finish[8];               /* DONE: "length" or "stop" */
 } gang__wevent;
+
+typedef struct gang__wres gang__wres;
+
+/*
+ * Starts loading rank `rank`'s shard of p->model (nothing to load without --model) on a
+ * loader thread that reports LOADED(code) on event_fd when done. Returns 0 and *out
+ * (release with gang__wres_close, which waits for the loader), or a system error.
+ */
+int gang__wres_open(const gang_params *p, uint32_t rank, int event_fd, gang__wres **out);
+void gang__wres_close(gang__wres *r);
+/* 1 when the worker serves a model (--model was given). */
+int gang__wres_has_model(const gang__wres *r);
 
 /* Everything one generation of the data plane needs; copied by gang__wstep_start(). */
 typedef struct gang__wstep_config {
     uint64_t generation;
-    uint32_t rank;                 /* own global rank, < world */
-    uint32_t world;                /* ranks in the gang, >= 1 */
-    char root_host[GANG_HOST_MAX]; /* ranks > 0: numeric address of rank 0's listener */
-    uint16_t root_port;            /* ranks > 0: its port */
-    int listen_fd;                 /* rank 0 of world > 1: listener from gang__wstep_listen,
-                                      borrowed (the caller closes it after stop) */
-    int event_fd;                  /* write end of the caller's event pipe, borrowed */
-    int64_t start_timeout_ms;      /* deadline for the star to form (capped at 10 s) */
-    int64_t heartbeat_timeout_ms;  /* silence after which a rank is declared failed */
-    int64_t step_interval_ms;      /* period of the placeholder all-reduce */
+    uint32_t rank;                   /* own global rank, < world */
+    uint32_t world;                  /* ranks in the gang, >= 1 */
+    const uint8_t *blob;             /* rank 0's socket-backend blob (copied) */
+    size_t blob_len;
+    gang_comm_listener *listener;    /* rank 0: its listener, consumed in every case */
+    char advertise[GANG_HOST_MAX];   /* address the other ranks use to reach this one */
+    gang__wres *res;                 /* the worker's resources, borrowed */
+    int event_fd;                    /* write end of the caller's event pipe, borrowed */
+    int64_t start_timeout_ms;        /* model wait + communicator formation */
+    int64_t heartbeat_interval_ms;   /* rank 0's idle tick */
+    int64_t heartbeat_timeout_ms;    /* deadline of an idle tick without a model */
+    int64_t step_timeout_ms;         /* deadline of one engine step */
 } gang__wstep_config;
 
 typedef struct gang__wstep gang__wstep;
 
 /*
- * Starts the data thread for cfg's generation. On success *out owns the thread, its
- * abort pipe and every data socket it will open; release it with gang__wstep_stop().
- * Returns 0, GANG_EINVAL for an inconsistent cfg, or a system error (pipe, thread).
- * Main thread only.
+ * Starts the data thread for cfg's generation. On success *out owns the thread and the
+ * communicators it will create; release it with gang__wstep_stop(). Returns 0,
+ * GANG_EINVAL for an inconsistent cfg, or a system error. Main thread only.
  */
 int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out);
 
 /*
- * Aborts the data thread (a no-op if it has already returned), joins it and closes every
- * data socket it opened, then frees s. Every wait of the thread watches the abort pipe,
- * so this returns within a few milliseconds. Events the thread wrote before it returned
- * may still sit in the event pipe; the caller drains them. NULL is allowed.
+ * Stops the data thread (a no-op if it has returned): aborts its communicators and a
+ * formation in progress, joins it and frees everything, then s. Returns within
+ * milliseconds. Events it wrote may still sit in the pipe; the caller drains them.
  */
 void gang__wstep_stop(gang__wstep *s);
 
-/*
- * Opens rank 0's TCP listener for a generation: binds advertise (a numeric address or a
- * name; "" and "0.0.0.0" mean 127.0.0.1) on an ephemeral port and writes the bootstrap
- * blob "host:port" (numeric host, "[v6]:port" for IPv6, no NUL) into blob[0..cap), its
- * length in *blob_len. On success *fd is a non-blocking, close-on-exec listening socket
- * that the caller owns. Returns 0, GANG_ERESOLVE, GANG_EMSGSIZE or a system error.
- */
-int gang__wstep_listen(const char *advertise, int *fd, uint8_t *blob, size_t cap, size_t *blob_len);
-
-/*
- * Data-plane frames of the placeholder star, 40 bytes, little-endian:
- *
- *   offset 0  u32 magic       GANG__WFRAME_MAGIC ("GNGD" as bytes)
- *   offset 4  u32 kind        gang__wframe_kind
- *   offset 8  u64 generation
- *   offset 16 u32 rank        sender's global rank
- *   offset 20 u32 world       HELLO / WELCOME: the world size the sender was started with
- *   offset 24 u64 step        STEP / SUM: step number
- *   offset 32 u64 value       STEP: the sender's contribution; SUM: the reduced value
- */
-#define GANG__WFRAME_MAGIC 0x44474E47u
-#define GANG__WFRAME_SIZE 40u
-
-typedef enum gang__wframe_kind {
-    GANG__WF_HELLO = 1,   /* peer -> rank 0, first frame on a data connection */
-    GANG__WF_WELCOME = 2, /* rank 0 -> peer, once every rank has said HELLO */
-    GANG__WF_STEP = 3,    /* peer -> rank 0, one contribution per step */
-    GANG__WF_SUM = 4      /* rank 0 -> peer, the reduced value of a step */
-} gang__wframe_kind;
-
-typedef struct gang__wframe {
-    uint32_t kind; /* gang__wframe_kind */
-    uint64_t generation;
-    uint32_t rank;
-    uint32_t world;
-    uint64_t step;
-    uint64_t value;
-} gang__wframe;
-
-/* Encodes f into out (the magic is added). */
-void gang__wframe_encode(const gang__wframe *f, uint8_t out[GANG__WFRAME_SIZE]);
-/* Decodes in into f: 0, or GANG_EPROTO for a bad magic or an unknown kind. */
-int gang__wframe_decode(const uint8_t in[GANG__WFRAME_SIZE], gang__wframe *f);
+/* Rank 0: queues a request for the data thread (copied). 0, GANG_EINVAL or GANG_ENOMEM. */
+int gang__wstep_submit(gang__wstep *s, const gang_gen_request *r);
 
 #endif /* GANGLION_LAUNCHER_WORKER_H */

@@ -1136,12 +1136,19 @@ static int sock_init(gang_comm *c, const gang_comm_config *cfg)
         rc = net->abort_fd < 0 ? gang_err_from_errno(errno) : GANG_ENOMEM;
         goto out_net;
     }
+    /* While booting, every wait watches the caller's cancel fd instead of the
+     * communicator's own abort eventfd (nobody can abort a communicator that does not
+     * exist yet); the own one is put back before anything can close it. */
+    int own_abort_fd = net->abort_fd;
+    if (cfg->cancel_fd != NULL)
+        net->abort_fd = *cfg->cancel_fd;
     if (cfg->rank == 0)
         rc = net->n > 1 ? sock_boot_root(net, cfg->listener, deadline) : 0;
     else
         rc = sock_boot_rank(net, cfg->rank, cfg, deadline);
     if (rc == 0 && net->n > 1)
         rc = sock_shm_setup(net, cfg->rank, deadline);
+    net->abort_fd = own_abort_fd;
     if (rc < 0)
         goto out_net;
     sc = sock_comm_new(net, net->n, 0);

@@ -58,6 +58,27 @@ int gang_comm_socket_listen(const char *advertise_host, gang_comm_listener **out
                             char *blob, size_t blob_cap, size_t *blob_len);
 void gang_comm_listener_free(gang_comm_listener *l);
 
+/*
+ * Bootstrap of the nccl backend: rank 0 calls gang_comm_nccl_unique_id() (ncclGetUniqueId)
+ * and hands the blob it writes to every rank through the control plane; every rank then
+ * calls gang_comm_init() with backend = GANG_COMM_NCCL and that blob. The blob is the
+ * 128-byte NCCL unique id in lowercase hex: 256 printable, NUL-free bytes (cap must be at
+ * least 256, else GANG_ERANGE); *len receives 256. GANG_ENOSYS when NCCL is not built,
+ * GANG_EIO when NCCL cannot create the id (no usable network interface).
+ *
+ * nccl communicators (see parallel/comm-nccl.c):
+ *  - use the CUDA device that is current on the calling thread at gang_comm_init(); every
+ *    buffer is device memory of that GPU (e.g. from gang_kernels_alloc on a "cuda"
+ *    handle of the same device);
+ *  - run on their own stream and return when the operation completed, so the caller
+ *    synchronises its compute stream first (gang_kernels_sync);
+ *  - do not carry tags: sends and receives between two ranks must be issued in the same
+ *    order on both sides; the tag is ignored;
+ *  - gang_comm_abort() from another thread sets a flag; the thread inside an operation
+ *    sees it within a millisecond and calls ncclCommAbort, returning GANG_EABORTED.
+ */
+int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len);
+
 typedef struct gang_comm_config {
     gang_comm_backend backend;
     uint32_t rank;                     /* this rank, in [0, world_size) */
@@ -67,6 +88,9 @@ typedef struct gang_comm_config {
     gang_comm_listener *listener;      /* socket, rank 0 only: from gang_comm_socket_listen */
     const char *advertise_host;        /* socket: address other ranks use to reach this one */
     uint64_t timeout_ms;               /* deadline of the whole initialisation */
+    const int *cancel_fd;              /* optional: init returns GANG_EABORTED promptly once
+                                          this fd is readable (socket backend; a thread that
+                                          must stop a gang still forming writes to it) */
 } gang_comm_config;
 
 /*

@@ -112,6 +112,39 @@ def http_get(addr, port, path, timeout=1.0):
         conn.close()
 
 
+def http_post(addr, port, path, body, timeout=10.0):
+    """POST body (bytes, str, or an object sent as JSON) to http://addr:port/path.
+    Returns (status, parsed JSON or text); (None, error) when unreachable or silent."""
+    if not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+    if isinstance(body, str):
+        body = body.encode()
+    conn = http.client.HTTPConnection(addr, port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8", "replace")
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text
+    except (OSError, http.client.HTTPException) as e:
+        return None, repr(e)
+    finally:
+        conn.close()
+
+
+def mkmodel(binary, out_dir, **shape):
+    """Writes a tiny random model with `ganglion mkmodel` (shape as flag=value)."""
+    argv = [binary, "mkmodel", "--out", out_dir]
+    for k, v in shape.items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [flag, str(v)]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    check(r.returncode == 0, "mkmodel failed (%d): %s" % (r.returncode, r.stdout.decode()[-500:]))
+    return out_dir
+
+
 def status_json(addr, port, timeout=1.0):
     """The parsed /status of an agent, or None."""
     code, body = http_get(addr, port, "/status", timeout)
@@ -765,69 +798,94 @@ class WireClient:
 
 
 # ---------------------------------------------------------------------------------------
-# The placeholder data plane (launcher/worker-step.c, launcher/worker.h)
+# A real worker driven by the test (launcher/wctl.h)
 # ---------------------------------------------------------------------------------------
 
-WFRAME = struct.Struct("<IIQIIQQ")  # magic, kind, generation, rank, world, step, value
-WFRAME_MAGIC = 0x44474E47
-WF_HELLO, WF_WELCOME, WF_STEP, WF_SUM = 1, 2, 3, 4
+# The agent <-> worker control packet (launcher/wctl.h, host byte order, x86-64 layout).
+WCTL = struct.Struct("=IIQiiIIII8192s256sQIIffQI16iiI8s4x")
+WCTL_HELLO, WCTL_HEARTBEAT, WCTL_START, WCTL_READY, WCTL_ERROR = 1, 2, 5, 6, 7
+WCTL_SHUTDOWN = 10
 
 
-class StarPeer:
-    """Plays one rank r > 0 of the placeholder data plane, a TCP star around rank 0 whose
-    address ("host:port") is the bootstrap blob of START: HELLO, wait for WELCOME, then a
-    STEP (value r + 1 + step) every step interval, each answered by a SUM. A scenario
-    that plays a whole node at the protocol level needs this, because the real rank 0
-    reports READY only once every rank has joined its star. Tied to the placeholder: when
-    the real communicators replace it, this class goes with it."""
+def wctl_pack(msg_type, generation=0, rank=0, world=0, blob=b""):
+    return WCTL.pack(msg_type, 0, generation, 0, 0, 0, rank, world, len(blob), blob, b"",
+                     0, 0, 0, 0.0, 0.0, 0, 0, *([0] * 16), 0, 0, b"")
 
-    def __init__(self, blob, generation, rank, world, step_interval_ms=100, timeout=10.0):
-        host, port = blob.decode().rsplit(":", 1)
-        self.gen, self.rank, self.world = generation, rank, world
-        self.interval = step_interval_ms / 1000.0
-        self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-        self.stop = threading.Event()
+
+class WorkerPeer:
+    """One real `ganglion worker` process that the test drives as its agent, over the
+    SOCK_SEQPACKET control channel of launcher/wctl.h: START(generation, rank, world,
+    blob) makes it join the gang's real data plane (the socket backend) as `rank`, and
+    READY comes back once the communicator is up. A scenario that plays a whole node at
+    the protocol level needs this, because rank 0 is READY only once every rank joined."""
+
+    def __init__(self, harness, blob, generation, rank, world, hb_interval_ms=100,
+                 timeout=10.0, advertise="127.0.0.2"):
+        self.path = os.path.join(harness.tmp, "wpeer-%d-%d.sock" % (generation, rank))
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.lsock.bind(self.path)
+        self.lsock.listen(1)
+        self.lsock.settimeout(timeout)
         self.error = None
-        self.steps = 0
-        self.sock.sendall(WFRAME.pack(WFRAME_MAGIC, WF_HELLO, generation, rank, world, 0, 0))
-        kind = self._recv()[1]
-        check(kind == WF_WELCOME, "data plane: expected WELCOME from rank 0, got kind %d" % kind)
+        self.stop = threading.Event()
+        argv = [harness.bin, "worker", "--agent-socket", self.path, "--local-rank", "0",
+                "--node-index", str(rank), "--nproc-per-node", "1",
+                "--heartbeat-interval-ms", str(hb_interval_ms),
+                "--advertise-address", advertise]
+        self.proc = harness.spawn("wpeer%d-g%d" % (rank, generation), argv,
+                                  expect=(0, -signal.SIGKILL))
+        self.conn, _ = self.lsock.accept()
+        self.conn.settimeout(timeout)
+        hello = self._recv()
+        check(hello[0] == WCTL_HELLO, "worker peer: expected HELLO, got type %d" % hello[0])
+        self.conn.send(wctl_pack(WCTL_START, generation, rank, world, blob))
+        deadline = time.time() + timeout
+        while True:
+            m = self._recv()
+            if m[0] == WCTL_READY and m[2] == generation:
+                break
+            if m[0] == WCTL_ERROR:
+                raise TestFailure("worker peer failed to join: %s"
+                                  % m[10].split(b"\0")[0].decode())
+            check(time.time() < deadline, "worker peer: no READY within %.0f s" % timeout)
         threading.Thread(target=self._run, daemon=True).start()
 
     def _recv(self):
-        buf = b""
-        while len(buf) < WFRAME.size:
-            chunk = self.sock.recv(WFRAME.size - len(buf))
-            if not chunk:
-                raise EOFError("rank 0 closed the data connection")
-            buf += chunk
-        f = WFRAME.unpack(buf)
-        if f[0] != WFRAME_MAGIC:
-            raise ValueError("bad data-plane frame")
-        return f
+        b = self.conn.recv(WCTL.size + 1)
+        if not b:
+            raise EOFError("the worker closed its control channel")
+        check(len(b) == WCTL.size, "worker peer: packet of %d bytes, expected %d"
+              % (len(b), WCTL.size))
+        return WCTL.unpack(b)
 
     def _run(self):
-        step = 0
-        try:
-            while not self.stop.is_set():
-                self.sock.sendall(WFRAME.pack(WFRAME_MAGIC, WF_STEP, self.gen, self.rank,
-                                              self.world, step, self.rank + 1 + step))
-                f = self._recv()
-                if f[1] != WF_SUM or f[5] != step:
-                    raise ValueError("data plane: expected SUM of step %d, got %r" % (step, f))
-                step += 1
-                self.steps = step
-                self.stop.wait(self.interval)
-        except (OSError, EOFError, ValueError) as e:
-            if not self.stop.is_set():
-                self.error = e
+        self.conn.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                m = self._recv()
+            except socket.timeout:
+                continue
+            except (OSError, EOFError, TestFailure) as e:
+                if not self.stop.is_set():
+                    self.error = e
+                return
+            if m[0] == WCTL_ERROR and not self.stop.is_set():
+                self.error = m[10].split(b"\0")[0].decode()
 
     def close(self):
         self.stop.set()
         try:
-            self.sock.close()
+            self.conn.send(wctl_pack(WCTL_SHUTDOWN))
         except OSError:
             pass
+        if self.proc.wait(5.0) is None:
+            self.proc.kill_group()
+            self.proc.wait(5.0)
+        for s in (self.conn, self.lsock):
+            try:
+                s.close()
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Generation fencing, played at the protocol level. A gang of 2 nodes x 1 rank where the
 test itself is node 1: a Python client of wire protocol v1 authenticates (HMAC over the
-token), REJOINs, receives START(G), joins rank 0's placeholder data plane as rank 1, and
-answers with a READY of an older generation first. That READY must not count: the gang
+token), REJOINs, receives START(G), makes a real worker process join rank 0's data plane
+as rank 1 (the test plays that worker's agent), and answers with a READY of an older
+generation first. That READY must not count: the gang
 stays "starting", /readyz stays 503, the member is not dropped, and a log line says why.
 Only READY(G) makes the gang serve. This is done for generation 1 (a READY of
 generation 0) and, after the member aborts generation 1 itself, for generation 2 (a
@@ -19,7 +20,7 @@ import harness as H  # noqa: E402
 
 def form(g, agent0, c, rejoin_gen):
     """REJOIN, START(G), join the data plane, a stale READY that must not count, then
-    READY(G). Returns (G, the StarPeer)."""
+    READY(G). Returns (G, the WorkerPeer)."""
     c.hb_state[0] = H.RANK_IDLE
     c.send(H.REJOIN, rejoin_gen, H.p_u32(1))
     start = c.expect(H.START, timeout=10)
@@ -30,7 +31,8 @@ def form(g, agent0, c, rejoin_gen):
     c.hb_state[0] = H.RANK_STARTING
     # Our rank 1 joins rank 0's data plane, as the real worker would; without it rank 0
     # never becomes ready and the gang could not serve whatever READY we send.
-    peer = H.StarPeer(start.f["blob"], gen, rank=1, world=2)
+    peer = H.WorkerPeer(g.h, start.f["blob"], gen, rank=1, world=2,
+                        hb_interval_ms=g.hb_interval_ms)
 
     log_before = len(agent0.log_text())
     c.send(H.READY, gen - 1, H.p_u32(1))

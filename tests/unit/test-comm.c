@@ -8,7 +8,10 @@
  * assertions must run on the main thread, so rank bodies return an error code and a
  * message, and the main thread asserts on them.
  */
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -718,6 +721,64 @@ static void test_timeout(void **state)
     }
 }
 
+/* A rank 1 whose gang never forms (rank 0 never calls init), cancelled from outside. */
+typedef struct cancel_ctx {
+    const char *blob;
+    size_t blob_len;
+    int cancel_fd;
+    int rc;
+    uint64_t returned_ms;
+} cancel_ctx;
+
+static void *cancel_rank_main(void *arg)
+{
+    cancel_ctx *x = arg;
+    gang_comm_config cfg;
+    gang_comm *c = NULL;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.backend = GANG_COMM_SOCKET;
+    cfg.rank = 1;
+    cfg.world_size = 2;
+    cfg.blob = (const uint8_t *)x->blob;
+    cfg.blob_len = x->blob_len;
+    cfg.advertise_host = HOST;
+    cfg.timeout_ms = 20000;
+    cfg.cancel_fd = &x->cancel_fd;
+    x->rc = gang_comm_init(&cfg, &c);
+    x->returned_ms = gang_now_ms();
+    gang_comm_free(c);
+    return NULL;
+}
+
+/*
+ * gang_comm_config.cancel_fd: an initialisation blocked on a gang that never forms returns
+ * GANG_EABORTED within 100 ms of the fd becoming readable, long before its own deadline,
+ * and the caller's fd stays open (the backend borrowed it).
+ */
+static void test_init_cancel(void **state)
+{
+    (void)state;
+    char blob[256];
+    size_t blob_len;
+    gang_comm_listener *l = NULL;
+    assert_int_equal(gang_comm_socket_listen(HOST, &l, blob, sizeof(blob), &blob_len), 0);
+    cancel_ctx x = {.blob = blob, .blob_len = blob_len};
+    x.cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    assert_true(x.cancel_fd >= 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, cancel_rank_main, &x), 0);
+    gang_sleep_ms(300);
+    uint64_t t0 = gang_now_ms();
+    uint64_t one = 1;
+    assert_int_equal(write(x.cancel_fd, &one, sizeof(one)), (ssize_t)sizeof(one));
+    pthread_join(th, NULL);
+    assert_int_equal(x.rc, GANG_EABORTED);
+    assert_true(x.returned_ms - t0 < 100);
+    assert_int_equal(fcntl(x.cancel_fd, F_GETFD) >= 0, 1);
+    close(x.cancel_fd);
+    gang_comm_listener_free(l);
+}
+
 /* The last rank leaves (frees its communicator); the others get GANG_EPEER. */
 static int leave_body(rank_ctx *x, gang_comm *c)
 {
@@ -1056,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_abort_family),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_init_cancel),
         cmocka_unit_test(test_peer_leaves),
         cmocka_unit_test(test_half_rounding),
         cmocka_unit_test(test_size_mismatch),

@@ -1,0 +1,595 @@
+/*
+ * The worker's data plane: the model shard it keeps for its whole life (gang__wres) and,
+ * for every generation, a data thread (gang__wstep) that joins the gang's communicator
+ * and runs the generation engine (model/engine.c) on it.
+ *
+ * Life of a worker's resources. The model is loaded once, on a loader thread started at
+ * worker start-up, so that the main thread keeps heartbeating while gigabytes are read.
+ * Weights, KV slots and the engine survive every gang restart: an ABORT tears down only
+ * the communicators, and the next generation's thread reuses the engine after
+ * gang_engine_reset(). A worker started without --model serves no completions; its data
+ * thread still forms the communicator and runs a barrier every heartbeat interval, so
+ * that peer loss and hangs are detected exactly as with a model.
+ *
+ * One generation (the data thread):
+ *   1. wait for the model (deadline: the start timeout);
+ *   2. gang_comm_init over the socket backend from the blob rank 0 made for BLOB_REQUEST
+ *      (a cancel eventfd lets gang__wstep_stop() interrupt a gang still forming), then
+ *      split it into the TP group (color = pp stage, key = tp rank) and the pipeline
+ *      neighbours (color = tp rank, key = pp stage);
+ *   3. report READY, then loop on engine steps. Rank 0 drains the requests the main
+ *      thread queued, submits them, and steps while anything is pending; when idle it
+ *      waits up to one heartbeat interval for a request and then steps with an empty plan,
+ *      which is the tick that keeps every other rank's wait bounded. Other ranks just
+ *      step: each step starts with rank 0's plan broadcast.
+ * Tokens and completions go to the main thread as events through its pipe; the main
+ * thread forwards them to the agent. On a failure the thread reports the first cause once
+ * and returns without freeing its communicators, so that the peers see the failure
+ * through their own deadlines or the coordinator's ABORT, not as an echo racing the real
+ * cause. gang__wstep_stop() aborts the communicators (safe from another thread), joins
+ * the thread and frees them.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "ganglion/comm.h"
+#include "ganglion/model.h"
+#include "wctl.h"
+#include "worker.h"
+
+/* Contexts never exceed this unless --max-ctx asks for more. */
+#define WRES_DEFAULT_CTX_CAP 4096
+
+/* =====================================================================================
+ * Worker-lifetime resources
+ * ===================================================================================== */
+
+struct gang__wres {
+    gang_params p;             /* copy of the worker's parameters */
+    uint32_t rank;             /* the global rank the shard is cut for */
+    int event_fd;              /* the main thread's event pipe (borrowed) */
+    pthread_t loader;
+    int loader_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;                 /* 0 loading, 1 loaded, < 0 the load error */
+    char err[GANG_REASON_MAX]; /* why the load failed */
+    gang_model *model;         /* NULL without --model */
+    gang_engine *engine;       /* NULL without --model */
+    gang_kernels *k;           /* NULL without --model */
+    gang_topology topo;        /* valid with a model */
+};
+
+/* Writes ev to the main thread's pipe whole (smaller than PIPE_BUF, so atomic). */
+static void event_write(int fd, const gang__wevent *ev)
+{
+    const char *p = (const char *)ev;
+    size_t left = sizeof(*ev);
+    while (left > 0) {
+        ssize_t n = write(fd, p, left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return; /* the main thread is gone: nobody to tell */
+        p += n;
+        left -= (size_t)n;
+    }
+}
+
+/*
+ * Loads the shard of r->rank: config.json, the layout (refused with the topology's
+ * message when the model cannot be split this way), the weights, the kernels and the
+ * engine with its KV slots. Returns 0 or an error with r->err set.
+ */
+static int wres_load(gang__wres *r)
+{
+    const gang_params *p = &r->p;
+    gang_model_config mc;
+    gang_topology_config tc;
+    char err[GANG_REASON_MAX] = "";
+    int rc = gang_model_config_read(p->model, &mc, err, sizeof(err));
+    if (rc != 0)
+        goto out_err;
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(&mc, &tc);
+    tc.nnodes = (int32_t)p->nnodes;
+    tc.nproc_per_node = (int32_t)p->nproc_per_node;
+    tc.tp = (int32_t)p->tp;
+    tc.pp = (int32_t)p->pp;
+    tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
+    rc = gang_topology_init(&tc, &r->topo, err, sizeof(err));
+    if (rc != 0)
+        goto out_err;
+    uint64_t t0 = gang_now_ms();
+    rc = gang_model_load(p->model, &r->topo, r->rank, &r->model, err, sizeof(err));
+    if (rc != 0)
+        goto out_err;
+    const char *dev = strcmp(p->device, "auto") == 0 ? "cpu" : p->device;
+    rc = gang_kernels_open(dev, &r->k);
+    if (rc != 0) {
+        snprintf(err, sizeof(err), "kernels for device '%s': %s", dev, gang_strerror(rc));
+        goto out_err;
+    }
+    gang_engine_config ec;
+    memset(&ec, 0, sizeof(ec));
+    ec.max_batch = (uint32_t)p->max_batch;
+    ec.max_ctx = p->max_ctx > 0 ? (uint32_t)p->max_ctx
+                                : (mc.max_pos < WRES_DEFAULT_CTX_CAP ? mc.max_pos
+                                                                     : WRES_DEFAULT_CTX_CAP);
+    ec.kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
+    ec.microbatches = (uint32_t)p->microbatches;
+    ec.max_step_tokens = (uint32_t)p->max_step_tokens;
+    rc = gang_engine_init(r->model, &ec, &r->engine, err, sizeof(err));
+    if (rc != 0)
+        goto out_err;
+    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights, "
+              "%u KV slots of %u positions",
+              p->model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
+              r->model->layer_first + r->model->layer_count, mc.n_layers,
+              (double)r->model->weight_bytes / (1 << 20), gang_engine_slots(r->engine),
+              gang_engine_max_ctx(r->engine));
+    return 0;
+
+out_err:
+    snprintf(r->err, sizeof(r->err), "model '%s': %s", p->model, err[0] ? err : gang_strerror(rc));
+    return rc;
+}
+
+static void *wres_thread(void *arg)
+{
+    gang__wres *r = arg;
+    int rc = wres_load(r);
+    gang__wevent ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = GANG__WEV_LOADED;
+    ev.code = rc;
+    ev.rank = (int32_t)r->rank;
+    gang_strlcpy(ev.reason, rc == 0 ? "" : r->err, sizeof(ev.reason));
+    pthread_mutex_lock(&r->mu);
+    r->state = rc == 0 ? 1 : (rc < 0 ? rc : GANG_EINTERNAL);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    event_write(r->event_fd, &ev);
+    return NULL;
+}
+
+int gang__wres_open(const gang_params *p, uint32_t rank, int event_fd, gang__wres **out)
+{
+    *out = NULL;
+    gang__wres *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return GANG_ENOMEM;
+    r->p = *p;
+    r->rank = rank;
+    r->event_fd = event_fd;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (p->model[0] == '\0') {
+        r->state = 1;
+        gang__wevent ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.type = GANG__WEV_LOADED;
+        ev.rank = (int32_t)rank;
+        event_write(event_fd, &ev);
+        *out = r;
+        return 0;
+    }
+    int rc = pthread_create(&r->loader, NULL, wres_thread, r);
+    if (rc != 0) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+        return gang_err_from_errno(rc);
+    }
+    r->loader_started = 1;
+    *out = r;
+    return 0;
+}
+
+void gang__wres_close(gang__wres *r)
+{
+    if (r == NULL)
+        return;
+    if (r->loader_started)
+        pthread_join(r->loader, NULL); /* loading is not interruptible; exit waits for it */
+    gang_engine_free(r->engine);
+    gang_model_free(r->model);
+    gang_kernels_close(r->k);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+int gang__wres_has_model(const gang__wres *r)
+{
+    return r != NULL && r->p.model[0] != '\0';
+}
+
+/*
+ * Waits until the resources are loaded, the deadline passes (GANG_ETIMEDOUT) or *stop is
+ * set (GANG_EABORTED; checked every 50 ms). Returns 0 or the load error, with a message.
+ */
+static int wres_wait(gang__wres *r, uint64_t deadline, atomic_int *stop, char *err, size_t cap)
+{
+    int rc;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        if (r->state != 0) {
+            rc = r->state > 0 ? 0 : r->state;
+            if (rc != 0)
+                gang_strlcpy(err, r->err, cap);
+            break;
+        }
+        if (atomic_load(stop)) {
+            rc = GANG_EABORTED;
+            break;
+        }
+        uint64_t now = gang_now_ms();
+        if (now >= deadline) {
+            snprintf(err, cap, "the model is still loading at the start deadline");
+            rc = GANG_ETIMEDOUT;
+            break;
+        }
+        uint64_t wait_ms = deadline - now < 50 ? deadline - now : 50;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(wait_ms * 1000000);
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* =====================================================================================
+ * One generation
+ * ===================================================================================== */
+
+/* A request the main thread queued for the data thread (rank 0 only). */
+typedef struct wreq {
+    struct wreq *next;
+    gang_gen_request r;
+    int32_t prompt[]; /* r.prompt points here */
+} wreq;
+
+struct gang__wstep {
+    gang__wstep_config cfg; /* own copy; blob copied below */
+    uint8_t blob[GANG_BLOB_MAX];
+    pthread_t th;
+    int started;
+    atomic_int stop;
+    int cancel_fd;          /* eventfd: interrupts gang_comm_init */
+    pthread_mutex_t mu;     /* guards the communicators (for abort) and the queue */
+    pthread_cond_t cv;      /* a request was queued, or stop */
+    gang_comm *world, *tp, *pp;
+    wreq *head, *tail;
+    uint32_t queued;
+    int reported;           /* a FAILED event was written */
+};
+
+static int wstep_fail(gang__wstep *s, int code, int32_t rank, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int wstep_fail(gang__wstep *s, int code, int32_t rank, const char *fmt, ...)
+{
+    if (s->reported || atomic_load(&s->stop))
+        return code;
+    s->reported = 1;
+    if (code == GANG_EPEER || code == GANG_ETIMEDOUT || code == GANG_ECONNRESET) {
+        /* Usually an echo: another rank died or hung, and its own agent reports the true
+         * cause within milliseconds (exit) or at the heartbeat timeout (silence). Give
+         * that report a head start, so the coordinator records the real culprit; an
+         * ABORT meanwhile stops this thread and the echo is never sent. */
+        uint64_t grace = 2 * (uint64_t)s->cfg.heartbeat_interval_ms;
+        grace = grace < 50 ? 50 : (grace > 1000 ? 1000 : grace);
+        uint64_t until = gang_now_ms() + grace;
+        while (gang_now_ms() < until && !atomic_load(&s->stop))
+            usleep(5000);
+        if (atomic_load(&s->stop))
+            return code;
+    }
+    gang__wevent ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = GANG__WEV_FAILED;
+    ev.code = code;
+    ev.generation = s->cfg.generation;
+    ev.rank = rank;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ev.reason, sizeof(ev.reason), fmt, ap);
+    va_end(ap);
+    event_write(s->cfg.event_fd, &ev);
+    return code;
+}
+
+static void wstep_event(gang__wstep *s, gang__wevent *ev)
+{
+    ev->generation = s->cfg.generation;
+    event_write(s->cfg.event_fd, ev);
+}
+
+/* Refuses a request back to the agent: DONE with an error code and the reason. */
+static void wstep_refuse(gang__wstep *s, uint64_t id, int code, const char *reason)
+{
+    gang__wevent ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = GANG__WEV_DONE;
+    ev.code = code;
+    ev.req_id = id;
+    gang_strlcpy(ev.reason, reason, sizeof(ev.reason));
+    wstep_event(s, &ev);
+}
+
+/* Initialises the world communicator and, with a model, the TP and PP groups. */
+static int wstep_comms(gang__wstep *s, gang__wres *res)
+{
+    const gang__wstep_config *c = &s->cfg;
+    gang_comm_config cc;
+    memset(&cc, 0, sizeof(cc));
+    cc.backend = GANG_COMM_SOCKET;
+    cc.rank = c->rank;
+    cc.world_size = c->world;
+    cc.blob = s->blob;
+    cc.blob_len = c->blob_len;
+    cc.listener = c->listener;
+    cc.advertise_host = c->advertise[0] ? c->advertise : "127.0.0.1";
+    cc.timeout_ms = (uint64_t)c->start_timeout_ms;
+    cc.cancel_fd = &s->cancel_fd;
+    s->cfg.listener = NULL; /* consumed by gang_comm_init, whatever it returns */
+    gang_comm *world = NULL, *tp = NULL, *pp = NULL;
+    int rc = gang_comm_init(&cc, &world);
+    if (rc != 0)
+        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u cannot join the data plane of %u "
+                          "ranks: %s", c->rank, c->world, gang_strerror(rc));
+    pthread_mutex_lock(&s->mu);
+    s->world = world;
+    int stopped = atomic_load(&s->stop);
+    pthread_mutex_unlock(&s->mu);
+    if (stopped)
+        return GANG_EABORTED;
+    if (!gang__wres_has_model(res))
+        return 0;
+
+    gang_rank_place pl;
+    rc = gang_topology_rank(&res->topo, c->rank, &pl);
+    if (rc != 0 || res->topo.world_size != c->world)
+        return wstep_fail(s, GANG_EMISMATCH, (int32_t)c->rank, "START gives rank %u of %u; the "
+                          "model was cut for a world of %u", c->rank, c->world,
+                          res->topo.world_size);
+    uint64_t t = (uint64_t)c->start_timeout_ms;
+    rc = gang_comm_split(world, pl.pp_stage, pl.tp_rank, t, &tp);
+    if (rc == 0)
+        rc = gang_comm_split(world, pl.tp_rank, pl.pp_stage, t, &pp);
+    pthread_mutex_lock(&s->mu);
+    s->tp = tp;
+    s->pp = pp;
+    stopped = atomic_load(&s->stop);
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0)
+        return wstep_fail(s, rc, (int32_t)c->rank, "splitting the TP / PP groups: %s",
+                          gang_strerror(rc));
+    return stopped ? GANG_EABORTED : 0;
+}
+
+/* Moves the queued requests into the engine (rank 0); refusals go back as DONE. */
+static void wstep_admit(gang__wstep *s, gang_engine *e)
+{
+    pthread_mutex_lock(&s->mu);
+    wreq *q = s->head;
+    s->head = s->tail = NULL;
+    s->queued = 0;
+    pthread_mutex_unlock(&s->mu);
+    while (q != NULL) {
+        wreq *next = q->next;
+        char err[GANG_REASON_MAX] = "";
+        int rc = e != NULL ? gang_engine_submit(e, &q->r, err, sizeof(err)) : GANG_ENOSYS;
+        if (rc != 0)
+            wstep_refuse(s, q->r.id, rc,
+                         e != NULL ? err : "this gang serves no model (serve --model DIR)");
+        free(q);
+        q = next;
+    }
+}
+
+/* Rank 0, idle: waits up to ms for a request or stop. */
+static void wstep_idle_wait(gang__wstep *s, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)(ms * 1000000);
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    pthread_mutex_lock(&s->mu);
+    if (s->head == NULL && !atomic_load(&s->stop))
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The serving loop with a model: engine steps until a failure or stop. */
+static int wstep_serve(gang__wstep *s, gang__wres *res)
+{
+    const gang__wstep_config *c = &s->cfg;
+    gang_engine *e = res->engine;
+    uint64_t interval = (uint64_t)c->heartbeat_interval_ms;
+    /* Other ranks wait for rank 0's next plan: its idle wait plus a whole step. */
+    uint64_t timeout = (uint64_t)c->step_timeout_ms + (c->rank == 0 ? 0 : 2 * interval);
+    while (!atomic_load(&s->stop)) {
+        if (c->rank == 0) {
+            wstep_admit(s, e);
+            if (gang_engine_pending(e) == 0) {
+                wstep_idle_wait(s, interval);
+                wstep_admit(s, e);
+            }
+        }
+        int rc = gang_engine_step(e, res->k, s->world, s->tp, s->pp, timeout);
+        if (rc != 0)
+            return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: engine step failed: %s",
+                              c->rank, gang_strerror(rc));
+        if (c->rank != 0)
+            continue;
+        gang_gen_event ge;
+        while (gang_engine_poll(e, &ge) == 1) {
+            gang__wevent ev;
+            memset(&ev, 0, sizeof(ev));
+            ev.type = ge.kind == GANG_GEN_TOKEN ? GANG__WEV_TOKEN : GANG__WEV_DONE;
+            ev.req_id = ge.id;
+            ev.token = ge.token;
+            ev.index = ge.index;
+            gang_strlcpy(ev.finish, ge.finish, sizeof(ev.finish));
+            wstep_event(s, &ev);
+        }
+    }
+    return GANG_EABORTED;
+}
+
+/* The loop without a model: a barrier every heartbeat interval keeps failure detection. */
+static int wstep_tick(gang__wstep *s)
+{
+    const gang__wstep_config *c = &s->cfg;
+    uint64_t interval = (uint64_t)c->heartbeat_interval_ms;
+    uint64_t timeout = (uint64_t)c->heartbeat_timeout_ms + 2 * interval;
+    while (!atomic_load(&s->stop)) {
+        if (c->rank == 0)
+            wstep_admit(s, NULL);
+        wstep_idle_wait(s, interval);
+        int rc = gang_comm_barrier(s->world, timeout);
+        if (rc != 0)
+            return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: data-plane barrier failed: %s",
+                              c->rank, gang_strerror(rc));
+    }
+    return GANG_EABORTED;
+}
+
+static void *wstep_thread(void *arg)
+{
+    gang__wstep *s = arg;
+    const gang__wstep_config *c = &s->cfg;
+    gang__wres *res = c->res;
+    char err[GANG_REASON_MAX] = "";
+    uint64_t deadline = gang_now_ms() + (uint64_t)c->start_timeout_ms;
+    int rc = wres_wait(res, deadline, &s->stop, err, sizeof(err));
+    if (rc != 0) {
+        wstep_fail(s, rc, (int32_t)c->rank, "rank %u: %s", c->rank, err);
+        return NULL;
+    }
+    rc = wstep_comms(s, res);
+    if (rc != 0)
+        return NULL;
+    if (res->engine != NULL)
+        gang_engine_reset(res->engine);
+    gang__wevent ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = GANG__WEV_READY;
+    wstep_event(s, &ev);
+    if (res->engine != NULL)
+        wstep_serve(s, res);
+    else
+        wstep_tick(s);
+    return NULL;
+}
+
+int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out)
+{
+    *out = NULL;
+    if (cfg->world == 0 || cfg->rank >= cfg->world || cfg->blob_len > GANG_BLOB_MAX ||
+        cfg->res == NULL || cfg->start_timeout_ms <= 0 || cfg->heartbeat_interval_ms <= 0) {
+        if (cfg->listener != NULL)
+            gang_comm_listener_free(cfg->listener);
+        return GANG_EINVAL;
+    }
+    gang__wstep *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        if (cfg->listener != NULL)
+            gang_comm_listener_free(cfg->listener);
+        return GANG_ENOMEM;
+    }
+    s->cfg = *cfg;
+    memcpy(s->blob, cfg->blob, cfg->blob_len);
+    atomic_init(&s->stop, 0);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    int rc = s->cancel_fd < 0 ? gang_err_from_errno(errno) : 0;
+    if (rc == 0) {
+        rc = pthread_create(&s->th, NULL, wstep_thread, s);
+        rc = rc != 0 ? gang_err_from_errno(rc) : 0;
+    }
+    if (rc != 0) {
+        if (s->cfg.listener != NULL)
+            gang_comm_listener_free(s->cfg.listener);
+        s->cfg.listener = NULL;
+        gang__wstep_stop(s);
+        return rc;
+    }
+    s->started = 1;
+    *out = s;
+    return 0;
+}
+
+int gang__wstep_submit(gang__wstep *s, const gang_gen_request *r)
+{
+    if (s == NULL || r == NULL || r->n_prompt > GANG_WCTL_MAX_PROMPT)
+        return GANG_EINVAL;
+    wreq *q = malloc(sizeof(*q) + (size_t)r->n_prompt * sizeof(int32_t));
+    if (q == NULL)
+        return GANG_ENOMEM;
+    q->next = NULL;
+    q->r = *r;
+    if (r->n_prompt > 0)
+        memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+    q->r.prompt = q->prompt;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail != NULL)
+        s->tail->next = q;
+    else
+        s->head = q;
+    s->tail = q;
+    s->queued++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void gang__wstep_stop(gang__wstep *s)
+{
+    if (s == NULL)
+        return;
+    atomic_store(&s->stop, 1);
+    if (s->cancel_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t n = write(s->cancel_fd, &one, sizeof(one));
+        (void)n;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->world != NULL)
+        gang_comm_abort(s->world);
+    if (s->tp != NULL)
+        gang_comm_abort(s->tp);
+    if (s->pp != NULL)
+        gang_comm_abort(s->pp);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->started)
+        pthread_join(s->th, NULL);
+    gang_comm_free(s->tp);
+    gang_comm_free(s->pp);
+    gang_comm_free(s->world);
+    while (s->head != NULL) {
+        wreq *n = s->head->next;
+        free(s->head);
+        s->head = n;
+    }
+    if (s->cfg.listener != NULL)
+        gang_comm_listener_free(s->cfg.listener);
+    if (s->cancel_fd >= 0)
+        close(s->cancel_fd);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
