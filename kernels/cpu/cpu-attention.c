@@ -18,6 +18,9 @@
 
 #include "cpu.h"
 
+#define CPU_ATTN_STACK_KEYS 8192 /* 64 KiB of doubles */
+#define CPU_ATTN_STACK_DIM 512
+
 int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t tq, size_t tk,
                         size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
                         float *out)
@@ -25,8 +28,12 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
     size_t group = n_heads / n_kv_heads;
     double scale = 1.0 / sqrt((double)head_dim);
     int rc = 0;
-    double *scores = malloc(tk * sizeof(*scores));
-    double *acc = malloc(head_dim * sizeof(*acc));
+    /* Scratch on the stack for the sizes a decode loop uses (contexts up to
+     * CPU_ATTN_STACK_KEYS, heads up to CPU_ATTN_STACK_DIM), so that serving allocates
+     * nothing per token; larger calls fall back to the heap. */
+    double scores_stack[CPU_ATTN_STACK_KEYS], acc_stack[CPU_ATTN_STACK_DIM];
+    double *scores = tk <= CPU_ATTN_STACK_KEYS ? scores_stack : malloc(tk * sizeof(*scores));
+    double *acc = head_dim <= CPU_ATTN_STACK_DIM ? acc_stack : malloc(head_dim * sizeof(*acc));
 
     if (scores == NULL || acc == NULL) {
         rc = GANG_ENOMEM;
@@ -68,7 +75,9 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
     }
 
 out_free:
-    free(acc);
-    free(scores);
+    if (acc != acc_stack)
+        free(acc);
+    if (scores != scores_stack)
+        free(scores);
     return rc;
 }

@@ -31,6 +31,8 @@ int gang__cpu_rmsnorm(const float *x, const float *w, float eps, size_t rows, si
     return 0;
 }
 
+#define CPU_ROPE_STACK_HALF 256
+
 /*
  * RoPE, rotate_half convention. The angle for pair i of a token depends only on its
  * position, so the cos/sin table of one token is computed once and applied to every head.
@@ -40,8 +42,11 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
 {
     size_t half = head_dim / 2;
     int rc = 0;
-    double *inv_freq = malloc(half * sizeof(*inv_freq));
-    double *cs = malloc(2 * half * sizeof(*cs));
+    /* Stack scratch for every real head size (no allocation per token while serving). */
+    double inv_stack[CPU_ROPE_STACK_HALF], cs_stack[2 * CPU_ROPE_STACK_HALF];
+    int on_stack = half <= CPU_ROPE_STACK_HALF;
+    double *inv_freq = on_stack ? inv_stack : malloc(half * sizeof(*inv_freq));
+    double *cs = on_stack ? cs_stack : malloc(2 * half * sizeof(*cs));
 
     if (inv_freq == NULL || cs == NULL) {
         rc = GANG_ENOMEM;
@@ -71,8 +76,10 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
     }
 
 out_free:
-    free(cs);
-    free(inv_freq);
+    if (!on_stack) {
+        free(cs);
+        free(inv_freq);
+    }
     return rc;
 }
 
