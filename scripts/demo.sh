@@ -35,7 +35,9 @@ r = json.load(sys.stdin)
 if "error" in r:
     print("  error:", r["error"]); sys.exit(1)
 c, t = r["choices"][0], r["timings"]
-print("  tokens (%d, %s): %s" % (len(c["tokens"]), c["finish_reason"], " ".join(map(str, c["tokens"]))))
+toks = c["tokens"]
+more = " ... (%d more)" % (len(toks) - 32) if len(toks) > 32 else ""
+print("  tokens (%d, %s): %s%s" % (len(toks), c["finish_reason"], " ".join(map(str, toks[:32])), more))
 print("  prefill %.1f ms, decode %.1f tokens/s, total %.1f ms, generations of the gang: %d"
       % (t["prefill_ms"], t["decode_tokens_per_s"], t["total_ms"], t["generations"]))'
 }
