@@ -107,6 +107,17 @@ static int cmd_serve(int argc, char **argv)
             fprintf(stderr, "ganglion: invalid configuration: %s\n", err);
             return gang_exit_code_for(rc);
         }
+        if (p.token_file[0]) {
+            gang_token tok;
+            if (gang_auth_init() != 0 ||
+                gang_auth_load_token(p.token_file, &tok, err, sizeof(err)) != 0) {
+                fprintf(stderr, "ganglion: invalid configuration: token: %s\n", err);
+                return GANG_EXIT_USAGE;
+            }
+            printf("# token: %s read\n", p.token_file);
+        } else {
+            printf("# token: none (the rendezvous port will not authenticate peers)\n");
+        }
         if (p.model[0])
             printf("# model: %s: %u layers, hidden %u, %u heads (%u kv), ffn %u, vocab %u; "
                    "context %u\n", p.model, mc.n_layers, mc.hidden, mc.n_heads, mc.n_kv_heads,

@@ -956,7 +956,8 @@ def self_test(checker, schemas, base_objs):
          ("!= world", "ranks, but the gang has")),
         ("token not from a Secret", lambda o: ctr(o).update(
             args=[a if not a.startswith("--token-file=") else "--token-file=/tmp/token"
-                  for a in ctr(o)["args"]]), "not on a read-only Secret volume"),
+                  for a in ctr(o)["args"]]),
+         ("not on a read-only Secret volume", "invalid configuration: token")),
         ("misspelt field (schema)", rename_field, "livenessprobe"),
         ("PDB lets a member go", lambda o: next(x for x in o if x["kind"] ==
                                                 "PodDisruptionBudget")["spec"].update(
