@@ -134,9 +134,10 @@ static void mc_on_close(gang__conn *conn, int err)
     }
     if (was_welcomed)
         coordinator_lost(m, err ? gang_strerror(err) : "connection closed");
-    member_unref(m);
+    /* The connection's reference goes last: m is not touched after it. */
     if (!m->rejected)
         schedule_connect(m, was_welcomed ? 0 : gang_backoff_next(&m->backoff));
+    member_unref(m);
 }
 
 static void on_challenge(gang_member *m, const gang_msg *msg)
