@@ -1,1 +1,112 @@
 # CUDA kernels, the NCCL backend and their tests (GANG_HAVE_CUDA).
+#
+# Included from the top CMakeLists.txt after the libraries exist and before tests/. All
+# CUDA and NCCL build logic lives here so that a build with GANGLION_CUDA=OFF (or without
+# nvcc) never sees it: the registries (kernels/backend.c, parallel/comm-registry.c) then
+# keep their GANG_ENOSYS stubs.
+#
+# What it adds when nvcc is found:
+#  - gang_kernels: kernels/cuda/*.c (host side: device pool, cuBLASLt GEMM, device query;
+#    plain C compiled by the C compiler against the CUDA runtime headers) and
+#    kernels/cuda/*.cu (the CUDA kernels, nvcc, sm_90 only); GANG_HAVE_CUDA_KERNELS=1.
+#  - gang_parallel: parallel/comm-nccl.c when libnccl and nccl.h are found;
+#    GANG_HAVE_NCCL=1.
+#  - the CUDA runtime is linked statically (CUDA::cudart_static): it loads libcuda.so.1
+#    itself at run time, so the binary starts, and `ganglion info` answers, on nodes
+#    without a driver. cuBLAS/cuBLASLt and NCCL are NOT linked: kernels/cuda/cuda-blas.c
+#    and parallel/comm-nccl.c dlopen them when a "cuda" handle or an nccl communicator is
+#    first created, so every CUDA-free process (the agent, CPU workers, `ganglion info`)
+#    starts fast and also on nodes that lack these libraries. Their build-time
+#    directories are compiled in as the fallback search path.
+#  - tests: test-cuda (unit-cuda) and test-comm-nccl (unit-comm-nccl); they skip visibly
+#    when no GPU is present.
+
+set(GANG_HAVE_CUDA_KERNELS 0)
+set(GANG_HAVE_NCCL 0)
+if(NOT GANG_HAVE_CUDA)
+  return()
+endif()
+
+if(NOT DEFINED CMAKE_CUDA_COMPILER)
+  set(CMAKE_CUDA_COMPILER ${NVCC})
+endif()
+# The target is one H200: compile for sm_90 only, which also keeps nvcc fast in CI.
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90)
+endif()
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+# Targets created before enable_language(CUDA) did not pick CMAKE_CUDA_ARCHITECTURES up.
+get_property(gang_early_targets DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY BUILDSYSTEM_TARGETS)
+foreach(t IN LISTS gang_early_targets)
+  set_property(TARGET ${t} PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
+endforeach()
+
+# The top-level add_compile_options() are gcc flags (-Wall, -Wpedantic, -fsanitize=...)
+# that nvcc does not understand. Targets copy the directory's options when they are
+# created, so rewrite a target's list: every option applies to C only, and CUDA sources get
+# their own warning set (host code through -Xcompiler, device code through nvcc).
+function(gang_cuda_language_options target)
+  get_target_property(opts ${target} COMPILE_OPTIONS)
+  set(fixed)
+  if(opts)
+    foreach(opt IN LISTS opts)
+      list(APPEND fixed "$<$<COMPILE_LANGUAGE:C>:${opt}>")
+    endforeach()
+  endif()
+  list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
+  if(GANGLION_WERROR)
+    list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>")
+  endif()
+  set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "${fixed}")
+endfunction()
+
+# --- kernels ----------------------------------------------------------------------
+target_sources(gang_kernels PRIVATE
+  kernels/cuda/cuda-backend.c
+  kernels/cuda/cuda-pool.c
+  kernels/cuda/cuda-blas.c
+  kernels/cuda/cuda-gemm.c
+  kernels/cuda/cuda-device.c
+  kernels/cuda/cuda-ops.cu
+  kernels/cuda/cuda-attention.cu)
+gang_cuda_language_options(gang_kernels)
+target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
+  GANG_CUDA_LIBDIR="${CUDAToolkit_LIBRARY_DIR}")
+target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
+set(GANG_HAVE_CUDA_KERNELS 1)
+
+# --- NCCL ----------------------------------------------------------------------------
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+  set(GANG_HAVE_NCCL 1)
+  target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
+  target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
+  get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
+  target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
+    GANG_NCCL_LIBDIR="${gang_nccl_libdir}")
+  target_link_libraries(gang_parallel PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
+  message(STATUS "ganglion: NCCL backend built (${NCCL_LIBRARY})")
+else()
+  message(STATUS "ganglion: NCCL not found, the nccl backend stays a GANG_ENOSYS stub")
+endif()
+
+# --- tests -----------------------------------------------------------------------------
+# Defined here rather than in tests/CMakeLists.txt so that the GPU tests exist exactly when
+# their sources are built. Both skip (cmocka skip(), printed reason) without a GPU.
+enable_testing()
+pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
+add_executable(test-cuda tests/unit/test-cuda.c)
+target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
+add_test(NAME unit-cuda COMMAND test-cuda)
+set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300)
+
+if(GANG_HAVE_NCCL)
+  add_executable(test-comm-nccl tests/unit/test-comm-nccl.c)
+  target_link_libraries(test-comm-nccl PRIVATE gang_parallel gang_kernels PkgConfig::CMOCKA)
+  add_test(NAME unit-comm-nccl COMMAND test-comm-nccl)
+  set_tests_properties(unit-comm-nccl PROPERTIES TIMEOUT 300)
+endif()

@@ -1,13 +1,349 @@
-/* placeholder: ganglion bench gemm (in progress) */
+/*
+ * ganglion bench gemm: our GEMM path (cuBLASLt with the per-shape plan cache of the
+ * "cuda" kernels backend) against a direct cublasGemmEx call, on the same GPU, buffers,
+ * stream and workspace, in the same run.
+ *
+ * Method (nccl-tests style): per shape, random inputs, `--warmup` untimed rounds, then
+ * `--iters` timed rounds; each round runs ours then the peer, each between its own pair
+ * of CUDA events, so both see the same clocks and caches. One JSON line per shape with
+ * the median, min and max milliseconds of each, TFLOP/s from the medians (2*m*n*k flops),
+ * the ratio ours/peer, and the largest relative difference between the two outputs; then
+ * a summary line. A short human table goes to stderr.
+ *
+ * Shapes: "MxNxK" with C[M,N] = A[M,K] . B^T, B stored [N,K] as Hugging Face stores
+ * linear weights (trans_b = 1). The default set is the squares 4096^3 and 8192^3 and the
+ * projections of a Llama-3.2-1B-like model (hidden 2048, 32 heads / 8 KV heads of 64,
+ * FFN 8192, vocab 128256) at m = 1 (decode), 64 and 512 (prefill chunks).
+ *
+ * Without a GPU (or without CUDA in the build) it prints why, one JSON line with
+ * "skipped", and exits 0.
+ */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "cmds.h"
 #include "ganglion/common.h"
+#include "ganglion/kernels.h"
+
+#define BG_MAX_SHAPES 64
+#define BG_MAX_ITERS 10000
+
+typedef struct bg_shape {
+    size_t m, n, k;
+    char what[32]; /* "square", "qkv", ... */
+} bg_shape;
+
+typedef struct bg_opts {
+    bg_shape shapes[BG_MAX_SHAPES];
+    int nshapes;
+    gang_kernels_dtype dt;
+    int warmup, iters, device_index;
+    uint64_t pool_mb; /* 0: sized from the largest shape */
+} bg_opts;
+
+static const char *bg_dtype_name(gang_kernels_dtype dt)
+{
+    return dt == GANG_KERNELS_BF16 ? "bf16" : dt == GANG_KERNELS_F16 ? "f16" : "f32";
+}
+
+static void bg_add(bg_opts *o, size_t m, size_t n, size_t k, const char *what)
+{
+    if (o->nshapes >= BG_MAX_SHAPES)
+        return;
+    o->shapes[o->nshapes] = (bg_shape){.m = m, .n = n, .k = k};
+    snprintf(o->shapes[o->nshapes].what, sizeof(o->shapes[0].what), "%s", what);
+    o->nshapes++;
+}
+
+static void bg_default_shapes(bg_opts *o)
+{
+    static const size_t ms[] = {1, 64, 512};
+
+    bg_add(o, 4096, 4096, 4096, "square");
+    bg_add(o, 8192, 8192, 8192, "square");
+    for (int i = 0; i < 3; i++) {
+        bg_add(o, ms[i], 3072, 2048, "llama1b-qkv");
+        bg_add(o, ms[i], 2048, 2048, "llama1b-o");
+        bg_add(o, ms[i], 8192, 2048, "llama1b-gate/up");
+        bg_add(o, ms[i], 2048, 8192, "llama1b-down");
+        bg_add(o, ms[i], 128256, 2048, "llama1b-lm-head");
+    }
+}
+
+/* Parses "MxNxK[,MxNxK...]"; GANG_EUSAGE with a message on a malformed entry. */
+static int bg_parse_shapes(bg_opts *o, const char *spec)
+{
+    const char *p = spec;
+
+    o->nshapes = 0;
+    while (*p != '\0') {
+        unsigned long long v[3];
+        char *end;
+
+        for (int i = 0; i < 3; i++) {
+            errno = 0;
+            v[i] = strtoull(p, &end, 10);
+            if (errno != 0 || end == p || v[i] == 0 || v[i] > 1000000ull ||
+                (i < 2 && *end != 'x')) {
+                fprintf(stderr,
+                        "ganglion bench gemm: bad shape in '%s' (expected MxNxK with "
+                        "1 <= each <= 1000000, comma-separated)\n",
+                        spec);
+                return GANG_EUSAGE;
+            }
+            p = end + (i < 2);
+        }
+        bg_add(o, (size_t)v[0], (size_t)v[1], (size_t)v[2], "custom");
+        if (*p == ',')
+            p++;
+        else if (*p != '\0')
+            return GANG_EUSAGE;
+    }
+    return o->nshapes > 0 ? 0 : GANG_EUSAGE;
+}
+
+static void bg_usage(FILE *f)
+{
+    fprintf(f, "usage: ganglion bench gemm [--shapes MxNxK,...] [--dtype bf16|f16|f32]\n"
+               "                           [--iters N] [--warmup N] [--device-index I]\n"
+               "                           [--gpu-memory-mb MB]\n"
+               "  Our cuBLASLt GEMM path against a direct cublasGemmEx, C = A . B^T (B stored\n"
+               "  [N,K]); JSON lines with median/min/max ms, TFLOP/s and the ratio.\n"
+               "  Defaults: 4096^3, 8192^3 and Llama-1B-like shapes at m = 1, 64, 512; bf16;\n"
+               "  20 iterations after 5 warm-up rounds.\n");
+}
+
+static int bg_int_arg(const char *flag, const char *val, int lo, int hi, int *out)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = val != NULL ? strtol(val, &end, 10) : 0;
+    if (val == NULL || errno != 0 || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "ganglion bench gemm: %s needs an integer in [%d, %d]\n", flag, lo, hi);
+        return GANG_EUSAGE;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int bg_parse(int argc, char **argv, bg_opts *o)
+{
+    int v, rc;
+
+    memset(o, 0, sizeof(*o));
+    o->dt = GANG_KERNELS_BF16;
+    o->warmup = 5;
+    o->iters = 20;
+    bg_default_shapes(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            bg_usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--shapes") == 0) {
+            if (val == NULL || (rc = bg_parse_shapes(o, val)) < 0) {
+                bg_usage(stderr);
+                return GANG_EUSAGE;
+            }
+            i++;
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (val != NULL && strcmp(val, "bf16") == 0)
+                o->dt = GANG_KERNELS_BF16;
+            else if (val != NULL && strcmp(val, "f16") == 0)
+                o->dt = GANG_KERNELS_F16;
+            else if (val != NULL && strcmp(val, "f32") == 0)
+                o->dt = GANG_KERNELS_F32;
+            else {
+                fprintf(stderr, "ganglion bench gemm: --dtype is bf16, f16 or f32\n");
+                return GANG_EUSAGE;
+            }
+            i++;
+        } else if (strcmp(a, "--iters") == 0) {
+            if ((rc = bg_int_arg(a, val, 1, BG_MAX_ITERS, &o->iters)) < 0)
+                return rc;
+            i++;
+        } else if (strcmp(a, "--warmup") == 0) {
+            if ((rc = bg_int_arg(a, val, 0, BG_MAX_ITERS, &o->warmup)) < 0)
+                return rc;
+            i++;
+        } else if (strcmp(a, "--device-index") == 0) {
+            if ((rc = bg_int_arg(a, val, 0, 1023, &o->device_index)) < 0)
+                return rc;
+            i++;
+        } else if (strcmp(a, "--gpu-memory-mb") == 0) {
+            if ((rc = bg_int_arg(a, val, 64, 16777216, &v)) < 0)
+                return rc;
+            o->pool_mb = (uint64_t)v;
+            i++;
+        } else {
+            fprintf(stderr, "ganglion bench gemm: unknown argument '%s'\n", a);
+            bg_usage(stderr);
+            return GANG_EUSAGE;
+        }
+    }
+    return 0;
+}
+
+static int bg_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v and adds NAME_p50 / NAME_min / NAME_max (ms, 4 decimals); returns the median. */
+static double bg_stats(cJSON *o, const char *name, double *v, int n)
+{
+    char key[64];
+    double p50;
+
+    qsort(v, (size_t)n, sizeof(*v), bg_cmp);
+    p50 = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+    snprintf(key, sizeof(key), "%s_ms_p50", name);
+    cJSON_AddNumberToObject(o, key, round(p50 * 1e4) / 1e4);
+    snprintf(key, sizeof(key), "%s_ms_min", name);
+    cJSON_AddNumberToObject(o, key, round(v[0] * 1e4) / 1e4);
+    snprintf(key, sizeof(key), "%s_ms_max", name);
+    cJSON_AddNumberToObject(o, key, round(v[n - 1] * 1e4) / 1e4);
+    return p50;
+}
+
+static void bg_emit(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+
+    if (s != NULL) {
+        printf("%s\n", s);
+        fflush(stdout);
+        free(s);
+    }
+    cJSON_Delete(o);
+}
+
+/* Pool for the largest shape: A, B and two outputs, plus the workspace and some slack. */
+static uint64_t bg_pool_mb(const bg_opts *o)
+{
+    size_t es = o->dt == GANG_KERNELS_F32 ? 4 : 2;
+    double worst = 0.0;
+
+    for (int i = 0; i < o->nshapes; i++) {
+        const bg_shape *s = &o->shapes[i];
+        double b = ((double)s->m * s->k + (double)s->n * s->k + 2.0 * s->m * s->n) * es;
+        if (b > worst)
+            worst = b;
+    }
+    return (uint64_t)(worst * 1.1 / 1048576.0) + 256;
+}
+
+static int bg_skip(const char *why)
+{
+    cJSON *o = cJSON_CreateObject();
+
+    fprintf(stderr, "ganglion bench gemm: skipped: %s\n", why);
+    cJSON_AddStringToObject(o, "bench", "gemm");
+    cJSON_AddStringToObject(o, "skipped", why);
+    bg_emit(o);
+    return GANG_EXIT_OK;
+}
 
 int gang_bench_gemm_main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "ganglion bench gemm: not available yet\n");
-    return GANG_EXIT_USAGE;
+    bg_opts o;
+    gang_kernels_options ko;
+    gang_kernels *k = NULL;
+    double *ours = NULL, *ref = NULL, ratio_sum = 0.0, worst_diff = 0.0;
+    int rc, done = 0, failed = 0;
+
+    rc = bg_parse(argc, argv, &o);
+    if (rc != 0)
+        return rc > 0 ? GANG_EXIT_OK : GANG_EXIT_USAGE;
+    if (gang_kernels_device_count() == 0) {
+        gang_device_info probe;
+
+        if (gang_kernels_device_info(0, &probe) == GANG_ENOSYS)
+            return bg_skip("CUDA support is not built into this binary");
+        return bg_skip("no GPU visible (no NVIDIA driver or device)");
+    }
+    gang_kernels_options_init(&ko);
+    ko.device = "cuda";
+    ko.device_index = o.device_index;
+    ko.pool_mb = o.pool_mb != 0 ? o.pool_mb : bg_pool_mb(&o);
+    rc = gang_kernels_open_opts(&ko, &k);
+    if (rc < 0) {
+        fprintf(stderr, "ganglion bench gemm: cannot open the cuda backend: %s\n",
+                gang_strerror(rc));
+        return gang_exit_code_for(rc);
+    }
+    ours = calloc((size_t)o.iters, sizeof(*ours));
+    ref = calloc((size_t)o.iters, sizeof(*ref));
+    if (ours == NULL || ref == NULL) {
+        rc = GANG_ENOMEM;
+        goto out;
+    }
+    fprintf(stderr, "%-18s %6s %6s %6s %10s %10s %7s\n", "shape", "m", "n", "k", "ours TF/s",
+            "cublas TF/s", "ratio");
+    for (int i = 0; i < o.nshapes; i++) {
+        const bg_shape *s = &o.shapes[i];
+        double diff = 0.0, flops = 2.0 * (double)s->m * (double)s->n * (double)s->k;
+        cJSON *line = cJSON_CreateObject();
+
+        cJSON_AddStringToObject(line, "bench", "gemm");
+        cJSON_AddStringToObject(line, "shape", s->what);
+        cJSON_AddStringToObject(line, "dtype", bg_dtype_name(o.dt));
+        cJSON_AddNumberToObject(line, "m", (double)s->m);
+        cJSON_AddNumberToObject(line, "n", (double)s->n);
+        cJSON_AddNumberToObject(line, "k", (double)s->k);
+        cJSON_AddNumberToObject(line, "trans_b", 1);
+        cJSON_AddNumberToObject(line, "iters", o.iters);
+        rc = gang_kernels_gemm_bench(k, o.dt, 1, s->m, s->n, s->k, o.warmup, o.iters, ours, ref,
+                                     &diff);
+        if (rc < 0) {
+            cJSON_AddStringToObject(line, "error", gang_err_name(rc));
+            bg_emit(line);
+            failed++;
+            continue;
+        }
+        double p_ours = bg_stats(line, "ours", ours, o.iters);
+        double p_ref = bg_stats(line, "cublas", ref, o.iters);
+        double tf_ours = flops / (p_ours * 1e-3) / 1e12, tf_ref = flops / (p_ref * 1e-3) / 1e12;
+        cJSON_AddNumberToObject(line, "ours_tflops", round(tf_ours * 100) / 100);
+        cJSON_AddNumberToObject(line, "cublas_tflops", round(tf_ref * 100) / 100);
+        cJSON_AddNumberToObject(line, "ratio", round(tf_ours / tf_ref * 1000) / 1000);
+        cJSON_AddNumberToObject(line, "max_rel_diff", diff);
+        bg_emit(line);
+        fprintf(stderr, "%-18s %6zu %6zu %6zu %10.2f %10.2f %7.3f\n", s->what, s->m, s->n, s->k,
+                tf_ours, tf_ref, tf_ours / tf_ref);
+        ratio_sum += tf_ours / tf_ref;
+        if (diff > worst_diff)
+            worst_diff = diff;
+        done++;
+    }
+    {
+        cJSON *sum = cJSON_CreateObject();
+
+        cJSON_AddStringToObject(sum, "bench", "gemm");
+        cJSON_AddStringToObject(sum, "summary", "ours vs cublasGemmEx");
+        cJSON_AddStringToObject(sum, "dtype", bg_dtype_name(o.dt));
+        cJSON_AddNumberToObject(sum, "shapes", done);
+        cJSON_AddNumberToObject(sum, "failed", failed);
+        if (done > 0)
+            cJSON_AddNumberToObject(sum, "mean_ratio", round(ratio_sum / done * 1000) / 1000);
+        cJSON_AddNumberToObject(sum, "max_rel_diff", worst_diff);
+        bg_emit(sum);
+    }
+    rc = failed > 0 ? GANG_EIO : 0;
+out:
+    free(ours);
+    free(ref);
+    gang_kernels_close(k);
+    if (rc < 0)
+        return rc == GANG_EIO ? GANG_EXIT_INTERNAL : gang_exit_code_for(rc);
+    return GANG_EXIT_OK;
 }

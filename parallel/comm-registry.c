@@ -7,6 +7,14 @@
 
 #include "comm-backend.h"
 
+#if defined(GANG_HAVE_NCCL) && GANG_HAVE_NCCL
+#define COMM_NCCL_BUILT 1
+#else
+#define COMM_NCCL_BUILT 0
+#endif
+
+/* The stubs exist only while some backend is not built (unused functions are errors). */
+#if !GANG_HAVE_MPI || !COMM_NCCL_BUILT
 static int stub_init(gang_comm *c, const gang_comm_config *cfg)
 {
     (void)c;
@@ -106,12 +114,30 @@ static void stub_abort(gang_comm *c)
         .all_reduce = stub_all_reduce, .all_gather = stub_all_gather, .broadcast = stub_broadcast, \
         .send = stub_send, .recv = stub_recv, .barrier = stub_barrier, .abort = stub_abort,        \
     }
+#endif
 
 #if !GANG_HAVE_MPI
 static const gang__comm_ops comm_mpi_stub_ops = GANG_COMM_STUB_OPS("mpi");
 #endif
-/* NCCL is found by CMake but its backend is not written yet: always the stub for now. */
+/*
+ * NCCL: cmake/cuda.cmake compiles parallel/comm-nccl.c and defines GANG_HAVE_NCCL=1 for this
+ * library when the toolkit and libnccl are found; otherwise the stub answers GANG_ENOSYS,
+ * and so does the unique-id helper of the bootstrap.
+ */
+#if COMM_NCCL_BUILT
+extern const gang__comm_ops gang__comm_nccl_ops;
+#else
 static const gang__comm_ops comm_nccl_stub_ops = GANG_COMM_STUB_OPS("nccl");
+
+int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len)
+{
+    (void)blob;
+    (void)cap;
+    if (len != NULL)
+        *len = 0;
+    return GANG_ENOSYS;
+}
+#endif
 
 const gang__comm_ops *gang__comm_ops_for(gang_comm_backend b)
 {
@@ -125,7 +151,11 @@ const gang__comm_ops *gang__comm_ops_for(gang_comm_backend b)
         return &comm_mpi_stub_ops;
 #endif
     case GANG_COMM_NCCL:
+#if COMM_NCCL_BUILT
+        return &gang__comm_nccl_ops;
+#else
         return &comm_nccl_stub_ops;
+#endif
     }
     return NULL;
 }
@@ -138,7 +168,7 @@ int gang_comm_backend_built(gang_comm_backend b)
     case GANG_COMM_MPI:
         return GANG_HAVE_MPI ? 1 : 0;
     case GANG_COMM_NCCL:
-        return 0;
+        return COMM_NCCL_BUILT;
     }
     return 0;
 }

@@ -64,7 +64,8 @@ void gang_comm_listener_free(gang_comm_listener *l);
  * calls gang_comm_init() with backend = GANG_COMM_NCCL and that blob. The blob is the
  * 128-byte NCCL unique id in lowercase hex: 256 printable, NUL-free bytes (cap must be at
  * least 256, else GANG_ERANGE); *len receives 256. GANG_ENOSYS when NCCL is not built,
- * GANG_EIO when NCCL cannot create the id (no usable network interface).
+ * GANG_EIO when libnccl cannot be loaded (it is opened at run time) or cannot create the
+ * id (no usable network interface).
  *
  * nccl communicators (see parallel/comm-nccl.c):
  *  - use the CUDA device that is current on the calling thread at gang_comm_init(); every

@@ -145,4 +145,140 @@ int gang_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
 int gang_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n);
 int gang_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
 
+/* ---------------------------------------------------------------------------------
+ * Device backends (kernels/cuda/). Opening with options, device memory, half-precision
+ * GEMM and device discovery. The "cpu" backend answers every call here too, with host
+ * memory, so code written against this API runs on either backend.
+ *
+ * Memory model of a device backend: every tensor pointer given to the operations above is
+ * a device pointer obtained from gang_kernels_alloc() (or an offset into one). Operations
+ * are enqueued on the handle's one stream and may still run when the call returns; a
+ * later operation on the same handle sees their results (stream order). Results reach the
+ * host through gang_kernels_download(), which waits. Errors that only the device can see
+ * (a negative position in gang_kernels_rope(), a kernel fault) are reported by the next
+ * gang_kernels_sync() or gang_kernels_download() on the handle.
+ *
+ * "auto" keeps meaning "cpu" even when the CUDA kernels are built, because callers of
+ * the operations above that pass host pointers must not be handed a device backend; ask
+ * for "cuda" explicitly (after gang_kernels_device_count() > 0).
+ * --------------------------------------------------------------------------------- */
+
+/* Storage types of gang_kernels_gemm_ex() and gang_kernels_convert(). */
+typedef enum gang_kernels_dtype {
+    GANG_KERNELS_F32 = 0,
+    GANG_KERNELS_F16 = 1,  /* IEEE binary16 */
+    GANG_KERNELS_BF16 = 2  /* bfloat16 */
+} gang_kernels_dtype;
+
+/* Options of gang_kernels_open_opts(); gang_kernels_options_init() fills the defaults. */
+typedef struct gang_kernels_options {
+    const char *device;        /* "cpu", "cuda" or "auto" (as gang_kernels_open) */
+    int device_index;          /* cuda: which visible GPU, default 0 */
+    uint64_t pool_mb;          /* cuda: device memory pool in MiB; 0 = use pool_percent */
+    uint32_t pool_percent;     /* cuda: share of the GPU's total memory, 1..100 (default 90),
+                                  when pool_mb is 0; capped by the memory free at open */
+} gang_kernels_options;
+
+/* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90. */
+void gang_kernels_options_init(gang_kernels_options *o);
+
+/*
+ * Opens a backend with options (gang_kernels_open(device, out) is this with defaults).
+ * For "cuda" it selects the GPU, creates the handle's stream and cuBLASLt handle and
+ * allocates the whole device pool at once (no device allocation happens afterwards); a
+ * pool_mb larger than the free device memory is GANG_ENOMEM with a log line giving both
+ * sizes. GANG_ENOSYS when the CUDA kernels are not built, GANG_EIO when no usable GPU (or
+ * driver) is present, GANG_EINVAL for bad options. *out is NULL on error.
+ */
+int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out);
+
+/* 1 when the handle's tensors live in device memory ("cuda"), 0 for host memory. */
+int gang_kernels_is_device(const gang_kernels *k);
+
+/*
+ * Allocates bytes (> 0) of tensor memory for this handle, aligned to 256 bytes: from the
+ * device pool for "cuda" (GANG_ENOMEM with a log line naming the pool size, what is in
+ * use and the largest free block when it does not fit), from the heap for "cpu". Contents
+ * are undefined. Released with gang_kernels_free() on the same handle, before close.
+ */
+int gang_kernels_alloc(gang_kernels *k, size_t bytes, void **out);
+
+/* Returns p (from gang_kernels_alloc on k) to its pool; NULL is ignored. A pointer that
+ * did not come from k is logged and ignored. The memory must no longer be in use by
+ * enqueued operations (call gang_kernels_sync first when in doubt). */
+void gang_kernels_free(gang_kernels *k, void *p);
+
+/* Copies bytes from host src to tensor memory dst (upload), or from tensor memory src to
+ * host dst (download). Both return once the host buffer may be reused; download first
+ * waits for every operation enqueued before it and reports their deferred errors. */
+int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t bytes);
+int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t bytes);
+
+/* Waits for every enqueued operation of k; returns 0 or the first deferred error
+ * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */
+int gang_kernels_sync(gang_kernels *k);
+
+/* Pool accounting (device backends; the cpu backend reports zeros). */
+typedef struct gang_kernels_pool_stats {
+    uint64_t pool_bytes;     /* size of the pool allocated at open */
+    uint64_t used_bytes;     /* held by live allocations (including the GEMM workspace) */
+    uint64_t largest_free;   /* largest single allocation that would succeed now */
+} gang_kernels_pool_stats;
+int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *out);
+
+/*
+ * GEMM with half-precision storage and f32 accumulation: a, b and c hold elements of dt,
+ * the layout and semantics are those of gang_kernels_gemm(), alpha/beta are applied in
+ * f32 and the result is rounded once to dt. dt = GANG_KERNELS_F32 is gang_kernels_gemm().
+ * The cpu backend provides only F32 (GANG_ENOSYS otherwise).
+ */
+int gang_kernels_gemm_ex(gang_kernels *k, gang_kernels_dtype dt, int trans_b, size_t m,
+                         size_t n, size_t kdim, float alpha, const void *a, const void *b,
+                         float beta, void *c);
+
+/* Converts n elements of tensor memory from one storage type to another (round to
+ * nearest even when narrowing). src and dst must not overlap unless from == to. */
+int gang_kernels_convert(gang_kernels *k, gang_kernels_dtype from, const void *src,
+                         gang_kernels_dtype to, void *dst, size_t n);
+
+/*
+ * GEMM benchmark support (ganglion bench gemm): runs warmup + iters GEMMs of one shape
+ * with random inputs in dt through this backend's GEMM path ("ours", cuBLASLt with the
+ * cached plan) and through a direct cublasGemmEx call ("ref"), alternating, and writes
+ * each timed iteration's duration in milliseconds to ours_ms[i] and ref_ms[i] (iters
+ * entries each). *max_rel_diff receives the largest |ours - ref| / max(1, |ref|) of the
+ * outputs. Buffers come from the pool: a shape that does not fit is GANG_ENOMEM.
+ * GANG_ENOSYS on the cpu backend.
+ */
+int gang_kernels_gemm_bench(gang_kernels *k, gang_kernels_dtype dt, int trans_b, size_t m,
+                            size_t n, size_t kdim, int warmup, int iters, double *ours_ms,
+                            double *ref_ms, double *max_rel_diff);
+
+/* Facts about one visible GPU, for `ganglion info` (no CUDA types). */
+typedef struct gang_device_info {
+    int index;                 /* CUDA ordinal (after CUDA_VISIBLE_DEVICES) */
+    char name[256];            /* "NVIDIA H200" */
+    char uuid[64];             /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    char pci_bus_id[32];       /* "0000:19:00.0" */
+    uint64_t total_bytes;      /* device memory */
+    uint64_t free_bytes;       /* free at the time of the query */
+    int cc_major, cc_minor;    /* compute capability */
+    int sm_count;              /* multiprocessors */
+    int integrated;            /* 1 for an integrated GPU */
+} gang_device_info;
+
+/* Number of visible GPUs; 0 when the CUDA kernels are not built, no driver is installed
+ * or no device is present. Never fails or aborts. It initialises the CUDA driver in the
+ * calling process (as do the two queries below), and CUDA does not survive fork(): the
+ * agent, which forks its workers, must leave these queries to the workers or to a child. */
+int gang_kernels_device_count(void);
+
+/* Fills *out for GPU index (0 .. count-1): 0, GANG_EINVAL for a bad index or NULL,
+ * GANG_ENOSYS when not built, GANG_EIO when the driver refuses the query. */
+int gang_kernels_device_info(int index, gang_device_info *out);
+
+/* 1 when GPU a can access GPU b's memory directly (peer access), 0 when not, a negative
+ * GANG_E* code on error (as gang_kernels_device_info). a == b is 1. */
+int gang_kernels_device_can_access_peer(int a, int b);
+
 #endif /* GANGLION_KERNELS_H */

@@ -1072,7 +1072,11 @@ static void test_nccl_not_built(void **state)
     gang_comm *c = NULL;
 
     (void)state;
-    assert_false(gang_comm_backend_built(GANG_COMM_NCCL));
+    if (gang_comm_backend_built(GANG_COMM_NCCL)) {
+        print_message("nccl backend built: it is tested by test-comm-nccl (unit-comm-nccl)\n");
+        skip();
+        return;
+    }
     memset(&cfg, 0, sizeof(cfg));
     cfg.backend = GANG_COMM_NCCL;
     cfg.world_size = 1;

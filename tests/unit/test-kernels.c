@@ -139,6 +139,14 @@ static void test_cuda_not_built(void **state)
     close(fds[1]);
     ssize_t len = read(fds[0], buf, sizeof(buf) - 1);
     close(fds[0]);
+    if (rc != GANG_ENOSYS) {
+        /* The CUDA kernels are built: test-cuda (unit-cuda) covers them. */
+        gang_kernels_close(rc == 0 ? k : NULL);
+        print_message("cuda kernels built (open: %s): covered by test-cuda\n",
+                      gang_err_name(rc));
+        skip();
+        return;
+    }
 
     assert_int_equal(rc, GANG_ENOSYS);
     assert_null(k);

@@ -1,0 +1,412 @@
+/*
+ * CUDA backend of the kernels module: the handle (device, stream, pool, cuBLASLt), its
+ * memory entries and the dispatch of the operations to the kernel launchers.
+ *
+ * Lifetime: open selects the GPU, creates one non-blocking stream, allocates the whole
+ * device pool with the handle's only cudaMalloc, and creates the cuBLASLt handle and its
+ * workspace (from the pool). Everything after that allocates from the pool, so the steady
+ * state of a forward pass performs no device allocation. close waits for the stream and
+ * releases everything in reverse order.
+ *
+ * Threads: like every kernels handle, one thread at a time. Each entry first makes the
+ * handle's device current on the calling thread (cudaSetDevice is a cheap thread-local
+ * switch), so a handle may move between threads as long as calls are serialised.
+ *
+ * Deferred errors: kernels cannot return a value, so the ones that validate their input
+ * (rope's positions) OR a bit into a device word; sync and download read it back, clear
+ * it and report GANG_EINVAL. Embedding needs its "nothing written on a bad id" promise
+ * immediately, so it reads its own word back before returning (one small copy).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda-backend.h"
+#include "cuda-internal.h"
+
+#define RESERVE_BYTES ((size_t)512 << 20) /* left free for NCCL, cuBLAS and the context */
+
+int gang__cuda_err(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    gang_error("kernels/cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return GANG_ENOMEM;
+    case cudaErrorInvalidValue:
+        return GANG_EINVAL;
+    default:
+        return GANG_EIO;
+    }
+}
+
+static int ctx_enter(gang__cuda_ctx *c)
+{
+    return gang__cuda_err(cudaSetDevice(c->device), "cudaSetDevice");
+}
+
+/*
+ * Chooses the pool size: pool_mb when given (refused when larger than the free memory),
+ * else pool_percent of the total, capped to what is free less a reserve for the CUDA
+ * context, cuBLAS and NCCL, which allocate outside the pool.
+ */
+static int cuda_pool_size(const gang_kernels_options *o, size_t free_b, size_t total_b, size_t *out)
+{
+    if (o->pool_mb > 0) {
+        if (o->pool_mb > (uint64_t)(SIZE_MAX >> 20) || (size_t)(o->pool_mb << 20) > free_b) {
+            gang_error("kernels/cuda: --gpu-memory-mb %llu does not fit: %.0f MiB free of "
+                       "%.0f MiB on the device",
+                       (unsigned long long)o->pool_mb, (double)free_b / 1048576.0,
+                       (double)total_b / 1048576.0);
+            return GANG_ENOMEM;
+        }
+        *out = (size_t)(o->pool_mb << 20);
+        return 0;
+    }
+    size_t want = (size_t)((double)total_b * (double)o->pool_percent / 100.0);
+    size_t cap = free_b > RESERVE_BYTES ? free_b - RESERVE_BYTES : 0;
+    if (want > cap) {
+        gang_warn("kernels/cuda: --gpu-memory-percent %u asks %.0f MiB, only %.0f MiB are "
+                  "free (less a %zu MiB reserve); the pool takes %.0f MiB",
+                  (unsigned)o->pool_percent, (double)want / 1048576.0, (double)free_b / 1048576.0,
+                  RESERVE_BYTES >> 20, (double)cap / 1048576.0);
+        want = cap;
+    }
+    if (want < ((size_t)64 << 20)) {
+        gang_error("kernels/cuda: the device pool would be %.0f MiB (under 64 MiB); free "
+                   "device memory or raise --gpu-memory-percent",
+                   (double)want / 1048576.0);
+        return GANG_ENOMEM;
+    }
+    *out = want;
+    return 0;
+}
+
+static void cuda_close(void *ctx);
+
+static int cuda_open(const gang_kernels_options *o, void **out)
+{
+    gang__cuda_ctx *c;
+    size_t free_b = 0, total_b = 0, pool_b = 0;
+    uintptr_t addr;
+    int count = 0, rc;
+    cudaError_t e;
+
+    *out = NULL;
+    e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        gang_error("kernels/cuda: no usable GPU: %s",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "no device present");
+        cudaGetLastError(); /* clear the sticky state of the failed query */
+        return GANG_EIO;
+    }
+    if (o->device_index < 0 || o->device_index >= count) {
+        gang_error("kernels/cuda: device index %d, but %d GPU(s) are visible", o->device_index,
+                   count);
+        return GANG_EINVAL;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return GANG_ENOMEM;
+    c->device = o->device_index;
+    if ((rc = ctx_enter(c)) < 0)
+        goto out_free;
+    if ((rc = gang__cuda_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo")) < 0)
+        goto out_free;
+    if ((rc = cuda_pool_size(o, free_b, total_b, &pool_b)) < 0)
+        goto out_free;
+    rc = gang__cuda_err(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                        "cudaStreamCreate");
+    if (rc < 0)
+        goto out_free;
+    rc = gang__cuda_err(cudaMalloc(&c->pool_mem, pool_b), "cudaMalloc of the device pool");
+    if (rc < 0)
+        goto out_close;
+    if ((rc = gang__cuda_pool_init(&c->pool, (uintptr_t)c->pool_mem, pool_b)) < 0)
+        goto out_close;
+    rc = gang__cuda_pool_alloc(&c->pool, 2 * sizeof(int), &addr);
+    if (rc < 0)
+        goto out_close;
+    c->dev_flag = (int *)addr;
+    rc = gang__cuda_err(cudaMallocHost((void **)&c->host_flag, 2 * sizeof(int)), "cudaMallocHost");
+    if (rc < 0)
+        goto out_close;
+    rc = gang__cuda_err(cudaMemsetAsync(c->dev_flag, 0, 2 * sizeof(int), c->stream), "cudaMemset");
+    if (rc < 0)
+        goto out_close;
+    if ((rc = gang__cuda_gemm_init(c)) < 0)
+        goto out_close;
+    rc = gang__cuda_err(
+        cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device),
+        "cudaDeviceGetAttribute");
+    if (rc < 0)
+        goto out_close;
+    /* Split-key attention is an optimisation: without room for its scratch, attention
+     * simply runs in one pass. */
+    if (gang__cuda_pool_largest_free(&c->pool) >= 8 * (size_t)GANG_CUDA_ATT_SCRATCH &&
+        gang__cuda_pool_alloc(&c->pool, GANG_CUDA_ATT_SCRATCH, &addr) == 0) {
+        c->att_scratch = (float *)addr;
+        c->att_scratch_floats = GANG_CUDA_ATT_SCRATCH / sizeof(float);
+    }
+    rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (rc < 0)
+        goto out_close;
+    gang_info("kernels/cuda: device %d, pool %.0f MiB (%.0f MiB free of %.0f MiB)", c->device,
+              (double)pool_b / 1048576.0, (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+    *out = c;
+    return 0;
+
+out_close:
+    cuda_close(c);
+    return rc;
+out_free:
+    free(c);
+    return rc;
+}
+
+/* Releases whatever open managed to create (every field may be NULL). */
+static void cuda_close(void *ctx)
+{
+    gang__cuda_ctx *c = ctx;
+
+    if (c == NULL)
+        return;
+    cudaSetDevice(c->device);
+    if (c->stream != NULL)
+        cudaStreamSynchronize(c->stream);
+    gang__cuda_gemm_fini(c);
+    if (c->host_flag != NULL)
+        cudaFreeHost(c->host_flag);
+    gang__cuda_pool_fini(&c->pool);
+    if (c->pool_mem != NULL)
+        cudaFree(c->pool_mem);
+    if (c->stream != NULL)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static int cuda_alloc(void *ctx, size_t bytes, void **out)
+{
+    gang__cuda_ctx *c = ctx;
+    uintptr_t addr;
+    int rc = gang__cuda_pool_alloc(&c->pool, bytes, &addr);
+
+    if (rc < 0)
+        return rc;
+    *out = (void *)addr;
+    return 0;
+}
+
+static int cuda_free(void *ctx, void *p)
+{
+    gang__cuda_ctx *c = ctx;
+
+    return gang__cuda_pool_free(&c->pool, (uintptr_t)p);
+}
+
+/*
+ * Waits for the stream and collects the deferred error word (see the file comment). The
+ * word is copied on the stream, so it reflects every kernel enqueued before this call.
+ */
+static int cuda_sync(void *ctx)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    rc = gang__cuda_err(
+        cudaMemcpyAsync(c->host_flag, c->dev_flag, sizeof(int), cudaMemcpyDeviceToHost, c->stream),
+        "reading the error word");
+    if (rc < 0)
+        return rc;
+    rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (rc < 0)
+        return rc;
+    if (c->host_flag[0] != 0) {
+        int bits = c->host_flag[0];
+
+        cudaMemsetAsync(c->dev_flag, 0, sizeof(int), c->stream);
+        if (bits & GANG_CUDA_FLAG_BAD_POSITION)
+            gang_error("kernels/cuda: rope was given a negative position");
+        return GANG_EINVAL;
+    }
+    return 0;
+}
+
+static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    rc = gang__cuda_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream),
+                        "upload");
+    if (rc < 0)
+        return rc;
+    return gang__cuda_err(cudaStreamSynchronize(c->stream), "upload (wait)");
+}
+
+static int cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    rc = gang__cuda_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
+                        "download");
+    if (rc < 0)
+        return rc;
+    return cuda_sync(c);
+}
+
+static int cuda_pool_stats(void *ctx, gang_kernels_pool_stats *out)
+{
+    gang__cuda_ctx *c = ctx;
+
+    out->pool_bytes = c->pool.size;
+    out->used_bytes = c->pool.used;
+    out->largest_free = gang__cuda_pool_largest_free(&c->pool);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Operations: make the device current, launch on the handle's stream.
+ * --------------------------------------------------------------------------------- */
+static int cuda_rmsnorm(void *ctx, const float *x, const float *w, float eps, size_t rows,
+                        size_t dim, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_rmsnorm(c->stream, x, w, eps, rows, dim, out);
+}
+
+static int cuda_rope(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
+                     size_t head_dim, float theta)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc
+                  : gang__cuda_launch_rope(c->stream, x, positions, tokens, heads, head_dim, theta,
+                                           c->dev_flag);
+}
+
+static int cuda_softmax(void *ctx, float *x, size_t rows, size_t cols)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_softmax(c->stream, x, rows, cols);
+}
+
+static int cuda_attention(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
+                          size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                          size_t pos0, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc
+                  : gang__cuda_launch_attention(c->stream, q, kc, vc, tq, tk, n_heads, n_kv_heads,
+                                                head_dim, pos0, out, c->att_scratch,
+                                                c->att_scratch_floats, c->sm_count);
+}
+
+static int cuda_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_silu_mul(c->stream, gate, up, n, out);
+}
+
+/*
+ * Two kernels on the stream: the first checks every id and sets word 1 on a bad one, the
+ * second copies rows only when word 1 is clear, so out stays untouched on a bad id
+ * without the host seeing the ids. The word is then read back (a synchronous 4-byte
+ * copy) so that the caller gets GANG_EINVAL from this call, as the contract says.
+ */
+static int cuda_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
+                          const int32_t *ids, size_t n_ids, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    rc = gang__cuda_err(cudaMemsetAsync(c->dev_flag + 1, 0, sizeof(int), c->stream), "cudaMemset");
+    if (rc < 0)
+        return rc;
+    if ((rc = gang__cuda_launch_check_ids(c->stream, ids, n_ids, vocab, c->dev_flag + 1)) < 0)
+        return rc;
+    rc = gang__cuda_launch_embedding(c->stream, table, dim, ids, n_ids, c->dev_flag + 1, out);
+    if (rc < 0)
+        return rc;
+    rc = gang__cuda_err(cudaMemcpyAsync(c->host_flag + 1, c->dev_flag + 1, sizeof(int),
+                                        cudaMemcpyDeviceToHost, c->stream),
+                        "reading the id check");
+    if (rc < 0)
+        return rc;
+    rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
+    if (rc < 0)
+        return rc;
+    if (c->host_flag[1] != 0) {
+        gang_debug("kernels/cuda: a token id is outside the vocabulary (%zu)", vocab);
+        return GANG_EINVAL;
+    }
+    return 0;
+}
+
+static int cuda_add(void *ctx, float *x, const float *y, size_t n)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_add(c->stream, x, y, n);
+}
+
+static int cuda_argmax(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_argmax(c->stream, x, rows, cols, out);
+}
+
+static int cuda_convert(void *ctx, gang_kernels_dtype from, const void *src, gang_kernels_dtype to,
+                        void *dst, size_t n)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_convert(c->stream, from, src, to, dst, n);
+}
+
+const gang__kernels_dev_ops gang__kernels_cuda_dev_ops = {
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .pool_stats = cuda_pool_stats,
+    .gemm = gang__cuda_gemm,
+    .convert = cuda_convert,
+    .gemm_bench = gang__cuda_gemm_bench,
+    .rmsnorm = cuda_rmsnorm,
+    .rope = cuda_rope,
+    .softmax = cuda_softmax,
+    .attention = cuda_attention,
+    .silu_mul = cuda_silu_mul,
+    .embedding = cuda_embedding,
+    .add = cuda_add,
+    .argmax = cuda_argmax,
+};

@@ -1,0 +1,128 @@
+/*
+ * Private to kernels/cuda/: the per-handle state of the CUDA backend, the device pool and
+ * the launchers of the CUDA kernels (cuda-ops.cu, cuda-attention.cu). Included by the C
+ * host files and by the .cu files, hence the extern "C" guard. Nothing outside
+ * kernels/cuda/ may include it (it pulls in the CUDA runtime and cuBLASLt headers).
+ */
+#ifndef GANGLION_KERNELS_CUDA_INTERNAL_H
+#define GANGLION_KERNELS_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "ganglion/common.h"
+#include "ganglion/kernels.h"
+
+/* ---------------------------------------------------------------------------------
+ * Pool (cuda-pool.c): first-fit over one region allocated at open. Pure bookkeeping on
+ * offsets, no CUDA calls, so it is tested without a GPU.
+ * --------------------------------------------------------------------------------- */
+#define GANG_CUDA_POOL_ALIGN 256u
+
+typedef struct gang__cuda_seg {
+    size_t off;  /* from the pool base */
+    size_t size; /* bytes, a multiple of GANG_CUDA_POOL_ALIGN */
+    int used;    /* 1 while allocated */
+} gang__cuda_seg;
+
+typedef struct gang__cuda_pool {
+    uintptr_t base;       /* first byte of the region (device address) */
+    size_t size;          /* bytes of the region */
+    size_t used;          /* bytes held by live allocations */
+    gang__cuda_seg *segs; /* sorted by off, covering [0, size) without gaps */
+    size_t nsegs, cap;
+} gang__cuda_pool;
+
+/* Starts bookkeeping over [base, base + size); size is rounded down to the alignment. */
+int gang__cuda_pool_init(gang__cuda_pool *p, uintptr_t base, size_t size);
+void gang__cuda_pool_fini(gang__cuda_pool *p);
+/* First fit: GANG_ENOMEM (with a log line) when no free block holds bytes. */
+int gang__cuda_pool_alloc(gang__cuda_pool *p, size_t bytes, uintptr_t *out);
+/* GANG_EINVAL for an address that is not a live allocation; merges free neighbours. */
+int gang__cuda_pool_free(gang__cuda_pool *p, uintptr_t addr);
+size_t gang__cuda_pool_largest_free(const gang__cuda_pool *p);
+
+/* ---------------------------------------------------------------------------------
+ * Per-handle state.
+ * --------------------------------------------------------------------------------- */
+#define GANG_CUDA_PLANS 64               /* cached GEMM shapes per handle */
+#define GANG_CUDA_WORKSPACE (32u << 20)  /* cuBLASLt workspace (Hopper: 32 MiB) */
+#define GANG_CUDA_ATT_SCRATCH (4u << 20) /* split-key attention partial states */
+
+typedef struct gang__cuda_plan gang__cuda_plan; /* cuda-gemm.c */
+
+typedef struct gang__cuda_ctx {
+    int device;          /* CUDA ordinal */
+    cudaStream_t stream; /* every operation of the handle runs here */
+    void *pool_mem;      /* the one cudaMalloc of the handle */
+    gang__cuda_pool pool;
+    void *lt;        /* cublasLtHandle_t */
+    void *blas;      /* cublasHandle_t, created by the first benchmark */
+    void *workspace; /* GANG_CUDA_WORKSPACE bytes from the pool (or less) */
+    size_t workspace_bytes;
+    gang__cuda_plan *plans; /* GANG_CUDA_PLANS entries */
+    unsigned plan_next;     /* round-robin victim when the cache is full */
+    int *dev_flag;          /* device word: kernels OR error bits into it */
+    float *att_scratch;     /* partial states of split-key attention (pool) */
+    size_t att_scratch_floats;
+    int sm_count;   /* multiprocessors of the device */
+    int *host_flag; /* pinned host copy for reading it back */
+} gang__cuda_ctx;
+
+/* Bits of dev_flag. */
+#define GANG_CUDA_FLAG_BAD_POSITION 1 /* rope: a negative position */
+#define GANG_CUDA_FLAG_BAD_ID 2       /* embedding: id out of range */
+
+/* Maps a CUDA runtime error to a GANG_E* code and logs it with what was being done. */
+int gang__cuda_err(cudaError_t e, const char *what);
+
+/* cuda-gemm.c */
+int gang__cuda_gemm_init(gang__cuda_ctx *c);
+void gang__cuda_gemm_fini(gang__cuda_ctx *c);
+int gang__cuda_gemm(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                    float alpha, const void *a, const void *b, float beta, void *cmat);
+int gang__cuda_gemm_bench(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+                          size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
+                          double *max_rel_diff);
+
+/* ---------------------------------------------------------------------------------
+ * Kernel launchers (cuda-ops.cu, cuda-attention.cu). They enqueue on stream and return
+ * the launch error (cudaGetLastError) mapped to GANG_E*; sizes were validated.
+ * --------------------------------------------------------------------------------- */
+int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
+                              size_t rows, size_t dim, float *out);
+int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions, size_t tokens,
+                           size_t heads, size_t head_dim, float theta, int *flag);
+int gang__cuda_launch_softmax(cudaStream_t s, float *x, size_t rows, size_t cols);
+int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, const float *up, size_t n,
+                               float *out);
+int gang__cuda_launch_check_ids(cudaStream_t s, const int32_t *ids, size_t n_ids, size_t vocab,
+                                int *flag);
+int gang__cuda_launch_embedding(cudaStream_t s, const float *table, size_t dim, const int32_t *ids,
+                                size_t n_ids, const int *flag, float *out);
+int gang__cuda_launch_add(cudaStream_t s, float *x, const float *y, size_t n);
+int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
+                             int32_t *out);
+int gang__cuda_launch_convert(cudaStream_t s, gang_kernels_dtype from, const void *src,
+                              gang_kernels_dtype to, void *dst, size_t n);
+/* Fills n elements of dt with uniform values in [-scale, scale) from seed (benchmarks). */
+int gang__cuda_launch_fill_random(cudaStream_t s, gang_kernels_dtype dt, void *dst, size_t n,
+                                  uint64_t seed, float scale);
+/* scratch (scratch_floats f32, may be NULL) holds the partial states when the keys are
+ * split across blocks; n_sm is the device's multiprocessor count. */
+int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc, const float *vc,
+                                size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
+                                size_t head_dim, size_t pos0, float *out, float *scratch,
+                                size_t scratch_floats, int n_sm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

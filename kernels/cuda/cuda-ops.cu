@@ -1,0 +1,372 @@
+/*
+ * CUDA kernels of the row-wise and element-wise operations: RMSNorm, RoPE, softmax,
+ * SiLU-mul, embedding, residual add, argmax, dtype conversion and the benchmark's random
+ * fill. Each launcher enqueues on the handle's stream and returns the launch error.
+ *
+ * Numerics follow the CPU backend's contracts: RMSNorm's mean of squares and softmax's
+ * denominator are accumulated in double (one block per row, so the cost is negligible
+ * next to the memory traffic); RoPE computes its angles in double; argmax ignores NaN and
+ * breaks ties towards the lowest index, so the result does not depend on the reduction
+ * order. Element-wise kernels use grid-stride loops with 64-bit indices.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda-internal.h"
+
+#define OPS_THREADS 256
+#define OPS_MAX_BLOCKS 4096
+
+/* Blocks for a grid-stride loop over n elements. */
+static unsigned grid_for(size_t n)
+{
+    size_t b = (n + OPS_THREADS - 1) / OPS_THREADS;
+    return (unsigned)(b > OPS_MAX_BLOCKS ? OPS_MAX_BLOCKS : (b == 0 ? 1 : b));
+}
+
+static int launch_result(const char *what)
+{
+    return gang__cuda_err(cudaGetLastError(), what);
+}
+
+/* Sum of v over the block (OPS_THREADS threads); every thread gets the result. */
+__device__ static double block_sum(double v, double *shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double w = threadIdx.x < OPS_THREADS / 32 ? shared[threadIdx.x] : 0.0;
+        for (int o = 16; o > 0; o >>= 1)
+            w += __shfl_xor_sync(0xffffffffu, w, o);
+        if (threadIdx.x == 0)
+            shared[0] = w;
+    }
+    __syncthreads();
+    v = shared[0];
+    __syncthreads(); /* shared may be reused by the caller's next reduction */
+    return v;
+}
+
+__device__ static float block_max(float v, float *shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float w = threadIdx.x < OPS_THREADS / 32 ? shared[threadIdx.x] : -INFINITY;
+        for (int o = 16; o > 0; o >>= 1)
+            w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, o));
+        if (threadIdx.x == 0)
+            shared[0] = w;
+    }
+    __syncthreads();
+    v = shared[0];
+    __syncthreads();
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------
+ * RMSNorm: one block per row. out may alias x: each element is read before it is written
+ * by the same thread, after the whole row was reduced.
+ * --------------------------------------------------------------------------------- */
+__global__ static void rmsnorm_kernel(const float *x, const float *w, float eps, size_t dim,
+                                      float *out)
+{
+    __shared__ double red[OPS_THREADS / 32];
+    const float *xr = x + blockIdx.x * dim;
+    float *orow = out + blockIdx.x * dim;
+    double ss = 0.0;
+
+    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
+        ss += (double)xr[i] * (double)xr[i];
+    ss = block_sum(ss, red);
+    float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
+        orow[i] = xr[i] * scale * w[i];
+}
+
+extern "C" int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
+                                         size_t rows, size_t dim, float *out)
+{
+    if (rows > 0x7fffffffu)
+        return GANG_ERANGE;
+    rmsnorm_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, w, eps, dim, out);
+    return launch_result("rmsnorm launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * RoPE (rotate_half pairs i, i + h/2), one thread per pair. A negative position leaves
+ * its token untouched and sets GANG_CUDA_FLAG_BAD_POSITION in the handle's error word,
+ * reported by the next sync (the front cannot read device positions).
+ * --------------------------------------------------------------------------------- */
+__global__ static void rope_kernel(float *x, const int32_t *positions, size_t tokens, size_t heads,
+                                   size_t head_dim, double theta, int *flag)
+{
+    size_t half = head_dim / 2, total = tokens * heads * half;
+
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        size_t i = idx % half, th = idx / half, t = th / heads;
+        int32_t pos = positions[t];
+
+        if (pos < 0) {
+            atomicOr(flag, GANG_CUDA_FLAG_BAD_POSITION);
+            continue;
+        }
+        double inv = pow(theta, -2.0 * (double)i / (double)head_dim);
+        double sn, cs;
+        sincos((double)pos * inv, &sn, &cs);
+        float *v = x + th * head_dim;
+        float a = v[i], b = v[i + half];
+        v[i] = (float)((double)a * cs - (double)b * sn);
+        v[i + half] = (float)((double)b * cs + (double)a * sn);
+    }
+}
+
+extern "C" int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions,
+                                      size_t tokens, size_t heads, size_t head_dim, float theta,
+                                      int *flag)
+{
+    rope_kernel<<<grid_for(tokens * heads * (head_dim / 2)), OPS_THREADS, 0, s>>>(
+        x, positions, tokens, heads, head_dim, (double)theta, flag);
+    return launch_result("rope launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Softmax in place, one block per row: max, then the sum of exp in double, then scale.
+ * A row of only -INFINITY becomes zeros (the max is -INFINITY).
+ * --------------------------------------------------------------------------------- */
+__global__ static void softmax_kernel(float *x, size_t cols)
+{
+    __shared__ double red[OPS_THREADS / 32];
+    __shared__ float redf[OPS_THREADS / 32];
+    float *row = x + blockIdx.x * cols;
+    float mx = -INFINITY;
+    double sum = 0.0;
+
+    for (size_t i = threadIdx.x; i < cols; i += OPS_THREADS)
+        mx = fmaxf(mx, row[i]);
+    mx = block_max(mx, redf);
+    if (mx == -INFINITY) {
+        for (size_t i = threadIdx.x; i < cols; i += OPS_THREADS)
+            row[i] = 0.0f;
+        return;
+    }
+    for (size_t i = threadIdx.x; i < cols; i += OPS_THREADS)
+        sum += exp((double)row[i] - (double)mx);
+    sum = block_sum(sum, red);
+    for (size_t i = threadIdx.x; i < cols; i += OPS_THREADS)
+        row[i] = (float)(exp((double)row[i] - (double)mx) / sum);
+}
+
+extern "C" int gang__cuda_launch_softmax(cudaStream_t s, float *x, size_t rows, size_t cols)
+{
+    if (rows > 0x7fffffffu)
+        return GANG_ERANGE;
+    softmax_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, cols);
+    return launch_result("softmax launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Element-wise: SiLU-mul, add.
+ * --------------------------------------------------------------------------------- */
+__global__ static void silu_mul_kernel(const float *gate, const float *up, size_t n, float *out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, const float *up,
+                                          size_t n, float *out)
+{
+    silu_mul_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>(gate, up, n, out);
+    return launch_result("silu_mul launch");
+}
+
+__global__ static void add_kernel(float *x, const float *y, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" int gang__cuda_launch_add(cudaStream_t s, float *x, const float *y, size_t n)
+{
+    add_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>(x, y, n);
+    return launch_result("add launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Embedding: a checking pass, then a copy that does nothing when the check failed.
+ * --------------------------------------------------------------------------------- */
+__global__ static void check_ids_kernel(const int32_t *ids, size_t n_ids, size_t vocab, int *flag)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_ids;
+         i += (size_t)gridDim.x * blockDim.x)
+        if (ids[i] < 0 || (size_t)ids[i] >= vocab)
+            *flag = 1;
+}
+
+extern "C" int gang__cuda_launch_check_ids(cudaStream_t s, const int32_t *ids, size_t n_ids,
+                                           size_t vocab, int *flag)
+{
+    check_ids_kernel<<<grid_for(n_ids), OPS_THREADS, 0, s>>>(ids, n_ids, vocab, flag);
+    return launch_result("embedding check launch");
+}
+
+__global__ static void embedding_kernel(const float *table, size_t dim, const int32_t *ids,
+                                        size_t n_ids, const int *flag, float *out)
+{
+    size_t total = n_ids * dim;
+
+    if (*flag != 0)
+        return;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / dim, d = i % dim;
+        out[i] = table[(size_t)ids[t] * dim + d];
+    }
+}
+
+extern "C" int gang__cuda_launch_embedding(cudaStream_t s, const float *table, size_t dim,
+                                           const int32_t *ids, size_t n_ids, const int *flag,
+                                           float *out)
+{
+    embedding_kernel<<<grid_for(n_ids * dim), OPS_THREADS, 0, s>>>(table, dim, ids, n_ids, flag,
+                                                                   out);
+    return launch_result("embedding launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Argmax, one block per row. A candidate (v, i) beats (bv, bi) when bi < 0 (no candidate
+ * yet), v > bv, or v == bv and i < bi; NaN is never a candidate. That order is total, so
+ * any reduction tree gives the lowest index of the maximum.
+ * --------------------------------------------------------------------------------- */
+__device__ static void argmax_take(float v, long long i, float *bv, long long *bi)
+{
+    if (isnan(v))
+        return;
+    if (*bi < 0 || v > *bv || (v == *bv && i < *bi)) {
+        *bv = v;
+        *bi = i;
+    }
+}
+
+__global__ static void argmax_kernel(const float *x, size_t cols, int32_t *out)
+{
+    __shared__ float sv[OPS_THREADS / 32];
+    __shared__ long long si[OPS_THREADS / 32];
+    const float *row = x + blockIdx.x * cols;
+    float bv = 0.0f;
+    long long bi = -1;
+
+    for (size_t i = threadIdx.x; i < cols; i += OPS_THREADS)
+        argmax_take(row[i], (long long)i, &bv, &bi);
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        long long oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0)
+            argmax_take(ov, oi, &bv, &bi);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        sv[threadIdx.x >> 5] = bv;
+        si[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bv = 0.0f;
+        bi = -1;
+        for (int w = 0; w < OPS_THREADS / 32; w++)
+            if (si[w] >= 0)
+                argmax_take(sv[w], si[w], &bv, &bi);
+        out[blockIdx.x] = bi < 0 ? 0 : (int32_t)bi;
+    }
+}
+
+extern "C" int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
+                                        int32_t *out)
+{
+    if (rows > 0x7fffffffu)
+        return GANG_ERANGE;
+    argmax_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, cols, out);
+    return launch_result("argmax launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Conversion between storage types (through f32, round to nearest even) and the
+ * benchmark's random fill.
+ * --------------------------------------------------------------------------------- */
+__device__ static float load_as_f32(const void *p, int dt, size_t i)
+{
+    if (dt == GANG_KERNELS_F16)
+        return __half2float(((const __half *)p)[i]);
+    if (dt == GANG_KERNELS_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ static void store_from_f32(void *p, int dt, size_t i, float v)
+{
+    if (dt == GANG_KERNELS_F16)
+        ((__half *)p)[i] = __float2half_rn(v);
+    else if (dt == GANG_KERNELS_BF16)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+__global__ static void convert_kernel(int from, const void *src, int to, void *dst, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        store_from_f32(dst, to, i, load_as_f32(src, from, i));
+}
+
+extern "C" int gang__cuda_launch_convert(cudaStream_t s, gang_kernels_dtype from, const void *src,
+                                         gang_kernels_dtype to, void *dst, size_t n)
+{
+    if (from == to) {
+        size_t es = from == GANG_KERNELS_F32 ? 4 : 2;
+        if (src == dst)
+            return 0;
+        return gang__cuda_err(cudaMemcpyAsync(dst, src, n * es, cudaMemcpyDeviceToDevice, s),
+                              "convert copy");
+    }
+    convert_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>((int)from, src, (int)to, dst, n);
+    return launch_result("convert launch");
+}
+
+/* splitmix64: a counter-based generator, so every element is independent of the grid. */
+__device__ static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ static void fill_random_kernel(int dt, void *dst, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t r = mix64(seed * 0x100000001b3ull + i);
+        float u = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        store_from_f32(dst, dt, i, u * scale);
+    }
+}
+
+extern "C" int gang__cuda_launch_fill_random(cudaStream_t s, gang_kernels_dtype dt, void *dst,
+                                             size_t n, uint64_t seed, float scale)
+{
+    fill_random_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>((int)dt, dst, n, seed, scale);
+    return launch_result("fill launch");
+}

@@ -1,0 +1,664 @@
+/*
+ * NCCL backend of the communicator: device buffers, one CUDA stream per communicator, and
+ * no call that can block without a deadline (DESIGN.md §4).
+ *
+ * Non-blocking protocol. Every communicator is created with config.blocking = 0, so NCCL
+ * calls return ncclInProgress instead of blocking, and the driving thread waits in
+ * nccl_wait(), which polls until the operation is done, an error appears, the deadline
+ * passes or the communicator is aborted:
+ *
+ *   loop:  st = nccl_lib.ncclCommGetAsyncError(comm)
+ *          st is an error                   -> ncclCommAbort, GANG_EPEER / GANG_EIO
+ *          st == ncclSuccess and the work is
+ *          done (cudaStreamQuery == success,
+ *          or nothing on the stream: init)   -> return 0
+ *          gang_comm_abort() was called     -> ncclCommAbort, GANG_EABORTED
+ *          the deadline passed              -> ncclCommAbort, GANG_ETIMEDOUT
+ *          spin for ~50 us, then sleep in 20 us steps growing to 1 ms
+ *
+ * Abort during init. gang_comm_init() has not returned a handle yet, so the caller's
+ * cancel fd (gang_comm_config.cancel_fd, as for the socket backend) is polled instead:
+ * once it is readable the init is aborted and returns GANG_EABORTED.
+ *
+ * Abort from another thread. gang_comm_abort() only sets the front's flag (this backend's
+ * abort entry does nothing else): NCCL does not promise that ncclCommAbort is safe while
+ * another thread is inside a call on the same communicator, so the thread that drives the
+ * communicator, polling in nccl_wait(), sees the flag within one poll step (<= 1 ms) and
+ * calls ncclCommAbort itself. A communicator that is aborted while no operation runs is
+ * aborted (not finalized) by gang_comm_free().
+ *
+ * Device. The communicator uses the calling thread's current CUDA device at init (a
+ * worker opens its kernels handle, which selects its GPU, first); every later call makes
+ * that device current again.
+ *
+ * Point-to-point. NCCL has no tags: a send matches the receive that the peer issues in
+ * the same position of its sequence of receives from this rank. The tag is therefore not
+ * carried, and callers must issue sends and receives between two ranks in the same order
+ * on both sides (the pipeline schedule does: per neighbour, tags increase in step).
+ * An empty message (bytes == 0) still synchronises: it is sent as a one-byte token.
+ *
+ * Ordering with compute. Operations run on the communicator's own stream and return when
+ * they have completed, so the caller synchronises its compute stream before a collective
+ * (gang_kernels_sync) and may use the result right after.
+ */
+#include <dlfcn.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "comm-backend.h"
+
+#define NCCL_SPIN_NS 50000ull        /* busy-poll this long before sleeping */
+#define NCCL_SLEEP_MAX_NS 1000000ull /* longest sleep between polls */
+#define NCCL_FINALIZE_MS 10000u      /* bound of the flush in gang_comm_free */
+
+typedef struct nccl_impl {
+    ncclComm_t comm;     /* NULL once aborted or destroyed */
+    cudaStream_t stream; /* every operation of this communicator runs here */
+    int device;          /* CUDA ordinal, current at init */
+    void *scratch;       /* 256 device bytes: barrier word and empty-message token */
+    int failed;          /* an error was seen: free aborts instead of finalizing */
+    int cancel_fd;       /* during init only: cfg->cancel_fd, or -1 */
+} nccl_impl;
+
+/* ---------------------------------------------------------------------------------
+ * libnccl is loaded at run time, not linked: every process of the binary (the agent, the
+ * CPU workers, `ganglion info`) starts without it, and a node without NCCL can still run
+ * everything but this backend. The soname comes from the nccl.h the code was compiled
+ * against; the directory of the library found at build time (GANG_NCCL_LIBDIR) is the
+ * fallback when the loader's search does not find it. Calls go through nccl_lib, whose
+ * members carry the library's function names.
+ * --------------------------------------------------------------------------------- */
+#define NCCL_STR_(x) #x
+#define NCCL_STR(x) NCCL_STR_(x)
+#ifndef GANG_NCCL_LIBDIR
+#define GANG_NCCL_LIBDIR "/usr/local/cuda/lib64"
+#endif
+
+static struct {
+    __typeof__(&ncclGetUniqueId) ncclGetUniqueId;
+    __typeof__(&ncclGetErrorString) ncclGetErrorString;
+    __typeof__(&ncclGetLastError) ncclGetLastError;
+    __typeof__(&ncclCommInitRankConfig) ncclCommInitRankConfig;
+    __typeof__(&ncclCommGetAsyncError) ncclCommGetAsyncError;
+    __typeof__(&ncclCommAbort) ncclCommAbort;
+    __typeof__(&ncclCommFinalize) ncclCommFinalize;
+    __typeof__(&ncclCommDestroy) ncclCommDestroy;
+    __typeof__(&ncclCommSplit) ncclCommSplit;
+    __typeof__(&ncclCommUserRank) ncclCommUserRank;
+    __typeof__(&ncclCommCount) ncclCommCount;
+    __typeof__(&ncclAllReduce) ncclAllReduce;
+    __typeof__(&ncclAllGather) ncclAllGather;
+    __typeof__(&ncclBroadcast) ncclBroadcast;
+    __typeof__(&ncclSend) ncclSend;
+    __typeof__(&ncclRecv) ncclRecv;
+} nccl_lib;
+
+#define NCCL_ENTRY(fn)                                                                             \
+    {                                                                                              \
+        NCCL_STR(fn), (void **)&nccl_lib.fn                                                        \
+    }
+static const struct {
+    const char *name;
+    void **slot;
+} nccl_entries[] = {
+    NCCL_ENTRY(ncclGetUniqueId),
+    NCCL_ENTRY(ncclGetErrorString),
+    NCCL_ENTRY(ncclGetLastError),
+    NCCL_ENTRY(ncclCommInitRankConfig),
+    NCCL_ENTRY(ncclCommGetAsyncError),
+    NCCL_ENTRY(ncclCommAbort),
+    NCCL_ENTRY(ncclCommFinalize),
+    NCCL_ENTRY(ncclCommDestroy),
+    NCCL_ENTRY(ncclCommSplit),
+    NCCL_ENTRY(ncclCommUserRank),
+    NCCL_ENTRY(ncclCommCount),
+    NCCL_ENTRY(ncclAllReduce),
+    NCCL_ENTRY(ncclAllGather),
+    NCCL_ENTRY(ncclBroadcast),
+    NCCL_ENTRY(ncclSend),
+    NCCL_ENTRY(ncclRecv),
+};
+
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static int nccl_load_rc;
+
+/* Loads libnccl and every entry point once; the library is never unloaded. */
+static void nccl_load_once(void)
+{
+    const char *soname = "libnccl.so." NCCL_STR(NCCL_MAJOR);
+    char path[512];
+    void *lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+
+    nccl_load_rc = GANG_EIO;
+    if (lib == NULL) {
+        snprintf(path, sizeof(path), "%s/%s", GANG_NCCL_LIBDIR, soname);
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (lib == NULL) {
+            gang_error("comm/nccl: cannot load %s (also tried %s): %s", soname, path, dlerror());
+            return;
+        }
+    }
+    for (size_t i = 0; i < sizeof(nccl_entries) / sizeof(nccl_entries[0]); i++) {
+        *nccl_entries[i].slot = dlsym(lib, nccl_entries[i].name);
+        if (*nccl_entries[i].slot == NULL) {
+            gang_error("comm/nccl: %s has no %s: %s", soname, nccl_entries[i].name, dlerror());
+            return;
+        }
+    }
+    nccl_load_rc = 0;
+}
+
+/* 0 once libnccl is usable, GANG_EIO (logged) when it cannot be loaded. */
+static int nccl_load(void)
+{
+    pthread_once(&nccl_once, nccl_load_once);
+    return nccl_load_rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * The unique id travels as the bootstrap blob, hex-encoded so that it is printable and
+ * NUL-free like the socket backend's blob.
+ * --------------------------------------------------------------------------------- */
+#define NCCL_BLOB_LEN (2 * NCCL_UNIQUE_ID_BYTES)
+
+int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len)
+{
+    static const char hex[] = "0123456789abcdef";
+    ncclUniqueId id;
+    ncclResult_t r;
+
+    if (blob == NULL || len == NULL)
+        return GANG_EINVAL;
+    if (cap < NCCL_BLOB_LEN)
+        return GANG_ERANGE;
+    if (nccl_load() < 0)
+        return GANG_EIO;
+    r = nccl_lib.ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+        gang_error("comm/nccl: ncclGetUniqueId: %s", nccl_lib.ncclGetErrorString(r));
+        return r == ncclSystemError ? GANG_EIO : GANG_EINTERNAL;
+    }
+    for (size_t i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+        uint8_t b = (uint8_t)id.internal[i];
+
+        blob[2 * i] = (uint8_t)hex[b >> 4];
+        blob[2 * i + 1] = (uint8_t)hex[b & 15];
+    }
+    *len = NCCL_BLOB_LEN;
+    return 0;
+}
+
+static int hex_val(uint8_t ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+static int blob_to_id(const uint8_t *blob, size_t len, ncclUniqueId *id)
+{
+    if (blob == NULL || len != NCCL_BLOB_LEN)
+        return GANG_EINVAL;
+    for (size_t i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+        int hi = hex_val(blob[2 * i]), lo = hex_val(blob[2 * i + 1]);
+
+        if (hi < 0 || lo < 0)
+            return GANG_EINVAL;
+        id->internal[i] = (char)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Errors and the wait loop.
+ * --------------------------------------------------------------------------------- */
+static int nccl_err(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess:
+    case ncclInProgress:
+        return 0;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+        return GANG_EINVAL;
+    case ncclRemoteError:
+    case ncclSystemError:
+        return GANG_EPEER; /* a peer vanished or the network failed under us */
+    default:
+        return GANG_EIO;
+    }
+}
+
+static int nccl_log(nccl_impl *im, ncclResult_t r, const char *what)
+{
+    int rc = nccl_err(r);
+
+    if (rc < 0) {
+        gang_error("comm/nccl: %s: %s (%s)", what, nccl_lib.ncclGetErrorString(r),
+                   im != NULL && im->comm != NULL ? nccl_lib.ncclGetLastError(im->comm) : "");
+        if (im != NULL)
+            im->failed = 1;
+    }
+    return rc;
+}
+
+static int cuda_log(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    gang_error("comm/nccl: %s: %s", what, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? GANG_ENOMEM : GANG_EIO;
+}
+
+static void nccl_abort_now(nccl_impl *im)
+{
+    if (im->comm != NULL) {
+        nccl_lib.ncclCommAbort(im->comm);
+        im->comm = NULL;
+    }
+    im->failed = 1;
+}
+
+static void nccl_pause(uint64_t start_ns, uint64_t *sleep_ns)
+{
+    struct timespec ts;
+
+    if (gang_now_ns() - start_ns < NCCL_SPIN_NS)
+        return;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (long)*sleep_ns;
+    nanosleep(&ts, NULL);
+    if (*sleep_ns < NCCL_SLEEP_MAX_NS)
+        *sleep_ns *= 2;
+}
+
+/* Init only: the caller's cancel fd (gang_comm_config.cancel_fd) became readable. */
+static int nccl_cancelled(const nccl_impl *im)
+{
+    struct pollfd p = {.fd = im->cancel_fd, .events = POLLIN};
+
+    return im->cancel_fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/*
+ * Waits for the communicator's pending work (see the file comment for the loop). With
+ * on_stream == 0 only the communicator state is awaited (init, split); otherwise also the
+ * stream. On every error path the communicator is aborted, so it is never left with work
+ * in flight that could write into buffers the caller reuses.
+ */
+static int nccl_wait(gang_comm *c, nccl_impl *im, ncclComm_t comm, int on_stream,
+                     uint64_t deadline_ms, const char *what)
+{
+    uint64_t start = gang_now_ns(), sleep_ns = 20000;
+    ncclResult_t st;
+    cudaError_t e;
+    int rc;
+
+    for (;;) {
+        if (nccl_lib.ncclCommGetAsyncError(comm, &st) != ncclSuccess)
+            st = ncclInternalError;
+        if (st != ncclSuccess && st != ncclInProgress) {
+            rc = nccl_log(im, st, what);
+            goto out_abort;
+        }
+        if (st == ncclSuccess) {
+            if (!on_stream)
+                return 0;
+            e = cudaStreamQuery(im->stream);
+            if (e == cudaSuccess)
+                return 0;
+            if (e != cudaErrorNotReady) {
+                rc = cuda_log(e, what);
+                goto out_abort;
+            }
+        }
+        if (atomic_load(&c->aborted) || nccl_cancelled(im)) {
+            rc = GANG_EABORTED;
+            goto out_abort;
+        }
+        if (gang_now_ms() >= deadline_ms) {
+            gang_error("comm/nccl: %s: deadline passed, aborting the communicator", what);
+            rc = GANG_ETIMEDOUT;
+            goto out_abort;
+        }
+        nccl_pause(start, &sleep_ns);
+    }
+
+out_abort:
+    if (comm != im->comm) /* a split child still forming */
+        nccl_lib.ncclCommAbort(comm);
+    nccl_abort_now(im);
+    return rc;
+}
+
+/* Common prologue: the communicator is alive and its device is current. */
+static int nccl_enter(nccl_impl *im)
+{
+    if (im->comm == NULL || im->failed)
+        return GANG_EABORTED;
+    return cuda_log(cudaSetDevice(im->device), "cudaSetDevice");
+}
+
+static ncclDataType_t nccl_dtype(gang_dtype dt)
+{
+    switch (dt) {
+    case GANG_DTYPE_F16:
+        return ncclFloat16;
+    case GANG_DTYPE_BF16:
+        return ncclBfloat16;
+    case GANG_DTYPE_I32:
+        return ncclInt32;
+    case GANG_DTYPE_F32:
+        break;
+    }
+    return ncclFloat32;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Life cycle.
+ * --------------------------------------------------------------------------------- */
+
+/* Stream and scratch of a new communicator on the current device. */
+static int nccl_impl_new(nccl_impl **out)
+{
+    nccl_impl *im = calloc(1, sizeof(*im));
+    int rc;
+
+    *out = NULL;
+    if (im == NULL)
+        return GANG_ENOMEM;
+    im->cancel_fd = -1;
+    if ((rc = cuda_log(cudaGetDevice(&im->device), "no CUDA device")) < 0)
+        goto out_free;
+    rc =
+        cuda_log(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (rc < 0)
+        goto out_free;
+    if ((rc = cuda_log(cudaMalloc(&im->scratch, 256), "cudaMalloc of the scratch")) < 0)
+        goto out_stream;
+    *out = im;
+    return 0;
+
+out_stream:
+    cudaStreamDestroy(im->stream);
+out_free:
+    cudaGetLastError();
+    free(im);
+    return rc;
+}
+
+static void nccl_impl_release(nccl_impl *im)
+{
+    cudaSetDevice(im->device);
+    if (im->scratch != NULL)
+        cudaFree(im->scratch);
+    if (im->stream != NULL)
+        cudaStreamDestroy(im->stream);
+    free(im);
+}
+
+static int nccl_init(gang_comm *c, const gang_comm_config *cfg)
+{
+    ncclConfig_t conf = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId id;
+    nccl_impl *im;
+    uint64_t deadline = gang_now_ms() + cfg->timeout_ms;
+    int n = 0, rc;
+
+    if (blob_to_id(cfg->blob, cfg->blob_len, &id) < 0) {
+        gang_error("comm/nccl: the bootstrap blob is not a unique id from "
+                   "gang_comm_nccl_unique_id (%zu bytes)",
+                   cfg->blob_len);
+        return GANG_EINVAL;
+    }
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        gang_error("comm/nccl: no usable GPU");
+        return GANG_EIO;
+    }
+    if (nccl_load() < 0)
+        return GANG_EIO;
+    if ((rc = nccl_impl_new(&im)) < 0)
+        return rc;
+    c->impl = im;
+    im->cancel_fd = cfg->cancel_fd != NULL ? *cfg->cancel_fd : -1;
+    conf.blocking = 0;
+    rc = nccl_log(
+        im,
+        nccl_lib.ncclCommInitRankConfig(&im->comm, (int)cfg->world_size, id, (int)cfg->rank, &conf),
+        "ncclCommInitRankConfig");
+    if (rc < 0) {
+        if (im->comm != NULL)
+            nccl_abort_now(im);
+        goto out_free;
+    }
+    rc = nccl_wait(c, im, im->comm, 0, deadline, "ncclCommInitRankConfig");
+    im->cancel_fd = -1; /* from here gang_comm_abort() is the way to stop it */
+    if (rc < 0)
+        goto out_free;
+    return 0;
+
+out_free:
+    nccl_impl_release(im);
+    c->impl = NULL;
+    return rc;
+}
+
+/*
+ * A healthy communicator is finalized (its pending work flushed, bounded by
+ * NCCL_FINALIZE_MS) and destroyed; one that failed or was aborted is aborted, which never
+ * waits for peers.
+ */
+static void nccl_free(gang_comm *c)
+{
+    nccl_impl *im = c->impl;
+
+    if (im == NULL)
+        return;
+    cudaSetDevice(im->device);
+    if (im->comm != NULL && !im->failed && !atomic_load(&c->aborted)) {
+        uint64_t deadline = gang_now_ms() + NCCL_FINALIZE_MS;
+
+        if (nccl_log(im, nccl_lib.ncclCommFinalize(im->comm), "ncclCommFinalize") == 0 &&
+            nccl_wait(c, im, im->comm, 0, deadline, "ncclCommFinalize") == 0) {
+            nccl_lib.ncclCommDestroy(im->comm);
+            im->comm = NULL;
+        }
+    }
+    nccl_abort_now(im);
+    nccl_impl_release(im);
+    c->impl = NULL;
+}
+
+/*
+ * ncclCommSplit of every rank of c (non-blocking config inherited explicitly). The child
+ * gets its own stream; its rank and size come from NCCL itself.
+ */
+static int nccl_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, gang_comm *child)
+{
+    nccl_impl *im = c->impl, *ch;
+    ncclConfig_t conf = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t nc = NULL;
+    uint64_t deadline = gang_now_ms() + tmo;
+    int rank = 0, size = 0, rc;
+
+    if (color > INT32_MAX || key > INT32_MAX)
+        return GANG_EINVAL;
+    if ((rc = nccl_enter(im)) < 0)
+        return rc;
+    if ((rc = nccl_impl_new(&ch)) < 0)
+        return rc;
+    conf.blocking = 0;
+    rc = nccl_log(im, nccl_lib.ncclCommSplit(im->comm, (int)color, (int)key, &nc, &conf),
+                  "ncclCommSplit");
+    if (rc < 0) {
+        nccl_abort_now(im);
+        goto out_child;
+    }
+    /* The parent's state covers the split's collective part, the child's its init. */
+    if ((rc = nccl_wait(c, im, im->comm, 0, deadline, "ncclCommSplit")) < 0)
+        goto out_nc;
+    if (nc == NULL) {
+        rc = GANG_EINTERNAL;
+        goto out_child;
+    }
+    if ((rc = nccl_wait(c, im, nc, 0, deadline, "ncclCommSplit (child)")) < 0)
+        goto out_child; /* nccl_wait aborted nc */
+    ch->comm = nc;
+    if ((rc = nccl_log(ch, nccl_lib.ncclCommUserRank(nc, &rank), "ncclCommUserRank")) < 0 ||
+        (rc = nccl_log(ch, nccl_lib.ncclCommCount(nc, &size), "ncclCommCount")) < 0) {
+        nccl_abort_now(ch);
+        goto out_child;
+    }
+    child->rank = (uint32_t)rank;
+    child->size = (uint32_t)size;
+    child->impl = ch;
+    return 0;
+
+out_nc:
+    if (nc != NULL)
+        nccl_lib.ncclCommAbort(nc);
+out_child:
+    nccl_impl_release(ch);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Operations: enqueue on the communicator's stream, then wait with the deadline.
+ * --------------------------------------------------------------------------------- */
+
+/* Finishes an enqueue: a refused call aborts, an accepted one is awaited. */
+static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo, const char *what)
+{
+    uint64_t deadline = gang_now_ms() + tmo;
+    int rc = nccl_log(im, r, what);
+
+    if (rc < 0) {
+        nccl_abort_now(im);
+        return rc;
+    }
+    return nccl_wait(c, im, im->comm, 1, deadline, what);
+}
+
+static int nccl_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    if (rc < 0)
+        return rc;
+    return nccl_finish(
+        c, im,
+        nccl_lib.ncclAllReduce(buf, buf, count, nccl_dtype(dt), ncclSum, im->comm, im->stream), tmo,
+        "ncclAllReduce");
+}
+
+static int nccl_all_gather(gang_comm *c, const void *send, void *recv, size_t count, gang_dtype dt,
+                           uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    if (rc < 0)
+        return rc;
+    return nccl_finish(
+        c, im, nccl_lib.ncclAllGather(send, recv, count, nccl_dtype(dt), im->comm, im->stream), tmo,
+        "ncclAllGather");
+}
+
+static int nccl_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
+                          uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    if (rc < 0)
+        return rc;
+    return nccl_finish(
+        c, im,
+        nccl_lib.ncclBroadcast(buf, buf, count, nccl_dtype(dt), (int)root, im->comm, im->stream),
+        tmo, "ncclBroadcast");
+}
+
+static int nccl_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                     uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    (void)tag; /* not carried: see the file comment */
+    if (rc < 0)
+        return rc;
+    if (bytes == 0) {
+        buf = im->scratch;
+        bytes = 1;
+    }
+    return nccl_finish(c, im,
+                       nccl_lib.ncclSend(buf, bytes, ncclInt8, (int)peer, im->comm, im->stream),
+                       tmo, "ncclSend");
+}
+
+static int nccl_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                     uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    (void)tag;
+    if (rc < 0)
+        return rc;
+    if (bytes == 0) {
+        buf = (char *)im->scratch + 128;
+        bytes = 1;
+    }
+    return nccl_finish(c, im,
+                       nccl_lib.ncclRecv(buf, bytes, ncclInt8, (int)peer, im->comm, im->stream),
+                       tmo, "ncclRecv");
+}
+
+/* An all-reduce of one device word: no rank finishes before every rank has joined. */
+static int nccl_barrier(gang_comm *c, uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    if (rc < 0)
+        return rc;
+    return nccl_finish(c, im,
+                       nccl_lib.ncclAllReduce(im->scratch, im->scratch, 1, ncclInt32, ncclSum,
+                                              im->comm, im->stream),
+                       tmo, "barrier");
+}
+
+/* Called by gang_comm_abort() after it set the flag, possibly from another thread: the
+ * driving thread's nccl_wait() performs the ncclCommAbort (see the file comment). */
+static void nccl_abort(gang_comm *c)
+{
+    (void)c;
+}
+
+const gang__comm_ops gang__comm_nccl_ops = {
+    .name = "nccl",
+    .init = nccl_init,
+    .free = nccl_free,
+    .split = nccl_split,
+    .all_reduce = nccl_all_reduce,
+    .all_gather = nccl_all_gather,
+    .broadcast = nccl_broadcast,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .barrier = nccl_barrier,
+    .abort = nccl_abort,
+};
