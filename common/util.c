@@ -1,5 +1,7 @@
 /* Small string and number helpers shared by every module. */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,4 +35,15 @@ int gang_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
         return GANG_ERANGE;
     *out = (int64_t)v;
     return 0;
+}
+
+void gang_set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err == NULL || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }

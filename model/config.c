@@ -48,7 +48,7 @@ static int cfg_uint(const cfg_ctx *c, const char *key, int64_t def, uint32_t lo,
 
     if (v == NULL) {
         if (def < 0) {
-            gang__model_err(c->err, c->errlen, "%s: field \"%s\" is missing", c->path, key);
+            gang_set_err(c->err, c->errlen, "%s: field \"%s\" is missing", c->path, key);
             return GANG_EMODEL;
         }
         *out = (uint32_t)def;
@@ -56,11 +56,11 @@ static int cfg_uint(const cfg_ctx *c, const char *key, int64_t def, uint32_t lo,
     }
     d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d == floor(d))) {
-        gang__model_err(c->err, c->errlen, "%s: field \"%s\" is not an integer", c->path, key);
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is not an integer", c->path, key);
         return GANG_EMODEL;
     }
     if (d < (double)lo || d > (double)hi) {
-        gang__model_err(c->err, c->errlen, "%s: field \"%s\" = %.0f is outside [%u, %u]", c->path,
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" = %.0f is outside [%u, %u]", c->path,
                         key, d, lo, hi);
         return GANG_EMODEL;
     }
@@ -80,7 +80,7 @@ static int cfg_float(const cfg_ctx *c, const char *key, double def, double hi, f
     }
     d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d > 0.0) || !(d <= hi)) {
-        gang__model_err(c->err, c->errlen, "%s: field \"%s\" is not a number in (0, %g]", c->path,
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is not a number in (0, %g]", c->path,
                         key, hi);
         return GANG_EMODEL;
     }
@@ -98,7 +98,7 @@ static int cfg_bool(const cfg_ctx *c, const char *key, int def, int32_t *out)
         return 0;
     }
     if (!cJSON_IsBool(v)) {
-        gang__model_err(c->err, c->errlen, "%s: field \"%s\" is not a boolean", c->path, key);
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is not a boolean", c->path, key);
         return GANG_EMODEL;
     }
     *out = cJSON_IsTrue(v) ? 1 : 0;
@@ -121,7 +121,7 @@ static int cfg_token(const cfg_ctx *c, const char *key, uint32_t vocab, int32_t 
         v = cJSON_GetArrayItem(v, 0);
     d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d == floor(d)) || d < 0 || d >= (double)vocab) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: field \"%s\" is not a token id (or a list of them) in [0, %u)",
                         c->path, key, vocab);
         return GANG_EMODEL;
@@ -155,7 +155,7 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
             }
         }
         a = cJSON_GetArrayItem(archs, 0);
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
                         "MistralForCausalLM and Qwen2ForCausalLM are)",
                         c->path, cJSON_IsString(a) ? a->valuestring : "?");
@@ -168,12 +168,12 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
                 return 0;
             }
         }
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: unsupported model_type \"%.64s\" (llama, mistral and qwen2 are)",
                         c->path, type->valuestring);
         return GANG_EMODEL;
     }
-    gang__model_err(c->err, c->errlen,
+    gang_set_err(c->err, c->errlen,
                     "%s: neither \"architectures\" nor \"model_type\" names the architecture",
                     c->path);
     return GANG_EMODEL;
@@ -199,7 +199,7 @@ static int cfg_dtype(const cfg_ctx *c, gang_dtype *dt)
         *dt = GANG_DTYPE_BF16;
         return 0;
     }
-    gang__model_err(c->err, c->errlen,
+    gang_set_err(c->err, c->errlen,
                     "%s: field \"torch_dtype\" is not \"float32\", \"float16\" or \"bfloat16\"",
                     c->path);
     return GANG_EMODEL;
@@ -218,13 +218,13 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
     int rc;
 
     if (cfg_get(c, "rope_scaling") != NULL) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: \"rope_scaling\" is set; RoPE scaling is not implemented", c->path);
         return GANG_EMODEL;
     }
     v = cfg_get(c, "hidden_act");
     if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, "silu") == 0)) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: \"hidden_act\" is not \"silu\"; only SwiGLU MLPs are implemented",
                         c->path);
         return GANG_EMODEL;
@@ -233,7 +233,7 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
     if (rc != 0)
         return rc;
     if (mlp_bias) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: \"mlp_bias\" is true; MLP biases are not "
                         "implemented",
                         c->path);
@@ -241,7 +241,7 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
     }
     v = cfg_get(c, "head_dim");
     if (v != NULL && !(cJSON_IsNumber(v) && v->valuedouble == (double)cfg->head_dim)) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: \"head_dim\" differs from hidden_size / num_attention_heads = %u; "
                         "a separate head_dim is not implemented",
                         c->path, cfg->head_dim);
@@ -258,7 +258,7 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
         if (rc != 0)
             return rc;
         if (sw < cfg->max_pos) {
-            gang__model_err(c->err, c->errlen,
+            gang_set_err(c->err, c->errlen,
                             "%s: \"sliding_window\" = %u is shorter than "
                             "max_position_embeddings = %u; sliding-window attention is not "
                             "implemented",
@@ -314,20 +314,20 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
     if (cfg->arch == GANG_ARCH_QWEN2) {
         cfg->attn_bias = 1;
     } else if (cfg->attn_bias) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: \"attention_bias\" is true; the o_proj bias it implies is not "
                         "implemented",
                         c->path);
         return GANG_EMODEL;
     }
     if (cfg->hidden % cfg->n_heads != 0) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: hidden_size %u is not divisible by num_attention_heads %u", c->path,
                         cfg->hidden, cfg->n_heads);
         return GANG_EMODEL;
     }
     if (cfg->n_kv_heads > cfg->n_heads || cfg->n_heads % cfg->n_kv_heads != 0) {
-        gang__model_err(c->err, c->errlen,
+        gang_set_err(c->err, c->errlen,
                         "%s: num_attention_heads %u is not divisible by num_key_value_heads %u",
                         c->path, cfg->n_heads, cfg->n_kv_heads);
         return GANG_EMODEL;
@@ -350,7 +350,7 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
     if (dir == NULL || cfg == NULL)
         return GANG_EINVAL;
     if (snprintf(path, sizeof(path), "%s/config.json", dir) >= (int)sizeof(path)) {
-        gang__model_err(err, errlen, "%s: model directory path too long", dir);
+        gang_set_err(err, errlen, "%s: model directory path too long", dir);
         return GANG_EMODEL;
     }
     rc = gang__read_small_file(path, GANG_MODEL_MAX_CONFIG_BYTES, &text, &len, err, errlen);
@@ -358,7 +358,7 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
         return rc;
     root = cJSON_ParseWithLength(text, len);
     if (root == NULL || !cJSON_IsObject(root)) {
-        gang__model_err(err, errlen, "%s: not a JSON object", path);
+        gang_set_err(err, errlen, "%s: not a JSON object", path);
         rc = GANG_EMODEL;
         goto out_free;
     }

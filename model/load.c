@@ -63,7 +63,7 @@ static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
 
     *out = NULL;
     if (gang__st_set_find(&L->set, name, &f, &t) != 0) {
-        gang__model_err(L->err, L->errlen, "%s: tensor %s is missing", ld_where(L), name);
+        gang_set_err(L->err, L->errlen, "%s: tensor %s is missing", ld_where(L), name);
         return GANG_EMODEL;
     }
     want[0] = rows == 0 ? cols : rows;
@@ -71,7 +71,7 @@ static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
     if (t->ndim != want_ndim || t->shape[0] != want[0] || (want_ndim == 2 && t->shape[1] != cols)) {
         ld_shape_str(t->shape, t->ndim, got_s, sizeof(got_s));
         ld_shape_str(want, want_ndim, want_s, sizeof(want_s));
-        gang__model_err(L->err, L->errlen, "%s: tensor %s has shape %s, config.json implies %s",
+        gang_set_err(L->err, L->errlen, "%s: tensor %s has shape %s, config.json implies %s",
                         f->base, name, got_s, want_s);
         return GANG_EMODEL;
     }
@@ -82,7 +82,7 @@ static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
         return GANG_ENOMEM;
     rc = gang__st_read(f, t, row_first, row_count, col_first, col_count, *out);
     if (rc != 0) {
-        gang__model_err(L->err, L->errlen, "%s: tensor %s: %s", f->base, name,
+        gang_set_err(L->err, L->errlen, "%s: tensor %s: %s", f->base, name,
                         rc == GANG_EIO ? "read failed (the file changed or shrank?)"
                                        : "band outside the tensor");
         free(*out);
@@ -178,7 +178,7 @@ static int ld_check_layout(const gang_model_config *c, const gang_topology *t, c
     if (t->n_layers == c->n_layers && t->n_heads == c->n_heads && t->n_kv_heads == c->n_kv_heads &&
         t->ffn == c->ffn && t->hidden == c->hidden && t->vocab == c->vocab)
         return 0;
-    gang__model_err(err, errlen,
+    gang_set_err(err, errlen,
                     "%s/config.json: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
                     "%u differ from the layout's %u, %u, %u, %u, %u, %u",
                     dir, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn, c->hidden, c->vocab,

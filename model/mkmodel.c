@@ -238,7 +238,7 @@ static int mk_write(FILE *fp, const void *p, size_t n, const char *path, char *e
 {
     if (n > 0 && fwrite(p, 1, n, fp) != n) {
         int rc = gang_err_from_errno(errno ? errno : EIO);
-        gang__model_err(err, errlen, "%s: write failed: %s", path, strerror(errno ? errno : EIO));
+        gang_set_err(err, errlen, "%s: write failed: %s", path, strerror(errno ? errno : EIO));
         return rc;
     }
     return 0;
@@ -249,11 +249,11 @@ static int mk_commit(FILE *fp, int rc, const char *tmp, const char *path, char *
 {
     if (fclose(fp) != 0 && rc == 0) {
         rc = gang_err_from_errno(errno);
-        gang__model_err(err, errlen, "%s: close failed: %s", tmp, strerror(errno));
+        gang_set_err(err, errlen, "%s: close failed: %s", tmp, strerror(errno));
     }
     if (rc == 0 && rename(tmp, path) != 0) {
         rc = gang_err_from_errno(errno);
-        gang__model_err(err, errlen, "%s: rename failed: %s", path, strerror(errno));
+        gang_set_err(err, errlen, "%s: rename failed: %s", path, strerror(errno));
     }
     if (rc != 0)
         unlink(tmp);
@@ -266,7 +266,7 @@ static FILE *mk_open_tmp(const char *tmp, int *rc, char *err, size_t errlen)
 
     if (fp == NULL) {
         *rc = gang_err_from_errno(errno);
-        gang__model_err(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        gang_set_err(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
     }
     return fp;
 }
@@ -376,7 +376,7 @@ static int mk_write_index(const gang_mkmodel_opts *o, const mk_list *l, uint64_t
     fprintf(fp, "  }\n}\n");
     if (ferror(fp)) {
         rc = GANG_EIO;
-        gang__model_err(err, errlen, "%s: write failed", tmp);
+        gang_set_err(err, errlen, "%s: write failed", tmp);
     }
     return mk_commit(fp, rc, tmp, path, err, errlen);
 }
@@ -419,7 +419,7 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
             dt);
     if (ferror(fp)) {
         rc = GANG_EIO;
-        gang__model_err(err, errlen, "%s: write failed", tmp);
+        gang_set_err(err, errlen, "%s: write failed", tmp);
     }
     return mk_commit(fp, rc, tmp, path, err, errlen);
 }
@@ -431,7 +431,7 @@ static int mk_mkdirs(const char *dir, char *err, size_t errlen)
     size_t i, n = strlen(dir);
 
     if (n == 0 || n >= sizeof(buf)) {
-        gang__model_err(err, errlen, "mkmodel: output directory path empty or too long");
+        gang_set_err(err, errlen, "mkmodel: output directory path empty or too long");
         return GANG_EUSAGE;
     }
     memcpy(buf, dir, n + 1);
@@ -441,7 +441,7 @@ static int mk_mkdirs(const char *dir, char *err, size_t errlen)
         buf[i] = '\0';
         if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
             int rc = gang_err_from_errno(errno);
-            gang__model_err(err, errlen, "%s: cannot create directory: %s", buf, strerror(errno));
+            gang_set_err(err, errlen, "%s: cannot create directory: %s", buf, strerror(errno));
             return rc;
         }
         buf[i] = dir[i];
@@ -477,7 +477,7 @@ static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
         why = "shards must be in [1, 99999]";
     if (why == NULL)
         return 0;
-    gang__model_err(err, errlen, "mkmodel: %s", why);
+    gang_set_err(err, errlen, "mkmodel: %s", why);
     return GANG_EUSAGE;
 }
 
@@ -503,7 +503,7 @@ int gang_mkmodel(const gang_mkmodel_opts *o, char *err, size_t errlen)
     if (rc != 0)
         goto out_free;
     if (o->shards > l.n) {
-        gang__model_err(err, errlen, "mkmodel: %u shards for %zu tensors", o->shards, l.n);
+        gang_set_err(err, errlen, "mkmodel: %u shards for %zu tensors", o->shards, l.n);
         rc = GANG_EUSAGE;
         goto out_free;
     }

@@ -31,17 +31,6 @@ struct gang__st_entry {
     size_t file;
 };
 
-void gang__model_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* pread until n bytes or an error; returns 0 or -1 (errno set; 0 for a short file). */
 static int st_pread_full(int fd, void *buf, size_t n, uint64_t off)
 {
@@ -74,16 +63,16 @@ int gang__read_small_file(const char *path, size_t max, char **out, size_t *len,
     *len = 0;
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        gang__model_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        gang_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return GANG_EMODEL;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        gang__model_err(err, errlen, "%s: not a regular file", path);
+        gang_set_err(err, errlen, "%s: not a regular file", path);
         rc = GANG_EMODEL;
         goto out_close;
     }
     if ((uint64_t)st.st_size > max) {
-        gang__model_err(err, errlen, "%s: file of %lld bytes is larger than the limit of %zu", path,
+        gang_set_err(err, errlen, "%s: file of %lld bytes is larger than the limit of %zu", path,
                         (long long)st.st_size, max);
         rc = GANG_EMODEL;
         goto out_close;
@@ -94,7 +83,7 @@ int gang__read_small_file(const char *path, size_t max, char **out, size_t *len,
         goto out_close;
     }
     if (st_pread_full(fd, buf, (size_t)st.st_size, 0) != 0) {
-        gang__model_err(err, errlen, "%s: read failed: %s", path,
+        gang_set_err(err, errlen, "%s: read failed: %s", path,
                         errno ? strerror(errno) : "file shrank");
         free(buf);
         rc = GANG_EMODEL;
@@ -151,7 +140,7 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     uint32_t n = 0;
 
     if (!cJSON_IsObject(item)) {
-        gang__model_err(err, errlen, "%s: tensor %.200s: header entry is not an object", f->base,
+        gang_set_err(err, errlen, "%s: tensor %.200s: header entry is not an object", f->base,
                         t->name);
         return GANG_EMODEL;
     }
@@ -159,21 +148,21 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs)) {
-        gang__model_err(err, errlen,
+        gang_set_err(err, errlen,
                         "%s: tensor %.200s: header entry lacks a string \"dtype\", an array "
                         "\"shape\" or an array \"data_offsets\"",
                         f->base, t->name);
         return GANG_EMODEL;
     }
     if (st_parse_dtype(dtype->valuestring, &t->dtype) != 0) {
-        gang__model_err(err, errlen,
+        gang_set_err(err, errlen,
                         "%s: tensor %.200s: unsupported dtype \"%.16s\" (F32, F16 and BF16 are "
                         "read)",
                         f->base, t->name, dtype->valuestring);
         return GANG_EMODEL;
     }
     if (cJSON_GetArraySize(shape) > GANG__ST_MAX_DIMS) {
-        gang__model_err(err, errlen, "%s: tensor %.200s: shape has more than %d dimensions",
+        gang_set_err(err, errlen, "%s: tensor %.200s: shape has more than %d dimensions",
                         f->base, t->name, GANG__ST_MAX_DIMS);
         return GANG_EMODEL;
     }
@@ -181,14 +170,14 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     cJSON_ArrayForEach(dim, shape)
     {
         if (st_json_u64(dim, &v) != 0) {
-            gang__model_err(err, errlen,
+            gang_set_err(err, errlen,
                             "%s: tensor %.200s: shape holds a value that is not a non-negative "
                             "integer",
                             f->base, t->name);
             return GANG_EMODEL;
         }
         if (__builtin_mul_overflow(t->numel, v, &t->numel)) {
-            gang__model_err(err, errlen, "%s: tensor %.200s: element count overflows", f->base,
+            gang_set_err(err, errlen, "%s: tensor %.200s: element count overflows", f->base,
                             t->name);
             return GANG_EMODEL;
         }
@@ -197,13 +186,13 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     t->ndim = n;
     if (cJSON_GetArraySize(offs) != 2 || st_json_u64(cJSON_GetArrayItem(offs, 0), &t->begin) != 0 ||
         st_json_u64(cJSON_GetArrayItem(offs, 1), &t->end) != 0) {
-        gang__model_err(err, errlen,
+        gang_set_err(err, errlen,
                         "%s: tensor %.200s: data_offsets is not a pair of non-negative integers",
                         f->base, t->name);
         return GANG_EMODEL;
     }
     if (t->begin > t->end || t->end > data_size) {
-        gang__model_err(err, errlen,
+        gang_set_err(err, errlen,
                         "%s: tensor %.200s: data_offsets [%llu, %llu] outside the data section "
                         "of %llu bytes",
                         f->base, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
@@ -212,7 +201,7 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     }
     if (__builtin_mul_overflow(t->numel, (uint64_t)gang_dtype_size(t->dtype), &bytes) ||
         t->end - t->begin != bytes) {
-        gang__model_err(err, errlen,
+        gang_set_err(err, errlen,
                         "%s: tensor %.200s: data_offsets [%llu, %llu] hold %llu bytes, but "
                         "dtype x shape needs %llu",
                         f->base, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
@@ -250,7 +239,7 @@ static int st_check_tensor_set(gang__st_file *f, char *err, size_t errlen)
     qsort(f->tensors, f->n_tensors, sizeof(*f->tensors), st_cmp_name);
     for (i = 1; i < f->n_tensors; i++) {
         if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0) {
-            gang__model_err(err, errlen, "%s: tensor %.200s appears twice in the header", f->base,
+            gang_set_err(err, errlen, "%s: tensor %.200s appears twice in the header", f->base,
                             f->tensors[i].name);
             return GANG_EMODEL;
         }
@@ -266,7 +255,7 @@ static int st_check_tensor_set(gang__st_file *f, char *err, size_t errlen)
     qsort(by_begin, n, sizeof(*by_begin), st_cmp_begin);
     for (i = 1; i < n; i++) {
         if (by_begin[i]->begin < by_begin[i - 1]->end) {
-            gang__model_err(err, errlen,
+            gang_set_err(err, errlen,
                             "%s: tensors %.200s and %.200s overlap in the data section", f->base,
                             by_begin[i - 1]->name, by_begin[i]->name);
             rc = GANG_EMODEL;
@@ -289,14 +278,14 @@ static int st_parse_header(gang__st_file *f, const char *hdr, size_t hlen, char 
 
     root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
     if (root == NULL || !cJSON_IsObject(root)) {
-        gang__model_err(err, errlen, "%s: header of %zu bytes is not a JSON object", f->base, hlen);
+        gang_set_err(err, errlen, "%s: header of %zu bytes is not a JSON object", f->base, hlen);
         rc = GANG_EMODEL;
         goto out_free;
     }
     /* Writers pad the header with spaces up to an alignment; anything else is damage. */
     for (; end != NULL && end < hdr + hlen; end++) {
         if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r') {
-            gang__model_err(err, errlen, "%s: bytes after the JSON header at offset %zu", f->base,
+            gang_set_err(err, errlen, "%s: bytes after the JSON header at offset %zu", f->base,
                             (size_t)(end - hdr) + 8);
             rc = GANG_EMODEL;
             goto out_free;
@@ -314,7 +303,7 @@ static int st_parse_header(gang__st_file *f, const char *hdr, size_t hlen, char 
 
         if (strcmp(item->string, "__metadata__") == 0) {
             if (!cJSON_IsObject(item)) {
-                gang__model_err(err, errlen, "%s: __metadata__ is not an object", f->base);
+                gang_set_err(err, errlen, "%s: __metadata__ is not an object", f->base);
                 rc = GANG_EMODEL;
                 goto out_free;
             }
@@ -352,18 +341,18 @@ int gang__st_open(const char *path, gang__st_file *f, char *err, size_t errlen)
     f->base = strrchr(f->path, '/') ? strrchr(f->path, '/') + 1 : f->path;
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) {
-        gang__model_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        gang_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         rc = GANG_EMODEL;
         goto out_close;
     }
     if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        gang__model_err(err, errlen, "%s: not a regular file", path);
+        gang_set_err(err, errlen, "%s: not a regular file", path);
         rc = GANG_EMODEL;
         goto out_close;
     }
     f->size = (uint64_t)st.st_size;
     if (f->size < 8 || st_pread_full(f->fd, lenbuf, 8, 0) != 0) {
-        gang__model_err(err, errlen, "%s: file of %llu bytes has no 8-byte header length", f->base,
+        gang_set_err(err, errlen, "%s: file of %llu bytes has no 8-byte header length", f->base,
                         (unsigned long long)f->size);
         rc = GANG_EMODEL;
         goto out_close;
@@ -371,13 +360,13 @@ int gang__st_open(const char *path, gang__st_file *f, char *err, size_t errlen)
     for (i = 7; i >= 0; i--)
         hlen = (hlen << 8) | lenbuf[i];
     if (hlen > GANG_MODEL_MAX_HEADER_BYTES) {
-        gang__model_err(err, errlen, "%s: header length %llu exceeds the limit of %u bytes",
+        gang_set_err(err, errlen, "%s: header length %llu exceeds the limit of %u bytes",
                         f->base, (unsigned long long)hlen, GANG_MODEL_MAX_HEADER_BYTES);
         rc = GANG_EMODEL;
         goto out_close;
     }
     if (hlen > f->size - 8) {
-        gang__model_err(err, errlen,
+        gang_set_err(err, errlen,
                         "%s: header length %llu is beyond the end of the file (%llu bytes)",
                         f->base, (unsigned long long)hlen, (unsigned long long)f->size);
         rc = GANG_EMODEL;
@@ -390,7 +379,7 @@ int gang__st_open(const char *path, gang__st_file *f, char *err, size_t errlen)
         goto out_close;
     }
     if (st_pread_full(f->fd, hdr, (size_t)hlen, 8) != 0) {
-        gang__model_err(err, errlen, "%s: cannot read the header: %s", f->base,
+        gang_set_err(err, errlen, "%s: cannot read the header: %s", f->base,
                         errno ? strerror(errno) : "file shrank");
         rc = GANG_EMODEL;
         goto out_close;
@@ -544,7 +533,7 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
     root = cJSON_ParseWithLength(text, len);
     wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (root == NULL || !cJSON_IsObject(root) || !cJSON_IsObject(wm)) {
-        gang__model_err(err, errlen, "%s: not a JSON object with an object \"weight_map\"",
+        gang_set_err(err, errlen, "%s: not a JSON object with an object \"weight_map\"",
                         GANG__ST_INDEX_NAME);
         rc = GANG_EMODEL;
         goto out_free;
@@ -559,7 +548,7 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
     cJSON_ArrayForEach(item, wm)
     {
         if (!cJSON_IsString(item) || !st_shard_name_ok(item->valuestring)) {
-            gang__model_err(err, errlen,
+            gang_set_err(err, errlen,
                             "%s: tensor %.200s maps to \"%.200s\", which is not a plain file "
                             "name in the model directory",
                             GANG__ST_INDEX_NAME, item->string,
@@ -580,7 +569,7 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
         s->n_entries++;
     }
     if (n_names == 0) {
-        gang__model_err(err, errlen, "%s: \"weight_map\" is empty", GANG__ST_INDEX_NAME);
+        gang_set_err(err, errlen, "%s: \"weight_map\" is empty", GANG__ST_INDEX_NAME);
         rc = GANG_EMODEL;
         goto out_free;
     }
@@ -594,7 +583,7 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
         rc = gang__st_open(path, &s->files[i], err, errlen);
         if (rc != 0) {
             if (rc == GANG_EMODEL && access(path, F_OK) != 0)
-                gang__model_err(err, errlen, "%s: names shard %.200s, which is missing",
+                gang_set_err(err, errlen, "%s: names shard %.200s, which is missing",
                                 GANG__ST_INDEX_NAME, names[i]);
             goto out_free;
         }
@@ -605,13 +594,13 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
         const gang__st_file *f = &s->files[s->entries[i].file];
 
         if (i > 0 && strcmp(s->entries[i - 1].name, s->entries[i].name) == 0) {
-            gang__model_err(err, errlen, "%s: tensor %.200s appears twice in \"weight_map\"",
+            gang_set_err(err, errlen, "%s: tensor %.200s appears twice in \"weight_map\"",
                             GANG__ST_INDEX_NAME, s->entries[i].name);
             rc = GANG_EMODEL;
             goto out_free;
         }
         if (gang__st_find(f, s->entries[i].name) == NULL) {
-            gang__model_err(err, errlen, "%s: maps tensor %.200s to %s, which does not hold it",
+            gang_set_err(err, errlen, "%s: maps tensor %.200s to %s, which does not hold it",
                             GANG__ST_INDEX_NAME, s->entries[i].name, f->base);
             rc = GANG_EMODEL;
             goto out_free;
@@ -632,7 +621,7 @@ int gang__st_set_open(const char *dir, gang__st_set *s, char *err, size_t errlen
 
     memset(s, 0, sizeof(*s));
     if (snprintf(path, sizeof(path), "%s/%s", dir, GANG__ST_SINGLE_NAME) >= (int)sizeof(path)) {
-        gang__model_err(err, errlen, "%s: model directory path too long", dir);
+        gang_set_err(err, errlen, "%s: model directory path too long", dir);
         return GANG_EMODEL;
     }
     if (stat(path, &st) == 0) {
@@ -645,7 +634,7 @@ int gang__st_set_open(const char *dir, gang__st_set *s, char *err, size_t errlen
     } else {
         snprintf(path, sizeof(path), "%s/%s", dir, GANG__ST_INDEX_NAME);
         if (stat(path, &st) != 0) {
-            gang__model_err(err, errlen, "%s: neither %s nor %s found", dir, GANG__ST_SINGLE_NAME,
+            gang_set_err(err, errlen, "%s: neither %s nor %s found", dir, GANG__ST_SINGLE_NAME,
                             GANG__ST_INDEX_NAME);
             return GANG_EMODEL;
         }

@@ -115,8 +115,5 @@ int gang__st_set_find(const gang__st_set *s, const char *name, const gang__st_fi
 int gang__read_small_file(const char *path, size_t max, char **out, size_t *len, char *err,
                           size_t errlen);
 
-/* snprintf into err when errlen > 0 (a no-op otherwise). */
-void gang__model_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 #endif /* GANGLION_MODEL_SAFETENSORS_H */

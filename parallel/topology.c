@@ -9,21 +9,6 @@
 
 #include "ganglion/parallel.h"
 
-/* Writes a formatted message into err when the caller gave room for one. */
-static void topo_set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void topo_set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /*
  * Checks that every field is in range on its own; the relations between fields are
  * checked by topo_check_layout. Returns 0 or GANG_EUSAGE with a message.
@@ -49,13 +34,13 @@ static int topo_check_fields(const gang_topology_config *cfg, char *err, size_t 
 
     for (i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (fields[i].value <= 0) {
-            topo_set_err(err, errlen, "topology: %s must be positive, got %d", fields[i].name,
+            gang_set_err(err, errlen, "topology: %s must be positive, got %d", fields[i].name,
                          (int)fields[i].value);
             return GANG_EUSAGE;
         }
     }
     if (cfg->allow_cross_node_tp != 0 && cfg->allow_cross_node_tp != 1) {
-        topo_set_err(err, errlen, "topology: allow_cross_node_tp must be 0 or 1, got %d",
+        gang_set_err(err, errlen, "topology: allow_cross_node_tp must be 0 or 1, got %d",
                      (int)cfg->allow_cross_node_tp);
         return GANG_EUSAGE;
     }
@@ -72,7 +57,7 @@ static int topo_check_gang(const gang_topology_config *cfg, char *err, size_t er
     int64_t tp_pp = (int64_t)cfg->tp * cfg->pp;
 
     if (world > GANG_TOPOLOGY_MAX_WORLD) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: world size nnodes (%d) x nproc_per_node (%d) = %lld exceeds "
                      "the limit of %d ranks",
                      (int)cfg->nnodes, (int)cfg->nproc_per_node, (long long)world,
@@ -80,7 +65,7 @@ static int topo_check_gang(const gang_topology_config *cfg, char *err, size_t er
         return GANG_EUSAGE;
     }
     if (tp_pp != world) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: tp (%d) x pp (%d) = %lld does not equal the world size "
                      "nnodes (%d) x nproc_per_node (%d) = %lld",
                      (int)cfg->tp, (int)cfg->pp, (long long)tp_pp, (int)cfg->nnodes,
@@ -89,7 +74,7 @@ static int topo_check_gang(const gang_topology_config *cfg, char *err, size_t er
     }
     if (!cfg->allow_cross_node_tp &&
         (cfg->tp > cfg->nproc_per_node || cfg->nproc_per_node % cfg->tp != 0)) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: a TP group of tp (%d) ranks would span nodes: tp must divide "
                      "nproc_per_node (%d) unless cross-node TP is allowed",
                      (int)cfg->tp, (int)cfg->nproc_per_node);
@@ -105,43 +90,43 @@ static int topo_check_gang(const gang_topology_config *cfg, char *err, size_t er
 static int topo_check_model(const gang_topology_config *cfg, char *err, size_t errlen)
 {
     if (cfg->pp > cfg->n_layers) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: pp (%d) exceeds n_layers (%d): every pipeline stage needs at "
                      "least one layer",
                      (int)cfg->pp, (int)cfg->n_layers);
         return GANG_EUSAGE;
     }
     if (cfg->n_heads % cfg->n_kv_heads != 0) {
-        topo_set_err(err, errlen, "topology: n_heads (%d) is not divisible by n_kv_heads (%d)",
+        gang_set_err(err, errlen, "topology: n_heads (%d) is not divisible by n_kv_heads (%d)",
                      (int)cfg->n_heads, (int)cfg->n_kv_heads);
         return GANG_EUSAGE;
     }
     if (cfg->n_heads % cfg->tp != 0) {
-        topo_set_err(err, errlen, "topology: tp (%d) does not divide n_heads (%d)", (int)cfg->tp,
+        gang_set_err(err, errlen, "topology: tp (%d) does not divide n_heads (%d)", (int)cfg->tp,
                      (int)cfg->n_heads);
         return GANG_EUSAGE;
     }
     if (cfg->n_kv_heads % cfg->tp != 0 && cfg->tp % cfg->n_kv_heads != 0) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: tp (%d) neither divides n_kv_heads (%d) nor is a multiple of "
                      "it, so the kv heads can be neither split nor replicated evenly",
                      (int)cfg->tp, (int)cfg->n_kv_heads);
         return GANG_EUSAGE;
     }
     if (cfg->ffn % cfg->tp != 0) {
-        topo_set_err(err, errlen, "topology: tp (%d) does not divide ffn (%d)", (int)cfg->tp,
+        gang_set_err(err, errlen, "topology: tp (%d) does not divide ffn (%d)", (int)cfg->tp,
                      (int)cfg->ffn);
         return GANG_EUSAGE;
     }
     if (cfg->hidden % cfg->n_heads != 0) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: hidden (%d) is not divisible by n_heads (%d), so there is no "
                      "whole head_dim",
                      (int)cfg->hidden, (int)cfg->n_heads);
         return GANG_EUSAGE;
     }
     if (cfg->vocab < cfg->tp) {
-        topo_set_err(err, errlen,
+        gang_set_err(err, errlen,
                      "topology: vocab (%d) is smaller than tp (%d): some rank would hold no "
                      "LM-head column",
                      (int)cfg->vocab, (int)cfg->tp);
@@ -158,7 +143,7 @@ int gang_topology_init(const gang_topology_config *cfg, gang_topology *t, char *
     if (err != NULL && errlen > 0)
         err[0] = '\0';
     if (cfg == NULL || t == NULL) {
-        topo_set_err(err, errlen, "topology: NULL config or result");
+        gang_set_err(err, errlen, "topology: NULL config or result");
         return GANG_EINVAL;
     }
     rc = topo_check_fields(cfg, err, errlen);

@@ -18,20 +18,6 @@
 /* Largest node count the registry accepts for --nnodes; sources may not exceed it either. */
 #define IDENTITY_MAX_NODES 4096
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 const char *gang_identity_source_name(gang_identity_source s)
 {
     switch (s) {
@@ -156,7 +142,7 @@ static int coordinator_from_flag(const gang_params *p, gang_identity *id, const 
                                   sizeof(id->coordinator_host), &id->coordinator_port);
 
     if (rc < 0)
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "--coordinator '%s' (%s): expected HOST:PORT or [IPv6]:PORT with a port in "
                 "1..65535 and a host shorter than %d bytes",
                 p->coordinator, why, GANG_HOST_MAX);
@@ -172,7 +158,7 @@ static int coordinator_port_from_param(const gang_params *p, gang_identity *id, 
                                        size_t errlen)
 {
     if (p->rdzv_port < 0 || p->rdzv_port > 65535 || (p->rdzv_port == 0 && id->node_index != 0)) {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "--rdzv-port %lld cannot be used to reach the coordinator: pass a port in "
                 "1..65535 (or --coordinator HOST:PORT)",
                 (long long)p->rdzv_port);
@@ -191,7 +177,7 @@ static int reconcile_nnodes(const gang_params *p, int64_t size, const char *var,
                             char *err, size_t errlen)
 {
     if (p->nnodes != 1 && p->nnodes != size) {
-        set_err(err, errlen, "%s=%lld disagrees with --nnodes %lld", var, (long long)size,
+        gang_set_err(err, errlen, "%s=%lld disagrees with --nnodes %lld", var, (long long)size,
                 (long long)p->nnodes);
         return GANG_EUSAGE;
     }
@@ -210,16 +196,16 @@ static int env_index(char *const *envp, const char *var, int64_t lo, int64_t hi,
     int rc;
 
     if (s == NULL) {
-        set_err(err, errlen, "%s is not set (or empty)", var);
+        gang_set_err(err, errlen, "%s is not set (or empty)", var);
         return GANG_EUSAGE;
     }
     rc = parse_index(s, lo, hi, out);
     if (rc == GANG_EINVAL) {
-        set_err(err, errlen, "%s='%s' is not a non-negative decimal integer", var, s);
+        gang_set_err(err, errlen, "%s='%s' is not a non-negative decimal integer", var, s);
         return GANG_EUSAGE;
     }
     if (rc < 0) {
-        set_err(err, errlen, "%s=%s is outside [%lld, %lld]", var, s, (long long)lo, (long long)hi);
+        gang_set_err(err, errlen, "%s=%s is outside [%lld, %lld]", var, s, (long long)lo, (long long)hi);
         return GANG_EUSAGE;
     }
     return 0;
@@ -236,7 +222,7 @@ static int split_ordinal(const char *hostname, char *name, size_t namecap, int64
     size_t len, dash, i;
 
     if (hostname == NULL || hostname[0] == '\0') {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "no host name to derive the StatefulSet ordinal from (pass --hostname)");
         return GANG_EUSAGE;
     }
@@ -244,7 +230,7 @@ static int split_ordinal(const char *hostname, char *name, size_t namecap, int64
     for (i = len; i > 0 && hostname[i - 1] >= '0' && hostname[i - 1] <= '9'; i--)
         ;
     if (i == len || i < 2 || hostname[i - 1] != '-' || len - i > 9) {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "host name '%s' is not NAME-ORDINAL as in a StatefulSet Pod (set --hostname "
                 "or GANGLION_HOSTNAME, or pass --coordinator HOST:PORT)",
                 hostname);
@@ -252,7 +238,7 @@ static int split_ordinal(const char *hostname, char *name, size_t namecap, int64
     }
     dash = i - 1;
     if (dash >= namecap) {
-        set_err(err, errlen, "host name '%s' is too long", hostname);
+        gang_set_err(err, errlen, "host name '%s' is too long", hostname);
         return GANG_EUSAGE;
     }
     memcpy(name, hostname, dash);
@@ -283,7 +269,7 @@ static int statefulset_coordinator(const gang_params *p, char *const *envp, cons
         n = snprintf(id->coordinator_host, sizeof(id->coordinator_host), "%s-0.%s.%s.svc", name,
                      p->service, ns);
     if (n < 0 || (size_t)n >= sizeof(id->coordinator_host)) {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "coordinator name for StatefulSet '%s', service '%s', namespace '%s' is longer "
                 "than %d bytes",
                 name, p->service, ns, GANG_HOST_MAX - 1);
@@ -305,7 +291,7 @@ static int from_flags(const gang_params *p, char *const *envp, const char *hostn
     id->node_index = (int32_t)p->node_index;
     id->nnodes = (int32_t)p->nnodes;
     if (p->node_index >= p->nnodes) {
-        set_err(err, errlen, "--node-index %lld is outside [0, --nnodes %lld)",
+        gang_set_err(err, errlen, "--node-index %lld is outside [0, --nnodes %lld)",
                 (long long)p->node_index, (long long)p->nnodes);
         return GANG_EUSAGE;
     }
@@ -331,12 +317,12 @@ static int from_flags(const gang_params *p, char *const *envp, const char *hostn
             (b[0] == '\0' || strcmp(b, "0.0.0.0") == 0 || strcmp(b, "::") == 0) ? "127.0.0.1" : b;
 
         if (gang_strlcpy(id->coordinator_host, host, sizeof(id->coordinator_host)) < 0) {
-            set_err(err, errlen, "--bind-address '%s' is too long", b);
+            gang_set_err(err, errlen, "--bind-address '%s' is too long", b);
             return GANG_EUSAGE;
         }
         return coordinator_port_from_param(p, id, err, errlen);
     }
-    set_err(err, errlen,
+    gang_set_err(err, errlen,
             "--node-index %lld needs the coordinator's address: pass --coordinator HOST:PORT "
             "(or --service for a StatefulSet)",
             (long long)p->node_index);
@@ -363,7 +349,7 @@ static int from_mpi(const gang_params *p, char *const *envp, gang_identity *id, 
         return rc;
     /* mpirun tells us who we are but not where rank 0's agent listens. */
     if (p->coordinator[0] == '\0') {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "OMPI_COMM_WORLD_RANK is set, but the coordinator is unknown: under mpirun "
                 "pass --coordinator HOST:PORT (or GANGLION_COORDINATOR)");
         return GANG_EUSAGE;
@@ -394,12 +380,12 @@ static int from_lws(const gang_params *p, char *const *envp, gang_identity *id, 
         return coordinator_from_flag(p, id, "overriding LWS_LEADER_ADDRESS", err, errlen);
     leader = env_get(envp, "LWS_LEADER_ADDRESS");
     if (leader == NULL) {
-        set_err(err, errlen, "LWS_LEADER_ADDRESS is not set (or empty)");
+        gang_set_err(err, errlen, "LWS_LEADER_ADDRESS is not set (or empty)");
         return GANG_EUSAGE;
     }
     if (strpbrk(leader, " \t\r\n/[]") != NULL ||
         gang_strlcpy(id->coordinator_host, leader, sizeof(id->coordinator_host)) < 0) {
-        set_err(err, errlen, "LWS_LEADER_ADDRESS='%s' is not a host name or address", leader);
+        gang_set_err(err, errlen, "LWS_LEADER_ADDRESS='%s' is not a host name or address", leader);
         return GANG_EUSAGE;
     }
     return coordinator_port_from_param(p, id, err, errlen);
@@ -418,7 +404,7 @@ static int from_statefulset(const gang_params *p, char *const *envp, const char 
     if (rc < 0)
         return rc;
     if (ordinal >= p->nnodes) {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "StatefulSet ordinal %lld (host name '%s') is outside [0, --nnodes %lld): set "
                 "--nnodes (GANGLION_NNODES) to the number of replicas",
                 (long long)ordinal, effective_hostname(p, hostname), (long long)p->nnodes);
@@ -446,7 +432,7 @@ int gang_identity_discover(const gang_params *p, char *const *envp, const char *
     if (err != NULL && errlen > 0)
         err[0] = '\0';
     if (p == NULL || id == NULL) {
-        set_err(err, errlen, "internal: no parameters or identity to fill");
+        gang_set_err(err, errlen, "internal: no parameters or identity to fill");
         return GANG_EINVAL;
     }
     memset(id, 0, sizeof(*id));
@@ -461,7 +447,7 @@ int gang_identity_discover(const gang_params *p, char *const *envp, const char *
     else if (p->service[0] != '\0')
         rc = from_statefulset(p, envp, hostname, id, err, errlen);
     else {
-        set_err(err, errlen,
+        gang_set_err(err, errlen,
                 "cannot tell which node this is: pass --node-index and --coordinator, run "
                 "under mpirun, in a LeaderWorkerSet, or in a StatefulSet with --service "
                 "(GANGLION_SERVICE)");

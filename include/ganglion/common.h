@@ -179,6 +179,12 @@ void gang_backoff_reset(gang_backoff *b);
 
 /* Copies src into dst (size cap) always NUL-terminating; returns GANG_ERANGE if cut. */
 int gang_strlcpy(char *dst, const char *src, size_t cap);
+/*
+ * Formats a one-line error message into err[0..errlen) for functions that report why they
+ * refused something. Does nothing when err is NULL or errlen is 0; always NUL-terminates.
+ */
+void gang_set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Parses a base-10 integer within [lo, hi]; returns GANG_EINVAL / GANG_ERANGE. */
 int gang_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 
