@@ -167,6 +167,8 @@ static void m_on_give_up(void *ctx, const char *reason)
     write_termination_log(a, reason);
     gang_error("agent: gang gave up: %s; exiting 75 in %lld ms", reason,
                (long long)a->p.give_up_linger_ms);
+    if (a->api)
+        gang_api_on_give_up(a->api, reason);
     gang_sup_abort(a->sup, 0);
     a->linger_started = 1;
     uv_timer_start(&a->linger, on_linger_done, (uint64_t)a->p.give_up_linger_ms, 0);

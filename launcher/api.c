@@ -54,6 +54,7 @@ struct gang_api {
     gang_model_config mc;
     uint32_t ctx;
     uint64_t gen;           /* generation started and not aborted, 0 = none */
+    char gave_up[GANG_REASON_MAX]; /* non-empty once the gang gave up for good */
     uint64_t next_id;
     api_req *reqs;
     uint32_t n_reqs;
@@ -368,6 +369,10 @@ void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_
                     "this gang serves no model (start it with serve --model DIR)");
         return;
     }
+    if (api->gave_up[0]) {
+        reply_error(api, x, 503, "unavailable", "the gang gave up: %s", api->gave_up);
+        return;
+    }
     if (api->n_reqs >= (uint32_t)api->p.max_queue) {
         reply_error(api, x, 503, "overloaded", "%u requests are already waiting (--max-queue)",
                     api->n_reqs);
@@ -413,6 +418,17 @@ void gang_api_on_abort(gang_api *api, uint64_t gen)
     for (api_req *r = api->reqs; r; r = r->next) {
         r->sent_gen = 0;
         r->n_out = 0;
+    }
+}
+
+void gang_api_on_give_up(gang_api *api, const char *reason)
+{
+    api->gen = 0;
+    gang_strlcpy(api->gave_up, reason[0] ? reason : "restart budget spent", sizeof(api->gave_up));
+    while (api->reqs != NULL) {
+        reply_error(api, api->reqs->x, 503, "unavailable", "request %llu: the gang gave up: %s",
+                    (unsigned long long)api->reqs->id, api->gave_up);
+        req_unlink_free(api, api->reqs);
     }
 }
 

@@ -42,6 +42,11 @@ void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_
 void gang_api_on_start(gang_api *api, uint64_t gen);
 /* Generation gen is aborted: partial outputs are dropped; requests wait for the next START. */
 void gang_api_on_abort(gang_api *api, uint64_t gen);
+/*
+ * The gang gave up for good (restart budget spent): every request still owed, and every
+ * request that arrives from now on, is answered 503 at once with the reason.
+ */
+void gang_api_on_give_up(gang_api *api, const char *reason);
 /* Rank 0 reported a token / the end of a request (supervisor callbacks). */
 void gang_api_on_token(gang_api *api, uint64_t gen, uint64_t id, uint32_t index, int32_t token);
 void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, const char *finish,

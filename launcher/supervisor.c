@@ -50,6 +50,7 @@ typedef struct wslot {
     int failure_reported;         /* for gen */
     uint64_t restarts;
     uint32_t spawn_failures;      /* consecutive uv_spawn failures */
+    char last_error[GANG_REASON_MAX]; /* reason of its last ERROR, any generation */
 } wslot;
 
 struct gang_sup {
@@ -176,6 +177,8 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
             s->cb.on_all_ready(s->cb.ctx, s->gen);
         return;
     case GANG_WCTL_ERROR: {
+        memcpy(w->last_error, pkt->reason, sizeof(w->last_error));
+        w->last_error[sizeof(w->last_error) - 1] = '\0';
         if (pkt->generation != s->gen)
             return;
         char why[GANG_REASON_MAX];
@@ -314,9 +317,10 @@ static void on_exit_cb(uv_process_t *proc, int64_t status, int sig)
     if (!sig && (status == GANG_EXIT_USAGE || status == GANG_EXIT_MODEL) && !s->shutting_down &&
         s->cb.on_fatal) {
         char fatal[GANG_REASON_MAX];
-        snprintf(fatal, sizeof(fatal), "%s: %s (see its log); not retried", why,
+        snprintf(fatal, sizeof(fatal), "%s (not retried): %s: %s",
                  status == GANG_EXIT_MODEL ? "the model cannot be loaded"
-                                           : "the configuration cannot work");
+                                           : "the configuration cannot work",
+                 w->last_error[0] ? w->last_error : "see its log", why);
         s->cb.on_fatal(s->cb.ctx, (int)status, fatal);
     }
     if (!w->failure_reported || s->shutting_down)
