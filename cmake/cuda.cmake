@@ -18,8 +18,8 @@
 #    first created, so every CUDA-free process (the agent, CPU workers, `ganglion info`)
 #    starts fast and also on nodes that lack these libraries. Their build-time
 #    directories are compiled in as the fallback search path.
-#  - tests: test-cuda (unit-cuda) and test-comm-nccl (unit-comm-nccl); they skip visibly
-#    when no GPU is present.
+#  - tests: test-cuda (unit-cuda), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
+#    (unit-comm-nccl); they skip visibly when no GPU is present.
 
 set(GANG_HAVE_CUDA_KERNELS 0)
 set(GANG_HAVE_NCCL 0)
@@ -103,6 +103,13 @@ add_executable(test-cuda tests/unit/test-cuda.c)
 target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda COMMAND test-cuda)
 set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300)
+
+# The engine on "cuda" against the CPU backend (shares the CPU engine tests' fixture).
+add_executable(test-engine-cuda tests/unit/test-engine-cuda.c tests/unit/engine-fixture.c)
+target_include_directories(test-engine-cuda PRIVATE ${PROJECT_SOURCE_DIR}/model)
+target_link_libraries(test-engine-cuda PRIVATE gang_model PkgConfig::CMOCKA m)
+add_test(NAME unit-engine-cuda COMMAND test-engine-cuda)
+set_tests_properties(unit-engine-cuda PROPERTIES TIMEOUT 300)
 
 if(GANG_HAVE_NCCL)
   add_executable(test-comm-nccl tests/unit/test-comm-nccl.c)

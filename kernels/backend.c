@@ -39,6 +39,7 @@ static const gang__kernels_ops cpu_ops = {
     .silu_mul = gang__cpu_silu_mul,
     .embedding = gang__cpu_embedding,
     .add = gang__cpu_add,
+    .add_rows = gang__cpu_add_rows,
     .argmax = gang__cpu_argmax,
 };
 
@@ -263,6 +264,35 @@ int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t by
     return 0;
 }
 
+int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
+{
+    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
+        return GANG_EINVAL;
+    if (bytes == 0 || dst == src)
+        return 0;
+    if (k->dev != NULL)
+        return k->dev->copy != NULL ? k->dev->copy(k->ctx, dst, src, bytes) : GANG_ENOSYS;
+    memmove(dst, src, bytes);
+    return 0;
+}
+
+int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src,
+                         size_t spitch, size_t width, size_t rows)
+{
+    if (k == NULL || dst == NULL || src == NULL || width == 0 || rows == 0 || dpitch < width ||
+        spitch < width)
+        return GANG_EINVAL;
+    if (rows - 1 > (SIZE_MAX - width) / (dpitch > spitch ? dpitch : spitch))
+        return GANG_ERANGE;
+    if (k->dev != NULL)
+        return k->dev->copy_2d != NULL
+                   ? k->dev->copy_2d(k->ctx, dst, dpitch, src, spitch, width, rows)
+                   : GANG_ENOSYS;
+    for (size_t r = 0; r < rows; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return 0;
+}
+
 int gang_kernels_sync(gang_kernels *k)
 {
     if (k == NULL)
@@ -459,6 +489,24 @@ int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
     if (k->ops->add == NULL)
         return GANG_ENOSYS;
     return k->ops->add(x, y, n);
+}
+
+int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows,
+                          size_t cols)
+{
+    size_t tmp;
+    int rc;
+
+    if (k == NULL || x == NULL || bias == NULL || rows == 0 || cols == 0)
+        return GANG_EINVAL;
+    if ((rc = elems(rows, cols, &tmp)) < 0)
+        return rc;
+    if (k->dev != NULL)
+        return k->dev->add_rows != NULL ? k->dev->add_rows(k->ctx, x, bias, rows, cols)
+                                        : GANG_ENOSYS;
+    if (k->ops->add_rows == NULL)
+        return GANG_ENOSYS;
+    return k->ops->add_rows(x, bias, rows, cols);
 }
 
 int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols,

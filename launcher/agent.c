@@ -573,11 +573,9 @@ int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_
 {
     int64_t world = p->nnodes * p->nproc_per_node;
     *ctx = 0;
-    if (strcmp(p->device, "cuda") == 0) {
-        snprintf(err, errlen, "--device cuda: the generation engine runs on the CPU in this "
-                 "version (the CUDA kernels are built and tested on their own; see docs/gpu.md)");
-        return GANG_EUSAGE;
-    }
+    /* --device cuda is accepted: each worker checks that its node has a GPU per local
+     * rank (the agent must not initialise CUDA before it forks). Workers run the engine
+     * on their GPU with the socket backend, staged through host memory (docs/gpu.md). */
     if (strcmp(p->backend, "auto") != 0 && strcmp(p->backend, "socket") != 0) {
         snprintf(err, errlen, "--backend %s: workers use the socket backend in this version "
                  "(mpi and nccl are available to the benchmarks and tests)", p->backend);

@@ -3,6 +3,23 @@
  * engine on the CPU for TP x PP in {1x1, 2x1, 1x2, 2x2}, batch 1 and 8, the ranks as
  * threads of this process over the socket communicator.
  *
+ * --device cuda (issue #6): the same points on one GPU for a random model of the
+ * Llama-3.2-1B shape (16 layers, hidden 2048, 32 heads, 8 kv heads, ffn 8192, vocab
+ * 32000: 1.04 G parameters, f32 storage) built in memory, batch 1 and 64, layouts 1x1
+ * and TP=2 (two ranks, each with its own "cuda" handle on device 0, over the socket
+ * backend: the all-reduces are staged through the host, which exercises the sharded
+ * kernels on the device; tokens_match_1x1 checks them). Before the points it measures the
+ * device-to-device copy bandwidth (1 GiB gang_kernels_copy, read + write bytes over the
+ * time, median of 10) and reports, per line, the HBM roofline
+ *   roofline_tok_s = batch x bandwidth / weight bytes read per decode step
+ * (every layer's weights, the final norm, the LM head and one embedding row; the KV
+ * cache reads are left out, they are < 1% at these context lengths) and
+ * roofline_ratio = decode_tok_s / roofline_tok_s. The issue's target is a batch-1 ratio
+ * of at least 0.7. f32 weights: the cuda backend's bf16 GEMM (gang_kernels_gemm_ex)
+ * would halve the bytes, but the rest of the kernels and the TP layers are f32, so the
+ * roofline is computed from the bytes actually read. Without a GPU: one "skipped" line,
+ * exit 0.
+ *
  * Model: a random model of the given shape written once by gang_mkmodel into a
  * temporary directory and loaded per rank with gang_model_load (so the loader's shards are
  * what runs). Point (tp, pp, batch): rank 0 submits `batch` greedy requests of --prompt
@@ -54,7 +71,11 @@ typedef struct bd_opts {
     uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s;
     uint32_t batches[BD_MAX_BATCHES];
     uint32_t n_batches;
-    char dir[64]; /* the temporary model directory */
+    char dir[64];         /* the temporary model directory (cpu) */
+    int cuda;             /* --device cuda: in-memory model, ranks on device 0 */
+    uint32_t gpu_pool_mb; /* cuda: the pool of every rank's handle */
+    double copy_gbps;     /* cuda: measured device copy bandwidth, GB/s (read + write) */
+    double weight_bytes;  /* cuda: weight bytes read per decode step */
 } bd_opts;
 
 /* One point: shared by its rank threads. */
@@ -86,7 +107,10 @@ static void bd_usage(void)
             "usage: ganglion bench decode [--layers 4] [--hidden 256] [--heads 8] [--kv-heads 4]\n"
             "                             [--ffn 512] [--vocab 2048] [--prompt 32] [--tokens 16]\n"
             "                             [--batch 1,8] [--microbatches 1] [--iters 3]\n"
-            "                             [--warmup 1] [--timeout-s 120]\n");
+            "                             [--warmup 1] [--timeout-s 120]\n"
+            "                             [--device cpu|cuda] [--gpu-memory-mb 16384]\n"
+            "  --device cuda: defaults become the Llama-3.2-1B shape (16 layers, hidden 2048,\n"
+            "  32 heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64.\n");
 }
 
 static double bd_round(double x, int digits)
@@ -224,6 +248,219 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------
+ * --device cuda: the in-memory random model
+ * --------------------------------------------------------------------------------- */
+
+/* The model config of the benchmark's shape (Llama, f32, no biases, untied head). */
+static void bd_model_config(const bd_opts *o, gang_model_config *mc)
+{
+    memset(mc, 0, sizeof(*mc));
+    mc->arch = GANG_ARCH_LLAMA;
+    mc->hidden = o->hidden;
+    mc->ffn = o->ffn;
+    mc->n_heads = o->heads;
+    mc->n_kv_heads = o->kv_heads;
+    mc->n_layers = o->layers;
+    mc->vocab = o->vocab;
+    mc->head_dim = o->hidden / o->heads;
+    mc->max_pos = o->prompt + o->tokens;
+    mc->rms_eps = 1e-5f;
+    mc->rope_theta = 500000.0f;
+    mc->bos_token_id = -1;
+    mc->eos_token_id = -1; /* no stop token: every request runs its --tokens */
+    mc->dtype = GANG_DTYPE_F32;
+}
+
+/* splitmix64's finaliser. */
+static uint64_t bd_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/*
+ * Elements [first, first + n) of tensor `tensor`: offset + scale x uniform[-1, 1), each a
+ * function of (tensor, index) alone, so every rank cuts its shard out of the same model
+ * and TP = 2 must give the tokens of 1x1.
+ */
+static void bd_fill(float *a, size_t n, uint64_t tensor, size_t first, float scale, float offset)
+{
+    uint64_t base = bd_mix(tensor * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull);
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        uint64_t z = bd_mix(base + (uint64_t)(first + i) * 0xd1b54a32d192ed03ull);
+
+        a[i] = offset + scale * (float)((double)(z >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+    }
+}
+
+/* Host full-layer buffers, reused for every layer of a rank. */
+typedef struct bd_full_layer {
+    float *buf;
+    gang_layer_weights w;
+} bd_full_layer;
+
+/* Draws layer li's full weights into f (allocated on first use). */
+static int bd_draw_layer(const bd_opts *o, bd_full_layer *f, uint32_t li)
+{
+    size_t h = o->hidden, q = h, kv = (size_t)o->kv_heads * (h / o->heads), ff = o->ffn;
+    size_t sizes[9] = {h, q * h, kv * h, kv * h, h * q, h, ff * h, ff * h, h * ff}, total = 0, i;
+    float *p[9];
+    float scale_in_h = 1.0f / sqrtf((float)h), scale_in_f = 1.0f / sqrtf((float)ff);
+
+    for (i = 0; i < 9; i++)
+        total += sizes[i];
+    if (f->buf == NULL && (f->buf = malloc(total * sizeof(float))) == NULL)
+        return GANG_ENOMEM;
+    p[0] = f->buf;
+    for (i = 1; i < 9; i++)
+        p[i] = p[i - 1] + sizes[i - 1];
+    for (i = 0; i < 9; i++) {
+        int is_norm = i == 0 || i == 5;
+
+        bd_fill(p[i], sizes[i], (uint64_t)li * 16 + i + 1, 0,
+                is_norm ? 0.05f : (i == 8 ? scale_in_f : scale_in_h), is_norm ? 1.0f : 0.0f);
+    }
+    f->w = (gang_layer_weights){.attn_norm = p[0],
+                                .wq = p[1],
+                                .wk = p[2],
+                                .wv = p[3],
+                                .wo = p[4],
+                                .mlp_norm = p[5],
+                                .w_gate = p[6],
+                                .w_up = p[7],
+                                .w_down = p[8]};
+    return 0;
+}
+
+/*
+ * Rank `rank`'s shard of the in-memory model on the device of k: each layer is drawn on
+ * the host, cut with gang_tp_layer_init and moved to the device before the next is drawn
+ * (host memory stays at one full layer), then the embedding, final norm and LM-head rows
+ * follow with gang_model_to_device.
+ */
+static int bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
+                        gang_model **out)
+{
+    bd_full_layer f = {0};
+    gang_model *m;
+    size_t h = o->hidden;
+    uint32_t i;
+    int rc;
+
+    *out = NULL;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return GANG_ENOMEM;
+    bd_model_config(o, &m->cfg);
+    m->topo = *t;
+    rc = gang_topology_rank(t, rank, &m->place);
+    if (rc == 0)
+        rc = gang_topology_tp_shard(t, m->place.tp_rank, &m->shard);
+    if (rc == 0)
+        rc = gang_topology_stage_layers(t, m->place.pp_stage, &m->layer_first, &m->layer_count);
+    if (rc != 0)
+        goto out_free;
+    m->layers = calloc(m->layer_count, sizeof(*m->layers));
+    if (m->layers == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_free;
+    }
+    for (i = 0; i < m->layer_count && rc == 0; i++) {
+        rc = bd_draw_layer(o, &f, m->layer_first + i);
+        if (rc == 0)
+            rc = gang_tp_layer_init(&m->layers[i], t, m->place.tp_rank, &f.w, m->cfg.rope_theta,
+                                    m->cfg.rms_eps);
+        if (rc == 0)
+            rc = gang_tp_layer_to_device(&m->layers[i], k);
+    }
+    free(f.buf);
+    if (rc != 0)
+        goto out_free;
+    if (m->place.pp_stage == 0) {
+        if ((m->embed = malloc((size_t)o->vocab * h * sizeof(float))) == NULL)
+            rc = GANG_ENOMEM;
+        else
+            bd_fill(m->embed, (size_t)o->vocab * h, 1u << 20, 0, 1.0f, 0.0f);
+    }
+    if (rc == 0 && m->place.pp_stage + 1 == t->pp) {
+        m->final_norm = malloc(h * sizeof(float));
+        m->lm_head = malloc((size_t)m->shard.vocab_count * h * sizeof(float));
+        if (m->final_norm == NULL || m->lm_head == NULL) {
+            rc = GANG_ENOMEM;
+        } else {
+            bd_fill(m->final_norm, h, (1u << 20) + 1, 0, 0.05f, 1.0f);
+            bd_fill(m->lm_head, (size_t)m->shard.vocab_count * h, (1u << 20) + 2,
+                    (size_t)m->shard.vocab_first * h, 1.0f / sqrtf((float)h), 0.0f);
+        }
+    }
+    if (rc == 0)
+        rc = gang_model_to_device(m, k);
+    if (rc == 0) {
+        *out = m;
+        return 0;
+    }
+
+out_free:
+    gang_model_device_release(m);
+    gang_model_free(m);
+    return rc;
+}
+
+/*
+ * Device copy bandwidth: median over 10 copies of 1 GiB between two pool buffers (after 3
+ * warm-up copies), counting the bytes read and the bytes written, in GB/s (1e9).
+ */
+static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
+{
+    const size_t bytes = (size_t)1 << 30;
+    gang_kernels_options ko;
+    gang_kernels *k = NULL;
+    void *a = NULL, *b = NULL;
+    double ms[10];
+    uint64_t t0;
+    int i, rc;
+
+    gang_kernels_options_init(&ko);
+    ko.device = "cuda";
+    ko.pool_mb =
+        2 * (bytes >> 20) + 256 > o->gpu_pool_mb ? 2 * (bytes >> 20) + 256 : o->gpu_pool_mb;
+    rc = gang_kernels_open_opts(&ko, &k);
+    if (rc == 0)
+        rc = gang_kernels_alloc(k, bytes, &a);
+    if (rc == 0)
+        rc = gang_kernels_alloc(k, bytes, &b);
+    for (i = 0; i < 3 && rc == 0; i++)
+        rc = gang_kernels_copy(k, b, a, bytes);
+    if (rc == 0)
+        rc = gang_kernels_sync(k);
+    for (i = 0; i < 10 && rc == 0; i++) {
+        t0 = gang_now_ns();
+        rc = gang_kernels_copy(k, i % 2 ? a : b, i % 2 ? b : a, bytes);
+        if (rc == 0)
+            rc = gang_kernels_sync(k);
+        ms[i] = (double)(gang_now_ns() - t0) / 1e6;
+    }
+    if (rc == 0)
+        *gbps = 2.0 * (double)bytes / (bd_median(ms, 10) / 1e3) / 1e9;
+    gang_kernels_free(k, a);
+    gang_kernels_free(k, b);
+    gang_kernels_close(k);
+    return rc;
+}
+
+/* Weight bytes one decode step reads (see the file comment). */
+static double bd_weight_bytes(const bd_opts *o)
+{
+    double h = o->hidden, kv = (double)o->kv_heads * (o->hidden / o->heads), f = o->ffn;
+    double layer = h * h * 2 + 2 * kv * h + 3 * f * h + 2 * h;
+
+    return 4.0 * (o->layers * layer + (double)o->vocab * h + 2 * h);
+}
+
 /* Thread of one rank: comms, shard, engine, warm-up and timed iterations. */
 static void *bd_rank_main(void *arg)
 {
@@ -249,22 +486,35 @@ static void *bd_rank_main(void *arg)
     rc = bd_comms(x, c, &what);
     if (rc != 0)
         goto out_fail;
-    what = "load";
-    rc = gang_model_load(o->dir, &r->topo, x->rank, &m, err, sizeof(err));
-    if (rc != 0) {
-        fprintf(stderr, "ganglion bench decode: %s\n", err);
-        goto out_fail;
-    }
-    what = "engine init";
-    rc = gang_engine_init(m, &cfg, &e, err, sizeof(err));
-    if (rc != 0) {
-        fprintf(stderr, "ganglion bench decode: %s\n", err);
-        goto out_fail;
-    }
     what = "kernels";
-    rc = gang_kernels_open("cpu", &k);
+    if (o->cuda) {
+        gang_kernels_options ko;
+
+        gang_kernels_options_init(&ko);
+        ko.device = "cuda";
+        ko.pool_mb = o->gpu_pool_mb;
+        rc = gang_kernels_open_opts(&ko, &k);
+    } else {
+        rc = gang_kernels_open("cpu", &k);
+    }
     if (rc != 0)
         goto out_fail;
+    what = "model";
+    if (o->cuda) {
+        rc = bd_gpu_model(o, &r->topo, x->rank, k, &m);
+    } else {
+        rc = gang_model_load(o->dir, &r->topo, x->rank, &m, err, sizeof(err));
+        if (rc != 0)
+            fprintf(stderr, "ganglion bench decode: %s\n", err);
+    }
+    if (rc != 0)
+        goto out_fail;
+    what = "engine init";
+    rc = gang_engine_init_on(m, k, &cfg, &e, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "ganglion bench decode: %s\n", err);
+        goto out_fail;
+    }
     prompt = malloc((size_t)r->batch * o->prompt * sizeof(int32_t));
     if (prompt == NULL) {
         rc = GANG_ENOMEM;
@@ -294,16 +544,19 @@ out_free:
     for (i = 3; i-- > 0;)
         gang_comm_free(c[i]);
     free(prompt);
-    gang_kernels_close(k);
+    /* Device memory returns to k's pool, so k closes last. */
     gang_engine_free(e);
+    gang_model_device_release(m);
     gang_model_free(m);
+    gang_kernels_close(k);
     return NULL;
 }
 
 /* What one point measured, for the ratios against 1x1. */
 typedef struct bd_result {
     double prefill_tps, decode_tps;
-    int32_t *tokens; /* [batch x tokens], owned */
+    double roofline_ratio; /* cuda: decode_tps over the roofline */
+    int32_t *tokens;       /* [batch x tokens], owned */
 } bd_result;
 
 /*
@@ -373,7 +626,7 @@ out_line:
     if (line != NULL) {
         cJSON_AddStringToObject(line, "bench", "decode");
         cJSON_AddStringToObject(line, "backend", "socket");
-        cJSON_AddStringToObject(line, "device", "cpu");
+        cJSON_AddStringToObject(line, "device", o->cuda ? "cuda" : "cpu");
         cJSON_AddNumberToObject(line, "tp", tp);
         cJSON_AddNumberToObject(line, "pp", pp);
         cJSON_AddNumberToObject(line, "batch", batch);
@@ -396,6 +649,16 @@ out_line:
             cJSON_AddNumberToObject(line, "decode_ms_p50", bd_round(dec, 3));
             cJSON_AddNumberToObject(line, "prefill_tok_s", bd_round(res->prefill_tps, 1));
             cJSON_AddNumberToObject(line, "decode_tok_s", bd_round(res->decode_tps, 1));
+            if (o->cuda && o->copy_gbps > 0.0) {
+                double roof = (double)batch * o->copy_gbps * 1e9 / o->weight_bytes;
+
+                cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
+                cJSON_AddNumberToObject(line, "copy_GBps", bd_round(o->copy_gbps, 1));
+                cJSON_AddNumberToObject(line, "roofline_tok_s", bd_round(roof, 1));
+                cJSON_AddNumberToObject(line, "roofline_ratio",
+                                        bd_round(res->decode_tps / roof, 3));
+                res->roofline_ratio = res->decode_tps / roof;
+            }
             if (base != NULL) {
                 cJSON_AddNumberToObject(line, "prefill_ratio_vs_1x1",
                                         bd_round(res->prefill_tps / base->prefill_tps, 3));
@@ -466,6 +729,7 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
         {"--warmup", 0, BD_MAX_ITERS, offsetof(bd_opts, warmup)},
         {"--microbatches", 1, 256, offsetof(bd_opts, microbatches)},
         {"--timeout-s", 1, 86400, offsetof(bd_opts, timeout_s)},
+        {"--gpu-memory-mb", 256, 1 << 22, offsetof(bd_opts, gpu_pool_mb)},
     };
     int i;
     size_t j;
@@ -477,6 +741,10 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
         if (strcmp(argv[i], "--batch") == 0) {
             if (bd_parse_batches(argv[++i], o) != 0)
                 goto out_bad;
+            continue;
+        }
+        if (strcmp(argv[i], "--device") == 0) { /* read by bd_device, before the defaults */
+            i++;
             continue;
         }
         for (j = 0; j < sizeof(ints) / sizeof(ints[0]); j++)
@@ -495,6 +763,114 @@ out_bad:
             argv[i < argc ? i : argc - 1]);
     bd_usage();
     return GANG_EUSAGE;
+}
+
+/*
+ * --device: 0 for cpu (or absent), 1 for cuda, -1 (after a message) for anything else.
+ * Read before the other options because it chooses their defaults.
+ */
+static int bd_device(int argc, char **argv)
+{
+    int i;
+
+    for (i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--device") != 0)
+            continue;
+        if (strcmp(argv[i + 1], "cuda") == 0)
+            return 1;
+        if (strcmp(argv[i + 1], "cpu") == 0)
+            return 0;
+        fprintf(stderr, "ganglion bench decode: --device must be cpu or cuda, not '%s'\n",
+                argv[i + 1]);
+        return -1;
+    }
+    return 0;
+}
+
+/* One JSON line, printed and flushed. */
+static void bd_emit(cJSON *line)
+{
+    char *s = line != NULL ? cJSON_PrintUnformatted(line) : NULL;
+
+    if (s != NULL)
+        printf("%s\n", s);
+    fflush(stdout);
+    cJSON_free(s);
+    cJSON_Delete(line);
+}
+
+/*
+ * --device cuda: the copy bandwidth, then 1x1 and TP=2 (one GPU, socket) at every batch,
+ * then a summary line with the batch-1 roofline ratio against the issue's 0.7 target.
+ */
+static int bd_main_cuda(bd_opts *o)
+{
+    static const uint32_t lay[2][2] = {{1, 1}, {2, 1}};
+    gang_model_config mc;
+    bd_result base, res;
+    double ratio1 = -1.0;
+    uint32_t b, l;
+    int rc = 0, prc, failed = 0;
+    cJSON *line;
+
+    if (gang_kernels_device_count() == 0) {
+        gang_device_info probe;
+        const char *why = gang_kernels_device_info(0, &probe) == GANG_ENOSYS
+                              ? "CUDA support is not built into this binary"
+                              : "no GPU visible (no NVIDIA driver or device)";
+
+        fprintf(stderr, "ganglion bench decode --device cuda: skipped: %s\n", why);
+        line = cJSON_CreateObject();
+        cJSON_AddStringToObject(line, "bench", "decode");
+        cJSON_AddStringToObject(line, "device", "cuda");
+        cJSON_AddStringToObject(line, "skipped", why);
+        bd_emit(line);
+        return GANG_EXIT_OK;
+    }
+    bd_model_config(o, &mc);
+    o->weight_bytes = bd_weight_bytes(o);
+    rc = bd_copy_bandwidth(o, &o->copy_gbps);
+    line = cJSON_CreateObject();
+    cJSON_AddStringToObject(line, "bench", "decode");
+    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "measure", "copy_bandwidth");
+    cJSON_AddNumberToObject(line, "copy_bytes", 1 << 30);
+    if (rc == 0)
+        cJSON_AddNumberToObject(line, "copy_GBps", bd_round(o->copy_gbps, 1));
+    else
+        cJSON_AddStringToObject(line, "error", gang_err_name(rc));
+    cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
+    cJSON_AddNumberToObject(line, "params", o->weight_bytes / 4.0);
+    bd_emit(line);
+    if (rc != 0)
+        return GANG_EXIT_TEMPFAIL;
+    for (b = 0; b < o->n_batches; b++) {
+        memset(&base, 0, sizeof(base));
+        for (l = 0; l < 2; l++) {
+            prc = bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], l == 0 ? NULL : &base,
+                           l == 0 ? &base : &res);
+            if (prc != 0) {
+                failed++;
+                if (l == 0)
+                    break;
+            } else if (l > 0) {
+                free(res.tokens);
+            } else if (o->batches[b] == 1) {
+                ratio1 = base.roofline_ratio;
+            }
+        }
+        free(base.tokens);
+    }
+    line = cJSON_CreateObject();
+    cJSON_AddStringToObject(line, "bench", "decode");
+    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "measure", "summary");
+    cJSON_AddNumberToObject(line, "batch1_roofline_ratio", bd_round(ratio1, 3));
+    cJSON_AddNumberToObject(line, "target_ratio", 0.7);
+    cJSON_AddBoolToObject(line, "meets_target", ratio1 >= 0.7);
+    cJSON_AddNumberToObject(line, "failed_points", failed);
+    bd_emit(line);
+    return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
 }
 
 int gang_bench_decode_main(int argc, char **argv)
@@ -521,8 +897,21 @@ int gang_bench_decode_main(int argc, char **argv)
     uint32_t b, l;
     int rc = 0, prc, failed = 0;
 
+    o.cuda = bd_device(argc, argv);
+    if (o.cuda < 0) {
+        bd_usage();
+        return GANG_EXIT_USAGE;
+    }
+    o.gpu_pool_mb = 16384;
+    if (o.cuda) {
+        /* The Llama-3.2-1B shape (vocab 32000 rather than 128256: see the file comment). */
+        o.layers = 16, o.hidden = 2048, o.heads = 32, o.kv_heads = 8, o.ffn = 8192;
+        o.vocab = 32000, o.tokens = 64, o.batches[1] = 64;
+    }
     if (bd_parse(argc, argv, &o) != 0)
         return GANG_EXIT_USAGE;
+    if (o.cuda)
+        return bd_main_cuda(&o);
     snprintf(o.dir, sizeof(o.dir), "/tmp/ganglion-bench-decode-XXXXXX");
     if (mkdtemp(o.dir) == NULL) {
         fprintf(stderr, "ganglion bench decode: cannot create a temporary directory\n");

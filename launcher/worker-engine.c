@@ -83,6 +83,39 @@ static void event_write(int fd, const gang__wevent *ev)
 }
 
 /*
+ * Opens the worker's kernels handle. "cuda": the GPU of this worker's local rank, with
+ * the pool of --gpu-memory-mb (or --gpu-memory-percent); a node with fewer GPUs than
+ * --nproc-per-node is a configuration error (GANG_EUSAGE, never retried) found here, in
+ * the worker, because the agent must not initialise CUDA before it forks.
+ */
+static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t cap)
+{
+    const gang_params *p = &r->p;
+    gang_kernels_options ko;
+    int rc, count;
+
+    gang_kernels_options_init(&ko);
+    ko.device = dev;
+    if (strcmp(dev, "cuda") == 0) {
+        count = gang_kernels_device_count();
+        if (count < p->nproc_per_node) {
+            snprintf(err, cap,
+                     "--device cuda: this node has %d GPU(s) but --nproc-per-node is %lld "
+                     "(one GPU per worker)",
+                     count, (long long)p->nproc_per_node);
+            return GANG_EUSAGE;
+        }
+        ko.device_index = (int)(r->rank % (uint32_t)p->nproc_per_node);
+        ko.pool_mb = (uint64_t)p->gpu_memory_mb;
+        ko.pool_percent = (uint32_t)p->gpu_memory_percent;
+    }
+    rc = gang_kernels_open_opts(&ko, &r->k);
+    if (rc != 0)
+        snprintf(err, cap, "kernels for device '%s': %s", dev, gang_strerror(rc));
+    return rc;
+}
+
+/*
  * Loads the shard of r->rank: config.json, the layout (refused with the topology's
  * message when the model cannot be split this way), the weights, the kernels and the
  * engine with its KV slots. Returns 0 or an error with r->err set.
@@ -107,13 +140,18 @@ static int wres_load(gang__wres *r)
     if (rc != 0)
         goto out_err;
     uint64_t t0 = gang_now_ms();
+    const char *dev = strcmp(p->device, "auto") == 0 ? "cpu" : p->device;
+    rc = wres_open_kernels(r, dev, err, sizeof(err));
+    if (rc != 0)
+        goto out_err;
     rc = gang_model_load(p->model, &r->topo, r->rank, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    const char *dev = strcmp(p->device, "auto") == 0 ? "cpu" : p->device;
-    rc = gang_kernels_open(dev, &r->k);
+    /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
+    rc = gang_model_to_device(r->model, r->k);
     if (rc != 0) {
-        snprintf(err, sizeof(err), "kernels for device '%s': %s", dev, gang_strerror(rc));
+        snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev,
+                 gang_strerror(rc));
         goto out_err;
     }
     gang_engine_config ec;
@@ -125,7 +163,7 @@ static int wres_load(gang__wres *r)
     ec.kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
     ec.microbatches = (uint32_t)p->microbatches;
     ec.max_step_tokens = (uint32_t)p->max_step_tokens;
-    rc = gang_engine_init(r->model, &ec, &r->engine, err, sizeof(err));
+    rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
     if (rc != 0)
         goto out_err;
     gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights, "
@@ -199,6 +237,7 @@ void gang__wres_close(gang__wres *r)
     if (r->loader_started)
         pthread_join(r->loader, NULL); /* loading is not interruptible; exit waits for it */
     gang_engine_free(r->engine);
+    gang_model_device_release(r->model); /* device arrays go back to r->k's pool first */
     gang_model_free(r->model);
     gang_kernels_close(r->k);
     pthread_mutex_destroy(&r->mu);

@@ -73,7 +73,9 @@ typedef struct gang__sampler {
 } gang__sampler;
 
 struct gang_engine {
-    gang_model *m; /* borrowed */
+    gang_model *m;       /* borrowed */
+    gang_kernels *k;     /* whose tensor memory holds the buffers below marked (T) */
+    gang_kernels *own_k; /* a "cpu" handle init opened for itself (k NULL at init), or NULL */
     gang_engine_config cfg;
     uint32_t slots;             /* KV slots (same on every rank) */
     uint32_t max_ctx;           /* positions per slot */
@@ -84,15 +86,23 @@ struct gang_engine {
     size_t plan_max_words;      /* largest body a valid plan can have */
 
     gang_tp_kv_cache *caches;      /* [layer_count x slots], layer-major */
-    float *kv_mem;                 /* backing store of the caches */
+    float *kv_mem;                 /* (T) backing store of the caches */
     gang_tp_kv_cache **cache_ptrs; /* [slots] per-sequence caches of one batched call */
-    gang_tp_scratch scratch;       /* the batched layers' scratch */
-    float *act;                    /* [max_tokens, hidden] activations of the step */
-    float *head_in;                /* last stage: [slots, hidden] normed last tokens */
-    float *head_out;               /* last stage: [slots, vocab_count] this rank's logits */
-    float *head_pad;               /* last stage: [slots, vpad] the same, padded */
-    float *gathered;               /* last stage: [tp, slots, vpad] all ranks' logits */
-    float *logits;                 /* last stage: [slots, vocab] per plan sequence */
+    gang_tp_scratch scratch;       /* (T) the batched layers' scratch */
+    float *act;                    /* (T) [max_tokens, hidden] activations of the step */
+    int32_t *tokens_dev;           /* (T) stage 0: [max_tokens] the plan's token ids */
+    float *head_in;                /* (T) last stage: [slots, hidden] normed last tokens */
+    float *head_out;               /* (T) last stage: [slots, vocab_count] this rank's logits */
+    float *head_pad;               /* (T) last stage, tp > 1: [slots, vpad] the same, padded */
+    float *gathered;               /* (T) last stage, tp > 1: [tp, slots, vpad] every rank's */
+    float *logits_dev;             /* (T) last stage, tp > 1, device: [slots, vocab] the rows
+                                      assembled before their one download; NULL on the host */
+    float *logits;                 /* host, last stage: [slots, vocab] the sampled rows, in
+                                      the order they were sampled (head_row) */
+    uint32_t *head_row;            /* [slots] row of logits of each plan sequence */
+    uint32_t n_head_rows;          /* rows of logits filled in this step */
+    gang_tp_stage stage;           /* host staging of the PP transfers and the logits
+                                      all-gather when k is a device (else empty) */
     gang_tp_shard *shards;         /* [tp] every TP rank's shard (vocab ranges) */
     gang__sampler sampler;
     int32_t *plan_buf;  /* header + body of the wire form */

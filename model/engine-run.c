@@ -53,72 +53,111 @@ static void run_token_range(const gang_engine *e, uint32_t first, uint32_t count
 }
 
 /*
+ * Copies the last token's activations of every sampling sequence of [first, first +
+ * count) into e->head_in, in order; consecutive source rows (a batch of decodes) go in
+ * one copy. Returns the number of rows in *ns.
+ */
+static int run_gather_last(gang_engine *e, gang_kernels *k, uint32_t first, uint32_t count,
+                           uint32_t *ns)
+{
+    size_t hidden = e->m->topo.hidden, row = hidden * sizeof(float);
+    uint32_t i, src, run_src = 0, run_dst = 0, run_len = 0, n = 0;
+    int rc = 0;
+
+    for (i = first; i < first + count && rc == 0; i++) {
+        const gang__plan_seq *s = &e->plan.seqs[i];
+
+        if (!s->sample)
+            continue;
+        src = s->tok_off + s->n - 1;
+        if (run_len > 0 && src == run_src + run_len) {
+            run_len++;
+        } else {
+            if (run_len > 0)
+                rc = gang_kernels_copy(k, e->head_in + (size_t)run_dst * hidden,
+                                       e->act + (size_t)run_src * hidden, run_len * row);
+            run_src = src;
+            run_dst = n;
+            run_len = 1;
+        }
+        n++;
+    }
+    if (rc == 0 && run_len > 0)
+        rc = gang_kernels_copy(k, e->head_in + (size_t)run_dst * hidden,
+                               e->act + (size_t)run_src * hidden, run_len * row);
+    *ns = n;
+    return rc;
+}
+
+/*
  * The last stage's head for sequences [first, first + count): final norm of each
  * sampling sequence's last token, LM head on this rank's vocabulary rows, all-gather of
- * the padded logits, and on TP rank 0 the full logits and the sampled tokens in
- * e->plan.out.
+ * the padded logits, and on TP rank 0 the full logits rows, assembled in tensor memory
+ * and brought to the host in one download, then the sampled tokens in e->plan.out.
  */
 static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
                     uint64_t deadline)
 {
     const gang_model *m = e->m;
-    size_t hidden = m->topo.hidden, vc = m->shard.vocab_count;
-    uint32_t i, j, r, ns = 0, tp_n = m->topo.tp;
+    size_t hidden = m->topo.hidden, vc = m->shard.vocab_count, vocab = e->vocab;
+    uint32_t i, j, r, ns = 0, tp_n = m->topo.tp, row0 = e->n_head_rows;
+    const float *rows;
+    float *dst;
     uint64_t left;
     int rc;
 
-    for (i = first; i < first + count; i++) {
-        const gang__plan_seq *s = &e->plan.seqs[i];
-
-        if (!s->sample)
-            continue;
-        memcpy(e->head_in + (size_t)ns * hidden, e->act + ((size_t)s->tok_off + s->n - 1) * hidden,
-               hidden * sizeof(float));
-        ns++;
-    }
-    if (ns == 0)
-        return 0;
+    rc = run_gather_last(e, k, first, count, &ns);
+    if (rc != 0 || ns == 0)
+        return rc;
     rc = gang_kernels_rmsnorm(k, e->head_in, m->final_norm, m->cfg.rms_eps, ns, hidden, e->head_in);
     if (rc != 0)
         return rc;
     rc = gang_kernels_gemm(k, 1, ns, vc, hidden, 1.0f, e->head_in, m->lm_head, 0.0f, e->head_out);
     if (rc != 0)
         return rc;
+    rows = e->head_out; /* tp == 1: this rank's rows are the whole vocabulary */
     if (tp_n > 1) {
         /* Pad every rank's part to vpad columns so the all-gather counts are equal. */
-        for (j = 0; j < ns; j++) {
-            memcpy(e->head_pad + (size_t)j * e->vpad, e->head_out + (size_t)j * vc,
-                   vc * sizeof(float));
-            memset(e->head_pad + (size_t)j * e->vpad + vc, 0, (e->vpad - vc) * sizeof(float));
-        }
-        rc = run_left(deadline, &left);
+        rc = gang_kernels_copy_2d(k, e->head_pad, e->vpad * sizeof(float), e->head_out,
+                                  vc * sizeof(float), vc * sizeof(float), ns);
+        if (rc == 0)
+            rc = run_left(deadline, &left);
+        if (rc == 0)
+            rc = gang_tp_stage_all_gather(k, tp, &e->stage, e->head_pad, e->gathered,
+                                          (size_t)ns * e->vpad, GANG_DTYPE_F32, left);
+        if (rc != 0 || m->place.tp_rank != 0)
+            return rc;
+        /* Rank r's columns of every row: one strided copy per rank. */
+        dst = e->logits_dev != NULL ? e->logits_dev : e->logits + (size_t)row0 * vocab;
+        for (r = 0; r < tp_n && rc == 0; r++)
+            rc = gang_kernels_copy_2d(k, dst + e->shards[r].vocab_first, vocab * sizeof(float),
+                                      e->gathered + (size_t)r * ns * e->vpad,
+                                      e->vpad * sizeof(float),
+                                      e->shards[r].vocab_count * sizeof(float), ns);
         if (rc != 0)
             return rc;
-        rc = gang_comm_all_gather(tp, e->head_pad, e->gathered, (size_t)ns * e->vpad,
-                                  GANG_DTYPE_F32, left);
+        rows = e->logits_dev; /* NULL on the host: the rows are already in place */
+    }
+    /* Sampling is on the host: the step's one copy of the sampled rows. */
+    if (rows != NULL) {
+        rc = gang_kernels_download(k, e->logits + (size_t)row0 * vocab, rows,
+                                   (size_t)ns * vocab * sizeof(float));
         if (rc != 0)
             return rc;
     }
-    if (m->place.tp_rank != 0)
-        return 0;
     j = 0;
     for (i = first; i < first + count; i++) {
         const gang__plan_seq *s = &e->plan.seqs[i];
-        float *row = e->logits + (size_t)i * e->vocab;
 
         if (!s->sample)
             continue;
-        if (tp_n == 1) {
-            memcpy(row, e->head_out + (size_t)j * vc, vc * sizeof(float));
-        } else {
-            for (r = 0; r < tp_n; r++)
-                memcpy(row + e->shards[r].vocab_first, e->gathered + ((size_t)r * ns + j) * e->vpad,
-                       e->shards[r].vocab_count * sizeof(float));
-        }
+        e->head_row[i] = row0 + j;
         /* The token being drawn sits at position pos0 + n: the key of its draw. */
-        e->plan.out[i] = gang__sample(&e->sampler, row, &s->sp, (uint64_t)s->pos0 + s->n);
+        e->plan.out[i] = gang__sample(&e->sampler, e->logits + (size_t)(row0 + j) * vocab, &s->sp,
+                                      (uint64_t)s->pos0 + s->n);
         j++;
     }
+    e->n_head_rows = row0 + ns;
     return 0;
 }
 
@@ -136,7 +175,7 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
     run_token_range(e, first, count, &t0, &t1);
     h = e->act + (size_t)t0 * hidden;
     if (e->is_first) {
-        rc = gang_kernels_embedding(k, m->embed, e->vocab, hidden, e->plan.tokens + t0, t1 - t0, h);
+        rc = gang_kernels_embedding(k, m->embed, e->vocab, hidden, e->tokens_dev + t0, t1 - t0, h);
         if (rc != 0)
             return rc;
     }
@@ -157,9 +196,10 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
     return 0;
 }
 
-/* Activations of sequences [first, first + count) to or from PP rank peer. */
-static int run_xfer_act(gang_engine *e, int is_send, gang_comm *pp, uint32_t first, uint32_t count,
-                        uint32_t peer, uint32_t tag, uint64_t deadline)
+/* Activations of sequences [first, first + count) to or from PP rank peer (staged through
+ * the host when the activations are device memory and pp a host communicator). */
+static int run_xfer_act(gang_engine *e, gang_kernels *k, int is_send, gang_comm *pp, uint32_t first,
+                        uint32_t count, uint32_t peer, uint32_t tag, uint64_t deadline)
 {
     size_t hidden = e->m->topo.hidden;
     uint32_t t0, t1;
@@ -173,8 +213,10 @@ static int run_xfer_act(gang_engine *e, int is_send, gang_comm *pp, uint32_t fir
     if (rc != 0)
         return rc;
     if (is_send)
-        return gang_comm_send(pp, h, (size_t)(t1 - t0) * hidden * sizeof(float), peer, tag, left);
-    return gang_comm_recv(pp, h, (size_t)(t1 - t0) * hidden * sizeof(float), peer, tag, left);
+        return gang_tp_stage_send(k, pp, &e->stage, h, (size_t)(t1 - t0) * hidden * sizeof(float),
+                                  peer, tag, left);
+    return gang_tp_stage_recv(k, pp, &e->stage, h, (size_t)(t1 - t0) * hidden * sizeof(float), peer,
+                              tag, left);
 }
 
 /* The sampled tokens of sequences [first, first + count) to or from PP rank peer. */
@@ -216,7 +258,7 @@ static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_
             if (rc != 0)
                 return rc;
         }
-        rc = run_xfer_act(e, 1, pp, first, count, 1, mb, deadline);
+        rc = run_xfer_act(e, k, 1, pp, first, count, 1, mb, deadline);
         if (rc != 0)
             return rc;
     }
@@ -243,14 +285,14 @@ static int run_later_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_
         rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
         if (rc != 0)
             return rc;
-        rc = run_xfer_act(e, 0, pp, first, count, s - 1, mb, deadline);
+        rc = run_xfer_act(e, k, 0, pp, first, count, s - 1, mb, deadline);
         if (rc != 0)
             return rc;
         rc = run_stage(e, k, tp, first, count, deadline);
         if (rc != 0)
             return rc;
         if (!e->is_last)
-            rc = run_xfer_act(e, 1, pp, first, count, s + 1, mb, deadline);
+            rc = run_xfer_act(e, k, 1, pp, first, count, s + 1, mb, deadline);
         else if (e->m->place.tp_rank == 0)
             rc = run_xfer_tokens(e, 1, pp, first, count, 0, nmb + mb, deadline);
         if (rc != 0)
@@ -267,6 +309,14 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *
 
     if (nmb > e->plan.n_seq)
         nmb = e->plan.n_seq;
+    e->n_head_rows = 0;
+    /* Stage 0 embeds from tensor memory: the step's token ids go over in one upload. */
+    if (e->is_first) {
+        rc = gang_kernels_upload(k, e->tokens_dev, e->plan.tokens,
+                                 (size_t)e->plan.n_tokens * sizeof(int32_t));
+        if (rc != 0)
+            return rc;
+    }
     if (e->m->topo.pp == 1) {
         for (mb = 0; mb < nmb; mb++) {
             rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
@@ -287,5 +337,5 @@ const float *gang__engine_logits(const gang_engine *e, uint32_t i)
     if (e == NULL || !e->plan_valid || !e->is_last || e->m->place.tp_rank != 0 ||
         i >= e->plan.n_seq || !e->plan.seqs[i].sample)
         return NULL;
-    return e->logits + (size_t)i * e->vocab;
+    return e->logits + (size_t)e->head_row[i] * e->vocab;
 }

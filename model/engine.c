@@ -29,6 +29,15 @@
  *  - Every buffer a step needs is allocated here, at init, from the config's bounds:
  *    a step carries at most `slots` sequences and slots + max_step_tokens tokens.
  *    Nothing is allocated in the step loop (submit allocates the request it queues).
+ *  - Memory: every buffer a step touches (KV slots, activations, the layers' scratch, the
+ *    head's buffers, the token ids) is tensor memory of the engine's kernels handle
+ *    (gang_engine_init_on; a "cpu" handle of its own otherwise), and the model's arrays
+ *    must live there too (gang_model_to_device), so the same code runs on host and
+ *    device memory. Sampling stays on the host: the sampled logits rows come back in one
+ *    download per microbatch. With a device handle and host communicators, the TP
+ *    all-reduces, the activation transfers and the logits all-gather are staged through
+ *    host buffers allocated here (gang_tp_stage_*); the plan and the tokens are host data
+ *    and travel as they are.
  *  - Sampling draws are keyed by (seed, position), so a request's tokens do not depend
  *    on how it was batched, cut into microbatches or chunked, or on a gang restart.
  *  - A failed step (abort, lost peer, deadline) leaves the communicators unusable; the
@@ -72,16 +81,26 @@ void gang_engine_free(gang_engine *e)
     if (e == NULL)
         return;
     gang__sched_clear(e);
+    /* Nothing enqueued may still use the buffers when they return to the pool. */
+    if (e->k != NULL)
+        gang_kernels_sync(e->k);
     free(e->caches);
-    free(e->kv_mem);
     free(e->cache_ptrs);
     gang_tp_scratch_free(&e->scratch);
-    free(e->act);
-    free(e->head_in);
-    free(e->head_out);
-    free(e->head_pad);
-    free(e->gathered);
+    if (e->k != NULL) {
+        gang_kernels_free(e->k, e->kv_mem);
+        gang_kernels_free(e->k, e->act);
+        gang_kernels_free(e->k, e->tokens_dev);
+        gang_kernels_free(e->k, e->head_in);
+        gang_kernels_free(e->k, e->head_out);
+        gang_kernels_free(e->k, e->head_pad);
+        gang_kernels_free(e->k, e->gathered);
+        gang_kernels_free(e->k, e->logits_dev);
+    }
+    gang_kernels_close(e->own_k);
     free(e->logits);
+    free(e->head_row);
+    free(e->stage.host);
     free(e->shards);
     gang__sampler_free(&e->sampler);
     free(e->plan_buf);
@@ -156,19 +175,85 @@ static int eng_alloc_caches(gang_engine *e)
     const gang_model *m = e->m;
     size_t row = (size_t)m->shard.kv_head_count * m->topo.head_dim, slot_floats, n, i;
 
+    int rc;
+
     n = (size_t)m->layer_count * e->slots;
     slot_floats = row * e->max_ctx;
     e->caches = calloc(n, sizeof(*e->caches));
-    e->kv_mem = calloc(2 * n * slot_floats, sizeof(float));
     e->cache_ptrs = calloc(e->slots, sizeof(*e->cache_ptrs));
-    if (e->caches == NULL || e->kv_mem == NULL || e->cache_ptrs == NULL)
+    if (e->caches == NULL || e->cache_ptrs == NULL)
         return GANG_ENOMEM;
+    /* Rows are always written before they are read, so the caches need no clearing. */
+    rc = gang_kernels_alloc(e->k, 2 * n * slot_floats * sizeof(float), (void **)&e->kv_mem);
+    if (rc != 0)
+        return rc;
     for (i = 0; i < n; i++) {
         e->caches[i].k = e->kv_mem + 2 * i * slot_floats;
         e->caches[i].v = e->kv_mem + (2 * i + 1) * slot_floats;
         e->caches[i].cap = e->max_ctx;
     }
     return 0;
+}
+
+/* Tensor memory of e->k for n floats (or int32s). */
+static int eng_talloc(gang_engine *e, size_t n, void *out)
+{
+    return gang_kernels_alloc(e->k, n * sizeof(float), (void **)out);
+}
+
+/*
+ * The last stage's head buffers. The padding columns of head_pad are never written by a
+ * step (only the vocab_count columns of each row are), so they are zeroed once here and
+ * the all-gather always carries defined values.
+ */
+static int eng_alloc_head(gang_engine *e)
+{
+    const gang_model *m = e->m;
+    size_t hidden = m->topo.hidden, slots = e->slots;
+    float *zeros;
+    int rc;
+
+    rc = eng_talloc(e, slots * hidden, &e->head_in);
+    if (rc == 0)
+        rc = eng_talloc(e, slots * m->shard.vocab_count, &e->head_out);
+    if (rc == 0 && m->topo.tp > 1)
+        rc = eng_talloc(e, slots * e->vpad, &e->head_pad);
+    if (rc == 0 && m->topo.tp > 1)
+        rc = eng_talloc(e, (size_t)m->topo.tp * slots * e->vpad, &e->gathered);
+    if (rc == 0 && m->topo.tp > 1 && gang_kernels_is_device(e->k))
+        rc = eng_talloc(e, slots * e->vocab, &e->logits_dev);
+    if (rc != 0)
+        return rc;
+    e->logits = malloc(slots * e->vocab * sizeof(float));
+    e->head_row = calloc(slots, sizeof(uint32_t));
+    if (e->logits == NULL || e->head_row == NULL)
+        return GANG_ENOMEM;
+    if (m->topo.tp > 1) {
+        zeros = calloc(slots * e->vpad, sizeof(float));
+        if (zeros == NULL)
+            return GANG_ENOMEM;
+        rc = gang_kernels_upload(e->k, e->head_pad, zeros, slots * e->vpad * sizeof(float));
+        free(zeros);
+    }
+    return rc;
+}
+
+/*
+ * Host staging of a device engine over host communicators: one buffer for the largest
+ * of an activation transfer (max_tokens x hidden) and the logits all-gather (its send
+ * part and the tp parts it receives). A host engine needs none.
+ */
+static int eng_alloc_stage(gang_engine *e)
+{
+    size_t act = (size_t)e->max_tokens * e->m->topo.hidden, head = 0;
+
+    if (!gang_kernels_is_device(e->k))
+        return 0;
+    if (e->is_last && e->m->topo.tp > 1)
+        head = (size_t)(e->m->topo.tp + 1) * e->slots * e->vpad;
+    e->stage.bytes = (act > head ? act : head) * sizeof(float);
+    e->stage.host = malloc(e->stage.bytes);
+    return e->stage.host == NULL ? GANG_ENOMEM : 0;
 }
 
 /* Allocates the activations, the head's buffers, the plan and rank 0's bookkeeping. */
@@ -181,23 +266,24 @@ static int eng_alloc_buffers(gang_engine *e)
 
     if (eng_mul((size_t)e->max_tokens, hidden, &n) != 0 || n > SIZE_MAX / sizeof(float))
         return GANG_EINVAL;
-    e->act = malloc(n * sizeof(float));
-    if (e->act == NULL)
-        return GANG_ENOMEM;
+    rc = eng_talloc(e, n, &e->act);
+    if (rc == 0 && e->is_first)
+        rc = eng_talloc(e, e->max_tokens, &e->tokens_dev);
+    if (rc == 0)
+        rc = eng_alloc_stage(e);
+    if (rc != 0)
+        return rc;
     if (m->layer_count > 0) {
-        rc = gang_tp_scratch_init(&e->scratch, &m->layers[0], e->max_tokens);
+        rc = gang_tp_scratch_init_on(&e->scratch, &m->layers[0], e->max_tokens, e->k);
         if (rc != 0)
             return rc;
     }
     if (e->is_last) {
-        e->head_in = malloc((size_t)e->slots * hidden * sizeof(float));
-        e->head_out = malloc((size_t)e->slots * m->shard.vocab_count * sizeof(float));
-        e->head_pad = malloc((size_t)e->slots * e->vpad * sizeof(float));
-        e->gathered = malloc((size_t)m->topo.tp * e->slots * e->vpad * sizeof(float));
-        e->logits = malloc((size_t)e->slots * e->vocab * sizeof(float));
+        rc = eng_alloc_head(e);
+        if (rc != 0)
+            return rc;
         e->shards = calloc(m->topo.tp, sizeof(*e->shards));
-        if (e->head_in == NULL || e->head_out == NULL || e->head_pad == NULL ||
-            e->gathered == NULL || e->logits == NULL || e->shards == NULL)
+        if (e->shards == NULL)
             return GANG_ENOMEM;
         for (r = 0; r < m->topo.tp; r++) {
             rc = gang_topology_tp_shard(&m->topo, r, &e->shards[r]);
@@ -233,6 +319,30 @@ static int eng_alloc_buffers(gang_engine *e)
 int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine **out, char *err,
                      size_t errlen)
 {
+    return gang_engine_init_on(m, NULL, cfg, out, err, errlen);
+}
+
+/* The model's arrays must be tensor memory of k: moved to k for a device, host for cpu. */
+static int eng_check_memory(const gang_model *m, gang_kernels *k, char *err, size_t errlen)
+{
+    if (gang_kernels_is_device(k) && m->mem != k) {
+        eng_err(err, errlen,
+                "the model is not on the engine's '%s' device "
+                "(call gang_model_to_device first)",
+                gang_kernels_name(k));
+        return GANG_EINVAL;
+    }
+    if (!gang_kernels_is_device(k) && m->mem != NULL) {
+        eng_err(err, errlen, "the model lives on a device, the engine's handle is '%s'",
+                gang_kernels_name(k));
+        return GANG_EINVAL;
+    }
+    return 0;
+}
+
+int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config *cfg,
+                        gang_engine **out, char *err, size_t errlen)
+{
     gang_engine *e = NULL;
     int rc;
 
@@ -252,12 +362,25 @@ int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine *
         return GANG_EINVAL;
     }
     rc = eng_check_model(m, err, errlen);
+    if (rc == 0 && k != NULL)
+        rc = eng_check_memory(m, k, err, errlen);
+    if (rc == 0 && k == NULL && m->mem != NULL) {
+        eng_err(err, errlen, "the model lives on a device: use gang_engine_init_on");
+        rc = GANG_EINVAL;
+    }
     if (rc != 0)
         return rc;
     e = calloc(1, sizeof(*e));
     if (e == NULL)
         return GANG_ENOMEM;
     e->m = m;
+    e->k = k;
+    if (k == NULL) {
+        rc = gang_kernels_open("cpu", &e->own_k);
+        if (rc != 0)
+            goto out_free;
+        e->k = e->own_k;
+    }
     e->cfg = *cfg;
     e->max_ctx = cfg->max_ctx;
     if (m->cfg.max_pos > 0 && e->max_ctx > m->cfg.max_pos)
@@ -463,6 +586,10 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
     int rc;
 
     if (e == NULL || k == NULL || timeout_ms == 0)
+        return GANG_EINVAL;
+    /* Device buffers are only valid on the handle they came from; host ones on any host
+     * handle. */
+    if (gang_kernels_is_device(k) ? k != e->k : gang_kernels_is_device(e->k))
         return GANG_EINVAL;
     m = e->m;
     if (eng_check_comm(world, m->topo.world_size, m->place.rank) != 0 ||

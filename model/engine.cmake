@@ -3,4 +3,5 @@ list(APPEND GANG_MODEL_SOURCES
   model/engine.c
   model/engine-plan.c
   model/engine-run.c
-  model/sample.c)
+  model/sample.c
+  model/device.c)

@@ -275,6 +275,7 @@ void gang_model_free(gang_model *m)
 
     if (m == NULL)
         return;
+    gang_model_device_release(m); /* device arrays back to their pool (no-op on the host) */
     if (m->layers != NULL) {
         for (i = 0; i < m->layer_count; i++)
             gang_tp_layer_free(&m->layers[i]);

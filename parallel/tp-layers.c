@@ -1,8 +1,12 @@
 /*
  * Tensor-parallel layers: the Megatron split of a Llama decoder layer (column-parallel
- * Q/K/V and gate/up, row-parallel o_proj and down, one all-reduce per block) in f32 on
- * host memory. The split itself is described in include/ganglion/parallel.h; this file
- * only cuts the shards and chains kernels and all-reduces.
+ * Q/K/V and gate/up, row-parallel o_proj and down, one all-reduce per block) in f32. The
+ * split itself is described in include/ganglion/parallel.h; this file cuts the shards on
+ * the host, moves them into a kernels handle's tensor memory on request, and chains
+ * kernels and all-reduces. Everything a forward call touches is tensor memory of the
+ * handle it is given and every computation is a kernel call, so the same code runs on
+ * the "cpu" backend (host pointers) and on "cuda" (device pointers); the all-reduces go
+ * through the staging helpers below when the communicator only carries host buffers.
  */
 #include <math.h>
 #include <stdint.h>
@@ -41,6 +45,124 @@ int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_fi
 }
 
 /* ---------------------------------------------------------------------------------
+ * Staging of device buffers over host communicators
+ *
+ * A socket or MPI communicator reads and writes host memory; a device handle's tensors
+ * are device memory. Rather than teach every caller both cases, the four helpers decide
+ * once: host handle or nccl communicator: pass the pointers through (nccl after a sync of
+ * the compute stream, since it runs on its own stream); otherwise download into the
+ * staging buffer, run the collective on the host, upload the result. The owner sizes the
+ * staging buffer at init; a missing or short one is replaced by a temporary allocation
+ * (the unbatched forward functions, which allocate per call anyway).
+ * --------------------------------------------------------------------------------- */
+
+/* 1 when the buffers of (k, c) can be handed to c as they are. */
+static int stage_direct(gang_kernels *k, gang_comm *c, int *rc)
+{
+    *rc = 0;
+    if (!gang_kernels_is_device(k))
+        return 1;
+    if (gang_comm_backend_of(c) == GANG_COMM_NCCL) {
+        *rc = gang_kernels_sync(k);
+        return 1;
+    }
+    return 0;
+}
+
+/* Host staging memory of at least bytes: st's, or a temporary one put in *tmp. */
+static void *stage_host(gang_tp_stage *st, size_t bytes, void **tmp)
+{
+    *tmp = NULL;
+    if (st != NULL && st->host != NULL && st->bytes >= bytes)
+        return st->host;
+    *tmp = malloc(bytes > 0 ? bytes : 1);
+    return *tmp;
+}
+
+int gang_tp_stage_all_reduce(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf,
+                             size_t count, gang_dtype dt, uint64_t timeout_ms)
+{
+    size_t bytes = count * gang_dtype_size(dt);
+    void *h, *tmp;
+    int rc;
+
+    if (k == NULL || c == NULL || buf == NULL)
+        return GANG_EINVAL;
+    if (stage_direct(k, c, &rc))
+        return rc != 0 ? rc : gang_comm_all_reduce(c, buf, count, dt, timeout_ms);
+    if ((h = stage_host(st, bytes, &tmp)) == NULL)
+        return GANG_ENOMEM;
+    rc = gang_kernels_download(k, h, buf, bytes);
+    if (rc == 0)
+        rc = gang_comm_all_reduce(c, h, count, dt, timeout_ms);
+    if (rc == 0)
+        rc = gang_kernels_upload(k, buf, h, bytes);
+    free(tmp);
+    return rc;
+}
+
+int gang_tp_stage_all_gather(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *send,
+                             void *recv, size_t count, gang_dtype dt, uint64_t timeout_ms)
+{
+    size_t bytes = count * gang_dtype_size(dt), n;
+    void *h, *tmp;
+    int rc;
+
+    if (k == NULL || c == NULL || send == NULL || recv == NULL)
+        return GANG_EINVAL;
+    if (stage_direct(k, c, &rc))
+        return rc != 0 ? rc : gang_comm_all_gather(c, send, recv, count, dt, timeout_ms);
+    n = gang_comm_size(c);
+    if ((h = stage_host(st, (1 + n) * bytes, &tmp)) == NULL)
+        return GANG_ENOMEM;
+    rc = gang_kernels_download(k, h, send, bytes);
+    if (rc == 0)
+        rc = gang_comm_all_gather(c, h, (char *)h + bytes, count, dt, timeout_ms);
+    if (rc == 0)
+        rc = gang_kernels_upload(k, recv, (char *)h + bytes, n * bytes);
+    free(tmp);
+    return rc;
+}
+
+int gang_tp_stage_send(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *buf,
+                       size_t bytes, uint32_t peer, uint32_t tag, uint64_t timeout_ms)
+{
+    void *h, *tmp;
+    int rc;
+
+    if (k == NULL || c == NULL || buf == NULL)
+        return GANG_EINVAL;
+    if (stage_direct(k, c, &rc))
+        return rc != 0 ? rc : gang_comm_send(c, buf, bytes, peer, tag, timeout_ms);
+    if ((h = stage_host(st, bytes, &tmp)) == NULL)
+        return GANG_ENOMEM;
+    rc = gang_kernels_download(k, h, buf, bytes);
+    if (rc == 0)
+        rc = gang_comm_send(c, h, bytes, peer, tag, timeout_ms);
+    free(tmp);
+    return rc;
+}
+
+int gang_tp_stage_recv(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf, size_t bytes,
+                       uint32_t peer, uint32_t tag, uint64_t timeout_ms)
+{
+    void *h, *tmp;
+    int rc;
+
+    if (k == NULL || c == NULL || buf == NULL)
+        return GANG_EINVAL;
+    if (stage_direct(k, c, &rc))
+        return rc != 0 ? rc : gang_comm_recv(c, buf, bytes, peer, tag, timeout_ms);
+    if ((h = stage_host(st, bytes, &tmp)) == NULL)
+        return GANG_ENOMEM;
+    rc = gang_comm_recv(c, h, bytes, peer, tag, timeout_ms);
+    if (rc == 0)
+        rc = gang_kernels_upload(k, buf, h, bytes);
+    free(tmp);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------
  * Linear layers
  * --------------------------------------------------------------------------------- */
 int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t in,
@@ -50,9 +172,10 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
     return gang_kernels_gemm(k, 1, tokens, out_shard, in, 1.0f, x, w_shard, 0.0f, y);
 }
 
-int gang_tp_linear_row(gang_kernels *k, gang_comm *comm, const float *x_shard, size_t tokens,
-                       size_t in_shard, const float *w_shard, size_t out, float *y,
-                       uint64_t timeout_ms)
+/* gang_tp_linear_row with the all-reduce staged through st (see the staging helpers). */
+static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage *st,
+                                const float *x_shard, size_t tokens, size_t in_shard,
+                                const float *w_shard, size_t out, float *y, uint64_t timeout_ms)
 {
     int rc;
 
@@ -65,29 +188,93 @@ int gang_tp_linear_row(gang_kernels *k, gang_comm *comm, const float *x_shard, s
      */
     if (comm == NULL)
         return 0;
-    return gang_comm_all_reduce(comm, y, tokens * out, GANG_DTYPE_F32, timeout_ms);
+    return gang_tp_stage_all_reduce(k, comm, st, y, tokens * out, GANG_DTYPE_F32, timeout_ms);
+}
+
+int gang_tp_linear_row(gang_kernels *k, gang_comm *comm, const float *x_shard, size_t tokens,
+                       size_t in_shard, const float *w_shard, size_t out, float *y,
+                       uint64_t timeout_ms)
+{
+    return tp_linear_row_staged(k, comm, NULL, x_shard, tokens, in_shard, w_shard, out, y,
+                                timeout_ms);
 }
 
 /* ---------------------------------------------------------------------------------
  * Shards of a layer
  * --------------------------------------------------------------------------------- */
+/* The layer's arrays, in a fixed order, for the loops of free and to_device. */
+#define TP_LAYER_ARRAYS 12
+
+static void tp_layer_arrays(gang_tp_layer *l, float **a[TP_LAYER_ARRAYS], size_t n[TP_LAYER_ARRAYS])
+{
+    size_t hidden = l->hidden, q = (size_t)l->shard.head_count * l->head_dim;
+    size_t kv = (size_t)l->shard.kv_head_count * l->head_dim, f = l->shard.ffn_count;
+
+    a[0] = &l->attn_norm, n[0] = hidden;
+    a[1] = &l->wq, n[1] = q * hidden;
+    a[2] = &l->wk, n[2] = kv * hidden;
+    a[3] = &l->wv, n[3] = kv * hidden;
+    a[4] = &l->wo, n[4] = hidden * q;
+    a[5] = &l->mlp_norm, n[5] = hidden;
+    a[6] = &l->w_gate, n[6] = f * hidden;
+    a[7] = &l->w_up, n[7] = f * hidden;
+    a[8] = &l->w_down, n[8] = hidden * f;
+    a[9] = &l->bq, n[9] = q;
+    a[10] = &l->bk, n[10] = kv;
+    a[11] = &l->bv, n[11] = kv;
+}
+
 void gang_tp_layer_free(gang_tp_layer *l)
 {
+    float **a[TP_LAYER_ARRAYS];
+    size_t n[TP_LAYER_ARRAYS], i;
+
     if (l == NULL)
         return;
-    free(l->attn_norm);
-    free(l->wq);
-    free(l->wk);
-    free(l->wv);
-    free(l->wo);
-    free(l->mlp_norm);
-    free(l->w_gate);
-    free(l->w_up);
-    free(l->w_down);
-    free(l->bq);
-    free(l->bk);
-    free(l->bv);
+    tp_layer_arrays(l, a, n);
+    for (i = 0; i < TP_LAYER_ARRAYS; i++) {
+        if (l->mem != NULL)
+            gang_kernels_free(l->mem, *a[i]);
+        else
+            free(*a[i]);
+    }
     memset(l, 0, sizeof(*l));
+}
+
+int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
+{
+    float **a[TP_LAYER_ARRAYS], *dev[TP_LAYER_ARRAYS] = {0};
+    size_t n[TP_LAYER_ARRAYS], i;
+    int rc = 0;
+
+    if (l == NULL || k == NULL)
+        return GANG_EINVAL;
+    if (l->mem == k)
+        return 0;
+    if (l->mem != NULL)
+        return GANG_EINVAL;
+    if (!gang_kernels_is_device(k))
+        return 0;
+    tp_layer_arrays(l, a, n);
+    /* All or nothing: the host arrays are released only once every upload succeeded. */
+    for (i = 0; i < TP_LAYER_ARRAYS && rc == 0; i++) {
+        if (*a[i] == NULL)
+            continue;
+        rc = gang_kernels_alloc(k, n[i] * sizeof(float), (void **)&dev[i]);
+        if (rc == 0)
+            rc = gang_kernels_upload(k, dev[i], *a[i], n[i] * sizeof(float));
+    }
+    if (rc != 0) {
+        for (i = 0; i < TP_LAYER_ARRAYS; i++)
+            gang_kernels_free(k, dev[i]);
+        return rc;
+    }
+    for (i = 0; i < TP_LAYER_ARRAYS; i++) {
+        free(*a[i]);
+        *a[i] = dev[i];
+    }
+    l->mem = k;
+    return 0;
 }
 
 /* Allocates n floats and copies them from src when src is not NULL; NULL src gives NULL. */
@@ -244,6 +431,17 @@ static int tp_check_comm(const gang_tp_layer *l, gang_comm *comm)
     return 0;
 }
 
+/*
+ * The layer's arrays must be tensor memory of k: device arrays of this very handle for a
+ * device k, host arrays for a host one (any "cpu" handle reads host memory).
+ */
+static int tp_check_mem(const gang_tp_layer *l, gang_kernels *k)
+{
+    if (gang_kernels_is_device(k))
+        return l->mem == k ? 0 : GANG_EINVAL;
+    return l->mem == NULL ? 0 : GANG_EINVAL;
+}
+
 int gang_tp_mlp_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, const float *x,
                         size_t tokens, float *out, uint64_t timeout_ms)
 {
@@ -254,12 +452,14 @@ int gang_tp_mlp_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm
     if (l == NULL || k == NULL || x == NULL || out == NULL || tokens == 0 || l->wq == NULL)
         return GANG_EINVAL;
     rc = tp_check_comm(l, comm);
+    if (rc == 0)
+        rc = tp_check_mem(l, k);
     if (rc != 0)
         return rc;
     n_local = tokens * l->shard.ffn_count;
-    gate = malloc(2 * n_local * sizeof(float));
-    if (gate == NULL)
-        return GANG_ENOMEM;
+    rc = gang_kernels_alloc(k, 2 * n_local * sizeof(float), (void **)&gate);
+    if (rc != 0)
+        return rc;
     up = gate + n_local;
 
     rc = gang_tp_linear_column(k, x, tokens, l->hidden, l->w_gate, l->shard.ffn_count, gate);
@@ -276,22 +476,8 @@ int gang_tp_mlp_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm
                             timeout_ms);
 
 out_free:
-    free(gate);
+    gang_kernels_free(k, gate);
     return rc;
-}
-
-/* Adds bias [cols] to every one of the rows of y [rows, cols]. */
-static int tp_add_bias_rows(gang_kernels *k, float *y, size_t rows, size_t cols, const float *bias)
-{
-    size_t r;
-    int rc;
-
-    for (r = 0; r < rows; r++) {
-        rc = gang_kernels_add(k, y + r * cols, bias, cols);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
 }
 
 /*
@@ -307,11 +493,11 @@ static int tp_add_biases(const gang_tp_layer *l, gang_kernels *k, float *q, floa
     int rc = 0;
 
     if (l->bq != NULL)
-        rc = tp_add_bias_rows(k, q, tokens, q_cols, l->bq);
+        rc = gang_kernels_add_rows(k, q, l->bq, tokens, q_cols);
     if (rc == 0 && l->bk != NULL)
-        rc = tp_add_bias_rows(k, kk, tokens, kv_cols, l->bk);
+        rc = gang_kernels_add_rows(k, kk, l->bk, tokens, kv_cols);
     if (rc == 0 && l->bv != NULL)
-        rc = tp_add_bias_rows(k, v, tokens, kv_cols, l->bv);
+        rc = gang_kernels_add_rows(k, v, l->bv, tokens, kv_cols);
     return rc;
 }
 
@@ -321,7 +507,7 @@ int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm
 {
     size_t hd, q_cols, kv_cols, i;
     float *q = NULL, *k_new, *v_new;
-    int32_t *positions = NULL;
+    int32_t *positions = NULL, *pos_host = NULL;
     int rc;
 
     if (l == NULL || k == NULL || x == NULL || out == NULL || cache == NULL || cache->k == NULL ||
@@ -330,20 +516,29 @@ int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm
     if (pos0 > cache->cap || tokens > cache->cap - pos0 || pos0 + tokens > (size_t)INT32_MAX)
         return GANG_EINVAL;
     rc = tp_check_comm(l, comm);
+    if (rc == 0)
+        rc = tp_check_mem(l, k);
     if (rc != 0)
         return rc;
     hd = l->head_dim;
     q_cols = (size_t)l->shard.head_count * hd;
     kv_cols = (size_t)l->shard.kv_head_count * hd;
 
-    q = malloc(tokens * q_cols * sizeof(float));
-    positions = malloc(tokens * sizeof(int32_t));
-    if (q == NULL || positions == NULL) {
+    rc = gang_kernels_alloc(k, tokens * q_cols * sizeof(float), (void **)&q);
+    if (rc == 0)
+        rc = gang_kernels_alloc(k, tokens * sizeof(int32_t), (void **)&positions);
+    if (rc != 0)
+        goto out_free;
+    pos_host = malloc(tokens * sizeof(int32_t));
+    if (pos_host == NULL) {
         rc = GANG_ENOMEM;
         goto out_free;
     }
     for (i = 0; i < tokens; i++)
-        positions[i] = (int32_t)(pos0 + i);
+        pos_host[i] = (int32_t)(pos0 + i);
+    rc = gang_kernels_upload(k, positions, pos_host, tokens * sizeof(int32_t));
+    if (rc != 0)
+        goto out_free;
 
     /*
      * A cache row [kv_head_count, head_dim] has exactly the width of the K and V
@@ -384,8 +579,9 @@ int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = gang_tp_linear_row(k, comm, q, tokens, q_cols, l->wo, l->hidden, out, timeout_ms);
 
 out_free:
-    free(positions);
-    free(q);
+    free(pos_host);
+    gang_kernels_free(k, positions);
+    gang_kernels_free(k, q);
     return rc;
 }
 
@@ -396,12 +592,16 @@ int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *co
     float *normed = NULL, *delta;
     int rc;
 
-    if (l == NULL || x == NULL || tokens == 0 || l->attn_norm == NULL || l->mlp_norm == NULL)
+    if (l == NULL || k == NULL || x == NULL || tokens == 0 || l->attn_norm == NULL ||
+        l->mlp_norm == NULL)
         return GANG_EINVAL;
+    rc = tp_check_mem(l, k);
+    if (rc != 0)
+        return rc;
     n = tokens * l->hidden;
-    normed = malloc(2 * n * sizeof(float));
-    if (normed == NULL)
-        return GANG_ENOMEM;
+    rc = gang_kernels_alloc(k, 2 * n * sizeof(float), (void **)&normed);
+    if (rc != 0)
+        return rc;
     delta = normed + n;
 
     /*
@@ -426,7 +626,7 @@ int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *co
     rc = gang_kernels_add(k, x, delta, n);
 
 out_free:
-    free(normed);
+    gang_kernels_free(k, normed);
     return rc;
 }
 
@@ -452,14 +652,28 @@ void gang_tp_scratch_free(gang_tp_scratch *s)
 {
     if (s == NULL)
         return;
-    free(s->normed);
-    free(s->positions);
+    if (s->mem != NULL) {
+        gang_kernels_free(s->mem, s->normed);
+        gang_kernels_free(s->mem, s->positions);
+    } else {
+        free(s->normed);
+        free(s->positions);
+    }
+    free(s->pos_host);
+    free(s->stage.host);
     memset(s, 0, sizeof(*s));
 }
 
 int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens)
 {
+    return gang_tp_scratch_init_on(s, l, max_tokens, NULL);
+}
+
+int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens,
+                            gang_kernels *k)
+{
     size_t per_token, total;
+    int rc = 0;
 
     if (s == NULL)
         return GANG_EINVAL;
@@ -477,11 +691,29 @@ int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_
     }
     total = per_token * max_tokens;
     /* One block for every float array, carved in the order of the struct. */
-    s->normed = malloc(total * sizeof(float));
-    s->positions = malloc(max_tokens * sizeof(int32_t));
-    if (s->normed == NULL || s->positions == NULL) {
+    if (k != NULL) {
+        s->mem = k;
+        rc = gang_kernels_alloc(k, total * sizeof(float), (void **)&s->normed);
+        if (rc == 0)
+            rc = gang_kernels_alloc(k, max_tokens * sizeof(int32_t), (void **)&s->positions);
+    } else {
+        s->normed = malloc(total * sizeof(float));
+        s->positions = malloc(max_tokens * sizeof(int32_t));
+        rc = s->normed == NULL || s->positions == NULL ? GANG_ENOMEM : 0;
+    }
+    if (rc == 0) {
+        s->pos_host = malloc(2 * max_tokens * sizeof(int32_t));
+        rc = s->pos_host == NULL ? GANG_ENOMEM : 0;
+    }
+    /* The all-reduces of a device handle over a host communicator stage through here. */
+    if (rc == 0 && gang_kernels_is_device(k)) {
+        s->stage.bytes = max_tokens * s->hidden * sizeof(float);
+        s->stage.host = malloc(s->stage.bytes);
+        rc = s->stage.host == NULL ? GANG_ENOMEM : 0;
+    }
+    if (rc != 0) {
         gang_tp_scratch_free(s);
-        return GANG_ENOMEM;
+        return rc;
     }
     s->max_tokens = max_tokens;
     s->delta = s->normed + max_tokens * s->hidden;
@@ -503,7 +735,7 @@ static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n
 {
     size_t n = 0, i, t;
 
-    if (s->normed == NULL || s->hidden != l->hidden ||
+    if (s->normed == NULL || s->pos_host == NULL || s->hidden != l->hidden ||
         s->q_cols != (size_t)l->shard.head_count * l->head_dim ||
         s->kv_cols != (size_t)l->shard.kv_head_count * l->head_dim ||
         s->ffn_cols != l->shard.ffn_count)
@@ -519,10 +751,31 @@ static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n
         if (len > s->max_tokens - n)
             return GANG_EINVAL;
         for (t = 0; t < len; t++)
-            s->positions[n + t] = (int32_t)(pos0 + t);
+            s->pos_host[n + t] = (int32_t)(pos0 + t);
         n += len;
     }
     *total = n;
+    return 0;
+}
+
+/*
+ * Brings the positions of the call (s->pos_host[0 .. total)) into tensor memory. Every
+ * layer of a step passes the same positions, so the upload (a host wait on a device) is
+ * skipped when the tensor copy already holds them: one upload per step, not per layer.
+ */
+static int tp_batch_positions(gang_kernels *k, gang_tp_scratch *s, size_t total)
+{
+    int32_t *held = s->pos_host + s->max_tokens;
+    int rc;
+
+    if (s->pos_valid == total && memcmp(held, s->pos_host, total * sizeof(int32_t)) == 0)
+        return 0;
+    s->pos_valid = 0;
+    rc = gang_kernels_upload(k, s->positions, s->pos_host, total * sizeof(int32_t));
+    if (rc != 0)
+        return rc;
+    memcpy(held, s->pos_host, total * sizeof(int32_t));
+    s->pos_valid = total;
     return 0;
 }
 
@@ -531,39 +784,55 @@ static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n
  * hidden] out (after the o_proj all-reduce).
  */
 static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                              uint32_t n_seq, const uint32_t *seq_tokens,
-                              const uint32_t *seq_pos0, gang_tp_kv_cache *const *caches,
-                              gang_tp_scratch *s, size_t total, uint64_t timeout_ms)
+                              uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0,
+                              gang_tp_kv_cache *const *caches, gang_tp_scratch *s, size_t total,
+                              uint64_t timeout_ms)
 {
-    size_t hd = l->head_dim, off = 0, i;
+    size_t hd = l->head_dim, off = 0, i, kv_bytes = s->kv_cols * sizeof(float);
+    float *kp = s->k, *vp = s->v;
     int rc;
 
+    /*
+     * A cache row has exactly the width of this rank's K and V projections. With one
+     * sequence (batch-1 decode, a lone prefill) the projections write straight into its
+     * cache rows and RoPE rotates the keys there, which saves two copies per layer;
+     * otherwise they go to the scratch and each sequence's rows are copied to its cache.
+     */
+    if (n_seq == 1) {
+        kp = caches[0]->k + (size_t)seq_pos0[0] * s->kv_cols;
+        vp = caches[0]->v + (size_t)seq_pos0[0] * s->kv_cols;
+    }
     rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wq, s->q_cols, s->q);
     if (rc != 0)
         return rc;
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wk, s->kv_cols, s->k);
+    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wk, s->kv_cols, kp);
     if (rc != 0)
         return rc;
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wv, s->kv_cols, s->v);
+    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wv, s->kv_cols, vp);
     if (rc != 0)
         return rc;
-    rc = tp_add_biases(l, k, s->q, s->k, s->v, total);
+    rc = tp_add_biases(l, k, s->q, kp, vp, total);
     if (rc != 0)
         return rc;
     rc = gang_kernels_rope(k, s->q, s->positions, total, l->shard.head_count, hd, l->rope_theta);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_rope(k, s->k, s->positions, total, l->shard.kv_head_count, hd,
-                           l->rope_theta);
+    rc = gang_kernels_rope(k, kp, s->positions, total, l->shard.kv_head_count, hd, l->rope_theta);
     if (rc != 0)
         return rc;
     for (i = 0; i < n_seq; i++) {
         gang_tp_kv_cache *c = caches[i];
         size_t len = seq_tokens[i], pos0 = seq_pos0[i];
 
-        /* A cache row has exactly the width of this rank's K and V projections. */
-        memcpy(c->k + pos0 * s->kv_cols, s->k + off * s->kv_cols, len * s->kv_cols * sizeof(float));
-        memcpy(c->v + pos0 * s->kv_cols, s->v + off * s->kv_cols, len * s->kv_cols * sizeof(float));
+        if (n_seq > 1) {
+            rc = gang_kernels_copy(k, c->k + pos0 * s->kv_cols, s->k + off * s->kv_cols,
+                                   len * kv_bytes);
+            if (rc == 0)
+                rc = gang_kernels_copy(k, c->v + pos0 * s->kv_cols, s->v + off * s->kv_cols,
+                                       len * kv_bytes);
+            if (rc != 0)
+                return rc;
+        }
         rc = gang_kernels_attention(k, s->q + off * s->q_cols, c->k, c->v, len, pos0 + len,
                                     l->shard.head_count, l->shard.kv_head_count, hd, pos0,
                                     s->q + off * s->q_cols);
@@ -571,12 +840,12 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
             return rc;
         off += len;
     }
-    return gang_tp_linear_row(k, comm, s->q, total, s->q_cols, l->wo, l->hidden, s->delta,
-                              timeout_ms);
+    return tp_linear_row_staged(k, comm, &s->stage, s->q, total, s->q_cols, l->wo, l->hidden,
+                                s->delta, timeout_ms);
 }
 
-int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                                float *x, uint32_t n_seq, const uint32_t *seq_tokens,
+int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
+                                uint32_t n_seq, const uint32_t *seq_tokens,
                                 const uint32_t *seq_pos0, gang_tp_kv_cache *const *caches,
                                 gang_tp_scratch *s, uint64_t timeout_ms)
 {
@@ -590,9 +859,16 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     if (l->wq == NULL || l->attn_norm == NULL || l->mlp_norm == NULL)
         return GANG_EINVAL;
     rc = tp_check_comm(l, comm);
+    if (rc == 0)
+        rc = tp_check_mem(l, k);
     if (rc != 0)
         return rc;
+    /* The scratch, like the layer, must be tensor memory of k. */
+    if (gang_kernels_is_device(k) ? s->mem != k : gang_kernels_is_device(s->mem))
+        return GANG_EINVAL;
     rc = tp_batch_check(l, s, n_seq, seq_tokens, seq_pos0, caches, &total);
+    if (rc == 0)
+        rc = tp_batch_positions(k, s, total);
     if (rc != 0)
         return rc;
     n = total * l->hidden;
@@ -602,8 +878,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_kernels_rmsnorm(k, x, l->attn_norm, l->norm_eps, total, l->hidden, s->normed);
     if (rc != 0)
         return rc;
-    rc = tp_batch_attention(l, k, comm, n_seq, seq_tokens, seq_pos0, caches, s, total,
-                            timeout_ms);
+    rc = tp_batch_attention(l, k, comm, n_seq, seq_tokens, seq_pos0, caches, s, total, timeout_ms);
     if (rc != 0)
         return rc;
     rc = gang_kernels_add(k, x, s->delta, n);
@@ -625,8 +900,8 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     now = gang_now_ms();
     if (now >= deadline)
         return GANG_ETIMEDOUT;
-    rc = gang_tp_linear_row(k, comm, s->gate, total, s->ffn_cols, l->w_down, l->hidden, s->delta,
-                            deadline - now);
+    rc = tp_linear_row_staged(k, comm, &s->stage, s->gate, total, s->ffn_cols, l->w_down, l->hidden,
+                              s->delta, deadline - now);
     if (rc != 0)
         return rc;
     return gang_kernels_add(k, x, s->delta, n);

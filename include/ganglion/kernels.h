@@ -119,6 +119,13 @@ int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, si
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n);
 
 /*
+ * Bias add over rows, in place: x[r, c] += bias[c] for r < rows, c < cols (x is
+ * [rows, cols], bias [cols]); one launch whatever rows is. bias must not overlap x.
+ */
+int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows,
+                          size_t cols);
+
+/*
  * Greedy sampling: out[r] = the index of the largest value of row r of x [rows, cols]. On
  * ties the lowest index wins, so results do not depend on the backend's reduction order.
  * NaN entries are ignored; a row that is entirely NaN yields 0. cols must be <= INT32_MAX.
@@ -213,6 +220,23 @@ void gang_kernels_free(gang_kernels *k, void *p);
  * waits for every operation enqueued before it and reports their deferred errors. */
 int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t bytes);
 int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t bytes);
+
+/*
+ * Copies bytes from tensor memory src to tensor memory dst of the same handle: device to
+ * device on "cuda", enqueued on the handle's stream (stream order, no host wait), memmove
+ * on "cpu". bytes 0 is a no-op. dst and src must not overlap unless dst == src. Used for
+ * KV-cache writes, row gathers and the copy-bandwidth measurement of `bench decode`.
+ */
+int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes);
+
+/*
+ * Strided copy between tensor buffers of the handle: rows rows of width bytes, row r read
+ * at src + r * spitch and written at dst + r * dpitch (pitches >= width). Enqueued like
+ * gang_kernels_copy (cudaMemcpy2DAsync on "cuda"). GANG_EINVAL for a NULL pointer, a zero
+ * width or rows, or a pitch below width. The rows of dst and src must not overlap.
+ */
+int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src,
+                         size_t spitch, size_t width, size_t rows);
 
 /* Waits for every enqueued operation of k; returns 0 or the first deferred error
  * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */

@@ -96,6 +96,9 @@ typedef struct gang_model {
     float *lm_head;          /* last stage: [shard.vocab_count, hidden] rows of lm_head
                                 (of embed_tokens when tied), else NULL */
     size_t weight_bytes;     /* bytes of f32 weights this rank holds */
+    gang_kernels *mem;       /* after gang_model_to_device: the device handle holding every
+                                array (embed, final_norm, lm_head and the layers'); NULL
+                                while they are host arrays */
 } gang_model;
 
 /*
@@ -115,8 +118,30 @@ typedef struct gang_model {
 int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang_model **out,
                     char *err, size_t errlen);
 
-/* Releases a model (every non-NULL array, the layers with gang_tp_layer_free). NULL ok. */
+/* Releases a model (every non-NULL array, the layers with gang_tp_layer_free). NULL ok.
+ * A model moved to a device is first released from it (gang_model_device_release), so
+ * its kernels handle must still be open. */
 void gang_model_free(gang_model *m);
+
+/*
+ * Moves a host model (from gang_model_load or built by hand) into the tensor memory of k
+ * once, for the engine to run on a device (model/device.c): every array is allocated
+ * from k and uploaded, then its host copy is freed, so no host copy of the weights stays
+ * resident on a GPU worker; m->mem = k. Peak host memory does not grow (arrays move one
+ * at a time). On the "cpu" backend it is a no-op (host arrays are its tensor memory).
+ * Returns 0, GANG_EINVAL (NULL, or already on another handle), or k's allocation /
+ * upload error (GANG_ENOMEM when the device pool is too small); on error the arrays
+ * moved so far stay on the device and the model remains consistent: release it with
+ * gang_model_device_release + gang_model_free.
+ */
+int gang_model_to_device(gang_model *m, gang_kernels *k);
+
+/*
+ * Returns the device arrays of a model moved by gang_model_to_device to m->mem (which
+ * must still be open) and sets them to NULL; a host model is left alone. Call it before
+ * gang_model_free (or shard_free-like code) and before closing the handle. NULL ok.
+ */
+void gang_model_device_release(gang_model *m);
 
 /* ================================ mkmodel ================================ */
 
@@ -198,6 +223,18 @@ typedef struct gang_engine gang_engine;
  */
 int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine **out, char *err,
                      size_t errlen);
+
+/*
+ * gang_engine_init with every buffer (KV slots, activations, layer scratch, head buffers)
+ * allocated from k's tensor memory. With a device k the model must have been moved to k
+ * (gang_model_to_device; GANG_EINVAL otherwise), every step must be given this k, and
+ * only the sampled logits rows come back to the host (one download per microbatch that
+ * samples); collectives over host communicators are staged through host buffers
+ * allocated here. k NULL, or a "cpu" handle, is gang_engine_init (host memory; the engine
+ * then keeps a "cpu" handle of its own for allocations). k must outlive the engine.
+ */
+int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config *cfg,
+                        gang_engine **out, char *err, size_t errlen);
 void gang_engine_free(gang_engine *e);
 /* KV slots (sequences that can be in flight at once) and context length of the engine. */
 uint32_t gang_engine_slots(const gang_engine *e);
@@ -224,7 +261,9 @@ uint32_t gang_engine_pending(const gang_engine *e);
  * broadcasts it over world; an empty plan is legal and is how idle ranks keep a deadline
  * (every rank returns after it). The plan's sequences run through the stages in
  * microbatches; the last stage samples and sends the tokens back to rank 0.
- * Rank 0 then has events to poll. Returns 0, or a communicator error as is (the
+ * Rank 0 then has events to poll. k is the handle the engine's memory came from when
+ * that is a device (gang_engine_init_on), any "cpu" handle otherwise (GANG_EINVAL for a
+ * mismatch). Returns 0, or a communicator error as is (the
  * communicators are then unusable; call gang_engine_reset before the next generation),
  * GANG_EPROTO for a plan that does not fit this rank's buffers, or a kernel error.
  */

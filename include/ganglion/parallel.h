@@ -199,9 +199,16 @@ int gang_topology_tp_shard(const gang_topology *t, uint32_t tp_rank, gang_tp_sha
 /* =================================================================================
  * Tensor-parallel layers (parallel/tp-layers.c)
  *
- * The Megatron split above applied to one Llama decoder layer, in f32 on host memory
- * with the kernels of include/ganglion/kernels.h and the all-reduce of
- * include/ganglion/comm.h. A TP rank copies its shard out of the full Hugging Face
+ * The Megatron split above applied to one Llama decoder layer, in f32, with the kernels
+ * of include/ganglion/kernels.h and the all-reduce of include/ganglion/comm.h.
+ *
+ * Memory: a layer is cut on the host (gang_tp_layer_init, malloc'd arrays) and may then
+ * be moved into the tensor memory of a device kernels handle (gang_tp_layer_to_device).
+ * Every forward function takes tensor pointers of the kernels handle it is given (host
+ * pointers for "cpu"); a layer or scratch that lives on one device handle is refused
+ * with GANG_EINVAL when called with another. Communicators carry host buffers (socket,
+ * mpi) or device buffers (nccl): with a device handle and a host communicator, the
+ * collectives are staged through host memory (gang_tp_stage_*, below). A TP rank copies its shard out of the full Hugging Face
  * weight matrices once (gang_tp_layer_init); the forward functions then run on that
  * shard and all-reduce over the TP communicator (the ranks of one pipeline stage, in
  * tp-rank order, e.g. from gang_comm_split with color = pp stage and key = tp rank).
@@ -276,8 +283,12 @@ typedef struct gang_layer_weights {
     const float *bv;        /* [kv_dim] v_proj bias, or NULL */
 } gang_layer_weights;
 
-/* One TP rank's shard of one decoder layer. Owns its arrays (malloc'd by init). */
+/*
+ * One TP rank's shard of one decoder layer. Owns its arrays: malloc'd by init (mem NULL),
+ * or tensor memory of mem after gang_tp_layer_to_device.
+ */
 typedef struct gang_tp_layer {
+    gang_kernels *mem;   /* handle whose memory holds the arrays, NULL: host malloc */
     gang_tp_shard shard; /* which heads and ffn columns these arrays hold */
     uint32_t tp;         /* TP degree the shard was cut for */
     uint32_t hidden;     /* model width */
@@ -311,8 +322,49 @@ typedef struct gang_tp_layer {
 int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_rank,
                        const gang_layer_weights *w, float rope_theta, float norm_eps);
 
-/* Releases the arrays of a layer from gang_tp_layer_init and zeroes it; NULL is ignored. */
+/*
+ * Releases the arrays of a layer from gang_tp_layer_init (to l->mem when it was moved to
+ * a device, which must still be open) and zeroes it; NULL is ignored.
+ */
 void gang_tp_layer_free(gang_tp_layer *l);
+
+/*
+ * Moves a host layer into the tensor memory of k: every array is allocated from k and
+ * uploaded, then the host copies are freed and l->mem = k. On the "cpu" backend, or for a
+ * layer already on k, nothing changes (host memory is the cpu backend's tensor memory).
+ * Returns 0, GANG_EINVAL (NULL, a layer already on another handle) or the allocation or
+ * upload error; on error the layer is unchanged (still on the host) and nothing leaks.
+ */
+int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k);
+
+/*
+ * Device buffers over any communicator: the one staging mechanism of the TP layers, the
+ * engine's pipeline transfers and its logits all-gather. Each call behaves like the
+ * gang_comm_* call of the same name on tensor memory of k:
+ *  - k on the host ("cpu"): the buffers are passed straight through;
+ *  - k a device and c an nccl communicator: k is synchronised (the communicator runs on
+ *    its own stream), then the device pointers are passed straight through;
+ *  - k a device and c a host communicator (socket, mpi): the data is downloaded into
+ *    st->host, the collective runs there, and the result is uploaded back.
+ * st holds the host staging buffer, sized once by its owner so that the serving loop
+ * allocates nothing: all_reduce, send and recv need the buffer's bytes, all_gather
+ * (1 + size of c) x count elements. st may be NULL or too small: the call then
+ * allocates a temporary host buffer (GANG_ENOMEM when that fails), which is what the
+ * unbatched forward functions do. Errors are those of the communicator and of k.
+ */
+typedef struct gang_tp_stage {
+    void *host;   /* host staging memory, or NULL */
+    size_t bytes; /* its size */
+} gang_tp_stage;
+
+int gang_tp_stage_all_reduce(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf,
+                             size_t count, gang_dtype dt, uint64_t timeout_ms);
+int gang_tp_stage_all_gather(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *send,
+                             void *recv, size_t count, gang_dtype dt, uint64_t timeout_ms);
+int gang_tp_stage_send(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *buf,
+                       size_t bytes, uint32_t peer, uint32_t tag, uint64_t timeout_ms);
+int gang_tp_stage_recv(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf,
+                       size_t bytes, uint32_t peer, uint32_t tag, uint64_t timeout_ms);
 
 /*
  * Sharded MLP block: out [tokens, hidden] = down(silu(gate(x)) * up(x)) for the full
@@ -369,6 +421,8 @@ int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *co
  * thread; every layer of a stage has the same shard shape, so one serves them all.
  */
 typedef struct gang_tp_scratch {
+    gang_kernels *mem; /* handle whose tensor memory holds the float arrays and positions,
+                          NULL: host malloc */
     size_t max_tokens; /* tokens one call may pass (sum over its sequences) */
     size_t hidden;     /* the shape it was sized for */
     size_t q_cols;     /* head_count x head_dim */
@@ -381,7 +435,11 @@ typedef struct gang_tp_scratch {
     float *v;          /* [max_tokens, kv_cols] */
     float *gate;       /* [max_tokens, ffn_cols] */
     float *up;         /* [max_tokens, ffn_cols] */
-    int32_t *positions; /* [max_tokens] */
+    int32_t *positions; /* [max_tokens] tensor memory: RoPE positions of the call */
+    int32_t *pos_host;  /* [2 x max_tokens] host: the call's positions, then a copy of
+                           what positions holds */
+    size_t pos_valid;   /* entries of positions that copy describes (0: none) */
+    gang_tp_stage stage; /* host staging of the all-reduces (device handles only) */
 } gang_tp_scratch;
 
 /*
@@ -391,7 +449,16 @@ typedef struct gang_tp_scratch {
  */
 int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens);
 
-/* Releases the arrays of gang_tp_scratch_init and zeroes s; NULL is ignored. */
+/*
+ * The same, in the tensor memory of k (k NULL: host malloc, as gang_tp_scratch_init).
+ * With a device k the scratch also holds a host staging buffer of max_tokens x hidden
+ * floats for the all-reduces over a host communicator. Same errors, plus k's.
+ */
+int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens,
+                            gang_kernels *k);
+
+/* Releases the arrays of gang_tp_scratch_init(_on) (to s->mem, which must still be
+ * open) and zeroes s; NULL is ignored. */
 void gang_tp_scratch_free(gang_tp_scratch *s);
 
 /*

@@ -141,6 +141,17 @@ int gang__cpu_add(float *x, const float *y, size_t n)
     return 0;
 }
 
+int gang__cpu_add_rows(float *x, const float *bias, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++) {
+        float *row = x + r * cols;
+
+        for (size_t c = 0; c < cols; c++)
+            row[c] += bias[c];
+    }
+    return 0;
+}
+
 int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out)
 {
     for (size_t r = 0; r < rows; r++) {

@@ -33,6 +33,7 @@ typedef struct gang__kernels_ops {
     int (*embedding)(const float *table, size_t vocab, size_t dim, const int32_t *ids,
                      size_t n_ids, float *out);
     int (*add)(float *x, const float *y, size_t n);
+    int (*add_rows)(float *x, const float *bias, size_t rows, size_t cols);
     int (*argmax)(const float *x, size_t rows, size_t cols, int32_t *out);
 } gang__kernels_ops;
 
@@ -50,6 +51,7 @@ int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
 int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,
                         size_t n_ids, float *out);
 int gang__cpu_add(float *x, const float *y, size_t n);
+int gang__cpu_add_rows(float *x, const float *bias, size_t rows, size_t cols);
 int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out);
 
 /* cpu-attention.c */

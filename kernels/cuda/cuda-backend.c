@@ -371,6 +371,39 @@ static int cuda_add(void *ctx, float *x, const float *y, size_t n)
     return rc < 0 ? rc : gang__cuda_launch_add(c->stream, x, y, n);
 }
 
+static int cuda_add_rows(void *ctx, float *x, const float *bias, size_t rows, size_t cols)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_add_rows(c->stream, x, bias, rows, cols);
+}
+
+/* Device-to-device copies stay on the stream: no host wait, stream order kept. */
+static int cuda_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    if (rc < 0)
+        return rc;
+    return gang__cuda_err(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
+                          "device copy");
+}
+
+static int cuda_copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t rows)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    if (rc < 0)
+        return rc;
+    return gang__cuda_err(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                            cudaMemcpyDeviceToDevice, c->stream),
+                          "device 2d copy");
+}
+
 static int cuda_argmax(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out)
 {
     gang__cuda_ctx *c = ctx;
@@ -408,5 +441,8 @@ const gang__kernels_dev_ops gang__kernels_cuda_dev_ops = {
     .silu_mul = cuda_silu_mul,
     .embedding = cuda_embedding,
     .add = cuda_add,
+    .add_rows = cuda_add_rows,
+    .copy = cuda_copy,
+    .copy_2d = cuda_copy_2d,
     .argmax = cuda_argmax,
 };

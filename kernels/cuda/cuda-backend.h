@@ -45,6 +45,10 @@ typedef struct gang__kernels_dev_ops {
     int (*embedding)(void *ctx, const float *table, size_t vocab, size_t dim, const int32_t *ids,
                      size_t n_ids, float *out);
     int (*add)(void *ctx, float *x, const float *y, size_t n);
+    int (*add_rows)(void *ctx, float *x, const float *bias, size_t rows, size_t cols);
+    int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    int (*copy_2d)(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                   size_t width, size_t rows);
     int (*argmax)(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out);
 } gang__kernels_dev_ops;
 

@@ -107,6 +107,8 @@ int gang__cuda_launch_check_ids(cudaStream_t s, const int32_t *ids, size_t n_ids
 int gang__cuda_launch_embedding(cudaStream_t s, const float *table, size_t dim, const int32_t *ids,
                                 size_t n_ids, const int *flag, float *out);
 int gang__cuda_launch_add(cudaStream_t s, float *x, const float *y, size_t n);
+int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias, size_t rows,
+                               size_t cols);
 int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
                              int32_t *out);
 int gang__cuda_launch_convert(cudaStream_t s, gang_kernels_dtype from, const void *src,

@@ -205,6 +205,23 @@ extern "C" int gang__cuda_launch_add(cudaStream_t s, float *x, const float *y, s
     return launch_result("add launch");
 }
 
+/* Bias over rows: one grid-stride pass over rows x cols, the column from the index. */
+__global__ static void add_rows_kernel(float *x, const float *bias, size_t rows, size_t cols)
+{
+    size_t n = rows * cols;
+
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += bias[i % cols];
+}
+
+extern "C" int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias,
+                                          size_t rows, size_t cols)
+{
+    add_rows_kernel<<<grid_for(rows * cols), OPS_THREADS, 0, s>>>(x, bias, rows, cols);
+    return launch_result("add_rows launch");
+}
+
 /* ---------------------------------------------------------------------------------
  * Embedding: a checking pass, then a copy that does nothing when the check failed.
  * --------------------------------------------------------------------------------- */

@@ -493,6 +493,12 @@ static void *rank_main(void *arg)
 void run_gang(uint32_t tp, uint32_t pp, gang_engine **engines, script *sc, rank_body body,
               gang_controller controller, rank_ctx *xs)
 {
+    run_gang_on(tp, pp, engines, NULL, sc, body, controller, xs);
+}
+
+void run_gang_on(uint32_t tp, uint32_t pp, gang_engine **engines, gang_kernels **kernels,
+                 script *sc, rank_body body, gang_controller controller, rank_ctx *xs)
+{
     static gang_run run;
     pthread_t th[MAX_RANKS];
     uint32_t r, n = tp * pp;
@@ -506,6 +512,7 @@ void run_gang(uint32_t tp, uint32_t pp, gang_engine **engines, script *sc, rank_
     run.pp = pp;
     run.body = body;
     run.sc = sc;
+    run.kernels = kernels;
     run.controlled = controller != NULL;
     atomic_store(&run.release, 0);
     assert_int_equal(
@@ -538,8 +545,9 @@ int script_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
     uint32_t s;
     int rc;
 
-    rc = gang_kernels_open("cpu", &k);
-    if (rc != 0)
+    if (x->run->kernels != NULL)
+        k = x->run->kernels[x->rank];
+    else if ((rc = gang_kernels_open("cpu", &k)) != 0)
         return rc;
     for (s = 0; s < sc->steps; s++) {
         if (x->rank == 0) {
@@ -555,7 +563,8 @@ int script_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
     }
     if (rc == 0 && x->rank == 0 && gang_engine_pending(x->engine) != 0)
         rc = GANG_EINTERNAL;
-    gang_kernels_close(k);
+    if (x->run->kernels == NULL)
+        gang_kernels_close(k);
     return rc;
 }
 
@@ -588,13 +597,44 @@ void layout_init(layout *lo, const full_model *fm, uint32_t tp, uint32_t pp,
     }
 }
 
+void layout_init_on(layout *lo, const full_model *fm, uint32_t tp, uint32_t pp,
+                    const gang_engine_config *cfg, const char *device)
+{
+    gang_kernels_options o;
+    char err[256];
+    uint32_t r;
+    int rc;
+
+    memset(lo, 0, sizeof(*lo));
+    lo->tp = tp;
+    lo->pp = pp;
+    lo->n = tp * pp;
+    for (r = 0; r < lo->n; r++) {
+        gang_kernels_options_init(&o);
+        o.device = device;
+        o.pool_mb = 256; /* several ranks share one GPU */
+        rc = gang_kernels_open_opts(&o, &lo->kernels[r]);
+        if (rc != 0)
+            fail_msg("open %s for rank %u: %s", device, r, gang_err_name(rc));
+        lo->models[r] = shard_new(fm, tp, pp, r);
+        rc = gang_model_to_device(lo->models[r], lo->kernels[r]);
+        if (rc != 0)
+            fail_msg("model to %s, rank %u: %s", device, r, gang_err_name(rc));
+        if (gang_engine_init_on(lo->models[r], lo->kernels[r], cfg, &lo->engines[r], err,
+                                sizeof(err)) != 0)
+            fail_msg("engine init on %s tp=%u pp=%u rank=%u: %s", device, tp, pp, r, err);
+    }
+}
+
 void layout_free(layout *lo)
 {
     uint32_t r;
 
     for (r = 0; r < lo->n; r++) {
         gang_engine_free(lo->engines[r]);
+        gang_model_device_release(lo->models[r]);
         shard_free(lo->models[r]);
+        gang_kernels_close(lo->kernels[r]);
     }
 }
 

@@ -96,6 +96,7 @@ typedef struct gang_run {
     pthread_barrier_t ready;
     rank_body body;
     script *sc;
+    gang_kernels **kernels; /* [n] each rank's handle, or NULL: ranks open "cpu" */
     atomic_int release;
     int controlled;
 } gang_run;
@@ -115,6 +116,7 @@ typedef struct layout {
     uint32_t tp, pp, n;
     gang_model *models[MAX_RANKS];
     gang_engine *engines[MAX_RANKS];
+    gang_kernels *kernels[MAX_RANKS]; /* layout_init_on: each rank's handle, else NULL */
 } layout;
 
 /* ---- the model ---- */
@@ -170,12 +172,19 @@ void check_script(const script *sc, const script_out *exp, const char *what);
 /* Runs body on tp x pp rank threads around engines[]; controller (or NULL) meanwhile. */
 void run_gang(uint32_t tp, uint32_t pp, gang_engine **engines, script *sc, rank_body body,
               gang_controller controller, rank_ctx *xs);
+/* run_gang with each rank stepping on kernels[rank] (NULL: each opens "cpu"). */
+void run_gang_on(uint32_t tp, uint32_t pp, gang_engine **engines, gang_kernels **kernels,
+                 script *sc, rank_body body, gang_controller controller, rank_ctx *xs);
 /* Every rank steps the script's number of steps; rank 0 submits and polls. */
 int script_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp);
 /* 3 slots, 40 positions, 6 prompt tokens per step, `microbatches`. */
 gang_engine_config engine_config(uint32_t microbatches);
 void layout_init(layout *lo, const full_model *fm, uint32_t tp, uint32_t pp,
                  const gang_engine_config *cfg);
+/* layout_init with one handle of device per rank (pool 256 MiB each for "cuda"), the
+ * shards moved to it and the engines on it; layout_free releases all of it. */
+void layout_init_on(layout *lo, const full_model *fm, uint32_t tp, uint32_t pp,
+                    const gang_engine_config *cfg, const char *device);
 void layout_free(layout *lo);
 
 #endif /* GANG_TEST_ENGINE_FIXTURE_H */

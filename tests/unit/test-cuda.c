@@ -289,6 +289,44 @@ static void test_cpu_memory_api(void **state)
     gang_kernels_free(fx.cpu, d);
 }
 
+/*
+ * The copy and bias-over-rows entries on the cpu backend: results, and the refusals of
+ * the front (NULL pointers, zero sizes, a pitch below the width), which both backends
+ * share.
+ */
+static void test_cpu_copy_add_rows(void **state)
+{
+    float a[12], b[12], bias[3] = {1.0f, -2.0f, 0.5f};
+    int i;
+
+    (void)state;
+    for (i = 0; i < 12; i++)
+        a[i] = (float)i, b[i] = -1.0f;
+    assert_int_equal(gang_kernels_copy(fx.cpu, b, a, 5 * sizeof(float)), 0);
+    assert_memory_equal(b, a, 5 * sizeof(float));
+    assert_true(b[5] == -1.0f);
+    assert_int_equal(gang_kernels_copy(fx.cpu, b, a, 0), 0);
+    assert_int_equal(gang_kernels_copy(fx.cpu, NULL, a, 4), GANG_EINVAL);
+    /* rows 0..2 of a [3, 4], the first 3 columns, into b [3, 3] */
+    for (i = 0; i < 12; i++)
+        b[i] = -1.0f;
+    assert_int_equal(gang_kernels_copy_2d(fx.cpu, b, 3 * sizeof(float), a, 4 * sizeof(float),
+                                          3 * sizeof(float), 3),
+                     0);
+    for (i = 0; i < 9; i++)
+        assert_true(b[i] == a[(i / 3) * 4 + i % 3]);
+    assert_true(b[9] == -1.0f);
+    assert_int_equal(gang_kernels_copy_2d(fx.cpu, b, 2, a, 16, 3, 1), GANG_EINVAL);
+    assert_int_equal(gang_kernels_copy_2d(fx.cpu, b, 16, a, 16, 0, 1), GANG_EINVAL);
+    assert_int_equal(gang_kernels_copy_2d(fx.cpu, b, 16, a, 16, 16, 0), GANG_EINVAL);
+    /* bias over 4 rows of 3 */
+    assert_int_equal(gang_kernels_add_rows(fx.cpu, a, bias, 4, 3), 0);
+    for (i = 0; i < 12; i++)
+        assert_true(a[i] == (float)i + bias[i % 3]);
+    assert_int_equal(gang_kernels_add_rows(fx.cpu, a, NULL, 4, 3), GANG_EINVAL);
+    assert_int_equal(gang_kernels_add_rows(fx.cpu, a, bias, 0, 3), GANG_EINVAL);
+}
+
 /* ---------------------------------------------------------------------------------
  * GPU: pool and errors.
  * --------------------------------------------------------------------------------- */
@@ -549,6 +587,41 @@ static void test_gpu_elementwise(void **state)
     free(g), free(u), free(ref), free(got);
 }
 
+/* Device copies (plain and strided) are exact; the bias over rows matches the cpu. */
+static void test_gpu_copy_add_rows(void **state)
+{
+    const size_t rows = 1001, cols = 67, n = rows * cols, w = 40;
+
+    (void)state;
+    NEED_GPU();
+    float *x = rnd_buf(n, 4.0f), *bias = rnd_buf(cols, 1.0f), *ref = malloc(n * 4);
+    float *dx = dev_copy(x, n * 4), *db = dev_copy(bias, cols * 4), *dy = NULL, *got;
+    assert_non_null(ref);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, n * 4, (void **)&dy), 0);
+    /* copy: the whole buffer, then a band at an offset */
+    assert_int_equal(gang_kernels_copy(fx.gpu, dy, dx, n * 4), 0);
+    got = dev_fetch(dy, n * 4);
+    assert_memory_equal(got, x, n * 4);
+    free(got);
+    /* copy_2d: the first w columns of every row into a [rows, w] block */
+    assert_int_equal(gang_kernels_copy_2d(fx.gpu, dy, w * 4, dx, cols * 4, w * 4, rows), 0);
+    got = dev_fetch(dy, rows * w * 4);
+    for (size_t r = 0; r < rows; r++)
+        assert_memory_equal(got + r * w, x + r * cols, w * 4);
+    free(got);
+    /* add_rows: exact (one addition per element on both sides) */
+    memcpy(ref, x, n * 4);
+    assert_int_equal(gang_kernels_add_rows(fx.cpu, ref, bias, rows, cols), 0);
+    assert_int_equal(gang_kernels_add_rows(fx.gpu, dx, db, rows, cols), 0);
+    got = dev_fetch(dx, n * 4);
+    assert_memory_equal(got, ref, n * 4);
+    free(got);
+    gang_kernels_free(fx.gpu, dx);
+    gang_kernels_free(fx.gpu, db);
+    gang_kernels_free(fx.gpu, dy);
+    free(x), free(bias), free(ref);
+}
+
 static void test_gpu_embedding(void **state)
 {
     const size_t vocab = 1000, dim = 130, n_ids = 37;
@@ -681,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_pool_first_fit), cmocka_unit_test(test_pool_coalesce),
         cmocka_unit_test(test_blas_load),      cmocka_unit_test(test_device_queries),
         cmocka_unit_test(test_open_errors),    cmocka_unit_test(test_cpu_memory_api),
+        cmocka_unit_test(test_cpu_copy_add_rows), cmocka_unit_test(test_gpu_copy_add_rows),
         cmocka_unit_test(test_gpu_pool),       cmocka_unit_test(test_gpu_gemm_f32),
         cmocka_unit_test(test_gpu_gemm_half),  cmocka_unit_test(test_gpu_rmsnorm),
         cmocka_unit_test(test_gpu_rope),       cmocka_unit_test(test_gpu_softmax),
