@@ -56,6 +56,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +85,9 @@
 #define SOCK_RING_CAP ((uint64_t)4 << 20) /* bytes of one direction's shared ring */
 #define SOCK_RING_HDR 4096                /* control page before the two rings */
 #define SOCK_SHM_LEN (SOCK_RING_HDR + 2 * SOCK_RING_CAP)
-#define SOCK_SPIN_US 50      /* keep polling the rings this long after progress before sleeping */
+#define SOCK_SPIN_US 30      /* after progress, spin on the rings this long without yielding */
+#define SOCK_YIELD_US 1000   /* then keep looking, yielding the CPU, until this long, then sleep */
+#define SOCK_BOUNCE 4096     /* bounce buffer for summing misaligned ring bytes */
 #define SOCK_SHM_NAME_MAX 96 /* "/ganglion-" + 32 hex digits + "-lo-hi" fits with room */
 
 /* Refusal statuses of a hello; 0 is acceptance. */
@@ -125,7 +128,11 @@ typedef struct sock_op {
     size_t hdr_done;           /* send: header bytes written */
     uint8_t hdr[SOCK_HDR_LEN]; /* send: the encoded header */
     int complete;
-    int claimed; /* recv: the peer's reader is filling it */
+    int claimed;   /* recv: the peer's reader is filling it */
+    int reduce;    /* recv: sum the payload into buf instead of storing it (shm peers) */
+    gang_dtype dt; /* recv: element type of a reducing recv */
+    const struct sock_op *src; /* send to a shm peer, or NULL: the recv of this call that
+                                  fills buf; only payload bytes below its done may go */
 } sock_op;
 
 /*
@@ -155,7 +162,8 @@ typedef struct sock_op {
  * "counter, then flag", so either the sleeper sees the new counter or the mover sees the
  * flag and rings. The flag is cleared after progress. A doorbell that finds the socket
  * buffer full is dropped, since unread doorbells already wake the peer. Until it sleeps,
- * a side spins (SOCK_SPIN_US after its last progress), which spares the wake-up latency.
+ * a side keeps looking at its rings (SOCK_YIELD_US after its last progress, see
+ * sock_progress), which spares the wake-up latency.
  * poll() stays the only place that blocks (with the abort eventfd and the deadline).
  *
  * Detection: after the mesh is up, the lower rank of each pair creates a POSIX shared
@@ -171,7 +179,10 @@ typedef struct sock_ring {
     _Alignas(64) atomic_uint_least64_t tail;
 } sock_ring;
 
-/* The control page holds ring 0 at 0, ring 1 at 128 and the two sleep flags at 256, 320. */
+/*
+ * The control page holds ring 0 at 0, ring 1 at 128, the two sleep flags at 256, 320 and
+ * the two CPU words at 384, 448 (lower rank first).
+ */
 _Static_assert(sizeof(sock_ring) == 128, "sock_ring must span exactly two cache lines");
 
 typedef struct sock_peer {
@@ -180,6 +191,8 @@ typedef struct sock_peer {
     sock_ring *tx_ring, *rx_ring; /* control words of both directions, in shm */
     atomic_int *my_sleep;         /* in shm: set while we may sleep; the peer rings then */
     atomic_int *peer_sleep;       /* in shm: the peer's flag, read after we move a counter */
+    atomic_int *my_cpu;           /* in shm: 1 + the CPU we last waited on (0: not yet) */
+    atomic_int *peer_cpu;         /* in shm: the peer's, to see that it shares our CPU */
     int bell;                     /* poll() saw the fd readable: drain it before the rings */
     uint8_t *tx_data, *rx_data;   /* ring bytes, in shm */
     int eof;                      /* the peer closed; noted, an error only if needed */
@@ -202,6 +215,8 @@ typedef struct sock_net {
     uint8_t session[SOCK_SESSION_LEN]; /* names the shared-memory objects */
     uint32_t shm_peers;                /* peers on the shared-memory path */
     sock_peer *peers;
+    struct pollfd *pfds; /* n + 1 entries: the progress loop's poll set */
+    uint32_t *pmap;      /* n + 1 entries: pfds index -> peer */
 } sock_net;
 
 typedef struct sock_comm {
@@ -210,8 +225,9 @@ typedef struct sock_comm {
     uint32_t *world_of;            /* this communicator's rank -> root rank */
     uint32_t *send_seq, *recv_seq; /* collective sequence numbers per peer */
     uint32_t split_seq;            /* splits done so far, to derive child ids */
-    uint8_t *scratch;              /* all-reduce receive chunk */
+    uint8_t *scratch;              /* all-reduce receive chunk (TCP ring) */
     size_t scratch_cap;
+    sock_op *ops; /* the pipelined all-reduce's 4(n-1) transfers */
 } sock_comm;
 
 /* ---------------------------------------------------------------------------------
@@ -959,6 +975,8 @@ static int sock_shm_map(sock_net *net, sock_peer *p, uint32_t self, uint32_t pee
     p->rx_data = base + SOCK_RING_HDR + (self == lo ? SOCK_RING_CAP : 0);
     p->my_sleep = (atomic_int *)(void *)(base + (self == lo ? 256 : 320));
     p->peer_sleep = (atomic_int *)(void *)(base + (self == lo ? 320 : 256));
+    p->my_cpu = (atomic_int *)(void *)(base + (self == lo ? 384 : 448));
+    p->peer_cpu = (atomic_int *)(void *)(base + (self == lo ? 448 : 384));
     p->bell = 1;
 out_fd:
     close(fd);
@@ -974,6 +992,7 @@ static void sock_shm_unmap(sock_peer *p)
     p->tx_ring = p->rx_ring = NULL;
     p->tx_data = p->rx_data = NULL;
     p->my_sleep = p->peer_sleep = NULL;
+    p->my_cpu = p->peer_cpu = NULL;
 }
 
 /*
@@ -1063,6 +1082,8 @@ static void sock_net_unref(sock_net *net)
     if (net->abort_fd >= 0)
         close(net->abort_fd);
     free(net->peers);
+    free(net->pfds);
+    free(net->pmap);
     free(net);
 }
 
@@ -1075,6 +1096,7 @@ static void sock_comm_destroy(sock_comm *sc)
     free(sc->send_seq);
     free(sc->recv_seq);
     free(sc->scratch);
+    free(sc->ops);
     free(sc);
 }
 
@@ -1128,11 +1150,13 @@ static int sock_init(gang_comm *c, const gang_comm_config *cfg)
     net->n = cfg->world_size;
     net->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     net->peers = calloc(net->n, sizeof(*net->peers));
+    net->pfds = calloc((size_t)net->n + 1, sizeof(*net->pfds));
+    net->pmap = calloc((size_t)net->n + 1, sizeof(*net->pmap));
     if (net->peers != NULL) {
         for (r = 0; r < net->n; r++)
             net->peers[r].fd = -1;
     }
-    if (net->abort_fd < 0 || net->peers == NULL) {
+    if (net->abort_fd < 0 || net->peers == NULL || net->pfds == NULL || net->pmap == NULL) {
         rc = net->abort_fd < 0 ? gang_err_from_errno(errno) : GANG_ENOMEM;
         goto out_net;
     }
@@ -1194,7 +1218,13 @@ static void sock_abort(gang_comm *c)
  * Shared-memory rings (protocol in the block comment before sock_ring).
  * --------------------------------------------------------------------------------- */
 
-/* Copies up to len bytes into the ring without blocking; returns the count (0: full). */
+/*
+ * Copies up to len bytes into the ring without blocking and publishes them; returns the
+ * count (0: full). Everything that fits goes in one copy: measured on a 2-core VM, cutting
+ * the copies into 32-256 KiB segments that the reader picks up while the writer is still
+ * copying made all-reduce 1.3-1.7x slower at 1-16 MiB (cache lines bounce between the
+ * two cores while both work on them; a finished copy is read from the shared cache).
+ */
 static size_t sock_ring_write(sock_ring *rg, uint8_t *data, const uint8_t *src, size_t len)
 {
     uint64_t head = atomic_load_explicit(&rg->head, memory_order_relaxed);
@@ -1224,6 +1254,81 @@ static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint8_t *dst, s
     first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
     memcpy(dst, data + at, first);
     memcpy(dst + first, data, n - first);
+    atomic_store_explicit(&rg->tail, tail + n, memory_order_release);
+    return n;
+}
+
+/*
+ * dst[i] += src[i] for count elements of dt. f32 and i32 are summed in fixed blocks of
+ * SOCK_SUM_BLOCK elements with restrict pointers, which GCC and Clang vectorise at -O2
+ * (a loop of unknown trip count is not vectorised by GCC's -O2 cost model; the reduction
+ * in comm.c is such a loop and ran at one element per cycle); f16 and bf16 go to the
+ * shared routine, whose rounding they must keep. dst and src must not overlap.
+ */
+#define SOCK_SUM_BLOCK 16
+static void sock_sum(void *dst, const void *src, size_t count, gang_dtype dt)
+{
+    size_t i = 0, k;
+
+    if (dt == GANG_DTYPE_F32) {
+        float *restrict d = dst;
+        const float *restrict s = src;
+
+        for (; i + SOCK_SUM_BLOCK <= count; i += SOCK_SUM_BLOCK) {
+            for (k = 0; k < SOCK_SUM_BLOCK; k++)
+                d[i + k] += s[i + k];
+        }
+        for (; i < count; i++)
+            d[i] += s[i];
+    } else if (dt == GANG_DTYPE_I32) {
+        /* Summed as unsigned: wraps modulo 2^32 like the shared routine. */
+        uint32_t *restrict d = dst;
+        const uint32_t *restrict s = src;
+
+        for (; i + SOCK_SUM_BLOCK <= count; i += SOCK_SUM_BLOCK) {
+            for (k = 0; k < SOCK_SUM_BLOCK; k++)
+                d[i + k] += s[i + k];
+        }
+        for (; i < count; i++)
+            d[i] += s[i];
+    } else {
+        gang__comm_reduce_sum(dst, src, count, dt);
+    }
+}
+
+/*
+ * Sums up to len bytes (whole elements of dt; len is a multiple of the element size) from
+ * the ring into dst without blocking, reading them in place instead of copying them out
+ * first, then hands the space back; returns the bytes consumed (0: not one element has
+ * arrived). dst must be aligned for dt. Ring bytes sit at any offset (a point-to-point
+ * frame may have an odd length), so when the elements are misaligned they go through a
+ * small bounce buffer instead.
+ */
+static size_t sock_ring_reduce(sock_ring *rg, const uint8_t *data, uint8_t *dst, size_t len,
+                               gang_dtype dt)
+{
+    uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
+    uint64_t avail = head - tail;
+    size_t esz = gang_dtype_size(dt), at = (size_t)(tail % SOCK_RING_CAP), n, first;
+    _Alignas(64) uint8_t bounce[SOCK_BOUNCE];
+
+    n = len < avail ? len : (size_t)avail;
+    if (((uintptr_t)(data + at)) % esz != 0 && n > sizeof(bounce))
+        n = sizeof(bounce);
+    n -= n % esz;
+    if (n == 0)
+        return 0;
+    first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
+    if (((uintptr_t)(data + at)) % esz == 0) {
+        /* The capacity is a multiple of every element size: no element straddles the wrap. */
+        sock_sum(dst, data + at, first / esz, dt);
+        sock_sum(dst + first, data, (n - first) / esz, dt);
+    } else {
+        memcpy(bounce, data + at, first);
+        memcpy(bounce + first, data, n - first);
+        sock_sum(dst, bounce, n / esz, dt);
+    }
     atomic_store_explicit(&rg->tail, tail + n, memory_order_release);
     return n;
 }
@@ -1268,23 +1373,21 @@ static void sock_shm_drain(sock_peer *p)
     }
 }
 
-/* Monotonic microseconds, for the short spin before sleeping on a shared-memory peer. */
-static uint64_t sock_now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-/* Reads up to want bytes from peer without blocking: recv()'s contract for both paths. */
-static ssize_t sock_peer_recv(sock_peer *p, void *dst, size_t want)
+/*
+ * Reads up to want bytes from peer without blocking: recv()'s contract for both paths.
+ * When op is a reducing recv (only ever on a shared-memory peer), the bytes are summed
+ * into dst straight from the ring instead.
+ */
+static ssize_t sock_peer_recv(sock_peer *p, const sock_op *op, void *dst, size_t want)
 {
     size_t n;
 
     if (p->shm == NULL)
         return recv(p->fd, dst, want, MSG_DONTWAIT);
-    n = sock_ring_read(p->rx_ring, p->rx_data, dst, want);
+    if (op != NULL && op->reduce)
+        n = sock_ring_reduce(p->rx_ring, p->rx_data, dst, want, op->dt);
+    else
+        n = sock_ring_read(p->rx_ring, p->rx_data, dst, want);
     if (n == 0) {
         errno = EAGAIN;
         return -1;
@@ -1410,7 +1513,7 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
 
         if (want > 0) {
             uint8_t *dst = in_hdr ? p->rx_hdr + p->rx_hdr_got : p->rx_dst + p->rx_got;
-            ssize_t n = sock_peer_recv(p, dst, want);
+            ssize_t n = sock_peer_recv(p, in_hdr ? NULL : p->rx_op, dst, want);
 
             if (n < 0 && errno == EINTR)
                 continue;
@@ -1431,6 +1534,8 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
                 continue;
             }
             p->rx_got += (size_t)n;
+            if (p->rx_op != NULL)
+                p->rx_op->done = p->rx_got; /* a send with this src may forward them */
             if (p->rx_got < p->rx_len)
                 continue;
         }
@@ -1458,23 +1563,32 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
     }
 }
 
-/* Writes op (header then payload) into the peer's ring as far as it goes without blocking. */
+/*
+ * Writes op (header then payload) into the peer's ring without blocking, with at most
+ * one copy of payload per call (what fits): when the ring is full, the caller reads what
+ * has arrived before it copies more, so a send larger than the ring and the receive it
+ * overlaps with advance together. A send with a src recv writes only what that recv has
+ * already delivered (the pipelined all-reduce).
+ */
 static void sock_tx_shm(sock_peer *p, sock_op *op)
 {
     while (!op->complete) {
         size_t n;
+        int payload = op->hdr_done == SOCK_HDR_LEN;
 
-        if (op->hdr_done < SOCK_HDR_LEN) {
+        if (!payload) {
             n = sock_ring_write(p->tx_ring, p->tx_data, op->hdr + op->hdr_done,
                                 SOCK_HDR_LEN - op->hdr_done);
             op->hdr_done += n;
         } else {
-            n = sock_ring_write(p->tx_ring, p->tx_data, op->buf + op->done, op->len - op->done);
+            size_t ready = op->src != NULL ? op->src->done : op->len;
+
+            n = sock_ring_write(p->tx_ring, p->tx_data, op->buf + op->done, ready - op->done);
             op->done += n;
         }
         if (op->hdr_done == SOCK_HDR_LEN && op->done == op->len)
             op->complete = 1;
-        else if (n == 0)
+        else if (n == 0 || payload)
             return;
     }
 }
@@ -1591,29 +1705,74 @@ static void sock_shm_sleep_flags(sock_net *net, int on)
     atomic_thread_fence(memory_order_seq_cst);
 }
 
+/* Tells the core we are spinning (spares the sibling hardware thread and power). */
+static void sock_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /*
- * Runs ops (sends and recvs of one step) to completion before deadline. Every connected
- * peer is read while waiting, so that nothing a peer sends can block it behind us; sends to
- * one peer go out in array order, since they share one byte stream.
+ * Publishes cpu (from sched_getcpu(), negative when unknown) to every shared-memory peer
+ * and returns whether a peer that ops still wait on last waited on that same CPU: it is
+ * then queued behind us, and spinning would only delay it.
+ */
+static int sock_shm_cpu_shared(sock_net *net, const sock_op *ops, size_t nops, int cpu)
+{
+    size_t i;
+    uint32_t r;
+    int shared = 0;
+
+    for (r = 0; r < net->n; r++) {
+        if (net->peers[r].shm != NULL)
+            atomic_store_explicit(net->peers[r].my_cpu, cpu + 1, memory_order_relaxed);
+    }
+    for (i = 0; i < nops && cpu >= 0 && !shared; i++) {
+        const sock_peer *p = &net->peers[ops[i].peer];
+
+        shared = !ops[i].complete && p->shm != NULL &&
+                 atomic_load_explicit(p->peer_cpu, memory_order_relaxed) == cpu + 1;
+    }
+    return shared;
+}
+
+/*
+ * Runs ops (the sends and recvs of one step, or of a whole pipelined all-reduce) to
+ * completion before deadline. Every connected peer is read while waiting, so that nothing
+ * a peer sends can block it behind us; sends to one peer go out in array order, since they
+ * share one byte stream.
+ *
+ * Waiting has four gears. (1) While a shared-memory peer moves, go round at once. (2)
+ * While only shared-memory peers are awaited, keep looking at their rings without any
+ * system call for SOCK_SPIN_US after the last progress: a ping-pong of small messages then
+ * never pays a poll() wake-up (tens of microseconds on a VM, milliseconds when the cores
+ * are busy with other work). (3) Then keep looking but call sched_yield() between looks
+ * until SOCK_YIELD_US after the last progress, so that other work gets the core whenever
+ * it wants it. A peer that last waited on our own CPU (the CPU words in the control page)
+ * is queued behind us: then gear (3) starts at once, the peer runs now instead of after
+ * our time slice (this is what decides the speed when ranks outnumber the idle cores).
+ * The abort flag is checked on every round, and the deadline too, so both stay prompt.
+ * (4) Then raise the sleep flags (see sock_ring) and sleep in poll() on the sockets, the
+ * doorbells, the abort eventfd and the deadline. A waiting rank so burns at most
+ * SOCK_YIELD_US of CPU, and yields it to anyone else after SOCK_SPIN_US. TCP peers are
+ * only seen through poll(), so while one is awaited every round polls, with a zero
+ * timeout, and gear (4) starts after SOCK_SPIN_US.
  */
 static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t deadline)
 {
     sock_net *net = sc->net;
-    struct pollfd *pfds;
-    uint32_t *pmap, r;
-    uint64_t spin_until = sock_now_us() + SOCK_SPIN_US;
+    struct pollfd *pfds = net->pfds;
+    uint32_t *pmap = net->pmap, r;
+    uint64_t now_us = gang_now_ns() / 1000, last_move = now_us, idle;
     size_t i, np;
     int rc, armed = 0;
 
-    pfds = malloc((net->n + 1) * sizeof(*pfds));
-    pmap = malloc((net->n + 1) * sizeof(*pmap));
-    if (pfds == NULL || pmap == NULL) {
-        rc = GANG_ENOMEM;
-        goto out;
-    }
     for (;;) {
         size_t pending = 0;
-        int moved = 0, shm_wait = 0;
+        int moved = 0, shm_wait = 0, tcp_wait = 0;
 
         rc = sock_check_net(net);
         if (rc < 0)
@@ -1633,11 +1792,14 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
                 m = sock_uq_take(&net->peers[op->peer], op->comm_id, op->kind, op->tag);
                 if (m != NULL) {
                     rc = m->len == op->len ? 0 : GANG_EPROTO;
-                    if (rc == 0 && m->len > 0)
+                    if (rc == 0 && op->reduce)
+                        sock_sum(op->buf, m->data, m->len / gang_dtype_size(op->dt), op->dt);
+                    else if (rc == 0 && m->len > 0)
                         memcpy(op->buf, m->data, m->len);
                     free(m);
                     if (rc < 0)
                         goto out_poison;
+                    op->done = op->len;
                     op->complete = 1;
                     continue;
                 }
@@ -1648,12 +1810,48 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
                 rc = GANG_EPEER;
                 goto out_poison;
             }
-            shm_wait |= net->peers[op->peer].shm != NULL;
+            if (net->peers[op->peer].shm != NULL)
+                shm_wait = 1;
+            else
+                tcp_wait = 1;
             pending++;
         }
         if (pending == 0) {
             rc = 0;
             goto out;
+        }
+        /* One clock read a round: the deadline is in milliseconds of the same clock. */
+        now_us = gang_now_ns() / 1000;
+        if (now_us / 1000 >= deadline) {
+            rc = GANG_ETIMEDOUT;
+            goto out_poison;
+        }
+        if (moved) {
+            last_move = now_us;
+            if (armed)
+                sock_shm_sleep_flags(net, 0);
+            armed = 0;
+        }
+        idle = now_us - last_move;
+        if (shm_wait && !tcp_wait && !armed && idle < SOCK_YIELD_US) {
+            if (moved)
+                continue; /* gear (1) */
+            if (idle >= SOCK_SPIN_US || sock_shm_cpu_shared(net, ops, nops, sched_getcpu()))
+                sched_yield(); /* gear (3) */
+            else
+                sock_cpu_relax(); /* gear (2) */
+            continue;
+        }
+        if (!moved && !armed && net->shm_peers > 0 &&
+            (!shm_wait || idle >= (tcp_wait ? SOCK_SPIN_US : SOCK_YIELD_US))) {
+            /*
+             * About to sleep: raise the flags, then look at the rings once more first. Also
+             * when only TCP peers are awaited, so that a shared-memory peer that sends us
+             * something unexpected wakes us to drain it, as its socket would.
+             */
+            sock_shm_sleep_flags(net, 1);
+            armed = 1;
+            moved = 1;
         }
         pfds[0].fd = net->abort_fd;
         pfds[0].events = POLLIN;
@@ -1672,31 +1870,6 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
                     pfds[np].events |= POLLOUT;
             }
             pmap[np++] = r;
-        }
-        if (gang_now_ms() >= deadline) {
-            rc = GANG_ETIMEDOUT;
-            goto out_poison;
-        }
-        /*
-         * After shared-memory progress, and for a short spin after it while a shared-memory
-         * peer is awaited (a doorbell wake-up costs tens of microseconds), only look at the
-         * sockets and go round again; otherwise sleep until a doorbell, data or the abort.
-         */
-        if (moved) {
-            spin_until = sock_now_us() + SOCK_SPIN_US;
-            if (armed)
-                sock_shm_sleep_flags(net, 0);
-            armed = 0;
-        }
-        if (!moved && !armed && net->shm_peers > 0 && (!shm_wait || sock_now_us() >= spin_until)) {
-            /*
-             * About to sleep: raise the flags, then look at the rings once more first. Also
-             * when only TCP peers are awaited, so that a shared-memory peer that sends us
-             * something unexpected wakes us to drain it, as its socket would.
-             */
-            sock_shm_sleep_flags(net, 1);
-            armed = 1;
-            moved = 1;
         }
         rc = poll(pfds, (nfds_t)np, moved || (shm_wait && !armed) ? 0 : sock_poll_ms(deadline));
         if (rc < 0 && errno == EINTR)
@@ -1743,8 +1916,6 @@ out_poison:
 out:
     if (armed)
         sock_shm_sleep_flags(net, 0);
-    free(pfds);
-    free(pmap);
     return rc;
 }
 
@@ -1786,7 +1957,59 @@ static void sock_chunk(size_t count, uint32_t n, uint32_t i, size_t *off, size_t
  * large chunks cannot deadlock on full socket buffers. Tiny counts leave some chunks
  * empty; their zero-length frames still keep the steps in lockstep, so one algorithm
  * serves every size. f16/bf16 are rounded once per step (n-1 roundings per element).
+ *
+ * When prev is a shared-memory peer, the reduce-scatter receives are reducing recvs: the
+ * chunk is summed into place straight from the ring (as much as has arrived each time)
+ * instead of being copied into a scratch chunk and summed afterwards. That saves a copy
+ * of every received chunk; over shared memory a step then costs one copy in (the send)
+ * and one pass over the ring (the sum). Over TCP the chunk still lands in the scratch
+ * buffer first.
+ *
+ * When prev and next are both shared-memory peers, all 2(n-1) steps run as one pipeline
+ * in a single progress call (sock_all_reduce_shm): every send but the first forwards the
+ * chunk the previous step's recv fills, so it is posted with that recv as its src and
+ * forwards what has been summed or received so far, instead of waiting for the whole
+ * step (and the peer for it) to finish: one wait for the whole operation, not 2(n-1).
+ * The steps' frames keep their order and sequence numbers, so the result and the
+ * rounding are those of the ring above.
+ * Overwriting is safe by causality: the all-gather recv of chunk (r-s) brings values
+ * that include the bytes our reduce-scatter send of the same chunk carried, so those had
+ * been read before; and no send reads a chunk a later recv of the call fills except
+ * through its src.
  */
+static int sock_all_reduce_shm(sock_comm *sc, uint32_t n, uint32_t r, uint8_t *b, size_t count,
+                               gang_dtype dt, uint64_t deadline)
+{
+    size_t esz = gang_dtype_size(dt), off, len, roff, rlen, k = 0;
+    uint32_t next = (r + 1) % n, prev = (r + n - 1) % n, s;
+    sock_op *ops;
+
+    if (sc->ops == NULL) {
+        sc->ops = calloc(4 * (size_t)(n - 1), sizeof(*sc->ops));
+        if (sc->ops == NULL)
+            return GANG_ENOMEM;
+    }
+    ops = sc->ops;
+    for (s = 0; s + 1 < n; s++, k += 2) {
+        sock_chunk(count, n, (r + n - s) % n, &off, &len);
+        sock_chunk(count, n, (r + 2 * n - s - 1) % n, &roff, &rlen);
+        sock_coll_send(sc, &ops[k], next, b + off * esz, len * esz);
+        sock_coll_recv(sc, &ops[k + 1], prev, b + roff * esz, rlen * esz);
+        ops[k].src = k > 0 ? &ops[k - 1] : NULL;
+        ops[k + 1].reduce = 1;
+        ops[k + 1].dt = dt;
+    }
+    for (s = 0; s + 1 < n; s++, k += 2) {
+        sock_chunk(count, n, (r + 1 + n - s) % n, &off, &len);
+        sock_chunk(count, n, (r + n - s) % n, &roff, &rlen);
+        sock_coll_send(sc, &ops[k], next, b + off * esz, len * esz);
+        sock_coll_recv(sc, &ops[k + 1], prev, b + roff * esz, rlen * esz);
+        ops[k].src = &ops[k - 1];
+    }
+    return sock_progress(sc, ops, k, deadline);
+}
+
+/* The ring all-reduce above: pipelined over shared memory, else step by step. */
 static int sock_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
 {
     sock_comm *sc = c->impl;
@@ -1795,14 +2018,17 @@ static int sock_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
     uint32_t n = c->size, r = c->rank, next, prev, s;
     uint8_t *b = buf;
     sock_op ops[2];
-    int rc;
+    int rc, direct;
 
     if (n == 1)
         return 0;
     next = (r + 1) % n;
     prev = (r + n - 1) % n;
+    direct = sc->net->peers[sc->world_of[prev]].shm != NULL;
+    if (direct && sc->net->peers[sc->world_of[next]].shm != NULL)
+        return sock_all_reduce_shm(sc, n, r, buf, count, dt, deadline);
     sock_chunk(count, n, 0, &off, &len); /* chunk 0 is the largest */
-    if (sc->scratch_cap < len * esz) {
+    if (!direct && sc->scratch_cap < len * esz) {
         uint8_t *p = realloc(sc->scratch, len * esz);
 
         if (p == NULL)
@@ -1814,11 +2040,14 @@ static int sock_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
         sock_chunk(count, n, (r + n - s) % n, &off, &len);
         sock_chunk(count, n, (r + 2 * n - s - 1) % n, &roff, &rlen);
         sock_coll_send(sc, &ops[0], next, b + off * esz, len * esz);
-        sock_coll_recv(sc, &ops[1], prev, sc->scratch, rlen * esz);
+        sock_coll_recv(sc, &ops[1], prev, direct ? b + roff * esz : sc->scratch, rlen * esz);
+        ops[1].reduce = direct;
+        ops[1].dt = dt;
         rc = sock_progress(sc, ops, 2, deadline);
         if (rc < 0)
             return rc;
-        gang__comm_reduce_sum(b + roff * esz, sc->scratch, rlen, dt);
+        if (!direct)
+            sock_sum(b + roff * esz, sc->scratch, rlen, dt);
     }
     for (s = 0; s + 1 < n; s++) {
         sock_chunk(count, n, (r + 1 + n - s) % n, &off, &len);
