@@ -47,7 +47,8 @@ const gang__comm_ops *gang__comm_ops_for(gang_comm_backend b);
 /* Records err as the communicator's async error if none is recorded yet. */
 void gang__comm_set_error(gang_comm *c, int err);
 
-/* Reductions shared by the CPU backends: dst[i] += src[i] with f32 accumulation. */
+/* Reductions shared by the CPU backends: dst[i] += src[i] with f32 accumulation; dst and
+ * src must not overlap (the f32/i32 loops use restrict pointers). */
 void gang__comm_reduce_sum(void *dst, const void *src, size_t count, gang_dtype dt);
 
 extern const gang__comm_ops gang__comm_socket_ops;

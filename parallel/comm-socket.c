@@ -1259,44 +1259,6 @@ static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint8_t *dst, s
 }
 
 /*
- * dst[i] += src[i] for count elements of dt. f32 and i32 are summed in fixed blocks of
- * SOCK_SUM_BLOCK elements with restrict pointers, which GCC and Clang vectorise at -O2
- * (a loop of unknown trip count is not vectorised by GCC's -O2 cost model; the reduction
- * in comm.c is such a loop and ran at one element per cycle); f16 and bf16 go to the
- * shared routine, whose rounding they must keep. dst and src must not overlap.
- */
-#define SOCK_SUM_BLOCK 16
-static void sock_sum(void *dst, const void *src, size_t count, gang_dtype dt)
-{
-    size_t i = 0, k;
-
-    if (dt == GANG_DTYPE_F32) {
-        float *restrict d = dst;
-        const float *restrict s = src;
-
-        for (; i + SOCK_SUM_BLOCK <= count; i += SOCK_SUM_BLOCK) {
-            for (k = 0; k < SOCK_SUM_BLOCK; k++)
-                d[i + k] += s[i + k];
-        }
-        for (; i < count; i++)
-            d[i] += s[i];
-    } else if (dt == GANG_DTYPE_I32) {
-        /* Summed as unsigned: wraps modulo 2^32 like the shared routine. */
-        uint32_t *restrict d = dst;
-        const uint32_t *restrict s = src;
-
-        for (; i + SOCK_SUM_BLOCK <= count; i += SOCK_SUM_BLOCK) {
-            for (k = 0; k < SOCK_SUM_BLOCK; k++)
-                d[i + k] += s[i + k];
-        }
-        for (; i < count; i++)
-            d[i] += s[i];
-    } else {
-        gang__comm_reduce_sum(dst, src, count, dt);
-    }
-}
-
-/*
  * Sums up to len bytes (whole elements of dt; len is a multiple of the element size) from
  * the ring into dst without blocking, reading them in place instead of copying them out
  * first, then hands the space back; returns the bytes consumed (0: not one element has
@@ -1322,12 +1284,12 @@ static size_t sock_ring_reduce(sock_ring *rg, const uint8_t *data, uint8_t *dst,
     first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
     if (((uintptr_t)(data + at)) % esz == 0) {
         /* The capacity is a multiple of every element size: no element straddles the wrap. */
-        sock_sum(dst, data + at, first / esz, dt);
-        sock_sum(dst + first, data, (n - first) / esz, dt);
+        gang__comm_reduce_sum(dst, data + at, first / esz, dt);
+        gang__comm_reduce_sum(dst + first, data, (n - first) / esz, dt);
     } else {
         memcpy(bounce, data + at, first);
         memcpy(bounce + first, data, n - first);
-        sock_sum(dst, bounce, n / esz, dt);
+        gang__comm_reduce_sum(dst, bounce, n / esz, dt);
     }
     atomic_store_explicit(&rg->tail, tail + n, memory_order_release);
     return n;
@@ -1793,7 +1755,7 @@ static int sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t dead
                 if (m != NULL) {
                     rc = m->len == op->len ? 0 : GANG_EPROTO;
                     if (rc == 0 && op->reduce)
-                        sock_sum(op->buf, m->data, m->len / gang_dtype_size(op->dt), op->dt);
+                        gang__comm_reduce_sum(op->buf, m->data, m->len / gang_dtype_size(op->dt), op->dt);
                     else if (rc == 0 && m->len > 0)
                         memcpy(op->buf, m->data, m->len);
                     free(m);
@@ -2047,7 +2009,7 @@ static int sock_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
         if (rc < 0)
             return rc;
         if (!direct)
-            sock_sum(b + roff * esz, sc->scratch, rlen, dt);
+            gang__comm_reduce_sum(b + roff * esz, sc->scratch, rlen, dt);
     }
     for (s = 0; s + 1 < n; s++) {
         sock_chunk(count, n, (r + 1 + n - s) % n, &off, &len);

@@ -160,25 +160,39 @@ static uint16_t comm_f32_to_bf16(float f)
  * rounded back once per call (so a ring of n ranks rounds n - 1 times, like NCCL). i32
  * wraps modulo 2^32 instead of invoking signed overflow.
  */
+#define COMM_SUM_BLOCK 16
+
 void gang__comm_reduce_sum(void *dst, const void *src, size_t count, gang_dtype dt)
 {
-    size_t i;
+    size_t i = 0, k;
 
+    /* f32 and i32 are summed in fixed blocks with restrict pointers, which GCC and Clang
+     * vectorise at -O2 (GCC 12's -O2 cost model does not vectorise a loop of unknown trip
+     * count: the plain loop ran at one element per cycle). dst and src never overlap. */
     switch (dt) {
     case GANG_DTYPE_F32: {
-        float *d = dst;
-        const float *s = src;
+        float *restrict d = dst;
+        const float *restrict s = src;
 
-        for (i = 0; i < count; i++)
+        for (; i + COMM_SUM_BLOCK <= count; i += COMM_SUM_BLOCK) {
+            for (k = 0; k < COMM_SUM_BLOCK; k++)
+                d[i + k] += s[i + k];
+        }
+        for (; i < count; i++)
             d[i] += s[i];
         break;
     }
     case GANG_DTYPE_I32: {
-        int32_t *d = dst;
-        const int32_t *s = src;
+        /* Summed as unsigned: wraps modulo 2^32 instead of overflowing. */
+        uint32_t *restrict d = dst;
+        const uint32_t *restrict s = src;
 
-        for (i = 0; i < count; i++)
-            d[i] = (int32_t)((uint32_t)d[i] + (uint32_t)s[i]);
+        for (; i + COMM_SUM_BLOCK <= count; i += COMM_SUM_BLOCK) {
+            for (k = 0; k < COMM_SUM_BLOCK; k++)
+                d[i + k] += s[i + k];
+        }
+        for (; i < count; i++)
+            d[i] += s[i];
         break;
     }
     case GANG_DTYPE_F16: {
