@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "test-util.h"
 #include "engine-fixture.h"
 #include "engine-internal.h"
 
@@ -20,16 +21,10 @@
  * --------------------------------------------------------------------------------- */
 static uint64_t rng_state;
 
-/* Uniform in [-1, 1) from xorshift64*: deterministic across runs and platforms. */
+/* The next draw of this file's deterministic sequence (test-util.c). */
 static float rnd(void)
 {
-    double u;
-
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    u = (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return (float)(2.0 * u - 1.0);
+    return tu_rnd(&rng_state);
 }
 
 void fill(float *a, size_t n, float scale, float offset)
@@ -446,26 +441,8 @@ void script_run_local(gang_engine *e, script *sc)
 
 static int rank_comms(rank_ctx *x, gang_comm **world, gang_comm **tp, gang_comm **pp)
 {
-    gang_comm_config cfg;
-    uint32_t stage = x->rank / x->run->tp, tp_rank = x->rank % x->run->tp;
-    int rc;
-
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.backend = GANG_COMM_SOCKET;
-    cfg.rank = x->rank;
-    cfg.world_size = x->run->n;
-    cfg.blob = (const uint8_t *)x->run->blob;
-    cfg.blob_len = x->run->blob_len;
-    cfg.listener = x->listener;
-    cfg.advertise_host = HOST;
-    cfg.timeout_ms = 10000;
-    rc = gang_comm_init(&cfg, world);
-    if (rc != 0)
-        return rc;
-    rc = gang_comm_split(*world, stage, tp_rank, 10000, tp);
-    if (rc != 0)
-        return rc;
-    return gang_comm_split(*world, tp_rank, stage, 10000, pp);
+    return tu_gang_comms(x->rank, x->run->n, x->run->tp, x->run->blob, x->run->blob_len,
+                         x->listener, 10000, world, tp, pp);
 }
 
 static void *rank_main(void *arg)

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "test-util.h"
 #include "ganglion/kernels.h"
 #include "stack-fixture.h"
 
@@ -16,16 +17,10 @@
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-/* Uniform in [-1, 1) from xorshift64*: deterministic across runs and platforms. */
+/* The next draw of this file's deterministic sequence (test-util.c). */
 static float rnd(void)
 {
-    double u;
-
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    u = (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return (float)(2.0 * u - 1.0);
+    return tu_rnd(&rng_state);
 }
 
 static void fill(float *a, size_t n, float scale, float offset)

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "test-util.h"
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
 #include "ganglion/parallel.h"
@@ -60,16 +61,10 @@ typedef struct outputs {
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-/* Uniform in [-1, 1) from xorshift64*: deterministic across runs and platforms. */
+/* The next draw of this file's deterministic sequence (test-util.c). */
 static float rnd(void)
 {
-    double u;
-
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    u = (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-    return (float)(2.0 * u - 1.0);
+    return tu_rnd(&rng_state);
 }
 
 /* A random rows x cols matrix with entries in [-scale, scale). */

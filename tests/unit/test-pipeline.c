@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "test-util.h"
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
 #include "ganglion/parallel.h"
@@ -65,26 +66,8 @@ struct rank_ctx {
 /* World init, then the TP split (color = stage, key = tp rank) and PP split. */
 static int rank_comms(rank_ctx *x, gang_comm **world, gang_comm **tp, gang_comm **pp)
 {
-    gang_comm_config cfg;
-    uint32_t stage = x->rank / x->run->tp, tp_rank = x->rank % x->run->tp;
-    int rc;
-
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.backend = GANG_COMM_SOCKET;
-    cfg.rank = x->rank;
-    cfg.world_size = x->run->n;
-    cfg.blob = (const uint8_t *)x->run->blob;
-    cfg.blob_len = x->run->blob_len;
-    cfg.listener = x->listener;
-    cfg.advertise_host = HOST;
-    cfg.timeout_ms = 10000;
-    rc = gang_comm_init(&cfg, world);
-    if (rc != 0)
-        return rc;
-    rc = gang_comm_split(*world, stage, tp_rank, 10000, tp);
-    if (rc != 0)
-        return rc;
-    return gang_comm_split(*world, tp_rank, stage, 10000, pp);
+    return tu_gang_comms(x->rank, x->run->n, x->run->tp, x->run->blob, x->run->blob_len,
+                         x->listener, 10000, world, tp, pp);
 }
 
 static void *rank_main(void *arg)
