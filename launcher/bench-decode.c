@@ -356,19 +356,9 @@ static int bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank,
     if (m == NULL)
         return GANG_ENOMEM;
     bd_model_config(o, &m->cfg);
-    m->topo = *t;
-    rc = gang_topology_rank(t, rank, &m->place);
-    if (rc == 0)
-        rc = gang_topology_tp_shard(t, m->place.tp_rank, &m->shard);
-    if (rc == 0)
-        rc = gang_topology_stage_layers(t, m->place.pp_stage, &m->layer_first, &m->layer_count);
+    rc = gang_model_place(m, t, rank);
     if (rc != 0)
         goto out_free;
-    m->layers = calloc(m->layer_count, sizeof(*m->layers));
-    if (m->layers == NULL) {
-        rc = GANG_ENOMEM;
-        goto out_free;
-    }
     for (i = 0; i < m->layer_count && rc == 0; i++) {
         rc = bd_draw_layer(o, &f, m->layer_first + i);
         if (rc == 0)

@@ -232,19 +232,9 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
     rc = ld_check_layout(&m->cfg, t, dir, err, errlen);
     if (rc != 0)
         goto out_free;
-    m->topo = *t;
-    rc = gang_topology_rank(t, rank, &m->place);
-    if (rc == 0)
-        rc = gang_topology_tp_shard(t, m->place.tp_rank, &m->shard);
-    if (rc == 0)
-        rc = gang_topology_stage_layers(t, m->place.pp_stage, &m->layer_first, &m->layer_count);
+    rc = gang_model_place(m, t, rank);
     if (rc != 0)
         goto out_free;
-    m->layers = calloc(m->layer_count, sizeof(*m->layers));
-    if (m->layers == NULL) {
-        rc = GANG_ENOMEM;
-        goto out_free;
-    }
 
     rc = gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
@@ -267,6 +257,24 @@ out_close:
 out_free:
     gang_model_free(m);
     return rc;
+}
+
+int gang_model_place(gang_model *m, const gang_topology *t, uint32_t rank)
+{
+    int rc;
+
+    if (m == NULL || t == NULL)
+        return GANG_EINVAL;
+    m->topo = *t;
+    rc = gang_topology_rank(t, rank, &m->place);
+    if (rc == 0)
+        rc = gang_topology_tp_shard(t, m->place.tp_rank, &m->shard);
+    if (rc == 0)
+        rc = gang_topology_stage_layers(t, m->place.pp_stage, &m->layer_first, &m->layer_count);
+    if (rc != 0)
+        return rc;
+    m->layers = calloc(m->layer_count, sizeof(*m->layers));
+    return m->layers == NULL ? GANG_ENOMEM : 0;
 }
 
 void gang_model_free(gang_model *m)

@@ -118,6 +118,13 @@ typedef struct gang_model {
 int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang_model **out,
                     char *err, size_t errlen);
 
+/*
+ * Fills the layout fields of m for global rank `rank` of t (topo, place, shard, layer
+ * range) and allocates m->layers[layer_count] zeroed, for loaders and hand-built shards.
+ * Returns 0, GANG_EINVAL (NULL, rank outside t) or GANG_ENOMEM.
+ */
+int gang_model_place(gang_model *m, const gang_topology *t, uint32_t rank);
+
 /* Releases a model (every non-NULL array, the layers with gang_tp_layer_free). NULL ok.
  * A model moved to a device is first released from it (gang_model_device_release), so
  * its kernels handle must still be open. */
