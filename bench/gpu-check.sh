@@ -11,6 +11,7 @@
 #                            existing configured one is reused (incremental build)
 #   GANG_GPU_SKIP_BUILD=1    use the binaries already in GANG_GPU_BUILD as they are
 #   JOBS=N                   parallel build jobs (default: nproc, at most 16)
+#   GANG_GPU_SKIP_SERVE=1    leave out the serve-nccl step (world-1 serve over nccl)
 #   GANG_GPU_BUDGET_S=S      wall-clock budget of the whole check (default 285 s): each
 #                            step's timeout is cut to what is left; steps past it are
 #                            recorded as "not-run"
@@ -153,6 +154,75 @@ if grep -q '"tokens_match_1x1":false' "$OUT/bench-decode.jsonl" 2>/dev/null; the
 fi
 step bench-gemm 150 "$BIN" bench gemm
 grep '^{' "$OUT/bench-gemm.log" >"$OUT/bench-gemm.jsonl" 2>/dev/null
+# The workers' NCCL data path (issue #6) end to end at world = 1: `serve --local --device
+# cuda --backend nccl` on a tiny model (socket world for plans and tokens, TP / PP groups
+# split from an nccl world), one greedy completion over HTTP, whose tokens must equal
+# `ganglion generate` on the CPU. About 10 s; last, so a short budget skips it first.
+cat >"$OUT/serve-nccl.sh" <<'SERVE_EOF'
+# serve-nccl.sh BIN DEVICE BACKEND DIR: serve a tiny model with one worker, compare one
+# greedy completion with `generate` on the CPU. Exit 0 when equal, 1 otherwise.
+set -u
+BIN=$1 DEV=$2 BACKEND=$3 DIR=$4
+mkdir -p "$DIR"
+if [ "$DEV" = cuda ] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo '{"skipped":"no GPU (nvidia-smi lists none)"}'
+    exit 0
+fi
+"$BIN" mkmodel --out "$DIR/model" --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 \
+    --vocab 256 --seed 7 >"$DIR/mkmodel.log" 2>&1 || { echo "mkmodel failed"; exit 1; }
+WANT=$("$BIN" generate --model "$DIR/model" --tp 1 --pp 1 --prompt-ids 1,5,9,13 \
+    --max-tokens 12 2>"$DIR/generate.log" | head -1)
+echo "generate (cpu): $WANT"
+PORT=$((20000 + RANDOM % 20000))
+"$BIN" serve --local --model "$DIR/model" --nnodes 1 --nproc-per-node 1 --device "$DEV" \
+    --backend "$BACKEND" --http-port "$PORT" --rdzv-port $((PORT + 1)) --gpu-memory-mb 2048 \
+    --kv-cache-mb 16 --max-batch 4 >"$DIR/serve.log" 2>&1 &
+PID=$!
+python3 - "$PORT" "$WANT" "$PID" <<'PY_EOF'
+import json, os, sys, time, urllib.request
+port, want, pid = int(sys.argv[1]), sys.argv[2].split(), int(sys.argv[3])
+base = "http://127.0.0.1:%d" % port
+def alive():
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+deadline = time.time() + 60
+while True:
+    if not alive():
+        sys.exit("serve exited before it was ready (see serve.log)")
+    try:
+        if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
+            break
+    except Exception:
+        pass
+    if time.time() > deadline:
+        sys.exit("not ready within 60 s (see serve.log)")
+    time.sleep(0.2)
+body = json.dumps({"prompt": [1, 5, 9, 13], "max_tokens": 12}).encode()
+req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+r = json.loads(urllib.request.urlopen(req, timeout=60).read())
+got = [str(t) for t in r["choices"][0]["tokens"]]
+print(json.dumps({"measure": "serve_nccl", "tokens": got, "expected": want,
+                  "tokens_match_cpu": got == want, "timings": r.get("timings")}))
+sys.exit(0 if got == want else 1)
+PY_EOF
+RC=$?
+kill -TERM "$PID" 2>/dev/null
+wait "$PID"
+echo "serve exit code $? (after SIGTERM)"
+grep -E "nccl|NCCL|ERROR" "$DIR/serve.log" | tail -20
+exit $RC
+SERVE_EOF
+if [ "${GANG_GPU_SKIP_SERVE:-0}" != 1 ]; then
+    step serve-nccl 90 bash "$OUT/serve-nccl.sh" "$BIN" cuda nccl "$OUT/serve-nccl"
+    if grep -q '"tokens_match_cpu":false' "$OUT/serve-nccl.log" 2>/dev/null; then
+        STATUSES[-1]=fail-tokens-mismatch
+        sed -i '$ s/"status":"[a-z-]*"/"status":"fail-tokens-mismatch"/' "$OUT/steps.jsonl"
+        echo "   -> serve over nccl answered other tokens than generate on the CPU" >&2
+    fi
+fi
 
 # --- summary ----------------------------------------------------------------------------
 overall=pass

@@ -300,6 +300,18 @@ int gang_kernels_sync(gang_kernels *k)
     return k->dev != NULL ? k->dev->sync(k->ctx) : 0;
 }
 
+/*
+ * The device backends' sync makes the handle's device current on the calling thread
+ * before it waits (cuda: cudaSetDevice, see cuda_sync), which is all binding needs; a
+ * vtable entry of its own would only repeat that.
+ */
+int gang_kernels_bind_thread(gang_kernels *k)
+{
+    if (k == NULL)
+        return GANG_EINVAL;
+    return k->dev != NULL ? k->dev->sync(k->ctx) : 0;
+}
+
 int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *out)
 {
     if (k == NULL || out == NULL)

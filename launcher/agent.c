@@ -573,12 +573,36 @@ int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_
 {
     int64_t world = p->nnodes * p->nproc_per_node;
     *ctx = 0;
-    /* --device cuda is accepted: each worker checks that its node has a GPU per local
-     * rank (the agent must not initialise CUDA before it forks). Workers run the engine
-     * on their GPU with the socket backend, staged through host memory (docs/gpu.md). */
-    if (strcmp(p->backend, "auto") != 0 && strcmp(p->backend, "socket") != 0) {
-        snprintf(err, errlen, "--backend %s: workers use the socket backend in this version "
-                 "(mpi and nccl are available to the benchmarks and tests)", p->backend);
+    /*
+     * The data plane of the workers (docs/gpu.md, "Serving on the GPU"):
+     *   auto    socket on the CPU; on --device cuda the TP / PP groups over nccl (when
+     *           NCCL is built; else the socket backend, staged through host memory);
+     *   socket  the socket backend everywhere (staged through host memory on cuda);
+     *   nccl    TP / PP over nccl; needs --device cuda and a build with NCCL;
+     *   mpi     refused: MPI is for the benchmarks and tests, workers do not serve on it.
+     * The plan broadcast, the token return and the idle ticks always use a socket world.
+     * --device cuda itself is checked by each worker (a GPU per local rank), because the
+     * agent must not initialise CUDA before it forks.
+     */
+    if (strcmp(p->backend, "mpi") == 0) {
+        snprintf(err, errlen, "--backend mpi: workers cannot serve over MPI (the mpi backend "
+                 "is for the benchmarks and tests); use --backend auto, socket or nccl");
+        return GANG_EUSAGE;
+    }
+    if (strcmp(p->backend, "nccl") == 0) {
+        if (strcmp(p->device, "cuda") != 0) {
+            snprintf(err, errlen, "--backend nccl needs --device cuda (NCCL moves GPU memory; "
+                     "--device %s workers use the socket backend: --backend auto or socket)",
+                     p->device);
+            return GANG_EUSAGE;
+        }
+        if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
+            snprintf(err, errlen, "--backend nccl: this binary was built without NCCL "
+                     "(--backend auto or socket stage the GPU traffic through host memory)");
+            return GANG_EUSAGE;
+        }
+    } else if (strcmp(p->backend, "auto") != 0 && strcmp(p->backend, "socket") != 0) {
+        snprintf(err, errlen, "--backend %s: not one of auto, socket, nccl", p->backend);
         return GANG_EUSAGE;
     }
     /* Without a model and with the default tp = pp = 1 there is nothing to split: such a

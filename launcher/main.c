@@ -125,6 +125,15 @@ static int cmd_serve(int argc, char **argv)
         printf("# identity: node %d of %d from %s; coordinator %s:%u\n", id.node_index,
                id.nnodes, gang_identity_source_name(id.source), id.coordinator_host,
                id.coordinator_port);
+        /* What the workers' data plane will be (the rule of gang__worker_uses_nccl). */
+        if (!p.model[0])
+            printf("# data plane: socket world only (no model: no TP / PP groups)\n");
+        else if (gang__worker_uses_nccl(&p))
+            printf("# data plane: socket world (plans, tokens); TP / PP over nccl on the GPU\n");
+        else
+            printf("# data plane: socket world and TP / PP over the socket backend%s\n",
+                   strcmp(p.device, "cuda") == 0 ? " (GPU buffers staged through host memory)"
+                                                 : "");
         gang_params_print_values(&p, stdout);
         return GANG_EXIT_OK;
     }
@@ -144,8 +153,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--version") == 0) {
         /* What is built, so that "mpi=yes" is never read as "workers run over MPI". */
-        printf("ganglion %s (backends built: socket=yes mpi=%s nccl=%s; kernels: cpu%s; "
-               "workers serve over the socket backend on the CPU)\n",
+        printf("ganglion %s (backends built: socket=yes mpi=%s nccl=%s; kernels: cpu%s)\n",
                GANG_VERSION, gang_comm_backend_built(GANG_COMM_MPI) ? "yes" : "no",
                gang_comm_backend_built(GANG_COMM_NCCL) ? "yes" : "no",
                GANG_HAVE_CUDA ? " cuda" : "");

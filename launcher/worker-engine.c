@@ -16,7 +16,14 @@
  *   2. gang_comm_init over the socket backend from the blob rank 0 made for BLOB_REQUEST
  *      (a cancel eventfd lets gang__wstep_stop() interrupt a gang still forming), then
  *      split it into the TP group (color = pp stage, key = tp rank) and the pipeline
- *      neighbours (color = tp rank, key = pp stage);
+ *      neighbours (color = tp rank, key = pp stage). A GPU worker whose blob carries an
+ *      NCCL unique id (gang__worker_uses_nccl) instead makes its kernels handle's GPU
+ *      current on this thread, joins an nccl world of the same ranks from that id (same
+ *      deadline and cancel fd) and splits THAT into the TP and PP groups, so the
+ *      all-reduces, the activation transfers and the logits all-gather move device
+ *      memory over NCCL (gang_tp_stage_* hands the pointers over as they are). The socket
+ *      world stays: the plan broadcast, the token return and the barrier ticks are host
+ *      data;
  *   3. report READY, then loop on engine steps. Rank 0 drains the requests the main
  *      thread queued, submits them, and steps while anything is pending; when idle it
  *      waits up to one heartbeat interval for a request and then steps with an empty plan,
@@ -308,6 +315,8 @@ struct gang__wstep {
     pthread_mutex_t mu;     /* guards the communicators (for abort) and the queue */
     pthread_cond_t cv;      /* a request was queued, or stop */
     gang_comm *world, *tp, *pp;
+    gang_comm *nworld;      /* the nccl world tp and pp were split from, or NULL */
+    uint8_t nccl_id[GANG_BLOB_MAX]; /* cfg.nccl_id, copied */
     wreq *head, *tail;
     uint32_t queued;
     int reported;           /* a FAILED event was written */
@@ -365,7 +374,51 @@ static void wstep_refuse(gang__wstep *s, uint64_t id, int code, const char *reas
     wstep_event(s, &ev);
 }
 
-/* Initialises the world communicator and, with a model, the TP and PP groups. */
+/*
+ * The nccl world of a GPU worker (same ranks as the socket world), from the unique id of
+ * the blob, on the GPU of the worker's kernels handle, which is made current on this
+ * thread first (NCCL takes the thread's current device at init). Bounded by the start
+ * timeout and interruptible through the cancel fd, like the socket world. On success
+ * *out is published in s->nworld (for gang__wstep_stop's abort) and returned.
+ */
+static int wstep_nccl_world(gang__wstep *s, gang__wres *res, gang_comm **out)
+{
+    const gang__wstep_config *c = &s->cfg;
+    gang_comm_config cc;
+    gang_comm *nworld = NULL;
+    int rc;
+
+    *out = NULL;
+    rc = gang_kernels_bind_thread(res->k);
+    if (rc != 0)
+        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: cannot make its GPU current for "
+                          "NCCL: %s", c->rank, gang_strerror(rc));
+    memset(&cc, 0, sizeof(cc));
+    cc.backend = GANG_COMM_NCCL;
+    cc.rank = c->rank;
+    cc.world_size = c->world;
+    cc.blob = s->nccl_id;
+    cc.blob_len = c->nccl_id_len;
+    cc.timeout_ms = (uint64_t)c->start_timeout_ms;
+    cc.cancel_fd = &s->cancel_fd;
+    rc = gang_comm_init(&cc, &nworld);
+    if (rc != 0)
+        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u cannot join the NCCL world of %u "
+                          "ranks: %s", c->rank, c->world, gang_strerror(rc));
+    pthread_mutex_lock(&s->mu);
+    s->nworld = nworld;
+    int stopped = atomic_load(&s->stop);
+    pthread_mutex_unlock(&s->mu);
+    if (stopped)
+        return GANG_EABORTED;
+    *out = nworld;
+    return 0;
+}
+
+/*
+ * Initialises the world communicator and, with a model, the TP and PP groups: split from
+ * the socket world, or from an nccl world when the blob carried an NCCL unique id.
+ */
 static int wstep_comms(gang__wstep *s, gang__wres *res)
 {
     const gang__wstep_config *c = &s->cfg;
@@ -402,16 +455,24 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
                           "model was cut for a world of %u", c->rank, c->world,
                           res->topo.world_size);
     uint64_t t = (uint64_t)c->start_timeout_ms;
-    rc = gang_comm_split(world, pl.pp_stage, pl.tp_rank, t, &tp);
+    gang_comm *parent = world;
+    if (c->nccl_id_len > 0) {
+        rc = wstep_nccl_world(s, res, &parent);
+        if (rc != 0)
+            return rc;
+    }
+    /* Both worlds split in the same order on every rank: TP first, then PP. */
+    rc = gang_comm_split(parent, pl.pp_stage, pl.tp_rank, t, &tp);
     if (rc == 0)
-        rc = gang_comm_split(world, pl.tp_rank, pl.pp_stage, t, &pp);
+        rc = gang_comm_split(parent, pl.tp_rank, pl.pp_stage, t, &pp);
     pthread_mutex_lock(&s->mu);
     s->tp = tp;
     s->pp = pp;
     stopped = atomic_load(&s->stop);
     pthread_mutex_unlock(&s->mu);
     if (rc != 0)
-        return wstep_fail(s, rc, (int32_t)c->rank, "splitting the TP / PP groups: %s",
+        return wstep_fail(s, rc, (int32_t)c->rank, "splitting the %s TP / PP groups: %s",
+                          gang_comm_backend_name(gang_comm_backend_of(parent)),
                           gang_strerror(rc));
     return stopped ? GANG_EABORTED : 0;
 }
@@ -537,6 +598,7 @@ int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out)
 {
     *out = NULL;
     if (cfg->world == 0 || cfg->rank >= cfg->world || cfg->blob_len > GANG_BLOB_MAX ||
+        cfg->nccl_id_len > GANG_BLOB_MAX || (cfg->nccl_id_len > 0 && cfg->nccl_id == NULL) ||
         cfg->res == NULL || cfg->start_timeout_ms <= 0 || cfg->heartbeat_interval_ms <= 0) {
         if (cfg->listener != NULL)
             gang_comm_listener_free(cfg->listener);
@@ -549,7 +611,12 @@ int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out)
         return GANG_ENOMEM;
     }
     s->cfg = *cfg;
-    memcpy(s->blob, cfg->blob, cfg->blob_len);
+    if (cfg->blob_len > 0)
+        memcpy(s->blob, cfg->blob, cfg->blob_len);
+    if (cfg->nccl_id_len > 0)
+        memcpy(s->nccl_id, cfg->nccl_id, cfg->nccl_id_len);
+    s->cfg.blob = s->blob;
+    s->cfg.nccl_id = cfg->nccl_id_len > 0 ? s->nccl_id : NULL;
     atomic_init(&s->stop, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -612,12 +679,17 @@ void gang__wstep_stop(gang__wstep *s)
         gang_comm_abort(s->tp);
     if (s->pp != NULL)
         gang_comm_abort(s->pp);
+    if (s->nworld != NULL)
+        gang_comm_abort(s->nworld);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (s->started)
         pthread_join(s->th, NULL);
+    /* Children before their parents; the nccl ones were aborted above, so freeing them
+     * aborts rather than flushes. */
     gang_comm_free(s->tp);
     gang_comm_free(s->pp);
+    gang_comm_free(s->nworld);
     gang_comm_free(s->world);
     while (s->head != NULL) {
         wreq *n = s->head->next;

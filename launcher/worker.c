@@ -327,10 +327,119 @@ static int worker_fence(worker *w, const gang_wctl *m, const char *what)
 }
 
 /* -------------------------------------------------------------------------------------
+ * The bootstrap blob (format in worker.h)
+ * ------------------------------------------------------------------------------------- */
+
+int gang__worker_uses_nccl(const gang_params *p)
+{
+    if (p->model[0] == '\0' || strcmp(p->device, "cuda") != 0)
+        return 0;
+    if (strcmp(p->backend, "nccl") == 0)
+        return 1;
+    /* auto: nccl where it is built, else the socket backend with host staging. Every
+     * rank runs the same binary, so every rank decides alike. */
+    return strcmp(p->backend, "auto") == 0 && gang_comm_backend_built(GANG_COMM_NCCL);
+}
+
+int gang__wblob_parse(const uint8_t *blob, size_t len, gang__wblob *out, char *err, size_t errlen)
+{
+    static const char prefix[] = GANG__WBLOB_NCCL_PREFIX;
+    const size_t plen = sizeof(prefix) - 1;
+    size_t i, nl = len;
+
+    memset(out, 0, sizeof(*out));
+    if (len == 0)
+        return 0; /* a gang of one needs no socket rendezvous (nor BLOB_REQUEST) */
+    if (blob == NULL)
+        goto out_proto_null;
+    for (i = 0; i < len; i++) {
+        if (blob[i] == '\n') {
+            nl = i;
+            break;
+        }
+        if (blob[i] < 0x20 || blob[i] > 0x7e) {
+            snprintf(err, errlen, "bootstrap blob: byte %zu of the socket part is 0x%02x, "
+                     "not a printable character", i, blob[i]);
+            return GANG_EPROTO;
+        }
+    }
+    if (nl == 0) {
+        snprintf(err, errlen, "bootstrap blob: the socket part before the nccl line is empty");
+        return GANG_EPROTO;
+    }
+    out->socket = blob;
+    out->socket_len = nl;
+    if (nl == len)
+        return 0;
+    /* The second line: "nccl:" and exactly 256 lowercase hex digits, then the end. */
+    const uint8_t *l2 = blob + nl + 1;
+    size_t n2 = len - nl - 1;
+    if (n2 < plen || memcmp(l2, prefix, plen) != 0) {
+        snprintf(err, errlen, "bootstrap blob: the line after the socket part must start "
+                 "with '%s' (got %zu bytes that do not)", prefix, n2);
+        return GANG_EPROTO;
+    }
+    if (n2 - plen != GANG__WBLOB_NCCL_HEX) {
+        snprintf(err, errlen, "bootstrap blob: the NCCL unique id has %zu characters, "
+                 "expected %d hex digits", n2 - plen, GANG__WBLOB_NCCL_HEX);
+        return GANG_EPROTO;
+    }
+    for (i = plen; i < n2; i++) {
+        uint8_t ch = l2[i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) {
+            snprintf(err, errlen, "bootstrap blob: character %zu of the NCCL unique id is "
+                     "0x%02x, not a lowercase hex digit", i - plen, ch);
+            return GANG_EPROTO;
+        }
+    }
+    out->nccl = l2 + plen;
+    out->nccl_len = GANG__WBLOB_NCCL_HEX;
+    return 0;
+
+out_proto_null:
+    snprintf(err, errlen, "bootstrap blob: NULL with %zu bytes", len);
+    return GANG_EPROTO;
+}
+
+int gang__wblob_format(const uint8_t *socket, size_t socket_len, const uint8_t *nccl,
+                       size_t nccl_len, uint8_t *out, size_t cap, size_t *len)
+{
+    static const char prefix[] = GANG__WBLOB_NCCL_PREFIX;
+    const size_t plen = sizeof(prefix) - 1;
+    size_t need = socket_len + (nccl != NULL ? 1 + plen + nccl_len : 0);
+    gang__wblob parsed;
+    char err[160];
+
+    *len = 0;
+    if (socket == NULL || socket_len == 0 || out == NULL)
+        return GANG_EINVAL;
+    if (need > cap)
+        return GANG_ERANGE;
+    memcpy(out, socket, socket_len);
+    if (nccl != NULL) {
+        out[socket_len] = '\n';
+        memcpy(out + socket_len + 1, prefix, plen);
+        memcpy(out + socket_len + 1 + plen, nccl, nccl_len);
+    }
+    if (gang__wblob_parse(out, need, &parsed, err, sizeof(err)) != 0 ||
+        (nccl != NULL) != (parsed.nccl != NULL)) {
+        gang_error("worker: refusing to send a malformed blob: %s", err);
+        return GANG_EINVAL;
+    }
+    *len = need;
+    return 0;
+}
+
+/* -------------------------------------------------------------------------------------
  * Messages from the agent
  * ------------------------------------------------------------------------------------- */
 
-/* BLOB_REQUEST(G): open rank 0's listener for G and describe it as "host:port". */
+/*
+ * BLOB_REQUEST(G): open rank 0's listener for G and describe it ("host:port/session");
+ * a worker whose TP / PP groups run over nccl appends a fresh NCCL unique id (format in
+ * worker.h). ncclGetUniqueId starts NCCL's bootstrap root in this process, which lives
+ * as long as the worker: the data thread of G joins it like every other rank.
+ */
 static void on_blob_request(worker *w, const gang_wctl *m)
 {
     if (worker_fence(w, m, "BLOB_REQUEST") != 0)
@@ -343,20 +452,42 @@ static void on_blob_request(worker *w, const gang_wctl *m)
 
     gang_wctl r;
     worker_msg(w, &r, GANG_WCTL_BLOB, m->generation);
-    size_t len = 0;
+    size_t len = 0, sock_len = 0, id_len = 0;
+    char sock[GANG_BLOB_MAX];
+    uint8_t id[GANG__WBLOB_NCCL_HEX];
     const char *adv = w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1";
-    int rc = gang_comm_socket_listen(adv, &w->listener, (char *)r.blob, sizeof(r.blob), &len);
+    int nccl = gang__worker_uses_nccl(&w->p);
+    int rc = gang_comm_socket_listen(adv, &w->listener, sock, sizeof(sock), &sock_len);
     if (rc != 0) {
         worker_report_error(w, m->generation, rc, w->rank,
                             "rank 0 cannot open its data-plane listener on '%s': %s", adv,
                             gang_strerror(rc));
         return;
     }
+    if (nccl && (rc = gang_comm_nccl_unique_id(id, sizeof(id), &id_len)) != 0) {
+        worker_report_error(w, m->generation, rc, w->rank,
+                            "rank 0 cannot create the NCCL unique id for the TP / PP groups: %s",
+                            gang_strerror(rc));
+        goto out_close;
+    }
+    rc = gang__wblob_format((const uint8_t *)sock, sock_len, nccl ? id : NULL, id_len, r.blob,
+                            sizeof(r.blob), &len);
+    if (rc != 0) {
+        worker_report_error(w, m->generation, rc, w->rank,
+                            "rank 0 cannot build the bootstrap blob: %s", gang_strerror(rc));
+        goto out_close;
+    }
     w->listen_gen = m->generation;
     r.blob_len = (uint32_t)len;
-    gang_info("BLOB for generation %llu: the socket backend listens as %.*s",
-              (unsigned long long)m->generation, (int)len, (const char *)r.blob);
+    gang_info("BLOB for generation %llu: the socket backend listens as %.*s%s",
+              (unsigned long long)m->generation, (int)sock_len, sock,
+              nccl ? "; TP / PP over nccl (unique id attached)" : "");
     worker_reply(w, &r);
+    return;
+
+out_close:
+    gang_comm_listener_free(w->listener);
+    w->listener = NULL;
 }
 
 /* START(G, rank, world, blob): join the data plane of G on a new data thread. */
@@ -387,13 +518,35 @@ static void on_start(worker *w, const gang_wctl *m)
         return;
     }
 
+    /* The blob must carry the nccl part exactly when this worker runs TP / PP over nccl
+     * (rank 0 decided from the same parameters; a mismatch is a gang started with
+     * different --device / --backend per node). */
+    gang__wblob parts;
+    char err[GANG_REASON_MAX];
+    int want_nccl = gang__worker_uses_nccl(&w->p);
+    if (gang__wblob_parse(m->blob, m->blob_len, &parts, err, sizeof(err)) != 0) {
+        worker_report_error(w, g, GANG_EPROTO, w->rank, "START: %s", err);
+        return;
+    }
+    if (want_nccl != (parts.nccl != NULL)) {
+        worker_report_error(w, g, GANG_EMISMATCH, w->rank,
+                            "START: the bootstrap blob %s an NCCL unique id, but this worker "
+                            "(--device %s --backend %s) runs its TP / PP groups over %s; "
+                            "every node must serve with the same --device and --backend",
+                            parts.nccl != NULL ? "carries" : "lacks", w->p.device, w->p.backend,
+                            want_nccl ? "nccl" : "the socket backend");
+        return;
+    }
+
     gang__wstep_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.generation = g;
     cfg.rank = m->rank;
     cfg.world = m->world_size;
-    cfg.blob = m->blob;
-    cfg.blob_len = m->blob_len;
+    cfg.blob = parts.socket;
+    cfg.blob_len = parts.socket_len;
+    cfg.nccl_id = parts.nccl;
+    cfg.nccl_id_len = parts.nccl_len;
     cfg.res = w->res;
     cfg.event_fd = w->ev_wr;
     cfg.start_timeout_ms = w->p.start_timeout_ms;

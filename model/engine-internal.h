@@ -141,10 +141,11 @@ int gang__plan_decode(gang_engine *e);
 /*
  * Runs e->plan through this rank's stage: embedding on stage 0, the layers, the LM head
  * and sampling on the last stage, microbatches through the pipeline; rank 0 ends with
- * e->plan.out. Returns 0 or the first error.
+ * e->plan.out. Activations go over pp, the sampled tokens over world (a host
+ * communicator; pp may be nccl). Returns 0 or the first error.
  */
-int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
-                     uint64_t deadline);
+int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                     gang_comm *pp, uint64_t deadline);
 
 /*
  * The logits [vocab] the last step computed for plan sequence i, on the last stage's

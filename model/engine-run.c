@@ -11,6 +11,8 @@
  *   0 < s < P-1:   for k: RECV act(k) from s-1 (tag k); F(k); SEND act(k) to s+1 (tag k)
  *   stage P-1:     for k: RECV act(k) from P-2 (tag k); F(k); [tp 0] SEND tokens(k) to 0
  *
+ * (act over pp; tokens over the world communicator, see below)
+ *
  * so stage s works on microbatch k while stage s+1 works on k-1. F(k) is the stage's
  * work: stage 0 embeds the microbatch's token ids; every stage runs its layers with the
  * batched ragged forward (one GEMM per weight for all the microbatch's tokens, two TP
@@ -26,6 +28,18 @@
  * Tags are reused from step to step. That is safe because rank 0 starts the next step's
  * broadcast only after it has received every token of this step, which the last stage
  * sends after receiving every activation of this step.
+ *
+ * Which communicator carries what. The activations go over pp and the TP collectives over
+ * tp, through gang_tp_stage_* (device pointers straight to an nccl communicator, staged
+ * through the host for socket / MPI). The tokens are host data (the plan's out array), so
+ * they go over the WORLD communicator, which is always a host one (gang_engine_step
+ * refuses an nccl world), from the global rank of (stage P-1, TP rank 0) to global rank 0,
+ * with the same tags as above. Keeping them off pp matters for nccl, whose point-to-point
+ * has no tags and no host buffers: with P = 2 the activations 0 -> 1 and the tokens
+ * 1 -> 0 would otherwise share the nccl pair, and the per-pair order of the schedule
+ * above would be the only thing matching them. On pp only activations remain, and
+ * between two neighbours they flow in one direction, in microbatch order on both sides,
+ * which is exactly nccl's ordering rule.
  */
 #include <string.h>
 
@@ -219,26 +233,34 @@ static int run_xfer_act(gang_engine *e, gang_kernels *k, int is_send, gang_comm 
                               tag, left);
 }
 
-/* The sampled tokens of sequences [first, first + count) to or from PP rank peer. */
-static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *pp, uint32_t first,
-                           uint32_t count, uint32_t peer, uint32_t tag, uint64_t deadline)
+/*
+ * The sampled tokens of sequences [first, first + count) over the world communicator
+ * (host memory; see the file comment): sent by the last stage's TP rank 0 to global rank
+ * 0, or received by rank 0 from it.
+ */
+static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32_t first,
+                           uint32_t count, uint32_t tag, uint64_t deadline)
 {
+    const gang_model *m = e->m;
+    uint32_t last_root;
     uint64_t left;
     int rc;
 
-    rc = run_left(deadline, &left);
+    rc = gang_topology_rank_at(&m->topo, m->topo.pp - 1, 0, &last_root);
+    if (rc == 0)
+        rc = run_left(deadline, &left);
     if (rc != 0)
         return rc;
     if (is_send)
-        return gang_comm_send(pp, e->plan.out + first, (size_t)count * sizeof(int32_t), peer, tag,
+        return gang_comm_send(world, e->plan.out + first, (size_t)count * sizeof(int32_t), 0, tag,
                               left);
-    return gang_comm_recv(pp, e->plan.out + first, (size_t)count * sizeof(int32_t), peer, tag,
-                          left);
+    return gang_comm_recv(world, e->plan.out + first, (size_t)count * sizeof(int32_t), last_root,
+                          tag, left);
 }
 
 /* Stage 0 of P >= 2 stages. */
-static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
-                           uint32_t nmb, uint64_t deadline)
+static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                           gang_comm *pp, uint32_t nmb, uint64_t deadline)
 {
     uint32_t lag = e->m->topo.pp - 1, mb, first, count, j, jf, jc;
     int is_root = e->m->place.tp_rank == 0, rc;
@@ -254,7 +276,7 @@ static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_
             j = mb - lag;
             rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, j, &jf, &jc);
             if (rc == 0)
-                rc = run_xfer_tokens(e, 0, pp, jf, jc, lag, nmb + j, deadline);
+                rc = run_xfer_tokens(e, 0, world, jf, jc, nmb + j, deadline);
             if (rc != 0)
                 return rc;
         }
@@ -267,7 +289,7 @@ static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_
     for (j = nmb > lag ? nmb - lag : 0; j < nmb; j++) {
         rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, j, &jf, &jc);
         if (rc == 0)
-            rc = run_xfer_tokens(e, 0, pp, jf, jc, lag, nmb + j, deadline);
+            rc = run_xfer_tokens(e, 0, world, jf, jc, nmb + j, deadline);
         if (rc != 0)
             return rc;
     }
@@ -275,8 +297,8 @@ static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_
 }
 
 /* A stage s >= 1 of P >= 2 stages. */
-static int run_later_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
-                           uint32_t nmb, uint64_t deadline)
+static int run_later_stage(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                           gang_comm *pp, uint32_t nmb, uint64_t deadline)
 {
     uint32_t s = e->m->place.pp_stage, mb, first, count;
     int rc;
@@ -294,15 +316,15 @@ static int run_later_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_
         if (!e->is_last)
             rc = run_xfer_act(e, k, 1, pp, first, count, s + 1, mb, deadline);
         else if (e->m->place.tp_rank == 0)
-            rc = run_xfer_tokens(e, 1, pp, first, count, 0, nmb + mb, deadline);
+            rc = run_xfer_tokens(e, 1, world, first, count, nmb + mb, deadline);
         if (rc != 0)
             return rc;
     }
     return 0;
 }
 
-int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp,
-                     uint64_t deadline)
+int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                     gang_comm *pp, uint64_t deadline)
 {
     uint32_t nmb = e->cfg.microbatches, mb, first, count;
     int rc;
@@ -328,8 +350,8 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *
         return 0;
     }
     if (e->is_first)
-        return run_first_stage(e, k, tp, pp, nmb, deadline);
-    return run_later_stage(e, k, tp, pp, nmb, deadline);
+        return run_first_stage(e, k, world, tp, pp, nmb, deadline);
+    return run_later_stage(e, k, world, tp, pp, nmb, deadline);
 }
 
 const float *gang__engine_logits(const gang_engine *e, uint32_t i)

@@ -23,7 +23,9 @@
  *    point-to-point over the PP communicator to the same TP rank of the next stage,
  *    tagged by microbatch, in the GPipe schedule; the last stage norms the last token of
  *    each sampling sequence, applies its vocabulary rows of the LM head, all-gathers the
- *    logits over TP, and its TP rank 0 samples (sample.c) and sends the tokens to rank 0.
+ *    logits over TP, and its TP rank 0 samples (sample.c) and sends the tokens to rank 0
+ *    over the world communicator (host data; pp carries only activations, in one
+ *    direction per pair of neighbours, which nccl's untagged point-to-point needs).
  *  - Rank 0 commits the tokens: TOKEN events, DONE on a stop token or at max_tokens,
  *    and the slot is free for the next waiting request in the next step.
  *  - Every buffer a step needs is allocated here, at init, from the config's bounds:
@@ -36,8 +38,9 @@
  *    device memory. Sampling stays on the host: the sampled logits rows come back in one
  *    download per microbatch. With a device handle and host communicators, the TP
  *    all-reduces, the activation transfers and the logits all-gather are staged through
- *    host buffers allocated here (gang_tp_stage_*); the plan and the tokens are host data
- *    and travel as they are.
+ *    host buffers allocated here (gang_tp_stage_*); with nccl tp and pp communicators
+ *    the device buffers go to NCCL as they are. The plan and the tokens are host data
+ *    and travel as they are over the world communicator, which must be a host one.
  *  - Sampling draws are keyed by (seed, position), so a request's tokens do not depend
  *    on how it was batched, cut into microbatches or chunked, or on a gang restart.
  *  - A failed step (abort, lost peer, deadline) leaves the communicators unusable; the
@@ -596,6 +599,10 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         eng_check_comm(tp, m->topo.tp, m->place.tp_rank) != 0 ||
         eng_check_comm(pp, m->topo.pp, m->place.pp_stage) != 0)
         return GANG_EINVAL;
+    /* The plan and the tokens are host data: they need a host world (tp and pp may be
+     * nccl on a device handle; gang_tp_stage_* decides per call). */
+    if (world != NULL && gang_comm_backend_of(world) == GANG_COMM_NCCL)
+        return GANG_EINVAL;
     now = gang_now_ms();
     deadline = timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
     e->plan_valid = 0;
@@ -606,7 +613,7 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         return rc;
     if (e->plan.n_seq == 0)
         return 0;
-    rc = gang__engine_run(e, k, tp, pp, deadline);
+    rc = gang__engine_run(e, k, world, tp, pp, deadline);
     if (rc != 0)
         return rc;
     e->plan_valid = 1;

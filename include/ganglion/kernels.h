@@ -242,6 +242,17 @@ int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *
  * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */
 int gang_kernels_sync(gang_kernels *k);
 
+/*
+ * Makes k's device current on the calling thread, for libraries that take the thread's
+ * current device rather than a handle: NCCL uses the device current at communicator
+ * init (gang_comm_init with the nccl backend), so a thread that creates nccl
+ * communicators for k's buffers calls this first. "cuda": cudaSetDevice of the handle's
+ * GPU (and, as a side effect, a gang_kernels_sync of the handle: its deferred error, if
+ * any, is returned); "cpu": a no-op returning 0. GANG_EINVAL for NULL. Operations on k
+ * make its device current by themselves; this is only for code outside the kernels.
+ */
+int gang_kernels_bind_thread(gang_kernels *k);
+
 /* Pool accounting (device backends; the cpu backend reports zeros). */
 typedef struct gang_kernels_pool_stats {
     uint64_t pool_bytes;     /* size of the pool allocated at open */

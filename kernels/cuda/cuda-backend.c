@@ -209,6 +209,8 @@ static int cuda_free(void *ctx, void *p)
 /*
  * Waits for the stream and collects the deferred error word (see the file comment). The
  * word is copied on the stream, so it reflects every kernel enqueued before this call.
+ * It first makes the handle's device current on the calling thread (ctx_enter), which
+ * gang_kernels_bind_thread (kernels/backend.c) relies on: keep that order.
  */
 static int cuda_sync(void *ctx)
 {

@@ -14,7 +14,14 @@
  *    tokens for TP x PP in {1x1, 2x1, 1x2, 2x2} on ONE GPU: every rank is a thread with
  *    its own "cuda" handle on device 0 (pool 256 MiB), the communicators are the socket
  *    backend, so the TP all-reduces, the PP activation transfers and the logits
- *    all-gather all go through the host staging of gang_tp_stage_*.
+ *    all-gather all go through the host staging of gang_tp_stage_*;
+ *  - the serving data path of `serve --device cuda` (launcher/worker-engine.c): a socket
+ *    world for the plan and the tokens, and TP / PP communicators split from an nccl world,
+ *    so gang_tp_stage_* hands device pointers to NCCL. With one GPU: a 1 x 1 engine over
+ *    one-rank nccl groups (the TP all-reduces still go through NCCL) gives the reference's
+ *    tokens, and an nccl world is refused by gang_engine_step (the plan is host data).
+ *    With >= 2 GPUs: the script over 2x1, 1x2 (and 2x2 with 4 GPUs), one GPU per rank
+ *    (NCCL refuses two ranks of one communicator on one GPU), gives the reference's tokens.
  *
  * Without a GPU every case calls skip() after printing why (never a silent pass).
  */
@@ -178,6 +185,269 @@ static void test_cuda_layouts_match_reference(void **state)
     }
 }
 
+/* ---------------------------------------------------------------------------------
+ * The engine over nccl TP / PP communicators, as a GPU worker serves (worker-engine.c)
+ * --------------------------------------------------------------------------------- */
+
+#define NCCL_INIT_MS 60000 /* the first NCCL init on a node loads libnccl and probes it */
+
+#define NEED_NCCL()                                                                                \
+    do {                                                                                           \
+        if (!gang_comm_backend_built(GANG_COMM_NCCL)) {                                            \
+            print_message("[  SKIP    ] the nccl backend is not built into this binary\n");        \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* One gang: the socket blob, the NCCL id, each rank's engine and handle (GPU = rank). */
+typedef struct nccl_gang {
+    uint32_t tp, pp, n;
+    char sock_blob[256];
+    size_t sock_len;
+    uint8_t nccl_id[256];
+    size_t nccl_len;
+    gang_run run; /* what script_body reads: sc, kernels, n, tp, pp */
+    layout lo;
+} nccl_gang;
+
+typedef struct nccl_rank {
+    nccl_gang *g;
+    uint32_t rank;
+    gang_comm_listener *listener; /* rank 0 */
+    int rc;
+    char what[160]; /* where it failed */
+} nccl_rank;
+
+/*
+ * One rank: binds its GPU, joins the socket world and the nccl world, splits the nccl
+ * world into TP (color = stage, key = tp rank) and PP (color = tp rank, key = stage) as
+ * the worker does, and runs the script with (socket world, nccl tp, nccl pp).
+ */
+static void *nccl_rank_main(void *arg)
+{
+    nccl_rank *x = arg;
+    nccl_gang *g = x->g;
+    uint32_t stage = x->rank / g->tp, tp_rank = x->rank % g->tp;
+    gang_comm *world = NULL, *nworld = NULL, *tp = NULL, *pp = NULL;
+    gang_comm_config cc;
+    rank_ctx rx;
+
+    x->rc = gang_kernels_bind_thread(g->lo.kernels[x->rank]);
+    snprintf(x->what, sizeof(x->what), "bind the GPU");
+    if (x->rc != 0)
+        goto out;
+    memset(&cc, 0, sizeof(cc));
+    cc.backend = GANG_COMM_SOCKET;
+    cc.rank = x->rank;
+    cc.world_size = g->n;
+    cc.blob = (const uint8_t *)g->sock_blob;
+    cc.blob_len = g->sock_len;
+    cc.listener = x->listener;
+    cc.advertise_host = HOST;
+    cc.timeout_ms = NCCL_INIT_MS;
+    x->rc = gang_comm_init(&cc, &world);
+    snprintf(x->what, sizeof(x->what), "socket world");
+    if (x->rc != 0)
+        goto out;
+    memset(&cc, 0, sizeof(cc));
+    cc.backend = GANG_COMM_NCCL;
+    cc.rank = x->rank;
+    cc.world_size = g->n;
+    cc.blob = g->nccl_id;
+    cc.blob_len = g->nccl_len;
+    cc.timeout_ms = NCCL_INIT_MS;
+    x->rc = gang_comm_init(&cc, &nworld);
+    snprintf(x->what, sizeof(x->what), "nccl world");
+    if (x->rc != 0)
+        goto out;
+    x->rc = gang_comm_split(nworld, stage, tp_rank, NCCL_INIT_MS, &tp);
+    if (x->rc == 0)
+        x->rc = gang_comm_split(nworld, tp_rank, stage, NCCL_INIT_MS, &pp);
+    snprintf(x->what, sizeof(x->what), "nccl split");
+    if (x->rc != 0)
+        goto out;
+    if (gang_comm_backend_of(tp) != GANG_COMM_NCCL || gang_comm_backend_of(pp) != GANG_COMM_NCCL) {
+        x->rc = GANG_EINTERNAL;
+        goto out;
+    }
+    memset(&rx, 0, sizeof(rx));
+    rx.run = &g->run;
+    rx.rank = x->rank;
+    rx.engine = g->lo.engines[x->rank];
+    /* The worker passes world-size-1 groups too: exactly that here. */
+    x->rc = script_body(&rx, world, tp, pp);
+    snprintf(x->what, sizeof(x->what), "engine steps");
+out:
+    if (x->rc != 0) {
+        /* Unblock the peers still waiting on this rank. */
+        if (tp != NULL)
+            gang_comm_abort(tp);
+        if (pp != NULL)
+            gang_comm_abort(pp);
+        if (nworld != NULL)
+            gang_comm_abort(nworld);
+        if (world != NULL)
+            gang_comm_abort(world);
+    }
+    gang_comm_free(tp);
+    gang_comm_free(pp);
+    gang_comm_free(nworld);
+    gang_comm_free(world);
+    return NULL;
+}
+
+/* Opens rank r's "cuda" handle on GPU r, moves its shard there, builds its engine. */
+static void nccl_layout_init(nccl_gang *g, const full_model *fm, const gang_engine_config *cfg)
+{
+    gang_kernels_options o;
+    char err[256];
+    uint32_t r;
+
+    memset(&g->lo, 0, sizeof(g->lo));
+    g->lo.tp = g->tp;
+    g->lo.pp = g->pp;
+    g->lo.n = g->n;
+    for (r = 0; r < g->n; r++) {
+        gang_kernels_options_init(&o);
+        o.device = "cuda";
+        o.device_index = (int)r;
+        o.pool_mb = 256;
+        if (gang_kernels_open_opts(&o, &g->lo.kernels[r]) != 0)
+            fail_msg("open cuda:%u", r);
+        g->lo.models[r] = shard_new(fm, g->tp, g->pp, r);
+        assert_int_equal(gang_model_to_device(g->lo.models[r], g->lo.kernels[r]), 0);
+        if (gang_engine_init_on(g->lo.models[r], g->lo.kernels[r], cfg, &g->lo.engines[r], err,
+                                sizeof(err)) != 0)
+            fail_msg("engine init on cuda:%u: %s", r, err);
+    }
+}
+
+/* Runs the script on a tp x pp gang over nccl TP / PP (GPU r = rank r) and checks it. */
+static void check_nccl_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
+                              uint32_t pp, uint32_t microbatches)
+{
+    static nccl_gang g;
+    nccl_rank xs[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    gang_engine_config cfg = engine_config(microbatches);
+    char what[96];
+    uint32_t r;
+    int rc;
+
+    snprintf(what, sizeof(what), "nccl tp=%u pp=%u microbatches=%u", tp, pp, microbatches);
+    memset(&g, 0, sizeof(g));
+    g.tp = tp;
+    g.pp = pp;
+    g.n = tp * pp;
+    memset(xs, 0, sizeof(xs));
+    memset(sc->out, 0, sizeof(sc->out));
+    assert_int_equal(gang_comm_socket_listen(HOST, &xs[0].listener, g.sock_blob,
+                                             sizeof(g.sock_blob), &g.sock_len),
+                     0);
+    rc = gang_comm_nccl_unique_id(g.nccl_id, sizeof(g.nccl_id), &g.nccl_len);
+    if (rc != 0)
+        fail_msg("%s: gang_comm_nccl_unique_id: %s", what, gang_err_name(rc));
+    nccl_layout_init(&g, fm, &cfg);
+    g.run.n = g.n;
+    g.run.tp = tp;
+    g.run.pp = pp;
+    g.run.sc = sc;
+    g.run.kernels = g.lo.kernels;
+    for (r = 0; r < g.n; r++) {
+        xs[r].g = &g;
+        xs[r].rank = r;
+        assert_int_equal(pthread_create(&th[r], NULL, nccl_rank_main, &xs[r]), 0);
+    }
+    for (r = 0; r < g.n; r++)
+        pthread_join(th[r], NULL);
+    for (r = 0; r < g.n; r++)
+        if (xs[r].rc != 0)
+            fail_msg("%s: rank %u: %s: %s", what, r, xs[r].what, gang_err_name(xs[r].rc));
+    check_script(sc, exp, what);
+    print_message("%s: tokens match the reference\n", what);
+    layout_free(&g.lo);
+}
+
+/*
+ * One GPU: the world = 1 serving path (one-rank nccl TP / PP groups, the TP all-reduces
+ * through NCCL on device pointers) gives the reference's tokens; an nccl communicator as
+ * the world is refused (the plan and the tokens are host data).
+ */
+static void test_nccl_world_of_one(void **state)
+{
+    static script sc;
+    static script_out exp[MAX_REQS];
+    gang_engine_config cfg = engine_config(1);
+    gang_comm_config cc;
+    gang_comm *nworld = NULL;
+    uint8_t id[256];
+    size_t id_len = 0;
+    layout lo;
+
+    (void)state;
+    NEED_GPU();
+    NEED_NCCL();
+    full_model *fm = full_model_new(21, 0);
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    check_nccl_layout(fm, &sc, exp, 1, 1, 1);
+
+    layout_init_on(&lo, fm, 1, 1, &cfg, "cuda");
+    assert_int_equal(gang_kernels_bind_thread(lo.kernels[0]), 0);
+    assert_int_equal(gang_comm_nccl_unique_id(id, sizeof(id), &id_len), 0);
+    memset(&cc, 0, sizeof(cc));
+    cc.backend = GANG_COMM_NCCL;
+    cc.rank = 0;
+    cc.world_size = 1;
+    cc.blob = id;
+    cc.blob_len = id_len;
+    cc.timeout_ms = NCCL_INIT_MS;
+    assert_int_equal(gang_comm_init(&cc, &nworld), 0);
+    assert_int_equal(
+        gang_engine_step(lo.engines[0], lo.kernels[0], nworld, NULL, NULL, STEP_TIMEOUT_MS),
+        GANG_EINVAL);
+    gang_comm_free(nworld);
+    layout_free(&lo);
+    free(fm);
+}
+
+/* >= 2 GPUs: the script over nccl TP / PP, one GPU per rank, equals the reference. */
+static void test_nccl_layouts_match_reference(void **state)
+{
+    static const uint32_t lay[3][2] = {{2, 1}, {1, 2}, {2, 2}};
+    static script sc;
+    static script_out exp[MAX_REQS];
+    int ndev = gang_kernels_device_count();
+    uint32_t i, mb, ran = 0;
+
+    (void)state;
+    NEED_GPU();
+    NEED_NCCL();
+    if (ndev < 2) {
+        print_message("[  SKIP    ] %d GPU visible: the engine over nccl TP / PP needs one GPU per "
+                      "rank (NCCL refuses two ranks of a communicator on one GPU), so >= 2\n",
+                      ndev);
+        skip();
+    }
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        full_model *fm = full_model_new(21, with_bias);
+
+        make_script(fm, &sc);
+        expected_outputs(fm, &sc, exp);
+        for (i = 0; i < 3; i++) {
+            if (lay[i][0] * lay[i][1] > (uint32_t)ndev) {
+                print_message("nccl tp=%u pp=%u: needs %u GPUs, %d visible: not run\n", lay[i][0],
+                              lay[i][1], lay[i][0] * lay[i][1], ndev);
+                continue;
+            }
+            for (mb = 1; mb <= (lay[i][1] > 1 ? 2u : 1u); mb++, ran++)
+                check_nccl_layout(fm, &sc, exp, lay[i][0], lay[i][1], mb);
+        }
+        free(fm);
+    }
+    assert_true(ran > 0);
+}
+
 /* A model not moved to the handle, or a step on another handle, is refused. */
 static void test_cuda_memory_checks(void **state)
 {
@@ -224,6 +494,8 @@ int main(void)
         cmocka_unit_test(test_cuda_logits_match_cpu),
         cmocka_unit_test(test_cuda_layouts_match_reference),
         cmocka_unit_test(test_cuda_memory_checks),
+        cmocka_unit_test(test_nccl_world_of_one),
+        cmocka_unit_test(test_nccl_layouts_match_reference),
     };
 
     return cmocka_run_group_tests(tests, group_setup, NULL);
