@@ -39,10 +39,10 @@ typedef struct api_req {
     int32_t stop[GANG_MAX_STOP_TOKENS];
     uint32_t n_stop;
     gang_sampling sampling;
-    int32_t *out;           /* [max_tokens] */
+    int32_t *out; /* [max_tokens] */
     uint32_t n_out;
-    uint64_t sent_gen;      /* generation it was submitted in, 0 = owed */
-    uint32_t submissions;   /* generations it was submitted to */
+    uint64_t sent_gen;    /* generation it was submitted in, 0 = owed */
+    uint32_t submissions; /* generations it was submitted to */
     uint64_t accepted_ms, sent_ms, first_ms, last_ms, deadline_ms;
 } api_req;
 
@@ -53,14 +53,14 @@ struct gang_api {
     int has_model;
     gang_model_config mc;
     uint32_t ctx;
-    uint64_t gen;           /* generation started and not aborted, 0 = none */
+    uint64_t gen;                  /* generation started and not aborted, 0 = none */
     char gave_up[GANG_REASON_MAX]; /* non-empty once the gang gave up for good */
     uint64_t next_id;
     api_req *reqs;
     uint32_t n_reqs;
     uv_timer_t sweep;
-    gang_wctl pkt;          /* SUBMIT scratch */
-    uint64_t answered[4];   /* 200, 400, 503, 504 */
+    gang_wctl pkt;        /* SUBMIT scratch */
+    uint64_t answered[4]; /* 200, 400, 503, 504 */
     uint64_t resubmits;
     gang_histogram h_queue, h_prefill, h_tps, h_total;
 };
@@ -163,8 +163,8 @@ static void on_sweep(uv_timer_t *t)
             reply_error(api, r->x, 504, "timeout",
                         "request %llu: deadline of %lld ms passed with %u of %u tokens "
                         "(submitted to %u generation(s) of the gang)",
-                        (unsigned long long)r->id, (long long)api->p.request_timeout_ms,
-                        r->n_out, r->max_tokens, r->submissions);
+                        (unsigned long long)r->id, (long long)api->p.request_timeout_ms, r->n_out,
+                        r->max_tokens, r->submissions);
             req_unlink_free(api, r);
         } else {
             req_submit(api, r);
@@ -308,8 +308,7 @@ static int parse_request(gang_api *api, const gang_http_request *req, api_req *r
         goto out;
     }
     if (r->n_prompt >= api->ctx) {
-        snprintf(err, cap, "the prompt has %u tokens; the context holds %u", r->n_prompt,
-                 api->ctx);
+        snprintf(err, cap, "the prompt has %u tokens; the context holds %u", r->n_prompt, api->ctx);
         goto out;
     }
     r->max_tokens = 16;
@@ -352,8 +351,7 @@ static int parse_request(gang_api *api, const gang_http_request *req, api_req *r
         goto out;
     if (g > 0)
         r->sampling.seed = (uint64_t)v;
-    if (get_ids(o, "stop", api->mc.vocab, r->stop, GANG_MAX_STOP_TOKENS, &r->n_stop, err, cap) !=
-        0)
+    if (get_ids(o, "stop", api->mc.vocab, r->stop, GANG_MAX_STOP_TOKENS, &r->n_stop, err, cap) != 0)
         goto out;
     rc = 0;
 out:
@@ -497,8 +495,8 @@ void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, co
     if (code == GANG_EINVAL) {
         reply_error(api, r->x, 400, "invalid_request_error", "%s", reason);
     } else if (code < 0) {
-        reply_error(api, r->x, 503, "unavailable", "request %llu: %s (%s)",
-                    (unsigned long long)id, reason, gang_err_name(code));
+        reply_error(api, r->x, 503, "unavailable", "request %llu: %s (%s)", (unsigned long long)id,
+                    reason, gang_err_name(code));
     } else {
         reply_done(api, r, finish[0] ? finish : "length");
     }

@@ -141,18 +141,19 @@ static int ids_to_json(const char *list, char *buf, size_t cap)
 
 static int usage_error(const char *msg)
 {
-    fprintf(stderr, "ganglion generate: %s\n"
-                    "usage: ganglion generate --model DIR [--tp N] [--pp M] --prompt-ids 1,2,3 "
-                    "[--max-tokens 16] [--temperature T] [--top-k K] [--top-p P] [--seed S] "
-                    "[serve flags]\n",
+    fprintf(stderr,
+            "ganglion generate: %s\n"
+            "usage: ganglion generate --model DIR [--tp N] [--pp M] --prompt-ids 1,2,3 "
+            "[--max-tokens 16] [--temperature T] [--top-k K] [--top-p P] [--seed S] "
+            "[serve flags]\n",
             msg);
     return GANG_EXIT_USAGE;
 }
 
 int gang_cmd_generate(int argc, char **argv)
 {
-    const char *ids = NULL, *max_tokens = "16", *temperature = NULL, *top_k = NULL,
-               *top_p = NULL, *seed = NULL;
+    const char *ids = NULL, *max_tokens = "16", *temperature = NULL, *top_k = NULL, *top_p = NULL,
+               *seed = NULL;
     char *pass[GEN_MAX_ARGS];
     int npass = 0;
     int nnodes_given = 0, nproc_given = 0, verbose = 0;
@@ -273,8 +274,10 @@ int gang_cmd_generate(int argc, char **argv)
         pid_t w = waitpid(child, &status, WNOHANG);
         if (w == child) {
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : GANG_EXIT_INTERNAL;
-            fprintf(stderr, "ganglion generate: the gang exited with %d before serving; its log: "
-                            "%s\n", code, logpath);
+            fprintf(stderr,
+                    "ganglion generate: the gang exited with %d before serving; its log: "
+                    "%s\n",
+                    code, logpath);
             return code ? code : GANG_EXIT_INTERNAL;
         }
         if (http_do(http_port, "GET", "/readyz", NULL, resp, sizeof(resp), 1000) == 200) {

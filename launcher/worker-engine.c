@@ -58,9 +58,9 @@
  * ===================================================================================== */
 
 struct gang__wres {
-    gang_params p;             /* copy of the worker's parameters */
-    uint32_t rank;             /* the global rank the shard is cut for */
-    int event_fd;              /* the main thread's event pipe (borrowed) */
+    gang_params p; /* copy of the worker's parameters */
+    uint32_t rank; /* the global rank the shard is cut for */
+    int event_fd;  /* the main thread's event pipe (borrowed) */
     pthread_t loader;
     int loader_started;
     pthread_mutex_t mu;
@@ -157,16 +157,15 @@ static int wres_load(gang__wres *r)
     /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
     rc = gang_model_to_device(r->model, r->k);
     if (rc != 0) {
-        snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev,
-                 gang_strerror(rc));
+        snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev, gang_strerror(rc));
         goto out_err;
     }
     gang_engine_config ec;
     memset(&ec, 0, sizeof(ec));
     ec.max_batch = (uint32_t)p->max_batch;
-    ec.max_ctx = p->max_ctx > 0 ? (uint32_t)p->max_ctx
-                                : (mc.max_pos < WRES_DEFAULT_CTX_CAP ? mc.max_pos
-                                                                     : WRES_DEFAULT_CTX_CAP);
+    ec.max_ctx = p->max_ctx > 0
+                     ? (uint32_t)p->max_ctx
+                     : (mc.max_pos < WRES_DEFAULT_CTX_CAP ? mc.max_pos : WRES_DEFAULT_CTX_CAP);
     ec.kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
     ec.microbatches = (uint32_t)p->microbatches;
     ec.max_step_tokens = (uint32_t)p->max_step_tokens;
@@ -311,15 +310,15 @@ struct gang__wstep {
     pthread_t th;
     int started;
     atomic_int stop;
-    int cancel_fd;          /* eventfd: interrupts gang_comm_init */
-    pthread_mutex_t mu;     /* guards the communicators (for abort) and the queue */
-    pthread_cond_t cv;      /* a request was queued, or stop */
+    int cancel_fd;      /* eventfd: interrupts gang_comm_init */
+    pthread_mutex_t mu; /* guards the communicators (for abort) and the queue */
+    pthread_cond_t cv;  /* a request was queued, or stop */
     gang_comm *world, *tp, *pp;
-    gang_comm *nworld;      /* the nccl world tp and pp were split from, or NULL */
+    gang_comm *nworld;              /* the nccl world tp and pp were split from, or NULL */
     uint8_t nccl_id[GANG_BLOB_MAX]; /* cfg.nccl_id, copied */
     wreq *head, *tail;
     uint32_t queued;
-    int reported;           /* a FAILED event was written */
+    int reported; /* a FAILED event was written */
 };
 
 static int wstep_fail(gang__wstep *s, int code, int32_t rank, const char *fmt, ...)
@@ -391,8 +390,10 @@ static int wstep_nccl_world(gang__wstep *s, gang__wres *res, gang_comm **out)
     *out = NULL;
     rc = gang_kernels_bind_thread(res->k);
     if (rc != 0)
-        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: cannot make its GPU current for "
-                          "NCCL: %s", c->rank, gang_strerror(rc));
+        return wstep_fail(s, rc, (int32_t)c->rank,
+                          "rank %u: cannot make its GPU current for "
+                          "NCCL: %s",
+                          c->rank, gang_strerror(rc));
     memset(&cc, 0, sizeof(cc));
     cc.backend = GANG_COMM_NCCL;
     cc.rank = c->rank;
@@ -403,8 +404,10 @@ static int wstep_nccl_world(gang__wstep *s, gang__wres *res, gang_comm **out)
     cc.cancel_fd = &s->cancel_fd;
     rc = gang_comm_init(&cc, &nworld);
     if (rc != 0)
-        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u cannot join the NCCL world of %u "
-                          "ranks: %s", c->rank, c->world, gang_strerror(rc));
+        return wstep_fail(s, rc, (int32_t)c->rank,
+                          "rank %u cannot join the NCCL world of %u "
+                          "ranks: %s",
+                          c->rank, c->world, gang_strerror(rc));
     pthread_mutex_lock(&s->mu);
     s->nworld = nworld;
     int stopped = atomic_load(&s->stop);
@@ -437,8 +440,10 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
     gang_comm *world = NULL, *tp = NULL, *pp = NULL;
     int rc = gang_comm_init(&cc, &world);
     if (rc != 0)
-        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u cannot join the data plane of %u "
-                          "ranks: %s", c->rank, c->world, gang_strerror(rc));
+        return wstep_fail(s, rc, (int32_t)c->rank,
+                          "rank %u cannot join the data plane of %u "
+                          "ranks: %s",
+                          c->rank, c->world, gang_strerror(rc));
     pthread_mutex_lock(&s->mu);
     s->world = world;
     int stopped = atomic_load(&s->stop);
@@ -451,9 +456,10 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
     gang_rank_place pl;
     rc = gang_topology_rank(&res->topo, c->rank, &pl);
     if (rc != 0 || res->topo.world_size != c->world)
-        return wstep_fail(s, GANG_EMISMATCH, (int32_t)c->rank, "START gives rank %u of %u; the "
-                          "model was cut for a world of %u", c->rank, c->world,
-                          res->topo.world_size);
+        return wstep_fail(s, GANG_EMISMATCH, (int32_t)c->rank,
+                          "START gives rank %u of %u; the "
+                          "model was cut for a world of %u",
+                          c->rank, c->world, res->topo.world_size);
     uint64_t t = (uint64_t)c->start_timeout_ms;
     gang_comm *parent = world;
     if (c->nccl_id_len > 0) {
@@ -472,8 +478,7 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
     pthread_mutex_unlock(&s->mu);
     if (rc != 0)
         return wstep_fail(s, rc, (int32_t)c->rank, "splitting the %s TP / PP groups: %s",
-                          gang_comm_backend_name(gang_comm_backend_of(parent)),
-                          gang_strerror(rc));
+                          gang_comm_backend_name(gang_comm_backend_of(parent)), gang_strerror(rc));
     return stopped ? GANG_EABORTED : 0;
 }
 
@@ -529,8 +534,8 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
         }
         int rc = gang_engine_step(e, res->k, s->world, s->tp, s->pp, timeout);
         if (rc != 0)
-            return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: engine step failed: %s",
-                              c->rank, gang_strerror(rc));
+            return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: engine step failed: %s", c->rank,
+                              gang_strerror(rc));
         if (c->rank != 0)
             continue;
         gang_gen_event ge;
