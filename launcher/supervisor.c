@@ -221,15 +221,16 @@ static void on_conn_readable(uv_poll_t *h, int status, int events)
 {
     wslot *w = h->data;
     (void)events;
-    if (status < 0) {
-        close_conn(w);
-        return;
-    }
+    /* An error status (a worker that exits with our messages unread makes the socket
+     * report a reset) still leaves what it sent before readable: drain, then close. */
     gang_wctl *pkt = &w->sup->pkt;
     for (;;) {
         ssize_t n = recv(w->fd, pkt, sizeof(*pkt), MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            if (status < 0)
+                close_conn(w);
             return;
+        }
         if (n <= 0 || n != (ssize_t)sizeof(*pkt)) {
             /* EOF or a malformed packet: the process exit (if any) is reported by exit_cb. */
             close_conn(w);
@@ -304,6 +305,14 @@ static void on_exit_cb(uv_process_t *proc, int64_t status, int sig)
 {
     wslot *w = proc->data;
     gang_sup *s = w->sup;
+    /* What the worker said last (an ERROR with the reason it exits) may still sit in the
+     * channel, or its connection may not even be accepted yet: SIGCHLD can be handled
+     * before either becomes readable. Take both now, while the slot still counts as
+     * alive (accepting checks that). */
+    if (w->fd < 0 && !s->shutting_down)
+        on_listen_readable(&s->listen_poll, 0, UV_READABLE);
+    if (w->fd >= 0 && w->poll_open)
+        on_conn_readable(&w->poll, 0, UV_READABLE);
     w->proc_alive = 0;
     char why[GANG_REASON_MAX];
     if (sig)

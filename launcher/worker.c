@@ -864,8 +864,14 @@ int gang_worker_main(int argc, char **argv)
 out:
     worker_teardown(&w);
     gang__wres_close(w.res);
-    if (w.agent_fd >= 0)
+    if (w.agent_fd >= 0) {
+        /* Closing with the agent's packets unread would reset the channel, and the agent
+         * could lose the ERROR that says why we exit: read what is queued first. */
+        gang_wctl junk;
+        while (recv(w.agent_fd, &junk, sizeof(junk), MSG_DONTWAIT) > 0)
+            ;
         close(w.agent_fd);
+    }
     if (w.ev_rd >= 0)
         close(w.ev_rd);
     if (w.ev_wr >= 0)
