@@ -89,6 +89,13 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             rc = gang_wire_reader_next(c->rd, c->msg);
             if (rc == 0)
                 break;
+            if (rc == GANG_EAUTH) {
+                gang_warn("rendezvous: closing %s: rejected frame %llu: its session tag is "
+                          "wrong (forged, modified, replayed, reordered or reflected)",
+                          c->peer, (unsigned long long)c->sess.recv_seq);
+                gang__conn_close(c, rc);
+                return;
+            }
             if (rc < 0) {
                 gang_warn("rendezvous: closing %s: bad frame: %s", c->peer, gang_strerror(rc));
                 gang__conn_close(c, rc);
@@ -149,9 +156,15 @@ static int conn_send(gang__conn *c, const gang_msg *m, int close_after)
     if (c->closing)
         return GANG_ECLOSED;
     size_t len = 0;
-    int rc = gang_wire_encode(m, encode_buf, sizeof(encode_buf), &len);
+    int rc = gang_wire_encode(m, encode_buf, sizeof(encode_buf) - GANG_WIRE_TAG_SIZE, &len);
     if (rc != 0)
         return rc;
+    if (c->sess.active) {
+        rc = gang_auth_session_sign(&c->sess, encode_buf, len, encode_buf + len);
+        if (rc != 0)
+            return rc;
+        len += GANG_WIRE_TAG_SIZE;
+    }
     /* Sized to the frame: heartbeats are ~100 bytes, not a 64 KiB maximum. */
     conn_write *w = malloc(sizeof(*w) + len);
     if (w == NULL)
@@ -196,7 +209,23 @@ static void conn_on_closed(uv_handle_t *h)
     free(c->msg);
     c->rd = NULL;
     c->msg = NULL;
+    gang_auth_session_clear(&c->sess);
     c->on_close(c, c->close_err);
+}
+
+static int conn_tag_check(void *ctx, const uint8_t *frame, size_t len,
+                          const uint8_t tag[GANG_WIRE_TAG_SIZE])
+{
+    return gang_auth_session_verify(ctx, frame, len, tag);
+}
+
+void gang__conn_start_session(gang__conn *c, const gang_token *t,
+                              const uint8_t server_nonce[GANG_NONCE_SIZE],
+                              const uint8_t client_nonce[GANG_NONCE_SIZE], int coordinator_side)
+{
+    gang_auth_session_start(&c->sess, t, server_nonce, client_nonce, coordinator_side);
+    if (c->sess.active && c->rd != NULL)
+        gang_wire_reader_set_tag_check(c->rd, conn_tag_check, &c->sess);
 }
 
 void gang__conn_close(gang__conn *c, int err)

@@ -1,7 +1,9 @@
 /*
  * Framed TCP connection on libuv, shared by the coordinator and the member (internal to
  * rendezvous/). Bytes are fed to a gang_wire_reader; each complete message is handed to
- * on_msg; any decode error closes the connection. Sends encode into a heap buffer that
+ * on_msg; any decode error closes the connection. Once the owner starts c->sess (after a
+ * token handshake), every frame sent is tagged and every frame received must carry a valid
+ * tag, else the connection closes with GANG_EAUTH. Sends encode into a heap buffer that
  * libuv owns until the write completes, so callers never keep buffers alive.
  */
 #ifndef GANG_RDZV_CONN_H
@@ -20,6 +22,7 @@ struct gang__conn {
     uv_tcp_t tcp;                 /* must stay first: handles are cast back to the conn */
     gang_wire_reader *rd;
     gang_msg *msg;                /* decode scratch (messages are up to ~9 KiB) */
+    gang_session sess;            /* per-connection MACs; inactive until the handshake */
     void *owner;                  /* coordinator or member */
     gang__conn_msg_cb on_msg;
     gang__conn_close_cb on_close;
@@ -37,6 +40,15 @@ int gang__conn_init(uv_loop_t *loop, gang__conn *c, void *owner, gang__conn_msg_
 int gang__conn_start(gang__conn *c);
 /* Encodes and queues m. GANG_ECLOSED when closing, else the encode/libuv error. */
 int gang__conn_send(gang__conn *c, const gang_msg *m);
+/*
+ * Starts the session MACs after a successful handshake (see gang_auth_session_start):
+ * call it right after WELCOME was sent (coordinator) or verified (member). Every later
+ * frame sent is tagged and every frame received must carry a valid tag. Without a token
+ * it does nothing: the connection stays untagged.
+ */
+void gang__conn_start_session(gang__conn *c, const gang_token *t,
+                              const uint8_t server_nonce[GANG_NONCE_SIZE],
+                              const uint8_t client_nonce[GANG_NONCE_SIZE], int coordinator_side);
 /* Closes once (idempotent); on_close(c, err) follows from the loop. */
 void gang__conn_close(gang__conn *c, int err);
 /* Sends REJECT(code, reason) and closes after it has been written. */

@@ -77,6 +77,7 @@ struct gang_coord {
     uint64_t last_failure_wall_ms;
     char last_failure[GANG_REASON_MAX];
     gang_msg *scratch;            /* outgoing message builder */
+    uint64_t frames_rejected;     /* connections closed for a bad session tag */
 };
 
 static void coord_fail(gang_coord *c, int32_t rank, int32_t code, const char *reason);
@@ -317,6 +318,8 @@ static void on_join(gang_coord *c, coord_peer *p, const gang_msg *m)
     w->u.welcome.heartbeat_timeout_ms = (uint32_t)c->cfg.heartbeat_timeout_ms;
     w->u.welcome.generation = c->generation;
     gang__conn_send(&p->conn, w);
+    /* WELCOME is the last untagged frame: everything after it carries a session tag. */
+    gang__conn_start_session(&p->conn, &c->cfg.token, p->server_nonce, j->client_nonce, 1);
 }
 
 /* Messages of an older generation cannot move the state machine; say so and drop them. */
@@ -422,6 +425,8 @@ static void peer_on_close(gang__conn *conn, int err)
     if (p->next)
         p->next->prev = p->prev;
     c->npeers--;
+    if (err == GANG_EAUTH && p->joined)
+        c->frames_rejected++;
     if (p->joined && c->slots[p->node].peer == p) {
         node_slot *s = &c->slots[p->node];
         s->peer = NULL;
@@ -646,6 +651,7 @@ void gang_coord_get_status(gang_coord *c, gang_coord_status *st)
     st->last_failure_wall_ms = c->last_failure_wall_ms;
     gang_strlcpy(st->last_failure, c->last_failure, sizeof(st->last_failure));
     st->world_size = c->world;
+    st->frames_rejected = c->frames_rejected;
     for (uint32_t n = 0; n < c->cfg.nnodes; n++) {
         node_slot *s = &c->slots[n];
         for (uint32_t l = 0; l < c->cfg.nproc_per_node; l++) {

@@ -170,6 +170,8 @@ static void on_welcome(gang_member *m, const gang_msg *msg)
         gang__conn_close(&m->mc->conn, GANG_EAUTH);
         return;
     }
+    /* WELCOME was the last untagged frame: both directions are tagged from here on. */
+    gang__conn_start_session(&m->mc->conn, &m->cfg.token, m->server_nonce, m->client_nonce, 0);
     m->welcomed = 1;
     uv_timer_stop(&m->retry);
     /* The coordinator's heartbeat settings win: it drops members by its own timeout. */

@@ -8,6 +8,11 @@
  * anything twice. Since the largest legal frame fits the buffer, a peer can never make
  * the reader need more room than it has; a frame that claims more is refused from its
  * header alone, before its payload is waited for.
+ *
+ * Once a tag check is set (gang_wire_reader_set_tag_check) each frame is followed by its
+ * GANG_WIRE_TAG_SIZE-byte tag; the buffer (GANG_WIRE_MAX_FRAME) has room for a maximal
+ * frame and its tag. The tag is checked over the raw header and payload bytes before the
+ * payload is decoded, so nothing unauthenticated reaches the decoder's callers.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +23,8 @@ struct gang_wire_reader {
     size_t start;                     /* offset of the first byte not yet taken */
     size_t end;                       /* offset one past the last byte fed */
     int err;                          /* sticky: a broken stream stays broken */
+    gang_wire_tag_check_fn tag_check; /* non-NULL: each frame is followed by a tag */
+    void *tag_ctx;
     uint8_t buf[GANG_WIRE_MAX_FRAME]; /* buf[start..end) holds the pending bytes */
 };
 
@@ -30,6 +37,12 @@ gang_wire_reader *gang_wire_reader_new(void)
 void gang_wire_reader_free(gang_wire_reader *r)
 {
     free(r);
+}
+
+void gang_wire_reader_set_tag_check(gang_wire_reader *r, gang_wire_tag_check_fn fn, void *ctx)
+{
+    r->tag_check = fn;
+    r->tag_ctx = ctx;
 }
 
 size_t gang_wire_reader_pending(const gang_wire_reader *r)
@@ -69,7 +82,7 @@ int gang_wire_reader_feed(gang_wire_reader *r, const uint8_t *data, size_t len)
 /*
  * Takes the next complete message (see rendezvous.h). gang_wire_decode() validates the
  * header before it asks for the payload, which is what lets a bad header surface as soon
- * as its 20 bytes are buffered. Any error is remembered and returned again by every later
+ * as its 20 bytes are buffered; with a session, a wrong tag is GANG_EAUTH. Any error is remembered and returned again by every later
  * call: after a framing error the stream position is meaningless.
  */
 int gang_wire_reader_next(gang_wire_reader *r, gang_msg *m)
@@ -79,16 +92,44 @@ int gang_wire_reader_next(gang_wire_reader *r, gang_msg *m)
 
     if (r->err)
         return r->err;
-    rc = gang_wire_decode(r->buf + r->start, r->end - r->start, m, &used);
-    if (rc == GANG_EAGAIN)
-        return 0;
-    if (rc < 0) {
-        r->err = rc;
-        return rc;
+    if (r->tag_check != NULL) {
+        /* Header first (bad ones fail from 20 bytes), then the tag, then the payload. */
+        gang_wire_header h;
+        const uint8_t *f = r->buf + r->start;
+        size_t avail = r->end - r->start;
+        rc = gang_wire_decode_header(f, avail, &h);
+        if (rc == GANG_EAGAIN)
+            return 0;
+        if (rc < 0)
+            goto out_err;
+        /* payload_len <= GANG_WIRE_MAX_PAYLOAD here, so this cannot overflow. */
+        size_t flen = GANG_WIRE_HEADER_SIZE + (size_t)h.payload_len;
+        if (avail < flen + GANG_WIRE_TAG_SIZE)
+            return 0;
+        rc = r->tag_check(r->tag_ctx, f, flen, f + flen);
+        if (rc > 0)
+            rc = GANG_EAUTH; /* only 0 accepts */
+        if (rc < 0)
+            goto out_err;
+        rc = gang_wire_decode(f, flen, m, &used);
+        if (rc == GANG_EAGAIN)
+            rc = GANG_EPROTO; /* cannot happen: the whole frame is there */
+        if (rc < 0)
+            goto out_err;
+        used += GANG_WIRE_TAG_SIZE;
+    } else {
+        rc = gang_wire_decode(r->buf + r->start, r->end - r->start, m, &used);
+        if (rc == GANG_EAGAIN)
+            return 0;
+        if (rc < 0)
+            goto out_err;
     }
     r->start += used;
     /* An empty buffer restarts at the front for free; no compaction is needed then. */
     if (r->start == r->end)
         r->start = r->end = 0;
     return 1;
+out_err:
+    r->err = rc;
+    return rc;
 }

@@ -1,5 +1,5 @@
 /*
- * Wire protocol v1 codec: gang_msg <-> frame bytes. docs/protocol.md is the normative
+ * Wire protocol v2 codec: gang_msg <-> frame bytes. docs/protocol.md is the normative
  * description; the layout comment in include/ganglion/rendezvous.h is its summary.
  *
  * Each payload layout is written down exactly once, as a "codec" function that walks
@@ -326,7 +326,7 @@ int gang_wire_encode(const gang_msg *m, uint8_t *buf, size_t cap, size_t *out_le
     if (c.invalid)
         return GANG_EINVAL;
     payload_len = c.off - GANG_WIRE_HEADER_SIZE;
-    /* No v1 message can reach the limit; the check keeps a future field from producing
+    /* No v2 message can reach the limit; the check keeps a future field from producing
      * a frame that every receiver would refuse. */
     if (payload_len > GANG_WIRE_MAX_PAYLOAD)
         return GANG_EINVAL;
@@ -398,7 +398,7 @@ int gang_wire_decode(const uint8_t *buf, size_t len, gang_msg *m, size_t *consum
     if (rc < 0)
         goto out_invalid;
     /* A truncated field, an out-of-bounds one and trailing bytes are all the same
-     * protocol error: the peer does not speak v1 correctly. */
+     * protocol error: the peer does not speak v2 correctly. */
     if (c.invalid || c.off != c.end)
         goto out_invalid;
     if (consumed)

@@ -1,5 +1,5 @@
 /*
- * ganglion rendezvous module: identity discovery, the wire protocol v1 codec,
+ * ganglion rendezvous module: identity discovery, the wire protocol v2 codec,
  * authentication, and the coordinator / member state machines that run on a libuv loop.
  * docs/protocol.md is the normative description of the wire format.
  *
@@ -15,13 +15,15 @@
 #include "ganglion/common.h"
 
 /* =================================================================================
- * Wire protocol v1
+ * Wire protocol v2
  *
  * A frame is a 20-byte header followed by payload_len bytes of payload, all integers
- * little-endian:
+ * little-endian; on a connection with a session (a token was configured and the handshake
+ * succeeded) every frame after WELCOME is followed by a GANG_WIRE_TAG_SIZE-byte tag
+ * (gang_auth_session_sign), which payload_len does not count:
  *
  *   offset 0  u32 magic        0x474E4147 ("GANG" as bytes 'G','A','N','G')
- *   offset 4  u16 version      1
+ *   offset 4  u16 version      2
  *   offset 6  u16 type         gang_msg_type
  *   offset 8  u64 generation   the sender's generation (0 = none yet)
  *   offset 16 u32 payload_len  <= GANG_WIRE_MAX_PAYLOAD
@@ -32,10 +34,13 @@
  * consumed exactly: trailing bytes are a protocol error.
  * ================================================================================= */
 #define GANG_WIRE_MAGIC 0x474E4147u
-#define GANG_WIRE_VERSION 1u
+#define GANG_WIRE_VERSION 2u
 #define GANG_WIRE_HEADER_SIZE 20u
 #define GANG_WIRE_MAX_PAYLOAD (64u * 1024u)
-#define GANG_WIRE_MAX_FRAME (GANG_WIRE_HEADER_SIZE + GANG_WIRE_MAX_PAYLOAD)
+/* Session tag after each frame once authenticated: HMAC-SHA256 truncated to 128 bits. */
+#define GANG_WIRE_TAG_SIZE 16u
+/* The most bytes one frame occupies on the wire, its tag included (65572). */
+#define GANG_WIRE_MAX_FRAME (GANG_WIRE_HEADER_SIZE + GANG_WIRE_MAX_PAYLOAD + GANG_WIRE_TAG_SIZE)
 
 #define GANG_NONCE_SIZE 32
 #define GANG_MAC_SIZE 32
@@ -206,6 +211,19 @@ typedef struct gang_wire_reader gang_wire_reader;
 gang_wire_reader *gang_wire_reader_new(void);
 void gang_wire_reader_free(gang_wire_reader *r);
 /*
+ * Checks the tag that follows frame[0..len) (header and payload); returns 0 to accept or
+ * a negative GANG_E* (GANG_EAUTH) to reject. Connections pass gang_auth_session_verify.
+ */
+typedef int (*gang_wire_tag_check_fn)(void *ctx, const uint8_t *frame, size_t len,
+                                      const uint8_t tag[GANG_WIRE_TAG_SIZE]);
+/*
+ * From the next frame on, every frame must be followed by a GANG_WIRE_TAG_SIZE-byte tag:
+ * _next() validates the header as soon as its 20 bytes are in, waits for payload and tag,
+ * calls fn(ctx, ...) before the payload is decoded, and fails with fn's error (sticky) on
+ * a rejected tag. fn NULL: frames are untagged again. ctx must outlive the reader.
+ */
+void gang_wire_reader_set_tag_check(gang_wire_reader *r, gang_wire_tag_check_fn fn, void *ctx);
+/*
  * Appends data (all or nothing); GANG_EMSGSIZE if it does not fit (drain with _next
  * first), or the stream's saved error once _next() has failed.
  */
@@ -231,7 +249,8 @@ size_t gang_wire_reader_pending(const gang_wire_reader *r);
  *                       model_digest | u64le generation_seen | host | 0x00))
  *   coordinator -> WELCOME(mac_c = HMAC(k, "ganglion-welcome-v1" | client_nonce |
  *                       server_nonce))  or REJECT(GANG_EAUTH)
- * Both sides prove the token; the fresh nonces stop replay.
+ * Both sides prove the token; the fresh nonces stop replay. After WELCOME, every frame
+ * in both directions carries a session tag (gang_session below, docs/protocol.md §5.3).
  * ================================================================================= */
 typedef struct gang_token {
     int present;                        /* 0 = no token configured */
@@ -262,10 +281,44 @@ int gang_auth_verify_welcome(const gang_token *t, const uint8_t client_nonce[GAN
                              const uint8_t server_nonce[GANG_NONCE_SIZE],
                              const uint8_t mac[GANG_MAC_SIZE]);
 /*
+ * Session MACs after the handshake (docs/protocol.md §5.3), only with a token:
+ *   session_key = HMAC(k, "ganglion-session-v1" | server_nonce | client_nonce)
+ *   tag = HMAC(session_key, dir | u64le seq | frame bytes)[0..16)
+ * dir is the direction byte below; seq counts the frames of that direction from 0.
+ */
+#define GANG_SESSION_DIR_TO_MEMBER 1    /* coordinator -> member */
+#define GANG_SESSION_DIR_TO_COORD 2     /* member -> coordinator */
+typedef struct gang_session {
+    int active;                         /* 0: frames travel untagged (no token) */
+    uint8_t key[32];                    /* per-connection session key */
+    uint8_t send_dir, recv_dir;         /* GANG_SESSION_DIR_* */
+    uint64_t send_seq, recv_seq;        /* next sequence number of each direction */
+} gang_session;
+/*
+ * Derives the session from the token and the handshake's nonces; coordinator_side picks
+ * the directions. Without a token (t->present = 0) s is left inactive.
+ */
+void gang_auth_session_start(gang_session *s, const gang_token *t,
+                             const uint8_t server_nonce[GANG_NONCE_SIZE],
+                             const uint8_t client_nonce[GANG_NONCE_SIZE], int coordinator_side);
+/* Wipes the key and deactivates s. */
+void gang_auth_session_clear(gang_session *s);
+/* Tags the next outgoing frame (frame[0..len)), advancing send_seq. 0 or GANG_EINVAL. */
+int gang_auth_session_sign(gang_session *s, const uint8_t *frame, size_t len,
+                           uint8_t tag[GANG_WIRE_TAG_SIZE]);
+/*
+ * Verifies the tag of the next incoming frame in constant time, advancing recv_seq on
+ * success. GANG_EAUTH for a forged, modified, replayed, reordered or reflected frame;
+ * GANG_EINVAL when s is inactive.
+ */
+int gang_auth_session_verify(gang_session *s, const uint8_t *frame, size_t len,
+                             const uint8_t tag[GANG_WIRE_TAG_SIZE]);
+
+/*
  * Digest of a model directory: SHA-256 over config.json's bytes and the names and sizes
  * of its *.safetensors / *.json files in sorted order. An empty path digests to the
  * SHA-256 of the empty string. GANG_ENOENT when the directory or its config.json does
- * not exist, GANG_EMODEL when config.json is over 64 MiB. docs/protocol.md §5.4 gives the
+ * not exist, GANG_EMODEL when config.json is over 64 MiB. docs/protocol.md §5.5 gives the
  * exact construction.
  */
 int gang_model_digest(const char *dir, uint8_t out[GANG_DIGEST_SIZE]);
@@ -359,6 +412,7 @@ typedef struct gang_coord_status {
     uint64_t last_failure_wall_ms;      /* 0 = none */
     char last_failure[GANG_REASON_MAX];
     uint32_t world_size;
+    uint64_t frames_rejected;           /* connections closed for a bad session tag */
     const gang_coord_rank *ranks;       /* world_size entries, valid until the next loop turn */
 } gang_coord_status;
 

@@ -1,6 +1,7 @@
 /*
  * Writes the seed corpus of fuzz-wire: one valid frame of every message type, the
- * extremes of each bounded field, and a few multi-frame streams. Generated at build time
+ * extremes of each bounded field, and a few multi-frame streams, untagged (before and
+ * without a token handshake) and tagged (fake-tag.h, as after one). Generated at build time
  * from the real encoder so that the seeds follow the protocol whenever it changes.
  *
  * Usage: gen-corpus OUTDIR
@@ -10,9 +11,14 @@
 #include <string.h>
 
 #include "ganglion/rendezvous.h"
+#include "fake-tag.h"
 
 static uint8_t stream[4 * GANG_WIRE_MAX_FRAME];
 static size_t stream_len;
+/* The same frames, each followed by its tag (sequence numbers from 0). */
+static uint8_t tagged[4 * GANG_WIRE_MAX_FRAME];
+static size_t tagged_len;
+static uint64_t tagged_seq;
 
 static int write_seed(const char *dir, const char *name, const uint8_t *p, size_t n)
 {
@@ -40,6 +46,13 @@ static int emit(const char *dir, const char *name, const gang_msg *m)
     }
     if (write_seed(dir, name, stream + stream_len, len) != 0)
         return -1;
+    if (len + GANG_WIRE_TAG_SIZE > sizeof tagged - tagged_len) {
+        fprintf(stderr, "gen-corpus: tagged stream full at %s\n", name);
+        return -1;
+    }
+    memcpy(tagged + tagged_len, stream + stream_len, len);
+    fake_tag(tagged_seq++, tagged + tagged_len, len, tagged + tagged_len + len);
+    tagged_len += len + GANG_WIRE_TAG_SIZE;
     stream_len += len;
     return 0;
 }
@@ -148,5 +161,7 @@ int main(int argc, char **argv)
     /* Every frame above back to back, and the same stream cut mid-frame. */
     bad |= write_seed(argv[1], "stream-all", stream, stream_len);
     bad |= write_seed(argv[1], "stream-cut", stream, stream_len / 3);
+    bad |= write_seed(argv[1], "tagged-stream-all", tagged, tagged_len);
+    bad |= write_seed(argv[1], "tagged-stream-cut", tagged, tagged_len / 3);
     return bad ? 1 : 0;
 }

@@ -518,13 +518,15 @@ class Gang:
 
 
 # ---------------------------------------------------------------------------------------
-# Wire protocol v1 (include/ganglion/rendezvous.h)
+# Wire protocol v2 (include/ganglion/rendezvous.h, docs/protocol.md)
 # ---------------------------------------------------------------------------------------
 
 MAGIC = 0x474E4147
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<IHHQI")  # magic, version, type, generation, payload_len
 MAX_PAYLOAD = 64 * 1024
+TAG = 16  # session tag after every frame once a token handshake succeeded
+DIR_TO_MEMBER, DIR_TO_COORD = 1, 2
 NONCE = MAC = DIGEST = 32
 JOB_MAX, HOST_MAX, REASON_MAX = 64, 256, 256
 
@@ -649,6 +651,45 @@ def welcome_mac(key, client_nonce, server_nonce):
                     hashlib.sha256).digest()
 
 
+def session_key(key, server_nonce, client_nonce):
+    """session_key = HMAC(k, "ganglion-session-v1" | server_nonce | client_nonce)
+    (docs/protocol.md §5.3)."""
+    return hmac.new(key, b"ganglion-session-v1" + server_nonce + client_nonce,
+                    hashlib.sha256).digest()
+
+
+def session_tag(skey, direction, seq, data):
+    """tag = HMAC(session_key, dir | u64le seq | frame bytes), first 16 bytes."""
+    return hmac.new(skey, bytes([direction]) + struct.pack("<Q", seq) + data,
+                    hashlib.sha256).digest()[:TAG]
+
+
+class Session:
+    """A member's side of the per-connection session MACs: tags what it sends
+    (member -> coordinator) and checks what it receives (coordinator -> member)."""
+
+    def __init__(self, key, server_nonce, client_nonce):
+        self.key = session_key(key, server_nonce, client_nonce)
+        self.send_seq = 0
+        self.recv_seq = 0
+
+    def tag(self, data, seq=None, direction=DIR_TO_COORD):
+        """The tag of the next frame sent (advancing the counter); seq/direction let a
+        test forge one for another position or direction without advancing it."""
+        if seq is None and direction == DIR_TO_COORD:
+            t = session_tag(self.key, direction, self.send_seq, data)
+            self.send_seq += 1
+            return t
+        return session_tag(self.key, direction, self.send_seq if seq is None else seq, data)
+
+    def check(self, data, tag):
+        want = session_tag(self.key, DIR_TO_MEMBER, self.recv_seq, data)
+        if not hmac.compare_digest(want, tag):
+            raise ValueError("frame %d from the coordinator carries a wrong session tag"
+                             % self.recv_seq)
+        self.recv_seq += 1
+
+
 class Msg:
     def __init__(self, msg_type, generation, fields):
         self.type, self.generation, self.f = msg_type, generation, fields
@@ -673,6 +714,7 @@ class WireClient:
         self.closed = threading.Event()
         self.stop = threading.Event()
         self.hb_state = None  # (node_index, rank_states) once heartbeating
+        self.session = None   # Session once a handshake with a token succeeded
 
     def close(self):
         self.stop.set()
@@ -686,7 +728,20 @@ class WireClient:
             self.sock.sendall(data)
 
     def send(self, msg_type, generation, payload):
-        self.send_raw(frame(msg_type, generation, payload))
+        """Sends one frame, tagged when the session is up (the tag and the counter are
+        taken under the lock, so frames leave in sequence order)."""
+        data = frame(msg_type, generation, payload)
+        with self.lock:
+            if self.session is not None:
+                data += self.session.tag(data)
+            self.sock.sendall(data)
+
+    def tagged(self, msg_type, generation, payload):
+        """The bytes of the next frame with its tag, without sending them (the counter
+        advances): for tests that replay, reorder or tamper with frames."""
+        data = frame(msg_type, generation, payload)
+        with self.lock:
+            return data + self.session.tag(data)
 
     def _fill(self, n, deadline):
         while len(self.buf) < n:
@@ -701,16 +756,20 @@ class WireClient:
 
     def recv(self, timeout=3.0):
         """The next message (a Msg). EOFError when the peer closed, socket.timeout at the
-        deadline, ValueError for a frame that is not valid v1."""
+        deadline, ValueError for a frame that is not valid v2 (or whose session tag is
+        wrong)."""
         deadline = time.monotonic() + timeout
         self._fill(HEADER.size, deadline)
         magic, version, msg_type, gen, n = HEADER.unpack(self.buf[:HEADER.size])
         if magic != MAGIC or version != VERSION or n > MAX_PAYLOAD:
             raise ValueError("bad header from the coordinator: %x v%d len %d" % (magic, version, n))
-        self._fill(HEADER.size + n, deadline)
-        payload = self.buf[HEADER.size:HEADER.size + n]
-        self.buf = self.buf[HEADER.size + n:]
-        return Msg(msg_type, gen, decode_payload(msg_type, payload))
+        tag = TAG if self.session is not None else 0
+        self._fill(HEADER.size + n + tag, deadline)
+        data = self.buf[:HEADER.size + n]
+        if tag:
+            self.session.check(data, self.buf[HEADER.size + n:HEADER.size + n + tag])
+        self.buf = self.buf[HEADER.size + n + tag:]
+        return Msg(msg_type, gen, decode_payload(msg_type, data[HEADER.size:]))
 
     def wait_closed(self, timeout):
         """Reads (and returns) every message until the peer closes; raises TestFailure
@@ -732,7 +791,8 @@ class WireClient:
                   digest=EMPTY_DIGEST, generation_seen=0, host=None, mac_token=None):
         """CHALLENGE -> JOIN -> WELCOME or REJECT. token: the shared token (None: zero MAC);
         mac_token overrides the token used for the MAC (to forge a wrong one). Returns the
-        WELCOME or REJECT Msg; verifies the coordinator's WELCOME MAC when token is set."""
+        WELCOME or REJECT Msg; verifies the coordinator's WELCOME MAC when token is set,
+        and then starts the session: every later frame is tagged and checked."""
         ch = self.recv()
         check(ch.type == CHALLENGE, "first frame is %r, expected CHALLENGE" % ch)
         server_nonce = ch.f["nonce"]
@@ -750,6 +810,7 @@ class WireClient:
             check(hmac.compare_digest(m.f["mac"], welcome_mac(token_key(token), client_nonce,
                                                               server_nonce)),
                   "WELCOME carries a MAC that does not prove the token")
+            self.session = Session(token_key(token), server_nonce, client_nonce)
         return m
 
     def start_member_threads(self, node_index, nranks, interval_ms):

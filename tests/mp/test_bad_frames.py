@@ -46,7 +46,7 @@ def scenario(h):
          None),
         ("huge payload length", True, H.frame(H.JOIN, 0, b"", payload_len=0xFFFFFFFF), True,
          None),
-        ("unknown protocol version", True, H.frame(H.JOIN, 0, join_payload(h, g), version=2),
+        ("unknown protocol version (v1)", True, H.frame(H.JOIN, 0, join_payload(h, g), version=1),
          True, H.EVERSION),
         ("unknown message type", True, H.frame(99, 0, b""), True, None),
         ("JOIN with trailing bytes", True, H.frame(H.JOIN, 0, join_payload(h, g) + b"xx"), True,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Bad members are refused and change nothing. While a 2 x 2 gang serves, a Python client
-of wire protocol v1 tries to JOIN as: a duplicate of node 1, a member of a 3-node world, a
+of wire protocol v2 tries to JOIN as: a duplicate of node 1, a member of a 3-node world, a
 member with another model digest, a member with the wrong token, one with no MAC at all,
 and one of another job. Each gets REJECT with the right code and a reason, the connection
 is closed, a log line says why, and the gang keeps serving the same generation with

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """Generation fencing, played at the protocol level. A gang of 2 nodes x 1 rank where the
-test itself is node 1: a Python client of wire protocol v1 authenticates (HMAC over the
-token), REJOINs, receives START(G), makes a real worker process join rank 0's data plane
+test itself is node 1: a Python client of wire protocol v2 authenticates (HMAC over the
+token; every later frame carries a session tag both ways), REJOINs, receives START(G), makes a real worker process join rank 0's data plane
 as rank 1 (the test plays that worker's agent), and answers with a READY of an older
 generation first. That READY must not count: the gang
 stays "starting", /readyz stays 503, the member is not dropped, and a log line says why.
 Only READY(G) makes the gang serve. This is done for generation 1 (a READY of
 generation 0) and, after the member aborts generation 1 itself, for generation 2 (a
-replayed READY of generation 1)."""
+replayed READY of generation 1).
+
+Then the session tags (docs/protocol.md §5.3): node 1 joins again four times and sends two
+heartbeats, correctly tagged (accepted: the connection stays, and the coordinator's own
+tagged heartbeats verify here), with a wrong tag, replayed, or swapped. Each tampered
+connection is closed at once, with a log line saying why."""
 import os
 import re
+import socket
 import sys
 import time
 
@@ -61,6 +67,75 @@ def form(g, agent0, c, rejoin_gen):
     return gen, peer
 
 
+def join_node1(g, h):
+    """A fresh connection welcomed as node 1 (retrying while the coordinator still holds the
+    previous one: REJECT duplicate)."""
+    deadline = time.monotonic() + 10
+    while True:
+        c = H.WireClient("127.0.0.1", g.rdzv_port)
+        w = c.handshake(g.job, node_index=1, nnodes=2, nproc_per_node=1, token=h.token,
+                        host="127.0.0.2")
+        if w.type == H.WELCOME:
+            H.check(c.session is not None, "no session after a WELCOME with a token")
+            return c
+        c.close()
+        H.check(w.type == H.REJECT and w.f["code"] == H.EDUPLICATE and
+                time.monotonic() < deadline, "JOIN as node 1 got %r" % w)
+        time.sleep(0.05)
+
+
+def session_tags(g, h, agent0):
+    def hb(c):
+        return c.tagged(H.HEARTBEAT, 0, H.p_heartbeat(1, 0, [H.RANK_IDLE], [0]))
+
+    for name in ("correctly tagged", "wrong tag", "replayed", "reordered"):
+        c = join_node1(g, h)
+        try:
+            f0, f1 = hb(c), hb(c)  # sequence numbers 0 and 1
+            log_before = len(agent0.log_text())
+            if name == "correctly tagged":
+                c.send_raw(f0 + f1)
+                got = []
+                deadline = time.monotonic() + 4 * g.hb_interval_ms / 1000
+                while time.monotonic() < deadline:
+                    try:
+                        # recv() checks every coordinator tag: a wrong one raises ValueError
+                        got.append(c.recv(max(0.01, deadline - time.monotonic())))
+                    except socket.timeout:
+                        break
+                H.check(any(m.type == H.HEARTBEAT for m in got),
+                        "%s: no coordinator heartbeat arrived (got %r)" % (name, got))
+                c.send(H.HEARTBEAT, 0, H.p_heartbeat(1, 0, [H.RANK_IDLE], [0]))  # seq 2
+                time.sleep(2 * g.hb_interval_ms / 1000)
+                c.sock.settimeout(0.2)
+                try:
+                    H.check(c.sock.recv(1, socket.MSG_PEEK) != b"",
+                            "%s: the coordinator closed a correct member" % name)
+                except socket.timeout:
+                    pass
+                H.check("rejected frame" not in agent0.log_text()[log_before:],
+                        "%s: the coordinator rejected a correctly tagged frame" % name)
+                H.log("%s: accepted, %d tagged frames from the coordinator verified"
+                      % (name, len(got)))
+                continue
+            if name == "wrong tag":
+                c.send_raw(f0[:-1] + bytes([f0[-1] ^ 1]))
+            elif name == "replayed":
+                c.send_raw(f0 + f0)
+            else:
+                c.send_raw(f1 + f0)
+            t0 = time.monotonic()
+            c.wait_closed(3.0)
+            took = time.monotonic() - t0
+            H.check(took < g.hb_timeout_ms / 1000 * 0.8, "%s: closed after %.3f s, not at "
+                    "once (by the heartbeat timeout instead?)" % (name, took))
+            H.wait_until(lambda: "rejected frame" in agent0.log_text()[log_before:], 3, 0.02,
+                         "a log line about the rejected frame (%s)" % name)
+            H.log("%s: closed after %.3f s" % (name, took))
+        finally:
+            c.close()
+
+
 def scenario(h):
     g = H.Gang(h, nnodes=2, nproc_per_node=1)
     agent0 = g.start_agent(0)
@@ -95,6 +170,8 @@ def scenario(h):
     H.wait_until(lambda: (g.coord() or {}).get("state") != "serving", 5, 0.02,
                  "the coordinator to notice the departed member")
     H.check(g.get(0, "/readyz")[0] != 200, "/readyz still 200 without node 1")
+
+    session_tags(g, h, agent0)
 
 
 if __name__ == "__main__":

@@ -258,6 +258,205 @@ static void test_welcome_mac_layout(void **state)
     assert_memory_equal(mac, want, sizeof want);
 }
 
+/*
+ * The session key and tags match protocol.md §5.3 byte for byte:
+ *   session_key = HMAC(k, "ganglion-session-v1" | server_nonce | client_nonce)
+ *   tag = HMAC(session_key, dir | u64le seq | frame)[0..16)
+ */
+static void test_session_tag_layout(void **state)
+{
+    static const char label[] = "ganglion-session-v1";
+    static const uint8_t frame[] = "pretend this is a header and a payload";
+    uint8_t input[256], sn[GANG_NONCE_SIZE], cn[GANG_NONCE_SIZE];
+    uint8_t key[GANG_MAC_SIZE], want[GANG_MAC_SIZE], tag[GANG_WIRE_TAG_SIZE];
+    gang_session coord, member;
+    gang_token t;
+    size_t n = 0;
+    (void)state;
+
+    token_of("a-token-of-sufficient-length", &t);
+    gang_auth_random(sn, sizeof sn);
+    gang_auth_random(cn, sizeof cn);
+    memcpy(input + n, label, strlen(label));
+    n += strlen(label);
+    memcpy(input + n, sn, sizeof sn);
+    n += sizeof sn;
+    memcpy(input + n, cn, sizeof cn);
+    n += sizeof cn;
+    crypto_auth_hmacsha256(key, input, n, t.key);
+
+    gang_auth_session_start(&coord, &t, sn, cn, 1);
+    gang_auth_session_start(&member, &t, sn, cn, 0);
+    assert_true(coord.active && member.active);
+    assert_memory_equal(coord.key, key, sizeof key);
+    assert_memory_equal(member.key, key, sizeof key);
+
+    /* Coordinator -> member, frames 0 and 1; then member -> coordinator, frame 0. */
+    for (uint64_t seq = 0; seq < 2; seq++) {
+        n = 0;
+        input[n++] = GANG_SESSION_DIR_TO_MEMBER;
+        for (int i = 0; i < 8; i++)
+            input[n++] = (uint8_t)(seq >> (8 * i));
+        memcpy(input + n, frame, sizeof frame);
+        n += sizeof frame;
+        crypto_auth_hmacsha256(want, input, n, key);
+        assert_int_equal(gang_auth_session_sign(&coord, frame, sizeof frame, tag), 0);
+        assert_memory_equal(tag, want, sizeof tag);
+    }
+    n = 0;
+    input[n++] = GANG_SESSION_DIR_TO_COORD;
+    memset(input + n, 0, 8);
+    n += 8;
+    memcpy(input + n, frame, sizeof frame);
+    n += sizeof frame;
+    crypto_auth_hmacsha256(want, input, n, key);
+    assert_int_equal(gang_auth_session_sign(&member, frame, sizeof frame, tag), 0);
+    assert_memory_equal(tag, want, sizeof tag);
+    gang_auth_session_clear(&coord);
+    gang_auth_session_clear(&member);
+    assert_false(coord.active);
+}
+
+/*
+ * A tag verifies once, in order, in its own direction, on the bytes it was made for and
+ * on this connection only: wrong, modified, replayed, reordered, reflected and
+ * cross-connection frames all fail with GANG_EAUTH.
+ */
+static void test_session_verify(void **state)
+{
+    uint8_t f0[] = "frame zero", f1[] = "frame one";
+    uint8_t t0[GANG_WIRE_TAG_SIZE], t1[GANG_WIRE_TAG_SIZE], bad[GANG_WIRE_TAG_SIZE];
+    uint8_t sn[GANG_NONCE_SIZE], cn[GANG_NONCE_SIZE];
+    gang_session coord, member, other;
+    gang_token t, none;
+    (void)state;
+
+    token_of("a-token-of-sufficient-length", &t);
+    gang_auth_random(sn, sizeof sn);
+    gang_auth_random(cn, sizeof cn);
+    gang_auth_session_start(&coord, &t, sn, cn, 1);
+    assert_int_equal(gang_auth_session_sign(&coord, f0, sizeof f0, t0), 0);
+    assert_int_equal(gang_auth_session_sign(&coord, f1, sizeof f1, t1), 0);
+
+    /* In order: accepted. Replayed: refused. */
+    gang_auth_session_start(&member, &t, sn, cn, 0);
+    assert_int_equal(gang_auth_session_verify(&member, f0, sizeof f0, t0), 0);
+    assert_int_equal(gang_auth_session_verify(&member, f1, sizeof f1, t1), 0);
+    assert_int_equal(gang_auth_session_verify(&member, f1, sizeof f1, t1), GANG_EAUTH);
+
+    /* Reordered: frame 1 first is refused, and so is a wrong tag or a modified frame. */
+    gang_auth_session_start(&member, &t, sn, cn, 0);
+    assert_int_equal(gang_auth_session_verify(&member, f1, sizeof f1, t1), GANG_EAUTH);
+    memcpy(bad, t0, sizeof bad);
+    bad[GANG_WIRE_TAG_SIZE - 1] ^= 0x80;
+    assert_int_equal(gang_auth_session_verify(&member, f0, sizeof f0, bad), GANG_EAUTH);
+    f0[0] ^= 1;
+    assert_int_equal(gang_auth_session_verify(&member, f0, sizeof f0, t0), GANG_EAUTH);
+    f0[0] ^= 1;
+    /* A failed check does not advance the counter: the genuine frame 0 still verifies. */
+    assert_int_equal(gang_auth_session_verify(&member, f0, sizeof f0, t0), 0);
+
+    /* Reflected: the coordinator does not accept its own frame 0 back. */
+    assert_int_equal(gang_auth_session_verify(&coord, f0, sizeof f0, t0), GANG_EAUTH);
+
+    /* Another connection (another client nonce) has another key. */
+    cn[0] ^= 1;
+    gang_auth_session_start(&other, &t, sn, cn, 0);
+    assert_int_equal(gang_auth_session_verify(&other, f0, sizeof f0, t0), GANG_EAUTH);
+
+    /* No token: no session, and an inactive session neither signs nor verifies. */
+    memset(&none, 0, sizeof none);
+    gang_auth_session_start(&other, &none, sn, cn, 0);
+    assert_false(other.active);
+    assert_int_equal(gang_auth_session_sign(&other, f0, sizeof f0, t0), GANG_EINVAL);
+    assert_int_equal(gang_auth_session_verify(&other, f0, sizeof f0, t0), GANG_EINVAL);
+    gang_auth_session_clear(&coord);
+    gang_auth_session_clear(&member);
+}
+
+static int reader_tag_check(void *ctx, const uint8_t *frame, size_t len,
+                            const uint8_t tag[GANG_WIRE_TAG_SIZE])
+{
+    return gang_auth_session_verify(ctx, frame, len, tag);
+}
+
+/*
+ * The streaming reader with a session: tagged frames come out in order, even fed byte by
+ * byte; a bad header still fails from its 20 bytes; a wrong tag fails with GANG_EAUTH
+ * before the payload is decoded (garbage behind a wrong tag is not reported as EPROTO),
+ * and the error is sticky.
+ */
+static void test_reader_with_session(void **state)
+{
+    static uint8_t stream[4 * GANG_WIRE_MAX_FRAME];
+    uint8_t sn[GANG_NONCE_SIZE], cn[GANG_NONCE_SIZE];
+    gang_session tx, rx;
+    gang_msg m, out;
+    gang_token t;
+    size_t len = 0, n = 0;
+    gang_wire_reader *r;
+    (void)state;
+
+    token_of("a-token-of-sufficient-length", &t);
+    gang_auth_random(sn, sizeof sn);
+    gang_auth_random(cn, sizeof cn);
+    gang_auth_session_start(&tx, &t, sn, cn, 0);
+    gang_auth_session_start(&rx, &t, sn, cn, 1);
+    for (uint32_t i = 0; i < 3; i++) {
+        memset(&m, 0, sizeof m);
+        m.type = GANG_MSG_READY;
+        m.generation = 7 + i;
+        m.u.ready.node_index = i;
+        assert_int_equal(gang_wire_encode(&m, stream + n, sizeof stream - n, &len), 0);
+        assert_int_equal(gang_auth_session_sign(&tx, stream + n, len, stream + n + len), 0);
+        n += len + GANG_WIRE_TAG_SIZE;
+    }
+    r = gang_wire_reader_new();
+    assert_non_null(r);
+    gang_wire_reader_set_tag_check(r, reader_tag_check, &rx);
+    for (uint32_t i = 0, got = 0; i < n; i++) {
+        assert_int_equal(gang_wire_reader_feed(r, stream + i, 1), 0);
+        int rc = gang_wire_reader_next(r, &out);
+        assert_true(rc == 0 || rc == 1);
+        if (rc == 1) {
+            assert_int_equal(out.u.ready.node_index, got);
+            assert_true(out.generation == 7 + got);
+            got++;
+            assert_int_equal(gang_wire_reader_pending(r), 0);
+        }
+        if (i == n - 1)
+            assert_int_equal(got, 3);
+    }
+    gang_wire_reader_free(r);
+
+    /* A bad header (magic) with a session: refused from its 20 bytes. */
+    r = gang_wire_reader_new();
+    gang_wire_reader_set_tag_check(r, reader_tag_check, &rx);
+    memcpy(stream, "HTTP/1.1 200 OK\r\n\r\nxx", 21);
+    assert_int_equal(gang_wire_reader_feed(r, stream, GANG_WIRE_HEADER_SIZE), 0);
+    assert_int_equal(gang_wire_reader_next(r, &out), GANG_EPROTO);
+    gang_wire_reader_free(r);
+
+    /* A frame with a garbage payload and a wrong tag: GANG_EAUTH, sticky. */
+    memset(&m, 0, sizeof m);
+    m.type = GANG_MSG_READY;
+    assert_int_equal(gang_wire_encode(&m, stream, sizeof stream, &len), 0);
+    stream[16] = 2; /* payload_len 2: a truncated READY, which the decoder would refuse */
+    memset(stream + GANG_WIRE_HEADER_SIZE + 2, 0x5A, GANG_WIRE_TAG_SIZE);
+    r = gang_wire_reader_new();
+    gang_wire_reader_set_tag_check(r, reader_tag_check, &rx);
+    assert_int_equal(gang_wire_reader_feed(r, stream, GANG_WIRE_HEADER_SIZE + 2), 0);
+    assert_int_equal(gang_wire_reader_next(r, &out), 0); /* waits for the tag */
+    assert_int_equal(gang_wire_reader_feed(r, stream + GANG_WIRE_HEADER_SIZE + 2,
+                                           GANG_WIRE_TAG_SIZE), 0);
+    assert_int_equal(gang_wire_reader_next(r, &out), GANG_EAUTH);
+    assert_int_equal(gang_wire_reader_next(r, &out), GANG_EAUTH);
+    assert_int_equal(gang_wire_reader_feed(r, stream, 1), GANG_EAUTH);
+    gang_wire_reader_free(r);
+    gang_auth_session_clear(&tx);
+    gang_auth_session_clear(&rx);
+}
+
 static void test_join_sign_verify(void **state)
 {
     uint8_t nonce[GANG_NONCE_SIZE], zero[GANG_MAC_SIZE] = {0};
@@ -460,6 +659,9 @@ int gang_test_auth(void)
         cmocka_unit_test(test_join_mac_layout),
         cmocka_unit_test(test_join_mac_binds_every_field),
         cmocka_unit_test(test_welcome_mac_layout),
+        cmocka_unit_test(test_session_tag_layout),
+        cmocka_unit_test(test_session_verify),
+        cmocka_unit_test(test_reader_with_session),
         cmocka_unit_test(test_join_sign_verify),
         cmocka_unit_test(test_welcome_sign_verify),
         cmocka_unit_test(test_no_token),

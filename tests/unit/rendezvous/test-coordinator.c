@@ -95,6 +95,12 @@ typedef struct raw_peer {
     int alive;             /* raw_pump(): heartbeat (members: and answer START) */
     int hold_ready;        /* a played member records START but does not answer */
     uint64_t start_gen;    /* generation of the last START a played member saw */
+    /* Session MACs (docs/protocol.md §5.3): a played member starts them when its WELCOME
+     * arrives, a played coordinator with raw_start_session() after sending WELCOME. */
+    gang_session sess;
+    int await_welcome;     /* raw_member_join() sent a signed JOIN; WELCOME starts sess */
+    gang_token token;
+    uint8_t server_nonce[GANG_NONCE_SIZE], client_nonce[GANG_NONCE_SIZE];
 } raw_peer;
 
 #define MAX_RAW 4
@@ -594,6 +600,19 @@ static raw_peer *raw_adopt(test_env *e, int fd)
     return p;
 }
 
+/* Closes p's socket and frees its slot for the next raw_adopt(). */
+static void raw_release(raw_peer *p)
+{
+    if (p->fd >= 0)
+        close(p->fd);
+    gang_wire_reader_free(p->rd);
+    free(p->msg);
+    gang_auth_session_clear(&p->sess);
+    p->fd = -1;
+    p->rd = NULL;
+    p->msg = NULL;
+}
+
 /* Connects to 127.0.0.1:port; a loopback connect completes in the kernel's backlog. */
 static int connect_local(int port)
 {
@@ -640,6 +659,21 @@ static int listen_local(test_env *e, int slot)
     return fd;
 }
 
+static int raw_tag_check(void *ctx, const uint8_t *frame, size_t len,
+                         const uint8_t tag[GANG_WIRE_TAG_SIZE])
+{
+    return gang_auth_session_verify(ctx, frame, len, tag);
+}
+
+/* Starts p's session MACs from the handshake's nonces (no-op without a token). */
+static void raw_start_session(raw_peer *p, const gang_token *t, const uint8_t *server_nonce,
+                              const uint8_t *client_nonce, int coordinator_side)
+{
+    gang_auth_session_start(&p->sess, t, server_nonce, client_nonce, coordinator_side);
+    if (p->sess.active)
+        gang_wire_reader_set_tag_check(p->rd, raw_tag_check, &p->sess);
+}
+
 /* Takes the next whole message into p->msg: 1, or 0 when none is complete yet. */
 static int raw_next(raw_peer *p)
 {
@@ -651,6 +685,10 @@ static int raw_next(raw_peer *p)
             fail_msg("raw peer: bad frame from the other side: %s", gang_strerror(rc));
         if (rc == 1) {
             p->received++;
+            if (p->await_welcome && p->msg->type == GANG_MSG_WELCOME) {
+                p->await_welcome = 0;
+                raw_start_session(p, &p->token, p->server_nonce, p->client_nonce, 0);
+            }
             return 1;
         }
         if (p->closed)
@@ -668,14 +706,33 @@ static int raw_next(raw_peer *p)
     }
 }
 
+/* Sends bytes as they are (a frame built or tampered with by the test). */
+static void raw_send_bytes(raw_peer *p, const uint8_t *data, size_t len)
+{
+    assert_int_equal(send(p->fd, data, len, MSG_NOSIGNAL), (ssize_t)len);
+    p->last_tx_ms = gang_now_ms();
+}
+
+/*
+ * Encodes m into frame[0..*len), tagged with p's next send sequence number when its
+ * session is active (as a real peer would send it).
+ */
+static void raw_encode(raw_peer *p, const gang_msg *m, uint8_t *frame, size_t cap, size_t *len)
+{
+    assert_int_equal(gang_wire_encode(m, frame, cap - GANG_WIRE_TAG_SIZE, len), 0);
+    if (p->sess.active) {
+        assert_int_equal(gang_auth_session_sign(&p->sess, frame, *len, frame + *len), 0);
+        *len += GANG_WIRE_TAG_SIZE;
+    }
+}
+
 static void raw_send_msg(raw_peer *p, const gang_msg *m)
 {
     static uint8_t frame[GANG_WIRE_MAX_FRAME];
     size_t len = 0;
 
-    assert_int_equal(gang_wire_encode(m, frame, sizeof(frame), &len), 0);
-    assert_int_equal(send(p->fd, frame, len, MSG_NOSIGNAL), (ssize_t)len);
-    p->last_tx_ms = gang_now_ms();
+    raw_encode(p, m, frame, sizeof(frame), &len);
+    raw_send_bytes(p, frame, len);
 }
 
 /* A zeroed message of type `type` and generation gen, ready to fill and send. */
@@ -755,6 +812,10 @@ static void raw_member_join(test_env *e, raw_peer *p, uint32_t node)
     gang_auth_random(j->u.join.client_nonce, GANG_NONCE_SIZE);
     gang_auth_sign_join(&e->ccfg.token, server_nonce, &j->u.join);
     p->node = node;
+    p->token = e->ccfg.token;
+    memcpy(p->server_nonce, server_nonce, GANG_NONCE_SIZE);
+    memcpy(p->client_nonce, j->u.join.client_nonce, GANG_NONCE_SIZE);
+    p->await_welcome = 1;
     raw_send_msg(p, j);
 }
 
@@ -1176,6 +1237,124 @@ static void test_auth(void **state)
     wait_serving(e, 1);
     check_started(e, 1, 1);
     assert_int_equal(coord_status(e).members, NNODES);
+}
+
+/* ---------------------------------------------------------------------------------
+ * 7b. After a token handshake every frame carries a session tag (protocol.md §5.3)
+ *
+ * A played member joins with the token, then sends heartbeats that are correctly tagged,
+ * or tampered with in one way each: a wrong tag, a modified header, a replay, two frames
+ * swapped, a frame tagged for the other direction, no tag at all. Only the first keeps
+ * its connection; every other one is closed at once and counted as a rejected frame.
+ * --------------------------------------------------------------------------------- */
+
+enum {
+    TAG_OK,
+    TAG_WRONG,
+    TAG_MODIFIED,
+    TAG_REPLAYED,
+    TAG_REORDERED,
+    TAG_REFLECTED,
+    TAG_MISSING,
+    TAG_NVARIANTS
+};
+
+/* The raw peer is still connected; reading verifies the coordinator's tags on the way. */
+static int pred_raw_open(test_env *e, const void *arg)
+{
+    raw_peer *p = (raw_peer *)(uintptr_t)arg;
+
+    (void)e;
+    while (raw_next(p))
+        ;
+    return !p->closed;
+}
+
+static void session_variant(test_env *e, int variant)
+{
+    static uint8_t f1[GANG_WIRE_MAX_FRAME], f2[GANG_WIRE_MAX_FRAME];
+    uint64_t rejected_before = coord_status(e).frames_rejected;
+    size_t l1 = 0, l2 = 0;
+    gang_session other;
+    raw_peer *p;
+    gang_msg *hb;
+    uint64_t t0;
+
+    p = raw_connect(e);
+    raw_member_join(e, p, 2);
+    raw_expect(e, p, GANG_MSG_WELCOME);
+    assert_true(p->sess.active);
+    hb = raw_out(GANG_MSG_HEARTBEAT, 0);
+    hb->u.heartbeat.node_index = 2;
+    hb->u.heartbeat.nranks = NPROC;
+    raw_encode(p, hb, f1, sizeof(f1), &l1); /* sequence number 0 */
+    raw_encode(p, hb, f2, sizeof(f2), &l2); /* sequence number 1 */
+    t0 = gang_now_ms();
+    switch (variant) {
+    case TAG_OK:
+        raw_send_bytes(p, f1, l1);
+        raw_send_bytes(p, f2, l2);
+        break;
+    case TAG_WRONG:
+        f1[l1 - 1] ^= 0x01;
+        raw_send_bytes(p, f1, l1);
+        break;
+    case TAG_MODIFIED:
+        f1[8] ^= 0x01; /* the generation: still a valid header, but not what was tagged */
+        raw_send_bytes(p, f1, l1);
+        break;
+    case TAG_REPLAYED:
+        raw_send_bytes(p, f1, l1);
+        raw_send_bytes(p, f1, l1);
+        break;
+    case TAG_REORDERED:
+        raw_send_bytes(p, f2, l2);
+        raw_send_bytes(p, f1, l1);
+        break;
+    case TAG_REFLECTED:
+        /* Tagged with the right key and sequence number, but for the other direction. */
+        gang_auth_session_start(&other, &e->ccfg.token, p->server_nonce, p->client_nonce, 1);
+        assert_int_equal(gang_auth_session_sign(&other, f1, l1 - GANG_WIRE_TAG_SIZE,
+                                                f1 + l1 - GANG_WIRE_TAG_SIZE), 0);
+        gang_auth_session_clear(&other);
+        raw_send_bytes(p, f1, l1);
+        break;
+    default:
+        /* Untagged frames as before v2: the next frame's first bytes are read as a tag. */
+        raw_send_bytes(p, f1, l1 - GANG_WIRE_TAG_SIZE);
+        raw_send_bytes(p, f1, l1 - GANG_WIRE_TAG_SIZE);
+        break;
+    }
+    if (variant == TAG_OK) {
+        /* Shorter than the heartbeat timeout: only a rejected frame could close it. */
+        run_holding(e, TIMEOUT_MS / 2, pred_raw_open, p, "a correctly tagged member stays");
+        assert_int_equal(coord_status(e).members, 1);
+        assert_int_equal(coord_status(e).frames_rejected, rejected_before);
+        /* CHALLENGE, WELCOME and tagged coordinator heartbeats that verified here. */
+        assert_true(p->received >= 3);
+    } else {
+        run_until(e, pred_raw_peer_closed, p, WAIT_MS, "the coordinator closes on a bad tag");
+        if (p->closed_ms - t0 >= TIMEOUT_MS)
+            fail_msg("variant %d: closed after %llu ms, not at once", variant,
+                     (unsigned long long)(p->closed_ms - t0));
+        run_until(e, pred_members, &(uint32_t){0}, WAIT_MS, "the slot is free again");
+        assert_int_equal(coord_status(e).frames_rejected, rejected_before + 1);
+    }
+    raw_release(p);
+    run_until(e, pred_members, &(uint32_t){0}, WAIT_MS, "the slot is free again");
+}
+
+static void test_session_tags(void **state)
+{
+    test_env *e = *state;
+
+    e->ccfg.token.present = 1;
+    memset(e->ccfg.token.key, 0x11, sizeof(e->ccfg.token.key));
+    e->ccfg.heartbeat_timeout_ms = 5000; /* a silent raw member is not what is tested */
+    start_coord(e);
+    for (int v = 0; v < TAG_NVARIANTS; v++)
+        session_variant(e, v);
+    assert_int_equal(coord_status(e).state, GANG_STATE_WAITING);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -1683,6 +1862,7 @@ static void test_member_refuses_impostor(void **state)
     out = raw_out(GANG_MSG_WELCOME, 0);
     gang_auth_sign_welcome(&e->ccfg.token, client_nonce, server_nonce, out->u.welcome.mac);
     raw_send_msg(p, out);
+    raw_start_session(p, &e->ccfg.token, server_nonce, client_nonce, 1);
     raw_expect(e, p, GANG_MSG_REJOIN);
     assert_int_equal(member_status(a).connected, 1);
 }
@@ -1934,6 +2114,7 @@ int gang_test_coordinator(void)
         cmocka_unit_test_setup_teardown(test_duplicate_node, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_mismatch, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_auth, env_setup, env_teardown),
+        cmocka_unit_test_setup_teardown(test_session_tags, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_restart_budget, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_coordinator_restart, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_raw_clients, env_setup, env_teardown),

@@ -1,5 +1,5 @@
 /*
- * Wire protocol v1 codec and streaming reader tests: every message type round-trips with
+ * Wire protocol v2 codec and streaming reader tests: every message type round-trips with
  * varied field values, the byte layout matches the normative header table, every kind of
  * malformed frame is refused with the documented code, and the reader delivers frames
  * exactly when they complete, whatever the chunking of the stream.
@@ -217,7 +217,7 @@ static void test_header_layout(void **state)
 {
     static const uint8_t want[] = {
         'G',  'A',  'N',  'G',                          /* magic 0x474E4147 LE */
-        0x01, 0x00,                                     /* version 1 */
+        0x02, 0x00,                                     /* version 2 */
         0x08, 0x00,                                     /* type READY */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* generation */
         0x04, 0x00, 0x00, 0x00,                         /* payload_len */
@@ -237,7 +237,7 @@ static void test_header_layout(void **state)
 
     assert_int_equal(gang_wire_decode_header(frame, len, &h), 0);
     assert_int_equal(h.magic, GANG_WIRE_MAGIC);
-    assert_int_equal(h.version, 1);
+    assert_int_equal(h.version, 2);
     assert_int_equal(h.type, GANG_MSG_READY);
     assert_true(h.generation == 0x0102030405060708ull);
     assert_int_equal(h.payload_len, 4);
@@ -329,7 +329,8 @@ static void test_bad_magic(void **state)
 
 static void test_unknown_version(void **state)
 {
-    static const uint16_t bad[] = {0, 2, 0x100, 0xFFFF};
+    /* 1: a v1 peer (no session tags) is refused, not misread. */
+    static const uint16_t bad[] = {0, 1, 3, 0x100, 0xFFFF};
     gang_wire_header h;
     size_t len, used;
     uint64_t s = 2;
@@ -759,7 +760,7 @@ static void test_reader_bad_header_early(void **state)
     hdr[0] = 'H'; /* an HTTP client on the rendezvous port */
     assert_int_equal(reader_header_verdict(hdr), GANG_EPROTO);
     hdr[0] = 'G';
-    put_le(hdr + 4, 2, 2);
+    put_le(hdr + 4, 1, 2);
     assert_int_equal(reader_header_verdict(hdr), GANG_EVERSION);
     put_le(hdr + 4, GANG_WIRE_VERSION, 2);
     put_le(hdr + 6, 99, 2);
