@@ -451,6 +451,11 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
         gang_metrics_family(b, "ganglion_restart_budget_left", GANG_METRIC_GAUGE,
                             "Gang restarts left in the current window");
         gang_metrics_sample_u64(b, "ganglion_restart_budget_left", NULL, 0, cs.budget_left);
+        gang_metrics_family(b, "ganglion_rendezvous_frames_rejected_total", GANG_METRIC_COUNTER,
+                            "Rendezvous connections closed for a frame whose session tag did "
+                            "not verify (forged, modified, replayed or reordered)");
+        gang_metrics_sample_u64(b, "ganglion_rendezvous_frames_rejected_total", NULL, 0,
+                                cs.frames_rejected);
     }
     if (a->api)
         gang_api_metrics(a->api, b);

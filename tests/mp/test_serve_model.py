@@ -89,7 +89,7 @@ def scenario(h):
     H.check(c == a, "after the bad requests the answer changed: %r vs %r" % (c, a))
 
     # Reference answers of a healthy gang for the load below.
-    reqs = [{"prompt": [(7 * i + k) % VOCAB for k in range(3 + i % 5)], "max_tokens": 64,
+    reqs = [{"prompt": [(7 * i + k) % VOCAB for k in range(3 + i % 5)], "max_tokens": 112,
              "temperature": 0.0 if i % 2 == 0 else 0.7, "seed": 100 + i} for i in range(8)]
     ref = [completion(g, q)[0] for q in reqs]
 
@@ -99,6 +99,7 @@ def scenario(h):
     def run(i):
         results[i] = post(g, reqs[i], timeout=90)
 
+    victim = g.worker_pid(1, 1)  # looked up first: the kill must follow the load at once
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
     for th in threads:
         th.start()
@@ -112,8 +113,7 @@ def scenario(h):
                 return True
         return None
 
-    H.wait_until(in_flight, 10, 0.005, "requests in flight")
-    victim = g.worker_pid(1, 1)
+    H.wait_until(in_flight, 10, 0.002, "requests in flight")
     os.kill(victim, signal.SIGKILL)
     H.log("killed worker rank 3 (pid %d) with requests in flight" % victim)
     for th in threads:
