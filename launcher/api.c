@@ -62,6 +62,7 @@ struct gang_api {
     gang_wctl pkt;        /* SUBMIT scratch */
     uint64_t answered[4]; /* 200, 400, 503, 504 */
     uint64_t resubmits;
+    uint64_t cancels;       /* requests cancelled in the gang at their deadline */
     gang_histogram h_queue, h_prefill, h_tps, h_total;
 };
 
@@ -160,6 +161,16 @@ static void on_sweep(uv_timer_t *t)
     while (r != NULL) {
         api_req *next = r->next;
         if (now >= r->deadline_ms) {
+            if (api->gen != 0 && r->sent_gen == api->gen) {
+                /* Stop the gang working for nobody: its KV slot goes to the others. */
+                gang_wctl *m = &api->pkt;
+                memset(m, 0, sizeof(*m));
+                m->type = GANG_WCTL_CANCEL;
+                m->generation = api->gen;
+                m->req_id = r->id;
+                (void)gang_sup_submit(api->sup, m); /* lost only with rank 0's channel */
+                api->cancels++;
+            }
             reply_error(api, r->x, 504, "timeout",
                         "request %llu: deadline of %lld ms passed with %u of %u tokens "
                         "(submitted to %u generation(s) of the gang)",
@@ -518,6 +529,9 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
     gang_metrics_family(b, "ganglion_request_resubmits_total", GANG_METRIC_COUNTER,
                         "Requests run again from their prompt after a gang restart");
     gang_metrics_sample_u64(b, "ganglion_request_resubmits_total", NULL, 0, api->resubmits);
+    gang_metrics_family(b, "ganglion_request_cancels_total", GANG_METRIC_COUNTER,
+                        "Requests cancelled in the gang when their deadline passed");
+    gang_metrics_sample_u64(b, "ganglion_request_cancels_total", NULL, 0, api->cancels);
     struct {
         const char *name, *help;
         const gang_histogram *h;

@@ -47,7 +47,7 @@ void gang_sup_abort(gang_sup *s, uint64_t gen);
 
 struct gang_wctl;
 /*
- * Sends a SUBMIT packet (type, generation and request fields filled by the caller) to
+ * Sends a SUBMIT or CANCEL packet (type, generation and request fields filled by the caller) to
  * local rank 0. Returns 0, or GANG_EPEER when it is not connected (the caller keeps the
  * request and submits it again after the next START).
  */

@@ -23,6 +23,8 @@
  *   worker -> TOKEN(G, req_id, index, token)     one per generated token, in order
  *   worker -> DONE(G, req_id, code, finish)      code 0: finished ("length" or "stop");
  *                                                code < 0: refused, reason says why
+ *   agent  -> CANCEL(G, req_id)                  the agent answered it already (deadline):
+ *                                                stop generating it, free its KV slot
  * Requests live in one generation: an ABORT drops them in the worker, and the agent
  * submits what it still owes again, from the prompt, in the next generation.
  * A message whose generation is older than the worker's current one is ignored.
@@ -48,7 +50,8 @@ typedef enum gang_wctl_type {
     GANG_WCTL_SHUTDOWN = 10,
     GANG_WCTL_SUBMIT = 11,
     GANG_WCTL_TOKEN = 12,
-    GANG_WCTL_DONE = 13
+    GANG_WCTL_DONE = 13,
+    GANG_WCTL_CANCEL = 14
 } gang_wctl_type;
 
 /* Prompt ids one SUBMIT can carry (the blob holds them as int32). */

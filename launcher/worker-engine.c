@@ -318,6 +318,8 @@ struct gang__wstep {
     uint8_t nccl_id[GANG_BLOB_MAX]; /* cfg.nccl_id, copied */
     wreq *head, *tail;
     uint32_t queued;
+    uint64_t *cancels;      /* ids to drop before the next step, [n_cancels] */
+    uint32_t n_cancels, cap_cancels;
     int reported; /* a FAILED event was written */
 };
 
@@ -489,6 +491,23 @@ static void wstep_admit(gang__wstep *s, gang_engine *e)
     wreq *q = s->head;
     s->head = s->tail = NULL;
     s->queued = 0;
+    /* Cancellations first: a request cancelled before it was admitted is dropped here, one
+     * already in the engine gives its slot back before the next plan is built. */
+    for (uint32_t i = 0; i < s->n_cancels; i++) {
+        uint64_t id = s->cancels[i];
+        for (wreq **pp = &q; *pp != NULL;) {
+            if ((*pp)->r.id == id) {
+                wreq *dead = *pp;
+                *pp = dead->next;
+                free(dead);
+            } else {
+                pp = &(*pp)->next;
+            }
+        }
+        if (e != NULL)
+            (void)gang_engine_cancel(e, id); /* GANG_ENOENT: it finished meanwhile */
+    }
+    s->n_cancels = 0;
     pthread_mutex_unlock(&s->mu);
     while (q != NULL) {
         wreq *next = q->next;
@@ -667,6 +686,27 @@ int gang__wstep_submit(gang__wstep *s, const gang_gen_request *r)
     return 0;
 }
 
+int gang__wstep_cancel(gang__wstep *s, uint64_t id)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_cancels == s->cap_cancels) {
+        uint32_t cap = s->cap_cancels ? 2 * s->cap_cancels : 16;
+        uint64_t *c = realloc(s->cancels, cap * sizeof(*c));
+        if (c == NULL) {
+            rc = GANG_ENOMEM;
+            goto out_unlock;
+        }
+        s->cancels = c;
+        s->cap_cancels = cap;
+    }
+    s->cancels[s->n_cancels++] = id;
+    pthread_cond_signal(&s->cv);
+out_unlock:
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 void gang__wstep_stop(gang__wstep *s)
 {
     if (s == NULL)
@@ -703,6 +743,7 @@ void gang__wstep_stop(gang__wstep *s)
     }
     if (s->cfg.listener != NULL)
         gang_comm_listener_free(s->cfg.listener);
+    free(s->cancels);
     if (s->cancel_fd >= 0)
         close(s->cancel_fd);
     pthread_mutex_destroy(&s->mu);

@@ -673,6 +673,13 @@ static void worker_on_agent(worker *w)
     case GANG_WCTL_SUBMIT:
         on_submit(w, &m);
         break;
+    case GANG_WCTL_CANCEL:
+        if (worker_fence(w, &m, "CANCEL") == 0 && w->step != NULL &&
+            w->step_gen == m.generation && w->rank == 0 &&
+            gang__wstep_cancel(w->step, m.req_id) != 0)
+            gang_warn("cannot queue the cancellation of request %llu",
+                      (unsigned long long)m.req_id);
+        break;
     case GANG_WCTL_SHUTDOWN:
         gang_info("SHUTDOWN from the agent");
         w->state = GANG_RANK_ABORTING;

@@ -170,5 +170,10 @@ void gang__wstep_stop(gang__wstep *s);
 
 /* Rank 0: queues a request for the data thread (copied). 0, GANG_EINVAL or GANG_ENOMEM. */
 int gang__wstep_submit(gang__wstep *s, const gang_gen_request *r);
+/*
+ * Rank 0: asks the data thread to drop request id (queued here or in the engine) before
+ * its next step. 0 or GANG_ENOMEM. An id that is already finished is ignored.
+ */
+int gang__wstep_cancel(gang__wstep *s, uint64_t id);
 
 #endif /* GANGLION_LAUNCHER_WORKER_H */

@@ -124,6 +124,9 @@ struct gang_engine {
 void gang__sched_build(gang_engine *e);
 /* Rank 0: applies the sampled tokens of a completed step: events, finished requests. */
 void gang__sched_commit(gang_engine *e);
+/* Rank 0, between steps: drops request id (queued or running; its slot is free for the
+ * next plan). 0, or GANG_ENOENT when no live request has that id. */
+int gang__sched_cancel(gang_engine *e, uint64_t id);
 /* Drops every request and event (rank 0); used by reset and free. */
 void gang__sched_clear(gang_engine *e);
 /* Encodes e->plan into e->plan_buf; returns the body's word count. */

@@ -135,6 +135,17 @@ static void sched_finish(gang_engine *e, gang__request *q)
     free(q);
 }
 
+int gang__sched_cancel(gang_engine *e, uint64_t id)
+{
+    for (gang__request *q = e->queue_head; q != NULL; q = q->next) {
+        if (q->r.id == id) {
+            sched_finish(e, q);
+            return 0;
+        }
+    }
+    return GANG_ENOENT;
+}
+
 void gang__sched_commit(gang_engine *e)
 {
     gang_gen_event ev;

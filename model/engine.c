@@ -422,6 +422,13 @@ uint32_t gang_engine_max_ctx(const gang_engine *e)
     return e == NULL ? 0 : e->max_ctx;
 }
 
+int gang_engine_cancel(gang_engine *e, uint64_t id)
+{
+    if (e == NULL)
+        return GANG_EINVAL;
+    return gang__sched_cancel(e, id);
+}
+
 uint32_t gang_engine_pending(const gang_engine *e)
 {
     return e == NULL ? 0 : e->n_pending;

@@ -255,6 +255,13 @@ uint32_t gang_engine_max_ctx(const gang_engine *e);
  */
 int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, size_t errlen);
 
+/*
+ * Rank 0 only, between steps: drops request id, queued or running (its KV slot is free for
+ * the next plan, and no more events of it follow; events already produced stay in the
+ * ring). Returns 0, or GANG_ENOENT when no live request has that id (already finished).
+ */
+int gang_engine_cancel(gang_engine *e, uint64_t id);
+
 /* Rank 0 only: requests queued or in flight. */
 uint32_t gang_engine_pending(const gang_engine *e);
 

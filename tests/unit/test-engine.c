@@ -612,6 +612,72 @@ static void test_event_backpressure(void **state)
     free(fm);
 }
 
+/*
+ * gang_engine_cancel: a running request and a queued one are dropped between steps (no
+ * event of them follows, their slots go to the others), a second cancel or an unknown id
+ * is GANG_ENOENT, and the requests left finish with exactly their reference tokens.
+ */
+static void test_cancel(void **state)
+{
+    static script sc;
+    static script_out exp[MAX_REQS];
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(53, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *e = NULL;
+    gang_kernels *k = NULL;
+    gang_gen_request r;
+    gang_gen_event ev;
+    int32_t got[MAX_REQS][MAX_GEN];
+    uint32_t n_got[MAX_REQS] = {0}, i, steps;
+    int done[MAX_REQS] = {0};
+    char err[256];
+
+    (void)state;
+    memset(&sc, 0, sizeof(sc));
+    for (i = 0; i < 4; i++)
+        add_req(&sc, i + 1, 0, 3 + i, 10, greedy);
+    expected_outputs(fm, &sc, exp);
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    for (i = 0; i < sc.n_reqs; i++) {
+        r = req_of(&sc.reqs[i]);
+        assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), 0);
+    }
+    for (i = 0; i < 3; i++)
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+    while (gang_engine_poll(e, &ev) == 1) {
+        if (ev.kind == GANG_GEN_TOKEN)
+            got[ev.id - 1][n_got[ev.id - 1]++] = ev.token;
+    }
+    /* Request 1 runs by now (it arrived first); request 4 waits for a slot or runs. */
+    assert_int_equal(gang_engine_cancel(e, 1), 0);
+    assert_int_equal(gang_engine_cancel(e, 4), 0);
+    assert_int_equal(gang_engine_cancel(e, 1), GANG_ENOENT);
+    assert_int_equal(gang_engine_cancel(e, 99), GANG_ENOENT);
+    assert_int_equal(gang_engine_pending(e), 2);
+    for (steps = 0; steps < 60 && gang_engine_pending(e) > 0; steps++) {
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        while (gang_engine_poll(e, &ev) == 1) {
+            assert_true(ev.id == 2 || ev.id == 3); /* nothing of a cancelled request */
+            if (ev.kind == GANG_GEN_TOKEN)
+                got[ev.id - 1][n_got[ev.id - 1]++] = ev.token;
+            else
+                done[ev.id - 1] = 1;
+        }
+    }
+    assert_int_equal(gang_engine_pending(e), 0);
+    for (i = 1; i <= 2; i++) {
+        assert_true(done[i]);
+        assert_int_equal(n_got[i], exp[i].n);
+        assert_memory_equal(got[i], exp[i].tokens, exp[i].n * sizeof(int32_t));
+    }
+    gang_engine_free(e);
+    gang_kernels_close(k);
+    shard_free(m);
+    free(fm);
+}
+
 /* ---------------------------------------------------------------------------------
  * Tests: abort and the next generation; biases; logits across layouts
  * --------------------------------------------------------------------------------- */
@@ -845,6 +911,7 @@ int main(void)
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_plan_validation),
         cmocka_unit_test(test_event_backpressure),
+        cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_layouts_and_batching),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
