@@ -290,25 +290,31 @@ static int tp_dup(const float *src, size_t n, float **out)
     return 0;
 }
 
-/* Allocates rows x cols floats for a shard. */
-static int tp_alloc(size_t rows, size_t cols, float **out)
-{
-    *out = malloc(rows * cols * sizeof(float));
-    return *out == NULL ? GANG_ENOMEM : 0;
-}
-
-/* The band [first, first + count) of an optional bias of n entries; NULL stays NULL. */
-static int tp_slice_bias(const float *src, size_t n, size_t first, size_t count, float **out)
+/*
+ * Cuts one shard out of the row-major matrix src [rows, cols] into a new array *out: the
+ * rows [first, first + count) (a column-parallel weight, or a bias as a one-column matrix)
+ * when by_cols is 0, the columns [first, first + count) (a row-parallel weight) otherwise.
+ * An absent optional tensor (src NULL) gives *out NULL. Returns 0, GANG_ENOMEM or the
+ * slicing error; *out is NULL on error.
+ */
+static int tp_cut(const float *src, size_t rows, size_t cols, size_t first, size_t count,
+                  int by_cols, float **out)
 {
     int rc;
 
     *out = NULL;
     if (src == NULL)
         return 0;
-    rc = tp_alloc(count, 1, out);
-    if (rc != 0)
-        return rc;
-    return gang_tp_slice_rows(src, n, 1, first, count, *out);
+    *out = malloc((by_cols ? rows : count) * (by_cols ? count : cols) * sizeof(float));
+    if (*out == NULL)
+        return GANG_ENOMEM;
+    rc = by_cols ? gang_tp_slice_cols(src, rows, cols, first, count, *out)
+                 : gang_tp_slice_rows(src, rows, cols, first, count, *out);
+    if (rc != 0) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_rank,
@@ -350,62 +356,33 @@ int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_ran
     if (rc != 0)
         goto out_free;
 
-    /* Attention: Q/K/V keep the rows of the rank's heads, o_proj the matching columns. */
-    rc = tp_alloc(q_rows, hidden, &l->wq);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_rows(w->wq, q_dim, hidden, (size_t)s.head_first * hd, q_rows, l->wq);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_alloc(kv_rows, hidden, &l->wk);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_rows(w->wk, kv_dim, hidden, (size_t)s.kv_head_first * hd, kv_rows, l->wk);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_alloc(kv_rows, hidden, &l->wv);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_rows(w->wv, kv_dim, hidden, (size_t)s.kv_head_first * hd, kv_rows, l->wv);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_alloc(hidden, q_rows, &l->wo);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_cols(w->wo, hidden, q_dim, (size_t)s.head_first * hd, q_rows, l->wo);
-    if (rc != 0)
-        goto out_free;
-
-    /* MLP: gate/up keep the rows of the rank's ffn columns, down the same columns. */
-    rc = tp_alloc(s.ffn_count, hidden, &l->w_gate);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_rows(w->w_gate, t->ffn, hidden, s.ffn_first, s.ffn_count, l->w_gate);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_alloc(s.ffn_count, hidden, &l->w_up);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_rows(w->w_up, t->ffn, hidden, s.ffn_first, s.ffn_count, l->w_up);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_alloc(hidden, s.ffn_count, &l->w_down);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_slice_cols(w->w_down, hidden, t->ffn, s.ffn_first, s.ffn_count, l->w_down);
-    if (rc != 0)
-        goto out_free;
-
-    /* Biases (Qwen2): a bias is a one-column matrix, cut like the rows of its weight. */
-    rc = tp_slice_bias(w->bq, q_dim, (size_t)s.head_first * hd, q_rows, &l->bq);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_slice_bias(w->bk, kv_dim, (size_t)s.kv_head_first * hd, kv_rows, &l->bk);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_slice_bias(w->bv, kv_dim, (size_t)s.kv_head_first * hd, kv_rows, &l->bv);
-    if (rc != 0)
-        goto out_free;
+    /* Attention: Q/K/V keep the rows of the rank's heads, o_proj the matching columns.
+     * MLP: gate/up keep the rows of the rank's ffn columns, down the same columns.
+     * Biases (Qwen2): a bias is a one-column matrix, cut like the rows of its weight. */
+    size_t q_first = (size_t)s.head_first * hd, kv_first = (size_t)s.kv_head_first * hd;
+    const struct {
+        const float *src;
+        size_t rows, cols, first, count;
+        int by_cols;
+        float **dst;
+    } cuts[] = {
+        {w->wq, q_dim, hidden, q_first, q_rows, 0, &l->wq},
+        {w->wk, kv_dim, hidden, kv_first, kv_rows, 0, &l->wk},
+        {w->wv, kv_dim, hidden, kv_first, kv_rows, 0, &l->wv},
+        {w->wo, hidden, q_dim, q_first, q_rows, 1, &l->wo},
+        {w->w_gate, t->ffn, hidden, s.ffn_first, s.ffn_count, 0, &l->w_gate},
+        {w->w_up, t->ffn, hidden, s.ffn_first, s.ffn_count, 0, &l->w_up},
+        {w->w_down, hidden, t->ffn, s.ffn_first, s.ffn_count, 1, &l->w_down},
+        {w->bq, q_dim, 1, q_first, q_rows, 0, &l->bq},
+        {w->bk, kv_dim, 1, kv_first, kv_rows, 0, &l->bk},
+        {w->bv, kv_dim, 1, kv_first, kv_rows, 0, &l->bv},
+    };
+    for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+        rc = tp_cut(cuts[i].src, cuts[i].rows, cuts[i].cols, cuts[i].first, cuts[i].count,
+                    cuts[i].by_cols, cuts[i].dst);
+        if (rc != 0)
+            goto out_free;
+    }
     return 0;
 
 out_free:
