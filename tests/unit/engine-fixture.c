@@ -439,30 +439,17 @@ void script_run_local(gang_engine *e, script *sc)
  * A gang of threads over the socket backend, with TP and PP sub-communicators.
  * --------------------------------------------------------------------------------- */
 
-static int rank_comms(rank_ctx *x, gang_comm **world, gang_comm **tp, gang_comm **pp)
-{
-    return tu_gang_comms(x->rank, x->run->n, x->run->tp, x->run->blob, x->run->blob_len,
-                         x->listener, 10000, world, tp, pp);
-}
-
 static void *rank_main(void *arg)
 {
     rank_ctx *x = arg;
-    gang_comm *c[3] = {NULL, NULL, NULL};
-    int i;
 
-    x->init_rc = rank_comms(x, &c[0], &c[1], &c[2]);
-    for (i = 0; i < 3; i++)
-        atomic_store(&x->comms[i], c[i]);
-    pthread_barrier_wait(&x->run->ready);
+    x->init_rc = tu_gang_rank_enter(&x->run->g, x->rank, x->listener, x->comms);
     if (x->init_rc == 0)
-        x->body_rc =
-            x->run->body(x, c[0], x->run->tp > 1 ? c[1] : NULL, x->run->pp > 1 ? c[2] : NULL);
+        x->body_rc = x->run->body(x, atomic_load(&x->comms[0]),
+                                  x->run->tp > 1 ? atomic_load(&x->comms[1]) : NULL,
+                                  x->run->pp > 1 ? atomic_load(&x->comms[2]) : NULL);
     x->done_ms = gang_now_ms();
-    while (x->run->controlled && !atomic_load(&x->run->release))
-        gang_sleep_ms(2);
-    for (i = 2; i >= 0; i--)
-        gang_comm_free(atomic_exchange(&x->comms[i], NULL));
+    tu_gang_rank_leave(&x->run->g, x->comms);
     return NULL;
 }
 
@@ -490,25 +477,16 @@ void run_gang_on(uint32_t tp, uint32_t pp, gang_engine **engines, gang_kernels *
     run.body = body;
     run.sc = sc;
     run.kernels = kernels;
-    run.controlled = controller != NULL;
-    atomic_store(&run.release, 0);
-    assert_int_equal(
-        gang_comm_socket_listen(HOST, &xs[0].listener, run.blob, sizeof(run.blob), &run.blob_len),
-        0);
-    assert_int_equal(pthread_barrier_init(&run.ready, NULL, n + 1), 0);
     for (r = 0; r < n; r++) {
         xs[r].run = &run;
         xs[r].rank = r;
         xs[r].engine = engines[r];
-        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &xs[r]), 0);
     }
-    pthread_barrier_wait(&run.ready);
+    tu_gang_start(&run.g, n, tp, controller != NULL, &xs[0].listener, rank_main, xs,
+                  sizeof(xs[0]), th);
     if (controller != NULL)
         controller(xs, n);
-    atomic_store(&run.release, 1);
-    for (r = 0; r < n; r++)
-        pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&run.ready);
+    tu_gang_finish(&run.g, th);
     for (r = 0; r < n; r++)
         if (xs[r].init_rc != 0)
             fail_msg("rank %u: comm init %s", r, gang_err_name(xs[r].init_rc));

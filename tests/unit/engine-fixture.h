@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "test-util.h"
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
 #include "ganglion/model.h"
@@ -90,15 +91,11 @@ typedef int (*rank_body)(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm
 typedef void (*gang_controller)(rank_ctx *xs, uint32_t n);
 
 typedef struct gang_run {
+    tu_gang g; /* the threads, their communicators and barrier (test-util.h) */
     uint32_t n, tp, pp;
-    char blob[256];
-    size_t blob_len;
-    pthread_barrier_t ready;
     rank_body body;
     script *sc;
     gang_kernels **kernels; /* [n] each rank's handle, or NULL: ranks open "cpu" */
-    atomic_int release;
-    int controlled;
 } gang_run;
 
 struct rank_ctx {

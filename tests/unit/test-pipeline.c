@@ -28,7 +28,6 @@
 #include "stack-fixture.h"
 
 #define MAX_RANKS 12
-#define HOST "127.0.0.1"
 #define OP_TIMEOUT_MS 20000
 
 static const uint32_t mb_counts[] = {1, 2, 3, 4, 8};
@@ -42,14 +41,10 @@ typedef int (*rank_body)(rank_ctx *x, gang_comm *tp, gang_comm *pp);
 typedef void (*gang_controller)(rank_ctx *xs, uint32_t n);
 
 typedef struct gang_run {
+    tu_gang g;  /* the threads, their communicators and barrier (test-util.h) */
     uint32_t n, tp, pp;
-    char blob[256];
-    size_t blob_len;
-    pthread_barrier_t ready; /* every rank initialised (or failed), plus main */
     rank_body body;
     stack_model *m;
-    atomic_int release; /* with a controller: ranks keep their comms until it is set */
-    int controlled;
 } gang_run;
 
 struct rank_ctx {
@@ -63,31 +58,15 @@ struct rank_ctx {
     float out[N_MB][ACT]; /* stage 0: the output for each microbatch count */
 };
 
-/* World init, then the TP split (color = stage, key = tp rank) and PP split. */
-static int rank_comms(rank_ctx *x, gang_comm **world, gang_comm **tp, gang_comm **pp)
-{
-    return tu_gang_comms(x->rank, x->run->n, x->run->tp, x->run->blob, x->run->blob_len,
-                         x->listener, 10000, world, tp, pp);
-}
-
 static void *rank_main(void *arg)
 {
     rank_ctx *x = arg;
-    gang_comm *c[3] = {NULL, NULL, NULL};
-    int i;
 
-    x->init_rc = rank_comms(x, &c[0], &c[1], &c[2]);
-    for (i = 0; i < 3; i++)
-        atomic_store(&x->comms[i], c[i]);
-    pthread_barrier_wait(&x->run->ready);
+    x->init_rc = tu_gang_rank_enter(&x->run->g, x->rank, x->listener, x->comms);
     if (x->init_rc == 0)
-        x->body_rc = x->run->body(x, c[1], c[2]);
+        x->body_rc = x->run->body(x, atomic_load(&x->comms[1]), atomic_load(&x->comms[2]));
     x->done_ms = gang_now_ms();
-    /* The controller may still be aborting our communicators: wait until it is done. */
-    while (x->run->controlled && !atomic_load(&x->run->release))
-        gang_sleep_ms(2);
-    for (i = 2; i >= 0; i--)
-        gang_comm_free(atomic_exchange(&x->comms[i], NULL));
+    tu_gang_rank_leave(&x->run->g, x->comms);
     return NULL;
 }
 
@@ -109,25 +88,16 @@ static void run_gang(uint32_t tp, uint32_t pp, stack_model *m, gang_pipeline **p
     run.pp = pp;
     run.body = body;
     run.m = m;
-    run.controlled = controller != NULL;
-    atomic_store(&run.release, 0);
-    assert_int_equal(
-        gang_comm_socket_listen(HOST, &xs[0].listener, run.blob, sizeof(run.blob), &run.blob_len),
-        0);
-    assert_int_equal(pthread_barrier_init(&run.ready, NULL, n + 1), 0);
     for (r = 0; r < n; r++) {
         xs[r].run = &run;
         xs[r].rank = r;
         xs[r].pipe = pipes[r];
-        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &xs[r]), 0);
     }
-    pthread_barrier_wait(&run.ready);
+    tu_gang_start(&run.g, n, tp, controller != NULL, &xs[0].listener, rank_main, xs,
+                  sizeof(xs[0]), th);
     if (controller != NULL)
         controller(xs, n);
-    atomic_store(&run.release, 1);
-    for (r = 0; r < n; r++)
-        pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&run.ready);
+    tu_gang_finish(&run.g, th);
     for (r = 0; r < n; r++)
         if (xs[r].init_rc != 0)
             fail_msg("rank %u: comm init %s", r, gang_err_name(xs[r].init_rc));
