@@ -49,7 +49,6 @@
  */
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,20 +62,6 @@ static int eng_mul(size_t a, size_t b, size_t *out)
         return GANG_EINVAL;
     *out = a * b;
     return 0;
-}
-
-static void eng_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void eng_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 void gang_engine_free(gang_engine *e)
@@ -125,19 +110,19 @@ static int eng_check_model(const gang_model *m, char *err, size_t errlen)
 
     if (gang_topology_stage_layers(&m->topo, m->place.pp_stage, &first, &count) != 0 ||
         first != m->layer_first || count != m->layer_count || m->layers == NULL) {
-        eng_err(err, errlen, "model shard does not match its topology (stage layers)");
+        gang_set_err(err, errlen, "model shard does not match its topology (stage layers)");
         return GANG_EINVAL;
     }
     if (m->place.pp_stage == 0 && m->embed == NULL) {
-        eng_err(err, errlen, "stage 0 has no embedding table");
+        gang_set_err(err, errlen, "stage 0 has no embedding table");
         return GANG_EINVAL;
     }
     if (m->place.pp_stage + 1 == m->topo.pp && (m->final_norm == NULL || m->lm_head == NULL)) {
-        eng_err(err, errlen, "the last stage has no final norm or LM head");
+        gang_set_err(err, errlen, "the last stage has no final norm or LM head");
         return GANG_EINVAL;
     }
     if (m->topo.vocab == 0 || m->topo.vocab > GANG_MODEL_MAX_VOCAB || m->topo.hidden == 0) {
-        eng_err(err, errlen, "model vocabulary or width out of bounds");
+        gang_set_err(err, errlen, "model vocabulary or width out of bounds");
         return GANG_EINVAL;
     }
     return 0;
@@ -156,12 +141,12 @@ static int eng_slots(gang_engine *e, char *err, size_t errlen)
 
     if (eng_mul((size_t)max_layers * 2u * sizeof(float), e->max_ctx, &per_slot) != 0 ||
         eng_mul(per_slot, (size_t)t->kv_heads_per_rank * t->head_dim, &per_slot) != 0) {
-        eng_err(err, errlen, "KV slot size overflows");
+        gang_set_err(err, errlen, "KV slot size overflows");
         return GANG_EINVAL;
     }
     n = e->cfg.kv_cache_bytes / per_slot;
     if (n == 0) {
-        eng_err(err, errlen,
+        gang_set_err(err, errlen,
                 "KV cache budget of %" PRIu64 " bytes holds no sequence: one slot needs %zu "
                 "bytes (%u layers x 2 x %u positions x %u kv heads x %u x 4 bytes)",
                 e->cfg.kv_cache_bytes, per_slot, max_layers, e->max_ctx, t->kv_heads_per_rank,
@@ -329,14 +314,14 @@ int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine *
 static int eng_check_memory(const gang_model *m, gang_kernels *k, char *err, size_t errlen)
 {
     if (gang_kernels_is_device(k) && m->mem != k) {
-        eng_err(err, errlen,
+        gang_set_err(err, errlen,
                 "the model is not on the engine's '%s' device "
                 "(call gang_model_to_device first)",
                 gang_kernels_name(k));
         return GANG_EINVAL;
     }
     if (!gang_kernels_is_device(k) && m->mem != NULL) {
-        eng_err(err, errlen, "the model lives on a device, the engine's handle is '%s'",
+        gang_set_err(err, errlen, "the model lives on a device, the engine's handle is '%s'",
                 gang_kernels_name(k));
         return GANG_EINVAL;
     }
@@ -349,17 +334,17 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     gang_engine *e = NULL;
     int rc;
 
-    eng_err(err, errlen, "%s", "");
+    gang_set_err(err, errlen, "%s", "");
     if (out != NULL)
         *out = NULL;
     if (m == NULL || cfg == NULL || out == NULL) {
-        eng_err(err, errlen, "NULL argument");
+        gang_set_err(err, errlen, "NULL argument");
         return GANG_EINVAL;
     }
     if (cfg->max_batch == 0 || cfg->max_ctx < 2 || cfg->microbatches == 0 ||
         cfg->max_step_tokens == 0 || cfg->max_batch > UINT32_MAX / 2 ||
         cfg->max_step_tokens > UINT32_MAX / 2) {
-        eng_err(err, errlen,
+        gang_set_err(err, errlen,
                 "engine config out of range (max_batch >= 1, max_ctx >= 2, microbatches >= 1, "
                 "max_step_tokens >= 1)");
         return GANG_EINVAL;
@@ -368,7 +353,7 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     if (rc == 0 && k != NULL)
         rc = eng_check_memory(m, k, err, errlen);
     if (rc == 0 && k == NULL && m->mem != NULL) {
-        eng_err(err, errlen, "the model lives on a device: use gang_engine_init_on");
+        gang_set_err(err, errlen, "the model lives on a device: use gang_engine_init_on");
         rc = GANG_EINVAL;
     }
     if (rc != 0)
@@ -401,7 +386,7 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
         rc = eng_alloc_buffers(e);
     if (rc != 0) {
         if (err != NULL && errlen > 0 && err[0] == '\0')
-            eng_err(err, errlen, "engine buffers: %s", gang_strerror(rc));
+            gang_set_err(err, errlen, "engine buffers: %s", gang_strerror(rc));
         goto out_free;
     }
     *out = e;
@@ -442,12 +427,12 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
     uint32_t i;
 
     if (r->prompt == NULL || r->n_prompt == 0) {
-        eng_err(err, errlen, "request %" PRIu64 ": empty prompt", r->id);
+        gang_set_err(err, errlen, "request %" PRIu64 ": empty prompt", r->id);
         return GANG_EINVAL;
     }
     for (i = 0; i < r->n_prompt; i++) {
         if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= e->vocab) {
-            eng_err(err, errlen,
+            gang_set_err(err, errlen,
                     "request %" PRIu64 ": prompt token %u is %d, outside the "
                     "vocabulary of %u",
                     r->id, i, r->prompt[i], e->vocab);
@@ -455,30 +440,30 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
         }
     }
     if (r->max_tokens == 0) {
-        eng_err(err, errlen, "request %" PRIu64 ": max_tokens must be >= 1", r->id);
+        gang_set_err(err, errlen, "request %" PRIu64 ": max_tokens must be >= 1", r->id);
         return GANG_EINVAL;
     }
     if ((uint64_t)r->n_prompt + r->max_tokens > e->max_ctx) {
-        eng_err(err, errlen,
+        gang_set_err(err, errlen,
                 "request %" PRIu64 ": prompt (%u) + max_tokens (%u) exceeds the "
                 "context of %u",
                 r->id, r->n_prompt, r->max_tokens, e->max_ctx);
         return GANG_EINVAL;
     }
     if (r->n_stop > GANG_MAX_STOP_TOKENS) {
-        eng_err(err, errlen, "request %" PRIu64 ": %u stop tokens, at most %d", r->id, r->n_stop,
+        gang_set_err(err, errlen, "request %" PRIu64 ": %u stop tokens, at most %d", r->id, r->n_stop,
                 GANG_MAX_STOP_TOKENS);
         return GANG_EINVAL;
     }
     if (!(r->sampling.temperature >= 0.0f) || !isfinite(r->sampling.temperature) ||
         !(r->sampling.top_p > 0.0f && r->sampling.top_p <= 1.0f)) {
-        eng_err(err, errlen, "request %" PRIu64 ": temperature must be >= 0 and top_p in (0, 1]",
+        gang_set_err(err, errlen, "request %" PRIu64 ": temperature must be >= 0 and top_p in (0, 1]",
                 r->id);
         return GANG_EINVAL;
     }
     for (q = e->queue_head; q != NULL; q = q->next) {
         if (q->r.id == r->id) {
-            eng_err(err, errlen, "request %" PRIu64 ": duplicate id", r->id);
+            gang_set_err(err, errlen, "request %" PRIu64 ": duplicate id", r->id);
             return GANG_EINVAL;
         }
     }
@@ -490,13 +475,13 @@ int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, siz
     gang__request *q;
     int rc;
 
-    eng_err(err, errlen, "%s", "");
+    gang_set_err(err, errlen, "%s", "");
     if (e == NULL || r == NULL) {
-        eng_err(err, errlen, "NULL argument");
+        gang_set_err(err, errlen, "NULL argument");
         return GANG_EINVAL;
     }
     if (e->m->place.rank != 0) {
-        eng_err(err, errlen, "requests are submitted on rank 0 only");
+        gang_set_err(err, errlen, "requests are submitted on rank 0 only");
         return GANG_EINVAL;
     }
     rc = eng_check_request(e, r, err, errlen);

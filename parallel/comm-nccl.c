@@ -196,23 +196,12 @@ int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len)
     return 0;
 }
 
-static int hex_val(uint8_t ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 static int blob_to_id(const uint8_t *blob, size_t len, ncclUniqueId *id)
 {
     if (blob == NULL || len != NCCL_BLOB_LEN)
         return GANG_EINVAL;
     for (size_t i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-        int hi = hex_val(blob[2 * i]), lo = hex_val(blob[2 * i + 1]);
+        int hi = gang_hex_digit(blob[2 * i]), lo = gang_hex_digit(blob[2 * i + 1]);
 
         if (hi < 0 || lo < 0)
             return GANG_EINVAL;

@@ -581,17 +581,6 @@ void gang_comm_listener_free(gang_comm_listener *l)
     free(l);
 }
 
-static int hex_val(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* Parses "host:port/SESSION"; GANG_EINVAL for anything malformed. */
 static int sock_parse_blob(const uint8_t *blob, size_t len, char *host, uint16_t *port,
                            uint8_t *session)
@@ -609,7 +598,7 @@ static int sock_parse_blob(const uint8_t *blob, size_t len, char *host, uint16_t
     if (slash == NULL || strlen(slash + 1) != 2 * SOCK_SESSION_LEN)
         return GANG_EINVAL;
     for (i = 0; i < SOCK_SESSION_LEN; i++) {
-        int hi = hex_val(slash[1 + 2 * i]), lo = hex_val(slash[2 + 2 * i]);
+        int hi = gang_hex_digit(slash[1 + 2 * i]), lo = gang_hex_digit(slash[2 + 2 * i]);
 
         if (hi < 0 || lo < 0)
             return GANG_EINVAL;

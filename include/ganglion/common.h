@@ -185,6 +185,8 @@ int gang_strlcpy(char *dst, const char *src, size_t cap);
  */
 void gang_set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The value 0..15 of one hexadecimal digit (either case), or -1 for any other character. */
+int gang_hex_digit(int ch);
 /* Parses a base-10 integer within [lo, hi]; returns GANG_EINVAL / GANG_ERANGE. */
 int gang_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 
