@@ -4,7 +4,11 @@
  * flags, environment twins, defaults, validation and --help all come from one list.
  */
 #include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <strings.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ganglion/common.h"
@@ -13,11 +17,11 @@
 
 static const gang_param_info registry[] = {
 #define GANG_PARAM_INT_(field, flag, def, lo, hi, help)                                    \
-    {flag, GANG_PARAM_INT, #def, lo, hi, help, offsetof(gang_params, field)},
+    {flag, GANG_PARAM_INT, #def, lo, hi, help, offsetof(gang_params, field), 0, 0, 0},
 #define GANG_PARAM_STR_(field, flag, def, help)                                            \
-    {flag, GANG_PARAM_STR, def, 0, 0, help, offsetof(gang_params, field)},
+    {flag, GANG_PARAM_STR, def, 0, 0, help, offsetof(gang_params, field), 0, 0, 0},
 #define GANG_PARAM_BOOL_(field, flag, def, help)                                           \
-    {flag, GANG_PARAM_BOOL, #def, 0, 1, help, offsetof(gang_params, field)},
+    {flag, GANG_PARAM_BOOL, #def, 0, 1, help, offsetof(gang_params, field), 0, 0, 0},
 #include "ganglion/params.def"
 #undef GANG_PARAM_INT_
 #undef GANG_PARAM_STR_
@@ -40,20 +44,63 @@ const gang_param_info *gang_params_registry(size_t *count)
     return registry;
 }
 
-static const gang_param_info *find_param(const char *flag, size_t len)
+static const gang_opt_table params_table = {registry, REGISTRY_LEN};
+
+const gang_opt_table *gang_params_table(void)
 {
-    for (size_t i = 0; i < REGISTRY_LEN; i++) {
-        if (strlen(registry[i].flag) == len && strncmp(registry[i].flag, flag, len) == 0)
-            return &registry[i];
+    return &params_table;
+}
+
+const gang_param_info *gang_opts_find(const gang_opt_table *t, const char *flag, size_t len)
+{
+    for (size_t i = 0; i < t->count; i++) {
+        if (strlen(t->items[i].flag) == len && strncmp(t->items[i].flag, flag, len) == 0)
+            return &t->items[i];
     }
     return NULL;
 }
 
-/* Parses value for the descriptor pi and stores it into p; a message goes to err. */
-static int set_param(gang_params *p, const gang_param_info *pi, const char *value, char *err,
+static int set_bool(const gang_param_info *pi, const char *value, int *out, char *err,
+                    size_t errlen)
+{
+    if (strcmp(value, "1") == 0 || strcasecmp(value, "true") == 0 ||
+        strcasecmp(value, "yes") == 0 || strcasecmp(value, "on") == 0)
+        *out = 1;
+    else if (strcmp(value, "0") == 0 || strcasecmp(value, "false") == 0 ||
+             strcasecmp(value, "no") == 0 || strcasecmp(value, "off") == 0 || !*value)
+        *out = 0;
+    else {
+        snprintf(err, errlen, "--%s: '%s' is not a boolean (true/false)", pi->flag, value);
+        return GANG_EUSAGE;
+    }
+    return 0;
+}
+
+static int set_double(const gang_param_info *pi, const char *value, double *out, char *err,
+                      size_t errlen)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(value, &end);
+    int bounded = pi->dlo < pi->dhi;
+    if (*value == '\0' || end == NULL || *end != '\0' || errno != 0 || !isfinite(v) ||
+        (bounded && (v < pi->dlo || v > pi->dhi))) {
+        if (bounded)
+            snprintf(err, errlen, "--%s: '%s' is not a number in [%g, %g]", pi->flag, value,
+                     pi->dlo, pi->dhi);
+        else
+            snprintf(err, errlen, "--%s: '%s' is not a number", pi->flag, value);
+        return GANG_EUSAGE;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Parses value for the descriptor pi and stores it at base + pi->offset; err on failure. */
+static int set_param(void *obj, const gang_param_info *pi, const char *value, char *err,
                      size_t errlen)
 {
-    char *base = (char *)p + pi->offset;
+    char *base = (char *)obj + pi->offset;
     switch (pi->type) {
     case GANG_PARAM_INT: {
         int64_t v;
@@ -66,50 +113,54 @@ static int set_param(gang_params *p, const gang_param_info *pi, const char *valu
         *(int64_t *)(void *)base = v;
         return 0;
     }
-    case GANG_PARAM_BOOL: {
-        int v;
-        if (strcmp(value, "1") == 0 || strcasecmp(value, "true") == 0 ||
-            strcasecmp(value, "yes") == 0 || strcasecmp(value, "on") == 0)
-            v = 1;
-        else if (strcmp(value, "0") == 0 || strcasecmp(value, "false") == 0 ||
-                 strcasecmp(value, "no") == 0 || strcasecmp(value, "off") == 0 || !*value)
-            v = 0;
-        else {
-            snprintf(err, errlen, "--%s: '%s' is not a boolean (true/false)", pi->flag, value);
+    case GANG_PARAM_BOOL:
+        return set_bool(pi, value, (int *)(void *)base, err, errlen);
+    case GANG_PARAM_DOUBLE:
+        return set_double(pi, value, (double *)(void *)base, err, errlen);
+    case GANG_PARAM_STR: {
+        size_t cap = pi->str_cap ? pi->str_cap : GANG_PARAM_STR_MAX;
+        if (gang_strlcpy(base, value, cap) != 0) {
+            snprintf(err, errlen, "--%s: value longer than %zu bytes", pi->flag, cap - 1);
             return GANG_EUSAGE;
         }
-        *(int *)(void *)base = v;
         return 0;
     }
-    case GANG_PARAM_STR:
-        if (gang_strlcpy(base, value, GANG_PARAM_STR_MAX) != 0) {
-            snprintf(err, errlen, "--%s: value longer than %d bytes", pi->flag,
-                     GANG_PARAM_STR_MAX - 1);
-            return GANG_EUSAGE;
-        }
-        return 0;
     }
     snprintf(err, errlen, "--%s: unknown parameter type", pi->flag);
     return GANG_EINTERNAL;
 }
 
+void gang_opts_defaults(const gang_opt_table *t, void *base)
+{
+    char err[128];
+    for (size_t i = 0; i < t->count; i++) {
+        if (t->items[i].type == GANG_PARAM_STR)
+            *((char *)base + t->items[i].offset) = '\0';
+        set_param(base, &t->items[i], t->items[i].def, err, sizeof(err));
+    }
+}
+
+int gang_opts_set(const gang_opt_table *t, void *base, const char *flag, const char *value,
+                  char *err, size_t errlen)
+{
+    const gang_param_info *pi = gang_opts_find(t, flag, strlen(flag));
+    if (pi == NULL) {
+        snprintf(err, errlen, "unknown parameter --%s", flag);
+        return GANG_EUSAGE;
+    }
+    return set_param(base, pi, value, err, errlen);
+}
+
 void gang_params_defaults(gang_params *p)
 {
-    char err[64];
     memset(p, 0, sizeof(*p));
-    for (size_t i = 0; i < REGISTRY_LEN; i++)
-        set_param(p, &registry[i], registry[i].def, err, sizeof(err));
+    gang_opts_defaults(&params_table, p);
 }
 
 int gang_params_set(gang_params *p, const char *flag, const char *value, char *err,
                     size_t errlen)
 {
-    const gang_param_info *pi = find_param(flag, strlen(flag));
-    if (pi == NULL) {
-        snprintf(err, errlen, "unknown parameter --%s", flag);
-        return GANG_EUSAGE;
-    }
-    return set_param(p, pi, value, err, errlen);
+    return gang_opts_set(&params_table, p, flag, value, err, errlen);
 }
 
 int gang_params_from_env(gang_params *p, char *const *envp, char *err, size_t errlen)
@@ -138,8 +189,8 @@ int gang_params_from_env(gang_params *p, char *const *envp, char *err, size_t er
  * caller accepts them; an unknown flag's value cannot be told apart from a positional
  * argument, so callers that accept rest parse it themselves.
  */
-int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, int *nrest,
-                           char *err, size_t errlen)
+int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **argv,
+                         char **rest, int *nrest, char *err, size_t errlen)
 {
     if (nrest)
         *nrest = 0;
@@ -150,7 +201,7 @@ int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, i
         if (strncmp(a, "--", 2) == 0 && a[2]) {
             eq = strchr(a + 2, '=');
             size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-            pi = find_param(a + 2, len);
+            pi = gang_opts_find(t, a + 2, len);
         }
         if (pi == NULL) {
             if (rest == NULL) {
@@ -171,24 +222,39 @@ int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, i
             snprintf(err, errlen, "--%s needs a value", pi->flag);
             return GANG_EUSAGE;
         }
-        int rc = set_param(p, pi, value, err, errlen);
+        int rc = set_param(base, pi, value, err, errlen);
         if (rc != 0)
             return rc;
     }
     return 0;
 }
 
+int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, int *nrest,
+                           char *err, size_t errlen)
+{
+    return gang_opts_parse_args(&params_table, p, argc, argv, rest, nrest, err, errlen);
+}
+
+void gang_opts_print_help(const gang_opt_table *t, FILE *out, int with_env)
+{
+    static const char *const metavar[] = {" N", " S", "", " X"};
+    char name[ENV_NAME_MAX];
+    for (size_t i = 0; i < t->count; i++) {
+        const gang_param_info *pi = &t->items[i];
+        char flag[64];
+        snprintf(flag, sizeof(flag), "--%s%s", pi->flag, metavar[pi->type]);
+        if (with_env) {
+            gang_param_env_name(pi->flag, name, sizeof(name));
+            fprintf(out, "  %-30s %s [env %s, default '%s']\n", flag, pi->help, name, pi->def);
+        } else {
+            fprintf(out, "  %-30s %s [default '%s']\n", flag, pi->help, pi->def);
+        }
+    }
+}
+
 void gang_params_print_help(FILE *out)
 {
-    char name[ENV_NAME_MAX];
-    for (size_t i = 0; i < REGISTRY_LEN; i++) {
-        const gang_param_info *pi = &registry[i];
-        gang_param_env_name(pi->flag, name, sizeof(name));
-        char flag[64];
-        snprintf(flag, sizeof(flag), "--%s%s", pi->flag,
-                 pi->type == GANG_PARAM_BOOL ? "" : (pi->type == GANG_PARAM_INT ? " N" : " S"));
-        fprintf(out, "  %-30s %s [env %s, default '%s']\n", flag, pi->help, name, pi->def);
-    }
+    gang_opts_print_help(&params_table, out, 1);
 }
 
 void gang_params_print_values(const gang_params *p, FILE *out)
@@ -205,6 +271,9 @@ void gang_params_print_values(const gang_params *p, FILE *out)
             break;
         case GANG_PARAM_STR:
             fprintf(out, "%s=%s\n", pi->flag, base);
+            break;
+        case GANG_PARAM_DOUBLE:
+            fprintf(out, "%s=%g\n", pi->flag, *(const double *)(const void *)base);
             break;
         }
     }

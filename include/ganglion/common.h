@@ -100,7 +100,12 @@ void gang_log_write(gang_log_level lvl, const char *fmt, ...)
  * default and a help line. The list lives in common/params.def; precedence is
  * flag > environment > default. Nothing else in the code base reads GANGLION_* env.
  * --------------------------------------------------------------------------------- */
-typedef enum { GANG_PARAM_INT = 0, GANG_PARAM_STR, GANG_PARAM_BOOL } gang_param_type;
+typedef enum {
+    GANG_PARAM_INT = 0,
+    GANG_PARAM_STR,
+    GANG_PARAM_BOOL,
+    GANG_PARAM_DOUBLE /* option tables only (bench, generate); the serve registry has none */
+} gang_param_type;
 
 #define GANG_PARAM_STR_MAX 256
 
@@ -118,10 +123,41 @@ typedef struct gang_param_info {
     const char *flag;     /* "heartbeat-interval-ms" (without dashes) */
     gang_param_type type;
     const char *def;      /* default as text */
-    int64_t lo, hi;       /* bounds of INT params */
+    int64_t lo, hi;       /* bounds of INT params; of DOUBLE params when dlo < dhi */
     const char *help;
-    size_t offset;        /* into gang_params */
+    size_t offset;        /* into gang_params, or into the option table's struct */
+    double dlo, dhi;      /* bounds of DOUBLE params */
+    size_t str_cap;       /* capacity of a STR field of an option table; 0 = GANG_PARAM_STR_MAX */
 } gang_param_info;
+
+/*
+ * Option tables: the registry's machinery for any struct. A subcommand (bench, generate,
+ * mkmodel) describes its own options as a gang_param_info array whose offsets point into
+ * its own options struct; INT fields are int64_t, BOOL int, DOUBLE double, STR char
+ * arrays of str_cap bytes. Parsing follows the same rules as the registry's flags.
+ */
+typedef struct gang_opt_table {
+    const gang_param_info *items;
+    size_t count;
+} gang_opt_table;
+
+/* Fills every field of base with its default. */
+void gang_opts_defaults(const gang_opt_table *t, void *base);
+/* Looks a flag up by name (without dashes); NULL when absent. */
+const gang_param_info *gang_opts_find(const gang_opt_table *t, const char *flag, size_t len);
+/* Sets one option from text, with the table's validation. */
+int gang_opts_set(const gang_opt_table *t, void *base, const char *flag, const char *value,
+                  char *err, size_t errlen);
+/*
+ * Parses argv[0..argc) against t (rules as gang_params_parse_args). Arguments not in t go
+ * to rest when rest is non-NULL (in order), else they are a usage error.
+ */
+int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **argv,
+                         char **rest, int *nrest, char *err, size_t errlen);
+/* Prints one line per option: flag, help and default; env twins when with_env. */
+void gang_opts_print_help(const gang_opt_table *t, FILE *out, int with_env);
+/* The serve registry as an option table over gang_params. */
+const gang_opt_table *gang_params_table(void);
 
 /* Writes the environment twin of a flag ("GANGLION_HTTP_PORT") into out. */
 void gang_param_env_name(const char *flag, char *out, size_t cap);
