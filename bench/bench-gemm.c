@@ -41,14 +41,14 @@ typedef struct bg_shape {
 typedef struct bg_opts {
     bg_shape shapes[BG_MAX_SHAPES];
     int nshapes;
-    gang_kernels_dtype dt;
+    gang_dtype dt;
     int warmup, iters, device_index;
     uint64_t pool_mb; /* 0: sized from the largest shape */
 } bg_opts;
 
-static const char *bg_dtype_name(gang_kernels_dtype dt)
+static const char *bg_dtype_name(gang_dtype dt)
 {
-    return dt == GANG_KERNELS_BF16 ? "bf16" : dt == GANG_KERNELS_F16 ? "f16" : "f32";
+    return dt == GANG_DTYPE_BF16 ? "bf16" : dt == GANG_DTYPE_F16 ? "f16" : "f32";
 }
 
 static void bg_add(bg_opts *o, size_t m, size_t n, size_t k, const char *what)
@@ -138,7 +138,7 @@ static int bg_parse(int argc, char **argv, bg_opts *o)
     int v, rc;
 
     memset(o, 0, sizeof(*o));
-    o->dt = GANG_KERNELS_BF16;
+    o->dt = GANG_DTYPE_BF16;
     o->warmup = 5;
     o->iters = 20;
     bg_default_shapes(o);
@@ -156,11 +156,11 @@ static int bg_parse(int argc, char **argv, bg_opts *o)
             i++;
         } else if (strcmp(a, "--dtype") == 0) {
             if (val != NULL && strcmp(val, "bf16") == 0)
-                o->dt = GANG_KERNELS_BF16;
+                o->dt = GANG_DTYPE_BF16;
             else if (val != NULL && strcmp(val, "f16") == 0)
-                o->dt = GANG_KERNELS_F16;
+                o->dt = GANG_DTYPE_F16;
             else if (val != NULL && strcmp(val, "f32") == 0)
-                o->dt = GANG_KERNELS_F32;
+                o->dt = GANG_DTYPE_F32;
             else {
                 fprintf(stderr, "ganglion bench gemm: --dtype is bf16, f16 or f32\n");
                 return GANG_EUSAGE;
@@ -230,7 +230,7 @@ static void bg_emit(cJSON *o)
 /* Pool for the largest shape: A, B and two outputs, plus the workspace and some slack. */
 static uint64_t bg_pool_mb(const bg_opts *o)
 {
-    size_t es = o->dt == GANG_KERNELS_F32 ? 4 : 2;
+    size_t es = o->dt == GANG_DTYPE_F32 ? 4 : 2;
     double worst = 0.0;
 
     for (int i = 0; i < o->nshapes; i++) {

@@ -354,7 +354,7 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
         (rc = elems(n, kdim, &tmp)) < 0)
         return rc;
     if (k->dev != NULL)
-        return k->dev->gemm(k->ctx, GANG_KERNELS_F32, trans_b != 0, m, n, kdim, alpha, a, b,
+        return k->dev->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b,
                             beta, c);
     if (k->ops->gemm == NULL)
         return GANG_ENOSYS;
@@ -543,19 +543,13 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
 /* ---------------------------------------------------------------------------------
  * Half-precision storage, conversion and the GEMM benchmark.
  * --------------------------------------------------------------------------------- */
-static size_t kdtype_size(gang_kernels_dtype dt)
+/* Bytes of an element type the kernels store (f32, f16, bf16); 0 for the others. */
+static size_t kdtype_size(gang_dtype dt)
 {
-    switch (dt) {
-    case GANG_KERNELS_F32:
-        return 4;
-    case GANG_KERNELS_F16:
-    case GANG_KERNELS_BF16:
-        return 2;
-    }
-    return 0;
+    return dt == GANG_DTYPE_I32 ? 0 : gang_dtype_size(dt);
 }
 
-int gang_kernels_gemm_ex(gang_kernels *k, gang_kernels_dtype dt, int trans_b, size_t m,
+int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
                          size_t n, size_t kdim, float alpha, const void *a, const void *b,
                          float beta, void *c)
 {
@@ -564,7 +558,7 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_kernels_dtype dt, int trans_b, si
 
     if (kdtype_size(dt) == 0)
         return GANG_EINVAL;
-    if (dt == GANG_KERNELS_F32)
+    if (dt == GANG_DTYPE_F32)
         return gang_kernels_gemm(k, trans_b, m, n, kdim, alpha, a, b, beta, c);
     if (k == NULL || a == NULL || b == NULL || c == NULL || m == 0 || n == 0 || kdim == 0)
         return GANG_EINVAL;
@@ -579,27 +573,27 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_kernels_dtype dt, int trans_b, si
 }
 
 /* Host conversion for the cpu backend, through f32 with the module's rounding. */
-static float host_load(const void *p, gang_kernels_dtype dt, size_t i)
+static float host_load(const void *p, gang_dtype dt, size_t i)
 {
-    if (dt == GANG_KERNELS_F16)
+    if (dt == GANG_DTYPE_F16)
         return gang_f16_to_f32(((const uint16_t *)p)[i]);
-    if (dt == GANG_KERNELS_BF16)
+    if (dt == GANG_DTYPE_BF16)
         return gang_bf16_to_f32(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
 }
 
-static void host_store(void *p, gang_kernels_dtype dt, size_t i, float v)
+static void host_store(void *p, gang_dtype dt, size_t i, float v)
 {
-    if (dt == GANG_KERNELS_F16)
+    if (dt == GANG_DTYPE_F16)
         ((uint16_t *)p)[i] = gang_f32_to_f16(v);
-    else if (dt == GANG_KERNELS_BF16)
+    else if (dt == GANG_DTYPE_BF16)
         ((uint16_t *)p)[i] = gang_f32_to_bf16(v);
     else
         ((float *)p)[i] = v;
 }
 
-int gang_kernels_convert(gang_kernels *k, gang_kernels_dtype from, const void *src,
-                         gang_kernels_dtype to, void *dst, size_t n)
+int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
+                         gang_dtype to, void *dst, size_t n)
 {
     if (k == NULL || src == NULL || dst == NULL || n == 0)
         return GANG_EINVAL;
@@ -618,7 +612,7 @@ int gang_kernels_convert(gang_kernels *k, gang_kernels_dtype from, const void *s
     return 0;
 }
 
-int gang_kernels_gemm_bench(gang_kernels *k, gang_kernels_dtype dt, int trans_b, size_t m,
+int gang_kernels_gemm_bench(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
                             size_t n, size_t kdim, int warmup, int iters, double *ours_ms,
                             double *ref_ms, double *max_rel_diff)
 {

@@ -20,34 +20,6 @@
 
 #include "comm-backend.h"
 
-size_t gang_dtype_size(gang_dtype dt)
-{
-    switch (dt) {
-    case GANG_DTYPE_F32:
-    case GANG_DTYPE_I32:
-        return 4;
-    case GANG_DTYPE_F16:
-    case GANG_DTYPE_BF16:
-        return 2;
-    }
-    return 0;
-}
-
-const char *gang_dtype_name(gang_dtype dt)
-{
-    switch (dt) {
-    case GANG_DTYPE_F32:
-        return "f32";
-    case GANG_DTYPE_F16:
-        return "f16";
-    case GANG_DTYPE_BF16:
-        return "bf16";
-    case GANG_DTYPE_I32:
-        return "i32";
-    }
-    return "unknown";
-}
-
 const char *gang_comm_backend_name(gang_comm_backend b)
 {
     switch (b) {
@@ -59,100 +31,6 @@ const char *gang_comm_backend_name(gang_comm_backend b)
         return "nccl";
     }
     return "unknown";
-}
-
-/* ---------------------------------------------------------------------------------
- * Half-precision conversions. parallel/ must not depend on kernels/, so the reduction
- * carries its own small converters; both round to nearest even like the hardware does.
- * --------------------------------------------------------------------------------- */
-static float comm_bits_to_f32(uint32_t u)
-{
-    float f;
-
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-static uint32_t comm_f32_to_bits(float f)
-{
-    uint32_t u;
-
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-static float comm_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-
-    if (exp == 0x1f) /* inf or nan: keep the payload */
-        return comm_bits_to_f32(sign | 0x7f800000u | (mant << 13));
-    if (exp == 0) {
-        /* Zero or subnormal: value = mant * 2^-24, exact in f32. */
-        float v = (float)mant * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    return comm_bits_to_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-/*
- * f32 -> f16 with round to nearest even; overflow goes to infinity and values below the
- * subnormal range to (signed) zero, as IEEE conversion does.
- */
-static uint16_t comm_f32_to_f16(float f)
-{
-    uint32_t u = comm_f32_to_bits(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t exp = (u >> 23) & 0xffu;
-    uint32_t mant = u & 0x7fffffu;
-    int32_t e;
-
-    if (exp == 0xff) /* inf stays inf; nan stays a quiet nan */
-        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0));
-    e = (int32_t)exp - 127 + 15;
-    if (e >= 0x1f)
-        return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) {
-        /* Subnormal result: shift the full significand and round once. */
-        uint32_t shift, m, half, rest, r;
-
-        if (e < -10)
-            return (uint16_t)sign;
-        m = mant | 0x800000u;
-        shift = (uint32_t)(14 - e);
-        r = m >> shift;
-        rest = m & ((1u << shift) - 1);
-        half = 1u << (shift - 1);
-        if (rest > half || (rest == half && (r & 1u)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    {
-        uint32_t r = ((uint32_t)e << 10) | (mant >> 13);
-        uint32_t rest = mant & 0x1fffu;
-
-        /* A carry out of the mantissa correctly bumps the exponent (up to infinity). */
-        if (rest > 0x1000u || (rest == 0x1000u && (r & 1u)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-}
-
-static float comm_bf16_to_f32(uint16_t b)
-{
-    return comm_bits_to_f32((uint32_t)b << 16);
-}
-
-static uint16_t comm_f32_to_bf16(float f)
-{
-    uint32_t u = comm_f32_to_bits(f);
-
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* nan: keep it a quiet nan after truncation */
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
 }
 
 /*
@@ -200,7 +78,7 @@ void gang__comm_reduce_sum(void *dst, const void *src, size_t count, gang_dtype 
         const uint16_t *s = src;
 
         for (i = 0; i < count; i++)
-            d[i] = comm_f32_to_f16(comm_f16_to_f32(d[i]) + comm_f16_to_f32(s[i]));
+            d[i] = gang_f32_to_f16(gang_f16_to_f32(d[i]) + gang_f16_to_f32(s[i]));
         break;
     }
     case GANG_DTYPE_BF16: {
@@ -208,7 +86,7 @@ void gang__comm_reduce_sum(void *dst, const void *src, size_t count, gang_dtype 
         const uint16_t *s = src;
 
         for (i = 0; i < count; i++)
-            d[i] = comm_f32_to_bf16(comm_bf16_to_f32(d[i]) + comm_bf16_to_f32(s[i]));
+            d[i] = gang_f32_to_bf16(gang_bf16_to_f32(d[i]) + gang_bf16_to_f32(s[i]));
         break;
     }
     }

@@ -25,16 +25,6 @@
 
 typedef struct gang_comm gang_comm;
 
-typedef enum gang_dtype {
-    GANG_DTYPE_F32 = 0,
-    GANG_DTYPE_F16 = 1,   /* IEEE half; reductions accumulate in f32 */
-    GANG_DTYPE_BF16 = 2,  /* bfloat16; reductions accumulate in f32, round to nearest even */
-    GANG_DTYPE_I32 = 3
-} gang_dtype;
-
-/* Bytes of one element of dt (0 for an unknown dtype). */
-size_t gang_dtype_size(gang_dtype dt);
-const char *gang_dtype_name(gang_dtype dt);
 
 typedef enum gang_comm_backend {
     GANG_COMM_SOCKET = 0,

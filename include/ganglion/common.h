@@ -187,6 +187,40 @@ void gang_params_print_help(FILE *out);
 void gang_params_print_values(const gang_params *p, FILE *out);
 
 /* ---------------------------------------------------------------------------------
+ * Element types (common/dtype.c): the one enum of the kernels, the communicators and the
+ * model files.
+ * --------------------------------------------------------------------------------- */
+typedef enum gang_dtype {
+    GANG_DTYPE_F32 = 0,
+    GANG_DTYPE_F16 = 1,   /* IEEE half; reductions accumulate in f32 */
+    GANG_DTYPE_BF16 = 2,  /* bfloat16; reductions accumulate in f32, round to nearest even */
+    GANG_DTYPE_I32 = 3
+} gang_dtype;
+
+/* Bytes of one element of dt (0 for an unknown dtype). */
+size_t gang_dtype_size(gang_dtype dt);
+const char *gang_dtype_name(gang_dtype dt);
+
+/* ---------------------------------------------------------------------------------
+ * Half-precision conversion (host memory). Safetensors checkpoints
+ * store F16 and BF16 weights; the kernels compute in f32.
+ *   f16 -> f32 and bf16 -> f32 are exact (subnormals, infinities and NaN payloads kept).
+ *   f32 -> f16 and f32 -> bf16 round to nearest, ties to even; values beyond the f16
+ *   range become infinity; NaN stays a (quiet) NaN with its sign.
+ * --------------------------------------------------------------------------------- */
+float gang_f16_to_f32(uint16_t h);
+uint16_t gang_f32_to_f16(float f);
+float gang_bf16_to_f32(uint16_t h);
+uint16_t gang_f32_to_bf16(float f);
+
+/* Array forms of the above: n elements from src to dst, which must not overlap. Return 0,
+ * or GANG_EINVAL for a NULL pointer with n > 0. */
+int gang_f16_to_f32_array(const uint16_t *src, float *dst, size_t n);
+int gang_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
+int gang_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n);
+int gang_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
+
+/* ---------------------------------------------------------------------------------
  * Clocks and backoff.
  * --------------------------------------------------------------------------------- */
 /* Monotonic clock in milliseconds / nanoseconds. */

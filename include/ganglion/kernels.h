@@ -133,24 +133,6 @@ int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t r
 int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols,
                         int32_t *out);
 
-/* ---------------------------------------------------------------------------------
- * Dtype conversion (host memory, independent of the backend). Safetensors checkpoints
- * store F16 and BF16 weights; the kernels compute in f32.
- *   f16 -> f32 and bf16 -> f32 are exact (subnormals, infinities and NaN payloads kept).
- *   f32 -> f16 and f32 -> bf16 round to nearest, ties to even; values beyond the f16
- *   range become infinity; NaN stays a (quiet) NaN with its sign.
- * --------------------------------------------------------------------------------- */
-float gang_f16_to_f32(uint16_t h);
-uint16_t gang_f32_to_f16(float f);
-float gang_bf16_to_f32(uint16_t h);
-uint16_t gang_f32_to_bf16(float f);
-
-/* Array forms of the above: n elements from src to dst, which must not overlap. Return 0,
- * or GANG_EINVAL for a NULL pointer with n > 0. */
-int gang_f16_to_f32_array(const uint16_t *src, float *dst, size_t n);
-int gang_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
-int gang_bf16_to_f32_array(const uint16_t *src, float *dst, size_t n);
-int gang_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
 
 /* ---------------------------------------------------------------------------------
  * Device backends (kernels/cuda/). Opening with options, device memory, half-precision
@@ -171,11 +153,6 @@ int gang_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
  * --------------------------------------------------------------------------------- */
 
 /* Storage types of gang_kernels_gemm_ex() and gang_kernels_convert(). */
-typedef enum gang_kernels_dtype {
-    GANG_KERNELS_F32 = 0,
-    GANG_KERNELS_F16 = 1,  /* IEEE binary16 */
-    GANG_KERNELS_BF16 = 2  /* bfloat16 */
-} gang_kernels_dtype;
 
 /* Options of gang_kernels_open_opts(); gang_kernels_options_init() fills the defaults. */
 typedef struct gang_kernels_options {
@@ -264,17 +241,17 @@ int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *
 /*
  * GEMM with half-precision storage and f32 accumulation: a, b and c hold elements of dt,
  * the layout and semantics are those of gang_kernels_gemm(), alpha/beta are applied in
- * f32 and the result is rounded once to dt. dt = GANG_KERNELS_F32 is gang_kernels_gemm().
+ * f32 and the result is rounded once to dt. dt = GANG_DTYPE_F32 is gang_kernels_gemm().
  * The cpu backend provides only F32 (GANG_ENOSYS otherwise).
  */
-int gang_kernels_gemm_ex(gang_kernels *k, gang_kernels_dtype dt, int trans_b, size_t m,
+int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
                          size_t n, size_t kdim, float alpha, const void *a, const void *b,
                          float beta, void *c);
 
 /* Converts n elements of tensor memory from one storage type to another (round to
  * nearest even when narrowing). src and dst must not overlap unless from == to. */
-int gang_kernels_convert(gang_kernels *k, gang_kernels_dtype from, const void *src,
-                         gang_kernels_dtype to, void *dst, size_t n);
+int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
+                         gang_dtype to, void *dst, size_t n);
 
 /*
  * GEMM benchmark support (ganglion bench gemm): runs warmup + iters GEMMs of one shape
@@ -285,7 +262,7 @@ int gang_kernels_convert(gang_kernels *k, gang_kernels_dtype from, const void *s
  * outputs. Buffers come from the pool: a shape that does not fit is GANG_ENOMEM.
  * GANG_ENOSYS on the cpu backend.
  */
-int gang_kernels_gemm_bench(gang_kernels *k, gang_kernels_dtype dt, int trans_b, size_t m,
+int gang_kernels_gemm_bench(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
                             size_t n, size_t kdim, int warmup, int iters, double *ours_ms,
                             double *ref_ms, double *max_rel_diff);
 

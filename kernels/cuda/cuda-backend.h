@@ -26,11 +26,11 @@ typedef struct gang__kernels_dev_ops {
     int (*download)(void *ctx, void *dst, const void *src, size_t bytes);
     int (*sync)(void *ctx);
     int (*pool_stats)(void *ctx, gang_kernels_pool_stats *out);
-    int (*gemm)(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+    int (*gemm)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                 float alpha, const void *a, const void *b, float beta, void *c);
-    int (*convert)(void *ctx, gang_kernels_dtype from, const void *src, gang_kernels_dtype to,
+    int (*convert)(void *ctx, gang_dtype from, const void *src, gang_dtype to,
                    void *dst, size_t n);
-    int (*gemm_bench)(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+    int (*gemm_bench)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
                       size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
                       double *max_rel_diff);
     int (*rmsnorm)(void *ctx, const float *x, const float *w, float eps, size_t rows, size_t dim,

@@ -32,7 +32,7 @@
 
 struct gang__cuda_plan {
     int valid;
-    gang_kernels_dtype dt;
+    gang_dtype dt;
     int trans_b;
     size_t m, n, k;
     unsigned align; /* common alignment of a, b, c in bytes (<= 256) */
@@ -58,22 +58,23 @@ static int lt_err(cublasStatus_t s, const char *what)
     }
 }
 
-static cudaDataType_t cuda_type(gang_kernels_dtype dt)
+static cudaDataType_t cuda_type(gang_dtype dt)
 {
     switch (dt) {
-    case GANG_KERNELS_F16:
+    case GANG_DTYPE_F16:
         return CUDA_R_16F;
-    case GANG_KERNELS_BF16:
+    case GANG_DTYPE_BF16:
         return CUDA_R_16BF;
-    case GANG_KERNELS_F32:
+    case GANG_DTYPE_F32:
+    case GANG_DTYPE_I32: /* refused by the front before it gets here */
         break;
     }
     return CUDA_R_32F;
 }
 
-static size_t dtype_bytes(gang_kernels_dtype dt)
+static size_t dtype_bytes(gang_dtype dt)
 {
-    return dt == GANG_KERNELS_F32 ? 4 : 2;
+    return dt == GANG_DTYPE_F32 ? 4 : 2;
 }
 
 static void plan_release(gang__cuda_plan *p)
@@ -191,7 +192,7 @@ static int plan_build(gang__cuda_ctx *c, gang__cuda_plan *p)
         goto out;
     if (found == 0) {
         gang_error("kernels/cuda: cuBLASLt has no algorithm for %s gemm m=%zu n=%zu k=%zu",
-                   p->dt == GANG_KERNELS_F32 ? "f32" : "half", p->m, p->n, p->k);
+                   p->dt == GANG_DTYPE_F32 ? "f32" : "half", p->m, p->n, p->k);
         rc = GANG_ENOSYS;
         goto out;
     }
@@ -206,7 +207,7 @@ out:
 }
 
 /* Finds the cached plan of a shape or builds it in a free (or the next victim) slot. */
-static int plan_get(gang__cuda_ctx *c, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n,
                     size_t k, unsigned align, gang__cuda_plan **out)
 {
     gang__cuda_plan *slot = NULL;
@@ -242,7 +243,7 @@ static int plan_get(gang__cuda_ctx *c, gang_kernels_dtype dt, int trans_b, size_
     return 0;
 }
 
-static int gemm_run(gang__cuda_ctx *c, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n,
                     size_t kdim, float alpha, const void *a, const void *b, float beta, void *cmat)
 {
     gang__cuda_plan *p;
@@ -256,7 +257,7 @@ static int gemm_run(gang__cuda_ctx *c, gang_kernels_dtype dt, int trans_b, size_
                   "cublasLtMatmul");
 }
 
-int gang__cuda_gemm(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                     float alpha, const void *a, const void *b, float beta, void *cmat)
 {
     gang__cuda_ctx *c = ctx;
@@ -268,7 +269,7 @@ int gang__cuda_gemm(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, siz
 }
 
 /* The peer of the benchmark: the same column-major mapping through cublasGemmEx. */
-static int gemm_ref(gang__cuda_ctx *c, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+static int gemm_ref(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n,
                     size_t kdim, const void *a, const void *b, void *cmat)
 {
     const float alpha = 1.0f, beta = 0.0f;
@@ -282,23 +283,24 @@ static int gemm_ref(gang__cuda_ctx *c, gang_kernels_dtype dt, int trans_b, size_
                   "cublasGemmEx");
 }
 
-static float load_elem(const void *p, gang_kernels_dtype dt, size_t i)
+static float load_elem(const void *p, gang_dtype dt, size_t i)
 {
     const uint16_t *h = p;
 
     switch (dt) {
-    case GANG_KERNELS_F16:
+    case GANG_DTYPE_F16:
         return gang_f16_to_f32(h[i]);
-    case GANG_KERNELS_BF16:
+    case GANG_DTYPE_BF16:
         return gang_bf16_to_f32(h[i]);
-    case GANG_KERNELS_F32:
+    case GANG_DTYPE_F32:
+    case GANG_DTYPE_I32: /* not a GEMM type; the front refuses it */
         break;
     }
     return ((const float *)p)[i];
 }
 
 /* Downloads both outputs and returns the largest relative difference between them. */
-static int bench_compare(gang__cuda_ctx *c, gang_kernels_dtype dt, const void *x, const void *y,
+static int bench_compare(gang__cuda_ctx *c, gang_dtype dt, const void *x, const void *y,
                          size_t count, double *out)
 {
     size_t bytes = count * dtype_bytes(dt);
@@ -337,7 +339,7 @@ out_free:
  * clocks and caches. Both paths get the same workspace. Buffers come from the pool and
  * are returned before the function does.
  */
-int gang__cuda_gemm_bench(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+int gang__cuda_gemm_bench(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
                           size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
                           double *max_rel_diff)
 {

@@ -85,9 +85,9 @@ int gang__cuda_err(cudaError_t e, const char *what);
 /* cuda-gemm.c */
 int gang__cuda_gemm_init(gang__cuda_ctx *c);
 void gang__cuda_gemm_fini(gang__cuda_ctx *c);
-int gang__cuda_gemm(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                     float alpha, const void *a, const void *b, float beta, void *cmat);
-int gang__cuda_gemm_bench(void *ctx, gang_kernels_dtype dt, int trans_b, size_t m, size_t n,
+int gang__cuda_gemm_bench(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
                           size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
                           double *max_rel_diff);
 
@@ -111,10 +111,10 @@ int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias, size
                                size_t cols);
 int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
                              int32_t *out);
-int gang__cuda_launch_convert(cudaStream_t s, gang_kernels_dtype from, const void *src,
-                              gang_kernels_dtype to, void *dst, size_t n);
+int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src,
+                              gang_dtype to, void *dst, size_t n);
 /* Fills n elements of dt with uniform values in [-scale, scale) from seed (benchmarks). */
-int gang__cuda_launch_fill_random(cudaStream_t s, gang_kernels_dtype dt, void *dst, size_t n,
+int gang__cuda_launch_fill_random(cudaStream_t s, gang_dtype dt, void *dst, size_t n,
                                   uint64_t seed, float scale);
 /* scratch (scratch_floats f32, may be NULL) holds the partial states when the keys are
  * split across blocks; n_sm is the device's multiprocessor count. */

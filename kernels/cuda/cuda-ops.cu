@@ -324,18 +324,18 @@ extern "C" int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t r
  * --------------------------------------------------------------------------------- */
 __device__ static float load_as_f32(const void *p, int dt, size_t i)
 {
-    if (dt == GANG_KERNELS_F16)
+    if (dt == GANG_DTYPE_F16)
         return __half2float(((const __half *)p)[i]);
-    if (dt == GANG_KERNELS_BF16)
+    if (dt == GANG_DTYPE_BF16)
         return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     return ((const float *)p)[i];
 }
 
 __device__ static void store_from_f32(void *p, int dt, size_t i, float v)
 {
-    if (dt == GANG_KERNELS_F16)
+    if (dt == GANG_DTYPE_F16)
         ((__half *)p)[i] = __float2half_rn(v);
-    else if (dt == GANG_KERNELS_BF16)
+    else if (dt == GANG_DTYPE_BF16)
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
     else
         ((float *)p)[i] = v;
@@ -348,11 +348,11 @@ __global__ static void convert_kernel(int from, const void *src, int to, void *d
         store_from_f32(dst, to, i, load_as_f32(src, from, i));
 }
 
-extern "C" int gang__cuda_launch_convert(cudaStream_t s, gang_kernels_dtype from, const void *src,
-                                         gang_kernels_dtype to, void *dst, size_t n)
+extern "C" int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src,
+                                         gang_dtype to, void *dst, size_t n)
 {
     if (from == to) {
-        size_t es = from == GANG_KERNELS_F32 ? 4 : 2;
+        size_t es = from == GANG_DTYPE_F32 ? 4 : 2;
         if (src == dst)
             return 0;
         return gang__cuda_err(cudaMemcpyAsync(dst, src, n * es, cudaMemcpyDeviceToDevice, s),
@@ -381,7 +381,7 @@ __global__ static void fill_random_kernel(int dt, void *dst, size_t n, uint64_t 
     }
 }
 
-extern "C" int gang__cuda_launch_fill_random(cudaStream_t s, gang_kernels_dtype dt, void *dst,
+extern "C" int gang__cuda_launch_fill_random(cudaStream_t s, gang_dtype dt, void *dst,
                                              size_t n, uint64_t seed, float scale)
 {
     fill_random_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>((int)dt, dst, n, seed, scale);

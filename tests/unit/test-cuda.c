@@ -274,7 +274,7 @@ static void test_cpu_memory_api(void **state)
     assert_int_equal(gang_kernels_alloc(fx.cpu, sizeof(src), &d), 0);
     assert_int_equal((uintptr_t)d % 256, 0);
     assert_int_equal(gang_kernels_upload(fx.cpu, d, src, sizeof(src)), 0);
-    assert_int_equal(gang_kernels_convert(fx.cpu, GANG_KERNELS_F32, d, GANG_KERNELS_BF16, half, 5),
+    assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, d, GANG_DTYPE_BF16, half, 5),
                      0);
     for (int i = 0; i < 5; i++)
         assert_int_equal(half[i], gang_f32_to_bf16(src[i]));
@@ -284,7 +284,7 @@ static void test_cpu_memory_api(void **state)
     assert_int_equal(gang_kernels_pool_stats_get(fx.cpu, &st), 0);
     assert_int_equal(st.pool_bytes, 0);
     assert_int_equal(
-        gang_kernels_gemm_ex(fx.cpu, GANG_KERNELS_BF16, 0, 1, 1, 1, 1.0f, half, half, 0.0f, half),
+        gang_kernels_gemm_ex(fx.cpu, GANG_DTYPE_BF16, 0, 1, 1, 1, 1.0f, half, half, 0.0f, half),
         GANG_ENOSYS);
     gang_kernels_free(fx.cpu, d);
 }
@@ -406,10 +406,10 @@ static void test_gpu_gemm_f32(void **state)
 }
 
 /* Half storage: the CPU reference runs in f32 on the inputs rounded to dt. */
-static void gemm_half_case(gang_kernels_dtype dt, int tb, size_t m, size_t n, size_t kd, double tol)
+static void gemm_half_case(gang_dtype dt, int tb, size_t m, size_t n, size_t kd, double tol)
 {
-    uint16_t (*to)(float) = dt == GANG_KERNELS_BF16 ? gang_f32_to_bf16 : gang_f32_to_f16;
-    float (*from)(uint16_t) = dt == GANG_KERNELS_BF16 ? gang_bf16_to_f32 : gang_f16_to_f32;
+    uint16_t (*to)(float) = dt == GANG_DTYPE_BF16 ? gang_f32_to_bf16 : gang_f32_to_f16;
+    float (*from)(uint16_t) = dt == GANG_DTYPE_BF16 ? gang_bf16_to_f32 : gang_f16_to_f32;
     float *a = rnd_buf(m * kd, 1.0f), *b = rnd_buf(n * kd, 1.0f);
     float *ref = malloc(m * n * 4), *got = malloc(m * n * 4);
     uint16_t *ha = malloc(m * kd * 2), *hb = malloc(n * kd * 2), *hc = malloc(m * n * 2);
@@ -428,7 +428,7 @@ static void gemm_half_case(gang_kernels_dtype dt, int tb, size_t m, size_t n, si
     for (size_t i = 0; i < m * n; i++)
         got[i] = from(hc[i]);
     snprintf(what, sizeof(what), "gemm %s tb=%d m=%zu n=%zu k=%zu",
-             dt == GANG_KERNELS_BF16 ? "bf16" : "f16", tb, m, n, kd);
+             dt == GANG_DTYPE_BF16 ? "bf16" : "f16", tb, m, n, kd);
     assert_close(got, ref, m * n, tol, what);
     gang_kernels_free(fx.gpu, da);
     gang_kernels_free(fx.gpu, db);
@@ -441,10 +441,10 @@ static void test_gpu_gemm_half(void **state)
     (void)state;
     NEED_GPU();
     for (int tb = 0; tb < 2; tb++) {
-        gemm_half_case(GANG_KERNELS_BF16, tb, 1, 2048, 2048, 1.6e-2);
-        gemm_half_case(GANG_KERNELS_BF16, tb, 64, 512, 256, 1.6e-2);
-        gemm_half_case(GANG_KERNELS_F16, tb, 1, 2048, 2048, 2e-3);
-        gemm_half_case(GANG_KERNELS_F16, tb, 65, 96, 40, 2e-3);
+        gemm_half_case(GANG_DTYPE_BF16, tb, 1, 2048, 2048, 1.6e-2);
+        gemm_half_case(GANG_DTYPE_BF16, tb, 64, 512, 256, 1.6e-2);
+        gemm_half_case(GANG_DTYPE_F16, tb, 1, 2048, 2048, 2e-3);
+        gemm_half_case(GANG_DTYPE_F16, tb, 65, 96, 40, 2e-3);
     }
 }
 
@@ -704,9 +704,9 @@ static void test_gpu_convert(void **state)
     void *db = NULL, *dh = NULL;
     assert_int_equal(gang_kernels_alloc(fx.gpu, n * 2, &db), 0);
     assert_int_equal(gang_kernels_alloc(fx.gpu, n * 2, &dh), 0);
-    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_KERNELS_F32, dx, GANG_KERNELS_BF16, db, n),
+    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_F32, dx, GANG_DTYPE_BF16, db, n),
                      0);
-    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_KERNELS_F32, dx, GANG_KERNELS_F16, dh, n),
+    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_F32, dx, GANG_DTYPE_F16, dh, n),
                      0);
     assert_int_equal(gang_kernels_download(fx.gpu, hb, db, n * 2), 0);
     assert_int_equal(gang_kernels_download(fx.gpu, hh, dh, n * 2), 0);
@@ -719,7 +719,7 @@ static void test_gpu_convert(void **state)
                      gang_f32_to_f16(x[i]));
     }
     /* and back: exact widening */
-    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_KERNELS_BF16, db, GANG_KERNELS_F32, dx, n),
+    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_BF16, db, GANG_DTYPE_F32, dx, n),
                      0);
     float *back = dev_fetch(dx, n * 4);
     for (size_t i = 0; i < n; i++)
@@ -738,13 +738,13 @@ static void test_gpu_gemm_bench(void **state)
     (void)state;
     NEED_GPU();
     assert_int_equal(
-        gang_kernels_gemm_bench(fx.gpu, GANG_KERNELS_BF16, 1, 64, 512, 256, 1, 3, ours, ref, &diff),
+        gang_kernels_gemm_bench(fx.gpu, GANG_DTYPE_BF16, 1, 64, 512, 256, 1, 3, ours, ref, &diff),
         0);
     for (int i = 0; i < 3; i++)
         assert_true(ours[i] > 0.0 && ref[i] > 0.0);
     assert_true(diff >= 0.0 && diff < 1.6e-2);
     assert_int_equal(
-        gang_kernels_gemm_bench(fx.cpu, GANG_KERNELS_BF16, 1, 64, 512, 256, 1, 3, ours, ref, &diff),
+        gang_kernels_gemm_bench(fx.cpu, GANG_DTYPE_BF16, 1, 64, 512, 256, 1, 3, ours, ref, &diff),
         GANG_ENOSYS);
 }
 
