@@ -14,6 +14,7 @@
 
 typedef struct gang__comm_ops {
     const char *name;
+    uint32_t caps;               /* GANG_COMM_CAP_* of include/ganglion/comm.h */
     int (*init)(gang_comm *c, const gang_comm_config *cfg);
     void (*free)(gang_comm *c);
     /* The front allocates child and sets its ops and backend; split sets rank, size, impl. */

@@ -920,6 +920,7 @@ static void mpi_abort(gang_comm *c)
 
 const gang__comm_ops gang__comm_mpi_ops = {
     .name = "mpi",
+    .caps = GANG_COMM_CAP_HOST_MEM | GANG_COMM_CAP_TAGS,
     .init = mpi_init,
     .free = mpi_free,
     .split = mpi_split,

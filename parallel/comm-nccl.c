@@ -640,6 +640,7 @@ static void nccl_abort(gang_comm *c)
 
 const gang__comm_ops gang__comm_nccl_ops = {
     .name = "nccl",
+    .caps = GANG_COMM_CAP_DEVICE_MEM,
     .init = nccl_init,
     .free = nccl_free,
     .split = nccl_split,

@@ -210,6 +210,11 @@ gang_comm_backend gang_comm_backend_of(const gang_comm *c)
     return c != NULL ? c->backend : GANG_COMM_SOCKET;
 }
 
+uint32_t gang_comm_caps(const gang_comm *c)
+{
+    return c != NULL ? c->ops->caps : 0;
+}
+
 /*
  * The front allocates the child with the parent's backend; ops->split sets the child's
  * rank, size and impl. On failure the child is freed here and *out stays NULL.

@@ -11,7 +11,8 @@
  *    gang_comm_abort() was called, from any thread, promptly (< 100 ms) even while the
  *    operation is blocked. After any of these errors the communicator is unusable except
  *    for gang_comm_free(); the gang re-forms with a new communicator.
- *  - Buffers are host memory for the socket and mpi backends, device memory for nccl.
+ *  - Buffers are host memory for the socket and mpi backends, device memory for nccl
+ *    (ask gang_comm_caps(), not the backend, which kind a communicator takes).
  *  - One thread drives a communicator; only gang_comm_abort() and
  *    gang_comm_async_error() may be called from another thread.
  */
@@ -95,6 +96,22 @@ void gang_comm_free(gang_comm *c);
 uint32_t gang_comm_rank(const gang_comm *c);
 uint32_t gang_comm_size(const gang_comm *c);
 gang_comm_backend gang_comm_backend_of(const gang_comm *c);
+
+/*
+ * Capabilities of a communicator's backend, so that callers ask what it can do instead of
+ * which backend it is. Each backend declares them in its vtable (parallel/comm-backend.h).
+ *  - GANG_COMM_CAP_HOST_MEM: buffers are host memory (socket, mpi).
+ *  - GANG_COMM_CAP_DEVICE_MEM: buffers are device memory of the communicator's GPU (nccl);
+ *    the caller synchronises its compute stream before each operation.
+ *  - GANG_COMM_CAP_TAGS: send/recv match on (peer, tag); without it the tag is ignored and
+ *    the messages between two ranks match in issue order.
+ * gang_comm_caps(NULL) is 0.
+ */
+#define GANG_COMM_CAP_HOST_MEM   (1u << 0)
+#define GANG_COMM_CAP_DEVICE_MEM (1u << 1)
+#define GANG_COMM_CAP_TAGS       (1u << 2)
+
+uint32_t gang_comm_caps(const gang_comm *c);
 
 /*
  * Splits c into sub-communicators (a collective call over all ranks of c): ranks with the

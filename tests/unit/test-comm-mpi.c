@@ -186,6 +186,7 @@ static void test_identity(void **state)
     assert_int_equal(gang_comm_rank(g_comm), g_rank);
     assert_int_equal(gang_comm_size(g_comm), g_size);
     assert_int_equal(gang_comm_backend_of(g_comm), GANG_COMM_MPI);
+    assert_int_equal(gang_comm_caps(g_comm), GANG_COMM_CAP_HOST_MEM | GANG_COMM_CAP_TAGS);
     assert_int_equal(gang_comm_async_error(g_comm), 0);
 }
 

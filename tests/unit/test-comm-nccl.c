@@ -159,6 +159,7 @@ static void test_world1(void **state)
     cfg = nccl_config(blob, len, 0, 1, 20000);
     assert_int_equal(gang_comm_init(&cfg, &c), 0);
     assert_int_equal(gang_comm_size(c), 1);
+    assert_int_equal(gang_comm_caps(c), GANG_COMM_CAP_DEVICE_MEM);
     for (int i = 0; i < 1000; i++)
         host[i] = (float)i * 0.5f - 3.0f;
     assert_int_equal(gang_kernels_alloc(k, sizeof(host), &d), 0);

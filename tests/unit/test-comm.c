@@ -572,6 +572,10 @@ static int world1_body(rank_ctx *x, gang_comm *c)
         rc = gang_comm_split(c, 5, 0, 1000, &sub);
     if (rc == 0 && gang_comm_size(sub) != 1)
         rc = -1;
+    /* The socket backend takes host memory and matches tags; a split child inherits that. */
+    if (rc == 0 && (gang_comm_caps(c) != (GANG_COMM_CAP_HOST_MEM | GANG_COMM_CAP_TAGS) ||
+                    gang_comm_caps(sub) != gang_comm_caps(c)))
+        rc = -1;
     if (rc == 0)
         rc = gang_comm_all_reduce(sub, v, 3, GANG_DTYPE_F32, 1000);
     gang_comm_free(sub);
@@ -1133,6 +1137,7 @@ static void test_front(void **state)
     assert_int_equal(gang_dtype_size((gang_dtype)9), 0);
     assert_string_equal(gang_dtype_name(GANG_DTYPE_F16), "f16");
     assert_string_equal(gang_comm_backend_name(GANG_COMM_MPI), "mpi");
+    assert_int_equal(gang_comm_caps(NULL), 0);
     assert_int_equal(gang_comm_all_reduce(NULL, &cfg, 1, GANG_DTYPE_F32, 10), GANG_EINVAL);
     assert_int_equal(gang_comm_init(NULL, &c), GANG_EINVAL);
     assert_null(c);
