@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DGANGLION_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo bench format format-check structure-check clean
 
 all: build
 
@@ -25,6 +25,18 @@ demo: build
 
 bench: build
 	@bash bench/run-control-plane.sh $(BUILD)/bin/ganglion
+
+# Rewrites every C/CUDA source with .clang-format (Debian's clang-format 14); `ctest -R
+# format-check` (part of `make test`) fails while a source differs.
+format: deps
+	@python3 scripts/check-format.py --fix
+
+format-check:
+	@python3 scripts/check-format.py
+
+# The structure rules of docs/design.md section 5 (also a test of `make test`).
+structure-check:
+	@python3 scripts/check-structure.py
 
 clean:
 	@rm -rf $(BUILD)

@@ -14,6 +14,7 @@ PKGS=(
     libopenmpi-dev openmpi-bin   # MPI backend and the mpirun peer in benchmarks
     libopenblas-dev       # CPU GEMM
     clang libclang-rt-14-dev     # libFuzzer target for the frame decoder
+    clang-format          # make format / the format-check test (.clang-format)
     curl python3 iproute2 procps psmisc
     python3-numpy         # the independent numpy reference of the model's logits
     dnsmasq-base          # cluster DNS of the Kubernetes simulation (tests/k8s-sim)

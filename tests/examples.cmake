@@ -1,0 +1,1 @@
+# Examples (examples/): one smoke test each; filled in below.
