@@ -25,19 +25,16 @@
  * overhead of the schedule and of the socket communicator (activation transfers of
  * --bytes per microbatch, default 64 KiB, and the result path back to stage 0).
  *
- * Schedule: the one of parallel/pipeline.c (see the comment there for why it cannot
- * deadlock), with tag k for microbatch k between stages and tag M + k for its result:
- *
- *   stage 0:       for k: WORK(k); if k >= P-1: RECV result k-P+1 from P-1;
- *                         SEND m(k) to 1 (tag k)
- *                  then RECV the remaining results in order (tag M + j)
- *   stage 0<s<P-1: for k: RECV m(k) from s-1; WORK(k); SEND m(k) to s+1 (tag k)
- *   stage P-1:     for k: RECV m(k) from P-2; WORK(k); SEND m(k) to 0 (tag M + k)
+ * Schedule: gang_pipeline_run of parallel/pipeline.c, the one the engine serves with
+ * (see the comment there for the order and why it cannot deadlock): this file only
+ * supplies its callbacks, WORK = the synthetic sleep, SEND/RECV_ACT and SEND/RECV_RESULT
+ * = socket send and recv of --bytes, with tag k for microbatch k between stages and tag
+ * M + k for its result. The microbatches are the batch's units (one unit each).
  *
  * Stage 0 times each batch from its start to the arrival of the last result. No barrier
  * separates batches: when stage 0 has every result, every other stage has finished the
- * batch and waits for the next one, so batches do not overlap. Each message carries its
- * microbatch index and stage 0 checks it on return.
+ * batch and waits for the next one, so batches do not overlap. Each message carries the
+ * microbatch index stage 0 wrote into it, and every receiver checks it.
  *
  * Method (nccl-tests style): --warmup untimed batches, then --iters timed ones; the line
  * reports the median, min and max batch time, and ratio from the median.
@@ -61,6 +58,7 @@
 
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
+#include "ganglion/parallel.h"
 
 #include "bench-pipeline.h"
 
@@ -190,67 +188,82 @@ static void bp_work(uint64_t ns)
  * One stage.
  * --------------------------------------------------------------------------------- */
 
-/*
- * Runs one batch of the schedule on stage `rank` with buf (run->o->bytes) as the only
- * activation buffer: every send and recv completes before the next one, so one suffices.
- * Returns 0 or the first communicator error; *what names the failing step.
- */
-static int bp_batch(bp_run *r, gang_comm *c, uint32_t rank, uint8_t *buf, const char **what)
-{
-    const size_t bytes = r->o->bytes;
-    const uint32_t last = r->pp - 1, mb = r->mb;
-    const uint64_t tmo = r->op_timeout_ms;
-    uint32_t k, idx;
-    int rc = 0;
+/* The callbacks' view of one stage: its communicator and its one activation buffer
+ * (every send and recv completes before the next one, so one suffices). */
+typedef struct bp_ctx {
+    bp_run *r;
+    gang_comm *c;
+    uint32_t rank;    /* pipeline stage */
+    uint8_t *buf;     /* run->o->bytes */
+    const char *what; /* the step that failed */
+} bp_ctx;
 
-    if (rank == 0) {
-        for (k = 0; k < mb; k++) {
-            bp_work(r->work_ns);
-            if (k >= last) {
-                *what = "recv result";
-                rc = gang_comm_recv(c, buf, bytes, last, mb + k - last, tmo);
-                if (rc != 0)
-                    goto out;
-                memcpy(&idx, buf, sizeof idx);
-                if (idx != k - last)
-                    goto out_proto;
-            }
-            memcpy(buf, &k, sizeof k);
-            *what = "send activation";
-            rc = gang_comm_send(c, buf, bytes, 1, k, tmo);
-            if (rc != 0)
-                goto out;
-        }
-        for (uint32_t j = mb > last ? mb - last : 0; j < mb; j++) {
-            *what = "recv result";
-            rc = gang_comm_recv(c, buf, bytes, last, mb + j, tmo);
-            if (rc != 0)
-                goto out;
-            memcpy(&idx, buf, sizeof idx);
-            if (idx != j)
-                goto out_proto;
-        }
-        return 0;
-    }
-    for (k = 0; k < mb; k++) {
-        *what = "recv activation";
-        rc = gang_comm_recv(c, buf, bytes, rank - 1, k, tmo);
-        if (rc != 0)
-            goto out;
-        bp_work(r->work_ns);
-        *what = rank == last ? "send result" : "send activation";
-        rc = gang_comm_send(c, buf, bytes, rank == last ? 0 : rank + 1, rank == last ? mb + k : k,
-                            tmo);
-        if (rc != 0)
-            goto out;
+/* WORK: the synthetic work of one microbatch. */
+static int bp_cb_work(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline)
+{
+    bp_ctx *x = ctx;
+
+    (void)mb;
+    (void)deadline;
+    bp_work(x->r->work_ns);
+    return 0;
+}
+
+/* Sends buf to stage peer; stage 0 first stamps it with the microbatch index. */
+static int bp_cb_send(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                      uint64_t deadline)
+{
+    bp_ctx *x = ctx;
+    uint64_t left;
+    int rc;
+
+    x->what = peer == 0 ? "send result" : "send activation";
+    if (x->rank == 0)
+        memcpy(x->buf, &mb->index, sizeof mb->index);
+    rc = gang_pipeline_left(deadline, &left);
+    return rc != 0 ? rc : gang_comm_send(x->c, x->buf, x->r->o->bytes, peer, tag, left);
+}
+
+/* Receives buf from stage peer and checks that it carries microbatch mb's index. */
+static int bp_cb_recv(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                      uint64_t deadline)
+{
+    bp_ctx *x = ctx;
+    uint32_t idx;
+    uint64_t left;
+    int rc;
+
+    x->what = x->rank == 0 ? "recv result" : "recv activation";
+    rc = gang_pipeline_left(deadline, &left);
+    if (rc == 0)
+        rc = gang_comm_recv(x->c, x->buf, x->r->o->bytes, peer, tag, left);
+    if (rc != 0)
+        return rc;
+    memcpy(&idx, x->buf, sizeof idx);
+    if (idx != mb->index) {
+        x->what = "message of the wrong microbatch";
+        return GANG_EPROTO;
     }
     return 0;
+}
 
-out_proto:
-    *what = "result of the wrong microbatch";
-    rc = GANG_EPROTO;
-out:
-    return rc;
+/*
+ * Runs one batch of the schedule (gang_pipeline_run, M microbatches of one unit each) on
+ * stage x->rank within op_timeout_ms. Returns 0 or the first error; x->what names the
+ * failing step.
+ */
+static int bp_batch(bp_ctx *x)
+{
+    const gang_pipeline_ops ops = {.ctx = x,
+                                   .work = bp_cb_work,
+                                   .send_act = bp_cb_send,
+                                   .recv_act = bp_cb_recv,
+                                   .send_result = bp_cb_send,
+                                   .recv_result = bp_cb_recv};
+
+    x->what = "schedule";
+    return gang_pipeline_run(&ops, x->rank, x->r->pp, x->r->mb, x->r->mb,
+                             gang_pipeline_deadline(x->r->op_timeout_ms));
 }
 
 /*
@@ -296,11 +309,14 @@ static void *bp_stage_main(void *arg)
         goto out_fail;
     }
     for (int b = 0; b < r->o->warmup + r->o->iters; b++) {
+        bp_ctx x = {.r = r, .c = c, .rank = st->rank, .buf = buf};
         uint64_t t0 = gang_now_ns();
 
-        rc = bp_batch(r, c, st->rank, buf, &what);
-        if (rc != 0)
+        rc = bp_batch(&x);
+        if (rc != 0) {
+            what = x.what;
             goto out_fail;
+        }
         if (st->rank == 0 && b >= r->o->warmup)
             r->batch_ms[b - r->o->warmup] = (double)(gang_now_ns() - t0) / 1e6;
     }

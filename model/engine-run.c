@@ -2,28 +2,22 @@
  * The stages of one engine step: what every rank does with the plan once it has it.
  *
  * The plan's sequences are cut into K = min(microbatches, n_seq) microbatches of whole,
- * consecutive sequences (the pipeline's uneven rule, gang_pipeline_microbatch), and the
- * microbatches flow through the stages in the GPipe schedule of parallel/pipeline.c:
+ * consecutive sequences, and the microbatches flow through the stages in the one GPipe
+ * schedule of the project, gang_pipeline_run (parallel/pipeline.c, which gives the order
+ * and why it cannot deadlock). This file supplies its callbacks:
  *
- *   stage 0:       for k: F(k); if k >= P-1: [tp 0] RECV tokens k-P+1 from P-1 (tag K+k-P+1);
- *                         SEND act(k) to stage 1 (tag k)
- *                  then [tp 0] RECV the tokens not yet received (tags K + j)
- *   0 < s < P-1:   for k: RECV act(k) from s-1 (tag k); F(k); SEND act(k) to s+1 (tag k)
- *   stage P-1:     for k: RECV act(k) from P-2 (tag k); F(k); [tp 0] SEND tokens(k) to 0
- *
- * (act over pp; tokens over the world communicator, see below)
- *
- * so stage s works on microbatch k while stage s+1 works on k-1. F(k) is the stage's
- * work: stage 0 embeds the microbatch's token ids; every stage runs its layers with the
- * batched ragged forward (one GEMM per weight for all the microbatch's tokens, two TP
- * all-reduces per layer); the last stage takes the last token of every sequence that
- * samples, applies the final RMSNorm and this TP rank's vocabulary rows of the LM head,
- * all-gathers the logits over the TP group (each rank's part padded to ceil(vocab / tp)
- * so the counts are equal), and its TP rank 0 samples. Only TP rank 0 of the last stage
- * sends tokens, and only rank 0 (stage 0, TP rank 0) receives them; the other TP ranks
- * skip both ends, which keeps every message's two ends in agreement. The deadlock
- * argument of parallel/pipeline.c applies unchanged: the token message of microbatch k
- * takes the place of the result message there.
+ *   WORK(k)         stage 0 embeds the microbatch's token ids; every stage runs its
+ *                   layers with the batched ragged forward (one GEMM per weight for all the
+ *                   microbatch's tokens, two TP all-reduces per layer); the last stage
+ *                   takes the last token of every sequence that samples, applies the final
+ *                   RMSNorm and this TP rank's vocabulary rows of the LM head, all-gathers
+ *                   the logits over the TP group (each rank's part padded to
+ *                   ceil(vocab / tp) so the counts are equal), and its TP rank 0 samples.
+ *   SEND/RECV_ACT   the microbatch's activations over pp, to the same TP rank of the
+ *                   neighbouring stage.
+ *   SEND/RECV_RESULT the sampled tokens over world, from (stage P-1, TP rank 0) to
+ *                   global rank 0; the other TP ranks skip both ends, which keeps every
+ *                   message's two ends in agreement.
  *
  * Tags are reused from step to step. That is safe because rank 0 starts the next step's
  * broadcast only after it has received every token of this step, which the last stage
@@ -44,17 +38,6 @@
 #include <string.h>
 
 #include "engine-internal.h"
-
-/* The time left until deadline (>= 1), or GANG_ETIMEDOUT. */
-static int run_left(uint64_t deadline, uint64_t *left)
-{
-    uint64_t now = gang_now_ms();
-
-    if (now >= deadline)
-        return GANG_ETIMEDOUT;
-    *left = deadline - now;
-    return 0;
-}
 
 /* Token range [*t0, *t1) of the sequences [first, first + count) of the plan. */
 static void run_token_range(const gang_engine *e, uint32_t first, uint32_t count, uint32_t *t0,
@@ -135,7 +118,7 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
         rc = gang_kernels_copy_2d(k, e->head_pad, e->vpad * sizeof(float), e->head_out,
                                   vc * sizeof(float), vc * sizeof(float), ns);
         if (rc == 0)
-            rc = run_left(deadline, &left);
+            rc = gang_pipeline_left(deadline, &left);
         if (rc == 0)
             rc = gang_tp_stage_all_gather(k, tp, &e->stage, e->head_pad, e->gathered,
                                           (size_t)ns * e->vpad, GANG_DTYPE_F32, left);
@@ -196,7 +179,7 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
     for (l = 0; l < m->layer_count; l++) {
         for (i = 0; i < count; i++)
             e->cache_ptrs[i] = &e->caches[(size_t)l * e->slots + e->plan.seqs[first + i].slot];
-        rc = run_left(deadline, &left);
+        rc = gang_pipeline_left(deadline, &left);
         if (rc != 0)
             return rc;
         rc =
@@ -223,7 +206,7 @@ static int run_xfer_act(gang_engine *e, gang_kernels *k, int is_send, gang_comm 
 
     run_token_range(e, first, count, &t0, &t1);
     h = e->act + (size_t)t0 * hidden;
-    rc = run_left(deadline, &left);
+    rc = gang_pipeline_left(deadline, &left);
     if (rc != 0)
         return rc;
     if (is_send)
@@ -248,7 +231,7 @@ static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32
 
     rc = gang_topology_rank_at(&m->topo, m->topo.pp - 1, 0, &last_root);
     if (rc == 0)
-        rc = run_left(deadline, &left);
+        rc = gang_pipeline_left(deadline, &left);
     if (rc != 0)
         return rc;
     if (is_send)
@@ -258,75 +241,74 @@ static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32
                           tag, left);
 }
 
-/* Stage 0 of P >= 2 stages. */
-static int run_first_stage(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
-                           gang_comm *pp, uint32_t nmb, uint64_t deadline)
-{
-    uint32_t lag = e->m->topo.pp - 1, mb, first, count, j, jf, jc;
-    int is_root = e->m->place.tp_rank == 0, rc;
+/* What the schedule's callbacks need: the engine, its kernels and the step's comms. */
+typedef struct run_ctx {
+    gang_engine *e;
+    gang_kernels *k;
+    gang_comm *world, *tp, *pp;
+} run_ctx;
 
-    for (mb = 0; mb < nmb; mb++) {
-        rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
-        if (rc != 0)
-            return rc;
-        rc = run_stage(e, k, tp, first, count, deadline);
-        if (rc != 0)
-            return rc;
-        if (mb >= lag && is_root) {
-            j = mb - lag;
-            rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, j, &jf, &jc);
-            if (rc == 0)
-                rc = run_xfer_tokens(e, 0, world, jf, jc, nmb + j, deadline);
-            if (rc != 0)
-                return rc;
-        }
-        rc = run_xfer_act(e, k, 1, pp, first, count, 1, mb, deadline);
-        if (rc != 0)
-            return rc;
-    }
-    if (!is_root)
-        return 0;
-    for (j = nmb > lag ? nmb - lag : 0; j < nmb; j++) {
-        rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, j, &jf, &jc);
-        if (rc == 0)
-            rc = run_xfer_tokens(e, 0, world, jf, jc, nmb + j, deadline);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
+/* WORK(k): the stage's work on microbatch mb (run_stage). */
+static int run_cb_work(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline)
+{
+    run_ctx *c = ctx;
+
+    return run_stage(c->e, c->k, c->tp, mb->first, mb->count, deadline);
 }
 
-/* A stage s >= 1 of P >= 2 stages. */
-static int run_later_stage(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
-                           gang_comm *pp, uint32_t nmb, uint64_t deadline)
+/* SEND_ACT: mb's activations to stage peer over pp (pp rank == stage). */
+static int run_cb_send_act(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                           uint64_t deadline)
 {
-    uint32_t s = e->m->place.pp_stage, mb, first, count;
-    int rc;
+    run_ctx *c = ctx;
 
-    for (mb = 0; mb < nmb; mb++) {
-        rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
-        if (rc != 0)
-            return rc;
-        rc = run_xfer_act(e, k, 0, pp, first, count, s - 1, mb, deadline);
-        if (rc != 0)
-            return rc;
-        rc = run_stage(e, k, tp, first, count, deadline);
-        if (rc != 0)
-            return rc;
-        if (!e->is_last)
-            rc = run_xfer_act(e, k, 1, pp, first, count, s + 1, mb, deadline);
-        else if (e->m->place.tp_rank == 0)
-            rc = run_xfer_tokens(e, 1, world, first, count, nmb + mb, deadline);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
+    return run_xfer_act(c->e, c->k, 1, c->pp, mb->first, mb->count, peer, tag, deadline);
+}
+
+/* RECV_ACT: mb's activations from stage peer over pp. */
+static int run_cb_recv_act(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                           uint64_t deadline)
+{
+    run_ctx *c = ctx;
+
+    return run_xfer_act(c->e, c->k, 0, c->pp, mb->first, mb->count, peer, tag, deadline);
+}
+
+/* SEND_RESULT: mb's sampled tokens to global rank 0, by TP rank 0 only. */
+static int run_cb_send_result(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                              uint64_t deadline)
+{
+    run_ctx *c = ctx;
+
+    (void)peer;
+    if (c->e->m->place.tp_rank != 0)
+        return 0;
+    return run_xfer_tokens(c->e, 1, c->world, mb->first, mb->count, tag, deadline);
+}
+
+/* RECV_RESULT: mb's sampled tokens from the last stage's TP rank 0, by TP rank 0 only. */
+static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                              uint64_t deadline)
+{
+    run_ctx *c = ctx;
+
+    (void)peer;
+    if (c->e->m->place.tp_rank != 0)
+        return 0;
+    return run_xfer_tokens(c->e, 0, c->world, mb->first, mb->count, tag, deadline);
 }
 
 int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
                      gang_comm *pp, uint64_t deadline)
 {
-    uint32_t nmb = e->cfg.microbatches, mb, first, count;
+    run_ctx c = {.e = e, .k = k, .world = world, .tp = tp, .pp = pp};
+    const gang_pipeline_ops ops = {.ctx = &c,
+                                   .work = run_cb_work,
+                                   .send_act = run_cb_send_act,
+                                   .recv_act = run_cb_recv_act,
+                                   .send_result = run_cb_send_result,
+                                   .recv_result = run_cb_recv_result};
+    uint32_t nmb = e->cfg.microbatches;
     int rc;
 
     if (nmb > e->plan.n_seq)
@@ -339,19 +321,8 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         if (rc != 0)
             return rc;
     }
-    if (e->m->topo.pp == 1) {
-        for (mb = 0; mb < nmb; mb++) {
-            rc = gang_pipeline_microbatch(e->plan.n_seq, nmb, mb, &first, &count);
-            if (rc == 0)
-                rc = run_stage(e, k, tp, first, count, deadline);
-            if (rc != 0)
-                return rc;
-        }
-        return 0;
-    }
-    if (e->is_first)
-        return run_first_stage(e, k, world, tp, pp, nmb, deadline);
-    return run_later_stage(e, k, world, tp, pp, nmb, deadline);
+    return gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb,
+                             deadline);
 }
 
 const float *gang__engine_logits(const gang_engine *e, uint32_t i)

@@ -544,17 +544,16 @@ static int eng_check_comm(gang_comm *c, uint32_t size, uint32_t rank)
 static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline)
 {
     uint32_t body = 0;
-    uint64_t now;
+    uint64_t left;
     int rc;
 
     if (e->m->place.rank == 0)
         gang__plan_encode(e);
     if (world != NULL && gang_comm_size(world) > 1) {
-        now = gang_now_ms();
-        if (now >= deadline)
-            return GANG_ETIMEDOUT;
-        rc = gang_comm_broadcast(world, e->plan_buf, GANG__PLAN_HDR_WORDS, GANG_DTYPE_I32, 0,
-                                 deadline - now);
+        rc = gang_pipeline_left(deadline, &left);
+        if (rc != 0)
+            return rc;
+        rc = gang_comm_broadcast(world, e->plan_buf, GANG__PLAN_HDR_WORDS, GANG_DTYPE_I32, 0, left);
         if (rc != 0)
             return rc;
     }
@@ -562,11 +561,10 @@ static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline
     if (rc != 0)
         return rc;
     if (body > 0 && world != NULL && gang_comm_size(world) > 1) {
-        now = gang_now_ms();
-        if (now >= deadline)
-            return GANG_ETIMEDOUT;
-        rc = gang_comm_broadcast(world, e->plan_buf + GANG__PLAN_HDR_WORDS, body, GANG_DTYPE_I32, 0,
-                                 deadline - now);
+        rc = gang_pipeline_left(deadline, &left);
+        if (rc != 0)
+            return rc;
+        rc = gang_comm_broadcast(world, e->plan_buf + GANG__PLAN_HDR_WORDS, body, GANG_DTYPE_I32, 0, left);
         if (rc != 0)
             return rc;
     }
@@ -577,7 +575,7 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
                      gang_comm *pp, uint64_t timeout_ms)
 {
     const gang_model *m;
-    uint64_t now, deadline;
+    uint64_t deadline;
     int rc;
 
     if (e == NULL || k == NULL || timeout_ms == 0)
@@ -591,12 +589,11 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         eng_check_comm(tp, m->topo.tp, m->place.tp_rank) != 0 ||
         eng_check_comm(pp, m->topo.pp, m->place.pp_stage) != 0)
         return GANG_EINVAL;
-    /* The plan and the tokens are host data: they need a host world (tp and pp may be
-     * nccl on a device handle; gang_tp_stage_* decides per call). */
-    if (world != NULL && gang_comm_backend_of(world) == GANG_COMM_NCCL)
+    /* The plan and the tokens are host data: they need a world that takes host buffers
+     * (tp and pp may take device buffers; gang_tp_stage_* decides per call). */
+    if (world != NULL && (gang_comm_caps(world) & GANG_COMM_CAP_HOST_MEM) == 0)
         return GANG_EINVAL;
-    now = gang_now_ms();
-    deadline = timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
+    deadline = gang_pipeline_deadline(timeout_ms);
     e->plan_valid = 0;
     if (m->place.rank == 0)
         gang__sched_build(e);

@@ -62,7 +62,7 @@ static int stage_direct(gang_kernels *k, gang_comm *c, int *rc)
     *rc = 0;
     if (!gang_kernels_is_device(k))
         return 1;
-    if (gang_comm_backend_of(c) == GANG_COMM_NCCL) {
+    if (gang_comm_caps(c) & GANG_COMM_CAP_DEVICE_MEM) {
         *rc = gang_kernels_sync(k);
         return 1;
     }
@@ -562,51 +562,6 @@ out_free:
     return rc;
 }
 
-int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
-                          size_t tokens, size_t pos0, gang_tp_kv_cache *cache, uint64_t timeout_ms)
-{
-    size_t n;
-    float *normed = NULL, *delta;
-    int rc;
-
-    if (l == NULL || k == NULL || x == NULL || tokens == 0 || l->attn_norm == NULL ||
-        l->mlp_norm == NULL)
-        return GANG_EINVAL;
-    rc = tp_check_mem(l, k);
-    if (rc != 0)
-        return rc;
-    n = tokens * l->hidden;
-    rc = gang_kernels_alloc(k, 2 * n * sizeof(float), (void **)&normed);
-    if (rc != 0)
-        return rc;
-    delta = normed + n;
-
-    /*
-     * The norms and residual adds are replicated: every rank holds the full residual
-     * stream after each all-reduce, so they need no communication.
-     */
-    rc = gang_kernels_rmsnorm(k, x, l->attn_norm, l->norm_eps, tokens, l->hidden, normed);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_attention_forward(l, k, comm, normed, tokens, pos0, cache, delta, timeout_ms);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_kernels_add(k, x, delta, n);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_kernels_rmsnorm(k, x, l->mlp_norm, l->norm_eps, tokens, l->hidden, normed);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_mlp_forward(l, k, comm, normed, tokens, delta, timeout_ms);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_kernels_add(k, x, delta, n);
-
-out_free:
-    gang_kernels_free(k, normed);
-    return rc;
-}
-
 /* ---------------------------------------------------------------------------------
  * Batched ragged forward (serving)
  *
@@ -620,9 +575,10 @@ out_free:
  * attention itself, which reads that cache. RoPE takes a position per token, so the
  * positions array carries each sequence's own range.
  *
- * The numerics equal gang_tp_layer_forward on each sequence alone up to the GEMM
- * library's blocking (a row of a product does not depend on the other rows in exact
- * arithmetic); the tests check within 1e-5 relative.
+ * This is the only whole-layer forward: one sequence is a batch of one. The numerics of
+ * a sequence do not depend on the others in the batch up to the GEMM library's blocking
+ * (a row of a product does not depend on the other rows in exact arithmetic); the tests
+ * check within 1e-5 relative.
  * --------------------------------------------------------------------------------- */
 
 void gang_tp_scratch_free(gang_tp_scratch *s)

@@ -315,7 +315,7 @@ typedef struct gang_tp_layer {
  * when present, are cut like the rows of their projections (each is independent: a NULL
  * one stays NULL in the shard). rope_theta must be > 0 and norm_eps >= 0. On success
  * the caller releases l with gang_tp_layer_free. The norm weights may be NULL when only
- * the attention and MLP blocks are used (then gang_tp_layer_forward refuses with
+ * the attention and MLP blocks are used (then gang_tp_layer_forward_batch refuses with
  * GANG_EINVAL). Returns 0, GANG_EINVAL (NULL argument, tp_rank out of range, bad theta
  * or eps) or GANG_ENOMEM; on error *l is left zeroed and owns nothing.
  */
@@ -406,16 +406,6 @@ int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm
                               gang_tp_kv_cache *cache, float *out, uint64_t timeout_ms);
 
 /*
- * One whole decoder layer, in place on the residual stream x [tokens, hidden]:
- *   x = x + attention(rmsnorm(x, attn_norm));  x = x + mlp(rmsnorm(x, mlp_norm))
- * with the arguments and errors of the two blocks (two all-reduces). Needs the norm
- * weights (GANG_EINVAL otherwise). On error x is garbage.
- */
-int gang_tp_layer_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                          float *x, size_t tokens, size_t pos0, gang_tp_kv_cache *cache,
-                          uint64_t timeout_ms);
-
-/*
  * Caller-provided scratch of the batched forward below, sized once for a layer shape
  * and a token bound, so that a serving step loop allocates nothing. One per driving
  * thread; every layer of a stage has the same shard shape, so one serves them all.
@@ -466,10 +456,13 @@ void gang_tp_scratch_free(gang_tp_scratch *s);
  * concatenated in the residual stream x [sum of seq_tokens, hidden], sequence i holding
  * seq_tokens[i] >= 1 tokens at absolute positions seq_pos0[i] .. seq_pos0[i] +
  * seq_tokens[i] - 1 and its own cache caches[i] (distinct sequences must have distinct
- * caches). Same numerics as gang_tp_layer_forward on each sequence alone, but the norms,
- * the q/k/v, o_proj, gate/up and down GEMMs run once on all the tokens, RoPE takes
- * per-token positions, and only the cache writes and the attention run per sequence:
- * two all-reduces per call, whatever n_seq. In place on x; scratch s must have been
+ * caches). The one whole-layer forward, serving and single sequence alike (n_seq = 1):
+ * per sequence, in place on the residual stream,
+ *   x = x + attention(rmsnorm(x, attn_norm));  x = x + mlp(rmsnorm(x, mlp_norm))
+ * with the numerics of each sequence independent of the others, but the norms, the
+ * q/k/v, o_proj, gate/up and down GEMMs run once on all the tokens, RoPE takes per-token
+ * positions, and only the cache writes and the attention run per sequence: two
+ * all-reduces per call, whatever n_seq. In place on x; scratch s must have been
  * sized for this layer's shape and at least the total token count. Returns 0;
  * GANG_EINVAL (NULL pointer, n_seq 0, an empty sequence, a sequence beyond its cache,
  * too many tokens for s, a scratch or communicator that does not match the layer, no
@@ -486,105 +479,84 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
 /* =================================================================================
  * Pipeline (parallel/pipeline.c)
  *
- * A rank of pipeline stage s holds, as gang_tp_layer shards of its tp_rank, the layers
- * gang_topology_stage_layers(s) gives it (uneven splits: the first n_layers % pp stages
- * hold one more layer). gang_pipeline_forward() runs a batch of B sequences of T tokens
- * of hidden states through all the layers of the gang: stage 0 holds the input, cuts it
- * into K microbatches of whole, consecutive sequences, and the microbatches flow through
- * the stages in a GPipe-style schedule (described in pipeline.c): stage s works on
- * microbatch k while stage s + 1 works on k - 1. Activations go point-to-point to the
- * rank of the same tp_rank in the next stage, tagged with the microbatch index k; after
- * the row-parallel all-reduce every TP rank of a stage holds the full activations, so
- * each one sends its own copy and no stage gathers. The last stage sends every result
- * back to stage 0 with tag K + k, so every TP rank of stage 0 ends with the full output.
+ * The one GPipe microbatch schedule of the project, model-agnostic. A batch of B units
+ * (sequences for the engine) is cut into K microbatches of whole, consecutive units, and
+ * the microbatches flow through the P stages: stage s works on microbatch k while stage
+ * s + 1 works on k - 1. What a stage does is the caller's, through gang_pipeline_ops:
+ * WORK runs the stage's share (its layers; embedding on stage 0, the head on the last),
+ * SEND_ACT / RECV_ACT move a microbatch's activations to / from the neighbouring stage
+ * (tag k for microbatch k), SEND_RESULT / RECV_RESULT move its result from the last stage
+ * back to stage 0 (tag K + k). pipeline.c gives the exact order and why it cannot
+ * deadlock even on a rendezvous backend. The model's engine serves with it
+ * (model/engine-run.c) and `ganglion bench pipeline` measures it with synthetic work.
  *
  * Uneven microbatches: K need not divide B (1 <= K <= B). Like the layer split, every
- * microbatch gets B / K sequences and the FIRST B % K microbatches get one more, so
- * microbatch k starts at sequence k x (B / K) + min(k, B % K). Every rank derives the
- * same sizes from (B, T, K), so a message's size is never sent.
+ * microbatch gets B / K units and the FIRST B % K microbatches get one more, so
+ * microbatch k starts at unit k x (B / K) + min(k, B % K). Every rank derives the same
+ * sizes from (B, K), so a message's size is never sent.
  *
- * KV cache: a pipeline owns one gang_tp_kv_cache per (layer of its stage, sequence slot
- * of the batch), holding only its kv-head shard, with room for max_tokens positions.
- * For now the forward pass is a prefill: every call runs positions 0 .. T - 1 (pos0 = 0)
- * and overwrites the cache rows 0 .. T - 1 of slots 0 .. B - 1; decode steps at pos0 > 0
- * will reuse the same caches.
+ * Deadlines are absolute gang_now_ms() times: the schedule checks it before every
+ * callback (GANG_ETIMEDOUT once passed) and hands it on, so a callback with several
+ * operations shares out what is left (gang_pipeline_left).
  *
- * Communicators are arguments of each call, not part of the pipeline, because they live
- * for one generation while the weights stay loaded: after an abort the caller frees the
- * old communicators, joins the next generation and calls gang_pipeline_forward again on
- * the same pipeline with the new ones.
- *
- * Threads: one thread drives a pipeline (it owns the caches and the scratch buffer);
- * different pipelines may run in different threads of one process.
+ * Threads: gang_pipeline_run keeps no state; one thread drives each rank's call.
  * ================================================================================= */
 
-/* Opaque handle on one rank's share of the pipeline: its layers, caches and scratch. */
-typedef struct gang_pipeline gang_pipeline;
-
-/* What gang_pipeline_init needs. Nothing here is kept after init returns. */
-typedef struct gang_pipeline_config {
-    const gang_topology *topo;        /* validated layout (gang_topology_init) */
-    uint32_t rank;                    /* this rank's global rank, < topo->world_size */
-    const gang_layer_weights *layers; /* [topo->n_layers] full weights; only the stage's read */
-    float rope_theta;                 /* RoPE base, > 0 */
-    float norm_eps;                   /* RMSNorm epsilon, >= 0 */
-    uint32_t max_batch;               /* largest B a forward call may pass, >= 1 */
-    uint32_t max_tokens;              /* largest T (the KV cache capacity), >= 1 */
-} gang_pipeline_config;
+/* One microbatch, as the callbacks see it. */
+typedef struct gang_pipeline_mb {
+    uint32_t index; /* k, in [0, K) */
+    uint32_t first; /* its units are [first, first + count) of the batch */
+    uint32_t count; /* >= 1 */
+} gang_pipeline_mb;
 
 /*
- * Cuts this rank's shards of its stage's layers out of cfg->layers and allocates the KV
- * caches (max_batch slots per layer, max_tokens positions each) and, on stages other
- * than 0, one microbatch of activations (max_batch x max_tokens x hidden floats). The
- * weights are copied: the caller may release cfg->layers afterwards. Returns 0 and *out,
- * which the caller releases with gang_pipeline_free; GANG_EINVAL for a NULL pointer, a
- * rank outside the topology, a zero max_batch or max_tokens, a product that overflows
- * size_t, or bad weights, theta or eps (as gang_tp_layer_init); GANG_ENOMEM. *out is
- * NULL on error.
+ * A stage's callbacks. Each returns 0 or a negative GANG_E* code, which stops the
+ * schedule and is returned as is. peer is a pipeline stage index (the caller maps it to
+ * a rank of its communicator), tag the message's tag. A callback may skip a transfer
+ * (return 0 without moving anything) only if the other end skips it too. send_* and
+ * recv_* may be NULL when there is one stage.
  */
-int gang_pipeline_init(const gang_pipeline_config *cfg, gang_pipeline **out);
-
-/* Releases a pipeline from gang_pipeline_init; NULL is ignored. */
-void gang_pipeline_free(gang_pipeline *p);
-
-/* This rank's place in the gang (stage, tp rank, neighbours), as computed at init. */
-const gang_rank_place *gang_pipeline_place(const gang_pipeline *p);
+typedef struct gang_pipeline_ops {
+    void *ctx; /* passed back to every callback */
+    int (*work)(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline);
+    int (*send_act)(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                    uint64_t deadline);
+    int (*recv_act)(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                    uint64_t deadline);
+    int (*send_result)(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                       uint64_t deadline);
+    int (*recv_result)(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
+                       uint64_t deadline);
+} gang_pipeline_ops;
 
 /*
- * One pipelined forward pass (prefill, pos0 = 0) of `batch` sequences of `tokens` tokens
- * through every layer of the gang, in `microbatches` microbatches. A collective call:
- * every rank of the gang calls it with the same batch, tokens and microbatches.
- *
- *  x          stage 0: [batch x tokens, hidden] f32, sequence-major; the input hidden
- *             states on entry and the output of the last layer on return (every TP rank
- *             of stage 0 passes the same input and gets the same output). Other stages:
- *             ignored, may be NULL. On error the contents are unspecified.
- *  tp_comm    the TP communicator of this rank's stage (gang_comm_split with color =
- *             pp stage, key = tp rank): size tp, rank tp_rank. May be NULL when tp == 1.
- *  pp_comm    the pipeline communicator of this rank's tp_rank (color = tp rank, key =
- *             pp stage): size pp, rank pp_stage. May be NULL when pp == 1.
- *  k          this thread's kernels handle.
- *  timeout_ms the deadline of the whole call (> 0), shared out among its operations.
- *
- * Returns 0; GANG_EINVAL (NULL pipeline or kernels, x NULL on stage 0, zero sizes,
- * batch > max_batch, tokens > max_tokens, microbatches outside [1, batch], a missing
- * communicator or one whose size or rank does not match the topology); GANG_ETIMEDOUT
- * when the deadline passes; a kernel error; or the communicators' errors as they are
- * (GANG_EABORTED after gang_comm_abort from another thread, GANG_EPEER, GANG_ETIMEDOUT,
- * GANG_EPROTO). After a communicator error both communicators must be treated as
- * unusable (comm.h); the pipeline itself stays usable with new ones.
+ * Runs one batch of `batch` units in `microbatches` microbatches on pipeline stage
+ * `stage` of `stages`, calling ops in the schedule's order (pipeline.c). A collective
+ * call: every rank of the gang calls it with the same batch, microbatches and stages.
+ * batch == microbatches == 0 is an empty step (returns 0, calls nothing). Returns 0;
+ * GANG_EINVAL (NULL ops or work, stage >= stages, stages 0, a missing transfer callback
+ * with stages > 1, microbatches outside [1, batch] or above UINT32_MAX / 2);
+ * GANG_ETIMEDOUT once deadline has passed before a callback; or the first callback error.
  */
-int gang_pipeline_forward(gang_pipeline *p, gang_kernels *k, gang_comm *tp_comm, gang_comm *pp_comm,
-                          float *x, uint32_t batch, uint32_t tokens, uint32_t microbatches,
-                          uint64_t timeout_ms);
+int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t stages,
+                      uint32_t batch, uint32_t microbatches, uint64_t deadline);
 
 /*
- * The first sequence and the sequence count of microbatch mb when `batch` sequences are
- * cut into `microbatches` (the uneven rule above). Returns 0, or GANG_EINVAL when
- * microbatches is 0 or above batch, mb >= microbatches, or a pointer is NULL.
+ * The first unit and the unit count of microbatch mb when `batch` units are cut into
+ * `microbatches` (the uneven rule above). Returns 0, or GANG_EINVAL when microbatches is
+ * 0 or above batch, mb >= microbatches, or a pointer is NULL.
  */
 int gang_pipeline_microbatch(uint32_t batch, uint32_t microbatches, uint32_t mb, uint32_t *first,
                              uint32_t *count);
+
+/* The absolute deadline timeout_ms from now (gang_now_ms), saturating instead of wrapping. */
+uint64_t gang_pipeline_deadline(uint64_t timeout_ms);
+
+/*
+ * The time left until deadline, for the next operation: 0 and *left >= 1, GANG_ETIMEDOUT
+ * once it has passed (communicator calls reject a zero timeout), GANG_EINVAL for NULL.
+ */
+int gang_pipeline_left(uint64_t deadline, uint64_t *left);
 
 /* ====================================== end of pipeline ================================== */
 

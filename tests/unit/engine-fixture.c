@@ -704,3 +704,75 @@ void expected_outputs(const full_model *fm, const script *sc, script_out *exp)
     for (i = 0; i < sc->n_reqs; i++)
         ref_sampled(fm, &sc->reqs[i], &exp[i]);
 }
+
+/* ---------------------------------------------------------------------------------
+ * The serving path across layouts
+ * --------------------------------------------------------------------------------- */
+void make_logits_script(script *one)
+{
+    uint32_t i;
+
+    memset(one, 0, sizeof(*one));
+    for (i = 0; i < 3; i++)
+        add_req(one, 900 + i, 0, 2, 1, greedy);
+    one->steps = 1;
+}
+
+void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm,
+                       const script *one, const char *what)
+{
+    double ref[VOCAB];
+    const float *got, *want;
+    uint32_t i;
+
+    for (i = 0; i < one->n_reqs; i++) {
+        got = gang__engine_logits(e, i);
+        want = gang__engine_logits(ref_e, i);
+        if (got == NULL || want == NULL)
+            fail_msg("%s: no logits for sequence %u", what, i);
+        if (!(rel_err_ff(got, want, VOCAB) <= REL_TOL))
+            fail_msg("%s: sequence %u: logits differ from the single rank's by %g", what, i,
+                     rel_err_ff(got, want, VOCAB));
+        ref_logits(fm, one->reqs[i].prompt, one->reqs[i].n_prompt, ref);
+        if (!(rel_err_fd(got, ref, VOCAB) <= REL_TOL))
+            fail_msg("%s: sequence %u: logits differ from the reference by %g", what, i,
+                     rel_err_fd(got, ref, VOCAB));
+    }
+}
+
+void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
+                  uint32_t pp, uint32_t microbatches)
+{
+    static rank_ctx xs[MAX_RANKS];
+    static script one;
+    gang_engine_config cfg = engine_config(microbatches);
+    uint32_t r, last_root = (pp - 1) * tp;
+    char what[64];
+    layout lo, l1;
+
+    snprintf(what, sizeof(what), "tp=%u pp=%u microbatches=%u", tp, pp, microbatches);
+    layout_init(&lo, fm, tp, pp, &cfg);
+    for (r = 0; r < lo.n; r++)
+        assert_int_equal(gang_engine_slots(lo.engines[r]), 3);
+    run_gang(tp, pp, lo.engines, sc, script_body, NULL, xs);
+    for (r = 0; r < lo.n; r++)
+        if (xs[r].body_rc != 0)
+            fail_msg("%s: rank %u: %s", what, r, gang_err_name(xs[r].body_rc));
+    check_script(sc, exp, what);
+
+    /* One step of three sequences: the last stage's logits equal the single rank's. */
+    make_logits_script(&one);
+    run_gang(tp, pp, lo.engines, &one, script_body, NULL, xs);
+    for (r = 0; r < lo.n; r++)
+        if (xs[r].body_rc != 0)
+            fail_msg("%s, logits step: rank %u: %s", what, r, gang_err_name(xs[r].body_rc));
+    layout_init(&l1, fm, 1, 1, &cfg);
+    make_logits_script(&one);
+    script_run_local(l1.engines[0], &one);
+    check_step_logits(lo.engines[last_root], l1.engines[0], fm, &one, what);
+    for (r = 0; r < lo.n; r++)
+        if (r != last_root && gang__engine_logits(lo.engines[r], 0) != NULL)
+            fail_msg("%s: rank %u holds logits", what, r);
+    layout_free(&l1);
+    layout_free(&lo);
+}

@@ -18,7 +18,7 @@
 #include "ganglion/model.h"
 #include "ganglion/parallel.h"
 
-#define MAX_RANKS 4
+#define MAX_RANKS 12 /* tp 4 x pp 3 */
 #define HOST "127.0.0.1"
 #define STEP_TIMEOUT_MS 20000
 
@@ -183,5 +183,24 @@ void layout_init(layout *lo, const full_model *fm, uint32_t tp, uint32_t pp,
 void layout_init_on(layout *lo, const full_model *fm, uint32_t tp, uint32_t pp,
                     const gang_engine_config *cfg, const char *device);
 void layout_free(layout *lo);
+
+/* ---- the serving path across layouts (the pipeline schedule and the TP layers) ---- */
+
+/* One step of three 2-token greedy prompts (ids 900..902): three sequences that sample. */
+void make_logits_script(script *one);
+/*
+ * Fails unless the logits engine e holds for each of the n_seq sequences of its last
+ * step equal those of ref_e (a 1 x 1 engine that ran the same script) within REL_TOL,
+ * and the naive reference's of the matching request of one. what names the layout.
+ */
+void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm,
+                       const script *one, const char *what);
+/*
+ * The serving path of a tp x pp gang with `microbatches`: the script sc gives exactly
+ * exp, and the one-step logits script gives, on the last stage's TP rank 0, the logits
+ * of a single rank (and no other rank holds any).
+ */
+void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
+                  uint32_t pp, uint32_t microbatches);
 
 #endif /* GANG_TEST_ENGINE_FIXTURE_H */

@@ -39,7 +39,7 @@
 /*
  * Two steps of three ragged sequences (a prefill of 4, 2 and 3 tokens, then a decode, a
  * chunk of 3 and a decode) through gang_tp_layer_forward_batch equal the same sequences
- * through gang_tp_layer_forward one by one, outputs and cache rows, with and without
+ * through it one by one (batches of one), outputs and cache rows, with and without
  * biases; invalid batches are refused.
  */
 static void test_layer_batch(void **state)
@@ -77,8 +77,12 @@ static void test_layer_batch(void **state)
             fill(x, MAXT * HIDDEN, 1.0f, 0.0f);
             memcpy(xb, x, sizeof(x));
             for (i = 0, off = 0; i < 3; i++) {
-                assert_int_equal(gang_tp_layer_forward(&l, k, NULL, x + off * HIDDEN, lens[step][i],
-                                                       poss[step][i], &ca[i], STEP_TIMEOUT_MS),
+                gang_tp_kv_cache *one[1] = {&ca[i]};
+
+                /* A lone sequence is a batch of one (it writes straight into its cache). */
+                assert_int_equal(gang_tp_layer_forward_batch(&l, k, NULL, x + off * HIDDEN, 1,
+                                                             &lens[step][i], &poss[step][i], one,
+                                                             &s, STEP_TIMEOUT_MS),
                                  0);
                 off += lens[step][i];
             }
@@ -254,28 +258,6 @@ static void test_decode_equals_prefix(void **state)
 /* ---------------------------------------------------------------------------------
  * Tests: layouts, continuous batching, sampling
  * --------------------------------------------------------------------------------- */
-
-/* Runs the script on a tp x pp gang with `microbatches` and checks it against exp. */
-static void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
-                         uint32_t pp, uint32_t microbatches)
-{
-    static rank_ctx xs[MAX_RANKS];
-    gang_engine_config cfg = engine_config(microbatches);
-    char what[64];
-    layout lo;
-    uint32_t r;
-
-    snprintf(what, sizeof(what), "tp=%u pp=%u microbatches=%u", tp, pp, microbatches);
-    layout_init(&lo, fm, tp, pp, &cfg);
-    for (r = 0; r < lo.n; r++)
-        assert_int_equal(gang_engine_slots(lo.engines[r]), 3);
-    run_gang(tp, pp, lo.engines, sc, script_body, NULL, xs);
-    for (r = 0; r < lo.n; r++)
-        if (xs[r].body_rc != 0)
-            fail_msg("%s: rank %u: %s", what, r, gang_err_name(xs[r].body_rc));
-    check_script(sc, exp, what);
-    layout_free(&lo);
-}
 
 /*
  * (c) + (d) The script's tokens for TP x PP in {1x1, 2x1, 1x2, 2x2}, 1 and 2

@@ -148,6 +148,26 @@ static int topology_for(uint32_t tp, uint32_t n_kv_heads, gang_topology *t)
 }
 
 /*
+ * One sequence through the whole layer: the batched forward with a batch of one (the
+ * project's only layer forward), on a scratch sized for the call.
+ */
+static int layer_forward_one(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
+                             uint32_t tokens, uint32_t pos0, gang_tp_kv_cache *cache,
+                             uint64_t timeout_ms)
+{
+    gang_tp_kv_cache *caches[1] = {cache};
+    gang_tp_scratch s;
+    int rc;
+
+    rc = gang_tp_scratch_init(&s, l, tokens);
+    if (rc != 0)
+        return rc;
+    rc = gang_tp_layer_forward_batch(l, k, comm, x, 1, &tokens, &pos0, caches, &s, timeout_ms);
+    gang_tp_scratch_free(&s);
+    return rc;
+}
+
+/*
  * Runs every block of one rank: the MLP on x, the attention block over a prefill and
  * the decode steps (its own cache), and the whole layer likewise (a second cache, since
  * the layer feeds the attention a normed input). Returns 0 or the first error.
@@ -189,7 +209,7 @@ static int rank_forward(const model *m, uint32_t tp, uint32_t tp_rank, gang_comm
     if (rc != 0)
         goto out;
     memcpy(o->layer, m->x, sizeof(o->layer));
-    rc = gang_tp_layer_forward(&l, k, comm, o->layer, PREFILL, 0, &cl, OP_TIMEOUT_MS);
+    rc = layer_forward_one(&l, k, comm, o->layer, PREFILL, 0, &cl, OP_TIMEOUT_MS);
     if (rc != 0)
         goto out;
     for (d = 0; d < DECODES; d++) {
@@ -198,8 +218,7 @@ static int rank_forward(const model *m, uint32_t tp, uint32_t tp_rank, gang_comm
         if (rc != 0)
             goto out;
         memcpy(o->layer_dec[d], m->x_dec[d], sizeof(o->layer_dec[d]));
-        rc =
-            gang_tp_layer_forward(&l, k, comm, o->layer_dec[d], 1, PREFILL + d, &cl, OP_TIMEOUT_MS);
+        rc = layer_forward_one(&l, k, comm, o->layer_dec[d], 1, PREFILL + d, &cl, OP_TIMEOUT_MS);
         if (rc != 0)
             goto out;
     }
@@ -532,7 +551,7 @@ static int abort_body(rank_ctx *x, gang_comm *c)
         goto out_layer;
     }
     memcpy(h, m->x, sizeof(h));
-    rc = gang_tp_layer_forward(&l, k, c, h, PREFILL, 0, &cache, 30000);
+    rc = layer_forward_one(&l, k, c, h, PREFILL, 0, &cache, 30000);
     x->elapsed_ms = gang_now_ms() - atomic_load(&abort_at_ms);
     while (!atomic_load(&release_idle))
         gang_sleep_ms(5);

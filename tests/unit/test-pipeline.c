@@ -1,204 +1,220 @@
 /*
- * Tests of the pipeline (parallel/pipeline.c): a random stack of small Llama layers and a
- * random batch of 8 sequences x 3 tokens. The reference is the same layers applied one
- * after the other on one rank (tp = 1, no communicator). For TP in {1, 2, 4}, PP in
- * {1, 2, 3} and microbatches in {1, 2, 3, 4, 8} (3 is the uneven rule), with the ranks as
- * threads over the socket backend on 127.0.0.1, every TP rank of stage 0 gets the
- * reference output within 1e-4 relative error; also with 7 layers over 2 and 3 stages
- * (uneven layer split). A gang abort in the middle of a pipelined step makes every rank
- * return GANG_EABORTED within 1 s, and the next generation's communicators, on the same
- * pipelines, compute the reference again.
+ * Tests of the one pipeline schedule (parallel/pipeline.c, gang_pipeline_run) and of the
+ * serving path built on it (model/engine-run.c's callbacks around the batched TP layers).
+ *
+ * The schedule alone, with recording callbacks: the exact order of every stage's
+ * operations, that every send meets a recv of the same microbatch, peer and tag, and
+ * that the whole gang completes under RENDEZVOUS semantics (a send finishes only when
+ * its receiver is at the matching recv: NCCL, MPI) for P in 1..4 and K in 1..9; the
+ * uneven microbatch rule; argument checks; the deadline (checked before every callback)
+ * and a callback's error stopping the run.
+ *
+ * The serving path: the engine of model/ on a random Llama model (tests/unit/
+ * engine-fixture.c) over the socket backend, ranks as threads, for TP in {1, 2, 4} x PP
+ * in {1, 2, 3} x microbatches in {1, 2, 3}: the tokens of a script of eight concurrent
+ * requests (greedy and seeded sampling, chunked prefill) equal the naive reference's,
+ * and the last stage's logits of a three-sequence step equal the single rank's within
+ * 1e-4. An abort in the middle of a 2 x 3 step makes every rank return GANG_EABORTED
+ * within 1 s; the next generation refuses communicators of the wrong sizes and then
+ * serves the reference tokens again.
  */
-#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
-#include "test-util.h"
-#include "ganglion/comm.h"
-#include "ganglion/kernels.h"
-#include "ganglion/parallel.h"
-#include "stack-fixture.h"
-
-#define MAX_RANKS 12
-#define OP_TIMEOUT_MS 20000
-
-static const uint32_t mb_counts[] = {1, 2, 3, 4, 8};
-#define N_MB (sizeof(mb_counts) / sizeof(mb_counts[0]))
+#include "engine-fixture.h"
+#include "engine-internal.h"
 
 /* ---------------------------------------------------------------------------------
- * A gang of threads over the socket backend, with TP and PP sub-communicators.
+ * Recording callbacks
  * --------------------------------------------------------------------------------- */
-typedef struct rank_ctx rank_ctx;
-typedef int (*rank_body)(rank_ctx *x, gang_comm *tp, gang_comm *pp);
-typedef void (*gang_controller)(rank_ctx *xs, uint32_t n);
+#define MAX_STAGES 4
+#define MAX_OPS 64
 
-typedef struct gang_run {
-    tu_gang g;  /* the threads, their communicators and barrier (test-util.h) */
-    uint32_t n, tp, pp;
-    rank_body body;
-    stack_model *m;
-} gang_run;
+enum { OP_WORK, OP_SEND_ACT, OP_RECV_ACT, OP_SEND_RESULT, OP_RECV_RESULT };
 
-struct rank_ctx {
-    gang_run *run;
-    uint32_t rank;
-    gang_comm_listener *listener; /* rank 0 only */
-    gang_comm *_Atomic comms[3];  /* world, tp, pp; published for the controller */
-    gang_pipeline *pipe;          /* this rank's pipeline, made by main */
-    int init_rc, body_rc;
-    uint64_t done_ms;     /* when the body returned */
-    float out[N_MB][ACT]; /* stage 0: the output for each microbatch count */
-};
+typedef struct rec_op {
+    int op;
+    uint32_t index, first, count, peer, tag;
+} rec_op;
 
-static void *rank_main(void *arg)
+typedef struct rec_stage {
+    rec_op ops[MAX_OPS];
+    uint32_t n;
+    char text[1024];   /* the same, as "W0 SA0>1#0 ..." */
+    uint32_t fail_at;  /* the op number that returns fail_rc (UINT32_MAX: none) */
+    int fail_rc;
+    uint32_t sleep_ms; /* every WORK sleeps this long */
+} rec_stage;
+
+static int rec(void *ctx, int op, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag)
 {
-    rank_ctx *x = arg;
+    static const char *names[] = {"W", "SA", "RA", "SR", "RR"};
+    rec_stage *s = ctx;
+    size_t len = strlen(s->text);
 
-    x->init_rc = tu_gang_rank_enter(&x->run->g, x->rank, x->listener, x->comms);
-    if (x->init_rc == 0)
-        x->body_rc = x->run->body(x, atomic_load(&x->comms[1]), atomic_load(&x->comms[2]));
-    x->done_ms = gang_now_ms();
-    tu_gang_rank_leave(&x->run->g, x->comms);
-    return NULL;
+    if (s->n >= MAX_OPS)
+        return GANG_EINTERNAL;
+    s->ops[s->n] = (rec_op){op, mb->index, mb->first, mb->count, peer, tag};
+    if (op == OP_WORK)
+        snprintf(s->text + len, sizeof(s->text) - len, "W%u ", mb->index);
+    else
+        snprintf(s->text + len, sizeof(s->text) - len, "%s%u%s%u#%u ", names[op], mb->index,
+                 op == OP_SEND_ACT || op == OP_SEND_RESULT ? ">" : "<", peer, tag);
+    if (op == OP_WORK && s->sleep_ms > 0)
+        gang_sleep_ms(s->sleep_ms);
+    return s->n++ == s->fail_at ? s->fail_rc : 0;
+}
+
+static int rec_work(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline)
+{
+    (void)deadline;
+    return rec(ctx, OP_WORK, mb, 0, 0);
+}
+
+#define REC_XFER(name, op)                                                                         \
+    static int name(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,           \
+                    uint64_t deadline)                                                             \
+    {                                                                                              \
+        (void)deadline;                                                                            \
+        return rec(ctx, op, mb, peer, tag);                                                        \
+    }
+REC_XFER(rec_send_act, OP_SEND_ACT)
+REC_XFER(rec_recv_act, OP_RECV_ACT)
+REC_XFER(rec_send_result, OP_SEND_RESULT)
+REC_XFER(rec_recv_result, OP_RECV_RESULT)
+
+static gang_pipeline_ops rec_ops(rec_stage *s)
+{
+    return (gang_pipeline_ops){.ctx = s,
+                               .work = rec_work,
+                               .send_act = rec_send_act,
+                               .recv_act = rec_recv_act,
+                               .send_result = rec_send_result,
+                               .recv_result = rec_recv_result};
+}
+
+/* Runs every stage of a P-stage, K-microbatch schedule over `batch` units into st[]. */
+static void record(rec_stage *st, uint32_t p, uint32_t batch, uint32_t k)
+{
+    uint32_t s;
+
+    for (s = 0; s < p; s++) {
+        gang_pipeline_ops ops = rec_ops(&st[s]);
+
+        memset(&st[s], 0, sizeof(st[s]));
+        st[s].fail_at = UINT32_MAX;
+        assert_int_equal(gang_pipeline_run(&ops, s, p, batch, k, gang_pipeline_deadline(10000)),
+                         0);
+    }
+}
+
+static int is_send(int op)
+{
+    return op == OP_SEND_ACT || op == OP_SEND_RESULT;
 }
 
 /*
- * Runs body on tp x pp ranks with the pipelines pipes[] (made by the caller, so that they
- * outlive a generation); controller (may be NULL) runs on the main thread meanwhile.
+ * Replays the recorded stages under rendezvous semantics: a WORK completes alone, a send
+ * only together with its receiver's matching recv (same microbatch, sizes and tag, the
+ * right peers, activation to activation and result to result). Fails on a mismatch or
+ * when no stage can move while some have operations left (a deadlock).
  */
-static void run_gang(uint32_t tp, uint32_t pp, stack_model *m, gang_pipeline **pipes, rank_body body,
-                     gang_controller controller, rank_ctx *xs)
+static void replay_rendezvous(const rec_stage *st, uint32_t p, uint32_t k)
 {
-    static gang_run run;
-    pthread_t th[MAX_RANKS];
-    uint32_t r, n = tp * pp;
+    uint32_t pc[MAX_STAGES] = {0}, s, left, moved;
 
-    memset(&run, 0, sizeof(run));
-    memset(xs, 0, sizeof(*xs) * n);
-    run.n = n;
-    run.tp = tp;
-    run.pp = pp;
-    run.body = body;
-    run.m = m;
-    for (r = 0; r < n; r++) {
-        xs[r].run = &run;
-        xs[r].rank = r;
-        xs[r].pipe = pipes[r];
-    }
-    tu_gang_start(&run.g, n, tp, controller != NULL, &xs[0].listener, rank_main, xs,
-                  sizeof(xs[0]), th);
-    if (controller != NULL)
-        controller(xs, n);
-    tu_gang_finish(&run.g, th);
-    for (r = 0; r < n; r++)
-        if (xs[r].init_rc != 0)
-            fail_msg("rank %u: comm init %s", r, gang_err_name(xs[r].init_rc));
+    do {
+        moved = 0;
+        left = 0;
+        for (s = 0; s < p; s++) {
+            const rec_op *a, *b;
+
+            if (pc[s] >= st[s].n)
+                continue;
+            left++;
+            a = &st[s].ops[pc[s]];
+            if (a->op == OP_WORK) {
+                pc[s]++;
+                moved = 1;
+                continue;
+            }
+            if (!is_send(a->op) || pc[a->peer] >= st[a->peer].n)
+                continue;
+            b = &st[a->peer].ops[pc[a->peer]];
+            if (b->op != a->op + 1 || b->peer != s)
+                continue; /* the receiver is elsewhere: wait */
+            if (b->index != a->index || b->first != a->first || b->count != a->count ||
+                b->tag != a->tag)
+                fail_msg("P=%u K=%u: stage %u sends mb %u tag %u, stage %u receives mb %u tag %u",
+                         p, k, s, a->index, a->tag, a->peer, b->index, b->tag);
+            pc[s]++;
+            pc[a->peer]++;
+            moved = 1;
+        }
+    } while (moved);
+    if (left != 0)
+        fail_msg("P=%u K=%u: the schedule deadlocks under rendezvous", p, k);
 }
 
-static void make_pipes(uint32_t tp, uint32_t pp, const stack_model *m, gang_pipeline **pipes)
-{
-    gang_topology t;
-    gang_pipeline_config cfg;
-    uint32_t r;
+/* ---------------------------------------------------------------------------------
+ * Tests: the schedule
+ * --------------------------------------------------------------------------------- */
 
-    assert_int_equal(stack_topology(tp, pp, m->n_layers, &t), 0);
-    for (r = 0; r < tp * pp; r++) {
-        cfg = (gang_pipeline_config){.topo = &t,
-                                     .rank = r,
-                                     .layers = m->w,
-                                     .rope_theta = ROPE_THETA,
-                                     .norm_eps = NORM_EPS,
-                                     .max_batch = BATCH,
-                                     .max_tokens = TOKENS};
-        assert_int_equal(gang_pipeline_init(&cfg, &pipes[r]), 0);
-    }
+/* The exact order of every stage for P = 3, K = 4 (and P = 1), over 7 units. */
+static void test_schedule_order(void **state)
+{
+    static rec_stage st[MAX_STAGES];
+
+    (void)state;
+    record(st, 3, 7, 4);
+    assert_string_equal(st[0].text, "W0 SA0>1#0 W1 SA1>1#1 W2 RR0<2#4 SA2>1#2 W3 RR1<2#5 "
+                                    "SA3>1#3 RR2<2#6 RR3<2#7 ");
+    assert_string_equal(st[1].text, "RA0<0#0 W0 SA0>2#0 RA1<0#1 W1 SA1>2#1 RA2<0#2 W2 SA2>2#2 "
+                                    "RA3<0#3 W3 SA3>2#3 ");
+    assert_string_equal(st[2].text, "RA0<1#0 W0 SR0>0#4 RA1<1#1 W1 SR1>0#5 RA2<1#2 W2 SR2>0#6 "
+                                    "RA3<1#3 W3 SR3>0#7 ");
+    /* Uneven units: 7 over 4 microbatches is 2 + 2 + 2 + 1. */
+    assert_int_equal(st[1].ops[1].first, 0);
+    assert_int_equal(st[1].ops[1].count, 2);
+    assert_int_equal(st[1].ops[10].first, 6);
+    assert_int_equal(st[1].ops[10].count, 1);
+    /* One stage: the microbatches in turn, no transfers (and none needed). */
+    record(st, 1, 3, 3);
+    assert_string_equal(st[0].text, "W0 W1 W2 ");
 }
 
-static void free_pipes(uint32_t n, gang_pipeline **pipes)
+/* Every P in 1..4 and K in 1..9 completes under rendezvous and matches its messages. */
+static void test_schedule_rendezvous(void **state)
 {
-    uint32_t r;
+    static rec_stage st[MAX_STAGES];
+    uint32_t p, k;
 
-    for (r = 0; r < n; r++)
-        gang_pipeline_free(pipes[r]);
-}
-
-/* Every microbatch count in turn on the same pipeline; stage 0 keeps each output. */
-static int forward_body(rank_ctx *x, gang_comm *tp, gang_comm *pp)
-{
-    gang_kernels *k = NULL;
-    int is_first = x->rank < x->run->tp, rc;
-    size_t i;
-
-    rc = gang_kernels_open("cpu", &k);
-    if (rc != 0)
-        return rc;
-    for (i = 0; i < N_MB; i++) {
-        if (is_first)
-            memcpy(x->out[i], x->run->m->x, sizeof(x->out[i]));
-        rc = gang_pipeline_forward(x->pipe, k, tp, pp, is_first ? x->out[i] : NULL, BATCH, TOKENS,
-                                   mb_counts[i], OP_TIMEOUT_MS);
-        if (rc != 0)
-            break;
-    }
-    gang_kernels_close(k);
-    return rc;
-}
-
-/* Checks every stage-0 rank's outputs against the reference. */
-static void check_outputs(const rank_ctx *xs, uint32_t tp, uint32_t pp, const stack_model *m)
-{
-    uint32_t r;
-    size_t i;
-
-    for (r = 0; r < tp * pp; r++)
-        if (xs[r].body_rc != 0)
-            fail_msg("tp=%u pp=%u layers=%u rank=%u: %s", tp, pp, m->n_layers, r,
-                     gang_err_name(xs[r].body_rc));
-    for (r = 0; r < tp; r++) {
-        for (i = 0; i < N_MB; i++) {
-            double e = stack_rel_err(xs[r].out[i], m->ref, ACT);
-
-            if (!(e <= REL_TOL))
-                fail_msg("tp=%u pp=%u layers=%u microbatches=%u rank=%u: relative error %g", tp, pp,
-                         m->n_layers, mb_counts[i], r, e);
+    (void)state;
+    for (p = 1; p <= MAX_STAGES; p++) {
+        for (k = 1; k <= 9; k++) {
+            record(st, p, 11, k);
+            replay_rendezvous(st, p, k);
         }
     }
 }
 
-static void check_layout(stack_model *m, uint32_t tp, uint32_t pp)
-{
-    static rank_ctx xs[MAX_RANKS];
-    gang_pipeline *pipes[MAX_RANKS];
-
-    make_pipes(tp, pp, m, pipes);
-    run_gang(tp, pp, m, pipes, forward_body, NULL, xs);
-    check_outputs(xs, tp, pp, m);
-    free_pipes(tp * pp, pipes);
-}
-
-/* ---------------------------------------------------------------------------------
- * Tests
- * --------------------------------------------------------------------------------- */
-
-/* The uneven microbatch rule and the argument checks. */
+/* The uneven microbatch rule and the argument checks of the schedule. */
 static void test_microbatch_and_invalid(void **state)
 {
     static const uint32_t want_first[] = {0, 3, 6}, want_count[] = {3, 3, 2};
-    gang_pipeline_config cfg;
-    gang_pipeline *p = NULL;
-    gang_kernels *k = NULL;
-    gang_topology t;
+    static rec_stage st;
+    gang_pipeline_ops ops = rec_ops(&st);
+    uint64_t dl = gang_pipeline_deadline(10000), left;
     uint32_t first, count, i;
-    float x[ACT];
-    stack_model *m;
 
     (void)state;
     for (i = 0; i < 3; i++) {
@@ -209,114 +225,98 @@ static void test_microbatch_and_invalid(void **state)
     assert_int_equal(gang_pipeline_microbatch(8, 9, 0, &first, &count), GANG_EINVAL);
     assert_int_equal(gang_pipeline_microbatch(8, 0, 0, &first, &count), GANG_EINVAL);
     assert_int_equal(gang_pipeline_microbatch(8, 4, 4, &first, &count), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_microbatch(8, 4, 0, NULL, &count), GANG_EINVAL);
 
-    m = stack_model_new(6);
-    assert_int_equal(stack_topology(2, 3, 6, &t), 0);
-    cfg = (gang_pipeline_config){.topo = &t,
-                                 .rank = 6,
-                                 .layers = m->w,
-                                 .rope_theta = ROPE_THETA,
-                                 .norm_eps = NORM_EPS,
-                                 .max_batch = BATCH,
-                                 .max_tokens = TOKENS};
-    assert_int_equal(gang_pipeline_init(&cfg, &p), GANG_EINVAL); /* rank outside the gang */
-    assert_null(p);
-    cfg.rank = 0;
-    cfg.max_batch = 0;
-    assert_int_equal(gang_pipeline_init(&cfg, &p), GANG_EINVAL);
-    cfg.max_batch = UINT32_MAX;
-    cfg.max_tokens = UINT32_MAX;
-    assert_int_equal(gang_pipeline_init(&cfg, &p), GANG_EINVAL);
-    cfg.max_batch = BATCH;
-    cfg.max_tokens = TOKENS;
-    cfg.rope_theta = 0.0f;
-    assert_int_equal(gang_pipeline_init(&cfg, &p), GANG_EINVAL);
-    cfg.rope_theta = ROPE_THETA;
-    assert_int_equal(gang_pipeline_init(&cfg, &p), 0);
-    assert_int_equal(gang_pipeline_place(p)->pp_stage, 0);
-    assert_int_equal(gang_kernels_open("cpu", &k), 0);
-    /* A 2 x 3 gang needs both communicators; K must be in [1, B]; B and T must fit. */
-    assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, x, BATCH, TOKENS, 2, 1000),
-                     GANG_EINVAL);
-    assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, x, BATCH, TOKENS, 9, 1000),
-                     GANG_EINVAL);
-    assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, x, BATCH + 1, TOKENS, 1, 1000),
-                     GANG_EINVAL);
-    assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, x, BATCH, TOKENS + 1, 1, 1000),
-                     GANG_EINVAL);
-    assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, NULL, BATCH, TOKENS, 1, 1000),
-                     GANG_EINVAL);
-    gang_pipeline_free(p);
-    gang_pipeline_free(NULL);
-
-    /* A single rank needs no communicator at all and equals the reference. */
-    assert_int_equal(stack_topology(1, 1, 6, &t), 0);
-    assert_int_equal(gang_pipeline_init(&cfg, &p), 0);
-    memcpy(x, m->x, sizeof(x));
-    assert_int_equal(gang_pipeline_forward(p, k, NULL, NULL, x, BATCH, TOKENS, 4, OP_TIMEOUT_MS),
-                     0);
-    assert_true(stack_rel_err(x, m->ref, ACT) <= REL_TOL);
-    gang_pipeline_free(p);
-    gang_kernels_close(k);
-    free(m);
+    memset(&st, 0, sizeof(st));
+    st.fail_at = UINT32_MAX;
+    assert_int_equal(gang_pipeline_run(NULL, 0, 1, 4, 2, dl), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_run(&ops, 2, 2, 4, 2, dl), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_run(&ops, 0, 0, 4, 2, dl), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_run(&ops, 0, 2, 4, 0, dl), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_run(&ops, 0, 2, 4, 5, dl), GANG_EINVAL);
+    ops.recv_result = NULL;
+    assert_int_equal(gang_pipeline_run(&ops, 0, 2, 4, 2, dl), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_run(&ops, 0, 1, 4, 2, dl), 0); /* not needed on 1 stage */
+    ops.work = NULL;
+    assert_int_equal(gang_pipeline_run(&ops, 0, 1, 4, 2, dl), GANG_EINVAL);
+    assert_int_equal(st.n, 2);
+    /* An empty step calls nothing. */
+    ops = rec_ops(&st);
+    assert_int_equal(gang_pipeline_run(&ops, 1, 3, 0, 0, dl), 0);
+    assert_int_equal(st.n, 2);
+    assert_int_equal(gang_pipeline_left(dl, NULL), GANG_EINVAL);
+    assert_int_equal(gang_pipeline_left(dl, &left), 0);
+    assert_true(left >= 1 && left <= 10000);
+    assert_int_equal(gang_pipeline_deadline(UINT64_MAX), UINT64_MAX);
 }
 
-/* 6 layers, TP in {1, 2, 4} x PP in {1, 2, 3} (up to 12 ranks), every microbatch count. */
-static void test_equivalence_matrix(void **state)
+/* The deadline is checked before every callback; a callback's error stops the run. */
+static void test_deadline_and_errors(void **state)
 {
-    static const uint32_t tps[] = {1, 2, 4}, pps[] = {1, 2, 3};
-    stack_model *m = stack_model_new(6);
-    size_t i, j;
+    static rec_stage st;
+    gang_pipeline_ops ops = rec_ops(&st);
+    uint64_t t0;
 
     (void)state;
-    for (i = 0; i < 3; i++)
-        for (j = 0; j < 3; j++)
-            check_layout(m, tps[i], pps[j]);
-    free(m);
-}
-
-/* 7 layers: stages of 4 + 3 and 3 + 2 + 2 layers. */
-static void test_equivalence_uneven_layers(void **state)
-{
-    stack_model *m = stack_model_new(7);
-
-    (void)state;
-    check_layout(m, 1, 2);
-    check_layout(m, 2, 2);
-    check_layout(m, 1, 3);
-    check_layout(m, 2, 3);
-    free(m);
+    /* Already past: nothing is called. */
+    memset(&st, 0, sizeof(st));
+    st.fail_at = UINT32_MAX;
+    assert_int_equal(gang_pipeline_run(&ops, 1, 2, 4, 4, gang_now_ms() - 1), GANG_ETIMEDOUT);
+    assert_int_equal(st.n, 0);
+    /* Work of 40 ms per microbatch against 100 ms: the third or fourth step times out. */
+    st.sleep_ms = 40;
+    t0 = gang_now_ms();
+    assert_int_equal(gang_pipeline_run(&ops, 0, 1, 8, 8, gang_pipeline_deadline(100)),
+                     GANG_ETIMEDOUT);
+    assert_true(st.n >= 2 && st.n <= 4);
+    assert_true(gang_now_ms() - t0 < 1000);
+    /* The third operation of a middle stage fails: the run returns its error at once. */
+    memset(&st, 0, sizeof(st));
+    st.fail_at = 2;
+    st.fail_rc = GANG_EPEER;
+    assert_int_equal(gang_pipeline_run(&ops, 1, 3, 4, 4, gang_pipeline_deadline(10000)),
+                     GANG_EPEER);
+    assert_int_equal(st.n, 3);
+    assert_string_equal(st.text, "RA0<0#0 W0 SA0>2#0 ");
 }
 
 /* ---------------------------------------------------------------------------------
- * Abort in the middle of a pipelined step.
+ * Tests: the serving path
  * --------------------------------------------------------------------------------- */
+
+/* The engine's schedule over TP {1, 2, 4} x PP {1, 2, 3} x microbatches {1, 2, 3}. */
+static void test_engine_equivalence_matrix(void **state)
+{
+    static const uint32_t tps[] = {1, 2, 4}, pps[] = {1, 2, 3};
+    static script sc;
+    static script_out exp[MAX_REQS];
+    full_model *fm = full_model_new(21, 0);
+    uint32_t i, j, mb;
+
+    (void)state;
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    for (i = 0; i < 3; i++)
+        for (j = 0; j < 3; j++)
+            for (mb = 1; mb <= 3; mb++)
+                check_layout(fm, &sc, exp, tps[i], pps[j], mb);
+    free(fm);
+}
+
 #define ABORT_TP 2
 #define ABORT_PP 3
 #define SLEEPER 2 /* stage 1, tp rank 0 */
 static _Atomic uint64_t abort_at_ms;
 
 /*
- * Every rank enters gang_pipeline_forward with 4 microbatches, except SLEEPER, which
- * waits until the gang has been aborted before its first recv: so its TP peer blocks in
- * an all-reduce, stage 0 in a recv of a result and stage 2 in a recv of activations.
+ * Every rank starts stepping the script except SLEEPER, which waits for the abort: its
+ * TP peer blocks in an all-reduce, stage 0 in a send or a recv, stage 2 in a recv.
  */
-static int abort_body(rank_ctx *x, gang_comm *tp, gang_comm *pp)
+static int abort_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
 {
-    gang_kernels *k = NULL;
-    int is_first = x->rank < x->run->tp, rc;
-
-    rc = gang_kernels_open("cpu", &k);
-    if (rc != 0)
-        return rc;
-    if (is_first)
-        memcpy(x->out[0], x->run->m->x, sizeof(x->out[0]));
     while (x->rank == SLEEPER && atomic_load(&abort_at_ms) == 0)
         gang_sleep_ms(2);
-    rc = gang_pipeline_forward(x->pipe, k, tp, pp, is_first ? x->out[0] : NULL, BATCH, TOKENS, 4,
-                               30000);
-    gang_kernels_close(k);
-    return rc;
+    return script_body(x, world, tp, pp);
 }
 
 static void abort_controller(rank_ctx *xs, uint32_t n)
@@ -324,47 +324,75 @@ static void abort_controller(rank_ctx *xs, uint32_t n)
     uint32_t r;
     int i;
 
-    gang_sleep_ms(300); /* let every rank block inside the pipelined step */
+    gang_sleep_ms(300); /* let every rank block inside the first step */
     atomic_store(&abort_at_ms, gang_now_ms());
     for (r = 0; r < n; r++)
         for (i = 0; i < 3; i++)
             gang_comm_abort(atomic_load(&xs[r].comms[i]));
 }
 
-static void test_abort_then_next_generation(void **state)
+/* Communicators of the wrong sizes (tp and pp swapped, no world) are refused first. */
+static int bad_comms_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
+{
+    gang_kernels *k = NULL;
+    int rc, rc2;
+
+    rc = gang_kernels_open("cpu", &k);
+    if (rc != 0)
+        return rc;
+    rc = gang_engine_step(x->engine, k, world, pp, tp, STEP_TIMEOUT_MS);
+    rc2 = gang_engine_step(x->engine, k, NULL, tp, pp, STEP_TIMEOUT_MS);
+    gang_kernels_close(k);
+    if (rc != GANG_EINVAL || rc2 != GANG_EINVAL)
+        return GANG_EINTERNAL;
+    return script_body(x, world, tp, pp);
+}
+
+static void test_engine_abort_then_next_generation(void **state)
 {
     static rank_ctx xs[MAX_RANKS];
-    gang_pipeline *pipes[MAX_RANKS];
-    stack_model *m = stack_model_new(6);
+    static script sc;
+    static script_out exp[MAX_REQS];
+    gang_engine_config cfg = engine_config(3);
+    full_model *fm = full_model_new(31, 0);
+    layout lo;
     uint32_t r;
 
     (void)state;
-    make_pipes(ABORT_TP, ABORT_PP, m, pipes);
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    layout_init(&lo, fm, ABORT_TP, ABORT_PP, &cfg);
     atomic_store(&abort_at_ms, 0);
-    run_gang(ABORT_TP, ABORT_PP, m, pipes, abort_body, abort_controller, xs);
-    for (r = 0; r < ABORT_TP * ABORT_PP; r++) {
-        uint64_t took = xs[r].done_ms - atomic_load(&abort_at_ms);
+    run_gang(ABORT_TP, ABORT_PP, lo.engines, &sc, abort_body, abort_controller, xs);
+    for (r = 0; r < lo.n; r++) {
+        uint64_t at = atomic_load(&abort_at_ms);
 
         if (xs[r].body_rc != GANG_EABORTED)
             fail_msg("rank %u returned %s, not GANG_EABORTED", r, gang_err_name(xs[r].body_rc));
-        if (xs[r].done_ms < atomic_load(&abort_at_ms) || took >= 1000)
+        if (xs[r].done_ms < at || xs[r].done_ms - at >= 1000)
             fail_msg("rank %u returned %lld ms after the abort", r,
-                     (long long)xs[r].done_ms - (long long)atomic_load(&abort_at_ms));
+                     (long long)xs[r].done_ms - (long long)at);
     }
-    /* The next generation: new communicators, the same pipelines (weights stay loaded). */
-    run_gang(ABORT_TP, ABORT_PP, m, pipes, forward_body, NULL, xs);
-    check_outputs(xs, ABORT_TP, ABORT_PP, m);
-    free_pipes(ABORT_TP * ABORT_PP, pipes);
-    free(m);
+    for (r = 0; r < lo.n; r++)
+        gang_engine_reset(lo.engines[r]);
+    run_gang(ABORT_TP, ABORT_PP, lo.engines, &sc, bad_comms_body, NULL, xs);
+    for (r = 0; r < lo.n; r++)
+        if (xs[r].body_rc != 0)
+            fail_msg("next generation: rank %u: %s", r, gang_err_name(xs[r].body_rc));
+    check_script(&sc, exp, "after the abort");
+    layout_free(&lo);
+    free(fm);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schedule_order),
+        cmocka_unit_test(test_schedule_rendezvous),
         cmocka_unit_test(test_microbatch_and_invalid),
-        cmocka_unit_test(test_equivalence_matrix),
-        cmocka_unit_test(test_equivalence_uneven_layers),
-        cmocka_unit_test(test_abort_then_next_generation),
+        cmocka_unit_test(test_deadline_and_errors),
+        cmocka_unit_test(test_engine_equivalence_matrix),
+        cmocka_unit_test(test_engine_abort_then_next_generation),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
