@@ -13,7 +13,7 @@
  *
  * One generation (the data thread):
  *   1. wait for the model (deadline: the start timeout);
- *   2. gang_comm_init over the socket backend from the blob rank 0 made for BLOB_REQUEST
+ *   2. gang_bootstrap_join of the socket world from the blob rank 0 made for BLOB_REQUEST
  *      (a cancel eventfd lets gang__wstep_stop() interrupt a gang still forming), then
  *      split it into the TP group (color = pp stage, key = tp rank) and the pipeline
  *      neighbours (color = tp rank, key = pp stage). A GPU worker whose blob carries an
@@ -310,12 +310,11 @@ struct gang__wstep {
     pthread_t th;
     int started;
     atomic_int stop;
-    int cancel_fd;      /* eventfd: interrupts gang_comm_init */
+    int cancel_fd;      /* eventfd: interrupts gang_bootstrap_join */
     pthread_mutex_t mu; /* guards the communicators (for abort) and the queue */
     pthread_cond_t cv;  /* a request was queued, or stop */
     gang_comm *world, *tp, *pp;
     gang_comm *nworld;              /* the nccl world tp and pp were split from, or NULL */
-    uint8_t nccl_id[GANG_BLOB_MAX]; /* cfg.nccl_id, copied */
     wreq *head, *tail;
     uint32_t queued;
     uint64_t *cancels;      /* ids to drop before the next step, [n_cancels] */
@@ -385,7 +384,7 @@ static void wstep_refuse(gang__wstep *s, uint64_t id, int code, const char *reas
 static int wstep_nccl_world(gang__wstep *s, gang__wres *res, gang_comm **out)
 {
     const gang__wstep_config *c = &s->cfg;
-    gang_comm_config cc;
+    gang_bootstrap_join_config cc;
     gang_comm *nworld = NULL;
     int rc;
 
@@ -397,14 +396,13 @@ static int wstep_nccl_world(gang__wstep *s, gang__wres *res, gang_comm **out)
                           "NCCL: %s",
                           c->rank, gang_strerror(rc));
     memset(&cc, 0, sizeof(cc));
-    cc.backend = GANG_COMM_NCCL;
     cc.rank = c->rank;
     cc.world_size = c->world;
-    cc.blob = s->nccl_id;
-    cc.blob_len = c->nccl_id_len;
+    cc.blob = s->blob;
+    cc.blob_len = c->blob_len;
     cc.timeout_ms = (uint64_t)c->start_timeout_ms;
     cc.cancel_fd = &s->cancel_fd;
-    rc = gang_comm_init(&cc, &nworld);
+    rc = gang_bootstrap_join(&cc, GANG_COMM_NCCL, &nworld);
     if (rc != 0)
         return wstep_fail(s, rc, (int32_t)c->rank,
                           "rank %u cannot join the NCCL world of %u "
@@ -427,20 +425,19 @@ static int wstep_nccl_world(gang__wstep *s, gang__wres *res, gang_comm **out)
 static int wstep_comms(gang__wstep *s, gang__wres *res)
 {
     const gang__wstep_config *c = &s->cfg;
-    gang_comm_config cc;
+    gang_bootstrap_join_config cc;
     memset(&cc, 0, sizeof(cc));
-    cc.backend = GANG_COMM_SOCKET;
     cc.rank = c->rank;
     cc.world_size = c->world;
     cc.blob = s->blob;
     cc.blob_len = c->blob_len;
-    cc.listener = c->listener;
+    cc.root = c->root;
     cc.advertise_host = c->advertise[0] ? c->advertise : "127.0.0.1";
     cc.timeout_ms = (uint64_t)c->start_timeout_ms;
     cc.cancel_fd = &s->cancel_fd;
-    s->cfg.listener = NULL; /* consumed by gang_comm_init, whatever it returns */
+    s->cfg.root = NULL; /* consumed by gang_bootstrap_join, whatever it returns */
     gang_comm *world = NULL, *tp = NULL, *pp = NULL;
-    int rc = gang_comm_init(&cc, &world);
+    int rc = gang_bootstrap_join(&cc, GANG_COMM_SOCKET, &world);
     if (rc != 0)
         return wstep_fail(s, rc, (int32_t)c->rank,
                           "rank %u cannot join the data plane of %u "
@@ -464,7 +461,7 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
                           c->rank, c->world, res->topo.world_size);
     uint64_t t = (uint64_t)c->start_timeout_ms;
     gang_comm *parent = world;
-    if (c->nccl_id_len > 0) {
+    if (c->nccl) {
         rc = wstep_nccl_world(s, res, &parent);
         if (rc != 0)
             return rc;
@@ -622,25 +619,20 @@ int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out)
 {
     *out = NULL;
     if (cfg->world == 0 || cfg->rank >= cfg->world || cfg->blob_len > GANG_BLOB_MAX ||
-        cfg->nccl_id_len > GANG_BLOB_MAX || (cfg->nccl_id_len > 0 && cfg->nccl_id == NULL) ||
-        cfg->res == NULL || cfg->start_timeout_ms <= 0 || cfg->heartbeat_interval_ms <= 0) {
-        if (cfg->listener != NULL)
-            gang_comm_listener_free(cfg->listener);
+        (cfg->blob_len > 0 && cfg->blob == NULL) || cfg->res == NULL ||
+        cfg->start_timeout_ms <= 0 || cfg->heartbeat_interval_ms <= 0) {
+        gang_bootstrap_free(cfg->root);
         return GANG_EINVAL;
     }
     gang__wstep *s = calloc(1, sizeof(*s));
     if (s == NULL) {
-        if (cfg->listener != NULL)
-            gang_comm_listener_free(cfg->listener);
+        gang_bootstrap_free(cfg->root);
         return GANG_ENOMEM;
     }
     s->cfg = *cfg;
     if (cfg->blob_len > 0)
         memcpy(s->blob, cfg->blob, cfg->blob_len);
-    if (cfg->nccl_id_len > 0)
-        memcpy(s->nccl_id, cfg->nccl_id, cfg->nccl_id_len);
     s->cfg.blob = s->blob;
-    s->cfg.nccl_id = cfg->nccl_id_len > 0 ? s->nccl_id : NULL;
     atomic_init(&s->stop, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -651,9 +643,8 @@ int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out)
         rc = rc != 0 ? gang_err_from_errno(rc) : 0;
     }
     if (rc != 0) {
-        if (s->cfg.listener != NULL)
-            gang_comm_listener_free(s->cfg.listener);
-        s->cfg.listener = NULL;
+        gang_bootstrap_free(s->cfg.root);
+        s->cfg.root = NULL;
         gang__wstep_stop(s);
         return rc;
     }
@@ -741,8 +732,7 @@ void gang__wstep_stop(gang__wstep *s)
         free(s->head);
         s->head = n;
     }
-    if (s->cfg.listener != NULL)
-        gang_comm_listener_free(s->cfg.listener);
+    gang_bootstrap_free(s->cfg.root);
     free(s->cancels);
     if (s->cancel_fd >= 0)
         close(s->cancel_fd);

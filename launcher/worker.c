@@ -55,7 +55,7 @@ typedef struct worker {
     uint64_t gen;        /* highest generation named by the agent */
     uint32_t state;      /* gang_rank_state reported in heartbeats */
     uint32_t rank;       /* global rank in gen, WORKER_NO_RANK when none */
-    gang_comm_listener *listener; /* rank 0's data-plane listener, NULL when none */
+    gang_bootstrap *boot; /* rank 0's data-plane bootstrap (listener), NULL when none */
     uint64_t listen_gen; /* the generation it was opened for */
     gang__wres *res;     /* model shard and engine, for the worker's whole life */
     gang__wstep *step;   /* running data plane, NULL when none */
@@ -296,8 +296,8 @@ static void worker_teardown(worker *w)
         w->step = NULL;
         worker_drain_events(w);
     }
-    gang_comm_listener_free(w->listener);
-    w->listener = NULL;
+    gang_bootstrap_free(w->boot);
+    w->boot = NULL;
     w->rank = WORKER_NO_RANK;
     gang_log_set_identity(w->node, -1);
 }
@@ -314,7 +314,7 @@ static int worker_fence(worker *w, const gang_wctl *m, const char *what)
                    (unsigned long long)m->generation, (unsigned long long)w->gen);
         return GANG_ESTALE;
     }
-    if (m->generation > w->gen && (w->step != NULL || w->listener != NULL)) {
+    if (m->generation > w->gen && (w->step != NULL || w->boot != NULL)) {
         if (w->step != NULL)
             gang_warn("%s of generation %llu supersedes generation %llu: tearing it down", what,
                       (unsigned long long)m->generation, (unsigned long long)w->step_gen);
@@ -327,7 +327,7 @@ static int worker_fence(worker *w, const gang_wctl *m, const char *what)
 }
 
 /* -------------------------------------------------------------------------------------
- * The bootstrap blob (format in worker.h)
+ * Which data plane a worker wants (the blob's format: gang_bootstrap_* in ganglion/comm.h)
  * ------------------------------------------------------------------------------------- */
 
 int gang__worker_uses_nccl(const gang_params *p)
@@ -341,104 +341,16 @@ int gang__worker_uses_nccl(const gang_params *p)
     return strcmp(p->backend, "auto") == 0 && gang_comm_backend_built(GANG_COMM_NCCL);
 }
 
-int gang__wblob_parse(const uint8_t *blob, size_t len, gang__wblob *out, char *err, size_t errlen)
-{
-    static const char prefix[] = GANG__WBLOB_NCCL_PREFIX;
-    const size_t plen = sizeof(prefix) - 1;
-    size_t i, nl = len;
-
-    memset(out, 0, sizeof(*out));
-    if (len == 0)
-        return 0; /* a gang of one needs no socket rendezvous (nor BLOB_REQUEST) */
-    if (blob == NULL)
-        goto out_proto_null;
-    for (i = 0; i < len; i++) {
-        if (blob[i] == '\n') {
-            nl = i;
-            break;
-        }
-        if (blob[i] < 0x20 || blob[i] > 0x7e) {
-            snprintf(err, errlen, "bootstrap blob: byte %zu of the socket part is 0x%02x, "
-                     "not a printable character", i, blob[i]);
-            return GANG_EPROTO;
-        }
-    }
-    if (nl == 0) {
-        snprintf(err, errlen, "bootstrap blob: the socket part before the nccl line is empty");
-        return GANG_EPROTO;
-    }
-    out->socket = blob;
-    out->socket_len = nl;
-    if (nl == len)
-        return 0;
-    /* The second line: "nccl:" and exactly 256 lowercase hex digits, then the end. */
-    const uint8_t *l2 = blob + nl + 1;
-    size_t n2 = len - nl - 1;
-    if (n2 < plen || memcmp(l2, prefix, plen) != 0) {
-        snprintf(err, errlen, "bootstrap blob: the line after the socket part must start "
-                 "with '%s' (got %zu bytes that do not)", prefix, n2);
-        return GANG_EPROTO;
-    }
-    if (n2 - plen != GANG__WBLOB_NCCL_HEX) {
-        snprintf(err, errlen, "bootstrap blob: the NCCL unique id has %zu characters, "
-                 "expected %d hex digits", n2 - plen, GANG__WBLOB_NCCL_HEX);
-        return GANG_EPROTO;
-    }
-    for (i = plen; i < n2; i++) {
-        uint8_t ch = l2[i];
-        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) {
-            snprintf(err, errlen, "bootstrap blob: character %zu of the NCCL unique id is "
-                     "0x%02x, not a lowercase hex digit", i - plen, ch);
-            return GANG_EPROTO;
-        }
-    }
-    out->nccl = l2 + plen;
-    out->nccl_len = GANG__WBLOB_NCCL_HEX;
-    return 0;
-
-out_proto_null:
-    snprintf(err, errlen, "bootstrap blob: NULL with %zu bytes", len);
-    return GANG_EPROTO;
-}
-
-int gang__wblob_format(const uint8_t *socket, size_t socket_len, const uint8_t *nccl,
-                       size_t nccl_len, uint8_t *out, size_t cap, size_t *len)
-{
-    static const char prefix[] = GANG__WBLOB_NCCL_PREFIX;
-    const size_t plen = sizeof(prefix) - 1;
-    size_t need = socket_len + (nccl != NULL ? 1 + plen + nccl_len : 0);
-    gang__wblob parsed;
-    char err[160];
-
-    *len = 0;
-    if (socket == NULL || socket_len == 0 || out == NULL)
-        return GANG_EINVAL;
-    if (need > cap)
-        return GANG_ERANGE;
-    memcpy(out, socket, socket_len);
-    if (nccl != NULL) {
-        out[socket_len] = '\n';
-        memcpy(out + socket_len + 1, prefix, plen);
-        memcpy(out + socket_len + 1 + plen, nccl, nccl_len);
-    }
-    if (gang__wblob_parse(out, need, &parsed, err, sizeof(err)) != 0 ||
-        (nccl != NULL) != (parsed.nccl != NULL)) {
-        gang_error("worker: refusing to send a malformed blob: %s", err);
-        return GANG_EINVAL;
-    }
-    *len = need;
-    return 0;
-}
-
 /* -------------------------------------------------------------------------------------
  * Messages from the agent
  * ------------------------------------------------------------------------------------- */
 
 /*
- * BLOB_REQUEST(G): open rank 0's listener for G and describe it ("host:port/session");
- * a worker whose TP / PP groups run over nccl appends a fresh NCCL unique id (format in
- * worker.h). ncclGetUniqueId starts NCCL's bootstrap root in this process, which lives
- * as long as the worker: the data thread of G joins it like every other rank.
+ * BLOB_REQUEST(G): rank 0 makes the data-plane bootstrap of G (gang_bootstrap_create: its
+ * listener, plus an NCCL unique id for a worker whose TP / PP groups run over nccl) and
+ * replies with the blob, which the agent carries opaquely to every rank. The NCCL
+ * bootstrap root lives as long as the worker: the data thread of G joins it like every
+ * other rank.
  */
 static void on_blob_request(worker *w, const gang_wctl *m)
 {
@@ -447,47 +359,26 @@ static void on_blob_request(worker *w, const gang_wctl *m)
     if (w->node != 0 || w->local_rank != 0)
         gang_warn("BLOB_REQUEST sent to node %d local rank %u; expected node 0 local rank 0",
                   w->node, w->local_rank);
-    gang_comm_listener_free(w->listener);
-    w->listener = NULL;
+    gang_bootstrap_free(w->boot);
+    w->boot = NULL;
 
     gang_wctl r;
     worker_msg(w, &r, GANG_WCTL_BLOB, m->generation);
-    size_t len = 0, sock_len = 0, id_len = 0;
-    char sock[GANG_BLOB_MAX];
-    uint8_t id[GANG__WBLOB_NCCL_HEX];
+    size_t len = 0;
+    char err[GANG_REASON_MAX] = "";
     const char *adv = w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1";
     int nccl = gang__worker_uses_nccl(&w->p);
-    int rc = gang_comm_socket_listen(adv, &w->listener, sock, sizeof(sock), &sock_len);
+    int rc = gang_bootstrap_create(adv, nccl, &w->boot, r.blob, sizeof(r.blob), &len, err,
+                                   sizeof(err));
     if (rc != 0) {
-        worker_report_error(w, m->generation, rc, w->rank,
-                            "rank 0 cannot open its data-plane listener on '%s': %s", adv,
-                            gang_strerror(rc));
+        worker_report_error(w, m->generation, rc, w->rank, "rank 0 %s", err);
         return;
-    }
-    if (nccl && (rc = gang_comm_nccl_unique_id(id, sizeof(id), &id_len)) != 0) {
-        worker_report_error(w, m->generation, rc, w->rank,
-                            "rank 0 cannot create the NCCL unique id for the TP / PP groups: %s",
-                            gang_strerror(rc));
-        goto out_close;
-    }
-    rc = gang__wblob_format((const uint8_t *)sock, sock_len, nccl ? id : NULL, id_len, r.blob,
-                            sizeof(r.blob), &len);
-    if (rc != 0) {
-        worker_report_error(w, m->generation, rc, w->rank,
-                            "rank 0 cannot build the bootstrap blob: %s", gang_strerror(rc));
-        goto out_close;
     }
     w->listen_gen = m->generation;
     r.blob_len = (uint32_t)len;
-    gang_info("BLOB for generation %llu: the socket backend listens as %.*s%s",
-              (unsigned long long)m->generation, (int)sock_len, sock,
-              nccl ? "; TP / PP over nccl (unique id attached)" : "");
+    gang_info("BLOB for generation %llu: %u bytes%s", (unsigned long long)m->generation,
+              r.blob_len, nccl ? "; TP / PP over nccl (unique id attached)" : "");
     worker_reply(w, &r);
-    return;
-
-out_close:
-    gang_comm_listener_free(w->listener);
-    w->listener = NULL;
 }
 
 /* START(G, rank, world, blob): join the data plane of G on a new data thread. */
@@ -521,10 +412,10 @@ static void on_start(worker *w, const gang_wctl *m)
     /* The blob must carry the nccl part exactly when this worker runs TP / PP over nccl
      * (rank 0 decided from the same parameters; a mismatch is a gang started with
      * different --device / --backend per node). */
-    gang__wblob parts;
+    gang_bootstrap_parts parts;
     char err[GANG_REASON_MAX];
     int want_nccl = gang__worker_uses_nccl(&w->p);
-    if (gang__wblob_parse(m->blob, m->blob_len, &parts, err, sizeof(err)) != 0) {
+    if (gang_bootstrap_parse(m->blob, m->blob_len, &parts, err, sizeof(err)) != 0) {
         worker_report_error(w, g, GANG_EPROTO, w->rank, "START: %s", err);
         return;
     }
@@ -543,10 +434,9 @@ static void on_start(worker *w, const gang_wctl *m)
     cfg.generation = g;
     cfg.rank = m->rank;
     cfg.world = m->world_size;
-    cfg.blob = parts.socket;
-    cfg.blob_len = parts.socket_len;
-    cfg.nccl_id = parts.nccl;
-    cfg.nccl_id_len = parts.nccl_len;
+    cfg.blob = m->blob;
+    cfg.blob_len = m->blob_len;
+    cfg.nccl = want_nccl;
     cfg.res = w->res;
     cfg.event_fd = w->ev_wr;
     cfg.start_timeout_ms = w->p.start_timeout_ms;
@@ -556,15 +446,15 @@ static void on_start(worker *w, const gang_wctl *m)
     gang_strlcpy(cfg.advertise, w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1",
                  sizeof(cfg.advertise));
     if (m->rank == 0 && m->world_size > 1) {
-        if (w->listener == NULL || w->listen_gen != g) {
+        if (w->boot == NULL || w->listen_gen != g) {
             worker_report_error(w, g, GANG_EPROTO, w->rank,
                                 "START of generation %llu makes this worker rank 0, but no "
                                 "BLOB_REQUEST of that generation came first",
                                 (unsigned long long)g);
             return;
         }
-        cfg.listener = w->listener;
-        w->listener = NULL; /* gang__wstep_start consumes it */
+        cfg.root = w->boot;
+        w->boot = NULL; /* gang__wstep_start consumes it */
     }
 
     int rc = gang__wstep_start(&cfg, &w->step);

@@ -36,50 +36,16 @@ int gang_worker_main(int argc, char **argv);
 /* =================================================================================
  * Internal: the bootstrap blob of a generation (launcher/worker.c).
  *
- * Rank 0 answers BLOB_REQUEST with the blob every worker receives in START. Format:
- *
- *   SOCKET                      the socket backend's blob (gang_comm_socket_listen:
- *                               printable, no NUL, no newline); the TP / PP groups are
- *                               split from the socket world (CPU workers, --backend socket)
- *   SOCKET "\n" "nccl:" HEX     the same, then a newline, the prefix "nccl:" and the NCCL
- *                               unique id as gang_comm_nccl_unique_id writes it (exactly
- *                               256 lowercase hex digits, nothing after them); the TP / PP
- *                               groups are split from an nccl world made from it
- *
- * The first form is byte for byte the blob of earlier versions; an empty blob is valid
+ * Rank 0 answers BLOB_REQUEST with the blob every worker receives in START. The blob
+ * belongs to the parallel module (gang_bootstrap_* in ganglion/comm.h: built by
+ * gang_bootstrap_create, checked by gang_bootstrap_parse, joined by gang_bootstrap_join);
+ * the launcher carries it opaquely. With an NCCL unique id in it, the TP / PP groups are
+ * split from an nccl world, else from the socket world. An empty blob is valid
  * (socket-only, for a gang of one, which needs no rendezvous). Every worker decides
  * from its own parameters whether it expects the nccl part (gang__worker_uses_nccl) and
  * refuses a blob that disagrees: the gang's ranks were started with different --device
  * or --backend, which no data plane can serve.
  * ================================================================================= */
-
-/* The parts of a blob; the pointers point into the parsed blob. */
-typedef struct gang__wblob {
-    const uint8_t *socket; /* the socket backend's blob (socket_len 0: an empty blob) */
-    size_t socket_len;
-    const uint8_t *nccl;   /* the NCCL unique id (hex), or NULL without the nccl part */
-    size_t nccl_len;       /* 256 with the nccl part, else 0 */
-} gang__wblob;
-
-#define GANG__WBLOB_NCCL_PREFIX "nccl:"
-#define GANG__WBLOB_NCCL_HEX 256 /* hex digits of the NCCL unique id (128 bytes) */
-
-/*
- * Validates blob[len] against the format above and fills *out. Returns 0, or GANG_EPROTO
- * with a one-line reason in err (a non-printable byte in the socket part, an empty socket
- * part before an nccl line, a second line that is not "nccl:", an id of the wrong length
- * or with a character that is not lowercase hex, anything after it, a second newline).
- * Pure: no I/O, no allocation.
- */
-int gang__wblob_parse(const uint8_t *blob, size_t len, gang__wblob *out, char *err, size_t errlen);
-
-/*
- * Writes the blob of (socket[socket_len], nccl[nccl_len]) into out[cap] (nccl NULL: the
- * socket-only form) and its length into *len. GANG_ERANGE when it does not fit, GANG_EINVAL
- * when the result would not parse (checked with gang__wblob_parse).
- */
-int gang__wblob_format(const uint8_t *socket, size_t socket_len, const uint8_t *nccl,
-                       size_t nccl_len, uint8_t *out, size_t cap, size_t *len);
 
 /*
  * 1 when a worker with parameters p runs its TP / PP groups over nccl: it serves a model
@@ -137,12 +103,11 @@ typedef struct gang__wstep_config {
     uint64_t generation;
     uint32_t rank;                   /* own global rank, < world */
     uint32_t world;                  /* ranks in the gang, >= 1 */
-    const uint8_t *blob;             /* rank 0's socket-backend blob (copied) */
+    const uint8_t *blob;             /* rank 0's bootstrap blob, checked (copied) */
     size_t blob_len;
-    const uint8_t *nccl_id;          /* the NCCL unique id (hex, copied), or NULL: the TP /
-                                        PP groups are then split from the socket world */
-    size_t nccl_id_len;
-    gang_comm_listener *listener;    /* rank 0: its listener, consumed in every case */
+    int nccl;                        /* 1: the TP / PP groups are split from an nccl world
+                                        joined from the blob, 0: from the socket world */
+    gang_bootstrap *root;            /* rank 0: its bootstrap, consumed in every case */
     char advertise[GANG_HOST_MAX];   /* address the other ranks use to reach this one */
     gang__wres *res;                 /* the worker's resources, borrowed */
     int event_fd;                    /* write end of the caller's event pipe, borrowed */

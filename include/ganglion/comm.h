@@ -71,6 +71,84 @@ void gang_comm_listener_free(gang_comm_listener *l);
  */
 int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len);
 
+/*
+ * Data-plane bootstrap (parallel/bootstrap.c): the blob a gang's rank 0 hands to every
+ * rank through the control plane, which carries it opaquely. Its format:
+ *
+ *   SOCKET                      the socket backend's blob (gang_comm_socket_listen:
+ *                               printable, no NUL, no newline); a socket world only
+ *   SOCKET "\n" "nccl:" HEX     the same, then a newline, the prefix "nccl:" and the NCCL
+ *                               unique id as gang_comm_nccl_unique_id writes it (exactly
+ *                               256 lowercase hex digits, nothing after them); an nccl
+ *                               world of the same ranks can be joined as well
+ *
+ * An empty blob is valid: a gang of one needs no rendezvous. Rank 0 makes the blob with
+ * gang_bootstrap_create(); every rank may check it with gang_bootstrap_parse() and joins
+ * with gang_bootstrap_join().
+ */
+#define GANG_BOOTSTRAP_NCCL_HEX 256 /* hex digits of the NCCL unique id (128 bytes) */
+
+/* Rank 0's side of a bootstrap: the socket listener, until the socket join takes it. */
+typedef struct gang_bootstrap gang_bootstrap;
+
+/* The parts of a blob; the pointers point into the parsed blob. */
+typedef struct gang_bootstrap_parts {
+    const uint8_t *socket; /* the socket backend's blob (socket_len 0: an empty blob) */
+    size_t socket_len;
+    const uint8_t *nccl;   /* the NCCL unique id (hex), or NULL without the nccl part */
+    size_t nccl_len;       /* GANG_BOOTSTRAP_NCCL_HEX with the nccl part, else 0 */
+} gang_bootstrap_parts;
+
+/*
+ * Validates blob[len] against the format above and fills *out. Returns 0, or GANG_EPROTO
+ * with a one-line reason in err[errlen] (a non-printable byte in the socket part, an empty
+ * socket part before an nccl line, a second line that is not "nccl:", an id of the wrong
+ * length or with a character that is not lowercase hex, anything after it). Pure.
+ */
+int gang_bootstrap_parse(const uint8_t *blob, size_t len, gang_bootstrap_parts *out, char *err,
+                         size_t errlen);
+
+/*
+ * Writes the blob of (socket[socket_len], nccl[nccl_len]) into out[cap] (nccl NULL: the
+ * socket-only form) and its length into *len. GANG_ERANGE when it does not fit,
+ * GANG_EINVAL when the result would not parse (checked with gang_bootstrap_parse).
+ */
+int gang_bootstrap_format(const uint8_t *socket, size_t socket_len, const uint8_t *nccl,
+                          size_t nccl_len, uint8_t *out, size_t cap, size_t *len);
+
+/*
+ * Rank 0 of a gang of more than one: opens the socket listener on advertise_host and,
+ * when with_nccl, creates an NCCL unique id (its bootstrap root then lives in this
+ * process), and writes the blob into blob[cap] and *len. Returns 0 and *out (pass it to
+ * gang_bootstrap_join as root, or free it), or GANG_EINVAL, GANG_ERANGE, the listener's
+ * error, or gang_comm_nccl_unique_id's (GANG_ENOSYS, GANG_EIO), with a one-line reason
+ * in err[errlen] that names the failed step.
+ */
+int gang_bootstrap_create(const char *advertise_host, int with_nccl, gang_bootstrap **out,
+                          uint8_t *blob, size_t cap, size_t *len, char *err, size_t errlen);
+void gang_bootstrap_free(gang_bootstrap *b);
+
+typedef struct gang_bootstrap_join_config {
+    uint32_t rank;                 /* this rank, in [0, world_size) */
+    uint32_t world_size;
+    const uint8_t *blob;           /* rank 0's blob, as gang_bootstrap_create wrote it */
+    size_t blob_len;
+    gang_bootstrap *root;          /* rank 0's, for the socket join; consumed in any case */
+    const char *advertise_host;    /* socket: address other ranks use to reach this one */
+    uint64_t timeout_ms;           /* deadline of the whole initialisation */
+    const int *cancel_fd;          /* optional, as in gang_comm_config */
+} gang_bootstrap_join_config;
+
+/*
+ * Joins the world communicator of backend `world` (a collective call) from the blob:
+ * GANG_COMM_SOCKET from its socket part, GANG_COMM_NCCL from its NCCL unique id (on the
+ * CUDA device current on the calling thread). Returns 0 and *out, GANG_EPROTO for a
+ * malformed blob or one without the part `world` needs, GANG_EINVAL for another backend,
+ * or gang_comm_init's error. cfg->root is freed on every outcome.
+ */
+int gang_bootstrap_join(const gang_bootstrap_join_config *cfg, gang_comm_backend world,
+                        gang_comm **out);
+
 typedef struct gang_comm_config {
     gang_comm_backend backend;
     uint32_t rank;                     /* this rank, in [0, world_size) */

@@ -1124,6 +1124,221 @@ static void test_wrong_session(void **state)
 }
 
 /* ---------------------------------------------------------------------------------
+ * Data-plane bootstrap (parallel/bootstrap.c): "SOCKET" or "SOCKET\nnccl:HEX256"
+ * (moved here from the launcher's test-worker, with every refusal).
+ * --------------------------------------------------------------------------------- */
+
+#define TB_SOCK "127.0.0.1:40123/00112233445566778899aabbccddeeff"
+#define TB_BLOB_MAX 8192 /* GANG_BLOB_MAX of the control plane */
+
+/* A syntactically valid NCCL id: 256 lowercase hex digits. */
+static void tb_fake_id(uint8_t *id)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < GANG_BOOTSTRAP_NCCL_HEX; i++)
+        id[i] = (uint8_t)hex[(i * 7 + 3) % 16];
+}
+
+/* Parses text[len] expecting GANG_EPROTO with `why` in the reason. */
+static void tb_refused(const void *text, size_t len, const char *why)
+{
+    gang_bootstrap_parts b;
+    char err[256] = "";
+    int rc = gang_bootstrap_parse(text, len, &b, err, sizeof(err));
+    if (rc != GANG_EPROTO || strstr(err, why) == NULL)
+        fail_msg("blob of %zu bytes: expected GANG_EPROTO saying '%s', got %s '%s'", len, why,
+                 gang_err_name(rc), err);
+}
+
+static void test_bootstrap_format(void **state)
+{
+    (void)state;
+    uint8_t id[GANG_BOOTSTRAP_NCCL_HEX], out[TB_BLOB_MAX], bad[TB_BLOB_MAX];
+    const size_t sl = strlen(TB_SOCK);
+    gang_bootstrap_parts b;
+    char err[256];
+    size_t len;
+
+    /* Socket only: the blob is the socket blob byte for byte. */
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, NULL, 0, out, sizeof(out),
+                                        &len), 0);
+    assert_int_equal(len, sl);
+    assert_memory_equal(out, TB_SOCK, sl);
+    assert_int_equal(gang_bootstrap_parse(out, len, &b, err, sizeof(err)), 0);
+    assert_ptr_equal(b.socket, out);
+    assert_int_equal(b.socket_len, sl);
+    assert_null(b.nccl);
+    assert_int_equal(b.nccl_len, 0);
+
+    /* With the NCCL id: SOCKET "\n" "nccl:" HEX. */
+    tb_fake_id(id);
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
+                                        sizeof(out), &len), 0);
+    assert_int_equal(len, sl + 1 + 5 + GANG_BOOTSTRAP_NCCL_HEX);
+    assert_int_equal(out[sl], '\n');
+    assert_memory_equal(out + sl + 1, "nccl:", 5);
+    assert_int_equal(gang_bootstrap_parse(out, len, &b, err, sizeof(err)), 0);
+    assert_ptr_equal(b.socket, out);
+    assert_int_equal(b.socket_len, sl);
+    assert_ptr_equal(b.nccl, out + sl + 6);
+    assert_int_equal(b.nccl_len, GANG_BOOTSTRAP_NCCL_HEX);
+    assert_memory_equal(b.nccl, id, sizeof(id));
+
+    /* A real unique id from NCCL when it is built and can make one (no GPU needed). */
+    size_t id_len = 0;
+    int rc = gang_comm_nccl_unique_id(id, sizeof(id), &id_len);
+    if (rc == 0) {
+        assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, id_len, out,
+                                            sizeof(out), &len), 0);
+        assert_int_equal(gang_bootstrap_parse(out, len, &b, err, sizeof(err)), 0);
+        assert_memory_equal(b.nccl, id, id_len);
+    } else {
+        print_message("gang_comm_nccl_unique_id: %s (NCCL not built or not loadable); the "
+                      "format is checked with a synthetic id only\n", gang_err_name(rc));
+        tb_fake_id(id);
+    }
+
+    /* An empty blob is a gang of one's: valid, socket-only. */
+    assert_int_equal(gang_bootstrap_parse(NULL, 0, &b, err, sizeof(err)), 0);
+    assert_int_equal(b.socket_len, 0);
+    assert_null(b.nccl);
+
+    /* Refusals, each with its reason. */
+    memcpy(bad, out, len);
+    tb_refused("\nnccl:", 6, "socket part before the nccl line is empty");
+    tb_refused(TB_SOCK "\nmpi:1234", sl + 9, "must start with 'nccl:'");
+    tb_refused(TB_SOCK "\n", sl + 1, "must start with 'nccl:'");
+    tb_refused(bad, len - 1, "has 255 characters");
+    bad[len] = 'a';
+    tb_refused(bad, len + 1, "has 257 characters");
+    bad[len] = '\n';
+    tb_refused(bad, len + 1, "has 257 characters");
+    memcpy(bad, out, len);
+    bad[len - 1] = 'A';
+    tb_refused(bad, len, "not a lowercase hex digit");
+    memcpy(bad, out, len);
+    bad[sl + 6 + 10] = '\n';
+    tb_refused(bad, len, "character 10 of the NCCL unique id is 0x0a");
+    memcpy(bad, out, len);
+    bad[3] = 0x01;
+    tb_refused(bad, len, "byte 3 of the socket part is 0x01");
+    bad[3] = 0x00;
+    tb_refused(bad, sl, "byte 3 of the socket part is 0x00");
+
+    /* format: too small, an id that would not parse, no socket part. */
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
+                                        sl + 5 + GANG_BOOTSTRAP_NCCL_HEX, &len), GANG_ERANGE);
+    assert_int_equal(len, 0);
+    id[0] = 'G';
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
+                                        sizeof(out), &len), GANG_EINVAL);
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, 12, out, sizeof(out),
+                                        &len), GANG_EINVAL);
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, 0, NULL, 0, out, sizeof(out),
+                                        &len), GANG_EINVAL);
+}
+
+
+/* A bootstrap join from another thread (rank 0's). */
+typedef struct boot_arg {
+    gang_bootstrap_join_config cfg;
+    gang_comm *comm;
+    int rc;
+} boot_arg;
+
+static void *boot_join_main(void *p)
+{
+    boot_arg *a = p;
+
+    a->rc = gang_bootstrap_join(&a->cfg, GANG_COMM_SOCKET, &a->comm);
+    return NULL;
+}
+
+/*
+ * Rank 0 builds the blob, both ranks join the socket world from it and all-reduce; the
+ * nccl join is refused for a socket-only blob, and a malformed blob before any connection.
+ */
+static void test_bootstrap_join(void **state)
+{
+    uint8_t blob[TB_BLOB_MAX];
+    size_t len = 0;
+    char err[256] = "";
+    gang_bootstrap *root = NULL;
+    gang_bootstrap_parts parts;
+    boot_arg r0, r1;
+    gang_comm *c = (gang_comm *)blob;
+    pthread_t th;
+    float v = 1.0f;
+
+    (void)state;
+    assert_int_equal(gang_bootstrap_create(HOST, 0, NULL, blob, sizeof(blob), &len, err,
+                                           sizeof(err)), GANG_EINVAL);
+    assert_int_equal(gang_bootstrap_create(HOST, 0, &root, blob, 8, &len, err, sizeof(err)),
+                     GANG_ERANGE);
+    assert_null(root);
+    assert_non_null(strstr(err, "cannot build the bootstrap blob"));
+    assert_int_equal(gang_bootstrap_create(HOST, 0, &root, blob, sizeof(blob), &len, err,
+                                           sizeof(err)), 0);
+    assert_non_null(root);
+    assert_int_equal(gang_bootstrap_parse(blob, len, &parts, err, sizeof(err)), 0);
+    assert_int_equal(parts.socket_len, len);
+    assert_null(parts.nccl);
+
+    memset(&r0, 0, sizeof(r0));
+    r0.cfg.rank = 0;
+    r0.cfg.world_size = 2;
+    r0.cfg.blob = blob;
+    r0.cfg.blob_len = len;
+    r0.cfg.advertise_host = HOST;
+    r0.cfg.timeout_ms = 10000;
+    r1 = r0;
+    r0.cfg.root = root;
+    r1.cfg.rank = 1;
+
+    /* Refusals, before anything connects: no nccl part, a bad blob, another backend. */
+    assert_int_equal(gang_bootstrap_join(&r1.cfg, GANG_COMM_NCCL, &c), GANG_EPROTO);
+    assert_null(c);
+    r1.cfg.blob = (const uint8_t *)"127.0.0.1:1/00\nmpi:1";
+    r1.cfg.blob_len = strlen("127.0.0.1:1/00\nmpi:1");
+    assert_int_equal(gang_bootstrap_join(&r1.cfg, GANG_COMM_SOCKET, &c), GANG_EPROTO);
+    r1.cfg.blob = blob;
+    r1.cfg.blob_len = len;
+    assert_int_equal(gang_bootstrap_join(&r1.cfg, GANG_COMM_MPI, &c), GANG_EINVAL);
+    assert_int_equal(gang_bootstrap_join(NULL, GANG_COMM_SOCKET, &c), GANG_EINVAL);
+
+    assert_int_equal(pthread_create(&th, NULL, boot_join_main, &r0), 0);
+    assert_int_equal(gang_bootstrap_join(&r1.cfg, GANG_COMM_SOCKET, &r1.comm), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(r0.rc, 0);
+    assert_int_equal(gang_comm_rank(r1.comm), 1);
+    assert_int_equal(gang_comm_size(r0.comm), 2);
+
+    /* The pair works: an all-reduce from two threads. */
+    join_arg ja = {.comm = r0.comm};
+    assert_int_equal(pthread_create(&th, NULL, reduce_main, &ja), 0);
+    assert_int_equal(gang_comm_all_reduce(r1.comm, &v, 1, GANG_DTYPE_F32, 10000), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(ja.rc, 0);
+    assert_true(v == 2.0f);
+    gang_comm_free(r1.comm);
+    gang_comm_free(r0.comm);
+
+    /* A gang of one joins from the empty blob; with the nccl part wanted, create fails
+     * cleanly where NCCL is not built. */
+    memset(&r0.cfg, 0, sizeof(r0.cfg));
+    r0.cfg.world_size = 1;
+    r0.cfg.timeout_ms = 1000;
+    assert_int_equal(gang_bootstrap_join(&r0.cfg, GANG_COMM_SOCKET, &c), 0);
+    gang_comm_free(c);
+    if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
+        assert_int_equal(gang_bootstrap_create(HOST, 1, &root, blob, sizeof(blob), &len, err,
+                                               sizeof(err)), GANG_ENOSYS);
+        assert_null(root);
+        assert_non_null(strstr(err, "NCCL unique id"));
+    }
+}
+
+/* ---------------------------------------------------------------------------------
  * Front and registry.
  * --------------------------------------------------------------------------------- */
 static void test_front(void **state)
@@ -1212,6 +1427,8 @@ int main(void)
         cmocka_unit_test(test_half_rounding),
         cmocka_unit_test(test_size_mismatch),
         cmocka_unit_test(test_wrong_session),
+        cmocka_unit_test(test_bootstrap_format),
+        cmocka_unit_test(test_bootstrap_join),
     };
     /* clang-format on */
 

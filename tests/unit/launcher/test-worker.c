@@ -694,7 +694,7 @@ static void test_abort_while_starting(void **state)
 }
 
 /* -------------------------------------------------------------------------------------
- * The bootstrap blob (worker.h): "SOCKET" or "SOCKET\nnccl:HEX256"
+ * The bootstrap blob reaching START (its format is tested in tests/unit/test-comm.c)
  * ------------------------------------------------------------------------------------- */
 
 #define TB_SOCK "127.0.0.1:40123/00112233445566778899aabbccddeeff"
@@ -703,107 +703,8 @@ static void test_abort_while_starting(void **state)
 static void tb_fake_id(uint8_t *id)
 {
     static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < GANG__WBLOB_NCCL_HEX; i++)
+    for (size_t i = 0; i < GANG_BOOTSTRAP_NCCL_HEX; i++)
         id[i] = (uint8_t)hex[(i * 7 + 3) % 16];
-}
-
-/* Parses text[len] expecting GANG_EPROTO with `why` in the reason. */
-static void tb_refused(const void *text, size_t len, const char *why)
-{
-    gang__wblob b;
-    char err[256] = "";
-    int rc = gang__wblob_parse(text, len, &b, err, sizeof(err));
-    if (rc != GANG_EPROTO || strstr(err, why) == NULL)
-        fail_msg("blob of %zu bytes: expected GANG_EPROTO saying '%s', got %s '%s'", len, why,
-                 gang_err_name(rc), err);
-}
-
-static void test_blob_format(void **state)
-{
-    (void)state;
-    uint8_t id[GANG__WBLOB_NCCL_HEX], out[GANG_BLOB_MAX], bad[GANG_BLOB_MAX];
-    const size_t sl = strlen(TB_SOCK);
-    gang__wblob b;
-    char err[256];
-    size_t len;
-
-    /* Socket only: the blob is the socket blob byte for byte. */
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, sl, NULL, 0, out, sizeof(out),
-                                        &len), 0);
-    assert_int_equal(len, sl);
-    assert_memory_equal(out, TB_SOCK, sl);
-    assert_int_equal(gang__wblob_parse(out, len, &b, err, sizeof(err)), 0);
-    assert_ptr_equal(b.socket, out);
-    assert_int_equal(b.socket_len, sl);
-    assert_null(b.nccl);
-    assert_int_equal(b.nccl_len, 0);
-
-    /* With the NCCL id: SOCKET "\n" "nccl:" HEX. */
-    tb_fake_id(id);
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
-                                        sizeof(out), &len), 0);
-    assert_int_equal(len, sl + 1 + 5 + GANG__WBLOB_NCCL_HEX);
-    assert_int_equal(out[sl], '\n');
-    assert_memory_equal(out + sl + 1, "nccl:", 5);
-    assert_int_equal(gang__wblob_parse(out, len, &b, err, sizeof(err)), 0);
-    assert_ptr_equal(b.socket, out);
-    assert_int_equal(b.socket_len, sl);
-    assert_ptr_equal(b.nccl, out + sl + 6);
-    assert_int_equal(b.nccl_len, GANG__WBLOB_NCCL_HEX);
-    assert_memory_equal(b.nccl, id, sizeof(id));
-
-    /* A real unique id from NCCL when it is built and can make one (no GPU needed). */
-    size_t id_len = 0;
-    int rc = gang_comm_nccl_unique_id(id, sizeof(id), &id_len);
-    if (rc == 0) {
-        assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, sl, id, id_len, out,
-                                            sizeof(out), &len), 0);
-        assert_int_equal(gang__wblob_parse(out, len, &b, err, sizeof(err)), 0);
-        assert_memory_equal(b.nccl, id, id_len);
-    } else {
-        print_message("gang_comm_nccl_unique_id: %s (NCCL not built or not loadable); the "
-                      "format is checked with a synthetic id only\n", gang_err_name(rc));
-        tb_fake_id(id);
-    }
-
-    /* An empty blob is a gang of one's: valid, socket-only. */
-    assert_int_equal(gang__wblob_parse(NULL, 0, &b, err, sizeof(err)), 0);
-    assert_int_equal(b.socket_len, 0);
-    assert_null(b.nccl);
-
-    /* Refusals, each with its reason. */
-    memcpy(bad, out, len);
-    tb_refused("\nnccl:", 6, "socket part before the nccl line is empty");
-    tb_refused(TB_SOCK "\nmpi:1234", sl + 9, "must start with 'nccl:'");
-    tb_refused(TB_SOCK "\n", sl + 1, "must start with 'nccl:'");
-    tb_refused(bad, len - 1, "has 255 characters");
-    bad[len] = 'a';
-    tb_refused(bad, len + 1, "has 257 characters");
-    bad[len] = '\n';
-    tb_refused(bad, len + 1, "has 257 characters");
-    memcpy(bad, out, len);
-    bad[len - 1] = 'A';
-    tb_refused(bad, len, "not a lowercase hex digit");
-    memcpy(bad, out, len);
-    bad[sl + 6 + 10] = '\n';
-    tb_refused(bad, len, "character 10 of the NCCL unique id is 0x0a");
-    memcpy(bad, out, len);
-    bad[3] = 0x01;
-    tb_refused(bad, len, "byte 3 of the socket part is 0x01");
-    bad[3] = 0x00;
-    tb_refused(bad, sl, "byte 3 of the socket part is 0x00");
-
-    /* format: too small, an id that would not parse, no socket part. */
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
-                                        sl + 5 + GANG__WBLOB_NCCL_HEX, &len), GANG_ERANGE);
-    assert_int_equal(len, 0);
-    id[0] = 'G';
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
-                                        sizeof(out), &len), GANG_EINVAL);
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, sl, id, 12, out, sizeof(out),
-                                        &len), GANG_EINVAL);
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, 0, NULL, 0, out, sizeof(out),
-                                        &len), GANG_EINVAL);
 }
 
 /* Which workers run TP / PP over nccl: --model, --device cuda, --backend nccl or auto. */
@@ -839,7 +740,7 @@ static void test_uses_nccl(void **state)
 static void test_start_bad_blob(void **state)
 {
     tw_ctx *c = *state;
-    uint8_t id[GANG__WBLOB_NCCL_HEX], blob[GANG_BLOB_MAX];
+    uint8_t id[GANG_BOOTSTRAP_NCCL_HEX], blob[GANG_BLOB_MAX];
     size_t w = tw_spawn(c, 0), len;
     static const char bad[] = TB_SOCK "\nnccl:12";
 
@@ -851,8 +752,8 @@ static void test_start_bad_blob(void **state)
     tw_expect(c, w, GANG_WCTL_ABORTED, 3, 1000, 0);
 
     tb_fake_id(id);
-    assert_int_equal(gang__wblob_format((const uint8_t *)TB_SOCK, strlen(TB_SOCK), id, sizeof(id),
-                                        blob, sizeof(blob), &len), 0);
+    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, strlen(TB_SOCK), id,
+                                           sizeof(id), blob, sizeof(blob), &len), 0);
     tw_send(c, w, GANG_WCTL_START, 4, 1, 2, blob, (uint32_t)len);
     e = tw_expect(c, w, GANG_WCTL_ERROR, 4, 2000, 0);
     assert_int_equal(e.code, GANG_EMISMATCH);
@@ -871,7 +772,6 @@ int gang_test_worker(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_blob_format),
         cmocka_unit_test(test_uses_nccl),
         cmocka_unit_test_setup_teardown(test_start_bad_blob, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_heartbeat_and_shutdown, tw_setup, tw_teardown),
