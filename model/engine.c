@@ -451,14 +451,14 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
         return GANG_EINVAL;
     }
     if (r->n_stop > GANG_MAX_STOP_TOKENS) {
-        gang_set_err(err, errlen, "request %" PRIu64 ": %u stop tokens, at most %d", r->id, r->n_stop,
-                GANG_MAX_STOP_TOKENS);
+        gang_set_err(err, errlen, "request %" PRIu64 ": %u stop tokens, at most %d", r->id,
+                     r->n_stop, GANG_MAX_STOP_TOKENS);
         return GANG_EINVAL;
     }
     if (!(r->sampling.temperature >= 0.0f) || !isfinite(r->sampling.temperature) ||
         !(r->sampling.top_p > 0.0f && r->sampling.top_p <= 1.0f)) {
-        gang_set_err(err, errlen, "request %" PRIu64 ": temperature must be >= 0 and top_p in (0, 1]",
-                r->id);
+        gang_set_err(err, errlen,
+                     "request %" PRIu64 ": temperature must be >= 0 and top_p in (0, 1]", r->id);
         return GANG_EINVAL;
     }
     for (q = e->queue_head; q != NULL; q = q->next) {
@@ -564,7 +564,8 @@ static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline
         rc = gang_pipeline_left(deadline, &left);
         if (rc != 0)
             return rc;
-        rc = gang_comm_broadcast(world, e->plan_buf + GANG__PLAN_HDR_WORDS, body, GANG_DTYPE_I32, 0, left);
+        rc = gang_comm_broadcast(world, e->plan_buf + GANG__PLAN_HDR_WORDS, body, GANG_DTYPE_I32, 0,
+                                 left);
         if (rc != 0)
             return rc;
     }

@@ -181,8 +181,8 @@ static int pipe_later_stage(const pipe_run *r)
     return 0;
 }
 
-int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t stages,
-                      uint32_t batch, uint32_t microbatches, uint64_t deadline)
+int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t stages, uint32_t batch,
+                      uint32_t microbatches, uint64_t deadline)
 {
     pipe_run r = {.ops = ops,
                   .stage = stage,
@@ -195,8 +195,8 @@ int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t sta
 
     if (ops == NULL || ops->work == NULL || stages == 0 || stage >= stages)
         return GANG_EINVAL;
-    if (stages > 1 && (ops->send_act == NULL || ops->recv_act == NULL ||
-                       ops->send_result == NULL || ops->recv_result == NULL))
+    if (stages > 1 && (ops->send_act == NULL || ops->recv_act == NULL || ops->send_result == NULL ||
+                       ops->recv_result == NULL))
         return GANG_EINVAL;
     if (batch == 0 && microbatches == 0)
         return 0; /* an empty step: nothing to run, nothing to exchange */

@@ -208,10 +208,11 @@ int gang_topology_tp_shard(const gang_topology *t, uint32_t tp_rank, gang_tp_sha
  * pointers for "cpu"); a layer or scratch that lives on one device handle is refused
  * with GANG_EINVAL when called with another. Communicators carry host buffers (socket,
  * mpi) or device buffers (nccl): with a device handle and a host communicator, the
- * collectives are staged through host memory (gang_tp_stage_*, below). A TP rank copies its shard out of the full Hugging Face
- * weight matrices once (gang_tp_layer_init); the forward functions then run on that
- * shard and all-reduce over the TP communicator (the ranks of one pipeline stage, in
- * tp-rank order, e.g. from gang_comm_split with color = pp stage and key = tp rank).
+ * collectives are staged through host memory (gang_tp_stage_*, below). A TP rank copies
+ * its shard out of the full Hugging Face weight matrices once (gang_tp_layer_init); the
+ * forward functions then run on that shard and all-reduce over the TP communicator (the
+ * ranks of one pipeline stage, in tp-rank order, e.g. from gang_comm_split with color =
+ * pp stage and key = tp rank).
  *
  * Every weight is stored as Hugging Face does, [out_features, in_features] row-major,
  * so y = x . W^T. A column-parallel shard is a band of rows of W (output features),

@@ -482,8 +482,8 @@ void run_gang_on(uint32_t tp, uint32_t pp, gang_engine **engines, gang_kernels *
         xs[r].rank = r;
         xs[r].engine = engines[r];
     }
-    tu_gang_start(&run.g, n, tp, controller != NULL, &xs[0].listener, rank_main, xs,
-                  sizeof(xs[0]), th);
+    tu_gang_start(&run.g, n, tp, controller != NULL, &xs[0].listener, rank_main, xs, sizeof(xs[0]),
+                  th);
     if (controller != NULL)
         controller(xs, n);
     tu_gang_finish(&run.g, th);
@@ -718,8 +718,8 @@ void make_logits_script(script *one)
     one->steps = 1;
 }
 
-void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm,
-                       const script *one, const char *what)
+void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm, const script *one,
+                       const char *what)
 {
     double ref[VOCAB];
     const float *got, *want;
@@ -740,8 +740,8 @@ void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm,
     }
 }
 
-void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
-                  uint32_t pp, uint32_t microbatches)
+void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp, uint32_t pp,
+                  uint32_t microbatches)
 {
     static rank_ctx xs[MAX_RANKS];
     static script one;

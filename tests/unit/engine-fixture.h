@@ -193,14 +193,14 @@ void make_logits_script(script *one);
  * step equal those of ref_e (a 1 x 1 engine that ran the same script) within REL_TOL,
  * and the naive reference's of the matching request of one. what names the layout.
  */
-void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm,
-                       const script *one, const char *what);
+void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm, const script *one,
+                       const char *what);
 /*
  * The serving path of a tp x pp gang with `microbatches`: the script sc gives exactly
  * exp, and the one-step logits script gives, on the last stage's TP rank 0, the logits
  * of a single rank (and no other rank holds any).
  */
-void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
-                  uint32_t pp, uint32_t microbatches);
+void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp, uint32_t pp,
+                  uint32_t microbatches);
 
 #endif /* GANG_TEST_ENGINE_FIXTURE_H */

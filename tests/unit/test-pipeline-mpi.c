@@ -53,13 +53,13 @@
 
 /* What every rank holds for the tests; set by main and the group setup. */
 typedef struct rank_state {
-    uint32_t rank;           /* global rank */
-    uint32_t stage, tp_rank; /* place in the layout */
-    gang_comm *world;        /* plans and tokens */
-    gang_comm *tp_comm;      /* the ranks of this stage, in tp-rank order */
-    gang_comm *pp_comm;      /* the ranks of this tp rank, in stage order */
-    full_model *fm;          /* the random model (the same on every rank) */
-    script sc;               /* the fixture's eight-request script */
+    uint32_t rank;            /* global rank */
+    uint32_t stage, tp_rank;  /* place in the layout */
+    gang_comm *world;         /* plans and tokens */
+    gang_comm *tp_comm;       /* the ranks of this stage, in tp-rank order */
+    gang_comm *pp_comm;       /* the ranks of this tp rank, in stage order */
+    full_model *fm;           /* the random model (the same on every rank) */
+    script sc;                /* the fixture's eight-request script */
     script_out exp[MAX_REQS]; /* its reference outputs */
 } rank_state;
 

@@ -49,8 +49,8 @@ typedef struct rec_op {
 typedef struct rec_stage {
     rec_op ops[MAX_OPS];
     uint32_t n;
-    char text[1024];   /* the same, as "W0 SA0>1#0 ..." */
-    uint32_t fail_at;  /* the op number that returns fail_rc (UINT32_MAX: none) */
+    char text[1024];  /* the same, as "W0 SA0>1#0 ..." */
+    uint32_t fail_at; /* the op number that returns fail_rc (UINT32_MAX: none) */
     int fail_rc;
     uint32_t sleep_ms; /* every WORK sleeps this long */
 } rec_stage;
@@ -81,7 +81,7 @@ static int rec_work(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline)
 }
 
 #define REC_XFER(name, op)                                                                         \
-    static int name(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,           \
+    static int name(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,            \
                     uint64_t deadline)                                                             \
     {                                                                                              \
         (void)deadline;                                                                            \
@@ -112,8 +112,7 @@ static void record(rec_stage *st, uint32_t p, uint32_t batch, uint32_t k)
 
         memset(&st[s], 0, sizeof(st[s]));
         st[s].fail_at = UINT32_MAX;
-        assert_int_equal(gang_pipeline_run(&ops, s, p, batch, k, gang_pipeline_deadline(10000)),
-                         0);
+        assert_int_equal(gang_pipeline_run(&ops, s, p, batch, k, gang_pipeline_deadline(10000)), 0);
     }
 }
 
