@@ -301,7 +301,7 @@ class Harness:
 
     def clean_env(self, extra=None):
         """The environment for ganglion processes: without identity variables that could
-        leak in from the machine running the tests (DESIGN.md §3 discovery order)."""
+        leak in from the machine running the tests (docs/design.md §3 discovery order)."""
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("GANGLION_", "OMPI_", "PMIX_", "LWS_"))
                and k not in ("POD_NAMESPACE",)}

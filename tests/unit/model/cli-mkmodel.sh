@@ -1,6 +1,6 @@
 #!/bin/sh
 # `ganglion mkmodel` end to end: the JSON summary, byte-identical reruns, the files of a
-# sharded model, and usage errors that exit 2 (DESIGN.md section 3). $1 is the binary.
+# sharded model, and usage errors that exit 2 (docs/design.md section 3). $1 is the binary.
 set -u
 bin=$1
 dir=$(mktemp -d /tmp/gang-cli-mkmodel-XXXXXX)
