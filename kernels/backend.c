@@ -15,43 +15,25 @@
 #include "ganglion/config.h"
 #include "ganglion/kernels.h"
 
-#include "cpu/cpu.h"
+#include "kernels-backend.h"
 #include "cuda/cuda-backend.h"
 
-/* Exactly one of ops (host backends) and dev (device backends, with ctx) is set. */
+/* A handle: its backend's static vtable and the backend's per-handle state. */
 struct gang_kernels {
-    const gang__kernels_ops *ops;      /* the host backend's static vtable, or NULL */
-    const gang__kernels_dev_ops *dev;  /* the device backend's static vtable, or NULL */
-    void *ctx;                         /* the device backend's per-handle state */
+    const gang__kernels_backend *be;
+    void *ctx; /* what be->open returned; NULL for a backend without open */
 };
 
 /* ---------------------------------------------------------------------------------
  * Registration.
- * --------------------------------------------------------------------------------- */
-static const gang__kernels_ops cpu_ops = {
-    .name = "cpu",
-    .init = NULL,
-    .gemm = gang__cpu_gemm,
-    .rmsnorm = gang__cpu_rmsnorm,
-    .rope = gang__cpu_rope,
-    .softmax = gang__cpu_softmax,
-    .attention = gang__cpu_attention,
-    .silu_mul = gang__cpu_silu_mul,
-    .embedding = gang__cpu_embedding,
-    .add = gang__cpu_add,
-    .add_rows = gang__cpu_add_rows,
-    .argmax = gang__cpu_argmax,
-};
-
-/*
- * Device backends carry per-handle state and use the wider table of cuda/cuda-backend.h.
+ *
  * With the CUDA kernels built (CMake defines GANG_HAVE_CUDA_KERNELS, cmake/cuda.cmake),
- * "cuda" is the real backend; otherwise it has no table and opening it answers
- * GANG_ENOSYS with a log line, so callers get a clear error instead of a link failure or a
- * silent fallback to the CPU. The device queries answer "no GPU" in that case.
- */
+ * "cuda" is the real backend; otherwise its stub's open answers GANG_ENOSYS with a log
+ * line, so callers get a clear error instead of a link failure or a silent fallback to
+ * the CPU. The device queries answer "no GPU" in that case.
+ * --------------------------------------------------------------------------------- */
 #if defined(GANG_HAVE_CUDA_KERNELS) && GANG_HAVE_CUDA_KERNELS
-#define KERNELS_CUDA_DEV_OPS (&gang__kernels_cuda_dev_ops)
+#define KERNELS_CUDA_BACKEND (&gang__kernels_cuda_backend)
 
 int gang_kernels_device_count(void)
 {
@@ -70,7 +52,20 @@ int gang_kernels_device_can_access_peer(int a, int b)
     return gang__cuda_device_can_access_peer(a, b);
 }
 #else
-#define KERNELS_CUDA_DEV_OPS ((const gang__kernels_dev_ops *)NULL)
+static int cuda_stub_open(const gang_kernels_options *o, void **ctx)
+{
+    (void)o;
+    *ctx = NULL;
+    return GANG_ENOSYS;
+}
+
+/* Every other entry is NULL: the front answers GANG_ENOSYS (no handle is ever made). */
+static const gang__kernels_backend kernels_cuda_stub = {
+    .name = "cuda",
+    .caps = GANG_KERNELS_CAP_DEVICE_MEM | GANG_KERNELS_CAP_HALF_GEMM,
+    .open = cuda_stub_open,
+};
+#define KERNELS_CUDA_BACKEND (&kernels_cuda_stub)
 
 int gang_kernels_device_count(void)
 {
@@ -89,6 +84,20 @@ int gang_kernels_device_can_access_peer(int a, int b)
     return GANG_ENOSYS;
 }
 #endif
+
+/* The backend a device name selects, or NULL for an unknown name. */
+static const gang__kernels_backend *kernels_backend_for(const char *device)
+{
+    /* "auto" stays "cpu" even when the CUDA kernels are built: tensors of a device backend
+     * are device pointers, and callers written for host pointers would hand it host
+     * memory. Callers that use gang_kernels_alloc/upload ask for "cuda" explicitly (or
+     * check gang_kernels_device_count() first). */
+    if (strcmp(device, "cpu") == 0 || strcmp(device, "auto") == 0)
+        return &gang__kernels_cpu_backend;
+    if (strcmp(device, "cuda") == 0)
+        return KERNELS_CUDA_BACKEND;
+    return NULL;
+}
 
 /* ---------------------------------------------------------------------------------
  * Handle.
@@ -113,17 +122,10 @@ int gang_kernels_open(const char *device, gang_kernels **out)
     return gang_kernels_open_opts(&o, out);
 }
 
-/*
- * "auto" stays "cpu" even when the CUDA kernels are built: tensors of a device backend
- * are device pointers, and callers written for host pointers (the TP layers, the engine)
- * would hand it host memory. Callers that use gang_kernels_alloc/upload ask for "cuda"
- * explicitly (or check gang_kernels_device_count() first).
- */
+/* Opens the handle of the backend o->device names; every backend goes the same way. */
 int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
 {
-    const gang__kernels_ops *ops = NULL;
-    const gang__kernels_dev_ops *dev = NULL;
-    const char *device;
+    const gang__kernels_backend *be;
     void *ctx = NULL;
     gang_kernels *k;
     int rc;
@@ -133,39 +135,17 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
     *out = NULL;
     if (o == NULL || o->device == NULL)
         return GANG_EINVAL;
-    device = o->device;
-    if (strcmp(device, "cpu") == 0 || strcmp(device, "auto") == 0) {
-        ops = &cpu_ops;
-    } else if (strcmp(device, "cuda") == 0) {
-        dev = KERNELS_CUDA_DEV_OPS;
-        if (dev == NULL) {
-            gang_error("kernels: device 'cuda' is unavailable: %s (%s)",
-                       gang_strerror(GANG_ENOSYS), gang_err_name(GANG_ENOSYS));
-            return GANG_ENOSYS;
-        }
-        if (o->pool_percent > 100 || (o->pool_mb == 0 && o->pool_percent == 0)) {
-            gang_error("kernels: pool percent %u is outside 1..100", (unsigned)o->pool_percent);
-            return GANG_EINVAL;
-        }
-    } else {
-        gang_error("kernels: unknown device '%s' (expected cpu, cuda or auto)", device);
+    be = kernels_backend_for(o->device);
+    if (be == NULL) {
+        gang_error("kernels: unknown device '%s' (expected cpu, cuda or auto)", o->device);
         return GANG_EINVAL;
     }
-
-    if (ops != NULL && ops->init != NULL) {
-        rc = ops->init();
+    if (be->open != NULL) {
+        rc = be->open(o, &ctx);
         if (rc < 0) {
-            gang_error("kernels: device '%s' is unavailable: %s (%s)", device,
+            gang_error("kernels: device '%s' is unavailable: %s (%s)", o->device,
                        gang_strerror(rc), gang_err_name(rc));
-            goto out_err;
-        }
-    }
-    if (dev != NULL) {
-        rc = dev->open(o, &ctx);
-        if (rc < 0) {
-            gang_error("kernels: device '%s' is unavailable: %s (%s)", device,
-                       gang_strerror(rc), gang_err_name(rc));
-            goto out_err;
+            return rc;
         }
     }
     k = malloc(sizeof(*k));
@@ -173,70 +153,54 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
         rc = GANG_ENOMEM;
         goto out_close;
     }
-    k->ops = ops;
-    k->dev = dev;
+    k->be = be;
     k->ctx = ctx;
     *out = k;
     return 0;
 
 out_close:
-    if (dev != NULL)
-        dev->close(ctx);
-out_err:
+    if (be->close != NULL)
+        be->close(ctx);
     return rc;
 }
 
 void gang_kernels_close(gang_kernels *k)
 {
-    if (k != NULL && k->dev != NULL)
-        k->dev->close(k->ctx);
+    if (k != NULL && k->be->close != NULL)
+        k->be->close(k->ctx);
     free(k);
 }
 
 const char *gang_kernels_name(const gang_kernels *k)
 {
-    if (k == NULL)
-        return "?";
-    return k->dev != NULL ? k->dev->name : k->ops->name;
+    return k != NULL ? k->be->name : "?";
 }
 
-int gang_kernels_is_device(const gang_kernels *k)
+uint32_t gang_kernels_caps(const gang_kernels *k)
 {
-    return k != NULL && k->dev != NULL;
+    return k != NULL ? k->be->caps : 0;
 }
 
 /* ---------------------------------------------------------------------------------
- * Tensor memory. The cpu backend uses the heap and memcpy, so code written against this
+ * Tensor memory. The cpu backend uses the heap and memmove, so code written against this
  * API runs unchanged on either backend.
  * --------------------------------------------------------------------------------- */
 int gang_kernels_alloc(gang_kernels *k, size_t bytes, void **out)
 {
-    void *p;
-
     if (out != NULL)
         *out = NULL;
     if (k == NULL || out == NULL || bytes == 0)
         return GANG_EINVAL;
-    if (k->dev != NULL)
-        return k->dev->alloc(k->ctx, bytes, out);
-    if (bytes > SIZE_MAX - 255)
-        return GANG_ERANGE;
-    p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (p == NULL)
-        return GANG_ENOMEM;
-    *out = p;
-    return 0;
+    if (k->be->alloc == NULL)
+        return GANG_ENOSYS;
+    return k->be->alloc(k->ctx, bytes, out);
 }
 
 void gang_kernels_free(gang_kernels *k, void *p)
 {
-    if (k == NULL || p == NULL)
+    if (k == NULL || p == NULL || k->be->free == NULL)
         return;
-    if (k->dev == NULL) {
-        free(p);
-        return;
-    }
-    if (k->dev->free(k->ctx, p) < 0)
+    if (k->be->free(k->ctx, p) < 0)
         gang_error("kernels: gang_kernels_free of %p, which is not a live allocation of this "
                    "handle (ignored)", p);
 }
@@ -247,21 +211,21 @@ int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t byte
         return GANG_EINVAL;
     if (bytes == 0)
         return 0;
-    if (k->dev != NULL)
-        return k->dev->upload(k->ctx, dst, src, bytes);
-    memmove(dst, src, bytes);
-    return 0;
+    if (k->be->upload == NULL)
+        return GANG_ENOSYS;
+    return k->be->upload(k->ctx, dst, src, bytes);
 }
 
+/* An empty download still waits for the handle's work (the contract of the header). */
 int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t bytes)
 {
     if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
         return GANG_EINVAL;
-    if (k->dev != NULL)
-        return bytes == 0 ? k->dev->sync(k->ctx) : k->dev->download(k->ctx, dst, src, bytes);
-    if (bytes > 0)
-        memmove(dst, src, bytes);
-    return 0;
+    if (bytes == 0)
+        return gang_kernels_sync(k);
+    if (k->be->download == NULL)
+        return GANG_ENOSYS;
+    return k->be->download(k->ctx, dst, src, bytes);
 }
 
 int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
@@ -270,10 +234,9 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
         return GANG_EINVAL;
     if (bytes == 0 || dst == src)
         return 0;
-    if (k->dev != NULL)
-        return k->dev->copy != NULL ? k->dev->copy(k->ctx, dst, src, bytes) : GANG_ENOSYS;
-    memmove(dst, src, bytes);
-    return 0;
+    if (k->be->copy == NULL)
+        return GANG_ENOSYS;
+    return k->be->copy(k->ctx, dst, src, bytes);
 }
 
 int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src,
@@ -284,32 +247,28 @@ int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *
         return GANG_EINVAL;
     if (rows - 1 > (SIZE_MAX - width) / (dpitch > spitch ? dpitch : spitch))
         return GANG_ERANGE;
-    if (k->dev != NULL)
-        return k->dev->copy_2d != NULL
-                   ? k->dev->copy_2d(k->ctx, dst, dpitch, src, spitch, width, rows)
-                   : GANG_ENOSYS;
-    for (size_t r = 0; r < rows; r++)
-        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
-    return 0;
+    if (k->be->copy_2d == NULL)
+        return GANG_ENOSYS;
+    return k->be->copy_2d(k->ctx, dst, dpitch, src, spitch, width, rows);
 }
 
 int gang_kernels_sync(gang_kernels *k)
 {
     if (k == NULL)
         return GANG_EINVAL;
-    return k->dev != NULL ? k->dev->sync(k->ctx) : 0;
+    if (k->be->sync == NULL)
+        return GANG_ENOSYS;
+    return k->be->sync(k->ctx);
 }
 
 /*
- * The device backends' sync makes the handle's device current on the calling thread
- * before it waits (cuda: cudaSetDevice, see cuda_sync), which is all binding needs; a
- * vtable entry of its own would only repeat that.
+ * A backend's sync makes the handle's device current on the calling thread before it
+ * waits (cuda: cudaSetDevice, see cuda_sync), which is all binding needs; a vtable entry
+ * of its own would only repeat that.
  */
 int gang_kernels_bind_thread(gang_kernels *k)
 {
-    if (k == NULL)
-        return GANG_EINVAL;
-    return k->dev != NULL ? k->dev->sync(k->ctx) : 0;
+    return gang_kernels_sync(k);
 }
 
 int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *out)
@@ -317,7 +276,9 @@ int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *
     if (k == NULL || out == NULL)
         return GANG_EINVAL;
     memset(out, 0, sizeof(*out));
-    return k->dev != NULL ? k->dev->pool_stats(k->ctx, out) : 0;
+    if (k->be->pool_stats == NULL)
+        return GANG_ENOSYS;
+    return k->be->pool_stats(k->ctx, out);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -353,12 +314,9 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
     if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
         (rc = elems(n, kdim, &tmp)) < 0)
         return rc;
-    if (k->dev != NULL)
-        return k->dev->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b,
-                            beta, c);
-    if (k->ops->gemm == NULL)
+    if (k->be->gemm == NULL)
         return GANG_ENOSYS;
-    return k->ops->gemm(trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
+    return k->be->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
 int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps,
@@ -373,11 +331,9 @@ int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float 
         return GANG_EINVAL;
     if ((rc = elems(rows, dim, &tmp)) < 0)
         return rc;
-    if (k->dev != NULL)
-        return k->dev->rmsnorm(k->ctx, x, w, eps, rows, dim, out);
-    if (k->ops->rmsnorm == NULL)
+    if (k->be->rmsnorm == NULL)
         return GANG_ENOSYS;
-    return k->ops->rmsnorm(x, w, eps, rows, dim, out);
+    return k->be->rmsnorm(k->ctx, x, w, eps, rows, dim, out);
 }
 
 int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_t tokens,
@@ -393,16 +349,11 @@ int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_
         return GANG_EINVAL;
     if ((rc = elems3(tokens, heads, head_dim, &tmp)) < 0)
         return rc;
-    /* Device positions cannot be read here: the device backend checks them on the device
-     * and reports a negative one at the next sync. */
-    if (k->dev != NULL)
-        return k->dev->rope(k->ctx, x, positions, tokens, heads, head_dim, theta);
-    for (size_t t = 0; t < tokens; t++)
-        if (positions[t] < 0)
-            return GANG_EINVAL;
-    if (k->ops->rope == NULL)
+    /* The positions are the backend's to check (a device backend reads them on the device
+     * and reports a negative one at the next sync). */
+    if (k->be->rope == NULL)
         return GANG_ENOSYS;
-    return k->ops->rope(x, positions, tokens, heads, head_dim, theta);
+    return k->be->rope(k->ctx, x, positions, tokens, heads, head_dim, theta);
 }
 
 int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)
@@ -414,11 +365,9 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)
         return GANG_EINVAL;
     if ((rc = elems(rows, cols, &tmp)) < 0)
         return rc;
-    if (k->dev != NULL)
-        return k->dev->softmax(k->ctx, x, rows, cols);
-    if (k->ops->softmax == NULL)
+    if (k->be->softmax == NULL)
         return GANG_ENOSYS;
-    return k->ops->softmax(x, rows, cols);
+    return k->be->softmax(k->ctx, x, rows, cols);
 }
 
 int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, const float *vc,
@@ -440,12 +389,10 @@ int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, con
     if ((rc = elems3(tq, n_heads, head_dim, &tmp)) < 0 ||
         (rc = elems3(tk, n_kv_heads, head_dim, &tmp)) < 0)
         return rc;
-    if (k->dev != NULL)
-        return k->dev->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim,
-                                 pos0, out);
-    if (k->ops->attention == NULL)
+    if (k->be->attention == NULL)
         return GANG_ENOSYS;
-    return k->ops->attention(q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, out);
+    return k->be->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
+                            out);
 }
 
 int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, size_t n,
@@ -455,11 +402,9 @@ int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, s
         return GANG_EINVAL;
     if (n > SIZE_MAX / sizeof(float))
         return GANG_ERANGE;
-    if (k->dev != NULL)
-        return k->dev->silu_mul(k->ctx, gate, up, n, out);
-    if (k->ops->silu_mul == NULL)
+    if (k->be->silu_mul == NULL)
         return GANG_ENOSYS;
-    return k->ops->silu_mul(gate, up, n, out);
+    return k->be->silu_mul(k->ctx, gate, up, n, out);
 }
 
 int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, size_t dim,
@@ -473,21 +418,10 @@ int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, si
         return GANG_EINVAL;
     if ((rc = elems(vocab, dim, &tmp)) < 0 || (rc = elems(n_ids, dim, &tmp)) < 0)
         return rc;
-    /* Device ids are checked on the device, before anything is written (same promise). */
-    if (k->dev != NULL)
-        return k->dev->embedding(k->ctx, table, vocab, dim, ids, n_ids, out);
-    /* Checked here as well as in the backend: the promise "nothing written on a bad id"
-     * must not depend on how a backend orders its copies. */
-    for (size_t t = 0; t < n_ids; t++) {
-        if (ids[t] < 0 || (size_t)ids[t] >= vocab) {
-            gang_debug("kernels: token id %d at index %zu is outside the vocabulary (%zu)",
-                       (int)ids[t], t, vocab);
-            return GANG_EINVAL;
-        }
-    }
-    if (k->ops->embedding == NULL)
+    /* The ids are the backend's to check, every one before anything is written. */
+    if (k->be->embedding == NULL)
         return GANG_ENOSYS;
-    return k->ops->embedding(table, vocab, dim, ids, n_ids, out);
+    return k->be->embedding(k->ctx, table, vocab, dim, ids, n_ids, out);
 }
 
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
@@ -496,11 +430,9 @@ int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
         return GANG_EINVAL;
     if (n > SIZE_MAX / sizeof(float))
         return GANG_ERANGE;
-    if (k->dev != NULL)
-        return k->dev->add(k->ctx, x, y, n);
-    if (k->ops->add == NULL)
+    if (k->be->add == NULL)
         return GANG_ENOSYS;
-    return k->ops->add(x, y, n);
+    return k->be->add(k->ctx, x, y, n);
 }
 
 int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows,
@@ -513,12 +445,9 @@ int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t r
         return GANG_EINVAL;
     if ((rc = elems(rows, cols, &tmp)) < 0)
         return rc;
-    if (k->dev != NULL)
-        return k->dev->add_rows != NULL ? k->dev->add_rows(k->ctx, x, bias, rows, cols)
-                                        : GANG_ENOSYS;
-    if (k->ops->add_rows == NULL)
+    if (k->be->add_rows == NULL)
         return GANG_ENOSYS;
-    return k->ops->add_rows(x, bias, rows, cols);
+    return k->be->add_rows(k->ctx, x, bias, rows, cols);
 }
 
 int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols,
@@ -533,11 +462,9 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
         return GANG_ERANGE;
     if ((rc = elems(rows, cols, &tmp)) < 0)
         return rc;
-    if (k->dev != NULL)
-        return k->dev->argmax(k->ctx, x, rows, cols, out);
-    if (k->ops->argmax == NULL)
+    if (k->be->argmax == NULL)
         return GANG_ENOSYS;
-    return k->ops->argmax(x, rows, cols, out);
+    return k->be->argmax(k->ctx, x, rows, cols, out);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -567,29 +494,9 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
     if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
         (rc = elems(n, kdim, &tmp)) < 0)
         return rc;
-    if (k->dev == NULL)
+    if (k->be->gemm == NULL)
         return GANG_ENOSYS;
-    return k->dev->gemm(k->ctx, dt, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
-}
-
-/* Host conversion for the cpu backend, through f32 with the module's rounding. */
-static float host_load(const void *p, gang_dtype dt, size_t i)
-{
-    if (dt == GANG_DTYPE_F16)
-        return gang_f16_to_f32(((const uint16_t *)p)[i]);
-    if (dt == GANG_DTYPE_BF16)
-        return gang_bf16_to_f32(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
-
-static void host_store(void *p, gang_dtype dt, size_t i, float v)
-{
-    if (dt == GANG_DTYPE_F16)
-        ((uint16_t *)p)[i] = gang_f32_to_f16(v);
-    else if (dt == GANG_DTYPE_BF16)
-        ((uint16_t *)p)[i] = gang_f32_to_bf16(v);
-    else
-        ((float *)p)[i] = v;
+    return k->be->gemm(k->ctx, dt, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
 int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
@@ -601,15 +508,9 @@ int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
         return GANG_EINVAL;
     if (n > SIZE_MAX / 4)
         return GANG_ERANGE;
-    if (k->dev != NULL)
-        return k->dev->convert(k->ctx, from, src, to, dst, n);
-    if (from == to) {
-        memmove(dst, src, n * kdtype_size(from));
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++)
-        host_store(dst, to, i, host_load(src, from, i));
-    return 0;
+    if (k->be->convert == NULL)
+        return GANG_ENOSYS;
+    return k->be->convert(k->ctx, from, src, to, dst, n);
 }
 
 int gang_kernels_gemm_bench(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
@@ -627,8 +528,8 @@ int gang_kernels_gemm_bench(gang_kernels *k, gang_dtype dt, int trans_b, size_t 
     if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
         (rc = elems(n, kdim, &tmp)) < 0)
         return rc;
-    if (k->dev == NULL || k->dev->gemm_bench == NULL)
+    if (k->be->gemm_bench == NULL)
         return GANG_ENOSYS;
-    return k->dev->gemm_bench(k->ctx, dt, trans_b != 0, m, n, kdim, warmup, iters, ours_ms,
-                              ref_ms, max_rel_diff);
+    return k->be->gemm_bench(k->ctx, dt, trans_b != 0, m, n, kdim, warmup, iters, ours_ms,
+                             ref_ms, max_rel_diff);
 }

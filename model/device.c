@@ -47,7 +47,7 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
         return 0;
     if (m->mem != NULL)
         return GANG_EINVAL;
-    if (!gang_kernels_is_device(k))
+    if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
     hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
     top[0] = &m->final_norm, n[0] = hidden;

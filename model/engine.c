@@ -208,7 +208,7 @@ static int eng_alloc_head(gang_engine *e)
         rc = eng_talloc(e, slots * e->vpad, &e->head_pad);
     if (rc == 0 && m->topo.tp > 1)
         rc = eng_talloc(e, (size_t)m->topo.tp * slots * e->vpad, &e->gathered);
-    if (rc == 0 && m->topo.tp > 1 && gang_kernels_is_device(e->k))
+    if (rc == 0 && m->topo.tp > 1 && (gang_kernels_caps(e->k) & GANG_KERNELS_CAP_DEVICE_MEM))
         rc = eng_talloc(e, slots * e->vocab, &e->logits_dev);
     if (rc != 0)
         return rc;
@@ -235,7 +235,7 @@ static int eng_alloc_stage(gang_engine *e)
 {
     size_t act = (size_t)e->max_tokens * e->m->topo.hidden, head = 0;
 
-    if (!gang_kernels_is_device(e->k))
+    if (!(gang_kernels_caps(e->k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
     if (e->is_last && e->m->topo.tp > 1)
         head = (size_t)(e->m->topo.tp + 1) * e->slots * e->vpad;
@@ -313,14 +313,14 @@ int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine *
 /* The model's arrays must be tensor memory of k: moved to k for a device, host for cpu. */
 static int eng_check_memory(const gang_model *m, gang_kernels *k, char *err, size_t errlen)
 {
-    if (gang_kernels_is_device(k) && m->mem != k) {
+    if ((gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM) && m->mem != k) {
         gang_set_err(err, errlen,
                 "the model is not on the engine's '%s' device "
                 "(call gang_model_to_device first)",
                 gang_kernels_name(k));
         return GANG_EINVAL;
     }
-    if (!gang_kernels_is_device(k) && m->mem != NULL) {
+    if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM) && m->mem != NULL) {
         gang_set_err(err, errlen, "the model lives on a device, the engine's handle is '%s'",
                 gang_kernels_name(k));
         return GANG_EINVAL;
@@ -583,7 +583,9 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         return GANG_EINVAL;
     /* Device buffers are only valid on the handle they came from; host ones on any host
      * handle. */
-    if (gang_kernels_is_device(k) ? k != e->k : gang_kernels_is_device(e->k))
+    if ((gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)
+            ? k != e->k
+            : (gang_kernels_caps(e->k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return GANG_EINVAL;
     m = e->m;
     if (eng_check_comm(world, m->topo.world_size, m->place.rank) != 0 ||

@@ -60,7 +60,7 @@ int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_fi
 static int stage_direct(gang_kernels *k, gang_comm *c, int *rc)
 {
     *rc = 0;
-    if (!gang_kernels_is_device(k))
+    if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 1;
     if (gang_comm_caps(c) & GANG_COMM_CAP_DEVICE_MEM) {
         *rc = gang_kernels_sync(k);
@@ -253,7 +253,7 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return 0;
     if (l->mem != NULL)
         return GANG_EINVAL;
-    if (!gang_kernels_is_device(k))
+    if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
     tp_layer_arrays(l, a, n);
     /* All or nothing: the host arrays are released only once every upload succeeded. */
@@ -414,7 +414,7 @@ static int tp_check_comm(const gang_tp_layer *l, gang_comm *comm)
  */
 static int tp_check_mem(const gang_tp_layer *l, gang_kernels *k)
 {
-    if (gang_kernels_is_device(k))
+    if ((gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return l->mem == k ? 0 : GANG_EINVAL;
     return l->mem == NULL ? 0 : GANG_EINVAL;
 }
@@ -639,7 +639,7 @@ int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t m
         rc = s->pos_host == NULL ? GANG_ENOMEM : 0;
     }
     /* The all-reduces of a device handle over a host communicator stage through here. */
-    if (rc == 0 && gang_kernels_is_device(k)) {
+    if (rc == 0 && (gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)) {
         s->stage.bytes = max_tokens * s->hidden * sizeof(float);
         s->stage.host = malloc(s->stage.bytes);
         rc = s->stage.host == NULL ? GANG_ENOMEM : 0;
@@ -797,7 +797,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     if (rc != 0)
         return rc;
     /* The scratch, like the layer, must be tensor memory of k. */
-    if (gang_kernels_is_device(k) ? s->mem != k : gang_kernels_is_device(s->mem))
+    if ((gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)
+            ? s->mem != k
+            : (gang_kernels_caps(s->mem) & GANG_KERNELS_CAP_DEVICE_MEM))
         return GANG_EINVAL;
     rc = tp_batch_check(l, s, n_seq, seq_tokens, seq_pos0, caches, &total);
     if (rc == 0)

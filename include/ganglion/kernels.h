@@ -176,8 +176,20 @@ void gang_kernels_options_init(gang_kernels_options *o);
  */
 int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out);
 
-/* 1 when the handle's tensors live in device memory ("cuda"), 0 for host memory. */
-int gang_kernels_is_device(const gang_kernels *k);
+/*
+ * Capabilities of a handle's backend, so that callers ask what it can do instead of which
+ * backend it is:
+ *  - GANG_KERNELS_CAP_HOST_MEM: tensors are host memory, any host pointer works ("cpu");
+ *  - GANG_KERNELS_CAP_DEVICE_MEM: tensors are device memory from gang_kernels_alloc, moved
+ *    with upload / download ("cuda");
+ *  - GANG_KERNELS_CAP_HALF_GEMM: gang_kernels_gemm_ex takes f16 and bf16 (else only f32).
+ * gang_kernels_caps(NULL) is 0.
+ */
+#define GANG_KERNELS_CAP_HOST_MEM   (1u << 0)
+#define GANG_KERNELS_CAP_DEVICE_MEM (1u << 1)
+#define GANG_KERNELS_CAP_HALF_GEMM  (1u << 2)
+
+uint32_t gang_kernels_caps(const gang_kernels *k);
 
 /*
  * Allocates bytes (> 0) of tensor memory for this handle, aligned to 256 bytes: from the

@@ -95,6 +95,10 @@ static int cuda_open(const gang_kernels_options *o, void **out)
     cudaError_t e;
 
     *out = NULL;
+    if (o->pool_percent > 100 || (o->pool_mb == 0 && o->pool_percent == 0)) {
+        gang_error("kernels: pool percent %u is outside 1..100", (unsigned)o->pool_percent);
+        return GANG_EINVAL;
+    }
     e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         gang_error("kernels/cuda: no usable GPU: %s",
@@ -423,8 +427,9 @@ static int cuda_convert(void *ctx, gang_dtype from, const void *src, gang_dtype 
     return rc < 0 ? rc : gang__cuda_launch_convert(c->stream, from, src, to, dst, n);
 }
 
-const gang__kernels_dev_ops gang__kernels_cuda_dev_ops = {
+const gang__kernels_backend gang__kernels_cuda_backend = {
     .name = "cuda",
+    .caps = GANG_KERNELS_CAP_DEVICE_MEM | GANG_KERNELS_CAP_HALF_GEMM,
     .open = cuda_open,
     .close = cuda_close,
     .alloc = cuda_alloc,

@@ -270,7 +270,7 @@ static void test_cpu_memory_api(void **state)
     gang_kernels_pool_stats st;
 
     (void)state;
-    assert_int_equal(gang_kernels_is_device(fx.cpu), 0);
+    assert_int_equal(gang_kernels_caps(fx.cpu), GANG_KERNELS_CAP_HOST_MEM);
     assert_int_equal(gang_kernels_alloc(fx.cpu, sizeof(src), &d), 0);
     assert_int_equal((uintptr_t)d % 256, 0);
     assert_int_equal(gang_kernels_upload(fx.cpu, d, src, sizeof(src)), 0);
@@ -337,7 +337,8 @@ static void test_gpu_pool(void **state)
 
     (void)state;
     NEED_GPU();
-    assert_int_equal(gang_kernels_is_device(fx.gpu), 1);
+    assert_int_equal(gang_kernels_caps(fx.gpu),
+                     GANG_KERNELS_CAP_DEVICE_MEM | GANG_KERNELS_CAP_HALF_GEMM);
     assert_string_equal(gang_kernels_name(fx.gpu), "cuda");
     assert_int_equal(gang_kernels_pool_stats_get(fx.gpu, &st), 0);
     assert_int_equal(st.pool_bytes, 2048ull << 20);

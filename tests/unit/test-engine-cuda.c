@@ -96,7 +96,9 @@ static void engine_logits(const full_model *fm, const char *device, float *out)
     o.pool_mb = 256;
     assert_int_equal(gang_kernels_open_opts(&o, &k), 0);
     assert_int_equal(gang_model_to_device(m, k), 0);
-    assert_true(gang_kernels_is_device(k) ? m->mem == k && m->layers[0].mem == k : m->mem == NULL);
+    assert_true((gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)
+                    ? m->mem == k && m->layers[0].mem == k
+                    : m->mem == NULL);
     if (gang_engine_init_on(m, k, &cfg, &e, err, sizeof(err)) != 0)
         fail_msg("engine on %s: %s", device, err);
     memset(&sr, 0, sizeof(sr));

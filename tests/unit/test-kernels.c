@@ -108,6 +108,14 @@ static void test_open_names(void **state)
     assert_int_equal(gang_kernels_open("cpu", &k), 0);
     assert_non_null(k);
     assert_string_equal(gang_kernels_name(k), "cpu");
+    /* Host tensors, f32 GEMM only: a half GEMM is refused as not implemented. */
+    assert_int_equal(gang_kernels_caps(k), GANG_KERNELS_CAP_HOST_MEM);
+    {
+        uint16_t h[4] = {0};
+        assert_int_equal(gang_kernels_gemm_ex(k, GANG_DTYPE_BF16, 0, 1, 1, 1, 1.0f, h, h + 1,
+                                              0.0f, h + 2),
+                         GANG_ENOSYS);
+    }
     gang_kernels_close(k);
 
     assert_int_equal(gang_kernels_open("auto", &k), 0);
@@ -120,6 +128,7 @@ static void test_open_names(void **state)
     assert_int_equal(gang_kernels_open(NULL, &k), GANG_EINVAL);
     assert_int_equal(gang_kernels_open("cpu", NULL), GANG_EINVAL);
     assert_string_equal(gang_kernels_name(NULL), "?");
+    assert_int_equal(gang_kernels_caps(NULL), 0);
     gang_kernels_close(NULL);
 }
 

@@ -1,0 +1,206 @@
+/*
+ * The CPU backend's vtable: tensors are host memory (the heap, memmove), the arithmetic is
+ * in cpu-gemm.c (OpenBLAS), cpu-ops.c and cpu-attention.c. The handle has no state, so
+ * every entry ignores ctx. What the front cannot check without reading tensor memory (a
+ * negative position, an id outside the vocabulary) is checked here, before anything is
+ * written.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels-backend.h"
+#include "cpu.h"
+
+/* Tensors are 256-byte aligned, like the device pool's, so code tested on the CPU keeps
+ * the alignment it will get on a GPU. */
+static int cpu_alloc(void *ctx, size_t bytes, void **out)
+{
+    void *p;
+
+    (void)ctx;
+    if (bytes > SIZE_MAX - 255)
+        return GANG_ERANGE;
+    p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (p == NULL)
+        return GANG_ENOMEM;
+    *out = p;
+    return 0;
+}
+
+static int cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+    return 0;
+}
+
+/* upload, download and copy are all one host memmove (dst and src may overlap). */
+static int cpu_move(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t rows)
+{
+    (void)ctx;
+    for (size_t r = 0; r < rows; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return 0;
+}
+
+/* Host work is synchronous: nothing to wait for, no device to bind. */
+static int cpu_sync(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+/* No pool: the front has zeroed out. */
+static int cpu_pool_stats(void *ctx, gang_kernels_pool_stats *out)
+{
+    (void)ctx;
+    (void)out;
+    return 0;
+}
+
+/* f32 only (OpenBLAS sgemm); half-precision GEMM is a device capability. */
+static int cpu_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                    float alpha, const void *a, const void *b, float beta, void *c)
+{
+    (void)ctx;
+    if (dt != GANG_DTYPE_F32)
+        return GANG_ENOSYS;
+    return gang__cpu_gemm(trans_b, m, n, kdim, alpha, a, b, beta, c);
+}
+
+/* Host conversion through f32 with the module's rounding. */
+static float cpu_load(const void *p, gang_dtype dt, size_t i)
+{
+    if (dt == GANG_DTYPE_F16)
+        return gang_f16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == GANG_DTYPE_BF16)
+        return gang_bf16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static void cpu_store(void *p, gang_dtype dt, size_t i, float v)
+{
+    if (dt == GANG_DTYPE_F16)
+        ((uint16_t *)p)[i] = gang_f32_to_f16(v);
+    else if (dt == GANG_DTYPE_BF16)
+        ((uint16_t *)p)[i] = gang_f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+static int cpu_convert(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
+                       size_t n)
+{
+    (void)ctx;
+    if (from == to) {
+        memmove(dst, src, n * gang_dtype_size(from));
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        cpu_store(dst, to, i, cpu_load(src, from, i));
+    return 0;
+}
+
+static int cpu_rmsnorm(void *ctx, const float *x, const float *w, float eps, size_t rows,
+                       size_t dim, float *out)
+{
+    (void)ctx;
+    return gang__cpu_rmsnorm(x, w, eps, rows, dim, out);
+}
+
+static int cpu_rope(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
+                    size_t head_dim, float theta)
+{
+    (void)ctx;
+    for (size_t t = 0; t < tokens; t++)
+        if (positions[t] < 0)
+            return GANG_EINVAL;
+    return gang__cpu_rope(x, positions, tokens, heads, head_dim, theta);
+}
+
+static int cpu_softmax(void *ctx, float *x, size_t rows, size_t cols)
+{
+    (void)ctx;
+    return gang__cpu_softmax(x, rows, cols);
+}
+
+static int cpu_attention(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
+                         size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                         size_t pos0, float *out)
+{
+    (void)ctx;
+    return gang__cpu_attention(q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, out);
+}
+
+static int cpu_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)
+{
+    (void)ctx;
+    return gang__cpu_silu_mul(gate, up, n, out);
+}
+
+/* Every id is checked before the first row is copied: nothing is written on a bad id. */
+static int cpu_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
+                         const int32_t *ids, size_t n_ids, float *out)
+{
+    (void)ctx;
+    for (size_t t = 0; t < n_ids; t++) {
+        if (ids[t] < 0 || (size_t)ids[t] >= vocab) {
+            gang_debug("kernels: token id %d at index %zu is outside the vocabulary (%zu)",
+                       (int)ids[t], t, vocab);
+            return GANG_EINVAL;
+        }
+    }
+    return gang__cpu_embedding(table, vocab, dim, ids, n_ids, out);
+}
+
+static int cpu_add(void *ctx, float *x, const float *y, size_t n)
+{
+    (void)ctx;
+    return gang__cpu_add(x, y, n);
+}
+
+static int cpu_add_rows(void *ctx, float *x, const float *bias, size_t rows, size_t cols)
+{
+    (void)ctx;
+    return gang__cpu_add_rows(x, bias, rows, cols);
+}
+
+static int cpu_argmax(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out)
+{
+    (void)ctx;
+    return gang__cpu_argmax(x, rows, cols, out);
+}
+
+const gang__kernels_backend gang__kernels_cpu_backend = {
+    .name = "cpu",
+    .caps = GANG_KERNELS_CAP_HOST_MEM,
+    .open = NULL,
+    .close = NULL,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_move,
+    .download = cpu_move,
+    .copy = cpu_move,
+    .copy_2d = cpu_copy_2d,
+    .sync = cpu_sync,
+    .pool_stats = cpu_pool_stats,
+    .gemm = cpu_gemm,
+    .convert = cpu_convert,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .softmax = cpu_softmax,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .embedding = cpu_embedding,
+    .add = cpu_add,
+    .add_rows = cpu_add_rows,
+    .argmax = cpu_argmax,
+};

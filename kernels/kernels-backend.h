@@ -1,0 +1,71 @@
+/*
+ * Internal interface of the kernels module: the one backend vtable. Only kernels/ includes
+ * this file. No CUDA types: the front includes it in every build.
+ *
+ * The front (kernels/backend.c) validates every argument against the contracts in
+ * include/ganglion/kernels.h (NULLs, zero and overflowing sizes, int-sized GEMM
+ * dimensions) and then calls the entry of the handle's backend, whatever the backend is;
+ * an entry that is NULL answers GANG_ENOSYS. So an entry may assume non-NULL pointers and
+ * consistent, non-zero sizes. The front never dereferences a tensor pointer: values that
+ * need checking (rope's positions, embedding's ids) are checked by the backend, which
+ * knows where its tensors live. Every entry takes the handle's state first (ctx: what
+ * open returned; NULL for a backend without open). Entries return 0 or a negative GANG_E*.
+ */
+#ifndef GANGLION_KERNELS_BACKEND_H
+#define GANGLION_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/kernels.h"
+
+typedef struct gang__kernels_backend {
+    const char *name; /* device name accepted by gang_kernels_open() */
+    uint32_t caps;    /* GANG_KERNELS_CAP_* of include/ganglion/kernels.h */
+    /* Handle state: open validates the options that concern it and probes the device;
+     * NULL when there is nothing to open (ctx is then NULL). */
+    int (*open)(const gang_kernels_options *o, void **ctx);
+    void (*close)(void *ctx);
+
+    /* Tensor memory (bytes > 0 for all but sync; dst != src for copies). */
+    int (*alloc)(void *ctx, size_t bytes, void **out);
+    int (*free)(void *ctx, void *p); /* GANG_EINVAL: not a live allocation */
+    int (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+    int (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+    int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    int (*copy_2d)(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                   size_t width, size_t rows);
+    /* Waits for the handle's work and makes its device current on the calling thread. */
+    int (*sync)(void *ctx);
+    int (*pool_stats)(void *ctx, gang_kernels_pool_stats *out); /* out is zeroed */
+
+    /* Operations. */
+    int (*gemm)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                float alpha, const void *a, const void *b, float beta, void *c);
+    int (*convert)(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
+                   size_t n);
+    int (*gemm_bench)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                      int warmup, int iters, double *ours_ms, double *ref_ms,
+                      double *max_rel_diff);
+    int (*rmsnorm)(void *ctx, const float *x, const float *w, float eps, size_t rows,
+                   size_t dim, float *out);
+    int (*rope)(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
+                size_t head_dim, float theta);
+    int (*softmax)(void *ctx, float *x, size_t rows, size_t cols);
+    int (*attention)(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
+                     size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                     size_t pos0, float *out);
+    int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
+    int (*embedding)(void *ctx, const float *table, size_t vocab, size_t dim,
+                     const int32_t *ids, size_t n_ids, float *out);
+    int (*add)(void *ctx, float *x, const float *y, size_t n);
+    int (*add_rows)(void *ctx, float *x, const float *bias, size_t rows, size_t cols);
+    int (*argmax)(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out);
+} gang__kernels_backend;
+
+/* The backends (kernels/cpu/cpu-backend.c, kernels/cuda/cuda-backend.c). The CUDA table
+ * is defined only when the CUDA kernels are built; backend.c registers a stub otherwise. */
+extern const gang__kernels_backend gang__kernels_cpu_backend;
+extern const gang__kernels_backend gang__kernels_cuda_backend;
+
+#endif /* GANGLION_KERNELS_BACKEND_H */
