@@ -38,8 +38,9 @@
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
 
-#include "bench-comm.h"
 #include "bench.h"
+#include "proc.h"
+#include "report.h"
 
 #define BC_MIN_BYTES ((size_t)4096)
 #define BC_MAX_BYTES ((size_t)64 << 20)
@@ -55,10 +56,11 @@
 
 /* Command-line options and the size schedule derived from them. */
 typedef struct bc_opts {
-    int ranks;                     /* world size */
-    gang_comm_backend backend;     /* socket or mpi */
-    size_t max_bytes;              /* largest message */
-    int timeout_s;                 /* deadline of the ganglion run and of the peer run */
+    int64_t ranks;                 /* world size */
+    char backend_name[16];         /* --backend: socket or mpi */
+    gang_comm_backend backend;     /* from backend_name */
+    int64_t max_bytes;             /* largest message */
+    int64_t timeout_s;             /* deadline of the ganglion run and of the peer run */
     int no_peer;                   /* skip mpirun mpi-allreduce */
     int nsizes;                    /* entries of the three arrays below */
     size_t bytes[BC_MAX_SIZES];    /* message sizes, multiples of 4 */
@@ -88,7 +90,7 @@ typedef struct bc_sink {
 static void bc_schedule(bc_opts *o)
 {
     o->nsizes = 0;
-    for (size_t b = BC_MIN_BYTES; b <= o->max_bytes && o->nsizes < BC_MAX_SIZES; b *= 4) {
+    for (size_t b = BC_MIN_BYTES; b <= (size_t)o->max_bytes && o->nsizes < BC_MAX_SIZES; b *= 4) {
         size_t it = BC_BUDGET_BYTES / b;
         if (it < BC_MIN_ITERS)
             it = BC_MIN_ITERS;
@@ -125,51 +127,6 @@ static void bc_format_list(char *out, size_t cap, const void *vals, int n, int s
             break;
         used += (size_t)w;
     }
-}
-
-/*
- * Parses a comma-separated list of at most BC_MAX_SIZES integers in [lo, hi] into vals
- * (size_t when sz, int otherwise). Returns the count, or GANG_EINVAL.
- */
-static int bc_parse_list(const char *s, void *vals, int sz, int64_t lo, int64_t hi)
-{
-    char buf[512], *save = NULL;
-    int n = 0;
-
-    if (gang_strlcpy(buf, s, sizeof buf) != 0)
-        return GANG_EINVAL;
-    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        int64_t x;
-        if (n >= BC_MAX_SIZES || gang_parse_i64(tok, lo, hi, &x) != 0)
-            return GANG_EINVAL;
-        if (sz)
-            ((size_t *)vals)[n++] = (size_t)x;
-        else
-            ((int *)vals)[n++] = (int)x;
-    }
-    return n > 0 ? n : GANG_EINVAL;
-}
-
-static double bc_round(double x, int digits)
-{
-    double f = 1;
-
-    for (int i = 0; i < digits; i++)
-        f *= 10;
-    return (double)(long long)(x * f + (x >= 0 ? 0.5 : -0.5)) / f;
-}
-
-/* Prints one cJSON object as a line on stdout and frees it. */
-static void bc_emit(cJSON *obj)
-{
-    char *s = obj != NULL ? cJSON_PrintUnformatted(obj) : NULL;
-
-    if (s != NULL) {
-        printf("%s\n", s);
-        fflush(stdout);
-    }
-    cJSON_free(s);
-    cJSON_Delete(obj);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -364,11 +321,11 @@ static int bc_run_socket(const bc_opts *o, bc_stats *st, char *why, size_t whyca
     }
     fflush(NULL);
     for (; started < o->ranks; started++) {
-        pid_t parent = getpid();
-        pid_t pid = fork();
+        /* A rank must not outlive the benchmark that collects its results. */
+        pid_t pid = gang_proc_fork(SIGKILL);
         if (pid < 0) {
-            rc = gang_err_from_errno(errno);
-            snprintf(why, whycap, "fork: %s", strerror(errno));
+            rc = (int)pid;
+            snprintf(why, whycap, "fork: %s", gang_strerror(rc));
             goto out_reap;
         }
         if (pid == 0) {
@@ -383,10 +340,6 @@ static int bc_run_socket(const bc_opts *o, bc_stats *st, char *why, size_t whyca
             gang_comm *comm = NULL;
             int crc;
 
-            /* A rank must not outlive the benchmark that collects its results. */
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != parent)
-                _exit(1);
             close(fds[0]);
             gang_log_set_identity(-1, started);
             if (started != 0)
@@ -406,24 +359,26 @@ static int bc_run_socket(const bc_opts *o, bc_stats *st, char *why, size_t whyca
     fds[1] = -1;
     rc = bc_collect(fds[0], &k, deadline);
     if (rc == GANG_ETIMEDOUT)
-        snprintf(why, whycap, "ranks did not finish within %d s", o->timeout_s);
+        snprintf(why, whycap, "ranks did not finish within %lld s", (long long)o->timeout_s);
 
 out_reap:
     gang_comm_listener_free(l); /* the parent's copy; rank 0 owns its own */
     l = NULL;
     /* Ranks that have written EOF are exiting; give them until the deadline, no longer. */
-    for (int i = 0; i < started; i++) {
-        int status = 0;
-        while (pids[i] > 0 && gang_now_ms() < deadline &&
-               waitpid(pids[i], &status, WNOHANG) == 0)
-            gang_sleep_ms(2);
-        if (pids[i] > 0 && gang_now_ms() >= deadline) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], &status, 0);
-            status = -1;
+    if (started > 0) {
+        int *ws = calloc((size_t)started, sizeof *ws);
+        if (ws == NULL || gang_proc_reap_until(pids, ws, started, deadline) > 0) {
+            for (int i = 0; i < started; i++) {
+                if (pids[i] > 0) {
+                    kill(pids[i], SIGKILL);
+                    waitpid(pids[i], NULL, 0);
+                    failed++;
+                }
+            }
         }
-        if (status != 0)
-            failed++;
+        for (int i = 0; ws != NULL && i < started; i++)
+            failed += pids[i] == 0 && ws[i] != 0;
+        free(ws);
     }
     if (fds[0] >= 0)
         close(fds[0]);
@@ -464,45 +419,28 @@ static int bc_run_mpirun(char *const *argv, bc_sink *k, uint64_t deadline_ms, ch
 
     if (pipe(fds) != 0)
         return gang_err_from_errno(errno);
-    fflush(NULL);
-    pid = fork();
-    if (pid < 0) {
-        rc = gang_err_from_errno(errno);
+    gang_spawn sp = {.out_fd = fds[1],
+                     .err_fd = -1,
+                     .close_fd = fds[0],
+                     .new_group = 1,
+                     .death_signal = SIGTERM,
+                     .mpi_env = 1};
+    rc = gang_proc_spawn(argv, &sp, &pid);
+    if (rc != 0) {
         close(fds[0]);
         close(fds[1]);
         return rc;
     }
-    if (pid == 0) {
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        /* Open MPI's single-copy shared memory needs ptrace rights that containers
-         * usually withhold. */
-        setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
-        execvp(argv[0], argv);
-        dprintf(2, "ganglion bench: cannot exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    setpgid(pid, pid); /* also from here, so that it holds before the child runs */
     close(fds[1]);
     rc = bc_collect(fds[0], k, deadline_ms);
     close(fds[0]);
     if (rc == GANG_ETIMEDOUT) {
-        kill(pid, SIGTERM);
-        for (uint64_t end = gang_now_ms() + BC_STOP_GRACE_MS;
-             gang_now_ms() < end && waitpid(pid, &status, WNOHANG) == 0;)
-            gang_sleep_ms(5);
-        kill(-pid, SIGKILL);
-        waitpid(pid, &status, 0);
+        gang_proc_stop(&pid, 1, 1, BC_STOP_GRACE_MS, BC_STOP_GRACE_MS);
         snprintf(why, whycap, "mpirun did not finish in time");
         return rc;
     }
     /* EOF: mpirun is exiting; it still gets only the rest of the deadline. */
-    while (gang_now_ms() < deadline_ms && waitpid(pid, &status, WNOHANG) == 0)
-        gang_sleep_ms(5);
-    if (gang_now_ms() >= deadline_ms) {
+    if (gang_proc_reap_until(&pid, &status, 1, deadline_ms) > 0) {
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
         snprintf(why, whycap, "mpirun did not exit in time");
@@ -528,7 +466,7 @@ static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *p
     char *argv[32];
     int n = 0;
 
-    if (!gang__bench_find_in_path("mpirun", mpirun, sizeof mpirun)) {
+    if (!gang_proc_find_in_path("mpirun", mpirun, sizeof mpirun)) {
         snprintf(why, whycap, "mpirun not found in PATH (install openmpi-bin)");
         return 1;
     }
@@ -536,7 +474,7 @@ static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *p
         snprintf(why, whycap, "%s not built (needs MPI at configure time)", prog);
         return 1;
     }
-    snprintf(np, sizeof np, "%d", o->ranks);
+    snprintf(np, sizeof np, "%lld", (long long)o->ranks);
     bc_format_list(sizes, sizeof sizes, o->bytes, o->nsizes, 1);
     bc_format_list(iters, sizeof iters, o->iters, o->nsizes, 0);
     bc_format_list(warm, sizeof warm, o->warmup, o->nsizes, 0);
@@ -563,40 +501,75 @@ static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *p
  * The hidden per-rank subcommand for the mpi backend.
  * --------------------------------------------------------------------------------- */
 
+/* Options of the hidden rank subcommand: the schedule as lists. */
+typedef struct bc_rank_opts {
+    char backend[16];
+    char sizes[512], iters[512], warmup[512];
+} bc_rank_opts;
+
+#define BC_RSTR(f_, fld, hp)                                                               \
+    {.flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                             \
+     .offset = offsetof(bc_rank_opts, fld), .str_cap = sizeof(((bc_rank_opts *)0)->fld)}
+static const gang_param_info bc_rank_items[] = {
+    BC_RSTR("backend", backend, "must be mpi"),
+    BC_RSTR("sizes", sizes, "message sizes in bytes, comma-separated"),
+    BC_RSTR("iters", iters, "timed iterations per size, comma-separated"),
+    BC_RSTR("warmup", warmup, "untimed iterations per size, comma-separated"),
+};
+static const gang_opt_table bc_rank_table = {bc_rank_items,
+                                             sizeof(bc_rank_items) / sizeof(bc_rank_items[0])};
+static const gang_opt_cmd bc_rank_cmd = {
+    "bench allreduce-rank", "--backend mpi --sizes L --iters L --warmup L",
+    "Hidden: one rank of `bench allreduce --backend mpi`, started by mpirun; prints\n"
+    "{\"rank\",\"bytes\",\"time_us\"} lines.",
+    &bc_rank_table, 0};
+
+/* Fills o's schedule from the three lists; returns the count, or GANG_EINVAL. */
+static int bc_rank_schedule(const bc_rank_opts *r, bc_opts *o)
+{
+    int64_t v[3][BC_MAX_SIZES];
+    int ns = gang_parse_i64_list(r->sizes, 4, (int64_t)BC_MAX_BYTES, v[0], BC_MAX_SIZES);
+    int ni = gang_parse_i64_list(r->iters, 1, 1000000, v[1], BC_MAX_SIZES);
+    int nw = gang_parse_i64_list(r->warmup, 0, 1000000, v[2], BC_MAX_SIZES);
+
+    if (ns <= 0 || ns != ni || ns != nw)
+        return GANG_EINVAL;
+    for (int i = 0; i < ns; i++) {
+        o->bytes[i] = (size_t)v[0][i];
+        o->iters[i] = (int)v[1][i];
+        o->warmup[i] = (int)v[2][i];
+    }
+    o->nsizes = ns;
+    return ns;
+}
+
 /*
  * `allreduce-rank --backend mpi --sizes L --iters L --warmup L`: one rank started by
  * mpirun. Rank and world come from Open MPI's environment (OMPI_COMM_WORLD_RANK/SIZE),
  * which gang_comm_init checks against MPI_COMM_WORLD. Prints its lines on stdout.
  */
-static int bc_rank_main(int argc, char **argv)
+int gang_bench_allreduce_rank_main(int argc, char **argv)
 {
     bc_opts o = {.backend = GANG_COMM_MPI};
+    bc_rank_opts r;
     const char *rs = getenv("OMPI_COMM_WORLD_RANK");
     const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
     int64_t rank = 0, world = 0;
-    int ns = 0, ni = 0, nw = 0;
     gang_comm *comm = NULL;
     int rc;
 
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--sizes") == 0)
-            ns = bc_parse_list(argv[i + 1], o.bytes, 1, 4, (int64_t)BC_MAX_BYTES);
-        else if (strcmp(argv[i], "--iters") == 0)
-            ni = bc_parse_list(argv[i + 1], o.iters, 0, 1, 1000000);
-        else if (strcmp(argv[i], "--warmup") == 0)
-            nw = bc_parse_list(argv[i + 1], o.warmup, 0, 0, 1000000);
-        else if (strcmp(argv[i], "--backend") != 0 || strcmp(argv[i + 1], "mpi") != 0)
-            ns = GANG_EINVAL;
-    }
-    if (ns <= 0 || ns != ni || ns != nw || rs == NULL || ws == NULL ||
-        gang_parse_i64(rs, 0, 65535, &rank) != 0 || gang_parse_i64(ws, 1, 65536, &world) != 0) {
-        fprintf(stderr, "ganglion bench allreduce-rank: needs --backend mpi, equally long "
-                        "--sizes/--iters/--warmup lists and to run under Open MPI's mpirun\n");
+    rc = gang_opts_cli(&bc_rank_cmd, &r, argc, argv, NULL, NULL);
+    if (rc != 0)
+        return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
+    if (strcmp(r.backend, "mpi") != 0 || bc_rank_schedule(&r, &o) <= 0 || rs == NULL ||
+        ws == NULL || gang_parse_i64(rs, 0, 65535, &rank) != 0 ||
+        gang_parse_i64(ws, 1, 65536, &world) != 0) {
+        gang_opts_usage_error(&bc_rank_cmd, "needs --backend mpi, equally long --sizes/--iters/"
+                                            "--warmup lists and to run under Open MPI's mpirun");
         return GANG_EXIT_USAGE;
     }
-    o.nsizes = ns;
-    o.ranks = (int)world;
+    o.ranks = world;
     gang_log_set_identity(-1, (int)rank);
     gang_comm_config cfg = {.backend = GANG_COMM_MPI,
                             .rank = (uint32_t)rank,
@@ -618,57 +591,42 @@ static int bc_rank_main(int argc, char **argv)
  * The benchmark.
  * --------------------------------------------------------------------------------- */
 
-static void bc_usage(void)
-{
-    fprintf(stderr, "usage: ganglion bench allreduce [--ranks N] [--backend socket|mpi] "
-                    "[--max-bytes B] [--timeout-s S] [--no-peer]\n");
-}
+static const gang_param_info bc_items[] = {
+    {.flag = "ranks", .type = GANG_PARAM_INT, .def = "2", .lo = 2, .hi = 64,
+     .help = "world size", .offset = offsetof(bc_opts, ranks)},
+    {.flag = "backend", .type = GANG_PARAM_STR, .def = "socket", .help = "socket or mpi",
+     .offset = offsetof(bc_opts, backend_name), .str_cap = sizeof(((bc_opts *)0)->backend_name)},
+    {.flag = "max-bytes", .type = GANG_PARAM_INT, .def = "67108864", .lo = (int64_t)BC_MIN_BYTES,
+     .hi = (int64_t)BC_MAX_BYTES * 4, .help = "largest message (4 KiB, x4, up to this)",
+     .offset = offsetof(bc_opts, max_bytes)},
+    {.flag = "timeout-s", .type = GANG_PARAM_INT, .def = "300", .lo = 1, .hi = 86400,
+     .help = "deadline of the ganglion run and of the peer run",
+     .offset = offsetof(bc_opts, timeout_s)},
+    {.flag = "no-peer", .type = GANG_PARAM_BOOL, .def = "0", .hi = 1,
+     .help = "skip the peer (mpirun mpi-allreduce)", .offset = offsetof(bc_opts, no_peer)},
+};
+static const gang_opt_table bc_table = {bc_items, sizeof(bc_items) / sizeof(bc_items[0])};
+static const gang_opt_cmd bc_cmd = {
+    "bench allreduce", "[flags]",
+    "Times gang_comm_all_reduce (f32, sum, in place) on N ranks for 4 KiB, 16 KiB, ... up\n"
+    "to --max-bytes: warm-up, then timed iterations. socket: this process forks the ranks;\n"
+    "mpi: mpirun -np N ganglion bench allreduce-rank. The peer, mpirun -np N mpi-allreduce,\n"
+    "runs in the same invocation; every line carries ratio = ganglion busbw / MPI busbw.",
+    &bc_table, 0};
 
-/* Parses argv (argv[0] is "allreduce") into o; returns 0 or GANG_EUSAGE after printing. */
+/* Parses argv (argv[0] is "allreduce") into o; returns 0, GANG_OPTS_HELP or GANG_EUSAGE. */
 static int bc_parse(int argc, char **argv, bc_opts *o)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int64_t x;
+    char err[256];
+    int rc = gang_opts_cli(&bc_cmd, o, argc, argv, NULL, NULL);
 
-        if (strcmp(a, "--no-peer") == 0) {
-            o->no_peer = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            goto out_bad;
-        if (strcmp(a, "--backend") == 0) {
-            a = argv[++i];
-            if (strcmp(a, "socket") == 0)
-                o->backend = GANG_COMM_SOCKET;
-            else if (strcmp(a, "mpi") == 0)
-                o->backend = GANG_COMM_MPI;
-            else
-                goto out_bad;
-        } else if (strcmp(a, "--ranks") == 0) {
-            if (gang_parse_i64(argv[++i], 2, 64, &x) != 0)
-                goto out_bad;
-            o->ranks = (int)x;
-        } else if (strcmp(a, "--max-bytes") == 0) {
-            if (gang_parse_i64(argv[++i], (int64_t)BC_MIN_BYTES, (int64_t)BC_MAX_BYTES * 4,
-                               &x) != 0)
-                goto out_bad;
-            o->max_bytes = (size_t)x;
-        } else if (strcmp(a, "--timeout-s") == 0) {
-            if (gang_parse_i64(argv[++i], 1, 86400, &x) != 0)
-                goto out_bad;
-            o->timeout_s = (int)x;
-        } else {
-            goto out_bad;
-        }
-    }
+    if (rc != 0)
+        return rc;
+    rc = gang_opts_choice("backend", o->backend_name, "socket|mpi", err, sizeof(err));
+    if (rc < 0)
+        return gang_opts_usage_error(&bc_cmd, "%s", err);
+    o->backend = rc == 0 ? GANG_COMM_SOCKET : GANG_COMM_MPI;
     return 0;
-
-out_bad:
-    fprintf(stderr, "ganglion bench allreduce: bad or incomplete argument near '%s'\n",
-            argv[argc - 1]);
-    bc_usage();
-    return GANG_EUSAGE;
 }
 
 /* Adds time_us_avg/min/max, algbw_gbps and busbw_gbps (GB/s = 1e9 B/s) of st to obj. */
@@ -680,46 +638,116 @@ static void bc_add_stats(cJSON *obj, const char *prefix, const bc_stats *st, siz
 
     *busbw = alg * 2.0 * (ranks - 1) / ranks;
     snprintf(key, sizeof key, "%stime_us_avg", prefix);
-    cJSON_AddNumberToObject(obj, key, bc_round(st->avg, 2));
+    cJSON_AddNumberToObject(obj, key, gang_report_round(st->avg, 2));
     snprintf(key, sizeof key, "%stime_us_min", prefix);
-    cJSON_AddNumberToObject(obj, key, bc_round(st->min, 2));
+    cJSON_AddNumberToObject(obj, key, gang_report_round(st->min, 2));
     snprintf(key, sizeof key, "%stime_us_max", prefix);
-    cJSON_AddNumberToObject(obj, key, bc_round(st->max, 2));
+    cJSON_AddNumberToObject(obj, key, gang_report_round(st->max, 2));
     snprintf(key, sizeof key, "%salgbw_gbps", prefix);
-    cJSON_AddNumberToObject(obj, key, bc_round(alg, 4));
+    cJSON_AddNumberToObject(obj, key, gang_report_round(alg, 4));
     snprintf(key, sizeof key, "%sbusbw_gbps", prefix);
-    cJSON_AddNumberToObject(obj, key, bc_round(*busbw, 4));
+    cJSON_AddNumberToObject(obj, key, gang_report_round(*busbw, 4));
 }
 
-static int bc_cmp_double(const void *a, const void *b)
+/* The ganglion run on o's backend: per-size stats in g. Returns 0 or a GANG_E* code. */
+static int bc_run_ganglion(const bc_opts *o, const char *exe, bc_stats *g, char *why,
+                           size_t whycap)
 {
-    double x = *(const double *)a, y = *(const double *)b;
+    if (o->backend == GANG_COMM_SOCKET)
+        return bc_run_socket(o, g, why, whycap);
+    double *times = malloc((size_t)o->ranks * (size_t)o->nsizes * sizeof *times);
+    bc_sink k = {.o = o, .times = times, .stats = g};
+    char *pre[] = {"bench", "allreduce-rank", "--backend", "mpi"};
 
-    return (x > y) - (x < y);
+    if (times == NULL)
+        return GANG_ENOMEM;
+    for (size_t i = 0; i < (size_t)o->ranks * (size_t)o->nsizes; i++)
+        times[i] = -1;
+    int rc = bc_mpirun_schedule(o, exe, pre, 4, &k, why, whycap);
+    bc_times_to_stats(o, times, g);
+    free(times);
+    return rc == 1 ? GANG_ENOSYS : rc;
+}
+
+/* One line per size: ganglion's stats, the peer's, and their ratio (collected). */
+static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m,
+                          const char *why, const char *peer_why, int prc, double *ratios,
+                          int *nratios)
+{
+    const char *bname = gang_comm_backend_name(o->backend);
+
+    for (int s = 0; s < o->nsizes; s++) {
+        cJSON *line = gang_report_new("allreduce");
+        double gb = 0, mb = 0;
+
+        cJSON_AddStringToObject(line, "backend", bname);
+        cJSON_AddNumberToObject(line, "ranks", (double)o->ranks);
+        cJSON_AddNumberToObject(line, "bytes", (double)o->bytes[s]);
+        cJSON_AddNumberToObject(line, "iters", o->iters[s]);
+        cJSON_AddNumberToObject(line, "warmup", o->warmup[s]);
+        if (g[s].count > 0)
+            bc_add_stats(line, "", &g[s], o->bytes[s], (int)o->ranks, &gb);
+        else
+            cJSON_AddStringToObject(line, "error", why[0] ? why : "not measured");
+        if (m[s].count > 0) {
+            bc_add_stats(line, "mpi_", &m[s], o->bytes[s], (int)o->ranks, &mb);
+            if (g[s].count > 0 && mb > 0) {
+                cJSON_AddNumberToObject(line, "ratio", gang_report_round(gb / mb, 3));
+                if (o->bytes[s] >= BC_TARGET_MIN_BYTES)
+                    ratios[(*nratios)++] = gb / mb;
+            }
+        } else if (!o->no_peer && prc != 1) {
+            cJSON_AddStringToObject(line, "mpi_error", peer_why[0] ? peer_why : "not measured");
+        }
+        gang_report_emit(line);
+    }
+}
+
+/* The summary line: the median ratio over sizes >= 1 MiB against the target. */
+static void bc_emit_summary(const bc_opts *o, double *ratios, int nratios, int rc,
+                            const char *why)
+{
+    cJSON *sum = gang_report_new("allreduce");
+
+    cJSON_AddStringToObject(sum, "summary", "ratio = ganglion busbw / Open MPI busbw");
+    cJSON_AddStringToObject(sum, "backend", gang_comm_backend_name(o->backend));
+    cJSON_AddNumberToObject(sum, "ranks", (double)o->ranks);
+    cJSON_AddNumberToObject(sum, "sizes_ge_1mib", nratios);
+    if (nratios > 0) {
+        double med = gang_report_median(ratios, nratios); /* sorts: ratios[0] is the min */
+        cJSON_AddNumberToObject(sum, "median_ratio_ge_1mib", gang_report_round(med, 3));
+        cJSON_AddNumberToObject(sum, "min_ratio_ge_1mib", gang_report_round(ratios[0], 3));
+        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
+        cJSON_AddBoolToObject(sum, "target_met", med >= BC_TARGET);
+    } else {
+        cJSON_AddNullToObject(sum, "median_ratio_ge_1mib");
+        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
+        cJSON_AddNullToObject(sum, "target_met");
+    }
+    if (rc != 0)
+        cJSON_AddStringToObject(sum, "error", why[0] ? why : gang_err_name(rc));
+    gang_report_emit(sum);
 }
 
 int gang_bench_allreduce_main(int argc, char **argv)
 {
-    bc_opts o = {.ranks = 2, .backend = GANG_COMM_SOCKET, .max_bytes = BC_MAX_BYTES,
-                 .timeout_s = 300};
+    bc_opts o;
     bc_stats g[BC_MAX_SIZES], m[BC_MAX_SIZES];
     double ratios[BC_MAX_SIZES];
     int nratios = 0;
     char why[512] = "", peer_why[512] = "", exe[PATH_MAX], dir[PATH_MAX], prog[PATH_MAX + 32];
     bc_sink pk = {.o = &o, .stats = m};
-    const char *bname;
     ssize_t len;
     int rc, prc = 1;
 
-    if (argc > 0 && strcmp(argv[0], "allreduce-rank") == 0)
-        return bc_rank_main(argc, argv);
-    if (bc_parse(argc, argv, &o) != 0)
-        return GANG_EXIT_USAGE;
+    memset(&o, 0, sizeof o);
+    rc = bc_parse(argc, argv, &o);
+    if (rc != 0)
+        return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     bc_schedule(&o);
     memset(g, 0, sizeof g);
     memset(m, 0, sizeof m);
     signal(SIGPIPE, SIG_IGN);
-    bname = gang_comm_backend_name(o.backend);
     len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) {
         gang_error("bench allreduce: cannot read /proc/self/exe: %s", strerror(errno));
@@ -730,93 +758,26 @@ int gang_bench_allreduce_main(int argc, char **argv)
     if (strrchr(dir, '/') != NULL)
         *strrchr(dir, '/') = '\0';
 
-    gang_info("bench allreduce: backend %s, %d ranks, %d sizes up to %zu bytes", bname,
-              o.ranks, o.nsizes, o.max_bytes);
-    if (o.backend == GANG_COMM_SOCKET) {
-        rc = bc_run_socket(&o, g, why, sizeof why);
-    } else {
-        double *times = malloc((size_t)o.ranks * (size_t)o.nsizes * sizeof *times);
-        bc_sink k = {.o = &o, .times = times, .stats = g};
-        char *pre[] = {"bench", "allreduce-rank", "--backend", "mpi"};
-
-        if (times == NULL)
-            return GANG_EXIT_INTERNAL;
-        for (size_t i = 0; i < (size_t)o.ranks * (size_t)o.nsizes; i++)
-            times[i] = -1;
-        rc = bc_mpirun_schedule(&o, exe, pre, 4, &k, why, sizeof why);
-        bc_times_to_stats(&o, times, g);
-        free(times);
-        if (rc == 1)
-            rc = GANG_ENOSYS;
-    }
+    gang_info("bench allreduce: backend %s, %lld ranks, %d sizes up to %lld bytes",
+              o.backend_name, (long long)o.ranks, o.nsizes, (long long)o.max_bytes);
+    rc = bc_run_ganglion(&o, exe, g, why, sizeof why);
     if (rc != 0)
-        gang_error("bench allreduce: ganglion %s run failed: %s (%s)", bname, why,
+        gang_error("bench allreduce: ganglion %s run failed: %s (%s)", o.backend_name, why,
                    gang_err_name(rc));
-
     if (!o.no_peer) {
         snprintf(prog, sizeof prog, "%s/mpi-allreduce", dir);
-        gang_info("bench allreduce: peer mpirun -np %d %s", o.ranks, prog);
+        gang_info("bench allreduce: peer mpirun -np %lld %s", (long long)o.ranks, prog);
         prc = bc_mpirun_schedule(&o, prog, NULL, 0, &pk, peer_why, sizeof peer_why);
         if (prc == 1) {
-            cJSON *skip = cJSON_CreateObject();
-            cJSON_AddStringToObject(skip, "bench", "allreduce");
+            cJSON *skip = gang_report_new("allreduce");
             cJSON_AddStringToObject(skip, "peer", "mpirun mpi-allreduce");
             cJSON_AddStringToObject(skip, "skipped", peer_why);
-            bc_emit(skip);
+            gang_report_emit(skip);
         } else if (prc != 0) {
             gang_error("bench allreduce: peer failed: %s (%s)", peer_why, gang_err_name(prc));
         }
     }
-
-    for (int s = 0; s < o.nsizes; s++) {
-        cJSON *line = cJSON_CreateObject();
-        double gb = 0, mb = 0;
-
-        cJSON_AddStringToObject(line, "bench", "allreduce");
-        cJSON_AddStringToObject(line, "backend", bname);
-        cJSON_AddNumberToObject(line, "ranks", o.ranks);
-        cJSON_AddNumberToObject(line, "bytes", (double)o.bytes[s]);
-        cJSON_AddNumberToObject(line, "iters", o.iters[s]);
-        cJSON_AddNumberToObject(line, "warmup", o.warmup[s]);
-        if (g[s].count > 0)
-            bc_add_stats(line, "", &g[s], o.bytes[s], o.ranks, &gb);
-        else
-            cJSON_AddStringToObject(line, "error", why[0] ? why : "not measured");
-        if (m[s].count > 0) {
-            bc_add_stats(line, "mpi_", &m[s], o.bytes[s], o.ranks, &mb);
-            if (g[s].count > 0 && mb > 0) {
-                cJSON_AddNumberToObject(line, "ratio", bc_round(gb / mb, 3));
-                if (o.bytes[s] >= BC_TARGET_MIN_BYTES)
-                    ratios[nratios++] = gb / mb;
-            }
-        } else if (!o.no_peer && prc != 1) {
-            cJSON_AddStringToObject(line, "mpi_error", peer_why[0] ? peer_why : "not measured");
-        }
-        bc_emit(line);
-    }
-
-    cJSON *sum = cJSON_CreateObject();
-    cJSON_AddStringToObject(sum, "bench", "allreduce");
-    cJSON_AddStringToObject(sum, "summary", "ratio = ganglion busbw / Open MPI busbw");
-    cJSON_AddStringToObject(sum, "backend", bname);
-    cJSON_AddNumberToObject(sum, "ranks", o.ranks);
-    cJSON_AddNumberToObject(sum, "sizes_ge_1mib", nratios);
-    if (nratios > 0) {
-        double med;
-        qsort(ratios, (size_t)nratios, sizeof ratios[0], bc_cmp_double);
-        med = nratios % 2 ? ratios[nratios / 2]
-                          : (ratios[nratios / 2 - 1] + ratios[nratios / 2]) / 2;
-        cJSON_AddNumberToObject(sum, "median_ratio_ge_1mib", bc_round(med, 3));
-        cJSON_AddNumberToObject(sum, "min_ratio_ge_1mib", bc_round(ratios[0], 3));
-        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
-        cJSON_AddBoolToObject(sum, "target_met", med >= BC_TARGET);
-    } else {
-        cJSON_AddNullToObject(sum, "median_ratio_ge_1mib");
-        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
-        cJSON_AddNullToObject(sum, "target_met");
-    }
-    if (rc != 0)
-        cJSON_AddStringToObject(sum, "error", why[0] ? why : gang_err_name(rc));
-    bc_emit(sum);
+    bc_emit_sizes(&o, g, m, why, peer_why, prc, ratios, &nratios);
+    bc_emit_summary(&o, ratios, nratios, rc, why);
     return rc == 0 ? GANG_EXIT_OK : GANG_EXIT_TEMPFAIL;
 }

@@ -55,7 +55,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "cmds.h"
+#include "bench.h"
+#include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
 #include "ganglion/model.h"
@@ -101,37 +102,100 @@ typedef struct bd_rank {
     pthread_t th;
 } bd_rank;
 
-static void bd_usage(void)
+/*
+ * The flags: name, field, CPU default, CUDA default (--device cuda: the Llama-3.2-1B
+ * shape, vocab 32000 rather than 128256, see the file comment), bounds, help.
+ */
+#define BD_INT_FLAGS(X)                                                                    \
+    X("layers", layers, 4, 16, 1, 256, "decoder layers")                                    \
+    X("hidden", hidden, 256, 2048, 8, 16384, "hidden size")                                 \
+    X("heads", heads, 8, 32, 1, 256, "attention heads")                                     \
+    X("kv-heads", kv_heads, 4, 8, 1, 256, "key/value heads")                                \
+    X("ffn", ffn, 512, 8192, 2, 65536, "MLP size")                                          \
+    X("vocab", vocab, 2048, 32000, 2, 1 << 20, "vocabulary")                                \
+    X("prompt", prompt, 32, 32, 1, 8192, "prompt tokens per request")                       \
+    X("tokens", tokens, 16, 64, 2, 8192, "new tokens per request")                          \
+    X("microbatches", microbatches, 1, 1, 1, 256, "pipeline microbatches")                  \
+    X("iters", iters, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                  \
+    X("warmup", warmup, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                  \
+    X("timeout-s", timeout_s, 120, 120, 1, 86400, "deadline of every engine step")          \
+    X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 256, 1 << 22, "cuda: each rank's pool")
+
+/* The command line; INT fields as the option tables hold them. */
+typedef struct bd_flags {
+#define BD_FIELD(f_, fld, dc, dg, l, h, hp) int64_t fld;
+    BD_INT_FLAGS(BD_FIELD)
+#undef BD_FIELD
+    char batch[128];
+    char device[8];
+} bd_flags;
+
+#define BD_ITEM(f_, fld, d, l, h, hp)                                                      \
+    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
+     .offset = offsetof(bd_flags, fld)},
+#define BD_CPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
+#define BD_GPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
+#define BD_STR(f_, fld, d, hp)                                                             \
+    {.flag = f_, .type = GANG_PARAM_STR, .def = d, .help = hp,                              \
+     .offset = offsetof(bd_flags, fld), .str_cap = sizeof(((bd_flags *)0)->fld)},
+static const gang_param_info bd_cpu_items[] = {
+    BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
+    BD_STR("device", device, "cpu", "cpu or cuda (cuda: the Llama-3.2-1B shape, see above)")};
+static const gang_param_info bd_gpu_items[] = {
+    BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
+    BD_STR("device", device, "cpu", "cpu or cuda")};
+static const gang_opt_table bd_cpu_table = {bd_cpu_items,
+                                            sizeof(bd_cpu_items) / sizeof(bd_cpu_items[0])};
+static const gang_opt_table bd_gpu_table = {bd_gpu_items,
+                                            sizeof(bd_gpu_items) / sizeof(bd_gpu_items[0])};
+static const gang_opt_cmd bd_cmd = {
+    "bench decode", "[flags]",
+    "Prefill / decode tokens/s of the engine for TP x PP in {1x1, 2x1, 1x2, 2x2} (cpu) or\n"
+    "1x1 and TP=2 on one GPU (cuda), ranks as threads over the socket communicator.\n"
+    "--device cuda: defaults become the Llama-3.2-1B shape (16 layers, hidden 2048, 32\n"
+    "heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64.",
+    &bd_cpu_table, 0};
+
+/*
+ * Parses argv into o: a first pass reads --device, which chooses the defaults, a second
+ * applies every flag over them. Returns 0, GANG_OPTS_HELP or GANG_EUSAGE (printed).
+ */
+static int bd_parse(int argc, char **argv, bd_opts *o)
 {
-    fprintf(stderr,
-            "usage: ganglion bench decode [--layers 4] [--hidden 256] [--heads 8] [--kv-heads 4]\n"
-            "                             [--ffn 512] [--vocab 2048] [--prompt 32] [--tokens 16]\n"
-            "                             [--batch 1,8] [--microbatches 1] [--iters 3]\n"
-            "                             [--warmup 1] [--timeout-s 120]\n"
-            "                             [--device cpu|cuda] [--gpu-memory-mb 16384]\n"
-            "  --device cuda: defaults become the Llama-3.2-1B shape (16 layers, hidden 2048,\n"
-            "  32 heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64.\n");
-}
+    bd_flags f;
+    char err[256];
+    int64_t b[BD_MAX_BATCHES];
+    int rc = gang_opts_cli(&bd_cmd, &f, argc, argv, NULL, NULL);
 
-static double bd_round(double x, int digits)
-{
-    double f = pow(10.0, digits);
-
-    return round(x * f) / f;
-}
-
-static int bd_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
+    if (rc != 0)
+        return rc;
+    rc = gang_opts_choice("device", f.device, "cpu|cuda", err, sizeof(err));
+    if (rc < 0)
+        return gang_opts_usage_error(&bd_cmd, "%s", err);
+    o->cuda = rc;
+    if (o->cuda) {
+        gang_opt_cmd gpu = bd_cmd;
+        gpu.table = &bd_gpu_table;
+        if (gang_opts_cli(&gpu, &f, argc, argv, NULL, NULL) != 0)
+            return GANG_EUSAGE;
+    }
+    int nb = gang_parse_i64_list(f.batch, 1, 256, b, BD_MAX_BATCHES);
+    if (nb <= 0)
+        return gang_opts_usage_error(&bd_cmd, "--batch: '%s' is not a list of 1 to %d sizes "
+                                     "in [1, 256]", f.batch, BD_MAX_BATCHES);
+    for (int i = 0; i < nb; i++)
+        o->batches[i] = (uint32_t)b[i];
+    o->n_batches = (uint32_t)nb;
+#define BD_COPY(f_, fld, dc, dg, l, h, hp) o->fld = (uint32_t)f.fld;
+    BD_INT_FLAGS(BD_COPY)
+#undef BD_COPY
+    return 0;
 }
 
 /* The median of n values (sorts them). */
 static double bd_median(double *v, uint32_t n)
 {
-    qsort(v, n, sizeof(*v), bd_cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+    return gang_report_median(v, (int)n);
 }
 
 /* Records the point's first failure and aborts every live communicator. */
@@ -550,6 +614,64 @@ typedef struct bd_result {
 } bd_result;
 
 /*
+ * Prints the line of one point: its shape and, when it ran (rc == 0), the median times,
+ * tokens/s, the roofline (cuda) and the ratios against the 1x1 point base; otherwise
+ * the error. Fills res's rates.
+ */
+static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *base,
+                          bd_result *res)
+{
+    cJSON *line = gang_report_new("decode");
+    uint32_t batch = r->batch;
+
+    if (line == NULL)
+        return;
+    cJSON_AddStringToObject(line, "backend", "socket");
+    cJSON_AddStringToObject(line, "device", o->cuda ? "cuda" : "cpu");
+    cJSON_AddNumberToObject(line, "tp", r->tp);
+    cJSON_AddNumberToObject(line, "pp", r->pp);
+    cJSON_AddNumberToObject(line, "batch", batch);
+    cJSON_AddNumberToObject(line, "microbatches", o->microbatches < batch ? o->microbatches : batch);
+    cJSON_AddNumberToObject(line, "layers", o->layers);
+    cJSON_AddNumberToObject(line, "hidden", o->hidden);
+    cJSON_AddNumberToObject(line, "prompt", o->prompt);
+    cJSON_AddNumberToObject(line, "tokens", o->tokens);
+    cJSON_AddNumberToObject(line, "iters", o->iters);
+    if (rc != 0) {
+        cJSON_AddStringToObject(line, "error", r->why[0] ? r->why : gang_err_name(rc));
+        gang_report_emit(line);
+        return;
+    }
+    double pre = gang_report_add_stats(line, "prefill_ms", r->prefill_ms, (int)o->iters, 3);
+    double dec = bd_median(r->decode_ms, o->iters);
+    res->prefill_tps = (double)batch * o->prompt / (pre / 1e3);
+    res->decode_tps = o->tokens > 1 ? (double)batch * (o->tokens - 1) / (dec / 1e3) : 0.0;
+    cJSON_AddNumberToObject(line, "decode_ms_p50", gang_report_round(dec, 3));
+    cJSON_AddNumberToObject(line, "prefill_tok_s", gang_report_round(res->prefill_tps, 1));
+    cJSON_AddNumberToObject(line, "decode_tok_s", gang_report_round(res->decode_tps, 1));
+    if (o->cuda && o->copy_gbps > 0.0) {
+        double roof = (double)batch * o->copy_gbps * 1e9 / o->weight_bytes;
+
+        cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
+        cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
+        cJSON_AddNumberToObject(line, "roofline_tok_s", gang_report_round(roof, 1));
+        cJSON_AddNumberToObject(line, "roofline_ratio", gang_report_round(res->decode_tps / roof, 3));
+        res->roofline_ratio = res->decode_tps / roof;
+    }
+    if (base != NULL) {
+        cJSON_AddNumberToObject(line, "prefill_ratio_vs_1x1",
+                                gang_report_round(res->prefill_tps / base->prefill_tps, 3));
+        cJSON_AddNumberToObject(
+            line, "decode_ratio_vs_1x1",
+            base->decode_tps > 0.0 ? gang_report_round(res->decode_tps / base->decode_tps, 3) : 0.0);
+        cJSON_AddBoolToObject(line, "tokens_match_1x1",
+                              memcmp(res->tokens, base->tokens,
+                                     (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
+    }
+    gang_report_emit(line);
+}
+
+/*
  * Measures one (tp, pp, batch) point and prints its line. base is the 1x1 result of the
  * same batch (NULL for the 1x1 point itself). Returns 0 or the error of the point.
  */
@@ -561,8 +683,6 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     gang_topology_config tc;
     char err[256];
     uint32_t i, n = tp * pp, started = 0;
-    double pre, dec;
-    cJSON *line;
     int rc;
 
     memset(&r, 0, sizeof(r));
@@ -612,66 +732,7 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     rc = r.rc;
 
 out_line:
-    line = cJSON_CreateObject();
-    if (line != NULL) {
-        cJSON_AddStringToObject(line, "bench", "decode");
-        cJSON_AddStringToObject(line, "backend", "socket");
-        cJSON_AddStringToObject(line, "device", o->cuda ? "cuda" : "cpu");
-        cJSON_AddNumberToObject(line, "tp", tp);
-        cJSON_AddNumberToObject(line, "pp", pp);
-        cJSON_AddNumberToObject(line, "batch", batch);
-        cJSON_AddNumberToObject(line, "microbatches",
-                                o->microbatches < batch ? o->microbatches : batch);
-        cJSON_AddNumberToObject(line, "layers", o->layers);
-        cJSON_AddNumberToObject(line, "hidden", o->hidden);
-        cJSON_AddNumberToObject(line, "prompt", o->prompt);
-        cJSON_AddNumberToObject(line, "tokens", o->tokens);
-        cJSON_AddNumberToObject(line, "iters", o->iters);
-        if (rc == 0) {
-            pre = bd_median(r.prefill_ms, o->iters);
-            dec = bd_median(r.decode_ms, o->iters);
-            res->prefill_tps = (double)batch * o->prompt / (pre / 1e3);
-            res->decode_tps = o->tokens > 1 ? (double)batch * (o->tokens - 1) / (dec / 1e3) : 0.0;
-            cJSON_AddNumberToObject(line, "prefill_ms_p50", bd_round(pre, 3));
-            cJSON_AddNumberToObject(line, "prefill_ms_min", bd_round(r.prefill_ms[0], 3));
-            cJSON_AddNumberToObject(line, "prefill_ms_max",
-                                    bd_round(r.prefill_ms[o->iters - 1], 3));
-            cJSON_AddNumberToObject(line, "decode_ms_p50", bd_round(dec, 3));
-            cJSON_AddNumberToObject(line, "prefill_tok_s", bd_round(res->prefill_tps, 1));
-            cJSON_AddNumberToObject(line, "decode_tok_s", bd_round(res->decode_tps, 1));
-            if (o->cuda && o->copy_gbps > 0.0) {
-                double roof = (double)batch * o->copy_gbps * 1e9 / o->weight_bytes;
-
-                cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
-                cJSON_AddNumberToObject(line, "copy_GBps", bd_round(o->copy_gbps, 1));
-                cJSON_AddNumberToObject(line, "roofline_tok_s", bd_round(roof, 1));
-                cJSON_AddNumberToObject(line, "roofline_ratio",
-                                        bd_round(res->decode_tps / roof, 3));
-                res->roofline_ratio = res->decode_tps / roof;
-            }
-            if (base != NULL) {
-                cJSON_AddNumberToObject(line, "prefill_ratio_vs_1x1",
-                                        bd_round(res->prefill_tps / base->prefill_tps, 3));
-                cJSON_AddNumberToObject(
-                    line, "decode_ratio_vs_1x1",
-                    base->decode_tps > 0.0 ? bd_round(res->decode_tps / base->decode_tps, 3) : 0.0);
-                cJSON_AddBoolToObject(line, "tokens_match_1x1",
-                                      memcmp(res->tokens, base->tokens,
-                                             (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
-            }
-        } else {
-            cJSON_AddStringToObject(line, "error", r.why[0] ? r.why : gang_err_name(rc));
-        }
-        {
-            char *s = cJSON_PrintUnformatted(line);
-
-            if (s != NULL)
-                printf("%s\n", s);
-            fflush(stdout);
-            cJSON_free(s);
-        }
-        cJSON_Delete(line);
-    }
+    bd_emit_point(o, &r, rc, base, res);
     free(r.prefill_ms);
     free(r.decode_ms);
     pthread_mutex_destroy(&r.lock);
@@ -680,113 +741,6 @@ out_line:
         res->tokens = NULL;
     }
     return rc;
-}
-
-/* Parses "1,8" into o->batches. */
-static int bd_parse_batches(const char *s, bd_opts *o)
-{
-    char buf[128], *tok, *save = NULL;
-    int64_t x;
-
-    if (gang_strlcpy(buf, s, sizeof(buf)) != 0)
-        return GANG_EUSAGE;
-    o->n_batches = 0;
-    for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        if (o->n_batches == BD_MAX_BATCHES || gang_parse_i64(tok, 1, 256, &x) != 0)
-            return GANG_EUSAGE;
-        o->batches[o->n_batches++] = (uint32_t)x;
-    }
-    return o->n_batches > 0 ? 0 : GANG_EUSAGE;
-}
-
-/* Parses argv[1..argc) into o. Returns 0, or GANG_EUSAGE after printing the usage. */
-static int bd_parse(int argc, char **argv, bd_opts *o)
-{
-    static const struct {
-        const char *flag;
-        int64_t lo, hi;
-        size_t off;
-    } ints[] = {
-        {"--layers", 1, 256, offsetof(bd_opts, layers)},
-        {"--hidden", 8, 16384, offsetof(bd_opts, hidden)},
-        {"--heads", 1, 256, offsetof(bd_opts, heads)},
-        {"--kv-heads", 1, 256, offsetof(bd_opts, kv_heads)},
-        {"--ffn", 2, 65536, offsetof(bd_opts, ffn)},
-        {"--vocab", 2, 1 << 20, offsetof(bd_opts, vocab)},
-        {"--prompt", 1, 8192, offsetof(bd_opts, prompt)},
-        {"--tokens", 2, 8192, offsetof(bd_opts, tokens)},
-        {"--iters", 1, BD_MAX_ITERS, offsetof(bd_opts, iters)},
-        {"--warmup", 0, BD_MAX_ITERS, offsetof(bd_opts, warmup)},
-        {"--microbatches", 1, 256, offsetof(bd_opts, microbatches)},
-        {"--timeout-s", 1, 86400, offsetof(bd_opts, timeout_s)},
-        {"--gpu-memory-mb", 256, 1 << 22, offsetof(bd_opts, gpu_pool_mb)},
-    };
-    int i;
-    size_t j;
-    int64_t x;
-
-    for (i = 1; i < argc; i++) {
-        if (i + 1 >= argc)
-            goto out_bad;
-        if (strcmp(argv[i], "--batch") == 0) {
-            if (bd_parse_batches(argv[++i], o) != 0)
-                goto out_bad;
-            continue;
-        }
-        if (strcmp(argv[i], "--device") == 0) { /* read by bd_device, before the defaults */
-            i++;
-            continue;
-        }
-        for (j = 0; j < sizeof(ints) / sizeof(ints[0]); j++)
-            if (strcmp(argv[i], ints[j].flag) == 0)
-                break;
-        if (j == sizeof(ints) / sizeof(ints[0]) ||
-            gang_parse_i64(argv[i + 1], ints[j].lo, ints[j].hi, &x) != 0)
-            goto out_bad;
-        *(uint32_t *)((char *)o + ints[j].off) = (uint32_t)x;
-        i++;
-    }
-    return 0;
-
-out_bad:
-    fprintf(stderr, "ganglion bench decode: bad or incomplete argument '%s'\n",
-            argv[i < argc ? i : argc - 1]);
-    bd_usage();
-    return GANG_EUSAGE;
-}
-
-/*
- * --device: 0 for cpu (or absent), 1 for cuda, -1 (after a message) for anything else.
- * Read before the other options because it chooses their defaults.
- */
-static int bd_device(int argc, char **argv)
-{
-    int i;
-
-    for (i = 1; i + 1 < argc; i++) {
-        if (strcmp(argv[i], "--device") != 0)
-            continue;
-        if (strcmp(argv[i + 1], "cuda") == 0)
-            return 1;
-        if (strcmp(argv[i + 1], "cpu") == 0)
-            return 0;
-        fprintf(stderr, "ganglion bench decode: --device must be cpu or cuda, not '%s'\n",
-                argv[i + 1]);
-        return -1;
-    }
-    return 0;
-}
-
-/* One JSON line, printed and flushed. */
-static void bd_emit(cJSON *line)
-{
-    char *s = line != NULL ? cJSON_PrintUnformatted(line) : NULL;
-
-    if (s != NULL)
-        printf("%s\n", s);
-    fflush(stdout);
-    cJSON_free(s);
-    cJSON_Delete(line);
 }
 
 /*
@@ -814,7 +768,7 @@ static int bd_main_cuda(bd_opts *o)
         cJSON_AddStringToObject(line, "bench", "decode");
         cJSON_AddStringToObject(line, "device", "cuda");
         cJSON_AddStringToObject(line, "skipped", why);
-        bd_emit(line);
+        gang_report_emit(line);
         return GANG_EXIT_OK;
     }
     bd_model_config(o, &mc);
@@ -826,12 +780,12 @@ static int bd_main_cuda(bd_opts *o)
     cJSON_AddStringToObject(line, "measure", "copy_bandwidth");
     cJSON_AddNumberToObject(line, "copy_bytes", 1 << 30);
     if (rc == 0)
-        cJSON_AddNumberToObject(line, "copy_GBps", bd_round(o->copy_gbps, 1));
+        cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
     else
         cJSON_AddStringToObject(line, "error", gang_err_name(rc));
     cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
     cJSON_AddNumberToObject(line, "params", o->weight_bytes / 4.0);
-    bd_emit(line);
+    gang_report_emit(line);
     if (rc != 0)
         return GANG_EXIT_TEMPFAIL;
     for (b = 0; b < o->n_batches; b++) {
@@ -855,31 +809,18 @@ static int bd_main_cuda(bd_opts *o)
     cJSON_AddStringToObject(line, "bench", "decode");
     cJSON_AddStringToObject(line, "device", "cuda");
     cJSON_AddStringToObject(line, "measure", "summary");
-    cJSON_AddNumberToObject(line, "batch1_roofline_ratio", bd_round(ratio1, 3));
+    cJSON_AddNumberToObject(line, "batch1_roofline_ratio", gang_report_round(ratio1, 3));
     cJSON_AddNumberToObject(line, "target_ratio", 0.7);
     cJSON_AddBoolToObject(line, "meets_target", ratio1 >= 0.7);
     cJSON_AddNumberToObject(line, "failed_points", failed);
-    bd_emit(line);
+    gang_report_emit(line);
     return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
 }
 
 int gang_bench_decode_main(int argc, char **argv)
 {
     static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
-    bd_opts o = {.layers = 4,
-                 .hidden = 256,
-                 .heads = 8,
-                 .kv_heads = 4,
-                 .ffn = 512,
-                 .vocab = 2048,
-                 .prompt = 32,
-                 .tokens = 16,
-                 .iters = 3,
-                 .warmup = 1,
-                 .microbatches = 1,
-                 .timeout_s = 120,
-                 .batches = {1, 8},
-                 .n_batches = 2};
+    bd_opts o;
     gang_mkmodel_opts mo;
     gang_model_config mc;
     bd_result base, res;
@@ -887,19 +828,10 @@ int gang_bench_decode_main(int argc, char **argv)
     uint32_t b, l;
     int rc = 0, prc, failed = 0;
 
-    o.cuda = bd_device(argc, argv);
-    if (o.cuda < 0) {
-        bd_usage();
-        return GANG_EXIT_USAGE;
-    }
-    o.gpu_pool_mb = 16384;
-    if (o.cuda) {
-        /* The Llama-3.2-1B shape (vocab 32000 rather than 128256: see the file comment). */
-        o.layers = 16, o.hidden = 2048, o.heads = 32, o.kv_heads = 8, o.ffn = 8192;
-        o.vocab = 32000, o.tokens = 64, o.batches[1] = 64;
-    }
-    if (bd_parse(argc, argv, &o) != 0)
-        return GANG_EXIT_USAGE;
+    memset(&o, 0, sizeof(o));
+    rc = bd_parse(argc, argv, &o);
+    if (rc != 0)
+        return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     if (o.cuda)
         return bd_main_cuda(&o);
     snprintf(o.dir, sizeof(o.dir), "/tmp/ganglion-bench-decode-XXXXXX");

@@ -20,13 +20,14 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
-#include "cmds.h"
+#include "bench.h"
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
 
@@ -107,88 +108,60 @@ static int bg_parse_shapes(bg_opts *o, const char *spec)
     return o->nshapes > 0 ? 0 : GANG_EUSAGE;
 }
 
-static void bg_usage(FILE *f)
-{
-    fprintf(f, "usage: ganglion bench gemm [--shapes MxNxK,...] [--dtype bf16|f16|f32]\n"
-               "                           [--iters N] [--warmup N] [--device-index I]\n"
-               "                           [--gpu-memory-mb MB]\n"
-               "  Our cuBLASLt GEMM path against a direct cublasGemmEx, C = A . B^T (B stored\n"
-               "  [N,K]); JSON lines with median/min/max ms, TFLOP/s and the ratio.\n"
-               "  Defaults: 4096^3, 8192^3 and Llama-1B-like shapes at m = 1, 64, 512; bf16;\n"
-               "  20 iterations after 5 warm-up rounds.\n");
-}
+/* The command line as the option table holds it. */
+typedef struct bg_flags {
+    char shapes[1024];
+    char dtype[8];
+    int64_t iters, warmup, device_index, pool_mb;
+} bg_flags;
 
-static int bg_int_arg(const char *flag, const char *val, int lo, int hi, int *out)
-{
-    char *end;
-    long v;
+#define BG_INT(f_, fld, d, l, h, hp)                                                       \
+    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
+     .offset = offsetof(bg_flags, fld)}
+static const gang_param_info bg_items[] = {
+    {.flag = "shapes", .type = GANG_PARAM_STR, .def = "", .offset = offsetof(bg_flags, shapes),
+     .help = "MxNxK[,MxNxK...] (default: 4096^3, 8192^3 and Llama-1B-like shapes at m = 1, "
+             "64, 512)",
+     .str_cap = sizeof(((bg_flags *)0)->shapes)},
+    {.flag = "dtype", .type = GANG_PARAM_STR, .def = "bf16", .help = "bf16, f16 or f32",
+     .offset = offsetof(bg_flags, dtype), .str_cap = sizeof(((bg_flags *)0)->dtype)},
+    BG_INT("iters", iters, 20, 1, BG_MAX_ITERS, "timed rounds per shape"),
+    BG_INT("warmup", warmup, 5, 0, BG_MAX_ITERS, "untimed rounds first"),
+    BG_INT("device-index", device_index, 0, 0, 1023, "the GPU"),
+    BG_INT("gpu-memory-mb", pool_mb, 0, 64, 16777216, "the pool (default: from the largest shape)"),
+};
+static const gang_opt_table bg_table = {bg_items, sizeof(bg_items) / sizeof(bg_items[0])};
+static const gang_opt_cmd bg_cmd = {
+    "bench gemm", "[flags]",
+    "Our cuBLASLt GEMM path against a direct cublasGemmEx, C = A . B^T (B stored [N,K]);\n"
+    "JSON lines with median/min/max ms, TFLOP/s and the ratio. Without a GPU: one\n"
+    "\"skipped\" line, exit 0.",
+    &bg_table, 0};
 
-    errno = 0;
-    v = val != NULL ? strtol(val, &end, 10) : 0;
-    if (val == NULL || errno != 0 || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "ganglion bench gemm: %s needs an integer in [%d, %d]\n", flag, lo, hi);
-        return GANG_EUSAGE;
-    }
-    *out = (int)v;
-    return 0;
-}
-
+/* Parses argv into o; returns 0, GANG_OPTS_HELP, or GANG_EUSAGE (printed). */
 static int bg_parse(int argc, char **argv, bg_opts *o)
 {
-    int v, rc;
+    bg_flags f;
+    char err[128];
+    int rc;
 
     memset(o, 0, sizeof(*o));
-    o->dt = GANG_DTYPE_BF16;
-    o->warmup = 5;
-    o->iters = 20;
-    bg_default_shapes(o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            bg_usage(stdout);
-            return 1;
-        } else if (strcmp(a, "--shapes") == 0) {
-            if (val == NULL || (rc = bg_parse_shapes(o, val)) < 0) {
-                bg_usage(stderr);
-                return GANG_EUSAGE;
-            }
-            i++;
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (val != NULL && strcmp(val, "bf16") == 0)
-                o->dt = GANG_DTYPE_BF16;
-            else if (val != NULL && strcmp(val, "f16") == 0)
-                o->dt = GANG_DTYPE_F16;
-            else if (val != NULL && strcmp(val, "f32") == 0)
-                o->dt = GANG_DTYPE_F32;
-            else {
-                fprintf(stderr, "ganglion bench gemm: --dtype is bf16, f16 or f32\n");
-                return GANG_EUSAGE;
-            }
-            i++;
-        } else if (strcmp(a, "--iters") == 0) {
-            if ((rc = bg_int_arg(a, val, 1, BG_MAX_ITERS, &o->iters)) < 0)
-                return rc;
-            i++;
-        } else if (strcmp(a, "--warmup") == 0) {
-            if ((rc = bg_int_arg(a, val, 0, BG_MAX_ITERS, &o->warmup)) < 0)
-                return rc;
-            i++;
-        } else if (strcmp(a, "--device-index") == 0) {
-            if ((rc = bg_int_arg(a, val, 0, 1023, &o->device_index)) < 0)
-                return rc;
-            i++;
-        } else if (strcmp(a, "--gpu-memory-mb") == 0) {
-            if ((rc = bg_int_arg(a, val, 64, 16777216, &v)) < 0)
-                return rc;
-            o->pool_mb = (uint64_t)v;
-            i++;
-        } else {
-            fprintf(stderr, "ganglion bench gemm: unknown argument '%s'\n", a);
-            bg_usage(stderr);
-            return GANG_EUSAGE;
-        }
-    }
+    memset(&f, 0, sizeof(f));
+    rc = gang_opts_cli(&bg_cmd, &f, argc, argv, NULL, NULL);
+    if (rc != 0)
+        return rc;
+    rc = gang_opts_choice("dtype", f.dtype, "bf16|f16|f32", err, sizeof(err));
+    if (rc < 0)
+        return gang_opts_usage_error(&bg_cmd, "%s", err);
+    o->dt = rc == 0 ? GANG_DTYPE_BF16 : rc == 1 ? GANG_DTYPE_F16 : GANG_DTYPE_F32;
+    o->iters = (int)f.iters;
+    o->warmup = (int)f.warmup;
+    o->device_index = (int)f.device_index;
+    o->pool_mb = (uint64_t)f.pool_mb;
+    if (f.shapes[0] == '\0')
+        bg_default_shapes(o);
+    else if (bg_parse_shapes(o, f.shapes) < 0)
+        return GANG_EUSAGE;
     return 0;
 }
 
@@ -263,7 +236,7 @@ int gang_bench_gemm_main(int argc, char **argv)
 
     rc = bg_parse(argc, argv, &o);
     if (rc != 0)
-        return rc > 0 ? GANG_EXIT_OK : GANG_EXIT_USAGE;
+        return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     if (gang_kernels_device_count() == 0) {
         gang_device_info probe;
 

@@ -47,6 +47,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,7 @@
 #include "ganglion/common.h"
 #include "ganglion/parallel.h"
 
-#include "bench-pipeline.h"
+#include "bench.h"
 
 #define BP_MAX_PP 16
 #define BP_MAX_POINTS 16
@@ -112,13 +113,6 @@ typedef struct bp_stage {
 /* ---------------------------------------------------------------------------------
  * Helpers.
  * --------------------------------------------------------------------------------- */
-
-static void bp_usage(void)
-{
-    fprintf(stderr, "usage: ganglion bench pipeline [--pp P] [--microbatches M] "
-                    "[--stage-ms T] [--bytes B] [--iters N]\n"
-                    "                [--warmup W] [--timeout-s S]\n");
-}
 
 static double bp_round(double x, int digits)
 {
@@ -486,56 +480,49 @@ out_free:
  * Command line and sweep.
  * --------------------------------------------------------------------------------- */
 
-/* Parses argv[1..argc) into o. Returns 0, or GANG_EUSAGE after printing the usage. */
+/* The command line as the option table holds it; 0 for pp / microbatches: sweep. */
+typedef struct bp_flags {
+    int64_t pp, microbatches, stage_ms, bytes, iters, warmup, timeout_s;
+} bp_flags;
+
+#define BP_INT(f_, fld, d, l, h, hp)                                                       \
+    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
+     .offset = offsetof(bp_flags, fld)}
+static const gang_param_info bp_items[] = {
+    BP_INT("pp", pp, 0, 2, BP_MAX_PP, "stages (default: sweep 2, 3, 4)"),
+    BP_INT("microbatches", microbatches, 0, 1, 4096, "per batch (default: sweep 4, 8, 16)"),
+    BP_INT("stage-ms", stage_ms, 40, 1, 600000, "synthetic work of a whole batch per stage"),
+    BP_INT("bytes", bytes, 65536, (int64_t)BP_MIN_BYTES, (int64_t)BP_MAX_BYTES,
+           "activation bytes per microbatch"),
+    BP_INT("iters", iters, 10, 1, 100000, "timed batches"),
+    BP_INT("warmup", warmup, 2, 0, 100000, "untimed batches first"),
+    BP_INT("timeout-s", timeout_s, 60, 1, 86400, "deadline of one point"),
+};
+static const gang_opt_table bp_table = {bp_items, sizeof(bp_items) / sizeof(bp_items[0])};
+static const gang_opt_cmd bp_cmd = {
+    "bench pipeline", "[flags]",
+    "P stage threads connected by the socket communicator run the GPipe forward schedule on\n"
+    "M microbatches; each line reports the median, min and max batch time and ratio =\n"
+    "measured efficiency / bubble bound M/(M+P-1).",
+    &bp_table, 0};
+
+/* Parses argv into o. Returns 0, GANG_OPTS_HELP, or GANG_EUSAGE after printing why. */
 static int bp_parse(int argc, char **argv, bp_opts *o)
 {
-    int i;
+    bp_flags f;
 
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int64_t x;
-
-        if (i + 1 >= argc)
-            goto out_bad;
-        if (strcmp(a, "--pp") == 0) {
-            if (gang_parse_i64(argv[++i], 2, BP_MAX_PP, &x) != 0)
-                goto out_bad;
-            o->pp = (int)x;
-        } else if (strcmp(a, "--microbatches") == 0) {
-            if (gang_parse_i64(argv[++i], 1, 4096, &x) != 0)
-                goto out_bad;
-            o->microbatches = (int)x;
-        } else if (strcmp(a, "--stage-ms") == 0) {
-            if (gang_parse_i64(argv[++i], 1, 600000, &x) != 0)
-                goto out_bad;
-            o->stage_ms = (int)x;
-        } else if (strcmp(a, "--bytes") == 0) {
-            if (gang_parse_i64(argv[++i], (int64_t)BP_MIN_BYTES, (int64_t)BP_MAX_BYTES, &x) != 0)
-                goto out_bad;
-            o->bytes = (size_t)x;
-        } else if (strcmp(a, "--iters") == 0) {
-            if (gang_parse_i64(argv[++i], 1, 100000, &x) != 0)
-                goto out_bad;
-            o->iters = (int)x;
-        } else if (strcmp(a, "--warmup") == 0) {
-            if (gang_parse_i64(argv[++i], 0, 100000, &x) != 0)
-                goto out_bad;
-            o->warmup = (int)x;
-        } else if (strcmp(a, "--timeout-s") == 0) {
-            if (gang_parse_i64(argv[++i], 1, 86400, &x) != 0)
-                goto out_bad;
-            o->timeout_s = (int)x;
-        } else {
-            goto out_bad;
-        }
-    }
+    memset(&f, 0, sizeof(f));
+    int rc = gang_opts_cli(&bp_cmd, &f, argc, argv, NULL, NULL);
+    if (rc != 0)
+        return rc;
+    o->pp = (int)f.pp;
+    o->microbatches = (int)f.microbatches;
+    o->stage_ms = (int)f.stage_ms;
+    o->bytes = (size_t)f.bytes;
+    o->iters = (int)f.iters;
+    o->warmup = (int)f.warmup;
+    o->timeout_s = (int)f.timeout_s;
     return 0;
-
-out_bad:
-    fprintf(stderr, "ganglion bench pipeline: bad or incomplete argument '%s'\n",
-            argv[i < argc ? i : argc - 1]);
-    bp_usage();
-    return GANG_EUSAGE;
 }
 
 int gang_bench_pipeline_main(int argc, char **argv)
@@ -547,8 +534,9 @@ int gang_bench_pipeline_main(int argc, char **argv)
     int npp, nmb, nratios = 0, failed = 0, rc = 0;
     cJSON *sum;
 
-    if (bp_parse(argc, argv, &o) != 0)
-        return GANG_EXIT_USAGE;
+    int prc0 = bp_parse(argc, argv, &o);
+    if (prc0 != 0)
+        return prc0 == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     npp = o.pp ? 1 : 3;
     nmb = o.microbatches ? 1 : 3;
     for (int a = 0; a < npp; a++) {

@@ -1,40 +1,104 @@
 /*
- * Control-plane benchmarks (internal to launcher/): `ganglion bench rendezvous` and
- * `ganglion bench failover`. Results are JSON lines on stdout, one per trial and a summary
- * line with medians; progress and errors go to the log (stderr). The agents the
- * benchmarks start log to a file whose path every line names ("agent_log").
+ * The benchmarks (bench/): `ganglion bench NAME [flags]`. Results are JSON lines on
+ * stdout (bench/report.h), progress and errors go to the log (stderr). Every benchmark
+ * parses its flags through its own option table (gang_opt_cmd), so `ganglion bench NAME
+ * --help` lists exactly what it accepts.
+ *
+ *   rendezvous   time to form a gang of N agents, against mpirun -np N mpi-barrier
+ *   failover     detection and re-formation after a crashed or hung worker
+ *   allreduce    gang_comm_all_reduce bus bandwidth, against Open MPI (bench-comm.c)
+ *   pipeline     the GPipe schedule against its bubble bound (bench-pipeline.c)
+ *   decode       prefill / decode tokens/s per TP x PP layout (bench-decode.c)
+ *   gemm         our GEMM path against direct cuBLAS (bench-gemm.c)
+ *
+ * Every entry point takes argv with argv[0] = its own name ("bench" for gang_bench_main,
+ * "allreduce" for gang_bench_allreduce_main, ...) and returns a process exit code: 0 when
+ * everything was measured, 2 for a usage error, 75 when a run failed or missed its
+ * deadline, 70 for an internal error. They fork or start threads and are not reentrant:
+ * call them from the main thread.
  */
-#ifndef GANGLION_LAUNCHER_BENCH_H
-#define GANGLION_LAUNCHER_BENCH_H
+#ifndef GANGLION_BENCH_BENCH_H
+#define GANGLION_BENCH_BENCH_H
 
-/*
- * Runs one control-plane benchmark and returns the process exit code: 0 when every trial
- * measured, 2 for a usage error, 75 when a gang did not form or re-form within its
- * deadline (the trial's JSON line then carries "error").
- *
- * argv[0..argc) are the arguments that followed `bench` (a leading "bench" is skipped):
- *
- *   rendezvous --nodes N [--trials T] [--warmup W] [--timeout-s S] [--no-peer]
- *              [--peer-timeout-s S] [--agent-log FILE] [-- EXTRA SERVE FLAGS]
- *       Starts N agents directly (one rank each, each on its own 127.0.0.x address) and
- *       times first fork -> coordinator's gang.state "serving". Then times the peer,
- *       `mpirun -np N mpi-barrier` (the mpi-barrier binary next to ganglion), and prints
- *       the ratio mpirun_s / ganglion_s. Warm-up trials run both too. On a 2-core
- *       machine mpirun -np 256 takes minutes: use --warmup 0 --trials 1 there.
- *
- *   failover [--trials T] [--nnodes P] [--nproc-per-node Q] [--heartbeat-interval-ms I]
- *            [--heartbeat-timeout-ms H] [--kinds crash,hang] [--timeout-s S]
- *            [--agent-log FILE] [-- EXTRA SERVE FLAGS]
- *       Starts `serve --local`, then per trial SIGKILLs (crash) or SIGSTOPs (hang) a
- *       worker of a non-coordinator node and measures the detection latency at the last
- *       agent that learns of it and the time until the gang serves a newer generation.
- *
- * Not reentrant; forks and reaps children, so call it from the main thread.
- */
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "ganglion/common.h"
+
+/* `ganglion bench NAME ...`: dispatches on argv[1] through the benchmark table. */
 int gang_bench_main(int argc, char **argv);
+/* Prints the benchmark table (name and one line each). */
+void gang_bench_print_list(FILE *out);
 
-/* Looks for an executable `name` in $PATH; fills out and returns 1 when found (shared by
- * the benchmarks that start mpirun). */
-int gang__bench_find_in_path(const char *name, char *out, size_t cap);
+/* The benchmarks' entry points (argv[0] = the benchmark's name). */
+int gang_bench_rendezvous_main(int argc, char **argv);
+int gang_bench_failover_main(int argc, char **argv);
+int gang_bench_allreduce_main(int argc, char **argv);
+int gang_bench_allreduce_rank_main(int argc, char **argv);
+int gang_bench_pipeline_main(int argc, char **argv);
+int gang_bench_decode_main(int argc, char **argv);
+int gang_bench_gemm_main(int argc, char **argv);
+
+/* ---------------------------------------------------------------------------------
+ * Shared by the control-plane benchmarks (bench.c, bench-rendezvous.c, bench-failover.c).
+ * --------------------------------------------------------------------------------- */
+
+#define BENCH_POLL_MS 5
+#define BENCH_HTTP_TIMEOUT_MS 1000
+#define BENCH_STOP_GRACE_MS 10000
+#define BENCH_KILL_GRACE_MS 5000
+#define BENCH_EXIT_FAILED GANG_EXIT_TEMPFAIL
+
+/* Options of rendezvous and failover (each table fills the fields it documents). */
+typedef struct bench_opts {
+    const char *kind;       /* "rendezvous" or "failover" */
+    int64_t nodes;          /* rendezvous: agents */
+    int64_t trials;         /* timed trials (failover: per kind) */
+    int64_t warmup;         /* untimed trials first */
+    int64_t timeout_s;      /* deadline of one gang formation / one trial */
+    int64_t peer_timeout_s; /* rendezvous: deadline of one mpirun run */
+    int no_peer;            /* rendezvous: skip mpirun */
+    int64_t nnodes;         /* failover: gang shape and timings */
+    int64_t nproc_per_node;
+    int64_t hb_interval_ms;
+    int64_t hb_timeout_ms;
+    int64_t abort_timeout_ms;
+    char kinds[32];           /* failover: "crash,hang" */
+    int crash;                /* failover kinds to run, from kinds */
+    int hang;
+    char agent_log[PATH_MAX]; /* where agents' stdout/stderr go; "" for a temporary file */
+    char **extra;             /* serve flags after "--" */
+    int nextra;
+} bench_opts;
+
+/* Paths and files shared by a run. */
+typedef struct bench_ctx {
+    char exe[PATH_MAX];      /* this binary's real path */
+    char dir[PATH_MAX];      /* its directory, where mpi-barrier lives */
+    char log_path[PATH_MAX]; /* agent log */
+    int log_fd;
+} bench_ctx;
+
+/* The measurements, given parsed options and an open context. */
+int gang__bench_rendezvous(bench_ctx *c, const bench_opts *o);
+int gang__bench_failover(bench_ctx *c, const bench_opts *o);
+
+/* GETs /status of the agent at host:port and parses it; NULL on any failure. */
+cJSON *bench_get_status(const char *host, int port);
+/* Number / string at o[k1][k2] (k2 may be NULL); def / "" when absent. */
+double bench_jnum(const cJSON *o, const char *k1, const char *k2, double def);
+const char *bench_jstr(const cJSON *o, const char *k1, const char *k2);
+/* A rendezvous port and the HTTP port above it, both free now. */
+int bench_pick_ports(int *rdzv, int *http);
+/*
+ * Starts argv in a process group of its own, stdout and stderr on out_fd, SIGTERM when
+ * this process dies, without GANGLION_LOCAL. Returns 0 and the pid, or a GANG_E* code.
+ */
+int bench_spawn(char *const *argv, int out_fd, pid_t *out);
+/* gang_proc_stop with the benchmarks' grace periods. */
+int bench_stop(pid_t *pids, int n, int group);
 
 #endif

@@ -4,6 +4,7 @@
  * flags, environment twins, defaults, validation and --help all come from one list.
  */
 #include <ctype.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <math.h>
 #include <strings.h>
@@ -276,5 +277,101 @@ void gang_params_print_values(const gang_params *p, FILE *out)
             fprintf(out, "%s=%g\n", pi->flag, *(const double *)(const void *)base);
             break;
         }
+    }
+}
+
+/* ---------------------------------------------------------------------------------
+ * Subcommand command lines over option tables.
+ * --------------------------------------------------------------------------------- */
+
+void gang_opts_cli_help(const gang_opt_cmd *cmd, FILE *out)
+{
+    fprintf(out, "usage: ganglion %s %s\n", cmd->name, cmd->synopsis ? cmd->synopsis : "");
+    if (cmd->about != NULL)
+        fprintf(out, "%s\n", cmd->about);
+    if (cmd->table != NULL && cmd->table->count > 0) {
+        fprintf(out, "\noptions:\n");
+        gang_opts_print_help(cmd->table, out, 0);
+    }
+    if (cmd->serve_flags) {
+        fprintf(out, "\nserve flags (each with an environment twin GANGLION_<FLAG>):\n");
+        gang_params_print_help(out);
+    }
+}
+
+int gang_opts_usage_error(const gang_opt_cmd *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    char msg[768];
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (strstr(msg, "--help") != NULL)
+        fprintf(stderr, "ganglion %s: %s\n", cmd->name, msg);
+    else
+        fprintf(stderr, "ganglion %s: %s (see ganglion %s --help)\n", cmd->name, msg, cmd->name);
+    return GANG_EUSAGE;
+}
+
+int gang_opts_cli(const gang_opt_cmd *cmd, void *base, int argc, char **argv, char **rest,
+                  int *nrest)
+{
+    static const gang_opt_table empty = {NULL, 0};
+    const gang_opt_table *t = cmd->table ? cmd->table : &empty;
+    char err[512];
+
+    gang_opts_defaults(t, base);
+    if (nrest)
+        *nrest = 0;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            gang_opts_cli_help(cmd, stdout);
+            return GANG_OPTS_HELP;
+        }
+    }
+    if (argc <= 1)
+        return 0;
+    if (gang_opts_parse_args(t, base, argc - 1, argv + 1, rest, nrest, err, sizeof(err)) != 0)
+        return gang_opts_usage_error(cmd, "%s", err);
+    return 0;
+}
+
+int gang_opts_choice(const char *flag, const char *value, const char *choices, char *err,
+                     size_t errlen)
+{
+    size_t vl = strlen(value);
+    int idx = 0;
+    for (const char *c = choices; *c; idx++) {
+        const char *bar = strchr(c, '|');
+        size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+        if (cl == vl && strncmp(c, value, vl) == 0)
+            return idx;
+        c += cl + (bar != NULL);
+    }
+    snprintf(err, errlen, "--%s: '%s' is not one of %s", flag, value, choices);
+    return GANG_EUSAGE;
+}
+
+int gang_parse_i64_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int cap)
+{
+    char tok[32];
+    int n = 0;
+    const char *p = s;
+
+    if (*p == '\0')
+        return GANG_EINVAL;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (n >= cap || len == 0 || len >= sizeof(tok))
+            return GANG_EINVAL;
+        memcpy(tok, p, len);
+        tok[len] = '\0';
+        if (gang_parse_i64(tok, lo, hi, &out[n]) != 0)
+            return GANG_EINVAL;
+        n++;
+        if (comma == NULL)
+            return n;
+        p = comma + 1;
     }
 }

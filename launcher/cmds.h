@@ -1,7 +1,8 @@
 /*
  * Entry points of the subcommands that live in their own files (internal to launcher/).
- * Each takes argv with argv[0] = the subcommand's own name ("mkmodel", "info", "decode",
- * ...) and returns a process exit code of the contract (0, 2 usage, 3 model, 70, 75).
+ * Each takes argv with argv[0] = the subcommand's own name ("mkmodel", "info", ...), as
+ * every command of main.c's table does, and returns a process exit code of the contract
+ * (0, 2 usage, 3 model, 70, 75).
  */
 #ifndef GANGLION_LAUNCHER_CMDS_H
 #define GANGLION_LAUNCHER_CMDS_H
@@ -14,11 +15,5 @@ int gang_cmd_generate(int argc, char **argv);
 
 /* ganglion info [--labels]: GPU discovery (cmd-info.c). */
 int gang_cmd_info(int argc, char **argv);
-
-/* ganglion bench decode [...]: prefill / decode tokens/s per TP x PP (bench-decode.c). */
-int gang_bench_decode_main(int argc, char **argv);
-
-/* ganglion bench gemm [...]: our GEMM path against direct cuBLAS (bench-gemm.c). */
-int gang_bench_gemm_main(int argc, char **argv);
 
 #endif

@@ -19,28 +19,42 @@
 
 extern char **environ;
 
+/* One subcommand: every handler takes argv with argv[0] = the subcommand's name. */
+typedef struct command {
+    const char *name;
+    int (*main)(int argc, char **argv);
+    const char *synopsis; /* after "ganglion NAME" */
+    const char *help;     /* one line; NULL: hidden (internal) */
+} command;
+
+static int cmd_serve(int argc, char **argv);
+
+static const command commands[] = {
+    {"serve", cmd_serve, "[--local] [--check-config] [flags]",
+     "run this node's agent (node 0 also coordinates); --local: a whole gang of --nnodes "
+     "agents on this host; --check-config: validate, print, exit"},
+    {"generate", gang_cmd_generate, "--model DIR --prompt-ids 1,2,3 [flags] [serve flags]",
+     "one prompt through a local gang, tokens printed"},
+    {"mkmodel", gang_cmd_mkmodel, "--out DIR [flags]",
+     "write a deterministic random model (HF layout)"},
+    {"bench", gang_bench_main, "NAME [flags]", "benchmarks (JSON lines); ganglion bench --help"},
+    {"info", gang_cmd_info, "[--labels]", "GPU discovery"},
+    {"worker", gang_worker_main, NULL, NULL},
+};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "ganglion %s: multi-GPU distributed inference launcher and gang coordinator\n\n"
-            "usage:\n"
-            "  ganglion serve [flags]             run this node's agent (node 0 also "
-            "coordinates)\n"
-            "  ganglion serve --local [flags]     run a whole gang of --nnodes agents on this "
-            "host\n"
-            "  ganglion serve --check-config ...  validate the configuration, print it, exit\n"
-            "  ganglion generate --model DIR --prompt-ids 1,2,3 [--max-tokens N] [--temperature T]\n"
-            "                   [--top-k K] [--top-p P] [--seed S] [serve flags]\n"
-            "                                     one prompt through a local gang, tokens printed\n"
-            "  ganglion mkmodel --out DIR [--arch --layers --hidden --heads --kv-heads --ffn\n"
-            "                   --vocab --max-pos --seed --dtype --tie --shards]\n"
-            "                                     write a deterministic random model (HF layout)\n"
-            "  ganglion bench rendezvous|failover|allreduce|pipeline|decode|gemm [...]\n"
-            "                                     benchmarks (JSON lines)\n"
-            "  ganglion info [--labels]           GPU discovery\n"
-            "  ganglion --help | --version\n\n"
-            "flags (every flag has an environment twin GANGLION_<FLAG>):\n",
-            GANG_VERSION);
+    fprintf(out, "ganglion %s: multi-GPU distributed inference launcher and gang coordinator\n\n"
+                 "usage:\n", GANG_VERSION);
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        if (commands[i].help != NULL)
+            fprintf(out, "  ganglion %s %s\n      %s\n", commands[i].name, commands[i].synopsis,
+                    commands[i].help);
+    }
+    fprintf(out, "  ganglion --help | --version\n"
+                 "Every command takes --help.\n\n"
+                 "serve flags (every flag has an environment twin GANGLION_<FLAG>):\n");
     gang_params_print_help(out);
     fprintf(out, "\nexit codes: 0 clean stop, 2 usage/config error, 3 model error, "
                  "75 transient (retry), 70 internal\n");
@@ -78,10 +92,17 @@ static int check_choice(const char *flag, const char *v, const char *const *ok)
     return GANG_EXIT_USAGE;
 }
 
+/* ganglion serve: argv[0] is "serve"; the flags are the registry's. */
 static int cmd_serve(int argc, char **argv)
 {
     gang_params p;
-    int rc = load_params(&p, argc, argv, NULL, NULL);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return GANG_EXIT_OK;
+        }
+    }
+    int rc = load_params(&p, argc - 1, argv + 1, NULL, NULL);
     if (rc != 0)
         return rc;
     static const char *const backends[] = {"auto", "nccl", "socket", "mpi", NULL};
@@ -159,24 +180,10 @@ int main(int argc, char **argv)
                GANG_HAVE_CUDA ? " cuda" : "");
         return GANG_EXIT_OK;
     }
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return GANG_EXIT_OK;
-        }
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].main(argc - 1, argv + 1);
     }
-    if (strcmp(argv[1], "serve") == 0)
-        return cmd_serve(argc - 2, argv + 2);
-    if (strcmp(argv[1], "worker") == 0)
-        return gang_worker_main(argc - 1, argv + 1);
-    if (strcmp(argv[1], "bench") == 0)
-        return gang_bench_main(argc - 2, argv + 2);
-    if (strcmp(argv[1], "info") == 0)
-        return gang_cmd_info(argc - 1, argv + 1);
-    if (strcmp(argv[1], "mkmodel") == 0)
-        return gang_cmd_mkmodel(argc - 1, argv + 1);
-    if (strcmp(argv[1], "generate") == 0)
-        return gang_cmd_generate(argc - 1, argv + 1);
     fprintf(stderr, "ganglion: unknown command '%s' (see ganglion --help)\n", argv[1]);
     return GANG_EXIT_USAGE;
 }

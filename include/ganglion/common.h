@@ -159,6 +159,49 @@ void gang_opts_print_help(const gang_opt_table *t, FILE *out, int with_env);
 /* The serve registry as an option table over gang_params. */
 const gang_opt_table *gang_params_table(void);
 
+/*
+ * A subcommand's command line: its name, usage synopsis, a paragraph of help, its option
+ * table and whether the serve registry's flags are accepted too (then --help lists them).
+ * Every subcommand parses through gang_opts_cli and prints its help with
+ * gang_opts_cli_help, so --help is generated from the same table that parses.
+ */
+typedef struct gang_opt_cmd {
+    const char *name;     /* "bench allreduce": prefixes messages */
+    const char *synopsis; /* what follows "ganglion NAME" in the usage line */
+    const char *about;    /* printed under the usage line; NULL for none */
+    const gang_opt_table *table;
+    int serve_flags; /* 1: also lists gang_params_table() in --help */
+} gang_opt_cmd;
+
+#define GANG_OPTS_HELP 1 /* gang_opts_cli: --help was asked for and printed */
+
+/* Prints the usage line, the about text and every option of cmd (serve flags too). */
+void gang_opts_cli_help(const gang_opt_cmd *cmd, FILE *out);
+/*
+ * Parses argv[1..argc) (argv[0] is the subcommand's name) into base against cmd->table
+ * after filling every default. "-h"/"--help" anywhere before a "--" prints the help on
+ * stdout and returns GANG_OPTS_HELP. Arguments not in the table go to rest (rest must
+ * hold argc entries) when rest is non-NULL, else they are errors. Returns 0,
+ * GANG_OPTS_HELP, or GANG_EUSAGE after printing "ganglion NAME: why" and a pointer to
+ * --help on stderr.
+ */
+int gang_opts_cli(const gang_opt_cmd *cmd, void *base, int argc, char **argv, char **rest,
+                  int *nrest);
+/* Prints "ganglion NAME: message" and the --help hint on stderr; returns GANG_EUSAGE. */
+int gang_opts_usage_error(const gang_opt_cmd *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/*
+ * Checks that value is one of the '|'-separated choices ("socket|mpi"); returns its index,
+ * or GANG_EUSAGE with "--flag: 'v' is not one of socket|mpi" in err.
+ */
+int gang_opts_choice(const char *flag, const char *value, const char *choices, char *err,
+                     size_t errlen);
+/*
+ * Parses a comma-separated list of at most cap integers in [lo, hi] ("1,8") into out.
+ * Returns the count (>= 1), or GANG_EINVAL for an empty, malformed or too long list.
+ */
+int gang_parse_i64_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int cap);
+
 /* Writes the environment twin of a flag ("GANGLION_HTTP_PORT") into out. */
 void gang_param_env_name(const char *flag, char *out, size_t cap);
 /* The registry, in declaration order; *count receives its length. */

@@ -210,6 +210,61 @@ static void test_option_tables(void **state)
     free(buf);
 }
 
+/* Subcommand command lines: --help, unknown flags, choices and integer lists. */
+static void test_option_cli(void **state)
+{
+    (void)state;
+    static const gang_opt_cmd cmd = {"demo", "[flags]", "A demo.", &opt_demo_table, 0};
+    opt_demo o;
+    char err[256];
+
+    char *ok[] = {"demo", "--n=4", "--name", "q"};
+    assert_int_equal(gang_opts_cli(&cmd, &o, 4, ok, NULL, NULL), 0);
+    assert_int_equal(o.n, 4);
+    assert_true(o.x == 0.5); /* defaults are filled first */
+    char *none[] = {"demo"};
+    assert_int_equal(gang_opts_cli(&cmd, &o, 1, none, NULL, NULL), 0);
+    assert_int_equal(o.n, 3);
+    char *bad[] = {"demo", "--n", "99"};
+    assert_int_equal(gang_opts_cli(&cmd, &o, 3, bad, NULL, NULL), GANG_EUSAGE);
+    char *unk[] = {"demo", "--bogus"};
+    assert_int_equal(gang_opts_cli(&cmd, &o, 2, unk, NULL, NULL), GANG_EUSAGE);
+    /* --help wins wherever it stands before "--", even after a bad flag. */
+    char *help[] = {"demo", "--bogus", "--help"};
+    assert_int_equal(gang_opts_cli(&cmd, &o, 3, help, NULL, NULL), GANG_OPTS_HELP);
+    char *after[] = {"demo", "--", "--help"};
+    char *rest[3];
+    int nrest = 0;
+    assert_int_equal(gang_opts_cli(&cmd, &o, 3, after, rest, &nrest), 0);
+    assert_int_equal(nrest, 2);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    gang_opts_cli_help(&cmd, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "usage: ganglion demo [flags]"));
+    assert_non_null(strstr(buf, "--n N"));
+    free(buf);
+
+    assert_int_equal(gang_opts_choice("backend", "mpi", "socket|mpi", err, sizeof(err)), 1);
+    assert_int_equal(gang_opts_choice("backend", "socket", "socket|mpi", err, sizeof(err)), 0);
+    assert_int_equal(gang_opts_choice("backend", "sock", "socket|mpi", err, sizeof(err)),
+                     GANG_EUSAGE);
+    assert_non_null(strstr(err, "socket|mpi"));
+
+    int64_t v[3];
+    assert_int_equal(gang_parse_i64_list("1,8", 1, 256, v, 3), 2);
+    assert_int_equal(v[0], 1);
+    assert_int_equal(v[1], 8);
+    assert_int_equal(gang_parse_i64_list("1,2,3,4", 1, 256, v, 3), GANG_EINVAL);
+    assert_int_equal(gang_parse_i64_list("1,,2", 1, 256, v, 3), GANG_EINVAL);
+    assert_int_equal(gang_parse_i64_list("", 1, 256, v, 3), GANG_EINVAL);
+    assert_int_equal(gang_parse_i64_list("0", 1, 256, v, 3), GANG_EINVAL);
+    assert_int_equal(gang_parse_i64_list("7x", 1, 256, v, 3), GANG_EINVAL);
+}
+
 static void test_backoff(void **state)
 {
     (void)state;
@@ -286,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_params_env_and_precedence),
         cmocka_unit_test(test_params_registry_complete),
         cmocka_unit_test(test_option_tables),
+        cmocka_unit_test(test_option_cli),
         cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_log_lines_carry_identity),
         cmocka_unit_test(test_parse_and_strlcpy),

@@ -1,0 +1,235 @@
+/*
+ * `ganglion bench rendezvous`: how fast a gang forms. N agents are started directly (one
+ * rank each, each on its own 127.0.0.x address) and first fork -> coordinator's
+ * gang.state "serving" is timed; the peer, `mpirun -np N mpi-barrier`, runs in the same
+ * trial and the ratio is printed next to it (method: bench.c).
+ */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "local.h"
+#include "proc.h"
+#include "report.h"
+
+/* ---------------------------------------------------------------------------------
+ * bench rendezvous
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * One ganglion trial: starts o->nodes agents, times first fork -> coordinator serving,
+ * stops them. Returns 0 with the seconds in *secs (and the part of them spent forking
+ * the agents in *spawn_secs) and the count of agents that did not exit 0 after SIGTERM
+ * in *bad_exits; GANG_ETIMEDOUT when the gang did not form.
+ */
+static int rdzv_trial_ganglion(bench_ctx *c, const bench_opts *o, double *secs, double *spawn_secs,
+                               int *bad_exits)
+{
+    char nn[16], rp[16], hp[16];
+    char **args = NULL;
+    pid_t *pids = NULL;
+    int nargs = 0, rdzv = 0, http = 0, started = 0;
+    uint64_t t0, deadline;
+    int rc;
+
+    rc = bench_pick_ports(&rdzv, &http);
+    if (rc < 0)
+        return rc;
+    snprintf(nn, sizeof nn, "%lld", (long long)o->nodes);
+    snprintf(rp, sizeof rp, "%d", rdzv);
+    snprintf(hp, sizeof hp, "%d", http);
+    args = calloc((size_t)o->nextra + 16, sizeof *args);
+    pids = calloc((size_t)o->nodes, sizeof *pids);
+    if (args == NULL || pids == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_free;
+    }
+    args[nargs++] = "--nnodes";
+    args[nargs++] = nn;
+    args[nargs++] = "--nproc-per-node";
+    args[nargs++] = "1";
+    args[nargs++] = "--rdzv-port";
+    args[nargs++] = rp;
+    args[nargs++] = "--http-port";
+    args[nargs++] = hp;
+    args[nargs++] = "--job-name";
+    args[nargs++] = "bench-rendezvous";
+    args[nargs++] = "--log-level";
+    args[nargs++] = "warn";
+    for (int i = 0; i < o->nextra; i++)
+        args[nargs++] = o->extra[i];
+
+    gang_local_spawn_cfg cfg = {.exe = "/proc/self/exe",
+                                .argv0 = c->exe,
+                                .args = args,
+                                .nargs = nargs,
+                                .rdzv_port = rdzv,
+                                .out_fd = c->log_fd};
+    t0 = gang_now_ns();
+    for (int i = 0; i < o->nodes; i++) {
+        cfg.node_index = i;
+        rc = gang__local_spawn(&cfg, &pids[i]);
+        if (rc < 0) {
+            gang_error("bench: cannot start agent %d: %s", i, gang_strerror(rc));
+            goto out_stop;
+        }
+        started++;
+    }
+    *spawn_secs = (double)(gang_now_ns() - t0) / 1e9;
+
+    rc = GANG_ETIMEDOUT;
+    deadline = gang_now_ms() + (uint64_t)o->timeout_s * 1000u;
+    while (gang_now_ms() < deadline) {
+        cJSON *st = bench_get_status("127.0.0.1", http);
+        int serving = st != NULL && strcmp(bench_jstr(st, "gang", "state"), "serving") == 0;
+        cJSON_Delete(st);
+        if (serving) {
+            *secs = (double)(gang_now_ns() - t0) / 1e9;
+            rc = 0;
+            break;
+        }
+        gang_sleep_ms(BENCH_POLL_MS);
+    }
+
+out_stop:
+    *bad_exits = bench_stop(pids, started, 0);
+out_free:
+    free(pids);
+    free(args);
+    return rc;
+}
+
+
+/*
+ * One peer trial: `mpirun --allow-run-as-root --oversubscribe -np N DIR/mpi-barrier`.
+ * Returns 0 with the wall seconds; 1 with a reason when the peer is not available (the
+ * caller prints "skipped"); a negative code with a reason when it failed.
+ */
+static int rdzv_trial_mpirun(bench_ctx *c, const bench_opts *o, double *secs, char *why,
+                             size_t whycap)
+{
+    char mpirun[PATH_MAX], barrier[PATH_MAX + 16], np[16];
+    pid_t pid = 0;
+    int status = 0;
+    uint64_t t0;
+    int rc;
+
+    if (!gang_proc_find_in_path("mpirun", mpirun, sizeof mpirun)) {
+        snprintf(why, whycap, "mpirun not found in PATH (install openmpi-bin)");
+        return 1;
+    }
+    snprintf(barrier, sizeof barrier, "%s/mpi-barrier", c->dir);
+    if (access(barrier, X_OK) != 0) {
+        snprintf(why, whycap, "%s not built (needs MPI at configure time)", barrier);
+        return 1;
+    }
+    snprintf(np, sizeof np, "%lld", (long long)o->nodes);
+    char *argv[] = {mpirun, "--allow-run-as-root", "--oversubscribe", "-np", np, barrier, NULL};
+
+    t0 = gang_now_ns();
+    rc = bench_spawn(argv, c->log_fd, &pid);
+    if (rc < 0) {
+        snprintf(why, whycap, "cannot start mpirun: %s", gang_strerror(rc));
+        return rc;
+    }
+    if (gang_proc_reap_until(&pid, &status, 1, gang_now_ms() + (uint64_t)o->peer_timeout_s * 1000u) > 0) {
+        /* mpirun stops its ranks on SIGTERM; what is left after the grace is killed. */
+        kill(pid, SIGTERM);
+        if (gang_proc_reap_until(&pid, &status, 1, gang_now_ms() + BENCH_STOP_GRACE_MS) > 0) {
+            gang_proc_kill_tree(pid, SIGKILL);
+            gang_proc_reap_until(&pid, &status, 1, gang_now_ms() + BENCH_KILL_GRACE_MS);
+        }
+        snprintf(why, whycap, "mpirun did not finish within %lld s", (long long)o->peer_timeout_s);
+        return GANG_ETIMEDOUT;
+    }
+    *secs = (double)(gang_now_ns() - t0) / 1e9;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(why, whycap, "mpirun failed (wait status 0x%x); see %s", (unsigned)status,
+                 c->log_path);
+        return GANG_EPEER;
+    }
+    return 0;
+}
+
+int gang__bench_rendezvous(bench_ctx *c, const bench_opts *o)
+{
+    double *g = calloc((size_t)o->trials + 1, sizeof *g);
+    double *m = calloc((size_t)o->trials + 1, sizeof *m);
+    int ng = 0, nm = 0, failed = 0;
+    char skipped[PATH_MAX + 128] = "";
+
+    if (g == NULL || m == NULL) {
+        free(g);
+        free(m);
+        return GANG_EXIT_INTERNAL;
+    }
+    for (int t = -o->warmup; t < o->trials; t++) {
+        cJSON *line = cJSON_CreateObject();
+        double gs = 0, ms = 0, spawn = 0;
+        int bad = 0;
+        char why[PATH_MAX + 128] = "";
+        int rc = rdzv_trial_ganglion(c, o, &gs, &spawn, &bad);
+
+        cJSON_AddStringToObject(line, "bench", "rendezvous");
+        cJSON_AddNumberToObject(line, "trial", t);
+        if (t < 0)
+            cJSON_AddBoolToObject(line, "warmup", 1);
+        cJSON_AddNumberToObject(line, "nodes", o->nodes);
+        if (rc < 0) {
+            cJSON_AddStringToObject(line, "error", gang_strerror(rc));
+            cJSON_AddStringToObject(line, "agent_log", c->log_path);
+            failed = 1;
+        } else {
+            cJSON_AddNumberToObject(line, "ganglion_s", gang_report_round(gs, 4));
+            cJSON_AddNumberToObject(line, "spawn_s", gang_report_round(spawn, 4));
+            if (t >= 0)
+                g[ng++] = gs;
+        }
+        cJSON_AddNumberToObject(line, "agents_unclean_exit", bad);
+        if (!o->no_peer && skipped[0] == '\0') {
+            int prc = rdzv_trial_mpirun(c, o, &ms, why, sizeof why);
+            if (prc == 1) {
+                gang_strlcpy(skipped, why, sizeof skipped);
+            } else if (prc < 0) {
+                cJSON_AddStringToObject(line, "mpirun_error", why);
+            } else {
+                cJSON_AddNumberToObject(line, "mpirun_s", gang_report_round(ms, 4));
+                if (rc == 0)
+                    cJSON_AddNumberToObject(line, "ratio", gang_report_round(ms / gs, 3));
+                if (t >= 0)
+                    m[nm++] = ms;
+            }
+        }
+        gang_report_emit(line);
+        gang_proc_reap_strays();
+        if (skipped[0] != '\0' && t == -o->warmup) {
+            cJSON *peer = cJSON_CreateObject();
+            cJSON_AddStringToObject(peer, "peer", "mpirun");
+            cJSON_AddStringToObject(peer, "skipped", skipped);
+            gang_report_emit(peer);
+        }
+    }
+
+    cJSON *sum = cJSON_CreateObject();
+    cJSON_AddStringToObject(sum, "bench", "rendezvous");
+    cJSON_AddBoolToObject(sum, "summary", 1);
+    cJSON_AddNumberToObject(sum, "nodes", o->nodes);
+    cJSON_AddNumberToObject(sum, "trials", o->trials);
+    cJSON_AddNumberToObject(sum, "measured", ng);
+    gang_report_add_stats(sum, "ganglion_s", g, ng, 4);
+    gang_report_add_stats(sum, "mpirun_s", m, nm, 4);
+    if (ng > 0 && nm > 0)
+        cJSON_AddNumberToObject(sum, "ratio_p50", gang_report_round(gang_report_median(m, nm) / gang_report_median(g, ng), 3));
+    else if (skipped[0] != '\0')
+        cJSON_AddStringToObject(sum, "peer_skipped", skipped);
+    cJSON_AddStringToObject(sum, "agent_log", c->log_path);
+    gang_report_emit(sum);
+    free(g);
+    free(m);
+    return failed ? BENCH_EXIT_FAILED : GANG_EXIT_OK;
+}

@@ -1,0 +1,87 @@
+/* cmocka tests of the bench module: the report statistics and the subcommand tables. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "bench.h"
+#include "report.h"
+
+static void test_median_and_percentiles(void **state)
+{
+    (void)state;
+    double odd[] = {5, 1, 3};
+    assert_true(gang_report_median(odd, 3) == 3);
+    assert_true(odd[0] == 1 && odd[2] == 5); /* sorted in place */
+    double even[] = {4, 1, 3, 2};
+    assert_true(gang_report_median(even, 4) == 2.5);
+    assert_true(isnan(gang_report_median(even, 0)));
+    double v[] = {10, 20, 30, 40, 50};
+    assert_true(gang_report_percentile(v, 5, 0) == 10);
+    assert_true(gang_report_percentile(v, 5, 100) == 50);
+    assert_true(gang_report_percentile(v, 5, 25) == 20);
+    assert_true(fabs(gang_report_percentile(v, 5, 90) - 46) < 1e-9);
+    double one[] = {7};
+    assert_true(gang_report_percentile(one, 1, 99) == 7);
+    assert_true(gang_report_round(1.23456, 2) == 1.23);
+    assert_true(gang_report_round(-1.235, 1) == -1.2);
+    assert_true(gang_report_round(2.5, 0) == 3);
+}
+
+static void test_add_stats(void **state)
+{
+    (void)state;
+    double v[] = {3.14159, 1.0, 2.71828};
+    cJSON *o = gang_report_new("demo");
+    double p50 = gang_report_add_stats(o, "t_ms", v, 3, 2);
+    assert_true(fabs(p50 - 2.71828) < 1e-12);
+    char *s = cJSON_PrintUnformatted(o);
+    assert_string_equal(s, "{\"bench\":\"demo\",\"t_ms_p50\":2.72,\"t_ms_min\":1,\"t_ms_max\":3.14}");
+    cJSON_free(s);
+    assert_true(isnan(gang_report_add_stats(o, "none", v, 0, 2)));
+    assert_null(cJSON_GetObjectItem(o, "none_p50"));
+    cJSON_Delete(o);
+}
+
+/* The tables of every benchmark: --help exits 0, an unknown or out-of-range flag 2. */
+static void test_bench_tables(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"rendezvous", "failover", "allreduce", "pipeline",
+                                        "decode", "gemm"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char *help[] = {"bench", (char *)names[i], "--help"};
+        char *bogus[] = {"bench", (char *)names[i], "--bogus"};
+        char *range[] = {"bench", (char *)names[i], "--timeout-s", "0"};
+        assert_int_equal(gang_bench_main(3, help), GANG_EXIT_OK);
+        assert_int_equal(gang_bench_main(3, bogus), GANG_EXIT_USAGE);
+        if (strcmp(names[i], "gemm") != 0) /* gemm has no --timeout-s */
+            assert_int_equal(gang_bench_main(4, range), GANG_EXIT_USAGE);
+    }
+    char *unknown[] = {"bench", "nosuch"};
+    assert_int_equal(gang_bench_main(2, unknown), GANG_EXIT_USAGE);
+    char *kinds[] = {"bench", "failover", "--kinds", "neither"};
+    assert_int_equal(gang_bench_main(4, kinds), GANG_EXIT_USAGE);
+    char *serve[] = {"bench", "rendezvous", "--nodes", "2", "--", "--no-such-serve-flag"};
+    assert_int_equal(gang_bench_main(6, serve), GANG_EXIT_USAGE);
+    char *dev[] = {"bench", "decode", "--device", "tpu"};
+    assert_int_equal(gang_bench_main(4, dev), GANG_EXIT_USAGE);
+    char *batch[] = {"bench", "decode", "--batch", "1,,8"};
+    assert_int_equal(gang_bench_main(4, batch), GANG_EXIT_USAGE);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_median_and_percentiles),
+        cmocka_unit_test(test_add_stats),
+        cmocka_unit_test(test_bench_tables),
+    };
+    return cmocka_run_group_tests_name("bench", tests, NULL, NULL);
+}
