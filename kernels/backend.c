@@ -16,6 +16,7 @@
 #include "ganglion/kernels.h"
 
 #include "kernels-backend.h"
+#include "kernels-bench.h"
 #include "cuda/cuda-backend.h"
 
 /* A handle: its backend's static vtable and the backend's per-handle state. */
@@ -468,7 +469,7 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
 }
 
 /* ---------------------------------------------------------------------------------
- * Half-precision storage, conversion and the GEMM benchmark.
+ * Half-precision storage, conversion and the GEMM benchmark's primitive.
  * --------------------------------------------------------------------------------- */
 /* Bytes of an element type the kernels store (f32, f16, bf16); 0 for the others. */
 static size_t kdtype_size(gang_dtype dt)
@@ -513,23 +514,28 @@ int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
     return k->be->convert(k->ctx, from, src, to, dst, n);
 }
 
-int gang_kernels_gemm_bench(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
-                            size_t n, size_t kdim, int warmup, int iters, double *ours_ms,
-                            double *ref_ms, double *max_rel_diff)
+/*
+ * The measuring primitive of bench/bench-gemm.c (kernels-bench.h): the same checks as
+ * gang_kernels_gemm_ex, then one timed round of the backend's GEMM and its peer.
+ */
+int gang__kernels_gemm_pair(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n,
+                            size_t kdim, const void *a, const void *b, void *c_ours,
+                            void *c_ref, float *ours_ms, float *ref_ms)
 {
     size_t tmp;
     int rc;
 
-    if (k == NULL || ours_ms == NULL || ref_ms == NULL || max_rel_diff == NULL || m == 0 ||
-        n == 0 || kdim == 0 || warmup < 0 || iters < 1 || kdtype_size(dt) == 0)
+    if (k == NULL || a == NULL || b == NULL || c_ours == NULL || c_ref == NULL ||
+        ours_ms == NULL || ref_ms == NULL || m == 0 || n == 0 || kdim == 0 ||
+        kdtype_size(dt) == 0)
         return GANG_EINVAL;
     if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
         return GANG_ERANGE;
     if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
         (rc = elems(n, kdim, &tmp)) < 0)
         return rc;
-    if (k->be->gemm_bench == NULL)
+    if (k->be->gemm_pair == NULL)
         return GANG_ENOSYS;
-    return k->be->gemm_bench(k->ctx, dt, trans_b != 0, m, n, kdim, warmup, iters, ours_ms,
-                             ref_ms, max_rel_diff);
+    return k->be->gemm_pair(k->ctx, dt, trans_b != 0, m, n, kdim, a, b, c_ours, c_ref, ours_ms,
+                            ref_ms);
 }

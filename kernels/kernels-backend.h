@@ -44,9 +44,10 @@ typedef struct gang__kernels_backend {
                 float alpha, const void *a, const void *b, float beta, void *c);
     int (*convert)(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
                    size_t n);
-    int (*gemm_bench)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
-                      int warmup, int iters, double *ours_ms, double *ref_ms,
-                      double *max_rel_diff);
+    /* One timed round of the GEMM benchmark (kernels-bench.h); NULL without a peer. */
+    int (*gemm_pair)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                     const void *a, const void *b, void *c_ours, void *c_ref, float *ours_ms,
+                     float *ref_ms);
     int (*rmsnorm)(void *ctx, const float *x, const float *w, float eps, size_t rows,
                    size_t dim, float *out);
     int (*rope)(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,

@@ -265,19 +265,6 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
 int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
                          gang_dtype to, void *dst, size_t n);
 
-/*
- * GEMM benchmark support (ganglion bench gemm): runs warmup + iters GEMMs of one shape
- * with random inputs in dt through this backend's GEMM path ("ours", cuBLASLt with the
- * cached plan) and through a direct cublasGemmEx call ("ref"), alternating, and writes
- * each timed iteration's duration in milliseconds to ours_ms[i] and ref_ms[i] (iters
- * entries each). *max_rel_diff receives the largest |ours - ref| / max(1, |ref|) of the
- * outputs. Buffers come from the pool: a shape that does not fit is GANG_ENOMEM.
- * GANG_ENOSYS on the cpu backend.
- */
-int gang_kernels_gemm_bench(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
-                            size_t n, size_t kdim, int warmup, int iters, double *ours_ms,
-                            double *ref_ms, double *max_rel_diff);
-
 /* Facts about one visible GPU, for `ganglion info` (no CUDA types). */
 typedef struct gang_device_info {
     int index;                 /* CUDA ordinal (after CUDA_VISIBLE_DEVICES) */

@@ -1,6 +1,7 @@
 /*
- * CUDA backend GEMM: cuBLASLt with a per-handle plan cache, plus the benchmark that times
- * it against a direct cublasGemmEx call on the same buffers.
+ * CUDA backend GEMM: cuBLASLt with a per-handle plan cache, plus one timed round of it
+ * against a direct cublasGemmEx call on the same buffers (the measuring primitive of
+ * bench/bench-gemm.c, through kernels/kernels-bench.h).
  *
  * Layout. The kernels API is row-major; cuBLAS is column-major. A row-major [r, c] matrix
  * is the column-major [c, r] matrix with the same bytes, so C = A . op(B) (row-major) is
@@ -70,11 +71,6 @@ static cudaDataType_t cuda_type(gang_dtype dt)
         break;
     }
     return CUDA_R_32F;
-}
-
-static size_t dtype_bytes(gang_dtype dt)
-{
-    return dt == GANG_DTYPE_F32 ? 4 : 2;
 }
 
 static void plan_release(gang__cuda_plan *p)
@@ -283,74 +279,12 @@ static int gemm_ref(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, siz
                   "cublasGemmEx");
 }
 
-static float load_elem(const void *p, gang_dtype dt, size_t i)
+/* The cuBLAS handle of the reference, made on first use, on the handle's stream and
+ * with the same workspace as our path. */
+static int ref_ready(gang__cuda_ctx *c)
 {
-    const uint16_t *h = p;
-
-    switch (dt) {
-    case GANG_DTYPE_F16:
-        return gang_f16_to_f32(h[i]);
-    case GANG_DTYPE_BF16:
-        return gang_bf16_to_f32(h[i]);
-    case GANG_DTYPE_F32:
-    case GANG_DTYPE_I32: /* not a GEMM type; the front refuses it */
-        break;
-    }
-    return ((const float *)p)[i];
-}
-
-/* Downloads both outputs and returns the largest relative difference between them. */
-static int bench_compare(gang__cuda_ctx *c, gang_dtype dt, const void *x, const void *y,
-                         size_t count, double *out)
-{
-    size_t bytes = count * dtype_bytes(dt);
-    void *hx = malloc(bytes), *hy = malloc(bytes);
-    double worst = 0.0;
-    int rc = GANG_ENOMEM;
-
-    if (hx == NULL || hy == NULL)
-        goto out_free;
-    rc = gang__cuda_err(cudaMemcpyAsync(hx, x, bytes, cudaMemcpyDeviceToHost, c->stream),
-                        "bench download");
-    if (rc == 0)
-        rc = gang__cuda_err(cudaMemcpyAsync(hy, y, bytes, cudaMemcpyDeviceToHost, c->stream),
-                            "bench download");
-    if (rc == 0)
-        rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "bench wait");
-    if (rc < 0)
-        goto out_free;
-    for (size_t i = 0; i < count; i++) {
-        double u = load_elem(hx, dt, i), v = load_elem(hy, dt, i);
-        double d = fabs(u - v) / fmax(1.0, fabs(v));
-
-        if (!(d <= worst)) /* NaN counts as the worst */
-            worst = isnan(d) ? INFINITY : d;
-    }
-    *out = worst;
-out_free:
-    free(hx);
-    free(hy);
-    return rc;
-}
-
-/*
- * Benchmark of one shape: random inputs, then warmup + iters rounds of (ours, ref), each
- * timed with its own pair of events on the handle's stream so that both see the same
- * clocks and caches. Both paths get the same workspace. Buffers come from the pool and
- * are returned before the function does.
- */
-int gang__cuda_gemm_bench(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
-                          size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
-                          double *max_rel_diff)
-{
-    gang__cuda_ctx *c = ctx;
-    size_t es = dtype_bytes(dt);
-    uintptr_t a = 0, b = 0, c1 = 0, c2 = 0;
-    cudaEvent_t ev[4] = {NULL, NULL, NULL, NULL};
     int rc;
 
-    if ((rc = gang__cuda_err(cudaSetDevice(c->device), "cudaSetDevice")) < 0)
-        return rc;
     if (c->blas == NULL) {
         cublasHandle_t h;
 
@@ -359,56 +293,50 @@ int gang__cuda_gemm_bench(void *ctx, gang_dtype dt, int trans_b, size_t m, size_
         c->blas = h;
     }
     if ((rc = lt_err(gang__blas.cublasSetStream((cublasHandle_t)c->blas, c->stream),
-                     "cublasSetStream")) < 0 ||
-        (rc = lt_err(gang__blas.cublasSetWorkspace((cublasHandle_t)c->blas, c->workspace,
-                                                   c->workspace_bytes),
-                     "cublasSetWorkspace")) < 0)
+                     "cublasSetStream")) < 0)
         return rc;
-    if ((rc = gang__cuda_pool_alloc(&c->pool, m * kdim * es, &a)) < 0 ||
-        (rc = gang__cuda_pool_alloc(&c->pool, n * kdim * es, &b)) < 0 ||
-        (rc = gang__cuda_pool_alloc(&c->pool, m * n * es, &c1)) < 0 ||
-        (rc = gang__cuda_pool_alloc(&c->pool, m * n * es, &c2)) < 0)
-        goto out_free;
-    if ((rc = gang__cuda_launch_fill_random(c->stream, dt, (void *)a, m * kdim, 1, 1.0f)) < 0 ||
-        (rc = gang__cuda_launch_fill_random(c->stream, dt, (void *)b, n * kdim, 2, 1.0f)) < 0)
-        goto out_free;
-    for (int i = 0; i < 4; i++)
+    return lt_err(gang__blas.cublasSetWorkspace((cublasHandle_t)c->blas, c->workspace,
+                                                c->workspace_bytes),
+                  "cublasSetWorkspace");
+}
+
+/*
+ * One timed round of the GEMM benchmark (kernels/kernels-bench.h): our GEMM into c_ours,
+ * then the cuBLAS peer into c_ref, each between its own pair of events on the handle's
+ * stream so that both see the same clocks and caches. Returns when both finished.
+ */
+int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
+                         size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
+                         float *ours_ms, float *ref_ms)
+{
+    gang__cuda_ctx *c = ctx;
+    cudaEvent_t ev[3] = {NULL, NULL, NULL};
+    int rc;
+
+    if ((rc = gang__cuda_err(cudaSetDevice(c->device), "cudaSetDevice")) < 0)
+        return rc;
+    if ((rc = ref_ready(c)) < 0)
+        return rc;
+    for (int i = 0; i < 3; i++)
         if ((rc = gang__cuda_err(cudaEventCreate(&ev[i]), "cudaEventCreate")) < 0)
-            goto out_free;
-    for (int it = 0; it < warmup + iters; it++) {
-        float t_ours = 0.0f, t_ref = 0.0f;
+            goto out_events;
+    cudaEventRecord(ev[0], c->stream);
+    rc = gemm_run(c, dt, trans_b, m, n, kdim, 1.0f, a, b, 0.0f, c_ours);
+    cudaEventRecord(ev[1], c->stream);
+    if (rc == 0)
+        rc = gemm_ref(c, dt, trans_b, m, n, kdim, a, b, c_ref);
+    cudaEventRecord(ev[2], c->stream);
+    if (rc < 0)
+        goto out_events;
+    if ((rc = gang__cuda_err(cudaEventSynchronize(ev[2]), "bench wait")) < 0)
+        goto out_events;
+    cudaEventElapsedTime(ours_ms, ev[0], ev[1]);
+    cudaEventElapsedTime(ref_ms, ev[1], ev[2]);
 
-        cudaEventRecord(ev[0], c->stream);
-        rc = gemm_run(c, dt, trans_b, m, n, kdim, 1.0f, (void *)a, (void *)b, 0.0f, (void *)c1);
-        cudaEventRecord(ev[1], c->stream);
-        if (rc == 0)
-            rc = gemm_ref(c, dt, trans_b, m, n, kdim, (void *)a, (void *)b, (void *)c2);
-        cudaEventRecord(ev[2], c->stream);
-        if (rc < 0)
-            goto out_free;
-        if ((rc = gang__cuda_err(cudaEventSynchronize(ev[2]), "bench wait")) < 0)
-            goto out_free;
-        cudaEventElapsedTime(&t_ours, ev[0], ev[1]);
-        cudaEventElapsedTime(&t_ref, ev[1], ev[2]);
-        if (it >= warmup) {
-            ours_ms[it - warmup] = t_ours;
-            ref_ms[it - warmup] = t_ref;
-        }
-    }
-    rc = bench_compare(c, dt, (void *)c1, (void *)c2, m * n, max_rel_diff);
-
-out_free:
+out_events:
     cudaStreamSynchronize(c->stream);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 3; i++)
         if (ev[i] != NULL)
             cudaEventDestroy(ev[i]);
-    if (c2)
-        gang__cuda_pool_free(&c->pool, c2);
-    if (c1)
-        gang__cuda_pool_free(&c->pool, c1);
-    if (b)
-        gang__cuda_pool_free(&c->pool, b);
-    if (a)
-        gang__cuda_pool_free(&c->pool, a);
     return rc;
 }

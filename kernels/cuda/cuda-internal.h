@@ -87,9 +87,9 @@ int gang__cuda_gemm_init(gang__cuda_ctx *c);
 void gang__cuda_gemm_fini(gang__cuda_ctx *c);
 int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                     float alpha, const void *a, const void *b, float beta, void *cmat);
-int gang__cuda_gemm_bench(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
-                          size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
-                          double *max_rel_diff);
+int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
+                         size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
+                         float *ours_ms, float *ref_ms);
 
 /* ---------------------------------------------------------------------------------
  * Kernel launchers (cuda-ops.cu, cuda-attention.cu). They enqueue on stream and return

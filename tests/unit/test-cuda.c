@@ -36,6 +36,7 @@
 
 #include "../../kernels/cuda/cuda-blas.h"
 #include "../../kernels/cuda/cuda-internal.h"
+#include "../../kernels/kernels-bench.h"
 
 typedef struct fixture {
     gang_kernels *gpu; /* NULL when no GPU is present */
@@ -731,22 +732,54 @@ static void test_gpu_convert(void **state)
     free(x), free(hb), free(hh), free(back);
 }
 
-/* The benchmark entry on a small shape: both paths agree and report positive times. */
-static void test_gpu_gemm_bench(void **state)
+/* The benchmark's primitive on a small shape: both paths agree and report positive times;
+ * the cpu backend has no reference GEMM. */
+static void test_gpu_gemm_pair(void **state)
 {
-    double ours[3], ref[3], diff = -1.0;
+    const size_t m = 64, n = 512, kd = 256;
+    uint16_t *ha, *hb, *h1, *h2;
+    void *a = NULL, *b = NULL, *c1 = NULL, *c2 = NULL;
+    float ours = 0.0f, ref = 0.0f;
+    double worst = 0.0;
 
     (void)state;
     NEED_GPU();
-    assert_int_equal(
-        gang_kernels_gemm_bench(fx.gpu, GANG_DTYPE_BF16, 1, 64, 512, 256, 1, 3, ours, ref, &diff),
-        0);
-    for (int i = 0; i < 3; i++)
-        assert_true(ours[i] > 0.0 && ref[i] > 0.0);
-    assert_true(diff >= 0.0 && diff < 1.6e-2);
-    assert_int_equal(
-        gang_kernels_gemm_bench(fx.cpu, GANG_DTYPE_BF16, 1, 64, 512, 256, 1, 3, ours, ref, &diff),
-        GANG_ENOSYS);
+    ha = malloc(m * kd * 2), hb = malloc(n * kd * 2), h1 = malloc(m * n * 2);
+    h2 = malloc(m * n * 2);
+    assert_non_null(ha), assert_non_null(hb), assert_non_null(h1), assert_non_null(h2);
+    for (size_t i = 0; i < m * kd; i++)
+        ha[i] = gang_f32_to_bf16((float)((i * 37) % 101) / 50.0f - 1.0f);
+    for (size_t i = 0; i < n * kd; i++)
+        hb[i] = gang_f32_to_bf16((float)((i * 53) % 97) / 48.0f - 1.0f);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, m * kd * 2, &a), 0);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, n * kd * 2, &b), 0);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, m * n * 2, &c1), 0);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, m * n * 2, &c2), 0);
+    assert_int_equal(gang_kernels_upload(fx.gpu, a, ha, m * kd * 2), 0);
+    assert_int_equal(gang_kernels_upload(fx.gpu, b, hb, n * kd * 2), 0);
+    for (int it = 0; it < 3; it++) {
+        assert_int_equal(gang__kernels_gemm_pair(fx.gpu, GANG_DTYPE_BF16, 1, m, n, kd, a, b, c1,
+                                                 c2, &ours, &ref),
+                         0);
+        assert_true(ours > 0.0f && ref > 0.0f);
+    }
+    assert_int_equal(gang_kernels_download(fx.gpu, h1, c1, m * n * 2), 0);
+    assert_int_equal(gang_kernels_download(fx.gpu, h2, c2, m * n * 2), 0);
+    for (size_t i = 0; i < m * n; i++) {
+        double u = gang_bf16_to_f32(h1[i]), v = gang_bf16_to_f32(h2[i]);
+        double d = fabs(u - v) / fmax(1.0, fabs(v));
+        worst = d > worst ? d : worst;
+    }
+    assert_true(worst < 1.6e-2);
+    assert_int_equal(gang__kernels_gemm_pair(fx.gpu, GANG_DTYPE_I32, 1, m, n, kd, a, b, c1, c2,
+                                             &ours, &ref),
+                     GANG_EINVAL);
+    assert_int_equal(gang__kernels_gemm_pair(fx.cpu, GANG_DTYPE_BF16, 1, m, n, kd, ha, hb, h1,
+                                             h2, &ours, &ref),
+                     GANG_ENOSYS);
+    gang_kernels_free(fx.gpu, c2), gang_kernels_free(fx.gpu, c1);
+    gang_kernels_free(fx.gpu, b), gang_kernels_free(fx.gpu, a);
+    free(ha), free(hb), free(h1), free(h2);
 }
 
 int main(void)
@@ -761,7 +794,7 @@ int main(void)
         cmocka_unit_test(test_gpu_rope),       cmocka_unit_test(test_gpu_softmax),
         cmocka_unit_test(test_gpu_attention),  cmocka_unit_test(test_gpu_elementwise),
         cmocka_unit_test(test_gpu_embedding),  cmocka_unit_test(test_gpu_argmax),
-        cmocka_unit_test(test_gpu_convert),    cmocka_unit_test(test_gpu_gemm_bench),
+        cmocka_unit_test(test_gpu_convert),    cmocka_unit_test(test_gpu_gemm_pair),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
