@@ -17,11 +17,11 @@
 #define ENV_NAME_MAX 96
 
 static const gang_param_info registry[] = {
-#define GANG_PARAM_INT_(field, flag, def, lo, hi, help)                                    \
+#define GANG_PARAM_INT_(field, flag, def, lo, hi, attr, help)                              \
     {flag, GANG_PARAM_INT, #def, lo, hi, help, offsetof(gang_params, field), 0, 0, 0},
-#define GANG_PARAM_STR_(field, flag, def, help)                                            \
+#define GANG_PARAM_STR_(field, flag, def, attr, help)                                      \
     {flag, GANG_PARAM_STR, def, 0, 0, help, offsetof(gang_params, field), 0, 0, 0},
-#define GANG_PARAM_BOOL_(field, flag, def, help)                                           \
+#define GANG_PARAM_BOOL_(field, flag, def, attr, help)                                     \
     {flag, GANG_PARAM_BOOL, #def, 0, 1, help, offsetof(gang_params, field), 0, 0, 0},
 #include "ganglion/params.def"
 #undef GANG_PARAM_INT_
@@ -29,6 +29,19 @@ static const gang_param_info registry[] = {
 #undef GANG_PARAM_BOOL_
 };
 #define REGISTRY_LEN (sizeof(registry) / sizeof(registry[0]))
+
+/* The attribute column, index for index with registry[] (kept out of gang_param_info so
+ * that option tables, which have no such column, need not spell it). */
+static const unsigned char registry_attr[] = {
+#define GANG_PARAM_INT_(field, flag, def, lo, hi, attr, help) attr,
+#define GANG_PARAM_STR_(field, flag, def, attr, help) attr,
+#define GANG_PARAM_BOOL_(field, flag, def, attr, help) attr,
+#include "ganglion/params.def"
+#undef GANG_PARAM_INT_
+#undef GANG_PARAM_STR_
+#undef GANG_PARAM_BOOL_
+};
+_Static_assert(sizeof(registry_attr) == REGISTRY_LEN, "one attribute per registry entry");
 
 /* Environment names are derived, not stored, so they can never disagree with the flag. */
 void gang_param_env_name(const char *flag, char *out, size_t cap)
@@ -278,6 +291,111 @@ void gang_params_print_values(const gang_params *p, FILE *out)
             break;
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------
+ * Forwarding: the registry's GANG_PARAM_FWD entries as a child's command line.
+ * --------------------------------------------------------------------------------- */
+
+unsigned gang_param_attr(const gang_param_info *pi)
+{
+    if (pi < registry || pi >= registry + REGISTRY_LEN)
+        return GANG_PARAM_NOFWD;
+    return registry_attr[pi - registry];
+}
+
+static int flag_in(const char *flag, const char *const *list)
+{
+    for (; list && *list; list++) {
+        if (strcmp(flag, *list) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Writes "--flag=value" of registry[i] from p into out[cap] (cap 0: measure only). */
+static int format_forwarded(const gang_params *p, size_t i, char *out, size_t cap)
+{
+    const gang_param_info *pi = &registry[i];
+    const char *base = (const char *)p + pi->offset;
+    switch (pi->type) {
+    case GANG_PARAM_INT:
+        return snprintf(out, cap, "--%s=%lld", pi->flag,
+                        (long long)*(const int64_t *)(const void *)base);
+    case GANG_PARAM_BOOL:
+        return snprintf(out, cap, "--%s=%d", pi->flag, *(const int *)(const void *)base ? 1 : 0);
+    case GANG_PARAM_DOUBLE: /* the registry has none; kept exact for the day it does */
+        return snprintf(out, cap, "--%s=%.17g", pi->flag, *(const double *)(const void *)base);
+    case GANG_PARAM_STR:
+        break;
+    }
+    return snprintf(out, cap, "--%s=%s", pi->flag, base);
+}
+
+/*
+ * Two passes over the registry: the first measures, the second writes the strings behind
+ * the pointer array of the same allocation.
+ */
+int gang_params_forward_args(const gang_params *p, const char *const *omit, gang_args *out)
+{
+    size_t n = 0, bytes = 0;
+    out->argv = NULL;
+    out->argc = 0;
+    for (size_t i = 0; i < REGISTRY_LEN; i++) {
+        if (registry_attr[i] != GANG_PARAM_FWD || flag_in(registry[i].flag, omit))
+            continue;
+        n++;
+        bytes += (size_t)format_forwarded(p, i, NULL, 0) + 1;
+    }
+    char **argv = malloc((n + 1) * sizeof(*argv) + bytes);
+    if (argv == NULL)
+        return GANG_ENOMEM;
+    char *store = (char *)(argv + n + 1);
+    size_t k = 0, left = bytes;
+    for (size_t i = 0; i < REGISTRY_LEN; i++) {
+        if (registry_attr[i] != GANG_PARAM_FWD || flag_in(registry[i].flag, omit))
+            continue;
+        size_t len = (size_t)format_forwarded(p, i, store, left) + 1;
+        argv[k++] = store;
+        store += len;
+        left -= len;
+    }
+    argv[k] = NULL;
+    out->argv = argv;
+    out->argc = (int)k;
+    return 0;
+}
+
+int gang_args_copy(const gang_args *src, gang_args *dst)
+{
+    size_t bytes = 0;
+    dst->argv = NULL;
+    dst->argc = 0;
+    for (int i = 0; i < src->argc; i++)
+        bytes += strlen(src->argv[i]) + 1;
+    char **argv = malloc(((size_t)src->argc + 1) * sizeof(*argv) + bytes);
+    if (argv == NULL)
+        return GANG_ENOMEM;
+    char *store = (char *)(argv + src->argc + 1);
+    for (int i = 0; i < src->argc; i++) {
+        size_t len = strlen(src->argv[i]) + 1;
+        memcpy(store, src->argv[i], len);
+        argv[i] = store;
+        store += len;
+    }
+    argv[src->argc] = NULL;
+    dst->argv = argv;
+    dst->argc = src->argc;
+    return 0;
+}
+
+void gang_args_free(gang_args *a)
+{
+    if (a == NULL)
+        return;
+    free(a->argv);
+    a->argv = NULL;
+    a->argc = 0;
 }
 
 /* ---------------------------------------------------------------------------------

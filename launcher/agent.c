@@ -34,8 +34,7 @@
 #include "supervisor.h"
 
 typedef struct agent {
-    gang_params p;
-    gang_identity id;
+    gang_agent_config cfg; /* derived once from the parameters (layout.c) */
     uv_loop_t loop;
     gang_http_server *http;
     gang_coord *coord;
@@ -47,8 +46,6 @@ typedef struct agent {
     int linger_started;
     int stopping;
     int exit_code;
-    gang_token token;
-    uint8_t digest[GANG_DIGEST_SIZE];
     char coord_addr[GANG_HOST_MAX + 8];
 
     uint64_t started_ms;
@@ -73,9 +70,9 @@ static void record_failure(agent *a, int32_t rank, int32_t code, const char *rea
 /* Kubernetes shows this file's contents as the container's termination message. */
 static void write_termination_log(const agent *a, const char *reason)
 {
-    if (a->p.termination_log[0] == '\0')
+    if (a->cfg.termination_log[0] == '\0')
         return;
-    int fd = open(a->p.termination_log, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    int fd = open(a->cfg.termination_log, O_WRONLY | O_TRUNC | O_CLOEXEC);
     if (fd < 0)
         return;
     ssize_t w = write(fd, reason, strlen(reason));
@@ -165,13 +162,13 @@ static void m_on_give_up(void *ctx, const char *reason)
     a->gave_up = 1;
     record_failure(a, a->fail_rank, GANG_EBUDGET, reason);
     write_termination_log(a, reason);
-    gang_error("agent: gang gave up: %s; exiting 75 in %lld ms", reason,
-               (long long)a->p.give_up_linger_ms);
+    gang_error("agent: gang gave up: %s; exiting 75 in %llu ms", reason,
+               (unsigned long long)a->cfg.give_up_linger_ms);
     if (a->api)
         gang_api_on_give_up(a->api, reason);
     gang_sup_abort(a->sup, 0);
     a->linger_started = 1;
-    uv_timer_start(&a->linger, on_linger_done, (uint64_t)a->p.give_up_linger_ms, 0);
+    uv_timer_start(&a->linger, on_linger_done, a->cfg.give_up_linger_ms, 0);
 }
 
 static void m_on_rejected(void *ctx, int32_t code, const char *reason)
@@ -281,7 +278,7 @@ static int agent_healthy(agent *a)
         return 0;
     agent_ready(a);
     uint64_t since = a->last_serving_ms ? a->last_serving_ms : a->started_ms;
-    return gang_now_ms() - since <= (uint64_t)a->p.rendezvous_timeout_ms;
+    return gang_now_ms() - since <= a->cfg.rendezvous_timeout_ms;
 }
 
 static const char *agent_state_name(agent *a, const gang_member_status *ms)
@@ -298,12 +295,12 @@ static char *render_status(agent *a)
     gang_member_status ms;
     gang_member_get_status(a->member, &ms);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "node_index", a->id.node_index);
-    cJSON_AddNumberToObject(o, "nnodes", (double)a->p.nnodes);
-    cJSON_AddNumberToObject(o, "nproc_per_node", (double)a->p.nproc_per_node);
+    cJSON_AddNumberToObject(o, "node_index", a->cfg.id.node_index);
+    cJSON_AddNumberToObject(o, "nnodes", (double)a->cfg.layout.tc.nnodes);
+    cJSON_AddNumberToObject(o, "nproc_per_node", (double)a->cfg.layout.tc.nproc_per_node);
     cJSON_AddBoolToObject(o, "is_coordinator", a->coord != NULL);
-    cJSON_AddStringToObject(o, "identity_source", gang_identity_source_name(a->id.source));
-    cJSON_AddStringToObject(o, "job", a->p.job_name);
+    cJSON_AddStringToObject(o, "identity_source", gang_identity_source_name(a->cfg.id.source));
+    cJSON_AddStringToObject(o, "job", a->cfg.job_name);
     cJSON_AddNumberToObject(o, "generation", (double)ms.generation);
     cJSON_AddStringToObject(o, "state", agent_state_name(a, &ms));
     cJSON_AddBoolToObject(o, "ready", agent_ready(a));
@@ -321,8 +318,8 @@ static char *render_status(agent *a)
         gang_sup_rank_info(a->sup, i, &r);
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "local_rank", i);
-        cJSON_AddNumberToObject(e, "rank", (double)((uint64_t)a->id.node_index *
-                                                    (uint64_t)a->p.nproc_per_node + i));
+        cJSON_AddNumberToObject(e, "rank", (double)((uint64_t)a->cfg.id.node_index *
+                                                    (uint64_t)a->cfg.layout.tc.nproc_per_node + i));
         cJSON_AddNumberToObject(e, "pid", r.pid);
         cJSON_AddStringToObject(e, "state", gang_rank_state_name(r.state));
         cJSON_AddNumberToObject(e, "heartbeat_age_ms",
@@ -367,7 +364,8 @@ static char *render_status(agent *a)
         for (uint32_t i = 0; i < cs.world_size; i++) {
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "rank", i);
-            cJSON_AddNumberToObject(e, "node", (double)(i / (uint32_t)a->p.nproc_per_node));
+            cJSON_AddNumberToObject(e, "node",
+                                    (double)(i / (uint32_t)a->cfg.layout.tc.nproc_per_node));
             cJSON_AddStringToObject(e, "state", gang_rank_state_name(cs.ranks[i].state));
             cJSON_AddNumberToObject(e, "heartbeat_age_ms",
                                     cs.ranks[i].heartbeat_age_ms == UINT32_MAX
@@ -400,7 +398,7 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
     if (a->coord)
         gang_coord_get_status(a->coord, &cs);
     char node[16];
-    snprintf(node, sizeof(node), "%d", a->id.node_index);
+    snprintf(node, sizeof(node), "%d", a->cfg.id.node_index);
     gang_metric_label nl = {.name = "node", .value = node};
 
     gang_metrics_family(b, "ganglion_generation", GANG_METRIC_GAUGE,
@@ -432,7 +430,9 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
         for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
             gang_sup_rank r;
             gang_sup_rank_info(a->sup, i, &r);
-            rank_age_sample(b, (uint64_t)a->id.node_index * (uint64_t)a->p.nproc_per_node + i,
+            rank_age_sample(b,
+                            (uint64_t)a->cfg.id.node_index *
+                                    (uint64_t)a->cfg.layout.tc.nproc_per_node + i,
                             r.heartbeat_age_ms);
         }
     }
@@ -573,179 +573,40 @@ int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, cha
     return 0;
 }
 
-int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *err,
-                            size_t errlen)
+/* The coordinator of the gang (node 0 only), configured from the agent's config. */
+static int agent_start_coord(agent *a)
 {
-    int64_t world = p->nnodes * p->nproc_per_node;
-    *ctx = 0;
-    /*
-     * The data plane of the workers (docs/gpu.md, "Serving on the GPU"):
-     *   auto    socket on the CPU; on --device cuda the TP / PP groups over nccl (when
-     *           NCCL is built; else the socket backend, staged through host memory);
-     *   socket  the socket backend everywhere (staged through host memory on cuda);
-     *   nccl    TP / PP over nccl; needs --device cuda and a build with NCCL;
-     *   mpi     refused: MPI is for the benchmarks and tests, workers do not serve on it.
-     * The plan broadcast, the token return and the idle ticks always use a socket world.
-     * --device cuda itself is checked by each worker (a GPU per local rank), because the
-     * agent must not initialise CUDA before it forks.
-     */
-    if (strcmp(p->backend, "mpi") == 0) {
-        snprintf(err, errlen, "--backend mpi: workers cannot serve over MPI (the mpi backend "
-                 "is for the benchmarks and tests); use --backend auto, socket or nccl");
-        return GANG_EUSAGE;
-    }
-    if (strcmp(p->backend, "nccl") == 0) {
-        if (strcmp(p->device, "cuda") != 0) {
-            snprintf(err, errlen, "--backend nccl needs --device cuda (NCCL moves GPU memory; "
-                     "--device %s workers use the socket backend: --backend auto or socket)",
-                     p->device);
-            return GANG_EUSAGE;
-        }
-        if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
-            snprintf(err, errlen, "--backend nccl: this binary was built without NCCL "
-                     "(--backend auto or socket stage the GPU traffic through host memory)");
-            return GANG_EUSAGE;
-        }
-    } else if (strcmp(p->backend, "auto") != 0 && strcmp(p->backend, "socket") != 0) {
-        snprintf(err, errlen, "--backend %s: not one of auto, socket, nccl", p->backend);
-        return GANG_EUSAGE;
-    }
-    /* Without a model and with the default tp = pp = 1 there is nothing to split: such a
-     * gang only forms its data plane (tests, network checks). */
-    if (p->model[0] == '\0' && p->tp == 1 && p->pp == 1)
-        return 0;
-    if (p->tp * p->pp != world) {
-        snprintf(err, errlen, "--tp %lld x --pp %lld = %lld ranks, but the gang has --nnodes "
-                 "%lld x --nproc-per-node %lld = %lld", (long long)p->tp, (long long)p->pp,
-                 (long long)(p->tp * p->pp), (long long)p->nnodes, (long long)p->nproc_per_node,
-                 (long long)world);
-        return GANG_EUSAGE;
-    }
-    if (!p->allow_cross_node_tp && p->nproc_per_node % p->tp != 0) {
-        snprintf(err, errlen, "--tp %lld does not divide --nproc-per-node %lld: a TP group "
-                 "would span nodes (--allow-cross-node-tp to force it)", (long long)p->tp,
-                 (long long)p->nproc_per_node);
-        return GANG_EUSAGE;
-    }
-    if (p->model[0] == '\0')
-        return 0;
-    int rc = gang_model_config_read(p->model, mc, err, errlen);
+    const gang_agent_config *c = &a->cfg;
+    gang_coord_config cc = {
+        .bind_address = c->bind_address,
+        .port = c->rdzv_port,
+        .job = c->job_name,
+        .nnodes = (uint32_t)c->layout.tc.nnodes,
+        .nproc_per_node = (uint32_t)c->layout.tc.nproc_per_node,
+        .tp = (uint32_t)c->layout.tc.tp,
+        .pp = (uint32_t)c->layout.tc.pp,
+        .token = c->token,
+        .heartbeat_interval_ms = c->heartbeat_interval_ms,
+        .heartbeat_timeout_ms = c->heartbeat_timeout_ms,
+        .handshake_timeout_ms = c->handshake_timeout_ms,
+        .start_timeout_ms = c->start_timeout_ms,
+        .max_restarts = c->max_restarts,
+        .restart_window_ms = c->restart_window_ms,
+        .restart_backoff_ms = c->restart_backoff_ms,
+        .restart_backoff_max_ms = c->restart_backoff_max_ms,
+        .max_connections = c->max_connections,
+    };
+    memcpy(cc.model_digest, c->digest, GANG_DIGEST_SIZE);
+    int rc = gang_coord_start(&a->loop, &cc, &a->coord);
     if (rc != 0)
-        return GANG_EMODEL;
-    gang_topology_config tc;
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(mc, &tc);
-    tc.nnodes = (int32_t)p->nnodes;
-    tc.nproc_per_node = (int32_t)p->nproc_per_node;
-    tc.tp = (int32_t)p->tp;
-    tc.pp = (int32_t)p->pp;
-    tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
-    gang_topology t;
-    rc = gang_topology_init(&tc, &t, err, errlen);
-    if (rc != 0)
-        return GANG_EUSAGE;
-    uint32_t cap = mc->max_pos < 4096 ? mc->max_pos : 4096;
-    *ctx = p->max_ctx > 0 ? (uint32_t)p->max_ctx : cap;
-    if (*ctx > mc->max_pos) {
-        snprintf(err, errlen, "--max-ctx %lld exceeds the model's max_position_embeddings %u",
-                 (long long)p->max_ctx, mc->max_pos);
-        return GANG_EUSAGE;
-    }
-    return 0;
+        gang_error("agent: coordinator on %s:%d: %s", c->bind_address, c->rdzv_port,
+                   gang_strerror(rc));
+    return rc;
 }
 
-int gang_agent_main(const gang_params *params, char *const *envp)
+/* The workers of this node, and on the coordinator the inference API in front of them. */
+static int agent_start_workers(agent *a)
 {
-    char err[512] = "";
-    agent *a = calloc(1, sizeof(*a));
-    if (a == NULL)
-        return GANG_EXIT_INTERNAL;
-    a->p = *params;
-    a->fail_rank = -1;
-    a->started_ms = gang_now_ms();
-    int rc = gang_agent_prepare(&a->p, envp, &a->id, err, sizeof(err));
-    if (rc != 0) {
-        gang_error("agent: %s", err);
-        free(a);
-        return GANG_EXIT_USAGE;
-    }
-    gang_log_set_identity(a->id.node_index, -1);
-    rc = gang_auth_init();
-    if (rc == 0)
-        rc = gang_auth_load_token(a->p.token_file, &a->token, err, sizeof(err));
-    if (rc != 0) {
-        gang_error("agent: token: %s", err);
-        free(a);
-        return GANG_EXIT_USAGE;
-    }
-    if (!a->token.present)
-        gang_warn("agent: running WITHOUT a rendezvous token (--token-file): the gang is not "
-                  "authenticated");
-    rc = gang_model_digest(a->p.model, a->digest);
-    if (rc != 0) {
-        gang_error("agent: model directory '%s': %s", a->p.model, gang_strerror(rc));
-        free(a);
-        return GANG_EXIT_MODEL;
-    }
-    snprintf(a->coord_addr, sizeof(a->coord_addr), "%s:%u", a->id.coordinator_host,
-             a->id.coordinator_port);
-    gang_model_config model_cfg;
-    uint32_t ctx_len = 0;
-    memset(&model_cfg, 0, sizeof(model_cfg));
-    rc = gang_agent_check_layout(&a->p, &model_cfg, &ctx_len, err, sizeof(err));
-    if (rc != 0) {
-        gang_error("agent: %s", err);
-        write_termination_log(a, err);
-        free(a);
-        return gang_exit_code_for(rc);
-    }
-
-    uv_loop_init(&a->loop);
-    /* Initialised now so agent_stop() can close them on any path; started at the end. */
-    uv_signal_init(&a->loop, &a->sigterm);
-    uv_signal_init(&a->loop, &a->sigint);
-    uv_timer_init(&a->loop, &a->linger);
-    a->sigterm.data = a->sigint.data = a->linger.data = a;
-    int exit_code = GANG_EXIT_TEMPFAIL;
-    gang_http_config hc = {.bind_address = a->p.bind_address,
-                           .port = (int)a->p.http_port,
-                           .max_body = 1 << 20,
-                           .max_conns = 256,
-                           .idle_timeout_ms = 10000};
-    rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);
-    if (rc != 0) {
-        gang_error("agent: HTTP on %s:%lld: %s", a->p.bind_address, (long long)a->p.http_port,
-                   gang_strerror(rc));
-        goto out_loop;
-    }
-    if (a->id.is_coordinator) {
-        gang_coord_config cc = {
-            .bind_address = a->p.bind_address,
-            .port = (int)a->p.rdzv_port,
-            .job = a->p.job_name,
-            .nnodes = (uint32_t)a->p.nnodes,
-            .nproc_per_node = (uint32_t)a->p.nproc_per_node,
-            .tp = (uint32_t)a->p.tp,
-            .pp = (uint32_t)a->p.pp,
-            .token = a->token,
-            .heartbeat_interval_ms = (uint64_t)a->p.heartbeat_interval_ms,
-            .heartbeat_timeout_ms = (uint64_t)a->p.heartbeat_timeout_ms,
-            .handshake_timeout_ms = (uint64_t)a->p.handshake_timeout_ms,
-            .start_timeout_ms = (uint64_t)a->p.start_timeout_ms,
-            .max_restarts = (uint32_t)a->p.max_restarts,
-            .restart_window_ms = (uint64_t)a->p.restart_window_s * 1000,
-            .restart_backoff_ms = (uint64_t)a->p.restart_backoff_ms,
-            .restart_backoff_max_ms = (uint64_t)a->p.restart_backoff_max_ms,
-            .max_connections = (uint32_t)a->p.max_connections,
-        };
-        memcpy(cc.model_digest, a->digest, GANG_DIGEST_SIZE);
-        rc = gang_coord_start(&a->loop, &cc, &a->coord);
-        if (rc != 0) {
-            gang_error("agent: coordinator on %s:%lld: %s", a->p.bind_address,
-                       (long long)a->p.rdzv_port, gang_strerror(rc));
-            goto out_http;
-        }
-    }
     gang_sup_callbacks sc = {.ctx = a,
                              .on_blob = s_on_blob,
                              .on_all_ready = s_on_all_ready,
@@ -754,39 +615,41 @@ int gang_agent_main(const gang_params *params, char *const *envp)
                              .on_token = s_on_token,
                              .on_done = s_on_done,
                              .on_fatal = s_on_fatal};
-    rc = gang_sup_start(&a->loop, &a->p, (uint32_t)a->id.node_index, "/proc/self/exe", &sc,
-                        &a->sup);
+    int rc = gang_sup_start(&a->loop, &a->cfg.sup, &sc, &a->sup);
     if (rc != 0) {
         gang_error("agent: cannot start workers: %s", gang_strerror(rc));
-        goto out_coord;
+        return rc;
     }
-    if (a->id.is_coordinator) {
-        rc = gang_api_init(&a->loop, &a->p, a->sup, a->p.model[0] ? &model_cfg : NULL, ctx_len,
-                           &a->api);
-        if (rc != 0) {
-            gang_error("agent: API: %s", gang_strerror(rc));
-            agent_stop(a, GANG_EXIT_INTERNAL);
-            goto out_run;
-        }
-    }
+    if (!a->cfg.id.is_coordinator)
+        return 0;
+    rc = gang_api_init(&a->loop, &a->cfg.api, a->sup, &a->api);
+    if (rc != 0)
+        gang_error("agent: API: %s", gang_strerror(rc));
+    return rc;
+}
+
+/* This node's membership of the gang: JOIN, heartbeats, and the coordinator's orders. */
+static int agent_start_member(agent *a)
+{
+    const gang_agent_config *c = &a->cfg;
     gang_member_config mc = {
-        .coordinator_host = a->id.coordinator_host,
-        .coordinator_port = a->id.coordinator_port,
-        .token = a->token,
-        .heartbeat_interval_ms = (uint64_t)a->p.heartbeat_interval_ms,
-        .heartbeat_timeout_ms = (uint64_t)a->p.heartbeat_timeout_ms,
-        .connect_timeout_ms = (uint64_t)a->p.connect_timeout_ms,
-        .backoff_initial_ms = (uint64_t)a->p.dns_backoff_initial_ms,
-        .backoff_max_ms = (uint64_t)a->p.dns_backoff_max_ms,
+        .coordinator_host = c->id.coordinator_host,
+        .coordinator_port = c->id.coordinator_port,
+        .token = c->token,
+        .heartbeat_interval_ms = c->heartbeat_interval_ms,
+        .heartbeat_timeout_ms = c->heartbeat_timeout_ms,
+        .connect_timeout_ms = c->connect_timeout_ms,
+        .backoff_initial_ms = c->dns_backoff_initial_ms,
+        .backoff_max_ms = c->dns_backoff_max_ms,
     };
-    gang_strlcpy(mc.join.job, a->p.job_name, sizeof(mc.join.job));
-    mc.join.node_index = (uint32_t)a->id.node_index;
-    mc.join.nnodes = (uint32_t)a->p.nnodes;
-    mc.join.nproc_per_node = (uint32_t)a->p.nproc_per_node;
-    mc.join.tp = (uint32_t)a->p.tp;
-    mc.join.pp = (uint32_t)a->p.pp;
-    memcpy(mc.join.model_digest, a->digest, GANG_DIGEST_SIZE);
-    gang_strlcpy(mc.join.host, a->p.advertise_address, sizeof(mc.join.host));
+    gang_strlcpy(mc.join.job, c->job_name, sizeof(mc.join.job));
+    mc.join.node_index = (uint32_t)c->id.node_index;
+    mc.join.nnodes = (uint32_t)c->layout.tc.nnodes;
+    mc.join.nproc_per_node = (uint32_t)c->layout.tc.nproc_per_node;
+    mc.join.tp = (uint32_t)c->layout.tc.tp;
+    mc.join.pp = (uint32_t)c->layout.tc.pp;
+    memcpy(mc.join.model_digest, c->digest, GANG_DIGEST_SIZE);
+    gang_strlcpy(mc.join.host, c->advertise_address, sizeof(mc.join.host));
     gang_member_callbacks mcb = {.ctx = a,
                                  .on_blob_request = m_on_blob_request,
                                  .on_start = m_on_start,
@@ -794,33 +657,104 @@ int gang_agent_main(const gang_params *params, char *const *envp)
                                  .on_give_up = m_on_give_up,
                                  .on_rejected = m_on_rejected,
                                  .fill_heartbeat = m_fill_heartbeat};
-    rc = gang_member_start(&a->loop, &mc, &mcb, &a->member);
-    if (rc != 0) {
+    int rc = gang_member_start(&a->loop, &mc, &mcb, &a->member);
+    if (rc != 0)
         gang_error("agent: member: %s", gang_strerror(rc));
-        exit_code = GANG_EXIT_INTERNAL;
+    return rc;
+}
+
+/*
+ * Derives the agent's config from the parameters and checks it (identity, token, model,
+ * layout). Returns 0, or the exit code of a refusal after logging it and writing it to
+ * the termination log.
+ */
+static int agent_configure(agent *a, const gang_params *params, char *const *envp)
+{
+    char err[512] = "";
+    int rc = gang_agent_config_from_params(params, envp, &a->cfg, err, sizeof(err));
+    if (rc != 0) {
+        gang_error("agent: %s", err);
+        write_termination_log(a, err);
+        return gang_exit_code_for(rc);
+    }
+    gang_log_set_identity(a->cfg.id.node_index, -1);
+    if (!a->cfg.token.present)
+        gang_warn("agent: running WITHOUT a rendezvous token (--token-file): the gang is not "
+                  "authenticated");
+    snprintf(a->coord_addr, sizeof(a->coord_addr), "%s:%u", a->cfg.id.coordinator_host,
+             a->cfg.id.coordinator_port);
+    return 0;
+}
+
+/*
+ * Starts everything on the loop: HTTP, the coordinator (node 0), the workers and API,
+ * the membership, the signal handlers. Returns GANG_EXIT_OK to run the loop (a failure
+ * after the workers started stops the agent through agent_stop, whose exit code the loop
+ * then returns), or the exit code of a failure before anything needs stopping.
+ */
+static int agent_start(agent *a)
+{
+    const gang_agent_config *c = &a->cfg;
+    gang_http_config hc = {.bind_address = c->bind_address,
+                           .port = c->http_port,
+                           .max_body = 1 << 20,
+                           .max_conns = 256,
+                           .idle_timeout_ms = 10000};
+    int rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);
+    if (rc != 0) {
+        gang_error("agent: HTTP on %s:%d: %s", c->bind_address, c->http_port, gang_strerror(rc));
+        return GANG_EXIT_TEMPFAIL;
+    }
+    if (c->id.is_coordinator && agent_start_coord(a) != 0)
+        goto out_http;
+    rc = agent_start_workers(a);
+    if (rc != 0 && a->sup == NULL)
+        goto out_coord;
+    if (rc == 0)
+        rc = agent_start_member(a);
+    if (rc != 0) {
         agent_stop(a, GANG_EXIT_INTERNAL);
-        goto out_run;
+        return GANG_EXIT_OK;
     }
     uv_signal_start(&a->sigterm, on_signal, SIGTERM);
     uv_signal_start(&a->sigint, on_signal, SIGINT);
-    gang_info("agent: node %d of %lld (%s), %lld workers, coordinator %s, HTTP %s:%lld",
-              a->id.node_index, (long long)a->p.nnodes, gang_identity_source_name(a->id.source),
-              (long long)a->p.nproc_per_node, a->coord_addr, a->p.bind_address,
-              (long long)a->p.http_port);
-out_run:
-    uv_run(&a->loop, UV_RUN_DEFAULT);
-    exit_code = a->exit_code;
-    goto out_close;
+    gang_info("agent: node %d of %d (%s), %d workers, coordinator %s, HTTP %s:%d",
+              c->id.node_index, c->layout.tc.nnodes, gang_identity_source_name(c->id.source),
+              c->layout.tc.nproc_per_node, a->coord_addr, c->bind_address, c->http_port);
+    return GANG_EXIT_OK;
 out_coord:
     gang_coord_close(a->coord);
 out_http:
     gang_http_server_close(a->http);
-out_loop:
+    return GANG_EXIT_TEMPFAIL;
+}
+
+int gang_agent_main(const gang_params *params, char *const *envp)
+{
+    agent *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return GANG_EXIT_INTERNAL;
+    a->fail_rank = -1;
+    a->started_ms = gang_now_ms();
+    int exit_code = agent_configure(a, params, envp);
+    if (exit_code != GANG_EXIT_OK)
+        goto out_free;
+
+    uv_loop_init(&a->loop);
+    /* Initialised now so agent_stop() can close them on any path; started at the end. */
+    uv_signal_init(&a->loop, &a->sigterm);
+    uv_signal_init(&a->loop, &a->sigint);
+    uv_timer_init(&a->loop, &a->linger);
+    a->sigterm.data = a->sigint.data = a->linger.data = a;
+    exit_code = agent_start(a);
     uv_run(&a->loop, UV_RUN_DEFAULT);
-out_close:
+    if (exit_code == GANG_EXIT_OK)
+        exit_code = a->exit_code;
     uv_walk(&a->loop, close_walk, NULL);
     uv_run(&a->loop, UV_RUN_DEFAULT);
     uv_loop_close(&a->loop);
+out_free:
+    gang_agent_config_free(&a->cfg);
     free(a);
     return exit_code;
 }

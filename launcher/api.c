@@ -48,11 +48,8 @@ typedef struct api_req {
 
 struct gang_api {
     uv_loop_t *loop;
-    gang_params p;
+    gang_api_config cfg; /* model, context, queue bound, deadline (layout.c) */
     gang_sup *sup;
-    int has_model;
-    gang_model_config mc;
-    uint32_t ctx;
     uint64_t gen;                  /* generation started and not aborted, 0 = none */
     char gave_up[GANG_REASON_MAX]; /* non-empty once the gang gave up for good */
     uint64_t next_id;
@@ -172,9 +169,10 @@ static void on_sweep(uv_timer_t *t)
                 api->cancels++;
             }
             reply_error(api, r->x, 504, "timeout",
-                        "request %llu: deadline of %lld ms passed with %u of %u tokens "
+                        "request %llu: deadline of %llu ms passed with %u of %u tokens "
                         "(submitted to %u generation(s) of the gang)",
-                        (unsigned long long)r->id, (long long)api->p.request_timeout_ms, r->n_out,
+                        (unsigned long long)r->id,
+                        (unsigned long long)api->cfg.request_timeout_ms, r->n_out,
                         r->max_tokens, r->submissions);
             req_unlink_free(api, r);
         } else {
@@ -184,8 +182,7 @@ static void on_sweep(uv_timer_t *t)
     }
 }
 
-int gang_api_init(void *uv_loop, const gang_params *p, gang_sup *sup, const gang_model_config *mc,
-                  uint32_t ctx, gang_api **out)
+int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang_api **out)
 {
     static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                   0.5,   1,      2.5,   5,    10,    30,   60,  120};
@@ -195,13 +192,8 @@ int gang_api_init(void *uv_loop, const gang_params *p, gang_sup *sup, const gang
     if (api == NULL)
         return GANG_ENOMEM;
     api->loop = uv_loop;
-    api->p = *p;
+    api->cfg = *cfg;
     api->sup = sup;
-    if (mc != NULL) {
-        api->has_model = 1;
-        api->mc = *mc;
-    }
-    api->ctx = ctx;
     api->next_id = 1;
     gang_histogram_init(&api->h_queue, secs, sizeof(secs) / sizeof(secs[0]));
     gang_histogram_init(&api->h_prefill, secs, sizeof(secs) / sizeof(secs[0]));
@@ -311,15 +303,16 @@ static int parse_request(gang_api *api, const gang_http_request *req, api_req *r
         snprintf(err, cap, "'prompt' (an array of token ids) is required");
         goto out;
     }
-    if (get_ids(o, "prompt", api->mc.vocab, r->prompt, GANG_WCTL_MAX_PROMPT, &r->n_prompt, err,
+    if (get_ids(o, "prompt", api->cfg.mc.vocab, r->prompt, GANG_WCTL_MAX_PROMPT, &r->n_prompt, err,
                 cap) != 0)
         goto out;
     if (r->n_prompt == 0) {
         snprintf(err, cap, "'prompt' is empty");
         goto out;
     }
-    if (r->n_prompt >= api->ctx) {
-        snprintf(err, cap, "the prompt has %u tokens; the context holds %u", r->n_prompt, api->ctx);
+    if (r->n_prompt >= api->cfg.ctx) {
+        snprintf(err, cap, "the prompt has %u tokens; the context holds %u", r->n_prompt,
+                 api->cfg.ctx);
         goto out;
     }
     r->max_tokens = 16;
@@ -336,21 +329,21 @@ static int parse_request(gang_api *api, const gang_http_request *req, api_req *r
             snprintf(err, cap, "'max_tokens' must be at least 1");
             goto out;
         }
-        if (v > api->ctx - r->n_prompt) {
+        if (v > api->cfg.ctx - r->n_prompt) {
             snprintf(err, cap, "prompt (%u) + max_tokens (%.0f) exceed the context of %u",
-                     r->n_prompt, v, api->ctx);
+                     r->n_prompt, v, api->cfg.ctx);
             goto out;
         }
         r->max_tokens = (uint32_t)v;
-    } else if (r->max_tokens > api->ctx - r->n_prompt) {
-        r->max_tokens = api->ctx - r->n_prompt;
+    } else if (r->max_tokens > api->cfg.ctx - r->n_prompt) {
+        r->max_tokens = api->cfg.ctx - r->n_prompt;
     }
     r->sampling.top_p = 1.0f;
     if ((g = get_num(o, "temperature", 0, 100, &v, err, cap)) < 0)
         goto out;
     if (g > 0)
         r->sampling.temperature = (float)v;
-    if ((g = get_int(o, "top_k", 0, api->mc.vocab, &v, err, cap)) < 0)
+    if ((g = get_int(o, "top_k", 0, api->cfg.mc.vocab, &v, err, cap)) < 0)
         goto out;
     if (g > 0)
         r->sampling.top_k = (uint32_t)v;
@@ -362,7 +355,8 @@ static int parse_request(gang_api *api, const gang_http_request *req, api_req *r
         goto out;
     if (g > 0)
         r->sampling.seed = (uint64_t)v;
-    if (get_ids(o, "stop", api->mc.vocab, r->stop, GANG_MAX_STOP_TOKENS, &r->n_stop, err, cap) != 0)
+    if (get_ids(o, "stop", api->cfg.mc.vocab, r->stop, GANG_MAX_STOP_TOKENS, &r->n_stop, err,
+                cap) != 0)
         goto out;
     rc = 0;
 out:
@@ -373,7 +367,7 @@ out:
 void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_request *req)
 {
     char err[256];
-    if (!api->has_model) {
+    if (!api->cfg.has_model) {
         reply_error(api, x, 503, "unavailable",
                     "this gang serves no model (start it with serve --model DIR)");
         return;
@@ -382,7 +376,7 @@ void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_
         reply_error(api, x, 503, "unavailable", "the gang gave up: %s", api->gave_up);
         return;
     }
-    if (api->n_reqs >= (uint32_t)api->p.max_queue) {
+    if (api->n_reqs >= api->cfg.max_queue) {
         reply_error(api, x, 503, "overloaded", "%u requests are already waiting (--max-queue)",
                     api->n_reqs);
         return;
@@ -406,7 +400,7 @@ void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_
     r->id = api->next_id++;
     r->x = x;
     r->accepted_ms = gang_now_ms();
-    r->deadline_ms = r->accepted_ms + (uint64_t)api->p.request_timeout_ms;
+    r->deadline_ms = r->accepted_ms + api->cfg.request_timeout_ms;
     r->next = api->reqs;
     api->reqs = r;
     api->n_reqs++;
@@ -475,7 +469,7 @@ static void reply_done(gang_api *api, api_req *r, const char *finish)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", idbuf);
     cJSON_AddStringToObject(o, "object", "text_completion");
-    cJSON_AddStringToObject(o, "model", api->p.model);
+    cJSON_AddStringToObject(o, "model", api->cfg.model);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);

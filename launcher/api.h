@@ -25,13 +25,18 @@
 
 typedef struct gang_api gang_api;
 
-/*
- * Creates the API on uv_loop. mc is the served model's configuration (copied), or NULL
- * when the gang serves no model (then every completion is answered 503). ctx is the
- * context length requests must fit in. Returns 0 and *out, or GANG_ENOMEM.
- */
-int gang_api_init(void *uv_loop, const gang_params *p, gang_sup *sup, const gang_model_config *mc,
-                  uint32_t ctx, gang_api **out);
+/* What the API needs; filled by gang_agent_config_from_params (layout.c). */
+typedef struct gang_api_config {
+    char model[GANG_PARAM_STR_MAX]; /* the model's name in responses ("" = none) */
+    int has_model;                  /* 0: every completion is answered 503 */
+    gang_model_config mc;           /* the served model's configuration (with a model) */
+    uint32_t ctx;                   /* the context length requests must fit in */
+    uint32_t max_queue;             /* requests owed at once; more get 503 */
+    uint64_t request_timeout_ms;    /* deadline of one request, across restarts */
+} gang_api_config;
+
+/* Creates the API on uv_loop (cfg is copied). Returns 0 and *out, or GANG_ENOMEM. */
+int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang_api **out);
 /* Answers every request still owed with 503 and releases the API (on the loop thread). */
 void gang_api_close(gang_api *api);
 

@@ -9,7 +9,7 @@
  * timeout is the nearest deadline (a scheduled restart or a shutdown step), so every
  * wait is bounded and no signal can be lost between a check and the sleep.
  *
- * Exit status policy (DESIGN.md §3 exit codes):
+ * Exit status policy (the exit codes of docs/design.md):
  *   signal, 70 or any other code   restart after a backoff, like a crashed container;
  *   0                              the agent stopped cleanly: it stays down;
  *   2, 3                           configuration or model error, never retried: the gang
@@ -93,69 +93,13 @@ int gang__local_address(int index, char *buf, size_t cap)
     return 0;
 }
 
-/* Finds a registered parameter by flag name (without dashes), or NULL. */
-static const gang_param_info *local_find_param(const char *name, size_t len)
+/* The flags gang__local_spawn() sets per agent; every other forwarded flag is shared. */
+const char *const gang__local_per_agent_flags[] = {"node-index", "bind-address", "coordinator",
+                                                   NULL};
+
+int gang__local_agent_args(const gang_params *p, gang_args *out)
 {
-    size_t count = 0;
-    const gang_param_info *reg = gang_params_registry(&count);
-
-    for (size_t i = 0; i < count; i++) {
-        if (strlen(reg[i].flag) == len && strncmp(reg[i].flag, name, len) == 0)
-            return &reg[i];
-    }
-    return NULL;
-}
-
-/* Flags that local mode sets per agent itself, so the user's copies are dropped. */
-static int local_flag_is_dropped(const char *flag)
-{
-    static const char *const dropped[] = {"local", "node-index", "bind-address", "coordinator"};
-
-    for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++) {
-        if (strcmp(flag, dropped[i]) == 0)
-            return 1;
-    }
-    return 0;
-}
-
-/*
- * Filters argv as described in local.h. A registered non-boolean flag written without
- * '=' owns the next argument as its value, so the value travels (or is dropped) with it
- * even when it looks like a flag itself; this mirrors gang_params_parse_args().
- */
-int gang__local_filter_args(int argc, char **argv, char **out)
-{
-    int kept = 0;
-    int i = 0;
-
-    if (argc > 0 && strcmp(argv[0], "serve") == 0)
-        i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        const gang_param_info *pi = NULL;
-        const char *eq = NULL;
-        int owns_next;
-        int drop;
-
-        if (strncmp(a, "--", 2) == 0 && a[2] != '\0') {
-            eq = strchr(a + 2, '=');
-            pi = local_find_param(a + 2, eq ? (size_t)(eq - (a + 2)) : strlen(a + 2));
-        }
-        if (pi == NULL) {
-            out[kept++] = argv[i];
-            continue;
-        }
-        owns_next = eq == NULL && pi->type != GANG_PARAM_BOOL && i + 1 < argc;
-        drop = local_flag_is_dropped(pi->flag);
-        if (!drop)
-            out[kept++] = argv[i];
-        if (owns_next) {
-            i++;
-            if (!drop)
-                out[kept++] = argv[i];
-        }
-    }
-    return kept;
+    return gang_params_forward_args(p, gang__local_per_agent_flags, out);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -458,10 +402,12 @@ static int local_tick(local_gang *g)
 
 int gang_local_main(const gang_params *p, int argc, char **argv)
 {
+    (void)argc; /* the agents get the effective parameters, not the command line */
+    (void)argv;
     local_gang g = {.sfd = -1, .exit_code = GANG_EXIT_INTERNAL};
     char exe_path[PATH_MAX];
     char last_addr[GANG_LOCAL_ADDR_MAX];
-    char **args = NULL;
+    gang_args args = {NULL, 0};
     sigset_t mask, oldmask;
     ssize_t len;
     int rc = GANG_EXIT_INTERNAL;
@@ -477,9 +423,8 @@ int gang_local_main(const gang_params *p, int argc, char **argv)
         len = 0;
     exe_path[len] = '\0';
 
-    args = calloc((size_t)argc + 1, sizeof *args);
     g.agents = calloc((size_t)p->nnodes, sizeof *g.agents);
-    if (args == NULL || g.agents == NULL) {
+    if (g.agents == NULL || gang__local_agent_args(p, &args) != 0) {
         gang_error("local: out of memory");
         goto out_free;
     }
@@ -487,8 +432,8 @@ int gang_local_main(const gang_params *p, int argc, char **argv)
     g.spawn = (gang_local_spawn_cfg){
         .exe = "/proc/self/exe",
         .argv0 = len > 0 ? exe_path : "ganglion",
-        .args = args,
-        .nargs = gang__local_filter_args(argc, argv, args),
+        .args = args.argv,
+        .nargs = args.argc,
         .rdzv_port = (int)p->rdzv_port,
         .out_fd = -1,
     };
@@ -543,6 +488,6 @@ out_mask:
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
 out_free:
     free(g.agents);
-    free(args);
+    gang_args_free(&args);
     return rc;
 }

@@ -27,11 +27,12 @@
  * An agent that dies by a signal, or exits with any other code (70 among them), is
  * restarted after a bounded backoff (100 ms doubling to 2 s, reset after 10 s of uptime).
  *
- * p holds the effective parameters (p->nnodes agents, p->rdzv_port). argv[0..argc) are
- * the arguments that followed `serve` on the command line (a leading "serve" is skipped
- * too); each agent gets them minus --local, --node-index, --bind-address and
- * --coordinator, plus its own --node-index, --bind-address and --coordinator. Agents run
- * with GANGLION_LOCAL removed from their environment, so they never recurse.
+ * p holds the effective parameters (p->nnodes agents, p->rdzv_port). Each agent gets
+ * them as flags, the way the supervisor forwards them to workers (gang__local_agent_args:
+ * the registry's GANG_PARAM_FWD entries, so never --local), plus its own --node-index,
+ * --bind-address and --coordinator. argc / argv (the command line after `serve`) are no
+ * longer read. Agents run with GANGLION_LOCAL removed from their environment, so they
+ * never recurse.
  *
  * Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP in the calling thread for its duration (it
  * waits on a signalfd) and restores the mask before returning. Call it from the main
@@ -67,11 +68,14 @@ typedef struct gang_local_spawn_cfg {
  */
 int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out);
 
+/* The flags gang__local_spawn() sets per agent (NULL-terminated). */
+extern const char *const gang__local_per_agent_flags[];
+
 /*
- * Copies argv[0..argc) into out (room for argc pointers), dropping --local,
- * --node-index, --bind-address and --coordinator in both "--f v" and "--f=v" forms, and
- * a leading "serve". The strings are not copied. Returns the number kept.
+ * The flags every local agent shares: gang_params_forward_args(p) minus
+ * gang__local_per_agent_flags (the same function the supervisor builds its workers'
+ * command line with). Returns 0 or GANG_ENOMEM; release with gang_args_free.
  */
-int gang__local_filter_args(int argc, char **argv, char **out);
+int gang__local_agent_args(const gang_params *p, gang_args *out);
 
 #endif

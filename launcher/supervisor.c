@@ -55,9 +55,11 @@ typedef struct wslot {
 
 struct gang_sup {
     uv_loop_t *loop;
-    gang_params p;
     uint32_t node;
     uint32_t n;
+    uint64_t heartbeat_timeout_ms;
+    uint64_t abort_timeout_ms;
+    gang_args worker_args;        /* the forwarded registry flags (owned copy) */
     char exe[512];
     char dir[128];                /* private directory of the control socket */
     char path[160];               /* control socket path */
@@ -94,6 +96,7 @@ static void sup_unref(gang_sup *s)
     rmdir(s->dir);
     void (*done)(void *) = s->done;
     void *ctx = s->done_ctx;
+    gang_args_free(&s->worker_args);
     free(s->slots);
     free(s);
     if (done)
@@ -368,12 +371,14 @@ static int push_arg(argv_builder *b, const char *fmt, ...)
     return 0;
 }
 
-/* Builds "--flag=value" for every registered parameter so the worker sees what we see. */
+/*
+ * The worker's command line: the binary, "worker", its own --agent-socket and
+ * --local-rank, then the registry's forwarded flags (gang_params_forward_args), so the
+ * worker sees the parameters the agent sees.
+ */
 static int build_argv(gang_sup *s, wslot *w, char **argv, char *store, size_t cap)
 {
     argv_builder b = {.argv = argv, .store = store, .cap = cap};
-    size_t count = 0;
-    const gang_param_info *reg = gang_params_registry(&count);
     int rc = push_arg(&b, "%s", s->exe);
     if (rc == 0)
         rc = push_arg(&b, "worker");
@@ -381,18 +386,8 @@ static int build_argv(gang_sup *s, wslot *w, char **argv, char *store, size_t ca
         rc = push_arg(&b, "--agent-socket=%s", s->path);
     if (rc == 0)
         rc = push_arg(&b, "--local-rank=%u", w->local_rank);
-    for (size_t i = 0; i < count && rc == 0; i++) {
-        const char *base = (const char *)&s->p + reg[i].offset;
-        if (strcmp(reg[i].flag, "local") == 0 || strcmp(reg[i].flag, "check-config") == 0)
-            continue;
-        if (reg[i].type == GANG_PARAM_INT)
-            rc = push_arg(&b, "--%s=%lld", reg[i].flag,
-                          (long long)*(const int64_t *)(const void *)base);
-        else if (reg[i].type == GANG_PARAM_BOOL)
-            rc = push_arg(&b, "--%s=%d", reg[i].flag, *(const int *)(const void *)base);
-        else
-            rc = push_arg(&b, "--%s=%s", reg[i].flag, base);
-    }
+    for (int i = 0; i < s->worker_args.argc && rc == 0; i++)
+        rc = push_arg(&b, "%s", s->worker_args.argv[i]);
     return rc;
 }
 
@@ -454,7 +449,7 @@ static void on_tick(uv_timer_t *t)
         uint64_t silent = now - w->last_hb_ms;
         /* A worker that has not said HELLO yet is starting (exec, dynamic loading of
          * CUDA/NCCL/MPI on a busy machine): it gets a start-up allowance of its own. */
-        uint64_t allowed = (uint64_t)s->p.heartbeat_timeout_ms;
+        uint64_t allowed = s->heartbeat_timeout_ms;
         if (!w->hello && allowed < SUP_HELLO_TIMEOUT_MS)
             allowed = SUP_HELLO_TIMEOUT_MS;
         if (silent > allowed) {
@@ -472,30 +467,31 @@ static void on_tick(uv_timer_t *t)
         }
         if (w->abort_pending && now > w->abort_deadline_ms) {
             gang_warn("supervisor: worker local rank %u (pid %d) did not confirm the abort "
-                      "within %lld ms: SIGKILL", w->local_rank, w->pid,
-                      (long long)s->p.abort_timeout_ms);
+                      "within %llu ms: SIGKILL", w->local_rank, w->pid,
+                      (unsigned long long)s->abort_timeout_ms);
             w->abort_pending = 0;
             uv_process_kill(&w->proc, SIGKILL);
         }
     }
 }
 
-int gang_sup_start(void *uv_loop, const gang_params *p, uint32_t node_index, const char *exe,
-                   const gang_sup_callbacks *cb, gang_sup **out)
+int gang_sup_start(void *uv_loop, const gang_sup_config *cfg, const gang_sup_callbacks *cb,
+                   gang_sup **out)
 {
     int rc = GANG_ENOMEM;
     gang_sup *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return GANG_ENOMEM;
     s->loop = uv_loop;
-    s->p = *p;
-    s->node = node_index;
-    s->n = (uint32_t)p->nproc_per_node;
+    s->node = cfg->node_index;
+    s->n = cfg->nproc_per_node;
+    s->heartbeat_timeout_ms = cfg->heartbeat_timeout_ms;
+    s->abort_timeout_ms = cfg->abort_timeout_ms;
     s->cb = *cb;
     s->listen_fd = -1;
-    gang_strlcpy(s->exe, exe, sizeof(s->exe));
+    gang_strlcpy(s->exe, cfg->exe, sizeof(s->exe));
     s->slots = calloc(s->n, sizeof(*s->slots));
-    if (s->slots == NULL)
+    if (s->slots == NULL || gang_args_copy(&cfg->worker_args, &s->worker_args) != 0)
         goto out_free;
     /* A private 0700 directory keeps other users off the control socket. */
     snprintf(s->dir, sizeof(s->dir), "/tmp/ganglion-agent-XXXXXX");
@@ -518,7 +514,7 @@ int gang_sup_start(void *uv_loop, const gang_params *p, uint32_t node_index, con
     s->tick.data = s;
     s->open_handles = 2;
     uv_poll_start(&s->listen_poll, UV_READABLE, on_listen_readable);
-    uint64_t tick = (uint64_t)p->heartbeat_interval_ms / 4;
+    uint64_t tick = cfg->heartbeat_interval_ms / 4;
     tick = tick < 5 ? 5 : (tick > 100 ? 100 : tick);
     uv_timer_start(&s->tick, on_tick, tick, tick);
     for (uint32_t i = 0; i < s->n; i++) {
@@ -534,6 +530,7 @@ out_socket:
         close(s->listen_fd);
     rmdir(s->dir);
 out_free:
+    gang_args_free(&s->worker_args);
     free(s->slots);
     free(s);
     return rc;
@@ -594,7 +591,7 @@ void gang_sup_abort(gang_sup *s, uint64_t gen)
         pkt->generation = gen > w->gen ? gen : w->gen;
         w->state = GANG_RANK_ABORTING;
         w->abort_pending = 1;
-        w->abort_deadline_ms = now + (uint64_t)s->p.abort_timeout_ms;
+        w->abort_deadline_ms = now + s->abort_timeout_ms;
         if (send_pkt(w, pkt) != 0 && w->proc_alive) {
             /* No channel to ask it: it cannot confirm, so replace it. */
             w->abort_pending = 0;
@@ -646,7 +643,7 @@ void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx)
     s->shutting_down = 1;
     s->done = done;
     s->done_ctx = ctx;
-    s->shutdown_deadline_ms = gang_now_ms() + (uint64_t)s->p.abort_timeout_ms;
+    s->shutdown_deadline_ms = gang_now_ms() + s->abort_timeout_ms;
     gang_wctl *pkt = &s->pkt;
     for (uint32_t i = 0; i < s->n; i++) {
         wslot *w = &s->slots[i];

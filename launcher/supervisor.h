@@ -33,12 +33,24 @@ typedef struct gang_sup_callbacks {
     void (*on_fatal)(void *ctx, int exit_code, const char *reason);
 } gang_sup_callbacks;
 
+/* What the supervisor needs; filled by gang_agent_config_from_params (layout.c). */
+typedef struct gang_sup_config {
+    const char *exe;                /* the binary to run ("/proc/self/exe"), borrowed */
+    uint32_t node_index;            /* this node: global rank = node x nproc + local rank */
+    uint32_t nproc_per_node;        /* workers to keep alive */
+    uint64_t heartbeat_interval_ms; /* paces the deadline tick */
+    uint64_t heartbeat_timeout_ms;  /* a worker silent this long has failed */
+    uint64_t abort_timeout_ms;      /* ABORT / SHUTDOWN confirmation deadline */
+    gang_args worker_args;          /* the forwarded registry flags of every worker
+                                       (gang_params_forward_args); copied at start */
+} gang_sup_config;
+
 /*
- * Spawns the workers on uv_loop with the effective parameters p (forwarded as flags).
- * exe is the binary to run ("/proc/self/exe"). Returns 0 or a GANG_E* code.
+ * Spawns cfg->nproc_per_node workers on uv_loop as `EXE worker --agent-socket=PATH
+ * --local-rank=L` followed by cfg->worker_args. Returns 0 or a GANG_E* code.
  */
-int gang_sup_start(void *uv_loop, const gang_params *p, uint32_t node_index, const char *exe,
-                   const gang_sup_callbacks *cb, gang_sup **out);
+int gang_sup_start(void *uv_loop, const gang_sup_config *cfg, const gang_sup_callbacks *cb,
+                   gang_sup **out);
 void gang_sup_request_blob(gang_sup *s, uint64_t gen);
 void gang_sup_start_gen(gang_sup *s, uint64_t gen, uint32_t world, const uint8_t *blob,
                         uint32_t len);

@@ -50,15 +50,12 @@
 #include "wctl.h"
 #include "worker.h"
 
-/* Contexts never exceed this unless --max-ctx asks for more. */
-#define WRES_DEFAULT_CTX_CAP 4096
-
 /* =====================================================================================
  * Worker-lifetime resources
  * ===================================================================================== */
 
 struct gang__wres {
-    gang_params p; /* copy of the worker's parameters */
+    gang__wres_config cfg; /* the engine glue's config (layout.c), copied */
     uint32_t rank; /* the global rank the shard is cut for */
     int event_fd;  /* the main thread's event pipe (borrowed) */
     pthread_t loader;
@@ -97,7 +94,8 @@ static void event_write(int fd, const gang__wevent *ev)
  */
 static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t cap)
 {
-    const gang_params *p = &r->p;
+    const gang__wres_config *c = &r->cfg;
+    uint32_t nproc = (uint32_t)c->layout.tc.nproc_per_node;
     gang_kernels_options ko;
     int rc, count;
 
@@ -105,16 +103,16 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
     ko.device = dev;
     if (strcmp(dev, "cuda") == 0) {
         count = gang_kernels_device_count();
-        if (count < p->nproc_per_node) {
+        if (count < 0 || (uint32_t)count < nproc) {
             snprintf(err, cap,
-                     "--device cuda: this node has %d GPU(s) but --nproc-per-node is %lld "
+                     "--device cuda: this node has %d GPU(s) but --nproc-per-node is %u "
                      "(one GPU per worker)",
-                     count, (long long)p->nproc_per_node);
+                     count, nproc);
             return GANG_EUSAGE;
         }
-        ko.device_index = (int)(r->rank % (uint32_t)p->nproc_per_node);
-        ko.pool_mb = (uint64_t)p->gpu_memory_mb;
-        ko.pool_percent = (uint32_t)p->gpu_memory_percent;
+        ko.device_index = (int)(r->rank % nproc);
+        ko.pool_mb = c->gpu_memory_mb;
+        ko.pool_percent = c->gpu_memory_percent;
     }
     rc = gang_kernels_open_opts(&ko, &r->k);
     if (rc != 0)
@@ -123,35 +121,25 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
 }
 
 /*
- * Loads the shard of r->rank: config.json, the layout (refused with the topology's
- * message when the model cannot be split this way), the weights, the kernels and the
- * engine with its KV slots. Returns 0 or an error with r->err set.
+ * Loads the shard of r->rank: config.json and the layout (gang_layout_read_model: refused
+ * with the topology's message when the model cannot be split this way), the weights, the
+ * kernels and the engine with its KV slots. Returns 0 or an error with r->err set.
  */
 static int wres_load(gang__wres *r)
 {
-    const gang_params *p = &r->p;
-    gang_model_config mc;
-    gang_topology_config tc;
+    gang__wres_config *c = &r->cfg;
+    const gang_model_config *mc = &c->layout.mc;
+    const char *model = c->layout.model;
     char err[GANG_REASON_MAX] = "";
-    int rc = gang_model_config_read(p->model, &mc, err, sizeof(err));
-    if (rc != 0)
-        goto out_err;
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(&mc, &tc);
-    tc.nnodes = (int32_t)p->nnodes;
-    tc.nproc_per_node = (int32_t)p->nproc_per_node;
-    tc.tp = (int32_t)p->tp;
-    tc.pp = (int32_t)p->pp;
-    tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
-    rc = gang_topology_init(&tc, &r->topo, err, sizeof(err));
+    int rc = gang_layout_read_model(&c->layout, &r->topo, err, sizeof(err));
     if (rc != 0)
         goto out_err;
     uint64_t t0 = gang_now_ms();
-    const char *dev = strcmp(p->device, "auto") == 0 ? "cpu" : p->device;
+    const char *dev = c->layout.device;
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    rc = gang_model_load(p->model, &r->topo, r->rank, &r->model, err, sizeof(err));
+    rc = gang_model_load(model, &r->topo, r->rank, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;
     /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
@@ -162,26 +150,24 @@ static int wres_load(gang__wres *r)
     }
     gang_engine_config ec;
     memset(&ec, 0, sizeof(ec));
-    ec.max_batch = (uint32_t)p->max_batch;
-    ec.max_ctx = p->max_ctx > 0
-                     ? (uint32_t)p->max_ctx
-                     : (mc.max_pos < WRES_DEFAULT_CTX_CAP ? mc.max_pos : WRES_DEFAULT_CTX_CAP);
-    ec.kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
-    ec.microbatches = (uint32_t)p->microbatches;
-    ec.max_step_tokens = (uint32_t)p->max_step_tokens;
+    ec.max_batch = c->max_batch;
+    ec.max_ctx = c->layout.ctx;
+    ec.kv_cache_bytes = c->kv_cache_bytes;
+    ec.microbatches = c->microbatches;
+    ec.max_step_tokens = c->max_step_tokens;
     rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
     if (rc != 0)
         goto out_err;
     gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights, "
               "%u KV slots of %u positions",
-              p->model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
-              r->model->layer_first + r->model->layer_count, mc.n_layers,
+              model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
+              r->model->layer_first + r->model->layer_count, mc->n_layers,
               (double)r->model->weight_bytes / (1 << 20), gang_engine_slots(r->engine),
               gang_engine_max_ctx(r->engine));
     return 0;
 
 out_err:
-    snprintf(r->err, sizeof(r->err), "model '%s': %s", p->model, err[0] ? err : gang_strerror(rc));
+    snprintf(r->err, sizeof(r->err), "model '%s': %s", model, err[0] ? err : gang_strerror(rc));
     return rc;
 }
 
@@ -203,18 +189,19 @@ static void *wres_thread(void *arg)
     return NULL;
 }
 
-int gang__wres_open(const gang_params *p, uint32_t rank, int event_fd, gang__wres **out)
+int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd,
+                    gang__wres **out)
 {
     *out = NULL;
     gang__wres *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return GANG_ENOMEM;
-    r->p = *p;
+    r->cfg = *cfg;
     r->rank = rank;
     r->event_fd = event_fd;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    if (p->model[0] == '\0') {
+    if (cfg->layout.model[0] == '\0') {
         r->state = 1;
         gang__wevent ev;
         memset(&ev, 0, sizeof(ev));
@@ -253,7 +240,7 @@ void gang__wres_close(gang__wres *r)
 
 int gang__wres_has_model(const gang__wres *r)
 {
-    return r != NULL && r->p.model[0] != '\0';
+    return r != NULL && r->cfg.layout.model[0] != '\0';
 }
 
 /*

@@ -28,6 +28,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +45,7 @@ extern char **environ;
 #define WORKER_NO_RANK UINT32_MAX /* ERROR / HEARTBEAT rank before START gives one */
 
 typedef struct worker {
-    gang_params p;
-    char agent_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    gang_worker_config conf; /* derived once from the parameters (layout.c) */
     uint32_t local_rank;
     int node;            /* node index, -1 when the agent did not say */
     pid_t ppid;          /* the agent; a different parent means it is gone */
@@ -69,98 +69,66 @@ typedef struct worker {
  * Command line
  * ------------------------------------------------------------------------------------- */
 
-/*
- * Takes the value of a worker-only flag from rest[*i] ("--name=value" or "--name value").
- * Returns the value, or NULL when rest[*i] is not that flag; *missing is set when the
- * flag is there without a value.
- */
-static const char *take_flag(char **rest, int nrest, int *i, const char *name, int *missing)
-{
-    size_t len = strlen(name);
-    const char *a = rest[*i];
-    if (strncmp(a, name, len) != 0)
-        return NULL;
-    if (a[len] == '=')
-        return a + len + 1;
-    if (a[len] != '\0')
-        return NULL;
-    if (*i + 1 >= nrest) {
-        *missing = 1;
-        return NULL;
-    }
-    return rest[++*i];
-}
+/* The worker's own flags, parsed with the registry's machinery (an option table). */
+typedef struct worker_opts {
+    char agent_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int64_t local_rank; /* -1 = not given */
+} worker_opts;
+
+static const gang_param_info worker_opt_items[] = {
+    {"agent-socket", GANG_PARAM_STR, "", 0, 0, "the agent's control socket (set by the agent)",
+     offsetof(worker_opts, agent_socket), 0, 0, sizeof(((worker_opts *)0)->agent_socket)},
+    {"local-rank", GANG_PARAM_INT, "-1", -1, GANG_MAX_LOCAL_RANKS - 1,
+     "this worker's rank on its node (set by the agent)", offsetof(worker_opts, local_rank), 0,
+     0, 0},
+};
+static const gang_opt_table worker_opts_table = {
+    worker_opt_items, sizeof(worker_opt_items) / sizeof(worker_opt_items[0])};
 
 /*
- * Fills w from the environment and argv (argv[0] is the subcommand). Registered flags go
- * through the parameter registry; --agent-socket and --local-rank are the worker's own.
- * Returns 0 or GANG_EUSAGE after logging what is wrong.
+ * Fills w->conf from the environment and argv (argv[0] is the subcommand): the registry's
+ * flags into a transient gang_params, what remains against the worker's own table
+ * (--agent-socket, --local-rank; anything else is an error), then
+ * gang_worker_config_from_params. Returns 0 or GANG_EUSAGE after logging what is wrong.
  */
 static int worker_parse(worker *w, int argc, char **argv)
 {
     char err[256];
     int rc, nrest = 0;
+    worker_opts o;
+    gang_params *p = malloc(sizeof(*p));
     char **rest = calloc((size_t)(argc > 0 ? argc : 1), sizeof(*rest));
-    if (rest == NULL)
-        return GANG_ENOMEM;
-
-    gang_params_defaults(&w->p);
-    rc = gang_params_from_env(&w->p, environ, err, sizeof(err));
+    if (rest == NULL || p == NULL) {
+        rc = GANG_ENOMEM;
+        snprintf(err, sizeof(err), "out of memory");
+        goto out_free;
+    }
+    gang_params_defaults(p);
+    gang_opts_defaults(&worker_opts_table, &o);
+    rc = gang_params_from_env(p, environ, err, sizeof(err));
     if (rc == 0)
-        rc = gang_params_parse_args(&w->p, argc - 1, argv + 1, rest, &nrest, err, sizeof(err));
-    if (rc != 0) {
-        gang_error("worker: %s", err);
-        goto out_free;
-    }
-
-    int64_t local_rank = -1;
-    for (int i = 0; i < nrest; i++) {
-        int missing = 0;
-        const char *v;
-        if ((v = take_flag(rest, nrest, &i, "--agent-socket", &missing)) != NULL) {
-            if (gang_strlcpy(w->agent_path, v, sizeof(w->agent_path)) != 0 || !v[0]) {
-                gang_error("worker: --agent-socket '%s' is empty or longer than %zu bytes", v,
-                           sizeof(w->agent_path) - 1);
-                rc = GANG_EUSAGE;
-                goto out_free;
-            }
-        } else if (!missing && (v = take_flag(rest, nrest, &i, "--local-rank", &missing)) != NULL) {
-            if (gang_parse_i64(v, 0, GANG_MAX_LOCAL_RANKS - 1, &local_rank) != 0) {
-                gang_error("worker: --local-rank '%s' is not an integer in [0, %d]", v,
-                           GANG_MAX_LOCAL_RANKS - 1);
-                rc = GANG_EUSAGE;
-                goto out_free;
-            }
-        } else {
-            gang_error("worker: %s '%s'", missing ? "missing value for" : "unknown argument",
-                       rest[i]);
-            rc = GANG_EUSAGE;
-            goto out_free;
-        }
-    }
-    if (w->agent_path[0] == '\0' || local_rank < 0) {
-        gang_error("worker: --agent-socket PATH and --local-rank L are required "
-                   "(the agent starts workers; see `ganglion serve`)");
+        rc = gang_params_parse_args(p, argc - 1, argv + 1, rest, &nrest, err, sizeof(err));
+    if (rc == 0)
+        rc = gang_opts_parse_args(&worker_opts_table, &o, nrest, rest, NULL, NULL, err,
+                                  sizeof(err));
+    if (rc == 0 && (o.agent_socket[0] == '\0' || o.local_rank < 0)) {
+        snprintf(err, sizeof(err), "--agent-socket PATH and --local-rank L are required "
+                 "(the agent starts workers; see `ganglion serve`)");
         rc = GANG_EUSAGE;
-        goto out_free;
     }
-    w->local_rank = (uint32_t)local_rank;
-    w->node = (int)w->p.node_index;
-
-    gang_log_format fmt;
-    gang_log_level lvl;
-    if (gang_log_parse_format(w->p.log_format, &fmt) != 0 ||
-        gang_log_parse_level(w->p.log_level, &lvl) != 0) {
-        gang_error("worker: bad --log-format '%s' or --log-level '%s'", w->p.log_format,
-                   w->p.log_level);
-        rc = GANG_EUSAGE;
-        goto out_free;
+    if (rc == 0)
+        rc = gang_worker_config_from_params(p, o.agent_socket, (uint32_t)o.local_rank, &w->conf,
+                                            err, sizeof(err));
+    if (rc == 0) {
+        w->local_rank = w->conf.local_rank;
+        w->node = w->conf.node;
+        gang_log_configure(w->conf.log_format, w->conf.log_level);
     }
-    gang_log_configure(fmt, lvl);
-    rc = 0;
-
 out_free:
+    if (rc != 0)
+        gang_error("worker: %s", err);
     free(rest);
+    free(p);
     return rc == 0 ? 0 : GANG_EUSAGE;
 }
 
@@ -198,7 +166,7 @@ static void worker_msg(const worker *w, gang_wctl *m, gang_wctl_type type, uint6
  */
 static int worker_send(worker *w, const gang_wctl *m, int wait)
 {
-    uint64_t deadline = gang_now_ms() + (uint64_t)w->p.heartbeat_timeout_ms;
+    uint64_t deadline = gang_now_ms() + w->conf.heartbeat_timeout_ms;
     for (;;) {
         ssize_t n = send(w->agent_fd, m, sizeof(*m), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n == (ssize_t)sizeof(*m))
@@ -330,17 +298,6 @@ static int worker_fence(worker *w, const gang_wctl *m, const char *what)
  * Which data plane a worker wants (the blob's format: gang_bootstrap_* in ganglion/comm.h)
  * ------------------------------------------------------------------------------------- */
 
-int gang__worker_uses_nccl(const gang_params *p)
-{
-    if (p->model[0] == '\0' || strcmp(p->device, "cuda") != 0)
-        return 0;
-    if (strcmp(p->backend, "nccl") == 0)
-        return 1;
-    /* auto: nccl where it is built, else the socket backend with host staging. Every
-     * rank runs the same binary, so every rank decides alike. */
-    return strcmp(p->backend, "auto") == 0 && gang_comm_backend_built(GANG_COMM_NCCL);
-}
-
 /* -------------------------------------------------------------------------------------
  * Messages from the agent
  * ------------------------------------------------------------------------------------- */
@@ -366,8 +323,8 @@ static void on_blob_request(worker *w, const gang_wctl *m)
     worker_msg(w, &r, GANG_WCTL_BLOB, m->generation);
     size_t len = 0;
     char err[GANG_REASON_MAX] = "";
-    const char *adv = w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1";
-    int nccl = gang__worker_uses_nccl(&w->p);
+    const char *adv = w->conf.advertise;
+    int nccl = w->conf.res.layout.uses_nccl;
     int rc = gang_bootstrap_create(adv, nccl, &w->boot, r.blob, sizeof(r.blob), &len, err,
                                    sizeof(err));
     if (rc != 0) {
@@ -414,7 +371,7 @@ static void on_start(worker *w, const gang_wctl *m)
      * different --device / --backend per node). */
     gang_bootstrap_parts parts;
     char err[GANG_REASON_MAX];
-    int want_nccl = gang__worker_uses_nccl(&w->p);
+    int want_nccl = w->conf.res.layout.uses_nccl;
     if (gang_bootstrap_parse(m->blob, m->blob_len, &parts, err, sizeof(err)) != 0) {
         worker_report_error(w, g, GANG_EPROTO, w->rank, "START: %s", err);
         return;
@@ -424,7 +381,8 @@ static void on_start(worker *w, const gang_wctl *m)
                             "START: the bootstrap blob %s an NCCL unique id, but this worker "
                             "(--device %s --backend %s) runs its TP / PP groups over %s; "
                             "every node must serve with the same --device and --backend",
-                            parts.nccl != NULL ? "carries" : "lacks", w->p.device, w->p.backend,
+                            parts.nccl != NULL ? "carries" : "lacks", w->conf.device,
+                            w->conf.backend,
                             want_nccl ? "nccl" : "the socket backend");
         return;
     }
@@ -439,12 +397,11 @@ static void on_start(worker *w, const gang_wctl *m)
     cfg.nccl = want_nccl;
     cfg.res = w->res;
     cfg.event_fd = w->ev_wr;
-    cfg.start_timeout_ms = w->p.start_timeout_ms;
-    cfg.heartbeat_interval_ms = w->p.heartbeat_interval_ms;
-    cfg.heartbeat_timeout_ms = w->p.heartbeat_timeout_ms;
-    cfg.step_timeout_ms = w->p.step_timeout_ms;
-    gang_strlcpy(cfg.advertise, w->p.advertise_address[0] ? w->p.advertise_address : "127.0.0.1",
-                 sizeof(cfg.advertise));
+    cfg.start_timeout_ms = (int64_t)w->conf.start_timeout_ms;
+    cfg.heartbeat_interval_ms = (int64_t)w->conf.heartbeat_interval_ms;
+    cfg.heartbeat_timeout_ms = (int64_t)w->conf.heartbeat_timeout_ms;
+    cfg.step_timeout_ms = (int64_t)w->conf.step_timeout_ms;
+    gang_strlcpy(cfg.advertise, w->conf.advertise, sizeof(cfg.advertise));
     if (m->rank == 0 && m->world_size > 1) {
         if (w->boot == NULL || w->listen_gen != g) {
             worker_report_error(w, g, GANG_EPROTO, w->rank,
@@ -645,7 +602,7 @@ static int worker_connect(worker *w)
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
-    memcpy(sa.sun_path, w->agent_path, sizeof(sa.sun_path));
+    memcpy(sa.sun_path, w->conf.agent_path, sizeof(sa.sun_path));
 
     w->agent_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (w->agent_fd < 0)
@@ -669,7 +626,7 @@ static void worker_loop(worker *w)
         uint64_t now = gang_now_ms();
         if (now >= w->next_hb_ms) {
             worker_heartbeat(w);
-            w->next_hb_ms = now + (uint64_t)w->p.heartbeat_interval_ms;
+            w->next_hb_ms = now + w->conf.heartbeat_interval_ms;
             if (w->quit)
                 break;
         }
@@ -737,24 +694,25 @@ int gang_worker_main(int argc, char **argv)
 
     rc = worker_connect(&w);
     if (rc != 0) {
-        gang_error("cannot reach the agent at %s: %s", w.agent_path, gang_strerror(rc));
+        gang_error("cannot reach the agent at %s: %s", w.conf.agent_path, gang_strerror(rc));
         goto out;
     }
-    if (w.p.model[0] != '\0' && w.node < 0) {
+    if (w.conf.res.layout.model[0] != '\0' && w.node < 0) {
         gang_error("worker: --model needs the node index (--node-index) to cut its shard");
         w.exit_code = GANG_EXIT_USAGE;
         goto out;
     }
-    rc = gang__wres_open(&w.p,
-                         (uint32_t)(w.node < 0 ? 0 : w.node) * (uint32_t)w.p.nproc_per_node +
+    rc = gang__wres_open(&w.conf.res,
+                         (uint32_t)(w.node < 0 ? 0 : w.node) * w.conf.nproc_per_node +
                              w.local_rank,
                          w.ev_wr, &w.res);
     if (rc != 0) {
         gang_error("worker: cannot start the model loader: %s", gang_strerror(rc));
         goto out;
     }
+    const char *model = w.conf.res.layout.model;
     gang_info("worker local rank %u up (pid %d)%s%s", w.local_rank, (int)getpid(),
-              w.p.model[0] ? "; loading " : "; no model", w.p.model);
+              model[0] ? "; loading " : "; no model", model);
     w.next_hb_ms = gang_now_ms();
     worker_loop(&w);
 

@@ -22,6 +22,7 @@
 #include "ganglion/common.h"
 #include "ganglion/model.h"
 #include "ganglion/rendezvous.h"
+#include "layout.h"
 
 /*
  * Runs the worker until the agent says SHUTDOWN or the channel to the agent is lost.
@@ -32,6 +33,46 @@
  * dies with the agent. Call it from a single-threaded process (it starts threads).
  */
 int gang_worker_main(int argc, char **argv);
+
+/* What the engine glue (worker-engine.c) needs for the worker's whole life. */
+typedef struct gang__wres_config {
+    gang_layout layout;          /* model, shape, device, --max-ctx (the model part is
+                                    read by the loader: gang_layout_read_model) */
+    uint64_t gpu_memory_mb;      /* device pool per worker; 0 = gpu_memory_percent */
+    uint32_t gpu_memory_percent;
+    uint32_t max_batch;
+    uint32_t microbatches;
+    uint32_t max_step_tokens;
+    uint64_t kv_cache_bytes;
+} gang__wres_config;
+
+/* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
+typedef struct gang_worker_config {
+    char agent_path[108];            /* --agent-socket (sun_path capacity) */
+    uint32_t local_rank;             /* --local-rank */
+    int node;                        /* --node-index; -1 when the agent did not say */
+    uint32_t nproc_per_node;
+    uint64_t heartbeat_interval_ms;
+    uint64_t heartbeat_timeout_ms;
+    uint64_t start_timeout_ms;
+    uint64_t step_timeout_ms;
+    char advertise[GANG_HOST_MAX];   /* --advertise-address, else 127.0.0.1 */
+    char device[16];                 /* --device and --backend as given, for messages */
+    char backend[16];
+    gang_log_format log_format;
+    gang_log_level log_level;
+    gang__wres_config res;           /* the engine glue's part */
+} gang_worker_config;
+
+/*
+ * Derives the worker's config from the effective parameters p and its own flags
+ * (--agent-socket, --local-rank). Returns 0, or GANG_EUSAGE with a message in err (a bad
+ * --log-format / --log-level, an --agent-socket too long, a layout gang_layout_from_params
+ * refuses).
+ */
+int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
+                                   uint32_t local_rank, gang_worker_config *out, char *err,
+                                   size_t errlen);
 
 /* =================================================================================
  * Internal: the bootstrap blob of a generation (launcher/worker.c).
@@ -50,7 +91,8 @@ int gang_worker_main(int argc, char **argv);
 /*
  * 1 when a worker with parameters p runs its TP / PP groups over nccl: it serves a model
  * (--model) on the GPU, with --backend nccl, or --backend auto and --device cuda. The
- * agent has refused every other combination with nccl (gang_agent_check_layout).
+ * agent has refused every other combination with nccl (gang_agent_check_layout). The
+ * rule behind gang_layout.uses_nccl (layout.c).
  */
 int gang__worker_uses_nccl(const gang_params *p);
 
@@ -89,11 +131,13 @@ typedef struct gang__wevent {
 typedef struct gang__wres gang__wres;
 
 /*
- * Starts loading rank `rank`'s shard of p->model (nothing to load without --model) on a
- * loader thread that reports LOADED(code) on event_fd when done. Returns 0 and *out
- * (release with gang__wres_close, which waits for the loader), or a system error.
+ * Starts loading rank `rank`'s shard of cfg's model (nothing to load without one) on a
+ * loader thread that reports LOADED(code) on event_fd when done (cfg is copied). Returns
+ * 0 and *out (release with gang__wres_close, which waits for the loader), or a system
+ * error.
  */
-int gang__wres_open(const gang_params *p, uint32_t rank, int event_fd, gang__wres **out);
+int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd,
+                    gang__wres **out);
 void gang__wres_close(gang__wres *r);
 /* 1 when the worker serves a model (--model was given). */
 int gang__wres_has_model(const gang__wres *r);

@@ -109,10 +109,14 @@ typedef enum {
 
 #define GANG_PARAM_STR_MAX 256
 
+/* The attribute column of params.def: is the flag forwarded to spawned processes? */
+#define GANG_PARAM_NOFWD 0u /* this process's business only */
+#define GANG_PARAM_FWD 1u   /* forwarded to workers and local agents (gang_params_forward_args) */
+
 typedef struct gang_params {
-#define GANG_PARAM_INT_(field, flag, def, lo, hi, help) int64_t field;
-#define GANG_PARAM_STR_(field, flag, def, help) char field[GANG_PARAM_STR_MAX];
-#define GANG_PARAM_BOOL_(field, flag, def, help) int field;
+#define GANG_PARAM_INT_(field, flag, def, lo, hi, attr, help) int64_t field;
+#define GANG_PARAM_STR_(field, flag, def, attr, help) char field[GANG_PARAM_STR_MAX];
+#define GANG_PARAM_BOOL_(field, flag, def, attr, help) int field;
 #include "ganglion/params.def"
 #undef GANG_PARAM_INT_
 #undef GANG_PARAM_STR_
@@ -228,6 +232,31 @@ int gang_params_set(gang_params *p, const char *flag, const char *value, char *e
 void gang_params_print_help(FILE *out);
 /* Prints the effective values (for --check-config); tokens are never printed. */
 void gang_params_print_values(const gang_params *p, FILE *out);
+
+/* The attribute of registry entry pi (GANG_PARAM_FWD or GANG_PARAM_NOFWD); pi must point
+ * into gang_params_registry(). */
+unsigned gang_param_attr(const gang_param_info *pi);
+
+/* An argument list built by gang_params_forward_args: argv[0..argc) point into the same
+ * allocation as argv itself, and argv[argc] is NULL. Release with gang_args_free. */
+typedef struct gang_args {
+    char **argv;
+    int argc;
+} gang_args;
+
+/*
+ * The one place a process's parameters become a child's command line: "--flag=value" with
+ * the effective value of every registry entry marked GANG_PARAM_FWD, in registry order,
+ * except those named in omit (a NULL-terminated list of flags the caller sets itself, or
+ * NULL). The supervisor (agent -> workers) and local mode (parent -> agents) both use it;
+ * gang_params_parse_args reads the result back to the same values. Returns 0 or
+ * GANG_ENOMEM (*out is then empty).
+ */
+int gang_params_forward_args(const gang_params *p, const char *const *omit, gang_args *out);
+/* Deep-copies src into *dst (one allocation). Returns 0 or GANG_ENOMEM. */
+int gang_args_copy(const gang_args *src, gang_args *dst);
+/* Frees what a gang_args holds and empties it; NULL-safe. */
+void gang_args_free(gang_args *a);
 
 /* ---------------------------------------------------------------------------------
  * Element types (common/dtype.c): the one enum of the kernels, the communicators and the

@@ -9,5 +9,6 @@ int main(void)
     failed += gang_test_http();
     failed += gang_test_metrics();
     failed += gang_test_worker();
+    failed += gang_test_config();
     return failed ? 1 : 0;
 }

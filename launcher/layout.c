@@ -1,0 +1,302 @@
+/*
+ * The layout of a gang, and the one place the parameters become the launcher modules'
+ * narrow configs (see layout.h). The rules of the layout (data plane, the split's
+ * arithmetic, the context length) live here only; the agent, `serve --check-config` and
+ * the workers' loaders all call them.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "ganglion/comm.h"
+#include "layout.h"
+#include "worker.h"
+
+int gang__worker_uses_nccl(const gang_params *p)
+{
+    if (p->model[0] == '\0' || strcmp(p->device, "cuda") != 0)
+        return 0;
+    if (strcmp(p->backend, "nccl") == 0)
+        return 1;
+    /* auto: nccl where it is built, else the socket backend with host staging. Every
+     * rank runs the same binary, so every rank decides alike. */
+    return strcmp(p->backend, "auto") == 0 && gang_comm_backend_built(GANG_COMM_NCCL);
+}
+
+/*
+ * The data plane of the workers (docs/gpu.md, "Serving on the GPU"):
+ *   auto    socket on the CPU; on --device cuda the TP / PP groups over nccl (when
+ *           NCCL is built; else the socket backend, staged through host memory);
+ *   socket  the socket backend everywhere (staged through host memory on cuda);
+ *   nccl    TP / PP over nccl; needs --device cuda and a build with NCCL;
+ *   mpi     refused: MPI is for the benchmarks and tests, workers do not serve on it.
+ * The plan broadcast, the token return and the idle ticks always use a socket world.
+ * --device cuda itself is checked by each worker (a GPU per local rank), because the
+ * agent must not initialise CUDA before it forks.
+ */
+static int layout_check_backend(const gang_params *p, char *err, size_t errlen)
+{
+    if (strcmp(p->backend, "mpi") == 0) {
+        snprintf(err, errlen, "--backend mpi: workers cannot serve over MPI (the mpi backend "
+                 "is for the benchmarks and tests); use --backend auto, socket or nccl");
+        return GANG_EUSAGE;
+    }
+    if (strcmp(p->backend, "nccl") == 0) {
+        if (strcmp(p->device, "cuda") != 0) {
+            snprintf(err, errlen, "--backend nccl needs --device cuda (NCCL moves GPU memory; "
+                     "--device %s workers use the socket backend: --backend auto or socket)",
+                     p->device);
+            return GANG_EUSAGE;
+        }
+        if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
+            snprintf(err, errlen, "--backend nccl: this binary was built without NCCL "
+                     "(--backend auto or socket stage the GPU traffic through host memory)");
+            return GANG_EUSAGE;
+        }
+    } else if (strcmp(p->backend, "auto") != 0 && strcmp(p->backend, "socket") != 0) {
+        snprintf(err, errlen, "--backend %s: not one of auto, socket, nccl", p->backend);
+        return GANG_EUSAGE;
+    }
+    return 0;
+}
+
+int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, size_t errlen)
+{
+    int64_t world = p->nnodes * p->nproc_per_node;
+    memset(l, 0, sizeof(*l));
+    gang_strlcpy(l->model, p->model, sizeof(l->model));
+    l->tc.nnodes = (int32_t)p->nnodes;
+    l->tc.nproc_per_node = (int32_t)p->nproc_per_node;
+    l->tc.tp = (int32_t)p->tp;
+    l->tc.pp = (int32_t)p->pp;
+    l->tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
+    gang_strlcpy(l->device, strcmp(p->device, "auto") == 0 ? "cpu" : p->device, sizeof(l->device));
+    l->uses_nccl = gang__worker_uses_nccl(p);
+    l->max_ctx = (uint32_t)p->max_ctx;
+    int rc = layout_check_backend(p, err, errlen);
+    if (rc != 0)
+        return rc;
+    /* Without a model and with the default tp = pp = 1 there is nothing to split: such a
+     * gang only forms its data plane (tests, network checks). */
+    if (p->model[0] == '\0' && p->tp == 1 && p->pp == 1)
+        return 0;
+    if (p->tp * p->pp != world) {
+        snprintf(err, errlen, "--tp %lld x --pp %lld = %lld ranks, but the gang has --nnodes "
+                 "%lld x --nproc-per-node %lld = %lld", (long long)p->tp, (long long)p->pp,
+                 (long long)(p->tp * p->pp), (long long)p->nnodes, (long long)p->nproc_per_node,
+                 (long long)world);
+        return GANG_EUSAGE;
+    }
+    if (!p->allow_cross_node_tp && p->nproc_per_node % p->tp != 0) {
+        snprintf(err, errlen, "--tp %lld does not divide --nproc-per-node %lld: a TP group "
+                 "would span nodes (--allow-cross-node-tp to force it)", (long long)p->tp,
+                 (long long)p->nproc_per_node);
+        return GANG_EUSAGE;
+    }
+    return 0;
+}
+
+int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t errlen)
+{
+    gang_topology scratch;
+    if (l->model[0] == '\0')
+        return 0;
+    if (gang_model_config_read(l->model, &l->mc, err, errlen) != 0)
+        return GANG_EMODEL;
+    /* The model's dimensions, then the gang's shape over them. */
+    gang_topology_config shape = l->tc;
+    gang_model_topology_config(&l->mc, &l->tc);
+    l->tc.nnodes = shape.nnodes;
+    l->tc.nproc_per_node = shape.nproc_per_node;
+    l->tc.tp = shape.tp;
+    l->tc.pp = shape.pp;
+    l->tc.allow_cross_node_tp = shape.allow_cross_node_tp;
+    if (gang_topology_init(&l->tc, t ? t : &scratch, err, errlen) != 0)
+        return GANG_EUSAGE;
+    uint32_t cap = l->mc.max_pos < GANG_LAYOUT_CTX_CAP ? l->mc.max_pos : GANG_LAYOUT_CTX_CAP;
+    l->ctx = l->max_ctx > 0 ? l->max_ctx : cap;
+    if (l->ctx > l->mc.max_pos) {
+        snprintf(err, errlen, "--max-ctx %u exceeds the model's max_position_embeddings %u",
+                 l->max_ctx, l->mc.max_pos);
+        return GANG_EUSAGE;
+    }
+    return 0;
+}
+
+int gang_layout_check(const gang_params *p, gang_layout *l, char *err, size_t errlen)
+{
+    int rc = gang_layout_from_params(p, l, err, errlen);
+    return rc != 0 ? rc : gang_layout_read_model(l, NULL, err, errlen);
+}
+
+int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx,
+                            char *err, size_t errlen)
+{
+    gang_layout l;
+    int rc = gang_layout_check(p, &l, err, errlen);
+    *ctx = rc == 0 ? l.ctx : 0;
+    if (rc == 0 && l.model[0])
+        *mc = l.mc;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * The agent, its supervisor and its API.
+ * --------------------------------------------------------------------------------- */
+
+/* The supervisor's part; the workers get every forwarded flag of the prepared p. */
+static int sup_config_from_params(const gang_params *p, const gang_identity *id,
+                                  gang_sup_config *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->exe = "/proc/self/exe";
+    out->node_index = (uint32_t)id->node_index;
+    out->nproc_per_node = (uint32_t)p->nproc_per_node;
+    out->heartbeat_interval_ms = (uint64_t)p->heartbeat_interval_ms;
+    out->heartbeat_timeout_ms = (uint64_t)p->heartbeat_timeout_ms;
+    out->abort_timeout_ms = (uint64_t)p->abort_timeout_ms;
+    return gang_params_forward_args(p, NULL, &out->worker_args);
+}
+
+static void api_config_from_params(const gang_params *p, const gang_layout *l,
+                                   gang_api_config *out)
+{
+    memset(out, 0, sizeof(*out));
+    gang_strlcpy(out->model, p->model, sizeof(out->model));
+    out->has_model = l->model[0] != '\0';
+    if (out->has_model)
+        out->mc = l->mc;
+    out->ctx = l->ctx;
+    out->max_queue = (uint32_t)p->max_queue;
+    out->request_timeout_ms = (uint64_t)p->request_timeout_ms;
+}
+
+/* The agent's own scalars and strings (everything but identity, secrets and layout). */
+static void agent_fields_from_params(const gang_params *p, gang_agent_config *c)
+{
+    gang_strlcpy(c->job_name, p->job_name, sizeof(c->job_name));
+    gang_strlcpy(c->bind_address, p->bind_address, sizeof(c->bind_address));
+    gang_strlcpy(c->advertise_address, p->advertise_address, sizeof(c->advertise_address));
+    gang_strlcpy(c->termination_log, p->termination_log, sizeof(c->termination_log));
+    c->http_port = (int)p->http_port;
+    c->rdzv_port = (int)p->rdzv_port;
+    c->max_restarts = (uint32_t)p->max_restarts;
+    c->max_connections = (uint32_t)p->max_connections;
+    c->heartbeat_interval_ms = (uint64_t)p->heartbeat_interval_ms;
+    c->heartbeat_timeout_ms = (uint64_t)p->heartbeat_timeout_ms;
+    c->handshake_timeout_ms = (uint64_t)p->handshake_timeout_ms;
+    c->start_timeout_ms = (uint64_t)p->start_timeout_ms;
+    c->connect_timeout_ms = (uint64_t)p->connect_timeout_ms;
+    c->dns_backoff_initial_ms = (uint64_t)p->dns_backoff_initial_ms;
+    c->dns_backoff_max_ms = (uint64_t)p->dns_backoff_max_ms;
+    c->restart_window_ms = (uint64_t)p->restart_window_s * 1000;
+    c->restart_backoff_ms = (uint64_t)p->restart_backoff_ms;
+    c->restart_backoff_max_ms = (uint64_t)p->restart_backoff_max_ms;
+    c->give_up_linger_ms = (uint64_t)p->give_up_linger_ms;
+    c->rendezvous_timeout_ms = (uint64_t)p->rendezvous_timeout_ms;
+}
+
+/*
+ * The checks run in the order the agent has always run them (identity, token, model
+ * digest, layout), so that the first problem is the one reported.
+ */
+int gang_agent_config_from_params(const gang_params *params, char *const *envp,
+                                  gang_agent_config *out, char *err, size_t errlen)
+{
+    char why[400];
+    int rc;
+    gang_params *p = malloc(sizeof(*p)); /* prepared copy; gone when this returns */
+    memset(out, 0, sizeof(*out));
+    if (p == NULL)
+        return GANG_ENOMEM;
+    *p = *params;
+    gang_strlcpy(out->termination_log, p->termination_log, sizeof(out->termination_log));
+    rc = gang_agent_prepare(p, envp, &out->id, err, errlen);
+    if (rc != 0) {
+        rc = GANG_EUSAGE;
+        goto out_free;
+    }
+    rc = gang_auth_init();
+    if (rc == 0)
+        rc = gang_auth_load_token(p->token_file, &out->token, why, sizeof(why));
+    if (rc != 0) {
+        snprintf(err, errlen, "token: %s", why);
+        rc = GANG_EUSAGE;
+        goto out_free;
+    }
+    rc = gang_model_digest(p->model, out->digest);
+    if (rc != 0) {
+        snprintf(err, errlen, "model directory '%s': %s", p->model, gang_strerror(rc));
+        rc = GANG_EMODEL;
+        goto out_free;
+    }
+    rc = gang_layout_check(p, &out->layout, err, errlen);
+    if (rc != 0)
+        goto out_free;
+    agent_fields_from_params(p, out);
+    api_config_from_params(p, &out->layout, &out->api);
+    rc = sup_config_from_params(p, &out->id, &out->sup);
+    if (rc != 0)
+        snprintf(err, errlen, "out of memory");
+out_free:
+    free(p);
+    return rc;
+}
+
+void gang_agent_config_free(gang_agent_config *c)
+{
+    gang_args_free(&c->sup.worker_args);
+}
+
+/* ---------------------------------------------------------------------------------
+ * The worker and its engine glue.
+ * --------------------------------------------------------------------------------- */
+
+static void wres_config_from_params(const gang_params *p, const gang_layout *l,
+                                    gang__wres_config *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->layout = *l;
+    out->gpu_memory_mb = (uint64_t)p->gpu_memory_mb;
+    out->gpu_memory_percent = (uint32_t)p->gpu_memory_percent;
+    out->max_batch = (uint32_t)p->max_batch;
+    out->microbatches = (uint32_t)p->microbatches;
+    out->max_step_tokens = (uint32_t)p->max_step_tokens;
+    out->kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
+}
+
+int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
+                                   uint32_t local_rank, gang_worker_config *out, char *err,
+                                   size_t errlen)
+{
+    gang_layout l;
+    memset(out, 0, sizeof(*out));
+    if (agent_path[0] == '\0' || gang_strlcpy(out->agent_path, agent_path,
+                                              sizeof(out->agent_path)) != 0) {
+        snprintf(err, errlen, "--agent-socket '%s' is empty or longer than %zu bytes",
+                 agent_path, sizeof(out->agent_path) - 1);
+        return GANG_EUSAGE;
+    }
+    if (gang_log_parse_format(p->log_format, &out->log_format) != 0 ||
+        gang_log_parse_level(p->log_level, &out->log_level) != 0) {
+        snprintf(err, errlen, "bad --log-format '%s' or --log-level '%s'", p->log_format,
+                 p->log_level);
+        return GANG_EUSAGE;
+    }
+    int rc = gang_layout_from_params(p, &l, err, errlen);
+    if (rc != 0)
+        return rc;
+    out->local_rank = local_rank;
+    out->node = (int)p->node_index;
+    out->nproc_per_node = (uint32_t)p->nproc_per_node;
+    out->heartbeat_interval_ms = (uint64_t)p->heartbeat_interval_ms;
+    out->heartbeat_timeout_ms = (uint64_t)p->heartbeat_timeout_ms;
+    out->start_timeout_ms = (uint64_t)p->start_timeout_ms;
+    out->step_timeout_ms = (uint64_t)p->step_timeout_ms;
+    gang_strlcpy(out->advertise, p->advertise_address[0] ? p->advertise_address : "127.0.0.1",
+                 sizeof(out->advertise));
+    gang_strlcpy(out->device, p->device, sizeof(out->device));
+    gang_strlcpy(out->backend, p->backend, sizeof(out->backend));
+    wres_config_from_params(p, &l, &out->res);
+    return 0;
+}

@@ -1,0 +1,61 @@
+/*
+ * The layout of a gang (internal to launcher/): what the parameters decide about its
+ * shape, device, data plane and context length, derived by one set of rules for every
+ * process that needs it (the agent before it starts anything, `serve --check-config`, and
+ * each worker's model loader).
+ *
+ * launcher/layout.c is also the one place where the parameter registry (gang_params)
+ * becomes the narrow configs of the launcher's modules: gang_agent_config_from_params
+ * (agent.h, which fills the supervisor's and the API's too) and
+ * gang_worker_config_from_params (worker.h, which fills the engine glue's). No module
+ * keeps a copy of gang_params.
+ */
+#ifndef GANGLION_LAUNCHER_LAYOUT_H
+#define GANGLION_LAUNCHER_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/common.h"
+#include "ganglion/model.h"
+#include "ganglion/parallel.h"
+
+/* A context longer than this is used only when --max-ctx asks for it. */
+#define GANG_LAYOUT_CTX_CAP 4096
+
+typedef struct gang_layout {
+    char model[GANG_PARAM_STR_MAX]; /* --model directory; "" = none */
+    gang_topology_config tc;        /* the gang's shape (nnodes, nproc_per_node, tp, pp,
+                                       allow_cross_node_tp); the model's dimensions too once
+                                       gang_layout_read_model has run */
+    char device[16];                /* compute device: "cpu" or "cuda" (auto -> cpu) */
+    int uses_nccl;                  /* TP / PP groups over nccl (gang__worker_uses_nccl) */
+    uint32_t max_ctx;               /* --max-ctx; 0 = the model's, capped at the CAP above */
+    /* Filled by gang_layout_read_model: */
+    gang_model_config mc;           /* config.json */
+    uint32_t ctx;                   /* positions per sequence; 0 without a model */
+} gang_layout;
+
+/*
+ * Derives the parameter-only part of the layout from p and checks it: the backend this
+ * version serves with (auto, socket, or nccl with --device cuda in a build with NCCL),
+ * and, with a model or a --tp / --pp other than 1, tp x pp = nnodes x nproc_per_node with
+ * TP groups inside a node unless --allow-cross-node-tp. No I/O. Returns 0, or GANG_EUSAGE
+ * with a message in err.
+ */
+int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, size_t errlen);
+
+/*
+ * With a model (l->model non-empty): reads its config.json into l->mc, completes l->tc
+ * with its dimensions, checks the split with gang_topology_init (into *t when t is not
+ * NULL) and derives l->ctx: --max-ctx, else max_position_embeddings capped at
+ * GANG_LAYOUT_CTX_CAP; a --max-ctx above max_position_embeddings is refused. Without a
+ * model it does nothing. Returns 0, GANG_EMODEL (config.json) or GANG_EUSAGE (the split,
+ * the context), with a message in err.
+ */
+int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t errlen);
+
+/* Both of the above: what the agent and `serve --check-config` check before starting. */
+int gang_layout_check(const gang_params *p, gang_layout *l, char *err, size_t errlen);
+
+#endif

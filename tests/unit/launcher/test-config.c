@@ -1,0 +1,311 @@
+/*
+ * Tests of the launcher's configs (launcher/layout.c) and of flag forwarding
+ * (gang_params_forward_args): the forwarded set is the registry's GANG_PARAM_FWD column,
+ * local mode and the supervisor build their children's flags with the same function, the
+ * flags read back to the same parameters, and the layout's rules (context cap, split
+ * checks) are the ones every process applies.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "agent.h"
+#include "launcher-tests.h"
+#include "layout.h"
+#include "local.h"
+#include "worker.h"
+
+/* The only flags a process keeps to itself; a new NOFWD flag must be added here on purpose. */
+static const char *const not_forwarded[] = {"local", "check-config", NULL};
+
+static int in_list(const char *flag, const char *const *list)
+{
+    for (; list && *list; list++) {
+        if (strcmp(flag, *list) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Index of "--flag=" in args, or -1. */
+static int find_arg(const gang_args *a, const char *flag)
+{
+    size_t len = strlen(flag);
+    for (int i = 0; i < a->argc; i++) {
+        if (strncmp(a->argv[i], "--", 2) == 0 && strncmp(a->argv[i] + 2, flag, len) == 0 &&
+            a->argv[i][2 + len] == '=')
+            return i;
+    }
+    return -1;
+}
+
+/* Every registry entry is forwarded exactly when its attribute says so. */
+static void test_forwarded_set_is_the_attribute(void **state)
+{
+    (void)state;
+    gang_params p;
+    gang_args a;
+    size_t n = 0;
+    const gang_param_info *reg = gang_params_registry(&n);
+    gang_params_defaults(&p);
+    assert_int_equal(gang_params_forward_args(&p, NULL, &a), 0);
+    int fwd = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned attr = gang_param_attr(&reg[i]);
+        assert_true(attr == GANG_PARAM_FWD || attr == GANG_PARAM_NOFWD);
+        if ((attr == GANG_PARAM_NOFWD) != in_list(reg[i].flag, not_forwarded))
+            fail_msg("--%s: attribute %u disagrees with the test's list of local flags",
+                     reg[i].flag, attr);
+        int at = find_arg(&a, reg[i].flag);
+        if ((attr == GANG_PARAM_FWD) != (at >= 0))
+            fail_msg("--%s: attribute %u but %s in the forwarded flags", reg[i].flag, attr,
+                     at >= 0 ? "present" : "absent");
+        fwd += attr == GANG_PARAM_FWD;
+    }
+    assert_int_equal(a.argc, fwd);
+    assert_null(a.argv[a.argc]);
+    /* An entry of another option table is never forwarded. */
+    gang_param_info other = reg[0];
+    assert_int_equal(gang_param_attr(&other), GANG_PARAM_NOFWD);
+    gang_args_free(&a);
+    assert_null(a.argv);
+}
+
+/* Sets every forwarded entry of p to a value other than its default. */
+static void set_non_defaults(gang_params *p)
+{
+    size_t n = 0;
+    const gang_param_info *reg = gang_params_registry(&n);
+    for (size_t i = 0; i < n; i++) {
+        char *base = (char *)p + reg[i].offset;
+        switch (reg[i].type) {
+        case GANG_PARAM_INT: {
+            int64_t *v = (int64_t *)(void *)base;
+            *v = *v == reg[i].hi ? reg[i].lo : reg[i].hi - (int64_t)(i % 3);
+            break;
+        }
+        case GANG_PARAM_BOOL:
+            *(int *)(void *)base = !*(int *)(void *)base;
+            break;
+        case GANG_PARAM_STR:
+            /* Spaces, '=', a leading "--": values travel as one "--flag=value" argument. */
+            snprintf(base, GANG_PARAM_STR_MAX, "--x=%zu a b=c", i);
+            break;
+        case GANG_PARAM_DOUBLE:
+            break;
+        }
+    }
+}
+
+/* params -> forwarded flags -> parse -> the same values for every forwarded entry. */
+static void test_forward_round_trip(void **state)
+{
+    (void)state;
+    gang_params src, dst, def;
+    gang_args a;
+    char err[256];
+    size_t n = 0;
+    const gang_param_info *reg = gang_params_registry(&n);
+    gang_params_defaults(&src);
+    gang_params_defaults(&def);
+    set_non_defaults(&src);
+    assert_int_equal(gang_params_forward_args(&src, NULL, &a), 0);
+    gang_params_defaults(&dst);
+    assert_int_equal(gang_params_parse_args(&dst, a.argc, a.argv, NULL, NULL, err, sizeof(err)),
+                     0);
+    for (size_t i = 0; i < n; i++) {
+        size_t size = reg[i].type == GANG_PARAM_STR    ? GANG_PARAM_STR_MAX
+                      : reg[i].type == GANG_PARAM_BOOL ? sizeof(int)
+                                                       : sizeof(int64_t);
+        const gang_params *want = gang_param_attr(&reg[i]) == GANG_PARAM_FWD ? &src : &def;
+        if (memcmp((const char *)&dst + reg[i].offset, (const char *)want + reg[i].offset,
+                   size) != 0)
+            fail_msg("--%s did not survive the round trip", reg[i].flag);
+    }
+    gang_args_free(&a);
+
+    /* A copy is independent of its source. */
+    gang_args b;
+    assert_int_equal(gang_params_forward_args(&def, NULL, &a), 0);
+    assert_int_equal(gang_args_copy(&a, &b), 0);
+    assert_int_equal(a.argc, b.argc);
+    for (int i = 0; i < a.argc; i++)
+        assert_string_equal(a.argv[i], b.argv[i]);
+    gang_args_free(&a);
+    assert_null(b.argv[b.argc]);
+    gang_args_free(&b);
+}
+
+/*
+ * Local mode's shared agent flags and the supervisor's worker flags come from the same
+ * function: local's are the forwarded flags minus the per-agent ones, in the same order.
+ */
+static void test_local_and_supervisor_share_forwarding(void **state)
+{
+    (void)state;
+    gang_params p;
+    gang_args all, local;
+    gang_params_defaults(&p);
+    set_non_defaults(&p);
+    assert_int_equal(gang_params_forward_args(&p, NULL, &all), 0);
+    assert_int_equal(gang__local_agent_args(&p, &local), 0);
+    int j = 0;
+    for (int i = 0; i < all.argc; i++) {
+        const char *f = all.argv[i] + 2;
+        size_t len = strcspn(f, "=");
+        int per_agent = 0;
+        for (const char *const *q = gang__local_per_agent_flags; *q; q++)
+            per_agent |= strlen(*q) == len && strncmp(*q, f, len) == 0;
+        if (per_agent)
+            continue;
+        assert_true(j < local.argc);
+        assert_string_equal(all.argv[i], local.argv[j]);
+        j++;
+    }
+    assert_int_equal(j, local.argc);
+    assert_int_equal(find_arg(&local, "local"), -1);
+    assert_int_equal(find_arg(&local, "node-index"), -1);
+    gang_args_free(&all);
+    gang_args_free(&local);
+
+    /* The agent's supervisor config carries exactly the forwarded flags of the prepared
+     * parameters (a gang of one: the identity needs no discovery). */
+    char *envp[] = {NULL};
+    char err[512];
+    gang_agent_config cfg;
+    gang_params_defaults(&p);
+    p.node_index = 0;
+    gang_strlcpy(p.bind_address, "127.0.0.1", sizeof(p.bind_address));
+    gang_strlcpy(p.termination_log, "", sizeof(p.termination_log));
+    int rc = gang_agent_config_from_params(&p, envp, &cfg, err, sizeof(err));
+    if (rc != 0)
+        fail_msg("agent config: %s", err);
+    gang_identity id;
+    assert_int_equal(gang_agent_prepare(&p, envp, &id, err, sizeof(err)), 0);
+    assert_int_equal(gang_params_forward_args(&p, NULL, &all), 0);
+    assert_int_equal(cfg.sup.worker_args.argc, all.argc);
+    for (int i = 0; i < all.argc; i++)
+        assert_string_equal(cfg.sup.worker_args.argv[i], all.argv[i]);
+    assert_int_equal(cfg.sup.nproc_per_node, 1);
+    assert_int_equal(cfg.sup.abort_timeout_ms, (uint64_t)p.abort_timeout_ms);
+    assert_int_equal(cfg.api.max_queue, (uint32_t)p.max_queue);
+    assert_int_equal(cfg.api.has_model, 0);
+    assert_int_equal(cfg.restart_window_ms, (uint64_t)p.restart_window_s * 1000);
+    assert_string_equal(cfg.advertise_address, "127.0.0.1");
+    gang_args_free(&all);
+    gang_agent_config_free(&cfg);
+}
+
+/* A worker's config is derived from what the supervisor forwards. */
+static void test_worker_config(void **state)
+{
+    (void)state;
+    gang_params p;
+    gang_worker_config wc;
+    char err[256];
+    gang_params_defaults(&p);
+    p.node_index = 2;
+    p.nproc_per_node = 4;
+    p.nnodes = 3;
+    p.kv_cache_mb = 3;
+    gang_strlcpy(p.device, "auto", sizeof(p.device));
+    assert_int_equal(gang_worker_config_from_params(&p, "/tmp/a.sock", 1, &wc, err, sizeof(err)),
+                     0);
+    assert_string_equal(wc.agent_path, "/tmp/a.sock");
+    assert_int_equal(wc.local_rank, 1);
+    assert_int_equal(wc.node, 2);
+    assert_int_equal(wc.nproc_per_node, 4);
+    assert_string_equal(wc.advertise, "127.0.0.1");
+    assert_string_equal(wc.res.layout.device, "cpu");
+    assert_int_equal(wc.res.layout.tc.nnodes, 3);
+    assert_int_equal(wc.res.kv_cache_bytes, 3u << 20);
+    assert_int_equal(wc.res.layout.uses_nccl, 0);
+    gang_strlcpy(p.log_level, "loud", sizeof(p.log_level));
+    assert_int_equal(gang_worker_config_from_params(&p, "/tmp/a.sock", 1, &wc, err, sizeof(err)),
+                     GANG_EUSAGE);
+    gang_strlcpy(p.log_level, "info", sizeof(p.log_level));
+    assert_int_equal(gang_worker_config_from_params(&p, "", 1, &wc, err, sizeof(err)),
+                     GANG_EUSAGE);
+}
+
+/* Writes a small Llama config.json with max_position_embeddings max_pos into dir. */
+static void write_model_config(const char *dir, unsigned max_pos)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+               "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+               "\"num_hidden_layers\": 4, \"vocab_size\": 256,"
+               "\"max_position_embeddings\": %u, \"rms_norm_eps\": 1e-5}",
+            max_pos);
+    fclose(f);
+}
+
+/* The layout's rules: the backend, the split's arithmetic, and the context cap. */
+static void test_layout_rules(void **state)
+{
+    (void)state;
+    gang_params p;
+    gang_layout l;
+    char err[512], dir[] = "/tmp/gang-test-layout-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    gang_params_defaults(&p);
+    gang_strlcpy(p.backend, "mpi", sizeof(p.backend));
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), GANG_EUSAGE);
+    gang_strlcpy(p.backend, "auto", sizeof(p.backend));
+    p.tp = 2;
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "--tp 2 x --pp 1"));
+    p.nproc_per_node = 2;
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
+
+    gang_strlcpy(p.model, dir, sizeof(p.model));
+    write_model_config(dir, 8192);
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.ctx, GANG_LAYOUT_CTX_CAP); /* capped */
+    assert_int_equal(l.tc.n_layers, 4);
+    assert_int_equal(l.tc.tp, 2);
+    p.max_ctx = 6000;
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.ctx, 6000); /* asked for */
+    p.max_ctx = 9000;
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), GANG_EUSAGE);
+    p.max_ctx = 0;
+    write_model_config(dir, 2048);
+    gang_model_config mc;
+    uint32_t ctx = 0;
+    assert_int_equal(gang_agent_check_layout(&p, &mc, &ctx, err, sizeof(err)), 0);
+    assert_int_equal(ctx, 2048); /* the model's own, below the cap */
+    assert_int_equal(mc.max_pos, 2048);
+    p.tp = 8;
+    p.nproc_per_node = 8;
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), GANG_EUSAGE); /* 4 heads */
+
+    char path[600];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    unlink(path);
+    p.tp = 1;
+    p.nproc_per_node = 1;
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), GANG_EMODEL);
+    rmdir(dir);
+}
+
+int gang_test_config(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forwarded_set_is_the_attribute),
+        cmocka_unit_test(test_forward_round_trip),
+        cmocka_unit_test(test_local_and_supervisor_share_forwarding),
+        cmocka_unit_test(test_worker_config),
+        cmocka_unit_test(test_layout_rules),
+    };
+    return cmocka_run_group_tests_name("config", tests, NULL, NULL);
+}
