@@ -113,9 +113,6 @@ int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t
                              int32_t *out);
 int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src,
                               gang_dtype to, void *dst, size_t n);
-/* Fills n elements of dt with uniform values in [-scale, scale) from seed (benchmarks). */
-int gang__cuda_launch_fill_random(cudaStream_t s, gang_dtype dt, void *dst, size_t n,
-                                  uint64_t seed, float scale);
 /* scratch (scratch_floats f32, may be NULL) holds the partial states when the keys are
  * split across blocks; n_sm is the device's multiprocessor count. */
 int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc, const float *vc,

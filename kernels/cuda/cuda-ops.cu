@@ -362,28 +362,3 @@ extern "C" int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const 
     return launch_result("convert launch");
 }
 
-/* splitmix64: a counter-based generator, so every element is independent of the grid. */
-__device__ static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-__global__ static void fill_random_kernel(int dt, void *dst, size_t n, uint64_t seed, float scale)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t r = mix64(seed * 0x100000001b3ull + i);
-        float u = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-        store_from_f32(dst, dt, i, u * scale);
-    }
-}
-
-extern "C" int gang__cuda_launch_fill_random(cudaStream_t s, gang_dtype dt, void *dst,
-                                             size_t n, uint64_t seed, float scale)
-{
-    fill_random_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>((int)dt, dst, n, seed, scale);
-    return launch_result("fill launch");
-}
