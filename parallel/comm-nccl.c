@@ -1,6 +1,6 @@
 /*
  * NCCL backend of the communicator: device buffers, one CUDA stream per communicator, and
- * no call that can block without a deadline (DESIGN.md §4).
+ * no call that can block without a deadline (docs/design.md §4).
  *
  * Non-blocking protocol. Every communicator is created with config.blocking = 0, so NCCL
  * calls return ncclInProgress instead of blocking, and the driving thread waits in

@@ -1,7 +1,8 @@
 /*
  * Registration of the communicator backends: the only file that asks which optional
- * backends this build contains (DESIGN.md §5). A backend that is not built is answered by
- * a stub vtable whose entries return GANG_ENOSYS, so callers never test for NULL.
+ * backends this build contains (docs/design.md §5). A backend that is not built is
+ * answered by a stub vtable whose entries return GANG_ENOSYS, so callers never test for
+ * NULL.
  */
 #include "ganglion/config.h"
 

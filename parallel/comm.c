@@ -3,7 +3,7 @@
  * the backend's vtable (parallel/comm-backend.h). Backends may assume valid arguments.
  *
  * Argument rules decided here, for every backend:
- *  - c must be non-NULL and timeout_ms > 0 (every wait has a deadline, DESIGN.md §4).
+ *  - c must be non-NULL and timeout_ms > 0 (every wait has a deadline, docs/design.md §4).
  *  - dtype must be known; peer and root must be < size; a rank may not send to itself.
  *  - count == 0 (collectives) is a no-op that returns 0 without communicating: every rank
  *    passes the same count, so every rank skips together. buf may then be NULL.
