@@ -15,6 +15,7 @@
  * NVLink fields read "unknown".
  */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -256,34 +257,39 @@ static void print_devices(const gang_device_info *g, const gpu_extra *x, int n, 
     }
 }
 
-static void info_usage(FILE *f)
-{
-    fprintf(f, "usage: ganglion info [--labels]\n"
-               "  GPU discovery: every visible GPU's name, UUID, PCI bus id, memory, compute\n"
-               "  capability, MIG mode, and the peer-access / NVLink matrix.\n"
-               "  --labels  print GPU Feature Discovery style node labels instead\n"
-               "Exits 0 on a node without a GPU or driver, after saying so.\n");
-}
+/* info's command line: one flag. */
+typedef struct info_opts {
+    int labels;
+} info_opts;
+
+static const gang_param_info info_items[] = {
+    {.flag = "labels",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "print GPU Feature Discovery style node labels instead",
+     .offset = offsetof(info_opts, labels)},
+};
+static const gang_opt_table info_table = {info_items, sizeof(info_items) / sizeof(info_items[0])};
+static const gang_opt_cmd info_cmd = {
+    "info", "[--labels]",
+    "GPU discovery: every visible GPU's name, UUID, PCI bus id, memory, compute\n"
+    "capability, MIG mode, and the peer-access / NVLink matrix.\n"
+    "Exits 0 on a node without a GPU or driver, after saying so.",
+    &info_table, 0};
 
 int gang_cmd_info(int argc, char **argv)
 {
     static gang_device_info gpus[INFO_MAX_GPUS];
     gpu_extra extra[INFO_MAX_GPUS];
     nvml_api api;
-    int labels = 0, n, rc;
+    info_opts o;
+    int labels, n, rc;
 
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--labels") == 0) {
-            labels = 1;
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            info_usage(stdout);
-            return GANG_EXIT_OK;
-        } else {
-            fprintf(stderr, "ganglion info: unknown argument '%s'\n", argv[i]);
-            info_usage(stderr);
-            return GANG_EXIT_USAGE;
-        }
-    }
+    rc = gang_opts_cli(&info_cmd, &o, argc, argv, NULL, NULL);
+    if (rc != 0)
+        return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
+    labels = o.labels;
     n = gang_kernels_device_count();
     if (n == 0) {
         gang_device_info probe;

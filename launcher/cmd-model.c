@@ -1,8 +1,9 @@
 /*
  * ganglion mkmodel: writes a deterministic random model (gang_mkmodel) and prints a
  * one-line JSON summary. Its flags are local to the subcommand (they describe a model,
- * not the gang), so they are parsed here rather than through the parameter registry.
+ * not the gang): an option table of its own, parsed by gang_opts_cli like every command.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,23 +12,94 @@
 #include "ganglion/common.h"
 #include "ganglion/model.h"
 
-static void mkmodel_usage(FILE *out)
-{
-    fprintf(out, "usage: ganglion mkmodel --out DIR [--arch llama|mistral|qwen2] [--layers 2]\n"
-                 "                        [--hidden 64] [--heads 4] [--kv-heads 2] [--ffn 128]\n"
-                 "                        [--vocab 256] [--max-pos 512] [--seed 1]\n"
-                 "                        [--dtype f32|f16|bf16] [--tie] [--shards 1]\n"
-                 "Writes DIR/config.json and DIR/model.safetensors (or --shards N files and\n"
-                 "model.safetensors.index.json) of a random Llama-family model; the same options\n"
-                 "give byte-identical files.\n");
-}
+#define MK_ARCHS "llama|mistral|qwen2" /* index order of gang_model_arch */
+#define MK_DTYPES "f32|f16|bf16"       /* index order of gang_dtype */
 
-/* One integer flag: its name, bounds and where it goes. */
-typedef struct mk_int_flag {
-    const char *name;
-    int64_t lo, hi;
-    uint32_t *dst;
-} mk_int_flag;
+/* The command line, as the option table fills it; mk_to_opts turns it into the library's
+ * gang_mkmodel_opts. */
+typedef struct mk_cli {
+    char out[4096]; /* the library refuses a path of 4096 bytes or more anyway */
+    char arch[16], dtype[8];
+    int64_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos, seed, shards;
+    int tie;
+} mk_cli;
+
+#define MK_STR(f_, fld, d_, hp)                                                                    \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_STR, .def = d_, .help = hp,                                 \
+        .offset = offsetof(mk_cli, fld), .str_cap = sizeof(((mk_cli *)0)->fld)                     \
+    }
+#define MK_INT(f_, fld, d_, lo_, hi_, hp)                                                          \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_INT, .def = d_, .lo = lo_, .hi = hi_, .help = hp,           \
+        .offset = offsetof(mk_cli, fld)                                                            \
+    }
+static const gang_param_info mk_items[] = {
+    MK_STR("out", out, "", "output directory, created if absent (required)"),
+    MK_STR("arch", arch, "llama", "architecture: " MK_ARCHS),
+    MK_INT("layers", layers, "2", 1, GANG_MODEL_MAX_LAYERS, "transformer layers"),
+    MK_INT("hidden", hidden, "64", 1, GANG_MODEL_MAX_HIDDEN, "hidden size"),
+    MK_INT("heads", heads, "4", 1, GANG_MODEL_MAX_HEADS, "attention heads (divide --hidden)"),
+    MK_INT("kv-heads", kv_heads, "2", 1, GANG_MODEL_MAX_HEADS, "key/value heads (divide --heads)"),
+    MK_INT("ffn", ffn, "128", 1, 1 << 20, "MLP intermediate size"),
+    MK_INT("vocab", vocab, "256", 3, GANG_MODEL_MAX_VOCAB, "vocabulary size (bos 1, eos 2)"),
+    MK_INT("max-pos", max_pos, "512", 1, 1 << 24, "maximum position (context length)"),
+    MK_INT("seed", seed, "1", 0, INT64_MAX, "weight seed: same options, same bytes"),
+    MK_STR("dtype", dtype, "f32", "weight type: " MK_DTYPES),
+    {.flag = "tie",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "tie the output head to the embeddings",
+     .offset = offsetof(mk_cli, tie)},
+    MK_INT("shards", shards, "1", 1, 99999,
+           "weight files (> 1: model-0000i-of-0000n + index.json)"),
+};
+static const gang_opt_table mk_table = {mk_items, sizeof(mk_items) / sizeof(mk_items[0])};
+static const gang_opt_cmd mk_cmd = {
+    "mkmodel", "--out DIR [flags]",
+    "Writes DIR/config.json and DIR/model.safetensors (or --shards N files and\n"
+    "model.safetensors.index.json) of a random Llama-family model; the same options\n"
+    "give byte-identical files.",
+    &mk_table, 0};
+
+/*
+ * Parses the command line into the library's options o (o->out_dir points into cli).
+ * Returns 0, GANG_OPTS_HELP, or GANG_EUSAGE after printing why.
+ */
+static int mk_parse(int argc, char **argv, mk_cli *cli, gang_mkmodel_opts *o)
+{
+    char err[256];
+    int arch, dtype;
+    int rc = gang_opts_cli(&mk_cmd, cli, argc, argv, NULL, NULL);
+
+    if (rc != 0)
+        return rc;
+    if (cli->out[0] == '\0')
+        return gang_opts_usage_error(&mk_cmd, "--out DIR is required");
+    arch = gang_opts_choice("arch", cli->arch, MK_ARCHS, err, sizeof(err));
+    if (arch < 0)
+        return gang_opts_usage_error(&mk_cmd, "%s", err);
+    dtype = gang_opts_choice("dtype", cli->dtype, MK_DTYPES, err, sizeof(err));
+    if (dtype < 0)
+        return gang_opts_usage_error(&mk_cmd, "%s", err);
+    memset(o, 0, sizeof(*o));
+    o->out_dir = cli->out;
+    o->arch = (gang_model_arch)arch;
+    o->dtype = (gang_dtype)dtype;
+    /* The table's bounds keep every value inside uint32_t. */
+    o->layers = (uint32_t)cli->layers;
+    o->hidden = (uint32_t)cli->hidden;
+    o->heads = (uint32_t)cli->heads;
+    o->kv_heads = (uint32_t)cli->kv_heads;
+    o->ffn = (uint32_t)cli->ffn;
+    o->vocab = (uint32_t)cli->vocab;
+    o->max_pos = (uint32_t)cli->max_pos;
+    o->seed = (uint64_t)cli->seed;
+    o->tie_embeddings = cli->tie;
+    o->shards = (uint32_t)cli->shards;
+    return 0;
+}
 
 /* Parameter count of the model config mc, as the file holds it. */
 static uint64_t mkmodel_params(const gang_model_config *mc)
@@ -61,147 +133,43 @@ static uint64_t mkmodel_bytes(const gang_mkmodel_opts *o)
     return total;
 }
 
-static int mkmodel_bad(const char *fmt, const char *a, const char *b)
+/* Prints the one-line JSON summary of the model o wrote, whose config reads back as mc. */
+static void mk_print_summary(const gang_mkmodel_opts *o, const gang_model_config *mc)
 {
-    fprintf(stderr, "ganglion mkmodel: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n");
-    mkmodel_usage(stderr);
-    return GANG_EXIT_USAGE;
-}
-
-/*
- * Applies one "--name value" pair to o. Returns 0 or a usage exit code (message printed).
- */
-static int mkmodel_apply(gang_mkmodel_opts *o, const mk_int_flag *ints, size_t n_ints,
-                         const char *name, const char *value)
-{
-    int64_t v;
-    size_t i;
-
-    if (strcmp(name, "out") == 0) {
-        if (value[0] == '\0')
-            return mkmodel_bad("--%s: empty directory%s", name, "");
-        o->out_dir = value;
-        return 0;
-    }
-    if (strcmp(name, "arch") == 0) {
-        if (strcmp(value, "llama") == 0)
-            o->arch = GANG_ARCH_LLAMA;
-        else if (strcmp(value, "mistral") == 0)
-            o->arch = GANG_ARCH_MISTRAL;
-        else if (strcmp(value, "qwen2") == 0)
-            o->arch = GANG_ARCH_QWEN2;
+    printf("{\"dir\":\"");
+    for (const char *p = o->out_dir; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if ((unsigned char)*p < 0x20)
+            printf("\\u%04x", (unsigned)(unsigned char)*p);
         else
-            return mkmodel_bad("--%s: '%s' is not llama, mistral or qwen2", name, value);
-        return 0;
+            putchar(*p);
     }
-    if (strcmp(name, "dtype") == 0) {
-        if (strcmp(value, "f32") == 0)
-            o->dtype = GANG_DTYPE_F32;
-        else if (strcmp(value, "f16") == 0)
-            o->dtype = GANG_DTYPE_F16;
-        else if (strcmp(value, "bf16") == 0)
-            o->dtype = GANG_DTYPE_BF16;
-        else
-            return mkmodel_bad("--%s: '%s' is not f32, f16 or bf16", name, value);
-        return 0;
-    }
-    if (strcmp(name, "tie") == 0) {
-        if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0)
-            o->tie_embeddings = 1;
-        else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
-            o->tie_embeddings = 0;
-        else
-            return mkmodel_bad("--%s: '%s' is not true or false", name, value);
-        return 0;
-    }
-    if (strcmp(name, "seed") == 0) {
-        if (gang_parse_i64(value, 0, INT64_MAX, &v) != 0)
-            return mkmodel_bad("--%s: '%s' is not a non-negative integer", name, value);
-        o->seed = (uint64_t)v;
-        return 0;
-    }
-    for (i = 0; i < n_ints; i++) {
-        if (strcmp(name, ints[i].name) != 0)
-            continue;
-        if (gang_parse_i64(value, ints[i].lo, ints[i].hi, &v) != 0)
-            return mkmodel_bad("--%s: '%s' is not an integer in range", name, value);
-        *ints[i].dst = (uint32_t)v;
-        return 0;
-    }
-    return mkmodel_bad("unknown flag --%s%s", name, "");
+    printf("\",\"arch\":\"%s\",\"dtype\":\"%s\",\"shards\":%u,\"params\":%llu,\"bytes\":%llu}\n",
+           o->arch == GANG_ARCH_QWEN2     ? "qwen2"
+           : o->arch == GANG_ARCH_MISTRAL ? "mistral"
+                                          : "llama",
+           o->dtype == GANG_DTYPE_F16    ? "f16"
+           : o->dtype == GANG_DTYPE_BF16 ? "bf16"
+                                         : "f32",
+           o->shards, (unsigned long long)mkmodel_params(mc), (unsigned long long)mkmodel_bytes(o));
 }
 
 int gang_cmd_mkmodel(int argc, char **argv)
 {
+    mk_cli cli;
     gang_mkmodel_opts o;
     gang_model_config mc;
-    char err[512], name[32];
-    int i, rc;
+    char err[512];
+    int rc;
 
-    memset(&o, 0, sizeof(o));
-    o.arch = GANG_ARCH_LLAMA;
-    o.layers = 2;
-    o.hidden = 64;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.ffn = 128;
-    o.vocab = 256;
-    o.max_pos = 512;
-    o.seed = 1;
-    o.dtype = GANG_DTYPE_F32;
-    o.shards = 1;
-    const mk_int_flag ints[] = {
-        {"layers", 1, GANG_MODEL_MAX_LAYERS, &o.layers},
-        {"hidden", 1, GANG_MODEL_MAX_HIDDEN, &o.hidden},
-        {"heads", 1, GANG_MODEL_MAX_HEADS, &o.heads},
-        {"kv-heads", 1, GANG_MODEL_MAX_HEADS, &o.kv_heads},
-        {"ffn", 1, 1 << 20, &o.ffn},
-        {"vocab", 3, GANG_MODEL_MAX_VOCAB, &o.vocab},
-        {"max-pos", 1, 1 << 24, &o.max_pos},
-        {"shards", 1, 99999, &o.shards},
-    };
-
-    /* argv[0] is "mkmodel". */
-    for (i = 1; i < argc; i++) {
-        const char *arg = argv[i], *eq, *value;
-
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            mkmodel_usage(stdout);
-            return GANG_EXIT_OK;
-        }
-        if (strncmp(arg, "--", 2) != 0)
-            return mkmodel_bad("unexpected argument '%s'%s", arg, "");
-        arg += 2;
-        if (strcmp(arg, "tie") == 0) {
-            o.tie_embeddings = 1;
-            continue;
-        }
-        eq = strchr(arg, '=');
-        if (eq != NULL) {
-            if ((size_t)(eq - arg) >= sizeof(name))
-                return mkmodel_bad("unknown flag --%s%s", arg, "");
-            memcpy(name, arg, (size_t)(eq - arg));
-            name[eq - arg] = '\0';
-            value = eq + 1;
-        } else {
-            if (i + 1 >= argc)
-                return mkmodel_bad("--%s needs a value%s", arg, "");
-            gang_strlcpy(name, arg, sizeof(name));
-            value = argv[++i];
-        }
-        rc = mkmodel_apply(&o, ints, sizeof(ints) / sizeof(ints[0]), name, value);
-        if (rc != 0)
-            return rc;
-    }
-    if (o.out_dir == NULL)
-        return mkmodel_bad("--out DIR is required%s%s", "", "");
-
+    rc = mk_parse(argc, argv, &cli, &o);
+    if (rc != 0)
+        return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     rc = gang_mkmodel(&o, err, sizeof(err));
     if (rc == GANG_EUSAGE) {
-        fprintf(stderr, "ganglion %s\n", err);
-        mkmodel_usage(stderr);
+        /* The library's messages start with "mkmodel: "; the command name comes first. */
+        gang_opts_usage_error(&mk_cmd, "%s", strncmp(err, "mkmodel: ", 9) == 0 ? err + 9 : err);
         return GANG_EXIT_USAGE;
     }
     if (rc != 0) {
@@ -215,23 +183,6 @@ int gang_cmd_mkmodel(int argc, char **argv)
         fprintf(stderr, "ganglion mkmodel: the written model does not read back: %s\n", err);
         return GANG_EXIT_INTERNAL;
     }
-    printf("{\"dir\":\"");
-    for (const char *p = o.out_dir; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if ((unsigned char)*p < 0x20)
-            printf("\\u%04x", (unsigned)(unsigned char)*p);
-        else
-            putchar(*p);
-    }
-    printf("\",\"arch\":\"%s\",\"dtype\":\"%s\",\"shards\":%u,\"params\":%llu,\"bytes\":%llu}\n",
-           o.arch == GANG_ARCH_QWEN2     ? "qwen2"
-           : o.arch == GANG_ARCH_MISTRAL ? "mistral"
-                                         : "llama",
-           o.dtype == GANG_DTYPE_F16    ? "f16"
-           : o.dtype == GANG_DTYPE_BF16 ? "bf16"
-                                        : "f32",
-           o.shards, (unsigned long long)mkmodel_params(&mc),
-           (unsigned long long)mkmodel_bytes(&o));
+    mk_print_summary(&o, &mc);
     return GANG_EXIT_OK;
 }

@@ -19,6 +19,8 @@ COMMANDS = [
     (["bench", "decode"], "--gpu-memory-mb"),
     (["bench", "gemm"], "--shapes"),
     (["generate"], "--prompt-ids"),
+    (["mkmodel"], "--kv-heads"),
+    (["info"], "--labels"),
     (["serve"], "--heartbeat-interval-ms"),
 ]
 
@@ -50,6 +52,40 @@ def scenario(h):
     H.check(code == 2 and "--ranks" in err, "allreduce --ranks 1: %d %r" % (code, err))
     code, _, err = run(h, ["bench", "allreduce", "--backend", "tcp"])
     H.check(code == 2 and "socket|mpi" in err, "allreduce --backend tcp: %d %r" % (code, err))
+    # mkmodel: every flag of its table in --help with today's default; bad values exit 2
+    # and write nothing.
+    code, out, _ = run(h, ["mkmodel", "--help"])
+    for flag, default in (("--out", ""), ("--arch", "llama"), ("--layers", "2"),
+                          ("--hidden", "64"), ("--heads", "4"), ("--kv-heads", "2"),
+                          ("--ffn", "128"), ("--vocab", "256"), ("--max-pos", "512"),
+                          ("--seed", "1"), ("--dtype", "f32"), ("--tie", "0"),
+                          ("--shards", "1")):
+        line = [ln for ln in out.splitlines() if ln.split()[:1] == [flag]]
+        H.check(len(line) == 1 and ("[default '%s']" % default) in line[0],
+                "mkmodel --help: %s with default %r: %r" % (flag, default, line))
+    model = os.path.join(h.tmp, "cli-model")
+    for args, needle in ((["--arch", "gpt2"], "llama|mistral|qwen2"),
+                         (["--dtype", "f64"], "f32|f16|bf16"),
+                         (["--layers", "0"], "--layers"),
+                         (["--tie=maybe"], "--tie"),
+                         (["--heads", "3"], "heads"),
+                         (["stray"], "stray")):
+        code, _, err = run(h, ["mkmodel", "--out", model] + args)
+        H.check(code == 2 and needle in err and "ganglion mkmodel" in err,
+                "mkmodel %s: %d %r" % (" ".join(args), code, err))
+    code, _, err = run(h, ["mkmodel"])
+    H.check(code == 2 and "--out" in err, "mkmodel without --out: %d %r" % (code, err))
+    H.check(not os.path.exists(model), "a refused mkmodel wrote %s" % model)
+    code, out, err = run(h, ["mkmodel", "--out=" + model, "--arch=qwen2", "--dtype", "bf16",
+                             "--tie", "--shards", "2"])
+    H.check(code == 0 and '"arch":"qwen2","dtype":"bf16","shards":2' in out,
+            "mkmodel qwen2: %d %r %r" % (code, out, err))
+    # info: exits 0 with or without a GPU; --labels keeps stdout to labels only.
+    code, out, err = run(h, ["info", "--labels"])
+    H.check(code == 0 and all("=" in ln for ln in out.splitlines()) and
+            "nvidia.com/gpu.present=" in out, "info --labels: %d %r %r" % (code, out, err))
+    code, _, err = run(h, ["info", "extra"])
+    H.check(code == 2 and "extra" in err, "info extra: %d %r" % (code, err))
     H.log("help and usage errors of %d commands" % len(COMMANDS))
 
 
