@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench.h"
+#include "report.h"
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
 
@@ -169,41 +170,6 @@ static int bg_parse(int argc, char **argv, bg_opts *o)
     return 0;
 }
 
-static int bg_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts v and adds NAME_p50 / NAME_min / NAME_max (ms, 4 decimals); returns the median. */
-static double bg_stats(cJSON *o, const char *name, double *v, int n)
-{
-    char key[64];
-    double p50;
-
-    qsort(v, (size_t)n, sizeof(*v), bg_cmp);
-    p50 = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
-    snprintf(key, sizeof(key), "%s_ms_p50", name);
-    cJSON_AddNumberToObject(o, key, round(p50 * 1e4) / 1e4);
-    snprintf(key, sizeof(key), "%s_ms_min", name);
-    cJSON_AddNumberToObject(o, key, round(v[0] * 1e4) / 1e4);
-    snprintf(key, sizeof(key), "%s_ms_max", name);
-    cJSON_AddNumberToObject(o, key, round(v[n - 1] * 1e4) / 1e4);
-    return p50;
-}
-
-static void bg_emit(cJSON *o)
-{
-    char *s = cJSON_PrintUnformatted(o);
-
-    if (s != NULL) {
-        printf("%s\n", s);
-        fflush(stdout);
-        free(s);
-    }
-    cJSON_Delete(o);
-}
-
 /* Pool for the largest shape: A, B and two outputs, plus the workspace and some slack. */
 static uint64_t bg_pool_mb(const bg_opts *o)
 {
@@ -221,12 +187,11 @@ static uint64_t bg_pool_mb(const bg_opts *o)
 
 static int bg_skip(const char *why)
 {
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = gang_report_new("gemm");
 
     fprintf(stderr, "ganglion bench gemm: skipped: %s\n", why);
-    cJSON_AddStringToObject(o, "bench", "gemm");
     cJSON_AddStringToObject(o, "skipped", why);
-    bg_emit(o);
+    gang_report_emit(o);
     return GANG_EXIT_OK;
 }
 
@@ -377,9 +342,8 @@ int gang_bench_gemm_main(int argc, char **argv)
     for (int i = 0; i < o.nshapes; i++) {
         const bg_shape *s = &o.shapes[i];
         double diff = 0.0, flops = 2.0 * (double)s->m * (double)s->n * (double)s->k;
-        cJSON *line = cJSON_CreateObject();
+        cJSON *line = gang_report_new("gemm");
 
-        cJSON_AddStringToObject(line, "bench", "gemm");
         cJSON_AddStringToObject(line, "shape", s->what);
         cJSON_AddStringToObject(line, "dtype", bg_dtype_name(o.dt));
         cJSON_AddNumberToObject(line, "m", (double)s->m);
@@ -390,18 +354,18 @@ int gang_bench_gemm_main(int argc, char **argv)
         rc = bg_measure(k, o.dt, 1, s->m, s->n, s->k, o.warmup, o.iters, ours, ref, &diff);
         if (rc < 0) {
             cJSON_AddStringToObject(line, "error", gang_err_name(rc));
-            bg_emit(line);
+            gang_report_emit(line);
             failed++;
             continue;
         }
-        double p_ours = bg_stats(line, "ours", ours, o.iters);
-        double p_ref = bg_stats(line, "cublas", ref, o.iters);
+        double p_ours = gang_report_add_stats(line, "ours_ms", ours, o.iters, 4);
+        double p_ref = gang_report_add_stats(line, "cublas_ms", ref, o.iters, 4);
         double tf_ours = flops / (p_ours * 1e-3) / 1e12, tf_ref = flops / (p_ref * 1e-3) / 1e12;
-        cJSON_AddNumberToObject(line, "ours_tflops", round(tf_ours * 100) / 100);
-        cJSON_AddNumberToObject(line, "cublas_tflops", round(tf_ref * 100) / 100);
-        cJSON_AddNumberToObject(line, "ratio", round(tf_ours / tf_ref * 1000) / 1000);
+        gang_report_add_num(line, "ours_tflops", tf_ours, 2);
+        gang_report_add_num(line, "cublas_tflops", tf_ref, 2);
+        gang_report_add_num(line, "ratio", tf_ours / tf_ref, 3);
         cJSON_AddNumberToObject(line, "max_rel_diff", diff);
-        bg_emit(line);
+        gang_report_emit(line);
         fprintf(stderr, "%-18s %6zu %6zu %6zu %10.2f %10.2f %7.3f\n", s->what, s->m, s->n, s->k,
                 tf_ours, tf_ref, tf_ours / tf_ref);
         ratio_sum += tf_ours / tf_ref;
@@ -410,17 +374,16 @@ int gang_bench_gemm_main(int argc, char **argv)
         done++;
     }
     {
-        cJSON *sum = cJSON_CreateObject();
+        cJSON *sum = gang_report_new("gemm");
 
-        cJSON_AddStringToObject(sum, "bench", "gemm");
         cJSON_AddStringToObject(sum, "summary", "ours vs cublasGemmEx");
         cJSON_AddStringToObject(sum, "dtype", bg_dtype_name(o.dt));
         cJSON_AddNumberToObject(sum, "shapes", done);
         cJSON_AddNumberToObject(sum, "failed", failed);
         if (done > 0)
-            cJSON_AddNumberToObject(sum, "mean_ratio", round(ratio_sum / done * 1000) / 1000);
+            gang_report_add_num(sum, "mean_ratio", ratio_sum / done, 3);
         cJSON_AddNumberToObject(sum, "max_rel_diff", worst_diff);
-        bg_emit(sum);
+        gang_report_emit(sum);
     }
     rc = failed > 0 ? GANG_EIO : 0;
 out:

@@ -62,6 +62,7 @@
 #include "ganglion/parallel.h"
 
 #include "bench.h"
+#include "report.h"
 
 #define BP_MAX_PP 16
 #define BP_MAX_POINTS 16
@@ -109,37 +110,6 @@ typedef struct bp_stage {
     uint32_t rank; /* pipeline stage */
     pthread_t th;
 } bp_stage;
-
-/* ---------------------------------------------------------------------------------
- * Helpers.
- * --------------------------------------------------------------------------------- */
-
-static double bp_round(double x, int digits)
-{
-    double f = pow(10.0, digits);
-
-    return round(x * f) / f;
-}
-
-static int bp_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
-}
-
-/* Prints one cJSON object as a line on stdout and frees it. */
-static void bp_emit(cJSON *obj)
-{
-    char *s = obj != NULL ? cJSON_PrintUnformatted(obj) : NULL;
-
-    if (s != NULL) {
-        printf("%s\n", s);
-        fflush(stdout);
-    }
-    cJSON_free(s);
-    cJSON_Delete(obj);
-}
 
 /*
  * Records the first failure of the point and aborts every live communicator, so that the
@@ -374,7 +344,7 @@ static int bp_point(const bp_opts *o, uint32_t pp, uint32_t mb, double *ratio)
     int started = 0, rc, done;
     uint64_t deadline;
     double t_ms = (double)o->stage_ms, ideal_ms, bound;
-    cJSON *line = cJSON_CreateObject();
+    cJSON *line = gang_report_new("pipeline");
 
     *ratio = NAN;
     r.work_ns = (uint64_t)o->stage_ms * 1000000u / mb;
@@ -440,34 +410,28 @@ out_line:
     }
     ideal_ms = (double)(mb + pp - 1) * t_ms / mb;
     bound = (double)mb / (mb + pp - 1);
-    cJSON_AddStringToObject(line, "bench", "pipeline");
     cJSON_AddStringToObject(line, "backend", "socket");
     cJSON_AddNumberToObject(line, "pp", pp);
     cJSON_AddNumberToObject(line, "microbatches", mb);
     cJSON_AddNumberToObject(line, "stage_ms", t_ms);
-    cJSON_AddNumberToObject(line, "microbatch_ms", bp_round(t_ms / mb, 4));
+    gang_report_add_num(line, "microbatch_ms", t_ms / mb, 4);
     cJSON_AddNumberToObject(line, "bytes", (double)o->bytes);
     cJSON_AddNumberToObject(line, "warmup", o->warmup);
     cJSON_AddNumberToObject(line, "iters", o->iters);
-    cJSON_AddNumberToObject(line, "ideal_ms", bp_round(ideal_ms, 3));
+    gang_report_add_num(line, "ideal_ms", ideal_ms, 3);
     if (rc == 0) {
-        qsort(r.batch_ms, (size_t)o->iters, sizeof *r.batch_ms, bp_cmp_double);
-        int n = o->iters;
-        double p50 = n % 2 ? r.batch_ms[n / 2] : (r.batch_ms[n / 2 - 1] + r.batch_ms[n / 2]) / 2;
+        double p50 = gang_report_add_stats(line, "batch_ms", r.batch_ms, o->iters, 3);
         double eff = t_ms / p50;
         *ratio = eff / bound;
-        cJSON_AddNumberToObject(line, "batch_ms_p50", bp_round(p50, 3));
-        cJSON_AddNumberToObject(line, "batch_ms_min", bp_round(r.batch_ms[0], 3));
-        cJSON_AddNumberToObject(line, "batch_ms_max", bp_round(r.batch_ms[n - 1], 3));
-        cJSON_AddNumberToObject(line, "efficiency", bp_round(eff, 4));
-        cJSON_AddNumberToObject(line, "bound", bp_round(bound, 4));
-        cJSON_AddNumberToObject(line, "ratio", bp_round(*ratio, 4));
+        gang_report_add_num(line, "efficiency", eff, 4);
+        gang_report_add_num(line, "bound", bound, 4);
+        gang_report_add_num(line, "ratio", *ratio, 4);
         cJSON_AddBoolToObject(line, "target_met", *ratio >= BP_TARGET);
     } else {
-        cJSON_AddNumberToObject(line, "bound", bp_round(bound, 4));
+        gang_report_add_num(line, "bound", bound, 4);
         cJSON_AddStringToObject(line, "error", r.why[0] ? r.why : gang_err_name(rc));
     }
-    bp_emit(line);
+    gang_report_emit(line);
 
 out_free:
     free(r.batch_ms);
@@ -555,26 +519,25 @@ int gang_bench_pipeline_main(int argc, char **argv)
         }
     }
 
-    sum = cJSON_CreateObject();
+    sum = gang_report_new("pipeline");
     if (sum != NULL) {
         double min = INFINITY;
 
         for (int i = 0; i < nratios; i++)
             min = ratios[i] < min ? ratios[i] : min;
-        cJSON_AddStringToObject(sum, "bench", "pipeline");
         cJSON_AddStringToObject(sum, "summary",
                                 "ratio = (stage_ms / batch_ms_p50) / (M / (M + P - 1))");
         cJSON_AddNumberToObject(sum, "points", nratios);
         cJSON_AddNumberToObject(sum, "failed", failed);
         cJSON_AddNumberToObject(sum, "target", BP_TARGET);
         if (nratios > 0)
-            cJSON_AddNumberToObject(sum, "min_ratio", bp_round(min, 4));
+            gang_report_add_num(sum, "min_ratio", min, 4);
         else
             cJSON_AddNullToObject(sum, "min_ratio");
         cJSON_AddBoolToObject(sum, "target_met", failed == 0 && nratios > 0 && min >= BP_TARGET);
         if (rc != 0)
             cJSON_AddStringToObject(sum, "error", gang_err_name(rc));
-        bp_emit(sum);
+        gang_report_emit(sum);
     }
     if (rc == GANG_ENOMEM)
         return GANG_EXIT_INTERNAL;

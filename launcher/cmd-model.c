@@ -15,7 +15,7 @@
 #define MK_ARCHS "llama|mistral|qwen2" /* index order of gang_model_arch */
 #define MK_DTYPES "f32|f16|bf16"       /* index order of gang_dtype */
 
-/* The command line, as the option table fills it; mk_to_opts turns it into the library's
+/* The command line, as the option table fills it; mk_parse turns it into the library's
  * gang_mkmodel_opts. */
 typedef struct mk_cli {
     char out[4096]; /* the library refuses a path of 4096 bytes or more anyway */

@@ -42,19 +42,50 @@ static void test_add_stats(void **state)
     double p50 = gang_report_add_stats(o, "t_ms", v, 3, 2);
     assert_true(fabs(p50 - 2.71828) < 1e-12);
     char *s = cJSON_PrintUnformatted(o);
-    assert_string_equal(s, "{\"bench\":\"demo\",\"t_ms_p50\":2.72,\"t_ms_min\":1,\"t_ms_max\":3.14}");
+    assert_string_equal(s,
+                        "{\"bench\":\"demo\",\"t_ms_p50\":2.72,\"t_ms_min\":1,\"t_ms_max\":3.14}");
     cJSON_free(s);
     assert_true(isnan(gang_report_add_stats(o, "none", v, 0, 2)));
     assert_null(cJSON_GetObjectItem(o, "none_p50"));
     cJSON_Delete(o);
 }
 
+/*
+ * The shared statistics give bit for bit what the private copies of bench-pipeline.c and
+ * bench-gemm.c computed before they went through report.c: the median of the middle
+ * element (odd n) or the plain mean of the middle two (even n), and round(x * 10^d) / 10^d,
+ * so that no JSON value those benchmarks print changed.
+ */
+static void test_stats_match_old_formulas(void **state)
+{
+    (void)state;
+    uint64_t x = 88172645463325252ull;
+    double v[64], w[64];
+
+    for (int n = 1; n <= 64; n++) {
+        for (int i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            v[i] = (double)(x >> 11) / 9007199254740992.0 * 1000.0;
+        }
+        memcpy(w, v, sizeof(v));
+        double p50 = gang_report_median(v, n);
+        gang_report_sort(w, n);
+        double old = n % 2 ? w[n / 2] : (w[n / 2 - 1] + w[n / 2]) / 2.0;
+        assert_memory_equal(&p50, &old, sizeof(old));
+        static const double scale[] = {1, 10, 100, 1e3, 1e4};
+        for (int d = 0; d <= 4; d++) {
+            double a = gang_report_round(v[0], d), b = round(v[0] * scale[d]) / scale[d];
+            assert_memory_equal(&a, &b, sizeof(b));
+        }
+    }
+}
+
 /* The tables of every benchmark: --help exits 0, an unknown or out-of-range flag 2. */
 static void test_bench_tables(void **state)
 {
     (void)state;
-    static const char *const names[] = {"rendezvous", "failover", "allreduce", "pipeline",
-                                        "decode", "gemm"};
+    static const char *const names[] = {"rendezvous", "failover", "allreduce",
+                                        "pipeline",   "decode",   "gemm"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char *help[] = {"bench", (char *)names[i], "--help"};
         char *bogus[] = {"bench", (char *)names[i], "--bogus"};
@@ -81,6 +112,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_median_and_percentiles),
         cmocka_unit_test(test_add_stats),
+        cmocka_unit_test(test_stats_match_old_formulas),
         cmocka_unit_test(test_bench_tables),
     };
     return cmocka_run_group_tests_name("bench", tests, NULL, NULL);
