@@ -53,7 +53,7 @@ int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_fi
  * the compute stream, since it runs on its own stream); otherwise download into the
  * staging buffer, run the collective on the host, upload the result. The owner sizes the
  * staging buffer at init; a missing or short one is replaced by a temporary allocation
- * (the unbatched forward functions, which allocate per call anyway).
+ * (gang_tp_linear_row and callers without a staging buffer of their own).
  * --------------------------------------------------------------------------------- */
 
 /* 1 when the buffers of (k, c) can be handed to c as they are. */
@@ -391,7 +391,22 @@ out_free:
 }
 
 /* ---------------------------------------------------------------------------------
- * Blocks
+ * Batched ragged forward (serving)
+ *
+ * A serving step carries several sequences at once, each at its own positions and with
+ * its own KV cache: decodes of one token next to prefill chunks of many. Everything that
+ * is per token (the norms, the five projections, the SwiGLU gate, the residual adds)
+ * does not care which sequence a token belongs to, so it runs once on the concatenation
+ * of all tokens: one GEMM per weight, which is where the time goes, and one all-reduce
+ * per block instead of one per block and sequence. Only two things are per sequence:
+ * where its keys and values go (rows pos0 .. pos0 + n - 1 of its own cache) and the
+ * attention itself, which reads that cache. RoPE takes a position per token, so the
+ * positions array carries each sequence's own range.
+ *
+ * This is the only whole-layer forward: one sequence is a batch of one. The numerics of
+ * a sequence do not depend on the others in the batch up to the GEMM library's blocking
+ * (a row of a product does not depend on the other rows in exact arithmetic); the tests
+ * check within 1e-5 relative.
  * --------------------------------------------------------------------------------- */
 
 /*
@@ -419,44 +434,6 @@ static int tp_check_mem(const gang_tp_layer *l, gang_kernels *k)
     return l->mem == NULL ? 0 : GANG_EINVAL;
 }
 
-int gang_tp_mlp_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, const float *x,
-                        size_t tokens, float *out, uint64_t timeout_ms)
-{
-    size_t n_local;
-    float *gate = NULL, *up;
-    int rc;
-
-    if (l == NULL || k == NULL || x == NULL || out == NULL || tokens == 0 || l->wq == NULL)
-        return GANG_EINVAL;
-    rc = tp_check_comm(l, comm);
-    if (rc == 0)
-        rc = tp_check_mem(l, k);
-    if (rc != 0)
-        return rc;
-    n_local = tokens * l->shard.ffn_count;
-    rc = gang_kernels_alloc(k, 2 * n_local * sizeof(float), (void **)&gate);
-    if (rc != 0)
-        return rc;
-    up = gate + n_local;
-
-    rc = gang_tp_linear_column(k, x, tokens, l->hidden, l->w_gate, l->shard.ffn_count, gate);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_linear_column(k, x, tokens, l->hidden, l->w_up, l->shard.ffn_count, up);
-    if (rc != 0)
-        goto out_free;
-    /* SiLU(gate) * up is elementwise, so it runs on the local ffn columns alone. */
-    rc = gang_kernels_silu_mul(k, gate, up, n_local, gate);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_linear_row(k, comm, gate, tokens, l->shard.ffn_count, l->w_down, l->hidden, out,
-                            timeout_ms);
-
-out_free:
-    gang_kernels_free(k, gate);
-    return rc;
-}
-
 /*
  * Adds the layer's q/k/v biases (those it has) to the projections of `tokens` tokens:
  * q [tokens, q_cols], kk and v [tokens, kv_cols]. Biases act before RoPE, as in Hugging
@@ -477,109 +454,6 @@ static int tp_add_biases(const gang_tp_layer *l, gang_kernels *k, float *q, floa
         rc = gang_kernels_add_rows(k, v, l->bv, tokens, kv_cols);
     return rc;
 }
-
-int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                              const float *x, size_t tokens, size_t pos0, gang_tp_kv_cache *cache,
-                              float *out, uint64_t timeout_ms)
-{
-    size_t hd, q_cols, kv_cols, i;
-    float *q = NULL, *k_new, *v_new;
-    int32_t *positions = NULL, *pos_host = NULL;
-    int rc;
-
-    if (l == NULL || k == NULL || x == NULL || out == NULL || cache == NULL || cache->k == NULL ||
-        cache->v == NULL || tokens == 0 || l->wq == NULL)
-        return GANG_EINVAL;
-    if (pos0 > cache->cap || tokens > cache->cap - pos0 || pos0 + tokens > (size_t)INT32_MAX)
-        return GANG_EINVAL;
-    rc = tp_check_comm(l, comm);
-    if (rc == 0)
-        rc = tp_check_mem(l, k);
-    if (rc != 0)
-        return rc;
-    hd = l->head_dim;
-    q_cols = (size_t)l->shard.head_count * hd;
-    kv_cols = (size_t)l->shard.kv_head_count * hd;
-
-    rc = gang_kernels_alloc(k, tokens * q_cols * sizeof(float), (void **)&q);
-    if (rc == 0)
-        rc = gang_kernels_alloc(k, tokens * sizeof(int32_t), (void **)&positions);
-    if (rc != 0)
-        goto out_free;
-    pos_host = malloc(tokens * sizeof(int32_t));
-    if (pos_host == NULL) {
-        rc = GANG_ENOMEM;
-        goto out_free;
-    }
-    for (i = 0; i < tokens; i++)
-        pos_host[i] = (int32_t)(pos0 + i);
-    rc = gang_kernels_upload(k, positions, pos_host, tokens * sizeof(int32_t));
-    if (rc != 0)
-        goto out_free;
-
-    /*
-     * A cache row [kv_head_count, head_dim] has exactly the width of the K and V
-     * projections of this rank, so the projections write straight into the cache rows
-     * of the new positions and RoPE rotates the keys there.
-     */
-    k_new = cache->k + pos0 * kv_cols;
-    v_new = cache->v + pos0 * kv_cols;
-    rc = gang_tp_linear_column(k, x, tokens, l->hidden, l->wq, q_cols, q);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_linear_column(k, x, tokens, l->hidden, l->wk, kv_cols, k_new);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_linear_column(k, x, tokens, l->hidden, l->wv, kv_cols, v_new);
-    if (rc != 0)
-        goto out_free;
-    rc = tp_add_biases(l, k, q, k_new, v_new, tokens);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_kernels_rope(k, q, positions, tokens, l->shard.head_count, hd, l->rope_theta);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_kernels_rope(k, k_new, positions, tokens, l->shard.kv_head_count, hd, l->rope_theta);
-    if (rc != 0)
-        goto out_free;
-    /*
-     * The local query heads read only the local kv heads: with heads split, local head
-     * j of this rank maps to local kv head j / (head_count / kv_head_count) exactly as
-     * globally; with kv heads replicated the rank holds one kv head that all its query
-     * heads share. So the kernel sees a self-contained smaller GQA problem. The output
-     * overwrites q in place (allowed by the kernel's contract).
-     */
-    rc = gang_kernels_attention(k, q, cache->k, cache->v, tokens, pos0 + tokens,
-                                l->shard.head_count, l->shard.kv_head_count, hd, pos0, q);
-    if (rc != 0)
-        goto out_free;
-    rc = gang_tp_linear_row(k, comm, q, tokens, q_cols, l->wo, l->hidden, out, timeout_ms);
-
-out_free:
-    free(pos_host);
-    gang_kernels_free(k, positions);
-    gang_kernels_free(k, q);
-    return rc;
-}
-
-/* ---------------------------------------------------------------------------------
- * Batched ragged forward (serving)
- *
- * A serving step carries several sequences at once, each at its own positions and with
- * its own KV cache: decodes of one token next to prefill chunks of many. Everything that
- * is per token (the norms, the five projections, the SwiGLU gate, the residual adds)
- * does not care which sequence a token belongs to, so it runs once on the concatenation
- * of all tokens: one GEMM per weight, which is where the time goes, and one all-reduce
- * per block instead of one per block and sequence. Only two things are per sequence:
- * where its keys and values go (rows pos0 .. pos0 + n - 1 of its own cache) and the
- * attention itself, which reads that cache. RoPE takes a position per token, so the
- * positions array carries each sequence's own range.
- *
- * This is the only whole-layer forward: one sequence is a batch of one. The numerics of
- * a sequence do not depend on the others in the batch up to the GEMM library's blocking
- * (a row of a product does not depend on the other rows in exact arithmetic); the tests
- * check within 1e-5 relative.
- * --------------------------------------------------------------------------------- */
 
 void gang_tp_scratch_free(gang_tp_scratch *s)
 {

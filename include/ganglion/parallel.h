@@ -204,15 +204,15 @@ int gang_topology_tp_shard(const gang_topology *t, uint32_t tp_rank, gang_tp_sha
  *
  * Memory: a layer is cut on the host (gang_tp_layer_init, malloc'd arrays) and may then
  * be moved into the tensor memory of a device kernels handle (gang_tp_layer_to_device).
- * Every forward function takes tensor pointers of the kernels handle it is given (host
- * pointers for "cpu"); a layer or scratch that lives on one device handle is refused
- * with GANG_EINVAL when called with another. Communicators carry host buffers (socket,
- * mpi) or device buffers (nccl): with a device handle and a host communicator, the
- * collectives are staged through host memory (gang_tp_stage_*, below). A TP rank copies
- * its shard out of the full Hugging Face weight matrices once (gang_tp_layer_init); the
- * forward functions then run on that shard and all-reduce over the TP communicator (the
- * ranks of one pipeline stage, in tp-rank order, e.g. from gang_comm_split with color =
- * pp stage and key = tp rank).
+ * The one forward (gang_tp_layer_forward_batch) takes tensor pointers of the kernels
+ * handle it is given (host pointers for "cpu"); a layer or scratch that lives on one
+ * device handle is refused with GANG_EINVAL when called with another. Communicators carry
+ * host buffers (socket, mpi) or device buffers (nccl): with a device handle and a host
+ * communicator, the collectives are staged through host memory (gang_tp_stage_*, below).
+ * A TP rank copies its shard out of the full Hugging Face weight matrices once
+ * (gang_tp_layer_init); the forward then runs on that shard and all-reduces over the TP
+ * communicator (the ranks of one pipeline stage, in tp-rank order, e.g. from
+ * gang_comm_split with color = pp stage and key = tp rank).
  *
  * Every weight is stored as Hugging Face does, [out_features, in_features] row-major,
  * so y = x . W^T. A column-parallel shard is a band of rows of W (output features),
@@ -315,8 +315,8 @@ typedef struct gang_tp_layer {
  * into *l (which the caller provides; its old contents are ignored). The q/k/v biases,
  * when present, are cut like the rows of their projections (each is independent: a NULL
  * one stays NULL in the shard). rope_theta must be > 0 and norm_eps >= 0. On success
- * the caller releases l with gang_tp_layer_free. The norm weights may be NULL when only
- * the attention and MLP blocks are used (then gang_tp_layer_forward_batch refuses with
+ * the caller releases l with gang_tp_layer_free. The norm weights may be NULL (the shard
+ * is then only good for slicing: gang_tp_layer_forward_batch refuses it with
  * GANG_EINVAL). Returns 0, GANG_EINVAL (NULL argument, tp_rank out of range, bad theta
  * or eps) or GANG_ENOMEM; on error *l is left zeroed and owns nothing.
  */
@@ -350,8 +350,8 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k);
  * st holds the host staging buffer, sized once by its owner so that the serving loop
  * allocates nothing: all_reduce, send and recv need the buffer's bytes, all_gather
  * (1 + size of c) x count elements. st may be NULL or too small: the call then
- * allocates a temporary host buffer (GANG_ENOMEM when that fails), which is what the
- * unbatched forward functions do. Errors are those of the communicator and of k.
+ * allocates a temporary host buffer (GANG_ENOMEM when that fails), which is what
+ * gang_tp_linear_row does. Errors are those of the communicator and of k.
  */
 typedef struct gang_tp_stage {
     void *host;   /* host staging memory, or NULL */
@@ -364,24 +364,14 @@ int gang_tp_stage_all_gather(gang_kernels *k, gang_comm *c, gang_tp_stage *st, c
                              void *recv, size_t count, gang_dtype dt, uint64_t timeout_ms);
 int gang_tp_stage_send(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *buf,
                        size_t bytes, uint32_t peer, uint32_t tag, uint64_t timeout_ms);
-int gang_tp_stage_recv(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf,
-                       size_t bytes, uint32_t peer, uint32_t tag, uint64_t timeout_ms);
-
-/*
- * Sharded MLP block: out [tokens, hidden] = down(silu(gate(x)) * up(x)) for the full
- * x [tokens, hidden] (every rank passes the same x and gets the same out). gate and up
- * are column-parallel over the rank's ffn columns, down is row-parallel over the same
- * rows; one all-reduce. out must not overlap x. Returns 0, GANG_EINVAL, GANG_ENOMEM
- * (scratch of 2 x tokens x ffn_count floats), a kernel error or the communicator's error.
- */
-int gang_tp_mlp_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                        const float *x, size_t tokens, float *out, uint64_t timeout_ms);
+int gang_tp_stage_recv(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf, size_t bytes,
+                       uint32_t peer, uint32_t tag, uint64_t timeout_ms);
 
 /*
  * This rank's key/value cache of one layer: rows of [cap, kv_head_count, head_dim] for
  * positions 0 .. cap-1, holding only the kv heads of the rank's shard (a replicated kv
- * head is cached by every rank that holds it). The caller owns the arrays; the attention
- * block writes the rows of the tokens it processes and reads the earlier ones.
+ * head is cached by every rank that holds it). The caller owns the arrays; the layer
+ * forward writes the rows of the tokens it processes and reads the earlier ones.
  */
 typedef struct gang_tp_kv_cache {
     float *k;   /* [cap, kv_head_count, head_dim] */
@@ -390,46 +380,29 @@ typedef struct gang_tp_kv_cache {
 } gang_tp_kv_cache;
 
 /*
- * Sharded attention block: for x [tokens, hidden] at absolute positions
- * pos0 .. pos0 + tokens - 1, projects this rank's query heads and kv heads
- * (column-parallel), adds the q/k/v biases the layer has (Qwen2), applies RoPE, stores
- * the new keys and values in cache rows pos0 .. pos0 + tokens - 1, runs causal GQA
- * attention over cache rows 0 .. pos0 + tokens - 1, and applies o_proj row-parallel over
- * the rank's query heads; one all-reduce. Prefill is tokens > 1 at pos0 = 0, decode is
- * tokens == 1 at pos0 > 0; any mix is allowed as long as rows 0 .. pos0 - 1 were filled
- * by earlier calls. out [tokens, hidden] must not overlap x or the cache. Returns 0,
- * GANG_EINVAL (NULL pointer, zero tokens, pos0 + tokens > cache->cap or > INT32_MAX),
- * GANG_ENOMEM, a kernel error or the communicator's error; on a communicator error the
- * cache rows of these tokens are written but out is garbage.
- */
-int gang_tp_attention_forward(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                              const float *x, size_t tokens, size_t pos0,
-                              gang_tp_kv_cache *cache, float *out, uint64_t timeout_ms);
-
-/*
  * Caller-provided scratch of the batched forward below, sized once for a layer shape
  * and a token bound, so that a serving step loop allocates nothing. One per driving
  * thread; every layer of a stage has the same shard shape, so one serves them all.
  */
 typedef struct gang_tp_scratch {
-    gang_kernels *mem; /* handle whose tensor memory holds the float arrays and positions,
-                          NULL: host malloc */
-    size_t max_tokens; /* tokens one call may pass (sum over its sequences) */
-    size_t hidden;     /* the shape it was sized for */
-    size_t q_cols;     /* head_count x head_dim */
-    size_t kv_cols;    /* kv_head_count x head_dim */
-    size_t ffn_cols;   /* ffn_count */
-    float *normed;     /* [max_tokens, hidden] */
-    float *delta;      /* [max_tokens, hidden] */
-    float *q;          /* [max_tokens, q_cols] */
-    float *k;          /* [max_tokens, kv_cols] */
-    float *v;          /* [max_tokens, kv_cols] */
-    float *gate;       /* [max_tokens, ffn_cols] */
-    float *up;         /* [max_tokens, ffn_cols] */
-    int32_t *positions; /* [max_tokens] tensor memory: RoPE positions of the call */
-    int32_t *pos_host;  /* [2 x max_tokens] host: the call's positions, then a copy of
-                           what positions holds */
-    size_t pos_valid;   /* entries of positions that copy describes (0: none) */
+    gang_kernels *mem;   /* handle whose tensor memory holds the float arrays and positions,
+                            NULL: host malloc */
+    size_t max_tokens;   /* tokens one call may pass (sum over its sequences) */
+    size_t hidden;       /* the shape it was sized for */
+    size_t q_cols;       /* head_count x head_dim */
+    size_t kv_cols;      /* kv_head_count x head_dim */
+    size_t ffn_cols;     /* ffn_count */
+    float *normed;       /* [max_tokens, hidden] */
+    float *delta;        /* [max_tokens, hidden] */
+    float *q;            /* [max_tokens, q_cols] */
+    float *k;            /* [max_tokens, kv_cols] */
+    float *v;            /* [max_tokens, kv_cols] */
+    float *gate;         /* [max_tokens, ffn_cols] */
+    float *up;           /* [max_tokens, ffn_cols] */
+    int32_t *positions;  /* [max_tokens] tensor memory: RoPE positions of the call */
+    int32_t *pos_host;   /* [2 x max_tokens] host: the call's positions, then a copy of
+                            what positions holds */
+    size_t pos_valid;    /* entries of positions that copy describes (0: none) */
     gang_tp_stage stage; /* host staging of the all-reduces (device handles only) */
 } gang_tp_scratch;
 
@@ -465,13 +438,15 @@ void gang_tp_scratch_free(gang_tp_scratch *s);
  * positions, and only the cache writes and the attention run per sequence: two
  * all-reduces per call, whatever n_seq. In place on x; scratch s must have been
  * sized for this layer's shape and at least the total token count. Returns 0;
- * GANG_EINVAL (NULL pointer, n_seq 0, an empty sequence, a sequence beyond its cache,
- * too many tokens for s, a scratch or communicator that does not match the layer, no
- * norm weights); a kernel error; the communicator's error as is (x is then garbage and
- * the cache rows of these tokens may be written).
+ * GANG_EINVAL (NULL pointer, n_seq 0, timeout_ms 0, an empty sequence, a sequence beyond
+ * its cache, too many tokens for s, a scratch or communicator that does not match the
+ * layer, a layer or scratch in the memory of another handle, no norm weights); a kernel
+ * error; GANG_ETIMEDOUT when timeout_ms has passed before the MLP's all-reduce; the
+ * communicator's error as is (x is then garbage and the cache rows of these tokens may
+ * be written).
  */
-int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
-                                float *x, uint32_t n_seq, const uint32_t *seq_tokens,
+int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
+                                uint32_t n_seq, const uint32_t *seq_tokens,
                                 const uint32_t *seq_pos0, gang_tp_kv_cache *const *caches,
                                 gang_tp_scratch *s, uint64_t timeout_ms);
 

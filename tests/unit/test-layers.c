@@ -1,10 +1,14 @@
 /*
- * Tests of the tensor-parallel layers (parallel/tp-layers.c): for TP = 1, 2 and 4, with
- * the ranks as threads over the socket backend, every rank's output of the MLP block,
- * the attention block and the whole decoder layer (prefill, then decode steps at
- * pos0 > 0) equals the single-rank forward on the full weights; the single-rank MLP
- * itself equals a naive loop. GQA is covered with kv heads split (n_kv_heads >= tp) and
- * replicated (n_kv_heads < tp). A gang abort during a layer returns GANG_EABORTED.
+ * Tests of the tensor-parallel layer (parallel/tp-layers.c) through its one forward,
+ * gang_tp_layer_forward_batch (one sequence is a batch of one): for TP = 1, 2 and 4, with
+ * the ranks as threads over the socket backend, every rank's output of the whole decoder
+ * layer (prefill, decode steps at pos0 > 0, and a batch of two sequences) equals the
+ * single-rank forward on the full weights; the single-rank MLP block (isolated by a zero
+ * o_proj) equals a naive loop. GQA is covered with kv heads split (n_kv_heads >= tp) and
+ * replicated (n_kv_heads < tp), the Qwen2 q/k/v biases split and replicated likewise.
+ * Refusals: bad arguments, a layer, cache or scratch that does not fit the call, a
+ * communicator that does not match the layer, a layer or scratch in the memory of
+ * another handle. A gang abort during a layer returns GANG_EABORTED.
  */
 #include <math.h>
 #include <pthread.h>
@@ -45,6 +49,7 @@
 typedef struct model {
     uint32_t n_kv_heads;
     float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
+    float *bq, *bk, *bv;          /* Qwen2 q/k/v biases, or NULL */
     float x[PREFILL * HIDDEN];    /* prefill input */
     float x_dec[DECODES][HIDDEN]; /* decode inputs */
     gang_layer_weights w;
@@ -52,11 +57,10 @@ typedef struct model {
 
 /* What one rank computes; compared against the tp = 1 outputs on the main thread. */
 typedef struct outputs {
-    float mlp[PREFILL * HIDDEN];      /* MLP block on x */
-    float attn[PREFILL * HIDDEN];     /* attention block, prefill */
-    float attn_dec[DECODES][HIDDEN];  /* attention block, decode steps */
-    float layer[PREFILL * HIDDEN];    /* whole layer, prefill */
-    float layer_dec[DECODES][HIDDEN]; /* whole layer, decode steps */
+    float layer[PREFILL * HIDDEN];             /* whole layer, prefill */
+    float layer_dec[DECODES][HIDDEN];          /* whole layer, decode steps */
+    float pair[DECODES * HIDDEN];              /* x_dec as one sequence at positions 0, 1 */
+    float batch[(PREFILL + DECODES) * HIDDEN]; /* one batch: the prefill and that pair */
 } outputs;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -79,7 +83,8 @@ static float *rnd_matrix(size_t rows, size_t cols, float scale)
     return m;
 }
 
-static void model_init(model *m, uint32_t n_kv_heads)
+/* A random model; with_bias adds q/k/v biases large enough to move the output. */
+static void model_init(model *m, uint32_t n_kv_heads, int with_bias)
 {
     size_t kv_dim = (size_t)n_kv_heads * HEAD_DIM, i;
     float s_h = 1.0f / sqrtf((float)HIDDEN), s_f = 1.0f / sqrtf((float)FFN);
@@ -100,6 +105,11 @@ static void model_init(model *m, uint32_t n_kv_heads)
     m->w_gate = rnd_matrix(FFN, HIDDEN, 2.0f * s_h);
     m->w_up = rnd_matrix(FFN, HIDDEN, s_h);
     m->w_down = rnd_matrix(HIDDEN, FFN, s_f);
+    if (with_bias) {
+        m->bq = rnd_matrix(1, HIDDEN, 0.5f);
+        m->bk = rnd_matrix(1, kv_dim, 0.5f);
+        m->bv = rnd_matrix(1, kv_dim, 0.5f);
+    }
     for (i = 0; i < PREFILL * HIDDEN; i++)
         m->x[i] = rnd();
     for (i = 0; i < DECODES * HIDDEN; i++)
@@ -112,7 +122,10 @@ static void model_init(model *m, uint32_t n_kv_heads)
                                 .mlp_norm = m->mlp_norm,
                                 .w_gate = m->w_gate,
                                 .w_up = m->w_up,
-                                .w_down = m->w_down};
+                                .w_down = m->w_down,
+                                .bq = m->bq,
+                                .bk = m->bk,
+                                .bv = m->bv};
 }
 
 static void model_free(model *m)
@@ -126,6 +139,9 @@ static void model_free(model *m)
     free(m->w_gate);
     free(m->w_up);
     free(m->w_down);
+    free(m->bq);
+    free(m->bk);
+    free(m->bv);
 }
 
 static int topology_for(uint32_t tp, uint32_t n_kv_heads, gang_topology *t)
@@ -167,17 +183,66 @@ static int layer_forward_one(const gang_tp_layer *l, gang_kernels *k, gang_comm 
     return rc;
 }
 
+/* Zeroed cache arrays for CACHE_CAP positions of kv_row floats. Returns 0 or GANG_ENOMEM. */
+static int cache_alloc(gang_tp_kv_cache *c, size_t kv_row)
+{
+    c->cap = CACHE_CAP;
+    c->k = calloc(CACHE_CAP * kv_row, sizeof(float));
+    c->v = calloc(CACHE_CAP * kv_row, sizeof(float));
+    return c->k == NULL || c->v == NULL ? GANG_ENOMEM : 0;
+}
+
+static void cache_free(gang_tp_kv_cache *c)
+{
+    free(c->k);
+    free(c->v);
+    memset(c, 0, sizeof(*c));
+}
+
 /*
- * Runs every block of one rank: the MLP on x, the attention block over a prefill and
- * the decode steps (its own cache), and the whole layer likewise (a second cache, since
- * the layer feeds the attention a normed input). Returns 0 or the first error.
+ * One batch of two sequences on fresh caches: the prefill x at positions 0 .. PREFILL - 1
+ * next to the pair x_dec at positions 0, 1, so that the cache rows are copied from the
+ * scratch (a batch of one writes them in place) and both all-reduces carry both.
+ */
+static int batch_forward(const model *m, const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
+                         size_t kv_row, float *out)
+{
+    const uint32_t tokens[2] = {PREFILL, DECODES}, pos0[2] = {0, 0};
+    gang_tp_kv_cache ca = {0}, cb = {0};
+    gang_tp_kv_cache *caches[2] = {&ca, &cb};
+    gang_tp_scratch s;
+    int rc;
+
+    memset(&s, 0, sizeof(s));
+    rc = cache_alloc(&ca, kv_row);
+    if (rc == 0)
+        rc = cache_alloc(&cb, kv_row);
+    if (rc == 0)
+        rc = gang_tp_scratch_init(&s, l, PREFILL + DECODES);
+    if (rc != 0)
+        goto out;
+    memcpy(out, m->x, sizeof(m->x));
+    memcpy(out + PREFILL * HIDDEN, m->x_dec, sizeof(m->x_dec));
+    rc = gang_tp_layer_forward_batch(l, k, comm, out, 2, tokens, pos0, caches, &s, OP_TIMEOUT_MS);
+
+out:
+    gang_tp_scratch_free(&s);
+    cache_free(&ca);
+    cache_free(&cb);
+    return rc;
+}
+
+/*
+ * Runs the layer of one rank: a prefill then the decode steps of one sequence (batches
+ * of one on one cache), the pair x_dec alone (a batch of one on a fresh cache), then the
+ * batch of two of batch_forward. Returns 0 or the first error.
  */
 static int rank_forward(const model *m, uint32_t tp, uint32_t tp_rank, gang_comm *comm, outputs *o)
 {
     gang_topology t;
     gang_tp_layer l;
     gang_kernels *k = NULL;
-    gang_tp_kv_cache ca = {0}, cl = {0};
+    gang_tp_kv_cache cl = {0}, cp = {0};
     size_t kv_row, d;
     int rc;
 
@@ -192,42 +257,31 @@ static int rank_forward(const model *m, uint32_t tp, uint32_t tp_rank, gang_comm
     if (rc != 0)
         goto out;
     kv_row = (size_t)l.shard.kv_head_count * HEAD_DIM;
-    ca.cap = cl.cap = CACHE_CAP;
-    ca.k = calloc(CACHE_CAP * kv_row, sizeof(float));
-    ca.v = calloc(CACHE_CAP * kv_row, sizeof(float));
-    cl.k = calloc(CACHE_CAP * kv_row, sizeof(float));
-    cl.v = calloc(CACHE_CAP * kv_row, sizeof(float));
-    if (ca.k == NULL || ca.v == NULL || cl.k == NULL || cl.v == NULL) {
-        rc = GANG_ENOMEM;
+    rc = cache_alloc(&cl, kv_row);
+    if (rc == 0)
+        rc = cache_alloc(&cp, kv_row);
+    if (rc != 0)
         goto out;
-    }
 
-    rc = gang_tp_mlp_forward(&l, k, comm, m->x, PREFILL, o->mlp, OP_TIMEOUT_MS);
-    if (rc != 0)
-        goto out;
-    rc = gang_tp_attention_forward(&l, k, comm, m->x, PREFILL, 0, &ca, o->attn, OP_TIMEOUT_MS);
-    if (rc != 0)
-        goto out;
     memcpy(o->layer, m->x, sizeof(o->layer));
     rc = layer_forward_one(&l, k, comm, o->layer, PREFILL, 0, &cl, OP_TIMEOUT_MS);
     if (rc != 0)
         goto out;
     for (d = 0; d < DECODES; d++) {
-        rc = gang_tp_attention_forward(&l, k, comm, m->x_dec[d], 1, PREFILL + d, &ca,
-                                       o->attn_dec[d], OP_TIMEOUT_MS);
-        if (rc != 0)
-            goto out;
         memcpy(o->layer_dec[d], m->x_dec[d], sizeof(o->layer_dec[d]));
         rc = layer_forward_one(&l, k, comm, o->layer_dec[d], 1, PREFILL + d, &cl, OP_TIMEOUT_MS);
         if (rc != 0)
             goto out;
     }
+    memcpy(o->pair, m->x_dec, sizeof(o->pair));
+    rc = layer_forward_one(&l, k, comm, o->pair, DECODES, 0, &cp, OP_TIMEOUT_MS);
+    if (rc != 0)
+        goto out;
+    rc = batch_forward(m, &l, k, comm, kv_row, o->batch);
 
 out:
-    free(ca.k);
-    free(ca.v);
-    free(cl.k);
-    free(cl.v);
+    cache_free(&cl);
+    cache_free(&cp);
     gang_tp_layer_free(&l);
     gang_kernels_close(k);
     return rc;
@@ -396,71 +450,298 @@ static void test_slices(void **state)
     assert_int_equal(gang_tp_slice_cols(src, 3, 4, 0, 0, dst), GANG_EINVAL);
 }
 
-/* Argument checks: a communicator is required for tp > 1, a cache must be large enough. */
-static void test_invalid(void **state)
+/* out [tokens, HIDDEN] = rmsnorm(x) * w, in double as the naive MLP. */
+static void naive_rmsnorm(const float *x, const float *w, size_t tokens, float *out)
+{
+    size_t t, i;
+
+    for (t = 0; t < tokens; t++) {
+        double ss = 0.0, inv;
+
+        for (i = 0; i < HIDDEN; i++)
+            ss += (double)x[t * HIDDEN + i] * x[t * HIDDEN + i];
+        inv = 1.0 / sqrt(ss / HIDDEN + NORM_EPS);
+        for (i = 0; i < HIDDEN; i++)
+            out[t * HIDDEN + i] = (float)(x[t * HIDDEN + i] * inv * w[i]);
+    }
+}
+
+/*
+ * The MLP block against the naive loop, through the one forward: with o_proj zero the
+ * attention adds nothing, so the single-rank layer gives x + mlp(rmsnorm(x, mlp_norm)).
+ */
+static void check_mlp_naive(const model *m)
+{
+    float *wo0 = calloc((size_t)HIDDEN * HIDDEN, sizeof(float));
+    float normed[PREFILL * HIDDEN], naive[PREFILL * HIDDEN], got[PREFILL * HIDDEN];
+    gang_layer_weights w = m->w;
+    gang_tp_kv_cache cache = {0};
+    gang_kernels *k = NULL;
+    gang_topology t;
+    gang_tp_layer l;
+    size_t i;
+
+    assert_non_null(wo0);
+    w.wo = wo0;
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(topology_for(1, m->n_kv_heads, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(cache_alloc(&cache, (size_t)m->n_kv_heads * HEAD_DIM), 0);
+    memcpy(got, m->x, sizeof(got));
+    assert_int_equal(layer_forward_one(&l, k, NULL, got, PREFILL, 0, &cache, OP_TIMEOUT_MS), 0);
+    naive_rmsnorm(m->x, m->mlp_norm, PREFILL, normed);
+    naive_mlp(m, normed, PREFILL, naive);
+    for (i = 0; i < PREFILL * HIDDEN; i++)
+        naive[i] += m->x[i];
+    assert_close("mlp vs naive", got, naive, PREFILL * HIDDEN, 1, 0, m->n_kv_heads);
+    cache_free(&cache);
+    gang_tp_layer_free(&l);
+    gang_kernels_close(k);
+    free(wo0);
+}
+
+/* Layer init refuses bad arguments; a NULL layer is ignored by free. */
+static void test_init_invalid(void **state)
 {
     model m;
     gang_topology t;
     gang_tp_layer l;
-    gang_kernels *k = NULL;
-    gang_tp_kv_cache cache = {0};
-    float out[PREFILL * HIDDEN];
     gang_layer_weights w;
 
     (void)state;
-    model_init(&m, 2);
-    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    model_init(&m, 2, 0);
     assert_int_equal(topology_for(2, 2, &t), 0);
     assert_int_equal(gang_tp_layer_init(&l, &t, 2, &m.w, ROPE_THETA, NORM_EPS), GANG_EINVAL);
     assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, 0.0f, NORM_EPS), GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, -1.0f), GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_init(NULL, &t, 0, &m.w, ROPE_THETA, NORM_EPS), GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, NULL, ROPE_THETA, NORM_EPS), GANG_EINVAL);
     w = m.w;
     w.wk = NULL;
     assert_int_equal(gang_tp_layer_init(&l, &t, 0, &w, ROPE_THETA, NORM_EPS), GANG_EINVAL);
     assert_int_equal(gang_tp_layer_init(&l, &t, 1, &m.w, ROPE_THETA, NORM_EPS), 0);
-    /* A NULL communicator on a rank of a 2-way group would skip the reduction. */
-    assert_int_equal(gang_tp_mlp_forward(&l, k, NULL, m.x, PREFILL, out, OP_TIMEOUT_MS),
-                     GANG_EINVAL);
-    gang_tp_layer_free(&l);
-
-    assert_int_equal(topology_for(1, 2, &t), 0);
-    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
-    cache.cap = PREFILL - 1;
-    cache.k = calloc(2 * HEAD_DIM * PREFILL, sizeof(float));
-    cache.v = calloc(2 * HEAD_DIM * PREFILL, sizeof(float));
-    assert_non_null(cache.k);
-    assert_non_null(cache.v);
-    assert_int_equal(
-        gang_tp_attention_forward(&l, k, NULL, m.x, PREFILL, 0, &cache, out, OP_TIMEOUT_MS),
-        GANG_EINVAL);
-    assert_int_equal(gang_tp_attention_forward(&l, k, NULL, m.x, 0, 0, &cache, out, OP_TIMEOUT_MS),
-                     GANG_EINVAL);
-    free(cache.k);
-    free(cache.v);
     gang_tp_layer_free(&l);
     gang_tp_layer_free(NULL);
+    model_free(&m);
+}
+
+/* Scratch init refuses NULL, no tokens and a size that overflows; free takes NULL. */
+static void test_scratch_invalid(void **state)
+{
+    model m;
+    gang_topology t;
+    gang_tp_layer l;
+    gang_tp_scratch s;
+
+    (void)state;
+    model_init(&m, 2, 0);
+    assert_int_equal(topology_for(1, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(gang_tp_scratch_init(NULL, &l, 1), GANG_EINVAL);
+    assert_int_equal(gang_tp_scratch_init(&s, NULL, 1), GANG_EINVAL);
+    assert_int_equal(gang_tp_scratch_init(&s, &l, 0), GANG_EINVAL);
+    assert_int_equal(gang_tp_scratch_init(&s, &l, SIZE_MAX / 8), GANG_EINVAL);
+    assert_null(s.normed);
+    assert_int_equal(gang_tp_scratch_init(&s, &l, 1), 0);
+    gang_tp_scratch_free(&s);
+    gang_tp_scratch_free(NULL);
+    gang_tp_layer_free(&l);
+    model_free(&m);
+}
+
+/* The forward of a single-rank layer on x [PREFILL] at 0 with cache c and scratch s. */
+static int fwd(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
+               gang_tp_kv_cache *c, gang_tp_scratch *s)
+{
+    const uint32_t tokens = PREFILL, pos0 = 0;
+    gang_tp_kv_cache *caches[1] = {c};
+
+    return gang_tp_layer_forward_batch(l, k, comm, x, 1, &tokens, &pos0, caches, s, OP_TIMEOUT_MS);
+}
+
+/*
+ * The forward refuses, before touching x or the cache, every call that does not fit:
+ * NULL arguments, no sequence, no timeout, an empty sequence, a sequence beyond its
+ * cache, a cache without arrays, more tokens than the scratch, a scratch of another
+ * shape or not initialised, a freed layer or one without norms, a missing communicator
+ * for a 2-way layer, a layer in another handle's memory. Each case differs from a call
+ * that succeeds (checked last) in one thing only.
+ */
+static void test_forward_invalid(void **state)
+{
+    const uint32_t one = 1, zero = 0, prefill = PREFILL, far = CACHE_CAP - 1;
+    float x[PREFILL * HIDDEN], x1[HIDDEN];
+    gang_tp_kv_cache c = {0}, bad = {0}, *caches[1];
+    gang_tp_scratch s, small, other, none;
+    gang_tp_layer l, l2, nonorm;
+    gang_layer_weights w;
+    gang_kernels *k = NULL;
+    gang_topology t;
+    model m;
+
+    (void)state;
+    model_init(&m, 2, 1);
+    memcpy(x, m.x, sizeof(x));
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(topology_for(1, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(cache_alloc(&c, 2 * HEAD_DIM), 0);
+    caches[0] = &c;
+    assert_int_equal(gang_tp_scratch_init_on(&s, &l, PREFILL, k), 0);
+    assert_int_equal(gang_tp_scratch_init(&small, &l, PREFILL - 1), 0);
+    memset(&none, 0, sizeof(none));
+
+    /* NULL arguments, no sequence, no timeout, an empty sequence. */
+    assert_int_equal(fwd(NULL, k, NULL, x, &c, &s), GANG_EINVAL);
+    assert_int_equal(fwd(&l, NULL, NULL, x, &c, &s), GANG_EINVAL);
+    assert_int_equal(fwd(&l, k, NULL, NULL, &c, &s), GANG_EINVAL);
+    assert_int_equal(fwd(&l, k, NULL, x, NULL, &s), GANG_EINVAL);
+    assert_int_equal(fwd(&l, k, NULL, x, &c, NULL), GANG_EINVAL);
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x, 1, NULL, &zero, caches, &s, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x, 1, &prefill, NULL, caches, &s, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x, 1, &prefill, &zero, NULL, &s, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x, 0, &prefill, &zero, caches, &s, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_forward_batch(&l, k, NULL, x, 1, &prefill, &zero, caches, &s, 0),
+                     GANG_EINVAL);
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x, 1, &zero, &zero, caches, &s, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+
+    /* The cache: too small, past its end, without arrays. */
+    bad = c;
+    bad.cap = PREFILL - 1;
+    assert_int_equal(fwd(&l, k, NULL, x, &bad, &s), GANG_EINVAL);
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x, 1, &prefill, &far, caches, &s, OP_TIMEOUT_MS),
+        GANG_EINVAL);
+    /* The last row of the cache is still in it. */
+    memcpy(x1, m.x, sizeof(x1));
+    assert_int_equal(
+        gang_tp_layer_forward_batch(&l, k, NULL, x1, 1, &one, &far, caches, &small, OP_TIMEOUT_MS),
+        0);
+    bad = c;
+    bad.v = NULL;
+    assert_int_equal(fwd(&l, k, NULL, x, &bad, &s), GANG_EINVAL);
+
+    /* The scratch: too small, not initialised, of another shard shape. */
+    assert_int_equal(fwd(&l, k, NULL, x, &c, &small), GANG_EINVAL);
+    assert_int_equal(fwd(&l, k, NULL, x, &c, &none), GANG_EINVAL);
+    assert_int_equal(topology_for(2, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l2, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(gang_tp_scratch_init(&other, &l2, PREFILL), 0);
+    assert_int_equal(fwd(&l, k, NULL, x, &c, &other), GANG_EINVAL);
+
+    /* A 2-way layer with no communicator would skip the reductions. */
+    assert_int_equal(fwd(&l2, k, NULL, x, &c, &other), GANG_EINVAL);
+
+    /* A layer without norms, a freed layer. */
+    assert_int_equal(topology_for(1, 2, &t), 0);
+    w = m.w;
+    w.mlp_norm = NULL;
+    assert_int_equal(gang_tp_layer_init(&nonorm, &t, 0, &w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(fwd(&nonorm, k, NULL, x, &c, &s), GANG_EINVAL);
+    gang_tp_layer_free(&nonorm);
+    w = m.w;
+    w.attn_norm = NULL;
+    assert_int_equal(gang_tp_layer_init(&nonorm, &t, 0, &w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(fwd(&nonorm, k, NULL, x, &c, &s), GANG_EINVAL);
+    gang_tp_layer_free(&nonorm);
+    assert_int_equal(fwd(&nonorm, k, NULL, x, &c, &s), GANG_EINVAL);
+
+    /* A layer that says it lives in a handle's device memory, called with a host one. */
+    l.mem = k;
+    assert_int_equal(fwd(&l, k, NULL, x, &c, &s), GANG_EINVAL);
+    l.mem = NULL;
+
+    /* Nothing refused above touched x; the call itself succeeds. */
+    assert_memory_equal(x, m.x, sizeof(x));
+    assert_int_equal(fwd(&l, k, NULL, x, &c, &s), 0);
+    assert_memory_not_equal(x, m.x, sizeof(x));
+
+    gang_tp_scratch_free(&s);
+    gang_tp_scratch_free(&small);
+    gang_tp_scratch_free(&other);
+    gang_tp_layer_free(&l);
+    gang_tp_layer_free(&l2);
+    cache_free(&c);
     gang_kernels_close(k);
     model_free(&m);
 }
 
 /*
- * For one GQA shape: the single-rank forward (comm = NULL) is the reference, its MLP is
- * checked against the naive loop, and TP = 1, 2, 4 over sockets must match it on every
- * rank.
+ * Moving a layer to a host handle leaves it on the host; a layer already in another
+ * handle's memory is refused.
  */
-static void check_equivalence(uint32_t n_kv_heads)
+static void test_to_device_host(void **state)
+{
+    gang_kernels *k = NULL, *k2 = NULL;
+    gang_topology t;
+    gang_tp_layer l;
+    float *wq;
+    model m;
+
+    (void)state;
+    model_init(&m, 2, 0);
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(gang_kernels_open("cpu", &k2), 0);
+    assert_int_equal(topology_for(1, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
+    wq = l.wq;
+    assert_int_equal(gang_tp_layer_to_device(&l, k), 0);
+    assert_null(l.mem);
+    assert_ptr_equal(l.wq, wq);
+    assert_int_equal(gang_tp_layer_to_device(NULL, k), GANG_EINVAL);
+    assert_int_equal(gang_tp_layer_to_device(&l, NULL), GANG_EINVAL);
+    l.mem = k2;
+    assert_int_equal(gang_tp_layer_to_device(&l, k), GANG_EINVAL);
+    l.mem = NULL;
+    gang_tp_layer_free(&l);
+    gang_kernels_close(k2);
+    gang_kernels_close(k);
+    model_free(&m);
+}
+
+/*
+ * For one GQA shape, with or without biases: the single-rank forward (comm = NULL) is
+ * the reference; its MLP is checked against the naive loop, its biases must change the
+ * output, its batch of two must give the prefill the batch of one gave, and TP = 1, 2,
+ * 4 over sockets must match it on every rank.
+ */
+static void check_equivalence(uint32_t n_kv_heads, int with_bias)
 {
     static const uint32_t tps[] = {1, 2, 4};
     static rank_ctx xs[MAX_RANKS];
-    static outputs ref;
-    float naive[PREFILL * HIDDEN];
+    static outputs ref, plain;
     model m;
-    size_t i, d;
+    size_t i, d, b;
     uint32_t r;
 
-    model_init(&m, n_kv_heads);
+    model_init(&m, n_kv_heads, with_bias);
     assert_int_equal(rank_forward(&m, 1, 0, NULL, &ref), 0);
-    naive_mlp(&m, m.x, PREFILL, naive);
-    assert_close("mlp vs naive", ref.mlp, naive, PREFILL * HIDDEN, 1, 0, n_kv_heads);
+    check_mlp_naive(&m);
+    assert_close("batch of two vs one", ref.batch, ref.layer, PREFILL * HIDDEN, 1, 0, n_kv_heads);
+    assert_close("batch of two vs one", ref.batch + PREFILL * HIDDEN, ref.pair, DECODES * HIDDEN, 1,
+                 0, n_kv_heads);
+    /* Each bias must move the output: one left out would pass the comparisons below. */
+    for (b = 0; with_bias && b < 3; b++) {
+        gang_layer_weights w = m.w;
+        const float **drop[3] = {&m.w.bq, &m.w.bk, &m.w.bv};
+
+        *drop[b] = NULL;
+        assert_int_equal(rank_forward(&m, 1, 0, NULL, &plain), 0);
+        m.w = w;
+        if (!(rel_err(plain.layer_dec[DECODES - 1], ref.layer_dec[DECODES - 1], HIDDEN) >
+              100 * REL_TOL))
+            fail_msg("bias %zu does not change the output", b);
+    }
 
     for (i = 0; i < sizeof(tps) / sizeof(tps[0]); i++) {
         run_gang(tps[i], &m, forward_body, NULL, xs);
@@ -470,17 +751,14 @@ static void check_equivalence(uint32_t n_kv_heads)
             if (xs[r].body_rc != 0)
                 fail_msg("tp=%u rank=%u n_kv_heads=%u: %s", tps[i], r, n_kv_heads,
                          gang_err_name(xs[r].body_rc));
-            assert_close("mlp", o->mlp, ref.mlp, PREFILL * HIDDEN, tps[i], r, n_kv_heads);
-            assert_close("attention prefill", o->attn, ref.attn, PREFILL * HIDDEN, tps[i], r,
-                         n_kv_heads);
             assert_close("layer prefill", o->layer, ref.layer, PREFILL * HIDDEN, tps[i], r,
                          n_kv_heads);
-            for (d = 0; d < DECODES; d++) {
-                assert_close("attention decode", o->attn_dec[d], ref.attn_dec[d], HIDDEN, tps[i], r,
-                             n_kv_heads);
+            for (d = 0; d < DECODES; d++)
                 assert_close("layer decode", o->layer_dec[d], ref.layer_dec[d], HIDDEN, tps[i], r,
                              n_kv_heads);
-            }
+            assert_close("pair", o->pair, ref.pair, DECODES * HIDDEN, tps[i], r, n_kv_heads);
+            assert_close("batch of two", o->batch, ref.batch, (PREFILL + DECODES) * HIDDEN, tps[i],
+                         r, n_kv_heads);
         }
     }
     model_free(&m);
@@ -490,21 +768,88 @@ static void check_equivalence(uint32_t n_kv_heads)
 static void test_equivalence_kv_split(void **state)
 {
     (void)state;
-    check_equivalence(8);
+    check_equivalence(8, 0);
 }
 
 /* n_kv_heads = 2: split for tp = 2 (GQA group of 4), replicated twice for tp = 4. */
 static void test_equivalence_kv_gqa2(void **state)
 {
     (void)state;
-    check_equivalence(2);
+    check_equivalence(2, 0);
 }
 
 /* n_kv_heads = 1 (multi-query): replicated on every rank for tp = 2 and 4. */
 static void test_equivalence_kv_mqa(void **state)
 {
     (void)state;
-    check_equivalence(1);
+    check_equivalence(1, 0);
+}
+
+/* Qwen2 biases with n_kv_heads = 2: k/v biases split for tp = 2, replicated for tp = 4. */
+static void test_equivalence_bias(void **state)
+{
+    (void)state;
+    check_equivalence(2, 1);
+}
+
+/* ---------------------------------------------------------------------------------
+ * A communicator that does not match the layer.
+ * --------------------------------------------------------------------------------- */
+
+/*
+ * On a 2-rank communicator: a layer cut for 1 rank (its rank 0), for 4 ranks, or for the
+ * other rank of 2 is refused (it would reduce the wrong partial sums); the layer of this rank then
+ * runs (both ranks reach its all-reduces, so the gang is still in step).
+ */
+static int mismatch_body(rank_ctx *x, gang_comm *c)
+{
+    static const struct {
+        uint32_t tp, rank_xor;
+        int want;
+    } cases[] = {{1, 0, GANG_EINVAL}, {4, 0, GANG_EINVAL}, {2, 1, GANG_EINVAL}, {2, 0, 0}};
+    const model *m = x->run->m;
+    gang_tp_kv_cache cache = {0};
+    float h[PREFILL * HIDDEN];
+    gang_kernels *k = NULL;
+    gang_topology t;
+    gang_tp_layer l;
+    size_t i;
+    int rc;
+
+    rc = gang_kernels_open("cpu", &k);
+    if (rc != 0)
+        return rc;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]) && rc == 0; i++) {
+        rc = topology_for(cases[i].tp, m->n_kv_heads, &t);
+        if (rc == 0)
+            rc = gang_tp_layer_init(&l, &t, cases[i].tp == 1 ? 0 : x->rank ^ cases[i].rank_xor,
+                                    &m->w, ROPE_THETA, NORM_EPS);
+        if (rc != 0)
+            break;
+        rc = cache_alloc(&cache, (size_t)l.shard.kv_head_count * HEAD_DIM);
+        memcpy(h, m->x, sizeof(h));
+        if (rc == 0)
+            rc = layer_forward_one(&l, k, c, h, PREFILL, 0, &cache, OP_TIMEOUT_MS);
+        /* A wrong rc becomes a distinct failure, not a pass. */
+        rc = rc == cases[i].want ? 0 : GANG_EPROTO;
+        cache_free(&cache);
+        gang_tp_layer_free(&l);
+    }
+    gang_kernels_close(k);
+    return rc;
+}
+
+static void test_comm_mismatch(void **state)
+{
+    static rank_ctx xs[MAX_RANKS];
+    model m;
+
+    (void)state;
+    model_init(&m, 2, 0);
+    run_gang(2, &m, mismatch_body, NULL, xs);
+    assert_int_equal(xs[0].body_rc, 0);
+    assert_int_equal(xs[1].body_rc, 0);
+    model_free(&m);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -582,7 +927,7 @@ static void test_abort_during_layer(void **state)
     model m;
 
     (void)state;
-    model_init(&m, 2);
+    model_init(&m, 2, 0);
     atomic_store(&release_idle, 0);
     run_gang(2, &m, abort_body, abort_controller, xs);
     assert_int_equal(xs[0].body_rc, GANG_EABORTED);
@@ -595,10 +940,15 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slices),
-        cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_init_invalid),
+        cmocka_unit_test(test_scratch_invalid),
+        cmocka_unit_test(test_forward_invalid),
+        cmocka_unit_test(test_to_device_host),
         cmocka_unit_test(test_equivalence_kv_split),
         cmocka_unit_test(test_equivalence_kv_gqa2),
         cmocka_unit_test(test_equivalence_kv_mqa),
+        cmocka_unit_test(test_equivalence_bias),
+        cmocka_unit_test(test_comm_mismatch),
         cmocka_unit_test(test_abort_during_layer),
     };
 
