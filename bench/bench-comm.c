@@ -56,16 +56,16 @@
 
 /* Command-line options and the size schedule derived from them. */
 typedef struct bc_opts {
-    int64_t ranks;                 /* world size */
-    char backend_name[16];         /* --backend: socket or mpi */
-    gang_comm_backend backend;     /* from backend_name */
-    int64_t max_bytes;             /* largest message */
-    int64_t timeout_s;             /* deadline of the ganglion run and of the peer run */
-    int no_peer;                   /* skip mpirun mpi-allreduce */
-    int nsizes;                    /* entries of the three arrays below */
-    size_t bytes[BC_MAX_SIZES];    /* message sizes, multiples of 4 */
-    int iters[BC_MAX_SIZES];       /* timed iterations per size */
-    int warmup[BC_MAX_SIZES];      /* untimed iterations per size */
+    int64_t ranks;              /* world size */
+    char backend_name[16];      /* --backend: socket or mpi */
+    gang_comm_backend backend;  /* from backend_name */
+    int64_t max_bytes;          /* largest message */
+    int64_t timeout_s;          /* deadline of the ganglion run and of the peer run */
+    int no_peer;                /* skip mpirun mpi-allreduce */
+    int nsizes;                 /* entries of the three arrays below */
+    size_t bytes[BC_MAX_SIZES]; /* message sizes, multiples of 4 */
+    int iters[BC_MAX_SIZES];    /* timed iterations per size */
+    int warmup[BC_MAX_SIZES];   /* untimed iterations per size */
 } bc_opts;
 
 /* Per-size results across ranks, in microseconds per call. */
@@ -193,8 +193,7 @@ static void bc_sink_line(bc_sink *k, const char *line)
     if (s >= 0 && k->times != NULL) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rank");
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "time_us");
-        if (cJSON_IsNumber(r) && cJSON_IsNumber(t) && r->valueint >= 0 &&
-            r->valueint < k->o->ranks)
+        if (cJSON_IsNumber(r) && cJSON_IsNumber(t) && r->valueint >= 0 && r->valueint < k->o->ranks)
             k->times[(size_t)r->valueint * (size_t)k->o->nsizes + (size_t)s] = t->valuedouble;
     } else if (s >= 0) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "time_us_avg");
@@ -386,8 +385,7 @@ out_reap:
         close(fds[1]);
     bc_times_to_stats(o, times, st);
     if (rc == 0 && (failed > 0 || k.error[0] != '\0')) {
-        snprintf(why, whycap, "%d rank(s) failed%s%s", failed, k.error[0] ? ": " : "",
-                 k.error);
+        snprintf(why, whycap, "%d rank(s) failed%s%s", failed, k.error[0] ? ": " : "", k.error);
         rc = GANG_EPEER;
     }
 out_listener:
@@ -493,8 +491,7 @@ static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *p
     argv[n++] = "--warmup";
     argv[n++] = warm;
     argv[n] = NULL;
-    return bc_run_mpirun(argv, k, gang_now_ms() + (uint64_t)o->timeout_s * 1000u, why,
-                         whycap);
+    return bc_run_mpirun(argv, k, gang_now_ms() + (uint64_t)o->timeout_s * 1000u, why, whycap);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -507,9 +504,11 @@ typedef struct bc_rank_opts {
     char sizes[512], iters[512], warmup[512];
 } bc_rank_opts;
 
-#define BC_RSTR(f_, fld, hp)                                                               \
-    {.flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                             \
-     .offset = offsetof(bc_rank_opts, fld), .str_cap = sizeof(((bc_rank_opts *)0)->fld)}
+#define BC_RSTR(f_, fld, hp)                                                                       \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                                 \
+        .offset = offsetof(bc_rank_opts, fld), .str_cap = sizeof(((bc_rank_opts *)0)->fld)         \
+    }
 static const gang_param_info bc_rank_items[] = {
     BC_RSTR("backend", backend, "must be mpi"),
     BC_RSTR("sizes", sizes, "message sizes in bytes, comma-separated"),
@@ -592,18 +591,39 @@ int gang_bench_allreduce_rank_main(int argc, char **argv)
  * --------------------------------------------------------------------------------- */
 
 static const gang_param_info bc_items[] = {
-    {.flag = "ranks", .type = GANG_PARAM_INT, .def = "2", .lo = 2, .hi = 64,
-     .help = "world size", .offset = offsetof(bc_opts, ranks)},
-    {.flag = "backend", .type = GANG_PARAM_STR, .def = "socket", .help = "socket or mpi",
-     .offset = offsetof(bc_opts, backend_name), .str_cap = sizeof(((bc_opts *)0)->backend_name)},
-    {.flag = "max-bytes", .type = GANG_PARAM_INT, .def = "67108864", .lo = (int64_t)BC_MIN_BYTES,
-     .hi = (int64_t)BC_MAX_BYTES * 4, .help = "largest message (4 KiB, x4, up to this)",
+    {.flag = "ranks",
+     .type = GANG_PARAM_INT,
+     .def = "2",
+     .lo = 2,
+     .hi = 64,
+     .help = "world size",
+     .offset = offsetof(bc_opts, ranks)},
+    {.flag = "backend",
+     .type = GANG_PARAM_STR,
+     .def = "socket",
+     .help = "socket or mpi",
+     .offset = offsetof(bc_opts, backend_name),
+     .str_cap = sizeof(((bc_opts *)0)->backend_name)},
+    {.flag = "max-bytes",
+     .type = GANG_PARAM_INT,
+     .def = "67108864",
+     .lo = (int64_t)BC_MIN_BYTES,
+     .hi = (int64_t)BC_MAX_BYTES * 4,
+     .help = "largest message (4 KiB, x4, up to this)",
      .offset = offsetof(bc_opts, max_bytes)},
-    {.flag = "timeout-s", .type = GANG_PARAM_INT, .def = "300", .lo = 1, .hi = 86400,
+    {.flag = "timeout-s",
+     .type = GANG_PARAM_INT,
+     .def = "300",
+     .lo = 1,
+     .hi = 86400,
      .help = "deadline of the ganglion run and of the peer run",
      .offset = offsetof(bc_opts, timeout_s)},
-    {.flag = "no-peer", .type = GANG_PARAM_BOOL, .def = "0", .hi = 1,
-     .help = "skip the peer (mpirun mpi-allreduce)", .offset = offsetof(bc_opts, no_peer)},
+    {.flag = "no-peer",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "skip the peer (mpirun mpi-allreduce)",
+     .offset = offsetof(bc_opts, no_peer)},
 };
 static const gang_opt_table bc_table = {bc_items, sizeof(bc_items) / sizeof(bc_items[0])};
 static const gang_opt_cmd bc_cmd = {
@@ -650,8 +670,7 @@ static void bc_add_stats(cJSON *obj, const char *prefix, const bc_stats *st, siz
 }
 
 /* The ganglion run on o's backend: per-size stats in g. Returns 0 or a GANG_E* code. */
-static int bc_run_ganglion(const bc_opts *o, const char *exe, bc_stats *g, char *why,
-                           size_t whycap)
+static int bc_run_ganglion(const bc_opts *o, const char *exe, bc_stats *g, char *why, size_t whycap)
 {
     if (o->backend == GANG_COMM_SOCKET)
         return bc_run_socket(o, g, why, whycap);
@@ -670,9 +689,8 @@ static int bc_run_ganglion(const bc_opts *o, const char *exe, bc_stats *g, char 
 }
 
 /* One line per size: ganglion's stats, the peer's, and their ratio (collected). */
-static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m,
-                          const char *why, const char *peer_why, int prc, double *ratios,
-                          int *nratios)
+static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m, const char *why,
+                          const char *peer_why, int prc, double *ratios, int *nratios)
 {
     const char *bname = gang_comm_backend_name(o->backend);
 
@@ -704,8 +722,7 @@ static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m
 }
 
 /* The summary line: the median ratio over sizes >= 1 MiB against the target. */
-static void bc_emit_summary(const bc_opts *o, double *ratios, int nratios, int rc,
-                            const char *why)
+static void bc_emit_summary(const bc_opts *o, double *ratios, int nratios, int rc, const char *why)
 {
     cJSON *sum = gang_report_new("allreduce");
 
@@ -758,8 +775,8 @@ int gang_bench_allreduce_main(int argc, char **argv)
     if (strrchr(dir, '/') != NULL)
         *strrchr(dir, '/') = '\0';
 
-    gang_info("bench allreduce: backend %s, %lld ranks, %d sizes up to %lld bytes",
-              o.backend_name, (long long)o.ranks, o.nsizes, (long long)o.max_bytes);
+    gang_info("bench allreduce: backend %s, %lld ranks, %d sizes up to %lld bytes", o.backend_name,
+              (long long)o.ranks, o.nsizes, (long long)o.max_bytes);
     rc = bc_run_ganglion(&o, exe, g, why, sizeof why);
     if (rc != 0)
         gang_error("bench allreduce: ganglion %s run failed: %s (%s)", o.backend_name, why,

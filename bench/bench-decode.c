@@ -106,19 +106,19 @@ typedef struct bd_rank {
  * The flags: name, field, CPU default, CUDA default (--device cuda: the Llama-3.2-1B
  * shape, vocab 32000 rather than 128256, see the file comment), bounds, help.
  */
-#define BD_INT_FLAGS(X)                                                                    \
-    X("layers", layers, 4, 16, 1, 256, "decoder layers")                                    \
-    X("hidden", hidden, 256, 2048, 8, 16384, "hidden size")                                 \
-    X("heads", heads, 8, 32, 1, 256, "attention heads")                                     \
-    X("kv-heads", kv_heads, 4, 8, 1, 256, "key/value heads")                                \
-    X("ffn", ffn, 512, 8192, 2, 65536, "MLP size")                                          \
-    X("vocab", vocab, 2048, 32000, 2, 1 << 20, "vocabulary")                                \
-    X("prompt", prompt, 32, 32, 1, 8192, "prompt tokens per request")                       \
-    X("tokens", tokens, 16, 64, 2, 8192, "new tokens per request")                          \
-    X("microbatches", microbatches, 1, 1, 1, 256, "pipeline microbatches")                  \
-    X("iters", iters, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                  \
-    X("warmup", warmup, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                  \
-    X("timeout-s", timeout_s, 120, 120, 1, 86400, "deadline of every engine step")          \
+#define BD_INT_FLAGS(X)                                                                            \
+    X("layers", layers, 4, 16, 1, 256, "decoder layers")                                           \
+    X("hidden", hidden, 256, 2048, 8, 16384, "hidden size")                                        \
+    X("heads", heads, 8, 32, 1, 256, "attention heads")                                            \
+    X("kv-heads", kv_heads, 4, 8, 1, 256, "key/value heads")                                       \
+    X("ffn", ffn, 512, 8192, 2, 65536, "MLP size")                                                 \
+    X("vocab", vocab, 2048, 32000, 2, 1 << 20, "vocabulary")                                       \
+    X("prompt", prompt, 32, 32, 1, 8192, "prompt tokens per request")                              \
+    X("tokens", tokens, 16, 64, 2, 8192, "new tokens per request")                                 \
+    X("microbatches", microbatches, 1, 1, 1, 256, "pipeline microbatches")                         \
+    X("iters", iters, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                         \
+    X("warmup", warmup, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                         \
+    X("timeout-s", timeout_s, 120, 120, 1, 86400, "deadline of every engine step")                 \
     X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 256, 1 << 22, "cuda: each rank's pool")
 
 /* The command line; INT fields as the option tables hold them. */
@@ -130,20 +130,29 @@ typedef struct bd_flags {
     char device[8];
 } bd_flags;
 
-#define BD_ITEM(f_, fld, d, l, h, hp)                                                      \
-    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
+#define BD_ITEM(f_, fld, d, l, h, hp)                                                              \
+    {.flag = f_,                                                                                   \
+     .type = GANG_PARAM_INT,                                                                       \
+     .def = #d,                                                                                    \
+     .lo = l,                                                                                      \
+     .hi = h,                                                                                      \
+     .help = hp,                                                                                   \
      .offset = offsetof(bd_flags, fld)},
 #define BD_CPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
 #define BD_GPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
-#define BD_STR(f_, fld, d, hp)                                                             \
-    {.flag = f_, .type = GANG_PARAM_STR, .def = d, .help = hp,                              \
-     .offset = offsetof(bd_flags, fld), .str_cap = sizeof(((bd_flags *)0)->fld)},
+#define BD_STR(f_, fld, d, hp)                                                                     \
+    {.flag = f_,                                                                                   \
+     .type = GANG_PARAM_STR,                                                                       \
+     .def = d,                                                                                     \
+     .help = hp,                                                                                   \
+     .offset = offsetof(bd_flags, fld),                                                            \
+     .str_cap = sizeof(((bd_flags *)0)->fld)},
 static const gang_param_info bd_cpu_items[] = {
     BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
-    BD_STR("device", device, "cpu", "cpu or cuda (cuda: the Llama-3.2-1B shape, see above)")};
+        BD_STR("device", device, "cpu", "cpu or cuda (cuda: the Llama-3.2-1B shape, see above)")};
 static const gang_param_info bd_gpu_items[] = {
     BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
-    BD_STR("device", device, "cpu", "cpu or cuda")};
+        BD_STR("device", device, "cpu", "cpu or cuda")};
 static const gang_opt_table bd_cpu_table = {bd_cpu_items,
                                             sizeof(bd_cpu_items) / sizeof(bd_cpu_items[0])};
 static const gang_opt_table bd_gpu_table = {bd_gpu_items,
@@ -181,8 +190,10 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     }
     int nb = gang_parse_i64_list(f.batch, 1, 256, b, BD_MAX_BATCHES);
     if (nb <= 0)
-        return gang_opts_usage_error(&bd_cmd, "--batch: '%s' is not a list of 1 to %d sizes "
-                                     "in [1, 256]", f.batch, BD_MAX_BATCHES);
+        return gang_opts_usage_error(&bd_cmd,
+                                     "--batch: '%s' is not a list of 1 to %d sizes "
+                                     "in [1, 256]",
+                                     f.batch, BD_MAX_BATCHES);
     for (int i = 0; i < nb; i++)
         o->batches[i] = (uint32_t)b[i];
     o->n_batches = (uint32_t)nb;
@@ -631,7 +642,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     cJSON_AddNumberToObject(line, "tp", r->tp);
     cJSON_AddNumberToObject(line, "pp", r->pp);
     cJSON_AddNumberToObject(line, "batch", batch);
-    cJSON_AddNumberToObject(line, "microbatches", o->microbatches < batch ? o->microbatches : batch);
+    cJSON_AddNumberToObject(line, "microbatches",
+                            o->microbatches < batch ? o->microbatches : batch);
     cJSON_AddNumberToObject(line, "layers", o->layers);
     cJSON_AddNumberToObject(line, "hidden", o->hidden);
     cJSON_AddNumberToObject(line, "prompt", o->prompt);
@@ -655,18 +667,20 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
         cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
         cJSON_AddNumberToObject(line, "roofline_tok_s", gang_report_round(roof, 1));
-        cJSON_AddNumberToObject(line, "roofline_ratio", gang_report_round(res->decode_tps / roof, 3));
+        cJSON_AddNumberToObject(line, "roofline_ratio",
+                                gang_report_round(res->decode_tps / roof, 3));
         res->roofline_ratio = res->decode_tps / roof;
     }
     if (base != NULL) {
         cJSON_AddNumberToObject(line, "prefill_ratio_vs_1x1",
                                 gang_report_round(res->prefill_tps / base->prefill_tps, 3));
-        cJSON_AddNumberToObject(
-            line, "decode_ratio_vs_1x1",
-            base->decode_tps > 0.0 ? gang_report_round(res->decode_tps / base->decode_tps, 3) : 0.0);
-        cJSON_AddBoolToObject(line, "tokens_match_1x1",
-                              memcmp(res->tokens, base->tokens,
-                                     (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
+        cJSON_AddNumberToObject(line, "decode_ratio_vs_1x1",
+                                base->decode_tps > 0.0
+                                    ? gang_report_round(res->decode_tps / base->decode_tps, 3)
+                                    : 0.0);
+        cJSON_AddBoolToObject(
+            line, "tokens_match_1x1",
+            memcmp(res->tokens, base->tokens, (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
     }
     gang_report_emit(line);
 }

@@ -236,6 +236,48 @@ static int failover_start(bench_ctx *c, const bench_opts *o, failover_gang *fg)
     return rc;
 }
 
+/*
+ * Emits the failover summary line: the settings, the medians of every measured figure
+ * (v: crash detect, crash reform, hang detect, hang reform; after: reform after detection,
+ * crash and hang; nv: timed trials of each kind) and the targets judged on them.
+ */
+static void failover_summary(const bench_ctx *c, const bench_opts *o, double *v[4],
+                             double *after[2], const int nv[2], int unclean)
+{
+    cJSON *sum = cJSON_CreateObject();
+    cJSON *set = cJSON_CreateObject();
+    double bound = o->hb_timeout_ms + o->hb_interval_ms;
+
+    cJSON_AddStringToObject(sum, "bench", "failover");
+    cJSON_AddBoolToObject(sum, "summary", 1);
+    cJSON_AddNumberToObject(set, "nnodes", o->nnodes);
+    cJSON_AddNumberToObject(set, "nproc_per_node", o->nproc_per_node);
+    cJSON_AddNumberToObject(set, "heartbeat_interval_ms", o->hb_interval_ms);
+    cJSON_AddNumberToObject(set, "heartbeat_timeout_ms", o->hb_timeout_ms);
+    cJSON_AddNumberToObject(set, "abort_timeout_ms", o->abort_timeout_ms);
+    cJSON_AddItemToObject(sum, "settings", set);
+    cJSON_AddNumberToObject(sum, "crash_trials", nv[0]);
+    cJSON_AddNumberToObject(sum, "hang_trials", nv[1]);
+    gang_report_add_stats(sum, "crash_detect_ms", v[0], nv[0], 1);
+    gang_report_add_stats(sum, "crash_reform_ms", v[1], nv[0], 1);
+    gang_report_add_stats(sum, "crash_reform_after_detect_ms", after[0], nv[0], 1);
+    gang_report_add_stats(sum, "hang_detect_ms", v[2], nv[1], 1);
+    gang_report_add_stats(sum, "hang_reform_ms", v[3], nv[1], 1);
+    gang_report_add_stats(sum, "hang_reform_after_detect_ms", after[1], nv[1], 1);
+    /* The targets, judged on the medians (v[] is sorted by now). */
+    if (nv[0] > 0)
+        cJSON_AddBoolToObject(sum, "crash_detect_under_100ms",
+                              gang_report_median(v[0], nv[0]) < 100);
+    if (nv[1] > 0) {
+        cJSON_AddNumberToObject(sum, "hang_detect_bound_ms", bound);
+        cJSON_AddBoolToObject(sum, "hang_detect_within_bound",
+                              gang_report_median(v[2], nv[1]) <= bound);
+    }
+    cJSON_AddBoolToObject(sum, "gang_stopped_cleanly", unclean == 0);
+    cJSON_AddStringToObject(sum, "agent_log", c->log_path);
+    gang_report_emit(sum);
+}
+
 int gang__bench_failover(bench_ctx *c, const bench_opts *o)
 {
     failover_gang fg = {0};
@@ -315,38 +357,7 @@ int gang__bench_failover(bench_ctx *c, const bench_opts *o)
 
 out_stop:
     unclean = bench_stop(&fg.pid, 1, 1);
-    {
-        cJSON *sum = cJSON_CreateObject();
-        cJSON *set = cJSON_CreateObject();
-        double bound = o->hb_timeout_ms + o->hb_interval_ms;
-
-        cJSON_AddStringToObject(sum, "bench", "failover");
-        cJSON_AddBoolToObject(sum, "summary", 1);
-        cJSON_AddNumberToObject(set, "nnodes", o->nnodes);
-        cJSON_AddNumberToObject(set, "nproc_per_node", o->nproc_per_node);
-        cJSON_AddNumberToObject(set, "heartbeat_interval_ms", o->hb_interval_ms);
-        cJSON_AddNumberToObject(set, "heartbeat_timeout_ms", o->hb_timeout_ms);
-        cJSON_AddNumberToObject(set, "abort_timeout_ms", o->abort_timeout_ms);
-        cJSON_AddItemToObject(sum, "settings", set);
-        cJSON_AddNumberToObject(sum, "crash_trials", nv[0]);
-        cJSON_AddNumberToObject(sum, "hang_trials", nv[1]);
-        gang_report_add_stats(sum, "crash_detect_ms", v[0], nv[0], 1);
-        gang_report_add_stats(sum, "crash_reform_ms", v[1], nv[0], 1);
-        gang_report_add_stats(sum, "crash_reform_after_detect_ms", after[0], nv[0], 1);
-        gang_report_add_stats(sum, "hang_detect_ms", v[2], nv[1], 1);
-        gang_report_add_stats(sum, "hang_reform_ms", v[3], nv[1], 1);
-        gang_report_add_stats(sum, "hang_reform_after_detect_ms", after[1], nv[1], 1);
-        /* The targets, judged on the medians (v[] is sorted by now). */
-        if (nv[0] > 0)
-            cJSON_AddBoolToObject(sum, "crash_detect_under_100ms", gang_report_median(v[0], nv[0]) < 100);
-        if (nv[1] > 0) {
-            cJSON_AddNumberToObject(sum, "hang_detect_bound_ms", bound);
-            cJSON_AddBoolToObject(sum, "hang_detect_within_bound", gang_report_median(v[2], nv[1]) <= bound);
-        }
-        cJSON_AddBoolToObject(sum, "gang_stopped_cleanly", unclean == 0);
-        cJSON_AddStringToObject(sum, "agent_log", c->log_path);
-        gang_report_emit(sum);
-    }
+    failover_summary(c, o, v, after, nv, unclean);
 out_free:
     for (int k = 0; k < 4; k++)
         free(v[k]);

@@ -120,16 +120,25 @@ typedef struct bg_flags {
     int64_t iters, warmup, device_index, pool_mb;
 } bg_flags;
 
-#define BG_INT(f_, fld, d, l, h, hp)                                                       \
-    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
-     .offset = offsetof(bg_flags, fld)}
+#define BG_INT(f_, fld, d, l, h, hp)                                                               \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,               \
+        .offset = offsetof(bg_flags, fld)                                                          \
+    }
 static const gang_param_info bg_items[] = {
-    {.flag = "shapes", .type = GANG_PARAM_STR, .def = "", .offset = offsetof(bg_flags, shapes),
+    {.flag = "shapes",
+     .type = GANG_PARAM_STR,
+     .def = "",
+     .offset = offsetof(bg_flags, shapes),
      .help = "MxNxK[,MxNxK...] (default: 4096^3, 8192^3 and Llama-1B-like shapes at m = 1, "
              "64, 512)",
      .str_cap = sizeof(((bg_flags *)0)->shapes)},
-    {.flag = "dtype", .type = GANG_PARAM_STR, .def = "bf16", .help = "bf16, f16 or f32",
-     .offset = offsetof(bg_flags, dtype), .str_cap = sizeof(((bg_flags *)0)->dtype)},
+    {.flag = "dtype",
+     .type = GANG_PARAM_STR,
+     .def = "bf16",
+     .help = "bf16, f16 or f32",
+     .offset = offsetof(bg_flags, dtype),
+     .str_cap = sizeof(((bg_flags *)0)->dtype)},
     BG_INT("iters", iters, 20, 1, BG_MAX_ITERS, "timed rounds per shape"),
     BG_INT("warmup", warmup, 5, 0, BG_MAX_ITERS, "untimed rounds first"),
     BG_INT("device-index", device_index, 0, 0, 1023, "the GPU"),
@@ -244,9 +253,8 @@ static double bg_max_rel_diff(const void *x, const void *y, gang_dtype dt, size_
  * the largest relative difference of the two outputs of the last round. Buffers come from
  * the handle's pool and are returned before this does (a shape too big is GANG_ENOMEM).
  */
-static int bg_measure(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n,
-                      size_t kdim, int warmup, int iters, double *ours_ms, double *ref_ms,
-                      double *max_rel_diff)
+static int bg_measure(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                      int warmup, int iters, double *ours_ms, double *ref_ms, double *max_rel_diff)
 {
     size_t es = gang_dtype_size(dt), na, nb, nc, nmax;
     void *a = NULL, *b = NULL, *c1 = NULL, *c2 = NULL, *hx = NULL, *hy = NULL;

@@ -449,9 +449,11 @@ typedef struct bp_flags {
     int64_t pp, microbatches, stage_ms, bytes, iters, warmup, timeout_s;
 } bp_flags;
 
-#define BP_INT(f_, fld, d, l, h, hp)                                                       \
-    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
-     .offset = offsetof(bp_flags, fld)}
+#define BP_INT(f_, fld, d, l, h, hp)                                                               \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,               \
+        .offset = offsetof(bp_flags, fld)                                                          \
+    }
 static const gang_param_info bp_items[] = {
     BP_INT("pp", pp, 0, 2, BP_MAX_PP, "stages (default: sweep 2, 3, 4)"),
     BP_INT("microbatches", microbatches, 0, 1, 4096, "per batch (default: sweep 4, 8, 16)"),

@@ -104,7 +104,6 @@ out_free:
     return rc;
 }
 
-
 /*
  * One peer trial: `mpirun --allow-run-as-root --oversubscribe -np N DIR/mpi-barrier`.
  * Returns 0 with the wall seconds; 1 with a reason when the peer is not available (the
@@ -137,7 +136,8 @@ static int rdzv_trial_mpirun(bench_ctx *c, const bench_opts *o, double *secs, ch
         snprintf(why, whycap, "cannot start mpirun: %s", gang_strerror(rc));
         return rc;
     }
-    if (gang_proc_reap_until(&pid, &status, 1, gang_now_ms() + (uint64_t)o->peer_timeout_s * 1000u) > 0) {
+    if (gang_proc_reap_until(&pid, &status, 1,
+                             gang_now_ms() + (uint64_t)o->peer_timeout_s * 1000u) > 0) {
         /* mpirun stops its ranks on SIGTERM; what is left after the grace is killed. */
         kill(pid, SIGTERM);
         if (gang_proc_reap_until(&pid, &status, 1, gang_now_ms() + BENCH_STOP_GRACE_MS) > 0) {
@@ -224,7 +224,9 @@ int gang__bench_rendezvous(bench_ctx *c, const bench_opts *o)
     gang_report_add_stats(sum, "ganglion_s", g, ng, 4);
     gang_report_add_stats(sum, "mpirun_s", m, nm, 4);
     if (ng > 0 && nm > 0)
-        cJSON_AddNumberToObject(sum, "ratio_p50", gang_report_round(gang_report_median(m, nm) / gang_report_median(g, ng), 3));
+        cJSON_AddNumberToObject(
+            sum, "ratio_p50",
+            gang_report_round(gang_report_median(m, nm) / gang_report_median(g, ng), 3));
     else if (skipped[0] != '\0')
         cJSON_AddStringToObject(sum, "peer_skipped", skipped);
     cJSON_AddStringToObject(sum, "agent_log", c->log_path);

@@ -77,20 +77,28 @@ int gang_bench_main(int argc, char **argv)
  * rendezvous and failover: option tables.
  * --------------------------------------------------------------------------------- */
 
-#define BO_INT(f_, fld, d, l, h, hp)                                                        \
-    {.flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,           \
-     .offset = offsetof(bench_opts, fld)}
-#define BO_STR(f_, fld, d, hp)                                                             \
-    {.flag = f_, .type = GANG_PARAM_STR, .def = d, .help = hp,                              \
-     .offset = offsetof(bench_opts, fld), .str_cap = sizeof(((bench_opts *)0)->fld)}
+#define BO_INT(f_, fld, d, l, h, hp)                                                               \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,               \
+        .offset = offsetof(bench_opts, fld)                                                        \
+    }
+#define BO_STR(f_, fld, d, hp)                                                                     \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_STR, .def = d, .help = hp,                                  \
+        .offset = offsetof(bench_opts, fld), .str_cap = sizeof(((bench_opts *)0)->fld)             \
+    }
 
 static const gang_param_info rdzv_items[] = {
     BO_INT("nodes", nodes, 8, 1, 4096, "agents to start (one rank each)"),
     BO_INT("trials", trials, 5, 1, 100000, "timed trials"),
     BO_INT("warmup", warmup, 1, 0, 1000, "untimed trials first"),
     BO_INT("timeout-s", timeout_s, 120, 1, 86400, "deadline of one gang formation"),
-    {.flag = "no-peer", .type = GANG_PARAM_BOOL, .def = "0", .hi = 1,
-     .help = "skip the peer (mpirun -np N mpi-barrier)", .offset = offsetof(bench_opts, no_peer)},
+    {.flag = "no-peer",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "skip the peer (mpirun -np N mpi-barrier)",
+     .offset = offsetof(bench_opts, no_peer)},
     BO_INT("peer-timeout-s", peer_timeout_s, 900, 1, 86400, "deadline of one mpirun run"),
     BO_STR("agent-log", agent_log, "", "the agents' output (default: a file in $TMPDIR)"),
 };
@@ -150,8 +158,8 @@ static int bench_parse(const gang_opt_cmd *cmd, int argc, char **argv, bench_opt
     if (o->nextra > 0) {
         gang_params scratch;
         gang_params_defaults(&scratch);
-        if (gang_params_parse_args(&scratch, o->nextra, o->extra, NULL, NULL, err,
-                                   sizeof(err)) != 0)
+        if (gang_params_parse_args(&scratch, o->nextra, o->extra, NULL, NULL, err, sizeof(err)) !=
+            0)
             return gang_opts_usage_error(cmd, "after --: %s", err);
     }
     o->crash = strstr(o->kinds, "crash") != NULL;

@@ -66,8 +66,8 @@ typedef struct bench_opts {
     int64_t hb_interval_ms;
     int64_t hb_timeout_ms;
     int64_t abort_timeout_ms;
-    char kinds[32];           /* failover: "crash,hang" */
-    int crash;                /* failover kinds to run, from kinds */
+    char kinds[32]; /* failover: "crash,hang" */
+    int crash;      /* failover kinds to run, from kinds */
     int hang;
     char agent_log[PATH_MAX]; /* where agents' stdout/stderr go; "" for a temporary file */
     char **extra;             /* serve flags after "--" */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU verification in one command (DESIGN.md §6): build with CUDA, run the GPU tests, GPU
+# GPU verification in one command (docs/design.md §6): build with CUDA, run the GPU tests, GPU
 # discovery and the GPU benchmarks, and leave every result under OUTDIR. Meant for the rare
 # minutes on an H200: it never stops at a failing step (each step's exit code, duration and
 # log are recorded), bounds every step with a timeout, and stays under 5 minutes.

@@ -11,53 +11,78 @@
  * The buffer holds zeros, as in the benchmark, so that no overflow or denormal is timed.
  */
 #include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <signal.h>
 
+#include "ganglion/common.h"
+
 #define MAX_SIZES 16
+#define LIST_CAP 256
 
-/* Parses "a,b,c" into at most MAX_SIZES longs >= lo; returns the count or -1. */
-static int parse_list(const char *s, long *out, long lo)
+/* The peer's flags, in an option table like every ganglion subcommand. */
+typedef struct peer_opts {
+    char sizes[LIST_CAP], iters[LIST_CAP], warmup[LIST_CAP];
+} peer_opts;
+
+static const gang_param_info peer_items[] = {
+    {"sizes", GANG_PARAM_STR, "", 0, 0, "message sizes in bytes, comma-separated",
+     offsetof(peer_opts, sizes), 0, 0, LIST_CAP},
+    {"iters", GANG_PARAM_STR, "", 0, 0, "timed calls per size, comma-separated",
+     offsetof(peer_opts, iters), 0, 0, LIST_CAP},
+    {"warmup", GANG_PARAM_STR, "", 0, 0, "warm-up calls per size, comma-separated",
+     offsetof(peer_opts, warmup), 0, 0, LIST_CAP},
+};
+static const gang_opt_table peer_table = {peer_items, sizeof(peer_items) / sizeof(peer_items[0])};
+static const gang_opt_cmd peer_cmd = {
+    .name = "mpi-allreduce",
+    .synopsis = "--sizes L --iters L --warmup L",
+    .about = "Open MPI's MPI_Allreduce timed like `ganglion bench allreduce` (equally long "
+             "comma-separated lists)",
+    .table = &peer_table,
+};
+
+/*
+ * Reads the three lists from argv; returns their common length, 0 after --help, or -1
+ * after printing why they are unusable.
+ */
+static int parse_peer(int argc, char **argv, int64_t *sizes, int64_t *iters, int64_t *warm)
 {
-    int n = 0;
-
-    while (*s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < lo || n >= MAX_SIZES || (*end != ',' && *end != '\0'))
-            return -1;
-        out[n++] = v;
-        s = *end == ',' ? end + 1 : end;
+    peer_opts o;
+    int rc = gang_opts_cli(&peer_cmd, &o, argc, argv, NULL, NULL);
+    if (rc == GANG_OPTS_HELP)
+        return 0;
+    if (rc != 0)
+        return -1;
+    int ns = gang_parse_i64_list(o.sizes, 4, INT32_MAX, sizes, MAX_SIZES);
+    int ni = gang_parse_i64_list(o.iters, 1, INT32_MAX, iters, MAX_SIZES);
+    int nw = gang_parse_i64_list(o.warmup, 0, INT32_MAX, warm, MAX_SIZES);
+    if (ns <= 0 || ns != ni || ns != nw) {
+        gang_opts_usage_error(&peer_cmd,
+                              "--sizes, --iters and --warmup must be equally long "
+                              "lists of at most %d integers",
+                              MAX_SIZES);
+        return -1;
     }
-    return n;
+    return ns;
 }
 
 int main(int argc, char **argv)
 {
-    long sizes[MAX_SIZES], iters[MAX_SIZES], warm[MAX_SIZES];
-    int ns = -1, ni = -2, nw = -3;
-    int rank = 0, rc;
-    long maxb = 0;
+    int64_t sizes[MAX_SIZES], iters[MAX_SIZES], warm[MAX_SIZES];
+    int rank = 0, rc, ns;
+    int64_t maxb = 0;
     float *buf;
 
     /* A rank must not outlive mpirun when the benchmark stops it on its deadline. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--sizes") == 0)
-            ns = parse_list(argv[i + 1], sizes, 4);
-        else if (strcmp(argv[i], "--iters") == 0)
-            ni = parse_list(argv[i + 1], iters, 1);
-        else if (strcmp(argv[i], "--warmup") == 0)
-            nw = parse_list(argv[i + 1], warm, 0);
-    }
-    if (ns <= 0 || ns != ni || ns != nw) {
-        fprintf(stderr, "usage: mpi-allreduce --sizes L --iters L --warmup L "
-                        "(equally long comma-separated lists)\n");
-        return 2;
-    }
+    ns = parse_peer(argc, argv, sizes, iters, warm);
+    if (ns <= 0)
+        return ns == 0 ? 0 : 2;
     rc = MPI_Init(&argc, &argv);
     if (rc != MPI_SUCCESS) {
         fprintf(stderr, "mpi-allreduce: MPI_Init failed (%d)\n", rc);
@@ -73,14 +98,14 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int s = 0; s < ns && rc == MPI_SUCCESS; s++) {
-        int count = (int)(sizes[s] / (long)sizeof(float));
+        int count = (int)(sizes[s] / (int64_t)sizeof(float));
         double t0, us, sum = 0, mn = 0, mx = 0;
         int world = 1;
 
-        for (long i = 0; i < warm[s] && rc == MPI_SUCCESS; i++)
+        for (int64_t i = 0; i < warm[s] && rc == MPI_SUCCESS; i++)
             rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         t0 = MPI_Wtime();
-        for (long i = 0; i < iters[s] && rc == MPI_SUCCESS; i++)
+        for (int64_t i = 0; i < iters[s] && rc == MPI_SUCCESS; i++)
             rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         us = (MPI_Wtime() - t0) * 1e6 / (double)iters[s];
         if (rc != MPI_SUCCESS)
@@ -90,9 +115,9 @@ int main(int argc, char **argv)
         MPI_Reduce(&us, &mn, 1, MPI_DOUBLE, MPI_MIN, 0, MPI_COMM_WORLD);
         MPI_Reduce(&us, &mx, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         if (rank == 0) {
-            printf("{\"bytes\":%ld,\"iters\":%ld,\"time_us_avg\":%.3f,\"time_us_min\":%.3f,"
+            printf("{\"bytes\":%lld,\"iters\":%lld,\"time_us_avg\":%.3f,\"time_us_min\":%.3f,"
                    "\"time_us_max\":%.3f}\n",
-                   sizes[s], iters[s], sum / world, mn, mx);
+                   (long long)sizes[s], (long long)iters[s], sum / world, mn, mx);
             fflush(stdout);
         }
     }

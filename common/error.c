@@ -6,8 +6,8 @@
 const char *gang_strerror(int err)
 {
     switch (err) {
-#define GANG_ERR_MSG_(name, val, msg)                                                      \
-    case GANG_##name:                                                                      \
+#define GANG_ERR_MSG_(name, val, msg)                                                              \
+    case GANG_##name:                                                                              \
         return msg;
         GANG_ERRNO_MAP(GANG_ERR_MSG_)
 #undef GANG_ERR_MSG_
@@ -21,8 +21,8 @@ const char *gang_strerror(int err)
 const char *gang_err_name(int err)
 {
     switch (err) {
-#define GANG_ERR_NAME_(name, val, msg)                                                     \
-    case GANG_##name:                                                                      \
+#define GANG_ERR_NAME_(name, val, msg)                                                             \
+    case GANG_##name:                                                                              \
         return "GANG_" #name;
         GANG_ERRNO_MAP(GANG_ERR_NAME_)
 #undef GANG_ERR_NAME_

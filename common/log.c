@@ -114,12 +114,11 @@ void gang_log_write(gang_log_level lvl, const char *fmt, ...)
         n = snprintf(line, sizeof(line),
                      "{\"ts\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"node\":%d,\"rank\":%d,"
                      "\"gen\":%lld,\"msg\":\"%s\"}\n",
-                     ts, level_names[lvl], (int)getpid(), log_node, log_rank,
-                     (long long)log_gen, esc);
+                     ts, level_names[lvl], (int)getpid(), log_node, log_rank, (long long)log_gen,
+                     esc);
     } else {
         n = snprintf(line, sizeof(line), "%s %-5s node=%d rank=%d gen=%lld pid=%d %s\n", ts,
-                     level_names[lvl], log_node, log_rank, (long long)log_gen, (int)getpid(),
-                     msg);
+                     level_names[lvl], log_node, log_rank, (long long)log_gen, (int)getpid(), msg);
     }
     if (n < 0)
         return;

@@ -17,11 +17,11 @@
 #define ENV_NAME_MAX 96
 
 static const gang_param_info registry[] = {
-#define GANG_PARAM_INT_(field, flag, def, lo, hi, attr, help)                              \
+#define GANG_PARAM_INT_(field, flag, def, lo, hi, attr, help)                                      \
     {flag, GANG_PARAM_INT, #def, lo, hi, help, offsetof(gang_params, field), 0, 0, 0},
-#define GANG_PARAM_STR_(field, flag, def, attr, help)                                      \
+#define GANG_PARAM_STR_(field, flag, def, attr, help)                                              \
     {flag, GANG_PARAM_STR, def, 0, 0, help, offsetof(gang_params, field), 0, 0, 0},
-#define GANG_PARAM_BOOL_(field, flag, def, attr, help)                                     \
+#define GANG_PARAM_BOOL_(field, flag, def, attr, help)                                             \
     {flag, GANG_PARAM_BOOL, #def, 0, 1, help, offsetof(gang_params, field), 0, 0, 0},
 #include "ganglion/params.def"
 #undef GANG_PARAM_INT_
@@ -120,8 +120,8 @@ static int set_param(void *obj, const gang_param_info *pi, const char *value, ch
         int64_t v;
         int rc = gang_parse_i64(value, pi->lo, pi->hi, &v);
         if (rc != 0) {
-            snprintf(err, errlen, "--%s: '%s' is not an integer in [%lld, %lld]", pi->flag,
-                     value, (long long)pi->lo, (long long)pi->hi);
+            snprintf(err, errlen, "--%s: '%s' is not an integer in [%lld, %lld]", pi->flag, value,
+                     (long long)pi->lo, (long long)pi->hi);
             return GANG_EUSAGE;
         }
         *(int64_t *)(void *)base = v;
@@ -171,8 +171,7 @@ void gang_params_defaults(gang_params *p)
     gang_opts_defaults(&params_table, p);
 }
 
-int gang_params_set(gang_params *p, const char *flag, const char *value, char *err,
-                    size_t errlen)
+int gang_params_set(gang_params *p, const char *flag, const char *value, char *err, size_t errlen)
 {
     return gang_opts_set(&params_table, p, flag, value, err, errlen);
 }
@@ -203,8 +202,8 @@ int gang_params_from_env(gang_params *p, char *const *envp, char *err, size_t er
  * caller accepts them; an unknown flag's value cannot be told apart from a positional
  * argument, so callers that accept rest parse it themselves.
  */
-int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **argv,
-                         char **rest, int *nrest, char *err, size_t errlen)
+int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **argv, char **rest,
+                         int *nrest, char *err, size_t errlen)
 {
     if (nrest)
         *nrest = 0;

@@ -144,8 +144,8 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
     if (be->open != NULL) {
         rc = be->open(o, &ctx);
         if (rc < 0) {
-            gang_error("kernels: device '%s' is unavailable: %s (%s)", o->device,
-                       gang_strerror(rc), gang_err_name(rc));
+            gang_error("kernels: device '%s' is unavailable: %s (%s)", o->device, gang_strerror(rc),
+                       gang_err_name(rc));
             return rc;
         }
     }
@@ -203,7 +203,8 @@ void gang_kernels_free(gang_kernels *k, void *p)
         return;
     if (k->be->free(k->ctx, p) < 0)
         gang_error("kernels: gang_kernels_free of %p, which is not a live allocation of this "
-                   "handle (ignored)", p);
+                   "handle (ignored)",
+                   p);
 }
 
 int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t bytes)
@@ -240,8 +241,8 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
     return k->be->copy(k->ctx, dst, src, bytes);
 }
 
-int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src,
-                         size_t spitch, size_t width, size_t rows)
+int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src, size_t spitch,
+                         size_t width, size_t rows)
 {
     if (k == NULL || dst == NULL || src == NULL || width == 0 || rows == 0 || dpitch < width ||
         spitch < width)
@@ -301,8 +302,8 @@ static int elems3(size_t a, size_t b, size_t c, size_t *out)
     return rc < 0 ? rc : elems(ab, c, out);
 }
 
-int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t kdim,
-                      float alpha, const float *a, const float *b, float beta, float *c)
+int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t kdim, float alpha,
+                      const float *a, const float *b, float beta, float *c)
 {
     size_t tmp;
     int rc;
@@ -320,8 +321,8 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
     return k->be->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
-int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps,
-                         size_t rows, size_t dim, float *out)
+int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps, size_t rows,
+                         size_t dim, float *out)
 {
     size_t tmp;
     int rc;
@@ -343,8 +344,8 @@ int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_
     size_t tmp;
     int rc;
 
-    if (k == NULL || x == NULL || positions == NULL || tokens == 0 || heads == 0 ||
-        head_dim == 0 || head_dim % 2 != 0)
+    if (k == NULL || x == NULL || positions == NULL || tokens == 0 || heads == 0 || head_dim == 0 ||
+        head_dim % 2 != 0)
         return GANG_EINVAL;
     if (!isfinite(theta) || theta <= 0.0f)
         return GANG_EINVAL;
@@ -372,8 +373,8 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)
 }
 
 int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, const float *vc,
-                           size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
-                           size_t head_dim, size_t pos0, float *out)
+                           size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                           size_t pos0, float *out)
 {
     size_t tmp;
     int rc;
@@ -392,12 +393,10 @@ int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, con
         return rc;
     if (k->be->attention == NULL)
         return GANG_ENOSYS;
-    return k->be->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
-                            out);
+    return k->be->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, out);
 }
 
-int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, size_t n,
-                          float *out)
+int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, size_t n, float *out)
 {
     if (k == NULL || gate == NULL || up == NULL || out == NULL || n == 0)
         return GANG_EINVAL;
@@ -436,8 +435,7 @@ int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
     return k->be->add(k->ctx, x, y, n);
 }
 
-int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows,
-                          size_t cols)
+int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows, size_t cols)
 {
     size_t tmp;
     int rc;
@@ -451,8 +449,7 @@ int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t r
     return k->be->add_rows(k->ctx, x, bias, rows, cols);
 }
 
-int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols,
-                        int32_t *out)
+int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols, int32_t *out)
 {
     size_t tmp;
     int rc;
@@ -477,9 +474,9 @@ static size_t kdtype_size(gang_dtype dt)
     return dt == GANG_DTYPE_I32 ? 0 : gang_dtype_size(dt);
 }
 
-int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
-                         size_t n, size_t kdim, float alpha, const void *a, const void *b,
-                         float beta, void *c)
+int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n,
+                         size_t kdim, float alpha, const void *a, const void *b, float beta,
+                         void *c)
 {
     size_t tmp;
     int rc;
@@ -500,8 +497,8 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
     return k->be->gemm(k->ctx, dt, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
-int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
-                         gang_dtype to, void *dst, size_t n)
+int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src, gang_dtype to,
+                         void *dst, size_t n)
 {
     if (k == NULL || src == NULL || dst == NULL || n == 0)
         return GANG_EINVAL;
@@ -519,15 +516,14 @@ int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
  * gang_kernels_gemm_ex, then one timed round of the backend's GEMM and its peer.
  */
 int gang__kernels_gemm_pair(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n,
-                            size_t kdim, const void *a, const void *b, void *c_ours,
-                            void *c_ref, float *ours_ms, float *ref_ms)
+                            size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
+                            float *ours_ms, float *ref_ms)
 {
     size_t tmp;
     int rc;
 
-    if (k == NULL || a == NULL || b == NULL || c_ours == NULL || c_ref == NULL ||
-        ours_ms == NULL || ref_ms == NULL || m == 0 || n == 0 || kdim == 0 ||
-        kdtype_size(dt) == 0)
+    if (k == NULL || a == NULL || b == NULL || c_ours == NULL || c_ref == NULL || ours_ms == NULL ||
+        ref_ms == NULL || m == 0 || n == 0 || kdim == 0 || kdtype_size(dt) == 0)
         return GANG_EINVAL;
     if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
         return GANG_ERANGE;

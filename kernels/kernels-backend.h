@@ -40,25 +40,24 @@ typedef struct gang__kernels_backend {
     int (*pool_stats)(void *ctx, gang_kernels_pool_stats *out); /* out is zeroed */
 
     /* Operations. */
-    int (*gemm)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
-                float alpha, const void *a, const void *b, float beta, void *c);
-    int (*convert)(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
-                   size_t n);
+    int (*gemm)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim, float alpha,
+                const void *a, const void *b, float beta, void *c);
+    int (*convert)(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst, size_t n);
     /* One timed round of the GEMM benchmark (kernels-bench.h); NULL without a peer. */
     int (*gemm_pair)(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                      const void *a, const void *b, void *c_ours, void *c_ref, float *ours_ms,
                      float *ref_ms);
-    int (*rmsnorm)(void *ctx, const float *x, const float *w, float eps, size_t rows,
-                   size_t dim, float *out);
+    int (*rmsnorm)(void *ctx, const float *x, const float *w, float eps, size_t rows, size_t dim,
+                   float *out);
     int (*rope)(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
                 size_t head_dim, float theta);
     int (*softmax)(void *ctx, float *x, size_t rows, size_t cols);
     int (*attention)(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
-                     size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                     size_t pos0, float *out);
+                     size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
+                     float *out);
     int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
-    int (*embedding)(void *ctx, const float *table, size_t vocab, size_t dim,
-                     const int32_t *ids, size_t n_ids, float *out);
+    int (*embedding)(void *ctx, const float *table, size_t vocab, size_t dim, const int32_t *ids,
+                     size_t n_ids, float *out);
     int (*add)(void *ctx, float *x, const float *y, size_t n);
     int (*add_rows)(void *ctx, float *x, const float *bias, size_t rows, size_t cols);
     int (*argmax)(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out);

@@ -20,7 +20,7 @@
  * reference (the cpu backend), or the device's error.
  */
 int gang__kernels_gemm_pair(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n,
-                            size_t kdim, const void *a, const void *b, void *c_ours,
-                            void *c_ref, float *ours_ms, float *ref_ms);
+                            size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
+                            float *ours_ms, float *ref_ms);
 
 #endif /* GANGLION_KERNELS_BENCH_H */

@@ -40,7 +40,7 @@ typedef struct agent {
     gang_coord *coord;
     gang_member *member;
     gang_sup *sup;
-    gang_api *api;               /* coordinator only: POST /v1/completions */
+    gang_api *api; /* coordinator only: POST /v1/completions */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
     int linger_started;
@@ -49,8 +49,8 @@ typedef struct agent {
     char coord_addr[GANG_HOST_MAX + 8];
 
     uint64_t started_ms;
-    uint64_t last_serving_ms;     /* monotonic; last time /readyz would have said 200 */
-    uint64_t ready_gen;           /* generation in which all local ranks became READY */
+    uint64_t last_serving_ms; /* monotonic; last time /readyz would have said 200 */
+    uint64_t ready_gen;       /* generation in which all local ranks became READY */
     uint64_t ready_wall_ms;
     uint64_t aborts_seen;
     int gave_up;
@@ -190,8 +190,8 @@ static void m_fill_heartbeat(void *ctx, gang_msg_heartbeat *hb)
         gang_sup_rank r;
         gang_sup_rank_info(a->sup, i, &r);
         hb->rank_state[i] = r.state;
-        hb->rank_age_ms[i] = r.heartbeat_age_ms > UINT32_MAX ? UINT32_MAX
-                                                              : (uint32_t)r.heartbeat_age_ms;
+        hb->rank_age_ms[i] =
+            r.heartbeat_age_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)r.heartbeat_age_ms;
     }
 }
 
@@ -208,8 +208,8 @@ static void s_on_all_ready(void *ctx, uint64_t gen)
     agent *a = ctx;
     a->ready_gen = gen;
     a->ready_wall_ms = gang_wall_ms();
-    gang_info("agent: all %u local ranks READY in generation %llu",
-              gang_sup_nranks(a->sup), (unsigned long long)gen);
+    gang_info("agent: all %u local ranks READY in generation %llu", gang_sup_nranks(a->sup),
+              (unsigned long long)gen);
     gang_member_send_ready(a->member, gen);
 }
 
@@ -318,8 +318,10 @@ static char *render_status(agent *a)
         gang_sup_rank_info(a->sup, i, &r);
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "local_rank", i);
-        cJSON_AddNumberToObject(e, "rank", (double)((uint64_t)a->cfg.id.node_index *
-                                                    (uint64_t)a->cfg.layout.tc.nproc_per_node + i));
+        cJSON_AddNumberToObject(
+            e, "rank",
+            (double)((uint64_t)a->cfg.id.node_index * (uint64_t)a->cfg.layout.tc.nproc_per_node +
+                     i));
         cJSON_AddNumberToObject(e, "pid", r.pid);
         cJSON_AddStringToObject(e, "state", gang_rank_state_name(r.state));
         cJSON_AddNumberToObject(e, "heartbeat_age_ms",
@@ -423,17 +425,17 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
                         "Seconds since each rank's last heartbeat (-1: no process)");
     if (a->coord) {
         for (uint32_t i = 0; i < cs.world_size; i++)
-            rank_age_sample(b, i, cs.ranks[i].heartbeat_age_ms == UINT32_MAX
-                                      ? UINT64_MAX
-                                      : cs.ranks[i].heartbeat_age_ms);
+            rank_age_sample(b, i,
+                            cs.ranks[i].heartbeat_age_ms == UINT32_MAX
+                                ? UINT64_MAX
+                                : cs.ranks[i].heartbeat_age_ms);
     } else {
         for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
             gang_sup_rank r;
             gang_sup_rank_info(a->sup, i, &r);
-            rank_age_sample(b,
-                            (uint64_t)a->cfg.id.node_index *
-                                    (uint64_t)a->cfg.layout.tc.nproc_per_node + i,
-                            r.heartbeat_age_ms);
+            rank_age_sample(
+                b, (uint64_t)a->cfg.id.node_index * (uint64_t)a->cfg.layout.tc.nproc_per_node + i,
+                r.heartbeat_age_ms);
         }
     }
     gang_metrics_family(b, "ganglion_coordinator_connected", GANG_METRIC_GAUGE,
@@ -564,9 +566,10 @@ int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, cha
         return GANG_EUSAGE;
     }
     if (p->heartbeat_timeout_ms <= p->heartbeat_interval_ms) {
-        snprintf(err, errlen, "--heartbeat-timeout-ms (%lld) must exceed "
-                 "--heartbeat-interval-ms (%lld)", (long long)p->heartbeat_timeout_ms,
-                 (long long)p->heartbeat_interval_ms);
+        snprintf(err, errlen,
+                 "--heartbeat-timeout-ms (%lld) must exceed "
+                 "--heartbeat-interval-ms (%lld)",
+                 (long long)p->heartbeat_timeout_ms, (long long)p->heartbeat_interval_ms);
         return GANG_EUSAGE;
     }
     pick_advertise_address(p);
@@ -718,8 +721,8 @@ static int agent_start(agent *a)
     }
     uv_signal_start(&a->sigterm, on_signal, SIGTERM);
     uv_signal_start(&a->sigint, on_signal, SIGINT);
-    gang_info("agent: node %d of %d (%s), %d workers, coordinator %s, HTTP %s:%d",
-              c->id.node_index, c->layout.tc.nnodes, gang_identity_source_name(c->id.source),
+    gang_info("agent: node %d of %d (%s), %d workers, coordinator %s, HTTP %s:%d", c->id.node_index,
+              c->layout.tc.nnodes, gang_identity_source_name(c->id.source),
               c->layout.tc.nproc_per_node, a->coord_addr, c->bind_address, c->http_port);
     return GANG_EXIT_OK;
 out_coord:

@@ -23,15 +23,15 @@ int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, cha
  * and *ctx (the context length, 0 without a model). Returns 0, GANG_EUSAGE (exit 2) or
  * GANG_EMODEL (exit 3) with a message in err.
  */
-int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx,
-                            char *err, size_t errlen);
+int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *err,
+                            size_t errlen);
 
 /* What the agent needs, and what it hands to its supervisor and API. */
 typedef struct gang_agent_config {
-    gang_identity id;                  /* who this node is (gang_agent_prepare) */
-    gang_layout layout;                /* shape (nnodes, nproc_per_node, tp, pp), model, ctx */
-    gang_token token;                  /* --token-file, loaded */
-    uint8_t digest[GANG_DIGEST_SIZE];  /* of --model (all zero without one) */
+    gang_identity id;                 /* who this node is (gang_agent_prepare) */
+    gang_layout layout;               /* shape (nnodes, nproc_per_node, tp, pp), model, ctx */
+    gang_token token;                 /* --token-file, loaded */
+    uint8_t digest[GANG_DIGEST_SIZE]; /* of --model (all zero without one) */
     char job_name[GANG_PARAM_STR_MAX];
     char bind_address[GANG_PARAM_STR_MAX];
     char advertise_address[GANG_PARAM_STR_MAX];
@@ -52,8 +52,8 @@ typedef struct gang_agent_config {
     uint64_t restart_backoff_max_ms;
     uint64_t give_up_linger_ms;
     uint64_t rendezvous_timeout_ms;
-    gang_sup_config sup;               /* the workers (owns the forwarded flags) */
-    gang_api_config api;               /* the coordinator's inference API */
+    gang_sup_config sup; /* the workers (owns the forwarded flags) */
+    gang_api_config api; /* the coordinator's inference API */
 } gang_agent_config;
 
 /*

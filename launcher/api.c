@@ -59,7 +59,7 @@ struct gang_api {
     gang_wctl pkt;        /* SUBMIT scratch */
     uint64_t answered[4]; /* 200, 400, 503, 504 */
     uint64_t resubmits;
-    uint64_t cancels;       /* requests cancelled in the gang at their deadline */
+    uint64_t cancels; /* requests cancelled in the gang at their deadline */
     gang_histogram h_queue, h_prefill, h_tps, h_total;
 };
 
@@ -171,9 +171,8 @@ static void on_sweep(uv_timer_t *t)
             reply_error(api, r->x, 504, "timeout",
                         "request %llu: deadline of %llu ms passed with %u of %u tokens "
                         "(submitted to %u generation(s) of the gang)",
-                        (unsigned long long)r->id,
-                        (unsigned long long)api->cfg.request_timeout_ms, r->n_out,
-                        r->max_tokens, r->submissions);
+                        (unsigned long long)r->id, (unsigned long long)api->cfg.request_timeout_ms,
+                        r->n_out, r->max_tokens, r->submissions);
             req_unlink_free(api, r);
         } else {
             req_submit(api, r);

@@ -41,18 +41,28 @@ typedef struct gen_opts {
     int verbose;
 } gen_opts;
 
-#define GEN_STR(f_, fld, hp)                                                               \
-    {.flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                             \
-     .offset = offsetof(gen_opts, fld), .str_cap = sizeof(((gen_opts *)0)->fld)}
+#define GEN_STR(f_, fld, hp)                                                                       \
+    {                                                                                              \
+        .flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                                 \
+        .offset = offsetof(gen_opts, fld), .str_cap = sizeof(((gen_opts *)0)->fld)                 \
+    }
 static const gang_param_info gen_items[] = {
     GEN_STR("prompt-ids", prompt_ids, "the prompt's token ids, comma-separated (required)"),
-    {.flag = "max-tokens", .type = GANG_PARAM_INT, .def = "16", .lo = 1, .hi = 1 << 20,
-     .help = "tokens to generate", .offset = offsetof(gen_opts, max_tokens)},
+    {.flag = "max-tokens",
+     .type = GANG_PARAM_INT,
+     .def = "16",
+     .lo = 1,
+     .hi = 1 << 20,
+     .help = "tokens to generate",
+     .offset = offsetof(gen_opts, max_tokens)},
     GEN_STR("temperature", temperature, "sampling temperature (the server's default)"),
     GEN_STR("top-k", top_k, "top-k sampling (the server's default)"),
     GEN_STR("top-p", top_p, "nucleus sampling (the server's default)"),
     GEN_STR("seed", seed, "sampling seed (the server's default)"),
-    {.flag = "verbose", .type = GANG_PARAM_BOOL, .def = "0", .hi = 1,
+    {.flag = "verbose",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
      .help = "the gang's log on this terminal instead of a file",
      .offset = offsetof(gen_opts, verbose)},
 };
@@ -114,8 +124,8 @@ static int gen_body(const gen_opts *o, char *body, size_t cap)
  * environment, and into pass[] for the gang, minus --local). Returns 0, GANG_OPTS_HELP or
  * GANG_EUSAGE (printed).
  */
-static int gen_parse(int argc, char **argv, gen_opts *o, gang_params *p, char **pass,
-                     int *npass, int *layout_given)
+static int gen_parse(int argc, char **argv, gen_opts *o, gang_params *p, char **pass, int *npass,
+                     int *layout_given)
 {
     char **rest = calloc((size_t)argc + 1, sizeof(*rest));
     char err[256];
@@ -217,8 +227,10 @@ static int gen_run(const gang_params *p, const char *body, int http_port, pid_t 
         if (waitpid(*child, &status, WNOHANG) == *child) {
             *child = 0;
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : GANG_EXIT_INTERNAL;
-            fprintf(stderr, "ganglion generate: the gang exited with %d before serving; its "
-                            "log: %s\n", code, logpath);
+            fprintf(stderr,
+                    "ganglion generate: the gang exited with %d before serving; its "
+                    "log: %s\n",
+                    code, logpath);
             return code ? code : GANG_EXIT_INTERNAL;
         }
         ready = gen_http(http_port, "GET", "/readyz", NULL, 1000, &resp) == 200;
@@ -227,8 +239,10 @@ static int gen_run(const gang_params *p, const char *body, int http_port, pid_t 
             usleep(100 * 1000);
     }
     if (!ready) {
-        fprintf(stderr, "ganglion generate: the gang did not become ready in time; its log: "
-                        "%s\n", logpath);
+        fprintf(stderr,
+                "ganglion generate: the gang did not become ready in time; its log: "
+                "%s\n",
+                logpath);
         return GANG_EXIT_TEMPFAIL;
     }
     rc = gen_http(http_port, "POST", "/v1/completions", body, (int)p->request_timeout_ms + 5000,

@@ -17,10 +17,10 @@ typedef struct gang_http_server gang_http_server;
 typedef struct gang_http_exchange gang_http_exchange;
 
 typedef struct gang_http_request {
-    const char *method;   /* "GET", "POST", ... */
-    const char *path;     /* path without the query string, NUL-terminated */
-    const char *query;    /* query string without '?', or "" */
-    const char *body;     /* NUL-terminated copy of the body ("" if none) */
+    const char *method; /* "GET", "POST", ... */
+    const char *path;   /* path without the query string, NUL-terminated */
+    const char *query;  /* query string without '?', or "" */
+    const char *body;   /* NUL-terminated copy of the body ("" if none) */
     size_t body_len;
 } gang_http_request;
 
@@ -33,16 +33,17 @@ typedef struct gang_http_request {
 typedef void (*gang_http_handler)(void *ctx, gang_http_exchange *x, const gang_http_request *req);
 
 typedef struct gang_http_config {
-    const char *bind_address;  /* "0.0.0.0", "127.0.0.2", "::" */
-    int port;                  /* 0 = ephemeral (see gang_http_server_port) */
-    size_t max_body;           /* bytes */
+    const char *bind_address; /* "0.0.0.0", "127.0.0.2", "::" */
+    int port;                 /* 0 = ephemeral (see gang_http_server_port) */
+    size_t max_body;          /* bytes */
     int max_conns;
     uint64_t idle_timeout_ms;
 } gang_http_config;
 
 /*
  * Starts listening on uv_loop (a uv_loop_t *). Returns 0 and the server in *out, or a
- * GANG_E* code (address in use -> GANG_EEXIST, bad address -> GANG_EINVAL). The loop must be run by the caller.
+ * GANG_E* code (address in use -> GANG_EEXIST, bad address -> GANG_EINVAL). The loop must be run by
+ * the caller.
  */
 int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http_handler h,
                            void *ctx, gang_http_server **out);
@@ -57,7 +58,7 @@ void gang_http_server_close(gang_http_server *s);
  * Sends the response for x and releases x. body is copied; content_type NULL means
  * "text/plain; charset=utf-8". Must run on the loop thread.
  */
-void gang_http_reply(gang_http_exchange *x, int status, const char *content_type,
-                     const char *body, size_t body_len);
+void gang_http_reply(gang_http_exchange *x, int status, const char *content_type, const char *body,
+                     size_t body_len);
 
 #endif

@@ -37,19 +37,22 @@ int gang__worker_uses_nccl(const gang_params *p)
 static int layout_check_backend(const gang_params *p, char *err, size_t errlen)
 {
     if (strcmp(p->backend, "mpi") == 0) {
-        snprintf(err, errlen, "--backend mpi: workers cannot serve over MPI (the mpi backend "
+        snprintf(err, errlen,
+                 "--backend mpi: workers cannot serve over MPI (the mpi backend "
                  "is for the benchmarks and tests); use --backend auto, socket or nccl");
         return GANG_EUSAGE;
     }
     if (strcmp(p->backend, "nccl") == 0) {
         if (strcmp(p->device, "cuda") != 0) {
-            snprintf(err, errlen, "--backend nccl needs --device cuda (NCCL moves GPU memory; "
+            snprintf(err, errlen,
+                     "--backend nccl needs --device cuda (NCCL moves GPU memory; "
                      "--device %s workers use the socket backend: --backend auto or socket)",
                      p->device);
             return GANG_EUSAGE;
         }
         if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
-            snprintf(err, errlen, "--backend nccl: this binary was built without NCCL "
+            snprintf(err, errlen,
+                     "--backend nccl: this binary was built without NCCL "
                      "(--backend auto or socket stage the GPU traffic through host memory)");
             return GANG_EUSAGE;
         }
@@ -81,16 +84,18 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     if (p->model[0] == '\0' && p->tp == 1 && p->pp == 1)
         return 0;
     if (p->tp * p->pp != world) {
-        snprintf(err, errlen, "--tp %lld x --pp %lld = %lld ranks, but the gang has --nnodes "
-                 "%lld x --nproc-per-node %lld = %lld", (long long)p->tp, (long long)p->pp,
-                 (long long)(p->tp * p->pp), (long long)p->nnodes, (long long)p->nproc_per_node,
-                 (long long)world);
+        snprintf(err, errlen,
+                 "--tp %lld x --pp %lld = %lld ranks, but the gang has --nnodes "
+                 "%lld x --nproc-per-node %lld = %lld",
+                 (long long)p->tp, (long long)p->pp, (long long)(p->tp * p->pp),
+                 (long long)p->nnodes, (long long)p->nproc_per_node, (long long)world);
         return GANG_EUSAGE;
     }
     if (!p->allow_cross_node_tp && p->nproc_per_node % p->tp != 0) {
-        snprintf(err, errlen, "--tp %lld does not divide --nproc-per-node %lld: a TP group "
-                 "would span nodes (--allow-cross-node-tp to force it)", (long long)p->tp,
-                 (long long)p->nproc_per_node);
+        snprintf(err, errlen,
+                 "--tp %lld does not divide --nproc-per-node %lld: a TP group "
+                 "would span nodes (--allow-cross-node-tp to force it)",
+                 (long long)p->tp, (long long)p->nproc_per_node);
         return GANG_EUSAGE;
     }
     return 0;
@@ -129,8 +134,8 @@ int gang_layout_check(const gang_params *p, gang_layout *l, char *err, size_t er
     return rc != 0 ? rc : gang_layout_read_model(l, NULL, err, errlen);
 }
 
-int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx,
-                            char *err, size_t errlen)
+int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *err,
+                            size_t errlen)
 {
     gang_layout l;
     int rc = gang_layout_check(p, &l, err, errlen);
@@ -158,8 +163,7 @@ static int sup_config_from_params(const gang_params *p, const gang_identity *id,
     return gang_params_forward_args(p, NULL, &out->worker_args);
 }
 
-static void api_config_from_params(const gang_params *p, const gang_layout *l,
-                                   gang_api_config *out)
+static void api_config_from_params(const gang_params *p, const gang_layout *l, gang_api_config *out)
 {
     memset(out, 0, sizeof(*out));
     gang_strlcpy(out->model, p->model, sizeof(out->model));
@@ -271,10 +275,10 @@ int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
 {
     gang_layout l;
     memset(out, 0, sizeof(*out));
-    if (agent_path[0] == '\0' || gang_strlcpy(out->agent_path, agent_path,
-                                              sizeof(out->agent_path)) != 0) {
-        snprintf(err, errlen, "--agent-socket '%s' is empty or longer than %zu bytes",
-                 agent_path, sizeof(out->agent_path) - 1);
+    if (agent_path[0] == '\0' ||
+        gang_strlcpy(out->agent_path, agent_path, sizeof(out->agent_path)) != 0) {
+        snprintf(err, errlen, "--agent-socket '%s' is empty or longer than %zu bytes", agent_path,
+                 sizeof(out->agent_path) - 1);
         return GANG_EUSAGE;
     }
     if (gang_log_parse_format(p->log_format, &out->log_format) != 0 ||

@@ -32,8 +32,8 @@ typedef struct gang_layout {
     int uses_nccl;                  /* TP / PP groups over nccl (gang__worker_uses_nccl) */
     uint32_t max_ctx;               /* --max-ctx; 0 = the model's, capped at the CAP above */
     /* Filled by gang_layout_read_model: */
-    gang_model_config mc;           /* config.json */
-    uint32_t ctx;                   /* positions per sequence; 0 without a model */
+    gang_model_config mc; /* config.json */
+    uint32_t ctx;         /* positions per sequence; 0 without a model */
 } gang_layout;
 
 /*

@@ -400,10 +400,8 @@ static int local_tick(local_gang *g)
     return next > now ? (int)(next - now) : 0;
 }
 
-int gang_local_main(const gang_params *p, int argc, char **argv)
+int gang_local_main(const gang_params *p)
 {
-    (void)argc; /* the agents get the effective parameters, not the command line */
-    (void)argv;
     local_gang g = {.sfd = -1, .exit_code = GANG_EXIT_INTERNAL};
     char exe_path[PATH_MAX];
     char last_addr[GANG_LOCAL_ADDR_MAX];

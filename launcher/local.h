@@ -30,15 +30,14 @@
  * p holds the effective parameters (p->nnodes agents, p->rdzv_port). Each agent gets
  * them as flags, the way the supervisor forwards them to workers (gang__local_agent_args:
  * the registry's GANG_PARAM_FWD entries, so never --local), plus its own --node-index,
- * --bind-address and --coordinator. argc / argv (the command line after `serve`) are no
- * longer read. Agents run with GANGLION_LOCAL removed from their environment, so they
- * never recurse.
+ * --bind-address and --coordinator. Agents run with GANGLION_LOCAL removed from their environment,
+ * so they never recurse.
  *
  * Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP in the calling thread for its duration (it
  * waits on a signalfd) and restores the mask before returning. Call it from the main
  * thread before any other thread exists.
  */
-int gang_local_main(const gang_params *p, int argc, char **argv);
+int gang_local_main(const gang_params *p);
 
 /*
  * Writes the loopback address of local node `index` into buf[0..cap): 127.0.0.(i+1) for

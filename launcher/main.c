@@ -45,8 +45,10 @@ static const command commands[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out, "ganglion %s: multi-GPU distributed inference launcher and gang coordinator\n\n"
-                 "usage:\n", GANG_VERSION);
+    fprintf(out,
+            "ganglion %s: multi-GPU distributed inference launcher and gang coordinator\n\n"
+            "usage:\n",
+            GANG_VERSION);
     for (size_t i = 0; i < NCOMMANDS; i++) {
         if (commands[i].help != NULL)
             fprintf(out, "  ganglion %s %s\n      %s\n", commands[i].name, commands[i].synopsis,
@@ -141,11 +143,11 @@ static int cmd_serve(int argc, char **argv)
         }
         if (p.model[0])
             printf("# model: %s: %u layers, hidden %u, %u heads (%u kv), ffn %u, vocab %u; "
-                   "context %u\n", p.model, mc.n_layers, mc.hidden, mc.n_heads, mc.n_kv_heads,
-                   mc.ffn, mc.vocab, ctx);
-        printf("# identity: node %d of %d from %s; coordinator %s:%u\n", id.node_index,
-               id.nnodes, gang_identity_source_name(id.source), id.coordinator_host,
-               id.coordinator_port);
+                   "context %u\n",
+                   p.model, mc.n_layers, mc.hidden, mc.n_heads, mc.n_kv_heads, mc.ffn, mc.vocab,
+                   ctx);
+        printf("# identity: node %d of %d from %s; coordinator %s:%u\n", id.node_index, id.nnodes,
+               gang_identity_source_name(id.source), id.coordinator_host, id.coordinator_port);
         /* What the workers' data plane will be (the rule of gang__worker_uses_nccl). */
         if (!p.model[0])
             printf("# data plane: socket world only (no model: no TP / PP groups)\n");
@@ -159,7 +161,7 @@ static int cmd_serve(int argc, char **argv)
         return GANG_EXIT_OK;
     }
     if (p.local)
-        return gang_local_main(&p, argc, argv);
+        return gang_local_main(&p);
     return gang_agent_main(&p, environ);
 }
 

@@ -35,21 +35,21 @@ typedef struct wslot {
     gang_sup *sup;
     uint32_t local_rank;
     uv_process_t proc;
-    int proc_alive;               /* the process has not been reaped */
+    int proc_alive; /* the process has not been reaped */
     int pid;
-    int fd;                       /* control connection, -1 when none */
+    int fd; /* control connection, -1 when none */
     uv_poll_t poll;
-    int poll_open;                /* poll handle initialised and not closed */
-    int hello;                    /* HELLO received on fd */
-    uint32_t state;               /* last reported gang_rank_state */
+    int poll_open;  /* poll handle initialised and not closed */
+    int hello;      /* HELLO received on fd */
+    uint32_t state; /* last reported gang_rank_state */
     uint64_t last_hb_ms;
-    uint64_t gen;                 /* generation the worker is in (0 = none) */
-    int ready;                    /* READY for gen */
+    uint64_t gen; /* generation the worker is in (0 = none) */
+    int ready;    /* READY for gen */
     int abort_pending;
     uint64_t abort_deadline_ms;
-    int failure_reported;         /* for gen */
+    int failure_reported; /* for gen */
     uint64_t restarts;
-    uint32_t spawn_failures;      /* consecutive uv_spawn failures */
+    uint32_t spawn_failures;          /* consecutive uv_spawn failures */
     char last_error[GANG_REASON_MAX]; /* reason of its last ERROR, any generation */
 } wslot;
 
@@ -59,16 +59,16 @@ struct gang_sup {
     uint32_t n;
     uint64_t heartbeat_timeout_ms;
     uint64_t abort_timeout_ms;
-    gang_args worker_args;        /* the forwarded registry flags (owned copy) */
+    gang_args worker_args; /* the forwarded registry flags (owned copy) */
     char exe[512];
-    char dir[128];                /* private directory of the control socket */
-    char path[160];               /* control socket path */
+    char dir[128];  /* private directory of the control socket */
+    char path[160]; /* control socket path */
     int listen_fd;
     uv_poll_t listen_poll;
     uv_timer_t tick;
     gang_sup_callbacks cb;
     wslot *slots;
-    uint64_t gen;                 /* generation being started/served, 0 = none */
+    uint64_t gen; /* generation being started/served, 0 = none */
     int idle_notified;
     int shutting_down;
     int tick_closed;
@@ -76,7 +76,7 @@ struct gang_sup {
     void (*done)(void *);
     void *done_ctx;
     int open_handles;
-    gang_wctl pkt;                /* receive / send scratch */
+    gang_wctl pkt; /* receive / send scratch */
 };
 
 static void spawn_worker(wslot *w);
@@ -185,8 +185,8 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
         if (pkt->generation != s->gen)
             return;
         char why[GANG_REASON_MAX];
-        snprintf(why, sizeof(why), "rank %d (node %u local %u): %.200s",
-                 global_rank(s, w), s->node, w->local_rank, pkt->reason);
+        snprintf(why, sizeof(why), "rank %d (node %u local %u): %.200s", global_rank(s, w), s->node,
+                 w->local_rank, pkt->reason);
         report_failure(w, (int32_t)pkt->rank, pkt->code ? pkt->code : GANG_EPEER, why);
         return;
     }
@@ -263,8 +263,7 @@ static void on_listen_readable(uv_poll_t *h, int status, int events)
         struct ucred cred;
         socklen_t cl = sizeof(cred);
         int ok = n == (ssize_t)sizeof(*pkt) && pkt->type == GANG_WCTL_HELLO &&
-                 pkt->local_rank < s->n &&
-                 getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0;
+                 pkt->local_rank < s->n && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0;
         wslot *w = ok ? &s->slots[pkt->local_rank] : NULL;
         /* Only the process we spawned for that slot may take it. */
         if (!ok || !w->proc_alive || cred.pid != w->pid || w->fd >= 0) {
@@ -319,12 +318,15 @@ static void on_exit_cb(uv_process_t *proc, int64_t status, int sig)
     w->proc_alive = 0;
     char why[GANG_REASON_MAX];
     if (sig)
-        snprintf(why, sizeof(why), "worker rank %d (node %u local %u, pid %d) killed by signal "
-                 "%d (%s)", global_rank(s, w), s->node, w->local_rank, w->pid, sig, strsignal(sig));
+        snprintf(why, sizeof(why),
+                 "worker rank %d (node %u local %u, pid %d) killed by signal "
+                 "%d (%s)",
+                 global_rank(s, w), s->node, w->local_rank, w->pid, sig, strsignal(sig));
     else
-        snprintf(why, sizeof(why), "worker rank %d (node %u local %u, pid %d) exited with "
-                 "status %lld", global_rank(s, w), s->node, w->local_rank, w->pid,
-                 (long long)status);
+        snprintf(why, sizeof(why),
+                 "worker rank %d (node %u local %u, pid %d) exited with "
+                 "status %lld",
+                 global_rank(s, w), s->node, w->local_rank, w->pid, (long long)status);
     report_failure(w, global_rank(s, w), GANG_EPEER, why);
     if (!sig && (status == GANG_EXIT_USAGE || status == GANG_EXIT_MODEL) && !s->shutting_down &&
         s->cb.on_fatal) {
@@ -454,9 +456,10 @@ static void on_tick(uv_timer_t *t)
             allowed = SUP_HELLO_TIMEOUT_MS;
         if (silent > allowed) {
             char why[GANG_REASON_MAX];
-            snprintf(why, sizeof(why), "worker rank %d (node %u local %u, pid %d) silent for "
-                     "%llu ms: hung or stopped", global_rank(s, w), s->node, w->local_rank,
-                     w->pid, (unsigned long long)silent);
+            snprintf(why, sizeof(why),
+                     "worker rank %d (node %u local %u, pid %d) silent for "
+                     "%llu ms: hung or stopped",
+                     global_rank(s, w), s->node, w->local_rank, w->pid, (unsigned long long)silent);
             if (w->gen != 0 && w->gen == s->gen) {
                 report_failure(w, global_rank(s, w), GANG_ETIMEDOUT, why);
             } else if (!w->abort_pending) {
@@ -467,8 +470,8 @@ static void on_tick(uv_timer_t *t)
         }
         if (w->abort_pending && now > w->abort_deadline_ms) {
             gang_warn("supervisor: worker local rank %u (pid %d) did not confirm the abort "
-                      "within %llu ms: SIGKILL", w->local_rank, w->pid,
-                      (unsigned long long)s->abort_timeout_ms);
+                      "within %llu ms: SIGKILL",
+                      w->local_rank, w->pid, (unsigned long long)s->abort_timeout_ms);
             w->abort_pending = 0;
             uv_process_kill(&w->proc, SIGKILL);
         }
@@ -630,8 +633,8 @@ void gang_sup_rank_info(const gang_sup *s, uint32_t local_rank, gang_sup_rank *o
 {
     const wslot *w = &s->slots[local_rank];
     out->pid = w->proc_alive ? w->pid : 0;
-    out->state = (uint8_t)(w->proc_alive ? (w->hello ? w->state : GANG_RANK_STARTING)
-                                         : GANG_RANK_DOWN);
+    out->state =
+        (uint8_t)(w->proc_alive ? (w->hello ? w->state : GANG_RANK_STARTING) : GANG_RANK_DOWN);
     if (w->proc_alive && w->hello && w->state == GANG_RANK_IDLE && w->gen == 0)
         out->state = GANG_RANK_IDLE;
     out->heartbeat_age_ms = w->proc_alive ? gang_now_ms() - w->last_hb_ms : UINT64_MAX;

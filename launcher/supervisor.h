@@ -69,10 +69,10 @@ int gang_sup_is_idle(const gang_sup *s);
 int gang_sup_all_ready(const gang_sup *s, uint64_t gen);
 
 typedef struct gang_sup_rank {
-    int pid;                      /* 0 when no process */
-    uint8_t state;                /* gang_rank_state */
-    uint64_t heartbeat_age_ms;    /* UINT64_MAX when never heard */
-    uint64_t restarts;            /* times this slot's worker was respawned */
+    int pid;                   /* 0 when no process */
+    uint8_t state;             /* gang_rank_state */
+    uint64_t heartbeat_age_ms; /* UINT64_MAX when never heard */
+    uint64_t restarts;         /* times this slot's worker was respawned */
 } gang_sup_rank;
 
 uint32_t gang_sup_nranks(const gang_sup *s);

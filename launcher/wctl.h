@@ -58,28 +58,28 @@ typedef enum gang_wctl_type {
 #define GANG_WCTL_MAX_PROMPT (GANG_BLOB_MAX / 4)
 
 typedef struct gang_wctl {
-    uint32_t type;          /* gang_wctl_type */
-    uint32_t local_rank;    /* sender / addressee local rank */
-    uint64_t generation;    /* fences every message */
-    int32_t pid;            /* HELLO: worker pid */
-    int32_t code;           /* ERROR: GANG_E* */
-    uint32_t state;         /* HEARTBEAT: gang_rank_state */
-    uint32_t rank;          /* START: global rank */
-    uint32_t world_size;    /* START: ranks in the gang */
-    uint32_t blob_len;      /* BLOB, START */
+    uint32_t type;       /* gang_wctl_type */
+    uint32_t local_rank; /* sender / addressee local rank */
+    uint64_t generation; /* fences every message */
+    int32_t pid;         /* HELLO: worker pid */
+    int32_t code;        /* ERROR: GANG_E* */
+    uint32_t state;      /* HEARTBEAT: gang_rank_state */
+    uint32_t rank;       /* START: global rank */
+    uint32_t world_size; /* START: ranks in the gang */
+    uint32_t blob_len;   /* BLOB, START */
     uint8_t blob[GANG_BLOB_MAX];
     char reason[GANG_REASON_MAX]; /* ERROR, DONE with code < 0 */
-    uint64_t req_id;        /* SUBMIT, TOKEN, DONE */
-    uint32_t max_tokens;    /* SUBMIT */
-    uint32_t top_k;         /* SUBMIT */
-    float temperature;      /* SUBMIT */
-    float top_p;            /* SUBMIT */
-    uint64_t seed;          /* SUBMIT */
-    uint32_t n_stop;        /* SUBMIT */
-    int32_t stop[16];       /* SUBMIT: stop token ids */
-    int32_t token;          /* TOKEN */
-    uint32_t index;         /* TOKEN: 0-based among the generated tokens */
-    char finish[8];         /* DONE: "length" or "stop" */
+    uint64_t req_id;              /* SUBMIT, TOKEN, DONE */
+    uint32_t max_tokens;          /* SUBMIT */
+    uint32_t top_k;               /* SUBMIT */
+    float temperature;            /* SUBMIT */
+    float top_p;                  /* SUBMIT */
+    uint64_t seed;                /* SUBMIT */
+    uint32_t n_stop;              /* SUBMIT */
+    int32_t stop[16];             /* SUBMIT: stop token ids */
+    int32_t token;                /* TOKEN */
+    uint32_t index;               /* TOKEN: 0-based among the generated tokens */
+    char finish[8];               /* DONE: "length" or "stop" */
 } gang_wctl;
 
 #endif

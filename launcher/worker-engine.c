@@ -56,8 +56,8 @@
 
 struct gang__wres {
     gang__wres_config cfg; /* the engine glue's config (layout.c), copied */
-    uint32_t rank; /* the global rank the shard is cut for */
-    int event_fd;  /* the main thread's event pipe (borrowed) */
+    uint32_t rank;         /* the global rank the shard is cut for */
+    int event_fd;          /* the main thread's event pipe (borrowed) */
     pthread_t loader;
     int loader_started;
     pthread_mutex_t mu;
@@ -189,8 +189,7 @@ static void *wres_thread(void *arg)
     return NULL;
 }
 
-int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd,
-                    gang__wres **out)
+int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd, gang__wres **out)
 {
     *out = NULL;
     gang__wres *r = calloc(1, sizeof(*r));
@@ -301,10 +300,10 @@ struct gang__wstep {
     pthread_mutex_t mu; /* guards the communicators (for abort) and the queue */
     pthread_cond_t cv;  /* a request was queued, or stop */
     gang_comm *world, *tp, *pp;
-    gang_comm *nworld;              /* the nccl world tp and pp were split from, or NULL */
+    gang_comm *nworld; /* the nccl world tp and pp were split from, or NULL */
     wreq *head, *tail;
     uint32_t queued;
-    uint64_t *cancels;      /* ids to drop before the next step, [n_cancels] */
+    uint64_t *cancels; /* ids to drop before the next step, [n_cancels] */
     uint32_t n_cancels, cap_cancels;
     int reported; /* a FAILED event was written */
 };

@@ -47,21 +47,21 @@ extern char **environ;
 typedef struct worker {
     gang_worker_config conf; /* derived once from the parameters (layout.c) */
     uint32_t local_rank;
-    int node;            /* node index, -1 when the agent did not say */
-    pid_t ppid;          /* the agent; a different parent means it is gone */
-    int agent_fd;        /* SOCK_SEQPACKET to the agent, non-blocking */
-    int ev_rd;           /* events of the data thread (read end, non-blocking) */
-    int ev_wr;           /* handed to each data thread */
-    uint64_t gen;        /* highest generation named by the agent */
-    uint32_t state;      /* gang_rank_state reported in heartbeats */
-    uint32_t rank;       /* global rank in gen, WORKER_NO_RANK when none */
+    int node;             /* node index, -1 when the agent did not say */
+    pid_t ppid;           /* the agent; a different parent means it is gone */
+    int agent_fd;         /* SOCK_SEQPACKET to the agent, non-blocking */
+    int ev_rd;            /* events of the data thread (read end, non-blocking) */
+    int ev_wr;            /* handed to each data thread */
+    uint64_t gen;         /* highest generation named by the agent */
+    uint32_t state;       /* gang_rank_state reported in heartbeats */
+    uint32_t rank;        /* global rank in gen, WORKER_NO_RANK when none */
     gang_bootstrap *boot; /* rank 0's data-plane bootstrap (listener), NULL when none */
-    uint64_t listen_gen; /* the generation it was opened for */
-    gang__wres *res;     /* model shard and engine, for the worker's whole life */
-    gang__wstep *step;   /* running data plane, NULL when none */
-    uint64_t step_gen;   /* its generation */
-    uint64_t next_hb_ms; /* when the next heartbeat is due */
-    int quit;            /* leave the loop with exit_code */
+    uint64_t listen_gen;  /* the generation it was opened for */
+    gang__wres *res;      /* model shard and engine, for the worker's whole life */
+    gang__wstep *step;    /* running data plane, NULL when none */
+    uint64_t step_gen;    /* its generation */
+    uint64_t next_hb_ms;  /* when the next heartbeat is due */
+    int quit;             /* leave the loop with exit_code */
     int exit_code;
 } worker;
 
@@ -79,11 +79,11 @@ static const gang_param_info worker_opt_items[] = {
     {"agent-socket", GANG_PARAM_STR, "", 0, 0, "the agent's control socket (set by the agent)",
      offsetof(worker_opts, agent_socket), 0, 0, sizeof(((worker_opts *)0)->agent_socket)},
     {"local-rank", GANG_PARAM_INT, "-1", -1, GANG_MAX_LOCAL_RANKS - 1,
-     "this worker's rank on its node (set by the agent)", offsetof(worker_opts, local_rank), 0,
-     0, 0},
+     "this worker's rank on its node (set by the agent)", offsetof(worker_opts, local_rank), 0, 0,
+     0},
 };
-static const gang_opt_table worker_opts_table = {
-    worker_opt_items, sizeof(worker_opt_items) / sizeof(worker_opt_items[0])};
+static const gang_opt_table worker_opts_table = {worker_opt_items, sizeof(worker_opt_items) /
+                                                                       sizeof(worker_opt_items[0])};
 
 /*
  * Fills w->conf from the environment and argv (argv[0] is the subcommand): the registry's
@@ -109,10 +109,11 @@ static int worker_parse(worker *w, int argc, char **argv)
     if (rc == 0)
         rc = gang_params_parse_args(p, argc - 1, argv + 1, rest, &nrest, err, sizeof(err));
     if (rc == 0)
-        rc = gang_opts_parse_args(&worker_opts_table, &o, nrest, rest, NULL, NULL, err,
-                                  sizeof(err));
+        rc =
+            gang_opts_parse_args(&worker_opts_table, &o, nrest, rest, NULL, NULL, err, sizeof(err));
     if (rc == 0 && (o.agent_socket[0] == '\0' || o.local_rank < 0)) {
-        snprintf(err, sizeof(err), "--agent-socket PATH and --local-rank L are required "
+        snprintf(err, sizeof(err),
+                 "--agent-socket PATH and --local-rank L are required "
                  "(the agent starts workers; see `ganglion serve`)");
         rc = GANG_EUSAGE;
     }
@@ -325,16 +326,16 @@ static void on_blob_request(worker *w, const gang_wctl *m)
     char err[GANG_REASON_MAX] = "";
     const char *adv = w->conf.advertise;
     int nccl = w->conf.res.layout.uses_nccl;
-    int rc = gang_bootstrap_create(adv, nccl, &w->boot, r.blob, sizeof(r.blob), &len, err,
-                                   sizeof(err));
+    int rc =
+        gang_bootstrap_create(adv, nccl, &w->boot, r.blob, sizeof(r.blob), &len, err, sizeof(err));
     if (rc != 0) {
         worker_report_error(w, m->generation, rc, w->rank, "rank 0 %s", err);
         return;
     }
     w->listen_gen = m->generation;
     r.blob_len = (uint32_t)len;
-    gang_info("BLOB for generation %llu: %u bytes%s", (unsigned long long)m->generation,
-              r.blob_len, nccl ? "; TP / PP over nccl (unique id attached)" : "");
+    gang_info("BLOB for generation %llu: %u bytes%s", (unsigned long long)m->generation, r.blob_len,
+              nccl ? "; TP / PP over nccl (unique id attached)" : "");
     worker_reply(w, &r);
 }
 
@@ -382,8 +383,7 @@ static void on_start(worker *w, const gang_wctl *m)
                             "(--device %s --backend %s) runs its TP / PP groups over %s; "
                             "every node must serve with the same --device and --backend",
                             parts.nccl != NULL ? "carries" : "lacks", w->conf.device,
-                            w->conf.backend,
-                            want_nccl ? "nccl" : "the socket backend");
+                            w->conf.backend, want_nccl ? "nccl" : "the socket backend");
         return;
     }
 
@@ -521,9 +521,8 @@ static void worker_on_agent(worker *w)
         on_submit(w, &m);
         break;
     case GANG_WCTL_CANCEL:
-        if (worker_fence(w, &m, "CANCEL") == 0 && w->step != NULL &&
-            w->step_gen == m.generation && w->rank == 0 &&
-            gang__wstep_cancel(w->step, m.req_id) != 0)
+        if (worker_fence(w, &m, "CANCEL") == 0 && w->step != NULL && w->step_gen == m.generation &&
+            w->rank == 0 && gang__wstep_cancel(w->step, m.req_id) != 0)
             gang_warn("cannot queue the cancellation of request %llu",
                       (unsigned long long)m.req_id);
         break;
@@ -703,8 +702,7 @@ int gang_worker_main(int argc, char **argv)
         goto out;
     }
     rc = gang__wres_open(&w.conf.res,
-                         (uint32_t)(w.node < 0 ? 0 : w.node) * w.conf.nproc_per_node +
-                             w.local_rank,
+                         (uint32_t)(w.node < 0 ? 0 : w.node) * w.conf.nproc_per_node + w.local_rank,
                          w.ev_wr, &w.res);
     if (rc != 0) {
         gang_error("worker: cannot start the model loader: %s", gang_strerror(rc));

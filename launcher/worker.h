@@ -36,9 +36,9 @@ int gang_worker_main(int argc, char **argv);
 
 /* What the engine glue (worker-engine.c) needs for the worker's whole life. */
 typedef struct gang__wres_config {
-    gang_layout layout;          /* model, shape, device, --max-ctx (the model part is
-                                    read by the loader: gang_layout_read_model) */
-    uint64_t gpu_memory_mb;      /* device pool per worker; 0 = gpu_memory_percent */
+    gang_layout layout;     /* model, shape, device, --max-ctx (the model part is
+                               read by the loader: gang_layout_read_model) */
+    uint64_t gpu_memory_mb; /* device pool per worker; 0 = gpu_memory_percent */
     uint32_t gpu_memory_percent;
     uint32_t max_batch;
     uint32_t microbatches;
@@ -48,20 +48,20 @@ typedef struct gang__wres_config {
 
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
 typedef struct gang_worker_config {
-    char agent_path[108];            /* --agent-socket (sun_path capacity) */
-    uint32_t local_rank;             /* --local-rank */
-    int node;                        /* --node-index; -1 when the agent did not say */
+    char agent_path[108]; /* --agent-socket (sun_path capacity) */
+    uint32_t local_rank;  /* --local-rank */
+    int node;             /* --node-index; -1 when the agent did not say */
     uint32_t nproc_per_node;
     uint64_t heartbeat_interval_ms;
     uint64_t heartbeat_timeout_ms;
     uint64_t start_timeout_ms;
     uint64_t step_timeout_ms;
-    char advertise[GANG_HOST_MAX];   /* --advertise-address, else 127.0.0.1 */
-    char device[16];                 /* --device and --backend as given, for messages */
+    char advertise[GANG_HOST_MAX]; /* --advertise-address, else 127.0.0.1 */
+    char device[16];               /* --device and --backend as given, for messages */
     char backend[16];
     gang_log_format log_format;
     gang_log_level log_level;
-    gang__wres_config res;           /* the engine glue's part */
+    gang__wres_config res; /* the engine glue's part */
 } gang_worker_config;
 
 /*
@@ -136,8 +136,7 @@ typedef struct gang__wres gang__wres;
  * 0 and *out (release with gang__wres_close, which waits for the loader), or a system
  * error.
  */
-int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd,
-                    gang__wres **out);
+int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd, gang__wres **out);
 void gang__wres_close(gang__wres *r);
 /* 1 when the worker serves a model (--model was given). */
 int gang__wres_has_model(const gang__wres *r);
@@ -145,20 +144,20 @@ int gang__wres_has_model(const gang__wres *r);
 /* Everything one generation of the data plane needs; copied by gang__wstep_start(). */
 typedef struct gang__wstep_config {
     uint64_t generation;
-    uint32_t rank;                   /* own global rank, < world */
-    uint32_t world;                  /* ranks in the gang, >= 1 */
-    const uint8_t *blob;             /* rank 0's bootstrap blob, checked (copied) */
+    uint32_t rank;       /* own global rank, < world */
+    uint32_t world;      /* ranks in the gang, >= 1 */
+    const uint8_t *blob; /* rank 0's bootstrap blob, checked (copied) */
     size_t blob_len;
-    int nccl;                        /* 1: the TP / PP groups are split from an nccl world
-                                        joined from the blob, 0: from the socket world */
-    gang_bootstrap *root;            /* rank 0: its bootstrap, consumed in every case */
-    char advertise[GANG_HOST_MAX];   /* address the other ranks use to reach this one */
-    gang__wres *res;                 /* the worker's resources, borrowed */
-    int event_fd;                    /* write end of the caller's event pipe, borrowed */
-    int64_t start_timeout_ms;        /* model wait + communicator formation */
-    int64_t heartbeat_interval_ms;   /* rank 0's idle tick */
-    int64_t heartbeat_timeout_ms;    /* deadline of an idle tick without a model */
-    int64_t step_timeout_ms;         /* deadline of one engine step */
+    int nccl;                      /* 1: the TP / PP groups are split from an nccl world
+                                      joined from the blob, 0: from the socket world */
+    gang_bootstrap *root;          /* rank 0: its bootstrap, consumed in every case */
+    char advertise[GANG_HOST_MAX]; /* address the other ranks use to reach this one */
+    gang__wres *res;               /* the worker's resources, borrowed */
+    int event_fd;                  /* write end of the caller's event pipe, borrowed */
+    int64_t start_timeout_ms;      /* model wait + communicator formation */
+    int64_t heartbeat_interval_ms; /* rank 0's idle tick */
+    int64_t heartbeat_timeout_ms;  /* deadline of an idle tick without a model */
+    int64_t step_timeout_ms;       /* deadline of one engine step */
 } gang__wstep_config;
 
 typedef struct gang__wstep gang__wstep;

@@ -60,8 +60,8 @@ static int cfg_uint(const cfg_ctx *c, const char *key, int64_t def, uint32_t lo,
         return GANG_EMODEL;
     }
     if (d < (double)lo || d > (double)hi) {
-        gang_set_err(c->err, c->errlen, "%s: field \"%s\" = %.0f is outside [%u, %u]", c->path,
-                        key, d, lo, hi);
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" = %.0f is outside [%u, %u]", c->path, key,
+                     d, lo, hi);
         return GANG_EMODEL;
     }
     *out = (uint32_t)d;
@@ -80,8 +80,8 @@ static int cfg_float(const cfg_ctx *c, const char *key, double def, double hi, f
     }
     d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d > 0.0) || !(d <= hi)) {
-        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is not a number in (0, %g]", c->path,
-                        key, hi);
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is not a number in (0, %g]", c->path, key,
+                     hi);
         return GANG_EMODEL;
     }
     *out = (float)d;
@@ -122,8 +122,8 @@ static int cfg_token(const cfg_ctx *c, const char *key, uint32_t vocab, int32_t 
     d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d == floor(d)) || d < 0 || d >= (double)vocab) {
         gang_set_err(c->err, c->errlen,
-                        "%s: field \"%s\" is not a token id (or a list of them) in [0, %u)",
-                        c->path, key, vocab);
+                     "%s: field \"%s\" is not a token id (or a list of them) in [0, %u)", c->path,
+                     key, vocab);
         return GANG_EMODEL;
     }
     *out = (int32_t)d;
@@ -156,9 +156,9 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         }
         a = cJSON_GetArrayItem(archs, 0);
         gang_set_err(c->err, c->errlen,
-                        "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
-                        "MistralForCausalLM and Qwen2ForCausalLM are)",
-                        c->path, cJSON_IsString(a) ? a->valuestring : "?");
+                     "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
+                     "MistralForCausalLM and Qwen2ForCausalLM are)",
+                     c->path, cJSON_IsString(a) ? a->valuestring : "?");
         return GANG_EMODEL;
     }
     if (cJSON_IsString(type)) {
@@ -169,13 +169,13 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
             }
         }
         gang_set_err(c->err, c->errlen,
-                        "%s: unsupported model_type \"%.64s\" (llama, mistral and qwen2 are)",
-                        c->path, type->valuestring);
+                     "%s: unsupported model_type \"%.64s\" (llama, mistral and qwen2 are)", c->path,
+                     type->valuestring);
         return GANG_EMODEL;
     }
     gang_set_err(c->err, c->errlen,
-                    "%s: neither \"architectures\" nor \"model_type\" names the architecture",
-                    c->path);
+                 "%s: neither \"architectures\" nor \"model_type\" names the architecture",
+                 c->path);
     return GANG_EMODEL;
 }
 
@@ -200,8 +200,8 @@ static int cfg_dtype(const cfg_ctx *c, gang_dtype *dt)
         return 0;
     }
     gang_set_err(c->err, c->errlen,
-                    "%s: field \"torch_dtype\" is not \"float32\", \"float16\" or \"bfloat16\"",
-                    c->path);
+                 "%s: field \"torch_dtype\" is not \"float32\", \"float16\" or \"bfloat16\"",
+                 c->path);
     return GANG_EMODEL;
 }
 
@@ -219,14 +219,14 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
 
     if (cfg_get(c, "rope_scaling") != NULL) {
         gang_set_err(c->err, c->errlen,
-                        "%s: \"rope_scaling\" is set; RoPE scaling is not implemented", c->path);
+                     "%s: \"rope_scaling\" is set; RoPE scaling is not implemented", c->path);
         return GANG_EMODEL;
     }
     v = cfg_get(c, "hidden_act");
     if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, "silu") == 0)) {
         gang_set_err(c->err, c->errlen,
-                        "%s: \"hidden_act\" is not \"silu\"; only SwiGLU MLPs are implemented",
-                        c->path);
+                     "%s: \"hidden_act\" is not \"silu\"; only SwiGLU MLPs are implemented",
+                     c->path);
         return GANG_EMODEL;
     }
     rc = cfg_bool(c, "mlp_bias", 0, &mlp_bias);
@@ -234,17 +234,17 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
         return rc;
     if (mlp_bias) {
         gang_set_err(c->err, c->errlen,
-                        "%s: \"mlp_bias\" is true; MLP biases are not "
-                        "implemented",
-                        c->path);
+                     "%s: \"mlp_bias\" is true; MLP biases are not "
+                     "implemented",
+                     c->path);
         return GANG_EMODEL;
     }
     v = cfg_get(c, "head_dim");
     if (v != NULL && !(cJSON_IsNumber(v) && v->valuedouble == (double)cfg->head_dim)) {
         gang_set_err(c->err, c->errlen,
-                        "%s: \"head_dim\" differs from hidden_size / num_attention_heads = %u; "
-                        "a separate head_dim is not implemented",
-                        c->path, cfg->head_dim);
+                     "%s: \"head_dim\" differs from hidden_size / num_attention_heads = %u; "
+                     "a separate head_dim is not implemented",
+                     c->path, cfg->head_dim);
         return GANG_EMODEL;
     }
     /* Qwen2 carries a window it does not use unless use_sliding_window is true. */
@@ -259,10 +259,10 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
             return rc;
         if (sw < cfg->max_pos) {
             gang_set_err(c->err, c->errlen,
-                            "%s: \"sliding_window\" = %u is shorter than "
-                            "max_position_embeddings = %u; sliding-window attention is not "
-                            "implemented",
-                            c->path, sw, cfg->max_pos);
+                         "%s: \"sliding_window\" = %u is shorter than "
+                         "max_position_embeddings = %u; sliding-window attention is not "
+                         "implemented",
+                         c->path, sw, cfg->max_pos);
             return GANG_EMODEL;
         }
     }
@@ -315,21 +315,21 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
         cfg->attn_bias = 1;
     } else if (cfg->attn_bias) {
         gang_set_err(c->err, c->errlen,
-                        "%s: \"attention_bias\" is true; the o_proj bias it implies is not "
-                        "implemented",
-                        c->path);
+                     "%s: \"attention_bias\" is true; the o_proj bias it implies is not "
+                     "implemented",
+                     c->path);
         return GANG_EMODEL;
     }
     if (cfg->hidden % cfg->n_heads != 0) {
         gang_set_err(c->err, c->errlen,
-                        "%s: hidden_size %u is not divisible by num_attention_heads %u", c->path,
-                        cfg->hidden, cfg->n_heads);
+                     "%s: hidden_size %u is not divisible by num_attention_heads %u", c->path,
+                     cfg->hidden, cfg->n_heads);
         return GANG_EMODEL;
     }
     if (cfg->n_kv_heads > cfg->n_heads || cfg->n_heads % cfg->n_kv_heads != 0) {
         gang_set_err(c->err, c->errlen,
-                        "%s: num_attention_heads %u is not divisible by num_key_value_heads %u",
-                        c->path, cfg->n_heads, cfg->n_kv_heads);
+                     "%s: num_attention_heads %u is not divisible by num_key_value_heads %u",
+                     c->path, cfg->n_heads, cfg->n_kv_heads);
         return GANG_EMODEL;
     }
     cfg->head_dim = cfg->hidden / cfg->n_heads;

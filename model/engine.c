@@ -147,10 +147,10 @@ static int eng_slots(gang_engine *e, char *err, size_t errlen)
     n = e->cfg.kv_cache_bytes / per_slot;
     if (n == 0) {
         gang_set_err(err, errlen,
-                "KV cache budget of %" PRIu64 " bytes holds no sequence: one slot needs %zu "
-                "bytes (%u layers x 2 x %u positions x %u kv heads x %u x 4 bytes)",
-                e->cfg.kv_cache_bytes, per_slot, max_layers, e->max_ctx, t->kv_heads_per_rank,
-                t->head_dim);
+                     "KV cache budget of %" PRIu64 " bytes holds no sequence: one slot needs %zu "
+                     "bytes (%u layers x 2 x %u positions x %u kv heads x %u x 4 bytes)",
+                     e->cfg.kv_cache_bytes, per_slot, max_layers, e->max_ctx, t->kv_heads_per_rank,
+                     t->head_dim);
         return GANG_ENOMEM;
     }
     e->slots = n < e->cfg.max_batch ? (uint32_t)n : e->cfg.max_batch;
@@ -315,14 +315,14 @@ static int eng_check_memory(const gang_model *m, gang_kernels *k, char *err, siz
 {
     if ((gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM) && m->mem != k) {
         gang_set_err(err, errlen,
-                "the model is not on the engine's '%s' device "
-                "(call gang_model_to_device first)",
-                gang_kernels_name(k));
+                     "the model is not on the engine's '%s' device "
+                     "(call gang_model_to_device first)",
+                     gang_kernels_name(k));
         return GANG_EINVAL;
     }
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM) && m->mem != NULL) {
         gang_set_err(err, errlen, "the model lives on a device, the engine's handle is '%s'",
-                gang_kernels_name(k));
+                     gang_kernels_name(k));
         return GANG_EINVAL;
     }
     return 0;
@@ -345,8 +345,8 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
         cfg->max_step_tokens == 0 || cfg->max_batch > UINT32_MAX / 2 ||
         cfg->max_step_tokens > UINT32_MAX / 2) {
         gang_set_err(err, errlen,
-                "engine config out of range (max_batch >= 1, max_ctx >= 2, microbatches >= 1, "
-                "max_step_tokens >= 1)");
+                     "engine config out of range (max_batch >= 1, max_ctx >= 2, microbatches >= 1, "
+                     "max_step_tokens >= 1)");
         return GANG_EINVAL;
     }
     rc = eng_check_model(m, err, errlen);
@@ -433,9 +433,9 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
     for (i = 0; i < r->n_prompt; i++) {
         if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= e->vocab) {
             gang_set_err(err, errlen,
-                    "request %" PRIu64 ": prompt token %u is %d, outside the "
-                    "vocabulary of %u",
-                    r->id, i, r->prompt[i], e->vocab);
+                         "request %" PRIu64 ": prompt token %u is %d, outside the "
+                         "vocabulary of %u",
+                         r->id, i, r->prompt[i], e->vocab);
             return GANG_EINVAL;
         }
     }
@@ -445,9 +445,9 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
     }
     if ((uint64_t)r->n_prompt + r->max_tokens > e->max_ctx) {
         gang_set_err(err, errlen,
-                "request %" PRIu64 ": prompt (%u) + max_tokens (%u) exceeds the "
-                "context of %u",
-                r->id, r->n_prompt, r->max_tokens, e->max_ctx);
+                     "request %" PRIu64 ": prompt (%u) + max_tokens (%u) exceeds the "
+                     "context of %u",
+                     r->id, r->n_prompt, r->max_tokens, e->max_ctx);
         return GANG_EINVAL;
     }
     if (r->n_stop > GANG_MAX_STOP_TOKENS) {

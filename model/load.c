@@ -72,7 +72,7 @@ static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
         ld_shape_str(t->shape, t->ndim, got_s, sizeof(got_s));
         ld_shape_str(want, want_ndim, want_s, sizeof(want_s));
         gang_set_err(L->err, L->errlen, "%s: tensor %s has shape %s, config.json implies %s",
-                        f->base, name, got_s, want_s);
+                     f->base, name, got_s, want_s);
         return GANG_EMODEL;
     }
     if (rows == 0)
@@ -83,8 +83,8 @@ static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
     rc = gang__st_read(f, t, row_first, row_count, col_first, col_count, *out);
     if (rc != 0) {
         gang_set_err(L->err, L->errlen, "%s: tensor %s: %s", f->base, name,
-                        rc == GANG_EIO ? "read failed (the file changed or shrank?)"
-                                       : "band outside the tensor");
+                     rc == GANG_EIO ? "read failed (the file changed or shrank?)"
+                                    : "band outside the tensor");
         free(*out);
         *out = NULL;
         return rc == GANG_EIO ? GANG_EMODEL : GANG_EINTERNAL;
@@ -179,10 +179,10 @@ static int ld_check_layout(const gang_model_config *c, const gang_topology *t, c
         t->ffn == c->ffn && t->hidden == c->hidden && t->vocab == c->vocab)
         return 0;
     gang_set_err(err, errlen,
-                    "%s/config.json: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
-                    "%u differ from the layout's %u, %u, %u, %u, %u, %u",
-                    dir, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn, c->hidden, c->vocab,
-                    t->n_layers, t->n_heads, t->n_kv_heads, t->ffn, t->hidden, t->vocab);
+                 "%s/config.json: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
+                 "%u differ from the layout's %u, %u, %u, %u, %u, %u",
+                 dir, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn, c->hidden, c->vocab,
+                 t->n_layers, t->n_heads, t->n_kv_heads, t->ffn, t->hidden, t->vocab);
     return GANG_EMODEL;
 }
 

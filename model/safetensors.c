@@ -73,7 +73,7 @@ int gang__read_small_file(const char *path, size_t max, char **out, size_t *len,
     }
     if ((uint64_t)st.st_size > max) {
         gang_set_err(err, errlen, "%s: file of %lld bytes is larger than the limit of %zu", path,
-                        (long long)st.st_size, max);
+                     (long long)st.st_size, max);
         rc = GANG_EMODEL;
         goto out_close;
     }
@@ -84,7 +84,7 @@ int gang__read_small_file(const char *path, size_t max, char **out, size_t *len,
     }
     if (st_pread_full(fd, buf, (size_t)st.st_size, 0) != 0) {
         gang_set_err(err, errlen, "%s: read failed: %s", path,
-                        errno ? strerror(errno) : "file shrank");
+                     errno ? strerror(errno) : "file shrank");
         free(buf);
         rc = GANG_EMODEL;
         goto out_close;
@@ -141,7 +141,7 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
 
     if (!cJSON_IsObject(item)) {
         gang_set_err(err, errlen, "%s: tensor %.200s: header entry is not an object", f->base,
-                        t->name);
+                     t->name);
         return GANG_EMODEL;
     }
     dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
@@ -149,21 +149,21 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs)) {
         gang_set_err(err, errlen,
-                        "%s: tensor %.200s: header entry lacks a string \"dtype\", an array "
-                        "\"shape\" or an array \"data_offsets\"",
-                        f->base, t->name);
+                     "%s: tensor %.200s: header entry lacks a string \"dtype\", an array "
+                     "\"shape\" or an array \"data_offsets\"",
+                     f->base, t->name);
         return GANG_EMODEL;
     }
     if (st_parse_dtype(dtype->valuestring, &t->dtype) != 0) {
         gang_set_err(err, errlen,
-                        "%s: tensor %.200s: unsupported dtype \"%.16s\" (F32, F16 and BF16 are "
-                        "read)",
-                        f->base, t->name, dtype->valuestring);
+                     "%s: tensor %.200s: unsupported dtype \"%.16s\" (F32, F16 and BF16 are "
+                     "read)",
+                     f->base, t->name, dtype->valuestring);
         return GANG_EMODEL;
     }
     if (cJSON_GetArraySize(shape) > GANG__ST_MAX_DIMS) {
-        gang_set_err(err, errlen, "%s: tensor %.200s: shape has more than %d dimensions",
-                        f->base, t->name, GANG__ST_MAX_DIMS);
+        gang_set_err(err, errlen, "%s: tensor %.200s: shape has more than %d dimensions", f->base,
+                     t->name, GANG__ST_MAX_DIMS);
         return GANG_EMODEL;
     }
     t->numel = 1;
@@ -171,14 +171,14 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     {
         if (st_json_u64(dim, &v) != 0) {
             gang_set_err(err, errlen,
-                            "%s: tensor %.200s: shape holds a value that is not a non-negative "
-                            "integer",
-                            f->base, t->name);
+                         "%s: tensor %.200s: shape holds a value that is not a non-negative "
+                         "integer",
+                         f->base, t->name);
             return GANG_EMODEL;
         }
         if (__builtin_mul_overflow(t->numel, v, &t->numel)) {
             gang_set_err(err, errlen, "%s: tensor %.200s: element count overflows", f->base,
-                            t->name);
+                         t->name);
             return GANG_EMODEL;
         }
         t->shape[n++] = v;
@@ -187,25 +187,25 @@ static int st_parse_entry(const gang__st_file *f, const cJSON *item, uint64_t da
     if (cJSON_GetArraySize(offs) != 2 || st_json_u64(cJSON_GetArrayItem(offs, 0), &t->begin) != 0 ||
         st_json_u64(cJSON_GetArrayItem(offs, 1), &t->end) != 0) {
         gang_set_err(err, errlen,
-                        "%s: tensor %.200s: data_offsets is not a pair of non-negative integers",
-                        f->base, t->name);
+                     "%s: tensor %.200s: data_offsets is not a pair of non-negative integers",
+                     f->base, t->name);
         return GANG_EMODEL;
     }
     if (t->begin > t->end || t->end > data_size) {
         gang_set_err(err, errlen,
-                        "%s: tensor %.200s: data_offsets [%llu, %llu] outside the data section "
-                        "of %llu bytes",
-                        f->base, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                        (unsigned long long)data_size);
+                     "%s: tensor %.200s: data_offsets [%llu, %llu] outside the data section "
+                     "of %llu bytes",
+                     f->base, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                     (unsigned long long)data_size);
         return GANG_EMODEL;
     }
     if (__builtin_mul_overflow(t->numel, (uint64_t)gang_dtype_size(t->dtype), &bytes) ||
         t->end - t->begin != bytes) {
         gang_set_err(err, errlen,
-                        "%s: tensor %.200s: data_offsets [%llu, %llu] hold %llu bytes, but "
-                        "dtype x shape needs %llu",
-                        f->base, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                        (unsigned long long)(t->end - t->begin), (unsigned long long)bytes);
+                     "%s: tensor %.200s: data_offsets [%llu, %llu] hold %llu bytes, but "
+                     "dtype x shape needs %llu",
+                     f->base, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                     (unsigned long long)(t->end - t->begin), (unsigned long long)bytes);
         return GANG_EMODEL;
     }
     return 0;
@@ -240,7 +240,7 @@ static int st_check_tensor_set(gang__st_file *f, char *err, size_t errlen)
     for (i = 1; i < f->n_tensors; i++) {
         if (strcmp(f->tensors[i - 1].name, f->tensors[i].name) == 0) {
             gang_set_err(err, errlen, "%s: tensor %.200s appears twice in the header", f->base,
-                            f->tensors[i].name);
+                         f->tensors[i].name);
             return GANG_EMODEL;
         }
     }
@@ -255,9 +255,8 @@ static int st_check_tensor_set(gang__st_file *f, char *err, size_t errlen)
     qsort(by_begin, n, sizeof(*by_begin), st_cmp_begin);
     for (i = 1; i < n; i++) {
         if (by_begin[i]->begin < by_begin[i - 1]->end) {
-            gang_set_err(err, errlen,
-                            "%s: tensors %.200s and %.200s overlap in the data section", f->base,
-                            by_begin[i - 1]->name, by_begin[i]->name);
+            gang_set_err(err, errlen, "%s: tensors %.200s and %.200s overlap in the data section",
+                         f->base, by_begin[i - 1]->name, by_begin[i]->name);
             rc = GANG_EMODEL;
             break;
         }
@@ -286,7 +285,7 @@ static int st_parse_header(gang__st_file *f, const char *hdr, size_t hlen, char 
     for (; end != NULL && end < hdr + hlen; end++) {
         if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r') {
             gang_set_err(err, errlen, "%s: bytes after the JSON header at offset %zu", f->base,
-                            (size_t)(end - hdr) + 8);
+                         (size_t)(end - hdr) + 8);
             rc = GANG_EMODEL;
             goto out_free;
         }
@@ -353,22 +352,22 @@ int gang__st_open(const char *path, gang__st_file *f, char *err, size_t errlen)
     f->size = (uint64_t)st.st_size;
     if (f->size < 8 || st_pread_full(f->fd, lenbuf, 8, 0) != 0) {
         gang_set_err(err, errlen, "%s: file of %llu bytes has no 8-byte header length", f->base,
-                        (unsigned long long)f->size);
+                     (unsigned long long)f->size);
         rc = GANG_EMODEL;
         goto out_close;
     }
     for (i = 7; i >= 0; i--)
         hlen = (hlen << 8) | lenbuf[i];
     if (hlen > GANG_MODEL_MAX_HEADER_BYTES) {
-        gang_set_err(err, errlen, "%s: header length %llu exceeds the limit of %u bytes",
-                        f->base, (unsigned long long)hlen, GANG_MODEL_MAX_HEADER_BYTES);
+        gang_set_err(err, errlen, "%s: header length %llu exceeds the limit of %u bytes", f->base,
+                     (unsigned long long)hlen, GANG_MODEL_MAX_HEADER_BYTES);
         rc = GANG_EMODEL;
         goto out_close;
     }
     if (hlen > f->size - 8) {
         gang_set_err(err, errlen,
-                        "%s: header length %llu is beyond the end of the file (%llu bytes)",
-                        f->base, (unsigned long long)hlen, (unsigned long long)f->size);
+                     "%s: header length %llu is beyond the end of the file (%llu bytes)", f->base,
+                     (unsigned long long)hlen, (unsigned long long)f->size);
         rc = GANG_EMODEL;
         goto out_close;
     }
@@ -380,7 +379,7 @@ int gang__st_open(const char *path, gang__st_file *f, char *err, size_t errlen)
     }
     if (st_pread_full(f->fd, hdr, (size_t)hlen, 8) != 0) {
         gang_set_err(err, errlen, "%s: cannot read the header: %s", f->base,
-                        errno ? strerror(errno) : "file shrank");
+                     errno ? strerror(errno) : "file shrank");
         rc = GANG_EMODEL;
         goto out_close;
     }
@@ -534,7 +533,7 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
     wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (root == NULL || !cJSON_IsObject(root) || !cJSON_IsObject(wm)) {
         gang_set_err(err, errlen, "%s: not a JSON object with an object \"weight_map\"",
-                        GANG__ST_INDEX_NAME);
+                     GANG__ST_INDEX_NAME);
         rc = GANG_EMODEL;
         goto out_free;
     }
@@ -549,10 +548,10 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
     {
         if (!cJSON_IsString(item) || !st_shard_name_ok(item->valuestring)) {
             gang_set_err(err, errlen,
-                            "%s: tensor %.200s maps to \"%.200s\", which is not a plain file "
-                            "name in the model directory",
-                            GANG__ST_INDEX_NAME, item->string,
-                            cJSON_IsString(item) ? item->valuestring : "(not a string)");
+                         "%s: tensor %.200s maps to \"%.200s\", which is not a plain file "
+                         "name in the model directory",
+                         GANG__ST_INDEX_NAME, item->string,
+                         cJSON_IsString(item) ? item->valuestring : "(not a string)");
             rc = GANG_EMODEL;
             goto out_free;
         }
@@ -584,7 +583,7 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
         if (rc != 0) {
             if (rc == GANG_EMODEL && access(path, F_OK) != 0)
                 gang_set_err(err, errlen, "%s: names shard %.200s, which is missing",
-                                GANG__ST_INDEX_NAME, names[i]);
+                             GANG__ST_INDEX_NAME, names[i]);
             goto out_free;
         }
         s->n_files++;
@@ -595,13 +594,13 @@ static int st_set_open_index(const char *dir, const char *ipath, gang__st_set *s
 
         if (i > 0 && strcmp(s->entries[i - 1].name, s->entries[i].name) == 0) {
             gang_set_err(err, errlen, "%s: tensor %.200s appears twice in \"weight_map\"",
-                            GANG__ST_INDEX_NAME, s->entries[i].name);
+                         GANG__ST_INDEX_NAME, s->entries[i].name);
             rc = GANG_EMODEL;
             goto out_free;
         }
         if (gang__st_find(f, s->entries[i].name) == NULL) {
             gang_set_err(err, errlen, "%s: maps tensor %.200s to %s, which does not hold it",
-                            GANG__ST_INDEX_NAME, s->entries[i].name, f->base);
+                         GANG__ST_INDEX_NAME, s->entries[i].name, f->base);
             rc = GANG_EMODEL;
             goto out_free;
         }
@@ -635,7 +634,7 @@ int gang__st_set_open(const char *dir, gang__st_set *s, char *err, size_t errlen
         snprintf(path, sizeof(path), "%s/%s", dir, GANG__ST_INDEX_NAME);
         if (stat(path, &st) != 0) {
             gang_set_err(err, errlen, "%s: neither %s nor %s found", dir, GANG__ST_SINGLE_NAME,
-                            GANG__ST_INDEX_NAME);
+                         GANG__ST_INDEX_NAME);
             return GANG_EMODEL;
         }
         rc = st_set_open_index(dir, path, s, err, errlen);

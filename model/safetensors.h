@@ -115,5 +115,4 @@ int gang__st_set_find(const gang__st_set *s, const char *name, const gang__st_fi
 int gang__read_small_file(const char *path, size_t max, char **out, size_t *len, char *err,
                           size_t errlen);
 
-
 #endif /* GANGLION_MODEL_SAFETENSORS_H */

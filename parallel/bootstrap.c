@@ -23,8 +23,7 @@ struct gang_bootstrap {
 };
 
 /* Checks the socket part blob[0, *nl): printable bytes up to the first newline. */
-static int boot_parse_socket(const uint8_t *blob, size_t len, size_t *nl, char *err,
-                             size_t errlen)
+static int boot_parse_socket(const uint8_t *blob, size_t len, size_t *nl, char *err, size_t errlen)
 {
     size_t i;
 
@@ -35,8 +34,10 @@ static int boot_parse_socket(const uint8_t *blob, size_t len, size_t *nl, char *
             break;
         }
         if (blob[i] < 0x20 || blob[i] > 0x7e) {
-            snprintf(err, errlen, "bootstrap blob: byte %zu of the socket part is 0x%02x, "
-                     "not a printable character", i, blob[i]);
+            snprintf(err, errlen,
+                     "bootstrap blob: byte %zu of the socket part is 0x%02x, "
+                     "not a printable character",
+                     i, blob[i]);
             return GANG_EPROTO;
         }
     }
@@ -55,21 +56,27 @@ static int boot_parse_nccl(const uint8_t *l2, size_t n2, char *err, size_t errle
     size_t i;
 
     if (n2 < plen || memcmp(l2, prefix, plen) != 0) {
-        snprintf(err, errlen, "bootstrap blob: the line after the socket part must start "
-                 "with '%s' (got %zu bytes that do not)", prefix, n2);
+        snprintf(err, errlen,
+                 "bootstrap blob: the line after the socket part must start "
+                 "with '%s' (got %zu bytes that do not)",
+                 prefix, n2);
         return GANG_EPROTO;
     }
     if (n2 - plen != GANG_BOOTSTRAP_NCCL_HEX) {
-        snprintf(err, errlen, "bootstrap blob: the NCCL unique id has %zu characters, "
-                 "expected %d hex digits", n2 - plen, GANG_BOOTSTRAP_NCCL_HEX);
+        snprintf(err, errlen,
+                 "bootstrap blob: the NCCL unique id has %zu characters, "
+                 "expected %d hex digits",
+                 n2 - plen, GANG_BOOTSTRAP_NCCL_HEX);
         return GANG_EPROTO;
     }
     for (i = plen; i < n2; i++) {
         uint8_t ch = l2[i];
 
         if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) {
-            snprintf(err, errlen, "bootstrap blob: character %zu of the NCCL unique id is "
-                     "0x%02x, not a lowercase hex digit", i - plen, ch);
+            snprintf(err, errlen,
+                     "bootstrap blob: character %zu of the NCCL unique id is "
+                     "0x%02x, not a lowercase hex digit",
+                     i - plen, ch);
             return GANG_EPROTO;
         }
     }
@@ -189,8 +196,8 @@ int gang_bootstrap_create(const char *advertise_host, int with_nccl, gang_bootst
             goto out_free;
         }
     }
-    rc = gang_bootstrap_format((const uint8_t *)sock, sock_len, with_nccl ? id : NULL, id_len,
-                               blob, cap, len);
+    rc = gang_bootstrap_format((const uint8_t *)sock, sock_len, with_nccl ? id : NULL, id_len, blob,
+                               cap, len);
     if (rc < 0) {
         snprintf(err, errlen, "cannot build the bootstrap blob: %s", gang_strerror(rc));
         goto out_free;

@@ -14,23 +14,21 @@
 
 typedef struct gang__comm_ops {
     const char *name;
-    uint32_t caps;               /* GANG_COMM_CAP_* of include/ganglion/comm.h */
+    uint32_t caps; /* GANG_COMM_CAP_* of include/ganglion/comm.h */
     int (*init)(gang_comm *c, const gang_comm_config *cfg);
     void (*free)(gang_comm *c);
     /* The front allocates child and sets its ops and backend; split sets rank, size, impl. */
-    int (*split)(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout_ms,
-                 gang_comm *child);
+    int (*split)(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout_ms, gang_comm *child);
     int (*all_reduce)(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo);
-    int (*all_gather)(gang_comm *c, const void *send, void *recv, size_t count,
-                      gang_dtype dt, uint64_t tmo);
+    int (*all_gather)(gang_comm *c, const void *send, void *recv, size_t count, gang_dtype dt,
+                      uint64_t tmo);
     int (*broadcast)(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
                      uint64_t tmo);
     int (*send)(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
                 uint64_t tmo);
-    int (*recv)(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
-                uint64_t tmo);
-    int (*barrier)(gang_comm *c, uint64_t tmo);           /* optional: NULL = front emulates */
-    void (*abort)(gang_comm *c);                          /* wakes blocked operations */
+    int (*recv)(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag, uint64_t tmo);
+    int (*barrier)(gang_comm *c, uint64_t tmo); /* optional: NULL = front emulates */
+    void (*abort)(gang_comm *c);                /* wakes blocked operations */
 } gang__comm_ops;
 
 /* The front's part of every communicator; backends keep their state behind impl. */
@@ -38,9 +36,9 @@ struct gang_comm {
     const gang__comm_ops *ops;
     gang_comm_backend backend;
     uint32_t rank, size;
-    atomic_int aborted;          /* set by gang_comm_abort() */
-    atomic_int async_error;      /* first error recorded */
-    void *impl;                  /* backend state */
+    atomic_int aborted;     /* set by gang_comm_abort() */
+    atomic_int async_error; /* first error recorded */
+    void *impl;             /* backend state */
 };
 
 /* The vtable of backend b (a stub returning GANG_ENOSYS when not built). */

@@ -656,14 +656,14 @@ static int mpi_ring_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype
         m->scratch_cap = most * esize;
     }
     /* Block i spans elements [i * count / p, (i + 1) * count / p). */
-#define RING_OFF(i) ((i) * count / p)
+#define RING_OFF(i) ((i)*count / p)
 #define RING_LEN(i) (RING_OFF((i) + 1) - RING_OFF(i))
     for (size_t s = 0; s + 1 < p; s++) {
         size_t out = (r + p - s) % p;
         size_t in = (r + p - s - 1) % p;
 
-        err = mpi_ring_step(c, b + RING_OFF(out) * esize, RING_LEN(out), m->scratch,
-                            RING_LEN(in), dt, deadline_ns);
+        err = mpi_ring_step(c, b + RING_OFF(out) * esize, RING_LEN(out), m->scratch, RING_LEN(in),
+                            dt, deadline_ns);
         if (err != 0)
             return err;
         gang__comm_reduce_sum(b + RING_OFF(in) * esize, m->scratch, RING_LEN(in), dt);
@@ -672,8 +672,8 @@ static int mpi_ring_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype
         size_t out = (r + 1 + p - s) % p;
         size_t in = (r + p - s) % p;
 
-        err = mpi_ring_step(c, b + RING_OFF(out) * esize, RING_LEN(out),
-                            b + RING_OFF(in) * esize, RING_LEN(in), dt, deadline_ns);
+        err = mpi_ring_step(c, b + RING_OFF(out) * esize, RING_LEN(out), b + RING_OFF(in) * esize,
+                            RING_LEN(in), dt, deadline_ns);
         if (err != 0)
             return err;
     }

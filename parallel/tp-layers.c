@@ -53,7 +53,7 @@ int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_fi
  * the compute stream, since it runs on its own stream); otherwise download into the
  * staging buffer, run the collective on the host, upload the result. The owner sizes the
  * staging buffer at init; a missing or short one is replaced by a temporary allocation
- * (gang_tp_linear_row and callers without a staging buffer of their own).
+ * (callers without a staging buffer of their own).
  * --------------------------------------------------------------------------------- */
 
 /* 1 when the buffers of (k, c) can be handed to c as they are. */
@@ -172,7 +172,10 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
     return gang_kernels_gemm(k, 1, tokens, out_shard, in, 1.0f, x, w_shard, 0.0f, y);
 }
 
-/* gang_tp_linear_row with the all-reduce staged through st (see the staging helpers). */
+/*
+ * Row-parallel linear: y [tokens, out] = sum over the TP group of x_shard . w_shard^T, the
+ * all-reduce staged through st (see the staging helpers). comm NULL = a single rank.
+ */
 static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage *st,
                                 const float *x_shard, size_t tokens, size_t in_shard,
                                 const float *w_shard, size_t out, float *y, uint64_t timeout_ms)
@@ -189,14 +192,6 @@ static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage 
     if (comm == NULL)
         return 0;
     return gang_tp_stage_all_reduce(k, comm, st, y, tokens * out, GANG_DTYPE_F32, timeout_ms);
-}
-
-int gang_tp_linear_row(gang_kernels *k, gang_comm *comm, const float *x_shard, size_t tokens,
-                       size_t in_shard, const float *w_shard, size_t out, float *y,
-                       uint64_t timeout_ms)
-{
-    return tp_linear_row_staged(k, comm, NULL, x_shard, tokens, in_shard, w_shard, out, y,
-                                timeout_ms);
 }
 
 /* ---------------------------------------------------------------------------------

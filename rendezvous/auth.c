@@ -1,6 +1,6 @@
 /*
  * Rendezvous authentication: a mutual HMAC-SHA256 challenge over the shared token, with
- * libsodium doing all of the cryptography (DESIGN.md §4: never hand-rolled crypto).
+ * libsodium doing all of the cryptography (docs/design.md §4: never hand-rolled crypto).
  *
  *   coordinator -> CHALLENGE(server_nonce)
  *   member      -> JOIN(..., client_nonce,

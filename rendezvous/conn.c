@@ -78,8 +78,8 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     while (off < (size_t)nread && !c->closing) {
         size_t room = gang_wire_reader_space(c->rd);
         size_t n = (size_t)nread - off < room ? (size_t)nread - off : room;
-        int rc = n ? gang_wire_reader_feed(c->rd, (const uint8_t *)buf->base + off, n)
-                   : GANG_EMSGSIZE;
+        int rc =
+            n ? gang_wire_reader_feed(c->rd, (const uint8_t *)buf->base + off, n) : GANG_EMSGSIZE;
         if (rc != 0) {
             gang__conn_close(c, rc);
             return;
@@ -132,7 +132,7 @@ int gang__conn_start(gang__conn *c)
 
 typedef struct conn_write {
     uv_write_t req;
-    int close_after;              /* close the connection once this is written (REJECT) */
+    int close_after; /* close the connection once this is written (REJECT) */
     uint8_t data[];
 } conn_write;
 

@@ -19,18 +19,18 @@ typedef void (*gang__conn_msg_cb)(gang__conn *c, const gang_msg *m);
 typedef void (*gang__conn_close_cb)(gang__conn *c, int err);
 
 struct gang__conn {
-    uv_tcp_t tcp;                 /* must stay first: handles are cast back to the conn */
+    uv_tcp_t tcp; /* must stay first: handles are cast back to the conn */
     gang_wire_reader *rd;
-    gang_msg *msg;                /* decode scratch (messages are up to ~9 KiB) */
-    gang_session sess;            /* per-connection MACs; inactive until the handshake */
-    void *owner;                  /* coordinator or member */
+    gang_msg *msg;     /* decode scratch (messages are up to ~9 KiB) */
+    gang_session sess; /* per-connection MACs; inactive until the handshake */
+    void *owner;       /* coordinator or member */
     gang__conn_msg_cb on_msg;
     gang__conn_close_cb on_close;
-    int closing;                  /* gang__conn_close() was called */
-    int close_err;                /* why it closed (0 = asked to) */
-    uint64_t last_rx_ms;          /* monotonic time of the last complete message */
+    int closing;         /* gang__conn_close() was called */
+    int close_err;       /* why it closed (0 = asked to) */
+    uint64_t last_rx_ms; /* monotonic time of the last complete message */
     uint64_t opened_ms;
-    char peer[64];                /* "ip:port" for logs */
+    char peer[64]; /* "ip:port" for logs */
 };
 
 /* Initialises c's TCP handle on loop; c must be zeroed. GANG_ENOMEM on failure. */

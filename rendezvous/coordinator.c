@@ -26,20 +26,20 @@
 typedef struct coord_peer coord_peer;
 
 typedef struct node_slot {
-    coord_peer *peer;             /* authenticated member connection, or NULL */
-    int available;                /* REJOIN received since the last START / ABORT */
-    int ready;                    /* READY for the current generation */
-    uint64_t generation_seen;     /* highest generation the member reported */
-    gang_msg_heartbeat hb;        /* last heartbeat from the member */
-    uint64_t hb_rx_ms;            /* when it arrived (monotonic) */
-    uint64_t rejoin_deadline_ms;  /* REJOIN due by then after an abort; 0 = no deadline */
+    coord_peer *peer;            /* authenticated member connection, or NULL */
+    int available;               /* REJOIN received since the last START / ABORT */
+    int ready;                   /* READY for the current generation */
+    uint64_t generation_seen;    /* highest generation the member reported */
+    gang_msg_heartbeat hb;       /* last heartbeat from the member */
+    uint64_t hb_rx_ms;           /* when it arrived (monotonic) */
+    uint64_t rejoin_deadline_ms; /* REJOIN due by then after an abort; 0 = no deadline */
 } node_slot;
 
 struct coord_peer {
-    gang__conn conn;              /* first: conn callbacks cast back to the peer */
+    gang__conn conn; /* first: conn callbacks cast back to the peer */
     gang_coord *coord;
-    int joined;                   /* passed JOIN validation */
-    uint32_t node;                /* slot index once joined */
+    int joined;    /* passed JOIN validation */
+    uint32_t node; /* slot index once joined */
     uint8_t server_nonce[GANG_NONCE_SIZE];
     coord_peer *prev, *next;
 };
@@ -47,37 +47,37 @@ struct coord_peer {
 struct gang_coord {
     uv_loop_t *loop;
     uv_tcp_t listener;
-    uv_timer_t tick;              /* deadlines: handshakes, silence, start, backoff */
-    uv_timer_t beat;              /* heartbeats to members */
-    int open_handles;             /* closed handles still pending; free at 0 */
+    uv_timer_t tick;  /* deadlines: handshakes, silence, start, backoff */
+    uv_timer_t beat;  /* heartbeats to members */
+    int open_handles; /* closed handles still pending; free at 0 */
     int closing;
     gang_coord_config cfg;
     char job[GANG_JOB_MAX];
     int port;
 
-    coord_peer *peers;            /* every live connection, joined or not */
+    coord_peer *peers; /* every live connection, joined or not */
     uint32_t npeers;
-    node_slot *slots;             /* nnodes */
-    uint32_t world;               /* nnodes * nproc_per_node */
-    gang_coord_rank *rank_view;   /* world, rebuilt for status */
+    node_slot *slots;           /* nnodes */
+    uint32_t world;             /* nnodes * nproc_per_node */
+    gang_coord_rank *rank_view; /* world, rebuilt for status */
 
     gang_state state;
     uint64_t generation;
-    int blob_sent;                /* START sent for the current generation */
+    int blob_sent; /* START sent for the current generation */
     uint64_t start_deadline_ms;
     uint64_t backoff_until_ms;
     gang_backoff backoff;
     uint64_t restarts_total;
-    uint64_t *restart_ms;         /* ring of the last max_restarts+1 restart times */
+    uint64_t *restart_ms; /* ring of the last max_restarts+1 restart times */
     uint32_t restart_head;
-    uint64_t round_start_ms;      /* start of the current (re)formation round */
+    uint64_t round_start_ms; /* start of the current (re)formation round */
     double rendezvous_seconds;
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank, last_failure_code;
     uint64_t last_failure_wall_ms;
     char last_failure[GANG_REASON_MAX];
-    gang_msg *scratch;            /* outgoing message builder */
-    uint64_t frames_rejected;     /* connections closed for a bad session tag */
+    gang_msg *scratch;        /* outgoing message builder */
+    uint64_t frames_rejected; /* connections closed for a bad session tag */
 };
 
 static void coord_fail(gang_coord *c, int32_t rank, int32_t code, const char *reason);
@@ -183,11 +183,9 @@ static void give_up(gang_coord *c, const char *reason)
     set_state(c, GANG_STATE_FAILED);
     gang_error("coordinator: restart budget spent (%u restarts in %llu s): gang stays down; "
                "last failure: %s",
-               c->cfg.max_restarts, (unsigned long long)(c->cfg.restart_window_ms / 1000),
-               reason);
+               c->cfg.max_restarts, (unsigned long long)(c->cfg.restart_window_ms / 1000), reason);
     gang_msg *m = scratch_msg(c, GANG_MSG_GIVE_UP);
-    snprintf(m->u.give_up.reason, sizeof(m->u.give_up.reason), "restart budget spent: %s",
-             reason);
+    snprintf(m->u.give_up.reason, sizeof(m->u.give_up.reason), "restart budget spent: %s", reason);
     broadcast(c, m);
 }
 
@@ -251,9 +249,10 @@ static int validate_join(gang_coord *c, coord_peer *p, const gang_msg_join *j, c
         return GANG_EMISMATCH;
     }
     if (j->nnodes != c->cfg.nnodes || j->nproc_per_node != c->cfg.nproc_per_node) {
-        snprintf(why, cap, "world shape %ux%u differs from the coordinator's %ux%u (nnodes x "
-                 "nproc-per-node)", j->nnodes, j->nproc_per_node, c->cfg.nnodes,
-                 c->cfg.nproc_per_node);
+        snprintf(why, cap,
+                 "world shape %ux%u differs from the coordinator's %ux%u (nnodes x "
+                 "nproc-per-node)",
+                 j->nnodes, j->nproc_per_node, c->cfg.nnodes, c->cfg.nproc_per_node);
         return GANG_EMISMATCH;
     }
     if (j->tp != c->cfg.tp || j->pp != c->cfg.pp) {
@@ -287,8 +286,8 @@ static void on_join(gang_coord *c, coord_peer *p, const gang_msg *m)
     char why[GANG_REASON_MAX];
     int rc = validate_join(c, p, j, why, sizeof(why));
     if (rc != 0) {
-        gang_warn("coordinator: refused JOIN from %s as node %u: %s", p->conn.peer,
-                  j->node_index, why);
+        gang_warn("coordinator: refused JOIN from %s as node %u: %s", p->conn.peer, j->node_index,
+                  why);
         gang__conn_reject(&p->conn, rc, why);
         return;
     }
@@ -327,9 +326,8 @@ static int is_stale(gang_coord *c, coord_peer *p, const gang_msg *m, const char 
 {
     if (m->generation == c->generation)
         return 0;
-    gang_warn("coordinator: ignoring stale %s from node %u: generation %llu, current %llu",
-              what, p->node, (unsigned long long)m->generation,
-              (unsigned long long)c->generation);
+    gang_warn("coordinator: ignoring stale %s from node %u: generation %llu, current %llu", what,
+              p->node, (unsigned long long)m->generation, (unsigned long long)c->generation);
     return 1;
 }
 
@@ -381,7 +379,8 @@ static void on_member_msg(gang_coord *c, coord_peer *p, const gang_msg *m)
         /* Tell members at once rather than at the next beat: /readyz turns 200 sooner. */
         on_beat(&c->beat);
         gang_info("coordinator: gang serving generation %llu: %u ranks on %u nodes, formed "
-                  "in %.3f s", (unsigned long long)c->generation, c->world, c->cfg.nnodes,
+                  "in %.3f s",
+                  (unsigned long long)c->generation, c->world, c->cfg.nnodes,
                   c->rendezvous_seconds);
         return;
     }
@@ -492,8 +491,8 @@ static void on_tick(uv_timer_t *t)
         if (p->conn.closing)
             continue;
         if (!p->joined && now - p->conn.opened_ms > c->cfg.handshake_timeout_ms) {
-            gang_warn("coordinator: %s did not complete JOIN within %llu ms: closing",
-                      p->conn.peer, (unsigned long long)c->cfg.handshake_timeout_ms);
+            gang_warn("coordinator: %s did not complete JOIN within %llu ms: closing", p->conn.peer,
+                      (unsigned long long)c->cfg.handshake_timeout_ms);
             gang__conn_close(&p->conn, GANG_ETIMEDOUT);
         } else if (p->joined && now - p->conn.last_rx_ms > c->cfg.heartbeat_timeout_ms) {
             gang_warn("coordinator: node %u silent for %llu ms: dropping it", p->node,
@@ -523,7 +522,8 @@ static void on_tick(uv_timer_t *t)
             if (s->peer && !s->available && !s->peer->conn.closing && s->rejoin_deadline_ms &&
                 now > s->rejoin_deadline_ms) {
                 gang_warn("coordinator: node %u did not rejoin within %llu ms of the abort: "
-                          "dropping it", i, (unsigned long long)c->cfg.start_timeout_ms);
+                          "dropping it",
+                          i, (unsigned long long)c->cfg.start_timeout_ms);
                 s->rejoin_deadline_ms = 0;
                 gang__conn_close(&s->peer->conn, GANG_ETIMEDOUT);
             }
@@ -600,9 +600,10 @@ int gang_coord_start(void *uv_loop, const gang_coord_config *cfg, gang_coord **o
     uv_timer_start(&c->beat, on_beat, cfg->heartbeat_interval_ms, cfg->heartbeat_interval_ms);
     if (!cfg->token.present)
         gang_warn("coordinator: NO TOKEN configured (--token-file): any process that can "
-                  "reach port %d can join the gang", c->port);
-    gang_info("coordinator: listening on %s:%d for %u nodes x %u ranks (job %s)",
-              cfg->bind_address, c->port, cfg->nnodes, cfg->nproc_per_node, c->job);
+                  "reach port %d can join the gang",
+                  c->port);
+    gang_info("coordinator: listening on %s:%d for %u nodes x %u ranks (job %s)", cfg->bind_address,
+              c->port, cfg->nnodes, cfg->nproc_per_node, c->job);
     *out = c;
     return 0;
 out_free:

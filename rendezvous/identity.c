@@ -1,5 +1,5 @@
 /*
- * Identity discovery (DESIGN.md §3): which node of the gang this agent is, how many nodes
+ * Identity discovery (docs/design.md §3): which node of the gang this agent is, how many nodes
  * there are, and where the coordinator listens. The sources are tried in a fixed order and
  * the first one that is present wins; a source that is present but inconsistent is an
  * error, never a reason to fall through to the next one, because silently picking another
@@ -143,9 +143,9 @@ static int coordinator_from_flag(const gang_params *p, gang_identity *id, const 
 
     if (rc < 0)
         gang_set_err(err, errlen,
-                "--coordinator '%s' (%s): expected HOST:PORT or [IPv6]:PORT with a port in "
-                "1..65535 and a host shorter than %d bytes",
-                p->coordinator, why, GANG_HOST_MAX);
+                     "--coordinator '%s' (%s): expected HOST:PORT or [IPv6]:PORT with a port in "
+                     "1..65535 and a host shorter than %d bytes",
+                     p->coordinator, why, GANG_HOST_MAX);
     return rc < 0 ? GANG_EUSAGE : 0;
 }
 
@@ -159,9 +159,9 @@ static int coordinator_port_from_param(const gang_params *p, gang_identity *id, 
 {
     if (p->rdzv_port < 0 || p->rdzv_port > 65535 || (p->rdzv_port == 0 && id->node_index != 0)) {
         gang_set_err(err, errlen,
-                "--rdzv-port %lld cannot be used to reach the coordinator: pass a port in "
-                "1..65535 (or --coordinator HOST:PORT)",
-                (long long)p->rdzv_port);
+                     "--rdzv-port %lld cannot be used to reach the coordinator: pass a port in "
+                     "1..65535 (or --coordinator HOST:PORT)",
+                     (long long)p->rdzv_port);
         return GANG_EUSAGE;
     }
     id->coordinator_port = (uint16_t)p->rdzv_port;
@@ -178,7 +178,7 @@ static int reconcile_nnodes(const gang_params *p, int64_t size, const char *var,
 {
     if (p->nnodes != 1 && p->nnodes != size) {
         gang_set_err(err, errlen, "%s=%lld disagrees with --nnodes %lld", var, (long long)size,
-                (long long)p->nnodes);
+                     (long long)p->nnodes);
         return GANG_EUSAGE;
     }
     id->nnodes = (int32_t)size;
@@ -205,7 +205,8 @@ static int env_index(char *const *envp, const char *var, int64_t lo, int64_t hi,
         return GANG_EUSAGE;
     }
     if (rc < 0) {
-        gang_set_err(err, errlen, "%s=%s is outside [%lld, %lld]", var, s, (long long)lo, (long long)hi);
+        gang_set_err(err, errlen, "%s=%s is outside [%lld, %lld]", var, s, (long long)lo,
+                     (long long)hi);
         return GANG_EUSAGE;
     }
     return 0;
@@ -223,7 +224,7 @@ static int split_ordinal(const char *hostname, char *name, size_t namecap, int64
 
     if (hostname == NULL || hostname[0] == '\0') {
         gang_set_err(err, errlen,
-                "no host name to derive the StatefulSet ordinal from (pass --hostname)");
+                     "no host name to derive the StatefulSet ordinal from (pass --hostname)");
         return GANG_EUSAGE;
     }
     len = strcspn(hostname, ".");
@@ -231,9 +232,9 @@ static int split_ordinal(const char *hostname, char *name, size_t namecap, int64
         ;
     if (i == len || i < 2 || hostname[i - 1] != '-' || len - i > 9) {
         gang_set_err(err, errlen,
-                "host name '%s' is not NAME-ORDINAL as in a StatefulSet Pod (set --hostname "
-                "or GANGLION_HOSTNAME, or pass --coordinator HOST:PORT)",
-                hostname);
+                     "host name '%s' is not NAME-ORDINAL as in a StatefulSet Pod (set --hostname "
+                     "or GANGLION_HOSTNAME, or pass --coordinator HOST:PORT)",
+                     hostname);
         return GANG_EUSAGE;
     }
     dash = i - 1;
@@ -269,10 +270,11 @@ static int statefulset_coordinator(const gang_params *p, char *const *envp, cons
         n = snprintf(id->coordinator_host, sizeof(id->coordinator_host), "%s-0.%s.%s.svc", name,
                      p->service, ns);
     if (n < 0 || (size_t)n >= sizeof(id->coordinator_host)) {
-        gang_set_err(err, errlen,
-                "coordinator name for StatefulSet '%s', service '%s', namespace '%s' is longer "
-                "than %d bytes",
-                name, p->service, ns, GANG_HOST_MAX - 1);
+        gang_set_err(
+            err, errlen,
+            "coordinator name for StatefulSet '%s', service '%s', namespace '%s' is longer "
+            "than %d bytes",
+            name, p->service, ns, GANG_HOST_MAX - 1);
         return GANG_EUSAGE;
     }
     return coordinator_port_from_param(p, id, err, errlen);
@@ -292,7 +294,7 @@ static int from_flags(const gang_params *p, char *const *envp, const char *hostn
     id->nnodes = (int32_t)p->nnodes;
     if (p->node_index >= p->nnodes) {
         gang_set_err(err, errlen, "--node-index %lld is outside [0, --nnodes %lld)",
-                (long long)p->node_index, (long long)p->nnodes);
+                     (long long)p->node_index, (long long)p->nnodes);
         return GANG_EUSAGE;
     }
     if (p->coordinator[0] != '\0')
@@ -323,9 +325,9 @@ static int from_flags(const gang_params *p, char *const *envp, const char *hostn
         return coordinator_port_from_param(p, id, err, errlen);
     }
     gang_set_err(err, errlen,
-            "--node-index %lld needs the coordinator's address: pass --coordinator HOST:PORT "
-            "(or --service for a StatefulSet)",
-            (long long)p->node_index);
+                 "--node-index %lld needs the coordinator's address: pass --coordinator HOST:PORT "
+                 "(or --service for a StatefulSet)",
+                 (long long)p->node_index);
     return GANG_EUSAGE;
 }
 
@@ -350,8 +352,8 @@ static int from_mpi(const gang_params *p, char *const *envp, gang_identity *id, 
     /* mpirun tells us who we are but not where rank 0's agent listens. */
     if (p->coordinator[0] == '\0') {
         gang_set_err(err, errlen,
-                "OMPI_COMM_WORLD_RANK is set, but the coordinator is unknown: under mpirun "
-                "pass --coordinator HOST:PORT (or GANGLION_COORDINATOR)");
+                     "OMPI_COMM_WORLD_RANK is set, but the coordinator is unknown: under mpirun "
+                     "pass --coordinator HOST:PORT (or GANGLION_COORDINATOR)");
         return GANG_EUSAGE;
     }
     return coordinator_from_flag(p, id, "under mpirun", err, errlen);
@@ -405,9 +407,9 @@ static int from_statefulset(const gang_params *p, char *const *envp, const char 
         return rc;
     if (ordinal >= p->nnodes) {
         gang_set_err(err, errlen,
-                "StatefulSet ordinal %lld (host name '%s') is outside [0, --nnodes %lld): set "
-                "--nnodes (GANGLION_NNODES) to the number of replicas",
-                (long long)ordinal, effective_hostname(p, hostname), (long long)p->nnodes);
+                     "StatefulSet ordinal %lld (host name '%s') is outside [0, --nnodes %lld): set "
+                     "--nnodes (GANGLION_NNODES) to the number of replicas",
+                     (long long)ordinal, effective_hostname(p, hostname), (long long)p->nnodes);
         return GANG_EUSAGE;
     }
     id->node_index = (int32_t)ordinal;
@@ -448,9 +450,9 @@ int gang_identity_discover(const gang_params *p, char *const *envp, const char *
         rc = from_statefulset(p, envp, hostname, id, err, errlen);
     else {
         gang_set_err(err, errlen,
-                "cannot tell which node this is: pass --node-index and --coordinator, run "
-                "under mpirun, in a LeaderWorkerSet, or in a StatefulSet with --service "
-                "(GANGLION_SERVICE)");
+                     "cannot tell which node this is: pass --node-index and --coordinator, run "
+                     "under mpirun, in a LeaderWorkerSet, or in a StatefulSet with --service "
+                     "(GANGLION_SERVICE)");
         return GANG_EUSAGE;
     }
     if (rc < 0) {

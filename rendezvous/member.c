@@ -16,7 +16,7 @@
 #include "conn.h"
 
 typedef struct member_conn {
-    gang__conn conn;              /* first: conn callbacks cast back */
+    gang__conn conn; /* first: conn callbacks cast back */
     gang_member *m;
     uv_connect_t connect_req;
     int connected;
@@ -27,25 +27,25 @@ struct gang_member {
     gang_member_config cfg;
     char host[GANG_HOST_MAX];
     gang_member_callbacks cb;
-    uv_timer_t retry;             /* reconnect delay, then the connect deadline */
-    uv_timer_t beat;              /* heartbeats and coordinator silence */
+    uv_timer_t retry; /* reconnect delay, then the connect deadline */
+    uv_timer_t beat;  /* heartbeats and coordinator silence */
     uv_getaddrinfo_t gai;
     int gai_pending;
-    member_conn *mc;              /* current connection attempt or session */
+    member_conn *mc; /* current connection attempt or session */
     int open_handles;
     int closing;
 
     int welcomed;
-    int available;                /* agent: local ranks idle and able to join */
+    int available; /* agent: local ranks idle and able to join */
     int rejoin_sent;
-    int rejected;                 /* refused for good: stop retrying */
+    int rejected; /* refused for good: stop retrying */
     uint8_t server_nonce[GANG_NONCE_SIZE];
     uint8_t client_nonce[GANG_NONCE_SIZE];
     gang_backoff backoff;
     uint32_t failed_attempts;
 
     gang_state gang_state;
-    uint64_t generation;          /* generation of the last START */
+    uint64_t generation; /* generation of the last START */
     uint64_t reconnects;
     uint64_t last_abort_wall_ms;
     uint64_t connected_since_ms;
@@ -113,7 +113,8 @@ static void coordinator_lost(gang_member *m, const char *why)
     m->rejoin_sent = 0;
     m->reconnects++;
     gang_warn("member: lost the coordinator (%s); aborting local ranks in place and "
-              "reconnecting", why);
+              "reconnecting",
+              why);
     if (m->cb.on_abort)
         m->cb.on_abort(m->cb.ctx, m->generation, -1, GANG_ECLOSED, why);
 }
@@ -180,8 +181,9 @@ static void on_welcome(gang_member *m, const gang_msg *msg)
     if (iv && to > iv &&
         (iv != m->cfg.heartbeat_interval_ms || to != m->cfg.heartbeat_timeout_ms)) {
         gang_warn("member: adopting the coordinator's heartbeat settings %llu/%llu ms "
-                  "(configured here: %llu/%llu ms)", (unsigned long long)iv,
-                  (unsigned long long)to, (unsigned long long)m->cfg.heartbeat_interval_ms,
+                  "(configured here: %llu/%llu ms)",
+                  (unsigned long long)iv, (unsigned long long)to,
+                  (unsigned long long)m->cfg.heartbeat_interval_ms,
                   (unsigned long long)m->cfg.heartbeat_timeout_ms);
         m->cfg.heartbeat_interval_ms = iv;
         m->cfg.heartbeat_timeout_ms = to;
@@ -278,9 +280,8 @@ static void mc_on_msg(gang__conn *conn, const gang_msg *msg)
         return;
     }
 out_stale:
-    gang_warn("member: ignoring stale message type %u of generation %llu (current %llu)",
-              msg->type, (unsigned long long)msg->generation,
-              (unsigned long long)m->generation);
+    gang_warn("member: ignoring stale message type %u of generation %llu (current %llu)", msg->type,
+              (unsigned long long)msg->generation, (unsigned long long)m->generation);
 }
 
 static void on_connect(uv_connect_t *req, int status)
@@ -328,7 +329,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     if (status < 0 || res == NULL) {
         if (m->failed_attempts++ % 20 == 0)
             gang_info("member: coordinator name %s does not resolve yet (%s); retrying with "
-                      "backoff", m->host, uv_strerror(status));
+                      "backoff",
+                      m->host, uv_strerror(status));
         uv_freeaddrinfo(res);
         schedule_connect(m, gang_backoff_next(&m->backoff));
         return;
@@ -394,8 +396,8 @@ static void on_beat(uv_timer_t *t)
     send_heartbeat(m);
 }
 
-int gang_member_start(void *uv_loop, const gang_member_config *cfg,
-                      const gang_member_callbacks *cb, gang_member **out)
+int gang_member_start(void *uv_loop, const gang_member_config *cfg, const gang_member_callbacks *cb,
+                      gang_member **out)
 {
     gang_member *m = calloc(1, sizeof(*m));
     if (m == NULL)

@@ -82,8 +82,8 @@ int gang_wire_reader_feed(gang_wire_reader *r, const uint8_t *data, size_t len)
 /*
  * Takes the next complete message (see rendezvous.h). gang_wire_decode() validates the
  * header before it asks for the payload, which is what lets a bad header surface as soon
- * as its 20 bytes are buffered; with a session, a wrong tag is GANG_EAUTH. Any error is remembered and returned again by every later
- * call: after a framing error the stream position is meaningless.
+ * as its 20 bytes are buffered; with a session, a wrong tag is GANG_EAUTH. Any error is remembered
+ * and returned again by every later call: after a framing error the stream position is meaningless.
  */
 int gang_wire_reader_next(gang_wire_reader *r, gang_msg *m)
 {

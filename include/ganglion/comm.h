@@ -26,7 +26,6 @@
 
 typedef struct gang_comm gang_comm;
 
-
 typedef enum gang_comm_backend {
     GANG_COMM_SOCKET = 0,
     GANG_COMM_MPI = 1,
@@ -45,8 +44,8 @@ int gang_comm_backend_built(gang_comm_backend b);
  * gang_comm_init() with backend = GANG_COMM_SOCKET and that blob.
  */
 typedef struct gang_comm_listener gang_comm_listener;
-int gang_comm_socket_listen(const char *advertise_host, gang_comm_listener **out,
-                            char *blob, size_t blob_cap, size_t *blob_len);
+int gang_comm_socket_listen(const char *advertise_host, gang_comm_listener **out, char *blob,
+                            size_t blob_cap, size_t *blob_len);
 void gang_comm_listener_free(gang_comm_listener *l);
 
 /*
@@ -95,8 +94,8 @@ typedef struct gang_bootstrap gang_bootstrap;
 typedef struct gang_bootstrap_parts {
     const uint8_t *socket; /* the socket backend's blob (socket_len 0: an empty blob) */
     size_t socket_len;
-    const uint8_t *nccl;   /* the NCCL unique id (hex), or NULL without the nccl part */
-    size_t nccl_len;       /* GANG_BOOTSTRAP_NCCL_HEX with the nccl part, else 0 */
+    const uint8_t *nccl; /* the NCCL unique id (hex), or NULL without the nccl part */
+    size_t nccl_len;     /* GANG_BOOTSTRAP_NCCL_HEX with the nccl part, else 0 */
 } gang_bootstrap_parts;
 
 /*
@@ -129,14 +128,14 @@ int gang_bootstrap_create(const char *advertise_host, int with_nccl, gang_bootst
 void gang_bootstrap_free(gang_bootstrap *b);
 
 typedef struct gang_bootstrap_join_config {
-    uint32_t rank;                 /* this rank, in [0, world_size) */
+    uint32_t rank; /* this rank, in [0, world_size) */
     uint32_t world_size;
-    const uint8_t *blob;           /* rank 0's blob, as gang_bootstrap_create wrote it */
+    const uint8_t *blob; /* rank 0's blob, as gang_bootstrap_create wrote it */
     size_t blob_len;
-    gang_bootstrap *root;          /* rank 0's, for the socket join; consumed in any case */
-    const char *advertise_host;    /* socket: address other ranks use to reach this one */
-    uint64_t timeout_ms;           /* deadline of the whole initialisation */
-    const int *cancel_fd;          /* optional, as in gang_comm_config */
+    gang_bootstrap *root;       /* rank 0's, for the socket join; consumed in any case */
+    const char *advertise_host; /* socket: address other ranks use to reach this one */
+    uint64_t timeout_ms;        /* deadline of the whole initialisation */
+    const int *cancel_fd;       /* optional, as in gang_comm_config */
 } gang_bootstrap_join_config;
 
 /*
@@ -151,16 +150,16 @@ int gang_bootstrap_join(const gang_bootstrap_join_config *cfg, gang_comm_backend
 
 typedef struct gang_comm_config {
     gang_comm_backend backend;
-    uint32_t rank;                     /* this rank, in [0, world_size) */
+    uint32_t rank; /* this rank, in [0, world_size) */
     uint32_t world_size;
-    const uint8_t *blob;               /* socket: rank 0's blob; nccl: the unique id */
+    const uint8_t *blob; /* socket: rank 0's blob; nccl: the unique id */
     size_t blob_len;
-    gang_comm_listener *listener;      /* socket, rank 0 only: from gang_comm_socket_listen */
-    const char *advertise_host;        /* socket: address other ranks use to reach this one */
-    uint64_t timeout_ms;               /* deadline of the whole initialisation */
-    const int *cancel_fd;              /* optional: init returns GANG_EABORTED promptly once
-                                          this fd is readable (socket backend; a thread that
-                                          must stop a gang still forming writes to it) */
+    gang_comm_listener *listener; /* socket, rank 0 only: from gang_comm_socket_listen */
+    const char *advertise_host;   /* socket: address other ranks use to reach this one */
+    uint64_t timeout_ms;          /* deadline of the whole initialisation */
+    const int *cancel_fd;         /* optional: init returns GANG_EABORTED promptly once
+                                     this fd is readable (socket backend; a thread that
+                                     must stop a gang still forming writes to it) */
 } gang_comm_config;
 
 /*
@@ -185,9 +184,9 @@ gang_comm_backend gang_comm_backend_of(const gang_comm *c);
  *    the messages between two ranks match in issue order.
  * gang_comm_caps(NULL) is 0.
  */
-#define GANG_COMM_CAP_HOST_MEM   (1u << 0)
+#define GANG_COMM_CAP_HOST_MEM (1u << 0)
 #define GANG_COMM_CAP_DEVICE_MEM (1u << 1)
-#define GANG_COMM_CAP_TAGS       (1u << 2)
+#define GANG_COMM_CAP_TAGS (1u << 2)
 
 uint32_t gang_comm_caps(const gang_comm *c);
 
@@ -200,11 +199,10 @@ int gang_comm_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout
                     gang_comm **out);
 
 /* In-place sum over all ranks: buf holds count elements of dt on every rank. */
-int gang_comm_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
-                         uint64_t timeout_ms);
+int gang_comm_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t timeout_ms);
 /* recv (count * size elements) = concatenation of every rank's send (count elements). */
-int gang_comm_all_gather(gang_comm *c, const void *send, void *recv, size_t count,
-                         gang_dtype dt, uint64_t timeout_ms);
+int gang_comm_all_gather(gang_comm *c, const void *send, void *recv, size_t count, gang_dtype dt,
+                         uint64_t timeout_ms);
 /* buf of root is copied to every rank. */
 int gang_comm_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
                         uint64_t timeout_ms);

@@ -15,33 +15,33 @@
  * generates the enum, gang_strerror() and gang_err_name(). Codes that mirror an errno
  * use its negative value so that system errors pass through unchanged.
  * --------------------------------------------------------------------------------- */
-#define GANG_ERRNO_MAP(XX)                                                                 \
-    XX(EINVAL, -22, "invalid argument")                                                    \
-    XX(ENOMEM, -12, "out of memory")                                                       \
-    XX(EIO, -5, "input/output error")                                                      \
-    XX(EAGAIN, -11, "resource temporarily unavailable")                                    \
-    XX(ENOENT, -2, "no such file or directory")                                            \
-    XX(EACCES, -13, "permission denied")                                                   \
-    XX(EEXIST, -17, "already exists")                                                      \
-    XX(EMSGSIZE, -90, "message too long")                                                  \
-    XX(EPROTO, -71, "protocol error")                                                      \
-    XX(ECONNRESET, -104, "connection reset by peer")                                       \
-    XX(ECONNREFUSED, -111, "connection refused")                                           \
-    XX(ETIMEDOUT, -110, "timed out")                                                       \
-    XX(ENOSYS, -38, "not built into this binary")                                          \
-    XX(ERANGE, -34, "value out of range")                                                  \
-    XX(EVERSION, -3001, "unsupported protocol version")                                    \
-    XX(EAUTH, -3002, "authentication failed")                                              \
-    XX(ESTALE, -3003, "message of an older generation")                                    \
-    XX(EPEER, -3004, "a remote rank failed")                                               \
-    XX(EABORTED, -3005, "operation aborted")                                               \
-    XX(EDUPLICATE, -3006, "duplicate rank")                                                \
-    XX(EMISMATCH, -3007, "gang configuration mismatch")                                    \
-    XX(ERESOLVE, -3008, "name does not resolve")                                           \
-    XX(EBUDGET, -3009, "restart budget spent")                                             \
-    XX(ECLOSED, -3010, "connection closed")                                                \
-    XX(EUSAGE, -3011, "usage error")                                                       \
-    XX(EMODEL, -3012, "model or weights error")                                            \
+#define GANG_ERRNO_MAP(XX)                                                                         \
+    XX(EINVAL, -22, "invalid argument")                                                            \
+    XX(ENOMEM, -12, "out of memory")                                                               \
+    XX(EIO, -5, "input/output error")                                                              \
+    XX(EAGAIN, -11, "resource temporarily unavailable")                                            \
+    XX(ENOENT, -2, "no such file or directory")                                                    \
+    XX(EACCES, -13, "permission denied")                                                           \
+    XX(EEXIST, -17, "already exists")                                                              \
+    XX(EMSGSIZE, -90, "message too long")                                                          \
+    XX(EPROTO, -71, "protocol error")                                                              \
+    XX(ECONNRESET, -104, "connection reset by peer")                                               \
+    XX(ECONNREFUSED, -111, "connection refused")                                                   \
+    XX(ETIMEDOUT, -110, "timed out")                                                               \
+    XX(ENOSYS, -38, "not built into this binary")                                                  \
+    XX(ERANGE, -34, "value out of range")                                                          \
+    XX(EVERSION, -3001, "unsupported protocol version")                                            \
+    XX(EAUTH, -3002, "authentication failed")                                                      \
+    XX(ESTALE, -3003, "message of an older generation")                                            \
+    XX(EPEER, -3004, "a remote rank failed")                                                       \
+    XX(EABORTED, -3005, "operation aborted")                                                       \
+    XX(EDUPLICATE, -3006, "duplicate rank")                                                        \
+    XX(EMISMATCH, -3007, "gang configuration mismatch")                                            \
+    XX(ERESOLVE, -3008, "name does not resolve")                                                   \
+    XX(EBUDGET, -3009, "restart budget spent")                                                     \
+    XX(ECLOSED, -3010, "connection closed")                                                        \
+    XX(EUSAGE, -3011, "usage error")                                                               \
+    XX(EMODEL, -3012, "model or weights error")                                                    \
     XX(EINTERNAL, -3013, "internal error")
 
 typedef enum {
@@ -57,11 +57,11 @@ const char *gang_err_name(int err);
 /* Maps a positive errno value to a GANG_E* code (known ones keep their value). */
 int gang_err_from_errno(int errnum);
 
-/* Process exit codes of the external contract (DESIGN.md §3). */
+/* Process exit codes of the external contract (docs/design.md §3). */
 enum {
     GANG_EXIT_OK = 0,
-    GANG_EXIT_USAGE = 2,    /* usage / config error, never retried */
-    GANG_EXIT_MODEL = 3,    /* model / weights error, never retried */
+    GANG_EXIT_USAGE = 2, /* usage / config error, never retried */
+    GANG_EXIT_MODEL = 3, /* model / weights error, never retried */
     GANG_EXIT_INTERNAL = 70,
     GANG_EXIT_TEMPFAIL = 75 /* transient failure, retryable */
 };
@@ -86,8 +86,7 @@ int gang_log_parse_format(const char *s, gang_log_format *out);
 int gang_log_parse_level(const char *s, gang_log_level *out);
 /* Redirects output to fd (default 2); for tests. */
 void gang_log_set_fd(int fd);
-void gang_log_write(gang_log_level lvl, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void gang_log_write(gang_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define gang_debug(...) gang_log_write(GANG_LOG_DEBUG, __VA_ARGS__)
 #define gang_info(...) gang_log_write(GANG_LOG_INFO, __VA_ARGS__)
@@ -124,14 +123,14 @@ typedef struct gang_params {
 } gang_params;
 
 typedef struct gang_param_info {
-    const char *flag;     /* "heartbeat-interval-ms" (without dashes) */
+    const char *flag; /* "heartbeat-interval-ms" (without dashes) */
     gang_param_type type;
-    const char *def;      /* default as text */
-    int64_t lo, hi;       /* bounds of INT params; of DOUBLE params when dlo < dhi */
+    const char *def; /* default as text */
+    int64_t lo, hi;  /* bounds of INT params; of DOUBLE params when dlo < dhi */
     const char *help;
-    size_t offset;        /* into gang_params, or into the option table's struct */
-    double dlo, dhi;      /* bounds of DOUBLE params */
-    size_t str_cap;       /* capacity of a STR field of an option table; 0 = GANG_PARAM_STR_MAX */
+    size_t offset;   /* into gang_params, or into the option table's struct */
+    double dlo, dhi; /* bounds of DOUBLE params */
+    size_t str_cap;  /* capacity of a STR field of an option table; 0 = GANG_PARAM_STR_MAX */
 } gang_param_info;
 
 /*
@@ -156,8 +155,8 @@ int gang_opts_set(const gang_opt_table *t, void *base, const char *flag, const c
  * Parses argv[0..argc) against t (rules as gang_params_parse_args). Arguments not in t go
  * to rest when rest is non-NULL (in order), else they are a usage error.
  */
-int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **argv,
-                         char **rest, int *nrest, char *err, size_t errlen);
+int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **argv, char **rest,
+                         int *nrest, char *err, size_t errlen);
 /* Prints one line per option: flag, help and default; env twins when with_env. */
 void gang_opts_print_help(const gang_opt_table *t, FILE *out, int with_env);
 /* The serve registry as an option table over gang_params. */
@@ -226,8 +225,7 @@ int gang_params_from_env(gang_params *p, char *const *envp, char *err, size_t er
 int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, int *nrest,
                            char *err, size_t errlen);
 /* Sets one parameter from text, with the same validation as flags. */
-int gang_params_set(gang_params *p, const char *flag, const char *value, char *err,
-                    size_t errlen);
+int gang_params_set(gang_params *p, const char *flag, const char *value, char *err, size_t errlen);
 /* Prints every parameter: flag, env twin, default and help. */
 void gang_params_print_help(FILE *out);
 /* Prints the effective values (for --check-config); tokens are never printed. */
@@ -264,8 +262,8 @@ void gang_args_free(gang_args *a);
  * --------------------------------------------------------------------------------- */
 typedef enum gang_dtype {
     GANG_DTYPE_F32 = 0,
-    GANG_DTYPE_F16 = 1,   /* IEEE half; reductions accumulate in f32 */
-    GANG_DTYPE_BF16 = 2,  /* bfloat16; reductions accumulate in f32, round to nearest even */
+    GANG_DTYPE_F16 = 1,  /* IEEE half; reductions accumulate in f32 */
+    GANG_DTYPE_BF16 = 2, /* bfloat16; reductions accumulate in f32, round to nearest even */
     GANG_DTYPE_I32 = 3
 } gang_dtype;
 

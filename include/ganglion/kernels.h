@@ -51,8 +51,8 @@ const char *gang_kernels_name(const gang_kernels *k);
  * When beta == 0, C is not read (it may hold NaN or garbage), as in BLAS.
  * Aliasing: C must not overlap A or B. A and B may overlap each other.
  */
-int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t kdim,
-                      float alpha, const float *a, const float *b, float beta, float *c);
+int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t kdim, float alpha,
+                      const float *a, const float *b, float beta, float *c);
 
 /*
  * RMSNorm as in Hugging Face Llama: out[r,:] = x[r,:] * rsqrt(mean(x[r,:]^2) + eps) * w[:].
@@ -60,8 +60,8 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
  * that long rows of large activations keep their precision. eps must be finite and >= 0.
  * Aliasing: out may be x exactly (in place); no other overlap is allowed.
  */
-int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps,
-                         size_t rows, size_t dim, float *out);
+int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps, size_t rows,
+                         size_t dim, float *out);
 
 /*
  * Rotary position embedding, applied in place to x laid out [tokens, heads, head_dim]; token
@@ -97,8 +97,8 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols);
  * read); out must not overlap kc or vc.
  */
 int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, const float *vc,
-                           size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
-                           size_t head_dim, size_t pos0, float *out);
+                           size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                           size_t pos0, float *out);
 
 /*
  * SwiGLU gate: out[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + exp(-x)), n elements.
@@ -122,17 +122,14 @@ int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n);
  * Bias add over rows, in place: x[r, c] += bias[c] for r < rows, c < cols (x is
  * [rows, cols], bias [cols]); one launch whatever rows is. bias must not overlap x.
  */
-int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows,
-                          size_t cols);
+int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t rows, size_t cols);
 
 /*
  * Greedy sampling: out[r] = the index of the largest value of row r of x [rows, cols]. On
  * ties the lowest index wins, so results do not depend on the backend's reduction order.
  * NaN entries are ignored; a row that is entirely NaN yields 0. cols must be <= INT32_MAX.
  */
-int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols,
-                        int32_t *out);
-
+int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t cols, int32_t *out);
 
 /* ---------------------------------------------------------------------------------
  * Device backends (kernels/cuda/). Opening with options, device memory, half-precision
@@ -156,11 +153,11 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
 
 /* Options of gang_kernels_open_opts(); gang_kernels_options_init() fills the defaults. */
 typedef struct gang_kernels_options {
-    const char *device;        /* "cpu", "cuda" or "auto" (as gang_kernels_open) */
-    int device_index;          /* cuda: which visible GPU, default 0 */
-    uint64_t pool_mb;          /* cuda: device memory pool in MiB; 0 = use pool_percent */
-    uint32_t pool_percent;     /* cuda: share of the GPU's total memory, 1..100 (default 90),
-                                  when pool_mb is 0; capped by the memory free at open */
+    const char *device;    /* "cpu", "cuda" or "auto" (as gang_kernels_open) */
+    int device_index;      /* cuda: which visible GPU, default 0 */
+    uint64_t pool_mb;      /* cuda: device memory pool in MiB; 0 = use pool_percent */
+    uint32_t pool_percent; /* cuda: share of the GPU's total memory, 1..100 (default 90),
+                              when pool_mb is 0; capped by the memory free at open */
 } gang_kernels_options;
 
 /* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90. */
@@ -185,9 +182,9 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out);
  *  - GANG_KERNELS_CAP_HALF_GEMM: gang_kernels_gemm_ex takes f16 and bf16 (else only f32).
  * gang_kernels_caps(NULL) is 0.
  */
-#define GANG_KERNELS_CAP_HOST_MEM   (1u << 0)
+#define GANG_KERNELS_CAP_HOST_MEM (1u << 0)
 #define GANG_KERNELS_CAP_DEVICE_MEM (1u << 1)
-#define GANG_KERNELS_CAP_HALF_GEMM  (1u << 2)
+#define GANG_KERNELS_CAP_HALF_GEMM (1u << 2)
 
 uint32_t gang_kernels_caps(const gang_kernels *k);
 
@@ -224,8 +221,8 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
  * gang_kernels_copy (cudaMemcpy2DAsync on "cuda"). GANG_EINVAL for a NULL pointer, a zero
  * width or rows, or a pitch below width. The rows of dst and src must not overlap.
  */
-int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src,
-                         size_t spitch, size_t width, size_t rows);
+int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src, size_t spitch,
+                         size_t width, size_t rows);
 
 /* Waits for every enqueued operation of k; returns 0 or the first deferred error
  * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */
@@ -244,9 +241,9 @@ int gang_kernels_bind_thread(gang_kernels *k);
 
 /* Pool accounting (device backends; the cpu backend reports zeros). */
 typedef struct gang_kernels_pool_stats {
-    uint64_t pool_bytes;     /* size of the pool allocated at open */
-    uint64_t used_bytes;     /* held by live allocations (including the GEMM workspace) */
-    uint64_t largest_free;   /* largest single allocation that would succeed now */
+    uint64_t pool_bytes;   /* size of the pool allocated at open */
+    uint64_t used_bytes;   /* held by live allocations (including the GEMM workspace) */
+    uint64_t largest_free; /* largest single allocation that would succeed now */
 } gang_kernels_pool_stats;
 int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *out);
 
@@ -256,26 +253,26 @@ int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *
  * f32 and the result is rounded once to dt. dt = GANG_DTYPE_F32 is gang_kernels_gemm().
  * The cpu backend provides only F32 (GANG_ENOSYS otherwise).
  */
-int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m,
-                         size_t n, size_t kdim, float alpha, const void *a, const void *b,
-                         float beta, void *c);
+int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, size_t n,
+                         size_t kdim, float alpha, const void *a, const void *b, float beta,
+                         void *c);
 
 /* Converts n elements of tensor memory from one storage type to another (round to
  * nearest even when narrowing). src and dst must not overlap unless from == to. */
-int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src,
-                         gang_dtype to, void *dst, size_t n);
+int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src, gang_dtype to,
+                         void *dst, size_t n);
 
 /* Facts about one visible GPU, for `ganglion info` (no CUDA types). */
 typedef struct gang_device_info {
-    int index;                 /* CUDA ordinal (after CUDA_VISIBLE_DEVICES) */
-    char name[256];            /* "NVIDIA H200" */
-    char uuid[64];             /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
-    char pci_bus_id[32];       /* "0000:19:00.0" */
-    uint64_t total_bytes;      /* device memory */
-    uint64_t free_bytes;       /* free at the time of the query */
-    int cc_major, cc_minor;    /* compute capability */
-    int sm_count;              /* multiprocessors */
-    int integrated;            /* 1 for an integrated GPU */
+    int index;              /* CUDA ordinal (after CUDA_VISIBLE_DEVICES) */
+    char name[256];         /* "NVIDIA H200" */
+    char uuid[64];          /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    char pci_bus_id[32];    /* "0000:19:00.0" */
+    uint64_t total_bytes;   /* device memory */
+    uint64_t free_bytes;    /* free at the time of the query */
+    int cc_major, cc_minor; /* compute capability */
+    int sm_count;           /* multiprocessors */
+    int integrated;         /* 1 for an integrated GPU */
 } gang_device_info;
 
 /* Number of visible GPUs; 0 when the CUDA kernels are not built, no driver is installed

@@ -40,21 +40,21 @@ typedef enum gang_model_arch {
 
 typedef struct gang_model_config {
     gang_model_arch arch;
-    uint32_t hidden;       /* hidden_size */
-    uint32_t ffn;          /* intermediate_size */
-    uint32_t n_heads;      /* num_attention_heads */
-    uint32_t n_kv_heads;   /* num_key_value_heads (= n_heads when absent) */
-    uint32_t n_layers;     /* num_hidden_layers */
-    uint32_t vocab;        /* vocab_size */
-    uint32_t head_dim;     /* hidden / n_heads (a different "head_dim" key is refused) */
-    uint32_t max_pos;      /* max_position_embeddings */
-    float rms_eps;         /* rms_norm_eps */
-    float rope_theta;      /* rope_theta (10000 when absent) */
+    uint32_t hidden;        /* hidden_size */
+    uint32_t ffn;           /* intermediate_size */
+    uint32_t n_heads;       /* num_attention_heads */
+    uint32_t n_kv_heads;    /* num_key_value_heads (= n_heads when absent) */
+    uint32_t n_layers;      /* num_hidden_layers */
+    uint32_t vocab;         /* vocab_size */
+    uint32_t head_dim;      /* hidden / n_heads (a different "head_dim" key is refused) */
+    uint32_t max_pos;       /* max_position_embeddings */
+    float rms_eps;          /* rms_norm_eps */
+    float rope_theta;       /* rope_theta (10000 when absent) */
     int32_t tie_embeddings; /* tie_word_embeddings: the LM head is the embedding table */
-    int32_t attn_bias;     /* q/k/v biases present (Qwen2, or "attention_bias": true) */
-    int32_t bos_token_id;  /* -1 when absent */
-    int32_t eos_token_id;  /* -1 when absent (the first one when config gives a list) */
-    gang_dtype dtype;      /* torch_dtype (F32, F16 or BF16), informational */
+    int32_t attn_bias;      /* q/k/v biases present (Qwen2, or "attention_bias": true) */
+    int32_t bos_token_id;   /* -1 when absent */
+    int32_t eos_token_id;   /* -1 when absent (the first one when config gives a list) */
+    gang_dtype dtype;       /* torch_dtype (F32, F16 or BF16), informational */
 } gang_model_config;
 
 /*
@@ -85,20 +85,20 @@ void gang_model_topology_config(const gang_model_config *mc, gang_topology_confi
  */
 typedef struct gang_model {
     gang_model_config cfg;
-    gang_topology topo;      /* the layout this shard was cut for */
-    gang_rank_place place;   /* this rank */
-    gang_tp_shard shard;     /* heads, ffn columns and vocab rows of this TP rank */
-    uint32_t layer_first;    /* layers [layer_first, layer_first + layer_count) */
+    gang_topology topo;    /* the layout this shard was cut for */
+    gang_rank_place place; /* this rank */
+    gang_tp_shard shard;   /* heads, ffn columns and vocab rows of this TP rank */
+    uint32_t layer_first;  /* layers [layer_first, layer_first + layer_count) */
     uint32_t layer_count;
-    gang_tp_layer *layers;   /* [layer_count] shards (gang_tp_layer_free each) */
-    float *embed;            /* stage 0: [vocab, hidden] embed_tokens, else NULL */
-    float *final_norm;       /* last stage: [hidden] model.norm, else NULL */
-    float *lm_head;          /* last stage: [shard.vocab_count, hidden] rows of lm_head
-                                (of embed_tokens when tied), else NULL */
-    size_t weight_bytes;     /* bytes of f32 weights this rank holds */
-    gang_kernels *mem;       /* after gang_model_to_device: the device handle holding every
-                                array (embed, final_norm, lm_head and the layers'); NULL
-                                while they are host arrays */
+    gang_tp_layer *layers; /* [layer_count] shards (gang_tp_layer_free each) */
+    float *embed;          /* stage 0: [vocab, hidden] embed_tokens, else NULL */
+    float *final_norm;     /* last stage: [hidden] model.norm, else NULL */
+    float *lm_head;        /* last stage: [shard.vocab_count, hidden] rows of lm_head
+                              (of embed_tokens when tied), else NULL */
+    size_t weight_bytes;   /* bytes of f32 weights this rank holds */
+    gang_kernels *mem;     /* after gang_model_to_device: the device handle holding every
+                              array (embed, final_norm, lm_head and the layers'); NULL
+                              while they are host arrays */
 } gang_model;
 
 /*
@@ -153,14 +153,14 @@ void gang_model_device_release(gang_model *m);
 /* ================================ mkmodel ================================ */
 
 typedef struct gang_mkmodel_opts {
-    const char *out_dir;    /* created if absent; config.json and model.safetensors written */
+    const char *out_dir; /* created if absent; config.json and model.safetensors written */
     gang_model_arch arch;
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos;
-    uint64_t seed;          /* same options and seed -> byte-identical files */
-    gang_dtype dtype;       /* F32, F16 or BF16 */
+    uint64_t seed;    /* same options and seed -> byte-identical files */
+    gang_dtype dtype; /* F32, F16 or BF16 */
     int32_t tie_embeddings;
-    uint32_t shards;        /* 1: model.safetensors; > 1: model-0000i-of-0000n.safetensors
-                               + model.safetensors.index.json */
+    uint32_t shards; /* 1: model.safetensors; > 1: model-0000i-of-0000n.safetensors
+                        + model.safetensors.index.json */
 } gang_mkmodel_opts;
 
 /*
@@ -187,12 +187,12 @@ typedef struct gang_sampling {
 
 /* One completion request, as the rank-0 worker receives it. Copied by submit. */
 typedef struct gang_gen_request {
-    uint64_t id;                 /* caller's id, unique among live requests */
-    const int32_t *prompt;       /* token ids, each < vocab */
-    uint32_t n_prompt;           /* >= 1 */
-    uint32_t max_tokens;         /* >= 1; prompt + max_tokens <= the engine's context */
+    uint64_t id;           /* caller's id, unique among live requests */
+    const int32_t *prompt; /* token ids, each < vocab */
+    uint32_t n_prompt;     /* >= 1 */
+    uint32_t max_tokens;   /* >= 1; prompt + max_tokens <= the engine's context */
     int32_t stop[GANG_MAX_STOP_TOKENS];
-    uint32_t n_stop;             /* generation ends after emitting one of these */
+    uint32_t n_stop; /* generation ends after emitting one of these */
     gang_sampling sampling;
 } gang_gen_request;
 
@@ -202,21 +202,21 @@ typedef enum gang_gen_event_kind {
 } gang_gen_event_kind;
 
 typedef struct gang_gen_event {
-    uint32_t kind;       /* gang_gen_event_kind */
-    uint64_t id;         /* the request */
-    int32_t token;       /* TOKEN: the token id */
-    uint32_t index;      /* TOKEN: 0-based index among the generated tokens */
-    char finish[8];      /* DONE: "length" or "stop" */
+    uint32_t kind;  /* gang_gen_event_kind */
+    uint64_t id;    /* the request */
+    int32_t token;  /* TOKEN: the token id */
+    uint32_t index; /* TOKEN: 0-based index among the generated tokens */
+    char finish[8]; /* DONE: "length" or "stop" */
 } gang_gen_event;
 
 typedef struct gang_engine_config {
-    uint32_t max_batch;      /* sequences in flight at once (KV slots wanted), >= 1 */
-    uint32_t max_ctx;        /* positions per sequence (prompt + generated), >= 2,
-                                capped at the model's max_pos */
-    uint64_t kv_cache_bytes; /* KV budget of this rank (--kv-cache-mb); slots = min(max_batch,
-                                budget / bytes per slot of the gang's largest stage shard),
-                                the same number on every rank; < 1 slot is GANG_ENOMEM */
-    uint32_t microbatches;   /* sequences of a step are cut into this many microbatches */
+    uint32_t max_batch;       /* sequences in flight at once (KV slots wanted), >= 1 */
+    uint32_t max_ctx;         /* positions per sequence (prompt + generated), >= 2,
+                                 capped at the model's max_pos */
+    uint64_t kv_cache_bytes;  /* KV budget of this rank (--kv-cache-mb); slots = min(max_batch,
+                                 budget / bytes per slot of the gang's largest stage shard),
+                                 the same number on every rank; < 1 slot is GANG_ENOMEM */
+    uint32_t microbatches;    /* sequences of a step are cut into this many microbatches */
     uint32_t max_step_tokens; /* prompt tokens admitted per step (chunking bound), >= 1 */
 } gang_engine_config;
 

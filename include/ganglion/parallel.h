@@ -252,19 +252,6 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
                           const float *w_shard, size_t out_shard, float *y);
 
 /*
- * Row-parallel linear: y [tokens, out] = sum over TP ranks of x_shard [tokens, in_shard] .
- * w_shard^T, where w_shard [out, in_shard] is this rank's band of input columns of W and
- * x_shard the matching slice of the input features. Every rank ends with the full y.
- * comm is the TP communicator (NULL only for a single rank: no reduction). A
- * communicator error (GANG_ETIMEDOUT, GANG_EPEER, GANG_EABORTED, ...) is returned as is
- * and leaves y holding garbage; the communicator is then unusable, as comm.h says.
- * y must not overlap x_shard or w_shard.
- */
-int gang_tp_linear_row(gang_kernels *k, gang_comm *comm, const float *x_shard, size_t tokens,
-                       size_t in_shard, const float *w_shard, size_t out, float *y,
-                       uint64_t timeout_ms);
-
-/*
  * The full weights of one Llama decoder layer, host f32, Hugging Face layout. The
  * caller owns them; gang_tp_layer_init only reads them. Sizes come from the topology:
  * q_dim = n_heads x head_dim, kv_dim = n_kv_heads x head_dim.
@@ -351,7 +338,7 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k);
  * allocates nothing: all_reduce, send and recv need the buffer's bytes, all_gather
  * (1 + size of c) x count elements. st may be NULL or too small: the call then
  * allocates a temporary host buffer (GANG_ENOMEM when that fails), which is what
- * gang_tp_linear_row does. Errors are those of the communicator and of k.
+ * the layer forward does without a scratch. Errors are those of the communicator and of k.
  */
 typedef struct gang_tp_stage {
     void *host;   /* host staging memory, or NULL */
@@ -514,8 +501,8 @@ typedef struct gang_pipeline_ops {
  * with stages > 1, microbatches outside [1, batch] or above UINT32_MAX / 2);
  * GANG_ETIMEDOUT once deadline has passed before a callback; or the first callback error.
  */
-int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t stages,
-                      uint32_t batch, uint32_t microbatches, uint64_t deadline);
+int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t stages, uint32_t batch,
+                      uint32_t microbatches, uint64_t deadline);
 
 /*
  * The first unit and the unit count of microbatch mb when `batch` units are cut into

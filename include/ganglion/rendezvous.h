@@ -45,25 +45,25 @@
 #define GANG_NONCE_SIZE 32
 #define GANG_MAC_SIZE 32
 #define GANG_DIGEST_SIZE 32
-#define GANG_JOB_MAX 64       /* capacity including NUL */
-#define GANG_HOST_MAX 256     /* capacity including NUL */
-#define GANG_REASON_MAX 256   /* capacity including NUL */
-#define GANG_BLOB_MAX 8192    /* bootstrap blob bytes */
+#define GANG_JOB_MAX 64     /* capacity including NUL */
+#define GANG_HOST_MAX 256   /* capacity including NUL */
+#define GANG_REASON_MAX 256 /* capacity including NUL */
+#define GANG_BLOB_MAX 8192  /* bootstrap blob bytes */
 #define GANG_MAX_LOCAL_RANKS 64
 
 typedef enum gang_msg_type {
-    GANG_MSG_CHALLENGE = 1,     /* coord -> member, first frame on a connection */
-    GANG_MSG_JOIN = 2,          /* member -> coord, answers the challenge */
-    GANG_MSG_WELCOME = 3,       /* coord -> member, proves the coordinator knows the token */
-    GANG_MSG_REJECT = 4,        /* either way, then the sender closes */
-    GANG_MSG_BLOB_REQUEST = 5,  /* coord -> node 0: have rank 0 produce the bootstrap blob */
-    GANG_MSG_BLOB = 6,          /* node 0 -> coord: the blob for generation G */
-    GANG_MSG_START = 7,         /* coord -> all: generation G starts with this blob */
-    GANG_MSG_READY = 8,         /* member -> coord: all local ranks serve generation G */
-    GANG_MSG_HEARTBEAT = 9,     /* both ways */
-    GANG_MSG_ABORT = 10,        /* member -> coord: a local failure; coord -> all: abort G */
-    GANG_MSG_REJOIN = 11,       /* member -> coord: aborted in place, ready for a new G */
-    GANG_MSG_GIVE_UP = 12,      /* coord -> all: the restart budget is spent */
+    GANG_MSG_CHALLENGE = 1,    /* coord -> member, first frame on a connection */
+    GANG_MSG_JOIN = 2,         /* member -> coord, answers the challenge */
+    GANG_MSG_WELCOME = 3,      /* coord -> member, proves the coordinator knows the token */
+    GANG_MSG_REJECT = 4,       /* either way, then the sender closes */
+    GANG_MSG_BLOB_REQUEST = 5, /* coord -> node 0: have rank 0 produce the bootstrap blob */
+    GANG_MSG_BLOB = 6,         /* node 0 -> coord: the blob for generation G */
+    GANG_MSG_START = 7,        /* coord -> all: generation G starts with this blob */
+    GANG_MSG_READY = 8,        /* member -> coord: all local ranks serve generation G */
+    GANG_MSG_HEARTBEAT = 9,    /* both ways */
+    GANG_MSG_ABORT = 10,       /* member -> coord: a local failure; coord -> all: abort G */
+    GANG_MSG_REJOIN = 11,      /* member -> coord: aborted in place, ready for a new G */
+    GANG_MSG_GIVE_UP = 12,     /* coord -> all: the restart budget is spent */
     GANG_MSG_TYPE_MAX_ = 12
 } gang_msg_type;
 
@@ -79,50 +79,50 @@ typedef enum gang_rank_state {
 
 /* State of the gang as the coordinator reports it. */
 typedef enum gang_state {
-    GANG_STATE_WAITING = 0,   /* waiting for members to (re)join */
-    GANG_STATE_BACKOFF = 1,   /* all present, waiting out the restart backoff */
-    GANG_STATE_STARTING = 2,  /* START sent, waiting for READY from every node */
-    GANG_STATE_SERVING = 3,   /* every rank is READY in the current generation */
-    GANG_STATE_ABORTING = 4,  /* ABORT sent, waiting for members to REJOIN */
-    GANG_STATE_FAILED = 5     /* restart budget spent; stays down */
+    GANG_STATE_WAITING = 0,  /* waiting for members to (re)join */
+    GANG_STATE_BACKOFF = 1,  /* all present, waiting out the restart backoff */
+    GANG_STATE_STARTING = 2, /* START sent, waiting for READY from every node */
+    GANG_STATE_SERVING = 3,  /* every rank is READY in the current generation */
+    GANG_STATE_ABORTING = 4, /* ABORT sent, waiting for members to REJOIN */
+    GANG_STATE_FAILED = 5    /* restart budget spent; stays down */
 } gang_state;
 
 const char *gang_rank_state_name(int s);
 const char *gang_state_name(int s);
 
 typedef struct gang_msg_challenge {
-    uint8_t nonce[GANG_NONCE_SIZE];     /* fresh random server nonce */
-    uint8_t auth_required;              /* 1 when the coordinator has a token */
+    uint8_t nonce[GANG_NONCE_SIZE]; /* fresh random server nonce */
+    uint8_t auth_required;          /* 1 when the coordinator has a token */
 } gang_msg_challenge;
 
 typedef struct gang_msg_join {
-    char job[GANG_JOB_MAX];             /* job name; must match the coordinator's */
-    uint32_t node_index;                /* this member's node index */
-    uint32_t nnodes;                    /* world shape the member was started with */
+    char job[GANG_JOB_MAX]; /* job name; must match the coordinator's */
+    uint32_t node_index;    /* this member's node index */
+    uint32_t nnodes;        /* world shape the member was started with */
     uint32_t nproc_per_node;
     uint32_t tp;
     uint32_t pp;
     uint8_t model_digest[GANG_DIGEST_SIZE]; /* digest of the model the member loaded */
-    uint64_t generation_seen;           /* highest generation this member has served */
-    char host[GANG_HOST_MAX];           /* address peers use to reach this node's workers */
+    uint64_t generation_seen;               /* highest generation this member has served */
+    char host[GANG_HOST_MAX];               /* address peers use to reach this node's workers */
     uint8_t client_nonce[GANG_NONCE_SIZE];
-    uint8_t mac[GANG_MAC_SIZE];         /* HMAC over gang_auth_join_input(); zero w/o token */
+    uint8_t mac[GANG_MAC_SIZE]; /* HMAC over gang_auth_join_input(); zero w/o token */
 } gang_msg_join;
 
 typedef struct gang_msg_welcome {
-    uint8_t mac[GANG_MAC_SIZE];         /* HMAC proving the coordinator holds the token */
-    uint32_t heartbeat_interval_ms;     /* the coordinator's heartbeat settings */
+    uint8_t mac[GANG_MAC_SIZE];     /* HMAC proving the coordinator holds the token */
+    uint32_t heartbeat_interval_ms; /* the coordinator's heartbeat settings */
     uint32_t heartbeat_timeout_ms;
-    uint64_t generation;                /* coordinator's current generation */
+    uint64_t generation; /* coordinator's current generation */
 } gang_msg_welcome;
 
 typedef struct gang_msg_reject {
-    int32_t code;                       /* GANG_E* */
+    int32_t code; /* GANG_E* */
     char reason[GANG_REASON_MAX];
 } gang_msg_reject;
 
-typedef struct gang_msg_blob {          /* BLOB and START (and BLOB_REQUEST with len 0) */
-    uint32_t world_size;                /* ranks in the gang */
+typedef struct gang_msg_blob { /* BLOB and START (and BLOB_REQUEST with len 0) */
+    uint32_t world_size;       /* ranks in the gang */
     uint32_t len;
     uint8_t data[GANG_BLOB_MAX];
 } gang_msg_blob;
@@ -132,16 +132,16 @@ typedef struct gang_msg_ready {
 } gang_msg_ready;
 
 typedef struct gang_msg_heartbeat {
-    uint32_t node_index;                /* sender's node (coordinator: UINT32_MAX) */
-    uint32_t state;                     /* gang_state from the coordinator, 0 from members */
-    uint32_t nranks;                    /* entries below (members: local ranks) */
-    uint8_t rank_state[GANG_MAX_LOCAL_RANKS];  /* gang_rank_state */
+    uint32_t node_index;                      /* sender's node (coordinator: UINT32_MAX) */
+    uint32_t state;                           /* gang_state from the coordinator, 0 from members */
+    uint32_t nranks;                          /* entries below (members: local ranks) */
+    uint8_t rank_state[GANG_MAX_LOCAL_RANKS]; /* gang_rank_state */
     uint32_t rank_age_ms[GANG_MAX_LOCAL_RANKS]; /* ms since each worker's last heartbeat */
 } gang_msg_heartbeat;
 
 typedef struct gang_msg_abort {
-    int32_t rank;                       /* global rank that failed, -1 = unknown/node */
-    int32_t code;                       /* GANG_E* */
+    int32_t rank; /* global rank that failed, -1 = unknown/node */
+    int32_t code; /* GANG_E* */
     char reason[GANG_REASON_MAX];
 } gang_msg_abort;
 
@@ -155,14 +155,14 @@ typedef struct gang_msg_give_up {
 
 /* One decoded message: the header fields plus the payload of its type. */
 typedef struct gang_msg {
-    uint16_t type;                      /* gang_msg_type */
+    uint16_t type; /* gang_msg_type */
     uint64_t generation;
     union {
         gang_msg_challenge challenge;
         gang_msg_join join;
         gang_msg_welcome welcome;
         gang_msg_reject reject;
-        gang_msg_blob blob;             /* BLOB_REQUEST, BLOB, START */
+        gang_msg_blob blob; /* BLOB_REQUEST, BLOB, START */
         gang_msg_ready ready;
         gang_msg_heartbeat heartbeat;
         gang_msg_abort abort;
@@ -253,8 +253,8 @@ size_t gang_wire_reader_pending(const gang_wire_reader *r);
  * in both directions carries a session tag (gang_session below, docs/protocol.md §5.3).
  * ================================================================================= */
 typedef struct gang_token {
-    int present;                        /* 0 = no token configured */
-    uint8_t key[32];                    /* SHA-256 of the token file's contents */
+    int present;     /* 0 = no token configured */
+    uint8_t key[32]; /* SHA-256 of the token file's contents */
 } gang_token;
 
 /* Initialises libsodium; call once before anything else here. Safe to call again. */
@@ -286,13 +286,13 @@ int gang_auth_verify_welcome(const gang_token *t, const uint8_t client_nonce[GAN
  *   tag = HMAC(session_key, dir | u64le seq | frame bytes)[0..16)
  * dir is the direction byte below; seq counts the frames of that direction from 0.
  */
-#define GANG_SESSION_DIR_TO_MEMBER 1    /* coordinator -> member */
-#define GANG_SESSION_DIR_TO_COORD 2     /* member -> coordinator */
+#define GANG_SESSION_DIR_TO_MEMBER 1 /* coordinator -> member */
+#define GANG_SESSION_DIR_TO_COORD 2  /* member -> coordinator */
 typedef struct gang_session {
-    int active;                         /* 0: frames travel untagged (no token) */
-    uint8_t key[32];                    /* per-connection session key */
-    uint8_t send_dir, recv_dir;         /* GANG_SESSION_DIR_* */
-    uint64_t send_seq, recv_seq;        /* next sequence number of each direction */
+    int active;                  /* 0: frames travel untagged (no token) */
+    uint8_t key[32];             /* per-connection session key */
+    uint8_t send_dir, recv_dir;  /* GANG_SESSION_DIR_* */
+    uint64_t send_seq, recv_seq; /* next sequence number of each direction */
 } gang_session;
 /*
  * Derives the session from the token and the handshake's nonces; coordinator_side picks
@@ -324,7 +324,7 @@ int gang_auth_session_verify(gang_session *s, const uint8_t *frame, size_t len,
 int gang_model_digest(const char *dir, uint8_t out[GANG_DIGEST_SIZE]);
 
 /* =================================================================================
- * Identity and discovery (DESIGN.md §3). Sources, first match wins:
+ * Identity and discovery (docs/design.md §3). Sources, first match wins:
  *   1. flags: --node-index >= 0 (and --coordinator, else discovered below);
  *   2. Open MPI: OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (one agent per node);
  *      needs --coordinator;
@@ -342,11 +342,11 @@ typedef enum gang_identity_source {
 
 typedef struct gang_identity {
     gang_identity_source source;
-    int32_t node_index;                 /* 0-based */
-    int32_t nnodes;                     /* from the source, or the --nnodes flag */
+    int32_t node_index; /* 0-based */
+    int32_t nnodes;     /* from the source, or the --nnodes flag */
     char coordinator_host[GANG_HOST_MAX];
     uint16_t coordinator_port;
-    int is_coordinator;                 /* node_index == 0 */
+    int is_coordinator; /* node_index == 0 */
 } gang_identity;
 
 const char *gang_identity_source_name(gang_identity_source s);
@@ -371,15 +371,15 @@ int gang_parse_host_port(const char *s, char *host, size_t hostcap, uint16_t *po
 typedef struct gang_coord gang_coord;
 
 typedef struct gang_coord_config {
-    const char *bind_address;           /* listen address */
-    int port;                           /* 0 = ephemeral */
+    const char *bind_address; /* listen address */
+    int port;                 /* 0 = ephemeral */
     const char *job;
     uint32_t nnodes, nproc_per_node, tp, pp;
     uint8_t model_digest[GANG_DIGEST_SIZE];
-    gang_token token;                   /* present = 0: accept unauthenticated (warned) */
+    gang_token token; /* present = 0: accept unauthenticated (warned) */
     uint64_t heartbeat_interval_ms, heartbeat_timeout_ms;
     uint64_t handshake_timeout_ms, start_timeout_ms;
-    uint32_t max_restarts;              /* within restart_window_ms */
+    uint32_t max_restarts; /* within restart_window_ms */
     uint64_t restart_window_ms, restart_backoff_ms, restart_backoff_max_ms;
     uint32_t max_connections;
 } gang_coord_config;
@@ -394,26 +394,26 @@ void gang_coord_close(gang_coord *c);
 int gang_coord_port(const gang_coord *c);
 
 typedef struct gang_coord_rank {
-    uint8_t state;                      /* gang_rank_state as last reported */
-    uint32_t heartbeat_age_ms;          /* worker heartbeat age reported by its agent,
-                                           plus the age of that report */
+    uint8_t state;             /* gang_rank_state as last reported */
+    uint32_t heartbeat_age_ms; /* worker heartbeat age reported by its agent,
+                                  plus the age of that report */
 } gang_coord_rank;
 
 typedef struct gang_coord_status {
     gang_state state;
     uint64_t generation;
-    uint32_t members;                   /* authenticated member connections */
+    uint32_t members; /* authenticated member connections */
     uint64_t restarts_total;
-    uint32_t budget_left;               /* restarts left in the current window */
-    double rendezvous_seconds;          /* last time from "all waiting" to SERVING */
+    uint32_t budget_left;      /* restarts left in the current window */
+    double rendezvous_seconds; /* last time from "all waiting" to SERVING */
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank;
     int32_t last_failure_code;
-    uint64_t last_failure_wall_ms;      /* 0 = none */
+    uint64_t last_failure_wall_ms; /* 0 = none */
     char last_failure[GANG_REASON_MAX];
     uint32_t world_size;
-    uint64_t frames_rejected;           /* connections closed for a bad session tag */
-    const gang_coord_rank *ranks;       /* world_size entries, valid until the next loop turn */
+    uint64_t frames_rejected;     /* connections closed for a bad session tag */
+    const gang_coord_rank *ranks; /* world_size entries, valid until the next loop turn */
 } gang_coord_status;
 
 void gang_coord_get_status(gang_coord *c, gang_coord_status *st);
@@ -443,16 +443,16 @@ typedef struct gang_member_callbacks {
 } gang_member_callbacks;
 
 typedef struct gang_member_config {
-    const char *coordinator_host;       /* re-resolved on every connect */
+    const char *coordinator_host; /* re-resolved on every connect */
     uint16_t coordinator_port;
-    gang_msg_join join;                 /* identity fields; nonce, mac, generation filled here */
+    gang_msg_join join; /* identity fields; nonce, mac, generation filled here */
     gang_token token;
     uint64_t heartbeat_interval_ms, heartbeat_timeout_ms, connect_timeout_ms;
     uint64_t backoff_initial_ms, backoff_max_ms;
 } gang_member_config;
 
-int gang_member_start(void *uv_loop, const gang_member_config *cfg,
-                      const gang_member_callbacks *cb, gang_member **out);
+int gang_member_start(void *uv_loop, const gang_member_config *cfg, const gang_member_callbacks *cb,
+                      gang_member **out);
 void gang_member_close(gang_member *m);
 /* Declares whether the local ranks are idle and able to join a new generation. */
 void gang_member_set_available(gang_member *m, int available);
@@ -463,13 +463,13 @@ int gang_member_report_failure(gang_member *m, uint64_t gen, int32_t rank, int32
                                const char *reason);
 
 typedef struct gang_member_status {
-    int connected;                      /* welcomed by the coordinator */
-    gang_state gang_state;              /* as last heard from the coordinator */
-    uint64_t generation;                /* generation of the last START */
+    int connected;         /* welcomed by the coordinator */
+    gang_state gang_state; /* as last heard from the coordinator */
+    uint64_t generation;   /* generation of the last START */
     uint64_t coordinator_heartbeat_age_ms;
     uint64_t reconnects;
     uint64_t last_abort_wall_ms;
-    uint64_t connected_since_ms;        /* monotonic, 0 = never */
+    uint64_t connected_since_ms; /* monotonic, 0 = never */
 } gang_member_status;
 
 void gang_member_get_status(const gang_member *m, gang_member_status *st);

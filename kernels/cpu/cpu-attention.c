@@ -22,8 +22,7 @@
 #define CPU_ATTN_STACK_DIM 512
 
 int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t tq, size_t tk,
-                        size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                        float *out)
+                        size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0, float *out)
 {
     size_t group = n_heads / n_kv_heads;
     double scale = 1.0 / sqrt((double)head_dim);

@@ -20,7 +20,7 @@ int gang__cpu_gemm(int trans_b, size_t m, size_t n, size_t kdim, float alpha, co
 
     if (beta == 0.0f)
         memset(c, 0, m * n * sizeof(*c));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)kdim, alpha, a, (int)kdim, b, ldb, beta, c, (int)n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                (int)kdim, alpha, a, (int)kdim, b, ldb, beta, c, (int)n);
     return 0;
 }

@@ -37,8 +37,8 @@ int gang__cpu_rmsnorm(const float *x, const float *w, float eps, size_t rows, si
  * RoPE, rotate_half convention. The angle for pair i of a token depends only on its
  * position, so the cos/sin table of one token is computed once and applied to every head.
  */
-int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t heads,
-                   size_t head_dim, float theta)
+int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t heads, size_t head_dim,
+                   float theta)
 {
     size_t half = head_dim / 2;
     int rc = 0;

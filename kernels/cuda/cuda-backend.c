@@ -418,8 +418,8 @@ static int cuda_argmax(void *ctx, const float *x, size_t rows, size_t cols, int3
     return rc < 0 ? rc : gang__cuda_launch_argmax(c->stream, x, rows, cols, out);
 }
 
-static int cuda_convert(void *ctx, gang_dtype from, const void *src, gang_dtype to,
-                        void *dst, size_t n)
+static int cuda_convert(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
+                        size_t n)
 {
     gang__cuda_ctx *c = ctx;
     int rc = ctx_enter(c);

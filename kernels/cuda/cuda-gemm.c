@@ -203,8 +203,8 @@ out:
 }
 
 /* Finds the cached plan of a shape or builds it in a free (or the next victim) slot. */
-static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n,
-                    size_t k, unsigned align, gang__cuda_plan **out)
+static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n, size_t k,
+                    unsigned align, gang__cuda_plan **out)
 {
     gang__cuda_plan *slot = NULL;
     int rc;
@@ -239,8 +239,8 @@ static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, siz
     return 0;
 }
 
-static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n,
-                    size_t kdim, float alpha, const void *a, const void *b, float beta, void *cmat)
+static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                    float alpha, const void *a, const void *b, float beta, void *cmat)
 {
     gang__cuda_plan *p;
     int rc = plan_get(c, dt, trans_b, m, n, kdim, ptr_align(a, b, cmat), &p);
@@ -265,8 +265,8 @@ int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, s
 }
 
 /* The peer of the benchmark: the same column-major mapping through cublasGemmEx. */
-static int gemm_ref(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n,
-                    size_t kdim, const void *a, const void *b, void *cmat)
+static int gemm_ref(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                    const void *a, const void *b, void *cmat)
 {
     const float alpha = 1.0f, beta = 0.0f;
     cudaDataType_t t = cuda_type(dt);
@@ -295,9 +295,9 @@ static int ref_ready(gang__cuda_ctx *c)
     if ((rc = lt_err(gang__blas.cublasSetStream((cublasHandle_t)c->blas, c->stream),
                      "cublasSetStream")) < 0)
         return rc;
-    return lt_err(gang__blas.cublasSetWorkspace((cublasHandle_t)c->blas, c->workspace,
-                                                c->workspace_bytes),
-                  "cublasSetWorkspace");
+    return lt_err(
+        gang__blas.cublasSetWorkspace((cublasHandle_t)c->blas, c->workspace, c->workspace_bytes),
+        "cublasSetWorkspace");
 }
 
 /*
@@ -305,9 +305,9 @@ static int ref_ready(gang__cuda_ctx *c)
  * then the cuBLAS peer into c_ref, each between its own pair of events on the handle's
  * stream so that both see the same clocks and caches. Returns when both finished.
  */
-int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
-                         size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
-                         float *ours_ms, float *ref_ms)
+int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                         const void *a, const void *b, void *c_ours, void *c_ref, float *ours_ms,
+                         float *ref_ms)
 {
     gang__cuda_ctx *c = ctx;
     cudaEvent_t ev[3] = {NULL, NULL, NULL};

@@ -87,9 +87,9 @@ int gang__cuda_gemm_init(gang__cuda_ctx *c);
 void gang__cuda_gemm_fini(gang__cuda_ctx *c);
 int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                     float alpha, const void *a, const void *b, float beta, void *cmat);
-int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n,
-                         size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
-                         float *ours_ms, float *ref_ms);
+int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
+                         const void *a, const void *b, void *c_ours, void *c_ref, float *ours_ms,
+                         float *ref_ms);
 
 /* ---------------------------------------------------------------------------------
  * Kernel launchers (cuda-ops.cu, cuda-attention.cu). They enqueue on stream and return
@@ -111,8 +111,8 @@ int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias, size
                                size_t cols);
 int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
                              int32_t *out);
-int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src,
-                              gang_dtype to, void *dst, size_t n);
+int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src, gang_dtype to,
+                              void *dst, size_t n);
 /* scratch (scratch_floats f32, may be NULL) holds the partial states when the keys are
  * split across blocks; n_sm is the device's multiprocessor count. */
 int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc, const float *vc,

@@ -215,8 +215,8 @@ __global__ static void add_rows_kernel(float *x, const float *bias, size_t rows,
         x[i] += bias[i % cols];
 }
 
-extern "C" int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias,
-                                          size_t rows, size_t cols)
+extern "C" int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias, size_t rows,
+                                          size_t cols)
 {
     add_rows_kernel<<<grid_for(rows * cols), OPS_THREADS, 0, s>>>(x, bias, rows, cols);
     return launch_result("add_rows launch");
@@ -361,4 +361,3 @@ extern "C" int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const 
     convert_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>((int)from, src, (int)to, dst, n);
     return launch_result("convert launch");
 }
-

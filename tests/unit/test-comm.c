@@ -1160,8 +1160,8 @@ static void test_bootstrap_format(void **state)
     size_t len;
 
     /* Socket only: the blob is the socket blob byte for byte. */
-    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, NULL, 0, out, sizeof(out),
-                                        &len), 0);
+    assert_int_equal(
+        gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, NULL, 0, out, sizeof(out), &len), 0);
     assert_int_equal(len, sl);
     assert_memory_equal(out, TB_SOCK, sl);
     assert_int_equal(gang_bootstrap_parse(out, len, &b, err, sizeof(err)), 0);
@@ -1172,8 +1172,9 @@ static void test_bootstrap_format(void **state)
 
     /* With the NCCL id: SOCKET "\n" "nccl:" HEX. */
     tb_fake_id(id);
-    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
-                                        sizeof(out), &len), 0);
+    assert_int_equal(
+        gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out, sizeof(out), &len),
+        0);
     assert_int_equal(len, sl + 1 + 5 + GANG_BOOTSTRAP_NCCL_HEX);
     assert_int_equal(out[sl], '\n');
     assert_memory_equal(out + sl + 1, "nccl:", 5);
@@ -1188,13 +1189,15 @@ static void test_bootstrap_format(void **state)
     size_t id_len = 0;
     int rc = gang_comm_nccl_unique_id(id, sizeof(id), &id_len);
     if (rc == 0) {
-        assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, id_len, out,
-                                            sizeof(out), &len), 0);
+        assert_int_equal(
+            gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, id_len, out, sizeof(out), &len),
+            0);
         assert_int_equal(gang_bootstrap_parse(out, len, &b, err, sizeof(err)), 0);
         assert_memory_equal(b.nccl, id, id_len);
     } else {
         print_message("gang_comm_nccl_unique_id: %s (NCCL not built or not loadable); the "
-                      "format is checked with a synthetic id only\n", gang_err_name(rc));
+                      "format is checked with a synthetic id only\n",
+                      gang_err_name(rc));
         tb_fake_id(id);
     }
 
@@ -1227,17 +1230,20 @@ static void test_bootstrap_format(void **state)
 
     /* format: too small, an id that would not parse, no socket part. */
     assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
-                                        sl + 5 + GANG_BOOTSTRAP_NCCL_HEX, &len), GANG_ERANGE);
+                                           sl + 5 + GANG_BOOTSTRAP_NCCL_HEX, &len),
+                     GANG_ERANGE);
     assert_int_equal(len, 0);
     id[0] = 'G';
-    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out,
-                                        sizeof(out), &len), GANG_EINVAL);
-    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, 12, out, sizeof(out),
-                                        &len), GANG_EINVAL);
-    assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, 0, NULL, 0, out, sizeof(out),
-                                        &len), GANG_EINVAL);
+    assert_int_equal(
+        gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, sizeof(id), out, sizeof(out), &len),
+        GANG_EINVAL);
+    assert_int_equal(
+        gang_bootstrap_format((const uint8_t *)TB_SOCK, sl, id, 12, out, sizeof(out), &len),
+        GANG_EINVAL);
+    assert_int_equal(
+        gang_bootstrap_format((const uint8_t *)TB_SOCK, 0, NULL, 0, out, sizeof(out), &len),
+        GANG_EINVAL);
 }
-
 
 /* A bootstrap join from another thread (rank 0's). */
 typedef struct boot_arg {
@@ -1271,14 +1277,15 @@ static void test_bootstrap_join(void **state)
     float v = 1.0f;
 
     (void)state;
-    assert_int_equal(gang_bootstrap_create(HOST, 0, NULL, blob, sizeof(blob), &len, err,
-                                           sizeof(err)), GANG_EINVAL);
+    assert_int_equal(
+        gang_bootstrap_create(HOST, 0, NULL, blob, sizeof(blob), &len, err, sizeof(err)),
+        GANG_EINVAL);
     assert_int_equal(gang_bootstrap_create(HOST, 0, &root, blob, 8, &len, err, sizeof(err)),
                      GANG_ERANGE);
     assert_null(root);
     assert_non_null(strstr(err, "cannot build the bootstrap blob"));
-    assert_int_equal(gang_bootstrap_create(HOST, 0, &root, blob, sizeof(blob), &len, err,
-                                           sizeof(err)), 0);
+    assert_int_equal(
+        gang_bootstrap_create(HOST, 0, &root, blob, sizeof(blob), &len, err, sizeof(err)), 0);
     assert_non_null(root);
     assert_int_equal(gang_bootstrap_parse(blob, len, &parts, err, sizeof(err)), 0);
     assert_int_equal(parts.socket_len, len);
@@ -1331,8 +1338,9 @@ static void test_bootstrap_join(void **state)
     assert_int_equal(gang_bootstrap_join(&r0.cfg, GANG_COMM_SOCKET, &c), 0);
     gang_comm_free(c);
     if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
-        assert_int_equal(gang_bootstrap_create(HOST, 1, &root, blob, sizeof(blob), &len, err,
-                                               sizeof(err)), GANG_ENOSYS);
+        assert_int_equal(
+            gang_bootstrap_create(HOST, 1, &root, blob, sizeof(blob), &len, err, sizeof(err)),
+            GANG_ENOSYS);
         assert_null(root);
         assert_non_null(strstr(err, "NCCL unique id"));
     }

@@ -160,9 +160,8 @@ static void test_option_tables(void **state)
     char *argv[] = {"--n", "7", "pos", "--x=0.25", "--flag", "--other", "--name", "seven"};
     char *rest[8];
     int nrest = 0;
-    assert_int_equal(gang_opts_parse_args(&opt_demo_table, &o, 8, argv, rest, &nrest, err,
-                                          sizeof(err)),
-                     0);
+    assert_int_equal(
+        gang_opts_parse_args(&opt_demo_table, &o, 8, argv, rest, &nrest, err, sizeof(err)), 0);
     assert_int_equal(o.n, 7);
     assert_true(o.x == 0.25);
     assert_int_equal(o.flag, 1);
@@ -173,28 +172,24 @@ static void test_option_tables(void **state)
 
     /* Unknown flags are refused when rest is NULL; every bound is checked. */
     char *bad1[] = {"--other"};
-    assert_int_equal(gang_opts_parse_args(&opt_demo_table, &o, 1, bad1, NULL, NULL, err,
-                                          sizeof(err)),
-                     GANG_EUSAGE);
+    assert_int_equal(
+        gang_opts_parse_args(&opt_demo_table, &o, 1, bad1, NULL, NULL, err, sizeof(err)),
+        GANG_EUSAGE);
     assert_non_null(strstr(err, "--other"));
-    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "x", "1.5", err, sizeof(err)),
-                     GANG_EUSAGE);
+    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "x", "1.5", err, sizeof(err)), GANG_EUSAGE);
     assert_non_null(strstr(err, "[0, 1]"));
     assert_int_equal(gang_opts_set(&opt_demo_table, &o, "x", "0.3abc", err, sizeof(err)),
                      GANG_EUSAGE);
-    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "x", "nan", err, sizeof(err)),
-                     GANG_EUSAGE);
-    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "n", "11", err, sizeof(err)),
-                     GANG_EUSAGE);
+    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "x", "nan", err, sizeof(err)), GANG_EUSAGE);
+    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "n", "11", err, sizeof(err)), GANG_EUSAGE);
     assert_int_equal(gang_opts_set(&opt_demo_table, &o, "name", "eightchr", err, sizeof(err)),
                      GANG_EUSAGE);
     assert_non_null(strstr(err, "7 bytes"));
-    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "name", "sevench", err, sizeof(err)),
-                     0);
+    assert_int_equal(gang_opts_set(&opt_demo_table, &o, "name", "sevench", err, sizeof(err)), 0);
     char *noval[] = {"--n"};
-    assert_int_equal(gang_opts_parse_args(&opt_demo_table, &o, 1, noval, NULL, NULL, err,
-                                          sizeof(err)),
-                     GANG_EUSAGE);
+    assert_int_equal(
+        gang_opts_parse_args(&opt_demo_table, &o, 1, noval, NULL, NULL, err, sizeof(err)),
+        GANG_EUSAGE);
     assert_non_null(strstr(err, "needs a value"));
 
     /* Help names every option with its default, env twins only when asked. */
@@ -309,7 +304,8 @@ static void test_log_lines_carry_identity(void **state)
     ssize_t n = read(fds[0], buf, sizeof(buf) - 1);
     close(fds[0]);
     assert_true(n > 0);
-    assert_non_null(strstr(buf, "\"node\":3,\"rank\":7,\"gen\":42,\"msg\":\"hello \\\"world\\\"\""));
+    assert_non_null(
+        strstr(buf, "\"node\":3,\"rank\":7,\"gen\":42,\"msg\":\"hello \\\"world\\\"\""));
     assert_null(strstr(buf, "filtered out"));
     assert_non_null(strstr(buf, "WARN  node=3 rank=7 gen=42"));
     assert_non_null(strstr(buf, "plain 5"));

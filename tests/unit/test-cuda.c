@@ -275,8 +275,7 @@ static void test_cpu_memory_api(void **state)
     assert_int_equal(gang_kernels_alloc(fx.cpu, sizeof(src), &d), 0);
     assert_int_equal((uintptr_t)d % 256, 0);
     assert_int_equal(gang_kernels_upload(fx.cpu, d, src, sizeof(src)), 0);
-    assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, d, GANG_DTYPE_BF16, half, 5),
-                     0);
+    assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, d, GANG_DTYPE_BF16, half, 5), 0);
     for (int i = 0; i < 5; i++)
         assert_int_equal(half[i], gang_f32_to_bf16(src[i]));
     assert_int_equal(gang_kernels_download(fx.cpu, back, d, sizeof(back)), 0);
@@ -706,10 +705,8 @@ static void test_gpu_convert(void **state)
     void *db = NULL, *dh = NULL;
     assert_int_equal(gang_kernels_alloc(fx.gpu, n * 2, &db), 0);
     assert_int_equal(gang_kernels_alloc(fx.gpu, n * 2, &dh), 0);
-    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_F32, dx, GANG_DTYPE_BF16, db, n),
-                     0);
-    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_F32, dx, GANG_DTYPE_F16, dh, n),
-                     0);
+    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_F32, dx, GANG_DTYPE_BF16, db, n), 0);
+    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_F32, dx, GANG_DTYPE_F16, dh, n), 0);
     assert_int_equal(gang_kernels_download(fx.gpu, hb, db, n * 2), 0);
     assert_int_equal(gang_kernels_download(fx.gpu, hh, dh, n * 2), 0);
     for (size_t i = 0; i < n; i++) {
@@ -721,8 +718,7 @@ static void test_gpu_convert(void **state)
                      gang_f32_to_f16(x[i]));
     }
     /* and back: exact widening */
-    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_BF16, db, GANG_DTYPE_F32, dx, n),
-                     0);
+    assert_int_equal(gang_kernels_convert(fx.gpu, GANG_DTYPE_BF16, db, GANG_DTYPE_F32, dx, n), 0);
     float *back = dev_fetch(dx, n * 4);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(memcmp(&back[i], &(float){gang_bf16_to_f32(hb[i])}, 4), 0);
@@ -758,8 +754,8 @@ static void test_gpu_gemm_pair(void **state)
     assert_int_equal(gang_kernels_upload(fx.gpu, a, ha, m * kd * 2), 0);
     assert_int_equal(gang_kernels_upload(fx.gpu, b, hb, n * kd * 2), 0);
     for (int it = 0; it < 3; it++) {
-        assert_int_equal(gang__kernels_gemm_pair(fx.gpu, GANG_DTYPE_BF16, 1, m, n, kd, a, b, c1,
-                                                 c2, &ours, &ref),
+        assert_int_equal(gang__kernels_gemm_pair(fx.gpu, GANG_DTYPE_BF16, 1, m, n, kd, a, b, c1, c2,
+                                                 &ours, &ref),
                          0);
         assert_true(ours > 0.0f && ref > 0.0f);
     }
@@ -771,12 +767,12 @@ static void test_gpu_gemm_pair(void **state)
         worst = d > worst ? d : worst;
     }
     assert_true(worst < 1.6e-2);
-    assert_int_equal(gang__kernels_gemm_pair(fx.gpu, GANG_DTYPE_I32, 1, m, n, kd, a, b, c1, c2,
-                                             &ours, &ref),
-                     GANG_EINVAL);
-    assert_int_equal(gang__kernels_gemm_pair(fx.cpu, GANG_DTYPE_BF16, 1, m, n, kd, ha, hb, h1,
-                                             h2, &ours, &ref),
-                     GANG_ENOSYS);
+    assert_int_equal(
+        gang__kernels_gemm_pair(fx.gpu, GANG_DTYPE_I32, 1, m, n, kd, a, b, c1, c2, &ours, &ref),
+        GANG_EINVAL);
+    assert_int_equal(
+        gang__kernels_gemm_pair(fx.cpu, GANG_DTYPE_BF16, 1, m, n, kd, ha, hb, h1, h2, &ours, &ref),
+        GANG_ENOSYS);
     gang_kernels_free(fx.gpu, c2), gang_kernels_free(fx.gpu, c1);
     gang_kernels_free(fx.gpu, b), gang_kernels_free(fx.gpu, a);
     free(ha), free(hb), free(h1), free(h2);
@@ -785,16 +781,16 @@ static void test_gpu_gemm_pair(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pool_first_fit), cmocka_unit_test(test_pool_coalesce),
-        cmocka_unit_test(test_blas_load),      cmocka_unit_test(test_device_queries),
-        cmocka_unit_test(test_open_errors),    cmocka_unit_test(test_cpu_memory_api),
+        cmocka_unit_test(test_pool_first_fit),    cmocka_unit_test(test_pool_coalesce),
+        cmocka_unit_test(test_blas_load),         cmocka_unit_test(test_device_queries),
+        cmocka_unit_test(test_open_errors),       cmocka_unit_test(test_cpu_memory_api),
         cmocka_unit_test(test_cpu_copy_add_rows), cmocka_unit_test(test_gpu_copy_add_rows),
-        cmocka_unit_test(test_gpu_pool),       cmocka_unit_test(test_gpu_gemm_f32),
-        cmocka_unit_test(test_gpu_gemm_half),  cmocka_unit_test(test_gpu_rmsnorm),
-        cmocka_unit_test(test_gpu_rope),       cmocka_unit_test(test_gpu_softmax),
-        cmocka_unit_test(test_gpu_attention),  cmocka_unit_test(test_gpu_elementwise),
-        cmocka_unit_test(test_gpu_embedding),  cmocka_unit_test(test_gpu_argmax),
-        cmocka_unit_test(test_gpu_convert),    cmocka_unit_test(test_gpu_gemm_pair),
+        cmocka_unit_test(test_gpu_pool),          cmocka_unit_test(test_gpu_gemm_f32),
+        cmocka_unit_test(test_gpu_gemm_half),     cmocka_unit_test(test_gpu_rmsnorm),
+        cmocka_unit_test(test_gpu_rope),          cmocka_unit_test(test_gpu_softmax),
+        cmocka_unit_test(test_gpu_attention),     cmocka_unit_test(test_gpu_elementwise),
+        cmocka_unit_test(test_gpu_embedding),     cmocka_unit_test(test_gpu_argmax),
+        cmocka_unit_test(test_gpu_convert),       cmocka_unit_test(test_gpu_gemm_pair),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

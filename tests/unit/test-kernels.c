@@ -112,9 +112,9 @@ static void test_open_names(void **state)
     assert_int_equal(gang_kernels_caps(k), GANG_KERNELS_CAP_HOST_MEM);
     {
         uint16_t h[4] = {0};
-        assert_int_equal(gang_kernels_gemm_ex(k, GANG_DTYPE_BF16, 0, 1, 1, 1, 1.0f, h, h + 1,
-                                              0.0f, h + 2),
-                         GANG_ENOSYS);
+        assert_int_equal(
+            gang_kernels_gemm_ex(k, GANG_DTYPE_BF16, 0, 1, 1, 1, 1.0f, h, h + 1, 0.0f, h + 2),
+            GANG_ENOSYS);
     }
     gang_kernels_close(k);
 
@@ -151,8 +151,7 @@ static void test_cuda_not_built(void **state)
     if (rc != GANG_ENOSYS) {
         /* The CUDA kernels are built: test-cuda (unit-cuda) covers them. */
         gang_kernels_close(rc == 0 ? k : NULL);
-        print_message("cuda kernels built (open: %s): covered by test-cuda\n",
-                      gang_err_name(rc));
+        print_message("cuda kernels built (open: %s): covered by test-cuda\n", gang_err_name(rc));
         skip();
         return;
     }
@@ -203,8 +202,7 @@ static void test_gemm(void **state)
                 for (int tb = 0; tb < 2; tb++) {
                     /* beta != 0 accumulates into C. */
                     memcpy(c, c0, m * n * sizeof(*c));
-                    assert_int_equal(
-                        gang_kernels_gemm(k, tb, m, n, kd, 0.75f, a, b, -0.5f, c), 0);
+                    assert_int_equal(gang_kernels_gemm(k, tb, m, n, kd, 0.75f, a, b, -0.5f, c), 0);
                     ref_gemm(tb, m, n, kd, 0.75, a, b, -0.5, c0, ref);
                     snprintf(what, sizeof(what), "gemm tb=%d m=%zu n=%zu k=%zu", tb, m, n, kd);
                     assert_close(c, ref, m * n, 1e-4, what);
@@ -212,8 +210,7 @@ static void test_gemm(void **state)
                     /* beta == 0 must not read C: NaN there must not leak into the result. */
                     for (size_t i = 0; i < m * n; i++)
                         c[i] = NAN;
-                    assert_int_equal(gang_kernels_gemm(k, tb, m, n, kd, 1.0f, a, b, 0.0f, c),
-                                     0);
+                    assert_int_equal(gang_kernels_gemm(k, tb, m, n, kd, 1.0f, a, b, 0.0f, c), 0);
                     ref_gemm(tb, m, n, kd, 1.0, a, b, 0.0, NULL, ref);
                     assert_close(c, ref, m * n, 1e-4, what);
                 }
@@ -282,8 +279,8 @@ static void test_rmsnorm(void **state)
 /* ---------------------------------------------------------------------------------
  * RoPE.
  * --------------------------------------------------------------------------------- */
-static void ref_rope(const float *x, const int32_t *pos, size_t tokens, size_t heads,
-                     size_t hd, double theta, double *ref)
+static void ref_rope(const float *x, const int32_t *pos, size_t tokens, size_t heads, size_t hd,
+                     double theta, double *ref)
 {
     size_t half = hd / 2;
     for (size_t t = 0; t < tokens; t++) {
@@ -322,8 +319,7 @@ static void test_rope(void **state)
 
                 ref_rope(orig, pos, tokens, heads, hd, 500000.0, ref);
                 assert_int_equal(gang_kernels_rope(k, x, pos, tokens, heads, hd, 500000.0f), 0);
-                snprintf(what, sizeof(what), "rope tokens=%zu heads=%zu hd=%zu", tokens, heads,
-                         hd);
+                snprintf(what, sizeof(what), "rope tokens=%zu heads=%zu hd=%zu", tokens, heads, hd);
                 assert_close(x, ref, n, 1e-5, what);
                 free(x), free(orig), free(pos), free(ref);
             }
@@ -462,15 +458,15 @@ static void test_attention(void **state)
         assert_non_null(out);
 
         ref_attention(q, kc, vc, ac->tq, ac->n_heads, ac->n_kv, ac->hd, ac->pos0, ref);
-        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads,
-                                                ac->n_kv, ac->hd, ac->pos0, out),
+        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads, ac->n_kv,
+                                                ac->hd, ac->pos0, out),
                          0);
         snprintf(what, sizeof(what), "attention case %zu", c);
         assert_close(out, ref, nq, 1e-5, what);
 
         /* out == q is allowed. */
-        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads,
-                                                ac->n_kv, ac->hd, ac->pos0, q),
+        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads, ac->n_kv,
+                                                ac->hd, ac->pos0, q),
                          0);
         assert_close(q, ref, nq, 1e-5, what);
         free(q), free(kc), free(vc), free(out), free(ref);
@@ -548,8 +544,7 @@ static void test_attention_decode_matches_prefill(void **state)
 
     assert_int_equal(gang_kernels_attention(k, q, kc, vc, t, t, nh, nkv, hd, 0, pre), 0);
     for (size_t i = 0; i < t; i++) {
-        assert_int_equal(gang_kernels_attention(k, q + i * row, kc, vc, 1, t, nh, nkv, hd, i,
-                                                one),
+        assert_int_equal(gang_kernels_attention(k, q + i * row, kc, vc, 1, t, nh, nkv, hd, i, one),
                          0);
         for (size_t e = 0; e < row; e++)
             ref[e] = pre[i * row + e];
@@ -699,15 +694,15 @@ static void test_f16_rounding(void **state)
         assert_int_equal(gang_f32_to_f16(nextafterf(mid, INFINITY)), h + 1);
         assert_int_equal(gang_f32_to_f16(-mid), 0x8000u | even);
     }
-    assert_int_equal(gang_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);      /* tie -> even */
-    assert_int_equal(gang_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02);  /* tie -> even */
+    assert_int_equal(gang_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);     /* tie -> even */
+    assert_int_equal(gang_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02); /* tie -> even */
     assert_int_equal(gang_f32_to_f16(65519.0f), 0x7bff);
     assert_int_equal(gang_f32_to_f16(65520.0f), 0x7c00); /* overflow rounds to infinity */
     assert_int_equal(gang_f32_to_f16(1e10f), 0x7c00);
     assert_int_equal(gang_f32_to_f16(-1e10f), 0xfc00);
-    assert_int_equal(gang_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);       /* tie -> zero */
+    assert_int_equal(gang_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* tie -> zero */
     assert_int_equal(gang_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
-    assert_int_equal(gang_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);       /* tie -> even */
+    assert_int_equal(gang_f32_to_f16(ldexpf(3.0f, -25)), 0x0002); /* tie -> even */
     assert_int_equal(gang_f32_to_f16(ldexpf(1.0f, -30)), 0x0000);
     assert_int_equal(gang_f32_to_f16(-0.0f), 0x8000);
     assert_int_equal(gang_f32_to_f16(INFINITY), 0x7c00);

@@ -52,8 +52,8 @@ int tu_gang_rank_enter(tu_gang *g, uint32_t rank, gang_comm_listener *listener,
                        gang_comm *_Atomic comms[3])
 {
     gang_comm *c[3] = {NULL, NULL, NULL};
-    int rc = tu_gang_comms(rank, g->n, g->tp, g->blob, g->blob_len, listener, 10000, &c[0],
-                           &c[1], &c[2]);
+    int rc = tu_gang_comms(rank, g->n, g->tp, g->blob, g->blob_len, listener, 10000, &c[0], &c[1],
+                           &c[2]);
     for (int i = 0; i < 3; i++)
         atomic_store(&comms[i], c[i]);
     pthread_barrier_wait(&g->ready);
@@ -70,16 +70,15 @@ void tu_gang_rank_leave(tu_gang *g, gang_comm *_Atomic comms[3])
 }
 
 void tu_gang_start(tu_gang *g, uint32_t n, uint32_t tp, int controlled,
-                   gang_comm_listener **listener0, void *(*fn)(void *), void *ctxs,
-                   size_t stride, pthread_t *th)
+                   gang_comm_listener **listener0, void *(*fn)(void *), void *ctxs, size_t stride,
+                   pthread_t *th)
 {
     g->n = n;
     g->tp = tp;
     g->controlled = controlled;
     atomic_store(&g->release, 0);
     assert_int_equal(
-        gang_comm_socket_listen("127.0.0.1", listener0, g->blob, sizeof(g->blob), &g->blob_len),
-        0);
+        gang_comm_socket_listen("127.0.0.1", listener0, g->blob, sizeof(g->blob), &g->blob_len), 0);
     assert_int_equal(pthread_barrier_init(&g->ready, NULL, n + 1), 0);
     for (uint32_t r = 0; r < n; r++)
         assert_int_equal(pthread_create(&th[r], NULL, fn, (char *)ctxs + r * stride), 0);

@@ -39,8 +39,8 @@ int tu_gang_comms(uint32_t rank, uint32_t n, uint32_t tp, const char *blob, size
  * controller (if any) while the bodies run, then tu_gang_finish.
  */
 typedef struct tu_gang {
-    uint32_t n, tp;          /* ranks, and TP ranks per pipeline stage */
-    char blob[256];          /* rank 0's socket-backend blob */
+    uint32_t n, tp; /* ranks, and TP ranks per pipeline stage */
+    char blob[256]; /* rank 0's socket-backend blob */
     size_t blob_len;
     pthread_barrier_t ready; /* every rank initialised (or failed), plus main */
     atomic_int release;      /* with a controller: ranks keep their comms until it is set */
@@ -63,8 +63,8 @@ void tu_gang_rank_leave(tu_gang *g, gang_comm *_Atomic comms[3]);
  * entered. The caller has filled the rank contexts before.
  */
 void tu_gang_start(tu_gang *g, uint32_t n, uint32_t tp, int controlled,
-                   gang_comm_listener **listener0, void *(*fn)(void *), void *ctxs,
-                   size_t stride, pthread_t *th);
+                   gang_comm_listener **listener0, void *(*fn)(void *), void *ctxs, size_t stride,
+                   pthread_t *th);
 /* Main side: releases the ranks (after the controller), joins them, frees g's barrier. */
 void tu_gang_finish(tu_gang *g, pthread_t *th);
 

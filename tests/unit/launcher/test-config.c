@@ -117,15 +117,14 @@ static void test_forward_round_trip(void **state)
     set_non_defaults(&src);
     assert_int_equal(gang_params_forward_args(&src, NULL, &a), 0);
     gang_params_defaults(&dst);
-    assert_int_equal(gang_params_parse_args(&dst, a.argc, a.argv, NULL, NULL, err, sizeof(err)),
-                     0);
+    assert_int_equal(gang_params_parse_args(&dst, a.argc, a.argv, NULL, NULL, err, sizeof(err)), 0);
     for (size_t i = 0; i < n; i++) {
         size_t size = reg[i].type == GANG_PARAM_STR    ? GANG_PARAM_STR_MAX
                       : reg[i].type == GANG_PARAM_BOOL ? sizeof(int)
                                                        : sizeof(int64_t);
         const gang_params *want = gang_param_attr(&reg[i]) == GANG_PARAM_FWD ? &src : &def;
-        if (memcmp((const char *)&dst + reg[i].offset, (const char *)want + reg[i].offset,
-                   size) != 0)
+        if (memcmp((const char *)&dst + reg[i].offset, (const char *)want + reg[i].offset, size) !=
+            0)
             fail_msg("--%s did not survive the round trip", reg[i].flag);
     }
     gang_args_free(&a);
@@ -230,8 +229,7 @@ static void test_worker_config(void **state)
     assert_int_equal(gang_worker_config_from_params(&p, "/tmp/a.sock", 1, &wc, err, sizeof(err)),
                      GANG_EUSAGE);
     gang_strlcpy(p.log_level, "info", sizeof(p.log_level));
-    assert_int_equal(gang_worker_config_from_params(&p, "", 1, &wc, err, sizeof(err)),
-                     GANG_EUSAGE);
+    assert_int_equal(gang_worker_config_from_params(&p, "", 1, &wc, err, sizeof(err)), GANG_EUSAGE);
 }
 
 /* Writes a small Llama config.json with max_position_embeddings max_pos into dir. */
@@ -241,10 +239,11 @@ static void write_model_config(const char *dir, unsigned max_pos)
     snprintf(path, sizeof(path), "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
-               "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
-               "\"num_hidden_layers\": 4, \"vocab_size\": 256,"
-               "\"max_position_embeddings\": %u, \"rms_norm_eps\": 1e-5}",
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+            "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+            "\"num_hidden_layers\": 4, \"vocab_size\": 256,"
+            "\"max_position_embeddings\": %u, \"rms_norm_eps\": 1e-5}",
             max_pos);
     fclose(f);
 }

@@ -266,20 +266,13 @@ static void tw_run_worker(tw_ctx *c, uint32_t local_rank)
     snprintf(lr, sizeof(lr), "%u", local_rank);
     snprintf(hbt, sizeof(hbt), "--heartbeat-timeout-ms=%d", c->hb_timeout_ms);
     snprintf(model, sizeof(model), "--model=%s", c->model);
-    char *argv[] = {"worker",
-                    "--agent-socket",
-                    c->path,
-                    "--local-rank",
-                    lr,
-                    "--node-index",
-                    "0",
-                    "--heartbeat-interval-ms=50",
-                    hbt,
-                    "--start-timeout-ms",
-                    "3000",
-                    "--advertise-address=127.0.0.1",
-                    model,
-                    NULL};
+    char *argv[] = {"worker", "--agent-socket",
+                    c->path,  "--local-rank",
+                    lr,       "--node-index",
+                    "0",      "--heartbeat-interval-ms=50",
+                    hbt,      "--start-timeout-ms",
+                    "3000",   "--advertise-address=127.0.0.1",
+                    model,    NULL};
     tw_close_all(c);
     _exit(gang_worker_main((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv));
 }
@@ -753,7 +746,8 @@ static void test_start_bad_blob(void **state)
 
     tb_fake_id(id);
     assert_int_equal(gang_bootstrap_format((const uint8_t *)TB_SOCK, strlen(TB_SOCK), id,
-                                           sizeof(id), blob, sizeof(blob), &len), 0);
+                                           sizeof(id), blob, sizeof(blob), &len),
+                     0);
     tw_send(c, w, GANG_WCTL_START, 4, 1, 2, blob, (uint32_t)len);
     e = tw_expect(c, w, GANG_WCTL_ERROR, 4, 2000, 0);
     assert_int_equal(e.code, GANG_EMISMATCH);

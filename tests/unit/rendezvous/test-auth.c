@@ -223,13 +223,27 @@ static void test_join_mac_binds_every_field(void **state)
     for (int field = 0; field < 7; field++) {
         x = j;
         switch (field) {
-        case 0: x.nnodes++; break;
-        case 1: x.nproc_per_node++; break;
-        case 2: x.tp++; break;
-        case 3: x.pp++; break;
-        case 4: x.model_digest[31] ^= 1; break;
-        case 5: x.generation_seen++; break;
-        default: x.host[0] = '9'; break;
+        case 0:
+            x.nnodes++;
+            break;
+        case 1:
+            x.nproc_per_node++;
+            break;
+        case 2:
+            x.tp++;
+            break;
+        case 3:
+            x.pp++;
+            break;
+        case 4:
+            x.model_digest[31] ^= 1;
+            break;
+        case 5:
+            x.generation_seen++;
+            break;
+        default:
+            x.host[0] = '9';
+            break;
         }
         assert_int_equal(gang_auth_verify_join(&t, nonce, &x), GANG_EAUTH);
     }
@@ -447,8 +461,8 @@ static void test_reader_with_session(void **state)
     gang_wire_reader_set_tag_check(r, reader_tag_check, &rx);
     assert_int_equal(gang_wire_reader_feed(r, stream, GANG_WIRE_HEADER_SIZE + 2), 0);
     assert_int_equal(gang_wire_reader_next(r, &out), 0); /* waits for the tag */
-    assert_int_equal(gang_wire_reader_feed(r, stream + GANG_WIRE_HEADER_SIZE + 2,
-                                           GANG_WIRE_TAG_SIZE), 0);
+    assert_int_equal(
+        gang_wire_reader_feed(r, stream + GANG_WIRE_HEADER_SIZE + 2, GANG_WIRE_TAG_SIZE), 0);
     assert_int_equal(gang_wire_reader_next(r, &out), GANG_EAUTH);
     assert_int_equal(gang_wire_reader_next(r, &out), GANG_EAUTH);
     assert_int_equal(gang_wire_reader_feed(r, stream, 1), GANG_EAUTH);

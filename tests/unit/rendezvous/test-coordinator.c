@@ -98,7 +98,7 @@ typedef struct raw_peer {
     /* Session MACs (docs/protocol.md §5.3): a played member starts them when its WELCOME
      * arrives, a played coordinator with raw_start_session() after sending WELCOME. */
     gang_session sess;
-    int await_welcome;     /* raw_member_join() sent a signed JOIN; WELCOME starts sess */
+    int await_welcome; /* raw_member_join() sent a signed JOIN; WELCOME starts sess */
     gang_token token;
     uint8_t server_nonce[GANG_NONCE_SIZE], client_nonce[GANG_NONCE_SIZE];
 } raw_peer;
@@ -1315,7 +1315,8 @@ static void session_variant(test_env *e, int variant)
         /* Tagged with the right key and sequence number, but for the other direction. */
         gang_auth_session_start(&other, &e->ccfg.token, p->server_nonce, p->client_nonce, 1);
         assert_int_equal(gang_auth_session_sign(&other, f1, l1 - GANG_WIRE_TAG_SIZE,
-                                                f1 + l1 - GANG_WIRE_TAG_SIZE), 0);
+                                                f1 + l1 - GANG_WIRE_TAG_SIZE),
+                         0);
         gang_auth_session_clear(&other);
         raw_send_bytes(p, f1, l1);
         break;
