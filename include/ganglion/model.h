@@ -14,6 +14,7 @@
 #ifndef GANGLION_MODEL_H
 #define GANGLION_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -303,5 +304,73 @@ int gang_engine_poll(gang_engine *e, gang_gen_event *ev);
  * and buffers.
  */
 void gang_engine_reset(gang_engine *e);
+
+/* ==================================== tokenizer ===================================== */
+
+/*
+ * A tokenizer read from a Hugging Face `tokenizer.json` (model/tokenizer.c, tok-*.c).
+ * Supported exactly: the BPE model (merges as "a b" strings or [a, b] pairs,
+ * ignore_merges, byte_fallback, unk_token with fuse_unk), the pre-tokenizers ByteLevel,
+ * Split (regex or string pattern), Digits and Sequence, the ByteLevel decoder, the
+ * post-processors ByteLevel and TemplateProcessing (single sequence), and added tokens
+ * with their special/normalized/lstrip/rstrip flags. Anything else (WordPiece, Unigram,
+ * any other normalizer, pre-tokenizer, decoder or post-processor, dropout, a subword
+ * prefix or suffix, single_word added tokens) is refused at load with a message naming
+ * the component. Encoding is thread-safe on one loaded tokenizer (it is read-only).
+ */
+#define GANG_TOK_MAX_FILE_BYTES (64u << 20) /* tokenizer.json size */
+#define GANG_TOK_MAX_VOCAB (1u << 20)       /* vocabulary entries + added tokens */
+#define GANG_TOK_MAX_MERGES (1u << 21)      /* BPE merges */
+#define GANG_TOK_MAX_TOKEN_BYTES 4096u      /* one token's content */
+#define GANG_TOK_MAX_ADDED 4096u            /* added tokens */
+#define GANG_TOK_MAX_TEXT_BYTES (64u << 20) /* one encode call's input */
+
+typedef struct gang_tokenizer gang_tokenizer;
+
+/* Reads and validates PATH (at most GANG_TOK_MAX_FILE_BYTES). 0 and *out on success;
+ * GANG_EMODEL (unsupported or malformed content), GANG_EIO, GANG_ENOENT or GANG_ENOMEM
+ * with a message in err otherwise. */
+int gang_tokenizer_load(const char *path, gang_tokenizer **out, char *err, size_t errlen);
+/* The same from a buffer of LEN bytes (need not be NUL-terminated). */
+int gang_tokenizer_load_buffer(const char *json, size_t len, gang_tokenizer **out, char *err,
+                               size_t errlen);
+void gang_tokenizer_free(gang_tokenizer *tok);
+
+/* Encodes LEN bytes of UTF-8 TEXT (GANG_EINVAL if it is not valid UTF-8). With
+ * ADD_SPECIAL the post-processor's tokens (BOS) are added. *n is always set to the number
+ * of ids the text needs; ids[0..cap) receives them; GANG_ERANGE when cap is too small. */
+int gang_tokenizer_encode(const gang_tokenizer *tok, const char *text, size_t len, bool add_special,
+                          int32_t *ids, size_t cap, size_t *n);
+
+/* Number of ids (vocabulary and added tokens): every id is below it. */
+int32_t gang_tokenizer_n_ids(const gang_tokenizer *tok);
+/* The id of the token whose content is CONTENT (a vocabulary or added token, e.g.
+ * "<|im_end|>"), or -1. */
+int32_t gang_tokenizer_token_id(const gang_tokenizer *tok, const char *content);
+/* The content of token ID as it appears in tokenizer.json, or NULL. */
+const char *gang_tokenizer_token_text(const gang_tokenizer *tok, int32_t id);
+/* Whether ID is an added token marked special. */
+bool gang_tokenizer_is_special(const gang_tokenizer *tok, int32_t id);
+
+/* Incremental decoding: ids go in one at a time, text comes out as soon as it is whole
+ * UTF-8. An incomplete multi-byte character is held back until it completes; bytes that
+ * can never form a character come out as U+FFFD, one per maximal invalid subpart (as
+ * Python's and Rust's lossy decoders do), so concatenated steps plus the flush equal the
+ * decode of the whole sequence. */
+typedef struct gang_tok_decoder {
+    const gang_tokenizer *tok;
+    bool skip_special;     /* drop special added tokens (as tokenizers' default) */
+    unsigned char pend[4]; /* held-back prefix of one character */
+    unsigned npend;
+} gang_tok_decoder;
+
+void gang_tok_decoder_init(gang_tok_decoder *d, const gang_tokenizer *tok, bool skip_special);
+/* Appends the text ID completes to out[0..cap); *n is the number of bytes written (at most
+ * 4 + 3 x the token's length + 3). GANG_EINVAL for an id out of range, GANG_ERANGE when
+ * cap is too small (nothing consumed). */
+int gang_tokenizer_decode_step(gang_tok_decoder *d, int32_t id, char *out, size_t cap, size_t *n);
+/* Ends the stream: a held-back incomplete character comes out as U+FFFD (at most 3 bytes
+ * per held byte). */
+int gang_tokenizer_decode_flush(gang_tok_decoder *d, char *out, size_t cap, size_t *n);
 
 #endif /* GANGLION_MODEL_H */

