@@ -504,19 +504,14 @@ typedef struct bc_rank_opts {
     char sizes[512], iters[512], warmup[512];
 } bc_rank_opts;
 
-#define BC_RSTR(f_, fld, hp)                                                                       \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                                 \
-        .offset = offsetof(bc_rank_opts, fld), .str_cap = sizeof(((bc_rank_opts *)0)->fld)         \
-    }
+#define BC_RSTR(f_, fld, hp) GANG_OPT_STR(bc_rank_opts, f_, fld, "", hp)
 static const gang_param_info bc_rank_items[] = {
     BC_RSTR("backend", backend, "must be mpi"),
     BC_RSTR("sizes", sizes, "message sizes in bytes, comma-separated"),
     BC_RSTR("iters", iters, "timed iterations per size, comma-separated"),
     BC_RSTR("warmup", warmup, "untimed iterations per size, comma-separated"),
 };
-static const gang_opt_table bc_rank_table = {bc_rank_items,
-                                             sizeof(bc_rank_items) / sizeof(bc_rank_items[0])};
+static const gang_opt_table bc_rank_table = GANG_OPT_TABLE(bc_rank_items);
 static const gang_opt_cmd bc_rank_cmd = {
     "bench allreduce-rank", "--backend mpi --sizes L --iters L --warmup L",
     "Hidden: one rank of `bench allreduce --backend mpi`, started by mpirun; prints\n"
@@ -625,7 +620,7 @@ static const gang_param_info bc_items[] = {
      .help = "skip the peer (mpirun mpi-allreduce)",
      .offset = offsetof(bc_opts, no_peer)},
 };
-static const gang_opt_table bc_table = {bc_items, sizeof(bc_items) / sizeof(bc_items[0])};
+static const gang_opt_table bc_table = GANG_OPT_TABLE(bc_items);
 static const gang_opt_cmd bc_cmd = {
     "bench allreduce", "[flags]",
     "Times gang_comm_all_reduce (f32, sum, in place) on N ranks for 4 KiB, 16 KiB, ... up\n"

@@ -130,33 +130,18 @@ typedef struct bd_flags {
     char device[8];
 } bd_flags;
 
-#define BD_ITEM(f_, fld, d, l, h, hp)                                                              \
-    {.flag = f_,                                                                                   \
-     .type = GANG_PARAM_INT,                                                                       \
-     .def = #d,                                                                                    \
-     .lo = l,                                                                                      \
-     .hi = h,                                                                                      \
-     .help = hp,                                                                                   \
-     .offset = offsetof(bd_flags, fld)},
+#define BD_ITEM(f_, fld, d, l, h, hp) GANG_OPT_INT(bd_flags, f_, fld, #d, l, h, hp),
 #define BD_CPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
 #define BD_GPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
-#define BD_STR(f_, fld, d, hp)                                                                     \
-    {.flag = f_,                                                                                   \
-     .type = GANG_PARAM_STR,                                                                       \
-     .def = d,                                                                                     \
-     .help = hp,                                                                                   \
-     .offset = offsetof(bd_flags, fld),                                                            \
-     .str_cap = sizeof(((bd_flags *)0)->fld)},
+#define BD_STR(f_, fld, d, hp) GANG_OPT_STR(bd_flags, f_, fld, d, hp),
 static const gang_param_info bd_cpu_items[] = {
     BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
         BD_STR("device", device, "cpu", "cpu or cuda (cuda: the Llama-3.2-1B shape, see above)")};
 static const gang_param_info bd_gpu_items[] = {
     BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
         BD_STR("device", device, "cpu", "cpu or cuda")};
-static const gang_opt_table bd_cpu_table = {bd_cpu_items,
-                                            sizeof(bd_cpu_items) / sizeof(bd_cpu_items[0])};
-static const gang_opt_table bd_gpu_table = {bd_gpu_items,
-                                            sizeof(bd_gpu_items) / sizeof(bd_gpu_items[0])};
+static const gang_opt_table bd_cpu_table = GANG_OPT_TABLE(bd_cpu_items);
+static const gang_opt_table bd_gpu_table = GANG_OPT_TABLE(bd_gpu_items);
 static const gang_opt_cmd bd_cmd = {
     "bench decode", "[flags]",
     "Prefill / decode tokens/s of the engine for TP x PP in {1x1, 2x1, 1x2, 2x2} (cpu) or\n"

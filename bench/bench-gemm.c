@@ -120,11 +120,7 @@ typedef struct bg_flags {
     int64_t iters, warmup, device_index, pool_mb;
 } bg_flags;
 
-#define BG_INT(f_, fld, d, l, h, hp)                                                               \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,               \
-        .offset = offsetof(bg_flags, fld)                                                          \
-    }
+#define BG_INT(f_, fld, d, l, h, hp) GANG_OPT_INT(bg_flags, f_, fld, #d, l, h, hp)
 static const gang_param_info bg_items[] = {
     {.flag = "shapes",
      .type = GANG_PARAM_STR,
@@ -144,7 +140,7 @@ static const gang_param_info bg_items[] = {
     BG_INT("device-index", device_index, 0, 0, 1023, "the GPU"),
     BG_INT("gpu-memory-mb", pool_mb, 0, 64, 16777216, "the pool (default: from the largest shape)"),
 };
-static const gang_opt_table bg_table = {bg_items, sizeof(bg_items) / sizeof(bg_items[0])};
+static const gang_opt_table bg_table = GANG_OPT_TABLE(bg_items);
 static const gang_opt_cmd bg_cmd = {
     "bench gemm", "[flags]",
     "Our cuBLASLt GEMM path against a direct cublasGemmEx, C = A . B^T (B stored [N,K]);\n"

@@ -449,11 +449,7 @@ typedef struct bp_flags {
     int64_t pp, microbatches, stage_ms, bytes, iters, warmup, timeout_s;
 } bp_flags;
 
-#define BP_INT(f_, fld, d, l, h, hp)                                                               \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,               \
-        .offset = offsetof(bp_flags, fld)                                                          \
-    }
+#define BP_INT(f_, fld, d, l, h, hp) GANG_OPT_INT(bp_flags, f_, fld, #d, l, h, hp)
 static const gang_param_info bp_items[] = {
     BP_INT("pp", pp, 0, 2, BP_MAX_PP, "stages (default: sweep 2, 3, 4)"),
     BP_INT("microbatches", microbatches, 0, 1, 4096, "per batch (default: sweep 4, 8, 16)"),
@@ -464,7 +460,7 @@ static const gang_param_info bp_items[] = {
     BP_INT("warmup", warmup, 2, 0, 100000, "untimed batches first"),
     BP_INT("timeout-s", timeout_s, 60, 1, 86400, "deadline of one point"),
 };
-static const gang_opt_table bp_table = {bp_items, sizeof(bp_items) / sizeof(bp_items[0])};
+static const gang_opt_table bp_table = GANG_OPT_TABLE(bp_items);
 static const gang_opt_cmd bp_cmd = {
     "bench pipeline", "[flags]",
     "P stage threads connected by the socket communicator run the GPipe forward schedule on\n"

@@ -77,16 +77,8 @@ int gang_bench_main(int argc, char **argv)
  * rendezvous and failover: option tables.
  * --------------------------------------------------------------------------------- */
 
-#define BO_INT(f_, fld, d, l, h, hp)                                                               \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_INT, .def = #d, .lo = l, .hi = h, .help = hp,               \
-        .offset = offsetof(bench_opts, fld)                                                        \
-    }
-#define BO_STR(f_, fld, d, hp)                                                                     \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_STR, .def = d, .help = hp,                                  \
-        .offset = offsetof(bench_opts, fld), .str_cap = sizeof(((bench_opts *)0)->fld)             \
-    }
+#define BO_INT(f_, fld, d, l, h, hp) GANG_OPT_INT(bench_opts, f_, fld, #d, l, h, hp)
+#define BO_STR(f_, fld, d, hp) GANG_OPT_STR(bench_opts, f_, fld, d, hp)
 
 static const gang_param_info rdzv_items[] = {
     BO_INT("nodes", nodes, 8, 1, 4096, "agents to start (one rank each)"),
@@ -102,7 +94,7 @@ static const gang_param_info rdzv_items[] = {
     BO_INT("peer-timeout-s", peer_timeout_s, 900, 1, 86400, "deadline of one mpirun run"),
     BO_STR("agent-log", agent_log, "", "the agents' output (default: a file in $TMPDIR)"),
 };
-static const gang_opt_table rdzv_table = {rdzv_items, sizeof(rdzv_items) / sizeof(rdzv_items[0])};
+static const gang_opt_table rdzv_table = GANG_OPT_TABLE(rdzv_items);
 
 static const gang_param_info failover_items[] = {
     BO_INT("trials", trials, 10, 1, 100000, "timed trials per kind"),
@@ -116,8 +108,7 @@ static const gang_param_info failover_items[] = {
     BO_INT("timeout-s", timeout_s, 60, 1, 86400, "deadline of one trial"),
     BO_STR("agent-log", agent_log, "", "the agents' output (default: a file in $TMPDIR)"),
 };
-static const gang_opt_table failover_table = {failover_items,
-                                              sizeof(failover_items) / sizeof(failover_items[0])};
+static const gang_opt_table failover_table = GANG_OPT_TABLE(failover_items);
 
 static const gang_opt_cmd rdzv_cmd = {
     "bench rendezvous", "[flags] [-- SERVE FLAGS]",

@@ -37,7 +37,7 @@ static const gang_param_info peer_items[] = {
     {"warmup", GANG_PARAM_STR, "", 0, 0, "warm-up calls per size, comma-separated",
      offsetof(peer_opts, warmup), 0, 0, LIST_CAP},
 };
-static const gang_opt_table peer_table = {peer_items, sizeof(peer_items) / sizeof(peer_items[0])};
+static const gang_opt_table peer_table = GANG_OPT_TABLE(peer_items);
 static const gang_opt_cmd peer_cmd = {
     .name = "mpi-allreduce",
     .synopsis = "--sizes L --iters L --warmup L",

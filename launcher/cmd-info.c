@@ -270,7 +270,7 @@ static const gang_param_info info_items[] = {
      .help = "print GPU Feature Discovery style node labels instead",
      .offset = offsetof(info_opts, labels)},
 };
-static const gang_opt_table info_table = {info_items, sizeof(info_items) / sizeof(info_items[0])};
+static const gang_opt_table info_table = GANG_OPT_TABLE(info_items);
 static const gang_opt_cmd info_cmd = {
     "info", "[--labels]",
     "GPU discovery: every visible GPU's name, UUID, PCI bus id, memory, compute\n"

@@ -24,16 +24,8 @@ typedef struct mk_cli {
     int tie;
 } mk_cli;
 
-#define MK_STR(f_, fld, d_, hp)                                                                    \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_STR, .def = d_, .help = hp,                                 \
-        .offset = offsetof(mk_cli, fld), .str_cap = sizeof(((mk_cli *)0)->fld)                     \
-    }
-#define MK_INT(f_, fld, d_, lo_, hi_, hp)                                                          \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_INT, .def = d_, .lo = lo_, .hi = hi_, .help = hp,           \
-        .offset = offsetof(mk_cli, fld)                                                            \
-    }
+#define MK_STR(f_, fld, d_, hp) GANG_OPT_STR(mk_cli, f_, fld, d_, hp)
+#define MK_INT(f_, fld, d_, lo_, hi_, hp) GANG_OPT_INT(mk_cli, f_, fld, d_, lo_, hi_, hp)
 static const gang_param_info mk_items[] = {
     MK_STR("out", out, "", "output directory, created if absent (required)"),
     MK_STR("arch", arch, "llama", "architecture: " MK_ARCHS),
@@ -55,7 +47,7 @@ static const gang_param_info mk_items[] = {
     MK_INT("shards", shards, "1", 1, 99999,
            "weight files (> 1: model-0000i-of-0000n + index.json)"),
 };
-static const gang_opt_table mk_table = {mk_items, sizeof(mk_items) / sizeof(mk_items[0])};
+static const gang_opt_table mk_table = GANG_OPT_TABLE(mk_items);
 static const gang_opt_cmd mk_cmd = {
     "mkmodel", "--out DIR [flags]",
     "Writes DIR/config.json and DIR/model.safetensors (or --shards N files and\n"

@@ -41,11 +41,7 @@ typedef struct gen_opts {
     int verbose;
 } gen_opts;
 
-#define GEN_STR(f_, fld, hp)                                                                       \
-    {                                                                                              \
-        .flag = f_, .type = GANG_PARAM_STR, .def = "", .help = hp,                                 \
-        .offset = offsetof(gen_opts, fld), .str_cap = sizeof(((gen_opts *)0)->fld)                 \
-    }
+#define GEN_STR(f_, fld, hp) GANG_OPT_STR(gen_opts, f_, fld, "", hp)
 static const gang_param_info gen_items[] = {
     GEN_STR("prompt-ids", prompt_ids, "the prompt's token ids, comma-separated (required)"),
     {.flag = "max-tokens",
@@ -66,7 +62,7 @@ static const gang_param_info gen_items[] = {
      .help = "the gang's log on this terminal instead of a file",
      .offset = offsetof(gen_opts, verbose)},
 };
-static const gang_opt_table gen_table = {gen_items, sizeof(gen_items) / sizeof(gen_items[0])};
+static const gang_opt_table gen_table = GANG_OPT_TABLE(gen_items);
 static const gang_opt_cmd gen_cmd = {
     "generate", "--model DIR [--tp N] [--pp M] --prompt-ids 1,2,3 [flags] [serve flags]",
     "Starts serve --local (one node per pipeline stage, tp ranks each, unless --nnodes /\n"

@@ -82,8 +82,7 @@ static const gang_param_info worker_opt_items[] = {
      "this worker's rank on its node (set by the agent)", offsetof(worker_opts, local_rank), 0, 0,
      0},
 };
-static const gang_opt_table worker_opts_table = {worker_opt_items, sizeof(worker_opt_items) /
-                                                                       sizeof(worker_opt_items[0])};
+static const gang_opt_table worker_opts_table = GANG_OPT_TABLE(worker_opt_items);
 
 /*
  * Fills w->conf from the environment and argv (argv[0] is the subcommand): the registry's

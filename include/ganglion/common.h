@@ -144,6 +144,36 @@ typedef struct gang_opt_table {
     size_t count;
 } gang_opt_table;
 
+/*
+ * Entries of an option table over the struct TYPE: flag name, field, default as text,
+ * bounds (INT and DOUBLE) and help. STR fields are char arrays; their capacity is taken
+ * from the field. GANG_OPT_TABLE(items) makes the table of a static array.
+ */
+#define GANG_OPT_INT(TYPE, flag_, field_, def_, lo_, hi_, help_)                                   \
+    {                                                                                              \
+        .flag = (flag_), .type = GANG_PARAM_INT, .def = (def_), .lo = (lo_), .hi = (hi_),          \
+        .help = (help_), .offset = offsetof(TYPE, field_)                                          \
+    }
+#define GANG_OPT_STR(TYPE, flag_, field_, def_, help_)                                             \
+    {                                                                                              \
+        .flag = (flag_), .type = GANG_PARAM_STR, .def = (def_), .help = (help_),                   \
+        .offset = offsetof(TYPE, field_), .str_cap = sizeof(((TYPE *)0)->field_)                   \
+    }
+#define GANG_OPT_BOOL(TYPE, flag_, field_, def_, help_)                                            \
+    {                                                                                              \
+        .flag = (flag_), .type = GANG_PARAM_BOOL, .def = (def_), .hi = 1, .help = (help_),         \
+        .offset = offsetof(TYPE, field_)                                                           \
+    }
+#define GANG_OPT_DOUBLE(TYPE, flag_, field_, def_, lo_, hi_, help_)                                \
+    {                                                                                              \
+        .flag = (flag_), .type = GANG_PARAM_DOUBLE, .def = (def_), .dlo = (lo_), .dhi = (hi_),     \
+        .help = (help_), .offset = offsetof(TYPE, field_)                                          \
+    }
+#define GANG_OPT_TABLE(items)                                                                      \
+    {                                                                                              \
+        (items), sizeof(items) / sizeof((items)[0])                                                \
+    }
+
 /* Fills every field of base with its default. */
 void gang_opts_defaults(const gang_opt_table *t, void *base);
 /* Looks a flag up by name (without dashes); NULL when absent. */
