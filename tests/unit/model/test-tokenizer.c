@@ -279,6 +279,54 @@ static void test_pretokenizers(void **state)
     }
 }
 
+/* The BPE model's unknown and byte-fallback paths on a character-level vocabulary (no
+ * pre-tokenizer); expected ids from the Python tokenizers package, including its order
+ * of a pending unknown and byte tokens. */
+static void test_unk_byte_fallback(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *opts;
+        int32_t ids[3][10];
+        size_t n[3];
+    } cases[] = {
+        {",\"unk_token\":\"<unk>\"", {{3, 0, 0, 3}, {7, 3, 0, 0, 1}, {0, 0, 0, 0, 9}}, {4, 5, 5}},
+        {",\"unk_token\":\"<unk>\",\"fuse_unk\":true",
+         {{3, 0, 3}, {7, 3, 0, 1}, {0, 9}},
+         {3, 4, 2}},
+        {",\"unk_token\":\"<unk>\",\"byte_fallback\":true",
+         {{3, 0, 0, 3}, {7, 3, 6, 10, 11, 6, 10, 11, 1}, {0, 6, 10, 11, 0, 0, 9}},
+         {4, 9, 7}},
+        {",\"unk_token\":\"<unk>\",\"byte_fallback\":true,\"fuse_unk\":true",
+         {{3, 0, 3}, {7, 3, 6, 10, 11, 6, 10, 11, 1}, {6, 10, 11, 0, 9}},
+         {3, 9, 5}},
+        {",\"unk_token\":null", {{3, 3}, {7, 3, 1}, {9}}, {2, 3, 1}},
+    };
+    const char *texts[3] = {"abzzab",
+                            "\xc3\xa9xab\xe2\x82\xac\xe2\x82\xac"
+                            "a",
+                            "zz\xe2\x82\xacz\xc3\xa9"};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char json[1024];
+        snprintf(json, sizeof(json),
+                 "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"<unk>\":0,"
+                 "\"a\":1,\"b\":2,\"ab\":3,\"<0xC3>\":4,\"<0xA9>\":5,\"<0xE2>\":6,\"\xc3\xa9x\":7,"
+                 "\"x\":8,\"\xc3\xa9\":9,\"<0x82>\":10,\"<0xAC>\":11},\"merges\":[\"a b\","
+                 "\"\xc3\xa9 x\"]%s},\"pre_tokenizer\":null,\"decoder\":{\"type\":"
+                 "\"ByteLevel\"}}",
+                 cases[i].opts);
+        gang_tokenizer *t = NULL;
+        char err[200] = "";
+        int rc = gang_tokenizer_load_buffer(json, strlen(json), &t, err, sizeof(err));
+        if (rc)
+            fprintf(stderr, "case %zu: %s\n", i, err);
+        assert_int_equal(rc, 0);
+        for (int k = 0; k < 3; k++)
+            encode_is(t, texts[k], false, cases[i].ids[k], cases[i].n[k]);
+        gang_tokenizer_free(t);
+    }
+}
+
 /* Feeds ids one at a time and returns the concatenated text (static buffer). */
 static const char *decode_all(const gang_tokenizer *t, const int32_t *ids, size_t n, bool skip,
                               size_t *first_out)
@@ -376,8 +424,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),      cmocka_unit_test(test_encode),
-        cmocka_unit_test(test_pretokenizers), cmocka_unit_test(test_decoder),
-        cmocka_unit_test(test_long_inputs),
+        cmocka_unit_test(test_pretokenizers), cmocka_unit_test(test_unk_byte_fallback),
+        cmocka_unit_test(test_decoder),       cmocka_unit_test(test_long_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
