@@ -1,9 +1,12 @@
 /*
- * Incremental decoding: each id's bytes (precomputed at load by the decoder, tok-load.c)
+ * Incremental decoding. ByteLevel: each id's bytes (precomputed at load, tok-load.c)
  * pass through a UTF-8 state machine that emits whole characters, holds back the prefix
  * of an incomplete one, and turns every maximal invalid subpart into one U+FFFD, the
- * replacement practice of Python's and Rust's lossy decoders. Concatenated steps and the
- * final flush therefore equal the lossy decode of all the bytes at once.
+ * replacement practice of Python's and Rust's lossy decoders. SentencePiece chain: texts
+ * after Replace come out as they are, runs of byte-fallback tokens are held until they
+ * end (valid UTF-8, or one U+FFFD per byte, as tokenizers' ByteFallback), and the leading
+ * Strip drops its characters from the start of the stream. Concatenated steps and the
+ * final flush therefore equal the decode of all the ids at once.
  */
 #include <string.h>
 
@@ -82,6 +85,37 @@ static void tok_feed(gang_tok_decoder *d, const unsigned char *b, size_t n, char
     }
 }
 
+/* Chain: appends text to out with the leading Strip applied. */
+static void tok_chain_emit(gang_tok_decoder *d, const char *s, size_t len, char *out, size_t *k)
+{
+    const gang_tokenizer *t = d->tok;
+    size_t sl = strlen(t->strip_char);
+    while (!d->started && sl && d->nstripped < t->strip_start && len >= sl &&
+           memcmp(s, t->strip_char, sl) == 0) {
+        s += sl;
+        len -= sl;
+        d->nstripped++;
+    }
+    if (len)
+        d->started = true;
+    tok_emit(out, k, s, len);
+}
+
+/* Chain: lets the held run of byte-fallback bytes out: its text when it is valid UTF-8,
+ * else one U+FFFD per byte. */
+static void tok_chain_run(gang_tok_decoder *d, char *out, size_t *k)
+{
+    if (!d->nrun)
+        return;
+    if (gang__tok_utf8_valid((const char *)d->run, d->nrun)) {
+        tok_chain_emit(d, (const char *)d->run, d->nrun, out, k);
+    } else {
+        for (unsigned i = 0; i < d->nrun; i++)
+            tok_chain_emit(d, tok_fffd, 3, out, k);
+    }
+    d->nrun = 0;
+}
+
 int gang_tokenizer_decode_step(gang_tok_decoder *d, int32_t id, char *out, size_t cap, size_t *n)
 {
     if (n)
@@ -94,10 +128,19 @@ int gang_tokenizer_decode_step(gang_tok_decoder *d, int32_t id, char *out, size_
     if (!t->text[id] || (d->skip_special && t->special[id]))
         return 0;
     size_t len = t->dec_len[id];
-    if (cap < 3 * len + 3)
+    if (cap < 3 * len + GANG_TOK_DECODE_SLACK)
         return GANG_ERANGE;
     size_t k = 0;
-    tok_feed(d, (const unsigned char *)t->dec[id], len, out, &k);
+    if (t->dec_kind == TOK_DEC_BYTELEVEL) {
+        tok_feed(d, (const unsigned char *)t->dec[id], len, out, &k);
+    } else if (t->dec_byte && t->dec_byte[id] >= 0) {
+        if (d->nrun == GANG_TOK_DEC_RUN)
+            tok_chain_run(d, out, &k);
+        d->run[d->nrun++] = (unsigned char)t->dec_byte[id];
+    } else {
+        tok_chain_run(d, out, &k);
+        tok_chain_emit(d, t->dec[id], len, out, &k);
+    }
     *n = k;
     return 0;
 }
@@ -106,14 +149,17 @@ int gang_tokenizer_decode_flush(gang_tok_decoder *d, char *out, size_t cap, size
 {
     if (n)
         *n = 0;
-    if (!d || !n || (!out && cap))
+    if (!d || !d->tok || !n || (!out && cap))
         return GANG_EINVAL;
-    if (!d->npend)
-        return 0;
-    if (cap < 3)
+    if (cap < GANG_TOK_DECODE_SLACK)
         return GANG_ERANGE;
-    memcpy(out, tok_fffd, 3);
-    d->npend = 0;
-    *n = 3;
+    size_t k = 0;
+    if (d->tok->dec_kind == TOK_DEC_CHAIN) {
+        tok_chain_run(d, out, &k);
+    } else if (d->npend) {
+        tok_emit(out, &k, tok_fffd, 3);
+        d->npend = 0;
+    }
+    *n = k;
     return 0;
 }

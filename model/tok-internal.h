@@ -35,6 +35,19 @@ typedef struct gang__tok_pretok {
     pcre2_code *re;        /* NULL: no regex (ByteLevel with use_regex false) */
 } gang__tok_pretok;
 
+/* Normalizers (tok-norm.c), applied in order to each segment between added tokens. */
+enum { TOK_NORM_PREPEND = 0, TOK_NORM_REPLACE = 1 };
+
+typedef struct gang__tok_norm {
+    int kind;
+    char *text; /* Prepend: the prefix; Replace: the replacement */
+    uint32_t len;
+    pcre2_code *re; /* Replace: the pattern (a literal for String) */
+} gang__tok_norm;
+
+/* Decoders: ByteLevel, or the SentencePiece chain Replace* ByteFallback? Fuse? Strip? */
+enum { TOK_DEC_BYTELEVEL = 0, TOK_DEC_CHAIN = 1 };
+
 typedef struct gang__tok_added {
     int32_t id;
     const char *content; /* points into tok->text[id] */
@@ -67,6 +80,12 @@ struct gang_tokenizer {
     int32_t byte_ids[256]; /* <0xXX> tokens for byte_fallback, -1 where absent */
     gang__tok_pretok *pt;
     unsigned npt;
+    gang__tok_norm *norm;
+    unsigned nnorm;
+    int dec_kind;           /* TOK_DEC_* */
+    int16_t *dec_byte;      /* [n_ids] chain with ByteFallback: the byte of "<0xXX>", or -1 */
+    char strip_char[5];     /* chain's Strip: the character dropped at the start ("" none) */
+    unsigned strip_start;   /* how many of them at most */
     gang__tok_added *added; /* sorted by content length, longest first */
     unsigned nadded;
     int32_t *prefix_ids, *suffix_ids; /* TemplateProcessing around the sequence */
@@ -91,6 +110,13 @@ int gang__tok_load_model(gang_tokenizer *t, const cJSON *model, const cJSON *add
 int gang__tok_load_pretok(gang_tokenizer *t, const cJSON *pt, char *err, size_t errlen);
 int gang__tok_load_post(gang_tokenizer *t, const cJSON *pp, char *err, size_t errlen);
 int gang__tok_load_decoder(gang_tokenizer *t, const cJSON *dec, char *err, size_t errlen);
+
+/* tok-norm.c: loads the normalizer (null, Prepend, Replace or a Sequence of them). */
+int gang__tok_load_norm(gang_tokenizer *t, const cJSON *norm, char *err, size_t errlen);
+/* Normalizes s[0..len) into a new buffer *out of *olen bytes (caller frees). 0, GANG_ENOMEM,
+ * or GANG_ERANGE when the result would exceed GANG_TOK_MAX_TEXT_BYTES. */
+int gang__tok_normalize(const gang_tokenizer *t, const char *s, size_t len, char **out,
+                        size_t *olen);
 
 /* tok-bpe.c: inserts merge (a, b) -> merged with RANK; GANG_EEXIST when the pair repeats. */
 int gang__tok_merge_put(gang_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t merged);

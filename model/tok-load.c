@@ -3,6 +3,7 @@
  * tokens, the pre-tokenizers, the post-processor and the decoder. Every field that would
  * change the ids and that we do not implement is refused with a message naming it.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -493,19 +494,148 @@ static int tok_decode_bytelevel(gang_tokenizer *t, uint32_t id)
     return 0;
 }
 
+/* Replaces every FROM (flen bytes) in s[0..*len) by TO in a new buffer, freeing s. */
+static char *tok_str_replace(char *s, uint32_t *len, const char *from, size_t flen, const char *to,
+                             size_t tlen)
+{
+    size_t count = 0;
+    for (const char *p = s; (p = memmem(p, *len - (size_t)(p - s), from, flen)); p += flen)
+        count++;
+    if (!count)
+        return s;
+    size_t nlen = *len + count * tlen - count * flen, k = 0;
+    char *out = malloc(nlen + 1);
+    if (!out) {
+        free(s);
+        return NULL;
+    }
+    for (size_t i = 0; i < *len;) {
+        if (i + flen <= *len && memcmp(s + i, from, flen) == 0) {
+            memcpy(out + k, to, tlen);
+            k += tlen;
+            i += flen;
+        } else {
+            out[k++] = s[i++];
+        }
+    }
+    out[k] = 0;
+    free(s);
+    *len = (uint32_t)nlen;
+    return out;
+}
+
+/* One decoder of a SentencePiece chain. STAGE: 0 Replace allowed, 1 after ByteFallback,
+ * 2 after Fuse, 3 after Strip; a decoder out of that order is refused. */
+static int tok_chain_one(gang_tokenizer *t, const cJSON *o, int *stage, bool *fallback, char *err,
+                         size_t errlen)
+{
+    const char *ty = tok_type(o);
+    if (strcmp(ty, "Replace") == 0 && *stage == 0) {
+        const cJSON *from = tok_get(tok_get(o, "pattern"), "String"), *to = tok_get(o, "content");
+        if (!cJSON_IsString(from) || !from->valuestring[0] || !cJSON_IsString(to) ||
+            strlen(from->valuestring) > 64 || strlen(to->valuestring) > 64)
+            return gang__tok_fail(err, errlen,
+                                  "decoder Replace: only a string pattern is "
+                                  "supported");
+        for (uint32_t id = 0; id < t->n_ids; id++) {
+            if (!t->dec[id])
+                continue;
+            t->dec[id] = tok_str_replace(t->dec[id], &t->dec_len[id], from->valuestring,
+                                         strlen(from->valuestring), to->valuestring,
+                                         strlen(to->valuestring));
+            if (!t->dec[id])
+                return GANG_ENOMEM;
+        }
+        return 0;
+    }
+    if (strcmp(ty, "ByteFallback") == 0 && *stage == 0) {
+        *stage = 1;
+        *fallback = true;
+        return 0;
+    }
+    if (strcmp(ty, "Fuse") == 0 && *stage <= 1) {
+        *stage = 2;
+        return 0;
+    }
+    if (strcmp(ty, "Strip") == 0 && *stage == 2) {
+        const cJSON *c = tok_get(o, "content"), *st = tok_get(o, "start"), *sp = tok_get(o, "stop");
+        uint32_t cp;
+        if (!cJSON_IsString(c) || !c->valuestring[0] ||
+            gang__tok_utf8_next(c->valuestring, strlen(c->valuestring), &cp) !=
+                strlen(c->valuestring) ||
+            !cJSON_IsNumber(st) || st->valuedouble < 0 || st->valuedouble > 16 ||
+            !cJSON_IsNumber(sp) || sp->valuedouble != 0)
+            return gang__tok_fail(err, errlen,
+                                  "decoder Strip: only one character, at the start, is "
+                                  "supported");
+        snprintf(t->strip_char, sizeof(t->strip_char), "%s", c->valuestring);
+        t->strip_start = (unsigned)st->valuedouble;
+        *stage = 3;
+        return 0;
+    }
+    return gang__tok_fail(err, errlen, "decoder %s is not supported%s", ty,
+                          *stage ? " in that place of the Sequence" : "");
+}
+
+/* The SentencePiece decoder chain: per-token texts after Replace, then the bytes of the
+ * <0xXX> tokens for ByteFallback. */
+static int tok_load_chain(gang_tokenizer *t, const cJSON *dec, char *err, size_t errlen)
+{
+    t->dec_kind = TOK_DEC_CHAIN;
+    for (uint32_t id = 0; id < t->n_ids; id++) {
+        if (!t->text[id])
+            continue;
+        t->dec[id] = malloc(t->text_len[id] + 1);
+        if (!t->dec[id])
+            return GANG_ENOMEM;
+        memcpy(t->dec[id], t->text[id], t->text_len[id] + 1);
+        t->dec_len[id] = t->text_len[id];
+    }
+    int stage = 0;
+    bool fallback = false;
+    const cJSON *list = tok_get(dec, "decoders"), *e;
+    if (strcmp(tok_type(dec), "Sequence") != 0)
+        return tok_chain_one(t, dec, &stage, &fallback, err, errlen);
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) > 8)
+        return gang__tok_fail(err, errlen, "decoder Sequence: bad list");
+    cJSON_ArrayForEach(e, list)
+    {
+        int rc = tok_chain_one(t, e, &stage, &fallback, err, errlen);
+        if (rc)
+            return rc;
+    }
+    if (!fallback)
+        return 0;
+    t->dec_byte = malloc(t->n_ids * sizeof(*t->dec_byte));
+    if (!t->dec_byte)
+        return GANG_ENOMEM;
+    for (uint32_t id = 0; id < t->n_ids; id++) {
+        const char *s = t->dec[id];
+        unsigned v;
+        char tail;
+        t->dec_byte[id] = -1;
+        if (s && t->dec_len[id] == 6 && strncmp(s, "<0x", 3) == 0 && s[5] == '>' &&
+            isxdigit((unsigned char)s[3]) && isxdigit((unsigned char)s[4]) &&
+            sscanf(s + 3, "%2x%c", &v, &tail) == 2)
+            t->dec_byte[id] = (int16_t)v;
+    }
+    return 0;
+}
+
 int gang__tok_load_decoder(gang_tokenizer *t, const cJSON *dec, char *err, size_t errlen)
 {
     if (!dec || cJSON_IsNull(dec))
         return gang__tok_fail(err, errlen,
                               "decoder: none (tokens joined by spaces) is not "
                               "supported");
-    const char *ty = tok_type(dec);
-    if (strcmp(ty, "ByteLevel") != 0)
-        return gang__tok_fail(err, errlen, "decoder %s is not supported", ty);
     t->dec = calloc(t->n_ids, sizeof(*t->dec));
     t->dec_len = calloc(t->n_ids, sizeof(*t->dec_len));
     if (!t->dec || !t->dec_len)
         return GANG_ENOMEM;
+    const char *ty = tok_type(dec);
+    if (strcmp(ty, "ByteLevel") != 0)
+        return tok_load_chain(t, dec, err, errlen);
+    t->dec_kind = TOK_DEC_BYTELEVEL;
     for (uint32_t id = 0; id < t->n_ids; id++)
         if (t->text[id] && tok_decode_bytelevel(t, id))
             return GANG_ENOMEM;

@@ -315,6 +315,24 @@ static const gang__tok_added *tok_added_at(const gang_tokenizer *t, int pass, co
     return NULL;
 }
 
+static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len);
+
+/* A segment between added tokens of PASS goes on to the next pass; after pass 0 it is
+ * normalized first (the tokens of pass 1 are matched on normalized text). */
+static int tok_encode_gap(tok_enc *e, int pass, const char *s, size_t len)
+{
+    if (pass != 0 || !e->t->nnorm)
+        return tok_encode_added(e, pass + 1, s, len);
+    char *norm;
+    size_t nlen;
+    int rc = gang__tok_normalize(e->t, s, len, &norm, &nlen);
+    if (rc)
+        return rc;
+    rc = tok_encode_added(e, 1, norm, nlen);
+    free(norm);
+    return rc;
+}
+
 /* Splits s[0..len) on the added tokens of PASS, leftmost-longest, applying lstrip and
  * rstrip; segments between them go to pass 1, then to the model. */
 static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len)
@@ -348,7 +366,7 @@ static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len)
                 break;
             stop += cl;
         }
-        int rc = tok_encode_added(e, pass + 1, s + done, start - done);
+        int rc = tok_encode_gap(e, pass, s + done, start - done);
         if (rc)
             return rc;
         gang__tok_out_push(&e->out, a->id);
@@ -357,7 +375,7 @@ static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len)
         if (pos < done)
             pos = done;
     }
-    return tok_encode_added(e, pass + 1, s + done, len - done);
+    return tok_encode_gap(e, pass, s + done, len - done);
 }
 
 int gang_tokenizer_encode(const gang_tokenizer *t, const char *text, size_t len, bool add_special,

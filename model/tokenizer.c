@@ -94,12 +94,6 @@ static int tok_check_top(const cJSON *root, char *err, size_t errlen)
             return gang__tok_fail(err, errlen, "tokenizer.json: %s is set (not supported)",
                                   must_be_null[i]);
     }
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(norm, "type");
-        return gang__tok_fail(err, errlen, "tokenizer.json: normalizer %s is not supported",
-                              cJSON_IsString(ty) ? ty->valuestring : "(without a type)");
-    }
     return 0;
 }
 
@@ -113,10 +107,18 @@ static int tok_load_root(gang_tokenizer *t, const cJSON *root, char *err, size_t
         return rc;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    rc = gang__tok_load_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err,
-                               errlen);
+    rc = gang__tok_load_norm(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen);
+    if (!rc)
+        rc = gang__tok_load_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err,
+                                   errlen);
     if (!rc)
         rc = gang__tok_load_model(t, model, added, err, errlen);
+    for (unsigned i = 0; !rc && t->nnorm && i < t->nadded; i++)
+        if (!t->added[i].special && t->added[i].normalized)
+            rc = gang__tok_fail(err, errlen,
+                                "added_tokens: %.40s is normalized under a normalizer (not "
+                                "supported)",
+                                t->added[i].content);
     if (!rc)
         rc = gang__tok_load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), err,
                                  errlen);
@@ -219,6 +221,12 @@ void gang_tokenizer_free(gang_tokenizer *t)
     for (unsigned i = 0; i < t->npt; i++)
         pcre2_code_free(t->pt[i].re);
     free(t->pt);
+    for (unsigned i = 0; i < t->nnorm; i++) {
+        free(t->norm[i].text);
+        pcre2_code_free(t->norm[i].re);
+    }
+    free(t->norm);
+    free(t->dec_byte);
     free(t->added);
     free(t->prefix_ids);
     free(t->suffix_ids);

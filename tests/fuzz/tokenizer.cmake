@@ -18,6 +18,7 @@ set(TOKFUZZ_SOURCES
   ${PROJECT_SOURCE_DIR}/model/tok-load.c
   ${PROJECT_SOURCE_DIR}/model/tok-bpe.c
   ${PROJECT_SOURCE_DIR}/model/tok-pretok.c
+  ${PROJECT_SOURCE_DIR}/model/tok-norm.c
   ${PROJECT_SOURCE_DIR}/model/tok-decode.c)
 file(MAKE_DIRECTORY ${TOKFUZZ_WORK} ${TOKFUZZ_SEEDS})
 file(WRITE ${TOKFUZZ_SEEDS}/text "Hello 123 <|s|> wörld 😀  \n\tabc abcab 1212")

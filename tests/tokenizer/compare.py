@@ -9,6 +9,7 @@ Prints one line per tokenizer and a JSON line with the encode throughput of both
 same run (median of rounds over the whole corpus, one thread). Exit 1 on any difference."""
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,14 @@ def main():
         for tpath in toks:
             name = os.path.basename(tpath)
             hf = Tokenizer.from_file(tpath)
+            # Random id sequences, decoded only: invalid UTF-8 across tokens, byte-fallback
+            # runs cut by other tokens, special tokens anywhere.
+            rng = random.Random(11)
+            nv = hf.get_vocab_size(with_added_tokens=True)
+            idseqs = [[rng.randrange(300) if rng.random() < 0.6 else rng.randrange(nv)
+                       for _ in range(rng.randrange(1, 40))] for _ in range(300)]
+            with open(cpath, "w", encoding="utf-8") as f:
+                json.dump(texts + idseqs, f, ensure_ascii=False)
             opath = os.path.join(tmp, "out.json")
             run = subprocess.run([driver, tpath, cpath, opath, str(ROUNDS)],
                                  capture_output=True, text=True, timeout=120)
@@ -70,7 +79,18 @@ def main():
                 continue
             with open(opath, encoding="utf-8") as f:
                 got = json.load(f)
+            for g in got:  # the driver writes decoded text in hex (it may hold NULs)
+                for k in ("text", "text_skip"):
+                    g[k] = bytes.fromhex(g[k]).decode("utf-8")
             bad = 0
+            for ids, g in zip(idseqs, got[len(texts):]):
+                for what, skip in (("text", False), ("text_skip", True)):
+                    want = hf.decode(ids, skip_special_tokens=skip)
+                    if want != g[what]:
+                        bad += 1
+                        if bad <= 5:
+                            print(f"  {name} decode {what} differs on ids {ids[:20]}:\n"
+                                  f"    tokenizers {want[:100]!r}\n    ganglion   {g[what][:100]!r}")
             nids = 0
             for text, g in zip(texts, got):
                 ids = hf.encode(text, add_special_tokens=False).ids
@@ -87,7 +107,7 @@ def main():
                             print(f"  {name} {what} differs on {text[:40]!r}:\n"
                                   f"    tokenizers {str(want)[:200]}\n    ganglion   {str(have)[:200]}")
             print(f"{'FAIL' if bad else 'ok'} {name}: {len(texts)} texts, {nids} ids, "
-                  f"{bad} differences")
+                  f"{len(idseqs)} random id sequences decoded, {bad} differences")
             failed += bad > 0
             secs = []
             for _ in range(ROUNDS):

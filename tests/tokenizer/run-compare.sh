@@ -19,4 +19,4 @@ else
     venv="${GANGLION_TOK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion/tok-venv}"
 fi
 exec "$venv/bin/python" "$src/tests/tokenizer/compare.py" "$driver" \
-    "$dir/smollm2.json" "$dir/smollm2-l3.json"
+    "$dir/smollm2.json" "$dir/smollm2-l3.json" "$dir/mistral-v1.json"

@@ -2,6 +2,7 @@
  * Test driver of the tokenizer for tests/tokenizer/compare.py: encodes every string of a
  * JSON corpus with and without special tokens and decodes the ids incrementally (one id
  * at a time, with and without the special tokens), writing one JSON array of results.
+ * An element that is an array of ids is only decoded. Decoded texts are written in hex.
  *
  *   tok-driver TOKENIZER.json CORPUS.json OUT.json [BENCH_ROUNDS]
  *
@@ -60,7 +61,7 @@ static cJSON *decode_json(const gang_tokenizer *t, const int32_t *ids, size_t n,
     char *buf = malloc(cap);
     for (size_t i = 0; i <= n && buf; i++) {
         const char *txt = i < n ? gang_tokenizer_token_text(t, ids[i]) : "";
-        size_t need = len + 3 * (txt ? strlen(txt) : 0) + 8;
+        size_t need = len + 3 * (txt ? strlen(txt) : 0) + GANG_TOK_DECODE_SLACK + 1;
         if (need > cap) {
             while (cap < need)
                 cap *= 2;
@@ -77,8 +78,14 @@ static cJSON *decode_json(const gang_tokenizer *t, const int32_t *ids, size_t n,
     }
     if (!buf)
         return NULL;
-    buf[len] = 0;
-    cJSON *s = cJSON_CreateString(buf);
+    /* as hex: the text may hold NUL bytes, which a C string would cut */
+    char *hex = malloc(2 * len + 1);
+    for (size_t i = 0; hex && i < len; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)buf[i]);
+    if (hex)
+        hex[2 * len] = 0;
+    cJSON *s = hex ? cJSON_CreateString(hex) : NULL;
+    free(hex);
     free(buf);
     return s;
 }
@@ -107,6 +114,8 @@ static int bench(const gang_tokenizer *t, const cJSON *corpus, int rounds)
         bytes = 0;
         cJSON_ArrayForEach(e, corpus)
         {
+            if (!cJSON_IsString(e))
+                continue;
             size_t n, len = strlen(e->valuestring);
             if (gang_tokenizer_encode(t, e->valuestring, len, false, ids, cap, &n))
                 return 1;
@@ -147,6 +156,17 @@ int main(int argc, char **argv)
     cJSON_ArrayForEach(e, corpus)
     {
         cJSON *o = cJSON_CreateObject();
+        if (cJSON_IsArray(e)) { /* ids to decode */
+            size_t n = 0;
+            int32_t *given = malloc(((size_t)cJSON_GetArraySize(e) + 1) * sizeof(*given));
+            const cJSON *v;
+            cJSON_ArrayForEach(v, e) given[n++] = (int32_t)v->valuedouble;
+            cJSON_AddItemToObject(o, "text", decode_json(t, given, n, false));
+            cJSON_AddItemToObject(o, "text_skip", decode_json(t, given, n, true));
+            cJSON_AddItemToArray(res, o);
+            free(given);
+            continue;
+        }
         int32_t *ids, *ids_sp;
         size_t n, n_sp, sl = strlen(e->valuestring);
         cJSON *a = encode_json(t, e->valuestring, sl, false, &ids, &n);

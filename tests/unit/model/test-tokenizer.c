@@ -151,6 +151,25 @@ static void test_refusals(void **state)
     expect_refusal("decoder", "null", 0, "decoder");
     expect_refusal("post_processor", "{\"type\":\"BertProcessing\"}", 0, "BertProcessing");
     expect_refusal("truncation", "{\"max_length\":5}", 0, "truncation");
+    expect_refusal("normalizer",
+                   "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":"
+                   "\"Prepend\",\"prepend\":\"_\"},{\"type\":\"NFC\"}]}",
+                   0, "normalizer NFC");
+    /* <t> is a normalized added token: under a normalizer it would be matched normalized */
+    expect_refusal("normalizer", "{\"type\":\"Prepend\",\"prepend\":\"_\"}", 0, "<t>");
+    expect_refusal("decoder",
+                   "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Strip\","
+                   "\"content\":\" \",\"start\":1,\"stop\":0}]}",
+                   0, "decoder Strip");
+    expect_refusal("decoder",
+                   "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Fuse\"},"
+                   "{\"type\":\"Strip\",\"content\":\" \",\"start\":0,\"stop\":1}]}",
+                   0, "decoder Strip");
+    expect_refusal("decoder",
+                   "{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"a\"},"
+                   "\"content\":\"b\"}",
+                   0, "decoder Replace");
+    expect_refusal("decoder", "{\"type\":\"Metaspace\"}", 0, "decoder Metaspace");
     expect_refusal("added_tokens",
                    "[{\"id\":300,\"content\":\"<x>\",\"single_word\":true,\"special\":true}]", 0,
                    "single_word");
@@ -327,11 +346,64 @@ static void test_unk_byte_fallback(void **state)
     }
 }
 
+/* A SentencePiece-style tokenizer: Prepend + Replace normalizer, no pre-tokenizer,
+ * byte_fallback, <s> BOS, the Replace / ByteFallback / Fuse / Strip decoder. Ids 0-2
+ * <unk> <s> </s>, 3-5 the bytes 0xC3 0xA9 0xFF, 6 "\u2581", 7 "a", 8 "b", 9 "\u2581a",
+ * 10 "\u2581ab", 11 "ab". Expected ids are those of the tokenizers package. */
+static const char *decode_all(const gang_tokenizer *t, const int32_t *ids, size_t n, bool skip,
+                              size_t *first_out);
+
+static const char SPM_JSON[] =
+    "{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"byte_fallback\":true,"
+    "\"fuse_unk\":true,\"vocab\":{\"<unk>\":0,\"<s>\":1,\"</s>\":2,\"<0xC3>\":3,\"<0xA9>\":4,"
+    "\"<0xFF>\":5,\"\xe2\x96\x81\":6,\"a\":7,\"b\":8,\"\xe2\x96\x81"
+    "a\":9,"
+    "\"\xe2\x96\x81"
+    "ab\":10,\"ab\":11},\"merges\":[\"\xe2\x96\x81 a\",\"\xe2\x96\x81"
+    "a b\","
+    "\"a b\"]},\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true},{\"id\":1,"
+    "\"content\":\"<s>\",\"special\":true},{\"id\":2,\"content\":\"</s>\",\"special\":true}],"
+    "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":"
+    "\"\xe2\x96\x81\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":"
+    "\"\xe2\x96\x81\"}]},\"pre_tokenizer\":null,\"post_processor\":{\"type\":"
+    "\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":"
+    "{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"ids\":[1]}}},\"decoder\":{\"type\":"
+    "\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\xe2\x96\x81\"},"
+    "\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\","
+    "\"content\":\" \",\"start\":1,\"stop\":0}]}}";
+
+static void test_sentencepiece(void **state)
+{
+    (void)state;
+    gang_tokenizer *t = NULL;
+    char err[200] = "";
+    int rc = gang_tokenizer_load_buffer(SPM_JSON, strlen(SPM_JSON), &t, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "spm: %s\n", err);
+    assert_int_equal(rc, 0);
+    encode_is(t, "ab ab", true, (int32_t[]){1, 10, 10}, 3);
+    encode_is(t, "ab<s>ab", false, (int32_t[]){10, 1, 10}, 3);
+    encode_is(t, "\xc3\xa9z b", false, (int32_t[]){6, 3, 4, 0, 6, 8}, 6);
+    /* decode: the leading space goes, a byte run is held until it ends, an invalid run
+     * becomes one U+FFFD per byte */
+    assert_string_equal(decode_all(t, (int32_t[]){1, 10, 10}, 3, true, NULL), "ab ab");
+    assert_string_equal(decode_all(t, (int32_t[]){1, 10, 10}, 3, false, NULL), "<s> ab ab");
+    size_t first = 99;
+    assert_string_equal(decode_all(t, (int32_t[]){3, 4, 7}, 3, false, &first), "\xc3\xa9"
+                                                                               "a");
+    assert_int_equal(first, 0);
+    assert_string_equal(decode_all(t, (int32_t[]){3, 7, 5, 3, 4}, 5, false, NULL),
+                        "\xef\xbf\xbd"
+                        "a\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    assert_string_equal(decode_all(t, (int32_t[]){6, 6, 7}, 3, false, NULL), " a");
+    gang_tokenizer_free(t);
+}
+
 /* Feeds ids one at a time and returns the concatenated text (static buffer). */
 static const char *decode_all(const gang_tokenizer *t, const int32_t *ids, size_t n, bool skip,
                               size_t *first_out)
 {
-    static char buf[256];
+    static char buf[4096];
     gang_tok_decoder d;
     gang_tok_decoder_init(&d, t, skip);
     size_t len = 0, k;
@@ -361,11 +433,11 @@ static void test_decoder(void **state)
     assert_int_equal(n, 6);
     gang_tok_decoder d;
     gang_tok_decoder_init(&d, t, false);
-    char out[64];
+    char out[1024];
     size_t k, total = 0;
     size_t lens[6];
     for (size_t i = 0; i < n; i++) {
-        assert_int_equal(gang_tokenizer_decode_step(&d, ids[i], out + total, 64 - total, &k), 0);
+        assert_int_equal(gang_tokenizer_decode_step(&d, ids[i], out + total, 1024 - total, &k), 0);
         lens[i] = k;
         total += k;
     }
@@ -387,8 +459,8 @@ static void test_decoder(void **state)
                         "x\xef\xbf\xbd");
     assert_string_equal(decode_all(t, (int32_t[]){0xED, 0xA0, 0x80}, 3, false, NULL),
                         "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
-    assert_int_equal(gang_tokenizer_decode_step(&d, 263, out, 64, &k), GANG_EINVAL);
-    assert_int_equal(gang_tokenizer_decode_step(&d, -1, out, 64, &k), GANG_EINVAL);
+    assert_int_equal(gang_tokenizer_decode_step(&d, 263, out, 1024, &k), GANG_EINVAL);
+    assert_int_equal(gang_tokenizer_decode_step(&d, -1, out, 1024, &k), GANG_EINVAL);
     assert_int_equal(gang_tokenizer_decode_step(&d, 259, out, 2, &k), GANG_ERANGE);
     gang_tokenizer_free(t);
 }
@@ -425,7 +497,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),      cmocka_unit_test(test_encode),
         cmocka_unit_test(test_pretokenizers), cmocka_unit_test(test_unk_byte_fallback),
-        cmocka_unit_test(test_decoder),       cmocka_unit_test(test_long_inputs),
+        cmocka_unit_test(test_decoder),       cmocka_unit_test(test_sentencepiece),
+        cmocka_unit_test(test_long_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
