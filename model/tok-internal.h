@@ -88,6 +88,7 @@ struct gang_tokenizer {
     unsigned strip_start;   /* how many of them at most */
     gang__tok_added *added; /* sorted by content length, longest first */
     unsigned nadded;
+    uint8_t added_first[2][32];       /* per pass, bit b: some added token starts with byte b */
     int32_t *prefix_ids, *suffix_ids; /* TemplateProcessing around the sequence */
     unsigned nprefix, nsuffix;
 };

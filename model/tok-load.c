@@ -169,6 +169,11 @@ static int tok_load_added(gang_tokenizer *t, const cJSON *added, char *err, size
         t->nadded++;
     }
     qsort(t->added, t->nadded, sizeof(*t->added), tok_added_cmp);
+    for (unsigned i = 0; i < t->nadded; i++) {
+        const gang__tok_added *a = &t->added[i];
+        unsigned char b = (unsigned char)a->content[0];
+        t->added_first[(a->special || !a->normalized) ? 0 : 1][b >> 3] |= (uint8_t)(1u << (b & 7));
+    }
     return 0;
 }
 

@@ -305,6 +305,9 @@ static int tok_encode_segment(tok_enc *e, const char *s, size_t len)
 static const gang__tok_added *tok_added_at(const gang_tokenizer *t, int pass, const char *s,
                                            size_t len)
 {
+    unsigned char b = (unsigned char)s[0];
+    if (!(t->added_first[pass][b >> 3] & (1u << (b & 7))))
+        return NULL;
     for (unsigned i = 0; i < t->nadded; i++) { /* longest first */
         const gang__tok_added *a = &t->added[i];
         bool in_pass = a->special || !a->normalized;
