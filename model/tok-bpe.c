@@ -10,16 +10,6 @@
 
 #include "tok-internal.h"
 
-static uint64_t tok_pair_hash(uint64_t key)
-{
-    key ^= key >> 31;
-    key *= 0x7fb5d329728ea185ull;
-    key ^= key >> 27;
-    key *= 0x81dadef4bc2dd44dull;
-    key ^= key >> 33;
-    return key;
-}
-
 static uint64_t tok_pair_key(int32_t a, int32_t b)
 {
     return (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
@@ -28,7 +18,7 @@ static uint64_t tok_pair_key(int32_t a, int32_t b)
 int gang__tok_merge_put(gang_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t merged)
 {
     uint64_t key = tok_pair_key(a, b);
-    uint64_t i = tok_pair_hash(key ^ t->seed) & t->mmask;
+    uint64_t i = gang__tok_mix64(key ^ t->seed) & t->mmask;
     while (t->mkey[i] && t->mkey[i] != key)
         i = (i + 1) & t->mmask;
     /* A repeated pair takes the later rank, as tokenizers' map does. */
@@ -42,7 +32,7 @@ int gang__tok_merge_put(gang_tokenizer *t, int32_t a, int32_t b, uint32_t rank, 
 static int64_t tok_merge_get(const gang_tokenizer *t, int32_t a, int32_t b)
 {
     uint64_t key = tok_pair_key(a, b);
-    for (uint64_t i = tok_pair_hash(key ^ t->seed) & t->mmask;; i = (i + 1) & t->mmask) {
+    for (uint64_t i = gang__tok_mix64(key ^ t->seed) & t->mmask;; i = (i + 1) & t->mmask) {
         if (!t->mkey[i])
             return -1;
         if (t->mkey[i] == key)

@@ -99,6 +99,8 @@ int gang__tok_fail(char *err, size_t errlen, const char *fmt, ...)
 
 /* Seeded hash of LEN bytes. */
 uint64_t gang__tok_hash(const gang_tokenizer *t, const char *s, size_t len);
+/* A 64-bit avalanche (MurmurHash3 fmix64), shared by the vocabulary and merge tables. */
+uint64_t gang__tok_mix64(uint64_t h);
 /* The id whose surface text is s[0..len), or -1. */
 int32_t gang__tok_lookup(const gang_tokenizer *t, const char *s, size_t len);
 

@@ -25,8 +25,11 @@ int gang__tok_fail(char *err, size_t errlen, const char *fmt, ...)
     return GANG_EMODEL;
 }
 
-/* fmix64 of MurmurHash3: the avalanche after the seeded FNV-1a pass. */
-static uint64_t tok_mix(uint64_t h)
+/*
+ * fmix64 of MurmurHash3: the avalanche after the seeded FNV-1a pass of the vocabulary
+ * table, and the hash of a (left, right) id pair in the merge table.
+ */
+uint64_t gang__tok_mix64(uint64_t h)
 {
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;
@@ -43,7 +46,7 @@ uint64_t gang__tok_hash(const gang_tokenizer *t, const char *s, size_t len)
         h ^= (unsigned char)s[i];
         h *= 0x100000001b3ull;
     }
-    return tok_mix(h ^ len);
+    return gang__tok_mix64(h ^ len);
 }
 
 int32_t gang__tok_lookup(const gang_tokenizer *t, const char *s, size_t len)
