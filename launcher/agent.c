@@ -40,7 +40,7 @@ typedef struct agent {
     gang_coord *coord;
     gang_member *member;
     gang_sup *sup;
-    gang_api *api; /* coordinator only: POST /v1/completions */
+    gang_api *api; /* coordinator only: POST /v1/completions, GET /v1/models */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
     int linger_started;
@@ -476,6 +476,20 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
             gang_http_reply(x, 404, "application/json", b, strlen(b));
         } else {
             gang_api_completions(a->api, x, req);
+        }
+        return;
+    }
+    if (strcmp(req->path, "/v1/models") == 0) {
+        if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0) {
+            const char *b = "{\"error\":{\"message\":\"method not allowed: GET the list of "
+                            "models\",\"type\":\"invalid_request_error\",\"code\":405}}";
+            gang_http_reply(x, 405, "application/json", b, strlen(b));
+        } else if (a->api == NULL) {
+            const char *b = "{\"error\":{\"message\":\"models are served by the "
+                            "coordinator (node 0)\",\"type\":\"not_found\",\"code\":404}}";
+            gang_http_reply(x, 404, "application/json", b, strlen(b));
+        } else {
+            gang_api_models(a->api, x);
         }
         return;
     }

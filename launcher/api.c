@@ -1,5 +1,6 @@
 /*
- * POST /v1/completions and the table of accepted requests. See api.h for the contract.
+ * POST /v1/completions, GET /v1/models and the table of accepted requests. See api.h for the
+ * contract.
  *
  * Request states:
  *   owed, not sent in the current generation (sent_gen != gen): submitted by the next
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <uv.h>
 
 #include <cjson/cJSON.h>
@@ -50,6 +52,7 @@ struct gang_api {
     uv_loop_t *loop;
     gang_api_config cfg; /* model, context, queue bound, deadline (layout.c) */
     gang_sup *sup;
+    int64_t created_s;             /* unix seconds of gang_api_init (GET /v1/models) */
     uint64_t gen;                  /* generation started and not aborted, 0 = none */
     char gave_up[GANG_REASON_MAX]; /* non-empty once the gang gave up for good */
     uint64_t next_id;
@@ -76,6 +79,17 @@ static void reply_json(gang_http_exchange *x, int status, cJSON *o)
 }
 
 /* An error answer in the OpenAI style: {"error":{"message":..,"type":..,"code":status}}. */
+static void reply_error_text(gang_http_exchange *x, int status, const char *type, const char *msg)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    cJSON_AddNumberToObject(e, "code", status);
+    reply_json(x, status, o);
+}
+
+/* reply_error_text with a printf message, counted in the completions' answers by status. */
 static void reply_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static void reply_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
@@ -92,12 +106,7 @@ static void reply_error(gang_api *api, gang_http_exchange *x, int status, const 
         api->answered[2]++;
     else if (status == 504)
         api->answered[3]++;
-    cJSON *o = cJSON_CreateObject();
-    cJSON *e = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", type);
-    cJSON_AddNumberToObject(e, "code", status);
-    reply_json(x, status, o);
+    reply_error_text(x, status, type, msg);
 }
 
 static void req_unlink_free(gang_api *api, api_req *r)
@@ -193,6 +202,7 @@ int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang
     api->loop = uv_loop;
     api->cfg = *cfg;
     api->sup = sup;
+    api->created_s = (int64_t)time(NULL);
     api->next_id = 1;
     gang_histogram_init(&api->h_queue, secs, sizeof(secs) / sizeof(secs[0]));
     gang_histogram_init(&api->h_prefill, secs, sizeof(secs) / sizeof(secs[0]));
@@ -404,6 +414,26 @@ void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_
     api->reqs = r;
     api->n_reqs++;
     req_submit(api, r);
+}
+
+void gang_api_models(gang_api *api, gang_http_exchange *x)
+{
+    if (!api->cfg.has_model) { /* not a completion: not counted in ganglion_requests_total */
+        reply_error_text(x, 503, "unavailable",
+                         "this gang serves no model (start it with serve --model DIR)");
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", api->cfg.model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)api->created_s);
+    cJSON_AddStringToObject(m, "owned_by", "ganglion");
+    cJSON_AddNumberToObject(m, "max_model_len", api->cfg.ctx);
+    cJSON_AddItemToArray(data, m);
+    reply_json(x, 200, o);
 }
 
 void gang_api_on_start(gang_api *api, uint64_t gen)

@@ -1,6 +1,7 @@
 /*
  * The inference API of the coordinator's agent (internal to launcher/): POST
- * /v1/completions, the table of accepted requests, and what makes "nothing lost" true.
+ * /v1/completions, GET /v1/models, the table of accepted requests, and what makes "nothing lost"
+ * true.
  *
  * A request the API accepted is owned by this table until it is answered: with its
  * tokens (200), with an explicit error at its deadline (504), or with 400 when the gang
@@ -42,6 +43,13 @@ void gang_api_close(gang_api *api);
 
 /* Handles POST /v1/completions (the caller routes the path). */
 void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_request *req);
+/*
+ * Handles GET /v1/models (the caller routes the path and the method): 200 with OpenAI's
+ * list of the one served model {"object":"list","data":[{"id":cfg.model,"object":"model",
+ * "created":<unix seconds of gang_api_init>,"owned_by":"ganglion","max_model_len":ctx}]},
+ * or 503 with a JSON error when the gang serves no model, as completions do.
+ */
+void gang_api_models(gang_api *api, gang_http_exchange *x);
 
 /* The gang starts generation gen: submit everything owed to it. */
 void gang_api_on_start(gang_api *api, uint64_t gen);

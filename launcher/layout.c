@@ -163,10 +163,33 @@ static int sup_config_from_params(const gang_params *p, const gang_identity *id,
     return gang_params_forward_args(p, NULL, &out->worker_args);
 }
 
+void gang__served_model_name(const gang_params *p, char *out, size_t cap)
+{
+    if (p->served_model_name[0] != '\0') {
+        gang_strlcpy(out, p->served_model_name, cap);
+        return;
+    }
+    size_t end = strlen(p->model);
+    while (end > 1 && p->model[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && p->model[start - 1] != '/')
+        start--;
+    size_t n = end - start;
+    if (n == 0) { /* "/" */
+        gang_strlcpy(out, p->model, cap);
+        return;
+    }
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(out, p->model + start, n);
+    out[n] = '\0';
+}
+
 static void api_config_from_params(const gang_params *p, const gang_layout *l, gang_api_config *out)
 {
     memset(out, 0, sizeof(*out));
-    gang_strlcpy(out->model, p->model, sizeof(out->model));
+    gang__served_model_name(p, out->model, sizeof(out->model));
     out->has_model = l->model[0] != '\0';
     if (out->has_model)
         out->mc = l->mc;

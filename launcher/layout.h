@@ -58,4 +58,11 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
 /* Both of the above: what the agent and `serve --check-config` check before starting. */
 int gang_layout_check(const gang_params *p, gang_layout *l, char *err, size_t errlen);
 
+/*
+ * The model's name in the API (gang_api_config.model): --served-model-name, else the base
+ * name of --model without trailing slashes ("/models/llama/" -> "llama"; "/" stays "/";
+ * "" without a model). Writes at most cap - 1 bytes and a NUL into out.
+ */
+void gang__served_model_name(const gang_params *p, char *out, size_t cap);
+
 #endif

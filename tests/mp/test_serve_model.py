@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Serving a model from a TP=2 x PP=2 gang (2 nodes x 2 ranks) of the real binary:
-completions are answered and deterministic; bad requests get 400 (413 for a body over
+completions are answered and deterministic; GET /v1/models lists the model under its
+--served-model-name with the served context (405 for other methods, 404 off the
+coordinator), the name completions report too; bad requests get 400 (413 for a body over
 the server's limit) with a JSON error while the gang keeps serving; and nothing is lost:
 with concurrent requests in flight, kill -9 of a worker makes the gang restart and every
 request still completes, with exactly the tokens it gets from a healthy gang (greedy and
 seeded sampling depend only on the prompt, the seed and the position)."""
+import json
 import os
 import signal
 import sys
 import threading
+import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -16,6 +20,7 @@ import harness as H  # noqa: E402
 
 VOCAB = 256
 CTX = 128
+SERVED = "tiny-llama"  # --served-model-name; the directory's base name would be "model"
 
 
 def post(g, body, timeout=60.0):
@@ -61,13 +66,34 @@ def bad_requests(g):
     H.check(code == 404, "a non-coordinator node answered %r to a completion" % code)
 
 
+def models(g, started):
+    code, text = g.get(0, "/v1/models")
+    H.check(code == 200, "GET /v1/models answered %r %r" % (code, text))
+    r = json.loads(text)
+    H.check(r.get("object") == "list" and isinstance(r.get("data"), list) and len(r["data"]) == 1,
+            "GET /v1/models is not a list of one model: %r" % r)
+    m = r["data"][0]
+    H.check(m.get("id") == SERVED and m.get("object") == "model" and m.get("owned_by") == "ganglion"
+            and m.get("max_model_len") == CTX, "GET /v1/models: %r" % m)
+    H.check(isinstance(m.get("created"), int) and started - 1 <= m["created"] <= time.time(),
+            "created %r is not the agent's start (after %d)" % (m.get("created"), started))
+    code, r = H.http_post(g.addr(0), g.http_port, "/v1/models", {})
+    H.check(code == 405 and isinstance(r, dict) and r.get("error", {}).get("code") == 405
+            and r["error"].get("message"), "POST /v1/models answered %r %r" % (code, r))
+    code, text = g.get(1, "/v1/models")
+    H.check(code == 404 and json.loads(text)["error"]["message"],
+            "a non-coordinator node answered %r %r to /v1/models" % (code, text))
+    H.log("models: %r" % m)
+
+
 def scenario(h):
     model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=4, hidden=64, heads=4,
                       kv_heads=2, ffn=128, vocab=VOCAB, max_pos=CTX, seed=7)
     g = H.Gang(h, nnodes=2, nproc_per_node=2,
                extra=["--model", model, "--tp", "2", "--pp", "2", "--microbatches", "2",
                       "--max-batch", "8", "--kv-cache-mb", "16", "--request-timeout-ms",
-                      "60000", "--step-timeout-ms", "5000"])
+                      "60000", "--step-timeout-ms", "5000", "--served-model-name", SERVED])
+    started = int(time.time())
     g.start_local()
     gen0 = g.wait_serving(timeout=60)
 
@@ -78,6 +104,8 @@ def scenario(h):
     H.check(a == b, "greedy answers differ: %r vs %r" % (a, b))
     t = r["timings"]
     H.check(t["total_ms"] > 0 and t["generations"] == 1, "timings %r" % t)
+    H.check(r["model"] == SERVED, "completions report the model as %r" % r["model"])
+    models(g, started)
     sampled = {"prompt": [3, 4], "max_tokens": 10, "temperature": 0.8, "top_p": 0.9, "seed": 42}
     s1, _ = completion(g, sampled)
     s2, _ = completion(g, sampled)

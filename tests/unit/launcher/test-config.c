@@ -201,6 +201,50 @@ static void test_local_and_supervisor_share_forwarding(void **state)
     gang_agent_config_free(&cfg);
 }
 
+/* The API's model name: --served-model-name, else the base name of --model. */
+static void test_served_model_name(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *model, *served, *want;
+    } cases[] = {
+        {"/models/Llama-3.2-1B", "", "Llama-3.2-1B"},
+        {"/models/llama//", "", "llama"},
+        {"tiny", "", "tiny"},
+        {"/", "", "/"},
+        {"", "", ""},
+        {"/models/llama", "my-llama", "my-llama"},
+        {"", "no-model", "no-model"},
+    };
+    gang_params p;
+    char out[GANG_PARAM_STR_MAX];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        gang_params_defaults(&p);
+        gang_strlcpy(p.model, cases[i].model, sizeof(p.model));
+        gang_strlcpy(p.served_model_name, cases[i].served, sizeof(p.served_model_name));
+        gang__served_model_name(&p, out, sizeof(out));
+        assert_string_equal(out, cases[i].want);
+    }
+    gang_params_defaults(&p);
+    gang_strlcpy(p.model, "/m/abcdef", sizeof(p.model));
+    gang__served_model_name(&p, out, 4);
+    assert_string_equal(out, "abc");
+
+    /* The agent's API config carries it (a gang of one without a model). */
+    char *envp[] = {NULL};
+    char err[512];
+    gang_agent_config cfg;
+    gang_params_defaults(&p);
+    p.node_index = 0;
+    gang_strlcpy(p.bind_address, "127.0.0.1", sizeof(p.bind_address));
+    gang_strlcpy(p.termination_log, "", sizeof(p.termination_log));
+    gang_strlcpy(p.served_model_name, "served", sizeof(p.served_model_name));
+    if (gang_agent_config_from_params(&p, envp, &cfg, err, sizeof(err)) != 0)
+        fail_msg("agent config: %s", err);
+    assert_string_equal(cfg.api.model, "served");
+    gang_agent_config_free(&cfg);
+}
+
 /* A worker's config is derived from what the supervisor forwards. */
 static void test_worker_config(void **state)
 {
@@ -303,6 +347,7 @@ int gang_test_config(void)
         cmocka_unit_test(test_forwarded_set_is_the_attribute),
         cmocka_unit_test(test_forward_round_trip),
         cmocka_unit_test(test_local_and_supervisor_share_forwarding),
+        cmocka_unit_test(test_served_model_name),
         cmocka_unit_test(test_worker_config),
         cmocka_unit_test(test_layout_rules),
     };
