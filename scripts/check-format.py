@@ -7,7 +7,7 @@
   check-format.py --fix [--root DIR]    rewrite them in place (make format)
 
 Sources: every .c, .h and .cu under the root, skipping .git, build trees (build/,
-build-*/, any folder holding CMakeCache.txt) and generated/ folders; the same walk as
+build-*/, any folder holding CMakeCache.txt) and generated/ folders; the walk of scripts/repo_walk.py, shared with
 scripts/check-structure.py. The formatter is Debian 12's clang-format (version 14, installed
 by scripts/install-deps.sh); another major version may format some constructs differently,
 so the check names the version it used. Exit status: 0 clean (or fixed), 1 files differ, 2
@@ -19,24 +19,18 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from repo_walk import walk  # noqa: E402
+
 SOURCE_EXT = (".c", ".h", ".cu")
-SKIP_DIRS = {".git", "generated", "__pycache__"}
 SKIP = 77
 
 
-def skip_dir(path, name):
-    if name in SKIP_DIRS or name == "build" or name.startswith("build-"):
-        return True
-    return os.path.exists(os.path.join(path, name, "CMakeCache.txt"))
-
-
 def sources(root):
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not skip_dir(dirpath, d))
-        for f in sorted(filenames):
-            full = os.path.join(dirpath, f)
-            if f.endswith(SOURCE_EXT) and os.path.isfile(full) and not os.path.islink(full):
-                yield os.path.relpath(full, root).replace(os.sep, "/")
+    """The .c, .h and .cu files under root, relative, in the shared walk's order."""
+    for rel, _ in walk(root):
+        if rel.endswith(SOURCE_EXT):
+            yield rel
 
 
 def find_clang_format(explicit):

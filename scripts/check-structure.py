@@ -23,31 +23,17 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from repo_walk import walk  # noqa: E402
+
 SOURCE_EXT = (".c", ".h", ".cu")
 # Built from pieces so that this file and its test do not match themselves.
 OUTSIDE_REFS = ("." + "./shared", "DESIGN" + ".md")
-SKIP_DIRS = {".git", "generated", "__pycache__", "node_modules"}
 TEXT_LIMIT = 4 * 1024 * 1024  # larger files are data, not references
 
 # Words that may precede a '(' ... ')' '{' at file scope without being a function.
 NOT_FUNCTIONS = {"if", "for", "while", "switch", "return", "sizeof", "defined", "__attribute__",
                  "_Alignas", "alignas", "__declspec", "_Static_assert", "static_assert"}
-
-
-def skip_dir(path, name):
-    if name in SKIP_DIRS or name == "build" or name.startswith("build-"):
-        return True
-    return os.path.exists(os.path.join(path, name, "CMakeCache.txt"))
-
-
-def walk(root):
-    """Yields (relative path, absolute path) of every file under root, sorted."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not skip_dir(dirpath, d))
-        for f in sorted(filenames):
-            full = os.path.join(dirpath, f)
-            if os.path.isfile(full) and not os.path.islink(full):
-                yield os.path.relpath(full, root).replace(os.sep, "/"), full
 
 
 def is_test(rel):
