@@ -599,15 +599,20 @@ static int tok_load_chain(gang_tokenizer *t, const cJSON *dec, char *err, size_t
     int stage = 0;
     bool fallback = false;
     const cJSON *list = tok_get(dec, "decoders"), *e;
-    if (strcmp(tok_type(dec), "Sequence") != 0)
-        return tok_chain_one(t, dec, &stage, &fallback, err, errlen);
-    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) > 8)
-        return gang__tok_fail(err, errlen, "decoder Sequence: bad list");
-    cJSON_ArrayForEach(e, list)
-    {
-        int rc = tok_chain_one(t, e, &stage, &fallback, err, errlen);
+    if (strcmp(tok_type(dec), "Sequence") != 0) {
+        /* A lone decoder is a chain of one: ByteFallback alone still needs its byte table. */
+        int rc = tok_chain_one(t, dec, &stage, &fallback, err, errlen);
         if (rc)
             return rc;
+    } else {
+        if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) > 8)
+            return gang__tok_fail(err, errlen, "decoder Sequence: bad list");
+        cJSON_ArrayForEach(e, list)
+        {
+            int rc = tok_chain_one(t, e, &stage, &fallback, err, errlen);
+            if (rc)
+                return rc;
+        }
     }
     if (!fallback)
         return 0;

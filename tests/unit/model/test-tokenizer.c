@@ -397,6 +397,23 @@ static void test_sentencepiece(void **state)
                         "a\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
     assert_string_equal(decode_all(t, (int32_t[]){6, 6, 7}, 3, false, NULL), " a");
     gang_tokenizer_free(t);
+
+    /* A lone ByteFallback decoder (no Sequence) turns <0xXX> tokens into their bytes too. */
+    static const char seq_dec[] =
+        "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\"";
+    const char *cut = strstr(SPM_JSON, seq_dec);
+    assert_non_null(cut);
+    char lone[sizeof(SPM_JSON) + 64];
+    snprintf(lone, sizeof(lone), "%.*s\"decoder\":{\"type\":\"ByteFallback\"}}",
+             (int)(cut - SPM_JSON), SPM_JSON);
+    t = NULL;
+    rc = gang_tokenizer_load_buffer(lone, strlen(lone), &t, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "spm lone ByteFallback: %s\n", err);
+    assert_int_equal(rc, 0);
+    assert_string_equal(decode_all(t, (int32_t[]){3, 4, 7}, 3, false, NULL), "\xc3\xa9"
+                                                                             "a");
+    gang_tokenizer_free(t);
 }
 
 /* Feeds ids one at a time and returns the concatenated text (static buffer). */
