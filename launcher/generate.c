@@ -11,6 +11,7 @@
  * file whose path is printed when anything fails.
  */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
@@ -71,48 +72,54 @@ static const gang_opt_cmd gen_cmd = {
     "next, and stops the gang.",
     &gen_table, 1};
 
-/* Parses "1,2,3" into a JSON array text appended to buf; 0 or -1 for a bad list. */
-static int ids_to_json(const char *list, char *buf, size_t cap)
+/* Adds key = the number in text to obj, unless text is empty (the server's default). */
+static int gen_add_number(cJSON *obj, const char *key, const char *text, int integer)
 {
-    size_t n = (size_t)snprintf(buf, cap, "[");
-    const char *p = list;
-    int count = 0;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end != ',' && *end != '\0'))
-            return -1;
-        n += (size_t)snprintf(buf + n, cap > n ? cap - n : 0, "%s%ld", count ? "," : "", v);
-        count++;
-        p = *end == ',' ? end + 1 : end;
-        if (n >= cap)
-            return -1;
-    }
-    if (count == 0 || n + 2 > cap)
-        return -1;
-    buf[n++] = ']';
-    buf[n] = '\0';
-    return 0;
+    if (!text[0])
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || errno != 0 || !isfinite(v) ||
+        (integer && (v != floor(v) || fabs(v) > 9007199254740992.0)))
+        return GANG_EUSAGE;
+    return cJSON_AddNumberToObject(obj, key, v) ? 0 : GANG_ENOMEM;
 }
 
-/* The completion request's body from o; GANG_EUSAGE for a bad --prompt-ids list. */
+/*
+ * The completion request's body from o, written as JSON by cJSON (so no flag value can
+ * change its shape): GANG_EUSAGE for a bad --prompt-ids list or a non-numeric sampling
+ * flag, GANG_ERANGE when the body does not fit cap.
+ */
 static int gen_body(const gen_opts *o, char *body, size_t cap)
 {
-    static char prompt[GEN_BODY_MAX / 8];
-    if (ids_to_json(o->prompt_ids, prompt, sizeof(prompt)) != 0)
+    static int64_t ids[GEN_BODY_MAX / 128];
+    int n =
+        gang_parse_i64_list(o->prompt_ids, 0, INT32_MAX, ids, (int)(sizeof(ids) / sizeof(ids[0])));
+    if (n < 1)
         return GANG_EUSAGE;
-    size_t bl = (size_t)snprintf(body, cap, "{\"prompt\":%s,\"max_tokens\":%lld", prompt,
-                                 (long long)o->max_tokens);
-    const char *keys[] = {"temperature", "top_k", "top_p", "seed"};
-    const char *vals[] = {o->temperature, o->top_k, o->top_p, o->seed};
-    for (int i = 0; i < 4; i++) {
-        if (vals[i][0] && bl < cap)
-            bl += (size_t)snprintf(body + bl, cap - bl, ",\"%s\":%s", keys[i], vals[i]);
+    int rc = GANG_ENOMEM;
+    cJSON *req = cJSON_CreateObject(), *prompt = cJSON_AddArrayToObject(req, "prompt");
+    if (!req || !prompt)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        cJSON *id = cJSON_CreateNumber((double)ids[i]);
+        if (!id || !cJSON_AddItemToArray(prompt, id))
+            goto out;
     }
-    if (bl < cap)
-        snprintf(body + bl, cap - bl, "}");
-    return 0;
+    if (!cJSON_AddNumberToObject(req, "max_tokens", (double)o->max_tokens))
+        goto out;
+    if ((rc = gen_add_number(req, "temperature", o->temperature, 0)) != 0 ||
+        (rc = gen_add_number(req, "top_k", o->top_k, 1)) != 0 ||
+        (rc = gen_add_number(req, "top_p", o->top_p, 0)) != 0 ||
+        (rc = gen_add_number(req, "seed", o->seed, 1)) != 0)
+        goto out;
+    rc = cJSON_PrintPreallocated(req, body, (int)(cap > INT32_MAX ? INT32_MAX : cap), 0)
+             ? 0
+             : GANG_ERANGE;
+out:
+    cJSON_Delete(req);
+    return rc;
 }
 
 /*
@@ -285,7 +292,8 @@ int gang_cmd_generate(int argc, char **argv)
         return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     if (gen_body(&o, body, sizeof(body)) != 0) {
         gang_opts_usage_error(&gen_cmd, "--prompt-ids must be a comma-separated list of token "
-                                        "ids");
+                                        "ids; --temperature and --top-p numbers; --top-k and "
+                                        "--seed integers");
         return GANG_EXIT_USAGE;
     }
     char logpath[] = "/tmp/ganglion-generate-XXXXXX";

@@ -48,6 +48,15 @@ def scenario(h):
         H.check(code == 2, "%s --no-such-flag exited %d" % (what, code))
         H.check("--no-such-flag" in err, "%s: the message does not name the flag: %r"
                 % (what, err))
+    # generate builds its request as JSON from validated values: a flag value cannot
+    # change the request's shape, and a bad list or number is refused before any gang.
+    for args in (["--temperature", '1,"x":2'], ["--top-k", "2.5"], ["--seed", "x"],
+                 ["--top-p", "nan"]):
+        code, _, err = run(h, ["generate", "--model", h.tmp, "--prompt-ids", "1,2"] + args)
+        H.check(code == 2 and "ganglion generate" in err,
+                "generate %s: %d %r" % (" ".join(args), code, err))
+    code, _, err = run(h, ["generate", "--model", h.tmp, "--prompt-ids", "1,,2"])
+    H.check(code == 2 and "--prompt-ids" in err, "generate --prompt-ids 1,,2: %d %r" % (code, err))
     code, _, err = run(h, ["bench", "allreduce", "--ranks", "1"])
     H.check(code == 2 and "--ranks" in err, "allreduce --ranks 1: %d %r" % (code, err))
     code, _, err = run(h, ["bench", "allreduce", "--backend", "tcp"])
