@@ -244,6 +244,18 @@ static int sock_check_net(sock_net *net)
     return err;
 }
 
+/* Index of the first unfinished send to peer r in ops, or nops when there is none. */
+static size_t sock_first_send(const sock_op *ops, size_t nops, uint32_t r)
+{
+    size_t k;
+
+    for (k = 0; k < nops; k++) {
+        if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
+            break;
+    }
+    return k;
+}
+
 /*
  * Moves peer r's rings forward without blocking when it is a shared-memory peer: drains
  * its doorbells when poll() saw some (and so notices EOF), reads what has arrived, writes
@@ -267,10 +279,7 @@ static int sock_shm_step(sock_net *net, uint32_t r, sock_op *ops, size_t nops, i
     rc = sock_rx(net, r, ops, nops);
     if (rc < 0)
         return rc;
-    for (k = 0; k < nops; k++) {
-        if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
-            break;
-    }
+    k = sock_first_send(ops, nops, r);
     if (k < nops && !p->eof)
         gang__sock_tx_shm(p, &ops[k]);
     if (tail != atomic_load_explicit(&p->rx_ring->tail, memory_order_relaxed) ||
@@ -291,18 +300,6 @@ static void sock_cpu_relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-}
-
-/* Index of the first unfinished send to peer r in ops, or nops when there is none. */
-static size_t sock_first_send(const sock_op *ops, size_t nops, uint32_t r)
-{
-    size_t k;
-
-    for (k = 0; k < nops; k++) {
-        if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
-            break;
-    }
-    return k;
 }
 
 /* What one round of the progress loop found. */
@@ -445,10 +442,8 @@ static size_t sock_poll_set(sock_net *net, const sock_op *ops, size_t nops)
         pfds[np].fd = p->fd;
         pfds[np].events = POLLIN; /* data, or a shared-memory peer's doorbell */
         pfds[np].revents = 0;
-        for (i = 0; i < nops && p->shm == NULL; i++) {
-            if (ops[i].is_send && !ops[i].complete && ops[i].peer == r)
-                pfds[np].events |= POLLOUT;
-        }
+        if (p->shm == NULL && sock_first_send(ops, nops, r) < nops)
+            pfds[np].events |= POLLOUT;
         net->pmap[np++] = r;
     }
     return np;
