@@ -1,6 +1,8 @@
 /*
  * Element types and half-precision conversions, shared by the kernels, the communicators
- * and the model readers (one enum, one set of converters).
+ * and the model readers (one enum, one set of converters). The conversions are bit-level
+ * code rather than _Float16 / __bf16, so the result is the same with every compiler and
+ * target and the rounding is explicit.
  */
 #include <stdint.h>
 #include <string.h>

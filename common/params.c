@@ -60,11 +60,6 @@ const gang_param_info *gang_params_registry(size_t *count)
 
 static const gang_opt_table params_table = {registry, REGISTRY_LEN};
 
-const gang_opt_table *gang_params_table(void)
-{
-    return &params_table;
-}
-
 const gang_param_info *gang_opts_find(const gang_opt_table *t, const char *flag, size_t len)
 {
     for (size_t i = 0; i < t->count; i++) {

@@ -189,8 +189,6 @@ int gang_opts_parse_args(const gang_opt_table *t, void *base, int argc, char **a
                          int *nrest, char *err, size_t errlen);
 /* Prints one line per option: flag, help and default; env twins when with_env. */
 void gang_opts_print_help(const gang_opt_table *t, FILE *out, int with_env);
-/* The serve registry as an option table over gang_params. */
-const gang_opt_table *gang_params_table(void);
 
 /*
  * A subcommand's command line: its name, usage synopsis, a paragraph of help, its option
@@ -203,7 +201,7 @@ typedef struct gang_opt_cmd {
     const char *synopsis; /* what follows "ganglion NAME" in the usage line */
     const char *about;    /* printed under the usage line; NULL for none */
     const gang_opt_table *table;
-    int serve_flags; /* 1: also lists gang_params_table() in --help */
+    int serve_flags; /* 1: also lists the serve registry in --help */
 } gang_opt_cmd;
 
 #define GANG_OPTS_HELP 1 /* gang_opts_cli: --help was asked for and printed */

@@ -172,8 +172,3 @@ int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out)
     }
     return 0;
 }
-
-/* ---------------------------------------------------------------------------------
- * Dtype conversions. Bit-level code instead of _Float16 / __bf16 so that the result is
- * the same with every compiler and every target, and so the rounding is explicit.
- * --------------------------------------------------------------------------------- */

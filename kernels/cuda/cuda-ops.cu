@@ -352,7 +352,7 @@ extern "C" int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const 
                                          gang_dtype to, void *dst, size_t n)
 {
     if (from == to) {
-        size_t es = from == GANG_DTYPE_F32 ? 4 : 2;
+        size_t es = gang_dtype_size(from);
         if (src == dst)
             return 0;
         return gang__cuda_err(cudaMemcpyAsync(dst, src, n * es, cudaMemcpyDeviceToDevice, s),
