@@ -184,7 +184,7 @@ static int bp_cb_send(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint
     x->what = peer == 0 ? "send result" : "send activation";
     if (x->rank == 0)
         memcpy(x->buf, &mb->index, sizeof mb->index);
-    rc = gang_pipeline_left(deadline, &left);
+    rc = gang_deadline_left(deadline, &left);
     return rc != 0 ? rc : gang_comm_send(x->c, x->buf, x->r->o->bytes, peer, tag, left);
 }
 
@@ -198,7 +198,7 @@ static int bp_cb_recv(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint
     int rc;
 
     x->what = x->rank == 0 ? "recv result" : "recv activation";
-    rc = gang_pipeline_left(deadline, &left);
+    rc = gang_deadline_left(deadline, &left);
     if (rc == 0)
         rc = gang_comm_recv(x->c, x->buf, x->r->o->bytes, peer, tag, left);
     if (rc != 0)
@@ -227,7 +227,7 @@ static int bp_batch(bp_ctx *x)
 
     x->what = "schedule";
     return gang_pipeline_run(&ops, x->rank, x->r->pp, x->r->mb, x->r->mb,
-                             gang_pipeline_deadline(x->r->op_timeout_ms));
+                             gang_deadline_after(x->r->op_timeout_ms));
 }
 
 /*

@@ -1,4 +1,4 @@
-/* Clocks and bounded exponential backoff with jitter. */
+/* Clocks, deadlines, and bounded exponential backoff with jitter. */
 #include <errno.h>
 #include <time.h>
 
@@ -69,4 +69,23 @@ uint64_t gang_backoff_next(gang_backoff *b)
 void gang_backoff_reset(gang_backoff *b)
 {
     b->attempt = 0;
+}
+
+uint64_t gang_deadline_after(uint64_t timeout_ms)
+{
+    uint64_t now = gang_now_ms();
+
+    return timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
+}
+
+int gang_deadline_left(uint64_t deadline, uint64_t *left)
+{
+    uint64_t now = gang_now_ms();
+
+    if (left == NULL)
+        return GANG_EINVAL;
+    if (now >= deadline)
+        return GANG_ETIMEDOUT;
+    *left = deadline - now;
+    return 0;
 }

@@ -118,7 +118,7 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
         rc = gang_kernels_copy_2d(k, e->head_pad, e->vpad * sizeof(float), e->head_out,
                                   vc * sizeof(float), vc * sizeof(float), ns);
         if (rc == 0)
-            rc = gang_pipeline_left(deadline, &left);
+            rc = gang_deadline_left(deadline, &left);
         if (rc == 0)
             rc = gang_tp_stage_all_gather(k, tp, &e->stage, e->head_pad, e->gathered,
                                           (size_t)ns * e->vpad, GANG_DTYPE_F32, left);
@@ -179,7 +179,7 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
     for (l = 0; l < m->layer_count; l++) {
         for (i = 0; i < count; i++)
             e->cache_ptrs[i] = &e->caches[(size_t)l * e->slots + e->plan.seqs[first + i].slot];
-        rc = gang_pipeline_left(deadline, &left);
+        rc = gang_deadline_left(deadline, &left);
         if (rc != 0)
             return rc;
         rc =
@@ -206,7 +206,7 @@ static int run_xfer_act(gang_engine *e, gang_kernels *k, int is_send, gang_comm 
 
     run_token_range(e, first, count, &t0, &t1);
     h = e->act + (size_t)t0 * hidden;
-    rc = gang_pipeline_left(deadline, &left);
+    rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
     if (is_send)
@@ -231,7 +231,7 @@ static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32
 
     rc = gang_topology_rank_at(&m->topo, m->topo.pp - 1, 0, &last_root);
     if (rc == 0)
-        rc = gang_pipeline_left(deadline, &left);
+        rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
     if (is_send)

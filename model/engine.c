@@ -550,7 +550,7 @@ static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline
     if (e->m->place.rank == 0)
         gang__plan_encode(e);
     if (world != NULL && gang_comm_size(world) > 1) {
-        rc = gang_pipeline_left(deadline, &left);
+        rc = gang_deadline_left(deadline, &left);
         if (rc != 0)
             return rc;
         rc = gang_comm_broadcast(world, e->plan_buf, GANG__PLAN_HDR_WORDS, GANG_DTYPE_I32, 0, left);
@@ -561,7 +561,7 @@ static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline
     if (rc != 0)
         return rc;
     if (body > 0 && world != NULL && gang_comm_size(world) > 1) {
-        rc = gang_pipeline_left(deadline, &left);
+        rc = gang_deadline_left(deadline, &left);
         if (rc != 0)
             return rc;
         rc = gang_comm_broadcast(world, e->plan_buf + GANG__PLAN_HDR_WORDS, body, GANG_DTYPE_I32, 0,
@@ -596,7 +596,7 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
      * (tp and pp may take device buffers; gang_tp_stage_* decides per call). */
     if (world != NULL && (gang_comm_caps(world) & GANG_COMM_CAP_HOST_MEM) == 0)
         return GANG_EINVAL;
-    deadline = gang_pipeline_deadline(timeout_ms);
+    deadline = gang_deadline_after(timeout_ms);
     e->plan_valid = 0;
     if (m->place.rank == 0)
         gang__sched_build(e);

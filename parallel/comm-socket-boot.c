@@ -752,7 +752,7 @@ static sock_comm *sock_comm_new(sock_net *net, uint32_t n, uint64_t comm_id)
  */
 int gang__sock_init(gang_comm *c, const gang_comm_config *cfg)
 {
-    uint64_t deadline = sock_deadline(cfg->timeout_ms);
+    uint64_t deadline = gang_deadline_after(cfg->timeout_ms);
     sock_net *net;
     sock_comm *sc;
     uint32_t r;

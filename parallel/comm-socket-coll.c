@@ -103,7 +103,7 @@ static int sock_all_reduce_shm(sock_comm *sc, uint32_t n, uint32_t r, uint8_t *b
 static int sock_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
 {
     sock_comm *sc = c->impl;
-    uint64_t deadline = sock_deadline(tmo);
+    uint64_t deadline = gang_deadline_after(tmo);
     size_t esz = gang_dtype_size(dt), off, len, roff, rlen;
     uint32_t n = c->size, r = c->rank, next, prev, s;
     uint8_t *b = buf;
@@ -159,7 +159,7 @@ int gang__sock_all_gather(gang_comm *c, const void *send, void *recv, size_t cou
                           uint64_t tmo)
 {
     sock_comm *sc = c->impl;
-    uint64_t deadline = sock_deadline(tmo);
+    uint64_t deadline = gang_deadline_after(tmo);
     size_t bytes = count * gang_dtype_size(dt);
     uint32_t n = c->size, r = c->rank, s;
     uint8_t *out = recv;
@@ -188,7 +188,7 @@ static int sock_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
                           uint64_t tmo)
 {
     sock_comm *sc = c->impl;
-    uint64_t deadline = sock_deadline(tmo);
+    uint64_t deadline = gang_deadline_after(tmo);
     size_t bytes = count * gang_dtype_size(dt), k = 0;
     uint32_t n = c->size, r;
     sock_op *ops;
@@ -221,7 +221,7 @@ static int sock_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer,
     sock_op op;
 
     gang__sock_op_send(&op, sc->world_of[peer], sc->comm_id, SOCK_KIND_P2P, tag, buf, bytes);
-    return gang__sock_progress(sc, &op, 1, sock_deadline(tmo));
+    return gang__sock_progress(sc, &op, 1, gang_deadline_after(tmo));
 }
 
 static int sock_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
@@ -231,7 +231,7 @@ static int sock_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint3
     sock_op op;
 
     gang__sock_op_recv(&op, sc->world_of[peer], sc->comm_id, SOCK_KIND_P2P, tag, buf, bytes);
-    return gang__sock_progress(sc, &op, 1, sock_deadline(tmo));
+    return gang__sock_progress(sc, &op, 1, gang_deadline_after(tmo));
 }
 
 const gang__comm_ops gang__comm_socket_ops = {

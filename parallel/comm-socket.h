@@ -187,13 +187,6 @@ static inline uint64_t get_u64(const uint8_t *p)
     return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
-static inline uint64_t sock_deadline(uint64_t timeout_ms)
-{
-    uint64_t now = gang_now_ms();
-
-    return timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
-}
-
 static inline uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;

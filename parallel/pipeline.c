@@ -10,25 +10,6 @@
 
 #include "ganglion/parallel.h"
 
-uint64_t gang_pipeline_deadline(uint64_t timeout_ms)
-{
-    uint64_t now = gang_now_ms();
-
-    return timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
-}
-
-int gang_pipeline_left(uint64_t deadline, uint64_t *left)
-{
-    uint64_t now = gang_now_ms();
-
-    if (left == NULL)
-        return GANG_EINVAL;
-    if (now >= deadline)
-        return GANG_ETIMEDOUT;
-    *left = deadline - now;
-    return 0;
-}
-
 int gang_pipeline_microbatch(uint32_t batch, uint32_t microbatches, uint32_t mb, uint32_t *first,
                              uint32_t *count)
 {
@@ -118,7 +99,7 @@ static int pipe_step(const pipe_run *r, enum pipe_op op, uint32_t idx, uint32_t 
 
     rc = gang_pipeline_microbatch(r->batch, r->nmb, idx, &mb.first, &mb.count);
     if (rc == 0)
-        rc = gang_pipeline_left(r->deadline, &left);
+        rc = gang_deadline_left(r->deadline, &left);
     if (rc != 0)
         return rc;
     switch (op) {

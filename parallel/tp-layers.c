@@ -651,7 +651,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
                                 const uint32_t *seq_pos0, gang_tp_kv_cache *const *caches,
                                 gang_tp_scratch *s, uint64_t timeout_ms)
 {
-    uint64_t deadline, now;
+    uint64_t deadline, left;
     size_t total, n;
     int rc;
 
@@ -676,8 +676,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     if (rc != 0)
         return rc;
     n = total * l->hidden;
-    now = gang_now_ms();
-    deadline = timeout_ms > UINT64_MAX - now ? UINT64_MAX : now + timeout_ms;
+    deadline = gang_deadline_after(timeout_ms);
 
     rc = gang_kernels_rmsnorm(k, x, l->attn_norm, l->norm_eps, total, l->hidden, s->normed);
     if (rc != 0)
@@ -701,11 +700,11 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     if (rc != 0)
         return rc;
     /* The second all-reduce gets what is left of the call's deadline. */
-    now = gang_now_ms();
-    if (now >= deadline)
-        return GANG_ETIMEDOUT;
+    rc = gang_deadline_left(deadline, &left);
+    if (rc != 0)
+        return rc;
     rc = tp_linear_row_staged(k, comm, &s->stage, s->gate, total, s->ffn_cols, l->w_down, l->hidden,
-                              s->delta, deadline - now);
+                              s->delta, left);
     if (rc != 0)
         return rc;
     return gang_kernels_add(k, x, s->delta, n);

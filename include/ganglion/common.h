@@ -323,6 +323,13 @@ int gang_f32_to_bf16_array(const float *src, uint16_t *dst, size_t n);
  * --------------------------------------------------------------------------------- */
 /* Monotonic clock in milliseconds / nanoseconds. */
 uint64_t gang_now_ms(void);
+/* The absolute deadline timeout_ms from now (gang_now_ms), saturating instead of wrapping. */
+uint64_t gang_deadline_after(uint64_t timeout_ms);
+/*
+ * The time left until deadline, for the next operation: 0 and *left >= 1, GANG_ETIMEDOUT
+ * once it has passed (communicator calls reject a zero timeout), GANG_EINVAL for NULL.
+ */
+int gang_deadline_left(uint64_t deadline, uint64_t *left);
 uint64_t gang_now_ns(void);
 /* Wall clock in milliseconds since the epoch. */
 uint64_t gang_wall_ms(void);

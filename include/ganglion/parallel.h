@@ -460,7 +460,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
  *
  * Deadlines are absolute gang_now_ms() times: the schedule checks it before every
  * callback (GANG_ETIMEDOUT once passed) and hands it on, so a callback with several
- * operations shares out what is left (gang_pipeline_left).
+ * operations shares out what is left (gang_deadline_left).
  *
  * Threads: gang_pipeline_run keeps no state; one thread drives each rank's call.
  * ================================================================================= */
@@ -511,15 +511,6 @@ int gang_pipeline_run(const gang_pipeline_ops *ops, uint32_t stage, uint32_t sta
  */
 int gang_pipeline_microbatch(uint32_t batch, uint32_t microbatches, uint32_t mb, uint32_t *first,
                              uint32_t *count);
-
-/* The absolute deadline timeout_ms from now (gang_now_ms), saturating instead of wrapping. */
-uint64_t gang_pipeline_deadline(uint64_t timeout_ms);
-
-/*
- * The time left until deadline, for the next operation: 0 and *left >= 1, GANG_ETIMEDOUT
- * once it has passed (communicator calls reject a zero timeout), GANG_EINVAL for NULL.
- */
-int gang_pipeline_left(uint64_t deadline, uint64_t *left);
 
 /* ====================================== end of pipeline ================================== */
 

@@ -112,7 +112,7 @@ static void record(rec_stage *st, uint32_t p, uint32_t batch, uint32_t k)
 
         memset(&st[s], 0, sizeof(st[s]));
         st[s].fail_at = UINT32_MAX;
-        assert_int_equal(gang_pipeline_run(&ops, s, p, batch, k, gang_pipeline_deadline(10000)), 0);
+        assert_int_equal(gang_pipeline_run(&ops, s, p, batch, k, gang_deadline_after(10000)), 0);
     }
 }
 
@@ -212,7 +212,7 @@ static void test_microbatch_and_invalid(void **state)
     static const uint32_t want_first[] = {0, 3, 6}, want_count[] = {3, 3, 2};
     static rec_stage st;
     gang_pipeline_ops ops = rec_ops(&st);
-    uint64_t dl = gang_pipeline_deadline(10000), left;
+    uint64_t dl = gang_deadline_after(10000), left;
     uint32_t first, count, i;
 
     (void)state;
@@ -243,10 +243,10 @@ static void test_microbatch_and_invalid(void **state)
     ops = rec_ops(&st);
     assert_int_equal(gang_pipeline_run(&ops, 1, 3, 0, 0, dl), 0);
     assert_int_equal(st.n, 2);
-    assert_int_equal(gang_pipeline_left(dl, NULL), GANG_EINVAL);
-    assert_int_equal(gang_pipeline_left(dl, &left), 0);
+    assert_int_equal(gang_deadline_left(dl, NULL), GANG_EINVAL);
+    assert_int_equal(gang_deadline_left(dl, &left), 0);
     assert_true(left >= 1 && left <= 10000);
-    assert_int_equal(gang_pipeline_deadline(UINT64_MAX), UINT64_MAX);
+    assert_int_equal(gang_deadline_after(UINT64_MAX), UINT64_MAX);
 }
 
 /* The deadline is checked before every callback; a callback's error stops the run. */
@@ -265,16 +265,14 @@ static void test_deadline_and_errors(void **state)
     /* Work of 40 ms per microbatch against 100 ms: the third or fourth step times out. */
     st.sleep_ms = 40;
     t0 = gang_now_ms();
-    assert_int_equal(gang_pipeline_run(&ops, 0, 1, 8, 8, gang_pipeline_deadline(100)),
-                     GANG_ETIMEDOUT);
+    assert_int_equal(gang_pipeline_run(&ops, 0, 1, 8, 8, gang_deadline_after(100)), GANG_ETIMEDOUT);
     assert_true(st.n >= 2 && st.n <= 4);
     assert_true(gang_now_ms() - t0 < 1000);
     /* The third operation of a middle stage fails: the run returns its error at once. */
     memset(&st, 0, sizeof(st));
     st.fail_at = 2;
     st.fail_rc = GANG_EPEER;
-    assert_int_equal(gang_pipeline_run(&ops, 1, 3, 4, 4, gang_pipeline_deadline(10000)),
-                     GANG_EPEER);
+    assert_int_equal(gang_pipeline_run(&ops, 1, 3, 4, 4, gang_deadline_after(10000)), GANG_EPEER);
     assert_int_equal(st.n, 3);
     assert_string_equal(st.text, "RA0<0#0 W0 SA0>2#0 ");
 }
