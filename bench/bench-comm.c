@@ -366,15 +366,9 @@ out_reap:
     /* Ranks that have written EOF are exiting; give them until the deadline, no longer. */
     if (started > 0) {
         int *ws = calloc((size_t)started, sizeof *ws);
-        if (ws == NULL || gang_proc_reap_until(pids, ws, started, deadline) > 0) {
-            for (int i = 0; i < started; i++) {
-                if (pids[i] > 0) {
-                    kill(pids[i], SIGKILL);
-                    waitpid(pids[i], NULL, 0);
-                    failed++;
-                }
-            }
-        }
+        /* The ones still running are killed and reaped, with a deadline on that too. */
+        if (ws == NULL || gang_proc_reap_until(pids, ws, started, deadline) > 0)
+            failed += gang_proc_stop(pids, started, 0, 0, BC_STOP_GRACE_MS);
         for (int i = 0; ws != NULL && i < started; i++)
             failed += pids[i] == 0 && ws[i] != 0;
         free(ws);
@@ -439,8 +433,7 @@ static int bc_run_mpirun(char *const *argv, bc_sink *k, uint64_t deadline_ms, ch
     }
     /* EOF: mpirun is exiting; it still gets only the rest of the deadline. */
     if (gang_proc_reap_until(&pid, &status, 1, deadline_ms) > 0) {
-        kill(-pid, SIGKILL);
-        waitpid(pid, &status, 0);
+        gang_proc_stop(&pid, 1, 1, 0, BC_STOP_GRACE_MS);
         snprintf(why, whycap, "mpirun did not exit in time");
         return GANG_ETIMEDOUT;
     }
