@@ -243,6 +243,16 @@ int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, i
     return gang_opts_parse_args(&params_table, p, argc, argv, rest, nrest, err, errlen);
 }
 
+int gang_params_load(gang_params *p, char *const *envp, int argc, char **argv, char **rest,
+                     int *nrest, char *err, size_t errlen)
+{
+    gang_params_defaults(p);
+    int rc = gang_params_from_env(p, envp, err, errlen);
+    if (rc == 0)
+        rc = gang_params_parse_args(p, argc, argv, rest, nrest, err, errlen);
+    return rc;
+}
+
 void gang_opts_print_help(const gang_opt_table *t, FILE *out, int with_env)
 {
     static const char *const metavar[] = {" N", " S", "", " X"};

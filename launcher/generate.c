@@ -153,10 +153,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o, gang_params *p, char **
         }
         pass[(*npass)++] = rest[i];
     }
-    gang_params_defaults(p);
-    rc = gang_params_from_env(p, environ, err, sizeof(err));
-    if (rc == 0)
-        rc = gang_params_parse_args(p, *npass, pass, NULL, NULL, err, sizeof(err));
+    rc = gang_params_load(p, environ, *npass, pass, NULL, NULL, err, sizeof(err));
     if (rc != 0)
         rc = gang_opts_usage_error(&gen_cmd, "%s", err);
     else if (o->prompt_ids[0] == '\0')

@@ -66,9 +66,7 @@ static void usage(FILE *out)
 static int load_params(gang_params *p, int argc, char **argv, char **rest, int *nrest)
 {
     char err[512];
-    gang_params_defaults(p);
-    if (gang_params_from_env(p, environ, err, sizeof(err)) != 0 ||
-        gang_params_parse_args(p, argc, argv, rest, nrest, err, sizeof(err)) != 0) {
+    if (gang_params_load(p, environ, argc, argv, rest, nrest, err, sizeof(err)) != 0) {
         fprintf(stderr, "ganglion: %s\n", err);
         return GANG_EXIT_USAGE;
     }

@@ -102,11 +102,8 @@ static int worker_parse(worker *w, int argc, char **argv)
         snprintf(err, sizeof(err), "out of memory");
         goto out_free;
     }
-    gang_params_defaults(p);
     gang_opts_defaults(&worker_opts_table, &o);
-    rc = gang_params_from_env(p, environ, err, sizeof(err));
-    if (rc == 0)
-        rc = gang_params_parse_args(p, argc - 1, argv + 1, rest, &nrest, err, sizeof(err));
+    rc = gang_params_load(p, environ, argc - 1, argv + 1, rest, &nrest, err, sizeof(err));
     if (rc == 0)
         rc =
             gang_opts_parse_args(&worker_opts_table, &o, nrest, rest, NULL, NULL, err, sizeof(err));

@@ -252,6 +252,12 @@ int gang_params_from_env(gang_params *p, char *const *envp, char *err, size_t er
  */
 int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, int *nrest,
                            char *err, size_t errlen);
+/*
+ * The effective parameters of a process: defaults, then the GANGLION_* variables of envp,
+ * then argv (as gang_params_parse_args, rest likewise). 0 or GANG_EUSAGE with err.
+ */
+int gang_params_load(gang_params *p, char *const *envp, int argc, char **argv, char **rest,
+                     int *nrest, char *err, size_t errlen);
 /* Sets one parameter from text, with the same validation as flags. */
 int gang_params_set(gang_params *p, const char *flag, const char *value, char *err, size_t errlen);
 /* Prints every parameter: flag, env twin, default and help. */

@@ -96,6 +96,18 @@ static void test_params_env_and_precedence(void **state)
     char *bad[] = {"GANGLION_TP=zero", NULL};
     assert_int_equal(gang_params_from_env(&p, bad, err, sizeof(err)), GANG_EUSAGE);
     assert_non_null(strstr(err, "GANGLION_TP"));
+
+    /* gang_params_load: defaults, then the environment, then flags, in one call. */
+    char *rest[2];
+    int nrest = -1;
+    char *args[] = {"--heartbeat-timeout-ms", "99", "extra"};
+    assert_int_equal(gang_params_load(&p, envp, 3, args, rest, &nrest, err, sizeof(err)), 0);
+    assert_int_equal(p.heartbeat_timeout_ms, 99);
+    assert_string_equal(p.service, "gang");
+    assert_int_equal(p.tp, 1);
+    assert_int_equal(nrest, 1);
+    assert_string_equal(rest[0], "extra");
+    assert_int_equal(gang_params_load(&p, bad, 0, NULL, NULL, NULL, err, sizeof(err)), GANG_EUSAGE);
 }
 
 static void test_params_registry_complete(void **state)
