@@ -427,7 +427,7 @@ static int sock_pace_round(sock_net *net, const sock_op *ops, size_t nops, uint6
 static size_t sock_poll_set(sock_net *net, const sock_op *ops, size_t nops)
 {
     struct pollfd *pfds = net->pfds;
-    size_t i, np;
+    size_t np;
     uint32_t r;
 
     pfds[0].fd = net->abort_fd;
