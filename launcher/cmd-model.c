@@ -20,7 +20,7 @@
 typedef struct mk_cli {
     char out[4096]; /* the library refuses a path of 4096 bytes or more anyway */
     char arch[16], dtype[8];
-    int64_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos, seed, shards;
+    int64_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos, seed, shards, eos;
     int tie;
 } mk_cli;
 
@@ -34,7 +34,8 @@ static const gang_param_info mk_items[] = {
     MK_INT("heads", heads, "4", 1, GANG_MODEL_MAX_HEADS, "attention heads (divide --hidden)"),
     MK_INT("kv-heads", kv_heads, "2", 1, GANG_MODEL_MAX_HEADS, "key/value heads (divide --heads)"),
     MK_INT("ffn", ffn, "128", 1, 1 << 20, "MLP intermediate size"),
-    MK_INT("vocab", vocab, "256", 3, GANG_MODEL_MAX_VOCAB, "vocabulary size (bos 1, eos 2)"),
+    MK_INT("vocab", vocab, "256", 3, GANG_MODEL_MAX_VOCAB, "vocabulary size (bos 1)"),
+    MK_INT("eos", eos, "-1", -1, GANG_MODEL_MAX_VOCAB - 1, "eos_token_id (-1: none)"),
     MK_INT("max-pos", max_pos, "512", 1, 1 << 24, "maximum position (context length)"),
     MK_INT("seed", seed, "1", 0, INT64_MAX, "weight seed: same options, same bytes"),
     MK_STR("dtype", dtype, "f32", "weight type: " MK_DTYPES),
@@ -90,6 +91,10 @@ static int mk_parse(int argc, char **argv, mk_cli *cli, gang_mkmodel_opts *o)
     o->seed = (uint64_t)cli->seed;
     o->tie_embeddings = cli->tie;
     o->shards = (uint32_t)cli->shards;
+    if (cli->eos >= 0) {
+        o->eos_ids[0] = (int32_t)cli->eos;
+        o->n_eos = 1;
+    }
     return 0;
 }
 

@@ -6,10 +6,12 @@
  * not hidden / n_heads) is refused with a message that names it, rather than computed
  * wrongly.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -106,8 +108,8 @@ static int cfg_bool(const cfg_ctx *c, const char *key, int def, int32_t *out)
 }
 
 /*
- * A token id field: absent or null -> -1; an integer in [0, vocab); or (eos_token_id of
- * newer checkpoints) a non-empty list of them, of which the first is kept.
+ * A token id field (bos_token_id): absent or null -> -1; an integer in [0, vocab); or a
+ * non-empty list of them, of which the first is kept.
  */
 static int cfg_token(const cfg_ctx *c, const char *key, uint32_t vocab, int32_t *out)
 {
@@ -127,6 +129,52 @@ static int cfg_token(const cfg_ctx *c, const char *key, uint32_t vocab, int32_t 
         return GANG_EMODEL;
     }
     *out = (int32_t)d;
+    return 0;
+}
+
+/*
+ * Appends the ids of the end-of-sequence field `key` (an integer or a non-empty list of
+ * them; absent or null adds nothing) to cfg->eos_ids, skipping ids already there, so
+ * config.json's come first and generation_config.json's follow. A non-integer, an id
+ * outside [0, vocab), an empty list or more than GANG_MAX_EOS distinct ids in all is
+ * GANG_EMODEL naming the file and the field.
+ */
+static int cfg_eos(const cfg_ctx *c, const char *key, gang_model_config *cfg)
+{
+    const cJSON *v = cfg_get(c, key), *item;
+    uint32_t j;
+    int32_t id;
+    double d;
+
+    if (v == NULL)
+        return 0;
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0) {
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is an empty list", c->path, key);
+        return GANG_EMODEL;
+    }
+    for (item = cJSON_IsArray(v) ? v->child : v; item != NULL;
+         item = cJSON_IsArray(v) ? item->next : NULL) {
+        d = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+        if (!(d == floor(d)) || d < 0 || d >= (double)cfg->vocab) {
+            gang_set_err(c->err, c->errlen,
+                         "%s: field \"%s\" is not a token id (or a list of them) in [0, %u)",
+                         c->path, key, cfg->vocab);
+            return GANG_EMODEL;
+        }
+        id = (int32_t)d;
+        for (j = 0; j < cfg->n_eos && cfg->eos_ids[j] != id; j++)
+            ;
+        if (j < cfg->n_eos)
+            continue;
+        if (cfg->n_eos == GANG_MAX_EOS) {
+            gang_set_err(c->err, c->errlen,
+                         "%s: field \"%s\" brings the end-of-sequence ids to more than %d", c->path,
+                         key, GANG_MAX_EOS);
+            return GANG_EMODEL;
+        }
+        cfg->eos_ids[cfg->n_eos++] = id;
+    }
+    cfg->eos_token_id = cfg->eos_ids[0];
     return 0;
 }
 
@@ -300,8 +348,9 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
         rc = cfg_bool(c, "attention_bias", 0, &cfg->attn_bias);
     if (rc == 0)
         rc = cfg_token(c, "bos_token_id", cfg->vocab, &cfg->bos_token_id);
+    cfg->eos_token_id = -1;
     if (rc == 0)
-        rc = cfg_token(c, "eos_token_id", cfg->vocab, &cfg->eos_token_id);
+        rc = cfg_eos(c, "eos_token_id", cfg);
     if (rc == 0)
         rc = cfg_dtype(c, &cfg->dtype);
     if (rc != 0)
@@ -336,6 +385,102 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
     return cfg_unsupported(c, cfg);
 }
 
+/*
+ * An optional number field of generation_config.json: *has stays 0 when it is absent or
+ * null; otherwise it must be a finite number in [lo, hi] (lo excluded when open_lo).
+ */
+static int gen_number(const cfg_ctx *c, const char *key, double lo, int open_lo, double hi,
+                      uint32_t *has, float *out)
+{
+    const cJSON *v = cfg_get(c, key);
+    double d;
+
+    if (v == NULL)
+        return 0;
+    d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(open_lo ? d > lo : d >= lo) || !(d <= hi)) {
+        gang_set_err(c->err, c->errlen, "%s: field \"%s\" is not a number in %s%g, %g]", c->path,
+                     key, open_lo ? "(" : "[", lo, hi);
+        return GANG_EMODEL;
+    }
+    *has = 1;
+    *out = (float)d;
+    return 0;
+}
+
+/*
+ * The sampling defaults of a parsed generation_config.json into *g (which starts zeroed):
+ * temperature, top_p, top_k, repetition_penalty, and do_sample false = greedy.
+ */
+static int gen_fill(const cfg_ctx *c, gang_gen_defaults *g)
+{
+    int32_t do_sample = 1;
+    int rc;
+
+    rc = gen_number(c, "temperature", 0.0, 0, 1e6, &g->has_temperature, &g->temperature);
+    if (rc == 0)
+        rc = gen_number(c, "top_p", 0.0, 1, 1.0, &g->has_top_p, &g->top_p);
+    if (rc == 0)
+        rc = gen_number(c, "repetition_penalty", 0.0, 1, 1e6, &g->has_repetition_penalty,
+                        &g->repetition_penalty);
+    if (rc == 0 && cfg_get(c, "top_k") != NULL) {
+        rc = cfg_uint(c, "top_k", -1, 0, INT32_MAX, &g->top_k);
+        g->has_top_k = rc == 0;
+    }
+    if (rc == 0)
+        rc = cfg_bool(c, "do_sample", 1, &do_sample);
+    if (rc != 0)
+        return rc;
+    /* transformers samples only with do_sample true: false means greedy. */
+    if (!do_sample) {
+        g->has_temperature = 1;
+        g->temperature = 0.0f;
+    }
+    return 0;
+}
+
+/*
+ * DIR/generation_config.json, when it exists: its eos_token_id ids join cfg->eos_ids
+ * (after config.json's) and its sampling defaults fill cfg->gen. An absent file changes
+ * nothing; any other problem is GANG_EMODEL naming the file (and field).
+ */
+static int gen_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen)
+{
+    char path[4096], *text = NULL;
+    struct stat st;
+    cfg_ctx c;
+    cJSON *root = NULL;
+    size_t len;
+    int rc;
+
+    if (snprintf(path, sizeof(path), "%s/generation_config.json", dir) >= (int)sizeof(path)) {
+        gang_set_err(err, errlen, "%s: model directory path too long", dir);
+        return GANG_EMODEL;
+    }
+    if (stat(path, &st) != 0 && errno == ENOENT)
+        return 0;
+    rc = gang__read_small_file(path, GANG_MODEL_MAX_GEN_CONFIG_BYTES, &text, &len, err, errlen);
+    if (rc != 0)
+        return rc;
+    root = cJSON_ParseWithLength(text, len);
+    if (root == NULL || !cJSON_IsObject(root)) {
+        gang_set_err(err, errlen, "%s: not a JSON object", path);
+        rc = GANG_EMODEL;
+        goto out_free;
+    }
+    c.root = root;
+    c.path = path;
+    c.err = err;
+    c.errlen = errlen;
+    rc = cfg_eos(&c, "eos_token_id", cfg);
+    if (rc == 0)
+        rc = gen_fill(&c, &cfg->gen);
+out_free:
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
 int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen)
 {
     char path[4096], *text = NULL;
@@ -368,6 +513,8 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
     c.err = err;
     c.errlen = errlen;
     rc = cfg_fill(&c, &out);
+    if (rc == 0)
+        rc = gen_config_read(dir, &out, err, errlen);
     if (rc == 0)
         *cfg = out;
 out_free:

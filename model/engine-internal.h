@@ -18,23 +18,40 @@
  *   header [GANG__PLAN_HDR_WORDS]: magic, n_seq, n_tokens, body_words
  *   body   [body_words]: n_seq entries of GANG__PLAN_SEQ_WORDS words
  *                          (slot, pos0, n, sample, temperature bits, top_k, top_p bits,
- *                           seed low, seed high)
+ *                           seed low, seed high, n_prompt, presence, frequency and
+ *                           repetition penalty bits, logprobs: 0 none, else 1 + top_n)
  *                        then the n_tokens token ids, sequence after sequence.
  * The header has a fixed size, so every rank can validate the body's size against its
  * own bounds before receiving it.
  * --------------------------------------------------------------------------------- */
 #define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
 #define GANG__PLAN_HDR_WORDS 4u
-#define GANG__PLAN_SEQ_WORDS 9u
+#define GANG__PLAN_SEQ_WORDS 14u
 
 typedef struct gang__plan_seq {
-    uint32_t slot;    /* KV slot of the sequence */
-    uint32_t pos0;    /* position of its first token of this step */
-    uint32_t n;       /* tokens of this step (1 for a decode) */
-    uint32_t sample;  /* 1: the last token's logits are sampled this step */
-    gang_sampling sp; /* sampling parameters (when sample) */
-    uint32_t tok_off; /* offset of its tokens in the plan's token array (derived) */
+    uint32_t slot;     /* KV slot of the sequence */
+    uint32_t pos0;     /* position of its first token of this step */
+    uint32_t n;        /* tokens of this step (1 for a decode) */
+    uint32_t sample;   /* 1: the last token's logits are sampled this step */
+    gang_sampling sp;  /* sampling parameters (when sample) */
+    uint32_t n_prompt; /* the request's prompt length: positions below are prompt */
+    uint32_t logprobs; /* 1: report the sampled token's logprob (and n_top more) */
+    uint32_t n_top;    /* 0..GANG_MAX_TOP_LOGPROBS */
+    uint32_t tok_off;  /* offset of its tokens in the plan's token array (derived) */
 } gang__plan_seq;
+
+/*
+ * What the last stage reports for one sampled sequence when the microbatch has a
+ * sequence that asked for logprobs (otherwise only the token ids travel). Every field
+ * is 4 bytes, so the struct has no padding and goes over the world as it is.
+ */
+typedef struct gang__result {
+    int32_t token;
+    float logprob;
+    uint32_t n_top;
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
+    float top_lp[GANG_MAX_TOP_LOGPROBS];
+} gang__result;
 
 typedef struct gang__plan {
     uint32_t n_seq;       /* sequences of the step, <= slots */
@@ -44,6 +61,7 @@ typedef struct gang__plan {
     uint32_t *seq_tokens; /* [slots] n of each sequence, for the batched layers */
     uint32_t *seq_pos0;   /* [slots] pos0 of each sequence */
     int32_t *out;         /* [slots] the sampled token of each sequence (-1: none) */
+    gang__result *res;    /* [slots] logprobs of each sequence (when it asked for them) */
 } gang__plan;
 
 /* ---------------------------------------------------------------------------------
@@ -69,8 +87,17 @@ typedef struct gang__cand {
 typedef struct gang__sampler {
     gang__cand *cand; /* [vocab] */
     double *prob;     /* [vocab] */
+    float *adj;       /* [vocab] the penalised logits */
+    uint32_t *count;  /* [vocab] occurrences in the output; all zero between calls */
     uint32_t vocab;
 } gang__sampler;
+
+/* The tokens a sequence has fed so far, for the penalties (the last stage keeps them). */
+typedef struct gang__history {
+    const int32_t *ids; /* [n] the tokens at positions 0 .. n - 1 */
+    uint32_t n;         /* the position of the token being drawn */
+    uint32_t n_prompt;  /* ids [0, n_prompt) are the prompt, the rest the output */
+} gang__history;
 
 struct gang_engine {
     gang_model *m;       /* borrowed */
@@ -105,6 +132,8 @@ struct gang_engine {
                                       all-gather when k is a device (else empty) */
     gang_tp_shard *shards;         /* [tp] every TP rank's shard (vocab ranges) */
     gang__sampler sampler;
+    int32_t *hist;      /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
+                           slot, at its position (what the penalties count) */
     int32_t *plan_buf;  /* header + body of the wire form */
     uint8_t *slot_seen; /* [slots] duplicate check of a received plan */
     gang__plan plan;
@@ -139,6 +168,10 @@ int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *
 /* Decodes and validates the body in e->plan_buf into e->plan. 0 or GANG_EPROTO. */
 int gang__plan_decode(gang_engine *e);
 
+/* Whether sp's penalties are in range: presence and frequency in [-2, 2], repetition
+ * 0 (off) or > 0, all finite (submit and the plan's receivers check the same). */
+int gang__penalties_ok(const gang_sampling *sp);
+
 /* ---- the stages (engine-run.c) ---- */
 
 /*
@@ -169,6 +202,21 @@ void gang__sampler_free(gang__sampler *s);
  */
 int32_t gang__sample(gang__sampler *s, const float *logits, const gang_sampling *sp,
                      uint64_t position);
+/*
+ * gang__sample after the penalties of sp (presence, frequency, repetition; none set:
+ * exactly gang__sample) applied to a copy of logits, counted over h: the repetition
+ * penalty over every distinct id of h->ids [0, n), the others over the output part
+ * [n_prompt, n). The draw's position is h->n. logits is left as it was.
+ */
+int32_t gang__sample_seq(gang__sampler *s, const float *logits, const gang_sampling *sp,
+                         const gang__history *h);
+/*
+ * The raw log-probability (log-softmax in double) of `token` in logits into r->logprob,
+ * r->token = token, and the n_top highest ones (descending, ties by lower id, NaN
+ * skipped) into r->top_ids / top_lp, r->n_top = n_top (<= GANG_MAX_TOP_LOGPROBS).
+ */
+void gang__logprobs(const gang__sampler *s, const float *logits, int32_t token, uint32_t n_top,
+                    gang__result *r);
 /* The uniform draw in [0, 1) of (seed, position): a counter-based generator. */
 double gang__sample_uniform(uint64_t seed, uint64_t position);
 

@@ -50,6 +50,9 @@ static void sched_add(gang_engine *e, gang__request *q, uint32_t pos0, const int
     s->n = n;
     s->sample = sample;
     s->sp = q->r.sampling;
+    s->n_prompt = q->r.n_prompt;
+    s->logprobs = q->r.logprobs;
+    s->n_top = q->r.top_logprobs;
     s->tok_off = p->n_tokens;
     memcpy(p->tokens + p->n_tokens, ids, (size_t)n * sizeof(int32_t));
     p->n_tokens += n;
@@ -135,6 +138,24 @@ static void sched_finish(gang_engine *e, gang__request *q)
     free(q);
 }
 
+/* The logprobs the last stage reported for a sequence into its TOKEN event. */
+static void sched_logprobs(const gang__result *r, gang_gen_event *ev)
+{
+    uint32_t n = r->n_top <= GANG_MAX_TOP_LOGPROBS ? r->n_top : GANG_MAX_TOP_LOGPROBS;
+
+    ev->logprob = r->logprob;
+    ev->n_top = n;
+    memcpy(ev->top_ids, r->top_ids, n * sizeof(int32_t));
+    memcpy(ev->top_logprobs, r->top_lp, n * sizeof(float));
+}
+
+int gang__penalties_ok(const gang_sampling *sp)
+{
+    return sp->presence_penalty >= -2.0f && sp->presence_penalty <= 2.0f &&
+           sp->frequency_penalty >= -2.0f && sp->frequency_penalty <= 2.0f &&
+           sp->repetition_penalty >= 0.0f && isfinite(sp->repetition_penalty);
+}
+
 int gang__sched_cancel(gang_engine *e, uint64_t id)
 {
     for (gang__request *q = e->queue_head; q != NULL; q = q->next) {
@@ -169,11 +190,15 @@ void gang__sched_commit(gang_engine *e)
         ev.id = q->r.id;
         ev.token = q->last;
         ev.index = q->n_gen;
+        if (q->r.logprobs)
+            sched_logprobs(&e->plan.res[i], &ev);
         sched_event(e, &ev);
         q->n_gen++;
         stop = 0;
         for (j = 0; j < q->r.n_stop; j++)
             stop |= q->r.stop[j] == q->last;
+        for (j = 0; !q->r.ignore_eos && j < e->m->cfg.n_eos && j < GANG_MAX_EOS; j++)
+            stop |= e->m->cfg.eos_ids[j] == q->last;
         if (stop || q->n_gen >= q->r.max_tokens) {
             memset(&ev, 0, sizeof(ev));
             ev.kind = GANG_GEN_DONE;
@@ -243,6 +268,11 @@ uint32_t gang__plan_encode(gang_engine *e)
         w[6] = f2w(s->sp.top_p);
         w[7] = (int32_t)(uint32_t)(s->sp.seed & 0xffffffffu);
         w[8] = (int32_t)(uint32_t)(s->sp.seed >> 32);
+        w[9] = (int32_t)s->n_prompt;
+        w[10] = f2w(s->sp.presence_penalty);
+        w[11] = f2w(s->sp.frequency_penalty);
+        w[12] = f2w(s->sp.repetition_penalty);
+        w[13] = s->logprobs ? (int32_t)(1 + s->n_top) : 0;
         w += GANG__PLAN_SEQ_WORDS;
     }
     /* Rank 0 built its tokens in place; encoding copies them after the entries. */
@@ -266,7 +296,7 @@ int gang__plan_decode(gang_engine *e)
 {
     gang__plan *p = &e->plan;
     const int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
-    uint32_t i, off = 0, n_seq = (uint32_t)e->plan_buf[1], n_tokens = (uint32_t)e->plan_buf[2];
+    uint32_t i, lp, off = 0, n_seq = (uint32_t)e->plan_buf[1], n_tokens = (uint32_t)e->plan_buf[2];
     const int32_t *ids;
 
     memset(e->slot_seen, 0, e->slots);
@@ -281,6 +311,13 @@ int gang__plan_decode(gang_engine *e)
         s->sp.top_k = (uint32_t)w[5];
         s->sp.top_p = w2f(w[6]);
         s->sp.seed = (uint64_t)(uint32_t)w[7] | (uint64_t)(uint32_t)w[8] << 32;
+        s->n_prompt = (uint32_t)w[9];
+        s->sp.presence_penalty = w2f(w[10]);
+        s->sp.frequency_penalty = w2f(w[11]);
+        s->sp.repetition_penalty = w2f(w[12]);
+        lp = (uint32_t)w[13];
+        s->logprobs = lp != 0;
+        s->n_top = lp != 0 ? lp - 1 : 0;
         w += GANG__PLAN_SEQ_WORDS;
         /* Everything that sizes a buffer or indexes one is checked against our bounds. */
         if (s->slot >= e->slots || e->slot_seen[s->slot] || s->n == 0 || s->sample > 1)
@@ -288,7 +325,11 @@ int gang__plan_decode(gang_engine *e)
         if (s->n > n_tokens - off || s->pos0 > e->max_ctx || s->n > e->max_ctx - s->pos0)
             return GANG_EPROTO;
         if (!(s->sp.temperature >= 0.0f) || !isfinite(s->sp.temperature) ||
-            !(s->sp.top_p > 0.0f && s->sp.top_p <= 1.0f))
+            !(s->sp.top_p > 0.0f && s->sp.top_p <= 1.0f) || !gang__penalties_ok(&s->sp))
+            return GANG_EPROTO;
+        /* The penalties read the slot's history below the sampled position. */
+        if (s->n_prompt > e->max_ctx || lp > GANG_MAX_TOP_LOGPROBS + 1 ||
+            (s->sample && (s->n_prompt == 0 || s->n_prompt > s->pos0 + s->n)))
             return GANG_EPROTO;
         e->slot_seen[s->slot] = 1;
         s->tok_off = off;

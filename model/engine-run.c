@@ -87,6 +87,25 @@ static int run_gather_last(gang_engine *e, gang_kernels *k, uint32_t first, uint
 }
 
 /*
+ * Samples plan sequence i from logits row `row` (TP rank 0 of the last stage): the
+ * penalties count the slot's history (e->hist, complete below the drawn position, which
+ * is pos0 + n and the key of the draw), and the logprobs, when asked, read the raw row.
+ */
+static void run_sample(gang_engine *e, uint32_t i, uint32_t row)
+{
+    const gang__plan_seq *s = &e->plan.seqs[i];
+    const float *lg = e->logits + (size_t)row * e->vocab;
+    gang__history h = {.ids = e->hist + (size_t)s->slot * e->max_ctx,
+                       .n = s->pos0 + s->n,
+                       .n_prompt = s->n_prompt};
+
+    e->head_row[i] = row;
+    e->plan.out[i] = gang__sample_seq(&e->sampler, lg, &s->sp, &h);
+    if (s->logprobs)
+        gang__logprobs(&e->sampler, lg, e->plan.out[i], s->n_top, &e->plan.res[i]);
+}
+
+/*
  * The last stage's head for sequences [first, first + count): final norm of each
  * sampling sequence's last token, LM head on this rank's vocabulary rows, all-gather of
  * the padded logits, and on TP rank 0 the full logits rows, assembled in tensor memory
@@ -142,17 +161,9 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
         if (rc != 0)
             return rc;
     }
-    j = 0;
-    for (i = first; i < first + count; i++) {
-        const gang__plan_seq *s = &e->plan.seqs[i];
-
-        if (!s->sample)
-            continue;
-        e->head_row[i] = row0 + j;
-        /* The token being drawn sits at position pos0 + n: the key of its draw. */
-        e->plan.out[i] = gang__sample(&e->sampler, e->logits + (size_t)(row0 + j) * vocab, &s->sp,
-                                      (uint64_t)s->pos0 + s->n);
-        j++;
+    for (i = first, j = 0; i < first + count; i++) {
+        if (e->plan.seqs[i].sample)
+            run_sample(e, i, row0 + j++);
     }
     e->n_head_rows = row0 + ns;
     return 0;
@@ -219,13 +230,17 @@ static int run_xfer_act(gang_engine *e, gang_kernels *k, int is_send, gang_comm 
 /*
  * The sampled tokens of sequences [first, first + count) over the world communicator
  * (host memory; see the file comment): sent by the last stage's TP rank 0 to global rank
- * 0, or received by rank 0 from it.
+ * 0, or received by rank 0 from it. When a sequence of the range asked for logprobs
+ * (both ends know it from the plan) the message is the range's gang__result records,
+ * tokens included, instead of the bare token ids: one message either way.
  */
 static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32_t first,
                            uint32_t count, uint32_t tag, uint64_t deadline)
 {
     const gang_model *m = e->m;
-    uint32_t last_root;
+    uint32_t last_root, i, lp = 0;
+    void *buf = e->plan.out + first;
+    size_t bytes = (size_t)count * sizeof(int32_t);
     uint64_t left;
     int rc;
 
@@ -234,11 +249,20 @@ static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32
         rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
+    for (i = first; i < first + count; i++)
+        lp |= e->plan.seqs[i].logprobs;
+    if (lp) {
+        buf = e->plan.res + first;
+        bytes = (size_t)count * sizeof(gang__result);
+        for (i = first; is_send && i < first + count; i++)
+            e->plan.res[i].token = e->plan.out[i];
+    }
     if (is_send)
-        return gang_comm_send(world, e->plan.out + first, (size_t)count * sizeof(int32_t), 0, tag,
-                              left);
-    return gang_comm_recv(world, e->plan.out + first, (size_t)count * sizeof(int32_t), last_root,
-                          tag, left);
+        return gang_comm_send(world, buf, bytes, 0, tag, left);
+    rc = gang_comm_recv(world, buf, bytes, last_root, tag, left);
+    for (i = first; rc == 0 && lp && i < first + count; i++)
+        e->plan.out[i] = e->plan.res[i].token;
+    return rc;
 }
 
 /* What the schedule's callbacks need: the engine, its kernels and the step's comms. */
@@ -308,12 +332,20 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
                                    .recv_act = run_cb_recv_act,
                                    .send_result = run_cb_send_result,
                                    .recv_result = run_cb_recv_result};
-    uint32_t nmb = e->cfg.microbatches;
+    uint32_t nmb = e->cfg.microbatches, i;
     int rc;
 
     if (nmb > e->plan.n_seq)
         nmb = e->plan.n_seq;
     e->n_head_rows = 0;
+    /* The sampling rank records every token fed to a slot, at its position, for the
+     * penalties: a slot's rows below a sampled position are always this request's. */
+    for (i = 0; e->hist != NULL && i < e->plan.n_seq; i++) {
+        const gang__plan_seq *s = &e->plan.seqs[i];
+
+        memcpy(e->hist + (size_t)s->slot * e->max_ctx + s->pos0, e->plan.tokens + s->tok_off,
+               (size_t)s->n * sizeof(int32_t));
+    }
     /* Stage 0 embeds from tensor memory: the step's token ids go over in one upload. */
     if (e->is_first) {
         rc = gang_kernels_upload(k, e->tokens_dev, e->plan.tokens,

@@ -91,6 +91,7 @@ void gang_engine_free(gang_engine *e)
     free(e->stage.host);
     free(e->shards);
     gang__sampler_free(&e->sampler);
+    free(e->hist);
     free(e->plan_buf);
     free(e->slot_seen);
     free(e->plan.seqs);
@@ -98,6 +99,7 @@ void gang_engine_free(gang_engine *e)
     free(e->plan.seq_tokens);
     free(e->plan.seq_pos0);
     free(e->plan.out);
+    free(e->plan.res);
     free(e->slot_req);
     free(e->events);
     free(e);
@@ -281,6 +283,12 @@ static int eng_alloc_buffers(gang_engine *e)
         rc = gang__sampler_init(&e->sampler, e->vocab);
         if (rc != 0)
             return rc;
+        /* The penalties' token history: only the rank that samples needs it. */
+        if (m->place.tp_rank == 0) {
+            e->hist = malloc((size_t)e->slots * e->max_ctx * sizeof(int32_t));
+            if (e->hist == NULL)
+                return GANG_ENOMEM;
+        }
     }
     e->plan_max_words = (size_t)e->slots * GANG__PLAN_SEQ_WORDS + e->max_tokens;
     e->plan_buf = malloc((GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t));
@@ -290,9 +298,10 @@ static int eng_alloc_buffers(gang_engine *e)
     e->plan.seq_tokens = calloc(e->slots, sizeof(uint32_t));
     e->plan.seq_pos0 = calloc(e->slots, sizeof(uint32_t));
     e->plan.out = calloc(e->slots, sizeof(int32_t));
+    e->plan.res = calloc(e->slots, sizeof(*e->plan.res));
     if (e->plan_buf == NULL || e->slot_seen == NULL || e->plan.seqs == NULL ||
         e->plan.tokens == NULL || e->plan.seq_tokens == NULL || e->plan.seq_pos0 == NULL ||
-        e->plan.out == NULL)
+        e->plan.out == NULL || e->plan.res == NULL)
         return GANG_ENOMEM;
     if (m->place.rank == 0) {
         e->slot_req = calloc(e->slots, sizeof(*e->slot_req));
@@ -459,6 +468,21 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
         !(r->sampling.top_p > 0.0f && r->sampling.top_p <= 1.0f)) {
         gang_set_err(err, errlen,
                      "request %" PRIu64 ": temperature must be >= 0 and top_p in (0, 1]", r->id);
+        return GANG_EINVAL;
+    }
+    if (!gang__penalties_ok(&r->sampling)) {
+        gang_set_err(err, errlen,
+                     "request %" PRIu64 ": presence_penalty and frequency_penalty must be in "
+                     "[-2, 2], repetition_penalty 0 (off) or > 0",
+                     r->id);
+        return GANG_EINVAL;
+    }
+    if (r->ignore_eos > 1 || r->logprobs > 1 || r->top_logprobs > GANG_MAX_TOP_LOGPROBS ||
+        (r->top_logprobs > 0 && !r->logprobs)) {
+        gang_set_err(err, errlen,
+                     "request %" PRIu64 ": ignore_eos and logprobs are 0 or 1, top_logprobs "
+                     "at most %d and only with logprobs",
+                     r->id, GANG_MAX_TOP_LOGPROBS);
         return GANG_EINVAL;
     }
     for (q = e->queue_head; q != NULL; q = q->next) {

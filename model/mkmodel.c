@@ -390,6 +390,7 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
                      : o->dtype == GANG_DTYPE_BF16 ? "bfloat16"
                                                    : "float32";
     char path[4096], tmp[4200];
+    uint32_t i;
     FILE *fp;
     int rc = 0;
 
@@ -415,8 +416,15 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
     else
         fprintf(fp, "  \"use_sliding_window\": false,\n  \"sliding_window\": %u,\n", o->max_pos);
     fprintf(fp, "  \"tie_word_embeddings\": %s,\n", o->tie_embeddings ? "true" : "false");
-    fprintf(fp, "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"torch_dtype\": \"%s\"\n}\n",
-            dt);
+    /* No EOS unless asked: random greedy decoding could otherwise stop anywhere. */
+    fprintf(fp, "  \"bos_token_id\": 1,\n  \"eos_token_id\": ");
+    if (o->n_eos == 0)
+        fprintf(fp, "null");
+    else if (o->n_eos == 1)
+        fprintf(fp, "%d", o->eos_ids[0]);
+    for (i = 0; o->n_eos > 1 && i < o->n_eos; i++)
+        fprintf(fp, "%s%d%s", i == 0 ? "[" : ", ", o->eos_ids[i], i + 1 == o->n_eos ? "]" : "");
+    fprintf(fp, ",\n  \"torch_dtype\": \"%s\"\n}\n", dt);
     if (ferror(fp)) {
         rc = GANG_EIO;
         gang_set_err(err, errlen, "%s: write failed", tmp);
@@ -449,6 +457,23 @@ static int mk_mkdirs(const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* The EOS ids: at most GANG_MAX_EOS, each in the vocabulary, none twice. */
+static int mk_eos_ok(const gang_mkmodel_opts *o)
+{
+    uint32_t i, j;
+
+    if (o->n_eos > GANG_MAX_EOS)
+        return 0;
+    for (i = 0; i < o->n_eos; i++) {
+        if (o->eos_ids[i] < 0 || (uint32_t)o->eos_ids[i] >= o->vocab)
+            return 0;
+        for (j = 0; j < i; j++)
+            if (o->eos_ids[j] == o->eos_ids[i])
+                return 0;
+    }
+    return 1;
+}
+
 /* The shape rules of gang_model_config_read, as usage errors. */
 static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
 {
@@ -470,7 +495,9 @@ static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
     else if (o->ffn < 1 || o->ffn > MK_MAX_FFN)
         why = "ffn must be in [1, 1048576]";
     else if (o->vocab < 3 || o->vocab > GANG_MODEL_MAX_VOCAB)
-        why = "vocab must be in [3, 4194304] (bos is 1, eos is 2)";
+        why = "vocab must be in [3, 4194304] (bos is 1)";
+    else if (!mk_eos_ok(o))
+        why = "at most 8 eos ids, each in [0, vocab)";
     else if (o->max_pos < 1 || o->max_pos > MK_MAX_POS)
         why = "max-pos must be in [1, 16777216]";
     else if (o->shards < 1 || o->shards > MK_MAX_SHARDS)

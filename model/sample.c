@@ -14,6 +14,10 @@
  * the shortest prefix of the sorted candidates whose mass reaches p (at least one), and
  * one draw walks the cumulative mass of what is left. Temperature 0, or top-k 1, is
  * greedy: the argmax with the lowest index on ties, exactly gang_kernels_argmax.
+ *
+ * Penalties come before all of that (gang__sample_seq), on a copy of the row, counted
+ * over the sequence's own tokens, which the last stage keeps per KV slot: so they too
+ * depend on nothing but the sequence. Logprobs (gang__logprobs) read the raw row.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,7 +32,9 @@ int gang__sampler_init(gang__sampler *s, uint32_t vocab)
         return GANG_EINVAL;
     s->cand = malloc((size_t)vocab * sizeof(*s->cand));
     s->prob = malloc((size_t)vocab * sizeof(*s->prob));
-    if (s->cand == NULL || s->prob == NULL) {
+    s->adj = malloc((size_t)vocab * sizeof(*s->adj));
+    s->count = calloc(vocab, sizeof(*s->count));
+    if (s->cand == NULL || s->prob == NULL || s->adj == NULL || s->count == NULL) {
         gang__sampler_free(s);
         return GANG_ENOMEM;
     }
@@ -42,6 +48,8 @@ void gang__sampler_free(gang__sampler *s)
         return;
     free(s->cand);
     free(s->prob);
+    free(s->adj);
+    free(s->count);
     memset(s, 0, sizeof(*s));
 }
 
@@ -141,4 +149,94 @@ int32_t gang__sample(gang__sampler *s, const float *logits, const gang_sampling 
             return s->cand[i].id;
     }
     return s->cand[keep - 1].id;
+}
+
+/*
+ * The penalties, in vLLM's order: repetition over the prompt and the output (each distinct
+ * id once; count[] marks the ids seen and is cleared again), then frequency and presence
+ * over the output (count[] counts, and is cleared as each id is penalised).
+ */
+static void sample_penalise(gang__sampler *s, const gang_sampling *sp, const gang__history *h)
+{
+    float rp = sp->repetition_penalty;
+    uint32_t i, t;
+
+    if (rp > 0.0f && rp != 1.0f) {
+        for (i = 0; i < h->n; i++) {
+            t = (uint32_t)h->ids[i];
+            if (s->count[t] != 0)
+                continue;
+            s->count[t] = 1;
+            s->adj[t] = s->adj[t] > 0.0f ? s->adj[t] / rp : s->adj[t] * rp;
+        }
+        for (i = 0; i < h->n; i++)
+            s->count[(uint32_t)h->ids[i]] = 0;
+    }
+    if (sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f)
+        return;
+    for (i = h->n_prompt; i < h->n; i++)
+        s->count[(uint32_t)h->ids[i]]++;
+    for (i = h->n_prompt; i < h->n; i++) {
+        t = (uint32_t)h->ids[i];
+        if (s->count[t] == 0)
+            continue;
+        s->adj[t] -= sp->frequency_penalty * (float)s->count[t] + sp->presence_penalty;
+        s->count[t] = 0;
+    }
+}
+
+int32_t gang__sample_seq(gang__sampler *s, const float *logits, const gang_sampling *sp,
+                         const gang__history *h)
+{
+    int rep = sp->repetition_penalty > 0.0f && sp->repetition_penalty != 1.0f;
+
+    if (!rep && sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f)
+        return gang__sample(s, logits, sp, h->n);
+    memcpy(s->adj, logits, (size_t)s->vocab * sizeof(float));
+    sample_penalise(s, sp, h);
+    return gang__sample(s, s->adj, sp, h->n);
+}
+
+/* Whether (a, ia) ranks before (b, ib): larger value, then lower id. */
+static int lp_before(float a, int32_t ia, float b, int32_t ib)
+{
+    return a > b || (a == b && ia < ib);
+}
+
+void gang__logprobs(const gang__sampler *s, const float *logits, int32_t token, uint32_t n_top,
+                    gang__result *r)
+{
+    double mx = -INFINITY, sum = 0.0, lse;
+    uint32_t i, j, n = 0;
+
+    if (n_top > GANG_MAX_TOP_LOGPROBS)
+        n_top = GANG_MAX_TOP_LOGPROBS;
+    for (i = 0; i < s->vocab; i++)
+        if (!isnan(logits[i]) && logits[i] > mx)
+            mx = logits[i];
+    for (i = 0; i < s->vocab && isfinite(mx); i++)
+        if (!isnan(logits[i]))
+            sum += exp((double)logits[i] - mx);
+    lse = isfinite(mx) ? mx + log(sum) : mx;
+    /* The n_top best by insertion into a sorted prefix: O(vocab x n_top) at worst. */
+    for (i = 0; i < s->vocab && n_top > 0; i++) {
+        if (isnan(logits[i]) ||
+            (n == n_top && !lp_before(logits[i], (int32_t)i, r->top_lp[n - 1], r->top_ids[n - 1])))
+            continue;
+        j = n < n_top ? n++ : n - 1;
+        for (; j > 0 && lp_before(logits[i], (int32_t)i, r->top_lp[j - 1], r->top_ids[j - 1]);
+             j--) {
+            r->top_lp[j] = r->top_lp[j - 1];
+            r->top_ids[j] = r->top_ids[j - 1];
+        }
+        r->top_lp[j] = logits[i];
+        r->top_ids[j] = (int32_t)i;
+    }
+    for (j = 0; j < n; j++)
+        r->top_lp[j] = (float)((double)r->top_lp[j] - lse);
+    r->n_top = n;
+    r->token = token;
+    r->logprob = token >= 0 && (uint32_t)token < s->vocab && !isnan(logits[token])
+                     ? (float)((double)logits[token] - lse)
+                     : -INFINITY;
 }

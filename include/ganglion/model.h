@@ -39,6 +39,21 @@ typedef enum gang_model_arch {
 #define GANG_MODEL_MAX_CONFIG_BYTES (1u << 20)
 #define GANG_MODEL_MAX_HEADER_BYTES (100u << 20) /* safetensors JSON header */
 
+#define GANG_MAX_EOS 8                             /* end-of-sequence ids a model may declare */
+#define GANG_MODEL_MAX_GEN_CONFIG_BYTES (1u << 20) /* generation_config.json */
+
+/*
+ * Sampling defaults from DIR/generation_config.json, for the API to use when a request
+ * omits a parameter; has_X says the file set X. "do_sample": false sets temperature 0
+ * (greedy), as transformers reads it, whatever "temperature" says. Validated on read:
+ * temperature >= 0, top_p in (0, 1], top_k an integer >= 0, repetition_penalty > 0.
+ */
+typedef struct gang_gen_defaults {
+    uint32_t has_temperature, has_top_p, has_top_k, has_repetition_penalty;
+    float temperature, top_p, repetition_penalty;
+    uint32_t top_k;
+} gang_gen_defaults;
+
 typedef struct gang_model_config {
     gang_model_arch arch;
     uint32_t hidden;        /* hidden_size */
@@ -54,17 +69,26 @@ typedef struct gang_model_config {
     int32_t tie_embeddings; /* tie_word_embeddings: the LM head is the embedding table */
     int32_t attn_bias;      /* q/k/v biases present (Qwen2, or "attention_bias": true) */
     int32_t bos_token_id;   /* -1 when absent */
-    int32_t eos_token_id;   /* -1 when absent (the first one when config gives a list) */
+    int32_t eos_token_id;   /* -1 when absent; else eos_ids[0] */
     gang_dtype dtype;       /* torch_dtype (F32, F16 or BF16), informational */
+    /* Every end-of-sequence id: config.json's eos_token_id (an int or a list), then
+     * generation_config.json's when that file exists, in that order, deduplicated, each
+     * < vocab. The engine ends a request after emitting one (unless it asks ignore_eos). */
+    int32_t eos_ids[GANG_MAX_EOS];
+    uint32_t n_eos;
+    gang_gen_defaults gen; /* sampling defaults of generation_config.json (none: all unset) */
 } gang_model_config;
 
 /*
- * Reads and validates DIR/config.json. Returns 0 and *cfg; GANG_EMODEL with a one-line
- * message in err (naming the file and the field) for a missing file, a file larger than
- * GANG_MODEL_MAX_CONFIG_BYTES, invalid JSON, an unknown architecture, a missing,
- * non-integer or out-of-bounds field, or a field combination that cannot work
- * (hidden % n_heads, n_heads % n_kv_heads, rope scaling we do not implement);
- * GANG_EINVAL for NULL arguments. err is always NUL-terminated when errlen > 0.
+ * Reads and validates DIR/config.json, then DIR/generation_config.json when it exists
+ * (its eos_token_id and sampling defaults). Returns 0 and *cfg; GANG_EMODEL with a
+ * one-line message in err (naming the file and the field) for a missing config.json, a
+ * file larger than GANG_MODEL_MAX_CONFIG_BYTES (GANG_MODEL_MAX_GEN_CONFIG_BYTES), invalid
+ * JSON, an unknown architecture, a missing, non-integer or out-of-bounds field, an EOS id
+ * outside the vocabulary or more than GANG_MAX_EOS of them, a bad sampling default, or a
+ * field combination that cannot work (hidden % n_heads, n_heads % n_kv_heads, rope
+ * scaling we do not implement); GANG_EINVAL for NULL arguments. err is always
+ * NUL-terminated when errlen > 0.
  */
 int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen);
 
@@ -162,6 +186,9 @@ typedef struct gang_mkmodel_opts {
     int32_t tie_embeddings;
     uint32_t shards; /* 1: model.safetensors; > 1: model-0000i-of-0000n.safetensors
                         + model.safetensors.index.json */
+    /* config.json's eos_token_id: null when n_eos is 0, an int when 1, else a list. */
+    int32_t eos_ids[GANG_MAX_EOS];
+    uint32_t n_eos;
 } gang_mkmodel_opts;
 
 /*
@@ -176,15 +203,27 @@ int gang_mkmodel(const gang_mkmodel_opts *o, char *err, size_t errlen);
 
 /* ================================ generation engine ================================ */
 
-/* Sampling of one request. temperature 0 = greedy (argmax, lowest index on ties). */
+/*
+ * Sampling of one request. temperature 0 = greedy (argmax, lowest index on ties).
+ * Penalties (vLLM's and transformers' meaning) change the logits before temperature,
+ * top-k and top-p, greedy included: repetition_penalty over every distinct token of the
+ * prompt and of the output so far (a positive logit is divided by it, a negative one
+ * multiplied), then frequency_penalty x (count of the token in the output so far) and
+ * presence_penalty once for a token that occurs in the output so far are subtracted.
+ * A zero-initialised struct (with top_p 1) is plain greedy.
+ */
 typedef struct gang_sampling {
-    float temperature; /* >= 0 */
-    uint32_t top_k;    /* 0 = off */
-    float top_p;       /* (0, 1]; 1 = off */
-    uint64_t seed;     /* draws depend only on (seed, position): batching never changes them */
+    float temperature;        /* >= 0 */
+    uint32_t top_k;           /* 0 = off */
+    float top_p;              /* (0, 1]; 1 = off */
+    uint64_t seed;            /* draws depend only on (seed, position), never on batching */
+    float presence_penalty;   /* 0 = off; the API bounds them to [-2, 2] */
+    float frequency_penalty;  /* 0 = off; [-2, 2] */
+    float repetition_penalty; /* 0 or 1 = off, else > 0 */
 } gang_sampling;
 
 #define GANG_MAX_STOP_TOKENS 16
+#define GANG_MAX_TOP_LOGPROBS 20
 
 /* One completion request, as the rank-0 worker receives it. Copied by submit. */
 typedef struct gang_gen_request {
@@ -195,6 +234,9 @@ typedef struct gang_gen_request {
     int32_t stop[GANG_MAX_STOP_TOKENS];
     uint32_t n_stop; /* generation ends after emitting one of these */
     gang_sampling sampling;
+    uint32_t ignore_eos;   /* 1: the model's EOS ids (cfg.eos_ids) do not end it */
+    uint32_t logprobs;     /* 1: TOKEN events carry the chosen token's logprob */
+    uint32_t top_logprobs; /* 0..GANG_MAX_TOP_LOGPROBS alternatives (needs logprobs) */
 } gang_gen_request;
 
 typedef enum gang_gen_event_kind {
@@ -202,12 +244,21 @@ typedef enum gang_gen_event_kind {
     GANG_GEN_DONE = 2   /* the request finished: reason "length" or "stop" */
 } gang_gen_event_kind;
 
+/*
+ * Log-probabilities (when the request asked for logprobs) are the log-softmax of the
+ * model's raw logits, before penalties and temperature (vLLM's default "raw logprobs"):
+ * logprob of the chosen token, and the n_top highest ones, descending, ties by lower id.
+ */
 typedef struct gang_gen_event {
     uint32_t kind;  /* gang_gen_event_kind */
     uint64_t id;    /* the request */
-    int32_t token;  /* TOKEN: the token id */
+    int32_t token;  /* TOKEN: the token id (also an EOS that ended the request) */
     uint32_t index; /* TOKEN: 0-based index among the generated tokens */
-    char finish[8]; /* DONE: "length" or "stop" */
+    char finish[8]; /* DONE: "length" or "stop" (a stop id or an EOS id) */
+    float logprob;  /* TOKEN with logprobs: the token's raw log-probability, else 0 */
+    uint32_t n_top; /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
+    float top_logprobs[GANG_MAX_TOP_LOGPROBS];
 } gang_gen_event;
 
 typedef struct gang_engine_config {
@@ -251,7 +302,11 @@ uint32_t gang_engine_max_ctx(const gang_engine *e);
 /*
  * Rank 0 only: queues a request. Validates it first (GANG_EINVAL with a message in err:
  * empty prompt, a token id outside the vocabulary, max_tokens 0, prompt + max_tokens
- * beyond the context, a duplicate id, too many stop tokens) and changes nothing on error.
+ * beyond the context, a duplicate id, too many stop tokens, a sampling parameter or
+ * penalty out of range, top_logprobs above GANG_MAX_TOP_LOGPROBS or without logprobs,
+ * flags other than 0 / 1) and changes nothing on error. A request ends after a stop id,
+ * after one of the model's EOS ids (unless ignore_eos; finish "stop", and that token is
+ * its last TOKEN event) or at max_tokens ("length").
  * Requests wait for a free slot; there is no bound other than GANG_ENOMEM.
  */
 int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, size_t errlen);
