@@ -1,6 +1,7 @@
 # Generation engine: batched TP layers, KV cache, decode, sampling, TP x PP equivalence.
 # The test reaches the engine's internals (model/engine-internal.h) for logits and plans.
-add_executable(test-engine unit/test-engine.c unit/engine-fixture.c unit/test-util.c)
+add_executable(test-engine unit/test-engine.c unit/test-engine-gen.c unit/engine-fixture.c
+  unit/test-util.c)
 target_include_directories(test-engine PRIVATE ${PROJECT_SOURCE_DIR}/model)
 target_link_libraries(test-engine PRIVATE gang_model PkgConfig::CMOCKA m)
 add_test(NAME unit-engine COMMAND test-engine)

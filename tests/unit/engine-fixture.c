@@ -365,6 +365,9 @@ gang_gen_request req_of(const script_req *s)
     r.sampling = s->sp;
     r.n_stop = s->n_stop;
     r.stop[0] = s->stop;
+    r.ignore_eos = s->ignore_eos;
+    r.logprobs = s->logprobs;
+    r.top_logprobs = s->top_logprobs;
     return r;
 }
 
@@ -405,10 +408,15 @@ void script_poll(gang_engine *e, script *sc)
             continue;
         }
         if (ev.kind == GANG_GEN_TOKEN) {
-            if (ev.index != o->n || o->n >= MAX_GEN)
+            if (ev.index != o->n || o->n >= MAX_GEN || ev.n_top > GANG_MAX_TOP_LOGPROBS) {
                 o->bad = 1;
-            else
+            } else {
+                o->logprob[o->n] = ev.logprob;
+                o->n_top[o->n] = ev.n_top;
+                memcpy(o->top_ids[o->n], ev.top_ids, sizeof(ev.top_ids));
+                memcpy(o->top_lp[o->n], ev.top_logprobs, sizeof(ev.top_logprobs));
                 o->tokens[o->n++] = ev.token;
+            }
         } else if (ev.kind == GANG_GEN_DONE) {
             o->done = 1;
             memcpy(o->finish, ev.finish, sizeof(o->finish));

@@ -68,11 +68,16 @@ typedef struct script_req {
     gang_sampling sp;
     uint32_t n_stop;
     int32_t stop;
+    uint32_t ignore_eos, logprobs, top_logprobs; /* copied into the request */
 } script_req;
 
 typedef struct script_out {
     int32_t tokens[MAX_GEN];
     uint32_t n;
+    float logprob[MAX_GEN]; /* the TOKEN events' logprobs, when the request asked */
+    uint32_t n_top[MAX_GEN];
+    int32_t top_ids[MAX_GEN][GANG_MAX_TOP_LOGPROBS];
+    float top_lp[MAX_GEN][GANG_MAX_TOP_LOGPROBS];
     char finish[8];
     int done;
     int bad; /* an event out of order, or for an unknown id */
@@ -202,5 +207,12 @@ void check_step_logits(gang_engine *e, gang_engine *ref_e, const full_model *fm,
  */
 void check_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp, uint32_t pp,
                   uint32_t microbatches);
+
+/* ---- tests of test-engine-gen.c (EOS, penalties, logprobs), run by test-engine.c ---- */
+void test_eos(void **state);
+void test_penalties(void **state);
+void test_penalties_seeded(void **state);
+void test_logprobs(void **state);
+void test_gen_validation(void **state);
 
 #endif /* GANG_TEST_ENGINE_FIXTURE_H */

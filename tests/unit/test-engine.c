@@ -15,6 +15,7 @@
  * rank returns GANG_EABORTED promptly, and after gang_engine_reset the next generation
  * gives the same tokens) and a Qwen2-like model with q/k/v biases are covered too; so is
  * a model written by gang_mkmodel and loaded per rank by gang_model_load (2x2 = 1x1).
+ * EOS, penalties and logprobs are tested in test-engine-gen.c (registered below).
  */
 #include <math.h>
 #include <pthread.h>
@@ -898,6 +899,11 @@ int main(void)
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),
+        cmocka_unit_test(test_gen_validation),
+        cmocka_unit_test(test_eos),
+        cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_penalties_seeded),
+        cmocka_unit_test(test_logprobs),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

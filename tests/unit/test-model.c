@@ -104,6 +104,141 @@ static void test_config_good(void **state)
     fx_rmtree(dir);
 }
 
+/* A Llama config.json of vocabulary 100 whose eos_token_id is the raw JSON eos. */
+static void write_eos_config(const char *dir, const char *eos)
+{
+    char text[1024];
+
+    snprintf(text, sizeof(text),
+             "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+             "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+             "\"num_hidden_layers\": 2, \"vocab_size\": 100,"
+             "\"max_position_embeddings\": 256%s%s}",
+             eos != NULL ? ", \"eos_token_id\": " : "", eos != NULL ? eos : "");
+    write_config(dir, text);
+}
+
+/* DIR/generation_config.json = text, or removed when text is NULL. */
+static void write_gen_config(const char *dir, const char *text)
+{
+    char path[4096];
+
+    fx_path(path, sizeof(path), dir, "generation_config.json");
+    if (text == NULL)
+        unlink(path);
+    else
+        fx_write(path, text, strlen(text));
+}
+
+/* Reads dir and fails unless its EOS ids are want [n] in that order (eos_token_id the first). */
+static void expect_eos(const char *dir, const int32_t *want, uint32_t n)
+{
+    gang_model_config c;
+    char err[ERRLEN];
+    uint32_t i;
+
+    if (gang_model_config_read(dir, &c, err, sizeof(err)) != 0)
+        fail_msg("config refused: %s", err);
+    assert_int_equal(c.n_eos, n);
+    for (i = 0; i < n; i++)
+        assert_int_equal(c.eos_ids[i], want[i]);
+    assert_int_equal(c.eos_token_id, n > 0 ? want[0] : -1);
+}
+
+/* Fails unless reading dir is GANG_EMODEL with a message naming file and words. */
+static void expect_refused_with(const char *dir, const char *file, const char *words)
+{
+    gang_model_config c;
+    char err[ERRLEN];
+    int rc = gang_model_config_read(dir, &c, err, sizeof(err));
+
+    if (rc != GANG_EMODEL || strstr(err, file) == NULL || strstr(err, words) == NULL)
+        fail_msg("expected GANG_EMODEL naming %s and '%s'; got %d '%s'", file, words, rc, err);
+}
+
+/*
+ * EOS ids: an int, a list, generation_config.json's alone, both (config.json's first,
+ * duplicates dropped); ids outside the vocabulary and more than GANG_MAX_EOS are refused.
+ * Sampling defaults of generation_config.json: read when present, validated, do_sample
+ * false is greedy; no file sets nothing.
+ */
+static void test_config_eos_and_generation(void **state)
+{
+    static const int32_t one[] = {5}, list[] = {7, 2, 9}, gen[] = {3, 4}, both[] = {7, 2, 3};
+    char *dir = fx_tmpdir(), err[ERRLEN];
+    gang_model_config c;
+    (void)state;
+
+    write_eos_config(dir, NULL);
+    expect_eos(dir, NULL, 0);
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.gen.has_temperature + c.gen.has_top_p + c.gen.has_top_k +
+                         c.gen.has_repetition_penalty,
+                     0);
+    write_eos_config(dir, "5");
+    expect_eos(dir, one, 1);
+    write_eos_config(dir, "[7, 2, 9, 2]");
+    expect_eos(dir, list, 3);
+    write_eos_config(dir, NULL);
+    write_gen_config(dir, "{\"eos_token_id\": [3, 4, 3], \"bos_token_id\": 1}");
+    expect_eos(dir, gen, 2);
+    write_eos_config(dir, "[7, 2]");
+    write_gen_config(dir, "{\"eos_token_id\": [2, 3, 7]}");
+    expect_eos(dir, both, 3);
+    write_gen_config(dir, "{\"eos_token_id\": 2}");
+    expect_eos(dir, list, 2);
+
+    /* Out of the vocabulary, in either file; too many; not a list of integers. */
+    write_eos_config(dir, "[7, 100]");
+    write_gen_config(dir, NULL);
+    expect_refused_with(dir, "/config.json", "eos_token_id");
+    write_eos_config(dir, "[]");
+    expect_refused_with(dir, "/config.json", "eos_token_id");
+    write_eos_config(dir, "[1, 2, 3, 4, 5, 6, 7, 8, 9]");
+    expect_refused_with(dir, "/config.json", "more than 8");
+    write_eos_config(dir, "[1, 2, 3, 4, 5]");
+    write_gen_config(dir, "{\"eos_token_id\": [5, 6, 7, 8]}");
+    expect_eos(dir, (const int32_t[]){1, 2, 3, 4, 5, 6, 7, 8}, 8);
+    write_gen_config(dir, "{\"eos_token_id\": [5, 6, 7, 8, 9]}");
+    expect_refused_with(dir, "generation_config.json", "more than 8");
+    write_gen_config(dir, "{\"eos_token_id\": -1}");
+    expect_refused_with(dir, "generation_config.json", "eos_token_id");
+    write_gen_config(dir, "{\"eos_token_id\": [\"2\"]}");
+    expect_refused_with(dir, "generation_config.json", "eos_token_id");
+    write_gen_config(dir, "[1]");
+    expect_refused_with(dir, "generation_config.json", "JSON object");
+
+    /* Sampling defaults. */
+    write_eos_config(dir, "2");
+    write_gen_config(dir, "{\"temperature\": 0.6, \"top_p\": 0.9, \"top_k\": 40,"
+                          "\"repetition_penalty\": 1.1, \"do_sample\": true}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_true(c.gen.has_temperature && c.gen.temperature == 0.6f);
+    assert_true(c.gen.has_top_p && c.gen.top_p == 0.9f);
+    assert_true(c.gen.has_top_k && c.gen.top_k == 40);
+    assert_true(c.gen.has_repetition_penalty && c.gen.repetition_penalty == 1.1f);
+    write_gen_config(dir, "{\"temperature\": 0.6, \"do_sample\": false, \"top_p\": null}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_true(c.gen.has_temperature && c.gen.temperature == 0.0f);
+    assert_int_equal(c.gen.has_top_p, 0);
+    assert_int_equal(c.gen.has_top_k, 0);
+    write_gen_config(dir, "{\"temperature\": -0.5}");
+    expect_refused_with(dir, "generation_config.json", "temperature");
+    write_gen_config(dir, "{\"top_p\": 0}");
+    expect_refused_with(dir, "generation_config.json", "top_p");
+    write_gen_config(dir, "{\"top_p\": 1.5}");
+    expect_refused_with(dir, "generation_config.json", "top_p");
+    write_gen_config(dir, "{\"repetition_penalty\": 0}");
+    expect_refused_with(dir, "generation_config.json", "repetition_penalty");
+    write_gen_config(dir, "{\"top_k\": 2.5}");
+    expect_refused_with(dir, "generation_config.json", "top_k");
+    write_gen_config(dir, "{\"do_sample\": \"no\"}");
+    expect_refused_with(dir, "generation_config.json", "do_sample");
+    write_gen_config(dir, "{\"temperature\": \"hot\"}");
+    expect_refused_with(dir, "generation_config.json", "temperature");
+    fx_rmtree(dir);
+}
+
 /* One refusal: up to three fields set (raw JSON value) or removed (NULL), and the words
  * the message must contain. */
 typedef struct bad_cfg {
@@ -631,6 +766,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_good),
         cmocka_unit_test(test_config_bad),
+        cmocka_unit_test(test_config_eos_and_generation),
         cmocka_unit_test(test_mkmodel_deterministic),
         cmocka_unit_test(test_load_layouts),
         cmocka_unit_test(test_load_half),
