@@ -442,4 +442,47 @@ int gang_tokenizer_decode_step(gang_tok_decoder *d, int32_t id, char *out, size_
 /* Ends the stream: what is held back comes out (cap: GANG_TOK_DECODE_SLACK). */
 int gang_tokenizer_decode_flush(gang_tok_decoder *d, char *out, size_t cap, size_t *n);
 
+/* ---------------------------------------------------------------------------------
+ * Chat templates (model/chat-*.c): a bounded interpreter for the subset of Jinja that
+ * the `chat_template` of tokenizer_config.json uses, rendering as transformers'
+ * apply_chat_template does (jinja2 sandbox, trim_blocks, lstrip_blocks, loopcontrols).
+ * Anything outside the subset is refused with a message naming it. Rendering is bounded
+ * in steps, output, memory and recursion. A parsed template is immutable: several
+ * threads may render it at once.
+ * --------------------------------------------------------------------------------- */
+typedef struct gang_chat_template gang_chat_template;
+#define GANG_CHAT_MAX_TEMPLATE_BYTES (1u << 20)
+/* Parses a template source. GANG_EMODEL with a message naming line/column and the
+ * construct for a syntax error or an unsupported construct; GANG_EINVAL for NULL;
+ * GANG_ENOMEM. */
+int gang_chat_template_parse(const char *src, size_t len, gang_chat_template **out, char *err,
+                             size_t errlen);
+/* Reads DIR/tokenizer_config.json: "chat_template" (a string, or a list of
+ * {"name","template"} objects: the one named "default"), and the "bos_token"/"eos_token"
+ * strings (plain strings or AddedToken objects with "content"). Bounded size. GANG_ENOENT
+ * when the file or the key is missing (message says which), GANG_EMODEL for a bad
+ * file/template. */
+int gang_chat_template_load(const char *dir, gang_chat_template **out, char *err, size_t errlen);
+typedef struct gang_chat_render_opts {
+    int add_generation_prompt;
+    const char *bos_token, *eos_token; /* NULL: the values read by _load, or "" */
+    uint64_t max_steps;                /* 0: a default (GANG_CHAT_DEFAULT_STEPS) */
+    size_t max_output;                 /* 0: a default (GANG_CHAT_DEFAULT_OUTPUT) */
+} gang_chat_render_opts;
+#define GANG_CHAT_DEFAULT_STEPS 1000000u
+#define GANG_CHAT_DEFAULT_OUTPUT (4u << 20)
+/* Renders with `messages` = the JSON array in messages_json (objects with "role" and
+ * "content"; content may be a string or an array of parts, passed through as JSON
+ * values), plus add_generation_prompt, bos_token, eos_token, tools = documents = none,
+ * and the globals templates use (raise_exception, strftime_now, namespace, range, dict).
+ * O may be NULL (defaults). On success 0 and *out (malloc'd, NUL-terminated, *out_len
+ * bytes; free with free()). GANG_EINVAL (message) for a raise_exception() from the
+ * template (its message) or bad JSON; GANG_ERANGE for step/output/memory/recursion
+ * limits; GANG_EMODEL for a runtime error (undefined operation, type error) with the
+ * line. Memory is bounded by 16 x max_output + 16 MiB. */
+int gang_chat_render(const gang_chat_template *t, const char *messages_json, size_t len,
+                     const gang_chat_render_opts *o, char **out, size_t *out_len, char *err,
+                     size_t errlen);
+void gang_chat_template_free(gang_chat_template *t);
+
 #endif /* GANGLION_MODEL_H */
