@@ -40,7 +40,7 @@ typedef struct agent {
     gang_coord *coord;
     gang_member *member;
     gang_sup *sup;
-    gang_api *api; /* coordinator only: POST /v1/completions, GET /v1/models */
+    gang_api *api; /* coordinator only: the OpenAI-compatible API (api.h) */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
     int linger_started;
@@ -220,11 +220,11 @@ static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, co
     gang_member_report_failure(a->member, gen, rank, code, reason);
 }
 
-static void s_on_token(void *ctx, uint64_t gen, uint64_t id, uint32_t index, int32_t token)
+static void s_on_token(void *ctx, const gang_wctl *tok)
 {
     agent *a = ctx;
     if (a->api)
-        gang_api_on_token(a->api, gen, id, index, token);
+        gang_api_on_token(a->api, tok);
 }
 
 static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
@@ -466,33 +466,8 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
 static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *req)
 {
     agent *a = ctx;
-    if (strcmp(req->path, "/v1/completions") == 0) {
-        if (strcmp(req->method, "POST") != 0) {
-            const char *b = "{\"error\":\"method not allowed: POST a JSON body\"}";
-            gang_http_reply(x, 405, "application/json", b, strlen(b));
-        } else if (a->api == NULL) {
-            const char *b = "{\"error\":{\"message\":\"completions are served by the "
-                            "coordinator (node 0)\",\"type\":\"not_found\",\"code\":404}}";
-            gang_http_reply(x, 404, "application/json", b, strlen(b));
-        } else {
-            gang_api_completions(a->api, x, req);
-        }
+    if (gang_api_handle(a->api, x, req))
         return;
-    }
-    if (strcmp(req->path, "/v1/models") == 0) {
-        if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0) {
-            const char *b = "{\"error\":{\"message\":\"method not allowed: GET the list of "
-                            "models\",\"type\":\"invalid_request_error\",\"code\":405}}";
-            gang_http_reply(x, 405, "application/json", b, strlen(b));
-        } else if (a->api == NULL) {
-            const char *b = "{\"error\":{\"message\":\"models are served by the "
-                            "coordinator (node 0)\",\"type\":\"not_found\",\"code\":404}}";
-            gang_http_reply(x, 404, "application/json", b, strlen(b));
-        } else {
-            gang_api_models(a->api, x);
-        }
-        return;
-    }
     if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0) {
         const char *b = "{\"error\":\"method not allowed\"}";
         gang_http_reply(x, 405, "application/json", b, strlen(b));
@@ -714,7 +689,7 @@ static int agent_start(agent *a)
     const gang_agent_config *c = &a->cfg;
     gang_http_config hc = {.bind_address = c->bind_address,
                            .port = c->http_port,
-                           .max_body = 1 << 20,
+                           .max_body = 8 << 20,
                            .max_conns = 256,
                            .idle_timeout_ms = 10000};
     int rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);

@@ -1,21 +1,25 @@
 /*
- * POST /v1/completions, GET /v1/models and the table of accepted requests. See api.h for the
- * contract.
+ * The table of accepted calls, their submission to rank 0, generations, token and done
+ * reports, deadlines, metrics and routing. See api.h for the contract and
+ * api-internal.h for how the files share the work.
  *
- * Request states:
+ * Sequence states:
  *   owed, not sent in the current generation (sent_gen != gen): submitted by the next
- *     sweep (every API_SWEEP_MS) or right after START; a SUBMIT that does not fit in the
- *     control channel now is simply tried again by the next sweep;
- *   sent in generation gen: tokens arrive in order (index == tokens so far; anything else
- *     is a stale or duplicated report and is ignored), DONE answers the client;
- *   past its deadline: answered 504 with an explicit error, whatever the gang does.
- * An ABORT of the generation resets every owed request's output and its sent_gen, so it
- * is run again from its prompt: a generation's partial output is never mixed with the
- * next one's.
+ *     sweep (every API_SWEEP_MS) or right after START. A prompt longer than one packet
+ *     goes as SUBMIT plus PROMPT pieces; a piece the channel cannot take now is sent by
+ *     the next sweep (parts counts what rank 0 has), the channel keeps their order;
+ *   sent in generation gen: tokens arrive in order (index == n_gen; anything else is a
+ *     stale or duplicated report and is ignored); an index below n_out is a re-run of a
+ *     token the client has, checked, not sent again; DONE finishes it;
+ *   past the call's deadline: the call is answered 504 (or its stream ends with an error
+ *     event) and its sequences are cancelled in the gang.
+ * An ABORT of the generation resets every owed sequence's sent_gen and n_gen, so it runs
+ * again from its prompt: a generation's partial output is never mixed with the next one's.
  *
- * Timings in the response (and the histograms): queue = accepted -> submitted in the
- * generation that answered; prefill = submitted -> first token (includes waiting for a KV
- * slot inside the engine); decode tokens/s = (tokens - 1) / (last token - first token).
+ * Timings (histograms and the non-streamed answer): queue = accepted -> submitted in the
+ * generation that answered; prefill = submitted -> first token; time to first token =
+ * accepted -> first token; inter-token = between consecutive tokens; decode tokens/s =
+ * (tokens - 1) / (last token - first token).
  */
 #include <math.h>
 #include <stdio.h>
@@ -24,53 +28,17 @@
 #include <time.h>
 #include <uv.h>
 
-#include <cjson/cJSON.h>
+#include <sodium.h>
 
-#include "api.h"
-#include "wctl.h"
+#include "api-internal.h"
 
-#define API_SWEEP_MS 50
-
-typedef struct api_req {
-    struct api_req *next;
-    uint64_t id;
-    gang_http_exchange *x;
-    int32_t prompt[GANG_WCTL_MAX_PROMPT];
-    uint32_t n_prompt;
-    uint32_t max_tokens;
-    int32_t stop[GANG_MAX_STOP_TOKENS];
-    uint32_t n_stop;
-    gang_sampling sampling;
-    int32_t *out; /* [max_tokens] */
-    uint32_t n_out;
-    uint64_t sent_gen;    /* generation it was submitted in, 0 = owed */
-    uint32_t submissions; /* generations it was submitted to */
-    uint64_t accepted_ms, sent_ms, first_ms, last_ms, deadline_ms;
-} api_req;
-
-struct gang_api {
-    uv_loop_t *loop;
-    gang_api_config cfg; /* model, context, queue bound, deadline (layout.c) */
-    gang_sup *sup;
-    int64_t created_s;             /* unix seconds of gang_api_init (GET /v1/models) */
-    uint64_t gen;                  /* generation started and not aborted, 0 = none */
-    char gave_up[GANG_REASON_MAX]; /* non-empty once the gang gave up for good */
-    uint64_t next_id;
-    api_req *reqs;
-    uint32_t n_reqs;
-    uv_timer_t sweep;
-    gang_wctl pkt;        /* SUBMIT scratch */
-    uint64_t answered[4]; /* 200, 400, 503, 504 */
-    uint64_t resubmits;
-    uint64_t cancels; /* requests cancelled in the gang at their deadline */
-    gang_histogram h_queue, h_prefill, h_tps, h_total;
-};
-
-static void reply_json(gang_http_exchange *x, int status, cJSON *o)
+void gang__api_json(gang_http_exchange *x, int status, cJSON *o)
 {
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     if (text == NULL) {
-        gang_http_reply(x, 500, "application/json", "{\"error\":\"out of memory\"}", 25);
+        const char *b = "{\"error\":{\"message\":\"out of memory\",\"type\":\"internal\","
+                        "\"code\":500}}";
+        gang_http_reply(x, 500, "application/json", b, strlen(b));
     } else {
         gang_http_reply(x, status, "application/json", text, strlen(text));
         cJSON_free(text);
@@ -78,115 +46,242 @@ static void reply_json(gang_http_exchange *x, int status, cJSON *o)
     cJSON_Delete(o);
 }
 
-/* An error answer in the OpenAI style: {"error":{"message":..,"type":..,"code":status}}. */
-static void reply_error_text(gang_http_exchange *x, int status, const char *type, const char *msg)
+/* {"error":{"message":..,"type":..,"param":null,"code":status}} */
+cJSON *gang__api_error_object(int status, const char *type, const char *msg)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", msg);
     cJSON_AddStringToObject(e, "type", type);
+    cJSON_AddNullToObject(e, "param");
     cJSON_AddNumberToObject(e, "code", status);
-    reply_json(x, status, o);
+    return o;
 }
 
-/* reply_error_text with a printf message, counted in the completions' answers by status. */
-static void reply_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
-                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static void reply_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
-                        const char *fmt, ...)
+static void count_status(gang_api *api, int status)
 {
-    char msg[512];
+    static const int codes[] = {200, 400, 401, 404, 503, 504};
+    for (size_t i = 0; api != NULL && i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (codes[i] == status)
+            api->answered[i]++;
+}
+
+void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
+                     const char *fmt, ...)
+{
+    char msg[768];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (status == 400)
-        api->answered[1]++;
-    else if (status == 503)
-        api->answered[2]++;
-    else if (status == 504)
-        api->answered[3]++;
-    reply_error_text(x, status, type, msg);
+    count_status(api, status);
+    gang__api_json(x, status, gang__api_error_object(status, type, msg));
 }
 
-static void req_unlink_free(gang_api *api, api_req *r)
-{
-    for (api_req **pp = &api->reqs; *pp; pp = &(*pp)->next) {
-        if (*pp == r) {
-            *pp = r->next;
-            api->n_reqs--;
-            break;
-        }
-    }
-    free(r->out);
-    free(r);
-}
+/* ------------------------------------------------------------------ the table */
 
-static api_req *req_find(gang_api *api, uint64_t id)
+static api_seq *seq_find(gang_api *api, uint64_t id)
 {
-    for (api_req *r = api->reqs; r; r = r->next)
-        if (r->id == id)
-            return r;
+    for (api_seq *s = api->seqs; s; s = s->next)
+        if (s->id == id)
+            return s;
     return NULL;
 }
 
-/* Sends r to rank 0 for the current generation; leaves it owed when that fails. */
-static void req_submit(gang_api *api, api_req *r)
+static void seq_free(api_seq *s)
 {
-    if (api->gen == 0 || r->sent_gen == api->gen)
+    if (s == NULL)
+        return;
+    free(s->prompt);
+    free(s->out);
+    free(s->lp);
+    free(s->text);
+    free(s);
+}
+
+/* Unlinks c and its sequences from the API and frees them (c is answered). */
+static void call_free(gang_api *api, api_call *c)
+{
+    for (api_call **pp = &api->calls; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            api->n_calls--;
+            break;
+        }
+    }
+    for (uint32_t i = 0; i < c->n_seqs; i++) {
+        for (api_seq **pp = &api->seqs; *pp; pp = &(*pp)->next) {
+            if (*pp == c->seqs[i]) {
+                *pp = c->seqs[i]->next;
+                break;
+            }
+        }
+        seq_free(c->seqs[i]);
+    }
+    free(c->seqs);
+    free(c);
+}
+
+void gang__api_cancel_in_gang(gang_api *api, api_seq *s)
+{
+    if (api->gen == 0 || s->sent_gen != api->gen || s->done)
         return;
     gang_wctl *m = &api->pkt;
     memset(m, 0, sizeof(*m));
-    m->type = GANG_WCTL_SUBMIT;
+    m->type = GANG_WCTL_CANCEL;
     m->generation = api->gen;
-    m->req_id = r->id;
-    m->blob_len = r->n_prompt * 4;
-    memcpy(m->blob, r->prompt, m->blob_len);
-    m->max_tokens = r->max_tokens;
-    m->temperature = r->sampling.temperature;
-    m->top_k = r->sampling.top_k;
-    m->top_p = r->sampling.top_p;
-    m->seed = r->sampling.seed;
-    m->n_stop = r->n_stop;
-    memcpy(m->stop, r->stop, sizeof(m->stop));
-    if (gang_sup_submit(api->sup, m) != 0)
-        return; /* channel full or rank 0 down: the sweep tries again */
-    if (r->submissions > 0)
-        api->resubmits++;
-    r->submissions++;
-    r->sent_gen = api->gen;
-    r->sent_ms = gang_now_ms();
-    r->n_out = 0;
+    m->req_id = s->id;
+    (void)gang_sup_submit(api->sup, m); /* lost only with rank 0's channel */
+    api->cancels++;
+}
+
+/* Ends c with an error (every sequence cancelled in the gang) and frees it. */
+static void call_fail_free(gang_api *api, api_call *c, int status, const char *type,
+                           const char *msg)
+{
+    for (uint32_t i = 0; i < c->n_seqs; i++)
+        gang__api_cancel_in_gang(api, c->seqs[i]);
+    count_status(api, status);
+    gang__api_call_fail(api, c, status, type, msg);
+    call_free(api, c);
+}
+
+/* A sequence finished (by the gang or a stop string): answer the call when all are. */
+static void seq_done(gang_api *api, api_seq *s)
+{
+    api_call *c = s->call;
+    if (++c->n_done < c->n_seqs)
+        return;
+    count_status(api, 200);
+    for (uint32_t i = 0; i < c->n_seqs; i++) {
+        api_seq *q = c->seqs[i];
+        double queue_s = (double)(q->sent_ms - c->accepted_ms) / 1000.0;
+        gang_histogram_observe(&api->h_queue, queue_s);
+        if (q->n_out > 0) {
+            gang_histogram_observe(&api->h_prefill, (double)(q->first_ms - q->sent_ms) / 1000.0);
+            gang_histogram_observe(&api->h_ttft, (double)(q->first_ms - c->accepted_ms) / 1000.0);
+        }
+        if (q->n_out > 1 && q->last_ms > q->first_ms) {
+            double dt = (double)(q->last_ms - q->first_ms) / 1000.0;
+            gang_histogram_observe(&api->h_tps, (double)(q->n_out - 1) / dt);
+            gang_histogram_observe(&api->h_itl, dt / (double)(q->n_out - 1));
+        }
+    }
+    gang_histogram_observe(&api->h_total, (double)(gang_now_ms() - c->accepted_ms) / 1000.0);
+    gang__api_call_answer(api, c);
+    call_free(api, c);
+}
+
+/* ------------------------------------------------------------------ submission */
+
+static void pkt_request_fields(gang_wctl *m, const api_seq *s)
+{
+    const api_params *p = &s->call->p;
+    m->max_tokens = s->max_tokens;
+    m->temperature = p->sampling.temperature;
+    m->top_k = p->sampling.top_k;
+    m->top_p = p->sampling.top_p;
+    m->seed = p->sampling.seed;
+    m->presence_penalty = p->sampling.presence_penalty;
+    m->frequency_penalty = p->sampling.frequency_penalty;
+    m->repetition_penalty = p->sampling.repetition_penalty;
+    m->ignore_eos = p->ignore_eos;
+    m->logprobs = p->logprobs;
+    m->top_logprobs = p->top_logprobs;
+    m->n_stop = p->n_stop_ids;
+    memcpy(m->stop, p->stop_ids, sizeof(m->stop));
+}
+
+/*
+ * Sends s to rank 0 for the current generation, or what is left of it: SUBMIT with the
+ * request and the first ids, then PROMPT pieces. Stops at the first packet the channel
+ * does not take; the next sweep goes on from there.
+ */
+static void seq_submit(gang_api *api, api_seq *s)
+{
+    if (api->gen == 0 || s->done || (s->sent_gen == api->gen && s->parts == s->n_prompt))
+        return;
+    if (s->sent_gen != api->gen) {
+        s->sent_gen = api->gen;
+        s->parts = 0;
+        s->n_gen = 0;
+        s->sent_ms = gang_now_ms();
+        if (s->submissions > 0)
+            api->resubmits++;
+        s->submissions++;
+    }
+    while (s->parts < s->n_prompt) {
+        gang_wctl *m = &api->pkt;
+        memset(m, 0, sizeof(*m));
+        uint32_t n = s->n_prompt - s->parts;
+        if (n > GANG_WCTL_MAX_PROMPT)
+            n = GANG_WCTL_MAX_PROMPT;
+        m->type = s->parts == 0 ? GANG_WCTL_SUBMIT : GANG_WCTL_PROMPT;
+        m->generation = api->gen;
+        m->req_id = s->id;
+        m->n_prompt = s->n_prompt;
+        m->index = s->parts;
+        m->blob_len = n * 4;
+        memcpy(m->blob, s->prompt + s->parts, m->blob_len);
+        if (s->parts == 0)
+            pkt_request_fields(m, s);
+        if (gang_sup_submit(api->sup, m) != 0)
+            return; /* channel full or rank 0 down: the sweep goes on */
+        s->parts += n;
+    }
 }
 
 static void on_sweep(uv_timer_t *t)
 {
     gang_api *api = t->data;
     uint64_t now = gang_now_ms();
-    api_req *r = api->reqs;
-    while (r != NULL) {
-        api_req *next = r->next;
-        if (now >= r->deadline_ms) {
-            if (api->gen != 0 && r->sent_gen == api->gen) {
-                /* Stop the gang working for nobody: its KV slot goes to the others. */
-                gang_wctl *m = &api->pkt;
-                memset(m, 0, sizeof(*m));
-                m->type = GANG_WCTL_CANCEL;
-                m->generation = api->gen;
-                m->req_id = r->id;
-                (void)gang_sup_submit(api->sup, m); /* lost only with rank 0's channel */
-                api->cancels++;
+    api_call *c = api->calls;
+    while (c != NULL) {
+        api_call *next = c->next;
+        if (now >= c->deadline_ms) {
+            uint32_t got = 0, want = 0, subs = 0;
+            for (uint32_t i = 0; i < c->n_seqs; i++) {
+                got += c->seqs[i]->n_out;
+                want += c->seqs[i]->max_tokens;
+                subs = c->seqs[i]->submissions > subs ? c->seqs[i]->submissions : subs;
             }
-            reply_error(api, r->x, 504, "timeout",
-                        "request %llu: deadline of %llu ms passed with %u of %u tokens "
-                        "(submitted to %u generation(s) of the gang)",
-                        (unsigned long long)r->id, (unsigned long long)api->cfg.request_timeout_ms,
-                        r->n_out, r->max_tokens, r->submissions);
-            req_unlink_free(api, r);
+            char msg[256];
+            snprintf(msg, sizeof(msg),
+                     "request %llu: deadline of %llu ms passed with %u of %u tokens "
+                     "(submitted to %u generation(s) of the gang)",
+                     (unsigned long long)c->id, (unsigned long long)api->cfg.request_timeout_ms,
+                     got, want, subs);
+            call_fail_free(api, c, 504, "timeout", msg);
         } else {
-            req_submit(api, r);
+            for (uint32_t i = 0; i < c->n_seqs; i++)
+                seq_submit(api, c->seqs[i]);
         }
-        r = next;
+        c = next;
+    }
+}
+
+/* ------------------------------------------------------------------ life */
+
+/* Loads the tokenizer and the chat template of the model directory, when it has them. */
+static void load_text(gang_api *api)
+{
+    char path[GANG_PARAM_STR_MAX + 32], err[256];
+    snprintf(api->tok_why, sizeof(api->tok_why), "this gang serves no model");
+    snprintf(api->tpl_why, sizeof(api->tpl_why), "this gang serves no model");
+    if (!api->cfg.has_model || api->cfg.model_dir[0] == '\0')
+        return;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", api->cfg.model_dir);
+    int rc = gang_tokenizer_load(path, &api->tok, err, sizeof(err));
+    if (rc != 0) {
+        snprintf(api->tok_why, sizeof(api->tok_why), "the model has no usable tokenizer.json: %s",
+                 err);
+        gang_warn("api: text prompts are off: %s", api->tok_why);
+    }
+    rc = gang_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err));
+    if (rc != 0) {
+        snprintf(api->tpl_why, sizeof(api->tpl_why), "the model has no usable chat template: %s",
+                 err);
+        gang_warn("api: chat is off: %s", api->tpl_why);
     }
 }
 
@@ -195,232 +290,143 @@ int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang
     static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                   0.5,   1,      2.5,   5,    10,    30,   60,  120};
     static const double tps[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000};
+    const size_t ns = sizeof(secs) / sizeof(secs[0]);
     *out = NULL;
     gang_api *api = calloc(1, sizeof(*api));
-    if (api == NULL)
+    uv_timer_t *sweep = calloc(1, sizeof(*sweep));
+    if (api == NULL || sweep == NULL) {
+        free(api);
+        free(sweep);
         return GANG_ENOMEM;
+    }
     api->loop = uv_loop;
     api->cfg = *cfg;
     api->sup = sup;
     api->created_s = (int64_t)time(NULL);
     api->next_id = 1;
-    gang_histogram_init(&api->h_queue, secs, sizeof(secs) / sizeof(secs[0]));
-    gang_histogram_init(&api->h_prefill, secs, sizeof(secs) / sizeof(secs[0]));
-    gang_histogram_init(&api->h_total, secs, sizeof(secs) / sizeof(secs[0]));
+    gang_histogram_init(&api->h_queue, secs, ns);
+    gang_histogram_init(&api->h_prefill, secs, ns);
+    gang_histogram_init(&api->h_total, secs, ns);
+    gang_histogram_init(&api->h_ttft, secs, ns);
+    gang_histogram_init(&api->h_itl, secs, ns);
     gang_histogram_init(&api->h_tps, tps, sizeof(tps) / sizeof(tps[0]));
-    uv_timer_init(api->loop, &api->sweep);
-    api->sweep.data = api;
-    uv_timer_start(&api->sweep, on_sweep, API_SWEEP_MS, API_SWEEP_MS);
+    load_text(api);
+    api->sweep = sweep;
+    uv_timer_init(api->loop, sweep);
+    sweep->data = api;
+    uv_timer_start(sweep, on_sweep, API_SWEEP_MS, API_SWEEP_MS);
     *out = api;
     return 0;
 }
 
 static void api_closed(uv_handle_t *h)
 {
-    free(h->data);
+    free(h);
 }
 
 void gang_api_close(gang_api *api)
 {
     if (api == NULL)
         return;
-    while (api->reqs != NULL) {
-        reply_error(api, api->reqs->x, 503, "unavailable", "the server is stopping");
-        req_unlink_free(api, api->reqs);
-    }
-    uv_timer_stop(&api->sweep);
-    uv_close((uv_handle_t *)&api->sweep, api_closed);
+    while (api->calls != NULL)
+        call_fail_free(api, api->calls, 503, "unavailable", "the server is stopping");
+    uv_timer_stop(api->sweep);
+    uv_close((uv_handle_t *)api->sweep, api_closed);
+    gang_tokenizer_free(api->tok);
+    gang_chat_template_free(api->tpl);
+    free(api);
 }
 
-/* Reads an optional integer field in [lo, hi]; 0 when absent, -1 (message) when bad. */
-static int get_int(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
-                   size_t cap)
+/* ------------------------------------------------------------------ accepting */
+
+/* Queues a parsed call and submits it. Takes c. */
+static void call_accept(gang_api *api, api_call *c)
 {
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (f == NULL || cJSON_IsNull(f))
-        return 0;
-    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || f->valuedouble < lo ||
-        f->valuedouble > hi) {
-        snprintf(err, cap, "'%s' must be an integer in [%.0f, %.0f]", name, lo, hi);
-        return -1;
+    c->accepted_ms = gang_now_ms();
+    c->deadline_ms = c->accepted_ms + api->cfg.request_timeout_ms;
+    c->created = (int64_t)time(NULL);
+    c->next = api->calls;
+    api->calls = c;
+    api->n_calls++;
+    for (uint32_t i = 0; i < c->n_seqs; i++) {
+        api_seq *s = c->seqs[i];
+        s->id = api->next_id++;
+        s->next = api->seqs;
+        api->seqs = s;
+        if (api->tok != NULL)
+            gang_tok_decoder_init(&s->dec, api->tok, c->p.skip_special != 0);
     }
-    *v = f->valuedouble;
-    return 1;
+    c->id = c->seqs[0]->id;
+    for (uint32_t i = 0; i < c->n_seqs; i++)
+        seq_submit(api, c->seqs[i]);
 }
 
-/* Reads an optional number field in [lo, hi]; 0 when absent, -1 (message) when bad. */
-static int get_num(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
-                   size_t cap)
+/* POST /v1/completions and /v1/chat/completions. */
+static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_request *req,
+                         api_kind kind)
 {
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (f == NULL || cJSON_IsNull(f))
-        return 0;
-    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || f->valuedouble < lo ||
-        f->valuedouble > hi) {
-        snprintf(err, cap, "'%s' must be a number in [%g, %g]", name, lo, hi);
-        return -1;
-    }
-    *v = f->valuedouble;
-    return 1;
-}
-
-/* Reads an array of token ids into ids[cap]; 0 and *n, or -1 with a message. */
-static int get_ids(const cJSON *o, const char *name, uint32_t vocab, int32_t *ids, uint32_t cap,
-                   uint32_t *n, char *err, size_t errcap)
-{
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, name);
-    *n = 0;
-    if (a == NULL || cJSON_IsNull(a))
-        return 0;
-    if (!cJSON_IsArray(a)) {
-        snprintf(err, errcap, "'%s' must be an array of token ids", name);
-        return -1;
-    }
-    const cJSON *e;
-    cJSON_ArrayForEach(e, a)
-    {
-        if (*n >= cap) {
-            snprintf(err, errcap, "'%s' has more than %u token ids", name, cap);
-            return -1;
-        }
-        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
-            e->valuedouble >= (double)vocab) {
-            snprintf(err, errcap, "'%s'[%u] is not a token id in [0, %u)", name, *n, vocab);
-            return -1;
-        }
-        ids[(*n)++] = (int32_t)e->valuedouble;
-    }
-    return 0;
-}
-
-/*
- * Validates a completion request into r. Returns 0, or -1 with a message for a 400: not
- * a JSON object, prompt missing / not an array of ids / empty / longer than the context,
- * max_tokens not a positive integer or too large for the context, bad sampling fields.
- */
-static int parse_request(gang_api *api, const gang_http_request *req, api_req *r, char *err,
-                         size_t cap)
-{
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
-    int rc = -1;
-    double v;
-    if (o == NULL || !cJSON_IsObject(o)) {
-        snprintf(err, cap, "the body must be a JSON object");
-        goto out;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(o, "prompt") == NULL) {
-        snprintf(err, cap, "'prompt' (an array of token ids) is required");
-        goto out;
-    }
-    if (get_ids(o, "prompt", api->cfg.mc.vocab, r->prompt, GANG_WCTL_MAX_PROMPT, &r->n_prompt, err,
-                cap) != 0)
-        goto out;
-    if (r->n_prompt == 0) {
-        snprintf(err, cap, "'prompt' is empty");
-        goto out;
-    }
-    if (r->n_prompt >= api->cfg.ctx) {
-        snprintf(err, cap, "the prompt has %u tokens; the context holds %u", r->n_prompt,
-                 api->cfg.ctx);
-        goto out;
-    }
-    r->max_tokens = 16;
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, "max_tokens");
-    if (mt != NULL && !cJSON_IsNull(mt) &&
-        (!cJSON_IsNumber(mt) || mt->valuedouble != floor(mt->valuedouble))) {
-        snprintf(err, cap, "'max_tokens' must be an integer");
-        goto out;
-    }
-    int g = mt != NULL && !cJSON_IsNull(mt);
-    if (g) {
-        v = mt->valuedouble;
-        if (v <= 0) {
-            snprintf(err, cap, "'max_tokens' must be at least 1");
-            goto out;
-        }
-        if (v > api->cfg.ctx - r->n_prompt) {
-            snprintf(err, cap, "prompt (%u) + max_tokens (%.0f) exceed the context of %u",
-                     r->n_prompt, v, api->cfg.ctx);
-            goto out;
-        }
-        r->max_tokens = (uint32_t)v;
-    } else if (r->max_tokens > api->cfg.ctx - r->n_prompt) {
-        r->max_tokens = api->cfg.ctx - r->n_prompt;
-    }
-    r->sampling.top_p = 1.0f;
-    if ((g = get_num(o, "temperature", 0, 100, &v, err, cap)) < 0)
-        goto out;
-    if (g > 0)
-        r->sampling.temperature = (float)v;
-    if ((g = get_int(o, "top_k", 0, api->cfg.mc.vocab, &v, err, cap)) < 0)
-        goto out;
-    if (g > 0)
-        r->sampling.top_k = (uint32_t)v;
-    if ((g = get_num(o, "top_p", 1e-6, 1, &v, err, cap)) < 0)
-        goto out;
-    if (g > 0)
-        r->sampling.top_p = (float)v;
-    if ((g = get_int(o, "seed", 0, 9007199254740991.0, &v, err, cap)) < 0)
-        goto out;
-    if (g > 0)
-        r->sampling.seed = (uint64_t)v;
-    if (get_ids(o, "stop", api->cfg.mc.vocab, r->stop, GANG_MAX_STOP_TOKENS, &r->n_stop, err,
-                cap) != 0)
-        goto out;
-    rc = 0;
-out:
-    cJSON_Delete(o);
-    return rc;
-}
-
-void gang_api_completions(gang_api *api, gang_http_exchange *x, const gang_http_request *req)
-{
-    char err[256];
+    char err[512];
     if (!api->cfg.has_model) {
-        reply_error(api, x, 503, "unavailable",
-                    "this gang serves no model (start it with serve --model DIR)");
+        gang__api_error(api, x, 503, "unavailable",
+                        "this gang serves no model (start it with serve --model DIR)");
         return;
     }
     if (api->gave_up[0]) {
-        reply_error(api, x, 503, "unavailable", "the gang gave up: %s", api->gave_up);
+        gang__api_error(api, x, 503, "unavailable", "the gang gave up: %s", api->gave_up);
         return;
     }
-    if (api->n_reqs >= api->cfg.max_queue) {
-        reply_error(api, x, 503, "overloaded", "%u requests are already waiting (--max-queue)",
-                    api->n_reqs);
+    if (api->n_calls >= api->cfg.max_queue) {
+        gang__api_error(api, x, 503, "overloaded", "%u requests are already waiting (--max-queue)",
+                        api->n_calls);
         return;
     }
-    api_req *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        reply_error(api, x, 503, "overloaded", "out of memory");
-        return;
+    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    api_call *c = calloc(1, sizeof(*c));
+    int status = 400;
+    const char *type = "invalid_request_error";
+    if (c == NULL) {
+        snprintf(err, sizeof(err), "out of memory");
+        status = 503;
+        type = "overloaded";
+        goto out_fail;
     }
-    if (parse_request(api, req, r, err, sizeof(err)) != 0) {
-        free(r);
-        reply_error(api, x, 400, "invalid_request_error", "%s", err);
-        return;
+    c->kind = kind;
+    c->x = x;
+    if (o == NULL || !cJSON_IsObject(o)) {
+        snprintf(err, sizeof(err), "the body must be a JSON object");
+        goto out_fail;
     }
-    r->out = calloc(r->max_tokens, sizeof(int32_t));
-    if (r->out == NULL) {
-        free(r);
-        reply_error(api, x, 503, "overloaded", "out of memory");
-        return;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (model != NULL && !cJSON_IsNull(model) &&
+        (!cJSON_IsString(model) || strcmp(model->valuestring, api->cfg.model) != 0)) {
+        snprintf(err, sizeof(err), "The model `%.200s` does not exist (this server serves `%s`)",
+                 cJSON_IsString(model) ? model->valuestring : "?", api->cfg.model);
+        status = 404;
+        type = "NotFoundError";
+        goto out_fail;
     }
-    r->id = api->next_id++;
-    r->x = x;
-    r->accepted_ms = gang_now_ms();
-    r->deadline_ms = r->accepted_ms + api->cfg.request_timeout_ms;
-    r->next = api->reqs;
-    api->reqs = r;
-    api->n_reqs++;
-    req_submit(api, r);
+    if (gang__api_parse_params(api, o, kind, &c->p, err, sizeof(err)) != 0 ||
+        gang__api_parse_prompts(api, o, c, err, sizeof(err)) != 0)
+        goto out_fail;
+    cJSON_Delete(o);
+    call_accept(api, c);
+    return;
+out_fail:
+    cJSON_Delete(o);
+    if (c != NULL) {
+        for (uint32_t i = 0; i < c->n_seqs; i++)
+            seq_free(c->seqs[i]);
+        free(c->seqs);
+        free(c);
+    }
+    gang__api_error(api, x, status, type, "%s", err);
 }
 
-void gang_api_models(gang_api *api, gang_http_exchange *x)
+static void api_models(gang_api *api, gang_http_exchange *x)
 {
-    if (!api->cfg.has_model) { /* not a completion: not counted in ganglion_requests_total */
-        reply_error_text(x, 503, "unavailable",
-                         "this gang serves no model (start it with serve --model DIR)");
+    if (!api->cfg.has_model) {
+        gang__api_error(api, x, 503, "unavailable",
+                        "this gang serves no model (start it with serve --model DIR)");
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -433,128 +439,208 @@ void gang_api_models(gang_api *api, gang_http_exchange *x)
     cJSON_AddStringToObject(m, "owned_by", "ganglion");
     cJSON_AddNumberToObject(m, "max_model_len", api->cfg.ctx);
     cJSON_AddItemToArray(data, m);
-    reply_json(x, 200, o);
+    gang__api_json(x, 200, o);
 }
+
+typedef struct api_route {
+    const char *path;
+    const char *method;
+    int kind; /* 0 completions, 1 chat, 2 models, 3 tokenize, 4 detokenize */
+} api_route;
+
+static const api_route routes[] = {
+    {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 1}, {"/v1/models", "GET", 2},
+    {"/tokenize", "POST", 3},       {"/detokenize", "POST", 4},
+};
+
+/* Whether the Authorization header carries the configured key ("Bearer KEY"). */
+static int authorized(const gang_api *api, const gang_http_request *req)
+{
+    const char *a = req->authorization ? req->authorization : "";
+    size_t klen = strlen(api->cfg.api_key);
+    if (klen == 0)
+        return 1;
+    if (strncasecmp(a, "Bearer ", 7) != 0)
+        return 0;
+    a += 7;
+    while (*a == ' ')
+        a++;
+    size_t alen = strlen(a);
+    while (alen > 0 && (a[alen - 1] == ' ' || a[alen - 1] == '\t'))
+        alen--;
+    return alen == klen && sodium_memcmp(a, api->cfg.api_key, klen) == 0;
+}
+
+int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_request *req)
+{
+    const api_route *r = NULL;
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strcmp(req->path, routes[i].path) == 0)
+            r = &routes[i];
+    if (r == NULL)
+        return strncmp(req->path, "/v1/", 4) == 0
+                   ? (gang__api_error(api, x, 404, "NotFoundError", "no such endpoint: %.200s",
+                                      req->path),
+                      1)
+                   : 0;
+    int is_get = strcmp(r->method, "GET") == 0;
+    if (strcmp(req->method, r->method) != 0 && !(is_get && strcmp(req->method, "HEAD") == 0)) {
+        gang__api_error(api, x, 405, "invalid_request_error", "method not allowed: %s %s",
+                        r->method, r->path);
+        return 1;
+    }
+    if (api == NULL) {
+        gang__api_error(NULL, x, 404, "not_found",
+                        "the API is served by the coordinator (node 0), not by this node");
+        return 1;
+    }
+    if (!authorized(api, req)) {
+        gang__api_error(api, x, 401, "authentication_error",
+                        "a valid API key is required: send 'Authorization: Bearer <key>'");
+        return 1;
+    }
+    switch (r->kind) {
+    case 0:
+        api_generate(api, x, req, API_COMPLETION);
+        break;
+    case 1:
+        api_generate(api, x, req, API_CHAT);
+        break;
+    case 2:
+        api_models(api, x);
+        break;
+    case 3:
+        gang__api_tokenize(api, x, req);
+        break;
+    default:
+        gang__api_detokenize(api, x, req);
+        break;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ generations */
 
 void gang_api_on_start(gang_api *api, uint64_t gen)
 {
     api->gen = gen;
-    for (api_req *r = api->reqs; r; r = r->next)
-        req_submit(api, r);
+    for (api_call *c = api->calls; c; c = c->next)
+        for (uint32_t i = 0; i < c->n_seqs; i++)
+            seq_submit(api, c->seqs[i]);
 }
 
 void gang_api_on_abort(gang_api *api, uint64_t gen)
 {
     (void)gen;
     api->gen = 0;
-    for (api_req *r = api->reqs; r; r = r->next) {
-        r->sent_gen = 0;
-        r->n_out = 0;
+    for (api_seq *s = api->seqs; s; s = s->next) {
+        s->sent_gen = 0;
+        s->n_gen = 0;
+        s->parts = 0;
     }
 }
 
 void gang_api_on_give_up(gang_api *api, const char *reason)
 {
+    char msg[GANG_REASON_MAX + 64];
     api->gen = 0;
     gang_strlcpy(api->gave_up, reason[0] ? reason : "restart budget spent", sizeof(api->gave_up));
-    while (api->reqs != NULL) {
-        reply_error(api, api->reqs->x, 503, "unavailable", "request %llu: the gang gave up: %s",
-                    (unsigned long long)api->reqs->id, api->gave_up);
-        req_unlink_free(api, api->reqs);
+    while (api->calls != NULL) {
+        snprintf(msg, sizeof(msg), "request %llu: the gang gave up: %s",
+                 (unsigned long long)api->calls->id, api->gave_up);
+        call_fail_free(api, api->calls, 503, "unavailable", msg);
     }
 }
 
-void gang_api_on_token(gang_api *api, uint64_t gen, uint64_t id, uint32_t index, int32_t token)
+void gang_api_on_token(gang_api *api, const gang_wctl *m)
 {
-    api_req *r = req_find(api, id);
-    if (r == NULL || r->sent_gen != gen || gen != api->gen || index != r->n_out ||
-        r->n_out >= r->max_tokens)
+    api_seq *s = seq_find(api, m->req_id);
+    if (s == NULL || s->done || s->sent_gen != m->generation || m->generation != api->gen ||
+        m->index != s->n_gen || s->n_gen >= s->max_tokens)
         return;
+    s->n_gen++;
+    if (m->index < s->n_out) { /* a re-run after a restart: the client has this token */
+        if (s->out[m->index] != m->token) {
+            s->mismatches++;
+            api->mismatches++;
+            gang_warn("api: request %llu: re-run token %u is %d, was %d", (unsigned long long)s->id,
+                      m->index, m->token, s->out[m->index]);
+        }
+        return;
+    }
+    api_lp lp;
+    memset(&lp, 0, sizeof(lp));
+    lp.logprob = m->logprob;
+    lp.n_top = m->n_top > GANG_MAX_TOP_LOGPROBS ? GANG_MAX_TOP_LOGPROBS : m->n_top;
+    memcpy(lp.top_ids, m->top_ids, lp.n_top * sizeof(int32_t));
+    memcpy(lp.top_lp, m->top_lp, lp.n_top * sizeof(float));
     uint64_t now = gang_now_ms();
-    if (r->n_out == 0)
-        r->first_ms = now;
-    r->last_ms = now;
-    r->out[r->n_out++] = token;
-}
-
-/* The 200 answer: tokens, finish reason, usage and timings. */
-static void reply_done(gang_api *api, api_req *r, const char *finish)
-{
-    uint64_t now = gang_now_ms();
-    double queue_s = (double)(r->sent_ms - r->accepted_ms) / 1000.0;
-    double prefill_s = r->n_out > 0 ? (double)(r->first_ms - r->sent_ms) / 1000.0 : 0;
-    double decode_s = r->n_out > 1 ? (double)(r->last_ms - r->first_ms) / 1000.0 : 0;
-    double tps = decode_s > 0 ? (double)(r->n_out - 1) / decode_s : 0;
-    double total_s = (double)(now - r->accepted_ms) / 1000.0;
-    gang_histogram_observe(&api->h_queue, queue_s);
-    gang_histogram_observe(&api->h_prefill, prefill_s);
-    gang_histogram_observe(&api->h_total, total_s);
-    if (tps > 0)
-        gang_histogram_observe(&api->h_tps, tps);
-    api->answered[0]++;
-
-    char idbuf[40];
-    snprintf(idbuf, sizeof(idbuf), "cmpl-%llu", (unsigned long long)r->id);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", idbuf);
-    cJSON_AddStringToObject(o, "object", "text_completion");
-    cJSON_AddStringToObject(o, "model", api->cfg.model);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
-    cJSON *toks = cJSON_AddArrayToObject(c, "tokens");
-    for (uint32_t i = 0; i < r->n_out; i++)
-        cJSON_AddItemToArray(toks, cJSON_CreateNumber(r->out[i]));
-    cJSON_AddStringToObject(c, "finish_reason", finish);
-    cJSON_AddItemToArray(choices, c);
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", r->n_out);
-    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + r->n_out);
-    cJSON *t = cJSON_AddObjectToObject(o, "timings");
-    cJSON_AddNumberToObject(t, "queue_ms", queue_s * 1000);
-    cJSON_AddNumberToObject(t, "prefill_ms", prefill_s * 1000);
-    cJSON_AddNumberToObject(t, "decode_tokens_per_s", tps);
-    cJSON_AddNumberToObject(t, "total_ms", total_s * 1000);
-    cJSON_AddNumberToObject(t, "generations", r->submissions);
-    reply_json(r->x, 200, o);
+    if (s->n_out == 0)
+        s->first_ms = now;
+    s->last_ms = now;
+    gang__api_seq_token(api, s, m->token, &lp);
+    if (s->done) { /* a stop string matched */
+        api->stop_strings++;
+        gang__api_cancel_in_gang(api, s);
+        seq_done(api, s);
+    }
 }
 
 void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, const char *finish,
                       const char *reason)
 {
-    api_req *r = req_find(api, id);
-    if (r == NULL || r->sent_gen != gen || gen != api->gen)
+    api_seq *s = seq_find(api, id);
+    char msg[GANG_REASON_MAX + 64];
+    if (s == NULL || s->done || s->sent_gen != gen || gen != api->gen)
         return;
-    if (code == GANG_EINVAL) {
-        reply_error(api, r->x, 400, "invalid_request_error", "%s", reason);
-    } else if (code < 0) {
-        reply_error(api, r->x, 503, "unavailable", "request %llu: %s (%s)", (unsigned long long)id,
-                    reason, gang_err_name(code));
-    } else {
-        reply_done(api, r, finish[0] ? finish : "length");
+    if (code < 0) {
+        int bad = code == GANG_EINVAL;
+        if (bad)
+            snprintf(msg, sizeof(msg), "%s", reason);
+        else
+            snprintf(msg, sizeof(msg), "request %llu: %s (%s)", (unsigned long long)id, reason,
+                     gang_err_name(code));
+        call_fail_free(api, s->call, bad ? 400 : 503, bad ? "invalid_request_error" : "unavailable",
+                       msg);
+        return;
     }
-    req_unlink_free(api, r);
+    gang__api_seq_finish(api, s, finish[0] ? finish : "length");
+    seq_done(api, s);
 }
+
+/* ------------------------------------------------------------------ metrics */
 
 void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
 {
-    static const char *const codes[] = {"200", "400", "503", "504"};
+    static const char *const codes[] = {"200", "400", "401", "404", "503", "504"};
     gang_metrics_family(b, "ganglion_requests_total", GANG_METRIC_COUNTER,
-                        "Completion requests answered, by HTTP status");
-    for (size_t i = 0; i < 4; i++) {
+                        "API requests answered, by HTTP status");
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
         gang_metric_label l = {.name = "code", .value = codes[i]};
         gang_metrics_sample_u64(b, "ganglion_requests_total", &l, 1, api->answered[i]);
     }
-    gang_metrics_family(b, "ganglion_requests_in_flight", GANG_METRIC_GAUGE,
-                        "Completion requests accepted and not answered yet");
-    gang_metrics_sample_u64(b, "ganglion_requests_in_flight", NULL, 0, api->n_reqs);
-    gang_metrics_family(b, "ganglion_request_resubmits_total", GANG_METRIC_COUNTER,
-                        "Requests run again from their prompt after a gang restart");
-    gang_metrics_sample_u64(b, "ganglion_request_resubmits_total", NULL, 0, api->resubmits);
-    gang_metrics_family(b, "ganglion_request_cancels_total", GANG_METRIC_COUNTER,
-                        "Requests cancelled in the gang when their deadline passed");
-    gang_metrics_sample_u64(b, "ganglion_request_cancels_total", NULL, 0, api->cancels);
+    struct {
+        const char *name, *help;
+        int gauge;
+        uint64_t v;
+    } cs[] = {
+        {"ganglion_requests_in_flight", "Generation requests accepted and not answered yet", 1,
+         api->n_calls},
+        {"ganglion_request_resubmits_total",
+         "Prompts run again from their start after a gang restart", 0, api->resubmits},
+        {"ganglion_request_cancels_total",
+         "Prompts cancelled in the gang (deadline, stop string, client gone)", 0, api->cancels},
+        {"ganglion_request_rerun_mismatches_total",
+         "Tokens of a re-run that differed from those the client had (should stay 0)", 0,
+         api->mismatches},
+        {"ganglion_request_stop_strings_total", "Prompts ended by one of their stop strings", 0,
+         api->stop_strings},
+    };
+    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+        gang_metrics_family(b, cs[i].name, cs[i].gauge ? GANG_METRIC_GAUGE : GANG_METRIC_COUNTER,
+                            cs[i].help);
+        gang_metrics_sample_u64(b, cs[i].name, NULL, 0, cs[i].v);
+    }
     struct {
         const char *name, *help;
         const gang_histogram *h;
@@ -562,6 +648,9 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
         {"ganglion_request_queue_seconds", "Accepted to submitted in the answering generation",
          &api->h_queue},
         {"ganglion_request_prefill_seconds", "Submitted to first token", &api->h_prefill},
+        {"ganglion_request_ttft_seconds", "Accepted to first token", &api->h_ttft},
+        {"ganglion_request_inter_token_seconds", "Mean time between tokens of a prompt",
+         &api->h_itl},
         {"ganglion_request_decode_tokens_per_second", "Decode rate after the first token",
          &api->h_tps},
         {"ganglion_request_seconds", "Accepted to answered", &api->h_total},

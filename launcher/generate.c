@@ -1,14 +1,17 @@
 /*
- * ganglion generate: one prompt through a local gang, tokens printed.
+ * ganglion generate: one prompt through a local gang, text or tokens printed.
  *
- *   ganglion generate --model DIR --tp N --pp M --prompt-ids 1,2,3 [--max-tokens 16]
- *                     [--temperature T] [--top-k K] [--top-p P] [--seed S] [serve flags]
+ *   ganglion generate --model DIR --tp N --pp M (--prompt TEXT | --chat QUESTION [--system S]
+ *                     | --prompt-ids 1,2,3) [--max-tokens N] [--temperature T] [--top-k K]
+ *                     [--top-p P] [--seed S] [serve flags]
  *
  * It starts `ganglion serve --local` (one node per pipeline stage, tp ranks each, unless
  * --nnodes / --nproc-per-node say otherwise) on free loopback ports, waits for /readyz,
- * posts the prompt to /v1/completions, prints the generated token ids on one line and the
- * server's JSON answer on the next, and stops the gang. The gang's logs go to a temporary
- * file whose path is printed when anything fails.
+ * posts the prompt (--prompt and --prompt-ids to /v1/completions, --chat to
+ * /v1/chat/completions through the model's chat template), and stops the gang. Text
+ * prompts print the generated text; --prompt-ids prints the generated token ids on one
+ * line and the server's JSON answer on the next. The gang's logs go to a temporary file
+ * whose path is printed when anything fails.
  */
 #include <errno.h>
 #include <math.h>
@@ -37,6 +40,9 @@ extern char **environ;
 /* generate's own flags; everything else is a serve flag passed to the gang. */
 typedef struct gen_opts {
     char prompt_ids[GEN_BODY_MAX / 64];
+    char prompt[GEN_BODY_MAX / 64];
+    char chat[GEN_BODY_MAX / 64];
+    char system[GEN_BODY_MAX / 64];
     int64_t max_tokens;
     char temperature[32], top_k[32], top_p[32], seed[32]; /* "" when not given */
     int verbose;
@@ -44,13 +50,16 @@ typedef struct gen_opts {
 
 #define GEN_STR(f_, fld, hp) GANG_OPT_STR(gen_opts, f_, fld, "", hp)
 static const gang_param_info gen_items[] = {
-    GEN_STR("prompt-ids", prompt_ids, "the prompt's token ids, comma-separated (required)"),
+    GEN_STR("prompt", prompt, "a text prompt (completions; the text is printed)"),
+    GEN_STR("chat", chat, "a question for the chat endpoint (the model's chat template)"),
+    GEN_STR("system", system, "with --chat: a system message first"),
+    GEN_STR("prompt-ids", prompt_ids, "the prompt's token ids, comma-separated"),
     {.flag = "max-tokens",
      .type = GANG_PARAM_INT,
-     .def = "16",
-     .lo = 1,
+     .def = "0",
+     .lo = 0,
      .hi = 1 << 20,
-     .help = "tokens to generate",
+     .help = "tokens to generate at most (0: 16 for --prompt-ids, 256 for text)",
      .offset = offsetof(gen_opts, max_tokens)},
     GEN_STR("temperature", temperature, "sampling temperature (the server's default)"),
     GEN_STR("top-k", top_k, "top-k sampling (the server's default)"),
@@ -65,11 +74,13 @@ static const gang_param_info gen_items[] = {
 };
 static const gang_opt_table gen_table = GANG_OPT_TABLE(gen_items);
 static const gang_opt_cmd gen_cmd = {
-    "generate", "--model DIR [--tp N] [--pp M] --prompt-ids 1,2,3 [flags] [serve flags]",
+    "generate",
+    "--model DIR [--tp N] [--pp M] (--prompt TEXT | --chat Q | --prompt-ids 1,2,3) [flags]",
     "Starts serve --local (one node per pipeline stage, tp ranks each, unless --nnodes /\n"
-    "--nproc-per-node say otherwise) on free loopback ports, posts the prompt to\n"
-    "/v1/completions, prints the token ids on one line and the server's JSON answer on the\n"
-    "next, and stops the gang.",
+    "--nproc-per-node say otherwise) on free loopback ports, posts the prompt (--chat to\n"
+    "/v1/chat/completions, the others to /v1/completions), prints the generated text (with\n"
+    "--prompt-ids: the token ids on one line and the server's JSON answer on the next),\n"
+    "and stops the gang.",
     &gen_table, 1};
 
 /* Adds key = the number in text to obj, unless text is empty (the server's default). */
@@ -94,20 +105,39 @@ static int gen_add_number(cJSON *obj, const char *key, const char *text, int int
 static int gen_body(const gen_opts *o, char *body, size_t cap)
 {
     static int64_t ids[GEN_BODY_MAX / 128];
-    int n =
-        gang_parse_i64_list(o->prompt_ids, 0, INT32_MAX, ids, (int)(sizeof(ids) / sizeof(ids[0])));
-    if (n < 1)
-        return GANG_EUSAGE;
     int rc = GANG_ENOMEM;
-    cJSON *req = cJSON_CreateObject(), *prompt = cJSON_AddArrayToObject(req, "prompt");
-    if (!req || !prompt)
+    int64_t max_tokens = o->max_tokens ? o->max_tokens : o->prompt_ids[0] ? 16 : 256;
+    cJSON *req = cJSON_CreateObject();
+    if (!req)
         goto out;
-    for (int i = 0; i < n; i++) {
-        cJSON *id = cJSON_CreateNumber((double)ids[i]);
-        if (!id || !cJSON_AddItemToArray(prompt, id))
+    if (o->chat[0]) {
+        cJSON *msgs = cJSON_AddArrayToObject(req, "messages"), *m;
+        if (o->system[0] && (!(m = cJSON_CreateObject()) || !cJSON_AddItemToArray(msgs, m) ||
+                             !cJSON_AddStringToObject(m, "role", "system") ||
+                             !cJSON_AddStringToObject(m, "content", o->system)))
             goto out;
+        if (!(m = cJSON_CreateObject()) || !cJSON_AddItemToArray(msgs, m) ||
+            !cJSON_AddStringToObject(m, "role", "user") ||
+            !cJSON_AddStringToObject(m, "content", o->chat))
+            goto out;
+    } else if (o->prompt[0]) {
+        if (!cJSON_AddStringToObject(req, "prompt", o->prompt))
+            goto out;
+    } else {
+        int n = gang_parse_i64_list(o->prompt_ids, 0, INT32_MAX, ids,
+                                    (int)(sizeof(ids) / sizeof(ids[0])));
+        cJSON *prompt = cJSON_AddArrayToObject(req, "prompt");
+        if (n < 1) {
+            rc = GANG_EUSAGE;
+            goto out;
+        }
+        for (int i = 0; i < n; i++) {
+            cJSON *id = cJSON_CreateNumber((double)ids[i]);
+            if (!prompt || !id || !cJSON_AddItemToArray(prompt, id))
+                goto out;
+        }
     }
-    if (!cJSON_AddNumberToObject(req, "max_tokens", (double)o->max_tokens))
+    if (!cJSON_AddNumberToObject(req, "max_tokens", (double)max_tokens))
         goto out;
     if ((rc = gen_add_number(req, "temperature", o->temperature, 0)) != 0 ||
         (rc = gen_add_number(req, "top_k", o->top_k, 1)) != 0 ||
@@ -156,8 +186,10 @@ static int gen_parse(int argc, char **argv, gen_opts *o, gang_params *p, char **
     rc = gang_params_load(p, environ, *npass, pass, NULL, NULL, err, sizeof(err));
     if (rc != 0)
         rc = gang_opts_usage_error(&gen_cmd, "%s", err);
-    else if (o->prompt_ids[0] == '\0')
-        rc = gang_opts_usage_error(&gen_cmd, "--prompt-ids is required");
+    else if (!!o->prompt_ids[0] + !!o->prompt[0] + !!o->chat[0] != 1)
+        rc = gang_opts_usage_error(&gen_cmd, "give one of --prompt, --chat and --prompt-ids");
+    else if (o->system[0] && !o->chat[0])
+        rc = gang_opts_usage_error(&gen_cmd, "--system goes with --chat");
     else if (p->model[0] == '\0')
         rc = gang_opts_usage_error(&gen_cmd, "--model DIR is required");
 out:
@@ -216,8 +248,8 @@ static int gen_http(int port, const char *method, const char *path, const char *
  * Waits for /readyz (or the gang's early exit), posts the completion and prints the
  * tokens and the answer. Returns the exit code; *child becomes 0 once reaped.
  */
-static int gen_run(const gang_params *p, const char *body, int http_port, pid_t *child,
-                   const char *logpath)
+static int gen_run(const gang_params *p, const gen_opts *o, const char *body, int http_port,
+                   pid_t *child, const char *logpath)
 {
     uint64_t deadline = gang_now_ms() + (uint64_t)p->start_timeout_ms + 60000;
     int status = 0, ready = 0, rc;
@@ -245,21 +277,27 @@ static int gen_run(const gang_params *p, const char *body, int http_port, pid_t 
                 logpath);
         return GANG_EXIT_TEMPFAIL;
     }
-    rc = gen_http(http_port, "POST", "/v1/completions", body, (int)p->request_timeout_ms + 5000,
-                  &resp);
+    rc = gen_http(http_port, "POST", o->chat[0] ? "/v1/chat/completions" : "/v1/completions", body,
+                  (int)p->request_timeout_ms + 5000, &resp);
     if (rc != 200) {
         fprintf(stderr, "ganglion generate: the completion failed (%d): %s\nits log: %s\n", rc,
                 rc > 0 && resp ? resp : gang_strerror(rc), logpath);
         free(resp);
         return rc == 400 ? GANG_EXIT_USAGE : GANG_EXIT_TEMPFAIL;
     }
-    cJSON *o = cJSON_Parse(resp);
-    cJSON *ch = o ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0) : NULL;
+    cJSON *a = cJSON_Parse(resp);
+    cJSON *ch = a ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(a, "choices"), 0) : NULL;
     cJSON *toks = ch ? cJSON_GetObjectItemCaseSensitive(ch, "tokens") : NULL;
+    cJSON *text = !ch          ? NULL
+                  : o->chat[0] ? cJSON_GetObjectItemCaseSensitive(
+                                     cJSON_GetObjectItemCaseSensitive(ch, "message"), "content")
+                  : o->prompt[0] ? cJSON_GetObjectItemCaseSensitive(ch, "text")
+                                 : NULL;
     int code = GANG_EXIT_TEMPFAIL;
-    if (!cJSON_IsArray(toks)) {
-        fprintf(stderr, "ganglion generate: unexpected answer: %s\n", resp);
-    } else {
+    if (!o->prompt_ids[0] && cJSON_IsString(text)) {
+        printf("%s\n", text->valuestring);
+        code = GANG_EXIT_OK;
+    } else if (o->prompt_ids[0] && cJSON_IsArray(toks)) {
         const cJSON *t;
         int first = 1;
         cJSON_ArrayForEach(t, toks)
@@ -269,8 +307,10 @@ static int gen_run(const gang_params *p, const char *body, int http_port, pid_t 
         }
         printf("\n%s\n", resp);
         code = GANG_EXIT_OK;
+    } else {
+        fprintf(stderr, "ganglion generate: unexpected answer: %s\n", resp);
     }
-    cJSON_Delete(o);
+    cJSON_Delete(a);
     free(resp);
     return code;
 }
@@ -290,7 +330,7 @@ int gang_cmd_generate(int argc, char **argv)
     if (gen_body(&o, body, sizeof(body)) != 0) {
         gang_opts_usage_error(&gen_cmd, "--prompt-ids must be a comma-separated list of token "
                                         "ids; --temperature and --top-p numbers; --top-k and "
-                                        "--seed integers");
+                                        "--seed integers (and everything must fit in 128 KiB)");
         return GANG_EXIT_USAGE;
     }
     char logpath[] = "/tmp/ganglion-generate-XXXXXX";
@@ -303,7 +343,7 @@ int gang_cmd_generate(int argc, char **argv)
     close(logfd);
     if (rc != 0)
         return GANG_EXIT_TEMPFAIL;
-    int exit_code = gen_run(&p, body, http_port, &child, logpath);
+    int exit_code = gen_run(&p, &o, body, http_port, &child, logpath);
     if (child > 0)
         gang_proc_stop(&child, 1, 0, GEN_STOP_GRACE_MS, GEN_STOP_GRACE_MS);
     if (exit_code == GANG_EXIT_OK)

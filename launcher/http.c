@@ -46,101 +46,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <http_parser.h>
-#include <uv.h>
-
 #include "ganglion/common.h"
-#include "http.h"
+#include "http-internal.h"
 
-#define HTTP_MAX_HEAD (16 * 1024)      /* request line + headers, in bytes */
-#define HTTP_READ_BUF (64 * 1024)      /* one read() worth */
-#define HTTP_LINGER_MS 2000            /* cap on draining after the final response */
-#define HTTP_KEEP_BODY_CAP (64 * 1024) /* larger body buffers are not kept across requests */
-#define HTTP_BACKLOG 511
-#define HTTP_FIELD_MAX 16 /* header names we look at are shorter */
-#define HTTP_VALUE_MAX 32
-
-typedef enum conn_state {
-    CONN_READING = 0,
-    CONN_HANDLING,
-    CONN_WRITING,
-    CONN_LINGERING,
-    CONN_CLOSED
-} conn_state;
-
-typedef struct http_conn http_conn;
-
-struct gang_http_server {
-    uv_loop_t *loop;
-    uv_tcp_t listener;
-    gang_http_handler handler;
-    void *ctx;
-    size_t max_body;
-    int max_conns;
-    uint64_t idle_timeout_ms; /* 0 = no deadline */
-    int port;
-    int nconns;                   /* open connections, counted against max_conns */
-    int refs;                     /* listener + every connection not yet freed */
-    int closing;                  /* gang_http_server_close() was called */
-    uint64_t last_reject_warn_ms; /* rate limit of the "too many connections" warning */
-    uint64_t rejected;            /* connections closed at accept since the last warning */
-    http_conn *conns;             /* open connections (doubly linked) */
-    int read_buf_busy;            /* read_buf is lent to a read in progress */
-    char read_buf[HTTP_READ_BUF]; /* shared: reads are sequential on the loop thread */
-};
-
-struct http_conn {
-    uv_tcp_t tcp;
-    uv_timer_t timer; /* idle / write / linger deadline */
-    uv_shutdown_t shutdown;
-    gang_http_server *srv;
-    http_conn *prev, *next; /* in srv->conns while not CLOSED */
-    int refs;               /* handles not yet closed + exchange outstanding */
-    conn_state state;
-    int reading;   /* uv_read_start() is in effect */
-    int shut_done; /* LINGERING: the final response is out */
-    http_parser parser;
-    gang_http_exchange *x; /* the exchange being handled, if any */
-
-    /* The request being parsed. */
-    char *url;
-    size_t url_len, url_cap;
-    char *body;
-    size_t body_len, body_cap;
-    size_t head_bytes; /* request line + header bytes seen (approximately) */
-    int err_status;    /* 413/431 decided inside a parser callback */
-    int keep_alive;
-    int last_was_value;          /* header callbacks: a new field starts after a value */
-    char field[HTTP_FIELD_MAX];  /* current header name, lower-case, if short */
-    size_t field_len;            /* may exceed HTTP_FIELD_MAX: then it matches nothing */
-    char expect[HTTP_VALUE_MAX]; /* value of Expect:, if short */
-    size_t expect_len;
-
-    /* Bytes received after a complete request, parsed once its response is written. */
-    char *pending;
-    size_t pending_len;
-};
-
-struct gang_http_exchange {
-    http_conn *conn; /* holds a reference until the reply */
-    int keep_alive;
-    int head; /* HEAD request: headers only */
-};
-
-typedef enum write_kind {
-    WRITE_INTERIM = 0, /* 100 Continue: the request goes on */
-    WRITE_RESPONSE,    /* keep-alive response: resume reading when done */
-    WRITE_FINAL        /* last response: lingering close follows */
-} write_kind;
-
-typedef struct http_write {
-    uv_write_t req;
-    http_conn *conn;
-    write_kind kind;
-    char data[]; /* header + body */
-} http_write;
-
-static void conn_close(http_conn *c);
+#define conn_close gang__http_conn_close
+#define conn_write gang__http_conn_write
+#define conn_unref gang__http_conn_unref
 static void conn_parse(http_conn *c, const char *data, size_t len);
 
 /* ------------------------------------------------------------------ lifetime */
@@ -151,7 +62,7 @@ static void server_unref(gang_http_server *s)
         free(s);
 }
 
-static void conn_unref(http_conn *c)
+void gang__http_conn_unref(http_conn *c)
 {
     gang_http_server *s;
 
@@ -176,7 +87,7 @@ static void on_conn_handle_closed(uv_handle_t *h)
  * their callbacks run (with UV_ECANCELED) before the close callbacks, so they may still
  * look at c. Memory is released in the close callbacks.
  */
-static void conn_close(http_conn *c)
+void gang__http_conn_close(http_conn *c)
 {
     gang_http_server *s = c->srv;
 
@@ -353,7 +264,7 @@ static void on_write(uv_write_t *req, int status)
  * Queues len bytes (already formatted in w->data) on c. On failure the connection is
  * closed; the caller must not assume anything about c's state afterwards.
  */
-static void conn_write(http_conn *c, http_write *w, size_t len)
+void gang__http_conn_write(http_conn *c, http_write *w, size_t len)
 {
     uv_buf_t b = uv_buf_init(w->data, (unsigned int)len);
 
@@ -416,6 +327,13 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
     memcpy(w->data, hdr, (size_t)n);
     if (body_len > 0)
         memcpy(w->data + n, body, body_len);
+    gang__http_conn_finish(c, w, (size_t)n + body_len, keep_alive);
+}
+
+void gang__http_conn_finish(http_conn *c, http_write *w, size_t len, int keep_alive)
+{
+    if (c->srv->closing)
+        keep_alive = 0;
     w->kind = keep_alive ? WRITE_RESPONSE : WRITE_FINAL;
     if (keep_alive) {
         c->state = CONN_WRITING;
@@ -426,7 +344,7 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
         conn_arm_timer(c,
                        c->srv->idle_timeout_ms != 0 ? c->srv->idle_timeout_ms : HTTP_LINGER_MS * 5);
     }
-    conn_write(c, w, (size_t)n + body_len);
+    conn_write(c, w, len);
     if (keep_alive || c->state == CONN_CLOSED)
         return;
     c->shutdown.data = c;
@@ -512,6 +430,7 @@ static int on_message_begin(http_parser *p)
     c->last_was_value = 1;
     c->field_len = 0;
     c->expect_len = 0;
+    c->auth_len = 0;
     return 0;
 }
 
@@ -555,6 +474,12 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     if (head_account(c, len) < 0)
         return -1;
     c->last_was_value = 1;
+    if (c->field_len == 13 && memcmp(c->field, "authorization", 13) == 0) {
+        for (size_t i = 0; i < len; i++, c->auth_len++) {
+            if (c->auth_len < HTTP_AUTH_MAX)
+                c->auth[c->auth_len] = at[i];
+        }
+    }
     if (c->field_len == 6 && memcmp(c->field, "expect", 6) == 0) {
         for (size_t i = 0; i < len; i++, c->expect_len++) {
             if (c->expect_len < HTTP_VALUE_MAX)
@@ -669,6 +594,12 @@ static void conn_dispatch(http_conn *c)
         req.body = "";
     }
     req.body_len = c->body_len;
+    if (c->auth_len <= HTTP_AUTH_MAX) {
+        c->auth[c->auth_len] = '\0';
+        req.authorization = c->auth;
+    } else {
+        req.authorization = "";
+    }
 
     x = calloc(1, sizeof(*x));
     if (x == NULL) {
@@ -735,6 +666,10 @@ void gang_http_reply(gang_http_exchange *x, int status, const char *content_type
     http_conn *c = x->conn;
     int keep_alive = x->keep_alive, head = x->head;
 
+    if (x->streaming) { /* the head is out: an answer now can only end the stream */
+        gang_http_stream_end(x);
+        return;
+    }
     free(x);
     c->x = NULL;
     if (c->state == CONN_HANDLING) {

@@ -22,6 +22,7 @@ typedef struct gang_http_request {
     const char *query;  /* query string without '?', or "" */
     const char *body;   /* NUL-terminated copy of the body ("" if none) */
     size_t body_len;
+    const char *authorization; /* the Authorization header's value, "" if none or too long */
 } gang_http_request;
 
 /*
@@ -60,5 +61,20 @@ void gang_http_server_close(gang_http_server *s);
  */
 void gang_http_reply(gang_http_exchange *x, int status, const char *content_type, const char *body,
                      size_t body_len);
+
+/*
+ * Streaming responses (Server-Sent Events): gang_http_stream_begin sends the status line
+ * and headers with Transfer-Encoding: chunked (and content_type, e.g. "text/event-stream";
+ * Cache-Control: no-cache); each gang_http_stream_write sends one chunk (data copied);
+ * gang_http_stream_end sends the last chunk, releases x and lets a keep-alive connection
+ * serve its next request. After begin, gang_http_reply on x only ends the stream.
+ * begin and write return 0, or GANG_ECLOSED when the client is gone (its connection
+ * closed, or it stopped reading and more than GANG_HTTP_STREAM_MAX_QUEUED bytes wait:
+ * the connection is then closed); the caller must still end x. Loop thread only.
+ */
+#define GANG_HTTP_STREAM_MAX_QUEUED (8u << 20)
+int gang_http_stream_begin(gang_http_exchange *x, int status, const char *content_type);
+int gang_http_stream_write(gang_http_exchange *x, const char *data, size_t len);
+void gang_http_stream_end(gang_http_exchange *x);
 
 #endif

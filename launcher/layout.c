@@ -4,6 +4,9 @@
  * arithmetic, the context length) live here only; the agent, `serve --check-config` and
  * the workers' loaders all call them.
  */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +14,8 @@
 #include "ganglion/comm.h"
 #include "layout.h"
 #include "worker.h"
+
+#include <sodium.h>
 
 int gang__worker_uses_nccl(const gang_params *p)
 {
@@ -186,9 +191,51 @@ void gang__served_model_name(const gang_params *p, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/*
+ * Reads the API key of --api-key-file: the file's content without surrounding whitespace,
+ * 1 to GANG_API_KEY_MAX printable ASCII bytes. No file named: an empty key (open API).
+ * GANG_EUSAGE with the reason otherwise (never the key itself).
+ */
+static int read_api_key(const char *path, char *key, char *err, size_t errlen)
+{
+    char buf[GANG_API_KEY_MAX * 4 + 2];
+    key[0] = '\0';
+    if (path[0] == '\0')
+        return 0;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, errlen, "--api-key-file %s: %s", path, strerror(errno));
+        return GANG_EUSAGE;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    size_t a = 0;
+    while (a < n && isspace((unsigned char)buf[a]))
+        a++;
+    while (n > a && isspace((unsigned char)buf[n - 1]))
+        n--;
+    for (size_t i = a; i < n; i++) {
+        if (buf[i] < 0x21 || buf[i] > 0x7e) {
+            snprintf(err, errlen, "--api-key-file %s: the key must be printable ASCII", path);
+            return GANG_EUSAGE;
+        }
+    }
+    if (n == a || n - a > GANG_API_KEY_MAX) {
+        snprintf(err, errlen, "--api-key-file %s: the key must have 1 to %d bytes", path,
+                 GANG_API_KEY_MAX);
+        return GANG_EUSAGE;
+    }
+    memcpy(key, buf + a, n - a);
+    key[n - a] = '\0';
+    sodium_memzero(buf, sizeof(buf));
+    return 0;
+}
+
 static void api_config_from_params(const gang_params *p, const gang_layout *l, gang_api_config *out)
 {
     memset(out, 0, sizeof(*out));
+    gang_strlcpy(out->model_dir, l->model, sizeof(out->model_dir));
     gang__served_model_name(p, out->model, sizeof(out->model));
     out->has_model = l->model[0] != '\0';
     if (out->has_model)
@@ -262,6 +309,9 @@ int gang_agent_config_from_params(const gang_params *params, char *const *envp,
         goto out_free;
     agent_fields_from_params(p, out);
     api_config_from_params(p, &out->layout, &out->api);
+    rc = read_api_key(p->api_key_file, out->api.api_key, err, errlen);
+    if (rc != 0)
+        goto out_free;
     rc = sup_config_from_params(p, &out->id, &out->sup);
     if (rc != 0)
         snprintf(err, errlen, "out of memory");

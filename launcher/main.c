@@ -33,7 +33,8 @@ static const command commands[] = {
     {"serve", cmd_serve, "[--local] [--check-config] [flags]",
      "run this node's agent (node 0 also coordinates); --local: a whole gang of --nnodes "
      "agents on this host; --check-config: validate, print, exit"},
-    {"generate", gang_cmd_generate, "--model DIR --prompt-ids 1,2,3 [flags] [serve flags]",
+    {"generate", gang_cmd_generate,
+     "--model DIR (--prompt T | --chat Q | --prompt-ids 1,2) [flags]",
      "one prompt through a local gang, tokens printed"},
     {"mkmodel", gang_cmd_mkmodel, "--out DIR [flags]",
      "write a deterministic random model (HF layout)"},

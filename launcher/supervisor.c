@@ -192,7 +192,7 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
     }
     case GANG_WCTL_TOKEN:
         if (w->local_rank == 0 && s->cb.on_token)
-            s->cb.on_token(s->cb.ctx, pkt->generation, pkt->req_id, pkt->index, pkt->token);
+            s->cb.on_token(s->cb.ctx, pkt);
         return;
     case GANG_WCTL_DONE: {
         if (w->local_rank != 0 || s->cb.on_done == NULL)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "ganglion/common.h"
+#include "wctl.h"
 
 typedef struct gang_sup gang_sup;
 
@@ -22,8 +23,9 @@ typedef struct gang_sup_callbacks {
     void (*on_failure)(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason);
     /* Every worker is alive, connected and outside any generation. */
     void (*on_idle)(void *ctx);
-    /* Local rank 0 (global rank 0 on node 0): a token of request id in gen. May be NULL. */
-    void (*on_token)(void *ctx, uint64_t gen, uint64_t id, uint32_t index, int32_t token);
+    /* Local rank 0 (global rank 0 on node 0): a TOKEN packet (generation, req_id, index,
+     * token, logprobs) as rank 0 sent it. May be NULL. */
+    void (*on_token)(void *ctx, const gang_wctl *tok);
     /* Local rank 0: request id finished (code 0, finish "length"/"stop") or was refused
      * (code < 0, reason). May be NULL. */
     void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,

@@ -19,8 +19,12 @@
  *   worker -> ABORTED(G)                         torn down; weights (later) stay loaded
  *   agent  -> SHUTDOWN                           exit 0
  * Requests (node 0 only: the coordinator's agent and global rank 0):
- *   agent  -> SUBMIT(G, req_id, prompt in blob as int32 ids, max_tokens, sampling, stops)
- *   worker -> TOKEN(G, req_id, index, token)     one per generated token, in order
+ *   agent  -> SUBMIT(G, req_id, n_prompt, the first prompt ids in blob as int32, max_tokens,
+ *             sampling, penalties, stops, ignore_eos, logprobs)
+ *   agent  -> PROMPT(G, req_id, index = offset, ids in blob)   the rest of a prompt longer
+ *                                                than one blob, in order, until n_prompt
+ *                                                ids are there; then the worker queues it
+ *   worker -> TOKEN(G, req_id, index, token, logprob, top)  one per generated token, in order
  *   worker -> DONE(G, req_id, code, finish)      code 0: finished ("length" or "stop");
  *                                                code < 0: refused, reason says why
  *   agent  -> CANCEL(G, req_id)                  the agent answered it already (deadline):
@@ -35,6 +39,7 @@
 
 #include <stdint.h>
 
+#include "ganglion/model.h"
 #include "ganglion/rendezvous.h"
 
 typedef enum gang_wctl_type {
@@ -51,10 +56,11 @@ typedef enum gang_wctl_type {
     GANG_WCTL_SUBMIT = 11,
     GANG_WCTL_TOKEN = 12,
     GANG_WCTL_DONE = 13,
-    GANG_WCTL_CANCEL = 14
+    GANG_WCTL_CANCEL = 14,
+    GANG_WCTL_PROMPT = 15
 } gang_wctl_type;
 
-/* Prompt ids one SUBMIT can carry (the blob holds them as int32). */
+/* Prompt ids one SUBMIT or PROMPT packet carries (the blob holds them as int32). */
 #define GANG_WCTL_MAX_PROMPT (GANG_BLOB_MAX / 4)
 
 typedef struct gang_wctl {
@@ -68,18 +74,29 @@ typedef struct gang_wctl {
     uint32_t world_size; /* START: ranks in the gang */
     uint32_t blob_len;   /* BLOB, START */
     uint8_t blob[GANG_BLOB_MAX];
-    char reason[GANG_REASON_MAX]; /* ERROR, DONE with code < 0 */
-    uint64_t req_id;              /* SUBMIT, TOKEN, DONE */
-    uint32_t max_tokens;          /* SUBMIT */
-    uint32_t top_k;               /* SUBMIT */
-    float temperature;            /* SUBMIT */
-    float top_p;                  /* SUBMIT */
-    uint64_t seed;                /* SUBMIT */
-    uint32_t n_stop;              /* SUBMIT */
-    int32_t stop[16];             /* SUBMIT: stop token ids */
-    int32_t token;                /* TOKEN */
-    uint32_t index;               /* TOKEN: 0-based among the generated tokens */
-    char finish[8];               /* DONE: "length" or "stop" */
+    char reason[GANG_REASON_MAX];           /* ERROR, DONE with code < 0 */
+    uint64_t req_id;                        /* SUBMIT, TOKEN, DONE */
+    uint32_t max_tokens;                    /* SUBMIT */
+    uint32_t top_k;                         /* SUBMIT */
+    float temperature;                      /* SUBMIT */
+    float top_p;                            /* SUBMIT */
+    uint64_t seed;                          /* SUBMIT */
+    uint32_t n_stop;                        /* SUBMIT */
+    int32_t stop[16];                       /* SUBMIT: stop token ids */
+    int32_t token;                          /* TOKEN */
+    uint32_t index;                         /* TOKEN: 0-based among the generated tokens */
+    char finish[8];                         /* DONE: "length" or "stop" */
+    uint32_t n_prompt;                      /* SUBMIT, PROMPT: ids of the whole prompt */
+    uint32_t ignore_eos;                    /* SUBMIT */
+    uint32_t logprobs;                      /* SUBMIT: report logprobs */
+    uint32_t top_logprobs;                  /* SUBMIT: alternatives per token */
+    float presence_penalty;                 /* SUBMIT */
+    float frequency_penalty;                /* SUBMIT */
+    float repetition_penalty;               /* SUBMIT */
+    float logprob;                          /* TOKEN */
+    uint32_t n_top;                         /* TOKEN */
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS]; /* TOKEN */
+    float top_lp[GANG_MAX_TOP_LOGPROBS];    /* TOKEN */
 } gang_wctl;
 
 #endif

@@ -37,6 +37,7 @@
  * the thread and frees them.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -69,6 +70,8 @@ struct gang__wres {
     gang_kernels *k;           /* NULL without --model */
     gang_topology topo;        /* valid with a model */
 };
+
+_Static_assert(sizeof(gang__wevent) <= PIPE_BUF, "a worker event must be written atomically");
 
 /* Writes ev to the main thread's pipe whole (smaller than PIPE_BUF, so atomic). */
 static void event_write(int fd, const gang__wevent *ev)
@@ -548,6 +551,10 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             ev.req_id = ge.id;
             ev.token = ge.token;
             ev.index = ge.index;
+            ev.logprob = ge.logprob;
+            ev.n_top = ge.n_top;
+            memcpy(ev.top_ids, ge.top_ids, sizeof(ev.top_ids));
+            memcpy(ev.top_lp, ge.top_logprobs, sizeof(ev.top_lp));
             gang_strlcpy(ev.finish, ge.finish, sizeof(ev.finish));
             wstep_event(s, &ev);
         }
@@ -641,7 +648,7 @@ int gang__wstep_start(const gang__wstep_config *cfg, gang__wstep **out)
 
 int gang__wstep_submit(gang__wstep *s, const gang_gen_request *r)
 {
-    if (s == NULL || r == NULL || r->n_prompt > GANG_WCTL_MAX_PROMPT)
+    if (s == NULL || r == NULL)
         return GANG_EINVAL;
     wreq *q = malloc(sizeof(*q) + (size_t)r->n_prompt * sizeof(int32_t));
     if (q == NULL)

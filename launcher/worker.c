@@ -44,6 +44,17 @@ extern char **environ;
 
 #define WORKER_NO_RANK UINT32_MAX /* ERROR / HEARTBEAT rank before START gives one */
 
+/* A prompt longer than one packet, being assembled from its PROMPT pieces. */
+typedef struct worker_piece {
+    struct worker_piece *next;
+    gang_wctl head; /* the SUBMIT: request fields */
+    uint32_t got;   /* ids received */
+    int32_t ids[];  /* [head.n_prompt] */
+} worker_piece;
+
+#define WORKER_MAX_PIECES 64            /* prompts in assembly at once */
+#define WORKER_MAX_PIECE_IDS (1u << 22) /* their ids together (16 MiB) */
+
 typedef struct worker {
     gang_worker_config conf; /* derived once from the parameters (layout.c) */
     uint32_t local_rank;
@@ -61,7 +72,10 @@ typedef struct worker {
     gang__wstep *step;    /* running data plane, NULL when none */
     uint64_t step_gen;    /* its generation */
     uint64_t next_hb_ms;  /* when the next heartbeat is due */
-    int quit;             /* leave the loop with exit_code */
+    worker_piece *pieces; /* prompts in assembly (rank 0) */
+    uint32_t n_pieces;
+    uint32_t piece_ids; /* ids those hold room for */
+    int quit;           /* leave the loop with exit_code */
     int exit_code;
 } worker;
 
@@ -254,8 +268,10 @@ static void worker_drain_events(worker *w)
  * generation is open and no event of one is pending. Bounded by the abort latency of the
  * data thread (milliseconds).
  */
+static void worker_drop_pieces(worker *w);
 static void worker_teardown(worker *w)
 {
+    worker_drop_pieces(w);
     if (w->step != NULL) {
         gang__wstep_stop(w->step);
         w->step = NULL;
@@ -421,25 +437,30 @@ static void on_start(worker *w, const gang_wctl *m)
     gang_info("START: rank %u of %u joins the data plane", m->rank, m->world_size);
 }
 
-/*
- * SUBMIT(G, request): rank 0 of generation G queues it for its data thread. A request for
- * another generation, or arriving where no data thread runs, is dropped: the agent
- * submits everything it still owes again after the next START.
- */
-static void on_submit(worker *w, const gang_wctl *m)
+/* Refuses request id of generation gen back to the agent: DONE with code and the reason. */
+static void worker_refuse(worker *w, uint64_t gen, uint64_t id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void worker_refuse(worker *w, uint64_t gen, uint64_t id, int code, const char *fmt, ...)
 {
-    if (worker_fence(w, m, "SUBMIT") != 0)
-        return;
-    if (w->step == NULL || w->step_gen != m->generation || w->rank != 0) {
-        gang_debug("SUBMIT of request %llu dropped: no rank-0 data plane in generation %llu",
-                   (unsigned long long)m->req_id, (unsigned long long)m->generation);
-        return;
-    }
+    gang_wctl d;
+    va_list ap;
+    worker_msg(w, &d, GANG_WCTL_DONE, gen);
+    d.req_id = id;
+    d.code = code;
+    va_start(ap, fmt);
+    vsnprintf(d.reason, sizeof(d.reason), fmt, ap);
+    va_end(ap);
+    worker_reply(w, &d);
+}
+
+/* Queues a complete request (header m, prompt ids) for the data thread. */
+static void worker_queue(worker *w, const gang_wctl *m, const int32_t *prompt, uint32_t n_prompt)
+{
     gang_gen_request r;
     memset(&r, 0, sizeof(r));
     r.id = m->req_id;
-    r.prompt = (const int32_t *)(const void *)m->blob;
-    r.n_prompt = m->blob_len / 4;
+    r.prompt = prompt;
+    r.n_prompt = n_prompt;
     r.max_tokens = m->max_tokens;
     r.n_stop = m->n_stop > GANG_MAX_STOP_TOKENS ? GANG_MAX_STOP_TOKENS : m->n_stop;
     memcpy(r.stop, m->stop, r.n_stop * sizeof(int32_t));
@@ -447,15 +468,112 @@ static void on_submit(worker *w, const gang_wctl *m)
     r.sampling.top_k = m->top_k;
     r.sampling.top_p = m->top_p;
     r.sampling.seed = m->seed;
+    r.sampling.presence_penalty = m->presence_penalty;
+    r.sampling.frequency_penalty = m->frequency_penalty;
+    r.sampling.repetition_penalty = m->repetition_penalty;
+    r.ignore_eos = m->ignore_eos;
+    r.logprobs = m->logprobs;
+    r.top_logprobs = m->top_logprobs;
     int rc = gang__wstep_submit(w->step, &r);
-    if (rc != 0) {
-        gang_wctl d;
-        worker_msg(w, &d, GANG_WCTL_DONE, m->generation);
-        d.req_id = m->req_id;
-        d.code = rc;
-        snprintf(d.reason, sizeof(d.reason), "cannot queue the request: %s", gang_strerror(rc));
-        worker_reply(w, &d);
+    if (rc != 0)
+        worker_refuse(w, m->generation, m->req_id, rc, "cannot queue the request: %s",
+                      gang_strerror(rc));
+}
+
+/* Drops every prompt being assembled (their generation ended, or the worker stops). */
+static void worker_drop_pieces(worker *w)
+{
+    while (w->pieces != NULL) {
+        worker_piece *p = w->pieces;
+        w->pieces = p->next;
+        free(p);
     }
+    w->n_pieces = 0;
+    w->piece_ids = 0;
+}
+
+/* Whether rank 0 of generation gen can take a request now (logs a dropped one). */
+static int worker_takes(worker *w, const gang_wctl *m, const char *what)
+{
+    if (worker_fence(w, m, what) != 0)
+        return 0;
+    if (w->step == NULL || w->step_gen != m->generation || w->rank != 0) {
+        gang_debug("%s of request %llu dropped: no rank-0 data plane in generation %llu", what,
+                   (unsigned long long)m->req_id, (unsigned long long)m->generation);
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * SUBMIT(G, request): rank 0 of generation G queues it for its data thread, at once when
+ * the packet holds the whole prompt, else after its PROMPT pieces. A request for another
+ * generation, or arriving where no data thread runs, is dropped: the agent submits
+ * everything it still owes again after the next START. A prompt longer than the context,
+ * or more prompts in assembly than WORKER_MAX_PIECES, is refused (DONE with an error).
+ */
+static void on_submit(worker *w, const gang_wctl *m)
+{
+    if (!worker_takes(w, m, "SUBMIT"))
+        return;
+    uint32_t here = m->blob_len / 4, total = m->n_prompt ? m->n_prompt : here;
+    if (total == here) {
+        worker_queue(w, m, (const int32_t *)(const void *)m->blob, here);
+        return;
+    }
+    if (total < here || total > WORKER_MAX_PIECE_IDS - w->piece_ids ||
+        w->n_pieces >= WORKER_MAX_PIECES) {
+        worker_refuse(w, m->generation, m->req_id, GANG_EINVAL,
+                      "a prompt of %u ids does not fit (%u prompts of %u ids in assembly)", total,
+                      w->n_pieces, w->piece_ids);
+        return;
+    }
+    worker_piece *p = malloc(sizeof(*p) + (size_t)total * sizeof(int32_t));
+    if (p == NULL) {
+        worker_refuse(w, m->generation, m->req_id, GANG_ENOMEM, "no memory for the prompt");
+        return;
+    }
+    p->head = *m;
+    p->got = here;
+    memcpy(p->ids, m->blob, (size_t)here * sizeof(int32_t));
+    p->next = w->pieces;
+    w->pieces = p;
+    w->n_pieces++;
+    w->piece_ids += total;
+}
+
+/* PROMPT(G, request, offset, ids): the next piece of a prompt; the last one queues it. */
+static void on_prompt_piece(worker *w, const gang_wctl *m)
+{
+    if (!worker_takes(w, m, "PROMPT"))
+        return;
+    worker_piece **pp = &w->pieces;
+    while (*pp != NULL &&
+           ((*pp)->head.req_id != m->req_id || (*pp)->head.generation != m->generation))
+        pp = &(*pp)->next;
+    worker_piece *p = *pp;
+    uint32_t n = m->blob_len / 4;
+    if (p == NULL || m->index != p->got || n > p->head.n_prompt - p->got) {
+        if (p != NULL) {
+            *pp = p->next;
+            w->n_pieces--;
+            w->piece_ids -= p->head.n_prompt;
+            free(p);
+        }
+        worker_refuse(w, m->generation, m->req_id, GANG_EPROTO,
+                      "prompt piece at %u of request %llu out of order", m->index,
+                      (unsigned long long)m->req_id);
+        return;
+    }
+    memcpy(p->ids + p->got, m->blob, (size_t)n * sizeof(int32_t));
+    p->got += n;
+    if (p->got < p->head.n_prompt)
+        return;
+    *pp = p->next;
+    w->n_pieces--;
+    w->piece_ids -= p->head.n_prompt;
+    worker_queue(w, &p->head, p->ids, p->got);
+    free(p);
 }
 
 /* ABORT(G): tear the data plane down in place and confirm with ABORTED(G). */
@@ -515,6 +633,9 @@ static void worker_on_agent(worker *w)
         break;
     case GANG_WCTL_SUBMIT:
         on_submit(w, &m);
+        break;
+    case GANG_WCTL_PROMPT:
+        on_prompt_piece(w, &m);
         break;
     case GANG_WCTL_CANCEL:
         if (worker_fence(w, &m, "CANCEL") == 0 && w->step != NULL && w->step_gen == m.generation &&
@@ -577,6 +698,10 @@ static void worker_on_events(worker *w)
             r.req_id = ev.req_id;
             r.token = ev.token;
             r.index = ev.index;
+            r.logprob = ev.logprob;
+            r.n_top = ev.n_top <= GANG_MAX_TOP_LOGPROBS ? ev.n_top : 0;
+            memcpy(r.top_ids, ev.top_ids, sizeof(r.top_ids));
+            memcpy(r.top_lp, ev.top_lp, sizeof(r.top_lp));
             r.code = ev.code;
             memcpy(r.finish, ev.finish, sizeof(r.finish));
             r.finish[sizeof(r.finish) - 1] = '\0';

@@ -126,6 +126,10 @@ typedef struct gang__wevent {
     int32_t token;                /* TOKEN */
     uint32_t index;               /* TOKEN */
     char finish[8];               /* DONE: "length" or "stop" */
+    float logprob;                /* TOKEN, when asked */
+    uint32_t n_top;               /* TOKEN: alternatives */
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
+    float top_lp[GANG_MAX_TOP_LOGPROBS];
 } gang__wevent;
 
 typedef struct gang__wres gang__wres;
