@@ -344,7 +344,7 @@ static int eval_display(chat_ctx *c, const gang__chat_node *n, cv *out)
         return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
     for (size_t i = 0; !rc && i < n->nitems; i++)
         rc = gang__chat_eval(c, n->items[i], &v[i]);
-    *l = (cv_list){.n = n->nitems, .v = v};
+    *l = (cv_list){.n = n->nitems, .v = v, .tuple = n->kind == N_TUPLE};
     out->kind = CV_LIST;
     out->u.list = l;
     return rc;

@@ -118,7 +118,9 @@ static int f_select(chat_ctx *c, const cv *v, const cv *args, size_t nargs, bool
     cv_list items;
     cv *kept, targs[17];
     size_t k = 0, skip = attr ? 1 : 0;
-    int rc = gang__cv_items(c, v, &items);
+    int rc = gang__cv_truthy(v) ? gang__cv_items(c, v, &items) : 0; /* jinja2: `if value:` */
+    if (!gang__cv_truthy(v))
+        items = (cv_list){0};
     if (rc || (rc = new_list(c, items.n, out, &kept)))
         return rc;
     if (attr && (nargs < 1 || args[0].kind != CV_STR))
@@ -157,7 +159,9 @@ static int f_map(chat_ctx *c, const cv *v, const cv *args, size_t nargs, const c
     cv *res, fargs[17];
     const cv *attr = kwarg(kwn, kwl, kwv, nkw, "attribute");
     const cv *dflt = kwarg(kwn, kwl, kwv, nkw, "default");
-    int rc = gang__cv_items(c, v, &items);
+    int rc = gang__cv_truthy(v) ? gang__cv_items(c, v, &items) : 0; /* jinja2: `if value:` */
+    if (!gang__cv_truthy(v))
+        items = (cv_list){0};
     if (rc || (rc = new_list(c, items.n, out, &res)))
         return rc;
     if ((attr && (attr->kind != CV_STR || nargs)) || (!attr && (nargs < 1 || nkw)) ||

@@ -52,6 +52,7 @@ typedef struct cv cv;
 typedef struct cv_list {
     size_t n;
     cv *v;
+    bool tuple; /* a Python tuple: printed (a, b), accepted by startswith */
 } cv_list;
 typedef struct cv_dict {
     size_t n, cap;

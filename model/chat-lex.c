@@ -14,6 +14,7 @@
  * The caller has already normalized newlines and dropped one final newline, as jinja2
  * does with keep_trailing_newline=False.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,8 +222,9 @@ static int lex_number(lexer *l)
         t->f = strtod(buf, NULL);
     } else {
         char *end;
+        errno = 0;
         unsigned long long v = strtoull(buf, &end, 10);
-        if (v > INT64_MAX || p - start > 18)
+        if (v > INT64_MAX || errno == ERANGE)
             return lex_fail(l, start, "integer literal out of range");
         t->i = (int64_t)v;
     }

@@ -362,7 +362,9 @@ static int parse_filters(parser *p, gang__chat_node **node)
     }
 }
 
-static int parse_unary(parser *p, gang__chat_node **out)
+/* Unary minus and plus over a primary with its postfixes; filters and tests apply to the
+ * whole (jinja2: -3|abs is abs(-3)) unless WITH_FILTER is false (the operand of - or +). */
+static int parse_unary_f(parser *p, bool with_filter, gang__chat_node **out)
 {
     int rc;
     const chat_tok *t = cur(p);
@@ -374,15 +376,21 @@ static int parse_unary(parser *p, gang__chat_node **out)
             return GANG_ENOMEM;
         n->op = is_op(t, "-") ? OP_NEG : OP_POS;
         p->i++;
-        if ((rc = parse_unary(p, &n->a)))
+        if ((rc = parse_unary_f(p, false, &n->a)))
             return rc;
         *out = n;
-    } else if ((rc = parse_primary(p, out)) || (rc = parse_postfix(p, out))) {
+    } else if ((rc = parse_primary(p, out))) {
         return rc;
     }
-    rc = parse_filters(p, out);
+    if ((rc = parse_postfix(p, out)) || (with_filter && (rc = parse_filters(p, out))))
+        return rc;
     p->depth--;
-    return rc;
+    return 0;
+}
+
+static int parse_unary(parser *p, gang__chat_node **out)
+{
+    return parse_unary_f(p, true, out);
 }
 
 /* One level of left-associative binary operators (LEVEL 0: **, 1: * / // %, 2: ~,
@@ -577,7 +585,7 @@ static int parse_tuple_expr(parser *p, bool cond, gang__chat_node **out)
 /* {% if %} after its name: the condition, the body, then elif / else / endif. */
 static int parse_if(parser *p, const chat_tok *at, gang__chat_node **out)
 {
-    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    static const char *const ends[] = {"endif", "elif", "else", NULL};
     static const char *const endif[] = {"endif", NULL};
     gang__chat_node *n = mk(p, N_IF, at);
     size_t which;
@@ -589,9 +597,9 @@ static int parse_if(parser *p, const chat_tok *at, gang__chat_node **out)
         return rc;
     const chat_tok *t = cur(p);
     p->i++;
-    if (which == 0) {
+    if (which == 1) {
         rc = parse_if(p, t, &n->c);
-    } else if (which == 1) {
+    } else if (which == 2) {
         if ((rc = expect_kind(p, T_BLOCK_END, "'%}'")) ||
             (rc = parse_body(p, endif, &n->c, &which)))
             return rc;

@@ -244,13 +244,14 @@ static int str_method(chat_ctx *c, const cv *s, const char *name, size_t n, cons
     case 4:
     case 5: {
         bool r = false;
-        if (args[0].kind == CV_LIST) {
+        if (args[0].kind == CV_LIST && args[0].u.list->tuple) {
             for (size_t i = 0; i < args[0].u.list->n && !r; i++)
                 r = affix(s, &args[0].u.list->v[i], k == 5);
         } else if (args[0].kind == CV_STR) {
             r = affix(s, &args[0], k == 5);
         } else {
-            return gang__chat_fail(c, GANG_EMODEL, "%s() takes a string", str_methods[k]);
+            return gang__chat_fail(c, GANG_EMODEL, "%s() takes a string or a tuple of strings",
+                                   str_methods[k]);
         }
         out->kind = CV_BOOL;
         out->u.b = r;
@@ -278,6 +279,7 @@ int gang__chat_dict_view(chat_ctx *c, const cv_dict *d, int which, cv *out)
         } else {
             cv *pair;
             if (!(rc = new_list(c, 2, &items[i], &pair))) {
+                items[i].u.list->tuple = true;
                 pair[0] = d->k[i];
                 pair[1] = d->v[i];
             }

@@ -281,14 +281,17 @@ static int cv_repr(chat_ctx *c, chat_buf *b, const cv *v, int depth)
     if (v->kind == CV_STR)
         return str_repr(c, b, v->u.s.s, v->u.s.n);
     if (v->kind == CV_LIST) {
-        rc = gang__buf_put(c, b, "[", 1);
+        bool tuple = v->u.list->tuple;
+        rc = gang__buf_put(c, b, tuple ? "(" : "[", 1);
         for (size_t i = 0; !rc && i < v->u.list->n; i++) {
             if (i)
                 rc = gang__buf_put(c, b, ", ", 2);
             if (!rc)
                 rc = cv_repr(c, b, &v->u.list->v[i], depth + 1);
         }
-        return rc ? rc : gang__buf_put(c, b, "]", 1);
+        if (!rc && tuple && v->u.list->n == 1)
+            rc = gang__buf_put(c, b, ",", 1);
+        return rc ? rc : gang__buf_put(c, b, tuple ? ")" : "]", 1);
     }
     if (v->kind == CV_DICT) {
         rc = gang__buf_put(c, b, "{", 1);

@@ -55,4 +55,5 @@ fi
 if [ -x "$here/fetch-test-models.sh" ]; then
     "$here/fetch-test-models.sh" >/dev/null ||
         echo "install-deps: WARNING: fetch-test-models.sh failed: tokenizer-compare will skip" >&2
+    "$here/fetch-chat-templates.sh" >/dev/null || echo "install-deps: WARNING: fetch-chat-templates.sh failed: chat-template-compare will skip" >&2
 fi
