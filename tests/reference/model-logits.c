@@ -1,8 +1,10 @@
 /*
  * model-logits: loads a model directory single-rank with gang_model_load, runs the
  * generation engine's forward pass on the given token ids (one request, one sampled
- * token) and prints the logits of the last position as JSON, {"logits": [...]}, for the
- * numpy reference (tests/reference/reference.py) to compare against.
+ * token) and prints the logits of the last position as JSON, {"logits": [...]}, with the
+ * engine's raw logprobs of that step (the greedy token's and the top 5: "token",
+ * "logprob", "top_ids", "top_logprobs"), for the numpy reference
+ * (tests/reference/reference.py) to compare against.
  *
  *   model-logits DIR 1,2,3
  *
@@ -39,6 +41,27 @@ static uint32_t parse_ids(const char *s, int32_t *ids)
     return *s == '\0' ? n : 0;
 }
 
+/* Prints the logprobs of the step's TOKEN event (the fields after "logits"). */
+static int print_logprobs(gang_engine *e)
+{
+    gang_gen_event ev;
+    uint32_t i;
+
+    while (gang_engine_poll(e, &ev) == 1) {
+        if (ev.kind != GANG_GEN_TOKEN)
+            continue;
+        printf(",\"token\":%d,\"logprob\":%.9g,\"top_ids\":[", ev.token, (double)ev.logprob);
+        for (i = 0; i < ev.n_top; i++)
+            printf("%s%d", i > 0 ? "," : "", ev.top_ids[i]);
+        printf("],\"top_logprobs\":[");
+        for (i = 0; i < ev.n_top; i++)
+            printf("%s%.9g", i > 0 ? "," : "", (double)ev.top_logprobs[i]);
+        printf("]");
+        return 0;
+    }
+    return GANG_EINTERNAL;
+}
+
 /* Runs one request of the prompt ids through a single-rank engine; prints its logits. */
 static int run(gang_model *m, const int32_t *ids, uint32_t n)
 {
@@ -69,6 +92,8 @@ static int run(gang_model *m, const int32_t *ids, uint32_t n)
     r.n_prompt = n;
     r.max_tokens = 1;
     r.sampling.top_p = 1.0f;
+    r.logprobs = 1;
+    r.top_logprobs = 5;
     rc = gang_engine_submit(e, &r, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "model-logits: %s\n", err);
@@ -85,7 +110,9 @@ static int run(gang_model *m, const int32_t *ids, uint32_t n)
     printf("{\"logits\":[");
     for (i = 0; i < m->topo.vocab; i++)
         printf("%s%.9g", i > 0 ? "," : "", (double)lg[i]);
-    printf("]}\n");
+    printf("]");
+    rc = print_logprobs(e);
+    printf("}\n");
 
 out_kernels:
     gang_kernels_close(k);

@@ -16,7 +16,8 @@ Modes:
       embeddings, bf16 in two shards, mistral in f16), runs the C tool model-logits on each
       (the engine's single-rank forward on gang_model_load's shard) and asserts that its
       logits agree with this reference within 1e-4 relative (max abs difference over max
-      abs reference). Exit 0 on agreement, 1 on a mismatch, 77 when numpy is missing.
+      abs reference), and that its raw logprobs (the greedy token's and the top 5, ids in
+      order) equal the log-softmax of the reference logits within 1e-4. Exit 0 on agreement, 1 on a mismatch, 77 when numpy is missing.
 """
 import json
 import os
@@ -31,6 +32,7 @@ except ImportError:  # the CTest treats 77 as "skipped"
     sys.exit(77)
 
 REL_TOL = 1e-4
+LOGPROB_TOL = 1e-4
 
 
 # ------------------------------------------------------------------------------------
@@ -165,6 +167,26 @@ MODELS = [
 IDS = [1, 17, 42, 5, 99, 3, 150, 7, 64, 2, 33]
 
 
+def log_softmax(x):
+    m = np.max(x)
+    return x - (m + np.log(np.sum(np.exp(x - m))))
+
+
+def logprob_error(got, ref_logits):
+    """Largest difference between the engine's raw logprobs (the sampled token's and its
+    top 5) and the log-softmax of the reference logits; inf when the top ids differ from
+    the reference's order (value descending, then id ascending)."""
+    lp = log_softmax(ref_logits)
+    order = sorted(range(lp.size), key=lambda i: (-lp[i], i))[:len(got["top_ids"])]
+    if len(got["top_ids"]) != 5 or list(got["top_ids"]) != order:
+        print("logprobs: top ids %s, reference %s" % (got["top_ids"], order))
+        return float("inf")
+    err = abs(got["logprob"] - lp[got["token"]])
+    for i, v in zip(got["top_ids"], got["top_logprobs"]):
+        err = max(err, abs(v - lp[i]))
+    return float(err)
+
+
 def check(ganglion, tool, workdir):
     os.makedirs(workdir, exist_ok=True)
     failed = 0
@@ -184,8 +206,11 @@ def check(ganglion, tool, workdir):
             continue
         rel = np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30)
         ok = rel <= REL_TOL and int(np.argmax(got)) == int(np.argmax(ref))
+        lp_err = logprob_error(json.loads(out), ref)
+        ok = ok and lp_err <= LOGPROB_TOL
         print(json.dumps({"model": name, "rel_err": float(rel), "argmax": int(np.argmax(got)),
-                          "ref_argmax": int(np.argmax(ref)), "ok": bool(ok)}))
+                          "ref_argmax": int(np.argmax(ref)), "logprob_err": lp_err,
+                          "ok": bool(ok)}))
         failed += 0 if ok else 1
     return 1 if failed else 0
 
