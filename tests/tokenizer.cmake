@@ -9,6 +9,9 @@ set_tests_properties(unit-tokenizer PROPERTIES TIMEOUT 60)
 
 add_executable(tok-driver tokenizer/tok-driver.c)
 target_link_libraries(tok-driver PRIVATE gang_tokenizer PkgConfig::CJSON)
+# Encode throughput helper of bench/tokenizer-throughput.py (not a test by itself).
+add_executable(tok-bench tokenizer/tok-bench.c)
+target_link_libraries(tok-bench PRIVATE gang_tokenizer)
 add_test(NAME tokenizer-compare
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/run-compare.sh
           ${PROJECT_SOURCE_DIR} $<TARGET_FILE:tok-driver>)
