@@ -19,6 +19,7 @@ PKGS=(
     curl python3 iproute2 procps psmisc
     python3-numpy         # the independent numpy reference of the model's logits
     python3-torch python3-venv   # transformers, the reference (scripts/fetch-reference.sh)
+    python3-matplotlib    # the plots of bench/serve-load.py (docs/serve-load.png)
     dnsmasq-base          # cluster DNS of the Kubernetes simulation (tests/k8s-sim)
     bridge-utils          # Pod network of the Kubernetes simulation
 )
