@@ -1,111 +1,206 @@
 #!/usr/bin/env bash
-# The main job on one machine: make a tiny random Llama-shaped model with `ganglion
-# mkmodel`, serve it from a local TP=2 x PP=2 gang on the CPU (2 nodes x 2 ranks on
-# 127.0.0.1 / 127.0.0.2), send a few completions and print them with tokens/s, kill -9 a
-# worker while a request is in flight and show that the request still completes (with the
-# same tokens a healthy gang gives), then stop cleanly.
+# `make demo`: the real model behind the OpenAI-compatible API, on this machine's CPUs.
+#
+#  1. fetches SmolLM2-135M-Instruct through scripts/fetch-reference.sh (cached; the first
+#     run downloads it and the reference Python with the official `openai` client);
+#  2. serves it from a local gang, TP 1 x PP 2 (2 agents on 127.0.0.1 / 127.0.0.2, one
+#     worker rank each, 15 layers per stage), with an API key (--api-key-file);
+#  3. asks "What is the capital of France?" through POST /v1/chat/completions, streamed,
+#     and prints the answer as it arrives (scripts/demo-chat.py, the openai client);
+#  4. asks for a longer streamed answer and kill -9's a worker in the middle of it: the
+#     gang restarts and the stream completes; then the same request on the healthy gang,
+#     both texts printed with an "identical" / "DIFFERENT" verdict (exit 1 if different);
+#  5. shows the /metrics lines of the restart and the resubmitted request, stops the gang
+#     with SIGTERM and checks that it exits 0.
+#
+#   bash scripts/demo.sh [path/to/ganglion]        (make demo passes build/bin/ganglion)
+#
+# Environment (optional): DEMO_MODEL (a model directory to serve instead of fetching),
+# DEMO_PYTHON (a Python with `openai`), DEMO_TP / DEMO_PP (layout; TP x PP ranks on
+# DEMO_PP agents), DEMO_LONG_TOKENS (length of the long answer, default 80),
+# DEMO_HTTP_PORT / DEMO_RDZV_PORT (default: free ports), DEMO_READY_TIMEOUT (s, 180).
+# Everything it writes (the gang's log, the key, the answers) is in one temp dir, kept and
+# printed at the end; on a failure the log's tail and its path are printed.
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
 BIN=${1:-build/bin/ganglion}
-HTTP=${DEMO_HTTP_PORT:-18000}
-RDZV=${DEMO_RDZV_PORT:-18400}
+TP=${DEMO_TP:-1}
+PP=${DEMO_PP:-2}
+LONG_TOKENS=${DEMO_LONG_TOKENS:-80}
+READY_TIMEOUT=${DEMO_READY_TIMEOUT:-180}
 WORK=$(mktemp -d -t ganglion-demo.XXXXXX)
 LOG="$WORK/gang.log"
-MODEL="$WORK/model"
+GANG=
 
-echo "== ganglion mkmodel: a random Llama-family model (4 layers, hidden 256, 8 heads / 4 kv heads)"
-"$BIN" mkmodel --out "$MODEL" --layers 4 --hidden 256 --heads 8 --kv-heads 4 --ffn 512 \
-    --vocab 1024 --max-pos 512 --seed 1 --dtype bf16
-ls -l "$MODEL"
+[ -x "$BIN" ] || { echo "demo: $BIN is not an executable ganglion (make build first)"; exit 1; }
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
-"$BIN" serve --local --nnodes 2 --nproc-per-node 2 --tp 2 --pp 2 --microbatches 2 \
-    --model "$MODEL" --kv-cache-mb 64 --max-batch 8 \
-    --http-port "$HTTP" --rdzv-port "$RDZV" \
-    --heartbeat-interval-ms 100 --heartbeat-timeout-ms 1000 >"$LOG" 2>&1 &
-GANG=$!
-cleanup() { kill -TERM "$GANG" 2>/dev/null || true; wait "$GANG" 2>/dev/null || true; }
-trap cleanup EXIT
-
-status() { curl -s --max-time 2 "http://$1:$HTTP/status"; }
-field() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval('d'+sys.argv[1]))" "$1"; }
-complete() { curl -s --max-time 120 -H 'Content-Type: application/json' -d "$1" "http://127.0.0.1:$HTTP/v1/completions"; }
-show() {
-    python3 -c '
-import json, sys
-r = json.load(sys.stdin)
-if "error" in r:
-    print("  error:", r["error"]); sys.exit(1)
-c, t = r["choices"][0], r["timings"]
-toks = c["tokens"]
-more = " ... (%d more)" % (len(toks) - 32) if len(toks) > 32 else ""
-print("  tokens (%d, %s): %s%s" % (len(toks), c["finish_reason"], " ".join(map(str, toks[:32])), more))
-print("  prefill %.1f ms, decode %.1f tokens/s, total %.1f ms, generations of the gang: %d"
-      % (t["prefill_ms"], t["decode_tokens_per_s"], t["total_ms"], t["generations"]))'
+fail() {
+    echo
+    echo "demo FAILED: $*"
+    if [ -s "$LOG" ]; then
+        echo "---- last lines of the gang's log ($LOG)"
+        tail -25 "$LOG"
+        echo "----"
+    fi
+    echo "the gang's log: $LOG (work dir $WORK)"
+    exit 1
 }
+stop_gang() {
+    [ -n "$GANG" ] || return 0
+    if kill -0 "$GANG" 2>/dev/null; then
+        kill -TERM "$GANG" 2>/dev/null || true
+        for _ in $(seq 150); do kill -0 "$GANG" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$GANG" 2>/dev/null; then
+            echo "demo: the gang did not stop within 15 s of SIGTERM; SIGKILL"
+            kill -KILL "$GANG" 2>/dev/null || true
+        fi
+    fi
+    local rc=0
+    wait "$GANG" 2>/dev/null || rc=$?
+    GANG=
+    return $rc
+}
+on_exit() {
+    local rc=$?
+    stop_gang || true
+    if [ $rc -ne 0 ]; then echo "demo: exit $rc; the gang's log: $LOG"; fi
+}
+trap on_exit EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 - <<'EOF'
+import socket
+while True:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
+    try:
+        t = socket.socket(); t.bind(("127.0.0.2", p)); t.close(); s.close(); print(p); break
+    except OSError:
+        s.close()
+EOF
+}
+HTTP=${DEMO_HTTP_PORT:-$(free_port)}
+RDZV=${DEMO_RDZV_PORT:-$(free_port)}
+API=http://127.0.0.1:$HTTP
+
+echo "== the model: SmolLM2-135M-Instruct (scripts/fetch-reference.sh smollm2; cached after the first run)"
+if [ -n "${DEMO_MODEL:-}" ]; then
+    MODEL=$DEMO_MODEL
+else
+    MODEL=$(bash "$here/fetch-reference.sh" smollm2 | tail -1) ||
+        fail "scripts/fetch-reference.sh smollm2 could not provide the model (its reason is above)"
+fi
+[ -f "$MODEL/config.json" ] && [ -f "$MODEL/tokenizer.json" ] ||
+    fail "$MODEL has no config.json or tokenizer.json"
+if [ -n "${DEMO_PYTHON:-}" ]; then
+    PY=$DEMO_PYTHON
+else
+    PY=$(bash "$here/fetch-reference.sh" python | tail -1) ||
+        fail "scripts/fetch-reference.sh python could not provide the reference Python"
+fi
+"$PY" -c 'import openai' 2>/dev/null || fail "$PY cannot import openai"
+echo "   $MODEL ($(du -sh "$MODEL/model.safetensors" | cut -f1) of float32 weights); client: $("$PY" -c 'import openai; print("openai", openai.__version__)')"
+
+# The API key clients must send (Authorization: Bearer KEY), like k8s/gen-token.sh makes.
+KEY="$WORK/api-key"
+(umask 077 && od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$KEY")
 
 echo
-echo "== starting a local gang: TP=2 x PP=2 (agents on 127.0.0.1 and 127.0.0.2)"
+echo "== ganglion serve --local: TP $TP x PP $PP: $PP agent(s) on 127.0.0.1..127.0.0.$PP, $TP worker rank(s) each; API on $API"
+"$BIN" serve --local --model "$MODEL" --nnodes "$PP" --nproc-per-node "$TP" --tp "$TP" --pp "$PP" \
+    --api-key-file "$KEY" --served-model-name SmolLM2-135M-Instruct \
+    --max-ctx 1024 --kv-cache-mb 64 --max-batch 4 \
+    --http-port "$HTTP" --rdzv-port "$RDZV" --request-timeout-ms 600000 \
+    --heartbeat-interval-ms 200 --heartbeat-timeout-ms 3000 >"$LOG" 2>&1 &
+GANG=$!
 t0=$(date +%s%N)
-for _ in $(seq 1 600); do
-    if curl -sf --max-time 1 "http://127.0.0.1:$HTTP/readyz" >/dev/null 2>&1 &&
-       curl -sf --max-time 1 "http://127.0.0.2:$HTTP/readyz" >/dev/null 2>&1; then break; fi
-    if ! kill -0 "$GANG" 2>/dev/null; then echo "the gang exited; log:"; tail -40 "$LOG"; exit 1; fi
+deadline=$((SECONDS + READY_TIMEOUT))
+until curl -sf --max-time 1 "$API/readyz" >/dev/null 2>&1; do
+    kill -0 "$GANG" 2>/dev/null || fail "the gang exited before it was ready"
+    [ $SECONDS -lt $deadline ] || fail "the gang was not ready after ${READY_TIMEOUT}s"
+    sleep 0.2
+done
+echo "   ready after $(( ($(date +%s%N) - t0) / 1000000 )) ms (agents, workers, weights, gang formation)"
+
+echo
+echo "== the API key: without it 401, with it the model list"
+echo "   \$ curl $API/v1/models"
+echo "   $(curl -s --max-time 5 -w ' (HTTP %{http_code})' "$API/v1/models")"
+echo "   \$ curl -H \"Authorization: Bearer \$(cat $KEY)\" $API/v1/models"
+echo "   $(curl -s --max-time 5 -H "Authorization: Bearer $(cat "$KEY")" "$API/v1/models")"
+
+chat() { "$PY" "$here/demo-chat.py" --url "$API" --api-key-file "$KEY" "$@"; }
+summary() { cat "$WORK/$1.sum"; }
+
+echo
+echo "== a streamed chat completion (openai client, stream=True): What is the capital of France?"
+chat --question "What is the capital of France?" --max-tokens 48 --out "$WORK/paris.txt" \
+    --summary "$WORK/paris.sum" || fail "the streamed chat failed"
+echo "   ($(summary paris))"
+
+gen_of() { curl -s --max-time 2 "$API/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["gang"]["generation"])'; }
+gen=$(gen_of) || fail "no /status"
+victim=$(curl -s --max-time 2 "http://127.0.0.$PP:$HTTP/status" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["local_ranks"][0]["pid"])') ||
+    fail "no pid of the last stage's worker in /status of node $((PP - 1))"
+LONGQ="Tell me a short story about a lighthouse keeper who finds a message in a bottle."
+echo
+echo "== a longer streamed answer ($LONG_TOKENS tokens at most, temperature 0.7, seed 42);"
+echo "   kill -9 worker rank $(((PP - 1) * TP)) (pid $victim, node $((PP - 1)), the last stage) after 12 chunks"
+echo "   Q: $LONGQ"
+tk=$(date +%s%3N)
+chat --question "$LONGQ" --max-tokens "$LONG_TOKENS" --temperature 0.7 --seed 42 \
+    --kill-pid "$victim" --kill-after 12 --out "$WORK/killed.txt" --summary "$WORK/killed.sum" ||
+    fail "the stream did not survive the kill"
+echo "   ($(summary killed))"
+# The restart itself: the gang serves again in a later generation.
+deadline=$((SECONDS + 60))
+while :; do
+    s=$(curl -s --max-time 2 "$API/status" || true)
+    if [ -n "$s" ] && echo "$s" | python3 -c '
+import json, sys
+g = json.load(sys.stdin)["gang"]
+sys.exit(0 if g["state"] == "serving" and g["generation"] > int(sys.argv[1]) else 1)' "$gen"; then
+        break
+    fi
+    [ $SECONDS -lt $deadline ] || fail "the gang did not serve a new generation within 60 s of the kill"
     sleep 0.1
 done
-curl -sf --max-time 1 "http://127.0.0.1:$HTTP/readyz" >/dev/null || { echo "gang did not form; log:"; tail -40 "$LOG"; exit 1; }
-echo "gang READY after $(( ($(date +%s%N) - t0) / 1000000 )) ms (process start-up and model loading included)"
-
-echo
-echo "== three completions (POST /v1/completions)"
-for body in '{"prompt":[1,2,3,4],"max_tokens":16}' \
-            '{"prompt":[10,20,30],"max_tokens":16,"temperature":0.8,"top_p":0.9,"seed":7}' \
-            '{"prompt":[5,6,7,8,9,10,11,12],"max_tokens":32}'; do
-    echo "  request: $body"
-    complete "$body" | show
-done
-
-echo
-echo "== a bad request gets a JSON error and changes nothing"
-curl -s --max-time 5 -H 'Content-Type: application/json' -d '{"prompt":[1,99999],"max_tokens":4}' \
-    -w '  HTTP %{http_code}\n' "http://127.0.0.1:$HTTP/v1/completions"; echo
-
-LONG='{"prompt":[42,43,44],"max_tokens":300}'
-gen=$(status 127.0.0.1 | field "['gang']['generation']")
-victim=$(status 127.0.0.2 | field "['local_ranks'][1]['pid']")
-echo
-echo "== kill -9 worker rank 3 (pid $victim, node 1) while a 300-token request is in flight"
-complete "$LONG" >"$WORK/long.json" &
-CURL=$!
-for _ in $(seq 1 500); do
-    if curl -s --max-time 1 "http://127.0.0.1:$HTTP/metrics" | grep -q '^ganglion_requests_in_flight [1-9]'; then break; fi
-    sleep 0.01
-done
-tk=$(python3 -c 'import time; print(int(time.time()*1000))')
-kill -9 "$victim"
-wait "$CURL"
-for _ in $(seq 1 300); do
-    s=$(status 127.0.0.1 || true)
-    if [ -n "$s" ] && [ "$(echo "$s" | field "['gang']['state']")" = serving ] &&
-       [ "$(echo "$s" | field "['gang']['generation']")" -gt "$gen" ]; then break; fi
-    sleep 0.02
-done
-s=$(status 127.0.0.1)
-tr=$(echo "$s" | field "['gang']['serving_since_wall_ms']")
-echo "gang READY again in generation $(echo "$s" | field "['gang']['generation']") after $(( tr - tk )) ms"
-echo "reason recorded: $(echo "$s" | field "['gang']['last_failure']['reason']")"
-echo "the request that was in flight:"
-show <"$WORK/long.json"
-echo "the same request on the healthy gang, for comparison:"
-complete "$LONG" >"$WORK/again.json"
-show <"$WORK/again.json"
-python3 - "$WORK/long.json" "$WORK/again.json" <<'EOF'
+echo "$s" | python3 -c '
 import json, sys
-a, b = (json.load(open(p))["choices"][0]["tokens"] for p in sys.argv[1:3])
-print("  identical tokens: %s" % (a == b))
-sys.exit(0 if a == b else 1)
-EOF
+g = json.load(sys.stdin)["gang"]
+f = g.get("last_failure") or {}
+print("   the gang restarted: generation %d -> %d, serving again %d ms after the kill"
+      % (int(sys.argv[1]), g["generation"], g["serving_since_wall_ms"] - int(sys.argv[2])))
+print("   reason recorded: %s" % f.get("reason", "?"))' "$gen" "$tk"
+
+echo
+echo "== the same request on the healthy gang"
+chat --question "$LONGQ" --max-tokens "$LONG_TOKENS" --temperature 0.7 --seed 42 \
+    --out "$WORK/healthy.txt" --summary "$WORK/healthy.sum" ||
+    fail "the request on the healthy gang failed"
+echo "   ($(summary healthy))"
+
+echo
+echo "== /metrics of the coordinator (restarts, resubmitted requests)"
+curl -s --max-time 5 "$API/metrics" | grep -E '^ganglion_(generation|gang_restarts_total|request_resubmits_total|request_rerun_mismatches_total|requests_total\{code="(200|401)"\})' |
+    sed 's/^/   /' || fail "no /metrics"
+
+echo
+if cmp -s "$WORK/killed.txt" "$WORK/healthy.txt"; then
+    echo "== verdict: identical: the stream that lived through the kill has exactly the text of the healthy gang's ($(wc -c <"$WORK/healthy.txt") bytes)"
+    same=1
+else
+    echo "== verdict: DIFFERENT: the stream that lived through the kill differs from the healthy gang's:"
+    diff <(fold -w 80 "$WORK/killed.txt") <(fold -w 80 "$WORK/healthy.txt") | sed 's/^/   /' || true
+    same=0
+fi
 
 echo
 echo "== stopping the gang (SIGTERM)"
-cleanup
-trap - EXIT
-echo "done; logs and model in $WORK"
+rc=0
+stop_gang || rc=$?
+[ $rc -eq 0 ] || fail "the gang exited $rc on SIGTERM (expected 0)"
+echo "   the gang exited 0; the log, the key and the answers are in $WORK"
+[ $same = 1 ] || { echo "demo: exit 1 (the texts differ); the gang's log: $LOG"; exit 1; }
