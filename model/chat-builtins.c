@@ -154,6 +154,8 @@ int gang__chat_test(chat_ctx *c, const char *name, size_t n, const cv *args, siz
     bool two = (k >= 14 && k <= 29) || k == 32 || k == 33;
     if (k < 0)
         return gang__chat_fail(c, GANG_EMODEL, "no test named '%.*s'", (int)n, name);
+    if (gang__chat_step(c, gang__cv_cost(v) + (nargs > 1 ? gang__cv_cost(&args[1]) : 0)))
+        return GANG_ERANGE;
     if (nargs != (two ? 2u : 1u))
         return gang__chat_fail(c, GANG_EMODEL, "test '%s' takes %d argument%s", tests[k],
                                two ? 1 : 0, two ? "" : "s");

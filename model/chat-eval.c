@@ -164,11 +164,16 @@ static int getitem(chat_ctx *c, const cv *obj, const cv *key, cv *out)
                 *out = obj->u.list->v[i];
                 return 0;
             }
-            cv_list chars;
-            int rc = gang__cv_items(c, obj, &chars);
-            if (!rc)
-                *out = chars.v[i];
-            return rc;
+            const char *s = obj->u.s.s; /* the i-th code point, found by walking */
+            size_t at = 0, e;
+            for (int64_t k = 0; k < i; k++)
+                do
+                    at++;
+                while (at < obj->u.s.n && ((unsigned char)s[at] & 0xC0) == 0x80);
+            for (e = at + 1; e < obj->u.s.n && ((unsigned char)s[e] & 0xC0) == 0x80; e++)
+                ;
+            *out = gang__cv_str(s + at, e - at);
+            return gang__chat_step(c, gang__cv_cost(obj));
         }
     }
     if (key->kind == CV_STR && obj->kind != CV_DICT)

@@ -184,6 +184,8 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
         }
         return 0;
     }
+    if ((rc = gang__chat_step(c, gang__cv_cost(a) + gang__cv_cost(b))))
+        return rc;
     switch (op) {
     case OP_CONCAT: {
         cv sa, sb;

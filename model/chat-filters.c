@@ -298,6 +298,9 @@ int gang__chat_filter(chat_ctx *c, const char *name, size_t n, const cv *args, s
     const cv *v = &args[0];
     if (k < 0)
         return gang__chat_fail(c, GANG_EMODEL, "no filter named '%.*s'", (int)n, name);
+    int rc = gang__chat_step(c, gang__cv_cost(v));
+    if (rc)
+        return rc;
     if (nkw && k != 3 && k != 6 && k != 11 && k != 12 && k != 14 && k != 15 && k != 25)
         return gang__chat_fail(c, GANG_EMODEL, "filter '%s' takes no keyword arguments",
                                filters[k]);

@@ -259,6 +259,8 @@ int gang__buf_put(chat_ctx *c, chat_buf *b, const char *s, size_t n);
 int gang__buf_to_cv(chat_ctx *c, chat_buf *b, cv *out);
 bool gang__is_space_at(const char *s, size_t n, size_t *len);
 int gang__cv_compare(chat_ctx *c, const cv *a, const cv *b, int *cmp);
+/* Steps an operation that scans V costs: 1 per 256 bytes of text or per item. */
+uint64_t gang__cv_cost(const cv *v);
 
 /* Evaluation (chat-eval.c) and built-ins (chat-builtins.c, chat-strings.c). */
 int gang__chat_eval(chat_ctx *c, const gang__chat_node *n, cv *out);

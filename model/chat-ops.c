@@ -157,6 +157,17 @@ int gang__cv_compare(chat_ctx *c, const cv *a, const cv *b, int *cmp)
                            gang__cv_type_name(b));
 }
 
+uint64_t gang__cv_cost(const cv *v)
+{
+    if (v->kind == CV_STR)
+        return v->u.s.n / 256;
+    if (v->kind == CV_LIST)
+        return v->u.list->n;
+    if (v->kind == CV_DICT || v->kind == CV_NS)
+        return v->u.dict->n;
+    return 0;
+}
+
 int gang__cv_dict_get(const cv_dict *d, const char *k, size_t n, cv *out)
 {
     for (size_t i = 0; i < d->n; i++)

@@ -64,17 +64,13 @@ int gang__chat_strip(const cv *s, const cv *chars, int which, cv *out)
     if (which != 2)
         while (b < e && strip_match(p + b, e - b, chars, &w))
             b += w;
-    if (which != 1) {
-        size_t keep = b, i = b;
-        while (i < e) {
-            if (strip_match(p + i, e - i, chars, &w)) {
-                i += w;
-            } else {
-                i += utf8_len_at(p + i, e - i);
-                keep = i;
-            }
-        }
-        e = keep;
+    while (which != 1 && e > b) { /* backwards, one character at a time */
+        size_t j = e - 1;
+        while (j > b && ((unsigned char)p[j] & 0xC0) == 0x80)
+            j--;
+        if (!strip_match(p + j, e - j, chars, &w) || w != e - j)
+            break;
+        e = j;
     }
     *out = gang__cv_str(p + b, e - b);
     return 0;
@@ -291,6 +287,9 @@ int gang__chat_dict_view(chat_ctx *c, const cv_dict *d, int which, cv *out)
 int gang__chat_method(chat_ctx *c, const cv *self, const char *name, size_t n, const cv *args,
                       size_t nargs, cv *out)
 {
+    int rc = gang__chat_step(c, gang__cv_cost(self));
+    if (rc)
+        return rc;
     if (self->kind == CV_STR)
         return str_method(c, self, name, n, args, nargs, out);
     int k = 0;

@@ -216,8 +216,12 @@ int gang_chat_render(const gang_chat_template *t, const char *messages_json, siz
     c.arena.limit =
         c.out.limit > (SIZE_MAX - (16u << 20)) / 16 ? SIZE_MAX : 16 * c.out.limit + (16u << 20);
     int rc;
-    cJSON *msgs = cJSON_ParseWithLength(messages_json, len);
-    if (!msgs || !cJSON_IsArray(msgs)) {
+    const char *end = NULL;
+    cJSON *msgs = cJSON_ParseWithLengthOpts(messages_json, len, &end, 0);
+    while (msgs && end && end < messages_json + len &&
+           (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t'))
+        end++;
+    if (!msgs || !cJSON_IsArray(msgs) || (end && end < messages_json + len && *end)) {
         set_err(err, errlen, "messages: not a JSON array", NULL);
         rc = GANG_EINVAL;
         goto out_free;

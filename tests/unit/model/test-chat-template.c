@@ -262,6 +262,10 @@ static void test_runtime_errors(void **state)
     assert_int_equal(gang_chat_render(t, "[{", 2, NULL, &out, &n, err, sizeof(err)), GANG_EINVAL);
     assert_null(out);
     assert_int_equal(gang_chat_render(t, "{}", 2, NULL, &out, &n, err, sizeof(err)), GANG_EINVAL);
+    assert_int_equal(gang_chat_render(t, "[] x", 4, NULL, &out, &n, err, sizeof(err)), GANG_EINVAL);
+    assert_int_equal(gang_chat_render(t, "[] \n", 4, NULL, &out, &n, err, sizeof(err)), 0);
+    assert_string_equal(out, "x");
+    free(out);
     assert_int_equal(gang_chat_render(NULL, "[]", 2, NULL, &out, &n, err, sizeof(err)),
                      GANG_EINVAL);
     gang_chat_template_free(t);
@@ -331,6 +335,32 @@ static void test_limits(void **state)
     deep[k] = 0;
     expect_bounded(deep, GANG_EMODEL, "nesting deeper");
     free(deep);
+
+    /* long message text: indexing it is cheap, scanning it over and over is bounded */
+    size_t big = 2u << 20;
+    char *msgs = malloc(big + 64), *out0 = NULL, err0[256];
+    assert_non_null(msgs);
+    int k0 = sprintf(msgs, "[{\"role\":\"user\",\"content\":\"");
+    memset(msgs + k0, 'a', big);
+    strcpy(msgs + k0 + big - 1, "z\"}]");
+    assert_int_equal(render_opts("{{ messages[0].content[-1] }}{{ messages[0].content|length }}",
+                                 msgs, NULL, &out0, err0, sizeof(err0)),
+                     0);
+    assert_string_equal(out0, "z2097152");
+    free(out0);
+    const char *scans[] = {"{% for i in range(100000) %}{% if messages[0].content|length %}"
+                           "{% endif %}{% endfor %}",
+                           "{% for i in range(100000) %}{% if messages[0].content == 'x' %}"
+                           "{% endif %}{% endfor %}",
+                           "{% for i in range(100000) %}{% if messages[0].content.strip() %}"
+                           "{% endif %}{% endfor %}"};
+    for (int i = 0; i < 3; i++) {
+        double t0 = now_s();
+        assert_int_equal(render_opts(scans[i], msgs, NULL, &out0, err0, sizeof(err0)), GANG_ERANGE);
+        assert_non_null(strstr(err0, "step limit"));
+        assert_true(now_s() - t0 < 10.0);
+    }
+    free(msgs);
 
     /* a smaller budget given by the caller is honoured */
     char *out = NULL, err[256];
