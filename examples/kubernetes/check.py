@@ -7,14 +7,17 @@ the StatefulSet controller will give that Pod.
     GANGLION=build/bin/ganglion examples/kubernetes/check.py [OVERLAY_DIR]
 
 OVERLAY_DIR defaults to this folder. The overlay is rendered from a temporary copy of the
-repository's k8s/ and the overlay, with a throwaway token when k8s/base/secrets/rdzv-token
-does not exist yet, so nothing in your tree is written. The model path and the token
-path are Pod paths; the check replaces them with a tiny model made by `ganglion mkmodel`
-with the same TP/PP divisibility, and the throwaway token.
+repository's k8s/ and the overlay, with a throwaway token and API key when
+k8s/base/secrets/rdzv-token or k8s/base/secrets/api-key do not exist yet, so nothing in
+your tree is written (and your secrets are never read). The model, token and API-key
+paths are Pod paths; the check replaces them with a tiny model made by `ganglion mkmodel`
+with the same TP/PP divisibility and the throwaway secrets.
 
 Per Pod it checks: check-config exits 0; node index == StatefulSet ordinal; --nnodes ==
 replicas; the coordinator is NAME-0.SERVICE.NAMESPACE.svc.cluster.local:RDZV_PORT;
-the advertised address is the Pod IP; GPUs requested == --nproc-per-node.
+the advertised address is the Pod IP; GPUs requested == --nproc-per-node; the Pod passes
+--api-key-file (the inference API needs a key) and --token-file, each a file of a
+mounted Secret.
 Environment: GANGLION (default `ganglion` on PATH), KUBECTL (default kubectl on PATH or in
 ganglion's tools venv). Exit status: 0 all good, 1 a check failed, 77 kubectl or PyYAML
 missing.
@@ -46,10 +49,11 @@ def render(kubectl, overlay, tmp):
                  % (overlay, REPO))
     shutil.copytree(os.path.join(REPO, "k8s"), os.path.join(tmp, "k8s"))
     shutil.copytree(os.path.abspath(overlay), os.path.join(tmp, rel), dirs_exist_ok=True)
-    token = os.path.join(tmp, "k8s", "base", "secrets", "rdzv-token")
-    if not os.path.exists(token):
-        with open(token, "w") as f:
-            f.write("check-only-token-not-a-secret-0123456789\n")
+    # Throwaway secrets, always: the copy's own, never the operator's.
+    for name, value in (("rdzv-token", "check-only-token-not-a-secret-0123456789\n"),
+                        ("api-key", "check-only-api-key-not-a-secret-9876543210\n")):
+        with open(os.path.join(tmp, "k8s", "base", "secrets", name), "w") as f:
+            f.write(value)
     r = subprocess.run([kubectl, "kustomize", os.path.join(tmp, rel)], capture_output=True,
                        text=True, timeout=120)
     if r.returncode != 0:
@@ -69,6 +73,17 @@ def flag(args, name):
 def set_flag(args, name, value):
     out = [a for a in args if not a.startswith("--%s=" % name)]
     return out + ["--%s=%s" % (name, value)]
+
+
+def secret_mount(container, volumes, path):
+    """The Secret name whose volume holds the Pod path `path` (read-only), else None."""
+    for m in container.get("volumeMounts") or []:
+        mp = m["mountPath"].rstrip("/")
+        if path.startswith(mp + "/") and m.get("readOnly"):
+            v = volumes.get(m["name"]) or {}
+            if "secret" in v:
+                return v["secret"]["secretName"]
+    return None
 
 
 def pod_env(sts, container, configmaps, index, ip):
@@ -123,8 +138,19 @@ def main():
                                 "--hidden", str(32 * tp), "--heads", str(2 * tp),
                                 "--kv-heads", str(tp), "--ffn", str(32 * tp), "--vocab", "256"],
                                check=True, stdout=subprocess.DEVNULL, timeout=60)
-            args = set_flag(set_flag(args, "model", model), "token-file",
-                            os.path.join(tmp, "k8s", "base", "secrets", "rdzv-token"))
+            volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"].get("volumes") or []}
+            secrets_bad = []
+            for fl in ("token-file", "api-key-file"):
+                where = flag(args, fl)
+                if not where:
+                    secrets_bad.append("no --%s" % fl)
+                elif secret_mount(c, volumes, where) is None:
+                    secrets_bad.append("--%s %s is not on a read-only Secret volume"
+                                       % (fl, where))
+            secrets = os.path.join(tmp, "k8s", "base", "secrets")
+            args = set_flag(set_flag(set_flag(args, "model", model), "token-file",
+                                     os.path.join(secrets, "rdzv-token")),
+                            "api-key-file", os.path.join(secrets, "api-key"))
             replicas = sts["spec"]["replicas"]
             gpus = int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
             ns = sts["metadata"].get("namespace", "default")
@@ -146,7 +172,7 @@ def main():
                               r.stdout, re.M)
                 want = "%s-0.%s.%s.svc.cluster.local:%s" % (
                     sts["metadata"]["name"], env.get("GANGLION_SERVICE"), ns, values["rdzv-port"])
-                bad = []
+                bad = list(secrets_bad)
                 if m is None:
                     bad.append("no identity line")
                 else:
@@ -165,7 +191,8 @@ def main():
                     print("FAIL %s: %s" % (name, "; ".join(bad)))
                     failures += 1
                 else:
-                    print("ok   %s: node %d of %d, coordinator %s, tp %s x pp %s, %s GPU(s)"
+                    print("ok   %s: node %d of %d, coordinator %s, tp %s x pp %s, %s GPU(s), "
+                          "token and API key from Secrets"
                           % (name, i, replicas, want, values["tp"], values["pp"],
                              values["nproc-per-node"]))
     return 1 if failures else 0

@@ -8,7 +8,9 @@ DNS of the headless Service, and a kubelet-like prober restarts containers on li
 failures. Each scenario brings a StatefulSet of NNODES Pods up, injects one fault, and
 asserts that the gang is READY again (coordinator /readyz 200, /status serving a new
 generation, every Pod ready) and that POST /v1/completions answers 200 with max_tokens
-token ids; it prints how long the recovery took. Exit 0 pass, 1 fail, 77 skip (network
+token ids; it prints how long the recovery took. Like the manifests, the Pods pass
+--api-key-file: the probes (which send no key) must keep working, the completion sends
+the key, and the first one is also tried without it (401). Exit 0 pass, 1 fail, 77 skip (network
 namespaces not permitted here).
 
 GANG_SIM_NO_MODEL=1 serves without --model and checks only /readyz (development only:
@@ -68,6 +70,13 @@ class Sim:
         with open(self.token_path, "w") as f:
             f.write("".join(self.rng.choice("0123456789abcdef") for _ in range(48)) + "\n")
         os.chmod(self.token_path, 0o600)
+        # The API key (k8s/base: Secret ganglion-api-key, --api-key-file).
+        self.api_key = "".join(self.rng.choice("0123456789abcdef") for _ in range(40))
+        self.api_key_path = os.path.join(self.tmp, "api-key")
+        with open(self.api_key_path, "w") as f:
+            f.write(self.api_key + "\n")
+        os.chmod(self.api_key_path, 0o600)
+        self.checked_401 = False
         self.probes, self.grace_s_manifest, self.probe_source = load_probe_config(REPO)
         self.grace_s = scaled(self.grace_s_manifest)
         self.pods = {}             # ordinal -> Pod (the current one)
@@ -87,7 +96,7 @@ class Sim:
                 "--handshake-timeout-ms", "1000",
                 "--dns-backoff-initial-ms", "50", "--dns-backoff-max-ms", "500",
                 "--restart-backoff-ms", "20", "--restart-backoff-max-ms", "500",
-                "--token-file", self.token_path,
+                "--token-file", self.token_path, "--api-key-file", self.api_key_path,
                 "--termination-log", pod.termination_log]
         if not self.no_model:
             argv += ["--model", self.model_dir, "--kv-cache-mb", "16", "--max-ctx", "64"]
@@ -212,9 +221,18 @@ class Sim:
         if self.no_model:
             return
         body = json.dumps({"prompt": [1, 2, 3], "max_tokens": MAX_TOKENS})
+        if not self.checked_401:
+            code, text = http_request(self.coordinator().ip, "/v1/completions",
+                                      COMPLETION_TIMEOUT_S, method="POST", body=body)
+            check(code == 401, "%s: POST /v1/completions without the API key answered %s "
+                  "(expected 401): %s" % (what, code, text[:300]))
+            self.checked_401 = True
+            log("%s: POST /v1/completions without the API key: 401 (the probes send none "
+                "and pass)" % what)
         t = time.monotonic()
         code, text = http_request(self.coordinator().ip, "/v1/completions",
-                                  COMPLETION_TIMEOUT_S, method="POST", body=body)
+                                  COMPLETION_TIMEOUT_S, method="POST", body=body,
+                                  headers={"Authorization": "Bearer " + self.api_key})
         check(code == 200, "%s: POST /v1/completions answered %s: %s" % (what, code, text[:500]))
         try:
             resp = json.loads(text)

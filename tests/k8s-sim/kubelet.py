@@ -140,12 +140,14 @@ def scaled(seconds):
 # HTTP
 # ---------------------------------------------------------------------------------------
 
-def http_request(ip, path, timeout, method="GET", body=None, port=HTTP_PORT):
-    """(status, body text); (None, error text) when unreachable or too slow."""
+def http_request(ip, path, timeout, method="GET", body=None, port=HTTP_PORT, headers=None):
+    """(status, body text); (None, error text) when unreachable or too slow. The probes call
+    it without headers: like kubelet's, they carry no API key."""
     conn = http.client.HTTPConnection(ip, port, timeout=timeout)
     try:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        conn.request(method, path, body=body, headers=headers)
+        hdrs = {"Content-Type": "application/json"} if body is not None else {}
+        hdrs.update(headers or {})
+        conn.request(method, path, body=body, headers=hdrs)
         resp = conn.getresponse()
         return resp.status, resp.read().decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as e:

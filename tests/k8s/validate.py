@@ -15,10 +15,11 @@ For every kustomization this test
      tp x pp == world; probes, ports and timeouts fit ganglion's own (docs/operations.md);
   4. simulates every Pod of every gang (the name, labels, Downward-API values, the
      variables LeaderWorkerSet injects, service links when enabled, the mounted token
-     Secret and a model made by `ganglion mkmodel` on the model volume) and runs its
-     exact rendered command line and environment through
+     and API-key Secrets and a model made by `ganglion mkmodel` on the model volume) and
+     runs its exact rendered command line and environment through
      `ganglion serve --check-config`, which must accept it and derive the expected
-     identity and coordinator address;
+     identity and coordinator address; --api-key-file must be a key of a read-only
+     Secret other than the rendezvous token;
   5. self-tests: breaks the base in ways that must be caught and checks that they are.
 
 Exit status: 0 all passed, 1 a check failed, 77 a tool is missing (CTest SKIP_RETURN_CODE;
@@ -46,6 +47,7 @@ LWS_GROUP = "leaderworkerset.x-k8s.io"
 EXTERNAL = {("PersistentVolumeClaim", "ganglion-models")}
 GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-\d+g\.\d+gb(\.me)?)$")
 TEST_TOKEN = "ganglion-k8s-validate-test-token-not-a-secret-0123456789abcdef"
+TEST_API_KEY = "ganglion-k8s-validate-test-api-key-not-a-secret-0123456789"
 
 
 def say(msg):
@@ -785,6 +787,39 @@ class Checker:
             if GPU_RESOURCE.match(k) and (res.get("limits") or {}).get(k) != v:
                 out.err("%s: extended resource %s needs limits equal to requests" % (p.name, k))
 
+    def check_api_key(self, p, values, mounts, out):
+        """--api-key-file: set, a key of a read-only Secret volume, not the rendezvous token.
+
+        The API key goes to every client; the rendezvous token must not (it admits members
+        to the gang), so the two must be different files with different contents. The
+        probes need no key (ganglion leaves /healthz, /readyz and /metrics open), which is
+        why they carry no Authorization header here either."""
+        key = values.get("api-key-file", "")
+        if not key:
+            out.err("%s: no --api-key-file: the inference API would be open to anyone who "
+                    "reaches the Service" % p.name)
+            return
+        _, vm = self.host_path_of(key, mounts)
+        if vm is None or "secret" not in vm[0] or vm[1].get("readOnly") is not True:
+            out.err("%s: --api-key-file %s is not on a read-only Secret volume" % (p.name, key))
+            return
+        if not os.path.isfile(key):
+            out.err("%s: --api-key-file %s is not a key of its Secret" % (p.name, key))
+            return
+        tok = values.get("token-file", "")
+        if tok and os.path.isfile(tok):
+            with open(key, "rb") as f1, open(tok, "rb") as f2:
+                same = f1.read().strip() == f2.read().strip()
+            if os.path.realpath(key) == os.path.realpath(tok) or same:
+                out.err("%s: --api-key-file is the rendezvous token: API clients would hold "
+                        "the key that admits members to the gang" % p.name)
+        c = ganglion_container(p.spec) or {}
+        for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+            hdrs = ((c.get(name) or {}).get("httpGet") or {}).get("httpHeaders") or []
+            if any(h.get("name", "").lower() == "authorization" for h in hdrs):
+                out.err("%s: %s sends an Authorization header: the probes need no key, and "
+                        "the key would sit in the Pod spec in clear" % (p.name, name))
+
     def check_pod_policy(self, g, p, c, values, mounts, out):
         spec = p.spec
         http, rdzv = int(values["http-port"]), int(values["rdzv-port"])
@@ -845,6 +880,7 @@ class Checker:
             out.err("%s: --token-file %s is not on a read-only Secret volume" % (p.name, tok))
         elif not os.path.isfile(tok):
             out.err("%s: --token-file %s is not a key of its Secret" % (p.name, tok))
+        self.check_api_key(p, values, mounts, out)
         tol = spec.get("tolerations") or []
         if not any(t.get("key") == "nvidia.com/gpu" for t in tol):
             out.err("%s: no toleration for the nvidia.com/gpu taint" % p.name)
@@ -958,6 +994,20 @@ def self_test(checker, schemas, base_objs):
             args=[a if not a.startswith("--token-file=") else "--token-file=/tmp/token"
                   for a in ctr(o)["args"]]),
          ("not on a read-only Secret volume", "invalid configuration: token")),
+        ("no API key", lambda o: ctr(o).update(
+            args=[a for a in ctr(o)["args"] if not a.startswith("--api-key-file=")]),
+         "no --api-key-file"),
+        ("API key not from a Secret", lambda o: ctr(o).update(
+            args=[a if not a.startswith("--api-key-file=") else "--api-key-file=/tmp/api-key"
+                  for a in ctr(o)["args"]]),
+         "/tmp/api-key is not on a read-only Secret volume"),
+        ("API key is the rendezvous token", lambda o: ctr(o).update(
+            args=[a if not a.startswith("--api-key-file=") else
+                  "--api-key-file=/etc/ganglion/token/token" for a in ctr(o)["args"]]),
+         "--api-key-file is the rendezvous token"),
+        ("a probe sends the API key", lambda o: ctr(o)["readinessProbe"]["httpGet"].update(
+            httpHeaders=[{"name": "Authorization", "value": "Bearer k"}]),
+         "readinessProbe sends an Authorization header"),
         ("misspelt field (schema)", rename_field, "livenessprobe"),
         ("PDB lets a member go", lambda o: next(x for x in o if x["kind"] ==
                                                 "PodDisruptionBudget")["spec"].update(
@@ -1021,6 +1071,8 @@ def main():
         os.makedirs(os.path.dirname(tok), exist_ok=True)
         with open(tok, "w") as f:
             f.write(TEST_TOKEN)
+        with open(os.path.join(k8s, "base", "secrets", "api-key"), "w") as f:
+            f.write(TEST_API_KEY)
         targets = ["base"]
         od = os.path.join(k8s, "overlays")
         for d in sorted(os.listdir(od)) if os.path.isdir(od) else []:
