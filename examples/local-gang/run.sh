@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# Serve a tiny model from a local gang and call it with curl.
+# Serve a model from a local gang and call its OpenAI-compatible API with curl.
 #
 #   GANGLION=build/bin/ganglion examples/local-gang/run.sh
 #
-# 1. `ganglion mkmodel` writes a deterministic random Llama-shaped model (a few MB);
-# 2. `ganglion serve --local` starts the whole gang on this host: NNODES agents on
-#    127.0.0.1, 127.0.0.2, ... (the same ports on each address), NPROC worker ranks per
-#    agent, TP x PP = NNODES x NPROC; agent 0 is the coordinator and serves the API;
-# 3. it waits (with a deadline) until /readyz answers 200 on every agent;
-# 4. `curl POST /v1/completions` sends a prompt (token ids) and prints the answer;
-# 5. it stops the gang (SIGTERM; the agents stop their workers and exit 0).
+# 1. the model: $MODEL if set, else SmolLM2-135M-Instruct fetched (once, cached) by
+#    scripts/fetch-reference.sh smollm2; any Hugging Face directory with config.json,
+#    *.safetensors, tokenizer.json and tokenizer_config.json (the chat template) works;
+# 2. an API key in a file: clients must send "Authorization: Bearer KEY";
+# 3. `ganglion serve --local --api-key-file FILE` starts the whole gang on this host:
+#    NNODES agents on 127.0.0.1, 127.0.0.2, ... (the same ports on each address), NPROC
+#    worker ranks per agent, TP x PP = NNODES x NPROC; agent 0 is the coordinator and
+#    serves the API;
+# 4. it waits (with a deadline) until /readyz answers 200 (the probes need no key);
+# 5. curl: the model list, a request without the key (401), a text completion
+#    (POST /v1/completions), a chat (POST /v1/chat/completions) and a streamed chat
+#    ("stream": true: Server-Sent Events, `data: {chunk}` lines, then `data: [DONE]`);
+# 6. it stops the gang (SIGTERM; the agents stop their workers and exit 0).
 #
 # Environment (all optional):
 #   GANGLION      the ganglion binary (default: `ganglion` on PATH)
+#   MODEL         the model directory (default: SmolLM2-135M-Instruct, fetched)
 #   HTTP_PORT     API / probe port of every agent (default 8000)
 #   RDZV_PORT     rendezvous port of the coordinator (default 29400)
-#   NNODES NPROC TP PP   gang shape (default 2 2 2 2: TP=2 inside a node, PP=2 across nodes)
+#   NNODES NPROC TP PP   gang shape (default 2 1 1 2: 2 pipeline stages on 2 agents;
+#                 SmolLM2's 3 KV heads allow TP 1 or 3)
+#   MAX_TOKENS    tokens per answer (default 24)
 #   READY_TIMEOUT seconds to wait for the gang (default 120)
-#   WORKDIR       where the model and the log go (default: a new temp dir, removed at exit)
+#   WORKDIR       where the key and the log go (default: a new temp dir, removed at exit)
+# Exit status: 0 done; 1 a step failed; 77 no model could be had (the reason is printed).
 # To keep the gang running for your own requests, start it the same way without `&`:
-#   ganglion serve --local --model DIR --nnodes 2 --nproc-per-node 2 --tp 2 --pp 2
+#   ganglion serve --local --model DIR --nnodes 2 --pp 2 --api-key-file KEYFILE
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
 GANGLION=${GANGLION:-ganglion}
 HTTP_PORT=${HTTP_PORT:-8000}
 RDZV_PORT=${RDZV_PORT:-29400}
-NNODES=${NNODES:-2} NPROC=${NPROC:-2} TP=${TP:-2} PP=${PP:-2}
+NNODES=${NNODES:-2} NPROC=${NPROC:-1} TP=${TP:-1} PP=${PP:-2}
+MAX_TOKENS=${MAX_TOKENS:-24}
 READY_TIMEOUT=${READY_TIMEOUT:-120}
 if [ -n "${WORKDIR:-}" ]; then mkdir -p "$WORKDIR"; OWN_WORKDIR=0; else
     WORKDIR=$(mktemp -d -t ganglion-example.XXXXXX); OWN_WORKDIR=1; fi
@@ -44,14 +56,25 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "== ganglion mkmodel (2 layers per stage, hidden 128, 4 heads / 2 kv heads)"
-"$GANGLION" mkmodel --out "$WORKDIR/model" --layers $((2 * PP)) --hidden 128 --heads 4 \
-    --kv-heads 2 --ffn 256 --vocab 512 --seed 1 --dtype bf16
+if [ -z "${MODEL:-}" ]; then
+    echo "== the model: SmolLM2-135M-Instruct (scripts/fetch-reference.sh smollm2, cached)"
+    if ! MODEL=$(bash "$here/../../scripts/fetch-reference.sh" smollm2 | tail -1) ||
+        [ ! -f "$MODEL/config.json" ]; then
+        echo "SKIP: no model: scripts/fetch-reference.sh smollm2 failed (reason above); set MODEL=DIR"
+        exit 77
+    fi
+fi
+echo "== model $MODEL"
+
+# The API key: any printable ASCII without spaces; 32 random bytes in hex here.
+KEYFILE=$WORKDIR/api-key
+(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$KEYFILE")
+API_KEY=$(cat "$KEYFILE")
 
 echo "== ganglion serve --local: $NNODES nodes x $NPROC ranks, TP=$TP x PP=$PP, API on $API"
-"$GANGLION" serve --local --model "$WORKDIR/model" --nnodes "$NNODES" \
-    --nproc-per-node "$NPROC" --tp "$TP" --pp "$PP" --microbatches 2 \
-    --kv-cache-mb 16 --max-batch 4 --http-port "$HTTP_PORT" --rdzv-port "$RDZV_PORT" \
+"$GANGLION" serve --local --model "$MODEL" --nnodes "$NNODES" \
+    --nproc-per-node "$NPROC" --tp "$TP" --pp "$PP" --api-key-file "$KEYFILE" \
+    --max-batch 4 --http-port "$HTTP_PORT" --rdzv-port "$RDZV_PORT" \
     >"$WORKDIR/gang.log" 2>&1 &
 GANG=$!
 
@@ -63,13 +86,39 @@ until curl -sf --max-time 1 "$API/readyz" >/dev/null 2>&1; do
         echo "not ready after ${READY_TIMEOUT}s; log:"; tail -30 "$WORKDIR/gang.log"; exit 1; fi
     sleep 0.2
 done
-echo "gang ready: $(curl -s --max-time 2 "$API/status" | head -c 200)..."
+echo "gang ready (GET /readyz needs no key)"
 
-echo "== POST /v1/completions"
-set -x
-curl -sS --fail-with-body --max-time 60 "$API/v1/completions" \
-    -H 'Content-Type: application/json' \
-    -d '{"prompt": [1, 15, 42, 7], "max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "seed": 1}'
-{ set +x; } 2>/dev/null
-echo
+# Prints the command (with $API_KEY, not the key), runs it, ends the output with a newline.
+call() {
+    echo "\$ $1"
+    eval "$1"
+    echo
+}
+
+echo; echo "== the API without the key: 401"
+call 'curl -sS --max-time 10 -w " HTTP %{http_code}\n" "$API/v1/models"'
+
+echo "== GET /v1/models"
+call 'curl -sS --fail-with-body --max-time 10 "$API/v1/models" -H "Authorization: Bearer $API_KEY"'
+
+echo "== POST /v1/completions: a text prompt"
+call 'curl -sS --fail-with-body --max-time 120 "$API/v1/completions" \
+    -H "Authorization: Bearer $API_KEY" -H "Content-Type: application/json" \
+    -d "{\"prompt\": \"The capital of France is\", \"max_tokens\": $MAX_TOKENS, \"temperature\": 0}"'
+
+echo "== POST /v1/chat/completions: messages through the model's chat template"
+call 'curl -sS --fail-with-body --max-time 120 "$API/v1/chat/completions" \
+    -H "Authorization: Bearer $API_KEY" -H "Content-Type: application/json" \
+    -d "{\"messages\": [{\"role\": \"system\", \"content\": \"You are a concise assistant.\"},
+                       {\"role\": \"user\", \"content\": \"What is the capital of France?\"}],
+         \"max_tokens\": $MAX_TOKENS, \"temperature\": 0}"'
+
+echo "== the same chat, streamed (-N: print each event as it arrives)"
+call 'curl -sS -N --fail-with-body --max-time 120 "$API/v1/chat/completions" \
+    -H "Authorization: Bearer $API_KEY" -H "Content-Type: application/json" \
+    -d "{\"messages\": [{\"role\": \"system\", \"content\": \"You are a concise assistant.\"},
+                       {\"role\": \"user\", \"content\": \"What is the capital of France?\"}],
+         \"max_tokens\": $MAX_TOKENS, \"temperature\": 0, \"stream\": true,
+         \"stream_options\": {\"include_usage\": true}}"'
+
 echo "== done; stopping the gang"

@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
 """Smoke test of one example of examples/ (tests/examples.cmake runs one per example).
 
-  run_example.py --bin PATH local-gang      examples/local-gang/run.sh: mkmodel, serve
-                                            --local, curl; the answer must hold 8 tokens
-  run_example.py --bin PATH python-client   a local gang started here, then
-                                            examples/python-client/client.py: two prompts
-                                            answered, and a bad prompt makes it exit 1
+  run_example.py --bin PATH local-gang      examples/local-gang/run.sh (serve --local with
+                                            an API key, curl): 401 without the key, a text
+                                            completion and a chat of 8 tokens, the streamed
+                                            chat ends with [DONE] and joins to the chat's text
+  run_example.py --bin PATH python-client   a local gang with an API key started here, then
+                                            examples/python-client/client.py (the openai
+                                            package): models, completion, chat, streamed chat
+                                            (same text) and an id prompt answered; without
+                                            the key 401, a bad id 400, both exit 1
   run_example.py --bin PATH mpirun          examples/mpirun/run.sh under Open MPI's mpirun
   run_example.py --bin PATH kubernetes      examples/kubernetes/check.py: every Pod of the
                                             rendered overlay passes --check-config; a copy
                                             with replicas != --nnodes must fail
+
+Both serve a random model made by `ganglion mkmodel` (SmolLM2's vocabulary size) with
+SmolLM2-135M-Instruct's tokenizer files (tokenizer.json, tokenizer_config.json with the
+chat template, special_tokens_map.json) copied from `scripts/fetch-reference.sh smollm2`,
+and python-client runs under `scripts/fetch-reference.sh python` (which has `openai`);
+when fetch-reference.sh fails they exit 77 with its reason.
 
 Ports are picked free at run time (free on 127.0.0.1 and 127.0.0.2, where the second
 agent listens). Every process the example starts carries a unique marker in its
@@ -136,6 +146,99 @@ class Run:
         self.expect(not left, "no process of the example is left behind")
 
 
+FETCH_TIMEOUT_S = 300  # a first fetch downloads the model and builds the venv
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class Skip(Exception):
+    pass
+
+
+def fetch_reference(r, what):
+    """The path scripts/fetch-reference.sh prints for `what`; Skip with its reason."""
+    rc, out = r.run(["bash", os.path.join(REPO, "scripts", "fetch-reference.sh"), what],
+                    timeout=FETCH_TIMEOUT_S)
+    lines = out.strip().splitlines()
+    if rc != 0 or not lines or not os.path.exists(lines[-1]):
+        reason = [l for l in lines if l.startswith("fetch-reference:")][-3:] or lines[-3:]
+        raise Skip("scripts/fetch-reference.sh %s failed (exit %d): %s"
+                   % (what, rc, " | ".join(reason) or "no output"))
+    return lines[-1]
+
+
+def tokenized_model(r, ganglion, work):
+    """A tiny random model with SmolLM2's tokenizer and chat template, in work/model."""
+    ref = fetch_reference(r, "smollm2")
+    missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(ref, f))]
+    if missing:
+        raise Skip("%s lacks %s (fetch-reference.sh is not finished?)" % (ref, missing))
+    model = os.path.join(work, "model")
+    rc, out = r.run([ganglion, "mkmodel", "--out", model, "--layers", "2", "--hidden", "64",
+                     "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--vocab", "49152",
+                     "--seed", "1"], timeout=60)
+    r.expect(rc == 0, "mkmodel (random weights, SmolLM2's vocabulary size)", out)
+    for f in TOKENIZER_FILES:
+        shutil.copy(os.path.join(ref, f), model)
+    return model
+
+
+def json_line(out, prefix):
+    """The first line of out starting with prefix, parsed as JSON (None if none)."""
+    for line in out.splitlines():
+        if line.startswith(prefix):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def sse_chunks(out):
+    """The `data: {...}` chunks of an SSE stream in out, and whether [DONE] ended it."""
+    chunks, done = [], False
+    for line in out.splitlines():
+        if line == "data: [DONE]":
+            done = True
+        elif line.startswith("data: {"):
+            chunks.append(json.loads(line[6:]))
+    return chunks, done
+
+
+def test_local_gang(r, ganglion):
+    http, rdzv = free_ports(2)
+    with tempfile.TemporaryDirectory(prefix="ganglion-example-") as work:
+        model = tokenized_model(r, ganglion, work)
+        env = {"HTTP_PORT": str(http), "RDZV_PORT": str(rdzv), "READY_TIMEOUT": "90",
+               "MODEL": model, "MAX_TOKENS": "8"}
+        rc, out = r.run(["bash", os.path.join(EXAMPLES, "local-gang", "run.sh")], timeout=150,
+                        env=env)
+        say(out)
+    r.expect(rc == 0, "local-gang/run.sh exits 0 (exit %d)" % rc)
+    r.expect(re.search(r'"authentication_error".* HTTP 401$', out, re.M) is not None,
+             "without the API key: 401, authentication_error")
+    models = json_line(out, '{"object":"list"')
+    r.expect(models is not None and models["data"][0]["id"] == "model", "GET /v1/models")
+    comp = json_line(out, '{"id":"cmpl-')
+    r.expect(comp is not None and comp["object"] == "text_completion" and
+             isinstance(comp["choices"][0]["text"], str) and comp["choices"][0]["text"] and
+             comp["usage"]["completion_tokens"] == 8,
+             "the text completion holds 8 tokens of text")
+    chat = json_line(out, '{"id":"chatcmpl-')
+    text = chat["choices"][0]["message"]["content"] if chat else None
+    r.expect(chat is not None and chat["object"] == "chat.completion" and text and
+             chat["usage"]["completion_tokens"] == 8, "the chat answer holds 8 tokens of text")
+    chunks, done = sse_chunks(out)
+    joined = "".join((c["choices"][0]["delta"].get("content") or "")
+                     for c in chunks if c["choices"])
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    r.expect(done and chunks and all(c["object"] == "chat.completion.chunk" for c in chunks),
+             "the streamed chat: chat.completion.chunk events, then data: [DONE]")
+    r.expect(joined == text, "the streamed deltas join to the chat's text (%r vs %r)"
+             % (joined, text))
+    r.expect(usage and usage[-1]["completion_tokens"] == 8, "the stream's usage chunk: 8 tokens")
+    r.sweep()
+
+
 def completion_of(out):
     """The JSON answer of /v1/completions printed by an example script."""
     for line in out.splitlines():
@@ -160,28 +263,42 @@ def test_script(r, script, extra_env=None):
 def test_python_client(r, ganglion):
     http, rdzv = free_ports(2)
     client = os.path.join(EXAMPLES, "python-client", "client.py")
+    py = fetch_reference(r, "python")
     with tempfile.TemporaryDirectory(prefix="ganglion-example-") as work:
-        rc, out = r.run([ganglion, "mkmodel", "--out", work + "/model", "--layers", "2",
-                         "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
-                         "--vocab", "256"], timeout=60)
-        r.expect(rc == 0, "mkmodel", out)
+        model = tokenized_model(r, ganglion, work)
+        key = os.path.join(work, "api-key")
+        with open(key, "w") as f:
+            f.write("example-test-key-%s\n" % r.mark)
         with open(work + "/gang.log", "w") as log:
-            gang = r.start([ganglion, "serve", "--local", "--model", work + "/model",
+            gang = r.start([ganglion, "serve", "--local", "--model", model,
                             "--nnodes", "2", "--nproc-per-node", "1", "--tp", "1", "--pp", "2",
-                            "--kv-cache-mb", "8", "--http-port", str(http), "--rdzv-port",
-                            str(rdzv)], log)
+                            "--kv-cache-mb", "8", "--max-ctx", "256", "--api-key-file", key,
+                            "--http-port", str(http), "--rdzv-port", str(rdzv)], log)
         try:
             url = "http://127.0.0.1:%d" % http
-            rc, out = r.run([sys.executable, client, "--url", url, "--wait", "90",
-                             "--prompt", "1,2,3", "--prompt", "7,8", "--max-tokens", "5"],
-                            timeout=150)
+            rc, out = r.run([py, client, "--url", url, "--wait", "90", "--api-key-file", key,
+                             "--prompt-ids", "1,2,3", "--max-tokens", "5"], timeout=150,
+                            env={"OPENAI_API_KEY": ""})
             say(out)
-            r.expect(rc == 0, "client.py answers two prompts (exit %d)" % rc)
-            lines = [l for l in out.splitlines() if re.match(r"^prompt \S+ -> ", l)]
-            r.expect(len(lines) == 2 and all(len(l.split(" -> ")[1].split(" (")[0].split()) == 5
-                                             for l in lines), "each with 5 tokens")
-            rc, out = r.run([sys.executable, client, "--url", url, "--wait", "10",
-                             "--prompt", "1,99999"], timeout=60)
+            r.expect(rc == 0, "client.py: models, completion, chat, streamed chat, an id "
+                     "prompt (exit %d)" % rc)
+            r.expect(re.search(r"^models: model$", out, re.M) is not None, "the model listed")
+            r.expect(re.search(r"^completion: .* \(length, 5 tokens\)$", out, re.M) is not None,
+                     "a text completion of 5 tokens")
+            r.expect(re.search(r"^chat: .* \(length, 5 tokens\)$", out, re.M) is not None,
+                     "a chat answer of 5 tokens")
+            r.expect(re.search(r"^streamed chat: 5 chunks, length, 5 tokens; same text as "
+                               r"unstreamed: True$", out, re.M) is not None,
+                     "the streamed chat: 5 chunks, the chat's text")
+            m = re.search(r"^prompt ids 1,2,3 -> ([\d ]+) \(length\)$", out, re.M)
+            r.expect(m is not None and len(m.group(1).split()) == 5,
+                     "the id prompt: 5 generated ids")
+            rc, out = r.run([py, client, "--url", url, "--wait", "10"], timeout=60,
+                            env={"OPENAI_API_KEY": ""})
+            say(out)
+            r.expect(rc == 1 and "HTTP 401" in out, "without the API key: 401, exit 1")
+            rc, out = r.run([py, client, "--url", url, "--wait", "10", "--api-key-file", key,
+                             "--prompt-ids", "1,99999"], timeout=60)
             say(out)
             r.expect(rc == 1 and "HTTP 400" in out, "a token id outside the vocabulary: 400, "
                      "exit 1")
@@ -221,6 +338,13 @@ def test_kubernetes(r):
                         timeout=240)
         say(out)
         r.expect(rc == 1 and "but 3 replicas" in out, "3 replicas with --nnodes 2 fail")
+        # And one whose Pods lose --api-key-file (an open API) must fail too.
+        with open(kust, "w") as f:
+            f.write(re.sub(r"(?m)^ *- --api-key-file=\S*\n", "", text))
+        rc, out = r.run([sys.executable, os.path.join(tmp, "examples", "kubernetes", "check.py")],
+                        timeout=240)
+        say(out)
+        r.expect(rc == 1 and "no --api-key-file" in out, "Pods without --api-key-file fail")
     r.sweep()
     return 0
 
@@ -232,8 +356,17 @@ def main():
     a = ap.parse_args()
     ganglion = os.path.abspath(a.bin)
     r = Run(ganglion)
+    try:
+        return run_one(a, r, ganglion)
+    except Skip as e:
+        say("SKIP example-%s: %s" % (a.example, e))
+        r.sweep()
+        return SKIP
+
+
+def run_one(a, r, ganglion):
     if a.example == "local-gang":
-        test_script(r, "local-gang/run.sh")
+        test_local_gang(r, ganglion)
     elif a.example == "mpirun":
         if shutil.which(os.environ.get("MPIRUN", "mpirun")) is None:
             say("SKIP example-mpirun: mpirun not found (Open MPI: apt-get install openmpi-bin)")
