@@ -237,7 +237,7 @@ static int eval_slice(chat_ctx *c, const gang__chat_node *n, cv *out)
     if (obj.kind != CV_LIST && obj.kind != CV_STR)
         return gang__chat_fail(c, GANG_EMODEL, "cannot slice a %s", gang__cv_type_name(&obj));
     cv_list items;
-    int64_t first, step, count;
+    int64_t first = 0, step = 1, count = 0;
     if ((rc = gang__cv_items(c, &obj, &items)) ||
         (rc = slice_bounds(c, (int64_t)items.n, &parts[0], &parts[1], &parts[2], &first, &step,
                            &count)) ||
