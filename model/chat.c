@@ -174,9 +174,10 @@ out_free:
     return rc;
 }
 
-/* The variables of a render: messages and transformers' keyword arguments. */
+/* The variables of a render: messages and transformers' keyword arguments, then the
+ * members of EXTRA (a JSON object, or NULL). */
 static int set_globals(chat_ctx *c, const gang_chat_template *t, const cJSON *msgs,
-                       const gang_chat_render_opts *o)
+                       const cJSON *extra, const gang_chat_render_opts *o)
 {
     cv v;
     int rc = gang__cv_from_cjson(c, msgs, &v, 0);
@@ -196,7 +197,14 @@ static int set_globals(chat_ctx *c, const gang_chat_template *t, const cJSON *ms
     if ((rc = gang__chat_frame_set(c, c->globals, "bos_token", 9, &v)))
         return rc;
     v = gang__cv_str(eos, strlen(eos));
-    return gang__chat_frame_set(c, c->globals, "eos_token", 9, &v);
+    if ((rc = gang__chat_frame_set(c, c->globals, "eos_token", 9, &v)) || !extra)
+        return rc;
+    for (const cJSON *e = extra->child; e; e = e->next) {
+        if ((rc = gang__cv_from_cjson(c, e, &v, 1)) ||
+            (rc = gang__chat_frame_set(c, c->globals, e->string, strlen(e->string), &v)))
+            return rc;
+    }
+    return 0;
 }
 
 int gang_chat_render(const gang_chat_template *t, const char *messages_json, size_t len,
@@ -216,6 +224,7 @@ int gang_chat_render(const gang_chat_template *t, const char *messages_json, siz
     c.arena.limit =
         c.out.limit > (SIZE_MAX - (16u << 20)) / 16 ? SIZE_MAX : 16 * c.out.limit + (16u << 20);
     int rc;
+    cJSON *extra = NULL;
     const char *end = NULL;
     cJSON *msgs = cJSON_ParseWithLengthOpts(messages_json, len, &end, 0);
     while (msgs && end && end < messages_json + len &&
@@ -226,7 +235,15 @@ int gang_chat_render(const gang_chat_template *t, const char *messages_json, siz
         rc = GANG_EINVAL;
         goto out_free;
     }
-    if ((rc = set_globals(&c, t, msgs, o)))
+    if (o && o->extra_json) {
+        extra = cJSON_ParseWithLength(o->extra_json, o->extra_len);
+        if (!extra || !cJSON_IsObject(extra)) {
+            set_err(err, errlen, "extra variables: not a JSON object", NULL);
+            rc = GANG_EINVAL;
+            goto out_free;
+        }
+    }
+    if ((rc = set_globals(&c, t, msgs, extra, o)))
         goto out_free;
     rc = gang__chat_exec(&c, t->root);
     if (rc == 0) {
@@ -246,5 +263,6 @@ out_free:
     free(c.out.p);
     gang__chat_arena_free(&c.arena);
     cJSON_Delete(msgs);
+    cJSON_Delete(extra);
     return rc;
 }

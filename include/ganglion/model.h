@@ -468,6 +468,11 @@ typedef struct gang_chat_render_opts {
     const char *bos_token, *eos_token; /* NULL: the values read by _load, or "" */
     uint64_t max_steps;                /* 0: a default (GANG_CHAT_DEFAULT_STEPS) */
     size_t max_output;                 /* 0: a default (GANG_CHAT_DEFAULT_OUTPUT) */
+    /* NULL, or a JSON object (extra_len bytes) whose members become template variables,
+     * as apply_chat_template's keyword arguments do: {"tools": [...]} (JSON schemas),
+     * {"date_string": ...}, {"enable_thinking": false}; they override the ones above. */
+    const char *extra_json;
+    size_t extra_len;
 } gang_chat_render_opts;
 #define GANG_CHAT_DEFAULT_STEPS 1000000u
 #define GANG_CHAT_DEFAULT_OUTPUT (4u << 20)

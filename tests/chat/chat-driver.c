@@ -4,8 +4,9 @@
  *   chat-driver TEMPLATE_FILE CASES_JSON
  *
  * CASES_JSON is an array of {"messages": [...], "add_generation_prompt": bool,
- * "bos_token": str, "eos_token": str}. For each case one line: "OK <output in hex>" or
- * "ERR <code name> <message>". Exit 0 unless the inputs cannot be read.
+ * "bos_token": str, "eos_token": str, "extra": {variables}} ("extra" optional). For each case one
+ * line: "OK <output in hex>" or "ERR <code name> <message>". Exit 0 unless the inputs cannot be
+ * read.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,11 +79,15 @@ int main(int argc, char **argv)
         }
         cJSON *m = cJSON_GetObjectItemCaseSensitive(c, "messages");
         char *mj = cJSON_PrintUnformatted(m);
+        cJSON *x = cJSON_GetObjectItemCaseSensitive(c, "extra");
+        char *xj = x ? cJSON_PrintUnformatted(x) : NULL;
         gang_chat_render_opts o = {
             .add_generation_prompt =
                 cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_generation_prompt")),
             .bos_token = str_or(c, "bos_token", NULL),
-            .eos_token = str_or(c, "eos_token", NULL)};
+            .eos_token = str_or(c, "eos_token", NULL),
+            .extra_json = xj,
+            .extra_len = xj ? strlen(xj) : 0};
         char *out = NULL;
         size_t n = 0;
         int r = gang_chat_render(t, mj, strlen(mj), &o, &out, &n, err, sizeof(err));
@@ -96,6 +101,7 @@ int main(int argc, char **argv)
         }
         free(out);
         free(mj);
+        free(xj);
     }
     cJSON_Delete(root);
     gang_chat_template_free(t);

@@ -25,6 +25,12 @@ from transformers import PreTrainedTokenizerFast
 BOS = "<|begin_of_text|>"
 EOS = "<|eot_id|>"
 
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "the city, e.g. \"Paris\""},
+        "days": {"type": "integer", "enum": [1, 2, 3]}}}}}]
+
 CONVERSATIONS = [
     ("user only", [{"role": "user", "content": "Hello!"}]),
     ("system + user", [{"role": "system", "content": "You are terse."},
@@ -51,13 +57,23 @@ CONVERSATIONS = [
     ("think", [{"role": "user", "content": "Solve it"},
                {"role": "assistant", "content": "<think>hmm</think>The answer is 4."},
                {"role": "user", "content": "Thanks"}]),
+    ("tools", [{"role": "system", "content": "Use tools."},
+               {"role": "user", "content": "Weather in Zürich?"}], {"tools": TOOLS}),
+    ("tool call", [{"role": "user", "content": "Weather in Zürich?"},
+                   {"role": "assistant", "content": "", "tool_calls": [
+                       {"type": "function", "id": "call_1", "function": {
+                           "name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}}]},
+                   {"role": "tool", "content": "{\"temp\": 3.5}", "tool_call_id": "call_1"}],
+     {"tools": TOOLS}),
+    ("date and variables", [{"role": "user", "content": "Hi"}],
+     {"date_string": "01 Dec 2026", "enable_thinking": False}),
 ]
 
 
-def reference(tok, template, messages, add_gen):
+def reference(tok, template, messages, add_gen, extra):
     try:
         return "OK", tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                             add_generation_prompt=add_gen)
+                                             add_generation_prompt=add_gen, **extra)
     except jinja2.exceptions.TemplateError as e:  # the template refused the conversation
         if type(e) is jinja2.exceptions.TemplateError:  # raise_exception()
             return "ERR", ("GANG_EINVAL", str(e))
@@ -76,11 +92,12 @@ def main():
         with open(path, encoding="utf-8") as f:
             template = f.read()
         cases, want = [], []
-        for name, msgs in CONVERSATIONS:
+        for name, msgs, *extra in CONVERSATIONS:
+            extra = extra[0] if extra else {}
             for add_gen in (True, False):
                 cases.append({"messages": msgs, "add_generation_prompt": add_gen,
-                              "bos_token": BOS, "eos_token": EOS})
-                want.append((name, add_gen) + reference(tok, template, msgs, add_gen))
+                              "bos_token": BOS, "eos_token": EOS, "extra": extra})
+                want.append((name, add_gen) + reference(tok, template, msgs, add_gen, extra))
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(cases, f, ensure_ascii=False)
             cases_path = f.name

@@ -217,6 +217,19 @@ static void test_globals(void **state)
                      0);
     assert_string_equal(out, "41");
     free(out);
+    const char *extra = "{\"tools\": [{\"name\": \"f\"}], \"date_string\": \"1 Dec\", "
+                        "\"enable_thinking\": false}";
+    gang_chat_render_opts o = {.extra_json = extra, .extra_len = strlen(extra)};
+    assert_int_equal(render_opts("{{ tools[0].name }}|{{ date_string }}|{{ enable_thinking }}|"
+                                 "{{ tools|tojson }}",
+                                 NULL, &o, &out, err, sizeof(err)),
+                     0);
+    assert_string_equal(out, "f|1 Dec|False|[{\"name\": \"f\"}]");
+    free(out);
+    o.extra_json = "[1]";
+    o.extra_len = 3;
+    assert_int_equal(render_opts("x", NULL, &o, &out, err, sizeof(err)), GANG_EINVAL);
+    assert_non_null(strstr(err, "extra"));
 }
 
 static void test_syntax_errors(void **state)
