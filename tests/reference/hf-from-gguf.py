@@ -206,7 +206,7 @@ def verify(out, gguf_path):
     if bad:
         sys.exit("hf-from-gguf: transformers loaded %s with %r" % (out, bad))
     rec = {"loading_info": "no missing, unexpected or mismatched weights"}
-    _, tok = hg.load(out)
+    _, tok = hg.load(out, with_model=False)
     prompt = hg.chat_ids(tok, SANITY_QUESTION)
     rec["prompt_ids"] = prompt
     with torch.no_grad():

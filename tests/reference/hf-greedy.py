@@ -14,14 +14,13 @@ the last position's logits (ties: the lowest id, as torch.argmax). It stops afte
 --max-tokens tokens or after the first end-of-sequence id of generation_config.json
 (kept in the output), unless --no-stop. Deterministic: 2 threads, no sampling.
 
-Prints one JSON line per prompt, in order: {"prompt_ids", "ids", "finish": "stop"|"length", "text", and with
+--encode-only prints only {"prompt_ids"} per prompt, without loading the model or torch.
+Otherwise it prints one JSON line per prompt, in order: {"prompt_ids", "ids", "finish": "stop"|"length", "text", and with
 --top5 "top5": per step the five best [id, logit] pairs}. Needs the Python that
 `scripts/fetch-reference.sh python` prints. greedy() is also used by hf-from-gguf.py."""
 import argparse
 import json
 import sys
-
-import torch
 
 
 def eos_ids(model):
@@ -35,17 +34,18 @@ def eos_ids(model):
     return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
-@torch.no_grad()
 def greedy(model, prompt_ids, max_tokens, stop_ids=(), top5=False):
     """Greedy continuation of prompt_ids (a list of ints) by model (in eval mode): a list
     of at most max_tokens ids, ending at the first id in stop_ids; with top5, also the
     five best (id, logit) pairs of every step. Returns (ids, finish, steps)."""
+    import torch
     from transformers import DynamicCache
     ids, steps, past = [], [], DynamicCache()
     inp = torch.tensor([prompt_ids], dtype=torch.long)
     finish = "length"
     for _ in range(max_tokens):
-        out = model(input_ids=inp, past_key_values=past, use_cache=True)
+        with torch.no_grad():
+            out = model(input_ids=inp, past_key_values=past, use_cache=True)
         past = out.past_key_values
         logits = out.logits[0, -1].float()
         nxt = int(torch.argmax(logits))
@@ -60,11 +60,16 @@ def greedy(model, prompt_ids, max_tokens, stop_ids=(), top5=False):
     return ids, finish, steps
 
 
-def load(model_dir):
-    """(model in float32 eval mode, tokenizer) of the Hugging Face directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    model.eval()
+def load(model_dir, with_model=True):
+    """(model in float32 eval mode, or None without with_model; tokenizer) of the Hugging
+    Face directory."""
+    from transformers import AutoTokenizer
+    model = None
+    if with_model:
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        model.eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -84,18 +89,25 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--no-stop", action="store_true")
     ap.add_argument("--top5", action="store_true")
+    ap.add_argument("--encode-only", action="store_true",
+                    help="print only the prompt ids (no model load, no torch)")
     a = ap.parse_args()
     if a.max_tokens < 1:
         ap.error("--max-tokens must be at least 1")
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    model, tok = load(a.model)
+    model, tok = load(a.model, not a.encode_only)
     if a.prompt_ids is not None:
         prompts = [[int(x) for x in p.split(",") if x.strip()] for p in a.prompt_ids]
     elif a.chat is not None:
         prompts = [chat_ids(tok, c) for c in a.chat]
     else:
         prompts = [list(tok(p, add_special_tokens=True)["input_ids"]) for p in a.prompt]
+    if a.encode_only:
+        for prompt in prompts:
+            print(json.dumps({"prompt_ids": prompt}), flush=True)
+        return
+    import torch
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
     stop = [] if a.no_stop else eos_ids(model)
     for prompt in prompts:
         if not prompt or min(prompt) < 0 or max(prompt) >= model.config.vocab_size:
