@@ -234,8 +234,9 @@ static int eval_slice(chat_ctx *c, const gang__chat_node *n, cv *out)
         return rc;
     if (obj.kind == CV_UNDEF)
         return undefined_error(c, &obj);
-    if (obj.kind != CV_LIST && obj.kind != CV_STR)
-        return gang__chat_fail(c, GANG_EMODEL, "cannot slice a %s", gang__cv_type_name(&obj));
+    if ((obj.kind != CV_LIST && obj.kind != CV_STR) || gang__cv_is_gen(&obj) || obj.markup)
+        return gang__chat_fail(c, GANG_EMODEL, "cannot slice a %s%s", obj.markup ? "|safe " : "",
+                               gang__cv_type_name(&obj));
     cv_list items;
     int64_t first = 0, step = 1, count = 0;
     if ((rc = gang__cv_items(c, &obj, &items)) ||

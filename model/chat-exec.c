@@ -85,6 +85,52 @@ static int list_join(chat_ctx *c, const cv_list *a, const cv_list *b, int64_t ti
     return gang__chat_step(c, n);
 }
 
+/* Markup + str (either order), as markupsafe does: the plain side is HTML-escaped and the
+ * result is Markup. */
+static int markup_add(chat_ctx *c, const cv *a, const cv *b, cv *out)
+{
+    chat_buf buf = {.limit = c->out.limit};
+    const cv *side[2] = {a, b};
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        const cv *v = side[k];
+        size_t run = 0;
+        for (size_t i = 0; i < v->u.s.n && !rc && !v->markup; i++) {
+            const char *e = NULL;
+            switch (v->u.s.s[i]) {
+            case '&':
+                e = "&amp;";
+                break;
+            case '<':
+                e = "&lt;";
+                break;
+            case '>':
+                e = "&gt;";
+                break;
+            case '"':
+                e = "&#34;";
+                break;
+            case '\'':
+                e = "&#39;";
+                break;
+            default:
+                continue;
+            }
+            rc = gang__buf_put(c, &buf, v->u.s.s + run, i - run);
+            if (!rc)
+                rc = gang__buf_put(c, &buf, e, strlen(e));
+            run = i + 1;
+        }
+        if (!rc)
+            rc = gang__buf_put(c, &buf, v->u.s.s + run, v->u.s.n - run);
+    }
+    if (!rc)
+        rc = gang__buf_to_cv(c, &buf, out);
+    free(buf.p);
+    out->markup = true;
+    return rc;
+}
+
 /* +, -, *, /, //, %, ** on numbers (A and B numeric). */
 static int arith(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
 {
@@ -222,8 +268,12 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
     }
     if (num(a) && num(b))
         return arith(c, op, a, b, out);
+    if (op == OP_ADD && a->kind == CV_STR && b->kind == CV_STR && (a->markup || b->markup))
+        return markup_add(c, a, b, out);
     if (op == OP_ADD && a->kind == CV_STR && b->kind == CV_STR)
         return str_repeat(c, a, b, 1, out);
+    if (gang__cv_is_gen(a) || gang__cv_is_gen(b) || a->markup || b->markup)
+        return type_error(c, names[op], a, b);
     if (op == OP_ADD && a->kind == CV_LIST && b->kind == CV_LIST)
         return list_join(c, a->u.list, b->u.list, 1, out);
     if (op == OP_MUL && (a->kind == CV_STR || a->kind == CV_LIST) &&

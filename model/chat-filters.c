@@ -54,8 +54,7 @@ static int new_list(chat_ctx *c, size_t n, cv *out, cv **items)
 static int f_tojson(chat_ctx *c, const cv *v, const cv *args, size_t nargs, const char **kwn,
                     const size_t *kwl, const cv *kwv, size_t nkw, cv *out)
 {
-    int indent = -1;
-    bool sort = false;
+    int indent = -1, flags = 0;
     (void)args;
     if (nargs)
         return gang__chat_fail(c, GANG_EMODEL, "tojson: positional arguments are not supported");
@@ -67,17 +66,16 @@ static int f_tojson(chat_ctx *c, const cv *v, const cv *args, size_t nargs, cons
                 return gang__chat_fail(c, GANG_EMODEL, "tojson: indent out of range");
             indent = a->kind == CV_INT ? (int)a->u.i : -1;
         } else if (kwl[i] == 9 && !memcmp(kwn[i], "sort_keys", 9) && a->kind == CV_BOOL) {
-            sort = a->u.b;
-        } else if (kwl[i] == 12 && !memcmp(kwn[i], "ensure_ascii", 12) && a->kind == CV_BOOL &&
-                   !a->u.b) {
-            /* the default */
+            flags = a->u.b ? flags | CHAT_JSON_SORT : flags & ~CHAT_JSON_SORT;
+        } else if (kwl[i] == 12 && !memcmp(kwn[i], "ensure_ascii", 12) && a->kind == CV_BOOL) {
+            flags = a->u.b ? flags | CHAT_JSON_ASCII : flags & ~CHAT_JSON_ASCII;
         } else {
             return gang__chat_fail(c, GANG_EMODEL, "tojson: argument '%.*s' is not supported",
                                    (int)kwl[i], kwn[i]);
         }
     }
     chat_buf b = {.limit = c->out.limit};
-    int rc = gang__cv_to_json(c, &b, v, indent, sort, 0);
+    int rc = gang__cv_to_json(c, &b, v, indent, flags, 0);
     if (!rc)
         rc = gang__buf_to_cv(c, &b, out);
     free(b.p);
@@ -148,6 +146,7 @@ static int f_select(chat_ctx *c, const cv *v, const cv *args, size_t nargs, bool
             kept[k++] = items.v[i];
     }
     out->u.list->n = k;
+    out->u.list->gen = true;
     return 0;
 }
 
@@ -182,6 +181,7 @@ static int f_map(chat_ctx *c, const cv *v, const cv *args, size_t nargs, const c
         rc = gang__chat_filter(c, args[0].u.s.s, args[0].u.s.n, fargs, nargs, NULL, NULL, NULL, 0,
                                &res[i]);
     }
+    out->u.list->gen = true;
     return rc;
 }
 
@@ -240,6 +240,8 @@ static int f_sequence(chat_ctx *c, int k, const cv *v, cv *out)
     int rc = gang__cv_items(c, v, &items);
     if (rc)
         return rc;
+    if (k == 5 && gang__cv_is_gen(v))
+        return gang__chat_fail(c, GANG_EMODEL, "last of a generator (select/map without |list)");
     if (k == 4 || k == 5) {
         memset(out, 0, sizeof(*out));
         if (items.n)
@@ -262,6 +264,8 @@ static int f_sequence(chat_ctx *c, int k, const cv *v, cv *out)
         return rc;
     for (size_t i = 0; i < items.n; i++)
         res[i] = items.v[k == 18 ? items.n - 1 - i : i];
+    /* jinja2: reverse of a list is an iterator; of a generator, a list */
+    out->u.list->gen = k == 18 && v->kind == CV_LIST && !gang__cv_is_gen(v);
     return 0;
 }
 
@@ -301,6 +305,10 @@ int gang__chat_filter(chat_ctx *c, const char *name, size_t n, const cv *args, s
     int rc = gang__chat_step(c, gang__cv_cost(v));
     if (rc)
         return rc;
+    if (v->kind == CV_STR && v->markup && k != 1 && k != 2 && k != 3 && k != 11 && k != 12 &&
+        k != 13 && k != 19)
+        return gang__chat_fail(c, GANG_EMODEL, "filter '%s' of a |safe string is not supported",
+                               filters[k]);
     if (nkw && k != 3 && k != 6 && k != 11 && k != 12 && k != 14 && k != 15 && k != 25)
         return gang__chat_fail(c, GANG_EMODEL, "filter '%s' takes no keyword arguments",
                                filters[k]);
@@ -341,8 +349,10 @@ int gang__chat_filter(chat_ctx *c, const char *name, size_t n, const cv *args, s
         if (v->kind != CV_DICT)
             return gang__chat_fail(c, GANG_EMODEL, "items of a %s", gang__cv_type_name(v));
         return gang__chat_dict_view(c, v->u.dict, 0, out);
-    case 19:
-        *out = *v;
+    case 19: /* safe: markupsafe.Markup(str(value)) */
+        if ((rc = gang__cv_to_str(c, v, out)))
+            return rc;
+        out->markup = true;
         return 0;
     case 21:
     case 22:

@@ -53,6 +53,7 @@ typedef struct cv_list {
     size_t n;
     cv *v;
     bool tuple; /* a Python tuple: printed (a, b), accepted by startswith */
+    bool gen;   /* jinja2's lazy result of select/map/reverse: only iterated */
 } cv_list;
 typedef struct cv_dict {
     size_t n, cap;
@@ -64,6 +65,7 @@ typedef struct cv_range {
 
 struct cv {
     cv_kind kind;
+    bool markup; /* a string made by |safe (markupsafe.Markup): + escapes the other side */
     union {
         bool b;
         int64_t i;
@@ -238,14 +240,19 @@ int gang__chat_step(chat_ctx *c, uint64_t n);
 cv gang__cv_str(const char *s, size_t n);
 cv gang__cv_int(int64_t i);
 bool gang__cv_truthy(const cv *v);
+/* Whether V is a lazy generator (the result of select, map, reverse). */
+bool gang__cv_is_gen(const cv *v);
 const char *gang__cv_type_name(const cv *v);
 bool gang__cv_equal(const cv *a, const cv *b);
 /* Python's str(V) appended to B. */
 int gang__cv_str_into(chat_ctx *c, chat_buf *b, const cv *v);
 /* Python's str(V) as a new string value. */
 int gang__cv_to_str(chat_ctx *c, const cv *v, cv *out);
-/* json.dumps(V, ensure_ascii=False, indent=INDENT (<0: none), sort_keys). */
-int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, bool sort_keys, int depth);
+/* json.dumps(V, indent=INDENT (<0: none), sort_keys=FLAGS & CHAT_JSON_SORT,
+ * ensure_ascii=FLAGS & CHAT_JSON_ASCII). */
+#define CHAT_JSON_SORT 1
+#define CHAT_JSON_ASCII 2
+int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, int flags, int depth);
 int gang__cv_from_cjson(chat_ctx *c, const void *json, cv *out, int depth);
 /* Number of items of a sequence, string (code points), mapping or range; -1 if none. */
 int64_t gang__cv_length(const cv *v);

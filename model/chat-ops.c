@@ -30,7 +30,7 @@ int64_t gang__cv_length(const cv *v)
     case CV_STR:
         return utf8_count(v->u.s.s, v->u.s.n);
     case CV_LIST:
-        return (int64_t)v->u.list->n;
+        return v->u.list->gen ? -1 : (int64_t)v->u.list->n;
     case CV_DICT:
     case CV_NS:
         return (int64_t)v->u.dict->n;
@@ -106,6 +106,8 @@ bool gang__cv_equal(const cv *a, const cv *b)
     }
     if (a->kind != b->kind)
         return false;
+    if (gang__cv_is_gen(a) || gang__cv_is_gen(b))
+        return a->u.list == b->u.list; /* generators compare by identity */
     switch (a->kind) {
     case CV_UNDEF:
     case CV_NONE:

@@ -290,6 +290,8 @@ int gang__chat_method(chat_ctx *c, const cv *self, const char *name, size_t n, c
     int rc = gang__chat_step(c, gang__cv_cost(self));
     if (rc)
         return rc;
+    if (self->markup)
+        return gang__chat_fail(c, GANG_EMODEL, "methods of a |safe string are not supported");
     if (self->kind == CV_STR)
         return str_method(c, self, name, n, args, nargs, out);
     int k = 0;

@@ -104,7 +104,7 @@ bool gang__cv_truthy(const cv *v)
     case CV_STR:
         return v->u.s.n > 0;
     case CV_LIST:
-        return v->u.list->n > 0;
+        return v->u.list->gen || v->u.list->n > 0; /* a generator is always true */
     case CV_DICT:
         return v->u.dict->n > 0;
     case CV_RANGE:
@@ -114,8 +114,15 @@ bool gang__cv_truthy(const cv *v)
     }
 }
 
+bool gang__cv_is_gen(const cv *v)
+{
+    return v->kind == CV_LIST && v->u.list->gen;
+}
+
 const char *gang__cv_type_name(const cv *v)
 {
+    if (gang__cv_is_gen(v))
+        return "generator";
     static const char *const names[] = {"undefined", "none",     "bool",   "int",       "float",
                                         "string",    "list",     "dict",   "namespace", "range",
                                         "loop",      "function", "method", "macro"};
@@ -278,6 +285,11 @@ static int cv_repr(chat_ctx *c, chat_buf *b, const cv *v, int depth)
     int rc = 0;
     if (depth > CHAT_MAX_JSON_DEPTH)
         return gang__chat_fail(c, GANG_ERANGE, "value nested too deeply to print");
+    if (v->kind == CV_STR && v->markup)
+        return gang__chat_fail(c, GANG_EMODEL, "printing a |safe string inside a container");
+    if (gang__cv_is_gen(v))
+        return gang__chat_fail(c, GANG_EMODEL,
+                               "printing a generator (select/map/reverse without |list)");
     if (v->kind == CV_STR)
         return str_repr(c, b, v->u.s.s, v->u.s.n);
     if (v->kind == CV_LIST) {
@@ -354,13 +366,58 @@ int gang__cv_to_str(chat_ctx *c, const cv *v, cv *out)
     return rc;
 }
 
-/* A JSON string as json.dumps(ensure_ascii=False) writes it. */
-static int json_str(chat_ctx *c, chat_buf *b, const char *s, size_t n)
+/* The code point of the UTF-8 character at S (its length in *len), or -1 if invalid. */
+static long utf8_decode(const unsigned char *s, size_t n, size_t *len)
+{
+    unsigned char b = s[0];
+    size_t k = b >= 0xF0 && b <= 0xF4 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 && b < 0xE0 ? 2 : 0;
+    long cp = k == 4 ? b & 0x07 : k == 3 ? b & 0x0F : b & 0x1F;
+    if (!k || k > n)
+        return -1;
+    for (size_t i = 1; i < k; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return -1;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if ((k == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+        (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        return -1;
+    *len = k;
+    return cp;
+}
+
+/* A non-ASCII character as \uXXXX (a surrogate pair above U+FFFF), as
+ * json.dumps(ensure_ascii=True) writes it. */
+static int json_ascii_char(chat_ctx *c, chat_buf *b, const char *s, size_t n, size_t *len)
+{
+    long cp = utf8_decode((const unsigned char *)s, n, len);
+    char esc[16];
+    if (cp < 0)
+        return gang__chat_fail(c, GANG_EMODEL, "tojson: text is not valid UTF-8");
+    if (cp >= 0x10000)
+        snprintf(esc, sizeof(esc), "\\u%04lx\\u%04lx", 0xD800 + ((cp - 0x10000) >> 10),
+                 0xDC00 + ((cp - 0x10000) & 0x3FF));
+    else
+        snprintf(esc, sizeof(esc), "\\u%04lx", cp);
+    return gang__buf_put(c, b, esc, strlen(esc));
+}
+
+/* A JSON string as json.dumps writes it (non-ASCII as is, or escaped with ASCII). */
+static int json_str(chat_ctx *c, chat_buf *b, const char *s, size_t n, bool ascii)
 {
     int rc = gang__buf_put(c, b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
+        if (ascii && ch >= 0x80) {
+            size_t len = 0;
+            rc = gang__buf_put(c, b, s + run, i - run);
+            if (!rc)
+                rc = json_ascii_char(c, b, s + i, n - i, &len);
+            i += len - 1;
+            run = i + 1;
+            continue;
+        }
         if (ch >= 0x20 && ch != '"' && ch != '\\')
             continue;
         char esc[8] = {'\\', 0, 0};
@@ -433,11 +490,15 @@ static int json_order(chat_ctx *c, const cv_dict *d, bool sort, size_t **order)
     return gang__chat_step(c, d->n);
 }
 
-int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, bool sort_keys, int depth)
+int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, int flags, int depth)
 {
     int rc = 0;
     if (depth > CHAT_MAX_JSON_DEPTH)
         return gang__chat_fail(c, GANG_ERANGE, "tojson: value nested too deeply");
+    if (gang__cv_is_gen(v))
+        return gang__chat_fail(c, GANG_EMODEL,
+                               "tojson of a generator (select/map/reverse "
+                               "without |list)");
     switch (v->kind) {
     case CV_NONE:
         return gang__buf_put(c, b, "null", 4);
@@ -456,7 +517,7 @@ int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, bool sor
                                                : 9);
         return gang__cv_str_into(c, b, v);
     case CV_STR:
-        return json_str(c, b, v->u.s.s, v->u.s.n);
+        return json_str(c, b, v->u.s.s, v->u.s.n, flags & CHAT_JSON_ASCII);
     case CV_LIST:
     case CV_DICT:
     case CV_NS:
@@ -469,7 +530,7 @@ int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, bool sor
         return gang__chat_fail(c, GANG_EMODEL, "tojson of a namespace is not supported");
     bool list = v->kind == CV_LIST;
     size_t n = list ? v->u.list->n : v->u.dict->n, *order = NULL;
-    if (!list && (rc = json_order(c, v->u.dict, sort_keys, &order)))
+    if (!list && (rc = json_order(c, v->u.dict, flags & CHAT_JSON_SORT, &order)))
         return rc;
     rc = gang__buf_put(c, b, list ? "[" : "{", 1);
     for (size_t i = 0; !rc && i < n; i++) {
@@ -478,12 +539,13 @@ int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, bool sor
         if (!rc && indent >= 0)
             rc = json_newline(c, b, indent, depth + 1);
         if (!rc && !list)
-            rc = json_str(c, b, v->u.dict->k[order[i]].u.s.s, v->u.dict->k[order[i]].u.s.n);
+            rc = json_str(c, b, v->u.dict->k[order[i]].u.s.s, v->u.dict->k[order[i]].u.s.n,
+                          flags & CHAT_JSON_ASCII);
         if (!rc && !list)
             rc = gang__buf_put(c, b, ": ", 2);
         if (!rc)
             rc = gang__cv_to_json(c, b, list ? &v->u.list->v[i] : &v->u.dict->v[order[i]], indent,
-                                  sort_keys, depth + 1);
+                                  flags, depth + 1);
     }
     if (!rc && indent >= 0 && n)
         rc = json_newline(c, b, indent, depth);

@@ -178,6 +178,8 @@ static void test_tests_and_filters(void **state)
            "FalseTrueTrueTrueTrueFalseTrueTrueTrueTrueTrueTrueTrueTrueTrueTrue");
     expect("{{ {'a': '\xc3\xa9', 'b': [1, none, true], 'c': 'q\"\\n'}|tojson }}",
            "{\"a\": \"\xc3\xa9\", \"b\": [1, null, true], \"c\": \"q\\\"\\n\"}");
+    expect("{{ ['\xc3\xa9\xf0\x9f\x98\x80\xe4\xb8\x96', 'a']|tojson(ensure_ascii=true) }}",
+           "[\"\\u00e9\\ud83d\\ude00\\u4e16\", \"a\"]");
     expect("{{ {'b': 1, 'a': [2]}|tojson(indent=2, sort_keys=true) }}",
            "{\n  \"a\": [\n    2\n  ],\n  \"b\": 1\n}");
     expect("{{ [1, 2]|length }}{{ 'abc'|count }}{{ [3, 4]|first }}{{ [3, 4]|last }}"
@@ -189,6 +191,21 @@ static void test_tests_and_filters(void **state)
            "{{ [1, 0, 2]|select|list }}{{ ['a', 'code']|reject('equalto', 'code')|join(',') }}"
            "{{ [1, 2]|reverse|list }}{{ {'k': 'v'}|items|list }}{{ ['a', 'b']|map('upper')|join }}",
            "[1, 2]1[1, 2]a[2, 1][('k', 'v')]AB");
+    /* jinja2's select/map/reverse give generators; |safe gives Markup, which escapes the
+     * plain side of a + */
+    expect(
+        "{{ [1, 2]|select is iterable }}{{ [1]|select is sequence }}{{ 'y' if []|select "
+        "else 'n' }}{% for x in [3, 4]|reverse %}{{ x }}{% endfor %}{{ [1]|map('string')|first }}",
+        "TrueFalsey431");
+    expect(
+        "{{ '<b>'|safe + '<i>\"&\\'' }}|{{ '&' + 'x'|safe }}|{{ 'a'|safe ~ '<' }}|{{ 'q'|safe }}",
+        "<b>&lt;i&gt;&#34;&amp;&#39;|&amp;x|a<|q");
+    expect_error("{{ [1, 2]|map('string') }}", GANG_EMODEL, "generator");
+    expect_error("{{ [1]|select|length }}", GANG_EMODEL, "generator");
+    expect_error("{{ [1]|select|tojson }}", GANG_EMODEL, "generator");
+    expect_error("{{ [1]|select|last }}", GANG_EMODEL, "generator");
+    expect_error("{{ ('a'|safe).strip() }}", GANG_EMODEL, "|safe");
+    expect_error("{{ 'a'|safe|trim }}", GANG_EMODEL, "|safe");
     expect("{{ none|selectattr('type')|list }}{{ {'a': 1}.get('b', 5) }}{{ {'a': 1}.get('a') }}"
            "{{ {'a': 1}.keys()|list }}",
            "[]51['a']");
