@@ -148,6 +148,17 @@ static int getitem(chat_ctx *c, const cv *obj, const cv *key, cv *out)
 {
     if (obj->kind == CV_UNDEF)
         return undefined_error(c, obj);
+    if (obj->kind == CV_RANGE && key->kind == CV_INT) { /* range(n)[i] */
+        int64_t len = gang__cv_length(obj), i = key->u.i < 0 ? key->u.i + len : key->u.i;
+        if (i >= 0 && i < len) {
+            *out = gang__cv_int(obj->u.range->start + i * obj->u.range->step);
+            return 0;
+        }
+    }
+    if (gang__cv_is_lazy(obj)) { /* a generator or view has no items: jinja2 gives undefined */
+        *out = undef_named(NULL, 0);
+        return 0;
+    }
     if (obj->kind == CV_DICT) {
         for (size_t i = 0; i < obj->u.dict->n; i++)
             if (gang__cv_equal(&obj->u.dict->k[i], key)) {

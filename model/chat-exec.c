@@ -272,7 +272,7 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
         return markup_add(c, a, b, out);
     if (op == OP_ADD && a->kind == CV_STR && b->kind == CV_STR)
         return str_repeat(c, a, b, 1, out);
-    if (gang__cv_is_gen(a) || gang__cv_is_gen(b) || a->markup || b->markup)
+    if (gang__cv_is_lazy(a) || gang__cv_is_lazy(b) || a->markup || b->markup)
         return type_error(c, names[op], a, b);
     if (op == OP_ADD && a->kind == CV_LIST && b->kind == CV_LIST)
         return list_join(c, a->u.list, b->u.list, 1, out);

@@ -206,6 +206,9 @@ static int f_number(chat_ctx *c, const cv *v, bool to_int, const cv *dflt, cv *o
         while (*end == ' ' || *end == '\t' || *end == '\n')
             end++;
         ok = *end == 0 && end != buf;
+        /* forms where strtod and Python disagree: hex floats (C only), 1_000 (Python only) */
+        if (strchr(buf, '_') || (ok && strpbrk(buf, "xXpP")))
+            return gang__chat_fail(c, GANG_EMODEL, "int/float of '%s' is not supported", buf);
     } else {
         ok = false;
     }
@@ -228,7 +231,6 @@ static int f_number(chat_ctx *c, const cv *v, bool to_int, const cv *dflt, cv *o
         out->kind = CV_FLOAT;
         out->u.f = f;
     }
-    (void)c;
     return 0;
 }
 
@@ -343,12 +345,16 @@ int gang__chat_filter(chat_ctx *c, const char *name, size_t n, const cv *args, s
     case 15:
         return f_number(c, v, k == 14, nargs > 1 ? &args[1] : kwarg(kwn, kwl, kwv, nkw, "default"),
                         out);
-    case 17:
+    case 17: /* jinja2's items: a generator of pairs */
         if (v->kind == CV_UNDEF)
-            return f_sequence(c, 16, v, out);
-        if (v->kind != CV_DICT)
+            rc = f_sequence(c, 16, v, out);
+        else if (v->kind != CV_DICT)
             return gang__chat_fail(c, GANG_EMODEL, "items of a %s", gang__cv_type_name(v));
-        return gang__chat_dict_view(c, v->u.dict, 0, out);
+        else
+            rc = gang__chat_dict_view(c, v->u.dict, 0, out);
+        if (!rc)
+            out->u.list->gen = true;
+        return rc;
     case 19: /* safe: markupsafe.Markup(str(value)) */
         if ((rc = gang__cv_to_str(c, v, out)))
             return rc;

@@ -54,6 +54,7 @@ typedef struct cv_list {
     cv *v;
     bool tuple; /* a Python tuple: printed (a, b), accepted by startswith */
     bool gen;   /* jinja2's lazy result of select/map/reverse: only iterated */
+    bool view;  /* dict.items()/keys()/values(): sized and iterable, never printed */
 } cv_list;
 typedef struct cv_dict {
     size_t n, cap;
@@ -240,8 +241,11 @@ int gang__chat_step(chat_ctx *c, uint64_t n);
 cv gang__cv_str(const char *s, size_t n);
 cv gang__cv_int(int64_t i);
 bool gang__cv_truthy(const cv *v);
-/* Whether V is a lazy generator (the result of select, map, reverse). */
+/* Whether V is a lazy generator (the result of select, map, reverse), or (ANY_VIEW) also
+ * a dict view (items, keys, values): values that Python prints as object addresses or
+ * view types. */
 bool gang__cv_is_gen(const cv *v);
+bool gang__cv_is_lazy(const cv *v);
 const char *gang__cv_type_name(const cv *v);
 bool gang__cv_equal(const cv *a, const cv *b);
 /* Python's str(V) appended to B. */

@@ -314,5 +314,7 @@ int gang__chat_method(chat_ctx *c, const cv *self, const char *name, size_t n, c
     }
     if (nargs)
         return gang__chat_fail(c, GANG_EMODEL, "dict.%s() takes no arguments", dict_methods[k]);
-    return gang__chat_dict_view(c, self->u.dict, k, out);
+    if (!(rc = gang__chat_dict_view(c, self->u.dict, k, out)))
+        out->u.list->view = true;
+    return rc;
 }

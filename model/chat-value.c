@@ -119,6 +119,11 @@ bool gang__cv_is_gen(const cv *v)
     return v->kind == CV_LIST && v->u.list->gen;
 }
 
+bool gang__cv_is_lazy(const cv *v)
+{
+    return v->kind == CV_LIST && (v->u.list->gen || v->u.list->view);
+}
+
 const char *gang__cv_type_name(const cv *v)
 {
     if (gang__cv_is_gen(v))
@@ -287,9 +292,10 @@ static int cv_repr(chat_ctx *c, chat_buf *b, const cv *v, int depth)
         return gang__chat_fail(c, GANG_ERANGE, "value nested too deeply to print");
     if (v->kind == CV_STR && v->markup)
         return gang__chat_fail(c, GANG_EMODEL, "printing a |safe string inside a container");
-    if (gang__cv_is_gen(v))
+    if (gang__cv_is_lazy(v))
         return gang__chat_fail(c, GANG_EMODEL,
-                               "printing a generator (select/map/reverse without |list)");
+                               "printing a generator or dict view (select/map/"
+                               "reverse/items/keys/values without |list)");
     if (v->kind == CV_STR)
         return str_repr(c, b, v->u.s.s, v->u.s.n);
     if (v->kind == CV_LIST) {
@@ -495,10 +501,10 @@ int gang__cv_to_json(chat_ctx *c, chat_buf *b, const cv *v, int indent, int flag
     int rc = 0;
     if (depth > CHAT_MAX_JSON_DEPTH)
         return gang__chat_fail(c, GANG_ERANGE, "tojson: value nested too deeply");
-    if (gang__cv_is_gen(v))
+    if (gang__cv_is_lazy(v))
         return gang__chat_fail(c, GANG_EMODEL,
-                               "tojson of a generator (select/map/reverse "
-                               "without |list)");
+                               "tojson of a generator or dict view (without "
+                               "|list)");
     switch (v->kind) {
     case CV_NONE:
         return gang__buf_put(c, b, "null", 4);

@@ -204,6 +204,12 @@ static void test_tests_and_filters(void **state)
     expect_error("{{ [1]|select|length }}", GANG_EMODEL, "generator");
     expect_error("{{ [1]|select|tojson }}", GANG_EMODEL, "generator");
     expect_error("{{ [1]|select|last }}", GANG_EMODEL, "generator");
+    expect_error("{{ {'a': 1}.items() }}", GANG_EMODEL, "dict view");
+    expect_error("{{ {'a': 1}|items|tojson }}", GANG_EMODEL, "generator");
+    expect_error("{{ '0x1A'|int }}", GANG_EMODEL, "not supported");
+    expect("{{ {}.items() is defined }}{{ 'y' if {}.keys() else 'n' }}{{ {'a': 1}.keys()|length }}"
+           "{{ {'a': 1}.keys()[0] is defined }}{{ range(2, 9, 3)[-1] }}{{ [1]|select|first }}",
+           "Truen1False81");
     expect_error("{{ ('a'|safe).strip() }}", GANG_EMODEL, "|safe");
     expect_error("{{ 'a'|safe|trim }}", GANG_EMODEL, "|safe");
     expect("{{ none|selectattr('type')|list }}{{ {'a': 1}.get('b', 5) }}{{ {'a': 1}.get('a') }}"
