@@ -17,7 +17,7 @@
 #
 # Environment (optional): DEMO_MODEL (a model directory to serve instead of fetching),
 # DEMO_PYTHON (a Python with `openai`), DEMO_TP / DEMO_PP (layout; TP x PP ranks on
-# DEMO_PP agents), DEMO_LONG_TOKENS (length of the long answer, default 80),
+# DEMO_PP agents), DEMO_LONG_TOKENS (length of the long answer, default 64),
 # DEMO_HTTP_PORT / DEMO_RDZV_PORT (default: free ports), DEMO_READY_TIMEOUT (s, 180).
 # Everything it writes (the gang's log, the key, the answers) is in one temp dir, kept and
 # printed at the end; on a failure the log's tail and its path are printed.
@@ -26,7 +26,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 BIN=${1:-build/bin/ganglion}
 TP=${DEMO_TP:-1}
 PP=${DEMO_PP:-2}
-LONG_TOKENS=${DEMO_LONG_TOKENS:-80}
+LONG_TOKENS=${DEMO_LONG_TOKENS:-64}
 READY_TIMEOUT=${DEMO_READY_TIMEOUT:-180}
 WORK=$(mktemp -d -t ganglion-demo.XXXXXX)
 LOG="$WORK/gang.log"
