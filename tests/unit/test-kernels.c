@@ -442,6 +442,9 @@ static const struct attn_case attn_cases[] = {
     {1, 129, 128, 8, 1, 17},  /* decode at the end of the cache, MQA */
     {3, 40, 5, 3, 3, 3},      /* chunk in the middle of a larger cache, MHA */
     {64, 129, 64, 6, 2, 129}, /* long prefill continuing a cache */
+    /* The CPU backend's blocked sgemm path (>= 64 queries, >= 2048 keys): */
+    {130, 2200, 2048, 4, 2, 16}, /* three blocks, the last one partial */
+    {64, 2048, 1984, 3, 1, 8},   /* exactly the thresholds, MQA */
 };
 
 static void test_attention(void **state)
