@@ -266,8 +266,8 @@ static int f_sequence(chat_ctx *c, int k, const cv *v, cv *out)
         return rc;
     for (size_t i = 0; i < items.n; i++)
         res[i] = items.v[k == 18 ? items.n - 1 - i : i];
-    /* jinja2: reverse of a list is an iterator; of a generator, a list */
-    out->u.list->gen = k == 18 && v->kind == CV_LIST && !gang__cv_is_gen(v);
+    /* jinja2: reverse gives an iterator (reversed()), but a list for a generator */
+    out->u.list->gen = k == 18 && !gang__cv_is_gen(v);
     return 0;
 }
 
@@ -343,6 +343,8 @@ int gang__chat_filter(chat_ctx *c, const char *name, size_t n, const cv *args, s
     }
     case 14:
     case 15:
+        if (v->kind == CV_UNDEF) /* jinja2: int(Undefined) raises */
+            return gang__chat_fail(c, GANG_EMODEL, "%s of an undefined value", filters[k]);
         return f_number(c, v, k == 14, nargs > 1 ? &args[1] : kwarg(kwn, kwl, kwv, nkw, "default"),
                         out);
     case 17: /* jinja2's items: a generator of pairs */

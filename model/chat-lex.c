@@ -236,8 +236,9 @@ static const char *const lex_ops[] = {"//", "**", "==", "!=", ">=", "<=", "+", "
                                       "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
                                       "=",  ".",  ":",  "|",  ",",  ";",  ">", "<"};
 
-/* Lexes one token inside a tag whose end is END ("%}" or "}}"); sets *done at the end. */
-static int lex_tag_token(lexer *l, const char *end, bool *done)
+/* Lexes one token inside a tag whose end is END ("%}" or "}}"); sets *done at the end,
+ * which (as in jinja2) only counts outside brackets: *depth is the bracket nesting. */
+static int lex_tag_token(lexer *l, const char *end, bool *done, int *depth)
 {
     const char *s = l->src;
     size_t p = l->pos;
@@ -247,8 +248,8 @@ static int lex_tag_token(lexer *l, const char *end, bool *done)
     lex_advance(l, p);
     if (p >= l->len)
         return lex_fail(l, p, "the template ends inside a tag (missing '%s')", end);
-    if ((s[p] == '-' && p + 2 < l->len && !memcmp(s + p + 1, end, 2)) ||
-        (p + 1 < l->len && !memcmp(s + p, end, 2))) {
+    if (*depth == 0 && ((s[p] == '-' && p + 2 < l->len && !memcmp(s + p + 1, end, 2)) ||
+                        (p + 1 < l->len && !memcmp(s + p, end, 2)))) {
         *done = true;
         return 0;
     }
@@ -291,6 +292,10 @@ static int lex_tag_token(lexer *l, const char *end, bool *done)
                 return GANG_ENOMEM;
             t->s = lex_ops[k];
             t->n = on;
+            if (on == 1 && strchr("([{", lex_ops[k][0]))
+                ++*depth;
+            else if (on == 1 && strchr(")]}", lex_ops[k][0]) && *depth > 0)
+                --*depth;
             lex_advance(l, p + on);
             return 0;
         }
@@ -311,8 +316,9 @@ static int lex_tag(lexer *l, bool block, bool *newline)
         p++;
     lex_advance(l, p);
     size_t first = l->n;
+    int depth = 0;
     for (bool done = false; !done;) {
-        int rc = lex_tag_token(l, end, &done);
+        int rc = lex_tag_token(l, end, &done, &depth);
         if (rc)
             return rc;
     }

@@ -592,7 +592,8 @@ static int parse_if(parser *p, const chat_tok *at, gang__chat_node **out)
     int rc;
     if (!n)
         return GANG_ENOMEM;
-    if ((rc = parse_expr(p, &n->a)) || (rc = expect_kind(p, T_BLOCK_END, "'%}'")) ||
+    /* jinja2 reads the condition without `x if c else y` (parse_tuple(with_condexpr=False)) */
+    if ((rc = parse_tuple_expr(p, false, &n->a)) || (rc = expect_kind(p, T_BLOCK_END, "'%}'")) ||
         (rc = parse_body(p, ends, &n->b, &which)))
         return rc;
     const chat_tok *t = cur(p);

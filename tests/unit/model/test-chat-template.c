@@ -100,6 +100,8 @@ static void test_expressions(void **state)
     expect("{{ {'a': 1, 'b': [1, 'x']} }} {{ \"it's\" }} {{ ['it\\'s'] }}",
            "{'a': 1, 'b': [1, 'x']} it's [\"it's\"]");
     expect("{{ 'a' 'b' }}{{ '\\n\\t\\x41\\u00e9\\\\' }}", "ab\n\tA\xc3\xa9\\");
+    expect("{{ {'a': {'b': 1}} }}|{{ {'a': {'b': 1}}['a'] }}|{% if {'k': {}} %}y{% endif %}",
+           "{'a': {'b': 1}}|{'b': 1}|y");
     expect("{{ (1, 2)[0] }}{{ [1, 2, 3][-1] }}{{ {'k': 'v'}['k'] }}{{ {'k': 'v'}.k }}", "13vv");
     expect("{{ [1, 2, 3, 4][1:3] }} {{ [1, 2, 3, 4][::-2] }} {{ 'abc'[-2:] }} {{ 'abc'[5:] }}",
            "[2, 3] [4, 2] bc ");
@@ -207,6 +209,8 @@ static void test_tests_and_filters(void **state)
     expect_error("{{ {'a': 1}.items() }}", GANG_EMODEL, "dict view");
     expect_error("{{ {'a': 1}|items|tojson }}", GANG_EMODEL, "generator");
     expect_error("{{ '0x1A'|int }}", GANG_EMODEL, "not supported");
+    expect_error("{{ nothing|int }}", GANG_EMODEL, "undefined");
+    expect_error("{{ {}|reverse }}", GANG_EMODEL, "generator");
     expect("{{ {}.items() is defined }}{{ 'y' if {}.keys() else 'n' }}{{ {'a': 1}.keys()|length }}"
            "{{ {'a': 1}.keys()[0] is defined }}{{ range(2, 9, 3)[-1] }}{{ [1]|select|first }}",
            "Truen1False81");
