@@ -100,7 +100,7 @@ else
         fail "scripts/fetch-reference.sh python could not provide the reference Python"
 fi
 "$PY" -c 'import openai' 2>/dev/null || fail "$PY cannot import openai"
-echo "   $MODEL ($(du -sh "$MODEL/model.safetensors" | cut -f1) of float32 weights); client: $("$PY" -c 'import openai; print("openai", openai.__version__)')"
+echo "   $MODEL ($(du -sh "$MODEL/model.safetensors" | cut -f1) of weights); client: $("$PY" -c 'import openai; print("openai", openai.__version__)')"
 
 # The API key clients must send (Authorization: Bearer KEY), like k8s/gen-token.sh makes.
 KEY="$WORK/api-key"
