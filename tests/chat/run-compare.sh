@@ -1,7 +1,8 @@
 #!/bin/sh
 # ctest chat-template-compare: fetch (or find cached) real chat templates, then compare
-# ganglion's rendering with transformers' apply_chat_template on them. Exit 77 (SKIP)
-# with the reason when the templates or the reference Python cannot be had.
+# ganglion's rendering with transformers' apply_chat_template on them (compare.py) and
+# with transformers' jinja2 environment on 1200 random templates (diff-jinja.py). Exit 77
+# (SKIP) with the reason when the templates or the reference Python cannot be had.
 #   run-compare.sh SOURCE_DIR CHAT_DRIVER
 src="$1"
 driver="$2"
@@ -29,4 +30,8 @@ if ! [ -f "$tok" ]; then
     echo "chat-template-compare skipped: no tokenizer.json from scripts/fetch-test-models.sh"
     exit 77
 fi
-exec "$py" "$src/tests/chat/compare.py" "$driver" "$tok" "$dir"/*.jinja
+"$py" "$src/tests/chat/compare.py" "$driver" "$tok" "$dir"/*.jinja || exit 1
+# random templates from a grammar, against jinja2 as transformers sets it up
+for seed in 1 2 3; do
+    "$py" "$src/tests/chat/diff-jinja.py" "$driver" "$seed" 400 || exit 1
+done
