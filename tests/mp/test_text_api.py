@@ -207,6 +207,12 @@ def check_logprobs(c, prompt):
         H.check(1 <= len(top) <= 3 and lp["token_logprobs"][i] <= 0 and
                 abs(max(top.values()) - lp["token_logprobs"][i]) < 1e-5,
                 "greedy token %d is not the top alternative: %r" % (i, lp))
+    plain = c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 12, "ignore_eos": True})
+    pen = {"prompt": prompt, "max_tokens": 12, "ignore_eos": True, "frequency_penalty": 2.0,
+           "presence_penalty": 1.0, "repetition_penalty": 1.5}
+    p1, p2 = c.ok("/v1/completions", pen), c.ok("/v1/completions", pen)
+    H.check(p1["choices"][0]["tokens"] == p2["choices"][0]["tokens"] !=
+            plain["choices"][0]["tokens"], "penalties changed nothing or are not deterministic")
     r = c.ok("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
                                       "max_tokens": 4, "ignore_eos": True, "logprobs": True,
                                       "top_logprobs": 2})
@@ -272,6 +278,20 @@ def check_restart(c, g, prompt):
     H.log("stream survived the kill (generation %d -> %d, %d chunks)" % (gen0, gen1, len(events)))
 
 
+def check_generate(h, model):
+    """ganglion generate --prompt / --chat print text."""
+    for flag, what in (("--prompt", "Hello there"), ("--chat", "Hi!")):
+        r = subprocess.run([h.bin, "generate", "--model", model, flag, what, "--max-tokens", "4",
+                            "--max-ctx", "256", "--kv-cache-mb", "8"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=60, env=h.clean_env())
+        out = r.stdout.decode()
+        H.check(r.returncode == 0 and out.strip() and not out.lstrip().startswith("{"),
+                "generate %s: %d %r %r" % (flag, r.returncode, out, r.stderr.decode()[-500:]))
+    r = subprocess.run([h.bin, "generate", "--model", model, "--prompt", "a", "--chat", "b"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    H.check(r.returncode == 2 and b"one of" in r.stderr, "two prompts: %r" % r.stderr)
+
+
 def scenario(h):
     ref = reference_dir()
     model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=2, hidden=16, heads=1,
@@ -296,7 +316,8 @@ def scenario(h):
     check_errors(c, g)
     check_long_prompt(c)
     check_restart(c, g, prompt)
-    g.stop()
+    H.check(g.stop()["local"] == 0, "the gang did not stop cleanly")
+    check_generate(h, model)
 
 
 if __name__ == "__main__":
