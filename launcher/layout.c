@@ -191,12 +191,8 @@ void gang__served_model_name(const gang_params *p, char *out, size_t cap)
     out[n] = '\0';
 }
 
-/*
- * Reads the API key of --api-key-file: the file's content without surrounding whitespace,
- * 1 to GANG_API_KEY_MAX printable ASCII bytes. No file named: an empty key (open API).
- * GANG_EUSAGE with the reason otherwise (never the key itself).
- */
-static int read_api_key(const char *path, char *key, char *err, size_t errlen)
+/* See layout.h. */
+int gang__api_key_read(const char *path, char *key, char *err, size_t errlen)
 {
     char buf[GANG_API_KEY_MAX * 4 + 2];
     key[0] = '\0';
@@ -309,7 +305,7 @@ int gang_agent_config_from_params(const gang_params *params, char *const *envp,
         goto out_free;
     agent_fields_from_params(p, out);
     api_config_from_params(p, &out->layout, &out->api);
-    rc = read_api_key(p->api_key_file, out->api.api_key, err, errlen);
+    rc = gang__api_key_read(p->api_key_file, out->api.api_key, err, errlen);
     if (rc != 0)
         goto out_free;
     rc = sup_config_from_params(p, &out->id, &out->sup);

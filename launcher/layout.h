@@ -64,5 +64,13 @@ int gang_layout_check(const gang_params *p, gang_layout *l, char *err, size_t er
  * "" without a model). Writes at most cap - 1 bytes and a NUL into out.
  */
 void gang__served_model_name(const gang_params *p, char *out, size_t cap);
+/*
+ * Reads the API key of --api-key-file PATH into key[GANG_API_KEY_MAX + 1]: the file's
+ * content without surrounding whitespace, 1 to GANG_API_KEY_MAX printable ASCII bytes.
+ * PATH "": an empty key (an open API). GANG_EUSAGE with the reason in err otherwise (a
+ * missing or unreadable file, an empty or too long key, a non-printable byte; the message
+ * never holds the key).
+ */
+int gang__api_key_read(const char *path, char *key, char *err, size_t errlen);
 
 #endif

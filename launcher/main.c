@@ -140,6 +140,13 @@ static int cmd_serve(int argc, char **argv)
         } else {
             printf("# token: none (the rendezvous port will not authenticate peers)\n");
         }
+        char key[GANG_API_KEY_MAX + 1];
+        if (gang__api_key_read(p.api_key_file, key, err, sizeof(err)) != 0) {
+            fprintf(stderr, "ganglion: invalid configuration: %s\n", err);
+            return GANG_EXIT_USAGE;
+        }
+        printf("# API key: %s\n",
+               key[0] ? "read (clients must send it as a Bearer token)" : "none (the API is open)");
         if (p.model[0])
             printf("# model: %s: %u layers, hidden %u, %u heads (%u kv), ffn %u, vocab %u; "
                    "context %u\n",

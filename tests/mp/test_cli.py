@@ -57,6 +57,20 @@ def scenario(h):
                 "generate %s: %d %r" % (" ".join(args), code, err))
     code, _, err = run(h, ["generate", "--model", h.tmp, "--prompt-ids", "1,,2"])
     H.check(code == 2 and "--prompt-ids" in err, "generate --prompt-ids 1,,2: %d %r" % (code, err))
+    # --api-key-file: serve --check-config reads it as the agent will, never printing it.
+    cc = ["serve", "--check-config", "--node-index", "0", "--coordinator", "127.0.0.1:29400"]
+    keys = {"missing": None, "empty": "  \n", "spaces": "a key", "long": "k" * 257,
+            "good": "  sk-good-key\n"}
+    for name, content in keys.items():
+        path = os.path.join(h.tmp, "key-" + name)
+        if content is not None:
+            with open(path, "w") as f:
+                f.write(content)
+        code, out, err = run(h, cc + ["--api-key-file", path])
+        want = 0 if name == "good" else 2
+        H.check(code == want and "sk-good-key" not in out + err and
+                ("API key: read" in out if want == 0 else "--api-key-file" in err),
+                "--api-key-file (%s): %d %r %r" % (name, code, out[-200:], err))
     code, _, err = run(h, ["bench", "allreduce", "--ranks", "1"])
     H.check(code == 2 and "--ranks" in err, "allreduce --ranks 1: %d %r" % (code, err))
     code, _, err = run(h, ["bench", "allreduce", "--backend", "tcp"])

@@ -47,7 +47,37 @@ typedef struct fixture {
     gang_http_server *srv;
     int loop_close_rc; /* uv_loop_close() at the end: 0 = nothing leaked */
     int stop_sent;     /* test thread only: the stop async was sent */
+    int stream_gone;   /* under mu: /stream-forever saw its client gone (GANG_ECLOSED) */
 } fixture;
+
+static void on_delayed_closed(uv_handle_t *h);
+
+/* A streamed answer written from a timer: n chunks (forever: until the client is gone). */
+typedef struct stream_writer {
+    uv_timer_t timer;
+    gang_http_exchange *x;
+    fixture *f;
+    int sent, n, forever;
+} stream_writer;
+
+static void on_stream_tick(uv_timer_t *t)
+{
+    stream_writer *w = t->data;
+    char chunk[32];
+    int len = snprintf(chunk, sizeof(chunk), "data: %d\n\n", w->sent++);
+    int rc = gang_http_stream_write(w->x, chunk, (size_t)len);
+
+    if (rc == GANG_ECLOSED && w->forever) {
+        pthread_mutex_lock(&w->f->mu);
+        w->f->stream_gone = 1;
+        pthread_mutex_unlock(&w->f->mu);
+    }
+    if (rc != 0 || (!w->forever && w->sent == w->n)) {
+        gang_http_stream_end(w->x);
+        uv_timer_stop(t);
+        uv_close((uv_handle_t *)t, on_delayed_closed);
+    }
+}
 
 /* A reply sent later from a timer, as the coordinator does for completions. */
 typedef struct delayed_reply {
@@ -96,6 +126,21 @@ static void handler(void *ctx, gang_http_exchange *x, const gang_http_request *r
         d->timer.data = d;
         uv_timer_init(&f->loop, &d->timer);
         uv_timer_start(&d->timer, on_delayed_reply, strcmp(req->path, "/async") == 0 ? 50 : 300, 0);
+    } else if (strcmp(req->path, "/stream") == 0 || strcmp(req->path, "/stream-forever") == 0) {
+        stream_writer *w = calloc(1, sizeof(*w));
+
+        w->x = x;
+        w->f = f;
+        w->n = 3;
+        w->forever = strcmp(req->path, "/stream-forever") == 0;
+        w->timer.data = w;
+        uv_timer_init(&f->loop, &w->timer);
+        if (gang_http_stream_begin(x, 200, "text/event-stream") != 0 ||
+            gang_http_stream_begin(x, 200, NULL) != GANG_EINVAL) /* only once */
+            gang_http_stream_write(x, "begin failed", 12);
+        uv_timer_start(&w->timer, on_stream_tick, 10, 10);
+    } else if (strcmp(req->path, "/auth") == 0) {
+        gang_http_reply(x, 200, NULL, req->authorization, strlen(req->authorization));
     } else if (strcmp(req->path, "/json") == 0) {
         gang_http_reply(x, 201, "application/json", "{\"ok\":true}", 11);
     } else if (strcmp(req->path, "/nocontent") == 0) {
@@ -661,6 +706,94 @@ static void test_reply_after_disconnect(void **state)
     close(waiting);
 }
 
+/* Reads a chunked body (after the head) into out: 0, or -1 on a malformed or cut body. */
+static int read_chunked(int fd, char *out, size_t cap, size_t *len)
+{
+    *len = 0;
+    for (;;) {
+        char line[32];
+        size_t ll = 0;
+        while (ll < 2 || memcmp(line + ll - 2, "\r\n", 2) != 0) {
+            if (ll + 1 >= sizeof(line) || recv(fd, line + ll, 1, 0) != 1)
+                return -1;
+            ll++;
+        }
+        line[ll] = '\0';
+        size_t n = strtoul(line, NULL, 16);
+        if (n == 0)
+            return recv(fd, line, 2, MSG_WAITALL) == 2 && memcmp(line, "\r\n", 2) == 0 ? 0 : -1;
+        if (*len + n + 2 > cap || recv(fd, out + *len, n + 2, MSG_WAITALL) != (ssize_t)(n + 2) ||
+            memcmp(out + *len + n, "\r\n", 2) != 0)
+            return -1;
+        *len += n;
+    }
+}
+
+/* A streamed answer: chunked, in order, then the connection serves the next request. */
+static void test_stream_chunks(void **state)
+{
+    fixture *f = *state;
+    int fd = client_connect(f);
+    response r;
+    char body[512];
+    size_t len = 0;
+
+    send_str(fd, "GET /stream HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_int_equal(read_response_ex(fd, &r, 1), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.head, "\r\nTransfer-Encoding: chunked\r\n"));
+    assert_non_null(strcasestr(r.head, "\r\nContent-Type: text/event-stream\r\n"));
+    assert_int_equal(r.content_length, -1);
+    assert_int_equal(read_chunked(fd, body, sizeof(body) - 1, &len), 0);
+    body[len] = '\0';
+    assert_string_equal(body, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+    send_str(fd, "GET /hello HTTP/1.1\r\n\r\n"); /* keep-alive after a stream */
+    assert_int_equal(read_response(fd, &r), 0);
+    assert_string_equal(r.body, "hello");
+    close(fd);
+}
+
+/* A client that leaves mid-stream: the next write says GANG_ECLOSED, nothing leaks. */
+static void test_stream_client_gone(void **state)
+{
+    fixture *f = *state;
+    int fd = client_connect(f), gone = 0;
+    response r;
+
+    send_str(fd, "GET /stream-forever HTTP/1.1\r\n\r\n");
+    assert_int_equal(read_response_ex(fd, &r, 1), 0);
+    assert_int_equal(r.status, 200);
+    close(fd);
+    for (uint64_t t0 = now_ms(); !gone && now_ms() - t0 < 3000; usleep(10 * 1000)) {
+        pthread_mutex_lock(&f->mu);
+        gone = f->stream_gone;
+        pthread_mutex_unlock(&f->mu);
+    }
+    assert_true(gone);
+    expect_get(f, "/hello", 200, "hello");
+}
+
+/* The Authorization header reaches the handler; a value over the cap reads as absent. */
+static void test_authorization_header(void **state)
+{
+    fixture *f = *state;
+    int fd = client_connect(f);
+    response r;
+    char req[1024];
+
+    send_str(fd, "GET /auth HTTP/1.1\r\nauthorization: Bearer sk-1\r\n\r\n");
+    assert_int_equal(read_response(fd, &r), 0);
+    assert_string_equal(r.body, "Bearer sk-1");
+    send_str(fd, "GET /auth HTTP/1.1\r\n\r\n"); /* not carried over from the last one */
+    assert_int_equal(read_response(fd, &r), 0);
+    assert_int_equal(r.body_len, 0);
+    snprintf(req, sizeof(req), "GET /auth HTTP/1.1\r\nAuthorization: Bearer %0600d\r\n\r\n", 7);
+    send_str(fd, req);
+    assert_int_equal(read_response(fd, &r), 0);
+    assert_int_equal(r.body_len, 0);
+    close(fd);
+}
+
 static void test_start_errors(void **state)
 {
     fixture *f = *state;
@@ -704,6 +837,9 @@ int gang_test_http(void)
                                                  (void *)&flood_cfg),
         cmocka_unit_test_setup_teardown(test_async_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reply_after_disconnect, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_client_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_authorization_header, setup, teardown),
         cmocka_unit_test_setup_teardown(test_start_errors, setup, teardown),
     };
 
