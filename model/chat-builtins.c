@@ -212,12 +212,13 @@ int gang__chat_test(chat_ctx *c, const char *name, size_t n, const cv *args, siz
         *out = t == args[1].kind && (t == CV_NONE || t == CV_BOOL) && gang__cv_equal(v, &args[1]);
         return 0;
     case 34:
-    case 35: {
+    case 35: { /* str(value).islower() / isupper() */
         bool cased = false, wrong = false;
-        if (t != CV_STR) {
-            *out = false;
-            return 0;
-        }
+        cv sv;
+        int rc = gang__cv_to_str(c, v, &sv);
+        if (rc)
+            return rc;
+        v = &sv;
         for (size_t i = 0; i < v->u.s.n; i++) {
             unsigned char ch = (unsigned char)v->u.s.s[i];
             if (ch >= 0x80)

@@ -349,7 +349,10 @@ static int eval_display(chat_ctx *c, const gang__chat_node *n, cv *out)
             cv k, v;
             if (!(rc = gang__chat_eval(c, n->items[i], &k)) &&
                 !(rc = gang__chat_eval(c, n->items[i + 1], &v)))
-                rc = gang__cv_dict_set(c, d, &k, &v);
+                rc = k.kind == CV_LIST || k.kind == CV_DICT || k.kind == CV_UNDEF
+                         ? gang__chat_fail(c, GANG_EMODEL, "unhashable dict key: %s",
+                                           gang__cv_type_name(&k))
+                         : gang__cv_dict_set(c, d, &k, &v);
         }
         out->kind = CV_DICT;
         out->u.dict = d;

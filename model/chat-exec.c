@@ -201,6 +201,8 @@ static int contains(chat_ctx *c, const cv *a, const cv *b, bool *r)
             *r = !memcmp(b->u.s.s + i, a->u.s.s, a->u.s.n);
         return gang__chat_step(c, b->u.s.n / 256);
     }
+    if (b->kind == CV_DICT && (a->kind == CV_LIST || a->kind == CV_DICT || a->kind == CV_NS))
+        return gang__chat_fail(c, GANG_EMODEL, "unhashable type: %s", gang__cv_type_name(a));
     if (b->kind == CV_LIST || b->kind == CV_DICT || b->kind == CV_UNDEF || b->kind == CV_RANGE) {
         cv_list items;
         int rc = gang__cv_items(c, b, &items);

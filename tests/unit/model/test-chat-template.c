@@ -210,6 +210,9 @@ static void test_tests_and_filters(void **state)
     expect_error("{{ {'a': 1}|items|tojson }}", GANG_EMODEL, "generator");
     expect_error("{{ '0x1A'|int }}", GANG_EMODEL, "not supported");
     expect_error("{{ nothing|int }}", GANG_EMODEL, "undefined");
+    expect_error("{{ {} in {} }}", GANG_EMODEL, "unhashable");
+    expect_error("{{ {[1]: 2} }}", GANG_EMODEL, "unhashable");
+    expect("{{ 3.0e-7 is lower }}{{ 1 is upper }}{{ 'AB1' is upper }}", "TrueFalseTrue");
     expect_error("{{ {}|reverse }}", GANG_EMODEL, "generator");
     expect("{{ {}.items() is defined }}{{ 'y' if {}.keys() else 'n' }}{{ {'a': 1}.keys()|length }}"
            "{{ {'a': 1}.keys()[0] is defined }}{{ range(2, 9, 3)[-1] }}{{ [1]|select|first }}",
