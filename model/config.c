@@ -440,17 +440,39 @@ static int gen_fill(const cfg_ctx *c, gang_gen_defaults *g)
 }
 
 /*
+ * Reads PATH (at most max bytes) and parses it as a JSON object into *root (the caller
+ * deletes it). 0, or the reader's error / GANG_EMODEL ("not a JSON object") with err.
+ */
+static int json_object_read(const char *path, size_t max, cJSON **root, char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = gang__read_small_file(path, max, &text, &len, err, errlen);
+    *root = NULL;
+    if (rc != 0)
+        return rc;
+    *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (*root == NULL || !cJSON_IsObject(*root)) {
+        cJSON_Delete(*root);
+        *root = NULL;
+        gang_set_err(err, errlen, "%s: not a JSON object", path);
+        return GANG_EMODEL;
+    }
+    return 0;
+}
+
+/*
  * DIR/generation_config.json, when it exists: its eos_token_id ids join cfg->eos_ids
  * (after config.json's) and its sampling defaults fill cfg->gen. An absent file changes
  * nothing; any other problem is GANG_EMODEL naming the file (and field).
  */
 static int gen_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen)
 {
-    char path[4096], *text = NULL;
+    char path[4096];
     struct stat st;
     cfg_ctx c;
     cJSON *root = NULL;
-    size_t len;
     int rc;
 
     if (snprintf(path, sizeof(path), "%s/generation_config.json", dir) >= (int)sizeof(path)) {
@@ -459,15 +481,9 @@ static int gen_config_read(const char *dir, gang_model_config *cfg, char *err, s
     }
     if (stat(path, &st) != 0 && errno == ENOENT)
         return 0;
-    rc = gang__read_small_file(path, GANG_MODEL_MAX_GEN_CONFIG_BYTES, &text, &len, err, errlen);
+    rc = json_object_read(path, GANG_MODEL_MAX_GEN_CONFIG_BYTES, &root, err, errlen);
     if (rc != 0)
         return rc;
-    root = cJSON_ParseWithLength(text, len);
-    if (root == NULL || !cJSON_IsObject(root)) {
-        gang_set_err(err, errlen, "%s: not a JSON object", path);
-        rc = GANG_EMODEL;
-        goto out_free;
-    }
     c.root = root;
     c.path = path;
     c.err = err;
@@ -475,19 +491,16 @@ static int gen_config_read(const char *dir, gang_model_config *cfg, char *err, s
     rc = cfg_eos(&c, "eos_token_id", cfg);
     if (rc == 0)
         rc = gen_fill(&c, &cfg->gen);
-out_free:
     cJSON_Delete(root);
-    free(text);
     return rc;
 }
 
 int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen)
 {
-    char path[4096], *text = NULL;
+    char path[4096];
     gang_model_config out;
     cfg_ctx c;
     cJSON *root = NULL;
-    size_t len;
     int rc;
 
     if (err != NULL && errlen > 0)
@@ -498,15 +511,9 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
         gang_set_err(err, errlen, "%s: model directory path too long", dir);
         return GANG_EMODEL;
     }
-    rc = gang__read_small_file(path, GANG_MODEL_MAX_CONFIG_BYTES, &text, &len, err, errlen);
+    rc = json_object_read(path, GANG_MODEL_MAX_CONFIG_BYTES, &root, err, errlen);
     if (rc != 0)
         return rc;
-    root = cJSON_ParseWithLength(text, len);
-    if (root == NULL || !cJSON_IsObject(root)) {
-        gang_set_err(err, errlen, "%s: not a JSON object", path);
-        rc = GANG_EMODEL;
-        goto out_free;
-    }
     memset(&out, 0, sizeof(out));
     c.root = root;
     c.path = path;
@@ -517,9 +524,7 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
         rc = gen_config_read(dir, &out, err, errlen);
     if (rc == 0)
         *cfg = out;
-out_free:
     cJSON_Delete(root);
-    free(text);
     return rc;
 }
 
