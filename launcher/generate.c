@@ -197,40 +197,50 @@ out:
     return rc;
 }
 
-/* Starts `serve --local` with pass[] on fresh ports; the gang's output goes to logfd. */
-static int gen_start(const gang_params *p, char **pass, int npass, const int *layout_given,
-                     int logfd, int *http_port, pid_t *child)
+/*
+ * Starts `serve --local` on fresh ports with the effective parameters p (forwarded by
+ * gang_params_forward_args, as local mode hands them to its agents): one node per
+ * pipeline stage and tp ranks each unless --nnodes / --nproc-per-node were given. The
+ * gang's output goes to logfd.
+ */
+static int gen_start(const gang_params *p, const int *layout_given, int logfd, int *http_port,
+                     pid_t *child)
 {
     int ports[2];
-    char a_http[32], a_rdzv[32], a_nnodes[32], a_nproc[32];
-    char *args[GEN_MAX_ARGS + 8];
+    char **args = NULL;
     int na = 0;
+    gang_params q = *p;
+    gang_args fwd = {NULL, 0};
 
     if (gang_proc_pick_ports(2, ports) != 0) {
         fprintf(stderr, "ganglion generate: no free loopback port\n");
         return GANG_EAGAIN;
     }
     *http_port = ports[0];
-    snprintf(a_http, sizeof(a_http), "--http-port=%d", ports[0]);
-    snprintf(a_rdzv, sizeof(a_rdzv), "--rdzv-port=%d", ports[1]);
-    snprintf(a_nnodes, sizeof(a_nnodes), "--nnodes=%lld", (long long)p->pp);
-    snprintf(a_nproc, sizeof(a_nproc), "--nproc-per-node=%lld", (long long)p->tp);
+    q.http_port = ports[0];
+    q.rdzv_port = ports[1];
+    if (!layout_given[0])
+        q.nnodes = q.pp;
+    if (!layout_given[1])
+        q.nproc_per_node = q.tp;
+    int rc = gang_params_forward_args(&q, NULL, &fwd);
+    if (rc == 0 && (args = calloc((size_t)fwd.argc + 4, sizeof(*args))) == NULL)
+        rc = GANG_ENOMEM;
+    if (rc != 0)
+        goto out_free;
     args[na++] = "ganglion";
     args[na++] = "serve";
     args[na++] = "--local";
-    for (int i = 0; i < npass; i++)
-        args[na++] = pass[i];
-    args[na++] = a_http;
-    args[na++] = a_rdzv;
-    if (!layout_given[0])
-        args[na++] = a_nnodes;
-    if (!layout_given[1])
-        args[na++] = a_nproc;
+    for (int i = 0; i < fwd.argc; i++)
+        args[na++] = fwd.argv[i];
     args[na] = NULL;
     gang_spawn sp = {.path = "/proc/self/exe", .out_fd = logfd, .err_fd = logfd, .close_fd = -1};
-    int rc = gang_proc_spawn(args, &sp, child);
+    rc = gang_proc_spawn(args, &sp, child);
     if (rc != 0)
         fprintf(stderr, "ganglion generate: fork: %s\n", gang_strerror(rc));
+out_free:
+    free(args);
+    gang_args_free(&fwd);
     return rc;
 }
 
@@ -339,7 +349,7 @@ int gang_cmd_generate(int argc, char **argv)
         fprintf(stderr, "ganglion generate: cannot create a log file: %s\n", strerror(errno));
         return GANG_EXIT_TEMPFAIL;
     }
-    rc = gen_start(&p, pass, npass, layout_given, o.verbose ? -1 : logfd, &http_port, &child);
+    rc = gen_start(&p, layout_given, o.verbose ? -1 : logfd, &http_port, &child);
     close(logfd);
     if (rc != 0)
         return GANG_EXIT_TEMPFAIL;
