@@ -187,13 +187,13 @@ int gang__chat_test(chat_ctx *c, const char *name, size_t n, const cv *args, siz
         return 0;
     case 11:
     case 12:
-        *out = t == CV_STR || t == CV_LIST || t == CV_DICT || t == CV_RANGE ||
-               (k == 11 && t == CV_UNDEF);
+        *out = t == CV_STR || t == CV_LIST || t == CV_DICT || t == CV_RANGE || t == CV_UNDEF;
         if (k == 12 && gang__cv_is_gen(v))
             *out = false;
         return 0;
     case 13:
-        *out = t == CV_FUNC || t == CV_METHOD || t == CV_MACRO;
+        /* jinja2's Undefined has __call__ (which raises): callable() is true */
+        *out = t == CV_FUNC || t == CV_METHOD || t == CV_MACRO || t == CV_UNDEF;
         return 0;
     case 29: {
         cv r;

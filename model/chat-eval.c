@@ -262,7 +262,7 @@ static int eval_slice(chat_ctx *c, const gang__chat_node *n, cv *out)
             return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
         for (int64_t i = 0; i < count; i++)
             v[i] = items.v[first + i * step];
-        *l = (cv_list){.n = (size_t)count, .v = v};
+        *l = (cv_list){.n = (size_t)count, .v = v, .tuple = obj.u.list->tuple};
         out->kind = CV_LIST;
         out->u.list = l;
         return 0;

@@ -32,7 +32,9 @@ def lit(d):
     if k == 3: return R.choice(["true", "false", "none", "True", "None"])
     if k == 4 and d < 3: return "[" + ", ".join(expr(d+1) for _ in range(R.randrange(4))) + "]"
     if k == 5 and d < 3: return "{" + ", ".join(f"{R.choice(STRS[:3])}: {expr(d+1)}" for _ in range(R.randrange(3))) + "}"
-    if k == 6: return R.choice(["messages", "messages[0]", "messages[-1].content", "messages[0]['role']", "m", "m.content", "m.role", "ns.x", "loop.index", "i", "undefined_var", "add_generation_prompt", "bos_token", "tools"])
+    if k == 6: return R.choice(["messages", "messages[0]", "messages[-1].content", "messages[0]['role']", "m", "m.content", "m.role", "ns.x", "loop.index", "i", "undefined_var", "add_generation_prompt", "bos_token", "tools",
+                                  "(1, 'a')", "range(4)", "dict(k=1)", "loop.previtem", "loop.nextitem",
+                                  "loop.revindex", "loop.length", "mac('q')", "blk", "messages|length"])
     if k == 7 and d < 3: return "(" + expr(d+1) + ")"
     return R.choice(STRS)
 FILTERS = ["trim", "length", "upper", "lower", "title", "capitalize", "tojson", "first", "last", "join", "join(', ')", "default('d')", "string", "int", "float", "list", "reverse", "replace('a', 'b')", "select", "reject", "map('upper')", "map(attribute='role')", "selectattr('role', 'equalto', 'user')", "items", "abs", "count", "safe", "tojson(indent=2)", "tojson(sort_keys=true)", "d"]
@@ -51,7 +53,7 @@ def expr(d=0):
     return f"not {expr(d+1)}"
 WS = ["", "-"]
 def stmt(d=0):
-    k = R.randrange(8)
+    k = R.randrange(11)
     a, b = R.choice(WS), R.choice(WS)
     nl = R.choice(["", "\n", "\n  ", " "])
     if d > 2 or k < 3: return f"{nl}{{{{{a} {expr()} {b}}}}}" + R.choice(["", "x", "\n"])
@@ -59,6 +61,9 @@ def stmt(d=0):
     if k == 4: return f"{nl}{{%{a} for i in {R.choice(['range(3)', 'messages', '[1, 2]', expr()])} {b}%}}{body(d+1)}{{% endfor %}}"
     if k == 5: return f"{nl}{{%{a} for m in messages {b}%}}{body(d+1)}{{%- if loop.last %}}L{{% endif %}}{{% endfor %}}"
     if k == 6: return f"{nl}{{% set ns.x = {expr()} %}}"
+    if k == 7: return f"{nl}{{% macro mac(a, b={lit(2)}) %}}{body(d+1)}[{{{{ a ~ b }}}}]{{% endmacro %}}"
+    if k == 8: return f"{nl}{{% set blk %}}{body(d+1)}{{% endset %}}"
+    if k == 9: return f"{nl}{{% for i in [3, 1, 2] %}}{{{{ i }}}}{{% if {expr()} %}}{{% {R.choice(['break', 'continue'])} %}}{{% endif %}}-{{% endfor %}}"
     return f"{nl}{{# c #}}{nl}text "
 def body(d):
     return "".join(stmt(d) for _ in range(R.randrange(1, 3)))

@@ -128,7 +128,7 @@ static void test_strings(void **state)
            "x|AB|It's My-Word|cab");
     expect_error("{{ '\xc3\xa9'.upper() }}", GANG_EMODEL, "non-ASCII");
     expect_error("{{ 'ab'.endswith(['b']) }}", GANG_EMODEL, "tuple of strings");
-    expect("{{ (1,) }}{{ (1, 'a') }}{{ () }}", "(1,)(1, 'a')()");
+    expect("{{ (1,) }}{{ (1, 'a') }}{{ () }}{{ (1, 'a')[1:] }}", "(1,)(1, 'a')()('a',)");
 }
 
 static void test_loops(void **state)
@@ -213,6 +213,9 @@ static void test_tests_and_filters(void **state)
     expect_error("{{ {} in {} }}", GANG_EMODEL, "unhashable");
     expect_error("{{ {[1]: 2} }}", GANG_EMODEL, "unhashable");
     expect("{{ 3.0e-7 is lower }}{{ 1 is upper }}{{ 'AB1' is upper }}", "TrueFalseTrue");
+    expect("{{ nothing is sequence }}{{ nothing is iterable }}{{ nothing is callable }}"
+           "{{ nothing is mapping }}",
+           "TrueTrueTrueFalse");
     expect_error("{{ {}|reverse }}", GANG_EMODEL, "generator");
     expect("{{ {}.items() is defined }}{{ 'y' if {}.keys() else 'n' }}{{ {'a': 1}.keys()|length }}"
            "{{ {'a': 1}.keys()[0] is defined }}{{ range(2, 9, 3)[-1] }}{{ [1]|select|first }}",
