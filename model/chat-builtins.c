@@ -51,7 +51,7 @@ static int range_fn(chat_ctx *c, const cv *args, size_t nargs, cv *out)
     if (!r)
         return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
     *r = (cv_range){.start = v[0], .stop = v[1], .step = v[2]};
-    out->kind = CV_RANGE;
+    *out = (cv){.kind = CV_RANGE};
     out->u.range = r;
     if (gang__cv_length(out) > CHAT_MAX_RANGE)
         return gang__chat_fail(c, GANG_ERANGE, "range() longer than %d items", CHAT_MAX_RANGE);
@@ -80,7 +80,7 @@ static int global_fn(chat_ctx *c, const cv *fn, const cv *args, size_t nargs, co
             if (rc)
                 return rc;
         }
-        out->kind = name[0] == 'n' ? CV_NS : CV_DICT;
+        *out = (cv){.kind = name[0] == 'n' ? CV_NS : CV_DICT};
         out->u.dict = d;
         return 0;
     }
@@ -196,7 +196,7 @@ int gang__chat_test(chat_ctx *c, const char *name, size_t n, const cv *args, siz
         *out = t == CV_FUNC || t == CV_METHOD || t == CV_MACRO || t == CV_UNDEF;
         return 0;
     case 29: {
-        cv r;
+        cv r = {.kind = CV_NONE};
         int rc = gang__chat_binary(c, OP_IN, v, &args[1], &r);
         *out = !rc && r.u.b;
         return rc;

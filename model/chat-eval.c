@@ -99,7 +99,7 @@ static int loop_attr(chat_ctx *c, const chat_loop *l, const char *name, size_t n
         return 0;
     case 4:
     case 5:
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = k == 4 ? i == 0 : i == len - 1;
         return 0;
     case 7:
@@ -263,7 +263,7 @@ static int eval_slice(chat_ctx *c, const gang__chat_node *n, cv *out)
         for (int64_t i = 0; i < count; i++)
             v[i] = items.v[first + i * step];
         *l = (cv_list){.n = (size_t)count, .v = v, .tuple = obj.u.list->tuple};
-        out->kind = CV_LIST;
+        *out = (cv){.kind = CV_LIST};
         out->u.list = l;
         return 0;
     }
@@ -333,7 +333,7 @@ static int eval_filter_or_test(chat_ctx *c, const gang__chat_node *n, cv *out)
     bool r;
     if ((rc = gang__chat_test(c, n->s, n->n, args, nargs, &r)))
         return rc;
-    out->kind = CV_BOOL;
+    *out = (cv){.kind = CV_BOOL};
     out->u.b = n->op ? !r : r;
     return 0;
 }
@@ -354,7 +354,7 @@ static int eval_display(chat_ctx *c, const gang__chat_node *n, cv *out)
                                            gang__cv_type_name(&k))
                          : gang__cv_dict_set(c, d, &k, &v);
         }
-        out->kind = CV_DICT;
+        *out = (cv){.kind = CV_DICT};
         out->u.dict = d;
         return rc;
     }
@@ -365,7 +365,7 @@ static int eval_display(chat_ctx *c, const gang__chat_node *n, cv *out)
     for (size_t i = 0; !rc && i < n->nitems; i++)
         rc = gang__chat_eval(c, n->items[i], &v[i]);
     *l = (cv_list){.n = n->nitems, .v = v, .tuple = n->kind == N_TUPLE};
-    out->kind = CV_LIST;
+    *out = (cv){.kind = CV_LIST};
     out->u.list = l;
     return rc;
 }
@@ -418,7 +418,7 @@ int gang__chat_eval(chat_ctx *c, const gang__chat_node *n, cv *out)
     case N_NOT:
         if ((rc = gang__chat_eval(c, n->a, &a)))
             return rc;
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = !gang__cv_truthy(&a);
         return 0;
     case N_COND:

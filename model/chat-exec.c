@@ -80,7 +80,7 @@ static int list_join(chat_ctx *c, const cv_list *a, const cv_list *b, int64_t ti
     if (b && b->n)
         memcpy(v + a->n * (size_t)times, b->v, b->n * sizeof(cv));
     *l = (cv_list){.n = n, .v = v};
-    out->kind = CV_LIST;
+    *out = (cv){.kind = CV_LIST};
     out->u.list = l;
     return gang__chat_step(c, n);
 }
@@ -150,7 +150,7 @@ static int arith(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
             : op == OP_FLOORDIV ? floor(p / q)
             : op == OP_MOD      ? p - floor(p / q) * q
                                 : pow(p, q);
-        out->kind = CV_FLOAT;
+        *out = (cv){.kind = CV_FLOAT};
         out->u.f = f;
         return 0;
     }
@@ -223,7 +223,7 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
         if (!num(a))
             return type_error(c, op == OP_NEG ? "-" : "+", a, NULL);
         if (a->kind == CV_FLOAT) {
-            out->kind = CV_FLOAT;
+            *out = (cv){.kind = CV_FLOAT};
             out->u.f = op == OP_NEG ? -a->u.f : a->u.f;
         } else if (op == OP_NEG && ival(a) == INT64_MIN) {
             return gang__chat_fail(c, GANG_ERANGE, "integer overflow in '-'");
@@ -243,7 +243,7 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
     }
     case OP_EQ:
     case OP_NE:
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = gang__cv_equal(a, b) == (op == OP_EQ);
         return 0;
     case OP_LT:
@@ -252,7 +252,7 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
     case OP_GE:
         if ((rc = gang__cv_compare(c, a, b, &cmp)))
             return rc;
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = op == OP_LT   ? cmp < 0
                    : op == OP_LE ? cmp <= 0
                    : op == OP_GT ? cmp > 0
@@ -262,7 +262,7 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
     case OP_NOTIN:
         if ((rc = contains(c, a, b, &r)))
             return rc;
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = op == OP_IN ? r : !r;
         return 0;
     default:
@@ -389,7 +389,7 @@ int gang__chat_exec(chat_ctx *c, const gang__chat_node *n)
             return rc;
         return gang__chat_assign(c, n->a, &v);
     case N_MACRO:
-        v.kind = CV_MACRO;
+        v = (cv){.kind = CV_MACRO};
         v.u.macro = n;
         return gang__chat_frame_set(c, c->frame, n->s, n->n, &v);
     case N_BREAK:

@@ -45,7 +45,7 @@ static int new_list(chat_ctx *c, size_t n, cv *out, cv **items)
         return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
     l->n = n;
     l->v = *items;
-    out->kind = CV_LIST;
+    *out = (cv){.kind = CV_LIST};
     out->u.list = l;
     return gang__chat_step(c, n);
 }
@@ -220,7 +220,7 @@ static int f_number(chat_ctx *c, const cv *v, bool to_int, const cv *dflt, cv *o
         } else if (to_int) {
             *out = gang__cv_int(0);
         } else {
-            out->kind = CV_FLOAT;
+            *out = (cv){.kind = CV_FLOAT};
             out->u.f = 0.0;
         }
         return 0;
@@ -228,7 +228,7 @@ static int f_number(chat_ctx *c, const cv *v, bool to_int, const cv *dflt, cv *o
     if (to_int) {
         *out = gang__cv_int((int64_t)f);
     } else {
-        out->kind = CV_FLOAT;
+        *out = (cv){.kind = CV_FLOAT};
         out->u.f = f;
     }
     return 0;
@@ -373,7 +373,7 @@ int gang__chat_filter(chat_ctx *c, const char *name, size_t n, const cv *args, s
         if (v->kind == CV_INT && v->u.i != INT64_MIN) {
             *out = gang__cv_int(v->u.i < 0 ? -v->u.i : v->u.i);
         } else if (v->kind == CV_FLOAT) {
-            out->kind = CV_FLOAT;
+            *out = (cv){.kind = CV_FLOAT};
             out->u.f = fabs(v->u.f);
         } else {
             return gang__chat_fail(c, GANG_EMODEL, "abs of a %s", gang__cv_type_name(v));

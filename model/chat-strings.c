@@ -84,7 +84,7 @@ static int new_list(chat_ctx *c, size_t n, cv *out, cv **items)
         return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
     l->n = n;
     l->v = *items;
-    out->kind = CV_LIST;
+    *out = (cv){.kind = CV_LIST};
     out->u.list = l;
     return gang__chat_step(c, n);
 }
@@ -249,7 +249,7 @@ static int str_method(chat_ctx *c, const cv *s, const char *name, size_t n, cons
             return gang__chat_fail(c, GANG_EMODEL, "%s() takes a string or a tuple of strings",
                                    str_methods[k]);
         }
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = r;
         return 0;
     }

@@ -568,14 +568,14 @@ int gang__cv_from_cjson(chat_ctx *c, const void *json, cv *out, int depth)
     if (cJSON_IsNull(j)) {
         out->kind = CV_NONE;
     } else if (cJSON_IsBool(j)) {
-        out->kind = CV_BOOL;
+        *out = (cv){.kind = CV_BOOL};
         out->u.b = cJSON_IsTrue(j);
     } else if (cJSON_IsNumber(j)) {
         double d = j->valuedouble;
         if (d == floor(d) && fabs(d) < 9007199254740992.0) {
             *out = gang__cv_int((int64_t)d); /* cJSON keeps no int/float distinction */
         } else {
-            out->kind = CV_FLOAT;
+            *out = (cv){.kind = CV_FLOAT};
             out->u.f = d;
         }
     } else if (cJSON_IsString(j)) {
@@ -595,7 +595,7 @@ int gang__cv_from_cjson(chat_ctx *c, const void *json, cv *out, int depth)
             if (!arr)
                 keys[i] = gang__cv_str(e->string, strlen(e->string));
         }
-        out->kind = arr ? CV_LIST : CV_DICT;
+        *out = (cv){.kind = arr ? CV_LIST : CV_DICT};
         if (arr) {
             out->u.list = box;
             out->u.list->n = n;
