@@ -136,7 +136,10 @@ static int compare_test(chat_ctx *c, int k, const cv *a, const cv *b, bool *out)
 {
     int cmp = 0, rc;
     if (k <= 18) {
-        *out = gang__cv_equal(a, b) == (k <= 16);
+        bool eq;
+        if ((rc = gang__cv_equal_c(c, a, b, &eq)))
+            return rc;
+        *out = eq == (k <= 16);
         return 0;
     }
     if ((rc = gang__cv_compare(c, a, b, &cmp)))

@@ -44,7 +44,7 @@ static double fval(const cv *v)
 static int str_repeat(chat_ctx *c, const cv *a, const cv *b, int64_t times, cv *out)
 {
     size_t n1 = a->u.s.n, n2 = b ? b->u.s.n : 0;
-    if (times < 0)
+    if (times < 0 || n1 == 0) /* '' * 2**40 must not loop 2**40 times */
         times = 0;
     if (times && n1 && (uint64_t)times > (uint64_t)c->out.limit / n1)
         return gang__chat_fail(c, GANG_ERANGE, "string longer than the output limit");
@@ -65,7 +65,7 @@ static int str_repeat(chat_ctx *c, const cv *a, const cv *b, int64_t times, cv *
 /* A list repeated TIMES times, or A then B. */
 static int list_join(chat_ctx *c, const cv_list *a, const cv_list *b, int64_t times, cv *out)
 {
-    if (times < 0)
+    if (times < 0 || a->n == 0) /* [] * 2**40 must not loop 2**40 times */
         times = 0;
     if (a->n && (uint64_t)times > (uint64_t)(c->out.limit / 16) / a->n)
         return gang__chat_fail(c, GANG_ERANGE, "list too long");
@@ -174,10 +174,14 @@ static int arith(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
         r = op == OP_FLOORDIV ? x / y - ((x % y != 0) && ((x < 0) != (y < 0)))
                               : x % y + (((x % y != 0) && ((x < 0) != (y < 0))) ? y : 0);
         break;
-    default: /* OP_POW */
+    default: /* OP_POW, by squaring: 1 ** 2**62 must not loop 2**62 times */
         r = 1;
-        for (int64_t i = 0; i < y && !ovf; i++)
-            ovf = __builtin_mul_overflow(r, x, &r);
+        for (int64_t base = x, e = y; e > 0 && !ovf; e >>= 1) {
+            if (e & 1)
+                ovf = __builtin_mul_overflow(r, base, &r);
+            if (e > 1 && !ovf)
+                ovf = __builtin_mul_overflow(base, base, &base);
+        }
         break;
     }
     if (ovf)
@@ -207,7 +211,7 @@ static int contains(chat_ctx *c, const cv *a, const cv *b, bool *r)
         cv_list items;
         int rc = gang__cv_items(c, b, &items);
         for (size_t i = 0; !rc && i < items.n && !*r; i++)
-            *r = gang__cv_equal(a, &items.v[i]);
+            rc = gang__cv_equal_c(c, a, &items.v[i], r);
         return rc ? rc : gang__chat_step(c, items.n);
     }
     return type_error(c, "in", a, b);
@@ -243,8 +247,10 @@ int gang__chat_binary(chat_ctx *c, int op, const cv *a, const cv *b, cv *out)
     }
     case OP_EQ:
     case OP_NE:
+        if ((rc = gang__cv_equal_c(c, a, b, &r)))
+            return rc;
         *out = (cv){.kind = CV_BOOL};
-        out->u.b = gang__cv_equal(a, b) == (op == OP_EQ);
+        out->u.b = r == (op == OP_EQ);
         return 0;
     case OP_LT:
     case OP_LE:

@@ -248,6 +248,9 @@ bool gang__cv_is_gen(const cv *v);
 bool gang__cv_is_lazy(const cv *v);
 const char *gang__cv_type_name(const cv *v);
 bool gang__cv_equal(const cv *a, const cv *b);
+/* The same, charging the comparison to the step budget (GANG_ERANGE when it runs out:
+ * comparing large nested values cannot take unbounded time). */
+int gang__cv_equal_c(chat_ctx *c, const cv *a, const cv *b, bool *eq);
 /* Python's str(V) appended to B. */
 int gang__cv_str_into(chat_ctx *c, chat_buf *b, const cv *v);
 /* Python's str(V) as a new string value. */

@@ -97,8 +97,12 @@ static double num_of(const cv *v)
     return v->kind == CV_FLOAT ? v->u.f : v->kind == CV_INT ? (double)v->u.i : (double)v->u.b;
 }
 
-bool gang__cv_equal(const cv *a, const cv *b)
+/* Python's ==, counting in *WORK the elements and 256-byte runs compared; gives up
+ * (false) once *WORK passes LIMIT, which the caller turns into the step limit. */
+static bool equal_rec(const cv *a, const cv *b, uint64_t *work, uint64_t limit)
 {
+    if (++*work > limit)
+        return false;
     if (is_num(a) && is_num(b)) {
         if (a->kind != CV_FLOAT && b->kind != CV_FLOAT)
             return (a->kind == CV_INT ? a->u.i : a->u.b) == (b->kind == CV_INT ? b->u.i : b->u.b);
@@ -113,24 +117,28 @@ bool gang__cv_equal(const cv *a, const cv *b)
     case CV_NONE:
         return true;
     case CV_STR:
+        *work += a->u.s.n / 256;
         return a->u.s.n == b->u.s.n && !memcmp(a->u.s.s, b->u.s.s, a->u.s.n);
     case CV_LIST:
         if (a->u.list->n != b->u.list->n)
             return false;
         for (size_t i = 0; i < a->u.list->n; i++)
-            if (!gang__cv_equal(&a->u.list->v[i], &b->u.list->v[i]))
+            if (!equal_rec(&a->u.list->v[i], &b->u.list->v[i], work, limit))
                 return false;
         return true;
     case CV_DICT:
         if (a->u.dict->n != b->u.dict->n)
             return false;
         for (size_t i = 0; i < a->u.dict->n; i++) {
+            const cv_dict *x = a->u.dict, *y = b->u.dict;
             bool found = false;
-            for (size_t j = 0; j < b->u.dict->n; j++)
-                if (gang__cv_equal(&a->u.dict->k[i], &b->u.dict->k[j])) {
-                    found = gang__cv_equal(&a->u.dict->v[i], &b->u.dict->v[j]);
+            for (size_t k = 0; k < y->n && *work <= limit; k++) {
+                size_t j = (i + k) % y->n; /* the same position first: the usual case */
+                if (equal_rec(&x->k[i], &y->k[j], work, limit)) {
+                    found = equal_rec(&x->v[i], &y->v[j], work, limit);
                     break;
                 }
+            }
             if (!found)
                 return false;
         }
@@ -138,6 +146,19 @@ bool gang__cv_equal(const cv *a, const cv *b)
     default:
         return a->u.dict == b->u.dict; /* identity for namespaces, loops, functions */
     }
+}
+
+bool gang__cv_equal(const cv *a, const cv *b)
+{
+    uint64_t work = 0;
+    return equal_rec(a, b, &work, UINT64_MAX);
+}
+
+int gang__cv_equal_c(chat_ctx *c, const cv *a, const cv *b, bool *eq)
+{
+    uint64_t work = 0, left = c->max_steps > c->steps ? c->max_steps - c->steps : 0;
+    *eq = equal_rec(a, b, &work, left);
+    return gang__chat_step(c, work);
 }
 
 int gang__cv_compare(chat_ctx *c, const cv *a, const cv *b, int *cmp)

@@ -468,30 +468,32 @@ static int json_newline(chat_ctx *c, chat_buf *b, int indent, int depth)
     return rc;
 }
 
+/* qsort order of string keys: code point order (UTF-8 byte order), as sort_keys. */
+static int key_cmp(const void *x, const void *y)
+{
+    const cv *a = *(const cv *const *)x, *b = *(const cv *const *)y;
+    size_t m = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
+    int r = memcmp(a->u.s.s, b->u.s.s, m);
+    return r ? r : (a->u.s.n > b->u.s.n) - (a->u.s.n < b->u.s.n);
+}
+
 /* Index order of a dict's keys: sorted (string keys only) or as inserted. */
 static int json_order(chat_ctx *c, const cv_dict *d, bool sort, size_t **order)
 {
     size_t *o = gang__chat_alloc(&c->arena, (d->n + 1) * sizeof(*o));
-    if (!o)
+    const cv **keys = gang__chat_alloc(&c->arena, (d->n + 1) * sizeof(*keys));
+    if (!o || !keys)
         return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
     for (size_t i = 0; i < d->n; i++) {
         if (d->k[i].kind != CV_STR)
             return gang__chat_fail(c, GANG_EMODEL, "tojson of a dict with %s keys",
                                    gang__cv_type_name(&d->k[i]));
-        o[i] = i;
+        keys[i] = &d->k[i];
     }
-    for (size_t i = 1; sort && i < d->n; i++) { /* insertion sort: dicts here are small */
-        size_t x = o[i], j = i;
-        for (; j > 0; j--) {
-            const cv *a = &d->k[o[j - 1]], *bk = &d->k[x];
-            size_t m = a->u.s.n < bk->u.s.n ? a->u.s.n : bk->u.s.n;
-            int r = memcmp(a->u.s.s, bk->u.s.s, m);
-            if (r < 0 || (r == 0 && a->u.s.n <= bk->u.s.n))
-                break;
-            o[j] = o[j - 1];
-        }
-        o[j] = x;
-    }
+    if (sort && d->n > 1) /* keys are distinct, so an unstable sort is fine */
+        qsort(keys, d->n, sizeof(*keys), key_cmp);
+    for (size_t i = 0; i < d->n; i++)
+        o[i] = (size_t)(keys[i] - d->k);
     *order = o;
     return gang__chat_step(c, d->n);
 }

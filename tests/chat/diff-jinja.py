@@ -69,7 +69,8 @@ def body(d):
     return "".join(stmt(d) for _ in range(R.randrange(1, 3)))
 msgs = [{"role": "system", "content": "Sys"}, {"role": "user", "content": "Hello é 😀"}, {"role": "assistant", "content": "  ok  "}]
 n = int(sys.argv[3])
-stats = {"both_ok_same": 0, "both_err": 0, "ref_ok_we_err": 0, "ref_err_we_ok": 0, "DIFF": 0}
+stats = {"both_ok_same": 0, "both_err": 0, "ref_ok_we_err": 0, "ref_err_we_ok": 0, "DIFF": 0,
+         "HANG": 0}
 cases = json.dumps([{"messages": msgs, "add_generation_prompt": True, "bos_token": "<s>", "eos_token": "</s>"}])
 work = tempfile.mkdtemp()
 open(work + '/cases.json', 'w').write(cases)
@@ -80,7 +81,13 @@ for t in range(n):
     except Exception as e:
         ref = ("ERR", repr(e))
     open(work + '/t.jinja', 'w').write(tpl)
-    out = subprocess.run([DRIVER, work + '/t.jinja', work + '/cases.json'], capture_output=True, timeout=20).stdout.decode().strip()
+    try:
+        out = subprocess.run([DRIVER, work + '/t.jinja', work + '/cases.json'], capture_output=True,
+                             timeout=20).stdout.decode().strip()
+    except subprocess.TimeoutExpired:
+        stats["HANG"] += 1
+        print("HANG", repr(tpl))
+        continue
     st, _, rest = out.partition(' ')
     mine = bytes.fromhex(rest).decode() if st == 'OK' else rest
     if ref[0] == 'OK' and st == 'OK':
@@ -95,4 +102,4 @@ for t in range(n):
         print("REFERR", repr(tpl)[:300], "\n  ref ", ref[1][:200], "\n  mine", repr(mine[:200]))
 shutil.rmtree(work)
 print(f'diff-jinja seed {sys.argv[2]}: {stats}')
-sys.exit(1 if stats['DIFF'] or stats['ref_err_we_ok'] else 0)
+sys.exit(1 if stats['DIFF'] or stats['ref_err_we_ok'] or stats['HANG'] else 0)

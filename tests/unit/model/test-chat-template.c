@@ -355,6 +355,12 @@ static void test_limits(void **state)
                    GANG_ERANGE, "");
     expect_bounded("{% for i in range(100000) %}{{ 'abcdefghij' * 10 }}{% endfor %}", GANG_ERANGE,
                    "output limit");
+    expect("{{ '' * 1099511627776 }}{{ [] * 1099511627776 }}{{ 'ab' * -1 }}{{ 1 ** "
+           "4611686018427387904 "
+           "}}{{ -1 ** 3 }}{{ 2 ** 62 }}",
+           "[]1-14611686018427387904");
+    expect_error("{{ 2 ** 63 }}", GANG_ERANGE, "overflow");
+    expect_error("{{ 3 ** 40 }}", GANG_ERANGE, "overflow");
     expect_bounded("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", GANG_ERANGE,
                    "macro calls nested");
     expect_bounded("{% macro f(n) %}{{ f(n) }}{{ f(n) }}{% endmacro %}{{ f(0) }}", GANG_ERANGE, "");
@@ -407,6 +413,29 @@ static void test_limits(void **state)
         assert_true(now_s() - t0 < 10.0);
     }
     free(msgs);
+
+    /* two 20000-key dicts in opposite orders: comparing them is quadratic, and bounded */
+    size_t nk = 20000;
+    char *dicts = malloc(nk * 40 + 64);
+    assert_non_null(dicts);
+    size_t at = (size_t)sprintf(dicts, "[{");
+    for (size_t i = 0; i < nk; i++)
+        at += (size_t)sprintf(dicts + at, "%s\"k%zu\":%zu", i ? "," : "", i, i);
+    at += (size_t)sprintf(dicts + at, "},{");
+    for (size_t i = nk; i-- > 0;)
+        at += (size_t)sprintf(dicts + at, "\"k%zu\":%zu%s", i, i, i ? "," : "");
+    strcpy(dicts + at, "}]");
+    double t1 = now_s();
+    assert_int_equal(
+        render_opts("{{ messages[0] == messages[1] }}", dicts, NULL, &out0, err0, sizeof(err0)),
+        GANG_ERANGE);
+    assert_int_equal(render_opts("{{ messages[1]|tojson(sort_keys=true)|length }}"
+                                 "{{ messages[0] == messages[0] }}",
+                                 dicts, NULL, &out0, err0, sizeof(err0)),
+                     0);
+    assert_true(now_s() - t1 < 10.0);
+    free(out0);
+    free(dicts);
 
     /* a smaller budget given by the caller is honoured */
     char *out = NULL, err[256];
