@@ -3,7 +3,7 @@
 same run, on the same corpus, one thread each; and a check that both give identical ids.
 
   tokenizer-throughput.py --tok-bench BUILD/tests/tok-bench [--tokenizers DIR]
-                          [--mb 3] [--repeats 5] [--json OUT.json]
+                          [--mb 2] [--repeats 5] [--json OUT.json]
 
 The corpus (about --mb MB, built deterministically, seed 11, from files every Debian 12
 machine has): English prose (/usr/share/common-licenses, with case and number variations),
@@ -235,7 +235,7 @@ def main():
     ap.add_argument("--tok-bench", required=True, help="the tok-bench binary (build/tests/tok-bench)")
     ap.add_argument("--tokenizers", help="directory of the tokenizer.json files "
                     "(default: what scripts/fetch-test-models.sh prints)")
-    ap.add_argument("--mb", type=float, default=3.0)
+    ap.add_argument("--mb", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()
