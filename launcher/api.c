@@ -271,13 +271,16 @@ static void load_text(gang_api *api)
     if (!api->cfg.has_model || api->cfg.model_dir[0] == '\0')
         return;
     snprintf(path, sizeof(path), "%s/tokenizer.json", api->cfg.model_dir);
-    int rc = gang_tokenizer_load(path, &api->tok, err, sizeof(err));
+    int gguf = gang_model_is_gguf(api->cfg.model_dir); /* one file: its metadata has both */
+    int rc = gguf ? gang_gguf_tokenizer_load(api->cfg.model_dir, &api->tok, err, sizeof(err))
+                  : gang_tokenizer_load(path, &api->tok, err, sizeof(err));
     if (rc != 0) {
         snprintf(api->tok_why, sizeof(api->tok_why), "the model has no usable tokenizer.json: %s",
                  err);
         gang_warn("api: text prompts are off: %s", api->tok_why);
     }
-    rc = gang_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err));
+    rc = gguf ? gang_gguf_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err))
+              : gang_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err));
     if (rc != 0) {
         snprintf(api->tpl_why, sizeof(api->tpl_why), "the model has no usable chat template: %s",
                  err);

@@ -32,7 +32,7 @@ static bool num(const cv *v)
 
 static int64_t ival(const cv *v)
 {
-    return v->kind == CV_INT ? v->u.i : (int64_t)v->u.b;
+    return v->kind == CV_INT ? v->u.i : v->kind == CV_BOOL ? (int64_t)v->u.b : 0;
 }
 
 static double fval(const cv *v)

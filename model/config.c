@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "ganglion/model.h"
+#include "gguf.h"
 #include "safetensors.h"
 
 /* Bounds on fields model.h does not bound itself. */
@@ -507,6 +508,8 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
         err[0] = '\0';
     if (dir == NULL || cfg == NULL)
         return GANG_EINVAL;
+    if (gang__gguf_is_path(dir)) /* a GGUF file: its metadata (model/gguf-config.c) */
+        return gang__gguf_config_read(dir, cfg, err, errlen);
     if (snprintf(path, sizeof(path), "%s/config.json", dir) >= (int)sizeof(path)) {
         gang_set_err(err, errlen, "%s: model directory path too long", dir);
         return GANG_EMODEL;

@@ -15,10 +15,16 @@
 #include <string.h>
 
 #include "ganglion/model.h"
+#include "gguf.h"
 #include "safetensors.h"
 
+/* The weights come from one of two sources: safetensors files (set) or a GGUF file (gg,
+ * when is_gguf), whose tensors ld_band finds under their GGUF names. */
 typedef struct loader {
     gang__st_set set;
+    gang__gguf gg;
+    int is_gguf;
+    const gang_model_config *hf; /* the config (GGUF: which heads to un-permute) */
     const gang_topology *t;
     char *err;
     size_t errlen;
@@ -62,6 +68,9 @@ static int ld_band(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
     int rc;
 
     *out = NULL;
+    if (L->is_gguf)
+        return gang__gguf_band(&L->gg, L->hf, name, rows, cols, row_first, row_count, col_first,
+                               col_count, out, L->err, L->errlen, &L->bytes);
     if (gang__st_set_find(&L->set, name, &f, &t) != 0) {
         gang_set_err(L->err, L->errlen, "%s: tensor %s is missing", ld_where(L), name);
         return GANG_EMODEL;
@@ -113,6 +122,15 @@ static int ld_cols(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
     return ld_band(L, name, rows, cols, 0, rows, first, count, out);
 }
 
+/* The model's RoPE table (rope_scaling applied) and attention factor into layer l. */
+static int ld_rope(const gang_model *m, gang_tp_layer *l)
+{
+    l->rope_freq = malloc((m->cfg.head_dim / 2 + 1) * sizeof(float));
+    if (l->rope_freq == NULL)
+        return GANG_ENOMEM;
+    return gang_rope_inv_freq(&m->cfg, l->rope_freq, &l->rope_scale);
+}
+
 /* Loads this rank's shard of decoder layer li into *l (zeroed and owning nothing on error). */
 static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *l)
 {
@@ -154,6 +172,14 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
             rc = ld_band(L, LD_NAME("self_attn.v_proj.bias"), 0, kv_dim, 0, 1, kv_first, kv_rows,
                          &l->bv);
     }
+    if (rc == 0 && m->cfg.qk_norm) {
+        /* Qwen3: per-head norms, the same on every TP rank. */
+        rc = ld_vector(L, LD_NAME("self_attn.q_norm.weight"), hd, &l->q_norm);
+        if (rc == 0)
+            rc = ld_vector(L, LD_NAME("self_attn.k_norm.weight"), hd, &l->k_norm);
+    }
+    if (rc == 0)
+        rc = ld_rope(m, l);
     if (rc == 0)
         rc = ld_vector(L, LD_NAME("post_attention_layernorm.weight"), hidden, &l->mlp_norm);
     if (rc == 0)
@@ -176,7 +202,8 @@ static int ld_check_layout(const gang_model_config *c, const gang_topology *t, c
                            char *err, size_t errlen)
 {
     if (t->n_layers == c->n_layers && t->n_heads == c->n_heads && t->n_kv_heads == c->n_kv_heads &&
-        t->ffn == c->ffn && t->hidden == c->hidden && t->vocab == c->vocab)
+        t->ffn == c->ffn && t->hidden == c->hidden && t->vocab == c->vocab &&
+        t->head_dim == c->head_dim)
         return 0;
     gang_set_err(err, errlen,
                  "%s/config.json: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
@@ -236,7 +263,10 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
     if (rc != 0)
         goto out_free;
 
-    rc = gang__st_set_open(dir, &L.set, err, errlen);
+    L.is_gguf = gang__gguf_is_path(dir);
+    L.hf = &m->cfg;
+    rc = L.is_gguf ? gang__gguf_open(dir, &L.gg, err, errlen)
+                   : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
         goto out_free;
     for (i = 0; i < m->layer_count; i++) {
@@ -249,11 +279,13 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
         goto out_close;
     m->weight_bytes = L.bytes;
     gang__st_set_close(&L.set);
+    gang__gguf_close(&L.gg);
     *out = m;
     return 0;
 
 out_close:
     gang__st_set_close(&L.set);
+    gang__gguf_close(&L.gg);
 out_free:
     gang_model_free(m);
     return rc;

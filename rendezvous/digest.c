@@ -109,8 +109,55 @@ out_free:
 }
 
 /*
+ * The digest of a model that is one file (a GGUF file): SHA-256 of "file" | the file's
+ * first FILE_HEAD_BYTES bytes (its metadata and tensor table for any usual model) | its
+ * u64le size. The name is left out, as a directory's own name is.
+ */
+#define FILE_HEAD_BYTES (4u * 1024u * 1024u)
+static int digest_file(const char *path, uint64_t size, uint8_t out[GANG_DIGEST_SIZE])
+{
+    crypto_hash_sha256_state st;
+    uint8_t *chunk, size_le[8];
+    uint64_t done = 0;
+    int rc = 0, fd;
+
+    chunk = malloc(READ_CHUNK);
+    if (chunk == NULL)
+        return GANG_ENOMEM;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        free(chunk);
+        return lookup_err(errno);
+    }
+    crypto_hash_sha256_init(&st);
+    crypto_hash_sha256_update(&st, (const uint8_t *)"file", 4);
+    while (done < FILE_HEAD_BYTES) {
+        ssize_t n = read(fd, chunk, READ_CHUNK);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = gang_err_from_errno(errno);
+            goto out_close;
+        }
+        if (n == 0)
+            break;
+        done += (uint64_t)n;
+        crypto_hash_sha256_update(&st, chunk, (unsigned long long)n);
+    }
+    for (int b = 0; b < 8; b++)
+        size_le[b] = (uint8_t)(size >> (8 * b));
+    crypto_hash_sha256_update(&st, size_le, sizeof size_le);
+    crypto_hash_sha256_final(&st, out);
+out_close:
+    close(fd);
+    free(chunk);
+    return rc;
+}
+
+/*
  * Computes the digest of the model directory dir into out (see rendezvous.h and the top
- * of this file). Returns 0; GANG_ENOENT when dir or its config.json does not exist;
+ * of this file; a regular file is digested by digest_file). Returns 0; GANG_ENOENT when dir
+ * or its config.json does not exist;
  * GANG_EINVAL for a path too long; GANG_EMODEL for an oversized config.json; another
  * errno-derived code for I/O errors. out is written only on success.
  */
@@ -129,6 +176,9 @@ int gang_model_digest(const char *dir, uint8_t out[GANG_DIGEST_SIZE])
         return 0;
     }
 
+    struct stat dst;
+    if (stat(dir, &dst) == 0 && S_ISREG(dst.st_mode)) /* a one-file model (GGUF) */
+        return digest_file(dir, (uint64_t)dst.st_size, out);
     count = scandir(dir, &names, entry_filter, entry_cmp);
     if (count < 0)
         return lookup_err(errno);

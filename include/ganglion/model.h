@@ -490,4 +490,26 @@ int gang_chat_render(const gang_chat_template *t, const char *messages_json, siz
                      size_t errlen);
 void gang_chat_template_free(gang_chat_template *t);
 
+/* ==================================== GGUF files ==================================== */
+
+/*
+ * A model may be one GGUF file (llama.cpp's format, docs/model.md "GGUF files"): every
+ * function that takes a model directory (gang_model_config_read, gang_model_load, the
+ * digest) also takes a path ending in ".gguf". Its config comes from the llama.*
+ * metadata, its weights from the GGUF tensors (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K, dequantized to f32 at load), and its tokenizer and chat
+ * template from the tokenizer.* metadata, through the two loaders below.
+ */
+/* Whether path names a GGUF file (it ends in ".gguf"). */
+int gang_model_is_gguf(const char *path);
+/* The tokenizer of a GGUF file: the equivalent tokenizer.json of its tokenizer.ggml.*
+ * metadata ("gpt2" byte-level BPE vocabularies; pre-tokenizers smollm, gpt-2, default,
+ * llama-bpe), loaded with gang_tokenizer_load_buffer. GANG_EMODEL naming what is not
+ * supported, the reader's errors, GANG_ENOMEM. */
+int gang_gguf_tokenizer_load(const char *path, gang_tokenizer **out, char *err, size_t errlen);
+/* Its tokenizer.chat_template, with bos_token / eos_token the texts of its bos and eos
+ * ids. GANG_ENOENT when it has none; otherwise as gang_chat_template_load. */
+int gang_gguf_chat_template_load(const char *path, gang_chat_template **out, char *err,
+                                 size_t errlen);
+
 #endif /* GANGLION_MODEL_H */

@@ -1,0 +1,285 @@
+/*
+ * gang_model_config from a GGUF file's metadata (llama.cpp's keys), and the names of the
+ * tensors a GGUF file gives the Hugging Face weights the loader asks for.
+ *
+ *   general.architecture                 "llama" (Llama, Mistral and SmolLM2 convert to it)
+ *   llama.block_count                    layers
+ *   llama.embedding_length               hidden
+ *   llama.feed_forward_length            ffn
+ *   llama.attention.head_count           heads
+ *   llama.attention.head_count_kv        kv heads (= heads when absent)
+ *   llama.context_length                 max positions
+ *   llama.attention.layer_norm_rms_epsilon, llama.rope.freq_base
+ *   tokenizer.ggml.tokens                vocab (the count; llama.vocab_size must agree)
+ *   tokenizer.ggml.bos_token_id, eos_token_id, eot_token_id
+ *   tensor output.weight                 absent: the LM head is tied to token_embd
+ *
+ * Refused, naming the key: another architecture, rope scaling, a rope dimension or key
+ * length other than hidden / heads, experts (MoE), and the bounds of config.json.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ganglion/model.h"
+#include "gguf.h"
+
+typedef struct gcfg {
+    const gang__gguf *g;
+    const char *path;
+    char *err;
+    size_t errlen;
+} gcfg;
+
+/* An unsigned integer key into *out within [lo, hi]; absent: def (< 0: refused). */
+static int g_uint(const gcfg *c, const char *key, int64_t def, uint64_t lo, uint64_t hi,
+                  uint32_t *out)
+{
+    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, key);
+    int64_t v;
+
+    if (kv == NULL) {
+        if (def < 0) {
+            gang_set_err(c->err, c->errlen, "%s: metadata %s is missing", c->path, key);
+            return GANG_EMODEL;
+        }
+        *out = (uint32_t)def;
+        return 0;
+    }
+    switch (kv->type) {
+    case GANG__GGUF_U8:
+    case GANG__GGUF_U16:
+    case GANG__GGUF_U32:
+    case GANG__GGUF_U64:
+        v = kv->num.u > INT64_MAX ? -1 : (int64_t)kv->num.u;
+        break;
+    case GANG__GGUF_I8:
+    case GANG__GGUF_I16:
+    case GANG__GGUF_I32:
+    case GANG__GGUF_I64:
+        v = kv->num.i;
+        break;
+    default:
+        gang_set_err(c->err, c->errlen, "%s: metadata %s is not an integer", c->path, key);
+        return GANG_EMODEL;
+    }
+    if (v < 0 || (uint64_t)v < lo || (uint64_t)v > hi) {
+        gang_set_err(c->err, c->errlen, "%s: metadata %s = %lld is outside [%llu, %llu]", c->path,
+                     key, (long long)v, (unsigned long long)lo, (unsigned long long)hi);
+        return GANG_EMODEL;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* A float key in (0, hi]; absent: def. */
+static int g_float(const gcfg *c, const char *key, double def, double hi, float *out)
+{
+    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, key);
+    double v = def;
+
+    if (kv != NULL) {
+        if (kv->type != GANG__GGUF_F32 && kv->type != GANG__GGUF_F64) {
+            gang_set_err(c->err, c->errlen, "%s: metadata %s is not a float", c->path, key);
+            return GANG_EMODEL;
+        }
+        v = kv->num.f;
+    }
+    if (!(v > 0.0 && v <= hi)) {
+        gang_set_err(c->err, c->errlen, "%s: metadata %s = %g is outside (0, %g]", c->path, key, v,
+                     hi);
+        return GANG_EMODEL;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* Whether string key equals want (absent: -1). */
+static int g_str_is(const gcfg *c, const char *key, const char *want)
+{
+    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, key);
+    gang__gguf_str s;
+
+    if (kv == NULL || kv->type != GANG__GGUF_STRING)
+        return -1;
+    s = gang__gguf_arr_str(c->g, kv, 0);
+    return s.n == strlen(want) && memcmp(s.p, want, s.n) == 0;
+}
+
+/* general.architecture and the features we do not implement. */
+static int g_arch(const gcfg *c, gang_model_config *cfg)
+{
+    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, "general.architecture");
+    gang__gguf_str s;
+    uint32_t v;
+
+    if (kv == NULL || kv->type != GANG__GGUF_STRING) {
+        gang_set_err(c->err, c->errlen, "%s: metadata general.architecture is missing", c->path);
+        return GANG_EMODEL;
+    }
+    s = gang__gguf_arr_str(c->g, kv, 0);
+    if (!(s.n == 5 && memcmp(s.p, "llama", 5) == 0)) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: general.architecture \"%.*s\" is not supported (only \"llama\")", c->path,
+                     (int)(s.n > 64 ? 64 : s.n), s.p);
+        return GANG_EMODEL;
+    }
+    cfg->arch = GANG_ARCH_LLAMA;
+    if (g_uint(c, "llama.expert_count", 0, 0, 0, &v) != 0)
+        return GANG_EMODEL;
+    if (gang__gguf_find_kv(c->g, "llama.rope.scaling.type") != NULL &&
+        g_str_is(c, "llama.rope.scaling.type", "none") != 1) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: metadata llama.rope.scaling.type: rope scaling is not "
+                     "implemented",
+                     c->path);
+        return GANG_EMODEL;
+    }
+    return 0;
+}
+
+/* vocab (tokenizer.ggml.tokens, llama.vocab_size) and the special ids. */
+static int g_vocab(const gcfg *c, gang_model_config *cfg)
+{
+    const gang__gguf_kv *toks = gang__gguf_find_kv(c->g, "tokenizer.ggml.tokens");
+    static const char *const eos_keys[] = {"tokenizer.ggml.eos_token_id",
+                                           "tokenizer.ggml.eot_token_id"};
+    uint32_t v, i, j;
+
+    if (toks != NULL && (toks->type != GANG__GGUF_ARRAY || toks->arr_type != GANG__GGUF_STRING ||
+                         toks->n == 0 || toks->n > GANG_MODEL_MAX_VOCAB)) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: metadata tokenizer.ggml.tokens is not a list of 1 to "
+                     "%u strings",
+                     c->path, GANG_MODEL_MAX_VOCAB);
+        return GANG_EMODEL;
+    }
+    if (g_uint(c, "llama.vocab_size", toks ? (int64_t)toks->n : -1, 1, GANG_MODEL_MAX_VOCAB,
+               &cfg->vocab) != 0)
+        return GANG_EMODEL;
+    if (toks != NULL && toks->n != cfg->vocab) {
+        gang_set_err(c->err, c->errlen, "%s: llama.vocab_size %u differs from the %llu tokens",
+                     c->path, cfg->vocab, (unsigned long long)toks->n);
+        return GANG_EMODEL;
+    }
+    cfg->bos_token_id = -1;
+    cfg->eos_token_id = -1;
+    if (gang__gguf_find_kv(c->g, "tokenizer.ggml.bos_token_id") != NULL) {
+        if (g_uint(c, "tokenizer.ggml.bos_token_id", 0, 0, cfg->vocab - 1, &v) != 0)
+            return GANG_EMODEL;
+        cfg->bos_token_id = (int32_t)v;
+    }
+    for (i = 0; i < 2; i++) {
+        if (gang__gguf_find_kv(c->g, eos_keys[i]) == NULL)
+            continue;
+        if (g_uint(c, eos_keys[i], 0, 0, cfg->vocab - 1, &v) != 0)
+            return GANG_EMODEL;
+        for (j = 0; j < cfg->n_eos && cfg->eos_ids[j] != (int32_t)v; j++)
+            ;
+        if (j == cfg->n_eos)
+            cfg->eos_ids[cfg->n_eos++] = (int32_t)v;
+    }
+    if (cfg->n_eos > 0)
+        cfg->eos_token_id = cfg->eos_ids[0];
+    return 0;
+}
+
+/* The shape fields, bounded as config.json's are. */
+static int g_shape(const gcfg *c, gang_model_config *cfg)
+{
+    uint32_t v;
+
+    if (g_uint(c, "llama.block_count", -1, 1, GANG_MODEL_MAX_LAYERS, &cfg->n_layers) ||
+        g_uint(c, "llama.embedding_length", -1, 1, GANG_MODEL_MAX_HIDDEN, &cfg->hidden) ||
+        g_uint(c, "llama.feed_forward_length", -1, 1, 1u << 20, &cfg->ffn) ||
+        g_uint(c, "llama.attention.head_count", -1, 1, GANG_MODEL_MAX_HEADS, &cfg->n_heads) ||
+        g_uint(c, "llama.attention.head_count_kv", cfg->n_heads, 1, GANG_MODEL_MAX_HEADS,
+               &cfg->n_kv_heads) ||
+        g_uint(c, "llama.context_length", -1, 1, 1u << 24, &cfg->max_pos) ||
+        g_float(c, "llama.attention.layer_norm_rms_epsilon", 1e-6, 1.0, &cfg->rms_eps) ||
+        g_float(c, "llama.rope.freq_base", 10000.0, 1e12, &cfg->rope_theta))
+        return GANG_EMODEL;
+    if (cfg->hidden % cfg->n_heads != 0 || cfg->n_heads % cfg->n_kv_heads != 0 ||
+        (cfg->hidden / cfg->n_heads) % 2 != 0) {
+        gang_set_err(c->err, c->errlen, "%s: hidden %u, heads %u, kv heads %u do not divide",
+                     c->path, cfg->hidden, cfg->n_heads, cfg->n_kv_heads);
+        return GANG_EMODEL;
+    }
+    cfg->head_dim = cfg->hidden / cfg->n_heads;
+    if (g_uint(c, "llama.rope.dimension_count", cfg->head_dim, cfg->head_dim, cfg->head_dim, &v) ||
+        g_uint(c, "llama.attention.key_length", cfg->head_dim, cfg->head_dim, cfg->head_dim, &v) ||
+        g_uint(c, "llama.attention.value_length", cfg->head_dim, cfg->head_dim, cfg->head_dim, &v))
+        return GANG_EMODEL;
+    return 0;
+}
+
+int gang__gguf_config_read(const char *path, gang_model_config *cfg, char *err, size_t errlen)
+{
+    gang_model_config out;
+    gang__gguf g;
+    gcfg c;
+    int rc;
+
+    rc = gang__gguf_open(path, &g, err, errlen);
+    if (rc != 0)
+        return rc;
+    memset(&out, 0, sizeof(out));
+    c.g = &g;
+    c.path = path;
+    c.err = err;
+    c.errlen = errlen;
+    rc = g_arch(&c, &out);
+    if (rc == 0)
+        rc = g_shape(&c, &out);
+    if (rc == 0)
+        rc = g_vocab(&c, &out);
+    if (rc == 0) {
+        out.tie_embeddings = gang__gguf_find(&g, "output.weight") == NULL;
+        out.dtype = GANG_DTYPE_F32;
+        *cfg = out;
+    }
+    gang__gguf_close(&g);
+    return rc;
+}
+
+int gang__gguf_is_path(const char *path)
+{
+    size_t n = path != NULL ? strlen(path) : 0;
+    return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
+}
+
+int gang__gguf_hf_name(const char *hf, char *out, size_t cap)
+{
+    static const char *const map[][2] = {{"input_layernorm.weight", "attn_norm.weight"},
+                                         {"self_attn.q_proj.weight", "attn_q.weight"},
+                                         {"self_attn.k_proj.weight", "attn_k.weight"},
+                                         {"self_attn.v_proj.weight", "attn_v.weight"},
+                                         {"self_attn.o_proj.weight", "attn_output.weight"},
+                                         {"self_attn.q_proj.bias", "attn_q.bias"},
+                                         {"self_attn.k_proj.bias", "attn_k.bias"},
+                                         {"self_attn.v_proj.bias", "attn_v.bias"},
+                                         {"post_attention_layernorm.weight", "ffn_norm.weight"},
+                                         {"mlp.gate_proj.weight", "ffn_gate.weight"},
+                                         {"mlp.up_proj.weight", "ffn_up.weight"},
+                                         {"mlp.down_proj.weight", "ffn_down.weight"}};
+    unsigned layer;
+    int used = 0;
+    size_t i;
+
+    if (strcmp(hf, "model.embed_tokens.weight") == 0)
+        return snprintf(out, cap, "token_embd.weight") < (int)cap ? 0 : GANG_ENOENT;
+    if (strcmp(hf, "model.norm.weight") == 0)
+        return snprintf(out, cap, "output_norm.weight") < (int)cap ? 0 : GANG_ENOENT;
+    if (strcmp(hf, "lm_head.weight") == 0)
+        return snprintf(out, cap, "output.weight") < (int)cap ? 0 : GANG_ENOENT;
+    if (sscanf(hf, "model.layers.%u.%n", &layer, &used) != 1 || used == 0)
+        return GANG_ENOENT;
+    for (i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (strcmp(hf + used, map[i][0]) == 0)
+            return snprintf(out, cap, "blk.%u.%s", layer, map[i][1]) < (int)cap ? 0 : GANG_ENOENT;
+    return GANG_ENOENT;
+}
+
+int gang_model_is_gguf(const char *path)
+{
+    return gang__gguf_is_path(path);
+}
