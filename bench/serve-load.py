@@ -49,6 +49,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -492,6 +493,12 @@ def main():
                     line += " | peer %.1f tok/s TTFT p50 %.0f ms ITL p50 %.1f ms" % (
                         p["out_tok_per_s"], p["ttft_p50_ms"], p["itl_p50_ms"])
                 print(line, flush=True)
+    except BaseException:
+        if server:
+            print("serve-load: the gang's log is kept in %s" % server.log_path, file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     finally:
         if server:
             server.stop()
