@@ -339,15 +339,15 @@ int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float 
 }
 
 int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_t tokens,
-                      size_t heads, size_t head_dim, float theta)
+                      size_t heads, size_t head_dim, const float *inv_freq, float scale)
 {
     size_t tmp;
     int rc;
 
-    if (k == NULL || x == NULL || positions == NULL || tokens == 0 || heads == 0 || head_dim == 0 ||
-        head_dim % 2 != 0)
+    if (k == NULL || x == NULL || positions == NULL || inv_freq == NULL || tokens == 0 ||
+        heads == 0 || head_dim == 0 || head_dim % 2 != 0)
         return GANG_EINVAL;
-    if (!isfinite(theta) || theta <= 0.0f)
+    if (!isfinite(scale) || scale <= 0.0f)
         return GANG_EINVAL;
     if ((rc = elems3(tokens, heads, head_dim, &tmp)) < 0)
         return rc;
@@ -355,7 +355,7 @@ int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_
      * and reports a negative one at the next sync). */
     if (k->be->rope == NULL)
         return GANG_ENOSYS;
-    return k->be->rope(k->ctx, x, positions, tokens, heads, head_dim, theta);
+    return k->be->rope(k->ctx, x, positions, tokens, heads, head_dim, inv_freq, scale);
 }
 
 int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)

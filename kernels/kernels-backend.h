@@ -50,7 +50,7 @@ typedef struct gang__kernels_backend {
     int (*rmsnorm)(void *ctx, const float *x, const float *w, float eps, size_t rows, size_t dim,
                    float *out);
     int (*rope)(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
-                size_t head_dim, float theta);
+                size_t head_dim, const float *inv_freq, float scale);
     int (*softmax)(void *ctx, float *x, size_t rows, size_t cols);
     int (*attention)(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
                      size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,

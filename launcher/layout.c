@@ -123,11 +123,11 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
     l->tc.allow_cross_node_tp = shape.allow_cross_node_tp;
     if (gang_topology_init(&l->tc, t ? t : &scratch, err, errlen) != 0)
         return GANG_EUSAGE;
-    uint32_t cap = l->mc.max_pos < GANG_LAYOUT_CTX_CAP ? l->mc.max_pos : GANG_LAYOUT_CTX_CAP;
+    uint32_t allowed = l->mc.max_ctx_allowed > 0 ? l->mc.max_ctx_allowed : l->mc.max_pos;
+    uint32_t cap = allowed < GANG_LAYOUT_CTX_CAP ? allowed : GANG_LAYOUT_CTX_CAP;
     l->ctx = l->max_ctx > 0 ? l->max_ctx : cap;
-    if (l->ctx > l->mc.max_pos) {
-        snprintf(err, errlen, "--max-ctx %u exceeds the model's max_position_embeddings %u",
-                 l->max_ctx, l->mc.max_pos);
+    if (l->ctx > allowed) {
+        snprintf(err, errlen, "--max-ctx %u exceeds the model's context %u", l->max_ctx, allowed);
         return GANG_EUSAGE;
     }
     return 0;

@@ -1,10 +1,9 @@
 /*
  * config.json of a Hugging Face Llama-family checkpoint: which architecture, and the
  * shape and numerics fields the loader and the engine need. Everything a model file
- * declares is bounded here (model.h), and every feature we do not implement (RoPE
- * scaling, sliding-window attention, another activation, MLP biases, a head_dim that is
- * not hidden / n_heads) is refused with a message that names it, rather than computed
- * wrongly.
+ * declares is bounded here (model.h), and every feature we do not implement (dynamic
+ * NTK and other RoPE scaling types, sliding-window attention, another activation, MLP
+ * biases) is refused with a message that names it, rather than computed wrongly.
  */
 #include <errno.h>
 #include <math.h>
@@ -71,13 +70,18 @@ static int cfg_uint(const cfg_ctx *c, const char *key, int64_t def, uint32_t lo,
     return 0;
 }
 
-/* Reads a positive finite number field (def when absent) no larger than hi. */
+/* Reads a positive finite number field no larger than hi; when absent, def, or an error
+ * when def < 0 (a required field). */
 static int cfg_float(const cfg_ctx *c, const char *key, double def, double hi, float *out)
 {
     const cJSON *v = cfg_get(c, key);
     double d;
 
     if (v == NULL) {
+        if (def < 0) {
+            gang_set_err(c->err, c->errlen, "%s: field \"%s\" is missing", c->path, key);
+            return GANG_EMODEL;
+        }
         *out = (float)def;
         return 0;
     }
@@ -189,6 +193,7 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         {"LlamaForCausalLM", "llama", GANG_ARCH_LLAMA},
         {"MistralForCausalLM", "mistral", GANG_ARCH_MISTRAL},
         {"Qwen2ForCausalLM", "qwen2", GANG_ARCH_QWEN2},
+        {"Qwen3ForCausalLM", "qwen3", GANG_ARCH_QWEN3},
     };
     const cJSON *archs = cfg_get(c, "architectures"), *type = cfg_get(c, "model_type"), *a;
     size_t i;
@@ -206,7 +211,7 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         a = cJSON_GetArrayItem(archs, 0);
         gang_set_err(c->err, c->errlen,
                      "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
-                     "MistralForCausalLM and Qwen2ForCausalLM are)",
+                     "MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM are)",
                      c->path, cJSON_IsString(a) ? a->valuestring : "?");
         return GANG_EMODEL;
     }
@@ -218,8 +223,8 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
             }
         }
         gang_set_err(c->err, c->errlen,
-                     "%s: unsupported model_type \"%.64s\" (llama, mistral and qwen2 are)", c->path,
-                     type->valuestring);
+                     "%s: unsupported model_type \"%.64s\" (llama, mistral, qwen2 and qwen3 are)",
+                     c->path, type->valuestring);
         return GANG_EMODEL;
     }
     gang_set_err(c->err, c->errlen,
@@ -255,9 +260,9 @@ static int cfg_dtype(const cfg_ctx *c, gang_dtype *dt)
 }
 
 /*
- * The features we do not implement. RoPE scaling and a different activation change every
- * output; sliding-window attention changes the output only past the window, so a window
- * at least as long as the context is accepted (it never binds).
+ * The features we do not implement. A different activation changes every output; sliding-window
+ * attention changes the output only past the window, so a window at least as long as the context is
+ * accepted (it never binds).
  */
 static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
 {
@@ -266,11 +271,6 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
     uint32_t sw = 0;
     int rc;
 
-    if (cfg_get(c, "rope_scaling") != NULL) {
-        gang_set_err(c->err, c->errlen,
-                     "%s: \"rope_scaling\" is set; RoPE scaling is not implemented", c->path);
-        return GANG_EMODEL;
-    }
     v = cfg_get(c, "hidden_act");
     if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, "silu") == 0)) {
         gang_set_err(c->err, c->errlen,
@@ -288,16 +288,8 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
                      c->path);
         return GANG_EMODEL;
     }
-    v = cfg_get(c, "head_dim");
-    if (v != NULL && !(cJSON_IsNumber(v) && v->valuedouble == (double)cfg->head_dim)) {
-        gang_set_err(c->err, c->errlen,
-                     "%s: \"head_dim\" differs from hidden_size / num_attention_heads = %u; "
-                     "a separate head_dim is not implemented",
-                     c->path, cfg->head_dim);
-        return GANG_EMODEL;
-    }
-    /* Qwen2 carries a window it does not use unless use_sliding_window is true. */
-    if (cfg->arch == GANG_ARCH_QWEN2) {
+    /* Qwen2/3 carry a window they do not use unless use_sliding_window is true. */
+    if (cfg->arch == GANG_ARCH_QWEN2 || cfg->arch == GANG_ARCH_QWEN3) {
         rc = cfg_bool(c, "use_sliding_window", 0, &use_sw);
         if (rc != 0)
             return rc;
@@ -314,6 +306,159 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
                          c->path, sw, cfg->max_pos);
             return GANG_EMODEL;
         }
+    }
+    return 0;
+}
+
+/* Bounds of the rope_scaling fields. */
+#define CFG_MAX_ROPE_FACTOR 1024.0
+#define CFG_MAX_ROPE_BETA 1024.0
+#define CFG_MAX_ATTN_FACTOR 16.0
+
+/* The rope_scaling type names (rope_type, or the legacy "type"), in gang_rope_type order. */
+static const char *const cfg_rope_names[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+
+/*
+ * The "type" of the rope_scaling object c (rope_type first, then the legacy "type"); an
+ * unknown one (longrope, su, mrope, ...) is refused naming it.
+ */
+static int cfg_rope_type(const cfg_ctx *c, gang_rope_type *type)
+{
+    const cJSON *v = cfg_get(c, "rope_type");
+    size_t i;
+
+    if (v == NULL)
+        v = cfg_get(c, "type");
+    if (v == NULL) {
+        *type = GANG_ROPE_DEFAULT;
+        return 0;
+    }
+    for (i = 0; cJSON_IsString(v) && i < sizeof(cfg_rope_names) / sizeof(cfg_rope_names[0]); i++) {
+        if (strcmp(v->valuestring, cfg_rope_names[i]) == 0) {
+            *type = (gang_rope_type)i;
+            return 0;
+        }
+    }
+    gang_set_err(
+        c->err, c->errlen,
+        "%s: rope_type \"%.64s\" is not implemented (default, linear, llama3 and yarn are)",
+        c->path, cJSON_IsString(v) ? v->valuestring : "?");
+    return GANG_EMODEL;
+}
+
+/* The fields of a llama3 or yarn block (the caller has read factor). */
+static int cfg_rope_fields(const cfg_ctx *c, const gang_model_config *cfg, gang_rope_scaling *r)
+{
+    int rc = 0;
+
+    r->orig_max_pos = cfg->max_pos;
+    if (r->type == GANG_ROPE_LLAMA3) {
+        rc = cfg_float(c, "low_freq_factor", -1.0, CFG_MAX_ROPE_FACTOR, &r->low_freq_factor);
+        if (rc == 0)
+            rc = cfg_float(c, "high_freq_factor", -1.0, CFG_MAX_ROPE_FACTOR, &r->high_freq_factor);
+        if (rc == 0)
+            rc = cfg_uint(c, "original_max_position_embeddings", -1, 1, CFG_MAX_POS,
+                          &r->orig_max_pos);
+        if (rc == 0 && !(r->high_freq_factor > r->low_freq_factor)) {
+            gang_set_err(c->err, c->errlen,
+                         "%s: high_freq_factor must be larger than low_freq_factor", c->path);
+            rc = GANG_EMODEL;
+        }
+        return rc;
+    }
+    if (r->type == GANG_ROPE_YARN) {
+        r->attn_factor = (float)(0.1 * log((double)r->factor) + 1.0);
+        rc = cfg_float(c, "attention_factor", r->attn_factor, CFG_MAX_ATTN_FACTOR, &r->attn_factor);
+        if (rc == 0)
+            rc = cfg_float(c, "beta_fast", 32.0, CFG_MAX_ROPE_BETA, &r->beta_fast);
+        if (rc == 0)
+            rc = cfg_float(c, "beta_slow", 1.0, CFG_MAX_ROPE_BETA, &r->beta_slow);
+        if (rc == 0)
+            rc = cfg_uint(c, "original_max_position_embeddings", cfg->max_pos, 1, CFG_MAX_POS,
+                          &r->orig_max_pos);
+    }
+    return rc;
+}
+
+/*
+ * config.json's "rope_scaling" into cfg->rope and the context it allows into
+ * cfg->max_ctx_allowed. Absent, null, {"rope_type": "default"} and linear factor 1.0
+ * change nothing and are accepted; every field of the known types is bounded; dynamic
+ * NTK and unknown types are refused naming them. The context: max_position_embeddings,
+ * or for linear and YaRN factor x the original context when that is larger.
+ */
+static int cfg_rope_scaling(const cfg_ctx *c, gang_model_config *cfg)
+{
+    const cJSON *v = cfg_get(c, "rope_scaling");
+    gang_rope_scaling *r = &cfg->rope;
+    char path[4200];
+    cfg_ctx sub = *c;
+    double ctx;
+    int rc;
+
+    memset(r, 0, sizeof(*r));
+    cfg->max_ctx_allowed = cfg->max_pos;
+    if (v == NULL)
+        return 0;
+    snprintf(path, sizeof(path), "%s: rope_scaling", c->path);
+    sub.root = v;
+    sub.path = path;
+    if (!cJSON_IsObject(v)) {
+        gang_set_err(c->err, c->errlen, "%s is not an object", path);
+        return GANG_EMODEL;
+    }
+    rc = cfg_rope_type(&sub, &r->type);
+    if (rc != 0 || r->type == GANG_ROPE_DEFAULT)
+        return rc;
+    rc = cfg_float(&sub, "factor", -1.0, CFG_MAX_ROPE_FACTOR, &r->factor);
+    if (rc == 0 && !(r->factor >= 1.0f)) {
+        gang_set_err(c->err, c->errlen, "%s: field \"factor\" is below 1", path);
+        rc = GANG_EMODEL;
+    }
+    if (rc == 0 && r->type == GANG_ROPE_DYNAMIC && r->factor > 1.0f) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: rope_type \"dynamic\" (dynamic NTK) is not implemented yet", path);
+        rc = GANG_EMODEL;
+    }
+    if (rc == 0)
+        rc = cfg_rope_fields(&sub, cfg, r);
+    if (rc != 0)
+        return rc;
+    if (r->factor == 1.0f && (r->type == GANG_ROPE_LINEAR || r->type == GANG_ROPE_DYNAMIC)) {
+        memset(r, 0, sizeof(*r)); /* a no-op block */
+        return 0;
+    }
+    ctx = (double)r->factor * (double)(r->type == GANG_ROPE_YARN ? r->orig_max_pos : cfg->max_pos);
+    if (r->type != GANG_ROPE_LLAMA3 && ctx > (double)cfg->max_pos)
+        cfg->max_ctx_allowed = ctx > (double)CFG_MAX_POS ? CFG_MAX_POS : (uint32_t)ctx;
+    return 0;
+}
+
+/*
+ * head_dim (absent: hidden / n_heads, which must then divide), then the checks that need
+ * it: even (RoPE pairs), at most GANG_MODEL_MAX_HEAD_DIM, and an attention width
+ * n_heads x head_dim within GANG_MODEL_MAX_HIDDEN x 4.
+ */
+static int cfg_head_dim(const cfg_ctx *c, gang_model_config *cfg)
+{
+    int rc;
+
+    if (cfg_get(c, "head_dim") == NULL && cfg->hidden % cfg->n_heads != 0) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: hidden_size %u is not divisible by num_attention_heads %u", c->path,
+                     cfg->hidden, cfg->n_heads);
+        return GANG_EMODEL;
+    }
+    rc = cfg_uint(c, "head_dim", cfg->hidden / cfg->n_heads, 2, GANG_MODEL_MAX_HEAD_DIM,
+                  &cfg->head_dim);
+    if (rc != 0)
+        return rc;
+    if (cfg->head_dim % 2 != 0 ||
+        (uint64_t)cfg->n_heads * cfg->head_dim > 4ull * GANG_MODEL_MAX_HIDDEN) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: head_dim %u is odd or num_attention_heads x head_dim exceeds %u", c->path,
+                     cfg->head_dim, 4u * GANG_MODEL_MAX_HIDDEN);
+        return GANG_EMODEL;
     }
     return 0;
 }
@@ -370,19 +515,18 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
                      c->path);
         return GANG_EMODEL;
     }
-    if (cfg->hidden % cfg->n_heads != 0) {
-        gang_set_err(c->err, c->errlen,
-                     "%s: hidden_size %u is not divisible by num_attention_heads %u", c->path,
-                     cfg->hidden, cfg->n_heads);
-        return GANG_EMODEL;
-    }
+    cfg->qk_norm = cfg->arch == GANG_ARCH_QWEN3;
+    rc = cfg_head_dim(c, cfg);
+    if (rc == 0)
+        rc = cfg_rope_scaling(c, cfg);
+    if (rc != 0)
+        return rc;
     if (cfg->n_kv_heads > cfg->n_heads || cfg->n_heads % cfg->n_kv_heads != 0) {
         gang_set_err(c->err, c->errlen,
                      "%s: num_attention_heads %u is not divisible by num_key_value_heads %u",
                      c->path, cfg->n_heads, cfg->n_kv_heads);
         return GANG_EMODEL;
     }
-    cfg->head_dim = cfg->hidden / cfg->n_heads;
     return cfg_unsupported(c, cfg);
 }
 
@@ -541,4 +685,5 @@ void gang_model_topology_config(const gang_model_config *mc, gang_topology_confi
     tc->ffn = (int32_t)mc->ffn;
     tc->hidden = (int32_t)mc->hidden;
     tc->vocab = (int32_t)mc->vocab;
+    tc->head_dim = (int32_t)mc->head_dim;
 }

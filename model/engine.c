@@ -380,8 +380,9 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     }
     e->cfg = *cfg;
     e->max_ctx = cfg->max_ctx;
-    if (m->cfg.max_pos > 0 && e->max_ctx > m->cfg.max_pos)
-        e->max_ctx = m->cfg.max_pos;
+    uint32_t allowed = m->cfg.max_ctx_allowed > 0 ? m->cfg.max_ctx_allowed : m->cfg.max_pos;
+    if (allowed > 0 && e->max_ctx > allowed)
+        e->max_ctx = allowed;
     e->vocab = m->topo.vocab;
     e->vpad = (e->vocab + m->topo.tp - 1) / m->topo.tp;
     e->is_first = m->place.pp_stage == 0;

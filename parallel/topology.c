@@ -118,7 +118,12 @@ static int topo_check_model(const gang_topology_config *cfg, char *err, size_t e
                      (int)cfg->ffn);
         return GANG_EUSAGE;
     }
-    if (cfg->hidden % cfg->n_heads != 0) {
+    if (cfg->head_dim < 0 || cfg->head_dim == 1 || cfg->head_dim % 2 != 0) {
+        gang_set_err(err, errlen, "topology: head_dim (%d) is not 0 or an even width",
+                     (int)cfg->head_dim);
+        return GANG_EUSAGE;
+    }
+    if (cfg->head_dim == 0 && cfg->hidden % cfg->n_heads != 0) {
         gang_set_err(err, errlen,
                      "topology: hidden (%d) is not divisible by n_heads (%d), so there is no "
                      "whole head_dim",
@@ -169,7 +174,7 @@ int gang_topology_init(const gang_topology_config *cfg, gang_topology *t, char *
     out.ffn = (uint32_t)cfg->ffn;
     out.hidden = (uint32_t)cfg->hidden;
     out.vocab = (uint32_t)cfg->vocab;
-    out.head_dim = out.hidden / out.n_heads;
+    out.head_dim = cfg->head_dim > 0 ? (uint32_t)cfg->head_dim : out.hidden / out.n_heads;
     out.heads_per_rank = out.n_heads / out.tp;
     if (out.tp > out.n_kv_heads) {
         /* Fewer kv heads than ranks: each kv head lives on tp / n_kv_heads ranks. */

@@ -198,7 +198,7 @@ static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage 
  * Shards of a layer
  * --------------------------------------------------------------------------------- */
 /* The layer's arrays, in a fixed order, for the loops of free and to_device. */
-#define TP_LAYER_ARRAYS 12
+#define TP_LAYER_ARRAYS 15
 
 static void tp_layer_arrays(gang_tp_layer *l, float **a[TP_LAYER_ARRAYS], size_t n[TP_LAYER_ARRAYS])
 {
@@ -217,6 +217,9 @@ static void tp_layer_arrays(gang_tp_layer *l, float **a[TP_LAYER_ARRAYS], size_t
     a[9] = &l->bq, n[9] = q;
     a[10] = &l->bk, n[10] = kv;
     a[11] = &l->bv, n[11] = kv;
+    a[12] = &l->q_norm, n[12] = l->head_dim;
+    a[13] = &l->k_norm, n[13] = l->head_dim;
+    a[14] = &l->rope_freq, n[14] = l->head_dim / 2;
 }
 
 void gang_tp_layer_free(gang_tp_layer *l)
@@ -350,6 +353,20 @@ int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_ran
     rc = tp_dup(w->mlp_norm, hidden, &l->mlp_norm);
     if (rc != 0)
         goto out_free;
+    rc = tp_dup(w->q_norm, hd, &l->q_norm);
+    if (rc == 0)
+        rc = tp_dup(w->k_norm, hd, &l->k_norm);
+    if (rc != 0)
+        goto out_free;
+    /* Plain RoPE's table; a model's scaling replaces it (gang_rope_inv_freq in model.h). */
+    l->rope_scale = 1.0f;
+    l->rope_freq = malloc((hd / 2 > 0 ? hd / 2 : 1) * sizeof(float));
+    if (l->rope_freq == NULL) {
+        rc = GANG_ENOMEM;
+        goto out_free;
+    }
+    for (size_t i = 0; i < hd / 2; i++)
+        l->rope_freq[i] = (float)(1.0 / pow((double)rope_theta, (double)(2 * i) / (double)hd));
 
     /* Attention: Q/K/V keep the rows of the rank's heads, o_proj the matching columns.
      * MLP: gate/up keep the rows of the rank's ffn columns, down the same columns.
@@ -616,10 +633,22 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = tp_add_biases(l, k, s->q, kp, vp, total);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_rope(k, s->q, s->positions, total, l->shard.head_count, hd, l->rope_theta);
+    /* Qwen3: every q and k head RMS-normed over its head_dim, before RoPE. */
+    if (l->q_norm != NULL) {
+        rc = gang_kernels_rmsnorm(k, s->q, l->q_norm, l->norm_eps, total * l->shard.head_count, hd,
+                                  s->q);
+        if (rc == 0)
+            rc = gang_kernels_rmsnorm(k, kp, l->k_norm, l->norm_eps, total * l->shard.kv_head_count,
+                                      hd, kp);
+        if (rc != 0)
+            return rc;
+    }
+    rc = gang_kernels_rope(k, s->q, s->positions, total, l->shard.head_count, hd, l->rope_freq,
+                           l->rope_scale);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_rope(k, kp, s->positions, total, l->shard.kv_head_count, hd, l->rope_theta);
+    rc = gang_kernels_rope(k, kp, s->positions, total, l->shard.kv_head_count, hd, l->rope_freq,
+                           l->rope_scale);
     if (rc != 0)
         return rc;
     for (i = 0; i < n_seq; i++) {

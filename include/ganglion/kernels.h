@@ -65,16 +65,21 @@ int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float 
 
 /*
  * Rotary position embedding, applied in place to x laid out [tokens, heads, head_dim]; token
- * t is rotated by the angle positions[t] * theta^(-2i/head_dim) for pair i. The pairs follow
+ * t is rotated by the angle positions[t] * inv_freq[i] for pair i, and both cos and sin
+ * are multiplied by scale (YaRN's attention factor; 1 otherwise). inv_freq[head_dim/2] is
+ * the model's inverse-frequency table (theta^(-2i/head_dim) for plain RoPE, rescaled by
+ * the model's rope_scaling: gang_rope_inv_freq in model.h), computed once per model and
+ * held in tensor memory of k (device memory on a device backend). The pairs follow
  * Hugging Face's "rotate_half" convention: element i is paired with element i + head_dim/2
  * (not the interleaved GPT-J pairs 2i, 2i+1):
- *   x'[i]        = x[i] * cos - x[i + h/2] * sin
- *   x'[i + h/2]  = x[i + h/2] * cos + x[i] * sin
- * head_dim must be even, positions[] (length tokens) must be >= 0, theta > 0 and finite.
- * Angles are computed in double, so large positions keep their accuracy.
+ *   x'[i]        = scale * (x[i] * cos - x[i + h/2] * sin)
+ *   x'[i + h/2]  = scale * (x[i + h/2] * cos + x[i] * sin)
+ * head_dim must be even, positions[] (length tokens) must be >= 0, scale > 0 and finite.
+ * Angles are computed in double from the f32 table, so large positions keep their
+ * accuracy.
  */
 int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_t tokens,
-                      size_t heads, size_t head_dim, float theta);
+                      size_t heads, size_t head_dim, const float *inv_freq, float scale);
 
 /*
  * Softmax over each row of x [rows, cols], in place: subtracts the row maximum before

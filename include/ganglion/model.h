@@ -28,14 +28,38 @@
 typedef enum gang_model_arch {
     GANG_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
     GANG_ARCH_MISTRAL = 1, /* MistralForCausalLM */
-    GANG_ARCH_QWEN2 = 2    /* Qwen2ForCausalLM: q/k/v projections carry biases */
+    GANG_ARCH_QWEN2 = 2,   /* Qwen2ForCausalLM: q/k/v projections carry biases */
+    GANG_ARCH_QWEN3 = 3    /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
 } gang_model_arch;
+
+/* config.json's "rope_scaling" ("rope_type", or the legacy "type"). */
+typedef enum gang_rope_type {
+    GANG_ROPE_DEFAULT = 0, /* absent, null or "default": theta^(-2i/d) */
+    GANG_ROPE_LINEAR = 1,  /* every frequency divided by factor */
+    GANG_ROPE_DYNAMIC = 2, /* dynamic NTK: refused for now (needs per-length tables) */
+    GANG_ROPE_LLAMA3 = 3,  /* Llama 3.1: low frequencies / factor, a smooth band between */
+    GANG_ROPE_YARN = 4     /* YaRN: ramp between interpolation and extrapolation, and an
+                              attention factor on cos and sin */
+} gang_rope_type;
+
+/* The validated "rope_scaling" block (only the fields of its type are meaningful). */
+typedef struct gang_rope_scaling {
+    gang_rope_type type;
+    float factor;               /* linear, dynamic, llama3, yarn: >= 1 */
+    float low_freq_factor;      /* llama3 */
+    float high_freq_factor;     /* llama3: > low_freq_factor */
+    uint32_t orig_max_pos;      /* llama3, yarn: original_max_position_embeddings (yarn: =
+                                   max_position_embeddings when absent) */
+    float attn_factor;          /* yarn: "attention_factor", else 0.1 ln(factor) + 1 */
+    float beta_fast, beta_slow; /* yarn: 32 and 1 when absent */
+} gang_rope_scaling;
 
 /* Bounds on what config.json may declare (inputs from model files are bounded). */
 #define GANG_MODEL_MAX_LAYERS 1024
 #define GANG_MODEL_MAX_HIDDEN 65536
 #define GANG_MODEL_MAX_VOCAB (1u << 22)
 #define GANG_MODEL_MAX_HEADS 1024
+#define GANG_MODEL_MAX_HEAD_DIM 512 /* "head_dim" (even); the CUDA attention takes <= 256 */
 #define GANG_MODEL_MAX_CONFIG_BYTES (1u << 20)
 #define GANG_MODEL_MAX_HEADER_BYTES (100u << 20) /* safetensors JSON header */
 
@@ -56,21 +80,26 @@ typedef struct gang_gen_defaults {
 
 typedef struct gang_model_config {
     gang_model_arch arch;
-    uint32_t hidden;        /* hidden_size */
-    uint32_t ffn;           /* intermediate_size */
-    uint32_t n_heads;       /* num_attention_heads */
-    uint32_t n_kv_heads;    /* num_key_value_heads (= n_heads when absent) */
-    uint32_t n_layers;      /* num_hidden_layers */
-    uint32_t vocab;         /* vocab_size */
-    uint32_t head_dim;      /* hidden / n_heads (a different "head_dim" key is refused) */
-    uint32_t max_pos;       /* max_position_embeddings */
-    float rms_eps;          /* rms_norm_eps */
-    float rope_theta;       /* rope_theta (10000 when absent) */
-    int32_t tie_embeddings; /* tie_word_embeddings: the LM head is the embedding table */
-    int32_t attn_bias;      /* q/k/v biases present (Qwen2, or "attention_bias": true) */
-    int32_t bos_token_id;   /* -1 when absent */
-    int32_t eos_token_id;   /* -1 when absent; else eos_ids[0] */
-    gang_dtype dtype;       /* torch_dtype (F32, F16 or BF16), informational */
+    uint32_t hidden;          /* hidden_size */
+    uint32_t ffn;             /* intermediate_size */
+    uint32_t n_heads;         /* num_attention_heads */
+    uint32_t n_kv_heads;      /* num_key_value_heads (= n_heads when absent) */
+    uint32_t n_layers;        /* num_hidden_layers */
+    uint32_t vocab;           /* vocab_size */
+    uint32_t head_dim;        /* "head_dim", else hidden / n_heads; q width n_heads x head_dim */
+    uint32_t max_pos;         /* max_position_embeddings */
+    uint32_t max_ctx_allowed; /* the context the model may serve: max_pos, or for linear,
+                                 dynamic and YaRN scaling factor x the original context
+                                 when that is larger */
+    gang_rope_scaling rope;   /* rope_scaling (type GANG_ROPE_DEFAULT when absent) */
+    int32_t qk_norm;          /* Qwen3: q_norm / k_norm RMSNorm weights [head_dim] */
+    float rms_eps;            /* rms_norm_eps */
+    float rope_theta;         /* rope_theta (10000 when absent) */
+    int32_t tie_embeddings;   /* tie_word_embeddings: the LM head is the embedding table */
+    int32_t attn_bias;        /* q/k/v biases present (Qwen2, or "attention_bias": true) */
+    int32_t bos_token_id;     /* -1 when absent */
+    int32_t eos_token_id;     /* -1 when absent; else eos_ids[0] */
+    gang_dtype dtype;         /* torch_dtype (F32, F16 or BF16), informational */
     /* Every end-of-sequence id: config.json's eos_token_id (an int or a list), then
      * generation_config.json's when that file exists, in that order, deduplicated, each
      * < vocab. The engine ends a request after emitting one (unless it asks ignore_eos). */
@@ -91,6 +120,14 @@ typedef struct gang_model_config {
  * NUL-terminated when errlen > 0.
  */
 int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, size_t errlen);
+
+/*
+ * The model's RoPE tables, computed once per model: inv_freq[head_dim / 2] (f32, as
+ * transformers keeps them) for cfg's rope_theta and rope_scaling, and *attn_scale, the
+ * factor on cos and sin (YaRN's attention factor, else 1). Returns 0, or GANG_EINVAL for
+ * NULL arguments, an odd head_dim or a type it cannot compute (dynamic).
+ */
+int gang_rope_inv_freq(const gang_model_config *cfg, float *inv_freq, float *attn_scale);
 
 /*
  * Fills the model fields of a topology config (layers, heads, kv heads, ffn, hidden,

@@ -96,8 +96,9 @@ typedef struct gang_topology_config {
     int32_t n_heads;             /* query heads, divisible by tp and by n_kv_heads */
     int32_t n_kv_heads;          /* key/value heads (GQA); == n_heads without GQA */
     int32_t ffn;                 /* MLP intermediate size, divisible by tp */
-    int32_t hidden;              /* model width, divisible by n_heads (head_dim) */
+    int32_t hidden;              /* model width, divisible by n_heads when head_dim is 0 */
     int32_t vocab;               /* vocabulary size, >= tp */
+    int32_t head_dim;            /* per-head width (even, >= 2); 0: hidden / n_heads */
 } gang_topology_config;
 
 /* A validated layout. Plain value type: copy it freely; it owns nothing. */
@@ -114,7 +115,7 @@ typedef struct gang_topology {
     uint32_t ffn;               /* as configured */
     uint32_t hidden;            /* as configured */
     uint32_t vocab;             /* as configured */
-    uint32_t head_dim;          /* hidden / n_heads */
+    uint32_t head_dim;          /* as configured, or hidden / n_heads */
     uint32_t heads_per_rank;    /* n_heads / tp */
     uint32_t kv_heads_per_rank; /* n_kv_heads / tp, or 1 when kv heads are replicated */
     uint32_t kv_replicas;       /* ranks holding each kv head: tp / n_kv_heads, or 1 */
@@ -269,6 +270,8 @@ typedef struct gang_layer_weights {
     const float *bq;        /* [q_dim] q_proj bias (Qwen2), or NULL for none */
     const float *bk;        /* [kv_dim] k_proj bias, or NULL */
     const float *bv;        /* [kv_dim] v_proj bias, or NULL */
+    const float *q_norm;    /* [head_dim] q_norm (Qwen3: RMSNorm of each q head), or NULL */
+    const float *k_norm;    /* [head_dim] k_norm, or NULL */
 } gang_layer_weights;
 
 /*
@@ -295,6 +298,12 @@ typedef struct gang_tp_layer {
     float *bq;           /* [head_count x head_dim] q_proj bias (Qwen2), or NULL */
     float *bk;           /* [kv_head_count x head_dim] k_proj bias, or NULL */
     float *bv;           /* [kv_head_count x head_dim] v_proj bias, or NULL */
+    float *q_norm;       /* [head_dim] per-head RMSNorm of q before RoPE (Qwen3), or NULL */
+    float *k_norm;       /* [head_dim] per-head RMSNorm of k before RoPE, or NULL */
+    float *rope_freq;    /* [head_dim / 2] RoPE inverse frequencies: theta^(-2i/head_dim)
+                            from gang_tp_layer_init; a loader may overwrite the host array
+                            with the model's scaled table before moving it to a device */
+    float rope_scale;    /* factor on RoPE's cos and sin (YaRN's attention factor), 1 */
 } gang_tp_layer;
 
 /*

@@ -117,13 +117,13 @@ static int cpu_rmsnorm(void *ctx, const float *x, const float *w, float eps, siz
 }
 
 static int cpu_rope(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
-                    size_t head_dim, float theta)
+                    size_t head_dim, const float *inv_freq, float scale)
 {
     (void)ctx;
     for (size_t t = 0; t < tokens; t++)
         if (positions[t] < 0)
             return GANG_EINVAL;
-    return gang__cpu_rope(x, positions, tokens, heads, head_dim, theta);
+    return gang__cpu_rope(x, positions, tokens, heads, head_dim, inv_freq, scale);
 }
 
 static int cpu_softmax(void *ctx, float *x, size_t rows, size_t cols)

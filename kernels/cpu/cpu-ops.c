@@ -34,34 +34,29 @@ int gang__cpu_rmsnorm(const float *x, const float *w, float eps, size_t rows, si
 #define CPU_ROPE_STACK_HALF 256
 
 /*
- * RoPE, rotate_half convention. The angle for pair i of a token depends only on its
- * position, so the cos/sin table of one token is computed once and applied to every head.
+ * RoPE, rotate_half convention, with the model's inverse frequencies inv_freq[head_dim/2]
+ * and the attention factor scale (cos and sin both multiplied by it). The angle for pair
+ * i of a token depends only on its position, so the cos/sin table of one token is
+ * computed once (in double) and applied to every head.
  */
 int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t heads, size_t head_dim,
-                   float theta)
+                   const float *inv_freq, float scale)
 {
     size_t half = head_dim / 2;
-    int rc = 0;
     /* Stack scratch for every real head size (no allocation per token while serving). */
-    double inv_stack[CPU_ROPE_STACK_HALF], cs_stack[2 * CPU_ROPE_STACK_HALF];
+    double cs_stack[2 * CPU_ROPE_STACK_HALF];
     int on_stack = half <= CPU_ROPE_STACK_HALF;
-    double *inv_freq = on_stack ? inv_stack : malloc(half * sizeof(*inv_freq));
     double *cs = on_stack ? cs_stack : malloc(2 * half * sizeof(*cs));
 
-    if (inv_freq == NULL || cs == NULL) {
-        rc = GANG_ENOMEM;
-        goto out_free;
-    }
-    for (size_t i = 0; i < half; i++)
-        inv_freq[i] = pow((double)theta, -(double)(2 * i) / (double)head_dim);
-
+    if (cs == NULL)
+        return GANG_ENOMEM;
     for (size_t t = 0; t < tokens; t++) {
         double pos = (double)positions[t];
 
         for (size_t i = 0; i < half; i++) {
-            double angle = pos * inv_freq[i];
-            cs[2 * i] = cos(angle);
-            cs[2 * i + 1] = sin(angle);
+            double angle = pos * (double)inv_freq[i];
+            cs[2 * i] = cos(angle) * (double)scale;
+            cs[2 * i + 1] = sin(angle) * (double)scale;
         }
         for (size_t h = 0; h < heads; h++) {
             float *v = x + (t * heads + h) * head_dim;
@@ -74,13 +69,9 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
             }
         }
     }
-
-out_free:
-    if (!on_stack) {
+    if (!on_stack)
         free(cs);
-        free(inv_freq);
-    }
-    return rc;
+    return 0;
 }
 
 int gang__cpu_softmax(float *x, size_t rows, size_t cols)

@@ -23,7 +23,7 @@ int gang__cpu_gemm(int trans_b, size_t m, size_t n, size_t kdim, float alpha, co
 int gang__cpu_rmsnorm(const float *x, const float *w, float eps, size_t rows, size_t dim,
                       float *out);
 int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t heads, size_t head_dim,
-                   float theta);
+                   const float *inv_freq, float scale);
 int gang__cpu_softmax(float *x, size_t rows, size_t cols);
 int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
 int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,

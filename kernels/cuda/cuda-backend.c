@@ -293,14 +293,14 @@ static int cuda_rmsnorm(void *ctx, const float *x, const float *w, float eps, si
 }
 
 static int cuda_rope(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
-                     size_t head_dim, float theta)
+                     size_t head_dim, const float *inv_freq, float scale)
 {
     gang__cuda_ctx *c = ctx;
     int rc = ctx_enter(c);
 
     return rc < 0 ? rc
-                  : gang__cuda_launch_rope(c->stream, x, positions, tokens, heads, head_dim, theta,
-                                           c->dev_flag);
+                  : gang__cuda_launch_rope(c->stream, x, positions, tokens, heads, head_dim,
+                                           inv_freq, scale, c->dev_flag);
 }
 
 static int cuda_softmax(void *ctx, float *x, size_t rows, size_t cols)

@@ -98,7 +98,8 @@ int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t
 int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
                               size_t rows, size_t dim, float *out);
 int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions, size_t tokens,
-                           size_t heads, size_t head_dim, float theta, int *flag);
+                           size_t heads, size_t head_dim, const float *inv_freq, float scale,
+                           int *flag);
 int gang__cuda_launch_softmax(cudaStream_t s, float *x, size_t rows, size_t cols);
 int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, const float *up, size_t n,
                                float *out);

@@ -106,7 +106,7 @@ extern "C" int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const f
  * reported by the next sync (the front cannot read device positions).
  * --------------------------------------------------------------------------------- */
 __global__ static void rope_kernel(float *x, const int32_t *positions, size_t tokens, size_t heads,
-                                   size_t head_dim, double theta, int *flag)
+                                   size_t head_dim, const float *inv_freq, double scale, int *flag)
 {
     size_t half = head_dim / 2, total = tokens * heads * half;
 
@@ -119,9 +119,10 @@ __global__ static void rope_kernel(float *x, const int32_t *positions, size_t to
             atomicOr(flag, GANG_CUDA_FLAG_BAD_POSITION);
             continue;
         }
-        double inv = pow(theta, -2.0 * (double)i / (double)head_dim);
         double sn, cs;
-        sincos((double)pos * inv, &sn, &cs);
+        sincos((double)pos * (double)inv_freq[i], &sn, &cs);
+        sn *= scale;
+        cs *= scale;
         float *v = x + th * head_dim;
         float a = v[i], b = v[i + half];
         v[i] = (float)((double)a * cs - (double)b * sn);
@@ -130,11 +131,11 @@ __global__ static void rope_kernel(float *x, const int32_t *positions, size_t to
 }
 
 extern "C" int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions,
-                                      size_t tokens, size_t heads, size_t head_dim, float theta,
-                                      int *flag)
+                                      size_t tokens, size_t heads, size_t head_dim,
+                                      const float *inv_freq, float scale, int *flag)
 {
     rope_kernel<<<grid_for(tokens * heads * (head_dim / 2)), OPS_THREADS, 0, s>>>(
-        x, positions, tokens, heads, head_dim, (double)theta, flag);
+        x, positions, tokens, heads, head_dim, inv_freq, (double)scale, flag);
     return launch_result("rope launch");
 }
 

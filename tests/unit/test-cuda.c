@@ -482,20 +482,25 @@ static void test_gpu_rope(void **state)
 
     (void)state;
     NEED_GPU();
-    float *x = rnd_buf(n, 1.0f), *ref = malloc(n * 4);
+    float *x = rnd_buf(n, 1.0f), *ref = malloc(n * 4), inv[32];
     memcpy(ref, x, n * 4);
-    assert_int_equal(gang_kernels_rope(fx.cpu, ref, pos, tokens, heads, hd, 500000.0f), 0);
+    /* A scaled table (every frequency divided by its own factor) and YaRN-like scale. */
+    for (size_t i = 0; i < hd / 2; i++)
+        inv[i] = (float)(1.0 / pow(500000.0, (double)(2 * i) / (double)hd) / (1 + i % 3));
+    assert_int_equal(gang_kernels_rope(fx.cpu, ref, pos, tokens, heads, hd, inv, 1.1f), 0);
     float *dx = dev_copy(x, n * 4);
     int32_t *dp = dev_copy(pos, sizeof(pos));
-    assert_int_equal(gang_kernels_rope(fx.gpu, dx, dp, tokens, heads, hd, 500000.0f), 0);
+    float *dinv = dev_copy(inv, sizeof(inv));
+    assert_int_equal(gang_kernels_rope(fx.gpu, dx, dp, tokens, heads, hd, dinv, 1.1f), 0);
     float *got = dev_fetch(dx, n * 4);
     assert_close(got, ref, n, 2e-5, "rope");
     /* A negative position: reported by the next sync, as a deferred GANG_EINVAL. */
     pos[3] = -1;
     assert_int_equal(gang_kernels_upload(fx.gpu, dp, pos, sizeof(pos)), 0);
-    assert_int_equal(gang_kernels_rope(fx.gpu, dx, dp, tokens, heads, hd, 10000.0f), 0);
+    assert_int_equal(gang_kernels_rope(fx.gpu, dx, dp, tokens, heads, hd, dinv, 1.0f), 0);
     assert_int_equal(gang_kernels_sync(fx.gpu), GANG_EINVAL);
     assert_int_equal(gang_kernels_sync(fx.gpu), 0); /* reported once */
+    gang_kernels_free(fx.gpu, dinv);
     gang_kernels_free(fx.gpu, dx);
     gang_kernels_free(fx.gpu, dp);
     free(x), free(ref), free(got);

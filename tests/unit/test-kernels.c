@@ -279,8 +279,9 @@ static void test_rmsnorm(void **state)
 /* ---------------------------------------------------------------------------------
  * RoPE.
  * --------------------------------------------------------------------------------- */
+/* Direct formula: pair i of token t turns by pos[t] * inv[i]; cos and sin times scale. */
 static void ref_rope(const float *x, const int32_t *pos, size_t tokens, size_t heads, size_t hd,
-                     double theta, double *ref)
+                     const float *inv, double scale, double *ref)
 {
     size_t half = hd / 2;
     for (size_t t = 0; t < tokens; t++) {
@@ -288,25 +289,38 @@ static void ref_rope(const float *x, const int32_t *pos, size_t tokens, size_t h
             const float *v = x + (t * heads + h) * hd;
             double *o = ref + (t * heads + h) * hd;
             for (size_t i = 0; i < half; i++) {
-                double ang = pos[t] / pow(theta, (double)(2 * i) / (double)hd);
-                o[i] = v[i] * cos(ang) - v[i + half] * sin(ang);
-                o[i + half] = v[i + half] * cos(ang) + v[i] * sin(ang);
+                double ang = pos[t] * (double)inv[i];
+                o[i] = scale * (v[i] * cos(ang) - v[i + half] * sin(ang));
+                o[i + half] = scale * (v[i + half] * cos(ang) + v[i] * sin(ang));
             }
         }
     }
 }
 
+/* Plain RoPE's table theta^(-2i/hd) in f32. */
+static void plain_freq(size_t hd, double theta, float *inv)
+{
+    for (size_t i = 0; i < hd / 2; i++)
+        inv[i] = (float)(1.0 / pow(theta, (double)(2 * i) / (double)hd));
+}
+
+/*
+ * Every shape with plain RoPE's table and scale 1, and with a scrambled table (each
+ * frequency divided by a different factor, as RoPE scaling does) and scale 1.25.
+ */
 static void test_rope(void **state)
 {
     gang_kernels *k = *state;
     const size_t head_dims[] = {2, 4, 64, 128};
-    char what[96];
+    float inv[64];
+    char what[128];
 
     for (size_t it = 0; it < N_SIZES; it++) {
         for (size_t ih = 0; ih < 3; ih++) {
-            for (size_t id = 0; id < 4; id++) {
-                size_t tokens = sizes[it], heads = sizes[ih], hd = head_dims[id];
+            for (size_t id = 0; id < 8; id++) {
+                size_t tokens = sizes[it], heads = sizes[ih], hd = head_dims[id % 4];
                 size_t n = tokens * heads * hd;
+                double scale = id < 4 ? 1.0 : 1.25;
                 float *x = rnd_buf(n, 1.0f);
                 float *orig = malloc(n * sizeof(*orig));
                 int32_t *pos = malloc(tokens * sizeof(*pos));
@@ -316,10 +330,15 @@ static void test_rope(void **state)
                 memcpy(orig, x, n * sizeof(*x));
                 for (size_t t = 0; t < tokens; t++)
                     pos[t] = (int32_t)(t * 37 % 4099); /* out of order, up to 4098 */
+                plain_freq(hd, 500000.0, inv);
+                for (size_t i = 0; id >= 4 && i < hd / 2; i++)
+                    inv[i] /= (float)(1 + (i * 7) % 5);
 
-                ref_rope(orig, pos, tokens, heads, hd, 500000.0, ref);
-                assert_int_equal(gang_kernels_rope(k, x, pos, tokens, heads, hd, 500000.0f), 0);
-                snprintf(what, sizeof(what), "rope tokens=%zu heads=%zu hd=%zu", tokens, heads, hd);
+                ref_rope(orig, pos, tokens, heads, hd, inv, scale, ref);
+                assert_int_equal(gang_kernels_rope(k, x, pos, tokens, heads, hd, inv, (float)scale),
+                                 0);
+                snprintf(what, sizeof(what), "rope tokens=%zu heads=%zu hd=%zu scale=%g", tokens,
+                         heads, hd, scale);
                 assert_close(x, ref, n, 1e-5, what);
                 free(x), free(orig), free(pos), free(ref);
             }
@@ -332,10 +351,11 @@ static void test_rope(void **state)
 static void test_rope_hand(void **state)
 {
     gang_kernels *k = *state;
-    float x[2 * 4] = {1, 2, 3, 4, 1, 2, 3, 4};
+    float x[2 * 4] = {1, 2, 3, 4, 1, 2, 3, 4}, inv[2];
     const int32_t pos[2] = {0, 1};
 
-    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, 10000.0f), 0);
+    plain_freq(4, 10000.0, inv);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, inv, 1.0f), 0);
     /* Position 0 is the identity. */
     assert_float_equal(x[0], 1.0f, 1e-6);
     assert_float_equal(x[1], 2.0f, 1e-6);
@@ -791,13 +811,16 @@ static void test_errors(void **state)
     assert_int_equal(gang_kernels_rmsnorm(k, x, y, NAN, 2, 2, x), GANG_EINVAL);
     assert_int_equal(gang_kernels_rmsnorm(k, x, y, 1e-5f, SIZE_MAX / 2, 4, x), GANG_ERANGE);
 
-    /* RoPE: odd head_dim, negative position, bad theta. */
-    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 3, 10000.0f), GANG_EINVAL);
-    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 0, 10000.0f), GANG_EINVAL);
-    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, 0.0f), GANG_EINVAL);
+    /* RoPE: odd head_dim, negative position, no table, bad scale. */
+    const float inv[2] = {1.0f, 0.01f};
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 3, inv, 1.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 0, inv, 1.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, NULL, 1.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, inv, 0.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, inv, NAN), GANG_EINVAL);
     pos[1] = -1;
     memcpy(y, x, sizeof(x));
-    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, 10000.0f), GANG_EINVAL);
+    assert_int_equal(gang_kernels_rope(k, x, pos, 2, 1, 4, inv, 1.0f), GANG_EINVAL);
     assert_memory_equal(x, y, sizeof(x));
 
     assert_int_equal(gang_kernels_softmax(k, x, 0, 3), GANG_EINVAL);

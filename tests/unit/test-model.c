@@ -104,6 +104,118 @@ static void test_config_good(void **state)
     fx_rmtree(dir);
 }
 
+/* A Llama config of head_dim 16, max_position_embeddings 256, with rope_scaling = rs. */
+static void rope_config(const char *dir, const char *rs, gang_model_config *c)
+{
+    char text[1024], err[ERRLEN];
+
+    snprintf(text, sizeof(text),
+             "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+             "\"intermediate_size\": 128, \"num_attention_heads\": 4, \"rope_theta\": 500000,"
+             "\"num_hidden_layers\": 2, \"vocab_size\": 100, \"head_dim\": 16,"
+             "\"max_position_embeddings\": 256, \"rope_scaling\": %s}",
+             rs);
+    write_config(dir, text);
+    if (gang_model_config_read(dir, c, err, sizeof(err)) != 0)
+        fail_msg("rope_scaling %s refused: %s", rs, err);
+}
+
+/*
+ * rope_scaling: no-op blocks give plain RoPE's table; linear divides every frequency;
+ * llama3 keeps the high frequencies and divides the low ones by factor; YaRN keeps the
+ * fastest pair, interpolates the slowest and carries 0.1 ln(factor) + 1; the served
+ * context (max_ctx_allowed) grows with linear and YaRN, not with llama3.
+ */
+static void test_config_rope(void **state)
+{
+    char *dir = fx_tmpdir();
+    gang_model_config c;
+    float plain[8], inv[8], scale;
+    size_t i;
+    (void)state;
+
+    rope_config(dir, "null", &c);
+    assert_int_equal(c.rope.type, GANG_ROPE_DEFAULT);
+    assert_int_equal(c.max_ctx_allowed, 256);
+    assert_int_equal(gang_rope_inv_freq(&c, plain, &scale), 0);
+    for (i = 0; i < 8; i++)
+        assert_float_equal(plain[i], 1.0 / pow(500000.0, (double)(2 * i) / 16.0), 1e-7);
+    assert_true(scale == 1.0f);
+    const char *noops[] = {"{\"rope_type\": \"default\"}",
+                           "{\"type\": \"linear\", \"factor\": 1.0}",
+                           "{\"rope_type\": \"dynamic\", \"factor\": 1.0}"};
+    for (size_t n = 0; n < 3; n++) {
+        rope_config(dir, noops[n], &c);
+        assert_int_equal(c.max_ctx_allowed, 256);
+        assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
+        assert_memory_equal(inv, plain, sizeof(inv));
+        assert_true(scale == 1.0f);
+    }
+    rope_config(dir, "{\"type\": \"linear\", \"factor\": 4.0}", &c);
+    assert_int_equal(c.rope.type, GANG_ROPE_LINEAR);
+    assert_int_equal(c.max_ctx_allowed, 1024);
+    assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
+    for (i = 0; i < 8; i++)
+        assert_float_equal(inv[i], plain[i] / 4.0, 1e-7 * plain[i]);
+    rope_config(dir,
+                "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
+                "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}",
+                &c);
+    assert_int_equal(c.rope.type, GANG_ROPE_LLAMA3);
+    assert_int_equal(c.rope.orig_max_pos, 64);
+    assert_int_equal(c.max_ctx_allowed, 256);
+    assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
+    assert_true(inv[0] == plain[0]);                              /* wavelength 2 pi */
+    assert_float_equal(inv[7], plain[7] / 32.0, 1e-6 * plain[7]); /* longest wavelength */
+    for (i = 1; i < 8; i++)
+        assert_true(inv[i] <= plain[i] && inv[i] >= plain[i] / 32.0f * 0.999f);
+    rope_config(dir,
+                "{\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 256}",
+                &c);
+    assert_int_equal(c.rope.type, GANG_ROPE_YARN);
+    assert_int_equal(c.max_ctx_allowed, 1024);
+    assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
+    assert_float_equal(scale, 0.1 * log(4.0) + 1.0, 1e-6);
+    assert_true(inv[0] == plain[0]);
+    assert_float_equal(inv[7], plain[7] / 4.0, 1e-6 * plain[7]);
+    rope_config(dir, "{\"type\": \"yarn\", \"factor\": 2.0, \"attention_factor\": 1.5}", &c);
+    assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
+    assert_true(scale == 1.5f);
+    assert_int_equal(c.max_ctx_allowed, 512);
+    fx_rmtree(dir);
+}
+
+/*
+ * A head_dim apart from hidden / n_heads (Mistral Nemo: 5120 / 32 heads of 128), also where
+ * hidden does not divide by the heads; Qwen3: q/k norms, no biases, an unused window.
+ */
+static void test_config_head_dim_qwen3(void **state)
+{
+    char *dir = fx_tmpdir(), err[ERRLEN];
+    gang_model_config c;
+    (void)state;
+
+    write_config(dir, "{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 60,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 8,"
+                      "\"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"head_dim\": 32,"
+                      "\"vocab_size\": 300, \"max_position_embeddings\": 4096}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.head_dim, 32);
+    assert_int_equal(c.qk_norm, 0);
+    write_config(dir, "{\"architectures\": [\"Qwen3ForCausalLM\"], \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+                      "\"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"head_dim\": 32,"
+                      "\"attention_bias\": false, \"use_sliding_window\": false,"
+                      "\"sliding_window\": null, \"max_window_layers\": 28,"
+                      "\"vocab_size\": 300, \"max_position_embeddings\": 4096}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.arch, GANG_ARCH_QWEN3);
+    assert_int_equal(c.qk_norm, 1);
+    assert_int_equal(c.attn_bias, 0);
+    assert_int_equal(c.head_dim, 32);
+    fx_rmtree(dir);
+}
+
 /* A Llama config.json of vocabulary 100 whose eos_token_id is the raw JSON eos. */
 static void write_eos_config(const char *dir, const char *eos)
 {
@@ -261,9 +373,41 @@ static const bad_cfg bad_cfgs[] = {
     {"vocab_size", "5000000", NULL, NULL, "\"vocab_size\" = 5000000 is outside", NULL, NULL},
     {"num_attention_heads", "3", NULL, NULL, "not divisible by num_attention_heads", NULL, NULL},
     {"num_key_value_heads", "3", NULL, NULL, "not divisible by num_key_value_heads", NULL, NULL},
-    {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", NULL, NULL, "rope_scaling", NULL,
+    {"rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", NULL, NULL, "\"longrope\"", NULL,
      NULL},
-    {"head_dim", "32", NULL, NULL, "\"head_dim\" differs", NULL, NULL},
+    {"rope_scaling", "{\"rope_type\": \"su\"}", NULL, NULL, "\"su\" is not implemented", NULL,
+     NULL},
+    {"rope_scaling", "\"linear\"", NULL, NULL, "rope_scaling is not an object", NULL, NULL},
+    {"rope_scaling", "{\"rope_type\": \"linear\"}", NULL, NULL, "\"factor\" is missing", NULL,
+     NULL},
+    {"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 0.5}", NULL, NULL,
+     "\"factor\" is below 1", NULL, NULL},
+    {"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 5000}", NULL, NULL,
+     "rope_scaling: field \"factor\"", NULL, NULL},
+    {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", NULL, NULL,
+     "\"dynamic\" (dynamic NTK) is not implemented", NULL, NULL},
+    {"rope_scaling",
+     "{\"rope_type\": \"llama3\", \"factor\": 8, \"high_freq_factor\": 4, "
+     "\"original_max_position_embeddings\": 64}",
+     NULL, NULL, "\"low_freq_factor\" is missing", NULL, NULL},
+    {"rope_scaling",
+     "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+     "\"high_freq_factor\": 4}",
+     NULL, NULL, "\"original_max_position_embeddings\" is missing", NULL, NULL},
+    {"rope_scaling",
+     "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+     "\"high_freq_factor\": 1, \"original_max_position_embeddings\": 64}",
+     NULL, NULL, "high_freq_factor must be larger", NULL, NULL},
+    {"rope_scaling", "{\"type\": \"yarn\", \"factor\": 4, \"beta_fast\": -1}", NULL, NULL,
+     "\"beta_fast\"", NULL, NULL},
+    {"rope_scaling", "{\"type\": \"yarn\", \"factor\": 4, \"attention_factor\": 99}", NULL, NULL,
+     "\"attention_factor\"", NULL, NULL},
+    {"head_dim", "33", NULL, NULL, "head_dim 33 is odd", NULL, NULL},
+    {"head_dim", "1024", NULL, NULL, "\"head_dim\" = 1024 is outside", NULL, NULL},
+    {"head_dim", "0", NULL, NULL, "\"head_dim\" = 0 is outside", NULL, NULL},
+    {"head_dim", "16.5", NULL, NULL, "\"head_dim\" is not an integer", NULL, NULL},
+    {"architectures", "[\"Qwen3ForCausalLM\"]", "attention_bias", "true", "attention_bias", NULL,
+     NULL},
     {"architectures", "[\"MistralForCausalLM\"]", "sliding_window", "256", "sliding_window", NULL,
      NULL},
     {"architectures", "[\"Qwen2ForCausalLM\"]", "use_sliding_window", "true", "sliding_window",
@@ -766,6 +910,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_good),
         cmocka_unit_test(test_config_bad),
+        cmocka_unit_test(test_config_rope),
+        cmocka_unit_test(test_config_head_dim_qwen3),
         cmocka_unit_test(test_config_eos_and_generation),
         cmocka_unit_test(test_mkmodel_deterministic),
         cmocka_unit_test(test_load_layouts),
