@@ -5,6 +5,7 @@
  */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -12,15 +13,15 @@
 #include "ganglion/common.h"
 #include "ganglion/model.h"
 
-#define MK_ARCHS "llama|mistral|qwen2" /* index order of gang_model_arch */
-#define MK_DTYPES "f32|f16|bf16"       /* index order of gang_dtype */
+#define MK_ARCHS "llama|mistral|qwen2|qwen3" /* index order of gang_model_arch */
+#define MK_DTYPES "f32|f16|bf16"             /* index order of gang_dtype */
 
 /* The command line, as the option table fills it; mk_parse turns it into the library's
  * gang_mkmodel_opts. */
 typedef struct mk_cli {
     char out[4096]; /* the library refuses a path of 4096 bytes or more anyway */
-    char arch[16], dtype[8];
-    int64_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos, seed, shards, eos;
+    char arch[16], dtype[8], rope_scaling[1100], rope_theta[32];
+    int64_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos, seed, shards, eos, head_dim;
     int tie;
 } mk_cli;
 
@@ -33,6 +34,11 @@ static const gang_param_info mk_items[] = {
     MK_INT("hidden", hidden, "64", 1, GANG_MODEL_MAX_HIDDEN, "hidden size"),
     MK_INT("heads", heads, "4", 1, GANG_MODEL_MAX_HEADS, "attention heads (divide --hidden)"),
     MK_INT("kv-heads", kv_heads, "2", 1, GANG_MODEL_MAX_HEADS, "key/value heads (divide --heads)"),
+    MK_INT("head-dim", head_dim, "0", 0, GANG_MODEL_MAX_HEAD_DIM,
+           "per-head width (0: hidden / heads; else even)"),
+    MK_STR("rope-scaling", rope_scaling, "",
+           "config.json's rope_scaling, a JSON object (empty: null)"),
+    MK_STR("rope-theta", rope_theta, "", "RoPE base (empty: 1e6 for qwen2/3, else 1e4)"),
     MK_INT("ffn", ffn, "128", 1, 1 << 20, "MLP intermediate size"),
     MK_INT("vocab", vocab, "256", 3, GANG_MODEL_MAX_VOCAB, "vocabulary size (bos 1)"),
     MK_INT("eos", eos, "-1", -1, GANG_MODEL_MAX_VOCAB - 1, "eos_token_id (-1: none)"),
@@ -91,6 +97,14 @@ static int mk_parse(int argc, char **argv, mk_cli *cli, gang_mkmodel_opts *o)
     o->seed = (uint64_t)cli->seed;
     o->tie_embeddings = cli->tie;
     o->shards = (uint32_t)cli->shards;
+    o->head_dim = (uint32_t)cli->head_dim;
+    o->rope_scaling = cli->rope_scaling[0] != '\0' ? cli->rope_scaling : NULL;
+    if (cli->rope_theta[0] != '\0') {
+        char *end;
+        o->rope_theta = strtof(cli->rope_theta, &end);
+        if (*end != '\0' || !(o->rope_theta > 0.0f))
+            return gang_opts_usage_error(&mk_cmd, "--rope-theta must be a positive number");
+    }
     if (cli->eos >= 0) {
         o->eos_ids[0] = (int32_t)cli->eos;
         o->n_eos = 1;
@@ -107,6 +121,8 @@ static uint64_t mkmodel_params(const gang_model_config *mc)
 
     if (mc->attn_bias)
         layer += q + 2 * kv;
+    if (mc->qk_norm)
+        layer += 2 * (uint64_t)mc->head_dim;
     return (uint64_t)mc->vocab * h * (mc->tie_embeddings ? 1 : 2) + h + mc->n_layers * layer;
 }
 
@@ -143,7 +159,8 @@ static void mk_print_summary(const gang_mkmodel_opts *o, const gang_model_config
             putchar(*p);
     }
     printf("\",\"arch\":\"%s\",\"dtype\":\"%s\",\"shards\":%u,\"params\":%llu,\"bytes\":%llu}\n",
-           o->arch == GANG_ARCH_QWEN2     ? "qwen2"
+           o->arch == GANG_ARCH_QWEN3     ? "qwen3"
+           : o->arch == GANG_ARCH_QWEN2   ? "qwen2"
            : o->arch == GANG_ARCH_MISTRAL ? "mistral"
                                           : "llama",
            o->dtype == GANG_DTYPE_F16    ? "f16"

@@ -150,7 +150,8 @@ static int mk_cmp_name(const void *a, const void *b)
 /* Every tensor of the model, sorted by name. */
 static int mk_build_list(const gang_mkmodel_opts *o, mk_list *l)
 {
-    uint64_t h = o->hidden, hd = o->hidden / o->heads, q = (uint64_t)o->heads * hd;
+    uint64_t h = o->hidden, hd = o->head_dim > 0 ? o->head_dim : o->hidden / o->heads;
+    uint64_t q = (uint64_t)o->heads * hd;
     uint64_t kv = (uint64_t)o->kv_heads * hd;
     const char *p = "model.layers.";
     uint32_t i;
@@ -170,6 +171,10 @@ static int mk_build_list(const gang_mkmodel_opts *o, mk_list *l)
             rc |= mk_add(l, MK_BIAS, 0, q, "%s%u.self_attn.q_proj.bias", p, i);
             rc |= mk_add(l, MK_BIAS, 0, kv, "%s%u.self_attn.k_proj.bias", p, i);
             rc |= mk_add(l, MK_BIAS, 0, kv, "%s%u.self_attn.v_proj.bias", p, i);
+        }
+        if (o->arch == GANG_ARCH_QWEN3) {
+            rc |= mk_add(l, MK_NORM, 0, hd, "%s%u.self_attn.q_norm.weight", p, i);
+            rc |= mk_add(l, MK_NORM, 0, hd, "%s%u.self_attn.k_norm.weight", p, i);
         }
         rc |= mk_add(l, MK_NORM, 0, h, "%s%u.post_attention_layernorm.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, o->ffn, h, "%s%u.mlp.gate_proj.weight", p, i);
@@ -384,8 +389,10 @@ static int mk_write_index(const gang_mkmodel_opts *o, const mk_list *l, uint64_t
 /* config.json in the form Hugging Face writes for the architecture. */
 static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
 {
-    static const char *const cls[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
-    static const char *const type[] = {"llama", "mistral", "qwen2"};
+    static const char *const cls[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                      "Qwen3ForCausalLM"};
+    static const char *const type[] = {"llama", "mistral", "qwen2", "qwen3"};
+    int qwen = o->arch == GANG_ARCH_QWEN2 || o->arch == GANG_ARCH_QWEN3;
     const char *dt = o->dtype == GANG_DTYPE_F16    ? "float16"
                      : o->dtype == GANG_DTYPE_BF16 ? "bfloat16"
                                                    : "float32";
@@ -407,8 +414,15 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
             o->layers);
     fprintf(fp, "  \"vocab_size\": %u,\n  \"max_position_embeddings\": %u,\n", o->vocab,
             o->max_pos);
-    fprintf(fp, "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n",
-            o->arch == GANG_ARCH_QWEN2 ? "1000000.0" : "10000.0");
+    fprintf(fp, "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": %.9g,\n  \"rope_scaling\": %s,\n",
+            o->rope_theta > 0.0f ? (double)o->rope_theta
+            : qwen               ? 1e6
+                                 : 1e4,
+            o->rope_scaling != NULL ? o->rope_scaling : "null");
+    if (o->head_dim > 0)
+        fprintf(fp, "  \"head_dim\": %u,\n", o->head_dim);
+    if (o->arch == GANG_ARCH_QWEN3)
+        fprintf(fp, "  \"attention_bias\": false,\n");
     if (o->arch == GANG_ARCH_LLAMA)
         fprintf(fp, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
     else if (o->arch == GANG_ARCH_MISTRAL)
@@ -479,7 +493,8 @@ static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
 {
     const char *why = NULL;
 
-    if (o->arch != GANG_ARCH_LLAMA && o->arch != GANG_ARCH_MISTRAL && o->arch != GANG_ARCH_QWEN2)
+    if (o->arch != GANG_ARCH_LLAMA && o->arch != GANG_ARCH_MISTRAL && o->arch != GANG_ARCH_QWEN2 &&
+        o->arch != GANG_ARCH_QWEN3)
         why = "unknown architecture";
     else if (o->dtype != GANG_DTYPE_F32 && o->dtype != GANG_DTYPE_F16 &&
              o->dtype != GANG_DTYPE_BF16)
@@ -488,8 +503,17 @@ static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
         why = "layers must be in [1, 1024]";
     else if (o->hidden < 1 || o->hidden > GANG_MODEL_MAX_HIDDEN)
         why = "hidden must be in [1, 65536]";
-    else if (o->heads < 1 || o->heads > GANG_MODEL_MAX_HEADS || o->hidden % o->heads != 0)
-        why = "heads must be in [1, 1024] and divide hidden";
+    else if (o->heads < 1 || o->heads > GANG_MODEL_MAX_HEADS ||
+             (o->head_dim == 0 && o->hidden % o->heads != 0))
+        why = "heads must be in [1, 1024] and divide hidden (unless head-dim is set)";
+    else if (o->head_dim % 2 != 0 || o->head_dim > GANG_MODEL_MAX_HEAD_DIM)
+        why = "head-dim must be 0 or even and at most 512";
+    else if (o->rope_scaling != NULL &&
+             (o->rope_scaling[0] != '{' || strlen(o->rope_scaling) > 1024 ||
+              strchr(o->rope_scaling, '\n') != NULL))
+        why = "rope-scaling must be one JSON object of at most 1024 bytes";
+    else if (!(o->rope_theta >= 0.0f) || o->rope_theta > 1e12f)
+        why = "rope-theta must be in [0, 1e12]";
     else if (o->kv_heads < 1 || o->kv_heads > o->heads || o->heads % o->kv_heads != 0)
         why = "kv-heads must divide heads";
     else if (o->ffn < 1 || o->ffn > MK_MAX_FFN)

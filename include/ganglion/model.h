@@ -226,6 +226,10 @@ typedef struct gang_mkmodel_opts {
     /* config.json's eos_token_id: null when n_eos is 0, an int when 1, else a list. */
     int32_t eos_ids[GANG_MAX_EOS];
     uint32_t n_eos;
+    uint32_t head_dim;        /* 0: hidden / heads; else q width heads x head_dim (even) */
+    const char *rope_scaling; /* NULL: "rope_scaling": null; else a JSON object written as
+                                 is (the config reader validates it) */
+    float rope_theta;         /* 0: 1e6 for Qwen2/3, 1e4 otherwise */
 } gang_mkmodel_opts;
 
 /*

@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Independent numpy reference of the Llama / Mistral / Qwen2 forward pass.
+"""Independent numpy reference of the Llama / Mistral / Qwen2 / Qwen3 forward pass.
 
 Reads a Hugging Face model directory (config.json, model.safetensors or the shards named
 by model.safetensors.index.json) with its own safetensors parser -- nothing of ganglion's
 code -- and computes the logits of the last position of a token sequence in float64,
 following transformers' LlamaForCausalLM / Qwen2ForCausalLM: RMSNorm, rotate_half RoPE,
 grouped-query attention with a causal mask, SwiGLU MLP, q/k/v biases when the checkpoint
-has them, and the LM head (the embedding table when the embeddings are tied).
+has them, and the LM head (the embedding table when the embeddings are tied); a head_dim
+apart from hidden / heads; Qwen3ForCausalLM's RMSNorm of every q and k head before RoPE
+(q_norm, k_norm); RoPE scaling (rope_scaling: linear, llama3, yarn with its attention
+factor), each computed here from transformers 4.46's definitions. It is the reference of
+the Qwen3 comparison (transformers 4.46.3 has no Qwen3).
 
 Modes:
   reference.py logits DIR --ids 1,2,3
       prints {"logits": [...]} for the last position.
   reference.py check --ganglion BIN --tool BIN --workdir DIR
       makes small models with `ganglion mkmodel` (llama with GQA, qwen2 with biases, tied
-      embeddings, bf16 in two shards, mistral in f16), runs the C tool model-logits on each
+      embeddings, bf16 in two shards, mistral in f16, llama3 RoPE scaling with a head_dim
+      of 24, mistral with head_dim 32 and linear scaling, qwen3 with yarn and plain,
+      40-token prompts past the original context of the scaled ones), runs the C tool model-logits on each
       (the engine's single-rank forward on gang_model_load's shard) and asserts that its
       logits agree with this reference within 1e-4 relative (max abs difference over max
       abs reference), and that its raw logprobs (the greedy token's and the top 5, ids in
@@ -91,13 +97,47 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, theta):
+def inv_freq(cfg, d):
+    """RoPE's inverse frequencies for head width d and the factor on cos and sin, from
+    rope_theta and rope_scaling, as transformers 4.46 defines each rope_type: written here
+    from those definitions in numpy, rounded to float32 as transformers keeps them."""
+    theta = cfg.get("rope_theta", 10000.0)
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    expo = np.arange(0, d, 2, dtype=np.float64) / d
+    inv = theta ** -expo
+    scale = 1.0
+    if kind == "linear":
+        inv = inv / rs["factor"]
+    elif kind == "llama3":
+        f, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wl = 2 * np.pi / inv
+        blend = (old / wl - lo) / (hi - lo)
+        mid = (1 - blend) * inv / f + blend * inv
+        inv = np.where(wl < old / hi, inv, np.where(wl > old / lo, inv / f, mid))
+    elif kind == "yarn":
+        f, ctx = rs["factor"], cfg["max_position_embeddings"]
+        fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+        scale = rs.get("attention_factor") or 0.1 * np.log(f) + 1.0
+        # The pair index where a frequency makes `rot` turns over the context.
+        def dim_of(rot):
+            return d * np.log(ctx / (rot * 2 * np.pi)) / (2 * np.log(theta))
+        lo, hi = max(np.floor(dim_of(fast)), 0), min(np.ceil(dim_of(slow)), d - 1)
+        hi = hi + 0.001 if lo == hi else hi
+        ramp = np.clip((np.arange(d // 2) - lo) / (hi - lo), 0, 1)
+        inv = inv / f * ramp + inv * (1 - ramp)
+    elif kind != "default":
+        raise ValueError("rope_type %s" % kind)
+    return inv.astype(np.float32).astype(np.float64), scale
+
+
+def rope(x, inv, scale):
     # x [T, heads, d]; rotate_half: pairs (i, i + d/2); position t = row t.
     t_len, _, d = x.shape
-    inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     ang = np.arange(t_len, dtype=np.float64)[:, None] * inv[None, :]
-    cos = np.cos(np.concatenate([ang, ang], axis=-1))[:, None, :]
-    sin = np.sin(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    cos = scale * np.cos(np.concatenate([ang, ang], axis=-1))[:, None, :]
+    sin = scale * np.sin(np.concatenate([ang, ang], axis=-1))[:, None, :]
     half = d // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rot * sin
@@ -107,9 +147,9 @@ def forward_logits(cfg, w, ids):
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads", heads)
-    d = hidden // heads
+    d = cfg.get("head_dim") or hidden // heads
     eps = cfg.get("rms_norm_eps", 1e-6)
-    theta = cfg.get("rope_theta", 10000.0)
+    inv, scale = inv_freq(cfg, d)
     n_layers = cfg["num_hidden_layers"]
     t_len = len(ids)
 
@@ -125,8 +165,13 @@ def forward_logits(cfg, w, ids):
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
             v = v + w[p + "self_attn.v_proj.bias"]
-        q = rope(q.reshape(t_len, heads, d), theta)
-        k = rope(k.reshape(t_len, kv_heads, d), theta)
+        q = q.reshape(t_len, heads, d)
+        k = k.reshape(t_len, kv_heads, d)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3: RMSNorm of every head
+            q = rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = rope(q, inv, scale)
+        k = rope(k, inv, scale)
         v = v.reshape(t_len, kv_heads, d)
         rep = heads // kv_heads
         k = np.repeat(k, rep, axis=1)
@@ -163,8 +208,28 @@ MODELS = [
     ("mistral-f16", ["--arch", "mistral", "--layers", "2", "--hidden", "64", "--heads", "4",
                      "--kv-heads", "2", "--ffn", "128", "--vocab", "256", "--seed", "7",
                      "--dtype", "f16"]),
+    # RoPE scaling and head_dim: max-pos 8 (the original context) below the 40 positions
+    # of LONG_IDS, so the rescaled low frequencies matter.
+    ("llama3-scaled", ["--arch", "llama", "--layers", "2", "--hidden", "64", "--heads", "4",
+                       "--kv-heads", "2", "--ffn", "96", "--vocab", "256", "--seed", "8",
+                       "--head-dim", "24", "--max-pos", "64", "--rope-theta", "500000",
+                       "--rope-scaling", '{"rope_type": "llama3", "factor": 32.0, '
+                       '"low_freq_factor": 1.0, "high_freq_factor": 4.0, '
+                       '"original_max_position_embeddings": 8}']),
+    ("mistral-headdim-linear", ["--arch", "mistral", "--layers", "2", "--hidden", "48",
+                                "--heads", "4", "--kv-heads", "1", "--ffn", "64", "--vocab",
+                                "256", "--seed", "9", "--head-dim", "32", "--max-pos", "16",
+                                "--rope-scaling", '{"type": "linear", "factor": 4.0}']),
+    ("qwen3-yarn", ["--arch", "qwen3", "--layers", "2", "--hidden", "48", "--heads", "4",
+                    "--kv-heads", "2", "--ffn", "96", "--vocab", "256", "--seed", "10",
+                    "--head-dim", "32", "--max-pos", "16",
+                    "--rope-scaling", '{"rope_type": "yarn", "factor": 4.0}']),
+    ("qwen3-plain", ["--arch", "qwen3", "--layers", "2", "--hidden", "64", "--heads", "4",
+                     "--kv-heads", "4", "--ffn", "96", "--vocab", "256", "--seed", "11",
+                     "--tie"]),
 ]
 IDS = [1, 17, 42, 5, 99, 3, 150, 7, 64, 2, 33]
+LONG_IDS = [(i * 37 + 5) % 251 for i in range(40)]
 
 
 def log_softmax(x):
@@ -195,7 +260,7 @@ def check(ganglion, tool, workdir):
         subprocess.run([ganglion, "mkmodel", "--out", d] + flags, check=True,
                        stdout=subprocess.DEVNULL)
         cfg, w = read_model(d)
-        ids = [i % cfg["vocab_size"] for i in IDS]
+        ids = [i % cfg["vocab_size"] for i in (LONG_IDS if "--rope-scaling" in flags else IDS)]
         out = subprocess.run([tool, d, ",".join(map(str, ids))], check=True,
                              capture_output=True, text=True).stdout
         got = np.array(json.loads(out)["logits"], dtype=np.float64)
