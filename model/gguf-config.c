@@ -235,6 +235,7 @@ int gang__gguf_config_read(const char *path, gang_model_config *cfg, char *err, 
     if (rc == 0) {
         out.tie_embeddings = gang__gguf_find(&g, "output.weight") == NULL;
         out.dtype = GANG_DTYPE_F32;
+        out.max_ctx_allowed = out.max_pos; /* no RoPE scaling (refused above) */
         *cfg = out;
     }
     gang__gguf_close(&g);
