@@ -1,0 +1,671 @@
+/*
+ * GGUF files (model/gguf*.c): hand-built files from a tiny writer below.
+ *
+ *  - every refusal of the header parser (bad magic, version, truncation at each part,
+ *    absurd counts, string and array lengths past the end, nested arrays, duplicate
+ *    names, overlapping, out-of-bounds and misaligned data, bad alignment, unknown and
+ *    unsupported types), each with the message it must give;
+ *  - dequantization of every type against values computed here, with the loops of the
+ *    format's description (not the reader's own structure);
+ *  - a whole tiny llama model: config from metadata, tied head, q/k rows back in the
+ *    Hugging Face order, TP 2 shards, a tensor shape that disagrees with the metadata,
+ *    the tokenizer and chat template from metadata.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fixtures.h"
+#include "ganglion/model.h"
+#include "gguf.h"
+
+/* ---- a tiny GGUF writer ---- */
+
+typedef struct gw {
+    uint8_t *b;
+    size_t n, cap;
+} gw;
+
+static void w_bytes(gw *w, const void *p, size_t n)
+{
+    if (w->n + n > w->cap) {
+        w->cap = (w->n + n) * 2 + 64;
+        w->b = realloc(w->b, w->cap);
+        assert_non_null(w->b);
+    }
+    memcpy(w->b + w->n, p, n);
+    w->n += n;
+}
+static void w_u32(gw *w, uint32_t v)
+{
+    w_bytes(w, &v, 4);
+}
+static void w_u64(gw *w, uint64_t v)
+{
+    w_bytes(w, &v, 8);
+}
+static void w_str(gw *w, const char *s)
+{
+    w_u64(w, strlen(s));
+    w_bytes(w, s, strlen(s));
+}
+static void kv_u32(gw *w, const char *k, uint32_t v)
+{
+    w_str(w, k);
+    w_u32(w, GANG__GGUF_U32);
+    w_u32(w, v);
+}
+static void kv_f32(gw *w, const char *k, float v)
+{
+    w_str(w, k);
+    w_u32(w, GANG__GGUF_F32);
+    w_bytes(w, &v, 4);
+}
+static void kv_str(gw *w, const char *k, const char *v)
+{
+    w_str(w, k);
+    w_u32(w, GANG__GGUF_STRING);
+    w_str(w, v);
+}
+static void kv_strs(gw *w, const char *k, const char *const *v, size_t n)
+{
+    w_str(w, k);
+    w_u32(w, GANG__GGUF_ARRAY);
+    w_u32(w, GANG__GGUF_STRING);
+    w_u64(w, n);
+    for (size_t i = 0; i < n; i++)
+        w_str(w, v[i]);
+}
+static void kv_i32s(gw *w, const char *k, const int32_t *v, size_t n)
+{
+    w_str(w, k);
+    w_u32(w, GANG__GGUF_ARRAY);
+    w_u32(w, GANG__GGUF_I32);
+    w_u64(w, n);
+    w_bytes(w, v, n * 4);
+}
+
+#define AUTO UINT64_MAX
+typedef struct tdesc {
+    const char *name;
+    uint32_t type, nd;
+    uint64_t ne[5];
+    const void *data; /* bytes of the tensor (NULL: zeros) */
+    size_t len;       /* its byte size */
+    uint64_t offset;  /* AUTO: next aligned place */
+} tdesc;
+
+/* A whole file: version, metadata (n_kv entries in meta), tensors, alignment 32. */
+static uint8_t *build(uint32_t version, const gw *meta, uint64_t n_kv, const tdesc *t, size_t nt,
+                      size_t *len)
+{
+    gw w = {0};
+    uint64_t off = 0, offs[32];
+    size_t i;
+
+    w_bytes(&w, "GGUF", 4);
+    w_u32(&w, version);
+    w_u64(&w, nt);
+    w_u64(&w, n_kv);
+    if (meta->n)
+        w_bytes(&w, meta->b, meta->n);
+    for (i = 0; i < nt; i++) {
+        offs[i] = t[i].offset == AUTO ? off : t[i].offset;
+        if (t[i].offset == AUTO)
+            off = (off + t[i].len + 31) / 32 * 32;
+        w_str(&w, t[i].name);
+        w_u32(&w, t[i].nd);
+        for (uint32_t d = 0; d < t[i].nd; d++)
+            w_u64(&w, t[i].ne[d]);
+        w_u32(&w, t[i].type);
+        w_u64(&w, offs[i]);
+    }
+    while (w.n % 32)
+        w_bytes(&w, "", 1);
+    size_t start = w.n;
+    for (i = 0; i < nt; i++) {
+        while (w.n < start + offs[i])
+            w_bytes(&w, "", 1);
+        if (w.n > start + offs[i])
+            continue; /* overlapping on purpose: the bytes are there already */
+        if (t[i].data)
+            w_bytes(&w, t[i].data, t[i].len);
+        else
+            for (size_t k = 0; k < t[i].len; k++)
+                w_bytes(&w, "", 1);
+    }
+    *len = w.n;
+    return w.b;
+}
+
+/* Parses buf[0..len) as a whole file: the return code, and the message in err. */
+static int parse(const uint8_t *buf, size_t len, char *err)
+{
+    gang__gguf g;
+    int rc;
+
+    memset(&g, 0, sizeof(g));
+    g.fd = -1;
+    err[0] = '\0';
+    rc = gang__gguf_parse(buf, len, len, "t.gguf", &g, err, ERRLEN);
+    gang__gguf_close(&g);
+    return rc;
+}
+
+static void expect_refused(const uint8_t *buf, size_t len, const char *what)
+{
+    char err[ERRLEN];
+    int rc = parse(buf, len, err);
+
+    if (rc != GANG_EMODEL || strstr(err, what) == NULL)
+        fail_msg("expected a refusal with \"%s\", got %d: %s", what, rc, err);
+}
+
+/* One F32 tensor [32] with its metadata "general.architecture". */
+static uint8_t *one_tensor(uint32_t type, uint64_t ne0, uint64_t offset, size_t *len)
+{
+    gw m = {0};
+    tdesc t = {"w", type, 1, {ne0, 1, 1, 1}, NULL, 128, offset};
+    uint8_t *b;
+
+    kv_str(&m, "general.architecture", "llama");
+    b = build(3, &m, 1, &t, 1, len);
+    free(m.b);
+    return b;
+}
+
+static void test_refusals_header(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *b = one_tensor(GANG__GGML_F32, 32, AUTO, &len);
+    char err[ERRLEN];
+
+    assert_int_equal(parse(b, len, err), 0);
+    b[0] = 'X';
+    expect_refused(b, len, "bad magic");
+    b[0] = 'G';
+    b[4] = 1;
+    expect_refused(b, len, "version 1");
+    b[4] = 3;
+    /* Truncated: in the counts, in the metadata, in the tensor infos, in the data. */
+    expect_refused(b, 12, "truncated");
+    expect_refused(b, 40, "truncated");
+    expect_refused(b, 70, "truncated");
+    expect_refused(b, len - 1, "outside the file");
+    /* Absurd counts. */
+    uint64_t huge = 1ull << 40;
+    memcpy(b + 8, &huge, 8);
+    expect_refused(b, len, "absurd counts");
+    memcpy(b + 8, &(uint64_t){1}, 8);
+    memcpy(b + 16, &huge, 8);
+    expect_refused(b, len, "absurd counts");
+    memcpy(b + 16, &(uint64_t){1}, 8);
+    /* A key length past the end of the file, and one beyond the cap. */
+    memcpy(b + 24, &(uint64_t){len}, 8);
+    expect_refused(b, len, "truncated");
+    memcpy(b + 24, &huge, 8);
+    expect_refused(b, len, "exceeds the limit");
+    free(b);
+}
+
+static void test_refusals_metadata(void **state)
+{
+    (void)state;
+    size_t len;
+    gw m = {0};
+    uint8_t *b;
+
+    /* Nested array. */
+    w_str(&m, "x");
+    w_u32(&m, GANG__GGUF_ARRAY);
+    w_u32(&m, GANG__GGUF_ARRAY);
+    w_u64(&m, 1);
+    b = build(3, &m, 1, NULL, 0, &len);
+    expect_refused(b, len, "nested arrays");
+    free(b);
+    /* An array count the file cannot hold. */
+    m.n = 0;
+    w_str(&m, "x");
+    w_u32(&m, GANG__GGUF_ARRAY);
+    w_u32(&m, GANG__GGUF_U32);
+    w_u64(&m, 1u << 20);
+    b = build(3, &m, 1, NULL, 0, &len);
+    expect_refused(b, len, "too long");
+    free(b);
+    /* A string array whose element length runs past the end. */
+    m.n = 0;
+    w_str(&m, "x");
+    w_u32(&m, GANG__GGUF_ARRAY);
+    w_u32(&m, GANG__GGUF_STRING);
+    w_u64(&m, 1);
+    w_u64(&m, 1000);
+    b = build(3, &m, 1, NULL, 0, &len);
+    expect_refused(b, len, "truncated");
+    free(b);
+    /* An unknown value type. */
+    m.n = 0;
+    w_str(&m, "x");
+    w_u32(&m, 77);
+    b = build(3, &m, 1, NULL, 0, &len);
+    expect_refused(b, len, "unknown value type 77");
+    free(b);
+    /* general.alignment not a power of two. */
+    m.n = 0;
+    kv_u32(&m, "general.alignment", 24);
+    b = build(3, &m, 1, NULL, 0, &len);
+    expect_refused(b, len, "general.alignment");
+    free(b);
+    free(m.b);
+}
+
+static void test_refusals_tensors(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *b;
+    gw m = {0};
+    uint8_t zeros[256] = {0};
+
+    b = one_tensor(99, 32, AUTO, &len);
+    expect_refused(b, len, "unknown type 99");
+    free(b);
+    b = one_tensor(10, 256, AUTO, &len); /* Q2_K: known to ggml, not read here */
+    expect_refused(b, len, "type Q2_K is not supported");
+    free(b);
+    b = one_tensor(GANG__GGML_Q8_0, 48, AUTO, &len);
+    expect_refused(b, len, "not whole Q8_0 blocks");
+    free(b);
+    b = one_tensor(GANG__GGML_F32, 32, 8, &len);
+    expect_refused(b, len, "not a multiple of 32");
+    free(b);
+    b = one_tensor(GANG__GGML_F32, 32, AUTO, &len);
+    memcpy(b + 94, &(uint64_t){1u << 20}, 8); /* the offset field of the one tensor info */
+    expect_refused(b, len, "outside the file");
+    memcpy(b + 94, &(uint64_t){UINT64_MAX - 31}, 8); /* offset + bytes would wrap */
+    expect_refused(b, len, "outside the file");
+    free(b);
+    b = one_tensor(GANG__GGML_F32, 0, AUTO, &len);
+    expect_refused(b, len, "dimension 0 is 0");
+    free(b);
+    /* Five dimensions. */
+    tdesc t5 = {"w", GANG__GGML_F32, 5, {1, 1, 1, 1}, zeros, 4, AUTO};
+    b = build(3, &m, 0, &t5, 1, &len);
+    expect_refused(b, len, "5 dimensions");
+    free(b);
+    /* Duplicate names; overlapping data. */
+    tdesc two[2] = {{"w", GANG__GGML_F32, 1, {32, 1, 1, 1}, zeros, 128, AUTO},
+                    {"w", GANG__GGML_F32, 1, {32, 1, 1, 1}, zeros, 128, AUTO}};
+    b = build(3, &m, 0, two, 2, &len);
+    expect_refused(b, len, "appears twice");
+    free(b);
+    two[1].name = "v";
+    two[1].offset = 64; /* inside w's 256 bytes */
+    two[0].ne[0] = 64;
+    two[0].len = 256;
+    b = build(3, &m, 0, two, 2, &len);
+    expect_refused(b, len, "overlap");
+    free(b);
+    two[1].offset = AUTO;
+    b = build(3, &m, 0, two, 2, &len);
+    char err[ERRLEN];
+    assert_int_equal(parse(b, len, err), 0);
+    free(b);
+}
+
+/* ---- dequantization ---- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint8_t rbyte(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint8_t)(rng >> 24);
+}
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = gang_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random blocks of a type with its scales set to sane values at the given offsets. */
+static void fill(uint8_t *blk, size_t n, const size_t *f16_at, size_t n_f16, const float *vals)
+{
+    for (size_t i = 0; i < n; i++)
+        blk[i] = rbyte();
+    for (size_t i = 0; i < n_f16; i++)
+        put_f16(blk + f16_at[i], vals[i]);
+}
+
+static void check(uint32_t type, const uint8_t *blk, const float *want, size_t n)
+{
+    float got[256];
+    gang__gguf_dequant(type, blk, got, n);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("%s element %zu: got %g, want %g", gang__gguf_type_name(type), i, got[i],
+                     want[i]);
+}
+
+static void test_dequant_32(void **state)
+{
+    (void)state;
+    uint8_t b[64];
+    float want[32], d = 0.5f, m = -1.25f;
+
+    for (int rep = 0; rep < 8; rep++) {
+        fill(b, 34, (size_t[]){0}, 1, &d);
+        for (int j = 0; j < 32; j++)
+            want[j] = d * (float)(int8_t)b[2 + j];
+        check(GANG__GGML_Q8_0, b, want, 32);
+
+        fill(b, 18, (size_t[]){0}, 1, &d);
+        for (int j = 0; j < 32; j++) {
+            int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+            want[j] = (float)(q - 8) * d;
+        }
+        check(GANG__GGML_Q4_0, b, want, 32);
+
+        fill(b, 20, (size_t[]){0, 2}, 2, (float[]){d, m});
+        for (int j = 0; j < 32; j++) {
+            int q = j < 16 ? (b[4 + j] & 15) : (b[4 + j - 16] >> 4);
+            want[j] = (float)q * d + m;
+        }
+        check(GANG__GGML_Q4_1, b, want, 32);
+
+        fill(b, 22, (size_t[]){0}, 1, &d);
+        for (int j = 0; j < 32; j++) {
+            int q = j < 16 ? (b[6 + j] & 15) : (b[6 + j - 16] >> 4);
+            q += ((b[2 + j / 8] >> (j % 8)) & 1) * 16; /* bit j of the little-endian qh */
+            want[j] = (float)(q - 16) * d;
+        }
+        check(GANG__GGML_Q5_0, b, want, 32);
+
+        fill(b, 24, (size_t[]){0, 2}, 2, (float[]){d, m});
+        for (int j = 0; j < 32; j++) {
+            int q = j < 16 ? (b[8 + j] & 15) : (b[8 + j - 16] >> 4);
+            q += ((b[4 + j / 8] >> (j % 8)) & 1) * 16;
+            want[j] = (float)q * d + m;
+        }
+        check(GANG__GGML_Q5_1, b, want, 32);
+    }
+    /* F16, BF16 and F32 are exact. */
+    uint16_t h[4] = {0x3c00, 0xc000, 0x3555, 0x0001};
+    float wf[4] = {1.0f, -2.0f, gang_f16_to_f32(0x3555), gang_f16_to_f32(0x0001)};
+    check(GANG__GGML_F16, (const uint8_t *)h, wf, 4);
+    uint16_t bf[2] = {0x3f80, 0xc0a0};
+    check(GANG__GGML_BF16, (const uint8_t *)bf, (float[]){1.0f, -5.0f}, 2);
+    float f[2] = {3.25f, -0.0f};
+    check(GANG__GGML_F32, (const uint8_t *)f, f, 2);
+}
+
+/* 6-bit scale / min j of the 12 packed bytes (the format description's formula). */
+static void scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+static void test_dequant_k(void **state)
+{
+    (void)state;
+    uint8_t b[256];
+    float want[256], d = 0.125f, dmin = 0.0625f;
+
+    for (int rep = 0; rep < 8; rep++) {
+        /* Q4_K and Q5_K: 64 elements (two sub-blocks) per 32 bytes of qs. */
+        for (int five = 0; five < 2; five++) {
+            fill(b, five ? 176 : 144, (size_t[]){0, 2}, 2, (float[]){d, dmin});
+            const uint8_t *sc = b + 4, *qh = b + 16, *q = b + (five ? 48 : 16);
+            float *y = want;
+            int is = 0;
+            uint8_t u1 = 1, u2 = 2, s, mn;
+            for (int j = 0; j < 256; j += 64) {
+                scale_min(is, sc, &s, &mn);
+                float d1 = d * s, m1 = dmin * mn;
+                scale_min(is + 1, sc, &s, &mn);
+                float d2 = d * s, m2 = dmin * mn;
+                for (int l = 0; l < 32; l++)
+                    *y++ = d1 * (float)((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+                for (int l = 0; l < 32; l++)
+                    *y++ = d2 * (float)((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
+                q += 32;
+                is += 2;
+                u1 = (uint8_t)(u1 << 2);
+                u2 = (uint8_t)(u2 << 2);
+            }
+            check(five ? GANG__GGML_Q5_K : GANG__GGML_Q4_K, b, want, 256);
+        }
+        /* Q6_K: per 128 elements, 64 ql bytes, 32 qh bytes, 8 scales. */
+        fill(b, 210, (size_t[]){208}, 1, &d);
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float *y = want;
+        for (int n = 0; n < 256; n += 128) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * sc[is] * q1;
+                y[l + 32] = d * sc[is + 2] * q2;
+                y[l + 64] = d * sc[is + 4] * q3;
+                y[l + 96] = d * sc[is + 6] * q4;
+            }
+            y += 128;
+            ql += 64;
+            qh += 32;
+            sc += 8;
+        }
+        check(GANG__GGML_Q6_K, b, want, 256);
+    }
+}
+
+/* ---- a whole tiny llama model ---- */
+
+#define H 32   /* hidden */
+#define HD 16  /* head_dim: 2 heads, 1 kv head */
+#define FFN 32 /* ffn */
+#define V 4    /* vocab */
+
+static float q_val(int r, int c)
+{
+    return (float)(r * 100 + c);
+}
+static int k_q(int r, int c)
+{
+    return (r * 7 + c) % 50 - 25;
+}
+static float o_val(int r, int c)
+{
+    return (float)((r + 2 * c) % 16 - 8);
+}
+
+/* Writes the model to dir/m.gguf (gate_rows: rows of ffn_gate, FFN when well-formed). */
+static void write_model(const char *path, uint64_t gate_rows)
+{
+    static const char *const toks[] = {"a", "b", "ab", "<|end|>"};
+    static const char *const merges[] = {"a b"};
+    static const int32_t types[] = {1, 1, 1, 3};
+    static float embd[V * H], ones[H], q[H * H];
+    static uint8_t k[HD * 34], o[H * H * 2], v[HD * H * 2], zq[FFN * H * 2];
+    gw m = {0};
+    size_t len, i;
+    int r, c;
+
+    for (r = 0; r < V; r++)
+        for (c = 0; c < H; c++)
+            embd[r * H + c] = (float)(r * H + c) / 64.0f;
+    for (i = 0; i < H; i++)
+        ones[i] = 1.0f;
+    for (r = 0; r < H; r++)
+        for (c = 0; c < H; c++) {
+            uint16_t bf = gang_f32_to_bf16(o_val(r, c));
+            q[r * H + c] = q_val(r, c);
+            memcpy(o + 2 * (r * H + c), &bf, 2);
+        }
+    for (r = 0; r < HD; r++) { /* one Q8_0 block a row, d = 1 */
+        put_f16(k + r * 34, 1.0f);
+        for (c = 0; c < H; c++)
+            k[r * 34 + 2 + c] = (uint8_t)(int8_t)k_q(r, c);
+        for (c = 0; c < H; c++) {
+            uint16_t h = gang_f32_to_f16((float)((r + c) % 16 - 8));
+            memcpy(v + 2 * (r * H + c), &h, 2);
+        }
+    }
+    kv_str(&m, "general.architecture", "llama");
+    kv_u32(&m, "llama.block_count", 1);
+    kv_u32(&m, "llama.embedding_length", H);
+    kv_u32(&m, "llama.feed_forward_length", FFN);
+    kv_u32(&m, "llama.attention.head_count", H / HD);
+    kv_u32(&m, "llama.attention.head_count_kv", 1);
+    kv_u32(&m, "llama.context_length", 64);
+    kv_f32(&m, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    kv_f32(&m, "llama.rope.freq_base", 10000.0f);
+    kv_str(&m, "tokenizer.ggml.model", "gpt2");
+    kv_str(&m, "tokenizer.ggml.pre", "smollm");
+    kv_strs(&m, "tokenizer.ggml.tokens", toks, V);
+    kv_i32s(&m, "tokenizer.ggml.token_type", types, V);
+    kv_strs(&m, "tokenizer.ggml.merges", merges, 1);
+    kv_u32(&m, "tokenizer.ggml.bos_token_id", 3);
+    kv_u32(&m, "tokenizer.ggml.eos_token_id", 3);
+    kv_str(&m, "tokenizer.chat_template",
+           "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}");
+    tdesc t[] = {
+        {"token_embd.weight", GANG__GGML_F32, 2, {H, V}, embd, sizeof(embd), AUTO},
+        {"blk.0.attn_norm.weight", GANG__GGML_F32, 1, {H}, ones, sizeof(ones), AUTO},
+        {"blk.0.attn_q.weight", GANG__GGML_F32, 2, {H, H}, q, sizeof(q), AUTO},
+        {"blk.0.attn_k.weight", GANG__GGML_Q8_0, 2, {H, HD}, k, sizeof(k), AUTO},
+        {"blk.0.attn_v.weight", GANG__GGML_F16, 2, {H, HD}, v, sizeof(v), AUTO},
+        {"blk.0.attn_output.weight", GANG__GGML_BF16, 2, {H, H}, o, sizeof(o), AUTO},
+        {"blk.0.ffn_norm.weight", GANG__GGML_F32, 1, {H}, ones, sizeof(ones), AUTO},
+        {"blk.0.ffn_gate.weight", GANG__GGML_Q4_0, 2, {H, gate_rows}, zq, gate_rows * 18, AUTO},
+        {"blk.0.ffn_up.weight", GANG__GGML_Q4_1, 2, {H, FFN}, zq, FFN * 20, AUTO},
+        {"blk.0.ffn_down.weight", GANG__GGML_Q5_0, 2, {FFN, H}, zq, H * 22, AUTO},
+        {"output_norm.weight", GANG__GGML_F32, 1, {H}, ones, sizeof(ones), AUTO},
+    };
+    uint8_t *b = build(3, &m, 17, t, sizeof(t) / sizeof(t[0]), &len);
+    fx_write(path, b, len);
+    free(b);
+    free(m.b);
+}
+
+/* GGUF row of Hugging Face row r of a permuted projection (heads of HD rows). */
+static int gguf_row(int r)
+{
+    int h = r / HD, i = r % HD, a = i / (HD / 2), b = i % (HD / 2);
+    return h * HD + 2 * b + a;
+}
+
+static void test_model(void **state)
+{
+    (void)state;
+    char *dir = fx_tmpdir(), path[512], err[ERRLEN];
+    gang_model_config mc;
+    gang_model *m;
+    int r, c;
+
+    fx_path(path, sizeof(path), dir, "m.gguf");
+    write_model(path, FFN);
+    assert_int_equal(gang_model_config_read(path, &mc, err, sizeof(err)), 0);
+    assert_int_equal(mc.n_layers, 1);
+    assert_int_equal(mc.hidden, H);
+    assert_int_equal(mc.n_heads, 2);
+    assert_int_equal(mc.n_kv_heads, 1);
+    assert_int_equal(mc.vocab, V);
+    assert_int_equal(mc.tie_embeddings, 1);
+    assert_int_equal(mc.n_eos, 1);
+    assert_int_equal(mc.eos_ids[0], 3);
+    assert_int_equal(mc.bos_token_id, 3);
+
+    gang_topology t1 = fx_topo(path, 1, 1);
+    m = fx_load_ok(path, &t1, 0);
+    for (r = 0; r < H; r++)
+        for (c = 0; c < H; c++) {
+            assert_true(m->layers[0].wq[r * H + c] == q_val(gguf_row(r), c));
+            assert_true(m->layers[0].wo[r * H + c] == o_val(r, c));
+        }
+    for (r = 0; r < HD; r++)
+        for (c = 0; c < H; c++)
+            assert_true(m->layers[0].wk[r * H + c] == (float)k_q(gguf_row(r), c));
+    assert_memory_equal(m->lm_head, m->embed, sizeof(float) * V * H);
+    gang_model_free(m);
+
+    gang_topology t2 = fx_topo(path, 2, 1);
+    m = fx_load_ok(path, &t2, 1);
+    for (r = 0; r < HD; r++)
+        for (c = 0; c < H; c++) {
+            assert_true(m->layers[0].wq[r * H + c] == q_val(gguf_row(HD + r), c));
+            assert_true(m->layers[0].wk[r * H + c] == (float)k_q(gguf_row(r), c));
+        }
+    for (r = 0; r < H; r++)
+        for (c = 0; c < HD; c++)
+            assert_true(m->layers[0].wo[r * HD + c] == o_val(r, HD + c));
+    gang_model_free(m);
+
+    /* A tensor whose shape disagrees with the metadata. */
+    write_model(path, FFN / 2);
+    m = NULL;
+    assert_int_equal(gang_model_load(path, &t1, 0, &m, err, sizeof(err)), GANG_EMODEL);
+    assert_null(m);
+    assert_non_null(strstr(err, "blk.0.ffn_gate.weight has ne [32, 16, 1, 1]"));
+    fx_rmtree(dir);
+}
+
+static void test_text(void **state)
+{
+    (void)state;
+    char *dir = fx_tmpdir(), path[512], err[ERRLEN], *out = NULL;
+    gang_tokenizer *tok = NULL;
+    gang_chat_template *tpl = NULL;
+    int32_t ids[8];
+    size_t n, len;
+
+    fx_path(path, sizeof(path), dir, "m.gguf");
+    write_model(path, FFN);
+    if (gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)) != 0)
+        fail_msg("tokenizer: %s", err);
+    assert_int_equal(gang_tokenizer_encode(tok, "ab<|end|>", 9, false, ids, 8, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 2); /* the merge "a b" */
+    assert_int_equal(ids[1], 3); /* the control token, special */
+    assert_true(gang_tokenizer_is_special(tok, 3));
+    gang_tokenizer_free(tok);
+    if (gang_gguf_chat_template_load(path, &tpl, err, sizeof(err)) != 0)
+        fail_msg("template: %s", err);
+    const char *msgs = "[{\"role\":\"user\",\"content\":\"hi\"}]";
+    assert_int_equal(gang_chat_render(tpl, msgs, strlen(msgs), NULL, &out, &len, err, sizeof(err)),
+                     0);
+    assert_string_equal(out, "hi<|end|>");
+    free(out);
+    gang_chat_template_free(tpl);
+    fx_rmtree(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refusals_header),
+        cmocka_unit_test(test_refusals_metadata),
+        cmocka_unit_test(test_refusals_tensors),
+        cmocka_unit_test(test_dequant_32),
+        cmocka_unit_test(test_dequant_k),
+        cmocka_unit_test(test_model),
+        cmocka_unit_test(test_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
