@@ -13,11 +13,14 @@ block -- saves them (safetensors, float32) and decodes 6 tokens greedily from pr
 serves each directory on every layout and answers the same prompt with "logprobs": 20:
 the tokens must equal transformers' and every one of the 20 raw logprobs of every step
 must equal transformers' log-softmax within 1e-4 (logprobs are the logits less their
-log-sum-exp, so this is the logits' agreement up to that shift). Qwen3 (not in 4.46.3) is
-checked against the independent numpy reference in reference-logits. Reports SKIP, with
-the reason, when the reference Python cannot be had. About 40 s on 2 idle cores.
+log-sum-exp, so this is the logits' agreement up to that shift). Qwen3 is not in 4.46.3:
+its reference here is the independent numpy reference (tests/reference/reference.py, also
+behind reference-logits), on a `ganglion mkmodel --arch qwen3` model with head_dim 32 over
+hidden 48 and YaRN, the same checks on every layout. Reports SKIP, with the reason, when
+the reference Python cannot be had. About 15 s on 2 idle cores.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,6 +32,7 @@ import test_smollm2_greedy as S  # noqa: E402  (fetch(): the reference Python or
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HF_MODELS = os.path.join(ROOT, "tests", "reference", "hf-rope-models.py")
+NUMPY_REF = os.path.join(ROOT, "tests", "reference", "reference.py")
 STEPS = 6
 TOP = 20
 LP_TOL = 1e-4
@@ -82,10 +86,42 @@ def compare(name, tp, pp, ref, choice):
     return worst
 
 
+def log_softmax(row):
+    m = max(row)
+    lse = m + math.log(sum(math.exp(v - m) for v in row))
+    return [v - lse for v in row]
+
+
+def numpy_reference(h, py):
+    """Qwen3 (q/k norms, head_dim 32 over hidden 48, YaRN factor 4 over 64) made by
+    `ganglion mkmodel`, decoded greedily by the independent numpy reference
+    (tests/reference/reference.py, run by py: the reference Python has numpy)."""
+    d = os.path.join(h.tmp, "models", "qwen3-yarn")
+    subprocess.run([h.bin, "mkmodel", "--out", d, "--arch", "qwen3", "--layers", "2",
+                    "--hidden", "48", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+                    "--ffn", "96", "--vocab", "256", "--max-pos", "64", "--seed", "12",
+                    "--rope-scaling", '{"rope_type": "yarn", "factor": 4.0}'],
+                   check=True, stdout=subprocess.DEVNULL)
+    prompt = [2 + (i * 89 + 7) % 254 for i in range(140)]
+    ids, rows = [], []
+    for _ in range(STEPS):
+        r = subprocess.run([py, NUMPY_REF, "logits", d, "--ids",
+                            ",".join(map(str, prompt + ids))],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        H.check(r.returncode == 0, "reference.py failed (%d): %s"
+                % (r.returncode, r.stderr.decode(errors="replace")[-2000:]))
+        lp = log_softmax(json.loads(r.stdout)["logits"])
+        rows.append(lp)
+        ids.append(max(range(len(lp)), key=lambda i: (lp[i], -i)))
+    return [{"name": "qwen3-yarn (numpy reference)", "dir": d, "prompt": prompt, "ids": ids,
+             "logprobs": rows}]
+
+
 def scenario(h):
     py = S.fetch("python")
     refs = reference(py, os.path.join(h.tmp, "models"))
     H.check(len(refs) >= 5, "hf-rope-models.py made %d models" % len(refs))
+    refs += numpy_reference(h, py)
     for ref in refs:
         for tp, pp in LAYOUTS:
             choice = serve_answer(h, ref["dir"], ref["prompt"], tp, pp)
