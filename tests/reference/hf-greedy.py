@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Greedy decoding with transformers, the reference for model semantics.
 
-  hf-greedy.py --model DIR (--prompt-ids 1,2,3 | --chat TEXT | --prompt TEXT)...
+  hf-greedy.py (--model DIR | --gguf FILE) (--prompt-ids 1,2,3 | --chat TEXT | --prompt TEXT)...
                [--max-tokens N] [--no-stop] [--top5]
 
-Loads the Hugging Face directory DIR in float32 (AutoModelForCausalLM), encodes each
+Loads the Hugging Face directory DIR (or, with --gguf, the GGUF file FILE through
+transformers' GGUF loader: weights dequantized, tokenizer and chat template from its
+metadata) in float32 (AutoModelForCausalLM), encodes each
 prompt (--chat: one user message through the tokenizer's chat template with the
 assistant's generation prompt; --prompt: the plain text; --prompt-ids: as given; the
 option may be repeated, one kind at a time, to answer several prompts in one load), and
@@ -61,17 +63,27 @@ def greedy(model, prompt_ids, max_tokens, stop_ids=(), top5=False):
     return ids, finish, steps
 
 
-def load(model_dir, with_model=True):
+def load(model_dir, with_model=True, gguf=None):
     """(model in float32 eval mode, or None without with_model; tokenizer) of the Hugging
-    Face directory."""
+    Face directory, or of the GGUF file gguf (model_dir is then ignored). A GGUF without
+    output.weight ties the LM head (transformers 4.46 does not see that by itself)."""
+    import os
     from transformers import AutoTokenizer
+    kw = {}
+    if gguf is not None:
+        model_dir, kw["gguf_file"] = os.path.dirname(os.path.abspath(gguf)), os.path.basename(gguf)
     model = None
     if with_model:
         import torch
         from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        mkw = dict(kw)
+        if gguf is not None:
+            import gguf as gg
+            names = {t.name for t in gg.GGUFReader(gguf).tensors}
+            mkw["tie_word_embeddings"] = "output.weight" not in names
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **mkw)
         model.eval()
-    return model, AutoTokenizer.from_pretrained(model_dir)
+    return model, AutoTokenizer.from_pretrained(model_dir, **kw)
 
 
 def chat_ids(tok, text):
@@ -82,7 +94,9 @@ def chat_ids(tok, text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model")
+    src.add_argument("--gguf", help="a GGUF file instead of a Hugging Face directory")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt-ids", action="append")
     g.add_argument("--chat", action="append")
@@ -95,7 +109,7 @@ def main():
     a = ap.parse_args()
     if a.max_tokens < 1:
         ap.error("--max-tokens must be at least 1")
-    model, tok = load(a.model, not a.encode_only)
+    model, tok = load(a.model, not a.encode_only, a.gguf)
     if a.prompt_ids is not None:
         prompts = [[int(x) for x in p.split(",") if x.strip()] for p in a.prompt_ids]
     elif a.chat is not None:

