@@ -178,8 +178,10 @@ static int kv_value(cur *c, gang__gguf_kv *kv, uint64_t *n_str)
     /* Every element takes at least 8 bytes (strings) or sz: the count is bounded by the
      * rest of the file before anything is allocated or walked. */
     if (n > GANG__GGUF_MAX_ARRAY || n > (c->fsize - c->pos) / (uint64_t)(sz > 0 ? sz : 8)) {
-        gang_set_err(c->err, c->errlen, "%s: metadata %.*s: array of %llu elements is too long",
-                     c->name, (int)kv->key_len, kv->key, (unsigned long long)n);
+        gang_set_err(
+            c->err, c->errlen,
+            "%s: metadata %.*s: array of %llu elements is too long for the file (truncated?)",
+            c->name, (int)kv->key_len, kv->key, (unsigned long long)n);
         return GANG_EMODEL;
     }
     kv->off = c->pos;
