@@ -7,3 +7,11 @@ target_include_directories(test-gguf PRIVATE unit/model ${PROJECT_SOURCE_DIR}/mo
 target_link_libraries(test-gguf PRIVATE gang_model gang_chat PkgConfig::CMOCKA PkgConfig::CJSON m)
 add_test(NAME unit-model-gguf COMMAND test-gguf)
 set_tests_properties(unit-model-gguf PROPERTIES TIMEOUT 60)
+
+# Dequantization against the gguf package (tests/unit/model/gguf-ref.py), with the Python
+# of scripts/fetch-reference.sh; SKIP (77) with the reason when it cannot be had.
+add_test(NAME unit-model-gguf-ref
+  COMMAND sh -c "py=$(timeout 60 bash \"$1\" python 2>/dev/null | tail -1) && [ -x \"$py\" ] || { echo \"SKIP: scripts/fetch-reference.sh python failed (run it once, or scripts/install-deps.sh)\"; exit 77; }; exec \"$py\" \"$2\" \"$3\""
+          sh ${PROJECT_SOURCE_DIR}/scripts/fetch-reference.sh
+          ${CMAKE_CURRENT_SOURCE_DIR}/unit/model/gguf-ref.py $<TARGET_FILE:test-gguf>)
+set_tests_properties(unit-model-gguf-ref PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)

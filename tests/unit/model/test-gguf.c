@@ -656,8 +656,59 @@ static void test_text(void **state)
     fx_rmtree(dir);
 }
 
-int main(void)
+/*
+ * test-gguf --ref FILE (tests/unit/model/gguf-ref.py): every tensor "q.TYPE" of FILE,
+ * dequantized here, must equal "want.TYPE", the gguf package's dequantization of it.
+ */
+static int ref_check(const char *path)
 {
+    char err[ERRLEN], want_name[64];
+    gang__gguf g;
+    size_t i, checked = 0;
+    int bad = 0;
+
+    if (gang__gguf_open(path, &g, err, sizeof(err)) != 0) {
+        fprintf(stderr, "gguf-ref: %s\n", err);
+        return 1;
+    }
+    for (i = 0; i < g.n_tensors && !bad; i++) {
+        const gang__gguf_tensor *q = &g.tensors[i], *w;
+        if (strncmp(q->name, "q.", 2) != 0)
+            continue;
+        snprintf(want_name, sizeof(want_name), "want.%s", q->name + 2);
+        w = gang__gguf_find(&g, want_name);
+        if (w == NULL || w->rows != q->rows || w->ne[0] != q->ne[0]) {
+            fprintf(stderr, "gguf-ref: %s: no matching %s\n", q->name, want_name);
+            bad = 1;
+            break;
+        }
+        size_t n = (size_t)(q->rows * q->ne[0]);
+        float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        bad = a == NULL || b == NULL || gang__gguf_read(&g, q, 0, q->rows, 0, q->ne[0], a) != 0 ||
+              gang__gguf_read(&g, w, 0, w->rows, 0, w->ne[0], b) != 0;
+        for (size_t k = 0; k < n && !bad; k++)
+            if (!(a[k] == b[k] || (isnan(a[k]) && isnan(b[k])))) {
+                fprintf(stderr, "gguf-ref: %s element %zu: ganglion %.9g, gguf package %.9g\n",
+                        q->name + 2, k, a[k], b[k]);
+                bad = 1;
+            }
+        if (!bad)
+            printf("gguf-ref: %-5s %zu elements equal the gguf package's\n", q->name + 2, n);
+        checked++;
+        free(a);
+        free(b);
+    }
+    gang__gguf_close(&g);
+    if (checked == 0)
+        fprintf(stderr, "gguf-ref: no q.* tensors in %s\n", path);
+    return bad || checked == 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--ref") == 0)
+        return ref_check(argv[2]);
+
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals_header),
         cmocka_unit_test(test_refusals_metadata),
