@@ -1,9 +1,9 @@
 /*
  * config.json of a Hugging Face Llama-family checkpoint: which architecture, and the
  * shape and numerics fields the loader and the engine need. Everything a model file
- * declares is bounded here (model.h), and every feature we do not implement (dynamic
- * NTK and other RoPE scaling types, sliding-window attention, another activation, MLP
- * biases) is refused with a message that names it, rather than computed wrongly.
+ * declares is bounded here (model.h), and every feature we do not implement (other RoPE
+ * scaling types, sliding-window attention, another activation, MLP biases) is refused with a
+ * message that names it, rather than computed wrongly.
  */
 #include <errno.h>
 #include <math.h>
@@ -339,10 +339,10 @@ static int cfg_rope_type(const cfg_ctx *c, gang_rope_type *type)
             return 0;
         }
     }
-    gang_set_err(
-        c->err, c->errlen,
-        "%s: rope_type \"%.64s\" is not implemented (default, linear, llama3 and yarn are)",
-        c->path, cJSON_IsString(v) ? v->valuestring : "?");
+    gang_set_err(c->err, c->errlen,
+                 "%s: rope_type \"%.64s\" is not implemented (default, linear, dynamic, llama3 and "
+                 "yarn are)",
+                 c->path, cJSON_IsString(v) ? v->valuestring : "?");
     return GANG_EMODEL;
 }
 
@@ -383,9 +383,9 @@ static int cfg_rope_fields(const cfg_ctx *c, const gang_model_config *cfg, gang_
 /*
  * config.json's "rope_scaling" into cfg->rope and the context it allows into
  * cfg->max_ctx_allowed. Absent, null, {"rope_type": "default"} and linear factor 1.0
- * change nothing and are accepted; every field of the known types is bounded; dynamic
- * NTK and unknown types are refused naming them. The context: max_position_embeddings,
- * or for linear and YaRN factor x the original context when that is larger.
+ * change nothing and are accepted; every field of the known types is bounded; unknown
+ * types are refused naming them. The context: max_position_embeddings, or for linear,
+ * dynamic and YaRN factor x the original context when that is larger.
  */
 static int cfg_rope_scaling(const cfg_ctx *c, gang_model_config *cfg)
 {
@@ -415,9 +415,8 @@ static int cfg_rope_scaling(const cfg_ctx *c, gang_model_config *cfg)
         gang_set_err(c->err, c->errlen, "%s: field \"factor\" is below 1", path);
         rc = GANG_EMODEL;
     }
-    if (rc == 0 && r->type == GANG_ROPE_DYNAMIC && r->factor > 1.0f) {
-        gang_set_err(c->err, c->errlen,
-                     "%s: rope_type \"dynamic\" (dynamic NTK) is not implemented yet", path);
+    if (rc == 0 && r->type == GANG_ROPE_DYNAMIC && r->factor > 1.0f && cfg->head_dim <= 2) {
+        gang_set_err(c->err, c->errlen, "%s: dynamic NTK needs a head_dim above 2", path);
         rc = GANG_EMODEL;
     }
     if (rc == 0)

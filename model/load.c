@@ -128,6 +128,10 @@ static int ld_rope(const gang_model *m, gang_tp_layer *l)
     l->rope_freq = malloc((m->cfg.head_dim / 2 + 1) * sizeof(float));
     if (l->rope_freq == NULL)
         return GANG_ENOMEM;
+    if (m->cfg.rope.type == GANG_ROPE_DYNAMIC) {
+        l->rope_dyn_factor = m->cfg.rope.factor;
+        l->rope_dyn_orig = m->cfg.max_pos;
+    }
     return gang_rope_inv_freq(&m->cfg, l->rope_freq, &l->rope_scale);
 }
 

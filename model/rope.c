@@ -75,8 +75,6 @@ int gang_rope_inv_freq(const gang_model_config *cfg, float *inv_freq, float *att
         *attn_scale = cfg->rope.attn_factor;
         return 0;
     }
-    if (cfg->rope.type == GANG_ROPE_DYNAMIC)
-        return GANG_EINVAL;
     for (size_t i = 0; i < half; i++) {
         double inv = 1.0 / pow((double)cfg->rope_theta, (double)(2 * i) / (double)cfg->head_dim);
 

@@ -474,13 +474,29 @@ void gang_tp_scratch_free(gang_tp_scratch *s)
     if (s->mem != NULL) {
         gang_kernels_free(s->mem, s->normed);
         gang_kernels_free(s->mem, s->positions);
+        gang_kernels_free(s->mem, s->rope_tabs);
     } else {
         free(s->normed);
         free(s->positions);
+        free(s->rope_tabs);
     }
     free(s->pos_host);
+    free(s->tab_host);
     free(s->stage.host);
     memset(s, 0, sizeof(*s));
+}
+
+/* The per-sequence RoPE tables of dynamic NTK: n floats of tensor memory and 2n of host. */
+static int tp_scratch_tables(gang_tp_scratch *s, size_t n, gang_kernels *k)
+{
+    int rc = 0;
+
+    if (k != NULL)
+        rc = gang_kernels_alloc(k, (n > 0 ? n : 1) * sizeof(float), (void **)&s->rope_tabs);
+    else
+        s->rope_tabs = malloc((n > 0 ? n : 1) * sizeof(float));
+    s->tab_host = malloc((2 * n > 0 ? 2 * n : 1) * sizeof(float));
+    return rc != 0 ? rc : s->rope_tabs == NULL || s->tab_host == NULL ? GANG_ENOMEM : 0;
 }
 
 int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens)
@@ -524,6 +540,8 @@ int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t m
         s->pos_host = malloc(2 * max_tokens * sizeof(int32_t));
         rc = s->pos_host == NULL ? GANG_ENOMEM : 0;
     }
+    if (rc == 0 && l->rope_dyn_factor > 0.0f)
+        rc = tp_scratch_tables(s, l->head_dim / 2 * max_tokens, k);
     /* The all-reduces of a device handle over a host communicator stage through here. */
     if (rc == 0 && (gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)) {
         s->stage.bytes = max_tokens * s->hidden * sizeof(float);
@@ -599,6 +617,72 @@ static int tp_batch_positions(gang_kernels *k, gang_tp_scratch *s, size_t total)
 }
 
 /*
+ * Dynamic NTK (transformers' "dynamic" rope_type): a sequence whose last position in this
+ * call is p is rotated, for all its tokens of the call, with the plain frequencies of the
+ * base theta x (factor x L / orig - (factor - 1))^(d / (d - 2)), L = max(p + 1, orig):
+ * what transformers does for one sequence fed in the same chunks (the keys already
+ * cached keep the rotation of their own call). Fills s->rope_tabs with one table per
+ * sequence, uploaded only when they changed (once per step, not per layer).
+ */
+static int tp_rope_tables(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s,
+                          uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0)
+{
+    size_t half = l->head_dim / 2, n = (size_t)n_seq * half, i, j;
+    double d = (double)l->head_dim, f = (double)l->rope_dyn_factor, orig = l->rope_dyn_orig;
+    float *held = s->tab_host + half * s->max_tokens;
+    int rc;
+
+    if (s->rope_tabs == NULL || s->tab_host == NULL || n_seq > s->max_tokens)
+        return GANG_EINVAL;
+    for (i = 0; i < n_seq; i++) {
+        double len = (double)seq_pos0[i] + (double)seq_tokens[i];
+        double base = (double)l->rope_theta *
+                      pow(f * (len > orig ? len : orig) / orig - (f - 1.0), d / (d - 2.0));
+
+        for (j = 0; j < half; j++)
+            s->tab_host[i * half + j] = (float)(1.0 / pow(base, (double)(2 * j) / d));
+    }
+    if (s->tab_valid == n && memcmp(held, s->tab_host, n * sizeof(float)) == 0)
+        return 0;
+    s->tab_valid = 0;
+    rc = gang_kernels_upload(k, s->rope_tabs, s->tab_host, n * sizeof(float));
+    if (rc != 0)
+        return rc;
+    memcpy(held, s->tab_host, n * sizeof(float));
+    s->tab_valid = n;
+    return 0;
+}
+
+/*
+ * RoPE of the call's q [total, q_cols] and k (kp) [total, kv_cols]: the layer's table for
+ * every token at once, or with dynamic NTK each sequence's own table.
+ */
+static int tp_batch_rope(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s,
+                         uint32_t n_seq, const uint32_t *seq_tokens, float *kp, size_t total)
+{
+    size_t hd = l->head_dim, off = 0, i;
+    int rc = 0;
+
+    if (l->rope_dyn_factor <= 0.0f) {
+        rc = gang_kernels_rope(k, s->q, s->positions, total, l->shard.head_count, hd, l->rope_freq,
+                               l->rope_scale);
+        return rc != 0 ? rc
+                       : gang_kernels_rope(k, kp, s->positions, total, l->shard.kv_head_count, hd,
+                                           l->rope_freq, l->rope_scale);
+    }
+    for (i = 0; i < n_seq && rc == 0; off += seq_tokens[i], i++) {
+        const float *tab = s->rope_tabs + i * (hd / 2);
+
+        rc = gang_kernels_rope(k, s->q + off * s->q_cols, s->positions + off, seq_tokens[i],
+                               l->shard.head_count, hd, tab, l->rope_scale);
+        if (rc == 0)
+            rc = gang_kernels_rope(k, kp + off * s->kv_cols, s->positions + off, seq_tokens[i],
+                                   l->shard.kv_head_count, hd, tab, l->rope_scale);
+    }
+    return rc;
+}
+
+/*
  * The attention block on the whole batch: normed [total, hidden] in, s->delta [total,
  * hidden] out (after the o_proj all-reduce).
  */
@@ -643,12 +727,7 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
         if (rc != 0)
             return rc;
     }
-    rc = gang_kernels_rope(k, s->q, s->positions, total, l->shard.head_count, hd, l->rope_freq,
-                           l->rope_scale);
-    if (rc != 0)
-        return rc;
-    rc = gang_kernels_rope(k, kp, s->positions, total, l->shard.kv_head_count, hd, l->rope_freq,
-                           l->rope_scale);
+    rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
     if (rc != 0)
         return rc;
     for (i = 0; i < n_seq; i++) {
@@ -702,6 +781,8 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = tp_batch_check(l, s, n_seq, seq_tokens, seq_pos0, caches, &total);
     if (rc == 0)
         rc = tp_batch_positions(k, s, total);
+    if (rc == 0 && l->rope_dyn_factor > 0.0f)
+        rc = tp_rope_tables(l, k, s, n_seq, seq_tokens, seq_pos0);
     if (rc != 0)
         return rc;
     n = total * l->hidden;

@@ -36,7 +36,7 @@ typedef enum gang_model_arch {
 typedef enum gang_rope_type {
     GANG_ROPE_DEFAULT = 0, /* absent, null or "default": theta^(-2i/d) */
     GANG_ROPE_LINEAR = 1,  /* every frequency divided by factor */
-    GANG_ROPE_DYNAMIC = 2, /* dynamic NTK: refused for now (needs per-length tables) */
+    GANG_ROPE_DYNAMIC = 2, /* dynamic NTK: the base grows with each sequence's length */
     GANG_ROPE_LLAMA3 = 3,  /* Llama 3.1: low frequencies / factor, a smooth band between */
     GANG_ROPE_YARN = 4     /* YaRN: ramp between interpolation and extrapolation, and an
                               attention factor on cos and sin */
@@ -124,8 +124,10 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
 /*
  * The model's RoPE tables, computed once per model: inv_freq[head_dim / 2] (f32, as
  * transformers keeps them) for cfg's rope_theta and rope_scaling, and *attn_scale, the
- * factor on cos and sin (YaRN's attention factor, else 1). Returns 0, or GANG_EINVAL for
- * NULL arguments, an odd head_dim or a type it cannot compute (dynamic).
+ * factor on cos and sin (YaRN's attention factor, else 1). For dynamic NTK it is the table
+ * of sequences within the original context; the TP layers rescale longer ones
+ * (gang_tp_layer.rope_dyn_factor). Returns 0, or GANG_EINVAL for NULL arguments or an odd
+ * head_dim.
  */
 int gang_rope_inv_freq(const gang_model_config *cfg, float *inv_freq, float *attn_scale);
 

@@ -279,31 +279,33 @@ typedef struct gang_layer_weights {
  * or tensor memory of mem after gang_tp_layer_to_device.
  */
 typedef struct gang_tp_layer {
-    gang_kernels *mem;   /* handle whose memory holds the arrays, NULL: host malloc */
-    gang_tp_shard shard; /* which heads and ffn columns these arrays hold */
-    uint32_t tp;         /* TP degree the shard was cut for */
-    uint32_t hidden;     /* model width */
-    uint32_t head_dim;   /* per-head width */
-    float rope_theta;    /* RoPE base */
-    float norm_eps;      /* RMSNorm epsilon */
-    float *attn_norm;    /* [hidden], replicated on every rank */
-    float *wq;           /* [head_count x head_dim, hidden] rows of q_proj */
-    float *wk;           /* [kv_head_count x head_dim, hidden] rows of k_proj */
-    float *wv;           /* [kv_head_count x head_dim, hidden] rows of v_proj */
-    float *wo;           /* [hidden, head_count x head_dim] columns of o_proj */
-    float *mlp_norm;     /* [hidden], replicated on every rank */
-    float *w_gate;       /* [ffn_count, hidden] rows of gate_proj */
-    float *w_up;         /* [ffn_count, hidden] rows of up_proj */
-    float *w_down;       /* [hidden, ffn_count] columns of down_proj */
-    float *bq;           /* [head_count x head_dim] q_proj bias (Qwen2), or NULL */
-    float *bk;           /* [kv_head_count x head_dim] k_proj bias, or NULL */
-    float *bv;           /* [kv_head_count x head_dim] v_proj bias, or NULL */
-    float *q_norm;       /* [head_dim] per-head RMSNorm of q before RoPE (Qwen3), or NULL */
-    float *k_norm;       /* [head_dim] per-head RMSNorm of k before RoPE, or NULL */
-    float *rope_freq;    /* [head_dim / 2] RoPE inverse frequencies: theta^(-2i/head_dim)
-                            from gang_tp_layer_init; a loader may overwrite the host array
-                            with the model's scaled table before moving it to a device */
-    float rope_scale;    /* factor on RoPE's cos and sin (YaRN's attention factor), 1 */
+    gang_kernels *mem;      /* handle whose memory holds the arrays, NULL: host malloc */
+    gang_tp_shard shard;    /* which heads and ffn columns these arrays hold */
+    uint32_t tp;            /* TP degree the shard was cut for */
+    uint32_t hidden;        /* model width */
+    uint32_t head_dim;      /* per-head width */
+    float rope_theta;       /* RoPE base */
+    float norm_eps;         /* RMSNorm epsilon */
+    float *attn_norm;       /* [hidden], replicated on every rank */
+    float *wq;              /* [head_count x head_dim, hidden] rows of q_proj */
+    float *wk;              /* [kv_head_count x head_dim, hidden] rows of k_proj */
+    float *wv;              /* [kv_head_count x head_dim, hidden] rows of v_proj */
+    float *wo;              /* [hidden, head_count x head_dim] columns of o_proj */
+    float *mlp_norm;        /* [hidden], replicated on every rank */
+    float *w_gate;          /* [ffn_count, hidden] rows of gate_proj */
+    float *w_up;            /* [ffn_count, hidden] rows of up_proj */
+    float *w_down;          /* [hidden, ffn_count] columns of down_proj */
+    float *bq;              /* [head_count x head_dim] q_proj bias (Qwen2), or NULL */
+    float *bk;              /* [kv_head_count x head_dim] k_proj bias, or NULL */
+    float *bv;              /* [kv_head_count x head_dim] v_proj bias, or NULL */
+    float *q_norm;          /* [head_dim] per-head RMSNorm of q before RoPE (Qwen3), or NULL */
+    float *k_norm;          /* [head_dim] per-head RMSNorm of k before RoPE, or NULL */
+    float *rope_freq;       /* [head_dim / 2] RoPE inverse frequencies: theta^(-2i/head_dim)
+                               from gang_tp_layer_init; a loader may overwrite the host array
+                               with the model's scaled table before moving it to a device */
+    float rope_scale;       /* factor on RoPE's cos and sin (YaRN's attention factor), 1 */
+    float rope_dyn_factor;  /* dynamic NTK: factor (> 1), else 0; see gang_tp_forward_batch */
+    uint32_t rope_dyn_orig; /* dynamic NTK: the original context (max_position_embeddings) */
 } gang_tp_layer;
 
 /*
@@ -399,6 +401,11 @@ typedef struct gang_tp_scratch {
     int32_t *pos_host;   /* [2 x max_tokens] host: the call's positions, then a copy of
                             what positions holds */
     size_t pos_valid;    /* entries of positions that copy describes (0: none) */
+    float *rope_tabs;    /* dynamic NTK layers only: [max_tokens, head_dim / 2] tensor
+                            memory, the frequency table of each sequence of the call */
+    float *tab_host;     /* [2 x max_tokens x head_dim / 2] host: the tables, then a copy
+                            of what rope_tabs holds */
+    size_t tab_valid;    /* floats of rope_tabs that copy describes (0: none) */
     gang_tp_stage stage; /* host staging of the all-reduces (device handles only) */
 } gang_tp_scratch;
 

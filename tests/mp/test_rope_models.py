@@ -7,8 +7,8 @@ python`. tests/reference/hf-rope-models.py builds, in this run, tiny random mode
 transformers' own config classes in the structure of real checkpoints -- Llama 3.2
 (rope_scaling llama3, factor 32 over an original context of 64, tied embeddings), Mistral
 Nemo (head_dim 32 while hidden / heads is 16), Qwen2.5 with YaRN (factor 4 over 64), a
-linear-scaling fine-tune with a head_dim of 24, and a no-op {"rope_type": "default"}
-block -- saves them (safetensors, float32) and decodes 6 tokens greedily from prompts of
+linear-scaling fine-tune with a head_dim of 24, dynamic NTK (factor 4 over 64), and a
+no-op {"rope_type": "default"} block -- saves them (safetensors, float32) and decodes 6 tokens greedily from prompts of
 100 to 150 ids, past the original context where the scaling matters. The real binary
 serves each directory on every layout and answers the same prompt with "logprobs": 20:
 the tokens must equal transformers' and every one of the 20 raw logprobs of every step
@@ -120,7 +120,7 @@ def numpy_reference(h, py):
 def scenario(h):
     py = S.fetch("python")
     refs = reference(py, os.path.join(h.tmp, "models"))
-    H.check(len(refs) >= 5, "hf-rope-models.py made %d models" % len(refs))
+    H.check(len(refs) >= 6, "hf-rope-models.py made %d models" % len(refs))
     refs += numpy_reference(h, py)
     for ref in refs:
         for tp, pp in LAYOUTS:

@@ -7,8 +7,8 @@ or a separate head_dim, made and run by transformers (the reference).
 For each model of MODELS it builds the config with transformers' own config class
 (LlamaConfig with rope_scaling llama3 as Llama 3.2 ships it, MistralConfig with a head_dim
 apart from hidden / heads as Mistral Nemo, Qwen2Config with YaRN as Qwen2.5's long-context
-recipe, LlamaConfig with linear scaling and a head_dim, a no-op {"rope_type": "default"}
-block), draws its weights from a seeded generator at scales that keep the logits decisive
+recipe, LlamaConfig with linear scaling and a head_dim, with dynamic NTK, a no-op
+{"rope_type": "default"} block), draws its weights from a seeded generator at scales that keep the logits decisive
 (linear N(0, 1/in), embeddings N(0, 1), or N(0, 0.01) when tied, norms 1 + 0.1 N(0, 1)), saves it in float32 with
 save_pretrained(safe_serialization=True) under DIR/NAME, and decodes greedily with a
 float32 forward loop over past_key_values (tests/reference/hf-greedy.py's greedy()) from a
@@ -49,6 +49,10 @@ MODELS = {
     "llama-linear-head-dim": ("LlamaConfig", dict(
         COMMON, max_position_embeddings=64, head_dim=24,
         rope_scaling={"type": "linear", "factor": 4.0}), 150),
+    # Dynamic NTK (factor 4 over 64): the base grows with the sequence's length.
+    "llama-dynamic": ("LlamaConfig", dict(
+        COMMON, max_position_embeddings=64, rope_scaling={"type": "dynamic", "factor": 4.0}),
+        150),
     # A no-op block is accepted and changes nothing.
     "llama-noop": ("LlamaConfig", dict(
         COMMON, max_position_embeddings=256, rope_scaling={"rope_type": "default"}), 100),

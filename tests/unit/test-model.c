@@ -123,8 +123,9 @@ static void rope_config(const char *dir, const char *rs, gang_model_config *c)
 /*
  * rope_scaling: no-op blocks give plain RoPE's table; linear divides every frequency;
  * llama3 keeps the high frequencies and divides the low ones by factor; YaRN keeps the
- * fastest pair, interpolates the slowest and carries 0.1 ln(factor) + 1; the served
- * context (max_ctx_allowed) grows with linear and YaRN, not with llama3.
+ * fastest pair, interpolates the slowest and carries 0.1 ln(factor) + 1; dynamic NTK
+ * starts from the plain table; the served context (max_ctx_allowed) grows with linear,
+ * dynamic and YaRN, not with llama3.
  */
 static void test_config_rope(void **state)
 {
@@ -157,6 +158,11 @@ static void test_config_rope(void **state)
     assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
     for (i = 0; i < 8; i++)
         assert_float_equal(inv[i], plain[i] / 4.0, 1e-7 * plain[i]);
+    rope_config(dir, "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", &c);
+    assert_int_equal(c.rope.type, GANG_ROPE_DYNAMIC);
+    assert_int_equal(c.max_ctx_allowed, 512);
+    assert_int_equal(gang_rope_inv_freq(&c, inv, &scale), 0);
+    assert_memory_equal(inv, plain, sizeof(inv)); /* within the original context */
     rope_config(dir,
                 "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
                 "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}",
@@ -384,8 +390,8 @@ static const bad_cfg bad_cfgs[] = {
      "\"factor\" is below 1", NULL, NULL},
     {"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 5000}", NULL, NULL,
      "rope_scaling: field \"factor\"", NULL, NULL},
-    {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", NULL, NULL,
-     "\"dynamic\" (dynamic NTK) is not implemented", NULL, NULL},
+    {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "head_dim", "2",
+     "dynamic NTK needs a head_dim above 2", NULL, NULL},
     {"rope_scaling",
      "{\"rope_type\": \"llama3\", \"factor\": 8, \"high_freq_factor\": 4, "
      "\"original_max_position_embeddings\": 64}",
