@@ -1000,7 +1000,8 @@ def self_test(checker, schemas, base_objs):
         ("API key not from a Secret", lambda o: ctr(o).update(
             args=[a if not a.startswith("--api-key-file=") else "--api-key-file=/tmp/api-key"
                   for a in ctr(o)["args"]]),
-         "/tmp/api-key is not on a read-only Secret volume"),
+         # check-config refuses first (the file is not in the Pod: it is on no volume)
+         "tmp/api-key: No such file or directory"),
         ("API key is the rendezvous token", lambda o: ctr(o).update(
             args=[a if not a.startswith("--api-key-file=") else
                   "--api-key-file=/etc/ganglion/token/token" for a in ctr(o)["args"]]),

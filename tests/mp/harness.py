@@ -863,14 +863,15 @@ class WireClient:
 # ---------------------------------------------------------------------------------------
 
 # The agent <-> worker control packet (launcher/wctl.h, host byte order, x86-64 layout).
-WCTL = struct.Struct("=IIQiiIIII8192s256sQIIffQI16iiI8s4x")
+WCTL = struct.Struct("=IIQiiIIII8192s256sQIIffQI16iiI8sIIIIffffI20i20f")
 WCTL_HELLO, WCTL_HEARTBEAT, WCTL_START, WCTL_READY, WCTL_ERROR = 1, 2, 5, 6, 7
 WCTL_SHUTDOWN = 10
 
 
 def wctl_pack(msg_type, generation=0, rank=0, world=0, blob=b""):
     return WCTL.pack(msg_type, 0, generation, 0, 0, 0, rank, world, len(blob), blob, b"",
-                     0, 0, 0, 0.0, 0.0, 0, 0, *([0] * 16), 0, 0, b"")
+                     0, 0, 0, 0.0, 0.0, 0, 0, *([0] * 16), 0, 0, b"",
+                     0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0, *([0] * 20), *([0.0] * 20))
 
 
 class WorkerPeer:
