@@ -50,6 +50,7 @@ typedef struct model {
     uint32_t n_kv_heads;
     float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
     float *bq, *bk, *bv;          /* Qwen2 q/k/v biases, or NULL */
+    float *qn, *kn;               /* Qwen3 q/k norms [HEAD_DIM], or NULL */
     float x[PREFILL * HIDDEN];    /* prefill input */
     float x_dec[DECODES][HIDDEN]; /* decode inputs */
     gang_layer_weights w;
@@ -83,7 +84,8 @@ static float *rnd_matrix(size_t rows, size_t cols, float scale)
     return m;
 }
 
-/* A random model; with_bias adds q/k/v biases large enough to move the output. */
+/* A random model; with_bias 1 adds q/k/v biases large enough to move the output, 2 Qwen3's
+ * per-head q/k norms. */
 static void model_init(model *m, uint32_t n_kv_heads, int with_bias)
 {
     size_t kv_dim = (size_t)n_kv_heads * HEAD_DIM, i;
@@ -105,7 +107,14 @@ static void model_init(model *m, uint32_t n_kv_heads, int with_bias)
     m->w_gate = rnd_matrix(FFN, HIDDEN, 2.0f * s_h);
     m->w_up = rnd_matrix(FFN, HIDDEN, s_h);
     m->w_down = rnd_matrix(HIDDEN, FFN, s_f);
-    if (with_bias) {
+    if (with_bias == 2) {
+        m->qn = rnd_matrix(1, HEAD_DIM, 0.5f);
+        m->kn = rnd_matrix(1, HEAD_DIM, 0.5f);
+        for (i = 0; i < HEAD_DIM; i++) {
+            m->qn[i] += 1.0f;
+            m->kn[i] += 1.0f;
+        }
+    } else if (with_bias) {
         m->bq = rnd_matrix(1, HIDDEN, 0.5f);
         m->bk = rnd_matrix(1, kv_dim, 0.5f);
         m->bv = rnd_matrix(1, kv_dim, 0.5f);
@@ -125,7 +134,9 @@ static void model_init(model *m, uint32_t n_kv_heads, int with_bias)
                                 .w_down = m->w_down,
                                 .bq = m->bq,
                                 .bk = m->bk,
-                                .bv = m->bv};
+                                .bv = m->bv,
+                                .q_norm = m->qn,
+                                .k_norm = m->kn};
 }
 
 static void model_free(model *m)
@@ -142,6 +153,8 @@ static void model_free(model *m)
     free(m->bq);
     free(m->bk);
     free(m->bv);
+    free(m->qn);
+    free(m->kn);
 }
 
 static int topology_for(uint32_t tp, uint32_t n_kv_heads, gang_topology *t)
@@ -731,7 +744,18 @@ static void check_equivalence(uint32_t n_kv_heads, int with_bias)
     assert_close("batch of two vs one", ref.batch + PREFILL * HIDDEN, ref.pair, DECODES * HIDDEN, 1,
                  0, n_kv_heads);
     /* Each bias must move the output: one left out would pass the comparisons below. */
-    for (b = 0; with_bias && b < 3; b++) {
+    /* Qwen3's q/k norms must move it too (both left out: the forward needs the pair). */
+    if (with_bias == 2) {
+        gang_layer_weights w = m.w;
+
+        m.w.q_norm = m.w.k_norm = NULL;
+        assert_int_equal(rank_forward(&m, 1, 0, NULL, &plain), 0);
+        m.w = w;
+        if (!(rel_err(plain.layer_dec[DECODES - 1], ref.layer_dec[DECODES - 1], HIDDEN) >
+              100 * REL_TOL))
+            fail_msg("the q/k norms do not change the output");
+    }
+    for (b = 0; with_bias == 1 && b < 3; b++) {
         gang_layer_weights w = m.w;
         const float **drop[3] = {&m.w.bq, &m.w.bk, &m.w.bv};
 
@@ -790,6 +814,13 @@ static void test_equivalence_bias(void **state)
 {
     (void)state;
     check_equivalence(2, 1);
+}
+
+/* Qwen3 q/k norms with n_kv_heads = 2: replicated on every rank, applied per head. */
+static void test_equivalence_qk_norm(void **state)
+{
+    (void)state;
+    check_equivalence(2, 2);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -948,6 +979,7 @@ int main(void)
         cmocka_unit_test(test_equivalence_kv_gqa2),
         cmocka_unit_test(test_equivalence_kv_mqa),
         cmocka_unit_test(test_equivalence_bias),
+        cmocka_unit_test(test_equivalence_qk_norm),
         cmocka_unit_test(test_comm_mismatch),
         cmocka_unit_test(test_abort_during_layer),
     };

@@ -639,6 +639,8 @@ static void check_full_against_file(const char *dir, const gang_model *m)
             {"self_attn.q_proj.bias", l->bq},
             {"self_attn.k_proj.bias", l->bk},
             {"self_attn.v_proj.bias", l->bv},
+            {"self_attn.q_norm.weight", l->q_norm},
+            {"self_attn.k_norm.weight", l->k_norm},
         };
         size_t k;
 
@@ -646,7 +648,7 @@ static void check_full_against_file(const char *dir, const gang_model *m)
             snprintf(name, sizeof(name), "model.layers.%u.%s", i, t[k].suffix);
             raw = fx_raw_tensor(path, name, &n);
             if (raw == NULL) {
-                assert_null(t[k].got); /* biases of a model without them */
+                assert_null(t[k].got); /* biases or q/k norms of a model without them */
                 continue;
             }
             assert_floats_equal(t[k].got, raw, n);
@@ -705,8 +707,11 @@ static void check_shard(const gang_model *full, const gang_topology *t, uint32_t
                                 .w_down = f->w_down,
                                 .bq = f->bq,
                                 .bk = f->bk,
-                                .bv = f->bv};
+                                .bv = f->bv,
+                                .q_norm = f->q_norm,
+                                .k_norm = f->k_norm};
         gang_tp_layer ref;
+        float freq[GANG_MODEL_MAX_HEAD_DIM / 2], scale;
 
         assert_memory_equal(&l->shard, &s, sizeof(s));
         assert_int_equal(l->tp, t->tp);
@@ -733,6 +738,18 @@ static void check_shard(const gang_model *full, const gang_topology *t, uint32_t
             assert_null(l->bk);
             assert_null(l->bv);
         }
+        if (c->qk_norm) { /* Qwen3: the per-head norms on every rank */
+            assert_floats_equal(l->q_norm, f->q_norm, hd);
+            assert_floats_equal(l->k_norm, f->k_norm, hd);
+            bytes += 2 * hd;
+        } else {
+            assert_null(l->q_norm);
+            assert_null(l->k_norm);
+        }
+        /* The model's RoPE table (rope_scaling applied), on every rank. */
+        assert_int_equal(gang_rope_inv_freq(c, freq, &scale), 0);
+        assert_floats_equal(l->rope_freq, freq, hd / 2);
+        assert_true(l->rope_scale == scale);
         /* The very cut gang_tp_layer_init makes from the full matrices. */
         assert_int_equal(gang_tp_layer_init(&ref, t, pl.tp_rank, &w, c->rope_theta, c->rms_eps), 0);
         assert_floats_equal(l->wq, ref.wq, qn * h);
@@ -792,22 +809,29 @@ static void check_all_layouts(const char *dir)
 
 static void test_load_layouts(void **state)
 {
-    static const gang_model_arch archs[] = {GANG_ARCH_LLAMA, GANG_ARCH_QWEN2, GANG_ARCH_MISTRAL};
+    static const gang_model_arch archs[] = {GANG_ARCH_LLAMA, GANG_ARCH_QWEN2, GANG_ARCH_MISTRAL,
+                                            GANG_ARCH_QWEN3};
     char *dir = fx_tmpdir();
     size_t i;
     (void)state;
 
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         gang_mkmodel_opts o = fx_small_opts(dir, archs[i]);
         gang_topology t1;
         gang_model *full;
 
         o.tie_embeddings = i == 1; /* Qwen2 small models tie the head */
+        if (archs[i] == GANG_ARCH_QWEN3) {
+            /* q width 4 x 24 = 96 over hidden 64, and a scaled RoPE table. */
+            o.head_dim = 24;
+            o.rope_scaling = "{\"rope_type\": \"yarn\", \"factor\": 4.0}";
+        }
         fx_make_model(&o);
         t1 = fx_topo(dir, 1, 1);
         full = fx_load_ok(dir, &t1, 0);
         assert_int_equal(full->cfg.arch, archs[i]);
         assert_int_equal(full->cfg.attn_bias, archs[i] == GANG_ARCH_QWEN2);
+        assert_int_equal(full->cfg.qk_norm, archs[i] == GANG_ARCH_QWEN3);
         check_full_against_file(dir, full);
         gang_model_free(full);
         check_all_layouts(dir);
