@@ -8,8 +8,8 @@ following transformers' LlamaForCausalLM / Qwen2ForCausalLM: RMSNorm, rotate_hal
 grouped-query attention with a causal mask, SwiGLU MLP, q/k/v biases when the checkpoint
 has them, and the LM head (the embedding table when the embeddings are tied); a head_dim
 apart from hidden / heads; Qwen3ForCausalLM's RMSNorm of every q and k head before RoPE
-(q_norm, k_norm); RoPE scaling (rope_scaling: linear, llama3, yarn with its attention
-factor), each computed here from transformers 4.46's definitions. It is the reference of
+(q_norm, k_norm); RoPE scaling (rope_scaling: linear, dynamic NTK over the whole
+sequence, llama3, yarn with its attention factor), each computed here from transformers 4.46's definitions. It is the reference of
 the Qwen3 comparison (transformers 4.46.3 has no Qwen3).
 
 Modes:
@@ -19,6 +19,7 @@ Modes:
       makes small models with `ganglion mkmodel` (llama with GQA, qwen2 with biases, tied
       embeddings, bf16 in two shards, mistral in f16, llama3 RoPE scaling with a head_dim
       of 24, mistral with head_dim 32 and linear scaling, qwen3 with yarn and plain,
+      llama with dynamic NTK,
       40-token prompts past the original context of the scaled ones), runs the C tool model-logits on each
       (the engine's single-rank forward on gang_model_load's shard) and asserts that its
       logits agree with this reference within 1e-4 relative (max abs difference over max
@@ -97,13 +98,19 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def inv_freq(cfg, d):
+def inv_freq(cfg, d, t_len):
     """RoPE's inverse frequencies for head width d and the factor on cos and sin, from
     rope_theta and rope_scaling, as transformers 4.46 defines each rope_type: written here
-    from those definitions in numpy, rounded to float32 as transformers keeps them."""
+    from those definitions in numpy, rounded to float32 as transformers keeps them. Dynamic
+    NTK takes the length t_len of the sequence (one forward over all of it)."""
     theta = cfg.get("rope_theta", 10000.0)
     rs = cfg.get("rope_scaling") or {}
     kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "dynamic":
+        ctx = cfg["max_position_embeddings"]
+        grown = max(t_len, ctx)
+        theta = theta * (rs["factor"] * grown / ctx - (rs["factor"] - 1)) ** (d / (d - 2))
+        kind = "default"
     expo = np.arange(0, d, 2, dtype=np.float64) / d
     inv = theta ** -expo
     scale = 1.0
@@ -149,9 +156,9 @@ def forward_logits(cfg, w, ids):
     kv_heads = cfg.get("num_key_value_heads", heads)
     d = cfg.get("head_dim") or hidden // heads
     eps = cfg.get("rms_norm_eps", 1e-6)
-    inv, scale = inv_freq(cfg, d)
     n_layers = cfg["num_hidden_layers"]
     t_len = len(ids)
+    inv, scale = inv_freq(cfg, d, t_len)
 
     x = w["model.embed_tokens.weight"][np.array(ids)]
     mask = np.triu(np.full((t_len, t_len), -np.inf), k=1)
@@ -224,6 +231,10 @@ MODELS = [
                     "--kv-heads", "2", "--ffn", "96", "--vocab", "256", "--seed", "10",
                     "--head-dim", "32", "--max-pos", "16",
                     "--rope-scaling", '{"rope_type": "yarn", "factor": 4.0}']),
+    ("llama-dynamic", ["--arch", "llama", "--layers", "2", "--hidden", "64", "--heads", "4",
+                       "--kv-heads", "2", "--ffn", "96", "--vocab", "256", "--seed", "13",
+                       "--max-pos", "16", "--rope-scaling",
+                       '{"rope_type": "dynamic", "factor": 4.0}']),
     ("qwen3-plain", ["--arch", "qwen3", "--layers", "2", "--hidden", "64", "--heads", "4",
                      "--kv-heads", "4", "--ffn", "96", "--vocab", "256", "--seed", "11",
                      "--tie"]),
