@@ -34,6 +34,7 @@ import harness as H  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CTX = 40000
 KEY = "sk-test-0123456789"
+GEN_REP = 1.3  # generation_config.json's repetition_penalty: every request's default
 H.TEST_DEADLINE_S = 200  # a 32k-id prompt and a restart mid-stream, on two cores
 
 
@@ -198,7 +199,7 @@ def check_stops(c, prompt, text):
 
 def check_logprobs(c, prompt):
     r = c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 6, "ignore_eos": True,
-                                 "logprobs": 3})
+                                 "logprobs": 3, "repetition_penalty": 1.0})
     lp = r["choices"][0]["logprobs"]
     H.check(len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6,
             "logprobs %r" % lp)
@@ -207,7 +208,14 @@ def check_logprobs(c, prompt):
         H.check(1 <= len(top) <= 3 and lp["token_logprobs"][i] <= 0 and
                 abs(max(top.values()) - lp["token_logprobs"][i]) < 1e-5,
                 "greedy token %d is not the top alternative: %r" % (i, lp))
-    plain = c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 12, "ignore_eos": True})
+    plain = c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 12, "ignore_eos": True,
+                                     "repetition_penalty": 1.0})
+    # generation_config.json's repetition_penalty is the default of a request without one.
+    dflt = c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 12, "ignore_eos": True})
+    expl = c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 12, "ignore_eos": True,
+                                    "repetition_penalty": GEN_REP})
+    H.check(dflt["choices"][0]["tokens"] == expl["choices"][0]["tokens"] !=
+            plain["choices"][0]["tokens"], "generation_config.json's default is not applied")
     pen = {"prompt": prompt, "max_tokens": 12, "ignore_eos": True, "frequency_penalty": 2.0,
            "presence_penalty": 1.0, "repetition_penalty": 1.5}
     p1, p2 = c.ok("/v1/completions", pen), c.ok("/v1/completions", pen)
@@ -215,6 +223,7 @@ def check_logprobs(c, prompt):
             plain["choices"][0]["tokens"], "penalties changed nothing or are not deterministic")
     r = c.ok("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
                                       "max_tokens": 4, "ignore_eos": True, "logprobs": True,
+                                      "repetition_penalty": 1.0,
                                       "top_logprobs": 2})
     content = r["choices"][0]["logprobs"]["content"]
     H.check(len(content) == 4 and all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0
@@ -298,6 +307,8 @@ def scenario(h):
                       kv_heads=1, ffn=32, vocab=49152, max_pos=CTX, seed=11)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(ref, f), os.path.join(model, f))
+    with open(os.path.join(model, "generation_config.json"), "w") as f:
+        json.dump({"repetition_penalty": GEN_REP}, f)
     keyfile = os.path.join(h.tmp, "api-key")
     with open(keyfile, "w") as f:
         f.write(KEY + "\n")
