@@ -218,43 +218,49 @@ static int added_tokens(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *r
     return 0;
 }
 
-/* Post-processor (TemplateProcessing with BOS when add_bos_token) and decoder. */
+/* A TemplateProcessing post-processor that puts token t (id) before the sequence. */
+static cJSON *bos_template(const char *t, uint64_t id)
+{
+    cJSON *name = cJSON_CreateString(t), *o = NULL;
+    char *q = name != NULL ? cJSON_PrintUnformatted(name) : NULL; /* t quoted, escaped */
+    size_t cap = q != NULL ? 4 * strlen(q) + 256 : 0;
+    char *buf = q != NULL ? malloc(cap) : NULL;
+
+    if (buf != NULL) {
+        snprintf(buf, cap,
+                 "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":%s}},"
+                 "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{%s:{\"id\":%s,\"ids\":"
+                 "[%llu],\"tokens\":[%s]}}}",
+                 q, q, q, (unsigned long long)id, q);
+        o = cJSON_Parse(buf);
+    }
+    free(buf);
+    free(q);
+    cJSON_Delete(name);
+    return o;
+}
+
+/* Post-processor (TemplateProcessing with BOS when add_bos_token, else ByteLevel) and
+ * the ByteLevel decoder. */
 static int post_and_decoder(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root)
 {
     const gang__gguf_kv *bos = gang__gguf_find_kv(g, "tokenizer.ggml.bos_token_id");
     const gang__gguf_kv *abos = gang__gguf_find_kv(g, "tokenizer.ggml.add_bos_token");
-    cJSON *post, *dec = byte_level(1);
+    cJSON *post = NULL;
+    int rc = add(root, "decoder", byte_level(1));
 
-    if (dec == NULL || add(root, "decoder", dec) != 0)
-        return GANG_ENOMEM;
+    if (rc != 0)
+        return rc;
     if (abos != NULL && abos->type == GANG__GGUF_BOOL && abos->num.u && bos != NULL &&
         bos->type == GANG__GGUF_U32 && bos->num.u < toks->n) {
         char *t = str_dup(gang__gguf_arr_str(g, toks, bos->num.u));
-        cJSON *single = cJSON_CreateArray(), *st, *sp, *ids, *toksl, *seq, *sq;
-        int ok = t != NULL && single != NULL;
-        post = cJSON_CreateObject();
-        st = cJSON_CreateObject(), sp = cJSON_CreateObject(), seq = cJSON_CreateObject();
-        sq = cJSON_CreateObject(), ids = cJSON_CreateArray(), toksl = cJSON_CreateArray();
-        ok = ok && post && st && sp && seq && sq && ids && toksl &&
-             !add(sp, "id", cJSON_CreateString(t)) && !add(st, "SpecialToken", sp) &&
-             cJSON_AddItemToArray(single, st) && !add(sq, "id", cJSON_CreateString("A")) &&
-             !add(seq, "Sequence", sq) && cJSON_AddItemToArray(single, seq) &&
-             !add(post, "type", cJSON_CreateString("TemplateProcessing")) &&
-             !add(post, "single", single);
-        /* special_tokens: {t: {"id": t, "ids": [bos], "tokens": [t]}} */
-        if (ok) {
-            cJSON *one = cJSON_CreateObject(), *sts = cJSON_CreateObject();
-            ok = one && sts && cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)bos->num.u)) &&
-                 cJSON_AddItemToArray(toksl, cJSON_CreateString(t)) &&
-                 !add(one, "id", cJSON_CreateString(t)) && !add(one, "ids", ids) &&
-                 !add(one, "tokens", toksl) && !add(sts, t, one) &&
-                 !add(post, "special_tokens", sts);
-        }
+        if (t != NULL)
+            post = bos_template(t, bos->num.u);
         free(t);
-        return ok ? add(root, "post_processor", post) : GANG_ENOMEM; /* leaks on ENOMEM only */
+    } else {
+        post = byte_level(1);
     }
-    post = byte_level(1);
-    return post == NULL ? GANG_ENOMEM : add(root, "post_processor", post);
+    return add(root, "post_processor", post);
 }
 
 /* The equivalent tokenizer.json of an open GGUF file as a printed, malloc'd string. */

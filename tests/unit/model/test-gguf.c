@@ -495,7 +495,11 @@ static float o_val(int r, int c)
     return (float)((r + 2 * c) % 16 - 8);
 }
 
-/* Writes the model to dir/m.gguf (gate_rows: rows of ffn_gate, FFN when well-formed). */
+/* Tokenizer metadata of the next write_model: model, pre-tokenizer, add_bos_token. */
+static const char *tok_model = "gpt2", *tok_pre = "smollm";
+static int tok_add_bos;
+
+/* Writes the model to path (gate_rows: rows of ffn_gate, FFN when well-formed). */
 static void write_model(const char *path, uint64_t gate_rows)
 {
     static const char *const toks[] = {"a", "b", "ab", "<|end|>"};
@@ -536,8 +540,11 @@ static void write_model(const char *path, uint64_t gate_rows)
     kv_u32(&m, "llama.context_length", 64);
     kv_f32(&m, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     kv_f32(&m, "llama.rope.freq_base", 10000.0f);
-    kv_str(&m, "tokenizer.ggml.model", "gpt2");
-    kv_str(&m, "tokenizer.ggml.pre", "smollm");
+    kv_str(&m, "tokenizer.ggml.model", tok_model);
+    kv_str(&m, "tokenizer.ggml.pre", tok_pre);
+    w_str(&m, "tokenizer.ggml.add_bos_token");
+    w_u32(&m, GANG__GGUF_BOOL);
+    w_bytes(&m, &(uint8_t){(uint8_t)tok_add_bos}, 1);
     kv_strs(&m, "tokenizer.ggml.tokens", toks, V);
     kv_i32s(&m, "tokenizer.ggml.token_type", types, V);
     kv_strs(&m, "tokenizer.ggml.merges", merges, 1);
@@ -558,7 +565,7 @@ static void write_model(const char *path, uint64_t gate_rows)
         {"blk.0.ffn_down.weight", GANG__GGML_Q5_0, 2, {FFN, H}, zq, H * 22, AUTO},
         {"output_norm.weight", GANG__GGML_F32, 1, {H}, ones, sizeof(ones), AUTO},
     };
-    uint8_t *b = build(3, &m, 17, t, sizeof(t) / sizeof(t[0]), &len);
+    uint8_t *b = build(3, &m, 18, t, sizeof(t) / sizeof(t[0]), &len);
     fx_write(path, b, len);
     free(b);
     free(m.b);
@@ -653,6 +660,30 @@ static void test_text(void **state)
     assert_string_equal(out, "hi<|end|>");
     free(out);
     gang_chat_template_free(tpl);
+
+    /* llama-bpe with add_bos_token: BOS first, the merge still applies. */
+    tok_pre = "llama-bpe";
+    tok_add_bos = 1;
+    write_model(path, FFN);
+    if (gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)) != 0)
+        fail_msg("tokenizer: %s", err);
+    assert_int_equal(gang_tokenizer_encode(tok, "ab", 2, true, ids, 8, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 3);
+    assert_int_equal(ids[1], 2);
+    gang_tokenizer_free(tok);
+    /* Refused, naming what. */
+    tok_pre = "falcon";
+    write_model(path, FFN);
+    assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
+    assert_non_null(strstr(err, "tokenizer.ggml.pre \"falcon\" is not supported"));
+    tok_pre = "smollm";
+    tok_model = "llama";
+    write_model(path, FFN);
+    assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
+    assert_non_null(strstr(err, "tokenizer.ggml.model \"llama\" is not supported"));
+    tok_model = "gpt2";
+    tok_add_bos = 0;
     fx_rmtree(dir);
 }
 
