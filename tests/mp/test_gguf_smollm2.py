@@ -23,7 +23,7 @@ import test_smollm2_greedy as S  # noqa: E402  (fetch, hf_answers, generate, com
 
 QUESTION = "What is the capital of France?"
 LAYOUTS = [(1, 1), (1, 2)]  # (tp, pp)
-H.TEST_DEADLINE_S = 150
+H.TEST_DEADLINE_S = 200  # as test_smollm2_greedy: the reference alone is ~70 s on 2 busy cores
 
 
 def hf_greedy(py, gguf, *flags):

@@ -250,6 +250,26 @@ static void test_refusals_metadata(void **state)
     b = build(3, &m, 1, NULL, 0, &len);
     expect_refused(b, len, "truncated");
     free(b);
+    /* A header beyond GANG__GGUF_MAX_HEADER in a large file: refused, not read. */
+    m.n = 0;
+    w_str(&m, "x");
+    w_u32(&m, GANG__GGUF_ARRAY);
+    w_u32(&m, GANG__GGUF_U64);
+    w_u64(&m, 1u << 24); /* 128 MiB of u64 */
+    b = build(3, &m, 1, NULL, 0, &len);
+    {
+        gang__gguf g = {.fd = -1};
+        char err[ERRLEN];
+        assert_int_equal(gang__gguf_parse(b, len, 1ull << 30, "big.gguf", &g, err, sizeof(err)),
+                         GANG_EMODEL);
+        assert_non_null(strstr(err, "header larger than 64 MiB"));
+        /* The same within the limit only asks for more bytes. */
+        memcpy(b + 41, &(uint64_t){1u << 20}, 8); /* the array count */
+        int rc = gang__gguf_parse(b, len, 1ull << 30, "big.gguf", &g, err, sizeof(err));
+        if (rc != GANG_EAGAIN)
+            fail_msg("expected GANG_EAGAIN, got %d: %s", rc, err);
+    }
+    free(b);
     /* An unknown value type. */
     m.n = 0;
     w_str(&m, "x");
