@@ -35,7 +35,7 @@
 
 #define GANG__GGUF_MAX_DIMS 4
 #define GANG__GGUF_MAX_HEADER (64u << 20) /* metadata + tensor infos (Llama 3: ~10 MB) */
-#define GANG__GGUF_MAX_KV 65536u           /* metadata entries */
+#define GANG__GGUF_MAX_KV 65536u          /* metadata entries */
 #define GANG__GGUF_MAX_TENSORS 65536u
 #define GANG__GGUF_MAX_KEY 65536u         /* bytes of a key or a tensor name */
 #define GANG__GGUF_MAX_STRING (16u << 20) /* bytes of one string value */
