@@ -37,19 +37,6 @@ static const cv *kwarg(const char **kwn, const size_t *kwl, const cv *kwv, size_
     return NULL;
 }
 
-static int new_list(chat_ctx *c, size_t n, cv *out, cv **items)
-{
-    cv_list *l = gang__chat_alloc(&c->arena, sizeof(*l));
-    *items = gang__chat_alloc(&c->arena, (n + 1) * sizeof(cv));
-    if (!l || !*items)
-        return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
-    l->n = n;
-    l->v = *items;
-    *out = (cv){.kind = CV_LIST};
-    out->u.list = l;
-    return gang__chat_step(c, n);
-}
-
 /* tojson(indent=None, sort_keys=False, ensure_ascii=False). */
 static int f_tojson(chat_ctx *c, const cv *v, const cv *args, size_t nargs, const char **kwn,
                     const size_t *kwl, const cv *kwv, size_t nkw, cv *out)
@@ -119,7 +106,7 @@ static int f_select(chat_ctx *c, const cv *v, const cv *args, size_t nargs, bool
     int rc = gang__cv_truthy(v) ? gang__cv_items(c, v, &items) : 0; /* jinja2: `if value:` */
     if (!gang__cv_truthy(v))
         items = (cv_list){0};
-    if (rc || (rc = new_list(c, items.n, out, &kept)))
+    if (rc || (rc = gang__cv_new_list(c, items.n, out, &kept)))
         return rc;
     if (attr && (nargs < 1 || args[0].kind != CV_STR))
         return gang__chat_fail(c, GANG_EMODEL, "selectattr/rejectattr take an attribute name");
@@ -161,7 +148,7 @@ static int f_map(chat_ctx *c, const cv *v, const cv *args, size_t nargs, const c
     int rc = gang__cv_truthy(v) ? gang__cv_items(c, v, &items) : 0; /* jinja2: `if value:` */
     if (!gang__cv_truthy(v))
         items = (cv_list){0};
-    if (rc || (rc = new_list(c, items.n, out, &res)))
+    if (rc || (rc = gang__cv_new_list(c, items.n, out, &res)))
         return rc;
     if ((attr && (attr->kind != CV_STR || nargs)) || (!attr && (nargs < 1 || nkw)) ||
         (!attr && args[0].kind != CV_STR) || nargs > 16 || (dflt && nkw > 2) ||
@@ -262,7 +249,7 @@ static int f_sequence(chat_ctx *c, int k, const cv *v, cv *out)
         *out = gang__cv_str(s, v->u.s.n);
         return 0;
     }
-    if ((rc = new_list(c, items.n, out, &res)))
+    if ((rc = gang__cv_new_list(c, items.n, out, &res)))
         return rc;
     for (size_t i = 0; i < items.n; i++)
         res[i] = items.v[k == 18 ? items.n - 1 - i : i];

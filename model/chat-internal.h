@@ -268,6 +268,9 @@ int64_t gang__cv_length(const cv *v);
 int gang__cv_items(chat_ctx *c, const cv *v, cv_list *out);
 int gang__cv_dict_get(const cv_dict *d, const char *k, size_t n, cv *out);
 int gang__cv_dict_set(chat_ctx *c, cv_dict *d, const cv *k, const cv *v);
+/* A new list of n items (uninitialised, *items points at them) in *out, from the arena;
+ * charges n steps. GANG_ERANGE past the memory or step budget. */
+int gang__cv_new_list(chat_ctx *c, size_t n, cv *out, cv **items);
 int gang__buf_put(chat_ctx *c, chat_buf *b, const char *s, size_t n);
 /* Copies B's bytes into the arena as a string value. */
 int gang__buf_to_cv(chat_ctx *c, chat_buf *b, cv *out);

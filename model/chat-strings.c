@@ -76,19 +76,6 @@ int gang__chat_strip(const cv *s, const cv *chars, int which, cv *out)
     return 0;
 }
 
-static int new_list(chat_ctx *c, size_t n, cv *out, cv **items)
-{
-    cv_list *l = gang__chat_alloc(&c->arena, sizeof(*l));
-    *items = gang__chat_alloc(&c->arena, (n + 1) * sizeof(cv));
-    if (!l || !*items)
-        return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
-    l->n = n;
-    l->v = *items;
-    *out = (cv){.kind = CV_LIST};
-    out->u.list = l;
-    return gang__chat_step(c, n);
-}
-
 /* str.split(sep=None, maxsplit=-1). */
 static int str_split(chat_ctx *c, const cv *s, const cv *sep, int64_t maxsplit, cv *out)
 {
@@ -148,7 +135,7 @@ static int str_split(chat_ctx *c, const cv *s, const cv *sep, int64_t maxsplit, 
         }
         if (!pass) {
             cnt = k;
-            int rc = new_list(c, cnt, out, &items);
+            int rc = gang__cv_new_list(c, cnt, out, &items);
             if (rc)
                 return rc;
         }
@@ -266,7 +253,7 @@ static int str_method(chat_ctx *c, const cv *s, const char *name, size_t n, cons
 int gang__chat_dict_view(chat_ctx *c, const cv_dict *d, int which, cv *out)
 {
     cv *items;
-    int rc = new_list(c, d->n, out, &items);
+    int rc = gang__cv_new_list(c, d->n, out, &items);
     for (size_t i = 0; !rc && i < d->n; i++) {
         if (which == 1) {
             items[i] = d->k[i];
@@ -274,7 +261,7 @@ int gang__chat_dict_view(chat_ctx *c, const cv_dict *d, int which, cv *out)
             items[i] = d->v[i];
         } else {
             cv *pair;
-            if (!(rc = new_list(c, 2, &items[i], &pair))) {
+            if (!(rc = gang__cv_new_list(c, 2, &items[i], &pair))) {
                 items[i].u.list->tuple = true;
                 pair[0] = d->k[i];
                 pair[1] = d->v[i];

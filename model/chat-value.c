@@ -611,3 +611,16 @@ int gang__cv_from_cjson(chat_ctx *c, const void *json, cv *out, int depth)
     }
     return 0;
 }
+
+int gang__cv_new_list(chat_ctx *c, size_t n, cv *out, cv **items)
+{
+    cv_list *l = gang__chat_alloc(&c->arena, sizeof(*l));
+    *items = gang__chat_alloc(&c->arena, (n + 1) * sizeof(cv));
+    if (!l || !*items)
+        return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");
+    l->n = n;
+    l->v = *items;
+    *out = (cv){.kind = CV_LIST};
+    out->u.list = l;
+    return gang__chat_step(c, n);
+}
