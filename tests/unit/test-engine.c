@@ -781,18 +781,17 @@ static void test_qwen2_biases_and_layout_logits(void **state)
 }
 
 /*
- * A model written by gang_mkmodel (Qwen2 with biases, tied embeddings, bf16, two shard
- * files) and loaded per rank by gang_model_load: a 2 x 2 gang gives the single rank's
- * tokens for a batch of greedy and sampled requests, and the same last-position logits.
+ * A model written by gang_mkmodel (o, written to dir) and loaded per rank by
+ * gang_model_load: a 2 x 2 gang gives the single rank's tokens for a batch of greedy and
+ * sampled requests, and the same last-position logits.
  */
-static void test_loaded_model_layouts(void **state)
+static void check_loaded_layouts(gang_mkmodel_opts o, char *dir)
 {
     static rank_ctx xs[MAX_RANKS];
     static script sc, one;
     static script_out exp[MAX_REQS];
-    char dir[] = "/tmp/ganglion-test-engine-XXXXXX", err[512];
+    char err[512];
     gang_engine_config cfg = engine_config(2);
-    gang_mkmodel_opts o;
     gang_model_config mc;
     gang_topology_config tc;
     gang_topology t1, t4;
@@ -802,27 +801,13 @@ static void test_loaded_model_layouts(void **state)
     double rel;
     uint32_t r;
 
-    (void)state;
-    assert_non_null(mkdtemp(dir));
-    memset(&o, 0, sizeof(o));
-    o = (gang_mkmodel_opts){.out_dir = dir,
-                            .arch = GANG_ARCH_QWEN2,
-                            .layers = 3,
-                            .hidden = 64,
-                            .heads = 4,
-                            .kv_heads = 2,
-                            .ffn = 128,
-                            .vocab = 97,
-                            .max_pos = 64,
-                            .seed = 9,
-                            .dtype = GANG_DTYPE_BF16,
-                            .tie_embeddings = 1,
-                            .shards = 2};
+    o.out_dir = dir;
     if (gang_mkmodel(&o, err, sizeof(err)) != 0)
         fail_msg("mkmodel: %s", err);
     if (gang_model_config_read(dir, &mc, err, sizeof(err)) != 0)
         fail_msg("config: %s", err);
-    assert_true(mc.attn_bias && mc.tie_embeddings);
+    assert_int_equal(mc.attn_bias, o.arch == GANG_ARCH_QWEN2);
+    assert_int_equal(mc.qk_norm, o.arch == GANG_ARCH_QWEN3);
     memset(&tc, 0, sizeof(tc));
     gang_model_topology_config(&mc, &tc);
     tc.nnodes = tc.nproc_per_node = tc.tp = tc.pp = 1;
@@ -876,12 +861,42 @@ static void test_loaded_model_layouts(void **state)
         gang_engine_free(e4[r]);
         gang_model_free(m4[r]);
     }
-    {
-        char cmd[128];
+}
 
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        assert_int_equal(system(cmd), 0);
-    }
+/*
+ * Qwen2 with biases, tied embeddings, bf16, two shard files; then Qwen3 (q/k norms) with
+ * head_dim 24 over hidden 64 and dynamic NTK over an original context of 8, so the
+ * prompts (9 and 14 tokens in chunks of <= 6) and their decodes run past it with
+ * per-sequence tables in a batch.
+ */
+static void test_loaded_model_layouts(void **state)
+{
+    char dir[] = "/tmp/ganglion-test-engine-XXXXXX", cmd[128];
+    gang_mkmodel_opts o = {.arch = GANG_ARCH_QWEN2,
+                           .layers = 3,
+                           .hidden = 64,
+                           .heads = 4,
+                           .kv_heads = 2,
+                           .ffn = 128,
+                           .vocab = 97,
+                           .max_pos = 64,
+                           .seed = 9,
+                           .dtype = GANG_DTYPE_BF16,
+                           .tie_embeddings = 1,
+                           .shards = 2};
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    check_loaded_layouts(o, dir);
+    o.arch = GANG_ARCH_QWEN3;
+    o.head_dim = 24;
+    o.max_pos = 8;
+    o.dtype = GANG_DTYPE_F32;
+    o.shards = 1;
+    o.rope_scaling = "{\"rope_type\": \"dynamic\", \"factor\": 6.0}";
+    check_loaded_layouts(o, dir);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 int main(void)
