@@ -7,9 +7,11 @@
  * Layering: model/ sits on kernels/ and parallel/ (it fills gang_tp_layer shards and
  * drives the communicators); launcher/ sits on top of it. No CUDA, MPI or libuv types.
  *
- * Numerics follow the Hugging Face implementation of LlamaForCausalLM, MistralForCausalLM
- * and Qwen2ForCausalLM (RMSNorm, rotate_half RoPE, GQA, SwiGLU, q/k/v biases for Qwen2,
- * tied or separate LM head); weights stored as F32, F16 or BF16 are computed in f32.
+ * Numerics follow the Hugging Face implementation of LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM and Qwen3ForCausalLM (RMSNorm, rotate_half RoPE with rope_scaling
+ * linear / dynamic / llama3 / yarn, GQA, a head_dim apart from hidden / heads, SwiGLU, q/k/v
+ * biases for Qwen2, per-head q/k RMSNorm for Qwen3, tied or separate LM head); weights
+ * stored as F32, F16 or BF16 are computed in f32.
  */
 #ifndef GANGLION_MODEL_H
 #define GANGLION_MODEL_H
