@@ -30,13 +30,8 @@ TEMPLATES=(
 )
 STAMP_VERSION="1-$LLAMA_CPP_PYTHON_VERSION-${TEMPLATES[*]}"
 
-if [ "$(id -u)" -eq 0 ]; then
-    VENV="${GANGLION_TOK_VENV:-/opt/ganglion-tok-venv}"
-    CACHE="${GANGLION_CACHE:-/var/cache/ganglion}"
-else
-    VENV="${GANGLION_TOK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion/tok-venv}"
-    CACHE="${GANGLION_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion}"
-fi
+. "$here/cache-paths.sh"
+VENV="$TOK_VENV"
 OUT="$CACHE/chat-templates"
 say() { echo "fetch-chat-templates: $*" >&2; }
 

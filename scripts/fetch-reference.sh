@@ -48,13 +48,8 @@ REQS=("transformers==$TRANSFORMERS_VERSION" "tokenizers>=0.20,<0.21" jinja2 "ope
     safetensors gguf "accelerate<1")
 SYS_PY=/usr/bin/python3
 
-if [ "$(id -u)" -eq 0 ]; then
-    VENV="${GANGLION_REF_VENV:-/opt/ganglion-ref-venv}"
-    CACHE="${GANGLION_CACHE:-/var/cache/ganglion}"
-else
-    VENV="${GANGLION_REF_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion/ref-venv}"
-    CACHE="${GANGLION_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion}"
-fi
+. "$here/cache-paths.sh"
+VENV="$REF_VENV"
 say() { echo "fetch-reference: $*" >&2; }
 die() { say "$*"; exit 1; }
 

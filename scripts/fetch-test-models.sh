@@ -21,13 +21,8 @@ SMOLLM_VERSION="0.1.2"
 MISTRAL_COMMON_VERSION="1.13.1"
 STAMP_VERSION="2-$SMOLLM_VERSION-$MISTRAL_COMMON_VERSION"
 
-if [ "$(id -u)" -eq 0 ]; then
-    VENV="${GANGLION_TOK_VENV:-/opt/ganglion-tok-venv}"
-    CACHE="${GANGLION_CACHE:-/var/cache/ganglion}"
-else
-    VENV="${GANGLION_TOK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion/tok-venv}"
-    CACHE="${GANGLION_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion}"
-fi
+. "$here/cache-paths.sh"
+VENV="$TOK_VENV"
 OUT="$CACHE/tokenizers"
 say() { echo "fetch-test-models: $*" >&2; }
 

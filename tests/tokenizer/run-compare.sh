@@ -13,10 +13,6 @@ if ! dir="$(bash "$src/scripts/fetch-test-models.sh" 2>"$log" | tail -1)" || [ -
     exit 77
 fi
 rm -f "$log"
-if [ "$(id -u)" -eq 0 ]; then
-    venv="${GANGLION_TOK_VENV:-/opt/ganglion-tok-venv}"
-else
-    venv="${GANGLION_TOK_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ganglion/tok-venv}"
-fi
-exec "$venv/bin/python" "$src/tests/tokenizer/compare.py" "$driver" \
+. "$src/scripts/cache-paths.sh"
+exec "$TOK_VENV/bin/python" "$src/tests/tokenizer/compare.py" "$driver" \
     "$dir/smollm2.json" "$dir/smollm2-l3.json" "$dir/mistral-v1.json"
