@@ -2,7 +2,9 @@
  * gang_model_config from a GGUF file's metadata (llama.cpp's keys), and the names of the
  * tensors a GGUF file gives the Hugging Face weights the loader asks for.
  *
- *   general.architecture                 "llama" (Llama, Mistral and SmolLM2 convert to it)
+ *   general.architecture                 "llama" (Llama, Mistral and SmolLM2 convert to it),
+ *                                        or "qwen2" (q/k/v biases; the keys below then
+ *                                        start with "qwen2.")
  *   llama.block_count                    layers
  *   llama.embedding_length               hidden
  *   llama.feed_forward_length            ffn
@@ -28,13 +30,26 @@ typedef struct gcfg {
     const char *path;
     char *err;
     size_t errlen;
+    const char *arch; /* "llama" or "qwen2": the prefix of the model's keys */
 } gcfg;
 
+/* The entry of key, whose "llama." prefix stands for the architecture's (qwen2.block_count
+ * for a qwen2 file); the resolved name goes to full (64 bytes) for messages. */
+static const gang__gguf_kv *g_find(const gcfg *c, const char *key, char full[64])
+{
+    if (strncmp(key, "llama.", 6) == 0)
+        snprintf(full, 64, "%s.%s", c->arch, key + 6);
+    else
+        snprintf(full, 64, "%s", key);
+    return gang__gguf_find_kv(c->g, full);
+}
+
 /* An unsigned integer key into *out within [lo, hi]; absent: def (< 0: refused). */
-static int g_uint(const gcfg *c, const char *key, int64_t def, uint64_t lo, uint64_t hi,
+static int g_uint(const gcfg *c, const char *name, int64_t def, uint64_t lo, uint64_t hi,
                   uint32_t *out)
 {
-    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, key);
+    char key[64];
+    const gang__gguf_kv *kv = g_find(c, name, key);
     int64_t v;
 
     if (kv == NULL) {
@@ -72,9 +87,10 @@ static int g_uint(const gcfg *c, const char *key, int64_t def, uint64_t lo, uint
 }
 
 /* A float key in (0, hi]; absent: def. */
-static int g_float(const gcfg *c, const char *key, double def, double hi, float *out)
+static int g_float(const gcfg *c, const char *name, double def, double hi, float *out)
 {
-    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, key);
+    char key[64];
+    const gang__gguf_kv *kv = g_find(c, name, key);
     double v = def;
 
     if (kv != NULL) {
@@ -94,9 +110,10 @@ static int g_float(const gcfg *c, const char *key, double def, double hi, float 
 }
 
 /* Whether string key equals want (absent: -1). */
-static int g_str_is(const gcfg *c, const char *key, const char *want)
+static int g_str_is(const gcfg *c, const char *name, const char *want)
 {
-    const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, key);
+    char key[64];
+    const gang__gguf_kv *kv = g_find(c, name, key);
     gang__gguf_str s;
 
     if (kv == NULL || kv->type != GANG__GGUF_STRING)
@@ -106,32 +123,37 @@ static int g_str_is(const gcfg *c, const char *key, const char *want)
 }
 
 /* general.architecture and the features we do not implement. */
-static int g_arch(const gcfg *c, gang_model_config *cfg)
+static int g_arch(gcfg *c, gang_model_config *cfg)
 {
     const gang__gguf_kv *kv = gang__gguf_find_kv(c->g, "general.architecture");
     gang__gguf_str s;
     uint32_t v;
+    char key[64];
 
     if (kv == NULL || kv->type != GANG__GGUF_STRING) {
         gang_set_err(c->err, c->errlen, "%s: metadata general.architecture is missing", c->path);
         return GANG_EMODEL;
     }
     s = gang__gguf_arr_str(c->g, kv, 0);
-    if (!(s.n == 5 && memcmp(s.p, "llama", 5) == 0)) {
+    if (s.n == 5 && memcmp(s.p, "llama", 5) == 0) {
+        c->arch = "llama";
+        cfg->arch = GANG_ARCH_LLAMA;
+    } else if (s.n == 5 && memcmp(s.p, "qwen2", 5) == 0) {
+        c->arch = "qwen2"; /* q/k/v biases; llama.cpp leaves its q/k rows unpermuted */
+        cfg->arch = GANG_ARCH_QWEN2;
+        cfg->attn_bias = 1;
+    } else {
         gang_set_err(c->err, c->errlen,
-                     "%s: general.architecture \"%.*s\" is not supported (only \"llama\")", c->path,
-                     (int)(s.n > 64 ? 64 : s.n), s.p);
+                     "%s: general.architecture \"%.*s\" is not supported (llama and qwen2 are)",
+                     c->path, (int)(s.n > 64 ? 64 : s.n), s.p);
         return GANG_EMODEL;
     }
-    cfg->arch = GANG_ARCH_LLAMA;
     if (g_uint(c, "llama.expert_count", 0, 0, 0, &v) != 0)
         return GANG_EMODEL;
-    if (gang__gguf_find_kv(c->g, "llama.rope.scaling.type") != NULL &&
+    if (g_find(c, "llama.rope.scaling.type", key) != NULL &&
         g_str_is(c, "llama.rope.scaling.type", "none") != 1) {
-        gang_set_err(c->err, c->errlen,
-                     "%s: metadata llama.rope.scaling.type: rope scaling is not "
-                     "implemented",
-                     c->path);
+        gang_set_err(c->err, c->errlen, "%s: metadata %s: rope scaling is not implemented", c->path,
+                     key);
         return GANG_EMODEL;
     }
     return 0;
@@ -227,6 +249,7 @@ int gang__gguf_config_read(const char *path, gang_model_config *cfg, char *err, 
     c.path = path;
     c.err = err;
     c.errlen = errlen;
+    c.arch = "llama";
     rc = g_arch(&c, &out);
     if (rc == 0)
         rc = g_shape(&c, &out);

@@ -12,6 +12,7 @@
  *       "smollm"                  Digits (individual) then ByteLevel with the GPT-2 regex
  *       "gpt-2", "default"        ByteLevel with the GPT-2 regex
  *       "llama-bpe", "llama3"     Split on the Llama 3 regex, then ByteLevel without regex
+ *       "qwen2"                   the same with Qwen2's regex (single digits)
  *   tokenizer.ggml.add_bos_token  true: a TemplateProcessing post-processor adds BOS
  *
  * Other models (SentencePiece "llama", "bert", ...) and other pre-tokenizers are refused
@@ -27,6 +28,10 @@
 #include "ganglion/model.h"
 #include "gguf.h"
 
+/* Qwen2's: Llama 3's with single digits. */
+#define QWEN2_REGEX                                                                                \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define LLAMA3_REGEX                                                                               \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
@@ -100,8 +105,9 @@ static cJSON *pre_tokenizer(gang__gguf_str pre, int *known)
 {
     cJSON *seq = cJSON_CreateObject(), *list = cJSON_CreateArray(), *first = NULL, *bl;
     int smollm = str_is(pre, "smollm"), l3 = str_is(pre, "llama-bpe") || str_is(pre, "llama3");
+    const char *regex = l3 ? LLAMA3_REGEX : str_is(pre, "qwen2") ? QWEN2_REGEX : NULL;
 
-    *known = smollm || l3 || str_is(pre, "gpt-2") || str_is(pre, "default") || pre.n == 0;
+    *known = smollm || regex || str_is(pre, "gpt-2") || str_is(pre, "default") || pre.n == 0;
     if (!*known || seq == NULL || list == NULL)
         goto out_fail;
     if (smollm) {
@@ -109,11 +115,14 @@ static cJSON *pre_tokenizer(gang__gguf_str pre, int *known)
         if (first == NULL || add(first, "type", cJSON_CreateString("Digits")) ||
             add(first, "individual_digits", cJSON_CreateTrue()))
             goto out_fail;
-    } else if (l3) {
+    } else if (regex != NULL) {
         cJSON *pat = cJSON_CreateObject();
         first = cJSON_CreateObject();
-        if (pat == NULL || first == NULL || add(pat, "Regex", cJSON_CreateString(LLAMA3_REGEX)) ||
-            add(first, "type", cJSON_CreateString("Split")) || add(first, "pattern", pat) ||
+        if (pat == NULL || first == NULL || add(pat, "Regex", cJSON_CreateString(regex))) {
+            cJSON_Delete(pat);
+            goto out_fail;
+        }
+        if (add(first, "type", cJSON_CreateString("Split")) || add(first, "pattern", pat) ||
             add(first, "behavior", cJSON_CreateString("Isolated")) ||
             add(first, "invert", cJSON_CreateFalse()))
             goto out_fail;
@@ -121,7 +130,7 @@ static cJSON *pre_tokenizer(gang__gguf_str pre, int *known)
     if (first != NULL && !cJSON_AddItemToArray(list, first))
         goto out_fail;
     first = NULL;
-    bl = byte_level(!l3);
+    bl = byte_level(regex == NULL);
     if (bl == NULL || !cJSON_AddItemToArray(list, bl)) {
         cJSON_Delete(bl);
         goto out_fail;
@@ -284,7 +293,7 @@ static int tokenizer_json(const gang__gguf *g, char **out, char *err, size_t err
         gang_set_err(err, errlen,
                      known ? "%s: out of memory"
                            : "%s: tokenizer.ggml.pre \"%.*s\" "
-                             "is not supported (smollm, gpt-2, default, llama-bpe are)",
+                             "is not supported (smollm, gpt-2, default, llama-bpe, qwen2 are)",
                      g->path, (int)(pre.n > 32 ? 32 : pre.n), pre.p);
         return known ? GANG_ENOMEM : GANG_EMODEL;
     }

@@ -518,6 +518,22 @@ static float o_val(int r, int c)
 /* Tokenizer metadata of the next write_model: model, pre-tokenizer, add_bos_token. */
 static const char *tok_model = "gpt2", *tok_pre = "smollm";
 static int tok_add_bos;
+/* Architecture of the next write_model: "llama", or "qwen2" (its keys, q/k/v biases). */
+static const char *arch = "llama";
+
+/* ARCH.name, for the architecture's keys. */
+static const char *akey(const char *name)
+{
+    static char buf[8][96];
+    static int next;
+    char *b = buf[next++ % 8];
+    snprintf(b, sizeof(buf[0]), "%s.%s", arch, name);
+    return b;
+}
+static float bias_val(int r)
+{
+    return (float)r * 0.25f - 2.0f;
+}
 
 /* Writes the model to path (gate_rows: rows of ffn_gate, FFN when well-formed). */
 static void write_model(const char *path, uint64_t gate_rows)
@@ -525,7 +541,7 @@ static void write_model(const char *path, uint64_t gate_rows)
     static const char *const toks[] = {"a", "b", "ab", "<|end|>"};
     static const char *const merges[] = {"a b"};
     static const int32_t types[] = {1, 1, 1, 3};
-    static float embd[V * H], ones[H], q[H * H];
+    static float embd[V * H], ones[H], q[H * H], bias[H];
     static uint8_t k[HD * 34], o[H * H * 2], v[HD * H * 2], zq[FFN * H * 2];
     gw m = {0};
     size_t len, i;
@@ -534,8 +550,10 @@ static void write_model(const char *path, uint64_t gate_rows)
     for (r = 0; r < V; r++)
         for (c = 0; c < H; c++)
             embd[r * H + c] = (float)(r * H + c) / 64.0f;
-    for (i = 0; i < H; i++)
+    for (i = 0; i < H; i++) {
         ones[i] = 1.0f;
+        bias[i] = bias_val((int)i);
+    }
     for (r = 0; r < H; r++)
         for (c = 0; c < H; c++) {
             uint16_t bf = gang_f32_to_bf16(o_val(r, c));
@@ -551,15 +569,15 @@ static void write_model(const char *path, uint64_t gate_rows)
             memcpy(v + 2 * (r * H + c), &h, 2);
         }
     }
-    kv_str(&m, "general.architecture", "llama");
-    kv_u32(&m, "llama.block_count", 1);
-    kv_u32(&m, "llama.embedding_length", H);
-    kv_u32(&m, "llama.feed_forward_length", FFN);
-    kv_u32(&m, "llama.attention.head_count", H / HD);
-    kv_u32(&m, "llama.attention.head_count_kv", 1);
-    kv_u32(&m, "llama.context_length", 64);
-    kv_f32(&m, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    kv_f32(&m, "llama.rope.freq_base", 10000.0f);
+    kv_str(&m, "general.architecture", arch);
+    kv_u32(&m, akey("block_count"), 1);
+    kv_u32(&m, akey("embedding_length"), H);
+    kv_u32(&m, akey("feed_forward_length"), FFN);
+    kv_u32(&m, akey("attention.head_count"), H / HD);
+    kv_u32(&m, akey("attention.head_count_kv"), 1);
+    kv_u32(&m, akey("context_length"), 64);
+    kv_f32(&m, akey("attention.layer_norm_rms_epsilon"), 1e-5f);
+    kv_f32(&m, akey("rope.freq_base"), 10000.0f);
     kv_str(&m, "tokenizer.ggml.model", tok_model);
     kv_str(&m, "tokenizer.ggml.pre", tok_pre);
     w_str(&m, "tokenizer.ggml.add_bos_token");
@@ -584,8 +602,12 @@ static void write_model(const char *path, uint64_t gate_rows)
         {"blk.0.ffn_up.weight", GANG__GGML_Q4_1, 2, {H, FFN}, zq, FFN * 20, AUTO},
         {"blk.0.ffn_down.weight", GANG__GGML_Q5_0, 2, {FFN, H}, zq, H * 22, AUTO},
         {"output_norm.weight", GANG__GGML_F32, 1, {H}, ones, sizeof(ones), AUTO},
+        {"blk.0.attn_q.bias", GANG__GGML_F32, 1, {H}, bias, sizeof(bias), AUTO},
+        {"blk.0.attn_k.bias", GANG__GGML_F32, 1, {HD}, bias, HD * 4, AUTO},
+        {"blk.0.attn_v.bias", GANG__GGML_F32, 1, {HD}, bias, HD * 4, AUTO},
     };
-    uint8_t *b = build(3, &m, 18, t, sizeof(t) / sizeof(t[0]), &len);
+    size_t nt = sizeof(t) / sizeof(t[0]) - (strcmp(arch, "qwen2") == 0 ? 0 : 3);
+    uint8_t *b = build(3, &m, 18, t, nt, &len);
     fx_write(path, b, len);
     free(b);
     free(m.b);
@@ -650,6 +672,42 @@ static void test_model(void **state)
     assert_int_equal(gang_model_load(path, &t1, 0, &m, err, sizeof(err)), GANG_EMODEL);
     assert_null(m);
     assert_non_null(strstr(err, "blk.0.ffn_gate.weight has ne [32, 16, 1, 1]"));
+    fx_rmtree(dir);
+}
+
+/* A qwen2 file: its own keys, q/k/v biases, and q/k rows as they lie (llama.cpp permutes
+ * only llama's). */
+static void test_qwen2(void **state)
+{
+    (void)state;
+    char *dir = fx_tmpdir(), path[512], err[ERRLEN];
+    gang_model_config mc;
+    gang_model *m;
+    int r, c;
+
+    arch = "qwen2";
+    fx_path(path, sizeof(path), dir, "m.gguf");
+    write_model(path, FFN);
+    if (gang_model_config_read(path, &mc, err, sizeof(err)) != 0)
+        fail_msg("config: %s", err);
+    assert_int_equal(mc.arch, GANG_ARCH_QWEN2);
+    assert_int_equal(mc.attn_bias, 1);
+    assert_int_equal(mc.hidden, H);
+    gang_topology t2 = fx_topo(path, 2, 1);
+    m = fx_load_ok(path, &t2, 1);
+    for (r = 0; r < HD; r++) {
+        for (c = 0; c < H; c++)
+            assert_true(m->layers[0].wq[r * H + c] == q_val(HD + r, c));
+        assert_true(m->layers[0].bq[r] == bias_val(HD + r));
+        assert_true(m->layers[0].bk[r] == bias_val(r));
+    }
+    gang_model_free(m);
+    /* Another architecture is refused by name. */
+    arch = "gemma2";
+    write_model(path, FFN);
+    assert_int_equal(gang_model_config_read(path, &mc, err, sizeof(err)), GANG_EMODEL);
+    assert_non_null(strstr(err, "general.architecture \"gemma2\" is not supported"));
+    arch = "llama";
     fx_rmtree(dir);
 }
 
@@ -767,6 +825,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dequant_32),
         cmocka_unit_test(test_dequant_k),
         cmocka_unit_test(test_model),
+        cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
