@@ -271,6 +271,14 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
     uint32_t sw = 0;
     int rc;
 
+    /* transformers rotates only the first partial_rotary_factor x head_dim of a head. */
+    v = cfg_get(c, "partial_rotary_factor");
+    if (v != NULL && !(cJSON_IsNumber(v) && v->valuedouble == 1.0)) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: \"partial_rotary_factor\" is not 1; partial RoPE is not implemented",
+                     c->path);
+        return GANG_EMODEL;
+    }
     v = cfg_get(c, "hidden_act");
     if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, "silu") == 0)) {
         gang_set_err(c->err, c->errlen,

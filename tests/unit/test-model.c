@@ -419,6 +419,7 @@ static const bad_cfg bad_cfgs[] = {
     {"architectures", "[\"Qwen2ForCausalLM\"]", "use_sliding_window", "true", "sliding_window",
      "sliding_window", "64"},
     {"hidden_act", "\"gelu\"", NULL, NULL, "hidden_act", NULL, NULL},
+    {"partial_rotary_factor", "0.5", NULL, NULL, "partial_rotary_factor", NULL, NULL},
     {"attention_bias", "true", NULL, NULL, "attention_bias", NULL, NULL},
     {"mlp_bias", "true", NULL, NULL, "mlp_bias", NULL, NULL},
     {"rms_norm_eps", "-1", NULL, NULL, "rms_norm_eps", NULL, NULL},
