@@ -899,6 +899,80 @@ static void test_loaded_model_layouts(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/*
+ * Dynamic NTK in a batch: each sequence is rotated with the tables of its own length. Two
+ * requests prefilled in the same step (4 and 2 tokens, original context 2) and decoded
+ * together give each the tokens and top-5 logprobs (1e-4) it gets alone (same chunking),
+ * so neither borrows the other's table.
+ */
+static void test_dynamic_ntk_batch(void **state)
+{
+    static script sc, alone;
+    char dir[] = "/tmp/ganglion-test-engine-XXXXXX", err[512], cmd[128];
+    gang_mkmodel_opts o = {.arch = GANG_ARCH_LLAMA,
+                           .layers = 2,
+                           .hidden = 32,
+                           .heads = 4,
+                           .kv_heads = 2,
+                           .ffn = 64,
+                           .vocab = 97,
+                           .max_pos = 2,
+                           .seed = 17,
+                           .dtype = GANG_DTYPE_F32,
+                           .shards = 1,
+                           .rope_scaling = "{\"rope_type\": \"dynamic\", \"factor\": 16.0}"};
+    gang_engine_config cfg = engine_config(1);
+    gang_topology_config tc;
+    gang_model_config mc;
+    gang_topology t1;
+    gang_model *m = NULL;
+    gang_engine *e = NULL;
+    script_out exp[2];
+    uint32_t i;
+
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    o.out_dir = dir;
+    if (gang_mkmodel(&o, err, sizeof(err)) != 0 ||
+        gang_model_config_read(dir, &mc, err, sizeof(err)) != 0)
+        fail_msg("model: %s", err);
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(&mc, &tc);
+    tc.nnodes = tc.nproc_per_node = tc.tp = tc.pp = 1;
+    assert_int_equal(gang_topology_init(&tc, &t1, NULL, 0), 0);
+    if (gang_model_load(dir, &t1, 0, &m, err, sizeof(err)) != 0)
+        fail_msg("load: %s", err);
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    memset(&sc, 0, sizeof(sc));
+    sc.steps = 12;
+    add_req(&sc, 1, 0, 4, 6, greedy);
+    add_req(&sc, 2, 0, 2, 6, greedy);
+    for (i = 0; i < 2; i++) {
+        sc.reqs[i].logprobs = 1;
+        sc.reqs[i].top_logprobs = 5;
+    }
+    for (i = 0; i < 2; i++) {
+        memset(&alone, 0, sizeof(alone));
+        alone.reqs[0] = sc.reqs[i];
+        alone.n_reqs = 1;
+        alone.steps = 12;
+        script_run_local(e, &alone);
+        exp[i] = alone.out[0];
+    }
+    script_run_local(e, &sc);
+    check_script(&sc, exp, "dynamic NTK: batch vs alone");
+    for (i = 0; i < 2; i++)
+        for (uint32_t j = 0; j < exp[i].n; j++)
+            for (uint32_t t = 0; t < 5; t++)
+                if (!(fabsf(sc.out[i].top_lp[j][t] - exp[i].top_lp[j][t]) <= 1e-4f))
+                    fail_msg("dynamic NTK: request %u step %u: logprob %g in the batch, %g alone",
+                             i, j, (double)sc.out[i].top_lp[j][t], (double)exp[i].top_lp[j][t]);
+    gang_engine_free(e);
+    gang_model_free(m);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -914,6 +988,7 @@ int main(void)
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),
+        cmocka_unit_test(test_dynamic_ntk_batch),
         cmocka_unit_test(test_gen_validation),
         cmocka_unit_test(test_eos),
         cmocka_unit_test(test_penalties),
