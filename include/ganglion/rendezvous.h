@@ -319,7 +319,8 @@ int gang_auth_session_verify(gang_session *s, const uint8_t *frame, size_t len,
  * of its *.safetensors / *.json files in sorted order. An empty path digests to the
  * SHA-256 of the empty string. GANG_ENOENT when the directory or its config.json does
  * not exist, GANG_EMODEL when config.json is over 64 MiB. docs/protocol.md §5.5 gives the
- * exact construction.
+ * exact construction. A path that is a regular file (a GGUF model) digests to SHA-256 of
+ * "file", its first 4 MiB and its u64le size.
  */
 int gang_model_digest(const char *dir, uint8_t out[GANG_DIGEST_SIZE]);
 

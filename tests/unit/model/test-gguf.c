@@ -24,6 +24,7 @@
 
 #include "fixtures.h"
 #include "ganglion/model.h"
+#include "ganglion/rendezvous.h"
 #include "gguf.h"
 
 /* ---- a tiny GGUF writer ---- */
@@ -675,6 +676,28 @@ static void test_model(void **state)
     fx_rmtree(dir);
 }
 
+/* The digest of a one-file model: stable, and it changes with the metadata. */
+static void test_digest(void **state)
+{
+    (void)state;
+    char *dir = fx_tmpdir(), path[512];
+    uint8_t a[GANG_DIGEST_SIZE], b[GANG_DIGEST_SIZE], c[GANG_DIGEST_SIZE];
+
+    fx_path(path, sizeof(path), dir, "m.gguf");
+    write_model(path, FFN);
+    assert_int_equal(gang_model_digest(path, a), 0);
+    assert_int_equal(gang_model_digest(path, b), 0);
+    assert_memory_equal(a, b, sizeof(a));
+    tok_pre = "SMOLLM"; /* same size, other metadata */
+    write_model(path, FFN);
+    tok_pre = "smollm";
+    assert_int_equal(gang_model_digest(path, c), 0);
+    assert_memory_not_equal(a, c, sizeof(a));
+    fx_path(path, sizeof(path), dir, "none.gguf");
+    assert_int_equal(gang_model_digest(path, c), GANG_ENOENT);
+    fx_rmtree(dir);
+}
+
 /* A qwen2 file: its own keys, q/k/v biases, and q/k rows as they lie (llama.cpp permutes
  * only llama's). */
 static void test_qwen2(void **state)
@@ -825,6 +848,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dequant_32),
         cmocka_unit_test(test_dequant_k),
         cmocka_unit_test(test_model),
+        cmocka_unit_test(test_digest),
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_text),
     };
