@@ -48,6 +48,31 @@ def chat(h, gguf):
     return r.stdout.decode(errors="replace").strip()
 
 
+def check_config(h, gguf):
+    """serve --check-config reads the GGUF's metadata (exit 0, the shape in its summary) and
+    refuses a truncated copy with exit 3 and a message naming the file."""
+    import shutil
+    import tempfile
+    argv = [h.bin, "serve", "--check-config", "--node-index", "0", "--coordinator",
+            "127.0.0.1:29400", "--model"]
+    r = subprocess.run(argv + [gguf], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=30, env=h.clean_env())
+    err = (r.stdout + r.stderr).decode(errors="replace")
+    H.check(r.returncode == 0 and "30 layers, hidden 576, 9 heads (3 kv)" in err,
+            "--check-config on the GGUF exited %d: %s" % (r.returncode, err[-1000:]))
+    with tempfile.TemporaryDirectory() as tmp:
+        cut = os.path.join(tmp, "cut.gguf")
+        with open(gguf, "rb") as src, open(cut, "wb") as dst:
+            dst.write(src.read(1 << 20))  # the header continues past 1 MiB
+        r = subprocess.run(argv + [cut], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=30, env=h.clean_env())
+        err = r.stderr.decode(errors="replace")
+        H.check(r.returncode == 3 and "cut.gguf" in err and "truncated" in err,
+                "--check-config on a truncated GGUF exited %d: %s" % (r.returncode, err[-1000:]))
+        shutil.rmtree(tmp, ignore_errors=True)
+    H.log("--check-config reads the GGUF and refuses a truncated copy")
+
+
 def eos_id(py, gguf):
     """tokenizer.ggml.eos_token_id of the file, read by the gguf package."""
     code = ("import sys, gguf; f = gguf.GGUFReader(sys.argv[1]).fields"
@@ -61,6 +86,7 @@ def eos_id(py, gguf):
 def scenario(h):
     gguf = S.fetch("smollm2-gguf")
     py = S.fetch("python")
+    check_config(h, gguf)
     eos = {eos_id(py, gguf)}
     t0 = time.monotonic()
     prompt = S.hf_answers(hf_greedy(py, gguf, "--encode-only"), 1)[0]["prompt_ids"]
