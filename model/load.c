@@ -210,10 +210,11 @@ static int ld_check_layout(const gang_model_config *c, const gang_topology *t, c
         t->head_dim == c->head_dim)
         return 0;
     gang_set_err(err, errlen,
-                 "%s/config.json: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
+                 "%s%s: layers %u, heads %u, kv heads %u, ffn %u, hidden %u, vocab "
                  "%u differ from the layout's %u, %u, %u, %u, %u, %u",
-                 dir, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn, c->hidden, c->vocab,
-                 t->n_layers, t->n_heads, t->n_kv_heads, t->ffn, t->hidden, t->vocab);
+                 dir, gang__gguf_is_path(dir) ? "" : "/config.json", c->n_layers, c->n_heads,
+                 c->n_kv_heads, c->ffn, c->hidden, c->vocab, t->n_layers, t->n_heads, t->n_kv_heads,
+                 t->ffn, t->hidden, t->vocab);
     return GANG_EMODEL;
 }
 
