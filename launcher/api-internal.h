@@ -88,7 +88,8 @@ typedef struct api_seq {
     uint32_t parts;    /* prompt ids delivered to rank 0 in sent_gen (pieces) */
     uint32_t submissions;
     uint64_t sent_ms, first_ms, last_ms;
-    int done;
+    int done;      /* finished here (the gang's DONE, or a stop string) */
+    int gang_done; /* the gang reported DONE: nothing to cancel there */
     char finish[8];
 } api_seq;
 
@@ -124,7 +125,7 @@ struct gang_api {
     void *sweep; /* uv_timer_t */
     gang_wctl pkt;
     uint64_t answered[6]; /* 200, 400, 401, 404, 503, 504 */
-    uint64_t resubmits, cancels, mismatches, stop_strings;
+    uint64_t resubmits, cancels, mismatches, stop_strings, client_gone;
     gang_histogram h_queue, h_prefill, h_tps, h_total, h_ttft, h_itl;
 };
 
@@ -136,7 +137,8 @@ void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const cha
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Answers with o (consumed) as JSON. */
 void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
-/* Tells rank 0 to stop generating s (when it runs in the current generation). */
+/* Tells rank 0 to stop generating s (when it runs in the current generation and the gang
+ * has not finished it). */
 void gang__api_cancel_in_gang(gang_api *api, api_seq *s);
 
 /* ---- api-parse.c ---- */

@@ -124,7 +124,7 @@ static void call_free(gang_api *api, api_call *c)
 
 void gang__api_cancel_in_gang(gang_api *api, api_seq *s)
 {
-    if (api->gen == 0 || s->sent_gen != api->gen || s->done)
+    if (api->gen == 0 || s->sent_gen != api->gen || s->gang_done)
         return;
     gang_wctl *m = &api->pkt;
     memset(m, 0, sizeof(*m));
@@ -144,6 +144,25 @@ static void call_fail_free(gang_api *api, api_call *c, int status, const char *t
     count_status(api, status);
     gang__api_call_fail(api, c, status, type, msg);
     call_free(api, c);
+}
+
+/*
+ * The client of c went away (a stream write failed): its sequences are cancelled in the
+ * gang, the exchange is ended and c freed. Returns 1 when that happened.
+ */
+static int call_drop_if_gone(gang_api *api, api_call *c)
+{
+    if (!c->closed)
+        return 0;
+    for (uint32_t i = 0; i < c->n_seqs; i++)
+        gang__api_cancel_in_gang(api, c->seqs[i]);
+    if (c->streaming)
+        gang_http_stream_end(c->x);
+    else
+        gang_http_reply(c->x, 499, NULL, NULL, 0); /* dropped: the connection is gone */
+    api->client_gone++;
+    call_free(api, c);
+    return 1;
 }
 
 /* A sequence finished (by the gang or a stop string): answer the call when all are. */
@@ -582,6 +601,8 @@ void gang_api_on_token(gang_api *api, const gang_wctl *m)
         s->first_ms = now;
     s->last_ms = now;
     gang__api_seq_token(api, s, m->token, &lp);
+    if (call_drop_if_gone(api, s->call))
+        return;
     if (s->done) { /* a stop string matched */
         api->stop_strings++;
         gang__api_cancel_in_gang(api, s);
@@ -596,6 +617,7 @@ void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, co
     char msg[GANG_REASON_MAX + 64];
     if (s == NULL || s->done || s->sent_gen != gen || gen != api->gen)
         return;
+    s->gang_done = 1;
     if (code < 0) {
         int bad = code == GANG_EINVAL;
         if (bad)
@@ -608,7 +630,8 @@ void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, co
         return;
     }
     gang__api_seq_finish(api, s, finish[0] ? finish : "length");
-    seq_done(api, s);
+    if (!call_drop_if_gone(api, s->call))
+        seq_done(api, s);
 }
 
 /* ------------------------------------------------------------------ metrics */
@@ -638,6 +661,9 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
          api->mismatches},
         {"ganglion_request_stop_strings_total", "Prompts ended by one of their stop strings", 0,
          api->stop_strings},
+        {"ganglion_request_client_gone_total",
+         "Streamed calls whose client went away before the end (cancelled in the gang)", 0,
+         api->client_gone},
     };
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
         gang_metrics_family(b, cs[i].name, cs[i].gauge ? GANG_METRIC_GAUGE : GANG_METRIC_COUNTER,

@@ -176,13 +176,45 @@ def check_stream(c, prompt):
     return ctext["choices"][0]["text"]
 
 
-def check_stops(c, prompt, text):
+def metric(g, name):
+    code, text = g.get(0, "/metrics")
+    H.check(code == 200, "/metrics answered %r" % code)
+    for ln in text.splitlines():
+        if ln.startswith(name + " "):
+            return float(ln.split()[1])
+    raise H.TestFailure("no metric %s" % name)
+
+
+def check_client_gone(c, g, prompt):
+    """A client that leaves mid-stream: its request is cancelled in the gang."""
+    cancels, gone = metric(g, "ganglion_request_cancels_total"), \
+        metric(g, "ganglion_request_client_gone_total")
+    conn = http.client.HTTPConnection(c.addr, c.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": prompt, "max_tokens": 3000, "ignore_eos": True, "stream": True}),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer " + c.key})
+    r = conn.getresponse()
+    for _ in range(4):
+        r.fp.readline()
+    conn.sock.shutdown(2)
+    conn.close()
+    H.wait_until(lambda: metric(g, "ganglion_request_client_gone_total") > gone, 20,
+                 what="the server noticing the client left")
+    H.check(metric(g, "ganglion_request_cancels_total") > cancels,
+            "the request of a client that left was not cancelled in the gang")
+    c.ok("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+
+
+def check_stops(c, prompt, text, g):
     # A stop string from the middle of the greedy text, likely spanning tokens.
     mid = len(text) // 2
     stop = text[mid:mid + 5]
     want = text[:text.index(stop)]
     body = {"prompt": prompt, "max_tokens": 30, "ignore_eos": True, "stop": [stop]}
+    cancels = metric(g, "ganglion_request_cancels_total")
     r = c.ok("/v1/completions", body)
+    H.check(metric(g, "ganglion_request_cancels_total") == cancels + 1,
+            "a stop string did not cancel the rest of the request in the gang")
     H.check(r["choices"][0]["text"] == want and r["choices"][0]["finish_reason"] == "stop",
             "stop %r: %r (want %r)" % (stop, r["choices"][0], want))
     events, done = c.stream("/v1/completions", body)
@@ -322,7 +354,8 @@ def scenario(h):
     c = Client(g)
     prompt, _ = check_text(c)
     text = check_stream(c, prompt)
-    check_stops(c, prompt, text)
+    check_stops(c, prompt, text, g)
+    check_client_gone(c, g, prompt)
     check_logprobs(c, prompt)
     check_errors(c, g)
     check_long_prompt(c)
