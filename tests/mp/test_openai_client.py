@@ -6,7 +6,8 @@ SmolLM2-135M-Instruct (one node, one rank, an API key):
 * a text completion and the same prompt as ids give the same tokens and text;
 * a chat completion's greedy answer equals transformers' greedy answer token for token
   (tests/reference/hf-greedy.py on the same chat template, computed in this run), and it
-  stops at the model's end-of-sequence token <|im_end|> (finish_reason "stop");
+  stops at the model's end-of-sequence token <|im_end|> (finish_reason "stop"); its raw
+  logprobs (top 5 of every step) agree with transformers' log-softmax within 1e-4;
 * streamed chat and streamed completions join to the unstreamed text, with a usage chunk;
 * a wrong key raises AuthenticationError (401), a prompt beyond the context
   BadRequestError (400) whose message names both numbers.
@@ -70,7 +71,7 @@ def reexec_with_reference_python():
 def reference(py, model):
     """transformers' greedy answer to QUESTION (ids up to and including EOS)."""
     r = subprocess.run([py, HF_GREEDY, "--model", model, "--chat", QUESTION,
-                        "--max-tokens", "24"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        "--max-tokens", "24", "--top5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        timeout=150, env=dict(os.environ, TQDM_DISABLE="1",
                                              TOKENIZERS_PARALLELISM="false"))
     H.check(r.returncode == 0, "hf-greedy.py failed: %s" % r.stderr.decode()[-1500:])
@@ -115,6 +116,20 @@ def scenario(h):
     H.check(got == want["ids"], "greedy chat ids differ from transformers':\n%r\n%r"
             % (got, want["ids"]))
     H.check(chat.choices[0].finish_reason == "stop", "finish %r" % chat.choices[0].finish_reason)
+    # The raw logprobs of every step agree with transformers' log-softmax (top 5).
+    lp = c.chat.completions.create(model=SERVED, messages=msgs, max_tokens=24, temperature=0,
+                                   logprobs=True, top_logprobs=5).choices[0].logprobs.content
+    H.check(len(lp) == len(want["top5"]), "%d logprob steps, %d reference steps"
+            % (len(lp), len(want["top5"])))
+    worst = 0.0
+    for step, (ours, ref) in enumerate(zip(lp, want["top5"])):
+        H.check(abs(ours.logprob - ref[0][2]) < 1e-4, "step %d: chosen logprob %r vs %r"
+                % (step, ours.logprob, ref[0][2]))
+        for k, (t, r5) in enumerate(zip(ours.top_logprobs, ref)):
+            worst = max(worst, abs(t.logprob - r5[2]))
+            H.check(abs(t.logprob - r5[2]) < 1e-4, "step %d, alternative %d: %r vs %r"
+                    % (step, k, t.logprob, r5[2]))
+    H.log("logprobs: %d steps x top 5, largest difference %.2e" % (len(lp), worst))
     text = chat.choices[0].message.content
     H.check("<|im_end|>" not in text and text.strip() and text in want["text"],
             "chat text %r (transformers: %r)" % (text, want["text"]))

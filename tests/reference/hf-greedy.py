@@ -18,7 +18,7 @@ the last position's logits (ties: the lowest id, as torch.argmax). It stops afte
 
 --encode-only prints only {"prompt_ids"} per prompt, without loading the model. Otherwise
 it prints one JSON line per prompt, in order: {"prompt_ids", "ids", "finish": "stop" or
-"length", "text", and with --top5 "top5": per step the five best [id, logit] pairs}.
+"length", "text", and with --top5 "top5": per step the five best [id, logit, logprob]}.
 Needs the Python that `scripts/fetch-reference.sh python` prints. greedy() is also used by
 hf-from-gguf.py."""
 import argparse
@@ -40,7 +40,7 @@ def eos_ids(model):
 def greedy(model, prompt_ids, max_tokens, stop_ids=(), top5=False):
     """Greedy continuation of prompt_ids (a list of ints) by model (in eval mode): a list
     of at most max_tokens ids, ending at the first id in stop_ids; with top5, also the
-    five best (id, logit) pairs of every step. Returns (ids, finish, steps)."""
+    five best [id, logit, log-probability] of every step. Returns (ids, finish, steps)."""
     import torch
     from transformers import DynamicCache
     ids, steps, past = [], [], DynamicCache()
@@ -54,7 +54,9 @@ def greedy(model, prompt_ids, max_tokens, stop_ids=(), top5=False):
         nxt = int(torch.argmax(logits))
         if top5:
             v, i = torch.topk(logits, 5)
-            steps.append([[int(a), float(b)] for a, b in zip(i.tolist(), v.tolist())])
+            lp = torch.log_softmax(logits.double(), dim=-1)[i]
+            steps.append([[int(a), float(b), float(c)]
+                          for a, b, c in zip(i.tolist(), v.tolist(), lp.tolist())])
         ids.append(nxt)
         if nxt in stop_ids:
             finish = "stop"
