@@ -376,6 +376,14 @@ int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, con
                            size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                            size_t pos0, float *out)
 {
+    return gang_kernels_attention_window(k, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
+                                         0, out);
+}
+
+int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *kc, const float *vc,
+                                  size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
+                                  size_t head_dim, size_t pos0, size_t window, float *out)
+{
     size_t tmp;
     int rc;
 
@@ -393,7 +401,8 @@ int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, con
         return rc;
     if (k->be->attention == NULL)
         return GANG_ENOSYS;
-    return k->be->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, out);
+    return k->be->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, window,
+                            out);
 }
 
 int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, size_t n, float *out)

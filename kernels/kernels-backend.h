@@ -54,7 +54,7 @@ typedef struct gang__kernels_backend {
     int (*softmax)(void *ctx, float *x, size_t rows, size_t cols);
     int (*attention)(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
                      size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                     float *out);
+                     size_t window, float *out);
     int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*embedding)(void *ctx, const float *table, size_t vocab, size_t dim, const int32_t *ids,
                      size_t n_ids, float *out);

@@ -260,15 +260,50 @@ static int cfg_dtype(const cfg_ctx *c, gang_dtype *dt)
 }
 
 /*
- * The features we do not implement. A different activation changes every output; sliding-window
- * attention changes the output only past the window, so a window at least as long as the context is
- * accepted (it never binds).
+ * The sliding window (transformers' current semantics): Mistral's "sliding_window" applies
+ * to every layer; Qwen2's and Qwen3's only when "use_sliding_window" is true, to the layers
+ * from "max_window_layers" on. A window as long as the context never binds and is dropped
+ * (it costs nothing). Sets cfg->sliding_window (0: none) and cfg->window_first_layer.
  */
-static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
+static int cfg_window(const cfg_ctx *c, gang_model_config *cfg)
+{
+    int32_t use_sw = 1;
+    uint32_t sw = 0, first = 0;
+    int rc;
+
+    cfg->sliding_window = 0;
+    cfg->window_first_layer = 0;
+    /* Qwen2/3 carry a window they do not use unless use_sliding_window is true. */
+    if (cfg->arch == GANG_ARCH_QWEN2 || cfg->arch == GANG_ARCH_QWEN3) {
+        rc = cfg_bool(c, "use_sliding_window", 0, &use_sw);
+        if (rc != 0)
+            return rc;
+        if (use_sw && cfg_get(c, "max_window_layers") != NULL) {
+            rc = cfg_uint(c, "max_window_layers", -1, 0, GANG_MODEL_MAX_LAYERS, &first);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    if (!use_sw || cfg_get(c, "sliding_window") == NULL)
+        return 0;
+    rc = cfg_uint(c, "sliding_window", -1, 1, UINT32_MAX, &sw);
+    if (rc != 0)
+        return rc;
+    if (sw < cfg->max_ctx_allowed && sw < cfg->max_pos && first < cfg->n_layers) {
+        cfg->sliding_window = sw;
+        cfg->window_first_layer = first;
+    }
+    return 0;
+}
+
+/*
+ * The features we do not implement. A different activation changes every output, as do
+ * MLP biases and partial RoPE.
+ */
+static int cfg_unsupported(const cfg_ctx *c, gang_model_config *cfg)
 {
     const cJSON *v;
-    int32_t use_sw = 1, mlp_bias = 0;
-    uint32_t sw = 0;
+    int32_t mlp_bias = 0;
     int rc;
 
     /* transformers rotates only the first partial_rotary_factor x head_dim of a head. */
@@ -296,26 +331,7 @@ static int cfg_unsupported(const cfg_ctx *c, const gang_model_config *cfg)
                      c->path);
         return GANG_EMODEL;
     }
-    /* Qwen2/3 carry a window they do not use unless use_sliding_window is true. */
-    if (cfg->arch == GANG_ARCH_QWEN2 || cfg->arch == GANG_ARCH_QWEN3) {
-        rc = cfg_bool(c, "use_sliding_window", 0, &use_sw);
-        if (rc != 0)
-            return rc;
-    }
-    if (use_sw && cfg_get(c, "sliding_window") != NULL) {
-        rc = cfg_uint(c, "sliding_window", -1, 1, UINT32_MAX, &sw);
-        if (rc != 0)
-            return rc;
-        if (sw < cfg->max_pos) {
-            gang_set_err(c->err, c->errlen,
-                         "%s: \"sliding_window\" = %u is shorter than "
-                         "max_position_embeddings = %u; sliding-window attention is not "
-                         "implemented",
-                         c->path, sw, cfg->max_pos);
-            return GANG_EMODEL;
-        }
-    }
-    return 0;
+    return cfg_window(c, cfg);
 }
 
 /* Bounds of the rope_scaling fields. */

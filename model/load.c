@@ -148,6 +148,8 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
 
     memset(l, 0, sizeof(*l));
     l->shard = *s;
+    if (m->cfg.sliding_window != 0 && li >= m->cfg.window_first_layer)
+        l->window = m->cfg.sliding_window;
     l->tp = m->topo.tp;
     l->hidden = m->cfg.hidden;
     l->head_dim = m->cfg.head_dim;

@@ -743,9 +743,9 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
             if (rc != 0)
                 return rc;
         }
-        rc = gang_kernels_attention(k, s->q + off * s->q_cols, c->k, c->v, len, pos0 + len,
-                                    l->shard.head_count, l->shard.kv_head_count, hd, pos0,
-                                    s->q + off * s->q_cols);
+        rc = gang_kernels_attention_window(k, s->q + off * s->q_cols, c->k, c->v, len, pos0 + len,
+                                           l->shard.head_count, l->shard.kv_head_count, hd, pos0,
+                                           l->window, s->q + off * s->q_cols);
         if (rc != 0)
             return rc;
         off += len;

@@ -104,6 +104,15 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols);
 int gang_kernels_attention(gang_kernels *k, const float *q, const float *kc, const float *vc,
                            size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                            size_t pos0, float *out);
+/*
+ * gang_kernels_attention with a sliding window (Mistral v0.1, Qwen2 with
+ * use_sliding_window): query i at position p = pos0 + i attends to the window keys
+ * max(0, p + 1 - window) .. p, the current one included (transformers' semantics);
+ * window 0 is no window. Keys before the window are never read.
+ */
+int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *kc, const float *vc,
+                                  size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
+                                  size_t head_dim, size_t pos0, size_t window, float *out);
 
 /*
  * SwiGLU gate: out[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + exp(-x)), n elements.

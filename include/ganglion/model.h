@@ -82,26 +82,30 @@ typedef struct gang_gen_defaults {
 
 typedef struct gang_model_config {
     gang_model_arch arch;
-    uint32_t hidden;          /* hidden_size */
-    uint32_t ffn;             /* intermediate_size */
-    uint32_t n_heads;         /* num_attention_heads */
-    uint32_t n_kv_heads;      /* num_key_value_heads (= n_heads when absent) */
-    uint32_t n_layers;        /* num_hidden_layers */
-    uint32_t vocab;           /* vocab_size */
-    uint32_t head_dim;        /* "head_dim", else hidden / n_heads; q width n_heads x head_dim */
-    uint32_t max_pos;         /* max_position_embeddings */
-    uint32_t max_ctx_allowed; /* the context the model may serve: max_pos, or for linear,
-                                 dynamic and YaRN scaling factor x the original context
-                                 when that is larger */
-    gang_rope_scaling rope;   /* rope_scaling (type GANG_ROPE_DEFAULT when absent) */
-    int32_t qk_norm;          /* Qwen3: q_norm / k_norm RMSNorm weights [head_dim] */
-    float rms_eps;            /* rms_norm_eps */
-    float rope_theta;         /* rope_theta (10000 when absent) */
-    int32_t tie_embeddings;   /* tie_word_embeddings: the LM head is the embedding table */
-    int32_t attn_bias;        /* q/k/v biases present (Qwen2, or "attention_bias": true) */
-    int32_t bos_token_id;     /* -1 when absent */
-    int32_t eos_token_id;     /* -1 when absent; else eos_ids[0] */
-    gang_dtype dtype;         /* torch_dtype (F32, F16 or BF16), informational */
+    uint32_t hidden;             /* hidden_size */
+    uint32_t ffn;                /* intermediate_size */
+    uint32_t n_heads;            /* num_attention_heads */
+    uint32_t n_kv_heads;         /* num_key_value_heads (= n_heads when absent) */
+    uint32_t n_layers;           /* num_hidden_layers */
+    uint32_t vocab;              /* vocab_size */
+    uint32_t head_dim;           /* "head_dim", else hidden / n_heads; q width n_heads x head_dim */
+    uint32_t max_pos;            /* max_position_embeddings */
+    uint32_t max_ctx_allowed;    /* the context the model may serve: max_pos, or for linear,
+                                    dynamic and YaRN scaling factor x the original context
+                                    when that is larger */
+    gang_rope_scaling rope;      /* rope_scaling (type GANG_ROPE_DEFAULT when absent) */
+    int32_t qk_norm;             /* Qwen3: q_norm / k_norm RMSNorm weights [head_dim] */
+    uint32_t sliding_window;     /* keys a query sees (itself included) in a windowed layer;
+                                    0: none (also when the window never binds) */
+    uint32_t window_first_layer; /* layers from this one on are windowed (Qwen2's
+                                    max_window_layers; 0 for Mistral) */
+    float rms_eps;               /* rms_norm_eps */
+    float rope_theta;            /* rope_theta (10000 when absent) */
+    int32_t tie_embeddings;      /* tie_word_embeddings: the LM head is the embedding table */
+    int32_t attn_bias;           /* q/k/v biases present (Qwen2, or "attention_bias": true) */
+    int32_t bos_token_id;        /* -1 when absent */
+    int32_t eos_token_id;        /* -1 when absent; else eos_ids[0] */
+    gang_dtype dtype;            /* torch_dtype (F32, F16 or BF16), informational */
     /* Every end-of-sequence id: config.json's eos_token_id (an int or a list), then
      * generation_config.json's when that file exists, in that order, deduplicated, each
      * < vocab. The engine ends a request after emitting one (unless it asks ignore_eos). */

@@ -36,7 +36,7 @@
 /* The blocked path (see the file comment); the arguments are those of the front. */
 static int attention_blocked(const float *q, const float *kc, const float *vc, size_t tq,
                              size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                             float *out)
+                             size_t window, float *out)
 {
     size_t group = n_heads / n_kv_heads, n_max = pos0 + tq;
     float scale = (float)(1.0 / sqrt((double)head_dim));
@@ -54,14 +54,17 @@ static int attention_blocked(const float *q, const float *kc, const float *vc, s
             for (size_t r = 0; r < b; r++) {
                 float *row = s + r * nk, max = -INFINITY, sum = 0.0f;
                 size_t valid = pos0 + i0 + r + 1;
-                for (size_t j = 0; j < valid; j++)
+                size_t first = window != 0 && valid > window ? valid - window : 0;
+                for (size_t j = first; j < valid; j++)
                     max = row[j] > max ? row[j] : max;
-                for (size_t j = 0; j < valid; j++) {
+                for (size_t j = first; j < valid; j++) {
                     row[j] = expf(row[j] - max);
                     sum += row[j];
                 }
                 float inv = 1.0f / sum;
-                for (size_t j = 0; j < valid; j++)
+                for (size_t j = 0; j < first; j++)
+                    row[j] = 0.0f;
+                for (size_t j = first; j < valid; j++)
                     row[j] *= inv;
                 for (size_t j = valid; j < nk; j++)
                     row[j] = 0.0f;
@@ -79,13 +82,14 @@ static int attention_blocked(const float *q, const float *kc, const float *vc, s
 #define CPU_ATTN_STACK_DIM 512
 
 int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t tq, size_t tk,
-                        size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0, float *out)
+                        size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
+                        size_t window, float *out)
 {
     size_t group = n_heads / n_kv_heads;
     double scale = 1.0 / sqrt((double)head_dim);
     int rc = 0;
     if (tq >= ATTN_BLOCK_MIN_Q && pos0 + tq >= ATTN_BLOCK_MIN_KEYS)
-        return attention_blocked(q, kc, vc, tq, n_heads, n_kv_heads, head_dim, pos0, out);
+        return attention_blocked(q, kc, vc, tq, n_heads, n_kv_heads, head_dim, pos0, window, out);
     /* Scratch on the stack for the sizes a decode loop uses (contexts up to
      * CPU_ATTN_STACK_KEYS, heads up to CPU_ATTN_STACK_DIM), so that serving allocates
      * nothing per token; larger calls fall back to the heap. */
@@ -100,13 +104,14 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
 
     for (size_t i = 0; i < tq; i++) {
         size_t n_keys = pos0 + i + 1; /* the front checked pos0 + tq <= tk */
+        size_t first = window != 0 && n_keys > window ? n_keys - window : 0;
 
         for (size_t h = 0; h < n_heads; h++) {
             const float *qv = q + (i * n_heads + h) * head_dim;
             size_t g = h / group;
             double max = -INFINITY, sum = 0.0;
 
-            for (size_t j = 0; j < n_keys; j++) {
+            for (size_t j = first; j < n_keys; j++) {
                 const float *kv = kc + (j * n_kv_heads + g) * head_dim;
                 double dot = 0.0;
                 for (size_t d = 0; d < head_dim; d++)
@@ -117,7 +122,7 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
             }
             for (size_t d = 0; d < head_dim; d++)
                 acc[d] = 0.0;
-            for (size_t j = 0; j < n_keys; j++) {
+            for (size_t j = first; j < n_keys; j++) {
                 const float *vv = vc + (j * n_kv_heads + g) * head_dim;
                 double w = exp(scores[j] - max);
                 sum += w;

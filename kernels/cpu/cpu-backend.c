@@ -134,10 +134,10 @@ static int cpu_softmax(void *ctx, float *x, size_t rows, size_t cols)
 
 static int cpu_attention(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
                          size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                         float *out)
+                         size_t window, float *out)
 {
     (void)ctx;
-    return gang__cpu_attention(q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, out);
+    return gang__cpu_attention(q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, window, out);
 }
 
 static int cpu_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)

@@ -160,19 +160,20 @@ __device__ static float block_num(const float *s_m, const float (*s_acc)[32 * AT
 /* Single pass: one block per (query i, head h) over all its keys, writing out directly. */
 __global__ static void attention_kernel(const float *q, const float *kc, const float *vc,
                                         unsigned n_heads, unsigned n_kv_heads, unsigned head_dim,
-                                        size_t pos0, float scale, float *out)
+                                        size_t pos0, size_t window, float scale, float *out)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_PER_LANE];
     const unsigned h = blockIdx.x % n_heads;
     const size_t i = blockIdx.x / n_heads;
     const unsigned g = h / (n_heads / n_kv_heads);
+    const size_t n_keys = pos0 + i + 1, first = window && n_keys > window ? n_keys - window : 0;
     float mx, den;
 
     /* block_attend reads the query row into registers and synchronises before returning,
      * so the writes below may overwrite it (out = q). */
     block_attend(q + (i * n_heads + h) * head_dim, kc, vc, (size_t)n_kv_heads * head_dim, g,
-                 head_dim, scale, 0, pos0 + i + 1, s_m, s_l, s_acc);
+                 head_dim, scale, first, n_keys, s_m, s_l, s_acc);
     block_merge(s_m, s_l, &mx, &den);
     float *orow = out + (i * n_heads + h) * head_dim;
     for (unsigned d = threadIdx.x; d < head_dim; d += blockDim.x)
@@ -185,21 +186,26 @@ __global__ static void attention_kernel(const float *q, const float *kc, const f
  * writing its unnormalised state to the scratch: part[(pair * splits + s)] holds m, l and
  * head_dim numerators. attention_merge_kernel then combines the chunks of each pair with
  * the same rescaling as the warps. A chunk past a query's causal bound is empty (m = -inf)
- * and adds nothing; chunk 0 always holds key 0.
+ * (or before its sliding window) and adds nothing; the chunk holding the first key of the
+ * window is never empty.
  */
 __global__ static void attention_split_kernel(const float *q, const float *kc, const float *vc,
                                               unsigned n_heads, unsigned n_kv_heads,
-                                              unsigned head_dim, size_t pos0, float scale,
-                                              size_t chunk, unsigned splits, float *part)
+                                              unsigned head_dim, size_t pos0, size_t window,
+                                              float scale, size_t chunk, unsigned splits,
+                                              float *part)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_PER_LANE];
     const unsigned pair = blockIdx.x, h = pair % n_heads, sp = blockIdx.y;
     const size_t i = pair / n_heads, n_keys = pos0 + i + 1;
     const unsigned g = h / (n_heads / n_kv_heads);
+    const size_t first = window && n_keys > window ? n_keys - window : 0;
     size_t j0 = (size_t)sp * chunk, j1 = j0 + chunk;
     float mx, den;
 
+    if (j0 < first)
+        j0 = first; /* before the sliding window */
     if (j1 > n_keys)
         j1 = n_keys;
     if (j0 > j1)
@@ -249,8 +255,8 @@ __global__ static void attention_merge_kernel(const float *part, unsigned splits
 extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc,
                                            const float *vc, size_t tq, size_t tk, size_t n_heads,
                                            size_t n_kv_heads, size_t head_dim, size_t pos0,
-                                           float *out, float *scratch, size_t scratch_floats,
-                                           int n_sm)
+                                           size_t window, float *out, float *scratch,
+                                           size_t scratch_floats, int n_sm)
 {
     size_t pairs = tq * n_heads, max_keys = pos0 + tq;
     float scale = (float)(1.0 / sqrt((double)head_dim));
@@ -279,15 +285,15 @@ extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const
     }
     if (splits == 1) {
         attention_kernel<<<(unsigned)pairs, ATT_WARPS * 32, 0, s>>>(
-            q, kc, vc, (unsigned)n_heads, (unsigned)n_kv_heads, (unsigned)head_dim, pos0, scale,
-            out);
+            q, kc, vc, (unsigned)n_heads, (unsigned)n_kv_heads, (unsigned)head_dim, pos0, window,
+            scale, out);
         return gang__cuda_err(cudaGetLastError(), "attention launch");
     }
     size_t chunk = (max_keys + splits - 1) / splits;
     dim3 grid((unsigned)pairs, splits);
-    attention_split_kernel<<<grid, ATT_WARPS * 32, 0, s>>>(q, kc, vc, (unsigned)n_heads,
-                                                           (unsigned)n_kv_heads, (unsigned)head_dim,
-                                                           pos0, scale, chunk, splits, scratch);
+    attention_split_kernel<<<grid, ATT_WARPS * 32, 0, s>>>(
+        q, kc, vc, (unsigned)n_heads, (unsigned)n_kv_heads, (unsigned)head_dim, pos0, window, scale,
+        chunk, splits, scratch);
     int rc = gang__cuda_err(cudaGetLastError(), "attention (split) launch");
     if (rc < 0)
         return rc;

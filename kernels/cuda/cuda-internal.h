@@ -118,8 +118,8 @@ int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src, 
  * split across blocks; n_sm is the device's multiprocessor count. */
 int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc, const float *vc,
                                 size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
-                                size_t head_dim, size_t pos0, float *out, float *scratch,
-                                size_t scratch_floats, int n_sm);
+                                size_t head_dim, size_t pos0, size_t window, float *out,
+                                float *scratch, size_t scratch_floats, int n_sm);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,8 @@ python`. tests/reference/hf-rope-models.py builds, in this run, tiny random mode
 transformers' own config classes in the structure of real checkpoints -- Llama 3.2
 (rope_scaling llama3, factor 32 over an original context of 64, tied embeddings), Mistral
 Nemo (head_dim 32 while hidden / heads is 16), Qwen2.5 with YaRN (factor 4 over 64), a
-linear-scaling fine-tune with a head_dim of 24, dynamic NTK (factor 4 over 64), and a
+linear-scaling fine-tune with a head_dim of 24, dynamic NTK (factor 4 over 64), Mistral
+v0.1 with a sliding window of 32 and Qwen2 with use_sliding_window (40 keys), and a
 no-op {"rope_type": "default"} block -- saves them (safetensors, float32) and decodes 6 tokens greedily from prompts of
 100 to 150 ids, past the original context where the scaling matters. The real binary
 serves each directory on every layout and answers the same prompt with "logprobs": 20:

@@ -53,6 +53,13 @@ MODELS = {
     "llama-dynamic": ("LlamaConfig", dict(
         COMMON, max_position_embeddings=64, rope_scaling={"type": "dynamic", "factor": 4.0}),
         150),
+    # Mistral 7B v0.1: a sliding window (32 keys, the current one included) on every layer.
+    "mistral-window": ("MistralConfig", dict(
+        COMMON, max_position_embeddings=256, rope_theta=10000.0, sliding_window=32), 120),
+    # Qwen2 with use_sliding_window from layer max_window_layers = 0 on (40 keys).
+    "qwen2-window": ("Qwen2Config", dict(
+        COMMON, max_position_embeddings=256, rope_theta=10000.0, use_sliding_window=True,
+        sliding_window=40, max_window_layers=0), 120),
     # A no-op block is accepted and changes nothing.
     "llama-noop": ("LlamaConfig", dict(
         COMMON, max_position_embeddings=256, rope_scaling={"rope_type": "default"}), 100),

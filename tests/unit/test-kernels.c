@@ -531,6 +531,51 @@ static void test_attention_causal(void **state)
     free(q), free(kc), free(vc), free(a), free(b);
 }
 
+/*
+ * Sliding window: each query of a windowed call equals an unwindowed single-query call on
+ * the cache rows of its window only, on the double path (short) and the blocked path
+ * (>= 64 queries over >= 2048 keys); and the window changes the answer (it is applied).
+ */
+static void test_attention_window(void **state)
+{
+    gang_kernels *k = *state;
+    const struct {
+        size_t tq, pos0, window;
+    } cases[] = {{5, 40, 8}, {1, 100, 16}, {70, 2000, 300}, {3, 2, 64}};
+    const size_t nh = 4, nkv = 2, hd = 8, row = nkv * hd;
+
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        size_t tq = cases[c].tq, pos0 = cases[c].pos0, w = cases[c].window, tk = pos0 + tq;
+        float *q = rnd_buf(tq * nh * hd, 2.0f), *kc = rnd_buf(tk * row, 2.0f);
+        float *vc = rnd_buf(tk * row, 1.0f), *out = malloc(tq * nh * hd * sizeof(float));
+        float *full = malloc(tq * nh * hd * sizeof(float)), one[4 * 8];
+        double ref[4 * 8];
+        int differs = 0;
+        char what[64];
+        assert_non_null(out);
+        assert_non_null(full);
+        assert_int_equal(
+            gang_kernels_attention_window(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0, w, out), 0);
+        assert_int_equal(gang_kernels_attention(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0, full), 0);
+        for (size_t i = 0; i < tq; i++) {
+            size_t p = pos0 + i, start = p + 1 > w ? p + 1 - w : 0;
+            assert_int_equal(gang_kernels_attention(k, q + i * nh * hd, kc + start * row,
+                                                    vc + start * row, 1, tk - start, nh, nkv, hd,
+                                                    p - start, one),
+                             0);
+            for (size_t e = 0; e < nh * hd; e++)
+                ref[e] = one[e];
+            snprintf(what, sizeof(what), "window case %zu query %zu", c, i);
+            assert_close(out + i * nh * hd, ref, nh * hd, 1e-5, what);
+            for (size_t e = 0; e < nh * hd; e++)
+                differs |= start > 0 && fabsf(full[i * nh * hd + e] - one[e]) > 1e-4f;
+        }
+        /* A window longer than every query's context binds nowhere: equal to no window. */
+        assert_true(differs || pos0 + tq <= w);
+        free(q), free(kc), free(vc), free(out), free(full);
+    }
+}
+
 /* GQA mapping: make every value of kv head g equal to g + 1; head h must then output
  * exactly h / (n_heads / n_kv) + 1 everywhere (any softmax weights average a constant). */
 static void test_attention_gqa(void **state)
@@ -865,6 +910,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_softmax_masked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_causal, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_window, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_gqa, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_decode_matches_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silu_mul_add, setup, teardown),

@@ -87,6 +87,28 @@ static void test_config_good(void **state)
     assert_int_equal(c.bos_token_id, -1);
     assert_int_equal(c.eos_token_id, -1);
     assert_int_equal(c.dtype, GANG_DTYPE_F32);
+    assert_int_equal(c.sliding_window, 0); /* never binds: dropped */
+
+    /* Mistral v0.1: a window shorter than the context binds on every layer. */
+    write_config(dir, "{\"model_type\": \"mistral\", \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+                      "\"num_key_value_heads\": 1, \"num_hidden_layers\": 2,"
+                      "\"vocab_size\": 300, \"max_position_embeddings\": 32768,"
+                      "\"sliding_window\": 4096}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.sliding_window, 4096);
+    assert_int_equal(c.window_first_layer, 0);
+
+    /* Qwen2 with use_sliding_window: the layers from max_window_layers on. */
+    write_config(dir, "{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+                      "\"num_key_value_heads\": 2, \"num_hidden_layers\": 4,"
+                      "\"vocab_size\": 300, \"max_position_embeddings\": 4096,"
+                      "\"use_sliding_window\": true, \"sliding_window\": 64,"
+                      "\"max_window_layers\": 3}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.sliding_window, 64);
+    assert_int_equal(c.window_first_layer, 3);
 
     /* Qwen2: biases always, tied head, an unused window. */
     write_config(dir, "{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64,"
@@ -100,6 +122,7 @@ static void test_config_good(void **state)
     assert_int_equal(c.attn_bias, 1);
     assert_int_equal(c.tie_embeddings, 1);
     assert_int_equal(c.eos_token_id, 299);
+    assert_int_equal(c.sliding_window, 0);
     assert_int_equal(gang_model_config_read(NULL, &c, err, sizeof(err)), GANG_EINVAL);
     fx_rmtree(dir);
 }
@@ -414,10 +437,12 @@ static const bad_cfg bad_cfgs[] = {
     {"head_dim", "16.5", NULL, NULL, "\"head_dim\" is not an integer", NULL, NULL},
     {"architectures", "[\"Qwen3ForCausalLM\"]", "attention_bias", "true", "attention_bias", NULL,
      NULL},
-    {"architectures", "[\"MistralForCausalLM\"]", "sliding_window", "256", "sliding_window", NULL,
+    {"architectures", "[\"MistralForCausalLM\"]", "sliding_window", "0", "sliding_window", NULL,
      NULL},
-    {"architectures", "[\"Qwen2ForCausalLM\"]", "use_sliding_window", "true", "sliding_window",
-     "sliding_window", "64"},
+    {"architectures", "[\"MistralForCausalLM\"]", "sliding_window", "\"4096\"", "sliding_window",
+     NULL, NULL},
+    {"architectures", "[\"Qwen2ForCausalLM\"]", "use_sliding_window", "true", "max_window_layers",
+     "max_window_layers", "-1"},
     {"hidden_act", "\"gelu\"", NULL, NULL, "hidden_act", NULL, NULL},
     {"partial_rotary_factor", "0.5", NULL, NULL, "partial_rotary_factor", NULL, NULL},
     {"attention_bias", "true", NULL, NULL, "attention_bias", NULL, NULL},
