@@ -260,6 +260,8 @@ static void print_devices(const gang_device_info *g, const gpu_extra *x, int n, 
 /* info's command line: one flag. */
 typedef struct info_opts {
     int labels;
+    char model[GANG_PARAM_STR_MAX];
+    int64_t tp, pp;
 } info_opts;
 
 static const gang_param_info info_items[] = {
@@ -269,13 +271,19 @@ static const gang_param_info info_items[] = {
      .hi = 1,
      .help = "print GPU Feature Discovery style node labels instead",
      .offset = offsetof(info_opts, labels)},
+    GANG_OPT_STR(info_opts, "model", model, "",
+                 "instead of the GPUs: what this model (directory or .gguf) needs"),
+    GANG_OPT_INT(info_opts, "tp", tp, "1", 1, 64, "with --model: the TP ranks to size for"),
+    GANG_OPT_INT(info_opts, "pp", pp, "1", 1, 64, "with --model: the pipeline stages"),
 };
 static const gang_opt_table info_table = GANG_OPT_TABLE(info_items);
 static const gang_opt_cmd info_cmd = {
-    "info", "[--labels]",
+    "info", "[--labels] | --model PATH [--tp N] [--pp M]",
     "GPU discovery: every visible GPU's name, UUID, PCI bus id, memory, compute\n"
     "capability, MIG mode, and the peer-access / NVLink matrix.\n"
-    "Exits 0 on a node without a GPU or driver, after saying so.",
+    "Exits 0 on a node without a GPU or driver, after saying so.\n"
+    "With --model: the model's parameters, the f32 weights and KV bytes per token of the\n"
+    "heaviest rank for --tp x --pp, and the layouts the model allows.",
     &info_table, 0};
 
 int gang_cmd_info(int argc, char **argv)
@@ -290,6 +298,8 @@ int gang_cmd_info(int argc, char **argv)
     if (rc != 0)
         return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     labels = o.labels;
+    if (o.model[0])
+        return gang__info_model(o.model, o.tp, o.pp);
     n = gang_kernels_device_count();
     if (n == 0) {
         gang_device_info probe;

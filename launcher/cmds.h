@@ -7,6 +7,8 @@
 #ifndef GANGLION_LAUNCHER_CMDS_H
 #define GANGLION_LAUNCHER_CMDS_H
 
+#include <stdint.h>
+
 /* ganglion mkmodel --out DIR [...]: writes a deterministic random model (cmd-model.c). */
 int gang_cmd_mkmodel(int argc, char **argv);
 
@@ -15,5 +17,8 @@ int gang_cmd_generate(int argc, char **argv);
 
 /* ganglion info [--labels]: GPU discovery (cmd-info.c). */
 int gang_cmd_info(int argc, char **argv);
+/* ganglion info --model PATH (cmd-info-model.c): prints what the model needs for tp x pp
+ * and the layouts it allows. Returns an exit code (3 for a model that cannot be read). */
+int gang__info_model(const char *path, int64_t tp, int64_t pp);
 
 #endif

@@ -71,6 +71,22 @@ def scenario(h):
         H.check(code == want and "sk-good-key" not in out + err and
                 ("API key: read" in out if want == 0 else "--api-key-file" in err),
                 "--api-key-file (%s): %d %r %r" % (name, code, out[-200:], err))
+    # info --model: the f32 weights of one rank holding everything are the safetensors
+    # file's payload (an f32, untied model); a refused layout exits 2, no model 3.
+    im = H.mkmodel(h.bin, os.path.join(h.tmp, "info-model"), layers=2, hidden=64, heads=4,
+                   kv_heads=2, ffn=128, vocab=256)
+    code, out, err = run(h, ["info", "--model", im, "--tp", "1", "--pp", "1"])
+    m = [ln for ln in out.splitlines() if ln.startswith("layout tp 1 x pp 1")]
+    size = os.path.getsize(os.path.join(im, "model.safetensors"))
+    mib = float(m[0].split("holds ")[1].split(" MiB")[0]) if m else -1
+    H.check(code == 0 and abs(mib * 2**20 - size) < 0.01 * size + 0.06 * 2**20,
+            "info --model: %d %r (file %d bytes)" % (code, out, size))
+    H.check("2x1" in out and "4x1" in out and "3x1" not in out and "1x2" in out,
+            "info --model layouts: %r" % out)
+    code, out, _ = run(h, ["info", "--model", im, "--tp", "3"])
+    H.check(code == 2 and "refused" in out, "info --model --tp 3: %d %r" % (code, out))
+    code, _, err = run(h, ["info", "--model", os.path.join(h.tmp, "nope")])
+    H.check(code == 3 and "nope" in err, "info --model of nothing: %d %r" % (code, err))
     code, _, err = run(h, ["bench", "allreduce", "--ranks", "1"])
     H.check(code == 2 and "--ranks" in err, "allreduce --ranks 1: %d %r" % (code, err))
     code, _, err = run(h, ["bench", "allreduce", "--backend", "tcp"])

@@ -1,0 +1,138 @@
+/*
+ * ganglion info --model PATH [--tp N --pp M]: what a model needs before any gang starts.
+ * Reads the config (a Hugging Face directory or a .gguf file, as serve does), prints its
+ * parameters, the weights and KV bytes per token it costs per rank for the TP x PP layout
+ * asked (the weights as the engine holds them: f32), and the layouts the model allows on
+ * up to 8 TP ranks x 8 pipeline stages (gang_topology_init is the one judge). Exit 0; 2
+ * when the layout asked is refused (the reason printed); 3 when the model cannot be read.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "ganglion/model.h"
+#include "ganglion/parallel.h"
+
+#define INFO_MAX_TP 8
+#define INFO_MAX_PP 8
+
+static const char *arch_name(gang_model_arch a)
+{
+    switch (a) {
+    case GANG_ARCH_LLAMA:
+        return "llama";
+    case GANG_ARCH_MISTRAL:
+        return "mistral";
+    case GANG_ARCH_QWEN2:
+        return "qwen2";
+    case GANG_ARCH_QWEN3:
+        return "qwen3";
+    }
+    return "?";
+}
+
+/* A topology for mc on tp x pp (pp nodes of tp ranks); 0, or GANG_EUSAGE with err. */
+static int layout_of(const gang_model_config *mc, uint32_t tp, uint32_t pp, gang_topology *t,
+                     char *err, size_t errlen)
+{
+    gang_topology_config tc;
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(mc, &tc);
+    tc.nnodes = (int)pp;
+    tc.nproc_per_node = (int)tp;
+    tc.tp = (int)tp;
+    tc.pp = (int)pp;
+    return gang_topology_init(&tc, t, err, errlen);
+}
+
+/* Parameters one layer of rank tp_rank holds (f32 elements), and the rank's ends. */
+static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s)
+{
+    uint64_t h = mc->hidden, hd = mc->head_dim;
+    uint64_t q = (uint64_t)s->head_count * hd, kv = (uint64_t)s->kv_head_count * hd;
+    uint64_t n = q * h + 2 * kv * h + h * q + 3 * (uint64_t)s->ffn_count * h + 2 * h;
+    if (mc->attn_bias)
+        n += q + 2 * kv;
+    if (mc->qk_norm)
+        n += 2 * hd;
+    return n;
+}
+
+/* The heaviest rank of t: weight bytes (f32) and KV bytes per token. */
+static void rank_costs(const gang_model_config *mc, const gang_topology *t, uint64_t *weights,
+                       uint64_t *kv_per_token)
+{
+    *weights = *kv_per_token = 0;
+    for (uint32_t stage = 0; stage < t->pp; stage++) {
+        uint32_t first = 0, count = 0;
+        (void)gang_topology_stage_layers(t, stage, &first, &count);
+        for (uint32_t r = 0; r < t->tp; r++) {
+            gang_tp_shard s;
+            if (gang_topology_tp_shard(t, r, &s) != 0)
+                continue;
+            uint64_t n = layer_params(mc, &s) * count;
+            if (stage == 0)
+                n += (uint64_t)mc->vocab * mc->hidden;
+            if (stage + 1 == t->pp)
+                n += (uint64_t)s.vocab_count * mc->hidden + mc->hidden;
+            uint64_t kv = 2ull * count * s.kv_head_count * mc->head_dim * sizeof(float);
+            if (n * sizeof(float) > *weights)
+                *weights = n * sizeof(float);
+            if (kv > *kv_per_token)
+                *kv_per_token = kv;
+        }
+    }
+}
+
+static void print_config(const char *path, const gang_model_config *mc)
+{
+    static const char *const rope[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+    uint64_t total = (uint64_t)mc->vocab * mc->hidden * (mc->tie_embeddings ? 1 : 2) +
+                     (uint64_t)mc->n_layers * ((uint64_t)mc->hidden * mc->head_dim *
+                                                   (2 * mc->n_heads + 2 * mc->n_kv_heads) +
+                                               3ull * mc->hidden * mc->ffn + 2 * mc->hidden) +
+                     mc->hidden;
+    printf("model: %s\n", path);
+    printf("  architecture %s, %u layers, hidden %u, %u heads (%u kv) of %u, ffn %u, vocab %u\n",
+           arch_name(mc->arch), mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads, mc->head_dim,
+           mc->ffn, mc->vocab);
+    printf("  context %u (max_position_embeddings %u), rope %s (theta %g)", mc->max_ctx_allowed,
+           mc->max_pos, (unsigned)mc->rope.type < 5 ? rope[mc->rope.type] : "?",
+           (double)mc->rope_theta);
+    if (mc->sliding_window)
+        printf(", sliding window %u from layer %u", mc->sliding_window, mc->window_first_layer);
+    printf("\n  %.1f M parameters, %s head, checkpoint %s, %u EOS id(s)\n", (double)total / 1e6,
+           mc->tie_embeddings ? "tied" : "separate", gang_dtype_name(mc->dtype), mc->n_eos);
+}
+
+int gang__info_model(const char *path, int64_t tp, int64_t pp)
+{
+    gang_model_config mc;
+    gang_topology t;
+    char err[512];
+    int rc = gang_model_config_read(path, &mc, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "ganglion info: %s\n", err);
+        return GANG_EXIT_MODEL;
+    }
+    print_config(path, &mc);
+    uint64_t w = 0, kv = 0;
+    int refused = layout_of(&mc, (uint32_t)tp, (uint32_t)pp, &t, err, sizeof(err)) != 0;
+    if (refused) {
+        printf("layout tp %lld x pp %lld: refused: %s\n", (long long)tp, (long long)pp, err);
+    } else {
+        rank_costs(&mc, &t, &w, &kv);
+        printf("layout tp %lld x pp %lld (%u ranks): the heaviest rank holds %.1f MiB of f32 "
+               "weights and %llu bytes of KV cache per token (%.1f MiB for %u positions)\n",
+               (long long)tp, (long long)pp, t.world_size, (double)w / (1 << 20),
+               (unsigned long long)kv, (double)kv * mc.max_ctx_allowed / (1 << 20),
+               mc.max_ctx_allowed);
+    }
+    printf("layouts allowed (tp x pp, tp <= %d, pp <= %d):", INFO_MAX_TP, INFO_MAX_PP);
+    for (uint32_t p = 1; p <= INFO_MAX_PP; p++)
+        for (uint32_t q = 1; q <= INFO_MAX_TP; q++)
+            if (layout_of(&mc, q, p, &t, err, sizeof(err)) == 0)
+                printf(" %ux%u", q, p);
+    printf("\n");
+    return refused ? GANG_EXIT_USAGE : GANG_EXIT_OK;
+}
