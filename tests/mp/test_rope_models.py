@@ -8,7 +8,8 @@ transformers' own config classes in the structure of real checkpoints -- Llama 3
 (rope_scaling llama3, factor 32 over an original context of 64, tied embeddings), Mistral
 Nemo (head_dim 32 while hidden / heads is 16), Qwen2.5 with YaRN (factor 4 over 64), a
 linear-scaling fine-tune with a head_dim of 24, dynamic NTK (factor 4 over 64), Mistral
-v0.1 with a sliding window of 32 and Qwen2 with use_sliding_window (40 keys), and a
+v0.1 with a sliding window of 32 and Qwen2 with use_sliding_window (40 keys), one kv
+head (replicated on TP 2) with a vocabulary of 251 (split unevenly), and a
 no-op {"rope_type": "default"} block -- saves them (safetensors, float32) and decodes 6 tokens greedily from prompts of
 100 to 150 ids, past the original context where the scaling matters. The real binary
 serves each directory on every layout and answers the same prompt with "logprobs": 20:
@@ -37,7 +38,7 @@ NUMPY_REF = os.path.join(ROOT, "tests", "reference", "reference.py")
 STEPS = 6
 TOP = 20
 LP_TOL = 1e-4
-LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (tp, pp); every model has 4 heads, 2 kv heads
+LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]  # (tp, pp); every model has 4 heads, 1 or 2 kv heads
 H.TEST_DEADLINE_S = 200
 
 

@@ -60,6 +60,10 @@ MODELS = {
     "qwen2-window": ("Qwen2Config", dict(
         COMMON, max_position_embeddings=256, rope_theta=10000.0, use_sliding_window=True,
         sliding_window=40, max_window_layers=0), 120),
+    # One kv head (MQA) and an odd vocabulary: on TP 2 the kv head is replicated on both
+    # ranks and the LM head's rows split 126 / 125.
+    "llama-mqa-odd-vocab": ("LlamaConfig", dict(
+        COMMON, vocab_size=251, num_key_value_heads=1, max_position_embeddings=256), 100),
     # A no-op block is accepted and changes nothing.
     "llama-noop": ("LlamaConfig", dict(
         COMMON, max_position_embeddings=256, rope_scaling={"rope_type": "default"}), 100),
@@ -67,8 +71,8 @@ MODELS = {
 
 
 def prompt_of(n):
-    """A fixed prompt of n ids in [2, 256), no repeats in short windows."""
-    return [2 + (i * 97 + 13) % 254 for i in range(n)]
+    """A fixed prompt of n ids in [2, 251), no repeats in short windows."""
+    return [2 + (i * 97 + 13) % 249 for i in range(n)]
 
 
 def build(name, workdir):
