@@ -62,18 +62,16 @@ static int lookup_err(int e)
 }
 
 /*
- * Writes SHA-256 of the file at path into out, reading it in bounded chunks. Returns 0,
- * GANG_ENOENT, another errno-derived code, or GANG_EMODEL when the file exceeds CONFIG_MAX.
+ * Feeds the bytes of the file at path into st, in bounded chunks: all of it when
+ * refuse_over is set (GANG_EMODEL once it passes max bytes), else its first max bytes.
+ * Returns 0, GANG_ENOENT, GANG_ENOMEM or another errno-derived code.
  */
-static int hash_file(const char *path, uint8_t out[crypto_hash_sha256_BYTES])
+static int hash_bytes(const char *path, crypto_hash_sha256_state *st, uint64_t max, int refuse_over)
 {
-    crypto_hash_sha256_state st;
-    uint8_t *chunk;
-    size_t total = 0;
-    int rc = 0;
-    int fd;
+    uint64_t total = 0;
+    int rc = 0, fd;
+    uint8_t *chunk = malloc(READ_CHUNK);
 
-    chunk = malloc(READ_CHUNK);
     if (chunk == NULL)
         return GANG_ENOMEM;
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -81,30 +79,43 @@ static int hash_file(const char *path, uint8_t out[crypto_hash_sha256_BYTES])
         rc = lookup_err(errno);
         goto out_free;
     }
-    crypto_hash_sha256_init(&st);
-    for (;;) {
-        ssize_t n = read(fd, chunk, READ_CHUNK);
+    while (refuse_over || total < max) {
+        size_t want = READ_CHUNK;
+        if (!refuse_over && max - total < want)
+            want = (size_t)(max - total);
+        ssize_t n = read(fd, chunk, want);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
             rc = gang_err_from_errno(errno);
-            goto out_close;
+            break;
         }
         if (n == 0)
             break;
-        total += (size_t)n;
-        if (total > CONFIG_MAX) {
+        total += (uint64_t)n;
+        if (refuse_over && total > max) {
             rc = GANG_EMODEL;
-            goto out_close;
+            break;
         }
-        crypto_hash_sha256_update(&st, chunk, (unsigned long long)n);
+        crypto_hash_sha256_update(st, chunk, (unsigned long long)n);
     }
-    crypto_hash_sha256_final(&st, out);
-
-out_close:
     close(fd);
 out_free:
     free(chunk);
+    return rc;
+}
+
+/*
+ * Writes SHA-256 of the file at path into out. Returns 0, GANG_ENOENT, another
+ * errno-derived code, or GANG_EMODEL when the file exceeds CONFIG_MAX.
+ */
+static int hash_file(const char *path, uint8_t out[crypto_hash_sha256_BYTES])
+{
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    int rc = hash_bytes(path, &st, CONFIG_MAX, 1);
+    if (rc == 0)
+        crypto_hash_sha256_final(&st, out);
     return rc;
 }
 
@@ -117,41 +128,18 @@ out_free:
 static int digest_file(const char *path, uint64_t size, uint8_t out[GANG_DIGEST_SIZE])
 {
     crypto_hash_sha256_state st;
-    uint8_t *chunk, size_le[8];
-    uint64_t done = 0;
-    int rc = 0, fd;
+    uint8_t size_le[8];
 
-    chunk = malloc(READ_CHUNK);
-    if (chunk == NULL)
-        return GANG_ENOMEM;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        free(chunk);
-        return lookup_err(errno);
-    }
     crypto_hash_sha256_init(&st);
     crypto_hash_sha256_update(&st, (const uint8_t *)"file", 4);
-    while (done < FILE_HEAD_BYTES) {
-        ssize_t n = read(fd, chunk, READ_CHUNK);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = gang_err_from_errno(errno);
-            goto out_close;
-        }
-        if (n == 0)
-            break;
-        done += (uint64_t)n;
-        crypto_hash_sha256_update(&st, chunk, (unsigned long long)n);
-    }
+    int rc = hash_bytes(path, &st, FILE_HEAD_BYTES, 0);
+    if (rc != 0)
+        return rc;
     for (int b = 0; b < 8; b++)
         size_le[b] = (uint8_t)(size >> (8 * b));
     crypto_hash_sha256_update(&st, size_le, sizeof size_le);
     crypto_hash_sha256_final(&st, out);
-out_close:
-    close(fd);
-    free(chunk);
-    return rc;
+    return 0;
 }
 
 /*
