@@ -679,7 +679,6 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
 {
     bd_run r;
     bd_rank ranks[BD_MAX_RANKS];
-    gang_topology_config tc;
     char err[256];
     uint32_t i, n = tp * pp, started = 0;
     int rc;
@@ -691,13 +690,7 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     r.pp = pp;
     r.batch = batch;
     pthread_mutex_init(&r.lock, NULL);
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(mc, &tc);
-    tc.nnodes = (int32_t)pp;
-    tc.nproc_per_node = (int32_t)tp;
-    tc.tp = (int32_t)tp;
-    tc.pp = (int32_t)pp;
-    rc = gang_topology_init(&tc, &r.topo, err, sizeof(err));
+    rc = gang_model_topology(mc, pp, tp, tp, pp, &r.topo, err, sizeof(err));
     if (rc != 0) {
         snprintf(r.why, sizeof(r.why), "topology: %s", err);
         goto out_line;

@@ -31,20 +31,6 @@ static const char *arch_name(gang_model_arch a)
     return "?";
 }
 
-/* A topology for mc on tp x pp (pp nodes of tp ranks); 0, or GANG_EUSAGE with err. */
-static int layout_of(const gang_model_config *mc, uint32_t tp, uint32_t pp, gang_topology *t,
-                     char *err, size_t errlen)
-{
-    gang_topology_config tc;
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(mc, &tc);
-    tc.nnodes = (int)pp;
-    tc.nproc_per_node = (int)tp;
-    tc.tp = (int)tp;
-    tc.pp = (int)pp;
-    return gang_topology_init(&tc, t, err, errlen);
-}
-
 /* Parameters one layer of rank tp_rank holds (f32 elements), and the rank's ends. */
 static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s)
 {
@@ -117,7 +103,8 @@ int gang__info_model(const char *path, int64_t tp, int64_t pp)
     }
     print_config(path, &mc);
     uint64_t w = 0, kv = 0;
-    int refused = layout_of(&mc, (uint32_t)tp, (uint32_t)pp, &t, err, sizeof(err)) != 0;
+    int refused = gang_model_topology(&mc, (uint32_t)pp, (uint32_t)tp, (uint32_t)tp, (uint32_t)pp,
+                                      &t, err, sizeof(err)) != 0;
     if (refused) {
         printf("layout tp %lld x pp %lld: refused: %s\n", (long long)tp, (long long)pp, err);
     } else {
@@ -131,7 +118,7 @@ int gang__info_model(const char *path, int64_t tp, int64_t pp)
     printf("layouts allowed (tp x pp, tp <= %d, pp <= %d):", INFO_MAX_TP, INFO_MAX_PP);
     for (uint32_t p = 1; p <= INFO_MAX_PP; p++)
         for (uint32_t q = 1; q <= INFO_MAX_TP; q++)
-            if (layout_of(&mc, q, p, &t, err, sizeof(err)) == 0)
+            if (gang_model_topology(&mc, p, q, q, p, &t, err, sizeof(err)) == 0)
                 printf(" %ux%u", q, p);
     printf("\n");
     return refused ? GANG_EXIT_USAGE : GANG_EXIT_OK;

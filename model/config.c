@@ -698,6 +698,19 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
     return rc;
 }
 
+int gang_model_topology(const gang_model_config *mc, uint32_t nnodes, uint32_t nproc_per_node,
+                        uint32_t tp, uint32_t pp, gang_topology *t, char *err, size_t errlen)
+{
+    gang_topology_config tc;
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(mc, &tc);
+    tc.nnodes = (int32_t)nnodes;
+    tc.nproc_per_node = (int32_t)nproc_per_node;
+    tc.tp = (int32_t)tp;
+    tc.pp = (int32_t)pp;
+    return gang_topology_init(&tc, t, err, errlen);
+}
+
 void gang_model_topology_config(const gang_model_config *mc, gang_topology_config *tc)
 {
     if (mc == NULL || tc == NULL)

@@ -144,6 +144,14 @@ int gang_rope_inv_freq(const gang_model_config *cfg, float *inv_freq, float *att
  */
 void gang_model_topology_config(const gang_model_config *mc, gang_topology_config *tc);
 
+/*
+ * The layout of mc on nnodes x nproc_per_node ranks as tp x pp (TP groups inside a node):
+ * gang_model_topology_config, those four fields, then gang_topology_init, whose return
+ * value (0, or GANG_EUSAGE with a one-line message in err) it returns.
+ */
+int gang_model_topology(const gang_model_config *mc, uint32_t nnodes, uint32_t nproc_per_node,
+                        uint32_t tp, uint32_t pp, gang_topology *t, char *err, size_t errlen);
+
 /* ================================ one rank's shard ================================ */
 
 /*

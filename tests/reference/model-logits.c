@@ -125,7 +125,6 @@ int main(int argc, char **argv)
 {
     static int32_t ids[MAX_IDS];
     gang_model_config mc;
-    gang_topology_config tc;
     gang_topology t;
     gang_model *m = NULL;
     char err[512];
@@ -141,13 +140,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "model-logits: %s\n", err);
         return gang_exit_code_for(rc);
     }
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(&mc, &tc);
-    tc.nnodes = 1;
-    tc.nproc_per_node = 1;
-    tc.tp = 1;
-    tc.pp = 1;
-    rc = gang_topology_init(&tc, &t, err, sizeof(err));
+    rc = gang_model_topology(&mc, 1, 1, 1, 1, &t, err, sizeof(err));
     if (rc == 0)
         rc = gang_model_load(argv[1], &t, 0, &m, err, sizeof(err));
     if (rc != 0) {

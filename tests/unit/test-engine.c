@@ -793,7 +793,6 @@ static void check_loaded_layouts(gang_mkmodel_opts o, char *dir)
     char err[512];
     gang_engine_config cfg = engine_config(2);
     gang_model_config mc;
-    gang_topology_config tc;
     gang_topology t1, t4;
     gang_model *m1 = NULL, *m4[4] = {NULL, NULL, NULL, NULL};
     gang_engine *e1 = NULL, *e4[4] = {NULL, NULL, NULL, NULL};
@@ -808,12 +807,8 @@ static void check_loaded_layouts(gang_mkmodel_opts o, char *dir)
         fail_msg("config: %s", err);
     assert_int_equal(mc.attn_bias, o.arch == GANG_ARCH_QWEN2);
     assert_int_equal(mc.qk_norm, o.arch == GANG_ARCH_QWEN3);
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(&mc, &tc);
-    tc.nnodes = tc.nproc_per_node = tc.tp = tc.pp = 1;
-    assert_int_equal(gang_topology_init(&tc, &t1, NULL, 0), 0);
-    tc.nnodes = tc.nproc_per_node = tc.tp = tc.pp = 2;
-    assert_int_equal(gang_topology_init(&tc, &t4, NULL, 0), 0);
+    assert_int_equal(gang_model_topology(&mc, 1, 1, 1, 1, &t1, NULL, 0), 0);
+    assert_int_equal(gang_model_topology(&mc, 2, 2, 2, 2, &t4, NULL, 0), 0);
     if (gang_model_load(dir, &t1, 0, &m1, err, sizeof(err)) != 0)
         fail_msg("load 1x1: %s", err);
     assert_int_equal(gang_engine_init(m1, &cfg, &e1, err, sizeof(err)), 0);
@@ -922,7 +917,6 @@ static void test_dynamic_ntk_batch(void **state)
                            .shards = 1,
                            .rope_scaling = "{\"rope_type\": \"dynamic\", \"factor\": 16.0}"};
     gang_engine_config cfg = engine_config(1);
-    gang_topology_config tc;
     gang_model_config mc;
     gang_topology t1;
     gang_model *m = NULL;
@@ -936,10 +930,7 @@ static void test_dynamic_ntk_batch(void **state)
     if (gang_mkmodel(&o, err, sizeof(err)) != 0 ||
         gang_model_config_read(dir, &mc, err, sizeof(err)) != 0)
         fail_msg("model: %s", err);
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(&mc, &tc);
-    tc.nnodes = tc.nproc_per_node = tc.tp = tc.pp = 1;
-    assert_int_equal(gang_topology_init(&tc, &t1, NULL, 0), 0);
+    assert_int_equal(gang_model_topology(&mc, 1, 1, 1, 1, &t1, NULL, 0), 0);
     if (gang_model_load(dir, &t1, 0, &m, err, sizeof(err)) != 0)
         fail_msg("load: %s", err);
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);

@@ -268,18 +268,11 @@ void fx_make_model(const gang_mkmodel_opts *o)
 gang_topology fx_topo(const char *dir, uint32_t tp, uint32_t pp)
 {
     gang_model_config mc;
-    gang_topology_config tc;
     gang_topology t;
     char err[ERRLEN];
 
     assert_int_equal(gang_model_config_read(dir, &mc, err, sizeof(err)), 0);
-    memset(&tc, 0, sizeof(tc));
-    gang_model_topology_config(&mc, &tc);
-    tc.nnodes = 1;
-    tc.nproc_per_node = (int32_t)(tp * pp);
-    tc.tp = (int32_t)tp;
-    tc.pp = (int32_t)pp;
-    if (gang_topology_init(&tc, &t, err, sizeof(err)) != 0)
+    if (gang_model_topology(&mc, 1, tp * pp, tp, pp, &t, err, sizeof(err)) != 0)
         fail_msg("topology: %s", err);
     return t;
 }
