@@ -416,6 +416,28 @@ int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, s
     return k->be->silu_mul(k->ctx, gate, up, n, out);
 }
 
+int gang_kernels_gelu_mul(gang_kernels *k, const float *gate, const float *up, size_t n, float *out)
+{
+    if (k == NULL || gate == NULL || up == NULL || out == NULL || n == 0)
+        return GANG_EINVAL;
+    if (n > SIZE_MAX / sizeof(float))
+        return GANG_ERANGE;
+    if (k->be->gelu_mul == NULL)
+        return GANG_ENOSYS;
+    return k->be->gelu_mul(k->ctx, gate, up, n, out);
+}
+
+int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n)
+{
+    if (k == NULL || x == NULL || n == 0 || !isfinite(a))
+        return GANG_EINVAL;
+    if (n > SIZE_MAX / sizeof(float))
+        return GANG_ERANGE;
+    if (k->be->scale == NULL)
+        return GANG_ENOSYS;
+    return k->be->scale(k->ctx, x, a, n);
+}
+
 int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, size_t dim,
                            const int32_t *ids, size_t n_ids, float *out)
 {

@@ -56,6 +56,8 @@ typedef struct gang__kernels_backend {
                      size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
                      size_t window, float *out);
     int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
+    int (*gelu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
+    int (*scale)(void *ctx, float *x, float a, size_t n);
     int (*embedding)(void *ctx, const float *table, size_t vocab, size_t dim, const int32_t *ids,
                      size_t n_ids, float *out);
     int (*add)(void *ctx, float *x, const float *y, size_t n);

@@ -27,6 +27,8 @@ static const char *arch_name(gang_model_arch a)
         return "qwen2";
     case GANG_ARCH_QWEN3:
         return "qwen3";
+    case GANG_ARCH_GEMMA3:
+        return "gemma3";
     }
     return "?";
 }
@@ -41,6 +43,8 @@ static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s
         n += q + 2 * kv;
     if (mc->qk_norm)
         n += 2 * hd;
+    if (mc->post_norms)
+        n += 2 * h;
     return n;
 }
 
@@ -73,11 +77,13 @@ static void rank_costs(const gang_model_config *mc, const gang_topology *t, uint
 static void print_config(const char *path, const gang_model_config *mc)
 {
     static const char *const rope[] = {"default", "linear", "dynamic", "llama3", "yarn"};
-    uint64_t total = (uint64_t)mc->vocab * mc->hidden * (mc->tie_embeddings ? 1 : 2) +
-                     (uint64_t)mc->n_layers * ((uint64_t)mc->hidden * mc->head_dim *
-                                                   (2 * mc->n_heads + 2 * mc->n_kv_heads) +
-                                               3ull * mc->hidden * mc->ffn + 2 * mc->hidden) +
-                     mc->hidden;
+    uint64_t total =
+        (uint64_t)mc->vocab * mc->hidden * (mc->tie_embeddings ? 1 : 2) +
+        (uint64_t)mc->n_layers *
+            ((uint64_t)mc->hidden * mc->head_dim * (2 * mc->n_heads + 2 * mc->n_kv_heads) +
+             3ull * mc->hidden * mc->ffn + (mc->post_norms ? 4ull : 2ull) * mc->hidden +
+             (mc->qk_norm ? 2ull * mc->head_dim : 0)) +
+        mc->hidden;
     printf("model: %s\n", path);
     printf("  architecture %s, %u layers, hidden %u, %u heads (%u kv) of %u, ffn %u, vocab %u\n",
            arch_name(mc->arch), mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads, mc->head_dim,
@@ -85,7 +91,10 @@ static void print_config(const char *path, const gang_model_config *mc)
     printf("  context %u (max_position_embeddings %u), rope %s (theta %g)", mc->max_ctx_allowed,
            mc->max_pos, (unsigned)mc->rope.type < 5 ? rope[mc->rope.type] : "?",
            (double)mc->rope_theta);
-    if (mc->sliding_window)
+    if (mc->sliding_window && mc->window_pattern)
+        printf(", sliding window %u on local layers (every %u-th global; local theta %g)",
+               mc->sliding_window, mc->window_pattern, (double)mc->rope_local_theta);
+    else if (mc->sliding_window)
         printf(", sliding window %u from layer %u", mc->sliding_window, mc->window_first_layer);
     printf("\n  %.1f M parameters, %s head, checkpoint %s, %u EOS id(s)\n", (double)total / 1e6,
            mc->tie_embeddings ? "tied" : "separate", gang_dtype_name(mc->dtype), mc->n_eos);

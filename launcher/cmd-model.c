@@ -13,8 +13,8 @@
 #include "ganglion/common.h"
 #include "ganglion/model.h"
 
-#define MK_ARCHS "llama|mistral|qwen2|qwen3" /* index order of gang_model_arch */
-#define MK_DTYPES "f32|f16|bf16"             /* index order of gang_dtype */
+#define MK_ARCHS "llama|mistral|qwen2|qwen3|gemma3" /* index order of gang_model_arch */
+#define MK_DTYPES "f32|f16|bf16"                    /* index order of gang_dtype */
 
 /* The command line, as the option table fills it; mk_parse turns it into the library's
  * gang_mkmodel_opts. */
@@ -123,6 +123,8 @@ static uint64_t mkmodel_params(const gang_model_config *mc)
         layer += q + 2 * kv;
     if (mc->qk_norm)
         layer += 2 * (uint64_t)mc->head_dim;
+    if (mc->post_norms)
+        layer += 2 * h;
     return (uint64_t)mc->vocab * h * (mc->tie_embeddings ? 1 : 2) + h + mc->n_layers * layer;
 }
 
@@ -159,7 +161,8 @@ static void mk_print_summary(const gang_mkmodel_opts *o, const gang_model_config
             putchar(*p);
     }
     printf("\",\"arch\":\"%s\",\"dtype\":\"%s\",\"shards\":%u,\"params\":%llu,\"bytes\":%llu}\n",
-           o->arch == GANG_ARCH_QWEN3     ? "qwen3"
+           o->arch == GANG_ARCH_GEMMA3    ? "gemma3"
+           : o->arch == GANG_ARCH_QWEN3   ? "qwen3"
            : o->arch == GANG_ARCH_QWEN2   ? "qwen2"
            : o->arch == GANG_ARCH_MISTRAL ? "mistral"
                                           : "llama",

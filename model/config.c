@@ -194,6 +194,7 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         {"MistralForCausalLM", "mistral", GANG_ARCH_MISTRAL},
         {"Qwen2ForCausalLM", "qwen2", GANG_ARCH_QWEN2},
         {"Qwen3ForCausalLM", "qwen3", GANG_ARCH_QWEN3},
+        {"Gemma3ForCausalLM", "gemma3_text", GANG_ARCH_GEMMA3},
     };
     const cJSON *archs = cfg_get(c, "architectures"), *type = cfg_get(c, "model_type"), *a;
     size_t i;
@@ -211,7 +212,8 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         a = cJSON_GetArrayItem(archs, 0);
         gang_set_err(c->err, c->errlen,
                      "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
-                     "MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM are)",
+                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
+                     "Gemma3ForCausalLM are)",
                      c->path, cJSON_IsString(a) ? a->valuestring : "?");
         return GANG_EMODEL;
     }
@@ -223,7 +225,8 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
             }
         }
         gang_set_err(c->err, c->errlen,
-                     "%s: unsupported model_type \"%.64s\" (llama, mistral, qwen2 and qwen3 are)",
+                     "%s: unsupported model_type \"%.64s\" (llama, mistral, qwen2, qwen3 and "
+                     "gemma3_text are)",
                      c->path, type->valuestring);
         return GANG_EMODEL;
     }
@@ -260,6 +263,57 @@ static int cfg_dtype(const cfg_ctx *c, gang_dtype *dt)
 }
 
 /*
+ * Gemma 3's local / global layers: "layer_types" ("sliding_attention" or
+ * "full_attention" per layer) when present, which must follow a period p (every p-th
+ * layer global, the others local), else "sliding_window_pattern" (or the newer
+ * "_sliding_window_pattern"), 6 when absent. Sets cfg->window_pattern.
+ */
+static int cfg_gemma_pattern(const cfg_ctx *c, gang_model_config *cfg)
+{
+    const cJSON *types = cfg_get(c, "layer_types"), *t;
+    uint32_t p = 0, i = 0;
+    int rc;
+
+    if (types == NULL) {
+        const char *key = cfg_get(c, "sliding_window_pattern") != NULL ? "sliding_window_pattern"
+                                                                       : "_sliding_window_pattern";
+        rc = cfg_uint(c, key, 6, 1, GANG_MODEL_MAX_LAYERS, &cfg->window_pattern);
+        return rc;
+    }
+    if (!cJSON_IsArray(types) || (uint32_t)cJSON_GetArraySize(types) != cfg->n_layers) {
+        gang_set_err(c->err, c->errlen, "%s: \"layer_types\" is not a list of %u layer types",
+                     c->path, cfg->n_layers);
+        return GANG_EMODEL;
+    }
+    cJSON_ArrayForEach(t, types)
+    {
+        int full = cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0;
+        if (!full && !(cJSON_IsString(t) && strcmp(t->valuestring, "sliding_attention") == 0)) {
+            gang_set_err(c->err, c->errlen,
+                         "%s: layer_types[%u] is not \"sliding_attention\" or \"full_attention\"",
+                         c->path, i);
+            return GANG_EMODEL;
+        }
+        if (full && p == 0)
+            p = i + 1;
+        i++;
+    }
+    cfg->window_pattern = p == 0 ? cfg->n_layers + 1 : p; /* no global layer: all local */
+    for (i = 0; i < cfg->n_layers; i++) {
+        t = cJSON_GetArrayItem(types, (int)i);
+        if ((strcmp(t->valuestring, "full_attention") == 0) !=
+            ((i + 1) % cfg->window_pattern == 0)) {
+            gang_set_err(c->err, c->errlen,
+                         "%s: \"layer_types\" does not repeat one local/global pattern (layer %u); "
+                         "only a periodic one is implemented",
+                         c->path, i);
+            return GANG_EMODEL;
+        }
+    }
+    return 0;
+}
+
+/*
  * The sliding window (transformers' current semantics): Mistral's "sliding_window" applies
  * to every layer; Qwen2's and Qwen3's only when "use_sliding_window" is true, to the layers
  * from "max_window_layers" on. A window as long as the context never binds and is dropped
@@ -284,6 +338,11 @@ static int cfg_window(const cfg_ctx *c, gang_model_config *cfg)
                 return rc;
         }
     }
+    if (cfg->arch == GANG_ARCH_GEMMA3) {
+        rc = cfg_gemma_pattern(c, cfg);
+        if (rc != 0)
+            return rc;
+    }
     if (!use_sw || cfg_get(c, "sliding_window") == NULL)
         return 0;
     rc = cfg_uint(c, "sliding_window", -1, 1, UINT32_MAX, &sw);
@@ -296,12 +355,81 @@ static int cfg_window(const cfg_ctx *c, gang_model_config *cfg)
     return 0;
 }
 
+uint32_t gang_model_layer_window(const gang_model_config *cfg, uint32_t layer)
+{
+    if (cfg == NULL || cfg->sliding_window == 0)
+        return 0;
+    if (cfg->window_pattern > 0)
+        return (layer + 1) % cfg->window_pattern != 0 ? cfg->sliding_window : 0;
+    return layer >= cfg->window_first_layer ? cfg->sliding_window : 0;
+}
+
+void gang__model_gemma_defaults(gang_model_config *cfg, float qpas)
+{
+    cfg->qk_norm = 1;
+    cfg->post_norms = 1;
+    cfg->norm_plus_one = 1;
+    cfg->act = GANG_ACT_GELU_TANH;
+    cfg->embed_scale = (float)sqrt((double)cfg->hidden); /* transformers: a f32 buffer */
+    /* Attention divides by sqrt(head_dim); Gemma by sqrt(query_pre_attn_scalar). */
+    cfg->q_scale = qpas == (float)cfg->head_dim ? 0.0f : (float)sqrt((double)cfg->head_dim / qpas);
+}
+
+/*
+ * Gemma 3's own fields: no logit soft-capping (Gemma 2 has it; Gemma 3 sets both null), no
+ * bidirectional attention, query_pre_attn_scalar (256 when absent) into q_scale,
+ * rope_local_base_freq (10000), and the constant features (q/k norm, sandwich norms,
+ * (1 + w) norm weights, sqrt(hidden) embedding scale).
+ */
+static int cfg_gemma(const cfg_ctx *c, gang_model_config *cfg)
+{
+    static const char *const refused[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    float qpas;
+    int32_t bidir = 0;
+    size_t i;
+    int rc;
+
+    for (i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        if (cfg_get(c, refused[i]) != NULL) {
+            gang_set_err(c->err, c->errlen,
+                         "%s: \"%s\" is set; logit soft-capping is not implemented", c->path,
+                         refused[i]);
+            return GANG_EMODEL;
+        }
+    }
+    rc = cfg_bool(c, "use_bidirectional_attention", 0, &bidir);
+    if (rc == 0 && bidir) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: \"use_bidirectional_attention\" is true; only causal attention is "
+                     "implemented",
+                     c->path);
+        rc = GANG_EMODEL;
+    }
+    if (rc == 0)
+        rc = cfg_float(c, "query_pre_attn_scalar", 256.0, 1e9, &qpas);
+    if (rc == 0 && !(qpas > 0.0f)) {
+        gang_set_err(c->err, c->errlen, "%s: \"query_pre_attn_scalar\" is not positive", c->path);
+        rc = GANG_EMODEL;
+    }
+    if (rc == 0)
+        rc = cfg_float(c, "rope_local_base_freq", 10000.0, 1e12, &cfg->rope_local_theta);
+    if (rc == 0 && !(cfg->rope_local_theta > 0.0f)) {
+        gang_set_err(c->err, c->errlen, "%s: \"rope_local_base_freq\" is not positive", c->path);
+        rc = GANG_EMODEL;
+    }
+    if (rc != 0)
+        return rc;
+    gang__model_gemma_defaults(cfg, qpas);
+    return 0;
+}
+
 /*
  * The features we do not implement. A different activation changes every output, as do
  * MLP biases and partial RoPE.
  */
 static int cfg_unsupported(const cfg_ctx *c, gang_model_config *cfg)
 {
+    const char *want, *key;
     const cJSON *v;
     int32_t mlp_bias = 0;
     int rc;
@@ -314,13 +442,20 @@ static int cfg_unsupported(const cfg_ctx *c, gang_model_config *cfg)
                      c->path);
         return GANG_EMODEL;
     }
-    v = cfg_get(c, "hidden_act");
-    if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, "silu") == 0)) {
-        gang_set_err(c->err, c->errlen,
-                     "%s: \"hidden_act\" is not \"silu\"; only SwiGLU MLPs are implemented",
-                     c->path);
+    rc = cfg->arch == GANG_ARCH_GEMMA3 ? cfg_gemma(c, cfg) : 0;
+    if (rc != 0)
+        return rc;
+    key = cfg->arch == GANG_ARCH_GEMMA3 && cfg_get(c, "hidden_activation") != NULL
+              ? "hidden_activation"
+              : "hidden_act";
+    v = cfg_get(c, key);
+    want = cfg->arch == GANG_ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu";
+    if (v != NULL && !(cJSON_IsString(v) && strcmp(v->valuestring, want) == 0)) {
+        gang_set_err(c->err, c->errlen, "%s: \"%s\" is not \"%s\"; only %s MLPs are implemented",
+                     c->path, key, want, cfg->arch == GANG_ARCH_GEMMA3 ? "GeGLU" : "SwiGLU");
         return GANG_EMODEL;
     }
+    cfg->act = cfg->arch == GANG_ARCH_GEMMA3 ? GANG_ACT_GELU_TANH : GANG_ACT_SILU;
     rc = cfg_bool(c, "mlp_bias", 0, &mlp_bias);
     if (rc != 0)
         return rc;
@@ -512,7 +647,8 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
     if (rc == 0)
         rc = cfg_float(c, "rope_theta", 10000.0, 1e12, &cfg->rope_theta);
     if (rc == 0)
-        rc = cfg_bool(c, "tie_word_embeddings", 0, &cfg->tie_embeddings);
+        rc =
+            cfg_bool(c, "tie_word_embeddings", cfg->arch == GANG_ARCH_GEMMA3, &cfg->tie_embeddings);
     if (rc == 0)
         rc = cfg_bool(c, "attention_bias", 0, &cfg->attn_bias);
     if (rc == 0)
@@ -538,7 +674,7 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
                      c->path);
         return GANG_EMODEL;
     }
-    cfg->qk_norm = cfg->arch == GANG_ARCH_QWEN3;
+    cfg->qk_norm = cfg->arch == GANG_ARCH_QWEN3 || cfg->arch == GANG_ARCH_GEMMA3;
     rc = cfg_head_dim(c, cfg);
     if (rc == 0)
         rc = cfg_rope_scaling(c, cfg);

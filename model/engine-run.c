@@ -184,6 +184,8 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
     h = e->act + (size_t)t0 * hidden;
     if (e->is_first) {
         rc = gang_kernels_embedding(k, m->embed, e->vocab, hidden, e->tokens_dev + t0, t1 - t0, h);
+        if (rc == 0 && m->cfg.embed_scale > 0.0f && m->cfg.embed_scale != 1.0f) /* Gemma */
+            rc = gang_kernels_scale(k, h, m->cfg.embed_scale, (size_t)(t1 - t0) * hidden);
         if (rc != 0)
             return rc;
     }

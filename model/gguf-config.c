@@ -3,8 +3,9 @@
  * tensors a GGUF file gives the Hugging Face weights the loader asks for.
  *
  *   general.architecture                 "llama" (Llama, Mistral and SmolLM2 convert to it),
- *                                        or "qwen2" (q/k/v biases; the keys below then
- *                                        start with "qwen2.")
+ *                                        "qwen2" (q/k/v biases; the keys below then
+ *                                        start with "qwen2."), "qwen3" (q/k norms) or
+ *                                        "gemma3" (see g_gemma)
  *   llama.block_count                    layers
  *   llama.embedding_length               hidden
  *   llama.feed_forward_length            ffn
@@ -12,12 +13,13 @@
  *   llama.attention.head_count_kv        kv heads (= heads when absent)
  *   llama.context_length                 max positions
  *   llama.attention.layer_norm_rms_epsilon, llama.rope.freq_base
+ *   llama.attention.key_length           head_dim (= hidden / heads when absent)
  *   tokenizer.ggml.tokens                vocab (the count; llama.vocab_size must agree)
  *   tokenizer.ggml.bos_token_id, eos_token_id, eot_token_id
  *   tensor output.weight                 absent: the LM head is tied to token_embd
  *
- * Refused, naming the key: another architecture, rope scaling, a rope dimension or key
- * length other than hidden / heads, experts (MoE), and the bounds of config.json.
+ * Refused, naming the key: another architecture, rope scaling, a rope dimension or value
+ * length other than the key length, experts (MoE), and the bounds of config.json.
  */
 #include <stdio.h>
 #include <string.h>
@@ -142,9 +144,17 @@ static int g_arch(gcfg *c, gang_model_config *cfg)
         c->arch = "qwen2"; /* q/k/v biases; llama.cpp leaves its q/k rows unpermuted */
         cfg->arch = GANG_ARCH_QWEN2;
         cfg->attn_bias = 1;
+    } else if (s.n == 5 && memcmp(s.p, "qwen3", 5) == 0) {
+        c->arch = "qwen3"; /* q/k norms, no biases, rows unpermuted */
+        cfg->arch = GANG_ARCH_QWEN3;
+        cfg->qk_norm = 1;
+    } else if (s.n == 6 && memcmp(s.p, "gemma3", 6) == 0) {
+        c->arch = "gemma3"; /* rows unpermuted; norms hold 1 + w already */
+        cfg->arch = GANG_ARCH_GEMMA3;
     } else {
         gang_set_err(c->err, c->errlen,
-                     "%s: general.architecture \"%.*s\" is not supported (llama and qwen2 are)",
+                     "%s: general.architecture \"%.*s\" is not supported (llama, qwen2, qwen3 and "
+                     "gemma3 are)",
                      c->path, (int)(s.n > 64 ? 64 : s.n), s.p);
         return GANG_EMODEL;
     }
@@ -220,17 +230,44 @@ static int g_shape(const gcfg *c, gang_model_config *cfg)
         g_float(c, "llama.attention.layer_norm_rms_epsilon", 1e-6, 1.0, &cfg->rms_eps) ||
         g_float(c, "llama.rope.freq_base", 10000.0, 1e12, &cfg->rope_theta))
         return GANG_EMODEL;
-    if (cfg->hidden % cfg->n_heads != 0 || cfg->n_heads % cfg->n_kv_heads != 0 ||
-        (cfg->hidden / cfg->n_heads) % 2 != 0) {
-        gang_set_err(c->err, c->errlen, "%s: hidden %u, heads %u, kv heads %u do not divide",
-                     c->path, cfg->hidden, cfg->n_heads, cfg->n_kv_heads);
+    /* head_dim: attention.key_length (Gemma 3, Qwen3, Mistral Nemo), else hidden / heads. */
+    if (g_uint(c, "llama.attention.key_length",
+               cfg->hidden % cfg->n_heads ? 0 : cfg->hidden / cfg->n_heads, 0,
+               GANG_MODEL_MAX_HEAD_DIM, &cfg->head_dim))
+        return GANG_EMODEL;
+    if (cfg->head_dim == 0 || cfg->head_dim % 2 != 0 || cfg->n_heads % cfg->n_kv_heads != 0) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: hidden %u, heads %u, kv heads %u, head_dim %u do not fit together",
+                     c->path, cfg->hidden, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim);
         return GANG_EMODEL;
     }
-    cfg->head_dim = cfg->hidden / cfg->n_heads;
     if (g_uint(c, "llama.rope.dimension_count", cfg->head_dim, cfg->head_dim, cfg->head_dim, &v) ||
-        g_uint(c, "llama.attention.key_length", cfg->head_dim, cfg->head_dim, cfg->head_dim, &v) ||
         g_uint(c, "llama.attention.value_length", cfg->head_dim, cfg->head_dim, cfg->head_dim, &v))
         return GANG_EMODEL;
+    return 0;
+}
+
+/*
+ * Gemma 3 as llama.cpp converts it: "gemma3.attention.sliding_window" on the local layers
+ * (every sliding_window_pattern-th layer, 6 when absent, is global), local RoPE base
+ * "gemma3.rope.freq_base_swa" (10000 when absent), query_pre_attn_scalar not stored:
+ * head_dim, except hidden / heads for the 62-layer 27B (llama.cpp's own rule).
+ */
+static int g_gemma(const gcfg *c, gang_model_config *cfg)
+{
+    uint32_t sw = 0;
+    float qpas = (float)cfg->head_dim;
+
+    if (g_uint(c, "llama.attention.sliding_window", 0, 0, UINT32_MAX, &sw) != 0 ||
+        g_uint(c, "llama.attention.sliding_window_pattern", 6, 1, GANG_MODEL_MAX_LAYERS,
+               &cfg->window_pattern) != 0 ||
+        g_float(c, "llama.rope.freq_base_swa", 10000.0, 1e12, &cfg->rope_local_theta) != 0)
+        return GANG_EMODEL;
+    if (sw > 0 && sw < cfg->max_pos)
+        cfg->sliding_window = sw;
+    if (cfg->n_layers == 62)
+        qpas = (float)(cfg->hidden / cfg->n_heads);
+    gang__model_gemma_defaults(cfg, qpas);
     return 0;
 }
 
@@ -255,6 +292,8 @@ int gang__gguf_config_read(const char *path, gang_model_config *cfg, char *err, 
         rc = g_shape(&c, &out);
     if (rc == 0)
         rc = g_vocab(&c, &out);
+    if (rc == 0 && out.arch == GANG_ARCH_GEMMA3)
+        rc = g_gemma(&c, &out);
     if (rc == 0) {
         out.tie_embeddings = gang__gguf_find(&g, "output.weight") == NULL;
         out.dtype = GANG_DTYPE_F32;
@@ -271,9 +310,16 @@ int gang__gguf_is_path(const char *path)
     return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
 }
 
-int gang__gguf_hf_name(const char *hf, char *out, size_t cap)
+int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap)
 {
-    static const char *const map[][2] = {{"input_layernorm.weight", "attn_norm.weight"},
+    /* Gemma's sandwich norms (its post_attention_layernorm is not Llama's pre-MLP norm). */
+    static const char *const gemma[][2] = {
+        {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}};
+    static const char *const map[][2] = {{"self_attn.q_norm.weight", "attn_q_norm.weight"},
+                                         {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+                                         {"input_layernorm.weight", "attn_norm.weight"},
                                          {"self_attn.q_proj.weight", "attn_q.weight"},
                                          {"self_attn.k_proj.weight", "attn_k.weight"},
                                          {"self_attn.v_proj.weight", "attn_v.weight"},
@@ -297,6 +343,9 @@ int gang__gguf_hf_name(const char *hf, char *out, size_t cap)
         return snprintf(out, cap, "output.weight") < (int)cap ? 0 : GANG_ENOENT;
     if (sscanf(hf, "model.layers.%u.%n", &layer, &used) != 1 || used == 0)
         return GANG_ENOENT;
+    for (i = 0; arch == GANG_ARCH_GEMMA3 && i < sizeof(gemma) / sizeof(gemma[0]); i++)
+        if (strcmp(hf + used, gemma[i][0]) == 0)
+            return snprintf(out, cap, "blk.%u.%s", layer, gemma[i][1]) < (int)cap ? 0 : GANG_ENOENT;
     for (i = 0; i < sizeof(map) / sizeof(map[0]); i++)
         if (strcmp(hf + used, map[i][0]) == 0)
             return snprintf(out, cap, "blk.%u.%s", layer, map[i][1]) < (int)cap ? 0 : GANG_ENOENT;

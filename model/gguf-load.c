@@ -55,11 +55,13 @@ int gang__gguf_band(const gang__gguf *g, const gang_model_config *cfg, const cha
     int rc, permuted;
 
     *out = NULL;
-    if (gang__gguf_hf_name(hf_name, name, sizeof(name)) == 0)
+    if (gang__gguf_hf_name((int)cfg->arch, hf_name, name, sizeof(name)) == 0)
         t = gang__gguf_find(g, name);
     if (t == NULL) {
         gang_set_err(err, errlen, "%s: tensor %s (for %s) is missing", g->path,
-                     gang__gguf_hf_name(hf_name, name, sizeof(name)) == 0 ? name : "?", hf_name);
+                     gang__gguf_hf_name((int)cfg->arch, hf_name, name, sizeof(name)) == 0 ? name
+                                                                                          : "?",
+                     hf_name);
         return GANG_EMODEL;
     }
     if (t->ne[0] != cols || t->rows != want_rows || t->n_dims != (rows == 0 ? 1u : 2u)) {

@@ -175,8 +175,17 @@ int gang__gguf_config_read(const char *path, struct gang_model_config *cfg, char
                            size_t errlen);
 /* Whether path names a GGUF file (ends in ".gguf"). */
 int gang__gguf_is_path(const char *path);
-/* The GGUF tensor name of a Hugging Face tensor name (out, cap), 0 or GANG_ENOENT. */
-int gang__gguf_hf_name(const char *hf, char *out, size_t cap);
+/* The GGUF tensor name of a Hugging Face tensor name of a model of architecture arch (a
+ * gang_model_arch: Gemma's post_attention_layernorm is not Llama's), into out (cap);
+ * 0 or GANG_ENOENT. */
+int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap);
+
+/* ---- shared by config.c and gguf-config.c ---- */
+
+/* Gemma 3's constant features on cfg (hidden, head_dim set): q/k norm, sandwich norms,
+ * (1 + w) norm weights, GeGLU, sqrt(hidden) embedding scale, and q_scale from the
+ * query_pre_attn_scalar qpas (> 0). */
+void gang__model_gemma_defaults(struct gang_model_config *cfg, float qpas);
 
 /* ---- weights by Hugging Face name (gguf-load.c) ---- */
 

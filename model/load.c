@@ -122,12 +122,38 @@ static int ld_cols(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
     return ld_band(L, name, rows, cols, 0, rows, first, count, out);
 }
 
-/* The model's RoPE table (rope_scaling applied) and attention factor into layer l. */
+/*
+ * An RMSNorm weight vector. Gemma's checkpoints store w for a norm that multiplies by
+ * (1 + w): 1 is added here for a Hugging Face file (llama.cpp's converter added it to a
+ * GGUF file already).
+ */
+static int ld_norm(loader *L, const gang_model *m, const char *name, uint64_t n, float **out)
+{
+    int rc = ld_vector(L, name, n, out);
+
+    if (rc == 0 && m->cfg.norm_plus_one && !L->is_gguf)
+        for (uint64_t i = 0; i < n; i++)
+            (*out)[i] += 1.0f;
+    return rc;
+}
+
+/*
+ * The model's RoPE table (rope_scaling applied) and attention factor into layer l; a
+ * Gemma 3 local layer gets plain RoPE of base rope_local_theta.
+ */
 static int ld_rope(const gang_model *m, gang_tp_layer *l)
 {
     l->rope_freq = malloc((m->cfg.head_dim / 2 + 1) * sizeof(float));
     if (l->rope_freq == NULL)
         return GANG_ENOMEM;
+    if (l->window != 0 && m->cfg.rope_local_theta > 0.0f) {
+        gang_model_config local = m->cfg;
+
+        memset(&local.rope, 0, sizeof(local.rope));
+        local.rope_theta = m->cfg.rope_local_theta;
+        l->rope_theta = local.rope_theta;
+        return gang_rope_inv_freq(&local, l->rope_freq, &l->rope_scale);
+    }
     if (m->cfg.rope.type == GANG_ROPE_DYNAMIC) {
         l->rope_dyn_factor = m->cfg.rope.factor;
         l->rope_dyn_orig = m->cfg.max_pos;
@@ -148,8 +174,8 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
 
     memset(l, 0, sizeof(*l));
     l->shard = *s;
-    if (m->cfg.sliding_window != 0 && li >= m->cfg.window_first_layer)
-        l->window = m->cfg.sliding_window;
+    l->window = gang_model_layer_window(&m->cfg, li);
+    l->act = m->cfg.act;
     l->tp = m->topo.tp;
     l->hidden = m->cfg.hidden;
     l->head_dim = m->cfg.head_dim;
@@ -157,7 +183,7 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
     l->norm_eps = m->cfg.rms_eps;
 
 #define LD_NAME(suffix) (snprintf(name, sizeof(name), "model.layers.%u.%s", li, suffix), name)
-    rc = ld_vector(L, LD_NAME("input_layernorm.weight"), hidden, &l->attn_norm);
+    rc = ld_norm(L, m, LD_NAME("input_layernorm.weight"), hidden, &l->attn_norm);
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("self_attn.q_proj.weight"), q_dim, hidden, q_first, q_rows, &l->wq);
     if (rc == 0)
@@ -179,15 +205,28 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
                          &l->bv);
     }
     if (rc == 0 && m->cfg.qk_norm) {
-        /* Qwen3: per-head norms, the same on every TP rank. */
-        rc = ld_vector(L, LD_NAME("self_attn.q_norm.weight"), hd, &l->q_norm);
+        /* Qwen3, Gemma 3: per-head norms, the same on every TP rank. */
+        rc = ld_norm(L, m, LD_NAME("self_attn.q_norm.weight"), hd, &l->q_norm);
         if (rc == 0)
-            rc = ld_vector(L, LD_NAME("self_attn.k_norm.weight"), hd, &l->k_norm);
+            rc = ld_norm(L, m, LD_NAME("self_attn.k_norm.weight"), hd, &l->k_norm);
+        /* Gemma's query_pre_attn_scalar: q scaled through its norm (RoPE is linear). */
+        for (uint64_t i = 0; rc == 0 && m->cfg.q_scale > 0.0f && i < hd; i++)
+            l->q_norm[i] *= m->cfg.q_scale;
     }
     if (rc == 0)
         rc = ld_rope(m, l);
-    if (rc == 0)
-        rc = ld_vector(L, LD_NAME("post_attention_layernorm.weight"), hidden, &l->mlp_norm);
+    if (rc == 0 && m->cfg.post_norms) {
+        /* Gemma: post_attention_layernorm is the attention output's own norm, the MLP's
+         * input norm is pre_feedforward_layernorm. */
+        rc = ld_norm(L, m, LD_NAME("post_attention_layernorm.weight"), hidden, &l->post_attn_norm);
+        if (rc == 0)
+            rc = ld_norm(L, m, LD_NAME("post_feedforward_layernorm.weight"), hidden,
+                         &l->post_mlp_norm);
+        if (rc == 0)
+            rc = ld_norm(L, m, LD_NAME("pre_feedforward_layernorm.weight"), hidden, &l->mlp_norm);
+    } else if (rc == 0) {
+        rc = ld_norm(L, m, LD_NAME("post_attention_layernorm.weight"), hidden, &l->mlp_norm);
+    }
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("mlp.gate_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
                      &l->w_gate);
@@ -230,7 +269,7 @@ static int ld_ends(loader *L, gang_model *m)
     if (m->place.pp_stage == 0)
         rc = ld_rows(L, "model.embed_tokens.weight", vocab, hidden, 0, vocab, &m->embed);
     if (rc == 0 && m->place.pp_stage == m->topo.pp - 1) {
-        rc = ld_vector(L, "model.norm.weight", hidden, &m->final_norm);
+        rc = ld_norm(L, m, "model.norm.weight", hidden, &m->final_norm);
         if (rc == 0)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count,
                          &m->lm_head);

@@ -32,7 +32,8 @@
 #define MK_MAX_FFN (1u << 20)
 #define MK_MAX_POS (1u << 24)
 
-enum mk_kind { MK_EMBED, MK_LINEAR, MK_NORM, MK_BIAS };
+/* MK_GNORM: a Gemma norm weight w of a (1 + w) norm, drawn around 0. */
+enum mk_kind { MK_EMBED, MK_LINEAR, MK_NORM, MK_BIAS, MK_GNORM };
 
 /* One tensor to write. */
 typedef struct mk_tensor {
@@ -97,6 +98,9 @@ static void mk_fill(const mk_tensor *t, uint64_t seed, float *dst, size_t n)
     case MK_BIAS:
         scale = 0.02;
         break;
+    case MK_GNORM:
+        scale = 0.1;
+        break;
     default:
         scale = 1.0;
         break;
@@ -154,15 +158,17 @@ static int mk_build_list(const gang_mkmodel_opts *o, mk_list *l)
     uint64_t q = (uint64_t)o->heads * hd;
     uint64_t kv = (uint64_t)o->kv_heads * hd;
     const char *p = "model.layers.";
+    int gemma = o->arch == GANG_ARCH_GEMMA3;
+    enum mk_kind norm = gemma ? MK_GNORM : MK_NORM;
     uint32_t i;
     int rc = 0;
 
     rc |= mk_add(l, MK_EMBED, o->vocab, h, "model.embed_tokens.weight");
-    rc |= mk_add(l, MK_NORM, 0, h, "model.norm.weight");
+    rc |= mk_add(l, norm, 0, h, "model.norm.weight");
     if (!o->tie_embeddings)
         rc |= mk_add(l, MK_LINEAR, o->vocab, h, "lm_head.weight");
     for (i = 0; i < o->layers && rc == 0; i++) {
-        rc |= mk_add(l, MK_NORM, 0, h, "%s%u.input_layernorm.weight", p, i);
+        rc |= mk_add(l, norm, 0, h, "%s%u.input_layernorm.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, q, h, "%s%u.self_attn.q_proj.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, kv, h, "%s%u.self_attn.k_proj.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, kv, h, "%s%u.self_attn.v_proj.weight", p, i);
@@ -172,11 +178,15 @@ static int mk_build_list(const gang_mkmodel_opts *o, mk_list *l)
             rc |= mk_add(l, MK_BIAS, 0, kv, "%s%u.self_attn.k_proj.bias", p, i);
             rc |= mk_add(l, MK_BIAS, 0, kv, "%s%u.self_attn.v_proj.bias", p, i);
         }
-        if (o->arch == GANG_ARCH_QWEN3) {
-            rc |= mk_add(l, MK_NORM, 0, hd, "%s%u.self_attn.q_norm.weight", p, i);
-            rc |= mk_add(l, MK_NORM, 0, hd, "%s%u.self_attn.k_norm.weight", p, i);
+        if (o->arch == GANG_ARCH_QWEN3 || gemma) {
+            rc |= mk_add(l, norm, 0, hd, "%s%u.self_attn.q_norm.weight", p, i);
+            rc |= mk_add(l, norm, 0, hd, "%s%u.self_attn.k_norm.weight", p, i);
         }
-        rc |= mk_add(l, MK_NORM, 0, h, "%s%u.post_attention_layernorm.weight", p, i);
+        rc |= mk_add(l, norm, 0, h, "%s%u.post_attention_layernorm.weight", p, i);
+        if (gemma) { /* sandwich norms */
+            rc |= mk_add(l, norm, 0, h, "%s%u.pre_feedforward_layernorm.weight", p, i);
+            rc |= mk_add(l, norm, 0, h, "%s%u.post_feedforward_layernorm.weight", p, i);
+        }
         rc |= mk_add(l, MK_LINEAR, o->ffn, h, "%s%u.mlp.gate_proj.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, o->ffn, h, "%s%u.mlp.up_proj.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, h, o->ffn, "%s%u.mlp.down_proj.weight", p, i);
@@ -390,8 +400,8 @@ static int mk_write_index(const gang_mkmodel_opts *o, const mk_list *l, uint64_t
 static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
 {
     static const char *const cls[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                      "Qwen3ForCausalLM"};
-    static const char *const type[] = {"llama", "mistral", "qwen2", "qwen3"};
+                                      "Qwen3ForCausalLM", "Gemma3ForCausalLM"};
+    static const char *const type[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"};
     int qwen = o->arch == GANG_ARCH_QWEN2 || o->arch == GANG_ARCH_QWEN3;
     const char *dt = o->dtype == GANG_DTYPE_F16    ? "float16"
                      : o->dtype == GANG_DTYPE_BF16 ? "bfloat16"
@@ -408,7 +418,9 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
         return rc;
     fprintf(fp, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", cls[o->arch],
             type[o->arch]);
-    fprintf(fp, "  \"hidden_act\": \"silu\",\n  \"hidden_size\": %u,\n", o->hidden);
+    fprintf(fp, "  \"%s\": \"%s\",\n  \"hidden_size\": %u,\n",
+            o->arch == GANG_ARCH_GEMMA3 ? "hidden_activation" : "hidden_act",
+            o->arch == GANG_ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu", o->hidden);
     fprintf(fp, "  \"intermediate_size\": %u,\n  \"num_attention_heads\": %u,\n", o->ffn, o->heads);
     fprintf(fp, "  \"num_key_value_heads\": %u,\n  \"num_hidden_layers\": %u,\n", o->kv_heads,
             o->layers);
@@ -423,7 +435,14 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
         fprintf(fp, "  \"head_dim\": %u,\n", o->head_dim);
     if (o->arch == GANG_ARCH_QWEN3)
         fprintf(fp, "  \"attention_bias\": false,\n");
-    if (o->arch == GANG_ARCH_LLAMA)
+    if (o->arch == GANG_ARCH_GEMMA3) /* a window that never binds; tests edit these */
+        fprintf(fp,
+                "  \"attention_bias\": false,\n  \"sliding_window\": %u,\n"
+                "  \"sliding_window_pattern\": 6,\n  \"rope_local_base_freq\": 10000.0,\n"
+                "  \"query_pre_attn_scalar\": %u,\n  \"final_logit_softcapping\": null,\n"
+                "  \"attn_logit_softcapping\": null,\n",
+                o->max_pos, o->head_dim > 0 ? o->head_dim : o->hidden / o->heads);
+    else if (o->arch == GANG_ARCH_LLAMA)
         fprintf(fp, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
     else if (o->arch == GANG_ARCH_MISTRAL)
         fprintf(fp, "  \"sliding_window\": null,\n");
@@ -494,7 +513,7 @@ static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
     const char *why = NULL;
 
     if (o->arch != GANG_ARCH_LLAMA && o->arch != GANG_ARCH_MISTRAL && o->arch != GANG_ARCH_QWEN2 &&
-        o->arch != GANG_ARCH_QWEN3)
+        o->arch != GANG_ARCH_QWEN3 && o->arch != GANG_ARCH_GEMMA3)
         why = "unknown architecture";
     else if (o->dtype != GANG_DTYPE_F32 && o->dtype != GANG_DTYPE_F16 &&
              o->dtype != GANG_DTYPE_BF16)

@@ -198,7 +198,7 @@ static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage 
  * Shards of a layer
  * --------------------------------------------------------------------------------- */
 /* The layer's arrays, in a fixed order, for the loops of free and to_device. */
-#define TP_LAYER_ARRAYS 15
+#define TP_LAYER_ARRAYS 17
 
 static void tp_layer_arrays(gang_tp_layer *l, float **a[TP_LAYER_ARRAYS], size_t n[TP_LAYER_ARRAYS])
 {
@@ -220,6 +220,8 @@ static void tp_layer_arrays(gang_tp_layer *l, float **a[TP_LAYER_ARRAYS], size_t
     a[12] = &l->q_norm, n[12] = l->head_dim;
     a[13] = &l->k_norm, n[13] = l->head_dim;
     a[14] = &l->rope_freq, n[14] = l->head_dim / 2;
+    a[15] = &l->post_attn_norm, n[15] = hidden;
+    a[16] = &l->post_mlp_norm, n[16] = hidden;
 }
 
 void gang_tp_layer_free(gang_tp_layer *l)
@@ -356,6 +358,10 @@ int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_ran
     rc = tp_dup(w->q_norm, hd, &l->q_norm);
     if (rc == 0)
         rc = tp_dup(w->k_norm, hd, &l->k_norm);
+    if (rc == 0)
+        rc = tp_dup(w->post_attn_norm, hidden, &l->post_attn_norm);
+    if (rc == 0)
+        rc = tp_dup(w->post_mlp_norm, hidden, &l->post_mlp_norm);
     if (rc != 0)
         goto out_free;
     /* Plain RoPE's table; a model's scaling replaces it (gang_rope_inv_freq in model.h). */
@@ -792,6 +798,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     if (rc != 0)
         return rc;
     rc = tp_batch_attention(l, k, comm, n_seq, seq_tokens, seq_pos0, caches, s, total, timeout_ms);
+    if (rc == 0 && l->post_attn_norm != NULL) /* Gemma's sandwich norm, in place */
+        rc = gang_kernels_rmsnorm(k, s->delta, l->post_attn_norm, l->norm_eps, total, l->hidden,
+                                  s->delta);
     if (rc != 0)
         return rc;
     rc = gang_kernels_add(k, x, s->delta, n);
@@ -806,7 +815,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->w_up, s->ffn_cols, s->up);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_silu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate);
+    rc = l->act == GANG_ACT_GELU_TANH
+             ? gang_kernels_gelu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate)
+             : gang_kernels_silu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate);
     if (rc != 0)
         return rc;
     /* The second all-reduce gets what is left of the call's deadline. */
@@ -815,6 +826,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
         return rc;
     rc = tp_linear_row_staged(k, comm, &s->stage, s->gate, total, s->ffn_cols, l->w_down, l->hidden,
                               s->delta, left);
+    if (rc == 0 && l->post_mlp_norm != NULL)
+        rc = gang_kernels_rmsnorm(k, s->delta, l->post_mlp_norm, l->norm_eps, total, l->hidden,
+                                  s->delta);
     if (rc != 0)
         return rc;
     return gang_kernels_add(k, x, s->delta, n);

@@ -122,6 +122,17 @@ int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, s
                           float *out);
 
 /*
+ * GeGLU gate (Gemma): out[i] = gelu_tanh(gate[i]) * up[i], with PyTorch's tanh
+ * approximation gelu_tanh(x) = x / 2 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), n
+ * elements. Aliasing: out may be gate or up exactly.
+ */
+int gang_kernels_gelu_mul(gang_kernels *k, const float *gate, const float *up, size_t n,
+                          float *out);
+
+/* Scale in place: x[i] *= a for i < n (Gemma's embedding scale). */
+int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n);
+
+/*
  * Embedding lookup: out[t,:] = table[ids[t],:] for t < n_ids; table is [vocab, dim]. Every
  * id is checked before anything is written: an id < 0 or >= vocab returns GANG_EINVAL and
  * leaves out untouched. out must not overlap table.

@@ -31,7 +31,10 @@ typedef enum gang_model_arch {
     GANG_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
     GANG_ARCH_MISTRAL = 1, /* MistralForCausalLM */
     GANG_ARCH_QWEN2 = 2,   /* Qwen2ForCausalLM: q/k/v projections carry biases */
-    GANG_ARCH_QWEN3 = 3    /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
+    GANG_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
+    GANG_ARCH_GEMMA3 = 4   /* Gemma3ForCausalLM (text): q/k norm, sandwich norms, (1 + w)
+                              RMSNorm weights, scaled embeddings, GeGLU, local and global
+                              layers with their own RoPE bases */
 } gang_model_arch;
 
 /* config.json's "rope_scaling" ("rope_type", or the legacy "type"). */
@@ -99,6 +102,20 @@ typedef struct gang_model_config {
                                     0: none (also when the window never binds) */
     uint32_t window_first_layer; /* layers from this one on are windowed (Qwen2's
                                     max_window_layers; 0 for Mistral) */
+    uint32_t window_pattern;     /* Gemma 3: when > 0, layer i is windowed ("local") unless
+                                    (i + 1) % window_pattern == 0 (a "global" layer); see
+                                    gang_model_layer_window */
+    float rope_local_theta;      /* Gemma 3: the RoPE base of windowed layers (plain RoPE,
+                                    rope_scaling applies to the global ones); 0: rope_theta */
+    float q_scale;               /* factor on q before attention: sqrt(head_dim /
+                                    query_pre_attn_scalar) for Gemma; 0: none */
+    float embed_scale;           /* factor on the embedding rows (Gemma: sqrt(hidden)); 0: none */
+    int32_t post_norms;          /* Gemma: RMSNorm of each block's output before its residual
+                                    add (post_attention / post_feedforward_layernorm) */
+    int32_t norm_plus_one;       /* Gemma: RMSNorm weights stored as w for (1 + w); the loader
+                                    adds 1 when reading a Hugging Face checkpoint (a GGUF file
+                                    holds 1 + w already) */
+    gang_tp_act act;             /* the MLP's gate activation (hidden_act / hidden_activation) */
     float rms_eps;               /* rms_norm_eps */
     float rope_theta;            /* rope_theta (10000 when absent) */
     int32_t tie_embeddings;      /* tie_word_embeddings: the LM head is the embedding table */
@@ -136,6 +153,13 @@ int gang_model_config_read(const char *dir, gang_model_config *cfg, char *err, s
  * head_dim.
  */
 int gang_rope_inv_freq(const gang_model_config *cfg, float *inv_freq, float *attn_scale);
+
+/*
+ * The sliding window of decoder layer `layer` (keys a query sees, itself included), or 0
+ * when the layer attends to every earlier key: cfg->sliding_window on the windowed layers
+ * (from window_first_layer on, or Gemma 3's local layers by window_pattern).
+ */
+uint32_t gang_model_layer_window(const gang_model_config *cfg, uint32_t layer);
 
 /*
  * Fills the model fields of a topology config (layers, heads, kv heads, ffn, hidden,

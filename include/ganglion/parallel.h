@@ -258,21 +258,29 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
  * q_dim = n_heads x head_dim, kv_dim = n_kv_heads x head_dim.
  */
 typedef struct gang_layer_weights {
-    const float *attn_norm; /* [hidden] input_layernorm */
-    const float *wq;        /* [q_dim, hidden] q_proj */
-    const float *wk;        /* [kv_dim, hidden] k_proj */
-    const float *wv;        /* [kv_dim, hidden] v_proj */
-    const float *wo;        /* [hidden, q_dim] o_proj */
-    const float *mlp_norm;  /* [hidden] post_attention_layernorm */
-    const float *w_gate;    /* [ffn, hidden] gate_proj */
-    const float *w_up;      /* [ffn, hidden] up_proj */
-    const float *w_down;    /* [hidden, ffn] down_proj */
-    const float *bq;        /* [q_dim] q_proj bias (Qwen2), or NULL for none */
-    const float *bk;        /* [kv_dim] k_proj bias, or NULL */
-    const float *bv;        /* [kv_dim] v_proj bias, or NULL */
-    const float *q_norm;    /* [head_dim] q_norm (Qwen3: RMSNorm of each q head), or NULL */
-    const float *k_norm;    /* [head_dim] k_norm, or NULL */
+    const float *attn_norm;      /* [hidden] input_layernorm */
+    const float *wq;             /* [q_dim, hidden] q_proj */
+    const float *wk;             /* [kv_dim, hidden] k_proj */
+    const float *wv;             /* [kv_dim, hidden] v_proj */
+    const float *wo;             /* [hidden, q_dim] o_proj */
+    const float *mlp_norm;       /* [hidden] post_attention_layernorm */
+    const float *w_gate;         /* [ffn, hidden] gate_proj */
+    const float *w_up;           /* [ffn, hidden] up_proj */
+    const float *w_down;         /* [hidden, ffn] down_proj */
+    const float *bq;             /* [q_dim] q_proj bias (Qwen2), or NULL for none */
+    const float *bk;             /* [kv_dim] k_proj bias, or NULL */
+    const float *bv;             /* [kv_dim] v_proj bias, or NULL */
+    const float *q_norm;         /* [head_dim] q_norm (Qwen3: RMSNorm of each q head), or NULL */
+    const float *k_norm;         /* [head_dim] k_norm, or NULL */
+    const float *post_attn_norm; /* [hidden] Gemma's norm of the attention output, or NULL */
+    const float *post_mlp_norm;  /* [hidden] Gemma's norm of the MLP output, or NULL */
 } gang_layer_weights;
+
+/* The MLP's gate activation. */
+typedef enum gang_tp_act {
+    GANG_ACT_SILU = 0,     /* SwiGLU: silu(gate) * up (Llama, Mistral, Qwen) */
+    GANG_ACT_GELU_TANH = 1 /* GeGLU: gelu_tanh(gate) * up (Gemma) */
+} gang_tp_act;
 
 /*
  * One TP rank's shard of one decoder layer. Owns its arrays: malloc'd by init (mem NULL),
@@ -308,6 +316,10 @@ typedef struct gang_tp_layer {
     uint32_t rope_dyn_orig; /* dynamic NTK: the original context (max_position_embeddings) */
     uint32_t window;        /* sliding-window attention: keys a query sees, itself included
                                (gang_kernels_attention_window); 0 = all before it */
+    float *post_attn_norm;  /* [hidden] Gemma: RMSNorm of the attention block's output before
+                               the residual add, or NULL */
+    float *post_mlp_norm;   /* [hidden] Gemma: the same for the MLP block, or NULL */
+    gang_tp_act act;        /* the MLP gate's activation (SiLU unless set) */
 } gang_tp_layer;
 
 /*

@@ -146,6 +146,18 @@ static int cpu_silu_mul(void *ctx, const float *gate, const float *up, size_t n,
     return gang__cpu_silu_mul(gate, up, n, out);
 }
 
+static int cpu_gelu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)
+{
+    (void)ctx;
+    return gang__cpu_gelu_mul(gate, up, n, out);
+}
+
+static int cpu_scale(void *ctx, float *x, float a, size_t n)
+{
+    (void)ctx;
+    return gang__cpu_scale(x, a, n);
+}
+
 /* Every id is checked before the first row is copied: nothing is written on a bad id. */
 static int cpu_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
                          const int32_t *ids, size_t n_ids, float *out)
@@ -199,6 +211,8 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .softmax = cpu_softmax,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
+    .gelu_mul = cpu_gelu_mul,
+    .scale = cpu_scale,
     .embedding = cpu_embedding,
     .add = cpu_add,
     .add_rows = cpu_add_rows,

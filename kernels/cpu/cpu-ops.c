@@ -113,6 +113,25 @@ int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
     return 0;
 }
 
+/* PyTorch's gelu(approximate="tanh"), evaluated in f32 as it does on f32 tensors. */
+int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out)
+{
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi) */
+
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(beta * (g + kappa * g * g * g))) * up[i];
+    }
+    return 0;
+}
+
+int gang__cpu_scale(float *x, float a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] *= a;
+    return 0;
+}
+
 int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,
                         size_t n_ids, float *out)
 {

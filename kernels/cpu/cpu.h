@@ -26,6 +26,8 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
                    const float *inv_freq, float scale);
 int gang__cpu_softmax(float *x, size_t rows, size_t cols);
 int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
+int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out);
+int gang__cpu_scale(float *x, float a, size_t n);
 int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,
                         size_t n_ids, float *out);
 int gang__cpu_add(float *x, const float *y, size_t n);

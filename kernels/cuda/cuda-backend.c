@@ -332,6 +332,22 @@ static int cuda_silu_mul(void *ctx, const float *gate, const float *up, size_t n
     return rc < 0 ? rc : gang__cuda_launch_silu_mul(c->stream, gate, up, n, out);
 }
 
+static int cuda_gelu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_gelu_mul(c->stream, gate, up, n, out);
+}
+
+static int cuda_scale(void *ctx, float *x, float a, size_t n)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_scale(c->stream, x, a, n);
+}
+
 /*
  * Two kernels on the stream: the first checks every id and sets word 1 on a bad one, the
  * second copies rows only when word 1 is clear, so out stays untouched on a bad id
@@ -446,6 +462,8 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .softmax = cuda_softmax,
     .attention = cuda_attention,
     .silu_mul = cuda_silu_mul,
+    .gelu_mul = cuda_gelu_mul,
+    .scale = cuda_scale,
     .embedding = cuda_embedding,
     .add = cuda_add,
     .add_rows = cuda_add_rows,

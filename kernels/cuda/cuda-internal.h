@@ -103,6 +103,9 @@ int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions, s
 int gang__cuda_launch_softmax(cudaStream_t s, float *x, size_t rows, size_t cols);
 int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, const float *up, size_t n,
                                float *out);
+int gang__cuda_launch_gelu_mul(cudaStream_t s, const float *gate, const float *up, size_t n,
+                               float *out);
+int gang__cuda_launch_scale(cudaStream_t s, float *x, float a, size_t n);
 int gang__cuda_launch_check_ids(cudaStream_t s, const int32_t *ids, size_t n_ids, size_t vocab,
                                 int *flag);
 int gang__cuda_launch_embedding(cudaStream_t s, const float *table, size_t dim, const int32_t *ids,

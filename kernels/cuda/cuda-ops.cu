@@ -193,6 +193,37 @@ extern "C" int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, con
     return launch_result("silu_mul launch");
 }
 
+/* PyTorch's gelu(approximate="tanh") of the gate times up. */
+__global__ static void gelu_mul_kernel(const float *gate, const float *up, size_t n, float *out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] =
+            0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+extern "C" int gang__cuda_launch_gelu_mul(cudaStream_t s, const float *gate, const float *up,
+                                          size_t n, float *out)
+{
+    gelu_mul_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>(gate, up, n, out);
+    return launch_result("gelu_mul launch");
+}
+
+__global__ static void scale_kernel(float *x, float a, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+extern "C" int gang__cuda_launch_scale(cudaStream_t s, float *x, float a, size_t n)
+{
+    scale_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>(x, a, n);
+    return launch_result("scale launch");
+}
+
 __global__ static void add_kernel(float *x, const float *y, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

@@ -150,6 +150,30 @@ def rope(x, inv, scale):
     return x * cos + rot * sin
 
 
+def layer_windows(cfg):
+    """Per layer, the keys a query sees (itself included), or None: Mistral's
+    sliding_window on every layer; Qwen2/3's from max_window_layers on when
+    use_sliding_window; Gemma 3's local layers (layer_types, else every
+    sliding_window_pattern-th layer global)."""
+    n, sw = cfg["num_hidden_layers"], cfg.get("sliding_window")
+    kind = cfg.get("model_type")
+    if sw is None:
+        return [None] * n
+    if kind == "gemma3_text":
+        types = cfg.get("layer_types")
+        if types is None:
+            pat = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+            types = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention"
+                     for i in range(n)]
+        return [sw if t == "sliding_attention" else None for t in types]
+    if kind in ("qwen2", "qwen3"):
+        if not cfg.get("use_sliding_window", False):
+            return [None] * n
+        first = cfg.get("max_window_layers", 0)
+        return [sw if i >= first else None for i in range(n)]
+    return [sw] * n
+
+
 def forward_logits(cfg, w, ids):
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
@@ -158,13 +182,31 @@ def forward_logits(cfg, w, ids):
     eps = cfg.get("rms_norm_eps", 1e-6)
     n_layers = cfg["num_hidden_layers"]
     t_len = len(ids)
+    gemma = cfg.get("model_type") == "gemma3_text"
     inv, scale = inv_freq(cfg, d, t_len)
+    inv_local = inv
+    if gemma:  # local layers: plain RoPE of base rope_local_base_freq
+        local = {"rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
+        inv_local, _ = inv_freq(local, d, t_len)
+    # Gemma's norms multiply by (1 + w); its attention divides by sqrt(query_pre_attn_scalar).
+    shift = 1.0 if gemma else 0.0
+    att_scale = (cfg.get("query_pre_attn_scalar", 256) if gemma else d) ** -0.5
+    windows = layer_windows(cfg)
+
+    def norm(x, name):
+        return rmsnorm(x, w[name] + shift, eps)
 
     x = w["model.embed_tokens.weight"][np.array(ids)]
-    mask = np.triu(np.full((t_len, t_len), -np.inf), k=1)
+    if gemma:  # transformers keeps the embedding scale as a float32 buffer
+        x = x * float(np.float32(hidden ** 0.5))
+    pos = np.arange(t_len)
+    causal = np.where(pos[None, :] <= pos[:, None], 0.0, -np.inf)
     for i in range(n_layers):
         p = "model.layers.%d." % i
-        h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        mask = causal
+        if windows[i] is not None:
+            mask = np.where(pos[:, None] - pos[None, :] < windows[i], causal, -np.inf)
+        h = norm(x, p + "input_layernorm.weight")
         q = h @ w[p + "self_attn.q_proj.weight"].T
         k = h @ w[p + "self_attn.k_proj.weight"].T
         v = h @ w[p + "self_attn.v_proj.weight"].T
@@ -174,29 +216,96 @@ def forward_logits(cfg, w, ids):
             v = v + w[p + "self_attn.v_proj.bias"]
         q = q.reshape(t_len, heads, d)
         k = k.reshape(t_len, kv_heads, d)
-        if p + "self_attn.q_norm.weight" in w:  # Qwen3: RMSNorm of every head
-            q = rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
-            k = rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
-        q = rope(q, inv, scale)
-        k = rope(k, inv, scale)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3, Gemma 3: RMSNorm of every head
+            q = norm(q, p + "self_attn.q_norm.weight")
+            k = norm(k, p + "self_attn.k_norm.weight")
+        if gemma and windows[i] is not None:
+            q, k = rope(q, inv_local, 1.0), rope(k, inv_local, 1.0)
+        else:
+            q, k = rope(q, inv, scale), rope(k, inv, scale)
         v = v.reshape(t_len, kv_heads, d)
         rep = heads // kv_heads
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(d) + mask[None]
+        s = np.einsum("thd,shd->hts", q, k) * att_scale + mask[None]
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s = s / s.sum(axis=-1, keepdims=True)
         a = np.einsum("hts,shd->thd", s, v).reshape(t_len, heads * d)
-        x = x + a @ w[p + "self_attn.o_proj.weight"].T
-        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        a = a @ w[p + "self_attn.o_proj.weight"].T
+        if gemma:  # sandwich norms
+            x = x + norm(a, p + "post_attention_layernorm.weight")
+            h = norm(x, p + "pre_feedforward_layernorm.weight")
+        else:
+            x = x + a
+            h = norm(x, p + "post_attention_layernorm.weight")
         g = h @ w[p + "mlp.gate_proj.weight"].T
         u = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
-    h = rmsnorm(x[-1], w["model.norm.weight"], eps)
+        if gemma:  # GeGLU with PyTorch's tanh gelu
+            act = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+            x = x + norm((act * u) @ w[p + "mlp.down_proj.weight"].T,
+                         p + "post_feedforward_layernorm.weight")
+        else:
+            x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+    h = norm(x[-1], "model.norm.weight")
     head = w.get("lm_head.weight")
-    if head is None or cfg.get("tie_word_embeddings", False):
+    if head is None or cfg.get("tie_word_embeddings", gemma):
         head = w["model.embed_tokens.weight"]
     return h @ head.T
+
+
+# ------------------------------------------------------------------------------------
+# A GGUF file (Gemma 3 as llama.cpp writes it), read with the gguf package.
+# ------------------------------------------------------------------------------------
+GGUF_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
+              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+              "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
+              "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def read_gguf_gemma3(path):
+    """config and Hugging Face-named float64 weights of a gemma3 GGUF file. llama.cpp's
+    converter stores Gemma's norm weights as 1 + w: 1 is taken off again here (as
+    transformers' GGUF loader does), and it leaves q/k rows unpermuted for this arch."""
+    import gguf
+    from gguf import quants
+    r = gguf.GGUFReader(path)
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        return default if f is None else f.contents()
+    if val("general.architecture") != "gemma3":
+        raise ValueError("%s: not a gemma3 file" % path)
+    hidden = val("gemma3.embedding_length")
+    heads = val("gemma3.attention.head_count")
+    d = val("gemma3.attention.key_length", hidden // heads)
+    cfg = {"model_type": "gemma3_text", "hidden_size": hidden, "num_attention_heads": heads,
+           "num_key_value_heads": val("gemma3.attention.head_count_kv", heads), "head_dim": d,
+           "num_hidden_layers": val("gemma3.block_count"),
+           "rms_norm_eps": val("gemma3.attention.layer_norm_rms_epsilon"),
+           "rope_theta": val("gemma3.rope.freq_base"),
+           "rope_local_base_freq": val("gemma3.rope.freq_base_swa", 10000.0),
+           "sliding_window": val("gemma3.attention.sliding_window"),
+           "sliding_window_pattern": 6, "query_pre_attn_scalar": d,
+           "max_position_embeddings": val("gemma3.context_length"), "tie_word_embeddings": True}
+    w = {}
+    for t in r.tensors:
+        a = quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif t.name == "output.weight":
+            name, cfg["tie_word_embeddings"] = "lm_head.weight", False
+        else:
+            _, layer, kind, _ = t.name.split(".")
+            name = "model.layers.%s.%s.weight" % (layer, GGUF_NAMES[kind])
+        if name.endswith("norm.weight"):
+            a = a - 1.0
+        w[name] = a.reshape(a.shape)
+    cfg["vocab_size"] = w["model.embed_tokens.weight"].shape[0]
+    return cfg, w
 
 
 # ------------------------------------------------------------------------------------
@@ -297,6 +406,18 @@ def main(argv):
         ids = [int(t) for t in argv[argv.index("--ids") + 1].split(",")]
         cfg, w = read_model(d)
         print(json.dumps({"logits": [float(v) for v in forward_logits(cfg, w, ids)]}))
+        return 0
+    if len(argv) >= 2 and argv[1] == "gguf-greedy":
+        # reference.py gguf-greedy FILE --ids 2,... --steps N: greedy ids and the
+        # log-softmax of each step's logits (a forward over the whole sequence per step).
+        cfg, w = read_gguf_gemma3(argv[2])
+        ids = [int(t) for t in argv[argv.index("--ids") + 1].split(",")]
+        out, rows = [], []
+        for _ in range(int(argv[argv.index("--steps") + 1])):
+            lp = log_softmax(forward_logits(cfg, w, ids + out))
+            out.append(int(np.argmax(lp)))
+            rows.append(sorted(((float(v), i) for i, v in enumerate(lp)), reverse=True)[:20])
+        print(json.dumps({"ids": out, "top": [[[i, v] for v, i in r] for r in rows]}))
         return 0
     if len(argv) >= 2 and argv[1] == "check":
         opt = {argv[i]: argv[i + 1] for i in range(2, len(argv) - 1, 2)}

@@ -624,6 +624,38 @@ static void test_attention_decode_matches_prefill(void **state)
 /* ---------------------------------------------------------------------------------
  * Element-wise operations, embedding, argmax.
  * --------------------------------------------------------------------------------- */
+/* GeGLU (PyTorch's tanh gelu, in double here) and the in-place scale. */
+static void test_gelu_mul_scale(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t ns[] = {1, 5, 64, 1031};
+
+    for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
+        size_t n = ns[c];
+        float *g = rnd_buf(n, 12.0f), *u = rnd_buf(n, 2.0f), *out = malloc(n * sizeof(*out));
+        double *ref = dbuf(n);
+        assert_non_null(out);
+
+        for (size_t i = 0; i < n; i++) {
+            double x = g[i];
+            ref[i] = 0.5 * x *
+                     (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x))) *
+                     u[i];
+        }
+        assert_int_equal(gang_kernels_gelu_mul(k, g, u, n, out), 0);
+        assert_close(out, ref, n, 1e-5, "gelu_mul");
+        assert_int_equal(gang_kernels_gelu_mul(k, g, u, n, u), 0); /* out == up */
+        assert_close(u, ref, n, 1e-5, "gelu_mul in place");
+        for (size_t i = 0; i < n; i++)
+            ref[i] = (double)out[i] * 25.298221;
+        assert_int_equal(gang_kernels_scale(k, out, 25.298221f, n), 0);
+        assert_close(out, ref, n, 1e-5, "scale");
+        free(g), free(u), free(out), free(ref);
+    }
+    assert_int_equal(gang_kernels_gelu_mul(k, NULL, NULL, 4, NULL), GANG_EINVAL);
+    assert_int_equal(gang_kernels_scale(k, NULL, 1.0f, 4), GANG_EINVAL);
+}
+
 static void test_silu_mul_add(void **state)
 {
     gang_kernels *k = *state;
@@ -914,6 +946,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attention_gqa, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_decode_matches_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silu_mul_add, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gelu_mul_scale, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_argmax, setup, teardown),
         cmocka_unit_test(test_f16_round_trip),
