@@ -15,10 +15,13 @@ no-op {"rope_type": "default"} block -- saves them (safetensors, float32) and de
 serves each directory on every layout and answers the same prompt with "logprobs": 20:
 the tokens must equal transformers' and every one of the 20 raw logprobs of every step
 must equal transformers' log-softmax within 1e-4 (logprobs are the logits less their
-log-sum-exp, so this is the logits' agreement up to that shift). Qwen3 is not in 4.46.3:
-its reference here is the independent numpy reference (tests/reference/reference.py, also
-behind reference-logits), on a `ganglion mkmodel --arch qwen3` model with head_dim 32 over
-hidden 48 and YaRN, the same checks on every layout. Reports SKIP, with the reason, when
+log-sum-exp, so this is the logits' agreement up to that shift). Qwen3 and Gemma 3 are not
+in 4.46.3: their reference here is the independent numpy reference
+(tests/reference/reference.py, also behind reference-logits), on `ganglion mkmodel` models
+(NUMPY_MODELS: Qwen3 with head_dim 32 over hidden 48 and YaRN; Gemma 3 with local and
+global layers, a 24-key window that binds on a 90-id prompt, per-kind RoPE bases, linear
+scaling on the global layers, query_pre_attn_scalar apart from head_dim), the same checks
+on every layout. Reports SKIP, with the reason, when
 the reference Python cannot be had. About 15 s on 2 idle cores.
 """
 import json
@@ -94,29 +97,55 @@ def log_softmax(row):
     return [v - lse for v in row]
 
 
+# Models whose reference is the numpy one: (name, mkmodel flags, config.json edits, prompt).
+NUMPY_MODELS = [
+    # Qwen3: q/k norms, head_dim 32 over hidden 48, YaRN factor 4 over 64.
+    ("qwen3-yarn", ["--arch", "qwen3", "--layers", "2", "--hidden", "48", "--heads", "4",
+                    "--kv-heads", "2", "--head-dim", "32", "--ffn", "96", "--vocab", "256",
+                    "--max-pos", "64", "--seed", "12", "--rope-scaling",
+                    '{"rope_type": "yarn", "factor": 4.0}'], {},
+     [2 + (i * 89 + 7) % 254 for i in range(140)]),
+    # Gemma 3: 4 layers, every 2nd global, a 24-key window on the local ones, local RoPE
+    # base 10000 and global 1e6 with linear scaling (factor 2), query_pre_attn_scalar 24
+    # against a head_dim of 32, sandwich norms, GeGLU, scaled embeddings.
+    ("gemma3-local-global", ["--arch", "gemma3", "--layers", "4", "--hidden", "48", "--heads",
+                             "4", "--kv-heads", "2", "--head-dim", "32", "--ffn", "96",
+                             "--vocab", "256", "--max-pos", "128", "--seed", "16", "--tie",
+                             "--rope-scaling", '{"rope_type": "linear", "factor": 2.0}'],
+     {"sliding_window": 24, "sliding_window_pattern": 2, "query_pre_attn_scalar": 24,
+      "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0},
+     [2 + (i * 61 + 11) % 254 for i in range(90)]),
+]
+
+
 def numpy_reference(h, py):
-    """Qwen3 (q/k norms, head_dim 32 over hidden 48, YaRN factor 4 over 64) made by
-    `ganglion mkmodel`, decoded greedily by the independent numpy reference
-    (tests/reference/reference.py, run by py: the reference Python has numpy)."""
-    d = os.path.join(h.tmp, "models", "qwen3-yarn")
-    subprocess.run([h.bin, "mkmodel", "--out", d, "--arch", "qwen3", "--layers", "2",
-                    "--hidden", "48", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
-                    "--ffn", "96", "--vocab", "256", "--max-pos", "64", "--seed", "12",
-                    "--rope-scaling", '{"rope_type": "yarn", "factor": 4.0}'],
-                   check=True, stdout=subprocess.DEVNULL)
-    prompt = [2 + (i * 89 + 7) % 254 for i in range(140)]
-    ids, rows = [], []
-    for _ in range(STEPS):
-        r = subprocess.run([py, NUMPY_REF, "logits", d, "--ids",
-                            ",".join(map(str, prompt + ids))],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-        H.check(r.returncode == 0, "reference.py failed (%d): %s"
-                % (r.returncode, r.stderr.decode(errors="replace")[-2000:]))
-        lp = log_softmax(json.loads(r.stdout)["logits"])
-        rows.append(lp)
-        ids.append(max(range(len(lp)), key=lambda i: (lp[i], -i)))
-    return [{"name": "qwen3-yarn (numpy reference)", "dir": d, "prompt": prompt, "ids": ids,
-             "logprobs": rows}]
+    """Each model of NUMPY_MODELS made by `ganglion mkmodel` (config.json edited), decoded
+    greedily by the independent numpy reference (tests/reference/reference.py, run by py:
+    the reference Python has numpy)."""
+    out = []
+    for name, flags, edit, prompt in NUMPY_MODELS:
+        d = os.path.join(h.tmp, "models", name)
+        subprocess.run([h.bin, "mkmodel", "--out", d] + flags, check=True,
+                       stdout=subprocess.DEVNULL)
+        if edit:
+            with open(os.path.join(d, "config.json")) as f:
+                cfg = json.load(f)
+            cfg.update(edit)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
+        ids, rows = [], []
+        for _ in range(STEPS):
+            r = subprocess.run([py, NUMPY_REF, "logits", d, "--ids",
+                                ",".join(map(str, prompt + ids))],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+            H.check(r.returncode == 0, "reference.py failed (%d): %s"
+                    % (r.returncode, r.stderr.decode(errors="replace")[-2000:]))
+            lp = log_softmax(json.loads(r.stdout)["logits"])
+            rows.append(lp)
+            ids.append(max(range(len(lp)), key=lambda i: (lp[i], -i)))
+        out.append({"name": name + " (numpy reference)", "dir": d, "prompt": prompt,
+                    "ids": ids, "logprobs": rows})
+    return out
 
 
 def scenario(h):

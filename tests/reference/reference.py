@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent numpy reference of the Llama / Mistral / Qwen2 / Qwen3 forward pass.
+"""Independent numpy reference of the Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 forward pass.
 
 Reads a Hugging Face model directory (config.json, model.safetensors or the shards named
 by model.safetensors.index.json) with its own safetensors parser -- nothing of ganglion's
@@ -9,17 +9,26 @@ grouped-query attention with a causal mask, SwiGLU MLP, q/k/v biases when the ch
 has them, and the LM head (the embedding table when the embeddings are tied); a head_dim
 apart from hidden / heads; Qwen3ForCausalLM's RMSNorm of every q and k head before RoPE
 (q_norm, k_norm); RoPE scaling (rope_scaling: linear, dynamic NTK over the whole
-sequence, llama3, yarn with its attention factor), each computed here from transformers 4.46's definitions. It is the reference of
-the Qwen3 comparison (transformers 4.46.3 has no Qwen3).
+sequence, llama3, yarn with its attention factor), each computed here from transformers 4.46's definitions; sliding windows
+(Mistral, Qwen2's use_sliding_window); Gemma3ForCausalLM as transformers 4.50+ defines it
+(norms that multiply by 1 + w, a norm after each block before its residual add, GeGLU with
+the tanh gelu, embeddings times sqrt(hidden), q/k norms, attention scaled by
+query_pre_attn_scalar, windowed "local" layers with plain RoPE of rope_local_base_freq,
+global ones with rope_theta and rope_scaling). It is the reference of the Qwen3 and Gemma 3
+comparisons (transformers 4.46.3 has neither).
 
 Modes:
   reference.py logits DIR --ids 1,2,3
       prints {"logits": [...]} for the last position.
+  reference.py gguf-greedy FILE.gguf --ids 2,3 --steps N
+      a gemma3 GGUF file (llama.cpp's layout, read with the gguf package): prints
+      {"ids": greedy ids, "top": per step the 20 best [id, logprob]}.
   reference.py check --ganglion BIN --tool BIN --workdir DIR
       makes small models with `ganglion mkmodel` (llama with GQA, qwen2 with biases, tied
       embeddings, bf16 in two shards, mistral in f16, llama3 RoPE scaling with a head_dim
       of 24, mistral with head_dim 32 and linear scaling, qwen3 with yarn and plain,
-      llama with dynamic NTK,
+      llama with dynamic NTK, Gemma 3 with local and global layers (a window that binds,
+      its own RoPE bases, query_pre_attn_scalar, layer_types),
       40-token prompts past the original context of the scaled ones), runs the C tool model-logits on each
       (the engine's single-rank forward on gang_model_load's shard) and asserts that its
       logits agree with this reference within 1e-4 relative (max abs difference over max
@@ -347,6 +356,22 @@ MODELS = [
     ("qwen3-plain", ["--arch", "qwen3", "--layers", "2", "--hidden", "64", "--heads", "4",
                      "--kv-heads", "4", "--ffn", "96", "--vocab", "256", "--seed", "11",
                      "--tie"]),
+    # Gemma 3: 3 layers, every 3rd global; a 16-key window on the local ones (LONG_IDS is
+    # 40), their own RoPE base, query_pre_attn_scalar apart from head_dim, linear scaling
+    # on the global layer only. The third element edits config.json after mkmodel.
+    ("gemma3-local-global", ["--arch", "gemma3", "--layers", "3", "--hidden", "48", "--heads",
+                             "4", "--kv-heads", "2", "--head-dim", "32", "--ffn", "96",
+                             "--vocab", "256", "--seed", "14", "--tie", "--max-pos", "64",
+                             "--rope-scaling", '{"rope_type": "linear", "factor": 2.0}'],
+     {"sliding_window": 16, "sliding_window_pattern": 3, "query_pre_attn_scalar": 20,
+      "rope_local_base_freq": 500.0, "rope_theta": 1000000.0}),
+    # Gemma 3 with layer_types instead of the pattern, every layer global but the first.
+    ("gemma3-layer-types", ["--arch", "gemma3", "--layers", "2", "--hidden", "32", "--heads",
+                            "2", "--kv-heads", "1", "--head-dim", "64", "--ffn", "64",
+                            "--vocab", "256", "--seed", "15", "--max-pos", "64",
+                            "--rope-scaling", '{"rope_type": "default"}'],
+     {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+      "tie_word_embeddings": False}),
 ]
 IDS = [1, 17, 42, 5, 99, 3, 150, 7, 64, 2, 33]
 LONG_IDS = [(i * 37 + 5) % 251 for i in range(40)]
@@ -375,10 +400,16 @@ def logprob_error(got, ref_logits):
 def check(ganglion, tool, workdir):
     os.makedirs(workdir, exist_ok=True)
     failed = 0
-    for name, flags in MODELS:
+    for name, flags, *edit in MODELS:
         d = os.path.join(workdir, name)
         subprocess.run([ganglion, "mkmodel", "--out", d] + flags, check=True,
                        stdout=subprocess.DEVNULL)
+        if edit:
+            with open(os.path.join(d, "config.json")) as f:
+                cfg = json.load(f)
+            cfg.update(edit[0])
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
         cfg, w = read_model(d)
         ids = [i % cfg["vocab_size"] for i in (LONG_IDS if "--rope-scaling" in flags else IDS)]
         out = subprocess.run([tool, d, ",".join(map(str, ids))], check=True,
