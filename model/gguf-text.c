@@ -15,9 +15,13 @@
  *       "qwen2"                   the same with Qwen2's regex (single digits)
  *   tokenizer.ggml.add_bos_token  true: a TemplateProcessing post-processor adds BOS
  *
- * Other models (SentencePiece "llama", "bert", ...) and other pre-tokenizers are refused
- * naming them. The chat template is tokenizer.chat_template, with bos_token and
- * eos_token the texts of the tokens tokenizer.ggml.bos_token_id / eos_token_id.
+ *   tokenizer.ggml.model "llama"  SentencePiece (Llama 2, Mistral v0.1, Gemma): a BPE model
+ *                                 with byte fallback whose merges come from the scores, and
+ *                                 the legacy Llama normalizer and decoder (gguf-spm.c)
+ *
+ * Other models ("bert", "t5", ...) and other pre-tokenizers are refused naming them. The chat
+ * template is tokenizer.chat_template, with bos_token and eos_token the texts of the tokens
+ * tokenizer.ggml.bos_token_id / eos_token_id.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -249,14 +253,15 @@ static cJSON *bos_template(const char *t, uint64_t id)
     return o;
 }
 
-/* Post-processor (TemplateProcessing with BOS when add_bos_token, else ByteLevel) and
- * the ByteLevel decoder. */
-static int post_and_decoder(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root)
+/* Post-processor (TemplateProcessing with BOS when add_bos_token, else ByteLevel, or none
+ * for a SentencePiece vocabulary) and the ByteLevel decoder (SentencePiece: its own, from
+ * gang__gguf_spm). */
+static int post_and_decoder(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root, int spm)
 {
     const gang__gguf_kv *bos = gang__gguf_find_kv(g, "tokenizer.ggml.bos_token_id");
     const gang__gguf_kv *abos = gang__gguf_find_kv(g, "tokenizer.ggml.add_bos_token");
     cJSON *post = NULL;
-    int rc = add(root, "decoder", byte_level(1));
+    int rc = spm ? 0 : add(root, "decoder", byte_level(1));
 
     if (rc != 0)
         return rc;
@@ -267,7 +272,7 @@ static int post_and_decoder(const gang__gguf *g, const gang__gguf_kv *toks, cJSO
             post = bos_template(t, bos->num.u);
         free(t);
     } else {
-        post = byte_level(1);
+        post = spm ? cJSON_CreateNull() : byte_level(1);
     }
     return add(root, "post_processor", post);
 }
@@ -277,36 +282,39 @@ static int tokenizer_json(const gang__gguf *g, char **out, char *err, size_t err
 {
     const gang__gguf_kv *toks = meta_strs(g, "tokenizer.ggml.tokens");
     gang__gguf_str model = meta_str(g, "tokenizer.ggml.model"), pre;
-    cJSON *root, *pt;
-    int known, rc;
+    cJSON *root, *pt = NULL;
+    int known, rc, spm = str_is(model, "llama");
 
     pre = meta_str(g, "tokenizer.ggml.pre");
-    if (toks == NULL || !str_is(model, "gpt2")) {
+    if (toks == NULL || !(str_is(model, "gpt2") || spm)) {
         gang_set_err(err, errlen,
                      "%s: tokenizer.ggml.model \"%.*s\" is not supported (only "
-                     "\"gpt2\", byte-level BPE, with its tokens)",
+                     "\"gpt2\", byte-level BPE, and \"llama\", SentencePiece, with its tokens)",
                      g->path, (int)(model.n > 32 ? 32 : model.n), model.p);
         return GANG_EMODEL;
     }
-    pt = pre_tokenizer(pre, &known);
-    if (pt == NULL) {
-        gang_set_err(err, errlen,
-                     known ? "%s: out of memory"
-                           : "%s: tokenizer.ggml.pre \"%.*s\" "
-                             "is not supported (smollm, gpt-2, default, llama-bpe, qwen2 are)",
-                     g->path, (int)(pre.n > 32 ? 32 : pre.n), pre.p);
-        return known ? GANG_ENOMEM : GANG_EMODEL;
+    if (!spm) {
+        pt = pre_tokenizer(pre, &known);
+        if (pt == NULL) {
+            gang_set_err(err, errlen,
+                         known ? "%s: out of memory"
+                               : "%s: tokenizer.ggml.pre \"%.*s\" "
+                                 "is not supported (smollm, gpt-2, default, llama-bpe, qwen2 are)",
+                         g->path, (int)(pre.n > 32 ? 32 : pre.n), pre.p);
+            return known ? GANG_ENOMEM : GANG_EMODEL;
+        }
     }
     root = cJSON_CreateObject();
-    rc = root == NULL ? GANG_ENOMEM : add(root, "pre_tokenizer", pt);
+    rc = root == NULL ? GANG_ENOMEM : spm ? 0 : add(root, "pre_tokenizer", pt);
     if (root == NULL)
         cJSON_Delete(pt);
     if (rc == 0)
         rc = added_tokens(g, toks, root);
     if (rc == 0)
-        rc = post_and_decoder(g, toks, root);
+        rc = post_and_decoder(g, toks, root, spm);
     if (rc == 0)
-        rc = bpe_model(g, toks, root, err, errlen);
+        rc = spm ? gang__gguf_spm(g, toks, root, err, errlen)
+                 : bpe_model(g, toks, root, err, errlen);
     if (rc == 0) {
         *out = cJSON_PrintUnformatted(root);
         rc = *out == NULL ? GANG_ENOMEM : 0;

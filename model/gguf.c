@@ -648,6 +648,18 @@ int64_t gang__gguf_arr_int(const gang__gguf *g, const gang__gguf_kv *kv, uint64_
     return one.num.i;
 }
 
+double gang__gguf_arr_float(const gang__gguf *g, const gang__gguf_kv *kv, uint64_t i)
+{
+    gang__gguf_kv one;
+
+    if (kv->type != GANG__GGUF_ARRAY || i >= kv->n ||
+        (kv->arr_type != GANG__GGUF_F32 && kv->arr_type != GANG__GGUF_F64))
+        return 0.0;
+    memset(&one, 0, sizeof(one));
+    kv_scalar(g->hdr + kv->off + i * (uint64_t)kv_type_size(kv->arr_type), kv->arr_type, &one);
+    return one.num.f;
+}
+
 int gang__gguf_read(const gang__gguf *g, const gang__gguf_tensor *t, uint64_t row_first,
                     uint64_t row_count, uint64_t col_first, uint64_t col_count, float *dst)
 {

@@ -4,4 +4,5 @@ list(APPEND GANG_MODEL_SOURCES
   model/gguf-quant.c
   model/gguf-config.c
   model/gguf-load.c
-  model/gguf-text.c)
+  model/gguf-text.c
+  model/gguf-spm.c)

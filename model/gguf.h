@@ -148,6 +148,8 @@ const gang__gguf_tensor *gang__gguf_find(const gang__gguf *g, const char *name);
 gang__gguf_str gang__gguf_arr_str(const gang__gguf *g, const gang__gguf_kv *kv, uint64_t i);
 /* Element i of an integer array kv as int64 (0 for other types). */
 int64_t gang__gguf_arr_int(const gang__gguf *g, const gang__gguf_kv *kv, uint64_t i);
+/* Element i of a float array kv (0 for other types). */
+double gang__gguf_arr_float(const gang__gguf *g, const gang__gguf_kv *kv, uint64_t i);
 
 /*
  * Copies rows [row_first, +row_count) x columns [col_first, +col_count) of tensor t (a
@@ -179,6 +181,18 @@ int gang__gguf_is_path(const char *path);
  * gang_model_arch: Gemma's post_attention_layernorm is not Llama's), into out (cap);
  * 0 or GANG_ENOENT. */
 int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap);
+
+/* ---- SentencePiece vocabularies (gguf-spm.c) ---- */
+
+struct cJSON;
+/*
+ * The BPE model of a SentencePiece vocabulary (tokenizer.ggml.model "llama": tokens,
+ * scores, unknown_token_id) into root["model"], with the normalizer and decoder of a
+ * legacy Llama tokenizer.json (see gguf-spm.c). 0, GANG_EMODEL with a message (no or bad
+ * scores, too many merges) or GANG_ENOMEM.
+ */
+int gang__gguf_spm(const gang__gguf *g, const gang__gguf_kv *toks, struct cJSON *root, char *err,
+                   size_t errlen);
 
 /* ---- shared by config.c and gguf-config.c ---- */
 

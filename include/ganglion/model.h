@@ -460,7 +460,7 @@ void gang_engine_reset(gang_engine *e);
 #define GANG_TOK_MAX_VOCAB (1u << 20)       /* vocabulary entries + added tokens */
 #define GANG_TOK_MAX_MERGES (1u << 21)      /* BPE merges */
 #define GANG_TOK_MAX_TOKEN_BYTES 4096u      /* one token's content */
-#define GANG_TOK_MAX_ADDED 4096u            /* added tokens */
+#define GANG_TOK_MAX_ADDED 16384u           /* added tokens (Gemma 3 has 6,249 control tokens) */
 #define GANG_TOK_MAX_TEXT_BYTES (64u << 20) /* one encode call's input */
 
 typedef struct gang_tokenizer gang_tokenizer;

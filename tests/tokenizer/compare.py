@@ -5,6 +5,10 @@ and without them (ganglion decodes one id at a time, tokenizers all at once).
 
   compare.py DRIVER TOKENIZER.json [TOKENIZER.json ...]
 
+A TOKENIZER may also be FILE.gguf=REFERENCE.json: ganglion loads the GGUF file's own
+tokenizer (gang_gguf_tokenizer_load), `tokenizers` the reference tokenizer.json made
+from the same file (tests/tokenizer/gguf-spm-ref.py).
+
 Prints one line per tokenizer and a JSON line with the encode throughput of both in the
 same run (median of rounds over the whole corpus, one thread). Exit 1 on any difference."""
 import json
@@ -60,7 +64,9 @@ def main():
         with open(cpath, "w", encoding="utf-8") as f:
             json.dump(texts, f, ensure_ascii=False)
         for tpath in toks:
-            name = os.path.basename(tpath)
+            ours_path, _, ref_path = tpath.partition("=")
+            tpath = ref_path or ours_path
+            name = os.path.basename(ours_path)
             hf = Tokenizer.from_file(tpath)
             # Random id sequences, decoded only: invalid UTF-8 across tokens, byte-fallback
             # runs cut by other tokens, special tokens anywhere.
@@ -71,7 +77,7 @@ def main():
             with open(cpath, "w", encoding="utf-8") as f:
                 json.dump(texts + idseqs, f, ensure_ascii=False)
             opath = os.path.join(tmp, "out.json")
-            run = subprocess.run([driver, tpath, cpath, opath, str(ROUNDS)],
+            run = subprocess.run([driver, ours_path, cpath, opath, str(ROUNDS)],
                                  capture_output=True, text=True, timeout=120)
             if run.returncode != 0:
                 print(f"FAIL {name}: driver exit {run.returncode}: {run.stderr.strip()}")

@@ -139,7 +139,10 @@ int main(int argc, char **argv)
     }
     char err[256] = "";
     gang_tokenizer *t;
-    int rc = gang_tokenizer_load(argv[1], &t, err, sizeof(err));
+    size_t plen = strlen(argv[1]);
+    int rc = plen > 5 && strcmp(argv[1] + plen - 5, ".gguf") == 0
+                 ? gang_gguf_tokenizer_load(argv[1], &t, err, sizeof(err))
+                 : gang_tokenizer_load(argv[1], &t, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "load %s: %s\n", argv[1], err);
         return 1;

@@ -93,6 +93,15 @@ static void kv_i32s(gw *w, const char *k, const int32_t *v, size_t n)
     w_bytes(w, v, n * 4);
 }
 
+static void kv_f32s(gw *w, const char *k, const float *v, size_t n)
+{
+    w_str(w, k);
+    w_u32(w, GANG__GGUF_ARRAY);
+    w_u32(w, GANG__GGUF_F32);
+    w_u64(w, n);
+    w_bytes(w, v, n * 4);
+}
+
 #define AUTO UINT64_MAX
 typedef struct tdesc {
     const char *name;
@@ -519,6 +528,8 @@ static float o_val(int r, int c)
 /* Tokenizer metadata of the next write_model: model, pre-tokenizer, add_bos_token. */
 static const char *tok_model = "gpt2", *tok_pre = "smollm";
 static int tok_add_bos;
+/* SentencePiece ("llama") files: whether scores are written, add_space_prefix (-1: absent). */
+static int tok_scores = 1, tok_space_prefix = -1;
 /* Architecture of the next write_model: "llama", or "qwen2" (its keys, q/k/v biases). */
 static const char *arch = "llama";
 
@@ -539,8 +550,13 @@ static float bias_val(int r)
 /* Writes the model to path (gate_rows: rows of ffn_gate, FFN when well-formed). */
 static void write_model(const char *path, uint64_t gate_rows)
 {
-    static const char *const toks[] = {"a", "b", "ab", "<|end|>"};
+    static const char *const gpt2_toks[] = {"a", "b", "ab", "<|end|>"};
+    /* SentencePiece: "\u2581a" is the only merge; <s> a control token. */
+    static const char *const spm_toks[] = {"\u2581", "a", "\u2581a", "<s>"};
+    static const float spm_scores[] = {-1.0f, -2.0f, -0.5f, 0.0f};
     static const char *const merges[] = {"a b"};
+    int spm = strcmp(tok_model, "llama") == 0;
+    const char *const *toks = spm ? spm_toks : gpt2_toks;
     static const int32_t types[] = {1, 1, 1, 3};
     static float embd[V * H], ones[H], q[H * H], bias[H];
     static uint8_t k[HD * 34], o[H * H * 2], v[HD * H * 2], zq[FFN * H * 2];
@@ -586,7 +602,15 @@ static void write_model(const char *path, uint64_t gate_rows)
     w_bytes(&m, &(uint8_t){(uint8_t)tok_add_bos}, 1);
     kv_strs(&m, "tokenizer.ggml.tokens", toks, V);
     kv_i32s(&m, "tokenizer.ggml.token_type", types, V);
-    kv_strs(&m, "tokenizer.ggml.merges", merges, 1);
+    if (!spm)
+        kv_strs(&m, "tokenizer.ggml.merges", merges, 1);
+    if (spm && tok_scores)
+        kv_f32s(&m, "tokenizer.ggml.scores", spm_scores, V);
+    if (spm && tok_space_prefix >= 0) {
+        w_str(&m, "tokenizer.ggml.add_space_prefix");
+        w_u32(&m, GANG__GGUF_BOOL);
+        w_bytes(&m, &(uint8_t){(uint8_t)tok_space_prefix}, 1);
+    }
     kv_u32(&m, "tokenizer.ggml.bos_token_id", 3);
     kv_u32(&m, "tokenizer.ggml.eos_token_id", 3);
     kv_str(&m, "tokenizer.chat_template",
@@ -608,7 +632,10 @@ static void write_model(const char *path, uint64_t gate_rows)
         {"blk.0.attn_v.bias", GANG__GGML_F32, 1, {HD}, bias, HD * 4, AUTO},
     };
     size_t nt = sizeof(t) / sizeof(t[0]) - (strcmp(arch, "qwen2") == 0 ? 0 : 3);
-    uint8_t *b = build(3, &m, 18, t, nt, &len);
+    /* 18 entries; a SentencePiece file has scores instead of merges, maybe the prefix flag. */
+    uint8_t *b =
+        build(3, &m, (uint64_t)(18 - spm + (spm && tok_scores) + (spm && tok_space_prefix >= 0)), t,
+              nt, &len);
     fx_write(path, b, len);
     free(b);
     free(m.b);
@@ -779,12 +806,78 @@ static void test_text(void **state)
     assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
     assert_non_null(strstr(err, "tokenizer.ggml.pre \"falcon\" is not supported"));
     tok_pre = "smollm";
-    tok_model = "llama";
+    tok_model = "bert";
     write_model(path, FFN);
     assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
-    assert_non_null(strstr(err, "tokenizer.ggml.model \"llama\" is not supported"));
+    assert_non_null(strstr(err, "tokenizer.ggml.model \"bert\" is not supported"));
     tok_model = "gpt2";
     tok_add_bos = 0;
+    fx_rmtree(dir);
+}
+
+/* Encodes text with tok (no special tokens) and compares with want[0 .. n). */
+static void expect_ids(gang_tokenizer *tok, const char *text, bool special, const int32_t *want,
+                       size_t n)
+{
+    int32_t ids[16];
+    size_t got;
+
+    assert_int_equal(gang_tokenizer_encode(tok, text, strlen(text), special, ids, 16, &got), 0);
+    assert_int_equal(got, n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ids[i], want[i]);
+}
+
+/*
+ * A SentencePiece vocabulary (tokenizer.ggml.model "llama"): merges made from the scores,
+ * the "\u2581" prefix (add_space_prefix, true when absent), control tokens special, BOS
+ * from add_bos_token, the decoder's leading space stripped; no scores is refused.
+ */
+static void test_text_spm(void **state)
+{
+    (void)state;
+    char *dir = fx_tmpdir(), path[512], err[ERRLEN], text[512];
+    gang_tokenizer *tok = NULL;
+    gang_tok_decoder dec;
+    size_t len = 0, n;
+
+    fx_path(path, sizeof(path), dir, "spm.gguf");
+    tok_model = "llama";
+    tok_add_bos = 1;
+    write_model(path, FFN);
+    if (gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)) != 0)
+        fail_msg("tokenizer: %s", err);
+    expect_ids(tok, "a a", false, (const int32_t[]){2, 2}, 2);   /* "\u2581a" x 2 */
+    expect_ids(tok, "a a", true, (const int32_t[]){3, 2, 2}, 3); /* BOS first */
+    /* <s> matched whole; the prefix goes before each piece around it, as tokenizers does. */
+    expect_ids(tok, "a<s>a", false, (const int32_t[]){2, 3, 2}, 3);
+    assert_true(gang_tokenizer_is_special(tok, 3));
+    gang_tok_decoder_init(&dec, tok, true);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(gang_tokenizer_decode_step(&dec, 2, text + len, sizeof(text) - len, &n),
+                         0);
+        len += n;
+    }
+    assert_int_equal(gang_tokenizer_decode_flush(&dec, text + len, sizeof(text) - len, &n), 0);
+    text[len + n] = '\0';
+    assert_string_equal(text, "a a"); /* " a a" less the prefix's space */
+    gang_tokenizer_free(tok);
+
+    tok_space_prefix = 0; /* Gemma: no prefix */
+    tok_add_bos = 0;
+    write_model(path, FFN);
+    if (gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)) != 0)
+        fail_msg("tokenizer: %s", err);
+    expect_ids(tok, "a a", true, (const int32_t[]){1, 2}, 2);
+    gang_tokenizer_free(tok);
+
+    tok_scores = 0;
+    write_model(path, FFN);
+    assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
+    assert_non_null(strstr(err, "tokenizer.ggml.scores"));
+    tok_scores = 1;
+    tok_space_prefix = -1;
+    tok_model = "gpt2";
     fx_rmtree(dir);
 }
 
@@ -851,6 +944,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_text),
+        cmocka_unit_test(test_text_spm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
