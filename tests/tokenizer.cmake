@@ -8,7 +8,7 @@ add_test(NAME unit-tokenizer COMMAND test-tokenizer)
 set_tests_properties(unit-tokenizer PROPERTIES TIMEOUT 60)
 
 add_executable(tok-driver tokenizer/tok-driver.c)
-target_link_libraries(tok-driver PRIVATE gang_tokenizer PkgConfig::CJSON)
+target_link_libraries(tok-driver PRIVATE gang_model gang_tokenizer PkgConfig::CJSON)
 # Encode throughput helper of bench/tokenizer-throughput.py (not a test by itself).
 add_executable(tok-bench tokenizer/tok-bench.c)
 target_link_libraries(tok-bench PRIVATE gang_tokenizer)
