@@ -343,9 +343,11 @@ static int cfg_window(const cfg_ctx *c, gang_model_config *cfg)
         if (rc != 0)
             return rc;
     }
-    if (!use_sw || cfg_get(c, "sliding_window") == NULL)
+    /* Gemma 3's config class defaults the window to 4096. */
+    if (!use_sw || (cfg_get(c, "sliding_window") == NULL && cfg->arch != GANG_ARCH_GEMMA3))
         return 0;
-    rc = cfg_uint(c, "sliding_window", -1, 1, UINT32_MAX, &sw);
+    rc = cfg_uint(c, "sliding_window", cfg->arch == GANG_ARCH_GEMMA3 ? 4096 : -1, 1, UINT32_MAX,
+                  &sw);
     if (rc != 0)
         return rc;
     if (sw < cfg->max_ctx_allowed && sw < cfg->max_pos && first < cfg->n_layers) {

@@ -74,6 +74,56 @@ static void test_config_good(void **state)
     assert_int_equal(c.eos_token_id, 7);
     assert_int_equal(c.dtype, GANG_DTYPE_BF16);
 
+    /* Gemma 3 by model_type, its defaults: every 6th layer global, q/k and sandwich norms,
+     * (1 + w), GeGLU, sqrt(hidden) embedding scale, tied head, qpas 256 over head_dim 64. */
+    write_config(dir, "{\"model_type\": \"gemma3_text\", \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 2,"
+                      "\"num_key_value_heads\": 1, \"head_dim\": 64, \"num_hidden_layers\": 7,"
+                      "\"vocab_size\": 300, \"max_position_embeddings\": 1024,"
+                      "\"sliding_window\": 32, \"hidden_activation\": \"gelu_pytorch_tanh\","
+                      "\"final_logit_softcapping\": null}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.arch, GANG_ARCH_GEMMA3);
+    assert_int_equal(c.sliding_window, 32);
+    assert_int_equal(c.window_pattern, 6);
+    for (uint32_t l = 0; l < 7; l++)
+        assert_int_equal(gang_model_layer_window(&c, l), l == 5 ? 0 : 32);
+    assert_true(c.rope_local_theta == 10000.0f);
+    assert_true(fabsf(c.q_scale - 0.5f) < 1e-7f); /* sqrt(64 / 256) */
+    assert_true(fabsf(c.embed_scale - 8.0f) < 1e-6f);
+    assert_int_equal(c.qk_norm, 1);
+    assert_int_equal(c.post_norms, 1);
+    assert_int_equal(c.norm_plus_one, 1);
+    assert_int_equal(c.act, GANG_ACT_GELU_TANH);
+    assert_int_equal(c.tie_embeddings, 1);
+    /* layer_types instead: period 2; query_pre_attn_scalar = head_dim: no q scale. */
+    write_config(dir, "{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 2, \"head_dim\": 64,"
+                      "\"num_hidden_layers\": 4, \"vocab_size\": 300,"
+                      "\"max_position_embeddings\": 1024, \"sliding_window\": 16,"
+                      "\"query_pre_attn_scalar\": 64, \"layer_types\": [\"sliding_attention\","
+                      "\"full_attention\", \"sliding_attention\", \"full_attention\"]}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.window_pattern, 2);
+    assert_int_equal(gang_model_layer_window(&c, 0), 16);
+    assert_int_equal(gang_model_layer_window(&c, 3), 0);
+    assert_true(c.q_scale == 0.0f);
+    /* No sliding_window: Gemma 3's default 4096, which binds within 8192 positions. */
+    write_config(dir, "{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 2, \"head_dim\": 64,"
+                      "\"num_hidden_layers\": 2, \"vocab_size\": 300,"
+                      "\"max_position_embeddings\": 8192}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.sliding_window, 4096);
+    /* Llama has none of it. */
+    write_config(dir, "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                      "\"intermediate_size\": 128, \"num_attention_heads\": 2,"
+                      "\"num_hidden_layers\": 2, \"vocab_size\": 300,"
+                      "\"max_position_embeddings\": 1024}");
+    assert_int_equal(gang_model_config_read(dir, &c, err, sizeof(err)), 0);
+    assert_int_equal(c.post_norms + c.norm_plus_one + (int)c.act + (int)c.window_pattern, 0);
+    assert_true(c.embed_scale == 0.0f && c.q_scale == 0.0f);
+
     /* Mistral by model_type alone; a window as long as the context never binds. */
     write_config(dir, "{\"model_type\": \"mistral\", \"hidden_size\": 64,"
                       "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
@@ -452,6 +502,25 @@ static const bad_cfg bad_cfgs[] = {
     {"torch_dtype", "\"float64\"", NULL, NULL, "torch_dtype", NULL, NULL},
     {"eos_token_id", "999", NULL, NULL, "eos_token_id", NULL, NULL},
     {"tie_word_embeddings", "\"yes\"", NULL, NULL, "tie_word_embeddings", NULL, NULL},
+    /* Gemma 3: what it must not have, and its own fields. */
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "final_logit_softcapping", "30.0",
+     "\"final_logit_softcapping\" is set", NULL, NULL},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "attn_logit_softcapping", "50",
+     "\"attn_logit_softcapping\" is set", NULL, NULL},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "use_bidirectional_attention", "true",
+     "use_bidirectional_attention", NULL, NULL},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "query_pre_attn_scalar", "0",
+     "query_pre_attn_scalar", NULL, NULL},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "rope_local_base_freq", "-1",
+     "rope_local_base_freq", NULL, NULL},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "hidden_activation", "\"gelu\"",
+     "\"hidden_activation\" is not \"gelu_pytorch_tanh\"", NULL, NULL},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "hidden_act", NULL,
+     "\"layer_types\" is not a list of 2", "layer_types", "[\"full_attention\"]"},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "hidden_act", NULL, "layer_types[1]",
+     "layer_types", "[\"sliding_attention\", \"chunked_attention\"]"},
+    {"architectures", "[\"Gemma3ForCausalLM\"]", "hidden_act", NULL, "does not repeat",
+     "layer_types", "[\"full_attention\", \"sliding_attention\"]"},
 };
 
 static void cfg_set(cJSON *root, const char *key, const char *val)
