@@ -16,8 +16,8 @@
  *
  * The control tokens (token_type 3) become special added tokens and the BOS
  * post-processor follows tokenizer.ggml.add_bos_token (model/gguf-text.c does both).
- * Bounded: at most GANG_TOK_MAX_MERGES merges (refused beyond), scores must be a float
- * array as long as the tokens.
+ * Bounded: pieces of at most SPM_MAX_PIECE bytes, at most GANG_TOK_MAX_MERGES merges
+ * (refused beyond), scores a float array as long as the tokens.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,18 +35,29 @@ typedef struct spm_map {
     uint64_t mask;
 } spm_map;
 
-static uint64_t spm_hash(const char *s, uint64_t n)
+#define SPM_FNV_BASIS 1469598103934665603ull
+#define SPM_FNV_PRIME 1099511628211ull
+/* Pieces longer than this (bytes) are refused: real vocabularies stay far below (Gemma 3's
+ * longest is 48), and it bounds the merge search at 256^2 / 2 byte steps a token. */
+#define SPM_MAX_PIECE 256u
+
+/* FNV-1a of s[0..n) continued from h (SPM_FNV_BASIS to start). */
+static uint64_t spm_hash_more(uint64_t h, const char *s, uint64_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (uint64_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+        h = (h ^ (uint8_t)s[i]) * SPM_FNV_PRIME;
     return h;
 }
 
-/* The id of text s[0..n), or -1. */
-static int64_t spm_find(const spm_map *m, const char *s, uint64_t n)
+static uint64_t spm_hash(const char *s, uint64_t n)
 {
-    for (uint64_t i = spm_hash(s, n) & m->mask;; i = (i + 1) & m->mask) {
+    return spm_hash_more(SPM_FNV_BASIS, s, n);
+}
+
+/* The id of text s[0..n) whose hash is h, or -1. */
+static int64_t spm_find_h(const spm_map *m, uint64_t h, const char *s, uint64_t n)
+{
+    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
         uint32_t v = m->slot[i];
         gang__gguf_str t;
         if (v == 0)
@@ -55,6 +66,12 @@ static int64_t spm_find(const spm_map *m, const char *s, uint64_t n)
         if (t.n == n && memcmp(t.p, s, n) == 0)
             return (int64_t)v - 1;
     }
+}
+
+/* The id of text s[0..n), or -1. */
+static int64_t spm_find(const spm_map *m, const char *s, uint64_t n)
+{
+    return spm_find_h(m, spm_hash(s, n), s, n);
 }
 
 /* Builds the map; a repeated text keeps its last id (as a Python dict would). */
@@ -118,11 +135,19 @@ static int spm_merges(const spm_map *m, const gang__gguf_kv *scores, spm_merge *
         return GANG_ENOMEM;
     for (uint64_t id = 0; id < m->toks->n; id++) {
         gang__gguf_str t = gang__gguf_arr_str(m->g, m->toks, id);
+        uint64_t h = SPM_FNV_BASIS; /* of t.p[0..k) */
+        if (t.n > SPM_MAX_PIECE) {
+            free(v);
+            gang_set_err(err, errlen, "%s: token %llu is %llu bytes, more than the %u allowed",
+                         path, (unsigned long long)id, (unsigned long long)t.n, SPM_MAX_PIECE);
+            return GANG_EMODEL;
+        }
         for (uint64_t k = 1; k < t.n; k++) {
             int64_t l, r;
+            h = spm_hash_more(h, t.p + k - 1, 1);
             if (((uint8_t)t.p[k] & 0xC0) == 0x80) /* inside a UTF-8 character */
                 continue;
-            l = spm_find(m, t.p, k);
+            l = spm_find_h(m, h, t.p, k);
             r = l < 0 ? -1 : spm_find(m, t.p + k, t.n - k);
             if (r < 0)
                 continue;

@@ -530,6 +530,8 @@ static const char *tok_model = "gpt2", *tok_pre = "smollm";
 static int tok_add_bos;
 /* SentencePiece ("llama") files: whether scores are written, add_space_prefix (-1: absent). */
 static int tok_scores = 1, tok_space_prefix = -1;
+/* SentencePiece: token 1 replaced by this one when set (a piece too long to merge). */
+static const char *tok_spm_piece1;
 /* Architecture of the next write_model: "llama", or "qwen2" (its keys, q/k/v biases). */
 static const char *arch = "llama";
 
@@ -556,7 +558,8 @@ static void write_model(const char *path, uint64_t gate_rows)
     static const float spm_scores[] = {-1.0f, -2.0f, -0.5f, 0.0f};
     static const char *const merges[] = {"a b"};
     int spm = strcmp(tok_model, "llama") == 0;
-    const char *const *toks = spm ? spm_toks : gpt2_toks;
+    const char *spm_long[] = {spm_toks[0], tok_spm_piece1, spm_toks[2], spm_toks[3]};
+    const char *const *toks = spm ? (tok_spm_piece1 != NULL ? spm_long : spm_toks) : gpt2_toks;
     static const int32_t types[] = {1, 1, 1, 3};
     static float embd[V * H], ones[H], q[H * H], bias[H];
     static uint8_t k[HD * 34], o[H * H * 2], v[HD * H * 2], zq[FFN * H * 2];
@@ -876,6 +879,15 @@ static void test_text_spm(void **state)
     assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
     assert_non_null(strstr(err, "tokenizer.ggml.scores"));
     tok_scores = 1;
+    /* A piece longer than 256 bytes: refused (it would make the merge search quadratic). */
+    char longp[300];
+    memset(longp, 'x', sizeof(longp) - 1);
+    longp[sizeof(longp) - 1] = '\0';
+    tok_spm_piece1 = longp;
+    write_model(path, FFN);
+    assert_int_equal(gang_gguf_tokenizer_load(path, &tok, err, sizeof(err)), GANG_EMODEL);
+    assert_non_null(strstr(err, "token 1 is 299 bytes, more than the 256 allowed"));
+    tok_spm_piece1 = NULL;
     tok_space_prefix = -1;
     tok_model = "gpt2";
     fx_rmtree(dir);
