@@ -17,6 +17,8 @@
  *   tokenizer.ggml.tokens                vocab (the count; llama.vocab_size must agree)
  *   tokenizer.ggml.bos_token_id, eos_token_id, eot_token_id
  *   tensor output.weight                 absent: the LM head is tied to token_embd
+ *   tensor rope_freqs.weight             [head_dim / 2] factors dividing RoPE's inverse
+ *                                        frequencies (Llama 3.1 / 3.2 files: llama3 scaling)
  *
  * Refused, naming the key: another architecture, rope scaling, a rope dimension or value
  * length other than the key length, experts (MoE), and the bounds of config.json.
@@ -296,6 +298,7 @@ int gang__gguf_config_read(const char *path, gang_model_config *cfg, char *err, 
         rc = g_gemma(&c, &out);
     if (rc == 0) {
         out.tie_embeddings = gang__gguf_find(&g, "output.weight") == NULL;
+        out.rope_freq_factors = gang__gguf_find(&g, "rope_freqs.weight") != NULL;
         out.dtype = GANG_DTYPE_F32;
         out.max_ctx_allowed = out.max_pos; /* no RoPE scaling (refused above) */
         *cfg = out;
@@ -341,6 +344,8 @@ int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap)
         return snprintf(out, cap, "output_norm.weight") < (int)cap ? 0 : GANG_ENOENT;
     if (strcmp(hf, "lm_head.weight") == 0)
         return snprintf(out, cap, "output.weight") < (int)cap ? 0 : GANG_ENOENT;
+    if (strcmp(hf, "rope_freqs.weight") == 0) /* llama.cpp's own: no Hugging Face twin */
+        return snprintf(out, cap, "rope_freqs.weight") < (int)cap ? 0 : GANG_ENOENT;
     if (sscanf(hf, "model.layers.%u.%n", &layer, &used) != 1 || used == 0)
         return GANG_ENOENT;
     for (i = 0; arch == GANG_ARCH_GEMMA3 && i < sizeof(gemma) / sizeof(gemma[0]); i++)

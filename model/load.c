@@ -10,6 +10,7 @@
  * a rank never holds a full matrix: a row band is one contiguous byte range, a column
  * band one short range per row (gang__st_read), and nothing else of the file is read.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,11 +139,39 @@ static int ld_norm(loader *L, const gang_model *m, const char *name, uint64_t n,
 }
 
 /*
- * The model's RoPE table (rope_scaling applied) and attention factor into layer l; a
- * Gemma 3 local layer gets plain RoPE of base rope_local_theta.
+ * A GGUF file's rope_freqs.weight: each inverse frequency divided by its factor (llama.cpp
+ * computes theta / factor), every factor finite and > 0.
  */
-static int ld_rope(const gang_model *m, gang_tp_layer *l)
+static int ld_rope_factors(loader *L, const gang_model *m, float *inv)
 {
+    uint64_t half = m->cfg.head_dim / 2;
+    float *f = NULL;
+    int rc = ld_vector(L, "rope_freqs.weight", half, &f);
+
+    for (uint64_t i = 0; rc == 0 && i < half; i++) {
+        if (!(f[i] > 0.0f) || !isfinite(f[i])) {
+            gang_set_err(L->err, L->errlen,
+                         "%s: tensor rope_freqs.weight[%llu] = %g is not a positive factor",
+                         L->gg.path, (unsigned long long)i, (double)f[i]);
+            rc = GANG_EMODEL;
+            break;
+        }
+        inv[i] /= f[i];
+    }
+    if (f != NULL)
+        L->bytes -= half * sizeof(float); /* a table, not a weight this rank keeps */
+    free(f);
+    return rc;
+}
+
+/*
+ * The model's RoPE table (rope_scaling applied, or a GGUF file's factors) and attention
+ * factor into layer l; a Gemma 3 local layer gets plain RoPE of base rope_local_theta.
+ */
+static int ld_rope(loader *L, const gang_model *m, gang_tp_layer *l)
+{
+    int rc;
+
     l->rope_freq = malloc((m->cfg.head_dim / 2 + 1) * sizeof(float));
     if (l->rope_freq == NULL)
         return GANG_ENOMEM;
@@ -153,6 +182,10 @@ static int ld_rope(const gang_model *m, gang_tp_layer *l)
         local.rope_theta = m->cfg.rope_local_theta;
         l->rope_theta = local.rope_theta;
         return gang_rope_inv_freq(&local, l->rope_freq, &l->rope_scale);
+    }
+    if (m->cfg.rope_freq_factors && L->is_gguf) {
+        rc = gang_rope_inv_freq(&m->cfg, l->rope_freq, &l->rope_scale);
+        return rc != 0 ? rc : ld_rope_factors(L, m, l->rope_freq);
     }
     if (m->cfg.rope.type == GANG_ROPE_DYNAMIC) {
         l->rope_dyn_factor = m->cfg.rope.factor;
@@ -214,7 +247,7 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
             l->q_norm[i] *= m->cfg.q_scale;
     }
     if (rc == 0)
-        rc = ld_rope(m, l);
+        rc = ld_rope(L, m, l);
     if (rc == 0 && m->cfg.post_norms) {
         /* Gemma: post_attention_layernorm is the attention output's own norm, the MLP's
          * input norm is pre_feedforward_layernorm. */

@@ -116,6 +116,9 @@ typedef struct gang_model_config {
                                     adds 1 when reading a Hugging Face checkpoint (a GGUF file
                                     holds 1 + w already) */
     gang_tp_act act;             /* the MLP's gate activation (hidden_act / hidden_activation) */
+    int32_t rope_freq_factors;   /* GGUF: a rope_freqs.weight tensor of head_dim / 2 factors
+                                    divides the inverse frequencies (llama.cpp's form of
+                                    Llama 3.1's llama3 scaling); the loader applies it */
     float rms_eps;               /* rms_norm_eps */
     float rope_theta;            /* rope_theta (10000 when absent) */
     int32_t tie_embeddings;      /* tie_word_embeddings: the LM head is the embedding table */

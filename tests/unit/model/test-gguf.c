@@ -530,6 +530,8 @@ static const char *tok_model = "gpt2", *tok_pre = "smollm";
 static int tok_add_bos;
 /* SentencePiece ("llama") files: whether scores are written, add_space_prefix (-1: absent). */
 static int tok_scores = 1, tok_space_prefix = -1;
+/* A rope_freqs.weight tensor of HD / 2 factors when set (Llama 3.1 files). */
+static const float *rope_freqs;
 /* SentencePiece: token 1 replaced by this one when set (a piece too long to merge). */
 static const char *tok_spm_piece1;
 /* Architecture of the next write_model: "llama", or "qwen2" (its keys, q/k/v biases). */
@@ -635,10 +637,15 @@ static void write_model(const char *path, uint64_t gate_rows)
         {"blk.0.attn_v.bias", GANG__GGML_F32, 1, {HD}, bias, HD * 4, AUTO},
     };
     size_t nt = sizeof(t) / sizeof(t[0]) - (strcmp(arch, "qwen2") == 0 ? 0 : 3);
+    tdesc all[sizeof(t) / sizeof(t[0]) + 1];
+    memcpy(all, t, nt * sizeof(t[0]));
+    if (rope_freqs != NULL)
+        all[nt++] = (tdesc){"rope_freqs.weight", GANG__GGML_F32,         1,   {HD / 2},
+                            rope_freqs,          HD / 2 * sizeof(float), AUTO};
     /* 18 entries; a SentencePiece file has scores instead of merges, maybe the prefix flag. */
     uint8_t *b =
-        build(3, &m, (uint64_t)(18 - spm + (spm && tok_scores) + (spm && tok_space_prefix >= 0)), t,
-              nt, &len);
+        build(3, &m, (uint64_t)(18 - spm + (spm && tok_scores) + (spm && tok_space_prefix >= 0)),
+              all, nt, &len);
     fx_write(path, b, len);
     free(b);
     free(m.b);
@@ -696,6 +703,28 @@ static void test_model(void **state)
         for (c = 0; c < HD; c++)
             assert_true(m->layers[0].wo[r * HD + c] == o_val(r, HD + c));
     gang_model_free(m);
+
+    /* Llama 3.1's llama3 scaling as llama.cpp writes it: each inverse frequency divided by
+     * its factor from rope_freqs.weight; a factor of 0 is refused. */
+    float factors[HD / 2];
+    for (r = 0; r < HD / 2; r++)
+        factors[r] = 1.0f + (float)r;
+    rope_freqs = factors;
+    write_model(path, FFN);
+    assert_int_equal(gang_model_config_read(path, &mc, err, sizeof(err)), 0);
+    assert_int_equal(mc.rope_freq_factors, 1);
+    m = fx_load_ok(path, &t1, 0);
+    for (r = 0; r < HD / 2; r++) {
+        float plain = (float)(1.0 / pow(10000.0, 2.0 * r / HD)) / factors[r];
+        assert_true(fabsf(m->layers[0].rope_freq[r] - plain) <= 1e-6f * plain);
+    }
+    gang_model_free(m);
+    factors[3] = 0.0f;
+    write_model(path, FFN);
+    m = NULL;
+    assert_int_equal(gang_model_load(path, &t1, 0, &m, err, sizeof(err)), GANG_EMODEL);
+    assert_non_null(strstr(err, "rope_freqs.weight[3] = 0 is not a positive factor"));
+    rope_freqs = NULL;
 
     /* A tensor whose shape disagrees with the metadata. */
     write_model(path, FFN / 2);
