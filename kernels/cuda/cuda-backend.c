@@ -27,10 +27,17 @@
 
 #define RESERVE_BYTES ((size_t)512 << 20) /* left free for NCCL, cuBLAS and the context */
 
+/*
+ * Also clears the runtime's last-error slot: a failed runtime call leaves its (non-sticky)
+ * error there, and the next kernel launch's check, which reads cudaGetLastError(), would
+ * otherwise report it as that kernel's failure. A sticky error (a device fault) stays:
+ * every later call returns it anyway.
+ */
 int gang__cuda_err(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
+    (void)cudaGetLastError();
     gang_error("kernels/cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     switch (e) {
     case cudaErrorMemoryAllocation:
