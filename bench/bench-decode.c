@@ -33,9 +33,16 @@
  * Rank 0 times the first step (prefill: batch x prompt tokens) and the rest (decode:
  * batch x (N - 1) tokens). --warmup untimed iterations, then --iters timed ones; the line
  * reports the medians, and ratios against the 1x1 point of the same batch measured in the
- * same run (nccl-tests style: compare against the peer in the same run). The greedy
- * tokens of every layout must equal those of 1x1 (tokens_match_1x1), which checks the
- * layouts while measuring them.
+ * same run (nccl-tests style: compare against the peer in the same run).
+ *
+ * Agreement with 1x1, judged by the logits (bench/decode-agree.h): after the timed
+ * iterations every point runs one more, untimed, whose requests ask for raw logprobs
+ * (GANG_AGREE_TOP candidates per decision); each layout's decisions are compared with
+ * 1x1's from the same context: top1_agreement (the share of equal tokens),
+ * max_abs_logprob_diff, and logits_match_1x1, false only when a token differs where
+ * 1x1's top-2 gap was above gap_tol (BD_GAP_TOL): two layouts sum in different orders, so
+ * a near-tie may flip, and a flip is a failure only where no rounding explains it.
+ * tokens_match_1x1 (every token equal) is still reported.
  *
  * On a small CPU the TP and PP layouts cost more than 1x1 (the "ranks" share cores, and
  * every layer adds two all-reduces over loopback sockets); the numbers measure the
@@ -56,6 +63,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench.h"
+#include "decode-agree.h"
 #include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
@@ -66,6 +74,10 @@
 #define BD_MAX_ITERS 1000
 #define BD_HOST "127.0.0.1"
 #define BD_INIT_TIMEOUT_MS 20000
+/* A token flip counts against a layout only where 1x1's top-2 log-probability gap is
+ * above this: about 100 x the f32 disagreement expected between layouts (~1e-4 on the
+ * 1B shape's logits), far below the gaps a wrong shard or a missed reduction produces. */
+#define BD_GAP_TOL 1e-2
 
 typedef struct bd_opts {
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
@@ -88,7 +100,7 @@ typedef struct bd_run {
     gang_comm_listener *listener;
     gang_topology topo;
     double *prefill_ms, *decode_ms; /* [iters], written by rank 0 */
-    int32_t *tokens;                /* [batch x tokens] of the last iteration, rank 0 */
+    gang__decision *dec;            /* [batch x tokens] of the agreement iteration, rank 0 */
     pthread_mutex_t lock;
     gang_comm *comms[BD_MAX_RANKS][3]; /* lock: live communicators, for abort */
     int aborted;                       /* lock */
@@ -246,9 +258,11 @@ static int bd_comms(bd_rank *x, gang_comm **c, const char **what)
 }
 
 /*
- * One timed (or warm-up) iteration on rank x: rank 0 submits the batch, every rank runs
- * `tokens` steps; rank 0 times the prefill step and the decode steps and records the
- * tokens. Returns 0 or the first error.
+ * One iteration on rank x: rank 0 submits the batch, every rank runs `tokens` steps.
+ * Warm-up iterations (iter < warmup) are not recorded; timed ones (then --iters of them)
+ * have rank 0 time the prefill step and the decode steps; the last one (iter = warmup +
+ * iters, untimed) asks for logprobs and records every decision for the agreement with
+ * 1x1. Returns 0 or the first error.
  */
 static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm **c, int32_t *prompt,
                         int iter, const char **what)
@@ -257,6 +271,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
     const bd_opts *o = r->o;
     gang_comm *tp = r->tp > 1 ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
     uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
+    int agree = iter == (int)(o->warmup + o->iters);
     gang_gen_request req;
     gang_gen_event ev;
     char err[256];
@@ -271,6 +286,8 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             req.n_prompt = o->prompt;
             req.max_tokens = o->tokens;
             req.sampling.top_p = 1.0f;
+            req.logprobs = (uint32_t)agree;
+            req.top_logprobs = agree ? GANG_AGREE_TOP : 0;
             *what = "submit";
             rc = gang_engine_submit(e, &req, err, sizeof(err));
             if (rc != 0) {
@@ -291,8 +308,14 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
         while (x->rank == 0 && gang_engine_poll(e, &ev) == 1) {
             uint64_t seq = (ev.id - 1) % r->batch;
 
-            if (ev.kind == GANG_GEN_TOKEN && ev.index < o->tokens)
-                r->tokens[seq * o->tokens + ev.index] = ev.token;
+            if (agree && ev.kind == GANG_GEN_TOKEN && ev.index < o->tokens) {
+                gang__decision *d = &r->dec[seq * o->tokens + ev.index];
+
+                d->token = ev.token;
+                d->n_top = ev.n_top < GANG_AGREE_TOP ? ev.n_top : GANG_AGREE_TOP;
+                memcpy(d->ids, ev.top_ids, d->n_top * sizeof(int32_t));
+                memcpy(d->lps, ev.top_logprobs, d->n_top * sizeof(float));
+            }
         }
     }
     if (x->rank == 0) {
@@ -300,7 +323,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             *what = "requests left after the last step";
             return GANG_EINTERNAL;
         }
-        if (iter >= (int)o->warmup) {
+        if (iter >= (int)o->warmup && !agree) {
             r->prefill_ms[iter - o->warmup] = (double)(t1 - t0) / 1e6;
             r->decode_ms[iter - o->warmup] = (double)(gang_now_ns() - t1) / 1e6;
         }
@@ -573,7 +596,7 @@ static void *bd_rank_main(void *arg)
     /* Different prompts per sequence, the same ones on every layout. */
     for (i = 0; i < r->batch * o->prompt; i++)
         prompt[i] = (int32_t)(((uint64_t)i * 2654435761u + 17) % o->vocab);
-    for (it = 0; it < o->warmup + o->iters; it++) {
+    for (it = 0; it < o->warmup + o->iters + 1; it++) { /* + the agreement iteration */
         rc = bd_iteration(x, e, k, c, prompt, (int)it, &what);
         if (rc != 0)
             goto out_fail;
@@ -606,8 +629,30 @@ out_free:
 typedef struct bd_result {
     double prefill_tps, decode_tps;
     double roofline_ratio; /* cuda: decode_tps over the roofline */
-    int32_t *tokens;       /* [batch x tokens], owned */
+    gang__decision *dec;   /* [batch x tokens] of the agreement iteration, owned */
 } bd_result;
+
+/* The agreement of res with the 1x1 point base (file comment), added to line. */
+static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, const bd_result *base,
+                              const bd_result *res)
+{
+    gang__agreement ag;
+    int same = 1;
+
+    gang__decode_agree(base->dec, res->dec, batch, o->tokens, BD_GAP_TOL, &ag);
+    for (size_t i = 0; i < (size_t)batch * o->tokens && same; i++)
+        same = base->dec[i].token == res->dec[i].token;
+    cJSON_AddBoolToObject(line, "tokens_match_1x1", same);
+    cJSON_AddNumberToObject(line, "decisions_compared", ag.compared);
+    cJSON_AddNumberToObject(line, "top1_agreement",
+                            ag.compared ? gang_report_round((double)ag.agree / ag.compared, 4)
+                                        : 0.0);
+    cJSON_AddNumberToObject(line, "max_abs_logprob_diff", ag.max_abs_diff);
+    cJSON_AddNumberToObject(line, "divergences", ag.divergences);
+    cJSON_AddNumberToObject(line, "max_top2_gap_at_divergence", ag.max_gap_diverged);
+    cJSON_AddNumberToObject(line, "gap_tol", BD_GAP_TOL);
+    cJSON_AddBoolToObject(line, "logits_match_1x1", ag.over_tol == 0);
+}
 
 /*
  * Prints the line of one point: its shape and, when it ran (rc == 0), the median times,
@@ -663,9 +708,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
                                 base->decode_tps > 0.0
                                     ? gang_report_round(res->decode_tps / base->decode_tps, 3)
                                     : 0.0);
-        cJSON_AddBoolToObject(
-            line, "tokens_match_1x1",
-            memcmp(res->tokens, base->tokens, (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
+        bd_emit_agreement(line, o, batch, base, res);
     }
     gang_report_emit(line);
 }
@@ -697,9 +740,9 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     }
     r.prefill_ms = calloc(o->iters, sizeof(double));
     r.decode_ms = calloc(o->iters, sizeof(double));
-    res->tokens = calloc((size_t)batch * o->tokens, sizeof(int32_t));
-    r.tokens = res->tokens;
-    if (r.prefill_ms == NULL || r.decode_ms == NULL || res->tokens == NULL) {
+    res->dec = calloc((size_t)batch * o->tokens, sizeof(gang__decision));
+    r.dec = res->dec;
+    if (r.prefill_ms == NULL || r.decode_ms == NULL || res->dec == NULL) {
         rc = GANG_ENOMEM;
         goto out_line;
     }
@@ -729,8 +772,8 @@ out_line:
     free(r.decode_ms);
     pthread_mutex_destroy(&r.lock);
     if (rc != 0) {
-        free(res->tokens);
-        res->tokens = NULL;
+        free(res->dec);
+        res->dec = NULL;
     }
     return rc;
 }
@@ -790,12 +833,12 @@ static int bd_main_cuda(bd_opts *o)
                 if (l == 0)
                     break;
             } else if (l > 0) {
-                free(res.tokens);
+                free(res.dec);
             } else if (o->batches[b] == 1) {
                 ratio1 = base.roofline_ratio;
             }
         }
-        free(base.tokens);
+        free(base.dec);
     }
     line = cJSON_CreateObject();
     cJSON_AddStringToObject(line, "bench", "decode");
@@ -863,10 +906,10 @@ int gang_bench_decode_main(int argc, char **argv)
                 if (l == 0)
                     break; /* no base to compare the other layouts against */
             } else if (l > 0) {
-                free(res.tokens);
+                free(res.dec);
             }
         }
-        free(base.tokens);
+        free(base.dec);
     }
 
 out_rm:
