@@ -20,6 +20,11 @@
  * roofline is computed from the bytes actually read. Without a GPU: one "skipped" line,
  * exit 0.
  *
+ * --device fake: the --device cuda path (in-memory model moved to the device, engine on
+ * device memory, a 16 MiB copy instead of 1 GiB) on the fake test device of
+ * kernels/fake/, whose memory the host cannot read: a CPU test (bench-decode-fake) that
+ * the benchmark keeps to the host/device boundary. Its figures measure nothing.
+ *
  * Model: a random model of the given shape written once by gang_mkmodel into a
  * temporary directory and loaded per rank with gang_model_load (so the loader's shards are
  * what runs). Point (tp, pp, batch): rank 0 submits `batch` greedy requests of --prompt
@@ -85,7 +90,9 @@ typedef struct bd_opts {
     uint32_t batches[BD_MAX_BATCHES];
     uint32_t n_batches;
     char dir[64];         /* the temporary model directory (cpu) */
-    int cuda;             /* --device cuda: in-memory model, ranks on device 0 */
+    int cuda;             /* --device cuda or fake: in-memory model, ranks on device 0 */
+    const char *kdev;     /* the kernels device of that path: "cuda" or "fake" */
+    size_t copy_bytes;    /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
     uint32_t gpu_pool_mb; /* cuda: the pool of every rank's handle */
     double copy_gbps;     /* cuda: measured device copy bandwidth, GB/s (read + write) */
     double weight_bytes;  /* cuda: weight bytes read per decode step */
@@ -148,10 +155,12 @@ typedef struct bd_flags {
 #define BD_STR(f_, fld, d, hp) GANG_OPT_STR(bd_flags, f_, fld, d, hp),
 static const gang_param_info bd_cpu_items[] = {
     BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu or cuda (cuda: the Llama-3.2-1B shape, see above)")};
+        BD_STR("device", device, "cpu",
+               "cpu, cuda (the Llama-3.2-1B shape, see above) or fake (the cuda path on the "
+               "fake test device)")};
 static const gang_param_info bd_gpu_items[] = {
     BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu or cuda")};
+        BD_STR("device", device, "cpu", "cpu, cuda or fake")};
 static const gang_opt_table bd_cpu_table = GANG_OPT_TABLE(bd_cpu_items);
 static const gang_opt_table bd_gpu_table = GANG_OPT_TABLE(bd_gpu_items);
 static const gang_opt_cmd bd_cmd = {
@@ -175,10 +184,12 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
 
     if (rc != 0)
         return rc;
-    rc = gang_opts_choice("device", f.device, "cpu|cuda", err, sizeof(err));
+    rc = gang_opts_choice("device", f.device, "cpu|cuda|fake", err, sizeof(err));
     if (rc < 0)
         return gang_opts_usage_error(&bd_cmd, "%s", err);
-    o->cuda = rc;
+    o->cuda = rc != 0;
+    o->kdev = rc == 2 ? "fake" : "cuda";
+    o->copy_bytes = rc == 2 ? (size_t)16 << 20 : (size_t)1 << 30;
     if (o->cuda) {
         gang_opt_cmd gpu = bd_cmd;
         gpu.table = &bd_gpu_table;
@@ -489,7 +500,7 @@ out_free:
  */
 static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
 {
-    const size_t bytes = (size_t)1 << 30;
+    const size_t bytes = o->copy_bytes;
     gang_kernels_options ko;
     gang_kernels *k = NULL;
     void *a = NULL, *b = NULL;
@@ -498,7 +509,7 @@ static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
     int i, rc;
 
     gang_kernels_options_init(&ko);
-    ko.device = "cuda";
+    ko.device = o->kdev;
     ko.pool_mb =
         2 * (bytes >> 20) + 256 > o->gpu_pool_mb ? 2 * (bytes >> 20) + 256 : o->gpu_pool_mb;
     rc = gang_kernels_open_opts(&ko, &k);
@@ -564,7 +575,7 @@ static void *bd_rank_main(void *arg)
         gang_kernels_options ko;
 
         gang_kernels_options_init(&ko);
-        ko.device = "cuda";
+        ko.device = o->kdev;
         ko.pool_mb = o->gpu_pool_mb;
         rc = gang_kernels_open_opts(&ko, &k);
     } else {
@@ -668,7 +679,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     if (line == NULL)
         return;
     cJSON_AddStringToObject(line, "backend", "socket");
-    cJSON_AddStringToObject(line, "device", o->cuda ? "cuda" : "cpu");
+    cJSON_AddStringToObject(line, "device", o->cuda ? o->kdev : "cpu");
     cJSON_AddNumberToObject(line, "tp", r->tp);
     cJSON_AddNumberToObject(line, "pp", r->pp);
     cJSON_AddNumberToObject(line, "batch", batch);
@@ -792,7 +803,7 @@ static int bd_main_cuda(bd_opts *o)
     int rc = 0, prc, failed = 0;
     cJSON *line;
 
-    if (gang_kernels_device_count() == 0) {
+    if (strcmp(o->kdev, "cuda") == 0 && gang_kernels_device_count() == 0) {
         gang_device_info probe;
         const char *why = gang_kernels_device_info(0, &probe) == GANG_ENOSYS
                               ? "CUDA support is not built into this binary"
@@ -811,9 +822,9 @@ static int bd_main_cuda(bd_opts *o)
     rc = bd_copy_bandwidth(o, &o->copy_gbps);
     line = cJSON_CreateObject();
     cJSON_AddStringToObject(line, "bench", "decode");
-    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "device", o->kdev);
     cJSON_AddStringToObject(line, "measure", "copy_bandwidth");
-    cJSON_AddNumberToObject(line, "copy_bytes", 1 << 30);
+    cJSON_AddNumberToObject(line, "copy_bytes", (double)o->copy_bytes);
     if (rc == 0)
         cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
     else
@@ -842,7 +853,7 @@ static int bd_main_cuda(bd_opts *o)
     }
     line = cJSON_CreateObject();
     cJSON_AddStringToObject(line, "bench", "decode");
-    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "device", o->kdev);
     cJSON_AddStringToObject(line, "measure", "summary");
     cJSON_AddNumberToObject(line, "batch1_roofline_ratio", gang_report_round(ratio1, 3));
     cJSON_AddNumberToObject(line, "target_ratio", 0.7);
