@@ -20,6 +20,11 @@
  * roofline is computed from the bytes actually read. Without a GPU: one "skipped" line,
  * exit 0.
  *
+ * With NCCL built, --device cuda adds an nccl point: 1x1 with its TP group on a one-rank
+ * nccl communicator (bench/decode-nccl.h), so every layer's two all-reduces go through
+ * NCCL on the GPU; decode_step_overhead_ms_vs_1x1 on it is the NCCL data path's cost per
+ * decode step, on the TP=2 point the cost of the second rank and its host staging.
+ *
  * --device fake: the --device cuda path (in-memory model moved to the device, engine on
  * device memory, a 16 MiB copy instead of 1 GiB) on the fake test device of
  * kernels/fake/, whose memory the host cannot read: a CPU test (bench-decode-fake) that
@@ -69,6 +74,7 @@
 
 #include "bench.h"
 #include "decode-agree.h"
+#include "decode-nccl.h"
 #include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
@@ -102,6 +108,7 @@ typedef struct bd_opts {
 typedef struct bd_run {
     const bd_opts *o;
     uint32_t tp, pp, batch;
+    int nccl; /* the nccl point: 1x1, TP group a one-rank nccl communicator */
     char blob[256];
     size_t blob_len;
     gang_comm_listener *listener;
@@ -280,7 +287,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
 {
     bd_run *r = x->run;
     const bd_opts *o = r->o;
-    gang_comm *tp = r->tp > 1 ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
+    gang_comm *tp = r->tp > 1 || r->nccl ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
     uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
     int agree = iter == (int)(o->warmup + o->iters);
     gang_gen_request req;
@@ -546,6 +553,22 @@ static double bd_weight_bytes(const bd_opts *o)
 }
 
 /* Thread of one rank: comms, shard, engine, warm-up and timed iterations. */
+/* The nccl point: c[1] becomes a one-rank nccl TP group (split from *nworld). */
+static int bd_use_nccl(bd_rank *x, gang_kernels *k, gang_comm **c, gang_comm **nworld)
+{
+    bd_run *r = x->run;
+    gang_comm *tp = NULL;
+    int rc = gang__decode_nccl_tp(k, BD_INIT_TIMEOUT_MS, nworld, &tp);
+
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&r->lock);
+    gang_comm_free(c[1]);
+    c[1] = r->comms[x->rank][1] = tp;
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
 static void *bd_rank_main(void *arg)
 {
     bd_rank *x = arg;
@@ -557,7 +580,7 @@ static void *bd_rank_main(void *arg)
                               .microbatches =
                                   o->microbatches < r->batch ? o->microbatches : r->batch,
                               .max_step_tokens = r->batch * o->prompt};
-    gang_comm *c[3] = {NULL, NULL, NULL};
+    gang_comm *c[3] = {NULL, NULL, NULL}, *nworld = NULL;
     gang_model *m = NULL;
     gang_engine *e = NULL;
     gang_kernels *k = NULL;
@@ -582,6 +605,9 @@ static void *bd_rank_main(void *arg)
         rc = gang_kernels_open("cpu", &k);
     }
     if (rc != 0)
+        goto out_fail;
+    what = "nccl tp group";
+    if (r->nccl && (rc = bd_use_nccl(x, k, c, &nworld)) != 0)
         goto out_fail;
     what = "model";
     if (o->cuda) {
@@ -627,6 +653,7 @@ out_free:
     pthread_mutex_unlock(&r->lock);
     for (i = 3; i-- > 0;)
         gang_comm_free(c[i]);
+    gang_comm_free(nworld);
     free(prompt);
     /* Device memory returns to k's pool, so k closes last. */
     gang_engine_free(e);
@@ -639,6 +666,7 @@ out_free:
 /* What one point measured, for the ratios against 1x1. */
 typedef struct bd_result {
     double prefill_tps, decode_tps;
+    double decode_ms;      /* median of the decode steps of one iteration */
     double roofline_ratio; /* cuda: decode_tps over the roofline */
     gang__decision *dec;   /* [batch x tokens] of the agreement iteration, owned */
 } bd_result;
@@ -678,7 +706,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
 
     if (line == NULL)
         return;
-    cJSON_AddStringToObject(line, "backend", "socket");
+    cJSON_AddStringToObject(line, "backend", r->nccl ? "nccl" : "socket");
     cJSON_AddStringToObject(line, "device", o->cuda ? o->kdev : "cpu");
     cJSON_AddNumberToObject(line, "tp", r->tp);
     cJSON_AddNumberToObject(line, "pp", r->pp);
@@ -697,6 +725,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     }
     double pre = gang_report_add_stats(line, "prefill_ms", r->prefill_ms, (int)o->iters, 3);
     double dec = bd_median(r->decode_ms, o->iters);
+    res->decode_ms = dec;
     res->prefill_tps = (double)batch * o->prompt / (pre / 1e3);
     res->decode_tps = o->tokens > 1 ? (double)batch * (o->tokens - 1) / (dec / 1e3) : 0.0;
     cJSON_AddNumberToObject(line, "decode_ms_p50", gang_report_round(dec, 3));
@@ -719,6 +748,10 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
                                 base->decode_tps > 0.0
                                     ? gang_report_round(res->decode_tps / base->decode_tps, 3)
                                     : 0.0);
+        if (o->tokens > 1)
+            cJSON_AddNumberToObject(
+                line, "decode_step_overhead_ms_vs_1x1",
+                gang_report_round((dec - base->decode_ms) / (double)(o->tokens - 1), 4));
         bd_emit_agreement(line, o, batch, base, res);
     }
     gang_report_emit(line);
@@ -729,7 +762,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
  * same batch (NULL for the 1x1 point itself). Returns 0 or the error of the point.
  */
 static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
-                    uint32_t batch, const bd_result *base, bd_result *res)
+                    uint32_t batch, int nccl, const bd_result *base, bd_result *res)
 {
     bd_run r;
     bd_rank ranks[BD_MAX_RANKS];
@@ -743,6 +776,7 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     r.tp = tp;
     r.pp = pp;
     r.batch = batch;
+    r.nccl = nccl;
     pthread_mutex_init(&r.lock, NULL);
     rc = gang_model_topology(mc, pp, tp, tp, pp, &r.topo, err, sizeof(err));
     if (rc != 0) {
@@ -795,7 +829,10 @@ out_line:
  */
 static int bd_main_cuda(bd_opts *o)
 {
-    static const uint32_t lay[2][2] = {{1, 1}, {2, 1}};
+    /* tp, pp, nccl: 1x1, TP=2 over host staging, 1x1 with a one-rank nccl TP group */
+    static const uint32_t lay[3][3] = {{1, 1, 0}, {2, 1, 0}, {1, 1, 1}};
+    uint32_t n_lay =
+        strcmp(o->kdev, "cuda") == 0 && gang_comm_backend_built(GANG_COMM_NCCL) ? 3 : 2;
     gang_model_config mc;
     bd_result base, res;
     double ratio1 = -1.0;
@@ -836,9 +873,9 @@ static int bd_main_cuda(bd_opts *o)
         return GANG_EXIT_TEMPFAIL;
     for (b = 0; b < o->n_batches; b++) {
         memset(&base, 0, sizeof(base));
-        for (l = 0; l < 2; l++) {
-            prc = bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], l == 0 ? NULL : &base,
-                           l == 0 ? &base : &res);
+        for (l = 0; l < n_lay; l++) {
+            prc = bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], (int)lay[l][2],
+                           l == 0 ? NULL : &base, l == 0 ? &base : &res);
             if (prc != 0) {
                 failed++;
                 if (l == 0)
@@ -909,7 +946,7 @@ int gang_bench_decode_main(int argc, char **argv)
     for (b = 0; b < o.n_batches; b++) {
         memset(&base, 0, sizeof(base));
         for (l = 0; l < 4; l++) {
-            prc = bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], l == 0 ? NULL : &base,
+            prc = bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], 0, l == 0 ? NULL : &base,
                            l == 0 ? &base : &res);
             if (prc != 0) {
                 failed++;

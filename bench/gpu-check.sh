@@ -190,8 +190,9 @@ step info 30 "$BIN" info
 cp "$OUT/info.log" "$OUT/info.txt" 2>/dev/null
 step info-labels 30 "$BIN" info --labels
 cp "$OUT/info-labels.log" "$OUT/info-labels.txt" 2>/dev/null
-# The engine on the GPU (issue #6): a 1B-parameter random Llama, batch 1 and 64, 1x1 and
-# TP=2 on one GPU over the socket backend, against the HBM roofline. Before bench gemm so
+# The engine on the GPU (issue #6): a 1B-parameter random Llama, batch 1 and 64, 1x1, TP=2
+# on one GPU over the socket backend and 1x1 with a one-rank nccl TP group (issue #16: the
+# NCCL path's cost per decode step), against the HBM roofline. Before bench gemm so
 # that a short budget goes to it first.
 step bench-decode 150 "$BIN" bench decode --device cuda
 grep '^{' "$OUT/bench-decode.log" >"$OUT/bench-decode.jsonl" 2>/dev/null
@@ -303,15 +304,19 @@ if [ -s "$OUT/bench-gemm.jsonl" ]; then
     done <"$OUT/bench-gemm.jsonl"
 fi
 if [ -s "$OUT/bench-decode.jsonl" ]; then
-    echo "  decode (cuda, socket), tokens/s and HBM roofline ratio:"
+    echo "  decode (cuda; socket staging or nccl), tokens/s and HBM roofline ratio:"
     while IFS= read -r line; do
         if [[ $line =~ \"skipped\":\"([^\"]*) ]]; then
             echo "    skipped: ${BASH_REMATCH[1]}"
         elif [[ $line =~ copy_bandwidth ]] && [[ $line =~ \"copy_GBps\":([0-9.]+) ]]; then
             echo "    device copy bandwidth ${BASH_REMATCH[1]} GB/s (read + write)"
-        elif [[ $line =~ \"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]]; then
-            printf '    tp %s batch %3s  decode %10s tok/s  roofline ratio %s\n' \
-                "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}"
+        elif [[ $line =~ \"backend\":\"([a-z]+)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]]; then
+            printf '    %-6s tp %s batch %3s  decode %10s tok/s  roofline ratio %s\n' \
+                "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
+                "${BASH_REMATCH[5]}"
+            if [[ $line =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]]; then
+                printf '      decode step overhead over 1x1: %s ms\n' "${BASH_REMATCH[1]}"
+            fi
             if [[ $line =~ \"top1_agreement\":([0-9.e+-]+).*\"max_abs_logprob_diff\":([0-9.e+-]+).*\"divergences\":([0-9]+).*\"logits_match_1x1\":([a-z]+) ]]; then
                 printf '      vs 1x1: top-1 agreement %s, max |log-prob diff| %s, %s flip(s), logits match: %s\n' \
                     "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}"
