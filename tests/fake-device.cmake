@@ -12,7 +12,7 @@ add_test(NAME unit-fake-device COMMAND test-fake-device)
 set_tests_properties(unit-fake-device PROPERTIES TIMEOUT 300)
 
 # The workers (`generate` runs a local gang of worker processes) on the fake device: the
-# same greedy tokens as on the CPU, 1x1 and TP 2 x PP 2.
+# same greedy tokens as on the CPU (Llama 1x1 and TP 2 x PP 2, Gemma 3 TP 2).
 add_test(NAME fake-generate
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fake-generate.sh $<TARGET_FILE:ganglion>
           ${CMAKE_CURRENT_BINARY_DIR}/fake-generate)

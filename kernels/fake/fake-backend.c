@@ -17,7 +17,9 @@
  * space is shared by its streams).
  *
  * Arithmetic. Every operation translates its tensor pointers and calls the "cpu"
- * backend's entry on the shadow, so the results are the CPU backend's, bit for bit.
+ * backend's entry on the shadow, so the results are the CPU backend's, bit for bit. A new
+ * entry of the vtable needs its wrapper here too; without one the fake answers GANG_ENOSYS
+ * and the fake-device tests say which operation is missing.
  *
  * Host waits. The "cuda" backend makes the host wait in sync, download, upload and
  * embedding (its id check reads one word back); the fake counts the same calls, so a
@@ -354,6 +356,18 @@ static int fake_silu_mul(void *ctx, const float *gate, const float *up, size_t n
     return CPU->silu_mul(NULL, DEV(gate, F32(n)), DEV(up, F32(n)), n, DEV(out, F32(n)));
 }
 
+static int fake_gelu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)
+{
+    fake_op(ctx);
+    return CPU->gelu_mul(NULL, DEV(gate, F32(n)), DEV(up, F32(n)), n, DEV(out, F32(n)));
+}
+
+static int fake_scale(void *ctx, float *x, float a, size_t n)
+{
+    fake_op(ctx);
+    return CPU->scale(NULL, DEV(x, F32(n)), a, n);
+}
+
 static int fake_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
                           const int32_t *ids, size_t n_ids, float *out)
 {
@@ -405,6 +419,8 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .softmax = fake_softmax,
     .attention = fake_attention,
     .silu_mul = fake_silu_mul,
+    .gelu_mul = fake_gelu_mul,
+    .scale = fake_scale,
     .embedding = fake_embedding,
     .add = fake_add,
     .add_rows = fake_add_rows,
