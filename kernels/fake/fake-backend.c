@@ -275,15 +275,6 @@ int gang__fake_stats_get(gang_kernels *k, gang__fake_stats *out)
     return 0;
 }
 
-/* The stream of a fake handle is its ctx (fake_stream); anything else is refused. */
-int gang__fake_stream_stats(void *stream, gang__fake_stats *out)
-{
-    if (stream == NULL || out == NULL)
-        return GANG_EINVAL;
-    *out = ((fake_ctx *)stream)->st;
-    return 0;
-}
-
 /* ---------------------------------------------------------------------------------
  * Operations: translate, count, compute with the CPU backend.
  * --------------------------------------------------------------------------------- */

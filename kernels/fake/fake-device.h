@@ -26,10 +26,6 @@ typedef struct gang__fake_stats {
 /* The counters of k; GANG_EINVAL when k is not a "fake" handle. */
 int gang__fake_stats_get(gang_kernels *k, gang__fake_stats *out);
 
-/* The counters of the handle whose gang_kernels_device_stream() is stream; GANG_EINVAL
- * for anything else. For fake communicators, which see only the opaque stream. */
-int gang__fake_stream_stats(void *stream, gang__fake_stats *out);
-
 /* 1 when p lies in the fake device's address range (tensor memory), else 0. */
 int gang__fake_is_device(const void *p);
 
