@@ -51,10 +51,9 @@ int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_fi
  * are device memory. Rather than teach every caller both cases, the four helpers decide
  * once: host handle or nccl communicator: pass the pointers through (nccl ordered after
  * the compute stream's work on the device, since it runs on its own stream); otherwise
- * download into the
- * staging buffer, run the collective on the host, upload the result. The owner sizes the
- * staging buffer at init; a missing or short one is replaced by a temporary allocation
- * (callers without a staging buffer of their own).
+ * download into the staging buffer, run the collective on the host, upload the result.
+ * The owner sizes the staging buffer at init; a missing or short one is replaced by a
+ * temporary allocation (callers without a staging buffer of their own).
  * --------------------------------------------------------------------------------- */
 
 /*
