@@ -20,6 +20,16 @@
  * roofline is computed from the bytes actually read. Without a GPU: one "skipped" line,
  * exit 0.
  *
+ * With NCCL built, --device cuda adds an nccl point: 1x1 with its TP group on a one-rank
+ * nccl communicator (bench/decode-nccl.h), so every layer's two all-reduces go through
+ * NCCL on the GPU; decode_step_overhead_ms_vs_1x1 on it is the NCCL data path's cost per
+ * decode step, on the TP=2 point the cost of the second rank and its host staging.
+ *
+ * --device fake: the --device cuda path (in-memory model moved to the device, engine on
+ * device memory, a 16 MiB copy instead of 1 GiB) on the fake test device of
+ * kernels/fake/, whose memory the host cannot read: a CPU test (bench-decode-fake) that
+ * the benchmark keeps to the host/device boundary. Its figures measure nothing.
+ *
  * Model: a random model of the given shape written once by gang_mkmodel into a
  * temporary directory and loaded per rank with gang_model_load (so the loader's shards are
  * what runs). Point (tp, pp, batch): rank 0 submits `batch` greedy requests of --prompt
@@ -33,9 +43,16 @@
  * Rank 0 times the first step (prefill: batch x prompt tokens) and the rest (decode:
  * batch x (N - 1) tokens). --warmup untimed iterations, then --iters timed ones; the line
  * reports the medians, and ratios against the 1x1 point of the same batch measured in the
- * same run (nccl-tests style: compare against the peer in the same run). The greedy
- * tokens of every layout must equal those of 1x1 (tokens_match_1x1), which checks the
- * layouts while measuring them.
+ * same run (nccl-tests style: compare against the peer in the same run).
+ *
+ * Agreement with 1x1, judged by the logits (bench/decode-agree.h): after the timed
+ * iterations every point runs one more, untimed, whose requests ask for raw logprobs
+ * (GANG_AGREE_TOP candidates per decision); each layout's decisions are compared with
+ * 1x1's from the same context: top1_agreement (the share of equal tokens),
+ * max_abs_logprob_diff, and logits_match_1x1, false only when a token differs where
+ * 1x1's top-2 gap was above gap_tol (BD_GAP_TOL): two layouts sum in different orders, so
+ * a near-tie may flip, and a flip is a failure only where no rounding explains it.
+ * tokens_match_1x1 (every token equal) is still reported.
  *
  * On a small CPU the TP and PP layouts cost more than 1x1 (the "ranks" share cores, and
  * every layer adds two all-reduces over loopback sockets); the numbers measure the
@@ -56,6 +73,8 @@
 #include <cjson/cJSON.h>
 
 #include "bench.h"
+#include "decode-agree.h"
+#include "decode-nccl.h"
 #include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
@@ -66,6 +85,10 @@
 #define BD_MAX_ITERS 1000
 #define BD_HOST "127.0.0.1"
 #define BD_INIT_TIMEOUT_MS 20000
+/* A token flip counts against a layout only where 1x1's top-2 log-probability gap is
+ * above this: about 100 x the f32 disagreement expected between layouts (~1e-4 on the
+ * 1B shape's logits), far below the gaps a wrong shard or a missed reduction produces. */
+#define BD_GAP_TOL 1e-2
 
 typedef struct bd_opts {
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
@@ -73,7 +96,9 @@ typedef struct bd_opts {
     uint32_t batches[BD_MAX_BATCHES];
     uint32_t n_batches;
     char dir[64];         /* the temporary model directory (cpu) */
-    int cuda;             /* --device cuda: in-memory model, ranks on device 0 */
+    int cuda;             /* --device cuda or fake: in-memory model, ranks on device 0 */
+    const char *kdev;     /* the kernels device of that path: "cuda" or "fake" */
+    size_t copy_bytes;    /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
     uint32_t gpu_pool_mb; /* cuda: the pool of every rank's handle */
     double copy_gbps;     /* cuda: measured device copy bandwidth, GB/s (read + write) */
     double weight_bytes;  /* cuda: weight bytes read per decode step */
@@ -83,12 +108,13 @@ typedef struct bd_opts {
 typedef struct bd_run {
     const bd_opts *o;
     uint32_t tp, pp, batch;
+    int nccl; /* the nccl point: 1x1, TP group a one-rank nccl communicator */
     char blob[256];
     size_t blob_len;
     gang_comm_listener *listener;
     gang_topology topo;
     double *prefill_ms, *decode_ms; /* [iters], written by rank 0 */
-    int32_t *tokens;                /* [batch x tokens] of the last iteration, rank 0 */
+    gang__decision *dec;            /* [batch x tokens] of the agreement iteration, rank 0 */
     pthread_mutex_t lock;
     gang_comm *comms[BD_MAX_RANKS][3]; /* lock: live communicators, for abort */
     int aborted;                       /* lock */
@@ -136,10 +162,12 @@ typedef struct bd_flags {
 #define BD_STR(f_, fld, d, hp) GANG_OPT_STR(bd_flags, f_, fld, d, hp),
 static const gang_param_info bd_cpu_items[] = {
     BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu or cuda (cuda: the Llama-3.2-1B shape, see above)")};
+        BD_STR("device", device, "cpu",
+               "cpu, cuda (the Llama-3.2-1B shape, see above) or fake (the cuda path on the "
+               "fake test device)")};
 static const gang_param_info bd_gpu_items[] = {
     BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu or cuda")};
+        BD_STR("device", device, "cpu", "cpu, cuda or fake")};
 static const gang_opt_table bd_cpu_table = GANG_OPT_TABLE(bd_cpu_items);
 static const gang_opt_table bd_gpu_table = GANG_OPT_TABLE(bd_gpu_items);
 static const gang_opt_cmd bd_cmd = {
@@ -163,10 +191,12 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
 
     if (rc != 0)
         return rc;
-    rc = gang_opts_choice("device", f.device, "cpu|cuda", err, sizeof(err));
+    rc = gang_opts_choice("device", f.device, "cpu|cuda|fake", err, sizeof(err));
     if (rc < 0)
         return gang_opts_usage_error(&bd_cmd, "%s", err);
-    o->cuda = rc;
+    o->cuda = rc != 0;
+    o->kdev = rc == 2 ? "fake" : "cuda";
+    o->copy_bytes = rc == 2 ? (size_t)16 << 20 : (size_t)1 << 30;
     if (o->cuda) {
         gang_opt_cmd gpu = bd_cmd;
         gpu.table = &bd_gpu_table;
@@ -246,17 +276,20 @@ static int bd_comms(bd_rank *x, gang_comm **c, const char **what)
 }
 
 /*
- * One timed (or warm-up) iteration on rank x: rank 0 submits the batch, every rank runs
- * `tokens` steps; rank 0 times the prefill step and the decode steps and records the
- * tokens. Returns 0 or the first error.
+ * One iteration on rank x: rank 0 submits the batch, every rank runs `tokens` steps.
+ * Warm-up iterations (iter < warmup) are not recorded; timed ones (then --iters of them)
+ * have rank 0 time the prefill step and the decode steps; the last one (iter = warmup +
+ * iters, untimed) asks for logprobs and records every decision for the agreement with
+ * 1x1. Returns 0 or the first error.
  */
 static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm **c, int32_t *prompt,
                         int iter, const char **what)
 {
     bd_run *r = x->run;
     const bd_opts *o = r->o;
-    gang_comm *tp = r->tp > 1 ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
+    gang_comm *tp = r->tp > 1 || r->nccl ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
     uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
+    int agree = iter == (int)(o->warmup + o->iters);
     gang_gen_request req;
     gang_gen_event ev;
     char err[256];
@@ -271,6 +304,8 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             req.n_prompt = o->prompt;
             req.max_tokens = o->tokens;
             req.sampling.top_p = 1.0f;
+            req.logprobs = (uint32_t)agree;
+            req.top_logprobs = agree ? GANG_AGREE_TOP : 0;
             *what = "submit";
             rc = gang_engine_submit(e, &req, err, sizeof(err));
             if (rc != 0) {
@@ -291,8 +326,14 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
         while (x->rank == 0 && gang_engine_poll(e, &ev) == 1) {
             uint64_t seq = (ev.id - 1) % r->batch;
 
-            if (ev.kind == GANG_GEN_TOKEN && ev.index < o->tokens)
-                r->tokens[seq * o->tokens + ev.index] = ev.token;
+            if (agree && ev.kind == GANG_GEN_TOKEN && ev.index < o->tokens) {
+                gang__decision *d = &r->dec[seq * o->tokens + ev.index];
+
+                d->token = ev.token;
+                d->n_top = ev.n_top < GANG_AGREE_TOP ? ev.n_top : GANG_AGREE_TOP;
+                memcpy(d->ids, ev.top_ids, d->n_top * sizeof(int32_t));
+                memcpy(d->lps, ev.top_logprobs, d->n_top * sizeof(float));
+            }
         }
     }
     if (x->rank == 0) {
@@ -300,7 +341,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             *what = "requests left after the last step";
             return GANG_EINTERNAL;
         }
-        if (iter >= (int)o->warmup) {
+        if (iter >= (int)o->warmup && !agree) {
             r->prefill_ms[iter - o->warmup] = (double)(t1 - t0) / 1e6;
             r->decode_ms[iter - o->warmup] = (double)(gang_now_ns() - t1) / 1e6;
         }
@@ -466,7 +507,7 @@ out_free:
  */
 static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
 {
-    const size_t bytes = (size_t)1 << 30;
+    const size_t bytes = o->copy_bytes;
     gang_kernels_options ko;
     gang_kernels *k = NULL;
     void *a = NULL, *b = NULL;
@@ -475,7 +516,7 @@ static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
     int i, rc;
 
     gang_kernels_options_init(&ko);
-    ko.device = "cuda";
+    ko.device = o->kdev;
     ko.pool_mb =
         2 * (bytes >> 20) + 256 > o->gpu_pool_mb ? 2 * (bytes >> 20) + 256 : o->gpu_pool_mb;
     rc = gang_kernels_open_opts(&ko, &k);
@@ -512,6 +553,22 @@ static double bd_weight_bytes(const bd_opts *o)
 }
 
 /* Thread of one rank: comms, shard, engine, warm-up and timed iterations. */
+/* The nccl point: c[1] becomes a one-rank nccl TP group (split from *nworld). */
+static int bd_use_nccl(bd_rank *x, gang_kernels *k, gang_comm **c, gang_comm **nworld)
+{
+    bd_run *r = x->run;
+    gang_comm *tp = NULL;
+    int rc = gang__decode_nccl_tp(k, BD_INIT_TIMEOUT_MS, nworld, &tp);
+
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&r->lock);
+    gang_comm_free(c[1]);
+    c[1] = r->comms[x->rank][1] = tp;
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
 static void *bd_rank_main(void *arg)
 {
     bd_rank *x = arg;
@@ -523,7 +580,7 @@ static void *bd_rank_main(void *arg)
                               .microbatches =
                                   o->microbatches < r->batch ? o->microbatches : r->batch,
                               .max_step_tokens = r->batch * o->prompt};
-    gang_comm *c[3] = {NULL, NULL, NULL};
+    gang_comm *c[3] = {NULL, NULL, NULL}, *nworld = NULL;
     gang_model *m = NULL;
     gang_engine *e = NULL;
     gang_kernels *k = NULL;
@@ -541,13 +598,16 @@ static void *bd_rank_main(void *arg)
         gang_kernels_options ko;
 
         gang_kernels_options_init(&ko);
-        ko.device = "cuda";
+        ko.device = o->kdev;
         ko.pool_mb = o->gpu_pool_mb;
         rc = gang_kernels_open_opts(&ko, &k);
     } else {
         rc = gang_kernels_open("cpu", &k);
     }
     if (rc != 0)
+        goto out_fail;
+    what = "nccl tp group";
+    if (r->nccl && (rc = bd_use_nccl(x, k, c, &nworld)) != 0)
         goto out_fail;
     what = "model";
     if (o->cuda) {
@@ -573,7 +633,7 @@ static void *bd_rank_main(void *arg)
     /* Different prompts per sequence, the same ones on every layout. */
     for (i = 0; i < r->batch * o->prompt; i++)
         prompt[i] = (int32_t)(((uint64_t)i * 2654435761u + 17) % o->vocab);
-    for (it = 0; it < o->warmup + o->iters; it++) {
+    for (it = 0; it < o->warmup + o->iters + 1; it++) { /* + the agreement iteration */
         rc = bd_iteration(x, e, k, c, prompt, (int)it, &what);
         if (rc != 0)
             goto out_fail;
@@ -593,6 +653,7 @@ out_free:
     pthread_mutex_unlock(&r->lock);
     for (i = 3; i-- > 0;)
         gang_comm_free(c[i]);
+    gang_comm_free(nworld);
     free(prompt);
     /* Device memory returns to k's pool, so k closes last. */
     gang_engine_free(e);
@@ -605,9 +666,32 @@ out_free:
 /* What one point measured, for the ratios against 1x1. */
 typedef struct bd_result {
     double prefill_tps, decode_tps;
+    double decode_ms;      /* median of the decode steps of one iteration */
     double roofline_ratio; /* cuda: decode_tps over the roofline */
-    int32_t *tokens;       /* [batch x tokens], owned */
+    gang__decision *dec;   /* [batch x tokens] of the agreement iteration, owned */
 } bd_result;
+
+/* The agreement of res with the 1x1 point base (file comment), added to line. */
+static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, const bd_result *base,
+                              const bd_result *res)
+{
+    gang__agreement ag;
+    int same = 1;
+
+    gang__decode_agree(base->dec, res->dec, batch, o->tokens, BD_GAP_TOL, &ag);
+    for (size_t i = 0; i < (size_t)batch * o->tokens && same; i++)
+        same = base->dec[i].token == res->dec[i].token;
+    cJSON_AddBoolToObject(line, "tokens_match_1x1", same);
+    cJSON_AddNumberToObject(line, "decisions_compared", ag.compared);
+    cJSON_AddNumberToObject(line, "top1_agreement",
+                            ag.compared ? gang_report_round((double)ag.agree / ag.compared, 4)
+                                        : 0.0);
+    cJSON_AddNumberToObject(line, "max_abs_logprob_diff", ag.max_abs_diff);
+    cJSON_AddNumberToObject(line, "divergences", ag.divergences);
+    cJSON_AddNumberToObject(line, "max_top2_gap_at_divergence", ag.max_gap_diverged);
+    cJSON_AddNumberToObject(line, "gap_tol", BD_GAP_TOL);
+    cJSON_AddBoolToObject(line, "logits_match_1x1", ag.over_tol == 0);
+}
 
 /*
  * Prints the line of one point: its shape and, when it ran (rc == 0), the median times,
@@ -622,8 +706,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
 
     if (line == NULL)
         return;
-    cJSON_AddStringToObject(line, "backend", "socket");
-    cJSON_AddStringToObject(line, "device", o->cuda ? "cuda" : "cpu");
+    cJSON_AddStringToObject(line, "backend", r->nccl ? "nccl" : "socket");
+    cJSON_AddStringToObject(line, "device", o->cuda ? o->kdev : "cpu");
     cJSON_AddNumberToObject(line, "tp", r->tp);
     cJSON_AddNumberToObject(line, "pp", r->pp);
     cJSON_AddNumberToObject(line, "batch", batch);
@@ -641,6 +725,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     }
     double pre = gang_report_add_stats(line, "prefill_ms", r->prefill_ms, (int)o->iters, 3);
     double dec = bd_median(r->decode_ms, o->iters);
+    res->decode_ms = dec;
     res->prefill_tps = (double)batch * o->prompt / (pre / 1e3);
     res->decode_tps = o->tokens > 1 ? (double)batch * (o->tokens - 1) / (dec / 1e3) : 0.0;
     cJSON_AddNumberToObject(line, "decode_ms_p50", gang_report_round(dec, 3));
@@ -663,9 +748,11 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
                                 base->decode_tps > 0.0
                                     ? gang_report_round(res->decode_tps / base->decode_tps, 3)
                                     : 0.0);
-        cJSON_AddBoolToObject(
-            line, "tokens_match_1x1",
-            memcmp(res->tokens, base->tokens, (size_t)batch * o->tokens * sizeof(int32_t)) == 0);
+        if (o->tokens > 1)
+            cJSON_AddNumberToObject(
+                line, "decode_step_overhead_ms_vs_1x1",
+                gang_report_round((dec - base->decode_ms) / (double)(o->tokens - 1), 4));
+        bd_emit_agreement(line, o, batch, base, res);
     }
     gang_report_emit(line);
 }
@@ -675,7 +762,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
  * same batch (NULL for the 1x1 point itself). Returns 0 or the error of the point.
  */
 static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
-                    uint32_t batch, const bd_result *base, bd_result *res)
+                    uint32_t batch, int nccl, const bd_result *base, bd_result *res)
 {
     bd_run r;
     bd_rank ranks[BD_MAX_RANKS];
@@ -689,6 +776,7 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     r.tp = tp;
     r.pp = pp;
     r.batch = batch;
+    r.nccl = nccl;
     pthread_mutex_init(&r.lock, NULL);
     rc = gang_model_topology(mc, pp, tp, tp, pp, &r.topo, err, sizeof(err));
     if (rc != 0) {
@@ -697,9 +785,9 @@ static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, 
     }
     r.prefill_ms = calloc(o->iters, sizeof(double));
     r.decode_ms = calloc(o->iters, sizeof(double));
-    res->tokens = calloc((size_t)batch * o->tokens, sizeof(int32_t));
-    r.tokens = res->tokens;
-    if (r.prefill_ms == NULL || r.decode_ms == NULL || res->tokens == NULL) {
+    res->dec = calloc((size_t)batch * o->tokens, sizeof(gang__decision));
+    r.dec = res->dec;
+    if (r.prefill_ms == NULL || r.decode_ms == NULL || res->dec == NULL) {
         rc = GANG_ENOMEM;
         goto out_line;
     }
@@ -729,8 +817,8 @@ out_line:
     free(r.decode_ms);
     pthread_mutex_destroy(&r.lock);
     if (rc != 0) {
-        free(res->tokens);
-        res->tokens = NULL;
+        free(res->dec);
+        res->dec = NULL;
     }
     return rc;
 }
@@ -741,7 +829,10 @@ out_line:
  */
 static int bd_main_cuda(bd_opts *o)
 {
-    static const uint32_t lay[2][2] = {{1, 1}, {2, 1}};
+    /* tp, pp, nccl: 1x1, TP=2 over host staging, 1x1 with a one-rank nccl TP group */
+    static const uint32_t lay[3][3] = {{1, 1, 0}, {2, 1, 0}, {1, 1, 1}};
+    uint32_t n_lay =
+        strcmp(o->kdev, "cuda") == 0 && gang_comm_backend_built(GANG_COMM_NCCL) ? 3 : 2;
     gang_model_config mc;
     bd_result base, res;
     double ratio1 = -1.0;
@@ -749,7 +840,7 @@ static int bd_main_cuda(bd_opts *o)
     int rc = 0, prc, failed = 0;
     cJSON *line;
 
-    if (gang_kernels_device_count() == 0) {
+    if (strcmp(o->kdev, "cuda") == 0 && gang_kernels_device_count() == 0) {
         gang_device_info probe;
         const char *why = gang_kernels_device_info(0, &probe) == GANG_ENOSYS
                               ? "CUDA support is not built into this binary"
@@ -768,9 +859,9 @@ static int bd_main_cuda(bd_opts *o)
     rc = bd_copy_bandwidth(o, &o->copy_gbps);
     line = cJSON_CreateObject();
     cJSON_AddStringToObject(line, "bench", "decode");
-    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "device", o->kdev);
     cJSON_AddStringToObject(line, "measure", "copy_bandwidth");
-    cJSON_AddNumberToObject(line, "copy_bytes", 1 << 30);
+    cJSON_AddNumberToObject(line, "copy_bytes", (double)o->copy_bytes);
     if (rc == 0)
         cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
     else
@@ -782,24 +873,24 @@ static int bd_main_cuda(bd_opts *o)
         return GANG_EXIT_TEMPFAIL;
     for (b = 0; b < o->n_batches; b++) {
         memset(&base, 0, sizeof(base));
-        for (l = 0; l < 2; l++) {
-            prc = bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], l == 0 ? NULL : &base,
-                           l == 0 ? &base : &res);
+        for (l = 0; l < n_lay; l++) {
+            prc = bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], (int)lay[l][2],
+                           l == 0 ? NULL : &base, l == 0 ? &base : &res);
             if (prc != 0) {
                 failed++;
                 if (l == 0)
                     break;
             } else if (l > 0) {
-                free(res.tokens);
+                free(res.dec);
             } else if (o->batches[b] == 1) {
                 ratio1 = base.roofline_ratio;
             }
         }
-        free(base.tokens);
+        free(base.dec);
     }
     line = cJSON_CreateObject();
     cJSON_AddStringToObject(line, "bench", "decode");
-    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "device", o->kdev);
     cJSON_AddStringToObject(line, "measure", "summary");
     cJSON_AddNumberToObject(line, "batch1_roofline_ratio", gang_report_round(ratio1, 3));
     cJSON_AddNumberToObject(line, "target_ratio", 0.7);
@@ -855,7 +946,7 @@ int gang_bench_decode_main(int argc, char **argv)
     for (b = 0; b < o.n_batches; b++) {
         memset(&base, 0, sizeof(base));
         for (l = 0; l < 4; l++) {
-            prc = bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], l == 0 ? NULL : &base,
+            prc = bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], 0, l == 0 ? NULL : &base,
                            l == 0 ? &base : &res);
             if (prc != 0) {
                 failed++;
@@ -863,10 +954,10 @@ int gang_bench_decode_main(int argc, char **argv)
                 if (l == 0)
                     break; /* no base to compare the other layouts against */
             } else if (l > 0) {
-                free(res.tokens);
+                free(res.dec);
             }
         }
-        free(base.tokens);
+        free(base.dec);
     }
 
 out_rm:

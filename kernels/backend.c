@@ -97,6 +97,8 @@ static const gang__kernels_backend *kernels_backend_for(const char *device)
         return &gang__kernels_cpu_backend;
     if (strcmp(device, "cuda") == 0)
         return KERNELS_CUDA_BACKEND;
+    if (strcmp(device, "fake") == 0)
+        return &gang__kernels_fake_backend;
     return NULL;
 }
 
@@ -138,7 +140,7 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
         return GANG_EINVAL;
     be = kernels_backend_for(o->device);
     if (be == NULL) {
-        gang_error("kernels: unknown device '%s' (expected cpu, cuda or auto)", o->device);
+        gang_error("kernels: unknown device '%s' (expected cpu, cuda, auto or fake)", o->device);
         return GANG_EINVAL;
     }
     if (be->open != NULL) {
@@ -261,6 +263,18 @@ int gang_kernels_sync(gang_kernels *k)
     if (k->be->sync == NULL)
         return GANG_ENOSYS;
     return k->be->sync(k->ctx);
+}
+
+void *gang_kernels_device_stream(gang_kernels *k)
+{
+    if (k == NULL || k->be->stream == NULL)
+        return NULL;
+    return k->be->stream(k->ctx);
+}
+
+void *gang__kernels_ctx_of(gang_kernels *k, const gang__kernels_backend *be)
+{
+    return k != NULL && k->be == be ? k->ctx : NULL;
 }
 
 /*

@@ -37,6 +37,9 @@ typedef struct gang__kernels_backend {
                    size_t width, size_t rows);
     /* Waits for the handle's work and makes its device current on the calling thread. */
     int (*sync)(void *ctx);
+    /* The handle's queue of device work as an opaque pointer (cudaStream_t for "cuda"),
+     * for gang_kernels_device_stream; NULL entry: the backend has none (host memory). */
+    void *(*stream)(void *ctx);
     int (*pool_stats)(void *ctx, gang_kernels_pool_stats *out); /* out is zeroed */
 
     /* Operations. */
@@ -69,5 +72,11 @@ typedef struct gang__kernels_backend {
  * is defined only when the CUDA kernels are built; backend.c registers a stub otherwise. */
 extern const gang__kernels_backend gang__kernels_cpu_backend;
 extern const gang__kernels_backend gang__kernels_cuda_backend;
+/* The fake device (kernels/fake/fake-backend.c), built in every configuration. */
+extern const gang__kernels_backend gang__kernels_fake_backend;
+
+/* The backend state of k when k is a handle of be, else NULL (for backend-private
+ * queries such as the fake device's counters). */
+void *gang__kernels_ctx_of(gang_kernels *k, const gang__kernels_backend *be);
 
 #endif /* GANGLION_KERNELS_BACKEND_H */

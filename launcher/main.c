@@ -107,7 +107,7 @@ static int cmd_serve(int argc, char **argv)
     if (rc != 0)
         return rc;
     static const char *const backends[] = {"auto", "nccl", "socket", "mpi", NULL};
-    static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
+    static const char *const devices[] = {"auto", "cpu", "cuda", "fake", NULL};
     if (check_choice("backend", p.backend, backends) || check_choice("device", p.device, devices))
         return GANG_EXIT_USAGE;
     if (p.check_config) {

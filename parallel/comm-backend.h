@@ -28,7 +28,10 @@ typedef struct gang__comm_ops {
                 uint64_t tmo);
     int (*recv)(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag, uint64_t tmo);
     int (*barrier)(gang_comm *c, uint64_t tmo); /* optional: NULL = front emulates */
-    void (*abort)(gang_comm *c);                /* wakes blocked operations */
+    /* Optional (device-memory backends): order the next operation after the work already
+     * in stream, and stream's later work after that operation, on the device. */
+    int (*order_after)(gang_comm *c, void *stream);
+    void (*abort)(gang_comm *c); /* wakes blocked operations */
 } gang__comm_ops;
 
 /* The front's part of every communicator; backends keep their state behind impl. */

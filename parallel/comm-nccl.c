@@ -2,10 +2,22 @@
  * NCCL backend of the communicator: device buffers, one CUDA stream per communicator, and
  * no call that can block without a deadline (docs/design.md §4).
  *
- * Non-blocking protocol. Every communicator is created with config.blocking = 0, so NCCL
- * calls return ncclInProgress instead of blocking, and the driving thread waits in
- * nccl_wait(), which polls until the operation is done, an error appears, the deadline
- * passes or the communicator is aborted:
+ * Blocking modes. The world communicator (gang_comm_init) is created non-blocking
+ * (config.blocking = 0): its init returns ncclInProgress instead of blocking, so a peer
+ * that never arrives is bounded by the init deadline and the cancel fd. A split child (the
+ * TP and PP groups, which carry every per-token operation) is created blocking
+ * (config.blocking = 1): with a non-blocking communicator NCCL runs each operation's group
+ * launch on a thread it starts for that call (pthread_create per collective in 2.28's
+ * ncclGroupEnd), which at two all-reduces per layer per token costs more than the
+ * collectives themselves. The split itself still follows the non-blocking parent (NCCL
+ * launches the child's init as a job of the parent), so it is awaited with the deadline.
+ * A blocking operation's host part could still block on a peer when NCCL connects peers
+ * lazily at the first operation; nccl_load() therefore asks NCCL to connect them at init
+ * (NCCL_RUNTIME_CONNECT=0 unless the environment chose), where the deadline holds. What is
+ * left of an operation on a blocking communicator runs on the GPU, and is awaited here.
+ *
+ * Wait protocol. The driving thread waits in nccl_wait(), which polls until the operation
+ * is done, an error appears, the deadline passes or the communicator is aborted:
  *
  *   loop:  st = nccl_lib.ncclCommGetAsyncError(comm)
  *          st is an error                   -> ncclCommAbort, GANG_EPEER / GANG_EIO
@@ -14,7 +26,8 @@
  *          or nothing on the stream: init)   -> return 0
  *          gang_comm_abort() was called     -> ncclCommAbort, GANG_EABORTED
  *          the deadline passed              -> ncclCommAbort, GANG_ETIMEDOUT
- *          spin for ~50 us, then sleep in 20 us steps growing to 1 ms
+ *          spin for NCCL_SPIN_NS, then sleep from 10 us, doubling, never longer
+ *          than NCCL_SLEEP_MAX_NS nor past the deadline
  *
  * Abort during init. gang_comm_init() has not returned a handle yet, so the caller's
  * cancel fd (gang_comm_config.cancel_fd, as for the socket backend) is polled instead:
@@ -37,9 +50,14 @@
  * on both sides (the pipeline schedule does: per neighbour, tags increase in step).
  * An empty message (bytes == 0) still synchronises: it is sent as a one-byte token.
  *
- * Ordering with compute. Operations run on the communicator's own stream and return when
- * they have completed, so the caller synchronises its compute stream before a collective
- * (gang_kernels_sync) and may use the result right after.
+ * Ordering with compute. Operations run on the communicator's own stream. The caller
+ * orders an operation after its compute stream with gang_comm_order_after (nccl_order:
+ * an event recorded on the compute stream, waited for by this stream on the device), so
+ * a GEMM and its all-reduce follow each other on the GPU with no host wait between them;
+ * after the operation an event on this stream is waited for by the compute stream, so
+ * later kernels see the result in device order too. The one host wait per operation that
+ * is left is nccl_wait's, which keeps the deadline and abort semantics (docs/gpu.md says
+ * why this and not a watchdog thread, and how both are to be measured).
  */
 #include <dlfcn.h>
 #include <poll.h>
@@ -55,7 +73,8 @@
 
 #include "comm-backend.h"
 
-#define NCCL_SPIN_NS 50000ull        /* busy-poll this long before sleeping */
+#define NCCL_SPIN_NS 100000ull       /* busy-poll this long before sleeping */
+#define NCCL_SLEEP_MIN_NS 10000ull   /* first sleep after the spin */
 #define NCCL_SLEEP_MAX_NS 1000000ull /* longest sleep between polls */
 #define NCCL_FINALIZE_MS 10000u      /* bound of the flush in gang_comm_free */
 
@@ -66,6 +85,10 @@ typedef struct nccl_impl {
     void *scratch;       /* 256 device bytes: barrier word and empty-message token */
     int failed;          /* an error was seen: free aborts instead of finalizing */
     int cancel_fd;       /* during init only: cfg->cancel_fd, or -1 */
+    cudaEvent_t ev_in;   /* recorded on the caller's stream by nccl_order */
+    cudaEvent_t ev_out;  /* recorded on this stream after the ordered operation */
+    cudaStream_t after;  /* the caller's stream until the next operation, else NULL */
+    int blocking;        /* a split child: created with config.blocking = 1 */
 } nccl_impl;
 
 /* ---------------------------------------------------------------------------------
@@ -138,6 +161,10 @@ static void nccl_load_once(void)
     void *lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
 
     nccl_load_rc = GANG_EIO;
+    /* Connections at init, under the deadline, not inside a blocking operation (see the
+     * file comment); NCCL reads the variable once, at its first communicator. An operator's
+     * own choice is kept (overwrite = 0). */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     if (lib == NULL) {
         snprintf(path, sizeof(path), "%s/%s", GANG_NCCL_LIBDIR, soname);
         lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -243,10 +270,12 @@ static int nccl_log(nccl_impl *im, ncclResult_t r, const char *what)
     return rc;
 }
 
+/* Also clears the runtime's last error, so a later launch check is not blamed for it. */
 static int cuda_log(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
+    (void)cudaGetLastError();
     gang_error("comm/nccl: %s: %s", what, cudaGetErrorString(e));
     return e == cudaErrorMemoryAllocation ? GANG_ENOMEM : GANG_EIO;
 }
@@ -260,17 +289,30 @@ static void nccl_abort_now(nccl_impl *im)
     im->failed = 1;
 }
 
-static void nccl_pause(uint64_t start_ns, uint64_t *sleep_ns)
+/*
+ * One pause of the wait loop: nothing during the first NCCL_SPIN_NS (a collective of a
+ * decode step takes tens of microseconds), then sleeps that start at NCCL_SLEEP_MIN_NS
+ * and double up to NCCL_SLEEP_MAX_NS, each cut to what is left before the deadline, so
+ * neither the cap nor the deadline is overshot by more than the scheduler's own latency.
+ */
+static void nccl_pause(uint64_t start_ns, uint64_t deadline_ms, uint64_t *sleep_ns)
 {
+    uint64_t now = gang_now_ns(), left, d;
     struct timespec ts;
 
-    if (gang_now_ns() - start_ns < NCCL_SPIN_NS)
+    if (now - start_ns < NCCL_SPIN_NS)
         return;
-    ts.tv_sec = 0;
-    ts.tv_nsec = (long)*sleep_ns;
+    if (deadline_ms > UINT64_MAX / 1000000ull)
+        left = UINT64_MAX; /* a saturated deadline (gang_deadline_after) */
+    else
+        left = deadline_ms * 1000000ull > now ? deadline_ms * 1000000ull - now : 0;
+    d = *sleep_ns < left ? *sleep_ns : left;
+    if (d == 0)
+        return;
+    ts.tv_sec = (time_t)(d / 1000000000ull);
+    ts.tv_nsec = (long)(d % 1000000000ull);
     nanosleep(&ts, NULL);
-    if (*sleep_ns < NCCL_SLEEP_MAX_NS)
-        *sleep_ns *= 2;
+    *sleep_ns = *sleep_ns * 2 < NCCL_SLEEP_MAX_NS ? *sleep_ns * 2 : NCCL_SLEEP_MAX_NS;
 }
 
 /* Init only: the caller's cancel fd (gang_comm_config.cancel_fd) became readable. */
@@ -290,7 +332,7 @@ static int nccl_cancelled(const nccl_impl *im)
 static int nccl_wait(gang_comm *c, nccl_impl *im, ncclComm_t comm, int on_stream,
                      uint64_t deadline_ms, const char *what)
 {
-    uint64_t start = gang_now_ns(), sleep_ns = 20000;
+    uint64_t start = gang_now_ns(), sleep_ns = NCCL_SLEEP_MIN_NS;
     ncclResult_t st;
     cudaError_t e;
     int rc;
@@ -322,7 +364,7 @@ static int nccl_wait(gang_comm *c, nccl_impl *im, ncclComm_t comm, int on_stream
             rc = GANG_ETIMEDOUT;
             goto out_abort;
         }
-        nccl_pause(start, &sleep_ns);
+        nccl_pause(start, deadline_ms, &sleep_ns);
     }
 
 out_abort:
@@ -377,9 +419,19 @@ static int nccl_impl_new(nccl_impl **out)
         goto out_free;
     if ((rc = cuda_log(cudaMalloc(&im->scratch, 256), "cudaMalloc of the scratch")) < 0)
         goto out_stream;
+    rc = cuda_log(cudaEventCreateWithFlags(&im->ev_in, cudaEventDisableTiming), "cudaEventCreate");
+    if (rc < 0)
+        goto out_scratch;
+    rc = cuda_log(cudaEventCreateWithFlags(&im->ev_out, cudaEventDisableTiming), "cudaEventCreate");
+    if (rc < 0)
+        goto out_ev_in;
     *out = im;
     return 0;
 
+out_ev_in:
+    cudaEventDestroy(im->ev_in);
+out_scratch:
+    cudaFree(im->scratch);
 out_stream:
     cudaStreamDestroy(im->stream);
 out_free:
@@ -391,6 +443,10 @@ out_free:
 static void nccl_impl_release(nccl_impl *im)
 {
     cudaSetDevice(im->device);
+    if (im->ev_in != NULL)
+        cudaEventDestroy(im->ev_in);
+    if (im->ev_out != NULL)
+        cudaEventDestroy(im->ev_out);
     if (im->scratch != NULL)
         cudaFree(im->scratch);
     if (im->stream != NULL)
@@ -446,9 +502,11 @@ out_free:
 }
 
 /*
- * A healthy communicator is finalized (its pending work flushed, bounded by
+ * A healthy non-blocking communicator is finalized (its pending work flushed, bounded by
  * NCCL_FINALIZE_MS) and destroyed; one that failed or was aborted is aborted, which never
- * waits for peers.
+ * waits for peers. A blocking one (a split child) is always aborted: its finalize would
+ * block the thread without a deadline, and it has no pending work to flush, since every
+ * operation was awaited before it returned.
  */
 static void nccl_free(gang_comm *c)
 {
@@ -457,7 +515,7 @@ static void nccl_free(gang_comm *c)
     if (im == NULL)
         return;
     cudaSetDevice(im->device);
-    if (im->comm != NULL && !im->failed && !atomic_load(&c->aborted)) {
+    if (im->comm != NULL && !im->blocking && !im->failed && !atomic_load(&c->aborted)) {
         uint64_t deadline = gang_now_ms() + NCCL_FINALIZE_MS;
 
         if (nccl_log(im, nccl_lib.ncclCommFinalize(im->comm), "ncclCommFinalize") == 0 &&
@@ -472,8 +530,10 @@ static void nccl_free(gang_comm *c)
 }
 
 /*
- * ncclCommSplit of every rank of c (non-blocking config inherited explicitly). The child
- * gets its own stream; its rank and size come from NCCL itself.
+ * ncclCommSplit of every rank of c. The child is blocking (its operations start no
+ * thread, see the file comment); the split is a job of the non-blocking parent and is
+ * awaited with the deadline. The child gets its own stream; its rank and size come from
+ * NCCL itself.
  */
 static int nccl_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, gang_comm *child)
 {
@@ -489,7 +549,7 @@ static int nccl_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, 
         return rc;
     if ((rc = nccl_impl_new(&ch)) < 0)
         return rc;
-    conf.blocking = 0;
+    conf.blocking = 1;
     rc = nccl_log(im, nccl_lib.ncclCommSplit(im->comm, (int)color, (int)key, &nc, &conf),
                   "ncclCommSplit");
     if (rc < 0) {
@@ -506,6 +566,7 @@ static int nccl_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, 
     if ((rc = nccl_wait(c, im, nc, 0, deadline, "ncclCommSplit (child)")) < 0)
         goto out_child; /* nccl_wait aborted nc */
     ch->comm = nc;
+    ch->blocking = 1;
     if ((rc = nccl_log(ch, nccl_lib.ncclCommUserRank(nc, &rank), "ncclCommUserRank")) < 0 ||
         (rc = nccl_log(ch, nccl_lib.ncclCommCount(nc, &size), "ncclCommCount")) < 0) {
         nccl_abort_now(ch);
@@ -528,15 +589,58 @@ out_child:
  * Operations: enqueue on the communicator's stream, then wait with the deadline.
  * --------------------------------------------------------------------------------- */
 
-/* Finishes an enqueue: a refused call aborts, an accepted one is awaited. */
+/*
+ * gang_comm_order_after: records ev_in on the caller's stream now, so the next operation
+ * waits for exactly the work enqueued there so far; the stream is remembered to wait, in
+ * turn, for that operation (nccl_finish).
+ */
+static int nccl_order(gang_comm *c, void *stream)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    if (rc < 0)
+        return rc;
+    rc = cuda_log(cudaEventRecord(im->ev_in, (cudaStream_t)stream), "cudaEventRecord (order)");
+    if (rc < 0)
+        return rc;
+    im->after = (cudaStream_t)stream;
+    return 0;
+}
+
+/* Before an enqueue: this stream waits, on the device, for the caller's ordered work. */
+static int nccl_start(nccl_impl *im)
+{
+    int rc = nccl_enter(im);
+
+    if (rc < 0 || im->after == NULL)
+        return rc;
+    return cuda_log(cudaStreamWaitEvent(im->stream, im->ev_in, 0), "cudaStreamWaitEvent (in)");
+}
+
+/*
+ * Finishes an enqueue: a refused call aborts; for an accepted one the caller's ordered
+ * stream (if any) waits for it on the device, then the host awaits it with the deadline.
+ */
 static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo, const char *what)
 {
-    uint64_t deadline = gang_now_ms() + tmo;
+    uint64_t deadline = gang_deadline_after(tmo);
+    cudaStream_t after = im->after;
     int rc = nccl_log(im, r, what);
 
+    im->after = NULL;
     if (rc < 0) {
         nccl_abort_now(im);
         return rc;
+    }
+    if (after != NULL) {
+        rc = cuda_log(cudaEventRecord(im->ev_out, im->stream), "cudaEventRecord (out)");
+        if (rc == 0)
+            rc = cuda_log(cudaStreamWaitEvent(after, im->ev_out, 0), "cudaStreamWaitEvent (out)");
+        if (rc < 0) {
+            nccl_abort_now(im);
+            return rc;
+        }
     }
     return nccl_wait(c, im, im->comm, 1, deadline, what);
 }
@@ -544,7 +648,7 @@ static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo
 static int nccl_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
 {
     nccl_impl *im = c->impl;
-    int rc = nccl_enter(im);
+    int rc = nccl_start(im);
 
     if (rc < 0)
         return rc;
@@ -558,7 +662,7 @@ static int nccl_all_gather(gang_comm *c, const void *send, void *recv, size_t co
                            uint64_t tmo)
 {
     nccl_impl *im = c->impl;
-    int rc = nccl_enter(im);
+    int rc = nccl_start(im);
 
     if (rc < 0)
         return rc;
@@ -571,7 +675,7 @@ static int nccl_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
                           uint64_t tmo)
 {
     nccl_impl *im = c->impl;
-    int rc = nccl_enter(im);
+    int rc = nccl_start(im);
 
     if (rc < 0)
         return rc;
@@ -585,7 +689,7 @@ static int nccl_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer,
                      uint64_t tmo)
 {
     nccl_impl *im = c->impl;
-    int rc = nccl_enter(im);
+    int rc = nccl_start(im);
 
     (void)tag; /* not carried: see the file comment */
     if (rc < 0)
@@ -603,7 +707,7 @@ static int nccl_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint3
                      uint64_t tmo)
 {
     nccl_impl *im = c->impl;
-    int rc = nccl_enter(im);
+    int rc = nccl_start(im);
 
     (void)tag;
     if (rc < 0)
@@ -621,7 +725,7 @@ static int nccl_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint3
 static int nccl_barrier(gang_comm *c, uint64_t tmo)
 {
     nccl_impl *im = c->impl;
-    int rc = nccl_enter(im);
+    int rc = nccl_start(im);
 
     if (rc < 0)
         return rc;
@@ -650,5 +754,6 @@ const gang__comm_ops gang__comm_nccl_ops = {
     .send = nccl_send,
     .recv = nccl_recv,
     .barrier = nccl_barrier,
+    .order_after = nccl_order,
     .abort = nccl_abort,
 };

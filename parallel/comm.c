@@ -351,6 +351,22 @@ int gang_comm_barrier(gang_comm *c, uint64_t timeout_ms)
 }
 
 /*
+ * Device ordering is a promise about the next operation only, so it is refused on an
+ * aborted communicator like the operation itself would be. GANG_ENOSYS tells the caller
+ * to synchronise on the host instead (a backend without device streams).
+ */
+int gang_comm_order_after(gang_comm *c, void *stream)
+{
+    if (c == NULL || stream == NULL)
+        return GANG_EINVAL;
+    if (atomic_load(&c->aborted))
+        return GANG_EABORTED;
+    if (c->ops->order_after == NULL)
+        return GANG_ENOSYS;
+    return comm_result(c, c->ops->order_after(c, stream));
+}
+
+/*
  * Sets the flag first, so that an operation about to start sees it in the front, then
  * lets the backend wake operations already blocked.
  */

@@ -49,21 +49,28 @@ int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_fi
  *
  * A socket or MPI communicator reads and writes host memory; a device handle's tensors
  * are device memory. Rather than teach every caller both cases, the four helpers decide
- * once: host handle or nccl communicator: pass the pointers through (nccl after a sync of
- * the compute stream, since it runs on its own stream); otherwise download into the
- * staging buffer, run the collective on the host, upload the result. The owner sizes the
- * staging buffer at init; a missing or short one is replaced by a temporary allocation
- * (callers without a staging buffer of their own).
+ * once: host handle or nccl communicator: pass the pointers through (nccl ordered after
+ * the compute stream's work on the device, since it runs on its own stream); otherwise
+ * download into the staging buffer, run the collective on the host, upload the result.
+ * The owner sizes the staging buffer at init; a missing or short one is replaced by a
+ * temporary allocation (callers without a staging buffer of their own).
  * --------------------------------------------------------------------------------- */
 
-/* 1 when the buffers of (k, c) can be handed to c as they are. */
+/*
+ * 1 when the buffers of (k, c) can be handed to c as they are. A device communicator is
+ * ordered after k's enqueued work on the device (gang_comm_order_after: events, no host
+ * wait between a GEMM and its all-reduce); only a backend without device ordering gets a
+ * host synchronisation of k instead.
+ */
 static int stage_direct(gang_kernels *k, gang_comm *c, int *rc)
 {
     *rc = 0;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 1;
     if (gang_comm_caps(c) & GANG_COMM_CAP_DEVICE_MEM) {
-        *rc = gang_kernels_sync(k);
+        *rc = gang_comm_order_after(c, gang_kernels_device_stream(k));
+        if (*rc == GANG_ENOSYS)
+            *rc = gang_kernels_sync(k);
         return 1;
     }
     return 0;

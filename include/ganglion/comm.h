@@ -61,8 +61,9 @@ void gang_comm_listener_free(gang_comm_listener *l);
  *  - use the CUDA device that is current on the calling thread at gang_comm_init(); every
  *    buffer is device memory of that GPU (e.g. from gang_kernels_alloc on a "cuda"
  *    handle of the same device);
- *  - run on their own stream and return when the operation completed, so the caller
- *    synchronises its compute stream first (gang_kernels_sync);
+ *  - run on their own stream and return when the operation completed; the caller orders
+ *    an operation after its compute stream's work with gang_comm_order_after (events on
+ *    the device, no host wait), or synchronises that stream first (gang_kernels_sync);
  *  - do not carry tags: sends and receives between two ranks must be issued in the same
  *    order on both sides; the tag is ignored;
  *  - gang_comm_abort() from another thread sets a flag; the thread inside an operation
@@ -179,7 +180,8 @@ gang_comm_backend gang_comm_backend_of(const gang_comm *c);
  * which backend it is. Each backend declares them in its vtable (parallel/comm-backend.h).
  *  - GANG_COMM_CAP_HOST_MEM: buffers are host memory (socket, mpi).
  *  - GANG_COMM_CAP_DEVICE_MEM: buffers are device memory of the communicator's GPU (nccl);
- *    the caller synchronises its compute stream before each operation.
+ *    the caller orders each operation after the work that produced its input, with
+ *    gang_comm_order_after or, where that answers GANG_ENOSYS, a host synchronisation.
  *  - GANG_COMM_CAP_TAGS: send/recv match on (peer, tag); without it the tag is ignored and
  *    the messages between two ranks match in issue order.
  * gang_comm_caps(NULL) is 0.
@@ -216,6 +218,18 @@ int gang_comm_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, u
 int gang_comm_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
                    uint64_t timeout_ms);
 int gang_comm_barrier(gang_comm *c, uint64_t timeout_ms);
+
+/*
+ * Device ordering for communicators of device memory: the next operation on c starts, on
+ * the device, after every piece of work already enqueued in stream (an opaque queue from
+ * gang_kernels_device_stream), and work enqueued in stream after that operation returned
+ * starts after it. No host wait: this is how a row-parallel GEMM and its all-reduce stay
+ * in order without a gang_kernels_sync between them. Call it right before the operation
+ * it is for. Returns 0, GANG_EINVAL (NULL), GANG_EABORTED, GANG_ENOSYS when the backend
+ * has no device ordering (host backends: the caller synchronises on the host instead), or
+ * the backend's error (GANG_EIO for a failed event record).
+ */
+int gang_comm_order_after(gang_comm *c, void *stream);
 
 /*
  * Makes every blocked and future operation on c return GANG_EABORTED promptly. Safe from

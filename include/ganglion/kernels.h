@@ -29,11 +29,15 @@
 typedef struct gang_kernels gang_kernels;
 
 /*
- * Opens a kernel backend. device is "cpu", "cuda" or "auto" ("auto" picks "cpu" until the
- * CUDA kernels exist). On success *out receives a handle that the caller releases with
- * gang_kernels_close(). Returns GANG_EINVAL for a NULL argument or an unknown device name,
- * GANG_ENOSYS (with a log line naming the device) when the backend is not built into this
- * binary, GANG_ENOMEM when the handle cannot be allocated. *out is set to NULL on error.
+ * Opens a kernel backend. device is "cpu", "cuda", "auto" ("auto" picks "cpu" until the
+ * CUDA kernels exist) or "fake": a test device, built everywhere, that computes with the
+ * CPU kernels on memory the host cannot read (a device pointer dereferenced on the host
+ * faults) and aborts the process when a host pointer reaches one of its operations, so
+ * that the engine's host/device boundary is tested without a GPU (kernels/fake/). On success *out
+ * receives a handle that the caller releases with gang_kernels_close(). Returns GANG_EINVAL for a
+ * NULL argument or an unknown device name, GANG_ENOSYS (with a log line naming the device) when the
+ * backend is not built into this binary, GANG_ENOMEM when the handle cannot be allocated. *out is
+ * set to NULL on error.
  */
 int gang_kernels_open(const char *device, gang_kernels **out);
 
@@ -252,6 +256,15 @@ int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *
 /* Waits for every enqueued operation of k; returns 0 or the first deferred error
  * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */
 int gang_kernels_sync(gang_kernels *k);
+
+/*
+ * The queue in which k's device work runs, as an opaque pointer (a cudaStream_t on
+ * "cuda", the handle itself on "fake"), so that a device communicator can order its work
+ * after k's and k's later work after its own on the device, without a host wait
+ * (gang_comm_order_after). NULL for a host backend ("cpu") and for NULL. Valid until k
+ * is closed. Callers never dereference it.
+ */
+void *gang_kernels_device_stream(gang_kernels *k);
 
 /*
  * Makes k's device current on the calling thread, for libraries that take the thread's

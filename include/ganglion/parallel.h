@@ -355,8 +355,10 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k);
  * engine's pipeline transfers and its logits all-gather. Each call behaves like the
  * gang_comm_* call of the same name on tensor memory of k:
  *  - k on the host ("cpu"): the buffers are passed straight through;
- *  - k a device and c an nccl communicator: k is synchronised (the communicator runs on
- *    its own stream), then the device pointers are passed straight through;
+ *  - k a device and c a device communicator (nccl): the operation is ordered after k's
+ *    enqueued work on the device (gang_comm_order_after; no host wait), then the device
+ *    pointers are passed straight through; a device communicator without device ordering
+ *    gets a gang_kernels_sync of k instead;
  *  - k a device and c a host communicator (socket, mpi): the data is downloaded into
  *    st->host, the collective runs there, and the result is uploaded back.
  * st holds the host staging buffer, sized once by its owner so that the serving loop

@@ -27,10 +27,17 @@
 
 #define RESERVE_BYTES ((size_t)512 << 20) /* left free for NCCL, cuBLAS and the context */
 
+/*
+ * Also clears the runtime's last-error slot: a failed runtime call leaves its (non-sticky)
+ * error there, and the next kernel launch's check, which reads cudaGetLastError(), would
+ * otherwise report it as that kernel's failure. A sticky error (a device fault) stays:
+ * every later call returns it anyway.
+ */
 int gang__cuda_err(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
+    (void)cudaGetLastError();
     gang_error("kernels/cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     switch (e) {
     case cudaErrorMemoryAllocation:
@@ -426,6 +433,12 @@ static int cuda_copy_2d(void *ctx, void *dst, size_t dpitch, const void *src, si
                           "device 2d copy");
 }
 
+/* The handle's stream, for a communicator that orders its work after the handle's. */
+static void *cuda_stream(void *ctx)
+{
+    return ((gang__cuda_ctx *)ctx)->stream;
+}
+
 static int cuda_argmax(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out)
 {
     gang__cuda_ctx *c = ctx;
@@ -453,6 +466,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .upload = cuda_upload,
     .download = cuda_download,
     .sync = cuda_sync,
+    .stream = cuda_stream,
     .pool_stats = cuda_pool_stats,
     .gemm = gang__cuda_gemm,
     .convert = cuda_convert,

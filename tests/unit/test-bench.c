@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "bench.h"
+#include "decode-agree.h"
 #include "report.h"
 
 static void test_median_and_percentiles(void **state)
@@ -107,13 +108,59 @@ static void test_bench_tables(void **state)
     assert_int_equal(gang_bench_main(4, batch), GANG_EXIT_USAGE);
 }
 
+/* A decision with token t whose two best candidates are t (lp a) and t + 1 (lp b). */
+static gang__decision dec(int32_t t, float a, float b)
+{
+    gang__decision d = {.token = t, .n_top = 2, .ids = {t, t + 1}, .lps = {a, b}};
+
+    return d;
+}
+
+/*
+ * Layout agreement by the logits: equal tokens agree; a flip at a near-tie of 1x1 is a
+ * divergence but no failure; a flip at a wide gap is a failure; nothing after a
+ * divergence in the same sequence is compared (the contexts differ).
+ */
+static void test_decode_agreement(void **state)
+{
+    gang__decision base[2][3], got[2][3];
+    gang__agreement ag;
+
+    (void)state;
+    /* Sequence 0: the same three decisions, one log-prob 1e-4 apart. */
+    base[0][0] = dec(5, -0.5f, -2.0f), got[0][0] = dec(5, -0.5f, -2.0f);
+    base[0][1] = dec(6, -0.5f, -2.0f), got[0][1] = dec(6, -0.5001f, -2.0f);
+    base[0][2] = dec(7, -0.5f, -2.0f), got[0][2] = dec(7, -0.5f, -2.0f);
+    /* Sequence 1: a flip at a 0.001 gap, then anything. */
+    base[1][0] = dec(3, -0.7f, -0.701f);
+    got[1][0] = (gang__decision){.token = 4, .n_top = 2, .ids = {4, 3}, .lps = {-0.7f, -0.7005f}};
+    base[1][1] = dec(9, -0.1f, -5.0f), got[1][1] = dec(1, -0.1f, -5.0f);
+    base[1][2] = dec(9, -0.1f, -5.0f), got[1][2] = dec(1, -0.1f, -5.0f);
+    gang__decode_agree(&base[0][0], &got[0][0], 2, 3, 1e-2, &ag);
+    assert_int_equal(ag.compared, 4);
+    assert_int_equal(ag.agree, 3);
+    assert_int_equal(ag.divergences, 1);
+    assert_int_equal(ag.over_tol, 0);
+    /* The largest difference: candidate 4 of sequence 1, -0.701 against -0.7. */
+    assert_true(fabs(ag.max_abs_diff - 1e-3) < 1e-4);
+    assert_true(ag.max_gap_diverged > 0.0 && ag.max_gap_diverged < 2e-3);
+    /* The same flip is a failure when the tolerance is below 1x1's gap. */
+    gang__decode_agree(&base[0][0], &got[0][0], 2, 3, 1e-4, &ag);
+    assert_int_equal(ag.over_tol, 1);
+    /* A flip at the first decision of a wide gap fails at the stated tolerance. */
+    got[0][0] = dec(8, -0.5f, -2.0f);
+    gang__decode_agree(&base[0][0], &got[0][0], 2, 3, 1e-2, &ag);
+    assert_int_equal(ag.compared, 2);
+    assert_int_equal(ag.divergences, 2);
+    assert_int_equal(ag.over_tol, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_median_and_percentiles),
-        cmocka_unit_test(test_add_stats),
-        cmocka_unit_test(test_stats_match_old_formulas),
-        cmocka_unit_test(test_bench_tables),
+        cmocka_unit_test(test_median_and_percentiles),   cmocka_unit_test(test_add_stats),
+        cmocka_unit_test(test_stats_match_old_formulas), cmocka_unit_test(test_bench_tables),
+        cmocka_unit_test(test_decode_agreement),
     };
     return cmocka_run_group_tests_name("bench", tests, NULL, NULL);
 }

@@ -1,0 +1,23 @@
+/*
+ * The nccl point of `ganglion bench decode --device cuda` (bench/decode-nccl.c): the 1x1
+ * layout whose TP group is a one-rank nccl communicator, so that every layer's two
+ * all-reduces go through NCCL on the one GPU (two ranks of one communicator on one GPU are
+ * refused by NCCL). Its decode time per step over plain 1x1 is the cost of the NCCL data
+ * path per layer (issue #16: ordering, waits, NCCL's own launch), measured on one GPU.
+ */
+#ifndef GANGLION_BENCH_DECODE_NCCL_H
+#define GANGLION_BENCH_DECODE_NCCL_H
+
+#include <stdint.h>
+
+#include "ganglion/comm.h"
+#include "ganglion/kernels.h"
+
+/*
+ * Makes k's GPU current, creates a one-rank nccl world (its own unique id) and splits it
+ * into *tp, as a worker splits its TP group. Every wait is bounded by timeout_ms. Returns
+ * 0 with *world and *tp (free tp first), or the first error with both NULL.
+ */
+int gang__decode_nccl_tp(gang_kernels *k, uint64_t timeout_ms, gang_comm **world, gang_comm **tp);
+
+#endif

@@ -1,0 +1,29 @@
+# The host/device boundary without a GPU: the engine, TP layers and pipeline on the "fake"
+# kernels device (kernels/fake/), over the socket backend and over a device-memory
+# communicator (unit/fake-comm.c) that counts the host synchronisations between each
+# GEMM and its all-reduce. It reaches the fake device's counters (kernels/fake/) and the
+# communicator vtable (parallel/comm-backend.h).
+add_executable(test-fake-device unit/test-fake-device.c unit/fake-comm.c unit/engine-fixture.c
+  unit/test-util.c)
+target_include_directories(test-fake-device PRIVATE ${PROJECT_SOURCE_DIR}/model
+  ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/parallel)
+target_link_libraries(test-fake-device PRIVATE gang_model PkgConfig::CMOCKA m)
+add_test(NAME unit-fake-device COMMAND test-fake-device)
+set_tests_properties(unit-fake-device PROPERTIES TIMEOUT 300)
+
+# The workers (`generate` runs a local gang of worker processes) on the fake device: the
+# same greedy tokens as on the CPU (Llama 1x1 and TP 2 x PP 2, Gemma 3 TP 2).
+add_test(NAME fake-generate
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fake-generate.sh $<TARGET_FILE:ganglion>
+          ${CMAKE_CURRENT_BINARY_DIR}/fake-generate)
+set_tests_properties(fake-generate PROPERTIES TIMEOUT 300)
+
+# `ganglion bench decode --device fake`: the --device cuda path of the benchmark (in-memory
+# model moved to the device, engine on device memory, TP=2 over host staging) on the fake
+# device, agreeing with 1x1 by the logits.
+add_test(NAME bench-decode-fake
+  COMMAND $<TARGET_FILE:ganglion> bench decode --device fake --layers 2 --hidden 64 --heads 4
+          --kv-heads 2 --ffn 128 --vocab 128 --prompt 8 --tokens 4 --iters 1 --warmup 0
+          --batch 1,3 --gpu-memory-mb 256)
+set_tests_properties(bench-decode-fake PROPERTIES TIMEOUT 120
+  FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\";\"skipped\"")

@@ -1,0 +1,268 @@
+/*
+ * The fake device's communicator (fake-comm.h). Each collective is two rendezvous of the
+ * group's threads around one shared buffer: every rank adds (or places) its contribution,
+ * the group meets, every rank copies the result out, the group meets again so that the
+ * buffer is not reused before the slowest rank has read it. Each rendezvous waits with
+ * the operation's deadline (GANG_ETIMEDOUT when a rank never comes).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm-backend.h"
+#include "fake-comm.h"
+#include "fake/fake-device.h"
+
+struct fake_group {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t n, arrived, contributed;
+    uint64_t gen; /* rendezvous completed so far */
+    unsigned char *buf;
+    size_t cap;
+};
+
+typedef struct fake_impl {
+    fake_group *g;
+    gang_kernels *k;
+    int ordered_next; /* gang_comm_order_after was called for the next operation */
+    fake_comm_counts counts;
+} fake_impl;
+
+fake_group *fake_group_new(uint32_t n)
+{
+    fake_group *g = calloc(1, sizeof(*g));
+
+    if (g == NULL)
+        return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->n = n;
+    return g;
+}
+
+void fake_group_free(fake_group *g)
+{
+    if (g == NULL)
+        return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->buf);
+    free(g);
+}
+
+/* With g->mu held: meets the other ranks or times out after tmo milliseconds. */
+static int group_meet(fake_group *g, uint64_t tmo)
+{
+    uint64_t gen = g->gen;
+    struct timespec ts;
+
+    if (++g->arrived == g->n) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+        return 0;
+    }
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(tmo / 1000);
+    ts.tv_nsec += (long)(tmo % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (g->gen == gen)
+        if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && g->gen == gen)
+            return GANG_ETIMEDOUT;
+    return 0;
+}
+
+/* With g->mu held: the shared buffer holds at least bytes. */
+static int group_reserve(fake_group *g, size_t bytes)
+{
+    unsigned char *nb;
+
+    if (bytes <= g->cap)
+        return 0;
+    if ((nb = realloc(g->buf, bytes)) == NULL)
+        return GANG_ENOMEM;
+    g->buf = nb;
+    g->cap = bytes;
+    return 0;
+}
+
+/* Counts one operation: its ordering, and for an all-reduce the waits since the GEMM. */
+static void count_op(fake_impl *im, int is_reduce)
+{
+    gang__fake_stats st;
+    uint64_t waits = 0;
+
+    if (gang__fake_stats_get(im->k, &st) == 0)
+        waits = st.host_waits - st.waits_at_gemm;
+    if (is_reduce) {
+        im->counts.all_reduces++;
+        im->counts.waits_between += waits;
+    } else {
+        im->counts.all_gathers++;
+    }
+    if (im->ordered_next)
+        im->counts.ordered++;
+    else if (waits == 0)
+        im->counts.unordered++;
+    im->ordered_next = 0;
+}
+
+static int fake_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
+{
+    fake_impl *im = c->impl;
+    fake_group *g = im->g;
+    size_t bytes = count * gang_dtype_size(dt);
+    void *mine = gang__fake_resolve(buf, bytes, "fake all_reduce");
+    int rc;
+
+    count_op(im, 1);
+    pthread_mutex_lock(&g->mu);
+    if ((rc = group_reserve(g, bytes)) < 0)
+        goto out_unlock;
+    if (g->contributed++ == 0)
+        memset(g->buf, 0, bytes);
+    gang__comm_reduce_sum(g->buf, mine, count, dt);
+    if ((rc = group_meet(g, tmo)) < 0)
+        goto out_unlock;
+    g->contributed = 0;
+    memcpy(mine, g->buf, bytes);
+    rc = group_meet(g, tmo);
+out_unlock:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+static int fake_all_gather(gang_comm *c, const void *send, void *recv, size_t count, gang_dtype dt,
+                           uint64_t tmo)
+{
+    fake_impl *im = c->impl;
+    fake_group *g = im->g;
+    size_t bytes = count * gang_dtype_size(dt);
+    const void *mine = gang__fake_resolve(send, bytes, "fake all_gather (send)");
+    void *out = gang__fake_resolve(recv, bytes * g->n, "fake all_gather (recv)");
+    int rc;
+
+    count_op(im, 0);
+    pthread_mutex_lock(&g->mu);
+    if ((rc = group_reserve(g, bytes * g->n)) < 0)
+        goto out_unlock;
+    memcpy(g->buf + (size_t)c->rank * bytes, mine, bytes);
+    if ((rc = group_meet(g, tmo)) < 0)
+        goto out_unlock;
+    memcpy(out, g->buf, bytes * g->n);
+    rc = group_meet(g, tmo);
+out_unlock:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+/* The engine's TP group needs only the two collectives; the rest is refused loudly. */
+static int fake_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
+                          uint64_t tmo)
+{
+    (void)c, (void)buf, (void)count, (void)dt, (void)root, (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int fake_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                     uint64_t tmo)
+{
+    (void)c, (void)buf, (void)bytes, (void)peer, (void)tag, (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int fake_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
+                     uint64_t tmo)
+{
+    (void)c, (void)buf, (void)bytes, (void)peer, (void)tag, (void)tmo;
+    return GANG_ENOSYS;
+}
+
+static int fake_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, gang_comm *child)
+{
+    (void)c, (void)color, (void)key, (void)tmo, (void)child;
+    return GANG_ENOSYS;
+}
+
+/* The stream must be the rank's own handle's: anything else is a caller bug. */
+static int fake_order_after(gang_comm *c, void *stream)
+{
+    fake_impl *im = c->impl;
+
+    if (stream != gang_kernels_device_stream(im->k))
+        return GANG_EINVAL;
+    im->ordered_next = 1;
+    return 0;
+}
+
+static void fake_free(gang_comm *c)
+{
+    free(c->impl);
+    c->impl = NULL;
+}
+
+static void fake_abort(gang_comm *c)
+{
+    (void)c;
+}
+
+static const gang__comm_ops fake_ops_ordered = {
+    .name = "fake",
+    .caps = GANG_COMM_CAP_DEVICE_MEM,
+    .free = fake_free,
+    .split = fake_split,
+    .all_reduce = fake_all_reduce,
+    .all_gather = fake_all_gather,
+    .broadcast = fake_broadcast,
+    .send = fake_send,
+    .recv = fake_recv,
+    .order_after = fake_order_after,
+    .abort = fake_abort,
+};
+
+/* The same without device ordering: callers must synchronise on the host. */
+static const gang__comm_ops fake_ops_plain = {
+    .name = "fake",
+    .caps = GANG_COMM_CAP_DEVICE_MEM,
+    .free = fake_free,
+    .split = fake_split,
+    .all_reduce = fake_all_reduce,
+    .all_gather = fake_all_gather,
+    .broadcast = fake_broadcast,
+    .send = fake_send,
+    .recv = fake_recv,
+    .abort = fake_abort,
+};
+
+gang_comm *fake_comm_new(fake_group *g, uint32_t rank, gang_kernels *k, int with_order)
+{
+    gang_comm *c = calloc(1, sizeof(*c));
+    fake_impl *im = calloc(1, sizeof(*im));
+
+    if (c == NULL || im == NULL) {
+        free(c);
+        free(im);
+        return NULL;
+    }
+    im->g = g;
+    im->k = k;
+    c->ops = with_order ? &fake_ops_ordered : &fake_ops_plain;
+    c->backend = GANG_COMM_NCCL;
+    c->rank = rank;
+    c->size = g->n;
+    atomic_init(&c->aborted, 0);
+    atomic_init(&c->async_error, 0);
+    c->impl = im;
+    return c;
+}
+
+fake_comm_counts fake_comm_counts_of(gang_comm *c)
+{
+    return ((fake_impl *)c->impl)->counts;
+}

@@ -1,0 +1,47 @@
+/*
+ * A device-memory communicator for the fake kernels device (test-fake-device.c): what the
+ * nccl backend is to "cuda", for tests without a GPU. The ranks of a group are threads of
+ * the test; the collectives sum and gather through one shared host buffer, reading and
+ * writing the ranks' buffers through the fake device's address map, so a host pointer
+ * handed to an operation aborts the test (gang__fake_resolve).
+ *
+ * It also counts, per rank, what the issue of host synchronisation is about: for every
+ * all-reduce, how many host waits the rank's kernels handle made since its last GEMM
+ * (the row-parallel GEMM whose output is being reduced), and whether the operation was
+ * ordered after the handle's work at all (gang_comm_order_after, or a host wait).
+ */
+#ifndef GANG_TEST_FAKE_COMM_H
+#define GANG_TEST_FAKE_COMM_H
+
+#include <stdint.h>
+
+#include "ganglion/comm.h"
+#include "ganglion/kernels.h"
+
+typedef struct fake_group fake_group;
+
+/* What one rank's communicator saw. */
+typedef struct fake_comm_counts {
+    uint64_t all_reduces;   /* all-reduces run */
+    uint64_t all_gathers;   /* all-gathers run */
+    uint64_t ordered;       /* operations preceded by gang_comm_order_after */
+    uint64_t waits_between; /* host waits between the last GEMM and each all-reduce, summed */
+    uint64_t unordered;     /* operations with neither ordering nor a host wait: a race */
+} fake_comm_counts;
+
+/* A group of n ranks; freed with fake_group_free once every member is freed. */
+fake_group *fake_group_new(uint32_t n);
+void fake_group_free(fake_group *g);
+
+/*
+ * Rank `rank` of g as a gang_comm (backend reported as nccl, GANG_COMM_CAP_DEVICE_MEM),
+ * whose buffers are device memory of the fake handle k. with_order 0 leaves out the
+ * device ordering entry, so callers fall back to a host synchronisation (the negative
+ * control of the count). Freed with gang_comm_free. NULL on allocation failure.
+ */
+gang_comm *fake_comm_new(fake_group *g, uint32_t rank, gang_kernels *k, int with_order);
+
+/* The counts of a communicator from fake_comm_new. */
+fake_comm_counts fake_comm_counts_of(gang_comm *c);
+
+#endif

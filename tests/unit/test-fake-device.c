@@ -1,0 +1,231 @@
+/*
+ * The host/device boundary without a GPU (CTest unit-fake-device): the "fake" kernels
+ * device (kernels/fake/) keeps its tensors in memory the host cannot read and aborts when
+ * a host pointer reaches one of its operations, and fake-comm.c is a device-memory
+ * communicator on it, as nccl is on "cuda". With them:
+ *
+ *  - the fake device itself: a device pointer dereferenced on the host faults, a host
+ *    pointer in a device operation aborts, upload and download round-trip (both checked
+ *    in child processes, so the test sees the crash the device promises);
+ *  - the engine, TP layers and pipeline on "fake" ranks over the socket backend (every
+ *    TP all-reduce, PP transfer and the logits all-gather staged through host memory):
+ *    the eight-request script of the CPU tests gives the reference's tokens on 1x1, 2x1,
+ *    1x2 and 2x2;
+ *  - the engine with its TP group on the fake device communicator (the serving path of
+ *    `serve --device cuda --backend nccl`): the same tokens, and the count of host
+ *    synchronisations between each row-parallel GEMM and its all-reduce is zero, every
+ *    collective being ordered on the device (gang_comm_order_after); the same run with a
+ *    communicator that has no device ordering counts exactly one host synchronisation per
+ *    all-reduce, which is what the counter would see if the ordering regressed.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine-fixture.h"
+#include "fake-comm.h"
+#include "fake/fake-device.h"
+
+/* Runs fn in a child process; returns the signal that ended it, 0 for a normal exit. */
+static int child_signal(void (*fn)(gang_kernels *k, void *p), gang_kernels *k, void *p)
+{
+    int status = 0;
+    pid_t pid;
+
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* cmocka catches these to report a crashing test; the child must die of them. */
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGABRT, SIG_DFL);
+        fn(k, p);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+static void read_on_host(gang_kernels *k, void *p)
+{
+    (void)k;
+    printf("read %f\n", (double)*(volatile float *)p);
+}
+
+static void host_pointer_in_op(gang_kernels *k, void *p)
+{
+    float host[4] = {1, 2, 3, 4};
+
+    gang_kernels_add(k, host, p, 4); /* x is a host array: the device must refuse it */
+}
+
+static void test_fake_memory_boundary(void **state)
+{
+    float in[64], out[64];
+    gang__fake_stats st0, st1;
+    gang_kernels *k = NULL;
+    void *d = NULL;
+
+    (void)state;
+    for (int i = 0; i < 64; i++)
+        in[i] = (float)i * 0.5f;
+    assert_int_equal(gang_kernels_open("fake", &k), 0);
+    assert_true(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM);
+    assert_non_null(gang_kernels_device_stream(k));
+    assert_int_equal(gang_kernels_alloc(k, sizeof(in), &d), 0);
+    assert_true(gang__fake_is_device(d));
+    assert_false(gang__fake_is_device(in));
+    assert_int_equal(gang__fake_stats_get(k, &st0), 0);
+    assert_int_equal(gang_kernels_upload(k, d, in, sizeof(in)), 0);
+    assert_int_equal(gang_kernels_add(k, d, d, 64), 0); /* doubling, on the device */
+    assert_int_equal(gang_kernels_download(k, out, d, sizeof(out)), 0);
+    for (int i = 0; i < 64; i++)
+        assert_true(out[i] == 2.0f * in[i]);
+    assert_int_equal(gang__fake_stats_get(k, &st1), 0);
+    assert_int_equal(st1.host_waits - st0.host_waits, 2); /* the upload and the download */
+    assert_int_equal(child_signal(read_on_host, k, d), SIGSEGV);
+    assert_int_equal(child_signal(host_pointer_in_op, k, d), SIGABRT);
+    gang_kernels_free(k, d);
+    gang_kernels_close(k);
+}
+
+/* ---------------------------------------------------------------------------------
+ * The engine on fake ranks over the socket backend (host staging everywhere).
+ * --------------------------------------------------------------------------------- */
+static void test_fake_engine_layouts(void **state)
+{
+    static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
+    static rank_ctx xs[MAX_RANKS];
+    static script sc;
+    static script_out exp[MAX_REQS];
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(21, 1);
+    char what[64];
+    layout lo;
+
+    (void)state;
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    for (int i = 0; i < 4; i++) {
+        snprintf(what, sizeof(what), "fake tp=%u pp=%u (socket)", lay[i][0], lay[i][1]);
+        layout_init_on(&lo, fm, lay[i][0], lay[i][1], &cfg, "fake");
+        run_gang_on(lay[i][0], lay[i][1], lo.engines, lo.kernels, &sc, script_body, NULL, xs);
+        for (uint32_t r = 0; r < lo.n; r++)
+            if (xs[r].body_rc != 0)
+                fail_msg("%s: rank %u: %s", what, r, gang_err_name(xs[r].body_rc));
+        check_script(&sc, exp, what);
+        layout_free(&lo);
+    }
+    free(fm);
+}
+
+/* ---------------------------------------------------------------------------------
+ * The engine with its TP group on the fake device communicator.
+ * --------------------------------------------------------------------------------- */
+static gang_comm *fake_tp[MAX_RANKS]; /* each rank's TP communicator of the current run */
+
+/* script_body with the rank's fake TP communicator instead of the socket one. */
+static int fake_tp_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
+{
+    (void)tp;
+    return script_body(x, world, fake_tp[x->rank], pp);
+}
+
+/* Runs the script on tp x pp fake ranks whose TP groups are fake communicators; returns
+ * the counts summed over the ranks and checks the tokens. */
+static fake_comm_counts run_fake_tp(const full_model *fm, script *sc, const script_out *exp,
+                                    uint32_t tp, uint32_t pp, int with_order)
+{
+    static rank_ctx xs[MAX_RANKS];
+    gang_engine_config cfg = engine_config(pp > 1 ? 2 : 1);
+    fake_group *groups[MAX_RANKS] = {0};
+    fake_comm_counts sum = {0};
+    char what[96];
+    layout lo;
+
+    snprintf(what, sizeof(what), "fake tp=%u pp=%u (fake tp comm, ordering %s)", tp, pp,
+             with_order ? "on the device" : "by host sync");
+    layout_init_on(&lo, fm, tp, pp, &cfg, "fake");
+    for (uint32_t s = 0; s < pp; s++)
+        assert_non_null(groups[s] = fake_group_new(tp));
+    for (uint32_t r = 0; r < lo.n; r++)
+        assert_non_null(fake_tp[r] =
+                            fake_comm_new(groups[r / tp], r % tp, lo.kernels[r], with_order));
+    run_gang_on(tp, pp, lo.engines, lo.kernels, sc, fake_tp_body, NULL, xs);
+    for (uint32_t r = 0; r < lo.n; r++) {
+        fake_comm_counts c = fake_comm_counts_of(fake_tp[r]);
+        uint32_t layers = lo.models[r]->layer_count;
+
+        if (xs[r].body_rc != 0)
+            fail_msg("%s: rank %u: %s", what, r, gang_err_name(xs[r].body_rc));
+        print_message("%s rank %u: %llu all-reduces (%u layers), %llu all-gathers, %llu "
+                      "ordered on the device, %llu host waits between a GEMM and its "
+                      "all-reduce, %llu unordered\n",
+                      what, r, (unsigned long long)c.all_reduces, layers,
+                      (unsigned long long)c.all_gathers, (unsigned long long)c.ordered,
+                      (unsigned long long)c.waits_between, (unsigned long long)c.unordered);
+        /* Two row-parallel linears per layer (o_proj, down), each one all-reduce. */
+        assert_true(c.all_reduces > 0);
+        assert_int_equal(c.all_reduces % (2 * layers), 0);
+        sum.all_reduces += c.all_reduces;
+        sum.all_gathers += c.all_gathers;
+        sum.ordered += c.ordered;
+        sum.waits_between += c.waits_between;
+        sum.unordered += c.unordered;
+        gang_comm_free(fake_tp[r]);
+        fake_tp[r] = NULL;
+    }
+    check_script(sc, exp, what);
+    for (uint32_t s = 0; s < pp; s++)
+        fake_group_free(groups[s]);
+    layout_free(&lo);
+    return sum;
+}
+
+static void test_fake_tp_no_host_sync(void **state)
+{
+    static const uint32_t lay[2][2] = {{2, 1}, {2, 2}};
+    static script sc;
+    static script_out exp[MAX_REQS];
+    full_model *fm = full_model_new(21, 0);
+
+    (void)state;
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    for (int i = 0; i < 2; i++) {
+        fake_comm_counts on = run_fake_tp(fm, &sc, exp, lay[i][0], lay[i][1], 1);
+        fake_comm_counts off = run_fake_tp(fm, &sc, exp, lay[i][0], lay[i][1], 0);
+
+        /* Device ordering: no host wait between a GEMM and its all-reduce, none unordered. */
+        assert_int_equal(on.waits_between, 0);
+        assert_int_equal(on.unordered, 0);
+        assert_int_equal(on.ordered, on.all_reduces + on.all_gathers);
+        assert_true(on.all_gathers > 0); /* the logits, last stage */
+        /* The control: without it, exactly one host synchronisation per all-reduce. */
+        assert_int_equal(off.all_reduces, on.all_reduces);
+        assert_int_equal(off.waits_between, off.all_reduces);
+        assert_int_equal(off.ordered, 0);
+        assert_int_equal(off.unordered, 0);
+    }
+    free(fm);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fake_memory_boundary),
+        cmocka_unit_test(test_fake_engine_layouts),
+        cmocka_unit_test(test_fake_tp_no_host_sync),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
