@@ -47,6 +47,8 @@
 #include <unistd.h>
 
 #include "ganglion/comm.h"
+#include "ganglion/gpu.h"
+#include "ganglion/kernels.h"
 #include "ganglion/model.h"
 #include "wctl.h"
 #include "worker.h"
@@ -90,6 +92,26 @@ static void event_write(int fd, const gang__wevent *ev)
 }
 
 /*
+ * The CUDA ordinal of the GPU placement chose (c->gpu_bus_id, an NVML PCI bus id), found
+ * by bus id because CUDA and NVML may number GPUs differently; fallback (the local rank)
+ * when placement chose none or CUDA does not list that bus id.
+ */
+static int wres_cuda_index(const gang__wres_config *c, int fallback, int count)
+{
+    if (c->gpu_bus_id[0] == '\0')
+        return fallback;
+    for (int i = 0; i < count; i++) {
+        gang_device_info d;
+        if (gang_kernels_device_info(i, &d) == 0 &&
+            gang_gpu_bus_id_equal(d.pci_bus_id, c->gpu_bus_id))
+            return i;
+    }
+    gang_warn("placement chose GPU %s, which CUDA does not list: using GPU %d", c->gpu_bus_id,
+              fallback);
+    return fallback;
+}
+
+/*
  * Opens the worker's kernels handle. "cuda": the GPU of this worker's local rank, with
  * the pool of --gpu-memory-mb (or --gpu-memory-percent); a node with fewer GPUs than
  * --nproc-per-node is a configuration error (GANG_EUSAGE, never retried) found here, in
@@ -113,7 +135,7 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
                      count, nproc);
             return GANG_EUSAGE;
         }
-        ko.device_index = (int)(r->rank % nproc);
+        ko.device_index = wres_cuda_index(c, (int)(r->rank % nproc), count);
         ko.pool_mb = c->gpu_memory_mb;
         ko.pool_percent = c->gpu_memory_percent;
     }
