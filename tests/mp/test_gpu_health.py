@@ -12,7 +12,11 @@ test appends faults while the gang serves:
    event, so /healthz stays 200 once the gang serves again;
 3. Xid 79 plus a GPU that stops answering for good on node 1's GPU 0 (rank 2): the rank
    fails again at the next START, so the fault persisted across the restart and node 1's
-   /healthz turns 503 (node 0's stays 200)."""
+   /healthz turns 503 (node 0's stays 200);
+4. a second gang, one agent of 3 workers: a double-bit ECC count, pages pending retirement
+   and rows pending remapping, one on each GPU for 1.5 s: each fails its rank (counted by
+   kind in /metrics) and the gang serves again once they clear.
+A non-fatal Xid (13) in phase 1 is counted in /metrics and changes nothing else."""
 import os
 import re
 import sys
@@ -59,20 +63,22 @@ def start(h, g, configs):
 
 def throttle_only(g, configs, gen):
     append(configs[0], "throttle 0 0x40 %d" % H.wall_ms())
+    append(configs[0], "xid 1 13 %d" % H.wall_ms())
 
     def throttled():
         code, text = g.get(0, "/metrics")
         return code == 200 and metric(text, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", gpu=0,
                                       rank=0) == 64 and \
-            metric(text, "ganglion_gpu_throttled", gpu=0) == 1
+            metric(text, "ganglion_gpu_throttled", gpu=0) == 1 and \
+            metric(text, "ganglion_gpu_xid_errors_total", rank=1, xid=13) == 1
 
-    H.wait_until(throttled, 5, 0.05, "the throttle reasons in node 0's /metrics")
+    H.wait_until(throttled, 5, 0.05, "the throttle reasons and Xid 13 in node 0's /metrics")
     st = g.status(0)
     H.check(st["generation"] == gen and st["last_failure"] is None,
             "throttling changed the gang: %r" % st)
     H.check(g.coord()["state"] == "serving", "gang not serving after throttling")
     g.assert_all_ready("after throttling")
-    H.log("throttling: in /metrics only")
+    H.log("throttling and a non-fatal Xid: in /metrics only")
 
 
 def xid_restart(h, g, configs, gen):
@@ -142,6 +148,41 @@ def persistent_fault(g, configs, gen):
     H.check(code == 200, "node 0 /healthz %s: its GPUs are fine" % code)
 
 
+def level_faults(h):
+    config = os.path.join(h.tmp, "nvml-levels.conf")
+    with open(config, "w") as f:
+        for i in range(3):
+            f.write("gpu %d uuid=GPU-l%d\n" % (i, i))
+    g = H.Gang(h, nnodes=1, nproc_per_node=3, hb_interval_ms=500, hb_timeout_ms=HB_TIMEOUT_MS,
+               extra=["--nvml-library", h.fake_nvml, "--gpu-health-interval-ms", "100",
+                      "--max-restarts", "1000"])
+    argv = [h.bin, "serve"] + g.flags + [
+        "--node-index", "0", "--bind-address", H.local_address(0),
+        "--coordinator", "127.0.0.1:%d" % g.rdzv_port]
+    g.agents[0] = h.spawn("levels", argv, (0,), {"FAKE_NVML_CONFIG": config})
+    gen = g.wait_serving(timeout=30)
+    t0 = H.wall_ms()
+    t1 = t0 + 1500
+    append(config, "dbe 0 2 %d %d" % (t0, t1))
+    append(config, "retired 1 %d %d" % (t0, t1))
+    append(config, "remap 2 %d %d" % (t0, t1))
+    want = {(0, "dbe"), (1, "retired_pending"), (2, "remap_pending")}
+
+    def all_kinds():
+        code, text = g.get(0, "/metrics")
+        return code == 200 and all(
+            (metric(text, "ganglion_gpu_faults_total", rank=r, gpu=r, kind=k) or 0) >= 1
+            for r, k in want)
+
+    H.wait_until(all_kinds, 5, 0.05, "a fault of every level kind in /metrics")
+    H.log("level faults: dbe, retired_pending, remap_pending counted after %d ms"
+          % (H.wall_ms() - t0))
+    gen2 = g.wait_serving(timeout=10, min_gen=gen)
+    H.check(H.wall_ms() >= t1, "the gang served while a level fault held")
+    H.log("served generation %d again %d ms after the faults cleared" % (gen2, H.wall_ms() - t1))
+    H.check(g.stop()[0] == 0, "agent did not exit 0")
+
+
 def scenario(h):
     if not h.fake_nvml:
         raise H.TestSkip("no fake NVML library given (--fake-nvml)")
@@ -160,6 +201,7 @@ def scenario(h):
     persistent_fault(g, configs, gen)
     codes = g.stop()
     H.check(all(c == 0 for c in codes.values()), "agents exited %r" % codes)
+    level_faults(h)
 
 
 if __name__ == "__main__":
