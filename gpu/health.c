@@ -152,7 +152,14 @@ static void watch_sample(gang_gpu_watch *w)
 {
     gang_gpu_sample s;
     char level[GANG_GPU_FAULT_MAX] = "";
-    gang_nvml_sample(w->cfg.nvml, w->cfg.gpu, &s);
+    if (gang_nvml_sample(w->cfg.nvml, w->cfg.gpu, &s) == GANG_EINVAL) {
+        /* The GPU was there when the watch started: one that left the device count fell
+         * off the bus. */
+        memset(&s, 0, sizeof(s));
+        s.gpu = w->cfg.gpu;
+        s.valid = 1;
+        s.lost = 1;
+    }
     pthread_mutex_lock(&w->mu);
     if (s.lost && w->cur.uuid[0]) { /* keep the identity of a GPU that stopped answering */
         memcpy(s.uuid, w->cur.uuid, sizeof(s.uuid));

@@ -4,6 +4,7 @@
  * classification, the health watch (Xid events, level conditions, acknowledgement),
  * topology, the placement map on fake topologies, and the CPU binding.
  */
+#include <errno.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -257,6 +259,14 @@ static void test_watch_xid_and_levels(void **state)
     assert_int_equal(gang_gpu_watch_fault(w, 0, why, sizeof(why)), 0);
     gang_gpu_watch_stop(w);
 
+    /* A GPU that leaves the device count (fell off the bus) is lost. */
+    write_cfg("gpu 0 uuid=GPU-w0\n");
+    assert_int_equal(gang_gpu_watch_start(&wc, &w), 0);
+    assert_int_equal(wait_fault(w, why, sizeof(why)), 1);
+    assert_non_null(strstr(why, "GPU 1"));
+    assert_non_null(strstr(why, "does not answer"));
+    gang_gpu_watch_stop(w);
+
     wc.interval_ms = 0;
     assert_int_equal(gang_gpu_watch_start(&wc, &w), GANG_EINVAL);
     gang_nvml_close(n);
@@ -347,6 +357,23 @@ static void test_bind_to_allowed_cpus(void **state)
     assert_non_null(strstr(desc, "affinity unchanged"));
     assert_int_equal(sched_getaffinity(0, sizeof(after), &after), 0);
     assert_int_equal(CPU_COUNT(&after), 1);
+    assert_int_equal(sched_setaffinity(0, sizeof(before), &before), 0);
+
+    /* Memory: MPOL_PREFERRED on the GPU's NUMA node (node 0 exists wherever NUMA does). */
+    g.numa_node = 0;
+    assert_int_equal(gang_gpu_bind(&g, desc, sizeof(desc)), 0);
+    int mode = -1;
+    unsigned long mask = 0;
+    if (syscall(SYS_get_mempolicy, &mode, &mask, 8 * sizeof(mask) + 1, NULL, 0) != 0) {
+        printf("SKIP the memory-policy check: get_mempolicy: %s (kernel without NUMA)\n",
+               strerror(errno));
+        assert_non_null(strstr(desc, "not bindable"));
+    } else {
+        assert_int_equal(mode, 1); /* MPOL_PREFERRED */
+        assert_int_equal(mask, 1ul);
+        assert_non_null(strstr(desc, "memory preferred on NUMA node 0"));
+        assert_int_equal(syscall(SYS_set_mempolicy, 0, NULL, 0), 0); /* MPOL_DEFAULT */
+    }
     assert_int_equal(sched_setaffinity(0, sizeof(before), &before), 0);
 }
 
