@@ -35,17 +35,24 @@ static void wgpu_on_fault(void *ctx)
 
 /*
  * The GPU of local rank l: map[l] of the placement when it applies (enough GPUs, TP
- * groups that divide the node), else the GPU of index l. Binds to its NUMA node with
- * --gpu-bind. Returns the NVML index, or -1 when the node has no GPU l can use.
+ * groups that divide the node), else the GPU of index l (also when the topology cannot be
+ * read, then without binding). Binds to its NUMA node with --gpu-bind. Returns the NVML
+ * index, or -1 when the node has no GPU l can use.
  */
 static int wgpu_place(gang_worker_config *c, gang_nvml *n, uint32_t l)
 {
     char err[256], desc[512];
     uint32_t map[GANG_GPU_MAX];
     gang_gpu_topology *t = malloc(sizeof(*t));
+    uint32_t count = 0;
     int gpu = -1;
     if (t == NULL || gang_nvml_topology(n, t, err, sizeof(err)) != 0) {
-        gang_warn("GPU placement: no topology (%s)", t == NULL ? "out of memory" : err);
+        /* A GPU that does not answer spoils the topology, not the watch: watch the local
+         * rank's own GPU, whose first sample then says whether it is the lost one. */
+        if (gang_nvml_count(n, &count) == 0 && l < count)
+            gpu = (int)l;
+        gang_warn("GPU placement: no topology (%s); local rank %u watches GPU %d unplaced",
+                  t == NULL ? "out of memory" : err, l, gpu);
         goto out;
     }
     uint32_t nproc = c->nproc_per_node, tp = (uint32_t)c->res.layout.tc.tp;

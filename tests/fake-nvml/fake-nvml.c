@@ -11,7 +11,8 @@
  *   nvlink A B                      A and B are NVLink peers
  *   xid GPU CODE AT                 an Xid event at AT, delivered once to every process
  *                                   that registered the GPU and started before AT
- *   lost GPU FROM [UNTIL]           every query of GPU answers NVML_ERROR_GPU_IS_LOST
+ *   lost GPU FROM [UNTIL]           every query of GPU, its handle included, answers
+ *                                   NVML_ERROR_GPU_IS_LOST
  *   dbe GPU COUNT FROM [UNTIL]      volatile double-bit ECC count
  *   sbe GPU COUNT FROM [UNTIL]      volatile single-bit ECC count
  *   retired GPU FROM [UNTIL]        pages pending retirement
@@ -252,8 +253,12 @@ nvml_ret nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvml_device *dev)
 {
     if (index >= FAKE_MAX_GPUS)
         return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&fk.mu);
+    reload();
+    int lost = active("lost", index) != 0;
+    pthread_mutex_unlock(&fk.mu);
     *dev = &fk.dev[index];
-    return NVML_SUCCESS;
+    return lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
 }
 
 #define QUERY_BEGIN(dev)                                                                           \

@@ -148,6 +148,24 @@ static void test_wgpu_place_and_watch(void **state)
     assert_null(g);
     assert_string_equal(c.res.gpu_bus_id, "");
 
+    /* A lost GPU spoils the topology: the rank still watches its own GPU, which the
+     * first sample reports lost. */
+    gettimeofday(&tv, NULL);
+    f = fopen(path, "a");
+    assert_non_null(f);
+    fprintf(f, "lost 3 %lld\n", (long long)tv.tv_sec * 1000 + tv.tv_usec / 1000);
+    fclose(f);
+    worker_conf(&c, FAKE_NVML_PATH, 4, 2);
+    assert_int_equal(gang__wgpu_open(&c, 3, fds[1], &g), 0);
+    assert_non_null(g);
+    assert_string_equal(c.res.gpu_bus_id, "");
+    assert_int_equal(poll(&pfd, 1, 2000), 1);
+    assert_int_equal(read(fds[0], &ev, sizeof(ev)), (ssize_t)sizeof(ev));
+    assert_int_equal(gang__wgpu_fault(g, 0, why, sizeof(why)), 1);
+    assert_non_null(strstr(why, "GPU 3"));
+    assert_non_null(strstr(why, "does not answer"));
+    gang__wgpu_close(g);
+
     close(fds[0]);
     close(fds[1]);
     unlink(path);
