@@ -277,13 +277,15 @@ static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank
  * GANG_EGPU and the watch's sentence (GPU, Xid or condition), which the agent prefixes
  * with the rank. The Xid is acknowledged: it made this generation fail once; a level
  * condition (device lost, double-bit ECC, pending retirement) is seen again at the next
- * START if it persists. Outside a generation, or already failed, nothing happens now: the
- * next START checks. Returns 1 when it reported.
+ * START if it persists. Outside a generation, or already failed in it (at_start = 0),
+ * nothing happens now: the next START checks, whatever the state. Returns 1 when it
+ * reported.
  */
-static int worker_gpu_check(worker *w, uint64_t gen)
+static int worker_gpu_check(worker *w, uint64_t gen, int at_start)
 {
     char why[GANG_GPU_FAULT_MAX];
-    if (w->state == GANG_RANK_FAILED || !gang__wgpu_fault(w->gpu, 0, why, sizeof(why)))
+    if ((!at_start && w->state == GANG_RANK_FAILED) ||
+        !gang__wgpu_fault(w->gpu, 0, why, sizeof(why)))
         return 0;
     gang__wgpu_fault(w->gpu, 1, why, sizeof(why));
     worker_report_error(w, gen, GANG_EGPU, w->rank, "%s", why);
@@ -441,7 +443,7 @@ static void on_start(worker *w, const gang_wctl *m)
 
     /* A GPU that failed its health check does not join: the gang restarts without it
      * waiting for a timeout, and the agent sees whether the fault persists. */
-    if (worker_gpu_check(w, g))
+    if (worker_gpu_check(w, g, 1))
         return;
 
     gang__wstep_config cfg;
@@ -724,7 +726,7 @@ static void worker_on_events(worker *w)
         }
         if (ev.type == GANG__WEV_GPU) {
             if (w->step != NULL)
-                worker_gpu_check(w, w->step_gen);
+                worker_gpu_check(w, w->step_gen, 0);
             continue;
         }
         if (w->step == NULL || ev.generation != w->step_gen) {
