@@ -197,6 +197,36 @@ static int wait_fault(gang_gpu_watch *w, char *why, size_t cap)
     return 0;
 }
 
+/* Polls the watch's sample until pred holds or about 3 s pass; returns whether it held. */
+static int wait_sample(gang_gpu_watch *w, int (*pred)(const gang_gpu_sample *s))
+{
+    gang_gpu_sample s;
+    for (int i = 0; i < 300; i++) {
+        gang_gpu_watch_get(w, &s);
+        if (pred(&s))
+            return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+static int has_uuid(const gang_gpu_sample *s)
+{
+    return s->uuid[0] != '\0';
+}
+static int has_xid(const gang_gpu_sample *s)
+{
+    return s->n_xid > 0;
+}
+static int not_fatal(const gang_gpu_sample *s)
+{
+    return !s->fatal;
+}
+static int throttled(const gang_gpu_sample *s)
+{
+    return s->warning;
+}
+
 static void test_watch_xid_and_levels(void **state)
 {
     (void)state;
@@ -209,13 +239,13 @@ static void test_watch_xid_and_levels(void **state)
         .nvml = n, .gpu = 1, .interval_ms = 50, .on_fault = count_fault, .ctx = NULL};
     assert_int_equal(gang_gpu_watch_start(&wc, &w), 0);
     faults_seen = 0;
-    usleep(120000);
+    assert_true(wait_sample(w, has_uuid)); /* the first sample */
     assert_int_equal(gang_gpu_watch_fault(w, 0, why, sizeof(why)), 0);
 
     /* A non-fatal Xid is counted, nothing fails; an Xid on another GPU is not ours. */
     snprintf(line, sizeof(line), "xid 1 13 %lld\nxid 0 79 %lld\n", wall_now(), wall_now());
     append_cfg(line);
-    usleep(200000);
+    assert_true(wait_sample(w, has_xid));
     assert_int_equal(gang_gpu_watch_fault(w, 0, why, sizeof(why)), 0);
     gang_gpu_watch_get(w, &s);
     assert_int_equal(s.n_xid, 1);
@@ -228,7 +258,7 @@ static void test_watch_xid_and_levels(void **state)
     append_cfg(line);
     assert_int_equal(wait_fault(w, why, sizeof(why)), 1);
     long long dt = wall_now() - t0;
-    assert_true(dt < 500);
+    assert_true(dt < 1000); /* the event wakes the watch; no sampling interval to wait */
     assert_non_null(strstr(why, "GPU 1 (GPU-w1): Xid 79"));
     assert_int_equal(__atomic_load_n(&faults_seen, __ATOMIC_SEQ_CST), 1);
     gang_gpu_watch_get(w, &s);
@@ -238,21 +268,23 @@ static void test_watch_xid_and_levels(void **state)
     assert_int_equal(gang_gpu_watch_fault(w, 0, why, sizeof(why)), 0);
 
     /* A level condition (lost) holds through acknowledgements until it clears. */
-    snprintf(line, sizeof(line), "lost 1 %lld %lld\n", wall_now(), wall_now() + 400);
+    t0 = wall_now();
+    snprintf(line, sizeof(line), "lost 1 %lld %lld\n", t0, t0 + 1000);
     append_cfg(line);
     assert_int_equal(wait_fault(w, why, sizeof(why)), 1);
     assert_non_null(strstr(why, "does not answer"));
     assert_non_null(strstr(why, "GPU-w1")); /* identity kept from before it was lost */
     assert_int_equal(gang_gpu_watch_fault(w, 1, why, sizeof(why)), 1);
     assert_int_equal(gang_gpu_watch_fault(w, 0, why, sizeof(why)), 1);
-    usleep(600000);
+    assert_true(wait_sample(w, not_fatal)); /* clears when the GPU answers again */
+    assert_true(wall_now() >= t0 + 1000);
     assert_int_equal(gang_gpu_watch_fault(w, 0, why, sizeof(why)), 0);
     assert_int_equal(__atomic_load_n(&faults_seen, __ATOMIC_SEQ_CST), 2);
 
     /* Throttling is a warning in the sample, never a fault. */
     snprintf(line, sizeof(line), "throttle 1 0x4 %lld\n", wall_now());
     append_cfg(line);
-    usleep(200000);
+    assert_true(wait_sample(w, throttled));
     gang_gpu_watch_get(w, &s);
     assert_int_equal(s.warning, 1);
     assert_int_equal(s.fatal, 0);
