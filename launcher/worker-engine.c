@@ -94,20 +94,26 @@ static void event_write(int fd, const gang__wevent *ev)
 /*
  * The CUDA ordinal of the GPU placement chose (c->gpu_bus_id, an NVML PCI bus id), found
  * by bus id because CUDA and NVML may number GPUs differently; fallback (the local rank)
- * when placement chose none or CUDA does not list that bus id.
+ * when placement chose none, or CUDA lists that bus id not exactly once (MIG instances of
+ * one GPU share its bus id).
  */
 static int wres_cuda_index(const gang__wres_config *c, int fallback, int count)
 {
+    int found = -1, matches = 0;
     if (c->gpu_bus_id[0] == '\0')
         return fallback;
     for (int i = 0; i < count; i++) {
         gang_device_info d;
         if (gang_kernels_device_info(i, &d) == 0 &&
-            gang_gpu_bus_id_equal(d.pci_bus_id, c->gpu_bus_id))
-            return i;
+            gang_gpu_bus_id_equal(d.pci_bus_id, c->gpu_bus_id)) {
+            found = i;
+            matches++;
+        }
     }
-    gang_warn("placement chose GPU %s, which CUDA does not list: using GPU %d", c->gpu_bus_id,
-              fallback);
+    if (matches == 1)
+        return found;
+    gang_warn("placement chose GPU %s, which CUDA lists %d times: using GPU %d", c->gpu_bus_id,
+              matches, fallback);
     return fallback;
 }
 

@@ -34,10 +34,13 @@ static void wgpu_on_fault(void *ctx)
 }
 
 /*
- * The GPU of local rank l: map[l] of the placement when it applies (enough GPUs, TP
- * groups that divide the node), else the GPU of index l (also when the topology cannot be
- * read, then without binding). Binds to its NUMA node with --gpu-bind. Returns the NVML
- * index, or -1 when the node has no GPU l can use.
+ * The GPU of local rank l. With --gpu-bind and a placement that applies (a GPU per local
+ * rank, TP groups that divide the node): map[l], whose bus id goes to the CUDA side
+ * (c->res.gpu_bus_id). Otherwise the GPU of index l modulo the GPUs NVML lists, watched
+ * only: with fewer GPUs than local ranks (MIG instances or time-slicing share one GPU,
+ * which NVML lists once) several ranks watch the same GPU, and CUDA keeps choosing by
+ * local rank. Binds to the GPU's NUMA node with --gpu-bind (not when the topology cannot
+ * be read). Returns the NVML index, or -1 when NVML lists no GPU.
  */
 static int wgpu_place(gang_worker_config *c, gang_nvml *n, uint32_t l)
 {
@@ -49,24 +52,27 @@ static int wgpu_place(gang_worker_config *c, gang_nvml *n, uint32_t l)
     if (t == NULL || gang_nvml_topology(n, t, err, sizeof(err)) != 0) {
         /* A GPU that does not answer spoils the topology, not the watch: watch the local
          * rank's own GPU, whose first sample then says whether it is the lost one. */
-        if (gang_nvml_count(n, &count) == 0 && l < count)
-            gpu = (int)l;
+        if (gang_nvml_count(n, &count) == 0 && count > 0)
+            gpu = (int)(l % count);
         gang_warn("GPU placement: no topology (%s); local rank %u watches GPU %d unplaced",
                   t == NULL ? "out of memory" : err, l, gpu);
         goto out;
     }
     uint32_t nproc = c->nproc_per_node, tp = (uint32_t)c->res.layout.tc.tp;
     uint32_t tp_local = tp < nproc ? tp : nproc;
-    if (c->gpu_bind && gang_gpu_place(t, nproc, tp_local, map) == 0)
+    if (c->gpu_bind && gang_gpu_place(t, nproc, tp_local, map) == 0) {
         gpu = (int)map[l];
-    else if (l < t->count)
-        gpu = (int)l;
-    if (gpu < 0) {
-        gang_info("GPU placement: %u GPU(s) for %u local ranks: local rank %u has none", t->count,
-                  nproc, l);
+        gang_strlcpy(c->res.gpu_bus_id, t->gpu[gpu].bus_id, sizeof(c->res.gpu_bus_id));
+    } else if (t->count > 0) {
+        gpu = (int)(l % t->count);
+        if (t->count < nproc)
+            gang_info("GPU placement: %u GPU(s) for %u local ranks (shared: MIG or "
+                      "time-slicing): local rank %u watches GPU %d",
+                      t->count, nproc, l, gpu);
+    } else {
+        gang_info("GPU placement: NVML lists no GPU");
         goto out;
     }
-    gang_strlcpy(c->res.gpu_bus_id, t->gpu[gpu].bus_id, sizeof(c->res.gpu_bus_id));
     if (c->gpu_bind) {
         int rc = gang_gpu_bind(&t->gpu[gpu], desc, sizeof(desc));
         if (rc != 0)

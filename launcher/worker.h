@@ -206,7 +206,8 @@ typedef struct gang__wgpu gang__wgpu;
  * so every thread it starts later, to the NUMA node of this local rank's GPU and records
  * the GPU's bus id in c->res.gpu_bus_id; then, with --gpu-health-interval-ms > 0, starts
  * the health watch of that GPU, which writes a GANG__WEV_GPU event to event_fd on every
- * new fatal condition. Without NVML, or with fewer GPUs than local ranks, it logs why
+ * new fatal condition. With fewer GPUs than local ranks (MIG, time-slicing) local rank L
+ * watches GPU L modulo their count and is not placed. Without NVML or a GPU it logs why
  * and *out is NULL: the worker runs unplaced and unwatched. Main thread, before any other
  * thread starts. Returns 0, or GANG_ENOMEM.
  */

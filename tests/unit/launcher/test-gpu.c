@@ -142,11 +142,23 @@ static void test_wgpu_place_and_watch(void **state)
     c.gpu_health_interval_ms = 0;
     assert_int_equal(gang__wgpu_open(&c, 1, fds[1], &g), 0);
     assert_null(g);
-    /* More local ranks than GPUs: no placement for a rank without a GPU. */
+    /* More local ranks than GPUs (MIG or time-slicing share a GPU): watched, not placed. */
     worker_conf(&c, FAKE_NVML_PATH, 8, 1);
     assert_int_equal(gang__wgpu_open(&c, 6, fds[1], &g), 0);
-    assert_null(g);
+    assert_non_null(g);
     assert_string_equal(c.res.gpu_bus_id, "");
+    assert_int_equal(gang__wgpu_sample(g, &s), 0);
+    assert_int_equal(s.gpu, 2);
+    gang__wgpu_close(g);
+    /* --gpu-bind=0 with a watch: the local rank's own GPU, and CUDA keeps its choice. */
+    worker_conf(&c, FAKE_NVML_PATH, 4, 2);
+    c.gpu_bind = 0;
+    assert_int_equal(gang__wgpu_open(&c, 1, fds[1], &g), 0);
+    assert_non_null(g);
+    assert_string_equal(c.res.gpu_bus_id, "");
+    assert_int_equal(gang__wgpu_sample(g, &s), 0);
+    assert_int_equal(s.gpu, 1);
+    gang__wgpu_close(g);
 
     /* A lost GPU spoils the topology: the rank still watches its own GPU, which the
      * first sample reports lost. */
