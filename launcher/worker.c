@@ -864,6 +864,15 @@ int gang_worker_main(int argc, char **argv)
         goto out;
     }
 
+    /* Placement binds this thread before the loader starts, so every thread inherits. It
+     * comes before HELLO: nvmlInit can take seconds on a node without persistence mode,
+     * which the supervisor's start-up allowance covers and its heartbeat timeout would
+     * not. */
+    rc = gang__wgpu_open(&w.conf, w.local_rank, w.ev_wr, &w.gpu);
+    if (rc != 0) {
+        gang_error("worker: GPU placement: %s", gang_strerror(rc));
+        goto out;
+    }
     rc = worker_connect(&w);
     if (rc != 0) {
         gang_error("cannot reach the agent at %s: %s", w.conf.agent_path, gang_strerror(rc));
@@ -872,12 +881,6 @@ int gang_worker_main(int argc, char **argv)
     if (w.conf.res.layout.model[0] != '\0' && w.node < 0) {
         gang_error("worker: --model needs the node index (--node-index) to cut its shard");
         w.exit_code = GANG_EXIT_USAGE;
-        goto out;
-    }
-    /* Placement binds this thread before the loader starts, so every thread inherits. */
-    rc = gang__wgpu_open(&w.conf, w.local_rank, w.ev_wr, &w.gpu);
-    if (rc != 0) {
-        gang_error("worker: GPU placement: %s", gang_strerror(rc));
         goto out;
     }
     rc = gang__wres_open(&w.conf.res,
