@@ -274,6 +274,15 @@ if [ "${GANG_GPU_SKIP_SERVE:-0}" != 1 ]; then
     fi
 fi
 
+# GPU health watch (issue #15): NVML readable through `ganglion info`, the per-GPU metrics
+# (DCGM names) on /metrics, and no false fault (no GPU fault counted, no restart) over
+# GANG_GPU_HEALTH_S (default 30) seconds of completions on a tiny served model. ~40 s.
+if [ "${GANG_GPU_SKIP_HEALTH:-0}" != 1 ]; then
+    step gpu-health 75 python3 "$ROOT/bench/gpu-health-check.py" --bin "$BIN" \
+        --dir "$OUT/gpu-health" --seconds "${GANG_GPU_HEALTH_S:-30}"
+    gpu_skip_is_failure gpu-health
+fi
+
 # --- summary ----------------------------------------------------------------------------
 overall=pass
 {

@@ -24,8 +24,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "agent-gpu.h"
 #include "agent.h"
 #include "api.h"
+#include "ganglion/gpu.h"
 #include "ganglion/model.h"
 #include "ganglion/parallel.h"
 #include "ganglion/rendezvous.h"
@@ -57,6 +59,7 @@ typedef struct agent {
     int32_t fail_rank, fail_code;
     uint64_t fail_wall_ms;
     char fail_reason[GANG_REASON_MAX];
+    gang__gpu_faults gpu; /* GPU faults of the workers (agent-gpu.h) */
 } agent;
 
 static void record_failure(agent *a, int32_t rank, int32_t code, const char *reason)
@@ -210,6 +213,7 @@ static void s_on_all_ready(void *ctx, uint64_t gen)
     a->ready_wall_ms = gang_wall_ms();
     gang_info("agent: all %u local ranks READY in generation %llu", gang_sup_nranks(a->sup),
               (unsigned long long)gen);
+    gang__gpu_faults_served(&a->gpu);
     gang_member_send_ready(a->member, gen);
 }
 
@@ -218,6 +222,19 @@ static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, co
     agent *a = ctx;
     record_failure(a, rank, code, reason);
     gang_member_report_failure(a->member, gen, rank, code, reason);
+    if (code == GANG_EGPU) {
+        /* A GPU fault restarts the gang like any failure; the Pod learns it from the
+         * termination log, and /healthz fails once the same rank's GPU fails again in the
+         * next generation without having served in between (it needs a reset). */
+        uint64_t first = (uint64_t)a->cfg.id.node_index * (uint64_t)a->cfg.layout.tc.nproc_per_node;
+        uint32_t local =
+            rank >= 0 && (uint64_t)rank >= first ? (uint32_t)((uint64_t)rank - first) : UINT32_MAX;
+        write_termination_log(a, reason);
+        if (gang__gpu_faults_record(&a->gpu, gen, rank, local, reason))
+            gang_error("agent: the GPU fault persisted across a gang restart; /healthz fails "
+                       "from now on: %s",
+                       reason);
+    }
 }
 
 static void s_on_token(void *ctx, const gang_wctl *tok)
@@ -274,7 +291,7 @@ static int agent_ready(agent *a)
  */
 static int agent_healthy(agent *a)
 {
-    if (a->gave_up)
+    if (a->gave_up || a->gpu.persistent)
         return 0;
     agent_ready(a);
     uint64_t since = a->last_serving_ms ? a->last_serving_ms : a->started_ms;
@@ -288,6 +305,24 @@ static const char *agent_state_name(agent *a, const gang_member_status *ms)
     if (!ms->connected)
         return "waiting";
     return gang_state_name(ms->gang_state);
+}
+
+/* The "gpu" object of a local rank in /status: its GPU and health, null when unknown. */
+static void status_gpu(agent *a, cJSON *e, uint32_t local)
+{
+    gang_gpu_sample s;
+    if (!gang_sup_gpu(a->sup, local, &s)) {
+        cJSON_AddNullToObject(e, "gpu");
+        return;
+    }
+    cJSON *g = cJSON_AddObjectToObject(e, "gpu");
+    cJSON_AddNumberToObject(g, "index", s.gpu);
+    cJSON_AddStringToObject(g, "uuid", s.uuid);
+    cJSON_AddStringToObject(g, "bus_id", s.bus_id);
+    cJSON_AddBoolToObject(g, "healthy", !s.fatal);
+    cJSON_AddStringToObject(g, "fault", s.fault);
+    cJSON_AddBoolToObject(g, "throttled", s.warning);
+    cJSON_AddNumberToObject(g, "throttle_reasons", (double)s.throttle_reasons);
 }
 
 static char *render_status(agent *a)
@@ -327,6 +362,7 @@ static char *render_status(agent *a)
         cJSON_AddNumberToObject(e, "heartbeat_age_ms",
                                 r.heartbeat_age_ms == UINT64_MAX ? -1 : (double)r.heartbeat_age_ms);
         cJSON_AddNumberToObject(e, "restarts", (double)r.restarts);
+        status_gpu(a, e, i);
         cJSON_AddItemToArray(lr, e);
     }
     if (a->fail_wall_ms) {
@@ -341,6 +377,9 @@ static char *render_status(agent *a)
     cJSON_AddNumberToObject(o, "last_abort_wall_ms", (double)ms.last_abort_wall_ms);
     cJSON_AddNumberToObject(o, "ready_wall_ms", (double)a->ready_wall_ms);
     cJSON_AddNumberToObject(o, "restarts_total", (double)a->aborts_seen);
+    cJSON_AddBoolToObject(o, "gpu_fault_persistent", a->gpu.persistent);
+    if (a->gpu.persistent)
+        cJSON_AddStringToObject(o, "gpu_fault", a->gpu.reason);
     if (a->coord) {
         gang_coord_status cs;
         gang_coord_get_status(a->coord, &cs);
@@ -459,6 +498,8 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
         gang_metrics_sample_u64(b, "ganglion_rendezvous_frames_rejected_total", NULL, 0,
                                 cs.frames_rejected);
     }
+    gang__gpu_metrics(b, a->sup, (uint32_t)a->cfg.id.node_index,
+                      (uint32_t)a->cfg.layout.tc.nproc_per_node, &a->gpu);
     if (a->api)
         gang_api_metrics(a->api, b);
 }
@@ -475,7 +516,10 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
     }
     if (strcmp(req->path, "/healthz") == 0) {
         int ok = agent_healthy(a);
-        const char *b = ok ? "ok\n" : (a->gave_up ? "gave up\n" : "not rejoined in time\n");
+        const char *b = ok                  ? "ok\n"
+                        : a->gave_up        ? "gave up\n"
+                        : a->gpu.persistent ? "GPU fault persists across restarts\n"
+                                            : "not rejoined in time\n";
         gang_http_reply(x, ok ? 200 : 503, NULL, b, strlen(b));
     } else if (strcmp(req->path, "/readyz") == 0) {
         int ok = agent_ready(a);

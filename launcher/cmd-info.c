@@ -262,6 +262,8 @@ typedef struct info_opts {
     int labels;
     char model[GANG_PARAM_STR_MAX];
     int64_t tp, pp;
+    char nvml_library[GANG_PARAM_STR_MAX];
+    int64_t nproc_per_node;
 } info_opts;
 
 static const gang_param_info info_items[] = {
@@ -273,14 +275,20 @@ static const gang_param_info info_items[] = {
      .offset = offsetof(info_opts, labels)},
     GANG_OPT_STR(info_opts, "model", model, "",
                  "instead of the GPUs: what this model (directory or .gguf) needs"),
-    GANG_OPT_INT(info_opts, "tp", tp, "1", 1, 64, "with --model: the TP ranks to size for"),
+    GANG_OPT_INT(info_opts, "tp", tp, "1", 1, 64,
+                 "with --model: the TP ranks to size for; else the TP degree of the placement"),
     GANG_OPT_INT(info_opts, "pp", pp, "1", 1, 64, "with --model: the pipeline stages"),
+    GANG_OPT_STR(info_opts, "nvml-library", nvml_library, "",
+                 "NVML library for the topology (empty = libnvidia-ml.so.1)"),
+    GANG_OPT_INT(info_opts, "nproc-per-node", nproc_per_node, "0", 0, 64,
+                 "local ranks the placement maps (0 = one per GPU)"),
 };
 static const gang_opt_table info_table = GANG_OPT_TABLE(info_items);
 static const gang_opt_cmd info_cmd = {
-    "info", "[--labels] | --model PATH [--tp N] [--pp M]",
+    "info", "[--labels] [--nproc-per-node N --tp T] | --model PATH [--tp N] [--pp M]",
     "GPU discovery: every visible GPU's name, UUID, PCI bus id, memory, compute\n"
-    "capability, MIG mode, and the peer-access / NVLink matrix.\n"
+    "capability, MIG mode, and the peer-access / NVLink matrix; then the NVML topology\n"
+    "(NUMA node, local CPUs, NVLink islands) and the GPU each local rank gets.\n"
     "Exits 0 on a node without a GPU or driver, after saying so.\n"
     "With --model: the model's parameters, the f32 weights and KV bytes per token of the\n"
     "heaviest rank for --tp x --pp, and the layouts the model allows.",
@@ -313,6 +321,8 @@ int gang_cmd_info(int argc, char **argv)
                          "CUDA_VISIBLE_DEVICES hides them)\n");
         if (labels)
             printf("nvidia.com/gpu.present=false\nnvidia.com/gpu.count=0\n");
+        else
+            gang__info_topology(o.nvml_library, o.nproc_per_node, o.tp);
         return GANG_EXIT_OK;
     }
     if (n > INFO_MAX_GPUS)
@@ -332,5 +342,7 @@ int gang_cmd_info(int argc, char **argv)
     else
         print_devices(gpus, extra, n, &api);
     nvml_close(&api);
+    if (!labels)
+        gang__info_topology(o.nvml_library, o.nproc_per_node, o.tp);
     return GANG_EXIT_OK;
 }

@@ -370,6 +370,9 @@ int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
                  sizeof(out->advertise));
     gang_strlcpy(out->device, p->device, sizeof(out->device));
     gang_strlcpy(out->backend, p->backend, sizeof(out->backend));
+    gang_strlcpy(out->nvml_library, p->nvml_library, sizeof(out->nvml_library));
+    out->gpu_health_interval_ms = (uint64_t)p->gpu_health_interval_ms;
+    out->gpu_bind = p->gpu_bind != 0;
     wres_config_from_params(p, &l, &out->res);
     return 0;
 }

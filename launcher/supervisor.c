@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "ganglion/gpu.h"
 #include "ganglion/rendezvous.h"
 #include "supervisor.h"
 #include "wctl.h"
@@ -51,6 +52,8 @@ typedef struct wslot {
     uint64_t restarts;
     uint32_t spawn_failures;          /* consecutive uv_spawn failures */
     char last_error[GANG_REASON_MAX]; /* reason of its last ERROR, any generation */
+    gang_gpu_sample gpu;              /* its GPU's latest sample (GPU packets) */
+    int has_gpu;
 } wslot;
 
 struct gang_sup {
@@ -166,6 +169,15 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
     case GANG_WCTL_HEARTBEAT:
         w->state = pkt->state;
         w->last_hb_ms = gang_now_ms();
+        return;
+    case GANG_WCTL_GPU:
+        if (pkt->blob_len == sizeof(w->gpu)) {
+            memcpy(&w->gpu, pkt->blob, sizeof(w->gpu));
+            w->gpu.uuid[sizeof(w->gpu.uuid) - 1] = w->gpu.name[sizeof(w->gpu.name) - 1] = '\0';
+            w->gpu.bus_id[sizeof(w->gpu.bus_id) - 1] = w->gpu.fault[sizeof(w->gpu.fault) - 1] =
+                '\0';
+            w->has_gpu = 1;
+        }
         return;
     case GANG_WCTL_BLOB:
         if (pkt->generation == s->gen && s->cb.on_blob)
@@ -639,6 +651,15 @@ void gang_sup_rank_info(const gang_sup *s, uint32_t local_rank, gang_sup_rank *o
         out->state = GANG_RANK_IDLE;
     out->heartbeat_age_ms = w->proc_alive ? gang_now_ms() - w->last_hb_ms : UINT64_MAX;
     out->restarts = w->restarts ? w->restarts - 1 : 0;
+}
+
+int gang_sup_gpu(const gang_sup *s, uint32_t local_rank, struct gang_gpu_sample *out)
+{
+    const wslot *w = &s->slots[local_rank];
+    if (!w->has_gpu)
+        return 0;
+    *out = w->gpu;
+    return 1;
 }
 
 void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx)

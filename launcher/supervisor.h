@@ -79,6 +79,13 @@ typedef struct gang_sup_rank {
 
 uint32_t gang_sup_nranks(const gang_sup *s);
 void gang_sup_rank_info(const gang_sup *s, uint32_t local_rank, gang_sup_rank *out);
+struct gang_gpu_sample;
+/*
+ * The latest GPU sample local_rank's worker sent (its GPU's index, metrics and health),
+ * kept across the worker's restarts: 1 with *out filled, 0 when it never sent one (no
+ * NVML, no GPU for it, --gpu-health-interval-ms 0).
+ */
+int gang_sup_gpu(const gang_sup *s, uint32_t local_rank, struct gang_gpu_sample *out);
 /* Sends SHUTDOWN, waits up to the abort timeout, kills the rest; done(ctx) when all gone. */
 void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx);
 

@@ -10,11 +10,14 @@
  * Conversation (G = generation):
  *   worker -> HELLO(local_rank, pid)             once, right after connect
  *   worker -> HEARTBEAT(state)                   every heartbeat interval, always
+ *   worker -> GPU(sample in blob)                after each heartbeat, when the worker
+ *                                                watches a GPU (gang_gpu_sample bytes)
  *   agent  -> BLOB_REQUEST(G)                    to local rank 0 of node 0 only
  *   worker -> BLOB(G, blob)                      rank 0 listens and describes itself
  *   agent  -> START(G, rank, world, blob)        every worker joins the data plane
  *   worker -> READY(G)                           data plane up for G
- *   worker -> ERROR(G, code, reason)             data plane failed (peer lost, timeout)
+ *   worker -> ERROR(G, code, reason)             data plane failed (peer lost, timeout),
+ *                                                or its GPU did (code GANG_EGPU)
  *   agent  -> ABORT(G)                           tear down the data plane, stay alive
  *   worker -> ABORTED(G)                         torn down; weights (later) stay loaded
  *   agent  -> SHUTDOWN                           exit 0
@@ -57,7 +60,8 @@ typedef enum gang_wctl_type {
     GANG_WCTL_TOKEN = 12,
     GANG_WCTL_DONE = 13,
     GANG_WCTL_CANCEL = 14,
-    GANG_WCTL_PROMPT = 15
+    GANG_WCTL_PROMPT = 15,
+    GANG_WCTL_GPU = 16
 } gang_wctl_type;
 
 /* Prompt ids one SUBMIT or PROMPT packet carries (the blob holds them as int32). */

@@ -47,6 +47,8 @@
 #include <unistd.h>
 
 #include "ganglion/comm.h"
+#include "ganglion/gpu.h"
+#include "ganglion/kernels.h"
 #include "ganglion/model.h"
 #include "wctl.h"
 #include "worker.h"
@@ -90,6 +92,32 @@ static void event_write(int fd, const gang__wevent *ev)
 }
 
 /*
+ * The CUDA ordinal of the GPU placement chose (c->gpu_bus_id, an NVML PCI bus id), found
+ * by bus id because CUDA and NVML may number GPUs differently; fallback (the local rank)
+ * when placement chose none, or CUDA lists that bus id not exactly once (MIG instances of
+ * one GPU share its bus id).
+ */
+static int wres_cuda_index(const gang__wres_config *c, int fallback, int count)
+{
+    int found = -1, matches = 0;
+    if (c->gpu_bus_id[0] == '\0')
+        return fallback;
+    for (int i = 0; i < count; i++) {
+        gang_device_info d;
+        if (gang_kernels_device_info(i, &d) == 0 &&
+            gang_gpu_bus_id_equal(d.pci_bus_id, c->gpu_bus_id)) {
+            found = i;
+            matches++;
+        }
+    }
+    if (matches == 1)
+        return found;
+    gang_warn("placement chose GPU %s, which CUDA lists %d times: using GPU %d", c->gpu_bus_id,
+              matches, fallback);
+    return fallback;
+}
+
+/*
  * Opens the worker's kernels handle. "cuda": the GPU of this worker's local rank, with
  * the pool of --gpu-memory-mb (or --gpu-memory-percent); a node with fewer GPUs than
  * --nproc-per-node is a configuration error (GANG_EUSAGE, never retried) found here, in
@@ -113,7 +141,7 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
                      count, nproc);
             return GANG_EUSAGE;
         }
-        ko.device_index = (int)(r->rank % nproc);
+        ko.device_index = wres_cuda_index(c, (int)(r->rank % nproc), count);
         ko.pool_mb = c->gpu_memory_mb;
         ko.pool_percent = c->gpu_memory_percent;
     }

@@ -37,6 +37,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "ganglion/gpu.h"
 #include "wctl.h"
 #include "worker.h"
 
@@ -69,6 +70,7 @@ typedef struct worker {
     gang_bootstrap *boot; /* rank 0's data-plane bootstrap (listener), NULL when none */
     uint64_t listen_gen;  /* the generation it was opened for */
     gang__wres *res;      /* model shard and engine, for the worker's whole life */
+    gang__wgpu *gpu;      /* its GPU's placement and health watch, NULL when none */
     gang__wstep *step;    /* running data plane, NULL when none */
     uint64_t step_gen;    /* its generation */
     uint64_t next_hb_ms;  /* when the next heartbeat is due */
@@ -216,11 +218,30 @@ static void worker_reply(worker *w, const gang_wctl *m)
         worker_channel_lost(w, "send", rc);
 }
 
+/*
+ * Sends the GPU's latest sample (a GPU packet) when the worker watches one: the agent
+ * exports it in /metrics and shows it in /status. Dropped like a heartbeat when the
+ * channel is full. Returns 0, GANG_EAGAIN, or a channel error.
+ */
+static int worker_send_gpu(worker *w)
+{
+    gang_wctl m;
+    gang_gpu_sample gs;
+    if (gang__wgpu_sample(w->gpu, &gs) != 0)
+        return 0;
+    worker_msg(w, &m, GANG_WCTL_GPU, w->gen);
+    memcpy(m.blob, &gs, sizeof(gs));
+    m.blob_len = (uint32_t)sizeof(gs);
+    return worker_send(w, &m, 0);
+}
+
 static void worker_heartbeat(worker *w)
 {
     gang_wctl m;
     worker_msg(w, &m, GANG_WCTL_HEARTBEAT, w->gen);
     int rc = worker_send(w, &m, 0);
+    if (rc == 0)
+        rc = worker_send_gpu(w);
     if (rc == GANG_EAGAIN)
         gang_debug("agent channel full: heartbeat dropped");
     else if (rc != 0)
@@ -249,6 +270,27 @@ static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank
     gang_error("generation %llu failed: %s (%s); waiting for ABORT", (unsigned long long)gen,
                m.reason, gang_err_name(code));
     worker_reply(w, &m);
+}
+
+/*
+ * Fails the generation the worker is in when its GPU has a fatal condition: ERROR with
+ * GANG_EGPU and the watch's sentence (GPU, Xid or condition), which the agent prefixes
+ * with the rank. The Xid is acknowledged: it made this generation fail once; a level
+ * condition (device lost, double-bit ECC, pending retirement) is seen again at the next
+ * START if it persists. Outside a generation, or already failed in it (at_start = 0),
+ * nothing happens now: the next START checks, whatever the state. Returns 1 when it
+ * reported.
+ */
+static int worker_gpu_check(worker *w, uint64_t gen, int at_start)
+{
+    char why[GANG_GPU_FAULT_MAX];
+    if ((!at_start && w->state == GANG_RANK_FAILED) ||
+        !gang__wgpu_fault(w->gpu, 0, why, sizeof(why)))
+        return 0;
+    gang__wgpu_fault(w->gpu, 1, why, sizeof(why));
+    worker_report_error(w, gen, GANG_EGPU, w->rank, "%s", why);
+    worker_send_gpu(w); /* the metrics show the fault with the failure, not a beat later */
+    return 1;
 }
 
 /* -------------------------------------------------------------------------------------
@@ -398,6 +440,11 @@ static void on_start(worker *w, const gang_wctl *m)
                             w->conf.backend, want_nccl ? "nccl" : "the socket backend");
         return;
     }
+
+    /* A GPU that failed its health check does not join: the gang restarts without it
+     * waiting for a timeout, and the agent sees whether the fault persists. */
+    if (worker_gpu_check(w, g, 1))
+        return;
 
     gang__wstep_config cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -677,6 +724,11 @@ static void worker_on_events(worker *w)
             w->exit_code = gang_exit_code_for(ev.code);
             return;
         }
+        if (ev.type == GANG__WEV_GPU) {
+            if (w->step != NULL)
+                worker_gpu_check(w, w->step_gen, 0);
+            continue;
+        }
         if (w->step == NULL || ev.generation != w->step_gen) {
             gang_debug("ignoring a data-plane event of generation %llu",
                        (unsigned long long)ev.generation);
@@ -812,6 +864,15 @@ int gang_worker_main(int argc, char **argv)
         goto out;
     }
 
+    /* Placement binds this thread before the loader starts, so every thread inherits. It
+     * comes before HELLO: nvmlInit can take seconds on a node without persistence mode,
+     * which the supervisor's start-up allowance covers and its heartbeat timeout would
+     * not. */
+    rc = gang__wgpu_open(&w.conf, w.local_rank, w.ev_wr, &w.gpu);
+    if (rc != 0) {
+        gang_error("worker: GPU placement: %s", gang_strerror(rc));
+        goto out;
+    }
     rc = worker_connect(&w);
     if (rc != 0) {
         gang_error("cannot reach the agent at %s: %s", w.conf.agent_path, gang_strerror(rc));
@@ -838,6 +899,7 @@ int gang_worker_main(int argc, char **argv)
 out:
     worker_teardown(&w);
     gang__wres_close(w.res);
+    gang__wgpu_close(w.gpu);
     if (w.agent_fd >= 0) {
         /* Closing with the agent's packets unread would reset the channel, and the agent
          * could lose the ERROR that says why we exit: read what is queued first. */

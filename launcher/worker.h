@@ -44,6 +44,8 @@ typedef struct gang__wres_config {
     uint32_t microbatches;
     uint32_t max_step_tokens;
     uint64_t kv_cache_bytes;
+    char gpu_bus_id[32]; /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
+                            the GPU of the local rank's index */
 } gang__wres_config;
 
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
@@ -61,7 +63,10 @@ typedef struct gang_worker_config {
     char backend[16];
     gang_log_format log_format;
     gang_log_level log_level;
-    gang__wres_config res; /* the engine glue's part */
+    char nvml_library[GANG_PARAM_STR_MAX]; /* --nvml-library ("" = the driver's) */
+    uint64_t gpu_health_interval_ms;       /* 0 = no health watch */
+    int gpu_bind;                          /* placement and NUMA binding on */
+    gang__wres_config res;                 /* the engine glue's part */
 } gang_worker_config;
 
 /*
@@ -112,7 +117,8 @@ typedef enum gang__wevent_type {
     GANG__WEV_FAILED = 2, /* the data plane failed; the thread has returned */
     GANG__WEV_TOKEN = 3,  /* rank 0: one generated token of a request */
     GANG__WEV_DONE = 4,   /* rank 0: a request finished (code 0) or was refused (code < 0) */
-    GANG__WEV_LOADED = 5  /* the loader finished: code 0, or the load error (fatal) */
+    GANG__WEV_LOADED = 5, /* the loader finished: code 0, or the load error (fatal) */
+    GANG__WEV_GPU = 6     /* the GPU health watch saw a fatal condition (worker-gpu.c) */
 } gang__wevent_type;
 
 /* One report, written with a single write(2) (smaller than PIPE_BUF, so atomic). */
@@ -187,5 +193,30 @@ int gang__wstep_submit(gang__wstep *s, const gang_gen_request *r);
  * its next step. 0 or GANG_ENOMEM. An id that is already finished is ignored.
  */
 int gang__wstep_cancel(gang__wstep *s, uint64_t id);
+
+/* =================================================================================
+ * Internal: the worker's GPU (launcher/worker-gpu.c): placement, binding, health watch.
+ * ================================================================================= */
+struct gang_gpu_sample;
+typedef struct gang__wgpu gang__wgpu;
+
+/*
+ * Opens NVML (c->nvml_library) and, with --gpu-bind, maps the node's local ranks onto
+ * its GPUs (gang_gpu_place: TP groups on NVLink islands), binds the calling thread, and
+ * so every thread it starts later, to the NUMA node of this local rank's GPU and records
+ * the GPU's bus id in c->res.gpu_bus_id; then, with --gpu-health-interval-ms > 0, starts
+ * the health watch of that GPU, which writes a GANG__WEV_GPU event to event_fd on every
+ * new fatal condition. With fewer GPUs than local ranks (MIG, time-slicing) local rank L
+ * watches GPU L modulo their count and is not placed. Without NVML or a GPU it logs why
+ * and *out is NULL: the worker runs unplaced and unwatched. Main thread, before any other
+ * thread starts. Returns 0, or GANG_ENOMEM.
+ */
+int gang__wgpu_open(gang_worker_config *c, uint32_t local_rank, int event_fd, gang__wgpu **out);
+/* Stops the watch and closes NVML. NULL is fine. */
+void gang__wgpu_close(gang__wgpu *g);
+/* 1 and the reason when the GPU has a fatal condition (gang_gpu_watch_fault); ack as there. */
+int gang__wgpu_fault(gang__wgpu *g, int ack, char *reason, size_t cap);
+/* The latest sample into s: 0, or GANG_ENOENT when no watch runs. */
+int gang__wgpu_sample(gang__wgpu *g, struct gang_gpu_sample *s);
 
 #endif /* GANGLION_LAUNCHER_WORKER_H */

@@ -42,7 +42,8 @@
     XX(ECLOSED, -3010, "connection closed")                                                        \
     XX(EUSAGE, -3011, "usage error")                                                               \
     XX(EMODEL, -3012, "model or weights error")                                                    \
-    XX(EINTERNAL, -3013, "internal error")
+    XX(EINTERNAL, -3013, "internal error")                                                         \
+    XX(EGPU, -3014, "GPU failed its health check")
 
 typedef enum {
 #define GANG_ERR_ENUM_(name, val, msg) GANG_##name = (val),

@@ -958,6 +958,7 @@ def run(test_fn, name=None):
     """Parses --bin, runs test_fn(harness) under the deadline, and exits 0 / 1 / 77."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="path to the ganglion binary")
+    ap.add_argument("--fake-nvml", default="", help="the fake NVML library (tests/fake-nvml/)")
     args = ap.parse_args()
     name = name or os.path.splitext(os.path.basename(sys.argv[0]))[0]
     if not os.access(args.bin, os.X_OK):
@@ -971,6 +972,7 @@ def run(test_fn, name=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     signal.alarm(TEST_DEADLINE_S)
     h = Harness(args.bin, name)
+    h.fake_nvml = os.path.abspath(args.fake_nvml) if args.fake_nvml else ""
     rc = 1
     try:
         test_fn(h)

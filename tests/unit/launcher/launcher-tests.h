@@ -5,4 +5,5 @@ int gang_test_http(void);
 int gang_test_metrics(void);
 int gang_test_worker(void);
 int gang_test_config(void);
+int gang_test_gpu(void);
 #endif

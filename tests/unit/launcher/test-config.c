@@ -269,6 +269,17 @@ static void test_worker_config(void **state)
     assert_int_equal(wc.res.layout.tc.nnodes, 3);
     assert_int_equal(wc.res.kv_cache_bytes, 3u << 20);
     assert_int_equal(wc.res.layout.uses_nccl, 0);
+    assert_string_equal(wc.nvml_library, "");
+    assert_int_equal(wc.gpu_health_interval_ms, 1000);
+    assert_int_equal(wc.gpu_bind, 1);
+    p.gpu_bind = 0;
+    p.gpu_health_interval_ms = 250;
+    gang_strlcpy(p.nvml_library, "/opt/libfake.so", sizeof(p.nvml_library));
+    assert_int_equal(gang_worker_config_from_params(&p, "/tmp/a.sock", 1, &wc, err, sizeof(err)),
+                     0);
+    assert_string_equal(wc.nvml_library, "/opt/libfake.so");
+    assert_int_equal(wc.gpu_health_interval_ms, 250);
+    assert_int_equal(wc.gpu_bind, 0);
     gang_strlcpy(p.log_level, "loud", sizeof(p.log_level));
     assert_int_equal(gang_worker_config_from_params(&p, "/tmp/a.sock", 1, &wc, err, sizeof(err)),
                      GANG_EUSAGE);

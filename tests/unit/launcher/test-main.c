@@ -10,5 +10,6 @@ int main(void)
     failed += gang_test_metrics();
     failed += gang_test_worker();
     failed += gang_test_config();
+    failed += gang_test_gpu();
     return failed ? 1 : 0;
 }
