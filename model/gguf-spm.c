@@ -188,33 +188,6 @@ static int spm_merges(const spm_map *m, const gang__gguf_kv *scores, spm_merge *
     return 0;
 }
 
-/* A NUL-terminated copy of s (NULL on ENOMEM or an embedded NUL). */
-static char *spm_dup(gang__gguf_str s)
-{
-    char *p;
-
-    if (memchr(s.p, '\0', (size_t)s.n) != NULL)
-        return NULL;
-    p = malloc((size_t)s.n + 1);
-    if (p != NULL) {
-        memcpy(p, s.p, (size_t)s.n);
-        p[s.n] = '\0';
-    }
-    return p;
-}
-
-/* cJSON_AddItemToObject that takes item on failure too; 0 or GANG_ENOMEM. */
-static int spm_add(cJSON *obj, const char *name, cJSON *item)
-{
-    if (item == NULL)
-        return GANG_ENOMEM;
-    if (!cJSON_AddItemToObject(obj, name, item)) {
-        cJSON_Delete(item);
-        return GANG_ENOMEM;
-    }
-    return 0;
-}
-
 /* The model object: vocab, merges (["l", "r"] pairs: a piece may hold a space), flags. */
 static cJSON *spm_model(const spm_map *m, const spm_merge *mg, size_t n, int64_t unk)
 {
@@ -222,7 +195,7 @@ static cJSON *spm_model(const spm_map *m, const spm_merge *mg, size_t n, int64_t
     int ok = o != NULL && vocab != NULL && ml != NULL;
 
     for (uint64_t id = 0; ok && id < m->toks->n; id++) {
-        char *t = spm_dup(gang__gguf_arr_str(m->g, m->toks, id));
+        char *t = gang__gguf_str_dup(gang__gguf_arr_str(m->g, m->toks, id));
         cJSON *num = cJSON_CreateNumber((double)id);
         ok = t != NULL && num != NULL && cJSON_AddItemToObject(vocab, t, num);
         if (!ok)
@@ -230,8 +203,8 @@ static cJSON *spm_model(const spm_map *m, const spm_merge *mg, size_t n, int64_t
         free(t);
     }
     for (size_t i = 0; ok && i < n; i++) {
-        char *l = spm_dup(gang__gguf_arr_str(m->g, m->toks, mg[i].left));
-        char *r = spm_dup(gang__gguf_arr_str(m->g, m->toks, mg[i].right));
+        char *l = gang__gguf_str_dup(gang__gguf_arr_str(m->g, m->toks, mg[i].left));
+        char *r = gang__gguf_str_dup(gang__gguf_arr_str(m->g, m->toks, mg[i].right));
         cJSON *pair = l != NULL && r != NULL ? cJSON_CreateArray() : NULL;
         ok = pair != NULL && cJSON_AddItemToArray(pair, cJSON_CreateString(l)) &&
              cJSON_AddItemToArray(pair, cJSON_CreateString(r)) && cJSON_GetArraySize(pair) == 2 &&
@@ -241,21 +214,21 @@ static cJSON *spm_model(const spm_map *m, const spm_merge *mg, size_t n, int64_t
         free(l), free(r);
     }
     if (ok && unk >= 0) {
-        char *u = spm_dup(gang__gguf_arr_str(m->g, m->toks, (uint64_t)unk));
-        ok = u != NULL && spm_add(o, "unk_token", cJSON_CreateString(u)) == 0;
+        char *u = gang__gguf_str_dup(gang__gguf_arr_str(m->g, m->toks, (uint64_t)unk));
+        ok = u != NULL && gang__gguf_json_add(o, "unk_token", cJSON_CreateString(u)) == 0;
         free(u);
     }
     if (ok)
-        ok = spm_add(o, "type", cJSON_CreateString("BPE")) == 0 &&
-             spm_add(o, "fuse_unk", cJSON_CreateTrue()) == 0 &&
-             spm_add(o, "byte_fallback", cJSON_CreateTrue()) == 0 &&
-             spm_add(o, "ignore_merges", cJSON_CreateFalse()) == 0;
+        ok = gang__gguf_json_add(o, "type", cJSON_CreateString("BPE")) == 0 &&
+             gang__gguf_json_add(o, "fuse_unk", cJSON_CreateTrue()) == 0 &&
+             gang__gguf_json_add(o, "byte_fallback", cJSON_CreateTrue()) == 0 &&
+             gang__gguf_json_add(o, "ignore_merges", cJSON_CreateFalse()) == 0;
     if (ok) {
-        ok = spm_add(o, "vocab", vocab) == 0;
+        ok = gang__gguf_json_add(o, "vocab", vocab) == 0;
         vocab = NULL;
     }
     if (ok) {
-        ok = spm_add(o, "merges", ml) == 0;
+        ok = gang__gguf_json_add(o, "merges", ml) == 0;
         ml = NULL;
     }
     cJSON_Delete(vocab);
@@ -281,12 +254,12 @@ static int spm_text_steps(cJSON *root, int prefix)
         "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":"
         "\"\\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},"
         "{\"type\":\"Strip\",\"content\":\" \",\"start\":1,\"stop\":0}]}"};
-    int rc = spm_add(root, "normalizer", cJSON_Parse(norm[prefix]));
+    int rc = gang__gguf_json_add(root, "normalizer", cJSON_Parse(norm[prefix]));
 
     if (rc == 0)
-        rc = spm_add(root, "decoder", cJSON_Parse(dec[prefix]));
+        rc = gang__gguf_json_add(root, "decoder", cJSON_Parse(dec[prefix]));
     if (rc == 0)
-        rc = spm_add(root, "pre_tokenizer", cJSON_CreateNull());
+        rc = gang__gguf_json_add(root, "pre_tokenizer", cJSON_CreateNull());
     return rc;
 }
 
@@ -319,7 +292,7 @@ int gang__gguf_spm(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root, 
                       unk != NULL && unk->type == GANG__GGUF_U32 && unk->num.u < toks->n
                           ? (int64_t)unk->num.u
                           : -1);
-    rc = spm_add(root, "model", model);
+    rc = gang__gguf_json_add(root, "model", model);
     if (rc == 0)
         rc = spm_text_steps(
             root, !(prefix != NULL && prefix->type == GANG__GGUF_BOOL && prefix->num.u == 0));

@@ -40,8 +40,7 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
-/* A NUL-terminated copy of a metadata string (NULL on ENOMEM or an embedded NUL). */
-static char *str_dup(gang__gguf_str s)
+char *gang__gguf_str_dup(gang__gguf_str s)
 {
     char *p;
 
@@ -78,8 +77,7 @@ static const gang__gguf_kv *meta_strs(const gang__gguf *g, const char *key)
                : NULL;
 }
 
-/* Adds item to obj under name (takes item); 0 or GANG_ENOMEM. */
-static int add(cJSON *obj, const char *name, cJSON *item)
+int gang__gguf_json_add(cJSON *obj, const char *name, cJSON *item)
 {
     if (item == NULL)
         return GANG_ENOMEM;
@@ -94,10 +92,10 @@ static int add(cJSON *obj, const char *name, cJSON *item)
 static cJSON *byte_level(int use_regex)
 {
     cJSON *o = cJSON_CreateObject();
-    if (o == NULL || add(o, "type", cJSON_CreateString("ByteLevel")) ||
-        add(o, "add_prefix_space", cJSON_CreateFalse()) ||
-        add(o, "trim_offsets", cJSON_CreateTrue()) ||
-        add(o, "use_regex", cJSON_CreateBool(use_regex))) {
+    if (o == NULL || gang__gguf_json_add(o, "type", cJSON_CreateString("ByteLevel")) ||
+        gang__gguf_json_add(o, "add_prefix_space", cJSON_CreateFalse()) ||
+        gang__gguf_json_add(o, "trim_offsets", cJSON_CreateTrue()) ||
+        gang__gguf_json_add(o, "use_regex", cJSON_CreateBool(use_regex))) {
         cJSON_Delete(o);
         return NULL;
     }
@@ -116,19 +114,21 @@ static cJSON *pre_tokenizer(gang__gguf_str pre, int *known)
         goto out_fail;
     if (smollm) {
         first = cJSON_CreateObject();
-        if (first == NULL || add(first, "type", cJSON_CreateString("Digits")) ||
-            add(first, "individual_digits", cJSON_CreateTrue()))
+        if (first == NULL || gang__gguf_json_add(first, "type", cJSON_CreateString("Digits")) ||
+            gang__gguf_json_add(first, "individual_digits", cJSON_CreateTrue()))
             goto out_fail;
     } else if (regex != NULL) {
         cJSON *pat = cJSON_CreateObject();
         first = cJSON_CreateObject();
-        if (pat == NULL || first == NULL || add(pat, "Regex", cJSON_CreateString(regex))) {
+        if (pat == NULL || first == NULL ||
+            gang__gguf_json_add(pat, "Regex", cJSON_CreateString(regex))) {
             cJSON_Delete(pat);
             goto out_fail;
         }
-        if (add(first, "type", cJSON_CreateString("Split")) || add(first, "pattern", pat) ||
-            add(first, "behavior", cJSON_CreateString("Isolated")) ||
-            add(first, "invert", cJSON_CreateFalse()))
+        if (gang__gguf_json_add(first, "type", cJSON_CreateString("Split")) ||
+            gang__gguf_json_add(first, "pattern", pat) ||
+            gang__gguf_json_add(first, "behavior", cJSON_CreateString("Isolated")) ||
+            gang__gguf_json_add(first, "invert", cJSON_CreateFalse()))
             goto out_fail;
     }
     if (first != NULL && !cJSON_AddItemToArray(list, first))
@@ -139,9 +139,9 @@ static cJSON *pre_tokenizer(gang__gguf_str pre, int *known)
         cJSON_Delete(bl);
         goto out_fail;
     }
-    if (add(seq, "type", cJSON_CreateString("Sequence")) != 0)
+    if (gang__gguf_json_add(seq, "type", cJSON_CreateString("Sequence")) != 0)
         goto out_fail;
-    if (add(seq, "pretokenizers", list) == 0)
+    if (gang__gguf_json_add(seq, "pretokenizers", list) == 0)
         return seq;
     list = NULL; /* add deleted it */
 out_fail:
@@ -163,7 +163,7 @@ static int bpe_model(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root
     if (m == NULL || vocab == NULL || ml == NULL)
         goto out_fail;
     for (i = 0; i < toks->n; i++) {
-        char *t = str_dup(gang__gguf_arr_str(g, toks, i));
+        char *t = gang__gguf_str_dup(gang__gguf_arr_str(g, toks, i));
         cJSON *id = cJSON_CreateNumber((double)i);
         if (t == NULL || id == NULL || !cJSON_AddItemToObject(vocab, t, id)) {
             cJSON_Delete(id);
@@ -173,7 +173,7 @@ static int bpe_model(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root
         free(t);
     }
     for (i = 0; merges != NULL && i < merges->n; i++) {
-        char *t = str_dup(gang__gguf_arr_str(g, merges, i));
+        char *t = gang__gguf_str_dup(gang__gguf_arr_str(g, merges, i));
         cJSON *s = t != NULL ? cJSON_CreateString(t) : NULL;
         free(t);
         if (s == NULL || !cJSON_AddItemToArray(ml, s)) {
@@ -181,17 +181,18 @@ static int bpe_model(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *root
             goto out_fail;
         }
     }
-    if (add(m, "type", cJSON_CreateString("BPE")) || add(m, "fuse_unk", cJSON_CreateFalse()) ||
-        add(m, "byte_fallback", cJSON_CreateFalse()) ||
-        add(m, "ignore_merges", cJSON_CreateFalse()))
+    if (gang__gguf_json_add(m, "type", cJSON_CreateString("BPE")) ||
+        gang__gguf_json_add(m, "fuse_unk", cJSON_CreateFalse()) ||
+        gang__gguf_json_add(m, "byte_fallback", cJSON_CreateFalse()) ||
+        gang__gguf_json_add(m, "ignore_merges", cJSON_CreateFalse()))
         goto out_fail;
-    rc = add(m, "vocab", vocab);
+    rc = gang__gguf_json_add(m, "vocab", vocab);
     vocab = NULL;
     if (rc == 0)
-        rc = add(m, "merges", ml);
+        rc = gang__gguf_json_add(m, "merges", ml);
     ml = NULL;
     if (rc == 0)
-        return add(root, "model", m);
+        return gang__gguf_json_add(root, "model", m);
 out_fail:
     if (rc == GANG_ENOMEM)
         gang_set_err(err, errlen, "%s: out of memory (or a NUL byte in a token)", g->path);
@@ -208,7 +209,7 @@ static int added_tokens(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *r
     cJSON *list = cJSON_CreateArray();
     uint64_t i;
 
-    if (list == NULL || add(root, "added_tokens", list) != 0)
+    if (list == NULL || gang__gguf_json_add(root, "added_tokens", list) != 0)
         return GANG_ENOMEM;
     if (types == NULL || types->type != GANG__GGUF_ARRAY || types->n != toks->n)
         return 0;
@@ -217,11 +218,13 @@ static int added_tokens(const gang__gguf *g, const gang__gguf_kv *toks, cJSON *r
         char *t;
         if (gang__gguf_arr_int(g, types, i) != 3)
             continue;
-        t = str_dup(gang__gguf_arr_str(g, toks, i));
+        t = gang__gguf_str_dup(gang__gguf_arr_str(g, toks, i));
         a = cJSON_CreateObject();
-        if (t == NULL || a == NULL || add(a, "id", cJSON_CreateNumber((double)i)) ||
-            add(a, "content", cJSON_CreateString(t)) || add(a, "special", cJSON_CreateTrue()) ||
-            add(a, "normalized", cJSON_CreateFalse()) || !cJSON_AddItemToArray(list, a)) {
+        if (t == NULL || a == NULL || gang__gguf_json_add(a, "id", cJSON_CreateNumber((double)i)) ||
+            gang__gguf_json_add(a, "content", cJSON_CreateString(t)) ||
+            gang__gguf_json_add(a, "special", cJSON_CreateTrue()) ||
+            gang__gguf_json_add(a, "normalized", cJSON_CreateFalse()) ||
+            !cJSON_AddItemToArray(list, a)) {
             free(t);
             cJSON_Delete(a);
             return GANG_ENOMEM;
@@ -261,20 +264,20 @@ static int post_and_decoder(const gang__gguf *g, const gang__gguf_kv *toks, cJSO
     const gang__gguf_kv *bos = gang__gguf_find_kv(g, "tokenizer.ggml.bos_token_id");
     const gang__gguf_kv *abos = gang__gguf_find_kv(g, "tokenizer.ggml.add_bos_token");
     cJSON *post = NULL;
-    int rc = spm ? 0 : add(root, "decoder", byte_level(1));
+    int rc = spm ? 0 : gang__gguf_json_add(root, "decoder", byte_level(1));
 
     if (rc != 0)
         return rc;
     if (abos != NULL && abos->type == GANG__GGUF_BOOL && abos->num.u && bos != NULL &&
         bos->type == GANG__GGUF_U32 && bos->num.u < toks->n) {
-        char *t = str_dup(gang__gguf_arr_str(g, toks, bos->num.u));
+        char *t = gang__gguf_str_dup(gang__gguf_arr_str(g, toks, bos->num.u));
         if (t != NULL)
             post = bos_template(t, bos->num.u);
         free(t);
     } else {
         post = spm ? cJSON_CreateNull() : byte_level(1);
     }
-    return add(root, "post_processor", post);
+    return gang__gguf_json_add(root, "post_processor", post);
 }
 
 /* The equivalent tokenizer.json of an open GGUF file as a printed, malloc'd string. */
@@ -305,7 +308,7 @@ static int tokenizer_json(const gang__gguf *g, char **out, char *err, size_t err
         }
     }
     root = cJSON_CreateObject();
-    rc = root == NULL ? GANG_ENOMEM : spm ? 0 : add(root, "pre_tokenizer", pt);
+    rc = root == NULL ? GANG_ENOMEM : spm ? 0 : gang__gguf_json_add(root, "pre_tokenizer", pt);
     if (root == NULL)
         cJSON_Delete(pt);
     if (rc == 0)
@@ -351,7 +354,7 @@ static char *token_text(const gang__gguf *g, const char *key)
 
     if (kv == NULL || toks == NULL || kv->type != GANG__GGUF_U32 || kv->num.u >= toks->n)
         return NULL;
-    return str_dup(gang__gguf_arr_str(g, toks, kv->num.u));
+    return gang__gguf_str_dup(gang__gguf_arr_str(g, toks, kv->num.u));
 }
 
 int gang_gguf_chat_template_load(const char *path, gang_chat_template **out, char *err,

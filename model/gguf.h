@@ -182,9 +182,14 @@ int gang__gguf_is_path(const char *path);
  * 0 or GANG_ENOENT. */
 int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap);
 
-/* ---- SentencePiece vocabularies (gguf-spm.c) ---- */
+/* ---- tokenizer.json from metadata (gguf-text.c, gguf-spm.c) ---- */
 
 struct cJSON;
+/* A NUL-terminated malloc'd copy of a metadata string (NULL on ENOMEM or an embedded NUL). */
+char *gang__gguf_str_dup(gang__gguf_str s);
+/* Adds item to obj under name, taking item even on failure; 0 or GANG_ENOMEM. */
+int gang__gguf_json_add(struct cJSON *obj, const char *name, struct cJSON *item);
+
 /*
  * The BPE model of a SentencePiece vocabulary (tokenizer.ggml.model "llama": tokens,
  * scores, unknown_token_id) into root["model"], with the normalizer and decoder of a
