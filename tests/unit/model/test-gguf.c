@@ -637,11 +637,29 @@ static void write_model(const char *path, uint64_t gate_rows)
         {"blk.0.attn_v.bias", GANG__GGML_F32, 1, {HD}, bias, HD * 4, AUTO},
     };
     size_t nt = sizeof(t) / sizeof(t[0]) - (strcmp(arch, "qwen2") == 0 ? 0 : 3);
-    tdesc all[sizeof(t) / sizeof(t[0]) + 1];
+    tdesc all[sizeof(t) / sizeof(t[0]) + 5];
     memcpy(all, t, nt * sizeof(t[0]));
     if (rope_freqs != NULL)
         all[nt++] = (tdesc){"rope_freqs.weight", GANG__GGML_F32,         1,   {HD / 2},
                             rope_freqs,          HD / 2 * sizeof(float), AUTO};
+    /* qwen3 and gemma3: per-head q/k norms; gemma3: the norms after each block. */
+    static float hd_norm[HD], post[H];
+    for (i = 0; i < HD; i++)
+        hd_norm[i] = 0.5f + (float)i / 8.0f;
+    for (i = 0; i < H; i++)
+        post[i] = 2.0f - (float)i / 32.0f;
+    if (strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0) {
+        all[nt++] = (tdesc){
+            "blk.0.attn_q_norm.weight", GANG__GGML_F32, 1, {HD}, hd_norm, sizeof(hd_norm), AUTO};
+        all[nt++] = (tdesc){
+            "blk.0.attn_k_norm.weight", GANG__GGML_F32, 1, {HD}, hd_norm, sizeof(hd_norm), AUTO};
+    }
+    if (strcmp(arch, "gemma3") == 0) {
+        all[nt++] = (tdesc){
+            "blk.0.post_attention_norm.weight", GANG__GGML_F32, 1, {H}, post, sizeof(post), AUTO};
+        all[nt++] =
+            (tdesc){"blk.0.post_ffw_norm.weight", GANG__GGML_F32, 1, {H}, post, sizeof(post), AUTO};
+    }
     /* 18 entries; a SentencePiece file has scores instead of merges, maybe the prefix flag. */
     uint8_t *b =
         build(3, &m, (uint64_t)(18 - spm + (spm && tok_scores) + (spm && tok_space_prefix >= 0)),
@@ -784,6 +802,49 @@ static void test_qwen2(void **state)
         assert_true(m->layers[0].bk[r] == bias_val(r));
     }
     gang_model_free(m);
+
+    /* qwen3: q/k norms, no biases, rows unpermuted. */
+    arch = "qwen3";
+    write_model(path, FFN);
+    if (gang_model_config_read(path, &mc, err, sizeof(err)) != 0)
+        fail_msg("config: %s", err);
+    assert_int_equal(mc.arch, GANG_ARCH_QWEN3);
+    assert_int_equal(mc.qk_norm, 1);
+    assert_int_equal(mc.attn_bias, 0);
+    gang_topology t1 = fx_topo(path, 1, 1);
+    m = fx_load_ok(path, &t1, 0);
+    for (r = 0; r < HD; r++) {
+        assert_true(m->layers[0].q_norm[r] == 0.5f + (float)r / 8.0f);
+        for (c = 0; c < H; c++)
+            assert_true(m->layers[0].wq[r * H + c] == q_val(r, c));
+    }
+    assert_null(m->layers[0].bq);
+    gang_model_free(m);
+
+    /* gemma3: the norms as the file holds them (1 + w already), the sandwich norms from
+     * post_attention_norm / post_ffw_norm, ffn_norm the MLP's input norm, GeGLU, the
+     * embedding scale, every 6th layer global (no window here: the key is absent). */
+    arch = "gemma3";
+    write_model(path, FFN);
+    if (gang_model_config_read(path, &mc, err, sizeof(err)) != 0)
+        fail_msg("config: %s", err);
+    assert_int_equal(mc.arch, GANG_ARCH_GEMMA3);
+    assert_int_equal(mc.post_norms, 1);
+    assert_int_equal(mc.act, GANG_ACT_GELU_TANH);
+    assert_true(fabsf(mc.embed_scale - sqrtf((float)H)) < 1e-6f);
+    assert_int_equal(mc.window_pattern, 6);
+    assert_int_equal(mc.sliding_window, 0);
+    m = fx_load_ok(path, &t1, 0);
+    for (r = 0; r < H; r++) {
+        assert_true(m->layers[0].post_attn_norm[r] == 2.0f - (float)r / 32.0f);
+        assert_true(m->layers[0].post_mlp_norm[r] == 2.0f - (float)r / 32.0f);
+        assert_true(m->layers[0].mlp_norm[r] == 1.0f); /* ffn_norm */
+    }
+    for (r = 0; r < HD; r++)
+        assert_true(m->layers[0].k_norm[r] == 0.5f + (float)r / 8.0f);
+    assert_int_equal(m->layers[0].act, GANG_ACT_GELU_TANH);
+    gang_model_free(m);
+
     /* Another architecture is refused by name. */
     arch = "gemma2";
     write_model(path, FFN);
