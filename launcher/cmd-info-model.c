@@ -89,7 +89,10 @@ static void print_config(const char *path, const gang_model_config *mc)
            arch_name(mc->arch), mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads, mc->head_dim,
            mc->ffn, mc->vocab);
     printf("  context %u (max_position_embeddings %u), rope %s (theta %g)", mc->max_ctx_allowed,
-           mc->max_pos, (unsigned)mc->rope.type < 5 ? rope[mc->rope.type] : "?",
+           mc->max_pos,
+           mc->rope_freq_factors         ? "scaled by the file's rope_freqs factors"
+           : (unsigned)mc->rope.type < 5 ? rope[mc->rope.type]
+                                         : "?",
            (double)mc->rope_theta);
     if (mc->sliding_window && mc->window_pattern)
         printf(", sliding window %u on local layers (every %u-th global; local theta %g)",
