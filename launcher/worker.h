@@ -136,6 +136,8 @@ typedef struct gang__wevent {
     uint32_t n_top;               /* TOKEN: alternatives */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
     float top_lp[GANG_MAX_TOP_LOGPROBS];
+    gang_engine_kv kv; /* READY with a model: the KV cache the gang agreed on */
+    uint32_t has_kv;   /* READY: kv is filled */
 } gang__wevent;
 
 typedef struct gang__wres gang__wres;
