@@ -335,6 +335,7 @@ static void status_kv(agent *a, cJSON *e, uint32_t local)
         return;
     }
     cJSON *o = cJSON_AddObjectToObject(e, "kv_cache");
+    cJSON_AddStringToObject(o, "dtype", gang_dtype_name(kv.dtype));
     cJSON_AddNumberToObject(o, "block_size", kv.block_size);
     cJSON_AddNumberToObject(o, "blocks", kv.blocks);
     cJSON_AddNumberToObject(o, "tokens", (double)kv.tokens);

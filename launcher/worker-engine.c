@@ -223,6 +223,7 @@ static int wres_load(gang__wres *r)
     ec.kv_cache_bytes = wres_kv_budget(r);
     ec.microbatches = c->microbatches;
     ec.max_step_tokens = c->max_step_tokens;
+    ec.kv_dtype = c->layout.kv_dtype;
     rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
     if (rc != 0)
         goto out_err;
@@ -232,11 +233,11 @@ static int wres_load(gang__wres *r)
     gang_engine_kv kv;
     gang_engine_kv_info(r->engine, &kv);
     gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights; "
-              "KV cache (%s): %u blocks of %u positions = %llu tokens, %u sequences of the "
-              "whole %u-position context, up to %u in flight",
+              "KV cache (%s, %s): %u blocks of %u positions = %llu tokens, %u sequences of "
+              "the whole %u-position context, up to %u in flight",
               model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
               r->model->layer_first + r->model->layer_count, mc->n_layers,
-              (double)r->model->weight_bytes / (1 << 20),
+              (double)r->model->weight_bytes / (1 << 20), gang_dtype_name(c->layout.kv_dtype),
               c->kv_cache_bytes != 0 ? "--kv-cache-mb" : "sized from free memory", kv.blocks,
               kv.block_size, (unsigned long long)kv.tokens, kv.full_seqs,
               gang_engine_max_ctx(r->engine), gang_engine_slots(r->engine));

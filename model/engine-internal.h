@@ -122,7 +122,7 @@ struct gang_engine {
 
     gang_tp_kv_cache *caches;      /* [layer_count x slots], layer-major: every slot of a
                                       layer sees that layer's block pool through its table */
-    float *kv_mem;                 /* (T) the block pools: per layer, K then V, each
+    char *kv_mem;                  /* (T) the block pools: per layer, K then V, each
                                       [n_blocks, block_size, kv cols] */
     uint32_t block_size;           /* positions per KV block */
     uint32_t n_blocks;             /* blocks of every layer's pool */

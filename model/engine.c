@@ -151,12 +151,12 @@ static int eng_blocks(gang_engine *e, char *err, size_t errlen)
 {
     const gang_topology *t = &e->m->topo;
     uint32_t max_layers = t->n_layers / t->pp + (t->n_layers % t->pp != 0 ? 1u : 0u);
-    size_t per_block;
+    size_t per_block, es = gang_dtype_size(e->cfg.kv_dtype);
     uint64_t n;
 
     e->block_size = e->cfg.block_size != 0 ? e->cfg.block_size : GANG_KV_BLOCK_DEFAULT;
     e->max_bps = (e->max_ctx + e->block_size - 1) / e->block_size;
-    if (eng_mul((size_t)max_layers * 2u * sizeof(float), e->block_size, &per_block) != 0 ||
+    if (eng_mul((size_t)max_layers * 2u * es, e->block_size, &per_block) != 0 ||
         eng_mul(per_block, (size_t)t->kv_heads_per_rank * t->head_dim, &per_block) != 0) {
         gang_set_err(err, errlen, "KV block size overflows");
         return GANG_EINVAL;
@@ -167,9 +167,9 @@ static int eng_blocks(gang_engine *e, char *err, size_t errlen)
                      "KV cache budget of %" PRIu64 " bytes holds %" PRIu64 " blocks of %u "
                      "positions, fewer than one sequence of the context (%u positions) needs: "
                      "%u blocks of %zu bytes (%u layers x 2 x %u positions x %u kv heads x %u "
-                     "x 4 bytes)",
+                     "x %zu bytes)",
                      e->cfg.kv_cache_bytes, n, e->block_size, e->max_ctx, e->max_bps, per_block,
-                     max_layers, e->block_size, t->kv_heads_per_rank, t->head_dim);
+                     max_layers, e->block_size, t->kv_heads_per_rank, t->head_dim, es);
         return GANG_ENOMEM;
     }
     /* More than max_batch sequences of the whole context could never use. */
@@ -188,6 +188,7 @@ static int eng_alloc_caches(gang_engine *e)
 {
     const gang_model *m = e->m;
     size_t row = (size_t)m->shard.kv_head_count * m->topo.head_dim, pool, n, l, i;
+    size_t es = gang_dtype_size(e->cfg.kv_dtype);
     size_t n_tab = (size_t)e->slots * e->max_bps;
     int rc;
 
@@ -209,15 +210,17 @@ static int eng_alloc_caches(gang_engine *e)
     if (rc != 0)
         return rc;
     /* Rows are always written before they are read, so the pools need no clearing. */
-    rc = gang_kernels_alloc(e->k, 2 * m->layer_count * pool * sizeof(float), (void **)&e->kv_mem);
+    rc = gang_kernels_alloc(e->k, 2 * m->layer_count * pool * es, (void **)&e->kv_mem);
     if (rc != 0)
         return rc;
     for (l = 0; l < m->layer_count; l++) {
         for (i = 0; i < e->slots; i++) {
             gang_tp_kv_cache *c = &e->caches[l * e->slots + i];
 
-            c->k = e->kv_mem + 2 * l * pool;
-            c->v = e->kv_mem + (2 * l + 1) * pool;
+            /* (bf16 / f16 pools: k and v point at half-precision data, see parallel.h) */
+            c->k = (float *)(void *)(e->kv_mem + 2 * l * pool * es);
+            c->v = (float *)(void *)(e->kv_mem + (2 * l + 1) * pool * es);
+            c->dtype = e->cfg.kv_dtype;
             c->cap = e->max_ctx;
             c->table = e->tables_dev + i * e->max_bps;
             c->table_host = e->tables + i * e->max_bps;
@@ -395,10 +398,12 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     }
     if (cfg->max_batch == 0 || cfg->max_ctx < 2 || cfg->microbatches == 0 ||
         cfg->max_step_tokens == 0 || cfg->max_batch > UINT32_MAX / 2 ||
-        cfg->max_step_tokens > UINT32_MAX / 2) {
+        cfg->max_step_tokens > UINT32_MAX / 2 ||
+        (cfg->kv_dtype != GANG_DTYPE_F32 && cfg->kv_dtype != GANG_DTYPE_BF16 &&
+         cfg->kv_dtype != GANG_DTYPE_F16)) {
         gang_set_err(err, errlen,
                      "engine config out of range (max_batch >= 1, max_ctx >= 2, microbatches >= 1, "
-                     "max_step_tokens >= 1)");
+                     "max_step_tokens >= 1, kv_dtype f32, bf16 or f16)");
         return GANG_EINVAL;
     }
     rc = eng_check_model(m, err, errlen);
@@ -468,6 +473,7 @@ int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out)
     out->preempted = e->n_preempted;
     out->slots = e->slots;
     out->max_ctx = e->max_ctx;
+    out->dtype = e->cfg.kv_dtype;
     return 0;
 }
 

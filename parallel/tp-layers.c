@@ -600,7 +600,9 @@ static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n
             return GANG_EINVAL;
         if (c->table != NULL) {
             /* The blocks this call writes must lie in the pool. */
-            if (c->table_host == NULL || c->block_size == 0 || c->n_blocks == 0)
+            if (c->table_host == NULL || c->block_size == 0 || c->n_blocks == 0 ||
+                (c->dtype != GANG_DTYPE_F32 && c->dtype != GANG_DTYPE_BF16 &&
+                 c->dtype != GANG_DTYPE_F16))
                 return GANG_EINVAL;
             for (t = pos0 / c->block_size; t <= (pos0 + len - 1) / c->block_size; t++)
                 if (c->table_host[t] < 0 || (size_t)c->table_host[t] >= c->n_blocks)
@@ -710,19 +712,28 @@ static int tp_batch_rope(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratc
 static int tp_paged_write(gang_kernels *k, const gang_tp_kv_cache *c, const gang_tp_scratch *s,
                           size_t off, size_t pos0, size_t len)
 {
-    size_t bs = c->block_size, w = s->kv_cols, done = 0;
+    size_t bs = c->block_size, w = s->kv_cols, done = 0, es = gang_dtype_size(c->dtype);
+    char *kb = (char *)c->k, *vb = (char *)c->v;
     int rc = 0;
 
     while (done < len && rc == 0) {
         size_t p = pos0 + done, in_block = p % bs, run = bs - in_block;
         size_t row = (size_t)c->table_host[p / bs] * bs + in_block;
+        const float *ks = s->k + (off + done) * w, *vs = s->v + (off + done) * w;
 
         if (run > len - done)
             run = len - done;
-        rc = gang_kernels_copy(k, c->k + row * w, s->k + (off + done) * w, run * w * sizeof(float));
-        if (rc == 0)
-            rc = gang_kernels_copy(k, c->v + row * w, s->v + (off + done) * w,
-                                   run * w * sizeof(float));
+        if (c->dtype == GANG_DTYPE_F32) {
+            rc = gang_kernels_copy(k, kb + row * w * es, ks, run * w * sizeof(float));
+            if (rc == 0)
+                rc = gang_kernels_copy(k, vb + row * w * es, vs, run * w * sizeof(float));
+        } else {
+            /* A half-precision pool: the rows are rounded to it as they are stored. */
+            rc = gang_kernels_convert(k, GANG_DTYPE_F32, ks, c->dtype, kb + row * w * es, run * w);
+            if (rc == 0)
+                rc = gang_kernels_convert(k, GANG_DTYPE_F32, vs, c->dtype, vb + row * w * es,
+                                          run * w);
+        }
         done += run;
     }
     return rc;
@@ -785,7 +796,7 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
             rc = tp_paged_write(k, c, s, off, pos0, len);
             if (rc != 0)
                 return rc;
-            gang_kernels_kv_pages pg = {c->table, c->block_size, c->n_blocks};
+            gang_kernels_kv_pages pg = {c->table, c->block_size, c->n_blocks, c->dtype};
             rc = gang_kernels_attention_paged(
                 k, s->q + off * s->q_cols, c->k, c->v, &pg, len, pos0 + len, l->shard.head_count,
                 l->shard.kv_head_count, hd, pos0, l->window, s->q + off * s->q_cols);

@@ -358,6 +358,8 @@ typedef struct gang_engine_config {
     uint32_t microbatches;    /* sequences of a step are cut into this many microbatches */
     uint32_t max_step_tokens; /* prompt tokens admitted per step (chunking bound), >= 1 */
     uint32_t block_size;      /* positions per KV block; 0: GANG_KV_BLOCK_DEFAULT */
+    gang_dtype kv_dtype;      /* the cache's elements: GANG_DTYPE_F32 (0), _BF16 or _F16
+                                 (half the bytes per block; rows rounded as stored) */
 } gang_engine_config;
 
 /* What the paged KV cache of an engine holds (gang_engine_kv_info). */
@@ -370,6 +372,7 @@ typedef struct gang_engine_kv {
     uint64_t preempted;   /* rank 0: sequences preempted (recomputed later) so far */
     uint32_t slots;       /* sequences in flight at most (max_batch, or fewer blocks) */
     uint32_t max_ctx;     /* positions of one sequence's whole context */
+    gang_dtype dtype;     /* the cache's elements */
 } gang_engine_kv;
 
 typedef struct gang_engine gang_engine;

@@ -401,6 +401,8 @@ typedef struct gang_tp_kv_cache {
     const int32_t *table_host;
     size_t block_size;
     size_t n_blocks;
+    gang_dtype dtype; /* paged: the pool's elements, F32 (0), BF16 or F16 (k and v then
+                         point at bf16 / f16 data: the rows are rounded as written) */
 } gang_tp_kv_cache;
 
 /*

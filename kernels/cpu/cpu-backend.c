@@ -132,7 +132,7 @@ static int cpu_softmax(void *ctx, float *x, size_t rows, size_t cols)
     return gang__cpu_softmax(x, rows, cols);
 }
 
-static int cpu_attention(void *ctx, const float *q, const float *kc, const float *vc,
+static int cpu_attention(void *ctx, const float *q, const void *kc, const void *vc,
                          const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
                          size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out)
 {

@@ -22,12 +22,16 @@
  *
  * Paged caches (gang_kernels_kv_pages): key j is read at row table[j / block_size] x
  * block_size + j % block_size instead of row j (attn_row); table NULL is the contiguous
- * cache. Blocks are at least a warp's stride apart in no particular order, so a row's
- * read stays coalesced across the lanes (they share the row).
+ * cache. A half-precision pool (bf16 / f16) is widened to f32 as each element is read
+ * (the kernels are templates over the element type, attn_ld). Blocks are at least a warp's stride
+ * apart in no particular order, so a row's read stays coalesced across the lanes (they share the
+ * row).
  *
  * Aliasing: out may be q: a block reads its query row into registers before any write,
  * and blocks touch disjoint rows.
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 
 #include "cuda-internal.h"
@@ -37,6 +41,20 @@
 #define ATT_UNROLL 4           /* keys per warp and step */
 #define ATT_SPLIT_MIN_KEYS 128 /* fewest keys worth a block of their own */
 #define ATT_MAX_SPLITS 64
+
+/* One cache element as f32. */
+__device__ static inline float attn_ld(const float *p)
+{
+    return *p;
+}
+__device__ static inline float attn_ld(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+__device__ static inline float attn_ld(const __half *p)
+{
+    return __half2float(*p);
+}
 
 /* The cache row of key j: j, or its row in its block when the cache is paged. */
 __device__ static inline size_t attn_row(const int32_t *table, unsigned block_size, size_t j)
@@ -51,11 +69,11 @@ __device__ static inline size_t attn_row(const int32_t *table, unsigned block_si
  * in shared memory, visible to every thread after the final barrier. Every thread of the
  * block must call it (it synchronises).
  */
-__device__ static void block_attend(const float *qrow, const float *kc, const float *vc,
-                                    const int32_t *table, unsigned block_size, size_t kv_stride,
-                                    unsigned g, unsigned head_dim, float scale, size_t j0,
-                                    size_t j1, float *s_m, float *s_l,
-                                    float (*s_acc)[32 * ATT_PER_LANE])
+template <typename T>
+__device__ static void
+block_attend(const float *qrow, const T *kc, const T *vc, const int32_t *table, unsigned block_size,
+             size_t kv_stride, unsigned g, unsigned head_dim, float scale, size_t j0, size_t j1,
+             float *s_m, float *s_l, float (*s_acc)[32 * ATT_PER_LANE])
 {
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float qv[ATT_PER_LANE], acc[ATT_PER_LANE];
@@ -78,8 +96,7 @@ __device__ static void block_attend(const float *qrow, const float *kc, const fl
 #pragma unroll
         for (int u = 0; u < ATT_UNROLL; u++) {
             size_t jj = j + (size_t)u * ATT_WARPS;
-            const float *krow =
-                kc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
+            const T *krow = kc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
             float dot = 0.0f;
 
             if (jj < j1) {
@@ -87,7 +104,7 @@ __device__ static void block_attend(const float *qrow, const float *kc, const fl
                 for (int r = 0; r < ATT_PER_LANE; r++) {
                     unsigned d = lane + 32u * r;
                     if (d < head_dim)
-                        dot += qv[r] * krow[d];
+                        dot += qv[r] * attn_ld(krow + d);
                 }
             }
             dots[u] = dot;
@@ -121,13 +138,12 @@ __device__ static void block_attend(const float *qrow, const float *kc, const fl
             size_t jj = j + (size_t)u * ATT_WARPS;
             if (jj >= j1)
                 continue;
-            const float *vrow =
-                vc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
+            const T *vrow = vc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
 #pragma unroll
             for (int r = 0; r < ATT_PER_LANE; r++) {
                 unsigned d = lane + 32u * r;
                 if (d < head_dim)
-                    acc[r] += p[u] * vrow[d];
+                    acc[r] += p[u] * attn_ld(vrow + d);
             }
         }
         m = m_new;
@@ -171,7 +187,8 @@ __device__ static float block_num(const float *s_m, const float (*s_acc)[32 * AT
 }
 
 /* Single pass: one block per (query i, head h) over all its keys, writing out directly. */
-__global__ static void attention_kernel(const float *q, const float *kc, const float *vc,
+template <typename T>
+__global__ static void attention_kernel(const float *q, const T *kc, const T *vc,
                                         const int32_t *table, unsigned block_size, unsigned n_heads,
                                         unsigned n_kv_heads, unsigned head_dim, size_t pos0,
                                         size_t window, float scale, float *out)
@@ -203,12 +220,12 @@ __global__ static void attention_kernel(const float *q, const float *kc, const f
  * (or before its sliding window) and adds nothing; the chunk holding the first key of the
  * window is never empty.
  */
-__global__ static void attention_split_kernel(const float *q, const float *kc, const float *vc,
-                                              const int32_t *table, unsigned block_size,
-                                              unsigned n_heads, unsigned n_kv_heads,
-                                              unsigned head_dim, size_t pos0, size_t window,
-                                              float scale, size_t chunk, unsigned splits,
-                                              float *part)
+template <typename T>
+__global__ static void
+attention_split_kernel(const float *q, const T *kc, const T *vc, const int32_t *table,
+                       unsigned block_size, unsigned n_heads, unsigned n_kv_heads,
+                       unsigned head_dim, size_t pos0, size_t window, float scale, size_t chunk,
+                       unsigned splits, float *part)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_PER_LANE];
@@ -265,19 +282,18 @@ __global__ static void attention_merge_kernel(const float *part, unsigned splits
 /*
  * Chooses the plan: split the keys when the (query, head) pairs would leave most SMs idle
  * and there are enough keys to share (at least ATT_SPLIT_MIN_KEYS per chunk), within the
- * scratch the handle reserved; otherwise one pass.
+ * scratch the handle reserved; otherwise one pass. T is the cache's element type.
  */
-extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc,
-                                           const float *vc, const int32_t *table, size_t block_size,
-                                           size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
-                                           size_t head_dim, size_t pos0, size_t window, float *out,
-                                           float *scratch, size_t scratch_floats, int n_sm)
+template <typename T>
+static int launch_attention(cudaStream_t s, const float *q, const T *kc, const T *vc,
+                            const int32_t *table, size_t block_size, size_t tq, size_t n_heads,
+                            size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window,
+                            float *out, float *scratch, size_t scratch_floats, int n_sm)
 {
     size_t pairs = tq * n_heads, max_keys = pos0 + tq;
     float scale = (float)(1.0 / sqrt((double)head_dim));
     unsigned splits = 1;
 
-    (void)tk; /* the front checked pos0 + tq <= tk; rows past pos0 + i are never read */
     if (head_dim > 32 * ATT_PER_LANE) {
         gang_error("kernels/cuda: attention supports head_dim <= %d (got %zu)", 32 * ATT_PER_LANE,
                    head_dim);
@@ -300,14 +316,14 @@ extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const
         splits = want < 2 ? 1 : (unsigned)want;
     }
     if (splits == 1) {
-        attention_kernel<<<(unsigned)pairs, ATT_WARPS * 32, 0, s>>>(
+        attention_kernel<T><<<(unsigned)pairs, ATT_WARPS * 32, 0, s>>>(
             q, kc, vc, table, (unsigned)block_size, (unsigned)n_heads, (unsigned)n_kv_heads,
             (unsigned)head_dim, pos0, window, scale, out);
         return gang__cuda_err(cudaGetLastError(), "attention launch");
     }
     size_t chunk = (max_keys + splits - 1) / splits;
     dim3 grid((unsigned)pairs, splits);
-    attention_split_kernel<<<grid, ATT_WARPS * 32, 0, s>>>(
+    attention_split_kernel<T><<<grid, ATT_WARPS * 32, 0, s>>>(
         q, kc, vc, table, (unsigned)block_size, (unsigned)n_heads, (unsigned)n_kv_heads,
         (unsigned)head_dim, pos0, window, scale, chunk, splits, scratch);
     int rc = gang__cuda_err(cudaGetLastError(), "attention (split) launch");
@@ -316,4 +332,30 @@ extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const
     attention_merge_kernel<<<(unsigned)pairs, 128, 0, s>>>(scratch, splits, (unsigned)head_dim,
                                                            out);
     return gang__cuda_err(cudaGetLastError(), "attention merge launch");
+}
+
+extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const void *kc,
+                                           const void *vc, gang_dtype dtype, const int32_t *table,
+                                           size_t block_size, size_t tq, size_t tk, size_t n_heads,
+                                           size_t n_kv_heads, size_t head_dim, size_t pos0,
+                                           size_t window, float *out, float *scratch,
+                                           size_t scratch_floats, int n_sm)
+{
+    (void)tk; /* the front checked pos0 + tq <= tk; rows past pos0 + i are never read */
+    switch (dtype) {
+    case GANG_DTYPE_F32:
+        return launch_attention(s, q, (const float *)kc, (const float *)vc, table, block_size, tq,
+                                n_heads, n_kv_heads, head_dim, pos0, window, out, scratch,
+                                scratch_floats, n_sm);
+    case GANG_DTYPE_BF16:
+        return launch_attention(s, q, (const __nv_bfloat16 *)kc, (const __nv_bfloat16 *)vc, table,
+                                block_size, tq, n_heads, n_kv_heads, head_dim, pos0, window, out,
+                                scratch, scratch_floats, n_sm);
+    case GANG_DTYPE_F16:
+        return launch_attention(s, q, (const __half *)kc, (const __half *)vc, table, block_size, tq,
+                                n_heads, n_kv_heads, head_dim, pos0, window, out, scratch,
+                                scratch_floats, n_sm);
+    default:
+        return GANG_EINVAL;
+    }
 }

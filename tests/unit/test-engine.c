@@ -336,6 +336,94 @@ static void test_preemption(void **state)
     free(fm);
 }
 
+/*
+ * A bf16 or f16 KV cache (--kv-cache-dtype): half the bytes per block (twice the blocks
+ * in the same budget), and the logits of a prefill and of the decodes after it stay
+ * within the documented tolerance of the f32 cache (bf16: 1e-2, f16: 1e-3 of the largest
+ * |logit|) while differing from them (the rows really are rounded). Greedy tokens are
+ * not required to agree; the eight-request script still completes.
+ */
+static void test_kv_dtype(void **state)
+{
+    static script sc;
+    const gang_dtype dts[2] = {GANG_DTYPE_BF16, GANG_DTYPE_F16};
+    const double tol[2] = {1e-2, 1e-3};
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(21, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *ef = NULL, *eh = NULL;
+    gang_engine_kv kf, kh;
+    gang_kernels *k = NULL;
+    char err[256];
+
+    (void)state;
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    cfg.kv_cache_bytes = 4 * (3 * 2 * 16 * N_KV_HEADS * HEAD_DIM * 4); /* 4 f32 blocks */
+    cfg.max_step_tokens = 16; /* the prompt in one step: every step samples */
+    assert_int_equal(gang_engine_init(m, &cfg, &ef, err, sizeof(err)), 0);
+    assert_int_equal(gang_engine_kv_info(ef, &kf), 0);
+    {
+        gang_engine_config bad = cfg;
+
+        bad.kv_dtype = GANG_DTYPE_I32;
+        assert_int_equal(gang_engine_init(m, &bad, &eh, err, sizeof(err)), GANG_EINVAL);
+        assert_null(eh);
+    }
+    for (int d = 0; d < 2; d++) {
+        gang_engine_config ch = cfg;
+        int32_t prompt[13];
+        double max_ref = 0.0, max_diff = 0.0;
+
+        ch.kv_dtype = dts[d];
+        assert_int_equal(gang_engine_init(m, &ch, &eh, err, sizeof(err)), 0);
+        assert_int_equal(gang_engine_kv_info(eh, &kh), 0);
+        assert_int_equal(kh.blocks, 2 * kf.blocks);
+        assert_int_equal(kh.dtype, dts[d]);
+        for (uint32_t i = 0; i < 13; i++)
+            prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+        gang_gen_request r = {.id = 1,
+                              .prompt = prompt,
+                              .n_prompt = 13,
+                              .max_tokens = 4,
+                              .sampling = greedy,
+                              .ignore_eos = 1};
+        assert_int_equal(gang_engine_submit(ef, &r, err, sizeof(err)), 0);
+        assert_int_equal(gang_engine_submit(eh, &r, err, sizeof(err)), 0);
+        for (int step = 0; step < 4; step++) {
+            gang_gen_event ev;
+
+            assert_int_equal(gang_engine_step(ef, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            assert_int_equal(gang_engine_step(eh, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            const float *lf = gang__engine_logits(ef, 0), *lh = gang__engine_logits(eh, 0);
+            assert_non_null(lf);
+            assert_non_null(lh);
+            for (uint32_t v = 0; v < VOCAB; v++) {
+                double diff = fabs((double)lf[v] - (double)lh[v]);
+                max_ref = fabs((double)lf[v]) > max_ref ? fabs((double)lf[v]) : max_ref;
+                max_diff = diff > max_diff ? diff : max_diff;
+            }
+            while (gang_engine_poll(ef, &ev) == 1 || gang_engine_poll(eh, &ev) == 1)
+                ;
+        }
+        print_message("%s KV cache: logits within %.2e of the f32 cache's (max |logit| %.3f)\n",
+                      gang_dtype_name(dts[d]), max_diff, max_ref);
+        assert_true(max_diff > 0.0);
+        assert_true(max_diff <= tol[d] * max_ref);
+        gang_engine_reset(ef);
+        make_script(fm, &sc);
+        sc.steps = 80;
+        script_run_local(eh, &sc);
+        for (uint32_t i = 0; i < sc.n_reqs; i++)
+            assert_true(sc.out[i].done && !sc.out[i].bad);
+        gang_engine_free(eh);
+        eh = NULL;
+    }
+    gang_engine_free(ef);
+    gang_kernels_close(k);
+    shard_free(m);
+    free(fm);
+}
+
 static void test_layouts_and_batching(void **state)
 {
     static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
@@ -1090,6 +1178,7 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_layouts_and_batching),
         cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_kv_dtype),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),

@@ -655,7 +655,7 @@ static void test_attention_paged(void **state)
             memcpy(kp + (size_t)table[b] * bs * row, kc + b * bs * row, rows * row * sizeof(float));
             memcpy(vp + (size_t)table[b] * bs * row, vc + b * bs * row, rows * row * sizeof(float));
         }
-        gang_kernels_kv_pages pg = {table, bs, pool};
+        gang_kernels_kv_pages pg = {table, bs, pool, GANG_DTYPE_F32};
         assert_int_equal(gang_kernels_attention_window(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0,
                                                        cases[c].window, flat),
                          0);
@@ -665,6 +665,40 @@ static void test_attention_paged(void **state)
         snprintf(what, sizeof(what), "paged case %zu", c);
         if (memcmp(flat, paged, qn * sizeof(float)) != 0)
             fail_msg("%s: paged and contiguous differ", what);
+        /* A bf16 / f16 pool: exactly the contiguous f32 call on the rows rounded to it. */
+        for (int d = 0; d < 2; d++) {
+            gang_dtype dt = d == 0 ? GANG_DTYPE_BF16 : GANG_DTYPE_F16;
+            size_t pn = pool * bs * row;
+            uint16_t *kh = malloc(pn * 2), *vh = malloc(pn * 2);
+            float *kr = malloc(pn * sizeof(float)), *vr = malloc(pn * sizeof(float));
+            gang_kernels_kv_pages ph = {table, bs, pool, dt};
+            assert_non_null(kh);
+            assert_non_null(vh);
+            assert_non_null(kr);
+            assert_non_null(vr);
+            assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, kp, dt, kh, pn), 0);
+            assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, vp, dt, vh, pn), 0);
+            assert_int_equal(gang_kernels_convert(k, dt, kh, GANG_DTYPE_F32, kr, pn), 0);
+            assert_int_equal(gang_kernels_convert(k, dt, vh, GANG_DTYPE_F32, vr, pn), 0);
+            gang_kernels_kv_pages pr = {table, bs, pool, GANG_DTYPE_F32};
+            assert_int_equal(gang_kernels_attention_paged(k, q, kr, vr, &pr, tq, tk, nh, nkv, hd,
+                                                          pos0, cases[c].window, flat),
+                             0);
+            assert_int_equal(gang_kernels_attention_paged(k, q, kh, vh, &ph, tq, tk, nh, nkv, hd,
+                                                          pos0, cases[c].window, paged),
+                             0);
+            if (memcmp(flat, paged, qn * sizeof(float)) != 0)
+                fail_msg("%s: the %s pool differs from its rows widened", what,
+                         gang_dtype_name(dt));
+            ph.dtype = GANG_DTYPE_I32;
+            assert_int_equal(gang_kernels_attention_paged(k, q, kh, vh, &ph, tq, tk, nh, nkv, hd,
+                                                          pos0, 0, paged),
+                             GANG_EINVAL);
+            free(kh), free(vh), free(kr), free(vr);
+        }
+        assert_int_equal(gang_kernels_attention_window(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0,
+                                                       cases[c].window, flat),
+                         0);
         /* Point the first block at a block holding noise: the answer changes. */
         table[0] = (int32_t)(pool - 1) == table[0] ? 0 : (int32_t)(pool - 1);
         if (cases[c].window == 0) {
