@@ -244,12 +244,12 @@ static void s_on_token(void *ctx, const gang_wctl *tok)
         gang_api_on_token(a->api, tok);
 }
 
-static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
-                      const char *reason)
+static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
+                      const char *finish, const char *reason)
 {
     agent *a = ctx;
     if (a->api)
-        gang_api_on_done(a->api, gen, id, code, finish, reason);
+        gang_api_on_done(a->api, gen, id, code, cached, finish, reason);
 }
 
 /* A worker says a retry cannot help (bad model, impossible layout): stop with its code. */

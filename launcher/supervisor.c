@@ -220,7 +220,8 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
         finish[sizeof(finish) - 1] = '\0';
         memcpy(reason, pkt->reason, sizeof(reason));
         reason[sizeof(reason) - 1] = '\0';
-        s->cb.on_done(s->cb.ctx, pkt->generation, pkt->req_id, pkt->code, finish, reason);
+        s->cb.on_done(s->cb.ctx, pkt->generation, pkt->req_id, pkt->code, pkt->index, finish,
+                      reason);
         return;
     }
     case GANG_WCTL_ABORTED:

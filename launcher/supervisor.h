@@ -29,8 +29,8 @@ typedef struct gang_sup_callbacks {
     void (*on_token)(void *ctx, const gang_wctl *tok);
     /* Local rank 0: request id finished (code 0, finish "length"/"stop") or was refused
      * (code < 0, reason). May be NULL. */
-    void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
-                    const char *reason);
+    void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
+                    const char *finish, const char *reason);
     /* A worker exited with a code that says a retry cannot help (2 usage/layout, 3 model):
      * the agent should stop with that exit code. May be NULL. */
     void (*on_fatal)(void *ctx, int exit_code, const char *reason);

@@ -224,6 +224,7 @@ static int wres_load(gang__wres *r)
     ec.microbatches = c->microbatches;
     ec.max_step_tokens = c->max_step_tokens;
     ec.kv_dtype = c->layout.kv_dtype;
+    ec.prefix_caching = c->prefix_caching;
     rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
     if (rc != 0)
         goto out_err;

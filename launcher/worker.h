@@ -44,8 +44,9 @@ typedef struct gang__wres_config {
     uint32_t microbatches;
     uint32_t max_step_tokens;
     uint64_t kv_cache_bytes;
-    char gpu_bus_id[32]; /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
-                            the GPU of the local rank's index */
+    uint32_t prefix_caching; /* --enable-prefix-caching */
+    char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
+                                the GPU of the local rank's index */
 } gang__wres_config;
 
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
@@ -130,7 +131,7 @@ typedef struct gang__wevent {
     char reason[GANG_REASON_MAX]; /* FAILED, LOADED, DONE: one line for the agent and logs */
     uint64_t req_id;              /* TOKEN, DONE */
     int32_t token;                /* TOKEN */
-    uint32_t index;               /* TOKEN */
+    uint32_t index;               /* TOKEN; DONE: prompt tokens from the prefix cache */
     char finish[8];               /* DONE: "length" or "stop" */
     float logprob;                /* TOKEN, when asked */
     uint32_t n_top;               /* TOKEN: alternatives */

@@ -80,25 +80,177 @@ static uint32_t sched_target(const gang__request *q)
     return q->r.n_prompt + (q->n_gen > 0 ? q->n_gen - 1 : 0);
 }
 
-/* Grows q's table (in rank 0's tables) to n blocks from the free stack, which the caller
- * checked holds enough. */
-static void sched_take(gang_engine *e, gang__request *q, uint32_t n)
-{
-    int32_t *row = e->tables + (size_t)q->slot * e->max_bps;
+/* ---------------------------------------------------------------------------------
+ * Prefix cache (rank 0)
+ *
+ * A full block's key is the hash chain h_i = mix(h_{i-1}, its block_size tokens) from the
+ * sequence's start, so equal keys mean equal prefixes up to that block (a hit is also
+ * checked exactly: the block's tokens and its parent block). Blocks are registered once
+ * their last position is in the cache, whoever computed them; a block several sequences
+ * hold is never written (a sequence writes only positions past its full blocks).
+ * --------------------------------------------------------------------------------- */
 
-    while (q->n_blocks < n)
-        row[q->n_blocks++] = (int32_t)e->free_blocks[--e->n_free];
+static uint64_t pc_mix(uint64_t h, const int32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        h ^= (uint64_t)(uint32_t)ids[i] + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
+        h *= 0xff51afd7ed558ccdu;
+        h ^= h >> 33;
+    }
+    return h;
 }
 
-/* Returns q's blocks to the free stack and its slot to the free slots. */
+static uint32_t pc_bucket(const gang_engine *e, uint64_t h)
+{
+    return (uint32_t)(h ^ (h >> 32)) & (e->ht_cap - 1);
+}
+
+static void pc_lru_remove(gang_engine *e, int32_t b)
+{
+    int32_t p = e->lru_prev[b], n = e->lru_next[b];
+
+    if (p >= 0)
+        e->lru_next[p] = n;
+    else
+        e->lru_head = n;
+    if (n >= 0)
+        e->lru_prev[n] = p;
+    else
+        e->lru_tail = p;
+    e->n_lru--;
+}
+
+static void pc_lru_push(gang_engine *e, int32_t b)
+{
+    e->lru_prev[b] = e->lru_tail;
+    e->lru_next[b] = -1;
+    if (e->lru_tail >= 0)
+        e->lru_next[e->lru_tail] = b;
+    else
+        e->lru_head = b;
+    e->lru_tail = b;
+    e->n_lru++;
+}
+
+/* Drops cached block b from the hash table (it is about to hold other tokens). */
+static void pc_unregister(gang_engine *e, int32_t b)
+{
+    int32_t *pp = &e->ht_head[pc_bucket(e, e->blk_hash[b])];
+
+    while (*pp >= 0 && *pp != b)
+        pp = &e->ht_next[*pp];
+    if (*pp == b)
+        *pp = e->ht_next[b];
+    e->blk_cached[b] = 0;
+}
+
+/* The cached block holding ids [block_size] after parent with chain hash h, or -1. */
+static int32_t pc_find(const gang_engine *e, uint64_t h, int32_t parent, const int32_t *ids)
+{
+    for (int32_t b = e->ht_head[pc_bucket(e, h)]; b >= 0; b = e->ht_next[b]) {
+        if (e->blk_hash[b] == h && e->blk_parent[b] == parent &&
+            memcmp(e->blk_tokens + (size_t)b * e->block_size, ids,
+                   e->block_size * sizeof(int32_t)) == 0)
+            return b;
+    }
+    return -1;
+}
+
+/* Blocks a sequence can take now: the free stack and the cached blocks nobody holds. */
+static uint32_t sched_avail(const gang_engine *e)
+{
+    return e->n_free + e->n_lru;
+}
+
+/* Grows q's table (in rank 0's tables) to n blocks: from the free stack, else by
+ * evicting the least recently released cached block. The caller checked the room. */
+static void sched_take(gang_engine *e, gang__request *q, uint32_t n)
+{
+    int32_t *row = e->tables + (size_t)q->slot * e->max_bps, b;
+
+    while (q->n_blocks < n) {
+        if (e->n_free > 0) {
+            b = (int32_t)e->free_blocks[--e->n_free];
+        } else {
+            b = e->lru_head;
+            pc_lru_remove(e, b);
+            pc_unregister(e, b);
+        }
+        e->blk_ref[b] = 1;
+        row[q->n_blocks++] = b;
+    }
+}
+
+/* Gives q's blocks back (a cached one nobody else holds goes to the LRU list, the last
+ * of the chain first, so that it is evicted first) and its slot to the free slots. */
 static void sched_release(gang_engine *e, gang__request *q)
 {
     const int32_t *row = e->tables + (size_t)q->slot * e->max_bps;
 
-    while (q->n_blocks > 0)
-        e->free_blocks[e->n_free++] = (uint32_t)row[--q->n_blocks];
+    while (q->n_blocks > 0) {
+        int32_t b = row[--q->n_blocks];
+
+        if (--e->blk_ref[b] > 0)
+            continue;
+        if (e->blk_cached[b])
+            pc_lru_push(e, b);
+        else
+            e->free_blocks[e->n_free++] = (uint32_t)b;
+    }
+    q->n_hashed = 0;
     e->slot_req[q->slot] = NULL;
     q->running = 0;
+}
+
+/*
+ * The leading full blocks of q's first `limit` tokens found in the cache, into hits
+ * [max_bps]; *held_free counts those nobody holds now (they leave the available room
+ * when taken). Returns their count.
+ */
+static uint32_t pc_lookup(const gang_engine *e, const gang__request *q, uint32_t limit,
+                          int32_t *hits, uint32_t *held_free, uint64_t *hash)
+{
+    uint32_t n = 0, bs = e->block_size;
+    uint64_t h = 0;
+
+    *held_free = 0;
+    if (!e->cfg.prefix_caching)
+        return 0;
+    while ((n + 1) * bs <= limit) {
+        uint64_t hn = pc_mix(h, q->prompt + (size_t)n * bs, bs);
+        int32_t b = pc_find(e, hn, n > 0 ? hits[n - 1] : -1, q->prompt + (size_t)n * bs);
+
+        if (b < 0)
+            break;
+        *held_free += e->blk_ref[b] == 0;
+        hits[n++] = b;
+        h = hn;
+    }
+    *hash = h;
+    return n;
+}
+
+/* Registers q's blocks that became full with its last step's tokens. */
+static void pc_register(gang_engine *e, gang__request *q)
+{
+    const int32_t *row = e->tables + (size_t)q->slot * e->max_bps;
+    uint32_t bs = e->block_size;
+
+    while ((q->n_hashed + 1) * bs <= q->n_fed) {
+        const int32_t *ids = q->prompt + (size_t)q->n_hashed * bs;
+        int32_t b = row[q->n_hashed], parent = q->n_hashed > 0 ? row[q->n_hashed - 1] : -1;
+
+        q->hash = pc_mix(q->hash, ids, bs);
+        q->n_hashed++;
+        if (e->blk_cached[b] || pc_find(e, q->hash, parent, ids) >= 0)
+            continue; /* a hit, or the same prefix cached by another sequence */
+        e->blk_hash[b] = q->hash;
+        e->blk_parent[b] = parent;
+        memcpy(e->blk_tokens + (size_t)b * bs, ids, bs * sizeof(int32_t));
+        e->blk_cached[b] = 1;
+        e->ht_next[b] = e->ht_head[pc_bucket(e, q->hash)];
+        e->ht_head[pc_bucket(e, q->hash)] = b;
+    }
 }
 
 /*
@@ -121,7 +273,7 @@ static void sched_preempt(gang_engine *e, gang__request *v)
  */
 static int sched_make_room(gang_engine *e, gang__request *q, uint32_t need)
 {
-    while (e->n_free < need) {
+    while (sched_avail(e) < need) {
         gang__request *v = NULL, *it;
 
         for (it = e->queue_head; it != NULL; it = it->next)
@@ -144,12 +296,21 @@ void gang__sched_blocks_reset(gang_engine *e)
     for (i = 0; i < e->n_usable; i++)
         e->free_blocks[i] = e->n_usable - 1 - i;
     e->n_free = e->n_usable;
+    memset(e->blk_ref, 0, (size_t)e->n_blocks * sizeof(uint32_t));
+    memset(e->blk_cached, 0, e->n_blocks);
+    for (i = 0; i < e->ht_cap; i++)
+        e->ht_head[i] = -1;
+    e->lru_head = e->lru_tail = -1;
+    e->n_lru = 0;
 }
 
 void gang__sched_build(gang_engine *e)
 {
     gang__request *q;
     uint32_t slot, budget = e->cfg.max_step_tokens, reserved = 0, chunk, free_slot, target, need;
+    uint32_t n_hit, held_free, fed;
+    uint64_t hash = 0;
+    int32_t *hits = e->pc_hits;
 
     e->plan.n_seq = 0;
     e->plan.n_tokens = 0;
@@ -179,26 +340,48 @@ void gang__sched_build(gang_engine *e)
             continue;
         if (q->planned)
             continue;
+        n_hit = 0;
+        fed = q->n_fed;
         if (!q->running) {
             while (free_slot < e->slots && e->slot_req[free_slot] != NULL)
                 free_slot++;
-            if (free_slot == e->slots || e->n_free < sched_blocks_for(e, target))
+            if (free_slot == e->slots)
                 break;
+            /* Its leading full blocks already cached are taken as they are (at least one
+             * token is left to compute, the one whose logits it samples). */
+            n_hit = pc_lookup(e, q, target - 1, hits, &held_free, &hash);
+            if (sched_avail(e) - held_free < sched_blocks_for(e, target) - n_hit)
+                break;
+            fed = n_hit * e->block_size;
         }
-        chunk = target - q->n_fed;
+        chunk = target - fed;
         if (chunk > budget)
             chunk = budget;
-        slot = q->n_gen == 0 && q->n_fed + chunk == q->r.n_prompt; /* samples */
+        slot = q->n_gen == 0 && fed + chunk == q->r.n_prompt; /* samples */
         if (slot) {
             if (sched_event_room(e, reserved) < 2)
                 break;
             reserved += 2;
         }
         if (!q->running) {
+            int32_t *row = e->tables + (size_t)free_slot * e->max_bps;
+
             q->running = 1;
             q->slot = free_slot;
             q->n_blocks = 0;
             e->slot_req[free_slot] = q;
+            for (uint32_t i = 0; i < n_hit; i++) {
+                if (e->blk_ref[hits[i]]++ == 0)
+                    pc_lru_remove(e, hits[i]);
+                row[q->n_blocks++] = hits[i];
+            }
+            q->n_fed = fed;
+            q->n_hashed = n_hit;
+            q->hash = hash;
+            if (q->n_gen == 0)
+                q->n_cached = fed;
+            e->prefix_query_tokens += target;
+            e->prefix_hit_tokens += fed;
             sched_take(e, q, sched_blocks_for(e, target));
         }
         sched_add(e, q, q->n_fed, q->prompt + q->n_fed, chunk, slot);
@@ -283,6 +466,8 @@ void gang__sched_commit(gang_engine *e)
         if (q == NULL)
             continue;
         q->n_fed += s->n;
+        if (e->cfg.prefix_caching)
+            pc_register(e, q);
         if (!s->sample)
             continue;
         q->last = e->plan.out[i];
@@ -305,6 +490,7 @@ void gang__sched_commit(gang_engine *e)
             memset(&ev, 0, sizeof(ev));
             ev.kind = GANG_GEN_DONE;
             ev.id = q->r.id;
+            ev.index = q->n_cached;
             memcpy(ev.finish, stop ? "stop" : "length", stop ? 5 : 7);
             sched_event(e, &ev);
             sched_finish(e, q);
@@ -466,9 +652,11 @@ int gang__plan_decode(gang_engine *e)
         if (ids[i] < 0 || (uint32_t)ids[i] >= e->vocab)
             return GANG_EPROTO;
     }
-    /* The tables: the right count per sequence, every block in the pool, and no block in
-     * two sequences of the step (their writes would collide). */
-    memset(e->block_seen, 0, e->n_blocks);
+    /* The tables: the right count per sequence, every block in the pool, and a block this
+     * step writes (one holding positions pos0 .. pos0 + n - 1 of its sequence) in no
+     * other sequence of the step, not even to be read (a cached prefix block shared by
+     * several sequences is only read). block_seen: 1 + the sequence writing a block. */
+    memset(e->block_seen, 0, (size_t)e->n_blocks * sizeof(*e->block_seen));
     w = ids + n_tokens;
     for (i = 0; i < n_seq; i++) {
         uint32_t nb = sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
@@ -476,17 +664,30 @@ int gang__plan_decode(gang_engine *e)
         if (nb > n_table - tab)
             return GANG_EPROTO;
         for (j = 0; j < nb; j++) {
-            if (w[j] < 0 || (uint32_t)w[j] >= e->n_blocks || e->block_seen[w[j]])
+            if (w[j] < 0 || (uint32_t)w[j] >= e->n_blocks)
                 return GANG_EPROTO;
-            e->block_seen[w[j]] = 1;
+            if (j >= p->seqs[i].pos0 / e->block_size) {
+                if (e->block_seen[w[j]] != 0)
+                    return GANG_EPROTO;
+                e->block_seen[w[j]] = i + 1;
+            }
         }
-        /* (On rank 0, the entries its scheduler wrote there.) */
-        memcpy(e->tables + (size_t)p->seqs[i].slot * e->max_bps, w, nb * sizeof(int32_t));
         w += nb;
         tab += nb;
     }
     if (tab != n_table)
         return GANG_EPROTO;
+    w = ids + n_tokens;
+    for (i = 0; i < n_seq; i++) {
+        uint32_t nb = sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
+
+        for (j = 0; j < nb; j++)
+            if (e->block_seen[w[j]] != 0 && e->block_seen[w[j]] != i + 1)
+                return GANG_EPROTO;
+        /* (On rank 0, the entries its scheduler wrote there.) */
+        memcpy(e->tables + (size_t)p->seqs[i].slot * e->max_bps, w, nb * sizeof(int32_t));
+        w += nb;
+    }
     memmove(p->tokens, ids, (size_t)n_tokens * sizeof(int32_t));
     p->n_seq = n_seq;
     p->n_tokens = n_tokens;

@@ -80,6 +80,16 @@ void gang_engine_free(gang_engine *e)
     free(e->tables);
     free(e->block_seen);
     free(e->free_blocks);
+    free(e->blk_ref);
+    free(e->blk_hash);
+    free(e->blk_parent);
+    free(e->blk_tokens);
+    free(e->blk_cached);
+    free(e->ht_head);
+    free(e->ht_next);
+    free(e->lru_prev);
+    free(e->lru_next);
+    free(e->pc_hits);
     gang_tp_scratch_free(&e->scratch);
     if (e->k != NULL) {
         gang_kernels_free(e->k, e->kv_mem);
@@ -197,12 +207,30 @@ static int eng_alloc_caches(gang_engine *e)
     e->caches = calloc(n, sizeof(*e->caches));
     e->cache_ptrs = calloc(e->slots, sizeof(*e->cache_ptrs));
     e->tables = calloc(n_tab, sizeof(int32_t));
-    e->block_seen = calloc(e->n_blocks, 1);
+    e->block_seen = calloc(e->n_blocks, sizeof(*e->block_seen));
     if (e->caches == NULL || e->cache_ptrs == NULL || e->tables == NULL || e->block_seen == NULL)
         return GANG_ENOMEM;
     if (m->place.rank == 0) {
-        e->free_blocks = malloc((size_t)e->n_blocks * sizeof(uint32_t));
-        if (e->free_blocks == NULL)
+        size_t nb = e->n_blocks;
+
+        e->ht_cap = 1;
+        while (e->ht_cap < nb && e->ht_cap < (1u << 30))
+            e->ht_cap <<= 1;
+        e->free_blocks = malloc(nb * sizeof(uint32_t));
+        e->blk_ref = calloc(nb, sizeof(uint32_t));
+        e->blk_hash = calloc(nb, sizeof(uint64_t));
+        e->blk_parent = calloc(nb, sizeof(int32_t));
+        e->blk_tokens = malloc(nb * e->block_size * sizeof(int32_t));
+        e->blk_cached = calloc(nb, 1);
+        e->ht_head = malloc((size_t)e->ht_cap * sizeof(int32_t));
+        e->ht_next = calloc(nb, sizeof(int32_t));
+        e->lru_prev = calloc(nb, sizeof(int32_t));
+        e->lru_next = calloc(nb, sizeof(int32_t));
+        e->pc_hits = calloc(e->max_bps, sizeof(int32_t));
+        if (e->free_blocks == NULL || e->blk_ref == NULL || e->blk_hash == NULL ||
+            e->blk_parent == NULL || e->blk_tokens == NULL || e->blk_cached == NULL ||
+            e->ht_head == NULL || e->ht_next == NULL || e->lru_prev == NULL ||
+            e->lru_next == NULL || e->pc_hits == NULL)
             return GANG_ENOMEM;
         gang__sched_blocks_reset(e);
     }
@@ -469,11 +497,14 @@ int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out)
     out->blocks = e->n_usable;
     out->tokens = (uint64_t)e->n_usable * e->block_size;
     out->full_seqs = e->n_usable / e->max_bps;
-    out->free_blocks = e->free_blocks != NULL ? e->n_free : 0;
+    out->free_blocks = e->free_blocks != NULL ? e->n_free + e->n_lru : 0;
     out->preempted = e->n_preempted;
     out->slots = e->slots;
     out->max_ctx = e->max_ctx;
     out->dtype = e->cfg.kv_dtype;
+    out->prefix_query_tokens = e->prefix_query_tokens;
+    out->prefix_hit_tokens = e->prefix_hit_tokens;
+    out->cached_blocks = e->n_lru;
     return 0;
 }
 

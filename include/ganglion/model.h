@@ -337,7 +337,8 @@ typedef struct gang_gen_event {
     uint32_t kind;  /* gang_gen_event_kind */
     uint64_t id;    /* the request */
     int32_t token;  /* TOKEN: the token id (also an EOS that ended the request) */
-    uint32_t index; /* TOKEN: 0-based index among the generated tokens */
+    uint32_t index; /* TOKEN: 0-based index among the generated tokens; DONE: the prompt
+                       tokens found in the prefix cache (not computed) */
     char finish[8]; /* DONE: "length" or "stop" (a stop id or an EOS id) */
     float logprob;  /* TOKEN with logprobs: the token's raw log-probability, else 0 */
     uint32_t n_top; /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
@@ -360,6 +361,8 @@ typedef struct gang_engine_config {
     uint32_t block_size;      /* positions per KV block; 0: GANG_KV_BLOCK_DEFAULT */
     gang_dtype kv_dtype;      /* the cache's elements: GANG_DTYPE_F32 (0), _BF16 or _F16
                                  (half the bytes per block; rows rounded as stored) */
+    uint32_t prefix_caching;  /* 1: full blocks are cached by the hash chain of their tokens
+                                 and reused by later requests with the same prefix */
 } gang_engine_config;
 
 /* What the paged KV cache of an engine holds (gang_engine_kv_info). */
@@ -368,11 +371,16 @@ typedef struct gang_engine_kv {
     uint32_t blocks;      /* blocks of the pool */
     uint64_t tokens;      /* positions the pool holds: blocks x block_size */
     uint32_t full_seqs;   /* sequences of the whole context the pool holds at once */
-    uint32_t free_blocks; /* rank 0: blocks no sequence holds now (0 on other ranks) */
+    uint32_t free_blocks; /* rank 0: blocks no sequence holds now, cached ones included (0 on
+                             other ranks) */
     uint64_t preempted;   /* rank 0: sequences preempted (recomputed later) so far */
     uint32_t slots;       /* sequences in flight at most (max_batch, or fewer blocks) */
     uint32_t max_ctx;     /* positions of one sequence's whole context */
     gang_dtype dtype;     /* the cache's elements */
+    uint64_t prefix_query_tokens; /* rank 0: prefill tokens of every admission so far */
+    uint64_t prefix_hit_tokens;   /* rank 0: of those, found in the prefix cache */
+    uint32_t cached_blocks;       /* rank 0: cached blocks no sequence holds (evictable;
+                                     counted in free_blocks) */
 } gang_engine_kv;
 
 typedef struct gang_engine gang_engine;

@@ -424,6 +424,80 @@ static void test_kv_dtype(void **state)
     free(fm);
 }
 
+/*
+ * Prefix caching: a request whose prompt shares its first 12 tokens (3 blocks of 4) with
+ * a finished one reuses those blocks (12 hit tokens, reported in its DONE event) and
+ * still gives the reference tokens; one that shares only 11 reuses 2 blocks; with
+ * caching off nothing is reused. The eight-request script under preemption with caching
+ * on (blocks released to the LRU list, evicted as the pool runs short) still gives the
+ * reference tokens.
+ */
+static void test_prefix_cache(void **state)
+{
+    static script sc, one;
+    static script_out exp[MAX_REQS], e1;
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(21, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *e = NULL;
+    gang_engine_kv kv;
+    char err[256];
+    const uint32_t want_hits[3] = {12, 8, 0};
+
+    (void)state;
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    cfg.prefix_caching = 1;
+    for (int c = 0; c < 3; c++) {
+        if (c == 2)
+            cfg.prefix_caching = 0;
+        assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+        memset(&one, 0, sizeof(one));
+        add_req(&one, 1, 0, 14, 5, greedy);
+        one.steps = 12;
+        script_run_local(e, &one); /* fills the cache with its blocks */
+        for (uint32_t i = 0; i < 14; i++)
+            one.reqs[0].prompt[i] = (int32_t)((i * 5 + 1) % VOCAB);
+        script_run_local(e, &one);
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+        uint64_t before = kv.prefix_hit_tokens;
+        /* The same 12 (or 11) leading tokens, another tail. */
+        one.reqs[0].id = 2;
+        one.reqs[0].prompt[c == 1 ? 10 : 12] = (int32_t)((one.reqs[0].prompt[12] + 7) % VOCAB);
+        one.reqs[0].prompt[13] = 3;
+        ref_sampled(fm, &one.reqs[0], &e1);
+        script_run_local(e, &one);
+        check_script(&one, &e1, "prefix hit");
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+        assert_int_equal(kv.prefix_hit_tokens - before, want_hits[c]);
+        if (c < 2)
+            assert_true(kv.cached_blocks > 0);
+        else
+            assert_int_equal(kv.cached_blocks, 0);
+        gang_engine_free(e);
+        e = NULL;
+    }
+
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    sc.steps = 200;
+    cfg.prefix_caching = 1;
+    cfg.max_batch = 8;
+    cfg.max_ctx = 24;
+    cfg.kv_cache_bytes = 8 * (3 * 2 * 4 * N_KV_HEADS * HEAD_DIM * 4);
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    script_run_local(e, &sc);
+    check_script(&sc, exp, "preempted, prefix caching");
+    script_run_local(e, &sc); /* again: now prefixes are cached */
+    check_script(&sc, exp, "preempted, prefix caching, second run");
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_true(kv.prefix_hit_tokens > 0);
+    assert_int_equal(kv.free_blocks, 8);
+    gang_engine_free(e);
+    shard_free(m);
+    free(fm);
+}
+
 static void test_layouts_and_batching(void **state)
 {
     static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
@@ -1179,6 +1253,7 @@ int main(void)
         cmocka_unit_test(test_layouts_and_batching),
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_kv_dtype),
+        cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),
