@@ -398,6 +398,15 @@ int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *
                                   size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
                                   size_t head_dim, size_t pos0, size_t window, float *out)
 {
+    return gang_kernels_attention_paged(k, q, kc, vc, NULL, tq, tk, n_heads, n_kv_heads, head_dim,
+                                        pos0, window, out);
+}
+
+int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc, const void *vc,
+                                 const gang_kernels_kv_pages *pages, size_t tq, size_t tk,
+                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
+                                 size_t window, float *out)
+{
     size_t tmp;
     int rc;
 
@@ -413,10 +422,21 @@ int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *
     if ((rc = elems3(tq, n_heads, head_dim, &tmp)) < 0 ||
         (rc = elems3(tk, n_kv_heads, head_dim, &tmp)) < 0)
         return rc;
+    if (pages != NULL) {
+        if (pages->table == NULL || pages->block_size == 0 || pages->n_blocks == 0 ||
+            pages->block_size > (size_t)INT32_MAX)
+            return GANG_EINVAL;
+        if (pages->dtype != GANG_DTYPE_F32 && pages->dtype != GANG_DTYPE_BF16 &&
+            pages->dtype != GANG_DTYPE_F16)
+            return GANG_EINVAL;
+        if ((rc = elems(pages->n_blocks, pages->block_size, &tmp)) < 0 ||
+            (rc = elems3(tmp, n_kv_heads, head_dim, &tmp)) < 0)
+            return rc;
+    }
     if (k->be->attention == NULL)
         return GANG_ENOSYS;
-    return k->be->attention(k->ctx, q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, window,
-                            out);
+    return k->be->attention(k->ctx, q, kc, vc, pages, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
+                            window, out);
 }
 
 int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, size_t n, float *out)

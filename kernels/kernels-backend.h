@@ -55,9 +55,9 @@ typedef struct gang__kernels_backend {
     int (*rope)(void *ctx, float *x, const int32_t *positions, size_t tokens, size_t heads,
                 size_t head_dim, const float *inv_freq, float scale);
     int (*softmax)(void *ctx, float *x, size_t rows, size_t cols);
-    int (*attention)(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
-                     size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                     size_t window, float *out);
+    int (*attention)(void *ctx, const float *q, const void *kc, const void *vc,
+                     const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
+                     size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out);
     int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*gelu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*scale)(void *ctx, float *x, float a, size_t n);

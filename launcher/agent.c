@@ -244,12 +244,12 @@ static void s_on_token(void *ctx, const gang_wctl *tok)
         gang_api_on_token(a->api, tok);
 }
 
-static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
-                      const char *reason)
+static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
+                      const char *finish, const char *reason)
 {
     agent *a = ctx;
     if (a->api)
-        gang_api_on_done(a->api, gen, id, code, finish, reason);
+        gang_api_on_done(a->api, gen, id, code, cached, finish, reason);
 }
 
 /* A worker says a retry cannot help (bad model, impossible layout): stop with its code. */
@@ -325,6 +325,25 @@ static void status_gpu(agent *a, cJSON *e, uint32_t local)
     cJSON_AddNumberToObject(g, "throttle_reasons", (double)s.throttle_reasons);
 }
 
+/* The "kv_cache" object of a local rank in /status (what its engine holds), null without
+ * a model. */
+static void status_kv(agent *a, cJSON *e, uint32_t local)
+{
+    gang_engine_kv kv;
+    if (!gang_sup_kv(a->sup, local, &kv)) {
+        cJSON_AddNullToObject(e, "kv_cache");
+        return;
+    }
+    cJSON *o = cJSON_AddObjectToObject(e, "kv_cache");
+    cJSON_AddStringToObject(o, "dtype", gang_dtype_name(kv.dtype));
+    cJSON_AddNumberToObject(o, "block_size", kv.block_size);
+    cJSON_AddNumberToObject(o, "blocks", kv.blocks);
+    cJSON_AddNumberToObject(o, "tokens", (double)kv.tokens);
+    cJSON_AddNumberToObject(o, "context", kv.max_ctx);
+    cJSON_AddNumberToObject(o, "full_context_sequences", kv.full_seqs);
+    cJSON_AddNumberToObject(o, "max_sequences", kv.slots);
+}
+
 static char *render_status(agent *a)
 {
     gang_member_status ms;
@@ -363,6 +382,7 @@ static char *render_status(agent *a)
                                 r.heartbeat_age_ms == UINT64_MAX ? -1 : (double)r.heartbeat_age_ms);
         cJSON_AddNumberToObject(e, "restarts", (double)r.restarts);
         status_gpu(a, e, i);
+        status_kv(a, e, i);
         cJSON_AddItemToArray(lr, e);
     }
     if (a->fail_wall_ms) {

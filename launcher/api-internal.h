@@ -126,6 +126,7 @@ struct gang_api {
     gang_wctl pkt;
     uint64_t answered[6]; /* 200, 400, 401, 404, 503, 504 */
     uint64_t resubmits, cancels, mismatches, stop_strings, client_gone;
+    uint64_t prompt_tokens, prefix_hit_tokens; /* of the sequences the gang completed */
     gang_histogram h_queue, h_prefill, h_tps, h_total, h_ttft, h_itl;
 };
 

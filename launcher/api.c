@@ -610,14 +610,18 @@ void gang_api_on_token(gang_api *api, const gang_wctl *m)
     }
 }
 
-void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, const char *finish,
-                      const char *reason)
+void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
+                      const char *finish, const char *reason)
 {
     api_seq *s = seq_find(api, id);
     char msg[GANG_REASON_MAX + 64];
     if (s == NULL || s->done || s->sent_gen != gen || gen != api->gen)
         return;
     s->gang_done = 1;
+    if (code == 0) { /* the prefix cache's hit rate: cached over prompt tokens */
+        api->prompt_tokens += s->n_prompt;
+        api->prefix_hit_tokens += cached < s->n_prompt ? cached : s->n_prompt;
+    }
     if (code < 0) {
         int bad = code == GANG_EINVAL;
         if (bad)
@@ -664,6 +668,11 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
         {"ganglion_request_client_gone_total",
          "Streamed calls whose client went away before the end (cancelled in the gang)", 0,
          api->client_gone},
+        {"ganglion_prompt_tokens_total", "Prompt tokens of the sequences the gang completed", 0,
+         api->prompt_tokens},
+        {"ganglion_prefix_cache_hit_tokens_total",
+         "Of those, tokens found in the prefix cache (hit rate: this over the prompt tokens)", 0,
+         api->prefix_hit_tokens},
     };
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
         gang_metrics_family(b, cs[i].name, cs[i].gauge ? GANG_METRIC_GAUGE : GANG_METRIC_COUNTER,

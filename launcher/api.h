@@ -70,8 +70,8 @@ void gang_api_on_abort(gang_api *api, uint64_t gen);
 void gang_api_on_give_up(gang_api *api, const char *reason);
 /* Rank 0 reported a token / the end of a request (supervisor callbacks). */
 void gang_api_on_token(gang_api *api, const gang_wctl *tok);
-void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, const char *finish,
-                      const char *reason);
+void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
+                      const char *finish, const char *reason);
 
 /* Appends the API's metrics (requests, timings histograms, in flight, resubmissions). */
 void gang_api_metrics(gang_api *api, gang_metrics_buf *b);

@@ -84,6 +84,17 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     int rc = layout_check_backend(p, err, errlen);
     if (rc != 0)
         return rc;
+    if (strcmp(p->kv_cache_dtype, "auto") == 0 || strcmp(p->kv_cache_dtype, "f32") == 0) {
+        l->kv_dtype = GANG_DTYPE_F32; /* auto: the weights' f32 */
+    } else if (strcmp(p->kv_cache_dtype, "bf16") == 0) {
+        l->kv_dtype = GANG_DTYPE_BF16;
+    } else if (strcmp(p->kv_cache_dtype, "f16") == 0) {
+        l->kv_dtype = GANG_DTYPE_F16;
+    } else {
+        snprintf(err, errlen, "--kv-cache-dtype %s: not one of auto, f32, bf16, f16",
+                 p->kv_cache_dtype);
+        return GANG_EUSAGE;
+    }
     /* Without a model and with the default tp = pp = 1 there is nothing to split: such a
      * gang only forms its data plane (tests, network checks). */
     if (p->model[0] == '\0' && p->tp == 1 && p->pp == 1)
@@ -336,6 +347,7 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     out->microbatches = (uint32_t)p->microbatches;
     out->max_step_tokens = (uint32_t)p->max_step_tokens;
     out->kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
+    out->prefix_caching = p->enable_prefix_caching ? 1u : 0u;
 }
 
 int gang_worker_config_from_params(const gang_params *p, const char *agent_path,

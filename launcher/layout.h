@@ -31,6 +31,7 @@ typedef struct gang_layout {
     char device[16];                /* compute device: "cpu" or "cuda" (auto -> cpu) */
     int uses_nccl;                  /* TP / PP groups over nccl (gang__worker_uses_nccl) */
     uint32_t max_ctx;               /* --max-ctx; 0 = the model's, capped at the CAP above */
+    gang_dtype kv_dtype;            /* --kv-cache-dtype (auto -> f32) */
     /* Filled by gang_layout_read_model: */
     gang_model_config mc; /* config.json */
     uint32_t ctx;         /* positions per sequence; 0 without a model */

@@ -54,6 +54,8 @@ typedef struct wslot {
     char last_error[GANG_REASON_MAX]; /* reason of its last ERROR, any generation */
     gang_gpu_sample gpu;              /* its GPU's latest sample (GPU packets) */
     int has_gpu;
+    gang_engine_kv kv; /* its KV cache, from its last READY with a model */
+    int has_kv;
 } wslot;
 
 struct gang_sup {
@@ -188,6 +190,10 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
             return;
         w->ready = 1;
         w->state = GANG_RANK_READY;
+        if (pkt->blob_len == sizeof(w->kv)) {
+            memcpy(&w->kv, pkt->blob, sizeof(w->kv));
+            w->has_kv = 1;
+        }
         if (gang_sup_all_ready(s, s->gen) && s->cb.on_all_ready)
             s->cb.on_all_ready(s->cb.ctx, s->gen);
         return;
@@ -214,7 +220,8 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
         finish[sizeof(finish) - 1] = '\0';
         memcpy(reason, pkt->reason, sizeof(reason));
         reason[sizeof(reason) - 1] = '\0';
-        s->cb.on_done(s->cb.ctx, pkt->generation, pkt->req_id, pkt->code, finish, reason);
+        s->cb.on_done(s->cb.ctx, pkt->generation, pkt->req_id, pkt->code, pkt->index, finish,
+                      reason);
         return;
     }
     case GANG_WCTL_ABORTED:
@@ -659,6 +666,15 @@ int gang_sup_gpu(const gang_sup *s, uint32_t local_rank, struct gang_gpu_sample 
     if (!w->has_gpu)
         return 0;
     *out = w->gpu;
+    return 1;
+}
+
+int gang_sup_kv(const gang_sup *s, uint32_t local_rank, gang_engine_kv *out)
+{
+    const wslot *w = &s->slots[local_rank];
+    if (!w->has_kv)
+        return 0;
+    *out = w->kv;
     return 1;
 }
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "ganglion/common.h"
+#include "ganglion/model.h"
 #include "wctl.h"
 
 typedef struct gang_sup gang_sup;
@@ -28,8 +29,8 @@ typedef struct gang_sup_callbacks {
     void (*on_token)(void *ctx, const gang_wctl *tok);
     /* Local rank 0: request id finished (code 0, finish "length"/"stop") or was refused
      * (code < 0, reason). May be NULL. */
-    void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, const char *finish,
-                    const char *reason);
+    void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
+                    const char *finish, const char *reason);
     /* A worker exited with a code that says a retry cannot help (2 usage/layout, 3 model):
      * the agent should stop with that exit code. May be NULL. */
     void (*on_fatal)(void *ctx, int exit_code, const char *reason);
@@ -86,6 +87,9 @@ struct gang_gpu_sample;
  * NVML, no GPU for it, --gpu-health-interval-ms 0).
  */
 int gang_sup_gpu(const gang_sup *s, uint32_t local_rank, struct gang_gpu_sample *out);
+/* The KV cache local_rank's last READY reported (a worker with a model): 1 with *out
+ * filled, 0 when none did. */
+int gang_sup_kv(const gang_sup *s, uint32_t local_rank, gang_engine_kv *out);
 /* Sends SHUTDOWN, waits up to the abort timeout, kills the rest; done(ctx) when all gone. */
 void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx);
 

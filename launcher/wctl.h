@@ -88,7 +88,8 @@ typedef struct gang_wctl {
     uint32_t n_stop;                        /* SUBMIT */
     int32_t stop[16];                       /* SUBMIT: stop token ids */
     int32_t token;                          /* TOKEN */
-    uint32_t index;                         /* TOKEN: 0-based among the generated tokens */
+    uint32_t index;                         /* TOKEN: 0-based among the generated tokens;
+                                               DONE: prompt tokens from the prefix cache */
     char finish[8];                         /* DONE: "length" or "stop" */
     uint32_t n_prompt;                      /* SUBMIT, PROMPT: ids of the whole prompt */
     uint32_t ignore_eos;                    /* SUBMIT */

@@ -37,6 +37,7 @@
  * the thread and frees them.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -71,6 +72,7 @@ struct gang__wres {
     gang_engine *engine;       /* NULL without --model */
     gang_kernels *k;           /* NULL without --model */
     gang_topology topo;        /* valid with a model */
+    uint32_t n_blocks;         /* KV blocks this rank's pool holds (before the gang agrees) */
 };
 
 _Static_assert(sizeof(gang__wevent) <= PIPE_BUF, "a worker event must be written atomically");
@@ -152,6 +154,41 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
 }
 
 /*
+ * The KV budget of this worker: --kv-cache-mb when set; otherwise (0, the default) what
+ * its memory leaves after the weights, as vLLM's gpu_memory_utilization: on a device,
+ * GANG_KV_DEVICE_SHARE percent of the pool's largest free block (the pool is
+ * --gpu-memory-percent of the GPU; the rest of the pool is the activations' and the
+ * scratch's); on the host, GANG_KV_HOST_SHARE percent of MemAvailable, split between the
+ * node's workers. The engine caps its pool at max_batch sequences of the whole context,
+ * and the host pool is touched only as blocks are first used.
+ */
+#define GANG_KV_DEVICE_SHARE 90u
+#define GANG_KV_HOST_SHARE 40u
+
+static uint64_t wres_kv_budget(const gang__wres *r)
+{
+    const gang__wres_config *c = &r->cfg;
+    gang_kernels_pool_stats ps;
+    uint64_t avail_kb = 0,
+             nproc = c->layout.tc.nproc_per_node > 0 ? c->layout.tc.nproc_per_node : 1;
+    char line[256];
+    FILE *f;
+
+    if (c->kv_cache_bytes != 0)
+        return c->kv_cache_bytes;
+    if (gang_kernels_pool_stats_get(r->k, &ps) == 0 && ps.pool_bytes > 0)
+        return ps.largest_free / 100 * GANG_KV_DEVICE_SHARE;
+    f = fopen("/proc/meminfo", "r");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &avail_kb) == 1)
+            break;
+    }
+    if (f != NULL)
+        fclose(f);
+    return avail_kb * 1024 / 100 * GANG_KV_HOST_SHARE / nproc;
+}
+
+/*
  * Loads the shard of r->rank: config.json and the layout (gang_layout_read_model: refused
  * with the topology's message when the model cannot be split this way), the weights, the
  * kernels and the engine with its KV slots. Returns 0 or an error with r->err set.
@@ -183,18 +220,28 @@ static int wres_load(gang__wres *r)
     memset(&ec, 0, sizeof(ec));
     ec.max_batch = c->max_batch;
     ec.max_ctx = c->layout.ctx;
-    ec.kv_cache_bytes = c->kv_cache_bytes;
+    ec.kv_cache_bytes = wres_kv_budget(r);
     ec.microbatches = c->microbatches;
     ec.max_step_tokens = c->max_step_tokens;
+    ec.kv_dtype = c->layout.kv_dtype;
+    ec.prefix_caching = c->prefix_caching;
     rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights, "
-              "%u KV slots of %u positions",
+    gang_engine_kv kv0;
+    gang_engine_kv_info(r->engine, &kv0);
+    r->n_blocks = kv0.blocks;
+    gang_engine_kv kv;
+    gang_engine_kv_info(r->engine, &kv);
+    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights; "
+              "KV cache (%s, %s): %u blocks of %u positions = %llu tokens, %u sequences of "
+              "the whole %u-position context, up to %u in flight",
               model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
               r->model->layer_first + r->model->layer_count, mc->n_layers,
-              (double)r->model->weight_bytes / (1 << 20), gang_engine_slots(r->engine),
-              gang_engine_max_ctx(r->engine));
+              (double)r->model->weight_bytes / (1 << 20), gang_dtype_name(c->layout.kv_dtype),
+              c->kv_cache_bytes != 0 ? "--kv-cache-mb" : "sized from free memory", kv.blocks,
+              kv.block_size, (unsigned long long)kv.tokens, kv.full_seqs,
+              gang_engine_max_ctx(r->engine), gang_engine_slots(r->engine));
     return 0;
 
 out_err:
@@ -608,6 +655,40 @@ static int wstep_tick(gang__wstep *s)
     return GANG_EABORTED;
 }
 
+/*
+ * Every rank sized its KV pool from its own memory: the gang uses the smallest, which
+ * every rank learns from one all-gather of the block counts over the world (rank 0's
+ * scheduler then hands out no block another rank lacks). After the engine's reset.
+ */
+static int wstep_agree_blocks(gang__wstep *s, gang__wres *res)
+{
+    const gang__wstep_config *c = &s->cfg;
+    gang_engine_kv kv;
+    int32_t mine, *all = calloc(c->world, sizeof(int32_t));
+    uint32_t i, least;
+    int rc;
+
+    if (all == NULL)
+        return wstep_fail(s, GANG_ENOMEM, (int32_t)c->rank, "rank %u: out of memory", c->rank);
+    gang_engine_kv_info(res->engine, &kv);
+    /* The pool this rank allocated, not a limit an earlier generation agreed on. */
+    mine = (int32_t)res->n_blocks;
+    rc = gang_comm_all_gather(s->world, &mine, all, 1, GANG_DTYPE_I32,
+                              (uint64_t)c->start_timeout_ms);
+    least = (uint32_t)mine;
+    for (i = 0; rc == 0 && i < c->world; i++)
+        least = (uint32_t)all[i] < least ? (uint32_t)all[i] : least;
+    free(all);
+    if (rc == 0)
+        rc = gang_engine_limit_blocks(res->engine, least);
+    if (rc != 0)
+        return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: agreeing on the KV blocks: %s",
+                          c->rank, gang_strerror(rc));
+    if (least < kv.blocks || (c->rank == 0 && least != kv.blocks))
+        gang_info("KV cache: the gang uses %u blocks (the smallest rank's pool)", least);
+    return 0;
+}
+
 static void *wstep_thread(void *arg)
 {
     gang__wstep *s = arg;
@@ -623,11 +704,16 @@ static void *wstep_thread(void *arg)
     rc = wstep_comms(s, res);
     if (rc != 0)
         return NULL;
-    if (res->engine != NULL)
+    if (res->engine != NULL) {
         gang_engine_reset(res->engine);
+        if (wstep_agree_blocks(s, res) != 0)
+            return NULL;
+    }
     gang__wevent ev;
     memset(&ev, 0, sizeof(ev));
     ev.type = GANG__WEV_READY;
+    if (res->engine != NULL && gang_engine_kv_info(res->engine, &ev.kv) == 0)
+        ev.has_kv = 1;
     wstep_event(s, &ev);
     if (res->engine != NULL)
         wstep_serve(s, res);

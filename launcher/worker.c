@@ -738,6 +738,10 @@ static void worker_on_events(worker *w)
             gang_wctl r;
             w->state = GANG_RANK_READY;
             worker_msg(w, &r, GANG_WCTL_READY, ev.generation);
+            if (ev.has_kv) { /* the agent shows it in /status */
+                memcpy(r.blob, &ev.kv, sizeof(ev.kv));
+                r.blob_len = (uint32_t)sizeof(ev.kv);
+            }
             gang_info("READY in generation %llu", (unsigned long long)ev.generation);
             worker_reply(w, &r);
         } else if (ev.type == GANG__WEV_FAILED) {

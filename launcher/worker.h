@@ -44,8 +44,9 @@ typedef struct gang__wres_config {
     uint32_t microbatches;
     uint32_t max_step_tokens;
     uint64_t kv_cache_bytes;
-    char gpu_bus_id[32]; /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
-                            the GPU of the local rank's index */
+    uint32_t prefix_caching; /* --enable-prefix-caching */
+    char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
+                                the GPU of the local rank's index */
 } gang__wres_config;
 
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
@@ -130,12 +131,14 @@ typedef struct gang__wevent {
     char reason[GANG_REASON_MAX]; /* FAILED, LOADED, DONE: one line for the agent and logs */
     uint64_t req_id;              /* TOKEN, DONE */
     int32_t token;                /* TOKEN */
-    uint32_t index;               /* TOKEN */
+    uint32_t index;               /* TOKEN; DONE: prompt tokens from the prefix cache */
     char finish[8];               /* DONE: "length" or "stop" */
     float logprob;                /* TOKEN, when asked */
     uint32_t n_top;               /* TOKEN: alternatives */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
     float top_lp[GANG_MAX_TOP_LOGPROBS];
+    gang_engine_kv kv; /* READY with a model: the KV cache the gang agreed on */
+    uint32_t has_kv;   /* READY: kv is filled */
 } gang__wevent;
 
 typedef struct gang__wres gang__wres;

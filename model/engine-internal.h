@@ -15,21 +15,25 @@
  * The plan of one step, as every rank holds it after the broadcast.
  *
  * Wire form, int32 words (broadcast over the world communicator in two parts):
- *   header [GANG__PLAN_HDR_WORDS]: magic, n_seq, n_tokens, body_words
+ *   header [GANG__PLAN_HDR_WORDS]: magic, n_seq, n_tokens, n_table, body_words
  *   body   [body_words]: n_seq entries of GANG__PLAN_SEQ_WORDS words
  *                          (slot, pos0, n, sample, temperature bits, top_k, top_p bits,
  *                           seed low, seed high, n_prompt, presence, frequency and
  *                           repetition penalty bits, logprobs: 0 none, else 1 + top_n)
- *                        then the n_tokens token ids, sequence after sequence.
+ *                        then the n_tokens token ids, sequence after sequence,
+ *                        then the n_table block ids: each sequence's block table for
+ *                        positions 0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size)
+ *                        entries), sequence after sequence. Every rank keeps the
+ *                        tables (host and tensor memory) from the plans it receives.
  * The header has a fixed size, so every rank can validate the body's size against its
  * own bounds before receiving it.
  * --------------------------------------------------------------------------------- */
 #define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
-#define GANG__PLAN_HDR_WORDS 4u
+#define GANG__PLAN_HDR_WORDS 5u
 #define GANG__PLAN_SEQ_WORDS 14u
 
 typedef struct gang__plan_seq {
-    uint32_t slot;     /* KV slot of the sequence */
+    uint32_t slot;     /* slot of the sequence (its table, its history) */
     uint32_t pos0;     /* position of its first token of this step */
     uint32_t n;        /* tokens of this step (1 for a decode) */
     uint32_t sample;   /* 1: the last token's logits are sampled this step */
@@ -69,10 +73,17 @@ typedef struct gang__plan {
  * --------------------------------------------------------------------------------- */
 typedef struct gang__request {
     gang_gen_request r;         /* the request; r.prompt points at prompt below */
-    int32_t *prompt;            /* owned copy of the prompt */
-    int running;                /* holds a slot */
+    int32_t *prompt;            /* owned: the prompt, then the generated tokens (room for
+                                   n_prompt + max_tokens), what a preempted request
+                                   recomputes */
+    int running;                /* holds a slot (and n_blocks blocks) */
     uint32_t slot;              /* when running */
-    uint32_t n_fed;             /* prompt tokens already in the cache */
+    uint32_t n_fed;             /* tokens already in the cache (prompt, then output) */
+    uint32_t n_blocks;          /* blocks reserved in its slot's table (rank 0's tables) */
+    uint32_t n_hashed;          /* its leading full blocks whose hash chain is known */
+    uint64_t hash;              /* the chain's hash after those blocks */
+    uint32_t n_cached;          /* prompt tokens its last admission found in the cache */
+    uint32_t planned;           /* in the plan being built (not a preemption victim) */
     uint32_t n_gen;             /* tokens generated so far */
     int32_t last;               /* the last generated token (the next decode's input) */
     struct gang__request *next; /* arrival order */
@@ -104,7 +115,7 @@ struct gang_engine {
     gang_kernels *k;     /* whose tensor memory holds the buffers below marked (T) */
     gang_kernels *own_k; /* a "cpu" handle init opened for itself (k NULL at init), or NULL */
     gang_engine_config cfg;
-    uint32_t slots;             /* KV slots (same on every rank) */
+    uint32_t slots;             /* sequence slots (same on every rank) */
     uint32_t max_ctx;           /* positions per slot */
     uint32_t max_tokens;        /* tokens one step may carry: slots + max_step_tokens */
     uint32_t vocab;             /* model vocabulary */
@@ -112,8 +123,43 @@ struct gang_engine {
     uint32_t is_first, is_last; /* this rank's stage is 0 / pp - 1 */
     size_t plan_max_words;      /* largest body a valid plan can have */
 
-    gang_tp_kv_cache *caches;      /* [layer_count x slots], layer-major */
-    float *kv_mem;                 /* (T) backing store of the caches */
+    gang_tp_kv_cache *caches; /* [layer_count x slots], layer-major: every slot of a
+                                 layer sees that layer's block pool through its table */
+    char *kv_mem;             /* (T) the block pools: per layer, K then V, each
+                                 [n_blocks, block_size, kv cols] */
+    uint32_t block_size;      /* positions per KV block */
+    uint32_t n_blocks;        /* blocks of every layer's pool */
+    uint32_t n_usable;        /* blocks rank 0 hands out: n_blocks, or the gang's
+                                 smallest pool (gang_engine_limit_blocks) */
+    uint32_t max_bps;         /* table entries per slot: ceil(max_ctx / block_size) */
+    int32_t *tables;          /* host: [slots, max_bps] each slot's block table */
+    int32_t *tables_dev;      /* (T) the same, what the attention kernels read */
+    uint32_t *block_seen;     /* [n_blocks] which sequence of a received plan writes
+                                 each block (1 + its index), 0 none */
+    int32_t *pc_hits;         /* rank 0: [max_bps] a lookup's cached blocks */
+    uint32_t *free_blocks;    /* rank 0: [n_blocks] stack of the free block ids (no
+                                 sequence holds them, no cached content) */
+    uint32_t n_free;          /* rank 0: entries of free_blocks */
+    uint64_t n_preempted;     /* rank 0: sequences preempted so far */
+
+    /* Rank 0, automatic prefix caching (engine-plan.c, "Prefix cache"): full blocks keyed
+     * by the hash chain of their tokens, shared by reference count; cached blocks no
+     * sequence holds wait in an LRU list and are evicted when the free stack is empty. */
+    uint32_t *blk_ref;   /* [n_blocks] sequences holding each block */
+    uint64_t *blk_hash;  /* [n_blocks] chain hash of a cached block */
+    int32_t *blk_parent; /* [n_blocks] the block before it in its chain, -1 for the first */
+    int32_t *blk_tokens; /* [n_blocks, block_size] its tokens (a hit is checked exactly) */
+    uint8_t *blk_cached; /* [n_blocks] in the hash table */
+    int32_t *ht_head;    /* [ht_cap] first cached block of each bucket, -1 none */
+    int32_t *ht_next;    /* [n_blocks] next cached block of the same bucket */
+    uint32_t ht_cap;     /* buckets, a power of two */
+    int32_t *lru_prev;   /* [n_blocks] the LRU list of cached blocks nobody holds */
+    int32_t *lru_next;
+    int32_t lru_head; /* the least recently released (evicted first), -1 none */
+    int32_t lru_tail;
+    uint32_t n_lru;
+    uint64_t prefix_query_tokens;  /* prefill tokens of the admissions */
+    uint64_t prefix_hit_tokens;    /* of those, found in the cache */
     gang_tp_kv_cache **cache_ptrs; /* [slots] per-sequence caches of one batched call */
     gang_tp_scratch scratch;       /* (T) the batched layers' scratch */
     float *act;                    /* (T) [max_tokens, hidden] activations of the step */
@@ -165,8 +211,14 @@ uint32_t gang__plan_encode(gang_engine *e);
  * word count, or GANG_EPROTO.
  */
 int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words);
-/* Decodes and validates the body in e->plan_buf into e->plan. 0 or GANG_EPROTO. */
+/* Decodes and validates the body in e->plan_buf into e->plan (the block tables into
+ * e->tables). 0 or GANG_EPROTO. */
 int gang__plan_decode(gang_engine *e);
+/* Uploads the block tables of the decoded plan's sequences to e->tables_dev. 0 or the
+ * upload's error. */
+int gang__plan_upload_tables(gang_engine *e);
+/* Rank 0: every block free again and the prefix cache empty (init and reset). */
+void gang__sched_blocks_reset(gang_engine *e);
 
 /* Whether sp's penalties are in range: presence and frequency in [-2, 2], repetition
  * 0 (off) or > 0, all finite (submit and the plan's receivers check the same). */

@@ -8,11 +8,14 @@
  *  - Rank 0 (stage 0, TP rank 0) owns the requests: submit queues them, the scheduler
  *    (engine-plan.c) turns the queue into one step's plan, poll hands out the events.
  *    Every other rank only ever sees plans.
- *  - KV slots. Every rank holds, for each layer of its stage, `slots` caches of max_ctx
- *    positions of its kv-head shard. slots = min(max_batch, kv budget / bytes per slot
- *    of the gang's LARGEST stage shard), computed from the topology and the config
- *    alone, so every rank arrives at the same number without talking; the stage with
- *    the most layers is the one that must fit.
+ *  - A paged KV cache. Every rank holds, for each layer of its stage, one pool of
+ *    n_blocks blocks of block_size positions of its kv-head shard; a sequence's block
+ *    table (the same for every layer) maps its positions to blocks. n_blocks = kv budget
+ *    / bytes per block of the gang's LARGEST stage shard (the stage with the most layers
+ *    is the one that must fit), capped at max_batch whole contexts; ranks with different
+ *    budgets agree on the smallest (gang_engine_limit_blocks). `slots` (= max_batch)
+ *    sequences run at once; rank 0 allocates the blocks (engine-plan.c) and the plan
+ *    carries the tables.
  *  - A step is a collective call. Rank 0 builds the plan (per sequence: slot, pos0, n
  *    tokens, token ids, sampling parameters, whether to sample) and broadcasts it over
  *    the world communicator: a fixed-size header, then the variable part, whose size
@@ -27,12 +30,12 @@
  *    over the world communicator (host data; pp carries only activations, in one
  *    direction per pair of neighbours, which nccl's untagged point-to-point needs).
  *  - Rank 0 commits the tokens: TOKEN events, DONE on a stop token or at max_tokens,
- *    and the slot is free for the next waiting request in the next step.
+ *    and the slot and blocks are free for the next waiting request in the next step.
  *  - Every buffer a step needs is allocated here, at init, from the config's bounds:
  *    a step carries at most `slots` sequences and slots + max_step_tokens tokens.
  *    Nothing is allocated in the step loop (submit allocates the request it queues).
- *  - Memory: every buffer a step touches (KV slots, activations, the layers' scratch, the
- *    head's buffers, the token ids) is tensor memory of the engine's kernels handle
+ *  - Memory: every buffer a step touches (KV pools and tables, activations, the layers' scratch,
+ * the head's buffers, the token ids) is tensor memory of the engine's kernels handle
  *    (gang_engine_init_on; a "cpu" handle of its own otherwise), and the model's arrays
  *    must live there too (gang_model_to_device), so the same code runs on host and
  *    device memory. Sampling stays on the host: the sampled logits rows come back in one
@@ -74,9 +77,23 @@ void gang_engine_free(gang_engine *e)
         gang_kernels_sync(e->k);
     free(e->caches);
     free(e->cache_ptrs);
+    free(e->tables);
+    free(e->block_seen);
+    free(e->free_blocks);
+    free(e->blk_ref);
+    free(e->blk_hash);
+    free(e->blk_parent);
+    free(e->blk_tokens);
+    free(e->blk_cached);
+    free(e->ht_head);
+    free(e->ht_next);
+    free(e->lru_prev);
+    free(e->lru_next);
+    free(e->pc_hits);
     gang_tp_scratch_free(&e->scratch);
     if (e->k != NULL) {
         gang_kernels_free(e->k, e->kv_mem);
+        gang_kernels_free(e->k, e->tables_dev);
         gang_kernels_free(e->k, e->act);
         gang_kernels_free(e->k, e->tokens_dev);
         gang_kernels_free(e->k, e->head_in);
@@ -130,57 +147,114 @@ static int eng_check_model(const gang_model *m, char *err, size_t errlen)
     return 0;
 }
 
+static int eng_talloc(gang_engine *e, size_t n, void *out);
+
 /*
- * KV slots: the budget over the bytes one slot takes on the gang's largest stage shard
- * (the first stages hold one more layer when the split is uneven), capped at max_batch.
+ * KV blocks: the budget over the bytes one block takes on the gang's largest stage shard
+ * (the first stages hold one more layer when the split is uneven), computed from the
+ * topology and the config alone so that every rank arrives at the same count. The pool
+ * must hold at least one sequence of the whole context (a lone sequence can always
+ * finish), and no more than max_batch such sequences could use; slots (sequences in
+ * flight) = min(max_batch, blocks).
  */
-static int eng_slots(gang_engine *e, char *err, size_t errlen)
+static int eng_blocks(gang_engine *e, char *err, size_t errlen)
 {
     const gang_topology *t = &e->m->topo;
     uint32_t max_layers = t->n_layers / t->pp + (t->n_layers % t->pp != 0 ? 1u : 0u);
-    size_t per_slot;
+    size_t per_block, es = gang_dtype_size(e->cfg.kv_dtype);
     uint64_t n;
 
-    if (eng_mul((size_t)max_layers * 2u * sizeof(float), e->max_ctx, &per_slot) != 0 ||
-        eng_mul(per_slot, (size_t)t->kv_heads_per_rank * t->head_dim, &per_slot) != 0) {
-        gang_set_err(err, errlen, "KV slot size overflows");
+    e->block_size = e->cfg.block_size != 0 ? e->cfg.block_size : GANG_KV_BLOCK_DEFAULT;
+    e->max_bps = (e->max_ctx + e->block_size - 1) / e->block_size;
+    if (eng_mul((size_t)max_layers * 2u * es, e->block_size, &per_block) != 0 ||
+        eng_mul(per_block, (size_t)t->kv_heads_per_rank * t->head_dim, &per_block) != 0) {
+        gang_set_err(err, errlen, "KV block size overflows");
         return GANG_EINVAL;
     }
-    n = e->cfg.kv_cache_bytes / per_slot;
-    if (n == 0) {
+    n = e->cfg.kv_cache_bytes / per_block;
+    if (n < e->max_bps) {
         gang_set_err(err, errlen,
-                     "KV cache budget of %" PRIu64 " bytes holds no sequence: one slot needs %zu "
-                     "bytes (%u layers x 2 x %u positions x %u kv heads x %u x 4 bytes)",
-                     e->cfg.kv_cache_bytes, per_slot, max_layers, e->max_ctx, t->kv_heads_per_rank,
-                     t->head_dim);
+                     "KV cache budget of %" PRIu64 " bytes holds %" PRIu64 " blocks of %u "
+                     "positions, fewer than one sequence of the context (%u positions) needs: "
+                     "%u blocks of %zu bytes (%u layers x 2 x %u positions x %u kv heads x %u "
+                     "x %zu bytes)",
+                     e->cfg.kv_cache_bytes, n, e->block_size, e->max_ctx, e->max_bps, per_block,
+                     max_layers, e->block_size, t->kv_heads_per_rank, t->head_dim, es);
         return GANG_ENOMEM;
     }
+    /* More than max_batch sequences of the whole context could never use. */
+    if (n > (uint64_t)e->cfg.max_batch * e->max_bps)
+        n = (uint64_t)e->cfg.max_batch * e->max_bps;
+    if (n > INT32_MAX)
+        n = INT32_MAX;
+    e->n_blocks = (uint32_t)n;
+    e->n_usable = e->n_blocks;
     e->slots = n < e->cfg.max_batch ? (uint32_t)n : e->cfg.max_batch;
     return 0;
 }
 
-/* Allocates the KV caches of this rank's layers and slots. */
+/* Allocates this rank's block pools, the slots' tables and their per-layer caches. */
 static int eng_alloc_caches(gang_engine *e)
 {
     const gang_model *m = e->m;
-    size_t row = (size_t)m->shard.kv_head_count * m->topo.head_dim, slot_floats, n, i;
-
+    size_t row = (size_t)m->shard.kv_head_count * m->topo.head_dim, pool, n, l, i;
+    size_t es = gang_dtype_size(e->cfg.kv_dtype);
+    size_t n_tab = (size_t)e->slots * e->max_bps;
     int rc;
 
     n = (size_t)m->layer_count * e->slots;
-    slot_floats = row * e->max_ctx;
+    pool = row * e->block_size * e->n_blocks;
     e->caches = calloc(n, sizeof(*e->caches));
     e->cache_ptrs = calloc(e->slots, sizeof(*e->cache_ptrs));
-    if (e->caches == NULL || e->cache_ptrs == NULL)
+    e->tables = calloc(n_tab, sizeof(int32_t));
+    e->block_seen = calloc(e->n_blocks, sizeof(*e->block_seen));
+    if (e->caches == NULL || e->cache_ptrs == NULL || e->tables == NULL || e->block_seen == NULL)
         return GANG_ENOMEM;
-    /* Rows are always written before they are read, so the caches need no clearing. */
-    rc = gang_kernels_alloc(e->k, 2 * n * slot_floats * sizeof(float), (void **)&e->kv_mem);
+    if (m->place.rank == 0) {
+        size_t nb = e->n_blocks;
+
+        e->ht_cap = 1;
+        while (e->ht_cap < nb && e->ht_cap < (1u << 30))
+            e->ht_cap <<= 1;
+        e->free_blocks = malloc(nb * sizeof(uint32_t));
+        e->blk_ref = calloc(nb, sizeof(uint32_t));
+        e->blk_hash = calloc(nb, sizeof(uint64_t));
+        e->blk_parent = calloc(nb, sizeof(int32_t));
+        e->blk_tokens = malloc(nb * e->block_size * sizeof(int32_t));
+        e->blk_cached = calloc(nb, 1);
+        e->ht_head = malloc((size_t)e->ht_cap * sizeof(int32_t));
+        e->ht_next = calloc(nb, sizeof(int32_t));
+        e->lru_prev = calloc(nb, sizeof(int32_t));
+        e->lru_next = calloc(nb, sizeof(int32_t));
+        e->pc_hits = calloc(e->max_bps, sizeof(int32_t));
+        if (e->free_blocks == NULL || e->blk_ref == NULL || e->blk_hash == NULL ||
+            e->blk_parent == NULL || e->blk_tokens == NULL || e->blk_cached == NULL ||
+            e->ht_head == NULL || e->ht_next == NULL || e->lru_prev == NULL ||
+            e->lru_next == NULL || e->pc_hits == NULL)
+            return GANG_ENOMEM;
+        gang__sched_blocks_reset(e);
+    }
+    rc = eng_talloc(e, n_tab, &e->tables_dev);
     if (rc != 0)
         return rc;
-    for (i = 0; i < n; i++) {
-        e->caches[i].k = e->kv_mem + 2 * i * slot_floats;
-        e->caches[i].v = e->kv_mem + (2 * i + 1) * slot_floats;
-        e->caches[i].cap = e->max_ctx;
+    /* Rows are always written before they are read, so the pools need no clearing. */
+    rc = gang_kernels_alloc(e->k, 2 * m->layer_count * pool * es, (void **)&e->kv_mem);
+    if (rc != 0)
+        return rc;
+    for (l = 0; l < m->layer_count; l++) {
+        for (i = 0; i < e->slots; i++) {
+            gang_tp_kv_cache *c = &e->caches[l * e->slots + i];
+
+            /* (bf16 / f16 pools: k and v point at half-precision data, see parallel.h) */
+            c->k = (float *)(void *)(e->kv_mem + 2 * l * pool * es);
+            c->v = (float *)(void *)(e->kv_mem + (2 * l + 1) * pool * es);
+            c->dtype = e->cfg.kv_dtype;
+            c->cap = e->max_ctx;
+            c->table = e->tables_dev + i * e->max_bps;
+            c->table_host = e->tables + i * e->max_bps;
+            c->block_size = e->block_size;
+            c->n_blocks = e->n_blocks;
+        }
     }
     return 0;
 }
@@ -290,7 +364,7 @@ static int eng_alloc_buffers(gang_engine *e)
                 return GANG_ENOMEM;
         }
     }
-    e->plan_max_words = (size_t)e->slots * GANG__PLAN_SEQ_WORDS + e->max_tokens;
+    e->plan_max_words = (size_t)e->slots * (GANG__PLAN_SEQ_WORDS + e->max_bps) + e->max_tokens;
     e->plan_buf = malloc((GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t));
     e->slot_seen = calloc(e->slots, 1);
     e->plan.seqs = calloc(e->slots, sizeof(*e->plan.seqs));
@@ -352,10 +426,12 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     }
     if (cfg->max_batch == 0 || cfg->max_ctx < 2 || cfg->microbatches == 0 ||
         cfg->max_step_tokens == 0 || cfg->max_batch > UINT32_MAX / 2 ||
-        cfg->max_step_tokens > UINT32_MAX / 2) {
+        cfg->max_step_tokens > UINT32_MAX / 2 ||
+        (cfg->kv_dtype != GANG_DTYPE_F32 && cfg->kv_dtype != GANG_DTYPE_BF16 &&
+         cfg->kv_dtype != GANG_DTYPE_F16)) {
         gang_set_err(err, errlen,
                      "engine config out of range (max_batch >= 1, max_ctx >= 2, microbatches >= 1, "
-                     "max_step_tokens >= 1)");
+                     "max_step_tokens >= 1, kv_dtype f32, bf16 or f16)");
         return GANG_EINVAL;
     }
     rc = eng_check_model(m, err, errlen);
@@ -387,7 +463,7 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     e->vpad = (e->vocab + m->topo.tp - 1) / m->topo.tp;
     e->is_first = m->place.pp_stage == 0;
     e->is_last = m->place.pp_stage + 1 == m->topo.pp;
-    rc = eng_slots(e, err, errlen);
+    rc = eng_blocks(e, err, errlen);
     if (rc != 0)
         goto out_free;
     e->max_tokens = e->slots + cfg->max_step_tokens;
@@ -410,6 +486,38 @@ out_free:
 uint32_t gang_engine_slots(const gang_engine *e)
 {
     return e == NULL ? 0 : e->slots;
+}
+
+int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out)
+{
+    if (e == NULL || out == NULL)
+        return GANG_EINVAL;
+    memset(out, 0, sizeof(*out));
+    out->block_size = e->block_size;
+    out->blocks = e->n_usable;
+    out->tokens = (uint64_t)e->n_usable * e->block_size;
+    out->full_seqs = e->n_usable / e->max_bps;
+    out->free_blocks = e->free_blocks != NULL ? e->n_free + e->n_lru : 0;
+    out->preempted = e->n_preempted;
+    out->slots = e->slots;
+    out->max_ctx = e->max_ctx;
+    out->dtype = e->cfg.kv_dtype;
+    out->prefix_query_tokens = e->prefix_query_tokens;
+    out->prefix_hit_tokens = e->prefix_hit_tokens;
+    out->cached_blocks = e->n_lru;
+    return 0;
+}
+
+int gang_engine_limit_blocks(gang_engine *e, uint32_t n)
+{
+    if (e == NULL || n < e->max_bps)
+        return GANG_EINVAL;
+    if (e->n_pending != 0)
+        return GANG_EAGAIN;
+    e->n_usable = n < e->n_blocks ? n : e->n_blocks;
+    if (e->free_blocks != NULL)
+        gang__sched_blocks_reset(e);
+    return 0;
 }
 
 uint32_t gang_engine_max_ctx(const gang_engine *e)
@@ -515,7 +623,8 @@ int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, siz
     q = calloc(1, sizeof(*q));
     if (q == NULL)
         return GANG_ENOMEM;
-    q->prompt = malloc((size_t)r->n_prompt * sizeof(int32_t));
+    /* Room for the output too: a preempted request recomputes prompt and output. */
+    q->prompt = malloc(((size_t)r->n_prompt + r->max_tokens) * sizeof(int32_t));
     if (q->prompt == NULL) {
         free(q);
         return GANG_ENOMEM;
@@ -594,7 +703,8 @@ static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline
         if (rc != 0)
             return rc;
     }
-    return gang__plan_decode(e);
+    rc = gang__plan_decode(e);
+    return rc != 0 ? rc : gang__plan_upload_tables(e);
 }
 
 int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,

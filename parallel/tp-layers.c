@@ -598,6 +598,16 @@ static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n
             return GANG_EINVAL;
         if (pos0 > c->cap || len > c->cap - pos0 || pos0 + len > (size_t)INT32_MAX)
             return GANG_EINVAL;
+        if (c->table != NULL) {
+            /* The blocks this call writes must lie in the pool. */
+            if (c->table_host == NULL || c->block_size == 0 || c->n_blocks == 0 ||
+                (c->dtype != GANG_DTYPE_F32 && c->dtype != GANG_DTYPE_BF16 &&
+                 c->dtype != GANG_DTYPE_F16))
+                return GANG_EINVAL;
+            for (t = pos0 / c->block_size; t <= (pos0 + len - 1) / c->block_size; t++)
+                if (c->table_host[t] < 0 || (size_t)c->table_host[t] >= c->n_blocks)
+                    return GANG_EINVAL;
+        }
         if (len > s->max_tokens - n)
             return GANG_EINVAL;
         for (t = 0; t < len; t++)
@@ -696,6 +706,40 @@ static int tp_batch_rope(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratc
 }
 
 /*
+ * Copies the rows of one sequence's tokens (scratch rows off .. off + len - 1, positions
+ * pos0 ..) into its paged cache c: one copy of K and one of V per block touched.
+ */
+static int tp_paged_write(gang_kernels *k, const gang_tp_kv_cache *c, const gang_tp_scratch *s,
+                          size_t off, size_t pos0, size_t len)
+{
+    size_t bs = c->block_size, w = s->kv_cols, done = 0, es = gang_dtype_size(c->dtype);
+    char *kb = (char *)c->k, *vb = (char *)c->v;
+    int rc = 0;
+
+    while (done < len && rc == 0) {
+        size_t p = pos0 + done, in_block = p % bs, run = bs - in_block;
+        size_t row = (size_t)c->table_host[p / bs] * bs + in_block;
+        const float *ks = s->k + (off + done) * w, *vs = s->v + (off + done) * w;
+
+        if (run > len - done)
+            run = len - done;
+        if (c->dtype == GANG_DTYPE_F32) {
+            rc = gang_kernels_copy(k, kb + row * w * es, ks, run * w * sizeof(float));
+            if (rc == 0)
+                rc = gang_kernels_copy(k, vb + row * w * es, vs, run * w * sizeof(float));
+        } else {
+            /* A half-precision pool: the rows are rounded to it as they are stored. */
+            rc = gang_kernels_convert(k, GANG_DTYPE_F32, ks, c->dtype, kb + row * w * es, run * w);
+            if (rc == 0)
+                rc = gang_kernels_convert(k, GANG_DTYPE_F32, vs, c->dtype, vb + row * w * es,
+                                          run * w);
+        }
+        done += run;
+    }
+    return rc;
+}
+
+/*
  * The attention block on the whole batch: normed [total, hidden] in, s->delta [total,
  * hidden] out (after the o_proj all-reduce).
  */
@@ -712,9 +756,10 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
      * A cache row has exactly the width of this rank's K and V projections. With one
      * sequence (batch-1 decode, a lone prefill) the projections write straight into its
      * cache rows and RoPE rotates the keys there, which saves two copies per layer;
-     * otherwise they go to the scratch and each sequence's rows are copied to its cache.
+     * otherwise (or when the cache is paged) they go to the scratch and each sequence's
+     * rows are copied to its cache, block by block when it is paged.
      */
-    if (n_seq == 1) {
+    if (n_seq == 1 && caches[0]->table == NULL) {
         kp = caches[0]->k + (size_t)seq_pos0[0] * s->kv_cols;
         vp = caches[0]->v + (size_t)seq_pos0[0] * s->kv_cols;
     }
@@ -747,6 +792,19 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
         gang_tp_kv_cache *c = caches[i];
         size_t len = seq_tokens[i], pos0 = seq_pos0[i];
 
+        if (c->table != NULL) {
+            rc = tp_paged_write(k, c, s, off, pos0, len);
+            if (rc != 0)
+                return rc;
+            gang_kernels_kv_pages pg = {c->table, c->block_size, c->n_blocks, c->dtype};
+            rc = gang_kernels_attention_paged(
+                k, s->q + off * s->q_cols, c->k, c->v, &pg, len, pos0 + len, l->shard.head_count,
+                l->shard.kv_head_count, hd, pos0, l->window, s->q + off * s->q_cols);
+            if (rc != 0)
+                return rc;
+            off += len;
+            continue;
+        }
         if (n_seq > 1) {
             rc = gang_kernels_copy(k, c->k + pos0 * s->kv_cols, s->k + off * s->kv_cols,
                                    len * kv_bytes);

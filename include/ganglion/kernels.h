@@ -119,6 +119,34 @@ int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *
                                   size_t head_dim, size_t pos0, size_t window, float *out);
 
 /*
+ * The layout of a paged key/value cache (model/engine.c's block pool): kc and vc hold
+ * n_blocks blocks of block_size rows [block_size, n_kv_heads, head_dim] each, elements
+ * of dtype (F32, or BF16 / F16, read as f32), and position j of the sequence lives in
+ * row j % block_size of block table[j / block_size].
+ * table is tensor memory of the handle, with at least ceil(tk / block_size) entries, each
+ * < n_blocks (the kernels trust it: the caller validated it when it built it).
+ */
+typedef struct gang_kernels_kv_pages {
+    const int32_t *table; /* [ceil(tk / block_size)] block of each run of positions */
+    size_t block_size;    /* positions per block, >= 1 */
+    size_t n_blocks;      /* blocks kc and vc hold */
+    gang_dtype dtype;     /* their elements: GANG_DTYPE_F32 (0), _BF16 or _F16 */
+} gang_kernels_kv_pages;
+
+/*
+ * gang_kernels_attention_window over a paged cache: key / value row j is read through
+ * pages (above) instead of at kc + j rows; the numbers are those of the contiguous call
+ * with the same rows (the same operations in the same order). pages NULL is the
+ * contiguous call (kc and vc f32 then). A half-precision pool is read as f32: the result
+ * is the f32 call's on the rows rounded to that type. GANG_EINVAL also for a block_size
+ * of 0, no table, no blocks or another dtype.
+ */
+int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc, const void *vc,
+                                 const gang_kernels_kv_pages *pages, size_t tq, size_t tk,
+                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
+                                 size_t window, float *out);
+
+/*
  * SwiGLU gate: out[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + exp(-x)), n elements.
  * Aliasing: out may be gate or up exactly.
  */

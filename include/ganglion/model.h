@@ -337,7 +337,8 @@ typedef struct gang_gen_event {
     uint32_t kind;  /* gang_gen_event_kind */
     uint64_t id;    /* the request */
     int32_t token;  /* TOKEN: the token id (also an EOS that ended the request) */
-    uint32_t index; /* TOKEN: 0-based index among the generated tokens */
+    uint32_t index; /* TOKEN: 0-based index among the generated tokens; DONE: the prompt
+                       tokens found in the prefix cache (not computed) */
     char finish[8]; /* DONE: "length" or "stop" (a stop id or an EOS id) */
     float logprob;  /* TOKEN with logprobs: the token's raw log-probability, else 0 */
     uint32_t n_top; /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
@@ -345,30 +346,57 @@ typedef struct gang_gen_event {
     float top_logprobs[GANG_MAX_TOP_LOGPROBS];
 } gang_gen_event;
 
+#define GANG_KV_BLOCK_DEFAULT 16u /* positions per KV block when the config says 0 */
+
 typedef struct gang_engine_config {
-    uint32_t max_batch;       /* sequences in flight at once (KV slots wanted), >= 1 */
+    uint32_t max_batch;       /* sequences in flight at once (slots), >= 1 */
     uint32_t max_ctx;         /* positions per sequence (prompt + generated), >= 2,
                                  capped at the model's max_pos */
-    uint64_t kv_cache_bytes;  /* KV budget of this rank (--kv-cache-mb); slots = min(max_batch,
-                                 budget / bytes per slot of the gang's largest stage shard),
-                                 the same number on every rank; < 1 slot is GANG_ENOMEM */
+    uint64_t kv_cache_bytes;  /* KV budget of this rank: the paged cache holds budget / bytes
+                                 per block (of the gang's largest stage shard) blocks, the
+                                 same number on every rank; fewer blocks than one sequence
+                                 of max_ctx needs is GANG_ENOMEM */
     uint32_t microbatches;    /* sequences of a step are cut into this many microbatches */
     uint32_t max_step_tokens; /* prompt tokens admitted per step (chunking bound), >= 1 */
+    uint32_t block_size;      /* positions per KV block; 0: GANG_KV_BLOCK_DEFAULT */
+    gang_dtype kv_dtype;      /* the cache's elements: GANG_DTYPE_F32 (0), _BF16 or _F16
+                                 (half the bytes per block; rows rounded as stored) */
+    uint32_t prefix_caching;  /* 1: full blocks are cached by the hash chain of their tokens
+                                 and reused by later requests with the same prefix */
 } gang_engine_config;
+
+/* What the paged KV cache of an engine holds (gang_engine_kv_info). */
+typedef struct gang_engine_kv {
+    uint32_t block_size;  /* positions per block */
+    uint32_t blocks;      /* blocks of the pool */
+    uint64_t tokens;      /* positions the pool holds: blocks x block_size */
+    uint32_t full_seqs;   /* sequences of the whole context the pool holds at once */
+    uint32_t free_blocks; /* rank 0: blocks no sequence holds now, cached ones included (0 on
+                             other ranks) */
+    uint64_t preempted;   /* rank 0: sequences preempted (recomputed later) so far */
+    uint32_t slots;       /* sequences in flight at most (max_batch, or fewer blocks) */
+    uint32_t max_ctx;     /* positions of one sequence's whole context */
+    gang_dtype dtype;     /* the cache's elements */
+    uint64_t prefix_query_tokens; /* rank 0: prefill tokens of every admission so far */
+    uint64_t prefix_hit_tokens;   /* rank 0: of those, found in the prefix cache */
+    uint32_t cached_blocks;       /* rank 0: cached blocks no sequence holds (evictable;
+                                     counted in free_blocks) */
+} gang_engine_kv;
 
 typedef struct gang_engine gang_engine;
 
 /*
  * Creates the engine of one rank around a loaded model (borrowed; it must outlive the
- * engine). Allocates every buffer the steps need (KV slots, activations, logits) once:
+ * engine). Allocates every buffer the steps need (KV pools, activations, logits) once:
  * nothing is allocated in the step loop. Returns 0 and *out; GANG_EINVAL; GANG_ENOMEM
- * (also when the budget holds no slot: the message in err says how much one needs).
+ * (also when the budget holds fewer blocks than one sequence of max_ctx needs: the
+ * message in err says how much that is).
  */
 int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine **out, char *err,
                      size_t errlen);
 
 /*
- * gang_engine_init with every buffer (KV slots, activations, layer scratch, head buffers)
+ * gang_engine_init with every buffer (KV pools, activations, layer scratch, head buffers)
  * allocated from k's tensor memory. With a device k the model must have been moved to k
  * (gang_model_to_device; GANG_EINVAL otherwise), every step must be given this k, and
  * only the sampled logits rows come back to the host (one download per microbatch that
@@ -379,9 +407,18 @@ int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine *
 int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config *cfg,
                         gang_engine **out, char *err, size_t errlen);
 void gang_engine_free(gang_engine *e);
-/* KV slots (sequences that can be in flight at once) and context length of the engine. */
+/* Slots (sequences that can be in flight at once) and context length of the engine. */
 uint32_t gang_engine_slots(const gang_engine *e);
 uint32_t gang_engine_max_ctx(const gang_engine *e);
+/* The paged KV cache's size and use into *out. 0, or GANG_EINVAL on NULL. */
+int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out);
+/*
+ * Between generations, with no request live: the blocks rank 0 may hand out become
+ * min(n, this pool's), so that ranks whose budgets differ (sized from their own free
+ * memory) agree on the gang's smallest pool. 0; GANG_EINVAL (NULL, or n below one
+ * sequence of the context); GANG_EAGAIN while requests are live.
+ */
+int gang_engine_limit_blocks(gang_engine *e, uint32_t n);
 
 /*
  * Rank 0 only: queues a request. Validates it first (GANG_EINVAL with a message in err:
@@ -391,14 +428,14 @@ uint32_t gang_engine_max_ctx(const gang_engine *e);
  * flags other than 0 / 1) and changes nothing on error. A request ends after a stop id,
  * after one of the model's EOS ids (unless ignore_eos; finish "stop", and that token is
  * its last TOKEN event) or at max_tokens ("length").
- * Requests wait for a free slot; there is no bound other than GANG_ENOMEM.
+ * Requests wait for a free slot and KV blocks; there is no bound other than GANG_ENOMEM.
  */
 int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, size_t errlen);
 
 /*
- * Rank 0 only, between steps: drops request id, queued or running (its KV slot is free for
- * the next plan, and no more events of it follow; events already produced stay in the
- * ring). Returns 0, or GANG_ENOENT when no live request has that id (already finished).
+ * Rank 0 only, between steps: drops request id, queued or running (its slot and KV blocks are free
+ * for the next plan, and no more events of it follow; events already produced stay in the ring).
+ * Returns 0, or GANG_ENOENT when no live request has that id (already finished).
  */
 int gang_engine_cancel(gang_engine *e, uint64_t id);
 

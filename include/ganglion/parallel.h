@@ -391,6 +391,18 @@ typedef struct gang_tp_kv_cache {
     float *k;   /* [cap, kv_head_count, head_dim] */
     float *v;   /* [cap, kv_head_count, head_dim] */
     size_t cap; /* positions the arrays can hold */
+    /* Paged (table != NULL): k and v are instead a pool of n_blocks blocks of block_size
+     * rows shared by many sequences, and position p of this one lives in row
+     * p % block_size of block table[p / block_size]; cap is then the positions the table
+     * covers (entries x block_size). table is tensor memory (for the attention kernel),
+     * table_host the same entries on the host (for the cache writes); both have at least
+     * ceil(cap / block_size) entries, each < n_blocks. */
+    const int32_t *table;
+    const int32_t *table_host;
+    size_t block_size;
+    size_t n_blocks;
+    gang_dtype dtype; /* paged: the pool's elements, F32 (0), BF16 or F16 (k and v then
+                         point at bf16 / f16 data: the rows are rounded as written) */
 } gang_tp_kv_cache;
 
 /*

@@ -21,9 +21,16 @@
  * is taken only when a call has at least ATTN_BLOCK_MIN_Q queries and
  * ATTN_BLOCK_MIN_KEYS keys, so decode steps and the short prompts the tests compare
  * keep the double-precision reference.
+ *
+ * A paged cache (gang_kernels_kv_pages) changes only where row j is read: the double path
+ * looks each row up through the block table, and the blocked path first gathers the rows
+ * its block needs into a contiguous copy, so both compute exactly what they compute on a
+ * contiguous cache holding the same rows. A half-precision pool (bf16 / f16) is widened
+ * to f32 as it is read (a row at a time, or in the gathered copy).
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cblas.h>
 
@@ -33,19 +40,78 @@
 #define ATTN_BLOCK_MIN_Q 64
 #define ATTN_BLOCK_MIN_KEYS 2048
 
-/* The blocked path (see the file comment); the arguments are those of the front. */
-static int attention_blocked(const float *q, const float *kc, const float *vc, size_t tq,
-                             size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                             size_t window, float *out)
+/* The cache row of position j: j itself, or its row in its block of a paged cache. */
+static inline size_t attn_row(const gang_kernels_kv_pages *pg, size_t j)
 {
-    size_t group = n_heads / n_kv_heads, n_max = pos0 + tq;
+    return pg == NULL ? j
+                      : (size_t)pg->table[j / pg->block_size] * pg->block_size + j % pg->block_size;
+}
+
+/* Widens n elements at src (of the pool's dtype) into f32 dst. */
+static void attn_widen(const void *src, gang_dtype dt, size_t n, float *dst)
+{
+    if (dt == GANG_DTYPE_BF16)
+        (void)gang_bf16_to_f32_array(src, dst, n);
+    else if (dt == GANG_DTYPE_F16)
+        (void)gang_f16_to_f32_array(src, dst, n);
+    else
+        memcpy(dst, src, n * sizeof(float));
+}
+
+/* Copies rows 0 .. n-1 of a paged cache (row width w elements) contiguously into f32 dst. */
+static void attn_gather(const void *src, const gang_kernels_kv_pages *pg, size_t n, size_t w,
+                        float *dst)
+{
+    size_t es = gang_dtype_size(pg->dtype);
+
+    for (size_t j = 0; j < n; j += pg->block_size) {
+        size_t run = n - j < pg->block_size ? n - j : pg->block_size;
+        attn_widen((const char *)src + attn_row(pg, j) * w * es, pg->dtype, run * w, dst + j * w);
+    }
+}
+
+/*
+ * The n floats of row j at column off (row width w elements): a pointer into an f32
+ * cache, or tmp holding them widened from a half-precision pool.
+ */
+static const float *attn_vec(const void *base, const gang_kernels_kv_pages *pg, size_t j,
+                             size_t off, size_t w, size_t n, float *tmp)
+{
+    size_t idx = attn_row(pg, j) * w + off;
+
+    if (pg == NULL || pg->dtype == GANG_DTYPE_F32)
+        return (const float *)base + idx;
+    attn_widen((const uint16_t *)base + idx, pg->dtype, n, tmp);
+    return tmp;
+}
+
+/* The blocked path (see the file comment); the arguments are those of the front. */
+static int attention_blocked(const float *q, const void *kc, const void *vc,
+                             const gang_kernels_kv_pages *pg, size_t tq, size_t n_heads,
+                             size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window,
+                             float *out)
+{
+    size_t group = n_heads / n_kv_heads, n_max = pos0 + tq, w = n_kv_heads * head_dim;
     float scale = (float)(1.0 / sqrt((double)head_dim));
-    float *s = malloc((size_t)ATTN_BLOCK_Q * n_max * sizeof(float));
+    float *s = malloc((size_t)ATTN_BLOCK_Q * n_max * sizeof(float)), *flat = NULL;
+    const float *kf = kc, *vf = vc;
     if (s == NULL)
         return GANG_ENOMEM;
+    if (pg != NULL) {
+        /* The sgemms want the keys and values contiguous: one gathered copy of each. */
+        flat = malloc(2 * n_max * w * sizeof(float));
+        if (flat == NULL) {
+            free(s);
+            return GANG_ENOMEM;
+        }
+        attn_gather(kc, pg, n_max, w, flat);
+        attn_gather(vc, pg, n_max, w, flat + n_max * w);
+        kf = flat;
+        vf = flat + n_max * w;
+    }
     int qs = (int)(n_heads * head_dim), ks = (int)(n_kv_heads * head_dim), d = (int)head_dim;
     for (size_t h = 0; h < n_heads; h++) {
-        const float *kh = kc + (h / group) * head_dim, *vh = vc + (h / group) * head_dim;
+        const float *kh = kf + (h / group) * head_dim, *vh = vf + (h / group) * head_dim;
         for (size_t i0 = 0; i0 < tq; i0 += ATTN_BLOCK_Q) {
             size_t b = tq - i0 < ATTN_BLOCK_Q ? tq - i0 : ATTN_BLOCK_Q;
             size_t nk = pos0 + i0 + b; /* keys the block's last query sees */
@@ -74,6 +140,7 @@ static int attention_blocked(const float *q, const float *kc, const float *vc, s
                         (int)nk, vh, ks, 0.0f, out + (i0 * n_heads + h) * head_dim, qs);
         }
     }
+    free(flat);
     free(s);
     return 0;
 }
@@ -81,23 +148,27 @@ static int attention_blocked(const float *q, const float *kc, const float *vc, s
 #define CPU_ATTN_STACK_KEYS 8192 /* 64 KiB of doubles */
 #define CPU_ATTN_STACK_DIM 512
 
-int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t tq, size_t tk,
-                        size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                        size_t window, float *out)
+int gang__cpu_attention(const float *q, const void *kc, const void *vc,
+                        const gang_kernels_kv_pages *pg, size_t tq, size_t tk, size_t n_heads,
+                        size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out)
 {
     size_t group = n_heads / n_kv_heads;
     double scale = 1.0 / sqrt((double)head_dim);
     int rc = 0;
     if (tq >= ATTN_BLOCK_MIN_Q && pos0 + tq >= ATTN_BLOCK_MIN_KEYS)
-        return attention_blocked(q, kc, vc, tq, n_heads, n_kv_heads, head_dim, pos0, window, out);
+        return attention_blocked(q, kc, vc, pg, tq, n_heads, n_kv_heads, head_dim, pos0, window,
+                                 out);
     /* Scratch on the stack for the sizes a decode loop uses (contexts up to
      * CPU_ATTN_STACK_KEYS, heads up to CPU_ATTN_STACK_DIM), so that serving allocates
      * nothing per token; larger calls fall back to the heap. */
     double scores_stack[CPU_ATTN_STACK_KEYS], acc_stack[CPU_ATTN_STACK_DIM];
+    float row_stack[CPU_ATTN_STACK_DIM];
     double *scores = tk <= CPU_ATTN_STACK_KEYS ? scores_stack : malloc(tk * sizeof(*scores));
     double *acc = head_dim <= CPU_ATTN_STACK_DIM ? acc_stack : malloc(head_dim * sizeof(*acc));
+    float *row = head_dim <= CPU_ATTN_STACK_DIM ? row_stack : malloc(head_dim * sizeof(*row));
+    size_t row_w = n_kv_heads * head_dim;
 
-    if (scores == NULL || acc == NULL) {
+    if (scores == NULL || acc == NULL || row == NULL) {
         rc = GANG_ENOMEM;
         goto out_free;
     }
@@ -112,7 +183,7 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
             double max = -INFINITY, sum = 0.0;
 
             for (size_t j = first; j < n_keys; j++) {
-                const float *kv = kc + (j * n_kv_heads + g) * head_dim;
+                const float *kv = attn_vec(kc, pg, j, g * head_dim, row_w, head_dim, row);
                 double dot = 0.0;
                 for (size_t d = 0; d < head_dim; d++)
                     dot += (double)qv[d] * (double)kv[d];
@@ -123,7 +194,7 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
             for (size_t d = 0; d < head_dim; d++)
                 acc[d] = 0.0;
             for (size_t j = first; j < n_keys; j++) {
-                const float *vv = vc + (j * n_kv_heads + g) * head_dim;
+                const float *vv = attn_vec(vc, pg, j, g * head_dim, row_w, head_dim, row);
                 double w = exp(scores[j] - max);
                 sum += w;
                 for (size_t d = 0; d < head_dim; d++)
@@ -138,6 +209,8 @@ int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t
     }
 
 out_free:
+    if (row != row_stack)
+        free(row);
     if (acc != acc_stack)
         free(acc);
     if (scores != scores_stack)

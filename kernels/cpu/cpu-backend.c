@@ -132,12 +132,13 @@ static int cpu_softmax(void *ctx, float *x, size_t rows, size_t cols)
     return gang__cpu_softmax(x, rows, cols);
 }
 
-static int cpu_attention(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
-                         size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                         size_t window, float *out)
+static int cpu_attention(void *ctx, const float *q, const void *kc, const void *vc,
+                         const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
+                         size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out)
 {
     (void)ctx;
-    return gang__cpu_attention(q, kc, vc, tq, tk, n_heads, n_kv_heads, head_dim, pos0, window, out);
+    return gang__cpu_attention(q, kc, vc, pages, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
+                               window, out);
 }
 
 static int cpu_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)

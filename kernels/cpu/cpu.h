@@ -35,8 +35,9 @@ int gang__cpu_add_rows(float *x, const float *bias, size_t rows, size_t cols);
 int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out);
 
 /* cpu-attention.c */
-int gang__cpu_attention(const float *q, const float *kc, const float *vc, size_t tq, size_t tk,
-                        size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                        size_t window, float *out);
+/* pages NULL: contiguous cache; else rows through its block table (gang_kernels_kv_pages). */
+int gang__cpu_attention(const float *q, const void *kc, const void *vc,
+                        const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
+                        size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out);
 
 #endif /* GANGLION_KERNELS_CPU_H */

@@ -20,9 +20,18 @@
  * also split across blocks, whose partial states a second kernel merges (see
  * attention_split_kernel).
  *
+ * Paged caches (gang_kernels_kv_pages): key j is read at row table[j / block_size] x
+ * block_size + j % block_size instead of row j (attn_row); table NULL is the contiguous
+ * cache. A half-precision pool (bf16 / f16) is widened to f32 as each element is read
+ * (the kernels are templates over the element type, attn_ld). Blocks are at least a warp's stride
+ * apart in no particular order, so a row's read stays coalesced across the lanes (they share the
+ * row).
+ *
  * Aliasing: out may be q: a block reads its query row into registers before any write,
  * and blocks touch disjoint rows.
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 
 #include "cuda-internal.h"
@@ -33,6 +42,26 @@
 #define ATT_SPLIT_MIN_KEYS 128 /* fewest keys worth a block of their own */
 #define ATT_MAX_SPLITS 64
 
+/* One cache element as f32. */
+__device__ static inline float attn_ld(const float *p)
+{
+    return *p;
+}
+__device__ static inline float attn_ld(const __nv_bfloat16 *p)
+{
+    return __bfloat162float(*p);
+}
+__device__ static inline float attn_ld(const __half *p)
+{
+    return __half2float(*p);
+}
+
+/* The cache row of key j: j, or its row in its block when the cache is paged. */
+__device__ static inline size_t attn_row(const int32_t *table, unsigned block_size, size_t j)
+{
+    return table == NULL ? j : (size_t)table[j / block_size] * block_size + j % block_size;
+}
+
 /*
  * The part every kernel shares: the block walks keys [j0, j1) (the caller clips j1 to the
  * causal bound) for query row qrow and kv head g, and leaves its merged state:
@@ -40,10 +69,11 @@
  * in shared memory, visible to every thread after the final barrier. Every thread of the
  * block must call it (it synchronises).
  */
-__device__ static void block_attend(const float *qrow, const float *kc, const float *vc,
-                                    size_t kv_stride, unsigned g, unsigned head_dim, float scale,
-                                    size_t j0, size_t j1, float *s_m, float *s_l,
-                                    float (*s_acc)[32 * ATT_PER_LANE])
+template <typename T>
+__device__ static void
+block_attend(const float *qrow, const T *kc, const T *vc, const int32_t *table, unsigned block_size,
+             size_t kv_stride, unsigned g, unsigned head_dim, float scale, size_t j0, size_t j1,
+             float *s_m, float *s_l, float (*s_acc)[32 * ATT_PER_LANE])
 {
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float qv[ATT_PER_LANE], acc[ATT_PER_LANE];
@@ -66,7 +96,7 @@ __device__ static void block_attend(const float *qrow, const float *kc, const fl
 #pragma unroll
         for (int u = 0; u < ATT_UNROLL; u++) {
             size_t jj = j + (size_t)u * ATT_WARPS;
-            const float *krow = kc + jj * kv_stride + (size_t)g * head_dim;
+            const T *krow = kc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
             float dot = 0.0f;
 
             if (jj < j1) {
@@ -74,7 +104,7 @@ __device__ static void block_attend(const float *qrow, const float *kc, const fl
                 for (int r = 0; r < ATT_PER_LANE; r++) {
                     unsigned d = lane + 32u * r;
                     if (d < head_dim)
-                        dot += qv[r] * krow[d];
+                        dot += qv[r] * attn_ld(krow + d);
                 }
             }
             dots[u] = dot;
@@ -106,15 +136,14 @@ __device__ static void block_attend(const float *qrow, const float *kc, const fl
 #pragma unroll
         for (int u = 0; u < ATT_UNROLL; u++) {
             size_t jj = j + (size_t)u * ATT_WARPS;
-            const float *vrow = vc + jj * kv_stride + (size_t)g * head_dim;
-
             if (jj >= j1)
                 continue;
+            const T *vrow = vc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
 #pragma unroll
             for (int r = 0; r < ATT_PER_LANE; r++) {
                 unsigned d = lane + 32u * r;
                 if (d < head_dim)
-                    acc[r] += p[u] * vrow[d];
+                    acc[r] += p[u] * attn_ld(vrow + d);
             }
         }
         m = m_new;
@@ -158,9 +187,11 @@ __device__ static float block_num(const float *s_m, const float (*s_acc)[32 * AT
 }
 
 /* Single pass: one block per (query i, head h) over all its keys, writing out directly. */
-__global__ static void attention_kernel(const float *q, const float *kc, const float *vc,
-                                        unsigned n_heads, unsigned n_kv_heads, unsigned head_dim,
-                                        size_t pos0, size_t window, float scale, float *out)
+template <typename T>
+__global__ static void attention_kernel(const float *q, const T *kc, const T *vc,
+                                        const int32_t *table, unsigned block_size, unsigned n_heads,
+                                        unsigned n_kv_heads, unsigned head_dim, size_t pos0,
+                                        size_t window, float scale, float *out)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_PER_LANE];
@@ -172,8 +203,8 @@ __global__ static void attention_kernel(const float *q, const float *kc, const f
 
     /* block_attend reads the query row into registers and synchronises before returning,
      * so the writes below may overwrite it (out = q). */
-    block_attend(q + (i * n_heads + h) * head_dim, kc, vc, (size_t)n_kv_heads * head_dim, g,
-                 head_dim, scale, first, n_keys, s_m, s_l, s_acc);
+    block_attend(q + (i * n_heads + h) * head_dim, kc, vc, table, block_size,
+                 (size_t)n_kv_heads * head_dim, g, head_dim, scale, first, n_keys, s_m, s_l, s_acc);
     block_merge(s_m, s_l, &mx, &den);
     float *orow = out + (i * n_heads + h) * head_dim;
     for (unsigned d = threadIdx.x; d < head_dim; d += blockDim.x)
@@ -189,11 +220,12 @@ __global__ static void attention_kernel(const float *q, const float *kc, const f
  * (or before its sliding window) and adds nothing; the chunk holding the first key of the
  * window is never empty.
  */
-__global__ static void attention_split_kernel(const float *q, const float *kc, const float *vc,
-                                              unsigned n_heads, unsigned n_kv_heads,
-                                              unsigned head_dim, size_t pos0, size_t window,
-                                              float scale, size_t chunk, unsigned splits,
-                                              float *part)
+template <typename T>
+__global__ static void
+attention_split_kernel(const float *q, const T *kc, const T *vc, const int32_t *table,
+                       unsigned block_size, unsigned n_heads, unsigned n_kv_heads,
+                       unsigned head_dim, size_t pos0, size_t window, float scale, size_t chunk,
+                       unsigned splits, float *part)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * ATT_PER_LANE];
@@ -210,8 +242,8 @@ __global__ static void attention_split_kernel(const float *q, const float *kc, c
         j1 = n_keys;
     if (j0 > j1)
         j0 = j1; /* empty: the state stays m = -inf */
-    block_attend(q + (i * n_heads + h) * head_dim, kc, vc, (size_t)n_kv_heads * head_dim, g,
-                 head_dim, scale, j0, j1, s_m, s_l, s_acc);
+    block_attend(q + (i * n_heads + h) * head_dim, kc, vc, table, block_size,
+                 (size_t)n_kv_heads * head_dim, g, head_dim, scale, j0, j1, s_m, s_l, s_acc);
     block_merge(s_m, s_l, &mx, &den);
     float *st = part + ((size_t)pair * splits + sp) * (head_dim + 2);
     if (threadIdx.x == 0) {
@@ -250,25 +282,25 @@ __global__ static void attention_merge_kernel(const float *part, unsigned splits
 /*
  * Chooses the plan: split the keys when the (query, head) pairs would leave most SMs idle
  * and there are enough keys to share (at least ATT_SPLIT_MIN_KEYS per chunk), within the
- * scratch the handle reserved; otherwise one pass.
+ * scratch the handle reserved; otherwise one pass. T is the cache's element type.
  */
-extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc,
-                                           const float *vc, size_t tq, size_t tk, size_t n_heads,
-                                           size_t n_kv_heads, size_t head_dim, size_t pos0,
-                                           size_t window, float *out, float *scratch,
-                                           size_t scratch_floats, int n_sm)
+template <typename T>
+static int launch_attention(cudaStream_t s, const float *q, const T *kc, const T *vc,
+                            const int32_t *table, size_t block_size, size_t tq, size_t n_heads,
+                            size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window,
+                            float *out, float *scratch, size_t scratch_floats, int n_sm)
 {
     size_t pairs = tq * n_heads, max_keys = pos0 + tq;
     float scale = (float)(1.0 / sqrt((double)head_dim));
     unsigned splits = 1;
 
-    (void)tk; /* the front checked pos0 + tq <= tk; rows past pos0 + i are never read */
     if (head_dim > 32 * ATT_PER_LANE) {
         gang_error("kernels/cuda: attention supports head_dim <= %d (got %zu)", 32 * ATT_PER_LANE,
                    head_dim);
         return GANG_ERANGE;
     }
-    if (pairs > 0x7fffffffu || n_heads > 0xffffffffu || n_kv_heads > 0xffffffffu)
+    if (pairs > 0x7fffffffu || n_heads > 0xffffffffu || n_kv_heads > 0xffffffffu ||
+        block_size > 0xffffffffu)
         return GANG_ERANGE;
     if (scratch != NULL && pairs < (size_t)n_sm) {
         size_t want = ((size_t)2 * n_sm + pairs - 1) / pairs; /* about two waves */
@@ -284,20 +316,46 @@ extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const
         splits = want < 2 ? 1 : (unsigned)want;
     }
     if (splits == 1) {
-        attention_kernel<<<(unsigned)pairs, ATT_WARPS * 32, 0, s>>>(
-            q, kc, vc, (unsigned)n_heads, (unsigned)n_kv_heads, (unsigned)head_dim, pos0, window,
-            scale, out);
+        attention_kernel<T><<<(unsigned)pairs, ATT_WARPS * 32, 0, s>>>(
+            q, kc, vc, table, (unsigned)block_size, (unsigned)n_heads, (unsigned)n_kv_heads,
+            (unsigned)head_dim, pos0, window, scale, out);
         return gang__cuda_err(cudaGetLastError(), "attention launch");
     }
     size_t chunk = (max_keys + splits - 1) / splits;
     dim3 grid((unsigned)pairs, splits);
-    attention_split_kernel<<<grid, ATT_WARPS * 32, 0, s>>>(
-        q, kc, vc, (unsigned)n_heads, (unsigned)n_kv_heads, (unsigned)head_dim, pos0, window, scale,
-        chunk, splits, scratch);
+    attention_split_kernel<T><<<grid, ATT_WARPS * 32, 0, s>>>(
+        q, kc, vc, table, (unsigned)block_size, (unsigned)n_heads, (unsigned)n_kv_heads,
+        (unsigned)head_dim, pos0, window, scale, chunk, splits, scratch);
     int rc = gang__cuda_err(cudaGetLastError(), "attention (split) launch");
     if (rc < 0)
         return rc;
     attention_merge_kernel<<<(unsigned)pairs, 128, 0, s>>>(scratch, splits, (unsigned)head_dim,
                                                            out);
     return gang__cuda_err(cudaGetLastError(), "attention merge launch");
+}
+
+extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const void *kc,
+                                           const void *vc, gang_dtype dtype, const int32_t *table,
+                                           size_t block_size, size_t tq, size_t tk, size_t n_heads,
+                                           size_t n_kv_heads, size_t head_dim, size_t pos0,
+                                           size_t window, float *out, float *scratch,
+                                           size_t scratch_floats, int n_sm)
+{
+    (void)tk; /* the front checked pos0 + tq <= tk; rows past pos0 + i are never read */
+    switch (dtype) {
+    case GANG_DTYPE_F32:
+        return launch_attention(s, q, (const float *)kc, (const float *)vc, table, block_size, tq,
+                                n_heads, n_kv_heads, head_dim, pos0, window, out, scratch,
+                                scratch_floats, n_sm);
+    case GANG_DTYPE_BF16:
+        return launch_attention(s, q, (const __nv_bfloat16 *)kc, (const __nv_bfloat16 *)vc, table,
+                                block_size, tq, n_heads, n_kv_heads, head_dim, pos0, window, out,
+                                scratch, scratch_floats, n_sm);
+    case GANG_DTYPE_F16:
+        return launch_attention(s, q, (const __half *)kc, (const __half *)vc, table, block_size, tq,
+                                n_heads, n_kv_heads, head_dim, pos0, window, out, scratch,
+                                scratch_floats, n_sm);
+    default:
+        return GANG_EINVAL;
+    }
 }

@@ -318,17 +318,20 @@ static int cuda_softmax(void *ctx, float *x, size_t rows, size_t cols)
     return rc < 0 ? rc : gang__cuda_launch_softmax(c->stream, x, rows, cols);
 }
 
-static int cuda_attention(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
-                          size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                          size_t pos0, size_t window, float *out)
+static int cuda_attention(void *ctx, const float *q, const void *kc, const void *vc,
+                          const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
+                          size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window,
+                          float *out)
 {
     gang__cuda_ctx *c = ctx;
     int rc = ctx_enter(c);
 
     return rc < 0 ? rc
-                  : gang__cuda_launch_attention(c->stream, q, kc, vc, tq, tk, n_heads, n_kv_heads,
-                                                head_dim, pos0, window, out, c->att_scratch,
-                                                c->att_scratch_floats, c->sm_count);
+                  : gang__cuda_launch_attention(
+                        c->stream, q, kc, vc, pages != NULL ? pages->dtype : GANG_DTYPE_F32,
+                        pages != NULL ? pages->table : NULL, pages != NULL ? pages->block_size : 1,
+                        tq, tk, n_heads, n_kv_heads, head_dim, pos0, window, out, c->att_scratch,
+                        c->att_scratch_floats, c->sm_count);
 }
 
 static int cuda_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)

@@ -117,9 +117,12 @@ int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t
                              int32_t *out);
 int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src, gang_dtype to,
                               void *dst, size_t n);
-/* scratch (scratch_floats f32, may be NULL) holds the partial states when the keys are
+/* dtype: the cache's elements (f32 for a contiguous one). table NULL: contiguous cache,
+ * else the block table of a paged one (block_size rows per
+ * block). scratch (scratch_floats f32, may be NULL) holds the partial states when the keys are
  * split across blocks; n_sm is the device's multiprocessor count. */
-int gang__cuda_launch_attention(cudaStream_t s, const float *q, const float *kc, const float *vc,
+int gang__cuda_launch_attention(cudaStream_t s, const float *q, const void *kc, const void *vc,
+                                gang_dtype dtype, const int32_t *table, size_t block_size,
                                 size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
                                 size_t head_dim, size_t pos0, size_t window, float *out,
                                 float *scratch, size_t scratch_floats, int n_sm);

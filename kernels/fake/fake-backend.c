@@ -330,15 +330,25 @@ static int fake_softmax(void *ctx, float *x, size_t rows, size_t cols)
     return CPU->softmax(NULL, DEV(x, F32(rows * cols)), rows, cols);
 }
 
-static int fake_attention(void *ctx, const float *q, const float *kc, const float *vc, size_t tq,
-                          size_t tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                          size_t pos0, size_t window, float *out)
+static int fake_attention(void *ctx, const float *q, const void *kc, const void *vc,
+                          const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
+                          size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window,
+                          float *out)
 {
     size_t qb = F32(tq * n_heads * head_dim), kb = F32(tk * n_kv_heads * head_dim);
+    gang_kernels_kv_pages pg;
 
     fake_op(ctx);
-    return CPU->attention(NULL, DEV(q, qb), DEV(kc, kb), DEV(vc, kb), tq, tk, n_heads, n_kv_heads,
-                          head_dim, pos0, window, DEV(out, qb));
+    if (pages != NULL) {
+        /* The pool holds n_blocks blocks; the table, its ceil(tk / block_size) entries. */
+        pg = *pages;
+        kb = pages->n_blocks * pages->block_size * n_kv_heads * head_dim *
+             gang_dtype_size(pages->dtype);
+        pg.table = DEV(pages->table, (tk + pg.block_size - 1) / pg.block_size * sizeof(int32_t));
+        pages = &pg;
+    }
+    return CPU->attention(NULL, DEV(q, qb), DEV(kc, kb), DEV(vc, kb), pages, tq, tk, n_heads,
+                          n_kv_heads, head_dim, pos0, window, DEV(out, qb));
 }
 
 static int fake_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)

@@ -593,6 +593,74 @@ static void test_gpu_attention(void **state)
     attention_case(130, 256, 1, 1, 64, 126);  /* query 0's second chunk is empty */
 }
 
+/*
+ * Paged decode and prefill attention: the GPU reading a shuffled block pool through its
+ * table against the CPU on the contiguous rows (same tolerance as the contiguous cases),
+ * on the one-pass and the split-key paths, with an f32, bf16 or f16 pool (the CPU then
+ * gets the rows rounded to that type: the GPU widens exactly those values).
+ */
+static void paged_case(size_t tq, size_t pos0, size_t nh, size_t nkv, size_t hd, size_t bs,
+                       gang_dtype dt)
+{
+    size_t tk = pos0 + tq, nb = (tk + bs - 1) / bs, pool = nb + 2, row = nkv * hd;
+    size_t nq = tq * nh * hd, nk = tk * row, es = gang_dtype_size(dt), pn = pool * bs * row;
+    float *q = rnd_buf(nq, 2.0f), *kc = rnd_buf(nk, 2.0f), *vc = rnd_buf(nk, 1.0f);
+    float *kp = rnd_buf(pn, 4.0f), *vp = rnd_buf(pn, 4.0f), *ref = malloc(nq * 4);
+    char *kh = malloc(pn * es), *vh = malloc(pn * es);
+    int32_t *table = malloc(nb * sizeof(int32_t));
+    char what[128];
+
+    for (size_t b = 0; b < nb; b++) {
+        size_t rows = tk - b * bs < bs ? tk - b * bs : bs;
+        table[b] = (int32_t)(nb - 1 - b); /* reversed: no block in its own place but one */
+        memcpy(kp + (size_t)table[b] * bs * row, kc + b * bs * row, rows * row * 4);
+        memcpy(vp + (size_t)table[b] * bs * row, vc + b * bs * row, rows * row * 4);
+    }
+    if (dt == GANG_DTYPE_F32) {
+        memcpy(kh, kp, pn * 4);
+        memcpy(vh, vp, pn * 4);
+    } else {
+        /* The pool in dt, and the reference's rows rounded the same way. */
+        assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, kp, dt, kh, pn), 0);
+        assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, vp, dt, vh, pn), 0);
+        assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, kc, dt, kp, nk), 0);
+        assert_int_equal(gang_kernels_convert(fx.cpu, dt, kp, GANG_DTYPE_F32, kc, nk), 0);
+        assert_int_equal(gang_kernels_convert(fx.cpu, GANG_DTYPE_F32, vc, dt, vp, nk), 0);
+        assert_int_equal(gang_kernels_convert(fx.cpu, dt, vp, GANG_DTYPE_F32, vc, nk), 0);
+    }
+    assert_int_equal(gang_kernels_attention(fx.cpu, q, kc, vc, tq, tk, nh, nkv, hd, pos0, ref), 0);
+    float *dq = dev_copy(q, nq * 4);
+    void *dk = dev_copy(kh, pn * es), *dv = dev_copy(vh, pn * es);
+    int32_t *dt_table = dev_copy(table, nb * sizeof(int32_t));
+    gang_kernels_kv_pages pg = {dt_table, bs, pool, dt};
+    assert_int_equal(
+        gang_kernels_attention_paged(fx.gpu, dq, dk, dv, &pg, tq, tk, nh, nkv, hd, pos0, 0, dq), 0);
+    float *got = dev_fetch(dq, nq * 4);
+    snprintf(what, sizeof(what), "paged %s attention tq=%zu pos0=%zu heads=%zu/%zu hd=%zu bs=%zu",
+             gang_dtype_name(dt), tq, pos0, nh, nkv, hd, bs);
+    assert_close(got, ref, nq, 2e-5, what);
+    gang_kernels_free(fx.gpu, dq);
+    gang_kernels_free(fx.gpu, dk);
+    gang_kernels_free(fx.gpu, dv);
+    gang_kernels_free(fx.gpu, dt_table);
+    free(q), free(kc), free(vc), free(kp), free(vp), free(ref), free(table), free(got);
+    free(kh), free(vh);
+}
+
+static void test_gpu_attention_paged(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    paged_case(1, 37, 4, 2, 64, 16, GANG_DTYPE_F32);     /* decode, one pass */
+    paged_case(1, 4095, 8, 2, 128, 16, GANG_DTYPE_F32);  /* decode, split keys */
+    paged_case(9, 20, 6, 3, 64, 7, GANG_DTYPE_F32);      /* a block size that divides nothing */
+    paged_case(33, 0, 8, 2, 64, 16, GANG_DTYPE_F32);     /* prefill from position 0 */
+    paged_case(3, 1000, 4, 4, 64, 1, GANG_DTYPE_F32);    /* one position per block */
+    paged_case(1, 4095, 8, 2, 128, 16, GANG_DTYPE_BF16); /* bf16 pool, split keys */
+    paged_case(9, 20, 6, 3, 64, 16, GANG_DTYPE_BF16);    /* bf16 pool, prefill */
+    paged_case(1, 300, 4, 2, 64, 16, GANG_DTYPE_F16);    /* f16 pool */
+}
+
 static void test_gpu_elementwise(void **state)
 {
     const size_t n = 100003;
@@ -830,6 +898,7 @@ int main(void)
         cmocka_unit_test(test_gpu_rope),
         cmocka_unit_test(test_gpu_softmax),
         cmocka_unit_test(test_gpu_attention),
+        cmocka_unit_test(test_gpu_attention_paged),
         cmocka_unit_test(test_gpu_elementwise),
         cmocka_unit_test(test_gpu_embedding),
         cmocka_unit_test(test_gpu_argmax),

@@ -492,12 +492,13 @@ void test_gen_validation(void **state)
     e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
     e->plan_buf[1] = 1;
     e->plan_buf[2] = 2;
-    e->plan_buf[3] = (int32_t)(GANG__PLAN_SEQ_WORDS + 2);
+    e->plan_buf[3] = 1;
+    e->plan_buf[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
     {
         int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
         float one = 1.0f, big = 5.0f;
 
-        memset(w, 0, (GANG__PLAN_SEQ_WORDS + 2) * sizeof(int32_t));
+        memset(w, 0, (GANG__PLAN_SEQ_WORDS + 3) * sizeof(int32_t));
         w[2] = 2;
         w[3] = 1;
         memcpy(&w[6], &one, sizeof(one));

@@ -266,6 +266,238 @@ static void test_decode_equals_prefix(void **state)
  * its logits through the sampler at the same positions), and equal each request run
  * alone on one rank: batching, chunking and the layout change nothing.
  */
+/*
+ * Preemption: a pool of 8 blocks of 4 positions (the context of 24 needs 6) under the
+ * eight-request script, whose sequences need 2 to 4 blocks each and up to 8 run at once.
+ * Blocks run out as they grow, the youngest are preempted and recomputed, and every
+ * request still gives exactly the tokens of the reference (which the uncontended runs of
+ * test_layouts_and_batching give too), on one rank, on a pool limited to 6 blocks, and
+ * on a 2 x 2 gang (the tables travel in the plans). At the end every block is free.
+ */
+static void test_preemption(void **state)
+{
+    static rank_ctx xs[MAX_RANKS];
+    static script sc;
+    static script_out exp[MAX_REQS];
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(21, 0);
+    gang_model *m;
+    gang_engine *e = NULL;
+    gang_engine_kv kv;
+    layout lo;
+    char err[256];
+    uint32_t r;
+
+    (void)state;
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    sc.steps = 200;
+    cfg.max_batch = 8;
+    cfg.max_ctx = 24;
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    cfg.kv_cache_bytes = 8 * (3 * 2 * 4 * N_KV_HEADS * HEAD_DIM * 4);
+
+    m = shard_new(fm, 1, 1, 0);
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_int_equal(kv.blocks, 8);
+    script_run_local(e, &sc);
+    check_script(&sc, exp, "preempted, 1x1");
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_true(kv.preempted > 0);
+    assert_int_equal(kv.free_blocks, 8);
+    /* A smaller agreed pool: the same tokens again, with more preemptions. */
+    assert_int_equal(gang_engine_limit_blocks(e, 5), GANG_EINVAL); /* < one context (6) */
+    assert_int_equal(gang_engine_limit_blocks(e, 6), 0);
+    uint64_t before = kv.preempted;
+    script_run_local(e, &sc);
+    check_script(&sc, exp, "preempted, 6 blocks");
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_int_equal(kv.blocks, 6);
+    assert_int_equal(kv.free_blocks, 6);
+    assert_true(kv.preempted > before);
+    gang_engine_free(e);
+    shard_free(m);
+
+    /* 2 x 2: a block holds 2 layers (the larger stage) of 1 kv head: 8 blocks again. */
+    cfg.kv_cache_bytes = 8 * (2 * 2 * 4 * (N_KV_HEADS / 2) * HEAD_DIM * 4);
+    layout_init(&lo, fm, 2, 2, &cfg);
+    assert_int_equal(gang_engine_kv_info(lo.engines[3], &kv), 0);
+    assert_int_equal(kv.blocks, 8);
+    run_gang(2, 2, lo.engines, &sc, script_body, NULL, xs);
+    for (r = 0; r < lo.n; r++)
+        if (xs[r].body_rc != 0)
+            fail_msg("2x2: rank %u: %s", r, gang_err_name(xs[r].body_rc));
+    check_script(&sc, exp, "preempted, 2x2");
+    assert_int_equal(gang_engine_kv_info(lo.engines[0], &kv), 0);
+    assert_true(kv.preempted > 0);
+    layout_free(&lo);
+    free(fm);
+}
+
+/*
+ * A bf16 or f16 KV cache (--kv-cache-dtype): half the bytes per block (twice the blocks
+ * in the same budget), and the logits of a prefill and of the decodes after it stay
+ * within the documented tolerance of the f32 cache (bf16: 1e-2, f16: 1e-3 of the largest
+ * |logit|) while differing from them (the rows really are rounded). Greedy tokens are
+ * not required to agree; the eight-request script still completes.
+ */
+static void test_kv_dtype(void **state)
+{
+    static script sc;
+    const gang_dtype dts[2] = {GANG_DTYPE_BF16, GANG_DTYPE_F16};
+    const double tol[2] = {1e-2, 1e-3};
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(21, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *ef = NULL, *eh = NULL;
+    gang_engine_kv kf, kh;
+    gang_kernels *k = NULL;
+    char err[256];
+
+    (void)state;
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    cfg.kv_cache_bytes = 4 * (3 * 2 * 16 * N_KV_HEADS * HEAD_DIM * 4); /* 4 f32 blocks */
+    cfg.max_step_tokens = 16; /* the prompt in one step: every step samples */
+    assert_int_equal(gang_engine_init(m, &cfg, &ef, err, sizeof(err)), 0);
+    assert_int_equal(gang_engine_kv_info(ef, &kf), 0);
+    {
+        gang_engine_config bad = cfg;
+
+        bad.kv_dtype = GANG_DTYPE_I32;
+        assert_int_equal(gang_engine_init(m, &bad, &eh, err, sizeof(err)), GANG_EINVAL);
+        assert_null(eh);
+    }
+    for (int d = 0; d < 2; d++) {
+        gang_engine_config ch = cfg;
+        int32_t prompt[13];
+        double max_ref = 0.0, max_diff = 0.0;
+
+        ch.kv_dtype = dts[d];
+        assert_int_equal(gang_engine_init(m, &ch, &eh, err, sizeof(err)), 0);
+        assert_int_equal(gang_engine_kv_info(eh, &kh), 0);
+        assert_int_equal(kh.blocks, 2 * kf.blocks);
+        assert_int_equal(kh.dtype, dts[d]);
+        for (uint32_t i = 0; i < 13; i++)
+            prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+        gang_gen_request r = {.id = 1,
+                              .prompt = prompt,
+                              .n_prompt = 13,
+                              .max_tokens = 4,
+                              .sampling = greedy,
+                              .ignore_eos = 1};
+        assert_int_equal(gang_engine_submit(ef, &r, err, sizeof(err)), 0);
+        assert_int_equal(gang_engine_submit(eh, &r, err, sizeof(err)), 0);
+        for (int step = 0; step < 4; step++) {
+            gang_gen_event ev;
+
+            assert_int_equal(gang_engine_step(ef, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            assert_int_equal(gang_engine_step(eh, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            const float *lf = gang__engine_logits(ef, 0), *lh = gang__engine_logits(eh, 0);
+            assert_non_null(lf);
+            assert_non_null(lh);
+            for (uint32_t v = 0; v < VOCAB; v++) {
+                double diff = fabs((double)lf[v] - (double)lh[v]);
+                max_ref = fabs((double)lf[v]) > max_ref ? fabs((double)lf[v]) : max_ref;
+                max_diff = diff > max_diff ? diff : max_diff;
+            }
+            while (gang_engine_poll(ef, &ev) == 1 || gang_engine_poll(eh, &ev) == 1)
+                ;
+        }
+        print_message("%s KV cache: logits within %.2e of the f32 cache's (max |logit| %.3f)\n",
+                      gang_dtype_name(dts[d]), max_diff, max_ref);
+        assert_true(max_diff > 0.0);
+        assert_true(max_diff <= tol[d] * max_ref);
+        gang_engine_reset(ef);
+        make_script(fm, &sc);
+        sc.steps = 80;
+        script_run_local(eh, &sc);
+        for (uint32_t i = 0; i < sc.n_reqs; i++)
+            assert_true(sc.out[i].done && !sc.out[i].bad);
+        gang_engine_free(eh);
+        eh = NULL;
+    }
+    gang_engine_free(ef);
+    gang_kernels_close(k);
+    shard_free(m);
+    free(fm);
+}
+
+/*
+ * Prefix caching: a request whose prompt shares its first 12 tokens (3 blocks of 4) with
+ * a finished one reuses those blocks (12 hit tokens, reported in its DONE event) and
+ * still gives the reference tokens; one that shares only 11 reuses 2 blocks; with
+ * caching off nothing is reused. The eight-request script under preemption with caching
+ * on (blocks released to the LRU list, evicted as the pool runs short) still gives the
+ * reference tokens.
+ */
+static void test_prefix_cache(void **state)
+{
+    static script sc, one;
+    static script_out exp[MAX_REQS], e1;
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(21, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *e = NULL;
+    gang_engine_kv kv;
+    char err[256];
+    const uint32_t want_hits[3] = {12, 8, 0};
+
+    (void)state;
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    cfg.prefix_caching = 1;
+    for (int c = 0; c < 3; c++) {
+        if (c == 2)
+            cfg.prefix_caching = 0;
+        assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+        memset(&one, 0, sizeof(one));
+        add_req(&one, 1, 0, 14, 5, greedy);
+        one.steps = 12;
+        script_run_local(e, &one); /* fills the cache with its blocks */
+        for (uint32_t i = 0; i < 14; i++)
+            one.reqs[0].prompt[i] = (int32_t)((i * 5 + 1) % VOCAB);
+        script_run_local(e, &one);
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+        uint64_t before = kv.prefix_hit_tokens;
+        /* The same 12 (or 11) leading tokens, another tail. */
+        one.reqs[0].id = 2;
+        one.reqs[0].prompt[c == 1 ? 10 : 12] = (int32_t)((one.reqs[0].prompt[12] + 7) % VOCAB);
+        one.reqs[0].prompt[13] = 3;
+        ref_sampled(fm, &one.reqs[0], &e1);
+        script_run_local(e, &one);
+        check_script(&one, &e1, "prefix hit");
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+        assert_int_equal(kv.prefix_hit_tokens - before, want_hits[c]);
+        if (c < 2)
+            assert_true(kv.cached_blocks > 0);
+        else
+            assert_int_equal(kv.cached_blocks, 0);
+        gang_engine_free(e);
+        e = NULL;
+    }
+
+    make_script(fm, &sc);
+    expected_outputs(fm, &sc, exp);
+    sc.steps = 200;
+    cfg.prefix_caching = 1;
+    cfg.max_batch = 8;
+    cfg.max_ctx = 24;
+    cfg.kv_cache_bytes = 8 * (3 * 2 * 4 * N_KV_HEADS * HEAD_DIM * 4);
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    script_run_local(e, &sc);
+    check_script(&sc, exp, "preempted, prefix caching");
+    script_run_local(e, &sc); /* again: now prefixes are cached */
+    check_script(&sc, exp, "preempted, prefix caching, second run");
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_true(kv.prefix_hit_tokens > 0);
+    assert_int_equal(kv.free_blocks, 8);
+    gang_engine_free(e);
+    shard_free(m);
+    free(fm);
+}
+
 static void test_layouts_and_batching(void **state)
 {
     static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
@@ -455,25 +687,46 @@ static void test_validation(void **state)
     cfg.microbatches = 0;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), GANG_EINVAL);
 
-    /* One slot of 3 layers x 2 x 40 positions x 2 kv heads x 8 x 4 bytes = 15360 bytes. */
+    /*
+     * One block of 3 layers x 2 x 16 positions x 2 kv heads x 8 x 4 bytes = 6144 bytes;
+     * the pool must hold one sequence of the context, 3 blocks for 40 positions.
+     */
     cfg = engine_config(1);
-    cfg.kv_cache_bytes = 15359;
+    cfg.kv_cache_bytes = 3 * 6144 - 1;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), GANG_ENOMEM);
     assert_null(e);
-    assert_non_null(strstr(err, "15360"));
-    cfg.kv_cache_bytes = 2 * 15360 + 100;
+    assert_non_null(strstr(err, "3 blocks of 6144 bytes"));
+    cfg.kv_cache_bytes = 5 * 6144 + 100;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
-    assert_int_equal(gang_engine_slots(e), 2);
+    {
+        gang_engine_kv kv;
+
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+        assert_int_equal(kv.blocks, 5);
+        assert_int_equal(kv.block_size, 16);
+        assert_int_equal(kv.tokens, 80);
+        assert_int_equal(kv.full_seqs, 1);
+        assert_int_equal(kv.free_blocks, 5);
+        assert_int_equal(gang_engine_kv_info(NULL, &kv), GANG_EINVAL);
+    }
+    /* Slots are max_batch, no longer bounded by whole contexts. */
+    assert_int_equal(gang_engine_slots(e), 3);
     gang_engine_free(e);
     /*
      * On a 1 x 2 gang the largest stage holds 2 of the 3 layers: every rank, even the
-     * 1-layer stage, sizes its slots by 2 layers (10240 bytes), so all agree.
+     * 1-layer stage, sizes its blocks by 2 layers (4096 bytes), so all agree.
      */
-    cfg.kv_cache_bytes = 3 * 10240;
+    cfg.kv_cache_bytes = 7 * 4096;
     m2 = shard_new(fm, 1, 2, 1);
     assert_int_equal(m2->layer_count, 1);
     assert_int_equal(gang_engine_init(m2, &cfg, &e, err, sizeof(err)), 0);
-    assert_int_equal(gang_engine_slots(e), 3);
+    {
+        gang_engine_kv kv;
+
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+        assert_int_equal(kv.blocks, 7);
+        assert_int_equal(kv.free_blocks, 0); /* not rank 0: no allocator */
+    }
     /* A step of a 2-rank gang without its communicators is refused. */
     {
         gang_kernels *k = NULL;
@@ -504,44 +757,66 @@ static void test_plan_validation(void **state)
     hdr[0] = (int32_t)GANG__PLAN_MAGIC;
     hdr[1] = 1;
     hdr[2] = 2;
-    hdr[3] = (int32_t)(GANG__PLAN_SEQ_WORDS + 2);
+    hdr[3] = 1; /* one block covers positions 0 .. 1 */
+    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
-    assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 2);
+    assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 3);
     hdr[1] = 4; /* more sequences than slots */
-    hdr[3] = (int32_t)(4 * GANG__PLAN_SEQ_WORDS + 2);
+    hdr[4] = (int32_t)(4 * GANG__PLAN_SEQ_WORDS + 3);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
     hdr[1] = 1;
     hdr[2] = 3 + 6 + 1; /* more tokens than slots + max_step_tokens */
-    hdr[3] = (int32_t)(GANG__PLAN_SEQ_WORDS + 10);
+    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 11);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
     hdr[2] = 2;
-    hdr[3] = 5; /* a body size that does not match */
+    hdr[3] = 4; /* more table entries than one sequence of the context has (3) */
+    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 6);
+    assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
+    hdr[3] = 1;
+    hdr[4] = 5; /* a body size that does not match */
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
     hdr[0] = 0;
-    hdr[3] = (int32_t)(GANG__PLAN_SEQ_WORDS + 2);
+    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
 
-    /* A body with a slot out of range, a position past the context, a bad token. */
+    /* A body with a slot out of range, a position past the context, a bad token, a
+     * block outside the pool, a table of the wrong length. */
     e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
     e->plan_buf[1] = 1;
     e->plan_buf[2] = 2;
-    e->plan_buf[3] = (int32_t)(GANG__PLAN_SEQ_WORDS + 2);
+    e->plan_buf[3] = 1;
+    e->plan_buf[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
     {
         int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
         float one = 1.0f;
+        gang_engine_kv kv;
 
+        assert_int_equal(gang_engine_kv_info(e, &kv), 0);
         memset(w, 0, GANG__PLAN_SEQ_WORDS * sizeof(int32_t));
         w[2] = 2;
         memcpy(&w[6], &one, sizeof(one));
         w[GANG__PLAN_SEQ_WORDS] = 3;
         w[GANG__PLAN_SEQ_WORDS + 1] = 4;
+        w[GANG__PLAN_SEQ_WORDS + 2] = (int32_t)kv.blocks - 1;
         assert_int_equal(gang__plan_decode(e), 0);
+        assert_int_equal(e->tables[0], (int32_t)kv.blocks - 1);
         w[0] = 3;
         assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
         w[0] = 0;
         w[1] = 39;
         assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
         w[1] = 0;
+        w[GANG__PLAN_SEQ_WORDS + 2] = (int32_t)kv.blocks;
+        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        w[GANG__PLAN_SEQ_WORDS + 2] = -1;
+        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        w[GANG__PLAN_SEQ_WORDS + 2] = 0;
+        w[1] = 15; /* positions 15 .. 16 span 2 blocks: the header's 1 is short */
+        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        w[1] = 0;
+        e->plan_buf[3] = 2; /* one entry more than the sequence has */
+        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        e->plan_buf[3] = 1;
         w[GANG__PLAN_SEQ_WORDS + 1] = VOCAB;
         assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
     }
@@ -976,6 +1251,9 @@ int main(void)
         cmocka_unit_test(test_event_backpressure),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_layouts_and_batching),
+        cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_kv_dtype),
+        cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),

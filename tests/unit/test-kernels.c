@@ -621,6 +621,115 @@ static void test_attention_decode_matches_prefill(void **state)
     free(q), free(kc), free(vc), free(pre);
 }
 
+/*
+ * A paged cache gives exactly (bit for bit) the contiguous cache's result: the rows of a
+ * contiguous cache scattered over the blocks of a pool in a shuffled order, read through
+ * the table, for decode, a short prefill, a window, and the blocked path (>= 64 queries
+ * over >= 2048 keys), with block sizes that do and do not divide the length. A wrong
+ * table entry changes the answer (the table is read), and the front refuses bad pages.
+ */
+static void test_attention_paged(void **state)
+{
+    gang_kernels *k = *state;
+    const struct {
+        size_t tq, pos0, window, bs;
+    } cases[] = {{1, 37, 0, 16}, {5, 20, 0, 7}, {4, 30, 9, 16}, {70, 2000, 0, 16}, {3, 0, 0, 1}};
+    const size_t nh = 4, nkv = 2, hd = 8, row = nkv * hd;
+
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        size_t tq = cases[c].tq, pos0 = cases[c].pos0, bs = cases[c].bs, tk = pos0 + tq;
+        size_t nb = (tk + bs - 1) / bs, pool = nb + 3, qn = tq * nh * hd;
+        float *q = rnd_buf(qn, 2.0f), *kc = rnd_buf(tk * row, 2.0f), *vc = rnd_buf(tk * row, 1.0f);
+        float *kp = rnd_buf(pool * bs * row, 5.0f), *vp = rnd_buf(pool * bs * row, 5.0f);
+        float *flat = malloc(qn * sizeof(float)), *paged = malloc(qn * sizeof(float));
+        int32_t *table = malloc(nb * sizeof(int32_t));
+        char what[64];
+        assert_non_null(flat);
+        assert_non_null(paged);
+        assert_non_null(table);
+        /* Block b of the sequence lives in pool block (b * 5 + 2) % pool: pool is coprime
+         * with 5 for these sizes, so the blocks are distinct and out of order. */
+        for (size_t b = 0; b < nb; b++) {
+            size_t rows = tk - b * bs < bs ? tk - b * bs : bs;
+            table[b] = (int32_t)((b * 5 + 2) % pool);
+            memcpy(kp + (size_t)table[b] * bs * row, kc + b * bs * row, rows * row * sizeof(float));
+            memcpy(vp + (size_t)table[b] * bs * row, vc + b * bs * row, rows * row * sizeof(float));
+        }
+        gang_kernels_kv_pages pg = {table, bs, pool, GANG_DTYPE_F32};
+        assert_int_equal(gang_kernels_attention_window(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0,
+                                                       cases[c].window, flat),
+                         0);
+        assert_int_equal(gang_kernels_attention_paged(k, q, kp, vp, &pg, tq, tk, nh, nkv, hd, pos0,
+                                                      cases[c].window, paged),
+                         0);
+        snprintf(what, sizeof(what), "paged case %zu", c);
+        if (memcmp(flat, paged, qn * sizeof(float)) != 0)
+            fail_msg("%s: paged and contiguous differ", what);
+        /* A bf16 / f16 pool: exactly the contiguous f32 call on the rows rounded to it. */
+        for (int d = 0; d < 2; d++) {
+            gang_dtype dt = d == 0 ? GANG_DTYPE_BF16 : GANG_DTYPE_F16;
+            size_t pn = pool * bs * row;
+            uint16_t *kh = malloc(pn * 2), *vh = malloc(pn * 2);
+            float *kr = malloc(pn * sizeof(float)), *vr = malloc(pn * sizeof(float));
+            gang_kernels_kv_pages ph = {table, bs, pool, dt};
+            assert_non_null(kh);
+            assert_non_null(vh);
+            assert_non_null(kr);
+            assert_non_null(vr);
+            assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, kp, dt, kh, pn), 0);
+            assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, vp, dt, vh, pn), 0);
+            assert_int_equal(gang_kernels_convert(k, dt, kh, GANG_DTYPE_F32, kr, pn), 0);
+            assert_int_equal(gang_kernels_convert(k, dt, vh, GANG_DTYPE_F32, vr, pn), 0);
+            gang_kernels_kv_pages pr = {table, bs, pool, GANG_DTYPE_F32};
+            assert_int_equal(gang_kernels_attention_paged(k, q, kr, vr, &pr, tq, tk, nh, nkv, hd,
+                                                          pos0, cases[c].window, flat),
+                             0);
+            assert_int_equal(gang_kernels_attention_paged(k, q, kh, vh, &ph, tq, tk, nh, nkv, hd,
+                                                          pos0, cases[c].window, paged),
+                             0);
+            if (memcmp(flat, paged, qn * sizeof(float)) != 0)
+                fail_msg("%s: the %s pool differs from its rows widened", what,
+                         gang_dtype_name(dt));
+            ph.dtype = GANG_DTYPE_I32;
+            assert_int_equal(gang_kernels_attention_paged(k, q, kh, vh, &ph, tq, tk, nh, nkv, hd,
+                                                          pos0, 0, paged),
+                             GANG_EINVAL);
+            free(kh), free(vh), free(kr), free(vr);
+        }
+        assert_int_equal(gang_kernels_attention_window(k, q, kc, vc, tq, tk, nh, nkv, hd, pos0,
+                                                       cases[c].window, flat),
+                         0);
+        /* Point the first block at a block holding noise: the answer changes. */
+        table[0] = (int32_t)(pool - 1) == table[0] ? 0 : (int32_t)(pool - 1);
+        if (cases[c].window == 0) {
+            assert_int_equal(gang_kernels_attention_paged(k, q, kp, vp, &pg, tq, tk, nh, nkv, hd,
+                                                          pos0, 0, paged),
+                             0);
+            assert_true(memcmp(flat, paged, qn * sizeof(float)) != 0);
+        }
+        /* NULL pages is the contiguous call. */
+        assert_int_equal(gang_kernels_attention_paged(k, q, kc, vc, NULL, tq, tk, nh, nkv, hd, pos0,
+                                                      cases[c].window, paged),
+                         0);
+        assert_memory_equal(flat, paged, qn * sizeof(float));
+        pg.block_size = 0;
+        assert_int_equal(
+            gang_kernels_attention_paged(k, q, kp, vp, &pg, tq, tk, nh, nkv, hd, pos0, 0, paged),
+            GANG_EINVAL);
+        pg.block_size = bs;
+        pg.n_blocks = 0;
+        assert_int_equal(
+            gang_kernels_attention_paged(k, q, kp, vp, &pg, tq, tk, nh, nkv, hd, pos0, 0, paged),
+            GANG_EINVAL);
+        pg.n_blocks = pool;
+        pg.table = NULL;
+        assert_int_equal(
+            gang_kernels_attention_paged(k, q, kp, vp, &pg, tq, tk, nh, nkv, hd, pos0, 0, paged),
+            GANG_EINVAL);
+        free(q), free(kc), free(vc), free(kp), free(vp), free(flat), free(paged), free(table);
+    }
+}
+
 /* ---------------------------------------------------------------------------------
  * Element-wise operations, embedding, argmax.
  * --------------------------------------------------------------------------------- */
@@ -944,6 +1053,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attention_causal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_window, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_gqa, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_paged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_decode_matches_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silu_mul_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gelu_mul_scale, setup, teardown),

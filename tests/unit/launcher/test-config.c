@@ -320,6 +320,20 @@ static void test_layout_rules(void **state)
     assert_non_null(strstr(err, "--tp 2 x --pp 1"));
     p.nproc_per_node = 2;
     assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.kv_dtype, GANG_DTYPE_F32); /* auto: f32 while the weights are */
+    const struct {
+        const char *name;
+        gang_dtype dt;
+    } kvd[] = {{"f32", GANG_DTYPE_F32}, {"bf16", GANG_DTYPE_BF16}, {"f16", GANG_DTYPE_F16}};
+    for (size_t i = 0; i < sizeof(kvd) / sizeof(kvd[0]); i++) {
+        gang_strlcpy(p.kv_cache_dtype, kvd[i].name, sizeof(p.kv_cache_dtype));
+        assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
+        assert_int_equal(l.kv_dtype, kvd[i].dt);
+    }
+    gang_strlcpy(p.kv_cache_dtype, "fp8", sizeof(p.kv_cache_dtype));
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "--kv-cache-dtype fp8"));
+    gang_strlcpy(p.kv_cache_dtype, "auto", sizeof(p.kv_cache_dtype));
 
     gang_strlcpy(p.model, dir, sizeof(p.model));
     write_model_config(dir, 8192);
