@@ -410,6 +410,7 @@ static char *render_status(agent *a)
         cJSON_AddNumberToObject(g, "restarts_total", (double)cs.restarts_total);
         cJSON_AddNumberToObject(g, "budget_left", cs.budget_left);
         cJSON_AddNumberToObject(g, "rendezvous_seconds", cs.rendezvous_seconds);
+        cJSON_AddNumberToObject(g, "formation_seconds", cs.formation_seconds);
         cJSON_AddNumberToObject(g, "serving_since_wall_ms", (double)cs.serving_since_wall_ms);
         if (cs.last_failure_wall_ms) {
             cJSON *f = cJSON_AddObjectToObject(g, "last_failure");

@@ -407,6 +407,7 @@ typedef struct gang_coord_status {
     uint64_t restarts_total;
     uint32_t budget_left;      /* restarts left in the current window */
     double rendezvous_seconds; /* last time from "all waiting" to SERVING */
+    double formation_seconds;  /* last time from the last JOIN (BLOB_REQUEST) to SERVING */
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank;
     int32_t last_failure_code;
