@@ -509,6 +509,21 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
         gang_metrics_family(b, "ganglion_gang_members", GANG_METRIC_GAUGE,
                             "Nodes currently joined to the coordinator");
         gang_metrics_sample_u64(b, "ganglion_gang_members", NULL, 0, cs.members);
+        gang_metrics_family(b, "ganglion_gang_members_max", GANG_METRIC_GAUGE,
+                            "Members the coordinator admits: one per node of the gang");
+        gang_metrics_sample_u64(b, "ganglion_gang_members_max", NULL, 0, cs.members_max);
+        gang_metrics_family(b, "ganglion_coordinator_connections", GANG_METRIC_GAUGE,
+                            "Rendezvous connections held, joined or not");
+        gang_metrics_sample_u64(b, "ganglion_coordinator_connections", NULL, 0, cs.connections);
+        gang_metrics_family(b, "ganglion_coordinator_connections_max", GANG_METRIC_GAUGE,
+                            "Rendezvous connections held at once (--max-connections)");
+        gang_metrics_sample_u64(b, "ganglion_coordinator_connections_max", NULL, 0,
+                                cs.connections_max);
+        gang_metrics_family(b, "ganglion_coordinator_connections_refused_total",
+                            GANG_METRIC_COUNTER,
+                            "Rendezvous connections closed at once for being over the limit");
+        gang_metrics_sample_u64(b, "ganglion_coordinator_connections_refused_total", NULL, 0,
+                                cs.connections_refused);
         gang_metrics_family(b, "ganglion_restart_budget_left", GANG_METRIC_GAUGE,
                             "Gang restarts left in the current window");
         gang_metrics_sample_u64(b, "ganglion_restart_budget_left", NULL, 0, cs.budget_left);

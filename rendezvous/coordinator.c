@@ -57,6 +57,7 @@ struct gang_coord {
 
     coord_peer *peers; /* every live connection, joined or not */
     uint32_t npeers;
+    uint64_t refused;           /* connections closed at once over max_connections */
     node_slot *slots;           /* nnodes */
     uint32_t world;             /* nnodes * nproc_per_node */
     gang_coord_rank *rank_view; /* world, rebuilt for status */
@@ -482,6 +483,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (c->npeers > c->cfg.max_connections) {
         gang_warn("coordinator: %u connections at the limit: closing a new one",
                   c->cfg.max_connections);
+        c->refused++;
         gang__conn_close(&p->conn, GANG_EAGAIN);
         return;
     }
@@ -655,6 +657,10 @@ void gang_coord_get_status(gang_coord *c, gang_coord_status *st)
     st->generation = c->generation;
     for (uint32_t i = 0; i < c->cfg.nnodes; i++)
         st->members += c->slots[i].peer != NULL;
+    st->members_max = c->cfg.nnodes;
+    st->connections = c->npeers;
+    st->connections_max = c->cfg.max_connections;
+    st->connections_refused = c->refused;
     st->restarts_total = c->restarts_total;
     uint32_t used = restarts_in_window(c, now);
     st->budget_left = used >= c->cfg.max_restarts ? 0 : c->cfg.max_restarts - used;
