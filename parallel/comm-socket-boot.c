@@ -15,13 +15,18 @@
  *   world, rank range, duplicate;
  *   refuses with a status and
  *   keeps serving the others
- *   once all world-1 are in:  --->  status 0 + address table of every rank
- *                                   connects to ranks 1..r-1, sends hello, reads status
- *                                   accepts ranks r+1..world-1, checks their hello
+ *   once all world-1 are in:  --->  status 0 + the addresses of r's lower peers
+ *                                   (gang__sock_peers_of: every rank 1..r-1, or in a
+ *                                   sparse world only those r pairs with)
+ *                                   connects to each and sends its hello, not waiting
+ *                                   accepts its higher peers, checks their hellos
+ *                                   then reads the verdicts of its lower peers
  *
  * The connection a rank opened to rank 0 becomes the pair's data connection, so rank 0 is
- * done once it has sent the table. Lower ranks never wait for higher ones while connecting
- * (a connect completes in the kernel backlog before accept), so the mesh cannot deadlock.
+ * done once it has sent the lists. No rank waits for another before its accept phase (a
+ * connect completes in the kernel backlog before accept, and hellos are sent without
+ * waiting for the verdict), so the connections can neither deadlock nor form a chain of
+ * ranks that wait for each other in turn.
  *
  */
 #include <errno.h>

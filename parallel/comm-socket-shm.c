@@ -31,13 +31,16 @@
  * gang__sock_progress), which spares the wake-up latency.
  * poll() stays the only place that blocks (with the abort eventfd and the deadline).
  *
- * Detection: after the mesh is up, the lower rank of each pair creates a POSIX shared
- * memory object whose name holds the session id and both ranks, the higher rank tries
- * to open it, and each tells the other over TCP whether it succeeded. Only a rank that
- * shares the creator's /dev/shm can open it (the session id is random), so this is an
- * exact same-host test, stricter than comparing host names or boot ids (containers on
- * one host that do not share /dev/shm fall back to TCP). The object is unlinked as soon
- * as the higher rank has it mapped, or as soon as the lower rank learns it failed.
+ * Detection: after the connections are up, the lower rank of each connected pair creates
+ * a POSIX shared memory object whose name holds the job-and-generation tag, its parent's
+ * pid and its own, the session id and both ranks; the higher rank tries to open it, and
+ * each tells the other over TCP whether it succeeded. Only a rank that shares the
+ * creator's /dev/shm can open it (the session id is random), so this is an exact
+ * same-host test, stricter than comparing host names or boot ids (containers on one host
+ * that do not share /dev/shm fall back to TCP). The object is unlinked as soon as the
+ * higher rank has it mapped, and by the lower rank once it has the answer. A rank killed
+ * in between leaves it named: gang_comm_shm_sweep (run by every agent) removes it because
+ * its creator or the creator's parent is dead, or its generation is over.
  */
 #include <dirent.h>
 #include <errno.h>
