@@ -81,7 +81,8 @@ int gang_bench_main(int argc, char **argv)
 #define BO_STR(f_, fld, d, hp) GANG_OPT_STR(bench_opts, f_, fld, d, hp)
 
 static const gang_param_info rdzv_items[] = {
-    BO_INT("nodes", nodes, 8, 1, 4096, "agents to start (one rank each)"),
+    BO_INT("nodes", nodes, 8, 1, 4096, "agents to start"),
+    BO_INT("nproc-per-node", nproc_per_node, 1, 1, 64, "workers (ranks) per agent"),
     BO_INT("trials", trials, 5, 1, 100000, "timed trials"),
     BO_INT("warmup", warmup, 1, 0, 1000, "untimed trials first"),
     BO_INT("timeout-s", timeout_s, 120, 1, 86400, "deadline of one gang formation"),
@@ -92,6 +93,12 @@ static const gang_param_info rdzv_items[] = {
      .help = "skip the peer (mpirun -np N mpi-barrier)",
      .offset = offsetof(bench_opts, no_peer)},
     BO_INT("peer-timeout-s", peer_timeout_s, 900, 1, 86400, "deadline of one mpirun run"),
+    {.flag = "no-reform",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "skip the re-formation after a killed worker",
+     .offset = offsetof(bench_opts, no_reform)},
     BO_STR("agent-log", agent_log, "", "the agents' output (default: a file in $TMPDIR)"),
 };
 static const gang_opt_table rdzv_table = GANG_OPT_TABLE(rdzv_items);
@@ -112,10 +119,12 @@ static const gang_opt_table failover_table = GANG_OPT_TABLE(failover_items);
 
 static const gang_opt_cmd rdzv_cmd = {
     "bench rendezvous", "[flags] [-- SERVE FLAGS]",
-    "Starts N agents directly (each on its own 127.0.0.x address) and times first fork ->\n"
-    "the coordinator's gang.state \"serving\"; then the peer, mpirun -np N mpi-barrier,\n"
-    "and the ratio. On a 2-core machine mpirun -np 256 takes minutes: use --warmup 0\n"
-    "--trials 1 there. Serve flags after \"--\" go to every agent.",
+    "Starts N agents of P ranks directly (each on its own 127.0.0.x address) and times\n"
+    "first fork -> the coordinator's gang.state \"serving\", the formation alone (last\n"
+    "member joined -> every rank READY) and a re-formation after a killed worker; then the\n"
+    "peer, mpirun -np N*P mpi-barrier, and the ratio. On a 2-core machine mpirun -np 256\n"
+    "takes minutes: use --warmup 0 --trials 1 there. Serve flags after \"--\" go to every\n"
+    "agent.",
     &rdzv_table, 1};
 
 static const gang_opt_cmd failover_cmd = {
@@ -207,9 +216,10 @@ static int bench_control_main(const gang_opt_cmd *cmd, int argc, char **argv,
      * stopped; writes then just fail. */
     signal(SIGPIPE, SIG_IGN);
     if (run == gang__bench_rendezvous)
-        gang_info("bench rendezvous: %lld node(s), %lld trial(s) after %lld warm-up; "
-                  "agent log %s",
-                  (long long)o.nodes, (long long)o.trials, (long long)o.warmup, c.log_path);
+        gang_info("bench rendezvous: %lld node(s) x %lld rank(s), %lld trial(s) after %lld "
+                  "warm-up; agent log %s",
+                  (long long)o.nodes, (long long)o.nproc_per_node, (long long)o.trials,
+                  (long long)o.warmup, c.log_path);
     else
         gang_info("bench failover: %lld x %lld, %lld trial(s) per kind after %lld warm-up; "
                   "agent log %s",

@@ -61,8 +61,9 @@ typedef struct bench_opts {
     int64_t timeout_s;      /* deadline of one gang formation / one trial */
     int64_t peer_timeout_s; /* rendezvous: deadline of one mpirun run */
     int no_peer;            /* rendezvous: skip mpirun */
+    int no_reform;          /* rendezvous: skip the re-formation after a killed worker */
     int64_t nnodes;         /* failover: gang shape and timings */
-    int64_t nproc_per_node;
+    int64_t nproc_per_node; /* failover, rendezvous: ranks per agent */
     int64_t hb_interval_ms;
     int64_t hb_timeout_ms;
     int64_t abort_timeout_ms;

@@ -129,6 +129,24 @@ static void on_linger_done(uv_timer_t *t)
     agent_stop(t->data, GANG_EXIT_TEMPFAIL);
 }
 
+/*
+ * Removes the node's shared-memory segments that no formation will use again (the
+ * socket data plane's, gang_comm_shm_sweep): at start, at every generation before its
+ * workers form it, and at exit once they are gone (generation UINT64_MAX: all of ours).
+ * Segments of a killed formation would otherwise fill the Pod's memory-backed /dev/shm.
+ */
+static void agent_sweep_shm(agent *a, uint64_t gen)
+{
+    uint32_t n = 0;
+    int rc = gang_comm_shm_sweep("/dev/shm", a->cfg.job_name, gen, (int)getpid(), &n);
+
+    if (rc != 0 && rc != GANG_ENOENT)
+        gang_warn("agent: cannot sweep /dev/shm: %s", gang_strerror(rc));
+    if (n > 0)
+        gang_info("agent: removed %u stale shared-memory segment%s of killed formations", n,
+                  n == 1 ? "" : "s");
+}
+
 /* --- member callbacks ------------------------------------------------------------- */
 
 static void m_on_blob_request(void *ctx, uint64_t gen)
@@ -141,6 +159,7 @@ static void m_on_start(void *ctx, uint64_t gen, uint32_t world, const uint8_t *b
 {
     agent *a = ctx;
     gang_info("agent: START generation %llu (world %u)", (unsigned long long)gen, world);
+    agent_sweep_shm(a, gen);
     gang_sup_start_gen(a->sup, gen, world, blob, len);
     if (a->api)
         gang_api_on_start(a->api, gen);
@@ -411,6 +430,7 @@ static char *render_status(agent *a)
         cJSON_AddNumberToObject(g, "restarts_total", (double)cs.restarts_total);
         cJSON_AddNumberToObject(g, "budget_left", cs.budget_left);
         cJSON_AddNumberToObject(g, "rendezvous_seconds", cs.rendezvous_seconds);
+        cJSON_AddNumberToObject(g, "formation_seconds", cs.formation_seconds);
         cJSON_AddNumberToObject(g, "serving_since_wall_ms", (double)cs.serving_since_wall_ms);
         if (cs.last_failure_wall_ms) {
             cJSON *f = cJSON_AddObjectToObject(g, "last_failure");
@@ -509,6 +529,21 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
         gang_metrics_family(b, "ganglion_gang_members", GANG_METRIC_GAUGE,
                             "Nodes currently joined to the coordinator");
         gang_metrics_sample_u64(b, "ganglion_gang_members", NULL, 0, cs.members);
+        gang_metrics_family(b, "ganglion_gang_members_max", GANG_METRIC_GAUGE,
+                            "Members the coordinator admits: one per node of the gang");
+        gang_metrics_sample_u64(b, "ganglion_gang_members_max", NULL, 0, cs.members_max);
+        gang_metrics_family(b, "ganglion_coordinator_connections", GANG_METRIC_GAUGE,
+                            "Rendezvous connections held, joined or not");
+        gang_metrics_sample_u64(b, "ganglion_coordinator_connections", NULL, 0, cs.connections);
+        gang_metrics_family(b, "ganglion_coordinator_connections_max", GANG_METRIC_GAUGE,
+                            "Rendezvous connections held at once (--max-connections)");
+        gang_metrics_sample_u64(b, "ganglion_coordinator_connections_max", NULL, 0,
+                                cs.connections_max);
+        gang_metrics_family(b, "ganglion_coordinator_connections_refused_total",
+                            GANG_METRIC_COUNTER,
+                            "Rendezvous connections closed at once for being over the limit");
+        gang_metrics_sample_u64(b, "ganglion_coordinator_connections_refused_total", NULL, 0,
+                                cs.connections_refused);
         gang_metrics_family(b, "ganglion_restart_budget_left", GANG_METRIC_GAUGE,
                             "Gang restarts left in the current window");
         gang_metrics_sample_u64(b, "ganglion_restart_budget_left", NULL, 0, cs.budget_left);
@@ -802,6 +837,7 @@ int gang_agent_main(const gang_params *params, char *const *envp)
     uv_signal_init(&a->loop, &a->sigint);
     uv_timer_init(&a->loop, &a->linger);
     a->sigterm.data = a->sigint.data = a->linger.data = a;
+    agent_sweep_shm(a, 0);
     exit_code = agent_start(a);
     uv_run(&a->loop, UV_RUN_DEFAULT);
     if (exit_code == GANG_EXIT_OK)
@@ -809,6 +845,7 @@ int gang_agent_main(const gang_params *params, char *const *envp)
     uv_walk(&a->loop, close_walk, NULL);
     uv_run(&a->loop, UV_RUN_DEFAULT);
     uv_loop_close(&a->loop);
+    agent_sweep_shm(a, UINT64_MAX);
 out_free:
     gang_agent_config_free(&a->cfg);
     free(a);

@@ -656,6 +656,8 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
     } cs[] = {
         {"ganglion_requests_in_flight", "Generation requests accepted and not answered yet", 1,
          api->n_calls},
+        {"ganglion_requests_in_flight_max",
+         "Requests admitted at once (--max-queue); more are answered 503", 1, api->cfg.max_queue},
         {"ganglion_request_resubmits_total",
          "Prompts run again from their start after a gang restart", 0, api->resubmits},
         {"ganglion_request_cancels_total",

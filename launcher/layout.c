@@ -378,6 +378,7 @@ int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
     out->heartbeat_timeout_ms = (uint64_t)p->heartbeat_timeout_ms;
     out->start_timeout_ms = (uint64_t)p->start_timeout_ms;
     out->step_timeout_ms = (uint64_t)p->step_timeout_ms;
+    gang_strlcpy(out->job, p->job_name, sizeof(out->job));
     gang_strlcpy(out->advertise, p->advertise_address[0] ? p->advertise_address : "127.0.0.1",
                  sizeof(out->advertise));
     gang_strlcpy(out->device, p->device, sizeof(out->device));

@@ -60,6 +60,7 @@ typedef struct gang_worker_config {
     uint64_t start_timeout_ms;
     uint64_t step_timeout_ms;
     char advertise[GANG_HOST_MAX]; /* --advertise-address, else 127.0.0.1 */
+    char job[GANG_PARAM_STR_MAX];  /* --job-name: names the data plane's shm segments */
     char device[16];               /* --device and --backend as given, for messages */
     char backend[16];
     gang_log_format log_format;

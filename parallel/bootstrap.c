@@ -163,6 +163,15 @@ int gang_bootstrap_format(const uint8_t *socket, size_t socket_len, const uint8_
 int gang_bootstrap_create(const char *advertise_host, int with_nccl, gang_bootstrap **out,
                           uint8_t *blob, size_t cap, size_t *len, char *err, size_t errlen)
 {
+    return gang_bootstrap_create_opts(advertise_host, NULL, with_nccl, out, blob, cap, len, err,
+                                      errlen);
+}
+
+/* gang_bootstrap_create with the socket world's options (include/ganglion/comm.h). */
+int gang_bootstrap_create_opts(const char *advertise_host, const gang_comm_socket_opts *sock_opts,
+                               int with_nccl, gang_bootstrap **out, uint8_t *blob, size_t cap,
+                               size_t *len, char *err, size_t errlen)
+{
     char sock[BOOT_SOCKET_CAP];
     uint8_t id[GANG_BOOTSTRAP_NCCL_HEX];
     size_t sock_len = 0, id_len = 0;
@@ -182,7 +191,8 @@ int gang_bootstrap_create(const char *advertise_host, int with_nccl, gang_bootst
         snprintf(err, errlen, "bootstrap: out of memory");
         return GANG_ENOMEM;
     }
-    rc = gang_comm_socket_listen(advertise_host, &b->listener, sock, sizeof(sock), &sock_len);
+    rc = gang_comm_socket_listen_opts(advertise_host, sock_opts, &b->listener, sock, sizeof(sock),
+                                      &sock_len);
     if (rc < 0) {
         snprintf(err, errlen, "cannot open its data-plane listener on '%s': %s",
                  advertise_host != NULL ? advertise_host : "(null)", gang_strerror(rc));

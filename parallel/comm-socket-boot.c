@@ -1,6 +1,7 @@
 /*
- * socket backend, bootstrap: rank 0's listener and its blob, the TCP mesh (connect,
- * accept, hello, address table), and the life of a communicator (init, split, free).
+ * socket backend, bootstrap: the TCP connections (connect, accept, hello, address
+ * lists), and the life of a communicator (init, split, free). Rank 0's listener, its blob
+ * and which pairs connect: comm-socket-blob.c.
  * Shared state and the data-plane rules: comm-socket.h.
  *
  *
@@ -14,13 +15,18 @@
  *   world, rank range, duplicate;
  *   refuses with a status and
  *   keeps serving the others
- *   once all world-1 are in:  --->  status 0 + address table of every rank
- *                                   connects to ranks 1..r-1, sends hello, reads status
- *                                   accepts ranks r+1..world-1, checks their hello
+ *   once all world-1 are in:  --->  status 0 + the addresses of r's lower peers
+ *                                   (gang__sock_peers_of: every rank 1..r-1, or in a
+ *                                   sparse world only those r pairs with)
+ *                                   connects to each and sends its hello, not waiting
+ *                                   accepts its higher peers, checks their hellos
+ *                                   then reads the verdicts of its lower peers
  *
  * The connection a rank opened to rank 0 becomes the pair's data connection, so rank 0 is
- * done once it has sent the table. Lower ranks never wait for higher ones while connecting
- * (a connect completes in the kernel backlog before accept), so the mesh cannot deadlock.
+ * done once it has sent the lists. No rank waits for another before its accept phase (a
+ * connect completes in the kernel backlog before accept, and hellos are sent without
+ * waiting for the verdict), so the connections can neither deadlock nor form a chain of
+ * ranks that wait for each other in turn.
  *
  */
 #include <errno.h>
@@ -38,13 +44,6 @@
 #include <unistd.h>
 
 #include "comm-socket.h"
-
-struct gang_comm_listener {
-    int fd;                            /* listening socket, non-blocking */
-    uint8_t session[SOCK_SESSION_LEN]; /* random id every hello must carry */
-    char host[SOCK_HOST_MAX + 1];      /* advertised host */
-    uint16_t port;
-};
 
 /* ---------------------------------------------------------------------------------
  * Blocking socket helpers of the bootstrap.
@@ -145,7 +144,7 @@ int gang__sock_write_full(int fd, const void *buf, size_t len, int abort_fd, uin
 }
 
 /* Opens a listening socket on host, port chosen by the kernel. */
-static int sock_listen_on(const char *host, int *fd_out, uint16_t *port_out)
+int gang__sock_listen_on(const char *host, int *fd_out, uint16_t *port_out)
 {
     struct addrinfo hints, *res = NULL, *ai;
     struct sockaddr_storage ss;
@@ -277,123 +276,6 @@ static int sock_accept(int lfd, int abort_fd, uint64_t deadline, int *fd_out)
 }
 
 /* ---------------------------------------------------------------------------------
- * Listener and blob.
- * --------------------------------------------------------------------------------- */
-static int sock_random(uint8_t *buf, size_t len)
-{
-    size_t got = 0;
-
-    while (got < len) {
-        ssize_t n = getrandom(buf + got, len - got, 0);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return gang_err_from_errno(errno);
-        got += (size_t)n;
-    }
-    return 0;
-}
-
-/*
- * Creates rank 0's listener on advertise_host (port chosen by the kernel) and writes the
- * blob "host:port/SESSION" (IPv6 hosts in brackets; SESSION is 32 hex digits), NUL
- * terminated; *blob_len excludes the NUL. GANG_ERANGE when blob_cap is too small.
- */
-int gang_comm_socket_listen(const char *advertise_host, gang_comm_listener **out, char *blob,
-                            size_t blob_cap, size_t *blob_len)
-{
-    gang_comm_listener *l;
-    char hex[2 * SOCK_SESSION_LEN + 1];
-    int rc, n, v6;
-    size_t i;
-
-    if (out != NULL)
-        *out = NULL;
-    if (advertise_host == NULL || out == NULL || blob == NULL || blob_len == NULL ||
-        advertise_host[0] == '\0' || strlen(advertise_host) > SOCK_HOST_MAX)
-        return GANG_EINVAL;
-    l = calloc(1, sizeof(*l));
-    if (l == NULL)
-        return GANG_ENOMEM;
-    l->fd = -1;
-    memcpy(l->host, advertise_host, strlen(advertise_host) + 1);
-    rc = sock_random(l->session, sizeof(l->session));
-    if (rc < 0)
-        goto out_free;
-    rc = sock_listen_on(advertise_host, &l->fd, &l->port);
-    if (rc < 0)
-        goto out_free;
-    for (i = 0; i < SOCK_SESSION_LEN; i++)
-        snprintf(hex + 2 * i, 3, "%02x", l->session[i]);
-    v6 = strchr(advertise_host, ':') != NULL;
-    n = snprintf(blob, blob_cap, v6 ? "[%s]:%u/%s" : "%s:%u/%s", advertise_host, (unsigned)l->port,
-                 hex);
-    if (n < 0 || (size_t)n >= blob_cap) {
-        rc = GANG_ERANGE;
-        goto out_free;
-    }
-    *blob_len = (size_t)n;
-    *out = l;
-    return 0;
-
-out_free:
-    gang_comm_listener_free(l);
-    return rc;
-}
-
-void gang_comm_listener_free(gang_comm_listener *l)
-{
-    if (l == NULL)
-        return;
-    if (l->fd >= 0)
-        close(l->fd);
-    free(l);
-}
-
-/* Parses "host:port/SESSION"; GANG_EINVAL for anything malformed. */
-static int sock_parse_blob(const uint8_t *blob, size_t len, char *host, uint16_t *port,
-                           uint8_t *session)
-{
-    char buf[SOCK_BLOB_MAX + 1];
-    char *slash, *colon, *h;
-    int64_t p;
-    size_t i, hl;
-
-    if (blob == NULL || len == 0 || len > SOCK_BLOB_MAX || memchr(blob, '\0', len) != NULL)
-        return GANG_EINVAL;
-    memcpy(buf, blob, len);
-    buf[len] = '\0';
-    slash = strrchr(buf, '/');
-    if (slash == NULL || strlen(slash + 1) != 2 * SOCK_SESSION_LEN)
-        return GANG_EINVAL;
-    for (i = 0; i < SOCK_SESSION_LEN; i++) {
-        int hi = gang_hex_digit(slash[1 + 2 * i]), lo = gang_hex_digit(slash[2 + 2 * i]);
-
-        if (hi < 0 || lo < 0)
-            return GANG_EINVAL;
-        session[i] = (uint8_t)(hi << 4 | lo);
-    }
-    *slash = '\0';
-    colon = strrchr(buf, ':');
-    if (colon == NULL || gang_parse_i64(colon + 1, 1, 65535, &p) < 0)
-        return GANG_EINVAL;
-    *colon = '\0';
-    h = buf;
-    hl = strlen(h);
-    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
-        h[hl - 1] = '\0';
-        h++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl > SOCK_HOST_MAX)
-        return GANG_EINVAL;
-    memcpy(host, h, hl + 1);
-    *port = (uint16_t)p;
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------
  * Bootstrap.
  * --------------------------------------------------------------------------------- */
 typedef struct sock_addr {
@@ -492,18 +374,16 @@ static const char *sock_refusal_name(int status)
 }
 
 /*
- * Accepts connections on lfd until every rank in [lo, n) other than self is connected,
- * refusing (and logging) bad hellos without giving up. Fills net->peers[].fd and, when
- * addrs is not NULL, the peers' listener addresses.
+ * Accepts connections on lfd until the missing ranks above lo that self pairs with are
+ * connected, refusing (and logging) bad hellos without giving up. Fills net->peers[].fd
+ * and, when addrs is not NULL (rank 0: every rank joins it), the peers' listener
+ * addresses.
  */
-static int sock_accept_ranks(sock_net *net, int lfd, uint32_t self, uint32_t lo,
+static int sock_accept_ranks(sock_net *net, int lfd, uint32_t self, uint32_t lo, uint32_t missing,
                              const uint8_t *session, uint64_t deadline, sock_addr *addrs)
 {
-    uint32_t missing = 0, r;
     int rc;
 
-    for (r = lo; r < net->n; r++)
-        missing += r != self;
     while (missing > 0) {
         sock_addr a;
         uint8_t st[4];
@@ -524,7 +404,8 @@ static int sock_accept_ranks(sock_net *net, int lfd, uint32_t self, uint32_t lo,
             close(fd);
             continue;
         }
-        if (status == SOCK_OK && (peer >= net->n || peer < lo || peer == self))
+        if (status == SOCK_OK && (peer >= net->n || peer < lo || peer == self ||
+                                  (addrs == NULL && gang__sock_pair(net, peer, self) == 0)))
             status = SOCK_REFUSE_RANK;
         if (status == SOCK_OK && net->peers[peer].fd >= 0)
             status = SOCK_REFUSE_DUPLICATE;
@@ -552,38 +433,53 @@ static int sock_accept_ranks(sock_net *net, int lfd, uint32_t self, uint32_t lo,
     return 0;
 }
 
-/* Rank 0: gathers every rank's hello on the listener and sends back the address table. */
+/*
+ * Rank 0: gathers every rank's hello on the listener (the star), then sends each rank
+ * r the addresses of the peers below it that it must connect to: status 0, a count, then
+ * {rank, port, host length, host} each. A sparse world sends O(tp) entries per rank.
+ */
 static int sock_boot_root(sock_net *net, gang_comm_listener *l, uint64_t deadline)
 {
     sock_addr *addrs;
-    uint8_t *table, *p;
-    uint32_t r;
+    uint8_t *table = NULL, *p;
+    uint32_t r, i, k, *lower;
     int rc;
 
     addrs = calloc(net->n, sizeof(*addrs));
-    table = malloc(4 + (size_t)net->n * (8 + SOCK_HOST_MAX));
-    if (addrs == NULL || table == NULL) {
+    lower = calloc((size_t)net->n + 8, sizeof(*lower)); /* sock_peers_of's candidates */
+    if (addrs == NULL || lower == NULL) {
         rc = GANG_ENOMEM;
         goto out_free;
     }
     memcpy(net->session, l->session, SOCK_SESSION_LEN);
+    memcpy(net->tag, l->tag, sizeof(net->tag));
+    net->sparse = l->sparse;
+    net->tp = l->tp;
     memcpy(addrs[0].host, l->host, strlen(l->host) + 1);
     addrs[0].port = l->port;
-    rc = sock_accept_ranks(net, l->fd, 0, 1, l->session, deadline, addrs);
+    rc = sock_accept_ranks(net, l->fd, 0, 1, net->n - 1, l->session, deadline, addrs);
     if (rc < 0)
         goto out_free;
-    p = table;
-    put_u32(p, SOCK_OK);
-    p += 4;
-    for (r = 0; r < net->n; r++) {
-        size_t hl = strlen(addrs[r].host);
-
-        put_u32(p, addrs[r].port);
-        put_u32(p + 4, (uint32_t)hl);
-        memcpy(p + 8, addrs[r].host, hl);
-        p += 8 + hl;
-    }
     for (r = 1; r < net->n; r++) {
+        k = gang__sock_peers_of(net, r, 1, lower);
+        free(table);
+        table = malloc(8 + (size_t)k * (12 + SOCK_HOST_MAX));
+        if (table == NULL) {
+            rc = GANG_ENOMEM;
+            goto out_free;
+        }
+        put_u32(table, SOCK_OK);
+        put_u32(table + 4, k);
+        p = table + 8;
+        for (i = 0; i < k; i++) {
+            size_t hl = strlen(addrs[lower[i]].host);
+
+            put_u32(p, lower[i]);
+            put_u32(p + 4, addrs[lower[i]].port);
+            put_u32(p + 8, (uint32_t)hl);
+            memcpy(p + 12, addrs[lower[i]].host, hl);
+            p += 12 + hl;
+        }
         rc = gang__sock_write_full(net->peers[r].fd, table, (size_t)(p - table), net->abort_fd,
                                    deadline);
         if (rc < 0)
@@ -593,88 +489,109 @@ static int sock_boot_root(sock_net *net, gang_comm_listener *l, uint64_t deadlin
 
 out_free:
     free(addrs);
+    free(lower);
     free(table);
     return rc;
 }
 
-/* Sends a hello on fd and reads the 4-byte verdict. */
-static int sock_say_hello(sock_net *net, int fd, const uint8_t *session, uint32_t rank,
-                          uint16_t port, const char *host, uint64_t deadline)
+/* Sends a hello on fd. */
+static int sock_send_hello(sock_net *net, int fd, const uint8_t *session, uint32_t rank,
+                           uint16_t port, const char *host, uint64_t deadline)
 {
-    uint8_t h[SOCK_HELLO_LEN + SOCK_HOST_MAX], st[4];
+    uint8_t h[SOCK_HELLO_LEN + SOCK_HOST_MAX];
     size_t len = sock_hello_encode(h, session, rank, net->n, port, host);
-    int rc;
 
-    rc = gang__sock_write_full(fd, h, len, net->abort_fd, deadline);
-    if (rc < 0)
-        return rc;
-    rc = gang__sock_read_full(fd, st, sizeof(st), net->abort_fd, deadline);
-    if (rc < 0)
-        return rc;
-    return sock_status_to_err(get_u32(st));
+    return gang__sock_write_full(fd, h, len, net->abort_fd, deadline);
 }
 
-/* Rank r > 0: joins through rank 0, then connects to lower ranks and accepts higher ones. */
+/* Reads the 4-byte verdict on a hello. */
+static int sock_read_verdict(sock_net *net, int fd, uint64_t deadline)
+{
+    uint8_t st[4];
+    int rc = gang__sock_read_full(fd, st, sizeof(st), net->abort_fd, deadline);
+
+    return rc < 0 ? rc : sock_status_to_err(get_u32(st));
+}
+
+/*
+ * Rank r > 0: joins through rank 0 and reads the addresses of its lower peers; then
+ * connects to each of them and sends its hello without waiting, accepts its higher
+ * peers, and only then reads the verdicts of the lower ones. Nobody waits on anyone
+ * before its accept phase, so there is neither a deadlock nor a chain of ranks that
+ * wait for each other in turn.
+ */
 static int sock_boot_rank(sock_net *net, uint32_t rank, const gang_comm_config *cfg,
                           uint64_t deadline)
 {
-    char host0[SOCK_HOST_MAX + 1];
-    uint8_t session[SOCK_SESSION_LEN], b[8];
-    sock_addr *addrs = NULL;
+    char host0[SOCK_HOST_MAX + 1], host[SOCK_HOST_MAX + 1];
+    uint8_t session[SOCK_SESSION_LEN], b[12];
+    uint32_t *lower = NULL, k, i, higher;
     uint16_t port0, port;
-    uint32_t r;
-    int lfd = -1, rc;
+    int lfd = -1, rc, fd0 = -1;
 
-    rc = sock_parse_blob(cfg->blob, cfg->blob_len, host0, &port0, session);
+    rc = gang__sock_parse_blob(cfg->blob, cfg->blob_len, host0, &port0, session, net);
     if (rc < 0)
         return rc;
     memcpy(net->session, session, SOCK_SESSION_LEN);
     if (cfg->advertise_host == NULL || cfg->advertise_host[0] == '\0' ||
         strlen(cfg->advertise_host) > SOCK_HOST_MAX)
         return GANG_EINVAL;
-    addrs = calloc(net->n, sizeof(*addrs));
-    if (addrs == NULL)
+    lower = calloc(2 * (size_t)net->n + 8, sizeof(*lower)); /* lower peers, then higher */
+    if (lower == NULL)
         return GANG_ENOMEM;
-    rc = sock_listen_on(cfg->advertise_host, &lfd, &port);
+    rc = gang__sock_listen_on(cfg->advertise_host, &lfd, &port);
     if (rc < 0)
         goto out;
-    rc = sock_connect(host0, port0, net->abort_fd, deadline, &net->peers[0].fd);
+    rc = sock_connect(host0, port0, net->abort_fd, deadline, &fd0);
     if (rc < 0)
         goto out;
-    rc = sock_say_hello(net, net->peers[0].fd, session, rank, port, cfg->advertise_host, deadline);
+    net->peers[0].fd = fd0;
+    rc = sock_send_hello(net, fd0, session, rank, port, cfg->advertise_host, deadline);
+    if (rc == 0)
+        rc = sock_read_verdict(net, fd0, deadline);
+    if (rc == 0)
+        rc = gang__sock_read_full(fd0, b, 4, net->abort_fd, deadline);
     if (rc < 0)
         goto out;
-    for (r = 0; r < net->n; r++) {
-        uint32_t hl;
+    k = get_u32(b);
+    if (k >= net->n) {
+        rc = GANG_EPROTO;
+        goto out;
+    }
+    for (i = 0; i < k; i++) {
+        uint32_t hl, p;
 
-        rc = gang__sock_read_full(net->peers[0].fd, b, sizeof(b), net->abort_fd, deadline);
+        rc = gang__sock_read_full(fd0, b, sizeof(b), net->abort_fd, deadline);
         if (rc < 0)
             goto out;
-        hl = get_u32(b + 4);
-        if (hl > SOCK_HOST_MAX) {
+        p = get_u32(b);
+        hl = get_u32(b + 8);
+        if (hl > SOCK_HOST_MAX || p == 0 || p >= rank || net->peers[p].fd >= 0 ||
+            gang__sock_pair(net, p, rank) == SOCK_PAIR_NONE) {
             rc = GANG_EPROTO;
             goto out;
         }
-        rc = gang__sock_read_full(net->peers[0].fd, addrs[r].host, hl, net->abort_fd, deadline);
+        rc = gang__sock_read_full(fd0, host, hl, net->abort_fd, deadline);
         if (rc < 0)
             goto out;
-        addrs[r].host[hl] = '\0';
-        addrs[r].port = (uint16_t)get_u32(b);
+        host[hl] = '\0';
+        rc = sock_connect(host, (uint16_t)get_u32(b + 4), net->abort_fd, deadline,
+                          &net->peers[p].fd);
+        if (rc == 0)
+            rc = sock_send_hello(net, net->peers[p].fd, session, rank, 0, NULL, deadline);
+        if (rc < 0)
+            goto out;
+        lower[i] = p;
     }
-    for (r = 1; r < rank; r++) {
-        rc = sock_connect(addrs[r].host, addrs[r].port, net->abort_fd, deadline, &net->peers[r].fd);
-        if (rc < 0)
-            goto out;
-        rc = sock_say_hello(net, net->peers[r].fd, session, rank, 0, NULL, deadline);
-        if (rc < 0)
-            goto out;
-    }
-    rc = sock_accept_ranks(net, lfd, rank, rank + 1, session, deadline, NULL);
+    higher = gang__sock_peers_of(net, rank, 0, lower + k);
+    rc = sock_accept_ranks(net, lfd, rank, rank + 1, higher, session, deadline, NULL);
+    for (i = 0; rc == 0 && i < k; i++)
+        rc = sock_read_verdict(net, net->peers[lower[i]].fd, deadline);
 
 out:
     if (lfd >= 0)
         close(lfd);
-    free(addrs);
+    free(lower);
     return rc;
 }
 
@@ -698,13 +615,14 @@ static void sock_net_unref(sock_net *net)
         }
         free(p->rx_msg);
         if (p->shm != NULL)
-            munmap(p->shm, SOCK_SHM_LEN);
+            munmap(p->shm, p->shm_len);
         if (p->fd >= 0)
             close(p->fd);
     }
     if (net->abort_fd >= 0)
         close(net->abort_fd);
     free(net->peers);
+    free(net->conn);
     free(net->pfds);
     free(net->pmap);
     free(net);
@@ -746,9 +664,25 @@ static sock_comm *sock_comm_new(sock_net *net, uint32_t n, uint64_t comm_id)
     return sc;
 }
 
+/* Lists the connected peers in net->conn (ascending), for loops that skip the others. */
+static int sock_list_conn(sock_net *net)
+{
+    uint32_t r;
+
+    net->conn = calloc(net->n, sizeof(*net->conn));
+    if (net->conn == NULL)
+        return GANG_ENOMEM;
+    for (r = 0; r < net->n; r++) {
+        if (net->peers[r].fd >= 0)
+            net->conn[net->nconn++] = r;
+    }
+    return 0;
+}
+
 /*
- * Builds the full mesh (see the protocol comment at the top of this file). Rank 0's
- * listener is consumed on every outcome.
+ * Connects the pairs of the world (see the protocol comment at the top of this file):
+ * every pair, or in a sparse world only those that talk. Rank 0's listener is consumed
+ * on every outcome.
  */
 int gang__sock_init(gang_comm *c, const gang_comm_config *cfg)
 {
@@ -793,6 +727,8 @@ int gang__sock_init(gang_comm *c, const gang_comm_config *cfg)
         rc = net->n > 1 ? sock_boot_root(net, cfg->listener, deadline) : 0;
     else
         rc = sock_boot_rank(net, cfg->rank, cfg, deadline);
+    if (rc == 0)
+        rc = sock_list_conn(net);
     if (rc == 0 && net->n > 1)
         rc = gang__sock_shm_setup(net, cfg->rank, deadline);
     net->abort_fd = own_abort_fd;

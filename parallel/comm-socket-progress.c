@@ -428,15 +428,16 @@ static size_t sock_poll_set(sock_net *net, const sock_op *ops, size_t nops)
 {
     struct pollfd *pfds = net->pfds;
     size_t np;
-    uint32_t r;
+    uint32_t r, i;
 
     pfds[0].fd = net->abort_fd;
     pfds[0].events = POLLIN;
     pfds[0].revents = 0;
     np = 1;
-    for (r = 0; r < net->n; r++) {
-        sock_peer *p = &net->peers[r];
+    for (i = 0; i < net->nconn; i++) {
+        sock_peer *p = &net->peers[net->conn[i]];
 
+        r = net->conn[i];
         if (p->fd < 0 || p->eof)
             continue;
         pfds[np].fd = p->fd;
@@ -518,14 +519,23 @@ int gang__sock_progress(sock_comm *sc, sock_op *ops, size_t nops, uint64_t deadl
     uint32_t r;
     int rc;
 
+    /* A sparse world connects only the pairs that talk (include/ganglion/comm.h). */
+    for (r = 0; r < nops; r++) {
+        if (net->peers[ops[r].peer].fd < 0) {
+            gang_error("comm socket: no connection to rank %u: this world connects only "
+                       "rank 0, rank +-1 and the TP / PP groups of width %u",
+                       (unsigned)ops[r].peer, (unsigned)net->tp);
+            return GANG_EINVAL;
+        }
+    }
     for (;;) {
         sock_round w = {.pending = 0, .moved = 0, .shm_wait = 0, .tcp_wait = 0};
 
         rc = sock_check_net(net);
         if (rc < 0)
             goto out;
-        for (r = 0; r < net->n; r++) {
-            rc = sock_shm_step(net, r, ops, nops, &w.moved);
+        for (r = 0; r < net->nconn; r++) {
+            rc = sock_shm_step(net, net->conn[r], ops, nops, &w.moved);
             if (rc < 0)
                 goto out_poison;
         }

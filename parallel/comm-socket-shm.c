@@ -31,17 +31,23 @@
  * gang__sock_progress), which spares the wake-up latency.
  * poll() stays the only place that blocks (with the abort eventfd and the deadline).
  *
- * Detection: after the mesh is up, the lower rank of each pair creates a POSIX shared
- * memory object whose name holds the session id and both ranks, the higher rank tries
- * to open it, and each tells the other over TCP whether it succeeded. Only a rank that
- * shares the creator's /dev/shm can open it (the session id is random), so this is an
- * exact same-host test, stricter than comparing host names or boot ids (containers on
- * one host that do not share /dev/shm fall back to TCP). The object is unlinked as soon
- * as the higher rank has it mapped, or as soon as the lower rank learns it failed.
+ * Detection: after the connections are up, the lower rank of each connected pair creates
+ * a POSIX shared memory object whose name holds the job-and-generation tag, its parent's
+ * pid and its own, the session id and both ranks; the higher rank tries to open it, and
+ * each tells the other over TCP whether it succeeded. Only a rank that shares the
+ * creator's /dev/shm can open it (the session id is random), so this is an exact
+ * same-host test, stricter than comparing host names or boot ids (containers on one host
+ * that do not share /dev/shm fall back to TCP). The object is unlinked as soon as the
+ * higher rank has it mapped, and by the lower rank once it has the answer. A rank killed
+ * in between leaves it named: gang_comm_shm_sweep (run by every agent) removes it because
+ * its creator or the creator's parent is dead, or its generation is over.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -54,36 +60,45 @@
  * Detection and mapping (at start-up).
  * --------------------------------------------------------------------------------- */
 
-/* Writes the shared-memory object name of the pair (lo, hi) into name (SOCK_SHM_NAME_MAX). */
-static void sock_shm_name(const sock_net *net, uint32_t lo, uint32_t hi, char *name)
+/*
+ * Writes the shared-memory object name of the pair (lo, hi) created by process pid, child
+ * of ppid, into name (SOCK_SHM_NAME_MAX): "/ganglion-TAG-PPID-PID-SESSION8-LO-HI" (the
+ * tag is "<job>-g<generation>", include/ganglion/comm.h).
+ */
+static void sock_shm_name(const sock_net *net, uint32_t ppid, uint32_t pid, uint32_t lo,
+                          uint32_t hi, char *name)
 {
-    size_t i, k;
-
-    k = (size_t)snprintf(name, SOCK_SHM_NAME_MAX, "/ganglion-");
-    for (i = 0; i < SOCK_SESSION_LEN; i++)
-        k += (size_t)snprintf(name + k, SOCK_SHM_NAME_MAX - k, "%02x", net->session[i]);
-    snprintf(name + k, SOCK_SHM_NAME_MAX - k, "-%u-%u", (unsigned)lo, (unsigned)hi);
+    snprintf(name, SOCK_SHM_NAME_MAX, "/ganglion-%s-%u-%u-%02x%02x%02x%02x-%u-%u",
+             net->tag[0] != '\0' ? net->tag : "anon-g0", (unsigned)ppid, (unsigned)pid,
+             net->session[0], net->session[1], net->session[2], net->session[3], (unsigned)lo,
+             (unsigned)hi);
 }
 
 /*
- * Creates (create != 0) or opens the pair's shared object and maps it into peer's ring
- * pointers; self < peer decides which ring is ours to write. Returns 0 or a negative
- * code, leaving peer untouched on failure. The creator sizes it (zero-filled, so every
- * counter and flag starts at 0) and reserves its pages.
+ * Creates (create != 0: name from our own pids) or opens (name from the creator's pids)
+ * the pair's shared object and maps it into peer's ring pointers; self < peer decides
+ * which ring is ours to write. Returns 0 or a negative code, leaving peer untouched on
+ * failure. The creator sizes it (zero-filled, so every counter and flag starts at 0) and
+ * reserves its pages. The rings carry SOCK_RING_CAP each way for a bulk pair (TP, PP),
+ * SOCK_RING_CAP_CTRL for a control pair.
  */
-static int sock_shm_map(sock_net *net, sock_peer *p, uint32_t self, uint32_t peer, int create)
+static int sock_shm_map(sock_net *net, sock_peer *p, uint32_t self, uint32_t peer, uint32_t ppid,
+                        uint32_t pid, int create)
 {
     char name[SOCK_SHM_NAME_MAX];
     uint32_t lo = self < peer ? self : peer, hi = self < peer ? peer : self;
+    uint64_t cap =
+        gang__sock_pair(net, lo, hi) == SOCK_PAIR_BULK ? SOCK_RING_CAP : SOCK_RING_CAP_CTRL;
+    size_t len = SOCK_RING_HDR + 2 * cap;
     uint8_t *base;
     int fd, rc = 0;
 
-    sock_shm_name(net, lo, hi, name);
+    sock_shm_name(net, ppid, pid, lo, hi, name);
     fd = create ? shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)
                 : shm_open(name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0)
         return gang_err_from_errno(errno);
-    if (create && ftruncate(fd, (off_t)SOCK_SHM_LEN) < 0) {
+    if (create && ftruncate(fd, (off_t)len) < 0) {
         rc = gang_err_from_errno(errno);
         goto out_fd;
     }
@@ -92,23 +107,25 @@ static int sock_shm_map(sock_net *net, sock_peer *p, uint32_t self, uint32_t pee
      * then refuses here and the pair stays on TCP, instead of a SIGBUS at first touch.
      */
     if (create) {
-        rc = posix_fallocate(fd, 0, (off_t)SOCK_SHM_LEN);
+        rc = posix_fallocate(fd, 0, (off_t)len);
         if (rc != 0) {
             rc = gang_err_from_errno(rc);
             goto out_fd;
         }
     }
-    base = mmap(NULL, SOCK_SHM_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
         rc = gang_err_from_errno(errno);
         goto out_fd;
     }
     p->shm = base;
+    p->shm_len = len;
+    p->ring_cap = cap;
     /* Ring 0 carries lo -> hi, ring 1 hi -> lo; zero-filled counters are an empty ring. */
     p->tx_ring = (sock_ring *)(void *)(base + (self == lo ? 0 : 128));
     p->rx_ring = (sock_ring *)(void *)(base + (self == lo ? 128 : 0));
-    p->tx_data = base + SOCK_RING_HDR + (self == lo ? 0 : SOCK_RING_CAP);
-    p->rx_data = base + SOCK_RING_HDR + (self == lo ? SOCK_RING_CAP : 0);
+    p->tx_data = base + SOCK_RING_HDR + (self == lo ? 0 : cap);
+    p->rx_data = base + SOCK_RING_HDR + (self == lo ? cap : 0);
     p->my_sleep = (atomic_int *)(void *)(base + (self == lo ? 256 : 320));
     p->peer_sleep = (atomic_int *)(void *)(base + (self == lo ? 320 : 256));
     p->my_cpu = (atomic_int *)(void *)(base + (self == lo ? 384 : 448));
@@ -123,75 +140,187 @@ out_fd:
 
 static void sock_shm_unmap(sock_peer *p)
 {
-    munmap(p->shm, SOCK_SHM_LEN);
+    munmap(p->shm, p->shm_len);
     p->shm = NULL;
+    p->shm_len = 0;
     p->tx_ring = p->rx_ring = NULL;
     p->tx_data = p->rx_data = NULL;
     p->my_sleep = p->peer_sleep = NULL;
     p->my_cpu = p->peer_cpu = NULL;
 }
 
+/* Unlinks the objects we created for higher peers that may still be named. */
+static void sock_shm_unlink_own(sock_net *net, uint32_t self)
+{
+    char name[SOCK_SHM_NAME_MAX];
+    uint32_t i, r;
+
+    for (i = 0; i < net->nconn; i++) {
+        r = net->conn[i];
+        if (r > self && net->peers[r].shm != NULL) {
+            sock_shm_name(net, (uint32_t)getppid(), (uint32_t)getpid(), self, r, name);
+            shm_unlink(name);
+        }
+    }
+}
+
 /*
- * Sets up the shared-memory fast path with every peer that can open our objects (see
- * the comment at the top of this file). Runs on the fresh data connections before any
- * frame: (1) as the lower rank of a pair, create the object and send 1 byte (1 = made);
- * (2) as the higher rank, read that byte, try to open and map, unlink, answer 1 byte;
- * (3) as the lower rank, read the answer and unlink / unmap when it failed. Steps (1)
- * and (2) never wait on a later step of anyone, so the exchange cannot deadlock. A
- * failure to set up only leaves that pair on TCP; a broken connection is an error.
+ * Sets up the shared-memory fast path with every connected peer that can open our
+ * objects (see the comment at the top of this file). Runs on the fresh data connections
+ * before any frame: (1) as the lower rank of a pair, create the object and send 9 bytes
+ * (1 = made, then our parent's pid and ours, which name it); (2) as the higher rank, read
+ * them, try to open and map, unlink, answer 1 byte; (3) as the lower rank, read the
+ * answer and unlink the object (it is mapped on both sides or unused), unmapping it when
+ * it failed. Steps (1) and (2) never wait on a later step of anyone, so the exchange
+ * cannot deadlock. A failure to set up only leaves that pair on TCP; a broken connection
+ * is an error, and then every object we made is unlinked before returning. An object of
+ * a rank killed in between is left to gang_comm_shm_sweep (its pid is dead).
  */
 int gang__sock_shm_setup(sock_net *net, uint32_t self, uint64_t deadline)
 {
     char name[SOCK_SHM_NAME_MAX];
-    uint8_t b;
-    uint32_t r;
+    uint32_t ppid = (uint32_t)getppid(), pid = (uint32_t)getpid(), i, r;
+    uint8_t b[9];
     int rc;
 
-    for (r = self + 1; r < net->n; r++) {
-        b = sock_shm_map(net, &net->peers[r], self, r, 1) == 0;
-        rc = gang__sock_write_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+    for (i = 0; i < net->nconn; i++) {
+        r = net->conn[i];
+        if (r < self)
+            continue;
+        b[0] = sock_shm_map(net, &net->peers[r], self, r, ppid, pid, 1) == 0;
+        put_u32(b + 1, ppid);
+        put_u32(b + 5, pid);
+        rc = gang__sock_write_full(net->peers[r].fd, b, sizeof(b), net->abort_fd, deadline);
         if (rc < 0)
             goto out_unlink;
     }
-    for (r = 0; r < self; r++) {
-        rc = gang__sock_read_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+    for (i = 0; i < net->nconn && net->conn[i] < self; i++) {
+        r = net->conn[i];
+        rc = gang__sock_read_full(net->peers[r].fd, b, sizeof(b), net->abort_fd, deadline);
         if (rc < 0)
             goto out_unlink;
-        if (b == 1) {
-            b = sock_shm_map(net, &net->peers[r], self, r, 0) == 0;
-            sock_shm_name(net, r, self, name);
+        if (b[0] == 1) {
+            uint32_t cpp = get_u32(b + 1), cp = get_u32(b + 5);
+
+            b[0] = sock_shm_map(net, &net->peers[r], self, r, cpp, cp, 0) == 0;
+            sock_shm_name(net, cpp, cp, r, self, name);
             shm_unlink(name);
         } else {
-            b = 0;
+            b[0] = 0;
         }
-        rc = gang__sock_write_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+        rc = gang__sock_write_full(net->peers[r].fd, b, 1, net->abort_fd, deadline);
         if (rc < 0)
             goto out_unlink;
     }
     /* Every higher peer answers, even to a 0, so the stream stays in step. */
-    for (r = self + 1; r < net->n; r++) {
-        rc = gang__sock_read_full(net->peers[r].fd, &b, 1, net->abort_fd, deadline);
+    for (i = 0; i < net->nconn; i++) {
+        r = net->conn[i];
+        if (r < self)
+            continue;
+        rc = gang__sock_read_full(net->peers[r].fd, b, 1, net->abort_fd, deadline);
         if (rc < 0)
             goto out_unlink;
-        if (b != 1 && net->peers[r].shm != NULL) {
-            sock_shm_name(net, self, r, name);
+        if (net->peers[r].shm != NULL) {
+            /* Mapped on both sides (the peer unlinked it already) or failed there. */
+            sock_shm_name(net, ppid, pid, self, r, name);
             shm_unlink(name);
-            sock_shm_unmap(&net->peers[r]);
+            if (b[0] != 1)
+                sock_shm_unmap(&net->peers[r]);
         }
     }
-    for (r = 0; r < net->n; r++)
-        net->shm_peers += net->peers[r].shm != NULL;
+    for (i = 0; i < net->nconn; i++)
+        net->shm_peers += net->peers[net->conn[i]].shm != NULL;
     return 0;
 
 out_unlink:
     /* Objects we created may still be named; the mappings go with the net. */
-    for (r = self + 1; r < net->n; r++) {
-        if (net->peers[r].shm != NULL) {
-            sock_shm_name(net, self, r, name);
-            shm_unlink(name);
-        }
-    }
+    sock_shm_unlink_own(net, self);
     return rc;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Sweeping what killed formations left behind.
+ * --------------------------------------------------------------------------------- */
+
+/* Whether process pid is gone (a process we may not signal is alive). */
+static int sock_pid_dead(uint32_t pid)
+{
+    return pid == 0 || pid > INT32_MAX || (kill((pid_t)pid, 0) < 0 && errno == ESRCH);
+}
+
+/*
+ * Splits a directory entry "ganglion-JOB-gGEN-PPID-PID-SESSION8-LO-HI" into its job,
+ * generation and pids; 0 when it has that form.
+ */
+static int sock_shm_parse(const char *ent, char *job, size_t jcap, uint64_t *gen, uint32_t *ppid,
+                          uint32_t *pid)
+{
+    static const char prefix[] = "ganglion-";
+    char buf[SOCK_SHM_NAME_MAX], *f[7], *save = NULL, *t;
+    int64_t v;
+    int k = 0;
+
+    if (strncmp(ent, prefix, sizeof(prefix) - 1) != 0 ||
+        strlen(ent) >= sizeof(buf) + sizeof(prefix) - 1)
+        return -1;
+    gang_strlcpy(buf, ent + sizeof(prefix) - 1, sizeof(buf));
+    for (t = strtok_r(buf, "-", &save); t != NULL; t = strtok_r(NULL, "-", &save)) {
+        if (k == 7)
+            return -1;
+        f[k++] = t;
+    }
+    if (k != 7 || f[1][0] != 'g' || strlen(f[4]) != 8 || strlen(f[0]) >= jcap)
+        return -1;
+    if (gang_parse_i64(f[1] + 1, 0, INT64_MAX, &v) < 0)
+        return -1;
+    *gen = (uint64_t)v;
+    if (gang_parse_i64(f[2], 1, INT32_MAX, &v) < 0)
+        return -1;
+    *ppid = (uint32_t)v;
+    if (gang_parse_i64(f[3], 1, INT32_MAX, &v) < 0)
+        return -1;
+    *pid = (uint32_t)v;
+    memcpy(job, f[0], strlen(f[0]) + 1);
+    return 0;
+}
+
+/* Removes the segments no formation will use again (contract in include/ganglion/comm.h). */
+int gang_comm_shm_sweep(const char *dir, const char *job, uint64_t generation, int agent_pid,
+                        uint32_t *removed)
+{
+    char mine[SOCK_TAG_MAX + 1], ent_job[SOCK_TAG_MAX + 1], *dash;
+    struct dirent *de;
+    uint32_t ppid, pid, n = 0;
+    uint64_t gen;
+    DIR *d;
+    int dfd;
+
+    if (dir == NULL)
+        return GANG_EINVAL;
+    /* Our own job's name as it appears in a tag (the generation cut off). */
+    gang__sock_make_tag(job, 0, mine);
+    dash = strrchr(mine, '-');
+    if (dash != NULL)
+        *dash = '\0';
+    d = opendir(dir);
+    if (d == NULL)
+        return gang_err_from_errno(errno);
+    dfd = dirfd(d);
+    while ((de = readdir(d)) != NULL) {
+        int stale;
+
+        if (sock_shm_parse(de->d_name, ent_job, sizeof(ent_job), &gen, &ppid, &pid) != 0)
+            continue;
+        stale = sock_pid_dead(pid) || sock_pid_dead(ppid) ||
+                (agent_pid > 0 && ppid == (uint32_t)agent_pid && strcmp(ent_job, mine) == 0 &&
+                 gen < generation);
+        if (stale && unlinkat(dfd, de->d_name, 0) == 0)
+            n++;
+    }
+    closedir(d);
+    if (removed != NULL)
+        *removed += n;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------
@@ -205,16 +334,17 @@ out_unlink:
  * copying made all-reduce 1.3-1.7x slower at 1-16 MiB (cache lines bounce between the
  * two cores while both work on them; a finished copy is read from the shared cache).
  */
-static size_t sock_ring_write(sock_ring *rg, uint8_t *data, const uint8_t *src, size_t len)
+static size_t sock_ring_write(sock_ring *rg, uint8_t *data, uint64_t cap, const uint8_t *src,
+                              size_t len)
 {
     uint64_t head = atomic_load_explicit(&rg->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_acquire);
-    uint64_t space = SOCK_RING_CAP - (head - tail);
-    size_t n = len < space ? len : (size_t)space, at = (size_t)(head % SOCK_RING_CAP), first;
+    uint64_t space = cap - (head - tail);
+    size_t n = len < space ? len : (size_t)space, at = (size_t)(head % cap), first;
 
     if (n == 0)
         return 0;
-    first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
+    first = n < cap - at ? n : (size_t)(cap - at);
     memcpy(data + at, src, first);
     memcpy(data, src + first, n - first);
     atomic_store_explicit(&rg->head, head + n, memory_order_release);
@@ -222,16 +352,17 @@ static size_t sock_ring_write(sock_ring *rg, uint8_t *data, const uint8_t *src, 
 }
 
 /* Copies up to len bytes out of the ring without blocking; returns the count (0: empty). */
-static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint8_t *dst, size_t len)
+static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint64_t cap, uint8_t *dst,
+                             size_t len)
 {
     uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
     uint64_t avail = head - tail;
-    size_t n = len < avail ? len : (size_t)avail, at = (size_t)(tail % SOCK_RING_CAP), first;
+    size_t n = len < avail ? len : (size_t)avail, at = (size_t)(tail % cap), first;
 
     if (n == 0)
         return 0;
-    first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
+    first = n < cap - at ? n : (size_t)(cap - at);
     memcpy(dst, data + at, first);
     memcpy(dst + first, data, n - first);
     atomic_store_explicit(&rg->tail, tail + n, memory_order_release);
@@ -246,13 +377,13 @@ static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint8_t *dst, s
  * frame may have an odd length), so when the elements are misaligned they go through a
  * small bounce buffer instead.
  */
-static size_t sock_ring_reduce(sock_ring *rg, const uint8_t *data, uint8_t *dst, size_t len,
-                               gang_dtype dt)
+static size_t sock_ring_reduce(sock_ring *rg, const uint8_t *data, uint64_t cap, uint8_t *dst,
+                               size_t len, gang_dtype dt)
 {
     uint64_t tail = atomic_load_explicit(&rg->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&rg->head, memory_order_acquire);
     uint64_t avail = head - tail;
-    size_t esz = gang_dtype_size(dt), at = (size_t)(tail % SOCK_RING_CAP), n, first;
+    size_t esz = gang_dtype_size(dt), at = (size_t)(tail % cap), n, first;
     _Alignas(64) uint8_t bounce[SOCK_BOUNCE];
 
     n = len < avail ? len : (size_t)avail;
@@ -261,7 +392,7 @@ static size_t sock_ring_reduce(sock_ring *rg, const uint8_t *data, uint8_t *dst,
     n -= n % esz;
     if (n == 0)
         return 0;
-    first = n < SOCK_RING_CAP - at ? n : (size_t)(SOCK_RING_CAP - at);
+    first = n < cap - at ? n : (size_t)(cap - at);
     if (((uintptr_t)(data + at)) % esz == 0) {
         /* The capacity is a multiple of every element size: no element straddles the wrap. */
         gang__comm_reduce_sum(dst, data + at, first / esz, dt);
@@ -327,9 +458,9 @@ ssize_t gang__sock_peer_recv(sock_peer *p, const sock_op *op, void *dst, size_t 
     if (p->shm == NULL)
         return recv(p->fd, dst, want, MSG_DONTWAIT);
     if (op != NULL && op->reduce)
-        n = sock_ring_reduce(p->rx_ring, p->rx_data, dst, want, op->dt);
+        n = sock_ring_reduce(p->rx_ring, p->rx_data, p->ring_cap, dst, want, op->dt);
     else
-        n = sock_ring_read(p->rx_ring, p->rx_data, dst, want);
+        n = sock_ring_read(p->rx_ring, p->rx_data, p->ring_cap, dst, want);
     if (n == 0) {
         errno = EAGAIN;
         return -1;
@@ -351,13 +482,14 @@ void gang__sock_tx_shm(sock_peer *p, sock_op *op)
         int payload = op->hdr_done == SOCK_HDR_LEN;
 
         if (!payload) {
-            n = sock_ring_write(p->tx_ring, p->tx_data, op->hdr + op->hdr_done,
+            n = sock_ring_write(p->tx_ring, p->tx_data, p->ring_cap, op->hdr + op->hdr_done,
                                 SOCK_HDR_LEN - op->hdr_done);
             op->hdr_done += n;
         } else {
             size_t ready = op->src != NULL ? op->src->done : op->len;
 
-            n = sock_ring_write(p->tx_ring, p->tx_data, op->buf + op->done, ready - op->done);
+            n = sock_ring_write(p->tx_ring, p->tx_data, p->ring_cap, op->buf + op->done,
+                                ready - op->done);
             op->done += n;
         }
         if (op->hdr_done == SOCK_HDR_LEN && op->done == op->len)
@@ -376,9 +508,11 @@ void gang__sock_shm_sleep_flags(sock_net *net, int on)
 {
     uint32_t r;
 
-    for (r = 0; r < net->n; r++) {
-        if (net->peers[r].shm != NULL)
-            atomic_store_explicit(net->peers[r].my_sleep, on, memory_order_relaxed);
+    for (r = 0; r < net->nconn; r++) {
+        sock_peer *p = &net->peers[net->conn[r]];
+
+        if (p->shm != NULL)
+            atomic_store_explicit(p->my_sleep, on, memory_order_relaxed);
     }
     atomic_thread_fence(memory_order_seq_cst);
 }
@@ -394,9 +528,11 @@ int gang__sock_shm_cpu_shared(sock_net *net, const sock_op *ops, size_t nops, in
     uint32_t r;
     int shared = 0;
 
-    for (r = 0; r < net->n; r++) {
-        if (net->peers[r].shm != NULL)
-            atomic_store_explicit(net->peers[r].my_cpu, cpu + 1, memory_order_relaxed);
+    for (r = 0; r < net->nconn; r++) {
+        sock_peer *p = &net->peers[net->conn[r]];
+
+        if (p->shm != NULL)
+            atomic_store_explicit(p->my_cpu, cpu + 1, memory_order_relaxed);
     }
     for (i = 0; i < nops && cpu >= 0 && !shared; i++) {
         const sock_peer *p = &net->peers[ops[i].peer];

@@ -1,9 +1,10 @@
 /*
- * socket backend, internal header: the state and the protocol constants that its four
+ * socket backend, internal header: the state and the protocol constants that its five
  * files share, and the functions one of them calls in another (gang__sock_*). Nothing
  * here is visible outside parallel/.
  *
- *   comm-socket-boot.c      listener, blob, TCP mesh connect/accept, communicator
+ *   comm-socket-blob.c      rank 0's listener and blob, which pairs connect
+ *   comm-socket-boot.c      TCP connect/accept of those pairs, communicator
  *                           init / split / free
  *   comm-socket-shm.c       the shared-memory fast path: detection, mapping, the rings
  *   comm-socket-progress.c  the progress engine (framing, matching, waiting) and abort
@@ -57,13 +58,17 @@
 #define SOCK_HANDSHAKE_MS 2000 /* a connecting peer must say hello within this */
 #define SOCK_MAX_MSG ((uint64_t)1 << 40)
 #define SOCK_BLOB_MAX 512
-#define SOCK_RING_CAP ((uint64_t)4 << 20) /* bytes of one direction's shared ring */
-#define SOCK_RING_HDR 4096                /* control page before the two rings */
-#define SOCK_SHM_LEN (SOCK_RING_HDR + 2 * SOCK_RING_CAP)
-#define SOCK_SPIN_US 30      /* after progress, spin on the rings this long without yielding */
-#define SOCK_YIELD_US 1000   /* then keep looking, yielding the CPU, until this long, then sleep */
-#define SOCK_BOUNCE 4096     /* bounce buffer for summing misaligned ring bytes */
-#define SOCK_SHM_NAME_MAX 96 /* "/ganglion-" + 32 hex digits + "-lo-hi" fits with room */
+#define SOCK_RING_CAP ((uint64_t)4 << 20)       /* one direction's ring of a bulk pair (TP, PP) */
+#define SOCK_RING_CAP_CTRL ((uint64_t)64 << 10) /* ... of a control pair (plans, tokens) */
+#define SOCK_RING_HDR 4096                      /* control page before the two rings */
+#define SOCK_TAG_MAX 48       /* the blob's shm tag: "<job>-g<generation>", sanitized */
+#define SOCK_SPIN_US 30       /* after progress, spin on the rings this long without yielding */
+#define SOCK_YIELD_US 1000    /* then keep looking, yielding the CPU, until this long, then sleep */
+#define SOCK_BOUNCE 4096      /* bounce buffer for summing misaligned ring bytes */
+#define SOCK_SHM_NAME_MAX 160 /* "/ganglion-TAG-PPID-PID-SESSION8-LO-HI" fits with room */
+
+/* Which pairs of a world are connected (gang__sock_pair). */
+enum { SOCK_PAIR_NONE = 0, SOCK_PAIR_CTRL = 1, SOCK_PAIR_BULK = 2 };
 
 /* Refusal statuses of a hello; 0 is acceptance. */
 enum {
@@ -73,6 +78,17 @@ enum {
     SOCK_REFUSE_WORLD = 3,
     SOCK_REFUSE_RANK = 4,
     SOCK_REFUSE_DUPLICATE = 5
+};
+
+/* Rank 0's listener (comm-socket-blob.c). */
+struct gang_comm_listener {
+    int fd;                     /* listening socket, non-blocking */
+    char tag[SOCK_TAG_MAX + 1]; /* shared-memory tag "<job>-g<generation>" */
+    int sparse;                 /* connect only the pairs that talk */
+    uint32_t tp;
+    uint8_t session[SOCK_SESSION_LEN]; /* random id every hello must carry */
+    char host[SOCK_HOST_MAX + 1];      /* advertised host */
+    uint16_t port;
 };
 
 /* A message read before anyone asked for it. */
@@ -118,6 +134,8 @@ _Static_assert(sizeof(sock_ring) == 128, "sock_ring must span exactly two cache 
 typedef struct sock_peer {
     int fd;                       /* -1 for this rank itself */
     void *shm;                    /* shared mapping of the pair, or NULL for TCP data */
+    size_t shm_len;               /* its length: the control page and two rings */
+    uint64_t ring_cap;            /* bytes of one direction's ring */
     sock_ring *tx_ring, *rx_ring; /* control words of both directions, in shm */
     atomic_int *my_sleep;         /* in shm: set while we may sleep; the peer rings then */
     atomic_int *peer_sleep;       /* in shm: the peer's flag, read after we move a counter */
@@ -143,7 +161,12 @@ typedef struct sock_net {
     int abort_fd;                      /* eventfd, readable once aborted */
     uint32_t n;                        /* ranks of the root communicator */
     uint8_t session[SOCK_SESSION_LEN]; /* names the shared-memory objects */
-    uint32_t shm_peers;                /* peers on the shared-memory path */
+    char tag[SOCK_TAG_MAX + 1];        /* ... with this job-and-generation tag */
+    int sparse;                        /* only the pairs that talk are connected */
+    uint32_t tp;                       /* sparse: TP width of the groups (0: none) */
+    uint32_t *conn;                    /* the connected peers, ascending */
+    uint32_t nconn;
+    uint32_t shm_peers; /* peers on the shared-memory path */
     sock_peer *peers;
     struct pollfd *pfds; /* n + 1 entries: the progress loop's poll set */
     uint32_t *pmap;      /* n + 1 entries: pfds index -> peer */
@@ -215,6 +238,18 @@ int gang__sock_init(gang_comm *c, const gang_comm_config *cfg);
 void gang__sock_free(gang_comm *c);
 int gang__sock_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t timeout_ms,
                      gang_comm *child);
+
+/* comm-socket-boot.c: a listening socket on host, port chosen by the kernel. */
+int gang__sock_listen_on(const char *host, int *fd_out, uint16_t *port_out);
+/* comm-socket-blob.c: parses rank 0's blob into its address, session and net's options. */
+int gang__sock_parse_blob(const uint8_t *blob, size_t len, char *host, uint16_t *port,
+                          uint8_t *session, sock_net *net);
+/* comm-socket-blob.c: the peers of rank r > 0 below or above it (see the definition). */
+uint32_t gang__sock_peers_of(const sock_net *net, uint32_t r, int lower, uint32_t *out);
+/* comm-socket-blob.c: the shared-memory tag "<job>-g<generation>" (SOCK_TAG_MAX + 1 bytes). */
+void gang__sock_make_tag(const char *job, uint64_t generation, char *tag);
+/* comm-socket-blob.c: the kind of the pair (a, b) in net (SOCK_PAIR_*). */
+int gang__sock_pair(const sock_net *net, uint32_t a, uint32_t b);
 
 /* comm-socket-shm.c: detection and mapping at start-up (after the mesh is up). */
 int gang__sock_shm_setup(sock_net *net, uint32_t self, uint64_t deadline);

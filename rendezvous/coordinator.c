@@ -57,6 +57,7 @@ struct gang_coord {
 
     coord_peer *peers; /* every live connection, joined or not */
     uint32_t npeers;
+    uint64_t refused;           /* connections closed at once over max_connections */
     node_slot *slots;           /* nnodes */
     uint32_t world;             /* nnodes * nproc_per_node */
     gang_coord_rank *rank_view; /* world, rebuilt for status */
@@ -72,6 +73,10 @@ struct gang_coord {
     uint32_t restart_head;
     uint64_t round_start_ms; /* start of the current (re)formation round */
     double rendezvous_seconds;
+    double formation_seconds;    /* last time from BLOB_REQUEST (all members in) to SERVING */
+    uint64_t formation_start_ms; /* when the current generation's BLOB_REQUEST went out */
+    uint32_t n_ready;            /* slots that sent READY for the current generation */
+    uint32_t n_avail;            /* slots whose member is available (REJOIN or JOIN) */
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank, last_failure_code;
     uint64_t last_failure_wall_ms;
@@ -148,9 +153,12 @@ static void begin_generation(gang_coord *c)
         c->slots[i].ready = 0;
         c->slots[i].available = 0;
     }
+    c->n_avail = 0;
     c->generation = g + 1;
     gang_log_set_generation((int64_t)c->generation);
     c->blob_sent = 0;
+    c->n_ready = 0;
+    c->formation_start_ms = gang_now_ms();
     c->start_deadline_ms = gang_now_ms() + c->cfg.start_timeout_ms;
     set_state(c, GANG_STATE_STARTING);
     gang_msg *m = scratch_msg(c, GANG_MSG_BLOB_REQUEST);
@@ -164,12 +172,11 @@ static void maybe_begin(gang_coord *c)
     if (c->state != GANG_STATE_WAITING && c->state != GANG_STATE_ABORTING &&
         c->state != GANG_STATE_BACKOFF)
         return;
-    for (uint32_t i = 0; i < c->cfg.nnodes; i++) {
-        if (c->slots[i].peer == NULL || !c->slots[i].available) {
-            if (c->state == GANG_STATE_BACKOFF)
-                set_state(c, GANG_STATE_ABORTING);
-            return;
-        }
+    /* A count, not a scan per message: an available slot always has its member. */
+    if (c->n_avail < c->cfg.nnodes) {
+        if (c->state == GANG_STATE_BACKOFF)
+            set_state(c, GANG_STATE_ABORTING);
+        return;
     }
     if (gang_now_ms() < c->backoff_until_ms) {
         set_state(c, GANG_STATE_BACKOFF);
@@ -227,6 +234,8 @@ static void coord_fail(gang_coord *c, int32_t rank, int32_t code, const char *re
     for (uint32_t i = 0; i < c->cfg.nnodes; i++) {
         c->slots[i].available = 0;
         c->slots[i].ready = 0;
+        c->n_ready = 0;
+        c->n_avail = 0;
         /* Members that got this ABORT owe a REJOIN; newcomers are not bound by it. */
         c->slots[i].rejoin_deadline_ms = c->slots[i].peer ? now + c->cfg.start_timeout_ms : 0;
     }
@@ -295,7 +304,9 @@ static void on_join(gang_coord *c, coord_peer *p, const gang_msg *m)
     p->node = j->node_index;
     node_slot *s = &c->slots[p->node];
     s->peer = p;
+    c->n_avail -= s->available != 0;
     s->available = 0;
+    c->n_ready -= s->ready != 0;
     s->ready = 0;
     s->generation_seen = j->generation_seen;
     s->rejoin_deadline_ms = 0;
@@ -342,6 +353,7 @@ static void on_member_msg(gang_coord *c, coord_peer *p, const gang_msg *m)
     case GANG_MSG_REJOIN:
         if (m->generation > s->generation_seen)
             s->generation_seen = m->generation;
+        c->n_avail += s->available == 0;
         s->available = 1;
         s->rejoin_deadline_ms = 0;
         maybe_begin(c);
@@ -367,13 +379,15 @@ static void on_member_msg(gang_coord *c, coord_peer *p, const gang_msg *m)
                       gang_state_name(c->state));
             return;
         }
+        /* A count, not a scan of every slot per READY: a formation stays O(n). */
+        if (!s->ready)
+            c->n_ready++;
         s->ready = 1;
-        for (uint32_t i = 0; i < c->cfg.nnodes; i++) {
-            if (!c->slots[i].ready)
-                return;
-        }
+        if (c->n_ready < c->cfg.nnodes)
+            return;
         uint64_t now = gang_now_ms();
         c->rendezvous_seconds = (double)(now - c->round_start_ms) / 1000.0;
+        c->formation_seconds = (double)(now - c->formation_start_ms) / 1000.0;
         c->serving_since_wall_ms = gang_wall_ms();
         set_state(c, GANG_STATE_SERVING);
         /* Tell members at once rather than at the next beat: /readyz turns 200 sooner. */
@@ -429,7 +443,9 @@ static void peer_on_close(gang__conn *conn, int err)
     if (p->joined && c->slots[p->node].peer == p) {
         node_slot *s = &c->slots[p->node];
         s->peer = NULL;
+        c->n_avail -= s->available != 0;
         s->available = 0;
+        c->n_ready -= s->ready != 0;
         s->ready = 0;
         if (!c->closing) {
             char why[GANG_REASON_MAX];
@@ -467,6 +483,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (c->npeers > c->cfg.max_connections) {
         gang_warn("coordinator: %u connections at the limit: closing a new one",
                   c->cfg.max_connections);
+        c->refused++;
         gang__conn_close(&p->conn, GANG_EAGAIN);
         return;
     }
@@ -640,12 +657,17 @@ void gang_coord_get_status(gang_coord *c, gang_coord_status *st)
     st->generation = c->generation;
     for (uint32_t i = 0; i < c->cfg.nnodes; i++)
         st->members += c->slots[i].peer != NULL;
+    st->members_max = c->cfg.nnodes;
+    st->connections = c->npeers;
+    st->connections_max = c->cfg.max_connections;
+    st->connections_refused = c->refused;
     st->restarts_total = c->restarts_total;
     uint32_t used = restarts_in_window(c, now);
     st->budget_left = used >= c->cfg.max_restarts ? 0 : c->cfg.max_restarts - used;
     if (c->state == GANG_STATE_FAILED)
         st->budget_left = 0;
     st->rendezvous_seconds = c->rendezvous_seconds;
+    st->formation_seconds = c->formation_seconds;
     st->serving_since_wall_ms = c->state == GANG_STATE_SERVING ? c->serving_since_wall_ms : 0;
     st->last_failure_rank = c->last_failure_rank;
     st->last_failure_code = c->last_failure_code;

@@ -49,6 +49,47 @@ int gang_comm_socket_listen(const char *advertise_host, gang_comm_listener **out
 void gang_comm_listener_free(gang_comm_listener *l);
 
 /*
+ * What rank 0 puts in the socket blob besides its address (every rank reads it there):
+ *  - job and generation name the world's shared-memory segments
+ *    ("/ganglion-JOB-gGEN-PPID-PID-SESSION8-LO-HI": JOB with every character outside
+ *    [A-Za-z0-9_.] made '_', cut at 24; PID the creating rank, PPID its parent, the
+ *    agent), so that gang_comm_shm_sweep can tell whose a leftover segment is;
+ *  - sparse = 1 connects only the pairs that talk, each rank to rank 0 (plans, tokens,
+ *    the star of the bootstrap), to rank +-1 (the world's ring collectives: split,
+ *    barrier), and with tp > 0 every pair of its TP group (consecutive blocks of tp
+ *    ranks) and of its PP ring (rank +-tp, modulo the world): O(n + n x tp) connections
+ *    instead of n(n-1)/2. A world operation between two ranks that are not connected
+ *    fails with GANG_EINVAL (and an error log naming the pair) without touching the
+ *    connections. sparse = 0 (gang_comm_socket_listen) connects every pair.
+ * Shared-memory rings (same-host pairs) carry 4 MiB each way for a TP or PP pair, 64 KiB
+ * for a control pair (rank 0's star and the world ring).
+ */
+typedef struct gang_comm_socket_opts {
+    const char *job;     /* NULL or "" = "anon" */
+    uint64_t generation; /* of the control plane; 0 when there is none */
+    int sparse;
+    uint32_t tp; /* sparse only; 0: the world has no TP / PP groups */
+} gang_comm_socket_opts;
+
+/* gang_comm_socket_listen with the options above (opts NULL = the defaults). */
+int gang_comm_socket_listen_opts(const char *advertise_host, const gang_comm_socket_opts *opts,
+                                 gang_comm_listener **out, char *blob, size_t blob_cap,
+                                 size_t *blob_len);
+
+/*
+ * Removes from dir (normally "/dev/shm") the socket worlds' segments that no formation
+ * will ever use again: one whose creating rank or whose creator's parent has exited, and
+ * one created by a child of agent_pid for job in a generation older than generation (an
+ * agent passes its own pid and the generation it starts; UINT64_MAX at exit, after its
+ * workers are gone). A segment still named belongs to a formation in flight: the
+ * formation unlinks it as soon as both ranks hold it. Names that are not of this form are
+ * left alone. Returns 0 (adding the count removed to *removed when not NULL), or a
+ * negative code when dir cannot be read.
+ */
+int gang_comm_shm_sweep(const char *dir, const char *job, uint64_t generation, int agent_pid,
+                        uint32_t *removed);
+
+/*
  * Bootstrap of the nccl backend: rank 0 calls gang_comm_nccl_unique_id() (ncclGetUniqueId)
  * and hands the blob it writes to every rank through the control plane; every rank then
  * calls gang_comm_init() with backend = GANG_COMM_NCCL and that blob. The blob is the
@@ -126,6 +167,10 @@ int gang_bootstrap_format(const uint8_t *socket, size_t socket_len, const uint8_
  */
 int gang_bootstrap_create(const char *advertise_host, int with_nccl, gang_bootstrap **out,
                           uint8_t *blob, size_t cap, size_t *len, char *err, size_t errlen);
+/* The same, with the socket world's options (gang_comm_socket_opts; NULL = defaults). */
+int gang_bootstrap_create_opts(const char *advertise_host, const gang_comm_socket_opts *sock,
+                               int with_nccl, gang_bootstrap **out, uint8_t *blob, size_t cap,
+                               size_t *len, char *err, size_t errlen);
 void gang_bootstrap_free(gang_bootstrap *b);
 
 typedef struct gang_bootstrap_join_config {

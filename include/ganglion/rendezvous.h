@@ -403,10 +403,15 @@ typedef struct gang_coord_rank {
 typedef struct gang_coord_status {
     gang_state state;
     uint64_t generation;
-    uint32_t members; /* authenticated member connections */
+    uint32_t members;             /* authenticated member connections */
+    uint32_t members_max;         /* the gang's nodes: a slot each, nothing more admitted */
+    uint32_t connections;         /* rendezvous connections held (joined or not) */
+    uint32_t connections_max;     /* --max-connections */
+    uint64_t connections_refused; /* closed at once for being over --max-connections */
     uint64_t restarts_total;
     uint32_t budget_left;      /* restarts left in the current window */
     double rendezvous_seconds; /* last time from "all waiting" to SERVING */
+    double formation_seconds;  /* last time from the last JOIN (BLOB_REQUEST) to SERVING */
     uint64_t serving_since_wall_ms;
     int32_t last_failure_rank;
     int32_t last_failure_code;

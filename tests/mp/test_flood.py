@@ -82,6 +82,23 @@ def scenario(h):
     gang = g.coord()
     H.check(gang["generation"] == gen and gang["restarts_total"] == restarts,
             "the flood caused a gang restart: %r" % gang)
+    # The coordinator's bounds are exported, and what it holds is within them.
+    code, text = g.get(0, "/metrics")
+    vals = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            vals[parts[0]] = float(parts[1])
+    H.check(code == 200 and vals.get("ganglion_gang_members_max") == NNODES,
+            "ganglion_gang_members_max is %r, expected %d" % (vals.get("ganglion_gang_members_max"),
+                                                             NNODES))
+    cmax, held = vals.get("ganglion_coordinator_connections_max"), \
+        vals.get("ganglion_coordinator_connections")
+    H.check(cmax is not None and held is not None and NNODES <= held <= cmax,
+            "connections held %r, bound %r" % (held, cmax))
+    H.check("ganglion_coordinator_connections_refused_total" in vals
+            and "ganglion_requests_in_flight_max" in vals,
+            "the refusal counter or the queue bound is missing from /metrics")
     H.check(g.stop()["local"] == 0, "local gang did not exit 0")
 
 

@@ -8,9 +8,11 @@
  * assertions must run on the main thread, so rank bodies return an error code and a
  * message, and the main thread asserts on them.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,7 +27,7 @@
 
 #include "ganglion/comm.h"
 
-#define MAX_RANKS 4
+#define MAX_RANKS 8
 #define HOST "127.0.0.1"
 #define OP_TIMEOUT_MS 20000
 #define BIG_F32 (4u * 1024 * 1024) /* 16 MiB of f32 */
@@ -83,6 +85,9 @@ static void *rank_main(void *arg)
 
 typedef void (*gang_controller)(rank_ctx *xs, uint32_t n);
 
+/* Options of rank 0's blob for the next run_gang (NULL: a full mesh, the default). */
+static const gang_comm_socket_opts *run_opts;
+
 /* Runs body on n ranks; controller (may be NULL) runs on the main thread meanwhile. */
 static void run_gang(uint32_t n, rank_body body, void *arg, gang_controller controller,
                      rank_ctx *xs)
@@ -97,9 +102,9 @@ static void run_gang(uint32_t n, rank_body body, void *arg, gang_controller cont
     run.body = body;
     run.arg = arg;
     run.init_timeout_ms = 10000;
-    assert_int_equal(
-        gang_comm_socket_listen(HOST, &xs[0].listener, run.blob, sizeof(run.blob), &run.blob_len),
-        0);
+    assert_int_equal(gang_comm_socket_listen_opts(HOST, run_opts, &xs[0].listener, run.blob,
+                                                  sizeof(run.blob), &run.blob_len),
+                     0);
     assert_int_equal(strlen(run.blob), run.blob_len);
     assert_int_equal(pthread_barrier_init(&run.ready, NULL, n + 1), 0);
     for (r = 0; r < n; r++) {
@@ -1080,7 +1085,9 @@ static void test_wrong_session(void **state)
     (void)state;
     assert_int_equal(gang_comm_socket_listen(HOST, &l, blob, sizeof(blob), &blob_len), 0);
     memcpy(bad, blob, blob_len + 1);
-    bad[blob_len - 1] = bad[blob_len - 1] == '0' ? '1' : '0';
+    /* The session id follows the '/' (options after it name the shm tag). */
+    char *sid = strchr(bad, '/') + 1;
+    *sid = *sid == '0' ? '1' : '0';
 
     memset(&root, 0, sizeof(root));
     root.cfg.backend = GANG_COMM_SOCKET;
@@ -1121,6 +1128,192 @@ static void test_wrong_session(void **state)
     assert_true(v == 2.0f);
     gang_comm_free(good.comm);
     gang_comm_free(root.comm);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Sparse worlds: only rank 0's star, the world ring and the TP / PP groups connect.
+ * --------------------------------------------------------------------------------- */
+#define SPARSE_N 8
+#define SPARSE_TP 2
+
+/* Sockets this process holds (every rank of the test is a thread of it). */
+static uint32_t count_sockets(void)
+{
+    char path[64], target[64];
+    struct dirent *de;
+    uint32_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+
+    if (d == NULL)
+        return 0;
+    while ((de = readdir(d)) != NULL) {
+        ssize_t len;
+
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+        len = readlink(path, target, sizeof(target) - 1);
+        if (len > 0) {
+            target[len] = '\0';
+            n += strncmp(target, "socket:", 7) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Shared-memory objects in /dev/shm whose name starts with prefix. */
+static uint32_t count_shm(const char *prefix)
+{
+    struct dirent *de;
+    uint32_t n = 0;
+    DIR *d = opendir("/dev/shm");
+
+    if (d == NULL)
+        return 0;
+    while ((de = readdir(d)) != NULL)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+static uint32_t sparse_sockets_seen;
+static uint32_t sparse_shm_seen;
+
+/* Counts, on the main thread while every rank is initialised, what the world holds. */
+static void sparse_controller(rank_ctx *xs, uint32_t n)
+{
+    (void)xs;
+    (void)n;
+    sparse_sockets_seen = count_sockets();
+    sparse_shm_seen = count_shm("ganglion-sparse_t-g7-");
+}
+
+static int sparse_body(rank_ctx *x, gang_comm *c)
+{
+    uint32_t r = x->rank, n = SPARSE_N, stage = r / SPARSE_TP, nst = n / SPARSE_TP;
+    int32_t v = 1, b[4] = {0, 0, 0, 0}, got[4];
+    gang_comm *tp = NULL;
+    int rc;
+
+    /* The world ring (barrier, all-reduce) and rank 0's star (broadcast). */
+    rc = gang_comm_all_reduce(c, &v, 1, GANG_DTYPE_I32, OP_TIMEOUT_MS);
+    if (rc != 0 || v != (int32_t)n)
+        return rank_fail(x, rc, "world all-reduce: %d", v);
+    if (r == 0)
+        b[0] = 42;
+    rc = gang_comm_broadcast(c, b, 4, GANG_DTYPE_I32, 0, OP_TIMEOUT_MS);
+    if (rc != 0 || b[0] != 42)
+        return rank_fail(x, rc, "broadcast from 0: %d", b[0]);
+    /* The PP ring: rank +- tp, wrapping around. */
+    b[1] = (int32_t)r;
+    rc = gang_comm_send(c, b, sizeof(b), (r + SPARSE_TP) % n, 5, OP_TIMEOUT_MS);
+    if (rc == 0)
+        rc = gang_comm_recv(c, got, sizeof(got), (r + n - SPARSE_TP) % n, 5, OP_TIMEOUT_MS);
+    if (rc != 0 || got[1] != (int32_t)((r + n - SPARSE_TP) % n))
+        return rank_fail(x, rc, "PP ring exchange: got %d", got[1]);
+    /* The TP group. */
+    rc = gang_comm_split(c, stage, r % SPARSE_TP, OP_TIMEOUT_MS, &tp);
+    if (rc != 0)
+        return rank_fail(x, rc, "split");
+    v = (int32_t)r;
+    rc = gang_comm_all_reduce(tp, &v, 1, GANG_DTYPE_I32, OP_TIMEOUT_MS);
+    gang_comm_free(tp);
+    if (rc != 0 || v != (int32_t)(2 * stage * SPARSE_TP + 1))
+        return rank_fail(x, rc, "TP all-reduce: %d", v);
+    /* A pair that does not talk is refused at once, and the world stays usable. */
+    if (r == 1) {
+        rc = gang_comm_send(c, b, 4, 5, 9, OP_TIMEOUT_MS);
+        if (rc != GANG_EINVAL)
+            return rank_fail(x, rc, "send 1 -> 5 of an unconnected pair: %s", gang_err_name(rc));
+    }
+    (void)nst;
+    rc = gang_comm_barrier(c, OP_TIMEOUT_MS);
+    if (rc != 0)
+        return rank_fail(x, rc, "barrier after the refused send");
+    return 0;
+}
+
+static void test_sparse_world(void **state)
+{
+    static const gang_comm_socket_opts o = {
+        .job = "sparse-t", .generation = 7, .sparse = 1, .tp = SPARSE_TP};
+    rank_ctx xs[SPARSE_N];
+    uint32_t before = count_sockets(), a, b, pairs = 0, n = SPARSE_N, t = SPARSE_TP;
+
+    (void)state;
+    /* The pairs that talk, by the rule of include/ganglion/comm.h. */
+    for (a = 0; a < n; a++) {
+        for (b = a + 1; b < n; b++)
+            pairs += a == 0 || b - a == 1 || a / t == b / t ||
+                     (a % t == b % t && (b - a == t || b - a == n - t));
+    }
+    run_opts = &o;
+    run_gang(SPARSE_N, sparse_body, NULL, sparse_controller, xs);
+    run_opts = NULL;
+    assert_ranks_ok(xs, SPARSE_N);
+    /* Two ends of each connected pair, all in this process; a full mesh would be 56. */
+    print_message("sparse world of %u, tp %u: %u sockets (%u pairs; a full mesh has %u)\n", n, t,
+                  sparse_sockets_seen - before, pairs, n * (n - 1) / 2);
+    assert_int_equal(sparse_sockets_seen - before, 2 * pairs);
+    assert_true(pairs < n * (n - 1) / 2);
+    /* Every segment was unlinked once both ends held it. */
+    assert_int_equal(sparse_shm_seen, 0);
+}
+
+/* The sweep removes a dead creator's segments and its agent's older generations only. */
+static void test_shm_sweep(void **state)
+{
+    char dir[] = "/tmp/ganglion-sweep-XXXXXX", path[512], name[256];
+    unsigned me = (unsigned)getpid(), parent = (unsigned)getppid(), dead;
+    uint32_t removed = 0;
+    pid_t child;
+    int status;
+
+    (void)state;
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(0);
+    assert_int_equal(waitpid(child, &status, 0), child);
+    dead = (unsigned)child;
+    assert_non_null(mkdtemp(dir));
+    const char *names[] = {
+        "ganglion-my_job-g3-%u-%u-deadbeef-0-1", /* 0: ours (agent = me), gen 3 */
+        "ganglion-my_job-g1-%u-%u-deadbeef-1-2", /* 1: ours, gen 1 */
+        "ganglion-other-g1-%u-%u-deadbeef-0-1",  /* 2: another job, same agent */
+        "ganglion-my_job-g1-%u-%u-deadbeef-2-3", /* 3: same job, another agent (parent) */
+        "ganglion-my_job-g9-%u-%u-deadbeef-0-1", /* 4: creator dead */
+        "ganglion-0123456789abcdef-0-1",         /* 5: not of this form */
+    };
+    unsigned ppids[] = {me, me, me, parent, me, 0}, pids[] = {me, me, me, me, dead, 0};
+    int expect_kept_at_3[] = {1, 0, 1, 1, 0, 1}, expect_kept_at_max[] = {0, 0, 1, 1, 0, 1};
+    size_t i, k = sizeof(names) / sizeof(names[0]);
+
+    for (i = 0; i < k; i++) {
+        snprintf(name, sizeof(name), names[i], ppids[i], pids[i]);
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    /* Generation 3 of job "my-job" ('-' is '_' in a tag) for agent me. */
+    assert_int_equal(gang_comm_shm_sweep(dir, "my-job", 3, (int)me, &removed), 0);
+    assert_int_equal(removed, 2);
+    for (i = 0; i < k; i++) {
+        snprintf(name, sizeof(name), names[i], ppids[i], pids[i]);
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        assert_int_equal(access(path, F_OK) == 0, expect_kept_at_3[i]);
+    }
+    /* At exit: everything of this agent's job; another job's stays for its own agent. */
+    assert_int_equal(gang_comm_shm_sweep(dir, "my-job", UINT64_MAX, (int)me, &removed), 0);
+    assert_int_equal(removed, 2 + 1); /* removed adds up */
+    for (i = 0; i < k; i++) {
+        snprintf(name, sizeof(name), names[i], ppids[i], pids[i]);
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        assert_int_equal(access(path, F_OK) == 0, expect_kept_at_max[i]);
+        unlink(path);
+    }
+    assert_int_equal(gang_comm_shm_sweep("/nonexistent-dir", "x", 0, 0, NULL), GANG_ENOENT);
+    rmdir(dir);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -1435,6 +1628,8 @@ int main(void)
         cmocka_unit_test(test_half_rounding),
         cmocka_unit_test(test_size_mismatch),
         cmocka_unit_test(test_wrong_session),
+        cmocka_unit_test(test_sparse_world),
+        cmocka_unit_test(test_shm_sweep),
         cmocka_unit_test(test_bootstrap_format),
         cmocka_unit_test(test_bootstrap_join),
     };
