@@ -90,6 +90,29 @@ def wait_until(pred, timeout, interval=0.02, what="condition"):
         time.sleep(interval)
 
 
+_FETCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "scripts", "fetch-reference.sh")
+
+
+def fetch_reference(what, timeout):
+    """The path `scripts/fetch-reference.sh WHAT` prints (its last line); TestSkip with the
+    reason when it fails, prints nothing, or does not finish in `timeout` seconds (a first
+    fetch, minutes, belongs to scripts/install-deps.sh)."""
+    try:
+        r = subprocess.run(["bash", _FETCH, what], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TestSkip("fetch-reference.sh %s did not finish in %d s (not cached yet? run "
+                       "scripts/install-deps.sh or scripts/fetch-reference.sh %s once)"
+                       % (what, timeout, what))
+    err = r.stderr.decode(errors="replace").strip().splitlines()
+    out = r.stdout.decode().strip().splitlines()
+    if r.returncode != 0 or not out:
+        raise TestSkip("fetch-reference.sh %s failed (%d): %s"
+                       % (what, r.returncode, err[-1] if err else "no reason"))
+    return out[-1]
+
+
 def wall_ms():
     return int(time.time() * 1000)
 

@@ -15,7 +15,6 @@ tokens of a computed prefix is unit-engine's test_prefix_cache.)
 
 SKIP (77), with the reason, when scripts/fetch-reference.sh cannot give the model."""
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +23,6 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H.TEST_DEADLINE_S = 200
 CLIENTS = 64      # the default --max-batch
 SEQ_TOKENS = 256  # the sequence length the cache must hold CLIENTS of
@@ -32,18 +30,8 @@ GEN = 8           # tokens each concurrent request generates
 
 
 def fetch(what):
-    try:
-        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch-reference.sh"), what],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-    except subprocess.TimeoutExpired:
-        raise H.TestSkip("fetch-reference.sh %s did not finish in 60 s (not cached yet? run "
-                         "scripts/install-deps.sh once)" % what)
-    out = r.stdout.decode().strip().splitlines()
-    if r.returncode != 0 or not out:
-        err = r.stderr.decode(errors="replace").strip().splitlines()
-        raise H.TestSkip("fetch-reference.sh %s failed (%d): %s"
-                         % (what, r.returncode, err[-1] if err else "no reason"))
-    return out[-1]
+    """fetch-reference.sh WHAT, or SKIP (harness.fetch_reference)."""
+    return H.fetch_reference(what, 60)
 
 
 def request(i):

@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FETCH = os.path.join(ROOT, "scripts", "fetch-reference.sh")
 HF_GREEDY = os.path.join(ROOT, "tests", "reference", "hf-greedy.py")
 KEY = "sk-ganglion-test"
 SERVED = "smollm2-135m-instruct"
@@ -36,17 +35,8 @@ H.TEST_DEADLINE_S = 200  # the reference (torch) and the server share two cores
 
 
 def fetch(what):
-    try:
-        r = subprocess.run(["bash", FETCH, what], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=90)
-    except subprocess.TimeoutExpired:
-        raise H.TestSkip("fetch-reference.sh %s did not finish in 90 s (not cached yet? run "
-                         "scripts/install-deps.sh once)" % what)
-    out = r.stdout.decode().strip().splitlines()
-    if r.returncode != 0 or not out:
-        raise H.TestSkip("fetch-reference.sh %s failed: %s"
-                         % (what, r.stderr.decode(errors="replace").strip()[-300:]))
-    return out[-1]
+    """fetch-reference.sh WHAT, or SKIP (harness.fetch_reference)."""
+    return H.fetch_reference(what, 90)
 
 
 def reexec_with_reference_python():

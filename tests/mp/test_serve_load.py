@@ -12,7 +12,6 @@ SKIP (77), with the reason, when scripts/fetch-reference.sh cannot give the mode
 reference Python (run scripts/install-deps.sh once)."""
 import json
 import os
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -25,18 +24,8 @@ BENCH_TIMEOUT_S = 80
 
 
 def fetch(what):
-    try:
-        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch-reference.sh"), what],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
-    except subprocess.TimeoutExpired:
-        raise H.TestSkip("fetch-reference.sh %s did not finish in 60 s (not cached yet? run "
-                         "scripts/install-deps.sh once)" % what)
-    out = r.stdout.decode().strip().splitlines()
-    if r.returncode != 0 or not out:
-        err = r.stderr.decode(errors="replace").strip().splitlines()
-        raise H.TestSkip("fetch-reference.sh %s failed (%d): %s"
-                         % (what, r.returncode, err[-1] if err else "no reason"))
-    return out[-1]
+    """fetch-reference.sh WHAT, or SKIP (harness.fetch_reference)."""
+    return H.fetch_reference(what, 60)
 
 
 def scenario(h):

@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FETCH = os.path.join(ROOT, "scripts", "fetch-reference.sh")
 HF_GREEDY = os.path.join(ROOT, "tests", "reference", "hf-greedy.py")
 MAX_TOKENS = 24
 QUESTIONS = ["What is the capital of France?",
@@ -39,20 +38,8 @@ H.TEST_DEADLINE_S = 200
 
 
 def fetch(what):
-    """The path fetch-reference.sh prints for `what`; TestSkip with its reason if none."""
-    try:
-        r = subprocess.run(["bash", FETCH, what], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=FETCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise H.TestSkip("fetch-reference.sh %s did not finish in %d s (not cached yet? run "
-                         "scripts/install-deps.sh or scripts/fetch-reference.sh %s once)"
-                         % (what, FETCH_TIMEOUT_S, what))
-    err = r.stderr.decode(errors="replace").strip()
-    out = r.stdout.decode().strip().splitlines()
-    if r.returncode != 0 or not out:
-        raise H.TestSkip("fetch-reference.sh %s failed (%d): %s"
-                         % (what, r.returncode, err.splitlines()[-1] if err else "no reason"))
-    return out[-1]
+    """fetch-reference.sh WHAT, or SKIP (harness.fetch_reference)."""
+    return H.fetch_reference(what, FETCH_TIMEOUT_S)
 
 
 def hf_greedy(py, model, questions, *flags):
