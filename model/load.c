@@ -29,7 +29,8 @@ typedef struct loader {
     const gang_topology *t;
     char *err;
     size_t errlen;
-    size_t bytes; /* f32 bytes copied out so far */
+    size_t bytes;        /* f32 bytes copied out so far */
+    float *rope_factors; /* GGUF rope_freqs.weight, read and checked once, or NULL */
 } loader;
 
 /* The file a missing tensor is reported against: the single file or the index. */
@@ -139,29 +140,26 @@ static int ld_norm(loader *L, const gang_model *m, const char *name, uint64_t n,
 }
 
 /*
- * A GGUF file's rope_freqs.weight: each inverse frequency divided by its factor (llama.cpp
- * computes theta / factor), every factor finite and > 0.
+ * A GGUF file's rope_freqs.weight into L->rope_factors, once per load: head_dim / 2
+ * factors, each finite and > 0 (llama.cpp divides theta by them). Not counted as weights.
  */
-static int ld_rope_factors(loader *L, const gang_model *m, float *inv)
+static int ld_rope_factors(loader *L, const gang_model *m)
 {
     uint64_t half = m->cfg.head_dim / 2;
-    float *f = NULL;
-    int rc = ld_vector(L, "rope_freqs.weight", half, &f);
+    int rc = ld_vector(L, "rope_freqs.weight", half, &L->rope_factors);
 
-    for (uint64_t i = 0; rc == 0 && i < half; i++) {
-        if (!(f[i] > 0.0f) || !isfinite(f[i])) {
+    if (rc != 0)
+        return rc;
+    L->bytes -= half * sizeof(float); /* a table, not a weight this rank keeps */
+    for (uint64_t i = 0; i < half; i++) {
+        if (!(L->rope_factors[i] > 0.0f) || !isfinite(L->rope_factors[i])) {
             gang_set_err(L->err, L->errlen,
                          "%s: tensor rope_freqs.weight[%llu] = %g is not a positive factor",
-                         L->gg.path, (unsigned long long)i, (double)f[i]);
-            rc = GANG_EMODEL;
-            break;
+                         L->gg.path, (unsigned long long)i, (double)L->rope_factors[i]);
+            return GANG_EMODEL;
         }
-        inv[i] /= f[i];
     }
-    if (f != NULL)
-        L->bytes -= half * sizeof(float); /* a table, not a weight this rank keeps */
-    free(f);
-    return rc;
+    return 0;
 }
 
 /*
@@ -183,9 +181,11 @@ static int ld_rope(loader *L, const gang_model *m, gang_tp_layer *l)
         l->rope_theta = local.rope_theta;
         return gang_rope_inv_freq(&local, l->rope_freq, &l->rope_scale);
     }
-    if (m->cfg.rope_freq_factors && L->is_gguf) {
+    if (L->rope_factors != NULL) {
         rc = gang_rope_inv_freq(&m->cfg, l->rope_freq, &l->rope_scale);
-        return rc != 0 ? rc : ld_rope_factors(L, m, l->rope_freq);
+        for (uint32_t i = 0; rc == 0 && i < m->cfg.head_dim / 2; i++)
+            l->rope_freq[i] /= L->rope_factors[i];
+        return rc;
     }
     if (m->cfg.rope.type == GANG_ROPE_DYNAMIC) {
         l->rope_dyn_factor = m->cfg.rope.factor;
@@ -348,6 +348,11 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
         goto out_free;
+    if (L.is_gguf && m->cfg.rope_freq_factors && m->layer_count > 0) {
+        rc = ld_rope_factors(&L, m);
+        if (rc != 0)
+            goto out_close;
+    }
     for (i = 0; i < m->layer_count; i++) {
         rc = ld_layer(&L, m, m->layer_first + i, &m->layers[i]);
         if (rc != 0)
@@ -357,12 +362,14 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
     if (rc != 0)
         goto out_close;
     m->weight_bytes = L.bytes;
+    free(L.rope_factors);
     gang__st_set_close(&L.set);
     gang__gguf_close(&L.gg);
     *out = m;
     return 0;
 
 out_close:
+    free(L.rope_factors);
     gang__st_set_close(&L.set);
     gang__gguf_close(&L.gg);
 out_free:
