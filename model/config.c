@@ -676,7 +676,7 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
                      c->path);
         return GANG_EMODEL;
     }
-    cfg->qk_norm = cfg->arch == GANG_ARCH_QWEN3 || cfg->arch == GANG_ARCH_GEMMA3;
+    cfg->qk_norm = cfg->arch == GANG_ARCH_QWEN3; /* Gemma 3: cfg_gemma sets it */
     rc = cfg_head_dim(c, cfg);
     if (rc == 0)
         rc = cfg_rope_scaling(c, cfg);
