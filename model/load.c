@@ -313,6 +313,35 @@ static int ld_ends(loader *L, gang_model *m)
 int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang_model **out,
                     char *err, size_t errlen)
 {
+    return gang_model_load_ex(dir, t, rank, NULL, out, err, errlen);
+}
+
+/* The storage options this build honours: f32 only (auto is f32 storage). */
+static int ld_check_options(const gang_load_options *o, char *err, size_t errlen)
+{
+    const char *dt = o != NULL && o->dtype != NULL ? o->dtype : "auto";
+    const char *q = o != NULL && o->quantize != NULL ? o->quantize : "none";
+
+    if (strcmp(dt, "auto") != 0 && strcmp(dt, "f32") != 0 && strcmp(dt, "bf16") != 0 &&
+        strcmp(dt, "f16") != 0) {
+        gang_set_err(err, errlen, "--dtype %s: not one of auto, f32, bf16, f16", dt);
+        return GANG_EINVAL;
+    }
+    if (strcmp(q, "none") != 0 && strcmp(q, "int8") != 0) {
+        gang_set_err(err, errlen, "--quantize %s: not one of none, int8", q);
+        return GANG_EINVAL;
+    }
+    if (strcmp(dt, "bf16") == 0 || strcmp(dt, "f16") == 0 || strcmp(q, "int8") == 0) {
+        gang_set_err(err, errlen, "--dtype %s --quantize %s: only f32 weight storage is built", dt,
+                     q);
+        return GANG_ENOSYS;
+    }
+    return 0;
+}
+
+int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
+                       const gang_load_options *o, gang_model **out, char *err, size_t errlen)
+{
     gang_model *m;
     loader L;
     uint32_t i;
@@ -324,6 +353,9 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
         *out = NULL;
     if (dir == NULL || t == NULL || out == NULL || rank >= t->world_size)
         return GANG_EINVAL;
+    rc = ld_check_options(o, err, errlen);
+    if (rc != 0)
+        return rc;
     m = calloc(1, sizeof(*m));
     if (m == NULL)
         return GANG_ENOMEM;

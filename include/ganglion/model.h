@@ -224,6 +224,27 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
                     char *err, size_t errlen);
 
 /*
+ * How gang_model_load_ex stores the weights (`--dtype`, `--quantize`). A zeroed struct
+ * (or NULL) is gang_model_load's behaviour.
+ *   dtype:    NULL or "auto": the checkpoint's own precision; "f32", "bf16", "f16".
+ *   quantize: NULL or "none"; "int8": weight-only int8 with per-output-channel scales.
+ * After a load, m->weight_bytes is the bytes of weights this rank holds in the chosen
+ * storage (what a decode step streams), whatever the storage is.
+ */
+typedef struct gang_load_options {
+    const char *dtype;
+    const char *quantize;
+} gang_load_options;
+
+/*
+ * gang_model_load with options o (NULL: defaults). A dtype or quantize value outside the
+ * lists above is GANG_EINVAL with a message in err naming the flag and the value; a
+ * storage this build cannot compute with is GANG_ENOSYS with a message.
+ */
+int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
+                       const gang_load_options *o, gang_model **out, char *err, size_t errlen);
+
+/*
  * Fills the layout fields of m for global rank `rank` of t (topo, place, shard, layer
  * range) and allocates m->layers[layer_count] zeroed, for loaders and hand-built shards.
  * Returns 0, GANG_EINVAL (NULL, rank outside t) or GANG_ENOMEM.
