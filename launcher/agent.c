@@ -26,6 +26,7 @@
 
 #include "agent-gpu.h"
 #include "agent.h"
+#include "api-fwd.h"
 #include "api.h"
 #include "ganglion/gpu.h"
 #include "ganglion/model.h"
@@ -42,7 +43,11 @@ typedef struct agent {
     gang_coord *coord;
     gang_member *member;
     gang_sup *sup;
-    gang_api *api; /* coordinator only: the OpenAI-compatible API (api.h) */
+    gang_api *api;         /* the OpenAI-compatible API (api.h); a member forwards it */
+    gang_fwd_relay *relay; /* coordinator only: members' forwarded requests (api-fwd.h) */
+    uint8_t fwd_buf[GANG_API_FRAME_MAX];
+    gang_wctl fwd_pkt;     /* a member: the coordinator's last decoded API frame */
+    uint64_t fwd_rejected; /* a member: malformed API frames from the coordinator */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
     int linger_started;
@@ -106,6 +111,8 @@ static void agent_stop(agent *a, int exit_code)
     if (a->api)
         gang_api_close(a->api);
     a->api = NULL;
+    if (a->relay)
+        a->relay->coord = NULL; /* closed below: nothing more goes to members */
     if (a->sup)
         gang_sup_shutdown(a->sup, sup_done, a);
     gang_member_close(a->member);
@@ -161,6 +168,8 @@ static void m_on_start(void *ctx, uint64_t gen, uint32_t world, const uint8_t *b
     gang_info("agent: START generation %llu (world %u)", (unsigned long long)gen, world);
     agent_sweep_shm(a, gen);
     gang_sup_start_gen(a->sup, gen, world, blob, len);
+    if (a->relay)
+        gang_fwd_relay_set_gen(a->relay, gen);
     if (a->api)
         gang_api_on_start(a->api, gen);
 }
@@ -171,6 +180,8 @@ static void m_on_abort(void *ctx, uint64_t gen, int32_t rank, int32_t code, cons
     a->aborts_seen++;
     if (code != GANG_ECLOSED)
         record_failure(a, rank, code, reason);
+    if (a->relay)
+        gang_fwd_relay_set_gen(a->relay, 0);
     if (a->api)
         gang_api_on_abort(a->api, gen);
     gang_sup_abort(a->sup, gen);
@@ -259,6 +270,8 @@ static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, co
 static void s_on_token(void *ctx, const gang_wctl *tok)
 {
     agent *a = ctx;
+    if (a->relay && gang_fwd_relay_token(a->relay, tok))
+        return;
     if (a->api)
         gang_api_on_token(a->api, tok);
 }
@@ -267,8 +280,64 @@ static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32
                       const char *finish, const char *reason)
 {
     agent *a = ctx;
+    if (a->relay && gang_fwd_relay_done(a->relay, gen, id, code, cached, finish, reason))
+        return;
     if (a->api)
         gang_api_on_done(a->api, gen, id, code, cached, finish, reason);
+}
+
+/* --- forwarding (api-fwd.h) ------------------------------------------------------- */
+
+/* The coordinator's API hands its packets to rank 0 through the supervisor. */
+static int api_submit_local(void *ctx, gang_wctl *pkt)
+{
+    agent *a = ctx;
+    return gang_sup_submit(a->sup, pkt);
+}
+
+/* A member's API forwards its packets to the coordinator as API frames. */
+static int api_submit_forward(void *ctx, gang_wctl *pkt)
+{
+    agent *a = ctx;
+    size_t len = 0;
+    int rc = gang_fwd_encode(pkt, 0, a->fwd_buf, sizeof(a->fwd_buf), &len);
+    if (rc != 0)
+        return rc;
+    return gang_member_send_api(a->member, pkt->generation, a->fwd_buf, (uint32_t)len);
+}
+
+/* The coordinator: an API frame from a member's forwarded request. */
+static void c_on_api(void *ctx, uint32_t node, uint64_t gen, const uint8_t *data, uint32_t len)
+{
+    agent *a = ctx;
+    if (a->relay)
+        gang_fwd_relay_in(a->relay, node, gen, data, len);
+}
+
+/* A member: tokens, ends and refusals of its forwarded requests from the coordinator. */
+static void m_on_api(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len)
+{
+    agent *a = ctx;
+    gang_wctl *m = &a->fwd_pkt;
+    uint64_t stamp_us = 0;
+    if (a->api == NULL || a->relay != NULL)
+        return;
+    if (gang_fwd_decode(data, len, 1, m, &stamp_us) != 0) {
+        a->fwd_rejected++;
+        gang_warn("agent: refused a malformed API frame of %u bytes from the coordinator", len);
+        return;
+    }
+    m->generation = gen;
+    if (m->type == GANG_WCTL_TOKEN) {
+        gang_api_on_token(a->api, m);
+        uint64_t now = gang__fwd_wall_us();
+        if (stamp_us != 0)
+            gang_api_observe_relay(a->api, now >= stamp_us ? (double)(now - stamp_us) / 1e6 : 0);
+    } else if (m->type == GANG_WCTL_DONE) {
+        gang_api_on_done(a->api, gen, m->req_id, m->code, m->index, m->finish, m->reason);
+    } else {
+        gang_api_on_nack(a->api, gen, m->req_id, m->index);
+    }
 }
 
 /* A worker says a retry cannot help (bad model, impossible layout): stop with its code. */
@@ -557,6 +626,14 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
                       (uint32_t)a->cfg.layout.tc.nproc_per_node, &a->gpu);
     if (a->api)
         gang_api_metrics(a->api, b);
+    if (a->relay)
+        gang_fwd_relay_metrics(a->relay, b);
+    if (!a->cfg.id.is_coordinator) {
+        gang_metrics_family(b, "ganglion_forwarded_frames_rejected_total", GANG_METRIC_COUNTER,
+                            "Malformed API frames from the coordinator dropped");
+        gang_metrics_sample_u64(b, "ganglion_forwarded_frames_rejected_total", NULL, 0,
+                                a->fwd_rejected);
+    }
 }
 
 static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *req)
@@ -686,6 +763,8 @@ static int agent_start_coord(agent *a)
         .restart_backoff_ms = c->restart_backoff_ms,
         .restart_backoff_max_ms = c->restart_backoff_max_ms,
         .max_connections = c->max_connections,
+        .on_api = c_on_api,
+        .api_ctx = a,
     };
     memcpy(cc.model_digest, c->digest, GANG_DIGEST_SIZE);
     int rc = gang_coord_start(&a->loop, &cc, &a->coord);
@@ -711,9 +790,18 @@ static int agent_start_workers(agent *a)
         gang_error("agent: cannot start workers: %s", gang_strerror(rc));
         return rc;
     }
-    if (!a->cfg.id.is_coordinator)
-        return 0;
-    rc = gang_api_init(&a->loop, &a->cfg.api, a->sup, &a->api);
+    /* Every agent serves the API; a member forwards its requests to the coordinator. */
+    int coordinator = a->cfg.id.is_coordinator;
+    a->cfg.api.forward_node = coordinator ? 0 : (uint32_t)a->cfg.id.node_index;
+    if (coordinator) {
+        a->relay = calloc(1, sizeof(*a->relay));
+        if (a->relay == NULL)
+            return GANG_ENOMEM;
+        a->relay->sup = a->sup;
+        a->relay->coord = a->coord;
+    }
+    rc = gang_api_init(&a->loop, &a->cfg.api, coordinator ? api_submit_local : api_submit_forward,
+                       a, &a->api);
     if (rc != 0)
         gang_error("agent: API: %s", gang_strerror(rc));
     return rc;
@@ -747,7 +835,8 @@ static int agent_start_member(agent *a)
                                  .on_abort = m_on_abort,
                                  .on_give_up = m_on_give_up,
                                  .on_rejected = m_on_rejected,
-                                 .fill_heartbeat = m_fill_heartbeat};
+                                 .fill_heartbeat = m_fill_heartbeat,
+                                 .on_api = m_on_api};
     int rc = gang_member_start(&a->loop, &mc, &mcb, &a->member);
     if (rc != 0)
         gang_error("agent: member: %s", gang_strerror(rc));
@@ -848,6 +937,7 @@ int gang_agent_main(const gang_params *params, char *const *envp)
     agent_sweep_shm(a, UINT64_MAX);
 out_free:
     gang_agent_config_free(&a->cfg);
+    free(a->relay);
     free(a);
     return exit_code;
 }

@@ -110,7 +110,8 @@ struct api_call {
 struct gang_api {
     void *loop; /* uv_loop_t */
     gang_api_config cfg;
-    gang_sup *sup;
+    gang_api_submit_fn submit; /* to rank 0: supervisor, or forwarded (api.h) */
+    void *submit_ctx;
     gang_tokenizer *tok;     /* DIR/tokenizer.json, or NULL */
     char tok_why[256];       /* why tok is NULL */
     gang_chat_template *tpl; /* DIR/tokenizer_config.json's chat_template, or NULL */
@@ -128,6 +129,8 @@ struct gang_api {
     uint64_t resubmits, cancels, mismatches, stop_strings, client_gone;
     uint64_t prompt_tokens, prefix_hit_tokens; /* of the sequences the gang completed */
     gang_histogram h_queue, h_prefill, h_tps, h_total, h_ttft, h_itl;
+    uint64_t forwarded, lost, nacks; /* a member's forwarded calls, those lost (503/504) */
+    gang_histogram h_relay;          /* a member: rank 0's token report -> this client */
 };
 
 /* ---- api.c ---- */

@@ -131,7 +131,7 @@ void gang__api_cancel_in_gang(gang_api *api, api_seq *s)
     m->type = GANG_WCTL_CANCEL;
     m->generation = api->gen;
     m->req_id = s->id;
-    (void)gang_sup_submit(api->sup, m); /* lost only with rank 0's channel */
+    (void)api->submit(api->submit_ctx, m); /* lost only with rank 0's channel */
     api->cancels++;
 }
 
@@ -142,6 +142,8 @@ static void call_fail_free(gang_api *api, api_call *c, int status, const char *t
     for (uint32_t i = 0; i < c->n_seqs; i++)
         gang__api_cancel_in_gang(api, c->seqs[i]);
     count_status(api, status);
+    if (api->cfg.forward_node != 0 && status >= 500)
+        api->lost++;
     gang__api_call_fail(api, c, status, type, msg);
     call_free(api, c);
 }
@@ -244,7 +246,7 @@ static void seq_submit(gang_api *api, api_seq *s)
         memcpy(m->blob, s->prompt + s->parts, m->blob_len);
         if (s->parts == 0)
             pkt_request_fields(m, s);
-        if (gang_sup_submit(api->sup, m) != 0)
+        if (api->submit(api->submit_ctx, m) != 0)
             return; /* channel full or rank 0 down: the sweep goes on */
         s->parts += n;
     }
@@ -264,12 +266,16 @@ static void on_sweep(uv_timer_t *t)
                 want += c->seqs[i]->max_tokens;
                 subs = c->seqs[i]->submissions > subs ? c->seqs[i]->submissions : subs;
             }
-            char msg[256];
-            snprintf(msg, sizeof(msg),
-                     "request %llu: deadline of %llu ms passed with %u of %u tokens "
-                     "(submitted to %u generation(s) of the gang)",
-                     (unsigned long long)c->id, (unsigned long long)api->cfg.request_timeout_ms,
-                     got, want, subs);
+            char msg[384];
+            int n = snprintf(msg, sizeof(msg),
+                             "request %llu: deadline of %llu ms passed with %u of %u tokens "
+                             "(submitted to %u generation(s) of the gang)",
+                             (unsigned long long)c->id,
+                             (unsigned long long)api->cfg.request_timeout_ms, got, want, subs);
+            if (api->cfg.forward_node != 0 && api->gen == 0 && n > 0 && (size_t)n < sizeof(msg))
+                snprintf(msg + n, sizeof(msg) - (size_t)n,
+                         "; node %u forwards to the coordinator (node 0), which is not serving",
+                         api->cfg.forward_node);
             call_fail_free(api, c, 504, "timeout", msg);
         } else {
             for (uint32_t i = 0; i < c->n_seqs; i++)
@@ -307,8 +313,11 @@ static void load_text(gang_api *api)
     }
 }
 
-int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang_api **out)
+int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_api_submit_fn submit,
+                  void *submit_ctx, gang_api **out)
 {
+    static const double relay[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+                                   0.0025,  0.005,  0.01,    0.025,  0.1};
     static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                   0.5,   1,      2.5,   5,    10,    30,   60,  120};
     static const double tps[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000};
@@ -323,7 +332,8 @@ int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang
     }
     api->loop = uv_loop;
     api->cfg = *cfg;
-    api->sup = sup;
+    api->submit = submit;
+    api->submit_ctx = submit_ctx;
     api->created_s = (int64_t)time(NULL);
     api->next_id = 1;
     gang_histogram_init(&api->h_queue, secs, ns);
@@ -332,6 +342,7 @@ int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang
     gang_histogram_init(&api->h_ttft, secs, ns);
     gang_histogram_init(&api->h_itl, secs, ns);
     gang_histogram_init(&api->h_tps, tps, sizeof(tps) / sizeof(tps[0]));
+    gang_histogram_init(&api->h_relay, relay, sizeof(relay) / sizeof(relay[0]));
     load_text(api);
     api->sweep = sweep;
     uv_timer_init(api->loop, sweep);
@@ -379,6 +390,8 @@ static void call_accept(gang_api *api, api_call *c)
             gang_tok_decoder_init(&s->dec, api->tok, c->p.skip_special != 0);
     }
     c->id = c->seqs[0]->id;
+    if (api->cfg.forward_node != 0)
+        api->forwarded++;
     for (uint32_t i = 0; i < c->n_seqs; i++)
         seq_submit(api, c->seqs[i]);
 }
@@ -512,8 +525,7 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
         return 1;
     }
     if (api == NULL) {
-        gang__api_error(NULL, x, 404, "not_found",
-                        "the API is served by the coordinator (node 0), not by this node");
+        gang__api_error(NULL, x, 404, "not_found", "this node's API did not start");
         return 1;
     }
     if (!authorized(api, req)) {
@@ -638,7 +650,52 @@ void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, ui
         seq_done(api, s);
 }
 
+void gang_api_on_nack(gang_api *api, uint64_t gen, uint64_t id, uint32_t index)
+{
+    api_seq *s = seq_find(api, id);
+    if (s == NULL || s->done || s->sent_gen != gen || gen != api->gen || s->n_gen > 0)
+        return;
+    api->nacks++;
+    /* The coordinator kept the pieces before index and refuses every later piece of this
+     * request until the one at index comes again (agent.c), so rank 0 sees them in order:
+     * the sweep sends from index on. */
+    if (index < s->parts)
+        s->parts = index;
+}
+
+void gang_api_observe_relay(gang_api *api, double seconds)
+{
+    gang_histogram_observe(&api->h_relay, seconds < 0 ? 0 : seconds);
+}
+
 /* ------------------------------------------------------------------ metrics */
+
+/* A member's forwarding: calls forwarded, resubmitted, lost, and the relay's latency. */
+static void forward_metrics(gang_api *api, gang_metrics_buf *b)
+{
+    struct {
+        const char *name, *help;
+        uint64_t v;
+    } cs[] = {
+        {"ganglion_forwarded_requests_total",
+         "Calls this member accepted and forwarded to the coordinator", api->forwarded},
+        {"ganglion_forwarded_resubmits_total",
+         "Forwarded prompts submitted again after a gang restart or a new coordinator",
+         api->resubmits},
+        {"ganglion_forwarded_refused_total",
+         "Forwarded packets the coordinator did not take at once (sent again)", api->nacks},
+        {"ganglion_forwarded_requests_lost_total",
+         "Forwarded calls answered 503 or 504 (deadline passed, gang gave up)", api->lost},
+    };
+    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+        gang_metrics_family(b, cs[i].name, GANG_METRIC_COUNTER, cs[i].help);
+        gang_metrics_sample_u64(b, cs[i].name, NULL, 0, cs[i].v);
+    }
+    gang_metrics_family(b, "ganglion_forward_relay_seconds", GANG_METRIC_HISTOGRAM,
+                        "A forwarded token from rank 0's report on the coordinator to this "
+                        "member's client (wall clocks of both nodes)");
+    gang_histogram_render(b, "ganglion_forward_relay_seconds", NULL, 0, &api->h_relay);
+}
 
 void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
 {
@@ -699,4 +756,6 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
         gang_metrics_family(b, hs[i].name, GANG_METRIC_HISTOGRAM, hs[i].help);
         gang_histogram_render(b, hs[i].name, NULL, 0, hs[i].h);
     }
+    if (api->cfg.forward_node != 0)
+        forward_metrics(api, b);
 }

@@ -43,17 +43,31 @@ typedef struct gang_api_config {
     uint64_t request_timeout_ms;        /* deadline of one request, across restarts */
     char model_dir[GANG_PARAM_STR_MAX]; /* tokenizer.json, tokenizer_config.json ("" = none) */
     char api_key[GANG_API_KEY_MAX + 1]; /* Bearer token the API requires ("" = open) */
+    uint32_t forward_node; /* 0: the coordinator's API; else this member's node index: its
+                              requests are forwarded to the coordinator (api-fwd.h) */
 } gang_api_config;
 
-/* Creates the API on uv_loop (cfg is copied). Returns 0 and *out, or GANG_ENOMEM. */
-int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_sup *sup, gang_api **out);
+/*
+ * Hands an engine packet (SUBMIT, PROMPT or CANCEL; the API reuses *pkt afterwards) on
+ * its way to global rank 0: the supervisor's channel on the coordinator, an API frame to
+ * the coordinator on a member. 0, or an error when it was not taken (the API's sweep
+ * sends what is owed again).
+ */
+typedef int (*gang_api_submit_fn)(void *ctx, gang_wctl *pkt);
+
+/*
+ * Creates the API on uv_loop (cfg is copied); submit(submit_ctx, pkt) carries its packets.
+ * Returns 0 and *out, or GANG_ENOMEM.
+ */
+int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_api_submit_fn submit,
+                  void *submit_ctx, gang_api **out);
 /* Answers every request still owed with 503 and releases the API (on the loop thread). */
 void gang_api_close(gang_api *api);
 
 /*
  * Serves the request if its path belongs to the API (/v1/..., /tokenize, /detokenize) and
- * returns 1; returns 0 for any other path. api NULL (an agent that is not the
- * coordinator) answers 404 naming node 0. A wrong method gets 405, a missing or wrong
+ * returns 1; returns 0 for any other path. api NULL (an agent without an API: it failed to
+ * start) answers 404. A wrong method gets 405, a missing or wrong
  * API key 401 (when one is configured), every error in OpenAI's shape
  * {"error":{"message","type","code"}}.
  */
@@ -72,6 +86,13 @@ void gang_api_on_give_up(gang_api *api, const char *reason);
 void gang_api_on_token(gang_api *api, const gang_wctl *tok);
 void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
                       const char *finish, const char *reason);
+/*
+ * A member's forwarded packet for request id was not taken by the coordinator (NACK, the
+ * piece at prompt offset index): it and what follows are sent again by the next sweep.
+ */
+void gang_api_on_nack(gang_api *api, uint64_t gen, uint64_t id, uint32_t index);
+/* A member: one forwarded token took this long from rank 0's report to this client. */
+void gang_api_observe_relay(gang_api *api, double seconds);
 
 /* Appends the API's metrics (requests, timings histograms, in flight, resubmissions). */
 void gang_api_metrics(gang_api *api, gang_metrics_buf *b);

@@ -185,6 +185,13 @@ int gang__conn_send(gang__conn *c, const gang_msg *m)
     return conn_send(c, m, 0);
 }
 
+int gang__conn_send_api(gang__conn *c, const gang_msg *m)
+{
+    if (!c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > GANG_API_QUEUE_MAX)
+        return GANG_EAGAIN;
+    return conn_send(c, m, 0);
+}
+
 void gang__conn_reject(gang__conn *c, int32_t code, const char *reason)
 {
     gang_msg *m = calloc(1, sizeof(*m));

@@ -49,6 +49,12 @@ int gang__conn_send(gang__conn *c, const gang_msg *m);
 void gang__conn_start_session(gang__conn *c, const gang_token *t,
                               const uint8_t server_nonce[GANG_NONCE_SIZE],
                               const uint8_t client_nonce[GANG_NONCE_SIZE], int coordinator_side);
+/*
+ * Encodes and queues an API frame unless the connection already has GANG_API_QUEUE_MAX
+ * bytes waiting to be written (GANG_EAGAIN): a peer that stops reading cannot make the
+ * sender buffer without bound. Otherwise as gang__conn_send.
+ */
+int gang__conn_send_api(gang__conn *c, const gang_msg *m);
 /* Closes once (idempotent); on_close(c, err) follows from the loop. */
 void gang__conn_close(gang__conn *c, int err);
 /* Sends REJECT(code, reason) and closes after it has been written. */

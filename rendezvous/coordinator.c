@@ -403,6 +403,13 @@ static void on_member_msg(gang_coord *c, coord_peer *p, const gang_msg *m)
             return;
         coord_fail(c, m->u.abort.rank, m->u.abort.code, m->u.abort.reason);
         return;
+    case GANG_MSG_API:
+        /* A forwarded request's traffic: the agent checks its generation and bytes. */
+        if (c->cfg.on_api)
+            c->cfg.on_api(c->cfg.api_ctx, p->node, m->generation, m->u.api.data, m->u.api.len);
+        else
+            gang_warn("coordinator: API frame from node %u dropped (no API here)", p->node);
+        return;
     default:
         gang_warn("coordinator: unexpected message type %u from node %u: closing", m->type,
                   p->node);
@@ -630,6 +637,20 @@ out_free:
     free(c->scratch);
     free(c);
     return rc;
+}
+
+int gang_coord_send_api(gang_coord *c, uint32_t node, uint64_t gen, const uint8_t *data,
+                        uint32_t len)
+{
+    if (node >= c->cfg.nnodes || len > GANG_API_FRAME_MAX)
+        return GANG_EINVAL;
+    if (c->closing || c->slots[node].peer == NULL)
+        return GANG_ECLOSED;
+    gang_msg *m = scratch_msg(c, GANG_MSG_API);
+    m->generation = gen;
+    m->u.api.len = len;
+    memcpy(m->u.api.data, data, len);
+    return gang__conn_send_api(&c->slots[node].peer->conn, m);
 }
 
 int gang_coord_port(const gang_coord *c)

@@ -275,6 +275,10 @@ static void mc_on_msg(gang__conn *conn, const gang_msg *msg)
         on_reject(m, msg);
         gang__conn_close(conn, msg->u.reject.code);
         return;
+    case GANG_MSG_API:
+        if (m->cb.on_api)
+            m->cb.on_api(m->cb.ctx, msg->generation, msg->u.api.data, msg->u.api.len);
+        return;
     default:
         gang_warn("member: unexpected message type %u from the coordinator", msg->type);
         return;
@@ -478,6 +482,19 @@ int gang_member_report_failure(gang_member *m, uint64_t gen, int32_t rank, int32
     msg->u.abort.code = code;
     gang_strlcpy(msg->u.abort.reason, reason, sizeof(msg->u.abort.reason));
     return send_msg(m, msg);
+}
+
+int gang_member_send_api(gang_member *m, uint64_t gen, const uint8_t *data, uint32_t len)
+{
+    if (len > GANG_API_FRAME_MAX)
+        return GANG_EINVAL;
+    if (m->mc == NULL || !m->welcomed)
+        return GANG_ECLOSED;
+    gang_msg *msg = scratch_msg(m, GANG_MSG_API);
+    msg->generation = gen;
+    msg->u.api.len = len;
+    memcpy(msg->u.api.data, data, len);
+    return gang__conn_send_api(&m->mc->conn, msg);
 }
 
 void gang_member_get_status(const gang_member *m, gang_member_status *st)

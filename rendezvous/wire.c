@@ -252,6 +252,19 @@ static void codec_heartbeat(wire_codec *c, gang_msg_heartbeat *x)
         codec_u32(c, &x->rank_age_ms[i]);
 }
 
+/* API: u32 length + opaque bytes, at most GANG_API_FRAME_MAX. */
+static void codec_api(wire_codec *c, gang_msg_api *x)
+{
+    codec_u32(c, &x->len);
+    if (c->invalid)
+        return;
+    if (x->len > GANG_API_FRAME_MAX) {
+        c->invalid = 1;
+        return;
+    }
+    codec_bytes(c, x->data, x->len);
+}
+
 static void codec_abort(wire_codec *c, gang_msg_abort *x)
 {
     codec_i32(c, &x->rank);
@@ -297,6 +310,9 @@ static int codec_payload(wire_codec *c, gang_msg *m)
         return 0;
     case GANG_MSG_GIVE_UP:
         codec_str(c, m->u.give_up.reason, sizeof m->u.give_up.reason);
+        return 0;
+    case GANG_MSG_API:
+        codec_api(c, &m->u.api);
         return 0;
     default:
         return GANG_EINVAL;

@@ -50,6 +50,13 @@
 #define GANG_REASON_MAX 256 /* capacity including NUL */
 #define GANG_BLOB_MAX 8192  /* bootstrap blob bytes */
 #define GANG_MAX_LOCAL_RANKS 64
+/* Bytes of one API frame's opaque payload: a prompt piece (GANG_BLOB_MAX) plus fields. */
+#define GANG_API_FRAME_MAX 9216
+/*
+ * Bytes of API frames a connection may have queued for writing; gang_coord_send_api and
+ * gang_member_send_api answer GANG_EAGAIN above it (the heartbeats always go).
+ */
+#define GANG_API_QUEUE_MAX (16u << 20)
 
 typedef enum gang_msg_type {
     GANG_MSG_CHALLENGE = 1,    /* coord -> member, first frame on a connection */
@@ -64,7 +71,8 @@ typedef enum gang_msg_type {
     GANG_MSG_ABORT = 10,       /* member -> coord: a local failure; coord -> all: abort G */
     GANG_MSG_REJOIN = 11,      /* member -> coord: aborted in place, ready for a new G */
     GANG_MSG_GIVE_UP = 12,     /* coord -> all: the restart budget is spent */
-    GANG_MSG_TYPE_MAX_ = 12
+    GANG_MSG_API = 13,         /* both ways: a forwarded API request's traffic (opaque) */
+    GANG_MSG_TYPE_MAX_ = 13
 } gang_msg_type;
 
 /* State of one rank as members report it in heartbeats. */
@@ -153,6 +161,16 @@ typedef struct gang_msg_give_up {
     char reason[GANG_REASON_MAX];
 } gang_msg_give_up;
 
+/*
+ * API: the traffic of an inference request a member's agent accepted and forwards to the
+ * coordinator's (submit, prompt pieces, cancel one way; tokens, ends, refusals the other).
+ * The rendezvous only carries and bounds it: the launcher encodes and validates the bytes.
+ */
+typedef struct gang_msg_api {
+    uint32_t len;
+    uint8_t data[GANG_API_FRAME_MAX];
+} gang_msg_api;
+
 /* One decoded message: the header fields plus the payload of its type. */
 typedef struct gang_msg {
     uint16_t type; /* gang_msg_type */
@@ -168,6 +186,7 @@ typedef struct gang_msg {
         gang_msg_abort abort;
         gang_msg_rejoin rejoin;
         gang_msg_give_up give_up;
+        gang_msg_api api;
     } u;
 } gang_msg;
 
@@ -383,6 +402,12 @@ typedef struct gang_coord_config {
     uint32_t max_restarts; /* within restart_window_ms */
     uint64_t restart_window_ms, restart_backoff_ms, restart_backoff_max_ms;
     uint32_t max_connections;
+    /*
+     * API frames from node `node` (a member's forwarded requests), generation gen as the
+     * member sent it; NULL: they are logged and dropped. api_ctx is handed back.
+     */
+    void (*on_api)(void *api_ctx, uint32_t node, uint64_t gen, const uint8_t *data, uint32_t len);
+    void *api_ctx;
 } gang_coord_config;
 
 /*
@@ -424,6 +449,15 @@ typedef struct gang_coord_status {
 
 void gang_coord_get_status(gang_coord *c, gang_coord_status *st);
 
+/*
+ * Sends an API frame (len <= GANG_API_FRAME_MAX bytes) for generation gen to the member
+ * of node `node`. 0; GANG_ECLOSED when that node has no joined connection; GANG_EAGAIN
+ * when its connection already has GANG_API_QUEUE_MAX bytes waiting to be written;
+ * GANG_EINVAL for a bad node or length.
+ */
+int gang_coord_send_api(gang_coord *c, uint32_t node, uint64_t gen, const uint8_t *data,
+                        uint32_t len);
+
 typedef struct gang_member gang_member;
 
 /* Callbacks from the member to its agent; all run on the loop thread. */
@@ -446,6 +480,8 @@ typedef struct gang_member_callbacks {
     void (*on_rejected)(void *ctx, int32_t code, const char *reason);
     /* Fill node_index, nranks and the per-rank state/age of the next heartbeat. */
     void (*fill_heartbeat)(void *ctx, gang_msg_heartbeat *hb);
+    /* An API frame from the coordinator (tokens of forwarded requests); may be NULL. */
+    void (*on_api)(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len);
 } gang_member_callbacks;
 
 typedef struct gang_member_config {
@@ -467,6 +503,12 @@ int gang_member_send_ready(gang_member *m, uint64_t gen);
 /* Reports a local failure (worker died, hung, data-plane error) to the coordinator. */
 int gang_member_report_failure(gang_member *m, uint64_t gen, int32_t rank, int32_t code,
                                const char *reason);
+/*
+ * Sends an API frame (a forwarded request's traffic, len <= GANG_API_FRAME_MAX) for
+ * generation gen. 0; GANG_ECLOSED while not joined; GANG_EAGAIN when the connection
+ * already has GANG_API_QUEUE_MAX bytes waiting; GANG_EINVAL for a bad length.
+ */
+int gang_member_send_api(gang_member *m, uint64_t gen, const uint8_t *data, uint32_t len);
 
 typedef struct gang_member_status {
     int connected;         /* welcomed by the coordinator */

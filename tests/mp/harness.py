@@ -554,10 +554,11 @@ NONCE = MAC = DIGEST = 32
 JOB_MAX, HOST_MAX, REASON_MAX = 64, 256, 256
 
 CHALLENGE, JOIN, WELCOME, REJECT, BLOB_REQUEST, BLOB, START, READY, HEARTBEAT, ABORT, \
-    REJOIN, GIVE_UP = range(1, 13)
+    REJOIN, GIVE_UP, API = range(1, 14)
 MSG_NAMES = {v: k for k, v in dict(
     CHALLENGE=1, JOIN=2, WELCOME=3, REJECT=4, BLOB_REQUEST=5, BLOB=6, START=7, READY=8,
-    HEARTBEAT=9, ABORT=10, REJOIN=11, GIVE_UP=12).items()}
+    HEARTBEAT=9, ABORT=10, REJOIN=11, GIVE_UP=12, API=13).items()}
+API_FRAME_MAX = 9216  # GANG_API_FRAME_MAX: bytes of a forwarded request's frame
 
 RANK_DOWN, RANK_IDLE, RANK_STARTING, RANK_READY, RANK_ABORTING, RANK_FAILED = range(6)
 
@@ -646,6 +647,8 @@ def decode_payload(msg_type, payload):
         d = {"node_index": r.u("I")}
     elif msg_type == GIVE_UP:
         d = {"reason": r.s()}
+    elif msg_type == API:
+        d = {"data": r.take(r.u("I"))}
     else:
         raise ValueError("unknown message type %d" % msg_type)
     if r.off != len(payload):

@@ -6,4 +6,5 @@ int gang_test_metrics(void);
 int gang_test_worker(void);
 int gang_test_config(void);
 int gang_test_gpu(void);
+int gang_test_fwd(void);
 #endif

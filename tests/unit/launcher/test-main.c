@@ -11,5 +11,6 @@ int main(void)
     failed += gang_test_worker();
     failed += gang_test_config();
     failed += gang_test_gpu();
+    failed += gang_test_fwd();
     return failed ? 1 : 0;
 }

@@ -124,6 +124,12 @@ static void fill_msg(uint64_t *s, uint16_t t, int mode, gang_msg *m)
     case GANG_MSG_GIVE_UP:
         rng_str(s, m->u.give_up.reason, sizeof m->u.give_up.reason, mode);
         break;
+    case GANG_MSG_API:
+        m->u.api.len = mode == 1   ? GANG_API_FRAME_MAX
+                       : mode == 2 ? 1
+                                   : 1 + rng_below(s, GANG_API_FRAME_MAX);
+        rng_bytes(s, m->u.api.data, m->u.api.len);
+        break;
     default:
         fail_msg("fill_msg: unknown type %u", t);
     }
@@ -507,6 +513,42 @@ static void test_nul_in_string(void **state)
     frame[GANG_WIRE_HEADER_SIZE + 2 + 2] = 'b';
     frame[GANG_WIRE_HEADER_SIZE + 2 + 3 + 20 + 32 + 8 + 2 + 3] = '\0'; /* "nod\0-1" */
     assert_int_equal(gang_wire_decode(frame, len, &msg_b, &used), GANG_EPROTO);
+}
+
+/* API frames: an opaque payload of at most GANG_API_FRAME_MAX bytes, length exact. */
+static void test_api_len_bounds(void **state)
+{
+    frame_builder *f = malloc(sizeof *f);
+    (void)state;
+
+    assert_non_null(f);
+    fb_begin(f, GANG_MSG_API);
+    fb_int(f, GANG_API_FRAME_MAX, 4);
+    fb_fill(f, 0xA9, GANG_API_FRAME_MAX);
+    fb_end(f);
+    size_t used = 0;
+    assert_int_equal(gang_wire_decode(f->buf, f->len, &msg_b, &used), 0);
+    assert_int_equal(used, f->len);
+    assert_int_equal(msg_b.u.api.len, GANG_API_FRAME_MAX);
+    assert_int_equal(msg_b.u.api.data[GANG_API_FRAME_MAX - 1], 0xA9);
+
+    fb_begin(f, GANG_MSG_API);
+    fb_int(f, GANG_API_FRAME_MAX + 1, 4);
+    fb_fill(f, 0xA9, GANG_API_FRAME_MAX + 1);
+    fb_end(f);
+    assert_int_equal(decode_fb(f), GANG_EPROTO);
+
+    fb_begin(f, GANG_MSG_API);
+    fb_int(f, 100, 4);
+    fb_fill(f, 0xA9, 99);
+    fb_end(f);
+    assert_int_equal(decode_fb(f), GANG_EPROTO);
+
+    msg_a.type = GANG_MSG_API;
+    msg_a.u.api.len = GANG_API_FRAME_MAX + 1;
+    size_t len = 0;
+    assert_int_equal(gang_wire_encode(&msg_a, frame, sizeof frame, &len), GANG_EINVAL);
+    free(f);
 }
 
 static void test_blob_len_bounds(void **state)
@@ -905,6 +947,7 @@ int gang_test_wire(void)
         cmocka_unit_test(test_string_too_long),
         cmocka_unit_test(test_nul_in_string),
         cmocka_unit_test(test_blob_len_bounds),
+        cmocka_unit_test(test_api_len_bounds),
         cmocka_unit_test(test_nranks_bounds),
         cmocka_unit_test(test_encode_invalid_fields),
         cmocka_unit_test(test_encode_cap_too_small),
