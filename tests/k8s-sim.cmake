@@ -7,7 +7,8 @@
 # share one subnet and bridge (RUN_SERIAL; runs from other build trees wait on a lock),
 # and each fails itself after 120 s, well inside the TIMEOUT below.
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
-set(K8S_SIM_SCENARIOS start-order kill-worker recreate-pod freeze-agent partition update)
+set(K8S_SIM_SCENARIOS start-order kill-worker recreate-pod freeze-agent partition update
+    kill-coordinator)
 foreach(sc ${K8S_SIM_SCENARIOS})
   add_test(NAME k8s-sim-${sc}
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/k8s-sim/k8s_sim.py

@@ -82,6 +82,7 @@ class Sim:
         self.pods = {}             # ordinal -> Pod (the current one)
         self.old_pods = []         # deleted Pods, for their logs
         self.template_extra = []   # arguments the Pod template adds (scenario 6 changes it)
+        self.max_ctx = 64          # --max-ctx (scenario 7 streams longer answers)
         self.results = []
 
     # -- the Pod template -----------------------------------------------------------------
@@ -99,7 +100,8 @@ class Sim:
                 "--token-file", self.token_path, "--api-key-file", self.api_key_path,
                 "--termination-log", pod.termination_log]
         if not self.no_model:
-            argv += ["--model", self.model_dir, "--kv-cache-mb", "16", "--max-ctx", "64"]
+            argv += ["--model", self.model_dir, "--kv-cache-mb", "16", "--max-ctx",
+                     str(self.max_ctx)]
         if os.environ.get("GANG_SIM_NODE_INDEX_FLAG") == "1":
             # Development aid only: identity from --node-index instead of the host name.
             argv += ["--node-index", str(pod.ordinal)]
@@ -563,6 +565,111 @@ def sc_update(sim):
     sim.record("update-all-at-once", t0, tm)
 
 
+def stream_tokens(ip, body, key, out, timeout=COMPLETION_TIMEOUT_S * 2):
+    """POSTs body as a streamed completion to ip and appends each event's token ids to
+    out["tokens"] as they arrive; out["done"] is set at [DONE], out["error"] on an error
+    event or a failure. Runs in a thread."""
+    import http.client
+    try:
+        conn = http.client.HTTPConnection(ip, 8000, timeout=timeout)
+        conn.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+                     headers={"Content-Type": "application/json",
+                              "Authorization": "Bearer " + key})
+        r = conn.getresponse()
+        if r.status != 200:
+            out["error"] = "HTTP %d: %r" % (r.status, r.read()[:300])
+            return
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line[6:] == "[DONE]":
+                out["done"] = True
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                out["error"] = ev["error"]
+                continue
+            for ch in ev.get("choices", []):
+                out["tokens"].extend(ch.get("tokens") or [])
+        conn.close()
+    except Exception as e:  # noqa: BLE001 (reported by the scenario)
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+
+
+def sc_kill_coordinator(sim):
+    """(7) A front door on every Pod (issue #14): 16 streamed requests run through Pods
+    1..n (the client Service selects every Pod) when Pod 0, the coordinator, dies with its
+    workers (SIGKILL of the container, as on a node failure) and is recreated with a new
+    IP. The members keep their clients' requests and resubmit them to the re-formed gang:
+    every stream completes, without an error, with exactly the healthy gang's tokens."""
+    n_req, max_tokens = 16, 400
+    sim.max_ctx = 512
+    gen0, _ = sim.bring_up()
+    bodies = [{"prompt": [1 + i, 2 + (i * 7) % 200, 3 + (i * 13) % 200], "max_tokens": max_tokens,
+               "ignore_eos": True} for i in range(n_req)]
+    want = []
+    for b in bodies:  # the healthy gang's answers, through the coordinator
+        code, text = http_request(sim.coordinator().ip, "/v1/completions", COMPLETION_TIMEOUT_S,
+                                  method="POST", body=json.dumps(b),
+                                  headers={"Authorization": "Bearer " + sim.api_key})
+        check(code == 200, "healthy completion answered %s: %s" % (code, text[:300]))
+        want.append(find_token_ids(json.loads(text), max_tokens))
+    members = [sim.pods[i] for i in range(1, NNODES)]
+    outs = [{"tokens": [], "done": False, "error": None} for _ in range(n_req)]
+    threads = [threading.Thread(target=stream_tokens, daemon=True,
+                                args=(members[i % len(members)].ip, bodies[i], sim.api_key,
+                                      outs[i])) for i in range(n_req)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + COMPLETION_TIMEOUT_S
+    while not all(len(o["tokens"]) >= 2 or o["error"] for o in outs):
+        check(time.monotonic() < deadline, "the streams through Pods 1..%d did not start: %r"
+              % (NNODES - 1, [(len(o["tokens"]), o["error"]) for o in outs]))
+        time.sleep(0.002)
+    old = sim.pods[0]
+    t0 = time.monotonic()
+    rc = old.delete(grace_s=0)
+    at_kill = [len(o["tokens"]) for o in outs]
+    sim.old_pods.append(old)
+    log("SIGKILL of %s (agent and workers, exit %s) with the streams at %r of %d tokens"
+        % (old.name, rc, at_kill, max_tokens))
+    running = sum(1 for n in at_kill if n < max_tokens)
+    check(running >= n_req // 2, "only %d of %d streams were still running when Pod 0 died: "
+          "the scenario did not test what it should" % (running, n_req))
+    pod = sim.new_pod(0, dns_after=0.5)
+    pod.start()
+    gen, tm = sim.wait_gang(gen0, t0, "Pod 0 killed and recreated")
+    for t in threads:
+        t.join(max(0.1, deadline + 60 - time.monotonic()))
+    t_done = time.monotonic() - t0
+    for i, o in enumerate(outs):
+        check(o["error"] is None and o["done"], "stream %d (through %s) ended with %r after %d "
+              "tokens" % (i, members[i % len(members)].name, o["error"], len(o["tokens"])))
+        check(o["tokens"] == want[i], "stream %d (through %s) is not the healthy gang's answer: "
+              "%d tokens, first difference at %s" % (
+                  i, members[i % len(members)].name, len(o["tokens"]),
+                  next((k for k, (a, b) in enumerate(zip(o["tokens"], want[i])) if a != b),
+                       min(len(o["tokens"]), len(want[i])))))
+    res = {}
+    for m in members:
+        code, text = http_request(m.ip, "/metrics", 2.0)
+        for ln in text.splitlines() if code == 200 else []:
+            if ln.startswith(("ganglion_forwarded_requests_total ",
+                              "ganglion_forwarded_resubmits_total ",
+                              "ganglion_forwarded_requests_lost_total ")):
+                k, v = ln.split()
+                res[k] = res.get(k, 0) + float(v)
+    log("all %d streams through Pods 1..%d completed with the healthy gang's tokens %.2f s "
+        "after Pod 0 died (%d were mid-stream); members' metrics %r"
+        % (n_req, NNODES - 1, t_done, running, res))
+    check(res.get("ganglion_forwarded_requests_lost_total", 0) == 0 and
+          res.get("ganglion_forwarded_resubmits_total", 0) >= running,
+          "members' forwarding metrics %r" % res)
+    sim.record("kill-coordinator", t0, tm, streams=n_req, mid_stream=running,
+               streams_done_s=t_done)
+
+
 SCENARIOS = {
     "start-order": sc_start_order,
     "kill-worker": sc_kill_worker,
@@ -570,6 +677,7 @@ SCENARIOS = {
     "freeze-agent": sc_freeze_agent,
     "partition": sc_partition,
     "update": sc_update,
+    "kill-coordinator": sc_kill_coordinator,
 }
 
 

@@ -11,7 +11,7 @@ For every kustomization this test
   3. checks the wiring that no schema sees: references to ConfigMaps, Secrets and
      ResourceClaimTemplates resolve; Service, PDB, StatefulSet and anti-affinity
      selectors select the Pods they are meant to; the client Service selects exactly
-     the coordinators; replicas == --nnodes, GPUs per Pod == --nproc-per-node,
+     every gang Pod (each serves the API, members forward to their coordinator); replicas == --nnodes, GPUs per Pod == --nproc-per-node,
      tp x pp == world; probes, ports and timeouts fit ganglion's own (docs/operations.md);
   4. simulates every Pod of every gang (the name, labels, Downward-API values, the
      variables LeaderWorkerSet injects, service links when enabled, the mounted token
@@ -533,13 +533,13 @@ class Checker:
         for s in clients:
             sel = s["spec"].get("selector")
             picked = {p.name for _, p in all_pods if selector_matches(sel, p.labels)}
-            coords = {p.name for _, p in all_pods if p.index == 0}
-            if picked != coords:
-                out.err("client Service/%s selects %s; it must select exactly the coordinators "
-                        "%s" % (s["metadata"]["name"], sorted(picked), sorted(coords)))
+            every = {p.name for _, p in all_pods}
+            if picked != every:
+                out.err("client Service/%s selects %s; it must select exactly every gang Pod "
+                        "%s" % (s["metadata"]["name"], sorted(picked), sorted(every)))
             else:
-                out.ok("client Service/%s selects exactly the coordinators %s" %
-                       (s["metadata"]["name"], sorted(coords)))
+                out.ok("client Service/%s selects exactly every gang Pod (%d)" %
+                       (s["metadata"]["name"], len(every)))
 
     def check_pdb(self, gangs, objs, out):
         pdbs = list(by_kind(objs, "PodDisruptionBudget").values())
@@ -978,8 +978,8 @@ def self_test(checker, schemas, base_objs):
         ("GPUs != --nproc-per-node", lambda o: ctr(o)["resources"].update(
             limits={"nvidia.com/gpu": "4"}, requests={"nvidia.com/gpu": "4"}),
          "the Pod gets 4 GPUs"),
-        ("client Service selects every Pod", lambda o: svc(o, False)["spec"]["selector"].pop(
-            "apps.kubernetes.io/pod-index"), "exactly the coordinators"),
+        ("client Service selects only the coordinator", lambda o: svc(o, False)["spec"][
+            "selector"].update({"apps.kubernetes.io/pod-index": "0"}), "exactly every gang Pod"),
         ("no /dev/shm", lambda o: ctr(o).update(volumeMounts=[
             m for m in ctr(o)["volumeMounts"] if m["mountPath"] != "/dev/shm"]), "/dev/shm"),
         ("liveness shorter than the give-up linger",
