@@ -4,11 +4,13 @@
  *
  *   coordinator (node 0 only)  <-TCP->  member  <->  supervisor  <->  workers
  *                                          |
- *                                  HTTP: /healthz /readyz /metrics /status
+ *                                  HTTP: /healthz /readyz /metrics /status, the API
  *
  * The member turns coordinator messages into supervisor actions (BLOB_REQUEST -> blob
  * from local rank 0, START -> start the generation, ABORT -> abort in place) and the
- * supervisor's events back into messages (BLOB, READY, failure reports). The agent also
+ * supervisor's events back into messages (BLOB, READY, failure reports). Every agent serves
+ * the inference API: the coordinator's hands its requests to rank 0 and relays members'
+ * forwarded ones (api-fwd.h); a member's forwards its own to the coordinator. The agent also
  * owns the process's fate: SIGTERM stops it cleanly (exit 0), a refusal for good exits 2,
  * and a spent restart budget keeps /status up for --give-up-linger-ms, writes the reason
  * to the termination log and exits 75.

@@ -1,5 +1,5 @@
 /*
- * The OpenAI-compatible inference API of the coordinator's agent (internal to launcher/):
+ * The OpenAI-compatible inference API of every agent (internal to launcher/):
  * POST /v1/completions, POST /v1/chat/completions (both also streamed as Server-Sent
  * Events), GET /v1/models, POST /tokenize, POST /detokenize; the table of accepted calls,
  * and what makes "nothing lost" true.
@@ -14,6 +14,10 @@
  * has are kept and the re-run's first tokens are checked against them, not sent again
  * (seeded sampling depends only on (seed, position), so a re-run produces the same
  * tokens): a stream continues exactly where it was.
+ *
+ * On the coordinator the packets for rank 0 go through the supervisor; on a member the same
+ * API forwards them to the coordinator (api-fwd.h): a lost coordinator is an ABORT like
+ * any other, so a member keeps its calls and submits them again after the next START.
  *
  * Everything runs on the agent's libuv loop thread.
  */

@@ -2,7 +2,8 @@
 #
 # One CTest per scenario of tests/k8s-sim/k8s_sim.py (see tests/k8s-sim/README.md). Each
 # brings a 3-Pod StatefulSet up on its own bridge, injects one fault and asserts that the
-# gang serves a new generation and answers POST /v1/completions again. They need root and
+# gang serves a new generation and answers POST /v1/completions again (kill-coordinator:
+# that 16 streams through the other Pods survive the death of Pod 0). They need root and
 # `ip netns` (they exit 77, a visible skip, where network namespaces are not permitted),
 # share one subnet and bridge (RUN_SERIAL; runs from other build trees wait on a lock),
 # and each fails itself after 120 s, well inside the TIMEOUT below.
