@@ -68,6 +68,10 @@ static void check_bounds(const gang_msg *m)
         if (m->u.blob.len > GANG_BLOB_MAX)
             die("blob len out of bounds");
         break;
+    case GANG_MSG_API:
+        if (m->u.api.len > GANG_API_FRAME_MAX)
+            die("API frame len out of bounds");
+        break;
     case GANG_MSG_HEARTBEAT:
         if (m->u.heartbeat.nranks > GANG_MAX_LOCAL_RANKS)
             die("nranks out of bounds");

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Serving a model from a TP=2 x PP=2 gang (2 nodes x 2 ranks) of the real binary:
 completions are answered and deterministic; GET /v1/models lists the model under its
---served-model-name with the served context (405 for other methods, 404 off the
-coordinator), the name completions report too; bad requests get 400 (413 for a body over
+--served-model-name with the served context (405 for other methods; node 1, which
+forwards to the coordinator, lists the same), the name completions report too; node 1
+answers a completion with node 0's tokens; bad requests get 400 (413 for a body over
 the server's limit) with a JSON error while the gang keeps serving; and nothing is lost:
 with concurrent requests in flight, kill -9 of a worker makes the gang restart and every
 request still completes, with exactly the tokens it gets from a healthy gang (greedy and
@@ -62,8 +63,11 @@ def bad_requests(g):
         H.log("%s -> %d %s" % (what, code, r["error"]["message"]))
     code, r = H.http_get(g.addr(0), g.http_port, "/v1/completions")
     H.check(code == 405, "GET /v1/completions answered %r" % code)
-    code, r = H.http_post(g.addr(1), g.http_port, "/v1/completions", {"prompt": [1]})
-    H.check(code == 404, "a non-coordinator node answered %r to a completion" % code)
+    q = {"prompt": [1, 2, 3], "max_tokens": 5}
+    c0, r0 = H.http_post(g.addr(0), g.http_port, "/v1/completions", q, timeout=30)
+    code, r = H.http_post(g.addr(1), g.http_port, "/v1/completions", q, timeout=30)
+    H.check(c0 == 200 and code == 200 and r["choices"][0]["tokens"] == r0["choices"][0]["tokens"],
+            "node 1 (forwarding) answered %r %r, node 0 %r %r" % (code, r, c0, r0))
 
 
 def models(g, started):
@@ -81,8 +85,8 @@ def models(g, started):
     H.check(code == 405 and isinstance(r, dict) and r.get("error", {}).get("code") == 405
             and r["error"].get("message"), "POST /v1/models answered %r %r" % (code, r))
     code, text = g.get(1, "/v1/models")
-    H.check(code == 404 and json.loads(text)["error"]["message"],
-            "a non-coordinator node answered %r %r to /v1/models" % (code, text))
+    H.check(code == 200 and json.loads(text)["data"][0]["id"] == SERVED,
+            "node 1 answered %r %r to /v1/models" % (code, text))
     H.log("models: %r" % m)
 
 
