@@ -338,6 +338,8 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
     uint64_t member_id = m->req_id, id = gang_fwd_id(node, member_id);
     uint32_t index = m->type == GANG_WCTL_SUBMIT ? 0 : m->index;
     if (m->type == GANG_WCTL_CANCEL) {
+        /* The member gave the request up: a hole it left will not be filled. */
+        hole_set(r, id, 0, 1);
         m->generation = gen;
         m->req_id = id;
         if (gen == r->gen && gang_sup_submit(r->sup, m) == 0) /* best effort, as local */

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -187,13 +188,86 @@ static void test_ids(void **state)
     assert_int_equal(gang_fwd_node(12345), 0); /* the coordinator's own requests */
 }
 
+/* Encodes a member's packet of request id (SUBMIT at index 0, else PROMPT at index). */
+static size_t member_pkt(uint32_t type, uint64_t id, uint32_t index)
+{
+    size_t len = 0;
+    fill(&in, type);
+    in.req_id = id;
+    in.index = index;
+    assert_int_equal(gang_fwd_encode(&in, 0, buf, sizeof(buf), &len), 0);
+    return len;
+}
+
+/*
+ * The coordinator's relay without a rank 0 (sup NULL: every packet is refused) and without
+ * members to answer (coord NULL: every NACK fails to go out): what it refuses, remembers
+ * and forgets.
+ */
+static void test_relay_holes(void **state)
+{
+    (void)state;
+    gang_fwd_relay *r = calloc(1, sizeof(*r));
+    assert_non_null(r);
+    gang_fwd_relay_set_gen(r, 5);
+    size_t len = member_pkt(GANG_WCTL_SUBMIT, 7, 0);
+    gang_fwd_relay_in(r, 1, 5, buf, (uint32_t)len);
+    assert_true(r->nacks == 1 && r->n_holes == 1 && r->send_failures == 1);
+    assert_true(r->holes[0].id == gang_fwd_id(1, 7) && r->holes[0].index == 0);
+    /* A later piece of that request is refused until the hole is filled. */
+    len = member_pkt(GANG_WCTL_PROMPT, 7, 2048);
+    gang_fwd_relay_in(r, 1, 5, buf, (uint32_t)len);
+    assert_true(r->nacks == 2 && r->n_holes == 1 && r->packets == 0);
+    /* The same id from another node is another request. */
+    len = member_pkt(GANG_WCTL_SUBMIT, 7, 0);
+    gang_fwd_relay_in(r, 2, 5, buf, (uint32_t)len);
+    assert_true(r->n_holes == 2);
+    /* A cancel forgets the hole. */
+    len = member_pkt(GANG_WCTL_CANCEL, 7, 0);
+    gang_fwd_relay_in(r, 1, 5, buf, (uint32_t)len);
+    assert_true(r->n_holes == 1 && r->holes[0].id == gang_fwd_id(2, 7));
+    /* An older generation's packet is dropped silently; a newer one is refused for now. */
+    len = member_pkt(GANG_WCTL_SUBMIT, 8, 0);
+    gang_fwd_relay_in(r, 1, 4, buf, (uint32_t)len);
+    assert_true(r->nacks == 3);
+    gang_fwd_relay_in(r, 1, 6, buf, (uint32_t)len);
+    assert_true(r->nacks == 4 && r->n_holes == 1);
+    /* Malformed frames and frames claiming node 0 are refused and counted. */
+    gang_fwd_relay_in(r, 1, 5, buf, 3);
+    gang_fwd_relay_in(r, 0, 5, buf, (uint32_t)len);
+    len = encode_ok(GANG_WCTL_TOKEN, 1); /* a coordinator's kind from a member */
+    gang_fwd_relay_in(r, 1, 5, buf, (uint32_t)len);
+    assert_true(r->frames_refused == 3 && r->nacks == 4);
+    /* A full table refuses every new request (nothing could keep its pieces in order). */
+    for (uint64_t id = 100; r->n_holes < GANG_FWD_HOLES_MAX; id++) {
+        len = member_pkt(GANG_WCTL_SUBMIT, id, 0);
+        gang_fwd_relay_in(r, 1, 5, buf, (uint32_t)len);
+    }
+    uint64_t nacks = r->nacks;
+    len = member_pkt(GANG_WCTL_SUBMIT, 99999, 0);
+    gang_fwd_relay_in(r, 1, 5, buf, (uint32_t)len);
+    assert_true(r->nacks == nacks + 1 && r->n_holes == GANG_FWD_HOLES_MAX);
+    gang_fwd_relay_set_gen(r, 0); /* the generation ended: the holes go with it */
+    assert_int_equal(r->n_holes, 0);
+    /* Tokens: the coordinator's own requests are not the relay's; forwarded ones are. */
+    fill(&in, GANG_WCTL_TOKEN);
+    in.req_id = 12;
+    assert_int_equal(gang_fwd_relay_token(r, &in), 0);
+    in.req_id = gang_fwd_id(2, 12);
+    uint64_t fails = r->send_failures;
+    assert_int_equal(gang_fwd_relay_token(r, &in), 1);
+    assert_int_equal(gang_fwd_relay_done(r, 5, gang_fwd_id(2, 12), 0, 0, "length", ""), 1);
+    assert_int_equal(gang_fwd_relay_done(r, 5, 12, 0, 0, "length", ""), 0);
+    assert_true(r->send_failures == fails + 2);
+    free(r);
+}
+
 int gang_test_fwd(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_truncated_and_trailing),
-        cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_roundtrip),   cmocka_unit_test(test_truncated_and_trailing),
+        cmocka_unit_test(test_bounds),      cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_relay_holes),
     };
     return cmocka_run_group_tests_name("fwd", tests, NULL, NULL);
 }
