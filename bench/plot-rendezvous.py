@@ -49,10 +49,15 @@ def main():
         if not pts:
             continue
         fit = [p for p in pts if p[0] >= a.fit_from]
-        k = slope(fit) if len(fit) >= 2 else float("nan")
-        print("%-46s exponent %.2f over %s ranks" % (label, k, [p[0] for p in fit]))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-",
-                label="%s (exponent %.2f)" % (label, k))
+        if len(fit) >= 2:
+            k = slope(fit)
+            print("%-46s exponent %.2f over %s ranks" % (label, k, [p[0] for p in fit]))
+            label = "%s (exponent %.2f)" % (label, k)
+        else:
+            # One point (the peer measured only where it finishes in seconds): no slope.
+            print("%-46s no exponent: measured at %s ranks only" % (label, [p[0] for p in pts]))
+            label = "%s (%s ranks only)" % (label, ", ".join(str(p[0]) for p in pts))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("ranks (%d per node, one host, 2 cores)" % a.nproc)

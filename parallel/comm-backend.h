@@ -54,6 +54,17 @@ void gang__comm_set_error(gang_comm *c, int err);
 void gang__comm_reduce_sum(void *dst, const void *src, size_t count, gang_dtype dt);
 
 extern const gang__comm_ops gang__comm_socket_ops;
+/* Defined in the module libganglion-mpi.so (comm-mpi.c), never in the binary itself. */
 extern const gang__comm_ops gang__comm_mpi_ops;
+
+/* comm-mpi-load.c: the mpi backend's module, opened at run time. */
+#define GANG_MPI_PLUGIN_NAME "libganglion-mpi.so"
+/*
+ * The mpi vtable from the module, loaded once per process (thread-safe) from the
+ * executable's directory, then the build tree; NULL (logged once) when it cannot be.
+ */
+const gang__comm_ops *gang__comm_mpi_plugin(void);
+/* One attempt at the module at path: 0 with *out, or GANG_ENOENT. For tests. */
+int gang__comm_mpi_plugin_open(const char *path, const gang__comm_ops **out);
 
 #endif

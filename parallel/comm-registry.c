@@ -2,7 +2,8 @@
  * Registration of the communicator backends: the only file that asks which optional
  * backends this build contains (docs/design.md §5). A backend that is not built is
  * answered by a stub vtable whose entries return GANG_ENOSYS, so callers never test for
- * NULL.
+ * NULL. The mpi backend, when built, is a module loaded at its first use
+ * (comm-mpi-load.c).
  */
 #include "ganglion/config.h"
 
@@ -14,7 +15,8 @@
 #define COMM_NCCL_BUILT 0
 #endif
 
-/* The stubs exist only while some backend is not built (unused functions are errors). */
+/* The stubs: a backend that is not built, or the mpi module that cannot be loaded (which
+ * has its own init; unused functions are errors). */
 #if !GANG_HAVE_MPI || !COMM_NCCL_BUILT
 static int stub_init(gang_comm *c, const gang_comm_config *cfg)
 {
@@ -22,6 +24,7 @@ static int stub_init(gang_comm *c, const gang_comm_config *cfg)
     (void)cfg;
     return GANG_ENOSYS;
 }
+#endif
 
 static void stub_free(gang_comm *c)
 {
@@ -115,10 +118,35 @@ static void stub_abort(gang_comm *c)
         .all_reduce = stub_all_reduce, .all_gather = stub_all_gather, .broadcast = stub_broadcast, \
         .send = stub_send, .recv = stub_recv, .barrier = stub_barrier, .abort = stub_abort,        \
     }
-#endif
 
 #if !GANG_HAVE_MPI
 static const gang__comm_ops comm_mpi_stub_ops = GANG_COMM_STUB_OPS("mpi");
+#else
+/*
+ * MPI is built as a module (comm-mpi-load.c); when it cannot be loaded, every mpi
+ * communicator fails at init with GANG_ENOENT (the loader has logged what it tried) rather
+ * than with GANG_ENOSYS, which would say that the binary was built without MPI.
+ */
+static int missing_init(gang_comm *c, const gang_comm_config *cfg)
+{
+    (void)c;
+    (void)cfg;
+    return GANG_ENOENT;
+}
+
+static const gang__comm_ops comm_mpi_missing_ops = {
+    .name = "mpi",
+    .init = missing_init,
+    .free = stub_free,
+    .split = stub_split,
+    .all_reduce = stub_all_reduce,
+    .all_gather = stub_all_gather,
+    .broadcast = stub_broadcast,
+    .send = stub_send,
+    .recv = stub_recv,
+    .barrier = stub_barrier,
+    .abort = stub_abort,
+};
 #endif
 /*
  * NCCL: cmake/cuda.cmake compiles parallel/comm-nccl.c and defines GANG_HAVE_NCCL=1 for this
@@ -147,7 +175,9 @@ const gang__comm_ops *gang__comm_ops_for(gang_comm_backend b)
         return &gang__comm_socket_ops;
     case GANG_COMM_MPI:
 #if GANG_HAVE_MPI
-        return &gang__comm_mpi_ops;
+        if (gang__comm_mpi_plugin() != NULL)
+            return gang__comm_mpi_plugin();
+        return &comm_mpi_missing_ops;
 #else
         return &comm_mpi_stub_ops;
 #endif

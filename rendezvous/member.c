@@ -43,6 +43,7 @@ struct gang_member {
     uint8_t client_nonce[GANG_NONCE_SIZE];
     gang_backoff backoff;
     uint32_t failed_attempts;
+    uint64_t resolves; /* name lookups through the resolver (not for a numeric address) */
 
     gang_state gang_state;
     uint64_t generation; /* generation of the last START */
@@ -320,6 +321,27 @@ static void on_connect_deadline(uv_timer_t *t)
     }
 }
 
+/* Opens the connection attempt to the coordinator at sa (the connect deadline starts). */
+static void member_connect_to(gang_member *m, const struct sockaddr *sa)
+{
+    member_conn *mc = calloc(1, sizeof(*mc));
+    if (mc == NULL || gang__conn_init(m->loop, &mc->conn, m, mc_on_msg, mc_on_close) != 0) {
+        free(mc);
+        schedule_connect(m, gang_backoff_next(&m->backoff));
+        return;
+    }
+    mc->m = m;
+    mc->connect_req.data = mc;
+    m->mc = mc;
+    m->open_handles++;
+    int rc = uv_tcp_connect(&mc->connect_req, &mc->conn.tcp, sa, on_connect);
+    if (rc != 0) {
+        gang__conn_close(&mc->conn, gang__uv_err(rc));
+        return;
+    }
+    uv_timer_start(&m->retry, on_connect_deadline, m->cfg.connect_timeout_ms, 0);
+}
+
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 {
     gang_member *m = req->data;
@@ -339,37 +361,33 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         schedule_connect(m, gang_backoff_next(&m->backoff));
         return;
     }
-    member_conn *mc = calloc(1, sizeof(*mc));
-    if (mc == NULL || gang__conn_init(m->loop, &mc->conn, m, mc_on_msg, mc_on_close) != 0) {
-        free(mc);
-        uv_freeaddrinfo(res);
-        schedule_connect(m, gang_backoff_next(&m->backoff));
-        return;
-    }
-    mc->m = m;
-    mc->connect_req.data = mc;
-    m->mc = mc;
-    m->open_handles++;
-    int rc = uv_tcp_connect(&mc->connect_req, &mc->conn.tcp, res->ai_addr, on_connect);
+    member_connect_to(m, res->ai_addr);
     uv_freeaddrinfo(res);
-    if (rc != 0) {
-        gang__conn_close(&mc->conn, gang__uv_err(rc));
-        return;
-    }
-    uv_timer_start(&m->retry, on_connect_deadline, m->cfg.connect_timeout_ms, 0);
 }
 
-/* Resolves the coordinator's name afresh and connects: called for every attempt. */
+/*
+ * Resolves the coordinator's name afresh and connects: called for every attempt. A
+ * numeric address (local mode, --coordinator IP:PORT) needs no resolver: it is parsed in
+ * place, so the agent does not start libuv's resolver thread pool (four threads per
+ * agent, on the start-up path of every node; issue #14).
+ */
 static void on_retry(uv_timer_t *t)
 {
     gang_member *m = t->data;
     if (m->closing || m->mc || m->gai_pending || m->rejected)
         return;
+    struct sockaddr_storage ss;
+    if (uv_ip4_addr(m->host, (int)m->cfg.coordinator_port, (struct sockaddr_in *)&ss) == 0 ||
+        uv_ip6_addr(m->host, (int)m->cfg.coordinator_port, (struct sockaddr_in6 *)&ss) == 0) {
+        member_connect_to(m, (const struct sockaddr *)&ss);
+        return;
+    }
     char port[8];
     snprintf(port, sizeof(port), "%u", m->cfg.coordinator_port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     m->gai.data = m;
     m->gai_pending = 1;
+    m->resolves++;
     m->open_handles++;
     int rc = uv_getaddrinfo(m->loop, &m->gai, on_resolved, m->host, port, &hints);
     if (rc != 0) {
@@ -507,5 +525,6 @@ void gang_member_get_status(const gang_member *m, gang_member_status *st)
         m->mc && m->welcomed ? gang_now_ms() - m->mc->conn.last_rx_ms : UINT64_MAX;
     st->reconnects = m->reconnects;
     st->last_abort_wall_ms = m->last_abort_wall_ms;
+    st->resolves = m->resolves;
     st->connected_since_ms = m->welcomed ? m->connected_since_ms : 0;
 }

@@ -518,6 +518,8 @@ typedef struct gang_member_status {
     uint64_t reconnects;
     uint64_t last_abort_wall_ms;
     uint64_t connected_since_ms; /* monotonic, 0 = never */
+    uint64_t resolves;           /* resolver lookups of the coordinator's name (none when it
+                                    is a numeric address) */
 } gang_member_status;
 
 void gang_member_get_status(const gang_member *m, gang_member_status *st);

@@ -32,8 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "cpu.h"
 
 #define ATTN_BLOCK_Q 64
@@ -95,6 +93,13 @@ static int attention_blocked(const float *q, const void *kc, const void *vc,
     float scale = (float)(1.0 / sqrt((double)head_dim));
     float *s = malloc((size_t)ATTN_BLOCK_Q * n_max * sizeof(float)), *flat = NULL;
     const float *kf = kc, *vf = vc;
+    gang__cpu_sgemm_fn sgemm;
+    int rc = gang__cpu_blas_load(&sgemm);
+
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
     if (s == NULL)
         return GANG_ENOMEM;
     if (pg != NULL) {
@@ -115,8 +120,8 @@ static int attention_blocked(const float *q, const void *kc, const void *vc,
         for (size_t i0 = 0; i0 < tq; i0 += ATTN_BLOCK_Q) {
             size_t b = tq - i0 < ATTN_BLOCK_Q ? tq - i0 : ATTN_BLOCK_Q;
             size_t nk = pos0 + i0 + b; /* keys the block's last query sees */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)nk, d, scale,
-                        q + (i0 * n_heads + h) * head_dim, qs, kh, ks, 0.0f, s, (int)nk);
+            sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)nk, d, scale,
+                  q + (i0 * n_heads + h) * head_dim, qs, kh, ks, 0.0f, s, (int)nk);
             for (size_t r = 0; r < b; r++) {
                 float *row = s + r * nk, max = -INFINITY, sum = 0.0f;
                 size_t valid = pos0 + i0 + r + 1;
@@ -136,8 +141,8 @@ static int attention_blocked(const float *q, const void *kc, const void *vc,
                     row[j] = 0.0f;
             }
             /* The block's queries were read by the first product: out may be q. */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, d, (int)nk, 1.0f, s,
-                        (int)nk, vh, ks, 0.0f, out + (i0 * n_heads + h) * head_dim, qs);
+            sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, d, (int)nk, 1.0f, s, (int)nk,
+                  vh, ks, 0.0f, out + (i0 * n_heads + h) * head_dim, qs);
         }
     }
     free(flat);

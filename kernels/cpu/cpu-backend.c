@@ -192,10 +192,19 @@ static int cpu_argmax(void *ctx, const float *x, size_t rows, size_t cols, int32
     return gang__cpu_argmax(x, rows, cols, out);
 }
 
+/* No per-handle state; opening one loads OpenBLAS, so a missing library fails here, once,
+ * with its log line, rather than at the first GEMM. */
+static int cpu_open(const gang_kernels_options *o, void **ctx)
+{
+    (void)o;
+    *ctx = NULL;
+    return gang__cpu_blas_load(NULL);
+}
+
 const gang__kernels_backend gang__kernels_cpu_backend = {
     .name = "cpu",
     .caps = GANG_KERNELS_CAP_HOST_MEM,
-    .open = NULL,
+    .open = cpu_open,
     .close = NULL,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -13,7 +13,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cblas.h>
+
 #include "ganglion/kernels.h"
+
+/* cpu-blas.c: OpenBLAS through dlopen (only cblas_sgemm is used). */
+#define GANG_CPU_BLAS_SONAME "libopenblas.so.0"
+typedef void (*gang__cpu_sgemm_fn)(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta,
+                                   enum CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k,
+                                   float alpha, const float *a, blasint lda, const float *b,
+                                   blasint ldb, float beta, float *c, blasint ldc);
+/*
+ * Opens OpenBLAS once per process (thread-safe) and gives its cblas_sgemm in *out (may be
+ * NULL to only check). 0, or GANG_ENOENT (logged once) when the library or the symbol is
+ * missing; every later call answers the same.
+ */
+int gang__cpu_blas_load(gang__cpu_sgemm_fn *out);
+/*
+ * One attempt: soname through dlopen's search, then dir/soname. The library stays loaded.
+ * 0 with *out, or GANG_ENOENT with a log line naming what was tried. For tests.
+ */
+int gang__cpu_blas_open(const char *soname, const char *dir, gang__cpu_sgemm_fn *out);
 
 /* cpu-gemm.c */
 int gang__cpu_gemm(int trans_b, size_t m, size_t n, size_t kdim, float alpha, const float *a,

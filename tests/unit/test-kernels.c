@@ -18,6 +18,7 @@
 
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
+#include "cpu/cpu.h"
 
 static const size_t sizes[] = {1, 3, 17, 64, 129};
 #define N_SIZES (sizeof(sizes) / sizeof(sizes[0]))
@@ -66,6 +67,55 @@ static double *dbuf(size_t n)
     double *p = calloc(n, sizeof(*p));
     assert_non_null(p);
     return p;
+}
+
+/* 1 when a mapping of this process's address space names a file containing what. */
+static int self_maps(const char *what)
+{
+    char line[1024];
+    int found = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+
+    assert_non_null(f);
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, what) != NULL;
+    fclose(f);
+    return found;
+}
+
+/*
+ * OpenBLAS is loaded at run time (kernels/cpu/cpu-blas.c), not at exec: it is not mapped
+ * before the first CPU handle is opened, and it is after. Runs first (see main).
+ */
+static void test_blas_loaded_on_open(void **state)
+{
+    gang_kernels *k = NULL;
+
+    (void)state;
+    assert_false(self_maps("libopenblas"));
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_true(self_maps("libopenblas"));
+    gang_kernels_close(k);
+}
+
+/* A missing library, or one without cblas_sgemm, is GANG_ENOENT and no function; the real
+ * one's cblas_sgemm multiplies. */
+static void test_blas_open_errors(void **state)
+{
+    gang__cpu_sgemm_fn fn = NULL;
+    const float a[2 * 3] = {1, 2, 3, 4, 5, 6}, b[3 * 2] = {7, 8, 9, 10, 11, 12};
+    float c[2 * 2] = {0};
+
+    (void)state;
+    assert_int_equal(gang__cpu_blas_open("libganglion-no-such-blas.so.0", "/nonexistent", &fn),
+                     GANG_ENOENT);
+    assert_null(fn);
+    assert_int_equal(gang__cpu_blas_open("libm.so.6", NULL, &fn), GANG_ENOENT);
+    assert_null(fn);
+    assert_int_equal(gang__cpu_blas_open(GANG_CPU_BLAS_SONAME, NULL, &fn), 0);
+    assert_non_null(fn);
+    fn(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2);
+    assert_true(c[0] == 58.0f && c[1] == 64.0f && c[2] == 139.0f && c[3] == 154.0f);
 }
 
 static int setup(void **state)
@@ -1040,6 +1090,8 @@ static void test_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_blas_loaded_on_open),
+        cmocka_unit_test(test_blas_open_errors),
         cmocka_unit_test(test_open_names),
         cmocka_unit_test(test_cuda_not_built),
         cmocka_unit_test_setup_teardown(test_gemm, setup, teardown),

@@ -9,7 +9,10 @@
 
 #include <cmocka.h>
 
+#include "ganglion/comm.h"
+#include "ganglion/config.h"
 #include "ganglion/parallel.h"
+#include "comm-backend.h"
 
 static const uint32_t tp_values[] = {1, 2, 4, 8};
 static const uint32_t pp_values[] = {1, 2, 3};
@@ -485,9 +488,57 @@ static void test_invalid_arguments(void **state)
     assert_int_equal(gang_topology_tp_shard(NULL, 0, &s), GANG_EINVAL);
 }
 
+#if GANG_HAVE_MPI
+/* 1 when a mapping of this process's address space names a file containing what. */
+static int self_maps(const char *what)
+{
+    char line[1024];
+    int found = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+
+    assert_non_null(f);
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, what) != NULL;
+    fclose(f);
+    return found;
+}
+#endif
+
+/*
+ * The mpi backend is a module (parallel/comm-mpi-load.c): Open MPI is not mapped until the
+ * module is loaded; a missing module, or a library without the vtable, is GANG_ENOENT; the
+ * real one gives the "mpi" vtable and brings libmpi in. Runs first (see main).
+ */
+static void test_mpi_module(void **state)
+{
+    (void)state;
+#if !GANG_HAVE_MPI
+    assert_false(gang_comm_backend_built(GANG_COMM_MPI));
+    print_message("mpi backend not built (no MPI at configure time): no module to load\n");
+    skip();
+#else
+    const gang__comm_ops *ops = NULL;
+
+    assert_true(gang_comm_backend_built(GANG_COMM_MPI));
+    assert_false(self_maps("libmpi.so"));
+    assert_int_equal(gang__comm_mpi_plugin_open("/nonexistent/" GANG_MPI_PLUGIN_NAME, &ops),
+                     GANG_ENOENT);
+    assert_null(ops);
+    assert_int_equal(gang__comm_mpi_plugin_open("libm.so.6", &ops), GANG_ENOENT);
+    assert_null(ops);
+    assert_false(self_maps("libmpi.so"));
+    ops = gang__comm_mpi_plugin();
+    assert_non_null(ops);
+    assert_string_equal(ops->name, "mpi");
+    assert_non_null(ops->init);
+    assert_true(self_maps("libmpi.so"));
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mpi_module),
         cmocka_unit_test(test_exhaustive_layouts),
         cmocka_unit_test(test_kv_heads_split_and_replicated),
         cmocka_unit_test(test_known_values),

@@ -938,6 +938,8 @@ static void test_gang_forms(void **state)
     for (int i = 0; i < (int)NNODES; i++) {
         assert_int_equal(e->agents[i].aborts, 0);
         assert_int_equal(member_status(&e->agents[i]).connected, 1);
+        /* A numeric coordinator address is parsed, not looked up (no resolver threads). */
+        assert_int_equal(member_status(&e->agents[i]).resolves, 0);
     }
 
     /* Members learn the gang state from heartbeats; the coordinator sees every rank READY. */
