@@ -24,6 +24,9 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include <cblas.h>
+
+#include "../kernels-bench.h"
 #include "cpu.h"
 
 #define GANG__POOL_MAX 16
@@ -203,4 +206,17 @@ void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks)
     while (atomic_load_explicit(&pool.done, memory_order_acquire) < chunks)
         cpu_relax();
     atomic_flag_clear(&pool.busy);
+}
+
+unsigned gang__kernels_cpu_threads(unsigned n)
+{
+    unsigned all;
+
+    pthread_once(&pool.once, pool_start);
+    all = pool.n_workers + 1;
+    if (n > 0) {
+        pool.limit = n;
+        openblas_set_num_threads((int)(n < all ? n : all));
+    }
+    return all;
 }
