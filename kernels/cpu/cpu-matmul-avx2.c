@@ -6,15 +6,13 @@
  * architecture (or without the flags) the file defines the same symbols as stubs that
  * report "not usable".
  *
- * Algorithm. Within a chunk of W rows, W is walked in blocks of GANG__AVX_WBLOCK rows
- * (a few KiB: they stay in L1 while every block of x rows passes over them); for each
- * block of MR = 4 x rows the kernel computes 4 x 2 outputs at a time with eight 8-lane
- * f32 accumulators: per 8 elements of k it converts two W vectors (bf16: a 16-bit
- * shift; f16: vcvtph2ps; int8: sign extension and vcvtdq2ps) and issues eight FMAs, so
- * the loads never outnumber the FMAs. Leftover x rows (m % 4, and the m = 1 of a decode
- * step) use a 1 x 4 tile: four W rows stream together against one x row held in L1. A k
- * that is not a multiple of 8 ends with a scalar tail; the eight lanes are summed at
- * the end and an int8 row's scale multiplies the finished sum.
+ * Algorithm, m < 4 (decode). Within a chunk of W rows, W is walked in blocks of
+ * GANG__AVX_WBLOCK rows; each x row meets four W rows at a time (a 1 x 4 dot-product
+ * tile: four 8-lane f32 accumulators, the W vectors converted as they are loaded --
+ * bf16: a 16-bit shift; f16: vcvtph2ps; int8: sign extension and vcvtdq2ps). A k that is
+ * not a multiple of 8 ends with a scalar tail; the eight lanes are summed at the end and
+ * an int8 row's scale multiplies the finished sum. m >= 4: packed panels (below). The
+ * 4 x 2 dot tiles of wblock remain the fallback when the panel buffer cannot be had.
  */
 #include "cpu.h"
 

@@ -3,10 +3,11 @@
  * the embedding lookup over a typed table.
  *
  * Work split. The output rows of W (columns of y) are cut into chunks of a multiple of
- * GANG__MM_ROWS rows and shared by the thread pool (cpu-pool.c); each chunk computes
- * every row of x against its rows of W, so each weight element is read from memory
- * once per call whatever m is (a decode step of batch 32 streams the weights once, not
- * 32 times), and the x rows stay in the core's L2. A call too small to pay for a wake-up
+ * GANG__MM_ROWS rows (twice that, a whole packed panel, from batch 4 on) and shared by the thread
+ * pool (cpu-pool.c); each chunk computes every row of x against its rows of W, so each weight
+ * element is read from memory once per call whatever m is (a decode step of batch 32 streams the
+ * weights once, not 32 times), and the x rows stay in the core's L2. A call too small to pay for a
+ * wake-up
  * (< GANG__MM_MIN_MACS multiply-adds) runs on the caller.
  *
  * Kernels. cpu-matmul-avx2.c (AVX2 + FMA + F16C, chosen at run time when the CPU has
@@ -103,17 +104,20 @@ int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang
                      float *y)
 {
     mm_job j = {.m = m, .n = n, .kdim = kdim, .x = x, .w = w, .y = y, .simd = mm_simd()};
-    size_t blocks = (n + GANG__MM_ROWS - 1) / GANG__MM_ROWS, chunks;
-    unsigned threads = gang__cpu_threads();
+    /* Batches of 4 and more run on panels of 16 W rows: chunks of whole panels. */
+    size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS;
+    size_t blocks = (n + unit - 1) / unit, chunks;
+    unsigned threads;
 
-    if (w->type == GANG_KW_F32)
+    if (w->type == GANG_KW_F32) /* OpenBLAS and its threads; the pool is not started */
         return gang__cpu_gemm(1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
+    threads = gang__cpu_threads();
     chunks = (size_t)threads * GANG__MM_CHUNKS_PER_THREAD;
     if ((double)m * (double)n * (double)kdim < GANG__MM_MIN_MACS || threads <= 1)
         chunks = 1;
     if (chunks > blocks)
         chunks = blocks;
-    j.rows_per_chunk = (blocks + chunks - 1) / chunks * GANG__MM_ROWS;
+    j.rows_per_chunk = (blocks + chunks - 1) / chunks * unit;
     chunks = (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
     gang__cpu_parallel(mm_chunk, &j, chunks);
     return 0;
