@@ -21,7 +21,7 @@
 
 #define GANG__MM_ROWS 8
 #define GANG__MM_MIN_MACS 65536
-#define GANG__MM_CHUNKS_PER_THREAD 4
+#define GANG__MM_CHUNKS_PER_THREAD 8
 
 static int mm_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */
 

@@ -32,6 +32,7 @@
 #define GANG__POOL_MAX 16
 #define GANG__POOL_SPIN_NS 300000L /* 0.3 ms */
 #define GANG__POOL_NAP_MS 100
+#define GANG__POOL_YIELD_NS 50000L /* the caller's spin before it yields */
 
 static struct {
     pthread_once_t once;
@@ -179,6 +180,8 @@ static int acks_complete(void)
 
 void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks)
 {
+    long t0;
+
     if (chunks <= 1 || gang__cpu_threads() <= 1 || atomic_flag_test_and_set(&pool.busy)) {
         for (size_t c = 0; c < chunks; c++)
             fn(arg, c);
@@ -202,9 +205,17 @@ void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks)
     pthread_cond_broadcast(&pool.cv);
     pthread_mutex_unlock(&pool.mu);
     run_chunks();
-    /* The chunks still running belong to workers that took them: bounded work. */
-    while (atomic_load_explicit(&pool.done, memory_order_acquire) < chunks)
-        cpu_relax();
+    /* The chunks still running belong to workers that took them: bounded work. A worker
+     * preempted by another process holds its chunk for a time slice; after a short spin
+     * the caller yields its CPU instead of burning it (on a loaded host the scheduler may
+     * then run the worker here). */
+    t0 = now_ns();
+    while (atomic_load_explicit(&pool.done, memory_order_acquire) < chunks) {
+        if (now_ns() - t0 < GANG__POOL_YIELD_NS)
+            cpu_relax();
+        else
+            sched_yield();
+    }
     atomic_flag_clear(&pool.busy);
 }
 
