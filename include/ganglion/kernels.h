@@ -119,9 +119,9 @@ const char *gang_kernels_wtype_name(gang_kernels_wtype t);
  * pool of threads (kernels/cpu/cpu-matmul.c). CUDA: bf16 / f16 through cuBLASLt with x
  * converted to the weight's type and f32 output, I8 through a kernel that dequantizes on
  * the fly. The result agrees with the f32 GEMM on the dequantized weight up to f32
- * summation order (|dy| <= ~1e-6 x sum |x w| on the CPU; on CUDA x is rounded to the
- * half type too). GANG_EINVAL for NULL, a zero size, an unknown type or an I8 weight
- * without scales; GANG_ERANGE for sizes beyond int.
+ * summation order (on the CPU within 2e-6 x (1 + log2 kdim) of sum |x w|, unit-kernels;
+ * on CUDA bf16 / f16 also round x to the half type). GANG_EINVAL for NULL, a zero size, an unknown
+ * type or an I8 weight without scales; GANG_ERANGE for sizes beyond int.
  */
 int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
                         const gang_kernels_weight *w, float *y);

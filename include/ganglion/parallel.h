@@ -352,7 +352,7 @@ void gang_tp_layer_free(gang_tp_layer *l);
  * gang_kernels_matmul over the packed weights. GANG_KW_F32, or a layer already of type
  * t, changes nothing. Returns 0, GANG_EINVAL (NULL, a layer on a device or of another
  * packed type, a non-finite weight for int8) or GANG_ENOMEM; on error the layer is
- * unchanged in meaning (matrices already converted stay converted only when all are).
+ * unchanged (all seven matrices are converted, or none).
  */
 int gang_tp_layer_pack(gang_tp_layer *l, gang_kernels_wtype t);
 
