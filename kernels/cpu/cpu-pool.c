@@ -23,6 +23,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
@@ -39,6 +40,7 @@ static struct {
     pthread_mutex_t mu; /* guards sleeping on cv */
     pthread_cond_t cv;
     unsigned n_workers;   /* threads besides the caller */
+    pid_t pid;            /* the process that started them (a forked child has none) */
     unsigned limit;       /* threads a job may use, caller included (tests lower it) */
     atomic_ulong job_seq; /* incremented when a job is published */
     gang__cpu_task fn;    /* the current job, stable until every worker acknowledged it */
@@ -148,6 +150,7 @@ static void pool_start(void)
         pool.n_workers++;
     }
     pthread_attr_destroy(&at);
+    pool.pid = getpid();
     atomic_store(&pool.acks, pool.n_workers);
     pool.limit = pool.n_workers + 1;
 }
@@ -155,6 +158,8 @@ static void pool_start(void)
 unsigned gang__cpu_threads(void)
 {
     pthread_once(&pool.once, pool_start);
+    if (pool.pid != getpid())
+        return 1; /* a child forked after the pool started: its workers stayed behind */
     return pool.limit < pool.n_workers + 1 ? pool.limit : pool.n_workers + 1;
 }
 
