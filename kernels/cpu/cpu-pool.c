@@ -170,7 +170,7 @@ void gang__cpu_set_threads(unsigned n)
 }
 
 /* Waits at most GANG__POOL_ACK_NS for every worker to acknowledge the previous job. */
-#define GANG__POOL_ACK_NS 2000000L
+#define GANG__POOL_ACK_NS 20000L
 static int acks_complete(void)
 {
     long t0 = now_ns();
