@@ -44,6 +44,7 @@ static const bench_entry benches[] = {
     {"pipeline", gang_bench_pipeline_main, "GPipe schedule vs its bubble bound"},
     {"decode", gang_bench_decode_main, "prefill / decode tokens/s per TP x PP layout"},
     {"gemm", gang_bench_gemm_main, "our GEMM path vs direct cuBLAS (GPU)"},
+    {"matmul", gang_bench_matmul_main, "CPU bf16/f16/int8 matmul vs OpenBLAS sgemm on f32"},
 };
 #define NBENCHES (sizeof(benches) / sizeof(benches[0]))
 

@@ -10,6 +10,7 @@
  *   pipeline     the GPipe schedule against its bubble bound (bench-pipeline.c)
  *   decode       prefill / decode tokens/s per TP x PP layout (bench-decode.c)
  *   gemm         our GEMM path against direct cuBLAS (bench-gemm.c)
+ *   matmul       the CPU typed-weight matmul against OpenBLAS sgemm (bench-matmul.c)
  *
  * Every entry point takes argv with argv[0] = its own name ("bench" for gang_bench_main,
  * "allreduce" for gang_bench_allreduce_main, ...) and returns a process exit code: 0 when
@@ -41,6 +42,7 @@ int gang_bench_allreduce_rank_main(int argc, char **argv);
 int gang_bench_pipeline_main(int argc, char **argv);
 int gang_bench_decode_main(int argc, char **argv);
 int gang_bench_gemm_main(int argc, char **argv);
+int gang_bench_matmul_main(int argc, char **argv);
 
 /* ---------------------------------------------------------------------------------
  * Shared by the control-plane benchmarks (bench.c, bench-rendezvous.c, bench-failover.c).

@@ -71,7 +71,8 @@ target_sources(gang_kernels PRIVATE
   kernels/cuda/cuda-gemm.c
   kernels/cuda/cuda-device.c
   kernels/cuda/cuda-ops.cu
-  kernels/cuda/cuda-attention.cu)
+  kernels/cuda/cuda-attention.cu
+  kernels/cuda/cuda-matmul.cu)
 gang_cuda_language_options(gang_kernels)
 target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
   GANG_CUDA_LIBDIR="${CUDAToolkit_LIBRARY_DIR}")

@@ -475,10 +475,26 @@ int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n)
 int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, size_t dim,
                            const int32_t *ids, size_t n_ids, float *out)
 {
+    gang_kernels_weight w = {.type = GANG_KW_F32, .data = table, .scales = NULL};
+
+    return gang_kernels_embedding_w(k, &w, vocab, dim, ids, n_ids, out);
+}
+
+/* A weight view the backends can trust: a known type, data, and scales exactly for I8. */
+static int weight_ok(const gang_kernels_weight *w)
+{
+    if (w == NULL || w->data == NULL || (unsigned)w->type > GANG_KW_I8)
+        return 0;
+    return (w->type == GANG_KW_I8) == (w->scales != NULL);
+}
+
+int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, size_t vocab,
+                             size_t dim, const int32_t *ids, size_t n_ids, float *out)
+{
     size_t tmp;
     int rc;
 
-    if (k == NULL || table == NULL || ids == NULL || out == NULL || vocab == 0 || dim == 0 ||
+    if (k == NULL || !weight_ok(table) || ids == NULL || out == NULL || vocab == 0 || dim == 0 ||
         n_ids == 0)
         return GANG_EINVAL;
     if ((rc = elems(vocab, dim, &tmp)) < 0 || (rc = elems(n_ids, dim, &tmp)) < 0)
@@ -487,6 +503,27 @@ int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, si
     if (k->be->embedding == NULL)
         return GANG_ENOSYS;
     return k->be->embedding(k->ctx, table, vocab, dim, ids, n_ids, out);
+}
+
+int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
+                        const gang_kernels_weight *w, float *y)
+{
+    size_t tmp;
+    int rc;
+
+    if (k == NULL || x == NULL || y == NULL || !weight_ok(w) || m == 0 || n == 0 || kdim == 0)
+        return GANG_EINVAL;
+    if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
+        return GANG_ERANGE;
+    if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
+        (rc = elems(n, kdim, &tmp)) < 0)
+        return rc;
+    /* f32 weights are a plain GEMM: one path for them whatever the caller. */
+    if (w->type == GANG_KW_F32 && k->be->gemm != NULL)
+        return k->be->gemm(k->ctx, GANG_DTYPE_F32, 1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
+    if (k->be->matmul == NULL)
+        return GANG_ENOSYS;
+    return k->be->matmul(k->ctx, m, n, kdim, x, w, y);
 }
 
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)

@@ -68,6 +68,15 @@ static int layout_check_backend(const gang_params *p, char *err, size_t errlen)
     return 0;
 }
 
+gang_dtype gang_layout_kv_dtype(const gang_layout *l, gang_kernels_wtype wt)
+{
+    if (!l->kv_auto)
+        return l->kv_dtype;
+    return wt == GANG_KW_BF16  ? GANG_DTYPE_BF16
+           : wt == GANG_KW_F16 ? GANG_DTYPE_F16
+                               : GANG_DTYPE_F32;
+}
+
 int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, size_t errlen)
 {
     int64_t world = p->nnodes * p->nproc_per_node;
@@ -84,8 +93,20 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     int rc = layout_check_backend(p, err, errlen);
     if (rc != 0)
         return rc;
-    if (strcmp(p->kv_cache_dtype, "auto") == 0 || strcmp(p->kv_cache_dtype, "f32") == 0) {
-        l->kv_dtype = GANG_DTYPE_F32; /* auto: the weights' f32 */
+    if (strcmp(p->dtype, "auto") != 0 && strcmp(p->dtype, "f32") != 0 &&
+        strcmp(p->dtype, "bf16") != 0 && strcmp(p->dtype, "f16") != 0) {
+        snprintf(err, errlen, "--dtype %s: not one of auto, f32, bf16, f16", p->dtype);
+        return GANG_EUSAGE;
+    }
+    if (strcmp(p->quantize, "none") != 0 && strcmp(p->quantize, "int8") != 0) {
+        snprintf(err, errlen, "--quantize %s: not one of none, int8", p->quantize);
+        return GANG_EUSAGE;
+    }
+    gang_strlcpy(l->dtype, p->dtype, sizeof(l->dtype));
+    gang_strlcpy(l->quantize, p->quantize, sizeof(l->quantize));
+    l->kv_auto = strcmp(p->kv_cache_dtype, "auto") == 0;
+    if (l->kv_auto || strcmp(p->kv_cache_dtype, "f32") == 0) {
+        l->kv_dtype = GANG_DTYPE_F32; /* auto: until the weights' storage is known */
     } else if (strcmp(p->kv_cache_dtype, "bf16") == 0) {
         l->kv_dtype = GANG_DTYPE_BF16;
     } else if (strcmp(p->kv_cache_dtype, "f16") == 0) {

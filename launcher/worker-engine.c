@@ -207,7 +207,8 @@ static int wres_load(gang__wres *r)
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    rc = gang_model_load(model, &r->topo, r->rank, &r->model, err, sizeof(err));
+    gang_load_options lo = {.dtype = c->layout.dtype, .quantize = c->layout.quantize};
+    rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;
     /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
@@ -223,7 +224,7 @@ static int wres_load(gang__wres *r)
     ec.kv_cache_bytes = wres_kv_budget(r);
     ec.microbatches = c->microbatches;
     ec.max_step_tokens = c->max_step_tokens;
-    ec.kv_dtype = c->layout.kv_dtype;
+    ec.kv_dtype = gang_layout_kv_dtype(&c->layout, r->model->wtype);
     ec.prefix_caching = c->prefix_caching;
     rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
     if (rc != 0)
@@ -233,12 +234,13 @@ static int wres_load(gang__wres *r)
     r->n_blocks = kv0.blocks;
     gang_engine_kv kv;
     gang_engine_kv_info(r->engine, &kv);
-    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights; "
+    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of %s weights; "
               "KV cache (%s, %s): %u blocks of %u positions = %llu tokens, %u sequences of "
               "the whole %u-position context, up to %u in flight",
               model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
               r->model->layer_first + r->model->layer_count, mc->n_layers,
-              (double)r->model->weight_bytes / (1 << 20), gang_dtype_name(c->layout.kv_dtype),
+              (double)r->model->weight_bytes / (1 << 20), gang_kernels_wtype_name(r->model->wtype),
+              gang_dtype_name(ec.kv_dtype),
               c->kv_cache_bytes != 0 ? "--kv-cache-mb" : "sized from free memory", kv.blocks,
               kv.block_size, (unsigned long long)kv.tokens, kv.full_seqs,
               gang_engine_max_ctx(r->engine), gang_engine_slots(r->engine));

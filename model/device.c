@@ -1,10 +1,10 @@
 /*
  * Moving a model shard into a kernels handle's tensor memory, once, before serving.
  *
- * gang_model_load produces host f32 arrays; the "cuda" engine wants every weight in
- * device memory and no host copy left behind (a GPU worker's host memory should track
- * its activations, not its weights). Arrays move one at a time (allocate from the pool,
- * upload, free the host copy), so peak host memory never grows; the layers move with
+ * gang_model_load produces host arrays (f32, or packed weights of the chosen storage); the "cuda"
+ * engine wants every weight in device memory and no host copy left behind (a GPU worker's host
+ * memory should track its activations, not its weights). Arrays move one at a time (allocate from
+ * the pool, upload, free the host copy), so peak host memory never grows; the layers move with
  * gang_tp_layer_to_device, which records its handle so that gang_tp_layer_free returns
  * the memory to the right pool. On the "cpu" backend nothing moves: host memory is its
  * tensor memory.
@@ -13,18 +13,18 @@
 
 #include "ganglion/model.h"
 
-/* Moves one optional host array of n floats into k; NULL stays NULL. */
-static int dev_move(gang_kernels *k, float **arr, size_t n)
+/* Moves one optional host array of n bytes into k; NULL stays NULL. */
+static int dev_move(gang_kernels *k, void **arr, size_t n)
 {
     void *d = NULL;
     int rc;
 
     if (*arr == NULL || n == 0)
         return 0;
-    rc = gang_kernels_alloc(k, n * sizeof(float), &d);
+    rc = gang_kernels_alloc(k, n, &d);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_upload(k, d, *arr, n * sizeof(float));
+    rc = gang_kernels_upload(k, d, *arr, n);
     if (rc != 0) {
         gang_kernels_free(k, d);
         return rc;
@@ -36,7 +36,7 @@ static int dev_move(gang_kernels *k, float **arr, size_t n)
 
 int gang_model_to_device(gang_model *m, gang_kernels *k)
 {
-    float **top[3];
+    void **top[3];
     size_t n[3], hidden;
     uint32_t i, j;
     int rc = 0;
@@ -50,9 +50,11 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
     hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
-    top[0] = &m->final_norm, n[0] = hidden;
-    top[1] = &m->embed, n[1] = (size_t)m->topo.vocab * hidden;
-    top[2] = &m->lm_head, n[2] = (size_t)m->shard.vocab_count * hidden;
+    /* The embedding table and the LM head are packed weights of m->wtype. */
+    top[0] = (void **)&m->final_norm, n[0] = hidden * sizeof(float);
+    top[1] = &m->embed, n[1] = gang_kernels_weight_bytes(m->wtype, m->topo.vocab, hidden);
+    top[2] = &m->lm_head;
+    n[2] = gang_kernels_weight_bytes(m->wtype, m->shard.vocab_count, hidden);
     m->mem = k;
     for (j = 0; j < 3; j++) {
         rc = dev_move(k, top[j], n[j]);

@@ -117,6 +117,7 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
     const gang_model *m = e->m;
     size_t hidden = m->topo.hidden, vc = m->shard.vocab_count, vocab = e->vocab;
     uint32_t i, j, r, ns = 0, tp_n = m->topo.tp, row0 = e->n_head_rows;
+    gang_kernels_weight head;
     const float *rows;
     float *dst;
     uint64_t left;
@@ -128,7 +129,8 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
     rc = gang_kernels_rmsnorm(k, e->head_in, m->final_norm, m->cfg.rms_eps, ns, hidden, e->head_in);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_gemm(k, 1, ns, vc, hidden, 1.0f, e->head_in, m->lm_head, 0.0f, e->head_out);
+    head = gang_kernels_weight_view(m->wtype, m->lm_head, vc, hidden);
+    rc = gang_kernels_matmul(k, ns, vc, hidden, e->head_in, &head, e->head_out);
     if (rc != 0)
         return rc;
     rows = e->head_out; /* tp == 1: this rank's rows are the whole vocabulary */
@@ -183,7 +185,9 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
     run_token_range(e, first, count, &t0, &t1);
     h = e->act + (size_t)t0 * hidden;
     if (e->is_first) {
-        rc = gang_kernels_embedding(k, m->embed, e->vocab, hidden, e->tokens_dev + t0, t1 - t0, h);
+        gang_kernels_weight table = gang_kernels_weight_view(m->wtype, m->embed, e->vocab, hidden);
+
+        rc = gang_kernels_embedding_w(k, &table, e->vocab, hidden, e->tokens_dev + t0, t1 - t0, h);
         if (rc == 0 && m->cfg.embed_scale > 0.0f && m->cfg.embed_scale != 1.0f) /* Gemma */
             rc = gang_kernels_scale(k, h, m->cfg.embed_scale, (size_t)(t1 - t0) * hidden);
         if (rc != 0)

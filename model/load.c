@@ -218,15 +218,17 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
 #define LD_NAME(suffix) (snprintf(name, sizeof(name), "model.layers.%u.%s", li, suffix), name)
     rc = ld_norm(L, m, LD_NAME("input_layernorm.weight"), hidden, &l->attn_norm);
     if (rc == 0)
-        rc = ld_rows(L, LD_NAME("self_attn.q_proj.weight"), q_dim, hidden, q_first, q_rows, &l->wq);
+        rc = ld_rows(L, LD_NAME("self_attn.q_proj.weight"), q_dim, hidden, q_first, q_rows,
+                     (float **)&l->wq);
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("self_attn.k_proj.weight"), kv_dim, hidden, kv_first, kv_rows,
-                     &l->wk);
+                     (float **)&l->wk);
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("self_attn.v_proj.weight"), kv_dim, hidden, kv_first, kv_rows,
-                     &l->wv);
+                     (float **)&l->wv);
     if (rc == 0)
-        rc = ld_cols(L, LD_NAME("self_attn.o_proj.weight"), hidden, q_dim, q_first, q_rows, &l->wo);
+        rc = ld_cols(L, LD_NAME("self_attn.o_proj.weight"), hidden, q_dim, q_first, q_rows,
+                     (float **)&l->wo);
     if (rc == 0 && m->cfg.attn_bias) {
         /* A bias is one row per output feature: it is cut like the rows of its weight. */
         rc = ld_band(L, LD_NAME("self_attn.q_proj.bias"), 0, q_dim, 0, 1, q_first, q_rows, &l->bq);
@@ -262,13 +264,13 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
     }
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("mlp.gate_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
-                     &l->w_gate);
+                     (float **)&l->w_gate);
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("mlp.up_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
-                     &l->w_up);
+                     (float **)&l->w_up);
     if (rc == 0)
         rc = ld_cols(L, LD_NAME("mlp.down_proj.weight"), hidden, ffn, s->ffn_first, s->ffn_count,
-                     &l->w_down);
+                     (float **)&l->w_down);
 #undef LD_NAME
     if (rc != 0)
         gang_tp_layer_free(l);
@@ -299,13 +301,18 @@ static int ld_ends(loader *L, gang_model *m)
     const char *head = m->cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     int rc = 0;
 
-    if (m->place.pp_stage == 0)
-        rc = ld_rows(L, "model.embed_tokens.weight", vocab, hidden, 0, vocab, &m->embed);
+    float *arr = NULL;
+
+    if (m->place.pp_stage == 0) {
+        rc = ld_rows(L, "model.embed_tokens.weight", vocab, hidden, 0, vocab, &arr);
+        m->embed = arr;
+    }
     if (rc == 0 && m->place.pp_stage == m->topo.pp - 1) {
         rc = ld_norm(L, m, "model.norm.weight", hidden, &m->final_norm);
+        arr = NULL;
         if (rc == 0)
-            rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count,
-                         &m->lm_head);
+            rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
+        m->lm_head = arr;
     }
     return rc;
 }
@@ -316,26 +323,88 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
     return gang_model_load_ex(dir, t, rank, NULL, out, err, errlen);
 }
 
-/* The storage options this build honours: f32 only (auto is f32 storage). */
-static int ld_check_options(const gang_load_options *o, char *err, size_t errlen)
+/*
+ * The weight storage of options o (NULL: f32) for a model of config c (NULL: the flags
+ * are only checked): --quantize int8 wins over --dtype; "auto" is the checkpoint's torch_dtype for
+ * safetensors (F32, BF16 or F16: nothing is rounded) and f32 for a GGUF file (its quantized tensors
+ * are dequantized).
+ */
+static int ld_storage(const gang_load_options *o, const gang_model_config *c, int is_gguf,
+                      gang_kernels_wtype *out, char *err, size_t errlen)
 {
-    const char *dt = o != NULL && o->dtype != NULL ? o->dtype : "auto";
+    const char *dt = o == NULL ? "f32" : o->dtype != NULL ? o->dtype : "auto";
     const char *q = o != NULL && o->quantize != NULL ? o->quantize : "none";
 
-    if (strcmp(dt, "auto") != 0 && strcmp(dt, "f32") != 0 && strcmp(dt, "bf16") != 0 &&
-        strcmp(dt, "f16") != 0) {
-        gang_set_err(err, errlen, "--dtype %s: not one of auto, f32, bf16, f16", dt);
-        return GANG_EINVAL;
-    }
-    if (strcmp(q, "none") != 0 && strcmp(q, "int8") != 0) {
+    if (strcmp(q, "int8") == 0) {
+        *out = GANG_KW_I8;
+    } else if (strcmp(q, "none") != 0) {
         gang_set_err(err, errlen, "--quantize %s: not one of none, int8", q);
         return GANG_EINVAL;
     }
-    if (strcmp(dt, "bf16") == 0 || strcmp(dt, "f16") == 0 || strcmp(q, "int8") == 0) {
-        gang_set_err(err, errlen, "--dtype %s --quantize %s: only f32 weight storage is built", dt,
-                     q);
-        return GANG_ENOSYS;
+    if (strcmp(dt, "f32") == 0)
+        *out = GANG_KW_F32;
+    else if (strcmp(dt, "bf16") == 0)
+        *out = GANG_KW_BF16;
+    else if (strcmp(dt, "f16") == 0)
+        *out = GANG_KW_F16;
+    else if (strcmp(dt, "auto") == 0)
+        *out = is_gguf || c == NULL          ? GANG_KW_F32
+               : c->dtype == GANG_DTYPE_BF16 ? GANG_KW_BF16
+               : c->dtype == GANG_DTYPE_F16  ? GANG_KW_F16
+                                             : GANG_KW_F32;
+    else {
+        gang_set_err(err, errlen, "--dtype %s: not one of auto, f32, bf16, f16", dt);
+        return GANG_EINVAL;
     }
+    if (strcmp(q, "int8") == 0)
+        *out = GANG_KW_I8;
+    return 0;
+}
+
+/*
+ * Packs the host f32 matrix *arr [rows, cols] into storage t (nothing for f32), replacing
+ * it, and counts the difference in L->bytes (which then holds the stored bytes).
+ */
+static int ld_pack(loader *L, gang_kernels_wtype t, void **arr, size_t rows, size_t cols)
+{
+    void *p;
+    int rc;
+
+    if (t == GANG_KW_F32 || *arr == NULL)
+        return 0;
+    p = malloc(gang_kernels_weight_bytes(t, rows, cols));
+    if (p == NULL)
+        return GANG_ENOMEM;
+    rc = gang_kernels_weight_pack(t, *arr, rows, cols, p);
+    if (rc != 0) {
+        free(p);
+        gang_set_err(L->err, L->errlen, "a weight [%zu, %zu] cannot be stored as %s (not finite)",
+                     rows, cols, gang_kernels_wtype_name(t));
+        return GANG_EMODEL;
+    }
+    free(*arr);
+    *arr = p;
+    L->bytes += gang_kernels_weight_bytes(t, rows, cols);
+    L->bytes -= rows * cols * sizeof(float);
+    return 0;
+}
+
+/* A decoder layer's seven matrices into the storage t, with the byte count kept. */
+static int ld_pack_layer(loader *L, gang_kernels_wtype t, gang_tp_layer *l)
+{
+    size_t f32 = gang_tp_layer_weight_bytes(l);
+    int rc;
+
+    if (t == GANG_KW_F32)
+        return 0;
+    rc = gang_tp_layer_pack(l, t);
+    if (rc != 0) {
+        gang_set_err(L->err, L->errlen, "a layer's weights cannot be stored as %s%s",
+                     gang_kernels_wtype_name(t), rc == GANG_EINVAL ? " (not finite)" : "");
+        return rc == GANG_EINVAL ? GANG_EMODEL : rc;
+    }
+    L->bytes += gang_tp_layer_weight_bytes(l);
+    L->bytes -= f32;
     return 0;
 }
 
@@ -343,6 +412,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                        const gang_load_options *o, gang_model **out, char *err, size_t errlen)
 {
     gang_model *m;
+    gang_kernels_wtype wt;
     loader L;
     uint32_t i;
     int rc;
@@ -353,7 +423,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
         *out = NULL;
     if (dir == NULL || t == NULL || out == NULL || rank >= t->world_size)
         return GANG_EINVAL;
-    rc = ld_check_options(o, err, errlen);
+    rc = ld_storage(o, NULL, 0, &wt, err, errlen); /* the flags, before any file is read */
     if (rc != 0)
         return rc;
     m = calloc(1, sizeof(*m));
@@ -376,6 +446,8 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
 
     L.is_gguf = gang__gguf_is_path(dir);
     L.hf = &m->cfg;
+    if ((rc = ld_storage(o, &m->cfg, L.is_gguf, &wt, err, errlen)) != 0)
+        goto out_free;
     rc = L.is_gguf ? gang__gguf_open(dir, &L.gg, err, errlen)
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
@@ -387,12 +459,19 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     }
     for (i = 0; i < m->layer_count; i++) {
         rc = ld_layer(&L, m, m->layer_first + i, &m->layers[i]);
+        if (rc == 0)
+            rc = ld_pack_layer(&L, wt, &m->layers[i]);
         if (rc != 0)
             goto out_close;
     }
     rc = ld_ends(&L, m);
+    if (rc == 0)
+        rc = ld_pack(&L, wt, &m->embed, m->cfg.vocab, m->cfg.hidden);
+    if (rc == 0)
+        rc = ld_pack(&L, wt, &m->lm_head, m->shard.vocab_count, m->cfg.hidden);
     if (rc != 0)
         goto out_close;
+    m->wtype = wt;
     m->weight_bytes = L.bytes;
     free(L.rope_factors);
     gang__st_set_close(&L.set);

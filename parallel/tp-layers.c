@@ -183,13 +183,23 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
  * Row-parallel linear: y [tokens, out] = sum over the TP group of x_shard . w_shard^T, the
  * all-reduce staged through st (see the staging helpers). comm NULL = a single rank.
  */
+/* y [tokens, out] = x [tokens, in] . W^T for a matrix of l in its storage (l->wtype). */
+static int tp_matmul(gang_kernels *k, const gang_tp_layer *l, const float *x, size_t tokens,
+                     size_t in, const void *w, size_t out, float *y)
+{
+    gang_kernels_weight v = gang_kernels_weight_view(l->wtype, w, out, in);
+
+    return gang_kernels_matmul(k, tokens, out, in, x, &v, y);
+}
+
 static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage *st,
-                                const float *x_shard, size_t tokens, size_t in_shard,
-                                const float *w_shard, size_t out, float *y, uint64_t timeout_ms)
+                                const gang_tp_layer *l, const float *x_shard, size_t tokens,
+                                size_t in_shard, const void *w_shard, size_t out, float *y,
+                                uint64_t timeout_ms)
 {
     int rc;
 
-    rc = gang_kernels_gemm(k, 1, tokens, out, in_shard, 1.0f, x_shard, w_shard, 0.0f, y);
+    rc = tp_matmul(k, l, x_shard, tokens, in_shard, w_shard, out, y);
     if (rc != 0)
         return rc;
     /*
@@ -204,41 +214,51 @@ static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage 
 /* ---------------------------------------------------------------------------------
  * Shards of a layer
  * --------------------------------------------------------------------------------- */
-/* The layer's arrays, in a fixed order, for the loops of free and to_device. */
+/* The layer's arrays, in a fixed order, for the loops of free, pack and to_device: the
+ * seven matrices first (TP_LAYER_MATRICES of them, rows x cols each), then the f32
+ * vectors. bytes[] is each array's size in its storage. */
 #define TP_LAYER_ARRAYS 17
+#define TP_LAYER_MATRICES 7
 
-static void tp_layer_arrays(gang_tp_layer *l, float **a[TP_LAYER_ARRAYS], size_t n[TP_LAYER_ARRAYS])
+static void tp_layer_arrays(gang_tp_layer *l, void **a[TP_LAYER_ARRAYS],
+                            size_t bytes[TP_LAYER_ARRAYS], size_t rows[TP_LAYER_MATRICES],
+                            size_t cols[TP_LAYER_MATRICES])
 {
     size_t hidden = l->hidden, q = (size_t)l->shard.head_count * l->head_dim;
     size_t kv = (size_t)l->shard.kv_head_count * l->head_dim, f = l->shard.ffn_count;
+    size_t r[TP_LAYER_MATRICES] = {q, kv, kv, hidden, f, f, hidden};
+    size_t c[TP_LAYER_MATRICES] = {hidden, hidden, hidden, q, hidden, hidden, f};
+    size_t i;
 
-    a[0] = &l->attn_norm, n[0] = hidden;
-    a[1] = &l->wq, n[1] = q * hidden;
-    a[2] = &l->wk, n[2] = kv * hidden;
-    a[3] = &l->wv, n[3] = kv * hidden;
-    a[4] = &l->wo, n[4] = hidden * q;
-    a[5] = &l->mlp_norm, n[5] = hidden;
-    a[6] = &l->w_gate, n[6] = f * hidden;
-    a[7] = &l->w_up, n[7] = f * hidden;
-    a[8] = &l->w_down, n[8] = hidden * f;
-    a[9] = &l->bq, n[9] = q;
-    a[10] = &l->bk, n[10] = kv;
-    a[11] = &l->bv, n[11] = kv;
-    a[12] = &l->q_norm, n[12] = l->head_dim;
-    a[13] = &l->k_norm, n[13] = l->head_dim;
-    a[14] = &l->rope_freq, n[14] = l->head_dim / 2;
-    a[15] = &l->post_attn_norm, n[15] = hidden;
-    a[16] = &l->post_mlp_norm, n[16] = hidden;
+    a[0] = &l->wq, a[1] = &l->wk, a[2] = &l->wv, a[3] = &l->wo;
+    a[4] = &l->w_gate, a[5] = &l->w_up, a[6] = &l->w_down;
+    for (i = 0; i < TP_LAYER_MATRICES; i++) {
+        bytes[i] = gang_kernels_weight_bytes(l->wtype, r[i], c[i]);
+        if (rows != NULL)
+            rows[i] = r[i], cols[i] = c[i];
+    }
+    a[7] = (void **)&l->attn_norm, bytes[7] = hidden;
+    a[8] = (void **)&l->mlp_norm, bytes[8] = hidden;
+    a[9] = (void **)&l->bq, bytes[9] = q;
+    a[10] = (void **)&l->bk, bytes[10] = kv;
+    a[11] = (void **)&l->bv, bytes[11] = kv;
+    a[12] = (void **)&l->q_norm, bytes[12] = l->head_dim;
+    a[13] = (void **)&l->k_norm, bytes[13] = l->head_dim;
+    a[14] = (void **)&l->rope_freq, bytes[14] = l->head_dim / 2;
+    a[15] = (void **)&l->post_attn_norm, bytes[15] = hidden;
+    a[16] = (void **)&l->post_mlp_norm, bytes[16] = hidden;
+    for (i = TP_LAYER_MATRICES; i < TP_LAYER_ARRAYS; i++)
+        bytes[i] *= sizeof(float);
 }
 
 void gang_tp_layer_free(gang_tp_layer *l)
 {
-    float **a[TP_LAYER_ARRAYS];
+    void **a[TP_LAYER_ARRAYS];
     size_t n[TP_LAYER_ARRAYS], i;
 
     if (l == NULL)
         return;
-    tp_layer_arrays(l, a, n);
+    tp_layer_arrays(l, a, n, NULL, NULL);
     for (i = 0; i < TP_LAYER_ARRAYS; i++) {
         if (l->mem != NULL)
             gang_kernels_free(l->mem, *a[i]);
@@ -248,9 +268,57 @@ void gang_tp_layer_free(gang_tp_layer *l)
     memset(l, 0, sizeof(*l));
 }
 
+size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l)
+{
+    void **a[TP_LAYER_ARRAYS];
+    size_t n[TP_LAYER_ARRAYS], sum = 0;
+
+    if (l == NULL)
+        return 0;
+    tp_layer_arrays((gang_tp_layer *)l, a, n, NULL, NULL);
+    for (size_t i = 0; i < TP_LAYER_MATRICES; i++)
+        if (*a[i] != NULL)
+            sum += n[i];
+    return sum;
+}
+
+int gang_tp_layer_pack(gang_tp_layer *l, gang_kernels_wtype t)
+{
+    void **a[TP_LAYER_ARRAYS], *packed[TP_LAYER_MATRICES] = {0};
+    size_t n[TP_LAYER_ARRAYS], rows[TP_LAYER_MATRICES], cols[TP_LAYER_MATRICES], i;
+    int rc = 0;
+
+    if (l == NULL || l->mem != NULL || (unsigned)t > GANG_KW_I8)
+        return GANG_EINVAL;
+    if (t == l->wtype)
+        return 0;
+    if (l->wtype != GANG_KW_F32)
+        return GANG_EINVAL;
+    tp_layer_arrays(l, a, n, rows, cols);
+    /* All or nothing, like to_device: the f32 arrays go only once every one is packed. */
+    for (i = 0; i < TP_LAYER_MATRICES && rc == 0; i++) {
+        if (*a[i] == NULL)
+            continue;
+        packed[i] = malloc(gang_kernels_weight_bytes(t, rows[i], cols[i]));
+        rc = packed[i] == NULL ? GANG_ENOMEM
+                               : gang_kernels_weight_pack(t, *a[i], rows[i], cols[i], packed[i]);
+    }
+    if (rc != 0) {
+        for (i = 0; i < TP_LAYER_MATRICES; i++)
+            free(packed[i]);
+        return rc;
+    }
+    for (i = 0; i < TP_LAYER_MATRICES; i++) {
+        free(*a[i]);
+        *a[i] = packed[i];
+    }
+    l->wtype = t;
+    return 0;
+}
+
 int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
 {
-    float **a[TP_LAYER_ARRAYS], *dev[TP_LAYER_ARRAYS] = {0};
+    void **a[TP_LAYER_ARRAYS], *dev[TP_LAYER_ARRAYS] = {0};
     size_t n[TP_LAYER_ARRAYS], i;
     int rc = 0;
 
@@ -262,14 +330,14 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
-    tp_layer_arrays(l, a, n);
+    tp_layer_arrays(l, a, n, NULL, NULL);
     /* All or nothing: the host arrays are released only once every upload succeeded. */
     for (i = 0; i < TP_LAYER_ARRAYS && rc == 0; i++) {
         if (*a[i] == NULL)
             continue;
-        rc = gang_kernels_alloc(k, n[i] * sizeof(float), (void **)&dev[i]);
+        rc = gang_kernels_alloc(k, n[i], &dev[i]);
         if (rc == 0)
-            rc = gang_kernels_upload(k, dev[i], *a[i], n[i] * sizeof(float));
+            rc = gang_kernels_upload(k, dev[i], *a[i], n[i]);
     }
     if (rc != 0) {
         for (i = 0; i < TP_LAYER_ARRAYS; i++)
@@ -391,13 +459,13 @@ int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_ran
         int by_cols;
         float **dst;
     } cuts[] = {
-        {w->wq, q_dim, hidden, q_first, q_rows, 0, &l->wq},
-        {w->wk, kv_dim, hidden, kv_first, kv_rows, 0, &l->wk},
-        {w->wv, kv_dim, hidden, kv_first, kv_rows, 0, &l->wv},
-        {w->wo, hidden, q_dim, q_first, q_rows, 1, &l->wo},
-        {w->w_gate, t->ffn, hidden, s.ffn_first, s.ffn_count, 0, &l->w_gate},
-        {w->w_up, t->ffn, hidden, s.ffn_first, s.ffn_count, 0, &l->w_up},
-        {w->w_down, hidden, t->ffn, s.ffn_first, s.ffn_count, 1, &l->w_down},
+        {w->wq, q_dim, hidden, q_first, q_rows, 0, (float **)&l->wq},
+        {w->wk, kv_dim, hidden, kv_first, kv_rows, 0, (float **)&l->wk},
+        {w->wv, kv_dim, hidden, kv_first, kv_rows, 0, (float **)&l->wv},
+        {w->wo, hidden, q_dim, q_first, q_rows, 1, (float **)&l->wo},
+        {w->w_gate, t->ffn, hidden, s.ffn_first, s.ffn_count, 0, (float **)&l->w_gate},
+        {w->w_up, t->ffn, hidden, s.ffn_first, s.ffn_count, 0, (float **)&l->w_up},
+        {w->w_down, hidden, t->ffn, s.ffn_first, s.ffn_count, 1, (float **)&l->w_down},
         {w->bq, q_dim, 1, q_first, q_rows, 0, &l->bq},
         {w->bk, kv_dim, 1, kv_first, kv_rows, 0, &l->bk},
         {w->bv, kv_dim, 1, kv_first, kv_rows, 0, &l->bv},
@@ -763,13 +831,13 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
         kp = caches[0]->k + (size_t)seq_pos0[0] * s->kv_cols;
         vp = caches[0]->v + (size_t)seq_pos0[0] * s->kv_cols;
     }
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wq, s->q_cols, s->q);
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wq, s->q_cols, s->q);
     if (rc != 0)
         return rc;
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wk, s->kv_cols, kp);
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wk, s->kv_cols, kp);
     if (rc != 0)
         return rc;
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->wv, s->kv_cols, vp);
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wv, s->kv_cols, vp);
     if (rc != 0)
         return rc;
     rc = tp_add_biases(l, k, s->q, kp, vp, total);
@@ -821,7 +889,7 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
             return rc;
         off += len;
     }
-    return tp_linear_row_staged(k, comm, &s->stage, s->q, total, s->q_cols, l->wo, l->hidden,
+    return tp_linear_row_staged(k, comm, &s->stage, l, s->q, total, s->q_cols, l->wo, l->hidden,
                                 s->delta, timeout_ms);
 }
 
@@ -874,10 +942,10 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_kernels_rmsnorm(k, x, l->mlp_norm, l->norm_eps, total, l->hidden, s->normed);
     if (rc != 0)
         return rc;
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->w_gate, s->ffn_cols, s->gate);
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_gate, s->ffn_cols, s->gate);
     if (rc != 0)
         return rc;
-    rc = gang_tp_linear_column(k, s->normed, total, l->hidden, l->w_up, s->ffn_cols, s->up);
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_up, s->ffn_cols, s->up);
     if (rc != 0)
         return rc;
     rc = l->act == GANG_ACT_GELU_TANH
@@ -889,8 +957,8 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
-    rc = tp_linear_row_staged(k, comm, &s->stage, s->gate, total, s->ffn_cols, l->w_down, l->hidden,
-                              s->delta, left);
+    rc = tp_linear_row_staged(k, comm, &s->stage, l, s->gate, total, s->ffn_cols, l->w_down,
+                              l->hidden, s->delta, left);
     if (rc == 0 && l->post_mlp_norm != NULL)
         rc = gang_kernels_rmsnorm(k, s->delta, l->post_mlp_norm, l->norm_eps, total, l->hidden,
                                   s->delta);

@@ -3,7 +3,8 @@
 # worker processes; with --device fake each worker moves its shard to device memory the
 # host cannot read and runs the engine there (TP / PP staged through host memory over the
 # socket backend). The greedy tokens must equal --device cpu's: a Llama model on 1x1 and
-# TP 2 x PP 2, a Gemma 3 model (GeGLU, scaled embeddings) on TP 2.
+# TP 2 x PP 2, a Gemma 3 model (GeGLU, scaled embeddings) on TP 2, and the Llama model
+# with its weights stored as bf16 (TP 2 x PP 2) and as int8 (1x1), issue #13.
 #
 #   fake-generate.sh GANGLION WORKDIR
 set -u
@@ -15,12 +16,15 @@ for arch in llama gemma3; do
         { echo "mkmodel --arch $arch failed"; exit 1; }
 done
 status=0
-for run in "llama 1 1" "llama 2 2" "gemma3 2 1"; do
+for run in "llama 1 1" "llama 2 2" "gemma3 2 1" "llama 2 2 --dtype bf16" \
+    "llama 1 1 --quantize int8"; do
     set -- $run
-    name="$1-$2x$3"
+    name="$1-$2x$3${5:+-$5}"
+    model=$1 tp=$2 pp=$3
+    shift 3
     for dev in cpu fake; do
-        timeout 120 "$BIN" generate --model "$DIR/$1" --tp "$2" --pp "$3" --device "$dev" \
-            --prompt-ids 1,5,9,13 --max-tokens 12 >"$DIR/out-$dev-$name.txt" \
+        timeout 120 "$BIN" generate --model "$DIR/$model" --tp "$tp" --pp "$pp" --device "$dev" \
+            "$@" --prompt-ids 1,5,9,13 --max-tokens 12 >"$DIR/out-$dev-$name.txt" \
             2>"$DIR/gen-$dev-$name.log" ||
             { echo "generate --device $dev $name failed:"; tail -5 "$DIR/gen-$dev-$name.log"; exit 1; }
     done

@@ -59,6 +59,81 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
                       const float *a, const float *b, float beta, float *c);
 
 /*
+ * Typed weights (issue #13): a linear weight [n, kdim] (Hugging Face's [out, in], row-major)
+ * kept in its own storage, so that a decode step streams half (bf16, f16) or a quarter
+ * (int8) of the f32 bytes. Activations stay f32 and every product is accumulated in f32.
+ *   GANG_KW_F32   f32 elements (the OpenBLAS / cuBLAS f32 path);
+ *   GANG_KW_BF16  bfloat16 elements (converted exactly to f32 in the kernel);
+ *   GANG_KW_F16   IEEE half elements (exactly to f32);
+ *   GANG_KW_I8    weight-only int8: q[o, i] in [-127, 127] and one f32 scale per output
+ *                 row o, w[o, i] = scales[o] * q[o, i] (symmetric, per output channel).
+ * A weight lives in one tensor allocation of gang_kernels_weight_bytes(type, n, kdim)
+ * bytes (the "packed" form that loaders and the model hold): the elements row-major, and
+ * for I8 the n scales after them at byte offset GANG_KW_SCALES_OFFSET(n * kdim).
+ */
+typedef enum gang_kernels_wtype {
+    GANG_KW_F32 = 0,
+    GANG_KW_BF16 = 1,
+    GANG_KW_F16 = 2,
+    GANG_KW_I8 = 3
+} gang_kernels_wtype;
+
+#define GANG_KW_SCALES_OFFSET(elems) (((size_t)(elems) + 63u) / 64u * 64u)
+
+/* A view of one packed weight: data points at the elements, scales (I8 only, else NULL)
+ * at the per-row scales. Both are tensor memory of the handle that computes with it. */
+typedef struct gang_kernels_weight {
+    gang_kernels_wtype type;
+    const void *data;
+    const float *scales;
+} gang_kernels_weight;
+
+/* Bytes of a packed [n, kdim] weight of type t (0 for an unknown type or an overflow). */
+size_t gang_kernels_weight_bytes(gang_kernels_wtype t, size_t n, size_t kdim);
+
+/* The view of the packed weight at blob (tensor memory, not read): data = blob, and for
+ * I8 scales = blob + GANG_KW_SCALES_OFFSET(n * kdim). */
+gang_kernels_weight gang_kernels_weight_view(gang_kernels_wtype t, const void *blob, size_t n,
+                                             size_t kdim);
+
+/*
+ * Host-side packing: converts the f32 matrix src [n, kdim] into the packed form of type t
+ * at dst (host memory of gang_kernels_weight_bytes(t, n, kdim) bytes). BF16 / F16 round to
+ * nearest even; I8 takes scales[o] = max_i |src[o, i]| / 127 (0 for an all-zero row, whose
+ * q are all 0) and q = round(src / scale). Returns 0, or GANG_EINVAL for NULL, a zero size,
+ * an unknown type or a non-finite element (I8).
+ */
+int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, size_t kdim,
+                             void *dst);
+
+/* "f32", "bf16", "f16", "int8" ("?" otherwise). */
+const char *gang_kernels_wtype_name(gang_kernels_wtype t);
+
+/*
+ * y[m, n] = x[m, kdim] . W^T with W the typed weight w [n, kdim], f32 in and out,
+ * products accumulated in f32 (the I8 scale applied once per output). It is
+ * gang_kernels_gemm(trans_b = 1, alpha 1, beta 0) for GANG_KW_F32. y is written, never
+ * read, and must not overlap x or the weight. CPU: OpenBLAS for f32; for the other types
+ * vectorised kernels (AVX2 + FMA + F16C when the CPU has them, else portable C) that read
+ * each weight element once per call whatever m is, split over the rows of W on a small
+ * pool of threads (kernels/cpu/cpu-matmul.c). CUDA: bf16 / f16 through cuBLASLt with x
+ * converted to the weight's type and f32 output, I8 through a kernel that dequantizes on
+ * the fly. The result agrees with the f32 GEMM on the dequantized weight up to f32
+ * summation order (on the CPU within 2e-6 x (1 + log2 kdim) of sum |x w|, unit-kernels;
+ * on CUDA bf16 / f16 also round x to the half type). GANG_EINVAL for NULL, a zero size, an unknown
+ * type or an I8 weight without scales; GANG_ERANGE for sizes beyond int.
+ */
+int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
+                        const gang_kernels_weight *w, float *y);
+
+/*
+ * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale):
+ * out[t, :] = f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding.
+ */
+int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, size_t vocab,
+                             size_t dim, const int32_t *ids, size_t n_ids, float *out);
+
+/*
  * RMSNorm as in Hugging Face Llama: out[r,:] = x[r,:] * rsqrt(mean(x[r,:]^2) + eps) * w[:].
  * x and out are [rows, dim], w is [dim]. The mean of squares is accumulated in double so
  * that long rows of large activations keep their precision. eps must be finite and >= 0.

@@ -184,7 +184,9 @@ int gang_model_topology(const gang_model_config *mc, uint32_t nnodes, uint32_t n
 /*
  * One rank's share of a model: the layers of its pipeline stage cut for its TP rank,
  * the embedding table on stage 0, the final norm and this TP rank's vocabulary rows of
- * the LM head on the last stage. Every array is malloc'd f32 owned by the model.
+ * the LM head on the last stage. Every array is malloc'd and owned by the model: f32, or
+ * for the matrices (embedding, LM head, the layers' projections) packed weights of
+ * wtype when the model was loaded with --dtype bf16 / f16 or --quantize int8.
  * Fields are public so that the engine and tests can build one by hand
  * (gang_model_free releases whatever non-NULL arrays it holds with free()).
  */
@@ -195,15 +197,17 @@ typedef struct gang_model {
     gang_tp_shard shard;   /* heads, ffn columns and vocab rows of this TP rank */
     uint32_t layer_first;  /* layers [layer_first, layer_first + layer_count) */
     uint32_t layer_count;
-    gang_tp_layer *layers; /* [layer_count] shards (gang_tp_layer_free each) */
-    float *embed;          /* stage 0: [vocab, hidden] embed_tokens, else NULL */
-    float *final_norm;     /* last stage: [hidden] model.norm, else NULL */
-    float *lm_head;        /* last stage: [shard.vocab_count, hidden] rows of lm_head
-                              (of embed_tokens when tied), else NULL */
-    size_t weight_bytes;   /* bytes of f32 weights this rank holds */
-    gang_kernels *mem;     /* after gang_model_to_device: the device handle holding every
-                              array (embed, final_norm, lm_head and the layers'); NULL
-                              while they are host arrays */
+    gang_tp_layer *layers;    /* [layer_count] shards (gang_tp_layer_free each) */
+    gang_kernels_wtype wtype; /* storage of embed, lm_head and the layers' matrices
+                                 (gang_kernels_weight_bytes; GANG_KW_F32 = 0: f32 arrays) */
+    void *embed;              /* stage 0: [vocab, hidden] embed_tokens (packed), else NULL */
+    float *final_norm;        /* last stage: [hidden] model.norm (f32), else NULL */
+    void *lm_head;            /* last stage: [shard.vocab_count, hidden] rows of lm_head
+                                 (of embed_tokens when tied), packed, else NULL */
+    size_t weight_bytes;      /* bytes of weights this rank holds, in their storage */
+    gang_kernels *mem;        /* after gang_model_to_device: the device handle holding every
+                                 array (embed, final_norm, lm_head and the layers'); NULL
+                                 while they are host arrays */
 } gang_model;
 
 /*
@@ -224,12 +228,18 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
                     char *err, size_t errlen);
 
 /*
- * How gang_model_load_ex stores the weights (`--dtype`, `--quantize`). A zeroed struct
- * (or NULL) is gang_model_load's behaviour.
- *   dtype:    NULL or "auto": the checkpoint's own precision; "f32", "bf16", "f16".
- *   quantize: NULL or "none"; "int8": weight-only int8 with per-output-channel scales.
- * After a load, m->weight_bytes is the bytes of weights this rank holds in the chosen
- * storage (what a decode step streams), whatever the storage is.
+ * How gang_model_load_ex stores the weights (`--dtype`, `--quantize`); o NULL is
+ * gang_model_load's behaviour (every weight f32, as the tests and hand-built shards
+ * expect).
+ *   dtype:    NULL or "auto": the checkpoint's own precision (torch_dtype of a
+ *             safetensors model: F32, BF16 or F16, so nothing is rounded; f32 for a GGUF
+ *             file, whose quantized tensors are dequantized); "f32", "bf16", "f16".
+ *   quantize: NULL or "none"; "int8": weight-only int8 with one scale per output row
+ *             (per output channel of the rank's shard), whatever dtype says.
+ * The matrices (the layers' projections, the embedding table, the LM head) are stored so
+ * (m->wtype); norms, biases and RoPE tables stay f32. After a load, m->weight_bytes is
+ * the bytes of weights this rank holds in the chosen storage (what a decode step
+ * streams), whatever the storage is.
  */
 typedef struct gang_load_options {
     const char *dtype;
@@ -237,9 +247,9 @@ typedef struct gang_load_options {
 } gang_load_options;
 
 /*
- * gang_model_load with options o (NULL: defaults). A dtype or quantize value outside the
- * lists above is GANG_EINVAL with a message in err naming the flag and the value; a
- * storage this build cannot compute with is GANG_ENOSYS with a message.
+ * gang_model_load with options o (NULL: f32 storage). A dtype or quantize value outside
+ * the lists above is GANG_EINVAL with a message in err naming the flag and the value; a
+ * weight that cannot be stored as int8 (not finite) is GANG_EMODEL.
  */
 int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                        const gang_load_options *o, gang_model **out, char *err, size_t errlen);

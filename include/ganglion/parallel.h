@@ -287,22 +287,25 @@ typedef enum gang_tp_act {
  * or tensor memory of mem after gang_tp_layer_to_device.
  */
 typedef struct gang_tp_layer {
-    gang_kernels *mem;      /* handle whose memory holds the arrays, NULL: host malloc */
-    gang_tp_shard shard;    /* which heads and ffn columns these arrays hold */
-    uint32_t tp;            /* TP degree the shard was cut for */
-    uint32_t hidden;        /* model width */
-    uint32_t head_dim;      /* per-head width */
-    float rope_theta;       /* RoPE base */
-    float norm_eps;         /* RMSNorm epsilon */
-    float *attn_norm;       /* [hidden], replicated on every rank */
-    float *wq;              /* [head_count x head_dim, hidden] rows of q_proj */
-    float *wk;              /* [kv_head_count x head_dim, hidden] rows of k_proj */
-    float *wv;              /* [kv_head_count x head_dim, hidden] rows of v_proj */
-    float *wo;              /* [hidden, head_count x head_dim] columns of o_proj */
+    gang_kernels *mem;   /* handle whose memory holds the arrays, NULL: host malloc */
+    gang_tp_shard shard; /* which heads and ffn columns these arrays hold */
+    uint32_t tp;         /* TP degree the shard was cut for */
+    uint32_t hidden;     /* model width */
+    uint32_t head_dim;   /* per-head width */
+    float rope_theta;    /* RoPE base */
+    float norm_eps;      /* RMSNorm epsilon */
+    float *attn_norm;    /* [hidden], replicated on every rank */
+    /* The seven matrices are packed weights of type wtype (gang_kernels_weight_bytes:
+     * f32 arrays while wtype is GANG_KW_F32, the default; see gang_tp_layer_pack). */
+    gang_kernels_wtype wtype;
+    void *wq;               /* [head_count x head_dim, hidden] rows of q_proj */
+    void *wk;               /* [kv_head_count x head_dim, hidden] rows of k_proj */
+    void *wv;               /* [kv_head_count x head_dim, hidden] rows of v_proj */
+    void *wo;               /* [hidden, head_count x head_dim] columns of o_proj */
     float *mlp_norm;        /* [hidden], replicated on every rank */
-    float *w_gate;          /* [ffn_count, hidden] rows of gate_proj */
-    float *w_up;            /* [ffn_count, hidden] rows of up_proj */
-    float *w_down;          /* [hidden, ffn_count] columns of down_proj */
+    void *w_gate;           /* [ffn_count, hidden] rows of gate_proj */
+    void *w_up;             /* [ffn_count, hidden] rows of up_proj */
+    void *w_down;           /* [hidden, ffn_count] columns of down_proj */
     float *bq;              /* [head_count x head_dim] q_proj bias (Qwen2), or NULL */
     float *bk;              /* [kv_head_count x head_dim] k_proj bias, or NULL */
     float *bv;              /* [kv_head_count x head_dim] v_proj bias, or NULL */
@@ -340,6 +343,21 @@ int gang_tp_layer_init(gang_tp_layer *l, const gang_topology *t, uint32_t tp_ran
  * a device, which must still be open) and zeroes it; NULL is ignored.
  */
 void gang_tp_layer_free(gang_tp_layer *l);
+
+/*
+ * Converts the seven matrices of a host layer (f32, from gang_tp_layer_init or a loader)
+ * into packed weights of type t (gang_kernels_weight_pack: bf16 / f16 rounding, or int8
+ * with a scale per output row of this shard), one matrix at a time, and sets l->wtype.
+ * Norms, biases and RoPE tables stay f32. The forward pass then multiplies with
+ * gang_kernels_matmul over the packed weights. GANG_KW_F32, or a layer already of type
+ * t, changes nothing. Returns 0, GANG_EINVAL (NULL, a layer on a device or of another
+ * packed type, a non-finite weight for int8) or GANG_ENOMEM; on error the layer is
+ * unchanged (all seven matrices are converted, or none).
+ */
+int gang_tp_layer_pack(gang_tp_layer *l, gang_kernels_wtype t);
+
+/* Bytes the seven matrices of l take in their storage (what a forward pass streams). */
+size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l);
 
 /*
  * Moves a host layer into the tensor memory of k: every array is allocated from k and

@@ -159,8 +159,15 @@ static int cpu_scale(void *ctx, float *x, float a, size_t n)
     return gang__cpu_scale(x, a, n);
 }
 
+static int cpu_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
+                      const gang_kernels_weight *w, float *y)
+{
+    (void)ctx;
+    return gang__cpu_matmul(m, n, kdim, x, w, y);
+}
+
 /* Every id is checked before the first row is copied: nothing is written on a bad id. */
-static int cpu_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
+static int cpu_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                          const int32_t *ids, size_t n_ids, float *out)
 {
     (void)ctx;
@@ -171,7 +178,9 @@ static int cpu_embedding(void *ctx, const float *table, size_t vocab, size_t dim
             return GANG_EINVAL;
         }
     }
-    return gang__cpu_embedding(table, vocab, dim, ids, n_ids, out);
+    if (table->type == GANG_KW_F32)
+        return gang__cpu_embedding(table->data, vocab, dim, ids, n_ids, out);
+    return gang__cpu_embedding_w(table, dim, ids, n_ids, out);
 }
 
 static int cpu_add(void *ctx, float *x, const float *y, size_t n)
@@ -223,6 +232,7 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .silu_mul = cpu_silu_mul,
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale,
+    .matmul = cpu_matmul,
     .embedding = cpu_embedding,
     .add = cpu_add,
     .add_rows = cpu_add_rows,

@@ -8,7 +8,8 @@
  * one thread per core in every process (issue #14 measured about 6 ms of CPU per exec,
  * the largest part of a 64-node gang's start-up on two cores). So the library is opened
  * with dlopen the first time a CPU (or fake) kernels handle is opened or a GEMM runs, and
- * only cblas_sgemm is resolved: the one routine the CPU kernels call.
+ * cblas_sgemm is resolved (the one routine the CPU kernels call), and openblas_set_num_threads
+ * when present (the thread count `bench matmul` and the tests set).
  *
  * Search order: the soname through the normal dlopen search (LD_LIBRARY_PATH,
  * ld.so.cache, the system directories), then the directory pkg-config named at build time
@@ -29,6 +30,7 @@
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static gang__cpu_sgemm_fn blas_sgemm;
 static int blas_rc;
+static void (*blas_set_threads)(int);
 
 int gang__cpu_blas_open(const char *soname, const char *dir, gang__cpu_sgemm_fn *out)
 {
@@ -64,7 +66,32 @@ int gang__cpu_blas_open(const char *soname, const char *dir, gang__cpu_sgemm_fn 
 
 static void blas_load_once(void)
 {
+    void *sym;
+
     blas_rc = gang__cpu_blas_open(GANG_CPU_BLAS_SONAME, GANG_OPENBLAS_LIBDIR, &blas_sgemm);
+    if (blas_rc != 0)
+        return;
+    /* Optional: OpenBLAS's thread count (gang__cpu_blas_set_threads). The library stays
+     * loaded (gang__cpu_blas_open never closes it), so this finds the same handle. */
+    void *h = dlopen(GANG_CPU_BLAS_SONAME, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h == NULL)
+        return;
+    sym = dlsym(h, "openblas_set_num_threads");
+    if (sym != NULL)
+        memcpy(&blas_set_threads, &sym, sizeof(blas_set_threads));
+    dlclose(h); /* drops the reference RTLD_NOLOAD took; the first one keeps it loaded */
+}
+
+int gang__cpu_blas_set_threads(int n)
+{
+    int rc = gang__cpu_blas_load(NULL);
+
+    if (rc != 0)
+        return rc;
+    if (blas_set_threads == NULL)
+        return GANG_ENOSYS;
+    blas_set_threads(n);
+    return 0;
 }
 
 int gang__cpu_blas_load(gang__cpu_sgemm_fn *out)

@@ -17,7 +17,7 @@
 
 #include "ganglion/kernels.h"
 
-/* cpu-blas.c: OpenBLAS through dlopen (only cblas_sgemm is used). */
+/* cpu-blas.c: OpenBLAS through dlopen (cblas_sgemm, and its thread count). */
 #define GANG_CPU_BLAS_SONAME "libopenblas.so.0"
 typedef void (*gang__cpu_sgemm_fn)(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta,
                                    enum CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k,
@@ -29,6 +29,9 @@ typedef void (*gang__cpu_sgemm_fn)(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE 
  * missing; every later call answers the same.
  */
 int gang__cpu_blas_load(gang__cpu_sgemm_fn *out);
+/* OpenBLAS's openblas_set_num_threads(n), through the library gang__cpu_blas_load opened:
+ * 0, the load's error, or GANG_ENOSYS when the library has no such routine. */
+int gang__cpu_blas_set_threads(int n);
 /*
  * One attempt: soname through dlopen's search, then dir/soname. The library stays loaded.
  * 0 with *out, or GANG_ENOENT with a log line naming what was tried. For tests.
@@ -38,6 +41,34 @@ int gang__cpu_blas_open(const char *soname, const char *dir, gang__cpu_sgemm_fn 
 /* cpu-gemm.c */
 int gang__cpu_gemm(int trans_b, size_t m, size_t n, size_t kdim, float alpha, const float *a,
                    const float *b, float beta, float *c);
+
+/* cpu-matmul.c: y = x . W^T over a typed weight (gang_kernels_matmul), rows of W split
+ * over the pool; the portable kernel of rows [o0, o1) of W (y has leading dimension ldy);
+ * the embedding over a typed table (ids already checked). */
+int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
+                     float *y);
+void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
+                               size_t o0, size_t o1, float *y, size_t ldy);
+int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const int32_t *ids,
+                          size_t n_ids, float *out);
+/* Tests: 1 forces the AVX2 kernels (only where usable), 0 the portable ones, -1 decides
+ * again from the CPU. */
+void gang__cpu_matmul_force(int simd);
+
+/* cpu-matmul-avx2.c (compiled with -mavx2 -mfma -mf16c on x86-64): 1 when this build has
+ * the AVX2 kernels and the CPU runs them; the same contract as the portable kernel. */
+int gang__cpu_avx2_usable(void);
+void gang__cpu_matmul_rows_avx2(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
+                                size_t o0, size_t o1, float *y, size_t ldy);
+
+/* cpu-pool.c: runs fn(arg, c) for every chunk c < chunks on the pool's threads and the
+ * caller, returning when all are done (see the file's comment). gang__cpu_threads: the
+ * threads a job may use; gang__cpu_set_threads(1) makes every job run on its caller
+ * (tests), a larger value restores the whole pool. */
+typedef void (*gang__cpu_task)(void *arg, size_t chunk);
+void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks);
+unsigned gang__cpu_threads(void);
+void gang__cpu_set_threads(unsigned n);
 
 /* cpu-ops.c */
 int gang__cpu_rmsnorm(const float *x, const float *w, float eps, size_t rows, size_t dim,

@@ -359,12 +359,49 @@ static int cuda_scale(void *ctx, float *x, float a, size_t n)
 }
 
 /*
+ * y = x . W^T over a typed weight. bf16 / f16: x is converted to the weight's type into a
+ * scratch buffer of the pool (grown when a larger x comes; stream order makes the reuse
+ * safe), then cuBLASLt multiplies half by half into f32 with f32 accumulation. int8: one
+ * kernel that dequantizes each weight row as it reads it (cuda-matmul.cu).
+ */
+static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
+                       const gang_kernels_weight *w, float *y)
+{
+    gang__cuda_ctx *c = ctx;
+    gang_dtype dt = w->type == GANG_KW_BF16 ? GANG_DTYPE_BF16 : GANG_DTYPE_F16;
+    size_t need = m * kdim * sizeof(uint16_t);
+    uintptr_t addr;
+    int rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    if (w->type == GANG_KW_I8)
+        return gang__cuda_launch_matmul_i8(c->stream, m, n, kdim, x, w->data, w->scales, y);
+    if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
+        return GANG_ENOSYS;
+    if (need > c->mm_scratch_bytes) {
+        if (c->mm_scratch != NULL)
+            gang__cuda_pool_free(&c->pool, (uintptr_t)c->mm_scratch);
+        c->mm_scratch = NULL;
+        c->mm_scratch_bytes = 0;
+        if ((rc = gang__cuda_pool_alloc(&c->pool, need, &addr)) < 0)
+            return rc;
+        c->mm_scratch = (void *)addr;
+        c->mm_scratch_bytes = need;
+    }
+    rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch, m * kdim);
+    if (rc < 0)
+        return rc;
+    return gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, y);
+}
+
+/*
  * Two kernels on the stream: the first checks every id and sets word 1 on a bad one, the
  * second copies rows only when word 1 is clear, so out stays untouched on a bad id
  * without the host seeing the ids. The word is then read back (a synchronous 4-byte
  * copy) so that the caller gets GANG_EINVAL from this call, as the contract says.
  */
-static int cuda_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
+static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                           const int32_t *ids, size_t n_ids, float *out)
 {
     gang__cuda_ctx *c = ctx;
@@ -377,7 +414,12 @@ static int cuda_embedding(void *ctx, const float *table, size_t vocab, size_t di
         return rc;
     if ((rc = gang__cuda_launch_check_ids(c->stream, ids, n_ids, vocab, c->dev_flag + 1)) < 0)
         return rc;
-    rc = gang__cuda_launch_embedding(c->stream, table, dim, ids, n_ids, c->dev_flag + 1, out);
+    if (table->type == GANG_KW_F32)
+        rc = gang__cuda_launch_embedding(c->stream, table->data, dim, ids, n_ids, c->dev_flag + 1,
+                                         out);
+    else
+        rc = gang__cuda_launch_embedding_w(c->stream, (int)table->type, table->data, table->scales,
+                                           dim, ids, n_ids, c->dev_flag + 1, out);
     if (rc < 0)
         return rc;
     rc = gang__cuda_err(cudaMemcpyAsync(c->host_flag + 1, c->dev_flag + 1, sizeof(int),
@@ -481,6 +523,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .silu_mul = cuda_silu_mul,
     .gelu_mul = cuda_gelu_mul,
     .scale = cuda_scale,
+    .matmul = cuda_matmul,
     .embedding = cuda_embedding,
     .add = cuda_add,
     .add_rows = cuda_add_rows,

@@ -35,6 +35,7 @@ struct gang__cuda_plan {
     int valid;
     gang_dtype dt;
     int trans_b;
+    int out_f32; /* half a and b with an f32 c (gang_kernels_matmul) */
     size_t m, n, k;
     unsigned align; /* common alignment of a, b, c in bytes (<= 256) */
     cublasLtMatmulDesc_t op;
@@ -165,7 +166,8 @@ static int plan_build(gang__cuda_ctx *c, gang__cuda_plan *p)
              "layout A")) < 0 ||
         (rc = lt_err(gang__blas.cublasLtMatrixLayoutCreate(&p->lb, t, p->k, p->m, (int64_t)p->k),
                      "layout B")) < 0 ||
-        (rc = lt_err(gang__blas.cublasLtMatrixLayoutCreate(&p->lc, t, p->n, p->m, (int64_t)p->n),
+        (rc = lt_err(gang__blas.cublasLtMatrixLayoutCreate(&p->lc, p->out_f32 ? CUDA_R_32F : t,
+                                                           p->n, p->m, (int64_t)p->n),
                      "layout C")) < 0)
         goto out;
     if ((rc = lt_err(gang__blas.cublasLtMatmulPreferenceCreate(&pref), "preference")) < 0)
@@ -203,8 +205,8 @@ out:
 }
 
 /* Finds the cached plan of a shape or builds it in a free (or the next victim) slot. */
-static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n, size_t k,
-                    unsigned align, gang__cuda_plan **out)
+static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, int out_f32, size_t m, size_t n,
+                    size_t k, unsigned align, gang__cuda_plan **out)
 {
     gang__cuda_plan *slot = NULL;
     int rc;
@@ -217,8 +219,8 @@ static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, siz
                 slot = p;
             continue;
         }
-        if (p->dt == dt && p->trans_b == trans_b && p->m == m && p->n == n && p->k == k &&
-            p->align == align) {
+        if (p->dt == dt && p->trans_b == trans_b && p->out_f32 == out_f32 && p->m == m &&
+            p->n == n && p->k == k && p->align == align) {
             *out = p;
             return 0;
         }
@@ -229,6 +231,7 @@ static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, siz
     }
     slot->dt = dt;
     slot->trans_b = trans_b;
+    slot->out_f32 = out_f32;
     slot->m = m;
     slot->n = n;
     slot->k = k;
@@ -239,11 +242,11 @@ static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, siz
     return 0;
 }
 
-static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
-                    float alpha, const void *a, const void *b, float beta, void *cmat)
+static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, int out_f32, size_t m, size_t n,
+                    size_t kdim, float alpha, const void *a, const void *b, float beta, void *cmat)
 {
     gang__cuda_plan *p;
-    int rc = plan_get(c, dt, trans_b, m, n, kdim, ptr_align(a, b, cmat), &p);
+    int rc = plan_get(c, dt, trans_b, out_f32, m, n, kdim, ptr_align(a, b, cmat), &p);
 
     if (rc < 0)
         return rc;
@@ -261,7 +264,13 @@ int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, s
 
     if (rc < 0)
         return rc;
-    return gemm_run(c, dt, trans_b != 0, m, n, kdim, alpha, a, b, beta, cmat);
+    return gemm_run(c, dt, trans_b != 0, 0, m, n, kdim, alpha, a, b, beta, cmat);
+}
+
+int gang__cuda_gemm_half_f32(gang__cuda_ctx *c, gang_dtype dt, size_t m, size_t n, size_t kdim,
+                             const void *a, const void *b, float *cmat)
+{
+    return gemm_run(c, dt, 1, 1, m, n, kdim, 1.0f, a, b, 0.0f, cmat);
 }
 
 /* The peer of the benchmark: the same column-major mapping through cublasGemmEx. */
@@ -321,7 +330,7 @@ int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t
         if ((rc = gang__cuda_err(cudaEventCreate(&ev[i]), "cudaEventCreate")) < 0)
             goto out_events;
     cudaEventRecord(ev[0], c->stream);
-    rc = gemm_run(c, dt, trans_b, m, n, kdim, 1.0f, a, b, 0.0f, c_ours);
+    rc = gemm_run(c, dt, trans_b, 0, m, n, kdim, 1.0f, a, b, 0.0f, c_ours);
     cudaEventRecord(ev[1], c->stream);
     if (rc == 0)
         rc = gemm_ref(c, dt, trans_b, m, n, kdim, a, b, c_ref);

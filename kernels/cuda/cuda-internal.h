@@ -71,6 +71,8 @@ typedef struct gang__cuda_ctx {
     int *dev_flag;          /* device word: kernels OR error bits into it */
     float *att_scratch;     /* partial states of split-key attention (pool) */
     size_t att_scratch_floats;
+    void *mm_scratch; /* x converted to half for gang_kernels_matmul (pool) */
+    size_t mm_scratch_bytes;
     int sm_count;   /* multiprocessors of the device */
     int *host_flag; /* pinned host copy for reading it back */
 } gang__cuda_ctx;
@@ -87,6 +89,10 @@ int gang__cuda_gemm_init(gang__cuda_ctx *c);
 void gang__cuda_gemm_fini(gang__cuda_ctx *c);
 int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                     float alpha, const void *a, const void *b, float beta, void *cmat);
+/* y[m, n] (f32) = a[m, k] . b[n, k]^T with a and b of half type dt (bf16 / f16), f32
+ * accumulation: the cuBLASLt half of gang_kernels_matmul. The device is current. */
+int gang__cuda_gemm_half_f32(gang__cuda_ctx *c, gang_dtype dt, size_t m, size_t n, size_t kdim,
+                             const void *a, const void *b, float *cmat);
 int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                          const void *a, const void *b, void *c_ours, void *c_ref, float *ours_ms,
                          float *ref_ms);
@@ -115,6 +121,13 @@ int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias, size
                                size_t cols);
 int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
                              int32_t *out);
+/* cuda-matmul.cu: y = x . W^T for an int8 weight (w, scales), dequantized on the fly;
+ * the embedding over a typed table (wtype a gang_kernels_wtype; scales for int8). */
+int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim, const float *x,
+                                const int8_t *w, const float *scales, float *y);
+int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
+                                  size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
+                                  float *out);
 int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src, gang_dtype to,
                               void *dst, size_t n);
 /* dtype: the cache's elements (f32 for a contiguous one). table NULL: contiguous cache,

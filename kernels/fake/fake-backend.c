@@ -369,15 +369,39 @@ static int fake_scale(void *ctx, float *x, float a, size_t n)
     return CPU->scale(NULL, DEV(x, F32(n)), a, n);
 }
 
-static int fake_embedding(void *ctx, const float *table, size_t vocab, size_t dim,
+/* A weight view with its pointers translated into the shadow (n rows of kdim). */
+static gang_kernels_weight fake_weight(const gang_kernels_weight *w, size_t n, size_t kdim)
+{
+    size_t es = w->type == GANG_KW_F32 ? 4 : w->type == GANG_KW_I8 ? 1 : 2;
+    gang_kernels_weight h = {.type = w->type, .data = DEV(w->data, n * kdim * es)};
+
+    if (w->scales != NULL)
+        h.scales = DEV(w->scales, F32(n));
+    return h;
+}
+
+static int fake_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
+                       const gang_kernels_weight *w, float *y)
+{
+    fake_ctx *c = ctx;
+    gang_kernels_weight h = fake_weight(w, n, kdim);
+
+    fake_op(ctx);
+    c->st.gemms++;
+    c->st.waits_at_gemm = c->st.host_waits;
+    return CPU->matmul(NULL, m, n, kdim, DEV(x, F32(m * kdim)), &h, DEV(y, F32(m * n)));
+}
+
+static int fake_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                           const int32_t *ids, size_t n_ids, float *out)
 {
     fake_ctx *c = ctx;
+    gang_kernels_weight h = fake_weight(table, vocab, dim);
 
     fake_op(ctx);
     c->st.host_waits++; /* "cuda" reads its id check back before returning */
-    return CPU->embedding(NULL, DEV(table, F32(vocab * dim)), vocab, dim,
-                          DEV(ids, n_ids * sizeof(int32_t)), n_ids, DEV(out, F32(n_ids * dim)));
+    return CPU->embedding(NULL, &h, vocab, dim, DEV(ids, n_ids * sizeof(int32_t)), n_ids,
+                          DEV(out, F32(n_ids * dim)));
 }
 
 static int fake_add(void *ctx, float *x, const float *y, size_t n)
@@ -422,6 +446,7 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .silu_mul = fake_silu_mul,
     .gelu_mul = fake_gelu_mul,
     .scale = fake_scale,
+    .matmul = fake_matmul,
     .embedding = fake_embedding,
     .add = fake_add,
     .add_rows = fake_add_rows,

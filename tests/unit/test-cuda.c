@@ -477,6 +477,79 @@ static void test_gpu_gemm_half(void **state)
     }
 }
 
+/*
+ * Typed weights (issue #13): gang_kernels_matmul and the typed embedding on the GPU
+ * against the CPU backend on the same packed weights. int8 and the embeddings compute in
+ * f32 as the CPU does (2e-5); bf16 / f16 round x to the weight's type as well (the
+ * tolerances of the half GEMM above).
+ */
+static void matmul_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd, double tol)
+{
+    float *x = rnd_buf(m * kd, 1.0f), *wf = rnd_buf(n * kd, 0.5f);
+    float *ref = malloc(m * n * 4), *got;
+    size_t bytes = gang_kernels_weight_bytes(t, n, kd);
+    void *blob = malloc(bytes), *dw, *dx, *dy = NULL;
+    gang_kernels_weight hw, gw;
+    char what[96];
+
+    assert_true(ref != NULL && blob != NULL);
+    assert_int_equal(gang_kernels_weight_pack(t, wf, n, kd, blob), 0);
+    hw = gang_kernels_weight_view(t, blob, n, kd);
+    assert_int_equal(gang_kernels_matmul(fx.cpu, m, n, kd, x, &hw, ref), 0);
+    dw = dev_copy(blob, bytes);
+    dx = dev_copy(x, m * kd * 4);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, m * n * 4, &dy), 0);
+    gw = gang_kernels_weight_view(t, dw, n, kd);
+    assert_int_equal(gang_kernels_matmul(fx.gpu, m, n, kd, dx, &gw, dy), 0);
+    got = dev_fetch(dy, m * n * 4);
+    snprintf(what, sizeof(what), "matmul %s m=%zu n=%zu k=%zu", gang_kernels_wtype_name(t), m, n,
+             kd);
+    assert_close(got, ref, m * n, tol, what);
+    gang_kernels_free(fx.gpu, dw);
+    gang_kernels_free(fx.gpu, dx);
+    gang_kernels_free(fx.gpu, dy);
+    free(x), free(wf), free(ref), free(got), free(blob);
+}
+
+static void test_gpu_matmul_typed(void **state)
+{
+    static const size_t ms[] = {1, 3, 32}, ns[] = {1, 67, 1536}, ks[] = {8, 67, 576};
+    const size_t vocab = 300, dim = 72;
+    int32_t ids[5] = {0, 299, 7, 7, 150};
+
+    (void)state;
+    NEED_GPU();
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t c = 0; c < 3; c++) {
+                matmul_case(GANG_KW_I8, ms[a], ns[b], ks[c], 2e-5);
+                matmul_case(GANG_KW_BF16, ms[a], ns[b], ks[c], 1.6e-2);
+                matmul_case(GANG_KW_F16, ms[a], ns[b], ks[c], 2e-3);
+            }
+    for (int t = GANG_KW_BF16; t <= GANG_KW_I8; t++) {
+        float *table = rnd_buf(vocab * dim, 1.0f), *ref = malloc(sizeof(ids) / 4 * dim * 4), *got;
+        size_t bytes = gang_kernels_weight_bytes((gang_kernels_wtype)t, vocab, dim);
+        void *blob = malloc(bytes), *dtab, *dout = NULL;
+        int32_t *di = dev_copy(ids, sizeof(ids));
+        gang_kernels_weight hw, gw;
+
+        assert_int_equal(gang_kernels_weight_pack((gang_kernels_wtype)t, table, vocab, dim, blob),
+                         0);
+        hw = gang_kernels_weight_view((gang_kernels_wtype)t, blob, vocab, dim);
+        assert_int_equal(gang_kernels_embedding_w(fx.cpu, &hw, vocab, dim, ids, 5, ref), 0);
+        dtab = dev_copy(blob, bytes);
+        gw = gang_kernels_weight_view((gang_kernels_wtype)t, dtab, vocab, dim);
+        assert_int_equal(gang_kernels_alloc(fx.gpu, 5 * dim * 4, &dout), 0);
+        assert_int_equal(gang_kernels_embedding_w(fx.gpu, &gw, vocab, dim, di, 5, dout), 0);
+        got = dev_fetch(dout, 5 * dim * 4);
+        assert_close(got, ref, 5 * dim, 1e-6, "typed embedding");
+        gang_kernels_free(fx.gpu, dtab);
+        gang_kernels_free(fx.gpu, dout);
+        gang_kernels_free(fx.gpu, di);
+        free(table), free(ref), free(got), free(blob);
+    }
+}
+
 /* ---------------------------------------------------------------------------------
  * GPU: row and element-wise operations.
  * --------------------------------------------------------------------------------- */
@@ -894,6 +967,7 @@ int main(void)
         cmocka_unit_test(test_gpu_pool),
         cmocka_unit_test(test_gpu_gemm_f32),
         cmocka_unit_test(test_gpu_gemm_half),
+        cmocka_unit_test(test_gpu_matmul_typed),
         cmocka_unit_test(test_gpu_rmsnorm),
         cmocka_unit_test(test_gpu_rope),
         cmocka_unit_test(test_gpu_softmax),

@@ -18,7 +18,7 @@
 
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
-#include "cpu/cpu.h"
+#include "cpu/cpu.h" /* the typed matmul's kernel and thread switches */
 
 static const size_t sizes[] = {1, 3, 17, 64, 129};
 #define N_SIZES (sizeof(sizes) / sizeof(sizes[0]))
@@ -1087,6 +1087,251 @@ static void test_errors(void **state)
     assert_int_equal(gang_kernels_argmax(k, x, 1, (size_t)INT32_MAX + 1, am), GANG_ERANGE);
 }
 
+/* ---------------------------------------------------------------------------------
+ * Typed weights: packing, matmul and embedding over bf16 / f16 / int8 storage.
+ * --------------------------------------------------------------------------------- */
+
+/* Element (o, i) of a packed weight as the kernels must see it (I8: q x scale). */
+static double packed_elem(gang_kernels_wtype t, const void *blob, size_t n, size_t kdim, size_t o,
+                          size_t i)
+{
+    gang_kernels_weight w = gang_kernels_weight_view(t, blob, n, kdim);
+    size_t j = o * kdim + i;
+
+    switch (t) {
+    case GANG_KW_BF16:
+        return gang_bf16_to_f32(((const uint16_t *)w.data)[j]);
+    case GANG_KW_F16:
+        return gang_f16_to_f32(((const uint16_t *)w.data)[j]);
+    case GANG_KW_I8:
+        return (double)((const int8_t *)w.data)[j] * (double)w.scales[o];
+    case GANG_KW_F32:
+        break;
+    }
+    return ((const float *)w.data)[j];
+}
+
+static void *pack_new(gang_kernels_wtype t, const float *src, size_t n, size_t kdim)
+{
+    size_t bytes = gang_kernels_weight_bytes(t, n, kdim);
+    void *blob = malloc(bytes);
+
+    assert_true(bytes > 0);
+    assert_non_null(blob);
+    assert_int_equal(gang_kernels_weight_pack(t, src, n, kdim, blob), 0);
+    return blob;
+}
+
+static void test_weight_pack(void **state)
+{
+    const size_t n = 5, kd = 67;
+    float *src = rnd_buf(n * kd, 3.0f);
+    void *blob;
+
+    (void)state;
+    assert_int_equal(gang_kernels_weight_bytes(GANG_KW_F32, 3, 5), 60);
+    assert_int_equal(gang_kernels_weight_bytes(GANG_KW_BF16, 3, 5), 30);
+    assert_int_equal(gang_kernels_weight_bytes(GANG_KW_I8, 3, 5), 64 + 12);
+    assert_int_equal(gang_kernels_weight_bytes(GANG_KW_I8, 1, 64), 64 + 4);
+    assert_int_equal(gang_kernels_weight_bytes((gang_kernels_wtype)9, 3, 5), 0);
+    assert_int_equal(gang_kernels_weight_bytes(GANG_KW_F32, SIZE_MAX, 2), 0);
+    assert_string_equal(gang_kernels_wtype_name(GANG_KW_I8), "int8");
+    assert_string_equal(gang_kernels_wtype_name(GANG_KW_BF16), "bf16");
+
+    blob = pack_new(GANG_KW_BF16, src, n, kd);
+    for (size_t i = 0; i < n * kd; i++)
+        assert_int_equal(((uint16_t *)blob)[i], gang_f32_to_bf16(src[i]));
+    free(blob);
+    blob = pack_new(GANG_KW_F16, src, n, kd);
+    for (size_t i = 0; i < n * kd; i++)
+        assert_int_equal(((uint16_t *)blob)[i], gang_f32_to_f16(src[i]));
+    free(blob);
+
+    /* int8: the scale is the row's max |w| / 127, each element within half a step. */
+    for (size_t i = 0; i < kd; i++)
+        src[2 * kd + i] = 0.0f; /* an all-zero row: scale 0, q 0 */
+    blob = pack_new(GANG_KW_I8, src, n, kd);
+    for (size_t o = 0; o < n; o++) {
+        gang_kernels_weight w = gang_kernels_weight_view(GANG_KW_I8, blob, n, kd);
+        float amax = 0.0f;
+
+        for (size_t i = 0; i < kd; i++)
+            amax = fmaxf(amax, fabsf(src[o * kd + i]));
+        assert_true(w.scales[o] == amax / 127.0f);
+        for (size_t i = 0; i < kd; i++) {
+            double err = fabs(packed_elem(GANG_KW_I8, blob, n, kd, o, i) - src[o * kd + i]);
+
+            assert_true(err <= 0.5 * w.scales[o] * (1 + 1e-6));
+            assert_true(abs(((int8_t *)w.data)[o * kd + i]) <= 127);
+        }
+    }
+    free(blob);
+
+    /* Refusals: NULL, zero sizes, an unknown type, a non-finite element for int8. */
+    blob = malloc(gang_kernels_weight_bytes(GANG_KW_I8, n, kd));
+    assert_int_equal(gang_kernels_weight_pack(GANG_KW_I8, NULL, n, kd, blob), GANG_EINVAL);
+    assert_int_equal(gang_kernels_weight_pack(GANG_KW_I8, src, 0, kd, blob), GANG_EINVAL);
+    assert_int_equal(gang_kernels_weight_pack((gang_kernels_wtype)7, src, n, kd, blob),
+                     GANG_EINVAL);
+    src[3] = NAN;
+    assert_int_equal(gang_kernels_weight_pack(GANG_KW_I8, src, n, kd, blob), GANG_EINVAL);
+    free(blob);
+    free(src);
+}
+
+/* One matmul of type t checked against a double reference over the packed elements. */
+static void check_matmul(gang_kernels *k, gang_kernels_wtype t, size_t m, size_t n, size_t kd)
+{
+    float *x = rnd_buf(m * kd, 1.0f), *wf = rnd_buf(n * kd, 0.5f);
+    float *y = malloc(m * n * sizeof(float));
+    void *blob = pack_new(t, wf, n, kd);
+    gang_kernels_weight w = gang_kernels_weight_view(t, blob, n, kd);
+    char what[96];
+
+    assert_non_null(y);
+    for (size_t i = 0; i < m * n; i++)
+        y[i] = NAN; /* y is written, never read */
+    assert_int_equal(gang_kernels_matmul(k, m, n, kd, x, &w, y), 0);
+    snprintf(what, sizeof(what), "matmul %s m=%zu n=%zu k=%zu", gang_kernels_wtype_name(t), m, n,
+             kd);
+    for (size_t r = 0; r < m; r++) {
+        for (size_t o = 0; o < n; o++) {
+            double ref = 0.0, mag = 0.0;
+
+            for (size_t i = 0; i < kd; i++) {
+                double p = (double)x[r * kd + i] * packed_elem(t, blob, n, kd, o, i);
+                ref += p;
+                mag += fabs(p);
+            }
+            /* f32 accumulation: a few ulps of the magnitude of the terms. */
+            if (!(fabs(y[r * n + o] - ref) <= 2e-6 * (mag + 1e-30) * (1 + log2((double)kd))))
+                fail_msg("%s: y[%zu,%zu] = %.9g, reference %.9g", what, r, o, (double)y[r * n + o],
+                         ref);
+        }
+    }
+    free(x), free(wf), free(y), free(blob);
+}
+
+static void test_matmul_types(void **state)
+{
+    static const size_t ms[] = {1, 2, 3, 4, 5, 9, 33}, ns[] = {1, 3, 8, 17, 67},
+                        ks[] = {1, 7, 8, 9, 64, 67};
+    static const gang_kernels_wtype types[] = {GANG_KW_BF16, GANG_KW_F16, GANG_KW_I8, GANG_KW_F32};
+    gang_kernels *k = *state;
+    int simd_modes = gang__cpu_avx2_usable() ? 2 : 1;
+
+    if (simd_modes == 1)
+        print_message("[  NOTE    ] no AVX2+FMA+F16C here: only the portable kernel is tested\n");
+    for (int simd = 0; simd < simd_modes; simd++) {
+        gang__cpu_matmul_force(simd);
+        for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+            for (size_t a = 0; a < sizeof(ms) / sizeof(ms[0]); a++)
+                for (size_t b = 0; b < sizeof(ns) / sizeof(ns[0]); b++)
+                    for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++)
+                        check_matmul(k, types[ti], ms[a], ns[b], ks[c]);
+    }
+    gang__cpu_matmul_force(-1);
+}
+
+/*
+ * Threads and kernels: the pool splits the rows of W, each output is one dot product in
+ * a fixed order, so one thread and the whole pool give the same bits; the AVX2 kernel
+ * agrees with the portable one to f32 rounding. A SmolLM2-sized shape (k 576, n 1536),
+ * at batch 1 and 32.
+ */
+static void test_matmul_threads(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t n = 1536, kd = 576;
+    static const size_t ms[] = {1, 32};
+    float *wf = rnd_buf(n * kd, 0.1f);
+
+    for (size_t mi = 0; mi < 2; mi++) {
+        size_t m = ms[mi];
+        float *x = rnd_buf(m * kd, 1.0f), *y1 = malloc(m * n * 4), *yp = malloc(m * n * 4);
+        float *yr = malloc(m * n * 4);
+
+        for (int t = GANG_KW_BF16; t <= GANG_KW_I8; t++) {
+            void *blob = pack_new((gang_kernels_wtype)t, wf, n, kd);
+            gang_kernels_weight w = gang_kernels_weight_view((gang_kernels_wtype)t, blob, n, kd);
+
+            gang__cpu_set_threads(1);
+            assert_int_equal(gang_kernels_matmul(k, m, n, kd, x, &w, y1), 0);
+            gang__cpu_set_threads(64);
+            assert_int_equal(gang_kernels_matmul(k, m, n, kd, x, &w, yp), 0);
+            assert_memory_equal(y1, yp, m * n * sizeof(float));
+            gang__cpu_matmul_rows_ref(m, kd, x, &w, 0, n, yr, n);
+            for (size_t i = 0; i < m * n; i++)
+                assert_true(fabsf(yp[i] - yr[i]) <= 1e-4f * (1.0f + fabsf(yr[i])));
+            free(blob);
+        }
+        free(x), free(y1), free(yp), free(yr);
+    }
+    print_message("[  NOTE    ] matmul pool: %u threads\n", gang__cpu_threads());
+    free(wf);
+}
+
+static void test_embedding_w(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t vocab = 37, dim = 19, n = 6;
+    float *table = rnd_buf(vocab * dim, 2.0f), *out = malloc(n * dim * sizeof(float));
+    int32_t ids[6] = {0, 36, 5, 5, 17, 2};
+
+    for (int t = GANG_KW_F32; t <= GANG_KW_I8; t++) {
+        void *blob = pack_new((gang_kernels_wtype)t, table, vocab, dim);
+        gang_kernels_weight w = gang_kernels_weight_view((gang_kernels_wtype)t, blob, vocab, dim);
+
+        assert_int_equal(gang_kernels_embedding_w(k, &w, vocab, dim, ids, n, out), 0);
+        for (size_t r = 0; r < n; r++)
+            for (size_t d = 0; d < dim; d++)
+                assert_true(out[r * dim + d] == (float)packed_elem((gang_kernels_wtype)t, blob,
+                                                                   vocab, dim, (size_t)ids[r], d));
+        ids[3] = (int32_t)vocab; /* a bad id: refused, nothing written */
+        for (size_t i = 0; i < n * dim; i++)
+            out[i] = -3.0f;
+        assert_int_equal(gang_kernels_embedding_w(k, &w, vocab, dim, ids, n, out), GANG_EINVAL);
+        for (size_t i = 0; i < n * dim; i++)
+            assert_true(out[i] == -3.0f);
+        ids[3] = 5;
+        free(blob);
+    }
+    free(table), free(out);
+}
+
+static void test_matmul_errors(void **state)
+{
+    gang_kernels *k = *state;
+    float x[8] = {0}, y[8], wf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    void *blob = pack_new(GANG_KW_I8, wf, 2, 4);
+    gang_kernels_weight w = gang_kernels_weight_view(GANG_KW_I8, blob, 2, 4), bad;
+    int32_t ids[1] = {0};
+
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, &w, y), 0);
+    assert_int_equal(gang_kernels_matmul(NULL, 1, 2, 4, x, &w, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, NULL, &w, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, NULL, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, &w, NULL), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, 0, 2, 4, x, &w, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, 1, 0, 4, x, &w, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 0, x, &w, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul(k, (size_t)INT32_MAX + 1, 2, 4, x, &w, y), GANG_ERANGE);
+    bad = w;
+    bad.scales = NULL; /* int8 without scales */
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, &bad, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_embedding_w(k, &bad, 2, 4, ids, 1, y), GANG_EINVAL);
+    bad = w;
+    bad.type = GANG_KW_BF16; /* scales on a type that has none */
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, &bad, y), GANG_EINVAL);
+    bad.type = (gang_kernels_wtype)9;
+    bad.scales = NULL;
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, &bad, y), GANG_EINVAL);
+    bad = w;
+    bad.data = NULL;
+    assert_int_equal(gang_kernels_matmul(k, 1, 2, 4, x, &bad, y), GANG_EINVAL);
+    free(blob);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1116,6 +1361,11 @@ int main(void)
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_convert_arrays),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test(test_weight_pack),
+        cmocka_unit_test_setup_teardown(test_matmul_types, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_embedding_w, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matmul_errors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -334,6 +334,32 @@ static void test_layout_rules(void **state)
     assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), GANG_EUSAGE);
     assert_non_null(strstr(err, "--kv-cache-dtype fp8"));
     gang_strlcpy(p.kv_cache_dtype, "auto", sizeof(p.kv_cache_dtype));
+    /* auto follows the weights' storage once it is known: half weights, half cache. */
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_F32), GANG_DTYPE_F32);
+    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_BF16), GANG_DTYPE_BF16);
+    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_F16), GANG_DTYPE_F16);
+    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_I8), GANG_DTYPE_F32);
+    gang_strlcpy(p.kv_cache_dtype, "f32", sizeof(p.kv_cache_dtype));
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_BF16), GANG_DTYPE_F32); /* as asked */
+    gang_strlcpy(p.kv_cache_dtype, "auto", sizeof(p.kv_cache_dtype));
+    /* --dtype and --quantize: the listed values, the rest refused with the flag named. */
+    assert_string_equal(l.dtype, "auto");
+    assert_string_equal(l.quantize, "none");
+    gang_strlcpy(p.dtype, "bf16", sizeof(p.dtype));
+    gang_strlcpy(p.quantize, "int8", sizeof(p.quantize));
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
+    assert_string_equal(l.dtype, "bf16");
+    assert_string_equal(l.quantize, "int8");
+    gang_strlcpy(p.dtype, "fp8", sizeof(p.dtype));
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "--dtype fp8"));
+    gang_strlcpy(p.dtype, "auto", sizeof(p.dtype));
+    gang_strlcpy(p.quantize, "int4", sizeof(p.quantize));
+    assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "--quantize int4"));
+    gang_strlcpy(p.quantize, "none", sizeof(p.quantize));
 
     gang_strlcpy(p.model, dir, sizeof(p.model));
     write_model_config(dir, 8192);

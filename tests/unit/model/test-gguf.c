@@ -701,12 +701,12 @@ static void test_model(void **state)
     m = fx_load_ok(path, &t1, 0);
     for (r = 0; r < H; r++)
         for (c = 0; c < H; c++) {
-            assert_true(m->layers[0].wq[r * H + c] == q_val(gguf_row(r), c));
-            assert_true(m->layers[0].wo[r * H + c] == o_val(r, c));
+            assert_true(((float *)m->layers[0].wq)[r * H + c] == q_val(gguf_row(r), c));
+            assert_true(((float *)m->layers[0].wo)[r * H + c] == o_val(r, c));
         }
     for (r = 0; r < HD; r++)
         for (c = 0; c < H; c++)
-            assert_true(m->layers[0].wk[r * H + c] == (float)k_q(gguf_row(r), c));
+            assert_true(((float *)m->layers[0].wk)[r * H + c] == (float)k_q(gguf_row(r), c));
     assert_memory_equal(m->lm_head, m->embed, sizeof(float) * V * H);
     gang_model_free(m);
 
@@ -714,12 +714,12 @@ static void test_model(void **state)
     m = fx_load_ok(path, &t2, 1);
     for (r = 0; r < HD; r++)
         for (c = 0; c < H; c++) {
-            assert_true(m->layers[0].wq[r * H + c] == q_val(gguf_row(HD + r), c));
-            assert_true(m->layers[0].wk[r * H + c] == (float)k_q(gguf_row(r), c));
+            assert_true(((float *)m->layers[0].wq)[r * H + c] == q_val(gguf_row(HD + r), c));
+            assert_true(((float *)m->layers[0].wk)[r * H + c] == (float)k_q(gguf_row(r), c));
         }
     for (r = 0; r < H; r++)
         for (c = 0; c < HD; c++)
-            assert_true(m->layers[0].wo[r * HD + c] == o_val(r, HD + c));
+            assert_true(((float *)m->layers[0].wo)[r * HD + c] == o_val(r, HD + c));
     gang_model_free(m);
 
     /* Llama 3.1's llama3 scaling as llama.cpp writes it: each inverse frequency divided by
@@ -797,7 +797,7 @@ static void test_qwen2(void **state)
     m = fx_load_ok(path, &t2, 1);
     for (r = 0; r < HD; r++) {
         for (c = 0; c < H; c++)
-            assert_true(m->layers[0].wq[r * H + c] == q_val(HD + r, c));
+            assert_true(((float *)m->layers[0].wq)[r * H + c] == q_val(HD + r, c));
         assert_true(m->layers[0].bq[r] == bias_val(HD + r));
         assert_true(m->layers[0].bk[r] == bias_val(r));
     }
@@ -816,7 +816,7 @@ static void test_qwen2(void **state)
     for (r = 0; r < HD; r++) {
         assert_true(m->layers[0].q_norm[r] == 0.5f + (float)r / 8.0f);
         for (c = 0; c < H; c++)
-            assert_true(m->layers[0].wq[r * H + c] == q_val(r, c));
+            assert_true(((float *)m->layers[0].wq)[r * H + c] == q_val(r, c));
     }
     assert_null(m->layers[0].bq);
     gang_model_free(m);

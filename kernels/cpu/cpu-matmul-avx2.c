@@ -1,0 +1,357 @@
+/*
+ * CPU backend: the AVX2 + FMA + F16C kernels of the typed-weight matmul (cpu-matmul.c).
+ * CMake compiles this one file with -mavx2 -mfma -mf16c on x86-64; the rest of the
+ * binary stays baseline x86-64, and cpu-matmul.c calls in here only when
+ * gang__cpu_avx2_usable() says the CPU has the three extensions. Built for another
+ * architecture (or without the flags) the file defines the same symbols as stubs that
+ * report "not usable".
+ *
+ * Algorithm, m < 4 (decode). Within a chunk of W rows, W is walked in blocks of
+ * GANG__AVX_WBLOCK rows; each x row meets four W rows at a time (a 1 x 4 dot-product
+ * tile: four 8-lane f32 accumulators, the W vectors converted as they are loaded --
+ * bf16: a 16-bit shift; f16: vcvtph2ps; int8: sign extension and vcvtdq2ps). A k that is
+ * not a multiple of 8 ends with a scalar tail; the eight lanes are summed at the end and
+ * an int8 row's scale multiplies the finished sum. m >= 4: packed panels (below). The
+ * 4 x 2 dot tiles of wblock remain the fallback when the panel buffer cannot be had.
+ */
+#include "cpu.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <stdlib.h>
+
+#define GANG__AVX_WBLOCK 8
+#define AVX_INLINE static inline __attribute__((always_inline))
+/* The tile loops must be unrolled completely for the accumulators to stay in registers
+ * (-O2 alone leaves them in memory). */
+#define AVX_UNROLL _Pragma("GCC unroll 4")
+
+int gang__cpu_avx2_usable(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+/* Eight elements of a W row from element i, as f32. */
+AVX_INLINE __m256 ld8(gang_kernels_wtype t, const void *row, size_t i)
+{
+    switch (t) {
+    case GANG_KW_BF16: {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    case GANG_KW_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    case GANG_KW_I8:
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
+    case GANG_KW_F32:
+        break;
+    }
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+AVX_INLINE float ld1(gang_kernels_wtype t, const void *row, size_t i)
+{
+    switch (t) {
+    case GANG_KW_BF16:
+        return gang_bf16_to_f32(((const uint16_t *)row)[i]);
+    case GANG_KW_F16:
+        return gang_f16_to_f32(((const uint16_t *)row)[i]);
+    case GANG_KW_I8:
+        return (float)((const int8_t *)row)[i];
+    case GANG_KW_F32:
+        break;
+    }
+    return ((const float *)row)[i];
+}
+
+AVX_INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/*
+ * One MR x NR tile: y[a, b] = sum_i x[a, i] W[b, i] (times scales[b] for int8) for a < MR
+ * rows of x (stride kdim) and b < NR rows of W starting at w0 (stride wstride bytes).
+ * MR and NR are constants at every call, so the accumulators live in registers.
+ */
+AVX_INLINE void tile(gang_kernels_wtype t, const int MR, const int NR, size_t kdim, const float *x,
+                     const char *w0, size_t wstride, const float *scales, float *y, size_t ldy)
+{
+    __m256 acc[4][4];
+    size_t i = 0;
+
+    AVX_UNROLL
+    for (int a = 0; a < MR; a++)
+        AVX_UNROLL
+    for (int b = 0; b < NR; b++)
+        acc[a][b] = _mm256_setzero_ps();
+    for (; i + 8 <= kdim; i += 8) {
+        __m256 wv[4];
+
+        AVX_UNROLL
+        for (int b = 0; b < NR; b++)
+            wv[b] = ld8(t, w0 + (size_t)b * wstride, i);
+        AVX_UNROLL
+        for (int a = 0; a < MR; a++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)a * kdim + i);
+
+            AVX_UNROLL
+            for (int b = 0; b < NR; b++)
+                acc[a][b] = _mm256_fmadd_ps(xv, wv[b], acc[a][b]);
+        }
+    }
+    for (int a = 0; a < MR; a++) {
+        for (int b = 0; b < NR; b++) {
+            float s = hsum(acc[a][b]);
+
+            for (size_t j = i; j < kdim; j++)
+                s += x[(size_t)a * kdim + j] * ld1(t, w0 + (size_t)b * wstride, j);
+            y[(size_t)a * ldy + (size_t)b] = scales != NULL ? s * scales[b] : s;
+        }
+    }
+}
+
+/* Rows [o0, o1) of W (at most GANG__AVX_WBLOCK) against every row of x. */
+AVX_INLINE void wblock(gang_kernels_wtype t, size_t m, size_t kdim, const float *x,
+                       const gang_kernels_weight *w, size_t o0, size_t o1, float *y, size_t ldy)
+{
+    size_t es = t == GANG_KW_I8 ? 1 : t == GANG_KW_F32 ? 4 : 2, ws = kdim * es;
+    const char *base = w->data;
+    size_t r = 0, o;
+
+#define AVX_SC(o) (w->scales != NULL ? w->scales + (o) : NULL)
+    for (; r + 4 <= m; r += 4) {
+        const float *xr = x + r * kdim;
+
+        for (o = o0; o + 2 <= o1; o += 2)
+            tile(t, 4, 2, kdim, xr, base + o * ws, ws, AVX_SC(o), y + r * ldy + o, ldy);
+        if (o < o1)
+            tile(t, 4, 1, kdim, xr, base + o * ws, ws, AVX_SC(o), y + r * ldy + o, ldy);
+    }
+    for (; r < m; r++) {
+        const float *xr = x + r * kdim;
+
+        for (o = o0; o + 4 <= o1; o += 4)
+            tile(t, 1, 4, kdim, xr, base + o * ws, ws, AVX_SC(o), y + r * ldy + o, ldy);
+        for (; o < o1; o++)
+            tile(t, 1, 1, kdim, xr, base + o * ws, ws, AVX_SC(o), y + r * ldy + o, ldy);
+    }
+#undef AVX_SC
+}
+
+/* ---------------------------------------------------------------------------------
+ * Batches of 4 rows and more: W packed into f32 panels, broadcast x.
+ *
+ * The dot-product tiles above load each x vector once per W row they meet; from m = 4 on
+ * the kernel instead converts a panel of GANG__AVX_PANEL (16) W rows once into an f32
+ * buffer laid out [k][16] (an 8 x 8 register transpose per block), and a 6 x 16 tile
+ * then does 12 FMAs per k for two panel loads and six broadcasts of x: no conversion and
+ * no horizontal sum in the inner loop, and the conversion is paid once per panel, not
+ * once per row of x.
+ * --------------------------------------------------------------------------------- */
+#define GANG__AVX_PANEL 16
+#define GANG__AVX_MR 6
+
+AVX_INLINE void transpose8(__m256 r[8])
+{
+    __m256 t[8], u[8];
+
+    t[0] = _mm256_unpacklo_ps(r[0], r[1]), t[1] = _mm256_unpackhi_ps(r[0], r[1]);
+    t[2] = _mm256_unpacklo_ps(r[2], r[3]), t[3] = _mm256_unpackhi_ps(r[2], r[3]);
+    t[4] = _mm256_unpacklo_ps(r[4], r[5]), t[5] = _mm256_unpackhi_ps(r[4], r[5]);
+    t[6] = _mm256_unpacklo_ps(r[6], r[7]), t[7] = _mm256_unpackhi_ps(r[6], r[7]);
+    u[0] = _mm256_shuffle_ps(t[0], t[2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[1] = _mm256_shuffle_ps(t[0], t[2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[2] = _mm256_shuffle_ps(t[1], t[3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[3] = _mm256_shuffle_ps(t[1], t[3], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4] = _mm256_shuffle_ps(t[4], t[6], _MM_SHUFFLE(1, 0, 1, 0));
+    u[5] = _mm256_shuffle_ps(t[4], t[6], _MM_SHUFFLE(3, 2, 3, 2));
+    u[6] = _mm256_shuffle_ps(t[5], t[7], _MM_SHUFFLE(1, 0, 1, 0));
+    u[7] = _mm256_shuffle_ps(t[5], t[7], _MM_SHUFFLE(3, 2, 3, 2));
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+        r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* wt[i * 16 + j] = W[o0 + j, i] as f32 for j < nb (<= 16), 0 for nb <= j < 16. */
+AVX_INLINE void pack_panel(gang_kernels_wtype t, const char *base, size_t ws, size_t kdim,
+                           size_t o0, size_t nb, float *wt)
+{
+    for (size_t h = 0; h < 2; h++) {
+        size_t j0 = h * 8, i = 0;
+
+        if (j0 + 8 <= nb) {
+            for (; i + 8 <= kdim; i += 8) {
+                __m256 r[8];
+
+                AVX_UNROLL
+                for (int j = 0; j < 8; j++)
+                    r[j] = ld8(t, base + (o0 + j0 + (size_t)j) * ws, i);
+                transpose8(r);
+                AVX_UNROLL
+                for (int l = 0; l < 8; l++)
+                    _mm256_storeu_ps(wt + (i + (size_t)l) * GANG__AVX_PANEL + j0, r[l]);
+            }
+        }
+        for (; i < kdim; i++)
+            for (size_t j = j0; j < j0 + 8; j++)
+                wt[i * GANG__AVX_PANEL + j] = j < nb ? ld1(t, base + (o0 + j) * ws, i) : 0.0f;
+    }
+}
+
+/* Stores one row of a panel tile: y[0 .. nb) = (c0 | c1) (times the scales sc). */
+AVX_INLINE void panel_store(__m256 c0, __m256 c1, const float *sc, size_t nb, float *y)
+{
+    float out[GANG__AVX_PANEL];
+
+    if (sc != NULL) {
+        c0 = _mm256_mul_ps(c0, _mm256_loadu_ps(sc));
+        c1 = _mm256_mul_ps(c1, _mm256_loadu_ps(sc + 8));
+    }
+    if (nb == GANG__AVX_PANEL) {
+        _mm256_storeu_ps(y, c0);
+        _mm256_storeu_ps(y + 8, c1);
+        return;
+    }
+    _mm256_storeu_ps(out, c0);
+    _mm256_storeu_ps(out + 8, c1);
+    for (size_t j = 0; j < nb; j++)
+        y[j] = out[j];
+}
+
+/*
+ * MR (1..6) rows of x against one packed panel: y[a, 0 .. nb). The accumulators are
+ * named variables, not an array, so that they stay in registers whatever MR is (GCC
+ * keeps part of an array in memory when a tile uses only some of its rows).
+ */
+#define PT_INIT(a) __m256 c##a##0 = _mm256_setzero_ps(), c##a##1 = _mm256_setzero_ps();
+#define PT_FMA(a)                                                                                  \
+    if (MR > a) {                                                                                  \
+        __m256 xv = _mm256_broadcast_ss(x + (size_t)(a)*kdim + i);                                 \
+        c##a##0 = _mm256_fmadd_ps(xv, w0, c##a##0);                                                \
+        c##a##1 = _mm256_fmadd_ps(xv, w1, c##a##1);                                                \
+    }
+#define PT_STORE(a)                                                                                \
+    if (MR > a)                                                                                    \
+        panel_store(c##a##0, c##a##1, sc, nb, y + (size_t)(a)*ldy);
+
+AVX_INLINE void panel_tile(const int MR, size_t kdim, const float *x, const float *wt,
+                           const float *sc, size_t nb, float *y, size_t ldy)
+{
+    PT_INIT(0)
+    PT_INIT(1) PT_INIT(2) PT_INIT(3) PT_INIT(4) PT_INIT(5) for (size_t i = 0; i < kdim; i++)
+    {
+        __m256 w0 = _mm256_load_ps(wt + i * GANG__AVX_PANEL);
+        __m256 w1 = _mm256_load_ps(wt + i * GANG__AVX_PANEL + 8);
+
+        PT_FMA(0) PT_FMA(1) PT_FMA(2) PT_FMA(3) PT_FMA(4) PT_FMA(5)
+    }
+    PT_STORE(0) PT_STORE(1) PT_STORE(2) PT_STORE(3) PT_STORE(4) PT_STORE(5)
+}
+#undef PT_INIT
+#undef PT_FMA
+#undef PT_STORE
+
+/* Rows [o0, o1) of W against m >= 4 rows of x through packed panels (wt: the buffer). */
+AVX_INLINE void panels(gang_kernels_wtype t, size_t m, size_t kdim, const float *x,
+                       const gang_kernels_weight *w, size_t o0, size_t o1, float *y, size_t ldy,
+                       float *wt)
+{
+    size_t es = t == GANG_KW_I8 ? 1 : t == GANG_KW_F32 ? 4 : 2, ws = kdim * es;
+
+    for (size_t o = o0; o < o1; o += GANG__AVX_PANEL) {
+        size_t nb = o1 - o < GANG__AVX_PANEL ? o1 - o : GANG__AVX_PANEL, r = 0;
+        float sc[GANG__AVX_PANEL] = {0};
+
+        pack_panel(t, w->data, ws, kdim, o, nb, wt);
+        for (size_t j = 0; w->scales != NULL && j < nb; j++)
+            sc[j] = w->scales[o + j];
+        for (; r + GANG__AVX_MR <= m; r += GANG__AVX_MR)
+            panel_tile(GANG__AVX_MR, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb,
+                       y + r * ldy + o, ldy);
+        switch (m - r) {
+        case 5:
+            panel_tile(5, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
+            break;
+        case 4:
+            panel_tile(4, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
+            break;
+        case 3:
+            panel_tile(3, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
+            break;
+        case 2:
+            panel_tile(2, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
+            break;
+        case 1:
+            panel_tile(1, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+/* One instance per storage type, so that the element loads are resolved at compile time. */
+#define AVX_ROWS(T, NAME)                                                                          \
+    static void NAME(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,          \
+                     size_t o0, size_t o1, float *y, size_t ldy)                                   \
+    {                                                                                              \
+        float *wt =                                                                                \
+            m >= 4 ? aligned_alloc(32, (kdim * GANG__AVX_PANEL * sizeof(float) + 31) / 32 * 32)    \
+                   : NULL;                                                                         \
+        if (wt != NULL) {                                                                          \
+            panels(T, m, kdim, x, w, o0, o1, y, ldy, wt);                                          \
+            free(wt);                                                                              \
+            return;                                                                                \
+        }                                                                                          \
+        for (size_t o = o0; o < o1; o += GANG__AVX_WBLOCK)                                         \
+            wblock(T, m, kdim, x, w, o, o + GANG__AVX_WBLOCK < o1 ? o + GANG__AVX_WBLOCK : o1, y,  \
+                   ldy);                                                                           \
+    }
+AVX_ROWS(GANG_KW_BF16, rows_bf16)
+AVX_ROWS(GANG_KW_F16, rows_f16)
+AVX_ROWS(GANG_KW_I8, rows_i8)
+AVX_ROWS(GANG_KW_F32, rows_f32)
+#undef AVX_ROWS
+
+void gang__cpu_matmul_rows_avx2(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
+                                size_t o0, size_t o1, float *y, size_t ldy)
+{
+    switch (w->type) {
+    case GANG_KW_BF16:
+        rows_bf16(m, kdim, x, w, o0, o1, y, ldy);
+        return;
+    case GANG_KW_F16:
+        rows_f16(m, kdim, x, w, o0, o1, y, ldy);
+        return;
+    case GANG_KW_I8:
+        rows_i8(m, kdim, x, w, o0, o1, y, ldy);
+        return;
+    case GANG_KW_F32:
+        rows_f32(m, kdim, x, w, o0, o1, y, ldy);
+        return;
+    }
+}
+
+#else /* no AVX2 build: the portable kernel does everything */
+
+int gang__cpu_avx2_usable(void)
+{
+    return 0;
+}
+
+void gang__cpu_matmul_rows_avx2(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
+                                size_t o0, size_t o1, float *y, size_t ldy)
+{
+    gang__cpu_matmul_rows_ref(m, kdim, x, w, o0, o1, y, ldy);
+}
+
+#endif

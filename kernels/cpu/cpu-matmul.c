@@ -1,0 +1,143 @@
+/*
+ * CPU backend: y = x . W^T over typed weights (bf16, f16, int8; gang_kernels_matmul) and
+ * the embedding lookup over a typed table.
+ *
+ * Work split. The output rows of W (columns of y) are cut into chunks of a multiple of
+ * GANG__MM_ROWS rows (twice that, a whole packed panel, from batch 4 on) and shared by the thread
+ * pool (cpu-pool.c); each chunk computes every row of x against its rows of W, so each weight
+ * element is read from memory once per call whatever m is (a decode step of batch 32 streams the
+ * weights once, not 32 times), and the x rows stay in the core's L2. A call too small to pay for a
+ * wake-up
+ * (< GANG__MM_MIN_MACS multiply-adds) runs on the caller.
+ *
+ * Kernels. cpu-matmul-avx2.c (AVX2 + FMA + F16C, chosen at run time when the CPU has
+ * them) does the arithmetic in register tiles; the portable loop below is the fallback
+ * and the reference the tests compare it with. Both accumulate each output in f32 and
+ * apply an int8 row's scale once, to the finished sum.
+ */
+#include <string.h>
+
+#include "cpu.h"
+
+#define GANG__MM_ROWS 8
+#define GANG__MM_MIN_MACS 65536
+#define GANG__MM_CHUNKS_PER_THREAD 8
+
+static int mm_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */
+
+void gang__cpu_matmul_force(int simd)
+{
+    mm_use_simd = simd;
+}
+
+static int mm_simd(void)
+{
+    if (mm_use_simd < 0)
+        mm_use_simd = gang__cpu_avx2_usable();
+    return mm_use_simd;
+}
+
+/* Element i of a row of W as f32 (the scale of an int8 row is applied by the caller). */
+static float mm_elem(gang_kernels_wtype t, const void *row, size_t i)
+{
+    switch (t) {
+    case GANG_KW_BF16:
+        return gang_bf16_to_f32(((const uint16_t *)row)[i]);
+    case GANG_KW_F16:
+        return gang_f16_to_f32(((const uint16_t *)row)[i]);
+    case GANG_KW_I8:
+        return (float)((const int8_t *)row)[i];
+    case GANG_KW_F32:
+        break;
+    }
+    return ((const float *)row)[i];
+}
+
+/* Bytes of one element of a weight of type t. */
+static size_t mm_esize(gang_kernels_wtype t)
+{
+    return t == GANG_KW_F32 ? 4 : t == GANG_KW_I8 ? 1 : 2;
+}
+
+/* The portable kernel: rows [o0, o1) of W against every row of x. */
+void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
+                               size_t o0, size_t o1, float *y, size_t ldy)
+{
+    size_t es = mm_esize(w->type);
+
+    for (size_t o = o0; o < o1; o++) {
+        const void *row = (const char *)w->data + o * kdim * es;
+        float scale = w->type == GANG_KW_I8 ? w->scales[o] : 1.0f;
+
+        for (size_t r = 0; r < m; r++) {
+            const float *xr = x + r * kdim;
+            float acc = 0.0f;
+
+            for (size_t i = 0; i < kdim; i++)
+                acc += xr[i] * mm_elem(w->type, row, i);
+            y[r * ldy + o] = acc * scale;
+        }
+    }
+}
+
+typedef struct mm_job {
+    size_t m, n, kdim, rows_per_chunk;
+    const float *x;
+    const gang_kernels_weight *w;
+    float *y;
+    int simd;
+} mm_job;
+
+static void mm_chunk(void *arg, size_t c)
+{
+    const mm_job *j = arg;
+    size_t o0 = c * j->rows_per_chunk;
+    size_t o1 = o0 + j->rows_per_chunk < j->n ? o0 + j->rows_per_chunk : j->n;
+
+    if (j->simd)
+        gang__cpu_matmul_rows_avx2(j->m, j->kdim, j->x, j->w, o0, o1, j->y, j->n);
+    else
+        gang__cpu_matmul_rows_ref(j->m, j->kdim, j->x, j->w, o0, o1, j->y, j->n);
+}
+
+int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
+                     float *y)
+{
+    mm_job j = {.m = m, .n = n, .kdim = kdim, .x = x, .w = w, .y = y, .simd = mm_simd()};
+    /* Batches of 4 and more run on panels of 16 W rows: chunks of whole panels. */
+    size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS;
+    size_t blocks = (n + unit - 1) / unit, chunks;
+    unsigned threads;
+
+    if (w->type == GANG_KW_F32) /* OpenBLAS and its threads; the pool is not started */
+        return gang__cpu_gemm(1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
+    threads = gang__cpu_threads();
+    chunks = (size_t)threads * GANG__MM_CHUNKS_PER_THREAD;
+    if ((double)m * (double)n * (double)kdim < GANG__MM_MIN_MACS || threads <= 1)
+        chunks = 1;
+    if (chunks > blocks)
+        chunks = blocks;
+    j.rows_per_chunk = (blocks + chunks - 1) / chunks * unit;
+    chunks = (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
+    gang__cpu_parallel(mm_chunk, &j, chunks);
+    return 0;
+}
+
+int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const int32_t *ids,
+                          size_t n_ids, float *out)
+{
+    size_t es = mm_esize(table->type);
+
+    for (size_t t = 0; t < n_ids; t++) {
+        const void *row = (const char *)table->data + (size_t)ids[t] * dim * es;
+        float scale = table->type == GANG_KW_I8 ? table->scales[ids[t]] : 1.0f;
+
+        if (table->type == GANG_KW_F32) {
+            memcpy(out + t * dim, row, dim * sizeof(float));
+            continue;
+        }
+        for (size_t i = 0; i < dim; i++)
+            out[t * dim + i] = mm_elem(table->type, row, i) * scale;
+    }
+    return 0;
+}

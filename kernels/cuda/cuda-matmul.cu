@@ -1,0 +1,118 @@
+/*
+ * CUDA kernels of the typed weights (include/ganglion/kernels.h, "Typed weights"): the
+ * weight-only int8 matmul and the embedding lookup over a bf16 / f16 / int8 table. The
+ * bf16 / f16 matmul is cuBLASLt's (cuda-backend.c, cuda-gemm.c).
+ *
+ * int8 matmul. One block per output row o of W: its threads read the row's int8 elements
+ * once (consecutive threads, consecutive bytes), convert them to f32, and multiply them with up to
+ * MM_ROWS rows of x at once (x comes from L2: every block reads the same activations); each partial
+ * sum is reduced over the block and multiplied by the row's scale once. The weight row is read
+ * again only for every further MM_ROWS rows of x, so a decode step (m small) streams the int8
+ * weights once, which is the point of the format.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda-internal.h"
+
+#define MM_THREADS 128
+#define MM_ROWS 8
+#define EMB_THREADS 256
+#define EMB_MAX_BLOCKS 4096
+
+/* Sum of v over the block (MM_THREADS threads); thread 0 gets the result. */
+__device__ static float mm_block_sum(float v, float *shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = threadIdx.x < MM_THREADS / 32 ? shared[threadIdx.x] : 0.0f;
+    if (threadIdx.x < 32)
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* shared is reused by the next call */
+    return v;
+}
+
+__global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const float *x,
+                                        const int8_t *w, const float *scales, float *y)
+{
+    __shared__ float shared[MM_THREADS / 32];
+    size_t o = blockIdx.x;
+    const int8_t *row = w + o * kdim;
+
+    for (size_t r0 = 0; r0 < m; r0 += MM_ROWS) {
+        float acc[MM_ROWS];
+        size_t nr = m - r0 < MM_ROWS ? m - r0 : MM_ROWS;
+
+        for (int r = 0; r < MM_ROWS; r++)
+            acc[r] = 0.0f;
+        for (size_t i = threadIdx.x; i < kdim; i += MM_THREADS) {
+            float wv = (float)row[i];
+
+            for (int r = 0; r < MM_ROWS; r++)
+                if ((size_t)r < nr)
+                    acc[r] += x[(r0 + r) * kdim + i] * wv;
+        }
+        for (int r = 0; r < MM_ROWS; r++) {
+            float s;
+
+            if ((size_t)r >= nr)
+                break;
+            s = mm_block_sum(acc[r], shared);
+            if (threadIdx.x == 0)
+                y[(r0 + r) * n + o] = s * scales[o];
+        }
+    }
+}
+
+extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
+                                           const float *x, const int8_t *w, const float *scales,
+                                           float *y)
+{
+    matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
+    return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
+}
+
+/* Element d of table row id as f32 (wtype: GANG_KW_BF16, _F16 or _I8). */
+__device__ static float emb_elem(int wtype, const void *table, const float *scales, size_t id,
+                                 size_t dim, size_t d)
+{
+    size_t i = id * dim + d;
+
+    if (wtype == GANG_KW_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)table)[i]);
+    if (wtype == GANG_KW_F16)
+        return __half2float(((const __half *)table)[i]);
+    return (float)((const int8_t *)table)[i] * scales[id];
+}
+
+__global__ static void embedding_w_kernel(int wtype, const void *table, const float *scales,
+                                          size_t dim, const int32_t *ids, size_t n_ids,
+                                          const int *flag, float *out)
+{
+    size_t total = n_ids * dim;
+
+    if (*flag != 0)
+        return;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / dim, d = i % dim;
+
+        out[i] = emb_elem(wtype, table, scales, (size_t)ids[t], dim, d);
+    }
+}
+
+extern "C" int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table,
+                                             const float *scales, size_t dim, const int32_t *ids,
+                                             size_t n_ids, const int *flag, float *out)
+{
+    size_t b = (n_ids * dim + EMB_THREADS - 1) / EMB_THREADS;
+    unsigned blocks = (unsigned)(b > EMB_MAX_BLOCKS ? EMB_MAX_BLOCKS : (b == 0 ? 1 : b));
+
+    embedding_w_kernel<<<blocks, EMB_THREADS, 0, s>>>(wtype, table, scales, dim, ids, n_ids, flag,
+                                                      out);
+    return gang__cuda_err(cudaGetLastError(), "typed embedding launch");
+}

@@ -1,0 +1,111 @@
+/*
+ * Typed weights (include/ganglion/kernels.h, "Typed weights"): the packed layout, its size
+ * and the host-side packing of an f32 matrix into bf16, f16 or per-row int8. No backend
+ * is involved: loaders pack on the host, then upload the bytes like any other tensor.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "ganglion/kernels.h"
+
+size_t gang_kernels_weight_bytes(gang_kernels_wtype t, size_t n, size_t kdim)
+{
+    size_t elems, bytes;
+
+    if (__builtin_mul_overflow(n, kdim, &elems))
+        return 0;
+    switch (t) {
+    case GANG_KW_F32:
+        return __builtin_mul_overflow(elems, sizeof(float), &bytes) ? 0 : bytes;
+    case GANG_KW_BF16:
+    case GANG_KW_F16:
+        return __builtin_mul_overflow(elems, sizeof(uint16_t), &bytes) ? 0 : bytes;
+    case GANG_KW_I8:
+        if (elems > SIZE_MAX - 64 || n > (SIZE_MAX - 64 - elems) / sizeof(float))
+            return 0;
+        return GANG_KW_SCALES_OFFSET(elems) + n * sizeof(float);
+    }
+    return 0;
+}
+
+gang_kernels_weight gang_kernels_weight_view(gang_kernels_wtype t, const void *blob, size_t n,
+                                             size_t kdim)
+{
+    gang_kernels_weight w = {.type = t, .data = blob, .scales = NULL};
+
+    if (t == GANG_KW_I8 && blob != NULL)
+        w.scales =
+            (const float *)(const void *)((const char *)blob + GANG_KW_SCALES_OFFSET(n * kdim));
+    return w;
+}
+
+const char *gang_kernels_wtype_name(gang_kernels_wtype t)
+{
+    switch (t) {
+    case GANG_KW_F32:
+        return "f32";
+    case GANG_KW_BF16:
+        return "bf16";
+    case GANG_KW_F16:
+        return "f16";
+    case GANG_KW_I8:
+        return "int8";
+    }
+    return "?";
+}
+
+/* One row of int8: the symmetric scale max|x| / 127 and q = round(x / scale). */
+static int pack_i8_row(const float *src, size_t kdim, int8_t *q, float *scale)
+{
+    float amax = 0.0f;
+
+    for (size_t i = 0; i < kdim; i++) {
+        if (!isfinite(src[i]))
+            return GANG_EINVAL;
+        if (fabsf(src[i]) > amax)
+            amax = fabsf(src[i]);
+    }
+    *scale = amax / 127.0f;
+    for (size_t i = 0; i < kdim; i++) {
+        float v = amax > 0.0f ? src[i] / *scale : 0.0f;
+        long r = lrintf(v);
+
+        q[i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+    }
+    return 0;
+}
+
+int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, size_t kdim,
+                             void *dst)
+{
+    size_t elems = n * kdim;
+
+    if (src == NULL || dst == NULL || n == 0 || kdim == 0 ||
+        gang_kernels_weight_bytes(t, n, kdim) == 0)
+        return GANG_EINVAL;
+    switch (t) {
+    case GANG_KW_F32:
+        memcpy(dst, src, elems * sizeof(float));
+        return 0;
+    case GANG_KW_BF16:
+        for (size_t i = 0; i < elems; i++)
+            ((uint16_t *)dst)[i] = gang_f32_to_bf16(src[i]);
+        return 0;
+    case GANG_KW_F16:
+        for (size_t i = 0; i < elems; i++)
+            ((uint16_t *)dst)[i] = gang_f32_to_f16(src[i]);
+        return 0;
+    case GANG_KW_I8: {
+        float *scales = (float *)(void *)((char *)dst + GANG_KW_SCALES_OFFSET(elems));
+
+        for (size_t o = 0; o < n; o++) {
+            int rc = pack_i8_row(src + o * kdim, kdim, (int8_t *)dst + o * kdim, &scales[o]);
+
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
+    }
+    }
+    return GANG_EINVAL;
+}
