@@ -25,6 +25,12 @@
  * NCCL on the GPU; decode_step_overhead_ms_vs_1x1 on it is the NCCL data path's cost per
  * decode step, on the TP=2 point the cost of the second rank and its host staging.
  *
+ * --model PATH (issue #13, bench/decode-model.c): the same points on a real model (a
+ * Hugging Face directory or a .gguf file) for every weight storage of --dtypes, with the
+ * roofline against the machine's read bandwidth measured in the same run, then the
+ * transformers peer (bench/hf-decode.py, decode-peer.c) and the ratio and target lines.
+ * The --device cuda and fake paths live in bench/decode-gpu.c; bench/decode.h is the map.
+ *
  * --device fake: the --device cuda path (in-memory model moved to the device, engine on
  * device memory, a 16 MiB copy instead of 1 GiB) on the fake test device of
  * kernels/fake/, whose memory the host cannot read: a CPU test (bench-decode-fake) that

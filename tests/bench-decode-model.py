@@ -54,6 +54,14 @@ def run(binary, args, env=None, timeout=60):
     return p.returncode, lines, p.stderr, time.monotonic() - t0
 
 
+def drop_log(why):
+    """A failed peer's log is kept for its reader and named in the line: check, remove."""
+    path = why.rsplit("log ", 1)[-1]
+    if not path.startswith("/tmp/ganglion-hf-decode-log-") or not os.path.isfile(path):
+        fail("the failed peer's log is not named or not kept: %r" % why)
+    os.unlink(path)
+
+
 def one(lines, **kv):
     got = [o for o in lines if all(o.get(k) == v for k, v in kv.items())]
     if len(got) != 1:
@@ -143,6 +151,7 @@ def main():
         got = [o for o in lines if o.get("side") == "transformers" and "peer" in o]
         if rc != 0 or len(got) != 1 or not got[0]["peer"].startswith("failed: exit status"):
             fail("failing peer: exit %d, %s" % (rc, got))
+        drop_log(got[0]["peer"])
         if not any(o.get("error") == "RuntimeError: fake" for o in lines):
             fail("the failing peer's error line was not printed again")
         # 4. a hanging peer
@@ -151,6 +160,7 @@ def main():
         got = [o for o in lines if o.get("side") == "transformers" and "peer" in o]
         if rc != 0 or len(got) != 1 or "not done within" not in got[0]["peer"] or secs > 30:
             fail("hanging peer: exit %d after %.1f s, %s" % (rc, secs, got))
+        drop_log(got[0]["peer"])
         # 5. no reference Python
         rc, lines, _, _ = run(binary, common + ["--dtypes", "f32", "--peer-python",
                                                 os.path.join(tmp, "no-python")])
