@@ -152,7 +152,9 @@ typedef struct bd_rank {
     X("peer-iters", peer_iters, 1, 1, 1, 1, BD_MAX_ITERS,                                          \
       "--model: timed iterations of each transformers point")                                      \
     X("peer-timeout-s", peer_timeout_s, 3600, 3600, 3600, 1, 86400,                                \
-      "--model: deadline of the whole transformers peer")
+      "--model: deadline of the whole transformers peer")                                          \
+    X("peer-budget-s", peer_budget_s, 300, 300, 300, 1, 86400,                                     \
+      "--model: seconds one transformers iteration may take (hf-decode.py --budget-s)")
 
 /* The command line; INT fields as the option tables hold them. */
 typedef struct bd_flags {

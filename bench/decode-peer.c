@@ -94,7 +94,7 @@ static void bdp_collect(FILE *f, bd_peer *p)
 }
 
 /* The script's command line into argv (strings in bufs). */
-static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[6][128])
+static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[7][128])
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int n = 0, len = 0;
@@ -109,6 +109,7 @@ static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[6][128])
     snprintf(bufs[3], sizeof(bufs[3]), "%u", o->prompt);
     snprintf(bufs[4], sizeof(bufs[4]), "%u", o->tokens);
     snprintf(bufs[5], sizeof(bufs[5]), "%u", o->peer_iters);
+    snprintf(bufs[6], sizeof(bufs[6]), "%u", o->peer_budget_s);
     argv[n++] = (char *)o->peer_python;
     argv[n++] = (char *)o->peer_script;
     argv[n++] = "--model";
@@ -127,6 +128,8 @@ static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[6][128])
     argv[n++] = bufs[5];
     argv[n++] = "--warmup";
     argv[n++] = "1";
+    argv[n++] = "--budget-s";
+    argv[n++] = bufs[6];
     argv[n] = NULL;
 }
 
@@ -154,7 +157,7 @@ int gang__bd_peer_run(const bd_opts *o, bd_peer *p)
 {
     char out_path[] = "/tmp/ganglion-hf-decode-out-XXXXXX";
     char log_path[] = "/tmp/ganglion-hf-decode-log-XXXXXX";
-    char *argv[24], bufs[6][128];
+    char *argv[24], bufs[7][128];
     int out_fd = -1, log_fd = -1, status = 0, rc = 0, keep_log = 0;
     pid_t pid = 0;
     FILE *f;

@@ -12,7 +12,12 @@ loads the same Hugging Face model directory and measures the same points as the 
     tokens - 1 forwards of one token per sequence with past_key_values (decode), greedy
     (argmax of the last logits), EOS ignored: generate() breaks on this torch, so the loop
     is written out;
-  * --warmup untimed iterations, then --iters timed ones; the line has the medians.
+  * --warmup untimed iterations, then --iters timed ones; the line has the medians;
+  * torch 1.13's CPU bf16 can take many minutes per iteration at batch 8 and 32, so an
+    iteration stops decoding once it has run --budget-s seconds (after one decode step at
+    least); when one does (or the
+    warm-up alone took that long), that iteration is the point's measurement, decode time
+    per step done scaled to tokens - 1 steps, and the line says "over_budget": true.
 
 Thread counts: every batch in --batch at every count in --threads for batch 1 (the best is
 what the C benchmark compares against), and at the counts in --batch-threads for larger
@@ -53,8 +58,9 @@ def prompts(batch, plen, vocab):
     return [ids[s * plen:(s + 1) * plen] for s in range(batch)]
 
 
-def iteration(torch, model, ids, tokens):
-    """One prefill + tokens - 1 decode steps; returns (prefill_s, decode_s, tokens)."""
+def iteration(torch, model, ids, tokens, budget):
+    """One prefill + up to tokens - 1 decode steps, fewer once the iteration has run for
+    budget seconds; returns (prefill_s, decode_s, decode steps done)."""
     from transformers import DynamicCache
     past = DynamicCache()
     out = []
@@ -66,21 +72,27 @@ def iteration(torch, model, ids, tokens):
         out.append(nxt.tolist())
         past = o.past_key_values
         for _ in range(tokens - 1):
+            if len(out) > 1 and time.perf_counter() - t0 > budget:  # >= 1 step done
+                break
             o = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
             past = o.past_key_values
             nxt = torch.argmax(o.logits[:, -1, :].float(), dim=-1)
             out.append(nxt.tolist())
         t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, out
+    return t1 - t0, t2 - t1, len(out) - 1
 
 
 def point(torch, model, a, dtype, batch, threads, vocab):
     torch.set_num_threads(threads)
     ids = torch.tensor(prompts(batch, a.prompt, vocab), dtype=torch.long)
-    pre, dec = [], []
+    pre, dec, over = [], [], False
     try:
         for it in range(a.warmup + a.iters):
-            p, d, _ = iteration(torch, model, ids, a.tokens)
+            p, d, steps = iteration(torch, model, ids, a.tokens, a.budget_s)
+            if steps < a.tokens - 1 or (it < a.warmup and p + d > a.budget_s):
+                # Over the budget: this iteration is the measurement, per decode step done.
+                pre, dec, over = [p], [d / max(steps, 1) * (a.tokens - 1)], True
+                break
             if it >= a.warmup:
                 pre.append(p)
                 dec.append(d)
@@ -90,7 +102,7 @@ def point(torch, model, a, dtype, batch, threads, vocab):
         return False
     p, d = statistics.median(pre), statistics.median(dec)
     emit({"dtype": dtype, "batch": batch, "threads": threads, "prompt": a.prompt,
-          "tokens": a.tokens, "iters": a.iters,
+          "tokens": a.tokens, "iters": len(dec), "over_budget": over,
           "prefill_ms_p50": round(p * 1e3, 3), "decode_ms_p50": round(d * 1e3, 3),
           "prefill_tok_s": round(batch * a.prompt / p, 1),
           "decode_tok_s": round(batch * (a.tokens - 1) / d, 2) if a.tokens > 1 else 0.0})
@@ -110,6 +122,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="seconds one iteration may take (see the module docstring)")
     a = ap.parse_args()
     if a.prompt < 1 or a.tokens < 2 or a.iters < 1 or a.warmup < 0:
         ap.error("--prompt >= 1, --tokens >= 2, --iters >= 1, --warmup >= 0")

@@ -19,7 +19,7 @@ import time
 def main():
     ap = argparse.ArgumentParser()
     for f in ("--model", "--dtypes", "--batch", "--threads", "--prompt", "--tokens",
-              "--iters", "--warmup"):
+              "--iters", "--warmup", "--budget-s"):
         ap.add_argument(f, required=True)
     a = ap.parse_args()
     mode = os.environ.get("FAKE_HF_MODE", "ok")
