@@ -83,7 +83,7 @@ def main():
         info.get("model", "?").rstrip("/").split("/")[-1], info.get("blas_threads", "?")),
                  fontsize=10)
     ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=7)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.94))
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     return 0
