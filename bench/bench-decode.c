@@ -25,6 +25,12 @@
  * NCCL on the GPU; decode_step_overhead_ms_vs_1x1 on it is the NCCL data path's cost per
  * decode step, on the TP=2 point the cost of the second rank and its host staging.
  *
+ * --model PATH (issue #13, bench/decode-model.c): the same points on a real model (a
+ * Hugging Face directory or a .gguf file) for every weight storage of --dtypes, with the
+ * roofline against the machine's read bandwidth measured in the same run, then the
+ * transformers peer (bench/hf-decode.py, decode-peer.c) and the ratio and target lines.
+ * The --device cuda and fake paths live in bench/decode-gpu.c; bench/decode.h is the map.
+ *
  * --device fake: the --device cuda path (in-memory model moved to the device, engine on
  * device memory, a 16 MiB copy instead of 1 GiB) on the fake test device of
  * kernels/fake/, whose memory the host cannot read: a CPU test (bench-decode-fake) that
@@ -75,13 +81,12 @@
 #include "bench.h"
 #include "decode-agree.h"
 #include "decode-nccl.h"
+#include "decode.h"
 #include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
 #include "ganglion/model.h"
 
-#define BD_MAX_RANKS 4
-#define BD_MAX_BATCHES 8
 #define BD_MAX_ITERS 1000
 #define BD_HOST "127.0.0.1"
 #define BD_INIT_TIMEOUT_MS 20000
@@ -89,20 +94,6 @@
  * above this: about 100 x the f32 disagreement expected between layouts (~1e-4 on the
  * 1B shape's logits), far below the gaps a wrong shard or a missed reduction produces. */
 #define BD_GAP_TOL 1e-2
-
-typedef struct bd_opts {
-    uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
-    uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s;
-    uint32_t batches[BD_MAX_BATCHES];
-    uint32_t n_batches;
-    char dir[64];         /* the temporary model directory (cpu) */
-    int cuda;             /* --device cuda or fake: in-memory model, ranks on device 0 */
-    const char *kdev;     /* the kernels device of that path: "cuda" or "fake" */
-    size_t copy_bytes;    /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
-    uint32_t gpu_pool_mb; /* cuda: the pool of every rank's handle */
-    double copy_gbps;     /* cuda: measured device copy bandwidth, GB/s (read + write) */
-    double weight_bytes;  /* cuda: weight bytes read per decode step */
-} bd_opts;
 
 /* One point: shared by its rank threads. */
 typedef struct bd_run {
@@ -120,6 +111,8 @@ typedef struct bd_run {
     int aborted;                       /* lock */
     int rc;                            /* lock: first error */
     char why[256];                     /* lock */
+    char load_err[256];                /* lock: --model: the loader's message (refusals) */
+    double weight_bytes, stream_bytes; /* lock: --model: summed over the ranks */
 } bd_run;
 
 typedef struct bd_rank {
@@ -128,59 +121,102 @@ typedef struct bd_rank {
     pthread_t th;
 } bd_rank;
 
+/* Where `ganglion bench decode --model` finds its peer script (CMake sets the source
+ * tree's bench/ folder; --peer-script overrides it). */
+#ifndef GANG_BENCH_DIR
+#define GANG_BENCH_DIR "bench"
+#endif
+
 /*
  * The flags: name, field, CPU default, CUDA default (--device cuda: the Llama-3.2-1B
- * shape, vocab 32000 rather than 128256, see the file comment), bounds, help.
+ * shape, vocab 32000 rather than 128256, see the file comment), --model default (the
+ * shape flags are then unused: the model's config gives it), bounds, help.
  */
 #define BD_INT_FLAGS(X)                                                                            \
-    X("layers", layers, 4, 16, 1, 256, "decoder layers")                                           \
-    X("hidden", hidden, 256, 2048, 8, 16384, "hidden size")                                        \
-    X("heads", heads, 8, 32, 1, 256, "attention heads")                                            \
-    X("kv-heads", kv_heads, 4, 8, 1, 256, "key/value heads")                                       \
-    X("ffn", ffn, 512, 8192, 2, 65536, "MLP size")                                                 \
-    X("vocab", vocab, 2048, 32000, 2, 1 << 20, "vocabulary")                                       \
-    X("prompt", prompt, 32, 32, 1, 8192, "prompt tokens per request")                              \
-    X("tokens", tokens, 16, 64, 2, 8192, "new tokens per request")                                 \
-    X("microbatches", microbatches, 1, 1, 1, 256, "pipeline microbatches")                         \
-    X("iters", iters, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                         \
-    X("warmup", warmup, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                         \
-    X("timeout-s", timeout_s, 120, 120, 1, 86400, "deadline of every engine step")                 \
-    X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 256, 1 << 22, "cuda: each rank's pool")
+    X("layers", layers, 4, 16, 4, 1, 256, "decoder layers")                                        \
+    X("hidden", hidden, 256, 2048, 256, 8, 16384, "hidden size")                                   \
+    X("heads", heads, 8, 32, 8, 1, 256, "attention heads")                                         \
+    X("kv-heads", kv_heads, 4, 8, 4, 1, 256, "key/value heads")                                    \
+    X("ffn", ffn, 512, 8192, 512, 2, 65536, "MLP size")                                            \
+    X("vocab", vocab, 2048, 32000, 2048, 2, 1 << 20, "vocabulary")                                 \
+    X("prompt", prompt, 32, 32, 32, 1, 8192, "prompt tokens per request")                          \
+    X("tokens", tokens, 16, 64, 32, 2, 8192, "new tokens per request")                             \
+    X("microbatches", microbatches, 1, 1, 1, 1, 256, "pipeline microbatches")                      \
+    X("iters", iters, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                      \
+    X("warmup", warmup, 1, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                      \
+    X("timeout-s", timeout_s, 120, 120, 300, 1, 86400, "deadline of every engine step")            \
+    X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 16384, 256, 1 << 22, "cuda: each rank's pool")   \
+    X("bw-mib", bw_mib, 1024, 1024, 1024, 1, 1 << 20,                                              \
+      "--model: buffer of the read-bandwidth measurement, MiB")                                    \
+    X("bw-passes", bw_passes, 7, 7, 7, 1, 1000, "--model: timed passes over that buffer")          \
+    X("peer-iters", peer_iters, 1, 1, 1, 1, BD_MAX_ITERS,                                          \
+      "--model: timed iterations of each transformers point")                                      \
+    X("peer-timeout-s", peer_timeout_s, 3600, 3600, 3600, 1, 86400,                                \
+      "--model: deadline of the whole transformers peer")                                          \
+    X("peer-budget-s", peer_budget_s, 300, 300, 300, 1, 86400,                                     \
+      "--model: seconds one transformers iteration may take (hf-decode.py --budget-s)")
 
 /* The command line; INT fields as the option tables hold them. */
 typedef struct bd_flags {
-#define BD_FIELD(f_, fld, dc, dg, l, h, hp) int64_t fld;
+#define BD_FIELD(f_, fld, dc, dg, dm, l, h, hp) int64_t fld;
     BD_INT_FLAGS(BD_FIELD)
 #undef BD_FIELD
     char batch[128];
     char device[8];
+    char model[BD_PATH_MAX];
+    char dtypes[64];
+    char layouts[64];
+    char peer_python[BD_PATH_MAX];
+    char peer_script[BD_PATH_MAX];
+    int no_peer;
 } bd_flags;
 
 #define BD_ITEM(f_, fld, d, l, h, hp) GANG_OPT_INT(bd_flags, f_, fld, #d, l, h, hp),
-#define BD_CPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
-#define BD_GPU(f_, fld, dc, dg, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
+#define BD_CPU(f_, fld, dc, dg, dm, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
+#define BD_GPU(f_, fld, dc, dg, dm, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
+#define BD_MODEL(f_, fld, dc, dg, dm, l, h, hp) BD_ITEM(f_, fld, dm, l, h, hp)
 #define BD_STR(f_, fld, d, hp) GANG_OPT_STR(bd_flags, f_, fld, d, hp),
+/* The --model flags, in every table. */
+#define BD_MODEL_FLAGS                                                                             \
+    BD_STR("model", model, "",                                                                     \
+           "a real model (Hugging Face directory or .gguf) instead of the random one")             \
+    BD_STR("dtypes", dtypes, "f32,bf16,int8",                                                      \
+           "--model: weight storages (f32, bf16, f16; int8 = --quantize int8)")                    \
+    BD_STR("layouts", layouts, "1x1", "--model: TPxPP layouts, comma-separated, 1x1 first")        \
+    BD_STR("peer-python", peer_python, "/opt/ganglion-ref-venv/bin/python",                        \
+           "--model: the reference Python (scripts/fetch-reference.sh)")                           \
+    BD_STR("peer-script", peer_script, GANG_BENCH_DIR "/hf-decode.py",                             \
+           "--model: the transformers peer script")                                                \
+    GANG_OPT_BOOL(bd_flags, "no-peer", no_peer, "0", "--model: skip the transformers peer"),
 static const gang_param_info bd_cpu_items[] = {
     BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
         BD_STR("device", device, "cpu",
                "cpu, cuda (the Llama-3.2-1B shape, see above) or fake (the cuda path on the "
-               "fake test device)")};
+               "fake test device)") BD_MODEL_FLAGS};
 static const gang_param_info bd_gpu_items[] = {
     BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu, cuda or fake")};
+        BD_STR("device", device, "cpu", "cpu, cuda or fake") BD_MODEL_FLAGS};
+static const gang_param_info bd_model_items[] = {
+    BD_INT_FLAGS(BD_MODEL) BD_STR("batch", batch, "1,8,32", "batch sizes, comma-separated")
+        BD_STR("device", device, "cpu", "cpu") BD_MODEL_FLAGS};
 static const gang_opt_table bd_cpu_table = GANG_OPT_TABLE(bd_cpu_items);
 static const gang_opt_table bd_gpu_table = GANG_OPT_TABLE(bd_gpu_items);
+static const gang_opt_table bd_model_table = GANG_OPT_TABLE(bd_model_items);
 static const gang_opt_cmd bd_cmd = {
     "bench decode", "[flags]",
     "Prefill / decode tokens/s of the engine for TP x PP in {1x1, 2x1, 1x2, 2x2} (cpu) or\n"
     "1x1 and TP=2 on one GPU (cuda), ranks as threads over the socket communicator.\n"
     "--device cuda: defaults become the Llama-3.2-1B shape (16 layers, hidden 2048, 32\n"
-    "heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64.",
+    "heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64.\n"
+    "--model DIR: that model (cpu) for every storage of --dtypes and batch (default\n"
+    "1,8,32, --tokens 32), the roofline against the machine's read bandwidth, and the\n"
+    "transformers peer (bench/hf-decode.py) in the same run, with ratio lines.",
     &bd_cpu_table, 0};
 
 /*
- * Parses argv into o: a first pass reads --device, which chooses the defaults, a second
- * applies every flag over them. Returns 0, GANG_OPTS_HELP or GANG_EUSAGE (printed).
+ * Parses argv into o: a first pass reads --device and --model, which choose the
+ * defaults, a second applies every flag over them. Returns 0, GANG_OPTS_HELP or
+ * GANG_EUSAGE (printed).
  */
 static int bd_parse(int argc, char **argv, bd_opts *o)
 {
@@ -197,10 +233,13 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     o->cuda = rc != 0;
     o->kdev = rc == 2 ? "fake" : "cuda";
     o->copy_bytes = rc == 2 ? (size_t)16 << 20 : (size_t)1 << 30;
-    if (o->cuda) {
-        gang_opt_cmd gpu = bd_cmd;
-        gpu.table = &bd_gpu_table;
-        if (gang_opts_cli(&gpu, &f, argc, argv, NULL, NULL) != 0)
+    if (o->cuda && f.model[0] != '\0')
+        return gang_opts_usage_error(&bd_cmd, "--model runs on the CPU: not with --device %s",
+                                     f.device);
+    if (o->cuda || f.model[0] != '\0') {
+        gang_opt_cmd again = bd_cmd;
+        again.table = o->cuda ? &bd_gpu_table : &bd_model_table;
+        if (gang_opts_cli(&again, &f, argc, argv, NULL, NULL) != 0)
             return GANG_EUSAGE;
     }
     int nb = gang_parse_i64_list(f.batch, 1, 256, b, BD_MAX_BATCHES);
@@ -212,7 +251,13 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     for (int i = 0; i < nb; i++)
         o->batches[i] = (uint32_t)b[i];
     o->n_batches = (uint32_t)nb;
-#define BD_COPY(f_, fld, dc, dg, l, h, hp) o->fld = (uint32_t)f.fld;
+    memcpy(o->model, f.model, sizeof(o->model));
+    memcpy(o->dtypes, f.dtypes, sizeof(o->dtypes));
+    memcpy(o->layouts, f.layouts, sizeof(o->layouts));
+    memcpy(o->peer_python, f.peer_python, sizeof(o->peer_python));
+    memcpy(o->peer_script, f.peer_script, sizeof(o->peer_script));
+    o->no_peer = f.no_peer;
+#define BD_COPY(f_, fld, dc, dg, dm, l, h, hp) o->fld = (uint32_t)f.fld;
     BD_INT_FLAGS(BD_COPY)
 #undef BD_COPY
     return 0;
@@ -289,7 +334,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
     const bd_opts *o = r->o;
     gang_comm *tp = r->tp > 1 || r->nccl ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
     uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
-    int agree = iter == (int)(o->warmup + o->iters);
+    int agree = !o->no_agree && iter == (int)(o->warmup + o->iters);
     gang_gen_request req;
     gang_gen_event ev;
     char err[256];
@@ -304,6 +349,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             req.n_prompt = o->prompt;
             req.max_tokens = o->tokens;
             req.sampling.top_p = 1.0f;
+            req.ignore_eos = 1; /* a real model's EOS must not end a request early */
             req.logprobs = (uint32_t)agree;
             req.top_logprobs = agree ? GANG_AGREE_TOP : 0;
             *what = "submit";
@@ -347,209 +393,6 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
         }
     }
     return 0;
-}
-
-/* ---------------------------------------------------------------------------------
- * --device cuda: the in-memory random model
- * --------------------------------------------------------------------------------- */
-
-/* The model config of the benchmark's shape (Llama, f32, no biases, untied head). */
-static void bd_model_config(const bd_opts *o, gang_model_config *mc)
-{
-    memset(mc, 0, sizeof(*mc));
-    mc->arch = GANG_ARCH_LLAMA;
-    mc->hidden = o->hidden;
-    mc->ffn = o->ffn;
-    mc->n_heads = o->heads;
-    mc->n_kv_heads = o->kv_heads;
-    mc->n_layers = o->layers;
-    mc->vocab = o->vocab;
-    mc->head_dim = o->hidden / o->heads;
-    mc->max_pos = o->prompt + o->tokens;
-    mc->rms_eps = 1e-5f;
-    mc->rope_theta = 500000.0f;
-    mc->bos_token_id = -1;
-    mc->eos_token_id = -1; /* no stop token: every request runs its --tokens */
-    mc->dtype = GANG_DTYPE_F32;
-}
-
-/* splitmix64's finaliser. */
-static uint64_t bd_mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/*
- * Elements [first, first + n) of tensor `tensor`: offset + scale x uniform[-1, 1), each a
- * function of (tensor, index) alone, so every rank cuts its shard out of the same model
- * and TP = 2 must give the tokens of 1x1.
- */
-static void bd_fill(float *a, size_t n, uint64_t tensor, size_t first, float scale, float offset)
-{
-    uint64_t base = bd_mix(tensor * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull);
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        uint64_t z = bd_mix(base + (uint64_t)(first + i) * 0xd1b54a32d192ed03ull);
-
-        a[i] = offset + scale * (float)((double)(z >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-    }
-}
-
-/* Host full-layer buffers, reused for every layer of a rank. */
-typedef struct bd_full_layer {
-    float *buf;
-    gang_layer_weights w;
-} bd_full_layer;
-
-/* Draws layer li's full weights into f (allocated on first use). */
-static int bd_draw_layer(const bd_opts *o, bd_full_layer *f, uint32_t li)
-{
-    size_t h = o->hidden, q = h, kv = (size_t)o->kv_heads * (h / o->heads), ff = o->ffn;
-    size_t sizes[9] = {h, q * h, kv * h, kv * h, h * q, h, ff * h, ff * h, h * ff}, total = 0, i;
-    float *p[9];
-    float scale_in_h = 1.0f / sqrtf((float)h), scale_in_f = 1.0f / sqrtf((float)ff);
-
-    for (i = 0; i < 9; i++)
-        total += sizes[i];
-    if (f->buf == NULL && (f->buf = malloc(total * sizeof(float))) == NULL)
-        return GANG_ENOMEM;
-    p[0] = f->buf;
-    for (i = 1; i < 9; i++)
-        p[i] = p[i - 1] + sizes[i - 1];
-    for (i = 0; i < 9; i++) {
-        int is_norm = i == 0 || i == 5;
-
-        bd_fill(p[i], sizes[i], (uint64_t)li * 16 + i + 1, 0,
-                is_norm ? 0.05f : (i == 8 ? scale_in_f : scale_in_h), is_norm ? 1.0f : 0.0f);
-    }
-    f->w = (gang_layer_weights){.attn_norm = p[0],
-                                .wq = p[1],
-                                .wk = p[2],
-                                .wv = p[3],
-                                .wo = p[4],
-                                .mlp_norm = p[5],
-                                .w_gate = p[6],
-                                .w_up = p[7],
-                                .w_down = p[8]};
-    return 0;
-}
-
-/*
- * Rank `rank`'s shard of the in-memory model on the device of k: each layer is drawn on
- * the host, cut with gang_tp_layer_init and moved to the device before the next is drawn
- * (host memory stays at one full layer), then the embedding, final norm and LM-head rows
- * follow with gang_model_to_device.
- */
-static int bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
-                        gang_model **out)
-{
-    bd_full_layer f = {0};
-    gang_model *m;
-    size_t h = o->hidden;
-    uint32_t i;
-    int rc;
-
-    *out = NULL;
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return GANG_ENOMEM;
-    bd_model_config(o, &m->cfg);
-    rc = gang_model_place(m, t, rank);
-    if (rc != 0)
-        goto out_free;
-    for (i = 0; i < m->layer_count && rc == 0; i++) {
-        rc = bd_draw_layer(o, &f, m->layer_first + i);
-        if (rc == 0)
-            rc = gang_tp_layer_init(&m->layers[i], t, m->place.tp_rank, &f.w, m->cfg.rope_theta,
-                                    m->cfg.rms_eps);
-        if (rc == 0)
-            rc = gang_tp_layer_to_device(&m->layers[i], k);
-    }
-    free(f.buf);
-    if (rc != 0)
-        goto out_free;
-    if (m->place.pp_stage == 0) {
-        if ((m->embed = malloc((size_t)o->vocab * h * sizeof(float))) == NULL)
-            rc = GANG_ENOMEM;
-        else
-            bd_fill(m->embed, (size_t)o->vocab * h, 1u << 20, 0, 1.0f, 0.0f);
-    }
-    if (rc == 0 && m->place.pp_stage + 1 == t->pp) {
-        m->final_norm = malloc(h * sizeof(float));
-        m->lm_head = malloc((size_t)m->shard.vocab_count * h * sizeof(float));
-        if (m->final_norm == NULL || m->lm_head == NULL) {
-            rc = GANG_ENOMEM;
-        } else {
-            bd_fill(m->final_norm, h, (1u << 20) + 1, 0, 0.05f, 1.0f);
-            bd_fill(m->lm_head, (size_t)m->shard.vocab_count * h, (1u << 20) + 2,
-                    (size_t)m->shard.vocab_first * h, 1.0f / sqrtf((float)h), 0.0f);
-        }
-    }
-    if (rc == 0)
-        rc = gang_model_to_device(m, k);
-    if (rc == 0) {
-        *out = m;
-        return 0;
-    }
-
-out_free:
-    gang_model_device_release(m);
-    gang_model_free(m);
-    return rc;
-}
-
-/*
- * Device copy bandwidth: median over 10 copies of 1 GiB between two pool buffers (after 3
- * warm-up copies), counting the bytes read and the bytes written, in GB/s (1e9).
- */
-static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
-{
-    const size_t bytes = o->copy_bytes;
-    gang_kernels_options ko;
-    gang_kernels *k = NULL;
-    void *a = NULL, *b = NULL;
-    double ms[10];
-    uint64_t t0;
-    int i, rc;
-
-    gang_kernels_options_init(&ko);
-    ko.device = o->kdev;
-    ko.pool_mb =
-        2 * (bytes >> 20) + 256 > o->gpu_pool_mb ? 2 * (bytes >> 20) + 256 : o->gpu_pool_mb;
-    rc = gang_kernels_open_opts(&ko, &k);
-    if (rc == 0)
-        rc = gang_kernels_alloc(k, bytes, &a);
-    if (rc == 0)
-        rc = gang_kernels_alloc(k, bytes, &b);
-    for (i = 0; i < 3 && rc == 0; i++)
-        rc = gang_kernels_copy(k, b, a, bytes);
-    if (rc == 0)
-        rc = gang_kernels_sync(k);
-    for (i = 0; i < 10 && rc == 0; i++) {
-        t0 = gang_now_ns();
-        rc = gang_kernels_copy(k, i % 2 ? a : b, i % 2 ? b : a, bytes);
-        if (rc == 0)
-            rc = gang_kernels_sync(k);
-        ms[i] = (double)(gang_now_ns() - t0) / 1e6;
-    }
-    if (rc == 0)
-        *gbps = 2.0 * (double)bytes / (bd_median(ms, 10) / 1e3) / 1e9;
-    gang_kernels_free(k, a);
-    gang_kernels_free(k, b);
-    gang_kernels_close(k);
-    return rc;
-}
-
-/* Weight bytes one decode step reads (see the file comment). */
-static double bd_weight_bytes(const bd_opts *o)
-{
-    double h = o->hidden, kv = (double)o->kv_heads * (o->hidden / o->heads), f = o->ffn;
-    double layer = h * h * 2 + 2 * kv * h + 3 * f * h + 2 * h;
-
-    return 4.0 * (o->layers * layer + (double)o->vocab * h + 2 * h);
 }
 
 /* Thread of one rank: comms, shard, engine, warm-up and timed iterations. */
@@ -611,10 +454,19 @@ static void *bd_rank_main(void *arg)
         goto out_fail;
     what = "model";
     if (o->cuda) {
-        rc = bd_gpu_model(o, &r->topo, x->rank, k, &m);
+        rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, &m);
     } else {
-        rc = gang_model_load(o->dir, &r->topo, x->rank, &m, err, sizeof(err));
-        if (rc != 0)
+        rc = gang_model_load_ex(o->model[0] ? o->model : o->dir, &r->topo, x->rank,
+                                o->model[0] ? &o->load : NULL, &m, err, sizeof(err));
+        pthread_mutex_lock(&r->lock);
+        if (rc != 0 && r->load_err[0] == '\0')
+            gang_strlcpy(r->load_err, err, sizeof(r->load_err));
+        if (rc == 0 && o->model[0]) {
+            r->weight_bytes += (double)m->weight_bytes;
+            r->stream_bytes += gang__bd_stream_bytes(m);
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (rc != 0 && rc != GANG_ENOSYS)
             fprintf(stderr, "ganglion bench decode: %s\n", err);
     }
     if (rc != 0)
@@ -633,7 +485,7 @@ static void *bd_rank_main(void *arg)
     /* Different prompts per sequence, the same ones on every layout. */
     for (i = 0; i < r->batch * o->prompt; i++)
         prompt[i] = (int32_t)(((uint64_t)i * 2654435761u + 17) % o->vocab);
-    for (it = 0; it < o->warmup + o->iters + 1; it++) { /* + the agreement iteration */
+    for (it = 0; it < o->warmup + o->iters + (o->no_agree ? 0 : 1); it++) { /* + agreement */
         rc = bd_iteration(x, e, k, c, prompt, (int)it, &what);
         if (rc != 0)
             goto out_fail;
@@ -662,14 +514,6 @@ out_free:
     gang_kernels_close(k);
     return NULL;
 }
-
-/* What one point measured, for the ratios against 1x1. */
-typedef struct bd_result {
-    double prefill_tps, decode_tps;
-    double decode_ms;      /* median of the decode steps of one iteration */
-    double roofline_ratio; /* cuda: decode_tps over the roofline */
-    gang__decision *dec;   /* [batch x tokens] of the agreement iteration, owned */
-} bd_result;
 
 /* The agreement of res with the 1x1 point base (file comment), added to line. */
 static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, const bd_result *base,
@@ -708,6 +552,10 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         return;
     cJSON_AddStringToObject(line, "backend", r->nccl ? "nccl" : "socket");
     cJSON_AddStringToObject(line, "device", o->cuda ? o->kdev : "cpu");
+    if (o->model[0]) {
+        cJSON_AddStringToObject(line, "model", o->model);
+        cJSON_AddStringToObject(line, "storage", o->storage);
+    }
     cJSON_AddNumberToObject(line, "tp", r->tp);
     cJSON_AddNumberToObject(line, "pp", r->pp);
     cJSON_AddNumberToObject(line, "batch", batch);
@@ -718,8 +566,18 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     cJSON_AddNumberToObject(line, "prompt", o->prompt);
     cJSON_AddNumberToObject(line, "tokens", o->tokens);
     cJSON_AddNumberToObject(line, "iters", o->iters);
+    if (rc == GANG_ENOSYS && o->model[0] && r->load_err[0]) {
+        /* A storage this build (or this model) cannot hold: a finding, not a failure. */
+        fprintf(stderr, "ganglion bench decode: %s: refused: %s\n", o->storage, r->load_err);
+        cJSON_AddStringToObject(line, "refused", r->load_err);
+        res->refused = 1;
+        gang_report_emit(line);
+        return;
+    }
     if (rc != 0) {
         cJSON_AddStringToObject(line, "error", r->why[0] ? r->why : gang_err_name(rc));
+        if (r->load_err[0])
+            cJSON_AddStringToObject(line, "load_error", r->load_err);
         gang_report_emit(line);
         return;
     }
@@ -741,7 +599,12 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
                                 gang_report_round(res->decode_tps / roof, 3));
         res->roofline_ratio = res->decode_tps / roof;
     }
-    if (base != NULL) {
+    if (o->model[0]) {
+        res->weight_bytes = r->weight_bytes;
+        res->stream_bytes = r->stream_bytes;
+        gang__bd_model_fields(line, o, batch, res);
+    }
+    if (base != NULL && !o->no_agree) {
         cJSON_AddNumberToObject(line, "prefill_ratio_vs_1x1",
                                 gang_report_round(res->prefill_tps / base->prefill_tps, 3));
         cJSON_AddNumberToObject(line, "decode_ratio_vs_1x1",
@@ -761,8 +624,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
  * Measures one (tp, pp, batch) point and prints its line. base is the 1x1 result of the
  * same batch (NULL for the 1x1 point itself). Returns 0 or the error of the point.
  */
-static int bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
-                    uint32_t batch, int nccl, const bd_result *base, bd_result *res)
+int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
+                   uint32_t batch, int nccl, const bd_result *base, bd_result *res)
 {
     bd_run r;
     bd_rank ranks[BD_MAX_RANKS];
@@ -823,83 +686,6 @@ out_line:
     return rc;
 }
 
-/*
- * --device cuda: the copy bandwidth, then 1x1 and TP=2 (one GPU, socket) at every batch,
- * then a summary line with the batch-1 roofline ratio against the issue's 0.7 target.
- */
-static int bd_main_cuda(bd_opts *o)
-{
-    /* tp, pp, nccl: 1x1, TP=2 over host staging, 1x1 with a one-rank nccl TP group */
-    static const uint32_t lay[3][3] = {{1, 1, 0}, {2, 1, 0}, {1, 1, 1}};
-    uint32_t n_lay =
-        strcmp(o->kdev, "cuda") == 0 && gang_comm_backend_built(GANG_COMM_NCCL) ? 3 : 2;
-    gang_model_config mc;
-    bd_result base, res;
-    double ratio1 = -1.0;
-    uint32_t b, l;
-    int rc = 0, prc, failed = 0;
-    cJSON *line;
-
-    if (strcmp(o->kdev, "cuda") == 0 && gang_kernels_device_count() == 0) {
-        gang_device_info probe;
-        const char *why = gang_kernels_device_info(0, &probe) == GANG_ENOSYS
-                              ? "CUDA support is not built into this binary"
-                              : "no GPU visible (no NVIDIA driver or device)";
-
-        fprintf(stderr, "ganglion bench decode --device cuda: skipped: %s\n", why);
-        line = cJSON_CreateObject();
-        cJSON_AddStringToObject(line, "bench", "decode");
-        cJSON_AddStringToObject(line, "device", "cuda");
-        cJSON_AddStringToObject(line, "skipped", why);
-        gang_report_emit(line);
-        return GANG_EXIT_OK;
-    }
-    bd_model_config(o, &mc);
-    o->weight_bytes = bd_weight_bytes(o);
-    rc = bd_copy_bandwidth(o, &o->copy_gbps);
-    line = cJSON_CreateObject();
-    cJSON_AddStringToObject(line, "bench", "decode");
-    cJSON_AddStringToObject(line, "device", o->kdev);
-    cJSON_AddStringToObject(line, "measure", "copy_bandwidth");
-    cJSON_AddNumberToObject(line, "copy_bytes", (double)o->copy_bytes);
-    if (rc == 0)
-        cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
-    else
-        cJSON_AddStringToObject(line, "error", gang_err_name(rc));
-    cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
-    cJSON_AddNumberToObject(line, "params", o->weight_bytes / 4.0);
-    gang_report_emit(line);
-    if (rc != 0)
-        return GANG_EXIT_TEMPFAIL;
-    for (b = 0; b < o->n_batches; b++) {
-        memset(&base, 0, sizeof(base));
-        for (l = 0; l < n_lay; l++) {
-            prc = bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], (int)lay[l][2],
-                           l == 0 ? NULL : &base, l == 0 ? &base : &res);
-            if (prc != 0) {
-                failed++;
-                if (l == 0)
-                    break;
-            } else if (l > 0) {
-                free(res.dec);
-            } else if (o->batches[b] == 1) {
-                ratio1 = base.roofline_ratio;
-            }
-        }
-        free(base.dec);
-    }
-    line = cJSON_CreateObject();
-    cJSON_AddStringToObject(line, "bench", "decode");
-    cJSON_AddStringToObject(line, "device", o->kdev);
-    cJSON_AddStringToObject(line, "measure", "summary");
-    cJSON_AddNumberToObject(line, "batch1_roofline_ratio", gang_report_round(ratio1, 3));
-    cJSON_AddNumberToObject(line, "target_ratio", 0.7);
-    cJSON_AddBoolToObject(line, "meets_target", ratio1 >= 0.7);
-    cJSON_AddNumberToObject(line, "failed_points", failed);
-    gang_report_emit(line);
-    return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
-}
-
 int gang_bench_decode_main(int argc, char **argv)
 {
     static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
@@ -916,7 +702,9 @@ int gang_bench_decode_main(int argc, char **argv)
     if (rc != 0)
         return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     if (o.cuda)
-        return bd_main_cuda(&o);
+        return gang__bd_main_cuda(&o);
+    if (o.model[0])
+        return gang__bd_main_model(&o);
     snprintf(o.dir, sizeof(o.dir), "/tmp/ganglion-bench-decode-XXXXXX");
     if (mkdtemp(o.dir) == NULL) {
         fprintf(stderr, "ganglion bench decode: cannot create a temporary directory\n");
@@ -946,8 +734,8 @@ int gang_bench_decode_main(int argc, char **argv)
     for (b = 0; b < o.n_batches; b++) {
         memset(&base, 0, sizeof(base));
         for (l = 0; l < 4; l++) {
-            prc = bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], 0, l == 0 ? NULL : &base,
-                           l == 0 ? &base : &res);
+            prc = gang__bd_point(&o, &mc, lay[l][0], lay[l][1], o.batches[b], 0,
+                                 l == 0 ? NULL : &base, l == 0 ? &base : &res);
             if (prc != 0) {
                 failed++;
                 rc = prc;

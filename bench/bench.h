@@ -8,7 +8,8 @@
  *   failover     detection and re-formation after a crashed or hung worker
  *   allreduce    gang_comm_all_reduce bus bandwidth, against Open MPI (bench-comm.c)
  *   pipeline     the GPipe schedule against its bubble bound (bench-pipeline.c)
- *   decode       prefill / decode tokens/s per TP x PP layout (bench-decode.c)
+ *   decode       prefill / decode tokens/s per TP x PP layout (bench-decode.c), or on a
+ *                real model against its roofline and transformers (--model, decode.h)
  *   gemm         our GEMM path against direct cuBLAS (bench-gemm.c)
  *   matmul       the CPU typed-weight matmul against OpenBLAS sgemm (bench-matmul.c)
  *

@@ -34,3 +34,14 @@ add_test(NAME bench-decode-smoke
           --ffn 128 --vocab 128 --prompt 8 --tokens 4 --iters 1 --warmup 0 --batch 1,3)
 set_tests_properties(bench-decode-smoke PROPERTIES TIMEOUT 120
   FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\"")
+
+# `ganglion bench decode --model` on a tiny model (tests/bench-decode-model.py): the model
+# info, read bandwidth, points and roofline per storage (or a clean "refused" line), the
+# layouts' agreement, the transformers peer path through a fake peer script
+# (tests/fake-hf-decode.py: ok, failing, hanging), a missing reference Python, usage errors.
+if(GANG_SYSTEM_PYTHON3)
+  add_test(NAME bench-decode-model
+    COMMAND ${GANG_SYSTEM_PYTHON3} -B ${CMAKE_CURRENT_SOURCE_DIR}/bench-decode-model.py
+            $<TARGET_FILE:ganglion>)
+  set_tests_properties(bench-decode-model PROPERTIES TIMEOUT 120)
+endif()

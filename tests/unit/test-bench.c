@@ -12,6 +12,7 @@
 
 #include "bench.h"
 #include "decode-agree.h"
+#include "decode.h"
 #include "report.h"
 
 static void test_median_and_percentiles(void **state)
@@ -155,12 +156,67 @@ static void test_decode_agreement(void **state)
     assert_int_equal(ag.over_tol, 1);
 }
 
+/*
+ * The read-bandwidth measurement of bench decode --model: a zero size, thread count or
+ * pass count is refused; a small buffer over two threads gives median, min and max in
+ * order and positive.
+ */
+static void test_read_bandwidth(void **state)
+{
+    double g[3] = {0, 0, 0};
+
+    (void)state;
+    assert_int_equal(gang__read_bandwidth(0, 2, 3, g), GANG_EINVAL);
+    assert_int_equal(gang__read_bandwidth(1 << 20, 0, 3, g), GANG_EINVAL);
+    assert_int_equal(gang__read_bandwidth(1 << 20, 2, 0, g), GANG_EINVAL);
+    assert_int_equal(gang__read_bandwidth((1 << 20) + 12, 2, 5, g), 0);
+    assert_true(g[1] > 0.0);
+    assert_true(g[1] <= g[0] && g[0] <= g[2]);
+}
+
+/*
+ * The bytes a decode step streams: the weights a rank holds less its embedding table, at
+ * the model's mean bytes per parameter (f32: exact; half the bytes: half of it); a rank
+ * without the table (a later pipeline stage) streams everything it holds.
+ */
+static void test_stream_bytes(void **state)
+{
+    float dummy[1];
+    gang_model m;
+    /* hidden 8, q 2 x 4, kv 1 x 4, ffn 16: 64 + 2 x 32 + 64 + 3 x 128 + 16 = 592 a layer */
+    double layer = 592.0, table = 10.0 * 8.0, params = 2 * layer + table + 8.0 + table;
+
+    (void)state;
+    memset(&m, 0, sizeof(m));
+    m.cfg.hidden = 8;
+    m.cfg.n_heads = 2;
+    m.cfg.head_dim = 4;
+    m.cfg.n_kv_heads = 1;
+    m.cfg.ffn = 16;
+    m.cfg.vocab = 10;
+    m.cfg.n_layers = 2;
+    m.topo.tp = 1;
+    m.layer_count = 2;
+    m.embed = m.final_norm = m.lm_head = dummy;
+    m.shard.vocab_count = 10;
+    m.weight_bytes = (size_t)(4.0 * params);
+    assert_true(fabs(gang__bd_stream_bytes(&m) - 4.0 * (params - table)) < 1e-6);
+    m.weight_bytes = (size_t)(2.0 * params);
+    assert_true(fabs(gang__bd_stream_bytes(&m) - 2.0 * (params - table)) < 1e-6);
+    m.embed = NULL;
+    assert_true(fabs(gang__bd_stream_bytes(&m) - 2.0 * params) < 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_median_and_percentiles),   cmocka_unit_test(test_add_stats),
-        cmocka_unit_test(test_stats_match_old_formulas), cmocka_unit_test(test_bench_tables),
+        cmocka_unit_test(test_median_and_percentiles),
+        cmocka_unit_test(test_add_stats),
+        cmocka_unit_test(test_stats_match_old_formulas),
+        cmocka_unit_test(test_bench_tables),
         cmocka_unit_test(test_decode_agreement),
+        cmocka_unit_test(test_read_bandwidth),
+        cmocka_unit_test(test_stream_bytes),
     };
     return cmocka_run_group_tests_name("bench", tests, NULL, NULL);
 }

@@ -1,0 +1,141 @@
+/*
+ * Internal to `ganglion bench decode`: the options of a run, what one point measured, and
+ * the entry points of the files it is split into, one per mechanism:
+ *
+ *   bench-decode.c   the flags, one point (rank threads, engine iterations, its JSON line)
+ *                    and the random-model CPU path;
+ *   decode-gpu.c     --device cuda / fake: the in-memory model and the copy bandwidth;
+ *   decode-model.c   --model: a real model's storages x batches x layouts, the roofline
+ *                    against the machine's read bandwidth, the ratio lines;
+ *   decode-peer.c    --model: the transformers peer (bench/hf-decode.py) in the same run;
+ *   read-bw.c        the machine's read bandwidth (multi-threaded streaming read).
+ */
+#ifndef GANGLION_BENCH_DECODE_H
+#define GANGLION_BENCH_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "decode-agree.h"
+#include "ganglion/model.h"
+
+#define BD_MAX_RANKS 4
+#define BD_MAX_BATCHES 8
+#define BD_MAX_LAYOUTS 4
+#define BD_MAX_STORAGES 4
+#define BD_PATH_MAX 1024
+
+typedef struct bd_opts {
+    uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
+    uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s;
+    uint32_t bw_mib, bw_passes, peer_iters, peer_timeout_s, peer_budget_s;
+    uint32_t batches[BD_MAX_BATCHES];
+    uint32_t n_batches;
+    char dir[64];         /* the temporary model directory (cpu) */
+    int cuda;             /* --device cuda or fake: in-memory model, ranks on device 0 */
+    const char *kdev;     /* the kernels device of that path: "cuda" or "fake" */
+    size_t copy_bytes;    /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
+    uint32_t gpu_pool_mb; /* cuda: the pool of every rank's handle */
+    double copy_gbps;     /* cuda: measured device copy bandwidth, GB/s (read + write) */
+    double weight_bytes;  /* cuda: weight bytes read per decode step */
+    /* --model (decode-model.c) */
+    char model[BD_PATH_MAX];       /* "": the random model */
+    char dtypes[64];               /* storages, comma-separated: f32, bf16, f16, int8 */
+    char layouts[64];              /* TPxPP layouts, comma-separated; the first is 1x1 */
+    char peer_python[BD_PATH_MAX]; /* the reference interpreter */
+    char peer_script[BD_PATH_MAX]; /* bench/hf-decode.py */
+    int no_peer;                   /* --no-peer */
+    int no_agree;                  /* 1: no extra logprobs iteration (a single layout) */
+    gang_load_options load;        /* the storage of the points being run (NULL fields: f32) */
+    const char *storage;           /* its name in the lines ("f32", "bf16", "int8") */
+    double read_gbps;              /* the machine's read bandwidth, GB/s; 0: not measured */
+    double kv_token_bytes;         /* KV cache bytes of one token over every layer */
+} bd_opts;
+
+/* What one point measured. */
+typedef struct bd_result {
+    double prefill_tps, decode_tps;
+    double decode_ms;      /* median of the decode steps of one iteration */
+    double roofline_ratio; /* decode_tps over the roofline (cuda, --model) */
+    gang__decision *dec;   /* [batch x tokens] of the agreement iteration, owned */
+    int refused;           /* --model: the loader refused the storage (GANG_ENOSYS) */
+    double weight_bytes;   /* --model: m->weight_bytes summed over the ranks */
+    double stream_bytes;   /* --model: weight bytes one decode step streams, over the ranks */
+} bd_result;
+
+/*
+ * Measures one (tp, pp, batch) point and prints its line (bench-decode.c). base is the
+ * 1x1 result of the same batch (NULL for the 1x1 point itself). With o->model the ranks
+ * load that model with o->load; a storage the loader refuses (GANG_ENOSYS) prints a line
+ * with "refused": its message and sets res->refused. Returns 0 or the point's error.
+ */
+int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
+                   uint32_t batch, int nccl, const bd_result *base, bd_result *res);
+
+/*
+ * --device cuda or fake (decode-gpu.c): rank `rank`'s shard of the in-memory random model
+ * of o's shape for layout t, on the device of k. Returns 0 and *out, or a GANG_E* code.
+ */
+int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
+                       gang_model **out);
+
+/* --device cuda or fake (decode-gpu.c): the whole run; returns the exit code. */
+int gang__bd_main_cuda(bd_opts *o);
+
+/* --model (decode-model.c): the whole run; returns the exit code. */
+int gang__bd_main_model(bd_opts *o);
+
+/*
+ * --model: the weight bytes one decode step of rank m streams (decode-model.c): its
+ * m->weight_bytes less the embedding table, which a step only gathers rows from (see the
+ * file comment of decode-model.c for how the table's share is found).
+ */
+double gang__bd_stream_bytes(const gang_model *m);
+
+/*
+ * --model: adds the storage, the bytes a decode step reads (weights + KV cache), the
+ * read bandwidth, roofline_tok_s and roofline_ratio of a point that ran to line, and sets
+ * res->roofline_ratio (decode-model.c).
+ */
+void gang__bd_model_fields(cJSON *line, const bd_opts *o, uint32_t batch, bd_result *res);
+
+/*
+ * The machine's read bandwidth (read-bw.c): `threads` threads each sum their slice of one
+ * buffer of `bytes` (first touched by that thread), `passes` timed passes after one
+ * untimed, each pass timed from the start of the first thread to the end of the last.
+ * gbps[0..2] = median, min, max of bytes / pass time, in GB/s (1e9). Returns 0,
+ * GANG_EINVAL (a zero argument) or GANG_ENOMEM.
+ */
+int gang__read_bandwidth(size_t bytes, uint32_t threads, uint32_t passes, double gbps[3]);
+
+/* One row of the transformers peer: decode tok/s of (dtype, batch), best thread count. */
+typedef struct bd_peer_row {
+    char dtype[8];
+    uint32_t batch;
+    uint32_t threads; /* the thread count of decode_tps */
+    double decode_tps;
+} bd_peer_row;
+
+#define BD_MAX_PEER_ROWS 16
+
+/* The transformers peer's results. */
+typedef struct bd_peer {
+    int ran;       /* 1: the script ran and rows hold what it measured */
+    char why[320]; /* !ran: why it was skipped or failed */
+    bd_peer_row rows[BD_MAX_PEER_ROWS];
+    uint32_t n_rows;
+} bd_peer;
+
+/*
+ * Runs bench/hf-decode.py with o->peer_python on o->model (decode-peer.c) for o's
+ * batches, prompt and tokens, within o->peer_timeout_s, re-prints each of its JSON lines
+ * and keeps, per (dtype, batch), the best decode tokens/s over thread counts. A missing
+ * interpreter or script, a .gguf model, a timeout or a failed script leave p->ran 0 with
+ * the reason (the caller prints "skipped" / "failed"). Returns 0, or a GANG_E* code for a
+ * failure of this process (spawn, temporary files).
+ */
+int gang__bd_peer_run(const bd_opts *o, bd_peer *p);
+
+#endif
