@@ -52,21 +52,6 @@ AVX_INLINE __m256 ld8(gang_kernels_wtype t, const void *row, size_t i)
     return _mm256_loadu_ps((const float *)row + i);
 }
 
-AVX_INLINE float ld1(gang_kernels_wtype t, const void *row, size_t i)
-{
-    switch (t) {
-    case GANG_KW_BF16:
-        return gang_bf16_to_f32(((const uint16_t *)row)[i]);
-    case GANG_KW_F16:
-        return gang_f16_to_f32(((const uint16_t *)row)[i]);
-    case GANG_KW_I8:
-        return (float)((const int8_t *)row)[i];
-    case GANG_KW_F32:
-        break;
-    }
-    return ((const float *)row)[i];
-}
-
 AVX_INLINE float hsum(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -126,7 +111,7 @@ AVX_INLINE void tile(gang_kernels_wtype t, const int MR, const int NR, size_t kd
             float s = hsum(acc[a][b]);
 
             for (size_t j = i; j < kdim; j++)
-                s += x[(size_t)a * kdim + j] * ld1(t, w0 + (size_t)b * wstride, j);
+                s += x[(size_t)a * kdim + j] * gang__cpu_welem(t, w0 + (size_t)b * wstride, j);
             y[(size_t)a * ldy + (size_t)b] = scales != NULL ? s * scales[b] : s;
         }
     }
@@ -217,7 +202,8 @@ AVX_INLINE void pack_panel(gang_kernels_wtype t, const char *base, size_t ws, si
         }
         for (; i < kdim; i++)
             for (size_t j = j0; j < j0 + 8; j++)
-                wt[i * GANG__AVX_PANEL + j] = j < nb ? ld1(t, base + (o0 + j) * ws, i) : 0.0f;
+                wt[i * GANG__AVX_PANEL + j] =
+                    j < nb ? gang__cpu_welem(t, base + (o0 + j) * ws, i) : 0.0f;
     }
 }
 

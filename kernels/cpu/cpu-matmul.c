@@ -37,22 +37,6 @@ static int mm_simd(void)
     return mm_use_simd;
 }
 
-/* Element i of a row of W as f32 (the scale of an int8 row is applied by the caller). */
-static float mm_elem(gang_kernels_wtype t, const void *row, size_t i)
-{
-    switch (t) {
-    case GANG_KW_BF16:
-        return gang_bf16_to_f32(((const uint16_t *)row)[i]);
-    case GANG_KW_F16:
-        return gang_f16_to_f32(((const uint16_t *)row)[i]);
-    case GANG_KW_I8:
-        return (float)((const int8_t *)row)[i];
-    case GANG_KW_F32:
-        break;
-    }
-    return ((const float *)row)[i];
-}
-
 /* Bytes of one element of a weight of type t. */
 static size_t mm_esize(gang_kernels_wtype t)
 {
@@ -74,7 +58,7 @@ void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang
             float acc = 0.0f;
 
             for (size_t i = 0; i < kdim; i++)
-                acc += xr[i] * mm_elem(w->type, row, i);
+                acc += xr[i] * gang__cpu_welem(w->type, row, i);
             y[r * ldy + o] = acc * scale;
         }
     }
@@ -137,7 +121,7 @@ int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const in
             continue;
         }
         for (size_t i = 0; i < dim; i++)
-            out[t * dim + i] = mm_elem(table->type, row, i) * scale;
+            out[t * dim + i] = gang__cpu_welem(table->type, row, i) * scale;
     }
     return 0;
 }

@@ -17,6 +17,23 @@
 
 #include "ganglion/kernels.h"
 
+/* Element i of a row of a typed weight as f32 (an int8 row's scale is the caller's to
+ * apply): the scalar load of the portable matmul and of the AVX2 kernels' tails. */
+static inline float gang__cpu_welem(gang_kernels_wtype t, const void *row, size_t i)
+{
+    switch (t) {
+    case GANG_KW_BF16:
+        return gang_bf16_to_f32(((const uint16_t *)row)[i]);
+    case GANG_KW_F16:
+        return gang_f16_to_f32(((const uint16_t *)row)[i]);
+    case GANG_KW_I8:
+        return (float)((const int8_t *)row)[i];
+    case GANG_KW_F32:
+        break;
+    }
+    return ((const float *)row)[i];
+}
+
 /* cpu-blas.c: OpenBLAS through dlopen (cblas_sgemm, and its thread count). */
 #define GANG_CPU_BLAS_SONAME "libopenblas.so.0"
 typedef void (*gang__cpu_sgemm_fn)(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta,
