@@ -316,19 +316,30 @@ static int elems3(size_t a, size_t b, size_t c, size_t *out)
     return rc < 0 ? rc : elems(ab, c, out);
 }
 
-int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t kdim, float alpha,
-                      const float *a, const float *b, float beta, float *c)
+/* The sizes of an [m, kdim] x [n, kdim] product: each within int (CBLAS and cuBLAS index
+ * with int: larger matrices must be split by the caller) and every operand's element
+ * count addressable. 0 or GANG_ERANGE. */
+static int mm_dims(size_t m, size_t n, size_t kdim)
 {
     size_t tmp;
     int rc;
 
-    if (k == NULL || a == NULL || b == NULL || c == NULL || m == 0 || n == 0 || kdim == 0)
-        return GANG_EINVAL;
-    /* CBLAS (and cuBLAS) index with int: larger matrices must be split by the caller. */
     if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
         return GANG_ERANGE;
     if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
         (rc = elems(n, kdim, &tmp)) < 0)
+        return rc;
+    return 0;
+}
+
+int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t kdim, float alpha,
+                      const float *a, const float *b, float beta, float *c)
+{
+    int rc;
+
+    if (k == NULL || a == NULL || b == NULL || c == NULL || m == 0 || n == 0 || kdim == 0)
+        return GANG_EINVAL;
+    if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
     if (k->be->gemm == NULL)
         return GANG_ENOSYS;
@@ -508,15 +519,11 @@ int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, 
 int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
                         const gang_kernels_weight *w, float *y)
 {
-    size_t tmp;
     int rc;
 
     if (k == NULL || x == NULL || y == NULL || !weight_ok(w) || m == 0 || n == 0 || kdim == 0)
         return GANG_EINVAL;
-    if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
-        return GANG_ERANGE;
-    if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
-        (rc = elems(n, kdim, &tmp)) < 0)
+    if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
     /* f32 weights are a plain GEMM: one path for them whatever the caller. */
     if (w->type == GANG_KW_F32 && k->be->gemm != NULL)
@@ -580,7 +587,6 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, 
                          size_t kdim, float alpha, const void *a, const void *b, float beta,
                          void *c)
 {
-    size_t tmp;
     int rc;
 
     if (kdtype_size(dt) == 0)
@@ -589,10 +595,7 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, 
         return gang_kernels_gemm(k, trans_b, m, n, kdim, alpha, a, b, beta, c);
     if (k == NULL || a == NULL || b == NULL || c == NULL || m == 0 || n == 0 || kdim == 0)
         return GANG_EINVAL;
-    if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
-        return GANG_ERANGE;
-    if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
-        (rc = elems(n, kdim, &tmp)) < 0)
+    if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
     if (k->be->gemm == NULL)
         return GANG_ENOSYS;
@@ -621,16 +624,12 @@ int gang__kernels_gemm_pair(gang_kernels *k, gang_dtype dt, int trans_b, size_t 
                             size_t kdim, const void *a, const void *b, void *c_ours, void *c_ref,
                             float *ours_ms, float *ref_ms)
 {
-    size_t tmp;
     int rc;
 
     if (k == NULL || a == NULL || b == NULL || c_ours == NULL || c_ref == NULL || ours_ms == NULL ||
         ref_ms == NULL || m == 0 || n == 0 || kdim == 0 || kdtype_size(dt) == 0)
         return GANG_EINVAL;
-    if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
-        return GANG_ERANGE;
-    if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
-        (rc = elems(n, kdim, &tmp)) < 0)
+    if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
     if (k->be->gemm_pair == NULL)
         return GANG_ENOSYS;
