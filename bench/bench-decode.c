@@ -5,20 +5,23 @@
  *
  * --device cuda (issue #6): the same points on one GPU for a random model of the
  * Llama-3.2-1B shape (16 layers, hidden 2048, 32 heads, 8 kv heads, ffn 8192, vocab
- * 32000: 1.04 G parameters, f32 storage) built in memory, batch 1 and 64, layouts 1x1
- * and TP=2 (two ranks, each with its own "cuda" handle on device 0, over the socket
- * backend: the all-reduces are staged through the host, which exercises the sharded
- * kernels on the device; tokens_match_1x1 checks them). Before the points it measures the
- * device-to-device copy bandwidth (1 GiB gang_kernels_copy, read + write bytes over the
- * time, median of 10) and reports, per line, the HBM roofline
+ * 32000: 1.04 G parameters) built in memory, batch 1 and 64, layouts 1x1 and TP=2 (two
+ * ranks, each with its own "cuda" handle on device 0, over the socket backend: the
+ * all-reduces are staged through the host, which exercises the sharded kernels on the
+ * device; tokens_match_1x1 checks them), for every weight storage of --dtypes (issue #13:
+ * f32, bf16, f16, int8; default all but f16), the points of each storage compared with
+ * that storage's 1x1. --shape 8b: Llama-3-8B's shape (32 layers, hidden 4096, 32 heads, 8
+ * kv heads, ffn 14336, vocab 128256: 8.03 G parameters), bf16, 1x1 (decode-gpu.c builds
+ * it layer by layer, so host memory stays at a few layers). Before the points it
+ * measures the device-to-device copy bandwidth (1 GiB gang_kernels_copy, read + write
+ * bytes over the time, median of 10) and reports, per line, the HBM roofline
  *   roofline_tok_s = batch x bandwidth / weight bytes read per decode step
- * (every layer's weights, the final norm, the LM head and one embedding row; the KV
- * cache reads are left out, they are < 1% at these context lengths) and
- * roofline_ratio = decode_tok_s / roofline_tok_s. The issue's target is a batch-1 ratio
- * of at least 0.7. f32 weights: the cuda backend's bf16 GEMM (gang_kernels_gemm_ex)
- * would halve the bytes, but the rest of the kernels and the TP layers are f32, so the
- * roofline is computed from the bytes actually read. Without a GPU: one "skipped" line,
- * exit 0.
+ * (the bytes the ranks store, m->weight_bytes in the point's storage, less the embedding
+ * table, of which a step gathers one row per sequence; the KV cache reads are left out,
+ * they are < 1% at batch 1 at these context lengths) and roofline_ratio = decode_tok_s /
+ * roofline_tok_s. The issue's target is a batch-1 ratio of at least 0.7 for the 8B shape
+ * in bf16 (a "summary" line per storage says whether the 1x1 batch-1 point meets it).
+ * Without a GPU: one "skipped" line, exit 0.
  *
  * With NCCL built, --device cuda adds an nccl point: 1x1 with its TP group on a one-rank
  * nccl communicator (bench/decode-nccl.h), so every layer's two all-reduces go through
@@ -90,10 +93,6 @@
 #define BD_MAX_ITERS 1000
 #define BD_HOST "127.0.0.1"
 #define BD_INIT_TIMEOUT_MS 20000
-/* A token flip counts against a layout only where 1x1's top-2 log-probability gap is
- * above this: about 100 x the f32 disagreement expected between layouts (~1e-4 on the
- * 1B shape's logits), far below the gaps a wrong shard or a missed reduction produces. */
-#define BD_GAP_TOL 1e-2
 
 /* One point: shared by its rank threads. */
 typedef struct bd_run {
@@ -112,7 +111,7 @@ typedef struct bd_run {
     int rc;                            /* lock: first error */
     char why[256];                     /* lock */
     char load_err[256];                /* lock: --model: the loader's message (refusals) */
-    double weight_bytes, stream_bytes; /* lock: --model: summed over the ranks */
+    double weight_bytes, stream_bytes; /* lock: --model, cuda: summed over the ranks */
 } bd_run;
 
 typedef struct bd_rank {
@@ -130,35 +129,37 @@ typedef struct bd_rank {
 /*
  * The flags: name, field, CPU default, CUDA default (--device cuda: the Llama-3.2-1B
  * shape, vocab 32000 rather than 128256, see the file comment), --model default (the
- * shape flags are then unused: the model's config gives it), bounds, help.
+ * shape flags are then unused: the model's config gives it), --shape 8b default (cuda:
+ * Llama-3-8B's shape), bounds, help.
  */
 #define BD_INT_FLAGS(X)                                                                            \
-    X("layers", layers, 4, 16, 4, 1, 256, "decoder layers")                                        \
-    X("hidden", hidden, 256, 2048, 256, 8, 16384, "hidden size")                                   \
-    X("heads", heads, 8, 32, 8, 1, 256, "attention heads")                                         \
-    X("kv-heads", kv_heads, 4, 8, 4, 1, 256, "key/value heads")                                    \
-    X("ffn", ffn, 512, 8192, 512, 2, 65536, "MLP size")                                            \
-    X("vocab", vocab, 2048, 32000, 2048, 2, 1 << 20, "vocabulary")                                 \
-    X("prompt", prompt, 32, 32, 32, 1, 8192, "prompt tokens per request")                          \
-    X("tokens", tokens, 16, 64, 32, 2, 8192, "new tokens per request")                             \
-    X("microbatches", microbatches, 1, 1, 1, 1, 256, "pipeline microbatches")                      \
-    X("iters", iters, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                      \
-    X("warmup", warmup, 1, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                      \
-    X("timeout-s", timeout_s, 120, 120, 300, 1, 86400, "deadline of every engine step")            \
-    X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 16384, 256, 1 << 22, "cuda: each rank's pool")   \
-    X("bw-mib", bw_mib, 1024, 1024, 1024, 1, 1 << 20,                                              \
+    X("layers", layers, 4, 16, 4, 32, 1, 256, "decoder layers")                                    \
+    X("hidden", hidden, 256, 2048, 256, 4096, 8, 16384, "hidden size")                             \
+    X("heads", heads, 8, 32, 8, 32, 1, 256, "attention heads")                                     \
+    X("kv-heads", kv_heads, 4, 8, 4, 8, 1, 256, "key/value heads")                                 \
+    X("ffn", ffn, 512, 8192, 512, 14336, 2, 65536, "MLP size")                                     \
+    X("vocab", vocab, 2048, 32000, 2048, 128256, 2, 1 << 20, "vocabulary")                         \
+    X("prompt", prompt, 32, 32, 32, 32, 1, 8192, "prompt tokens per request")                      \
+    X("tokens", tokens, 16, 64, 32, 32, 2, 8192, "new tokens per request")                         \
+    X("microbatches", microbatches, 1, 1, 1, 1, 1, 256, "pipeline microbatches")                   \
+    X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
+    X("warmup", warmup, 1, 1, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                   \
+    X("timeout-s", timeout_s, 120, 120, 300, 300, 1, 86400, "deadline of every engine step")       \
+    X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 16384, 24576, 256, 1 << 22,                      \
+      "cuda: each rank's pool")                                                                    \
+    X("bw-mib", bw_mib, 1024, 1024, 1024, 1024, 1, 1 << 20,                                        \
       "--model: buffer of the read-bandwidth measurement, MiB")                                    \
-    X("bw-passes", bw_passes, 7, 7, 7, 1, 1000, "--model: timed passes over that buffer")          \
-    X("peer-iters", peer_iters, 1, 1, 1, 1, BD_MAX_ITERS,                                          \
+    X("bw-passes", bw_passes, 7, 7, 7, 7, 1, 1000, "--model: timed passes over that buffer")       \
+    X("peer-iters", peer_iters, 1, 1, 1, 1, 1, BD_MAX_ITERS,                                       \
       "--model: timed iterations of each transformers point")                                      \
-    X("peer-timeout-s", peer_timeout_s, 3600, 3600, 3600, 1, 86400,                                \
+    X("peer-timeout-s", peer_timeout_s, 3600, 3600, 3600, 3600, 1, 86400,                          \
       "--model: deadline of the whole transformers peer")                                          \
-    X("peer-budget-s", peer_budget_s, 300, 300, 300, 1, 86400,                                     \
+    X("peer-budget-s", peer_budget_s, 300, 300, 300, 300, 1, 86400,                                \
       "--model: seconds one transformers iteration may take (hf-decode.py --budget-s)")
 
 /* The command line; INT fields as the option tables hold them. */
 typedef struct bd_flags {
-#define BD_FIELD(f_, fld, dc, dg, dm, l, h, hp) int64_t fld;
+#define BD_FIELD(f_, fld, dc, dg, dm, d8, l, h, hp) int64_t fld;
     BD_INT_FLAGS(BD_FIELD)
 #undef BD_FIELD
     char batch[128];
@@ -166,23 +167,31 @@ typedef struct bd_flags {
     char model[BD_PATH_MAX];
     char dtypes[64];
     char layouts[64];
+    char shape[8];
     char peer_python[BD_PATH_MAX];
     char peer_script[BD_PATH_MAX];
     int no_peer;
 } bd_flags;
 
 #define BD_ITEM(f_, fld, d, l, h, hp) GANG_OPT_INT(bd_flags, f_, fld, #d, l, h, hp),
-#define BD_CPU(f_, fld, dc, dg, dm, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
-#define BD_GPU(f_, fld, dc, dg, dm, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
-#define BD_MODEL(f_, fld, dc, dg, dm, l, h, hp) BD_ITEM(f_, fld, dm, l, h, hp)
+#define BD_CPU(f_, fld, dc, dg, dm, d8, l, h, hp) BD_ITEM(f_, fld, dc, l, h, hp)
+#define BD_GPU(f_, fld, dc, dg, dm, d8, l, h, hp) BD_ITEM(f_, fld, dg, l, h, hp)
+#define BD_MODEL(f_, fld, dc, dg, dm, d8, l, h, hp) BD_ITEM(f_, fld, dm, l, h, hp)
+#define BD_GPU8(f_, fld, dc, dg, dm, d8, l, h, hp) BD_ITEM(f_, fld, d8, l, h, hp)
 #define BD_STR(f_, fld, d, hp) GANG_OPT_STR(bd_flags, f_, fld, d, hp),
-/* The --model flags, in every table. */
-#define BD_MODEL_FLAGS                                                                             \
+/* The storage, layout and shape flags, in every table, with that table's defaults. */
+#define BD_MODEL_FLAGS(dtypes_, layouts_)                                                          \
     BD_STR("model", model, "",                                                                     \
            "a real model (Hugging Face directory or .gguf) instead of the random one")             \
-    BD_STR("dtypes", dtypes, "f32,bf16,int8",                                                      \
-           "--model: weight storages (f32, bf16, f16; int8 = --quantize int8)")                    \
-    BD_STR("layouts", layouts, "1x1", "--model: TPxPP layouts, comma-separated, 1x1 first")        \
+    BD_STR("dtypes", dtypes, dtypes_,                                                              \
+           "--model, cuda, fake: weight storages (f32, bf16, f16; int8 = --quantize int8)")        \
+    BD_STR("layouts", layouts, layouts_,                                                           \
+           "--model: TPxPP layouts, comma-separated, 1x1 first; cuda / fake: also nccl (1x1 "      \
+           "with a one-rank nccl TP group)")                                                       \
+    BD_STR("shape", shape, "1b",                                                                   \
+           "cuda / fake: 1b (the defaults above) or 8b (Llama-3-8B: 32 layers, hidden 4096, 32 "   \
+           "heads, 8 kv heads, ffn 14336, vocab 128256; --dtypes bf16, --layouts 1x1, "            \
+           "--tokens 32, --gpu-memory-mb 24576)")                                                  \
     BD_STR("peer-python", peer_python, "/opt/ganglion-ref-venv/bin/python",                        \
            "--model: the reference Python (scripts/fetch-reference.sh)")                           \
     BD_STR("peer-script", peer_script, GANG_BENCH_DIR "/hf-decode.py",                             \
@@ -192,29 +201,35 @@ static const gang_param_info bd_cpu_items[] = {
     BD_INT_FLAGS(BD_CPU) BD_STR("batch", batch, "1,8", "batch sizes, comma-separated")
         BD_STR("device", device, "cpu",
                "cpu, cuda (the Llama-3.2-1B shape, see above) or fake (the cuda path on the "
-               "fake test device)") BD_MODEL_FLAGS};
+               "fake test device)") BD_MODEL_FLAGS("f32,bf16,int8", "1x1")};
 static const gang_param_info bd_gpu_items[] = {
     BD_INT_FLAGS(BD_GPU) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu, cuda or fake") BD_MODEL_FLAGS};
+        BD_STR("device", device, "cpu", "cpu, cuda or fake")
+            BD_MODEL_FLAGS("f32,bf16,int8", "1x1,2x1,nccl")};
+static const gang_param_info bd_gpu8_items[] = {
+    BD_INT_FLAGS(BD_GPU8) BD_STR("batch", batch, "1,64", "batch sizes, comma-separated")
+        BD_STR("device", device, "cpu", "cpu, cuda or fake") BD_MODEL_FLAGS("bf16", "1x1")};
 static const gang_param_info bd_model_items[] = {
     BD_INT_FLAGS(BD_MODEL) BD_STR("batch", batch, "1,8,32", "batch sizes, comma-separated")
-        BD_STR("device", device, "cpu", "cpu") BD_MODEL_FLAGS};
+        BD_STR("device", device, "cpu", "cpu") BD_MODEL_FLAGS("f32,bf16,int8", "1x1")};
 static const gang_opt_table bd_cpu_table = GANG_OPT_TABLE(bd_cpu_items);
 static const gang_opt_table bd_gpu_table = GANG_OPT_TABLE(bd_gpu_items);
+static const gang_opt_table bd_gpu8_table = GANG_OPT_TABLE(bd_gpu8_items);
 static const gang_opt_table bd_model_table = GANG_OPT_TABLE(bd_model_items);
 static const gang_opt_cmd bd_cmd = {
     "bench decode", "[flags]",
     "Prefill / decode tokens/s of the engine for TP x PP in {1x1, 2x1, 1x2, 2x2} (cpu) or\n"
     "1x1 and TP=2 on one GPU (cuda), ranks as threads over the socket communicator.\n"
     "--device cuda: defaults become the Llama-3.2-1B shape (16 layers, hidden 2048, 32\n"
-    "heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64.\n"
+    "heads, 8 kv heads, ffn 8192, vocab 32000), --batch 1,64, --tokens 64, every storage of\n"
+    "--dtypes (f32,bf16,int8) x --layouts (1x1,2x1,nccl); --shape 8b: Llama-3-8B's shape.\n"
     "--model DIR: that model (cpu) for every storage of --dtypes and batch (default\n"
     "1,8,32, --tokens 32), the roofline against the machine's read bandwidth, and the\n"
     "transformers peer (bench/hf-decode.py) in the same run, with ratio lines.",
     &bd_cpu_table, 0};
 
 /*
- * Parses argv into o: a first pass reads --device and --model, which choose the
+ * Parses argv into o: a first pass reads --device, --shape and --model, which choose the
  * defaults, a second applies every flag over them. Returns 0, GANG_OPTS_HELP or
  * GANG_EUSAGE (printed).
  */
@@ -236,9 +251,15 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     if (o->cuda && f.model[0] != '\0')
         return gang_opts_usage_error(&bd_cmd, "--model runs on the CPU: not with --device %s",
                                      f.device);
+    int shape = gang_opts_choice("shape", f.shape, "1b|8b", err, sizeof(err));
+    if (shape < 0)
+        return gang_opts_usage_error(&bd_cmd, "%s", err);
+    if (shape == 1 && !o->cuda)
+        return gang_opts_usage_error(&bd_cmd, "--shape 8b is for --device cuda or fake");
+    o->shape = shape == 1 ? "8b" : "1b";
     if (o->cuda || f.model[0] != '\0') {
         gang_opt_cmd again = bd_cmd;
-        again.table = o->cuda ? &bd_gpu_table : &bd_model_table;
+        again.table = !o->cuda ? &bd_model_table : shape == 1 ? &bd_gpu8_table : &bd_gpu_table;
         if (gang_opts_cli(&again, &f, argc, argv, NULL, NULL) != 0)
             return GANG_EUSAGE;
     }
@@ -257,7 +278,7 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     memcpy(o->peer_python, f.peer_python, sizeof(o->peer_python));
     memcpy(o->peer_script, f.peer_script, sizeof(o->peer_script));
     o->no_peer = f.no_peer;
-#define BD_COPY(f_, fld, dc, dg, dm, l, h, hp) o->fld = (uint32_t)f.fld;
+#define BD_COPY(f_, fld, dc, dg, dm, d8, l, h, hp) o->fld = (uint32_t)f.fld;
     BD_INT_FLAGS(BD_COPY)
 #undef BD_COPY
     return 0;
@@ -455,6 +476,12 @@ static void *bd_rank_main(void *arg)
     what = "model";
     if (o->cuda) {
         rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, &m);
+        pthread_mutex_lock(&r->lock);
+        if (rc == 0) {
+            r->weight_bytes += (double)m->weight_bytes;
+            r->stream_bytes += gang__bd_stream_bytes(m);
+        }
+        pthread_mutex_unlock(&r->lock);
     } else {
         rc = gang_model_load_ex(o->model[0] ? o->model : o->dir, &r->topo, x->rank,
                                 o->model[0] ? &o->load : NULL, &m, err, sizeof(err));
@@ -519,10 +546,11 @@ out_free:
 static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, const bd_result *base,
                               const bd_result *res)
 {
+    double tol = o->gap_tol > 0.0 ? o->gap_tol : BD_GAP_TOL;
     gang__agreement ag;
     int same = 1;
 
-    gang__decode_agree(base->dec, res->dec, batch, o->tokens, BD_GAP_TOL, &ag);
+    gang__decode_agree(base->dec, res->dec, batch, o->tokens, tol, &ag);
     for (size_t i = 0; i < (size_t)batch * o->tokens && same; i++)
         same = base->dec[i].token == res->dec[i].token;
     cJSON_AddBoolToObject(line, "tokens_match_1x1", same);
@@ -533,7 +561,7 @@ static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, con
     cJSON_AddNumberToObject(line, "max_abs_logprob_diff", ag.max_abs_diff);
     cJSON_AddNumberToObject(line, "divergences", ag.divergences);
     cJSON_AddNumberToObject(line, "max_top2_gap_at_divergence", ag.max_gap_diverged);
-    cJSON_AddNumberToObject(line, "gap_tol", BD_GAP_TOL);
+    cJSON_AddNumberToObject(line, "gap_tol", tol);
     cJSON_AddBoolToObject(line, "logits_match_1x1", ag.over_tol == 0);
 }
 
@@ -552,10 +580,12 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         return;
     cJSON_AddStringToObject(line, "backend", r->nccl ? "nccl" : "socket");
     cJSON_AddStringToObject(line, "device", o->cuda ? o->kdev : "cpu");
-    if (o->model[0]) {
+    if (o->model[0])
         cJSON_AddStringToObject(line, "model", o->model);
+    if (o->model[0] || o->cuda)
         cJSON_AddStringToObject(line, "storage", o->storage);
-    }
+    if (o->cuda)
+        cJSON_AddStringToObject(line, "shape", o->shape);
     cJSON_AddNumberToObject(line, "tp", r->tp);
     cJSON_AddNumberToObject(line, "pp", r->pp);
     cJSON_AddNumberToObject(line, "batch", batch);
@@ -589,10 +619,11 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     cJSON_AddNumberToObject(line, "decode_ms_p50", gang_report_round(dec, 3));
     cJSON_AddNumberToObject(line, "prefill_tok_s", gang_report_round(res->prefill_tps, 1));
     cJSON_AddNumberToObject(line, "decode_tok_s", gang_report_round(res->decode_tps, 1));
-    if (o->cuda && o->copy_gbps > 0.0) {
-        double roof = (double)batch * o->copy_gbps * 1e9 / o->weight_bytes;
+    if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
+        double roof = (double)batch * o->copy_gbps * 1e9 / r->stream_bytes;
 
-        cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
+        cJSON_AddNumberToObject(line, "weight_bytes", r->weight_bytes);
+        cJSON_AddNumberToObject(line, "weight_bytes_per_step", r->stream_bytes);
         cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
         cJSON_AddNumberToObject(line, "roofline_tok_s", gang_report_round(roof, 1));
         cJSON_AddNumberToObject(line, "roofline_ratio",

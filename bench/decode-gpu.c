@@ -1,14 +1,38 @@
 /*
  * `ganglion bench decode --device cuda` (and `--device fake`, the same path on the fake
- * test device): a random model of the Llama-3.2-1B shape built in memory and moved to the
- * device, the device copy bandwidth, and the points 1x1, TP=2 (and the nccl point) with
- * the HBM roofline; bench-decode.c's file comment has the method.
+ * test device): a random model of the Llama-3.2-1B shape (or Llama-3-8B's, --shape 8b)
+ * built in memory, packed into each storage of --dtypes (issue #13) and moved to the
+ * device, the device copy bandwidth, and the points of --layouts (1x1, TP=2, the nccl
+ * point) per storage with the HBM roofline; bench-decode.c's file comment has the method.
+ *
+ * Building the model. Every rank draws its shard layer by layer: one full layer in f32 on
+ * the host (drawn by up to 16 threads: an 8B-shaped layer is 218 M values), cut with
+ * gang_tp_layer_init, packed with gang_tp_layer_pack and moved to the device before the
+ * next is drawn, so host memory stays at about three f32 layers (2.6 GB for the 8B shape,
+ * where the whole model in f32 would be 32 GB); then the embedding table, final norm and
+ * LM-head rows are drawn in f32, packed with gang_model_pack and moved with
+ * gang_model_to_device. Every value is a function of (tensor, index) alone, so every
+ * storage and every layout packs the same f32 model.
+ *
+ * Roofline per storage: m->weight_bytes (the bytes actually stored, summed over the
+ * ranks) less the embedding table (gang__bd_stream_bytes: a decode step gathers rows of
+ * it, it does not stream it).
+ *
+ * Agreement per storage, each layout against the 1x1 point of the same storage and batch.
+ * The tolerance on a flip (bench-decode.c's file comment) depends on the storage: f32
+ * BD_GAP_TOL; bf16 / f16 3e-2, because the cuda GEMM rounds the activations to the
+ * weight's type (cuda_matmul), so a last-bit difference between layouts' f32 sums can
+ * become a half-precision step; int8 1e-1, because a column-split shard (o_proj,
+ * down_proj) carries its own scale per output row, so TP=2 holds a slightly different
+ * quantization of the same weights than 1x1 (tests/unit/test-layers.c measures it).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -63,6 +87,61 @@ static void bd_fill(float *a, size_t n, uint64_t tensor, size_t first, float sca
     }
 }
 
+/* A slice of one bd_fill, for a thread of bd_fill_par. */
+typedef struct bd_fill_job {
+    float *a;
+    size_t n, first;
+    uint64_t tensor;
+    float scale, offset;
+    pthread_t th;
+} bd_fill_job;
+
+static void *bd_fill_thread(void *arg)
+{
+    bd_fill_job *j = arg;
+
+    bd_fill(j->a, j->n, j->tensor, j->first, j->scale, j->offset);
+    return NULL;
+}
+
+/*
+ * bd_fill over up to BD_FILL_THREADS threads (the CPUs online), each a contiguous slice:
+ * the values do not depend on the split. Small tensors, or a failed pthread_create, fill
+ * on the caller's thread.
+ */
+#define BD_FILL_THREADS 16
+static void bd_fill_par(float *a, size_t n, uint64_t tensor, size_t first, float scale,
+                        float offset)
+{
+    bd_fill_job jobs[BD_FILL_THREADS];
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nt = cpus < 1 ? 1 : cpus > BD_FILL_THREADS ? BD_FILL_THREADS : (size_t)cpus, i, per;
+    size_t started = 0;
+
+    if (n < ((size_t)1 << 20) || nt == 1) {
+        bd_fill(a, n, tensor, first, scale, offset);
+        return;
+    }
+    per = (n + nt - 1) / nt;
+    for (i = 0; i < nt && i * per < n; i++) {
+        size_t lo = i * per, hi = lo + per < n ? lo + per : n;
+
+        jobs[i] = (bd_fill_job){.a = a + lo,
+                                .n = hi - lo,
+                                .first = first + lo,
+                                .tensor = tensor,
+                                .scale = scale,
+                                .offset = offset};
+        if (pthread_create(&jobs[i].th, NULL, bd_fill_thread, &jobs[i]) != 0)
+            break;
+        started++;
+    }
+    if (started * per < n) /* what no thread took */
+        bd_fill(a + started * per, n - started * per, tensor, first + started * per, scale, offset);
+    for (i = 0; i < started; i++)
+        pthread_join(jobs[i].th, NULL);
+}
+
 /* Host full-layer buffers, reused for every layer of a rank. */
 typedef struct bd_full_layer {
     float *buf;
@@ -87,8 +166,8 @@ static int bd_draw_layer(const bd_opts *o, bd_full_layer *f, uint32_t li)
     for (i = 0; i < 9; i++) {
         int is_norm = i == 0 || i == 5;
 
-        bd_fill(p[i], sizes[i], (uint64_t)li * 16 + i + 1, 0,
-                is_norm ? 0.05f : (i == 8 ? scale_in_f : scale_in_h), is_norm ? 1.0f : 0.0f);
+        bd_fill_par(p[i], sizes[i], (uint64_t)li * 16 + i + 1, 0,
+                    is_norm ? 0.05f : (i == 8 ? scale_in_f : scale_in_h), is_norm ? 1.0f : 0.0f);
     }
     f->w = (gang_layer_weights){.attn_norm = p[0],
                                 .wq = p[1],
@@ -103,18 +182,44 @@ static int bd_draw_layer(const bd_opts *o, bd_full_layer *f, uint32_t li)
 }
 
 /*
- * Rank `rank`'s shard of the in-memory model on the device of k: each layer is drawn on
- * the host, cut with gang_tp_layer_init and moved to the device before the next is drawn
- * (host memory stays at one full layer), then the embedding, final norm and LM-head rows
- * follow with gang_model_to_device.
+ * Draws, packs (o->wtype) and moves rank m's layers to k one at a time (file comment),
+ * counting their stored bytes and their f32 norms in m->weight_bytes.
+ */
+static int bd_gpu_layers(const bd_opts *o, const gang_topology *t, gang_kernels *k, gang_model *m)
+{
+    bd_full_layer f = {0};
+    uint32_t i;
+    int rc = 0;
+
+    for (i = 0; i < m->layer_count && rc == 0; i++) {
+        gang_tp_layer *l = &m->layers[i];
+
+        rc = bd_draw_layer(o, &f, m->layer_first + i);
+        if (rc == 0)
+            rc =
+                gang_tp_layer_init(l, t, m->place.tp_rank, &f.w, m->cfg.rope_theta, m->cfg.rms_eps);
+        if (rc == 0)
+            rc = gang_tp_layer_pack(l, o->wtype);
+        if (rc == 0)
+            m->weight_bytes += gang_tp_layer_weight_bytes(l) + 2 * (size_t)o->hidden * 4;
+        if (rc == 0)
+            rc = gang_tp_layer_to_device(l, k);
+    }
+    free(f.buf);
+    return rc;
+}
+
+/*
+ * Rank `rank`'s shard of the in-memory model on the device of k, its matrices stored as
+ * o->wtype: the layers (bd_gpu_layers), then the embedding table, final norm and LM-head
+ * rows drawn in f32, packed with gang_model_pack and moved with gang_model_to_device.
+ * m->weight_bytes is the bytes stored on the device.
  */
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
                        gang_model **out)
 {
-    bd_full_layer f = {0};
     gang_model *m;
-    size_t h = o->hidden;
-    uint32_t i;
+    size_t h = o->hidden, rows;
     int rc;
 
     *out = NULL;
@@ -123,36 +228,32 @@ int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, 
         return GANG_ENOMEM;
     bd_model_config(o, &m->cfg);
     rc = gang_model_place(m, t, rank);
-    if (rc != 0)
-        goto out_free;
-    for (i = 0; i < m->layer_count && rc == 0; i++) {
-        rc = bd_draw_layer(o, &f, m->layer_first + i);
-        if (rc == 0)
-            rc = gang_tp_layer_init(&m->layers[i], t, m->place.tp_rank, &f.w, m->cfg.rope_theta,
-                                    m->cfg.rms_eps);
-        if (rc == 0)
-            rc = gang_tp_layer_to_device(&m->layers[i], k);
-    }
-    free(f.buf);
+    if (rc == 0)
+        rc = bd_gpu_layers(o, t, k, m);
     if (rc != 0)
         goto out_free;
     if (m->place.pp_stage == 0) {
         if ((m->embed = malloc((size_t)o->vocab * h * sizeof(float))) == NULL)
             rc = GANG_ENOMEM;
         else
-            bd_fill(m->embed, (size_t)o->vocab * h, 1u << 20, 0, 1.0f, 0.0f);
+            bd_fill_par(m->embed, (size_t)o->vocab * h, 1u << 20, 0, 1.0f, 0.0f);
+        m->weight_bytes += (size_t)o->vocab * h * sizeof(float);
     }
     if (rc == 0 && m->place.pp_stage + 1 == t->pp) {
+        rows = m->shard.vocab_count;
         m->final_norm = malloc(h * sizeof(float));
-        m->lm_head = malloc((size_t)m->shard.vocab_count * h * sizeof(float));
+        m->lm_head = malloc(rows * h * sizeof(float));
         if (m->final_norm == NULL || m->lm_head == NULL) {
             rc = GANG_ENOMEM;
         } else {
             bd_fill(m->final_norm, h, (1u << 20) + 1, 0, 0.05f, 1.0f);
-            bd_fill(m->lm_head, (size_t)m->shard.vocab_count * h, (1u << 20) + 2,
-                    (size_t)m->shard.vocab_first * h, 1.0f / sqrtf((float)h), 0.0f);
+            bd_fill_par(m->lm_head, rows * h, (1u << 20) + 2, (size_t)m->shard.vocab_first * h,
+                        1.0f / sqrtf((float)h), 0.0f);
+            m->weight_bytes += (rows + 1) * h * sizeof(float);
         }
     }
+    if (rc == 0)
+        rc = gang_model_pack(m, o->wtype);
     if (rc == 0)
         rc = gang_model_to_device(m, k);
     if (rc == 0) {
@@ -208,68 +309,135 @@ static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
     return rc;
 }
 
-/* Weight bytes one decode step reads (see the file comment). */
-static double bd_weight_bytes(const bd_opts *o)
+/* Parameters of the model of o's shape (the embedding table included). */
+static double bd_params(const bd_opts *o)
 {
     double h = o->hidden, kv = (double)o->kv_heads * (o->hidden / o->heads), f = o->ffn;
     double layer = h * h * 2 + 2 * kv * h + 3 * f * h + 2 * h;
 
-    return 4.0 * (o->layers * layer + (double)o->vocab * h + 2 * h);
+    return o->layers * layer + 2.0 * o->vocab * h + h;
 }
 
+/* The points of --layouts: tp, pp, nccl (the nccl point is 1x1 with a one-rank TP group). */
+typedef struct bd_gpu_layouts {
+    uint32_t lay[BD_MAX_LAYOUTS][3];
+    uint32_t n;
+} bd_gpu_layouts;
+
 /*
- * --device cuda: the copy bandwidth, then 1x1 and TP=2 (one GPU, socket) at every batch,
- * then a summary line with the batch-1 roofline ratio against the issue's 0.7 target.
+ * --layouts for cuda / fake: TPxPP items (at most BD_MAX_RANKS ranks, on the one device)
+ * and "nccl", 1x1 first. nccl is left out, with a note on stderr, on the fake device or
+ * without NCCL. Returns 0 or GANG_EUSAGE (printed).
  */
-int gang__bd_main_cuda(bd_opts *o)
+static int bd_gpu_parse_layouts(const bd_opts *o, bd_gpu_layouts *L)
 {
-    /* tp, pp, nccl: 1x1, TP=2 over host staging, 1x1 with a one-rank nccl TP group */
-    static const uint32_t lay[3][3] = {{1, 1, 0}, {2, 1, 0}, {1, 1, 1}};
-    uint32_t n_lay =
-        strcmp(o->kdev, "cuda") == 0 && gang_comm_backend_built(GANG_COMM_NCCL) ? 3 : 2;
-    gang_model_config mc;
-    bd_result base, res;
-    double ratio1 = -1.0;
-    uint32_t b, l;
-    int rc = 0, prc, failed = 0;
-    cJSON *line;
+    int nccl_ok = strcmp(o->kdev, "cuda") == 0 && gang_comm_backend_built(GANG_COMM_NCCL);
+    char buf[64], *save = NULL, *tok;
+    unsigned tp, pp;
+    char extra;
 
-    if (strcmp(o->kdev, "cuda") == 0 && gang_kernels_device_count() == 0) {
-        gang_device_info probe;
-        const char *why = gang_kernels_device_info(0, &probe) == GANG_ENOSYS
-                              ? "CUDA support is not built into this binary"
-                              : "no GPU visible (no NVIDIA driver or device)";
+    memset(L, 0, sizeof(*L));
+    gang_strlcpy(buf, o->layouts, sizeof(buf));
+    for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        int nccl = strcmp(tok, "nccl") == 0;
 
-        fprintf(stderr, "ganglion bench decode --device cuda: skipped: %s\n", why);
-        line = cJSON_CreateObject();
-        cJSON_AddStringToObject(line, "bench", "decode");
-        cJSON_AddStringToObject(line, "device", "cuda");
-        cJSON_AddStringToObject(line, "skipped", why);
-        gang_report_emit(line);
-        return GANG_EXIT_OK;
+        tp = pp = 1;
+        if ((!nccl && (sscanf(tok, "%ux%u%c", &tp, &pp, &extra) != 2 || tp < 1 || pp < 1 ||
+                       tp * pp > BD_MAX_RANKS)) ||
+            L->n == BD_MAX_LAYOUTS || (L->n == 0 && (nccl || tp * pp != 1))) {
+            fprintf(stderr,
+                    "ganglion bench decode: --layouts: '%s' is not a list of up to %d TPxPP "
+                    "layouts of at most %d ranks or nccl, starting with 1x1\n",
+                    o->layouts, BD_MAX_LAYOUTS, BD_MAX_RANKS);
+            return GANG_EUSAGE;
+        }
+        if (nccl && !nccl_ok) {
+            fprintf(stderr, "ganglion bench decode: the nccl layout is left out: %s\n",
+                    strcmp(o->kdev, "cuda") != 0 ? "not on the fake device" : "NCCL not built");
+            continue;
+        }
+        L->lay[L->n][0] = tp;
+        L->lay[L->n][1] = pp;
+        L->lay[L->n][2] = (uint32_t)nccl;
+        L->n++;
     }
-    bd_model_config(o, &mc);
-    o->weight_bytes = bd_weight_bytes(o);
-    rc = bd_copy_bandwidth(o, &o->copy_gbps);
-    line = cJSON_CreateObject();
+    if (L->n == 0) {
+        fprintf(stderr, "ganglion bench decode: --layouts: no layout\n");
+        return GANG_EUSAGE;
+    }
+    return 0;
+}
+
+/* One "skipped" line and the reason on stderr: --device cuda without a GPU. */
+static void bd_gpu_skipped(void)
+{
+    gang_device_info probe;
+    const char *why = gang_kernels_device_info(0, &probe) == GANG_ENOSYS
+                          ? "CUDA support is not built into this binary"
+                          : "no GPU visible (no NVIDIA driver or device)";
+    cJSON *line = cJSON_CreateObject();
+
+    fprintf(stderr, "ganglion bench decode --device cuda: skipped: %s\n", why);
+    cJSON_AddStringToObject(line, "bench", "decode");
+    cJSON_AddStringToObject(line, "device", "cuda");
+    cJSON_AddStringToObject(line, "skipped", why);
+    gang_report_emit(line);
+}
+
+/* The "copy_bandwidth" line (with the model's parameter count). */
+static void bd_gpu_copy_line(const bd_opts *o, int rc)
+{
+    cJSON *line = cJSON_CreateObject();
+
     cJSON_AddStringToObject(line, "bench", "decode");
     cJSON_AddStringToObject(line, "device", o->kdev);
     cJSON_AddStringToObject(line, "measure", "copy_bandwidth");
+    cJSON_AddStringToObject(line, "shape", o->shape);
     cJSON_AddNumberToObject(line, "copy_bytes", (double)o->copy_bytes);
     if (rc == 0)
         cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
     else
         cJSON_AddStringToObject(line, "error", gang_err_name(rc));
-    cJSON_AddNumberToObject(line, "weight_bytes_per_step", o->weight_bytes);
-    cJSON_AddNumberToObject(line, "params", o->weight_bytes / 4.0);
+    cJSON_AddNumberToObject(line, "params", bd_params(o));
     gang_report_emit(line);
-    if (rc != 0)
-        return GANG_EXIT_TEMPFAIL;
+}
+
+/* The storage of a --dtypes name (validated) and its agreement tolerance (file comment). */
+static void bd_gpu_storage(bd_opts *o, const char *name)
+{
+    o->storage = name;
+    if (strcmp(name, "bf16") == 0 || strcmp(name, "f16") == 0) {
+        o->wtype = name[0] == 'b' ? GANG_KW_BF16 : GANG_KW_F16;
+        o->gap_tol = 3e-2;
+    } else if (strcmp(name, "int8") == 0) {
+        o->wtype = GANG_KW_I8;
+        o->gap_tol = 1e-1;
+    } else {
+        o->wtype = GANG_KW_F32;
+        o->gap_tol = BD_GAP_TOL;
+    }
+}
+
+/*
+ * Every point of the current storage: batches x layouts (1x1 first; a failed 1x1 skips
+ * the batch's other layouts), then its "summary" line with the batch-1 roofline ratio of
+ * the 1x1 point against the issue's 0.7 target. Returns the number of failed points.
+ */
+static uint32_t bd_gpu_storage_points(const bd_opts *o, const gang_model_config *mc,
+                                      const bd_gpu_layouts *L)
+{
+    bd_result base, res;
+    double ratio1 = -1.0;
+    uint32_t b, l, failed = 0;
+    cJSON *line;
+
     for (b = 0; b < o->n_batches; b++) {
         memset(&base, 0, sizeof(base));
-        for (l = 0; l < n_lay; l++) {
-            prc = gang__bd_point(o, &mc, lay[l][0], lay[l][1], o->batches[b], (int)lay[l][2],
-                                 l == 0 ? NULL : &base, l == 0 ? &base : &res);
+        for (l = 0; l < L->n; l++) {
+            int prc =
+                gang__bd_point(o, mc, L->lay[l][0], L->lay[l][1], o->batches[b], (int)L->lay[l][2],
+                               l == 0 ? NULL : &base, l == 0 ? &base : &res);
+
             if (prc != 0) {
                 failed++;
                 if (l == 0)
@@ -286,10 +454,47 @@ int gang__bd_main_cuda(bd_opts *o)
     cJSON_AddStringToObject(line, "bench", "decode");
     cJSON_AddStringToObject(line, "device", o->kdev);
     cJSON_AddStringToObject(line, "measure", "summary");
+    cJSON_AddStringToObject(line, "shape", o->shape);
+    cJSON_AddStringToObject(line, "storage", o->storage);
     cJSON_AddNumberToObject(line, "batch1_roofline_ratio", gang_report_round(ratio1, 3));
     cJSON_AddNumberToObject(line, "target_ratio", 0.7);
     cJSON_AddBoolToObject(line, "meets_target", ratio1 >= 0.7);
     cJSON_AddNumberToObject(line, "failed_points", failed);
     gang_report_emit(line);
+    return failed;
+}
+
+/*
+ * --device cuda: the copy bandwidth, then for every storage of --dtypes the points of
+ * --layouts at every batch and the storage's summary line.
+ */
+int gang__bd_main_cuda(bd_opts *o)
+{
+    char names[BD_MAX_STORAGES][8], err[256];
+    bd_gpu_layouts L;
+    gang_model_config mc;
+    uint32_t n_names = 0, si, failed = 0;
+    int rc;
+
+    if (gang__bd_parse_storages(o->dtypes, names, &n_names, err, sizeof(err)) != 0) {
+        fprintf(stderr, "ganglion bench decode: %s\n", err);
+        return GANG_EXIT_USAGE;
+    }
+    if (bd_gpu_parse_layouts(o, &L) != 0)
+        return GANG_EXIT_USAGE;
+    o->no_agree = L.n == 1;
+    if (strcmp(o->kdev, "cuda") == 0 && gang_kernels_device_count() == 0) {
+        bd_gpu_skipped();
+        return GANG_EXIT_OK;
+    }
+    bd_model_config(o, &mc);
+    rc = bd_copy_bandwidth(o, &o->copy_gbps);
+    bd_gpu_copy_line(o, rc);
+    if (rc != 0)
+        return GANG_EXIT_TEMPFAIL;
+    for (si = 0; si < n_names; si++) {
+        bd_gpu_storage(o, names[si]);
+        failed += bd_gpu_storage_points(o, &mc, &L);
+    }
     return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
 }

@@ -136,26 +136,41 @@ static gang_load_options bdm_storage(const char *name)
     return l;
 }
 
-/* --dtypes and --layouts into run; 0 or GANG_EUSAGE with the reason in err. */
-static int bdm_parse(const bd_opts *o, bdm_run *run, char *err, size_t errlen)
+int gang__bd_parse_storages(const char *list, char (*names)[8], uint32_t *n, char *err,
+                            size_t errlen)
 {
     char buf[64], *save = NULL, *tok;
 
-    gang_strlcpy(buf, o->dtypes, sizeof(buf));
+    *n = 0;
+    gang_strlcpy(buf, list, sizeof(buf));
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         if (strcmp(tok, "f32") != 0 && strcmp(tok, "bf16") != 0 && strcmp(tok, "f16") != 0 &&
             strcmp(tok, "int8") != 0) {
             gang_set_err(err, errlen, "--dtypes: '%s' is not one of f32, bf16, f16, int8", tok);
             return GANG_EUSAGE;
         }
-        if (run->n_storages == BD_MAX_STORAGES) {
+        if (*n == BD_MAX_STORAGES) {
             gang_set_err(err, errlen, "--dtypes: at most %d storages", BD_MAX_STORAGES);
             return GANG_EUSAGE;
         }
-        gang_strlcpy(run->storages[run->n_storages++], tok, sizeof(run->storages[0]));
+        gang_strlcpy(names[(*n)++], tok, sizeof(names[0]));
     }
+    if (*n == 0) {
+        gang_set_err(err, errlen, "--dtypes needs at least one storage");
+        return GANG_EUSAGE;
+    }
+    return 0;
+}
+
+/* --dtypes and --layouts into run; 0 or GANG_EUSAGE with the reason in err. */
+static int bdm_parse(const bd_opts *o, bdm_run *run, char *err, size_t errlen)
+{
+    char buf[64], *save = NULL, *tok;
+    int rc = gang__bd_parse_storages(o->dtypes, run->storages, &run->n_storages, err, errlen);
+
+    if (rc != 0)
+        return rc;
     gang_strlcpy(buf, o->layouts, sizeof(buf));
-    save = NULL;
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         unsigned tp = 0, pp = 0;
         char extra;

@@ -26,6 +26,11 @@
 #define BD_MAX_LAYOUTS 4
 #define BD_MAX_STORAGES 4
 #define BD_PATH_MAX 1024
+/* A token flip counts against a layout only where 1x1's top-2 log-probability gap is
+ * above this: about 100 x the f32 disagreement expected between layouts (~1e-4 on the
+ * 1B shape's logits), far below the gaps a wrong shard or a missed reduction produces.
+ * The cuda path widens it for storages whose layouts round differently (decode-gpu.c). */
+#define BD_GAP_TOL 1e-2
 
 typedef struct bd_opts {
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
@@ -33,13 +38,15 @@ typedef struct bd_opts {
     uint32_t bw_mib, bw_passes, peer_iters, peer_timeout_s, peer_budget_s;
     uint32_t batches[BD_MAX_BATCHES];
     uint32_t n_batches;
-    char dir[64];         /* the temporary model directory (cpu) */
-    int cuda;             /* --device cuda or fake: in-memory model, ranks on device 0 */
-    const char *kdev;     /* the kernels device of that path: "cuda" or "fake" */
-    size_t copy_bytes;    /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
-    uint32_t gpu_pool_mb; /* cuda: the pool of every rank's handle */
-    double copy_gbps;     /* cuda: measured device copy bandwidth, GB/s (read + write) */
-    double weight_bytes;  /* cuda: weight bytes read per decode step */
+    char dir[64];             /* the temporary model directory (cpu) */
+    int cuda;                 /* --device cuda or fake: in-memory model, ranks on device 0 */
+    const char *kdev;         /* the kernels device of that path: "cuda" or "fake" */
+    size_t copy_bytes;        /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
+    uint32_t gpu_pool_mb;     /* cuda: the pool of every rank's handle */
+    double copy_gbps;         /* cuda: measured device copy bandwidth, GB/s (read + write) */
+    const char *shape;        /* cuda: "1b" or "8b" (--shape) */
+    double gap_tol;           /* the agreement's tolerance for this storage; 0: BD_GAP_TOL */
+    gang_kernels_wtype wtype; /* cuda: the storage of the points being run */
     /* --model (decode-model.c) */
     char model[BD_PATH_MAX];       /* "": the random model */
     char dtypes[64];               /* storages, comma-separated: f32, bf16, f16, int8 */
@@ -49,7 +56,7 @@ typedef struct bd_opts {
     int no_peer;                   /* --no-peer */
     int no_agree;                  /* 1: no extra logprobs iteration (a single layout) */
     gang_load_options load;        /* the storage of the points being run (NULL fields: f32) */
-    const char *storage;           /* its name in the lines ("f32", "bf16", "int8") */
+    const char *storage;           /* its name in the lines ("f32", "bf16", "int8"; cuda too) */
     double read_gbps;              /* the machine's read bandwidth, GB/s; 0: not measured */
     double kv_token_bytes;         /* KV cache bytes of one token over every layer */
 } bd_opts;
@@ -80,6 +87,14 @@ int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, u
  */
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
                        gang_model **out);
+
+/*
+ * --dtypes (decode-model.c): the comma-separated storages of list (f32, bf16, f16, int8)
+ * into names[0 .. *n). Returns 0, or GANG_EUSAGE with the reason in err (an unknown
+ * storage, more than BD_MAX_STORAGES, none).
+ */
+int gang__bd_parse_storages(const char *list, char (*names)[8], uint32_t *n, char *err,
+                            size_t errlen);
 
 /* --device cuda or fake (decode-gpu.c): the whole run; returns the exit code. */
 int gang__bd_main_cuda(bd_opts *o);

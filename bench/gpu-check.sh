@@ -2,7 +2,8 @@
 # GPU verification in one command (docs/design.md §6): build with CUDA, run the GPU tests, GPU
 # discovery and the GPU benchmarks, and leave every result under OUTDIR. Meant for the rare
 # minutes on an H200: it never stops at a failing step (each step's exit code, duration and
-# log are recorded), bounds every step with a timeout, and stays under 5 minutes.
+# log are recorded), bounds every step with a timeout, and stays inside one 10-minute call
+# (GANG_GPU_BUDGET_S, default 540 s).
 #
 #   bash bench/gpu-check.sh OUTDIR
 #
@@ -12,20 +13,28 @@
 #   GANG_GPU_SKIP_BUILD=1    use the binaries already in GANG_GPU_BUILD as they are
 #   JOBS=N                   parallel build jobs (default: nproc, at most 16)
 #   GANG_GPU_SKIP_SERVE=1    leave out the serve-nccl step (world-1 serve over nccl)
-#   GANG_GPU_BUDGET_S=S      wall-clock budget of the whole check (default 285 s): each
+#   GANG_GPU_BUDGET_S=S      wall-clock budget of the whole check (default 540 s): each
 #                            step's timeout is cut to what is left; steps past it are
 #                            recorded as "not-run"
+#   GANG_GPU_DRY_RUN=1       print and record every step ("dry-run") without running it: the
+#                            step list, the budget and the summary, checked without a GPU
+#                            (ctest gpu-check-dry-run)
 #
 # Outputs in OUTDIR:
 #   steps.jsonl      one JSON line per step: name, rc, seconds, log, status
 #   summary.json     every step's status, and the overall result
 #   <step>.log       stdout+stderr of each step
-#   bench-gemm.jsonl, bench-decode.jsonl, info.txt, info-labels.txt
-# Exit status: 0 when every step passed (skips without a GPU count as passed), 1 otherwise.
-# bench decode --device cuda (issue #6) fails the check when a TP=2 point disagrees with 1x1
-# by the logits ("fail-logits-mismatch": a greedy token differs where 1x1's top-2 gap is
-# above the stated tolerance, bench/decode-agree.h); a flip at a near-tie is reported, not
-# failed. Its roofline ratio is reported, not enforced.
+#   bench-gemm.jsonl, bench-decode.jsonl, bench-decode-8b.jsonl, bench-decode-storage.jsonl,
+#   info.txt, info-labels.txt
+# Exit status: 0 when every step passed (skips without a GPU count as passed), 1 otherwise:
+# it says whether every correctness step passed. The bench decode steps (issues #6, #13)
+# fail the check when a TP=2 point disagrees with 1x1 of the same storage by the logits
+# ("fail-logits-mismatch": a greedy token differs where 1x1's top-2 gap is above the
+# storage's stated tolerance, bench/decode-agree.h); a flip at a near-tie is reported, not
+# failed. Performance targets are reported, not enforced: the roofline ratios, and the
+# issue's target, batch-1 decode of the 8B-shaped bf16 model >= 0.7 of the HBM roofline,
+# printed as PASS or FAIL and recorded under "targets" in summary.json without changing the
+# exit status.
 #
 # It starts by printing the driver version, the CUDA runtime the build uses (the toolkit's:
 # the runtime is linked statically) and whether the driver supports it, and stops with one
@@ -42,7 +51,8 @@ OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${GANG_GPU_BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
-BUDGET=${GANG_GPU_BUDGET_S:-285}
+BUDGET=${GANG_GPU_BUDGET_S:-540}
+DRY=${GANG_GPU_DRY_RUN:-0}
 [ "$JOBS" -gt 16 ] && JOBS=16
 START=$(date +%s)
 : >"$OUT/steps.jsonl"
@@ -73,6 +83,14 @@ step() {
         return 0
     fi
     [ "$tmo" -gt "$left" ] && tmo=$left
+    if [ "$DRY" = 1 ]; then
+        printf '{"step":"%s","rc":0,"status":"dry-run","seconds":0,"timeout":%d,"log":"","cmd":"%s"}\n' \
+            "$name" "$tmo" "$(json_escape "$*")" >>"$OUT/steps.jsonl"
+        NAMES+=("$name")
+        STATUSES+=(dry-run)
+        echo "== $name (timeout ${tmo} s, dry run): $*" >&2
+        return 0
+    fi
     t0=$(date +%s.%N)
     echo "== $name: $*" >&2
     timeout --kill-after=10 "$tmo" "$@" >"$log" 2>&1
@@ -93,8 +111,18 @@ step() {
         "$(json_escape "$*")" >>"$OUT/steps.jsonl"
     NAMES+=("$name")
     STATUSES+=("$status")
-    echo "   -> $status (rc $rc)" >&2
+    echo "   -> $status (rc $rc, $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}') s)" >&2
     return 0
+}
+
+# check_logits NAME: a bench decode step whose JSON lines (OUTDIR/NAME.jsonl) hold a layout
+# that disagrees with 1x1 by the logits is a failure (fail-logits-mismatch).
+check_logits() {
+    if grep -q '"logits_match_1x1":false' "$OUT/$1.jsonl" 2>/dev/null; then
+        STATUSES[-1]=fail-logits-mismatch
+        sed -i '$ s/"status":"[a-z-]*"/"status":"fail-logits-mismatch"/' "$OUT/steps.jsonl"
+        echo "   -> a layout disagrees with 1x1 beyond a near-tie: counted as a failure" >&2
+    fi
 }
 
 # --- environment ------------------------------------------------------------------------
@@ -190,18 +218,30 @@ step info 30 "$BIN" info
 cp "$OUT/info.log" "$OUT/info.txt" 2>/dev/null
 step info-labels 30 "$BIN" info --labels
 cp "$OUT/info-labels.log" "$OUT/info-labels.txt" 2>/dev/null
-# The engine on the GPU (issue #6): a 1B-parameter random Llama, batch 1 and 64, 1x1, TP=2
-# on one GPU over the socket backend and 1x1 with a one-rank nccl TP group (issue #16: the
-# NCCL path's cost per decode step), against the HBM roofline. Before bench gemm so
-# that a short budget goes to it first.
-step bench-decode 150 "$BIN" bench decode --device cuda
+# The engine on the GPU (issue #6): a 1B-parameter random Llama, f32 storage, batch 1 and
+# 64, 1x1, TP=2 on one GPU over the socket backend and 1x1 with a one-rank nccl TP group
+# (issue #16: the NCCL path's cost per decode step), against the HBM roofline. Before bench
+# gemm so that a short budget goes to it first.
+step bench-decode 150 "$BIN" bench decode --device cuda --dtypes f32
 grep '^{' "$OUT/bench-decode.log" >"$OUT/bench-decode.jsonl" 2>/dev/null
 gpu_skip_is_failure bench-decode
-if grep -q '"logits_match_1x1":false' "$OUT/bench-decode.jsonl" 2>/dev/null; then
-    STATUSES[-1]=fail-logits-mismatch
-    sed -i '$ s/"status":"[a-z-]*"/"status":"fail-logits-mismatch"/' "$OUT/steps.jsonl"
-    echo "   -> a TP=2 point disagrees with 1x1 beyond a near-tie: counted as a failure" >&2
-fi
+check_logits bench-decode
+# The issue #13 target: Llama-3-8B's shape (random, built layer by layer straight into bf16
+# storage on the device), batch 1, 1x1: decode tokens/s against the HBM roofline of the
+# bf16 bytes, target ratio 0.7 (reported, not enforced). About 16 GB of weights: a build of
+# ~20-40 s on 16 cores, then 3 x 16 tokens.
+step bench-decode-8b 150 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 --batch 1 \
+    --layouts 1x1 --tokens 16 --iters 2 --warmup 1
+grep '^{' "$OUT/bench-decode-8b.log" >"$OUT/bench-decode-8b.jsonl" 2>/dev/null
+gpu_skip_is_failure bench-decode-8b
+# Weight storage on the GPU (issue #13): the 1B shape stored as bf16 (cuBLASLt) and int8
+# (the dequantizing kernel), batch 1 and 64, 1x1 and TP=2; each TP=2 point must agree with
+# the 1x1 point of its own storage by the logits.
+step bench-decode-storage 150 "$BIN" bench decode --device cuda --dtypes bf16,int8 \
+    --layouts 1x1,2x1 --batch 1,64 --tokens 16 --iters 2 --warmup 1
+grep '^{' "$OUT/bench-decode-storage.log" >"$OUT/bench-decode-storage.jsonl" 2>/dev/null
+gpu_skip_is_failure bench-decode-storage
+check_logits bench-decode-storage
 step bench-gemm 150 "$BIN" bench gemm
 grep '^{' "$OUT/bench-gemm.log" >"$OUT/bench-gemm.jsonl" 2>/dev/null
 # The workers' NCCL data path (issue #6) end to end at world = 1: `serve --local --device
@@ -284,21 +324,64 @@ if [ "${GANG_GPU_SKIP_HEALTH:-0}" != 1 ]; then
 fi
 
 # --- summary ----------------------------------------------------------------------------
+# The 8B-shaped bf16 batch-1 roofline target (reported, not enforced): PASS, FAIL, or n/a
+# when the step did not produce its summary line.
+T8_RATIO=null
+T8_RESULT=n/a
+if [[ $(grep '"measure":"summary"' "$OUT/bench-decode-8b.jsonl" 2>/dev/null) =~ \"batch1_roofline_ratio\":(-?[0-9.e+-]+).*\"meets_target\":([a-z]+) ]]; then
+    T8_RATIO=${BASH_REMATCH[1]}
+    if [ "${BASH_REMATCH[2]}" = true ]; then T8_RESULT=PASS; else T8_RESULT=FAIL; fi
+    [ "$T8_RATIO" = "-1" ] && T8_RESULT=n/a
+fi
 overall=pass
 {
     printf '{"elapsed_s":%d,"steps":{' "$(($(date +%s) - START))"
     for i in "${!NAMES[@]}"; do
         [ "$i" -gt 0 ] && printf ','
         printf '"%s":"%s"' "${NAMES[$i]}" "${STATUSES[$i]}"
-        case ${STATUSES[$i]} in pass | pass-with-skips | skip) ;; *) overall=fail ;; esac
+        case ${STATUSES[$i]} in pass | pass-with-skips | skip | dry-run) ;; *) overall=fail ;; esac
     done
-    printf '},"result":"%s"}\n' "$overall"
+    printf '},"targets":{"decode_8b_bf16_batch1_roofline":{"ratio":%s,"target":0.7,"result":"%s","enforced":false}}' \
+        "$T8_RATIO" "$T8_RESULT"
+    printf ',"result":"%s"}\n' "$overall"
 } >"$OUT/summary.json"
+
+# print_decode FILE TITLE: the tokens/s, roofline ratio and agreement of each point.
+print_decode() {
+    [ -s "$1" ] || return 0
+    echo "  $2:"
+    local line st
+    while IFS= read -r line; do
+        st=
+        [[ $line =~ \"storage\":\"([a-z0-9]+)\" ]] && st=${BASH_REMATCH[1]}
+        if [[ $line =~ \"skipped\":\"([^\"]*) ]]; then
+            echo "    skipped: ${BASH_REMATCH[1]}"
+        elif [[ $line =~ copy_bandwidth ]] && [[ $line =~ \"copy_GBps\":([0-9.]+) ]]; then
+            echo "    device copy bandwidth ${BASH_REMATCH[1]} GB/s (read + write)"
+        elif [[ $line =~ \"backend\":\"([a-z]+)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]]; then
+            printf '    %-5s %-6s tp %s batch %3s  decode %10s tok/s  roofline ratio %s\n' \
+                "$st" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" \
+                "${BASH_REMATCH[4]}" "${BASH_REMATCH[5]}"
+            if [[ $line =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]]; then
+                printf '      decode step overhead over 1x1: %s ms\n' "${BASH_REMATCH[1]}"
+            fi
+            if [[ $line =~ \"top1_agreement\":([0-9.e+-]+).*\"max_abs_logprob_diff\":([0-9.e+-]+).*\"divergences\":([0-9]+).*\"gap_tol\":([0-9.e+-]+).*\"logits_match_1x1\":([a-z]+) ]]; then
+                printf '      vs 1x1: top-1 agreement %s, max |log-prob diff| %s, %s flip(s), logits match (gap tol %s): %s\n' \
+                    "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" \
+                    "${BASH_REMATCH[4]}" "${BASH_REMATCH[5]}"
+            fi
+        elif [[ $line =~ \"batch1_roofline_ratio\":(-?[0-9.]+).*\"meets_target\":([a-z]+) ]]; then
+            echo "    $st batch-1 roofline ratio ${BASH_REMATCH[1]} (target 0.7: ${BASH_REMATCH[2]})"
+        elif [[ $line =~ \"error\":\"([^\"]*) ]]; then
+            echo "    $st error: ${BASH_REMATCH[1]}"
+        fi
+    done <"$1"
+}
 
 echo
 echo "gpu-check summary ($(($(date +%s) - START)) s, results in $OUT):"
 for i in "${!NAMES[@]}"; do
-    printf '  %-16s %s\n' "${NAMES[$i]}" "${STATUSES[$i]}"
+    printf '  %-20s %s\n' "${NAMES[$i]}" "${STATUSES[$i]}"
 done
 if [ -s "$OUT/bench-gemm.jsonl" ]; then
     echo "  gemm, TFLOP/s (ours vs cublasGemmEx):"
@@ -312,30 +395,10 @@ if [ -s "$OUT/bench-gemm.jsonl" ]; then
         fi
     done <"$OUT/bench-gemm.jsonl"
 fi
-if [ -s "$OUT/bench-decode.jsonl" ]; then
-    echo "  decode (cuda; socket staging or nccl), tokens/s and HBM roofline ratio:"
-    while IFS= read -r line; do
-        if [[ $line =~ \"skipped\":\"([^\"]*) ]]; then
-            echo "    skipped: ${BASH_REMATCH[1]}"
-        elif [[ $line =~ copy_bandwidth ]] && [[ $line =~ \"copy_GBps\":([0-9.]+) ]]; then
-            echo "    device copy bandwidth ${BASH_REMATCH[1]} GB/s (read + write)"
-        elif [[ $line =~ \"backend\":\"([a-z]+)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]]; then
-            printf '    %-6s tp %s batch %3s  decode %10s tok/s  roofline ratio %s\n' \
-                "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
-                "${BASH_REMATCH[5]}"
-            if [[ $line =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]]; then
-                printf '      decode step overhead over 1x1: %s ms\n' "${BASH_REMATCH[1]}"
-            fi
-            if [[ $line =~ \"top1_agreement\":([0-9.e+-]+).*\"max_abs_logprob_diff\":([0-9.e+-]+).*\"divergences\":([0-9]+).*\"logits_match_1x1\":([a-z]+) ]]; then
-                printf '      vs 1x1: top-1 agreement %s, max |log-prob diff| %s, %s flip(s), logits match: %s\n' \
-                    "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}"
-            fi
-        elif [[ $line =~ \"batch1_roofline_ratio\":(-?[0-9.]+).*\"meets_target\":([a-z]+) ]]; then
-            echo "    batch-1 roofline ratio ${BASH_REMATCH[1]} (target 0.7: ${BASH_REMATCH[2]})"
-        elif [[ $line =~ \"error\":\"([^\"]*) ]]; then
-            echo "    error: ${BASH_REMATCH[1]}"
-        fi
-    done <"$OUT/bench-decode.jsonl"
-fi
+print_decode "$OUT/bench-decode.jsonl" "decode, 1B shape, f32 (socket staging or nccl), tokens/s and HBM roofline ratio"
+print_decode "$OUT/bench-decode-8b.jsonl" "decode, 8B shape, bf16, 1x1"
+print_decode "$OUT/bench-decode-storage.jsonl" "decode, 1B shape, bf16 and int8 storage"
+echo "  target: 8B-shaped bf16 batch-1 decode >= 0.7 of the HBM roofline: $T8_RESULT" \
+    "(ratio $T8_RATIO; reported, not enforced)"
 echo "  result: $overall"
 [ "$overall" = pass ]

@@ -361,34 +361,6 @@ static int ld_storage(const gang_load_options *o, const gang_model_config *c, in
     return 0;
 }
 
-/*
- * Packs the host f32 matrix *arr [rows, cols] into storage t (nothing for f32), replacing
- * it, and counts the difference in L->bytes (which then holds the stored bytes).
- */
-static int ld_pack(loader *L, gang_kernels_wtype t, void **arr, size_t rows, size_t cols)
-{
-    void *p;
-    int rc;
-
-    if (t == GANG_KW_F32 || *arr == NULL)
-        return 0;
-    p = malloc(gang_kernels_weight_bytes(t, rows, cols));
-    if (p == NULL)
-        return GANG_ENOMEM;
-    rc = gang_kernels_weight_pack(t, *arr, rows, cols, p);
-    if (rc != 0) {
-        free(p);
-        gang_set_err(L->err, L->errlen, "a weight [%zu, %zu] cannot be stored as %s (not finite)",
-                     rows, cols, gang_kernels_wtype_name(t));
-        return GANG_EMODEL;
-    }
-    free(*arr);
-    *arr = p;
-    L->bytes += gang_kernels_weight_bytes(t, rows, cols);
-    L->bytes -= rows * cols * sizeof(float);
-    return 0;
-}
-
 /* A decoder layer's seven matrices into the storage t, with the byte count kept. */
 static int ld_pack_layer(loader *L, gang_kernels_wtype t, gang_tp_layer *l)
 {
@@ -465,14 +437,17 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
             goto out_close;
     }
     rc = ld_ends(&L, m);
-    if (rc == 0)
-        rc = ld_pack(&L, wt, &m->embed, m->cfg.vocab, m->cfg.hidden);
-    if (rc == 0)
-        rc = ld_pack(&L, wt, &m->lm_head, m->shard.vocab_count, m->cfg.hidden);
     if (rc != 0)
         goto out_close;
-    m->wtype = wt;
+    /* The layers are packed already; this packs the embedding table and the LM head. */
     m->weight_bytes = L.bytes;
+    rc = gang_model_pack(m, wt);
+    if (rc != 0) {
+        gang_set_err(err, errlen, "the embedding table or LM head cannot be stored as %s%s",
+                     gang_kernels_wtype_name(wt), rc == GANG_EINVAL ? " (not finite)" : "");
+        rc = rc == GANG_EINVAL ? GANG_EMODEL : rc;
+        goto out_close;
+    }
     free(L.rope_factors);
     gang__st_set_close(&L.set);
     gang__gguf_close(&L.gg);
@@ -486,6 +461,73 @@ out_close:
 out_free:
     gang_model_free(m);
     return rc;
+}
+
+/* A packed copy of the host f32 matrix src [rows, cols] in *out (NULL when src is). */
+static int ld_pack_copy(gang_kernels_wtype t, const void *src, size_t rows, size_t cols, void **out)
+{
+    int rc;
+
+    *out = NULL;
+    if (src == NULL)
+        return 0;
+    *out = malloc(gang_kernels_weight_bytes(t, rows, cols));
+    if (*out == NULL)
+        return GANG_ENOMEM;
+    rc = gang_kernels_weight_pack(t, src, rows, cols, *out);
+    if (rc != 0) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int gang_model_pack(gang_model *m, gang_kernels_wtype t)
+{
+    void *embed = NULL, *head = NULL;
+    size_t hidden, before, vocab;
+    uint32_t i;
+    int rc;
+
+    if (m == NULL || (unsigned)t > GANG_KW_I8)
+        return GANG_EINVAL;
+    if (t == m->wtype)
+        return 0;
+    if (m->wtype != GANG_KW_F32 || m->mem != NULL)
+        return GANG_EINVAL;
+    for (i = 0; m->layers != NULL && i < m->layer_count; i++) {
+        if (m->layers[i].wtype == t)
+            continue;
+        before = gang_tp_layer_weight_bytes(&m->layers[i]);
+        if ((rc = gang_tp_layer_pack(&m->layers[i], t)) != 0)
+            return rc;
+        m->weight_bytes = m->weight_bytes + gang_tp_layer_weight_bytes(&m->layers[i]) - before;
+    }
+    /* The same sizes as gang_model_to_device's. */
+    hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
+    vocab = m->topo.vocab;
+    rc = ld_pack_copy(t, m->embed, vocab, hidden, &embed);
+    if (rc == 0)
+        rc = ld_pack_copy(t, m->lm_head, m->shard.vocab_count, hidden, &head);
+    if (rc != 0) {
+        free(embed);
+        return rc;
+    }
+    if (embed != NULL) {
+        m->weight_bytes = m->weight_bytes + gang_kernels_weight_bytes(t, vocab, hidden) -
+                          vocab * hidden * sizeof(float);
+        free(m->embed);
+        m->embed = embed;
+    }
+    if (head != NULL) {
+        m->weight_bytes = m->weight_bytes +
+                          gang_kernels_weight_bytes(t, m->shard.vocab_count, hidden) -
+                          (size_t)m->shard.vocab_count * hidden * sizeof(float);
+        free(m->lm_head);
+        m->lm_head = head;
+    }
+    m->wtype = t;
+    return 0;
 }
 
 int gang_model_place(gang_model *m, const gang_topology *t, uint32_t rank)

@@ -19,11 +19,29 @@ add_test(NAME fake-generate
 set_tests_properties(fake-generate PROPERTIES TIMEOUT 300)
 
 # `ganglion bench decode --device fake`: the --device cuda path of the benchmark (in-memory
-# model moved to the device, engine on device memory, TP=2 over host staging) on the fake
-# device, agreeing with 1x1 by the logits.
+# model packed into each storage and moved to the device, engine on device memory, TP=2
+# over host staging) on the fake device, every storage's TP=2 agreeing with its 1x1 by the
+# logits; the int8 summary must be there (every storage ran).
 add_test(NAME bench-decode-fake
   COMMAND $<TARGET_FILE:ganglion> bench decode --device fake --layers 2 --hidden 64 --heads 4
           --kv-heads 2 --ffn 128 --vocab 128 --prompt 8 --tokens 4 --iters 1 --warmup 0
-          --batch 1,3 --gpu-memory-mb 256)
+          --batch 1,3 --gpu-memory-mb 256 --dtypes f32,bf16,int8)
 set_tests_properties(bench-decode-fake PROPERTIES TIMEOUT 120
-  FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\";\"skipped\"")
+  FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\";\"skipped\""
+  PASS_REGULAR_EXPRESSION "\"storage\":\"int8\",\"batch1_roofline_ratio\"")
+
+# --shape 8b chooses Llama-3-8B's defaults (bf16 storage, the 1x1 layout); the shape flags
+# given here keep the model tiny, so the line shows the table's storage and layout defaults.
+add_test(NAME bench-decode-fake-8b-defaults
+  COMMAND $<TARGET_FILE:ganglion> bench decode --device fake --shape 8b --layers 1 --hidden 64
+          --heads 4 --kv-heads 2 --ffn 128 --vocab 128 --prompt 4 --tokens 2 --iters 1
+          --warmup 0 --batch 1 --gpu-memory-mb 256)
+set_tests_properties(bench-decode-fake-8b-defaults PROPERTIES TIMEOUT 60
+  FAIL_REGULAR_EXPRESSION "\"error\";\"skipped\";\"tp\":2"
+  PASS_REGULAR_EXPRESSION "\"storage\":\"bf16\",\"shape\":\"8b\",\"tp\":1")
+
+# bench/gpu-check.sh without a GPU: its syntax and a dry run (tests/gpu-check-dry-run.sh).
+add_test(NAME gpu-check-dry-run
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu-check-dry-run.sh
+          ${PROJECT_SOURCE_DIR}/bench/gpu-check.sh ${CMAKE_CURRENT_BINARY_DIR}/gpu-check-dry-run)
+set_tests_properties(gpu-check-dry-run PROPERTIES TIMEOUT 60)

@@ -255,6 +255,22 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                        const gang_load_options *o, gang_model **out, char *err, size_t errlen);
 
 /*
+ * Stores the matrices of a host model m as t (gang_kernels_weight_pack: bf16 / f16
+ * rounding, int8 with a scale per output row of the shard): every layer not yet of type t
+ * (gang_tp_layer_pack; a layer already of type t, on the host or moved to a device, is
+ * left alone, so a builder may pack and move each layer as it goes), then the embedding
+ * table and the LM head, and sets m->wtype = t. m->weight_bytes, which must count the
+ * matrices' f32 bytes before, changes by the difference. For loaders and models built in
+ * memory (`ganglion bench decode --device cuda`); t = m->wtype changes nothing. Returns
+ * 0; GANG_EINVAL for NULL, a t that is not a storage, m of another packed type or already
+ * on a device (m->mem), a layer of another type on a device, or a weight int8 cannot hold
+ * (not finite); GANG_ENOMEM. On error the layers converted so far stay converted (each
+ * records its type), the embedding table, the LM head and m->wtype are unchanged: the
+ * model is consistent for gang_model_free, not for serving.
+ */
+int gang_model_pack(gang_model *m, gang_kernels_wtype t);
+
+/*
  * Fills the layout fields of m for global rank `rank` of t (topo, place, shard, layer
  * range) and allocates m->layers[layer_count] zeroed, for loaders and hand-built shards.
  * Returns 0, GANG_EINVAL (NULL, rank outside t) or GANG_ENOMEM.

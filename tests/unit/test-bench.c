@@ -107,6 +107,18 @@ static void test_bench_tables(void **state)
     assert_int_equal(gang_bench_main(4, dev), GANG_EXIT_USAGE);
     char *batch[] = {"bench", "decode", "--batch", "1,,8"};
     assert_int_equal(gang_bench_main(4, batch), GANG_EXIT_USAGE);
+    /* --shape: 8b only with --device cuda / fake; --dtypes and --layouts of the cuda path
+     * are checked before any GPU is looked for. */
+    char *shape[] = {"bench", "decode", "--shape", "8b"};
+    assert_int_equal(gang_bench_main(4, shape), GANG_EXIT_USAGE);
+    char *shape2[] = {"bench", "decode", "--device", "fake", "--shape", "70b"};
+    assert_int_equal(gang_bench_main(6, shape2), GANG_EXIT_USAGE);
+    char *dt[] = {"bench", "decode", "--device", "cuda", "--dtypes", "f32,int4"};
+    assert_int_equal(gang_bench_main(6, dt), GANG_EXIT_USAGE);
+    char *lay[] = {"bench", "decode", "--device", "cuda", "--layouts", "2x1,1x1"};
+    assert_int_equal(gang_bench_main(6, lay), GANG_EXIT_USAGE);
+    char *lay2[] = {"bench", "decode", "--device", "cuda", "--layouts", "1x1,ncc"};
+    assert_int_equal(gang_bench_main(6, lay2), GANG_EXIT_USAGE);
 }
 
 /* A decision with token t whose two best candidates are t (lp a) and t + 1 (lp b). */

@@ -974,6 +974,68 @@ static void test_load_half(void **state)
     fx_rmtree(d32);
 }
 
+/*
+ * gang_model_pack: a loaded f32 model packed to bf16 holds exactly what the loader's bf16
+ * storage holds (the same bytes and byte count); packing is idempotent, refuses another
+ * packed type, a non-storage, NULL and a device model; a non-finite weight leaves the
+ * embedding table, LM head and wtype as they were.
+ */
+static void test_model_pack(void **state)
+{
+    char *dir = fx_tmpdir(), err[256];
+    gang_mkmodel_opts o = fx_small_opts(dir, GANG_ARCH_LLAMA);
+    gang_load_options bf = {.dtype = "bf16"};
+    gang_topology t1;
+    gang_model *m, *want;
+    size_t f32_bytes, tbytes, hbytes;
+    void *embed;
+    (void)state;
+
+    fx_make_model(&o);
+    t1 = fx_topo(dir, 1, 1);
+    m = fx_load_ok(dir, &t1, 0);
+    assert_int_equal(gang_model_load_ex(dir, &t1, 0, &bf, &want, err, sizeof(err)), 0);
+    f32_bytes = m->weight_bytes;
+    assert_int_equal(gang_model_pack(m, GANG_KW_F32), 0); /* nothing to do */
+    assert_int_equal(m->weight_bytes, f32_bytes);
+    assert_int_equal(gang_model_pack(m, GANG_KW_BF16), 0);
+    assert_int_equal(m->wtype, GANG_KW_BF16);
+    assert_int_equal(m->layers[1].wtype, GANG_KW_BF16);
+    assert_int_equal(m->weight_bytes, want->weight_bytes);
+    assert_true(m->weight_bytes < f32_bytes);
+    tbytes = gang_kernels_weight_bytes(GANG_KW_BF16, m->cfg.vocab, m->cfg.hidden);
+    hbytes = gang_kernels_weight_bytes(GANG_KW_BF16, m->shard.vocab_count, m->cfg.hidden);
+    assert_memory_equal(m->embed, want->embed, tbytes);
+    assert_memory_equal(m->lm_head, want->lm_head, hbytes);
+    assert_memory_equal(m->layers[1].w_down, want->layers[1].w_down,
+                        gang_kernels_weight_bytes(GANG_KW_BF16, m->cfg.hidden, m->cfg.ffn));
+    assert_int_equal(gang_model_pack(m, GANG_KW_BF16), 0); /* already */
+    assert_int_equal(m->weight_bytes, want->weight_bytes);
+    assert_int_equal(gang_model_pack(m, GANG_KW_I8), GANG_EINVAL); /* bf16 -> int8 */
+    assert_int_equal(gang_model_pack(m, (gang_kernels_wtype)9), GANG_EINVAL);
+    assert_int_equal(gang_model_pack(NULL, GANG_KW_BF16), GANG_EINVAL);
+    gang_model_free(m);
+    gang_model_free(want);
+
+    /* A non-finite weight in the LM head: int8 cannot hold it; the ends stay f32. */
+    m = fx_load_ok(dir, &t1, 0);
+    ((float *)m->lm_head)[3] = NAN;
+    embed = m->embed;
+    f32_bytes = m->weight_bytes;
+    assert_int_equal(gang_model_pack(m, GANG_KW_I8), GANG_EINVAL);
+    assert_int_equal(m->wtype, GANG_KW_F32);
+    assert_ptr_equal(m->embed, embed);
+    assert_true(isnan(((float *)m->lm_head)[3]));
+    assert_true(m->weight_bytes < f32_bytes); /* the layers did pack, and are counted so */
+    assert_int_equal(m->layers[0].wtype, GANG_KW_I8);
+    /* A model on a device (m->mem) is refused before anything changes. */
+    m->mem = (gang_kernels *)(uintptr_t)1;
+    assert_int_equal(gang_model_pack(m, GANG_KW_BF16), GANG_EINVAL);
+    m->mem = NULL;
+    gang_model_free(m);
+    fx_rmtree(dir);
+}
+
 static void assert_models_equal(const gang_model *a, const gang_model *b)
 {
     const gang_model_config *c = &a->cfg;
@@ -1044,6 +1106,7 @@ int main(void)
         cmocka_unit_test(test_load_layouts),
         cmocka_unit_test(test_load_half),
         cmocka_unit_test(test_load_sharded),
+        cmocka_unit_test(test_model_pack),
         cmocka_unit_test(test_load_corrupted),
         cmocka_unit_test(test_load_layout_refusals),
         cmocka_unit_test(test_load_peak_rss),
