@@ -13,6 +13,7 @@
  * respawned. Dead workers are always respawned: the agent's node is available for the
  * next generation once every slot is alive, connected and idle.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -20,7 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -28,6 +31,9 @@
 #include "ganglion/rendezvous.h"
 #include "supervisor.h"
 #include "wctl.h"
+
+/* Age below which a control directory may belong to an agent still starting. */
+#define GANG_SUP_STALE_AGE_S 60
 
 #define ARGV_MAX 256
 #define SUP_HELLO_TIMEOUT_MS 10000 /* silence allowed before a new worker's HELLO */
@@ -497,6 +503,57 @@ static void on_tick(uv_timer_t *t)
     }
 }
 
+/* 1 when path is a socket nobody listens on (connect refused) or does not exist. */
+static int sup_sock_dead(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd, dead;
+
+    if (access(path, F_OK) != 0)
+        return errno == ENOENT;
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return 0;
+    gang_strlcpy(sa.sun_path, path, sizeof(sa.sun_path));
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    dead = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno == ECONNREFUSED;
+    close(fd);
+    return dead;
+}
+
+int gang_sup_sweep_stale(const char *dir, uint64_t min_age_s)
+{
+    char sub[512], sock[600];
+    struct dirent *e;
+    struct stat st;
+    int removed = 0;
+    time_t now = time(NULL);
+    DIR *d = opendir(dir);
+
+    if (d == NULL)
+        return 0;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "ganglion-agent-", 15) != 0)
+            continue;
+        snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
+        if (lstat(sub, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+            now - st.st_mtime < (time_t)min_age_s)
+            continue;
+        snprintf(sock, sizeof(sock), "%s/ctl.sock", sub);
+        if (!sup_sock_dead(sock))
+            continue;
+        unlink(sock);
+        if (rmdir(sub) == 0)
+            removed++;
+    }
+    closedir(d);
+    if (removed > 0)
+        gang_info("supervisor: removed %d control directories of dead agents from %s", removed,
+                  dir);
+    return removed;
+}
+
 int gang_sup_start(void *uv_loop, const gang_sup_config *cfg, const gang_sup_callbacks *cb,
                    gang_sup **out)
 {
@@ -515,6 +572,8 @@ int gang_sup_start(void *uv_loop, const gang_sup_config *cfg, const gang_sup_cal
     s->slots = calloc(s->n, sizeof(*s->slots));
     if (s->slots == NULL || gang_args_copy(&cfg->worker_args, &s->worker_args) != 0)
         goto out_free;
+    /* An agent killed with SIGKILL cannot remove its directory: its successors do. */
+    (void)gang_sup_sweep_stale("/tmp", GANG_SUP_STALE_AGE_S);
     /* A private 0700 directory keeps other users off the control socket. */
     snprintf(s->dir, sizeof(s->dir), "/tmp/ganglion-agent-XXXXXX");
     if (mkdtemp(s->dir) == NULL) {

@@ -93,4 +93,14 @@ int gang_sup_kv(const gang_sup *s, uint32_t local_rank, gang_engine_kv *out);
 /* Sends SHUTDOWN, waits up to the abort timeout, kills the rest; done(ctx) when all gone. */
 void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx);
 
+/*
+ * Removes the control directories that killed agents left in dir ("/tmp" for the
+ * supervisor): entries named "ganglion-agent-*", owned by this user, last changed at
+ * least min_age_s seconds ago, whose ctl.sock is missing or has no listener (connect
+ * refused). A live agent's directory always has a listening socket, and a directory
+ * younger than min_age_s may belong to an agent still starting, so neither is touched.
+ * Returns how many were removed (0 when dir cannot be read). Called by gang_sup_start.
+ */
+int gang_sup_sweep_stale(const char *dir, uint64_t min_age_s);
+
 #endif

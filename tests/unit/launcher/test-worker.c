@@ -23,15 +23,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <time.h>
+#include <utime.h>
 
 #include <cmocka.h>
 
 #include "ganglion/common.h"
 #include "launcher-tests.h"
+#include "supervisor.h"
 #include "wctl.h"
 #include "worker.h"
 
@@ -762,11 +766,90 @@ static void test_start_bad_blob(void **state)
     tw_shutdown_all(c, &w, 1);
 }
 
+/* A "ganglion-agent-" directory under root with, per mode, a socket that listens (1), a
+ * socket whose listener is gone (0) or no socket (-1); aged by age_s seconds. *fd
+ * receives the listening socket (mode 1; -1 otherwise). */
+static void stale_dir(const char *root, const char *name, int mode, long age_s, int *fd)
+{
+    char dir[512], sock[600];
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct utimbuf t;
+
+    *fd = -1;
+    snprintf(dir, sizeof(dir), "%s/%s", root, name);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(sock, sizeof(sock), "%s/ctl.sock", dir);
+    if (mode >= 0) {
+        int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        assert_true(s >= 0);
+        gang_strlcpy(sa.sun_path, sock, sizeof(sa.sun_path));
+        assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        assert_int_equal(listen(s, 4), 0);
+        if (mode == 0)
+            close(s); /* the file stays, nobody listens: what a SIGKILLed agent leaves */
+        else
+            *fd = s;
+    }
+    t.actime = t.modtime = time(NULL) - age_s;
+    assert_int_equal(utime(dir, &t), 0);
+}
+
+static int dir_exists(const char *root, const char *name)
+{
+    char p[512];
+    struct stat st;
+
+    snprintf(p, sizeof(p), "%s/%s", root, name);
+    return stat(p, &st) == 0;
+}
+
+/*
+ * gang_sup_sweep_stale removes only old directories whose socket nobody listens on (or
+ * that have none): a live agent's (listening) and a young one (maybe still starting)
+ * stay, and so do entries with other names.
+ */
+static void test_sweep_stale_dirs(void **state)
+{
+    char root[] = "/tmp/gang-test-sweep-XXXXXX";
+    int live, fd;
+
+    (void)state;
+    assert_non_null(mkdtemp(root));
+    stale_dir(root, "ganglion-agent-dead", 0, 3600, &fd);
+    stale_dir(root, "ganglion-agent-nosock", -1, 3600, &fd);
+    stale_dir(root, "ganglion-agent-live", 1, 3600, &live);
+    stale_dir(root, "ganglion-agent-young", 0, 0, &fd);
+    stale_dir(root, "other-dead", 0, 3600, &fd);
+    assert_int_equal(gang_sup_sweep_stale(root, 60), 2);
+    assert_false(dir_exists(root, "ganglion-agent-dead"));
+    assert_false(dir_exists(root, "ganglion-agent-nosock"));
+    assert_true(dir_exists(root, "ganglion-agent-live"));
+    assert_true(dir_exists(root, "ganglion-agent-young"));
+    assert_true(dir_exists(root, "other-dead"));
+    assert_int_equal(gang_sup_sweep_stale(root, 60), 0); /* nothing more to take */
+    /* Once the live agent's listener is gone, its directory goes too. */
+    close(live);
+    assert_int_equal(gang_sup_sweep_stale(root, 60), 1);
+    assert_false(dir_exists(root, "ganglion-agent-live"));
+    assert_int_equal(gang_sup_sweep_stale("/nonexistent-gang-dir", 60), 0);
+    /* Clean up what the sweep rightly kept. */
+    char p[600];
+    const char *left[] = {"ganglion-agent-young", "other-dead"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(p, sizeof(p), "%s/%s/ctl.sock", root, left[i]);
+        unlink(p);
+        snprintf(p, sizeof(p), "%s/%s", root, left[i]);
+        assert_int_equal(rmdir(p), 0);
+    }
+    assert_int_equal(rmdir(root), 0);
+}
+
 int gang_test_worker(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_uses_nccl),
+        cmocka_unit_test(test_sweep_stale_dirs),
         cmocka_unit_test_setup_teardown(test_start_bad_blob, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_heartbeat_and_shutdown, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_agent_eof_exits_75, tw_setup, tw_teardown),
