@@ -41,23 +41,8 @@ CTX = 8192
 H.TEST_DEADLINE_S = 240
 
 
-def post(addr, port, path, body, timeout=60):
-    conn = http.client.HTTPConnection(addr, port, timeout=timeout)
-    try:
-        conn.request("POST", path, body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        text = r.read().decode()
-        try:
-            return r.status, json.loads(text)
-        except ValueError:
-            return r.status, text
-    finally:
-        conn.close()
-
-
 def ok(g, node, path, body):
-    code, r = post(g.addr(node), g.http_port, path, body)
+    code, r = H.http_post(g.addr(node), g.http_port, path, body, timeout=60)
     H.check(code == 200, "node %d: %s %r answered %r %r" % (node, path, body, code, r))
     return r
 
@@ -251,8 +236,8 @@ def gang_b(h, model):
     g.agents[0].signal(signal.SIGKILL)
     g.agents[0].wait(10)
     t0 = time.monotonic()
-    code, r = post(g.addr(1), g.http_port, "/v1/completions",
-                   {"prompt": "Hello", "max_tokens": 4}, timeout=30)
+    code, r = H.http_post(g.addr(1), g.http_port, "/v1/completions",
+                          {"prompt": "Hello", "max_tokens": 4}, timeout=30)
     dt = time.monotonic() - t0
     msg = r["error"]["message"] if isinstance(r, dict) and "error" in r else repr(r)
     H.log("coordinator gone: node 1 answered %d after %.1f s: %s" % (code, dt, msg))
