@@ -413,15 +413,15 @@ int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *
                                         pos0, window, out);
 }
 
-int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc, const void *vc,
-                                 const gang_kernels_kv_pages *pages, size_t tq, size_t tk,
-                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
-                                 size_t window, float *out)
+/* The checks of one attention call's arguments (gang_kernels_attention_paged's contract). */
+static int attention_check(const float *q, const void *kc, const void *vc,
+                           const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
+                           size_t n_kv_heads, size_t head_dim, size_t pos0, const float *out)
 {
     size_t tmp;
     int rc;
 
-    if (k == NULL || q == NULL || kc == NULL || vc == NULL || out == NULL)
+    if (q == NULL || kc == NULL || vc == NULL || out == NULL)
         return GANG_EINVAL;
     if (tq == 0 || tk == 0 || n_heads == 0 || n_kv_heads == 0 || head_dim == 0)
         return GANG_EINVAL;
@@ -444,10 +444,55 @@ int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc
             (rc = elems3(tmp, n_kv_heads, head_dim, &tmp)) < 0)
             return rc;
     }
+    return 0;
+}
+
+int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc, const void *vc,
+                                 const gang_kernels_kv_pages *pages, size_t tq, size_t tk,
+                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
+                                 size_t window, float *out)
+{
+    int rc;
+
+    if (k == NULL)
+        return GANG_EINVAL;
+    rc = attention_check(q, kc, vc, pages, tq, tk, n_heads, n_kv_heads, head_dim, pos0, out);
+    if (rc < 0)
+        return rc;
     if (k->be->attention == NULL)
         return GANG_ENOSYS;
     return k->be->attention(k->ctx, q, kc, vc, pages, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
                             window, out);
+}
+
+int gang_kernels_attention_batch(gang_kernels *k, const gang_kernels_attn_seq *seqs, size_t n_seq,
+                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t window)
+{
+    int rc;
+
+    if (k == NULL || seqs == NULL || n_seq == 0)
+        return GANG_EINVAL;
+    for (size_t i = 0; i < n_seq; i++) {
+        const gang_kernels_attn_seq *s = &seqs[i];
+
+        rc = attention_check(s->q, s->kc, s->vc, s->pages, s->tq, s->tk, n_heads, n_kv_heads,
+                             head_dim, s->pos0, s->out);
+        if (rc < 0)
+            return rc;
+    }
+    if (k->be->attention_batch != NULL)
+        return k->be->attention_batch(k->ctx, seqs, n_seq, n_heads, n_kv_heads, head_dim, window);
+    if (k->be->attention == NULL)
+        return GANG_ENOSYS;
+    for (size_t i = 0; i < n_seq; i++) {
+        const gang_kernels_attn_seq *s = &seqs[i];
+
+        rc = k->be->attention(k->ctx, s->q, s->kc, s->vc, s->pages, s->tq, s->tk, n_heads,
+                              n_kv_heads, head_dim, s->pos0, window, s->out);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, size_t n, float *out)

@@ -58,6 +58,10 @@ typedef struct gang__kernels_backend {
     int (*attention)(void *ctx, const float *q, const void *kc, const void *vc,
                      const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
                      size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out);
+    /* Optional: every sequence at once (gang_kernels_attention_batch); NULL: the front calls
+     * attention once per sequence. */
+    int (*attention_batch)(void *ctx, const gang_kernels_attn_seq *seqs, size_t n_seq,
+                           size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t window);
     int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*gelu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*scale)(void *ctx, float *x, float a, size_t n);

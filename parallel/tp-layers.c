@@ -564,6 +564,8 @@ void gang_tp_scratch_free(gang_tp_scratch *s)
     free(s->pos_host);
     free(s->tab_host);
     free(s->stage.host);
+    free(s->attn_seqs);
+    free(s->attn_pages);
     memset(s, 0, sizeof(*s));
 }
 
@@ -807,6 +809,26 @@ static int tp_paged_write(gang_kernels *k, const gang_tp_kv_cache *c, const gang
     return rc;
 }
 
+/* Room in s for the attention descriptors of n_seq sequences (host, kept between calls). */
+static int tp_attn_reserve(gang_tp_scratch *s, size_t n_seq)
+{
+    gang_kernels_attn_seq *sq;
+    gang_kernels_kv_pages *pg;
+
+    if (n_seq <= s->attn_cap)
+        return 0;
+    sq = realloc(s->attn_seqs, n_seq * sizeof(*sq));
+    if (sq == NULL)
+        return GANG_ENOMEM;
+    s->attn_seqs = sq;
+    pg = realloc(s->attn_pages, n_seq * sizeof(*pg));
+    if (pg == NULL)
+        return GANG_ENOMEM;
+    s->attn_pages = pg;
+    s->attn_cap = n_seq;
+    return 0;
+}
+
 /*
  * The attention block on the whole batch: normed [total, hidden] in, s->delta [total,
  * hidden] out (after the o_proj all-reduce).
@@ -856,24 +878,21 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
     if (rc != 0)
         return rc;
+    if ((rc = tp_attn_reserve(s, n_seq)) != 0)
+        return rc;
+    /* Each sequence's new rows into its cache, then one attention call for the batch. */
     for (i = 0; i < n_seq; i++) {
         gang_tp_kv_cache *c = caches[i];
         size_t len = seq_tokens[i], pos0 = seq_pos0[i];
+        gang_kernels_attn_seq *d = &s->attn_seqs[i];
 
         if (c->table != NULL) {
             rc = tp_paged_write(k, c, s, off, pos0, len);
             if (rc != 0)
                 return rc;
-            gang_kernels_kv_pages pg = {c->table, c->block_size, c->n_blocks, c->dtype};
-            rc = gang_kernels_attention_paged(
-                k, s->q + off * s->q_cols, c->k, c->v, &pg, len, pos0 + len, l->shard.head_count,
-                l->shard.kv_head_count, hd, pos0, l->window, s->q + off * s->q_cols);
-            if (rc != 0)
-                return rc;
-            off += len;
-            continue;
-        }
-        if (n_seq > 1) {
+            s->attn_pages[i] =
+                (gang_kernels_kv_pages){c->table, c->block_size, c->n_blocks, c->dtype};
+        } else if (n_seq > 1) {
             rc = gang_kernels_copy(k, c->k + pos0 * s->kv_cols, s->k + off * s->kv_cols,
                                    len * kv_bytes);
             if (rc == 0)
@@ -882,13 +901,20 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
             if (rc != 0)
                 return rc;
         }
-        rc = gang_kernels_attention_window(k, s->q + off * s->q_cols, c->k, c->v, len, pos0 + len,
-                                           l->shard.head_count, l->shard.kv_head_count, hd, pos0,
-                                           l->window, s->q + off * s->q_cols);
-        if (rc != 0)
-            return rc;
+        *d = (gang_kernels_attn_seq){.q = s->q + off * s->q_cols,
+                                     .out = s->q + off * s->q_cols,
+                                     .kc = c->k,
+                                     .vc = c->v,
+                                     .pages = c->table != NULL ? &s->attn_pages[i] : NULL,
+                                     .tq = len,
+                                     .tk = pos0 + len,
+                                     .pos0 = pos0};
         off += len;
     }
+    rc = gang_kernels_attention_batch(k, s->attn_seqs, n_seq, l->shard.head_count,
+                                      l->shard.kv_head_count, hd, l->window);
+    if (rc != 0)
+        return rc;
     return tp_linear_row_staged(k, comm, &s->stage, l, s->q, total, s->q_cols, l->wo, l->hidden,
                                 s->delta, timeout_ms);
 }

@@ -221,6 +221,30 @@ int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc
                                  size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t pos0,
                                  size_t window, float *out);
 
+/* One sequence of gang_kernels_attention_batch: the arguments of one
+ * gang_kernels_attention_paged call that the batch shares no value of. */
+typedef struct gang_kernels_attn_seq {
+    const float *q;                     /* [tq, n_heads, head_dim] */
+    float *out;                         /* [tq, n_heads, head_dim]; may be q exactly */
+    const void *kc, *vc;                /* its cache rows (contiguous f32) or the pool */
+    const gang_kernels_kv_pages *pages; /* NULL: contiguous */
+    size_t tq, tk, pos0;
+} gang_kernels_attn_seq;
+
+/*
+ * The attention of every sequence of a batch step in one call: exactly (bit for bit)
+ * gang_kernels_attention_paged(k, s->q, s->kc, s->vc, s->pages, s->tq, s->tk, n_heads,
+ * n_kv_heads, head_dim, s->pos0, window, s->out) for each of the n_seq descriptors
+ * (host memory), which a backend may run in any order or at once: one sequence's out must
+ * not overlap another's q or out, nor any cache. The CPU backend shares the (query, kv
+ * head) pairs of all of them among its threads; a backend without a batch entry runs the
+ * calls one after the other. Every descriptor is validated first (nothing runs when one
+ * is invalid): GANG_EINVAL / GANG_ERANGE as the single call, GANG_EINVAL for NULL seqs or
+ * n_seq 0.
+ */
+int gang_kernels_attention_batch(gang_kernels *k, const gang_kernels_attn_seq *seqs, size_t n_seq,
+                                 size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t window);
+
 /*
  * SwiGLU gate: out[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + exp(-x)), n elements.
  * Aliasing: out may be gate or up exactly.

@@ -453,6 +453,11 @@ typedef struct gang_tp_scratch {
                             of what rope_tabs holds */
     size_t tab_valid;    /* floats of rope_tabs that copy describes (0: none) */
     gang_tp_stage stage; /* host staging of the all-reduces (device handles only) */
+    /* Host: the descriptors of a call's one attention batch, grown to the most sequences
+     * a call has passed (gang_kernels_attention_batch). */
+    gang_kernels_attn_seq *attn_seqs;
+    gang_kernels_kv_pages *attn_pages;
+    size_t attn_cap;
 } gang_tp_scratch;
 
 /*

@@ -141,6 +141,13 @@ static int cpu_attention(void *ctx, const float *q, const void *kc, const void *
                                window, out);
 }
 
+static int cpu_attention_batch(void *ctx, const gang_kernels_attn_seq *seqs, size_t n_seq,
+                               size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t window)
+{
+    (void)ctx;
+    return gang__cpu_attention_batch(seqs, n_seq, n_heads, n_kv_heads, head_dim, window);
+}
+
 static int cpu_silu_mul(void *ctx, const float *gate, const float *up, size_t n, float *out)
 {
     (void)ctx;
@@ -229,6 +236,7 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .rope = cpu_rope,
     .softmax = cpu_softmax,
     .attention = cpu_attention,
+    .attention_batch = cpu_attention_batch,
     .silu_mul = cpu_silu_mul,
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale,

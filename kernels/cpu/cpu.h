@@ -107,5 +107,34 @@ int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out);
 int gang__cpu_attention(const float *q, const void *kc, const void *vc,
                         const gang_kernels_kv_pages *pages, size_t tq, size_t tk, size_t n_heads,
                         size_t n_kv_heads, size_t head_dim, size_t pos0, size_t window, float *out);
+/* Every sequence of a step (gang_kernels_attention_batch), items shared by the pool. */
+int gang__cpu_attention_batch(const gang_kernels_attn_seq *seqs, size_t n_seq, size_t n_heads,
+                              size_t n_kv_heads, size_t head_dim, size_t window);
+/* Tests: 1 forces the AVX2 item kernel (only where usable), 0 the portable one, -1 decides
+ * again from the CPU. */
+void gang__cpu_attention_force(int simd);
+
+/*
+ * One work item of the CPU attention (cpu-attention-item.h): `heads` consecutive query
+ * heads of one query row, all reading kv head g, over the keys [first, n_keys) of a cache
+ * (rows of row_w elements of dtype dt, this head's columns from off; through pg's block
+ * table when pg is not NULL). q and out point at the first head's head_dim floats (out
+ * may be q); acc is scratch of heads x head_dim floats and tmp of 2 x head_dim.
+ */
+#define GANG__ATTN_HEADS 8 /* heads one item holds at most */
+#define GANG__ATTN_TILE 64 /* keys scored at once (the online softmax's step) */
+typedef struct gang__cpu_attn_item {
+    const float *q;
+    float *out;
+    const void *kc, *vc;
+    const gang_kernels_kv_pages *pg;
+    gang_dtype dt;
+    size_t row_w, off, first, n_keys, heads, head_dim;
+    float scale;
+    float *acc, *tmp;
+} gang__cpu_attn_item;
+void gang__cpu_attn_item_ref(const gang__cpu_attn_item *it);
+/* cpu-attention-avx2.c: the same item with AVX2 + FMA + F16C (gang__cpu_avx2_usable()). */
+void gang__cpu_attn_item_avx2(const gang__cpu_attn_item *it);
 
 #endif /* GANGLION_KERNELS_CPU_H */

@@ -7,6 +7,7 @@
  *  - the fake device itself: a device pointer dereferenced on the host faults, a host
  *    pointer in a device operation aborts, upload and download round-trip (both checked
  *    in child processes, so the test sees the crash the device promises);
+ *  - the attention batch entry on a backend without one (the front's per-sequence loop);
  *  - the engine, TP layers and pipeline on "fake" ranks over the socket backend (every
  *    TP all-reduce, PP transfer and the logits all-gather staged through host memory):
  *    the eight-request script of the CPU tests gives the reference's tokens on 1x1, 2x1,
@@ -101,6 +102,69 @@ static void test_fake_memory_boundary(void **state)
 /* ---------------------------------------------------------------------------------
  * The engine on fake ranks over the socket backend (host staging everywhere).
  * --------------------------------------------------------------------------------- */
+/* A device tensor holding n floats of src. */
+static float *dev_copy(gang_kernels *k, const float *src, size_t n)
+{
+    void *d = NULL;
+
+    assert_int_equal(gang_kernels_alloc(k, n * sizeof(float), &d), 0);
+    assert_int_equal(gang_kernels_upload(k, d, src, n * sizeof(float)), 0);
+    return d;
+}
+
+/*
+ * gang_kernels_attention_batch on a backend without a batch entry (the fake device, as
+ * CUDA): the front runs the per-sequence calls, so two sequences on device memory give
+ * exactly their own calls' results, and a bad descriptor is refused before either runs.
+ */
+static void test_fake_attention_batch_fallback(void **state)
+{
+    const size_t nh = 4, nkv = 2, hd = 8, tq[2] = {1, 4}, pos0[2] = {9, 3};
+    gang_kernels_attn_seq seq[2];
+    float host[2][256], want[2][4 * 32], got[2][4 * 32];
+    void *dq[2], *dk[2], *dv[2], *dout[2];
+    gang_kernels *k = NULL;
+
+    (void)state;
+    assert_int_equal(gang_kernels_open("fake", &k), 0);
+    for (size_t i = 0; i < 2; i++) {
+        size_t tk = pos0[i] + tq[i], qn = tq[i] * nh * hd, kn = tk * nkv * hd;
+
+        for (size_t e = 0; e < 256; e++)
+            host[i][e] = (float)((e * 37 + i * 11) % 19) / 9.0f - 1.0f;
+        dq[i] = dev_copy(k, host[i], qn);
+        dk[i] = dev_copy(k, host[i] + 40, kn);
+        dv[i] = dev_copy(k, host[i] + 7, kn);
+        assert_int_equal(gang_kernels_alloc(k, qn * sizeof(float), &dout[i]), 0);
+        seq[i] = (gang_kernels_attn_seq){.q = dq[i],
+                                         .out = dout[i],
+                                         .kc = dk[i],
+                                         .vc = dv[i],
+                                         .tq = tq[i],
+                                         .tk = tk,
+                                         .pos0 = pos0[i]};
+        assert_int_equal(gang_kernels_attention(k, dq[i], dk[i], dv[i], tq[i], tk, nh, nkv, hd,
+                                                pos0[i], dout[i]),
+                         0);
+        assert_int_equal(gang_kernels_download(k, want[i], dout[i], qn * sizeof(float)), 0);
+        assert_int_equal(gang_kernels_upload(k, dout[i], host[i], qn * sizeof(float)), 0);
+    }
+    seq[1].tq = 9; /* past its cache: the first sequence must not run either */
+    assert_int_equal(gang_kernels_attention_batch(k, seq, 2, nh, nkv, hd, 0), GANG_EINVAL);
+    assert_int_equal(gang_kernels_download(k, got[0], dout[0], nh * hd * sizeof(float)), 0);
+    assert_memory_equal(got[0], host[0], nh * hd * sizeof(float));
+    seq[1].tq = tq[1];
+    assert_int_equal(gang_kernels_attention_batch(k, seq, 2, nh, nkv, hd, 0), 0);
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(gang_kernels_download(k, got[i], dout[i], tq[i] * nh * hd * sizeof(float)),
+                         0);
+        assert_memory_equal(got[i], want[i], tq[i] * nh * hd * sizeof(float));
+        gang_kernels_free(k, dq[i]), gang_kernels_free(k, dk[i]);
+        gang_kernels_free(k, dv[i]), gang_kernels_free(k, dout[i]);
+    }
+    gang_kernels_close(k);
+}
+
 static void test_fake_engine_layouts(void **state)
 {
     static const uint32_t lay[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
@@ -223,6 +287,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fake_memory_boundary),
+        cmocka_unit_test(test_fake_attention_batch_fallback),
         cmocka_unit_test(test_fake_engine_layouts),
         cmocka_unit_test(test_fake_tp_no_host_sync),
     };

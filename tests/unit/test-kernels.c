@@ -512,38 +512,49 @@ static const struct attn_case attn_cases[] = {
     {1, 129, 128, 8, 1, 17},  /* decode at the end of the cache, MQA */
     {3, 40, 5, 3, 3, 3},      /* chunk in the middle of a larger cache, MHA */
     {64, 129, 64, 6, 2, 129}, /* long prefill continuing a cache */
+    {1, 300, 299, 20, 1, 64}, /* decode: five key tiles, a group of 20 heads (3 items) */
+    {7, 255, 248, 9, 3, 64},  /* SmolLM2's heads, just under the blocked path */
     /* The CPU backend's blocked sgemm path (>= 64 queries, >= 2048 keys): */
     {130, 2200, 2048, 4, 2, 16}, /* three blocks, the last one partial */
     {64, 2048, 1984, 3, 1, 8},   /* exactly the thresholds, MQA */
 };
 
+/* Every case against the double reference, with the AVX2 item kernel and the portable
+ * one (where the CPU has AVX2; otherwise only the portable one, said so). */
 static void test_attention(void **state)
 {
     gang_kernels *k = *state;
     char what[128];
+    int simd_modes = gang__cpu_avx2_usable() ? 2 : 1;
 
-    for (size_t c = 0; c < sizeof(attn_cases) / sizeof(attn_cases[0]); c++) {
-        const struct attn_case *ac = &attn_cases[c];
-        size_t nq = ac->tq * ac->n_heads * ac->hd, nkv = ac->tk * ac->n_kv * ac->hd;
-        float *q = rnd_buf(nq, 2.0f), *kc = rnd_buf(nkv, 2.0f), *vc = rnd_buf(nkv, 1.0f);
-        float *out = malloc(nq * sizeof(*out));
-        double *ref = dbuf(nq);
-        assert_non_null(out);
+    if (simd_modes == 1)
+        print_message("[  NOTE    ] no AVX2+FMA+F16C here: only the portable kernel is tested\n");
+    for (int simd = 0; simd < simd_modes; simd++) {
+        gang__cpu_attention_force(simd);
+        for (size_t c = 0; c < sizeof(attn_cases) / sizeof(attn_cases[0]); c++) {
+            const struct attn_case *ac = &attn_cases[c];
+            size_t nq = ac->tq * ac->n_heads * ac->hd, nkv = ac->tk * ac->n_kv * ac->hd;
+            float *q = rnd_buf(nq, 2.0f), *kc = rnd_buf(nkv, 2.0f), *vc = rnd_buf(nkv, 1.0f);
+            float *out = malloc(nq * sizeof(*out));
+            double *ref = dbuf(nq);
+            assert_non_null(out);
 
-        ref_attention(q, kc, vc, ac->tq, ac->n_heads, ac->n_kv, ac->hd, ac->pos0, ref);
-        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads, ac->n_kv,
-                                                ac->hd, ac->pos0, out),
-                         0);
-        snprintf(what, sizeof(what), "attention case %zu", c);
-        assert_close(out, ref, nq, 1e-5, what);
+            ref_attention(q, kc, vc, ac->tq, ac->n_heads, ac->n_kv, ac->hd, ac->pos0, ref);
+            assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads,
+                                                    ac->n_kv, ac->hd, ac->pos0, out),
+                             0);
+            snprintf(what, sizeof(what), "attention case %zu (%s)", c, simd ? "avx2" : "portable");
+            assert_close(out, ref, nq, 1e-5, what);
 
-        /* out == q is allowed. */
-        assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads, ac->n_kv,
-                                                ac->hd, ac->pos0, q),
-                         0);
-        assert_close(q, ref, nq, 1e-5, what);
-        free(q), free(kc), free(vc), free(out), free(ref);
+            /* out == q is allowed. */
+            assert_int_equal(gang_kernels_attention(k, q, kc, vc, ac->tq, ac->tk, ac->n_heads,
+                                                    ac->n_kv, ac->hd, ac->pos0, q),
+                             0);
+            assert_close(q, ref, nq, 1e-5, what);
+            free(q), free(kc), free(vc), free(out), free(ref);
+        }
     }
+    gang__cpu_attention_force(-1);
 }
 
 /* Changing the key and value at position p changes the outputs of queries at positions
@@ -778,6 +789,163 @@ static void test_attention_paged(void **state)
             GANG_EINVAL);
         free(q), free(kc), free(vc), free(kp), free(vp), free(flat), free(paged), free(table);
     }
+}
+
+/*
+ * The batch entry is the per-sequence calls, bit for bit: five sequences of one step (a
+ * decode and a 3-token prefill on contiguous f32 caches, a short prefill and a decode
+ * sharing one bf16 pool through their block tables, and a 12-token prefill over 312 keys
+ * of an f32 pool, which takes the blocked path), with and without a window, with each
+ * item kernel, on one thread and on the pool, out apart from q and out == q. Then the
+ * front's checks: one bad descriptor refuses the whole batch before anything runs.
+ */
+struct batch_fixture {
+    gang_kernels_attn_seq seq[5];
+    gang_kernels_kv_pages pg[3];
+    float *q[5], *ck[2], *cv[2], *pk32, *pv32;
+    uint16_t *pk16, *pv16;
+    int32_t tab_a[2], tab_b[5], tab_c[20];
+    size_t qn[5];
+};
+
+static void batch_fixture_init(gang_kernels *k, struct batch_fixture *f, size_t nh, size_t nkv,
+                               size_t hd)
+{
+    static const size_t tq[5] = {1, 3, 5, 1, 12}, pos0[5] = {40, 0, 20, 70, 300};
+    size_t row = nkv * hd, n16 = 8 * 16 * row, n32 = 20 * 16 * row;
+    float *tmp;
+
+    for (size_t i = 0; i < 5; i++) {
+        f->qn[i] = tq[i] * nh * hd;
+        f->q[i] = rnd_buf(f->qn[i], 2.0f);
+        f->seq[i] = (gang_kernels_attn_seq){
+            .q = f->q[i], .tq = tq[i], .tk = pos0[i] + tq[i], .pos0 = pos0[i]};
+    }
+    for (size_t i = 0; i < 2; i++) {
+        f->ck[i] = rnd_buf(f->seq[i].tk * row, 2.0f);
+        f->cv[i] = rnd_buf(f->seq[i].tk * row, 1.0f);
+        f->seq[i].kc = f->ck[i], f->seq[i].vc = f->cv[i];
+    }
+    f->pk16 = malloc(n16 * 2), f->pv16 = malloc(n16 * 2);
+    assert_non_null(f->pk16);
+    assert_non_null(f->pv16);
+    tmp = rnd_buf(n16, 2.0f);
+    assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, tmp, GANG_DTYPE_BF16, f->pk16, n16),
+                     0);
+    free(tmp);
+    tmp = rnd_buf(n16, 1.0f);
+    assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, tmp, GANG_DTYPE_BF16, f->pv16, n16),
+                     0);
+    free(tmp);
+    f->pk32 = rnd_buf(n32, 2.0f), f->pv32 = rnd_buf(n32, 1.0f);
+    memcpy(f->tab_a, (int32_t[]){5, 1}, sizeof(f->tab_a));
+    memcpy(f->tab_b, (int32_t[]){0, 7, 2, 6, 3}, sizeof(f->tab_b));
+    for (int32_t b = 0; b < 20; b++)
+        f->tab_c[b] = (b * 7 + 3) % 20; /* a permutation: 7 and 20 are coprime */
+    f->pg[0] = (gang_kernels_kv_pages){f->tab_a, 16, 8, GANG_DTYPE_BF16};
+    f->pg[1] = (gang_kernels_kv_pages){f->tab_b, 16, 8, GANG_DTYPE_BF16};
+    f->pg[2] = (gang_kernels_kv_pages){f->tab_c, 16, 20, GANG_DTYPE_F32};
+    for (size_t i = 2; i < 5; i++) {
+        f->seq[i].pages = &f->pg[i - 2];
+        f->seq[i].kc = i < 4 ? (const void *)f->pk16 : f->pk32;
+        f->seq[i].vc = i < 4 ? (const void *)f->pv16 : f->pv32;
+    }
+}
+
+static void batch_fixture_free(struct batch_fixture *f)
+{
+    for (size_t i = 0; i < 5; i++)
+        free(f->q[i]);
+    for (size_t i = 0; i < 2; i++)
+        free(f->ck[i]), free(f->cv[i]);
+    free(f->pk16), free(f->pv16), free(f->pk32), free(f->pv32);
+}
+
+static void test_attention_batch(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t nh = 6, nkv = 2, hd = 32, windows[] = {0, 16};
+    int simd_modes = gang__cpu_avx2_usable() ? 2 : 1;
+    unsigned all = gang__cpu_threads();
+    struct batch_fixture f;
+    float *want[5], *got[5];
+
+    batch_fixture_init(k, &f, nh, nkv, hd);
+    for (size_t i = 0; i < 5; i++) {
+        want[i] = malloc(f.qn[i] * sizeof(float));
+        got[i] = malloc(f.qn[i] * sizeof(float));
+        assert_non_null(want[i]);
+        assert_non_null(got[i]);
+    }
+    for (int simd = 0; simd < simd_modes; simd++) {
+        gang__cpu_attention_force(simd);
+        for (size_t w = 0; w < 2; w++) {
+            for (size_t i = 0; i < 5; i++) {
+                const gang_kernels_attn_seq *sq = &f.seq[i];
+                assert_int_equal(gang_kernels_attention_paged(k, sq->q, sq->kc, sq->vc, sq->pages,
+                                                              sq->tq, sq->tk, nh, nkv, hd, sq->pos0,
+                                                              windows[w], want[i]),
+                                 0);
+            }
+            for (unsigned threads = 1; threads <= all; threads += all > 1 ? all - 1 : 1) {
+                gang__cpu_set_threads(threads);
+                for (size_t i = 0; i < 5; i++)
+                    f.seq[i].out = got[i];
+                assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, windows[w]),
+                                 0);
+                for (size_t i = 0; i < 5; i++)
+                    if (memcmp(want[i], got[i], f.qn[i] * sizeof(float)) != 0)
+                        fail_msg("batch sequence %zu differs from its own call (simd %d, window "
+                                 "%zu, %u threads)",
+                                 i, simd, windows[w], threads);
+            }
+            gang__cpu_set_threads(all);
+            /* out == q: each sequence's queries are replaced by its output. */
+            for (size_t i = 0; i < 5; i++) {
+                memcpy(got[i], f.q[i], f.qn[i] * sizeof(float));
+                f.seq[i].q = f.seq[i].out = got[i];
+            }
+            assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, windows[w]), 0);
+            for (size_t i = 0; i < 5; i++) {
+                assert_memory_equal(want[i], got[i], f.qn[i] * sizeof(float));
+                f.seq[i].q = f.q[i];
+            }
+        }
+    }
+    gang__cpu_attention_force(-1);
+
+    /* One bad descriptor: nothing is written, whichever it is. */
+    for (size_t i = 0; i < 5; i++) {
+        f.seq[i].out = got[i];
+        for (size_t e = 0; e < f.qn[i]; e++)
+            got[i][e] = 7.0f;
+    }
+    f.seq[3].tq = 0;
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, 0), GANG_EINVAL);
+    f.seq[3].tq = 1;
+    f.seq[4].pos0 = f.seq[4].tk; /* its last query would sit past the cache */
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, 0), GANG_EINVAL);
+    f.seq[4].pos0 = 300;
+    f.pg[1].dtype = GANG_DTYPE_I32;
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, 0), GANG_EINVAL);
+    f.pg[1].dtype = GANG_DTYPE_BF16;
+    f.seq[0].out = NULL;
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, 0), GANG_EINVAL);
+    f.seq[0].out = got[0];
+    for (size_t i = 0; i < 5; i++)
+        for (size_t e = 0; e < f.qn[i]; e++)
+            assert_true(got[i][e] == 7.0f);
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, 4, hd, 0), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention_batch(k, NULL, 5, nh, nkv, hd, 0), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 0, nh, nkv, hd, 0), GANG_EINVAL);
+    assert_int_equal(gang_kernels_attention_batch(NULL, f.seq, 5, nh, nkv, hd, 0), GANG_EINVAL);
+    /* And the fixed batch runs. */
+    assert_int_equal(gang_kernels_attention_batch(k, f.seq, 5, nh, nkv, hd, 0), 0);
+    for (size_t i = 0; i < 5; i++) {
+        assert_false(got[i][0] == 7.0f);
+        free(want[i]), free(got[i]);
+    }
+    batch_fixture_free(&f);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -1352,6 +1520,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attention_gqa, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_paged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_decode_matches_prefill, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attention_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silu_mul_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gelu_mul_scale, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
