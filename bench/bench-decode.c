@@ -112,6 +112,7 @@ typedef struct bd_run {
     char why[256];                     /* lock */
     char load_err[256];                /* lock: --model: the loader's message (refusals) */
     double weight_bytes, stream_bytes; /* lock: --model, cuda: summed over the ranks */
+    size_t kv_elem_bytes;              /* lock: bytes of one element of the KV cache */
 } bd_run;
 
 typedef struct bd_rank {
@@ -499,6 +500,11 @@ static void *bd_rank_main(void *arg)
     if (rc != 0)
         goto out_fail;
     what = "engine init";
+    /* The cache type `serve` gives these weights (--kv-cache-dtype auto). */
+    cfg.kv_dtype = gang_engine_kv_dtype_auto(m->wtype);
+    pthread_mutex_lock(&r->lock);
+    r->kv_elem_bytes = gang_dtype_size(cfg.kv_dtype);
+    pthread_mutex_unlock(&r->lock);
     rc = gang_engine_init_on(m, k, &cfg, &e, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "ganglion bench decode: %s\n", err);
@@ -633,6 +639,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     if (o->model[0]) {
         res->weight_bytes = r->weight_bytes;
         res->stream_bytes = r->stream_bytes;
+        res->kv_elem_bytes = r->kv_elem_bytes;
         gang__bd_model_fields(line, o, batch, res);
     }
     if (base != NULL && !o->no_agree) {

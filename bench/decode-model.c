@@ -7,7 +7,8 @@
  *   1. "model_info": the model's shape and the threads the engine's CPU GEMMs use
  *      (OpenBLAS's thread count; the CPUs online);
  *   2. "read_bandwidth": the machine's read bandwidth (read-bw.c: every online CPU sums
- *      its slice of a --bw-mib buffer, median of --bw-passes passes);
+ *      its slice of a --bw-mib buffer, median of --bw-passes passes); measured again
+ *      before every 1x1 point, whose roofline takes that value (bdm_bandwidth);
  *   3. the points: for every storage of --dtypes (f32, bf16, f16: gang_load_options.dtype;
  *      int8: .quantize = "int8" over the checkpoint's own dtype), every batch of --batch
  *      and every layout of --layouts (1x1 by default), the point of bench-decode.c (rank
@@ -29,9 +30,10 @@
  * table is not streamed (a step gathers one row per sequence). So
  *   bytes_per_step = stream_bytes + kv_bytes_per_step
  *   stream_bytes   = sum over ranks of m->weight_bytes less the embedding table
- *   kv_bytes_per_step = batch x (prompt + tokens / 2) x layers x 2 x kv_heads x head_dim x 4
- *                    (the f32 cache; prompt + tokens / 2 is the mean context of the decode
- *                    steps)
+ *   kv_bytes_per_step = batch x (prompt + tokens / 2) x layers x 2 x kv_heads x head_dim x
+ *                    the cache element's bytes (the points use `serve`'s
+ *                    --kv-cache-dtype auto: bf16 for bf16 weights, f16 for f16, else f32;
+ *                    prompt + tokens / 2 is the mean context of the decode steps)
  *   roofline_tok_s = batch x read_bandwidth / bytes_per_step,
  *   roofline_ratio = decode_tok_s / roofline_tok_s.
  * m->weight_bytes is the storage's true size (gang_load_options); the embedding table's
@@ -107,7 +109,8 @@ double gang__bd_stream_bytes(const gang_model *m)
 
 void gang__bd_model_fields(cJSON *line, const bd_opts *o, uint32_t batch, bd_result *res)
 {
-    double kv = (double)batch * (o->prompt + o->tokens / 2.0) * o->kv_token_bytes;
+    double kv = (double)batch * (o->prompt + o->tokens / 2.0) * o->kv_token_elems *
+                (double)res->kv_elem_bytes;
     double step = res->stream_bytes + kv;
 
     cJSON_AddNumberToObject(line, "weight_bytes", res->weight_bytes);
@@ -208,8 +211,9 @@ static void bdm_info(bd_opts *o, const gang_model_config *mc)
     o->kv_heads = mc->n_kv_heads;
     o->ffn = mc->ffn;
     o->vocab = mc->vocab;
-    /* One token's keys and values over every layer, f32 (the engine's cache type here). */
-    o->kv_token_bytes = (double)mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim * 4.0;
+    /* One token's keys and values over every layer, in elements (the point multiplies by
+     * its cache type's size: `serve`'s auto type for the storage, bf16 for bf16 weights). */
+    o->kv_token_elems = (double)mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim;
     if (line == NULL)
         return;
     cJSON_AddStringToObject(line, "measure", "model_info");
@@ -234,8 +238,13 @@ static void bdm_info(bd_opts *o, const gang_model_config *mc)
     gang_report_emit(line);
 }
 
-/* The "read_bandwidth" line; sets o->read_gbps. Returns 0 or the measurement's error. */
-static int bdm_bandwidth(bd_opts *o)
+/*
+ * A "read_bandwidth" line; sets o->read_gbps. Measured once at the start and again just
+ * before every 1x1 point (storage and batch name it then), whose roofline uses the value
+ * measured next to it: the VM's bandwidth drifts by 20% over minutes, more than the
+ * points it judges differ by. Returns 0 or the measurement's error.
+ */
+static int bdm_bandwidth(bd_opts *o, const char *storage, uint32_t batch)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = cpus > 0 ? (uint32_t)cpus : 1;
@@ -247,6 +256,10 @@ static int bdm_bandwidth(bd_opts *o)
     if (line == NULL)
         return GANG_ENOMEM;
     cJSON_AddStringToObject(line, "measure", "read_bandwidth");
+    if (storage != NULL) {
+        cJSON_AddStringToObject(line, "before_storage", storage);
+        cJSON_AddNumberToObject(line, "before_batch", batch);
+    }
     cJSON_AddStringToObject(line, "method",
                             "every online CPU sums its slice of one buffer (first-touched by "
                             "it) as 64-bit integers in 8 lanes; bytes / pass time, median of "
@@ -280,6 +293,10 @@ static void bdm_storage_points(bd_opts *o, const gang_model_config *mc, bdm_run 
         for (l = 0; l < run->n_layouts; l++) {
             bd_result *out = l == 0 ? &base : &res;
 
+            if (l == 0 && bdm_bandwidth(o, o->storage, o->batches[b]) != 0) {
+                run->failed++;
+                break;
+            }
             rc = gang__bd_point(o, mc, run->layouts[l][0], run->layouts[l][1], o->batches[b], 0,
                                 l == 0 ? NULL : &base, out);
             if (out->refused) {
@@ -464,7 +481,7 @@ int gang__bd_main_model(bd_opts *o)
     }
     o->no_agree = run->n_layouts == 1;
     bdm_info(o, &mc);
-    if (bdm_bandwidth(o) != 0) {
+    if (bdm_bandwidth(o, NULL, 0) != 0) {
         rc = GANG_EXIT_TEMPFAIL;
         goto out_free;
     }

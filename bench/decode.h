@@ -58,7 +58,7 @@ typedef struct bd_opts {
     gang_load_options load;        /* the storage of the points being run (NULL fields: f32) */
     const char *storage;           /* its name in the lines ("f32", "bf16", "int8"; cuda too) */
     double read_gbps;              /* the machine's read bandwidth, GB/s; 0: not measured */
-    double kv_token_bytes;         /* KV cache bytes of one token over every layer */
+    double kv_token_elems;         /* KV cache elements of one token over every layer */
 } bd_opts;
 
 /* What one point measured. */
@@ -70,6 +70,7 @@ typedef struct bd_result {
     int refused;           /* --model: the loader refused the storage (GANG_ENOSYS) */
     double weight_bytes;   /* --model: m->weight_bytes summed over the ranks */
     double stream_bytes;   /* --model: weight bytes one decode step streams, over the ranks */
+    size_t kv_elem_bytes;  /* --model: bytes of one KV cache element (the auto cache type) */
 } bd_result;
 
 /*

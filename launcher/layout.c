@@ -72,9 +72,7 @@ gang_dtype gang_layout_kv_dtype(const gang_layout *l, gang_kernels_wtype wt)
 {
     if (!l->kv_auto)
         return l->kv_dtype;
-    return wt == GANG_KW_BF16  ? GANG_DTYPE_BF16
-           : wt == GANG_KW_F16 ? GANG_DTYPE_F16
-                               : GANG_DTYPE_F32;
+    return gang_engine_kv_dtype_auto(wt);
 }
 
 int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, size_t errlen)

@@ -411,6 +411,13 @@ static int eng_check_memory(const gang_model *m, gang_kernels *k, char *err, siz
     return 0;
 }
 
+gang_dtype gang_engine_kv_dtype_auto(gang_kernels_wtype wt)
+{
+    return wt == GANG_KW_BF16  ? GANG_DTYPE_BF16
+           : wt == GANG_KW_F16 ? GANG_DTYPE_F16
+                               : GANG_DTYPE_F32;
+}
+
 int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config *cfg,
                         gang_engine **out, char *err, size_t errlen)
 {

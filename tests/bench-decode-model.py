@@ -4,7 +4,9 @@ no transformers venv needed).
 
 Checks, each run's JSON lines parsed:
   1. --no-peer, storages f32,bf16,int8, batches 1,3, layouts 1x1,2x1: exit 0; the model_info
-     line (shape of the model, cpu_threads); the read_bandwidth line (read_GBps > 0);
+     line (shape of the model, cpu_threads); the start-of-run read_bandwidth line and one
+     just before every 1x1 point, whose roofline uses its read_GBps; the KV bytes in the
+     cache type `serve` picks for the storage (bf16 for bf16 weights, f32 otherwise);
      per storage either one clean "refused" line (a storage this build cannot hold) or a
      point per batch and layout with decode_tok_s > 0 and, at 1x1, a roofline (bytes per
      token between the f32 weights without the embedding table and all of them, ratio
@@ -78,9 +80,12 @@ def check_points(lines, model_bytes):
         fail("model_info does not describe the model: %s" % info)
     if not info.get("cpu_threads", 0) >= 1:
         fail("no cpu_threads in %s" % info)
-    bw = one(lines, measure="read_bandwidth")
-    if not bw.get("read_GBps", 0) > 0:
-        fail("no read bandwidth: %s" % bw)
+    bws = [o for o in lines if o.get("measure") == "read_bandwidth"]
+    start = [o for o in bws if "before_storage" not in o]
+    if len(start) != 1 or not start[0].get("read_GBps", 0) > 0:
+        fail("no start-of-run read bandwidth: %s" % bws)
+    if lines.index(start[0]) > min(i for i, o in enumerate(lines) if "storage" in o):
+        fail("the start-of-run bandwidth comes after a point")
     for s in ("f32", "bf16", "int8"):
         pts = [o for o in lines if o.get("storage") == s and "measure" not in o]
         refused = [o for o in pts if "refused" in o]
@@ -98,6 +103,18 @@ def check_points(lines, model_bytes):
                     fail("no tokens/s: %s" % o)
             if tp2.get("logits_match_1x1") is not True:
                 fail("2x1 does not agree with 1x1: %s" % tp2)
+            # The bandwidth measured just before the 1x1 point is the one its roofline uses.
+            bw = one(bws, before_storage=s, before_batch=b)
+            if not bw.get("read_GBps", 0) > 0 or base["read_GBps"] != bw["read_GBps"]:
+                fail("storage %s batch %d: roofline bandwidth %s, measured before it %s"
+                     % (s, b, base.get("read_GBps"), bw))
+            if lines.index(bw) > lines.index(base):
+                fail("the bandwidth of storage %s batch %d comes after its point" % (s, b))
+            # KV bytes: batch x mean context (8 + 4 / 2) x 2 layers x K,V x 2 kv heads x 16,
+            # in serve's auto cache type (bf16 for bf16 weights, f32 otherwise).
+            es = 2 if s == "bf16" else 4
+            if base["kv_bytes_per_step"] != b * 10 * 2 * 2 * 2 * 16 * es:
+                fail("storage %s batch %d: kv bytes %s" % (s, b, base["kv_bytes_per_step"]))
             stream = base["stream_bytes_per_step"]
             if s == "f32" and not (0.5 * model_bytes < stream < model_bytes):
                 fail("f32 stream bytes %s not below the file's %d weights" % (stream, model_bytes))

@@ -412,6 +412,10 @@ typedef struct gang_engine_config {
                                  and reused by later requests with the same prefix */
 } gang_engine_config;
 
+/* `--kv-cache-dtype auto`: the cache type that follows weights stored as wt (bf16 and f16
+ * keep their type, f32 and int8 weights get an f32 cache). */
+gang_dtype gang_engine_kv_dtype_auto(gang_kernels_wtype wt);
+
 /* What the paged KV cache of an engine holds (gang_engine_kv_info). */
 typedef struct gang_engine_kv {
     uint32_t block_size;  /* positions per block */
