@@ -87,6 +87,8 @@ typedef struct api_seq {
     uint64_t sent_gen; /* generation it was submitted in, 0 = owed */
     uint32_t parts;    /* prompt ids delivered to rank 0 in sent_gen (pieces) */
     uint32_t submissions;
+    uint32_t n_cached; /* prompt tokens the prefix cache gave (the gang's DONE) */
+    int cached_known;  /* n_cached holds the gang's report */
     uint64_t sent_ms, first_ms, last_ms;
     int done;      /* finished here (the gang's DONE, or a stop string) */
     int gang_done; /* the gang reported DONE: nothing to cancel there */

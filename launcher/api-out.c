@@ -302,17 +302,28 @@ void gang__api_seq_finish(gang_api *api, api_seq *s, const char *finish)
 
 /* ------------------------------------------------------------------ answers */
 
+/*
+ * OpenAI's usage object. prompt_tokens_details.cached_tokens (the prompt tokens the
+ * prefix cache gave, summed over the choices) is there when the gang reported it for
+ * every choice: a choice ended here by a stop string can be answered before its DONE.
+ */
 static void add_usage(cJSON *o, const api_call *c)
 {
-    uint32_t pt = 0, ct = 0;
+    uint32_t pt = 0, ct = 0, cached = 0;
+    int known = 1;
     for (uint32_t i = 0; i < c->n_seqs; i++) {
         pt += c->seqs[i]->n_prompt;
         ct += c->seqs[i]->n_out;
+        cached += c->seqs[i]->n_cached;
+        known &= c->seqs[i]->cached_known;
     }
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
     cJSON_AddNumberToObject(u, "prompt_tokens", pt);
     cJSON_AddNumberToObject(u, "completion_tokens", ct);
     cJSON_AddNumberToObject(u, "total_tokens", pt + ct);
+    if (known)
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"),
+                                "cached_tokens", cached);
 }
 
 /* Timings of the first sequence (ganglion's extension of the completions answer). */

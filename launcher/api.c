@@ -631,8 +631,10 @@ void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, ui
         return;
     s->gang_done = 1;
     if (code == 0) { /* the prefix cache's hit rate: cached over prompt tokens */
+        s->n_cached = cached < s->n_prompt ? cached : s->n_prompt;
+        s->cached_known = 1;
         api->prompt_tokens += s->n_prompt;
-        api->prefix_hit_tokens += cached < s->n_prompt ? cached : s->n_prompt;
+        api->prefix_hit_tokens += s->n_cached;
     }
     if (code < 0) {
         int bad = code == GANG_EINVAL;

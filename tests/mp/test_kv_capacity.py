@@ -11,7 +11,9 @@ numbers of a sequence).
 Prefix caching (on by default): two requests that share a 1,000-token system prompt, the
 second's time to first token at least 5x lower than the first's (its prompt's first 62
 blocks come from the cache), and /metrics counts the hit tokens. (That a hit gives the
-tokens of a computed prefix is unit-engine's test_prefix_cache.)
+tokens of a computed prefix is unit-engine's test_prefix_cache.) Each answer's
+usage.prompt_tokens_details.cached_tokens says how many of its prompt tokens the cache
+gave: 0, then at least 992.
 
 SKIP (77), with the reason, when scripts/fetch-reference.sh cannot give the model."""
 import os
@@ -101,12 +103,19 @@ def serve_defaults(h, model):
     # Prefix caching: a 1,000-token system prompt shared by two requests.
     system = [1 + (31 * k + 7) % 30000 for k in range(1000)]
     asks = [system + [200 + j, 300 + j, 400 + j] for j in range(2)]
-    ttft = []
+    ttft, cached = [], []
     for q in asks:
         t0 = time.monotonic()
         code, r = post(g, {"prompt": q, "max_tokens": 1, "temperature": 0.0})
         ttft.append(time.monotonic() - t0)  # one token: the answer's time is its TTFT
         H.check(code == 200, "prefix request answered %r %r" % (code, r))
+        u = r.get("usage", {})
+        H.check(u.get("prompt_tokens") == len(q), "usage of a prefix request: %r" % u)
+        cached.append(u.get("prompt_tokens_details", {}).get("cached_tokens"))
+    # OpenAI's usage.prompt_tokens_details.cached_tokens: none the first time, the shared
+    # prompt's full blocks (62 x 16 = 992 of its 1,000 tokens) the second.
+    H.check(cached[0] == 0 and cached[1] is not None and 992 <= cached[1] < len(asks[1]),
+            "cached_tokens of the two prefix requests: %r" % cached)
     H.log("shared 1000-token prefix: TTFT %.3f s, then %.3f s (%.1fx)"
           % (ttft[0], ttft[1], ttft[0] / ttft[1]))
     H.check(ttft[0] >= 5 * ttft[1], "the second TTFT %.3f s is not 5x below the first's %.3f s"
