@@ -152,19 +152,28 @@ static int attention_blocked(const float *q, const void *kc, const void *vc,
 /* ---------------------------------------------------------------------------------
  * Work items: the portable instance of cpu-attention-item.h, and the driver.
  * --------------------------------------------------------------------------------- */
-static inline float attn_dot(const float *a, const float *b, size_t n)
+static inline void attn_widen_into(const void *src, gang_dtype dt, size_t n, float *dst)
 {
-    float acc = 0.0f;
-
-    for (size_t i = 0; i < n; i++)
-        acc += a[i] * b[i];
-    return acc;
+    attn_widen_to(src, dt, n, dst);
 }
 
-static inline void attn_axpy(float *y, float a, const float *x, size_t n)
+static inline void attn_scores(const float *q, const float *kt, size_t nt, size_t hd, float scale,
+                               float *s)
 {
-    for (size_t i = 0; i < n; i++)
-        y[i] += a * x[i];
+    for (size_t t = 0; t < nt; t++) {
+        float acc = 0.0f;
+
+        for (size_t d = 0; d < hd; d++)
+            acc += q[d] * kt[t * hd + d];
+        s[t] = acc * scale;
+    }
+}
+
+static inline void attn_pv(float *acc, const float *p, const float *vt, size_t nt, size_t hd)
+{
+    for (size_t t = 0; t < nt; t++)
+        for (size_t d = 0; d < hd; d++)
+            acc[d] += p[t] * vt[t * hd + d];
 }
 
 static inline void attn_scal(float *y, float a, size_t n)
@@ -182,14 +191,6 @@ static inline float attn_exp_sum(float *s, size_t n, float m)
         sum += s[i];
     }
     return sum;
-}
-
-static inline const float *attn_widen(const void *src, gang_dtype dt, size_t n, float *tmp)
-{
-    if (dt == GANG_DTYPE_F32)
-        return src;
-    attn_widen_to(src, dt, n, tmp);
-    return tmp;
 }
 
 #define ATTN_ITEM_FN gang__cpu_attn_item_ref
@@ -213,7 +214,7 @@ void gang__cpu_attention_force(int simd)
 typedef struct attn_job {
     const gang_kernels_attn_seq *seqs;
     const size_t *start; /* [n_seq + 1] first item of each sequence (blocked ones: none) */
-    size_t n_seq, n_heads, n_kv_heads, head_dim, window, subs, per_chunk, items;
+    size_t n_seq, n_heads, n_kv_heads, head_dim, window, subs, per_chunk, items, tile;
     float scale;
     int simd;
     atomic_int rc;
@@ -221,7 +222,7 @@ typedef struct attn_job {
 
 /* Item `it` of the job: its sequence (binary search over start), query row, kv head and
  * its sub-group of at most GANG__ATTN_HEADS heads. */
-static void attn_run_item(attn_job *j, size_t idx, float *acc, float *tmp)
+static void attn_run_item(attn_job *j, size_t idx, float *acc, float *tiles)
 {
     size_t lo = 0, hi = j->n_seq, group = j->n_heads / j->n_kv_heads;
 
@@ -252,8 +253,10 @@ static void attn_run_item(attn_job *j, size_t idx, float *acc, float *tmp)
                                                                    : GANG__ATTN_HEADS,
         .head_dim = j->head_dim,
         .scale = j->scale,
+        .tile = j->tile,
         .acc = acc,
-        .tmp = tmp,
+        .kt = tiles,
+        .vt = tiles + j->tile * j->head_dim,
     };
     if (j->simd)
         gang__cpu_attn_item_avx2(&item);
@@ -266,21 +269,20 @@ static void attn_chunk(void *arg, size_t c)
 {
     attn_job *j = arg;
     size_t i0 = c * j->per_chunk, i1 = i0 + j->per_chunk < j->items ? i0 + j->per_chunk : j->items;
-    float acc_stack[GANG__ATTN_HEADS * ATTN_STACK_DIM], tmp_stack[2 * ATTN_STACK_DIM];
-    float *acc = acc_stack, *tmp = tmp_stack;
+    size_t hd = j->head_dim, need = (GANG__ATTN_HEADS + 2 * j->tile) * hd;
+    float stack[GANG__ATTN_HEADS * ATTN_STACK_DIM + 2 * GANG__ATTN_TILE_FLOATS], *buf = stack;
 
-    if (j->head_dim > ATTN_STACK_DIM) {
-        acc = malloc((GANG__ATTN_HEADS + 2) * j->head_dim * sizeof(float));
-        if (acc == NULL) {
+    if (hd > ATTN_STACK_DIM) {
+        buf = malloc(need * sizeof(float));
+        if (buf == NULL) {
             atomic_store(&j->rc, GANG_ENOMEM);
             return;
         }
-        tmp = acc + GANG__ATTN_HEADS * j->head_dim;
     }
     for (size_t i = i0; i < i1; i++)
-        attn_run_item(j, i, acc, tmp);
-    if (acc != acc_stack)
-        free(acc);
+        attn_run_item(j, i, buf, buf + GANG__ATTN_HEADS * hd);
+    if (buf != stack)
+        free(buf);
 }
 
 /* The blocked path's choice for one sequence (see the file comment). */
@@ -293,14 +295,18 @@ int gang__cpu_attention_batch(const gang_kernels_attn_seq *seqs, size_t n_seq, s
                               size_t n_kv_heads, size_t head_dim, size_t window)
 {
     size_t start_stack[ATTN_STACK_SEQS + 1], *start = start_stack, group = n_heads / n_kv_heads;
-    attn_job j = {.seqs = seqs,
-                  .n_seq = n_seq,
-                  .n_heads = n_heads,
-                  .n_kv_heads = n_kv_heads,
-                  .head_dim = head_dim,
-                  .window = window,
-                  .subs = (group + GANG__ATTN_HEADS - 1) / GANG__ATTN_HEADS,
-                  .scale = (float)(1.0 / sqrt((double)head_dim))};
+    attn_job j = {
+        .seqs = seqs,
+        .n_seq = n_seq,
+        .n_heads = n_heads,
+        .n_kv_heads = n_kv_heads,
+        .head_dim = head_dim,
+        .window = window,
+        .subs = (group + GANG__ATTN_HEADS - 1) / GANG__ATTN_HEADS,
+        .tile = head_dim >= GANG__ATTN_TILE_FLOATS / GANG__ATTN_TILE
+                    ? (head_dim < GANG__ATTN_TILE_FLOATS ? GANG__ATTN_TILE_FLOATS / head_dim : 1)
+                    : GANG__ATTN_TILE,
+        .scale = (float)(1.0 / sqrt((double)head_dim))};
     double macs = 0.0;
     size_t chunks;
     unsigned threads;

@@ -118,20 +118,22 @@ void gang__cpu_attention_force(int simd);
  * One work item of the CPU attention (cpu-attention-item.h): `heads` consecutive query
  * heads of one query row, all reading kv head g, over the keys [first, n_keys) of a cache
  * (rows of row_w elements of dtype dt, this head's columns from off; through pg's block
- * table when pg is not NULL). q and out point at the first head's head_dim floats (out
- * may be q); acc is scratch of heads x head_dim floats and tmp of 2 x head_dim.
+ * table when pg is not NULL), `tile` keys at a time. q and out point at the first head's
+ * head_dim floats (out may be q); acc is scratch of heads x head_dim floats, kt and vt of
+ * tile x head_dim each.
  */
-#define GANG__ATTN_HEADS 8 /* heads one item holds at most */
-#define GANG__ATTN_TILE 64 /* keys scored at once (the online softmax's step) */
+#define GANG__ATTN_HEADS 8          /* heads one item holds at most */
+#define GANG__ATTN_TILE 64          /* keys scored at once at most (the online softmax's step) */
+#define GANG__ATTN_TILE_FLOATS 8192 /* a tile's key rows: tile = this / head_dim, 1 .. 64 */
 typedef struct gang__cpu_attn_item {
     const float *q;
     float *out;
     const void *kc, *vc;
     const gang_kernels_kv_pages *pg;
     gang_dtype dt;
-    size_t row_w, off, first, n_keys, heads, head_dim;
+    size_t row_w, off, first, n_keys, heads, head_dim, tile;
     float scale;
-    float *acc, *tmp;
+    float *acc, *kt, *vt;
 } gang__cpu_attn_item;
 void gang__cpu_attn_item_ref(const gang__cpu_attn_item *it);
 /* cpu-attention-avx2.c: the same item with AVX2 + FMA + F16C (gang__cpu_avx2_usable()). */
