@@ -5,13 +5,9 @@
  * the CPU has them; built without the flags it defines a stub that is never called.
  *
  * The primitives work on 8 lanes with a scalar tail or on a padded copy of the tail (exp,
- * so that every score goes through the same exp): scores four keys at a time (four
- * accumulators summed across lanes by two hadd steps), the weighted sum of the value rows
- * 32 columns at a time held in registers over the whole tile. The
- * exp is a vector one: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 split
- * in two parts so that n ln2 is exact enough), e^r by its Taylor series to r^7 (truncation
- * below 6e-9 relative on that interval), times 2^n built in the exponent field. Inputs are
- * clamped to [-87, 88], where 2^n stays a normal float; a NaN passes through.
+ * so that every score goes through the same exp, cpu-avx2.h's): scores four keys at a time
+ * (four accumulators summed across lanes by two hadd steps), the weighted sum of the value
+ * rows 32 columns at a time held in registers over the whole tile.
  */
 #include "cpu.h"
 
@@ -20,14 +16,9 @@
 #include <math.h>
 #include <string.h>
 
-static inline float attn_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+#include "cpu-avx2.h"
 
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define attn_hsum gang__avx2_hsum
 
 /* The dot product of q and one key row (8 lanes, two accumulators, a scalar tail). */
 static inline float attn_dot(const float *a, const float *b, size_t n)
@@ -127,31 +118,6 @@ static inline void attn_scal(float *y, float a, size_t n)
         y[i] *= a;
 }
 
-/* e^x for 8 lanes (see the file comment). */
-static inline __m256 attn_vexp(__m256 x)
-{
-    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
-    __m256 n, r, p;
-    __m256i e;
-
-    /* min / max return their second operand when one is NaN: x stays NaN. */
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
-    n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_fnmadd_ps(n, ln2_hi, x);
-    r = _mm256_fnmadd_ps(n, ln2_lo, r);
-    p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 static inline float attn_exp_sum(float *s, size_t n, float m)
 {
     __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
@@ -159,7 +125,7 @@ static inline float attn_exp_sum(float *s, size_t n, float m)
     size_t i = 0;
 
     for (; i + 8 <= n; i += 8) {
-        __m256 v = attn_vexp(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        __m256 v = gang__avx2_exp(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
 
         _mm256_storeu_ps(s + i, v);
         sum = _mm256_add_ps(sum, v);
@@ -168,7 +134,7 @@ static inline float attn_exp_sum(float *s, size_t n, float m)
     if (i < n) {
         for (size_t t = 0; t < n - i; t++)
             tail[t] = s[i + t];
-        _mm256_storeu_ps(tail, attn_vexp(_mm256_sub_ps(_mm256_loadu_ps(tail), mv)));
+        _mm256_storeu_ps(tail, gang__avx2_exp(_mm256_sub_ps(_mm256_loadu_ps(tail), mv)));
         for (size_t t = 0; t < n - i; t++) {
             s[i + t] = tail[t];
             acc += tail[t];

@@ -3,7 +3,9 @@
  * embedding lookup, residual add, argmax) and the host dtype conversions.
  *
  * These are memory-bound loops; they favour clarity and accuracy (double accumulators
- * where a sum runs over a whole row) over vectorisation tricks.
+ * where a sum runs over a whole row) over vectorisation tricks, except SiLU, whose exp
+ * per element is a step's largest element-wise cost at batch 32: AVX2 (cpu-ops-avx2.c)
+ * and the pool.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -103,13 +105,57 @@ int gang__cpu_softmax(float *x, size_t rows, size_t cols)
     return 0;
 }
 
+static int ops_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */
+
+void gang__cpu_ops_force(int simd)
+{
+    ops_use_simd = simd;
+}
+
+/* Elements of one SiLU chunk (a multiple of 8, so chunks start on vector boundaries), and
+ * the fewest elements worth sharing with the pool (a wake-up costs a few microseconds). */
+#define OPS_SILU_CHUNK 8192
+#define OPS_SILU_MIN_PARALLEL 32768
+
+typedef struct silu_job {
+    const float *gate, *up;
+    float *out;
+    size_t n;
+    int simd;
+} silu_job;
+
+static void silu_chunk(void *arg, size_t c)
+{
+    const silu_job *j = arg;
+    size_t i0 = c * OPS_SILU_CHUNK, n = j->n - i0 < OPS_SILU_CHUNK ? j->n - i0 : OPS_SILU_CHUNK;
+
+    if (j->simd) {
+        gang__cpu_silu_mul_avx2(j->gate + i0, j->up + i0, n, j->out + i0);
+        return;
+    }
+    for (size_t i = i0; i < i0 + n; i++) {
+        float g = j->gate[i];
+        /* For very negative g, expf(-g) is +inf and g / inf is -0: the correct limit. */
+        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
+    }
+}
+
+/* SiLU(gate) x up: AVX2 where usable (cpu-ops-avx2.c), chunks of OPS_SILU_CHUNK shared by the
+ * pool from OPS_SILU_MIN_PARALLEL elements (a batch step's [tokens, ffn]). */
 int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
 {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        /* For very negative g, expf(-g) is +inf and g / inf is -0: the correct limit. */
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    silu_job j = {gate, up, out, n, 0};
+    size_t chunks = (n + OPS_SILU_CHUNK - 1) / OPS_SILU_CHUNK;
+
+    if (ops_use_simd < 0)
+        ops_use_simd = gang__cpu_avx2_usable();
+    j.simd = ops_use_simd;
+    if (n < OPS_SILU_MIN_PARALLEL) {
+        for (size_t c = 0; c < chunks; c++)
+            silu_chunk(&j, c);
+        return 0;
     }
+    gang__cpu_parallel(silu_chunk, &j, chunks);
     return 0;
 }
 

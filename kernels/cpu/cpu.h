@@ -94,6 +94,11 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
                    const float *inv_freq, float scale);
 int gang__cpu_softmax(float *x, size_t rows, size_t cols);
 int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
+/* Tests: 1 forces the AVX2 element-wise kernels (where usable), 0 the portable ones, -1
+ * decides again from the CPU. */
+void gang__cpu_ops_force(int simd);
+/* cpu-ops-avx2.c: SiLU(gate) x up on 8 lanes (cpu-avx2.h's exp). */
+void gang__cpu_silu_mul_avx2(const float *gate, const float *up, size_t n, float *out);
 int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out);
 int gang__cpu_scale(float *x, float a, size_t n);
 int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,

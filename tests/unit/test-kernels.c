@@ -983,13 +983,18 @@ static void test_gelu_mul_scale(void **state)
     assert_int_equal(gang_kernels_scale(k, NULL, 1.0f, 4), GANG_EINVAL);
 }
 
+/* SiLU x up against double (both kernels where AVX2 is usable; sizes below and above the
+ * pool's threshold, with tails), and the residual add. */
 static void test_silu_mul_add(void **state)
 {
     gang_kernels *k = *state;
-    const size_t ns[] = {1, 3, 17, 64, 129, 4099};
+    const size_t ns[] = {1, 3, 17, 64, 129, 4099, 40003};
+    int simd_modes = gang__cpu_avx2_usable() ? 2 : 1;
 
-    for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
-        size_t n = ns[c];
+    for (size_t c = 0; c < simd_modes * sizeof(ns) / sizeof(ns[0]); c++) {
+        size_t n = ns[c % (sizeof(ns) / sizeof(ns[0]))];
+
+        gang__cpu_ops_force(c < sizeof(ns) / sizeof(ns[0]) ? 0 : 1);
         float *g = rnd_buf(n, 30.0f), *u = rnd_buf(n, 2.0f), *out = malloc(n * sizeof(*out));
         double *ref = dbuf(n);
         assert_non_null(out);
@@ -1010,6 +1015,27 @@ static void test_silu_mul_add(void **state)
         assert_int_equal(gang_kernels_add(k, u, u, n), 0); /* y == x */
         assert_close(u, ref, n, 1e-6, "add self");
         free(g), free(u), free(out), free(ref);
+    }
+    gang__cpu_ops_force(-1);
+}
+
+/* An element's SiLU does not depend on where it sits: the same values at every offset of a
+ * longer array (the tail of one call is the body of another) give the same bits. */
+static void test_silu_position_free(void **state)
+{
+    gang_kernels *k = *state;
+    float g[13], u[13], ref[13], big_g[64 + 13], big_u[64 + 13], out[64 + 13];
+
+    for (size_t i = 0; i < 13; i++)
+        g[i] = rnd() * 20.0f, u[i] = rnd();
+    assert_int_equal(gang_kernels_silu_mul(k, g, u, 13, ref), 0);
+    for (size_t off = 0; off < 64; off += 5) {
+        for (size_t i = 0; i < 64 + 13; i++)
+            big_g[i] = rnd(), big_u[i] = rnd();
+        memcpy(big_g + off, g, sizeof(g));
+        memcpy(big_u + off, u, sizeof(u));
+        assert_int_equal(gang_kernels_silu_mul(k, big_g, big_u, off + 13, out), 0);
+        assert_memory_equal(out + off, ref, sizeof(ref));
     }
 }
 
@@ -1522,6 +1548,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attention_decode_matches_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attention_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silu_mul_add, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silu_position_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gelu_mul_scale, setup, teardown),
         cmocka_unit_test_setup_teardown(test_embedding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_argmax, setup, teardown),
