@@ -27,9 +27,11 @@
  *
  * Roofline. A decode step of the engine streams every weight it holds once (the layers,
  * the final norm, the LM head) and reads the KV cache of every sequence; the embedding
- * table is not streamed (a step gathers one row per sequence). So
+ * table is not streamed (a step gathers one row per sequence), except the rows a tied LM
+ * head reads from it (gang_model.lm_head_tied: the head is not held a second time). So
  *   bytes_per_step = stream_bytes + kv_bytes_per_step
- *   stream_bytes   = sum over ranks of m->weight_bytes less the embedding table
+ *   stream_bytes   = sum over ranks of m->weight_bytes less the embedding table (less the
+ *                    table's rows other than the tied head's)
  *   kv_bytes_per_step = batch x (prompt + tokens / 2) x layers x 2 x kv_heads x head_dim x
  *                    the cache element's bytes (the points use `serve`'s
  *                    --kv-cache-dtype auto: bf16 for bf16 weights, f16 for f16, else f32;
@@ -96,15 +98,18 @@ double gang__bd_stream_bytes(const gang_model *m)
 {
     const gang_model_config *c = &m->cfg;
     double table = m->embed != NULL ? (double)c->vocab * c->hidden : 0.0;
+    double head = m->lm_head != NULL ? (double)m->shard.vocab_count * c->hidden : 0.0;
     double held = (double)m->layer_count * bdm_layer_params(c) / m->topo.tp + table;
+    /* The table's rows a step does not stream: all of them, or all but the tied head's. */
+    double idle = m->lm_head_tied ? table - head : table;
 
     if (m->final_norm != NULL)
         held += c->hidden;
-    if (m->lm_head != NULL)
-        held += (double)m->shard.vocab_count * c->hidden;
+    if (!m->lm_head_tied)
+        held += head;
     if (held <= 0.0)
         return (double)m->weight_bytes;
-    return (double)m->weight_bytes * (held - table) / held;
+    return (double)m->weight_bytes * (held - idle) / held;
 }
 
 void gang__bd_model_fields(cJSON *line, const bd_opts *o, uint32_t batch, bd_result *res)

@@ -38,7 +38,7 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
 {
     void **top[3];
     size_t n[3], hidden;
-    uint32_t i, j;
+    uint32_t i, j, count;
     int rc = 0;
 
     if (m == NULL || k == NULL)
@@ -55,12 +55,16 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
     top[1] = &m->embed, n[1] = gang_kernels_weight_bytes(m->wtype, m->topo.vocab, hidden);
     top[2] = &m->lm_head;
     n[2] = gang_kernels_weight_bytes(m->wtype, m->shard.vocab_count, hidden);
+    /* A tied head is rows of the table: it moves with it (count: what has arrays). */
+    count = m->lm_head_tied ? 2 : 3;
     m->mem = k;
-    for (j = 0; j < 3; j++) {
+    for (j = 0; j < count; j++) {
         rc = dev_move(k, top[j], n[j]);
         if (rc != 0)
             break;
     }
+    if (rc == 0 && m->lm_head_tied)
+        m->lm_head = (void *)gang_model_head(m).data;
     for (i = 0; rc == 0 && m->layers != NULL && i < m->layer_count; i++)
         rc = gang_tp_layer_to_device(&m->layers[i], k);
     if (rc == 0)
@@ -71,10 +75,12 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
      * and each layer records where its arrays are; gang_model_device_release followed by
      * gang_model_free then releases everything exactly once.
      */
-    for (; j < 3; j++) {
+    for (; j < count; j++) {
         free(*top[j]);
         *top[j] = NULL;
     }
+    if (m->lm_head_tied && m->embed == NULL)
+        m->lm_head = NULL; /* its table was dropped above */
     gang_error("model: moving the weights to the '%s' device failed: %s", gang_kernels_name(k),
                gang_strerror(rc));
     return rc;
@@ -92,7 +98,8 @@ void gang_model_device_release(gang_model *m)
     }
     gang_kernels_free(m->mem, m->final_norm);
     gang_kernels_free(m->mem, m->embed);
-    gang_kernels_free(m->mem, m->lm_head);
+    if (!m->lm_head_tied)
+        gang_kernels_free(m->mem, m->lm_head);
     m->final_norm = NULL;
     m->embed = NULL;
     m->lm_head = NULL;

@@ -129,7 +129,7 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
     rc = gang_kernels_rmsnorm(k, e->head_in, m->final_norm, m->cfg.rms_eps, ns, hidden, e->head_in);
     if (rc != 0)
         return rc;
-    head = gang_kernels_weight_view(m->wtype, m->lm_head, vc, hidden);
+    head = gang_model_head(m);
     rc = gang_kernels_matmul(k, ns, vc, hidden, e->head_in, &head, e->head_out);
     if (rc != 0)
         return rc;

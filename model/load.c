@@ -310,6 +310,13 @@ static int ld_ends(loader *L, gang_model *m)
     if (rc == 0 && m->place.pp_stage == m->topo.pp - 1) {
         rc = ld_norm(L, m, "model.norm.weight", hidden, &m->final_norm);
         arr = NULL;
+        if (rc == 0 && m->cfg.tie_embeddings && m->embed != NULL) {
+            /* Tied and this rank holds the table (pp 1): its head is the table's rows,
+             * not a second copy of them (SmolLM2's table is a fifth of its weights). */
+            m->lm_head_tied = 1;
+            m->lm_head = (void *)gang_model_head(m).data;
+            return 0;
+        }
         if (rc == 0)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
         m->lm_head = arr;
@@ -507,7 +514,7 @@ int gang_model_pack(gang_model *m, gang_kernels_wtype t)
     hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
     vocab = m->topo.vocab;
     rc = ld_pack_copy(t, m->embed, vocab, hidden, &embed);
-    if (rc == 0)
+    if (rc == 0 && !m->lm_head_tied)
         rc = ld_pack_copy(t, m->lm_head, m->shard.vocab_count, hidden, &head);
     if (rc != 0) {
         free(embed);
@@ -527,7 +534,32 @@ int gang_model_pack(gang_model *m, gang_kernels_wtype t)
         m->lm_head = head;
     }
     m->wtype = t;
+    if (m->lm_head_tied) /* the same rows, now in the packed table */
+        m->lm_head = (void *)gang_model_head(m).data;
     return 0;
+}
+
+gang_kernels_weight gang_model_head(const gang_model *m)
+{
+    gang_kernels_weight v = {GANG_KW_F32, NULL, NULL};
+    size_t hidden, first, es;
+
+    if (m == NULL)
+        return v;
+    hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
+    if (!m->lm_head_tied)
+        return m->lm_head == NULL
+                   ? v
+                   : gang_kernels_weight_view(m->wtype, m->lm_head, m->shard.vocab_count, hidden);
+    if (m->embed == NULL) /* tied: the head is where the table is */
+        return v;
+    v = gang_kernels_weight_view(m->wtype, m->embed, m->topo.vocab, hidden);
+    first = m->shard.vocab_first;
+    es = m->wtype == GANG_KW_F32 ? 4 : m->wtype == GANG_KW_I8 ? 1 : 2;
+    v.data = (const char *)v.data + first * hidden * es;
+    if (v.scales != NULL)
+        v.scales += first;
+    return v;
 }
 
 int gang_model_place(gang_model *m, const gang_topology *t, uint32_t rank)
@@ -562,6 +594,7 @@ void gang_model_free(gang_model *m)
     }
     free(m->embed);
     free(m->final_norm);
-    free(m->lm_head);
+    if (!m->lm_head_tied)
+        free(m->lm_head);
     free(m);
 }

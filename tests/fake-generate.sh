@@ -4,7 +4,9 @@
 # host cannot read and runs the engine there (TP / PP staged through host memory over the
 # socket backend). The greedy tokens must equal --device cpu's: a Llama model on 1x1 and
 # TP 2 x PP 2, a Gemma 3 model (GeGLU, scaled embeddings) on TP 2, and the Llama model
-# with its weights stored as bf16 (TP 2 x PP 2) and as int8 (1x1), issue #13.
+# with its weights stored as bf16 (TP 2 x PP 2) and as int8 (1x1), issue #13. Gemma's LM head
+# is tied to its embedding table: on TP 2 each rank's head is rows of the table it holds
+# (moved to the device with it; int8: the table's scales from the rank's first row).
 #
 #   fake-generate.sh GANGLION WORKDIR
 set -u
@@ -17,7 +19,7 @@ for arch in llama gemma3; do
 done
 status=0
 for run in "llama 1 1" "llama 2 2" "gemma3 2 1" "llama 2 2 --dtype bf16" \
-    "llama 1 1 --quantize int8"; do
+    "llama 1 1 --quantize int8" "gemma3 2 1 --quantize int8"; do
     set -- $run
     name="$1-$2x$3${5:+-$5}"
     model=$1 tp=$2 pp=$3

@@ -204,11 +204,22 @@ typedef struct gang_model {
     float *final_norm;        /* last stage: [hidden] model.norm (f32), else NULL */
     void *lm_head;            /* last stage: [shard.vocab_count, hidden] rows of lm_head
                                  (of embed_tokens when tied), packed, else NULL */
+    int32_t lm_head_tied;     /* 1: tied and embed is held here too (pp 1), so lm_head is
+                                 not an array of its own but points at embed's rows
+                                 shard.vocab_first ..; read it through gang_model_head */
     size_t weight_bytes;      /* bytes of weights this rank holds, in their storage */
     gang_kernels *mem;        /* after gang_model_to_device: the device handle holding every
                                  array (embed, final_norm, lm_head and the layers'); NULL
                                  while they are host arrays */
 } gang_model;
+
+/*
+ * The LM head of m (its last stage) as a typed weight view [shard.vocab_count, hidden]:
+ * lm_head's own array, or the rows of the embedding table it is tied to (an int8 view then
+ * takes the table's scales from row vocab_first on). Pointers into m's memory (host or
+ * device). A zeroed view (data NULL) when m holds no head.
+ */
+gang_kernels_weight gang_model_head(const gang_model *m);
 
 /*
  * Loads rank `rank`'s shard of the model in DIR for the validated layout t (built from

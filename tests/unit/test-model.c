@@ -870,7 +870,19 @@ static void check_shard(const gang_model *full, const gang_topology *t, uint32_t
     if (pl.pp_stage == t->pp - 1) {
         assert_floats_equal(m->final_norm, full->final_norm, h);
         check_band(full->lm_head, c->vocab, h, 0, s.vocab_first, s.vocab_count, m->lm_head);
-        bytes += h + (size_t)s.vocab_count * h;
+        bytes += h;
+        /* Tied with the table on this rank (pp 1): the head is the table's rows, held once. */
+        if (c->tie_embeddings && pl.pp_stage == 0) {
+            gang_kernels_weight v = gang_model_head(m);
+
+            assert_int_equal(m->lm_head_tied, 1);
+            assert_ptr_equal(m->lm_head, (const float *)m->embed + (size_t)s.vocab_first * h);
+            assert_ptr_equal(v.data, m->lm_head);
+            assert_null(v.scales);
+        } else {
+            assert_int_equal(m->lm_head_tied, 0);
+            bytes += (size_t)s.vocab_count * h;
+        }
     } else {
         assert_null(m->final_norm);
         assert_null(m->lm_head);
@@ -978,7 +990,8 @@ static void test_load_half(void **state)
  * gang_model_pack: a loaded f32 model packed to bf16 holds exactly what the loader's bf16
  * storage holds (the same bytes and byte count); packing is idempotent, refuses another
  * packed type, a non-storage, NULL and a device model; a non-finite weight leaves the
- * embedding table, LM head and wtype as they were.
+ * embedding table, LM head and wtype as they were; a tied head on a TP rank is the packed
+ * table's rows (int8: data and scales).
  */
 static void test_model_pack(void **state)
 {
@@ -1033,6 +1046,42 @@ static void test_model_pack(void **state)
     assert_int_equal(gang_model_pack(m, GANG_KW_BF16), GANG_EINVAL);
     m->mem = NULL;
     gang_model_free(m);
+
+    /* Tied, TP rank 1 of 2: the int8 head is the packed table's rows from vocab_first on,
+     * data and scales, exactly what packing those rows alone gives; held once. */
+    o.tie_embeddings = 1;
+    fx_make_model(&o);
+    {
+        gang_topology t2 = fx_topo(dir, 2, 1);
+        gang_load_options q8 = {.quantize = "int8"};
+        size_t h = o.hidden, rows, first;
+        float *copy;
+        void *blob;
+        gang_kernels_weight v, w;
+
+        m = fx_load_ok(dir, &t2, 1);
+        rows = m->shard.vocab_count, first = m->shard.vocab_first;
+        assert_true(first > 0 && m->lm_head_tied);
+        copy = malloc(rows * h * sizeof(float));
+        blob = malloc(gang_kernels_weight_bytes(GANG_KW_I8, rows, h));
+        assert_non_null(copy);
+        assert_non_null(blob);
+        memcpy(copy, m->lm_head, rows * h * sizeof(float));
+        assert_int_equal(gang_kernels_weight_pack(GANG_KW_I8, copy, rows, h, blob), 0);
+        assert_int_equal(gang_model_pack(m, GANG_KW_I8), 0);
+        v = gang_model_head(m);
+        w = gang_kernels_weight_view(GANG_KW_I8, blob, rows, h);
+        assert_int_equal(v.type, GANG_KW_I8);
+        assert_ptr_equal(v.data, m->lm_head);
+        assert_memory_equal(v.data, w.data, rows * h);
+        assert_memory_equal(v.scales, w.scales, rows * sizeof(float));
+        assert_int_equal(gang_model_load_ex(dir, &t2, 1, &q8, &want, err, sizeof(err)), 0);
+        assert_int_equal(m->weight_bytes, want->weight_bytes);
+        gang_model_free(want);
+        gang_model_free(m);
+        free(copy);
+        free(blob);
+    }
     fx_rmtree(dir);
 }
 
