@@ -262,9 +262,10 @@ void gang_tp_layer_free(gang_tp_layer *l)
     for (i = 0; i < TP_LAYER_ARRAYS; i++) {
         if (l->mem != NULL)
             gang_kernels_free(l->mem, *a[i]);
-        else
-            free(*a[i]);
+        else if (i >= TP_LAYER_MATRICES || l->wblock == NULL)
+            free(*a[i]); /* the matrices of a packed layer live in wblock */
     }
+    free(l->wblock);
     memset(l, 0, sizeof(*l));
 }
 
@@ -282,10 +283,17 @@ size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l)
     return sum;
 }
 
+/*
+ * The packed matrices go into one block, each at a 64-byte boundary: one allocation of a
+ * few MiB that gang_kernels_weight_host_alloc can back with huge pages, where seven
+ * matrices of 0.2-1.8 MiB each (SmolLM2) would each be too small for one.
+ */
 int gang_tp_layer_pack(gang_tp_layer *l, gang_kernels_wtype t)
 {
-    void **a[TP_LAYER_ARRAYS], *packed[TP_LAYER_MATRICES] = {0};
-    size_t n[TP_LAYER_ARRAYS], rows[TP_LAYER_MATRICES], cols[TP_LAYER_MATRICES], i;
+    void **a[TP_LAYER_ARRAYS];
+    size_t n[TP_LAYER_ARRAYS], rows[TP_LAYER_MATRICES], cols[TP_LAYER_MATRICES];
+    size_t off[TP_LAYER_MATRICES], total = 0, b, i;
+    char *block = NULL;
     int rc = 0;
 
     if (l == NULL || l->mem != NULL || (unsigned)t > GANG_KW_I8)
@@ -295,23 +303,36 @@ int gang_tp_layer_pack(gang_tp_layer *l, gang_kernels_wtype t)
     if (l->wtype != GANG_KW_F32)
         return GANG_EINVAL;
     tp_layer_arrays(l, a, n, rows, cols);
-    /* All or nothing, like to_device: the f32 arrays go only once every one is packed. */
-    for (i = 0; i < TP_LAYER_MATRICES && rc == 0; i++) {
+    for (i = 0; i < TP_LAYER_MATRICES; i++) {
+        off[i] = total;
         if (*a[i] == NULL)
             continue;
-        packed[i] = malloc(gang_kernels_weight_bytes(t, rows[i], cols[i]));
-        rc = packed[i] == NULL ? GANG_ENOMEM
-                               : gang_kernels_weight_pack(t, *a[i], rows[i], cols[i], packed[i]);
+        b = gang_kernels_weight_bytes(t, rows[i], cols[i]);
+        if (b == 0 || b > SIZE_MAX - 63 || (b = (b + 63) / 64 * 64) > SIZE_MAX - total)
+            return GANG_EINVAL;
+        total += b;
     }
+    if (total == 0)
+        goto out_set; /* no matrix: only the type changes */
+    block = gang_kernels_weight_host_alloc(total);
+    if (block == NULL)
+        return GANG_ENOMEM;
+    /* All or nothing, like to_device: the f32 arrays go only once every one is packed. */
+    for (i = 0; i < TP_LAYER_MATRICES && rc == 0; i++)
+        if (*a[i] != NULL)
+            rc = gang_kernels_weight_pack(t, *a[i], rows[i], cols[i], block + off[i]);
     if (rc != 0) {
-        for (i = 0; i < TP_LAYER_MATRICES; i++)
-            free(packed[i]);
+        free(block);
         return rc;
     }
     for (i = 0; i < TP_LAYER_MATRICES; i++) {
+        if (*a[i] == NULL)
+            continue;
         free(*a[i]);
-        *a[i] = packed[i];
+        *a[i] = block + off[i];
     }
+    l->wblock = block;
+out_set:
     l->wtype = t;
     return 0;
 }
@@ -345,9 +366,12 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return rc;
     }
     for (i = 0; i < TP_LAYER_ARRAYS; i++) {
-        free(*a[i]);
+        if (i >= TP_LAYER_MATRICES || l->wblock == NULL)
+            free(*a[i]);
         *a[i] = dev[i];
     }
+    free(l->wblock); /* the packed matrices' host block, now uploaded */
+    l->wblock = NULL;
     l->mem = k;
     return 0;
 }
