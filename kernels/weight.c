@@ -3,8 +3,13 @@
  * and the host-side packing of an f32 matrix into bf16, f16 or per-row int8. No backend
  * is involved: loaders pack on the host, then upload the bytes like any other tensor.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* madvise, MADV_HUGEPAGE */
+#endif
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ganglion/kernels.h"
 
@@ -108,4 +113,28 @@ int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, s
     }
     }
     return GANG_EINVAL;
+}
+
+#define GANG__HUGE_PAGE ((size_t)2 << 20)
+
+void *gang_kernels_weight_host_alloc(size_t bytes)
+{
+    size_t whole = bytes / GANG__HUGE_PAGE * GANG__HUGE_PAGE, size = bytes;
+    void *p = NULL;
+
+    if (bytes == 0)
+        return NULL;
+    if (whole == 0) {
+        size = (bytes + 63) / 64 * 64;
+        return size < bytes ? NULL : aligned_alloc(64, size);
+    }
+    if (whole < bytes && whole <= SIZE_MAX - GANG__HUGE_PAGE &&
+        GANG__HUGE_PAGE - (bytes - whole) <= bytes / 16)
+        size = whole += GANG__HUGE_PAGE; /* pad the last piece: cheap next to the block */
+    if (posix_memalign(&p, GANG__HUGE_PAGE, size) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, whole, MADV_HUGEPAGE); /* best effort: ordinary pages otherwise */
+#endif
+    return p;
 }

@@ -478,7 +478,8 @@ static int ld_pack_copy(gang_kernels_wtype t, const void *src, size_t rows, size
     *out = NULL;
     if (src == NULL)
         return 0;
-    *out = malloc(gang_kernels_weight_bytes(t, rows, cols));
+    /* Streamed whole by every LM-head matmul: huge pages where the host gives them. */
+    *out = gang_kernels_weight_host_alloc(gang_kernels_weight_bytes(t, rows, cols));
     if (*out == NULL)
         return GANG_ENOMEM;
     rc = gang_kernels_weight_pack(t, src, rows, cols, *out);

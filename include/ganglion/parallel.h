@@ -298,6 +298,10 @@ typedef struct gang_tp_layer {
     /* The seven matrices are packed weights of type wtype (gang_kernels_weight_bytes:
      * f32 arrays while wtype is GANG_KW_F32, the default; see gang_tp_layer_pack). */
     gang_kernels_wtype wtype;
+    /* After gang_tp_layer_pack on the host: the one block (gang_kernels_weight_host_alloc)
+     * that holds the seven packed matrices, which point into it and are not freed one by
+     * one; NULL while each matrix is its own allocation (f32, or on a device). */
+    void *wblock;
     void *wq;               /* [head_count x head_dim, hidden] rows of q_proj */
     void *wk;               /* [kv_head_count x head_dim, hidden] rows of k_proj */
     void *wv;               /* [kv_head_count x head_dim, hidden] rows of v_proj */
@@ -347,7 +351,9 @@ void gang_tp_layer_free(gang_tp_layer *l);
 /*
  * Converts the seven matrices of a host layer (f32, from gang_tp_layer_init or a loader)
  * into packed weights of type t (gang_kernels_weight_pack: bf16 / f16 rounding, or int8
- * with a scale per output row of this shard), one matrix at a time, and sets l->wtype.
+ * with a scale per output row of this shard), one matrix at a time, into one block of
+ * huge-page-advised host memory (l->wblock, gang_kernels_weight_host_alloc: a small
+ * model's matrices are each below 2 MiB, together they are not), and sets l->wtype.
  * Norms, biases and RoPE tables stay f32. The forward pass then multiplies with
  * gang_kernels_matmul over the packed weights. GANG_KW_F32, or a layer already of type
  * t, changes nothing. Returns 0, GANG_EINVAL (NULL, a layer on a device or of another

@@ -18,6 +18,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #define GANG__AVX_WBLOCK 8
@@ -25,6 +26,9 @@
 /* The tile loops must be unrolled completely for the accumulators to stay in registers
  * (-O2 alone leaves them in memory). */
 #define AVX_UNROLL _Pragma("GCC unroll 4")
+/* The 8 x 8 transpose's loops: "unroll 4" left them as loops over arrays on the stack
+ * (perf annotate: the panel pack stored and reloaded its 8 rows through memory). */
+#define AVX_UNROLL8 _Pragma("GCC unroll 8")
 
 int gang__cpu_avx2_usable(void)
 {
@@ -174,6 +178,7 @@ AVX_INLINE void transpose8(__m256 r[8])
     u[5] = _mm256_shuffle_ps(t[4], t[6], _MM_SHUFFLE(3, 2, 3, 2));
     u[6] = _mm256_shuffle_ps(t[5], t[7], _MM_SHUFFLE(1, 0, 1, 0));
     u[7] = _mm256_shuffle_ps(t[5], t[7], _MM_SHUFFLE(3, 2, 3, 2));
+    AVX_UNROLL8
     for (int j = 0; j < 4; j++) {
         r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
         r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
@@ -191,11 +196,11 @@ AVX_INLINE void pack_panel(gang_kernels_wtype t, const char *base, size_t ws, si
             for (; i + 8 <= kdim; i += 8) {
                 __m256 r[8];
 
-                AVX_UNROLL
+                AVX_UNROLL8
                 for (int j = 0; j < 8; j++)
                     r[j] = ld8(t, base + (o0 + j0 + (size_t)j) * ws, i);
                 transpose8(r);
-                AVX_UNROLL
+                AVX_UNROLL8
                 for (int l = 0; l < 8; l++)
                     _mm256_storeu_ps(wt + (i + (size_t)l) * GANG__AVX_PANEL + j0, r[l]);
             }
@@ -244,7 +249,8 @@ AVX_INLINE void panel_store(__m256 c0, __m256 c1, const float *sc, size_t nb, fl
         panel_store(c##a##0, c##a##1, sc, nb, y + (size_t)(a)*ldy);
 
 AVX_INLINE void panel_tile(const int MR, size_t kdim, const float *x, const float *wt,
-                           const float *sc, size_t nb, float *y, size_t ldy)
+                           const float *sc, size_t nb, float *y, size_t ldy, const char *pf,
+                           size_t pf_lines)
 {
     PT_INIT(0)
     PT_INIT(1) PT_INIT(2) PT_INIT(3) PT_INIT(4) PT_INIT(5) for (size_t i = 0; i < kdim; i++)
@@ -252,6 +258,8 @@ AVX_INLINE void panel_tile(const int MR, size_t kdim, const float *x, const floa
         __m256 w0 = _mm256_load_ps(wt + i * GANG__AVX_PANEL);
         __m256 w1 = _mm256_load_ps(wt + i * GANG__AVX_PANEL + 8);
 
+        if (i < pf_lines)
+            _mm_prefetch(pf + i * 64, _MM_HINT_T0);
         PT_FMA(0) PT_FMA(1) PT_FMA(2) PT_FMA(3) PT_FMA(4) PT_FMA(5)
     }
     PT_STORE(0) PT_STORE(1) PT_STORE(2) PT_STORE(3) PT_STORE(4) PT_STORE(5)
@@ -260,43 +268,111 @@ AVX_INLINE void panel_tile(const int MR, size_t kdim, const float *x, const floa
 #undef PT_FMA
 #undef PT_STORE
 
-/* Rows [o0, o1) of W against m >= 4 rows of x through packed panels (wt: the buffer). */
+/* One panel tile of mr (1..GANG__AVX_MR) rows: a constant MR at each call. */
+AVX_INLINE void panel_tile_n(size_t mr, size_t kdim, const float *x, const float *wt,
+                             const float *sc, size_t nb, float *y, size_t ldy, const char *pf,
+                             size_t pf_lines)
+{
+    switch (mr) {
+    case 6:
+        panel_tile(6, kdim, x, wt, sc, nb, y, ldy, pf, pf_lines);
+        break;
+    case 5:
+        panel_tile(5, kdim, x, wt, sc, nb, y, ldy, pf, pf_lines);
+        break;
+    case 4:
+        panel_tile(4, kdim, x, wt, sc, nb, y, ldy, pf, pf_lines);
+        break;
+    case 3:
+        panel_tile(3, kdim, x, wt, sc, nb, y, ldy, pf, pf_lines);
+        break;
+    case 2:
+        panel_tile(2, kdim, x, wt, sc, nb, y, ldy, pf, pf_lines);
+        break;
+    default:
+        panel_tile(1, kdim, x, wt, sc, nb, y, ldy, pf, pf_lines);
+        break;
+    }
+}
+
+/*
+ * Rows [o0, o1) of W against m >= 4 rows of x through packed panels (wt: the buffer).
+ *
+ * Memory. Packing a panel reads its 16 W rows (16 x kdim x esize contiguous bytes) from
+ * DRAM; without help the pack stalled on them (perf: ~30% of an m = 32 LM head in
+ * pack_panel). The first tile of each panel therefore prefetches the next panel's bytes,
+ * one cache line per k step, so they arrive while the remaining tiles compute.
+ *
+ * Rows. The m rows of x are cut into ceil(m / 6) tiles of balanced height (32 = 6, 6, 5,
+ * 5, 5, 5, not 5 x 6 + 2): a tile of 1 or 2 rows has too few accumulators to hide the
+ * FMA latency and pays a whole pass over the panel for little work.
+ */
 AVX_INLINE void panels(gang_kernels_wtype t, size_t m, size_t kdim, const float *x,
                        const gang_kernels_weight *w, size_t o0, size_t o1, float *y, size_t ldy,
                        float *wt)
 {
     size_t es = t == GANG_KW_I8 ? 1 : t == GANG_KW_F32 ? 4 : 2, ws = kdim * es;
+    size_t tiles = (m + GANG__AVX_MR - 1) / GANG__AVX_MR;
 
     for (size_t o = o0; o < o1; o += GANG__AVX_PANEL) {
         size_t nb = o1 - o < GANG__AVX_PANEL ? o1 - o : GANG__AVX_PANEL, r = 0;
+        size_t next =
+            o + nb < o1 ? (o1 - o - nb < GANG__AVX_PANEL ? o1 - o - nb : GANG__AVX_PANEL) : 0;
+        size_t pf_lines = (next * ws + 63) / 64;
+        const char *pf = (const char *)w->data + (o + nb) * ws;
         float sc[GANG__AVX_PANEL] = {0};
+        const float *scp = w->scales != NULL ? sc : NULL;
 
+        if (pf_lines > kdim)
+            pf_lines = kdim;
         pack_panel(t, w->data, ws, kdim, o, nb, wt);
         for (size_t j = 0; w->scales != NULL && j < nb; j++)
             sc[j] = w->scales[o + j];
-        for (; r + GANG__AVX_MR <= m; r += GANG__AVX_MR)
-            panel_tile(GANG__AVX_MR, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb,
-                       y + r * ldy + o, ldy);
-        switch (m - r) {
-        case 5:
-            panel_tile(5, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
-            break;
-        case 4:
-            panel_tile(4, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
-            break;
-        case 3:
-            panel_tile(3, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
-            break;
-        case 2:
-            panel_tile(2, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
-            break;
-        case 1:
-            panel_tile(1, kdim, x + r * kdim, wt, w->scales ? sc : NULL, nb, y + r * ldy + o, ldy);
-            break;
-        default:
-            break;
+        for (size_t ti = 0; ti < tiles; ti++) {
+            size_t mr = (m - r + (tiles - ti) - 1) / (tiles - ti);
+
+            panel_tile_n(mr, kdim, x + r * kdim, wt, scp, nb, y + r * ldy + o, ldy, pf,
+                         ti == 0 ? pf_lines : 0);
+            r += mr;
         }
     }
+}
+
+/*
+ * The panel buffer of the calling thread (kdim x 16 floats, 64-byte aligned), kept from
+ * call to call: an aligned_alloc per call cost a malloc round trip per chunk. It grows to
+ * the largest kdim seen and is freed when the thread exits (a pthread key's destructor).
+ * NULL when it cannot be had: the caller falls back to the dot-product tiles.
+ */
+static pthread_once_t panel_once = PTHREAD_ONCE_INIT;
+static pthread_key_t panel_key;
+static int panel_key_ok;
+static _Thread_local float *panel_buf;
+static _Thread_local size_t panel_cap;
+
+static void panel_key_make(void)
+{
+    panel_key_ok = pthread_key_create(&panel_key, free) == 0;
+}
+
+static float *panel_buffer(size_t kdim)
+{
+    size_t bytes = (kdim * GANG__AVX_PANEL * sizeof(float) + 63) / 64 * 64;
+    float *p;
+
+    if (bytes <= panel_cap)
+        return panel_buf;
+    pthread_once(&panel_once, panel_key_make);
+    if (!panel_key_ok || (p = aligned_alloc(64, bytes)) == NULL)
+        return NULL;
+    if (pthread_setspecific(panel_key, p) != 0) {
+        free(p);
+        return NULL;
+    }
+    free(panel_buf);
+    panel_buf = p;
+    panel_cap = bytes;
+    return p;
 }
 
 /* One instance per storage type, so that the element loads are resolved at compile time. */
@@ -304,12 +380,9 @@ AVX_INLINE void panels(gang_kernels_wtype t, size_t m, size_t kdim, const float 
     static void NAME(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,          \
                      size_t o0, size_t o1, float *y, size_t ldy)                                   \
     {                                                                                              \
-        float *wt =                                                                                \
-            m >= 4 ? aligned_alloc(32, (kdim * GANG__AVX_PANEL * sizeof(float) + 31) / 32 * 32)    \
-                   : NULL;                                                                         \
+        float *wt = m >= 4 ? panel_buffer(kdim) : NULL;                                            \
         if (wt != NULL) {                                                                          \
             panels(T, m, kdim, x, w, o0, o1, y, ldy, wt);                                          \
-            free(wt);                                                                              \
             return;                                                                                \
         }                                                                                          \
         for (size_t o = o0; o < o1; o += GANG__AVX_WBLOCK)                                         \

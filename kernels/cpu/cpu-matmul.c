@@ -20,7 +20,12 @@
 #include "cpu.h"
 
 #define GANG__MM_ROWS 8
-#define GANG__MM_MIN_MACS 65536
+/* Below this many multiply-adds a call runs on its caller alone. SmolLM2's k and v
+ * projections at batch 1 (192 x 576: 110 K, 221 KB of bf16) were cheaper alone than with a
+ * worker woken for half of them: an A/B of the decode step's matmuls (30 layers + LM head,
+ * 2 threads, medians of 25) was 2.5-7% faster with this at 200 K than at 64 K, in each of
+ * five runs. */
+#define GANG__MM_MIN_MACS 200000
 #define GANG__MM_CHUNKS_PER_THREAD 8
 
 static int mm_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1465,6 +1466,165 @@ static void test_matmul_threads(void **state)
     free(wf);
 }
 
+/*
+ * The AVX2 kernel's row ranges against the portable one: every batch m from 1 to 40 (the
+ * dot tiles below 4, then each balanced split of the 6-row panel tiles), W ranges that
+ * start mid-panel and end in a partial panel (the prefetch of the next panel stops at
+ * the range's end), odd k. Outputs outside the range stay untouched.
+ */
+static void test_matmul_rows_avx2(void **state)
+{
+    static const size_t ranges[][2] = {{0, 1}, {0, 16}, {3, 20}, {5, 38}, {0, 67}};
+    static const size_t ks[] = {1, 7, 9, 67, 131};
+    static const gang_kernels_wtype types[] = {GANG_KW_BF16, GANG_KW_F16, GANG_KW_I8, GANG_KW_F32};
+    const size_t n = 67, mmax = 40;
+    float *ya = malloc(mmax * n * sizeof(float)), *yr = malloc(mmax * n * sizeof(float));
+
+    (void)state;
+    if (!gang__cpu_avx2_usable()) {
+        free(ya), free(yr);
+        print_message("[  SKIP    ] no AVX2+FMA+F16C on this CPU: no AVX2 kernel to compare\n");
+        skip();
+    }
+    assert_non_null(ya);
+    assert_non_null(yr);
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+            size_t kd = ks[ki];
+            float *x = rnd_buf(mmax * kd, 1.0f), *wf = rnd_buf(n * kd, 0.5f);
+            void *blob = pack_new(types[ti], wf, n, kd);
+            gang_kernels_weight w = gang_kernels_weight_view(types[ti], blob, n, kd);
+
+            for (size_t m = 1; m <= mmax; m++) {
+                for (size_t ri = 0; ri < sizeof(ranges) / sizeof(ranges[0]); ri++) {
+                    size_t o0 = ranges[ri][0], o1 = ranges[ri][1];
+
+                    for (size_t i = 0; i < m * n; i++)
+                        ya[i] = yr[i] = -7.0f;
+                    gang__cpu_matmul_rows_avx2(m, kd, x, &w, o0, o1, ya, n);
+                    gang__cpu_matmul_rows_ref(m, kd, x, &w, o0, o1, yr, n);
+                    for (size_t r = 0; r < m; r++) {
+                        double xs = 0.0; /* |x row| x max |w|: the terms' magnitude */
+
+                        for (size_t i = 0; i < kd; i++)
+                            xs += fabs(x[r * kd + i]);
+                        for (size_t o = 0; o < n; o++) {
+                            float a = ya[r * n + o], b = yr[r * n + o];
+                            int in = o >= o0 && o < o1;
+
+                            if (in ? !(fabs(a - b) <= 1e-6 * xs * 0.5 * (2 + log2((double)kd)))
+                                   : a != -7.0f)
+                                fail_msg("%s m=%zu k=%zu rows [%zu,%zu): y[%zu,%zu] = %.9g, "
+                                         "portable %.9g",
+                                         gang_kernels_wtype_name(types[ti]), m, kd, o0, o1, r, o,
+                                         (double)a, (double)b);
+                        }
+                    }
+                }
+            }
+            free(x), free(wf), free(blob);
+        }
+    }
+    free(ya), free(yr);
+}
+
+/* Panel path of m = 8 at a small k, a large one (the thread's panel buffer grows), then the
+ * small one again; 0 when each agrees with the portable kernel. */
+static void *panel_sizes(void *unused)
+{
+    static const size_t ks[] = {8, 2053, 8};
+    const size_t m = 8, n = 19;
+    intptr_t bad = 0;
+
+    (void)unused;
+    for (size_t ki = 0; ki < 3; ki++) {
+        size_t kd = ks[ki];
+        float *x = rnd_buf(m * kd, 1.0f), *wf = rnd_buf(n * kd, 0.5f);
+        float *ya = malloc(m * n * sizeof(float)), *yr = malloc(m * n * sizeof(float));
+        void *blob = pack_new(GANG_KW_BF16, wf, n, kd);
+        gang_kernels_weight w = gang_kernels_weight_view(GANG_KW_BF16, blob, n, kd);
+
+        assert_non_null(ya);
+        assert_non_null(yr);
+        gang__cpu_matmul_rows_avx2(m, kd, x, &w, 0, n, ya, n);
+        gang__cpu_matmul_rows_ref(m, kd, x, &w, 0, n, yr, n);
+        for (size_t i = 0; i < m * n; i++)
+            bad += !(fabsf(ya[i] - yr[i]) <= 1e-4f * (1.0f + fabsf(yr[i])) * sqrtf((float)kd));
+        free(x), free(wf), free(ya), free(yr), free(blob);
+    }
+    return (void *)bad;
+}
+
+/*
+ * The panel buffer each thread keeps from call to call: it grows with k, on the caller
+ * and on a thread that then exits (the buffer goes with it: LeakSanitizer or valgrind
+ * report it otherwise).
+ */
+static void test_matmul_panel_buffer(void **state)
+{
+    pthread_t th;
+    void *bad = (void *)1;
+
+    (void)state;
+    if (!gang__cpu_avx2_usable()) {
+        print_message("[  SKIP    ] no AVX2+FMA+F16C on this CPU: the portable kernel has no "
+                      "panel buffer\n");
+        skip();
+    }
+    assert_null(panel_sizes(NULL));
+    assert_int_equal(pthread_create(&th, NULL, panel_sizes, NULL), 0);
+    assert_int_equal(pthread_join(th, &bad), 0);
+    assert_null(bad);
+}
+
+/* AnonHugePages (kB) of the mapping that holds p, from /proc/self/smaps; -1 if unknown. */
+static long huge_kb_at(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[256];
+    int inside = 0;
+    long kb = -1;
+
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi;
+
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (inside && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
+            break;
+    }
+    if (f != NULL)
+        fclose(f);
+    return kb;
+}
+
+/*
+ * Host weight blocks: alignment (64 bytes, 2 MiB from 2 MiB on), every byte writable up
+ * to the size asked, 0 bytes refused. Whether huge pages back a block is the host's
+ * choice (THP mode, fragmentation): printed, not asserted.
+ */
+static void test_weight_host_alloc(void **state)
+{
+    static const size_t lens[] = {
+        1, 100, 4096, (2u << 20) - 1, 2u << 20, (3u << 20) + 5, (31u << 20) + 7, 33u << 20};
+    const size_t two_mib = 2u << 20;
+
+    (void)state;
+    assert_null(gang_kernels_weight_host_alloc(0));
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        unsigned char *p = gang_kernels_weight_host_alloc(lens[i]);
+
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % (lens[i] >= two_mib ? two_mib : 64), 0);
+        memset(p, 0x5a, lens[i]);
+        assert_int_equal(p[lens[i] - 1], 0x5a);
+        if (lens[i] == (31u << 20) + 7)
+            print_message("[  NOTE    ] a 31 MiB weight block: %ld kB of it on huge pages\n",
+                          huge_kb_at(p));
+        free(p);
+    }
+}
+
 static void test_embedding_w(void **state)
 {
     gang_kernels *k = *state;
@@ -1560,6 +1720,9 @@ int main(void)
         cmocka_unit_test(test_weight_pack),
         cmocka_unit_test_setup_teardown(test_matmul_types, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_threads, setup, teardown),
+        cmocka_unit_test(test_matmul_rows_avx2),
+        cmocka_unit_test(test_matmul_panel_buffer),
+        cmocka_unit_test(test_weight_host_alloc),
         cmocka_unit_test_setup_teardown(test_embedding_w, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_errors, setup, teardown),
     };

@@ -806,6 +806,23 @@ static void model_round_bf16(model *m)
             mats[a][i] = gang_bf16_to_f32(gang_f32_to_bf16(mats[a][i]));
 }
 
+/* The seven matrices of a packed host layer lie inside its one block (l->wblock), in
+ * order and without overlap. */
+static void check_one_block(const gang_tp_layer *l)
+{
+    const void *mats[7] = {l->wq, l->wk, l->wv, l->wo, l->w_gate, l->w_up, l->w_down};
+    const char *end = l->wblock;
+
+    assert_non_null(l->wblock);
+    assert_ptr_equal(l->wq, l->wblock);
+    for (size_t i = 0; i < 7; i++) {
+        assert_non_null(mats[i]);
+        assert_true((const char *)mats[i] >= end);
+        assert_int_equal((uintptr_t)mats[i] % 64, 0);
+        end = (const char *)mats[i] + 1;
+    }
+}
+
 /*
  * Packed shards (issue #13). bf16: on weights that bf16 holds exactly, TP 1 / 2 / 4 with
  * every rank's shard packed as bf16 give the f32 forward's outputs (REL_TOL: only the
@@ -857,6 +874,7 @@ static void test_packed_shards(void **state)
     assert_int_equal(gang_tp_layer_pack(&l, GANG_KW_BF16), 0);
     assert_int_equal(l.wtype, GANG_KW_BF16);
     assert_int_equal(gang_tp_layer_weight_bytes(&l), f32_bytes / 2);
+    check_one_block(&l);
     assert_int_equal(gang_tp_layer_pack(&l, GANG_KW_BF16), 0);         /* already */
     assert_int_equal(gang_tp_layer_pack(&l, GANG_KW_I8), GANG_EINVAL); /* bf16 -> int8 */
     assert_int_equal(gang_tp_layer_pack(&l, (gang_kernels_wtype)9), GANG_EINVAL);
@@ -866,11 +884,42 @@ static void test_packed_shards(void **state)
     ((float *)l.w_up)[3] = NAN; /* int8 refuses a non-finite weight, and changes nothing */
     assert_int_equal(gang_tp_layer_pack(&l, GANG_KW_I8), GANG_EINVAL);
     assert_int_equal(l.wtype, GANG_KW_F32);
+    assert_null(l.wblock); /* the block of the failed pack is gone (ASan / valgrind: no leak) */
     assert_int_equal(gang_tp_layer_weight_bytes(&l), f32_bytes);
     ((float *)l.w_up)[3] = 0.0f;
     assert_int_equal(gang_tp_layer_pack(&l, GANG_KW_I8), 0);
     assert_true(gang_tp_layer_weight_bytes(&l) < f32_bytes / 3);
+    check_one_block(&l);
     gang_tp_layer_free(&l);
+    assert_null(l.wblock);
+    model_free(&m);
+}
+
+/*
+ * A packed layer moved to a device ("fake": memory the host cannot read) uploads each
+ * matrix out of the host block, then releases the block: the layer owns device arrays
+ * only, and gang_tp_layer_free returns them to the device (no leak, no double free).
+ */
+static void test_packed_to_device(void **state)
+{
+    gang_kernels *k = NULL;
+    gang_topology t;
+    gang_tp_layer l;
+    model m;
+
+    (void)state;
+    model_init(&m, 2, 0);
+    assert_int_equal(gang_kernels_open("fake", &k), 0);
+    assert_int_equal(topology_for(1, 2, &t), 0);
+    assert_int_equal(gang_tp_layer_init(&l, &t, 0, &m.w, ROPE_THETA, NORM_EPS), 0);
+    assert_int_equal(gang_tp_layer_pack(&l, GANG_KW_F16), 0);
+    check_one_block(&l);
+    assert_int_equal(gang_tp_layer_to_device(&l, k), 0);
+    assert_ptr_equal(l.mem, k);
+    assert_null(l.wblock);
+    assert_non_null(l.w_down);
+    gang_tp_layer_free(&l);
+    gang_kernels_close(k);
     model_free(&m);
 }
 
@@ -1069,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_comm_mismatch),
         cmocka_unit_test(test_abort_during_layer),
         cmocka_unit_test(test_packed_shards),
+        cmocka_unit_test(test_packed_to_device),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
