@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Bar chart of `ganglion bench decode --model`'s JSON lines: decode tokens/s per batch, one
 bar per ganglion storage (the 1x1 points) and per transformers dtype (its best thread
-count), log scale, with each storage's roofline as a tick over its bar. Needs matplotlib
+count), log scale, with each storage's roofline (at the bandwidth measured before its point)
+as a tick over its bar. Needs matplotlib
 (the reference Python of scripts/fetch-reference.sh has it).
 
 Usage: plot-decode.py RESULTS.jsonl OUT.png [--title TEXT]
@@ -21,6 +22,8 @@ def load(path):
                 continue
             if o.get("bench") != "decode":
                 continue
+            if o.get("measure") == "read_bandwidth" and "read_GBps" in o:
+                info.setdefault("bw", []).append(o["read_GBps"])
             if o.get("measure") in ("model_info", "read_bandwidth"):
                 info.update(o)
             elif o.get("side") == "transformers" and "decode_tok_s" in o:
@@ -75,8 +78,9 @@ def main():
     ax.set_xticks(range(len(batches)))
     ax.set_xticklabels(["batch %d" % b for b in batches])
     ax.set_ylabel("decode tokens/s (log)")
-    note = "black ticks: ganglion's roofline (read bandwidth %.1f GB/s)" % info.get(
-        "read_GBps", 0.0)
+    bw = info.get("bw") or [0.0]
+    note = ("black ticks: ganglion's roofline at the read bandwidth measured before each point"
+            " (%.1f-%.1f GB/s)" % (min(bw), max(bw)))
     if refused:
         note += "; refused by this build: " + ", ".join(refused)
     ax.set_title(a.title or "decode on %s, CPU, %s threads" % (
