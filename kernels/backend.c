@@ -570,8 +570,8 @@ int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const 
         return GANG_EINVAL;
     if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
-    /* f32 weights are a plain GEMM: one path for them whatever the caller. */
-    if (w->type == GANG_KW_F32 && k->be->gemm != NULL)
+    /* f32 weights are a plain GEMM, unless the backend's matmul takes them itself. */
+    if (w->type == GANG_KW_F32 && k->be->gemm != NULL && !k->be->matmul_f32)
         return k->be->gemm(k->ctx, GANG_DTYPE_F32, 1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
     if (k->be->matmul == NULL)
         return GANG_ENOSYS;

@@ -65,10 +65,11 @@ typedef struct gang__kernels_backend {
     int (*silu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*gelu_mul)(void *ctx, const float *gate, const float *up, size_t n, float *out);
     int (*scale)(void *ctx, float *x, float a, size_t n);
-    /* y = x . W^T over a typed weight (gang_kernels_matmul); F32 weights never reach it
-     * when the backend also has gemm (the front sends them there). */
+    /* y = x . W^T over a typed weight (gang_kernels_matmul); F32 weights reach it only when
+     * matmul_f32 is set, else the front sends them to gemm (when the backend has one). */
     int (*matmul)(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
                   const gang_kernels_weight *w, float *y);
+    int matmul_f32; /* 1: matmul takes F32 weights itself (the CPU: its own kernels) */
     int (*embedding)(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                      const int32_t *ids, size_t n_ids, float *out);
     int (*add)(void *ctx, float *x, const float *y, size_t n);

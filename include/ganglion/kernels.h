@@ -125,10 +125,11 @@ const char *gang_kernels_wtype_name(gang_kernels_wtype t);
 
 /*
  * y[m, n] = x[m, kdim] . W^T with W the typed weight w [n, kdim], f32 in and out,
- * products accumulated in f32 (the I8 scale applied once per output). It is
- * gang_kernels_gemm(trans_b = 1, alpha 1, beta 0) for GANG_KW_F32. y is written, never
- * read, and must not overlap x or the weight. CPU: OpenBLAS for f32; for the other types
- * vectorised kernels (AVX2 + FMA + F16C when the CPU has them, else portable C) that read
+ * products accumulated in f32 (the I8 scale applied once per output). For GANG_KW_F32 it
+ * is gang_kernels_gemm(trans_b = 1, alpha 1, beta 0) up to summation order. y is written,
+ * never read, and must not overlap x or the weight. CPU: vectorised kernels (AVX2 + FMA +
+ * F16C when the CPU has them; without them OpenBLAS for f32 and portable C for the other
+ * types) that read
  * each weight element once per call whatever m is, split over the rows of W on a small
  * pool of threads (kernels/cpu/cpu-matmul.c). CUDA: bf16 / f16 through cuBLASLt with x
  * converted to the weight's type and f32 output, I8 through a kernel that dequantizes on

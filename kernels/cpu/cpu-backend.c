@@ -241,6 +241,7 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale,
     .matmul = cpu_matmul,
+    .matmul_f32 = 1,
     .embedding = cpu_embedding,
     .add = cpu_add,
     .add_rows = cpu_add_rows,

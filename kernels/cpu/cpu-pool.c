@@ -10,8 +10,9 @@
  * at least every GANG__POOL_NAP_MS to re-check (every wait has a deadline).
  *
  * Size: one thread per CPU of the process's affinity mask (the caller is one of them),
- * at most GANG__POOL_MAX. OpenBLAS keeps its own threads for the f32 GEMM; the two never
- * run at once in one process (a step uses either f32 or typed weights for its matmuls).
+ * at most GANG__POOL_MAX. OpenBLAS keeps its own threads for the f32 GEMMs that remain
+ * (gang_kernels_gemm, a long prefill's attention, f32 matmuls on a CPU without AVX2); the
+ * two run one after the other within a step, never at once.
  *
  * One job at a time: a second thread that calls while a job runs (ranks of a test run as
  * threads of one process) does its whole job alone instead of waiting.
