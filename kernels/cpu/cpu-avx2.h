@@ -1,7 +1,7 @@
 /*
- * Inline AVX2 + FMA helpers shared by the CPU backend's AVX2 files (cpu-attention-avx2.c,
- * cpu-ops-avx2.c), which CMake compiles with -mavx2 -mfma -mf16c; only they include this
- * file, and only when those flags are on (the #if below).
+ * Inline AVX2 + FMA helpers shared by the CPU backend's AVX2 files (cpu-matmul-avx2.c,
+ * cpu-attention-avx2.c, cpu-ops-avx2.c), which CMake compiles with -mavx2 -mfma -mf16c; only they
+ * include this file, and only when those flags are on (the #if below).
  *
  * gang__avx2_exp is e^x on 8 lanes: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2
  * (ln2 split in two parts so that n ln2 is exact enough), e^r by its Taylor series to r^7

@@ -21,6 +21,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "cpu-avx2.h"
+
 #define GANG__AVX_WBLOCK 8
 #define AVX_INLINE static inline __attribute__((always_inline))
 /* The tile loops must be unrolled completely for the accumulators to stay in registers
@@ -54,15 +56,6 @@ AVX_INLINE __m256 ld8(gang_kernels_wtype t, const void *row, size_t i)
         break;
     }
     return _mm256_loadu_ps((const float *)row + i);
-}
-
-AVX_INLINE float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /*
@@ -116,7 +109,7 @@ AVX_INLINE void tile(gang_kernels_wtype t, const int MR, const int NR, size_t kd
     }
     for (int a = 0; a < MR; a++) {
         for (int b = 0; b < NR; b++) {
-            float s = hsum(acc[a][b]);
+            float s = gang__avx2_hsum(acc[a][b]);
 
             for (size_t j = i; j < kdim; j++)
                 s += x[(size_t)a * kdim + j] * gang__cpu_welem(t, w0 + (size_t)b * wstride, j);
