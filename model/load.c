@@ -543,7 +543,7 @@ int gang_model_pack(gang_model *m, gang_kernels_wtype t)
 gang_kernels_weight gang_model_head(const gang_model *m)
 {
     gang_kernels_weight v = {GANG_KW_F32, NULL, NULL};
-    size_t hidden, first, es;
+    size_t hidden, first;
 
     if (m == NULL)
         return v;
@@ -556,8 +556,7 @@ gang_kernels_weight gang_model_head(const gang_model *m)
         return v;
     v = gang_kernels_weight_view(m->wtype, m->embed, m->topo.vocab, hidden);
     first = m->shard.vocab_first;
-    es = m->wtype == GANG_KW_F32 ? 4 : m->wtype == GANG_KW_I8 ? 1 : 2;
-    v.data = (const char *)v.data + first * hidden * es;
+    v.data = (const char *)v.data + first * hidden * gang_kernels_wtype_size(m->wtype);
     if (v.scales != NULL)
         v.scales += first;
     return v;

@@ -78,6 +78,13 @@ typedef enum gang_kernels_wtype {
     GANG_KW_I8 = 3
 } gang_kernels_wtype;
 
+/* Bytes of one element of a weight of type t (its scales aside): 4, 2, 2 or 1. Inline,
+ * so that kernels instantiated per type fold it to a constant. */
+static inline size_t gang_kernels_wtype_size(gang_kernels_wtype t)
+{
+    return t == GANG_KW_F32 ? 4 : t == GANG_KW_I8 ? 1 : 2;
+}
+
 #define GANG_KW_SCALES_OFFSET(elems) (((size_t)(elems) + 63u) / 64u * 64u)
 
 /* A view of one packed weight: data points at the elements, scales (I8 only, else NULL)

@@ -36,14 +36,11 @@ static inline void attn_item_tile(const gang__cpu_attn_item *it, const void *bas
     size_t es = it->dt == GANG_DTYPE_F32 ? 4 : 2, hd = it->head_dim;
 
     for (size_t t = 0; t < nt;) {
-        size_t j = j0 + t, row = j, run = nt - t;
+        size_t j = j0 + t, row = gang__cpu_kv_row(pg, j), run = nt - t;
 
-        if (pg != NULL) {
-            size_t o = j % pg->block_size;
-
-            row = (size_t)pg->table[j / pg->block_size] * pg->block_size + o;
-            run = pg->block_size - o < run ? pg->block_size - o : run;
-        }
+        /* Rows stay consecutive to the end of j's block. */
+        if (pg != NULL && pg->block_size - j % pg->block_size < run)
+            run = pg->block_size - j % pg->block_size;
         for (size_t r = 0; r < run; r++, t++)
             attn_widen_into((const char *)base + ((row + r) * it->row_w + it->off) * es, it->dt, hd,
                             dst + t * hd);

@@ -51,15 +51,9 @@
 #define ATTN_BLOCK_MIN_Q 8
 #define ATTN_BLOCK_MIN_KEYS 256
 
-/* The cache row of position j: j itself, or its row in its block of a paged cache. */
-static inline size_t attn_row(const gang_kernels_kv_pages *pg, size_t j)
-{
-    return pg == NULL ? j
-                      : (size_t)pg->table[j / pg->block_size] * pg->block_size + j % pg->block_size;
-}
-
-/* Widens n elements at src (of the pool's dtype) into f32 dst. */
-static void attn_widen_to(const void *src, gang_dtype dt, size_t n, float *dst)
+/* Widens n elements at src (of the pool's dtype) into f32 dst (also the portable item
+ * kernel's primitive of that name). */
+static inline void attn_widen_into(const void *src, gang_dtype dt, size_t n, float *dst)
 {
     if (dt == GANG_DTYPE_BF16)
         (void)gang_bf16_to_f32_array(src, dst, n);
@@ -77,8 +71,8 @@ static void attn_gather(const void *src, const gang_kernels_kv_pages *pg, size_t
 
     for (size_t j = 0; j < n; j += pg->block_size) {
         size_t run = n - j < pg->block_size ? n - j : pg->block_size;
-        attn_widen_to((const char *)src + attn_row(pg, j) * w * es, pg->dtype, run * w,
-                      dst + j * w);
+        attn_widen_into((const char *)src + gang__cpu_kv_row(pg, j) * w * es, pg->dtype, run * w,
+                        dst + j * w);
     }
 }
 
@@ -152,11 +146,6 @@ static int attention_blocked(const float *q, const void *kc, const void *vc,
 /* ---------------------------------------------------------------------------------
  * Work items: the portable instance of cpu-attention-item.h, and the driver.
  * --------------------------------------------------------------------------------- */
-static inline void attn_widen_into(const void *src, gang_dtype dt, size_t n, float *dst)
-{
-    attn_widen_to(src, dt, n, dst);
-}
-
 static inline void attn_scores(const float *q, const float *kt, size_t nt, size_t hd, float scale,
                                float *s)
 {
@@ -196,13 +185,6 @@ static inline float attn_exp_sum(float *s, size_t n, float m)
 #define ATTN_ITEM_FN gang__cpu_attn_item_ref
 #include "cpu-attention-item.h"
 #undef ATTN_ITEM_FN
-
-static int attn_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */
-
-void gang__cpu_attention_force(int simd)
-{
-    attn_use_simd = simd;
-}
 
 /* Head dimensions up to this keep an item's scratch on the stack. */
 #define ATTN_STACK_DIM 512
@@ -312,9 +294,7 @@ int gang__cpu_attention_batch(const gang_kernels_attn_seq *seqs, size_t n_seq, s
     unsigned threads;
     int rc = 0;
 
-    if (attn_use_simd < 0)
-        attn_use_simd = gang__cpu_avx2_usable();
-    j.simd = attn_use_simd;
+    j.simd = gang__cpu_simd();
     atomic_init(&j.rc, 0);
     if (n_seq > ATTN_STACK_SEQS && (start = malloc((n_seq + 1) * sizeof(*start))) == NULL)
         return GANG_ENOMEM;

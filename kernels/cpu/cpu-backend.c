@@ -5,11 +5,32 @@
  * negative position, an id outside the vocabulary) is checked here, before anything is
  * written.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kernels-backend.h"
 #include "cpu.h"
+
+/* -1 until the first gang__cpu_simd decides it (a relaxed atomic: every thread that races
+ * on the first call stores the same answer). */
+static atomic_int cpu_simd = -1;
+
+int gang__cpu_simd(void)
+{
+    int s = atomic_load_explicit(&cpu_simd, memory_order_relaxed);
+
+    if (s < 0) {
+        s = gang__cpu_avx2_usable();
+        atomic_store_explicit(&cpu_simd, s, memory_order_relaxed);
+    }
+    return s;
+}
+
+void gang__cpu_simd_force(int simd)
+{
+    atomic_store_explicit(&cpu_simd, simd < 0 ? -1 : simd, memory_order_relaxed);
+}
 
 /* Tensors are 256-byte aligned, like the device pool's, so code tested on the CPU keeps
  * the alignment it will get on a GPU. */

@@ -88,7 +88,7 @@ AVX_INLINE void tile(gang_kernels_wtype t, const int MR, const int NR, size_t kd
          * process (SmolLM2 bf16, 30 layers + LM head, 2 threads, medians of 15; the short
          * rows of k = 576 gained most). Distances 3 and 4 tiles were no better. */
         if (MR == 1) {
-            const size_t es = t == GANG_KW_I8 ? 1 : t == GANG_KW_F32 ? 4 : 2;
+            const size_t es = gang_kernels_wtype_size(t);
             const char *pf = w0 + (size_t)2 * NR * wstride + i * NR * es;
 
             _mm_prefetch(pf, _MM_HINT_T0);
@@ -122,7 +122,7 @@ AVX_INLINE void tile(gang_kernels_wtype t, const int MR, const int NR, size_t kd
 AVX_INLINE void wblock(gang_kernels_wtype t, size_t m, size_t kdim, const float *x,
                        const gang_kernels_weight *w, size_t o0, size_t o1, float *y, size_t ldy)
 {
-    size_t es = t == GANG_KW_I8 ? 1 : t == GANG_KW_F32 ? 4 : 2, ws = kdim * es;
+    size_t es = gang_kernels_wtype_size(t), ws = kdim * es;
     const char *base = w->data;
     size_t r = 0, o;
 
@@ -308,7 +308,7 @@ AVX_INLINE void panels(gang_kernels_wtype t, size_t m, size_t kdim, const float 
                        const gang_kernels_weight *w, size_t o0, size_t o1, float *y, size_t ldy,
                        float *wt)
 {
-    size_t es = t == GANG_KW_I8 ? 1 : t == GANG_KW_F32 ? 4 : 2, ws = kdim * es;
+    size_t es = gang_kernels_wtype_size(t), ws = kdim * es;
     size_t tiles = (m + GANG__AVX_MR - 1) / GANG__AVX_MR;
 
     for (size_t o = o0; o < o1; o += GANG__AVX_PANEL) {

@@ -28,31 +28,11 @@
 #define GANG__MM_MIN_MACS 200000
 #define GANG__MM_CHUNKS_PER_THREAD 8
 
-static int mm_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */
-
-void gang__cpu_matmul_force(int simd)
-{
-    mm_use_simd = simd;
-}
-
-static int mm_simd(void)
-{
-    if (mm_use_simd < 0)
-        mm_use_simd = gang__cpu_avx2_usable();
-    return mm_use_simd;
-}
-
-/* Bytes of one element of a weight of type t. */
-static size_t mm_esize(gang_kernels_wtype t)
-{
-    return t == GANG_KW_F32 ? 4 : t == GANG_KW_I8 ? 1 : 2;
-}
-
 /* The portable kernel: rows [o0, o1) of W against every row of x. */
 void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
                                size_t o0, size_t o1, float *y, size_t ldy)
 {
-    size_t es = mm_esize(w->type);
+    size_t es = gang_kernels_wtype_size(w->type);
 
     for (size_t o = o0; o < o1; o++) {
         const void *row = (const char *)w->data + o * kdim * es;
@@ -92,7 +72,7 @@ static void mm_chunk(void *arg, size_t c)
 int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
                      float *y)
 {
-    mm_job j = {.m = m, .n = n, .kdim = kdim, .x = x, .w = w, .y = y, .simd = mm_simd()};
+    mm_job j = {.m = m, .n = n, .kdim = kdim, .x = x, .w = w, .y = y, .simd = gang__cpu_simd()};
     /* Batches of 4 and more run on panels of 16 W rows: chunks of whole panels. */
     size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS;
     size_t blocks = (n + unit - 1) / unit, chunks;
@@ -118,7 +98,7 @@ int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang
 int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const int32_t *ids,
                           size_t n_ids, float *out)
 {
-    size_t es = mm_esize(table->type);
+    size_t es = gang_kernels_wtype_size(table->type);
 
     for (size_t t = 0; t < n_ids; t++) {
         const void *row = (const char *)table->data + (size_t)ids[t] * dim * es;

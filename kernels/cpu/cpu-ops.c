@@ -105,13 +105,6 @@ int gang__cpu_softmax(float *x, size_t rows, size_t cols)
     return 0;
 }
 
-static int ops_use_simd = -1; /* -1: not decided yet; tests force 0 or 1 */
-
-void gang__cpu_ops_force(int simd)
-{
-    ops_use_simd = simd;
-}
-
 /* Elements of one SiLU chunk (a multiple of 8, so chunks start on vector boundaries), and
  * the fewest elements worth sharing with the pool (a wake-up costs a few microseconds). */
 #define OPS_SILU_CHUNK 8192
@@ -147,9 +140,7 @@ int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
     silu_job j = {gate, up, out, n, 0};
     size_t chunks = (n + OPS_SILU_CHUNK - 1) / OPS_SILU_CHUNK;
 
-    if (ops_use_simd < 0)
-        ops_use_simd = gang__cpu_avx2_usable();
-    j.simd = ops_use_simd;
+    j.simd = gang__cpu_simd();
     if (n < OPS_SILU_MIN_PARALLEL) {
         for (size_t c = 0; c < chunks; c++)
             silu_chunk(&j, c);

@@ -34,6 +34,13 @@ static inline float gang__cpu_welem(gang_kernels_wtype t, const void *row, size_
     return ((const float *)row)[i];
 }
 
+/* cpu-backend.c: 1 when the AVX2 kernels (matmul, attention items, SiLU) run, 0 when the
+ * portable ones do; decided from the CPU (gang__cpu_avx2_usable) at the first call. Tests:
+ * gang__cpu_simd_force(1) forces the AVX2 kernels (only where usable), 0 the portable
+ * ones, -1 decides again from the CPU. */
+int gang__cpu_simd(void);
+void gang__cpu_simd_force(int simd);
+
 /* cpu-blas.c: OpenBLAS through dlopen (cblas_sgemm, and its thread count). */
 #define GANG_CPU_BLAS_SONAME "libopenblas.so.0"
 typedef void (*gang__cpu_sgemm_fn)(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE ta,
@@ -68,9 +75,6 @@ void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang
                                size_t o0, size_t o1, float *y, size_t ldy);
 int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const int32_t *ids,
                           size_t n_ids, float *out);
-/* Tests: 1 forces the AVX2 kernels (only where usable), 0 the portable ones, -1 decides
- * again from the CPU. */
-void gang__cpu_matmul_force(int simd);
 
 /* cpu-matmul-avx2.c (compiled with -mavx2 -mfma -mf16c on x86-64): 1 when this build has
  * the AVX2 kernels and the CPU runs them; the same contract as the portable kernel. */
@@ -94,9 +98,6 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
                    const float *inv_freq, float scale);
 int gang__cpu_softmax(float *x, size_t rows, size_t cols);
 int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
-/* Tests: 1 forces the AVX2 element-wise kernels (where usable), 0 the portable ones, -1
- * decides again from the CPU. */
-void gang__cpu_ops_force(int simd);
 /* cpu-ops-avx2.c: SiLU(gate) x up on 8 lanes (cpu-avx2.h's exp). */
 void gang__cpu_silu_mul_avx2(const float *gate, const float *up, size_t n, float *out);
 int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out);
@@ -115,9 +116,6 @@ int gang__cpu_attention(const float *q, const void *kc, const void *vc,
 /* Every sequence of a step (gang_kernels_attention_batch), items shared by the pool. */
 int gang__cpu_attention_batch(const gang_kernels_attn_seq *seqs, size_t n_seq, size_t n_heads,
                               size_t n_kv_heads, size_t head_dim, size_t window);
-/* Tests: 1 forces the AVX2 item kernel (only where usable), 0 the portable one, -1 decides
- * again from the CPU. */
-void gang__cpu_attention_force(int simd);
 
 /*
  * One work item of the CPU attention (cpu-attention-item.h): `heads` consecutive query
@@ -127,6 +125,13 @@ void gang__cpu_attention_force(int simd);
  * head_dim floats (out may be q); acc is scratch of heads x head_dim floats, kt and vt of
  * tile x head_dim each.
  */
+/* The cache row of position j: j itself, or its row in its block of a paged cache. */
+static inline size_t gang__cpu_kv_row(const gang_kernels_kv_pages *pg, size_t j)
+{
+    return pg == NULL ? j
+                      : (size_t)pg->table[j / pg->block_size] * pg->block_size + j % pg->block_size;
+}
+
 #define GANG__ATTN_HEADS 8          /* heads one item holds at most */
 #define GANG__ATTN_TILE 64          /* keys scored at once at most (the online softmax's step) */
 #define GANG__ATTN_TILE_FLOATS 8192 /* a tile's key rows: tile = this / head_dim, 1 .. 64 */

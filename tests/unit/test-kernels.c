@@ -19,7 +19,7 @@
 
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
-#include "cpu/cpu.h" /* the typed matmul's kernel and thread switches */
+#include "cpu/cpu.h" /* the CPU kernels' AVX2 and thread switches */
 
 static const size_t sizes[] = {1, 3, 17, 64, 129};
 #define N_SIZES (sizeof(sizes) / sizeof(sizes[0]))
@@ -531,7 +531,7 @@ static void test_attention(void **state)
     if (simd_modes == 1)
         print_message("[  NOTE    ] no AVX2+FMA+F16C here: only the portable kernel is tested\n");
     for (int simd = 0; simd < simd_modes; simd++) {
-        gang__cpu_attention_force(simd);
+        gang__cpu_simd_force(simd);
         for (size_t c = 0; c < sizeof(attn_cases) / sizeof(attn_cases[0]); c++) {
             const struct attn_case *ac = &attn_cases[c];
             size_t nq = ac->tq * ac->n_heads * ac->hd, nkv = ac->tk * ac->n_kv * ac->hd;
@@ -555,7 +555,7 @@ static void test_attention(void **state)
             free(q), free(kc), free(vc), free(out), free(ref);
         }
     }
-    gang__cpu_attention_force(-1);
+    gang__cpu_simd_force(-1);
 }
 
 /* Changing the key and value at position p changes the outputs of queries at positions
@@ -879,7 +879,7 @@ static void test_attention_batch(void **state)
         assert_non_null(got[i]);
     }
     for (int simd = 0; simd < simd_modes; simd++) {
-        gang__cpu_attention_force(simd);
+        gang__cpu_simd_force(simd);
         for (size_t w = 0; w < 2; w++) {
             for (size_t i = 0; i < 5; i++) {
                 const gang_kernels_attn_seq *sq = &f.seq[i];
@@ -913,7 +913,7 @@ static void test_attention_batch(void **state)
             }
         }
     }
-    gang__cpu_attention_force(-1);
+    gang__cpu_simd_force(-1);
 
     /* One bad descriptor: nothing is written, whichever it is. */
     for (size_t i = 0; i < 5; i++) {
@@ -995,7 +995,7 @@ static void test_silu_mul_add(void **state)
     for (size_t c = 0; c < simd_modes * sizeof(ns) / sizeof(ns[0]); c++) {
         size_t n = ns[c % (sizeof(ns) / sizeof(ns[0]))];
 
-        gang__cpu_ops_force(c < sizeof(ns) / sizeof(ns[0]) ? 0 : 1);
+        gang__cpu_simd_force(c < sizeof(ns) / sizeof(ns[0]) ? 0 : 1);
         float *g = rnd_buf(n, 30.0f), *u = rnd_buf(n, 2.0f), *out = malloc(n * sizeof(*out));
         double *ref = dbuf(n);
         assert_non_null(out);
@@ -1017,7 +1017,7 @@ static void test_silu_mul_add(void **state)
         assert_close(u, ref, n, 1e-6, "add self");
         free(g), free(u), free(out), free(ref);
     }
-    gang__cpu_ops_force(-1);
+    gang__cpu_simd_force(-1);
 }
 
 /* An element's SiLU does not depend on where it sits: the same values at every offset of a
@@ -1418,14 +1418,14 @@ static void test_matmul_types(void **state)
     if (simd_modes == 1)
         print_message("[  NOTE    ] no AVX2+FMA+F16C here: only the portable kernel is tested\n");
     for (int simd = 0; simd < simd_modes; simd++) {
-        gang__cpu_matmul_force(simd);
+        gang__cpu_simd_force(simd);
         for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
             for (size_t a = 0; a < sizeof(ms) / sizeof(ms[0]); a++)
                 for (size_t b = 0; b < sizeof(ns) / sizeof(ns[0]); b++)
                     for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++)
                         check_matmul(k, types[ti], ms[a], ns[b], ks[c]);
     }
-    gang__cpu_matmul_force(-1);
+    gang__cpu_simd_force(-1);
 }
 
 /*
