@@ -395,10 +395,7 @@ int gang_fwd_relay_done(gang_fwd_relay *r, uint64_t gen, uint64_t id, int32_t co
 
 void gang_fwd_relay_metrics(const gang_fwd_relay *r, gang_metrics_buf *b)
 {
-    struct {
-        const char *name, *help;
-        uint64_t v;
-    } cs[] = {
+    const gang_metric_counter cs[] = {
         {"ganglion_forwarded_in_requests_total",
          "Requests forwarded by members that this coordinator handed to rank 0", r->submits},
         {"ganglion_forwarded_in_cancels_total",
@@ -411,8 +408,5 @@ void gang_fwd_relay_metrics(const gang_fwd_relay *r, gang_metrics_buf *b)
          "Tokens or ends of forwarded requests that could not be queued to their member",
          r->send_failures},
     };
-    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
-        gang_metrics_family(b, cs[i].name, GANG_METRIC_COUNTER, cs[i].help);
-        gang_metrics_sample_u64(b, cs[i].name, NULL, 0, cs[i].v);
-    }
+    (void)gang_metrics_counters(b, cs, sizeof(cs) / sizeof(cs[0]));
 }

@@ -675,10 +675,7 @@ void gang_api_observe_relay(gang_api *api, double seconds)
 /* A member's forwarding: calls forwarded, resubmitted, lost, and the relay's latency. */
 static void forward_metrics(gang_api *api, gang_metrics_buf *b)
 {
-    struct {
-        const char *name, *help;
-        uint64_t v;
-    } cs[] = {
+    const gang_metric_counter cs[] = {
         {"ganglion_forwarded_requests_total",
          "Calls this member accepted and forwarded to the coordinator", api->forwarded},
         {"ganglion_forwarded_resubmits_total",
@@ -689,10 +686,7 @@ static void forward_metrics(gang_api *api, gang_metrics_buf *b)
         {"ganglion_forwarded_requests_lost_total",
          "Forwarded calls answered 503 or 504 (deadline passed, gang gave up)", api->lost},
     };
-    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
-        gang_metrics_family(b, cs[i].name, GANG_METRIC_COUNTER, cs[i].help);
-        gang_metrics_sample_u64(b, cs[i].name, NULL, 0, cs[i].v);
-    }
+    (void)gang_metrics_counters(b, cs, sizeof(cs) / sizeof(cs[0]));
     gang_metrics_family(b, "ganglion_forward_relay_seconds", GANG_METRIC_HISTOGRAM,
                         "A forwarded token from rank 0's report on the coordinator to this "
                         "member's client (wall clocks of both nodes)");

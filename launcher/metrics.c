@@ -257,6 +257,15 @@ int gang_metrics_sample_u64(gang_metrics_buf *b, const char *name, const gang_me
     return sample_text(b, name, labels, nlabels, num);
 }
 
+int gang_metrics_counters(gang_metrics_buf *b, const gang_metric_counter *cs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        gang_metrics_family(b, cs[i].name, GANG_METRIC_COUNTER, cs[i].help);
+        gang_metrics_sample_u64(b, cs[i].name, NULL, 0, cs[i].v);
+    }
+    return b->err;
+}
+
 int gang_metrics_sample_double(gang_metrics_buf *b, const char *name,
                                const gang_metric_label *labels, size_t nlabels, double value)
 {

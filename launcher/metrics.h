@@ -64,6 +64,16 @@ int gang_metrics_sample_u64(gang_metrics_buf *b, const char *name, const gang_me
 int gang_metrics_sample_double(gang_metrics_buf *b, const char *name,
                                const gang_metric_label *labels, size_t nlabels, double value);
 
+/* One unlabeled counter: its family name, help text and value. */
+typedef struct gang_metric_counter {
+    const char *name, *help;
+    uint64_t v;
+} gang_metric_counter;
+
+/* Each of the n counters as a counter family with its one unlabeled sample. Returns 0 or
+ * b->err. */
+int gang_metrics_counters(gang_metrics_buf *b, const gang_metric_counter *cs, size_t n);
+
 /*
  * Fixed-bucket histogram, Prometheus semantics: bucket i counts observations v <= bounds[i]
  * (cumulatively on output), plus an implicit +Inf bucket; sum and count of everything.

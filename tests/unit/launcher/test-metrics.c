@@ -192,6 +192,30 @@ static void test_histogram_empty_and_invalid(void **state)
     gang_metrics_buf_free(&b);
 }
 
+/* A list of unlabeled counters: a family and one sample each, in order; a bad name stops
+ * the list there with the buffer's sticky error. */
+static void test_counters(void **state)
+{
+    const gang_metric_counter cs[] = {{"a_total", "As.", 3}, {"b_total", NULL, UINT64_MAX}};
+    const gang_metric_counter bad[] = {{"c_total", "Cs.", 1}, {"d-total", "Ds.", 2}};
+    gang_metrics_buf b;
+
+    (void)state;
+    gang_metrics_buf_init(&b);
+    assert_int_equal(gang_metrics_counters(&b, cs, 2), 0);
+    assert_string_equal(gang_metrics_buf_text(&b), "# HELP a_total As.\n"
+                                                   "# TYPE a_total counter\n"
+                                                   "a_total 3\n"
+                                                   "# TYPE b_total counter\n"
+                                                   "b_total 18446744073709551615\n");
+    gang_metrics_buf_reset(&b);
+    assert_int_equal(gang_metrics_counters(&b, bad, 2), GANG_EINVAL);
+    assert_string_equal(gang_metrics_buf_text(&b), "# HELP c_total Cs.\n"
+                                                   "# TYPE c_total counter\n"
+                                                   "c_total 1\n");
+    gang_metrics_buf_free(&b);
+}
+
 static void test_sticky_errors(void **state)
 {
     gang_metric_label bad[] = {{"a-b", "v"}};
@@ -256,6 +280,7 @@ int gang_test_metrics(void)
         cmocka_unit_test(test_doubles),       cmocka_unit_test(test_escaping),
         cmocka_unit_test(test_histogram),     cmocka_unit_test(test_histogram_empty_and_invalid),
         cmocka_unit_test(test_sticky_errors), cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_counters),
     };
 
     return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);
