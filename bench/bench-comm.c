@@ -453,7 +453,7 @@ static int bc_run_mpirun(char *const *argv, bc_sink *k, uint64_t deadline_ms, ch
 static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *pre, int npre,
                               bc_sink *k, char *why, size_t whycap)
 {
-    char mpirun[PATH_MAX], np[16], sizes[512], iters[512], warm[512];
+    char mpirun[PATH_MAX], np[16], sizes[512], iters[512], warm[512], path[PATH_MAX];
     char *argv[32];
     int n = 0;
 
@@ -474,7 +474,8 @@ static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *p
     argv[n++] = "--oversubscribe";
     argv[n++] = "-np";
     argv[n++] = np;
-    argv[n++] = (char *)prog;
+    snprintf(path, sizeof path, "%s", prog); /* exec takes its arguments as char * */
+    argv[n++] = path;
     for (int i = 0; i < npre && n < 20; i++)
         argv[n++] = pre[i];
     argv[n++] = "--sizes";

@@ -93,8 +93,10 @@ static void bdp_collect(FILE *f, bd_peer *p)
     }
 }
 
-/* The script's command line into argv (strings in bufs). */
-static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[7][128])
+/* The script's command line into argv (numbers in bufs, copies of o's paths in paths: exec
+ * takes its arguments as char *). */
+static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[7][128],
+                     char paths[3][BD_PATH_MAX])
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int n = 0, len = 0;
@@ -110,10 +112,13 @@ static void bdp_argv(const bd_opts *o, char *argv[24], char bufs[7][128])
     snprintf(bufs[4], sizeof(bufs[4]), "%u", o->tokens);
     snprintf(bufs[5], sizeof(bufs[5]), "%u", o->peer_iters);
     snprintf(bufs[6], sizeof(bufs[6]), "%u", o->peer_budget_s);
-    argv[n++] = (char *)o->peer_python;
-    argv[n++] = (char *)o->peer_script;
+    snprintf(paths[0], BD_PATH_MAX, "%s", o->peer_python);
+    snprintf(paths[1], BD_PATH_MAX, "%s", o->peer_script);
+    snprintf(paths[2], BD_PATH_MAX, "%s", o->model);
+    argv[n++] = paths[0];
+    argv[n++] = paths[1];
     argv[n++] = "--model";
-    argv[n++] = (char *)o->model;
+    argv[n++] = paths[2];
     argv[n++] = "--dtypes";
     argv[n++] = bufs[0];
     argv[n++] = "--batch";
@@ -157,7 +162,7 @@ int gang__bd_peer_run(const bd_opts *o, bd_peer *p)
 {
     char out_path[] = "/tmp/ganglion-hf-decode-out-XXXXXX";
     char log_path[] = "/tmp/ganglion-hf-decode-log-XXXXXX";
-    char *argv[24], bufs[7][128];
+    char *argv[24], bufs[7][128], paths[3][BD_PATH_MAX];
     int out_fd = -1, log_fd = -1, status = 0, rc = 0, keep_log = 0;
     pid_t pid = 0;
     FILE *f;
@@ -170,7 +175,7 @@ int gang__bd_peer_run(const bd_opts *o, bd_peer *p)
         rc = GANG_EIO;
         goto out_close;
     }
-    bdp_argv(o, argv, bufs);
+    bdp_argv(o, argv, bufs, paths);
     fprintf(stderr, "ganglion bench decode: transformers peer: %s %s (log %s)\n", argv[0], argv[1],
             log_path);
     gang_spawn s = {.path = argv[0],

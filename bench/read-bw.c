@@ -23,8 +23,8 @@
 #define RB_MAX_THREADS 256
 
 typedef struct rb_shared {
-    const uint64_t *buf;
-    size_t words; /* of the whole buffer */
+    uint64_t *buf; /* each thread writes its slice first (first touch), then sums it */
+    size_t words;  /* of the whole buffer */
     uint32_t threads, passes;
     pthread_barrier_t start, done;
     pthread_mutex_t gate; /* held by the main thread until every thread exists */
@@ -66,7 +66,7 @@ static void *rb_main(void *arg)
     rb_shared *s = t->s;
     size_t per = s->words / s->threads, first = per * t->index;
     size_t n = t->index + 1 == s->threads ? s->words - first : per;
-    uint64_t *mine = (uint64_t *)s->buf + first;
+    uint64_t *mine = s->buf + first;
     uint64_t acc = 0;
     int cancel;
 
@@ -148,7 +148,7 @@ out_destroy:
     pthread_barrier_destroy(&s.done);
 
 out_free:
-    free((void *)s.buf);
+    free(s.buf);
     free(th);
     free(rate);
     return rc;

@@ -225,8 +225,10 @@ int gang_fwd_encode(const gang_wctl *m, uint64_t stamp_us, uint8_t *buf, size_t 
     int from_coordinator =
         m->type == GANG_WCTL_TOKEN || m->type == GANG_WCTL_DONE || m->type == GANG_FWD_NACK;
     fwd_codec c = {.decoding = 0, .w = buf, .cap = cap};
-    /* The walk only reads through m while encoding. */
-    int rc = fc_payload(&c, (gang_wctl *)m, from_coordinator, &stamp_us);
+    /* One walk serves both directions and writes through its pointer when decoding:
+     * encoding walks a copy. */
+    gang_wctl copy = *m;
+    int rc = fc_payload(&c, &copy, from_coordinator, &stamp_us);
     if (rc != 0)
         return GANG_EINVAL;
     if (c.invalid)

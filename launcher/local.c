@@ -140,6 +140,7 @@ static void local_child_exec(const gang_local_spawn_cfg *cfg, char **argv, pid_t
  */
 int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out)
 {
+    char arg0[PATH_MAX];
     char addr[GANG_LOCAL_ADDR_MAX];
     char index[16];
     char coord[32];
@@ -159,7 +160,9 @@ int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out)
     argv = calloc((size_t)cfg->nargs + 9, sizeof *argv);
     if (argv == NULL)
         return GANG_ENOMEM;
-    argv[n++] = (char *)(cfg->argv0 ? cfg->argv0 : cfg->exe);
+    /* A copy: exec takes its arguments as char *. */
+    snprintf(arg0, sizeof arg0, "%s", cfg->argv0 ? cfg->argv0 : cfg->exe);
+    argv[n++] = arg0;
     argv[n++] = "serve";
     for (int i = 0; i < cfg->nargs; i++)
         argv[n++] = cfg->args[i];

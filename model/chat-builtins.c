@@ -98,7 +98,12 @@ static int global_fn(chat_ctx *c, const cv *fn, const cv *args, size_t nargs, co
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
+    /* strftime_now(format) takes its format from the template: not a literal by design
+     * (strftime reads no arguments through it, so a format cannot reach past tm). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
     size_t n = strftime(buf, sizeof(buf), fmt, &tm);
+#pragma GCC diagnostic pop
     char *s = gang__chat_alloc(&c->arena, n + 1);
     if (!s)
         return gang__chat_fail(c, GANG_ERANGE, "memory limit reached");

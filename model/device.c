@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "ganglion/model.h"
+#include "model-internal.h"
 
 /* Moves one optional host array of n bytes into k; NULL stays NULL. */
 static int dev_move(gang_kernels *k, void **arr, size_t n)
@@ -64,7 +65,7 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
             break;
     }
     if (rc == 0 && m->lm_head_tied)
-        m->lm_head = (void *)gang_model_head(m).data;
+        m->lm_head = gang__model_tied_head(m);
     for (i = 0; rc == 0 && m->layers != NULL && i < m->layer_count; i++)
         rc = gang_tp_layer_to_device(&m->layers[i], k);
     if (rc == 0)

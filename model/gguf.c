@@ -356,6 +356,12 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(((const gang__gguf_tensor *)a)->name, ((const gang__gguf_tensor *)b)->name);
 }
 
+/* bsearch's comparator: the key is the name itself (a const char *). */
+static int cmp_name_key(const void *key, const void *elem)
+{
+    return strcmp(key, ((const gang__gguf_tensor *)elem)->name);
+}
+
 static int cmp_offset(const void *a, const void *b)
 {
     const gang__gguf_tensor *x = *(const gang__gguf_tensor *const *)a;
@@ -609,12 +615,9 @@ const gang__gguf_kv *gang__gguf_find_kv(const gang__gguf *g, const char *key)
 
 const gang__gguf_tensor *gang__gguf_find(const gang__gguf *g, const char *name)
 {
-    gang__gguf_tensor key;
-
     if (g->n_tensors == 0)
         return NULL;
-    key.name = (char *)name;
-    return bsearch(&key, g->tensors, g->n_tensors, sizeof(key), cmp_name);
+    return bsearch(name, g->tensors, g->n_tensors, sizeof(*g->tensors), cmp_name_key);
 }
 
 gang__gguf_str gang__gguf_arr_str(const gang__gguf *g, const gang__gguf_kv *kv, uint64_t i)

@@ -17,6 +17,7 @@
 
 #include "ganglion/model.h"
 #include "gguf.h"
+#include "model-internal.h"
 #include "safetensors.h"
 
 /* The weights come from one of two sources: safetensors files (set) or a GGUF file (gg,
@@ -314,7 +315,7 @@ static int ld_ends(loader *L, gang_model *m)
             /* Tied and this rank holds the table (pp 1): its head is the table's rows,
              * not a second copy of them (SmolLM2's table is a fifth of its weights). */
             m->lm_head_tied = 1;
-            m->lm_head = (void *)gang_model_head(m).data;
+            m->lm_head = gang__model_tied_head(m);
             return 0;
         }
         if (rc == 0)
@@ -536,8 +537,23 @@ int gang_model_pack(gang_model *m, gang_kernels_wtype t)
     }
     m->wtype = t;
     if (m->lm_head_tied) /* the same rows, now in the packed table */
-        m->lm_head = (void *)gang_model_head(m).data;
+        m->lm_head = gang__model_tied_head(m);
     return 0;
+}
+
+/* The hidden size of m's rows (the config's, or the topology's for an in-memory model). */
+static size_t ld_hidden(const gang_model *m)
+{
+    return m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
+}
+
+void *gang__model_tied_head(const gang_model *m)
+{
+    size_t row = ld_hidden(m) * gang_kernels_wtype_size(m->wtype);
+
+    if (m->embed == NULL)
+        return NULL;
+    return (char *)m->embed + (size_t)m->shard.vocab_first * row;
 }
 
 gang_kernels_weight gang_model_head(const gang_model *m)
@@ -547,7 +563,7 @@ gang_kernels_weight gang_model_head(const gang_model *m)
 
     if (m == NULL)
         return v;
-    hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
+    hidden = ld_hidden(m);
     if (!m->lm_head_tied)
         return m->lm_head == NULL
                    ? v
@@ -556,7 +572,7 @@ gang_kernels_weight gang_model_head(const gang_model *m)
         return v;
     v = gang_kernels_weight_view(m->wtype, m->embed, m->topo.vocab, hidden);
     first = m->shard.vocab_first;
-    v.data = (const char *)v.data + first * hidden * gang_kernels_wtype_size(m->wtype);
+    v.data = gang__model_tied_head(m);
     if (v.scales != NULL)
         v.scales += first;
     return v;

@@ -216,6 +216,12 @@ static int st_cmp_name(const void *a, const void *b)
     return strcmp(((const gang__st_tensor *)a)->name, ((const gang__st_tensor *)b)->name);
 }
 
+/* bsearch's comparator: the key is the name itself (a const char *). */
+static int st_cmp_name_key(const void *key, const void *elem)
+{
+    return strcmp(key, ((const gang__st_tensor *)elem)->name);
+}
+
 static int st_cmp_begin(const void *a, const void *b)
 {
     const gang__st_tensor *x = *(const gang__st_tensor *const *)a;
@@ -414,13 +420,9 @@ void gang__st_close(gang__st_file *f)
 
 const gang__st_tensor *gang__st_find(const gang__st_file *f, const char *name)
 {
-    gang__st_tensor key;
-
     if (f->n_tensors == 0)
         return NULL;
-    memset(&key, 0, sizeof(key));
-    key.name = (char *)name;
-    return bsearch(&key, f->tensors, f->n_tensors, sizeof(key), st_cmp_name);
+    return bsearch(name, f->tensors, f->n_tensors, sizeof(*f->tensors), st_cmp_name_key);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -492,6 +494,12 @@ static int st_cmp_entry(const void *a, const void *b)
 {
     return strcmp(((const struct gang__st_entry *)a)->name,
                   ((const struct gang__st_entry *)b)->name);
+}
+
+/* bsearch's comparator: the key is the name itself (a const char *). */
+static int st_cmp_entry_key(const void *key, const void *elem)
+{
+    return strcmp(key, ((const struct gang__st_entry *)elem)->name);
 }
 
 void gang__st_set_close(gang__st_set *s)
@@ -648,7 +656,6 @@ int gang__st_set_find(const gang__st_set *s, const char *name, const gang__st_fi
                       const gang__st_tensor **t)
 {
     const struct gang__st_entry *e;
-    struct gang__st_entry key;
 
     *file = NULL;
     *t = NULL;
@@ -657,9 +664,7 @@ int gang__st_set_find(const gang__st_set *s, const char *name, const gang__st_fi
             return GANG_ENOENT;
         *file = &s->files[0];
     } else {
-        key.name = (char *)name;
-        key.file = 0;
-        e = bsearch(&key, s->entries, s->n_entries, sizeof(key), st_cmp_entry);
+        e = bsearch(name, s->entries, s->n_entries, sizeof(*s->entries), st_cmp_entry_key);
         if (e == NULL)
             return GANG_ENOENT;
         *file = &s->files[e->file];

@@ -75,10 +75,13 @@ size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l)
 {
     void **a[TP_LAYER_ARRAYS];
     size_t n[TP_LAYER_ARRAYS], sum = 0;
+    gang_tp_layer view;
 
     if (l == NULL)
         return 0;
-    tp_layer_arrays((gang_tp_layer *)l, a, n, NULL, NULL);
+    /* The walk hands out writable slots; a copy's slots hold the same pointers. */
+    view = *l;
+    tp_layer_arrays(&view, a, n, NULL, NULL);
     for (size_t i = 0; i < TP_LAYER_MATRICES; i++)
         if (*a[i] != NULL)
             sum += n[i];

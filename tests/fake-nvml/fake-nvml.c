@@ -31,6 +31,39 @@
 
 #include "nvml-api.h"
 
+/*
+ * The entry points this library exports, the names gpu/nvml.c looks up with dlsym; each
+ * has the type of its pointer in gpu/nvml-api.h (the table at the end of this file checks
+ * that at compile time).
+ */
+nvml_ret nvmlInit_v2(void);
+nvml_ret nvmlShutdown(void);
+const char *nvmlErrorString(nvml_ret r);
+nvml_ret nvmlDeviceGetCount_v2(unsigned int *count);
+nvml_ret nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvml_device *dev);
+nvml_ret nvmlDeviceGetName(nvml_device dev, char *buf, unsigned int len);
+nvml_ret nvmlDeviceGetUUID(nvml_device dev, char *buf, unsigned int len);
+nvml_ret nvmlDeviceGetPciInfo_v3(nvml_device dev, nvml_pci_info *pci);
+nvml_ret nvmlDeviceGetUtilizationRates(nvml_device dev, nvml_utilization *u);
+nvml_ret nvmlDeviceGetMemoryInfo(nvml_device dev, nvml_memory *m);
+nvml_ret nvmlDeviceGetTemperature(nvml_device dev, int sensor, unsigned int *c);
+nvml_ret nvmlDeviceGetPowerUsage(nvml_device dev, unsigned int *mw);
+nvml_ret nvmlDeviceGetClockInfo(nvml_device dev, int clock, unsigned int *mhz);
+nvml_ret nvmlDeviceGetCurrentClocksThrottleReasons(nvml_device dev, unsigned long long *r);
+nvml_ret nvmlDeviceGetTotalEccErrors(nvml_device dev, int type, int counter,
+                                     unsigned long long *count);
+nvml_ret nvmlDeviceGetRetiredPagesPendingStatus(nvml_device dev, int *state);
+nvml_ret nvmlDeviceGetRemappedRows(nvml_device dev, unsigned int *corr, unsigned int *unc,
+                                   unsigned int *pending, unsigned int *failed);
+nvml_ret nvmlDeviceGetCpuAffinity(nvml_device dev, unsigned int n, unsigned long *set);
+nvml_ret nvmlDeviceGetMemoryAffinity(nvml_device dev, unsigned int n, unsigned long *set,
+                                     int scope);
+nvml_ret nvmlDeviceGetP2PStatus(nvml_device a, nvml_device b, int caps, int *status);
+nvml_ret nvmlEventSetCreate(nvml_event_set *set);
+nvml_ret nvmlEventSetFree(nvml_event_set set);
+nvml_ret nvmlDeviceRegisterEvents(nvml_device dev, unsigned long long types, nvml_event_set set);
+nvml_ret nvmlEventSetWait_v2(nvml_event_set set, nvml_event_data *data, unsigned int timeout_ms);
+
 #define FAKE_MAX_GPUS 16
 #define FAKE_MAX_RULES 256
 
@@ -487,3 +520,55 @@ nvml_ret nvmlEventSetWait_v2(nvml_event_set set, nvml_event_data *data, unsigned
         nanosleep(&ts, NULL);
     }
 }
+
+/* Each entry point against its pointer type in gpu/nvml-api.h: a signature that drifts from
+ * what gpu/nvml.c calls through fails to compile here. */
+static const struct {
+    nvml_init_fn init, shutdown;
+    nvml_error_string_fn error_string;
+    nvml_count_fn count;
+    nvml_by_index_fn by_index;
+    nvml_text_fn name, uuid;
+    nvml_pci_fn pci;
+    nvml_util_fn util;
+    nvml_memory_fn memory;
+    nvml_temp_fn temp;
+    nvml_uint_fn power;
+    nvml_clock_fn clock;
+    nvml_u64_fn throttle;
+    nvml_ecc_fn ecc;
+    nvml_enable_fn retired_pending;
+    nvml_remap_fn remapped;
+    nvml_cpu_affinity_fn cpu_affinity;
+    nvml_mem_affinity_fn mem_affinity;
+    nvml_p2p_fn p2p;
+    nvml_set_create_fn set_create;
+    nvml_set_free_fn set_free;
+    nvml_register_fn reg;
+    nvml_wait_fn wait;
+} fake_entry_types __attribute__((used)) = {
+    nvmlInit_v2,
+    nvmlShutdown,
+    nvmlErrorString,
+    nvmlDeviceGetCount_v2,
+    nvmlDeviceGetHandleByIndex_v2,
+    nvmlDeviceGetName,
+    nvmlDeviceGetUUID,
+    nvmlDeviceGetPciInfo_v3,
+    nvmlDeviceGetUtilizationRates,
+    nvmlDeviceGetMemoryInfo,
+    nvmlDeviceGetTemperature,
+    nvmlDeviceGetPowerUsage,
+    nvmlDeviceGetClockInfo,
+    nvmlDeviceGetCurrentClocksThrottleReasons,
+    nvmlDeviceGetTotalEccErrors,
+    nvmlDeviceGetRetiredPagesPendingStatus,
+    nvmlDeviceGetRemappedRows,
+    nvmlDeviceGetCpuAffinity,
+    nvmlDeviceGetMemoryAffinity,
+    nvmlDeviceGetP2PStatus,
+    nvmlEventSetCreate,
+    nvmlEventSetFree,
+    nvmlDeviceRegisterEvents,
+    nvmlEventSetWait_v2,
+};

@@ -1259,10 +1259,20 @@ static void test_sparse_world(void **state)
     assert_int_equal(sparse_shm_seen, 0);
 }
 
+/* dir/head-ppid-pid-tail, or dir/head when tail is NULL. */
+static void sweep_path(char *out, size_t cap, const char *dir, const char *head, const char *tail,
+                       unsigned ppid, unsigned pid)
+{
+    if (tail == NULL)
+        snprintf(out, cap, "%s/%s", dir, head);
+    else
+        snprintf(out, cap, "%s/%s-%u-%u-%s", dir, head, ppid, pid, tail);
+}
+
 /* The sweep removes a dead creator's segments and its agent's older generations only. */
 static void test_shm_sweep(void **state)
 {
-    char dir[] = "/tmp/ganglion-sweep-XXXXXX", path[512], name[256];
+    char dir[] = "/tmp/ganglion-sweep-XXXXXX", path[512];
     unsigned me = (unsigned)getpid(), parent = (unsigned)getppid(), dead;
     uint32_t removed = 0;
     pid_t child;
@@ -1276,21 +1286,23 @@ static void test_shm_sweep(void **state)
     assert_int_equal(waitpid(child, &status, 0), child);
     dead = (unsigned)child;
     assert_non_null(mkdtemp(dir));
-    const char *names[] = {
-        "ganglion-my_job-g3-%u-%u-deadbeef-0-1", /* 0: ours (agent = me), gen 3 */
-        "ganglion-my_job-g1-%u-%u-deadbeef-1-2", /* 1: ours, gen 1 */
-        "ganglion-other-g1-%u-%u-deadbeef-0-1",  /* 2: another job, same agent */
-        "ganglion-my_job-g1-%u-%u-deadbeef-2-3", /* 3: same job, another agent (parent) */
-        "ganglion-my_job-g9-%u-%u-deadbeef-0-1", /* 4: creator dead */
-        "ganglion-0123456789abcdef-0-1",         /* 5: not of this form */
+    /* Segment names: head-PPID-PID-tail, or head alone (tail NULL). */
+    static const struct {
+        const char *head, *tail;
+    } names[] = {
+        {"ganglion-my_job-g3", "deadbeef-0-1"},  /* 0: ours (agent = me), gen 3 */
+        {"ganglion-my_job-g1", "deadbeef-1-2"},  /* 1: ours, gen 1 */
+        {"ganglion-other-g1", "deadbeef-0-1"},   /* 2: another job, same agent */
+        {"ganglion-my_job-g1", "deadbeef-2-3"},  /* 3: same job, another agent (parent) */
+        {"ganglion-my_job-g9", "deadbeef-0-1"},  /* 4: creator dead */
+        {"ganglion-0123456789abcdef-0-1", NULL}, /* 5: not of this form */
     };
     unsigned ppids[] = {me, me, me, parent, me, 0}, pids[] = {me, me, me, me, dead, 0};
     int expect_kept_at_3[] = {1, 0, 1, 1, 0, 1}, expect_kept_at_max[] = {0, 0, 1, 1, 0, 1};
     size_t i, k = sizeof(names) / sizeof(names[0]);
 
     for (i = 0; i < k; i++) {
-        snprintf(name, sizeof(name), names[i], ppids[i], pids[i]);
-        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        sweep_path(path, sizeof(path), dir, names[i].head, names[i].tail, ppids[i], pids[i]);
         FILE *f = fopen(path, "w");
         assert_non_null(f);
         fclose(f);
@@ -1299,16 +1311,14 @@ static void test_shm_sweep(void **state)
     assert_int_equal(gang_comm_shm_sweep(dir, "my-job", 3, (int)me, &removed), 0);
     assert_int_equal(removed, 2);
     for (i = 0; i < k; i++) {
-        snprintf(name, sizeof(name), names[i], ppids[i], pids[i]);
-        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        sweep_path(path, sizeof(path), dir, names[i].head, names[i].tail, ppids[i], pids[i]);
         assert_int_equal(access(path, F_OK) == 0, expect_kept_at_3[i]);
     }
     /* At exit: everything of this agent's job; another job's stays for its own agent. */
     assert_int_equal(gang_comm_shm_sweep(dir, "my-job", UINT64_MAX, (int)me, &removed), 0);
     assert_int_equal(removed, 2 + 1); /* removed adds up */
     for (i = 0; i < k; i++) {
-        snprintf(name, sizeof(name), names[i], ppids[i], pids[i]);
-        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        sweep_path(path, sizeof(path), dir, names[i].head, names[i].tail, ppids[i], pids[i]);
         assert_int_equal(access(path, F_OK) == 0, expect_kept_at_max[i]);
         unlink(path);
     }

@@ -1357,7 +1357,7 @@ static void test_weight_pack(void **state)
             double err = fabs(packed_elem(GANG_KW_I8, blob, n, kd, o, i) - src[o * kd + i]);
 
             assert_true(err <= 0.5 * w.scales[o] * (1 + 1e-6));
-            assert_true(abs(((int8_t *)w.data)[o * kd + i]) <= 127);
+            assert_true(abs(((const int8_t *)w.data)[o * kd + i]) <= 127);
         }
     }
     free(blob);

@@ -607,7 +607,8 @@ static void test_slowloris_idle_timeout(void **state)
     close(slow);
 }
 
-static const gang_http_config flood_cfg = {
+/* Not const: cmocka passes a test's initial state as void *. */
+static gang_http_config flood_cfg = {
     .bind_address = "127.0.0.1",
     .port = 0,
     .max_body = 1024,
@@ -834,7 +835,7 @@ int gang_test_http(void)
         cmocka_unit_test_setup_teardown(test_headers_too_large_431, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slowloris_idle_timeout, setup, teardown),
         cmocka_unit_test_prestate_setup_teardown(test_connection_flood, setup, teardown,
-                                                 (void *)&flood_cfg),
+                                                 &flood_cfg),
         cmocka_unit_test_setup_teardown(test_async_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reply_after_disconnect, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_chunks, setup, teardown),
