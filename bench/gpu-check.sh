@@ -141,8 +141,10 @@ check_logits() {
 # one through CUDA's minor version compatibility (the kernels are SASS for sm_90, not PTX
 # to be compiled by the driver).
 cuda_runtime_version() {
-    local f
-    f=$(ls "$BUILD"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1)
+    local f="" c
+    for c in "$BUILD"/CMakeFiles/*/CMakeCUDACompiler.cmake; do
+        [ -f "$c" ] && { f=$c; break; }
+    done
     if [ -n "$f" ]; then
         sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\([0-9]*\.[0-9]*\).*/\1/p' "$f" | head -1
     else
@@ -182,7 +184,7 @@ fi
 gpu_skip_is_failure() {
     local last=$((${#STATUSES[@]} - 1))
     if [ "$GPUS" -gt 0 ] && grep -q 'no GPU\|needs 1 GPU' "$OUT/$1.log" 2>/dev/null; then
-        STATUSES[$last]="fail-gpu-not-used"
+        STATUSES[last]="fail-gpu-not-used"
         sed -i '$ s/"status":"[a-z-]*"/"status":"fail-gpu-not-used"/' "$OUT/steps.jsonl"
         echo "   -> but nvidia-smi lists $GPUS GPU(s): counted as a failure" >&2
     fi

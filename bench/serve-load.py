@@ -161,8 +161,8 @@ class Server:
         deadline = time.monotonic() + a.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BenchError("ganglion serve exited %d:\n%s" % (self.proc.returncode,
-                                                                   self.tail()))
+                raise BenchError("ganglion serve exited %d:\n%s"
+                                 % (self.proc.returncode, self.tail()))
             try:
                 if http_get(self.url, "/readyz")[0] == 200:
                     return
@@ -400,7 +400,8 @@ def fetch(what):
     r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch-reference.sh"), what],
                        capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.strip():
-        raise BenchError("scripts/fetch-reference.sh %s failed: %s" % (what, r.stderr.strip()[-300:]))
+        raise BenchError("scripts/fetch-reference.sh %s failed: %s"
+                         % (what, r.stderr.strip()[-300:]))
     return r.stdout.strip().splitlines()[-1]
 
 
@@ -526,9 +527,9 @@ def main():
     if a.plot:
         plot(res, a.concurrency, sides, a.plot,
              "%s, TP %d x PP %d, %d threads per side; %d requests, prompts %d-%d, answers %d-%d "
-             "tokens; medians of %d repeats" % (os.path.basename(a.model.rstrip("/")), a.tp,
-                                               a.pp, a.threads, a.requests, *a.prompt_len,
-                                               *a.answer_len, a.repeats))
+             "tokens; medians of %d repeats"
+             % (os.path.basename(a.model.rstrip("/")), a.tp, a.pp, a.threads, a.requests,
+                *a.prompt_len, *a.answer_len, a.repeats))
     return 0
 
 

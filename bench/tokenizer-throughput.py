@@ -120,7 +120,8 @@ def prose(rng, budget):
 
 def code(rng, budget):
     d = "/usr/lib/python3.11"
-    files = [os.path.join(d, n) for n in os.listdir(d) if n.endswith(".py")] if os.path.isdir(d) else []
+    files = ([os.path.join(d, n) for n in os.listdir(d) if n.endswith(".py")]
+             if os.path.isdir(d) else [])
     out, size = [], 0
     for t in read_files(files):
         if size >= budget:
@@ -159,7 +160,8 @@ def whitespace(rng, budget):
                 lines.append("".join(str(rng.randrange(10 ** rng.randrange(1, 7))).ljust(12)
                                      for _ in range(rng.randrange(2, 7))))
             elif kind == 1:  # indented code, tabs or spaces
-                ind = "\t" * rng.randrange(0, 5) if rng.random() < 0.5 else " " * rng.randrange(0, 17)
+                ind = ("\t" * rng.randrange(0, 5) if rng.random() < 0.5
+                       else " " * rng.randrange(0, 17))
                 lines.append(ind + rng.choice(["if (x) {", "return y;", "}", "x += 1  # note",
                                                "for i in range(n):", "end"]))
             elif kind == 2:  # runs
@@ -232,7 +234,8 @@ def default_dir():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tok-bench", required=True, help="the tok-bench binary (build/tests/tok-bench)")
+    ap.add_argument("--tok-bench", required=True,
+                    help="the tok-bench binary (build/tests/tok-bench)")
     ap.add_argument("--tokenizers", help="directory of the tokenizer.json files "
                     "(default: what scripts/fetch-test-models.sh prints)")
     ap.add_argument("--mb", type=float, default=2.0)

@@ -7,6 +7,8 @@
 #   GANGLION_REF_VENV   the reference venv (transformers on Debian's torch, openai):
 #                       /opt/ganglion-ref-venv as root, else <cache>/ref-venv
 # Each may be set in the environment; this sets CACHE, TOK_VENV and REF_VENV.
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # the three are for the scripts that source this file
 if [ "$(id -u)" -eq 0 ]; then
     CACHE="${GANGLION_CACHE:-/var/cache/ganglion}"
     TOK_VENV="${GANGLION_TOK_VENV:-/opt/ganglion-tok-venv}"

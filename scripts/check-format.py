@@ -7,11 +7,12 @@
   check-format.py --fix [--root DIR]    rewrite them in place (make format)
 
 Sources: every .c, .h and .cu under the root, skipping .git, build trees (build/,
-build-*/, any folder holding CMakeCache.txt) and generated/ folders; the walk of scripts/repo_walk.py, shared with
-scripts/check-structure.py. The formatter is Debian 12's clang-format (version 14, installed
-by scripts/install-deps.sh); another major version may format some constructs differently,
-so the check names the version it used. Exit status: 0 clean (or fixed), 1 files differ, 2
-usage error, 77 clang-format is missing (ctest reports the test as skipped, with the reason).
+build-*/, any folder holding CMakeCache.txt) and generated/ folders; the walk of
+scripts/repo_walk.py, shared with scripts/check-structure.py. The formatter is Debian 12's
+clang-format (version 14, installed by scripts/install-deps.sh); another major version may format
+some constructs differently, so the check names the version it used. Exit status: 0 clean (or
+fixed), 1 files differ, 2 usage error, 77 clang-format is missing (ctest reports the test as
+skipped, with the reason).
 """
 import argparse
 import os

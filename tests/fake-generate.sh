@@ -20,7 +20,8 @@ done
 status=0
 for run in "llama 1 1" "llama 2 2" "gemma3 2 1" "llama 2 2 --dtype bf16" \
     "llama 1 1 --quantize int8" "gemma3 2 1 --quantize int8"; do
-    set -- $run
+    read -r -a words <<<"$run"
+    set -- "${words[@]}"
     name="$1-$2x$3${5:+-$5}"
     model=$1 tp=$2 pp=$3
     shift 3

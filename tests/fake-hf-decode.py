@@ -26,8 +26,10 @@ def main():
     if mode == "hang":
         time.sleep(120)
         return 0
-    emit = lambda o: print(json.dumps(dict({"bench": "decode", "side": "transformers"}, **o)),
-                           flush=True)
+
+    def emit(o):
+        print(json.dumps(dict({"bench": "decode", "side": "transformers"}, **o)), flush=True)
+
     emit({"measure": "peer_info", "torch": "fake", "argv": sys.argv[1:]})
     if mode == "fail":
         print("not json at all", flush=True)

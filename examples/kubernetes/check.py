@@ -166,8 +166,8 @@ def main():
                                                                  r.stderr.strip()))
                     failures += 1
                     continue
-                values = dict(l.split("=", 1) for l in r.stdout.splitlines()
-                              if "=" in l and not l.startswith("#"))
+                values = dict(line.split("=", 1) for line in r.stdout.splitlines()
+                              if "=" in line and not line.startswith("#"))
                 m = re.search(r"^# identity: node (\d+) of (\d+) from (\S+); coordinator (\S+)$",
                               r.stdout, re.M)
                 want = "%s-0.%s.%s.svc.cluster.local:%s" % (

@@ -30,6 +30,7 @@
 # Exit status: 0 done; 1 a step failed; 77 no model could be had (the reason is printed).
 # To keep the gang running for your own requests, start it the same way without `&`:
 #   ganglion serve --local --model DIR --nnodes 2 --pp 2 --api-key-file KEYFILE
+# shellcheck disable=SC2016 # call() prints each command single-quoted as written, then evals it
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 GANGLION=${GANGLION:-ganglion}
@@ -69,6 +70,7 @@ echo "== model $MODEL"
 # The API key: any printable ASCII without spaces; 32 random bytes in hex here.
 KEYFILE=$WORKDIR/api-key
 (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$KEYFILE")
+# shellcheck disable=SC2034 # read by the commands that call() evals
 API_KEY=$(cat "$KEYFILE")
 
 echo "== ganglion serve --local: $NNODES nodes x $NPROC ranks, TP=$TP x PP=$PP, API on $API"

@@ -126,8 +126,8 @@ def main():
                                           temperature=a.temperature)
             # "tokens" is ganglion's extension: the generated ids (extra fields are kept).
             toks = (r.choices[0].model_extra or {}).get("tokens")
-            print("prompt ids %s -> %s (%s)" % (ids, " ".join(map(str, toks or [])),
-                                              r.choices[0].finish_reason))
+            print("prompt ids %s -> %s (%s)"
+                  % (ids, " ".join(map(str, toks or [])), r.choices[0].finish_reason))
     except openai.APIStatusError as e:
         print("HTTP %d: %s" % (e.status_code, e.message))
         return 1

@@ -53,7 +53,7 @@ CONVERSATIONS = [
     ("ends with assistant", [{"role": "user", "content": "Q"},
                              {"role": "assistant", "content": "A"}]),
     ("content parts", [{"role": "user", "content": [{"type": "text", "text": "Describe it"},
-                                                     {"type": "image"}]}]),
+                                                    {"type": "image"}]}]),
     ("think", [{"role": "user", "content": "Solve it"},
                {"role": "assistant", "content": "<think>hmm</think>The answer is 4."},
                {"role": "user", "content": "Thanks"}]),

@@ -160,7 +160,7 @@ def fetch_reference(r, what):
                     timeout=FETCH_TIMEOUT_S)
     lines = out.strip().splitlines()
     if rc != 0 or not lines or not os.path.exists(lines[-1]):
-        reason = [l for l in lines if l.startswith("fetch-reference:")][-3:] or lines[-3:]
+        reason = [ln for ln in lines if ln.startswith("fetch-reference:")][-3:] or lines[-3:]
         raise Skip("scripts/fetch-reference.sh %s failed (exit %d): %s"
                    % (what, rc, " | ".join(reason) or "no output"))
     return lines[-1]

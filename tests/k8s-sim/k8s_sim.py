@@ -203,9 +203,9 @@ class Sim:
         timings = {"gang_ready_s": t_ready - t_fault, "pods_ready_s": t_kready - t_fault,
                    "completion_ok_s": t_done - t_fault, "generation": gen}
         log("%s: gang READY in generation %d after %.2f s; kubelet saw every Pod Ready after "
-            "%.2f s; completion answered after %.2f s" % (what, gen, timings["gang_ready_s"],
-                                                         timings["pods_ready_s"],
-                                                         timings["completion_ok_s"]))
+            "%.2f s; completion answered after %.2f s"
+            % (what, gen, timings["gang_ready_s"], timings["pods_ready_s"],
+               timings["completion_ok_s"]))
         return gen, timings
 
     def pod_summary(self):
@@ -391,8 +391,8 @@ def sc_start_order(sim):
     order = list(range(NNODES))
     sim.rng.shuffle(order)
     delays = {i: round(sim.rng.uniform(1.0, 3.0), 2) for i in order}
-    log("start order %s, DNS records late by %s s" % (["gang-%d" % i for i in order],
-                                                     [delays[i] for i in order]))
+    log("start order %s, DNS records late by %s s"
+        % (["gang-%d" % i for i in order], [delays[i] for i in order]))
     t0 = time.monotonic()
     sim.start_all(order=order, dns_delays=delays, gap=(0.2, 0.8))
     gen, tm = sim.wait_gang(0, t0, "random start order")

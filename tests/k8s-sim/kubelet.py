@@ -366,8 +366,8 @@ class Pod:
                 if kind == "readiness":
                     self.ready = False
             now = time.monotonic()
-            if not alive or now < next_at or (kind != "startup" and "startup" in self.probes
-                                               and not startup_done) \
+            waiting_startup = kind != "startup" and "startup" in self.probes and not startup_done
+            if not alive or now < next_at or waiting_startup \
                     or (kind == "startup" and startup_done):
                 self.stop_evt.wait(0.02)
                 continue
@@ -442,7 +442,6 @@ class Pod:
                     lines = f.read().decode("utf-8", "replace").splitlines()
             except OSError:
                 continue
-            out.append("----- %s (%s, %s) -----\n%s" % (self.name, self.ip, path,
-                                                          "\n".join(lines[-n:])))
+            out.append("----- %s (%s, %s) -----\n%s"
+                       % (self.name, self.ip, path, "\n".join(lines[-n:])))
         return "\n".join(out)
-

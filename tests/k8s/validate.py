@@ -11,8 +11,9 @@ For every kustomization this test
   3. checks the wiring that no schema sees: references to ConfigMaps, Secrets and
      ResourceClaimTemplates resolve; Service, PDB, StatefulSet and anti-affinity
      selectors select the Pods they are meant to; the client Service selects exactly
-     every gang Pod (each serves the API, members forward to their coordinator); replicas == --nnodes, GPUs per Pod == --nproc-per-node,
-     tp x pp == world; probes, ports and timeouts fit ganglion's own (docs/operations.md);
+     every gang Pod (each serves the API, members forward to their coordinator);
+     replicas == --nnodes, GPUs per Pod == --nproc-per-node, tp x pp == world;
+     probes, ports and timeouts fit ganglion's own (docs/operations.md);
   4. simulates every Pod of every gang (the name, labels, Downward-API values, the
      variables LeaderWorkerSet injects, service links when enabled, the mounted token
      and API-key Secrets and a model made by `ganglion mkmodel` on the model volume) and
@@ -391,7 +392,7 @@ class Checker:
         err = None
         if r.returncode != 0:
             err = "`%s` failed (exit %d): %s" % (" ".join(cmd), r.returncode,
-                                                (r.stderr + r.stdout).strip())
+                                                 (r.stderr + r.stdout).strip())
         self.models[path] = err
         return err
 

@@ -23,8 +23,8 @@ def run_bench(h, name, args, timeout):
         if text.startswith("{"):
             lines.append(json.loads(text))
     H.check(lines and lines[-1].get("summary") is True, "bench %s printed no summary" % name)
-    for l in lines:
-        H.check("error" not in l, "bench %s: %r" % (name, l))
+    for line in lines:
+        H.check("error" not in line, "bench %s: %r" % (name, line))
     return lines
 
 
@@ -32,7 +32,7 @@ def scenario(h):
     lines = run_bench(h, "rendezvous", ["--nodes", "4", "--trials", "2", "--no-peer"], 60)
     s = lines[-1]
     H.check(s["measured"] == 2 and s["ganglion_s_p50"] > 0, "rendezvous summary: %r" % s)
-    H.check(all(l.get("agents_unclean_exit") == 0 for l in lines[:-1]),
+    H.check(all(t.get("agents_unclean_exit") == 0 for t in lines[:-1]),
             "agents did not stop cleanly: %r" % lines)
     H.log("rendezvous of 4 nodes: %.4f s (median of 2)" % s["ganglion_s_p50"])
 
@@ -41,8 +41,8 @@ def scenario(h):
     s = lines[-1]
     H.check(s["crash_trials"] == 2 and s["hang_trials"] == 2, "failover summary: %r" % s)
     H.check(s["gang_stopped_cleanly"] is True, "the benchmark's gang did not stop cleanly")
-    for l in lines[:-1]:
-        H.check(l["detect_ms"] >= 0 and l["reform_ms"] >= l["detect_ms"], "trial: %r" % l)
+    for t in lines[:-1]:
+        H.check(t["detect_ms"] >= 0 and t["reform_ms"] >= t["detect_ms"], "trial: %r" % t)
     H.log("failover: crash detect %s ms, hang detect %s ms (medians)"
           % (s["crash_detect_ms_p50"], s["hang_detect_ms_p50"]))
 

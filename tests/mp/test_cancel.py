@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A request answered 504 at its deadline is cancelled in the gang, so it stops holding a KV
-slot: with one slot (--max-batch 1), a long request (1000 tokens, far more than fit in the deadline) times out and the short
-request sent right after it is answered 200 within the same deadline — which it could not
-be if the long one kept its slot until its last token. /metrics counts the cancellation."""
+slot: with one slot (--max-batch 1), a long request (1000 tokens, far more than fit in the
+deadline) times out and the short request sent right after it is answered 200 within the same
+deadline — which it could not be if the long one kept its slot until its last token. /metrics
+counts the cancellation."""
 import os
 import sys
 import time

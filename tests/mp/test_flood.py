@@ -90,8 +90,8 @@ def scenario(h):
         if len(parts) == 2 and not line.startswith("#"):
             vals[parts[0]] = float(parts[1])
     H.check(code == 200 and vals.get("ganglion_gang_members_max") == NNODES,
-            "ganglion_gang_members_max is %r, expected %d" % (vals.get("ganglion_gang_members_max"),
-                                                             NNODES))
+            "ganglion_gang_members_max is %r, expected %d"
+            % (vals.get("ganglion_gang_members_max"), NNODES))
     cmax, held = vals.get("ganglion_coordinator_connections_max"), \
         vals.get("ganglion_coordinator_connections")
     H.check(cmax is not None and held is not None and NNODES <= held <= cmax,

@@ -139,8 +139,8 @@ def check_stream(g, prompt):
     msgs = [{"role": "user", "content": prompt}]
     chat = ok(g, 0, "/v1/chat/completions", {"messages": msgs, "max_tokens": 16,
                                              "ignore_eos": True})
-    events, done, _ = stream(g, 2, "/v1/chat/completions", {"messages": msgs, "max_tokens": 16,
-                                                           "ignore_eos": True})
+    events, done, _ = stream(g, 2, "/v1/chat/completions",
+                             {"messages": msgs, "max_tokens": 16, "ignore_eos": True})
     H.check(done and joined(events, True) == chat["choices"][0]["message"]["content"],
             "node 2's chat stream %r != %r" % (joined(events, True), chat["choices"][0]))
     H.log("forwarded streams equal the direct answers")

@@ -63,8 +63,8 @@ def serve_answer(h, gguf, tp, pp, after=None):
                                "logprobs": TOP}, 90.0)
         H.check(code == 200, "tp %d pp %d: HTTP %r %r" % (tp, pp, code, r))
         H.check(r["usage"]["prompt_tokens"] == len(PROMPT), "tp %d pp %d: %d prompt tokens, "
-                "the reference tokenizer makes %d" % (tp, pp, r["usage"]["prompt_tokens"],
-                                                       len(PROMPT)))
+                "the reference tokenizer makes %d"
+                % (tp, pp, r["usage"]["prompt_tokens"], len(PROMPT)))
         if after is not None:
             after(g)
         return r["choices"][0]

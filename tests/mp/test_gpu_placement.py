@@ -80,10 +80,10 @@ def scenario(h):
         gpu, aff = got[lr]
         want_cpu = cpu0 if WANT_MAP[lr] < 4 else cpu1
         H.log("local rank %d: GPU %d, CPUs %s" % (lr, gpu, sorted(aff)))
-        H.check(gpu == WANT_MAP[lr], "local rank %d got GPU %d, want %d" % (lr, gpu,
-                                                                             WANT_MAP[lr]))
-        H.check(aff == {want_cpu}, "local rank %d bound to %s, want {%d}" % (lr, sorted(aff),
-                                                                              want_cpu))
+        H.check(gpu == WANT_MAP[lr],
+                "local rank %d got GPU %d, want %d" % (lr, gpu, WANT_MAP[lr]))
+        H.check(aff == {want_cpu},
+                "local rank %d bound to %s, want {%d}" % (lr, sorted(aff), want_cpu))
     H.check(g.stop()[0] == 0, "agent did not exit 0")
 
     g = serve(h, config, bind=False)

@@ -50,7 +50,8 @@ def scenario(h):
             "the flood disturbed the gang: %r" % gang)
     g.assert_all_ready("after the flood")
     v = metrics(g)
-    H.check(v.get("ganglion_gang_members") == NNODES and v.get("ganglion_gang_members_max") == NNODES,
+    H.check(v.get("ganglion_gang_members") == NNODES
+            and v.get("ganglion_gang_members_max") == NNODES,
             "members %r of %r after the flood" % (v.get("ganglion_gang_members"),
                                                   v.get("ganglion_gang_members_max")))
     H.check(g.stop()["local"] == 0, "local gang did not exit 0")

@@ -61,7 +61,8 @@ def reexec_with_reference_python():
 def reference(py, model):
     """transformers' greedy answer to QUESTION (ids up to and including EOS)."""
     r = subprocess.run([py, HF_GREEDY, "--model", model, "--chat", QUESTION,
-                        "--max-tokens", "24", "--top5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        "--max-tokens", "24", "--top5"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        timeout=150, env=dict(os.environ, TQDM_DISABLE="1",
                                              TOKENIZERS_PARALLELISM="false"))
     H.check(r.returncode == 0, "hf-greedy.py failed: %s" % r.stderr.decode()[-1500:])

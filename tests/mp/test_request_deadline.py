@@ -55,8 +55,8 @@ def scenario(h):
         H.check(isinstance(body, dict) and "deadline" in body["error"]["message"],
                 "request %d: not an explicit deadline error: %r" % (i, body))
         H.check(DEADLINE_MS / 1000 - 0.05 <= took <= DEADLINE_MS / 1000 + 1.0,
-                "request %d answered after %.2f s, deadline %.1f s" % (i, took,
-                                                                      DEADLINE_MS / 1000))
+                "request %d answered after %.2f s, deadline %.1f s"
+                % (i, took, DEADLINE_MS / 1000))
         H.log("request %d: 504 after %.2f s: %s" % (i, took, body["error"]["message"]))
 
     # The gang gives up (no restart budget): owed and new requests get 503 at once.

@@ -49,8 +49,8 @@ def scenario(h):
     code = g.local.wait(30)
     H.check(code == 75, "local mode exited %r, expected 75" % code)
     text = g.local.log_text()
-    exits = [l for l in text.splitlines() if "local: agent" in l and "exited with code" in l]
-    H.check(len(exits) == NNODES and all("code 75" in l for l in exits),
+    exits = [ln for ln in text.splitlines() if "local: agent" in ln and "exited with code" in ln]
+    H.check(len(exits) == NNODES and all("code 75" in ln for ln in exits),
             "agent exits: %s" % "\n".join(exits))
     with open(h.termination_log) as f:
         reason = f.read()

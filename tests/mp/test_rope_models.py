@@ -10,9 +10,9 @@ Nemo (head_dim 32 while hidden / heads is 16), Qwen2.5 with YaRN (factor 4 over 
 linear-scaling fine-tune with a head_dim of 24, dynamic NTK (factor 4 over 64), Mistral
 v0.1 with a sliding window of 32 and Qwen2 with use_sliding_window (40 keys), one kv
 head (replicated on TP 2) with a vocabulary of 251 (split unevenly), and a
-no-op {"rope_type": "default"} block -- saves them (safetensors, float32) and decodes 6 tokens greedily from prompts of
-100 to 150 ids, past the original context where the scaling matters. The real binary
-serves each directory on every layout and answers the same prompt with "logprobs": 20:
+no-op {"rope_type": "default"} block -- saves them (safetensors, float32) and decodes 6 tokens
+greedily from prompts of 100 to 150 ids, past the original context where the scaling matters. The
+real binary serves each directory on every layout and answers the same prompt with "logprobs": 20:
 the tokens must equal transformers' and every one of the 20 raw logprobs of every step
 must equal transformers' log-softmax within 1e-4 (logprobs are the logits less their
 log-sum-exp, so this is the logits' agreement up to that shift). Qwen3 and Gemma 3 are not

@@ -150,5 +150,6 @@ def scenario(h):
         compare(ids, refs[qi], eos, "tp %d pp %d, %r" % (tp, pp, QUESTIONS[qi]))
     H.log("all %d answers equal transformers' greedy answers" % len(ours))
 
+
 if __name__ == "__main__":
     H.run(scenario)

@@ -19,6 +19,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
+
 def scenario(h):
     model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=4, hidden=64, heads=4,
                       kv_heads=2, ffn=128, vocab=256, max_pos=256, seed=11)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Generation fencing, played at the protocol level. A gang of 2 nodes x 1 rank where the
 test itself is node 1: a Python client of wire protocol v2 authenticates (HMAC over the
-token; every later frame carries a session tag both ways), REJOINs, receives START(G), makes a real worker process join rank 0's data plane
-as rank 1 (the test plays that worker's agent), and answers with a READY of an older
-generation first. That READY must not count: the gang
+token; every later frame carries a session tag both ways), REJOINs, receives START(G), makes a real
+worker process join rank 0's data plane as rank 1 (the test plays that worker's agent), and answers
+with a READY of an older generation first. That READY must not count: the gang
 stays "starting", /readyz stays 503, the member is not dropped, and a log line says why.
 Only READY(G) makes the gang serve. This is done for generation 1 (a READY of
 generation 0) and, after the member aborts generation 1 itself, for generation 2 (a

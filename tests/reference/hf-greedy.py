@@ -136,5 +136,6 @@ def main():
             res["top5"] = steps
         print(json.dumps(res), flush=True)
 
+
 if __name__ == "__main__":
     main()

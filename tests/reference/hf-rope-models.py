@@ -8,11 +8,11 @@ For each model of MODELS it builds the config with transformers' own config clas
 (LlamaConfig with rope_scaling llama3 as Llama 3.2 ships it, MistralConfig with a head_dim
 apart from hidden / heads as Mistral Nemo, Qwen2Config with YaRN as Qwen2.5's long-context
 recipe, LlamaConfig with linear scaling and a head_dim, with dynamic NTK, a no-op
-{"rope_type": "default"} block), draws its weights from a seeded generator at scales that keep the logits decisive
-(linear N(0, 1/in), embeddings N(0, 1), or N(0, 0.01) when tied, norms 1 + 0.1 N(0, 1)), saves it in float32 with
-save_pretrained(safe_serialization=True) under DIR/NAME, and decodes greedily with a
-float32 forward loop over past_key_values (tests/reference/hf-greedy.py's greedy()) from a
-prompt longer than the original context. It prints one JSON line per model: {"name",
+{"rope_type": "default"} block), draws its weights from a seeded generator at scales that keep the
+logits decisive (linear N(0, 1/in), embeddings N(0, 1), or N(0, 0.01) when tied, norms 1 + 0.1 N(0,
+1)), saves it in float32 with save_pretrained(safe_serialization=True) under DIR/NAME, and decodes
+greedily with a float32 forward loop over past_key_values (tests/reference/hf-greedy.py's greedy())
+from a prompt longer than the original context. It prints one JSON line per model: {"name",
 "dir", "prompt", "ids", "logprobs": per step the log-softmax row of the logits}.
 Everything is computed in this run; nothing is stored in the repository. Needs the Python
 that `scripts/fetch-reference.sh python` prints (transformers 4.46.3, Debian's torch).

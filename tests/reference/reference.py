@@ -9,11 +9,11 @@ grouped-query attention with a causal mask, SwiGLU MLP, q/k/v biases when the ch
 has them, and the LM head (the embedding table when the embeddings are tied); a head_dim
 apart from hidden / heads; Qwen3ForCausalLM's RMSNorm of every q and k head before RoPE
 (q_norm, k_norm); RoPE scaling (rope_scaling: linear, dynamic NTK over the whole
-sequence, llama3, yarn with its attention factor), each computed here from transformers 4.46's definitions; sliding windows
-(Mistral, Qwen2's use_sliding_window); Gemma3ForCausalLM as transformers 4.50+ defines it
-(norms that multiply by 1 + w, a norm after each block before its residual add, GeGLU with
-the tanh gelu, embeddings times sqrt(hidden), q/k norms, attention scaled by
-query_pre_attn_scalar, windowed "local" layers with plain RoPE of rope_local_base_freq,
+sequence, llama3, yarn with its attention factor), each computed here from transformers 4.46's
+definitions; sliding windows (Mistral, Qwen2's use_sliding_window); Gemma3ForCausalLM as
+transformers 4.50+ defines it (norms that multiply by 1 + w, a norm after each block before its
+residual add, GeGLU with the tanh gelu, embeddings times sqrt(hidden), q/k norms, attention scaled
+by query_pre_attn_scalar, windowed "local" layers with plain RoPE of rope_local_base_freq,
 global ones with rope_theta and rope_scaling). It is the reference of the Qwen3 and Gemma 3
 comparisons (transformers 4.46.3 has neither).
 
@@ -29,11 +29,12 @@ Modes:
       of 24, mistral with head_dim 32 and linear scaling, qwen3 with yarn and plain,
       llama with dynamic NTK, Gemma 3 with local and global layers (a window that binds,
       its own RoPE bases, query_pre_attn_scalar, layer_types),
-      40-token prompts past the original context of the scaled ones), runs the C tool model-logits on each
-      (the engine's single-rank forward on gang_model_load's shard) and asserts that its
+      40-token prompts past the original context of the scaled ones), runs the C tool model-logits
+      on each (the engine's single-rank forward on gang_model_load's shard) and asserts that its
       logits agree with this reference within 1e-4 relative (max abs difference over max
       abs reference), and that its raw logprobs (the greedy token's and the top 5, ids in
-      order) equal the log-softmax of the reference logits within 1e-4. Exit 0 on agreement, 1 on a mismatch, 77 when numpy is missing.
+      order) equal the log-softmax of the reference logits within 1e-4. Exit 0 on agreement, 1 on a
+      mismatch, 77 when numpy is missing.
 """
 import json
 import os
@@ -136,6 +137,7 @@ def inv_freq(cfg, d, t_len):
         f, ctx = rs["factor"], cfg["max_position_embeddings"]
         fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
         scale = rs.get("attention_factor") or 0.1 * np.log(f) + 1.0
+
         # The pair index where a frequency makes `rot` turns over the context.
         def dim_of(rot):
             return d * np.log(ctx / (rot * 2 * np.pi)) / (2 * np.log(theta))
@@ -268,8 +270,10 @@ def forward_logits(cfg, w, ids):
 GGUF_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
               "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
               "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-              "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
-              "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+              "attn_k_norm": "self_attn.k_norm",
+              "post_attention_norm": "post_attention_layernorm",
+              "ffn_norm": "pre_feedforward_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm",
               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 

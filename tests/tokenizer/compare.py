@@ -96,7 +96,8 @@ def main():
                         bad += 1
                         if bad <= 5:
                             print(f"  {name} decode {what} differs on ids {ids[:20]}:\n"
-                                  f"    tokenizers {want[:100]!r}\n    ganglion   {g[what][:100]!r}")
+                                  f"    tokenizers {want[:100]!r}\n"
+                                  f"    ganglion   {g[what][:100]!r}")
             nids = 0
             for text, g in zip(texts, got):
                 ids = hf.encode(text, add_special_tokens=False).ids
@@ -111,7 +112,8 @@ def main():
                         bad += 1
                         if bad <= 5:
                             print(f"  {name} {what} differs on {text[:40]!r}:\n"
-                                  f"    tokenizers {str(want)[:200]}\n    ganglion   {str(have)[:200]}")
+                                  f"    tokenizers {str(want)[:200]}\n"
+                                  f"    ganglion   {str(have)[:200]}")
             print(f"{'FAIL' if bad else 'ok'} {name}: {len(texts)} texts, {nids} ids, "
                   f"{len(idseqs)} random id sequences decoded, {bad} differences")
             failed += bad > 0

@@ -31,4 +31,4 @@ if gguf="$(bash "$src/scripts/fetch-reference.sh" gemma3-gguf 2>/dev/null | tail
 fi
 [ -n "$extra" ] || echo "tokenizer-compare: the Gemma 3 GGUF comparison is left out: scripts/fetch-reference.sh gemma3-gguf or python failed"
 exec "$TOK_VENV/bin/python" "$src/tests/tokenizer/compare.py" "$driver" \
-    "$dir/smollm2.json" "$dir/smollm2-l3.json" "$dir/mistral-v1.json" $extra
+    "$dir/smollm2.json" "$dir/smollm2-l3.json" "$dir/mistral-v1.json" ${extra:+"$extra"}

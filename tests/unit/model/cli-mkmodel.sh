@@ -26,7 +26,7 @@ for f in model-00001-of-00003.safetensors model-00003-of-00003.safetensors \
 done
 [ ! -e "$dir/c/model.safetensors" ] || fail "a sharded model has model.safetensors"
 grep -q '"tie_word_embeddings": true' "$dir/c/config.json" || fail "--tie not written"
-ls "$dir/c" | grep -q tmp && fail "temporary files left"
+find "$dir/c" -maxdepth 1 -name '*tmp*' | grep -q . && fail "temporary files left"
 
 expect_usage() {
     "$bin" mkmodel "$@" >/dev/null 2>"$dir/err"
