@@ -9,9 +9,10 @@
  * integers in eight independent lanes (no dependency chain, so the loads, not the adds,
  * bound the loop; the compiler may vectorise it). A pass is timed from the release of the
  * threads to the last one's arrival at the barrier; one untimed pass, then `passes` timed.
- * The sums are kept in a volatile sink so the reads cannot be optimised away.
+ * The sums are added to an atomic sink so the reads cannot be optimised away.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +28,9 @@ typedef struct rb_shared {
     size_t words;  /* of the whole buffer */
     uint32_t threads, passes;
     pthread_barrier_t start, done;
-    pthread_mutex_t gate; /* held by the main thread until every thread exists */
-    int cancel;           /* gate: a thread could not be created; the others just leave */
-    volatile uint64_t sink;
+    pthread_mutex_t gate;  /* held by the main thread until every thread exists */
+    int cancel;            /* gate: a thread could not be created; the others just leave */
+    _Atomic uint64_t sink; /* the sums, kept so the reads are not optimised away */
 } rb_shared;
 
 typedef struct rb_thread {
@@ -82,7 +83,7 @@ static void *rb_main(void *arg)
         acc += rb_sum(mine, n);
         pthread_barrier_wait(&s->done);
     }
-    s->sink += acc; /* racy on purpose: only its existence matters */
+    atomic_fetch_add_explicit(&s->sink, acc, memory_order_relaxed);
     return NULL;
 }
 

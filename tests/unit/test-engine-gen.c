@@ -40,7 +40,8 @@ static void run_on_layout(const full_model *fm, script *sc, uint32_t tp, uint32_
 
     layout_init(&lo, fm, tp, pp, cfg);
     for (r = 0; r < lo.n; r++) {
-        memcpy(lo.models[r]->cfg.eos_ids, eos, n_eos * sizeof(int32_t));
+        if (n_eos > 0) /* memcpy from NULL is undefined even for 0 bytes */
+            memcpy(lo.models[r]->cfg.eos_ids, eos, n_eos * sizeof(int32_t));
         lo.models[r]->cfg.n_eos = n_eos;
     }
     run_gang(tp, pp, lo.engines, sc, script_body, NULL, xs);
