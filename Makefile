@@ -4,7 +4,8 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DGANGLION_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps configure build test demo bench format format-check structure-check clean
+.PHONY: all deps configure build test sanitize sanitize-asan sanitize-tsan demo bench format \
+	format-check structure-check clean
 
 all: build
 
@@ -19,6 +20,27 @@ build: configure
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 300
+
+# The sanitizer jobs of CI (.ci/run runs them after `make test`), each in its own build
+# folder: ASAN+UBSAN over the tests labelled unit and mp-fast, TSAN over those labelled
+# threads (tests/labels.cmake). A report fails the job, from whichever process of a test
+# it came (cmake/sanitize.cmake; suppressions, each with its reason, in tests/sanitizers/).
+# CUDA and the fuzzers are left out: no GPU code runs here, and the fuzzers are built with
+# their own sanitizers by `make test`.
+SAN_FLAGS ?= -DGANGLION_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGANGLION_CUDA=OFF \
+	-DGANGLION_FUZZ=OFF
+
+sanitize: sanitize-asan sanitize-tsan
+
+sanitize-asan: deps
+	@cmake -S . -B build-asan $(SAN_FLAGS) -DGANGLION_SANITIZE=address,undefined >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	@cd build-asan && ctest --output-on-failure --timeout 600 -L '^(unit|mp-fast)$$'
+
+sanitize-tsan: deps
+	@cmake -S . -B build-tsan $(SAN_FLAGS) -DGANGLION_SANITIZE=thread >/dev/null
+	@cmake --build build-tsan -j $(JOBS)
+	@cd build-tsan && ctest --output-on-failure --timeout 600 -L '^threads$$'
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)/bin/ganglion

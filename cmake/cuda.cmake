@@ -103,7 +103,7 @@ pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
 add_executable(test-cuda tests/unit/test-cuda.c)
 target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda COMMAND test-cuda)
-set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300)
+set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300 LABELS unit)
 
 # The engine on "cuda" against the CPU backend (shares the CPU engine tests' fixture).
 add_executable(test-engine-cuda tests/unit/test-engine-cuda.c tests/unit/engine-fixture.c
@@ -111,11 +111,11 @@ add_executable(test-engine-cuda tests/unit/test-engine-cuda.c tests/unit/engine-
 target_include_directories(test-engine-cuda PRIVATE ${PROJECT_SOURCE_DIR}/model)
 target_link_libraries(test-engine-cuda PRIVATE gang_model PkgConfig::CMOCKA m)
 add_test(NAME unit-engine-cuda COMMAND test-engine-cuda)
-set_tests_properties(unit-engine-cuda PROPERTIES TIMEOUT 300)
+set_tests_properties(unit-engine-cuda PROPERTIES TIMEOUT 300 LABELS unit)
 
 if(GANG_HAVE_NCCL)
   add_executable(test-comm-nccl tests/unit/test-comm-nccl.c)
   target_link_libraries(test-comm-nccl PRIVATE gang_parallel gang_kernels PkgConfig::CMOCKA)
   add_test(NAME unit-comm-nccl COMMAND test-comm-nccl)
-  set_tests_properties(unit-comm-nccl PROPERTIES TIMEOUT 300)
+  set_tests_properties(unit-comm-nccl PROPERTIES TIMEOUT 300 LABELS unit)
 endif()

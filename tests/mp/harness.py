@@ -32,6 +32,7 @@ import json
 import os
 import queue
 import random
+import re
 import shutil
 import signal
 import socket
@@ -298,6 +299,16 @@ class Proc:
         self._log.close()
 
 
+# The first line of a sanitizer report in a process log. Sanitizer builds (make sanitize) send
+# AddressSanitizer's, LeakSanitizer's and ThreadSanitizer's reports to files that ctest
+# checks (cmake/sanitize.cmake), but gcc's UBSan, built into AddressSanitizer's runtime,
+# writes to stderr whatever log_path says; and a worker stopped by a report is restarted
+# by its gang, so a scenario could pass over one. finish() fails on any of these lines.
+SANITIZER_REPORT = re.compile(r"^(\S+:\d+:\d+: runtime error: .*"
+                              r"|==\d+==ERROR: \w+Sanitizer.*"
+                              r"|WARNING: ThreadSanitizer.*)$", re.M)
+
+
 class Harness:
     """Owns the temp dir, the processes and the clean-up of one scenario."""
 
@@ -364,6 +375,10 @@ class Harness:
                 problems.append("%s exited with %s, expected %s" % (p.name, code, sorted(p.expect)))
             else:
                 log("%s exited with %s" % (p.name, code))
+            report = SANITIZER_REPORT.search(p.log_text())
+            if report:
+                problems.append("%s (or a process it started) hit a sanitizer report: %s"
+                                % (p.name, report.group(0)))
         try:
             wait_until(lambda: not descendants(os.getpid()), 5.0, 0.05,
                        "leftover processes to exit")

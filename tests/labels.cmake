@@ -1,0 +1,36 @@
+# Labels that choose the tests of the sanitizer jobs (make sanitize, run by .ci/run after
+# make test; cmake/sanitize.cmake). Included last by tests/CMakeLists.txt, so every test
+# exists; a test renamed or removed fails the configure step here, which keeps this list
+# true. `ctest -L unit` etc. run a group in any build.
+#
+#   unit      the cmocka binary of every module and the small CLI checks       ASAN+UBSAN
+#   mp-fast   the multi-process scenarios that run in seconds: gang forming,
+#             failures and restarts, the API and its forwarding, hostile input  ASAN+UBSAN
+#   threads   the tests that start threads: the CPU kernel pool (and OpenBLAS),
+#             the communicators' rank threads, the pipeline and the engine,
+#             the HTTP server's test client, GPU health watching, libuv's
+#             resolver pool, the workers' step and loader threads (fake device,
+#             generate, the fast scenarios with a model)                        TSAN
+#
+# Left out of mp-fast (each runs 10-90 s under ASAN; `make test` runs them all): the real
+# models' greedy agreement (gemma3_gguf, gguf_smollm2, smollm2_greedy, rope_models,
+# weight_storage), kv_capacity, serve_load, soak_restarts, text_api.
+set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-launcher
+  unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model cli-mkmodel
+  unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-tokenizer
+  unit-chat-template)
+if(GANG_HAVE_MPI)
+  list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
+endif()
+set_property(TEST ${GANG_UNIT_TESTS} APPEND PROPERTY LABELS unit)
+
+set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli flood front_door gang_forms
+  gpu_health gpu_placement hang_worker kill_agent kill_coordinator kill_worker member_flood
+  openai_client reject request_deadline restart_budget serve_model shm_hygiene
+  stale_generation start_order)
+list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
+set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
+
+set(GANG_THREAD_TESTS unit-kernels unit-comm unit-layers unit-pipeline unit-engine
+  unit-fake-device unit-launcher unit-gpu unit-rendezvous fake-generate bench-decode-fake)
+set_property(TEST ${GANG_THREAD_TESTS} APPEND PROPERTY LABELS threads)
