@@ -12,25 +12,12 @@
 #include "ganglion/model.h"
 
 /* ---------------------------------------------------------------------------------
- * The plan of one step, as every rank holds it after the broadcast.
- *
- * Wire form, int32 words (broadcast over the world communicator in two parts):
- *   header [GANG__PLAN_HDR_WORDS]: magic, n_seq, n_tokens, n_table, body_words
- *   body   [body_words]: n_seq entries of GANG__PLAN_SEQ_WORDS words
- *                          (slot, pos0, n, sample, temperature bits, top_k, top_p bits,
- *                           seed low, seed high, n_prompt, presence, frequency and
- *                           repetition penalty bits, logprobs: 0 none, else 1 + top_n)
- *                        then the n_tokens token ids, sequence after sequence,
- *                        then the n_table block ids: each sequence's block table for
- *                        positions 0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size)
- *                        entries), sequence after sequence. Every rank keeps the
- *                        tables (host and tensor memory) from the plans it receives.
- * The header has a fixed size, so every rank can validate the body's size against its
- * own bounds before receiving it.
+ * The plan of one step, as every rank holds it after the broadcast. Its wire form is
+ * described in engine-wire.c.
  * --------------------------------------------------------------------------------- */
 #define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
 #define GANG__PLAN_HDR_WORDS 5u
-#define GANG__PLAN_SEQ_WORDS 14u
+#define GANG__PLAN_SEQ_WORDS 15u /* words of one entry (engine-wire.c, plan_seq_fields) */
 
 typedef struct gang__plan_seq {
     uint32_t slot;     /* slot of the sequence (its table, its history) */
@@ -178,10 +165,11 @@ struct gang_engine {
                                       all-gather when k is a device (else empty) */
     gang_tp_shard *shards;         /* [tp] every TP rank's shard (vocab ranges) */
     gang__sampler sampler;
-    int32_t *hist;      /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
-                           slot, at its position (what the penalties count) */
-    int32_t *plan_buf;  /* header + body of the wire form */
-    uint8_t *slot_seen; /* [slots] duplicate check of a received plan */
+    int32_t *hist;        /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
+                             slot, at its position (what the penalties count) */
+    int32_t *plan_buf;    /* header + body of the wire form */
+    int32_t *wire_tables; /* [slots, max_bps] the tables of a plan on the wire, by sequence */
+    uint8_t *slot_seen;   /* [slots] duplicate check of a received plan */
     gang__plan plan;
     uint32_t plan_valid; /* the plan of the last step ran to completion */
 
@@ -204,15 +192,43 @@ void gang__sched_commit(gang_engine *e);
 int gang__sched_cancel(gang_engine *e, uint64_t id);
 /* Drops every request and event (rank 0); used by reset and free. */
 void gang__sched_clear(gang_engine *e);
-/* Encodes e->plan into e->plan_buf; returns the body's word count. */
+/* Blocks that cover positions 0 .. n - 1. */
+static inline uint32_t gang__blocks_for(const gang_engine *e, uint32_t n)
+{
+    return (n + e->block_size - 1) / e->block_size;
+}
+
+/* ---- the plan's wire form (engine-wire.c) ---- */
+
+/* The plan's header, the first GANG__PLAN_HDR_WORDS words on the wire. */
+typedef struct gang__plan_hdr {
+    uint32_t magic; /* GANG__PLAN_MAGIC */
+    uint32_t n_seq;
+    uint32_t n_tokens;
+    uint32_t n_table;    /* block-table entries of the body */
+    uint32_t body_words; /* words after the header */
+} gang__plan_hdr;
+
+/* The header's fields, both directions (the tests build headers with it too). */
+void gang__plan_hdr_fields(gang_codec *c, gang__plan_hdr *h);
+/*
+ * Writes plan p, with sequence i's block table at tables[i * max_bps], as header + body
+ * into buf (room for GANG__PLAN_HDR_WORDS + plan_max_words words). 0 and the body's word
+ * count; GANG_EINVAL for counts past e's bounds. No other check: receivers validate
+ * (the tests write plans a scheduler would never build).
+ */
+int gang__plan_write(const gang_engine *e, const gang__plan *p, const int32_t *tables, int32_t *buf,
+                     uint32_t *body_words);
+/* Rank 0: encodes e->plan (tables from e->tables by slot) into e->plan_buf; returns the
+ * body's word count. */
 uint32_t gang__plan_encode(gang_engine *e);
 /*
  * Validates a received header against this rank's bounds. Returns 0 and the body's
  * word count, or GANG_EPROTO.
  */
 int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words);
-/* Decodes and validates the body in e->plan_buf into e->plan (the block tables into
- * e->tables). 0 or GANG_EPROTO. */
+/* Decodes and validates header and body in e->plan_buf into e->plan (the block tables
+ * into e->tables, only once the whole plan is valid). 0 or GANG_EPROTO. */
 int gang__plan_decode(gang_engine *e);
 /* Uploads the block tables of the decoded plan's sequences to e->tables_dev. 0 or the
  * upload's error. */

@@ -1,7 +1,6 @@
 /*
  * The step plan: rank 0's scheduler (continuous batching over the paged KV cache) that
- * builds it, its wire form and the validation every rank applies on receipt, and the
- * commit of a completed step's sampled tokens into events.
+ * builds it and the commit of a completed step's sampled tokens into events.
  *
  * Scheduling, once per step, on rank 0:
  *
@@ -63,12 +62,6 @@ static void sched_add(gang_engine *e, gang__request *q, uint32_t pos0, const int
     memcpy(p->tokens + p->n_tokens, ids, (size_t)n * sizeof(int32_t));
     p->n_tokens += n;
     q->planned = 1;
-}
-
-/* Blocks that cover positions 0 .. n - 1. */
-static uint32_t sched_blocks_for(const gang_engine *e, uint32_t n)
-{
-    return (n + e->block_size - 1) / e->block_size;
 }
 
 /*
@@ -323,7 +316,7 @@ void gang__sched_build(gang_engine *e)
             continue;
         if (sched_event_room(e, reserved) < 2)
             break;
-        need = sched_blocks_for(e, q->n_fed + 1);
+        need = gang__blocks_for(e, q->n_fed + 1);
         if (need > q->n_blocks && !sched_make_room(e, q, need - q->n_blocks))
             continue;
         sched_take(e, q, need);
@@ -350,7 +343,7 @@ void gang__sched_build(gang_engine *e)
             /* Its leading full blocks already cached are taken as they are (at least one
              * token is left to compute, the one whose logits it samples). */
             n_hit = pc_lookup(e, q, target - 1, hits, &held_free, &hash);
-            if (sched_avail(e) - held_free < sched_blocks_for(e, target) - n_hit)
+            if (sched_avail(e) - held_free < gang__blocks_for(e, target) - n_hit)
                 break;
             fed = n_hit * e->block_size;
         }
@@ -382,7 +375,7 @@ void gang__sched_build(gang_engine *e)
                 q->n_cached = fed;
             e->prefix_query_tokens += target;
             e->prefix_hit_tokens += fed;
-            sched_take(e, q, sched_blocks_for(e, target));
+            sched_take(e, q, gang__blocks_for(e, target));
         }
         sched_add(e, q, q->n_fed, q->prompt + q->n_fed, chunk, slot);
         budget -= chunk;
@@ -516,184 +509,6 @@ void gang__sched_clear(gang_engine *e)
     e->ev_head = e->ev_count = 0;
 }
 
-/* ---------------------------------------------------------------------------------
- * Wire form
- * --------------------------------------------------------------------------------- */
-
-static int32_t f2w(float f)
-{
-    int32_t w;
-
-    memcpy(&w, &f, sizeof(w));
-    return w;
-}
-
-static float w2f(int32_t w)
-{
-    float f;
-
-    memcpy(&f, &w, sizeof(f));
-    return f;
-}
-
-uint32_t gang__plan_encode(gang_engine *e)
-{
-    const gang__plan *p = &e->plan;
-    int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
-    uint32_t i, n_table = 0, body;
-
-    for (i = 0; i < p->n_seq; i++)
-        n_table += sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
-    body = p->n_seq * GANG__PLAN_SEQ_WORDS + p->n_tokens + n_table;
-    e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
-    e->plan_buf[1] = (int32_t)p->n_seq;
-    e->plan_buf[2] = (int32_t)p->n_tokens;
-    e->plan_buf[3] = (int32_t)n_table;
-    e->plan_buf[4] = (int32_t)body;
-    for (i = 0; i < p->n_seq; i++) {
-        const gang__plan_seq *s = &p->seqs[i];
-
-        w[0] = (int32_t)s->slot;
-        w[1] = (int32_t)s->pos0;
-        w[2] = (int32_t)s->n;
-        w[3] = (int32_t)s->sample;
-        w[4] = f2w(s->sp.temperature);
-        w[5] = (int32_t)s->sp.top_k;
-        w[6] = f2w(s->sp.top_p);
-        w[7] = (int32_t)(uint32_t)(s->sp.seed & 0xffffffffu);
-        w[8] = (int32_t)(uint32_t)(s->sp.seed >> 32);
-        w[9] = (int32_t)s->n_prompt;
-        w[10] = f2w(s->sp.presence_penalty);
-        w[11] = f2w(s->sp.frequency_penalty);
-        w[12] = f2w(s->sp.repetition_penalty);
-        w[13] = s->logprobs ? (int32_t)(1 + s->n_top) : 0;
-        w += GANG__PLAN_SEQ_WORDS;
-    }
-    /* Rank 0 built its tokens in place; encoding copies them after the entries. */
-    memmove(w, p->tokens, (size_t)p->n_tokens * sizeof(int32_t));
-    w += p->n_tokens;
-    for (i = 0; i < p->n_seq; i++) {
-        uint32_t nb = sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
-
-        memcpy(w, e->tables + (size_t)p->seqs[i].slot * e->max_bps, nb * sizeof(int32_t));
-        w += nb;
-    }
-    return body;
-}
-
-int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words)
-{
-    uint32_t n_seq = (uint32_t)hdr[1], n_tokens = (uint32_t)hdr[2], n_table = (uint32_t)hdr[3];
-    uint32_t body = (uint32_t)hdr[4];
-
-    if ((uint32_t)hdr[0] != GANG__PLAN_MAGIC || n_seq > e->slots || n_tokens > e->max_tokens)
-        return GANG_EPROTO;
-    if ((uint64_t)n_table > (uint64_t)n_seq * e->max_bps)
-        return GANG_EPROTO;
-    if (n_tokens < n_seq ||
-        (uint64_t)body != (uint64_t)n_seq * GANG__PLAN_SEQ_WORDS + n_tokens + n_table)
-        return GANG_EPROTO;
-    *body_words = body;
-    return 0;
-}
-
-int gang__plan_decode(gang_engine *e)
-{
-    gang__plan *p = &e->plan;
-    const int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
-    uint32_t i, j, lp, off = 0, n_seq = (uint32_t)e->plan_buf[1],
-                       n_tokens = (uint32_t)e->plan_buf[2];
-    uint32_t n_table = (uint32_t)e->plan_buf[3], tab = 0;
-    const int32_t *ids;
-
-    memset(e->slot_seen, 0, e->slots);
-    for (i = 0; i < n_seq; i++) {
-        gang__plan_seq *s = &p->seqs[i];
-
-        s->slot = (uint32_t)w[0];
-        s->pos0 = (uint32_t)w[1];
-        s->n = (uint32_t)w[2];
-        s->sample = (uint32_t)w[3];
-        s->sp.temperature = w2f(w[4]);
-        s->sp.top_k = (uint32_t)w[5];
-        s->sp.top_p = w2f(w[6]);
-        s->sp.seed = (uint64_t)(uint32_t)w[7] | (uint64_t)(uint32_t)w[8] << 32;
-        s->n_prompt = (uint32_t)w[9];
-        s->sp.presence_penalty = w2f(w[10]);
-        s->sp.frequency_penalty = w2f(w[11]);
-        s->sp.repetition_penalty = w2f(w[12]);
-        lp = (uint32_t)w[13];
-        s->logprobs = lp != 0;
-        s->n_top = lp != 0 ? lp - 1 : 0;
-        w += GANG__PLAN_SEQ_WORDS;
-        /* Everything that sizes a buffer or indexes one is checked against our bounds. */
-        if (s->slot >= e->slots || e->slot_seen[s->slot] || s->n == 0 || s->sample > 1)
-            return GANG_EPROTO;
-        if (s->n > n_tokens - off || s->pos0 > e->max_ctx || s->n > e->max_ctx - s->pos0)
-            return GANG_EPROTO;
-        if (!(s->sp.temperature >= 0.0f) || !isfinite(s->sp.temperature) ||
-            !(s->sp.top_p > 0.0f && s->sp.top_p <= 1.0f) || !gang__penalties_ok(&s->sp))
-            return GANG_EPROTO;
-        /* The penalties read the slot's history below the sampled position. */
-        if (s->n_prompt > e->max_ctx || lp > GANG_MAX_TOP_LOGPROBS + 1 ||
-            (s->sample && (s->n_prompt == 0 || s->n_prompt > s->pos0 + s->n)))
-            return GANG_EPROTO;
-        e->slot_seen[s->slot] = 1;
-        s->tok_off = off;
-        p->seq_tokens[i] = s->n;
-        p->seq_pos0[i] = s->pos0;
-        p->out[i] = -1;
-        off += s->n;
-    }
-    if (off != n_tokens)
-        return GANG_EPROTO;
-    ids = w;
-    for (i = 0; i < n_tokens; i++) {
-        if (ids[i] < 0 || (uint32_t)ids[i] >= e->vocab)
-            return GANG_EPROTO;
-    }
-    /* The tables: the right count per sequence, every block in the pool, and a block this
-     * step writes (one holding positions pos0 .. pos0 + n - 1 of its sequence) in no
-     * other sequence of the step, not even to be read (a cached prefix block shared by
-     * several sequences is only read). block_seen: 1 + the sequence writing a block. */
-    memset(e->block_seen, 0, (size_t)e->n_blocks * sizeof(*e->block_seen));
-    w = ids + n_tokens;
-    for (i = 0; i < n_seq; i++) {
-        uint32_t nb = sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
-
-        if (nb > n_table - tab)
-            return GANG_EPROTO;
-        for (j = 0; j < nb; j++) {
-            if (w[j] < 0 || (uint32_t)w[j] >= e->n_blocks)
-                return GANG_EPROTO;
-            if (j >= p->seqs[i].pos0 / e->block_size) {
-                if (e->block_seen[w[j]] != 0)
-                    return GANG_EPROTO;
-                e->block_seen[w[j]] = i + 1;
-            }
-        }
-        w += nb;
-        tab += nb;
-    }
-    if (tab != n_table)
-        return GANG_EPROTO;
-    w = ids + n_tokens;
-    for (i = 0; i < n_seq; i++) {
-        uint32_t nb = sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
-
-        for (j = 0; j < nb; j++)
-            if (e->block_seen[w[j]] != 0 && e->block_seen[w[j]] != i + 1)
-                return GANG_EPROTO;
-        /* (On rank 0, the entries its scheduler wrote there.) */
-        memcpy(e->tables + (size_t)p->seqs[i].slot * e->max_bps, w, nb * sizeof(int32_t));
-        w += nb;
-    }
-    memmove(p->tokens, ids, (size_t)n_tokens * sizeof(int32_t));
-    p->n_seq = n_seq;
-    p->n_tokens = n_tokens;
-    return 0;
-}
-
 int gang__plan_upload_tables(gang_engine *e)
 {
     const gang__plan *p = &e->plan;
@@ -704,7 +519,7 @@ int gang__plan_upload_tables(gang_engine *e)
         size_t off = (size_t)p->seqs[i].slot * e->max_bps;
 
         rc = gang_kernels_upload(e->k, e->tables_dev + off, e->tables + off,
-                                 sched_blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n) *
+                                 gang__blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n) *
                                      sizeof(int32_t));
     }
     return rc;

@@ -110,6 +110,7 @@ void gang_engine_free(gang_engine *e)
     gang__sampler_free(&e->sampler);
     free(e->hist);
     free(e->plan_buf);
+    free(e->wire_tables);
     free(e->slot_seen);
     free(e->plan.seqs);
     free(e->plan.tokens);
@@ -366,6 +367,7 @@ static int eng_alloc_buffers(gang_engine *e)
     }
     e->plan_max_words = (size_t)e->slots * (GANG__PLAN_SEQ_WORDS + e->max_bps) + e->max_tokens;
     e->plan_buf = malloc((GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t));
+    e->wire_tables = malloc((size_t)e->slots * e->max_bps * sizeof(int32_t));
     e->slot_seen = calloc(e->slots, 1);
     e->plan.seqs = calloc(e->slots, sizeof(*e->plan.seqs));
     e->plan.tokens = malloc((size_t)e->max_tokens * sizeof(int32_t));
@@ -373,9 +375,9 @@ static int eng_alloc_buffers(gang_engine *e)
     e->plan.seq_pos0 = calloc(e->slots, sizeof(uint32_t));
     e->plan.out = calloc(e->slots, sizeof(int32_t));
     e->plan.res = calloc(e->slots, sizeof(*e->plan.res));
-    if (e->plan_buf == NULL || e->slot_seen == NULL || e->plan.seqs == NULL ||
-        e->plan.tokens == NULL || e->plan.seq_tokens == NULL || e->plan.seq_pos0 == NULL ||
-        e->plan.out == NULL || e->plan.res == NULL)
+    if (e->plan_buf == NULL || e->wire_tables == NULL || e->slot_seen == NULL ||
+        e->plan.seqs == NULL || e->plan.tokens == NULL || e->plan.seq_tokens == NULL ||
+        e->plan.seq_pos0 == NULL || e->plan.out == NULL || e->plan.res == NULL)
         return GANG_ENOMEM;
     if (m->place.rank == 0) {
         e->slot_req = calloc(e->slots, sizeof(*e->slot_req));

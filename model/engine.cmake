@@ -2,6 +2,7 @@
 list(APPEND GANG_MODEL_SOURCES
   model/engine.c
   model/engine-plan.c
+  model/engine-wire.c
   model/engine-run.c
   model/sample.c
   model/device.c)

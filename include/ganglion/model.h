@@ -364,6 +364,14 @@ typedef struct gang_sampling {
     float repetition_penalty; /* 0 or 1 = off, else > 0 */
 } gang_sampling;
 
+/*
+ * The wire form of a gang_sampling (common.h's codec, either direction): temperature,
+ * top_k, top_p, seed, then the presence, frequency and repetition penalties, as f32, u32,
+ * f32, u64, f32 x 3. Only the codec's bounds are checked: the engine validates the values
+ * it receives (submit, a received plan).
+ */
+void gang_sampling_codec(gang_codec *c, gang_sampling *sp);
+
 #define GANG_MAX_STOP_TOKENS 16
 #define GANG_MAX_TOP_LOGPROBS 20
 

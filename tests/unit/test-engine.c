@@ -741,6 +741,41 @@ static void test_validation(void **state)
     free(fm);
 }
 
+int test_plan_decode_one(gang_engine *e, const gang__plan_seq *s, const int32_t *tokens,
+                         const int32_t *table, const gang__plan_hdr *hdr);
+
+/* Encodes header h into hdr[GANG__PLAN_HDR_WORDS] with the wire's own description. */
+static void plan_hdr_put(int32_t *hdr, gang__plan_hdr h)
+{
+    gang_codec c;
+
+    gang_codec_encoder(&c, hdr, GANG__PLAN_HDR_WORDS * sizeof(int32_t));
+    gang__plan_hdr_fields(&c, &h);
+    assert_int_equal(gang_codec_finish(&c, NULL), 0);
+}
+
+/*
+ * Writes a one-sequence plan (entry s, its tokens, its block table) into e->plan_buf with
+ * the wire encoder, replaces the header by *hdr when hdr is not NULL, and returns what
+ * the receiving side's decoder says.
+ */
+int test_plan_decode_one(gang_engine *e, const gang__plan_seq *s, const int32_t *tokens,
+                         const int32_t *table, const gang__plan_hdr *hdr)
+{
+    gang__plan_seq seq = *s;
+    int32_t toks[16], tables[16] = {0};
+    gang__plan p = {.n_seq = 1, .n_tokens = s->n, .seqs = &seq, .tokens = toks};
+    uint32_t body = 0;
+
+    assert_true(s->n <= 16 && e->max_bps <= 16);
+    memcpy(toks, tokens, s->n * sizeof(int32_t));
+    memcpy(tables, table, e->max_bps * sizeof(int32_t));
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    if (hdr != NULL)
+        plan_hdr_put(e->plan_buf, *hdr);
+    return gang__plan_decode(e);
+}
+
 /* A plan that does not fit this rank's bounds is GANG_EPROTO. */
 static void test_plan_validation(void **state)
 {
@@ -751,75 +786,105 @@ static void test_plan_validation(void **state)
     int32_t hdr[GANG__PLAN_HDR_WORDS];
     uint32_t body;
     char err[256];
+    /* one sequence of 2 tokens; one block covers positions 0 .. 1 */
+    gang__plan_hdr h = {GANG__PLAN_MAGIC, 1, 2, 1, GANG__PLAN_SEQ_WORDS + 3}, bad;
 
     (void)state;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
-    hdr[0] = (int32_t)GANG__PLAN_MAGIC;
-    hdr[1] = 1;
-    hdr[2] = 2;
-    hdr[3] = 1; /* one block covers positions 0 .. 1 */
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+    plan_hdr_put(hdr, h);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
     assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 3);
-    hdr[1] = 4; /* more sequences than slots */
-    hdr[4] = (int32_t)(4 * GANG__PLAN_SEQ_WORDS + 3);
+    bad = h;
+    bad.n_seq = 4; /* more sequences than slots */
+    bad.body_words = 4 * GANG__PLAN_SEQ_WORDS + 3;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[1] = 1;
-    hdr[2] = 3 + 6 + 1; /* more tokens than slots + max_step_tokens */
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 11);
+    bad = h;
+    bad.n_tokens = 3 + 6 + 1; /* more tokens than slots + max_step_tokens */
+    bad.body_words = GANG__PLAN_SEQ_WORDS + 11;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[2] = 2;
-    hdr[3] = 4; /* more table entries than one sequence of the context has (3) */
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 6);
+    bad = h;
+    bad.n_table = 4; /* more table entries than one sequence of the context has (3) */
+    bad.body_words = GANG__PLAN_SEQ_WORDS + 6;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[3] = 1;
-    hdr[4] = 5; /* a body size that does not match */
+    bad = h;
+    bad.body_words = 5; /* a body size that does not match */
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[0] = 0;
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+    bad = h;
+    bad.magic = 0;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
 
     /* A body with a slot out of range, a position past the context, a bad token, a
-     * block outside the pool, a table of the wrong length. */
-    e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
-    e->plan_buf[1] = 1;
-    e->plan_buf[2] = 2;
-    e->plan_buf[3] = 1;
-    e->plan_buf[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+     * block outside the pool, a table of another length than the header's. */
     {
-        int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
-        float one = 1.0f;
         gang_engine_kv kv;
+        gang__plan_seq s = {.slot = 0, .pos0 = 0, .n = 2, .sp = {.top_p = 1.0f}}, b2;
+        int32_t ids[2] = {3, 4}, table[16] = {0};
 
         assert_int_equal(gang_engine_kv_info(e, &kv), 0);
-        memset(w, 0, GANG__PLAN_SEQ_WORDS * sizeof(int32_t));
-        w[2] = 2;
-        memcpy(&w[6], &one, sizeof(one));
-        w[GANG__PLAN_SEQ_WORDS] = 3;
-        w[GANG__PLAN_SEQ_WORDS + 1] = 4;
-        w[GANG__PLAN_SEQ_WORDS + 2] = (int32_t)kv.blocks - 1;
-        assert_int_equal(gang__plan_decode(e), 0);
+        table[0] = (int32_t)kv.blocks - 1;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), 0);
         assert_int_equal(e->tables[0], (int32_t)kv.blocks - 1);
-        w[0] = 3;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[0] = 0;
-        w[1] = 39;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[1] = 0;
-        w[GANG__PLAN_SEQ_WORDS + 2] = (int32_t)kv.blocks;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[GANG__PLAN_SEQ_WORDS + 2] = -1;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[GANG__PLAN_SEQ_WORDS + 2] = 0;
-        w[1] = 15; /* positions 15 .. 16 span 2 blocks: the header's 1 is short */
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[1] = 0;
-        e->plan_buf[3] = 2; /* one entry more than the sequence has */
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        e->plan_buf[3] = 1;
-        w[GANG__PLAN_SEQ_WORDS + 1] = VOCAB;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        assert_int_equal(e->plan.n_seq, 1);
+        assert_memory_equal(e->plan.tokens, ids, sizeof(ids));
+        b2 = s;
+        b2.slot = 3;
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, NULL), GANG_EPROTO);
+        b2 = s;
+        b2.pos0 = 39;
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, NULL), GANG_EPROTO);
+        table[0] = (int32_t)kv.blocks;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        table[0] = -1;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        table[0] = 0;
+        /* A refused plan leaves the tables as they were. */
+        assert_int_equal(e->tables[0], (int32_t)kv.blocks - 1);
+        b2 = s;
+        b2.pos0 = 15; /* positions 15 .. 16 span 2 blocks: a header saying 1 is short */
+        table[1] = 1;
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, NULL), 0);
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, &h), GANG_EPROTO);
+        bad = h;
+        bad.n_table = 2; /* one entry more than the sequence has */
+        bad.body_words++;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, &bad), GANG_EPROTO);
+        ids[1] = VOCAB;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
     }
+    gang_engine_free(e);
+    shard_free(m);
+    free(fm);
+}
+
+/* An entry's size on the wire is GANG__PLAN_SEQ_WORDS: the header check depends on it. */
+static void test_plan_entry_size(void **state)
+{
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(5, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *e = NULL;
+    char err[256];
+    gang__plan_seq s = {.n = 1, .sp = {.top_p = 1.0f}};
+    int32_t tok = 1, tables[16] = {0};
+    gang__plan p = {.n_seq = 1, .n_tokens = 1, .seqs = &s, .tokens = &tok};
+    uint32_t body = 0;
+
+    (void)state;
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 1 + 1);
+    p.n_seq = 0;
+    p.n_tokens = 0;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(body, 0);
+    s.n_top = GANG_MAX_TOP_LOGPROBS + 1; /* the writer refuses what no receiver takes */
+    p.n_seq = p.n_tokens = 1;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), GANG_EINVAL);
     gang_engine_free(e);
     shard_free(m);
     free(fm);
@@ -1248,6 +1313,7 @@ int main(void)
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_plan_validation),
+        cmocka_unit_test(test_plan_entry_size),
         cmocka_unit_test(test_event_backpressure),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_layouts_and_batching),
