@@ -524,7 +524,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
  * (tag k for microbatch k), SEND_RESULT / RECV_RESULT move its result from the last stage
  * back to stage 0 (tag K + k). pipeline.c gives the exact order and why it cannot
  * deadlock even on a rendezvous backend. The model's engine serves with it
- * (model/engine-run.c) and `ganglion bench pipeline` measures it with synthetic work.
+ * (engine/engine-run.c) and `ganglion bench pipeline` measures it with synthetic work.
  *
  * Uneven microbatches: K need not divide B (1 <= K <= B). Like the layer split, every
  * microbatch gets B / K units and the FIRST B % K microbatches get one more, so
