@@ -319,7 +319,7 @@ typedef struct gang_tp_layer {
                                from gang_tp_layer_init; a loader may overwrite the host array
                                with the model's scaled table before moving it to a device */
     float rope_scale;       /* factor on RoPE's cos and sin (YaRN's attention factor), 1 */
-    float rope_dyn_factor;  /* dynamic NTK: factor (> 1), else 0; see gang_tp_forward_batch */
+    float rope_dyn_factor;  /* dynamic NTK: factor (> 1), else 0 (tp_rope_tables) */
     uint32_t rope_dyn_orig; /* dynamic NTK: the original context (max_position_embeddings) */
     uint32_t window;        /* sliding-window attention: keys a query sees, itself included
                                (gang_kernels_attention_window); 0 = all before it */
