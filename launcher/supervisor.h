@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "wctl.h"
 
 typedef struct gang_sup gang_sup;

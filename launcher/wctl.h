@@ -42,7 +42,7 @@
 
 #include <stdint.h>
 
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 
 typedef enum gang_wctl_type {

@@ -20,7 +20,7 @@
 
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 #include "layout.h"
 
