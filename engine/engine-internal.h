@@ -129,7 +129,7 @@ struct gang_engine {
     uint32_t n_free;          /* rank 0: entries of free_blocks */
     uint64_t n_preempted;     /* rank 0: sequences preempted so far */
 
-    /* Rank 0, automatic prefix caching (engine-plan.c, "Prefix cache"): full blocks keyed
+    /* Rank 0, automatic prefix caching (engine-kv.c): full blocks keyed
      * by the hash chain of their tokens, shared by reference count; cached blocks no
      * sequence holds wait in an LRU list and are evicted when the free stack is empty. */
     uint32_t *blk_ref;   /* [n_blocks] sequences holding each block */
@@ -181,7 +181,7 @@ struct gang_engine {
     uint32_t ev_cap, ev_head, ev_count;
 };
 
-/* ---- plan (engine-plan.c) ---- */
+/* ---- the scheduler (engine-sched.c) and the commit of a step (engine-events.c) ---- */
 
 /* Rank 0: builds this step's plan from the queue (continuous batching) into e->plan. */
 void gang__sched_build(gang_engine *e);
@@ -192,6 +192,34 @@ void gang__sched_commit(gang_engine *e);
 int gang__sched_cancel(gang_engine *e, uint64_t id);
 /* Drops every request and event (rank 0); used by reset and free. */
 void gang__sched_clear(gang_engine *e);
+
+/* ---- KV blocks and the prefix cache (engine-kv.c, rank 0 but the upload) ---- */
+
+/* Rank 0: every block free again and the prefix cache empty (init and reset). */
+void gang__kv_reset(gang_engine *e);
+/* Blocks a sequence can take now: the free stack and the cached blocks nobody holds. */
+uint32_t gang__kv_avail(const gang_engine *e);
+/* Grows q's table to n blocks: from the free stack, else by evicting the least recently
+ * released cached block. The caller checked the room (gang__kv_avail). */
+void gang__kv_take(gang_engine *e, gang__request *q, uint32_t n);
+/* Gives q's blocks back (a cached one nobody else holds goes to the LRU list) and its
+ * slot to the free slots; q stops running. */
+void gang__kv_release(gang_engine *e, gang__request *q);
+/*
+ * The leading full blocks of q's first `limit` prompt tokens found in the prefix cache,
+ * into hits [max_bps]; *held_free counts those nobody holds now (they leave the available
+ * room when taken), *hash the chain's hash after them. Returns their count.
+ */
+uint32_t gang__pc_lookup(const gang_engine *e, const gang__request *q, uint32_t limit,
+                         int32_t *hits, uint32_t *held_free, uint64_t *hash);
+/* Takes a reference on cached block b (a hit of gang__pc_lookup), out of the LRU list. */
+void gang__pc_hold(gang_engine *e, int32_t b);
+/* Registers q's blocks that became full with its last step's tokens. */
+void gang__pc_register(gang_engine *e, gang__request *q);
+/* Uploads the block tables of the decoded plan's sequences to e->tables_dev. 0 or the
+ * upload's error. */
+int gang__plan_upload_tables(gang_engine *e);
+
 /* Blocks that cover positions 0 .. n - 1. */
 static inline uint32_t gang__blocks_for(const gang_engine *e, uint32_t n)
 {
@@ -230,12 +258,6 @@ int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *
 /* Decodes and validates header and body in e->plan_buf into e->plan (the block tables
  * into e->tables, only once the whole plan is valid). 0 or GANG_EPROTO. */
 int gang__plan_decode(gang_engine *e);
-/* Uploads the block tables of the decoded plan's sequences to e->tables_dev. 0 or the
- * upload's error. */
-int gang__plan_upload_tables(gang_engine *e);
-/* Rank 0: every block free again and the prefix cache empty (init and reset). */
-void gang__sched_blocks_reset(gang_engine *e);
-
 /* Whether sp's penalties are in range: presence and frequency in [-2, 2], repetition
  * 0 (off) or > 0, all finite (submit and the plan's receivers check the same). */
 int gang__penalties_ok(const gang_sampling *sp);

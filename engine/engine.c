@@ -6,7 +6,7 @@
  * Design.
  *
  *  - Rank 0 (stage 0, TP rank 0) owns the requests: submit queues them, the scheduler
- *    (engine-plan.c) turns the queue into one step's plan, poll hands out the events.
+ *    (engine-sched.c) turns the queue into one step's plan, poll hands out the events.
  *    Every other rank only ever sees plans.
  *  - A paged KV cache. Every rank holds, for each layer of its stage, one pool of
  *    n_blocks blocks of block_size positions of its kv-head shard; a sequence's block
@@ -14,7 +14,7 @@
  *    / bytes per block of the gang's LARGEST stage shard (the stage with the most layers
  *    is the one that must fit), capped at max_batch whole contexts; ranks with different
  *    budgets agree on the smallest (gang_engine_limit_blocks). `slots` (= max_batch)
- *    sequences run at once; rank 0 allocates the blocks (engine-plan.c) and the plan
+ *    sequences run at once; rank 0 allocates the blocks (engine-kv.c) and the plan
  *    carries the tables.
  *  - A step is a collective call. Rank 0 builds the plan (per sequence: slot, pos0, n
  *    tokens, token ids, sampling parameters, whether to sample) and broadcasts it over
@@ -233,7 +233,7 @@ static int eng_alloc_caches(gang_engine *e)
             e->ht_head == NULL || e->ht_next == NULL || e->lru_prev == NULL ||
             e->lru_next == NULL || e->pc_hits == NULL)
             return GANG_ENOMEM;
-        gang__sched_blocks_reset(e);
+        gang__kv_reset(e);
     }
     rc = eng_talloc(e, n_tab, &e->tables_dev);
     if (rc != 0)
@@ -525,7 +525,7 @@ int gang_engine_limit_blocks(gang_engine *e, uint32_t n)
         return GANG_EAGAIN;
     e->n_usable = n < e->n_blocks ? n : e->n_blocks;
     if (e->free_blocks != NULL)
-        gang__sched_blocks_reset(e);
+        gang__kv_reset(e);
     return 0;
 }
 

@@ -2,7 +2,9 @@
 # paged KV cache, stages, sampling (include/ganglion/engine.h).
 add_library(gang_engine STATIC
   engine/engine.c
-  engine/engine-plan.c
+  engine/engine-sched.c
+  engine/engine-kv.c
+  engine/engine-events.c
   engine/engine-wire.c
   engine/engine-run.c
   engine/sample.c)

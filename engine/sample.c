@@ -240,3 +240,10 @@ void gang__logprobs(const gang__sampler *s, const float *logits, int32_t token, 
                      ? (float)((double)logits[token] - lse)
                      : -INFINITY;
 }
+
+int gang__penalties_ok(const gang_sampling *sp)
+{
+    return sp->presence_penalty >= -2.0f && sp->presence_penalty <= 2.0f &&
+           sp->frequency_penalty >= -2.0f && sp->frequency_penalty <= 2.0f &&
+           sp->repetition_penalty >= 0.0f && isfinite(sp->repetition_penalty);
+}
