@@ -371,9 +371,9 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             req.n_prompt = o->prompt;
             req.max_tokens = o->tokens;
             req.sampling.top_p = 1.0f;
-            req.ignore_eos = 1; /* a real model's EOS must not end a request early */
-            req.logprobs = (uint32_t)agree;
-            req.top_logprobs = agree ? GANG_AGREE_TOP : 0;
+            req.sampling.ignore_eos = 1; /* a real model's EOS must not end a request early */
+            req.sampling.logprobs = (uint32_t)agree;
+            req.sampling.top_logprobs = agree ? GANG_AGREE_TOP : 0;
             *what = "submit";
             rc = gang_engine_submit(e, &req, err, sizeof(err));
             if (rc != 0) {

@@ -86,14 +86,14 @@ void gang__sched_commit(gang_engine *e)
         ev.id = q->r.id;
         ev.token = q->last;
         ev.index = q->n_gen;
-        if (q->r.logprobs)
+        if (q->r.sampling.logprobs)
             sched_logprobs(&e->plan.res[i], &ev);
         sched_event(e, &ev);
         q->n_gen++;
         stop = 0;
-        for (j = 0; j < q->r.n_stop; j++)
-            stop |= q->r.stop[j] == q->last;
-        for (j = 0; !q->r.ignore_eos && j < e->m->cfg.n_eos && j < GANG_MAX_EOS; j++)
+        for (j = 0; j < q->r.sampling.n_stop; j++)
+            stop |= q->r.sampling.stop[j] == q->last;
+        for (j = 0; !q->r.sampling.ignore_eos && j < e->m->cfg.n_eos && j < GANG_MAX_EOS; j++)
             stop |= e->m->cfg.eos_ids[j] == q->last;
         if (stop || q->n_gen >= q->r.max_tokens) {
             memset(&ev, 0, sizeof(ev));

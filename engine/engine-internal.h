@@ -17,17 +17,19 @@
  * --------------------------------------------------------------------------------- */
 #define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
 #define GANG__PLAN_HDR_WORDS 5u
-#define GANG__PLAN_SEQ_WORDS 15u /* words of one entry (engine-wire.c, plan_seq_fields) */
+/* Bytes of one entry (engine-wire.c, plan_seq_fields): 5 words and the sampling, whose
+ * stop list makes it 36 to 100 bytes. */
+#define GANG__PLAN_SEQ_MIN_BYTES 56u
+#define GANG__PLAN_SEQ_MAX_BYTES 120u
 
 typedef struct gang__plan_seq {
     uint32_t slot;     /* slot of the sequence (its table, its history) */
     uint32_t pos0;     /* position of its first token of this step */
     uint32_t n;        /* tokens of this step (1 for a decode) */
     uint32_t sample;   /* 1: the last token's logits are sampled this step */
-    gang_sampling sp;  /* sampling parameters (when sample) */
+    gang_sampling sp;  /* sampling parameters (when sample; logprobs and top_logprobs say
+                          what to report) */
     uint32_t n_prompt; /* the request's prompt length: positions below are prompt */
-    uint32_t logprobs; /* 1: report the sampled token's logprob (and n_top more) */
-    uint32_t n_top;    /* 0..GANG_MAX_TOP_LOGPROBS */
     uint32_t tok_off;  /* offset of its tokens in the plan's token array (derived) */
 } gang__plan_seq;
 
@@ -234,16 +236,17 @@ typedef struct gang__plan_hdr {
     uint32_t n_seq;
     uint32_t n_tokens;
     uint32_t n_table;    /* block-table entries of the body */
-    uint32_t body_words; /* words after the header */
+    uint32_t body_bytes; /* bytes after the header (the broadcast rounds up to words) */
 } gang__plan_hdr;
 
 /* The header's fields, both directions (the tests build headers with it too). */
 void gang__plan_hdr_fields(gang_codec *c, gang__plan_hdr *h);
 /*
  * Writes plan p, with sequence i's block table at tables[i * max_bps], as header + body
- * into buf (room for GANG__PLAN_HDR_WORDS + plan_max_words words). 0 and the body's word
- * count; GANG_EINVAL for counts past e's bounds. No other check: receivers validate
- * (the tests write plans a scheduler would never build).
+ * into buf (room for GANG__PLAN_HDR_WORDS + plan_max_words words). 0 and the body's size
+ * in words (its bytes rounded up, padded with zeros); GANG_EINVAL for counts or fields
+ * past e's or the codec's bounds. No other check: receivers validate (the tests write
+ * plans a scheduler would never build).
  */
 int gang__plan_write(const gang_engine *e, const gang__plan *p, const int32_t *tables, int32_t *buf,
                      uint32_t *body_words);
@@ -252,7 +255,7 @@ int gang__plan_write(const gang_engine *e, const gang__plan *p, const int32_t *t
 uint32_t gang__plan_encode(gang_engine *e);
 /*
  * Validates a received header against this rank's bounds. Returns 0 and the body's
- * word count, or GANG_EPROTO.
+ * size in words (what the second broadcast carries), or GANG_EPROTO.
  */
 int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words);
 /* Decodes and validates header and body in e->plan_buf into e->plan (the block tables

@@ -101,8 +101,8 @@ static void run_sample(gang_engine *e, uint32_t i, uint32_t row)
 
     e->head_row[i] = row;
     e->plan.out[i] = gang__sample_seq(&e->sampler, lg, &s->sp, &h);
-    if (s->logprobs)
-        gang__logprobs(&e->sampler, lg, e->plan.out[i], s->n_top, &e->plan.res[i]);
+    if (s->sp.logprobs)
+        gang__logprobs(&e->sampler, lg, e->plan.out[i], s->sp.top_logprobs, &e->plan.res[i]);
 }
 
 /*
@@ -256,7 +256,7 @@ static int run_xfer_tokens(gang_engine *e, int is_send, gang_comm *world, uint32
     if (rc != 0)
         return rc;
     for (i = first; i < first + count; i++)
-        lp |= e->plan.seqs[i].logprobs;
+        lp |= e->plan.seqs[i].sp.logprobs;
     if (lp) {
         buf = e->plan.res + first;
         bytes = (size_t)count * sizeof(gang__result);

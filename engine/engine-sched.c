@@ -51,8 +51,6 @@ static void sched_add(gang_engine *e, gang__request *q, uint32_t pos0, const int
     s->sample = sample;
     s->sp = q->r.sampling;
     s->n_prompt = q->r.n_prompt;
-    s->logprobs = q->r.logprobs;
-    s->n_top = q->r.top_logprobs;
     s->tok_off = p->n_tokens;
     memcpy(p->tokens + p->n_tokens, ids, (size_t)n * sizeof(int32_t));
     p->n_tokens += n;

@@ -4,12 +4,13 @@
  * applies on receipt (a plan is input from another process: a rank refuses one that does
  * not fit its own bounds instead of indexing past them).
  *
- * Layout, little-endian 4-byte words (broadcast over the world communicator as int32 in
- * two parts: the header, then the body whose size the header gives):
- *   header (GANG__PLAN_HDR_WORDS): magic, n_seq, n_tokens, n_table, body_words
- *   body:  n_seq entries of GANG__PLAN_SEQ_WORDS words (plan_seq_fields: slot, pos0, n,
- *          sample, n_prompt, logprobs, n_top, then the sampling parameters as
- *          gang_sampling_codec writes them),
+ * Layout, little-endian (broadcast over the world communicator as int32 words in two
+ * parts: the header, then the body, whose size the header gives, rounded up to words and
+ * padded with zeros):
+ *   header (GANG__PLAN_HDR_WORDS u32): magic, n_seq, n_tokens, n_table, body_bytes
+ *   body:  n_seq entries (plan_seq_fields: u32 slot, pos0, n, sample, n_prompt, then the
+ *          request's sampling as gang_sampling_codec writes it: GANG__PLAN_SEQ_MIN_BYTES
+ *          to GANG__PLAN_SEQ_MAX_BYTES),
  *          then the n_tokens token ids, sequence after sequence,
  *          then the n_table block ids: each sequence's block table for positions
  *          0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size) entries), sequence after
@@ -23,24 +24,13 @@
 
 #include "engine-internal.h"
 
-void gang_sampling_codec(gang_codec *c, gang_sampling *sp)
-{
-    gang_codec_f32(c, &sp->temperature);
-    gang_codec_u32(c, &sp->top_k);
-    gang_codec_f32(c, &sp->top_p);
-    gang_codec_u64(c, &sp->seed);
-    gang_codec_f32(c, &sp->presence_penalty);
-    gang_codec_f32(c, &sp->frequency_penalty);
-    gang_codec_f32(c, &sp->repetition_penalty);
-}
-
 void gang__plan_hdr_fields(gang_codec *c, gang__plan_hdr *h)
 {
     gang_codec_u32(c, &h->magic);
     gang_codec_u32(c, &h->n_seq);
     gang_codec_u32(c, &h->n_tokens);
     gang_codec_u32(c, &h->n_table);
-    gang_codec_u32(c, &h->body_words);
+    gang_codec_u32(c, &h->body_bytes);
 }
 
 /* One entry of the body; the flags' bounds are the codec's, the rest the validator's. */
@@ -51,8 +41,6 @@ static void plan_seq_fields(gang_codec *c, gang__plan_seq *s)
     gang_codec_u32(c, &s->n);
     gang_codec_uint(c, &s->sample, 4, 1);
     gang_codec_u32(c, &s->n_prompt);
-    gang_codec_uint(c, &s->logprobs, 4, 1);
-    gang_codec_uint(c, &s->n_top, 4, GANG_MAX_TOP_LOGPROBS);
     gang_sampling_codec(c, &s->sp);
 }
 
@@ -81,6 +69,7 @@ int gang__plan_write(const gang_engine *e, const gang__plan *p, const int32_t *t
                      uint32_t *body_words)
 {
     gang__plan_hdr h = {.magic = GANG__PLAN_MAGIC, .n_seq = p->n_seq, .n_tokens = p->n_tokens};
+    const size_t hdr_bytes = GANG__PLAN_HDR_WORDS * sizeof(int32_t);
     size_t cap = (GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t), len = 0;
     gang_codec c;
     int rc;
@@ -89,20 +78,24 @@ int gang__plan_write(const gang_engine *e, const gang__plan *p, const int32_t *t
         return GANG_EINVAL;
     for (uint32_t i = 0; i < p->n_seq; i++)
         h.n_table += gang__blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n);
-    h.body_words = p->n_seq * GANG__PLAN_SEQ_WORDS + p->n_tokens + h.n_table;
-    /* The encoder only reads through p and tables. */
-    gang_codec_encoder(&c, buf, cap);
-    gang__plan_hdr_fields(&c, &h);
+    /* The body first, after the header's room, to learn its size; then the header. The
+     * encoder only reads through p and tables. */
+    gang_codec_encoder(&c, (uint8_t *)buf + hdr_bytes, cap - hdr_bytes);
     for (uint32_t i = 0; i < p->n_seq; i++)
         plan_seq_fields(&c, &p->seqs[i]);
     gang_codec_i32_array(&c, p->tokens, p->n_tokens);
     plan_tables_fields(&c, e, p->seqs, p->n_seq, (int32_t *)tables);
     rc = gang_codec_finish(&c, &len);
     if (rc != 0)
+        return rc == GANG_EMSGSIZE ? GANG_EINTERNAL : rc; /* plan_max_words is too small */
+    h.body_bytes = (uint32_t)len;
+    memset((uint8_t *)buf + hdr_bytes + len, 0, (4 - len % 4) % 4);
+    gang_codec_encoder(&c, buf, hdr_bytes);
+    gang__plan_hdr_fields(&c, &h);
+    rc = gang_codec_finish(&c, NULL);
+    if (rc != 0)
         return rc;
-    if (len != (GANG__PLAN_HDR_WORDS + (size_t)h.body_words) * sizeof(int32_t))
-        return GANG_EINTERNAL; /* GANG__PLAN_SEQ_WORDS out of step with plan_seq_fields */
-    *body_words = h.body_words;
+    *body_words = (h.body_bytes + 3) / 4;
     return 0;
 }
 
@@ -134,10 +127,13 @@ int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *
         return GANG_EPROTO;
     if ((uint64_t)h.n_table > (uint64_t)h.n_seq * e->max_bps)
         return GANG_EPROTO;
+    /* The entries' sizes vary with their stop lists; tokens and tables are words. */
+    uint64_t fixed = 4 * ((uint64_t)h.n_tokens + h.n_table);
     if (h.n_tokens < h.n_seq ||
-        (uint64_t)h.body_words != (uint64_t)h.n_seq * GANG__PLAN_SEQ_WORDS + h.n_tokens + h.n_table)
+        h.body_bytes < fixed + (uint64_t)h.n_seq * GANG__PLAN_SEQ_MIN_BYTES ||
+        h.body_bytes > fixed + (uint64_t)h.n_seq * GANG__PLAN_SEQ_MAX_BYTES)
         return GANG_EPROTO;
-    *body_words = h.body_words;
+    *body_words = (h.body_bytes + 3) / 4;
     return 0;
 }
 
@@ -155,7 +151,7 @@ static int plan_entry_ok(gang_engine *e, const gang__plan_seq *s, uint32_t off, 
         !(s->sp.top_p > 0.0f && s->sp.top_p <= 1.0f) || !gang__penalties_ok(&s->sp))
         return GANG_EPROTO;
     /* The penalties read the slot's history below the sampled position. */
-    if (s->n_prompt > e->max_ctx || (!s->logprobs && s->n_top != 0) ||
+    if (s->n_prompt > e->max_ctx || (!s->sp.logprobs && s->sp.top_logprobs != 0) ||
         (s->sample && (s->n_prompt == 0 || s->n_prompt > s->pos0 + s->n)))
         return GANG_EPROTO;
     return 0;
@@ -204,9 +200,14 @@ int gang__plan_decode(gang_engine *e)
     uint32_t i, off = 0, tab = 0;
     size_t len;
 
-    if (gang__plan_check_header(e, e->plan_buf, &h.body_words) != 0)
+    uint32_t words;
+
+    if (gang__plan_check_header(e, e->plan_buf, &words) != 0)
         return GANG_EPROTO;
-    len = (GANG__PLAN_HDR_WORDS + (size_t)h.body_words) * sizeof(int32_t);
+    gang_codec_decoder(&c, e->plan_buf, GANG__PLAN_HDR_WORDS * sizeof(int32_t));
+    gang__plan_hdr_fields(&c, &h);
+    /* The body is exactly body_bytes: the padding to a word is not part of it. */
+    len = GANG__PLAN_HDR_WORDS * sizeof(int32_t) + h.body_bytes;
     gang_codec_decoder(&c, e->plan_buf, len);
     gang__plan_hdr_fields(&c, &h);
     memset(e->slot_seen, 0, e->slots);

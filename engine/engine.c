@@ -365,7 +365,8 @@ static int eng_alloc_buffers(gang_engine *e)
                 return GANG_ENOMEM;
         }
     }
-    e->plan_max_words = (size_t)e->slots * (GANG__PLAN_SEQ_WORDS + e->max_bps) + e->max_tokens;
+    e->plan_max_words = ((size_t)e->slots * GANG__PLAN_SEQ_MAX_BYTES + 3) / 4 +
+                        (size_t)e->slots * e->max_bps + e->max_tokens;
     e->plan_buf = malloc((GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t));
     e->wire_tables = malloc((size_t)e->slots * e->max_bps * sizeof(int32_t));
     e->slot_seen = calloc(e->slots, 1);
@@ -577,9 +578,9 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
                      r->id, r->n_prompt, r->max_tokens, e->max_ctx);
         return GANG_EINVAL;
     }
-    if (r->n_stop > GANG_MAX_STOP_TOKENS) {
+    if (r->sampling.n_stop > GANG_MAX_STOP_TOKENS) {
         gang_set_err(err, errlen, "request %" PRIu64 ": %u stop tokens, at most %d", r->id,
-                     r->n_stop, GANG_MAX_STOP_TOKENS);
+                     r->sampling.n_stop, GANG_MAX_STOP_TOKENS);
         return GANG_EINVAL;
     }
     if (!(r->sampling.temperature >= 0.0f) || !isfinite(r->sampling.temperature) ||
@@ -595,8 +596,9 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
                      r->id);
         return GANG_EINVAL;
     }
-    if (r->ignore_eos > 1 || r->logprobs > 1 || r->top_logprobs > GANG_MAX_TOP_LOGPROBS ||
-        (r->top_logprobs > 0 && !r->logprobs)) {
+    if (r->sampling.ignore_eos > 1 || r->sampling.logprobs > 1 ||
+        r->sampling.top_logprobs > GANG_MAX_TOP_LOGPROBS ||
+        (r->sampling.top_logprobs > 0 && !r->sampling.logprobs)) {
         gang_set_err(err, errlen,
                      "request %" PRIu64 ": ignore_eos and logprobs are 0 or 1, top_logprobs "
                      "at most %d and only with logprobs",

@@ -48,7 +48,7 @@ typedef struct agent {
     gang_api *api;         /* the OpenAI-compatible API (api.h); a member forwards it */
     gang_fwd_relay *relay; /* coordinator only: members' forwarded requests (api-fwd.h) */
     uint8_t fwd_buf[GANG_API_FRAME_MAX];
-    gang_wctl fwd_pkt;     /* a member: the coordinator's last decoded API frame */
+    gang_req_msg fwd_pkt;  /* a member: the coordinator's last decoded API frame */
     uint64_t fwd_rejected; /* a member: malformed API frames from the coordinator */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
@@ -269,7 +269,7 @@ static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, co
     }
 }
 
-static void s_on_token(void *ctx, const gang_wctl *tok)
+static void s_on_token(void *ctx, const gang_req_msg *tok)
 {
     agent *a = ctx;
     if (a->relay && gang_fwd_relay_token(a->relay, tok))
@@ -290,15 +290,15 @@ static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32
 
 /* --- forwarding (api-fwd.h) ------------------------------------------------------- */
 
-/* The coordinator's API hands its packets to rank 0 through the supervisor. */
-static int api_submit_local(void *ctx, gang_wctl *pkt)
+/* The coordinator's API hands its messages to rank 0 through the supervisor. */
+static int api_submit_local(void *ctx, const gang_req_msg *pkt)
 {
     agent *a = ctx;
     return gang_sup_submit(a->sup, pkt);
 }
 
-/* A member's API forwards its packets to the coordinator as API frames. */
-static int api_submit_forward(void *ctx, gang_wctl *pkt)
+/* A member's API forwards its messages to the coordinator as API frames. */
+static int api_submit_forward(void *ctx, const gang_req_msg *pkt)
 {
     agent *a = ctx;
     size_t len = 0;
@@ -320,7 +320,7 @@ static void c_on_api(void *ctx, uint32_t node, uint64_t gen, const uint8_t *data
 static void m_on_api(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len)
 {
     agent *a = ctx;
-    gang_wctl *m = &a->fwd_pkt;
+    gang_req_msg *m = &a->fwd_pkt;
     uint64_t stamp_us = 0;
     if (a->api == NULL || a->relay != NULL)
         return;
@@ -330,15 +330,15 @@ static void m_on_api(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len)
         return;
     }
     m->generation = gen;
-    if (m->type == GANG_WCTL_TOKEN) {
+    if (m->kind == GANG_REQ_TOKEN) {
         gang_api_on_token(a->api, m);
         uint64_t now = gang__fwd_wall_us();
         if (stamp_us != 0)
             gang_api_observe_relay(a->api, now >= stamp_us ? (double)(now - stamp_us) / 1e6 : 0);
-    } else if (m->type == GANG_WCTL_DONE) {
-        gang_api_on_done(a->api, gen, m->req_id, m->code, m->index, m->finish, m->reason);
+    } else if (m->kind == GANG_REQ_DONE) {
+        gang_api_on_done(a->api, gen, m->id, m->code, m->index, m->finish, m->reason);
     } else {
-        gang_api_on_nack(a->api, gen, m->req_id, m->index);
+        gang_api_on_nack(a->api, gen, m->id, m->index);
     }
 }
 

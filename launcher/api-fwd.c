@@ -1,123 +1,56 @@
 /*
- * The codec of forwarded API requests (api-fwd.h has the layout), with the common codec
- * (gang_codec) like the rendezvous frames: one walk per kind serves both directions, so
- * encoder and decoder cannot drift; the decoder is a trust boundary (a member or
- * coordinator with the token may still be broken): the codec never reads past the
- * payload, checks every count against its bound before copying and accepts a payload
- * only when it is consumed exactly.
+ * The codec of forwarded API requests (api-fwd.h has the layout): the engine's request
+ * messages (gang_req_codec, the same description the worker channel uses) behind a kind
+ * byte, plus the forwarding's own NACK and the token's stamp. One walk serves both
+ * directions; the decoder is a trust boundary (a member or coordinator with the token may
+ * still be broken): the codec never reads past the payload, checks every count against
+ * its bound before copying and accepts a payload only when it is consumed exactly.
  */
 #include <string.h>
 #include <time.h>
 
 #include "api-fwd.h"
 
-/* The prompt ids of a SUBMIT or PROMPT, kept in m->blob as int32 like the worker's. */
-static void fc_prompt_ids(gang_codec *c, gang_wctl *m)
+/* Walks the payload of m->kind; 0, or GANG_EPROTO for a kind outside the direction. */
+static int fc_payload(gang_codec *c, gang_req_msg *m, int from_coordinator, uint64_t *stamp_us)
 {
-    int32_t ids[GANG_WCTL_MAX_PROMPT];
-    uint32_t n = m->blob_len / 4;
-    if (!c->decoding) {
-        if (m->blob_len % 4 != 0 || n > GANG_WCTL_MAX_PROMPT) {
-            gang_codec_fail(c, GANG_EINVAL);
-            return;
-        }
-        memcpy(ids, m->blob, m->blob_len);
-    }
-    gang_codec_i32_list(c, &n, 4, ids, GANG_WCTL_MAX_PROMPT);
-    if (c->decoding && gang_codec_ok(c)) {
-        m->blob_len = n * 4;
-        memcpy(m->blob, ids, m->blob_len);
-    }
-}
-
-static void fc_submit(gang_codec *c, gang_wctl *m)
-{
-    gang_codec_u32(c, &m->n_prompt);
-    gang_codec_u32(c, &m->max_tokens);
-    gang_codec_u32(c, &m->top_k);
-    gang_codec_f32(c, &m->temperature);
-    gang_codec_f32(c, &m->top_p);
-    gang_codec_u64(c, &m->seed);
-    gang_codec_f32(c, &m->presence_penalty);
-    gang_codec_f32(c, &m->frequency_penalty);
-    gang_codec_f32(c, &m->repetition_penalty);
-    gang_codec_uint(c, &m->ignore_eos, 1, 0xFF);
-    gang_codec_uint(c, &m->logprobs, 1, 0xFF);
-    gang_codec_uint(c, &m->top_logprobs, 1, 0xFF);
-    gang_codec_i32_list(c, &m->n_stop, 1, m->stop,
-                        (uint32_t)(sizeof(m->stop) / sizeof(m->stop[0])));
-    fc_prompt_ids(c, m);
-    /* A SUBMIT carries the start of its prompt: no more ids than the whole prompt. */
-    if (c->decoding && gang_codec_ok(c) && m->n_prompt != 0 && m->blob_len / 4 > m->n_prompt)
-        gang_codec_fail(c, GANG_EPROTO);
-}
-
-static void fc_token(gang_codec *c, gang_wctl *m, uint64_t *stamp_us)
-{
-    gang_codec_u32(c, &m->index);
-    gang_codec_i32(c, &m->token);
-    gang_codec_f32(c, &m->logprob);
-    gang_codec_i32_list(c, &m->n_top, 1, m->top_ids, GANG_MAX_TOP_LOGPROBS);
-    if (gang_codec_ok(c))
-        gang_codec_f32_array(c, m->top_lp, m->n_top);
-    gang_codec_u64(c, stamp_us);
-}
-
-/* Walks the payload of m->type; 0, or GANG_EPROTO for a kind outside the direction. */
-static int fc_payload(gang_codec *c, gang_wctl *m, int from_coordinator, uint64_t *stamp_us)
-{
-    uint32_t kind = m->type;
+    uint32_t kind = m->kind;
     gang_codec_uint(c, &kind, 1, 0xFF);
-    gang_codec_u64(c, &m->req_id);
-    if (!gang_codec_ok(c) || m->req_id > GANG_FWD_ID_MASK)
+    if (!gang_codec_ok(c))
         return GANG_EPROTO;
-    m->type = kind;
-    int coord_kind = kind == GANG_WCTL_TOKEN || kind == GANG_WCTL_DONE || kind == GANG_FWD_NACK;
-    int member_kind =
-        kind == GANG_WCTL_SUBMIT || kind == GANG_WCTL_PROMPT || kind == GANG_WCTL_CANCEL;
+    int coord_kind = kind == GANG_REQ_TOKEN || kind == GANG_REQ_DONE || kind == GANG_FWD_NACK;
+    int member_kind = kind == GANG_REQ_SUBMIT || kind == GANG_REQ_PROMPT || kind == GANG_REQ_CANCEL;
     if (from_coordinator ? !coord_kind : !member_kind)
         return GANG_EPROTO;
-    switch (kind) {
-    case GANG_WCTL_SUBMIT:
-        fc_submit(c, m);
-        break;
-    case GANG_WCTL_PROMPT:
-        gang_codec_u32(c, &m->n_prompt);
+    if (kind == GANG_FWD_NACK) {
+        m->kind = kind;
+        gang_codec_u64(c, &m->id);
         gang_codec_u32(c, &m->index);
-        fc_prompt_ids(c, m);
-        break;
-    case GANG_WCTL_TOKEN:
-        fc_token(c, m, stamp_us);
-        break;
-    case GANG_WCTL_DONE:
-        gang_codec_i32(c, &m->code);
-        gang_codec_u32(c, &m->index);
-        gang_codec_str(c, m->finish, sizeof(m->finish), 1);
-        gang_codec_str(c, m->reason, sizeof(m->reason), 2);
-        break;
-    case GANG_FWD_NACK:
-        gang_codec_u32(c, &m->index);
-        break;
-    default: /* CANCEL: the id is all */
-        break;
+    } else {
+        /* The engine's request message, as the worker channel carries it. */
+        gang_req_codec(c, kind, m);
+        if (kind == GANG_REQ_TOKEN)
+            gang_codec_u64(c, stamp_us);
     }
+    if (gang_codec_ok(c) && m->id > GANG_FWD_ID_MASK)
+        return GANG_EPROTO;
     return 0;
 }
 
-int gang_fwd_encode(const gang_wctl *m, uint64_t stamp_us, uint8_t *buf, size_t cap, size_t *len)
+int gang_fwd_encode(const gang_req_msg *m, uint64_t stamp_us, uint8_t *buf, size_t cap, size_t *len)
 {
     int from_coordinator =
-        m->type == GANG_WCTL_TOKEN || m->type == GANG_WCTL_DONE || m->type == GANG_FWD_NACK;
+        m->kind == GANG_REQ_TOKEN || m->kind == GANG_REQ_DONE || m->kind == GANG_FWD_NACK;
     gang_codec c;
     gang_codec_encoder(&c, buf, cap);
     /* The walk only reads through m while encoding. */
-    int rc = fc_payload(&c, (gang_wctl *)m, from_coordinator, &stamp_us);
+    int rc = fc_payload(&c, (gang_req_msg *)m, from_coordinator, &stamp_us);
     if (rc != 0)
         return GANG_EINVAL;
     return gang_codec_finish(&c, len);
 }
 
-int gang_fwd_decode(const uint8_t *buf, size_t len, int from_coordinator, gang_wctl *m,
+int gang_fwd_decode(const uint8_t *buf, size_t len, int from_coordinator, gang_req_msg *m,
                     uint64_t *stamp_us)
 {
     gang_codec c;
@@ -157,7 +90,7 @@ static uint32_t hole_find(const gang_fwd_relay *r, uint64_t id)
 }
 
 /* Sends m (a NACK, token or end) for generation gen to node; counts a failure. */
-static void relay_send(gang_fwd_relay *r, uint32_t node, uint64_t gen, const gang_wctl *m,
+static void relay_send(gang_fwd_relay *r, uint32_t node, uint64_t gen, const gang_req_msg *m,
                        uint64_t stamp_us)
 {
     size_t len = 0;
@@ -166,16 +99,16 @@ static void relay_send(gang_fwd_relay *r, uint32_t node, uint64_t gen, const gan
         rc = gang_coord_send_api(r->coord, node, gen, r->buf, (uint32_t)len);
     if (rc != 0) {
         r->send_failures++;
-        gang_debug("fwd: cannot send a %u to node %u: %s", m->type, node, gang_strerror(rc));
+        gang_debug("fwd: cannot send a %u to node %u: %s", m->kind, node, gang_strerror(rc));
     }
 }
 
 static void relay_nack(gang_fwd_relay *r, uint32_t node, uint64_t gen, uint64_t id, uint32_t index)
 {
-    gang_wctl *n = &r->pkt;
+    gang_req_msg *n = &r->pkt;
     memset(n, 0, sizeof(*n));
-    n->type = GANG_FWD_NACK;
-    n->req_id = id;
+    n->kind = GANG_FWD_NACK;
+    n->id = id;
     n->index = index;
     r->nacks++;
     relay_send(r, node, gen, n, 0);
@@ -210,7 +143,7 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
                        uint32_t len)
 {
     uint64_t stamp;
-    gang_wctl *m = &r->pkt;
+    gang_req_msg *m = &r->pkt;
     if (node == 0 || gang_fwd_decode(data, len, 0, m, &stamp) != 0) {
         r->frames_refused++;
         gang_warn("fwd: refused a malformed API frame of %u bytes from node %u", len, node);
@@ -218,13 +151,13 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
     }
     if (gen == 0 || (r->gen != 0 && gen < r->gen))
         return; /* an older generation's: the member submits it again after START */
-    uint64_t member_id = m->req_id, id = gang_fwd_id(node, member_id);
-    uint32_t index = m->type == GANG_WCTL_SUBMIT ? 0 : m->index;
-    if (m->type == GANG_WCTL_CANCEL) {
+    uint64_t member_id = m->id, id = gang_fwd_id(node, member_id);
+    uint32_t index = m->kind == GANG_REQ_SUBMIT ? 0 : m->index;
+    if (m->kind == GANG_REQ_CANCEL) {
         /* The member gave the request up: a hole it left will not be filled. */
         hole_set(r, id, 0, 1);
         m->generation = gen;
-        m->req_id = id;
+        m->id = id;
         if (gen == r->gen && gang_sup_submit(r->sup, m) == 0) /* best effort, as local */
             r->cancels++;
         return;
@@ -234,7 +167,7 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
         return;
     }
     m->generation = gen;
-    m->req_id = id;
+    m->id = id;
     int rc = gang_sup_submit(r->sup, m);
     hole_set(r, id, index, rc == 0);
     if (rc != 0) {
@@ -242,18 +175,18 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
         return;
     }
     r->packets++;
-    r->submits += m->type == GANG_WCTL_SUBMIT;
+    r->submits += m->kind == GANG_REQ_SUBMIT;
 }
 
-int gang_fwd_relay_token(gang_fwd_relay *r, const gang_wctl *tok)
+int gang_fwd_relay_token(gang_fwd_relay *r, const gang_req_msg *tok)
 {
-    uint32_t node = gang_fwd_node(tok->req_id);
+    uint32_t node = gang_fwd_node(tok->id);
     if (node == 0)
         return 0;
-    gang_wctl *m = &r->pkt;
+    gang_req_msg *m = &r->pkt;
     memcpy(m, tok, sizeof(*m));
-    m->type = GANG_WCTL_TOKEN;
-    m->req_id = tok->req_id & GANG_FWD_ID_MASK;
+    m->kind = GANG_REQ_TOKEN;
+    m->id = tok->id & GANG_FWD_ID_MASK;
     relay_send(r, node, tok->generation, m, gang__fwd_wall_us());
     return 1;
 }
@@ -264,10 +197,10 @@ int gang_fwd_relay_done(gang_fwd_relay *r, uint64_t gen, uint64_t id, int32_t co
     uint32_t node = gang_fwd_node(id);
     if (node == 0)
         return 0;
-    gang_wctl *m = &r->pkt;
+    gang_req_msg *m = &r->pkt;
     memset(m, 0, sizeof(*m));
-    m->type = GANG_WCTL_DONE;
-    m->req_id = id & GANG_FWD_ID_MASK;
+    m->kind = GANG_REQ_DONE;
+    m->id = id & GANG_FWD_ID_MASK;
     m->code = code;
     m->index = cached;
     gang_strlcpy(m->finish, finish, sizeof(m->finish));

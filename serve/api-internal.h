@@ -22,7 +22,6 @@
 #include <cjson/cJSON.h>
 
 #include "api.h"
-#include "wctl.h"
 
 typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates) */
 
@@ -37,19 +36,15 @@ typedef enum api_kind { API_COMPLETION = 0, API_CHAT = 1 } api_kind;
 
 /* The fields of a call that every one of its sequences shares. */
 typedef struct api_params {
-    uint32_t max_tokens; /* 0 = the rest of the context, per prompt */
-    gang_sampling sampling;
-    int32_t stop_ids[GANG_MAX_STOP_TOKENS];
-    uint32_t n_stop_ids;
+    uint32_t max_tokens;    /* 0 = the rest of the context, per prompt */
+    gang_sampling sampling; /* everything the engine needs: draw, penalties, stop ids,
+                               ignore_eos, logprobs and top_logprobs */
     char stop_str[API_MAX_STOP_STRINGS][API_MAX_STOP_BYTES + 1];
     size_t stop_len[API_MAX_STOP_STRINGS];
     uint32_t n_stop_str;
-    uint32_t ignore_eos;
-    uint32_t logprobs;     /* report logprobs */
-    uint32_t top_logprobs; /* alternatives per token */
-    int stream;            /* answer as Server-Sent Events */
-    int include_usage;     /* stream_options.include_usage */
-    int skip_special;      /* drop special tokens from the text (default 1) */
+    int stream;        /* answer as Server-Sent Events */
+    int include_usage; /* stream_options.include_usage */
+    int skip_special;  /* drop special tokens from the text (default 1) */
 } api_params;
 
 /* The logprobs of one generated token. */
@@ -120,13 +115,13 @@ struct gang_api {
     char tpl_why[256];
     int64_t created_s;
     uint64_t gen;
-    char gave_up[GANG_REASON_MAX];
+    char gave_up[GANG_REQ_REASON_MAX];
     uint64_t next_id;
     api_call *calls;
     uint32_t n_calls;
     api_seq *seqs;
     void *sweep; /* uv_timer_t */
-    gang_wctl pkt;
+    gang_req_msg pkt;
     uint64_t answered[6]; /* 200, 400, 401, 404, 503, 504 */
     uint64_t resubmits, cancels, mismatches, stop_strings, client_gone;
     uint64_t prompt_tokens, prefix_hit_tokens; /* of the sequences the gang completed */

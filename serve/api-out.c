@@ -138,7 +138,7 @@ static cJSON *chat_lp_entry(const gang_api *api, const api_seq *s, uint32_t i, c
  */
 static cJSON *logprobs_json(const gang_api *api, const api_seq *s, uint32_t from, uint32_t to)
 {
-    if (!s->call->p.logprobs || s->lp == NULL)
+    if (!s->call->p.sampling.logprobs || s->lp == NULL)
         return cJSON_CreateNull();
     char *buf = malloc(TOKEN_TEXT_CAP);
     cJSON *o = cJSON_CreateObject();

@@ -128,8 +128,8 @@ static int parse_stop(gang_api *api, const cJSON *o, api_params *p, char *err, s
                 }
                 memcpy(p->stop_str[p->n_stop_str], e->valuestring, len + 1);
                 p->stop_len[p->n_stop_str++] = len;
-            } else if (is_id(e, api->cfg.mc.vocab) && p->n_stop_ids < GANG_MAX_STOP_TOKENS) {
-                p->stop_ids[p->n_stop_ids++] = (int32_t)e->valuedouble;
+            } else if (is_id(e, api->cfg.mc.vocab) && p->sampling.n_stop < GANG_MAX_STOP_TOKENS) {
+                p->sampling.stop[p->sampling.n_stop++] = (int32_t)e->valuedouble;
             } else {
                 snprintf(err, cap, "'%s' holds something that is not %s (at most %d ids below %u)",
                          names[k], k == 0 ? "a string or a token id" : "a token id",
@@ -150,22 +150,22 @@ static int parse_logprobs(const cJSON *o, api_kind kind, api_params *p, char *er
         if ((g = gang__api_get_int(o, "logprobs", 0, GANG_MAX_TOP_LOGPROBS, &v, err, cap)) < 0)
             return -1;
         if (g > 0) {
-            p->logprobs = 1;
-            p->top_logprobs = (uint32_t)v;
+            p->sampling.logprobs = 1;
+            p->sampling.top_logprobs = (uint32_t)v;
         }
         return 0;
     }
     if ((g = get_bool(o, "logprobs", &b, err, cap)) < 0)
         return -1;
-    p->logprobs = (uint32_t)b;
+    p->sampling.logprobs = (uint32_t)b;
     if ((g = gang__api_get_int(o, "top_logprobs", 0, GANG_MAX_TOP_LOGPROBS, &v, err, cap)) < 0)
         return -1;
-    if (g > 0 && !p->logprobs) {
+    if (g > 0 && !p->sampling.logprobs) {
         snprintf(err, cap, "'top_logprobs' needs 'logprobs': true");
         return -1;
     }
     if (g > 0)
-        p->top_logprobs = (uint32_t)v;
+        p->sampling.top_logprobs = (uint32_t)v;
     return 0;
 }
 
@@ -260,7 +260,7 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
     }
     if ((g = get_bool(o, "ignore_eos", &b, err, cap)) < 0)
         return -1;
-    p->ignore_eos = g > 0 && b;
+    p->sampling.ignore_eos = g > 0 && b;
     if ((g = get_bool(o, "skip_special_tokens", &b, err, cap)) < 0)
         return -1;
     if (g > 0)
@@ -302,9 +302,9 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
     s->n_prompt = n;
     s->max_tokens = max;
     s->out = malloc((size_t)max * sizeof(int32_t));
-    s->lp = c->p.logprobs ? malloc((size_t)max * sizeof(api_lp)) : NULL;
+    s->lp = c->p.sampling.logprobs ? malloc((size_t)max * sizeof(api_lp)) : NULL;
     c->seqs[c->n_seqs++] = s;
-    if (s->out == NULL || (c->p.logprobs && s->lp == NULL)) {
+    if (s->out == NULL || (c->p.sampling.logprobs && s->lp == NULL)) {
         snprintf(err, cap, "out of memory");
         return -1; /* s belongs to c now */
     }

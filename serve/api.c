@@ -126,11 +126,11 @@ void gang__api_cancel_in_gang(gang_api *api, api_seq *s)
 {
     if (api->gen == 0 || s->sent_gen != api->gen || s->gang_done)
         return;
-    gang_wctl *m = &api->pkt;
+    gang_req_msg *m = &api->pkt;
     memset(m, 0, sizeof(*m));
-    m->type = GANG_WCTL_CANCEL;
+    m->kind = GANG_REQ_CANCEL;
     m->generation = api->gen;
-    m->req_id = s->id;
+    m->id = s->id;
     (void)api->submit(api->submit_ctx, m); /* lost only with rank 0's channel */
     api->cancels++;
 }
@@ -195,24 +195,6 @@ static void seq_done(gang_api *api, api_seq *s)
 
 /* ------------------------------------------------------------------ submission */
 
-static void pkt_request_fields(gang_wctl *m, const api_seq *s)
-{
-    const api_params *p = &s->call->p;
-    m->max_tokens = s->max_tokens;
-    m->temperature = p->sampling.temperature;
-    m->top_k = p->sampling.top_k;
-    m->top_p = p->sampling.top_p;
-    m->seed = p->sampling.seed;
-    m->presence_penalty = p->sampling.presence_penalty;
-    m->frequency_penalty = p->sampling.frequency_penalty;
-    m->repetition_penalty = p->sampling.repetition_penalty;
-    m->ignore_eos = p->ignore_eos;
-    m->logprobs = p->logprobs;
-    m->top_logprobs = p->top_logprobs;
-    m->n_stop = p->n_stop_ids;
-    memcpy(m->stop, p->stop_ids, sizeof(m->stop));
-}
-
 /*
  * Sends s to rank 0 for the current generation, or what is left of it: SUBMIT with the
  * request and the first ids, then PROMPT pieces. Stops at the first packet the channel
@@ -232,20 +214,22 @@ static void seq_submit(gang_api *api, api_seq *s)
         s->submissions++;
     }
     while (s->parts < s->n_prompt) {
-        gang_wctl *m = &api->pkt;
+        gang_req_msg *m = &api->pkt;
         memset(m, 0, sizeof(*m));
         uint32_t n = s->n_prompt - s->parts;
-        if (n > GANG_WCTL_MAX_PROMPT)
-            n = GANG_WCTL_MAX_PROMPT;
-        m->type = s->parts == 0 ? GANG_WCTL_SUBMIT : GANG_WCTL_PROMPT;
+        if (n > GANG_REQ_MAX_IDS)
+            n = GANG_REQ_MAX_IDS;
+        m->kind = s->parts == 0 ? GANG_REQ_SUBMIT : GANG_REQ_PROMPT;
         m->generation = api->gen;
-        m->req_id = s->id;
+        m->id = s->id;
         m->n_prompt = s->n_prompt;
         m->index = s->parts;
-        m->blob_len = n * 4;
-        memcpy(m->blob, s->prompt + s->parts, m->blob_len);
-        if (s->parts == 0)
-            pkt_request_fields(m, s);
+        m->n_ids = n;
+        memcpy(m->ids, s->prompt + s->parts, (size_t)n * sizeof(int32_t));
+        if (s->parts == 0) {
+            m->max_tokens = s->max_tokens;
+            m->sampling = s->call->p.sampling;
+        }
         if (api->submit(api->submit_ctx, m) != 0)
             return; /* channel full or rank 0 down: the sweep goes on */
         s->parts += n;
@@ -576,7 +560,7 @@ void gang_api_on_abort(gang_api *api, uint64_t gen)
 
 void gang_api_on_give_up(gang_api *api, const char *reason)
 {
-    char msg[GANG_REASON_MAX + 64];
+    char msg[GANG_REQ_REASON_MAX + 64];
     api->gen = 0;
     gang_strlcpy(api->gave_up, reason[0] ? reason : "restart budget spent", sizeof(api->gave_up));
     while (api->calls != NULL) {
@@ -586,9 +570,9 @@ void gang_api_on_give_up(gang_api *api, const char *reason)
     }
 }
 
-void gang_api_on_token(gang_api *api, const gang_wctl *m)
+void gang_api_on_token(gang_api *api, const gang_req_msg *m)
 {
-    api_seq *s = seq_find(api, m->req_id);
+    api_seq *s = seq_find(api, m->id);
     if (s == NULL || s->done || s->sent_gen != m->generation || m->generation != api->gen ||
         m->index != s->n_gen || s->n_gen >= s->max_tokens)
         return;
@@ -626,7 +610,7 @@ void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, ui
                       const char *finish, const char *reason)
 {
     api_seq *s = seq_find(api, id);
-    char msg[GANG_REASON_MAX + 64];
+    char msg[GANG_REQ_REASON_MAX + 64];
     if (s == NULL || s->done || s->sent_gen != gen || gen != api->gen)
         return;
     s->gang_done = 1;

@@ -30,7 +30,6 @@
 #include "ganglion/engine.h"
 #include "http.h"
 #include "metrics.h"
-#include "wctl.h"
 
 typedef struct gang_api gang_api;
 
@@ -51,12 +50,12 @@ typedef struct gang_api_config {
 } gang_api_config;
 
 /*
- * Hands an engine packet (SUBMIT, PROMPT or CANCEL; the API reuses *pkt afterwards) on
- * its way to global rank 0: the supervisor's channel on the coordinator, an API frame to
- * the coordinator on a member. 0, or an error when it was not taken (the API's sweep
- * sends what is owed again).
+ * Hands a request message (engine.h: SUBMIT, PROMPT or CANCEL, with its generation; the
+ * API reuses *msg afterwards) on its way to global rank 0: the launcher plugs in the
+ * supervisor's channel on the coordinator, an API frame to the coordinator on a member.
+ * 0, or an error when it was not taken (the API's sweep sends what is owed again).
  */
-typedef int (*gang_api_submit_fn)(void *ctx, gang_wctl *pkt);
+typedef int (*gang_api_submit_fn)(void *ctx, const gang_req_msg *msg);
 
 /*
  * Creates the API on uv_loop (cfg is copied); submit(submit_ctx, pkt) carries its packets.
@@ -85,8 +84,8 @@ void gang_api_on_abort(gang_api *api, uint64_t gen);
  * request that arrives from now on, is answered 503 at once with the reason.
  */
 void gang_api_on_give_up(gang_api *api, const char *reason);
-/* Rank 0 reported a token / the end of a request (supervisor callbacks). */
-void gang_api_on_token(gang_api *api, const gang_wctl *tok);
+/* Rank 0 reported a token (a TOKEN message) / the end of a request. */
+void gang_api_on_token(gang_api *api, const gang_req_msg *tok);
 void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
                       const char *finish, const char *reason);
 /*

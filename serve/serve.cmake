@@ -12,7 +12,5 @@ add_library(gang_serve STATIC
   serve/api-out.c
   serve/api-text.c)
 target_include_directories(gang_serve PUBLIC serve ${HTTP_PARSER_INCLUDE})
-# Debt (issue #23, the message codec): the API still builds launcher/wctl.h packets.
-target_include_directories(gang_serve PRIVATE launcher)
 target_link_libraries(gang_serve PUBLIC gang_text gang_engine gang_common PkgConfig::UV PkgConfig::CJSON
   ${HTTP_PARSER_LIB} m)

@@ -23,14 +23,21 @@
 
 /* ================================ generation engine ================================ */
 
+#define GANG_MAX_STOP_TOKENS 16
+#define GANG_MAX_TOP_LOGPROBS 20
+
 /*
- * Sampling of one request. temperature 0 = greedy (argmax, lowest index on ties).
- * Penalties (vLLM's and transformers' meaning) change the logits before temperature,
- * top-k and top-p, greedy included: repetition_penalty over every distinct token of the
- * prompt and of the output so far (a positive logit is divided by it, a negative one
- * multiplied), then frequency_penalty x (count of the token in the output so far) and
- * presence_penalty once for a token that occurs in the output so far are subtracted.
- * A zero-initialised struct (with top_p 1) is plain greedy.
+ * How the tokens of one request are drawn, reported and stopped (vLLM's SamplingParams):
+ * the one struct every layer carries, from the API's parser through the request
+ * messages and the engine's submit to the plan each rank samples with.
+ *
+ * temperature 0 = greedy (argmax, lowest index on ties). Penalties (vLLM's and
+ * transformers' meaning) change the logits before temperature, top-k and top-p, greedy
+ * included: repetition_penalty over every distinct token of the prompt and of the output
+ * so far (a positive logit is divided by it, a negative one multiplied), then
+ * frequency_penalty x (count of the token in the output so far) and presence_penalty once
+ * for a token that occurs in the output so far are subtracted. A zero-initialised struct
+ * (with top_p 1) is plain greedy.
  */
 typedef struct gang_sampling {
     float temperature;        /* >= 0 */
@@ -40,18 +47,22 @@ typedef struct gang_sampling {
     float presence_penalty;   /* 0 = off; the API bounds them to [-2, 2] */
     float frequency_penalty;  /* 0 = off; [-2, 2] */
     float repetition_penalty; /* 0 or 1 = off, else > 0 */
+    uint32_t ignore_eos;      /* 1: the model's EOS ids (cfg.eos_ids) do not end it */
+    uint32_t logprobs;        /* 1: TOKEN events carry the chosen token's logprob */
+    uint32_t top_logprobs;    /* 0..GANG_MAX_TOP_LOGPROBS alternatives (needs logprobs) */
+    uint32_t n_stop;          /* generation ends after emitting one of stop[0..n_stop) */
+    int32_t stop[GANG_MAX_STOP_TOKENS];
 } gang_sampling;
 
 /*
- * The wire form of a gang_sampling (common.h's codec, either direction): temperature,
- * top_k, top_p, seed, then the presence, frequency and repetition penalties, as f32, u32,
- * f32, u64, f32 x 3. Only the codec's bounds are checked: the engine validates the values
- * it receives (submit, a received plan).
+ * The wire form of a gang_sampling (common.h's codec, either direction), little-endian:
+ * u32 top_k, f32 temperature, f32 top_p, u64 seed, f32 presence, f32 frequency, f32
+ * repetition, u8 ignore_eos, u8 logprobs, u8 top_logprobs, u8 n_stop, n_stop x i32 stop
+ * (36 to 100 bytes). Decoding refuses flags over 1, top_logprobs over
+ * GANG_MAX_TOP_LOGPROBS and n_stop over GANG_MAX_STOP_TOKENS; the values (temperature,
+ * penalties, ...) are checked by whoever uses them (submit, a received plan).
  */
 void gang_sampling_codec(gang_codec *c, gang_sampling *sp);
-
-#define GANG_MAX_STOP_TOKENS 16
-#define GANG_MAX_TOP_LOGPROBS 20
 
 /* One completion request, as the rank-0 worker receives it. Copied by submit. */
 typedef struct gang_gen_request {
@@ -59,13 +70,71 @@ typedef struct gang_gen_request {
     const int32_t *prompt; /* token ids, each < vocab */
     uint32_t n_prompt;     /* >= 1 */
     uint32_t max_tokens;   /* >= 1; prompt + max_tokens <= the engine's context */
-    int32_t stop[GANG_MAX_STOP_TOKENS];
-    uint32_t n_stop; /* generation ends after emitting one of these */
     gang_sampling sampling;
-    uint32_t ignore_eos;   /* 1: the model's EOS ids (cfg.eos_ids) do not end it */
-    uint32_t logprobs;     /* 1: TOKEN events carry the chosen token's logprob */
-    uint32_t top_logprobs; /* 0..GANG_MAX_TOP_LOGPROBS alternatives (needs logprobs) */
 } gang_gen_request;
+
+/* ------------------------------------------------------------------------------------
+ * Request messages: how a request travels between whoever accepted it (the API, on any
+ * agent) and rank 0's engine, and how its tokens come back. The launcher carries them
+ * (the agent<->worker channel, a member's forwarding to the coordinator); the API builds
+ * and reads them. One struct, one codec (gang_req_codec), whatever the transport.
+ *
+ *   SUBMIT(id, n_prompt, max_tokens, sampling, ids)  a request and its first prompt ids
+ *   PROMPT(id, n_prompt, index = offset, ids)        the rest of a longer prompt, in order
+ *   CANCEL(id)                                       stop generating it, free its slot
+ *   TOKEN(id, index, token, logprob, top ids/lps)    one generated token, in order
+ *   DONE(id, code, index = cached, finish, reason)   finished (code 0, "length"/"stop") or
+ *                                                    refused (code < 0, reason says why)
+ * The kinds keep the numbers of the rendezvous v2 API frames (docs/protocol.md).
+ * ------------------------------------------------------------------------------------ */
+typedef enum gang_req_kind {
+    GANG_REQ_SUBMIT = 11,
+    GANG_REQ_TOKEN = 12,
+    GANG_REQ_DONE = 13,
+    GANG_REQ_CANCEL = 14,
+    GANG_REQ_PROMPT = 15
+} gang_req_kind;
+
+#define GANG_REQ_MAX_IDS 2048u   /* prompt ids of one SUBMIT or PROMPT */
+#define GANG_REQ_REASON_MAX 256u /* DONE's reason, NUL included */
+#define GANG_REQ_WIRE_MAX 8400u  /* the largest request message gang_req_codec writes */
+
+typedef struct gang_req_msg {
+    uint32_t kind;          /* gang_req_kind (a transport may add its own kinds) */
+    uint64_t generation;    /* the gang generation it belongs to (the transport's) */
+    uint64_t id;            /* the request */
+    uint32_t n_prompt;      /* SUBMIT, PROMPT: ids of the whole prompt */
+    uint32_t index;         /* PROMPT: offset of ids; TOKEN: 0-based index among the
+                               generated tokens; DONE: prompt tokens the cache held */
+    uint32_t max_tokens;    /* SUBMIT */
+    gang_sampling sampling; /* SUBMIT */
+    uint32_t n_ids;         /* SUBMIT, PROMPT: entries of ids */
+    int32_t ids[GANG_REQ_MAX_IDS];
+    int32_t token;  /* TOKEN */
+    float logprob;  /* TOKEN, with logprobs */
+    uint32_t n_top; /* TOKEN: entries of top_ids / top_lp */
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
+    float top_lp[GANG_MAX_TOP_LOGPROBS];
+    int32_t code;                     /* DONE: 0, or the GANG_E* of a refusal */
+    char finish[8];                   /* DONE: "length" or "stop" */
+    char reason[GANG_REQ_REASON_MAX]; /* DONE with code < 0 */
+} gang_req_msg;
+
+/*
+ * The fields of request message m after its kind (the caller's transport writes the kind
+ * and the generation): u64 id, then per kind
+ *   SUBMIT  u32 n_prompt, u32 max_tokens, the sampling (gang_sampling_codec), u32 n_ids,
+ *           n_ids x i32
+ *   PROMPT  u32 n_prompt, u32 index, u32 n_ids, n_ids x i32
+ *   CANCEL  nothing
+ *   TOKEN   u32 index, i32 token, f32 logprob, u8 n_top, n_top x i32, n_top x f32
+ *   DONE    i32 code, u32 index, u8 length + finish (< 8), u16 length + reason (< 256)
+ * n_ids is at most GANG_REQ_MAX_IDS, and a SUBMIT's at most its n_prompt. A kind outside
+ * gang_req_kind fails the codec (GANG_EINVAL / GANG_EPROTO).
+ */
+void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m);
+/* Whether kind is one of gang_req_kind. */
+int gang_req_kind_valid(uint32_t kind);
 
 typedef enum gang_gen_event_kind {
     GANG_GEN_TOKEN = 1, /* one generated token */

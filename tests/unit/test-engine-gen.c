@@ -463,17 +463,17 @@ void test_gen_validation(void **state)
             bad.sampling.presence_penalty = NAN;
             break;
         case 5:
-            bad.ignore_eos = 2;
+            bad.sampling.ignore_eos = 2;
             break;
         case 6:
-            bad.logprobs = 2;
+            bad.sampling.logprobs = 2;
             break;
         case 7:
-            bad.top_logprobs = 3;
+            bad.sampling.top_logprobs = 3;
             break; /* without logprobs */
         case 8:
-            bad.logprobs = 1;
-            bad.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
+            bad.sampling.logprobs = 1;
+            bad.sampling.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
             break;
         default:
             bad.sampling.frequency_penalty = 3.0f;
@@ -487,27 +487,32 @@ void test_gen_validation(void **state)
     r.sampling.presence_penalty = -2.0f;
     r.sampling.frequency_penalty = 2.0f;
     r.sampling.repetition_penalty = 1.0f;
-    r.logprobs = 1;
-    r.top_logprobs = GANG_MAX_TOP_LOGPROBS;
-    r.ignore_eos = 1;
+    r.sampling.logprobs = 1;
+    r.sampling.top_logprobs = GANG_MAX_TOP_LOGPROBS;
+    r.sampling.ignore_eos = 1;
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), 0);
 
     /* A received plan with logprobs or a prompt length out of bounds. */
     {
-        gang__plan_seq s = {.n = 2, .sample = 1, .n_prompt = 2, .logprobs = 1, .n_top = 5};
+        gang__plan_seq s = {.n = 2, .sample = 1, .n_prompt = 2};
         int32_t ids[2] = {0, 0}, table[16] = {0};
+        /* top_logprobs on the wire: after 5 words of the entry and 32 bytes of sampling
+         * values, the flags ignore_eos, logprobs, top_logprobs (engine-request.c) */
+        uint8_t *top = (uint8_t *)e->plan_buf + 4 * GANG__PLAN_HDR_WORDS + 20 + 32 + 2;
 
         s.sp.top_p = 1.0f;
+        s.sp.logprobs = 1;
+        s.sp.top_logprobs = 5;
         assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), 0);
-        assert_int_equal(e->plan.seqs[0].n_top, 5);
-        /* n_top over its maximum, sent anyway: the 7th word of the entry. */
-        e->plan_buf[GANG__PLAN_HDR_WORDS + 6] = GANG_MAX_TOP_LOGPROBS + 1;
+        assert_int_equal(e->plan.seqs[0].sp.top_logprobs, 5);
+        assert_int_equal(*top, 5);
+        *top = GANG_MAX_TOP_LOGPROBS + 1; /* over its maximum, sent anyway */
         assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        e->plan_buf[GANG__PLAN_HDR_WORDS + 6] = 5; /* the same plan, intact, passes */
+        *top = 5; /* the same plan, intact, passes */
         assert_int_equal(gang__plan_decode(e), 0);
-        s.logprobs = 0; /* alternatives without logprobs */
+        s.sp.logprobs = 0; /* alternatives without logprobs */
         assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
-        s.n_top = 0;
+        s.sp.top_logprobs = 0;
         s.n_prompt = 3; /* a sampling sequence whose prompt is not fed yet */
         assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
         s.n_prompt = 0;

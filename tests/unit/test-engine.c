@@ -381,12 +381,9 @@ static void test_kv_dtype(void **state)
         assert_int_equal(kh.dtype, dts[d]);
         for (uint32_t i = 0; i < 13; i++)
             prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
-        gang_gen_request r = {.id = 1,
-                              .prompt = prompt,
-                              .n_prompt = 13,
-                              .max_tokens = 4,
-                              .sampling = greedy,
-                              .ignore_eos = 1};
+        gang_gen_request r = {
+            .id = 1, .prompt = prompt, .n_prompt = 13, .max_tokens = 4, .sampling = greedy};
+        r.sampling.ignore_eos = 1;
         assert_int_equal(gang_engine_submit(ef, &r, err, sizeof(err)), 0);
         assert_int_equal(gang_engine_submit(eh, &r, err, sizeof(err)), 0);
         for (int step = 0; step < 4; step++) {
@@ -658,9 +655,9 @@ static void test_validation(void **state)
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), GANG_EINVAL);
     assert_non_null(strstr(err, "duplicate"));
     r.id = 2;
-    r.n_stop = GANG_MAX_STOP_TOKENS + 1;
+    r.sampling.n_stop = GANG_MAX_STOP_TOKENS + 1;
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), GANG_EINVAL);
-    r.n_stop = 0;
+    r.sampling.n_stop = 0;
     r.sampling.top_p = 0.0f;
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), GANG_EINVAL);
     r.sampling.top_p = 1.0f;
@@ -786,33 +783,39 @@ static void test_plan_validation(void **state)
     int32_t hdr[GANG__PLAN_HDR_WORDS];
     uint32_t body;
     char err[256];
-    /* one sequence of 2 tokens; one block covers positions 0 .. 1 */
-    gang__plan_hdr h = {GANG__PLAN_MAGIC, 1, 2, 1, GANG__PLAN_SEQ_WORDS + 3}, bad;
+    /* one sequence of 2 tokens without stops; one block covers positions 0 .. 1 */
+    gang__plan_hdr h = {GANG__PLAN_MAGIC, 1, 2, 1, GANG__PLAN_SEQ_MIN_BYTES + 12}, bad;
 
     (void)state;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
     plan_hdr_put(hdr, h);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
-    assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 3);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 12 + 3) / 4);
     bad = h;
     bad.n_seq = 4; /* more sequences than slots */
-    bad.body_words = 4 * GANG__PLAN_SEQ_WORDS + 3;
+    bad.body_bytes = 4 * GANG__PLAN_SEQ_MIN_BYTES + 12;
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
     bad = h;
     bad.n_tokens = 3 + 6 + 1; /* more tokens than slots + max_step_tokens */
-    bad.body_words = GANG__PLAN_SEQ_WORDS + 11;
+    bad.body_bytes = GANG__PLAN_SEQ_MIN_BYTES + 44;
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
     bad = h;
     bad.n_table = 4; /* more table entries than one sequence of the context has (3) */
-    bad.body_words = GANG__PLAN_SEQ_WORDS + 6;
+    bad.body_bytes = GANG__PLAN_SEQ_MIN_BYTES + 24;
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
     bad = h;
-    bad.body_words = 5; /* a body size that does not match */
+    bad.body_bytes = 5; /* a body smaller than its counts need */
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
+    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12 + 1; /* larger than its largest entry */
+    plan_hdr_put(hdr, bad);
+    assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
+    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12;
+    plan_hdr_put(hdr, bad);
+    assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
     bad = h;
     bad.magic = 0;
     plan_hdr_put(hdr, bad);
@@ -851,7 +854,7 @@ static void test_plan_validation(void **state)
         assert_int_equal(test_plan_decode_one(e, &b2, ids, table, &h), GANG_EPROTO);
         bad = h;
         bad.n_table = 2; /* one entry more than the sequence has */
-        bad.body_words++;
+        bad.body_bytes += 4;
         assert_int_equal(test_plan_decode_one(e, &s, ids, table, &bad), GANG_EPROTO);
         ids[1] = VOCAB;
         assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
@@ -861,7 +864,8 @@ static void test_plan_validation(void **state)
     free(fm);
 }
 
-/* An entry's size on the wire is GANG__PLAN_SEQ_WORDS: the header check depends on it. */
+/* An entry's size on the wire is within GANG__PLAN_SEQ_MIN_BYTES and _MAX_BYTES (no stop
+ * ids, all of them): the header check and the buffer's size depend on it. */
 static void test_plan_entry_size(void **state)
 {
     gang_engine_config cfg = engine_config(1);
@@ -877,12 +881,22 @@ static void test_plan_entry_size(void **state)
     (void)state;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
-    assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 1 + 1);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 8 + 3) / 4);
+    assert_int_equal(gang__plan_decode(e), 0);
+    s.sp.n_stop = GANG_MAX_STOP_TOKENS;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MAX_BYTES + 8 + 3) / 4);
+    assert_int_equal(gang__plan_decode(e), 0);
+    assert_int_equal(e->plan.seqs[0].sp.n_stop, GANG_MAX_STOP_TOKENS);
+    s.sp.n_stop = GANG_MAX_STOP_TOKENS + 1; /* the writer refuses what no receiver takes */
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), GANG_EINVAL);
+    s.sp.n_stop = 0;
     p.n_seq = 0;
     p.n_tokens = 0;
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
     assert_int_equal(body, 0);
-    s.n_top = GANG_MAX_TOP_LOGPROBS + 1; /* the writer refuses what no receiver takes */
+    s.sp.logprobs = 1;
+    s.sp.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
     p.n_seq = p.n_tokens = 1;
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), GANG_EINVAL);
     gang_engine_free(e);
