@@ -773,6 +773,72 @@ int test_plan_decode_one(gang_engine *e, const gang__plan_seq *s, const int32_t 
     return gang__plan_decode(e);
 }
 
+/*
+ * The request messages' codec (engine-request.c): the sampling travels whole and in the
+ * v2 forwarding's byte order, the largest message fits GANG_REQ_WIRE_MAX, and what a
+ * receiver must refuse is refused (bounds, a SUBMIT with more ids than its prompt, an
+ * unknown kind, every truncation).
+ */
+static void test_request_codec(void **state)
+{
+    static gang_req_msg in, out;
+    static uint8_t buf[GANG_REQ_WIRE_MAX + 16];
+    gang_codec c;
+    size_t len = 0;
+
+    (void)state;
+    memset(&in, 0, sizeof(in));
+    in.id = 42;
+    in.n_prompt = in.n_ids = GANG_REQ_MAX_IDS;
+    in.max_tokens = 9;
+    in.sampling = (gang_sampling){.top_k = 0x01020304u,
+                                  .temperature = 0.5f,
+                                  .top_p = 0.25f,
+                                  .seed = 7,
+                                  .repetition_penalty = 1.5f,
+                                  .ignore_eos = 1,
+                                  .logprobs = 1,
+                                  .top_logprobs = 3,
+                                  .n_stop = GANG_MAX_STOP_TOKENS};
+    for (uint32_t i = 0; i < GANG_MAX_STOP_TOKENS; i++)
+        in.sampling.stop[i] = (int32_t)(100 + i);
+    for (uint32_t i = 0; i < in.n_ids; i++)
+        in.ids[i] = (int32_t)i;
+    gang_codec_encoder(&c, buf, sizeof(buf));
+    gang_req_codec(&c, GANG_REQ_SUBMIT, &in);
+    assert_int_equal(gang_codec_finish(&c, &len), 0);
+    assert_true(len <= GANG_REQ_WIRE_MAX);
+    /* id, n_prompt, max_tokens, then the sampling: top_k first, little-endian. */
+    assert_memory_equal(buf + 16, "\x04\x03\x02\x01", 4);
+    gang_codec_decoder(&c, buf, len);
+    gang_req_codec(&c, GANG_REQ_SUBMIT, &out);
+    assert_int_equal(gang_codec_finish(&c, NULL), 0);
+    assert_true(out.id == 42 && out.max_tokens == 9 && out.n_ids == GANG_REQ_MAX_IDS);
+    assert_true(out.sampling.top_k == in.sampling.top_k && out.sampling.seed == 7);
+    assert_true(out.sampling.top_p == 0.25f && out.sampling.repetition_penalty == 1.5f);
+    assert_int_equal(out.sampling.top_logprobs, 3);
+    assert_memory_equal(out.sampling.stop, in.sampling.stop, sizeof(in.sampling.stop));
+    assert_memory_equal(out.ids, in.ids, in.n_ids * sizeof(int32_t));
+    for (size_t cut = 0; cut < len; cut += 97) {
+        gang_codec_decoder(&c, buf, cut);
+        gang_req_codec(&c, GANG_REQ_SUBMIT, &out);
+        assert_int_equal(gang_codec_finish(&c, NULL), GANG_EPROTO);
+    }
+    /* A SUBMIT with more ids than its prompt, an unknown kind, top_logprobs over 20. */
+    in.n_prompt = 5;
+    gang_codec_encoder(&c, buf, sizeof(buf));
+    gang_req_codec(&c, GANG_REQ_SUBMIT, &in);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EINVAL);
+    gang_codec_decoder(&c, buf, len);
+    gang_req_codec(&c, 99, &out);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EPROTO);
+    in.n_prompt = in.n_ids;
+    in.sampling.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
+    gang_codec_encoder(&c, buf, sizeof(buf));
+    gang_sampling_codec(&c, &in.sampling);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EINVAL);
+}
+
 /* A plan that does not fit this rank's bounds is GANG_EPROTO. */
 static void test_plan_validation(void **state)
 {
@@ -1326,6 +1392,7 @@ int main(void)
         cmocka_unit_test(test_decode_equals_prefix),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_request_codec),
         cmocka_unit_test(test_plan_validation),
         cmocka_unit_test(test_plan_entry_size),
         cmocka_unit_test(test_event_backpressure),
