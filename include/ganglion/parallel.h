@@ -1,6 +1,7 @@
 /*
- * ganglion parallel module: the gang topology (which rank does what) and, later, the
- * communicator front, the tensor-parallel layers and the pipeline schedule.
+ * ganglion parallel module: the gang topology (which rank does what), the data-plane
+ * bootstrap blob, the tensor-parallel layers and the pipeline schedule. The communicator
+ * front and its backends are declared in ganglion/comm.h, the module's other header.
  *
  * No CUDA, NCCL, MPI or libuv types appear here. Everything in the topology part is pure
  * arithmetic on plain structs: it allocates nothing, keeps no global state and is safe to
