@@ -12,5 +12,6 @@ int main(void)
     failed += gang_test_config();
     failed += gang_test_gpu();
     failed += gang_test_fwd();
+    failed += gang_test_proc();
     return failed ? 1 : 0;
 }
