@@ -225,8 +225,7 @@ static void m_fill_heartbeat(void *ctx, gang_msg_heartbeat *hb)
         gang_sup_rank r;
         gang_sup_rank_info(a->sup, i, &r);
         hb->rank_state[i] = r.state;
-        hb->rank_age_ms[i] =
-            r.heartbeat_age_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)r.heartbeat_age_ms;
+        hb->rank_age_ms[i] = r.heartbeat_age_ms;
     }
 }
 
@@ -434,6 +433,12 @@ static void status_kv(agent *a, cJSON *e, uint32_t local)
     cJSON_AddNumberToObject(o, "max_sequences", kv.slots);
 }
 
+/* A heartbeat age in /status: ms, or -1 for GANG_HEARTBEAT_NEVER. */
+static double age_ms_json(uint32_t age_ms)
+{
+    return age_ms == GANG_HEARTBEAT_NEVER ? -1 : (double)age_ms;
+}
+
 static char *render_status(agent *a)
 {
     gang_member_status ms;
@@ -453,8 +458,7 @@ static char *render_status(agent *a)
     cJSON_AddBoolToObject(co, "connected", ms.connected);
     cJSON_AddStringToObject(co, "address", a->coord_addr);
     cJSON_AddStringToObject(co, "gang_state", gang_state_name(ms.gang_state));
-    cJSON_AddNumberToObject(co, "heartbeat_age_ms",
-                            ms.connected ? (double)ms.coordinator_heartbeat_age_ms : -1);
+    cJSON_AddNumberToObject(co, "heartbeat_age_ms", age_ms_json(ms.coordinator_heartbeat_age_ms));
     cJSON_AddNumberToObject(co, "reconnects", (double)ms.reconnects);
     cJSON *lr = cJSON_AddArrayToObject(o, "local_ranks");
     for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
@@ -468,8 +472,7 @@ static char *render_status(agent *a)
                      i));
         cJSON_AddNumberToObject(e, "pid", r.pid);
         cJSON_AddStringToObject(e, "state", gang_rank_state_name(r.state));
-        cJSON_AddNumberToObject(e, "heartbeat_age_ms",
-                                r.heartbeat_age_ms == UINT64_MAX ? -1 : (double)r.heartbeat_age_ms);
+        cJSON_AddNumberToObject(e, "heartbeat_age_ms", age_ms_json(r.heartbeat_age_ms));
         cJSON_AddNumberToObject(e, "restarts", (double)r.restarts);
         status_gpu(a, e, i);
         status_kv(a, e, i);
@@ -520,9 +523,7 @@ static char *render_status(agent *a)
                                     (double)(i / (uint32_t)a->cfg.layout.tc.nproc_per_node));
             cJSON_AddStringToObject(e, "state", gang_rank_state_name(cs.ranks[i].state));
             cJSON_AddNumberToObject(e, "heartbeat_age_ms",
-                                    cs.ranks[i].heartbeat_age_ms == UINT32_MAX
-                                        ? -1
-                                        : (double)cs.ranks[i].heartbeat_age_ms);
+                                    age_ms_json(cs.ranks[i].heartbeat_age_ms));
             cJSON_AddItemToArray(rk, e);
         }
     }
@@ -531,13 +532,13 @@ static char *render_status(agent *a)
     return text;
 }
 
-static void rank_age_sample(gang_metrics_buf *b, uint64_t rank, uint64_t age_ms)
+static void rank_age_sample(gang_metrics_buf *b, uint64_t rank, uint32_t age_ms)
 {
     char rs[24];
     snprintf(rs, sizeof(rs), "%llu", (unsigned long long)rank);
     gang_metric_label l = {.name = "rank", .value = rs};
     gang_metrics_sample_double(b, "ganglion_heartbeat_age_seconds", &l, 1,
-                               age_ms == UINT64_MAX ? -1.0 : (double)age_ms / 1000.0);
+                               age_ms == GANG_HEARTBEAT_NEVER ? -1.0 : (double)age_ms / 1000.0);
 }
 
 static void render_metrics(agent *a, gang_metrics_buf *b)
@@ -575,10 +576,7 @@ static void render_metrics(agent *a, gang_metrics_buf *b)
                         "Seconds since each rank's last heartbeat (-1: no process)");
     if (a->coord) {
         for (uint32_t i = 0; i < cs.world_size; i++)
-            rank_age_sample(b, i,
-                            cs.ranks[i].heartbeat_age_ms == UINT32_MAX
-                                ? UINT64_MAX
-                                : cs.ranks[i].heartbeat_age_ms);
+            rank_age_sample(b, i, cs.ranks[i].heartbeat_age_ms);
     } else {
         for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
             gang_sup_rank r;
