@@ -70,6 +70,7 @@
  * Every wait has a deadline: every engine step takes --timeout-s; a rank that fails
  * aborts every communicator of the point, so the others return promptly.
  */
+#include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -559,6 +560,15 @@ out_free:
     return NULL;
 }
 
+/* nftw callback: removes one entry of the temporary model directory (children first). */
+static int bd_remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
 /* The agreement of res with the 1x1 point base (file comment), added to line. */
 static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, const bd_result *base,
                               const bd_result *res)
@@ -742,7 +752,7 @@ int gang_bench_decode_main(int argc, char **argv)
     gang_mkmodel_opts mo;
     gang_model_config mc;
     bd_result base, res;
-    char err[512], cmd[128];
+    char err[512];
     uint32_t b, l;
     int rc = 0, prc, failed = 0;
 
@@ -798,8 +808,7 @@ int gang_bench_decode_main(int argc, char **argv)
     }
 
 out_rm:
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", o.dir);
-    if (system(cmd) != 0)
+    if (nftw(o.dir, bd_remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
         fprintf(stderr, "ganglion bench decode: could not remove %s\n", o.dir);
     if (rc == GANG_EUSAGE)
         return GANG_EXIT_USAGE;
