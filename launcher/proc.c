@@ -57,7 +57,7 @@ static char **proc_child_env(const gang_spawn *s)
     int have_shm = 0;
     char **env;
 
-    while (environ[n] != NULL)
+    while (environ != NULL && environ[n] != NULL)
         n++;
     env = calloc(n + 2, sizeof *env);
     if (env == NULL)

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -152,7 +153,7 @@ static void test_spawn_resets_signals(void **state)
     assert_true(sigismember(&cur, SIGUSR1) && sigismember(&cur, SIGTERM));
 }
 
-/* PATH search (path NULL), and drop_local: GANGLION_LOCAL does not reach the child. */
+/* PATH search (path NULL) and the child's environment: drop_local, mpi_env, neither. */
 static void test_spawn_path_and_env(void **state)
 {
     char *argv[] = {"sh", "-c", "echo \"local=${GANGLION_LOCAL-unset} x=${PROC_TEST_KEEP-unset}\"",
@@ -165,10 +166,29 @@ static void test_spawn_path_and_env(void **state)
     setenv("GANGLION_LOCAL", "true", 1);
     setenv("PROC_TEST_KEEP", "kept", 1);
     spawn_and_collect(argv, s, out, sizeof out, &status);
-    unsetenv("GANGLION_LOCAL");
-    unsetenv("PROC_TEST_KEEP");
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     assert_string_equal(out, "local=unset x=kept\n");
+
+    /* mpi_env: GANGLION_LOCAL dropped too, Open MPI's single-copy switch "none" unless the
+     * caller's environment sets it. */
+    char *mpi[] = {"sh", "-c",
+                   "echo \"local=${GANGLION_LOCAL-unset} "
+                   "sc=${OMPI_MCA_btl_vader_single_copy_mechanism-unset}\"",
+                   NULL};
+    gang_spawn m = {.mpi_env = 1};
+    unsetenv("OMPI_MCA_btl_vader_single_copy_mechanism");
+    spawn_and_collect(mpi, m, out, sizeof out, &status);
+    assert_string_equal(out, "local=unset sc=none\n");
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "cma", 1);
+    spawn_and_collect(mpi, m, out, sizeof out, &status);
+    assert_string_equal(out, "local=unset sc=cma\n");
+    /* Without either flag the environment passes whole. */
+    m.mpi_env = 0;
+    spawn_and_collect(mpi, m, out, sizeof out, &status);
+    assert_string_equal(out, "local=true sc=cma\n");
+    unsetenv("OMPI_MCA_btl_vader_single_copy_mechanism");
+    unsetenv("GANGLION_LOCAL");
+    unsetenv("PROC_TEST_KEEP");
 }
 
 /* A program that does not exist: the child says why and exits 127; by path and in PATH. */
@@ -190,6 +210,61 @@ static void test_spawn_missing_program(void **state)
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), GANG_PROC_EXEC_FAILED);
     assert_non_null(strstr(out, "cannot exec ganglion-no-such-program"));
+}
+
+/*
+ * Runs in a forked helper: a fork that fails (RLIMIT_NPROC 0, as the unprivileged user
+ * nobody when started as root, which the limit does not bind) must return the error and
+ * leave the caller's signal mask as it was. Exits 0 when so, 77 when it cannot set up.
+ */
+static void fork_failure_child(void)
+{
+    struct rlimit none = {0, 0};
+    char *argv[] = {"true", NULL};
+    gang_spawn s = {.path = "/bin/true"};
+    sigset_t before, after;
+    pid_t pid = 0;
+    int rc, same = 1;
+
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+        _exit(77);
+    if (setrlimit(RLIMIT_NPROC, &none) != 0)
+        _exit(77);
+    sigprocmask(SIG_BLOCK, NULL, &before);
+    rc = gang_proc_spawn(argv, &s, &pid);
+    sigprocmask(SIG_BLOCK, NULL, &after);
+    for (int sig = 1; sig < NSIG; sig++)
+        same &= sigismember(&before, sig) == sigismember(&after, sig);
+    if (rc != GANG_EAGAIN || pid != 0 || !same) {
+        dprintf(2, "fork failure: rc %s, pid %d, mask kept %d\n", gang_err_name(rc), (int)pid,
+                same);
+        _exit(1);
+    }
+    _exit(0);
+}
+
+/* The failure of fork itself (in a helper process, whose limits the test may change). */
+static void test_spawn_fork_failure(void **state)
+{
+    pid_t helper;
+    int status = 0;
+
+    (void)state;
+    fflush(NULL);
+    helper = fork();
+    assert_true(helper >= 0);
+    if (helper == 0)
+        fork_failure_child();
+    if (gang_proc_reap_until(&helper, &status, 1, gang_now_ms() + PROC_TEST_DEADLINE_MS) != 0) {
+        gang_proc_stop(&helper, 1, 0, 0, 1000);
+        fail_msg("the helper did not exit within %d ms", PROC_TEST_DEADLINE_MS);
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+        printf("skipped: cannot become an unprivileged user with RLIMIT_NPROC 0 here\n");
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* What the uv_spawn test collects. */
@@ -254,6 +329,7 @@ int gang_test_proc(void)
         cmocka_unit_test_setup_teardown(test_spawn_path_and_env, proc_setup, proc_teardown),
         cmocka_unit_test_setup_teardown(test_spawn_missing_program, proc_setup, proc_teardown),
         cmocka_unit_test_setup_teardown(test_uv_spawn_resets_signals, proc_setup, proc_teardown),
+        cmocka_unit_test_setup_teardown(test_spawn_fork_failure, proc_setup, proc_teardown),
     };
     return cmocka_run_group_tests_name("proc", tests, NULL, NULL);
 }
