@@ -89,7 +89,7 @@
 #include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 
 #define BD_MAX_ITERS 1000
 #define BD_HOST "127.0.0.1"

@@ -19,7 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "decode-agree.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 
 #define BD_MAX_RANKS 4
 #define BD_MAX_BATCHES 8

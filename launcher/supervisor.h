@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 #include "wctl.h"
 

@@ -19,7 +19,7 @@
  *   worker -> ERROR(G, code, reason)             data plane failed (peer lost, timeout),
  *                                                or its GPU did (code GANG_EGPU)
  *   agent  -> ABORT(G)                           tear down the data plane, stay alive
- *   worker -> ABORTED(G)                         torn down; weights (later) stay loaded
+ *   worker -> ABORTED(G)                         torn down; weights stay loaded
  *   agent  -> SHUTDOWN                           exit 0
  * Requests (node 0 only: the coordinator's agent and global rank 0):
  *   agent  -> SUBMIT(G, req_id, n_prompt, the first prompt ids in blob as int32, max_tokens,
@@ -42,7 +42,7 @@
 
 #include <stdint.h>
 
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 
 typedef enum gang_wctl_type {

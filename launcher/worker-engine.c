@@ -1,7 +1,7 @@
 /*
  * The worker's data plane: the model shard it keeps for its whole life (gang__wres) and,
  * for every generation, a data thread (gang__wstep) that joins the gang's communicator
- * and runs the generation engine (model/engine.c) on it.
+ * and runs the generation engine (engine/engine.c) on it.
  *
  * Life of a worker's resources. The model is loaded once, on a loader thread started at
  * worker start-up, so that the main thread keeps heartbeating while gigabytes are read.
@@ -50,7 +50,7 @@
 #include "ganglion/comm.h"
 #include "ganglion/gpu.h"
 #include "ganglion/kernels.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "wctl.h"
 #include "worker.h"
 

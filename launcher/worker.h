@@ -20,7 +20,7 @@
 
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 #include "layout.h"
 
@@ -50,7 +50,7 @@ typedef struct gang__wres_config {
 } gang__wres_config;
 
 /*
- * The engine set-up (model.h, gang_engine_setup) of the flags in c: the context of its
+ * The engine set-up (engine.h, gang_engine_setup) of the flags in c: the context of its
  * layout, --kv-cache-mb (0: sized from free memory), --kv-cache-dtype, and the node's
  * --nproc-per-node ranks sharing the host's memory. What wres_load passes to
  * gang_engine_setup_init, and what `bench decode` must build alike (test-bench.c).

@@ -97,7 +97,7 @@ void gang_log_write(gang_log_level lvl, const char *fmt, ...) __attribute__((for
 /* ---------------------------------------------------------------------------------
  * Parameter registry (NCCL_PARAM style): every tunable has a flag, a GANGLION_* env twin
  * (derived from the flag: --heartbeat-interval-ms -> GANGLION_HEARTBEAT_INTERVAL_MS), a
- * default and a help line. The list lives in common/params.def; precedence is
+ * default and a help line. The list lives in include/ganglion/params.def; precedence is
  * flag > environment > default. Nothing else in the code base reads GANGLION_* env.
  * --------------------------------------------------------------------------------- */
 typedef enum {

@@ -128,7 +128,7 @@ typedef struct gang_msg_join {
     uint64_t generation_seen;               /* highest generation this member has served */
     char host[GANG_HOST_MAX];               /* address peers use to reach this node's workers */
     uint8_t client_nonce[GANG_NONCE_SIZE];
-    uint8_t mac[GANG_MAC_SIZE]; /* HMAC over gang_auth_join_input(); zero w/o token */
+    uint8_t mac[GANG_MAC_SIZE]; /* HMAC of gang_auth_sign_join; zero w/o token */
 } gang_msg_join;
 
 typedef struct gang_msg_welcome {

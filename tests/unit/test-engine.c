@@ -1,5 +1,5 @@
 /*
- * Tests of the generation engine (model/engine*.c, model/sample.c) and of the batched
+ * Tests of the generation engine (engine/engine*.c, engine/sample.c) and of the batched
  * ragged layer it runs on (gang_tp_layer_forward_batch).
  *
  * The models are random and built by hand per rank (full weights drawn by the fixture,

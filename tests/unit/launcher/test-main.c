@@ -6,8 +6,6 @@
 int main(void)
 {
     int failed = 0;
-    failed += gang_test_http();
-    failed += gang_test_metrics();
     failed += gang_test_worker();
     failed += gang_test_config();
     failed += gang_test_gpu();

@@ -28,7 +28,7 @@
 
 #include "ganglion/common.h"
 #include "http.h"
-#include "launcher-tests.h"
+#include "serve-tests.h"
 
 #define RECV_DEADLINE_MS 5000
 

@@ -15,7 +15,7 @@
  *              prefix
  *
  * The control tokens (token_type 3) become special added tokens and the BOS
- * post-processor follows tokenizer.ggml.add_bos_token (model/gguf-text.c does both).
+ * post-processor follows tokenizer.ggml.add_bos_token (model/gguf-vocab.c does both).
  * Bounded: pieces of at most SPM_MAX_PIECE bytes, at most GANG_TOK_MAX_MERGES merges
  * (refused beyond), scores a float array as long as the tokens.
  */

@@ -17,7 +17,7 @@
  *
  *   tokenizer.ggml.model "llama"  SentencePiece (Llama 2, Mistral v0.1, Gemma): a BPE model
  *                                 with byte fallback whose merges come from the scores, and
- *                                 the legacy Llama normalizer and decoder (gguf-spm.c)
+ *                                 the legacy Llama normalizer and decoder (gguf-vocab-spm.c)
  *
  * Other models ("bert", "t5", ...) and other pre-tokenizers are refused naming them. The chat
  * template is tokenizer.chat_template, with bos_token and eos_token the texts of the tokens
@@ -28,7 +28,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "chat-internal.h"
 #include "ganglion/model.h"
 #include "gguf.h"
 
@@ -386,8 +385,8 @@ int gang_gguf_chat_template_load(const char *path, gang_chat_template **out, cha
     }
     rc = gang_chat_template_parse(src.p, (size_t)src.n, out, err, errlen);
     if (rc == 0) {
-        (*out)->bos = token_text(&g, "tokenizer.ggml.bos_token_id");
-        (*out)->eos = token_text(&g, "tokenizer.ggml.eos_token_id");
+        gang_chat_template_set_tokens(*out, token_text(&g, "tokenizer.ggml.bos_token_id"),
+                                      token_text(&g, "tokenizer.ggml.eos_token_id"));
     }
 out_close:
     gang__gguf_close(&g);

@@ -1,6 +1,6 @@
 /*
  * Internals of the HTTP server shared by http.c (connections, parsing, responses) and
- * http-stream.c (chunked streaming responses). Internal to launcher/http*.c.
+ * http-stream.c (chunked streaming responses). Internal to serve/http*.c.
  */
 #ifndef GANGLION_LAUNCHER_HTTP_INTERNAL_H
 #define GANGLION_LAUNCHER_HTTP_INTERNAL_H

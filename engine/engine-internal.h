@@ -1,5 +1,5 @@
 /*
- * Internals of the generation engine (model/engine*.c, model/sample.c): the engine
+ * Internals of the generation engine (engine/engine*.c, engine/sample.c): the engine
  * struct, the step plan and its wire form, the scheduler of rank 0, the stage runner and
  * the sampler. Not a public header: only model/ and the engine's own tests include it.
  */
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 
 /* ---------------------------------------------------------------------------------
  * The plan of one step, as every rank holds it after the broadcast.

@@ -1,5 +1,5 @@
 /*
- * Chat templates, the public side (include/ganglion/model.h): parsing a template,
+ * Chat templates, the public side (include/ganglion/text.h): parsing a template,
  * loading it from tokenizer_config.json, rendering a conversation with the variables
  * transformers' apply_chat_template passes (messages, add_generation_prompt, tools and
  * documents as none, bos_token, eos_token), within step, output and memory budgets.
@@ -66,6 +66,20 @@ out_free:
     free(toks);
     gang_chat_template_free(t);
     return rc;
+}
+
+/*
+ * Gives T the bos_token / eos_token texts a render uses when its options name none (as
+ * _load reads them from tokenizer_config.json); T takes the malloc'd strings (either may
+ * be NULL: none), freeing the ones it held. For the loaders of other formats (a GGUF
+ * file's token ids, model/gguf-vocab.c).
+ */
+void gang_chat_template_set_tokens(gang_chat_template *t, char *bos, char *eos)
+{
+    free(t->bos);
+    free(t->eos);
+    t->bos = bos;
+    t->eos = eos;
 }
 
 void gang_chat_template_free(gang_chat_template *t)

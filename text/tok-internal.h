@@ -1,7 +1,7 @@
 /*
- * Internals of the tokenizer (model/tokenizer.c, tok-load.c, tok-bpe.c, tok-pretok.c,
+ * Internals of the tokenizer (text/tokenizer.c, tok-load.c, tok-bpe.c, tok-pretok.c,
  * tok-decode.c): the loaded tokenizer.json, shared between the files of the module and
- * nobody else. See include/ganglion/model.h for the contract.
+ * nobody else. See include/ganglion/text.h for the contract.
  */
 #ifndef GANGLION_TOK_INTERNAL_H
 #define GANGLION_TOK_INTERNAL_H
@@ -14,7 +14,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
 
 /* Pre-tokenizer kinds, in the order of tokenizer.json's Sequence. */
 enum { TOK_PT_SPLIT = 0, TOK_PT_BYTELEVEL = 1 };

@@ -1,5 +1,5 @@
 /*
- * The one set-up of an engine from the serving flags (model.h, gang_engine_setup): the
+ * The one set-up of an engine from the serving flags (engine.h, gang_engine_setup): the
  * workers (launcher/worker-engine.c) and `ganglion bench decode` both call it, so that
  * the KV cache's type and budget cannot differ between what serves and what is measured
  * (they once did: the benchmark ran an f32 cache where serve ran the weights' bf16).
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ganglion/kernels.h"
+#include "ganglion/engine.h"
 #include "ganglion/model.h"
 
 /* The host's MemAvailable in bytes, 0 when /proc/meminfo cannot be read. */

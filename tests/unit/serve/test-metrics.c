@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "ganglion/common.h"
-#include "launcher-tests.h"
+#include "serve-tests.h"
 #include "metrics.h"
 
 static void test_empty_buffer(void **state)

@@ -27,10 +27,9 @@
 #include <stdint.h>
 
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "http.h"
 #include "metrics.h"
-#include "supervisor.h"
 #include "wctl.h"
 
 typedef struct gang_api gang_api;

@@ -1,5 +1,5 @@
 /*
- * Internals of the inference API shared by its files (internal to launcher/api*.c):
+ * Internals of the inference API shared by its files (internal to serve/api*.c):
  *
  *   api.c        the table of accepted calls, submission to rank 0 (in pieces for long
  *                prompts), generations (START / ABORT / give-up), token and done reports,

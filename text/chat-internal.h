@@ -1,5 +1,5 @@
 /*
- * Internals of the chat-template interpreter (model/chat-*.c): arenas, values, the
+ * Internals of the chat-template interpreter (text/chat-*.c): arenas, values, the
  * syntax tree, the lexer's tokens and the render context. Not a public header.
  *
  * Memory: the syntax tree lives in the template's arena (freed with the template); every
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
 
 #define CHAT_MAX_DEPTH 96      /* nesting of the syntax tree (statements + expressions) */
 #define CHAT_MAX_CALL_DEPTH 16 /* nested macro calls */

@@ -1,5 +1,5 @@
 /*
- * Unit tests of the tokenizer (model/tokenizer.c, tok-*.c) on small tokenizer.json files
+ * Unit tests of the tokenizer (text/tokenizer.c, tok-*.c) on small tokenizer.json files
  * built here: refusals of what it cannot honour (each message names the component), the
  * byte-level BPE path, added tokens with their flags, the TemplateProcessing BOS, bounds
  * of encode, and the incremental UTF-8 decoder. The comparison with the Python
@@ -17,7 +17,8 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
+#include "text-tests.h"
 
 /* GPT-2's byte alphabet, written independently of the code under test. */
 static void bl_char(unsigned b, char *out)
@@ -509,7 +510,7 @@ static void test_long_inputs(void **state)
     gang_tokenizer_free(t);
 }
 
-int main(void)
+int gang_test_tokenizer(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),      cmocka_unit_test(test_encode),
@@ -517,5 +518,5 @@ int main(void)
         cmocka_unit_test(test_decoder),       cmocka_unit_test(test_sentencepiece),
         cmocka_unit_test(test_long_inputs),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name("tokenizer", tests, NULL, NULL);
 }

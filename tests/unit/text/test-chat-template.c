@@ -1,5 +1,5 @@
 /*
- * Unit tests of the chat-template interpreter (model/chat-*.c): each construct against
+ * Unit tests of the chat-template interpreter (text/chat-*.c): each construct against
  * the output jinja2 gives for it (whitespace control, expressions, loops, scoping,
  * filters, tests, macros), each refusal (syntax errors with their line, unsupported tags,
  * filters and methods, type errors, raise_exception), and the limits a hostile template
@@ -19,7 +19,8 @@
 
 #include <cmocka.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
+#include "text-tests.h"
 
 static const char *const MSGS = "[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                                 "{\"role\":\"user\",\"content\":\"Hi \\ud83d\\ude00\"}]";
@@ -494,7 +495,7 @@ static void test_load(void **state)
     rmdir(dir);
 }
 
-int main(void)
+int gang_test_chat(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whitespace),     cmocka_unit_test(test_expressions),
@@ -504,5 +505,5 @@ int main(void)
         cmocka_unit_test(test_runtime_errors), cmocka_unit_test(test_limits),
         cmocka_unit_test(test_load),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name("chat", tests, NULL, NULL);
 }
