@@ -146,6 +146,7 @@ int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine *
  */
 int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config *cfg,
                         gang_engine **out, char *err, size_t errlen);
+
 /*
  * How `serve` sets up an engine, the one set-up its workers and the decode benchmark
  * share (engine/engine-setup.c), so that a benchmark measures the engine serve runs: the
@@ -195,6 +196,7 @@ void gang_engine_setup_config(const gang_engine_setup *s, gang_kernels_wtype wt,
  */
 int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kernels *k,
                            gang_engine **out, gang_engine_config *used, char *err, size_t errlen);
+
 void gang_engine_free(gang_engine *e);
 /* Slots (sequences that can be in flight at once) and context length of the engine. */
 uint32_t gang_engine_slots(const gang_engine *e);
