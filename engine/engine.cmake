@@ -8,6 +8,7 @@ add_library(gang_engine STATIC
   engine/engine-wire.c
   engine/engine-request.c
   engine/engine-run.c
+  engine/engine-setup.c
   engine/sample.c)
 target_include_directories(gang_engine PRIVATE engine)
 target_link_libraries(gang_engine PUBLIC gang_model gang_parallel gang_text m)

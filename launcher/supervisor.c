@@ -735,7 +735,8 @@ void gang_sup_rank_info(const gang_sup *s, uint32_t local_rank, gang_sup_rank *o
         (uint8_t)(w->proc_alive ? (w->hello ? w->state : GANG_RANK_STARTING) : GANG_RANK_DOWN);
     if (w->proc_alive && w->hello && w->state == GANG_RANK_IDLE && w->gen == 0)
         out->state = GANG_RANK_IDLE;
-    out->heartbeat_age_ms = w->proc_alive ? gang_now_ms() - w->last_hb_ms : UINT64_MAX;
+    out->heartbeat_age_ms =
+        w->proc_alive ? gang_heartbeat_age(gang_now_ms() - w->last_hb_ms) : GANG_HEARTBEAT_NEVER;
     out->restarts = w->restarts ? w->restarts - 1 : 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "ganglion/common.h"
 #include "ganglion/engine.h"
+#include "ganglion/rendezvous.h"
 #include "wctl.h"
 
 typedef struct gang_sup gang_sup;
@@ -74,7 +75,7 @@ int gang_sup_all_ready(const gang_sup *s, uint64_t gen);
 typedef struct gang_sup_rank {
     int pid;                   /* 0 when no process */
     uint8_t state;             /* gang_rank_state */
-    uint64_t heartbeat_age_ms; /* UINT64_MAX when never heard */
+    uint32_t heartbeat_age_ms; /* GANG_HEARTBEAT_NEVER when no process */
     uint64_t restarts;         /* times this slot's worker was respawned */
 } gang_sup_rank;
 

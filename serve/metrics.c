@@ -266,6 +266,21 @@ int gang_metrics_counters(gang_metrics_buf *b, const gang_metric_counter *cs, si
     return b->err;
 }
 
+int gang_metrics_scalars(gang_metrics_buf *b, const gang_metric_scalar *ss, size_t n)
+{
+    for (size_t i = 0; i < n && b->err == 0; i++) {
+        const gang_metric_scalar *s = &ss[i];
+        if (s->type == GANG_METRIC_HISTOGRAM)
+            return buf_fail(b, GANG_EINVAL);
+        gang_metrics_family(b, s->name, s->type, s->help);
+        if (s->is_double)
+            gang_metrics_sample_double(b, s->name, s->labels, s->nlabels, s->d);
+        else
+            gang_metrics_sample_u64(b, s->name, s->labels, s->nlabels, s->v);
+    }
+    return b->err;
+}
+
 int gang_metrics_sample_double(gang_metrics_buf *b, const char *name,
                                const gang_metric_label *labels, size_t nlabels, double value)
 {

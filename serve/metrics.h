@@ -75,6 +75,25 @@ typedef struct gang_metric_counter {
 int gang_metrics_counters(gang_metrics_buf *b, const gang_metric_counter *cs, size_t n);
 
 /*
+ * One gauge or counter family with a single sample: its name and help text written once,
+ * its type, the sample's labels (nlabels 0: none) and its value, an integer (v) or, with
+ * is_double, d. What a table of a component's scalar metrics is made of.
+ */
+typedef struct gang_metric_scalar {
+    const char *name, *help;
+    gang_metric_type type; /* GANG_METRIC_GAUGE or GANG_METRIC_COUNTER */
+    const gang_metric_label *labels;
+    size_t nlabels;
+    int is_double; /* 1: the value is d, printed as a double; 0: v, printed exactly */
+    uint64_t v;
+    double d;
+} gang_metric_scalar;
+
+/* Each of the n scalars as its family header and its one sample, in order. Returns 0 or
+ * b->err (GANG_EINVAL for a histogram type: it has no single sample). */
+int gang_metrics_scalars(gang_metrics_buf *b, const gang_metric_scalar *ss, size_t n);
+
+/*
  * Fixed-bucket histogram, Prometheus semantics: bucket i counts observations v <= bounds[i]
  * (cumulatively on output), plus an implicit +Inf bucket; sum and count of everything.
  * Plain value type: embed it, no allocation, copy it to snapshot it.

@@ -223,6 +223,57 @@ int gang_engine_init(gang_model *m, const gang_engine_config *cfg, gang_engine *
  */
 int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config *cfg,
                         gang_engine **out, char *err, size_t errlen);
+
+/*
+ * How `serve` sets up an engine, the one set-up its workers and the decode benchmark
+ * share (engine/engine-setup.c), so that a benchmark measures the engine serve runs: the
+ * serving flags, before the weights and the memory are known.
+ */
+typedef struct gang_engine_setup {
+    uint32_t max_batch;       /* --max-batch */
+    uint32_t max_ctx;         /* positions per sequence (the layout's context) */
+    uint32_t microbatches;    /* --microbatches */
+    uint32_t max_step_tokens; /* --max-step-tokens */
+    uint64_t kv_cache_bytes;  /* --kv-cache-mb in bytes; 0: sized from free memory */
+    int kv_dtype_auto;        /* --kv-cache-dtype auto: gang_engine_kv_dtype_auto(weights) */
+    gang_dtype kv_dtype;      /* --kv-cache-dtype f32, bf16 or f16, when not auto */
+    uint32_t prefix_caching;  /* --enable-prefix-caching */
+    uint32_t ranks_per_host;  /* ranks sharing this host's memory (--nproc-per-node); 0: 1 */
+} gang_engine_setup;
+
+/* Of the memory left after the weights, the KV cache's share when no budget is given:
+ * on a device, of the pool's largest free block (the rest is the activations' and the
+ * scratch's); on the host, of MemAvailable, split between the host's ranks (the host pool
+ * is touched only as blocks are first used). Like vLLM's gpu_memory_utilization. */
+#define GANG_KV_DEVICE_SHARE 90u
+#define GANG_KV_HOST_SHARE 40u
+
+/*
+ * The KV budget of one rank set up as s on k (after its weights are loaded onto k):
+ * s->kv_cache_bytes when non-zero; else GANG_KV_DEVICE_SHARE percent of the largest free
+ * block of k's pool when k has one (a device); else GANG_KV_HOST_SHARE percent of the
+ * host's MemAvailable over s->ranks_per_host (0 when /proc/meminfo cannot be read: the
+ * engine then refuses with GANG_ENOMEM and says how much one sequence needs).
+ */
+uint64_t gang_engine_kv_budget(const gang_engine_setup *s, const gang_kernels *k);
+
+/*
+ * The engine config of s for weights stored as wt with the KV budget kv_bytes (from
+ * gang_engine_kv_budget): s's sizes, the budget, and the cache type (s->kv_dtype, or for
+ * auto gang_engine_kv_dtype_auto(wt)). A pure function: equal inputs, equal configs.
+ */
+void gang_engine_setup_config(const gang_engine_setup *s, gang_kernels_wtype wt, uint64_t kv_bytes,
+                              gang_engine_config *out);
+
+/*
+ * The engine of a loaded model m (on k, as gang_engine_init_on wants it) set up as s:
+ * gang_engine_setup_config with m's storage and gang_engine_kv_budget, then
+ * gang_engine_init_on. The config used goes to *used when not NULL (for the logs).
+ * Returns 0 and *out, or gang_engine_init_on's error with its message in err.
+ */
+int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kernels *k,
+                           gang_engine **out, gang_engine_config *used, char *err, size_t errlen);
+
 void gang_engine_free(gang_engine *e);
 /* Slots (sequences that can be in flight at once) and context length of the engine. */
 uint32_t gang_engine_slots(const gang_engine *e);

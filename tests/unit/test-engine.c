@@ -611,6 +611,60 @@ static void test_sampler(void **state)
  * --------------------------------------------------------------------------------- */
 
 /* (e) Submit refuses bad requests and changes nothing; a KV budget below a slot is ENOMEM. */
+/*
+ * The shared set-up (gang_engine_setup_init, what the workers and `bench decode` call):
+ * the config it reports is the one the engine runs (the weights' cache type for auto,
+ * the explicit type otherwise, the budget given or sized from free memory), and a budget
+ * below one sequence is refused with the engine's error and message, leaving no engine.
+ */
+static void test_engine_setup(void **state)
+{
+    full_model *fm = full_model_new(5, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine_setup s = {.max_batch = 2,
+                           .max_ctx = MAX_POS,
+                           .microbatches = 1,
+                           .max_step_tokens = 16,
+                           .kv_cache_bytes = 1u << 20,
+                           .kv_dtype_auto = 1,
+                           .ranks_per_host = 1};
+    gang_engine_config used;
+    gang_engine_kv kv;
+    gang_engine *e = NULL;
+    gang_kernels *k = NULL;
+    char err[256] = "";
+
+    (void)state;
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(gang_engine_setup_init(&s, m, k, &e, &used, err, sizeof(err)), 0);
+    assert_int_equal(used.kv_dtype, gang_engine_kv_dtype_auto(m->wtype));
+    assert_int_equal(used.kv_cache_bytes, 1u << 20);
+    assert_int_equal(used.max_batch, 2);
+    assert_int_equal(used.max_ctx, MAX_POS);
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_int_equal(kv.dtype, used.kv_dtype);
+    gang_engine_free(e);
+    e = NULL;
+
+    s.kv_cache_bytes = 0; /* sized from the host's free memory */
+    s.kv_dtype_auto = 0;
+    s.kv_dtype = GANG_DTYPE_F16;
+    assert_int_equal(gang_engine_setup_init(&s, m, k, &e, &used, err, sizeof(err)), 0);
+    assert_true(used.kv_cache_bytes > 0);
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_int_equal(kv.dtype, GANG_DTYPE_F16);
+    gang_engine_free(e);
+    e = NULL;
+
+    s.kv_cache_bytes = 1; /* less than one block */
+    assert_int_equal(gang_engine_setup_init(&s, m, k, &e, &used, err, sizeof(err)), GANG_ENOMEM);
+    assert_null(e);
+    assert_true(err[0] != '\0');
+    gang_kernels_close(k);
+    shard_free(m);
+    free(fm);
+}
+
 static void test_validation(void **state)
 {
     gang_engine_config cfg = engine_config(1);
@@ -1393,6 +1447,7 @@ int main(void)
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_request_codec),
+        cmocka_unit_test(test_engine_setup),
         cmocka_unit_test(test_plan_validation),
         cmocka_unit_test(test_plan_entry_size),
         cmocka_unit_test(test_event_backpressure),

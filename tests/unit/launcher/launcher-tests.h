@@ -6,4 +6,5 @@ int gang_test_config(void);
 int gang_test_gpu(void);
 int gang_test_fwd(void);
 int gang_test_wctl(void);
+int gang_test_proc(void);
 #endif

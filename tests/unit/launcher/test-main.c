@@ -11,5 +11,6 @@ int main(void)
     failed += gang_test_gpu();
     failed += gang_test_fwd();
     failed += gang_test_wctl();
+    failed += gang_test_proc();
     return failed ? 1 : 0;
 }

@@ -216,6 +216,46 @@ static void test_counters(void **state)
     gang_metrics_buf_free(&b);
 }
 
+/* A table of scalars: each family's header and sample in order, labels and doubles kept;
+ * a histogram entry or a bad name stops the table with GANG_EINVAL after what came before. */
+static void test_scalars(void **state)
+{
+    const gang_metric_label nl = {"node", "2"};
+    const gang_metric_scalar ss[] = {
+        {"g", "Gs.", GANG_METRIC_GAUGE, &nl, 1, .v = 7},
+        {"c_total", NULL, GANG_METRIC_COUNTER, .v = UINT64_MAX},
+        {"d_seconds", "Ds.", GANG_METRIC_GAUGE, .is_double = 1, .d = 0.25},
+    };
+    const gang_metric_scalar hist[] = {
+        {"ok", "Oks.", GANG_METRIC_GAUGE, .v = 1},
+        {"h", "Hs.", GANG_METRIC_HISTOGRAM, .v = 1},
+        {"after", "Never.", GANG_METRIC_GAUGE, .v = 1},
+    };
+    const gang_metric_scalar badname[] = {{"a-b", "Bad.", GANG_METRIC_GAUGE, .v = 1}};
+    gang_metrics_buf b;
+
+    (void)state;
+    gang_metrics_buf_init(&b);
+    assert_int_equal(gang_metrics_scalars(&b, ss, 3), 0);
+    assert_string_equal(gang_metrics_buf_text(&b), "# HELP g Gs.\n"
+                                                   "# TYPE g gauge\n"
+                                                   "g{node=\"2\"} 7\n"
+                                                   "# TYPE c_total counter\n"
+                                                   "c_total 18446744073709551615\n"
+                                                   "# HELP d_seconds Ds.\n"
+                                                   "# TYPE d_seconds gauge\n"
+                                                   "d_seconds 0.25\n");
+    gang_metrics_buf_reset(&b);
+    assert_int_equal(gang_metrics_scalars(&b, hist, 3), GANG_EINVAL);
+    assert_string_equal(gang_metrics_buf_text(&b), "# HELP ok Oks.\n"
+                                                   "# TYPE ok gauge\n"
+                                                   "ok 1\n");
+    gang_metrics_buf_reset(&b);
+    assert_int_equal(gang_metrics_scalars(&b, badname, 1), GANG_EINVAL);
+    assert_string_equal(gang_metrics_buf_text(&b), "");
+    gang_metrics_buf_free(&b);
+}
+
 static void test_sticky_errors(void **state)
 {
     gang_metric_label bad[] = {{"a-b", "v"}};
@@ -280,7 +320,7 @@ int gang_test_metrics(void)
         cmocka_unit_test(test_doubles),       cmocka_unit_test(test_escaping),
         cmocka_unit_test(test_histogram),     cmocka_unit_test(test_histogram_empty_and_invalid),
         cmocka_unit_test(test_sticky_errors), cmocka_unit_test(test_growth),
-        cmocka_unit_test(test_counters),
+        cmocka_unit_test(test_counters),      cmocka_unit_test(test_scalars),
     };
 
     return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);
