@@ -12,9 +12,8 @@
 #include "agent-gpu.h"
 #include "agent.h"
 #include "api-fwd.h"
-#include "api.h"
+#include "ganglion/serve.h"
 #include "ganglion/rendezvous.h"
-#include "metrics.h"
 #include "supervisor.h"
 
 /* One agent as /status and /metrics show it; every pointer borrowed for one rendering. */

@@ -30,13 +30,11 @@
 #include "agent-status.h"
 #include "agent.h"
 #include "api-fwd.h"
-#include "api.h"
+#include "ganglion/serve.h"
 #include "ganglion/gpu.h"
 #include "ganglion/model.h"
 #include "ganglion/parallel.h"
 #include "ganglion/rendezvous.h"
-#include "http.h"
-#include "metrics.h"
 #include "supervisor.h"
 
 typedef struct agent {

@@ -34,7 +34,7 @@
 
 #include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
-#include "metrics.h"
+#include "ganglion/serve.h"
 #include "supervisor.h"
 
 #define GANG_FWD_NACK 100u /* kind of a refusal-for-now (not a gang_req_kind) */

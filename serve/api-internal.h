@@ -13,15 +13,15 @@
  * A call (one HTTP request) holds one sequence per prompt; each sequence is one request
  * in the engine, with its own id. Everything runs on the agent's loop thread.
  */
-#ifndef GANGLION_LAUNCHER_API_INTERNAL_H
-#define GANGLION_LAUNCHER_API_INTERNAL_H
+#ifndef GANGLION_SERVE_API_INTERNAL_H
+#define GANGLION_SERVE_API_INTERNAL_H
 
 #include <stdarg.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
 
-#include "api.h"
+#include "ganglion/serve.h"
 
 typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates) */
 
@@ -107,7 +107,7 @@ struct api_call {
 struct gang_api {
     void *loop; /* uv_loop_t */
     gang_api_config cfg;
-    gang_api_submit_fn submit; /* to rank 0: supervisor, or forwarded (api.h) */
+    gang_api_submit_fn submit; /* to rank 0: supervisor, or forwarded (ganglion/serve.h) */
     void *submit_ctx;
     gang_tokenizer *tok;     /* DIR/tokenizer.json, or NULL */
     char tok_why[256];       /* why tok is NULL */

@@ -1,6 +1,6 @@
 /*
  * The table of accepted calls, their submission to rank 0, generations, token and done
- * reports, deadlines, metrics and routing. See api.h for the contract and
+ * reports, deadlines, metrics and routing. See ganglion/serve.h for the contract and
  * api-internal.h for how the files share the work.
  *
  * Sequence states:

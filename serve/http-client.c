@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "ganglion/common.h"
-#include "http-client.h"
+#include "ganglion/serve.h"
 
 /* Waits until fd is ready for events or the monotonic deadline passes. */
 static int wait_fd(int fd, short events, uint64_t deadline_ms)

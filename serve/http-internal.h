@@ -2,13 +2,13 @@
  * Internals of the HTTP server shared by http.c (connections, parsing, responses) and
  * http-stream.c (chunked streaming responses). Internal to serve/http*.c.
  */
-#ifndef GANGLION_LAUNCHER_HTTP_INTERNAL_H
-#define GANGLION_LAUNCHER_HTTP_INTERNAL_H
+#ifndef GANGLION_SERVE_HTTP_INTERNAL_H
+#define GANGLION_SERVE_HTTP_INTERNAL_H
 
 #include <http_parser.h>
 #include <uv.h>
 
-#include "http.h"
+#include "ganglion/serve.h"
 
 #define HTTP_MAX_HEAD (16 * 1024)      /* request line + headers, in bytes */
 #define HTTP_READ_BUF (64 * 1024)      /* one read() worth */

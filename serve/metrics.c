@@ -1,5 +1,5 @@
 /*
- * Prometheus text exposition builder; see metrics.h for the format and the sticky-error
+ * Prometheus text exposition builder; see ganglion/serve.h for the format and the sticky-error
  * convention. The buffer grows geometrically, so rendering a page of metrics costs a few
  * reallocations the first time and none afterwards when the caller resets and reuses it.
  */
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "ganglion/common.h"
-#include "metrics.h"
+#include "ganglion/serve.h"
 
 void gang_metrics_buf_init(gang_metrics_buf *b)
 {

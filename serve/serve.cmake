@@ -11,6 +11,6 @@ add_library(gang_serve STATIC
   serve/api-parse.c
   serve/api-out.c
   serve/api-text.c)
-target_include_directories(gang_serve PUBLIC serve ${HTTP_PARSER_INCLUDE})
+target_include_directories(gang_serve PRIVATE serve ${HTTP_PARSER_INCLUDE})
 target_link_libraries(gang_serve PUBLIC gang_text gang_engine gang_common PkgConfig::UV PkgConfig::CJSON
   ${HTTP_PARSER_LIB} m)

@@ -27,7 +27,7 @@
 #include <uv.h>
 
 #include "ganglion/common.h"
-#include "http.h"
+#include "ganglion/serve.h"
 #include "serve-tests.h"
 
 #define RECV_DEADLINE_MS 5000

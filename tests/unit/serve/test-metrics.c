@@ -14,7 +14,7 @@
 
 #include "ganglion/common.h"
 #include "serve-tests.h"
-#include "metrics.h"
+#include "ganglion/serve.h"
 
 static void test_empty_buffer(void **state)
 {
