@@ -70,6 +70,7 @@
  * Every wait has a deadline: every engine step takes --timeout-s; a rank that fails
  * aborts every communicator of the point, so the others return promptly.
  */
+#include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -88,7 +89,7 @@
 #include "report.h"
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 
 #define BD_MAX_ITERS 1000
 #define BD_HOST "127.0.0.1"
@@ -371,9 +372,9 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
             req.n_prompt = o->prompt;
             req.max_tokens = o->tokens;
             req.sampling.top_p = 1.0f;
-            req.ignore_eos = 1; /* a real model's EOS must not end a request early */
-            req.logprobs = (uint32_t)agree;
-            req.top_logprobs = agree ? GANG_AGREE_TOP : 0;
+            req.sampling.ignore_eos = 1; /* a real model's EOS must not end a request early */
+            req.sampling.logprobs = (uint32_t)agree;
+            req.sampling.top_logprobs = agree ? GANG_AGREE_TOP : 0;
             *what = "submit";
             rc = gang_engine_submit(e, &req, err, sizeof(err));
             if (rc != 0) {
@@ -434,17 +435,27 @@ static int bd_use_nccl(bd_rank *x, gang_kernels *k, gang_comm **c, gang_comm **n
     return 0;
 }
 
+void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch, gang_engine_setup *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->max_batch = batch;
+    out->max_ctx = o->prompt + o->tokens;
+    out->microbatches = o->microbatches < batch ? o->microbatches : batch;
+    out->max_step_tokens = batch * o->prompt;
+    out->kv_cache_bytes = 0; /* serve's default: sized from free memory */
+    out->kv_dtype_auto = 1;  /* serve's default: --kv-cache-dtype auto */
+    out->kv_dtype = GANG_DTYPE_F32;
+    out->prefix_caching = 0; /* distinct prompts: nothing to share */
+    out->ranks_per_host = ranks;
+}
+
 static void *bd_rank_main(void *arg)
 {
     bd_rank *x = arg;
     bd_run *r = x->run;
     const bd_opts *o = r->o;
-    gang_engine_config cfg = {.max_batch = r->batch,
-                              .max_ctx = o->prompt + o->tokens,
-                              .kv_cache_bytes = UINT64_C(1) << 40,
-                              .microbatches =
-                                  o->microbatches < r->batch ? o->microbatches : r->batch,
-                              .max_step_tokens = r->batch * o->prompt};
+    gang_engine_setup es;
+    gang_engine_config cfg;
     gang_comm *c[3] = {NULL, NULL, NULL}, *nworld = NULL;
     gang_model *m = NULL;
     gang_engine *e = NULL;
@@ -500,12 +511,13 @@ static void *bd_rank_main(void *arg)
     if (rc != 0)
         goto out_fail;
     what = "engine init";
-    /* The cache type `serve` gives these weights (--kv-cache-dtype auto). */
-    cfg.kv_dtype = gang_engine_kv_dtype_auto(m->wtype);
+    /* The engine `serve` sets up for these weights (its defaults: the cache type of the
+     * weights, the KV budget from free memory). */
+    gang__bd_engine_setup(o, r->tp * r->pp, r->batch, &es);
+    rc = gang_engine_setup_init(&es, m, k, &e, &cfg, err, sizeof(err));
     pthread_mutex_lock(&r->lock);
     r->kv_elem_bytes = gang_dtype_size(cfg.kv_dtype);
     pthread_mutex_unlock(&r->lock);
-    rc = gang_engine_init_on(m, k, &cfg, &e, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "ganglion bench decode: %s\n", err);
         goto out_fail;
@@ -546,6 +558,15 @@ out_free:
     gang_model_free(m);
     gang_kernels_close(k);
     return NULL;
+}
+
+/* nftw callback: removes one entry of the temporary model directory (children first). */
+static int bd_remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
 }
 
 /* The agreement of res with the 1x1 point base (file comment), added to line. */
@@ -731,7 +752,7 @@ int gang_bench_decode_main(int argc, char **argv)
     gang_mkmodel_opts mo;
     gang_model_config mc;
     bd_result base, res;
-    char err[512], cmd[128];
+    char err[512];
     uint32_t b, l;
     int rc = 0, prc, failed = 0;
 
@@ -787,8 +808,7 @@ int gang_bench_decode_main(int argc, char **argv)
     }
 
 out_rm:
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", o.dir);
-    if (system(cmd) != 0)
+    if (nftw(o.dir, bd_remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
         fprintf(stderr, "ganglion bench decode: could not remove %s\n", o.dir);
     if (rc == GANG_EUSAGE)
         return GANG_EXIT_USAGE;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "http-client.h"
+#include "ganglion/serve.h"
 #include "local.h"
 #include "proc.h"
 #include "report.h"

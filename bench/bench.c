@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "http-client.h"
+#include "ganglion/serve.h"
 #include "proc.h"
 
 /* ---------------------------------------------------------------------------------

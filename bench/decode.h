@@ -19,7 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "decode-agree.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 
 #define BD_MAX_RANKS 4
 #define BD_MAX_BATCHES 8
@@ -81,6 +81,16 @@ typedef struct bd_result {
  */
 int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, uint32_t pp,
                    uint32_t batch, int nccl, const bd_result *base, bd_result *res);
+
+/*
+ * The engine set-up of a point (bench-decode.c): serve's, as a worker builds it
+ * (gang__wres_engine_setup) for --max-batch batch, a context of prompt + tokens,
+ * --microbatches (at most batch), --max-step-tokens batch x prompt, the default
+ * --kv-cache-mb 0 and --kv-cache-dtype auto, no prefix caching, and the point's ranks
+ * sharing this host. test-bench.c checks that both give the same cache type and budget.
+ */
+void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch,
+                           gang_engine_setup *out);
 
 /*
  * --device cuda or fake (decode-gpu.c): rank `rank`'s shard of the in-memory random model

@@ -108,8 +108,8 @@ set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300 LABELS unit)
 # The engine on "cuda" against the CPU backend (shares the CPU engine tests' fixture).
 add_executable(test-engine-cuda tests/unit/test-engine-cuda.c tests/unit/engine-fixture.c
   tests/unit/test-util.c)
-target_include_directories(test-engine-cuda PRIVATE ${PROJECT_SOURCE_DIR}/model)
-target_link_libraries(test-engine-cuda PRIVATE gang_model PkgConfig::CMOCKA m)
+target_include_directories(test-engine-cuda PRIVATE ${PROJECT_SOURCE_DIR}/engine)
+target_link_libraries(test-engine-cuda PRIVATE gang_engine PkgConfig::CMOCKA m)
 add_test(NAME unit-engine-cuda COMMAND test-engine-cuda)
 set_tests_properties(unit-engine-cuda PROPERTIES TIMEOUT 300 LABELS unit)
 

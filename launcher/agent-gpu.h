@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "ganglion/rendezvous.h"
-#include "metrics.h"
+#include "ganglion/serve.h"
 #include "supervisor.h"
 
 #define GANG_AGENT_GPU_KINDS 32 /* distinct (rank, GPU, kind) fault counters */

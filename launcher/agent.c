@@ -27,15 +27,14 @@
 #include <cjson/cJSON.h>
 
 #include "agent-gpu.h"
+#include "agent-status.h"
 #include "agent.h"
 #include "api-fwd.h"
-#include "api.h"
+#include "ganglion/serve.h"
 #include "ganglion/gpu.h"
 #include "ganglion/model.h"
 #include "ganglion/parallel.h"
 #include "ganglion/rendezvous.h"
-#include "http.h"
-#include "metrics.h"
 #include "supervisor.h"
 
 typedef struct agent {
@@ -48,7 +47,7 @@ typedef struct agent {
     gang_api *api;         /* the OpenAI-compatible API (api.h); a member forwards it */
     gang_fwd_relay *relay; /* coordinator only: members' forwarded requests (api-fwd.h) */
     uint8_t fwd_buf[GANG_API_FRAME_MAX];
-    gang_wctl fwd_pkt;     /* a member: the coordinator's last decoded API frame */
+    gang_req_msg fwd_pkt;  /* a member: the coordinator's last decoded API frame */
     uint64_t fwd_rejected; /* a member: malformed API frames from the coordinator */
     uv_signal_t sigterm, sigint;
     uv_timer_t linger;
@@ -225,8 +224,7 @@ static void m_fill_heartbeat(void *ctx, gang_msg_heartbeat *hb)
         gang_sup_rank r;
         gang_sup_rank_info(a->sup, i, &r);
         hb->rank_state[i] = r.state;
-        hb->rank_age_ms[i] =
-            r.heartbeat_age_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)r.heartbeat_age_ms;
+        hb->rank_age_ms[i] = r.heartbeat_age_ms;
     }
 }
 
@@ -269,7 +267,7 @@ static void s_on_failure(void *ctx, uint64_t gen, int32_t rank, int32_t code, co
     }
 }
 
-static void s_on_token(void *ctx, const gang_wctl *tok)
+static void s_on_token(void *ctx, const gang_req_msg *tok)
 {
     agent *a = ctx;
     if (a->relay && gang_fwd_relay_token(a->relay, tok))
@@ -290,15 +288,15 @@ static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32
 
 /* --- forwarding (api-fwd.h) ------------------------------------------------------- */
 
-/* The coordinator's API hands its packets to rank 0 through the supervisor. */
-static int api_submit_local(void *ctx, gang_wctl *pkt)
+/* The coordinator's API hands its messages to rank 0 through the supervisor. */
+static int api_submit_local(void *ctx, const gang_req_msg *pkt)
 {
     agent *a = ctx;
     return gang_sup_submit(a->sup, pkt);
 }
 
-/* A member's API forwards its packets to the coordinator as API frames. */
-static int api_submit_forward(void *ctx, gang_wctl *pkt)
+/* A member's API forwards its messages to the coordinator as API frames. */
+static int api_submit_forward(void *ctx, const gang_req_msg *pkt)
 {
     agent *a = ctx;
     size_t len = 0;
@@ -320,7 +318,7 @@ static void c_on_api(void *ctx, uint32_t node, uint64_t gen, const uint8_t *data
 static void m_on_api(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len)
 {
     agent *a = ctx;
-    gang_wctl *m = &a->fwd_pkt;
+    gang_req_msg *m = &a->fwd_pkt;
     uint64_t stamp_us = 0;
     if (a->api == NULL || a->relay != NULL)
         return;
@@ -330,15 +328,15 @@ static void m_on_api(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len)
         return;
     }
     m->generation = gen;
-    if (m->type == GANG_WCTL_TOKEN) {
+    if (m->kind == GANG_REQ_TOKEN) {
         gang_api_on_token(a->api, m);
         uint64_t now = gang__fwd_wall_us();
         if (stamp_us != 0)
             gang_api_observe_relay(a->api, now >= stamp_us ? (double)(now - stamp_us) / 1e6 : 0);
-    } else if (m->type == GANG_WCTL_DONE) {
-        gang_api_on_done(a->api, gen, m->req_id, m->code, m->index, m->finish, m->reason);
+    } else if (m->kind == GANG_REQ_DONE) {
+        gang_api_on_done(a->api, gen, m->id, m->code, m->index, m->finish, m->reason);
     } else {
-        gang_api_on_nack(a->api, gen, m->req_id, m->index);
+        gang_api_on_nack(a->api, gen, m->id, m->index);
     }
 }
 
@@ -397,245 +395,35 @@ static const char *agent_state_name(agent *a, const gang_member_status *ms)
     return gang_state_name(ms->gang_state);
 }
 
-/* The "gpu" object of a local rank in /status: its GPU and health, null when unknown. */
-static void status_gpu(agent *a, cJSON *e, uint32_t local)
+/*
+ * Fills v with what /status and /metrics show of a (agent-status.h), cs being the storage
+ * of the coordinator's status on node 0. /readyz's and /healthz's answers are computed
+ * once here, as the probes would (they note when the node last served).
+ */
+static void agent_view(agent *a, gang__agent_view *v, gang_coord_status *cs)
 {
-    gang_gpu_sample s;
-    if (!gang_sup_gpu(a->sup, local, &s)) {
-        cJSON_AddNullToObject(e, "gpu");
-        return;
-    }
-    cJSON *g = cJSON_AddObjectToObject(e, "gpu");
-    cJSON_AddNumberToObject(g, "index", s.gpu);
-    cJSON_AddStringToObject(g, "uuid", s.uuid);
-    cJSON_AddStringToObject(g, "bus_id", s.bus_id);
-    cJSON_AddBoolToObject(g, "healthy", !s.fatal);
-    cJSON_AddStringToObject(g, "fault", s.fault);
-    cJSON_AddBoolToObject(g, "throttled", s.warning);
-    cJSON_AddNumberToObject(g, "throttle_reasons", (double)s.throttle_reasons);
-}
-
-/* The "kv_cache" object of a local rank in /status (what its engine holds), null without
- * a model. */
-static void status_kv(agent *a, cJSON *e, uint32_t local)
-{
-    gang_engine_kv kv;
-    if (!gang_sup_kv(a->sup, local, &kv)) {
-        cJSON_AddNullToObject(e, "kv_cache");
-        return;
-    }
-    cJSON *o = cJSON_AddObjectToObject(e, "kv_cache");
-    cJSON_AddStringToObject(o, "dtype", gang_dtype_name(kv.dtype));
-    cJSON_AddNumberToObject(o, "block_size", kv.block_size);
-    cJSON_AddNumberToObject(o, "blocks", kv.blocks);
-    cJSON_AddNumberToObject(o, "tokens", (double)kv.tokens);
-    cJSON_AddNumberToObject(o, "context", kv.max_ctx);
-    cJSON_AddNumberToObject(o, "full_context_sequences", kv.full_seqs);
-    cJSON_AddNumberToObject(o, "max_sequences", kv.slots);
-}
-
-static char *render_status(agent *a)
-{
-    gang_member_status ms;
-    gang_member_get_status(a->member, &ms);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "node_index", a->cfg.id.node_index);
-    cJSON_AddNumberToObject(o, "nnodes", (double)a->cfg.layout.tc.nnodes);
-    cJSON_AddNumberToObject(o, "nproc_per_node", (double)a->cfg.layout.tc.nproc_per_node);
-    cJSON_AddBoolToObject(o, "is_coordinator", a->coord != NULL);
-    cJSON_AddStringToObject(o, "identity_source", gang_identity_source_name(a->cfg.id.source));
-    cJSON_AddStringToObject(o, "job", a->cfg.job_name);
-    cJSON_AddNumberToObject(o, "generation", (double)ms.generation);
-    cJSON_AddStringToObject(o, "state", agent_state_name(a, &ms));
-    cJSON_AddBoolToObject(o, "ready", agent_ready(a));
-    cJSON_AddBoolToObject(o, "healthy", agent_healthy(a));
-    cJSON *co = cJSON_AddObjectToObject(o, "coordinator");
-    cJSON_AddBoolToObject(co, "connected", ms.connected);
-    cJSON_AddStringToObject(co, "address", a->coord_addr);
-    cJSON_AddStringToObject(co, "gang_state", gang_state_name(ms.gang_state));
-    cJSON_AddNumberToObject(co, "heartbeat_age_ms",
-                            ms.connected ? (double)ms.coordinator_heartbeat_age_ms : -1);
-    cJSON_AddNumberToObject(co, "reconnects", (double)ms.reconnects);
-    cJSON *lr = cJSON_AddArrayToObject(o, "local_ranks");
-    for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
-        gang_sup_rank r;
-        gang_sup_rank_info(a->sup, i, &r);
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "local_rank", i);
-        cJSON_AddNumberToObject(
-            e, "rank",
-            (double)((uint64_t)a->cfg.id.node_index * (uint64_t)a->cfg.layout.tc.nproc_per_node +
-                     i));
-        cJSON_AddNumberToObject(e, "pid", r.pid);
-        cJSON_AddStringToObject(e, "state", gang_rank_state_name(r.state));
-        cJSON_AddNumberToObject(e, "heartbeat_age_ms",
-                                r.heartbeat_age_ms == UINT64_MAX ? -1 : (double)r.heartbeat_age_ms);
-        cJSON_AddNumberToObject(e, "restarts", (double)r.restarts);
-        status_gpu(a, e, i);
-        status_kv(a, e, i);
-        cJSON_AddItemToArray(lr, e);
-    }
-    if (a->fail_wall_ms) {
-        cJSON *f = cJSON_AddObjectToObject(o, "last_failure");
-        cJSON_AddNumberToObject(f, "rank", a->fail_rank);
-        cJSON_AddStringToObject(f, "code", gang_err_name(a->fail_code));
-        cJSON_AddStringToObject(f, "reason", a->fail_reason);
-        cJSON_AddNumberToObject(f, "wall_ms", (double)a->fail_wall_ms);
-    } else {
-        cJSON_AddNullToObject(o, "last_failure");
-    }
-    cJSON_AddNumberToObject(o, "last_abort_wall_ms", (double)ms.last_abort_wall_ms);
-    cJSON_AddNumberToObject(o, "ready_wall_ms", (double)a->ready_wall_ms);
-    cJSON_AddNumberToObject(o, "restarts_total", (double)a->aborts_seen);
-    cJSON_AddBoolToObject(o, "gpu_fault_persistent", a->gpu.persistent);
-    if (a->gpu.persistent)
-        cJSON_AddStringToObject(o, "gpu_fault", a->gpu.reason);
+    memset(v, 0, sizeof(*v));
+    v->cfg = &a->cfg;
+    gang_member_get_status(a->member, &v->ms);
     if (a->coord) {
-        gang_coord_status cs;
-        gang_coord_get_status(a->coord, &cs);
-        cJSON *g = cJSON_AddObjectToObject(o, "gang");
-        cJSON_AddStringToObject(g, "state", gang_state_name(cs.state));
-        cJSON_AddNumberToObject(g, "generation", (double)cs.generation);
-        cJSON_AddNumberToObject(g, "members", cs.members);
-        cJSON_AddNumberToObject(g, "world_size", cs.world_size);
-        cJSON_AddNumberToObject(g, "restarts_total", (double)cs.restarts_total);
-        cJSON_AddNumberToObject(g, "budget_left", cs.budget_left);
-        cJSON_AddNumberToObject(g, "rendezvous_seconds", cs.rendezvous_seconds);
-        cJSON_AddNumberToObject(g, "formation_seconds", cs.formation_seconds);
-        cJSON_AddNumberToObject(g, "serving_since_wall_ms", (double)cs.serving_since_wall_ms);
-        if (cs.last_failure_wall_ms) {
-            cJSON *f = cJSON_AddObjectToObject(g, "last_failure");
-            cJSON_AddNumberToObject(f, "rank", cs.last_failure_rank);
-            cJSON_AddStringToObject(f, "code", gang_err_name(cs.last_failure_code));
-            cJSON_AddStringToObject(f, "reason", cs.last_failure);
-            cJSON_AddNumberToObject(f, "wall_ms", (double)cs.last_failure_wall_ms);
-        } else {
-            cJSON_AddNullToObject(g, "last_failure");
-        }
-        cJSON *rk = cJSON_AddArrayToObject(g, "ranks");
-        for (uint32_t i = 0; i < cs.world_size; i++) {
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "rank", i);
-            cJSON_AddNumberToObject(e, "node",
-                                    (double)(i / (uint32_t)a->cfg.layout.tc.nproc_per_node));
-            cJSON_AddStringToObject(e, "state", gang_rank_state_name(cs.ranks[i].state));
-            cJSON_AddNumberToObject(e, "heartbeat_age_ms",
-                                    cs.ranks[i].heartbeat_age_ms == UINT32_MAX
-                                        ? -1
-                                        : (double)cs.ranks[i].heartbeat_age_ms);
-            cJSON_AddItemToArray(rk, e);
-        }
+        gang_coord_get_status(a->coord, cs);
+        v->cs = cs;
     }
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return text;
-}
-
-static void rank_age_sample(gang_metrics_buf *b, uint64_t rank, uint64_t age_ms)
-{
-    char rs[24];
-    snprintf(rs, sizeof(rs), "%llu", (unsigned long long)rank);
-    gang_metric_label l = {.name = "rank", .value = rs};
-    gang_metrics_sample_double(b, "ganglion_heartbeat_age_seconds", &l, 1,
-                               age_ms == UINT64_MAX ? -1.0 : (double)age_ms / 1000.0);
-}
-
-static void render_metrics(agent *a, gang_metrics_buf *b)
-{
-    static const char *const states[] = {"waiting", "backoff",  "starting",
-                                         "serving", "aborting", "failed"};
-    gang_member_status ms;
-    gang_member_get_status(a->member, &ms);
-    gang_coord_status cs;
-    if (a->coord)
-        gang_coord_get_status(a->coord, &cs);
-    char node[16];
-    snprintf(node, sizeof(node), "%d", a->cfg.id.node_index);
-    gang_metric_label nl = {.name = "node", .value = node};
-
-    gang_metrics_family(b, "ganglion_generation", GANG_METRIC_GAUGE,
-                        "Generation (epoch) of the gang this node last started");
-    gang_metrics_sample_u64(b, "ganglion_generation", &nl, 1, ms.generation);
-    gang_metrics_family(b, "ganglion_gang_restarts_total", GANG_METRIC_COUNTER,
-                        "Gang restarts: counted by the coordinator on node 0, ABORTs seen "
-                        "elsewhere");
-    gang_metrics_sample_u64(b, "ganglion_gang_restarts_total", &nl, 1,
-                            a->coord ? cs.restarts_total : a->aborts_seen);
-    gang_metrics_family(b, "ganglion_ready", GANG_METRIC_GAUGE,
-                        "1 while the whole gang serves and this node's ranks are ready");
-    gang_metrics_sample_i64(b, "ganglion_ready", &nl, 1, agent_ready(a));
-    gang_metrics_family(b, "ganglion_state", GANG_METRIC_GAUGE,
-                        "Gang state as this node sees it (one-hot)");
-    const char *cur = agent_state_name(a, &ms);
-    for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
-        gang_metric_label sl[2] = {nl, {.name = "state", .value = states[i]}};
-        gang_metrics_sample_i64(b, "ganglion_state", sl, 2, strcmp(cur, states[i]) == 0);
-    }
-    gang_metrics_family(b, "ganglion_heartbeat_age_seconds", GANG_METRIC_GAUGE,
-                        "Seconds since each rank's last heartbeat (-1: no process)");
-    if (a->coord) {
-        for (uint32_t i = 0; i < cs.world_size; i++)
-            rank_age_sample(b, i,
-                            cs.ranks[i].heartbeat_age_ms == UINT32_MAX
-                                ? UINT64_MAX
-                                : cs.ranks[i].heartbeat_age_ms);
-    } else {
-        for (uint32_t i = 0; i < gang_sup_nranks(a->sup); i++) {
-            gang_sup_rank r;
-            gang_sup_rank_info(a->sup, i, &r);
-            rank_age_sample(
-                b, (uint64_t)a->cfg.id.node_index * (uint64_t)a->cfg.layout.tc.nproc_per_node + i,
-                r.heartbeat_age_ms);
-        }
-    }
-    gang_metrics_family(b, "ganglion_coordinator_connected", GANG_METRIC_GAUGE,
-                        "1 while this node is a member of the coordinator");
-    gang_metrics_sample_i64(b, "ganglion_coordinator_connected", &nl, 1, ms.connected);
-    if (a->coord) {
-        gang_metrics_family(b, "ganglion_rendezvous_seconds", GANG_METRIC_GAUGE,
-                            "Seconds the last (re)formation took, from the first member or the "
-                            "failure to SERVING");
-        gang_metrics_sample_double(b, "ganglion_rendezvous_seconds", NULL, 0,
-                                   cs.rendezvous_seconds);
-        gang_metrics_family(b, "ganglion_gang_members", GANG_METRIC_GAUGE,
-                            "Nodes currently joined to the coordinator");
-        gang_metrics_sample_u64(b, "ganglion_gang_members", NULL, 0, cs.members);
-        gang_metrics_family(b, "ganglion_gang_members_max", GANG_METRIC_GAUGE,
-                            "Members the coordinator admits: one per node of the gang");
-        gang_metrics_sample_u64(b, "ganglion_gang_members_max", NULL, 0, cs.members_max);
-        gang_metrics_family(b, "ganglion_coordinator_connections", GANG_METRIC_GAUGE,
-                            "Rendezvous connections held, joined or not");
-        gang_metrics_sample_u64(b, "ganglion_coordinator_connections", NULL, 0, cs.connections);
-        gang_metrics_family(b, "ganglion_coordinator_connections_max", GANG_METRIC_GAUGE,
-                            "Rendezvous connections held at once (--max-connections)");
-        gang_metrics_sample_u64(b, "ganglion_coordinator_connections_max", NULL, 0,
-                                cs.connections_max);
-        gang_metrics_family(b, "ganglion_coordinator_connections_refused_total",
-                            GANG_METRIC_COUNTER,
-                            "Rendezvous connections closed at once for being over the limit");
-        gang_metrics_sample_u64(b, "ganglion_coordinator_connections_refused_total", NULL, 0,
-                                cs.connections_refused);
-        gang_metrics_family(b, "ganglion_restart_budget_left", GANG_METRIC_GAUGE,
-                            "Gang restarts left in the current window");
-        gang_metrics_sample_u64(b, "ganglion_restart_budget_left", NULL, 0, cs.budget_left);
-        gang_metrics_family(b, "ganglion_rendezvous_frames_rejected_total", GANG_METRIC_COUNTER,
-                            "Rendezvous connections closed for a frame whose session tag did "
-                            "not verify (forged, modified, replayed or reordered)");
-        gang_metrics_sample_u64(b, "ganglion_rendezvous_frames_rejected_total", NULL, 0,
-                                cs.frames_rejected);
-    }
-    gang__gpu_metrics(b, a->sup, (uint32_t)a->cfg.id.node_index,
-                      (uint32_t)a->cfg.layout.tc.nproc_per_node, &a->gpu);
-    if (a->api)
-        gang_api_metrics(a->api, b);
-    if (a->relay)
-        gang_fwd_relay_metrics(a->relay, b);
-    if (!a->cfg.id.is_coordinator) {
-        gang_metrics_family(b, "ganglion_forwarded_frames_rejected_total", GANG_METRIC_COUNTER,
-                            "Malformed API frames from the coordinator dropped");
-        gang_metrics_sample_u64(b, "ganglion_forwarded_frames_rejected_total", NULL, 0,
-                                a->fwd_rejected);
-    }
+    v->sup = a->sup;
+    v->api = a->api;
+    v->relay = a->relay;
+    v->gpu = &a->gpu;
+    v->state = agent_state_name(a, &v->ms);
+    v->coord_addr = a->coord_addr;
+    v->ready = agent_ready(a);
+    v->healthy = agent_healthy(a);
+    v->ready_wall_ms = a->ready_wall_ms;
+    v->aborts_seen = a->aborts_seen;
+    v->fwd_rejected = a->fwd_rejected;
+    v->fail_rank = a->fail_rank;
+    v->fail_code = a->fail_code;
+    v->fail_wall_ms = a->fail_wall_ms;
+    v->fail_reason = a->fail_reason;
 }
 
 static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *req)
@@ -660,7 +448,10 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
         const char *b = ok ? "ready\n" : "not ready\n";
         gang_http_reply(x, ok ? 200 : 503, NULL, b, strlen(b));
     } else if (strcmp(req->path, "/status") == 0) {
-        char *text = render_status(a);
+        gang__agent_view v;
+        gang_coord_status cs;
+        agent_view(a, &v, &cs);
+        char *text = gang__agent_status_json(&v);
         if (text == NULL) {
             gang_http_reply(x, 500, NULL, "out of memory\n", 14);
             return;
@@ -668,9 +459,12 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
         gang_http_reply(x, 200, "application/json", text, strlen(text));
         cJSON_free(text);
     } else if (strcmp(req->path, "/metrics") == 0) {
+        gang__agent_view v;
+        gang_coord_status cs;
         gang_metrics_buf b;
+        agent_view(a, &v, &cs);
         gang_metrics_buf_init(&b);
-        render_metrics(a, &b);
+        gang__agent_metrics(&v, &b);
         if (b.err) {
             gang_http_reply(x, 500, NULL, "metrics error\n", 14);
         } else {

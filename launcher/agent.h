@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "api.h"
+#include "ganglion/serve.h"
 #include "ganglion/rendezvous.h"
 #include "layout.h"
 #include "supervisor.h"

@@ -16,19 +16,15 @@
  * (the node in the top 16 bits), so that its tokens find their way back without a table;
  * its own API's ids stay below 2^48.
  *
- * Layout of a payload, little-endian, fields in this order: u8 kind (the gang_wctl_type,
- * or GANG_FWD_NACK), u64 id, then per kind
- *   SUBMIT  u32 n_prompt, u32 max_tokens, u32 top_k, f32 temperature, f32 top_p, u64 seed,
- *           f32 presence, f32 frequency, f32 repetition, u8 ignore_eos, u8 logprobs,
- *           u8 top_logprobs, u8 n_stop (<= 16), n_stop x i32, u32 n_ids, n_ids x i32
- *   PROMPT  u32 n_prompt, u32 index, u32 n_ids, n_ids x i32
- *   CANCEL  nothing
- *   TOKEN   u32 index, i32 token, f32 logprob, u8 n_top (<= GANG_MAX_TOP_LOGPROBS),
- *           n_top x i32, n_top x f32, u64 stamp_us (the coordinator's wall clock when
- *           rank 0 reported the token)
- *   DONE    i32 code, u32 cached, u8 len + finish (< 8), u16 len + reason (< 256)
- *   NACK    u32 index
- * n_ids is at most GANG_WCTL_MAX_PROMPT; a payload must be consumed exactly.
+ * Layout of a payload, little-endian: u8 kind (a gang_req_kind, or GANG_FWD_NACK), then
+ * the request message as gang_req_codec writes it (engine.h: u64 id and the kind's
+ * fields, the sampling through gang_sampling_codec), with two additions:
+ *   TOKEN   ... then u64 stamp_us (the coordinator's wall clock when rank 0 reported it)
+ *   NACK    u64 id, u32 index
+ * A payload must be consumed exactly. The bytes are those of the first forwarding
+ * (protocol v2): SUBMIT u32 n_prompt, u32 max_tokens, u32 top_k, f32 temperature, f32
+ * top_p, u64 seed, f32 presence, frequency and repetition penalties, u8 ignore_eos, u8
+ * logprobs, u8 top_logprobs, u8 n_stop, n_stop x i32, u32 n_ids, n_ids x i32.
  */
 #ifndef GANGLION_LAUNCHER_API_FWD_H
 #define GANGLION_LAUNCHER_API_FWD_H
@@ -36,12 +32,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
-#include "metrics.h"
+#include "ganglion/serve.h"
 #include "supervisor.h"
-#include "wctl.h"
 
-#define GANG_FWD_NACK 100u /* kind of a refusal-for-now (not a worker packet type) */
+#define GANG_FWD_NACK 100u /* kind of a refusal-for-now (not a gang_req_kind) */
+_Static_assert(1u + GANG_REQ_WIRE_MAX + 8u <= GANG_API_FRAME_MAX,
+               "a forwarded request message (kind, message, stamp) fits one API frame");
 #define GANG_FWD_ID_BITS 48u
 #define GANG_FWD_ID_MASK ((UINT64_C(1) << GANG_FWD_ID_BITS) - 1)
 
@@ -57,22 +55,23 @@ static inline uint32_t gang_fwd_node(uint64_t id)
 }
 
 /*
- * Encodes the fields of m (type SUBMIT, PROMPT, CANCEL, TOKEN, DONE or GANG_FWD_NACK) that
- * its kind carries into buf[0..cap). 0 and *len; GANG_EINVAL for another type or a field
+ * Encodes the fields of m (kind SUBMIT, PROMPT, CANCEL, TOKEN, DONE or GANG_FWD_NACK) that
+ * its kind carries into buf[0..cap). 0 and *len; GANG_EINVAL for another kind or a field
  * out of bounds; GANG_EMSGSIZE when cap is too small (GANG_API_FRAME_MAX always fits).
  * stamp_us is written into TOKEN.
  */
-int gang_fwd_encode(const gang_wctl *m, uint64_t stamp_us, uint8_t *buf, size_t cap, size_t *len);
+int gang_fwd_encode(const gang_req_msg *m, uint64_t stamp_us, uint8_t *buf, size_t cap,
+                    size_t *len);
 
 /*
  * Decodes a payload that came from the coordinator (from_coordinator = 1: TOKEN, DONE,
  * NACK) or from a member (0: SUBMIT, PROMPT, CANCEL) into m (zeroed first; generation
  * left 0 for the caller) and *stamp_us (TOKEN, else 0). 0, or GANG_EPROTO for a kind not
  * allowed in that direction, a truncated payload, trailing bytes or a field out of bounds
- * (n_ids, n_stop, n_top, a string too long or with a NUL, an id above GANG_FWD_ID_MASK).
- * Never reads outside buf[0..len).
+ * (n_ids, n_stop, n_top, a flag over 1, a string too long or with a NUL, an id above
+ * GANG_FWD_ID_MASK). Never reads outside buf[0..len).
  */
-int gang_fwd_decode(const uint8_t *buf, size_t len, int from_coordinator, gang_wctl *m,
+int gang_fwd_decode(const uint8_t *buf, size_t len, int from_coordinator, gang_req_msg *m,
                     uint64_t *stamp_us);
 
 /* ------------------------------------------------------------------ the relay */
@@ -102,7 +101,7 @@ typedef struct gang_fwd_relay {
     uint64_t frames_refused; /* malformed frames dropped */
     uint64_t nacks;          /* packets refused for now */
     uint64_t send_failures;  /* tokens or ends that could not be queued to their member */
-    gang_wctl pkt;
+    gang_req_msg pkt;
     uint8_t buf[GANG_API_FRAME_MAX];
 } gang_fwd_relay;
 
@@ -122,7 +121,7 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
  * forwarded one, sends it to its member (tokens stamped with the wall clock) and returns
  * 1; returns 0 for the coordinator's own requests.
  */
-int gang_fwd_relay_token(gang_fwd_relay *r, const gang_wctl *tok);
+int gang_fwd_relay_token(gang_fwd_relay *r, const gang_req_msg *tok);
 int gang_fwd_relay_done(gang_fwd_relay *r, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
                         const char *finish, const char *reason);
 /* The wall clock in microseconds (forwarded tokens' stamps). */

@@ -28,7 +28,7 @@
 
 #include "cmds.h"
 #include "ganglion/common.h"
-#include "http-client.h"
+#include "ganglion/serve.h"
 #include "proc.h"
 
 extern char **environ;

@@ -68,13 +68,6 @@ static int layout_check_backend(const gang_params *p, char *err, size_t errlen)
     return 0;
 }
 
-gang_dtype gang_layout_kv_dtype(const gang_layout *l, gang_kernels_wtype wt)
-{
-    if (!l->kv_auto)
-        return l->kv_dtype;
-    return gang_engine_kv_dtype_auto(wt);
-}
-
 int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, size_t errlen)
 {
     int64_t world = p->nnodes * p->nproc_per_node;

@@ -32,7 +32,7 @@ typedef struct gang_layout {
     int uses_nccl;                  /* TP / PP groups over nccl (gang__worker_uses_nccl) */
     uint32_t max_ctx;               /* --max-ctx; 0 = the model's, capped at the CAP above */
     gang_dtype kv_dtype;            /* --kv-cache-dtype (auto -> f32 until the weights'
-                                       storage is known: gang_layout_kv_dtype) */
+                                       storage is known: gang_engine_setup_config) */
     int kv_auto;                    /* --kv-cache-dtype auto */
     char dtype[8];                  /* --dtype: auto, f32, bf16, f16 */
     char quantize[8];               /* --quantize: none, int8 */
@@ -40,10 +40,6 @@ typedef struct gang_layout {
     gang_model_config mc; /* config.json */
     uint32_t ctx;         /* positions per sequence; 0 without a model */
 } gang_layout;
-
-/* The KV cache's element type for weights stored as wt: --kv-cache-dtype, and for auto
- * the weights' half type (bf16 / f16), else f32. */
-gang_dtype gang_layout_kv_dtype(const gang_layout *l, gang_kernels_wtype wt);
 
 /*
  * Derives the parameter-only part of the layout from p and checks it: the backend this

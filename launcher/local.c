@@ -17,7 +17,8 @@
  *   75                             the agent gave up (restart budget spent): nothing is
  *                                  restarted any more, the others are given their
  *                                  give-up linger to exit on their own, then stopped;
- *   127                            execv failed: stop everything, exit 70.
+ *   127                            exec failed (GANG_PROC_EXEC_FAILED): stop everything,
+ *                                  exit 70.
  *
  * Shutdown runs in steps, each with a deadline: optionally wait for the agents to exit
  * on their own (after a give-up), then SIGTERM and wait 5 s, then SIGKILL and wait 5 s
@@ -36,6 +37,7 @@
 #include <unistd.h>
 
 #include "local.h"
+#include "proc.h"
 
 #define LOCAL_BACKOFF_INITIAL_MS 100
 #define LOCAL_BACKOFF_MAX_MS 2000
@@ -43,7 +45,6 @@
 #define LOCAL_TERM_GRACE_MS 5000    /* SIGTERM -> SIGKILL */
 #define LOCAL_KILL_GRACE_MS 5000    /* SIGKILL -> abandon */
 #define LOCAL_GIVE_UP_SLACK_MS 2000 /* added to --give-up-linger-ms */
-#define LOCAL_EXIT_EXEC_FAILED 127
 
 /* One supervised agent. */
 typedef struct local_agent {
@@ -107,36 +108,10 @@ int gang__local_agent_args(const gang_params *p, gang_args *out)
  * --------------------------------------------------------------------------------- */
 
 /*
- * Runs in the forked child only: restores the signal state an exec'd program expects,
- * ties the child's life to the parent's, and execs. Never returns.
- */
-static void local_child_exec(const gang_local_spawn_cfg *cfg, char **argv, pid_t parent)
-{
-    sigset_t none;
-    static const int reset[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-
-    for (size_t i = 0; i < sizeof reset / sizeof reset[0]; i++)
-        signal(reset[i], SIG_DFL);
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    /* SIGTERM rather than SIGKILL: the agent then stops its own workers cleanly. The
-     * getppid() check closes the race with a parent that died before prctl(). */
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent)
-        _exit(0);
-    unsetenv("GANGLION_LOCAL");
-    if (cfg->out_fd >= 0) {
-        dup2(cfg->out_fd, 1);
-        dup2(cfg->out_fd, 2);
-    }
-    execv(cfg->exe, argv);
-    dprintf(2, "ganglion local: cannot exec %s: %s\n", cfg->exe, strerror(errno));
-    _exit(LOCAL_EXIT_EXEC_FAILED);
-}
-
-/*
- * Builds the agent's argv before fork(), so the child does nothing but syscalls, then
- * forks. The argv and its strings are freed in the parent once fork() has returned.
+ * Builds the agent's argv and starts it with gang_proc_spawn (proc.h: empty signal mask
+ * and default dispositions, whatever this supervisor blocks for its signalfd). SIGTERM
+ * rather than SIGKILL as the parent-death signal: the agent then stops its own workers
+ * cleanly. The argv is freed once the child is started.
  */
 int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out)
 {
@@ -144,11 +119,15 @@ int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out)
     char addr[GANG_LOCAL_ADDR_MAX];
     char index[16];
     char coord[32];
+    gang_spawn sp = {.path = cfg->exe,
+                     .out_fd = cfg->out_fd,
+                     .err_fd = cfg->out_fd,
+                     .close_fd = -1,
+                     .death_signal = SIGTERM,
+                     .drop_local = 1};
     char **argv;
     int n = 0;
     int rc;
-    pid_t parent = getpid();
-    pid_t pid;
 
     rc = gang__local_address(cfg->node_index, addr, sizeof addr);
     if (rc < 0)
@@ -174,17 +153,7 @@ int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out)
     argv[n++] = coord;
     argv[n] = NULL;
 
-    pid = fork();
-    if (pid < 0) {
-        rc = gang_err_from_errno(errno);
-        goto out_free;
-    }
-    if (pid == 0)
-        local_child_exec(cfg, argv, parent);
-    *out = pid;
-    rc = 0;
-
-out_free:
+    rc = gang_proc_spawn(argv, &sp, out);
     free(argv);
     return rc;
 }
@@ -299,7 +268,7 @@ static void local_on_exit(local_gang *g, int i, int status, const gang_params *p
         local_stop(g, GANG_EXIT_TEMPFAIL, LOCAL_DRAINING,
                    (uint64_t)p->give_up_linger_ms + LOCAL_GIVE_UP_SLACK_MS);
         return;
-    case LOCAL_EXIT_EXEC_FAILED:
+    case GANG_PROC_EXEC_FAILED:
         gang_error("local: agent %d could not be executed; stopping the gang", i);
         local_stop(g, GANG_EXIT_INTERNAL, LOCAL_TERMINATING, LOCAL_TERM_GRACE_MS);
         return;

@@ -59,11 +59,12 @@ typedef struct gang_local_spawn_cfg {
 } gang_local_spawn_cfg;
 
 /*
- * Forks and execs one agent as described by cfg and stores its pid in *out. The child
- * gets an empty signal mask and default dispositions, loses GANGLION_LOCAL, and receives
- * SIGTERM when the calling thread exits (PR_SET_PDEATHSIG), so that a killed parent
- * leaves no orphaned gang behind. A child whose execv fails exits 127. Returns 0,
- * GANG_EINVAL (bad index), GANG_ENOMEM, or the fork errno as a GANG_E* code.
+ * Starts one agent as described by cfg with gang_proc_spawn (proc.h) and stores its pid
+ * in *out. The child gets an empty signal mask and default dispositions, loses
+ * GANGLION_LOCAL, and receives SIGTERM when the calling thread exits (PR_SET_PDEATHSIG),
+ * so that a killed parent leaves no orphaned gang behind. A child whose exec fails exits
+ * GANG_PROC_EXEC_FAILED (127). Returns 0, GANG_EINVAL (bad index), GANG_ENOMEM, or the
+ * fork errno as a GANG_E* code.
  */
 int gang__local_spawn(const gang_local_spawn_cfg *cfg, pid_t *out);
 

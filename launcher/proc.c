@@ -1,6 +1,7 @@
 /*
- * Child processes and loopback ports (proc.h): what bench and generate share to start,
- * watch and stop the programs they drive.
+ * Child processes and loopback ports (proc.h): the one spawner of every program ganglion
+ * starts by fork and exec (local agents, generate's server, the benchmarks' gangs, mpirun
+ * and their peers), and what the commands share to watch and stop them.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -8,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +41,59 @@ pid_t gang_proc_fork(int death_signal)
     return pid;
 }
 
-/* Runs in the child only: the descriptors and environment of s, then exec. */
-static void proc_child_exec(char *const *argv, const gang_spawn *s)
+#define PROC_ENV_LOCAL "GANGLION_LOCAL="
+#define PROC_ENV_MPI_SHM "OMPI_MCA_btl_vader_single_copy_mechanism="
+
+/*
+ * The child's environment, built in the parent (the child must not allocate: the parent
+ * may have threads): this process's, less GANGLION_LOCAL with drop_local or mpi_env, plus
+ * Open MPI's single-copy switch set to "none" with mpi_env unless it is set already. The
+ * array is allocated, its strings are borrowed from environ. NULL on GANG_ENOMEM.
+ */
+static char **proc_child_env(const gang_spawn *s)
 {
+    extern char **environ;
+    size_t n = 0, k = 0;
+    int have_shm = 0;
+    char **env;
+
+    while (environ != NULL && environ[n] != NULL)
+        n++;
+    env = calloc(n + 2, sizeof *env);
+    if (env == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = environ[i];
+        if ((s->drop_local || s->mpi_env) &&
+            strncmp(e, PROC_ENV_LOCAL, strlen(PROC_ENV_LOCAL)) == 0)
+            continue;
+        have_shm |= strncmp(e, PROC_ENV_MPI_SHM, strlen(PROC_ENV_MPI_SHM)) == 0;
+        env[k++] = environ[i];
+    }
+    if (s->mpi_env && !have_shm)
+        env[k++] = PROC_ENV_MPI_SHM "none";
+    env[k] = NULL;
+    return env;
+}
+
+/*
+ * Runs in the child only, and only async-signal-safe calls: the signal rule of proc.h
+ * (every disposition back to SIG_DFL, then the empty mask), the process group and the
+ * descriptors of s, then exec. Never returns; a failed exec prints why and exits 127.
+ */
+static void proc_child_exec(char *const *argv, const gang_spawn *s, char **env)
+{
+    struct sigaction dfl;
+    sigset_t none;
+
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    /* SIGKILL, SIGSTOP and the C library's reserved real-time signals refuse: harmless. */
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &dfl, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     if (s->new_group)
         setpgid(0, 0);
     if (s->out_fd >= 0)
@@ -50,26 +102,34 @@ static void proc_child_exec(char *const *argv, const gang_spawn *s)
         dup2(s->err_fd, 2);
     if (s->close_fd >= 0)
         close(s->close_fd);
-    if (s->mpi_env) {
-        unsetenv("GANGLION_LOCAL");
-        setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
-    }
     if (s->path != NULL)
-        execv(s->path, argv);
+        execve(s->path, argv, env);
     else
-        execvp(argv[0], argv);
+        execvpe(argv[0], argv, env);
     dprintf(2, "ganglion: cannot exec %s: %s\n", s->path ? s->path : argv[0], strerror(errno));
-    _exit(127);
+    _exit(GANG_PROC_EXEC_FAILED);
 }
 
 int gang_proc_spawn(char *const *argv, const gang_spawn *s, pid_t *out)
 {
+    sigset_t all, old;
+    char **env = proc_child_env(s);
+    pid_t pid;
+
+    if (env == NULL)
+        return GANG_ENOMEM;
     fflush(NULL);
-    pid_t pid = gang_proc_fork(s->death_signal);
+    /* Every signal blocked across fork(): none of this process's handlers may run in the
+     * child before it has put the dispositions back to the defaults. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid = gang_proc_fork(s->death_signal);
+    if (pid == 0)
+        proc_child_exec(argv, s, env);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    free(env);
     if (pid < 0)
         return (int)pid;
-    if (pid == 0)
-        proc_child_exec(argv, s);
     if (s->new_group)
         setpgid(pid, pid); /* also from here, so that it holds before the child runs */
     *out = pid;

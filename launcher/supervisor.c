@@ -87,7 +87,9 @@ struct gang_sup {
     void (*done)(void *);
     void *done_ctx;
     int open_handles;
-    gang_wctl pkt; /* receive / send scratch */
+    gang_wctl pkt;                         /* control message scratch (receive and send) */
+    gang_req_msg req;                      /* request message scratch (receive) */
+    uint8_t buf[GANG_WCTL_PACKET_MAX + 1]; /* one packet, encoded; + 1 sees an oversize one */
 };
 
 static void spawn_worker(wslot *w);
@@ -125,13 +127,21 @@ static void slot_poll_closed(uv_handle_t *h)
     sup_unref(w->sup);
 }
 
-static int send_pkt(wslot *w, gang_wctl *pkt)
+/* Sends the len bytes of w->sup->buf as one packet; 0 or why not (channel full, gone). */
+static int send_buf(wslot *w, size_t len)
 {
     if (w->fd < 0)
         return GANG_ECLOSED;
-    pkt->local_rank = w->local_rank;
-    ssize_t n = send(w->fd, pkt, sizeof(*pkt), MSG_NOSIGNAL | MSG_DONTWAIT);
-    return n == (ssize_t)sizeof(*pkt) ? 0 : gang_err_from_errno(errno);
+    ssize_t n = send(w->fd, w->sup->buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n == (ssize_t)len ? 0 : gang_err_from_errno(errno);
+}
+
+/* Sends control message pkt to w's worker. */
+static int send_pkt(wslot *w, const gang_wctl *pkt)
+{
+    size_t len = 0;
+    int rc = gang_wctl_encode(pkt, w->sup->buf, sizeof(w->sup->buf), &len);
+    return rc != 0 ? rc : send_buf(w, len);
 }
 
 static void report_failure(wslot *w, int32_t rank, int32_t code, const char *reason)
@@ -214,22 +224,6 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
         report_failure(w, (int32_t)pkt->rank, pkt->code ? pkt->code : GANG_EPEER, why);
         return;
     }
-    case GANG_WCTL_TOKEN:
-        if (w->local_rank == 0 && s->cb.on_token)
-            s->cb.on_token(s->cb.ctx, pkt);
-        return;
-    case GANG_WCTL_DONE: {
-        if (w->local_rank != 0 || s->cb.on_done == NULL)
-            return;
-        char finish[sizeof(pkt->finish)], reason[GANG_REASON_MAX];
-        memcpy(finish, pkt->finish, sizeof(finish));
-        finish[sizeof(finish) - 1] = '\0';
-        memcpy(reason, pkt->reason, sizeof(reason));
-        reason[sizeof(reason) - 1] = '\0';
-        s->cb.on_done(s->cb.ctx, pkt->generation, pkt->req_id, pkt->code, pkt->index, finish,
-                      reason);
-        return;
-    }
     case GANG_WCTL_ABORTED:
         if (pkt->generation < w->gen)
             return;
@@ -245,26 +239,51 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
     }
 }
 
+/* A request message from a worker: rank 0's tokens and ends, for the agent. The codec
+ * NUL-terminated the strings. */
+static void on_worker_req(wslot *w, const gang_req_msg *r)
+{
+    gang_sup *s = w->sup;
+    if (w->local_rank != 0)
+        return;
+    if (r->kind == GANG_REQ_TOKEN && s->cb.on_token)
+        s->cb.on_token(s->cb.ctx, r);
+    else if (r->kind == GANG_REQ_DONE && s->cb.on_done)
+        s->cb.on_done(s->cb.ctx, r->generation, r->id, r->code, r->index, r->finish, r->reason);
+    else if (r->kind != GANG_REQ_TOKEN && r->kind != GANG_REQ_DONE)
+        gang_warn("supervisor: unexpected request message %u from local rank %u", r->kind,
+                  w->local_rank);
+}
+
 static void on_conn_readable(uv_poll_t *h, int status, int events)
 {
     wslot *w = h->data;
+    gang_sup *s = w->sup;
     (void)events;
     /* An error status (a worker that exits with our messages unread makes the socket
      * report a reset) still leaves what it sent before readable: drain, then close. */
-    gang_wctl *pkt = &w->sup->pkt;
     for (;;) {
-        ssize_t n = recv(w->fd, pkt, sizeof(*pkt), MSG_DONTWAIT);
+        ssize_t n = recv(w->fd, s->buf, sizeof(s->buf), MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
             if (status < 0)
                 close_conn(w);
             return;
         }
-        if (n <= 0 || n != (ssize_t)sizeof(*pkt)) {
+        int type = n > 0 && (size_t)n < sizeof(s->buf)
+                       ? gang_wctl_decode(s->buf, (size_t)n, &s->pkt, &s->req)
+                       : GANG_EPROTO;
+        if (type < 0) {
             /* EOF or a malformed packet: the process exit (if any) is reported by exit_cb. */
+            if (n > 0)
+                gang_warn("supervisor: malformed packet of %zd bytes from local rank %u", n,
+                          w->local_rank);
             close_conn(w);
             return;
         }
-        on_worker_packet(w, pkt);
+        if (gang_req_kind_valid((uint32_t)type))
+            on_worker_req(w, &s->req);
+        else
+            on_worker_packet(w, &s->pkt);
         if (w->fd < 0)
             return;
     }
@@ -284,10 +303,11 @@ static void on_listen_readable(uv_poll_t *h, int status, int events)
         struct timeval tv = {.tv_sec = 1};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         gang_wctl *pkt = &s->pkt;
-        ssize_t n = recv(fd, pkt, sizeof(*pkt), 0);
+        ssize_t n = recv(fd, s->buf, sizeof(s->buf), 0);
         struct ucred cred;
         socklen_t cl = sizeof(cred);
-        int ok = n == (ssize_t)sizeof(*pkt) && pkt->type == GANG_WCTL_HELLO &&
+        int ok = n > 0 && (size_t)n < sizeof(s->buf) &&
+                 gang_wctl_decode(s->buf, (size_t)n, pkt, &s->req) == GANG_WCTL_HELLO &&
                  pkt->local_rank < s->n && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0;
         wslot *w = ok ? &s->slots[pkt->local_rank] : NULL;
         /* Only the process we spawned for that slot may take it. */
@@ -715,7 +735,8 @@ void gang_sup_rank_info(const gang_sup *s, uint32_t local_rank, gang_sup_rank *o
         (uint8_t)(w->proc_alive ? (w->hello ? w->state : GANG_RANK_STARTING) : GANG_RANK_DOWN);
     if (w->proc_alive && w->hello && w->state == GANG_RANK_IDLE && w->gen == 0)
         out->state = GANG_RANK_IDLE;
-    out->heartbeat_age_ms = w->proc_alive ? gang_now_ms() - w->last_hb_ms : UINT64_MAX;
+    out->heartbeat_age_ms =
+        w->proc_alive ? gang_heartbeat_age(gang_now_ms() - w->last_hb_ms) : GANG_HEARTBEAT_NEVER;
     out->restarts = w->restarts ? w->restarts - 1 : 0;
 }
 
@@ -763,9 +784,13 @@ void gang_sup_shutdown(gang_sup *s, void (*done)(void *ctx), void *ctx)
     /* The tick keeps enforcing the shutdown deadline; it closes once the workers are gone. */
 }
 
-int gang_sup_submit(gang_sup *s, gang_wctl *pkt)
+int gang_sup_submit(gang_sup *s, const gang_req_msg *r)
 {
+    size_t len = 0;
     if (s == NULL || s->n == 0 || s->slots[0].fd < 0)
         return GANG_EPEER;
-    return send_pkt(&s->slots[0], pkt) == 0 ? 0 : GANG_EPEER;
+    int rc = gang_wctl_encode_req(r, s->buf, sizeof(s->buf), &len);
+    if (rc != 0)
+        return rc;
+    return send_buf(&s->slots[0], len) == 0 ? 0 : GANG_EPEER;
 }

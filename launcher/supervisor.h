@@ -9,7 +9,8 @@
 #include <stdint.h>
 
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
+#include "ganglion/rendezvous.h"
 #include "wctl.h"
 
 typedef struct gang_sup gang_sup;
@@ -24,9 +25,9 @@ typedef struct gang_sup_callbacks {
     void (*on_failure)(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason);
     /* Every worker is alive, connected and outside any generation. */
     void (*on_idle)(void *ctx);
-    /* Local rank 0 (global rank 0 on node 0): a TOKEN packet (generation, req_id, index,
+    /* Local rank 0 (global rank 0 on node 0): a TOKEN message (generation, id, index,
      * token, logprobs) as rank 0 sent it. May be NULL. */
-    void (*on_token)(void *ctx, const gang_wctl *tok);
+    void (*on_token)(void *ctx, const gang_req_msg *tok);
     /* Local rank 0: request id finished (code 0, finish "length"/"stop") or was refused
      * (code < 0, reason). May be NULL. */
     void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
@@ -60,13 +61,13 @@ void gang_sup_start_gen(gang_sup *s, uint64_t gen, uint32_t world, const uint8_t
 /* Aborts gen in place; workers that do not confirm within the abort timeout are killed. */
 void gang_sup_abort(gang_sup *s, uint64_t gen);
 
-struct gang_wctl;
 /*
- * Sends a SUBMIT or CANCEL packet (type, generation and request fields filled by the caller) to
- * local rank 0. Returns 0, or GANG_EPEER when it is not connected (the caller keeps the
- * request and submits it again after the next START).
+ * Sends a request message (SUBMIT, PROMPT or CANCEL, with its generation) to local rank 0.
+ * Returns 0, GANG_EINVAL for a message that cannot be encoded, or GANG_EPEER when rank 0
+ * is not connected or its channel is full (the caller keeps the request and submits it
+ * again later).
  */
-int gang_sup_submit(gang_sup *s, struct gang_wctl *pkt);
+int gang_sup_submit(gang_sup *s, const gang_req_msg *r);
 int gang_sup_is_idle(const gang_sup *s);
 /* 1 when every local rank is READY in gen. */
 int gang_sup_all_ready(const gang_sup *s, uint64_t gen);
@@ -74,7 +75,7 @@ int gang_sup_all_ready(const gang_sup *s, uint64_t gen);
 typedef struct gang_sup_rank {
     int pid;                   /* 0 when no process */
     uint8_t state;             /* gang_rank_state */
-    uint64_t heartbeat_age_ms; /* UINT64_MAX when never heard */
+    uint32_t heartbeat_age_ms; /* GANG_HEARTBEAT_NEVER when no process */
     uint64_t restarts;         /* times this slot's worker was respawned */
 } gang_sup_rank;
 

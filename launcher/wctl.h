@@ -1,36 +1,47 @@
 /*
- * Agent <-> worker control channel (internal to launcher/).
+ * Agent <-> worker channel (internal to launcher/).
  *
  * The agent creates one AF_UNIX SOCK_SEQPACKET listening socket per node and spawns each
  * worker as `ganglion worker --agent-socket PATH --local-rank L ...`. SEQPACKET keeps
- * message boundaries, so every message is exactly one gang_wctl struct per packet; a
- * packet of another size is a protocol error and closes the channel. Both ends run on
- * the same host and binary, so the struct travels in host byte order.
+ * message boundaries, so every packet is one message of its own size (at most
+ * GANG_WCTL_PACKET_MAX): a small control message (gang_wctl) or a request message
+ * (gang_req_msg, engine.h), both written with the common codec by gang_wctl_encode /
+ * gang_wctl_encode_req and read by gang_wctl_decode. A packet that does not decode is a
+ * protocol error and closes the channel.
+ *
+ * Layout, little-endian: u8 type, u64 generation, then per type
+ *   HELLO         u32 local_rank, i32 pid
+ *   HEARTBEAT     u32 state                                     (13 bytes in all)
+ *   BLOB, READY, GPU   u32 length + bytes (at most GANG_BLOB_MAX)
+ *   START         u32 rank, u32 world_size, u32 length + blob
+ *   ERROR         i32 code, u32 rank, u16 length + reason (< GANG_REASON_MAX)
+ *   BLOB_REQUEST, ABORT, ABORTED, SHUTDOWN   nothing
+ *   SUBMIT, PROMPT, CANCEL, TOKEN, DONE      the request message (gang_req_codec)
  *
  * Conversation (G = generation):
  *   worker -> HELLO(local_rank, pid)             once, right after connect
  *   worker -> HEARTBEAT(state)                   every heartbeat interval, always
- *   worker -> GPU(sample in blob)                after each heartbeat, when the worker
+ *   worker -> GPU(sample)                        after each heartbeat, when the worker
  *                                                watches a GPU (gang_gpu_sample bytes)
  *   agent  -> BLOB_REQUEST(G)                    to local rank 0 of node 0 only
  *   worker -> BLOB(G, blob)                      rank 0 listens and describes itself
  *   agent  -> START(G, rank, world, blob)        every worker joins the data plane
- *   worker -> READY(G)                           data plane up for G
- *   worker -> ERROR(G, code, reason)             data plane failed (peer lost, timeout),
+ *   worker -> READY(G, kv)                       data plane up for G (gang_engine_kv
+ *                                                bytes when it runs an engine)
+ *   worker -> ERROR(G, code, rank, reason)       data plane failed (peer lost, timeout),
  *                                                or its GPU did (code GANG_EGPU)
  *   agent  -> ABORT(G)                           tear down the data plane, stay alive
- *   worker -> ABORTED(G)                         torn down; weights (later) stay loaded
+ *   worker -> ABORTED(G)                         torn down; weights stay loaded
  *   agent  -> SHUTDOWN                           exit 0
- * Requests (node 0 only: the coordinator's agent and global rank 0):
- *   agent  -> SUBMIT(G, req_id, n_prompt, the first prompt ids in blob as int32, max_tokens,
- *             sampling, penalties, stops, ignore_eos, logprobs)
- *   agent  -> PROMPT(G, req_id, index = offset, ids in blob)   the rest of a prompt longer
- *                                                than one blob, in order, until n_prompt
- *                                                ids are there; then the worker queues it
- *   worker -> TOKEN(G, req_id, index, token, logprob, top)  one per generated token, in order
- *   worker -> DONE(G, req_id, code, finish)      code 0: finished ("length" or "stop");
+ * Requests (node 0 only: the coordinator's agent and global rank 0), engine.h's messages:
+ *   agent  -> SUBMIT(G, id, n_prompt, max_tokens, sampling, the first prompt ids)
+ *   agent  -> PROMPT(G, id, index = offset, ids) the rest of a prompt longer than one
+ *                                                message, in order, until n_prompt ids
+ *                                                are there; then the worker queues it
+ *   worker -> TOKEN(G, id, index, token, logprob, top)  one per generated token, in order
+ *   worker -> DONE(G, id, code, cached, finish)  code 0: finished ("length" or "stop");
  *                                                code < 0: refused, reason says why
- *   agent  -> CANCEL(G, req_id)                  the agent answered it already (deadline):
+ *   agent  -> CANCEL(G, id)                      the agent answered it already (deadline):
  *                                                stop generating it, free its KV slot
  * Requests live in one generation: an ABORT drops them in the worker, and the agent
  * submits what it still owes again, from the prompt, in the next generation.
@@ -40,11 +51,14 @@
 #ifndef GANGLION_LAUNCHER_WCTL_H
 #define GANGLION_LAUNCHER_WCTL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 
+/* Control types; the request kinds (GANG_REQ_SUBMIT .. GANG_REQ_PROMPT, 11..15) travel on
+ * the same channel with their own numbers. */
 typedef enum gang_wctl_type {
     GANG_WCTL_HELLO = 1,
     GANG_WCTL_HEARTBEAT = 2,
@@ -56,52 +70,42 @@ typedef enum gang_wctl_type {
     GANG_WCTL_ABORT = 8,
     GANG_WCTL_ABORTED = 9,
     GANG_WCTL_SHUTDOWN = 10,
-    GANG_WCTL_SUBMIT = 11,
-    GANG_WCTL_TOKEN = 12,
-    GANG_WCTL_DONE = 13,
-    GANG_WCTL_CANCEL = 14,
-    GANG_WCTL_PROMPT = 15,
     GANG_WCTL_GPU = 16
 } gang_wctl_type;
 
-/* Prompt ids one SUBMIT or PROMPT packet carries (the blob holds them as int32). */
-#define GANG_WCTL_MAX_PROMPT (GANG_BLOB_MAX / 4)
+/* The largest packet: a START with a full blob, or a SUBMIT with GANG_REQ_MAX_IDS ids. */
+#define GANG_WCTL_PACKET_MAX (9u + GANG_REQ_WIRE_MAX)
+_Static_assert(GANG_WCTL_PACKET_MAX >= 9u + 12u + GANG_BLOB_MAX, "a START fits one packet");
 
+/* A control message: the fields its type uses (see the layout above); the rest are 0. */
 typedef struct gang_wctl {
-    uint32_t type;       /* gang_wctl_type */
-    uint32_t local_rank; /* sender / addressee local rank */
-    uint64_t generation; /* fences every message */
-    int32_t pid;         /* HELLO: worker pid */
-    int32_t code;        /* ERROR: GANG_E* */
-    uint32_t state;      /* HEARTBEAT: gang_rank_state */
-    uint32_t rank;       /* START: global rank */
-    uint32_t world_size; /* START: ranks in the gang */
-    uint32_t blob_len;   /* BLOB, START */
+    uint32_t type;                /* gang_wctl_type */
+    uint64_t generation;          /* fences every message */
+    uint32_t local_rank;          /* HELLO */
+    int32_t pid;                  /* HELLO */
+    uint32_t state;               /* HEARTBEAT: gang_rank_state */
+    uint32_t rank;                /* START: global rank; ERROR: the rank at fault */
+    uint32_t world_size;          /* START: ranks in the gang */
+    int32_t code;                 /* ERROR: GANG_E* */
+    char reason[GANG_REASON_MAX]; /* ERROR */
+    uint32_t blob_len;            /* BLOB, START, READY, GPU */
     uint8_t blob[GANG_BLOB_MAX];
-    char reason[GANG_REASON_MAX];           /* ERROR, DONE with code < 0 */
-    uint64_t req_id;                        /* SUBMIT, TOKEN, DONE */
-    uint32_t max_tokens;                    /* SUBMIT */
-    uint32_t top_k;                         /* SUBMIT */
-    float temperature;                      /* SUBMIT */
-    float top_p;                            /* SUBMIT */
-    uint64_t seed;                          /* SUBMIT */
-    uint32_t n_stop;                        /* SUBMIT */
-    int32_t stop[16];                       /* SUBMIT: stop token ids */
-    int32_t token;                          /* TOKEN */
-    uint32_t index;                         /* TOKEN: 0-based among the generated tokens;
-                                               DONE: prompt tokens from the prefix cache */
-    char finish[8];                         /* DONE: "length" or "stop" */
-    uint32_t n_prompt;                      /* SUBMIT, PROMPT: ids of the whole prompt */
-    uint32_t ignore_eos;                    /* SUBMIT */
-    uint32_t logprobs;                      /* SUBMIT: report logprobs */
-    uint32_t top_logprobs;                  /* SUBMIT: alternatives per token */
-    float presence_penalty;                 /* SUBMIT */
-    float frequency_penalty;                /* SUBMIT */
-    float repetition_penalty;               /* SUBMIT */
-    float logprob;                          /* TOKEN */
-    uint32_t n_top;                         /* TOKEN */
-    int32_t top_ids[GANG_MAX_TOP_LOGPROBS]; /* TOKEN */
-    float top_lp[GANG_MAX_TOP_LOGPROBS];    /* TOKEN */
 } gang_wctl;
+
+/*
+ * Encodes control message m / request message r (its kind and generation) as one packet
+ * into buf[0..cap). 0 and *len; GANG_EINVAL for a type that is not one of its kind or a
+ * field out of bounds; GANG_EMSGSIZE when cap is too small (GANG_WCTL_PACKET_MAX always
+ * fits).
+ */
+int gang_wctl_encode(const gang_wctl *m, uint8_t *buf, size_t cap, size_t *len);
+int gang_wctl_encode_req(const gang_req_msg *r, uint8_t *buf, size_t cap, size_t *len);
+/*
+ * Decodes one packet buf[0..len): a control message into *m (zeroed first) or a request
+ * message into *r (zeroed first; its generation from the packet), and returns its type
+ * (> 0). GANG_EPROTO for an unknown type, a truncated packet, trailing bytes or a field
+ * out of bounds (*m and *r are then zero). Never reads outside buf[0..len).
+ */
+int gang_wctl_decode(const uint8_t *buf, size_t len, gang_wctl *m, gang_req_msg *r);
 
 #endif

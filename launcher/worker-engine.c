@@ -1,7 +1,7 @@
 /*
  * The worker's data plane: the model shard it keeps for its whole life (gang__wres) and,
  * for every generation, a data thread (gang__wstep) that joins the gang's communicator
- * and runs the generation engine (model/engine.c) on it.
+ * and runs the generation engine (engine/engine.c) on it.
  *
  * Life of a worker's resources. The model is loaded once, on a loader thread started at
  * worker start-up, so that the main thread keeps heartbeating while gigabytes are read.
@@ -50,7 +50,7 @@
 #include "ganglion/comm.h"
 #include "ganglion/gpu.h"
 #include "ganglion/kernels.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "wctl.h"
 #include "worker.h"
 
@@ -153,39 +153,19 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
     return rc;
 }
 
-/*
- * The KV budget of this worker: --kv-cache-mb when set; otherwise (0, the default) what
- * its memory leaves after the weights, as vLLM's gpu_memory_utilization: on a device,
- * GANG_KV_DEVICE_SHARE percent of the pool's largest free block (the pool is
- * --gpu-memory-percent of the GPU; the rest of the pool is the activations' and the
- * scratch's); on the host, GANG_KV_HOST_SHARE percent of MemAvailable, split between the
- * node's workers. The engine caps its pool at max_batch sequences of the whole context,
- * and the host pool is touched only as blocks are first used.
- */
-#define GANG_KV_DEVICE_SHARE 90u
-#define GANG_KV_HOST_SHARE 40u
-
-static uint64_t wres_kv_budget(const gang__wres *r)
+void gang__wres_engine_setup(const gang__wres_config *c, gang_engine_setup *out)
 {
-    const gang__wres_config *c = &r->cfg;
-    gang_kernels_pool_stats ps;
-    uint64_t avail_kb = 0,
-             nproc = c->layout.tc.nproc_per_node > 0 ? c->layout.tc.nproc_per_node : 1;
-    char line[256];
-    FILE *f;
-
-    if (c->kv_cache_bytes != 0)
-        return c->kv_cache_bytes;
-    if (gang_kernels_pool_stats_get(r->k, &ps) == 0 && ps.pool_bytes > 0)
-        return ps.largest_free / 100 * GANG_KV_DEVICE_SHARE;
-    f = fopen("/proc/meminfo", "r");
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &avail_kb) == 1)
-            break;
-    }
-    if (f != NULL)
-        fclose(f);
-    return avail_kb * 1024 / 100 * GANG_KV_HOST_SHARE / nproc;
+    memset(out, 0, sizeof(*out));
+    out->max_batch = c->max_batch;
+    out->max_ctx = c->layout.ctx;
+    out->microbatches = c->microbatches;
+    out->max_step_tokens = c->max_step_tokens;
+    out->kv_cache_bytes = c->kv_cache_bytes;
+    out->kv_dtype_auto = c->layout.kv_auto;
+    out->kv_dtype = c->layout.kv_dtype;
+    out->prefix_caching = c->prefix_caching;
+    out->ranks_per_host =
+        c->layout.tc.nproc_per_node > 0 ? (uint32_t)c->layout.tc.nproc_per_node : 1;
 }
 
 /*
@@ -217,23 +197,15 @@ static int wres_load(gang__wres *r)
         snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev, gang_strerror(rc));
         goto out_err;
     }
+    gang_engine_setup es;
     gang_engine_config ec;
-    memset(&ec, 0, sizeof(ec));
-    ec.max_batch = c->max_batch;
-    ec.max_ctx = c->layout.ctx;
-    ec.kv_cache_bytes = wres_kv_budget(r);
-    ec.microbatches = c->microbatches;
-    ec.max_step_tokens = c->max_step_tokens;
-    ec.kv_dtype = gang_layout_kv_dtype(&c->layout, r->model->wtype);
-    ec.prefix_caching = c->prefix_caching;
-    rc = gang_engine_init_on(r->model, r->k, &ec, &r->engine, err, sizeof(err));
+    gang__wres_engine_setup(c, &es);
+    rc = gang_engine_setup_init(&es, r->model, r->k, &r->engine, &ec, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    gang_engine_kv kv0;
-    gang_engine_kv_info(r->engine, &kv0);
-    r->n_blocks = kv0.blocks;
     gang_engine_kv kv;
     gang_engine_kv_info(r->engine, &kv);
+    r->n_blocks = kv.blocks;
     gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of %s weights; "
               "KV cache (%s, %s): %u blocks of %u positions = %llu tokens, %u sequences of "
               "the whole %u-position context, up to %u in flight",

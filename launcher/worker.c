@@ -48,9 +48,9 @@ extern char **environ;
 /* A prompt longer than one packet, being assembled from its PROMPT pieces. */
 typedef struct worker_piece {
     struct worker_piece *next;
-    gang_wctl head; /* the SUBMIT: request fields */
-    uint32_t got;   /* ids received */
-    int32_t ids[];  /* [head.n_prompt] */
+    gang_req_msg head; /* the SUBMIT: request fields */
+    uint32_t got;      /* ids received */
+    int32_t ids[];     /* [head.n_prompt] */
 } worker_piece;
 
 #define WORKER_MAX_PIECES 64            /* prompts in assembly at once */
@@ -177,12 +177,12 @@ static void worker_msg(const worker *w, gang_wctl *m, gang_wctl_type type, uint6
  * this worker can tell. Returns 0, GANG_EAGAIN (heartbeat dropped), or an error after
  * which the channel is lost: the caller leaves with exit code 75.
  */
-static int worker_send(worker *w, const gang_wctl *m, int wait)
+static int worker_send_bytes(worker *w, const uint8_t *buf, size_t len, int wait)
 {
     uint64_t deadline = gang_now_ms() + w->conf.heartbeat_timeout_ms;
     for (;;) {
-        ssize_t n = send(w->agent_fd, m, sizeof(*m), MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n == (ssize_t)sizeof(*m))
+        ssize_t n = send(w->agent_fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n == (ssize_t)len)
             return 0;
         if (n >= 0)
             return GANG_EIO; /* SEQPACKET sends whole packets; this cannot happen */
@@ -201,6 +201,15 @@ static int worker_send(worker *w, const gang_wctl *m, int wait)
     }
 }
 
+/* Sends control message m (see worker_send_bytes). */
+static int worker_send(worker *w, const gang_wctl *m, int wait)
+{
+    uint8_t buf[GANG_WCTL_PACKET_MAX];
+    size_t len = 0;
+    int rc = gang_wctl_encode(m, buf, sizeof(buf), &len);
+    return rc != 0 ? rc : worker_send_bytes(w, buf, len, wait);
+}
+
 /* Marks the channel lost: the loop ends and the worker exits 75. */
 static void worker_channel_lost(worker *w, const char *what, int err)
 {
@@ -214,6 +223,18 @@ static void worker_channel_lost(worker *w, const char *what, int err)
 static void worker_reply(worker *w, const gang_wctl *m)
 {
     int rc = worker_send(w, m, 1);
+    if (rc != 0)
+        worker_channel_lost(w, "send", rc);
+}
+
+/* Sends request message r (TOKEN, DONE), which must arrive; a failure ends the worker. */
+static void worker_reply_req(worker *w, const gang_req_msg *r)
+{
+    uint8_t buf[GANG_WCTL_PACKET_MAX];
+    size_t len = 0;
+    int rc = gang_wctl_encode_req(r, buf, sizeof(buf), &len);
+    if (rc == 0)
+        rc = worker_send_bytes(w, buf, len, 1);
     if (rc != 0)
         worker_channel_lost(w, "send", rc);
 }
@@ -330,21 +351,21 @@ static void worker_teardown(worker *w)
  * (a newer one supersedes a data plane still running for an older generation), or
  * GANG_ESTALE after logging that it is ignored.
  */
-static int worker_fence(worker *w, const gang_wctl *m, const char *what)
+static int worker_fence(worker *w, uint64_t gen, const char *what)
 {
-    if (m->generation < w->gen) {
+    if (gen < w->gen) {
         gang_debug("ignoring %s of generation %llu: generation %llu is current", what,
-                   (unsigned long long)m->generation, (unsigned long long)w->gen);
+                   (unsigned long long)gen, (unsigned long long)w->gen);
         return GANG_ESTALE;
     }
-    if (m->generation > w->gen && (w->step != NULL || w->boot != NULL)) {
+    if (gen > w->gen && (w->step != NULL || w->boot != NULL)) {
         if (w->step != NULL)
             gang_warn("%s of generation %llu supersedes generation %llu: tearing it down", what,
-                      (unsigned long long)m->generation, (unsigned long long)w->step_gen);
+                      (unsigned long long)gen, (unsigned long long)w->step_gen);
         worker_teardown(w);
         w->state = GANG_RANK_IDLE;
     }
-    w->gen = m->generation;
+    w->gen = gen;
     gang_log_set_generation((int64_t)w->gen);
     return 0;
 }
@@ -366,7 +387,7 @@ static int worker_fence(worker *w, const gang_wctl *m, const char *what)
  */
 static void on_blob_request(worker *w, const gang_wctl *m)
 {
-    if (worker_fence(w, m, "BLOB_REQUEST") != 0)
+    if (worker_fence(w, m->generation, "BLOB_REQUEST") != 0)
         return;
     if (w->node != 0 || w->local_rank != 0)
         gang_warn("BLOB_REQUEST sent to node %d local rank %u; expected node 0 local rank 0",
@@ -403,7 +424,7 @@ static void on_blob_request(worker *w, const gang_wctl *m)
 static void on_start(worker *w, const gang_wctl *m)
 {
     uint64_t g = m->generation;
-    if (worker_fence(w, m, "START") != 0)
+    if (worker_fence(w, m->generation, "START") != 0)
         return;
     if (w->step != NULL && w->step_gen == g) {
         gang_warn("duplicate START of generation %llu ignored", (unsigned long long)g);
@@ -495,41 +516,30 @@ static void worker_refuse(worker *w, uint64_t gen, uint64_t id, int code, const 
     __attribute__((format(printf, 5, 6)));
 static void worker_refuse(worker *w, uint64_t gen, uint64_t id, int code, const char *fmt, ...)
 {
-    gang_wctl d;
+    gang_req_msg d;
     va_list ap;
-    worker_msg(w, &d, GANG_WCTL_DONE, gen);
-    d.req_id = id;
+    memset(&d, 0, sizeof(d));
+    d.kind = GANG_REQ_DONE;
+    d.generation = gen;
+    d.id = id;
     d.code = code;
     va_start(ap, fmt);
     vsnprintf(d.reason, sizeof(d.reason), fmt, ap);
     va_end(ap);
-    worker_reply(w, &d);
+    worker_reply_req(w, &d);
 }
 
 /* Queues a complete request (header m, prompt ids) for the data thread. */
-static void worker_queue(worker *w, const gang_wctl *m, const int32_t *prompt, uint32_t n_prompt)
+static void worker_queue(worker *w, const gang_req_msg *m, const int32_t *prompt, uint32_t n_prompt)
 {
-    gang_gen_request r;
-    memset(&r, 0, sizeof(r));
-    r.id = m->req_id;
-    r.prompt = prompt;
-    r.n_prompt = n_prompt;
-    r.max_tokens = m->max_tokens;
-    r.n_stop = m->n_stop > GANG_MAX_STOP_TOKENS ? GANG_MAX_STOP_TOKENS : m->n_stop;
-    memcpy(r.stop, m->stop, r.n_stop * sizeof(int32_t));
-    r.sampling.temperature = m->temperature;
-    r.sampling.top_k = m->top_k;
-    r.sampling.top_p = m->top_p;
-    r.sampling.seed = m->seed;
-    r.sampling.presence_penalty = m->presence_penalty;
-    r.sampling.frequency_penalty = m->frequency_penalty;
-    r.sampling.repetition_penalty = m->repetition_penalty;
-    r.ignore_eos = m->ignore_eos;
-    r.logprobs = m->logprobs;
-    r.top_logprobs = m->top_logprobs;
+    gang_gen_request r = {.id = m->id,
+                          .prompt = prompt,
+                          .n_prompt = n_prompt,
+                          .max_tokens = m->max_tokens,
+                          .sampling = m->sampling};
     int rc = gang__wstep_submit(w->step, &r);
     if (rc != 0)
-        worker_refuse(w, m->generation, m->req_id, rc, "cannot queue the request: %s",
+        worker_refuse(w, m->generation, m->id, rc, "cannot queue the request: %s",
                       gang_strerror(rc));
 }
 
@@ -546,13 +556,13 @@ static void worker_drop_pieces(worker *w)
 }
 
 /* Whether rank 0 of generation gen can take a request now (logs a dropped one). */
-static int worker_takes(worker *w, const gang_wctl *m, const char *what)
+static int worker_takes(worker *w, const gang_req_msg *m, const char *what)
 {
-    if (worker_fence(w, m, what) != 0)
+    if (worker_fence(w, m->generation, what) != 0)
         return 0;
     if (w->step == NULL || w->step_gen != m->generation || w->rank != 0) {
         gang_debug("%s of request %llu dropped: no rank-0 data plane in generation %llu", what,
-                   (unsigned long long)m->req_id, (unsigned long long)m->generation);
+                   (unsigned long long)m->id, (unsigned long long)m->generation);
         return 0;
     }
     return 1;
@@ -565,30 +575,30 @@ static int worker_takes(worker *w, const gang_wctl *m, const char *what)
  * everything it still owes again after the next START. A prompt longer than the context,
  * or more prompts in assembly than WORKER_MAX_PIECES, is refused (DONE with an error).
  */
-static void on_submit(worker *w, const gang_wctl *m)
+static void on_submit(worker *w, const gang_req_msg *m)
 {
     if (!worker_takes(w, m, "SUBMIT"))
         return;
-    uint32_t here = m->blob_len / 4, total = m->n_prompt ? m->n_prompt : here;
+    uint32_t here = m->n_ids, total = m->n_prompt ? m->n_prompt : here;
     if (total == here) {
-        worker_queue(w, m, (const int32_t *)(const void *)m->blob, here);
+        worker_queue(w, m, m->ids, here);
         return;
     }
     if (total < here || total > WORKER_MAX_PIECE_IDS - w->piece_ids ||
         w->n_pieces >= WORKER_MAX_PIECES) {
-        worker_refuse(w, m->generation, m->req_id, GANG_EINVAL,
+        worker_refuse(w, m->generation, m->id, GANG_EINVAL,
                       "a prompt of %u ids does not fit (%u prompts of %u ids in assembly)", total,
                       w->n_pieces, w->piece_ids);
         return;
     }
     worker_piece *p = malloc(sizeof(*p) + (size_t)total * sizeof(int32_t));
     if (p == NULL) {
-        worker_refuse(w, m->generation, m->req_id, GANG_ENOMEM, "no memory for the prompt");
+        worker_refuse(w, m->generation, m->id, GANG_ENOMEM, "no memory for the prompt");
         return;
     }
     p->head = *m;
     p->got = here;
-    memcpy(p->ids, m->blob, (size_t)here * sizeof(int32_t));
+    memcpy(p->ids, m->ids, (size_t)here * sizeof(int32_t));
     p->next = w->pieces;
     w->pieces = p;
     w->n_pieces++;
@@ -596,16 +606,15 @@ static void on_submit(worker *w, const gang_wctl *m)
 }
 
 /* PROMPT(G, request, offset, ids): the next piece of a prompt; the last one queues it. */
-static void on_prompt_piece(worker *w, const gang_wctl *m)
+static void on_prompt_piece(worker *w, const gang_req_msg *m)
 {
     if (!worker_takes(w, m, "PROMPT"))
         return;
     worker_piece **pp = &w->pieces;
-    while (*pp != NULL &&
-           ((*pp)->head.req_id != m->req_id || (*pp)->head.generation != m->generation))
+    while (*pp != NULL && ((*pp)->head.id != m->id || (*pp)->head.generation != m->generation))
         pp = &(*pp)->next;
     worker_piece *p = *pp;
-    uint32_t n = m->blob_len / 4;
+    uint32_t n = m->n_ids;
     if (p == NULL || m->index != p->got || n > p->head.n_prompt - p->got) {
         if (p != NULL) {
             *pp = p->next;
@@ -613,12 +622,12 @@ static void on_prompt_piece(worker *w, const gang_wctl *m)
             w->piece_ids -= p->head.n_prompt;
             free(p);
         }
-        worker_refuse(w, m->generation, m->req_id, GANG_EPROTO,
+        worker_refuse(w, m->generation, m->id, GANG_EPROTO,
                       "prompt piece at %u of request %llu out of order", m->index,
-                      (unsigned long long)m->req_id);
+                      (unsigned long long)m->id);
         return;
     }
-    memcpy(p->ids + p->got, m->blob, (size_t)n * sizeof(int32_t));
+    memcpy(p->ids + p->got, m->ids, (size_t)n * sizeof(int32_t));
     p->got += n;
     if (p->got < p->head.n_prompt)
         return;
@@ -632,7 +641,7 @@ static void on_prompt_piece(worker *w, const gang_wctl *m)
 /* ABORT(G): tear the data plane down in place and confirm with ABORTED(G). */
 static void on_abort(worker *w, const gang_wctl *m)
 {
-    if (worker_fence(w, m, "ABORT") != 0)
+    if (worker_fence(w, m->generation, "ABORT") != 0)
         return;
     uint64_t t0 = gang_now_ms();
     w->state = GANG_RANK_ABORTING;
@@ -646,14 +655,43 @@ static void on_abort(worker *w, const gang_wctl *m)
     worker_reply(w, &r);
 }
 
+/* CANCEL(G, id): rank 0 of generation G drops the request. */
+static void on_cancel(worker *w, const gang_req_msg *r)
+{
+    if (worker_fence(w, r->generation, "CANCEL") == 0 && w->step != NULL &&
+        w->step_gen == r->generation && w->rank == 0 && gang__wstep_cancel(w->step, r->id) != 0)
+        gang_warn("cannot queue the cancellation of request %llu", (unsigned long long)r->id);
+}
+
+/* Acts on a request message from the agent (rank 0 of node 0). */
+static void worker_on_req(worker *w, const gang_req_msg *r)
+{
+    switch (r->kind) {
+    case GANG_REQ_SUBMIT:
+        on_submit(w, r);
+        break;
+    case GANG_REQ_PROMPT:
+        on_prompt_piece(w, r);
+        break;
+    case GANG_REQ_CANCEL:
+        on_cancel(w, r);
+        break;
+    default:
+        gang_warn("ignoring agent request message of kind %u", r->kind);
+        break;
+    }
+}
+
 /*
  * Receives one packet from the agent and acts on it. A closed channel, an error or a
- * packet that is not exactly one gang_wctl ends the worker with exit code 75.
+ * packet that does not decode ends the worker with exit code 75.
  */
 static void worker_on_agent(worker *w)
 {
+    uint8_t buf[GANG_WCTL_PACKET_MAX + 1]; /* + 1: an oversize packet is seen */
     gang_wctl m;
-    struct iovec iov = {.iov_base = &m, .iov_len = sizeof(m)};
+    gang_req_msg r;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
     struct msghdr mh;
     memset(&mh, 0, sizeof(mh));
     mh.msg_iov = &iov;
@@ -668,12 +706,18 @@ static void worker_on_agent(worker *w)
         worker_channel_lost(w, "agent closed the channel", GANG_ECLOSED);
         return;
     }
-    if ((size_t)n != sizeof(m) || (mh.msg_flags & MSG_TRUNC)) {
-        gang_error("agent sent a packet of %zd bytes, not %zu", n, sizeof(m));
+    int type = (size_t)n < sizeof(buf) && !(mh.msg_flags & MSG_TRUNC)
+                   ? gang_wctl_decode(buf, (size_t)n, &m, &r)
+                   : GANG_EPROTO;
+    if (type < 0) {
+        gang_error("agent sent a malformed packet of %zd bytes", n);
         worker_channel_lost(w, "protocol", GANG_EPROTO);
         return;
     }
-
+    if (gang_req_kind_valid((uint32_t)type)) {
+        worker_on_req(w, &r);
+        return;
+    }
     switch (m.type) {
     case GANG_WCTL_BLOB_REQUEST:
         on_blob_request(w, &m);
@@ -683,18 +727,6 @@ static void worker_on_agent(worker *w)
         break;
     case GANG_WCTL_ABORT:
         on_abort(w, &m);
-        break;
-    case GANG_WCTL_SUBMIT:
-        on_submit(w, &m);
-        break;
-    case GANG_WCTL_PROMPT:
-        on_prompt_piece(w, &m);
-        break;
-    case GANG_WCTL_CANCEL:
-        if (worker_fence(w, &m, "CANCEL") == 0 && w->step != NULL && w->step_gen == m.generation &&
-            w->rank == 0 && gang__wstep_cancel(w->step, m.req_id) != 0)
-            gang_warn("cannot queue the cancellation of request %llu",
-                      (unsigned long long)m.req_id);
         break;
     case GANG_WCTL_SHUTDOWN:
         gang_info("SHUTDOWN from the agent");
@@ -754,10 +786,11 @@ static void worker_on_events(worker *w)
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             worker_report_error(w, ev.generation, ev.code, (uint32_t)ev.rank, "%s", ev.reason);
         } else if (ev.type == GANG__WEV_TOKEN || ev.type == GANG__WEV_DONE) {
-            gang_wctl r;
-            worker_msg(w, &r, ev.type == GANG__WEV_TOKEN ? GANG_WCTL_TOKEN : GANG_WCTL_DONE,
-                       ev.generation);
-            r.req_id = ev.req_id;
+            gang_req_msg r;
+            memset(&r, 0, sizeof(r));
+            r.kind = ev.type == GANG__WEV_TOKEN ? GANG_REQ_TOKEN : GANG_REQ_DONE;
+            r.generation = ev.generation;
+            r.id = ev.req_id;
             r.token = ev.token;
             r.index = ev.index;
             r.logprob = ev.logprob;
@@ -769,7 +802,7 @@ static void worker_on_events(worker *w)
             r.finish[sizeof(r.finish) - 1] = '\0';
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             gang_strlcpy(r.reason, ev.reason, sizeof(r.reason));
-            worker_reply(w, &r);
+            worker_reply_req(w, &r);
         }
     }
 }
@@ -913,8 +946,8 @@ out:
     if (w.agent_fd >= 0) {
         /* Closing with the agent's packets unread would reset the channel, and the agent
          * could lose the ERROR that says why we exit: read what is queued first. */
-        gang_wctl junk;
-        while (recv(w.agent_fd, &junk, sizeof(junk), MSG_DONTWAIT) > 0)
+        uint8_t junk[64]; /* a longer packet's rest is discarded with it */
+        while (recv(w.agent_fd, junk, sizeof(junk), MSG_DONTWAIT) > 0)
             ;
         close(w.agent_fd);
     }

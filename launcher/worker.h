@@ -20,7 +20,7 @@
 
 #include "ganglion/comm.h"
 #include "ganglion/common.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 #include "layout.h"
 
@@ -48,6 +48,14 @@ typedef struct gang__wres_config {
     char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
                                 the GPU of the local rank's index */
 } gang__wres_config;
+
+/*
+ * The engine set-up (engine.h, gang_engine_setup) of the flags in c: the context of its
+ * layout, --kv-cache-mb (0: sized from free memory), --kv-cache-dtype, and the node's
+ * --nproc-per-node ranks sharing the host's memory. What wres_load passes to
+ * gang_engine_setup_init, and what `bench decode` must build alike (test-bench.c).
+ */
+void gang__wres_engine_setup(const gang__wres_config *c, gang_engine_setup *out);
 
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
 typedef struct gang_worker_config {

@@ -1,7 +1,7 @@
 /*
  * Pipeline parallelism: the one microbatched GPipe schedule of the project. It knows
  * nothing of models: a stage's work and its transfers are callbacks (gang_pipeline_ops,
- * include/ganglion/parallel.h), so the engine serves with it (model/engine-run.c), the
+ * include/ganglion/parallel.h), so the engine serves with it (engine/engine-run.c), the
  * benchmark measures it (bench/bench-pipeline.c) and the tests check it, all through the
  * same code.
  */

@@ -701,12 +701,14 @@ void gang_coord_get_status(gang_coord *c, gang_coord_status *st)
         for (uint32_t l = 0; l < c->cfg.nproc_per_node; l++) {
             gang_coord_rank *r = &c->rank_view[n * c->cfg.nproc_per_node + l];
             if (s->peer && l < s->hb.nranks) {
+                uint32_t age = s->hb.rank_age_ms[l];
                 r->state = s->hb.rank_state[l];
-                uint64_t age = s->hb.rank_age_ms[l] + (now - s->hb_rx_ms);
-                r->heartbeat_age_ms = age > UINT32_MAX ? UINT32_MAX : (uint32_t)age;
+                r->heartbeat_age_ms = age == GANG_HEARTBEAT_NEVER
+                                          ? GANG_HEARTBEAT_NEVER
+                                          : gang_heartbeat_age(age + (now - s->hb_rx_ms));
             } else {
                 r->state = GANG_RANK_DOWN;
-                r->heartbeat_age_ms = UINT32_MAX;
+                r->heartbeat_age_ms = GANG_HEARTBEAT_NEVER;
             }
         }
     }

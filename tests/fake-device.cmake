@@ -5,9 +5,9 @@
 # communicator vtable (parallel/comm-backend.h).
 add_executable(test-fake-device unit/test-fake-device.c unit/fake-comm.c unit/engine-fixture.c
   unit/test-util.c)
-target_include_directories(test-fake-device PRIVATE ${PROJECT_SOURCE_DIR}/model
+target_include_directories(test-fake-device PRIVATE ${PROJECT_SOURCE_DIR}/engine
   ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/parallel)
-target_link_libraries(test-fake-device PRIVATE gang_model PkgConfig::CMOCKA m)
+target_link_libraries(test-fake-device PRIVATE gang_engine PkgConfig::CMOCKA m)
 add_test(NAME unit-fake-device COMMAND test-fake-device)
 set_tests_properties(unit-fake-device PROPERTIES TIMEOUT 300)
 

@@ -8,7 +8,8 @@
 #             failures and restarts, the API and its forwarding, hostile input  ASAN+UBSAN
 #   threads   the tests that start threads: the CPU kernel pool (and OpenBLAS),
 #             the communicators' rank threads, the pipeline and the engine,
-#             the HTTP server's test client, GPU health watching (also in an
+#             the HTTP server's loop thread (unit-serve), the spawner's
+#             children of libuv (unit-launcher), GPU health watching (also in an
 #             agent, on the fake NVML), libuv's resolver pool, the workers' step
 #             and loader threads (fake device, generate, and the scenarios that
 #             serve, cancel, time out, kill and restart workers with a model)   TSAN
@@ -16,10 +17,9 @@
 # Left out of mp-fast (each runs 10-90 s under ASAN; `make test` runs them all): the real
 # models' greedy agreement (gemma3_gguf, gguf_smollm2, smollm2_greedy, rope_models,
 # weight_storage), kv_capacity, serve_load, soak_restarts, text_api.
-set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-launcher
-  unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model cli-mkmodel
-  unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-tokenizer
-  unit-chat-template)
+set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
+  unit-launcher unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model
+  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text)
 if(GANG_HAVE_MPI)
   list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
 endif()
@@ -33,7 +33,8 @@ list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 
 set(GANG_THREAD_TESTS unit-kernels unit-comm unit-layers unit-pipeline unit-engine
-  unit-fake-device unit-launcher unit-gpu unit-rendezvous fake-generate bench-decode-fake
+  unit-fake-device unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
+  bench-decode-fake
   mp-test_serve_model mp-test_cancel mp-test_request_deadline mp-test_kill_worker
   mp-test_gpu_health mp-test_soak_restarts)
 set_property(TEST ${GANG_THREAD_TESTS} APPEND PROPERTY LABELS threads)

@@ -4,7 +4,7 @@ add_executable(test-gguf
   unit/model/test-gguf.c
   unit/model/fixtures.c)
 target_include_directories(test-gguf PRIVATE unit/model ${PROJECT_SOURCE_DIR}/model)
-target_link_libraries(test-gguf PRIVATE gang_model gang_chat gang_rendezvous PkgConfig::CMOCKA PkgConfig::CJSON m)
+target_link_libraries(test-gguf PRIVATE gang_model gang_rendezvous PkgConfig::CMOCKA PkgConfig::CJSON m)
 add_test(NAME unit-model-gguf COMMAND test-gguf)
 set_tests_properties(unit-model-gguf PROPERTIES TIMEOUT 60)
 

@@ -2,7 +2,9 @@
 #
 # structure-check      scripts/check-structure.py on the source tree: files over 1,000 lines,
 #                      functions over 120 lines outside tests/, bench* files under launcher/,
-#                      references to files outside the repository; it lists every offender.
+#                      references to files outside the repository, includes against the
+#                      layering of the modules, gang_* names in comments and docs that the
+#                      code does not have (scripts/check_rules.py); it lists every offender.
 # format-check         scripts/check-format.py: every .c/.h/.cu equals its clang-format form
 #                      (`make format` rewrites them); skipped (77) without clang-format.
 # *-selftest           each checker on a fixture tree with one offender of every kind, so

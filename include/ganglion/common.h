@@ -97,7 +97,7 @@ void gang_log_write(gang_log_level lvl, const char *fmt, ...) __attribute__((for
 /* ---------------------------------------------------------------------------------
  * Parameter registry (NCCL_PARAM style): every tunable has a flag, a GANGLION_* env twin
  * (derived from the flag: --heartbeat-interval-ms -> GANGLION_HEARTBEAT_INTERVAL_MS), a
- * default and a help line. The list lives in common/params.def; precedence is
+ * default and a help line. The list lives in include/ganglion/params.def; precedence is
  * flag > environment > default. Nothing else in the code base reads GANGLION_* env.
  * --------------------------------------------------------------------------------- */
 typedef enum {
@@ -358,6 +358,87 @@ typedef struct gang_backoff {
 void gang_backoff_init(gang_backoff *b, uint64_t initial_ms, uint64_t max_ms, uint64_t seed);
 uint64_t gang_backoff_next(gang_backoff *b);
 void gang_backoff_reset(gang_backoff *b);
+
+/* ---------------------------------------------------------------------------------
+ * Message codec (common/codec.c): one cursor over a bounded buffer and one call per field
+ * type, each of which encodes or decodes depending on the cursor's direction. A message
+ * is described once, by a function that calls the field functions in wire order on its
+ * struct; the same function then encodes (struct -> bytes) and decodes (bytes -> struct),
+ * so the two cannot drift apart. Every multi-byte value is little-endian; f32 travels as
+ * its IEEE bit pattern, i32 as its two's complement.
+ *
+ * Errors are sticky: the first failing field records its error and every later field is
+ * a no-op, so a description function needs no checks of its own and the caller asks
+ * gang_codec_finish once at the end.
+ *   encode: a field out of its bounds (a count over its maximum, a string longer than
+ *           its capacity or its length field) is GANG_EINVAL; when the fields are valid
+ *           but the buffer is too small, the encoder keeps counting, so finish answers
+ *           GANG_EMSGSIZE and c->off is the size the message needs (a buffer of NULL
+ *           with cap 0 measures a message).
+ *   decode: a field that would read past the end, a count over its maximum, a string
+ *           too long for its destination or with a NUL inside, and (at finish) bytes
+ *           left over are all GANG_EPROTO. Decoding never reads outside buf[0..len) and
+ *           never writes more than a field's stated maximum into its destination.
+ * Description functions may also refuse a whole message with gang_codec_fail.
+ * --------------------------------------------------------------------------------- */
+typedef struct gang_codec {
+    int decoding;        /* 1: bytes -> struct; 0: struct -> bytes */
+    uint8_t *wbuf;       /* encode: destination (NULL with cap 0 to measure) */
+    const uint8_t *rbuf; /* decode: source */
+    size_t cap;          /* encode: bytes at wbuf; decode: bytes at rbuf */
+    size_t off;          /* bytes produced (also past cap) or consumed so far */
+    int err;             /* the first error, 0 while every field went well */
+} gang_codec;
+
+/* A cursor that encodes into buf[0..cap). */
+void gang_codec_encoder(gang_codec *c, void *buf, size_t cap);
+/* A cursor that decodes from buf[0..len). */
+void gang_codec_decoder(gang_codec *c, const void *buf, size_t len);
+/*
+ * Ends a message: 0 and the bytes produced or consumed in *len (may be NULL); else the
+ * first field's error, GANG_EMSGSIZE for an encoder whose buffer was too small, or
+ * GANG_EPROTO for a decoder that did not consume its whole input.
+ */
+int gang_codec_finish(const gang_codec *c, size_t *len);
+/* Refuses the message with err (a negative GANG_E* code) unless it already failed. */
+void gang_codec_fail(gang_codec *c, int err);
+/* Whether every field so far went well (description functions branch on it rarely). */
+static inline int gang_codec_ok(const gang_codec *c)
+{
+    return c->err == 0;
+}
+
+void gang_codec_u8(gang_codec *c, uint8_t *v);
+void gang_codec_u16(gang_codec *c, uint16_t *v);
+void gang_codec_u32(gang_codec *c, uint32_t *v);
+void gang_codec_u64(gang_codec *c, uint64_t *v);
+void gang_codec_i32(gang_codec *c, int32_t *v);
+void gang_codec_f32(gang_codec *c, float *v);
+/*
+ * A uint32_t value that travels in width bytes (1, 2 or 4) and must not exceed max:
+ * flags and small counts kept as uint32_t in memory. Out of range: GANG_EINVAL when
+ * encoding, GANG_EPROTO when decoding (*v is then left unchanged).
+ */
+void gang_codec_uint(gang_codec *c, uint32_t *v, unsigned width, uint32_t max);
+/* n raw bytes (nonces, MACs, digests). */
+void gang_codec_bytes(gang_codec *c, void *p, size_t n);
+/* n int32 / float values, no count on the wire (the count is known from elsewhere). */
+void gang_codec_i32_array(gang_codec *c, int32_t *a, size_t n);
+void gang_codec_f32_array(gang_codec *c, float *a, size_t n);
+/*
+ * A count of width bytes (1, 2 or 4) in *n, then *n int32 values into a[0..max): the
+ * count over max is refused before anything is copied.
+ */
+void gang_codec_i32_list(gang_codec *c, uint32_t *n, unsigned width, int32_t *a, uint32_t max);
+/* A length of width bytes in *len, then *len raw bytes into p[0..max). */
+void gang_codec_blob(gang_codec *c, uint32_t *len, unsigned width, void *p, uint32_t max);
+/*
+ * A C string s of capacity cap (NUL included) as a length of width bytes (1, 2 or 4)
+ * and its bytes without the NUL. Encoding refuses a string that fills cap without a NUL
+ * or whose length does not fit width; decoding refuses a length >= cap and an embedded
+ * NUL (the C string would be shorter than what was sent), and NUL-terminates s.
+ */
+void gang_codec_str(gang_codec *c, char *s, size_t cap, unsigned width);
 
 /* Copies src into dst (size cap) always NUL-terminating; returns GANG_ERANGE if cut. */
 int gang_strlcpy(char *dst, const char *src, size_t cap);

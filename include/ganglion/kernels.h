@@ -216,7 +216,7 @@ int gang_kernels_attention_window(gang_kernels *k, const float *q, const float *
                                   size_t head_dim, size_t pos0, size_t window, float *out);
 
 /*
- * The layout of a paged key/value cache (model/engine.c's block pool): kc and vc hold
+ * The layout of a paged key/value cache (engine/engine.c's block pool): kc and vc hold
  * n_blocks blocks of block_size rows [block_size, n_kv_heads, head_dim] each, elements
  * of dtype (F32, or BF16 / F16, read as f32), and position j of the sequence lives in
  * row j % block_size of block table[j / block_size].

@@ -1,6 +1,7 @@
 /*
- * ganglion parallel module: the gang topology (which rank does what) and, later, the
- * communicator front, the tensor-parallel layers and the pipeline schedule.
+ * ganglion parallel module: the gang topology (which rank does what), the data-plane
+ * bootstrap blob, the tensor-parallel layers and the pipeline schedule. The communicator
+ * front and its backends are declared in ganglion/comm.h, the module's other header.
  *
  * No CUDA, NCCL, MPI or libuv types appear here. Everything in the topology part is pure
  * arithmetic on plain structs: it allocates nothing, keeps no global state and is safe to
@@ -319,7 +320,7 @@ typedef struct gang_tp_layer {
                                from gang_tp_layer_init; a loader may overwrite the host array
                                with the model's scaled table before moving it to a device */
     float rope_scale;       /* factor on RoPE's cos and sin (YaRN's attention factor), 1 */
-    float rope_dyn_factor;  /* dynamic NTK: factor (> 1), else 0; see gang_tp_forward_batch */
+    float rope_dyn_factor;  /* dynamic NTK: factor (> 1), else 0 (tp_rope_tables) */
     uint32_t rope_dyn_orig; /* dynamic NTK: the original context (max_position_embeddings) */
     uint32_t window;        /* sliding-window attention: keys a query sees, itself included
                                (gang_kernels_attention_window); 0 = all before it */
@@ -524,7 +525,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
  * (tag k for microbatch k), SEND_RESULT / RECV_RESULT move its result from the last stage
  * back to stage 0 (tag K + k). pipeline.c gives the exact order and why it cannot
  * deadlock even on a rendezvous backend. The model's engine serves with it
- * (model/engine-run.c) and `ganglion bench pipeline` measures it with synthetic work.
+ * (engine/engine-run.c) and `ganglion bench pipeline` measures it with synthetic work.
  *
  * Uneven microbatches: K need not divide B (1 <= K <= B). Like the layer split, every
  * microbatch gets B / K units and the FIRST B % K microbatches get one more, so

@@ -50,6 +50,20 @@
 #define GANG_REASON_MAX 256 /* capacity including NUL */
 #define GANG_BLOB_MAX 8192  /* bootstrap blob bytes */
 #define GANG_MAX_LOCAL_RANKS 64
+
+/*
+ * The heartbeat age (ms) that means "never heard": no worker process, no report from its
+ * node, no connection to the coordinator. Every heartbeat age is a u32 (it travels as one
+ * in gang_msg_heartbeat) and holds either this or a real age, which gang_heartbeat_age
+ * clamps below it (about 49.7 days). /status shows it as -1, /metrics as -1 seconds.
+ */
+#define GANG_HEARTBEAT_NEVER UINT32_MAX
+
+/* A real heartbeat age of ms milliseconds as a u32, clamped to GANG_HEARTBEAT_NEVER - 1. */
+static inline uint32_t gang_heartbeat_age(uint64_t ms)
+{
+    return ms >= GANG_HEARTBEAT_NEVER ? GANG_HEARTBEAT_NEVER - 1 : (uint32_t)ms;
+}
 /* Bytes of one API frame's opaque payload: a prompt piece (GANG_BLOB_MAX) plus fields. */
 #define GANG_API_FRAME_MAX 9216
 /*
@@ -114,7 +128,7 @@ typedef struct gang_msg_join {
     uint64_t generation_seen;               /* highest generation this member has served */
     char host[GANG_HOST_MAX];               /* address peers use to reach this node's workers */
     uint8_t client_nonce[GANG_NONCE_SIZE];
-    uint8_t mac[GANG_MAC_SIZE]; /* HMAC over gang_auth_join_input(); zero w/o token */
+    uint8_t mac[GANG_MAC_SIZE]; /* HMAC of gang_auth_sign_join; zero w/o token */
 } gang_msg_join;
 
 typedef struct gang_msg_welcome {
@@ -144,7 +158,8 @@ typedef struct gang_msg_heartbeat {
     uint32_t state;                           /* gang_state from the coordinator, 0 from members */
     uint32_t nranks;                          /* entries below (members: local ranks) */
     uint8_t rank_state[GANG_MAX_LOCAL_RANKS]; /* gang_rank_state */
-    uint32_t rank_age_ms[GANG_MAX_LOCAL_RANKS]; /* ms since each worker's last heartbeat */
+    uint32_t rank_age_ms[GANG_MAX_LOCAL_RANKS]; /* ms since each worker's last heartbeat;
+                                                   GANG_HEARTBEAT_NEVER: no process */
 } gang_msg_heartbeat;
 
 typedef struct gang_msg_abort {
@@ -421,8 +436,9 @@ int gang_coord_port(const gang_coord *c);
 
 typedef struct gang_coord_rank {
     uint8_t state;             /* gang_rank_state as last reported */
-    uint32_t heartbeat_age_ms; /* worker heartbeat age reported by its agent,
-                                  plus the age of that report */
+    uint32_t heartbeat_age_ms; /* worker heartbeat age reported by its agent, plus the
+                                  age of that report; GANG_HEARTBEAT_NEVER: no process
+                                  or no report from its node */
 } gang_coord_rank;
 
 typedef struct gang_coord_status {
@@ -511,10 +527,10 @@ int gang_member_report_failure(gang_member *m, uint64_t gen, int32_t rank, int32
 int gang_member_send_api(gang_member *m, uint64_t gen, const uint8_t *data, uint32_t len);
 
 typedef struct gang_member_status {
-    int connected;         /* welcomed by the coordinator */
-    gang_state gang_state; /* as last heard from the coordinator */
-    uint64_t generation;   /* generation of the last START */
-    uint64_t coordinator_heartbeat_age_ms;
+    int connected;                         /* welcomed by the coordinator */
+    gang_state gang_state;                 /* as last heard from the coordinator */
+    uint64_t generation;                   /* generation of the last START */
+    uint32_t coordinator_heartbeat_age_ms; /* GANG_HEARTBEAT_NEVER while not connected */
     uint64_t reconnects;
     uint64_t last_abort_wall_ms;
     uint64_t connected_since_ms; /* monotonic, 0 = never */

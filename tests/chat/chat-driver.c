@@ -14,7 +14,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
 
 static char *slurp(const char *path, size_t *len)
 {

@@ -14,16 +14,16 @@ set(CHATFUZZ_BIN ${CMAKE_CURRENT_BINARY_DIR}/fuzz-chat)
 set(CHATFUZZ_SEEDS ${CMAKE_CURRENT_BINARY_DIR}/chat-corpus)
 set(CHATFUZZ_WORK ${CMAKE_CURRENT_BINARY_DIR}/chat-corpus-work)
 set(CHATFUZZ_SOURCES
-  ${PROJECT_SOURCE_DIR}/model/chat.c
-  ${PROJECT_SOURCE_DIR}/model/chat-lex.c
-  ${PROJECT_SOURCE_DIR}/model/chat-parse.c
-  ${PROJECT_SOURCE_DIR}/model/chat-value.c
-  ${PROJECT_SOURCE_DIR}/model/chat-ops.c
-  ${PROJECT_SOURCE_DIR}/model/chat-eval.c
-  ${PROJECT_SOURCE_DIR}/model/chat-exec.c
-  ${PROJECT_SOURCE_DIR}/model/chat-builtins.c
-  ${PROJECT_SOURCE_DIR}/model/chat-filters.c
-  ${PROJECT_SOURCE_DIR}/model/chat-strings.c)
+  ${PROJECT_SOURCE_DIR}/text/chat.c
+  ${PROJECT_SOURCE_DIR}/text/chat-lex.c
+  ${PROJECT_SOURCE_DIR}/text/chat-parse.c
+  ${PROJECT_SOURCE_DIR}/text/chat-value.c
+  ${PROJECT_SOURCE_DIR}/text/chat-ops.c
+  ${PROJECT_SOURCE_DIR}/text/chat-eval.c
+  ${PROJECT_SOURCE_DIR}/text/chat-exec.c
+  ${PROJECT_SOURCE_DIR}/text/chat-builtins.c
+  ${PROJECT_SOURCE_DIR}/text/chat-filters.c
+  ${PROJECT_SOURCE_DIR}/text/chat-strings.c)
 file(MAKE_DIRECTORY ${CHATFUZZ_WORK} ${CHATFUZZ_SEEDS})
 file(WRITE ${CHATFUZZ_SEEDS}/chatml
   "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -45,11 +45,11 @@ file(WRITE ${CHATFUZZ_SEEDS}/macro
   "{% break %}{% endfor %}{{ raise_exception('no') if false else 'ok' }}")
 
 add_custom_command(OUTPUT ${CHATFUZZ_BIN}
-  COMMAND ${GANG_FUZZ_CLANG} ${FUZZ_CFLAGS} ${FUZZ_SANITIZE} -I${PROJECT_SOURCE_DIR}/model
+  COMMAND ${GANG_FUZZ_CLANG} ${FUZZ_CFLAGS} ${FUZZ_SANITIZE} -I${PROJECT_SOURCE_DIR}/text
           ${CMAKE_CURRENT_SOURCE_DIR}/fuzz-chat.c ${CHATFUZZ_SOURCES}
           -lcjson -lm -o ${CHATFUZZ_BIN}
   DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/fuzz-chat.c ${CHATFUZZ_SOURCES}
-          ${PROJECT_SOURCE_DIR}/model/chat-internal.h ${PROJECT_SOURCE_DIR}/include/ganglion/model.h
+          ${PROJECT_SOURCE_DIR}/text/chat-internal.h ${PROJECT_SOURCE_DIR}/include/ganglion/text.h
   COMMENT "Building libFuzzer target fuzz-chat with clang"
   VERBATIM)
 add_custom_target(build-fuzz-chat ALL DEPENDS ${CHATFUZZ_BIN})

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target of the chat-template interpreter (model/chat-*.c). The input is a
+ * libFuzzer target of the chat-template interpreter (text/chat-*.c). The input is a
  * template source, optionally followed by a NUL byte and a messages JSON array; without
  * one (or when it is not valid JSON) a fixed conversation is used. Every input must be
  * parsed or refused, and rendered or refused, within the small budgets below, without a
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
 
 static const char *const CONVERSATION =
     "[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"hi \\u00e9\"},"

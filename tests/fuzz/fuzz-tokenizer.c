@@ -1,5 +1,5 @@
 /*
- * libFuzzer target of the tokenizer (model/tokenizer.c, tok-*.c). An input that starts
+ * libFuzzer target of the tokenizer (text/tokenizer.c, tok-*.c). An input that starts
  * with '{' is a tokenizer.json: it must load or be refused cleanly, and a loaded one must
  * encode and decode a fixed text. Any other input is text for a fixed byte-level
  * tokenizer (Digits, a Split regex, ByteLevel, added tokens): valid UTF-8 must encode,
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

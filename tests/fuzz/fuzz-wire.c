@@ -16,6 +16,10 @@
  *      after a token handshake) by a reader with a tag check and by a reference loop
  *      gives the same messages and the same verdict. The tag is fake-tag.h's stand-in,
  *      so seeds can carry valid tags without libsodium.
+ *   5. The payload of an API frame, read as what a member's forwarding carries (a kind
+ *      byte and the engine's request message, gang_req_codec with gang_sampling_codec),
+ *      round-trips exactly when it decodes: the request decoder is reachable from the
+ *      rendezvous port too.
  *
  * Random mutations rarely keep payload_len consistent with the bytes that follow, which
  * would leave the payload decoders mostly unexplored. So the input is also decoded once
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 #include "fake-tag.h"
 
@@ -87,6 +92,44 @@ static void check_bounds(const gang_msg *m)
     }
 }
 
+/* Property 5: an API payload read as a kind byte and a request message. */
+static void check_api_request(const gang_msg_api *a)
+{
+    static gang_req_msg r, r2;
+    static uint8_t out[GANG_API_FRAME_MAX];
+    gang_codec c;
+    uint32_t kind = 0;
+    size_t len = 0;
+
+    gang_codec_decoder(&c, a->data, a->len);
+    gang_codec_uint(&c, &kind, 1, 0xFF);
+    if (!gang_codec_ok(&c) || !gang_req_kind_valid(kind))
+        return;
+    memset(&r, 0, sizeof r);
+    gang_req_codec(&c, kind, &r);
+    if (gang_codec_finish(&c, NULL) != 0)
+        return;
+    if (r.n_ids > GANG_REQ_MAX_IDS || r.n_top > GANG_MAX_TOP_LOGPROBS ||
+        r.sampling.n_stop > GANG_MAX_STOP_TOKENS ||
+        r.sampling.top_logprobs > GANG_MAX_TOP_LOGPROBS ||
+        memchr(r.reason, 0, sizeof r.reason) == NULL ||
+        memchr(r.finish, 0, sizeof r.finish) == NULL)
+        die("a decoded request message is out of its bounds");
+    gang_codec_encoder(&c, out, sizeof out);
+    gang_codec_uint(&c, &kind, 1, 0xFF);
+    gang_req_codec(&c, kind, &r);
+    if (gang_codec_finish(&c, &len) != 0)
+        die("a decoded request message does not encode");
+    if (len != a->len || memcmp(out, a->data, len) != 0)
+        die("re-encoding a request message differs from its bytes");
+    memset(&r2, 0, sizeof r2);
+    gang_codec_decoder(&c, out, len);
+    gang_codec_uint(&c, &kind, 1, 0xFF);
+    gang_req_codec(&c, kind, &r2);
+    if (gang_codec_finish(&c, NULL) != 0 || memcmp(&r, &r2, sizeof r) != 0)
+        die("re-decoding a request message yields another one");
+}
+
 /* Property 1 for one frame frame[0..len) that decoded into m. */
 static void check_roundtrip(const uint8_t *frame, size_t len, const gang_msg *m)
 {
@@ -101,6 +144,8 @@ static void check_roundtrip(const uint8_t *frame, size_t len, const gang_msg *m)
         die("a re-encoded frame does not decode");
     if (memcmp(&again, m, sizeof again) != 0)
         die("re-decoding yields another message");
+    if (m->type == GANG_MSG_API)
+        check_api_request(&m->u.api);
 }
 
 /* The input as one frame whose payload_len covers the rest of it exactly. */

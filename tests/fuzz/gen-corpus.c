@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ganglion/engine.h"
 #include "ganglion/rendezvous.h"
 #include "fake-tag.h"
 
@@ -157,6 +158,39 @@ int main(int argc, char **argv)
     m.generation = 6;
     memset(m.u.give_up.reason, 'g', GANG_REASON_MAX - 1);
     bad |= emit(argv[1], "give-up-max-reason", &m);
+
+    /* API frames carrying request messages, as a member's forwarding sends them: a kind
+     * byte and the message (a SUBMIT with stops and ids, a DONE with a reason). */
+    {
+        static gang_req_msg r;
+        const uint32_t kinds[] = {GANG_REQ_SUBMIT, GANG_REQ_DONE, GANG_REQ_CANCEL};
+        const char *names[] = {"api-submit", "api-done", "api-cancel"};
+        for (int k = 0; k < 3; k++) {
+            gang_codec c;
+            size_t len = 0;
+            uint32_t kind = kinds[k];
+            memset(&r, 0, sizeof r);
+            r.id = 77;
+            r.n_prompt = r.n_ids = 40;
+            r.max_tokens = 8;
+            r.sampling.top_p = 1.0f;
+            r.sampling.n_stop = 2;
+            r.sampling.stop[1] = 3;
+            r.code = -22;
+            strcpy(r.finish, "stop");
+            strcpy(r.reason, "refused");
+            memset(&m, 0, sizeof m);
+            m.type = GANG_MSG_API;
+            m.generation = 7;
+            gang_codec_encoder(&c, m.u.api.data, sizeof m.u.api.data);
+            gang_codec_uint(&c, &kind, 1, 0xFF);
+            gang_req_codec(&c, kind, &r);
+            if (gang_codec_finish(&c, &len) != 0)
+                return 1;
+            m.u.api.len = (uint32_t)len;
+            bad |= emit(argv[1], names[k], &m);
+        }
+    }
 
     /* Every frame above back to back, and the same stream cut mid-frame. */
     bad |= write_seed(argv[1], "stream-all", stream, stream_len);

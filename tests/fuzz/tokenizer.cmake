@@ -14,12 +14,12 @@ set(TOKFUZZ_BIN ${CMAKE_CURRENT_BINARY_DIR}/fuzz-tokenizer)
 set(TOKFUZZ_SEEDS ${CMAKE_CURRENT_BINARY_DIR}/tok-corpus)
 set(TOKFUZZ_WORK ${CMAKE_CURRENT_BINARY_DIR}/tok-corpus-work)
 set(TOKFUZZ_SOURCES
-  ${PROJECT_SOURCE_DIR}/model/tokenizer.c
-  ${PROJECT_SOURCE_DIR}/model/tok-load.c
-  ${PROJECT_SOURCE_DIR}/model/tok-bpe.c
-  ${PROJECT_SOURCE_DIR}/model/tok-pretok.c
-  ${PROJECT_SOURCE_DIR}/model/tok-norm.c
-  ${PROJECT_SOURCE_DIR}/model/tok-decode.c)
+  ${PROJECT_SOURCE_DIR}/text/tokenizer.c
+  ${PROJECT_SOURCE_DIR}/text/tok-load.c
+  ${PROJECT_SOURCE_DIR}/text/tok-bpe.c
+  ${PROJECT_SOURCE_DIR}/text/tok-pretok.c
+  ${PROJECT_SOURCE_DIR}/text/tok-norm.c
+  ${PROJECT_SOURCE_DIR}/text/tok-decode.c)
 file(MAKE_DIRECTORY ${TOKFUZZ_WORK} ${TOKFUZZ_SEEDS})
 file(WRITE ${TOKFUZZ_SEEDS}/text "Hello 123 <|s|> wörld 😀  \n\tabc abcab 1212")
 file(WRITE ${TOKFUZZ_SEEDS}/json
@@ -32,11 +32,11 @@ file(WRITE ${TOKFUZZ_SEEDS}/json
   "{\"ids\":[3]}}}}")
 
 add_custom_command(OUTPUT ${TOKFUZZ_BIN}
-  COMMAND ${GANG_FUZZ_CLANG} ${FUZZ_CFLAGS} ${FUZZ_SANITIZE} -I${PROJECT_SOURCE_DIR}/model
+  COMMAND ${GANG_FUZZ_CLANG} ${FUZZ_CFLAGS} ${FUZZ_SANITIZE} -I${PROJECT_SOURCE_DIR}/text
           ${CMAKE_CURRENT_SOURCE_DIR}/fuzz-tokenizer.c ${TOKFUZZ_SOURCES}
           -lpcre2-8 -lcjson -o ${TOKFUZZ_BIN}
   DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/fuzz-tokenizer.c ${TOKFUZZ_SOURCES}
-          ${PROJECT_SOURCE_DIR}/model/tok-internal.h ${PROJECT_SOURCE_DIR}/include/ganglion/model.h
+          ${PROJECT_SOURCE_DIR}/text/tok-internal.h ${PROJECT_SOURCE_DIR}/include/ganglion/text.h
   COMMENT "Building libFuzzer target fuzz-tokenizer with clang"
   VERBATIM)
 add_custom_target(build-fuzz-tokenizer ALL DEPENDS ${TOKFUZZ_BIN})

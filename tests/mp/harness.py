@@ -903,16 +903,48 @@ class WireClient:
 # A real worker driven by the test (launcher/wctl.h)
 # ---------------------------------------------------------------------------------------
 
-# The agent <-> worker control packet (launcher/wctl.h, host byte order, x86-64 layout).
-WCTL = struct.Struct("=IIQiiIIII8192s256sQIIffQI16iiI8sIIIIffffI20i20f")
-WCTL_HELLO, WCTL_HEARTBEAT, WCTL_START, WCTL_READY, WCTL_ERROR = 1, 2, 5, 6, 7
-WCTL_SHUTDOWN = 10
+# The agent <-> worker packets (launcher/wctl.h): u8 type, u64 generation, then the fields
+# of that type, little-endian; each message is one SEQPACKET of its own size.
+WCTL_HELLO, WCTL_HEARTBEAT, WCTL_BLOB, WCTL_START, WCTL_READY, WCTL_ERROR = 1, 2, 4, 5, 6, 7
+WCTL_SHUTDOWN, WCTL_GPU = 10, 16
+WCTL_PACKET_MAX = 9 + 8400  # GANG_WCTL_PACKET_MAX
+WCTL_HEAD = struct.Struct("<BQ")
 
 
 def wctl_pack(msg_type, generation=0, rank=0, world=0, blob=b""):
-    return WCTL.pack(msg_type, 0, generation, 0, 0, 0, rank, world, len(blob), blob, b"",
-                     0, 0, 0, 0.0, 0.0, 0, 0, *([0] * 16), 0, 0, b"",
-                     0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0, *([0] * 20), *([0.0] * 20))
+    """A control message the fake agent sends (START carries rank, world and the blob)."""
+    body = b""
+    if msg_type == WCTL_START:
+        body = struct.pack("<III", rank, world, len(blob)) + blob
+    return WCTL_HEAD.pack(msg_type, generation) + body
+
+
+def wctl_unpack(b):
+    """A worker's control message as a dict: type, gen, and its type's fields (reason for
+    ERROR, state for HEARTBEAT, blob for BLOB/READY/GPU, ...); request messages (TOKEN,
+    DONE) keep only type and gen. Raises TestFailure for a malformed packet."""
+    r = _Reader(b)
+    try:
+        m = {"type": r.u("B"), "gen": r.u("Q")}
+        t = m["type"]
+        if t == WCTL_HELLO:
+            m["local_rank"], m["pid"] = r.u("I"), r.u("i")
+        elif t == WCTL_HEARTBEAT:
+            m["state"] = r.u("I")
+        elif t in (WCTL_BLOB, WCTL_READY, WCTL_GPU):
+            m["blob"] = r.take(r.u("I"))
+        elif t == WCTL_ERROR:
+            m["code"], m["rank"] = r.u("i"), r.u("I")
+            m["reason"] = r.take(r.u("H")).decode(errors="replace")
+        elif 11 <= t <= 15:
+            return m  # a request message: not this fake agent's business
+        elif t not in (3, 8, 9, 10):
+            raise TestFailure("worker peer: unknown packet type %d" % t)
+        check(r.off == len(b), "worker peer: %d trailing bytes in a packet of type %d"
+              % (len(b) - r.off, t))
+    except (struct.error, ValueError) as e:
+        raise TestFailure("worker peer: malformed packet of %d bytes: %s" % (len(b), e))
+    return m
 
 
 class WorkerPeer:
@@ -940,26 +972,26 @@ class WorkerPeer:
         self.conn, _ = self.lsock.accept()
         self.conn.settimeout(timeout)
         hello = self._recv()
-        check(hello[0] == WCTL_HELLO, "worker peer: expected HELLO, got type %d" % hello[0])
+        check(hello["type"] == WCTL_HELLO, "worker peer: expected HELLO, got type %d"
+              % hello["type"])
         self.conn.send(wctl_pack(WCTL_START, generation, rank, world, blob))
         deadline = time.time() + timeout
         while True:
             m = self._recv()
-            if m[0] == WCTL_READY and m[2] == generation:
+            if m["type"] == WCTL_READY and m["gen"] == generation:
                 break
-            if m[0] == WCTL_ERROR:
-                raise TestFailure("worker peer failed to join: %s"
-                                  % m[10].split(b"\0")[0].decode())
+            if m["type"] == WCTL_ERROR:
+                raise TestFailure("worker peer failed to join: %s" % m["reason"])
             check(time.time() < deadline, "worker peer: no READY within %.0f s" % timeout)
         threading.Thread(target=self._run, daemon=True).start()
 
     def _recv(self):
-        b = self.conn.recv(WCTL.size + 1)
+        b = self.conn.recv(WCTL_PACKET_MAX + 1)
         if not b:
             raise EOFError("the worker closed its control channel")
-        check(len(b) == WCTL.size, "worker peer: packet of %d bytes, expected %d"
-              % (len(b), WCTL.size))
-        return WCTL.unpack(b)
+        check(len(b) <= WCTL_PACKET_MAX, "worker peer: packet of %d bytes, over %d"
+              % (len(b), WCTL_PACKET_MAX))
+        return wctl_unpack(b)
 
     def _run(self):
         self.conn.settimeout(0.2)
@@ -972,8 +1004,8 @@ class WorkerPeer:
                 if not self.stop.is_set():
                     self.error = e
                 return
-            if m[0] == WCTL_ERROR and not self.stop.is_set():
-                self.error = m[10].split(b"\0")[0].decode()
+            if m["type"] == WCTL_ERROR and not self.stop.is_set():
+                self.error = m["reason"]
 
     def close(self):
         self.stop.set()

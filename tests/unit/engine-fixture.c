@@ -363,11 +363,11 @@ gang_gen_request req_of(const script_req *s)
     r.n_prompt = s->n_prompt;
     r.max_tokens = s->max_tokens;
     r.sampling = s->sp;
-    r.n_stop = s->n_stop;
-    r.stop[0] = s->stop;
-    r.ignore_eos = s->ignore_eos;
-    r.logprobs = s->logprobs;
-    r.top_logprobs = s->top_logprobs;
+    r.sampling.n_stop = s->n_stop;
+    r.sampling.stop[0] = s->stop;
+    r.sampling.ignore_eos = s->ignore_eos;
+    r.sampling.logprobs = s->logprobs;
+    r.sampling.top_logprobs = s->top_logprobs;
     return r;
 }
 

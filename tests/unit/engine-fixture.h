@@ -15,7 +15,7 @@
 #include "test-util.h"
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
-#include "ganglion/model.h"
+#include "ganglion/engine.h"
 #include "ganglion/parallel.h"
 
 #define MAX_RANKS 12 /* tp 4 x pp 3 */

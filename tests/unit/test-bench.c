@@ -13,7 +13,107 @@
 #include "bench.h"
 #include "decode-agree.h"
 #include "decode.h"
+#include "ganglion/kernels.h"
+#include "layout.h"
 #include "report.h"
+#include "worker.h"
+
+/* MemAvailable of /proc/meminfo in bytes, 0 when unreadable. */
+static uint64_t host_available(void)
+{
+    unsigned long long kb = 0;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    }
+    if (f != NULL)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/*
+ * One engine set-up: a worker started by `serve` with its defaults (prefix caching off,
+ * as the benchmark's distinct prompts make it moot) and `bench decode`'s point with the
+ * same batch, context, microbatches and ranks on one host build the same set-up, hence
+ * the same KV cache type for every weight storage and the same budget; and the budget
+ * follows its rules (explicit bytes as given; auto: GANG_KV_HOST_SHARE percent of the
+ * host's free memory over the ranks on the CPU).
+ */
+static void test_engine_setup_matches_serve(void **state)
+{
+    static const struct {
+        gang_kernels_wtype wt;
+        gang_dtype kv;
+    } storages[] = {{GANG_KW_F32, GANG_DTYPE_F32},
+                    {GANG_KW_BF16, GANG_DTYPE_BF16},
+                    {GANG_KW_F16, GANG_DTYPE_F16},
+                    {GANG_KW_I8, GANG_DTYPE_F32}};
+    gang_params p;
+    gang_worker_config wc;
+    bd_opts o;
+    gang_engine_setup ws, bs;
+    gang_engine_config wcfg, bcfg;
+    gang_kernels *k = NULL;
+    char err[256];
+
+    (void)state;
+    gang_params_defaults(&p);
+    p.nnodes = 1;
+    p.nproc_per_node = 4;
+    p.tp = 2;
+    p.pp = 2;
+    p.max_batch = 8;
+    p.microbatches = 2;
+    p.max_step_tokens = 8 * 32;
+    p.enable_prefix_caching = 0;
+    assert_int_equal(gang_worker_config_from_params(&p, "/tmp/a.sock", 0, &wc, err, sizeof(err)),
+                     0);
+    wc.res.layout.ctx = 32 + 16; /* what gang_layout_read_model takes from the model */
+    memset(&o, 0, sizeof(o));
+    o.prompt = 32;
+    o.tokens = 16;
+    o.microbatches = 2;
+    gang__wres_engine_setup(&wc.res, &ws);
+    gang__bd_engine_setup(&o, 2 * 2, 8, &bs);
+    assert_int_equal(ws.max_batch, bs.max_batch);
+    assert_int_equal(ws.max_ctx, bs.max_ctx);
+    assert_int_equal(ws.microbatches, bs.microbatches);
+    assert_int_equal(ws.max_step_tokens, bs.max_step_tokens);
+    assert_int_equal(ws.kv_cache_bytes, 0);
+    assert_int_equal(bs.kv_cache_bytes, 0);
+    assert_int_equal(ws.kv_dtype_auto, 1);
+    assert_int_equal(bs.kv_dtype_auto, 1);
+    assert_int_equal(ws.prefix_caching, bs.prefix_caching);
+    assert_int_equal(ws.ranks_per_host, bs.ranks_per_host);
+    for (size_t i = 0; i < sizeof(storages) / sizeof(storages[0]); i++) {
+        gang_engine_setup_config(&ws, storages[i].wt, 12345, &wcfg);
+        gang_engine_setup_config(&bs, storages[i].wt, 12345, &bcfg);
+        assert_memory_equal(&wcfg, &bcfg, sizeof(wcfg));
+        assert_int_equal(wcfg.kv_dtype, storages[i].kv);
+    }
+
+    /* The budget: explicit as given; auto on the CPU a share of MemAvailable per rank. */
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    ws.kv_cache_bytes = 3u << 20;
+    assert_int_equal(gang_engine_kv_budget(&ws, k), 3u << 20);
+    uint64_t avail = host_available();
+    if (avail == 0) {
+        gang_kernels_close(k);
+        printf("skipped: no MemAvailable in /proc/meminfo to check the auto KV budget with\n");
+        skip();
+    }
+    uint64_t want = avail / 100 * GANG_KV_HOST_SHARE / 4;
+    uint64_t got_b = gang_engine_kv_budget(&bs, k);
+    ws.kv_cache_bytes = 0;
+    uint64_t got_w = gang_engine_kv_budget(&ws, k);
+    gang_kernels_close(k);
+    /* Free memory moves between the reads: within 5% of each other and of the rule. */
+    assert_true(got_w > want / 100 * 95 && got_w < want / 100 * 105);
+    assert_true(got_b > want / 100 * 95 && got_b < want / 100 * 105);
+}
 
 static void test_median_and_percentiles(void **state)
 {
@@ -223,6 +323,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_median_and_percentiles),
+        cmocka_unit_test(test_engine_setup_matches_serve),
         cmocka_unit_test(test_add_stats),
         cmocka_unit_test(test_stats_match_old_formulas),
         cmocka_unit_test(test_bench_tables),

@@ -24,6 +24,10 @@
 #include "engine-fixture.h"
 #include "engine-internal.h"
 
+/* test-engine.c: writes a one-sequence plan and decodes it. */
+int test_plan_decode_one(gang_engine *e, const gang__plan_seq *s, const int32_t *tokens,
+                         const int32_t *table, const gang__plan_hdr *hdr);
+
 #define N_LAYOUTS 4
 static const uint32_t layouts[N_LAYOUTS][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
 
@@ -460,17 +464,17 @@ void test_gen_validation(void **state)
             bad.sampling.presence_penalty = NAN;
             break;
         case 5:
-            bad.ignore_eos = 2;
+            bad.sampling.ignore_eos = 2;
             break;
         case 6:
-            bad.logprobs = 2;
+            bad.sampling.logprobs = 2;
             break;
         case 7:
-            bad.top_logprobs = 3;
+            bad.sampling.top_logprobs = 3;
             break; /* without logprobs */
         case 8:
-            bad.logprobs = 1;
-            bad.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
+            bad.sampling.logprobs = 1;
+            bad.sampling.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
             break;
         default:
             bad.sampling.frequency_penalty = 3.0f;
@@ -484,39 +488,39 @@ void test_gen_validation(void **state)
     r.sampling.presence_penalty = -2.0f;
     r.sampling.frequency_penalty = 2.0f;
     r.sampling.repetition_penalty = 1.0f;
-    r.logprobs = 1;
-    r.top_logprobs = GANG_MAX_TOP_LOGPROBS;
-    r.ignore_eos = 1;
+    r.sampling.logprobs = 1;
+    r.sampling.top_logprobs = GANG_MAX_TOP_LOGPROBS;
+    r.sampling.ignore_eos = 1;
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), 0);
 
-    /* A received plan with a logprobs word or a prompt length out of bounds. */
-    e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
-    e->plan_buf[1] = 1;
-    e->plan_buf[2] = 2;
-    e->plan_buf[3] = 1;
-    e->plan_buf[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+    /* A received plan with logprobs or a prompt length out of bounds. */
     {
-        int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
-        float one = 1.0f, big = 5.0f;
+        gang__plan_seq s = {.n = 2, .sample = 1, .n_prompt = 2};
+        int32_t ids[2] = {0, 0}, table[16] = {0};
+        /* top_logprobs on the wire: after 5 words of the entry and 32 bytes of sampling
+         * values, the flags ignore_eos, logprobs, top_logprobs (engine-request.c) */
+        uint8_t *top = (uint8_t *)e->plan_buf + 4 * GANG__PLAN_HDR_WORDS + 20 + 32 + 2;
 
-        memset(w, 0, (GANG__PLAN_SEQ_WORDS + 3) * sizeof(int32_t));
-        w[2] = 2;
-        w[3] = 1;
-        memcpy(&w[6], &one, sizeof(one));
-        w[9] = 2;
-        w[13] = 1 + 5;
+        s.sp.top_p = 1.0f;
+        s.sp.logprobs = 1;
+        s.sp.top_logprobs = 5;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), 0);
+        assert_int_equal(e->plan.seqs[0].sp.top_logprobs, 5);
+        assert_int_equal(*top, 5);
+        *top = GANG_MAX_TOP_LOGPROBS + 1; /* over its maximum, sent anyway */
+        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        *top = 5; /* the same plan, intact, passes */
         assert_int_equal(gang__plan_decode(e), 0);
-        assert_int_equal(e->plan.seqs[0].n_top, 5);
-        w[13] = GANG_MAX_TOP_LOGPROBS + 2;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[13] = 0;
-        w[9] = 3; /* a sampling sequence whose prompt is not fed yet */
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[9] = 0;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[9] = 1;
-        memcpy(&w[10], &big, sizeof(big));
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        s.sp.logprobs = 0; /* alternatives without logprobs */
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        s.sp.top_logprobs = 0;
+        s.n_prompt = 3; /* a sampling sequence whose prompt is not fed yet */
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        s.n_prompt = 0;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        s.n_prompt = 1;
+        s.sp.presence_penalty = 5.0f;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
     }
     gang_engine_free(e);
     shard_free(m);

@@ -1,5 +1,5 @@
 /*
- * Tests of the generation engine (model/engine*.c, model/sample.c) and of the batched
+ * Tests of the generation engine (engine/engine*.c, engine/sample.c) and of the batched
  * ragged layer it runs on (gang_tp_layer_forward_batch).
  *
  * The models are random and built by hand per rank (full weights drawn by the fixture,
@@ -381,12 +381,9 @@ static void test_kv_dtype(void **state)
         assert_int_equal(kh.dtype, dts[d]);
         for (uint32_t i = 0; i < 13; i++)
             prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
-        gang_gen_request r = {.id = 1,
-                              .prompt = prompt,
-                              .n_prompt = 13,
-                              .max_tokens = 4,
-                              .sampling = greedy,
-                              .ignore_eos = 1};
+        gang_gen_request r = {
+            .id = 1, .prompt = prompt, .n_prompt = 13, .max_tokens = 4, .sampling = greedy};
+        r.sampling.ignore_eos = 1;
         assert_int_equal(gang_engine_submit(ef, &r, err, sizeof(err)), 0);
         assert_int_equal(gang_engine_submit(eh, &r, err, sizeof(err)), 0);
         for (int step = 0; step < 4; step++) {
@@ -614,6 +611,60 @@ static void test_sampler(void **state)
  * --------------------------------------------------------------------------------- */
 
 /* (e) Submit refuses bad requests and changes nothing; a KV budget below a slot is ENOMEM. */
+/*
+ * The shared set-up (gang_engine_setup_init, what the workers and `bench decode` call):
+ * the config it reports is the one the engine runs (the weights' cache type for auto,
+ * the explicit type otherwise, the budget given or sized from free memory), and a budget
+ * below one sequence is refused with the engine's error and message, leaving no engine.
+ */
+static void test_engine_setup(void **state)
+{
+    full_model *fm = full_model_new(5, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine_setup s = {.max_batch = 2,
+                           .max_ctx = MAX_POS,
+                           .microbatches = 1,
+                           .max_step_tokens = 16,
+                           .kv_cache_bytes = 1u << 20,
+                           .kv_dtype_auto = 1,
+                           .ranks_per_host = 1};
+    gang_engine_config used;
+    gang_engine_kv kv;
+    gang_engine *e = NULL;
+    gang_kernels *k = NULL;
+    char err[256] = "";
+
+    (void)state;
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(gang_engine_setup_init(&s, m, k, &e, &used, err, sizeof(err)), 0);
+    assert_int_equal(used.kv_dtype, gang_engine_kv_dtype_auto(m->wtype));
+    assert_int_equal(used.kv_cache_bytes, 1u << 20);
+    assert_int_equal(used.max_batch, 2);
+    assert_int_equal(used.max_ctx, MAX_POS);
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_int_equal(kv.dtype, used.kv_dtype);
+    gang_engine_free(e);
+    e = NULL;
+
+    s.kv_cache_bytes = 0; /* sized from the host's free memory */
+    s.kv_dtype_auto = 0;
+    s.kv_dtype = GANG_DTYPE_F16;
+    assert_int_equal(gang_engine_setup_init(&s, m, k, &e, &used, err, sizeof(err)), 0);
+    assert_true(used.kv_cache_bytes > 0);
+    assert_int_equal(gang_engine_kv_info(e, &kv), 0);
+    assert_int_equal(kv.dtype, GANG_DTYPE_F16);
+    gang_engine_free(e);
+    e = NULL;
+
+    s.kv_cache_bytes = 1; /* less than one block */
+    assert_int_equal(gang_engine_setup_init(&s, m, k, &e, &used, err, sizeof(err)), GANG_ENOMEM);
+    assert_null(e);
+    assert_true(err[0] != '\0');
+    gang_kernels_close(k);
+    shard_free(m);
+    free(fm);
+}
+
 static void test_validation(void **state)
 {
     gang_engine_config cfg = engine_config(1);
@@ -658,9 +709,9 @@ static void test_validation(void **state)
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), GANG_EINVAL);
     assert_non_null(strstr(err, "duplicate"));
     r.id = 2;
-    r.n_stop = GANG_MAX_STOP_TOKENS + 1;
+    r.sampling.n_stop = GANG_MAX_STOP_TOKENS + 1;
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), GANG_EINVAL);
-    r.n_stop = 0;
+    r.sampling.n_stop = 0;
     r.sampling.top_p = 0.0f;
     assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), GANG_EINVAL);
     r.sampling.top_p = 1.0f;
@@ -741,6 +792,107 @@ static void test_validation(void **state)
     free(fm);
 }
 
+int test_plan_decode_one(gang_engine *e, const gang__plan_seq *s, const int32_t *tokens,
+                         const int32_t *table, const gang__plan_hdr *hdr);
+
+/* Encodes header h into hdr[GANG__PLAN_HDR_WORDS] with the wire's own description. */
+static void plan_hdr_put(int32_t *hdr, gang__plan_hdr h)
+{
+    gang_codec c;
+
+    gang_codec_encoder(&c, hdr, GANG__PLAN_HDR_WORDS * sizeof(int32_t));
+    gang__plan_hdr_fields(&c, &h);
+    assert_int_equal(gang_codec_finish(&c, NULL), 0);
+}
+
+/*
+ * Writes a one-sequence plan (entry s, its tokens, its block table) into e->plan_buf with
+ * the wire encoder, replaces the header by *hdr when hdr is not NULL, and returns what
+ * the receiving side's decoder says.
+ */
+int test_plan_decode_one(gang_engine *e, const gang__plan_seq *s, const int32_t *tokens,
+                         const int32_t *table, const gang__plan_hdr *hdr)
+{
+    gang__plan_seq seq = *s;
+    int32_t toks[16], tables[16] = {0};
+    gang__plan p = {.n_seq = 1, .n_tokens = s->n, .seqs = &seq, .tokens = toks};
+    uint32_t body = 0;
+
+    assert_true(s->n <= 16 && e->max_bps <= 16);
+    memcpy(toks, tokens, s->n * sizeof(int32_t));
+    memcpy(tables, table, e->max_bps * sizeof(int32_t));
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    if (hdr != NULL)
+        plan_hdr_put(e->plan_buf, *hdr);
+    return gang__plan_decode(e);
+}
+
+/*
+ * The request messages' codec (engine-request.c): the sampling travels whole and in the
+ * v2 forwarding's byte order, the largest message fits GANG_REQ_WIRE_MAX, and what a
+ * receiver must refuse is refused (bounds, a SUBMIT with more ids than its prompt, an
+ * unknown kind, every truncation).
+ */
+static void test_request_codec(void **state)
+{
+    static gang_req_msg in, out;
+    static uint8_t buf[GANG_REQ_WIRE_MAX + 16];
+    gang_codec c;
+    size_t len = 0;
+
+    (void)state;
+    memset(&in, 0, sizeof(in));
+    in.id = 42;
+    in.n_prompt = in.n_ids = GANG_REQ_MAX_IDS;
+    in.max_tokens = 9;
+    in.sampling = (gang_sampling){.top_k = 0x01020304u,
+                                  .temperature = 0.5f,
+                                  .top_p = 0.25f,
+                                  .seed = 7,
+                                  .repetition_penalty = 1.5f,
+                                  .ignore_eos = 1,
+                                  .logprobs = 1,
+                                  .top_logprobs = 3,
+                                  .n_stop = GANG_MAX_STOP_TOKENS};
+    for (uint32_t i = 0; i < GANG_MAX_STOP_TOKENS; i++)
+        in.sampling.stop[i] = (int32_t)(100 + i);
+    for (uint32_t i = 0; i < in.n_ids; i++)
+        in.ids[i] = (int32_t)i;
+    gang_codec_encoder(&c, buf, sizeof(buf));
+    gang_req_codec(&c, GANG_REQ_SUBMIT, &in);
+    assert_int_equal(gang_codec_finish(&c, &len), 0);
+    assert_true(len <= GANG_REQ_WIRE_MAX);
+    /* id, n_prompt, max_tokens, then the sampling: top_k first, little-endian. */
+    assert_memory_equal(buf + 16, "\x04\x03\x02\x01", 4);
+    gang_codec_decoder(&c, buf, len);
+    gang_req_codec(&c, GANG_REQ_SUBMIT, &out);
+    assert_int_equal(gang_codec_finish(&c, NULL), 0);
+    assert_true(out.id == 42 && out.max_tokens == 9 && out.n_ids == GANG_REQ_MAX_IDS);
+    assert_true(out.sampling.top_k == in.sampling.top_k && out.sampling.seed == 7);
+    assert_true(out.sampling.top_p == 0.25f && out.sampling.repetition_penalty == 1.5f);
+    assert_int_equal(out.sampling.top_logprobs, 3);
+    assert_memory_equal(out.sampling.stop, in.sampling.stop, sizeof(in.sampling.stop));
+    assert_memory_equal(out.ids, in.ids, in.n_ids * sizeof(int32_t));
+    for (size_t cut = 0; cut < len; cut += 97) {
+        gang_codec_decoder(&c, buf, cut);
+        gang_req_codec(&c, GANG_REQ_SUBMIT, &out);
+        assert_int_equal(gang_codec_finish(&c, NULL), GANG_EPROTO);
+    }
+    /* A SUBMIT with more ids than its prompt, an unknown kind, top_logprobs over 20. */
+    in.n_prompt = 5;
+    gang_codec_encoder(&c, buf, sizeof(buf));
+    gang_req_codec(&c, GANG_REQ_SUBMIT, &in);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EINVAL);
+    gang_codec_decoder(&c, buf, len);
+    gang_req_codec(&c, 99, &out);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EPROTO);
+    in.n_prompt = in.n_ids;
+    in.sampling.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
+    gang_codec_encoder(&c, buf, sizeof(buf));
+    gang_sampling_codec(&c, &in.sampling);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EINVAL);
+}
+
 /* A plan that does not fit this rank's bounds is GANG_EPROTO. */
 static void test_plan_validation(void **state)
 {
@@ -751,75 +903,122 @@ static void test_plan_validation(void **state)
     int32_t hdr[GANG__PLAN_HDR_WORDS];
     uint32_t body;
     char err[256];
+    /* one sequence of 2 tokens without stops; one block covers positions 0 .. 1 */
+    gang__plan_hdr h = {GANG__PLAN_MAGIC, 1, 2, 1, GANG__PLAN_SEQ_MIN_BYTES + 12}, bad;
 
     (void)state;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
-    hdr[0] = (int32_t)GANG__PLAN_MAGIC;
-    hdr[1] = 1;
-    hdr[2] = 2;
-    hdr[3] = 1; /* one block covers positions 0 .. 1 */
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+    plan_hdr_put(hdr, h);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
-    assert_int_equal(body, GANG__PLAN_SEQ_WORDS + 3);
-    hdr[1] = 4; /* more sequences than slots */
-    hdr[4] = (int32_t)(4 * GANG__PLAN_SEQ_WORDS + 3);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 12 + 3) / 4);
+    bad = h;
+    bad.n_seq = 4; /* more sequences than slots */
+    bad.body_bytes = 4 * GANG__PLAN_SEQ_MIN_BYTES + 12;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[1] = 1;
-    hdr[2] = 3 + 6 + 1; /* more tokens than slots + max_step_tokens */
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 11);
+    bad = h;
+    bad.n_tokens = 3 + 6 + 1; /* more tokens than slots + max_step_tokens */
+    bad.body_bytes = GANG__PLAN_SEQ_MIN_BYTES + 44;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[2] = 2;
-    hdr[3] = 4; /* more table entries than one sequence of the context has (3) */
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 6);
+    bad = h;
+    bad.n_table = 4; /* more table entries than one sequence of the context has (3) */
+    bad.body_bytes = GANG__PLAN_SEQ_MIN_BYTES + 24;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[3] = 1;
-    hdr[4] = 5; /* a body size that does not match */
+    bad = h;
+    bad.body_bytes = 5; /* a body smaller than its counts need */
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    hdr[0] = 0;
-    hdr[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12 + 1; /* larger than its largest entry */
+    plan_hdr_put(hdr, bad);
+    assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
+    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12;
+    plan_hdr_put(hdr, bad);
+    assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
+    bad = h;
+    bad.magic = 0;
+    plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
 
     /* A body with a slot out of range, a position past the context, a bad token, a
-     * block outside the pool, a table of the wrong length. */
-    e->plan_buf[0] = (int32_t)GANG__PLAN_MAGIC;
-    e->plan_buf[1] = 1;
-    e->plan_buf[2] = 2;
-    e->plan_buf[3] = 1;
-    e->plan_buf[4] = (int32_t)(GANG__PLAN_SEQ_WORDS + 3);
+     * block outside the pool, a table of another length than the header's. */
     {
-        int32_t *w = e->plan_buf + GANG__PLAN_HDR_WORDS;
-        float one = 1.0f;
         gang_engine_kv kv;
+        gang__plan_seq s = {.slot = 0, .pos0 = 0, .n = 2, .sp = {.top_p = 1.0f}}, b2;
+        int32_t ids[2] = {3, 4}, table[16] = {0};
 
         assert_int_equal(gang_engine_kv_info(e, &kv), 0);
-        memset(w, 0, GANG__PLAN_SEQ_WORDS * sizeof(int32_t));
-        w[2] = 2;
-        memcpy(&w[6], &one, sizeof(one));
-        w[GANG__PLAN_SEQ_WORDS] = 3;
-        w[GANG__PLAN_SEQ_WORDS + 1] = 4;
-        w[GANG__PLAN_SEQ_WORDS + 2] = (int32_t)kv.blocks - 1;
-        assert_int_equal(gang__plan_decode(e), 0);
+        table[0] = (int32_t)kv.blocks - 1;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), 0);
         assert_int_equal(e->tables[0], (int32_t)kv.blocks - 1);
-        w[0] = 3;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[0] = 0;
-        w[1] = 39;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[1] = 0;
-        w[GANG__PLAN_SEQ_WORDS + 2] = (int32_t)kv.blocks;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[GANG__PLAN_SEQ_WORDS + 2] = -1;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[GANG__PLAN_SEQ_WORDS + 2] = 0;
-        w[1] = 15; /* positions 15 .. 16 span 2 blocks: the header's 1 is short */
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        w[1] = 0;
-        e->plan_buf[3] = 2; /* one entry more than the sequence has */
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
-        e->plan_buf[3] = 1;
-        w[GANG__PLAN_SEQ_WORDS + 1] = VOCAB;
-        assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+        assert_int_equal(e->plan.n_seq, 1);
+        assert_memory_equal(e->plan.tokens, ids, sizeof(ids));
+        b2 = s;
+        b2.slot = 3;
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, NULL), GANG_EPROTO);
+        b2 = s;
+        b2.pos0 = 39;
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, NULL), GANG_EPROTO);
+        table[0] = (int32_t)kv.blocks;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        table[0] = -1;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
+        table[0] = 0;
+        /* A refused plan leaves the tables as they were. */
+        assert_int_equal(e->tables[0], (int32_t)kv.blocks - 1);
+        b2 = s;
+        b2.pos0 = 15; /* positions 15 .. 16 span 2 blocks: a header saying 1 is short */
+        table[1] = 1;
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, NULL), 0);
+        assert_int_equal(test_plan_decode_one(e, &b2, ids, table, &h), GANG_EPROTO);
+        bad = h;
+        bad.n_table = 2; /* one entry more than the sequence has */
+        bad.body_bytes += 4;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, &bad), GANG_EPROTO);
+        ids[1] = VOCAB;
+        assert_int_equal(test_plan_decode_one(e, &s, ids, table, NULL), GANG_EPROTO);
     }
+    gang_engine_free(e);
+    shard_free(m);
+    free(fm);
+}
+
+/* An entry's size on the wire is within GANG__PLAN_SEQ_MIN_BYTES and _MAX_BYTES (no stop
+ * ids, all of them): the header check and the buffer's size depend on it. */
+static void test_plan_entry_size(void **state)
+{
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(5, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *e = NULL;
+    char err[256];
+    gang__plan_seq s = {.n = 1, .sp = {.top_p = 1.0f}};
+    int32_t tok = 1, tables[16] = {0};
+    gang__plan p = {.n_seq = 1, .n_tokens = 1, .seqs = &s, .tokens = &tok};
+    uint32_t body = 0;
+
+    (void)state;
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 8 + 3) / 4);
+    assert_int_equal(gang__plan_decode(e), 0);
+    s.sp.n_stop = GANG_MAX_STOP_TOKENS;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MAX_BYTES + 8 + 3) / 4);
+    assert_int_equal(gang__plan_decode(e), 0);
+    assert_int_equal(e->plan.seqs[0].sp.n_stop, GANG_MAX_STOP_TOKENS);
+    s.sp.n_stop = GANG_MAX_STOP_TOKENS + 1; /* the writer refuses what no receiver takes */
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), GANG_EINVAL);
+    s.sp.n_stop = 0;
+    p.n_seq = 0;
+    p.n_tokens = 0;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(body, 0);
+    s.sp.logprobs = 1;
+    s.sp.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
+    p.n_seq = p.n_tokens = 1;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), GANG_EINVAL);
     gang_engine_free(e);
     shard_free(m);
     free(fm);
@@ -1247,7 +1446,10 @@ int main(void)
         cmocka_unit_test(test_decode_equals_prefix),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_request_codec),
+        cmocka_unit_test(test_engine_setup),
         cmocka_unit_test(test_plan_validation),
+        cmocka_unit_test(test_plan_entry_size),
         cmocka_unit_test(test_event_backpressure),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_layouts_and_batching),

@@ -1,6 +1,6 @@
 /*
  * Tests of the one pipeline schedule (parallel/pipeline.c, gang_pipeline_run) and of the
- * serving path built on it (model/engine-run.c's callbacks around the batched TP layers).
+ * serving path built on it (engine/engine-run.c's callbacks around the batched TP layers).
  *
  * The schedule alone, with recording callbacks: the exact order of every stage's
  * operations, that every send meets a recv of the same microbatch, peer and tag, and

@@ -304,6 +304,21 @@ static void write_model_config(const char *dir, unsigned max_pos)
 }
 
 /* The layout's rules: the backend, the split's arithmetic, and the context cap. */
+/* The KV cache type a worker with layout l runs for weights stored as wt: its engine
+ * set-up (gang__wres_engine_setup) through the shared rule (gang_engine_setup_config). */
+static gang_dtype layout_kv_dtype(const gang_layout *l, gang_kernels_wtype wt)
+{
+    gang__wres_config c;
+    gang_engine_setup s;
+    gang_engine_config ec;
+
+    memset(&c, 0, sizeof(c));
+    c.layout = *l;
+    gang__wres_engine_setup(&c, &s);
+    gang_engine_setup_config(&s, wt, 1u << 20, &ec);
+    return ec.kv_dtype;
+}
+
 static void test_layout_rules(void **state)
 {
     (void)state;
@@ -336,13 +351,13 @@ static void test_layout_rules(void **state)
     gang_strlcpy(p.kv_cache_dtype, "auto", sizeof(p.kv_cache_dtype));
     /* auto follows the weights' storage once it is known: half weights, half cache. */
     assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
-    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_F32), GANG_DTYPE_F32);
-    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_BF16), GANG_DTYPE_BF16);
-    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_F16), GANG_DTYPE_F16);
-    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_I8), GANG_DTYPE_F32);
+    assert_int_equal(layout_kv_dtype(&l, GANG_KW_F32), GANG_DTYPE_F32);
+    assert_int_equal(layout_kv_dtype(&l, GANG_KW_BF16), GANG_DTYPE_BF16);
+    assert_int_equal(layout_kv_dtype(&l, GANG_KW_F16), GANG_DTYPE_F16);
+    assert_int_equal(layout_kv_dtype(&l, GANG_KW_I8), GANG_DTYPE_F32);
     gang_strlcpy(p.kv_cache_dtype, "f32", sizeof(p.kv_cache_dtype));
     assert_int_equal(gang_layout_from_params(&p, &l, err, sizeof(err)), 0);
-    assert_int_equal(gang_layout_kv_dtype(&l, GANG_KW_BF16), GANG_DTYPE_F32); /* as asked */
+    assert_int_equal(layout_kv_dtype(&l, GANG_KW_BF16), GANG_DTYPE_F32); /* as asked */
     gang_strlcpy(p.kv_cache_dtype, "auto", sizeof(p.kv_cache_dtype));
     /* --dtype and --quantize: the listed values, the rest refused with the flag named. */
     assert_string_equal(l.dtype, "auto");

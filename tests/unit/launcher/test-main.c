@@ -6,11 +6,11 @@
 int main(void)
 {
     int failed = 0;
-    failed += gang_test_http();
-    failed += gang_test_metrics();
     failed += gang_test_worker();
     failed += gang_test_config();
     failed += gang_test_gpu();
     failed += gang_test_fwd();
+    failed += gang_test_wctl();
+    failed += gang_test_proc();
     return failed ? 1 : 0;
 }

@@ -134,9 +134,11 @@ static int tw_teardown(void **state)
 static void tw_drain(tw_ctx *c, size_t i)
 {
     tw_worker *w = &c->w[i];
+    static uint8_t buf[GANG_WCTL_PACKET_MAX + 1];
+    static gang_wctl m;
+    static gang_req_msg r;
     for (;;) {
-        gang_wctl m;
-        ssize_t n = recv(w->fd, &m, sizeof(m), MSG_DONTWAIT);
+        ssize_t n = recv(w->fd, buf, sizeof(buf), MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -145,9 +147,13 @@ static void tw_drain(tw_ctx *c, size_t i)
             w->eof = 1;
             return;
         }
-        if ((size_t)n != sizeof(m))
-            fail_msg("worker %zu sent a packet of %zd bytes", i, n);
+        int type = (size_t)n < sizeof(buf) ? gang_wctl_decode(buf, (size_t)n, &m, &r) : GANG_EPROTO;
+        if (type < 0 || gang_req_kind_valid((uint32_t)type))
+            fail_msg("worker %zu sent a packet of %zd bytes that is no control message", i, n);
         if (m.type == GANG_WCTL_HEARTBEAT) {
+            /* Heartbeats are small packets of their own, not the largest message. */
+            if (n >= 256)
+                fail_msg("worker %zu sent a heartbeat of %zd bytes", i, n);
             w->nhb++;
             w->last_hb_ms = gang_now_ms();
             w->last_state = m.state;
@@ -240,7 +246,9 @@ static gang_wctl tw_expect(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, int
 static void tw_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t rank, uint32_t world,
                     const uint8_t *blob, uint32_t blob_len)
 {
-    gang_wctl m;
+    static gang_wctl m;
+    static uint8_t buf[GANG_WCTL_PACKET_MAX];
+    size_t len = 0;
     memset(&m, 0, sizeof(m));
     m.type = type;
     m.local_rank = c->w[i].local_rank;
@@ -250,7 +258,8 @@ static void tw_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t r
     m.blob_len = blob_len;
     if (blob_len > 0)
         memcpy(m.blob, blob, blob_len);
-    assert_int_equal(send(c->w[i].fd, &m, sizeof(m), MSG_NOSIGNAL), (ssize_t)sizeof(m));
+    assert_int_equal(gang_wctl_encode(&m, buf, sizeof(buf), &len), 0);
+    assert_int_equal(send(c->w[i].fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
 /* Closes every descriptor of the fake agent; for forked children. */
@@ -477,7 +486,7 @@ static void test_agent_eof_exits_75(void **state)
     tw_assert_exit(tw_reap(c, w, 1000), GANG_EXIT_TEMPFAIL);
 }
 
-/* A packet that is not one gang_wctl is a protocol error: the channel is dropped, exit 75. */
+/* A packet that does not decode is a protocol error: the channel is dropped, exit 75. */
 static void test_bad_packet_exits_75(void **state)
 {
     tw_ctx *c = *state;

@@ -193,7 +193,9 @@ static void agent_fill_heartbeat(void *ctx, gang_msg_heartbeat *hb)
     hb->nranks = NPROC;
     for (uint32_t l = 0; l < NPROC; l++) {
         hb->rank_state[l] = a->rank_state;
-        hb->rank_age_ms[l] = 1;
+        /* The last local rank reports "never heard", as an agent does for a worker that has
+         * no process; the coordinator must pass that on, not age it. */
+        hb->rank_age_ms[l] = l == NPROC - 1 ? GANG_HEARTBEAT_NEVER : 1;
     }
 }
 
@@ -908,6 +910,29 @@ static int pred_ranks_ready(test_env *e, const void *arg)
     return 1;
 }
 
+/* Every rank's age in st is below limit_ms, but the last local rank of each node's, which
+ * its agent reports as GANG_HEARTBEAT_NEVER (agent_fill_heartbeat). */
+static void check_rank_ages(const gang_coord_status *st, uint64_t limit_ms)
+{
+    for (uint32_t r = 0; r < st->world_size; r++) {
+        if (r % NPROC == NPROC - 1)
+            assert_int_equal(st->ranks[r].heartbeat_age_ms, GANG_HEARTBEAT_NEVER);
+        else
+            assert_true(st->ranks[r].heartbeat_age_ms < limit_ms);
+    }
+}
+
+/* A real age is clamped below the sentinel, however old. */
+static void test_heartbeat_age_clamp(void **state)
+{
+    (void)state;
+    assert_int_equal(gang_heartbeat_age(0), 0);
+    assert_int_equal(gang_heartbeat_age(1234), 1234);
+    assert_int_equal(gang_heartbeat_age(GANG_HEARTBEAT_NEVER - 1ull), GANG_HEARTBEAT_NEVER - 1u);
+    assert_int_equal(gang_heartbeat_age(GANG_HEARTBEAT_NEVER), GANG_HEARTBEAT_NEVER - 1u);
+    assert_int_equal(gang_heartbeat_age(UINT64_MAX), GANG_HEARTBEAT_NEVER - 1u);
+}
+
 static void test_gang_forms(void **state)
 {
     test_env *e = *state;
@@ -916,7 +941,19 @@ static void test_gang_forms(void **state)
     gang_coord *other = NULL;
     uint64_t gen = 1;
 
-    form_gang(e);
+    /* No member yet: every rank and a member's coordinator are "never heard". */
+    start_coord(e);
+    st = coord_status(e);
+    assert_int_equal(st.world_size, WORLD);
+    for (uint32_t r = 0; r < st.world_size; r++)
+        assert_int_equal(st.ranks[r].heartbeat_age_ms, GANG_HEARTBEAT_NEVER);
+    for (uint32_t n = 0; n < NNODES; n++) {
+        start_member(e, (int)n, n);
+        if (n == 0)
+            assert_int_equal(member_status(&e->agents[0]).coordinator_heartbeat_age_ms,
+                             GANG_HEARTBEAT_NEVER);
+    }
+    wait_serving(e, 1);
     st = coord_status(e);
     assert_int_equal(st.state, GANG_STATE_SERVING);
     assert_int_equal(st.generation, 1);
@@ -946,8 +983,9 @@ static void test_gang_forms(void **state)
     run_until(e, pred_members_see_serving, NULL, WAIT_MS, "members see SERVING");
     run_until(e, pred_ranks_ready, NULL, WAIT_MS, "every rank READY in the coordinator's view");
     st = coord_status(e);
-    for (uint32_t r = 0; r < st.world_size; r++)
-        assert_true(st.ranks[r].heartbeat_age_ms < TIMEOUT_MS * 5);
+    check_rank_ages(&st, TIMEOUT_MS * 5);
+    for (int i = 0; i < (int)NNODES; i++)
+        assert_true(member_status(&e->agents[i]).coordinator_heartbeat_age_ms < TIMEOUT_MS * 5);
 
     /* A second coordinator cannot take the port; the failed start leaks nothing. */
     cfg2 = e->ccfg;
@@ -1981,8 +2019,7 @@ static void test_member_adopts_heartbeat(void **state)
     st = coord_status(e);
     assert_int_equal(st.restarts_total, 0);
     assert_int_equal(st.members, NNODES);
-    for (uint32_t r = 0; r < st.world_size; r++)
-        assert_true(st.ranks[r].heartbeat_age_ms < TIMEOUT_MS);
+    check_rank_ages(&st, TIMEOUT_MS);
     check_started(e, 1, 1);
     for (int i = 0; i < (int)NNODES; i++) {
         gang_member_status ms = member_status(&e->agents[i]);
@@ -2110,6 +2147,7 @@ static void test_no_rejoin_dropped(void **state)
 int gang_test_coordinator(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_heartbeat_age_clamp),
         cmocka_unit_test_setup_teardown(test_gang_forms, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_failure_report, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_lost_member, env_setup, env_teardown),

@@ -1,0 +1,317 @@
+/*
+ * Internals of the generation engine (engine/engine*.c, engine/sample.c): the engine
+ * struct, the step plan and its wire form, the scheduler of rank 0, the stage runner and
+ * the sampler. Not a public header: only model/ and the engine's own tests include it.
+ */
+#ifndef GANGLION_MODEL_ENGINE_INTERNAL_H
+#define GANGLION_MODEL_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ganglion/engine.h"
+
+/* ---------------------------------------------------------------------------------
+ * The plan of one step, as every rank holds it after the broadcast. Its wire form is
+ * described in engine-wire.c.
+ * --------------------------------------------------------------------------------- */
+#define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
+#define GANG__PLAN_HDR_WORDS 5u
+/* Bytes of one entry (engine-wire.c, plan_seq_fields): 5 words and the sampling, whose
+ * stop list makes it 36 to 100 bytes. */
+#define GANG__PLAN_SEQ_MIN_BYTES 56u
+#define GANG__PLAN_SEQ_MAX_BYTES 120u
+
+typedef struct gang__plan_seq {
+    uint32_t slot;     /* slot of the sequence (its table, its history) */
+    uint32_t pos0;     /* position of its first token of this step */
+    uint32_t n;        /* tokens of this step (1 for a decode) */
+    uint32_t sample;   /* 1: the last token's logits are sampled this step */
+    gang_sampling sp;  /* sampling parameters (when sample; logprobs and top_logprobs say
+                          what to report) */
+    uint32_t n_prompt; /* the request's prompt length: positions below are prompt */
+    uint32_t tok_off;  /* offset of its tokens in the plan's token array (derived) */
+} gang__plan_seq;
+
+/*
+ * What the last stage reports for one sampled sequence when the microbatch has a
+ * sequence that asked for logprobs (otherwise only the token ids travel). Every field
+ * is 4 bytes, so the struct has no padding and goes over the world as it is.
+ */
+typedef struct gang__result {
+    int32_t token;
+    float logprob;
+    uint32_t n_top;
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
+    float top_lp[GANG_MAX_TOP_LOGPROBS];
+} gang__result;
+
+typedef struct gang__plan {
+    uint32_t n_seq;       /* sequences of the step, <= slots */
+    uint32_t n_tokens;    /* their tokens, <= max_tokens */
+    gang__plan_seq *seqs; /* [slots] */
+    int32_t *tokens;      /* [max_tokens] */
+    uint32_t *seq_tokens; /* [slots] n of each sequence, for the batched layers */
+    uint32_t *seq_pos0;   /* [slots] pos0 of each sequence */
+    int32_t *out;         /* [slots] the sampled token of each sequence (-1: none) */
+    gang__result *res;    /* [slots] logprobs of each sequence (when it asked for them) */
+} gang__plan;
+
+/* ---------------------------------------------------------------------------------
+ * Rank 0's request bookkeeping.
+ * --------------------------------------------------------------------------------- */
+typedef struct gang__request {
+    gang_gen_request r;         /* the request; r.prompt points at prompt below */
+    int32_t *prompt;            /* owned: the prompt, then the generated tokens (room for
+                                   n_prompt + max_tokens), what a preempted request
+                                   recomputes */
+    int running;                /* holds a slot (and n_blocks blocks) */
+    uint32_t slot;              /* when running */
+    uint32_t n_fed;             /* tokens already in the cache (prompt, then output) */
+    uint32_t n_blocks;          /* blocks reserved in its slot's table (rank 0's tables) */
+    uint32_t n_hashed;          /* its leading full blocks whose hash chain is known */
+    uint64_t hash;              /* the chain's hash after those blocks */
+    uint32_t n_cached;          /* prompt tokens its last admission found in the cache */
+    uint32_t planned;           /* in the plan being built (not a preemption victim) */
+    uint32_t n_gen;             /* tokens generated so far */
+    int32_t last;               /* the last generated token (the next decode's input) */
+    struct gang__request *next; /* arrival order */
+} gang__request;
+
+/* Sampling scratch: candidates of one row, allocated once for the vocabulary. */
+typedef struct gang__cand {
+    float logit;
+    int32_t id;
+} gang__cand;
+
+typedef struct gang__sampler {
+    gang__cand *cand; /* [vocab] */
+    double *prob;     /* [vocab] */
+    float *adj;       /* [vocab] the penalised logits */
+    uint32_t *count;  /* [vocab] occurrences in the output; all zero between calls */
+    uint32_t vocab;
+} gang__sampler;
+
+/* The tokens a sequence has fed so far, for the penalties (the last stage keeps them). */
+typedef struct gang__history {
+    const int32_t *ids; /* [n] the tokens at positions 0 .. n - 1 */
+    uint32_t n;         /* the position of the token being drawn */
+    uint32_t n_prompt;  /* ids [0, n_prompt) are the prompt, the rest the output */
+} gang__history;
+
+struct gang_engine {
+    gang_model *m;       /* borrowed */
+    gang_kernels *k;     /* whose tensor memory holds the buffers below marked (T) */
+    gang_kernels *own_k; /* a "cpu" handle init opened for itself (k NULL at init), or NULL */
+    gang_engine_config cfg;
+    uint32_t slots;             /* sequence slots (same on every rank) */
+    uint32_t max_ctx;           /* positions per slot */
+    uint32_t max_tokens;        /* tokens one step may carry: slots + max_step_tokens */
+    uint32_t vocab;             /* model vocabulary */
+    uint32_t vpad;              /* ceil(vocab / tp): the padded logits of one TP rank */
+    uint32_t is_first, is_last; /* this rank's stage is 0 / pp - 1 */
+    size_t plan_max_words;      /* largest body a valid plan can have */
+
+    gang_tp_kv_cache *caches; /* [layer_count x slots], layer-major: every slot of a
+                                 layer sees that layer's block pool through its table */
+    char *kv_mem;             /* (T) the block pools: per layer, K then V, each
+                                 [n_blocks, block_size, kv cols] */
+    uint32_t block_size;      /* positions per KV block */
+    uint32_t n_blocks;        /* blocks of every layer's pool */
+    uint32_t n_usable;        /* blocks rank 0 hands out: n_blocks, or the gang's
+                                 smallest pool (gang_engine_limit_blocks) */
+    uint32_t max_bps;         /* table entries per slot: ceil(max_ctx / block_size) */
+    int32_t *tables;          /* host: [slots, max_bps] each slot's block table */
+    int32_t *tables_dev;      /* (T) the same, what the attention kernels read */
+    uint32_t *block_seen;     /* [n_blocks] which sequence of a received plan writes
+                                 each block (1 + its index), 0 none */
+    int32_t *pc_hits;         /* rank 0: [max_bps] a lookup's cached blocks */
+    uint32_t *free_blocks;    /* rank 0: [n_blocks] stack of the free block ids (no
+                                 sequence holds them, no cached content) */
+    uint32_t n_free;          /* rank 0: entries of free_blocks */
+    uint64_t n_preempted;     /* rank 0: sequences preempted so far */
+
+    /* Rank 0, automatic prefix caching (engine-kv.c): full blocks keyed
+     * by the hash chain of their tokens, shared by reference count; cached blocks no
+     * sequence holds wait in an LRU list and are evicted when the free stack is empty. */
+    uint32_t *blk_ref;   /* [n_blocks] sequences holding each block */
+    uint64_t *blk_hash;  /* [n_blocks] chain hash of a cached block */
+    int32_t *blk_parent; /* [n_blocks] the block before it in its chain, -1 for the first */
+    int32_t *blk_tokens; /* [n_blocks, block_size] its tokens (a hit is checked exactly) */
+    uint8_t *blk_cached; /* [n_blocks] in the hash table */
+    int32_t *ht_head;    /* [ht_cap] first cached block of each bucket, -1 none */
+    int32_t *ht_next;    /* [n_blocks] next cached block of the same bucket */
+    uint32_t ht_cap;     /* buckets, a power of two */
+    int32_t *lru_prev;   /* [n_blocks] the LRU list of cached blocks nobody holds */
+    int32_t *lru_next;
+    int32_t lru_head; /* the least recently released (evicted first), -1 none */
+    int32_t lru_tail;
+    uint32_t n_lru;
+    uint64_t prefix_query_tokens;  /* prefill tokens of the admissions */
+    uint64_t prefix_hit_tokens;    /* of those, found in the cache */
+    gang_tp_kv_cache **cache_ptrs; /* [slots] per-sequence caches of one batched call */
+    gang_tp_scratch scratch;       /* (T) the batched layers' scratch */
+    float *act;                    /* (T) [max_tokens, hidden] activations of the step */
+    int32_t *tokens_dev;           /* (T) stage 0: [max_tokens] the plan's token ids */
+    float *head_in;                /* (T) last stage: [slots, hidden] normed last tokens */
+    float *head_out;               /* (T) last stage: [slots, vocab_count] this rank's logits */
+    float *head_pad;               /* (T) last stage, tp > 1: [slots, vpad] the same, padded */
+    float *gathered;               /* (T) last stage, tp > 1: [tp, slots, vpad] every rank's */
+    float *logits_dev;             /* (T) last stage, tp > 1, device: [slots, vocab] the rows
+                                      assembled before their one download; NULL on the host */
+    float *logits;                 /* host, last stage: [slots, vocab] the sampled rows, in
+                                      the order they were sampled (head_row) */
+    uint32_t *head_row;            /* [slots] row of logits of each plan sequence */
+    uint32_t n_head_rows;          /* rows of logits filled in this step */
+    gang_tp_stage stage;           /* host staging of the PP transfers and the logits
+                                      all-gather when k is a device (else empty) */
+    gang_tp_shard *shards;         /* [tp] every TP rank's shard (vocab ranges) */
+    gang__sampler sampler;
+    int32_t *hist;        /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
+                             slot, at its position (what the penalties count) */
+    int32_t *plan_buf;    /* header + body of the wire form */
+    int32_t *wire_tables; /* [slots, max_bps] the tables of a plan on the wire, by sequence */
+    uint8_t *slot_seen;   /* [slots] duplicate check of a received plan */
+    gang__plan plan;
+    uint32_t plan_valid; /* the plan of the last step ran to completion */
+
+    /* Rank 0 only. */
+    gang__request *queue_head, *queue_tail; /* every live request, in arrival order */
+    gang__request **slot_req;               /* [slots] the request holding each slot, or NULL */
+    uint32_t n_pending;
+    gang_gen_event *events; /* ring of [ev_cap] */
+    uint32_t ev_cap, ev_head, ev_count;
+};
+
+/* ---- the scheduler (engine-sched.c) and the commit of a step (engine-events.c) ---- */
+
+/* Rank 0: builds this step's plan from the queue (continuous batching) into e->plan. */
+void gang__sched_build(gang_engine *e);
+/* Rank 0: applies the sampled tokens of a completed step: events, finished requests. */
+void gang__sched_commit(gang_engine *e);
+/* Rank 0, between steps: drops request id (queued or running; its slot is free for the
+ * next plan). 0, or GANG_ENOENT when no live request has that id. */
+int gang__sched_cancel(gang_engine *e, uint64_t id);
+/* Drops every request and event (rank 0); used by reset and free. */
+void gang__sched_clear(gang_engine *e);
+
+/* ---- KV blocks and the prefix cache (engine-kv.c, rank 0 but the upload) ---- */
+
+/* Rank 0: every block free again and the prefix cache empty (init and reset). */
+void gang__kv_reset(gang_engine *e);
+/* Blocks a sequence can take now: the free stack and the cached blocks nobody holds. */
+uint32_t gang__kv_avail(const gang_engine *e);
+/* Grows q's table to n blocks: from the free stack, else by evicting the least recently
+ * released cached block. The caller checked the room (gang__kv_avail). */
+void gang__kv_take(gang_engine *e, gang__request *q, uint32_t n);
+/* Gives q's blocks back (a cached one nobody else holds goes to the LRU list) and its
+ * slot to the free slots; q stops running. */
+void gang__kv_release(gang_engine *e, gang__request *q);
+/*
+ * The leading full blocks of q's first `limit` prompt tokens found in the prefix cache,
+ * into hits [max_bps]; *held_free counts those nobody holds now (they leave the available
+ * room when taken), *hash the chain's hash after them. Returns their count.
+ */
+uint32_t gang__pc_lookup(const gang_engine *e, const gang__request *q, uint32_t limit,
+                         int32_t *hits, uint32_t *held_free, uint64_t *hash);
+/* Takes a reference on cached block b (a hit of gang__pc_lookup), out of the LRU list. */
+void gang__pc_hold(gang_engine *e, int32_t b);
+/* Registers q's blocks that became full with its last step's tokens. */
+void gang__pc_register(gang_engine *e, gang__request *q);
+/* Uploads the block tables of the decoded plan's sequences to e->tables_dev. 0 or the
+ * upload's error. */
+int gang__plan_upload_tables(gang_engine *e);
+
+/* Blocks that cover positions 0 .. n - 1. */
+static inline uint32_t gang__blocks_for(const gang_engine *e, uint32_t n)
+{
+    return (n + e->block_size - 1) / e->block_size;
+}
+
+/* ---- the plan's wire form (engine-wire.c) ---- */
+
+/* The plan's header, the first GANG__PLAN_HDR_WORDS words on the wire. */
+typedef struct gang__plan_hdr {
+    uint32_t magic; /* GANG__PLAN_MAGIC */
+    uint32_t n_seq;
+    uint32_t n_tokens;
+    uint32_t n_table;    /* block-table entries of the body */
+    uint32_t body_bytes; /* bytes after the header (the broadcast rounds up to words) */
+} gang__plan_hdr;
+
+/* The header's fields, both directions (the tests build headers with it too). */
+void gang__plan_hdr_fields(gang_codec *c, gang__plan_hdr *h);
+/*
+ * Writes plan p, with sequence i's block table at tables[i * max_bps], as header + body
+ * into buf (room for GANG__PLAN_HDR_WORDS + plan_max_words words). 0 and the body's size
+ * in words (its bytes rounded up, padded with zeros); GANG_EINVAL for counts or fields
+ * past e's or the codec's bounds. No other check: receivers validate (the tests write
+ * plans a scheduler would never build). tables is only read; it is not const because the
+ * codec's one walk serves both directions.
+ */
+int gang__plan_write(const gang_engine *e, const gang__plan *p, int32_t *tables, int32_t *buf,
+                     uint32_t *body_words);
+/* Rank 0: encodes e->plan (tables from e->tables by slot) into e->plan_buf; returns the
+ * body's word count. */
+uint32_t gang__plan_encode(gang_engine *e);
+/*
+ * Validates a received header against this rank's bounds. Returns 0 and the body's
+ * size in words (what the second broadcast carries), or GANG_EPROTO.
+ */
+int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *body_words);
+/* Decodes and validates header and body in e->plan_buf into e->plan (the block tables
+ * into e->tables, only once the whole plan is valid). 0 or GANG_EPROTO. */
+int gang__plan_decode(gang_engine *e);
+/* Whether sp's penalties are in range: presence and frequency in [-2, 2], repetition
+ * 0 (off) or > 0, all finite (submit and the plan's receivers check the same). */
+int gang__penalties_ok(const gang_sampling *sp);
+
+/* ---- the stages (engine-run.c) ---- */
+
+/*
+ * Runs e->plan through this rank's stage: embedding on stage 0, the layers, the LM head
+ * and sampling on the last stage, microbatches through the pipeline; rank 0 ends with
+ * e->plan.out. Activations go over pp, the sampled tokens over world (a host
+ * communicator; pp may be nccl). Returns 0 or the first error.
+ */
+int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                     gang_comm *pp, uint64_t deadline);
+
+/*
+ * The logits [vocab] the last step computed for plan sequence i, on the last stage's
+ * TP rank 0 (for tests and the reference tool), or NULL when that sequence did not
+ * sample or this rank does not hold them.
+ */
+const float *gang__engine_logits(const gang_engine *e, uint32_t i);
+
+/* ---- sampling (sample.c) ---- */
+
+int gang__sampler_init(gang__sampler *s, uint32_t vocab);
+void gang__sampler_free(gang__sampler *s);
+/*
+ * Draws the token at position `position` from logits [vocab] with sp: greedy (argmax,
+ * lowest index on ties, NaN ignored) when temperature is 0 or top_k is 1, otherwise
+ * top-k, then temperature softmax, then top-p, then one uniform draw keyed by
+ * (sp->seed, position).
+ */
+int32_t gang__sample(gang__sampler *s, const float *logits, const gang_sampling *sp,
+                     uint64_t position);
+/*
+ * gang__sample after the penalties of sp (presence, frequency, repetition; none set:
+ * exactly gang__sample) applied to a copy of logits, counted over h: the repetition
+ * penalty over every distinct id of h->ids [0, n), the others over the output part
+ * [n_prompt, n). The draw's position is h->n. logits is left as it was.
+ */
+int32_t gang__sample_seq(gang__sampler *s, const float *logits, const gang_sampling *sp,
+                         const gang__history *h);
+/*
+ * The raw log-probability (log-softmax in double) of `token` in logits into r->logprob,
+ * r->token = token, and the n_top highest ones (descending, ties by lower id, NaN
+ * skipped) into r->top_ids / top_lp, r->n_top = n_top (<= GANG_MAX_TOP_LOGPROBS).
+ */
+void gang__logprobs(const gang__sampler *s, const float *logits, int32_t token, uint32_t n_top,
+                    gang__result *r);
+/* The uniform draw in [0, 1) of (seed, position): a counter-based generator. */
+double gang__sample_uniform(uint64_t seed, uint64_t position);
+
+#endif /* GANGLION_MODEL_ENGINE_INTERNAL_H */

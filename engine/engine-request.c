@@ -1,0 +1,84 @@
+/*
+ * The wire form of requests (engine.h, "Request messages"): the sampling parameters and
+ * the request messages, each described once with the common codec (gang_codec) for both
+ * directions. The agent<->worker channel, a member's forwarded API frames and the plan
+ * all write a request's sampling through gang_sampling_codec, so a field added to
+ * gang_sampling is added to every one of them here.
+ */
+#include <string.h>
+
+#include "ganglion/engine.h"
+
+void gang_sampling_codec(gang_codec *c, gang_sampling *sp)
+{
+    gang_codec_u32(c, &sp->top_k);
+    gang_codec_f32(c, &sp->temperature);
+    gang_codec_f32(c, &sp->top_p);
+    gang_codec_u64(c, &sp->seed);
+    gang_codec_f32(c, &sp->presence_penalty);
+    gang_codec_f32(c, &sp->frequency_penalty);
+    gang_codec_f32(c, &sp->repetition_penalty);
+    gang_codec_uint(c, &sp->ignore_eos, 1, 1);
+    gang_codec_uint(c, &sp->logprobs, 1, 1);
+    gang_codec_uint(c, &sp->top_logprobs, 1, GANG_MAX_TOP_LOGPROBS);
+    gang_codec_i32_list(c, &sp->n_stop, 1, sp->stop, GANG_MAX_STOP_TOKENS);
+}
+
+int gang_req_kind_valid(uint32_t kind)
+{
+    return kind >= GANG_REQ_SUBMIT && kind <= GANG_REQ_PROMPT;
+}
+
+/* A SUBMIT's or PROMPT's prompt ids: a u32 count, then the ids. */
+static void req_ids(gang_codec *c, gang_req_msg *m)
+{
+    gang_codec_i32_list(c, &m->n_ids, 4, m->ids, GANG_REQ_MAX_IDS);
+}
+
+/* TOKEN: the token and its logprobs (n_top alternatives, ids then values). */
+static void req_token(gang_codec *c, gang_req_msg *m)
+{
+    gang_codec_u32(c, &m->index);
+    gang_codec_i32(c, &m->token);
+    gang_codec_f32(c, &m->logprob);
+    gang_codec_i32_list(c, &m->n_top, 1, m->top_ids, GANG_MAX_TOP_LOGPROBS);
+    if (gang_codec_ok(c))
+        gang_codec_f32_array(c, m->top_lp, m->n_top);
+}
+
+void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
+{
+    if (!gang_req_kind_valid(kind)) {
+        gang_codec_fail(c, c->decoding ? GANG_EPROTO : GANG_EINVAL);
+        return;
+    }
+    m->kind = kind;
+    gang_codec_u64(c, &m->id);
+    switch (kind) {
+    case GANG_REQ_SUBMIT:
+        gang_codec_u32(c, &m->n_prompt);
+        gang_codec_u32(c, &m->max_tokens);
+        gang_sampling_codec(c, &m->sampling);
+        req_ids(c, m);
+        /* A SUBMIT carries the start of its prompt: no more ids than the whole prompt. */
+        if (gang_codec_ok(c) && m->n_prompt != 0 && m->n_ids > m->n_prompt)
+            gang_codec_fail(c, c->decoding ? GANG_EPROTO : GANG_EINVAL);
+        break;
+    case GANG_REQ_PROMPT:
+        gang_codec_u32(c, &m->n_prompt);
+        gang_codec_u32(c, &m->index);
+        req_ids(c, m);
+        break;
+    case GANG_REQ_TOKEN:
+        req_token(c, m);
+        break;
+    case GANG_REQ_DONE:
+        gang_codec_i32(c, &m->code);
+        gang_codec_u32(c, &m->index);
+        gang_codec_str(c, m->finish, sizeof(m->finish), 1);
+        gang_codec_str(c, m->reason, sizeof(m->reason), 2);
+        break;
+    default: /* CANCEL: the id is all */
+        break;
+    }
+}

@@ -1,7 +1,0 @@
-# Generation-engine sources of gang_model: step loop, scheduler and plan, stages, sampling.
-list(APPEND GANG_MODEL_SOURCES
-  model/engine.c
-  model/engine-plan.c
-  model/engine-run.c
-  model/sample.c
-  model/device.c)

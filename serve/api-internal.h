@@ -1,0 +1,187 @@
+/*
+ * Internals of the inference API shared by its files (internal to serve/api*.c):
+ *
+ *   api.c        the table of accepted calls, submission to rank 0 (in pieces for long
+ *                prompts), generations (START / ABORT / give-up), token and done reports,
+ *                deadlines, metrics, GET /v1/models, the API key;
+ *   api-parse.c  request bodies: sampling fields, stop ids and strings, prompts (text, ids
+ *                or arrays of either), chat messages through the chat template;
+ *   api-out.c    what a token becomes: text (incremental, UTF-8 safe), stop strings, the
+ *                streamed Server-Sent Events and the final JSON answers, logprobs;
+ *   api-text.c   POST /tokenize and POST /detokenize, loading the tokenizer and template.
+ *
+ * A call (one HTTP request) holds one sequence per prompt; each sequence is one request
+ * in the engine, with its own id. Everything runs on the agent's loop thread.
+ */
+#ifndef GANGLION_SERVE_API_INTERNAL_H
+#define GANGLION_SERVE_API_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "ganglion/serve.h"
+
+typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates) */
+
+#define API_SWEEP_MS 50
+#define API_MAX_PROMPTS 64       /* prompts in one completion call */
+#define API_MAX_STOP_STRINGS 8   /* "stop" strings of one call */
+#define API_MAX_STOP_BYTES 256   /* bytes of one stop string */
+#define API_MAX_MESSAGES 4096    /* chat messages of one call */
+#define API_DEFAULT_MAX_TOKENS 0 /* 0: the rest of the context */
+
+typedef enum api_kind { API_COMPLETION = 0, API_CHAT = 1 } api_kind;
+
+/* The fields of a call that every one of its sequences shares. */
+typedef struct api_params {
+    uint32_t max_tokens;    /* 0 = the rest of the context, per prompt */
+    gang_sampling sampling; /* everything the engine needs: draw, penalties, stop ids,
+                               ignore_eos, logprobs and top_logprobs */
+    char stop_str[API_MAX_STOP_STRINGS][API_MAX_STOP_BYTES + 1];
+    size_t stop_len[API_MAX_STOP_STRINGS];
+    uint32_t n_stop_str;
+    int stream;        /* answer as Server-Sent Events */
+    int include_usage; /* stream_options.include_usage */
+    int skip_special;  /* drop special tokens from the text (default 1) */
+} api_params;
+
+/* The logprobs of one generated token. */
+typedef struct api_lp {
+    float logprob;
+    uint32_t text_off; /* offset of the token's text in the sequence's output text */
+    uint32_t n_top;
+    int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
+    float top_lp[GANG_MAX_TOP_LOGPROBS];
+} api_lp;
+
+typedef struct api_call api_call;
+
+/* One prompt of a call: one request in the engine. */
+typedef struct api_seq {
+    struct api_seq *next; /* the API's list of live sequences */
+    api_call *call;
+    uint32_t index; /* choice index */
+    uint64_t id;    /* engine request id, unique */
+    int32_t *prompt;
+    uint32_t n_prompt;
+    uint32_t max_tokens;
+    int32_t *out; /* [max_tokens] accepted tokens: they survive a gang restart */
+    uint32_t n_out;
+    api_lp *lp;          /* [max_tokens] with logprobs, else NULL */
+    uint32_t n_gen;      /* tokens reported by the current generation's run */
+    uint32_t n_lp_sent;  /* tokens (ids, logprobs) a stream chunk carried */
+    int role_sent;       /* chat stream: the first chunk (with the role) is out */
+    uint32_t mismatches; /* re-run tokens that differed from the accepted ones */
+    gang_tok_decoder dec;
+    char *text; /* decoded output (with a tokenizer), NUL-terminated */
+    size_t text_len, text_cap;
+    size_t sent_len;   /* bytes of text streamed */
+    size_t stop_scan;  /* no stop string starts before this offset of text */
+    uint64_t sent_gen; /* generation it was submitted in, 0 = owed */
+    uint32_t parts;    /* prompt ids delivered to rank 0 in sent_gen (pieces) */
+    uint32_t submissions;
+    uint32_t n_cached; /* prompt tokens the prefix cache gave (the gang's DONE) */
+    int cached_known;  /* n_cached holds the gang's report */
+    uint64_t sent_ms, first_ms, last_ms;
+    int done;      /* finished here (the gang's DONE, or a stop string) */
+    int gang_done; /* the gang reported DONE: nothing to cancel there */
+    char finish[8];
+} api_seq;
+
+struct api_call {
+    api_call *next;
+    gang_http_exchange *x;
+    api_kind kind;
+    api_params p;
+    uint64_t id; /* "cmpl-<id>" / "chatcmpl-<id>" */
+    int64_t created;
+    uint32_t n_seqs, n_done;
+    api_seq **seqs;
+    uint64_t accepted_ms, deadline_ms;
+    int streaming; /* the SSE head is out */
+    int closed;    /* the client is gone: answer nothing more */
+};
+
+struct gang_api {
+    void *loop; /* uv_loop_t */
+    gang_api_config cfg;
+    gang_api_submit_fn submit; /* to rank 0: supervisor, or forwarded (ganglion/serve.h) */
+    void *submit_ctx;
+    gang_tokenizer *tok;     /* DIR/tokenizer.json, or NULL */
+    char tok_why[256];       /* why tok is NULL */
+    gang_chat_template *tpl; /* DIR/tokenizer_config.json's chat_template, or NULL */
+    char tpl_why[256];
+    int64_t created_s;
+    uint64_t gen;
+    char gave_up[GANG_REQ_REASON_MAX];
+    uint64_t next_id;
+    api_call *calls;
+    uint32_t n_calls;
+    api_seq *seqs;
+    void *sweep; /* uv_timer_t */
+    gang_req_msg pkt;
+    uint64_t answered[6]; /* 200, 400, 401, 404, 503, 504 */
+    uint64_t resubmits, cancels, mismatches, stop_strings, client_gone;
+    uint64_t prompt_tokens, prefix_hit_tokens; /* of the sequences the gang completed */
+    gang_histogram h_queue, h_prefill, h_tps, h_total, h_ttft, h_itl;
+    uint64_t forwarded, lost, nacks; /* a member's forwarded calls, those lost (503/504) */
+    gang_histogram h_relay;          /* a member: rank 0's token report -> this client */
+};
+
+/* ---- api.c ---- */
+/* {"error":{"message","type","param":null,"code":status}} */
+cJSON *gang__api_error_object(int status, const char *type, const char *msg);
+/* An error in OpenAI's shape, counted by status (api.c). */
+void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Answers with o (consumed) as JSON. */
+void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
+/* Tells rank 0 to stop generating s (when it runs in the current generation and the gang
+ * has not finished it). */
+void gang__api_cancel_in_gang(gang_api *api, api_seq *s);
+
+/* ---- api-parse.c ---- */
+/*
+ * Reads the fields every call shares (max_tokens, sampling and penalties with the model's
+ * generation_config defaults, stop ids and strings, logprobs, stream, ignore_eos) into p.
+ * 0, or -1 with a message for a 400.
+ */
+int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_params *p, char *err,
+                           size_t cap);
+/*
+ * Builds the sequences of a call from "prompt" (completions: a string, an array of ids,
+ * or an array of strings or of id arrays) or "messages" (chat: rendered by the chat
+ * template, then encoded). Checks each against the context and sets its max_tokens.
+ * 0, or -1 with a message (for a 400).
+ */
+int gang__api_parse_prompts(gang_api *api, const cJSON *o, api_call *c, char *err, size_t cap);
+/* Reads an optional integer / number field in [lo, hi]: 0 absent, 1 read, -1 (message). */
+int gang__api_get_int(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
+                      size_t cap);
+/* Reads an array of token ids below vocab into a malloc'd *ids; 0, or -1 (message). */
+int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uint32_t cap,
+                           int32_t **ids, uint32_t *n, char *err, size_t errcap);
+/* Renders chat messages (validated, content parts joined) with the template into a
+ * malloc'd string. 0, or -1 with a message. */
+int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
+                          char **text, char *err, size_t cap);
+
+/* ---- api-text.c ---- */
+/* POST /tokenize: {"prompt"} or {"messages"} -> {"count","max_model_len","tokens"}. */
+void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_request *req);
+/* POST /detokenize: {"tokens"} -> {"prompt"}. */
+void gang__api_detokenize(gang_api *api, gang_http_exchange *x, const gang_http_request *req);
+
+/* ---- api-out.c ---- */
+/* A token the gang reported for s (in order, new): text, stop strings, stream chunks. */
+void gang__api_seq_token(gang_api *api, api_seq *s, int32_t token, const api_lp *lp);
+/* The gang finished s (finish "length" / "stop"): the last text goes out. */
+void gang__api_seq_finish(gang_api *api, api_seq *s, const char *finish);
+/* Every sequence of c is done: the answer (JSON, or the stream's end). */
+void gang__api_call_answer(gang_api *api, api_call *c);
+/* Ends c with an error: a JSON error, or an error event closing its stream. */
+void gang__api_call_fail(gang_api *api, api_call *c, int status, const char *type, const char *msg);
+
+#endif

@@ -1,0 +1,523 @@
+/*
+ * Request bodies of the generation endpoints (see api-internal.h): the fields every call
+ * shares, the prompts of /v1/completions and the messages of /v1/chat/completions. Every
+ * bound is checked here, before anything is queued; a bad field is a 400 whose message
+ * names it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "api-internal.h"
+
+int gang__api_get_int(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
+                      size_t cap)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (f == NULL || cJSON_IsNull(f))
+        return 0;
+    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || f->valuedouble < lo ||
+        f->valuedouble > hi) {
+        snprintf(err, cap, "'%s' must be an integer in [%.0f, %.0f]", name, lo, hi);
+        return -1;
+    }
+    *v = f->valuedouble;
+    return 1;
+}
+
+/* An optional number in [lo, hi]: 0 absent, 1 read, -1 (message). */
+static int get_num(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
+                   size_t cap)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (f == NULL || cJSON_IsNull(f))
+        return 0;
+    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || f->valuedouble < lo ||
+        f->valuedouble > hi) {
+        snprintf(err, cap, "'%s' must be a number in [%g, %g]", name, lo, hi);
+        return -1;
+    }
+    *v = f->valuedouble;
+    return 1;
+}
+
+/* An optional boolean: 0 absent, 1 read into *v, -1 (message). */
+static int get_bool(const cJSON *o, const char *name, int *v, char *err, size_t cap)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (f == NULL || cJSON_IsNull(f))
+        return 0;
+    if (!cJSON_IsBool(f)) {
+        snprintf(err, cap, "'%s' must be true or false", name);
+        return -1;
+    }
+    *v = cJSON_IsTrue(f);
+    return 1;
+}
+
+static int is_id(const cJSON *e, uint32_t vocab)
+{
+    return cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= 0 &&
+           e->valuedouble < (double)vocab;
+}
+
+int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uint32_t cap,
+                           int32_t **ids, uint32_t *n, char *err, size_t errcap)
+{
+    *ids = NULL;
+    *n = 0;
+    int size = cJSON_GetArraySize(a);
+    if (size <= 0) {
+        snprintf(err, errcap, "%s is empty", what);
+        return -1;
+    }
+    if ((uint32_t)size > cap) {
+        snprintf(err, errcap, "%s has %d tokens; the context holds %u", what, size, cap);
+        return -1;
+    }
+    int32_t *v = malloc((size_t)size * sizeof(int32_t));
+    if (v == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    const cJSON *e;
+    uint32_t i = 0;
+    cJSON_ArrayForEach(e, a)
+    {
+        if (!is_id(e, vocab)) {
+            snprintf(err, errcap, "%s[%u] is not a token id in [0, %u)", what, i, vocab);
+            free(v);
+            return -1;
+        }
+        v[i++] = (int32_t)e->valuedouble;
+    }
+    *ids = v;
+    *n = i;
+    return 0;
+}
+
+/* "stop" (a string, or an array of strings and / or ids) and "stop_token_ids". */
+static int parse_stop(gang_api *api, const cJSON *o, api_params *p, char *err, size_t cap)
+{
+    const char *names[] = {"stop", "stop_token_ids"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, names[k]);
+        if (f == NULL || cJSON_IsNull(f))
+            continue;
+        if (!cJSON_IsArray(f) && !(k == 0 && cJSON_IsString(f))) {
+            snprintf(err, cap, "'%s' must be %s", names[k],
+                     k == 0 ? "a string or an array of strings (or token ids)"
+                            : "an array of token ids");
+            return -1;
+        }
+        const cJSON *e = cJSON_IsString(f) ? f : f->child;
+        for (; e != NULL; e = cJSON_IsString(f) ? NULL : e->next) {
+            if (k == 0 && cJSON_IsString(e)) {
+                size_t len = strlen(e->valuestring);
+                if (len == 0 || len > API_MAX_STOP_BYTES || p->n_stop_str >= API_MAX_STOP_STRINGS) {
+                    snprintf(err, cap, "'stop' takes at most %d strings of 1 to %d bytes",
+                             API_MAX_STOP_STRINGS, API_MAX_STOP_BYTES);
+                    return -1;
+                }
+                if (api->tok == NULL) {
+                    snprintf(err, cap, "stop strings need the model's tokenizer: %s", api->tok_why);
+                    return -1;
+                }
+                memcpy(p->stop_str[p->n_stop_str], e->valuestring, len + 1);
+                p->stop_len[p->n_stop_str++] = len;
+            } else if (is_id(e, api->cfg.mc.vocab) && p->sampling.n_stop < GANG_MAX_STOP_TOKENS) {
+                p->sampling.stop[p->sampling.n_stop++] = (int32_t)e->valuedouble;
+            } else {
+                snprintf(err, cap, "'%s' holds something that is not %s (at most %d ids below %u)",
+                         names[k], k == 0 ? "a string or a token id" : "a token id",
+                         GANG_MAX_STOP_TOKENS, api->cfg.mc.vocab);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* logprobs: completions take an integer (alternatives), chat a boolean + top_logprobs. */
+static int parse_logprobs(const cJSON *o, api_kind kind, api_params *p, char *err, size_t cap)
+{
+    double v;
+    int g, b = 0;
+    if (kind == API_COMPLETION) {
+        if ((g = gang__api_get_int(o, "logprobs", 0, GANG_MAX_TOP_LOGPROBS, &v, err, cap)) < 0)
+            return -1;
+        if (g > 0) {
+            p->sampling.logprobs = 1;
+            p->sampling.top_logprobs = (uint32_t)v;
+        }
+        return 0;
+    }
+    if ((g = get_bool(o, "logprobs", &b, err, cap)) < 0)
+        return -1;
+    p->sampling.logprobs = (uint32_t)b;
+    if ((g = gang__api_get_int(o, "top_logprobs", 0, GANG_MAX_TOP_LOGPROBS, &v, err, cap)) < 0)
+        return -1;
+    if (g > 0 && !p->sampling.logprobs) {
+        snprintf(err, cap, "'top_logprobs' needs 'logprobs': true");
+        return -1;
+    }
+    if (g > 0)
+        p->sampling.top_logprobs = (uint32_t)v;
+    return 0;
+}
+
+/* Sampling fields, with the model's generation_config.json for the ones a call omits. */
+static int parse_sampling(gang_api *api, const cJSON *o, gang_sampling *s, char *err, size_t cap)
+{
+    const gang_gen_defaults *d = &api->cfg.mc.gen;
+    double v;
+    int g;
+    s->temperature = d->has_temperature ? d->temperature : 0.0f;
+    s->top_p = d->has_top_p ? d->top_p : 1.0f;
+    s->top_k = d->has_top_k ? d->top_k : 0;
+    s->repetition_penalty = d->has_repetition_penalty ? d->repetition_penalty : 0.0f;
+    if ((g = get_num(o, "temperature", 0, 100, &v, err, cap)) < 0)
+        return -1;
+    if (g > 0)
+        s->temperature = (float)v;
+    if ((g = gang__api_get_int(o, "top_k", -1, api->cfg.mc.vocab, &v, err, cap)) < 0)
+        return -1;
+    if (g > 0)
+        s->top_k = v < 0 ? 0 : (uint32_t)v;
+    if ((g = get_num(o, "top_p", 1e-6, 1, &v, err, cap)) < 0)
+        return -1;
+    if (g > 0)
+        s->top_p = (float)v;
+    if ((g = get_num(o, "presence_penalty", -2, 2, &v, err, cap)) < 0)
+        return -1;
+    s->presence_penalty = g > 0 ? (float)v : 0.0f;
+    if ((g = get_num(o, "frequency_penalty", -2, 2, &v, err, cap)) < 0)
+        return -1;
+    s->frequency_penalty = g > 0 ? (float)v : 0.0f;
+    if ((g = get_num(o, "repetition_penalty", 0.01, 10, &v, err, cap)) < 0)
+        return -1;
+    if (g > 0)
+        s->repetition_penalty = (float)v;
+    if ((g = gang__api_get_int(o, "seed", 0, 9007199254740991.0, &v, err, cap)) < 0)
+        return -1;
+    /* Without a seed, a random one: fixed for the call, so a re-run draws the same tokens. */
+    s->seed = g > 0 ? (uint64_t)v : (randombytes_random() | (uint64_t)randombytes_random() << 21);
+    return 0;
+}
+
+/* Fields OpenAI defines that this server refuses rather than ignores. */
+static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
+{
+    double v;
+    int g;
+    if ((g = gang__api_get_int(o, "n", 1, 1, &v, err, cap)) < 0 ||
+        (g = gang__api_get_int(o, "best_of", 1, 1, &v, err, cap)) < 0) {
+        snprintf(err, cap, "'n' and 'best_of' must be 1 (one choice per prompt)");
+        return -1;
+    }
+    const cJSON *echo = cJSON_GetObjectItemCaseSensitive(o, "echo");
+    const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(o, "suffix");
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
+    if (cJSON_IsTrue(echo) || (suffix != NULL && !cJSON_IsNull(suffix)) ||
+        (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)) {
+        snprintf(err, cap, "'echo', 'suffix' and 'tools' are not supported");
+        return -1;
+    }
+    return 0;
+}
+
+int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_params *p, char *err,
+                           size_t cap)
+{
+    double v;
+    int g, b;
+    memset(p, 0, sizeof(*p));
+    p->skip_special = 1;
+    if (refuse_unsupported(o, err, cap) != 0)
+        return -1;
+    const char *mt = "max_tokens";
+    if (kind == API_CHAT && cJSON_GetObjectItemCaseSensitive(o, "max_completion_tokens") != NULL)
+        mt = "max_completion_tokens";
+    if ((g = gang__api_get_int(o, mt, 1, api->cfg.ctx, &v, err, cap)) < 0)
+        return -1;
+    p->max_tokens = g > 0 ? (uint32_t)v : API_DEFAULT_MAX_TOKENS;
+    if (parse_sampling(api, o, &p->sampling, err, cap) != 0 || parse_stop(api, o, p, err, cap) ||
+        parse_logprobs(o, kind, p, err, cap) != 0)
+        return -1;
+    if ((g = get_bool(o, "stream", &b, err, cap)) < 0)
+        return -1;
+    p->stream = g > 0 && b;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    if (so != NULL && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so) || get_bool(so, "include_usage", &b, err, cap) < 0) {
+            snprintf(err, cap, "'stream_options' must be {\"include_usage\": true|false}");
+            return -1;
+        }
+        p->include_usage = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
+    }
+    if ((g = get_bool(o, "ignore_eos", &b, err, cap)) < 0)
+        return -1;
+    p->sampling.ignore_eos = g > 0 && b;
+    if ((g = get_bool(o, "skip_special_tokens", &b, err, cap)) < 0)
+        return -1;
+    if (g > 0)
+        p->skip_special = b;
+    return 0;
+}
+
+/* Appends one sequence with the prompt ids (taken) to c; checks it against the context. */
+static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *err, size_t cap)
+{
+    uint32_t ctx = api->cfg.ctx;
+    api_seq *s = NULL;
+    if (n == 0 || n >= ctx) {
+        snprintf(err, cap,
+                 n == 0 ? "the prompt is empty"
+                        : "the prompt has %u tokens; the context "
+                          "holds %u (prompt + at least one token)",
+                 n, ctx);
+        goto out_fail;
+    }
+    uint32_t max = c->p.max_tokens != 0 ? c->p.max_tokens : ctx - n;
+    if (max > ctx - n) {
+        snprintf(err, cap, "prompt (%u tokens) + max_tokens (%u) exceed the context of %u", n, max,
+                 ctx);
+        goto out_fail;
+    }
+    api_seq **seqs = realloc(c->seqs, (c->n_seqs + 1) * sizeof(*seqs));
+    s = calloc(1, sizeof(*s));
+    if (seqs == NULL || s == NULL) {
+        if (seqs != NULL)
+            c->seqs = seqs;
+        snprintf(err, cap, "out of memory");
+        goto out_fail;
+    }
+    c->seqs = seqs;
+    s->call = c;
+    s->index = c->n_seqs;
+    s->prompt = ids;
+    s->n_prompt = n;
+    s->max_tokens = max;
+    s->out = malloc((size_t)max * sizeof(int32_t));
+    s->lp = c->p.sampling.logprobs ? malloc((size_t)max * sizeof(api_lp)) : NULL;
+    c->seqs[c->n_seqs++] = s;
+    if (s->out == NULL || (c->p.sampling.logprobs && s->lp == NULL)) {
+        snprintf(err, cap, "out of memory");
+        return -1; /* s belongs to c now */
+    }
+    return 0;
+out_fail:
+    free(ids);
+    free(s);
+    return -1;
+}
+
+/* Encodes text into a malloc'd id array (at most the context); 0, or -1 (message). */
+static int encode_text(gang_api *api, const char *text, size_t len, bool add_special, int32_t **ids,
+                       uint32_t *n, char *err, size_t cap)
+{
+    size_t got = 0;
+    *ids = NULL;
+    if (api->tok == NULL) {
+        snprintf(err, cap, "text prompts need the model's tokenizer: %s", api->tok_why);
+        return -1;
+    }
+    int32_t *v = malloc((size_t)api->cfg.ctx * sizeof(int32_t));
+    if (v == NULL) {
+        snprintf(err, cap, "out of memory");
+        return -1;
+    }
+    int rc = gang_tokenizer_encode(api->tok, text, len, add_special, v, api->cfg.ctx, &got);
+    if (rc != 0) {
+        free(v);
+        if (rc == GANG_ERANGE)
+            snprintf(err, cap, "the prompt has %zu tokens; the context holds %u", got,
+                     api->cfg.ctx);
+        else
+            snprintf(err, cap, "the prompt cannot be tokenized: %s",
+                     rc == GANG_EINVAL ? "it is not valid UTF-8" : gang_strerror(rc));
+        return -1;
+    }
+    *ids = v;
+    *n = (uint32_t)got;
+    return 0;
+}
+
+/* One element of "prompt": a string or an array of ids. */
+static int prompt_one(gang_api *api, const cJSON *e, api_call *c, char *err, size_t cap)
+{
+    int32_t *ids = NULL;
+    uint32_t n = 0;
+    if (cJSON_IsString(e)) {
+        if (encode_text(api, e->valuestring, strlen(e->valuestring), true, &ids, &n, err, cap))
+            return -1;
+    } else if (cJSON_IsArray(e)) {
+        if (gang__api_get_id_array(e, "'prompt'", api->cfg.mc.vocab, api->cfg.ctx, &ids, &n, err,
+                                   cap) != 0)
+            return -1;
+    } else {
+        snprintf(err, cap,
+                 "'prompt' must be a string, an array of token ids, or an array of "
+                 "strings or of token id arrays");
+        return -1;
+    }
+    return add_seq(api, c, ids, n, err, cap);
+}
+
+static int chat_prompt(gang_api *api, const cJSON *o, api_call *c, char *err, size_t cap)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    int add_gen = 1;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    uint32_t n = 0;
+    if (get_bool(o, "add_generation_prompt", &add_gen, err, cap) < 0)
+        return -1;
+    if (gang__api_render_chat(api, msgs, add_gen, &text, err, cap) != 0)
+        return -1;
+    int rc = encode_text(api, text, strlen(text), false, &ids, &n, err, cap);
+    free(text);
+    return rc != 0 ? -1 : add_seq(api, c, ids, n, err, cap);
+}
+
+int gang__api_parse_prompts(gang_api *api, const cJSON *o, api_call *c, char *err, size_t cap)
+{
+    if (c->kind == API_CHAT)
+        return chat_prompt(api, o, c, err, cap);
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (pr == NULL || cJSON_IsNull(pr)) {
+        snprintf(err, cap, "'prompt' (a string or an array of token ids) is required");
+        return -1;
+    }
+    if (!cJSON_IsArray(pr) || cJSON_GetArraySize(pr) == 0 || cJSON_IsNumber(pr->child))
+        return prompt_one(api, pr, c, err, cap);
+    if (cJSON_GetArraySize(pr) > API_MAX_PROMPTS) {
+        snprintf(err, cap, "'prompt' holds more than %d prompts", API_MAX_PROMPTS);
+        return -1;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, pr)
+    {
+        if (prompt_one(api, e, c, err, cap) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The text of a message's content: a string, null, or text parts joined by newlines. */
+static int content_text(const cJSON *content, uint32_t i, char **out, char *err, size_t cap)
+{
+    *out = NULL;
+    if (content == NULL || cJSON_IsNull(content)) {
+        *out = strdup("");
+    } else if (cJSON_IsString(content)) {
+        *out = strdup(content->valuestring);
+    } else if (cJSON_IsArray(content)) {
+        size_t len = 0, at = 0;
+        const cJSON *part;
+        cJSON_ArrayForEach(part, content)
+        {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
+                !cJSON_IsString(text)) {
+                snprintf(err, cap,
+                         "'messages'[%u].content: only {\"type\": \"text\", \"text\": "
+                         "...} parts are supported",
+                         i);
+                return -1;
+            }
+            len += strlen(text->valuestring) + 1;
+        }
+        *out = malloc(len + 1);
+        if (*out != NULL) {
+            cJSON_ArrayForEach(part, content)
+            {
+                const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+                if (at > 0)
+                    (*out)[at++] = '\n';
+                memcpy(*out + at, t, strlen(t));
+                at += strlen(t);
+            }
+            (*out)[at] = '\0';
+        }
+    } else {
+        snprintf(err, cap, "'messages'[%u].content must be a string or an array of text parts", i);
+        return -1;
+    }
+    if (*out == NULL) {
+        snprintf(err, cap, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The messages as the template sees them: {role, content string[, name]} each. */
+static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
+{
+    cJSON *arr = cJSON_CreateArray();
+    const cJSON *m;
+    uint32_t i = 0;
+    cJSON_ArrayForEach(m, msgs)
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+        char *text = NULL;
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || role->valuestring[0] == '\0') {
+            snprintf(err, cap, "'messages'[%u] must be an object with a 'role' string", i);
+            goto out_fail;
+        }
+        if (content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, &text, err, cap))
+            goto out_fail;
+        cJSON *n = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, n);
+        cJSON_AddStringToObject(n, "role", role->valuestring);
+        cJSON_AddStringToObject(n, "content", text);
+        free(text);
+        if (cJSON_IsString(name))
+            cJSON_AddStringToObject(n, "name", name->valuestring);
+        i++;
+    }
+    return arr;
+out_fail:
+    cJSON_Delete(arr);
+    return NULL;
+}
+
+int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
+                          char **text, char *err, size_t cap)
+{
+    char why[512];
+    size_t len = 0;
+    *text = NULL;
+    if (api->tpl == NULL || api->tok == NULL) {
+        snprintf(err, cap, "chat needs the model's chat template and tokenizer: %s",
+                 api->tpl == NULL ? api->tpl_why : api->tok_why);
+        return -1;
+    }
+    if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0 ||
+        cJSON_GetArraySize(messages) > API_MAX_MESSAGES) {
+        snprintf(err, cap, "'messages' must be an array of 1 to %d messages", API_MAX_MESSAGES);
+        return -1;
+    }
+    cJSON *norm = normalize_messages(messages, err, cap);
+    if (norm == NULL)
+        return -1;
+    char *json = cJSON_PrintUnformatted(norm);
+    cJSON_Delete(norm);
+    if (json == NULL) {
+        snprintf(err, cap, "out of memory");
+        return -1;
+    }
+    gang_chat_render_opts ro = {.add_generation_prompt = add_generation_prompt};
+    int rc = gang_chat_render(api->tpl, json, strlen(json), &ro, text, &len, why, sizeof(why));
+    cJSON_free(json);
+    if (rc != 0) {
+        snprintf(err, cap, "the chat template refused the messages: %s", why);
+        return -1;
+    }
+    return 0;
+}

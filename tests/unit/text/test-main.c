@@ -1,0 +1,10 @@
+/* The text module's cmocka binary: the tokenizer's and the chat templates' groups. */
+#include "text-tests.h"
+
+int main(void)
+{
+    int failed = 0;
+    failed += gang_test_tokenizer();
+    failed += gang_test_chat();
+    return failed ? 1 : 0;
+}
