@@ -8,7 +8,9 @@
 2. Serves a tiny model (`serve --local`, one worker, --gpu-health-interval-ms 200) and
    keeps it busy with completions for --seconds, scraping /metrics every 2 s: the GPU
    gauges (DCGM_FI_DEV_GPU_UTIL, _FB_USED, _GPU_TEMP, _POWER_USAGE, _SM_CLOCK) must be
-   there, ganglion_gpu_fatal must stay 0, no GPU fault may be counted, and the gang must
+   there and each must read above zero at least once (an NVML query that is "not
+   supported" leaves its gauge at 0: present but never read is not a working gauge),
+   ganglion_gpu_fatal must stay 0, no GPU fault may be counted, and the gang must
    stay in its first generation (no false fault restarted it).
 Prints one JSON line ("measure":"gpu_health") and exits 0 when all of that held, 1
 otherwise; {"skipped": ...} and 0 with --device cuda on a machine without a GPU.
@@ -72,7 +74,8 @@ def wait_ready(base, proc, deadline_s=60):
 def watch(args, base):
     """Load for args.seconds with metric scrapes; returns the result dict."""
     res = {"measure": "gpu_health", "device": args.device, "seconds": args.seconds,
-           "scrapes": 0, "missing": [], "fatal_seen": 0, "faults_counted": 0,
+           "scrapes": 0, "missing": [], "never_nonzero": list(GAUGES),
+           "fatal_seen": 0, "faults_counted": 0,
            "max_util": 0.0, "max_temp_c": 0.0, "max_power_w": 0.0, "completions": 0}
     g0 = json.loads(get(base + "/status")[1])["generation"]
     end = time.time() + args.seconds
@@ -94,6 +97,8 @@ def watch(args, base):
         text = get(base + "/metrics")[1]
         res["scrapes"] += 1
         res["missing"] = sorted(set(res["missing"]) | {g for g in GAUGES if not samples(text, g)})
+        res["never_nonzero"] = [g for g in res["never_nonzero"]
+                                if not any(v > 0 for v in samples(text, g))]
         res["fatal_seen"] = max([res["fatal_seen"]] + samples(text, "ganglion_gpu_fatal"))
         res["faults_counted"] = sum(samples(text, "ganglion_gpu_faults_total"))
         res["max_util"] = max([res["max_util"]] + samples(text, "DCGM_FI_DEV_GPU_UTIL"))
@@ -105,7 +110,8 @@ def watch(args, base):
         st = {"generation": -1, "last_failure": "no /status: %s" % e}
     res["generation_start"], res["generation_end"] = g0, st["generation"]
     res["last_failure"] = st["last_failure"]
-    res["ok"] = (res["scrapes"] > 0 and not res["missing"] and res["fatal_seen"] == 0 and
+    res["ok"] = (res["scrapes"] > 0 and not res["missing"] and not res["never_nonzero"] and
+                 res["fatal_seen"] == 0 and
                  res["faults_counted"] == 0 and g0 == st["generation"] and
                  not res.get("completion_errors") and
                  st["last_failure"] is None)

@@ -96,10 +96,13 @@ block_attend(const float *qrow, const T *kc, const T *vc, const int32_t *table, 
 #pragma unroll
         for (int u = 0; u < ATT_UNROLL; u++) {
             size_t jj = j + (size_t)u * ATT_WARPS;
-            const T *krow = kc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
             float dot = 0.0f;
 
+            /* The row only for a key that exists: past j1 a paged table has no entry
+             * (reading table[jj / block_size] there would run past the sequence's row). */
             if (jj < j1) {
+                const T *krow =
+                    kc + attn_row(table, block_size, jj) * kv_stride + (size_t)g * head_dim;
 #pragma unroll
                 for (int r = 0; r < ATT_PER_LANE; r++) {
                     unsigned d = lane + 32u * r;

@@ -40,7 +40,11 @@ struct gang__cuda_plan {
     unsigned align; /* common alignment of a, b, c in bytes (<= 256) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    /* The heuristic's candidates, best first; cur is the one in use. A candidate that
+     * cublasLtMatmul refuses at launch (not supported, invalid for these pointers) is
+     * dropped for the next, and the plan keeps the one that ran. */
+    cublasLtMatmulAlgo_t algos[GANG_CUDA_ALGOS];
+    int n_algos, cur;
 };
 
 static int lt_err(cublasStatus_t s, const char *what)
@@ -138,11 +142,12 @@ static unsigned ptr_align(const void *a, const void *b, const void *cm)
     return (unsigned)(x & (~x + 1));
 }
 
-/* Builds the descriptors of a plan and asks the heuristic for its best algorithm. */
+/* Builds the descriptors of a plan and asks the heuristic for its GANG_CUDA_ALGOS best
+ * algorithms (those it reports usable), best first. */
 static int plan_build(gang__cuda_ctx *c, gang__cuda_plan *p)
 {
     cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[GANG_CUDA_ALGOS];
     cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
     cudaDataType_t t = cuda_type(p->dt);
     uint64_t rows_a = p->trans_b ? p->k : p->n, cols_a = p->trans_b ? p->n : p->k;
@@ -183,18 +188,22 @@ static int plan_build(gang__cuda_ctx *c, gang__cuda_plan *p)
     gang__blas.cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof(al));
     rc = lt_err(gang__blas.cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)c->lt, p->op, p->la,
-                                                          p->lb, p->lc, p->lc, pref, 1, &res,
-                                                          &found),
+                                                          p->lb, p->lc, p->lc, pref,
+                                                          GANG_CUDA_ALGOS, res, &found),
                 "cublasLtMatmulAlgoGetHeuristic");
     if (rc < 0)
         goto out;
-    if (found == 0) {
+    p->n_algos = 0;
+    p->cur = 0;
+    for (int i = 0; i < found && i < GANG_CUDA_ALGOS; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS)
+            p->algos[p->n_algos++] = res[i].algo;
+    if (p->n_algos == 0) {
         gang_error("kernels/cuda: cuBLASLt has no algorithm for %s gemm m=%zu n=%zu k=%zu",
                    p->dt == GANG_DTYPE_F32 ? "f32" : "half", p->m, p->n, p->k);
         rc = GANG_ENOSYS;
         goto out;
     }
-    p->algo = res.algo;
     p->valid = 1;
 out:
     if (pref != NULL)
@@ -242,6 +251,12 @@ static int plan_get(gang__cuda_ctx *c, gang_dtype dt, int trans_b, int out_f32, 
     return 0;
 }
 
+/*
+ * Runs one product through its plan. When cublasLtMatmul refuses the plan's algorithm at
+ * launch (CUBLAS_STATUS_NOT_SUPPORTED or _INVALID_VALUE: nothing was enqueued), the next
+ * candidate of the heuristic is tried, and the plan keeps the first that launches; any
+ * other status is the caller's error. GANG_ENOSYS when every candidate was refused.
+ */
 static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, int out_f32, size_t m, size_t n,
                     size_t kdim, float alpha, const void *a, const void *b, float beta, void *cmat)
 {
@@ -250,10 +265,20 @@ static int gemm_run(gang__cuda_ctx *c, gang_dtype dt, int trans_b, int out_f32, 
 
     if (rc < 0)
         return rc;
-    return lt_err(gang__blas.cublasLtMatmul((cublasLtHandle_t)c->lt, p->op, &alpha, b, p->la, a,
-                                            p->lb, &beta, cmat, p->lc, cmat, p->lc, &p->algo,
-                                            c->workspace, c->workspace_bytes, c->stream),
-                  "cublasLtMatmul");
+    for (; p->cur < p->n_algos; p->cur++) {
+        cublasStatus_t st = gang__blas.cublasLtMatmul(
+            (cublasLtHandle_t)c->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, cmat, p->lc, cmat,
+            p->lc, &p->algos[p->cur], c->workspace, c->workspace_bytes, c->stream);
+
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            return lt_err(st, "cublasLtMatmul");
+        gang_warn("kernels/cuda: cuBLASLt refused algorithm %d of %d for gemm m=%zu n=%zu "
+                  "k=%zu (%s); trying the next",
+                  p->cur + 1, p->n_algos, m, n, kdim, gang__blas.cublasLtGetStatusString(st));
+    }
+    gang_error("kernels/cuda: cuBLASLt refused all %d algorithms for gemm m=%zu n=%zu k=%zu",
+               p->n_algos, m, n, kdim);
+    return GANG_ENOSYS;
 }
 
 int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,

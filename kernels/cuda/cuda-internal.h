@@ -52,6 +52,7 @@ size_t gang__cuda_pool_largest_free(const gang__cuda_pool *p);
  * Per-handle state.
  * --------------------------------------------------------------------------------- */
 #define GANG_CUDA_PLANS 64               /* cached GEMM shapes per handle */
+#define GANG_CUDA_ALGOS 4                /* cuBLASLt candidates a plan keeps, best first */
 #define GANG_CUDA_WORKSPACE (32u << 20)  /* cuBLASLt workspace (Hopper: 32 MiB) */
 #define GANG_CUDA_ATT_SCRATCH (4u << 20) /* split-key attention partial states */
 
