@@ -8,30 +8,9 @@
 
 struct gang_nvml {
     void *lib;
-    nvml_init_fn init;
-    nvml_init_fn shutdown;
-    nvml_error_string_fn error_string;
-    nvml_count_fn count;
-    nvml_by_index_fn by_index;
-    nvml_text_fn name;
-    nvml_text_fn uuid;
-    nvml_pci_fn pci;
-    nvml_util_fn util;
-    nvml_memory_fn memory;
-    nvml_temp_fn temp;
-    nvml_uint_fn power;
-    nvml_clock_fn clock;
-    nvml_u64_fn throttle;
-    nvml_ecc_fn ecc;
-    nvml_enable_fn retired_pending;
-    nvml_remap_fn remapped;
-    nvml_cpu_affinity_fn cpu_affinity;
-    nvml_mem_affinity_fn mem_affinity;
-    nvml_p2p_fn p2p;
-    nvml_set_create_fn set_create;
-    nvml_set_free_fn set_free;
-    nvml_register_fn reg;
-    nvml_wait_fn wait;
+#define GANG_NVML_FIELD(field, type, symbol) type field;
+    GANG_NVML_ENTRIES(GANG_NVML_FIELD)
+#undef GANG_NVML_FIELD
 };
 
 /* The text of an NVML return code (nvmlErrorString when present). */

@@ -90,4 +90,36 @@ typedef nvml_ret (*nvml_register_fn)(nvml_device dev, unsigned long long types, 
 typedef nvml_ret (*nvml_wait_fn)(nvml_event_set set, nvml_event_data *data,
                                  unsigned int timeout_ms);
 
+/*
+ * Every NVML entry point gpu/ calls, once: X(field of struct gang_nvml, pointer type,
+ * symbol). It makes the struct's fields (gpu-internal.h), the dlsym loop (nvml.c; the
+ * throttle reasons are looked up under their newer name first) and the fake NVML's check of
+ * its own signatures against these types (tests/fake-nvml/fake-nvml.c).
+ */
+#define GANG_NVML_ENTRIES(X)                                                                       \
+    X(init, nvml_init_fn, nvmlInit_v2)                                                             \
+    X(shutdown, nvml_init_fn, nvmlShutdown)                                                        \
+    X(error_string, nvml_error_string_fn, nvmlErrorString)                                         \
+    X(count, nvml_count_fn, nvmlDeviceGetCount_v2)                                                 \
+    X(by_index, nvml_by_index_fn, nvmlDeviceGetHandleByIndex_v2)                                   \
+    X(name, nvml_text_fn, nvmlDeviceGetName)                                                       \
+    X(uuid, nvml_text_fn, nvmlDeviceGetUUID)                                                       \
+    X(pci, nvml_pci_fn, nvmlDeviceGetPciInfo_v3)                                                   \
+    X(util, nvml_util_fn, nvmlDeviceGetUtilizationRates)                                           \
+    X(memory, nvml_memory_fn, nvmlDeviceGetMemoryInfo)                                             \
+    X(temp, nvml_temp_fn, nvmlDeviceGetTemperature)                                                \
+    X(power, nvml_uint_fn, nvmlDeviceGetPowerUsage)                                                \
+    X(clock, nvml_clock_fn, nvmlDeviceGetClockInfo)                                                \
+    X(throttle, nvml_u64_fn, nvmlDeviceGetCurrentClocksThrottleReasons)                            \
+    X(ecc, nvml_ecc_fn, nvmlDeviceGetTotalEccErrors)                                               \
+    X(retired_pending, nvml_enable_fn, nvmlDeviceGetRetiredPagesPendingStatus)                     \
+    X(remapped, nvml_remap_fn, nvmlDeviceGetRemappedRows)                                          \
+    X(cpu_affinity, nvml_cpu_affinity_fn, nvmlDeviceGetCpuAffinity)                                \
+    X(mem_affinity, nvml_mem_affinity_fn, nvmlDeviceGetMemoryAffinity)                             \
+    X(p2p, nvml_p2p_fn, nvmlDeviceGetP2PStatus)                                                    \
+    X(set_create, nvml_set_create_fn, nvmlEventSetCreate)                                          \
+    X(set_free, nvml_set_free_fn, nvmlEventSetFree)                                                \
+    X(reg, nvml_register_fn, nvmlDeviceRegisterEvents)                                             \
+    X(wait, nvml_wait_fn, nvmlEventSetWait_v2)
+
 #endif /* GANGLION_GPU_NVML_API_H */

@@ -24,32 +24,13 @@ static void nvml_sym(gang_nvml *n, void *slot, const char *name)
 
 static void nvml_resolve(gang_nvml *n)
 {
-    nvml_sym(n, &n->init, "nvmlInit_v2");
-    nvml_sym(n, &n->shutdown, "nvmlShutdown");
-    nvml_sym(n, &n->error_string, "nvmlErrorString");
-    nvml_sym(n, &n->count, "nvmlDeviceGetCount_v2");
-    nvml_sym(n, &n->by_index, "nvmlDeviceGetHandleByIndex_v2");
-    nvml_sym(n, &n->name, "nvmlDeviceGetName");
-    nvml_sym(n, &n->uuid, "nvmlDeviceGetUUID");
-    nvml_sym(n, &n->pci, "nvmlDeviceGetPciInfo_v3");
-    nvml_sym(n, &n->util, "nvmlDeviceGetUtilizationRates");
-    nvml_sym(n, &n->memory, "nvmlDeviceGetMemoryInfo");
-    nvml_sym(n, &n->temp, "nvmlDeviceGetTemperature");
-    nvml_sym(n, &n->power, "nvmlDeviceGetPowerUsage");
-    nvml_sym(n, &n->clock, "nvmlDeviceGetClockInfo");
-    nvml_sym(n, &n->throttle, "nvmlDeviceGetCurrentClocksEventReasons");
-    if (n->throttle == NULL)
-        nvml_sym(n, &n->throttle, "nvmlDeviceGetCurrentClocksThrottleReasons");
-    nvml_sym(n, &n->ecc, "nvmlDeviceGetTotalEccErrors");
-    nvml_sym(n, &n->retired_pending, "nvmlDeviceGetRetiredPagesPendingStatus");
-    nvml_sym(n, &n->remapped, "nvmlDeviceGetRemappedRows");
-    nvml_sym(n, &n->cpu_affinity, "nvmlDeviceGetCpuAffinity");
-    nvml_sym(n, &n->mem_affinity, "nvmlDeviceGetMemoryAffinity");
-    nvml_sym(n, &n->p2p, "nvmlDeviceGetP2PStatus");
-    nvml_sym(n, &n->set_create, "nvmlEventSetCreate");
-    nvml_sym(n, &n->set_free, "nvmlEventSetFree");
-    nvml_sym(n, &n->reg, "nvmlDeviceRegisterEvents");
-    nvml_sym(n, &n->wait, "nvmlEventSetWait_v2");
+#define GANG_NVML_SYM(field, type, symbol) nvml_sym(n, &n->field, #symbol);
+    GANG_NVML_ENTRIES(GANG_NVML_SYM)
+#undef GANG_NVML_SYM
+    /* The throttle reasons under their newer name, preferred when the library has it. */
+    void *events = dlsym(n->lib, "nvmlDeviceGetCurrentClocksEventReasons");
+    if (events != NULL)
+        memcpy(&n->throttle, &events, sizeof(events));
 }
 
 int gang_nvml_open(const char *path, gang_nvml **out, char *err, size_t errlen)

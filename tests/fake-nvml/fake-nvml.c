@@ -523,52 +523,8 @@ nvml_ret nvmlEventSetWait_v2(nvml_event_set set, nvml_event_data *data, unsigned
 
 /* Each entry point against its pointer type in gpu/nvml-api.h: a signature that drifts from
  * what gpu/nvml.c calls through fails to compile here. */
+#define FAKE_FIELD(field, type, symbol) type field;
+#define FAKE_ENTRY(field, type, symbol) .field = symbol,
 static const struct {
-    nvml_init_fn init, shutdown;
-    nvml_error_string_fn error_string;
-    nvml_count_fn count;
-    nvml_by_index_fn by_index;
-    nvml_text_fn name, uuid;
-    nvml_pci_fn pci;
-    nvml_util_fn util;
-    nvml_memory_fn memory;
-    nvml_temp_fn temp;
-    nvml_uint_fn power;
-    nvml_clock_fn clock;
-    nvml_u64_fn throttle;
-    nvml_ecc_fn ecc;
-    nvml_enable_fn retired_pending;
-    nvml_remap_fn remapped;
-    nvml_cpu_affinity_fn cpu_affinity;
-    nvml_mem_affinity_fn mem_affinity;
-    nvml_p2p_fn p2p;
-    nvml_set_create_fn set_create;
-    nvml_set_free_fn set_free;
-    nvml_register_fn reg;
-    nvml_wait_fn wait;
-} fake_entry_types __attribute__((used)) = {
-    nvmlInit_v2,
-    nvmlShutdown,
-    nvmlErrorString,
-    nvmlDeviceGetCount_v2,
-    nvmlDeviceGetHandleByIndex_v2,
-    nvmlDeviceGetName,
-    nvmlDeviceGetUUID,
-    nvmlDeviceGetPciInfo_v3,
-    nvmlDeviceGetUtilizationRates,
-    nvmlDeviceGetMemoryInfo,
-    nvmlDeviceGetTemperature,
-    nvmlDeviceGetPowerUsage,
-    nvmlDeviceGetClockInfo,
-    nvmlDeviceGetCurrentClocksThrottleReasons,
-    nvmlDeviceGetTotalEccErrors,
-    nvmlDeviceGetRetiredPagesPendingStatus,
-    nvmlDeviceGetRemappedRows,
-    nvmlDeviceGetCpuAffinity,
-    nvmlDeviceGetMemoryAffinity,
-    nvmlDeviceGetP2PStatus,
-    nvmlEventSetCreate,
-    nvmlEventSetFree,
-    nvmlDeviceRegisterEvents,
-    nvmlEventSetWait_v2,
-};
+    GANG_NVML_ENTRIES(FAKE_FIELD)
+} fake_entry_types __attribute__((used)) = {GANG_NVML_ENTRIES(FAKE_ENTRY)};
