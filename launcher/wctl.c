@@ -20,6 +20,13 @@ static void wctl_blob(gang_codec *c, gang_wctl *m)
     gang_codec_blob(c, &m->blob_len, 4, m->blob, GANG_BLOB_MAX);
 }
 
+/* Every packet's header, control or request: its type in one byte, then the generation. */
+static void wctl_header(gang_codec *c, uint32_t *type, uint64_t *gen)
+{
+    gang_codec_uint(c, type, 1, 0xFF);
+    gang_codec_u64(c, gen);
+}
+
 /* The fields of control message m after its type and generation. */
 static void wctl_fields(gang_codec *c, gang_wctl *m)
 {
@@ -60,8 +67,7 @@ int gang_wctl_encode(const gang_wctl *m, uint8_t *buf, size_t cap, size_t *len)
     if (!wctl_control_type(type))
         return GANG_EINVAL;
     gang_codec_encoder(&c, buf, cap);
-    gang_codec_uint(&c, &type, 1, 0xFF);
-    gang_codec_u64(&c, &gen);
+    wctl_header(&c, &type, &gen);
     /* One walk serves both directions and writes through its pointer when decoding:
      * encoding walks a copy. */
     gang_wctl copy = *m;
@@ -78,8 +84,7 @@ int gang_wctl_encode_req(const gang_req_msg *r, uint8_t *buf, size_t cap, size_t
     if (!gang_req_kind_valid(type))
         return GANG_EINVAL;
     gang_codec_encoder(&c, buf, cap);
-    gang_codec_uint(&c, &type, 1, 0xFF);
-    gang_codec_u64(&c, &gen);
+    wctl_header(&c, &type, &gen);
     gang_req_msg copy = *r; /* the walk writes when decoding: encode a copy */
     gang_req_codec(&c, type, &copy);
     return gang_codec_finish(&c, len);
@@ -94,8 +99,7 @@ int gang_wctl_decode(const uint8_t *buf, size_t len, gang_wctl *m, gang_req_msg 
 
     memset(m, 0, sizeof(*m));
     gang_codec_decoder(&c, buf, len);
-    gang_codec_uint(&c, &type, 1, 0xFF);
-    gang_codec_u64(&c, &gen);
+    wctl_header(&c, &type, &gen);
     if (!gang_codec_ok(&c))
         return GANG_EPROTO;
     req = gang_req_kind_valid(type);
