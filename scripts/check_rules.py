@@ -114,32 +114,23 @@ def resolve(rel, inc, present):
 
 
 NAME = re.compile(r"\bgang_\w*")
-COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-STRING = re.compile(r'"(?:\\.|[^"\\\n])*"')
+STRING_OR_COMMENT = re.compile(r'"(?:\\.|[^"\\\n])*"|/\*.*?\*/|//[^\n]*', re.S)
 CODE_TEXT_EXT = (".py", ".sh", ".cmake", ".txt", ".def", ".in", ".yaml", ".yml", ".json",
                  ".toml", ".cfg")
 
 
 def comments_and_code(text):
-    """(the comments of C text, the rest with strings kept)."""
-    comments, code, pos = [], [], 0
-    # Strings first, so that a "/*" inside one is not taken for a comment.
-    i = 0
-    n = len(text)
-    while i < n:
-        m_c = COMMENT.search(text, i)
-        m_s = STRING.search(text, i)
-        if m_c is None:
-            break
-        if m_s is not None and m_s.start() < m_c.start():
-            code.append(text[i:m_s.end()])
-            i = m_s.end()
+    """(the comments of C text with their first lines, the rest with strings kept). One scan
+    takes whichever comes first, a string or a comment, so that a "/*" inside a string is
+    not taken for a comment."""
+    comments, code, i = [], [], 0
+    for m in STRING_OR_COMMENT.finditer(text):
+        if m.group(0).startswith('"'):
             continue
-        code.append(text[i:m_c.start()])
-        comments.append((text.count("\n", 0, m_c.start()) + 1, m_c.group(0)))
-        i = m_c.end()
+        code.append(text[i:m.start()])
+        comments.append((text.count("\n", 0, m.start()) + 1, m.group(0)))
+        i = m.end()
     code.append(text[i:])
-    del pos
     return comments, "".join(code)
 
 
