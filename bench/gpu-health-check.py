@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,26 @@ def get(url, timeout=2.0):
 
 def samples(text, name):
     return [float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % re.escape(name), text, re.M)]
+
+
+def port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port_pair():
+    """Two consecutive free ports (http, rendezvous) in [20000, 32000): below the kernel's
+    ephemeral range (32768 up), so no client connection of this or another test holds them."""
+    for _ in range(200):
+        port = 20000 + 2 * random.randrange(6000)
+        if port_free(port) and port_free(port + 1):
+            return port
+    sys.exit("no free port pair in [20000, 32000)")
 
 
 def serve(args, port):
@@ -142,7 +163,7 @@ def main():
         print(json.dumps({"measure": "gpu_health", "ok": False,
                           "error": "NVML not readable", "info": info.stdout[-400:]}))
         return 1
-    port = 20000 + random.randrange(20000)
+    port = free_port_pair()
     proc = serve(args, port)
     try:
         base = "http://127.0.0.1:%d" % port

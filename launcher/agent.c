@@ -678,7 +678,8 @@ static int agent_start(agent *a)
                            .idle_timeout_ms = 10000};
     int rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);
     if (rc != 0) {
-        gang_error("agent: HTTP on %s:%d: %s", c->bind_address, c->http_port, gang_strerror(rc));
+        gang_error("agent: HTTP on %s:%d: %s", c->bind_address, c->http_port,
+                   rc == GANG_EEXIST ? "address already in use" : gang_strerror(rc));
         return GANG_EXIT_TEMPFAIL;
     }
     if (c->id.is_coordinator && agent_start_coord(a) != 0)
