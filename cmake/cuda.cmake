@@ -9,15 +9,15 @@
 #  - gang_kernels: kernels/cuda/*.c (host side: device pool, cuBLASLt GEMM, device query;
 #    plain C compiled by the C compiler against the CUDA runtime headers) and
 #    kernels/cuda/*.cu (the CUDA kernels, nvcc, sm_90 only); GANG_HAVE_CUDA_KERNELS=1.
-#  - gang_parallel: parallel/comm-nccl.c when libnccl and nccl.h are found;
-#    GANG_HAVE_NCCL=1.
+#  - gang_parallel: parallel/comm-nccl.c whenever nccl.h is found (the toolkit, the system,
+#    or the nvidia-nccl-cu13 wheel); GANG_HAVE_NCCL=1.
 #  - the CUDA runtime is linked statically (CUDA::cudart_static): it loads libcuda.so.1
 #    itself at run time, so the binary starts, and `ganglion info` answers, on nodes
 #    without a driver. cuBLAS/cuBLASLt and NCCL are NOT linked: kernels/cuda/cuda-blas.c
 #    and parallel/comm-nccl.c dlopen them when a "cuda" handle or an nccl communicator is
 #    first created, so every CUDA-free process (the agent, CPU workers, `ganglion info`)
-#    starts fast and also on nodes that lack these libraries. Their build-time
-#    directories are compiled in as the fallback search path.
+#    starts fast and also on nodes that lack these libraries. Where they are looked for is
+#    common/dynlib.c's order (flag, Python environment, loader, build-time directory).
 #  - tests: test-cuda (unit-cuda), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
 #    (unit-comm-nccl); they skip visibly when no GPU is present.
 
@@ -80,19 +80,41 @@ target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
 set(GANG_HAVE_CUDA_KERNELS 1)
 
 # --- NCCL ----------------------------------------------------------------------------
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+# Only the header is needed to build: libnccl is dlopen'ed at run time (common/dynlib.c's
+# search). The header comes from GANGLION_NCCL_INCLUDE_DIR, else the toolkit or the system
+# package (nccl.h beside cuda.h or in /usr/include), else the pip wheel nvidia-nccl-cu13 in
+# a Python environment (site-packages/nvidia/nccl/include; scripts/install-deps.sh puts it
+# into the reference venv). The library's directory, when one is found here, is compiled
+# in as the last place the run-time search looks.
+set(GANGLION_NCCL_INCLUDE_DIR "" CACHE PATH "directory holding nccl.h (empty = search)")
+set(gang_nccl_hints ${GANGLION_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+foreach(py IN ITEMS /opt/ganglion-ref-venv/bin/python3 python3)
+  execute_process(COMMAND ${py} -c
+    "import importlib.util as u; s = u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0])"
+    OUTPUT_VARIABLE gang_nccl_pydir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
+    RESULT_VARIABLE gang_nccl_pyrc TIMEOUT 20)
+  if(gang_nccl_pyrc EQUAL 0 AND gang_nccl_pydir)
+    list(APPEND gang_nccl_hints ${gang_nccl_pydir}/include)
+  endif()
+endforeach()
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${gang_nccl_hints})
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+if(NCCL_INCLUDE_DIR)
   set(GANG_HAVE_NCCL 1)
   target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
   target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
-  get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
+  set(gang_nccl_libdir "")
+  if(NCCL_LIBRARY)
+    get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
+  endif()
   target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
     GANG_NCCL_LIBDIR="${gang_nccl_libdir}")
   target_link_libraries(gang_parallel PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
-  message(STATUS "ganglion: NCCL backend built (${NCCL_LIBRARY})")
+  message(STATUS "ganglion: NCCL backend built (header ${NCCL_INCLUDE_DIR}; library found "
+                 "at run time, build-time copy: ${NCCL_LIBRARY})")
 else()
-  message(STATUS "ganglion: NCCL not found, the nccl backend stays a GANG_ENOSYS stub")
+  message(STATUS "ganglion: nccl.h not found (toolkit, system, Python's nvidia.nccl): the nccl "
+                 "backend stays a GANG_ENOSYS stub; set GANGLION_NCCL_INCLUDE_DIR")
 endif()
 
 # --- tests -----------------------------------------------------------------------------

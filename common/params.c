@@ -250,6 +250,8 @@ int gang_params_load(gang_params *p, char *const *envp, int argc, char **argv, c
     int rc = gang_params_from_env(p, envp, err, errlen);
     if (rc == 0)
         rc = gang_params_parse_args(p, argc, argv, rest, nrest, err, errlen);
+    if (rc == 0)
+        gang_dynlib_configure(p);
     return rc;
 }
 

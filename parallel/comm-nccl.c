@@ -102,7 +102,7 @@ typedef struct nccl_impl {
 #define NCCL_STR_(x) #x
 #define NCCL_STR(x) NCCL_STR_(x)
 #ifndef GANG_NCCL_LIBDIR
-#define GANG_NCCL_LIBDIR "/usr/local/cuda/lib64"
+#define GANG_NCCL_LIBDIR ""
 #endif
 
 static struct {
@@ -153,30 +153,33 @@ static const struct {
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
 static int nccl_load_rc;
 
-/* Loads libnccl and every entry point once; the library is never unloaded. */
+/* Loads libnccl (common/dynlib.c's search: --nccl-library, the Python environment's
+ * nvidia.nccl package, the loader's path, the build's directory) and every entry point
+ * once; the library is never unloaded. */
 static void nccl_load_once(void)
 {
+    static const char *const py_packages[] = {"nvidia.nccl", NULL};
     const char *soname = "libnccl.so." NCCL_STR(NCCL_MAJOR);
-    char path[512];
-    void *lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    const gang_dynlib spec = {.what = "comm/nccl",
+                              .soname = soname,
+                              .flag = "nccl-library",
+                              .py_packages = py_packages,
+                              .build_dir = GANG_NCCL_LIBDIR,
+                              .probe_symbol = "ncclGetVersion"};
+    char loaded[1024];
+    void *lib = NULL;
 
     nccl_load_rc = GANG_EIO;
     /* Connections at init, under the deadline, not inside a blocking operation (see the
      * file comment); NCCL reads the variable once, at its first communicator. An operator's
      * own choice is kept (overwrite = 0). */
     setenv("NCCL_RUNTIME_CONNECT", "0", 0);
-    if (lib == NULL) {
-        snprintf(path, sizeof(path), "%s/%s", GANG_NCCL_LIBDIR, soname);
-        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (lib == NULL) {
-            gang_error("comm/nccl: cannot load %s (also tried %s): %s", soname, path, dlerror());
-            return;
-        }
-    }
+    if (gang_dynlib_open(&spec, &lib, loaded, sizeof(loaded)) != 0)
+        return;
     for (size_t i = 0; i < sizeof(nccl_entries) / sizeof(nccl_entries[0]); i++) {
         *nccl_entries[i].slot = dlsym(lib, nccl_entries[i].name);
         if (*nccl_entries[i].slot == NULL) {
-            gang_error("comm/nccl: %s has no %s: %s", soname, nccl_entries[i].name, dlerror());
+            gang_error("comm/nccl: %s has no %s: %s", loaded, nccl_entries[i].name, dlerror());
             return;
         }
     }

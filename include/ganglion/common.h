@@ -255,7 +255,8 @@ int gang_params_parse_args(gang_params *p, int argc, char **argv, char **rest, i
                            char *err, size_t errlen);
 /*
  * The effective parameters of a process: defaults, then the GANGLION_* variables of envp,
- * then argv (as gang_params_parse_args, rest likewise). 0 or GANG_EUSAGE with err.
+ * then argv (as gang_params_parse_args, rest likewise). 0 or GANG_EUSAGE with err. On success
+ * the library choices are recorded for gang_dynlib_open (gang_dynlib_configure).
  */
 int gang_params_load(gang_params *p, char *const *envp, int argc, char **argv, char **rest,
                      int *nrest, char *err, size_t errlen);
@@ -290,6 +291,34 @@ int gang_params_forward_args(const gang_params *p, const char *const *omit, gang
 int gang_args_copy(const gang_args *src, gang_args *dst);
 /* Frees what a gang_args holds and empties it; NULL-safe. */
 void gang_args_free(gang_args *a);
+
+/* ---------------------------------------------------------------------------------
+ * Libraries opened at run time (common/dynlib.c): NCCL, cuBLAS/cuBLASLt.
+ * --------------------------------------------------------------------------------- */
+typedef struct gang_dynlib {
+    const char *what;               /* "NCCL": prefixes the log lines */
+    const char *soname;             /* "libnccl.so.2" */
+    const char *flag;               /* the explicit choice: "nccl-library" (a file or a dir) */
+    const char *const *py_packages; /* NULL-terminated Python packages holding lib/SONAME */
+    const char *build_dir;          /* where the build found it; may be "" */
+    const char *probe_symbol;       /* a symbol of the library, for dladdr */
+} gang_dynlib;
+
+/*
+ * Records the explicit library choices of p (--nccl-library, --cuda-library-dir) and the
+ * probe's deadline; gang_params_load calls it. Without it (test binaries, benches with
+ * their own options) the environment twins are read. Call before threads start.
+ */
+void gang_dynlib_configure(const gang_params *p);
+/*
+ * Opens lib with dlopen (RTLD_NOW | RTLD_LOCAL), searching in order: the explicit choice
+ * (only it, when given), the Python environment's packages (python3 on PATH asked once
+ * per process, under --lib-probe-timeout-ms), the loader's own search, lib->build_dir.
+ * On success *handle is the library (never closed) and loaded the file mapped (dladdr),
+ * which is logged. GANG_ENOENT with one error line naming every place tried; GANG_EINVAL
+ * for an explicit value too long. Thread-safe.
+ */
+int gang_dynlib_open(const gang_dynlib *lib, void **handle, char *loaded, size_t cap);
 
 /* ---------------------------------------------------------------------------------
  * Element types (common/dtype.c): the one enum of the kernels, the communicators and the

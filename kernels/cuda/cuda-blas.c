@@ -1,15 +1,18 @@
 /*
  * Run-time loading of cuBLAS / cuBLASLt (see cuda-blas.h for why).
  *
- * Search order for each library: its soname through the normal dlopen search
- * (LD_LIBRARY_PATH, ld.so.cache, the system directories), then the toolkit's library
- * directory recorded at build time (GANG_CUDA_LIBDIR), which covers a build tree run on
- * a machine whose loader does not know /usr/local/cuda. The sonames come from the headers
+ * Where they are searched is common/dynlib.c's order: --cuda-library-dir (or
+ * GANGLION_CUDA_LIBRARY_DIR), the Python environment's nvidia.cu13 package (the pip wheel
+ * nvidia-cublas, which is how a PyTorch image carries them), the loader's own search, then
+ * the toolkit's library directory recorded at build time (GANG_CUDA_LIBDIR). cuBLASLt is
+ * loaded first; cuBLAS is looked for in the directory cuBLASLt came from before the
+ * search, so the two always come from the same release. The sonames come from the headers
  * the code was compiled against, so the loaded library matches the declarations.
  */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda-blas.h"
 #include "cuda-internal.h"
@@ -27,18 +30,31 @@ gang__blas_api gang__blas;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static int blas_rc;
 
-static void *blas_open(const char *soname)
-{
-    char path[512];
-    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+static const char *const blas_py_packages[] = {"nvidia.cu13", "nvidia.cublas", NULL};
 
-    if (h != NULL)
+/*
+ * Opens soname through gang_dynlib_open; dir, when not "", is tried first (the directory
+ * the other library of the pair came from). *from receives the file loaded.
+ */
+static void *blas_open(const char *what, const char *soname, const char *probe, const char *dir,
+                       char *from, size_t cap)
+{
+    char path[1024];
+    void *h;
+    gang_dynlib lib = {.what = what,
+                       .soname = soname,
+                       .flag = "cuda-library-dir",
+                       .py_packages = blas_py_packages,
+                       .build_dir = GANG_CUDA_LIBDIR,
+                       .probe_symbol = probe};
+
+    if (dir[0] != '\0' && snprintf(path, sizeof(path), "%s/%s", dir, soname) < (int)sizeof(path) &&
+        (h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+        gang_strlcpy(from, path, cap);
+        gang_info("%s: loaded %s (beside the cuBLASLt loaded)", what, path);
         return h;
-    snprintf(path, sizeof(path), "%s/%s", GANG_CUDA_LIBDIR, soname);
-    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-        gang_error("kernels/cuda: cannot load %s (also tried %s): %s", soname, path, dlerror());
-    return h;
+    }
+    return gang_dynlib_open(&lib, &h, from, cap) == 0 ? h : NULL;
 }
 
 /* Resolves one symbol into *slot; the name is the (macro-expanded) function name. */
@@ -88,8 +104,18 @@ static const struct blas_entry {
  */
 static void blas_load_once(void)
 {
-    void *lt = blas_open(BLAS_SONAME_LT), *bl = lt != NULL ? blas_open(BLAS_SONAME) : NULL;
+    char lt_file[1024] = "", dir[1024] = "", bl_file[1024];
+    void *lt =
+             blas_open("cuBLASLt", BLAS_SONAME_LT, "cublasLtCreate", "", lt_file, sizeof(lt_file)),
+         *bl = NULL;
+    char *slash = strrchr(lt_file, '/');
 
+    if (slash != NULL) {
+        memcpy(dir, lt_file, (size_t)(slash - lt_file));
+        dir[slash - lt_file] = '\0';
+    }
+    if (lt != NULL)
+        bl = blas_open("cuBLAS", BLAS_SONAME, "cublasCreate_v2", dir, bl_file, sizeof(bl_file));
     blas_rc = 0;
     if (lt == NULL || bl == NULL) {
         blas_rc = GANG_EIO;

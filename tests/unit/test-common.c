@@ -551,8 +551,11 @@ static void test_codec_bounds(void **state)
     assert_int_equal(gang_codec_finish(&c, NULL), GANG_EINVAL);
 }
 
+int gang_test_dynlib(void); /* test-dynlib.c */
+
 int main(void)
 {
+    int failed;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_params_defaults_and_flags),
@@ -568,5 +571,7 @@ int main(void)
         cmocka_unit_test(test_codec_truncation_and_trailing),
         cmocka_unit_test(test_codec_bounds),
     };
-    return cmocka_run_group_tests_name("common", tests, NULL, NULL);
+    failed = cmocka_run_group_tests_name("common", tests, NULL, NULL);
+    failed += gang_test_dynlib();
+    return failed ? 1 : 0;
 }
