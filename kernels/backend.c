@@ -41,6 +41,11 @@ int gang_kernels_device_count(void)
     return gang__cuda_device_count();
 }
 
+int gang_kernels_cuda_library(char *path, size_t cap)
+{
+    return gang__blas_library(path, cap);
+}
+
 int gang_kernels_device_info(int index, gang_device_info *out)
 {
     if (out == NULL)
@@ -71,6 +76,13 @@ static const gang__kernels_backend kernels_cuda_stub = {
 int gang_kernels_device_count(void)
 {
     return 0;
+}
+
+int gang_kernels_cuda_library(char *path, size_t cap)
+{
+    if (cap > 0)
+        path[0] = '\0';
+    return GANG_ENOSYS;
 }
 
 int gang_kernels_device_info(int index, gang_device_info *out)

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "ganglion/comm.h"
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
 
@@ -259,7 +260,7 @@ static void print_devices(const gang_device_info *g, const gpu_extra *x, int n, 
 
 /* info's command line: one flag. */
 typedef struct info_opts {
-    int labels;
+    int labels, libraries;
     char model[GANG_PARAM_STR_MAX];
     int64_t tp, pp;
     char nvml_library[GANG_PARAM_STR_MAX];
@@ -273,6 +274,13 @@ static const gang_param_info info_items[] = {
      .hi = 1,
      .help = "print GPU Feature Discovery style node labels instead",
      .offset = offsetof(info_opts, labels)},
+    {.flag = "libraries",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "instead: load NCCL and cuBLASLt as a GPU run would and print which files "
+             "(exit 1 when one is missing)",
+     .offset = offsetof(info_opts, libraries)},
     GANG_OPT_STR(info_opts, "model", model, "",
                  "instead of the GPUs: what this model (directory or .gguf) needs"),
     GANG_OPT_INT(info_opts, "tp", tp, "1", 1, 64,
@@ -285,7 +293,7 @@ static const gang_param_info info_items[] = {
 };
 static const gang_opt_table info_table = GANG_OPT_TABLE(info_items);
 static const gang_opt_cmd info_cmd = {
-    "info", "[--labels] [--nproc-per-node N --tp T] | --model PATH [--tp N] [--pp M]",
+    "info", "[--labels] [--nproc-per-node N --tp T] | --model PATH [--tp N] [--pp M] | --libraries",
     "GPU discovery: every visible GPU's name, UUID, PCI bus id, memory, compute\n"
     "capability, MIG mode, and the peer-access / NVLink matrix; then the NVML topology\n"
     "(NUMA node, local CPUs, NVLink islands) and the GPU each local rank gets.\n"
@@ -293,6 +301,33 @@ static const gang_opt_cmd info_cmd = {
     "With --model: the model's parameters, the f32 weights and KV bytes per token of the\n"
     "heaviest rank for --tp x --pp, and the layouts the model allows.",
     &info_table, 0};
+
+/*
+ * --libraries: loads NCCL and cuBLASLt through their run-time search (common/dynlib.c,
+ * which logs every place tried) and prints "library NAME: FILE" or "library NAME: MISSING
+ * (why)" on stdout, one line each. Needs no GPU. GANG_EXIT_OK when both loaded, 1 else.
+ */
+static int info_libraries(void)
+{
+    char path[1024];
+    int bad = 0;
+    const struct {
+        const char *name;
+        int (*load)(char *, size_t);
+    } libs[] = {{"NCCL", gang_comm_nccl_library}, {"cuBLASLt", gang_kernels_cuda_library}};
+
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++) {
+        int rc = libs[i].load(path, sizeof(path));
+
+        if (rc == 0)
+            printf("library %s: %s\n", libs[i].name, path);
+        else
+            printf("library %s: MISSING (%s)\n", libs[i].name,
+                   rc == GANG_ENOSYS ? "not built into this binary" : "not found, see the log");
+        bad |= rc != 0;
+    }
+    return bad ? 1 : GANG_EXIT_OK;
+}
 
 int gang_cmd_info(int argc, char **argv)
 {
@@ -306,6 +341,8 @@ int gang_cmd_info(int argc, char **argv)
     if (rc != 0)
         return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     labels = o.labels;
+    if (o.libraries)
+        return info_libraries();
     if (o.model[0])
         return gang__info_model(o.model, o.tp, o.pp);
     n = gang_kernels_device_count();

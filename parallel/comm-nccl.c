@@ -152,6 +152,7 @@ static const struct {
 
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
 static int nccl_load_rc;
+static char nccl_loaded[1024]; /* the file mapped, once loaded */
 
 /* Loads libnccl (common/dynlib.c's search: --nccl-library, the Python environment's
  * nvidia.nccl package, the loader's path, the build's directory) and every entry point
@@ -166,7 +167,8 @@ static void nccl_load_once(void)
                               .py_packages = py_packages,
                               .build_dir = GANG_NCCL_LIBDIR,
                               .probe_symbol = "ncclGetVersion"};
-    char loaded[1024];
+    char *loaded = nccl_loaded;
+    size_t loaded_cap = sizeof(nccl_loaded);
     void *lib = NULL;
 
     nccl_load_rc = GANG_EIO;
@@ -174,7 +176,7 @@ static void nccl_load_once(void)
      * file comment); NCCL reads the variable once, at its first communicator. An operator's
      * own choice is kept (overwrite = 0). */
     setenv("NCCL_RUNTIME_CONNECT", "0", 0);
-    if (gang_dynlib_open(&spec, &lib, loaded, sizeof(loaded)) != 0)
+    if (gang_dynlib_open(&spec, &lib, loaded, loaded_cap) != 0)
         return;
     for (size_t i = 0; i < sizeof(nccl_entries) / sizeof(nccl_entries[0]); i++) {
         *nccl_entries[i].slot = dlsym(lib, nccl_entries[i].name);
@@ -191,6 +193,14 @@ static int nccl_load(void)
 {
     pthread_once(&nccl_once, nccl_load_once);
     return nccl_load_rc;
+}
+
+int gang_comm_nccl_library(char *path, size_t cap)
+{
+    int rc = nccl_load();
+
+    gang_strlcpy(path, rc == 0 ? nccl_loaded : "", cap);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------

@@ -166,6 +166,13 @@ int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len)
         *len = 0;
     return GANG_ENOSYS;
 }
+
+int gang_comm_nccl_library(char *path, size_t cap)
+{
+    if (cap > 0)
+        path[0] = '\0';
+    return GANG_ENOSYS;
+}
 #endif
 
 const gang__comm_ops *gang__comm_ops_for(gang_comm_backend b)

@@ -17,6 +17,7 @@ PKGS=(
     clang libclang-rt-14-dev     # libFuzzer target for the frame decoder
     clang-format          # make format / the format-check test (.clang-format)
     shellcheck flake8     # the shell-lint and python-lint tests (.shellcheckrc, .flake8)
+    patchelf              # scripts/gpu-bundle.sh: the carried binaries find their libraries
     curl python3 iproute2 procps psmisc
     python3-numpy         # the independent numpy reference of the model's logits
     python3-torch python3-venv   # transformers, the reference (scripts/fetch-reference.sh)

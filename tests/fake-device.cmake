@@ -43,5 +43,22 @@ set_tests_properties(bench-decode-fake-8b-defaults PROPERTIES TIMEOUT 60
 # bench/gpu-check.sh without a GPU: its syntax and a dry run (tests/gpu-check-dry-run.sh).
 add_test(NAME gpu-check-dry-run
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu-check-dry-run.sh
-          ${PROJECT_SOURCE_DIR}/bench/gpu-check.sh ${CMAKE_CURRENT_BINARY_DIR}/gpu-check-dry-run)
+          ${PROJECT_SOURCE_DIR}/bench/gpu-check.sh ${CMAKE_BINARY_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/gpu-check-dry-run)
 set_tests_properties(gpu-check-dry-run PROPERTIES TIMEOUT 60)
+
+# The device bundle made from this build and rehearsed in a stripped environment: every
+# library resolved in the bundle or the device image, NCCL/cuBLASLt through a Python
+# environment, the preflight and the device check from the bundle (issue #24).
+add_test(NAME gpu-bundle-rehearsal
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu-bundle-rehearsal.sh ${PROJECT_SOURCE_DIR}
+          ${CMAKE_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle-rehearsal)
+set_tests_properties(gpu-bundle-rehearsal PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# bench/gpu-reference.py (the device check's comparison with transformers) run here on the
+# CPU with the reference venv, on tiny models of the same two families: the script, the
+# configs transformers must read, and the tolerance, checked before a device is lent.
+add_test(NAME gpu-reference-cpu
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/gpu-reference-cpu.sh ${PROJECT_SOURCE_DIR}
+          ${CMAKE_BINARY_DIR}/bin/ganglion ${CMAKE_CURRENT_BINARY_DIR}/gpu-reference-cpu)
+set_tests_properties(gpu-reference-cpu PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)

@@ -111,6 +111,13 @@ int gang_comm_shm_sweep(const char *dir, const char *job, uint64_t generation, i
  *    sees it within a millisecond and calls ncclCommAbort, returning GANG_EABORTED.
  */
 int gang_comm_nccl_unique_id(uint8_t *blob, size_t cap, size_t *len);
+/*
+ * Loads libnccl now (common/dynlib.c's search, once per process) and writes the file the
+ * loader mapped into path[cap]. 0; GANG_EIO when it cannot be loaded (logged, every place
+ * tried named); GANG_ENOSYS when the nccl backend is not built. For `ganglion info
+ * --libraries` and the device check's preflight.
+ */
+int gang_comm_nccl_library(char *path, size_t cap);
 
 /*
  * Data-plane bootstrap (parallel/bootstrap.c): the blob a gang's rank 0 hands to every

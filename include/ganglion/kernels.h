@@ -467,6 +467,12 @@ typedef struct gang_device_info {
  * calling process (as do the two queries below), and CUDA does not survive fork(): the
  * agent, which forks its workers, must leave these queries to the workers or to a child. */
 int gang_kernels_device_count(void);
+/*
+ * Loads cuBLASLt and cuBLAS now (common/dynlib.c's search, once per process) and writes the
+ * cuBLASLt file the loader mapped into path[cap]. 0; GANG_EIO when they cannot be loaded
+ * (logged); GANG_ENOSYS when the CUDA kernels are not built. Needs no GPU.
+ */
+int gang_kernels_cuda_library(char *path, size_t cap);
 
 /* Fills *out for GPU index (0 .. count-1): 0, GANG_EINVAL for a bad index or NULL,
  * GANG_ENOSYS when not built, GANG_EIO when the driver refuses the query. */

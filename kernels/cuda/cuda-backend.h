@@ -19,6 +19,8 @@
 
 /* Device discovery (cuda-device.c); the front answers for builds without CUDA. */
 int gang__cuda_device_count(void);
+/* cuda-blas.c: loads cuBLASLt/cuBLAS, writes the cuBLASLt file mapped ("" on failure). */
+int gang__blas_library(char *path, size_t cap);
 int gang__cuda_device_info(int index, gang_device_info *out);
 int gang__cuda_device_can_access_peer(int a, int b);
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda-backend.h"
 #include "cuda-blas.h"
 #include "cuda-internal.h"
 
@@ -29,6 +30,7 @@ gang__blas_api gang__blas;
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static int blas_rc;
+static char blas_lt_file[1024]; /* the cuBLASLt file mapped, once loaded */
 
 static const char *const blas_py_packages[] = {"nvidia.cu13", "nvidia.cublas", NULL};
 
@@ -104,9 +106,9 @@ static const struct blas_entry {
  */
 static void blas_load_once(void)
 {
-    char lt_file[1024] = "", dir[1024] = "", bl_file[1024];
-    void *lt =
-             blas_open("cuBLASLt", BLAS_SONAME_LT, "cublasLtCreate", "", lt_file, sizeof(lt_file)),
+    char *lt_file = blas_lt_file, dir[1024] = "", bl_file[1024];
+    void *lt = blas_open("cuBLASLt", BLAS_SONAME_LT, "cublasLtCreate", "", lt_file,
+                         sizeof(blas_lt_file)),
          *bl = NULL;
     char *slash = strrchr(lt_file, '/');
 
@@ -133,4 +135,12 @@ int gang__blas_load(void)
 {
     pthread_once(&blas_once, blas_load_once);
     return blas_rc;
+}
+
+int gang__blas_library(char *path, size_t cap)
+{
+    int rc = gang__blas_load();
+
+    gang_strlcpy(path, rc == 0 ? blas_lt_file : "", cap);
+    return rc;
 }
