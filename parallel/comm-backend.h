@@ -28,6 +28,8 @@ typedef struct gang__comm_ops {
                 uint64_t tmo);
     int (*recv)(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag, uint64_t tmo);
     int (*barrier)(gang_comm *c, uint64_t tmo); /* optional: NULL = front emulates */
+    /* optional: NULL = GANG_ENOSYS; the front has checked every region */
+    int (*all_to_all_v)(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo);
     /* Optional (device-memory backends): order the next operation after the work already
      * in stream, and stream's later work after that operation, on the device. */
     int (*order_after)(gang_comm *c, void *stream);

@@ -788,6 +788,48 @@ static int mpi_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, u
     return err;
 }
 
+/*
+ * MPI_Ialltoallv in bytes. MPI takes int counts and displacements, so every region must
+ * lie below INT_MAX bytes from its buffer's start (GANG_ERANGE beyond). The int arrays are
+ * allocated per call: this backend serves the conformance tests and the benchmarks' peer,
+ * not a decode step.
+ */
+static int mpi_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
+{
+    uint64_t deadline = mpi_deadline(tmo);
+    mpi_comm *m = c->impl;
+    uint32_t n = c->size;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int *v = calloc(4 * (size_t)n, sizeof(int)), rc, err = 0;
+
+    if (v == NULL)
+        return GANG_ENOMEM;
+    for (uint32_t p = 0; p < n; p++) {
+        if (a->send_off[p] + a->send_bytes[p] > INT_MAX ||
+            a->recv_off[p] + a->recv_bytes[p] > INT_MAX) {
+            gang_error("comm mpi: all_to_all_v regions beyond MPI's int displacements");
+            free(v);
+            return GANG_ERANGE;
+        }
+        v[p] = (int)a->send_bytes[p];
+        v[n + p] = (int)a->send_off[p];
+        v[2 * n + p] = (int)a->recv_bytes[p];
+        v[3 * n + p] = (int)a->recv_off[p];
+    }
+    mpi_enter();
+    rc = MPI_Ialltoallv(a->send, v, v + n, MPI_BYTE, a->recv, v + 2 * n, v + 3 * n, MPI_BYTE,
+                        m->comm, &req);
+    mpi_leave();
+    if (rc != MPI_SUCCESS) {
+        err = mpi_error(rc, "MPI_Ialltoallv");
+        gang__comm_set_error(c, err);
+    } else {
+        err = mpi_wait_op(c, &req, deadline, "all_to_all_v");
+    }
+    free(v);
+    return err;
+}
+
 /* Checks what MPI's point-to-point calls cannot take: byte counts and tags beyond int. */
 static int mpi_check_p2p(const mpi_comm *m, size_t bytes, uint32_t tag, const char *what)
 {
@@ -930,5 +972,6 @@ const gang__comm_ops gang__comm_mpi_ops = {
     .send = mpi_send,
     .recv = mpi_recv,
     .barrier = mpi_barrier,
+    .all_to_all_v = mpi_all_to_all_v,
     .abort = mpi_abort,
 };

@@ -122,6 +122,8 @@ static struct {
     __typeof__(&ncclBroadcast) ncclBroadcast;
     __typeof__(&ncclSend) ncclSend;
     __typeof__(&ncclRecv) ncclRecv;
+    __typeof__(&ncclGroupStart) ncclGroupStart;
+    __typeof__(&ncclGroupEnd) ncclGroupEnd;
 } nccl_lib;
 
 #define NCCL_ENTRY(fn)                                                                             \
@@ -148,6 +150,8 @@ static const struct {
     NCCL_ENTRY(ncclBroadcast),
     NCCL_ENTRY(ncclSend),
     NCCL_ENTRY(ncclRecv),
+    NCCL_ENTRY(ncclGroupStart),
+    NCCL_ENTRY(ncclGroupEnd),
 };
 
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
@@ -698,6 +702,36 @@ static int nccl_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
         tmo, "ncclBroadcast");
 }
 
+/*
+ * All-to-all(v) as one NCCL group of a send and a receive per peer with bytes to move (this
+ * rank included: NCCL moves a self send/recv pair on the device), on the communicator's
+ * stream, ordered and awaited like every operation (nccl_start / nccl_finish). A failure
+ * inside the group aborts the communicator.
+ */
+static int nccl_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    ncclResult_t r = ncclSuccess;
+    int rc = nccl_start(im);
+
+    if (rc < 0)
+        return rc;
+    r = nccl_lib.ncclGroupStart();
+    for (uint32_t p = 0; p < c->size && nccl_err(r) == 0; p++) {
+        if (a->send_bytes[p] > 0)
+            r = nccl_lib.ncclSend((const char *)a->send + a->send_off[p], a->send_bytes[p],
+                                  ncclInt8, (int)p, im->comm, im->stream);
+        if (nccl_err(r) == 0 && a->recv_bytes[p] > 0)
+            r = nccl_lib.ncclRecv((char *)a->recv + a->recv_off[p], a->recv_bytes[p], ncclInt8,
+                                  (int)p, im->comm, im->stream);
+    }
+    if (nccl_err(r) == 0)
+        r = nccl_lib.ncclGroupEnd();
+    else
+        (void)nccl_lib.ncclGroupEnd(); /* close the group the failed call left open */
+    return nccl_finish(c, im, r, tmo, "all_to_all_v");
+}
+
 static int nccl_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
                      uint64_t tmo)
 {
@@ -767,6 +801,7 @@ const gang__comm_ops gang__comm_nccl_ops = {
     .send = nccl_send,
     .recv = nccl_recv,
     .barrier = nccl_barrier,
+    .all_to_all_v = nccl_all_to_all_v,
     .order_after = nccl_order,
     .abort = nccl_abort,
 };

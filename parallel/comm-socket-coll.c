@@ -1,6 +1,6 @@
 /*
  * socket backend, collectives: ring all-reduce (pipelined over shared memory), ring
- * all-gather, broadcast, point-to-point send/recv, and the backend's vtable. Each
+ * all-gather, broadcast, all-to-all(v), point-to-point send/recv, and the backend's vtable. Each
  * operation only builds its transfers; comm-socket-progress.c runs them.
  */
 #include <stdlib.h>
@@ -214,6 +214,48 @@ static int sock_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
     return rc;
 }
 
+/*
+ * All-to-all(v): this rank's own region is copied, and the 2(n-1) transfers to and from
+ * every other rank run in one progress call (full duplex, so no ordering between peers
+ * can deadlock on full socket buffers or rings). Each transfer is a collective frame with
+ * the pair's sequence number, so a size that differs from recv_bytes is GANG_EPROTO. The
+ * op array lives on the stack up to 32 ranks (no allocation in a decode step).
+ */
+#define SOCK_A2A_STACK 32
+static int sock_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
+{
+    sock_comm *sc = c->impl;
+    uint64_t deadline = gang_deadline_after(tmo);
+    uint32_t n = c->size, r = c->rank;
+    sock_op stack_ops[2 * SOCK_A2A_STACK], *ops = stack_ops;
+    size_t k = 0;
+    int rc;
+
+    if (a->send_bytes[r] > 0)
+        memmove((uint8_t *)a->recv + a->recv_off[r], (const uint8_t *)a->send + a->send_off[r],
+                a->send_bytes[r]);
+    if (n == 1)
+        return 0;
+    if (n > SOCK_A2A_STACK) {
+        ops = calloc(2 * (size_t)n, sizeof(*ops));
+        if (ops == NULL)
+            return GANG_ENOMEM;
+    }
+    /* Peers in rotating order, so that n ranks do not all start on rank 0. */
+    for (uint32_t s = 1; s < n; s++) {
+        uint32_t to = (r + s) % n, from = (r + n - s) % n;
+
+        sock_coll_send(sc, &ops[k++], to, (const uint8_t *)a->send + a->send_off[to],
+                       a->send_bytes[to]);
+        sock_coll_recv(sc, &ops[k++], from, (uint8_t *)a->recv + a->recv_off[from],
+                       a->recv_bytes[from]);
+    }
+    rc = gang__sock_progress(sc, ops, k, deadline);
+    if (ops != stack_ops)
+        free(ops);
+    return rc;
+}
+
 static int sock_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
                      uint64_t tmo)
 {
@@ -246,5 +288,6 @@ const gang__comm_ops gang__comm_socket_ops = {
     .send = sock_send,
     .recv = sock_recv,
     .barrier = NULL, /* the front's one-int all-reduce is as good as a dedicated one */
+    .all_to_all_v = sock_all_to_all_v,
     .abort = gang__sock_abort,
 };

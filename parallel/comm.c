@@ -350,6 +350,57 @@ int gang_comm_barrier(gang_comm *c, uint64_t timeout_ms)
     return comm_result(c, c->ops->all_reduce(c, &one, 1, GANG_DTYPE_I32, timeout_ms));
 }
 
+/* off + bytes lies inside cap (without overflow), and a non-empty region has a buffer. */
+static int a2a_region_ok(const void *buf, size_t cap, size_t off, size_t bytes)
+{
+    if (bytes == 0)
+        return 1;
+    return buf != NULL && off <= cap && bytes <= cap - off;
+}
+
+/*
+ * Checks every region of a against its buffer and the receive regions against each other
+ * (pairwise: the groups an all-to-all spans are tens of ranks, and a receive overlap would
+ * be a silent corruption depending on arrival order).
+ */
+static int a2a_check(const gang_comm_a2a *a, uint32_t n, uint32_t me)
+{
+    if (a->send_bytes == NULL || a->send_off == NULL || a->recv_bytes == NULL ||
+        a->recv_off == NULL)
+        return GANG_EINVAL;
+    for (uint32_t p = 0; p < n; p++) {
+        if (!a2a_region_ok(a->send, a->send_cap, a->send_off[p], a->send_bytes[p]) ||
+            !a2a_region_ok(a->recv, a->recv_cap, a->recv_off[p], a->recv_bytes[p]))
+            return GANG_EINVAL;
+    }
+    if (a->send_bytes[me] != a->recv_bytes[me])
+        return GANG_EINVAL; /* what this rank sends itself is what it receives from itself */
+    for (uint32_t p = 0; p < n; p++) {
+        for (uint32_t q = p + 1; q < n && a->recv_bytes[p] > 0; q++) {
+            if (a->recv_bytes[q] > 0 && a->recv_off[p] < a->recv_off[q] + a->recv_bytes[q] &&
+                a->recv_off[q] < a->recv_off[p] + a->recv_bytes[p])
+                return GANG_EINVAL;
+        }
+    }
+    return 0;
+}
+
+int gang_comm_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t timeout_ms)
+{
+    int rc = comm_check_common(c, timeout_ms);
+
+    if (rc < 0)
+        return rc;
+    if (a == NULL)
+        return GANG_EINVAL;
+    rc = a2a_check(a, c->size, c->rank);
+    if (rc < 0)
+        return rc;
+    if (c->ops->all_to_all_v == NULL)
+        return GANG_ENOSYS;
+    return comm_result(c, c->ops->all_to_all_v(c, a, timeout_ms));
+}
+
 /*
  * Device ordering is a promise about the next operation only, so it is refused on an
  * aborted communicator like the operation itself would be. GANG_ENOSYS tells the caller

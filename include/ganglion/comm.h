@@ -272,6 +272,35 @@ int gang_comm_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_
 int gang_comm_barrier(gang_comm *c, uint64_t timeout_ms);
 
 /*
+ * The buffers of an all-to-all with per-peer sizes (the dispatch and combine of expert
+ * parallelism): this rank sends send_bytes[p] bytes from send + send_off[p] to every rank p
+ * (itself included) and receives recv_bytes[p] bytes from rank p into recv + recv_off[p].
+ * The four arrays have size() entries; every region lies inside its buffer's cap, receive
+ * regions do not overlap each other, and recv_bytes[p] on this rank equals send_bytes[me]
+ * on rank p (exchange the counts first, with this same operation on fixed 8-byte
+ * entries). Host memory for host backends, device memory for nccl.
+ */
+typedef struct gang_comm_a2a {
+    const void *send;
+    size_t send_cap;
+    const size_t *send_bytes, *send_off;
+    void *recv;
+    size_t recv_cap;
+    const size_t *recv_bytes, *recv_off;
+} gang_comm_a2a;
+
+/*
+ * All-to-all(v) as described above, with a deadline like every operation. Zero-byte
+ * entries move nothing. Returns 0; GANG_EINVAL for a region outside its buffer, a NULL
+ * buffer under a non-empty region or overlapping receive regions; GANG_EPROTO when a peer
+ * sent another size than recv_bytes says; GANG_ERANGE past a backend's limit (MPI: int
+ * counts); GANG_ENOSYS for a backend without it; else the backend's error (GANG_ETIMEDOUT,
+ * GANG_EABORTED, a lost peer), which like any other failure leaves the communicator
+ * unusable for the gang's next generation to replace.
+ */
+int gang_comm_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t timeout_ms);
+
+/*
  * Device ordering for communicators of device memory: the next operation on c starts, on
  * the device, after every piece of work already enqueued in stream (an opaque queue from
  * gang_kernels_device_stream), and work enqueued in stream after that operation returned

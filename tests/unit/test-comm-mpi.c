@@ -32,6 +32,7 @@
 
 #include <cmocka.h>
 
+#include "comm-a2a-check.h"
 #include "ganglion/comm.h"
 
 /* Deadline of operations that must succeed: generous, a failure shows as a timeout. */
@@ -418,6 +419,19 @@ static void test_size_mismatch(void **state)
 }
 
 /* A barrier holds every rank until the last one (rank 0, 200 ms late) arrives. */
+/* All-to-all(v) over MPI_Ialltoallv: the shared conformance checks (tests/unit/comm-a2a-check.c).
+ */
+static void test_all_to_all_v(void **state)
+{
+    char why[256] = "";
+    int rc;
+
+    (void)state;
+    rc = gang_test_a2a_check(g_comm, 1, why, sizeof(why));
+    if (rc != 0)
+        fail_msg("all_to_all_v: %s", why);
+}
+
 static void test_barrier(void **state)
 {
     uint64_t t0;
@@ -551,6 +565,7 @@ int main(void)
         cmocka_unit_test(test_send_recv_ring_large),
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_size_mismatch),
+        cmocka_unit_test(test_all_to_all_v),
         cmocka_unit_test(test_barrier),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_abort_from_thread),

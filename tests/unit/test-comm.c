@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "comm-a2a-check.h"
 #include "ganglion/comm.h"
 
 #define MAX_RANKS 8
@@ -522,6 +523,13 @@ static int conformance_body(rank_ctx *x, gang_comm *c)
     rc = check_split(x, c);
     if (rc != 0)
         return rc;
+    {
+        char why[256] = "";
+
+        rc = gang_test_a2a_check(c, 1, why, sizeof(why));
+        if (rc != 0)
+            return rank_fail(x, rc, "%s", why);
+    }
     /* count 0 is a no-op on every rank. */
     rc = gang_comm_all_reduce(c, NULL, 0, GANG_DTYPE_F32, OP_TIMEOUT_MS);
     if (rc != 0)
@@ -885,6 +893,30 @@ static int leave_body(rank_ctx *x, gang_comm *c)
     return rc;
 }
 
+/* The same inside an all-to-all: the rank that leaves owes every other rank bytes. */
+static int leave_a2a_body(rank_ctx *x, gang_comm *c)
+{
+    uint32_t n = gang_comm_size(c);
+    size_t v[4 * MAX_RANKS];
+    uint8_t send[64 * MAX_RANKS], recv[64 * MAX_RANKS];
+    gang_comm_a2a a = {send, sizeof(send), v, v + n, recv, sizeof(recv), v + 2 * n, v + 3 * n};
+    int rc;
+
+    if (gang_comm_rank(c) == n - 1) {
+        gang_comm_free(atomic_exchange(&x->comm, NULL));
+        return 0;
+    }
+    for (uint32_t p = 0; p < n; p++) {
+        v[p] = v[2 * n + p] = 64;
+        v[n + p] = v[3 * n + p] = 64 * (size_t)p;
+    }
+    memset(send, 1, sizeof(send));
+    gang_sleep_ms(100);
+    rc = gang_comm_all_to_all_v(c, &a, 10000);
+    gang_comm_free(atomic_exchange(&x->comm, NULL));
+    return rc;
+}
+
 static void test_peer_leaves(void **state)
 {
     rank_ctx xs[MAX_RANKS];
@@ -895,6 +927,12 @@ static void test_peer_leaves(void **state)
         run_gang(n, leave_body, NULL, NULL, xs);
         for (r = 0; r + 1 < n; r++)
             assert_int_equal(xs[r].body_rc, GANG_EPEER);
+        /* inside an all-to-all: an error well before the 10 s deadline, not a hang */
+        uint64_t t0 = gang_now_ms();
+        run_gang(n, leave_a2a_body, NULL, NULL, xs);
+        for (r = 0; r + 1 < n; r++)
+            assert_int_equal(xs[r].body_rc, GANG_EPEER);
+        assert_true(gang_now_ms() - t0 < 5000);
     }
 }
 
