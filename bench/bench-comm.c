@@ -1,6 +1,6 @@
 /*
- * Communicator benchmark: `ganglion bench allreduce`, in the manner of nccl-tests'
- * all_reduce_perf.
+ * Communicator benchmark: `ganglion bench allreduce` and `ganglion bench alltoall`, in the
+ * manner of nccl-tests' all_reduce_perf and alltoall_perf.
  *
  * Method: for every message size (4 KiB, then times 4, up to 64 MiB of f32) each rank runs
  * warm-up all-reduces that are not timed, then a timed loop of iterations and reports its
@@ -10,9 +10,13 @@
  *     algbw = bytes / time          busbw = algbw * 2 (n - 1) / n
  *
  * busbw is the rate a ring all-reduce drives every link at, so it can be compared across
- * rank counts and against the hardware. The peer, Open MPI's MPI_Allreduce on the same
- * sizes with the same iteration counts (bench/mpi-allreduce.c under mpirun), runs in the
- * same invocation; every line carries ratio = ganglion busbw / MPI busbw.
+ * rank counts and against the hardware. For the all-to-all (gang_comm_all_to_all_v, the
+ * dispatch of expert parallelism, issue #25) a message size is what each rank sends in
+ * all, bytes / n to every rank itself included, and busbw = algbw * (n - 1) / n (the part
+ * that crosses a link); its peer is MPI_Alltoallv on the same sizes, and its target is a
+ * ratio >= 1.0 at the sizes a decode step sends (<= 256 KiB per rank). The peer, Open MPI's
+ * MPI_Allreduce on the same sizes with the same iteration counts (bench/mpi-allreduce.c under
+ * mpirun), runs in the same invocation; every line carries ratio = ganglion busbw / MPI busbw.
  *
  * The buffers hold zeros so that repeated in-place sums neither overflow to infinity nor
  * fall into denormals, either of which would time the FPU instead of the communicator;
@@ -53,9 +57,13 @@
 #define BC_LINE_MAX 4096
 #define BC_TARGET 0.8
 #define BC_TARGET_MIN_BYTES ((size_t)1 << 20)
+#define BC_A2A_TARGET 1.0
+#define BC_A2A_TARGET_MAX_BYTES ((size_t)256 << 10)
 
 /* Command-line options and the size schedule derived from them. */
 typedef struct bc_opts {
+    int op;                     /* 0: all-reduce, 1: all-to-all(v) */
+    const char *op_name;        /* "allreduce" or "alltoall": the report's bench name */
     int64_t ranks;              /* world size */
     char backend_name[16];      /* --backend: socket or mpi */
     gang_comm_backend backend;  /* from backend_name */
@@ -138,26 +146,45 @@ static void bc_format_list(char *out, size_t cap, const void *vals, int n, int s
  * to out_fd (one write each, so lines of ranks sharing a pipe do not interleave). Returns
  * 0, or the first collective's error after writing {"rank","error"}.
  */
+/* One call of o's operation on bytes (all-to-all: bytes / n to every rank, v laid out). */
+static int bc_op(gang_comm *comm, const bc_opts *o, float *buf, float *buf2, size_t bytes,
+                 size_t *v)
+{
+    if (o->op == 0)
+        return gang_comm_all_reduce(comm, buf, bytes / sizeof(float), GANG_DTYPE_F32,
+                                    BC_OP_TIMEOUT_MS);
+    uint32_t n = gang_comm_size(comm);
+    gang_comm_a2a a = {buf, bytes, v, v + n, buf2, bytes, v, v + n};
+
+    for (uint32_t p = 0; p < n; p++) {
+        v[p] = bytes / n / 4 * 4;
+        v[n + p] = (size_t)p * v[p];
+    }
+    return gang_comm_all_to_all_v(comm, &a, BC_OP_TIMEOUT_MS);
+}
+
 static int bc_rank_loop(gang_comm *comm, const bc_opts *o, int out_fd)
 {
     uint32_t rank = gang_comm_rank(comm);
-    float *buf = calloc(o->bytes[o->nsizes - 1] / sizeof(float), sizeof(float));
+    size_t big = o->bytes[o->nsizes - 1] / sizeof(float);
+    float *buf = calloc(big, sizeof(float));
+    float *buf2 = o->op == 1 ? calloc(big, sizeof(float)) : NULL;
+    size_t *v = calloc(2 * (size_t)gang_comm_size(comm), sizeof(size_t));
     int rc = 0;
 
-    if (buf == NULL) {
+    if (buf == NULL || v == NULL || (o->op == 1 && buf2 == NULL)) {
         rc = GANG_ENOMEM;
         goto out_report;
     }
     for (int s = 0; s < o->nsizes; s++) {
-        size_t count = o->bytes[s] / sizeof(float);
         uint64_t t0;
         double us;
 
         for (int i = 0; i < o->warmup[s] && rc == 0; i++)
-            rc = gang_comm_all_reduce(comm, buf, count, GANG_DTYPE_F32, BC_OP_TIMEOUT_MS);
+            rc = bc_op(comm, o, buf, buf2, o->bytes[s], v);
         t0 = gang_now_ns();
         for (int i = 0; i < o->iters[s] && rc == 0; i++)
-            rc = gang_comm_all_reduce(comm, buf, count, GANG_DTYPE_F32, BC_OP_TIMEOUT_MS);
+            rc = bc_op(comm, o, buf, buf2, o->bytes[s], v);
         if (rc != 0)
             goto out_report;
         us = (double)(gang_now_ns() - t0) / 1e3 / o->iters[s];
@@ -169,6 +196,8 @@ out_report:
     if (rc != 0)
         dprintf(out_fd, "{\"rank\":%u,\"error\":\"%s\"}\n", (unsigned)rank, gang_err_name(rc));
     free(buf);
+    free(buf2);
+    free(v);
     return rc;
 }
 
@@ -494,21 +523,22 @@ static int bc_mpirun_schedule(const bc_opts *o, const char *prog, char *const *p
 
 /* Options of the hidden rank subcommand: the schedule as lists. */
 typedef struct bc_rank_opts {
-    char backend[16];
+    char backend[16], op[16];
     char sizes[512], iters[512], warmup[512];
 } bc_rank_opts;
 
 #define BC_RSTR(f_, fld, hp) GANG_OPT_STR(bc_rank_opts, f_, fld, "", hp)
 static const gang_param_info bc_rank_items[] = {
     BC_RSTR("backend", backend, "must be mpi"),
+    BC_RSTR("op", op, "allreduce (default) or alltoall"),
     BC_RSTR("sizes", sizes, "message sizes in bytes, comma-separated"),
     BC_RSTR("iters", iters, "timed iterations per size, comma-separated"),
     BC_RSTR("warmup", warmup, "untimed iterations per size, comma-separated"),
 };
 static const gang_opt_table bc_rank_table = GANG_OPT_TABLE(bc_rank_items);
 static const gang_opt_cmd bc_rank_cmd = {
-    "bench allreduce-rank", "--backend mpi --sizes L --iters L --warmup L",
-    "Hidden: one rank of `bench allreduce --backend mpi`, started by mpirun; prints\n"
+    "bench allreduce-rank", "--backend mpi [--op alltoall] --sizes L --iters L --warmup L",
+    "Hidden: one rank of `bench allreduce|alltoall --backend mpi`, started by mpirun; prints\n"
     "{\"rank\",\"bytes\",\"time_us\"} lines.",
     &bc_rank_table, 0};
 
@@ -550,7 +580,9 @@ int gang_bench_allreduce_rank_main(int argc, char **argv)
     rc = gang_opts_cli(&bc_rank_cmd, &r, argc, argv, NULL, NULL);
     if (rc != 0)
         return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
-    if (strcmp(r.backend, "mpi") != 0 || bc_rank_schedule(&r, &o) <= 0 || rs == NULL ||
+    o.op = strcmp(r.op, "alltoall") == 0;
+    if ((r.op[0] != '\0' && !o.op && strcmp(r.op, "allreduce") != 0) ||
+        strcmp(r.backend, "mpi") != 0 || bc_rank_schedule(&r, &o) <= 0 || rs == NULL ||
         ws == NULL || gang_parse_i64(rs, 0, 65535, &rank) != 0 ||
         gang_parse_i64(ws, 1, 65536, &world) != 0) {
         gang_opts_usage_error(&bc_rank_cmd, "needs --backend mpi, equally long --sizes/--iters/"
@@ -623,29 +655,41 @@ static const gang_opt_cmd bc_cmd = {
     "runs in the same invocation; every line carries ratio = ganglion busbw / MPI busbw.",
     &bc_table, 0};
 
-/* Parses argv (argv[0] is "allreduce") into o; returns 0, GANG_OPTS_HELP or GANG_EUSAGE. */
-static int bc_parse(int argc, char **argv, bc_opts *o)
+static const gang_opt_cmd bc_a2a_cmd = {
+    "bench alltoall", "[flags]",
+    "Times gang_comm_all_to_all_v on N ranks, each sending 4 KiB, 16 KiB, ... up to\n"
+    "--max-bytes in all (an equal share to every rank): the dispatch/combine of expert\n"
+    "parallelism. socket: forked ranks; mpi: mpirun. The peer, mpirun -np N mpi-allreduce\n"
+    "--op alltoall (MPI_Alltoallv), runs in the same invocation; ratio = ganglion busbw /\n"
+    "MPI busbw, target >= 1.0 at <= 256 KiB (a decode step's sizes).",
+    &bc_table, 0};
+
+/* Parses argv (argv[0] is the subcommand) into o for op; 0, GANG_OPTS_HELP or GANG_EUSAGE. */
+static int bc_parse(int argc, char **argv, bc_opts *o, int op)
 {
+    const gang_opt_cmd *cmd = op == 0 ? &bc_cmd : &bc_a2a_cmd;
     char err[256];
-    int rc = gang_opts_cli(&bc_cmd, o, argc, argv, NULL, NULL);
+    int rc = gang_opts_cli(cmd, o, argc, argv, NULL, NULL);
 
     if (rc != 0)
         return rc;
+    o->op = op;
+    o->op_name = op == 0 ? "allreduce" : "alltoall";
     rc = gang_opts_choice("backend", o->backend_name, "socket|mpi", err, sizeof(err));
     if (rc < 0)
-        return gang_opts_usage_error(&bc_cmd, "%s", err);
+        return gang_opts_usage_error(cmd, "%s", err);
     o->backend = rc == 0 ? GANG_COMM_SOCKET : GANG_COMM_MPI;
     return 0;
 }
 
 /* Adds time_us_avg/min/max, algbw_gbps and busbw_gbps (GB/s = 1e9 B/s) of st to obj. */
 static void bc_add_stats(cJSON *obj, const char *prefix, const bc_stats *st, size_t bytes,
-                         int ranks, double *busbw)
+                         int ranks, int op, double *busbw)
 {
     char key[64];
     double alg = (double)bytes / (st->avg * 1e-6) / 1e9;
 
-    *busbw = alg * 2.0 * (ranks - 1) / ranks;
+    *busbw = alg * (op == 0 ? 2.0 : 1.0) * (ranks - 1) / ranks;
     snprintf(key, sizeof key, "%stime_us_avg", prefix);
     cJSON_AddNumberToObject(obj, key, gang_report_round(st->avg, 2));
     snprintf(key, sizeof key, "%stime_us_min", prefix);
@@ -665,13 +709,14 @@ static int bc_run_ganglion(const bc_opts *o, const char *exe, bc_stats *g, char 
         return bc_run_socket(o, g, why, whycap);
     double *times = malloc((size_t)o->ranks * (size_t)o->nsizes * sizeof *times);
     bc_sink k = {.o = o, .times = times, .stats = g};
-    char *pre[] = {"bench", "allreduce-rank", "--backend", "mpi"};
+    char *pre[] = {"bench", "allreduce-rank", "--backend",
+                   "mpi",   "--op",           (char *)(uintptr_t)o->op_name};
 
     if (times == NULL)
         return GANG_ENOMEM;
     for (size_t i = 0; i < (size_t)o->ranks * (size_t)o->nsizes; i++)
         times[i] = -1;
-    int rc = bc_mpirun_schedule(o, exe, pre, 4, &k, why, whycap);
+    int rc = bc_mpirun_schedule(o, exe, pre, 6, &k, why, whycap);
     bc_times_to_stats(o, times, g);
     free(times);
     return rc == 1 ? GANG_ENOSYS : rc;
@@ -684,7 +729,7 @@ static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m
     const char *bname = gang_comm_backend_name(o->backend);
 
     for (int s = 0; s < o->nsizes; s++) {
-        cJSON *line = gang_report_new("allreduce");
+        cJSON *line = gang_report_new(o->op_name);
         double gb = 0, mb = 0;
 
         cJSON_AddStringToObject(line, "backend", bname);
@@ -693,14 +738,15 @@ static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m
         cJSON_AddNumberToObject(line, "iters", o->iters[s]);
         cJSON_AddNumberToObject(line, "warmup", o->warmup[s]);
         if (g[s].count > 0)
-            bc_add_stats(line, "", &g[s], o->bytes[s], (int)o->ranks, &gb);
+            bc_add_stats(line, "", &g[s], o->bytes[s], (int)o->ranks, o->op, &gb);
         else
             cJSON_AddStringToObject(line, "error", why[0] ? why : "not measured");
         if (m[s].count > 0) {
-            bc_add_stats(line, "mpi_", &m[s], o->bytes[s], (int)o->ranks, &mb);
+            bc_add_stats(line, "mpi_", &m[s], o->bytes[s], (int)o->ranks, o->op, &mb);
             if (g[s].count > 0 && mb > 0) {
                 cJSON_AddNumberToObject(line, "ratio", gang_report_round(gb / mb, 3));
-                if (o->bytes[s] >= BC_TARGET_MIN_BYTES)
+                if (o->op == 0 ? o->bytes[s] >= BC_TARGET_MIN_BYTES
+                               : o->bytes[s] <= BC_A2A_TARGET_MAX_BYTES)
                     ratios[(*nratios)++] = gb / mb;
             }
         } else if (!o->no_peer && prc != 1) {
@@ -710,24 +756,33 @@ static void bc_emit_sizes(const bc_opts *o, const bc_stats *g, const bc_stats *m
     }
 }
 
-/* The summary line: the median ratio over sizes >= 1 MiB against the target. */
+/*
+ * The summary line: the median ratio over the target's sizes (all-reduce: >= 1 MiB,
+ * target 0.8; all-to-all: <= 256 KiB, the decode step's, target 1.0) against the target.
+ */
 static void bc_emit_summary(const bc_opts *o, double *ratios, int nratios, int rc, const char *why)
 {
-    cJSON *sum = gang_report_new("allreduce");
+    cJSON *sum = gang_report_new(o->op_name);
+    const char *range = o->op == 0 ? "ge_1mib" : "le_256kib";
+    double target = o->op == 0 ? BC_TARGET : BC_A2A_TARGET;
+    char key[64];
 
     cJSON_AddStringToObject(sum, "summary", "ratio = ganglion busbw / Open MPI busbw");
     cJSON_AddStringToObject(sum, "backend", gang_comm_backend_name(o->backend));
     cJSON_AddNumberToObject(sum, "ranks", (double)o->ranks);
-    cJSON_AddNumberToObject(sum, "sizes_ge_1mib", nratios);
+    snprintf(key, sizeof key, "sizes_%s", range);
+    cJSON_AddNumberToObject(sum, key, nratios);
+    snprintf(key, sizeof key, "median_ratio_%s", range);
     if (nratios > 0) {
         double med = gang_report_median(ratios, nratios); /* sorts: ratios[0] is the min */
-        cJSON_AddNumberToObject(sum, "median_ratio_ge_1mib", gang_report_round(med, 3));
-        cJSON_AddNumberToObject(sum, "min_ratio_ge_1mib", gang_report_round(ratios[0], 3));
-        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
-        cJSON_AddBoolToObject(sum, "target_met", med >= BC_TARGET);
+        cJSON_AddNumberToObject(sum, key, gang_report_round(med, 3));
+        snprintf(key, sizeof key, "min_ratio_%s", range);
+        cJSON_AddNumberToObject(sum, key, gang_report_round(ratios[0], 3));
+        cJSON_AddNumberToObject(sum, "target", target);
+        cJSON_AddBoolToObject(sum, "target_met", med >= target);
     } else {
-        cJSON_AddNullToObject(sum, "median_ratio_ge_1mib");
-        cJSON_AddNumberToObject(sum, "target", BC_TARGET);
+        cJSON_AddNullToObject(sum, key);
+        cJSON_AddNumberToObject(sum, "target", target);
         cJSON_AddNullToObject(sum, "target_met");
     }
     if (rc != 0)
@@ -735,7 +790,8 @@ static void bc_emit_summary(const bc_opts *o, double *ratios, int nratios, int r
     gang_report_emit(sum);
 }
 
-int gang_bench_allreduce_main(int argc, char **argv)
+/* Both benchmarks: op 0 all-reduce, op 1 all-to-all(v). */
+static int bc_main(int argc, char **argv, int op)
 {
     bc_opts o;
     bc_stats g[BC_MAX_SIZES], m[BC_MAX_SIZES];
@@ -747,7 +803,7 @@ int gang_bench_allreduce_main(int argc, char **argv)
     int rc, prc = 1;
 
     memset(&o, 0, sizeof o);
-    rc = bc_parse(argc, argv, &o);
+    rc = bc_parse(argc, argv, &o, op);
     if (rc != 0)
         return rc == GANG_OPTS_HELP ? GANG_EXIT_OK : GANG_EXIT_USAGE;
     bc_schedule(&o);
@@ -756,7 +812,7 @@ int gang_bench_allreduce_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) {
-        gang_error("bench allreduce: cannot read /proc/self/exe: %s", strerror(errno));
+        gang_error("bench %s: cannot read /proc/self/exe: %s", o.op_name, strerror(errno));
         return GANG_EXIT_INTERNAL;
     }
     exe[len] = '\0';
@@ -764,26 +820,38 @@ int gang_bench_allreduce_main(int argc, char **argv)
     if (strrchr(dir, '/') != NULL)
         *strrchr(dir, '/') = '\0';
 
-    gang_info("bench allreduce: backend %s, %lld ranks, %d sizes up to %lld bytes", o.backend_name,
-              (long long)o.ranks, o.nsizes, (long long)o.max_bytes);
+    gang_info("bench %s: backend %s, %lld ranks, %d sizes up to %lld bytes", o.op_name,
+              o.backend_name, (long long)o.ranks, o.nsizes, (long long)o.max_bytes);
     rc = bc_run_ganglion(&o, exe, g, why, sizeof why);
     if (rc != 0)
-        gang_error("bench allreduce: ganglion %s run failed: %s (%s)", o.backend_name, why,
+        gang_error("bench %s: ganglion %s run failed: %s (%s)", o.op_name, o.backend_name, why,
                    gang_err_name(rc));
     if (!o.no_peer) {
         snprintf(prog, sizeof prog, "%s/mpi-allreduce", dir);
-        gang_info("bench allreduce: peer mpirun -np %lld %s", (long long)o.ranks, prog);
-        prc = bc_mpirun_schedule(&o, prog, NULL, 0, &pk, peer_why, sizeof peer_why);
+        gang_info("bench %s: peer mpirun -np %lld %s --op %s", o.op_name, (long long)o.ranks, prog,
+                  o.op_name);
+        char *peer_pre[] = {"--op", (char *)(uintptr_t)o.op_name};
+        prc = bc_mpirun_schedule(&o, prog, peer_pre, 2, &pk, peer_why, sizeof peer_why);
         if (prc == 1) {
-            cJSON *skip = gang_report_new("allreduce");
+            cJSON *skip = gang_report_new(o.op_name);
             cJSON_AddStringToObject(skip, "peer", "mpirun mpi-allreduce");
             cJSON_AddStringToObject(skip, "skipped", peer_why);
             gang_report_emit(skip);
         } else if (prc != 0) {
-            gang_error("bench allreduce: peer failed: %s (%s)", peer_why, gang_err_name(prc));
+            gang_error("bench %s: peer failed: %s (%s)", o.op_name, peer_why, gang_err_name(prc));
         }
     }
     bc_emit_sizes(&o, g, m, why, peer_why, prc, ratios, &nratios);
     bc_emit_summary(&o, ratios, nratios, rc, why);
     return rc == 0 ? GANG_EXIT_OK : GANG_EXIT_TEMPFAIL;
+}
+
+int gang_bench_allreduce_main(int argc, char **argv)
+{
+    return bc_main(argc, argv, 0);
+}
+
+int gang_bench_alltoall_main(int argc, char **argv)
+{
+    return bc_main(argc, argv, 1);
 }

@@ -41,6 +41,7 @@ static const bench_entry benches[] = {
     {"failover", gang_bench_failover_main, "failure detection and gang re-formation"},
     {"allreduce", gang_bench_allreduce_main, "all-reduce bus bandwidth vs Open MPI"},
     {"allreduce-rank", gang_bench_allreduce_rank_main, NULL},
+    {"alltoall", gang_bench_alltoall_main, "all-to-all(v) bus bandwidth vs Open MPI"},
     {"pipeline", gang_bench_pipeline_main, "GPipe schedule vs its bubble bound"},
     {"decode", gang_bench_decode_main, "prefill / decode tokens/s per TP x PP layout"},
     {"gemm", gang_bench_gemm_main, "our GEMM path vs direct cuBLAS (GPU)"},

@@ -40,6 +40,7 @@ int gang_bench_rendezvous_main(int argc, char **argv);
 int gang_bench_failover_main(int argc, char **argv);
 int gang_bench_allreduce_main(int argc, char **argv);
 int gang_bench_allreduce_rank_main(int argc, char **argv);
+int gang_bench_alltoall_main(int argc, char **argv);
 int gang_bench_pipeline_main(int argc, char **argv);
 int gang_bench_decode_main(int argc, char **argv);
 int gang_bench_gemm_main(int argc, char **argv);
