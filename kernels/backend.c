@@ -22,7 +22,8 @@
 /* A handle: its backend's static vtable and the backend's per-handle state. */
 struct gang_kernels {
     const gang__kernels_backend *be;
-    void *ctx; /* what be->open returned; NULL for a backend without open */
+    void *ctx;                 /* what be->open returned; NULL for a backend without open */
+    gang_kernels_counters cnt; /* gang_kernels_counters_get */
 };
 
 /* ---------------------------------------------------------------------------------
@@ -156,6 +157,7 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
         rc = GANG_ENOMEM;
         goto out_close;
     }
+    memset(k, 0, sizeof(*k));
     k->be = be;
     k->ctx = ctx;
     *out = k;
@@ -190,13 +192,17 @@ uint32_t gang_kernels_caps(const gang_kernels *k)
  * --------------------------------------------------------------------------------- */
 int gang_kernels_alloc(gang_kernels *k, size_t bytes, void **out)
 {
+    int rc;
+
     if (out != NULL)
         *out = NULL;
     if (k == NULL || out == NULL || bytes == 0)
         return GANG_EINVAL;
     if (k->be->alloc == NULL)
         return GANG_ENOSYS;
-    return k->be->alloc(k->ctx, bytes, out);
+    rc = k->be->alloc(k->ctx, bytes, out);
+    k->cnt.allocs += rc == 0;
+    return rc;
 }
 
 void gang_kernels_free(gang_kernels *k, void *p)
@@ -217,6 +223,8 @@ int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t byte
         return 0;
     if (k->be->upload == NULL)
         return GANG_ENOSYS;
+    k->cnt.host_syncs++;
+    k->cnt.h2d_bytes += bytes;
     return k->be->upload(k->ctx, dst, src, bytes);
 }
 
@@ -229,6 +237,8 @@ int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t by
         return gang_kernels_sync(k);
     if (k->be->download == NULL)
         return GANG_ENOSYS;
+    k->cnt.host_syncs++;
+    k->cnt.d2h_bytes += bytes;
     return k->be->download(k->ctx, dst, src, bytes);
 }
 
@@ -240,6 +250,7 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
         return 0;
     if (k->be->copy == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->copy(k->ctx, dst, src, bytes);
 }
 
@@ -253,6 +264,7 @@ int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *
         return GANG_ERANGE;
     if (k->be->copy_2d == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->copy_2d(k->ctx, dst, dpitch, src, spitch, width, rows);
 }
 
@@ -262,6 +274,7 @@ int gang_kernels_sync(gang_kernels *k)
         return GANG_EINVAL;
     if (k->be->sync == NULL)
         return GANG_ENOSYS;
+    k->cnt.host_syncs++;
     return k->be->sync(k->ctx);
 }
 
@@ -270,6 +283,14 @@ void *gang_kernels_device_stream(gang_kernels *k)
     if (k == NULL || k->be->stream == NULL)
         return NULL;
     return k->be->stream(k->ctx);
+}
+
+int gang_kernels_counters_get(const gang_kernels *k, gang_kernels_counters *out)
+{
+    if (k == NULL || out == NULL)
+        return GANG_EINVAL;
+    *out = k->cnt;
+    return 0;
 }
 
 void *gang__kernels_ctx_of(gang_kernels *k, const gang__kernels_backend *be)
@@ -343,6 +364,7 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
         return rc;
     if (k->be->gemm == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
@@ -360,6 +382,7 @@ int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float 
         return rc;
     if (k->be->rmsnorm == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->rmsnorm(k->ctx, x, w, eps, rows, dim, out);
 }
 
@@ -380,6 +403,7 @@ int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_
      * and reports a negative one at the next sync). */
     if (k->be->rope == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->rope(k->ctx, x, positions, tokens, heads, head_dim, inv_freq, scale);
 }
 
@@ -394,6 +418,7 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)
         return rc;
     if (k->be->softmax == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->softmax(k->ctx, x, rows, cols);
 }
 
@@ -461,6 +486,7 @@ int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc
         return rc;
     if (k->be->attention == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->attention(k->ctx, q, kc, vc, pages, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
                             window, out);
 }
@@ -480,6 +506,7 @@ int gang_kernels_attention_batch(gang_kernels *k, const gang_kernels_attn_seq *s
         if (rc < 0)
             return rc;
     }
+    k->cnt.launches += k->be->attention_batch != NULL ? 1 : n_seq;
     if (k->be->attention_batch != NULL)
         return k->be->attention_batch(k->ctx, seqs, n_seq, n_heads, n_kv_heads, head_dim, window);
     if (k->be->attention == NULL)
@@ -503,6 +530,7 @@ int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, s
         return GANG_ERANGE;
     if (k->be->silu_mul == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->silu_mul(k->ctx, gate, up, n, out);
 }
 
@@ -514,6 +542,7 @@ int gang_kernels_gelu_mul(gang_kernels *k, const float *gate, const float *up, s
         return GANG_ERANGE;
     if (k->be->gelu_mul == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->gelu_mul(k->ctx, gate, up, n, out);
 }
 
@@ -525,6 +554,7 @@ int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n)
         return GANG_ERANGE;
     if (k->be->scale == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->scale(k->ctx, x, a, n);
 }
 
@@ -558,6 +588,7 @@ int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, 
     /* The ids are the backend's to check, every one before anything is written. */
     if (k->be->embedding == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->embedding(k->ctx, table, vocab, dim, ids, n_ids, out);
 }
 
@@ -571,6 +602,7 @@ int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const 
     if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
     /* f32 weights are a plain GEMM, unless the backend's matmul takes them itself. */
+    k->cnt.launches++;
     if (w->type == GANG_KW_F32 && k->be->gemm != NULL && !k->be->matmul_f32)
         return k->be->gemm(k->ctx, GANG_DTYPE_F32, 1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
     if (k->be->matmul == NULL)
@@ -586,6 +618,7 @@ int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
         return GANG_ERANGE;
     if (k->be->add == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->add(k->ctx, x, y, n);
 }
 
@@ -600,6 +633,7 @@ int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t r
         return rc;
     if (k->be->add_rows == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->add_rows(k->ctx, x, bias, rows, cols);
 }
 
@@ -616,6 +650,7 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
         return rc;
     if (k->be->argmax == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->argmax(k->ctx, x, rows, cols, out);
 }
 
@@ -644,6 +679,7 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, 
         return rc;
     if (k->be->gemm == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->gemm(k->ctx, dt, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
@@ -658,6 +694,7 @@ int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src, gang
         return GANG_ERANGE;
     if (k->be->convert == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->convert(k->ctx, from, src, to, dst, n);
 }
 

@@ -426,6 +426,31 @@ void *gang_kernels_device_stream(gang_kernels *k);
  */
 int gang_kernels_bind_thread(gang_kernels *k);
 
+/*
+ * What a handle asked of its backend so far, counted by the front (kernels/backend.c) for
+ * every backend alike, so that the host/device traffic of a code path can be measured
+ * without a GPU (the "fake" device, `bench decode --device fake`) and compared with the
+ * same path on "cuda":
+ *  - host_syncs: calls that make the host wait for the device: sync, download and the
+ *    blocking upload (upload_async does not);
+ *  - launches: operations enqueued on the handle's queue: every kernel above, the device
+ *    copies and upload_async (a call the front splits per sequence counts once per part);
+ *  - allocs: successful gang_kernels_alloc calls;
+ *  - h2d_bytes / d2h_bytes: bytes of upload + upload_async / download.
+ * Counters only grow; a caller measures a span by the difference of two reads. The "cpu"
+ * backend is counted too (its uploads are memcpy: the counts say what a device would do).
+ */
+typedef struct gang_kernels_counters {
+    uint64_t host_syncs;
+    uint64_t launches;
+    uint64_t allocs;
+    uint64_t h2d_bytes;
+    uint64_t d2h_bytes;
+} gang_kernels_counters;
+
+/* Copies k's counters into *out: 0, or GANG_EINVAL for NULL. */
+int gang_kernels_counters_get(const gang_kernels *k, gang_kernels_counters *out);
+
 /* Pool accounting (device backends; the cpu backend reports zeros). */
 typedef struct gang_kernels_pool_stats {
     uint64_t pool_bytes;   /* size of the pool allocated at open */
