@@ -242,6 +242,20 @@ int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t by
     return k->be->download(k->ctx, dst, src, bytes);
 }
 
+/* A backend without an asynchronous upload waits: counted as the sync it is. */
+int gang_kernels_upload_async(gang_kernels *k, void *dst, const void *src, size_t bytes)
+{
+    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
+        return GANG_EINVAL;
+    if (bytes == 0)
+        return 0;
+    if (k->be->upload_async == NULL)
+        return gang_kernels_upload(k, dst, src, bytes);
+    k->cnt.launches++;
+    k->cnt.h2d_bytes += bytes;
+    return k->be->upload_async(k->ctx, dst, src, bytes);
+}
+
 int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
 {
     if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
@@ -652,6 +666,61 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
         return GANG_ENOSYS;
     k->cnt.launches++;
     return k->be->argmax(k->ctx, x, rows, cols, out);
+}
+
+/* ---------------------------------------------------------------------------------
+ * The decode step's operations (issue #24): one launch each whatever the batch.
+ * --------------------------------------------------------------------------------- */
+int gang_kernels_attention_step(gang_kernels *k, const gang_kernels_step_kv *kv, const float *knew,
+                                const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                                size_t n_kv_heads, size_t head_dim, size_t window, float *out)
+{
+    size_t n;
+
+    if (k == NULL || kv == NULL || knew == NULL || vnew == NULL || q == NULL || out == NULL ||
+        kv->kc == NULL || kv->vc == NULL || kv->tables == NULL || kv->positions == NULL ||
+        kv->table_rows == NULL || tokens == 0 || n_heads == 0 || n_kv_heads == 0 || head_dim == 0 ||
+        kv->block_size == 0 || kv->n_blocks == 0)
+        return GANG_EINVAL;
+    if (n_heads % n_kv_heads != 0 || (kv->dtype != GANG_DTYPE_F32 && kv->dtype != GANG_DTYPE_BF16 &&
+                                      kv->dtype != GANG_DTYPE_F16))
+        return GANG_EINVAL;
+    if (elems3(tokens, n_heads, head_dim, &n) < 0 ||
+        elems3(kv->n_blocks, kv->block_size, n_kv_heads * head_dim, &n) < 0 || tokens > INT32_MAX)
+        return GANG_ERANGE;
+    if (k->be->attention_step == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->attention_step(k->ctx, kv, knew, vnew, q, tokens, n_heads, n_kv_heads, head_dim,
+                                 window, out);
+}
+
+int gang_kernels_scatter_i32(gang_kernels *k, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                             size_t n_pairs)
+{
+    if (k == NULL || dst == NULL || pairs == NULL || dst_n == 0 || n_pairs == 0)
+        return GANG_EINVAL;
+    if (dst_n > INT32_MAX || n_pairs > INT32_MAX)
+        return GANG_ERANGE;
+    if (k->be->scatter_i32 == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->scatter_i32(k->ctx, dst, dst_n, pairs, n_pairs);
+}
+
+int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_t cols,
+                        const gang_kernels_sample_param *params, int32_t *out)
+{
+    size_t n;
+
+    if (k == NULL || logits == NULL || params == NULL || out == NULL || rows == 0 || cols == 0)
+        return GANG_EINVAL;
+    if (cols > INT32_MAX || elems(rows, cols, &n) < 0)
+        return GANG_ERANGE;
+    if (k->be->sample == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->sample(k->ctx, logits, rows, cols, params, out);
 }
 
 /* ---------------------------------------------------------------------------------
