@@ -367,8 +367,10 @@ int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n);
 
 /*
  * Embedding lookup: out[t,:] = table[ids[t],:] for t < n_ids; table is [vocab, dim]. Every
- * id is checked before anything is written: an id < 0 or >= vocab returns GANG_EINVAL and
- * leaves out untouched. out must not overlap table.
+ * id is checked before anything is written: an id < 0 or >= vocab leaves out untouched
+ * and is GANG_EINVAL, returned by the call on "cpu" and by the next gang_kernels_sync or
+ * download on a device (which does not wait for its ids: a decode step's embedding makes
+ * no host synchronisation). out must not overlap table.
  */
 int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, size_t dim,
                            const int32_t *ids, size_t n_ids, float *out);
