@@ -39,6 +39,22 @@
 
 #include "engine-internal.h"
 
+/*
+ * Waits for what the step's device communicators enqueued without waiting (nccl ordered
+ * on the device: gang_comm_settle), with the step's deadline; nothing for host ones.
+ */
+static int run_settle(gang_comm *tp, gang_comm *pp, uint64_t deadline)
+{
+    uint64_t left;
+    int rc = 0;
+
+    if (tp != NULL && (rc = gang_deadline_left(deadline, &left)) == 0)
+        rc = gang_comm_settle(tp, left);
+    if (rc == 0 && pp != NULL && (rc = gang_deadline_left(deadline, &left)) == 0)
+        rc = gang_comm_settle(pp, left);
+    return rc;
+}
+
 /* Token range [*t0, *t1) of the sequences [first, first + count) of the plan. */
 static void run_token_range(const gang_engine *e, uint32_t first, uint32_t count, uint32_t *t0,
                             uint32_t *t1)
@@ -116,8 +132,8 @@ static void run_sample(gang_engine *e, uint32_t i, uint32_t row)
  * stage, which sends them on); on the host, the rows come down in one download and are
  * sampled there. Either way the sampled tokens end in e->plan.out.
  */
-static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
-                    uint64_t deadline)
+static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp, uint32_t first,
+                    uint32_t count, uint64_t deadline)
 {
     const gang_model *m = e->m;
     size_t hidden = m->topo.hidden, vc = m->shard.vocab_count, vocab = e->vocab;
@@ -167,6 +183,8 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
         rc = gang__dev_sample(e, k, rows, first, count, row0, ns);
         e->n_head_rows = row0 + ns;
         if (rc == 0 && m->topo.pp > 1)
+            rc = run_settle(tp, pp, deadline);
+        if (rc == 0 && m->topo.pp > 1)
             rc = gang__dev_fetch_ids(e, k); /* the pipeline sends them on now */
         return rc;
     }
@@ -186,8 +204,8 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
 }
 
 /* F(k): the stage's work on the sequences [first, first + count), in place in e->act. */
-static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
-                     uint64_t deadline)
+static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp, uint32_t first,
+                     uint32_t count, uint64_t deadline)
 {
     const gang_model *m = e->m;
     size_t hidden = m->topo.hidden;
@@ -220,7 +238,7 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
             return rc;
     }
     if (e->is_last)
-        return run_head(e, k, tp, first, count, deadline);
+        return run_head(e, k, tp, pp, first, count, deadline);
     return 0;
 }
 
@@ -297,7 +315,7 @@ static int run_cb_work(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline)
 {
     run_ctx *c = ctx;
 
-    return run_stage(c->e, c->k, c->tp, mb->first, mb->count, deadline);
+    return run_stage(c->e, c->k, c->tp, c->pp, mb->first, mb->count, deadline);
 }
 
 /* SEND_ACT: mb's activations to stage peer over pp (pp rank == stage). */
@@ -376,7 +394,11 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
             return rc;
     }
     rc = gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb, deadline);
-    /* One stage: the ids of every microbatch come down at once, the step's one wait. */
+    /* The step's collectives, awaited once with its deadline (nccl returns at enqueue),
+     * then with one stage the ids of every microbatch come down at once: the step's one
+     * host synchronisation of the compute stream. */
+    if (rc == 0)
+        rc = run_settle(tp, pp, deadline);
     if (rc == 0 && e->is_last && e->m->topo.pp == 1)
         rc = gang__dev_fetch_ids(e, k);
     return rc;

@@ -247,6 +247,7 @@ static fake_comm_counts run_fake_tp(const full_model *fm, script *sc, const scri
         sum.ordered += c.ordered;
         sum.waits_between += c.waits_between;
         sum.unordered += c.unordered;
+        sum.settles += c.settles;
         gang_comm_free(fake_tp[r]);
         fake_tp[r] = NULL;
     }
@@ -276,6 +277,12 @@ static void test_fake_tp_no_host_sync(void **state)
         assert_int_equal(on.unordered, 0);
         assert_int_equal(on.ordered, on.all_reduces + on.all_gathers);
         assert_true(on.all_gathers > 0); /* the logits, last stage */
+        /* Their completion awaited once per step (gang_comm_settle), not per collective:
+         * at most one per step and microbatch (a pipeline's last stage settles before it
+         * sends its ids on) and one per step, against 2 x layers all-reduces a step. */
+        assert_true(on.settles > 0);
+        assert_true(on.settles * 4 <= on.all_reduces);
+        assert_int_equal(off.settles, 0);
         /* The control: without it, exactly one host synchronisation per all-reduce. */
         assert_int_equal(off.all_reduces, on.all_reduces);
         assert_int_equal(off.waits_between, off.all_reduces);
