@@ -114,6 +114,10 @@ typedef struct bd_run {
     char load_err[256];                /* lock: --model: the loader's message (refusals) */
     double weight_bytes, stream_bytes; /* lock: --model, cuda: summed over the ranks */
     size_t kv_elem_bytes;              /* lock: bytes of one element of the KV cache */
+    /* Each rank's kernels counters over the decode steps (all but the first step) of the
+     * timed iterations, and how many steps that was; written by the rank's own thread. */
+    gang_kernels_counters steps_cnt[BD_MAX_RANKS];
+    uint64_t n_steps[BD_MAX_RANKS];
 } bd_run;
 
 typedef struct bd_rank {
@@ -358,6 +362,8 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
     gang_comm *tp = r->tp > 1 || r->nccl ? c[1] : NULL, *pp = r->pp > 1 ? c[2] : NULL;
     uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
     int agree = !o->no_agree && iter == (int)(o->warmup + o->iters);
+    int timed = iter >= (int)o->warmup && !agree;
+    gang_kernels_counters c0, c1;
     gang_gen_request req;
     gang_gen_event ev;
     char err[256];
@@ -390,8 +396,10 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
         rc = gang_engine_step(e, k, c[0], tp, pp, tmo);
         if (rc != 0)
             return rc;
-        if (s == 0)
+        if (s == 0) {
             t1 = gang_now_ns();
+            gang_kernels_counters_get(k, &c0);
+        }
         while (x->rank == 0 && gang_engine_poll(e, &ev) == 1) {
             uint64_t seq = (ev.id - 1) % r->batch;
 
@@ -404,6 +412,17 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
                 memcpy(d->lps, ev.top_logprobs, d->n_top * sizeof(float));
             }
         }
+    }
+    if (timed && o->tokens > 1) {
+        gang_kernels_counters *a = &r->steps_cnt[x->rank];
+
+        gang_kernels_counters_get(k, &c1);
+        a->host_syncs += c1.host_syncs - c0.host_syncs;
+        a->launches += c1.launches - c0.launches;
+        a->allocs += c1.allocs - c0.allocs;
+        a->h2d_bytes += c1.h2d_bytes - c0.h2d_bytes;
+        a->d2h_bytes += c1.d2h_bytes - c0.d2h_bytes;
+        r->n_steps[x->rank] += o->tokens - 1;
     }
     if (x->rank == 0) {
         if (gang_engine_pending(e) != 0) {
@@ -593,6 +612,31 @@ static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, con
 }
 
 /*
+ * The kernels counters of a decode step (issue #24): for each, the largest per-step mean
+ * over the point's ranks (the busiest rank sets the step's pace), two decimals.
+ */
+static void bd_emit_counters(cJSON *line, const bd_run *r)
+{
+    double v[5] = {0, 0, 0, 0, 0};
+    static const char *const names[5] = {"host_syncs_per_step", "launches_per_step",
+                                         "allocs_per_step", "h2d_bytes_per_step",
+                                         "d2h_bytes_per_step"};
+
+    for (uint32_t i = 0; i < r->tp * r->pp && i < BD_MAX_RANKS; i++) {
+        const gang_kernels_counters *c = &r->steps_cnt[i];
+        double n = r->n_steps[i] > 0 ? (double)r->n_steps[i] : 1.0;
+        double x[5] = {(double)c->host_syncs, (double)c->launches, (double)c->allocs,
+                       (double)c->h2d_bytes, (double)c->d2h_bytes};
+
+        for (int j = 0; j < 5; j++)
+            if (x[j] / n > v[j])
+                v[j] = x[j] / n;
+    }
+    for (int j = 0; j < 5; j++)
+        cJSON_AddNumberToObject(line, names[j], gang_report_round(v[j], 2));
+}
+
+/*
  * Prints the line of one point: its shape and, when it ran (rc == 0), the median times,
  * tokens/s, the roofline (cuda) and the ratios against the 1x1 point base; otherwise
  * the error. Fills res's rates.
@@ -646,6 +690,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     cJSON_AddNumberToObject(line, "decode_ms_p50", gang_report_round(dec, 3));
     cJSON_AddNumberToObject(line, "prefill_tok_s", gang_report_round(res->prefill_tps, 1));
     cJSON_AddNumberToObject(line, "decode_tok_s", gang_report_round(res->decode_tps, 1));
+    if (o->cuda)
+        bd_emit_counters(line, r);
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
         double roof = (double)batch * o->copy_gbps * 1e9 / r->stream_bytes;
 

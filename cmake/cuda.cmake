@@ -18,7 +18,8 @@
 #    first created, so every CUDA-free process (the agent, CPU workers, `ganglion info`)
 #    starts fast and also on nodes that lack these libraries. Where they are looked for is
 #    common/dynlib.c's order (flag, Python environment, loader, build-time directory).
-#  - tests: test-cuda (unit-cuda), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
+#  - tests: test-cuda (unit-cuda), test-cuda-step (unit-cuda-step: the decode step's
+#    kernels), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
 #    (unit-comm-nccl); they skip visibly when no GPU is present.
 
 set(GANG_HAVE_CUDA_KERNELS 0)
@@ -72,7 +73,8 @@ target_sources(gang_kernels PRIVATE
   kernels/cuda/cuda-device.c
   kernels/cuda/cuda-ops.cu
   kernels/cuda/cuda-attention.cu
-  kernels/cuda/cuda-matmul.cu)
+  kernels/cuda/cuda-matmul.cu
+  kernels/cuda/cuda-step.cu)
 gang_cuda_language_options(gang_kernels)
 target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
   GANG_CUDA_LIBDIR="${CUDAToolkit_LIBRARY_DIR}")
@@ -126,6 +128,10 @@ add_executable(test-cuda tests/unit/test-cuda.c)
 target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda COMMAND test-cuda)
 set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300 LABELS unit)
+add_executable(test-cuda-step tests/unit/test-cuda-step.c)
+target_link_libraries(test-cuda-step PRIVATE gang_kernels PkgConfig::CMOCKA m)
+add_test(NAME unit-cuda-step COMMAND test-cuda-step)
+set_tests_properties(unit-cuda-step PROPERTIES TIMEOUT 300 LABELS unit)
 
 # The engine on "cuda" against the CPU backend (shares the CPU engine tests' fixture).
 add_executable(test-engine-cuda tests/unit/test-engine-cuda.c tests/unit/engine-fixture.c

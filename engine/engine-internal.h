@@ -167,9 +167,21 @@ struct gang_engine {
                                       all-gather when k is a device (else empty) */
     gang_tp_shard *shards;         /* [tp] every TP rank's shard (vocab ranges) */
     gang__sampler sampler;
-    int32_t *hist;        /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
-                             slot, at its position (what the penalties count) */
-    int32_t *plan_buf;    /* header + body of the wire form */
+    int32_t *hist; /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
+                      slot, at its position (what the penalties count) */
+    /* The device path of a step (engine-device.c; a device handle only, else NULL). */
+    int32_t *tables_held;                /* host: [slots, max_bps] what tables_dev holds */
+    int32_t *tab_pairs;                  /* host: [2 x slots x max_bps] a step's (index,
+                                            block) updates of tables_dev */
+    int32_t *tab_pairs_dev;              /* (T) the same, for the scatter */
+    gang_kernels_sample_param *samp;     /* last stage, host: [slots] by head row */
+    gang_kernels_sample_param *samp_dev; /* (T) the same */
+    int32_t *ids_dev;                    /* (T) last stage: [slots] ids drawn, by head row */
+    int32_t *ids;                        /* host: the same, once downloaded */
+    uint32_t host_sample;                /* this step samples on the host (a host handle, or
+                                            a sequence with logprobs or penalties) */
+    uint32_t ids_first, ids_pending;     /* head rows drawn on the device, not yet fetched */
+    int32_t *plan_buf;                   /* header + body of the wire form */
     int32_t *wire_tables; /* [slots, max_bps] the tables of a plan on the wire, by sequence */
     uint8_t *slot_seen;   /* [slots] duplicate check of a received plan */
     gang__plan plan;
@@ -218,9 +230,30 @@ uint32_t gang__pc_lookup(const gang_engine *e, const gang__request *q, uint32_t 
 void gang__pc_hold(gang_engine *e, int32_t b);
 /* Registers q's blocks that became full with its last step's tokens. */
 void gang__pc_register(gang_engine *e, gang__request *q);
-/* Uploads the block tables of the decoded plan's sequences to e->tables_dev. 0 or the
- * upload's error. */
+/* Brings e->tables_dev up to the decoded plan's tables: a host handle copies each
+ * sequence's row; a device updates the changed entries in place (engine-device.c). 0 or
+ * the first error. */
 int gang__plan_upload_tables(gang_engine *e);
+
+/* ---- the device path of a step (engine-device.c) ---- */
+
+/* Allocates the device path's buffers (nothing for a host handle) and sets the device
+ * tables to the host's zeros: init only. 0, GANG_ENOMEM or the upload's error. */
+int gang__dev_alloc(gang_engine *e);
+void gang__dev_free(gang_engine *e);
+/* Decides, for the decoded plan, whether this step samples on the host, and clears the
+ * pending ids. Every rank calls it before running the stage. */
+void gang__dev_step_begin(gang_engine *e);
+/*
+ * The last stage's TP rank 0, device path: draws the ns sampling sequences of plan
+ * sequences [first, first + count) from rows [ns, vocab] (tensor memory: head rows row0
+ * ..) into ids_dev, their parameters uploaded without a wait; sets head_row. The ids come
+ * down at gang__dev_fetch_ids. 0 or the first kernels error.
+ */
+int gang__dev_sample(gang_engine *e, gang_kernels *k, const float *rows, uint32_t first,
+                     uint32_t count, uint32_t row0, uint32_t ns);
+/* Downloads the ids drawn since the last fetch (one host wait) into e->plan.out. */
+int gang__dev_fetch_ids(gang_engine *e, gang_kernels *k);
 
 /* Blocks that cover positions 0 .. n - 1. */
 static inline uint32_t gang__blocks_for(const gang_engine *e, uint32_t n)
@@ -280,9 +313,10 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
 /*
  * The logits [vocab] the last step computed for plan sequence i, on the last stage's
  * TP rank 0 (for tests and the reference tool), or NULL when that sequence did not
- * sample or this rank does not hold them.
+ * sample or this rank does not hold them. A device step that sampled on the device kept
+ * them there: the row is downloaded (a host wait) into e->logits first.
  */
-const float *gang__engine_logits(const gang_engine *e, uint32_t i);
+const float *gang__engine_logits(gang_engine *e, uint32_t i);
 
 /* ---- sampling (sample.c) ---- */
 

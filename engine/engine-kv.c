@@ -1,8 +1,8 @@
 /*
  * Rank 0's KV block allocator and automatic prefix cache: which blocks of the pools each
  * running sequence holds (the slots' block tables), the free stack, and the cache of full
- * prompt blocks shared by reference count; plus the upload of a plan's tables, which
- * every rank does.
+ * prompt blocks shared by reference count. (The upload of a plan's tables, which every
+ * rank does, is engine-device.c's.)
  *
  * Prefix cache: a full block's key is the hash chain h_i = mix(h_{i-1}, its block_size
  * tokens) from the sequence's start, so equal keys mean equal prefixes up to that block
@@ -201,20 +201,4 @@ void gang__kv_reset(gang_engine *e)
         e->ht_head[i] = -1;
     e->lru_head = e->lru_tail = -1;
     e->n_lru = 0;
-}
-
-int gang__plan_upload_tables(gang_engine *e)
-{
-    const gang__plan *p = &e->plan;
-    uint32_t i;
-    int rc = 0;
-
-    for (i = 0; i < p->n_seq && rc == 0; i++) {
-        size_t off = (size_t)p->seqs[i].slot * e->max_bps;
-
-        rc = gang_kernels_upload(e->k, e->tables_dev + off, e->tables + off,
-                                 gang__blocks_for(e, p->seqs[i].pos0 + p->seqs[i].n) *
-                                     sizeof(int32_t));
-    }
-    return rc;
 }

@@ -39,6 +39,22 @@
 
 #include "engine-internal.h"
 
+/*
+ * Waits for what the step's device communicators enqueued without waiting (nccl ordered
+ * on the device: gang_comm_settle), with the step's deadline; nothing for host ones.
+ */
+static int run_settle(gang_comm *tp, gang_comm *pp, uint64_t deadline)
+{
+    uint64_t left;
+    int rc = 0;
+
+    if (tp != NULL && (rc = gang_deadline_left(deadline, &left)) == 0)
+        rc = gang_comm_settle(tp, left);
+    if (rc == 0 && pp != NULL && (rc = gang_deadline_left(deadline, &left)) == 0)
+        rc = gang_comm_settle(pp, left);
+    return rc;
+}
+
 /* Token range [*t0, *t1) of the sequences [first, first + count) of the plan. */
 static void run_token_range(const gang_engine *e, uint32_t first, uint32_t count, uint32_t *t0,
                             uint32_t *t1)
@@ -51,13 +67,14 @@ static void run_token_range(const gang_engine *e, uint32_t first, uint32_t count
 
 /*
  * Copies the last token's activations of every sampling sequence of [first, first +
- * count) into e->head_in, in order; consecutive source rows (a batch of decodes) go in
- * one copy. Returns the number of rows in *ns.
+ * count) into e->head_in from head row row0 on, in order; consecutive source rows (a
+ * batch of decodes) go in one copy. Returns the number of rows in *ns.
  */
 static int run_gather_last(gang_engine *e, gang_kernels *k, uint32_t first, uint32_t count,
-                           uint32_t *ns)
+                           uint32_t row0, uint32_t *ns)
 {
     size_t hidden = e->m->topo.hidden, row = hidden * sizeof(float);
+    float *head_in = e->head_in + (size_t)row0 * hidden;
     uint32_t i, src, run_src = 0, run_dst = 0, run_len = 0, n = 0;
     int rc = 0;
 
@@ -71,7 +88,7 @@ static int run_gather_last(gang_engine *e, gang_kernels *k, uint32_t first, uint
             run_len++;
         } else {
             if (run_len > 0)
-                rc = gang_kernels_copy(k, e->head_in + (size_t)run_dst * hidden,
+                rc = gang_kernels_copy(k, head_in + (size_t)run_dst * hidden,
                                        e->act + (size_t)run_src * hidden, run_len * row);
             run_src = src;
             run_dst = n;
@@ -80,7 +97,7 @@ static int run_gather_last(gang_engine *e, gang_kernels *k, uint32_t first, uint
         n++;
     }
     if (rc == 0 && run_len > 0)
-        rc = gang_kernels_copy(k, e->head_in + (size_t)run_dst * hidden,
+        rc = gang_kernels_copy(k, head_in + (size_t)run_dst * hidden,
                                e->act + (size_t)run_src * hidden, run_len * row);
     *ns = n;
     return rc;
@@ -109,34 +126,40 @@ static void run_sample(gang_engine *e, uint32_t i, uint32_t row)
  * The last stage's head for sequences [first, first + count): final norm of each
  * sampling sequence's last token, LM head on this rank's vocabulary rows, all-gather of
  * the padded logits, and on TP rank 0 the full logits rows, assembled in tensor memory
- * and brought to the host in one download, then the sampled tokens in e->plan.out.
+ * (head rows row0 .. of the step, so that every row of the step stays there). Then, on a
+ * device step, the rows are sampled on the device and only the ids come back
+ * (engine-device.c: at the end of the step with one stage, here on a pipeline's last
+ * stage, which sends them on); on the host, the rows come down in one download and are
+ * sampled there. Either way the sampled tokens end in e->plan.out.
  */
-static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
-                    uint64_t deadline)
+static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp, uint32_t first,
+                    uint32_t count, uint64_t deadline)
 {
     const gang_model *m = e->m;
     size_t hidden = m->topo.hidden, vc = m->shard.vocab_count, vocab = e->vocab;
     uint32_t i, j, r, ns = 0, tp_n = m->topo.tp, row0 = e->n_head_rows;
+    float *head_in = e->head_in + (size_t)row0 * hidden,
+          *head_out = e->head_out + (size_t)row0 * vc;
     gang_kernels_weight head;
     const float *rows;
     float *dst;
     uint64_t left;
     int rc;
 
-    rc = run_gather_last(e, k, first, count, &ns);
+    rc = run_gather_last(e, k, first, count, row0, &ns);
     if (rc != 0 || ns == 0)
         return rc;
-    rc = gang_kernels_rmsnorm(k, e->head_in, m->final_norm, m->cfg.rms_eps, ns, hidden, e->head_in);
+    rc = gang_kernels_rmsnorm(k, head_in, m->final_norm, m->cfg.rms_eps, ns, hidden, head_in);
     if (rc != 0)
         return rc;
     head = gang_model_head(m);
-    rc = gang_kernels_matmul(k, ns, vc, hidden, e->head_in, &head, e->head_out);
+    rc = gang_kernels_matmul(k, ns, vc, hidden, head_in, &head, head_out);
     if (rc != 0)
         return rc;
-    rows = e->head_out; /* tp == 1: this rank's rows are the whole vocabulary */
+    rows = head_out; /* tp == 1: this rank's rows are the whole vocabulary */
     if (tp_n > 1) {
         /* Pad every rank's part to vpad columns so the all-gather counts are equal. */
-        rc = gang_kernels_copy_2d(k, e->head_pad, e->vpad * sizeof(float), e->head_out,
+        rc = gang_kernels_copy_2d(k, e->head_pad, e->vpad * sizeof(float), head_out,
                                   vc * sizeof(float), vc * sizeof(float), ns);
         if (rc == 0)
             rc = gang_deadline_left(deadline, &left);
@@ -146,7 +169,7 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
         if (rc != 0 || m->place.tp_rank != 0)
             return rc;
         /* Rank r's columns of every row: one strided copy per rank. */
-        dst = e->logits_dev != NULL ? e->logits_dev : e->logits + (size_t)row0 * vocab;
+        dst = (e->logits_dev != NULL ? e->logits_dev : e->logits) + (size_t)row0 * vocab;
         for (r = 0; r < tp_n && rc == 0; r++)
             rc = gang_kernels_copy_2d(k, dst + e->shards[r].vocab_first, vocab * sizeof(float),
                                       e->gathered + (size_t)r * ns * e->vpad,
@@ -154,9 +177,18 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
                                       e->shards[r].vocab_count * sizeof(float), ns);
         if (rc != 0)
             return rc;
-        rows = e->logits_dev; /* NULL on the host: the rows are already in place */
+        rows = e->logits_dev != NULL ? dst : NULL; /* host: the rows are already in place */
     }
-    /* Sampling is on the host: the step's one copy of the sampled rows. */
+    if (!e->host_sample) {
+        rc = gang__dev_sample(e, k, rows, first, count, row0, ns);
+        e->n_head_rows = row0 + ns;
+        if (rc == 0 && m->topo.pp > 1)
+            rc = run_settle(tp, pp, deadline);
+        if (rc == 0 && m->topo.pp > 1)
+            rc = gang__dev_fetch_ids(e, k); /* the pipeline sends them on now */
+        return rc;
+    }
+    /* Sampling on the host: the step's one copy of the sampled rows. */
     if (rows != NULL) {
         rc = gang_kernels_download(k, e->logits + (size_t)row0 * vocab, rows,
                                    (size_t)ns * vocab * sizeof(float));
@@ -172,8 +204,8 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fir
 }
 
 /* F(k): the stage's work on the sequences [first, first + count), in place in e->act. */
-static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t first, uint32_t count,
-                     uint64_t deadline)
+static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *pp, uint32_t first,
+                     uint32_t count, uint64_t deadline)
 {
     const gang_model *m = e->m;
     size_t hidden = m->topo.hidden;
@@ -206,7 +238,7 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, uint32_t fi
             return rc;
     }
     if (e->is_last)
-        return run_head(e, k, tp, first, count, deadline);
+        return run_head(e, k, tp, pp, first, count, deadline);
     return 0;
 }
 
@@ -283,7 +315,7 @@ static int run_cb_work(void *ctx, const gang_pipeline_mb *mb, uint64_t deadline)
 {
     run_ctx *c = ctx;
 
-    return run_stage(c->e, c->k, c->tp, mb->first, mb->count, deadline);
+    return run_stage(c->e, c->k, c->tp, c->pp, mb->first, mb->count, deadline);
 }
 
 /* SEND_ACT: mb's activations to stage peer over pp (pp rank == stage). */
@@ -352,21 +384,22 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         memcpy(e->hist + (size_t)s->slot * e->max_ctx + s->pos0, e->plan.tokens + s->tok_off,
                (size_t)s->n * sizeof(int32_t));
     }
-    /* Stage 0 embeds from tensor memory: the step's token ids go over in one upload. */
+    gang__dev_step_begin(e);
+    /* Stage 0 embeds from tensor memory: the step's token ids go over in one upload,
+     * enqueued without a host wait. */
     if (e->is_first) {
-        rc = gang_kernels_upload(k, e->tokens_dev, e->plan.tokens,
-                                 (size_t)e->plan.n_tokens * sizeof(int32_t));
+        rc = gang_kernels_upload_async(k, e->tokens_dev, e->plan.tokens,
+                                       (size_t)e->plan.n_tokens * sizeof(int32_t));
         if (rc != 0)
             return rc;
     }
-    return gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb,
-                             deadline);
-}
-
-const float *gang__engine_logits(const gang_engine *e, uint32_t i)
-{
-    if (e == NULL || !e->plan_valid || !e->is_last || e->m->place.tp_rank != 0 ||
-        i >= e->plan.n_seq || !e->plan.seqs[i].sample)
-        return NULL;
-    return e->logits + (size_t)e->head_row[i] * e->vocab;
+    rc = gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb, deadline);
+    /* The step's collectives, awaited once with its deadline (nccl returns at enqueue),
+     * then with one stage the ids of every microbatch come down at once: the step's one
+     * host synchronisation of the compute stream. */
+    if (rc == 0)
+        rc = run_settle(tp, pp, deadline);
+    if (rc == 0 && e->is_last && e->m->topo.pp == 1)
+        rc = gang__dev_fetch_ids(e, k);
+    return rc;
 }

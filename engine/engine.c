@@ -91,6 +91,7 @@ void gang_engine_free(gang_engine *e)
     free(e->lru_next);
     free(e->pc_hits);
     gang_tp_scratch_free(&e->scratch);
+    gang__dev_free(e);
     if (e->k != NULL) {
         gang_kernels_free(e->k, e->kv_mem);
         gang_kernels_free(e->k, e->tables_dev);
@@ -253,6 +254,8 @@ static int eng_alloc_caches(gang_engine *e)
             c->cap = e->max_ctx;
             c->table = e->tables_dev + i * e->max_bps;
             c->table_host = e->tables + i * e->max_bps;
+            c->table_base = e->tables_dev;
+            c->table_off = i * e->max_bps;
             c->block_size = e->block_size;
             c->n_blocks = e->n_blocks;
         }
@@ -480,6 +483,8 @@ int gang_engine_init_on(gang_model *m, gang_kernels *k, const gang_engine_config
     rc = eng_alloc_caches(e);
     if (rc == 0)
         rc = eng_alloc_buffers(e);
+    if (rc == 0)
+        rc = gang__dev_alloc(e);
     if (rc != 0) {
         if (err != NULL && errlen > 0 && err[0] == '\0')
             gang_set_err(err, errlen, "engine buffers: %s", gang_strerror(rc));

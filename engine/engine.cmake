@@ -8,6 +8,7 @@ add_library(gang_engine STATIC
   engine/engine-wire.c
   engine/engine-request.c
   engine/engine-run.c
+  engine/engine-device.c
   engine/engine-setup.c
   engine/sample.c)
 target_include_directories(gang_engine PRIVATE engine)

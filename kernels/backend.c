@@ -22,7 +22,8 @@
 /* A handle: its backend's static vtable and the backend's per-handle state. */
 struct gang_kernels {
     const gang__kernels_backend *be;
-    void *ctx; /* what be->open returned; NULL for a backend without open */
+    void *ctx;                 /* what be->open returned; NULL for a backend without open */
+    gang_kernels_counters cnt; /* gang_kernels_counters_get */
 };
 
 /* ---------------------------------------------------------------------------------
@@ -168,6 +169,7 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
         rc = GANG_ENOMEM;
         goto out_close;
     }
+    memset(k, 0, sizeof(*k));
     k->be = be;
     k->ctx = ctx;
     *out = k;
@@ -202,13 +204,17 @@ uint32_t gang_kernels_caps(const gang_kernels *k)
  * --------------------------------------------------------------------------------- */
 int gang_kernels_alloc(gang_kernels *k, size_t bytes, void **out)
 {
+    int rc;
+
     if (out != NULL)
         *out = NULL;
     if (k == NULL || out == NULL || bytes == 0)
         return GANG_EINVAL;
     if (k->be->alloc == NULL)
         return GANG_ENOSYS;
-    return k->be->alloc(k->ctx, bytes, out);
+    rc = k->be->alloc(k->ctx, bytes, out);
+    k->cnt.allocs += rc == 0;
+    return rc;
 }
 
 void gang_kernels_free(gang_kernels *k, void *p)
@@ -229,6 +235,8 @@ int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t byte
         return 0;
     if (k->be->upload == NULL)
         return GANG_ENOSYS;
+    k->cnt.host_syncs++;
+    k->cnt.h2d_bytes += bytes;
     return k->be->upload(k->ctx, dst, src, bytes);
 }
 
@@ -241,7 +249,23 @@ int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t by
         return gang_kernels_sync(k);
     if (k->be->download == NULL)
         return GANG_ENOSYS;
+    k->cnt.host_syncs++;
+    k->cnt.d2h_bytes += bytes;
     return k->be->download(k->ctx, dst, src, bytes);
+}
+
+/* A backend without an asynchronous upload waits: counted as the sync it is. */
+int gang_kernels_upload_async(gang_kernels *k, void *dst, const void *src, size_t bytes)
+{
+    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
+        return GANG_EINVAL;
+    if (bytes == 0)
+        return 0;
+    if (k->be->upload_async == NULL)
+        return gang_kernels_upload(k, dst, src, bytes);
+    k->cnt.launches++;
+    k->cnt.h2d_bytes += bytes;
+    return k->be->upload_async(k->ctx, dst, src, bytes);
 }
 
 int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
@@ -252,6 +276,7 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
         return 0;
     if (k->be->copy == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->copy(k->ctx, dst, src, bytes);
 }
 
@@ -265,6 +290,7 @@ int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *
         return GANG_ERANGE;
     if (k->be->copy_2d == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->copy_2d(k->ctx, dst, dpitch, src, spitch, width, rows);
 }
 
@@ -274,6 +300,7 @@ int gang_kernels_sync(gang_kernels *k)
         return GANG_EINVAL;
     if (k->be->sync == NULL)
         return GANG_ENOSYS;
+    k->cnt.host_syncs++;
     return k->be->sync(k->ctx);
 }
 
@@ -282,6 +309,14 @@ void *gang_kernels_device_stream(gang_kernels *k)
     if (k == NULL || k->be->stream == NULL)
         return NULL;
     return k->be->stream(k->ctx);
+}
+
+int gang_kernels_counters_get(const gang_kernels *k, gang_kernels_counters *out)
+{
+    if (k == NULL || out == NULL)
+        return GANG_EINVAL;
+    *out = k->cnt;
+    return 0;
 }
 
 void *gang__kernels_ctx_of(gang_kernels *k, const gang__kernels_backend *be)
@@ -355,6 +390,7 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
         return rc;
     if (k->be->gemm == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
@@ -372,6 +408,7 @@ int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float 
         return rc;
     if (k->be->rmsnorm == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->rmsnorm(k->ctx, x, w, eps, rows, dim, out);
 }
 
@@ -392,6 +429,7 @@ int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_
      * and reports a negative one at the next sync). */
     if (k->be->rope == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->rope(k->ctx, x, positions, tokens, heads, head_dim, inv_freq, scale);
 }
 
@@ -406,6 +444,7 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)
         return rc;
     if (k->be->softmax == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->softmax(k->ctx, x, rows, cols);
 }
 
@@ -473,6 +512,7 @@ int gang_kernels_attention_paged(gang_kernels *k, const float *q, const void *kc
         return rc;
     if (k->be->attention == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->attention(k->ctx, q, kc, vc, pages, tq, tk, n_heads, n_kv_heads, head_dim, pos0,
                             window, out);
 }
@@ -492,6 +532,7 @@ int gang_kernels_attention_batch(gang_kernels *k, const gang_kernels_attn_seq *s
         if (rc < 0)
             return rc;
     }
+    k->cnt.launches += k->be->attention_batch != NULL ? 1 : n_seq;
     if (k->be->attention_batch != NULL)
         return k->be->attention_batch(k->ctx, seqs, n_seq, n_heads, n_kv_heads, head_dim, window);
     if (k->be->attention == NULL)
@@ -515,6 +556,7 @@ int gang_kernels_silu_mul(gang_kernels *k, const float *gate, const float *up, s
         return GANG_ERANGE;
     if (k->be->silu_mul == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->silu_mul(k->ctx, gate, up, n, out);
 }
 
@@ -526,6 +568,7 @@ int gang_kernels_gelu_mul(gang_kernels *k, const float *gate, const float *up, s
         return GANG_ERANGE;
     if (k->be->gelu_mul == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->gelu_mul(k->ctx, gate, up, n, out);
 }
 
@@ -537,6 +580,7 @@ int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n)
         return GANG_ERANGE;
     if (k->be->scale == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->scale(k->ctx, x, a, n);
 }
 
@@ -570,6 +614,7 @@ int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, 
     /* The ids are the backend's to check, every one before anything is written. */
     if (k->be->embedding == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->embedding(k->ctx, table, vocab, dim, ids, n_ids, out);
 }
 
@@ -583,6 +628,7 @@ int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const 
     if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
     /* f32 weights are a plain GEMM, unless the backend's matmul takes them itself. */
+    k->cnt.launches++;
     if (w->type == GANG_KW_F32 && k->be->gemm != NULL && !k->be->matmul_f32)
         return k->be->gemm(k->ctx, GANG_DTYPE_F32, 1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
     if (k->be->matmul == NULL)
@@ -598,6 +644,7 @@ int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
         return GANG_ERANGE;
     if (k->be->add == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->add(k->ctx, x, y, n);
 }
 
@@ -612,6 +659,7 @@ int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t r
         return rc;
     if (k->be->add_rows == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->add_rows(k->ctx, x, bias, rows, cols);
 }
 
@@ -628,7 +676,63 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
         return rc;
     if (k->be->argmax == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->argmax(k->ctx, x, rows, cols, out);
+}
+
+/* ---------------------------------------------------------------------------------
+ * The decode step's operations (issue #24): one launch each whatever the batch.
+ * --------------------------------------------------------------------------------- */
+int gang_kernels_attention_step(gang_kernels *k, const gang_kernels_step_kv *kv, const float *knew,
+                                const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                                size_t n_kv_heads, size_t head_dim, size_t window, float *out)
+{
+    size_t n;
+
+    if (k == NULL || kv == NULL || knew == NULL || vnew == NULL || q == NULL || out == NULL ||
+        kv->kc == NULL || kv->vc == NULL || kv->tables == NULL || kv->positions == NULL ||
+        kv->table_rows == NULL || tokens == 0 || n_heads == 0 || n_kv_heads == 0 || head_dim == 0 ||
+        kv->block_size == 0 || kv->n_blocks == 0)
+        return GANG_EINVAL;
+    if (n_heads % n_kv_heads != 0 || (kv->dtype != GANG_DTYPE_F32 && kv->dtype != GANG_DTYPE_BF16 &&
+                                      kv->dtype != GANG_DTYPE_F16))
+        return GANG_EINVAL;
+    if (elems3(tokens, n_heads, head_dim, &n) < 0 ||
+        elems3(kv->n_blocks, kv->block_size, n_kv_heads * head_dim, &n) < 0 || tokens > INT32_MAX)
+        return GANG_ERANGE;
+    if (k->be->attention_step == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->attention_step(k->ctx, kv, knew, vnew, q, tokens, n_heads, n_kv_heads, head_dim,
+                                 window, out);
+}
+
+int gang_kernels_scatter_i32(gang_kernels *k, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                             size_t n_pairs)
+{
+    if (k == NULL || dst == NULL || pairs == NULL || dst_n == 0 || n_pairs == 0)
+        return GANG_EINVAL;
+    if (dst_n > INT32_MAX || n_pairs > INT32_MAX)
+        return GANG_ERANGE;
+    if (k->be->scatter_i32 == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->scatter_i32(k->ctx, dst, dst_n, pairs, n_pairs);
+}
+
+int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_t cols,
+                        const gang_kernels_sample_param *params, int32_t *out)
+{
+    size_t n;
+
+    if (k == NULL || logits == NULL || params == NULL || out == NULL || rows == 0 || cols == 0)
+        return GANG_EINVAL;
+    if (cols > INT32_MAX || elems(rows, cols, &n) < 0)
+        return GANG_ERANGE;
+    if (k->be->sample == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->sample(k->ctx, logits, rows, cols, params, out);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -656,6 +760,7 @@ int gang_kernels_gemm_ex(gang_kernels *k, gang_dtype dt, int trans_b, size_t m, 
         return rc;
     if (k->be->gemm == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->gemm(k->ctx, dt, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
@@ -670,6 +775,7 @@ int gang_kernels_convert(gang_kernels *k, gang_dtype from, const void *src, gang
         return GANG_ERANGE;
     if (k->be->convert == NULL)
         return GANG_ENOSYS;
+    k->cnt.launches++;
     return k->be->convert(k->ctx, from, src, to, dst, n);
 }
 

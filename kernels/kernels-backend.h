@@ -31,6 +31,8 @@ typedef struct gang__kernels_backend {
     int (*alloc)(void *ctx, size_t bytes, void **out);
     int (*free)(void *ctx, void *p); /* GANG_EINVAL: not a live allocation */
     int (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* Optional: upload without a host wait (NULL: the front calls upload). */
+    int (*upload_async)(void *ctx, void *dst, const void *src, size_t bytes);
     int (*download)(void *ctx, void *dst, const void *src, size_t bytes);
     int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     int (*copy_2d)(void *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -75,6 +77,13 @@ typedef struct gang__kernels_backend {
     int (*add)(void *ctx, float *x, const float *y, size_t n);
     int (*add_rows)(void *ctx, float *x, const float *bias, size_t rows, size_t cols);
     int (*argmax)(void *ctx, const float *x, size_t rows, size_t cols, int32_t *out);
+    /* The decode step's operations (gang_kernels_attention_step, _scatter_i32, _sample). */
+    int (*attention_step)(void *ctx, const gang_kernels_step_kv *kv, const float *knew,
+                          const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                          size_t n_kv_heads, size_t head_dim, size_t window, float *out);
+    int (*scatter_i32)(void *ctx, int32_t *dst, size_t dst_n, const int32_t *pairs, size_t n_pairs);
+    int (*sample)(void *ctx, const float *logits, size_t rows, size_t cols,
+                  const gang_kernels_sample_param *params, int32_t *out);
 } gang__kernels_backend;
 
 /* The backends (kernels/cpu/cpu-backend.c, kernels/cuda/cuda-backend.c). The CUDA table

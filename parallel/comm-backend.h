@@ -33,6 +33,9 @@ typedef struct gang__comm_ops {
     /* Optional (device-memory backends): order the next operation after the work already
      * in stream, and stream's later work after that operation, on the device. */
     int (*order_after)(gang_comm *c, void *stream);
+    /* Optional: wait for the device work of operations that returned at enqueue
+     * (gang_comm_settle); NULL: a backend whose operations complete before returning. */
+    int (*settle)(gang_comm *c, uint64_t tmo);
     void (*abort)(gang_comm *c); /* wakes blocked operations */
 } gang__comm_ops;
 

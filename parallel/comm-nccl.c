@@ -55,9 +55,15 @@
  * an event recorded on the compute stream, waited for by this stream on the device), so
  * a GEMM and its all-reduce follow each other on the GPU with no host wait between them;
  * after the operation an event on this stream is waited for by the compute stream, so
- * later kernels see the result in device order too. The one host wait per operation that
- * is left is nccl_wait's, which keeps the deadline and abort semantics (docs/gpu.md says
- * why this and not a watchdog thread, and how both are to be measured).
+ * later kernels see the result in device order too. Such an ordered operation on a
+ * blocking communicator (the TP and PP groups) is not awaited on the host (issue #24):
+ * it returns once enqueued, after a non-blocking look at NCCL's asynchronous error and
+ * the abort flag, and is marked pending. gang_comm_settle (nccl_settle), which the engine
+ * calls once per step before the step's one download, runs nccl_wait over everything
+ * pending with the step's deadline, so errors, aborts and hung peers are still caught and
+ * bounded, by one host wait per step instead of one per collective. An operation that is
+ * not ordered (no caller stream: tests, the staging of a host world) still waits, and so
+ * settles what was pending before it (docs/gpu.md).
  */
 #include <dlfcn.h>
 #include <poll.h>
@@ -89,6 +95,7 @@ typedef struct nccl_impl {
     cudaEvent_t ev_out;  /* recorded on this stream after the ordered operation */
     cudaStream_t after;  /* the caller's stream until the next operation, else NULL */
     int blocking;        /* a split child: created with config.blocking = 1 */
+    int pending;         /* ordered operations were enqueued and not yet awaited */
 } nccl_impl;
 
 /* ---------------------------------------------------------------------------------
@@ -625,6 +632,30 @@ static int nccl_order(gang_comm *c, void *stream)
     return 0;
 }
 
+/*
+ * An ordered operation left pending: no host wait, but an error NCCL already reports, or
+ * an abort, fails it now (and aborts, as nccl_wait would).
+ */
+static int nccl_pend(gang_comm *c, nccl_impl *im, const char *what)
+{
+    ncclResult_t st;
+    int rc;
+
+    if (nccl_lib.ncclCommGetAsyncError(im->comm, &st) != ncclSuccess)
+        st = ncclInternalError;
+    if (st != ncclSuccess && st != ncclInProgress) {
+        rc = nccl_log(im, st, what);
+        nccl_abort_now(im);
+        return rc;
+    }
+    if (atomic_load(&c->aborted)) {
+        nccl_abort_now(im);
+        return GANG_EABORTED;
+    }
+    im->pending = 1;
+    return 0;
+}
+
 /* Before an enqueue: this stream waits, on the device, for the caller's ordered work. */
 static int nccl_start(nccl_impl *im)
 {
@@ -637,7 +668,9 @@ static int nccl_start(nccl_impl *im)
 
 /*
  * Finishes an enqueue: a refused call aborts; for an accepted one the caller's ordered
- * stream (if any) waits for it on the device, then the host awaits it with the deadline.
+ * stream (if any) waits for it on the device. An ordered operation on a blocking
+ * communicator is left pending (gang_comm_settle awaits it) after a look at the error
+ * state that does not wait; any other is awaited here with the deadline.
  */
 static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo, const char *what)
 {
@@ -659,7 +692,28 @@ static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo
             return rc;
         }
     }
-    return nccl_wait(c, im, im->comm, 1, deadline, what);
+    if (after != NULL && im->blocking)
+        return nccl_pend(c, im, what);
+    rc = nccl_wait(c, im, im->comm, 1, deadline, what);
+    if (rc == 0)
+        im->pending = 0; /* the stream held whatever was pending before too */
+    return rc;
+}
+
+/* gang_comm_settle: everything pending, awaited once with the step's deadline. */
+static int nccl_settle(gang_comm *c, uint64_t tmo)
+{
+    nccl_impl *im = c->impl;
+    int rc;
+
+    if (!im->pending)
+        return 0;
+    if ((rc = nccl_enter(im)) < 0)
+        return rc;
+    rc = nccl_wait(c, im, im->comm, 1, gang_deadline_after(tmo), "settle");
+    if (rc == 0)
+        im->pending = 0;
+    return rc;
 }
 
 static int nccl_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint64_t tmo)
@@ -803,5 +857,6 @@ const gang__comm_ops gang__comm_nccl_ops = {
     .barrier = nccl_barrier,
     .all_to_all_v = nccl_all_to_all_v,
     .order_after = nccl_order,
+    .settle = nccl_settle,
     .abort = nccl_abort,
 };

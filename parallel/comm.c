@@ -417,6 +417,15 @@ int gang_comm_order_after(gang_comm *c, void *stream)
     return comm_result(c, c->ops->order_after(c, stream));
 }
 
+int gang_comm_settle(gang_comm *c, uint64_t timeout_ms)
+{
+    if (c == NULL)
+        return GANG_EINVAL;
+    if (c->ops->settle == NULL)
+        return 0;
+    return comm_result(c, c->ops->settle(c, timeout_ms));
+}
+
 /*
  * Sets the flag first, so that an operation about to start sees it in the front, then
  * lets the backend wake operations already blocked.

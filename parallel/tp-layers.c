@@ -341,14 +341,14 @@ int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t m
         s->mem = k;
         rc = gang_kernels_alloc(k, total * sizeof(float), (void **)&s->normed);
         if (rc == 0)
-            rc = gang_kernels_alloc(k, max_tokens * sizeof(int32_t), (void **)&s->positions);
+            rc = gang_kernels_alloc(k, 2 * max_tokens * sizeof(int32_t), (void **)&s->positions);
     } else {
         s->normed = malloc(total * sizeof(float));
-        s->positions = malloc(max_tokens * sizeof(int32_t));
+        s->positions = malloc(2 * max_tokens * sizeof(int32_t));
         rc = s->normed == NULL || s->positions == NULL ? GANG_ENOMEM : 0;
     }
     if (rc == 0) {
-        s->pos_host = malloc(2 * max_tokens * sizeof(int32_t));
+        s->pos_host = malloc(4 * max_tokens * sizeof(int32_t));
         rc = s->pos_host == NULL ? GANG_ENOMEM : 0;
     }
     if (rc == 0 && l->rope_dyn_factor > 0.0f)
@@ -375,7 +375,8 @@ int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t m
 
 /*
  * Validates the ragged batch against the layer, the scratch and the caches, and fills
- * s->positions. Returns 0 and the token count in *total, or GANG_EINVAL.
+ * s->pos_host with the call's positions [total], then each token's table offset [total]
+ * (0 without a table_base). Returns 0 and the token count in *total, or GANG_EINVAL.
  */
 static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n_seq,
                           const uint32_t *seq_tokens, const uint32_t *seq_pos0,
@@ -406,34 +407,38 @@ static int tp_batch_check(const gang_tp_layer *l, gang_tp_scratch *s, uint32_t n
                 if (c->table_host[t] < 0 || (size_t)c->table_host[t] >= c->n_blocks)
                     return GANG_EINVAL;
         }
-        if (len > s->max_tokens - n)
+        if (len > s->max_tokens - n || c->table_off > (size_t)INT32_MAX)
             return GANG_EINVAL;
-        for (t = 0; t < len; t++)
+        for (t = 0; t < len; t++) {
             s->pos_host[n + t] = (int32_t)(pos0 + t);
+            s->pos_host[s->max_tokens + n + t] = c->table_base != NULL ? (int32_t)c->table_off : 0;
+        }
         n += len;
     }
+    memmove(s->pos_host + n, s->pos_host + s->max_tokens, n * sizeof(int32_t));
     *total = n;
     return 0;
 }
 
 /*
- * Brings the positions of the call (s->pos_host[0 .. total)) into tensor memory. Every
- * layer of a step passes the same positions, so the upload (a host wait on a device) is
- * skipped when the tensor copy already holds them: one upload per step, not per layer.
+ * Brings the positions and table offsets of the call (s->pos_host[0 .. 2 total)) into
+ * tensor memory, without a host wait (gang_kernels_upload_async). Every layer of a step
+ * passes the same ones, so the upload is skipped when the tensor copy already holds
+ * them: one upload per step, not per layer.
  */
 static int tp_batch_positions(gang_kernels *k, gang_tp_scratch *s, size_t total)
 {
-    int32_t *held = s->pos_host + s->max_tokens;
+    int32_t *held = s->pos_host + 2 * s->max_tokens;
     int rc;
 
-    if (s->pos_valid == total && memcmp(held, s->pos_host, total * sizeof(int32_t)) == 0)
+    if (s->pos_valid == 2 * total && memcmp(held, s->pos_host, 2 * total * sizeof(int32_t)) == 0)
         return 0;
     s->pos_valid = 0;
-    rc = gang_kernels_upload(k, s->positions, s->pos_host, total * sizeof(int32_t));
+    rc = gang_kernels_upload_async(k, s->positions, s->pos_host, 2 * total * sizeof(int32_t));
     if (rc != 0)
         return rc;
-    memcpy(held, s->pos_host, total * sizeof(int32_t));
-    s->pos_valid = total;
+    memcpy(held, s->pos_host, 2 * total * sizeof(int32_t));
+    s->pos_valid = 2 * total;
     return 0;
 }
 
@@ -558,6 +563,84 @@ static int tp_attn_reserve(gang_tp_scratch *s, size_t n_seq)
 }
 
 /*
+ * The attention of the batch one descriptor per sequence: each sequence's new rows (the
+ * scratch's k and v) into its cache, then one gang_kernels_attention_batch call, in
+ * place in s->q.
+ */
+static int tp_batch_attend_seqs(const gang_tp_layer *l, gang_kernels *k, uint32_t n_seq,
+                                const uint32_t *seq_tokens, const uint32_t *seq_pos0,
+                                gang_tp_kv_cache *const *caches, gang_tp_scratch *s)
+{
+    size_t off = 0, i, kv_bytes = s->kv_cols * sizeof(float);
+    int rc;
+
+    if ((rc = tp_attn_reserve(s, n_seq)) != 0)
+        return rc;
+    /* Each sequence's new rows into its cache, then one attention call for the batch. */
+    for (i = 0; i < n_seq; i++) {
+        gang_tp_kv_cache *c = caches[i];
+        size_t len = seq_tokens[i], pos0 = seq_pos0[i];
+        gang_kernels_attn_seq *d = &s->attn_seqs[i];
+
+        if (c->table != NULL) {
+            rc = tp_paged_write(k, c, s, off, pos0, len);
+            if (rc != 0)
+                return rc;
+            s->attn_pages[i] =
+                (gang_kernels_kv_pages){c->table, c->block_size, c->n_blocks, c->dtype};
+        } else if (n_seq > 1) {
+            rc = gang_kernels_copy(k, c->k + pos0 * s->kv_cols, s->k + off * s->kv_cols,
+                                   len * kv_bytes);
+            if (rc == 0)
+                rc = gang_kernels_copy(k, c->v + pos0 * s->kv_cols, s->v + off * s->kv_cols,
+                                       len * kv_bytes);
+            if (rc != 0)
+                return rc;
+        }
+        *d = (gang_kernels_attn_seq){.q = s->q + off * s->q_cols,
+                                     .out = s->q + off * s->q_cols,
+                                     .kc = c->k,
+                                     .vc = c->v,
+                                     .pages = c->table != NULL ? &s->attn_pages[i] : NULL,
+                                     .tq = len,
+                                     .tk = pos0 + len,
+                                     .pos0 = pos0};
+        off += len;
+    }
+    return gang_kernels_attention_batch(k, s->attn_seqs, n_seq, l->shard.head_count,
+                                        l->shard.kv_head_count, l->head_dim, l->window);
+}
+
+/*
+ * 1 when the batch's caches allow the one-launch step attention: a device handle, and
+ * every cache paged on one pool with its table in one array (table_base).
+ */
+static int tp_step_kv(gang_kernels *k, uint32_t n_seq, gang_tp_kv_cache *const *caches,
+                      gang_kernels_step_kv *kv, const gang_tp_scratch *s, size_t total)
+{
+    const gang_tp_kv_cache *c0 = caches[0];
+
+    if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM) || c0->table_base == NULL)
+        return 0;
+    for (uint32_t i = 1; i < n_seq; i++) {
+        const gang_tp_kv_cache *c = caches[i];
+
+        if (c->table_base != c0->table_base || c->k != c0->k || c->v != c0->v ||
+            c->dtype != c0->dtype || c->block_size != c0->block_size || c->n_blocks != c0->n_blocks)
+            return 0;
+    }
+    *kv = (gang_kernels_step_kv){.kc = c0->k,
+                                 .vc = c0->v,
+                                 .tables = c0->table_base,
+                                 .positions = s->positions,
+                                 .table_rows = s->positions + total,
+                                 .block_size = c0->block_size,
+                                 .n_blocks = c0->n_blocks,
+                                 .dtype = c0->dtype};
+    return 1;
+}
+
+/*
  * The attention block on the whole batch: normed [total, hidden] in, s->delta [total,
  * hidden] out (after the o_proj all-reduce).
  */
@@ -566,9 +649,10 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
                               gang_tp_kv_cache *const *caches, gang_tp_scratch *s, size_t total,
                               uint64_t timeout_ms)
 {
-    size_t hd = l->head_dim, off = 0, i, kv_bytes = s->kv_cols * sizeof(float);
+    size_t hd = l->head_dim;
     float *kp = s->k, *vp = s->v;
-    int rc;
+    gang_kernels_step_kv kv;
+    int rc, step = tp_step_kv(k, n_seq, caches, &kv, s, total);
 
     /*
      * A cache row has exactly the width of this rank's K and V projections. With one
@@ -606,41 +690,12 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
     if (rc != 0)
         return rc;
-    if ((rc = tp_attn_reserve(s, n_seq)) != 0)
-        return rc;
-    /* Each sequence's new rows into its cache, then one attention call for the batch. */
-    for (i = 0; i < n_seq; i++) {
-        gang_tp_kv_cache *c = caches[i];
-        size_t len = seq_tokens[i], pos0 = seq_pos0[i];
-        gang_kernels_attn_seq *d = &s->attn_seqs[i];
-
-        if (c->table != NULL) {
-            rc = tp_paged_write(k, c, s, off, pos0, len);
-            if (rc != 0)
-                return rc;
-            s->attn_pages[i] =
-                (gang_kernels_kv_pages){c->table, c->block_size, c->n_blocks, c->dtype};
-        } else if (n_seq > 1) {
-            rc = gang_kernels_copy(k, c->k + pos0 * s->kv_cols, s->k + off * s->kv_cols,
-                                   len * kv_bytes);
-            if (rc == 0)
-                rc = gang_kernels_copy(k, c->v + pos0 * s->kv_cols, s->v + off * s->kv_cols,
-                                       len * kv_bytes);
-            if (rc != 0)
-                return rc;
-        }
-        *d = (gang_kernels_attn_seq){.q = s->q + off * s->q_cols,
-                                     .out = s->q + off * s->q_cols,
-                                     .kc = c->k,
-                                     .vc = c->v,
-                                     .pages = c->table != NULL ? &s->attn_pages[i] : NULL,
-                                     .tq = len,
-                                     .tk = pos0 + len,
-                                     .pos0 = pos0};
-        off += len;
-    }
-    rc = gang_kernels_attention_batch(k, s->attn_seqs, n_seq, l->shard.head_count,
-                                      l->shard.kv_head_count, hd, l->window);
+    /* A device step: every sequence's rows appended and attended in one launch. */
+    if (step)
+        rc = gang_kernels_attention_step(k, &kv, kp, vp, s->q, total, l->shard.head_count,
+                                         l->shard.kv_head_count, hd, l->window, s->q);
+    else
+        rc = tp_batch_attend_seqs(l, k, n_seq, seq_tokens, seq_pos0, caches, s);
     if (rc != 0)
         return rc;
     return tp_linear_row_staged(k, comm, &s->stage, l, s->q, total, s->q_cols, l->wo, l->hidden,

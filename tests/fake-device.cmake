@@ -30,6 +30,16 @@ set_tests_properties(bench-decode-fake PROPERTIES TIMEOUT 120
   FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\";\"skipped\""
   PASS_REGULAR_EXPRESSION "\"storage\":\"int8\",\"batch1_roofline_ratio\"")
 
+# The decode step's counters on the fake device (issue #24, tests/bench-decode-counters.py):
+# every point's host_syncs_per_step <= 1, allocs_per_step 0, launches_per_step the same at
+# batch 1, 8 and 32, host<->device bytes per step O(batch) and never a row of logits.
+if(GANG_SYSTEM_PYTHON3)
+  add_test(NAME bench-decode-fake-counters
+    COMMAND ${GANG_SYSTEM_PYTHON3} -B ${CMAKE_CURRENT_SOURCE_DIR}/bench-decode-counters.py
+            $<TARGET_FILE:ganglion>)
+  set_tests_properties(bench-decode-fake-counters PROPERTIES TIMEOUT 120)
+endif()
+
 # --shape 8b chooses Llama-3-8B's defaults (bf16 storage, the 1x1 layout); the shape flags
 # given here keep the model tiny, so the line shows the table's storage and layout defaults.
 add_test(NAME bench-decode-fake-8b-defaults

@@ -102,9 +102,12 @@ int gang_comm_shm_sweep(const char *dir, const char *job, uint64_t generation, i
  *  - use the CUDA device that is current on the calling thread at gang_comm_init(); every
  *    buffer is device memory of that GPU (e.g. from gang_kernels_alloc on a "cuda"
  *    handle of the same device);
- *  - run on their own stream and return when the operation completed; the caller orders
- *    an operation after its compute stream's work with gang_comm_order_after (events on
- *    the device, no host wait), or synchronises that stream first (gang_kernels_sync);
+ *  - run on their own stream. An operation ordered with gang_comm_order_after (events on
+ *    the device) returns once it is enqueued, without a host wait: its completion and its
+ *    asynchronous errors are awaited, with a deadline, by gang_comm_settle (once per
+ *    decode step) or by the next operation that is not ordered; any other operation
+ *    returns when it completed (the caller synchronised its stream first,
+ *    gang_kernels_sync);
  *  - do not carry tags: sends and receives between two ranks must be issued in the same
  *    order on both sides; the tag is ignored;
  *  - gang_comm_abort() from another thread sets a flag; the thread inside an operation
@@ -311,6 +314,17 @@ int gang_comm_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t timeou
  * the backend's error (GANG_EIO for a failed event record).
  */
 int gang_comm_order_after(gang_comm *c, void *stream);
+
+/*
+ * Waits, until timeout_ms, for the device work of c's operations that returned at
+ * enqueue (those ordered with gang_comm_order_after, on a backend that does not wait for
+ * them: nccl), and reports their asynchronous errors: one host wait for all of a step's
+ * collectives instead of one each. On an error or the deadline the communicator is
+ * aborted, as an operation that met it would be. Returns 0 at once when nothing is
+ * pending (and for every host backend); GANG_EINVAL for NULL; GANG_ETIMEDOUT,
+ * GANG_EABORTED, GANG_EPEER or GANG_EIO as an operation.
+ */
+int gang_comm_settle(gang_comm *c, uint64_t timeout_ms);
 
 /*
  * Makes every blocked and future operation on c return GANG_EABORTED promptly. Safe from

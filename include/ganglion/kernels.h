@@ -268,6 +268,86 @@ int gang_kernels_attention_batch(gang_kernels *k, const gang_kernels_attn_seq *s
                                  size_t n_heads, size_t n_kv_heads, size_t head_dim, size_t window);
 
 /*
+ * Where the sequences of a decode step keep their keys and values (the paged pools of
+ * gang_kernels_kv_pages) and which rows the step's tokens are, all in tensor memory, so
+ * that one call serves every sequence of the step without a descriptor per sequence:
+ * token t is at position positions[t] of the sequence whose block table starts at
+ * tables + table_rows[t] (the engine's slots' tables are rows of one array).
+ */
+typedef struct gang_kernels_step_kv {
+    void *kc, *vc;             /* the pools: n_blocks blocks of [block_size, n_kv_heads,
+                                  head_dim] elements of dtype */
+    const int32_t *tables;     /* block tables, entries < n_blocks (trusted, as pages) */
+    const int32_t *positions;  /* [tokens] each token's position, >= 0 */
+    const int32_t *table_rows; /* [tokens] offset of its sequence's table in tables */
+    size_t block_size;         /* positions per block, >= 1 */
+    size_t n_blocks;           /* blocks of each pool */
+    gang_dtype dtype;          /* F32, BF16 or F16 */
+} gang_kernels_step_kv;
+
+/*
+ * The attention of a whole step with the KV append fused: for every token t, its key row
+ * knew[t] and value row vnew[t] ([tokens, n_kv_heads, head_dim], f32) are stored at its
+ * position (rounded to the pool's dtype), then every query row q[t] ([tokens, n_heads,
+ * head_dim]) attends, as gang_kernels_attention_paged with window, to the keys 0 ..
+ * positions[t] of its own sequence, and the result goes to out[t]. The numbers are those
+ * of writing the rows and calling gang_kernels_attention_paged per sequence (same rows,
+ * same order). A position below positions[t] must hold its key already or be written by
+ * this call. Tokens of one sequence must have distinct positions. out may be q exactly;
+ * out must not overlap the pools, knew or vnew. One launch whatever the batch: the decode
+ * step's attention on a device (CUDA: a block per token and kv head, the grouped query
+ * heads sharing each K/V load). GANG_EINVAL for NULL, a zero size, heads that do not
+ * group or another dtype; a position or block id the kernel finds out of range is
+ * reported at the next sync (device) or at once (cpu).
+ */
+int gang_kernels_attention_step(gang_kernels *k, const gang_kernels_step_kv *kv, const float *knew,
+                                const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                                size_t n_kv_heads, size_t head_dim, size_t window, float *out);
+
+/*
+ * Writes dst[pairs[2i]] = pairs[2i + 1] for i < n_pairs, in place in tensor memory (the
+ * decode step's block-table updates: only the entries that changed travel). pairs is
+ * tensor memory; its indices must be distinct and < dst_n (an index out of range is
+ * skipped and reported as GANG_EINVAL at the next sync on a device, at once on the cpu).
+ */
+int gang_kernels_scatter_i32(gang_kernels *k, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                             size_t n_pairs);
+
+/*
+ * Sampling parameters of one row of gang_kernels_sample (tensor memory, 32 bytes, no
+ * padding): the engine's gang_sampling without its penalties, and the draw's position.
+ */
+typedef struct gang_kernels_sample_param {
+    float temperature; /* <= 0: greedy */
+    uint32_t top_k;    /* 0 = off; 1 = greedy */
+    float top_p;       /* (0, 1) keeps the smallest prefix of that mass; else off */
+    uint32_t reserved; /* 0 */
+    uint64_t seed;     /* the draw is a function of (seed, position) only */
+    uint64_t position;
+} gang_kernels_sample_param;
+
+/*
+ * Draws one token per row of logits [rows, cols] into out [rows] (tensor memory), with
+ * params [rows] (tensor memory), so that a decode step brings back ids, not logits. The
+ * rule is the engine's sampler (engine/sample.c): greedy (argmax, NaN ignored, lowest
+ * index on ties, 0 for an all-NaN row) when temperature <= 0 or top_k == 1; otherwise the
+ * non-NaN candidates ordered by logit descending then id ascending, the first top_k of
+ * them, an infinite first logit taking all the mass, probabilities exp((l - l0) / T) in
+ * double, top-p's shortest prefix reaching top_p of their sum, and the first candidate
+ * whose cumulative mass exceeds gang_kernels_uniform(seed, position) times the kept sum.
+ * The cpu backend follows that walk exactly (the same token as the engine's sampler);
+ * "cuda" reduces in parallel, so its sums may differ in the last bits and a draw within
+ * that of a boundary may pick the neighbour. cols <= INT32_MAX.
+ */
+int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_t cols,
+                        const gang_kernels_sample_param *params, int32_t *out);
+
+/* The uniform draw in [0, 1) of (seed, position) that gang_kernels_sample uses: two rounds
+ * of the splitmix64 finaliser, the top 53 bits. Host code; the same function as the
+ * engine's gang__sample_uniform (unit-fake-device holds them equal). */
+double gang_kernels_uniform(uint64_t seed, uint64_t position);
+
+/*
  * SwiGLU gate: out[i] = silu(gate[i]) * up[i] with silu(x) = x / (1 + exp(-x)), n elements.
  * Aliasing: out may be gate or up exactly.
  */
@@ -287,8 +367,10 @@ int gang_kernels_scale(gang_kernels *k, float *x, float a, size_t n);
 
 /*
  * Embedding lookup: out[t,:] = table[ids[t],:] for t < n_ids; table is [vocab, dim]. Every
- * id is checked before anything is written: an id < 0 or >= vocab returns GANG_EINVAL and
- * leaves out untouched. out must not overlap table.
+ * id is checked before anything is written: an id < 0 or >= vocab leaves out untouched
+ * and is GANG_EINVAL, returned by the call on "cpu" and by the next gang_kernels_sync or
+ * download on a device (which does not wait for its ids: a decode step's embedding makes
+ * no host synchronisation). out must not overlap table.
  */
 int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, size_t dim,
                            const int32_t *ids, size_t n_ids, float *out);
@@ -386,6 +468,16 @@ int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t byte
 int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t bytes);
 
 /*
+ * gang_kernels_upload without a host wait: the copy is enqueued on the handle's queue
+ * (stream order with the operations around it) and the call returns at once; src may be
+ * reused as soon as it returns ("cuda" stages the bytes in pinned memory of the handle,
+ * whose room is reclaimed at every host synchronisation; a transfer larger than the room
+ * left waits like gang_kernels_upload). What a decode step uploads (token ids, positions,
+ * table updates, sampling parameters) goes this way. Counted as a launch, not a sync.
+ */
+int gang_kernels_upload_async(gang_kernels *k, void *dst, const void *src, size_t bytes);
+
+/*
  * Copies bytes from tensor memory src to tensor memory dst of the same handle: device to
  * device on "cuda", enqueued on the handle's stream (stream order, no host wait), memmove
  * on "cpu". bytes 0 is a no-op. dst and src must not overlap unless dst == src. Used for
@@ -425,6 +517,31 @@ void *gang_kernels_device_stream(gang_kernels *k);
  * make its device current by themselves; this is only for code outside the kernels.
  */
 int gang_kernels_bind_thread(gang_kernels *k);
+
+/*
+ * What a handle asked of its backend so far, counted by the front (kernels/backend.c) for
+ * every backend alike, so that the host/device traffic of a code path can be measured
+ * without a GPU (the "fake" device, `bench decode --device fake`) and compared with the
+ * same path on "cuda":
+ *  - host_syncs: calls that make the host wait for the device: sync, download and the
+ *    blocking upload (upload_async does not);
+ *  - launches: operations enqueued on the handle's queue: every kernel above, the device
+ *    copies and upload_async (a call the front splits per sequence counts once per part);
+ *  - allocs: successful gang_kernels_alloc calls;
+ *  - h2d_bytes / d2h_bytes: bytes of upload + upload_async / download.
+ * Counters only grow; a caller measures a span by the difference of two reads. The "cpu"
+ * backend is counted too (its uploads are memcpy: the counts say what a device would do).
+ */
+typedef struct gang_kernels_counters {
+    uint64_t host_syncs;
+    uint64_t launches;
+    uint64_t allocs;
+    uint64_t h2d_bytes;
+    uint64_t d2h_bytes;
+} gang_kernels_counters;
+
+/* Copies k's counters into *out: 0, or GANG_EINVAL for NULL. */
+int gang_kernels_counters_get(const gang_kernels *k, gang_kernels_counters *out);
 
 /* Pool accounting (device backends; the cpu backend reports zeros). */
 typedef struct gang_kernels_pool_stats {

@@ -428,6 +428,13 @@ typedef struct gang_tp_kv_cache {
     size_t n_blocks;
     gang_dtype dtype; /* paged: the pool's elements, F32 (0), BF16 or F16 (k and v then
                          point at bf16 / f16 data: the rows are rounded as written) */
+    /* Paged, optional: table == table_base + table_off, where table_base (tensor memory)
+     * holds the tables of every sequence sharing the pool. When every cache of a batched
+     * call has one (the same base, pool and dtype) and k is a device, the call appends the
+     * keys and runs the attention of all its sequences in one launch
+     * (gang_kernels_attention_step); NULL: one descriptor per sequence. */
+    const int32_t *table_base;
+    size_t table_off;
 } gang_tp_kv_cache;
 
 /*
@@ -450,9 +457,10 @@ typedef struct gang_tp_scratch {
     float *v;            /* [max_tokens, kv_cols] */
     float *gate;         /* [max_tokens, ffn_cols] */
     float *up;           /* [max_tokens, ffn_cols] */
-    int32_t *positions;  /* [max_tokens] tensor memory: RoPE positions of the call */
-    int32_t *pos_host;   /* [2 x max_tokens] host: the call's positions, then a copy of
-                            what positions holds */
+    int32_t *positions;  /* [2 x max_tokens] tensor memory: the call's RoPE positions
+                            [total], then its tokens' table offsets [total] (table_off) */
+    int32_t *pos_host;   /* [4 x max_tokens] host: the call's positions and table offsets
+                            as positions holds them, then a copy of what positions holds */
     size_t pos_valid;    /* entries of positions that copy describes (0: none) */
     float *rope_tabs;    /* dynamic NTK layers only: [max_tokens, head_dim / 2] tensor
                             memory, the frequency table of each sequence of the call */

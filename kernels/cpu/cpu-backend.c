@@ -229,6 +229,29 @@ static int cpu_argmax(void *ctx, const float *x, size_t rows, size_t cols, int32
     return gang__cpu_argmax(x, rows, cols, out);
 }
 
+static int cpu_attention_step(void *ctx, const gang_kernels_step_kv *kv, const float *knew,
+                              const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                              size_t n_kv_heads, size_t head_dim, size_t window, float *out)
+{
+    (void)ctx;
+    return gang__cpu_attention_step(kv, knew, vnew, q, tokens, n_heads, n_kv_heads, head_dim,
+                                    window, out);
+}
+
+static int cpu_scatter_i32(void *ctx, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                           size_t n_pairs)
+{
+    (void)ctx;
+    return gang__cpu_scatter_i32(dst, dst_n, pairs, n_pairs);
+}
+
+static int cpu_sample(void *ctx, const float *logits, size_t rows, size_t cols,
+                      const gang_kernels_sample_param *params, int32_t *out)
+{
+    (void)ctx;
+    return gang__cpu_sample(logits, rows, cols, params, out);
+}
+
 /* No per-handle state; opening one loads OpenBLAS, so a missing library fails here, once,
  * with its log line, rather than at the first GEMM. */
 static int cpu_open(const gang_kernels_options *o, void **ctx)
@@ -246,6 +269,7 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_move,
+    .upload_async = cpu_move,
     .download = cpu_move,
     .copy = cpu_move,
     .copy_2d = cpu_copy_2d,
@@ -267,4 +291,7 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .add = cpu_add,
     .add_rows = cpu_add_rows,
     .argmax = cpu_argmax,
+    .attention_step = cpu_attention_step,
+    .scatter_i32 = cpu_scatter_i32,
+    .sample = cpu_sample,
 };

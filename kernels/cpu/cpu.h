@@ -108,6 +108,15 @@ int gang__cpu_add(float *x, const float *y, size_t n);
 int gang__cpu_add_rows(float *x, const float *bias, size_t rows, size_t cols);
 int gang__cpu_argmax(const float *x, size_t rows, size_t cols, int32_t *out);
 
+/* cpu-step.c: the decode step's operations (values checked there, nothing written on a
+ * bad position, block or index). */
+int gang__cpu_attention_step(const gang_kernels_step_kv *kv, const float *knew, const float *vnew,
+                             const float *q, size_t tokens, size_t n_heads, size_t n_kv_heads,
+                             size_t head_dim, size_t window, float *out);
+int gang__cpu_scatter_i32(int32_t *dst, size_t dst_n, const int32_t *pairs, size_t n_pairs);
+int gang__cpu_sample(const float *logits, size_t rows, size_t cols,
+                     const gang_kernels_sample_param *params, int32_t *out);
+
 /* cpu-attention.c */
 /* pages NULL: contiguous cache; else rows through its block table (gang_kernels_kv_pages). */
 int gang__cpu_attention(const float *q, const void *kc, const void *vc,

@@ -13,9 +13,16 @@
  * switch), so a handle may move between threads as long as calls are serialised.
  *
  * Deferred errors: kernels cannot return a value, so the ones that validate their input
- * (rope's positions) OR a bit into a device word; sync and download read it back, clear
- * it and report GANG_EINVAL. Embedding needs its "nothing written on a bad id" promise
- * immediately, so it reads its own word back before returning (one small copy).
+ * (rope's positions, embedding's ids, the step attention's blocks, the scatter's indices)
+ * OR a bit into a device word; sync and download read it back, clear it and report
+ * GANG_EINVAL. Embedding still writes nothing on a bad id (a second word, cleared by each
+ * call, gates its copy kernels), but the caller learns of it at the next sync: reading
+ * the word back at once was a host wait in every decode step (issue #24).
+ *
+ * upload_async copies the host bytes into pinned staging memory of the handle and
+ * enqueues the copy from there, so the call returns at once and the caller's buffer is
+ * free; the staging room is reclaimed at every host synchronisation of the handle (sync,
+ * download, upload), after which the stream has consumed it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +151,9 @@ static int cuda_open(const gang_kernels_options *o, void **out)
     rc = gang__cuda_err(cudaMallocHost((void **)&c->host_flag, 2 * sizeof(int)), "cudaMallocHost");
     if (rc < 0)
         goto out_close;
+    rc = gang__cuda_err(cudaMallocHost((void **)&c->stage, GANG_CUDA_STAGE), "cudaMallocHost");
+    if (rc < 0)
+        goto out_close;
     rc = gang__cuda_err(cudaMemsetAsync(c->dev_flag, 0, 2 * sizeof(int), c->stream), "cudaMemset");
     if (rc < 0)
         goto out_close;
@@ -190,6 +200,8 @@ static void cuda_close(void *ctx)
     gang__cuda_gemm_fini(c);
     if (c->host_flag != NULL)
         cudaFreeHost(c->host_flag);
+    if (c->stage != NULL)
+        cudaFreeHost(c->stage);
     gang__cuda_pool_fini(&c->pool);
     if (c->pool_mem != NULL)
         cudaFree(c->pool_mem);
@@ -238,12 +250,19 @@ static int cuda_sync(void *ctx)
     rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
     if (rc < 0)
         return rc;
+    c->stage_used = 0; /* the stream has read every staged upload */
     if (c->host_flag[0] != 0) {
         int bits = c->host_flag[0];
 
         cudaMemsetAsync(c->dev_flag, 0, sizeof(int), c->stream);
         if (bits & GANG_CUDA_FLAG_BAD_POSITION)
-            gang_error("kernels/cuda: rope was given a negative position");
+            gang_error("kernels/cuda: a negative position (rope or the step attention)");
+        if (bits & GANG_CUDA_FLAG_BAD_ID)
+            gang_debug("kernels/cuda: a token id is outside the vocabulary");
+        if (bits & GANG_CUDA_FLAG_BAD_INDEX)
+            gang_error("kernels/cuda: a scatter index outside its array");
+        if (bits & GANG_CUDA_FLAG_BAD_BLOCK)
+            gang_error("kernels/cuda: a block table entry outside the KV pool");
         return GANG_EINVAL;
     }
     return 0;
@@ -260,7 +279,30 @@ static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
                         "upload");
     if (rc < 0)
         return rc;
-    return gang__cuda_err(cudaStreamSynchronize(c->stream), "upload (wait)");
+    rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "upload (wait)");
+    if (rc == 0)
+        c->stage_used = 0;
+    return rc;
+}
+
+/* Staged in pinned memory (file comment); more than the room left waits like upload. */
+static int cuda_upload_async(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    gang__cuda_ctx *c = ctx;
+    size_t at = c->stage_used;
+    int rc;
+
+    if (bytes > GANG_CUDA_STAGE - at)
+        return cuda_upload(ctx, dst, src, bytes);
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    memcpy(c->stage + at, src, bytes);
+    rc = gang__cuda_err(
+        cudaMemcpyAsync(dst, c->stage + at, bytes, cudaMemcpyHostToDevice, c->stream),
+        "upload_async");
+    if (rc == 0)
+        c->stage_used = at + (bytes + 63) / 64 * 64;
+    return rc;
 }
 
 static int cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
@@ -396,10 +438,10 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
 }
 
 /*
- * Two kernels on the stream: the first checks every id and sets word 1 on a bad one, the
- * second copies rows only when word 1 is clear, so out stays untouched on a bad id
- * without the host seeing the ids. The word is then read back (a synchronous 4-byte
- * copy) so that the caller gets GANG_EINVAL from this call, as the contract says.
+ * Two kernels on the stream: the first checks every id and sets word 1 on a bad one (and
+ * the deferred error bit of word 0), the second copies rows only when word 1 is clear,
+ * so out stays untouched on a bad id without the host seeing the ids. No host wait: the
+ * caller gets GANG_EINVAL from the next sync or download (the file comment).
  */
 static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                           const int32_t *ids, size_t n_ids, float *out)
@@ -412,7 +454,7 @@ static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vo
     rc = gang__cuda_err(cudaMemsetAsync(c->dev_flag + 1, 0, sizeof(int), c->stream), "cudaMemset");
     if (rc < 0)
         return rc;
-    if ((rc = gang__cuda_launch_check_ids(c->stream, ids, n_ids, vocab, c->dev_flag + 1)) < 0)
+    if ((rc = gang__cuda_launch_check_ids(c->stream, ids, n_ids, vocab, c->dev_flag)) < 0)
         return rc;
     if (table->type == GANG_KW_F32)
         rc = gang__cuda_launch_embedding(c->stream, table->data, dim, ids, n_ids, c->dev_flag + 1,
@@ -420,21 +462,7 @@ static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vo
     else
         rc = gang__cuda_launch_embedding_w(c->stream, (int)table->type, table->data, table->scales,
                                            dim, ids, n_ids, c->dev_flag + 1, out);
-    if (rc < 0)
-        return rc;
-    rc = gang__cuda_err(cudaMemcpyAsync(c->host_flag + 1, c->dev_flag + 1, sizeof(int),
-                                        cudaMemcpyDeviceToHost, c->stream),
-                        "reading the id check");
-    if (rc < 0)
-        return rc;
-    rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
-    if (rc < 0)
-        return rc;
-    if (c->host_flag[1] != 0) {
-        gang_debug("kernels/cuda: a token id is outside the vocabulary (%zu)", vocab);
-        return GANG_EINVAL;
-    }
-    return 0;
+    return rc;
 }
 
 static int cuda_add(void *ctx, float *x, const float *y, size_t n)
@@ -492,6 +520,39 @@ static int cuda_argmax(void *ctx, const float *x, size_t rows, size_t cols, int3
     return rc < 0 ? rc : gang__cuda_launch_argmax(c->stream, x, rows, cols, out);
 }
 
+static int cuda_attention_step(void *ctx, const gang_kernels_step_kv *kv, const float *knew,
+                               const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                               size_t n_kv_heads, size_t head_dim, size_t window, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0
+               ? rc
+               : gang__cuda_launch_attention_step(c->stream, kv, knew, vnew, q, tokens, n_heads,
+                                                  n_kv_heads, head_dim, window, out, c->dev_flag);
+}
+
+static int cuda_scatter_i32(void *ctx, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                            size_t n_pairs)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0
+               ? rc
+               : gang__cuda_launch_scatter_i32(c->stream, dst, dst_n, pairs, n_pairs, c->dev_flag);
+}
+
+static int cuda_sample(void *ctx, const float *logits, size_t rows, size_t cols,
+                       const gang_kernels_sample_param *params, int32_t *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_sample(c->stream, logits, rows, cols, params, out);
+}
+
 static int cuda_convert(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
                         size_t n)
 {
@@ -509,6 +570,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .alloc = cuda_alloc,
     .free = cuda_free,
     .upload = cuda_upload,
+    .upload_async = cuda_upload_async,
     .download = cuda_download,
     .sync = cuda_sync,
     .stream = cuda_stream,
@@ -530,4 +592,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .copy = cuda_copy,
     .copy_2d = cuda_copy_2d,
     .argmax = cuda_argmax,
+    .attention_step = cuda_attention_step,
+    .scatter_i32 = cuda_scatter_i32,
+    .sample = cuda_sample,
 };

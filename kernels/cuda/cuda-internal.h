@@ -55,6 +55,7 @@ size_t gang__cuda_pool_largest_free(const gang__cuda_pool *p);
 #define GANG_CUDA_ALGOS 4                /* cuBLASLt candidates a plan keeps, best first */
 #define GANG_CUDA_WORKSPACE (32u << 20)  /* cuBLASLt workspace (Hopper: 32 MiB) */
 #define GANG_CUDA_ATT_SCRATCH (4u << 20) /* split-key attention partial states */
+#define GANG_CUDA_STAGE (1u << 20)       /* pinned staging of upload_async */
 
 typedef struct gang__cuda_plan gang__cuda_plan; /* cuda-gemm.c */
 
@@ -76,11 +77,17 @@ typedef struct gang__cuda_ctx {
     size_t mm_scratch_bytes;
     int sm_count;   /* multiprocessors of the device */
     int *host_flag; /* pinned host copy for reading it back */
+    /* upload_async's pinned staging: bytes [0, stage_used) are copies the stream may still
+     * read; the whole buffer is free again after every host synchronisation. */
+    char *stage;
+    size_t stage_used;
 } gang__cuda_ctx;
 
 /* Bits of dev_flag. */
 #define GANG_CUDA_FLAG_BAD_POSITION 1 /* rope: a negative position */
 #define GANG_CUDA_FLAG_BAD_ID 2       /* embedding: id out of range */
+#define GANG_CUDA_FLAG_BAD_INDEX 4    /* scatter_i32: index out of range */
+#define GANG_CUDA_FLAG_BAD_BLOCK 8    /* attention_step: a block id outside the pool */
 
 /* Maps a CUDA runtime error to a GANG_E* code and logs it with what was being done. */
 int gang__cuda_err(cudaError_t e, const char *what);
@@ -113,8 +120,10 @@ int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, const float *u
 int gang__cuda_launch_gelu_mul(cudaStream_t s, const float *gate, const float *up, size_t n,
                                float *out);
 int gang__cuda_launch_scale(cudaStream_t s, float *x, float a, size_t n);
+/* Sets words[1] (this call's "bad id", which the embedding kernels read) and ORs
+ * GANG_CUDA_FLAG_BAD_ID into words[0] (the deferred error of the next sync). */
 int gang__cuda_launch_check_ids(cudaStream_t s, const int32_t *ids, size_t n_ids, size_t vocab,
-                                int *flag);
+                                int *words);
 int gang__cuda_launch_embedding(cudaStream_t s, const float *table, size_t dim, const int32_t *ids,
                                 size_t n_ids, const int *flag, float *out);
 int gang__cuda_launch_add(cudaStream_t s, float *x, const float *y, size_t n);
@@ -140,6 +149,18 @@ int gang__cuda_launch_attention(cudaStream_t s, const float *q, const void *kc, 
                                 size_t tq, size_t tk, size_t n_heads, size_t n_kv_heads,
                                 size_t head_dim, size_t pos0, size_t window, float *out,
                                 float *scratch, size_t scratch_floats, int n_sm);
+
+/* cuda-step.cu: the decode step's kernels (gang_kernels_attention_step, _scatter_i32,
+ * _sample). attention_step answers GANG_ENOSYS for a head_dim over 256 or not a multiple
+ * of 8 (its 16-byte loads); out-of-range values OR their bit into flag. */
+int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kernels_step_kv *kv,
+                                     const float *knew, const float *vnew, const float *q,
+                                     size_t tokens, size_t n_heads, size_t n_kv_heads,
+                                     size_t head_dim, size_t window, float *out, int *flag);
+int gang__cuda_launch_scatter_i32(cudaStream_t s, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                                  size_t n_pairs, int *flag);
+int gang__cuda_launch_sample(cudaStream_t s, const float *logits, size_t rows, size_t cols,
+                             const gang_kernels_sample_param *params, int32_t *out);
 
 #ifdef __cplusplus
 }

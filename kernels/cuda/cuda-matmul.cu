@@ -3,12 +3,20 @@
  * weight-only int8 matmul and the embedding lookup over a bf16 / f16 / int8 table. The
  * bf16 / f16 matmul is cuBLASLt's (cuda-backend.c, cuda-gemm.c).
  *
- * int8 matmul. One block per output row o of W: its threads read the row's int8 elements
- * once (consecutive threads, consecutive bytes), convert them to f32, and multiply them with up to
- * MM_ROWS rows of x at once (x comes from L2: every block reads the same activations); each partial
- * sum is reduced over the block and multiplied by the row's scale once. The weight row is read
- * again only for every further MM_ROWS rows of x, so a decode step (m small) streams the int8
- * weights once, which is the point of the format.
+ * int8 matmul, decode (m <= MM_ROWS, kdim a multiple of 16): the GEMV of issue #24. A warp
+ * per output row o of W, GEMV_WARPS rows per block: the block stages a tile of the m rows of
+ * x in shared memory (every warp of the block reads it from there instead of from L2), and
+ * each lane loads 16 int8 weights at a time (one 16-byte load; a warp covers 512 bytes of
+ * the row per load), multiplies them with the m staged rows, and the lane sums are reduced
+ * over the warp once per output; the row's scale is applied once. Each weight byte is read
+ * once per call, which is the point of the format.
+ *
+ * int8 matmul, otherwise (a prefill, or a kdim that is not a multiple of 16). One block per
+ * output row o of W: its threads read the row's int8 elements once (consecutive threads,
+ * consecutive bytes), convert them to f32, and multiply them with up to MM_ROWS rows of x
+ * at once (x comes from L2); each partial sum is reduced over the block and multiplied by
+ * the row's scale once. The weight row is read again only for every further MM_ROWS rows of
+ * x.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -68,10 +76,68 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
     }
 }
 
+#define GEMV_WARPS 8   /* output rows per block */
+#define GEMV_TILE 1024 /* elements of each x row staged per pass (m x 4 KiB of shared) */
+
+/* The decode GEMV (file comment): warp w of block b computes output row b x GEMV_WARPS + w. */
+__global__ static void gemv_i8_kernel(size_t m, size_t n, size_t kdim, const float *x,
+                                      const int8_t *w, const float *scales, float *y)
+{
+    __shared__ float xs[MM_ROWS][GEMV_TILE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
+    const int8_t *row = w + (o < n ? o : 0) * kdim;
+    float acc[MM_ROWS];
+
+    for (int r = 0; r < MM_ROWS; r++)
+        acc[r] = 0.0f;
+    for (size_t k0 = 0; k0 < kdim; k0 += GEMV_TILE) {
+        size_t kt = kdim - k0 < GEMV_TILE ? kdim - k0 : GEMV_TILE;
+
+        __syncthreads(); /* the previous tile is no longer read */
+        for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
+            xs[i / kt][i % kt] = x[(i / kt) * kdim + k0 + i % kt];
+        __syncthreads();
+        if (o >= n)
+            continue;
+        for (size_t i = (size_t)lane * 16; i < kt; i += 32 * 16) {
+            int4 raw = *(const int4 *)(row + k0 + i);
+            const int8_t *q = (const int8_t *)&raw;
+            float wf[16];
+
+            for (int e = 0; e < 16; e++)
+                wf[e] = (float)q[e];
+            for (int r = 0; r < MM_ROWS; r++) {
+                if ((size_t)r >= m)
+                    break;
+                for (int e = 0; e < 16; e++)
+                    acc[r] += xs[r][i + e] * wf[e];
+            }
+        }
+    }
+    if (o >= n)
+        return;
+    for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
+        float v = acc[r];
+
+        for (int d = 16; d > 0; d >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, d);
+        if (lane == 0)
+            y[r * n + o] = v * scales[o];
+    }
+}
+
 extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
                                            const float *x, const int8_t *w, const float *scales,
                                            float *y)
 {
+    /* 16-byte loads: every row must start on a 16-byte boundary (the weight's does). */
+    if (m <= MM_ROWS && kdim % 16 == 0 && ((uintptr_t)w & 15) == 0) {
+        size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
+
+        gemv_i8_kernel<<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, w, scales, y);
+        return gang__cuda_err(cudaGetLastError(), "int8 gemv launch");
+    }
     matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
 }

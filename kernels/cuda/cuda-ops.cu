@@ -257,18 +257,20 @@ extern "C" int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float 
 /* ---------------------------------------------------------------------------------
  * Embedding: a checking pass, then a copy that does nothing when the check failed.
  * --------------------------------------------------------------------------------- */
-__global__ static void check_ids_kernel(const int32_t *ids, size_t n_ids, size_t vocab, int *flag)
+__global__ static void check_ids_kernel(const int32_t *ids, size_t n_ids, size_t vocab, int *words)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_ids;
          i += (size_t)gridDim.x * blockDim.x)
-        if (ids[i] < 0 || (size_t)ids[i] >= vocab)
-            *flag = 1;
+        if (ids[i] < 0 || (size_t)ids[i] >= vocab) {
+            words[1] = 1;
+            atomicOr(&words[0], GANG_CUDA_FLAG_BAD_ID);
+        }
 }
 
 extern "C" int gang__cuda_launch_check_ids(cudaStream_t s, const int32_t *ids, size_t n_ids,
-                                           size_t vocab, int *flag)
+                                           size_t vocab, int *words)
 {
-    check_ids_kernel<<<grid_for(n_ids), OPS_THREADS, 0, s>>>(ids, n_ids, vocab, flag);
+    check_ids_kernel<<<grid_for(n_ids), OPS_THREADS, 0, s>>>(ids, n_ids, vocab, words);
     return launch_result("embedding check launch");
 }
 

@@ -21,9 +21,12 @@
  * entry of the vtable needs its wrapper here too; without one the fake answers GANG_ENOSYS
  * and the fake-device tests say which operation is missing.
  *
- * Host waits. The "cuda" backend makes the host wait in sync, download, upload and
- * embedding (its id check reads one word back); the fake counts the same calls, so a
- * test can count the host synchronisations of a code path (fake-device.h).
+ * Host waits. The "cuda" backend makes the host wait in sync, download and upload; the
+ * fake counts the same calls, so a test can count the host synchronisations of a code
+ * path (fake-device.h). upload_async does not wait (cuda stages the bytes in pinned
+ * memory), and the embedding's id check is a deferred error on cuda (the next sync), so
+ * neither is counted. The front (kernels/backend.c) counts launches, allocations and
+ * bytes for every backend (gang_kernels_counters_get).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -225,6 +228,15 @@ static int fake_upload(void *ctx, void *dst, const void *src, size_t bytes)
     return 0;
 }
 
+/* Enqueued without a wait on "cuda": the fake copies at once, which is stream order. */
+static int fake_upload_async(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    fake_host_side(src, "upload_async");
+    memcpy(DEV(dst, bytes), src, bytes);
+    ((fake_ctx *)ctx)->st.ops++;
+    return 0;
+}
+
 static int fake_download(void *ctx, void *dst, const void *src, size_t bytes)
 {
     fake_ctx *c = ctx;
@@ -395,11 +407,9 @@ static int fake_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
 static int fake_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                           const int32_t *ids, size_t n_ids, float *out)
 {
-    fake_ctx *c = ctx;
     gang_kernels_weight h = fake_weight(table, vocab, dim);
 
     fake_op(ctx);
-    c->st.host_waits++; /* "cuda" reads its id check back before returning */
     return CPU->embedding(NULL, &h, vocab, dim, DEV(ids, n_ids * sizeof(int32_t)), n_ids,
                           DEV(out, F32(n_ids * dim)));
 }
@@ -423,6 +433,52 @@ static int fake_argmax(void *ctx, const float *x, size_t rows, size_t cols, int3
                        DEV(out, rows * sizeof(int32_t)));
 }
 
+/*
+ * The step's pools, tables and token arrays translated into the shadow. The tables'
+ * extent is what the tokens reach: their rows and positions are read (on the shadow)
+ * first, as the device kernel reads them.
+ */
+static int fake_attention_step(void *ctx, const gang_kernels_step_kv *kv, const float *knew,
+                               const float *vnew, const float *q, size_t tokens, size_t n_heads,
+                               size_t n_kv_heads, size_t head_dim, size_t window, float *out)
+{
+    size_t w = n_kv_heads * head_dim, qb = F32(tokens * n_heads * head_dim), n_tab = 0;
+    size_t pool = kv->n_blocks * kv->block_size * w * gang_dtype_size(kv->dtype);
+    gang_kernels_step_kv h = *kv;
+
+    fake_op(ctx);
+    h.positions = DEV(kv->positions, tokens * sizeof(int32_t));
+    h.table_rows = DEV(kv->table_rows, tokens * sizeof(int32_t));
+    for (size_t t = 0; t < tokens; t++) {
+        if (h.positions[t] < 0 || h.table_rows[t] < 0)
+            return GANG_EINVAL;
+        if ((size_t)h.table_rows[t] + (size_t)h.positions[t] / kv->block_size + 1 > n_tab)
+            n_tab = (size_t)h.table_rows[t] + (size_t)h.positions[t] / kv->block_size + 1;
+    }
+    h.tables = DEV(kv->tables, n_tab * sizeof(int32_t));
+    h.kc = DEV(kv->kc, pool);
+    h.vc = DEV(kv->vc, pool);
+    return CPU->attention_step(NULL, &h, DEV(knew, F32(tokens * w)), DEV(vnew, F32(tokens * w)),
+                               DEV(q, qb), tokens, n_heads, n_kv_heads, head_dim, window,
+                               DEV(out, qb));
+}
+
+static int fake_scatter_i32(void *ctx, int32_t *dst, size_t dst_n, const int32_t *pairs,
+                            size_t n_pairs)
+{
+    fake_op(ctx);
+    return CPU->scatter_i32(NULL, DEV(dst, dst_n * sizeof(int32_t)), dst_n,
+                            DEV(pairs, 2 * n_pairs * sizeof(int32_t)), n_pairs);
+}
+
+static int fake_sample(void *ctx, const float *logits, size_t rows, size_t cols,
+                       const gang_kernels_sample_param *params, int32_t *out)
+{
+    fake_op(ctx);
+    return CPU->sample(NULL, DEV(logits, F32(rows * cols)), rows, cols,
+                       DEV(params, rows * sizeof(*params)), DEV(out, rows * sizeof(int32_t)));
+}
+
 /* Device memory and the CPU's f32 arithmetic: no half-precision GEMM, no pool, no peer. */
 const gang__kernels_backend gang__kernels_fake_backend = {
     .name = "fake",
@@ -432,6 +488,7 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .alloc = fake_alloc,
     .free = fake_free,
     .upload = fake_upload,
+    .upload_async = fake_upload_async,
     .download = fake_download,
     .copy = fake_copy,
     .copy_2d = fake_copy_2d,
@@ -451,4 +508,7 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .add = fake_add,
     .add_rows = fake_add_rows,
     .argmax = fake_argmax,
+    .attention_step = fake_attention_step,
+    .scatter_i32 = fake_scatter_i32,
+    .sample = fake_sample,
 };

@@ -4,7 +4,7 @@
  *
  * The fake device behaves like the "cuda" backend where the host/device boundary is
  * concerned: tensor memory is device memory the host cannot read, and every host wait
- * the "cuda" backend makes (sync, download, upload, embedding's id check) is counted, so
+ * the "cuda" backend makes (sync, download, upload) is counted, so
  * a test can assert how often a code path waits on the host and where.
  */
 #ifndef GANGLION_KERNELS_FAKE_DEVICE_H
@@ -17,7 +17,7 @@
 
 /* What one fake handle did so far. */
 typedef struct gang__fake_stats {
-    uint64_t host_waits;    /* sync, download, upload and embedding (each waits on "cuda") */
+    uint64_t host_waits;    /* sync, download and upload (each waits on "cuda") */
     uint64_t gemms;         /* GEMMs enqueued */
     uint64_t waits_at_gemm; /* host_waits when the last GEMM was enqueued */
     uint64_t ops;           /* every enqueued operation, copies included */

@@ -201,6 +201,15 @@ static int fake_order_after(gang_comm *c, void *stream)
     return 0;
 }
 
+/* Like nccl, the ordered communicator's operations complete on the device: count the
+ * one wait per step that the engine makes for them. */
+static int fake_settle(gang_comm *c, uint64_t tmo)
+{
+    (void)tmo;
+    ((fake_impl *)c->impl)->counts.settles++;
+    return 0;
+}
+
 static void fake_free(gang_comm *c)
 {
     free(c->impl);
@@ -223,6 +232,7 @@ static const gang__comm_ops fake_ops_ordered = {
     .send = fake_send,
     .recv = fake_recv,
     .order_after = fake_order_after,
+    .settle = fake_settle,
     .abort = fake_abort,
 };
 

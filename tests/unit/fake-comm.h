@@ -27,6 +27,7 @@ typedef struct fake_comm_counts {
     uint64_t ordered;       /* operations preceded by gang_comm_order_after */
     uint64_t waits_between; /* host waits between the last GEMM and each all-reduce, summed */
     uint64_t unordered;     /* operations with neither ordering nor a host wait: a race */
+    uint64_t settles;       /* gang_comm_settle calls (the ordered communicator only) */
 } fake_comm_counts;
 
 /* A group of n ranks; freed with fake_group_free once every member is freed. */

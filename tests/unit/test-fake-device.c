@@ -19,6 +19,7 @@
  *    communicator that has no device ordering counts exactly one host synchronisation per
  *    all-reduce, which is what the counter would see if the ordering regressed.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -33,6 +34,7 @@
 #include <cmocka.h>
 
 #include "engine-fixture.h"
+#include "engine-internal.h"
 #include "fake-comm.h"
 #include "fake/fake-device.h"
 
@@ -245,6 +247,7 @@ static fake_comm_counts run_fake_tp(const full_model *fm, script *sc, const scri
         sum.ordered += c.ordered;
         sum.waits_between += c.waits_between;
         sum.unordered += c.unordered;
+        sum.settles += c.settles;
         gang_comm_free(fake_tp[r]);
         fake_tp[r] = NULL;
     }
@@ -274,6 +277,12 @@ static void test_fake_tp_no_host_sync(void **state)
         assert_int_equal(on.unordered, 0);
         assert_int_equal(on.ordered, on.all_reduces + on.all_gathers);
         assert_true(on.all_gathers > 0); /* the logits, last stage */
+        /* Their completion awaited once per step (gang_comm_settle), not per collective:
+         * at most one per step and microbatch (a pipeline's last stage settles before it
+         * sends its ids on) and one per step, against 2 x layers all-reduces a step. */
+        assert_true(on.settles > 0);
+        assert_true(on.settles * 4 <= on.all_reduces);
+        assert_int_equal(off.settles, 0);
         /* The control: without it, exactly one host synchronisation per all-reduce. */
         assert_int_equal(off.all_reduces, on.all_reduces);
         assert_int_equal(off.waits_between, off.all_reduces);
@@ -283,6 +292,167 @@ static void test_fake_tp_no_host_sync(void **state)
     free(fm);
 }
 
+/* ---------------------------------------------------------------------------------
+ * The decode step's counters (issue #24): what `bench decode --device fake` prints.
+ * --------------------------------------------------------------------------------- */
+#define CNT_PROMPT 4
+#define CNT_GEN 12
+#define CNT_STEPS 8 /* decode steps measured, after the prefill and the first decode */
+
+/* A decode step's kernels counters, averaged over CNT_STEPS steps. */
+typedef struct step_cnt {
+    double syncs, launches, allocs, h2d, d2h;
+} step_cnt;
+
+/*
+ * Runs `batch` requests (even ones greedy, odd ones seeded with top-p) on a 1x1 fake
+ * engine, with logprobs when lp, and measures the steady decode steps. Each request's
+ * tokens go to toks[i * CNT_GEN ..].
+ */
+static step_cnt decode_counters(const full_model *fm, uint32_t batch, int lp, int32_t *toks)
+{
+    gang_engine_config cfg = {.max_batch = batch,
+                              .max_ctx = 40,
+                              .kv_cache_bytes = 64u << 20,
+                              .microbatches = 1,
+                              .max_step_tokens = batch * CNT_PROMPT};
+    gang_kernels_counters c0, c1;
+    int32_t prompt[CNT_PROMPT];
+    gang_gen_request r;
+    gang_gen_event ev;
+    step_cnt out;
+    char err[256];
+    layout lo;
+
+    layout_init_on(&lo, fm, 1, 1, &cfg, "fake");
+    for (uint32_t i = 0; i < batch; i++) {
+        memset(&r, 0, sizeof(r));
+        for (uint32_t j = 0; j < CNT_PROMPT; j++)
+            prompt[j] = (int32_t)((i * 5 + j * 3 + 1) % VOCAB);
+        r.id = i + 1;
+        r.prompt = prompt;
+        r.n_prompt = CNT_PROMPT;
+        r.max_tokens = CNT_GEN;
+        r.sampling =
+            i % 2 ? (gang_sampling){.temperature = 0.8f, .top_p = 0.9f, .seed = 7 + i} : greedy;
+        r.sampling.ignore_eos = 1;
+        r.sampling.logprobs = (uint32_t)lp;
+        r.sampling.top_logprobs = lp ? 3 : 0;
+        assert_int_equal(gang_engine_submit(lo.engines[0], &r, err, sizeof(err)), 0);
+    }
+    for (uint32_t s = 0; s < 2 + CNT_STEPS; s++) {
+        if (s == 2)
+            assert_int_equal(gang_kernels_counters_get(lo.kernels[0], &c0), 0);
+        assert_int_equal(
+            gang_engine_step(lo.engines[0], lo.kernels[0], NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        while (gang_engine_poll(lo.engines[0], &ev) == 1)
+            if (ev.kind == GANG_GEN_TOKEN && ev.index < CNT_GEN)
+                toks[(ev.id - 1) * CNT_GEN + ev.index] = ev.token;
+    }
+    assert_int_equal(gang_kernels_counters_get(lo.kernels[0], &c1), 0);
+    out = (step_cnt){(double)(c1.host_syncs - c0.host_syncs) / CNT_STEPS,
+                     (double)(c1.launches - c0.launches) / CNT_STEPS,
+                     (double)(c1.allocs - c0.allocs) / CNT_STEPS,
+                     (double)(c1.h2d_bytes - c0.h2d_bytes) / CNT_STEPS,
+                     (double)(c1.d2h_bytes - c0.d2h_bytes) / CNT_STEPS};
+    print_message("fake decode step, batch %u%s: %.2f host syncs, %.2f launches, %.2f allocs, "
+                  "%.1f B up, %.1f B down\n",
+                  batch, lp ? " (logprobs)" : "", out.syncs, out.launches, out.allocs, out.h2d,
+                  out.d2h);
+    layout_free(&lo);
+    return out;
+}
+
+/*
+ * The design of the decode step, held on the fake device: at most one host sync per
+ * step, launches that do not depend on the batch, no allocation, O(batch) bytes each way
+ * (never a row of logits unless logprobs were asked for), and the tokens of the device
+ * sampler equal to the host sampler's (the logprobs run samples on the host).
+ */
+static void test_fake_decode_counters(void **state)
+{
+    static const uint32_t batches[3] = {1, 8, 32};
+    static int32_t dev[32 * CNT_GEN], host[32 * CNT_GEN];
+    full_model *fm = full_model_new(33, 0);
+    step_cnt c[3], lp;
+
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        uint32_t b = batches[i];
+
+        c[i] = decode_counters(fm, b, 0, dev);
+        assert_true(c[i].syncs <= 1.0);
+        assert_true(c[i].allocs == 0.0);
+        assert_true(c[i].launches == c[0].launches);
+        /* ids, positions, table offset and entry, sampling parameters: 52 B a sequence */
+        assert_true(c[i].h2d <= 64.0 * b);
+        assert_true(c[i].d2h <= 4.0 * b); /* the sampled ids */
+        assert_true(c[i].d2h < (double)VOCAB * sizeof(float) * b);
+    }
+    /* Logprobs: the rows come down (O(vocab x batch) is allowed then), still one wait. */
+    lp = decode_counters(fm, 8, 1, host);
+    assert_true(lp.syncs <= 1.0);
+    assert_true(lp.allocs == 0.0);
+    assert_true(lp.d2h >= (double)VOCAB * sizeof(float) * 8);
+    decode_counters(fm, 8, 0, dev);
+    assert_memory_equal(dev, host, 8 * CNT_GEN * sizeof(int32_t));
+    free(fm);
+}
+
+/*
+ * gang_kernels_sample on the fake device (the CPU's walk) against the engine's sampler on
+ * random rows: greedy, top-k, top-p, NaN and tied logits, the same token every time.
+ */
+static void test_fake_sample_equals_engine(void **state)
+{
+    enum { ROWS = 64, COLS = 301 };
+    static float x[ROWS * COLS];
+    gang_kernels_sample_param p[ROWS];
+    int32_t got[ROWS];
+    void *dx = NULL, *dp = NULL, *dout = NULL;
+    gang__sampler smp;
+    gang_kernels *k = NULL;
+    uint64_t z = 12345;
+
+    (void)state;
+    assert_int_equal(gang__sampler_init(&smp, COLS), 0);
+    for (size_t i = 0; i < ROWS * COLS; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((z >> 40) % 2000) / 250.0f - 4.0f; /* coarse: many ties */
+        if ((z >> 20) % 97 == 0)
+            x[i] = NAN;
+    }
+    for (uint32_t r = 0; r < ROWS; r++)
+        p[r] = (gang_kernels_sample_param){.temperature = r % 4 == 0 ? 0.0f : 0.3f + 0.1f * (r % 9),
+                                           .top_k = r % 3 == 0 ? 0 : r % 17,
+                                           .top_p = r % 5 == 0 ? 1.0f : 0.5f + 0.05f * (r % 7),
+                                           .seed = 1000 + r,
+                                           .position = 3 * r + 1};
+    assert_int_equal(gang_kernels_open("fake", &k), 0);
+    assert_int_equal(gang_kernels_alloc(k, sizeof(x), &dx), 0);
+    assert_int_equal(gang_kernels_alloc(k, sizeof(p), &dp), 0);
+    assert_int_equal(gang_kernels_alloc(k, sizeof(got), &dout), 0);
+    assert_int_equal(gang_kernels_upload(k, dx, x, sizeof(x)), 0);
+    assert_int_equal(gang_kernels_upload_async(k, dp, p, sizeof(p)), 0);
+    assert_int_equal(gang_kernels_sample(k, dx, ROWS, COLS, dp, dout), 0);
+    assert_int_equal(gang_kernels_download(k, got, dout, sizeof(got)), 0);
+    for (uint32_t r = 0; r < ROWS; r++) {
+        gang_sampling sp = {.temperature = p[r].temperature,
+                            .top_k = p[r].top_k,
+                            .top_p = p[r].top_p,
+                            .seed = p[r].seed};
+        int32_t want = gang__sample(&smp, x + (size_t)r * COLS, &sp, p[r].position);
+
+        if (got[r] != want)
+            fail_msg("row %u: the device sampler drew %d, the engine's %d", r, got[r], want);
+        assert_true(gang_kernels_uniform(p[r].seed, p[r].position) ==
+                    gang__sample_uniform(p[r].seed, p[r].position));
+    }
+    gang_kernels_free(k, dx), gang_kernels_free(k, dp), gang_kernels_free(k, dout);
+    gang_kernels_close(k);
+    gang__sampler_free(&smp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +460,8 @@ int main(void)
         cmocka_unit_test(test_fake_attention_batch_fallback),
         cmocka_unit_test(test_fake_engine_layouts),
         cmocka_unit_test(test_fake_tp_no_host_sync),
+        cmocka_unit_test(test_fake_decode_counters),
+        cmocka_unit_test(test_fake_sample_equals_engine),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,532 @@
+/*
+ * CUDA kernels of the decode step (include/ganglion/kernels.h, issue #24): the batched
+ * paged attention with the KV append fused, the in-place scatter of block-table entries
+ * and the sampler that returns ids.
+ *
+ * Attention (one launch for the whole step): a block per (token, kv head). It stores its
+ * token's key and value rows of that head at the token's position, then its warps share
+ * the keys 0 .. p of the sequence (every warp a strided subset, each with its own online
+ * softmax) for all the query heads of the group at once, so a K/V row is loaded once per
+ * group: 16-byte loads (8 bf16 / f16 or 4 f32 elements a lane). A key written by this
+ * launch (a position of the same sequence at or after its first token of the step) is
+ * read from the step's new rows, rounded to the pool's type as the store rounds it,
+ * because the block that stores it may not have run yet: so no ordering between blocks
+ * is needed and the numbers are those of storing first and attending after (up to the
+ * order of the f32 sums). The warps' states are merged in shared memory at the end.
+ *
+ * Sampling: a block per row. Candidates are ordered by one 64-bit key (the logit's bits
+ * made descending-orderable, then the id), so "the first n candidates" and "the shortest
+ * prefix of mass m" are radix selections over that key, eight 8-bit digits, each digit a
+ * histogram of counts or of probability mass (doubles) over the row: no sort and no
+ * scratch memory. The sums are parallel, so a draw within rounding of a boundary may
+ * pick the neighbour of the CPU's choice (the header says so).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda-internal.h"
+
+static int step_launch_result(const char *what)
+{
+    return gang__cuda_err(cudaGetLastError(), what);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Scatter of table entries.
+ * --------------------------------------------------------------------------------- */
+__global__ static void scatter_i32_kernel(int32_t *dst, size_t dst_n, const int32_t *pairs,
+                                          size_t n_pairs, int *flag)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int32_t at = pairs[2 * i];
+
+        if (at < 0 || (size_t)at >= dst_n)
+            atomicOr(flag, GANG_CUDA_FLAG_BAD_INDEX);
+        else
+            dst[at] = pairs[2 * i + 1];
+    }
+}
+
+extern "C" int gang__cuda_launch_scatter_i32(cudaStream_t s, int32_t *dst, size_t dst_n,
+                                             const int32_t *pairs, size_t n_pairs, int *flag)
+{
+    size_t blocks = (n_pairs + 255) / 256;
+
+    scatter_i32_kernel<<<(unsigned)(blocks > 1024 ? 1024 : blocks), 256, 0, s>>>(dst, dst_n, pairs,
+                                                                                 n_pairs, flag);
+    return step_launch_result("scatter launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Attention with the KV append fused.
+ * --------------------------------------------------------------------------------- */
+#define STEP_WARPS 4
+#define STEP_MAXG 8    /* query heads handled per pass over the keys */
+#define STEP_MAXHD 256 /* head_dim bound of this kernel */
+#define STEP_E 8       /* elements a lane holds of one row */
+
+/* One element type of the pool: 16-byte loads of it, widened to f32. */
+template <typename T> struct step_io;
+
+template <> struct step_io<float> {
+    static constexpr int VEC = 4;
+    __device__ static void load(const float *p, float *out)
+    {
+        float4 v = *(const float4 *)p;
+        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    }
+    __device__ static float round(float x)
+    {
+        return x;
+    }
+    __device__ static float store(float x)
+    {
+        return x;
+    }
+};
+
+template <> struct step_io<__nv_bfloat16> {
+    static constexpr int VEC = 8;
+    __device__ static void load(const __nv_bfloat16 *p, float *out)
+    {
+        uint4 v = *(const uint4 *)p;
+        const __nv_bfloat16 *h = (const __nv_bfloat16 *)&v;
+        for (int i = 0; i < 8; i++)
+            out[i] = __bfloat162float(h[i]);
+    }
+    __device__ static float round(float x)
+    {
+        return __bfloat162float(__float2bfloat16_rn(x));
+    }
+    __device__ static __nv_bfloat16 store(float x)
+    {
+        return __float2bfloat16_rn(x);
+    }
+};
+
+template <> struct step_io<__half> {
+    static constexpr int VEC = 8;
+    __device__ static void load(const __half *p, float *out)
+    {
+        uint4 v = *(const uint4 *)p;
+        const __half *h = (const __half *)&v;
+        for (int i = 0; i < 8; i++)
+            out[i] = __half2float(h[i]);
+    }
+    __device__ static float round(float x)
+    {
+        return __half2float(__float2half_rn(x));
+    }
+    __device__ static __half store(float x)
+    {
+        return __float2half_rn(x);
+    }
+};
+
+/* What every block of one launch shares. */
+typedef struct step_args {
+    const void *kc, *vc;
+    void *kw, *vw; /* the same pools, written */
+    const int32_t *tables, *positions, *table_rows;
+    const float *knew, *vnew, *q;
+    float *out;
+    size_t block_size, n_blocks, n_heads, n_kv_heads, head_dim, window;
+    float scale;
+    int *flag;
+} step_args;
+
+/*
+ * The lane's elements of key or value row j of kv head h: from the step's new rows when
+ * j >= first (this launch writes it; rounded as the store rounds), else from the pool.
+ * Returns 0 and leaves out alone when the row's block is out of range (flagged).
+ */
+template <typename T>
+__device__ static int step_row(const step_args *a, const void *pool, const float *fresh, int32_t j,
+                               int32_t first, size_t t_first, int32_t trow, size_t h, float *out)
+{
+    const int V = step_io<T>::VEC, lane = threadIdx.x & 31;
+    size_t hd = a->head_dim, w = a->n_kv_heads * hd;
+
+    if (j >= first) {
+        const float *r = fresh + (t_first + (size_t)(j - first)) * w + h * hd;
+        for (int c = 0; c * 32 * V < (int)hd && c * V < STEP_E; c++) {
+            int e0 = (lane + 32 * c) * V;
+            if (e0 < (int)hd)
+                for (int i = 0; i < V; i++)
+                    out[c * V + i] = step_io<T>::round(r[e0 + i]);
+        }
+        return 1;
+    }
+    int32_t blk = a->tables[(size_t)trow + (size_t)j / a->block_size];
+    if (blk < 0 || (size_t)blk >= a->n_blocks) {
+        atomicOr(a->flag, GANG_CUDA_FLAG_BAD_BLOCK);
+        return 0;
+    }
+    size_t row = (size_t)blk * a->block_size + (size_t)j % a->block_size;
+    const T *r = (const T *)pool + row * w + h * hd;
+    for (int c = 0; c * 32 * V < (int)hd && c * V < STEP_E; c++) {
+        int e0 = (lane + 32 * c) * V;
+        if (e0 < (int)hd)
+            step_io<T>::load(r + e0, out + c * V);
+    }
+    return 1;
+}
+
+template <typename T> __global__ static void attention_step_kernel(step_args a)
+{
+    __shared__ float qs[STEP_MAXG][STEP_MAXHD];
+    __shared__ float wm[STEP_WARPS][STEP_MAXG], wsum[STEP_WARPS][STEP_MAXG];
+    __shared__ float wacc[STEP_WARPS][STEP_MAXG][STEP_MAXHD];
+    __shared__ int32_t first_s;
+    __shared__ size_t t_first_s;
+    const int V = step_io<T>::VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    size_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, g = a.n_heads / a.n_kv_heads;
+    size_t w = a.n_kv_heads * hd;
+    int32_t p = a.positions[t], trow = a.table_rows[t];
+
+    if (p < 0 || trow < 0) {
+        if (threadIdx.x == 0)
+            atomicOr(a.flag, GANG_CUDA_FLAG_BAD_POSITION);
+        return;
+    }
+    /* The append: this token's rows of head h, at its position. */
+    int32_t blk = a.tables[(size_t)trow + (size_t)p / a.block_size];
+    if (blk >= 0 && (size_t)blk < a.n_blocks) {
+        size_t row = (size_t)blk * a.block_size + (size_t)p % a.block_size;
+        for (size_t e = threadIdx.x; e < hd; e += blockDim.x) {
+            ((T *)a.kw)[row * w + h * hd + e] = step_io<T>::store(a.knew[t * w + h * hd + e]);
+            ((T *)a.vw)[row * w + h * hd + e] = step_io<T>::store(a.vnew[t * w + h * hd + e]);
+        }
+    } else if (threadIdx.x == 0) {
+        atomicOr(a.flag, GANG_CUDA_FLAG_BAD_BLOCK);
+    }
+    /* The sequence's first token of this launch: its keys from there on are fresh. */
+    if (threadIdx.x == 0) {
+        size_t f = t;
+        while (f > 0 && a.table_rows[f - 1] == trow && a.positions[f - 1] == a.positions[f] - 1)
+            f--;
+        t_first_s = f;
+        first_s = a.positions[f];
+    }
+    int32_t j0 = a.window > 0 && (size_t)p + 1 > a.window ? p + 1 - (int32_t)a.window : 0;
+    for (size_t hc = 0; hc < g; hc += STEP_MAXG) {
+        size_t ng = g - hc < STEP_MAXG ? g - hc : STEP_MAXG;
+        float m[STEP_MAXG], s[STEP_MAXG], acc[STEP_MAXG][STEP_E], kr[STEP_E], vr[STEP_E];
+
+        __syncthreads();
+        for (size_t i = threadIdx.x; i < ng * hd; i += blockDim.x)
+            qs[i / hd][i % hd] = a.q[(t * a.n_heads + h * g + hc + i / hd) * hd + i % hd];
+        __syncthreads();
+        for (size_t k = 0; k < STEP_MAXG; k++) {
+            m[k] = -INFINITY;
+            s[k] = 0.0f;
+            for (int e = 0; e < STEP_E; e++)
+                acc[k][e] = 0.0f;
+        }
+        for (int32_t j = j0 + warp; j <= p; j += STEP_WARPS) {
+            for (int e = 0; e < STEP_E; e++)
+                kr[e] = vr[e] = 0.0f;
+            if (!step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, kr) ||
+                !step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, vr))
+                continue;
+            for (size_t k = 0; k < ng; k++) {
+                float d = 0.0f;
+                for (int c = 0; c * V < STEP_E; c++) {
+                    int e0 = (lane + 32 * c) * V;
+                    if (e0 < (int)hd)
+                        for (int i = 0; i < V; i++)
+                            d += kr[c * V + i] * qs[k][e0 + i];
+                }
+                for (int o = 16; o > 0; o >>= 1)
+                    d += __shfl_xor_sync(0xffffffffu, d, o);
+                d *= a.scale;
+                float nm = fmaxf(m[k], d);
+                float corr = m[k] == -INFINITY ? 0.0f : __expf(m[k] - nm);
+                float pe = __expf(d - nm);
+                s[k] = s[k] * corr + pe;
+                for (int e = 0; e < STEP_E; e++)
+                    acc[k][e] = acc[k][e] * corr + pe * vr[e];
+                m[k] = nm;
+            }
+        }
+        /* Each warp's state into shared memory, then merged per (head, element). */
+        for (size_t k = 0; k < ng; k++) {
+            if (lane == 0) {
+                wm[warp][k] = m[k];
+                wsum[warp][k] = s[k];
+            }
+            for (int c = 0; c * V < STEP_E; c++) {
+                int e0 = (lane + 32 * c) * V;
+                if (e0 < (int)hd)
+                    for (int i = 0; i < V; i++)
+                        wacc[warp][k][e0 + i] = acc[k][c * V + i];
+            }
+        }
+        __syncthreads();
+        for (size_t i = threadIdx.x; i < ng * hd; i += blockDim.x) {
+            size_t k = i / hd, e = i % hd;
+            float mx = -INFINITY, num = 0.0f, den = 0.0f;
+
+            for (int v = 0; v < STEP_WARPS; v++)
+                mx = fmaxf(mx, wm[v][k]);
+            for (int v = 0; v < STEP_WARPS; v++) {
+                float f = wm[v][k] == -INFINITY ? 0.0f : __expf(wm[v][k] - mx);
+                num += f * wacc[v][k][e];
+                den += f * wsum[v][k];
+            }
+            a.out[(t * a.n_heads + h * g + hc + k) * hd + e] = den > 0.0f ? num / den : 0.0f;
+        }
+    }
+}
+
+extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kernels_step_kv *kv,
+                                                const float *knew, const float *vnew,
+                                                const float *q, size_t tokens, size_t n_heads,
+                                                size_t n_kv_heads, size_t head_dim, size_t window,
+                                                float *out, int *flag)
+{
+    step_args a = {kv->kc,
+                   kv->vc,
+                   kv->kc,
+                   kv->vc,
+                   kv->tables,
+                   kv->positions,
+                   kv->table_rows,
+                   knew,
+                   vnew,
+                   q,
+                   out,
+                   kv->block_size,
+                   kv->n_blocks,
+                   n_heads,
+                   n_kv_heads,
+                   head_dim,
+                   window,
+                   (float)(1.0 / sqrt((double)head_dim)),
+                   flag};
+    dim3 grid((unsigned)tokens, (unsigned)n_kv_heads);
+
+    /* 16-byte loads need whole vectors per row; the lane holds STEP_E elements. */
+    if (head_dim > STEP_MAXHD || head_dim % 8 != 0 || n_kv_heads > 65535 ||
+        (kv->dtype == GANG_DTYPE_F32 ? head_dim > 32 * 2 * 4 : head_dim > 32 * 8))
+        return GANG_ENOSYS;
+    if (kv->dtype == GANG_DTYPE_BF16)
+        attention_step_kernel<__nv_bfloat16><<<grid, 32 * STEP_WARPS, 0, s>>>(a);
+    else if (kv->dtype == GANG_DTYPE_F16)
+        attention_step_kernel<__half><<<grid, 32 * STEP_WARPS, 0, s>>>(a);
+    else
+        attention_step_kernel<float><<<grid, 32 * STEP_WARPS, 0, s>>>(a);
+    return step_launch_result("step attention launch");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Sampling.
+ * --------------------------------------------------------------------------------- */
+#define SAMPLE_THREADS 512
+
+__device__ static uint64_t step_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* gang_kernels_uniform, on the device. */
+__device__ static double step_uniform(uint64_t seed, uint64_t position)
+{
+    uint64_t z = step_mix64(seed + 0x9e3779b97f4a7c15ull);
+
+    z = step_mix64(z ^ (position * 0xd1b54a32d192ed03ull + 0x632be59bd9b4e019ull));
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The candidate key of (logit, id): ascending key = logit descending, then id ascending. */
+__device__ static uint64_t sample_key(float l, uint32_t id)
+{
+    uint32_t u = __float_as_uint(l);
+    uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+
+    return ((uint64_t)(~asc) << 32) | id;
+}
+
+__device__ static uint64_t block_min_u64(uint64_t v, uint64_t *shared)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < SAMPLE_THREADS / 32; i++)
+            v = shared[i] < v ? shared[i] : v;
+        shared[0] = v;
+    }
+    __syncthreads();
+    v = shared[0];
+    __syncthreads();
+    return v;
+}
+
+/* What one row's selections share: the row, its best logit and the temperature. */
+typedef struct sample_row {
+    const float *x;
+    size_t cols;
+    float l0;
+    double inv_t;
+} sample_row;
+
+/* The probability mass of candidate i (unnormalised), 0 for NaN. */
+__device__ static double sample_mass(const sample_row *r, size_t i)
+{
+    float l = r->x[i];
+
+    return isnan(l) ? 0.0 : exp(((double)l - (double)r->l0) * r->inv_t);
+}
+
+/*
+ * The radix selection: the smallest key K <= lim such that the candidates with keys <= K
+ * count n (by_mass 0), or have a mass above target (by_mass 1, strict) or reaching it
+ * (by_mass 2). Every thread gets K; lim when the row's mass never gets there.
+ */
+__device__ static uint64_t sample_select(const sample_row *r, uint64_t lim, int by_mass,
+                                         double target, uint32_t n)
+{
+    __shared__ double hm[256];
+    __shared__ uint32_t hc[256];
+    __shared__ uint64_t pick;
+    __shared__ double left_m;
+    __shared__ uint32_t left_c;
+    uint64_t prefix = 0;
+
+    if (threadIdx.x == 0) {
+        left_m = target;
+        left_c = n;
+    }
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        uint64_t hi_mask = shift == 56 ? 0 : ~0ull << (shift + 8);
+
+        for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
+            hm[b] = 0.0, hc[b] = 0;
+        __syncthreads();
+        for (size_t i = threadIdx.x; i < r->cols; i += SAMPLE_THREADS) {
+            float l = r->x[i];
+            uint64_t key;
+
+            if (isnan(l))
+                continue;
+            key = sample_key(l, (uint32_t)i);
+            if (key > lim || (key & hi_mask) != prefix)
+                continue;
+            if (by_mass)
+                atomicAdd(&hm[(key >> shift) & 255], sample_mass(r, i));
+            else
+                atomicAdd(&hc[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int b, last = -1;
+
+            for (b = 0; b < 256; b++) {
+                if (by_mass ? hm[b] > 0.0 : hc[b] > 0)
+                    last = b;
+                if (by_mass == 0 && left_c <= hc[b])
+                    break;
+                if (by_mass == 1 && left_m < hm[b])
+                    break;
+                if (by_mass == 2 && left_m <= hm[b])
+                    break;
+                left_c -= by_mass == 0 ? hc[b] : 0;
+                left_m -= by_mass ? hm[b] : 0.0;
+            }
+            if (b == 256)
+                b = last < 0 ? 255 : last; /* rounding: the last candidate there is */
+            pick = prefix | ((uint64_t)b << shift);
+        }
+        __syncthreads();
+        prefix = pick;
+        __syncthreads();
+    }
+    return prefix < lim ? prefix : lim;
+}
+
+/* The mass of the candidates with keys <= lim. */
+__device__ static double sample_mass_upto(const sample_row *r, uint64_t lim, double *shared)
+{
+    double v = 0.0;
+
+    for (size_t i = threadIdx.x; i < r->cols; i += SAMPLE_THREADS)
+        if (!isnan(r->x[i]) && sample_key(r->x[i], (uint32_t)i) <= lim)
+            v += sample_mass(r, i);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < SAMPLE_THREADS / 32; i++)
+            v += shared[i];
+        shared[0] = v;
+    }
+    __syncthreads();
+    v = shared[0];
+    __syncthreads();
+    return v;
+}
+
+__global__ static void sample_kernel(const float *x, size_t cols,
+                                     const gang_kernels_sample_param *params, int32_t *out)
+{
+    __shared__ uint64_t sk[SAMPLE_THREADS / 32];
+    __shared__ double sd[SAMPLE_THREADS / 32];
+    __shared__ uint32_t n_valid;
+    const gang_kernels_sample_param p = params[blockIdx.x];
+    sample_row r = {x + blockIdx.x * cols, cols, 0.0f, 0.0};
+    uint64_t best = ~0ull, lim;
+    uint32_t mine = 0, n;
+    double sum;
+
+    if (threadIdx.x == 0)
+        n_valid = 0;
+    __syncthreads();
+    for (size_t i = threadIdx.x; i < cols; i += SAMPLE_THREADS) {
+        if (isnan(r.x[i]))
+            continue;
+        uint64_t k = sample_key(r.x[i], (uint32_t)i);
+        best = k < best ? k : best;
+        mine++;
+    }
+    atomicAdd(&n_valid, mine);
+    best = block_min_u64(best, sk);
+    /* Greedy, an all-NaN row, or an infinite best logit (it takes all the mass). */
+    if (best == ~0ull || !(p.temperature > 0.0f) || p.top_k == 1 || isinf(r.x[(uint32_t)best])) {
+        if (threadIdx.x == 0)
+            out[blockIdx.x] = best == ~0ull ? 0 : (int32_t)(uint32_t)best;
+        return;
+    }
+    r.l0 = r.x[(uint32_t)best];
+    r.inv_t = 1.0 / (double)p.temperature;
+    n = p.top_k > 0 && p.top_k < n_valid ? p.top_k : n_valid;
+    lim = sample_select(&r, ~0ull, 0, 0.0, n);
+    sum = sample_mass_upto(&r, lim, sd);
+    if (p.top_p > 0.0f && p.top_p < 1.0f) {
+        lim = sample_select(&r, lim, 2, (double)p.top_p * sum, 0);
+        sum = sample_mass_upto(&r, lim, sd);
+    }
+    lim = sample_select(&r, lim, 1, step_uniform(p.seed, p.position) * sum, 0);
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = (int32_t)(uint32_t)lim;
+}
+
+extern "C" int gang__cuda_launch_sample(cudaStream_t s, const float *logits, size_t rows,
+                                        size_t cols, const gang_kernels_sample_param *params,
+                                        int32_t *out)
+{
+    if (rows > 0x7fffffffu)
+        return GANG_ERANGE;
+    sample_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, s>>>(logits, cols, params, out);
+    return step_launch_result("sample launch");
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""`ganglion bench decode --device fake`: the decode step's counters (issue #24).
+
+Runs batches 1, 8 and 32 on the 1x1 layout of a tiny model (bf16 and int8 storages) and
+checks each point's JSON line: host_syncs_per_step <= 1, allocs_per_step 0,
+launches_per_step the same at every batch size (of one storage), h2d and d2h bytes per
+step O(batch): at most 64 and 4 bytes per sequence, never a row of logits (vocab x 4
+bytes) per sequence. The agreement iteration (logprobs) is not timed, so it is not in
+the figures.
+Usage: bench-decode-counters.py GANGLION_BINARY
+"""
+import json
+import subprocess
+import sys
+
+VOCAB = 128
+FIELDS = ("host_syncs_per_step", "launches_per_step", "allocs_per_step",
+          "h2d_bytes_per_step", "d2h_bytes_per_step")
+
+
+def fail(msg):
+    print("FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: bench-decode-counters.py GANGLION_BINARY")
+    cmd = [sys.argv[1], "bench", "decode", "--device", "fake", "--layers", "2",
+           "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+           "--vocab", str(VOCAB), "--prompt", "8", "--tokens", "6", "--iters", "2",
+           "--warmup", "1", "--batch", "1,8,32", "--gpu-memory-mb", "256",
+           "--dtypes", "bf16,int8", "--layouts", "1x1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    if out.returncode != 0:
+        fail("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
+    points = []
+    for line in out.stdout.splitlines():
+        d = json.loads(line)
+        if "error" in d:
+            fail("a point failed: " + line)
+        if "batch" in d and "tp" in d:
+            points.append(d)
+    if len(points) != 6:
+        fail("expected 6 points (2 storages x 3 batches), got %d" % len(points))
+    launches = {}
+    for d in points:
+        b, st = d["batch"], d["storage"]
+        missing = [f for f in FIELDS if f not in d]
+        if missing:
+            fail("%s batch %d: no %s" % (st, b, ", ".join(missing)))
+        print("%s batch %2d: %s" % (st, b, " ".join("%s=%s" % (f, d[f]) for f in FIELDS)))
+        if d["host_syncs_per_step"] > 1:
+            fail("%s batch %d: %s host syncs per step" % (st, b, d["host_syncs_per_step"]))
+        if d["allocs_per_step"] != 0:
+            fail("%s batch %d: %s allocations per step" % (st, b, d["allocs_per_step"]))
+        if d["h2d_bytes_per_step"] > 64 * b or d["d2h_bytes_per_step"] > 4 * b:
+            fail("%s batch %d: bytes per step not O(batch)" % (st, b))
+        if d["d2h_bytes_per_step"] >= 4 * VOCAB * b:
+            fail("%s batch %d: logits rows came down" % (st, b))
+        launches.setdefault(st, set()).add(d["launches_per_step"])
+    for st, seen in launches.items():
+        if len(seen) != 1:
+            fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+/*
+ * The decode step's CUDA operations (issue #24) against the CPU backend on the same
+ * inputs (CTest unit-cuda-step; every case skips, visibly, without a GPU):
+ *   upload_async            bytes arrive in stream order, no host sync counted, the
+ *                           staging room reused after a sync
+ *   scatter_i32             exact; an index out of range is GANG_EINVAL at the next sync
+ *   attention_step          decodes and a prefill chunk of several sequences on a paged
+ *                           pool (f32 and bf16), the KV rows appended: 1e-4 of the CPU's
+ *                           (f32 online softmax and __expf against the CPU's double), the
+ *                           pools' new rows exact
+ *   sample                  greedy rows exact; seeded rows (top-k, top-p) the CPU's token
+ *                           (parallel sums: a draw within rounding of a boundary could
+ *                           differ, which these random rows never come near)
+ *   embedding               a bad id: nothing written, GANG_EINVAL at the next sync only
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ganglion/common.h"
+#include "ganglion/kernels.h"
+
+static gang_kernels *gpu, *cpu;
+
+#define NEED_GPU()                                                                                 \
+    do {                                                                                           \
+        if (gpu == NULL) {                                                                         \
+            print_message("[  SKIP    ] no GPU: gang_kernels_device_count() = %d; this test "      \
+                          "needs an NVIDIA GPU and driver\n",                                      \
+                          gang_kernels_device_count());                                            \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+
+    assert_int_equal(gang_kernels_alloc(gpu, bytes, &d), 0);
+    assert_int_equal(gang_kernels_upload(gpu, d, host, bytes), 0);
+    return d;
+}
+
+static void fetch(void *host, const void *dev, size_t bytes)
+{
+    assert_int_equal(gang_kernels_download(gpu, host, dev, bytes), 0);
+}
+
+static int setup(void **state)
+{
+    gang_kernels_options o;
+
+    (void)state;
+    if (gang_kernels_open("cpu", &cpu) != 0)
+        return -1;
+    if (gang_kernels_device_count() == 0) {
+        print_message("test-cuda-step: no GPU visible; GPU cases will be skipped\n");
+        return 0;
+    }
+    gang_kernels_options_init(&o);
+    o.device = "cuda";
+    o.pool_mb = 1024;
+    return gang_kernels_open_opts(&o, &gpu) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    gang_kernels_close(gpu);
+    gang_kernels_close(cpu);
+    return 0;
+}
+
+static void test_upload_async(void **state)
+{
+    int32_t a[1000], b[1000], got[1000];
+    gang_kernels_counters c0, c1;
+    int32_t *d = NULL;
+
+    (void)state;
+    NEED_GPU();
+    for (int i = 0; i < 1000; i++)
+        a[i] = i, b[i] = -i;
+    assert_int_equal(gang_kernels_alloc(gpu, sizeof(a), (void **)&d), 0);
+    assert_int_equal(gang_kernels_counters_get(gpu, &c0), 0);
+    /* Many more bytes than the staging room: the later ones wait, all arrive in order. */
+    for (int r = 0; r < 600; r++)
+        assert_int_equal(gang_kernels_upload_async(gpu, d, r % 2 ? b : a, sizeof(a)), 0);
+    a[0] = 777; /* the caller's buffer is free at once */
+    assert_int_equal(gang_kernels_counters_get(gpu, &c1), 0);
+    assert_int_equal(c1.host_syncs, c0.host_syncs);
+    fetch(got, d, sizeof(got));
+    assert_memory_equal(got, b, sizeof(b));
+    gang_kernels_free(gpu, d);
+}
+
+static void test_scatter(void **state)
+{
+    int32_t tab[64], pairs[8] = {3, 30, 7, 70, 63, 630, 0, 5}, got[64];
+    int32_t *dt, *dp;
+
+    (void)state;
+    NEED_GPU();
+    for (int i = 0; i < 64; i++)
+        tab[i] = i;
+    dt = dev_copy(tab, sizeof(tab));
+    dp = dev_copy(pairs, sizeof(pairs));
+    assert_int_equal(gang_kernels_scatter_i32(gpu, dt, 64, dp, 4), 0);
+    fetch(got, dt, sizeof(got));
+    tab[3] = 30, tab[7] = 70, tab[63] = 630, tab[0] = 5;
+    assert_memory_equal(got, tab, sizeof(tab));
+    pairs[0] = 64; /* out of range: skipped, reported at the next sync */
+    assert_int_equal(gang_kernels_upload(gpu, dp, pairs, sizeof(pairs)), 0);
+    assert_int_equal(gang_kernels_scatter_i32(gpu, dt, 64, dp, 4), 0);
+    assert_int_equal(gang_kernels_sync(gpu), GANG_EINVAL);
+    assert_int_equal(gang_kernels_sync(gpu), 0);
+    gang_kernels_free(gpu, dt), gang_kernels_free(gpu, dp);
+}
+
+/*
+ * Three sequences in one step: a decode at position 9, a prefill chunk of 5 tokens at
+ * positions 3..7, a decode at 20 with a window of 8; paged pool of 4-row blocks, the
+ * earlier rows random. The GPU and the CPU run the same call on copies of the same pool.
+ */
+static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t window)
+{
+    enum { TOK = 7, BS = 4, NB = 24, MAXB = 8 };
+    const int32_t pos[TOK] = {9, 3, 4, 5, 6, 7, 20}, rows[TOK] = {0, 8, 8, 8, 8, 8, 16};
+    int32_t tables[3 * MAXB];
+    size_t w = nkv * hd, es = gang_dtype_size(dt), pool = (size_t)NB * BS * w * es;
+    size_t qn = TOK * nh * hd, kn = TOK * w;
+    float *q = malloc(qn * 4), *kn_h = malloc(kn * 4), *vn_h = malloc(kn * 4);
+    float *out_c = malloc(qn * 4), *out_g = malloc(qn * 4), *pf = malloc(pool);
+    unsigned char *kc = malloc(pool), *vc = malloc(pool), *kg = malloc(pool), *vg = malloc(pool);
+    int32_t meta[2 * TOK];
+    gang_kernels_step_kv kc_kv, kg_kv;
+    void *dq, *dk, *dv, *dkc, *dvc, *dtab, *dmeta;
+
+    assert_non_null(pf);
+    for (int i = 0; i < 3 * MAXB; i++)
+        tables[i] = (int32_t)((i * 7 + 3) % NB);
+    for (size_t i = 0; i < qn; i++)
+        q[i] = rnd();
+    for (size_t i = 0; i < kn; i++)
+        kn_h[i] = rnd(), vn_h[i] = rnd();
+    for (size_t i = 0; i < pool / 4; i++)
+        pf[i] = rnd();
+    assert_int_equal(gang_kernels_convert(cpu, GANG_DTYPE_F32, pf, dt, kc, pool / es), 0);
+    for (size_t i = 0; i < pool / 4; i++)
+        pf[i] = rnd();
+    assert_int_equal(gang_kernels_convert(cpu, GANG_DTYPE_F32, pf, dt, vc, pool / es), 0);
+    memcpy(meta, pos, sizeof(pos));
+    memcpy(meta + TOK, rows, sizeof(rows));
+    dq = dev_copy(q, qn * 4), dk = dev_copy(kn_h, kn * 4), dv = dev_copy(vn_h, kn * 4);
+    dkc = dev_copy(kc, pool), dvc = dev_copy(vc, pool), dtab = dev_copy(tables, sizeof(tables));
+    dmeta = dev_copy(meta, sizeof(meta));
+    kc_kv = (gang_kernels_step_kv){kc, vc, tables, meta, meta + TOK, BS, NB, dt};
+    kg_kv = (gang_kernels_step_kv){dkc, dvc, dtab, dmeta, (int32_t *)dmeta + TOK, BS, NB, dt};
+    assert_int_equal(
+        gang_kernels_attention_step(cpu, &kc_kv, kn_h, vn_h, q, TOK, nh, nkv, hd, window, out_c),
+        0);
+    assert_int_equal(
+        gang_kernels_attention_step(gpu, &kg_kv, dk, dv, dq, TOK, nh, nkv, hd, window, dq), 0);
+    fetch(out_g, dq, qn * 4);
+    fetch(kg, dkc, pool);
+    fetch(vg, dvc, pool);
+    assert_memory_equal(kg, kc, pool);
+    assert_memory_equal(vg, vc, pool);
+    for (size_t i = 0; i < qn; i++)
+        if (!(fabs((double)out_g[i] - (double)out_c[i]) <= 1e-4 * fmax(1.0, fabs(out_c[i]))))
+            fail_msg("%s nh %zu nkv %zu hd %zu window %zu: element %zu is %g, cpu %g",
+                     gang_dtype_name(dt), nh, nkv, hd, window, i, (double)out_g[i],
+                     (double)out_c[i]);
+    gang_kernels_free(gpu, dq), gang_kernels_free(gpu, dk), gang_kernels_free(gpu, dv);
+    gang_kernels_free(gpu, dkc), gang_kernels_free(gpu, dvc), gang_kernels_free(gpu, dtab);
+    gang_kernels_free(gpu, dmeta);
+    free(q), free(kn_h), free(vn_h), free(out_c), free(out_g), free(pf);
+    free(kc), free(vc), free(kg), free(vg);
+}
+
+static void test_attention_step(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    step_case(GANG_DTYPE_F32, 4, 2, 64, 0);
+    step_case(GANG_DTYPE_BF16, 8, 2, 128, 0);
+    step_case(GANG_DTYPE_F16, 6, 2, 64, 8);
+    step_case(GANG_DTYPE_BF16, 32, 2, 128, 0); /* groups of 16: two passes over the keys */
+}
+
+static void test_sample(void **state)
+{
+    enum { ROWS = 48, COLS = 32000 };
+    float *x = malloc((size_t)ROWS * COLS * 4);
+    gang_kernels_sample_param p[ROWS];
+    int32_t want[ROWS], got[ROWS];
+    void *dx, *dp, *dout;
+
+    (void)state;
+    NEED_GPU();
+    for (size_t i = 0; i < (size_t)ROWS * COLS; i++)
+        x[i] = 6.0f * rnd();
+    x[5 * COLS + 17] = NAN;
+    for (uint32_t r = 0; r < ROWS; r++)
+        p[r] = (gang_kernels_sample_param){.temperature = r % 4 == 0 ? 0.0f : 0.5f + 0.1f * (r % 7),
+                                           .top_k = r % 3 == 0 ? 0 : 1 + r % 40,
+                                           .top_p = r % 5 == 0 ? 1.0f : 0.6f + 0.05f * (r % 6),
+                                           .seed = 77 + r,
+                                           .position = 11 * r};
+    dx = dev_copy(x, (size_t)ROWS * COLS * 4);
+    dp = dev_copy(p, sizeof(p));
+    assert_int_equal(gang_kernels_alloc(gpu, sizeof(got), &dout), 0);
+    assert_int_equal(gang_kernels_sample(cpu, x, ROWS, COLS, p, want), 0);
+    assert_int_equal(gang_kernels_sample(gpu, dx, ROWS, COLS, dp, dout), 0);
+    fetch(got, dout, sizeof(got));
+    for (uint32_t r = 0; r < ROWS; r++)
+        if (got[r] != want[r])
+            fail_msg("row %u (T %.2f, top_k %u, top_p %.2f): gpu drew %d, cpu %d", r,
+                     (double)p[r].temperature, p[r].top_k, (double)p[r].top_p, got[r], want[r]);
+    gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dp), gang_kernels_free(gpu, dout);
+    free(x);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_upload_async),
+        cmocka_unit_test(test_scatter),
+        cmocka_unit_test(test_attention_step),
+        cmocka_unit_test(test_sample),
+    };
+
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
