@@ -166,6 +166,7 @@ timeout 10 "$BIN" info >>"$OUT/environment.txt" 2>&1
 
 # --- correctness --------------------------------------------------------------------------
 step test-cuda 60 "$TESTS/test-cuda"
+step test-cuda-step 45 "$TESTS/test-cuda-step"
 step test-engine-cuda 60 "$TESTS/test-engine-cuda"
 step test-comm-nccl 45 "$TESTS/test-comm-nccl"
 # ganglion on CUDA (1x1, TP=2 on the one GPU over sockets, 1x1 over NCCL) against
@@ -228,9 +229,14 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
     done
     grep -E '"step":"bench-decode(-8b)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\"([^\"]*)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]] || continue
-        printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s\n' \
+        printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
             "${BASH_REMATCH[5]}"
+        # per decode step on the device (the fake device's design figures: <= 1 sync)
+        if [[ $l =~ \"host_syncs_per_step\":([0-9.]+),\"launches_per_step\":([0-9.]+) ]]; then
+            printf '  syncs/step %s launches/step %s' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+        fi
+        printf '\n'
     done
     grep '"measure": *"torch_decode"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\ \"([^\"]*)\".*\"batch\":\ ([0-9]+).*\"decode_tok_s\":\ ([0-9.]+) ]] || continue

@@ -37,7 +37,7 @@ bash "$SRC/scripts/gpu-bundle.sh" "$B" "$BUILD" >"$WORK/bundle.log" 2>&1 ||
     fail "gpu-bundle.sh: $(tail -3 "$WORK/bundle.log")"
 kb=$(du -sk "$B" | cut -f1)
 [ "$kb" -le $((40 * 1024)) ] || fail "the bundle is $kb KiB, over 40 MiB"
-for f in bin/ganglion bin/test-cuda bin/test-engine-cuda bin/test-comm-nccl lib/libblas.so.3 \
+for f in bin/ganglion bin/test-cuda bin/test-cuda-step bin/test-engine-cuda bin/test-comm-nccl lib/libblas.so.3 \
     bench/gpu-check.sh bench/gpu-preflight.sh bench/device-image.txt MANIFEST; do
     [ -e "$B/$f" ] || fail "the bundle lacks $f"
 done
@@ -105,6 +105,7 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 for want in '^preflight: FAIL driver: ' '^preflight: FAIL device: ' \
     '^preflight: PASS libraries of ganglion: ' '^preflight: PASS libraries of test-cuda: ' \
     '^preflight: PASS libraries of test-engine-cuda: ' '^preflight: PASS libraries of test-comm-nccl: ' \
+    '^preflight: PASS libraries of test-cuda-step: ' \
     '^preflight: PASS command timeout: '; do
     grep -q "$want" "$WORK/preflight.txt" || fail "no preflight line '$want': $(cat "$WORK/preflight.txt")"
 done
@@ -116,7 +117,7 @@ fi
 "${CLEAN[@]}" GANG_GPU_WORK="$WORK/scratch" bash "$B/bench/gpu-check.sh" --bundle "$B" --dry-run \
     "$WORK/dry" >"$WORK/dry.txt" 2>&1 || fail "the dry run exited $?: $(tail -5 "$WORK/dry.txt")"
 n=$(grep -c '"status":"dry-run"' "$WORK/dry/steps.jsonl")
-[ "$n" -ge 10 ] || fail "the dry run recorded $n steps"
+[ "$n" -ge 11 ] || fail "the dry run recorded $n steps"
 files=$(find "$WORK/dry" -type f | wc -l)
 [ "$files" -le 8 ] || fail "the dry run left $files files in OUTDIR (at most 8)"
 t0=$(date +%s)
