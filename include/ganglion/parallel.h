@@ -596,4 +596,97 @@ int gang_pipeline_microbatch(uint32_t batch, uint32_t microbatches, uint32_t mb,
 
 /* ====================================== end of pipeline ================================== */
 
+/* =================================================================================
+ * Mixture of experts: routing and expert parallelism (parallel/moe.c, issue #25)
+ *
+ * A MoE layer sends each token to top_k of n_experts feed-forward experts, chosen by a
+ * router's logits, and sums their outputs weighted by the routing weights. Under expert
+ * parallelism (EP) the experts are split over the ep ranks of a group in contiguous runs
+ * (rank r holds experts [r * n_experts / ep, (r + 1) * n_experts / ep)); every rank routes
+ * its own tokens, and two all-to-alls per layer move them: dispatch (a token's row to the
+ * rank of each of its experts) and combine (each expert's output row back). The counts
+ * travel first, so no buffer is sized by guess.
+ * ================================================================================= */
+
+/* The routing rule of a family: softmax over the router's logits (in f32), the top_k
+ * largest (equal probabilities: the lower expert id first), and, with norm_topk, the k
+ * weights divided by their sum (Mixtral always; Qwen2-MoE / Qwen3-MoE per norm_topk_prob). */
+typedef struct gang_moe_route_cfg {
+    uint32_t n_experts; /* 1..GANG_MOE_MAX_EXPERTS */
+    uint32_t top_k;     /* 1..n_experts, at most GANG_MOE_MAX_TOPK */
+    int norm_topk;
+} gang_moe_route_cfg;
+
+#define GANG_MOE_MAX_EXPERTS 1024u
+#define GANG_MOE_MAX_TOPK 16u
+
+/*
+ * Routes tokens rows of logits[tokens][n_experts]: expert[t * top_k + j] and
+ * weight[t * top_k + j] for j in order of decreasing weight. A NaN logit is GANG_EINVAL
+ * (a broken model must not route silently); GANG_EINVAL for a bad cfg. Any thread.
+ */
+int gang_moe_route(const gang_moe_route_cfg *cfg, const float *logits, size_t tokens,
+                   int32_t *expert, float *weight);
+
+/*
+ * The dispatch plan of one step on one rank, in arrays the caller sizes once for the most
+ * tokens a step routes (gang_moe_plan_init) so that a step allocates nothing.
+ *   order[i]        the i-th slot (t * top_k + j) in send order: by destination rank, then
+ *                   expert, then slot; so each rank's rows are contiguous and grouped by
+ *                   expert
+ *   send_rows[r]    slots sent to rank r
+ *   send_expert[e]  slots of expert e (this rank's tokens only)
+ */
+typedef struct gang_moe_plan {
+    uint32_t n_experts, top_k, ep, rank;
+    size_t max_slots, slots;
+    uint32_t *order;
+    size_t *send_rows;   /* [ep] */
+    size_t *send_expert; /* [n_experts] */
+    size_t *cursor;      /* [n_experts]: scratch of gang_moe_plan_build */
+} gang_moe_plan;
+
+/* Allocates a plan for up to max_tokens tokens per step on rank of ep ranks. 0,
+ * GANG_EINVAL (ep does not divide n_experts, rank >= ep, ...) or GANG_ENOMEM. */
+int gang_moe_plan_init(gang_moe_plan *p, uint32_t n_experts, uint32_t top_k, uint32_t ep,
+                       uint32_t rank, size_t max_tokens);
+void gang_moe_plan_free(gang_moe_plan *p);
+/* Fills p from the experts gang_moe_route chose for tokens tokens (counting sort, O(slots +
+ * n_experts)). GANG_ERANGE over max_tokens, GANG_EINVAL for an expert id out of range. */
+int gang_moe_plan_build(gang_moe_plan *p, const int32_t *expert, size_t tokens);
+/* The rank that holds expert e under p's split. */
+uint32_t gang_moe_expert_rank(const gang_moe_plan *p, uint32_t e);
+
+/*
+ * One MoE layer's traffic on an EP group c (c's size = p->ep, its rank = p->rank), on
+ * host buffers of f32 rows of width floats, through gang_comm_all_to_all_v. The caller
+ * provides the scratch: send and recv rows (max_slots x ep rows each, since every rank may
+ * route all its tokens to one rank) and the per-rank, per-local-expert counts.
+ */
+typedef struct gang_moe_exchange {
+    size_t width;         /* floats per row */
+    float *send, *recv;   /* [max_slots * ep * width] each */
+    size_t recv_cap_rows; /* rows recv holds */
+    size_t *cnt_out;      /* [ep * experts_per_rank]: rows to each (rank, local expert) */
+    size_t *cnt_in;       /* [ep * experts_per_rank]: rows from each (rank, local expert) */
+    size_t *a2a;          /* [4 * ep]: the all-to-all's sizes and offsets */
+    size_t recv_rows;     /* after dispatch: rows received, source rank-major, then expert */
+} gang_moe_exchange;
+
+/*
+ * Dispatch: exchanges the per-(rank, local expert) counts, then sends every slot's token
+ * row (x[tokens][width], rows in p's order) to its expert's rank. Afterwards x->recv holds
+ * x->recv_rows rows, ordered by source rank then local expert, with x->cnt_in giving the
+ * runs. Collective over c; 0 or the communicator's error, GANG_ERANGE when recv is short.
+ */
+int gang_moe_dispatch(gang_comm *c, const gang_moe_plan *p, const float *x, gang_moe_exchange *xc,
+                      uint64_t timeout_ms);
+/*
+ * Combine: sends x->recv's rows (now the experts' outputs, in the order dispatch left
+ * them) back to their sources and accumulates y[t] += weight[slot] * row for every slot
+ * of this rank's tokens (y[tokens][width], not cleared here). Collective over c.
+ */
+int gang_moe_combine(gang_comm *c, const gang_moe_plan *p, const float *weight,
+                     gang_moe_exchange *xc, float *y, uint64_t timeout_ms);
+
 #endif /* GANGLION_PARALLEL_H */

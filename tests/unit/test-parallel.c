@@ -535,6 +535,8 @@ static void test_mpi_module(void **state)
 #endif
 }
 
+int gang_test_moe(void); /* test-moe.c */
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -546,5 +548,8 @@ int main(void)
         cmocka_unit_test(test_base_is_valid),
         cmocka_unit_test(test_invalid_arguments),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+
+    failed += gang_test_moe();
+    return failed ? 1 : 0;
 }
