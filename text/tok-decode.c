@@ -2,11 +2,12 @@
  * Incremental decoding. ByteLevel: each id's bytes (precomputed at load, tok-load.c)
  * pass through a UTF-8 state machine that emits whole characters, holds back the prefix
  * of an incomplete one, and turns every maximal invalid subpart into one U+FFFD, the
- * replacement practice of Python's and Rust's lossy decoders. SentencePiece chain: texts
- * after Replace come out as they are, runs of byte-fallback tokens are held until they
- * end (valid UTF-8, or one U+FFFD per byte, as tokenizers' ByteFallback), and the leading
- * Strip drops its characters from the start of the stream. Concatenated steps and the
- * final flush therefore equal the decode of all the ids at once.
+ * replacement practice of Python's and Rust's lossy decoders. A decoder chain (a Sequence):
+ * texts after the per-token rules come out as they are (through the same UTF-8 machine
+ * when the chain has a ByteLevel), runs of byte-fallback tokens are held until they end
+ * (valid UTF-8, or one U+FFFD per byte, as tokenizers' ByteFallback), and the leading Strip
+ * (or Metaspace's leading space) drops its characters from the start of the stream. Concatenated
+ * steps and the final flush therefore equal the decode of all the ids at once.
  */
 #include <string.h>
 
@@ -98,7 +99,10 @@ static void tok_chain_emit(gang_tok_decoder *d, const char *s, size_t len, char 
     }
     if (len)
         d->started = true;
-    tok_emit(out, k, s, len);
+    if (t->dec_utf8) /* a ByteLevel in the chain made bytes, maybe part of a character */
+        tok_feed(d, (const unsigned char *)s, len, out, k);
+    else
+        tok_emit(out, k, s, len);
 }
 
 /* Chain: lets the held run of byte-fallback bytes out: its text when it is valid UTF-8,
@@ -154,9 +158,9 @@ int gang_tokenizer_decode_flush(gang_tok_decoder *d, char *out, size_t cap, size
     if (cap < GANG_TOK_DECODE_SLACK)
         return GANG_ERANGE;
     size_t k = 0;
-    if (d->tok->dec_kind == TOK_DEC_CHAIN) {
+    if (d->tok->dec_kind == TOK_DEC_CHAIN)
         tok_chain_run(d, out, &k);
-    } else if (d->npend) {
+    if (d->npend) {
         tok_emit(out, &k, tok_fffd, 3);
         d->npend = 0;
     }

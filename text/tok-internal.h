@@ -84,6 +84,7 @@ struct gang_tokenizer {
     unsigned nnorm;
     int dec_kind;           /* TOK_DEC_* */
     int16_t *dec_byte;      /* [n_ids] chain with ByteFallback: the byte of "<0xXX>", or -1 */
+    bool dec_utf8;          /* chain with ByteLevel: its bytes go through the UTF-8 machine */
     char strip_char[5];     /* chain's Strip: the character dropped at the start ("" none) */
     unsigned strip_start;   /* how many of them at most */
     gang__tok_added *added; /* sorted by content length, longest first */

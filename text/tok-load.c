@@ -473,30 +473,38 @@ int gang__tok_load_post(gang_tokenizer *t, const cJSON *pp, char *err, size_t er
     return gang__tok_fail(err, errlen, "post_processor %s is not supported", ty);
 }
 
-/* ByteLevel decoding of one token: every character through the byte alphabet, or the
- * text itself when one character is outside it (as tokenizers does). */
-static int tok_decode_bytelevel(gang_tokenizer *t, uint32_t id)
+/* ByteLevel decoding of one token's text src[0..len): every character through the byte
+ * alphabet, or the text itself when one character is outside it (as tokenizers does).
+ * The result replaces t->dec[id] (which may be src: it is freed unless it is t->text[id]). */
+static int tok_decode_bytelevel_of(gang_tokenizer *t, uint32_t id, const char *src, size_t len)
 {
-    const char *s = t->text[id];
-    size_t len = t->text_len[id], k = 0;
+    size_t k = 0;
     char *out = malloc(len + 1);
     if (!out)
         return GANG_ENOMEM;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        i += gang__tok_utf8_next(s + i, len - i, &cp);
+        i += gang__tok_utf8_next(src + i, len - i, &cp);
         int b = gang__tok_bl_decode(cp);
         if (b < 0) {
             free(out);
-            t->dec[id] = t->text[id];
-            t->dec_len[id] = t->text_len[id];
-            return 0;
+            return 0; /* t->dec[id] stays the text */
         }
         out[k++] = (char)b;
     }
+    out[k] = '\0';
+    if (t->dec[id] != t->text[id])
+        free(t->dec[id]);
     t->dec[id] = out;
     t->dec_len[id] = (uint32_t)k;
     return 0;
+}
+
+static int tok_decode_bytelevel(gang_tokenizer *t, uint32_t id)
+{
+    t->dec[id] = t->text[id];
+    t->dec_len[id] = t->text_len[id];
+    return tok_decode_bytelevel_of(t, id, t->text[id], t->text_len[id]);
 }
 
 /* Replaces every FROM (flen bytes) in s[0..*len) by TO in a new buffer, freeing s. */
@@ -529,61 +537,109 @@ static char *tok_str_replace(char *s, uint32_t *len, const char *from, size_t fl
     return out;
 }
 
-/* One decoder of a SentencePiece chain. STAGE: 0 Replace allowed, 1 after ByteFallback,
- * 2 after Fuse, 3 after Strip; a decoder out of that order is refused. */
-static int tok_chain_one(gang_tokenizer *t, const cJSON *o, int *stage, bool *fallback, char *err,
+/* Applies Replace(from -> to) to every token's decoded text. */
+static int tok_chain_replace(gang_tokenizer *t, const char *from, const char *to)
+{
+    for (uint32_t id = 0; id < t->n_ids; id++) {
+        if (!t->dec[id])
+            continue;
+        t->dec[id] =
+            tok_str_replace(t->dec[id], &t->dec_len[id], from, strlen(from), to, strlen(to));
+        if (!t->dec[id])
+            return GANG_ENOMEM;
+    }
+    return 0;
+}
+
+/* What the decoders seen so far in a Sequence have set up. */
+typedef struct tok_chain_state {
+    bool fallback; /* ByteFallback seen */
+    bool fused;    /* Fuse seen: later decoders see the whole text as one token */
+    bool stripped; /* Strip or Metaspace's leading-space rule set */
+} tok_chain_state;
+
+/*
+ * One decoder of a Sequence, in the order tokenizers applies them (decode_chain over the
+ * tokens' strings). Per-token rules are applied to every token's text here, at load:
+ * Replace (a string pattern), ByteLevel (characters to bytes, from then on the stream goes
+ * through the UTF-8 machine), Metaspace (its replacement character to a space). ByteFallback
+ * makes "<0xXX>" tokens bytes held in runs (tok-decode.c); Fuse concatenates, which a
+ * stream does anyway, but it turns a later Strip into a rule for the start of the text. A
+ * Strip before Fuse would strip every token and Metaspace's leading-space rule after
+ * another leading rule would compete: those, and WordPiece, BPEDecoder and CTC, are
+ * refused with their name. Applied per token, a ByteLevel after Fuse treats a token with a
+ * character outside the byte alphabet as its text alone, where tokenizers would so treat
+ * the whole text (vocabularies that have such a decoder are byte-level throughout).
+ */
+static int tok_chain_one(gang_tokenizer *t, const cJSON *o, tok_chain_state *st, char *err,
                          size_t errlen)
 {
     const char *ty = tok_type(o);
-    if (strcmp(ty, "Replace") == 0 && *stage == 0) {
+    if (strcmp(ty, "Replace") == 0) {
         const cJSON *from = tok_get(tok_get(o, "pattern"), "String"), *to = tok_get(o, "content");
         if (!cJSON_IsString(from) || !from->valuestring[0] || !cJSON_IsString(to) ||
             strlen(from->valuestring) > 64 || strlen(to->valuestring) > 64)
             return gang__tok_fail(err, errlen,
                                   "decoder Replace: only a string pattern is "
                                   "supported");
+        return tok_chain_replace(t, from->valuestring, to->valuestring);
+    }
+    if (strcmp(ty, "ByteFallback") == 0) {
+        st->fallback = true;
+        return 0;
+    }
+    if (strcmp(ty, "Fuse") == 0) {
+        st->fused = true;
+        return 0;
+    }
+    if (strcmp(ty, "ByteLevel") == 0) {
         for (uint32_t id = 0; id < t->n_ids; id++) {
-            if (!t->dec[id])
-                continue;
-            t->dec[id] = tok_str_replace(t->dec[id], &t->dec_len[id], from->valuestring,
-                                         strlen(from->valuestring), to->valuestring,
-                                         strlen(to->valuestring));
-            if (!t->dec[id])
+            if (t->dec[id] && tok_decode_bytelevel_of(t, id, t->dec[id], t->dec_len[id]))
                 return GANG_ENOMEM;
         }
+        t->dec_utf8 = true;
         return 0;
     }
-    if (strcmp(ty, "ByteFallback") == 0 && *stage == 0) {
-        *stage = 1;
-        *fallback = true;
+    if (strcmp(ty, "Metaspace") == 0) {
+        const cJSON *rep = tok_get(o, "replacement"), *scheme = tok_get(o, "prepend_scheme"),
+                    *add = tok_get(o, "add_prefix_space");
+        const char *r = cJSON_IsString(rep) ? rep->valuestring : "\xe2\x96\x81";
+        bool lead = cJSON_IsString(scheme) ? strcmp(scheme->valuestring, "never") != 0
+                                           : !cJSON_IsFalse(add);
+        if (!r[0] || strlen(r) > 4 || (lead && st->stripped))
+            return gang__tok_fail(err, errlen,
+                                  "decoder Metaspace: unsupported replacement or "
+                                  "a second leading rule");
+        int rc = tok_chain_replace(t, r, " ");
+        if (rc || !lead)
+            return rc;
+        snprintf(t->strip_char, sizeof(t->strip_char), " ");
+        t->strip_start = 1;
+        st->stripped = true;
         return 0;
     }
-    if (strcmp(ty, "Fuse") == 0 && *stage <= 1) {
-        *stage = 2;
-        return 0;
-    }
-    if (strcmp(ty, "Strip") == 0 && *stage == 2) {
-        const cJSON *c = tok_get(o, "content"), *st = tok_get(o, "start"), *sp = tok_get(o, "stop");
+    if (strcmp(ty, "Strip") == 0 && st->fused && !st->stripped) {
+        const cJSON *c = tok_get(o, "content"), *sa = tok_get(o, "start"), *sp = tok_get(o, "stop");
         uint32_t cp;
         if (!cJSON_IsString(c) || !c->valuestring[0] ||
             gang__tok_utf8_next(c->valuestring, strlen(c->valuestring), &cp) !=
                 strlen(c->valuestring) ||
-            !cJSON_IsNumber(st) || st->valuedouble < 0 || st->valuedouble > 16 ||
+            !cJSON_IsNumber(sa) || sa->valuedouble < 0 || sa->valuedouble > 16 ||
             !cJSON_IsNumber(sp) || sp->valuedouble != 0)
             return gang__tok_fail(err, errlen,
                                   "decoder Strip: only one character, at the start, is "
                                   "supported");
         snprintf(t->strip_char, sizeof(t->strip_char), "%s", c->valuestring);
-        t->strip_start = (unsigned)st->valuedouble;
-        *stage = 3;
+        t->strip_start = (unsigned)sa->valuedouble;
+        st->stripped = true;
         return 0;
     }
     return gang__tok_fail(err, errlen, "decoder %s is not supported%s", ty,
-                          *stage ? " in that place of the Sequence" : "");
+                          strcmp(ty, "Strip") == 0 ? " before Fuse (per token) or twice" : "");
 }
 
-/* The SentencePiece decoder chain: per-token texts after Replace, then the bytes of the
- * <0xXX> tokens for ByteFallback. */
+/* A decoder chain (a Sequence, or a lone decoder other than ByteLevel): per-token texts
+ * after the per-token rules, then the bytes of the <0xXX> tokens for ByteFallback. */
 static int tok_load_chain(gang_tokenizer *t, const cJSON *dec, char *err, size_t errlen)
 {
     t->dec_kind = TOK_DEC_CHAIN;
@@ -596,12 +652,11 @@ static int tok_load_chain(gang_tokenizer *t, const cJSON *dec, char *err, size_t
         memcpy(t->dec[id], t->text[id], t->text_len[id] + 1);
         t->dec_len[id] = t->text_len[id];
     }
-    int stage = 0;
-    bool fallback = false;
+    tok_chain_state st = {false, false, false};
     const cJSON *list = tok_get(dec, "decoders"), *e;
     if (strcmp(tok_type(dec), "Sequence") != 0) {
         /* A lone decoder is a chain of one: ByteFallback alone still needs its byte table. */
-        int rc = tok_chain_one(t, dec, &stage, &fallback, err, errlen);
+        int rc = tok_chain_one(t, dec, &st, err, errlen);
         if (rc)
             return rc;
     } else {
@@ -609,12 +664,14 @@ static int tok_load_chain(gang_tokenizer *t, const cJSON *dec, char *err, size_t
             return gang__tok_fail(err, errlen, "decoder Sequence: bad list");
         cJSON_ArrayForEach(e, list)
         {
-            int rc = tok_chain_one(t, e, &stage, &fallback, err, errlen);
+            if (strcmp(tok_type(e), "Sequence") == 0)
+                return gang__tok_fail(err, errlen, "decoder Sequence: nested Sequence");
+            int rc = tok_chain_one(t, e, &st, err, errlen);
             if (rc)
                 return rc;
         }
     }
-    if (!fallback)
+    if (!st.fallback)
         return 0;
     t->dec_byte = malloc(t->n_ids * sizeof(*t->dec_byte));
     if (!t->dec_byte)

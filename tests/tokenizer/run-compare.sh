@@ -30,5 +30,20 @@ if gguf="$(bash "$src/scripts/fetch-reference.sh" gemma3-gguf 2>/dev/null | tail
     [ -s "$ref" ] && [ "$(cat "$ref.stamp" 2>/dev/null)" = "$want" ] && extra="$gguf=$ref"
 fi
 [ -n "$extra" ] || echo "tokenizer-compare: the Gemma 3 GGUF comparison is left out: scripts/fetch-reference.sh gemma3-gguf or python failed"
+# SmolLM2's tokenizer as transformers converts it from the GGUF file (its decoder Sequence
+# is the issue #27 regression), made once with the reference Python and cached.
+fromgguf=""
+if sgguf="$(bash "$src/scripts/fetch-reference.sh" smollm2-gguf 2>/dev/null | tail -1)" &&
+    py="$(bash "$src/scripts/fetch-reference.sh" python 2>/dev/null | tail -1)" &&
+    [ -n "$sgguf" ] && [ -n "$py" ]; then
+    fromgguf="$dir/smollm2-from-gguf.json"
+    if [ ! -s "$fromgguf" ]; then
+        TQDM_DISABLE=1 "$py" "$src/tests/tokenizer/gguf-hf-json.py" "$sgguf" "$fromgguf.tmp" \
+            >/dev/null 2>&1 && mv "$fromgguf.tmp" "$fromgguf"
+    fi
+    [ -s "$fromgguf" ] || fromgguf=""
+fi
+[ -n "$fromgguf" ] || echo "tokenizer-compare: SmolLM2's GGUF-converted tokenizer.json is left out: scripts/fetch-reference.sh smollm2-gguf or python failed"
 exec "$TOK_VENV/bin/python" "$src/tests/tokenizer/compare.py" "$driver" \
-    "$dir/smollm2.json" "$dir/smollm2-l3.json" "$dir/mistral-v1.json" ${extra:+"$extra"}
+    "$dir/smollm2.json" "$dir/smollm2-l3.json" "$dir/mistral-v1.json" ${fromgguf:+"$fromgguf"} \
+    ${extra:+"$extra"}

@@ -170,7 +170,11 @@ static void test_refusals(void **state)
                    "{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"a\"},"
                    "\"content\":\"b\"}",
                    0, "decoder Replace");
-    expect_refusal("decoder", "{\"type\":\"Metaspace\"}", 0, "decoder Metaspace");
+    expect_refusal("decoder", "{\"type\":\"CTC\"}", 0, "decoder CTC");
+    expect_refusal("decoder",
+                   "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Sequence\","
+                   "\"decoders\":[]}]}",
+                   0, "nested Sequence");
     expect_refusal("added_tokens",
                    "[{\"id\":300,\"content\":\"<x>\",\"single_word\":true,\"special\":true}]", 0,
                    "single_word");
@@ -415,6 +419,21 @@ static void test_sentencepiece(void **state)
     assert_string_equal(decode_all(t, (int32_t[]){3, 4, 7}, 3, false, NULL), "\xc3\xa9"
                                                                              "a");
     gang_tokenizer_free(t);
+
+    /* Metaspace as the decoder (Llama / Mistral tokenizers from newer transformers): the
+     * replacement becomes a space and the first token loses its leading one. */
+    snprintf(lone, sizeof(lone),
+             "%.*s\"decoder\":{\"type\":\"Metaspace\",\"replacement\":\"\xe2\x96\x81\","
+             "\"prepend_scheme\":\"always\",\"split\":true}}",
+             (int)(cut - SPM_JSON), SPM_JSON);
+    t = NULL;
+    rc = gang_tokenizer_load_buffer(lone, strlen(lone), &t, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "spm Metaspace: %s\n", err);
+    assert_int_equal(rc, 0);
+    assert_string_equal(decode_all(t, (int32_t[]){1, 10, 10}, 3, true, NULL), "ab ab");
+    assert_string_equal(decode_all(t, (int32_t[]){6, 6, 7}, 3, false, NULL), " a");
+    gang_tokenizer_free(t);
 }
 
 /* Feeds ids one at a time and returns the concatenated text (static buffer). */
@@ -480,6 +499,44 @@ static void test_decoder(void **state)
     assert_int_equal(gang_tokenizer_decode_step(&d, 263, out, 1024, &k), GANG_EINVAL);
     assert_int_equal(gang_tokenizer_decode_step(&d, -1, out, 1024, &k), GANG_EINVAL);
     assert_int_equal(gang_tokenizer_decode_step(&d, 259, out, 2, &k), GANG_ERANGE);
+
+    /*
+     * The decoder transformers writes when it converts a GGUF of a byte-level model
+     * (issue #27): Sequence[ByteFallback, Fuse, Replace("\u2581" -> " "), ByteLevel]. It
+     * must decode like the plain ByteLevel decoder, multi-byte characters split over
+     * tokens included.
+     */
+    cJSON *root = tiny_json(NULL);
+    cJSON_DeleteItemFromObject(root, "decoder");
+    cJSON_AddItemToObject(
+        root, "decoder",
+        cJSON_Parse("{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},"
+                    "{\"type\":\"Fuse\"},{\"type\":\"Replace\",\"pattern\":{\"String\":"
+                    "\"\xe2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteLevel\","
+                    "\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true}]}"));
+    gang_tokenizer *g = NULL;
+    char err[200] = "";
+    int rc = load_json(root, &g, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "gguf-converted decoder: %s\n", err);
+    assert_int_equal(rc, 0);
+    const char *texts[] = {"hello he",
+                           "a\xf0\x9f\x98\x80"
+                           "b \xc3\xa9t\xc3\xa9",
+                           "  <t> \xe4\xb8\xad"};
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+        int32_t tid[64];
+        size_t tn;
+        char want[256];
+
+        assert_int_equal(gang_tokenizer_encode(t, texts[i], strlen(texts[i]), false, tid, 64, &tn),
+                         0);
+        snprintf(want, sizeof(want), "%s", decode_all(t, tid, tn, false, NULL));
+        assert_string_equal(decode_all(g, tid, tn, false, NULL), want);
+    }
+    assert_string_equal(decode_all(g, (int32_t[]){0xF0, 'a'}, 2, false, NULL), "\xef\xbf\xbd"
+                                                                               "a");
+    gang_tokenizer_free(g);
     gang_tokenizer_free(t);
 }
 
