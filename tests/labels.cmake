@@ -7,7 +7,8 @@
 #   mp-fast   the multi-process scenarios that run in seconds: gang forming,
 #             failures and restarts, the API and its forwarding, hostile input  ASAN+UBSAN
 #   threads   the tests that start threads: the CPU kernel pool (and OpenBLAS),
-#             the communicators' rank threads, the pipeline and the engine,
+#             the communicators' rank threads (and the expert-parallel exchange of
+#             unit-parallel), the pipeline and the engine,
 #             the HTTP server's loop thread (unit-serve), the spawner's
 #             children of libuv (unit-launcher), GPU health watching (also in an
 #             agent, on the fake NVML), libuv's resolver pool, the workers' step
@@ -32,7 +33,7 @@ set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli flood front_door ga
 list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 
-set(GANG_THREAD_TESTS unit-kernels unit-comm unit-layers unit-pipeline unit-engine
+set(GANG_THREAD_TESTS unit-kernels unit-comm unit-parallel unit-layers unit-pipeline unit-engine
   unit-fake-device unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
   bench-decode-fake
   mp-test_serve_model mp-test_cancel mp-test_request_deadline mp-test_kill_worker
