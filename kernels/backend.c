@@ -723,6 +723,37 @@ int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_
     return k->be->sample(k->ctx, logits, rows, cols, params, out);
 }
 
+int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_t w0, size_t w1,
+                             size_t w2, float *o0, float *o1, float *o2)
+{
+    size_t n;
+
+    if (k == NULL || x == NULL || o0 == NULL || o1 == NULL || o2 == NULL || rows == 0 || w0 == 0 ||
+        w1 == 0 || w2 == 0)
+        return GANG_EINVAL;
+    if (w0 > SIZE_MAX - w1 - w2 || elems(rows, w0 + w1 + w2, &n) < 0)
+        return GANG_ERANGE;
+    if (k->be->split_cols3 == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->split_cols3(k->ctx, x, rows, w0, w1, w2, o0, o1, o2);
+}
+
+int gang_kernels_glu(gang_kernels *k, int gelu, const float *x, size_t rows, size_t cols,
+                     float *out)
+{
+    size_t n;
+
+    if (k == NULL || x == NULL || out == NULL || rows == 0 || cols == 0)
+        return GANG_EINVAL;
+    if (cols > SIZE_MAX / 2 || elems(rows, 2 * cols, &n) < 0)
+        return GANG_ERANGE;
+    if (k->be->glu == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->glu(k->ctx, gelu != 0, x, rows, cols, out);
+}
+
 /* ---------------------------------------------------------------------------------
  * Half-precision storage, conversion and the GEMM benchmark's primitive.
  * --------------------------------------------------------------------------------- */

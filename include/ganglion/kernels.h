@@ -342,6 +342,24 @@ typedef struct gang_kernels_sample_param {
 int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_t cols,
                         const gang_kernels_sample_param *params, int32_t *out);
 
+/*
+ * The output of one GEMM over weights concatenated by rows (q/k/v, issue #24) cut back
+ * into its parts: x is [rows, w0 + w1 + w2]; o0 [rows, w0], o1 [rows, w1] and o2 [rows,
+ * w2] receive columns [0, w0), [w0, w0 + w1) and the rest of every row. One launch. The
+ * outputs must not overlap x or each other. Exact (a copy).
+ */
+int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_t w0, size_t w1,
+                             size_t w2, float *o0, float *o1, float *o2);
+
+/*
+ * The gated unit of an MLP whose gate and up projections are one GEMM (issue #24): x is
+ * [rows, 2 cols], each row the gate's cols then the up's cols, and out [rows, cols] gets
+ * silu(gate) * up (gelu 0) or gelu_tanh(gate) * up (gelu 1), element by element as
+ * gang_kernels_silu_mul / gang_kernels_gelu_mul compute them. out must not overlap x.
+ */
+int gang_kernels_glu(gang_kernels *k, int gelu, const float *x, size_t rows, size_t cols,
+                     float *out);
+
 /* The uniform draw in [0, 1) of (seed, position) that gang_kernels_sample uses: two rounds
  * of the splitmix64 finaliser, the top 53 bits. Host code; the same function as the
  * engine's gang__sample_uniform (unit-fake-device holds them equal). */

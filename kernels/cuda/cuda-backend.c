@@ -553,6 +553,23 @@ static int cuda_sample(void *ctx, const float *logits, size_t rows, size_t cols,
     return rc < 0 ? rc : gang__cuda_launch_sample(c->stream, logits, rows, cols, params, out);
 }
 
+static int cuda_split_cols3(void *ctx, const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
+                            float *o0, float *o1, float *o2)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_split_cols3(c->stream, x, rows, w0, w1, w2, o0, o1, o2);
+}
+
+static int cuda_glu(void *ctx, int gelu, const float *x, size_t rows, size_t cols, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_glu(c->stream, gelu, x, rows, cols, out);
+}
+
 static int cuda_convert(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
                         size_t n)
 {
@@ -595,4 +612,6 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .attention_step = cuda_attention_step,
     .scatter_i32 = cuda_scatter_i32,
     .sample = cuda_sample,
+    .split_cols3 = cuda_split_cols3,
+    .glu = cuda_glu,
 };
