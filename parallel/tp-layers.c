@@ -447,6 +447,20 @@ static int tp_batch_positions(gang_kernels *k, gang_tp_scratch *s, size_t total)
     return 0;
 }
 
+int gang_tp_scratch_prepare(gang_tp_scratch *s, const gang_tp_layer *l, gang_kernels *k,
+                            uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0,
+                            gang_tp_kv_cache *const *caches)
+{
+    size_t total;
+    int rc;
+
+    if (s == NULL || l == NULL || k == NULL || seq_tokens == NULL || seq_pos0 == NULL ||
+        caches == NULL || n_seq == 0)
+        return GANG_EINVAL;
+    rc = tp_batch_check(l, s, n_seq, seq_tokens, seq_pos0, caches, &total);
+    return rc != 0 ? rc : tp_batch_positions(k, s, total);
+}
+
 /*
  * Dynamic NTK (transformers' "dynamic" rope_type): a sequence whose last position in this
  * call is p is rotated, for all its tokens of the call, with the plain frequencies of the

@@ -512,6 +512,24 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
 int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src, size_t spitch,
                          size_t width, size_t rows);
 
+/*
+ * Graphs (CUDA graphs, issue #24): the operations enqueued on k between
+ * gang_kernels_graph_begin and gang_kernels_graph_end are recorded, not run, into a
+ * graph that gang_kernels_graph_launch replays on k's queue as one launch, with the same
+ * arguments (the same tensors: what changes between replays must be in tensor memory the
+ * graph reads, written before the launch). While capturing, every call that would wait on
+ * the host or read host memory later (sync, download, upload, upload_async) is refused
+ * with GANG_EINVAL and ends the capture's usefulness: graph_end then fails. A backend
+ * without graphs answers GANG_ENOSYS to begin (the caller runs the operations itself).
+ * end returns the graph in *out (GANG_EIO when the capture failed; nothing to free);
+ * free releases it (NULL ignored). Graphs belong to k and must be freed before close.
+ */
+typedef struct gang_kernels_graph gang_kernels_graph;
+int gang_kernels_graph_begin(gang_kernels *k);
+int gang_kernels_graph_end(gang_kernels *k, gang_kernels_graph **out);
+int gang_kernels_graph_launch(gang_kernels *k, gang_kernels_graph *g);
+void gang_kernels_graph_free(gang_kernels *k, gang_kernels_graph *g);
+
 /* Waits for every enqueued operation of k; returns 0 or the first deferred error
  * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */
 int gang_kernels_sync(gang_kernels *k);

@@ -504,6 +504,17 @@ int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_
 int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens,
                             gang_kernels *k);
 
+/*
+ * What gang_tp_layer_forward_batch does first for a batch, alone: validates it against l,
+ * s and the caches and brings the call's positions and table offsets into s's tensor
+ * memory (without a host wait), so that the forward calls of the same batch upload
+ * nothing. The engine calls it before it captures or replays a decode step as a graph
+ * (gang_kernels_graph_*), in which no upload may happen. 0, GANG_EINVAL or k's error.
+ */
+int gang_tp_scratch_prepare(gang_tp_scratch *s, const gang_tp_layer *l, gang_kernels *k,
+                            uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0,
+                            gang_tp_kv_cache *const *caches);
+
 /* Releases the arrays of gang_tp_scratch_init(_on) (to s->mem, which must still be
  * open) and zeroes s; NULL is ignored. */
 void gang_tp_scratch_free(gang_tp_scratch *s);

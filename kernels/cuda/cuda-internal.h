@@ -81,6 +81,10 @@ typedef struct gang__cuda_ctx {
      * read; the whole buffer is free again after every host synchronisation. */
     char *stage;
     size_t stage_used;
+    /* Captures started so far: once there is one, a buffer a graph may use (the matmul's
+     * x scratch) is never returned to the pool when it grows, since a graph replays the
+     * old address (also one captured earlier in the same graph). */
+    unsigned graphs;
 } gang__cuda_ctx;
 
 /* Bits of dev_flag. */

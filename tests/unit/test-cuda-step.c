@@ -13,6 +13,9 @@
  *                           differ, which these random rows never come near)
  *   split_cols3, glu        the concatenated q/k/v and gate/up GEMMs' helpers: the split
  *                           exact, the gated unit 1e-6 (expf / tanhf against the CPU's)
+ *   graphs                  a captured add + scale does nothing until launched, each
+ *                           launch runs it once; a sync while capturing is refused and
+ *                           voids the graph
  */
 #include <math.h>
 #include <setjmp.h>
@@ -275,12 +278,44 @@ static void test_split_glu(void **state)
     gang_kernels_free(gpu, d1), gang_kernels_free(gpu, d2), gang_kernels_free(gpu, dout);
 }
 
+static void test_graphs(void **state)
+{
+    float x[256], y[256], got[256];
+    gang_kernels_graph *g = NULL;
+    void *dx, *dy;
+
+    (void)state;
+    NEED_GPU();
+    for (int i = 0; i < 256; i++)
+        x[i] = (float)i, y[i] = 1.0f;
+    dx = dev_copy(x, sizeof(x)), dy = dev_copy(y, sizeof(y));
+    assert_int_equal(gang_kernels_graph_begin(gpu), 0);
+    assert_int_equal(gang_kernels_add(gpu, dx, dy, 256), 0);
+    assert_int_equal(gang_kernels_scale(gpu, dx, 2.0f, 256), 0);
+    assert_int_equal(gang_kernels_graph_end(gpu, &g), 0);
+    assert_non_null(g);
+    fetch(got, dx, sizeof(got));
+    assert_memory_equal(got, x, sizeof(x)); /* recorded, not run */
+    assert_int_equal(gang_kernels_graph_launch(gpu, g), 0);
+    assert_int_equal(gang_kernels_graph_launch(gpu, g), 0);
+    fetch(got, dx, sizeof(got));
+    for (int i = 0; i < 256; i++)
+        assert_true(got[i] == ((float)i + 1.0f) * 2.0f * 2.0f + 2.0f);
+    gang_kernels_graph_free(gpu, g);
+    assert_int_equal(gang_kernels_graph_begin(gpu), 0);
+    assert_int_equal(gang_kernels_sync(gpu), GANG_EINVAL);
+    assert_int_equal(gang_kernels_graph_end(gpu, &g), GANG_EIO);
+    assert_null(g);
+    assert_int_equal(gang_kernels_sync(gpu), 0);
+    gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_upload_async),   cmocka_unit_test(test_scatter),
         cmocka_unit_test(test_attention_step), cmocka_unit_test(test_sample),
-        cmocka_unit_test(test_split_glu),
+        cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_graphs),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -309,13 +309,15 @@ typedef struct step_cnt {
  * engine, with logprobs when lp, and measures the steady decode steps. Each request's
  * tokens go to toks[i * CNT_GEN ..].
  */
-static step_cnt decode_counters(const full_model *fm, uint32_t batch, int lp, int32_t *toks)
+static step_cnt decode_counters(const full_model *fm, uint32_t batch, int lp, int graphs,
+                                int32_t *toks)
 {
     gang_engine_config cfg = {.max_batch = batch,
                               .max_ctx = 40,
                               .kv_cache_bytes = 64u << 20,
                               .microbatches = 1,
-                              .max_step_tokens = batch * CNT_PROMPT};
+                              .max_step_tokens = batch * CNT_PROMPT,
+                              .cuda_graphs = (uint32_t)graphs};
     gang_kernels_counters c0, c1;
     int32_t prompt[CNT_PROMPT];
     gang_gen_request r;
@@ -380,7 +382,7 @@ static void test_fake_decode_counters(void **state)
     for (int i = 0; i < 3; i++) {
         uint32_t b = batches[i];
 
-        c[i] = decode_counters(fm, b, 0, dev);
+        c[i] = decode_counters(fm, b, 0, 0, dev);
         assert_true(c[i].syncs <= 1.0);
         assert_true(c[i].allocs == 0.0);
         assert_true(c[i].launches == c[0].launches);
@@ -390,11 +392,14 @@ static void test_fake_decode_counters(void **state)
         assert_true(c[i].d2h < (double)VOCAB * sizeof(float) * b);
     }
     /* Logprobs: the rows come down (O(vocab x batch) is allowed then), still one wait. */
-    lp = decode_counters(fm, 8, 1, host);
+    lp = decode_counters(fm, 8, 1, 0, host);
     assert_true(lp.syncs <= 1.0);
     assert_true(lp.allocs == 0.0);
     assert_true(lp.d2h >= (double)VOCAB * sizeof(float) * 8);
-    decode_counters(fm, 8, 0, dev);
+    decode_counters(fm, 8, 0, 0, dev);
+    assert_memory_equal(dev, host, 8 * CNT_GEN * sizeof(int32_t));
+    /* --cuda-graphs on a device without graphs (the fake): the same step, run directly. */
+    assert_true(decode_counters(fm, 8, 0, 1, host).launches == c[0].launches);
     assert_memory_equal(dev, host, 8 * CNT_GEN * sizeof(int32_t));
     free(fm);
 }
@@ -429,6 +434,7 @@ static void test_fake_sample_equals_engine(void **state)
                                            .seed = 1000 + r,
                                            .position = 3 * r + 1};
     assert_int_equal(gang_kernels_open("fake", &k), 0);
+    assert_int_equal(gang_kernels_graph_begin(k), GANG_ENOSYS); /* the fake has no graphs */
     assert_int_equal(gang_kernels_alloc(k, sizeof(x), &dx), 0);
     assert_int_equal(gang_kernels_alloc(k, sizeof(p), &dp), 0);
     assert_int_equal(gang_kernels_alloc(k, sizeof(got), &dout), 0);
