@@ -750,11 +750,12 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
     if (rc != 0)
         return rc;
-    /* A device step: every sequence's rows appended and attended in one launch. */
-    if (step)
-        rc = gang_kernels_attention_step(k, &kv, kp, vp, s->q, total, l->shard.head_count,
-                                         l->shard.kv_head_count, hd, l->window, s->q);
-    else
+    /* A device step: every sequence's rows appended and attended in one launch (a shape
+     * the backend's kernel does not take, GANG_ENOSYS before anything ran: per sequence). */
+    rc = step ? gang_kernels_attention_step(k, &kv, kp, vp, s->q, total, l->shard.head_count,
+                                            l->shard.kv_head_count, hd, l->window, s->q)
+              : GANG_ENOSYS;
+    if (rc == GANG_ENOSYS)
         rc = tp_batch_attend_seqs(l, k, n_seq, seq_tokens, seq_pos0, caches, s);
     if (rc != 0)
         return rc;
