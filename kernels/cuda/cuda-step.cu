@@ -396,10 +396,11 @@ __device__ static double step_uniform(uint64_t seed, uint64_t position)
     return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* The candidate key of (logit, id): ascending key = logit descending, then id ascending. */
+/* The candidate key of (logit, id): ascending key = logit descending, then id ascending.
+ * -0 is +0 (they compare equal on the CPU, where the id breaks the tie). */
 __device__ static uint64_t sample_key(float l, uint32_t id)
 {
-    uint32_t u = __float_as_uint(l);
+    uint32_t u = l == 0.0f ? 0u : __float_as_uint(l);
     uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 
     return ((uint64_t)(~asc) << 32) | id;
