@@ -381,16 +381,19 @@ static int run_graphed(gang_engine *e, gang_kernels *k, const gang_pipeline_ops 
         }
         rc = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline); /* recorded */
         rc_end = gang_kernels_graph_end(k, &g);
+        if (rc_end != 0) {
+            /* Nothing ran (a capture only records): run the step as usual, from scratch. */
+            gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
+                      "running its kernels one by one from now on",
+                      gang_err_name(rc_end), gang_err_name(rc));
+            e->graphs_off = 1;
+            e->n_head_rows = 0;
+            e->ids_first = e->ids_pending = 0;
+            return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+        }
         if (rc != 0) {
             gang_kernels_graph_free(k, g);
             return rc;
-        }
-        if (rc_end != 0) {
-            gang_warn("engine: the decode step could not be captured as a graph (%s); "
-                      "running its kernels one by one from now on",
-                      gang_err_name(rc_end));
-            e->graphs_off = 1;
-            return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
         }
         gang__dev_graph_store(e, g);
     }
