@@ -188,10 +188,13 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *p
             rc = gang__dev_fetch_ids(e, k); /* the pipeline sends them on now */
         return rc;
     }
-    /* Sampling on the host: the step's one copy of the sampled rows. */
+    /* Sampling on the host: the step's one copy of the sampled rows (after the device
+     * collectives it depends on, awaited with the deadline: the download itself has none). */
     if (rows != NULL) {
-        rc = gang_kernels_download(k, e->logits + (size_t)row0 * vocab, rows,
-                                   (size_t)ns * vocab * sizeof(float));
+        rc = run_settle(tp, pp, deadline);
+        if (rc == 0)
+            rc = gang_kernels_download(k, e->logits + (size_t)row0 * vocab, rows,
+                                       (size_t)ns * vocab * sizeof(float));
         if (rc != 0)
             return rc;
     }
