@@ -148,6 +148,8 @@ typedef struct bd_rank {
     X("prompt", prompt, 32, 32, 32, 32, 1, 8192, "prompt tokens per request")                      \
     X("tokens", tokens, 16, 64, 32, 32, 2, 8192, "new tokens per request")                         \
     X("microbatches", microbatches, 1, 1, 1, 1, 1, 256, "pipeline microbatches")                   \
+    X("cuda-graphs", cuda_graphs, 1, 1, 1, 1, 0, 1,                                                \
+      "cuda: decode steps as CUDA graphs (serve's --cuda-graphs)")                                 \
     X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
     X("warmup", warmup, 1, 1, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                   \
     X("timeout-s", timeout_s, 120, 120, 300, 300, 1, 86400, "deadline of every engine step")       \
@@ -465,6 +467,7 @@ void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch, gan
     out->kv_dtype_auto = 1;  /* serve's default: --kv-cache-dtype auto */
     out->kv_dtype = GANG_DTYPE_F32;
     out->prefix_caching = 0; /* distinct prompts: nothing to share */
+    out->cuda_graphs = o->cuda_graphs;
     out->ranks_per_host = ranks;
 }
 

@@ -59,6 +59,8 @@ int gang__dev_alloc(gang_engine *e)
 
 void gang__dev_free(gang_engine *e)
 {
+    for (uint32_t i = 0; i < e->n_graphs; i++)
+        gang_kernels_graph_free(e->k, e->graphs[i]);
     if (e->k != NULL) {
         gang_kernels_free(e->k, e->tab_pairs_dev);
         gang_kernels_free(e->k, e->samp_dev);
@@ -122,9 +124,9 @@ static int dev_needs_host(const gang_sampling *sp)
            sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f;
 }
 
-void gang__dev_step_begin(gang_engine *e)
+int gang__dev_step_begin(gang_engine *e)
 {
-    uint32_t i;
+    uint32_t i, j = 0;
 
     e->host_sample = !dev_is_device(e);
     for (i = 0; i < e->plan.n_seq && !e->host_sample; i++)
@@ -132,6 +134,21 @@ void gang__dev_step_begin(gang_engine *e)
             e->host_sample = 1;
     e->ids_first = 0;
     e->ids_pending = 0;
+    if (e->host_sample || !e->is_last || e->m->place.tp_rank != 0)
+        return 0;
+    /* Head rows are handed out in plan order (microbatch after microbatch). */
+    for (i = 0; i < e->plan.n_seq; i++) {
+        const gang__plan_seq *s = &e->plan.seqs[i];
+
+        if (!s->sample)
+            continue;
+        e->samp[j++] = (gang_kernels_sample_param){.temperature = s->sp.temperature,
+                                                   .top_k = s->sp.top_k,
+                                                   .top_p = s->sp.top_p,
+                                                   .seed = s->sp.seed,
+                                                   .position = (uint64_t)s->pos0 + s->n};
+    }
+    return j == 0 ? 0 : gang_kernels_upload_async(e->k, e->samp_dev, e->samp, j * sizeof(*e->samp));
 }
 
 int gang__dev_sample(gang_engine *e, gang_kernels *k, const float *rows, uint32_t first,
@@ -140,22 +157,10 @@ int gang__dev_sample(gang_engine *e, gang_kernels *k, const float *rows, uint32_
     uint32_t i, j = 0;
     int rc;
 
-    for (i = first; i < first + count; i++) {
-        const gang__plan_seq *s = &e->plan.seqs[i];
-
-        if (!s->sample)
-            continue;
-        e->head_row[i] = row0 + j;
-        e->samp[j] = (gang_kernels_sample_param){.temperature = s->sp.temperature,
-                                                 .top_k = s->sp.top_k,
-                                                 .top_p = s->sp.top_p,
-                                                 .seed = s->sp.seed,
-                                                 .position = (uint64_t)s->pos0 + s->n};
-        j++;
-    }
-    rc = gang_kernels_upload_async(k, e->samp_dev + row0, e->samp, ns * sizeof(*e->samp));
-    if (rc == 0)
-        rc = gang_kernels_sample(k, rows, ns, e->vocab, e->samp_dev + row0, e->ids_dev + row0);
+    for (i = first; i < first + count; i++)
+        if (e->plan.seqs[i].sample)
+            e->head_row[i] = row0 + j++;
+    rc = gang_kernels_sample(k, rows, ns, e->vocab, e->samp_dev + row0, e->ids_dev + row0);
     if (rc != 0)
         return rc;
     if (e->ids_pending == 0)
@@ -179,6 +184,67 @@ int gang__dev_fetch_ids(gang_engine *e, gang_kernels *k)
             e->plan.out[i] = e->ids[e->head_row[i]];
     e->ids_pending = 0;
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------
+ * Graphs of the decode step. A captured step reads everything that changes from tensor
+ * memory written before its launch (ids, positions and table offsets, tables, sampling
+ * parameters); what is baked into it depends only on the batch size, which keys it.
+ * --------------------------------------------------------------------------------- */
+int gang__dev_graph_ok(const gang_engine *e, uint32_t nmb)
+{
+    const gang_model *m = e->m;
+
+    if (!e->cfg.cuda_graphs || e->graphs_off || e->host_sample || !dev_is_device(e) ||
+        m->topo.tp != 1 || m->topo.pp != 1 || nmb != 1 || m->layer_count == 0 ||
+        m->layers[0].rope_dyn_factor > 0.0f)
+        return 0;
+    for (uint32_t i = 0; i < e->plan.n_seq; i++)
+        if (e->plan.seqs[i].n != 1 || !e->plan.seqs[i].sample)
+            return 0;
+    return 1;
+}
+
+gang_kernels_graph *gang__dev_graph_find(const gang_engine *e)
+{
+    for (uint32_t i = 0; i < e->n_graphs; i++)
+        if (e->graph_batch[i] == e->plan.n_seq)
+            return e->graphs[i];
+    return NULL;
+}
+
+/* Layer 0's call stands for every layer's: the same batch, the same slots' tables. */
+int gang__dev_graph_prepare(gang_engine *e, gang_kernels *k)
+{
+    for (uint32_t i = 0; i < e->plan.n_seq; i++)
+        e->cache_ptrs[i] = &e->caches[e->plan.seqs[i].slot];
+    return gang_tp_scratch_prepare(&e->scratch, &e->m->layers[0], k, e->plan.n_seq,
+                                   e->plan.seq_tokens, e->plan.seq_pos0, e->cache_ptrs);
+}
+
+/* The step's ids download that follows ends every launch, so no evicted graph is running. */
+void gang__dev_graph_store(gang_engine *e, gang_kernels_graph *g)
+{
+    uint32_t at = e->n_graphs;
+
+    if (at == GANG__GRAPHS) {
+        at = e->graph_next;
+        e->graph_next = (e->graph_next + 1) % GANG__GRAPHS;
+        gang_kernels_graph_free(e->k, e->graphs[at]);
+    } else {
+        e->n_graphs++;
+    }
+    e->graphs[at] = g;
+    e->graph_batch[at] = e->plan.n_seq;
+}
+
+void gang__dev_graph_done(gang_engine *e)
+{
+    for (uint32_t i = 0; i < e->plan.n_seq; i++)
+        e->head_row[i] = i;
+    e->n_head_rows = e->plan.n_seq;
+    e->ids_first = 0;
+    e->ids_pending = e->plan.n_seq;
 }
 
 const float *gang__engine_logits(gang_engine *e, uint32_t i)

@@ -22,6 +22,8 @@
 #define GANG__PLAN_SEQ_MIN_BYTES 56u
 #define GANG__PLAN_SEQ_MAX_BYTES 120u
 
+#define GANG__GRAPHS 8 /* decode-step graphs an engine keeps (one per batch size) */
+
 typedef struct gang__plan_seq {
     uint32_t slot;     /* slot of the sequence (its table, its history) */
     uint32_t pos0;     /* position of its first token of this step */
@@ -170,18 +172,23 @@ struct gang_engine {
     int32_t *hist; /* last stage, TP rank 0: [slots, max_ctx] every token fed to each
                       slot, at its position (what the penalties count) */
     /* The device path of a step (engine-device.c; a device handle only, else NULL). */
-    int32_t *tables_held;                /* host: [slots, max_bps] what tables_dev holds */
-    int32_t *tab_pairs;                  /* host: [2 x slots x max_bps] a step's (index,
-                                            block) updates of tables_dev */
-    int32_t *tab_pairs_dev;              /* (T) the same, for the scatter */
-    gang_kernels_sample_param *samp;     /* last stage, host: [slots] by head row */
-    gang_kernels_sample_param *samp_dev; /* (T) the same */
-    int32_t *ids_dev;                    /* (T) last stage: [slots] ids drawn, by head row */
-    int32_t *ids;                        /* host: the same, once downloaded */
-    uint32_t host_sample;                /* this step samples on the host (a host handle, or
-                                            a sequence with logprobs or penalties) */
-    uint32_t ids_first, ids_pending;     /* head rows drawn on the device, not yet fetched */
-    int32_t *plan_buf;                   /* header + body of the wire form */
+    int32_t *tables_held;                     /* host: [slots, max_bps] what tables_dev holds */
+    int32_t *tab_pairs;                       /* host: [2 x slots x max_bps] a step's (index,
+                                                 block) updates of tables_dev */
+    int32_t *tab_pairs_dev;                   /* (T) the same, for the scatter */
+    gang_kernels_sample_param *samp;          /* last stage, host: [slots] by head row */
+    gang_kernels_sample_param *samp_dev;      /* (T) the same */
+    int32_t *ids_dev;                         /* (T) last stage: [slots] ids drawn, by head row */
+    int32_t *ids;                             /* host: the same, once downloaded */
+    uint32_t host_sample;                     /* this step samples on the host (a host handle, or
+                                                 a sequence with logprobs or penalties) */
+    uint32_t ids_first, ids_pending;          /* head rows drawn on the device, not yet fetched */
+    gang_kernels_graph *graphs[GANG__GRAPHS]; /* captured decode steps (cfg.cuda_graphs) */
+    uint32_t graph_batch[GANG__GRAPHS];       /* the batch size each was captured for */
+    uint32_t n_graphs, graph_next;            /* held; the next one evicted when full */
+    uint32_t graphs_off;                      /* the device has no graphs, or a capture
+                                                 failed: every step runs its kernels */
+    int32_t *plan_buf;                        /* header + body of the wire form */
     int32_t *wire_tables; /* [slots, max_bps] the tables of a plan on the wire, by sequence */
     uint8_t *slot_seen;   /* [slots] duplicate check of a received plan */
     gang__plan plan;
@@ -241,19 +248,35 @@ int gang__plan_upload_tables(gang_engine *e);
  * tables to the host's zeros: init only. 0, GANG_ENOMEM or the upload's error. */
 int gang__dev_alloc(gang_engine *e);
 void gang__dev_free(gang_engine *e);
-/* Decides, for the decoded plan, whether this step samples on the host, and clears the
- * pending ids. Every rank calls it before running the stage. */
-void gang__dev_step_begin(gang_engine *e);
+/* Decides, for the decoded plan, whether this step samples on the host, clears the
+ * pending ids and, on a device's sampling rank, uploads the step's sampling parameters
+ * (one upload without a wait, in head-row order). Every rank calls it before running the
+ * stage. 0 or the upload's error. */
+int gang__dev_step_begin(gang_engine *e);
 /*
  * The last stage's TP rank 0, device path: draws the ns sampling sequences of plan
  * sequences [first, first + count) from rows [ns, vocab] (tensor memory: head rows row0
- * ..) into ids_dev, their parameters uploaded without a wait; sets head_row. The ids come
- * down at gang__dev_fetch_ids. 0 or the first kernels error.
+ * ..) into ids_dev, with the parameters gang__dev_step_begin uploaded; sets head_row. The
+ * ids come down at gang__dev_fetch_ids. 0 or the first kernels error.
  */
 int gang__dev_sample(gang_engine *e, gang_kernels *k, const float *rows, uint32_t first,
                      uint32_t count, uint32_t row0, uint32_t ns);
 /* Downloads the ids drawn since the last fetch (one host wait) into e->plan.out. */
 int gang__dev_fetch_ids(gang_engine *e, gang_kernels *k);
+/*
+ * Graphs of the decode step (cfg.cuda_graphs). ok: this step may be captured or replayed
+ * (a device with graphs, one stage, TP 1, one microbatch, every sequence one token that
+ * samples on the device, no per-sequence RoPE tables). find: the graph of this batch
+ * size, or NULL. prepare: the uploads a replay cannot make (the layers' positions and
+ * table offsets; the ids, tables and sampling parameters went up already). store: keeps
+ * a new graph (evicting the oldest of GANG__GRAPHS). done: what the head of a replayed
+ * step would have recorded on the host (head rows, pending ids).
+ */
+int gang__dev_graph_ok(const gang_engine *e, uint32_t nmb);
+gang_kernels_graph *gang__dev_graph_find(const gang_engine *e);
+int gang__dev_graph_prepare(gang_engine *e, gang_kernels *k);
+void gang__dev_graph_store(gang_engine *e, gang_kernels_graph *g);
+void gang__dev_graph_done(gang_engine *e);
 
 /* Blocks that cover positions 0 .. n - 1. */
 static inline uint32_t gang__blocks_for(const gang_engine *e, uint32_t n)

@@ -188,10 +188,13 @@ static int run_head(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *p
             rc = gang__dev_fetch_ids(e, k); /* the pipeline sends them on now */
         return rc;
     }
-    /* Sampling on the host: the step's one copy of the sampled rows. */
+    /* Sampling on the host: the step's one copy of the sampled rows (after the device
+     * collectives it depends on, awaited with the deadline: the download itself has none). */
     if (rows != NULL) {
-        rc = gang_kernels_download(k, e->logits + (size_t)row0 * vocab, rows,
-                                   (size_t)ns * vocab * sizeof(float));
+        rc = run_settle(tp, pp, deadline);
+        if (rc == 0)
+            rc = gang_kernels_download(k, e->logits + (size_t)row0 * vocab, rows,
+                                       (size_t)ns * vocab * sizeof(float));
         if (rc != 0)
             return rc;
     }
@@ -360,6 +363,50 @@ static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t pe
     return run_xfer_tokens(c->e, 0, c->world, mb->first, mb->count, tag, deadline);
 }
 
+/*
+ * A decode step as a graph (cfg.cuda_graphs; gang__dev_graph_ok said it may be): the
+ * layers' positions go up first (no upload may happen inside), then the graph of this
+ * batch size is replayed, or, the first time, the step's work (one stage, one microbatch)
+ * is captured into one and launched. A device without graphs, or a capture that fails,
+ * turns graphs off for the engine and the step runs its kernels as usual.
+ */
+static int run_graphed(gang_engine *e, gang_kernels *k, const gang_pipeline_ops *ops,
+                       uint64_t deadline)
+{
+    gang_kernels_graph *g = gang__dev_graph_find(e);
+    int rc = gang__dev_graph_prepare(e, k), rc_end;
+
+    if (rc == 0 && g == NULL) {
+        rc = gang_kernels_graph_begin(k);
+        if (rc != 0) {
+            e->graphs_off = 1; /* no graphs here (GANG_ENOSYS) or none can start */
+            return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+        }
+        rc = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline); /* recorded */
+        rc_end = gang_kernels_graph_end(k, &g);
+        if (rc_end != 0) {
+            /* Nothing ran (a capture only records): run the step as usual, from scratch. */
+            gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
+                      "running its kernels one by one from now on",
+                      gang_err_name(rc_end), gang_err_name(rc));
+            e->graphs_off = 1;
+            e->n_head_rows = 0;
+            e->ids_first = e->ids_pending = 0;
+            return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+        }
+        if (rc != 0) {
+            gang_kernels_graph_free(k, g);
+            return rc;
+        }
+        gang__dev_graph_store(e, g);
+    }
+    if (rc == 0)
+        rc = gang_kernels_graph_launch(k, g);
+    if (rc == 0)
+        gang__dev_graph_done(e);
+    return rc;
+}
+
 int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
                      gang_comm *pp, uint64_t deadline)
 {
@@ -384,16 +431,19 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
         memcpy(e->hist + (size_t)s->slot * e->max_ctx + s->pos0, e->plan.tokens + s->tok_off,
                (size_t)s->n * sizeof(int32_t));
     }
-    gang__dev_step_begin(e);
+    rc = gang__dev_step_begin(e);
     /* Stage 0 embeds from tensor memory: the step's token ids go over in one upload,
      * enqueued without a host wait. */
-    if (e->is_first) {
+    if (rc == 0 && e->is_first)
         rc = gang_kernels_upload_async(k, e->tokens_dev, e->plan.tokens,
                                        (size_t)e->plan.n_tokens * sizeof(int32_t));
-        if (rc != 0)
-            return rc;
-    }
-    rc = gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb, deadline);
+    if (rc != 0)
+        return rc;
+    if (gang__dev_graph_ok(e, nmb))
+        rc = run_graphed(e, k, &ops, deadline);
+    else
+        rc = gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb,
+                               deadline);
     /* The step's collectives, awaited once with its deadline (nccl returns at enqueue),
      * then with one stage the ids of every microbatch come down at once: the step's one
      * host synchronisation of the compute stream. */

@@ -51,6 +51,7 @@ void gang_engine_setup_config(const gang_engine_setup *s, gang_kernels_wtype wt,
     out->max_step_tokens = s->max_step_tokens;
     out->kv_dtype = s->kv_dtype_auto ? gang_engine_kv_dtype_auto(wt) : s->kv_dtype;
     out->prefix_caching = s->prefix_caching;
+    out->cuda_graphs = s->cuda_graphs;
 }
 
 int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kernels *k,

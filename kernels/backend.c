@@ -24,6 +24,8 @@ struct gang_kernels {
     const gang__kernels_backend *be;
     void *ctx;                 /* what be->open returned; NULL for a backend without open */
     gang_kernels_counters cnt; /* gang_kernels_counters_get */
+    int capturing;             /* between graph_begin and graph_end */
+    int capture_broken;        /* a host wait was refused during the capture */
 };
 
 /* ---------------------------------------------------------------------------------
@@ -227,9 +229,20 @@ void gang_kernels_free(gang_kernels *k, void *p)
                    p);
 }
 
+/* While capturing a graph, host waits and host reads are refused (gang_kernels_graph_begin). */
+static int kernels_capture_refuses(gang_kernels *k, const char *what)
+{
+    if (!k->capturing)
+        return 0;
+    gang_error("kernels: %s while capturing a graph (refused)", what);
+    k->capture_broken = 1;
+    return 1;
+}
+
 int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t bytes)
 {
-    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
+    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0) ||
+        kernels_capture_refuses(k, "upload"))
         return GANG_EINVAL;
     if (bytes == 0)
         return 0;
@@ -243,7 +256,8 @@ int gang_kernels_upload(gang_kernels *k, void *dst, const void *src, size_t byte
 /* An empty download still waits for the handle's work (the contract of the header). */
 int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t bytes)
 {
-    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
+    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0) ||
+        kernels_capture_refuses(k, "download"))
         return GANG_EINVAL;
     if (bytes == 0)
         return gang_kernels_sync(k);
@@ -257,7 +271,8 @@ int gang_kernels_download(gang_kernels *k, void *dst, const void *src, size_t by
 /* A backend without an asynchronous upload waits: counted as the sync it is. */
 int gang_kernels_upload_async(gang_kernels *k, void *dst, const void *src, size_t bytes)
 {
-    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0))
+    if (k == NULL || ((dst == NULL || src == NULL) && bytes > 0) ||
+        kernels_capture_refuses(k, "upload_async"))
         return GANG_EINVAL;
     if (bytes == 0)
         return 0;
@@ -296,7 +311,7 @@ int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *
 
 int gang_kernels_sync(gang_kernels *k)
 {
-    if (k == NULL)
+    if (k == NULL || kernels_capture_refuses(k, "sync"))
         return GANG_EINVAL;
     if (k->be->sync == NULL)
         return GANG_ENOSYS;
@@ -309,6 +324,57 @@ void *gang_kernels_device_stream(gang_kernels *k)
     if (k == NULL || k->be->stream == NULL)
         return NULL;
     return k->be->stream(k->ctx);
+}
+
+int gang_kernels_graph_begin(gang_kernels *k)
+{
+    int rc;
+
+    if (k == NULL || k->capturing)
+        return GANG_EINVAL;
+    if (k->be->graph_begin == NULL)
+        return GANG_ENOSYS;
+    rc = k->be->graph_begin(k->ctx);
+    if (rc == 0) {
+        k->capturing = 1;
+        k->capture_broken = 0;
+    }
+    return rc;
+}
+
+/* The backend always ends its capture; a refused host wait inside it voids the graph. */
+int gang_kernels_graph_end(gang_kernels *k, gang_kernels_graph **out)
+{
+    void *g = NULL;
+    int rc;
+
+    if (out != NULL)
+        *out = NULL;
+    if (k == NULL || out == NULL || !k->capturing)
+        return GANG_EINVAL;
+    k->capturing = 0;
+    rc = k->be->graph_end(k->ctx, &g);
+    if (rc == 0 && k->capture_broken) {
+        k->be->graph_free(k->ctx, g);
+        return GANG_EIO;
+    }
+    if (rc == 0)
+        *out = g;
+    return rc;
+}
+
+int gang_kernels_graph_launch(gang_kernels *k, gang_kernels_graph *g)
+{
+    if (k == NULL || g == NULL || k->capturing || k->be->graph_launch == NULL)
+        return GANG_EINVAL;
+    k->cnt.launches++;
+    return k->be->graph_launch(k->ctx, g);
+}
+
+void gang_kernels_graph_free(gang_kernels *k, gang_kernels_graph *g)
+{
+    if (k != NULL && g != NULL && k->be->graph_free != NULL)
+        k->be->graph_free(k->ctx, g);
 }
 
 int gang_kernels_counters_get(const gang_kernels *k, gang_kernels_counters *out)
@@ -733,6 +799,37 @@ int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_
         return GANG_ENOSYS;
     k->cnt.launches++;
     return k->be->sample(k->ctx, logits, rows, cols, params, out);
+}
+
+int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_t w0, size_t w1,
+                             size_t w2, float *o0, float *o1, float *o2)
+{
+    size_t n;
+
+    if (k == NULL || x == NULL || o0 == NULL || o1 == NULL || o2 == NULL || rows == 0 || w0 == 0 ||
+        w1 == 0 || w2 == 0)
+        return GANG_EINVAL;
+    if (w0 > SIZE_MAX - w1 - w2 || elems(rows, w0 + w1 + w2, &n) < 0)
+        return GANG_ERANGE;
+    if (k->be->split_cols3 == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->split_cols3(k->ctx, x, rows, w0, w1, w2, o0, o1, o2);
+}
+
+int gang_kernels_glu(gang_kernels *k, int gelu, const float *x, size_t rows, size_t cols,
+                     float *out)
+{
+    size_t n;
+
+    if (k == NULL || x == NULL || out == NULL || rows == 0 || cols == 0)
+        return GANG_EINVAL;
+    if (cols > SIZE_MAX / 2 || elems(rows, 2 * cols, &n) < 0)
+        return GANG_ERANGE;
+    if (k->be->glu == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->glu(k->ctx, gelu != 0, x, rows, cols, out);
 }
 
 /* ---------------------------------------------------------------------------------

@@ -84,6 +84,15 @@ typedef struct gang__kernels_backend {
     int (*scatter_i32)(void *ctx, int32_t *dst, size_t dst_n, const int32_t *pairs, size_t n_pairs);
     int (*sample)(void *ctx, const float *logits, size_t rows, size_t cols,
                   const gang_kernels_sample_param *params, int32_t *out);
+    /* Optional graphs (gang_kernels_graph_*): the graph is the backend's opaque object. */
+    int (*graph_begin)(void *ctx);
+    int (*graph_end)(void *ctx, void **graph);
+    int (*graph_launch)(void *ctx, void *graph);
+    void (*graph_free)(void *ctx, void *graph);
+    /* The fused projections' helpers (gang_kernels_split_cols3, gang_kernels_glu). */
+    int (*split_cols3)(void *ctx, const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
+                       float *o0, float *o1, float *o2);
+    int (*glu)(void *ctx, int gelu, const float *x, size_t rows, size_t cols, float *out);
 } gang__kernels_backend;
 
 /* The backends (kernels/cpu/cpu-backend.c, kernels/cuda/cuda-backend.c). The CUDA table

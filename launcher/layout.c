@@ -360,6 +360,7 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     out->max_step_tokens = (uint32_t)p->max_step_tokens;
     out->kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
     out->prefix_caching = p->enable_prefix_caching ? 1u : 0u;
+    out->cuda_graphs = p->cuda_graphs ? 1u : 0u;
 }
 
 int gang_worker_config_from_params(const gang_params *p, const char *agent_path,

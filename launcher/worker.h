@@ -45,6 +45,7 @@ typedef struct gang__wres_config {
     uint32_t max_step_tokens;
     uint64_t kv_cache_bytes;
     uint32_t prefix_caching; /* --enable-prefix-caching */
+    uint32_t cuda_graphs;    /* --cuda-graphs */
     char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
                                 the GPU of the local rank's index */
 } gang__wres_config;

@@ -330,7 +330,11 @@ int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t m
     s->q_cols = (size_t)l->shard.head_count * l->head_dim;
     s->kv_cols = (size_t)l->shard.kv_head_count * l->head_dim;
     s->ffn_cols = l->shard.ffn_count;
-    per_token = 2 * s->hidden + s->q_cols + 2 * s->kv_cols + 2 * s->ffn_cols;
+    /* A device layer's concatenated GEMMs (wqkv, wgu) write here before the split. */
+    if (gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)
+        s->fused_cols = s->q_cols + 2 * s->kv_cols > 2 * s->ffn_cols ? s->q_cols + 2 * s->kv_cols
+                                                                     : 2 * s->ffn_cols;
+    per_token = 2 * s->hidden + s->q_cols + 2 * s->kv_cols + 2 * s->ffn_cols + s->fused_cols;
     if (per_token == 0 || max_tokens > SIZE_MAX / sizeof(float) / per_token) {
         memset(s, 0, sizeof(*s));
         return GANG_EINVAL;
@@ -370,6 +374,7 @@ int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t m
     s->v = s->k + max_tokens * s->kv_cols;
     s->gate = s->v + max_tokens * s->kv_cols;
     s->up = s->gate + max_tokens * s->ffn_cols;
+    s->fused = s->fused_cols > 0 ? s->up + max_tokens * s->ffn_cols : NULL;
     return 0;
 }
 
@@ -440,6 +445,20 @@ static int tp_batch_positions(gang_kernels *k, gang_tp_scratch *s, size_t total)
     memcpy(held, s->pos_host, 2 * total * sizeof(int32_t));
     s->pos_valid = 2 * total;
     return 0;
+}
+
+int gang_tp_scratch_prepare(gang_tp_scratch *s, const gang_tp_layer *l, gang_kernels *k,
+                            uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0,
+                            gang_tp_kv_cache *const *caches)
+{
+    size_t total;
+    int rc;
+
+    if (s == NULL || l == NULL || k == NULL || seq_tokens == NULL || seq_pos0 == NULL ||
+        caches == NULL || n_seq == 0)
+        return GANG_EINVAL;
+    rc = tp_batch_check(l, s, n_seq, seq_tokens, seq_pos0, caches, &total);
+    return rc != 0 ? rc : tp_batch_positions(k, s, total);
 }
 
 /*
@@ -612,6 +631,53 @@ static int tp_batch_attend_seqs(const gang_tp_layer *l, gang_kernels *k, uint32_
 }
 
 /*
+ * The q, k and v projections of the call's tokens into s->q, kp and vp: one GEMM over the
+ * concatenated weight of a device layer, split back into the three in one launch; three
+ * GEMMs on the host.
+ */
+static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
+                        float *kp, float *vp)
+{
+    int rc;
+
+    if (l->wqkv != NULL) {
+        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wqkv, s->q_cols + 2 * s->kv_cols,
+                       s->fused);
+        return rc != 0 ? rc
+                       : gang_kernels_split_cols3(k, s->fused, total, s->q_cols, s->kv_cols,
+                                                  s->kv_cols, s->q, kp, vp);
+    }
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wq, s->q_cols, s->q);
+    if (rc == 0)
+        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wk, s->kv_cols, kp);
+    if (rc == 0)
+        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wv, s->kv_cols, vp);
+    return rc;
+}
+
+/*
+ * The MLP's gated unit of the call's tokens into s->gate: one GEMM over the concatenated
+ * gate/up weight of a device layer and one gated-unit launch on its rows; two GEMMs and
+ * the element-wise gate on the host.
+ */
+static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total)
+{
+    int gelu = l->act == GANG_ACT_GELU_TANH, rc;
+
+    if (l->wgu != NULL) {
+        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wgu, 2 * s->ffn_cols, s->fused);
+        return rc != 0 ? rc : gang_kernels_glu(k, gelu, s->fused, total, s->ffn_cols, s->gate);
+    }
+    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_gate, s->ffn_cols, s->gate);
+    if (rc == 0)
+        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_up, s->ffn_cols, s->up);
+    if (rc != 0)
+        return rc;
+    return gelu ? gang_kernels_gelu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate)
+                : gang_kernels_silu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate);
+}
+
+/*
  * 1 when the batch's caches allow the one-launch step attention: a device handle, and
  * every cache paged on one pool with its table in one array (table_base).
  */
@@ -665,13 +731,7 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
         kp = caches[0]->k + (size_t)seq_pos0[0] * s->kv_cols;
         vp = caches[0]->v + (size_t)seq_pos0[0] * s->kv_cols;
     }
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wq, s->q_cols, s->q);
-    if (rc != 0)
-        return rc;
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wk, s->kv_cols, kp);
-    if (rc != 0)
-        return rc;
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wv, s->kv_cols, vp);
+    rc = tp_batch_qkv(l, k, s, total, kp, vp);
     if (rc != 0)
         return rc;
     rc = tp_add_biases(l, k, s->q, kp, vp, total);
@@ -690,11 +750,12 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
     if (rc != 0)
         return rc;
-    /* A device step: every sequence's rows appended and attended in one launch. */
-    if (step)
-        rc = gang_kernels_attention_step(k, &kv, kp, vp, s->q, total, l->shard.head_count,
-                                         l->shard.kv_head_count, hd, l->window, s->q);
-    else
+    /* A device step: every sequence's rows appended and attended in one launch (a shape
+     * the backend's kernel does not take, GANG_ENOSYS before anything ran: per sequence). */
+    rc = step ? gang_kernels_attention_step(k, &kv, kp, vp, s->q, total, l->shard.head_count,
+                                            l->shard.kv_head_count, hd, l->window, s->q)
+              : GANG_ENOSYS;
+    if (rc == GANG_ENOSYS)
         rc = tp_batch_attend_seqs(l, k, n_seq, seq_tokens, seq_pos0, caches, s);
     if (rc != 0)
         return rc;
@@ -714,7 +775,12 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     if (l == NULL || k == NULL || x == NULL || seq_tokens == NULL || seq_pos0 == NULL ||
         caches == NULL || s == NULL || n_seq == 0 || timeout_ms == 0)
         return GANG_EINVAL;
-    if (l->wq == NULL || l->attn_norm == NULL || l->mlp_norm == NULL)
+    if ((l->wq == NULL && l->wqkv == NULL) || l->attn_norm == NULL || l->mlp_norm == NULL)
+        return GANG_EINVAL;
+    /* A concatenated weight needs the device scratch's room for its GEMM's output. */
+    if ((l->wqkv != NULL || l->wgu != NULL) &&
+        (s->fused == NULL || s->fused_cols < s->q_cols + 2 * s->kv_cols ||
+         s->fused_cols < 2 * s->ffn_cols))
         return GANG_EINVAL;
     rc = tp_check_comm(l, comm);
     if (rc == 0)
@@ -751,15 +817,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_kernels_rmsnorm(k, x, l->mlp_norm, l->norm_eps, total, l->hidden, s->normed);
     if (rc != 0)
         return rc;
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_gate, s->ffn_cols, s->gate);
-    if (rc != 0)
-        return rc;
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_up, s->ffn_cols, s->up);
-    if (rc != 0)
-        return rc;
-    rc = l->act == GANG_ACT_GELU_TANH
-             ? gang_kernels_gelu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate)
-             : gang_kernels_silu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate);
+    rc = tp_batch_gate(l, k, s, total);
     if (rc != 0)
         return rc;
     /* The second all-reduce gets what is left of the call's deadline. */

@@ -17,10 +17,10 @@
  * Shards of a layer
  * --------------------------------------------------------------------------------- */
 /* The layer's arrays, in a fixed order, for the loops of free, pack and to_device: the
- * seven matrices first (TP_LAYER_MATRICES of them, rows x cols each), then the f32
- * vectors. bytes[] is each array's size in its storage. */
-#define TP_LAYER_ARRAYS 17
-#define TP_LAYER_MATRICES 7
+ * seven matrices and the two concatenated ones of a device (TP_LAYER_MATRICES of them,
+ * rows x cols each), then the f32 vectors. bytes[] is each array's size in its storage. */
+#define TP_LAYER_ARRAYS 19
+#define TP_LAYER_MATRICES 9
 
 static void tp_layer_arrays(gang_tp_layer *l, void **a[TP_LAYER_ARRAYS],
                             size_t bytes[TP_LAYER_ARRAYS], size_t rows[TP_LAYER_MATRICES],
@@ -28,27 +28,28 @@ static void tp_layer_arrays(gang_tp_layer *l, void **a[TP_LAYER_ARRAYS],
 {
     size_t hidden = l->hidden, q = (size_t)l->shard.head_count * l->head_dim;
     size_t kv = (size_t)l->shard.kv_head_count * l->head_dim, f = l->shard.ffn_count;
-    size_t r[TP_LAYER_MATRICES] = {q, kv, kv, hidden, f, f, hidden};
-    size_t c[TP_LAYER_MATRICES] = {hidden, hidden, hidden, q, hidden, hidden, f};
+    size_t r[TP_LAYER_MATRICES] = {q, kv, kv, hidden, f, f, hidden, q + 2 * kv, 2 * f};
+    size_t c[TP_LAYER_MATRICES] = {hidden, hidden, hidden, q, hidden, hidden, f, hidden, hidden};
     size_t i;
 
     a[0] = &l->wq, a[1] = &l->wk, a[2] = &l->wv, a[3] = &l->wo;
     a[4] = &l->w_gate, a[5] = &l->w_up, a[6] = &l->w_down;
+    a[7] = &l->wqkv, a[8] = &l->wgu;
     for (i = 0; i < TP_LAYER_MATRICES; i++) {
         bytes[i] = gang_kernels_weight_bytes(l->wtype, r[i], c[i]);
         if (rows != NULL)
             rows[i] = r[i], cols[i] = c[i];
     }
-    a[7] = (void **)&l->attn_norm, bytes[7] = hidden;
-    a[8] = (void **)&l->mlp_norm, bytes[8] = hidden;
-    a[9] = (void **)&l->bq, bytes[9] = q;
-    a[10] = (void **)&l->bk, bytes[10] = kv;
-    a[11] = (void **)&l->bv, bytes[11] = kv;
-    a[12] = (void **)&l->q_norm, bytes[12] = l->head_dim;
-    a[13] = (void **)&l->k_norm, bytes[13] = l->head_dim;
-    a[14] = (void **)&l->rope_freq, bytes[14] = l->head_dim / 2;
-    a[15] = (void **)&l->post_attn_norm, bytes[15] = hidden;
-    a[16] = (void **)&l->post_mlp_norm, bytes[16] = hidden;
+    a[9] = (void **)&l->attn_norm, bytes[9] = hidden;
+    a[10] = (void **)&l->mlp_norm, bytes[10] = hidden;
+    a[11] = (void **)&l->bq, bytes[11] = q;
+    a[12] = (void **)&l->bk, bytes[12] = kv;
+    a[13] = (void **)&l->bv, bytes[13] = kv;
+    a[14] = (void **)&l->q_norm, bytes[14] = l->head_dim;
+    a[15] = (void **)&l->k_norm, bytes[15] = l->head_dim;
+    a[16] = (void **)&l->rope_freq, bytes[16] = l->head_dim / 2;
+    a[17] = (void **)&l->post_attn_norm, bytes[17] = hidden;
+    a[18] = (void **)&l->post_mlp_norm, bytes[18] = hidden;
     for (i = TP_LAYER_MATRICES; i < TP_LAYER_ARRAYS; i++)
         bytes[i] *= sizeof(float);
 }
@@ -142,9 +143,65 @@ out_set:
     return 0;
 }
 
+/*
+ * Uploads the host matrices parts[0 .. np) (rows[] each, cols columns, packed as l->wtype)
+ * as one concatenated packed matrix into *out (tensor memory of k): the elements band
+ * after band, and for int8 the scales band after band at the concatenation's scales
+ * offset, so that gang_kernels_weight_view of the whole is the concatenated weight.
+ */
+static int tp_upload_concat(const gang_tp_layer *l, gang_kernels *k, void *const *parts,
+                            const size_t *rows, size_t np, size_t cols, void **out)
+{
+    size_t es = gang_kernels_wtype_size(l->wtype), total = 0, r = 0, i;
+    char *d = NULL;
+    int rc;
+
+    for (i = 0; i < np; i++)
+        total += rows[i];
+    rc = gang_kernels_alloc(k, gang_kernels_weight_bytes(l->wtype, total, cols), (void **)&d);
+    for (i = 0; i < np && rc == 0; r += rows[i], i++) {
+        rc = gang_kernels_upload(k, d + r * cols * es, parts[i], rows[i] * cols * es);
+        if (rc == 0 && l->wtype == GANG_KW_I8)
+            rc = gang_kernels_upload(k, d + GANG_KW_SCALES_OFFSET(total * cols) + r * sizeof(float),
+                                     (const char *)parts[i] + GANG_KW_SCALES_OFFSET(rows[i] * cols),
+                                     rows[i] * sizeof(float));
+    }
+    if (rc != 0) {
+        gang_kernels_free(k, d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+/*
+ * The concatenated q/k/v and gate/up of a device layer (when all their parts exist) into
+ * dev[7] and dev[8], the slots of wqkv and wgu; *fused says which parts they replace.
+ */
+static int tp_concat_to_device(gang_tp_layer *l, gang_kernels *k, void *dev[TP_LAYER_ARRAYS],
+                               int fused[TP_LAYER_MATRICES])
+{
+    size_t q = (size_t)l->shard.head_count * l->head_dim;
+    size_t kv = (size_t)l->shard.kv_head_count * l->head_dim, f = l->shard.ffn_count;
+    void *qkv[3] = {l->wq, l->wk, l->wv}, *gu[2] = {l->w_gate, l->w_up};
+    size_t qkv_rows[3] = {q, kv, kv}, gu_rows[2] = {f, f};
+    int rc = 0;
+
+    if (qkv[0] != NULL && qkv[1] != NULL && qkv[2] != NULL && kv > 0) {
+        rc = tp_upload_concat(l, k, qkv, qkv_rows, 3, l->hidden, &dev[7]);
+        fused[0] = fused[1] = fused[2] = rc == 0;
+    }
+    if (rc == 0 && gu[0] != NULL && gu[1] != NULL && f > 0) {
+        rc = tp_upload_concat(l, k, gu, gu_rows, 2, l->hidden, &dev[8]);
+        fused[4] = fused[5] = rc == 0;
+    }
+    return rc;
+}
+
 int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
 {
     void **a[TP_LAYER_ARRAYS], *dev[TP_LAYER_ARRAYS] = {0};
+    int fused[TP_LAYER_MATRICES] = {0};
     size_t n[TP_LAYER_ARRAYS], i;
     int rc = 0;
 
@@ -158,8 +215,9 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return 0;
     tp_layer_arrays(l, a, n, NULL, NULL);
     /* All or nothing: the host arrays are released only once every upload succeeded. */
+    rc = tp_concat_to_device(l, k, dev, fused);
     for (i = 0; i < TP_LAYER_ARRAYS && rc == 0; i++) {
-        if (*a[i] == NULL)
+        if (*a[i] == NULL || dev[i] != NULL || (i < TP_LAYER_MATRICES && fused[i]))
             continue;
         rc = gang_kernels_alloc(k, n[i], &dev[i]);
         if (rc == 0)
@@ -173,7 +231,7 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
     for (i = 0; i < TP_LAYER_ARRAYS; i++) {
         if (i >= TP_LAYER_MATRICES || l->wblock == NULL)
             free(*a[i]);
-        *a[i] = dev[i];
+        *a[i] = dev[i]; /* a concatenated part: NULL */
     }
     free(l->wblock); /* the packed matrices' host block, now uploaded */
     l->wblock = NULL;

@@ -176,6 +176,9 @@ typedef struct gang_engine_config {
                                  (half the bytes per block; rows rounded as stored) */
     uint32_t prefix_caching;  /* 1: full blocks are cached by the hash chain of their tokens
                                  and reused by later requests with the same prefix */
+    uint32_t cuda_graphs;     /* 1: a device that has graphs (cuda) captures each batch
+                                 size's decode step once and replays it (engine-device.c;
+                                 one stage, TP 1, no logprobs or penalties in the step) */
 } gang_engine_config;
 
 /* `--kv-cache-dtype auto`: the cache type that follows weights stored as wt (bf16 and f16
@@ -238,6 +241,7 @@ typedef struct gang_engine_setup {
     int kv_dtype_auto;        /* --kv-cache-dtype auto: gang_engine_kv_dtype_auto(weights) */
     gang_dtype kv_dtype;      /* --kv-cache-dtype f32, bf16 or f16, when not auto */
     uint32_t prefix_caching;  /* --enable-prefix-caching */
+    uint32_t cuda_graphs;     /* --cuda-graphs */
     uint32_t ranks_per_host;  /* ranks sharing this host's memory (--nproc-per-node); 0: 1 */
 } gang_engine_setup;
 

@@ -342,6 +342,24 @@ typedef struct gang_kernels_sample_param {
 int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_t cols,
                         const gang_kernels_sample_param *params, int32_t *out);
 
+/*
+ * The output of one GEMM over weights concatenated by rows (q/k/v, issue #24) cut back
+ * into its parts: x is [rows, w0 + w1 + w2]; o0 [rows, w0], o1 [rows, w1] and o2 [rows,
+ * w2] receive columns [0, w0), [w0, w0 + w1) and the rest of every row. One launch. The
+ * outputs must not overlap x or each other. Exact (a copy).
+ */
+int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_t w0, size_t w1,
+                             size_t w2, float *o0, float *o1, float *o2);
+
+/*
+ * The gated unit of an MLP whose gate and up projections are one GEMM (issue #24): x is
+ * [rows, 2 cols], each row the gate's cols then the up's cols, and out [rows, cols] gets
+ * silu(gate) * up (gelu 0) or gelu_tanh(gate) * up (gelu 1), element by element as
+ * gang_kernels_silu_mul / gang_kernels_gelu_mul compute them. out must not overlap x.
+ */
+int gang_kernels_glu(gang_kernels *k, int gelu, const float *x, size_t rows, size_t cols,
+                     float *out);
+
 /* The uniform draw in [0, 1) of (seed, position) that gang_kernels_sample uses: two rounds
  * of the splitmix64 finaliser, the top 53 bits. Host code; the same function as the
  * engine's gang__sample_uniform (unit-fake-device holds them equal). */
@@ -493,6 +511,24 @@ int gang_kernels_copy(gang_kernels *k, void *dst, const void *src, size_t bytes)
  */
 int gang_kernels_copy_2d(gang_kernels *k, void *dst, size_t dpitch, const void *src, size_t spitch,
                          size_t width, size_t rows);
+
+/*
+ * Graphs (CUDA graphs, issue #24): the operations enqueued on k between
+ * gang_kernels_graph_begin and gang_kernels_graph_end are recorded, not run, into a
+ * graph that gang_kernels_graph_launch replays on k's queue as one launch, with the same
+ * arguments (the same tensors: what changes between replays must be in tensor memory the
+ * graph reads, written before the launch). While capturing, every call that would wait on
+ * the host or read host memory later (sync, download, upload, upload_async) is refused
+ * with GANG_EINVAL and ends the capture's usefulness: graph_end then fails. A backend
+ * without graphs answers GANG_ENOSYS to begin (the caller runs the operations itself).
+ * end returns the graph in *out (GANG_EIO when the capture failed; nothing to free);
+ * free releases it (NULL ignored). Graphs belong to k and must be freed before close.
+ */
+typedef struct gang_kernels_graph gang_kernels_graph;
+int gang_kernels_graph_begin(gang_kernels *k);
+int gang_kernels_graph_end(gang_kernels *k, gang_kernels_graph **out);
+int gang_kernels_graph_launch(gang_kernels *k, gang_kernels_graph *g);
+void gang_kernels_graph_free(gang_kernels *k, gang_kernels_graph *g);
 
 /* Waits for every enqueued operation of k; returns 0 or the first deferred error
  * (GANG_EINVAL for an invalid rope position, GANG_EIO for a device fault). */

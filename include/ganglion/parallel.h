@@ -328,6 +328,14 @@ typedef struct gang_tp_layer {
                                the residual add, or NULL */
     float *post_mlp_norm;   /* [hidden] Gemma: the same for the MLP block, or NULL */
     gang_tp_act act;        /* the MLP gate's activation (SiLU unless set) */
+    /* On a device only (gang_tp_layer_to_device): q/k/v concatenated by rows into one
+     * packed matrix [q + 2 kv rows, hidden] and gate/up into one [2 x ffn_count, hidden]
+     * (an int8 one holds every band's elements, then every band's scales, as one packed
+     * weight), so that the batched forward runs one GEMM for each and converts the
+     * activations once (issue #24); wq, wk, wv, w_gate and w_up are then NULL. NULL on the
+     * host, where the separate matrices stay. */
+    void *wqkv;
+    void *wgu;
 } gang_tp_layer;
 
 /*
@@ -368,8 +376,10 @@ size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l);
 
 /*
  * Moves a host layer into the tensor memory of k: every array is allocated from k and
- * uploaded, then the host copies are freed and l->mem = k. On the "cpu" backend, or for a
- * layer already on k, nothing changes (host memory is the cpu backend's tensor memory).
+ * uploaded, then the host copies are freed and l->mem = k; q/k/v and gate/up go up as
+ * the two concatenated matrices wqkv and wgu (wq, wk, wv, w_gate, w_up become NULL). On
+ * the "cpu" backend, or for a layer already on k, nothing changes (host memory is the
+ * cpu backend's tensor memory).
  * Returns 0, GANG_EINVAL (NULL, a layer already on another handle) or the allocation or
  * upload error; on error the layer is unchanged (still on the host) and nothing leaks.
  */
@@ -457,6 +467,10 @@ typedef struct gang_tp_scratch {
     float *v;            /* [max_tokens, kv_cols] */
     float *gate;         /* [max_tokens, ffn_cols] */
     float *up;           /* [max_tokens, ffn_cols] */
+    float *fused;        /* device scratch only: [max_tokens, fused_cols], the output of a
+                            concatenated GEMM (q/k/v or gate/up) before it is split; NULL on
+                            the host */
+    size_t fused_cols;   /* max(q_cols + 2 kv_cols, 2 ffn_cols) on a device, else 0 */
     int32_t *positions;  /* [2 x max_tokens] tensor memory: the call's RoPE positions
                             [total], then its tokens' table offsets [total] (table_off) */
     int32_t *pos_host;   /* [4 x max_tokens] host: the call's positions and table offsets
@@ -489,6 +503,17 @@ int gang_tp_scratch_init(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_
  */
 int gang_tp_scratch_init_on(gang_tp_scratch *s, const gang_tp_layer *l, size_t max_tokens,
                             gang_kernels *k);
+
+/*
+ * What gang_tp_layer_forward_batch does first for a batch, alone: validates it against l,
+ * s and the caches and brings the call's positions and table offsets into s's tensor
+ * memory (without a host wait), so that the forward calls of the same batch upload
+ * nothing. The engine calls it before it captures or replays a decode step as a graph
+ * (gang_kernels_graph_*), in which no upload may happen. 0, GANG_EINVAL or k's error.
+ */
+int gang_tp_scratch_prepare(gang_tp_scratch *s, const gang_tp_layer *l, gang_kernels *k,
+                            uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0,
+                            gang_tp_kv_cache *const *caches);
 
 /* Releases the arrays of gang_tp_scratch_init(_on) (to s->mem, which must still be
  * open) and zeroes s; NULL is ignored. */

@@ -252,6 +252,19 @@ static int cpu_sample(void *ctx, const float *logits, size_t rows, size_t cols,
     return gang__cpu_sample(logits, rows, cols, params, out);
 }
 
+static int cpu_split_cols3(void *ctx, const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
+                           float *o0, float *o1, float *o2)
+{
+    (void)ctx;
+    return gang__cpu_split_cols3(x, rows, w0, w1, w2, o0, o1, o2);
+}
+
+static int cpu_glu(void *ctx, int gelu, const float *x, size_t rows, size_t cols, float *out)
+{
+    (void)ctx;
+    return gang__cpu_glu(gelu, x, rows, cols, out);
+}
+
 /* No per-handle state; opening one loads OpenBLAS, so a missing library fails here, once,
  * with its log line, rather than at the first GEMM. */
 static int cpu_open(const gang_kernels_options *o, void **ctx)
@@ -294,4 +307,6 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .attention_step = cpu_attention_step,
     .scatter_i32 = cpu_scatter_i32,
     .sample = cpu_sample,
+    .split_cols3 = cpu_split_cols3,
+    .glu = cpu_glu,
 };

@@ -106,6 +106,34 @@ int gang__cpu_scatter_i32(int32_t *dst, size_t dst_n, const int32_t *pairs, size
     return 0;
 }
 
+/* The fused projections' helpers: a copy per part and row; the gate of each row through
+ * the same element-wise kernels as the unfused path. */
+int gang__cpu_split_cols3(const float *x, size_t rows, size_t w0, size_t w1, size_t w2, float *o0,
+                          float *o1, float *o2)
+{
+    size_t w = w0 + w1 + w2;
+
+    for (size_t r = 0; r < rows; r++) {
+        memcpy(o0 + r * w0, x + r * w, w0 * sizeof(float));
+        memcpy(o1 + r * w1, x + r * w + w0, w1 * sizeof(float));
+        memcpy(o2 + r * w2, x + r * w + w0 + w1, w2 * sizeof(float));
+    }
+    return 0;
+}
+
+int gang__cpu_glu(int gelu, const float *x, size_t rows, size_t cols, float *out)
+{
+    int rc = 0;
+
+    for (size_t r = 0; r < rows && rc == 0; r++) {
+        const float *g = x + r * 2 * cols;
+
+        rc = gelu ? gang__cpu_gelu_mul(g, g + cols, cols, out + r * cols)
+                  : gang__cpu_silu_mul(g, g + cols, cols, out + r * cols);
+    }
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------
  * Sampling (the rule of gang_kernels_sample; engine/sample.c's walk).
  * --------------------------------------------------------------------------------- */

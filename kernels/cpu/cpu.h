@@ -116,6 +116,9 @@ int gang__cpu_attention_step(const gang_kernels_step_kv *kv, const float *knew, 
 int gang__cpu_scatter_i32(int32_t *dst, size_t dst_n, const int32_t *pairs, size_t n_pairs);
 int gang__cpu_sample(const float *logits, size_t rows, size_t cols,
                      const gang_kernels_sample_param *params, int32_t *out);
+int gang__cpu_split_cols3(const float *x, size_t rows, size_t w0, size_t w1, size_t w2, float *o0,
+                          float *o1, float *o2);
+int gang__cpu_glu(int gelu, const float *x, size_t rows, size_t cols, float *out);
 
 /* cpu-attention.c */
 /* pages NULL: contiguous cache; else rows through its block table (gang_kernels_kv_pages). */

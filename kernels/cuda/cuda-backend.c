@@ -422,7 +422,7 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
     if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
         return GANG_ENOSYS;
     if (need > c->mm_scratch_bytes) {
-        if (c->mm_scratch != NULL)
+        if (c->mm_scratch != NULL && c->graphs == 0) /* a graph may still replay it */
             gang__cuda_pool_free(&c->pool, (uintptr_t)c->mm_scratch);
         c->mm_scratch = NULL;
         c->mm_scratch_bytes = 0;
@@ -553,6 +553,77 @@ static int cuda_sample(void *ctx, const float *logits, size_t rows, size_t cols,
     return rc < 0 ? rc : gang__cuda_launch_sample(c->stream, logits, rows, cols, params, out);
 }
 
+static int cuda_split_cols3(void *ctx, const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
+                            float *o0, float *o1, float *o2)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_split_cols3(c->stream, x, rows, w0, w1, w2, o0, o1, o2);
+}
+
+static int cuda_glu(void *ctx, int gelu, const float *x, size_t rows, size_t cols, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_glu(c->stream, gelu, x, rows, cols, out);
+}
+
+/*
+ * Graphs: a thread-local capture of the handle's stream (other threads' CUDA calls, such as
+ * another rank's synchronisation in a one-GPU benchmark, stay legal), instantiated once.
+ */
+static int cuda_graph_begin(void *ctx)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    if (rc < 0)
+        return rc;
+    c->graphs++; /* from now on a graph may hold the matmul scratch (cuda_matmul) */
+    return gang__cuda_err(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+                          "cudaStreamBeginCapture");
+}
+
+static int cuda_graph_end(void *ctx, void **out)
+{
+    gang__cuda_ctx *c = ctx;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    int rc = ctx_enter(c);
+
+    if (rc < 0)
+        return rc;
+    rc = gang__cuda_err(cudaStreamEndCapture(c->stream, &g), "cudaStreamEndCapture");
+    if (rc < 0 || g == NULL)
+        return GANG_EIO;
+    rc = gang__cuda_err(cudaGraphInstantiate(&x, g, 0), "cudaGraphInstantiate");
+    cudaGraphDestroy(g);
+    if (rc < 0)
+        return rc;
+    *out = x;
+    return 0;
+}
+
+static int cuda_graph_launch(void *ctx, void *graph)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc
+                  : gang__cuda_err(cudaGraphLaunch((cudaGraphExec_t)graph, c->stream),
+                                   "cudaGraphLaunch");
+}
+
+static void cuda_graph_free(void *ctx, void *graph)
+{
+    gang__cuda_ctx *c = ctx;
+
+    if (ctx_enter(c) == 0)
+        cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
 static int cuda_convert(void *ctx, gang_dtype from, const void *src, gang_dtype to, void *dst,
                         size_t n)
 {
@@ -595,4 +666,10 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .attention_step = cuda_attention_step,
     .scatter_i32 = cuda_scatter_i32,
     .sample = cuda_sample,
+    .split_cols3 = cuda_split_cols3,
+    .glu = cuda_glu,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };

@@ -81,6 +81,10 @@ typedef struct gang__cuda_ctx {
      * read; the whole buffer is free again after every host synchronisation. */
     char *stage;
     size_t stage_used;
+    /* Captures started so far: once there is one, a buffer a graph may use (the matmul's
+     * x scratch) is never returned to the pool when it grows, since a graph replays the
+     * old address (also one captured earlier in the same graph). */
+    unsigned graphs;
 } gang__cuda_ctx;
 
 /* Bits of dev_flag. */
@@ -161,6 +165,10 @@ int gang__cuda_launch_scatter_i32(cudaStream_t s, int32_t *dst, size_t dst_n, co
                                   size_t n_pairs, int *flag);
 int gang__cuda_launch_sample(cudaStream_t s, const float *logits, size_t rows, size_t cols,
                              const gang_kernels_sample_param *params, int32_t *out);
+int gang__cuda_launch_split_cols3(cudaStream_t s, const float *x, size_t rows, size_t w0, size_t w1,
+                                  size_t w2, float *o0, float *o1, float *o2);
+int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, size_t rows, size_t cols,
+                          float *out);
 
 #ifdef __cplusplus
 }

@@ -60,6 +60,60 @@ extern "C" int gang__cuda_launch_scatter_i32(cudaStream_t s, int32_t *dst, size_
 }
 
 /* ---------------------------------------------------------------------------------
+ * The fused projections' helpers: one element-wise kernel each.
+ * --------------------------------------------------------------------------------- */
+__global__ static void split3_kernel(const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
+                                     float *o0, float *o1, float *o2)
+{
+    size_t w = w0 + w1 + w2;
+
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * w;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / w, c = i % w;
+
+        if (c < w0)
+            o0[r * w0 + c] = x[i];
+        else if (c < w0 + w1)
+            o1[r * w1 + c - w0] = x[i];
+        else
+            o2[r * w2 + c - w0 - w1] = x[i];
+    }
+}
+
+extern "C" int gang__cuda_launch_split_cols3(cudaStream_t s, const float *x, size_t rows, size_t w0,
+                                             size_t w1, size_t w2, float *o0, float *o1, float *o2)
+{
+    size_t blocks = (rows * (w0 + w1 + w2) + 255) / 256;
+
+    split3_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(x, rows, w0, w1, w2, o0,
+                                                                            o1, o2);
+    return step_launch_result("split launch");
+}
+
+/* gang_kernels_silu_mul / gelu_mul's formulas (cuda-ops.cu), on [gate | up] rows. */
+__global__ static void glu_kernel(int gelu, const float *x, size_t rows, size_t cols, float *out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < rows * cols;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, c = i % cols;
+        float g = x[r * 2 * cols + c], u = x[r * 2 * cols + cols + c];
+
+        out[i] =
+            gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u
+                 : g / (1.0f + expf(-g)) * u;
+    }
+}
+
+extern "C" int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, size_t rows,
+                                     size_t cols, float *out)
+{
+    size_t blocks = (rows * cols + 255) / 256;
+
+    glu_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(gelu, x, rows, cols, out);
+    return step_launch_result("glu launch");
+}
+
+/* ---------------------------------------------------------------------------------
  * Attention with the KV append fused.
  * --------------------------------------------------------------------------------- */
 #define STEP_WARPS 4
@@ -342,10 +396,11 @@ __device__ static double step_uniform(uint64_t seed, uint64_t position)
     return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* The candidate key of (logit, id): ascending key = logit descending, then id ascending. */
+/* The candidate key of (logit, id): ascending key = logit descending, then id ascending.
+ * -0 is +0 (they compare equal on the CPU, where the id breaks the tie). */
 __device__ static uint64_t sample_key(float l, uint32_t id)
 {
-    uint32_t u = __float_as_uint(l);
+    uint32_t u = l == 0.0f ? 0u : __float_as_uint(l);
     uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 
     return ((uint64_t)(~asc) << 32) | id;

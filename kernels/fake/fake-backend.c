@@ -479,6 +479,22 @@ static int fake_sample(void *ctx, const float *logits, size_t rows, size_t cols,
                        DEV(params, rows * sizeof(*params)), DEV(out, rows * sizeof(int32_t)));
 }
 
+static int fake_split_cols3(void *ctx, const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
+                            float *o0, float *o1, float *o2)
+{
+    fake_op(ctx);
+    return CPU->split_cols3(NULL, DEV(x, F32(rows * (w0 + w1 + w2))), rows, w0, w1, w2,
+                            DEV(o0, F32(rows * w0)), DEV(o1, F32(rows * w1)),
+                            DEV(o2, F32(rows * w2)));
+}
+
+static int fake_glu(void *ctx, int gelu, const float *x, size_t rows, size_t cols, float *out)
+{
+    fake_op(ctx);
+    return CPU->glu(NULL, gelu, DEV(x, F32(rows * 2 * cols)), rows, cols,
+                    DEV(out, F32(rows * cols)));
+}
+
 /* Device memory and the CPU's f32 arithmetic: no half-precision GEMM, no pool, no peer. */
 const gang__kernels_backend gang__kernels_fake_backend = {
     .name = "fake",
@@ -511,4 +527,6 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .attention_step = fake_attention_step,
     .scatter_i32 = fake_scatter_i32,
     .sample = fake_sample,
+    .split_cols3 = fake_split_cols3,
+    .glu = fake_glu,
 };

@@ -76,6 +76,7 @@ static void test_engine_setup_matches_serve(void **state)
     o.prompt = 32;
     o.tokens = 16;
     o.microbatches = 2;
+    o.cuda_graphs = 1; /* bench decode's default, as serve's --cuda-graphs */
     gang__wres_engine_setup(&wc.res, &ws);
     gang__bd_engine_setup(&o, 2 * 2, 8, &bs);
     assert_int_equal(ws.max_batch, bs.max_batch);
@@ -87,6 +88,8 @@ static void test_engine_setup_matches_serve(void **state)
     assert_int_equal(ws.kv_dtype_auto, 1);
     assert_int_equal(bs.kv_dtype_auto, 1);
     assert_int_equal(ws.prefix_caching, bs.prefix_caching);
+    assert_int_equal(ws.cuda_graphs, 1);
+    assert_int_equal(ws.cuda_graphs, bs.cuda_graphs);
     assert_int_equal(ws.ranks_per_host, bs.ranks_per_host);
     for (size_t i = 0; i < sizeof(storages) / sizeof(storages[0]); i++) {
         gang_engine_setup_config(&ws, storages[i].wt, 12345, &wcfg);

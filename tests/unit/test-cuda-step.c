@@ -11,7 +11,11 @@
  *   sample                  greedy rows exact; seeded rows (top-k, top-p) the CPU's token
  *                           (parallel sums: a draw within rounding of a boundary could
  *                           differ, which these random rows never come near)
- *   embedding               a bad id: nothing written, GANG_EINVAL at the next sync only
+ *   split_cols3, glu        the concatenated q/k/v and gate/up GEMMs' helpers: the split
+ *                           exact, the gated unit 1e-6 (expf / tanhf against the CPU's)
+ *   graphs                  a captured add + scale does nothing until launched, each
+ *                           launch runs it once; a sync while capturing is refused and
+ *                           voids the graph
  */
 #include <math.h>
 #include <setjmp.h>
@@ -236,13 +240,82 @@ static void test_sample(void **state)
     free(x);
 }
 
+static void test_split_glu(void **state)
+{
+    enum { ROWS = 5, W0 = 64, W1 = 16, W2 = 16, F = 96 };
+    float x[ROWS * (W0 + W1 + W2)], o[3][ROWS * W0], g[ROWS * 2 * F], want[ROWS * F];
+    float got[ROWS * F], part[ROWS * W0];
+    void *dx, *d0, *d1, *d2, *dg, *dout;
+    const size_t w[3] = {W0, W1, W2};
+
+    (void)state;
+    NEED_GPU();
+    for (size_t i = 0; i < sizeof(x) / 4; i++)
+        x[i] = rnd();
+    for (size_t i = 0; i < sizeof(g) / 4; i++)
+        g[i] = 4.0f * rnd();
+    dx = dev_copy(x, sizeof(x)), dg = dev_copy(g, sizeof(g));
+    assert_int_equal(gang_kernels_alloc(gpu, sizeof(o[0]), &d0), 0);
+    assert_int_equal(gang_kernels_alloc(gpu, sizeof(o[0]), &d1), 0);
+    assert_int_equal(gang_kernels_alloc(gpu, sizeof(o[0]), &d2), 0);
+    assert_int_equal(gang_kernels_alloc(gpu, sizeof(got), &dout), 0);
+    assert_int_equal(gang_kernels_split_cols3(cpu, x, ROWS, W0, W1, W2, o[0], o[1], o[2]), 0);
+    assert_int_equal(gang_kernels_split_cols3(gpu, dx, ROWS, W0, W1, W2, d0, d1, d2), 0);
+    for (int p = 0; p < 3; p++) {
+        fetch(part, p == 0 ? d0 : p == 1 ? d1 : d2, ROWS * w[p] * 4);
+        assert_memory_equal(part, o[p], ROWS * w[p] * 4);
+    }
+    for (int gelu = 0; gelu < 2; gelu++) {
+        assert_int_equal(gang_kernels_glu(cpu, gelu, g, ROWS, F, want), 0);
+        assert_int_equal(gang_kernels_glu(gpu, gelu, dg, ROWS, F, dout), 0);
+        fetch(got, dout, sizeof(got));
+        for (size_t i = 0; i < ROWS * F; i++)
+            if (!(fabs((double)got[i] - (double)want[i]) <= 1e-6 * fmax(1.0, fabs(want[i]))))
+                fail_msg("glu (gelu %d): element %zu is %g, cpu %g", gelu, i, (double)got[i],
+                         (double)want[i]);
+    }
+    gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dg), gang_kernels_free(gpu, d0);
+    gang_kernels_free(gpu, d1), gang_kernels_free(gpu, d2), gang_kernels_free(gpu, dout);
+}
+
+static void test_graphs(void **state)
+{
+    float x[256], y[256], got[256];
+    gang_kernels_graph *g = NULL;
+    void *dx, *dy;
+
+    (void)state;
+    NEED_GPU();
+    for (int i = 0; i < 256; i++)
+        x[i] = (float)i, y[i] = 1.0f;
+    dx = dev_copy(x, sizeof(x)), dy = dev_copy(y, sizeof(y));
+    assert_int_equal(gang_kernels_graph_begin(gpu), 0);
+    assert_int_equal(gang_kernels_add(gpu, dx, dy, 256), 0);
+    assert_int_equal(gang_kernels_scale(gpu, dx, 2.0f, 256), 0);
+    assert_int_equal(gang_kernels_graph_end(gpu, &g), 0);
+    assert_non_null(g);
+    fetch(got, dx, sizeof(got));
+    assert_memory_equal(got, x, sizeof(x)); /* recorded, not run */
+    assert_int_equal(gang_kernels_graph_launch(gpu, g), 0);
+    assert_int_equal(gang_kernels_graph_launch(gpu, g), 0);
+    fetch(got, dx, sizeof(got));
+    for (int i = 0; i < 256; i++)
+        assert_true(got[i] == ((float)i + 1.0f) * 2.0f * 2.0f + 2.0f);
+    gang_kernels_graph_free(gpu, g);
+    assert_int_equal(gang_kernels_graph_begin(gpu), 0);
+    assert_int_equal(gang_kernels_sync(gpu), GANG_EINVAL);
+    assert_int_equal(gang_kernels_graph_end(gpu, &g), GANG_EIO);
+    assert_null(g);
+    assert_int_equal(gang_kernels_sync(gpu), 0);
+    gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_upload_async),
-        cmocka_unit_test(test_scatter),
-        cmocka_unit_test(test_attention_step),
-        cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_upload_async),   cmocka_unit_test(test_scatter),
+        cmocka_unit_test(test_attention_step), cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_graphs),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -17,7 +17,11 @@
  *    synchronisations between each row-parallel GEMM and its all-reduce is zero, every
  *    collective being ordered on the device (gang_comm_order_after); the same run with a
  *    communicator that has no device ordering counts exactly one host synchronisation per
- *    all-reduce, which is what the counter would see if the ordering regressed.
+ *    all-reduce, which is what the counter would see if the ordering regressed; the
+ *    collectives' completion is awaited once per step (gang_comm_settle);
+ *  - the decode step of issue #24: its counters at batch 1, 8, 32 (<= 1 host sync,
+ *    launches independent of the batch, no allocation, O(batch) bytes), the device sampler
+ *    against the engine's, the step attention against row stores + paged attention.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -309,13 +313,15 @@ typedef struct step_cnt {
  * engine, with logprobs when lp, and measures the steady decode steps. Each request's
  * tokens go to toks[i * CNT_GEN ..].
  */
-static step_cnt decode_counters(const full_model *fm, uint32_t batch, int lp, int32_t *toks)
+static step_cnt decode_counters(const full_model *fm, uint32_t batch, int lp, int graphs,
+                                int32_t *toks)
 {
     gang_engine_config cfg = {.max_batch = batch,
                               .max_ctx = 40,
                               .kv_cache_bytes = 64u << 20,
                               .microbatches = 1,
-                              .max_step_tokens = batch * CNT_PROMPT};
+                              .max_step_tokens = batch * CNT_PROMPT,
+                              .cuda_graphs = (uint32_t)graphs};
     gang_kernels_counters c0, c1;
     int32_t prompt[CNT_PROMPT];
     gang_gen_request r;
@@ -380,7 +386,7 @@ static void test_fake_decode_counters(void **state)
     for (int i = 0; i < 3; i++) {
         uint32_t b = batches[i];
 
-        c[i] = decode_counters(fm, b, 0, dev);
+        c[i] = decode_counters(fm, b, 0, 0, dev);
         assert_true(c[i].syncs <= 1.0);
         assert_true(c[i].allocs == 0.0);
         assert_true(c[i].launches == c[0].launches);
@@ -390,11 +396,14 @@ static void test_fake_decode_counters(void **state)
         assert_true(c[i].d2h < (double)VOCAB * sizeof(float) * b);
     }
     /* Logprobs: the rows come down (O(vocab x batch) is allowed then), still one wait. */
-    lp = decode_counters(fm, 8, 1, host);
+    lp = decode_counters(fm, 8, 1, 0, host);
     assert_true(lp.syncs <= 1.0);
     assert_true(lp.allocs == 0.0);
     assert_true(lp.d2h >= (double)VOCAB * sizeof(float) * 8);
-    decode_counters(fm, 8, 0, dev);
+    decode_counters(fm, 8, 0, 0, dev);
+    assert_memory_equal(dev, host, 8 * CNT_GEN * sizeof(int32_t));
+    /* --cuda-graphs on a device without graphs (the fake): the same step, run directly. */
+    assert_true(decode_counters(fm, 8, 0, 1, host).launches == c[0].launches);
     assert_memory_equal(dev, host, 8 * CNT_GEN * sizeof(int32_t));
     free(fm);
 }
@@ -429,6 +438,7 @@ static void test_fake_sample_equals_engine(void **state)
                                            .seed = 1000 + r,
                                            .position = 3 * r + 1};
     assert_int_equal(gang_kernels_open("fake", &k), 0);
+    assert_int_equal(gang_kernels_graph_begin(k), GANG_ENOSYS); /* the fake has no graphs */
     assert_int_equal(gang_kernels_alloc(k, sizeof(x), &dx), 0);
     assert_int_equal(gang_kernels_alloc(k, sizeof(p), &dp), 0);
     assert_int_equal(gang_kernels_alloc(k, sizeof(got), &dout), 0);
@@ -453,6 +463,90 @@ static void test_fake_sample_equals_engine(void **state)
     gang__sampler_free(&smp);
 }
 
+/*
+ * gang_kernels_attention_step on the fake device (the CPU's kernels) against what it
+ * stands for: each token's K/V rows stored (rounded to the bf16 pool) and
+ * gang_kernels_attention_paged per sequence, bit for bit; three sequences, one of them a
+ * prefill chunk. A block id outside the pool is refused before anything is written.
+ */
+static void test_fake_attention_step(void **state)
+{
+    /* A decode at 5 (table row 0: blocks 7, 3), a prefill chunk at 2..4 (row 4: blocks
+     * 1, 5), a decode at 9 (row 8: blocks 2, 9, 11). */
+    enum { TOK = 5, NH = 4, NKV = 2, HD = 8, BS = 4, NB = 12, MAXB = 4, W = NKV * HD };
+    const int32_t pos[TOK] = {5, 2, 3, 4, 9}, rows[TOK] = {0, 4, 4, 4, 8};
+    int32_t tables[3 * MAXB] = {7, 3, 0, 0, 1, 5, 0, 0, 2, 9, 11, 0}, meta[2 * TOK];
+    float q[TOK * NH * HD], kn[TOK * W], vn[TOK * W], want[TOK * NH * HD], got[TOK * NH * HD];
+    uint16_t pool_k[NB * BS * W], pool_v[NB * BS * W], back[NB * BS * W];
+    void *dq, *dk, *dv, *dkc, *dvc, *dkc2, *dvc2, *dtab, *dmeta, *dout;
+    gang_kernels_step_kv kv;
+    gang_kernels *k = NULL;
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(q) / 4; i++)
+        q[i] = (float)((i * 29) % 17) / 8.0f - 1.0f;
+    for (size_t i = 0; i < sizeof(kn) / 4; i++)
+        kn[i] = (float)((i * 13) % 11) / 5.0f - 1.0f, vn[i] = (float)((i * 7) % 19) / 9.0f - 1.0f;
+    for (size_t i = 0; i < NB * BS * W; i++)
+        pool_k[i] = gang_f32_to_bf16((float)((i * 31) % 23) / 11.0f - 1.0f),
+        pool_v[i] = gang_f32_to_bf16((float)((i * 17) % 13) / 6.0f - 1.0f);
+    memcpy(meta, pos, sizeof(pos));
+    memcpy(meta + TOK, rows, sizeof(rows));
+    assert_int_equal(gang_kernels_open("fake", &k), 0);
+    dq = dev_copy(k, q, sizeof(q) / 4);
+    dk = dev_copy(k, kn, sizeof(kn) / 4), dv = dev_copy(k, vn, sizeof(vn) / 4);
+    dkc = dev_copy(k, (const float *)(const void *)pool_k, sizeof(pool_k) / 4);
+    dvc = dev_copy(k, (const float *)(const void *)pool_v, sizeof(pool_v) / 4);
+    dkc2 = dev_copy(k, (const float *)(const void *)pool_k, sizeof(pool_k) / 4);
+    dvc2 = dev_copy(k, (const float *)(const void *)pool_v, sizeof(pool_v) / 4);
+    dtab = dev_copy(k, (const float *)(const void *)tables, sizeof(tables) / 4);
+    dmeta = dev_copy(k, (const float *)(const void *)meta, sizeof(meta) / 4);
+    assert_int_equal(gang_kernels_alloc(k, sizeof(want), &dout), 0);
+    kv = (gang_kernels_step_kv){dkc, dvc, dtab,           dmeta, (int32_t *)dmeta + TOK,
+                                BS,  NB,  GANG_DTYPE_BF16};
+    assert_int_equal(gang_kernels_attention_step(k, &kv, dk, dv, dq, TOK, NH, NKV, HD, 0, dout), 0);
+    assert_int_equal(gang_kernels_download(k, got, dout, sizeof(got)), 0);
+    /* The reference: rows stored one by one, then one paged call per run of tokens. */
+    for (int t = 0; t < TOK; t++) {
+        int32_t p = meta[t], blk = tables[meta[TOK + t] + p / BS];
+        size_t row = ((size_t)blk * BS + (size_t)(p % BS)) * W * 2;
+
+        assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, (float *)dk + t * W,
+                                              GANG_DTYPE_BF16, (char *)dkc2 + row, W),
+                         0);
+        assert_int_equal(gang_kernels_convert(k, GANG_DTYPE_F32, (float *)dv + t * W,
+                                              GANG_DTYPE_BF16, (char *)dvc2 + row, W),
+                         0);
+    }
+    for (int t0 = 0, t; t0 < TOK; t0 = t) {
+        gang_kernels_kv_pages pg = {(int32_t *)dtab + meta[TOK + t0], BS, NB, GANG_DTYPE_BF16};
+
+        for (t = t0 + 1; t < TOK && meta[TOK + t] == meta[TOK + t0] && meta[t] == meta[t - 1] + 1;
+             t++)
+            ;
+        assert_int_equal(
+            gang_kernels_attention_paged(k, (float *)dq + t0 * NH * HD, dkc2, dvc2, &pg,
+                                         (size_t)(t - t0), (size_t)meta[t - 1] + 1, NH, NKV, HD,
+                                         (size_t)meta[t0], 0, (float *)dout + t0 * NH * HD),
+            0);
+    }
+    assert_int_equal(gang_kernels_download(k, want, dout, sizeof(want)), 0);
+    assert_memory_equal(got, want, sizeof(got));
+    /* A block id past the pool: refused, nothing stored. */
+    tables[1] = NB; /* the block of position 5 of the first sequence */
+    assert_int_equal(gang_kernels_upload(k, dtab, tables, sizeof(tables)), 0);
+    assert_int_equal(gang_kernels_upload(k, dkc, pool_k, sizeof(pool_k)), 0);
+    assert_int_equal(gang_kernels_attention_step(k, &kv, dk, dv, dq, TOK, NH, NKV, HD, 0, dout),
+                     GANG_EINVAL);
+    assert_int_equal(gang_kernels_download(k, back, dkc, sizeof(back)), 0);
+    assert_memory_equal(back, pool_k, sizeof(pool_k));
+    gang_kernels_free(k, dq), gang_kernels_free(k, dk), gang_kernels_free(k, dv);
+    gang_kernels_free(k, dkc), gang_kernels_free(k, dvc), gang_kernels_free(k, dkc2);
+    gang_kernels_free(k, dvc2), gang_kernels_free(k, dtab), gang_kernels_free(k, dmeta);
+    gang_kernels_free(k, dout);
+    gang_kernels_close(k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_fake_tp_no_host_sync),
         cmocka_unit_test(test_fake_decode_counters),
         cmocka_unit_test(test_fake_sample_equals_engine),
+        cmocka_unit_test(test_fake_attention_step),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
