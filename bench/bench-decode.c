@@ -150,6 +150,8 @@ typedef struct bd_rank {
     X("microbatches", microbatches, 1, 1, 1, 1, 1, 256, "pipeline microbatches")                   \
     X("cuda-graphs", cuda_graphs, 1, 1, 1, 1, 0, 1,                                                \
       "cuda: decode steps as CUDA graphs (serve's --cuda-graphs)")                                 \
+    X("nccl-wait-each", nccl_wait_each, 0, 0, 0, 0, 0, 1,                                          \
+      "cuda: the nccl point awaits each collective on the host (the figure before issue #24)")     \
     X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
     X("warmup", warmup, 1, 1, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                   \
     X("timeout-s", timeout_s, 120, 120, 300, 300, 1, 86400, "deadline of every engine step")       \
@@ -445,7 +447,7 @@ static int bd_use_nccl(bd_rank *x, gang_kernels *k, gang_comm **c, gang_comm **n
 {
     bd_run *r = x->run;
     gang_comm *tp = NULL;
-    int rc = gang__decode_nccl_tp(k, BD_INIT_TIMEOUT_MS, nworld, &tp);
+    int rc = gang__decode_nccl_tp(k, BD_INIT_TIMEOUT_MS, (int)r->o->nccl_wait_each, nworld, &tp);
 
     if (rc != 0)
         return rc;
@@ -653,6 +655,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     if (line == NULL)
         return;
     cJSON_AddStringToObject(line, "backend", r->nccl ? "nccl" : "socket");
+    if (r->nccl)
+        cJSON_AddBoolToObject(line, "nccl_wait_each", r->o->nccl_wait_each != 0);
     cJSON_AddStringToObject(line, "device", o->cuda ? o->kdev : "cpu");
     if (o->model[0])
         cJSON_AddStringToObject(line, "model", o->model);

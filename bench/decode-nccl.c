@@ -3,14 +3,16 @@
  */
 #include "decode-nccl.h"
 
-int gang__decode_nccl_tp(gang_kernels *k, uint64_t timeout_ms, gang_comm **world, gang_comm **tp)
+int gang__decode_nccl_tp(gang_kernels *k, uint64_t timeout_ms, int wait_each, gang_comm **world,
+                         gang_comm **tp)
 {
     uint8_t id[GANG_BOOTSTRAP_NCCL_HEX];
     gang_comm_config cfg = {.backend = GANG_COMM_NCCL,
                             .rank = 0,
                             .world_size = 1,
                             .blob = id,
-                            .timeout_ms = timeout_ms};
+                            .timeout_ms = timeout_ms,
+                            .wait_each = wait_each};
     int rc;
 
     *world = NULL;

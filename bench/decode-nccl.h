@@ -15,9 +15,12 @@
 
 /*
  * Makes k's GPU current, creates a one-rank nccl world (its own unique id) and splits it
- * into *tp, as a worker splits its TP group. Every wait is bounded by timeout_ms. Returns
+ * into *tp, as a worker splits its TP group; wait_each: every collective awaited on the
+ * host (gang_comm_config.wait_each, the "before" of issue #24). Every wait is bounded by
+ * timeout_ms. Returns
  * 0 with *world and *tp (free tp first), or the first error with both NULL.
  */
-int gang__decode_nccl_tp(gang_kernels *k, uint64_t timeout_ms, gang_comm **world, gang_comm **tp);
+int gang__decode_nccl_tp(gang_kernels *k, uint64_t timeout_ms, int wait_each, gang_comm **world,
+                         gang_comm **tp);
 
 #endif

@@ -178,8 +178,12 @@ step reference 120 python3 "$SCRIPTS/gpu-reference.py" --bin "$BIN" --dir "$WORK
 # --- performance, each against the image's PyTorch in the same run -----------------------
 step torch-gemm 30 python3 "$SCRIPTS/torch-peer.py" gemm
 step bench-gemm 30 "$BIN" bench gemm --shapes 8192x8192x8192 --iters 10 --warmup 3
-step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1,2x1 \
+step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1,2x1,nccl \
     --batch 1,64 --tokens 32 --iters 2 --warmup 1
+# The NCCL data path's cost per step before issue #24's change (a host wait per collective)
+# against bench-decode's nccl point (no wait per collective, one settle per step).
+step bench-decode-wait-each 45 "$BIN" bench decode --device cuda --dtypes bf16 \
+    --layouts 1x1,nccl --batch 1,64 --tokens 32 --iters 2 --warmup 1 --nccl-wait-each 1
 step bench-decode-8b 75 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
     --layouts 1x1 --batch 1,64 --tokens 32 --iters 2 --warmup 1
 step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --batch 1,64 \
@@ -227,11 +231,17 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
             "$(grep -o '"max_abs_logprob_diff": [0-9.e-]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"ok": [a-z]*' <<<"$l" | cut -d' ' -f2)"
     done
-    grep -E '"step":"bench-decode(-8b)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
+    grep -E '"step":"bench-decode(-8b|-wait-each)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\"([^\"]*)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]] || continue
         printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
             "${BASH_REMATCH[5]}"
+        [[ $l =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]] &&
+            printf '  +%s ms/step vs 1x1' "${BASH_REMATCH[1]}"
+        [[ $l =~ \"backend\":\"nccl\" ]] && {
+            if [[ $l =~ \"nccl_wait_each\":true ]]; then printf ' (nccl, a wait per collective)'
+            else printf ' (nccl, one settle per step)'; fi
+        }
         # per decode step on the device (the fake device's design figures: <= 1 sync)
         if [[ $l =~ \"host_syncs_per_step\":([0-9.]+),\"launches_per_step\":([0-9.]+) ]]; then
             printf '  syncs/step %s launches/step %s' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"

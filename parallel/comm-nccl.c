@@ -96,6 +96,7 @@ typedef struct nccl_impl {
     cudaStream_t after;  /* the caller's stream until the next operation, else NULL */
     int blocking;        /* a split child: created with config.blocking = 1 */
     int pending;         /* ordered operations were enqueued and not yet awaited */
+    int wait_each;       /* gang_comm_config.wait_each: no pending, a wait per operation */
 } nccl_impl;
 
 /* ---------------------------------------------------------------------------------
@@ -503,6 +504,7 @@ static int nccl_init(gang_comm *c, const gang_comm_config *cfg)
         return rc;
     c->impl = im;
     im->cancel_fd = cfg->cancel_fd != NULL ? *cfg->cancel_fd : -1;
+    im->wait_each = cfg->wait_each;
     conf.blocking = 0;
     rc = nccl_log(
         im,
@@ -591,6 +593,7 @@ static int nccl_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, 
         goto out_child; /* nccl_wait aborted nc */
     ch->comm = nc;
     ch->blocking = 1;
+    ch->wait_each = im->wait_each;
     if ((rc = nccl_log(ch, nccl_lib.ncclCommUserRank(nc, &rank), "ncclCommUserRank")) < 0 ||
         (rc = nccl_log(ch, nccl_lib.ncclCommCount(nc, &size), "ncclCommCount")) < 0) {
         nccl_abort_now(ch);
@@ -692,7 +695,7 @@ static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo
             return rc;
         }
     }
-    if (after != NULL && im->blocking)
+    if (after != NULL && im->blocking && !im->wait_each)
         return nccl_pend(c, im, what);
     rc = nccl_wait(c, im, im->comm, 1, deadline, what);
     if (rc == 0)

@@ -117,7 +117,7 @@ fi
 "${CLEAN[@]}" GANG_GPU_WORK="$WORK/scratch" bash "$B/bench/gpu-check.sh" --bundle "$B" --dry-run \
     "$WORK/dry" >"$WORK/dry.txt" 2>&1 || fail "the dry run exited $?: $(tail -5 "$WORK/dry.txt")"
 n=$(grep -c '"status":"dry-run"' "$WORK/dry/steps.jsonl")
-[ "$n" -ge 11 ] || fail "the dry run recorded $n steps"
+[ "$n" -ge 12 ] || fail "the dry run recorded $n steps"
 files=$(find "$WORK/dry" -type f | wc -l)
 [ "$files" -le 8 ] || fail "the dry run left $files files in OUTDIR (at most 8)"
 t0=$(date +%s)

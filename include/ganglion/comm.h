@@ -216,6 +216,10 @@ typedef struct gang_comm_config {
     const int *cancel_fd;         /* optional: init returns GANG_EABORTED promptly once
                                      this fd is readable (socket backend; a thread that
                                      must stop a gang still forming writes to it) */
+    int wait_each;                /* nccl: await every ordered operation on the host, as
+                                     before issue #24 (no gang_comm_settle batching); the
+                                     "before" figure of bench decode --nccl-wait-each.
+                                     Split children inherit it */
 } gang_comm_config;
 
 /*
