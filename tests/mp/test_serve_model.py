@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
 VOCAB = 256
-CTX = 128
+CTX = 512
 SERVED = "tiny-llama"  # --served-model-name; the directory's base name would be "model"
 
 
@@ -121,7 +121,7 @@ def scenario(h):
     H.check(c == a, "after the bad requests the answer changed: %r vs %r" % (c, a))
 
     # Reference answers of a healthy gang for the load below.
-    reqs = [{"prompt": [(7 * i + k) % VOCAB for k in range(3 + i % 5)], "max_tokens": 112,
+    reqs = [{"prompt": [(7 * i + k) % VOCAB for k in range(3 + i % 5)], "max_tokens": CTX - 32,
              "temperature": 0.0 if i % 2 == 0 else 0.7, "seed": 100 + i} for i in range(8)]
     ref = [completion(g, q)[0] for q in reqs]
 
