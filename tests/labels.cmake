@@ -19,7 +19,8 @@
 # weight_storage), kv_capacity, serve_load, soak_restarts, text_api.
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
   unit-launcher unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model
-  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text)
+  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text
+  unit-router)
 if(GANG_HAVE_MPI)
   list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
 endif()
