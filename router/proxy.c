@@ -226,19 +226,21 @@ static void fail_call(router_fwd *f, int status, const char *msg)
     finish(f);
 }
 
+static void arm(router_fwd *f, uint64_t ms);
+
+/* The one timer of a call: its deadline, a connect deadline, or the end of a backoff. */
 static void on_timer(uv_timer_t *t)
 {
     router_fwd *f = t->data;
-    if (gang_now_ms() >= f->deadline_ms) {
+    uint64_t now = gang_now_ms();
+    if (now >= f->deadline_ms)
         fail_call(f, 504, "no replica answered within the request deadline");
-        return;
-    }
-    if (f->up != NULL && !f->up->connected) {
+    else if (f->up != NULL && !f->up->connected)
         attempt_failed(f, "connect deadline", 1);
-        return;
-    }
-    if (f->up == NULL)
+    else if (f->up == NULL)
         attempt(f);
+    else
+        arm(f, f->deadline_ms - now); /* woke a little early: wait for the deadline */
 }
 
 static void arm(router_fwd *f, uint64_t ms)
@@ -401,7 +403,7 @@ static void on_connect(uv_connect_t *c, int status)
         return;
     }
     up->connected = 1;
-    arm(f, f->deadline_ms - gang_now_ms() + 1);
+    arm(f, UINT64_MAX); /* now only the call's deadline */
     uv_buf_t bufs[2] = {uv_buf_init(up->head, (unsigned)strlen(up->head)),
                         uv_buf_init(f->body, (unsigned)f->body_len)};
     up->wr.data = up;
