@@ -12,7 +12,10 @@
   gang's tokens (moved to replica B by the router); a stream either completes with the
   same tokens or, when A had already sent tokens, ends with an error event and no [DONE],
   its tokens a prefix of the right ones. The router counts the moves, marks A down, and
-  up again once local mode has restarted it, and routes to it again."""
+  up again once local mode has restarted it, and routes to it again.
+* A stream whose replica's agent is killed after its first token ends with an SSE error
+  event and no [DONE], its tokens a prefix of the right ones (never spliced with
+  another replica's)."""
 import http.client
 import json
 import os
@@ -57,8 +60,9 @@ def post(port, path, body, timeout=60.0):
     return H.http_post("127.0.0.1", port, path, body, timeout)
 
 
-def stream(port, path, body, timeout=60.0):
-    """(tokens, done, error event or None) of a streamed call."""
+def stream(port, path, body, timeout=60.0, on_token=None):
+    """(tokens, done, error event or None) of a streamed call; on_token() after each
+    event with tokens."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.request("POST", path, body=json.dumps(dict(body, stream=True)),
                  headers={"Content-Type": "application/json"})
@@ -83,6 +87,8 @@ def stream(port, path, body, timeout=60.0):
         H.check(err is None, "data after an error event: %r" % line)
         for ch in ev.get("choices", []):
             toks += ch.get("tokens", [])
+        if on_token is not None and toks:
+            on_token()
     conn.close()
     return toks, done, err
 
@@ -213,6 +219,53 @@ def check_kill(h, ga, gb, rport):
           % (len(bodies), m["ganglion_router_retries_total"], cut))
 
 
+def check_stream_cut(ga, gb, rport):
+    """A stream whose replica dies after its first token ends with an error event."""
+    body = {"prompt": [7, 8, 9], "max_tokens": 400}
+    code, r = post(gb.http_port, "/v1/completions", body)
+    H.check(code == 200, "reference answered %r" % code)
+    want = r["choices"][0]["tokens"]
+    before = router_metrics(rport)["ganglion_router_stream_errors_total"]
+    # The tiny model answers 400 tokens in well under a second: at the first token both
+    # replicas' workers are stopped (SIGSTOP, from the reading thread, so the stream is
+    # surely still running), the one serving it loses its agent, then both continue.
+    workers = [g.worker_pid(0, 0) for g in (ga, gb)]
+    first = threading.Event()
+
+    def on_token():
+        if not first.is_set():
+            for w in workers:
+                os.kill(w, signal.SIGSTOP)
+            first.set()
+
+    res = []
+    t = threading.Thread(target=lambda: res.append(stream(rport, "/v1/completions", body,
+                                                          on_token=on_token)), daemon=True)
+    t.start()
+    try:
+        H.check(first.wait(30), "no first token through the router")
+        st = json.loads(router_get(rport, "/status")[1])
+        serving = [i for i, rep in enumerate(st["replicas"]) if rep["in_flight"] > 0]
+        H.check(len(serving) == 1, "the stream is in flight on %r" % serving)
+        os.kill((ga, gb)[serving[0]].agent_pid(0), signal.SIGKILL)
+    finally:
+        for w in workers:
+            try:
+                os.kill(w, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the killed agent's worker, gone with it (SIGKILL stops a stopped one)
+    t.join(30)
+    H.check(res, "the cut stream did not end")
+    toks, done, err = res[0]
+    H.check(err is not None and not done, "stream after its replica died: done %r, error %r"
+            % (done, err))
+    H.check(toks and toks == want[:len(toks)] and len(toks) < len(want),
+            "the cut stream's %d tokens are not a prefix of the right ones" % len(toks))
+    after = router_metrics(rport)["ganglion_router_stream_errors_total"]
+    H.check(after == before + 1, "stream errors went from %r to %r" % (before, after))
+    H.log("stream cut after %d tokens on replica %d, error %r" % (len(toks), serving[0], err))
+
+
 def scenario(h):
     model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=4, hidden=256, heads=4,
                       kv_heads=2, ffn=512, vocab=VOCAB, max_pos=CTX, seed=11)
@@ -235,6 +288,9 @@ def scenario(h):
                  "replica A to come back up in the router")
     code, r = post(rport, "/v1/completions", {"prompt": [3, 4, 5], "max_tokens": 4})
     H.check(code == 200, "after the restart: %r %r" % (code, r))
+    check_stream_cut(ga, gb, rport)
+    H.wait_until(lambda: replicas_up(rport, [True, True]), 60, 0.05,
+                 "the replica of the cut stream to come back up")
     H.check(router.stop() == 0, "router did not exit 0")
     H.check(ga.stop()["local"] == 0 and gb.stop()["local"] == 0, "a gang did not exit 0")
 
