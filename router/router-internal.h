@@ -19,12 +19,13 @@
 /* The command line of `ganglion router` (its option table is in router.c). */
 typedef struct router_opts {
     char replicas[8192];
+    char replicas_dns[4096];
     char bind_address[64];
     char policy[16];
     char model[4096];
     int64_t http_port, lru_blocks, load_slack, poll_interval_ms, poll_timeout_ms;
     int64_t connect_timeout_ms, request_timeout_ms, retry_backoff_ms, down_after_fails;
-    int64_t max_conns, max_body_bytes, idle_timeout_ms, max_response_bytes;
+    int64_t max_conns, max_body_bytes, idle_timeout_ms, max_response_bytes, dns_interval_ms;
 } router_opts;
 
 /* What one poll of a replica found (written by the pool thread, read after it). */
@@ -48,6 +49,9 @@ typedef struct router_replica {
     int port;
     char addr[64]; /* the last resolved IPv4 literal, "" before the first resolution */
     int up;
+    int active;     /* a slot in use: always for --replicas, while its address resolves for
+                       --replicas-dns */
+    int32_t dns;    /* the --replicas-dns entry that found it, -1 for --replicas */
     uint32_t fails; /* consecutive failed polls */
     uint32_t inflight;
     uint32_t reported; /* requests the replica said it holds, last poll */
@@ -60,6 +64,21 @@ typedef struct router_replica {
 
 typedef struct router_fwd router_fwd;
 
+/* One --replicas-dns entry: a name whose every IPv4 address is a replica (a headless
+ * Service), resolved again every --dns-interval-ms on the thread pool. */
+#define ROUTER_DNS_MAX_ADDRS GANG_ROUTER_MAX_REPLICAS
+typedef struct router_dns {
+    router *r;
+    uint32_t index;
+    char host[ROUTER_HOST_MAX];
+    int port;
+    uv_work_t work;
+    int busy;
+    int err;         /* of the last resolution: 0 or GANG_ERESOLVE */
+    uint32_t naddrs; /* its addresses, last resolution */
+    char addrs[ROUTER_DNS_MAX_ADDRS][64];
+} router_dns;
+
 struct router {
     router_opts o;
     uv_loop_t *loop;
@@ -67,8 +86,11 @@ struct router {
     gang_router_policy *policy;
     gang_tokenizer *tok; /* NULL: prompts are hashed as raw text */
     router_replica *reps;
-    uint32_t nreps;
-    uv_timer_t poll_timer;
+    uint32_t nreps; /* slots used (active or not); the policy has GANG_ROUTER_MAX_REPLICAS
+                       when --replicas-dns is given, else exactly nreps */
+    router_dns *dns;
+    uint32_t ndns;
+    uv_timer_t poll_timer, dns_timer;
     uv_signal_t sigint, sigterm;
     int stopping;
     router_fwd *fwds; /* the calls being forwarded (a list, for the down sweep) */
@@ -87,6 +109,12 @@ void gang__router_replica_down(router *r, uint32_t i);
 void gang__router_set_up(router *r, uint32_t i, int up, const char *why);
 /* Hands replica i's load (its report, the calls in flight there) to the policy. */
 void gang__router_load_changed(router *r, uint32_t i);
+/* Parses --replicas-dns into r->dns (0, or GANG_EUSAGE after printing why; cmd: for the
+ * message). router/discover.c. */
+int gang__router_dns_parse(router *r, const gang_opt_cmd *cmd);
+/* Starts resolving every --replicas-dns entry now and every --dns-interval-ms. */
+void gang__router_dns_start(router *r);
+void gang__router_dns_stop(router *r);
 /* Closes every call still being forwarded (answered 503) at shutdown. */
 void gang__router_forward_close_all(router *r);
 

@@ -30,6 +30,11 @@ static const gang_param_info router_items[] = {
     RO_STR("replicas", replicas, "",
            "the replicas' HTTP endpoints, HOST:PORT,... (names re-resolved at every poll; "
            "required)"),
+    RO_STR("replicas-dns", replicas_dns, "",
+           "NAME:PORT,...: every IPv4 address of NAME is a replica (a headless Service), "
+           "resolved again every --dns-interval-ms"),
+    RO_INT("dns-interval-ms", dns_interval_ms, "2000", 10, 3600000,
+           "how often --replicas-dns names are resolved again"),
     RO_STR("policy", policy, "prefix", "routing: prefix | round-robin | least-loaded"),
     RO_STR("model", model, "",
            "a model directory whose tokenizer.json keys prompts by token blocks (else raw "
@@ -95,13 +100,18 @@ static int parse_replicas(router *r)
         router_replica *rep = &r->reps[r->nreps];
         rep->r = r;
         rep->index = r->nreps++;
+        rep->active = 1;
+        rep->dns = -1;
         memcpy(rep->host, t, (size_t)(colon - t));
         rep->port = (int)port;
         snprintf(rep->name, sizeof rep->name, "%s:%d", rep->host, rep->port);
         rep->work.data = rep;
     }
-    if (rc == 0 && r->nreps == 0)
-        rc = gang_opts_usage_error(&router_cmd, "--replicas HOST:PORT,... is required");
+    if (rc == 0)
+        rc = gang__router_dns_parse(r, &router_cmd);
+    if (rc == 0 && r->nreps == 0 && r->ndns == 0)
+        rc = gang_opts_usage_error(&router_cmd, "--replicas HOST:PORT,... or --replicas-dns "
+                                                "NAME:PORT,... is required");
     free(copy);
     return rc;
 }
@@ -188,8 +198,8 @@ static void poll_done(uv_work_t *w, int status)
     router *r = rep->r;
     const router_poll *p = &rep->poll;
     rep->polling = 0;
-    if (status != 0 || r->stopping)
-        return;
+    if (status != 0 || r->stopping || !rep->active)
+        return; /* (an address that left its DNS name while it was polled) */
     if (p->addr[0] != '\0')
         snprintf(rep->addr, sizeof rep->addr, "%s", p->addr);
     if (!p->ok) {
@@ -210,7 +220,7 @@ static void on_poll_timer(uv_timer_t *t)
     router *r = t->data;
     for (uint32_t i = 0; i < r->nreps; i++) {
         router_replica *rep = &r->reps[i];
-        if (rep->polling)
+        if (rep->polling || !rep->active)
             continue;
         if (uv_queue_work(r->loop, &rep->work, poll_work, poll_done) == 0)
             rep->polling = 1;
@@ -225,7 +235,8 @@ static void metric_replica(gang_metrics_buf *b, router *r, const char *name, con
     gang_metrics_family(b, name, type, help);
     for (uint32_t i = 0; i < r->nreps; i++) {
         gang_metric_label l = {.name = "replica", .value = r->reps[i].name};
-        gang_metrics_sample_double(b, name, &l, 1, get(&r->reps[i]));
+        if (r->reps[i].active)
+            gang_metrics_sample_double(b, name, &l, 1, get(&r->reps[i]));
     }
 }
 
@@ -329,6 +340,8 @@ static char *status_json(router *r)
     cJSON *a = cJSON_AddArrayToObject(o, "replicas");
     for (uint32_t i = 0; i < r->nreps; i++) {
         const router_replica *p = &r->reps[i];
+        if (!p->active)
+            continue;
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "name", p->name);
         cJSON_AddStringToObject(e, "address", p->addr);
@@ -402,6 +415,7 @@ static void on_signal(uv_signal_t *s, int signum)
     gang_http_server_close(r->http);
     gang__router_forward_close_all(r);
     uv_close((uv_handle_t *)&r->poll_timer, NULL);
+    gang__router_dns_stop(r);
     uv_close((uv_handle_t *)&r->sigint, NULL);
     uv_close((uv_handle_t *)&r->sigterm, NULL);
 }
@@ -436,7 +450,7 @@ static int router_setup(router *r, int argc, char **argv)
     }
     if (parse_replicas(r) != 0 || load_tokenizer(r) != 0)
         return GANG_EXIT_USAGE;
-    gang_router_policy_config pc = {.nreplicas = r->nreps,
+    gang_router_policy_config pc = {.nreplicas = r->ndns > 0 ? GANG_ROUTER_MAX_REPLICAS : r->nreps,
                                     .lru_blocks = (uint32_t)r->o.lru_blocks,
                                     .load_slack = (uint32_t)r->o.load_slack,
                                     .kind = kind};
@@ -450,6 +464,7 @@ static void router_teardown(router *r)
     gang_router_policy_free(r->policy);
     gang_tokenizer_free(r->tok);
     free(r->reps);
+    free(r->dns);
 }
 
 int gang_router_main(int argc, char **argv)
@@ -476,12 +491,14 @@ int gang_router_main(int argc, char **argv)
         rc = GANG_EXIT_USAGE;
         goto out_loop;
     }
-    gang_info("router: %u replica(s), policy %s, HTTP on %s:%d, prompts keyed by %s", r.nreps,
-              r.o.policy, r.o.bind_address, gang_http_server_port(r.http),
-              r.tok ? "token blocks" : "raw text chunks");
+    gang_info(
+        "router: %u replica(s) and %u DNS name(s), policy %s, HTTP on %s:%d, prompts keyed by %s",
+        r.nreps, r.ndns, r.o.policy, r.o.bind_address, gang_http_server_port(r.http),
+        r.tok ? "token blocks" : "raw text chunks");
     uv_timer_init(&loop, &r.poll_timer);
     r.poll_timer.data = &r;
     uv_timer_start(&r.poll_timer, on_poll_timer, 0, (uint64_t)r.o.poll_interval_ms);
+    gang__router_dns_start(&r);
     uv_signal_init(&loop, &r.sigint);
     uv_signal_init(&loop, &r.sigterm);
     r.sigint.data = r.sigterm.data = &r;

@@ -3,7 +3,8 @@
 `serve --local`) of the same tiny model and a router in front of them.
 
 * Greedy answers through the router equal one gang's, streamed and not, completions and
-  chat; /v1/models goes through too; /healthz, /readyz, /status, /metrics answer.
+  chat; /v1/models goes through too; /healthz, /readyz, /status, /metrics answer; a router
+  that finds the replicas by DNS (--replicas-dns) routes the same.
 * Prefix affinity: 4 conversations, each with its own 48-token prefix, 3 turns each: the
   follow-ups are routed by prefix (ganglion_router_decisions_total{reason="prefix"}),
   both replicas get work, and the replicas' own prefix caches hit on the follow-ups.
@@ -135,6 +136,25 @@ def check_same_answers(g, rport):
     code, body = router_get(rport, "/v1/models")
     H.check(code == 200 and "data" in json.loads(body), "/v1/models: %r %r" % (code, body))
     H.check(router_get(rport, "/nowhere")[0] == 404, "an unknown path is not 404")
+
+
+def check_dns_router(h, ga, gb):
+    """Replicas found by DNS (--replicas-dns): each name's addresses, re-resolved."""
+    dport = h.free_port_pair()[1]
+    names = ",".join("localhost:%d" % g.http_port for g in (ga, gb))
+    p = h.spawn("router-dns", [h.bin, "router", "--replicas-dns", names, "--http-port",
+                               str(dport), "--bind-address", "127.0.0.1",
+                               "--dns-interval-ms", "50", "--poll-interval-ms", "50"])
+    st = H.wait_until(lambda: replicas_up(dport, [True, True]), 10, 0.05,
+                      "the replicas of --replicas-dns to come up")
+    H.check(sorted(r["name"] for r in st["replicas"]) ==
+            sorted("127.0.0.1:%d" % g.http_port for g in (ga, gb)), "found %r" % st)
+    body = {"prompt": [2, 4, 6, 8], "max_tokens": 6}
+    code, want = post(gb.http_port, "/v1/completions", body)
+    code2, got = post(dport, "/v1/completions", body)
+    H.check(code == 200 and code2 == 200 and got["choices"][0]["tokens"] ==
+            want["choices"][0]["tokens"], "through --replicas-dns: %r %r" % (code2, got))
+    H.check(p.stop() == 0, "the DNS router did not exit 0")
 
 
 def check_affinity(ga, gb, rport):
@@ -282,6 +302,7 @@ def scenario(h):
     H.wait_until(lambda: replicas_up(rport, [True, True]), 10, 0.05, "both replicas up")
     H.check(router_get(rport, "/readyz")[0] == 200, "router not ready with 2 replicas up")
     check_same_answers(gb, rport)
+    check_dns_router(h, ga, gb)
     check_affinity(ga, gb, rport)
     check_kill(h, ga, gb, rport)
     H.wait_until(lambda: replicas_up(rport, [True, True]), 60, 0.05,
