@@ -26,25 +26,22 @@ int gang__router_dns_parse(router *r, const gang_opt_cmd *cmd)
 {
     char *copy = strdup(r->o.replicas_dns), *save = NULL;
     int rc = 0;
-    if (copy == NULL)
+    /* Fixed room: each entry's work request points at the entry itself. */
+    r->dns = calloc(ROUTER_DNS_MAX_NAMES, sizeof(*r->dns));
+    if (copy == NULL || r->dns == NULL) {
+        free(copy);
         return GANG_ENOMEM;
+    }
     for (char *t = strtok_r(copy, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
         char *colon = strrchr(t, ':');
         long port = colon != NULL ? strtol(colon + 1, NULL, 10) : 0;
-        if (r->ndns == 16 || colon == NULL || colon == t ||
+        if (r->ndns == ROUTER_DNS_MAX_NAMES || colon == NULL || colon == t ||
             (size_t)(colon - t) >= ROUTER_HOST_MAX || port < 1 || port > 65535) {
             rc =
                 gang_opts_usage_error(cmd, "--replicas-dns: '%s' is not NAME:PORT (at most 16)", t);
             break;
         }
-        router_dns *d = realloc(r->dns, (r->ndns + 1) * sizeof(*d));
-        if (d == NULL) {
-            rc = GANG_ENOMEM;
-            break;
-        }
-        r->dns = d;
-        d = &r->dns[r->ndns];
-        memset(d, 0, sizeof(*d));
+        router_dns *d = &r->dns[r->ndns];
         d->r = r;
         d->index = r->ndns++;
         memcpy(d->host, t, (size_t)(colon - t));

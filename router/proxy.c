@@ -507,7 +507,7 @@ void gang__router_forward(router *r, gang_http_exchange *x, const gang_http_requ
 {
     router_fwd *f = calloc(1, sizeof(*f));
     if (f == NULL) {
-        gang_http_reply(x, 503, NULL, "out of memory\n", 14);
+        gang_http_reply(x, 503, NULL, "out of memory\n", strlen("out of memory\n"));
         return;
     }
     f->r = r;

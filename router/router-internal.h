@@ -67,6 +67,7 @@ typedef struct router_fwd router_fwd;
 /* One --replicas-dns entry: a name whose every IPv4 address is a replica (a headless
  * Service), resolved again every --dns-interval-ms on the thread pool. */
 #define ROUTER_DNS_MAX_ADDRS GANG_ROUTER_MAX_REPLICAS
+#define ROUTER_DNS_MAX_NAMES 16
 typedef struct router_dns {
     router *r;
     uint32_t index;

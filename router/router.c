@@ -358,10 +358,11 @@ static char *status_json(router *r)
     return s;
 }
 
-static void reply_text(gang_http_exchange *x, int status, const char *ctype, char *text)
+/* Replies with a NUL-terminated text (503 when it is NULL: out of memory). */
+static void reply_text(gang_http_exchange *x, int status, const char *ctype, const char *text)
 {
     if (text == NULL) {
-        gang_http_reply(x, 503, NULL, "out of memory\n", 14);
+        gang_http_reply(x, 503, NULL, "out of memory\n", strlen("out of memory\n"));
         return;
     }
     gang_http_reply(x, status, ctype, text, strlen(text));
@@ -372,13 +373,12 @@ static void on_request(void *ctx, gang_http_exchange *x, const gang_http_request
     router *r = ctx;
     int get = strcmp(req->method, "GET") == 0, post = strcmp(req->method, "POST") == 0;
     if (get && strcmp(req->path, "/healthz") == 0) {
-        gang_http_reply(x, 200, NULL, "ok\n", 3);
+        reply_text(x, 200, NULL, "ok\n");
     } else if (get && strcmp(req->path, "/readyz") == 0) {
         int any = 0;
         for (uint32_t i = 0; i < r->nreps; i++)
             any |= r->reps[i].up;
-        gang_http_reply(x, any ? 200 : 503, NULL, any ? "ready\n" : "no replica serves\n",
-                        any ? 6 : 18);
+        reply_text(x, any ? 200 : 503, NULL, any ? "ready\n" : "no replica serves\n");
     } else if (get && strcmp(req->path, "/metrics") == 0) {
         gang_metrics_buf b;
         gang_metrics_buf_init(&b);
@@ -398,10 +398,9 @@ static void on_request(void *ctx, gang_http_exchange *x, const gang_http_request
                 (strcmp(req->path, "/tokenize") == 0 || strcmp(req->path, "/detokenize") == 0))) {
         gang__router_forward(r, x, req, 0);
     } else {
-        gang_http_reply(x, 404, "application/json",
-                        "{\"error\":{\"message\":\"not found\",\"type\":\"invalid_request_error\","
-                        "\"code\":404}}",
-                        77);
+        reply_text(x, 404, "application/json",
+                   "{\"error\":{\"message\":\"not found\",\"type\":\"invalid_request_error\","
+                   "\"code\":404}}");
     }
 }
 

@@ -180,12 +180,21 @@ def check_affinity(ga, gb, rport):
 
 
 def check_kill(h, ga, gb, rport):
-    bodies = [{"prompt": prompt_of(20 + i, 1), "max_tokens": 300} for i in range(24)]
-    want = []
-    for b in bodies:
-        code, r = post(gb.http_port, "/v1/completions", b)
-        H.check(code == 200, "reference answered %r" % code)
-        want.append(r["choices"][0]["tokens"])
+    # 8 distinct prompts, 3 calls each; their references from replica B alone, in parallel.
+    bodies = [{"prompt": prompt_of(20 + i % 8, 1), "max_tokens": 300} for i in range(24)]
+    refs = {}
+
+    def reference(i):
+        code, r = post(gb.http_port, "/v1/completions", bodies[i], timeout=120)
+        refs[i] = r["choices"][0]["tokens"] if code == 200 else None
+
+    ref_threads = [threading.Thread(target=reference, args=(i,), daemon=True) for i in range(8)]
+    for t in ref_threads:
+        t.start()
+    for t in ref_threads:
+        t.join(150)
+    H.check(all(refs.get(i) for i in range(8)), "a reference call failed: %r" % refs.keys())
+    want = [refs[i % 8] for i in range(24)]
     results = [None] * len(bodies)
 
     def run(i):
