@@ -138,7 +138,8 @@ static uint32_t prompt_hashes(router *r, const cJSON *req, uint64_t *out)
             return 0;
         cJSON_ArrayForEach(e, p)
         {
-            ids[k++] = cJSON_IsNumber(e) ? (int32_t)e->valuedouble : -1;
+            double v = cJSON_IsNumber(e) ? e->valuedouble : -1.0;
+            ids[k++] = v >= 0.0 && v < 2147483647.0 ? (int32_t)v : -1; /* the replica refuses it */
         }
         nh = gang_router_hash_ids(ids, k, out, GANG_ROUTER_MAX_BLOCKS);
         free(ids);

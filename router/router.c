@@ -179,12 +179,13 @@ static void poll_work(uv_work_t *w)
     if (p->err == 0 && status == 200) {
         p->ok = 1;
         p->ready = metric_value(body, "ganglion_ready") == 1.0;
+        /* Untrusted numbers: anything negative, huge or NaN reads as 0. */
         double v = metric_value(body, "ganglion_requests_in_flight");
         p->in_flight = v > 0 && v < 1e9 ? (uint32_t)v : 0;
         v = metric_value(body, "ganglion_prompt_tokens_total");
-        p->prompt_tokens = v > 0 ? (uint64_t)v : 0;
+        p->prompt_tokens = v > 0 && v < 1e18 ? (uint64_t)v : 0;
         v = metric_value(body, "ganglion_prefix_cache_hit_tokens_total");
-        p->hit_tokens = v > 0 ? (uint64_t)v : 0;
+        p->hit_tokens = v > 0 && v < 1e18 ? (uint64_t)v : 0;
     } else if (p->err == 0) {
         p->err = GANG_EPROTO;
     }
