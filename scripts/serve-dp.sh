@@ -2,7 +2,8 @@
 # Data-parallel replicas on one machine (issue #26): N independent gangs, each a
 # `ganglion serve --local` with its own rendezvous and HTTP ports (it forms, restarts and
 # fails on its own), behind one `ganglion router`. The local counterpart of N
-# StatefulSets and a router Deployment (docs/operations.md, "Data-parallel replicas").
+# StatefulSets and a router Deployment (docs/operations.md, "Data-parallel replicas");
+# `ganglion serve --local --dp N` does the same without the shell, but cannot pin.
 #
 # usage: scripts/serve-dp.sh [--dp N] [--port P] [--base-port B] [--pin]
 #                            [--router-flags "FLAGS"] [--logs DIR] BIN [serve flags...]
