@@ -490,6 +490,7 @@ out_stop:
         if (pids[k] > 0)
             kill(pids[k], SIGTERM);
     }
+    int killed = 0;
     for (uint64_t end = gang_now_ms() + 3 * LOCAL_TERM_GRACE_MS; running > 0;) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -501,12 +502,17 @@ out_stop:
         }
         if (pid > 0)
             continue;
+        if (gang_now_ms() >= end && killed) {
+            gang_error("local: %d child(ren) survived SIGKILL; abandoning them", running);
+            break;
+        }
         if (gang_now_ms() >= end) {
             for (int k = 0; k < nchild; k++) {
                 if (pids[k] > 0)
                     kill(pids[k], SIGKILL);
             }
-            end = UINT64_MAX;
+            killed = 1;
+            end = gang_now_ms() + LOCAL_KILL_GRACE_MS;
         }
         poll(NULL, 0, 20);
     }
