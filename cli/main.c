@@ -13,6 +13,7 @@
 #include "ganglion/config.h"
 #include "ganglion/model.h"
 #include "ganglion/rendezvous.h"
+#include "ganglion/router.h"
 #include "local.h"
 #include "cmds.h"
 #include "worker.h"
@@ -38,6 +39,8 @@ static const command commands[] = {
      "one prompt through a local gang, tokens printed"},
     {"mkmodel", gang_cmd_mkmodel, "--out DIR [flags]",
      "write a deterministic random model (HF layout)"},
+    {"router", gang_router_main, "--replicas HOST:PORT,... [flags]",
+     "one front door for data-parallel replicas: cache-aware routing, retries"},
     {"bench", gang_bench_main, "NAME [flags]", "benchmarks (JSON lines); ganglion bench --help"},
     {"info", gang_cmd_info, "[--labels]", "GPU discovery"},
     {"worker", gang_worker_main, NULL, NULL},

@@ -28,6 +28,11 @@ static uint64_t pc_mix(uint64_t h, const int32_t *ids, uint32_t n)
     return h;
 }
 
+uint64_t gang_kv_block_hash(uint64_t prev, const int32_t *ids, uint32_t n)
+{
+    return pc_mix(prev, ids, n);
+}
+
 static uint32_t pc_bucket(const gang_engine *e, uint64_t h)
 {
     return (uint32_t)(h ^ (h >> 32)) & (e->ht_cap - 1);

@@ -372,6 +372,158 @@ static int local_tick(local_gang *g)
     return next > now ? (int)(next - now) : 0;
 }
 
+/* ---------------------------------------------------------------------------------
+ * --dp N: N independent local gangs behind a router (issue #26).
+ * --------------------------------------------------------------------------------- */
+
+/* Flags set per gang in --dp mode; every other forwarded flag is shared. */
+static const char *const dp_per_gang_flags[] = {"rdzv-port", "http-port", "job-name", NULL};
+
+/* Starts child k of --dp mode: gang k (k < dp), or the router (k == dp). */
+static int dp_spawn(const gang_params *p, const gang_args *args, int k, pid_t *out)
+{
+    char rdzv[16], http[16], job[GANG_PARAM_STR_MAX + 16], replicas[64 * 24] = "";
+    char *argv[GANG_PARAM_STR_MAX];
+    int n = 0, dp = (int)p->dp;
+    gang_spawn sp = {.path = "/proc/self/exe",
+                     .out_fd = -1,
+                     .err_fd = -1,
+                     .close_fd = -1,
+                     .death_signal = SIGTERM,
+                     .drop_local = 1};
+
+    if (args->argc + 16 > (int)(sizeof argv / sizeof argv[0]))
+        return GANG_ERANGE;
+    argv[n++] = "ganglion";
+    if (k < dp) {
+        snprintf(rdzv, sizeof rdzv, "%lld", (long long)p->rdzv_port + 2 * k);
+        snprintf(http, sizeof http, "%lld", (long long)p->http_port + 1 + 2 * k);
+        snprintf(job, sizeof job, "%s-%d", p->job_name, k);
+        char *fixed[] = {"serve", "--local",     "--dp", "1",          "--rdzv-port",
+                         rdzv,    "--http-port", http,   "--job-name", job};
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+            argv[n++] = fixed[i];
+        for (int i = 0; i < args->argc; i++)
+            argv[n++] = args->argv[i];
+    } else {
+        for (int i = 0; i < dp; i++) {
+            size_t len = strlen(replicas);
+            snprintf(replicas + len, sizeof replicas - len, "%s127.0.0.1:%lld", i ? "," : "",
+                     (long long)p->http_port + 1 + 2 * i);
+        }
+        snprintf(http, sizeof http, "%lld", (long long)p->http_port);
+        char *fixed[] = {"router", "--replicas",     replicas,   "--http-port",
+                         http,     "--bind-address", "127.0.0.1"};
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+            argv[n++] = fixed[i];
+    }
+    argv[n] = NULL;
+    return gang_proc_spawn(argv, &sp, out);
+}
+
+/*
+ * `serve --local --dp N`: N independent local gangs (each its own `serve --local`, which
+ * supervises and restarts its agents) and the router in front of them, started as
+ * children. Nothing is restarted at this level: the gangs restart their own agents, and
+ * a gang supervisor or the router exiting means a configuration error or a gang that gave
+ * up, so everything stops (SIGTERM, then SIGKILL after LOCAL_TERM_GRACE_MS x 3: each gang
+ * needs up to two grace periods of its own) and the first exit code is returned. SIGINT,
+ * SIGTERM and SIGHUP stop everything with 0.
+ */
+static int local_dp_main(const gang_params *p)
+{
+    int nchild = (int)p->dp + 1, sfd = -1, rc = GANG_EXIT_INTERNAL, running = 0;
+    pid_t pids[65] = {0};
+    gang_args args = {NULL, 0};
+    sigset_t mask, oldmask;
+
+    if (p->http_port + 2 * p->dp > 65535 || p->rdzv_port + 2 * p->dp > 65535) {
+        gang_error("local: --dp %lld does not fit the ports above --http-port / --rdzv-port",
+                   (long long)p->dp);
+        return GANG_EXIT_USAGE;
+    }
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    if (gang_params_forward_args(p, dp_per_gang_flags, &args) != 0 ||
+        sigprocmask(SIG_BLOCK, &mask, &oldmask) != 0)
+        goto out_args;
+    sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sfd < 0)
+        goto out_mask;
+    for (int k = 0; k < nchild; k++) {
+        if (dp_spawn(p, &args, k, &pids[k]) != 0) {
+            gang_error("local: cannot start %s %d", k < nchild - 1 ? "gang" : "router", k);
+            goto out_stop;
+        }
+        running++;
+    }
+    gang_info("local: %lld gang(s) behind the router on 127.0.0.1:%lld", (long long)p->dp,
+              (long long)p->http_port);
+    rc = GANG_EXIT_OK;
+    for (int stop = 0; !stop;) {
+        struct signalfd_siginfo si;
+        struct pollfd pfd = {.fd = sfd, .events = POLLIN};
+        int status;
+        pid_t pid;
+        if (poll(&pfd, 1, 1000) < 0 && errno != EINTR)
+            break;
+        while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si)
+            stop |= si.ssi_signo != SIGCHLD;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            for (int k = 0; k < nchild; k++) {
+                if (pids[k] != pid)
+                    continue;
+                pids[k] = 0;
+                running--;
+                rc = WIFEXITED(status) ? WEXITSTATUS(status) : GANG_EXIT_INTERNAL;
+                gang_error("local: %s %d exited (code %d); stopping everything",
+                           k < nchild - 1 ? "gang" : "router", k, rc);
+                stop = 1;
+            }
+        }
+    }
+out_stop:
+    for (int k = 0; k < nchild; k++) {
+        if (pids[k] > 0)
+            kill(pids[k], SIGTERM);
+    }
+    int killed = 0;
+    for (uint64_t end = gang_now_ms() + 3 * LOCAL_TERM_GRACE_MS; running > 0;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        for (int k = 0; pid > 0 && k < nchild; k++) {
+            if (pids[k] == pid) {
+                pids[k] = 0;
+                running--;
+            }
+        }
+        if (pid > 0)
+            continue;
+        if (gang_now_ms() >= end && killed) {
+            gang_error("local: %d child(ren) survived SIGKILL; abandoning them", running);
+            break;
+        }
+        if (gang_now_ms() >= end) {
+            for (int k = 0; k < nchild; k++) {
+                if (pids[k] > 0)
+                    kill(pids[k], SIGKILL);
+            }
+            killed = 1;
+            end = gang_now_ms() + LOCAL_KILL_GRACE_MS;
+        }
+        poll(NULL, 0, 20);
+    }
+    close(sfd);
+out_mask:
+    sigprocmask(SIG_SETMASK, &oldmask, NULL);
+out_args:
+    gang_args_free(&args);
+    return rc;
+}
+
 int gang_local_main(const gang_params *p)
 {
     local_gang g = {.sfd = -1, .exit_code = GANG_EXIT_INTERNAL};
@@ -382,6 +534,8 @@ int gang_local_main(const gang_params *p)
     ssize_t len;
     int rc = GANG_EXIT_INTERNAL;
 
+    if (p->dp > 1)
+        return local_dp_main(p);
     if (p->nnodes < 1 || gang__local_address((int)p->nnodes - 1, last_addr, sizeof last_addr)) {
         gang_error("local: --nnodes %lld does not fit the loopback range", (long long)p->nnodes);
         return GANG_EXIT_USAGE;

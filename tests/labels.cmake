@@ -20,13 +20,15 @@
 # weight_storage), kv_capacity, serve_load, soak_restarts, text_api.
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
   unit-launcher unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model
-  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text)
+  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text
+  unit-router)
 if(GANG_HAVE_MPI)
   list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
 endif()
 set_property(TEST ${GANG_UNIT_TESTS} APPEND PROPERTY LABELS unit)
 
-set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli flood front_door gang_forms
+set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli dp_local dp_router flood front_door
+  gang_forms
   gpu_health gpu_placement hang_worker kill_agent kill_coordinator kill_worker member_flood
   openai_client reject request_deadline restart_budget serve_model shm_hygiene
   stale_generation start_order)

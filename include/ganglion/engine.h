@@ -161,6 +161,11 @@ typedef struct gang_gen_event {
 
 #define GANG_KV_BLOCK_DEFAULT 16u /* positions per KV block when the config says 0 */
 
+/* The prefix cache's key of a full block: h_i = gang_kv_block_hash(h_{i-1}, the block's
+ * ids, block_size) with h_{-1} = 0, so equal keys mean equal prefixes. A router keys the
+ * prompts it sends the same way (router/). Pure; any thread. */
+uint64_t gang_kv_block_hash(uint64_t prev, const int32_t *ids, uint32_t n);
+
 typedef struct gang_engine_config {
     uint32_t max_batch;       /* sequences in flight at once (slots), >= 1 */
     uint32_t max_ctx;         /* positions per sequence (prompt + generated), >= 2,

@@ -22,7 +22,7 @@
 #include "worker.h"
 
 /* The only flags a process keeps to itself; a new NOFWD flag must be added here on purpose. */
-static const char *const not_forwarded[] = {"local", "check-config", NULL};
+static const char *const not_forwarded[] = {"local", "dp", "check-config", NULL};
 
 static int in_list(const char *flag, const char *const *list)
 {

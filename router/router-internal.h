@@ -1,0 +1,122 @@
+/*
+ * The router process's shared state (router/router.c: options, replicas, polling, probes
+ * and metrics; router/proxy.c: forwarding one call). Everything here lives on the one
+ * libuv loop thread, except a replica's poll result, which a thread-pool job fills and the
+ * loop reads only in the job's completion callback.
+ */
+#ifndef GANGLION_ROUTER_INTERNAL_H
+#define GANGLION_ROUTER_INTERNAL_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "ganglion/router.h"
+#include "ganglion/serve.h"
+#include "ganglion/text.h"
+
+#define ROUTER_HOST_MAX 256
+
+/* The command line of `ganglion router` (its option table is in router.c). */
+typedef struct router_opts {
+    char replicas[8192];
+    char replicas_dns[4096];
+    char bind_address[64];
+    char policy[16];
+    char model[4096];
+    int64_t http_port, lru_blocks, load_slack, poll_interval_ms, poll_timeout_ms;
+    int64_t connect_timeout_ms, request_timeout_ms, retry_backoff_ms, down_after_fails;
+    int64_t max_conns, max_body_bytes, idle_timeout_ms, max_response_bytes, dns_interval_ms;
+} router_opts;
+
+/* What one poll of a replica found (written by the pool thread, read after it). */
+typedef struct router_poll {
+    int ok;                 /* /metrics answered 200 */
+    int ready;              /* ganglion_ready was 1 */
+    uint32_t in_flight;     /* ganglion_requests_in_flight */
+    uint64_t prompt_tokens; /* ganglion_prompt_tokens_total */
+    uint64_t hit_tokens;    /* ganglion_prefix_cache_hit_tokens_total */
+    char addr[64];          /* the address the name resolved to */
+    int err;                /* why it failed: a GANG_E* code */
+} router_poll;
+
+typedef struct router router;
+
+typedef struct router_replica {
+    router *r;
+    uint32_t index;
+    char name[ROUTER_HOST_MAX + 8]; /* "host:port" as given, the metrics' label */
+    char host[ROUTER_HOST_MAX];
+    int port;
+    char addr[64]; /* the last resolved IPv4 literal, "" before the first resolution */
+    int up;
+    int active;     /* a slot in use: always for --replicas, while its address resolves for
+                       --replicas-dns */
+    int32_t dns;    /* the --replicas-dns entry that found it, -1 for --replicas */
+    uint32_t fails; /* consecutive failed polls */
+    uint32_t inflight;
+    uint32_t reported; /* requests the replica said it holds, last poll */
+    int polling;
+    uv_work_t work;
+    router_poll poll;
+    uint64_t prompt_tokens, hit_tokens; /* the replica's own counters, last poll */
+    uint64_t sent, retried_away, prompt_blocks, matched_blocks, mid_stream_failures;
+} router_replica;
+
+typedef struct router_fwd router_fwd;
+
+/* One --replicas-dns entry: a name whose every IPv4 address is a replica (a headless
+ * Service), resolved again every --dns-interval-ms on the thread pool. */
+#define ROUTER_DNS_MAX_ADDRS GANG_ROUTER_MAX_REPLICAS
+#define ROUTER_DNS_MAX_NAMES 16
+typedef struct router_dns {
+    router *r;
+    uint32_t index;
+    char host[ROUTER_HOST_MAX];
+    int port;
+    uv_work_t work;
+    int busy;
+    int err;         /* of the last resolution: 0 or GANG_ERESOLVE */
+    uint32_t naddrs; /* its addresses, last resolution */
+    char addrs[ROUTER_DNS_MAX_ADDRS][64];
+} router_dns;
+
+struct router {
+    router_opts o;
+    uv_loop_t *loop;
+    gang_http_server *http;
+    gang_router_policy *policy;
+    gang_tokenizer *tok; /* NULL: prompts are hashed as raw text */
+    router_replica *reps;
+    uint32_t nreps; /* slots used (active or not); the policy has GANG_ROUTER_MAX_REPLICAS
+                       when --replicas-dns is given, else exactly nreps */
+    router_dns *dns;
+    uint32_t ndns;
+    uv_timer_t poll_timer, dns_timer;
+    uv_signal_t sigint, sigterm;
+    int stopping;
+    router_fwd *fwds; /* the calls being forwarded (a list, for the down sweep) */
+    uint64_t decisions[GANG_ROUTER_R_COUNT];
+    uint64_t accepted, retries, no_replica, stream_errors, answered;
+};
+
+/* Starts forwarding the call (method, path, body) of x (router/proxy.c): picks a replica
+ * for its prompt, and answers x exactly once whatever happens. Loop thread. */
+void gang__router_forward(router *r, gang_http_exchange *x, const gang_http_request *req,
+                          int hashed);
+/* Replica i went down: the calls sent there that the client has not received a byte of
+ * are sent elsewhere (their connection to it is closed first). Loop thread. */
+void gang__router_replica_down(router *r, uint32_t i);
+/* Marks replica i up or down (why: for the log); going down moves its unsent calls. */
+void gang__router_set_up(router *r, uint32_t i, int up, const char *why);
+/* Hands replica i's load (its report, the calls in flight there) to the policy. */
+void gang__router_load_changed(router *r, uint32_t i);
+/* Parses --replicas-dns into r->dns (0, or GANG_EUSAGE after printing why; cmd: for the
+ * message). router/discover.c. */
+int gang__router_dns_parse(router *r, const gang_opt_cmd *cmd);
+/* Starts resolving every --replicas-dns entry now and every --dns-interval-ms. */
+void gang__router_dns_start(router *r);
+void gang__router_dns_stop(router *r);
+/* Closes every call still being forwarded (answered 503) at shutdown. */
+void gang__router_forward_close_all(router *r);
+
+#endif

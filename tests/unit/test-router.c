@@ -1,0 +1,238 @@
+/* cmocka tests of the router module's policy: longest prefix, the load bound, replicas
+ * down, the LRU bound, the alternative policies and the block hashes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ganglion/engine.h"
+#include "ganglion/router.h"
+
+static gang_router_policy *mk(uint32_t n, uint32_t lru, uint32_t slack, gang_router_kind kind)
+{
+    gang_router_policy_config c = {
+        .nreplicas = n, .lru_blocks = lru, .load_slack = slack, .kind = kind};
+    gang_router_policy *p = NULL;
+    assert_int_equal(gang_router_policy_init(&c, &p), 0);
+    for (uint32_t i = 0; i < n; i++)
+        gang_router_policy_set_up(p, i, 1);
+    return p;
+}
+
+static void set_load(gang_router_policy *p, uint32_t i, uint32_t reported, uint32_t inflight)
+{
+    gang_router_load l = {.reported = reported, .inflight = inflight, .kv_free_blocks = 100};
+    gang_router_policy_set_load(p, i, &l);
+}
+
+/* A prompt of nb blocks: ids start at base, so prompts with equal base share a prefix. */
+static uint32_t prompt_hashes(int32_t base, uint32_t nb, uint32_t diverge_at, uint64_t *out)
+{
+    int32_t ids[64 * GANG_ROUTER_BLOCK];
+    for (uint32_t i = 0; i < nb * GANG_ROUTER_BLOCK; i++)
+        ids[i] = base + (int32_t)i + (i >= diverge_at * GANG_ROUTER_BLOCK ? 100000 : 0);
+    return gang_router_hash_ids(ids, nb * GANG_ROUTER_BLOCK, out, 64);
+}
+
+static void test_longest_prefix(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(3, 1024, 100, GANG_ROUTER_PREFIX);
+    uint64_t a[64], b[64], q[64];
+    assert_int_equal(prompt_hashes(7, 8, 8, a), 8);
+    assert_int_equal(prompt_hashes(7, 8, 3, b), 8); /* shares 3 blocks with a */
+    gang_router_policy_record(p, 0, b, 8);
+    gang_router_policy_record(p, 2, a, 5); /* the first 5 blocks of a */
+    /* q shares 6 blocks with a: replica 2 holds 5 of them, replica 0 only 3. */
+    assert_int_equal(prompt_hashes(7, 10, 6, q), 10);
+    gang_router_pick pk;
+    assert_int_equal(gang_router_policy_pick(p, q, 10, 0, &pk), 0);
+    assert_int_equal(pk.replica, 2);
+    assert_int_equal(pk.matched, 5);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_PREFIX);
+    assert_int_equal(gang_router_policy_match(p, 0, q, 10), 3);
+    assert_int_equal(gang_router_policy_match(p, 1, q, 10), 0);
+    /* A prompt nobody holds goes to the least loaded replica. */
+    uint64_t z[64];
+    prompt_hashes(900000, 4, 4, z);
+    set_load(p, 0, 3, 0);
+    set_load(p, 1, 1, 0);
+    set_load(p, 2, 2, 0);
+    assert_int_equal(gang_router_policy_pick(p, z, 4, 0, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    assert_int_equal(pk.matched, 0);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_LEAST_LOADED);
+    /* Excluding the prefix's replica (a retry) falls back to the next longest. */
+    assert_int_equal(gang_router_policy_pick(p, q, 10, 1u << 2, &pk), 0);
+    assert_int_equal(pk.replica, 0);
+    assert_int_equal(pk.matched, 3);
+    gang_router_policy_free(p);
+}
+
+static void test_load_bound(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(2, 1024, 4, GANG_ROUTER_PREFIX);
+    uint64_t a[64];
+    prompt_hashes(1, 6, 6, a);
+    gang_router_policy_record(p, 0, a, 6);
+    gang_router_pick pk;
+    /* Within the slack: the prefix wins even over a less loaded replica. */
+    set_load(p, 0, 5, 0);
+    set_load(p, 1, 1, 0);
+    assert_int_equal(gang_router_policy_pick(p, a, 6, 0, &pk), 0);
+    assert_int_equal(pk.replica, 0);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_PREFIX);
+    /* Over it, by the router's own in-flight count (the replica's report is stale). */
+    set_load(p, 0, 1, 6);
+    assert_int_equal(gang_router_policy_load(p, 0), 6);
+    assert_int_equal(gang_router_policy_pick(p, a, 6, 0, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    assert_int_equal(pk.matched, 0);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_OVERLOADED);
+    gang_router_policy_free(p);
+}
+
+static void test_replica_down(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(3, 1024, 100, GANG_ROUTER_PREFIX);
+    uint64_t a[64];
+    prompt_hashes(1, 4, 4, a);
+    gang_router_policy_record(p, 1, a, 4);
+    gang_router_policy_set_up(p, 1, 0);
+    assert_false(gang_router_policy_is_up(p, 1));
+    gang_router_pick pk;
+    for (int k = 0; k < 6; k++) {
+        assert_int_equal(gang_router_policy_pick(p, a, 4, 0, &pk), 0);
+        assert_int_not_equal(pk.replica, 1);
+    }
+    /* Back up: it restarted with an empty cache, so it holds nothing now. */
+    gang_router_policy_set_up(p, 1, 1);
+    assert_int_equal(gang_router_policy_cached(p, 1), 0);
+    assert_int_equal(gang_router_policy_match(p, 1, a, 4), 0);
+    /* Everything down or excluded: GANG_EAGAIN. */
+    gang_router_policy_set_up(p, 0, 0);
+    gang_router_policy_set_up(p, 2, 0);
+    assert_int_equal(gang_router_policy_pick(p, a, 4, 1u << 1, &pk), GANG_EAGAIN);
+    assert_int_equal(gang_router_policy_pick(p, a, 4, 0, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    gang_router_policy_set_up(p, 1, 0);
+    assert_int_equal(gang_router_policy_pick(p, a, 4, 0, &pk), GANG_EAGAIN);
+    gang_router_policy_free(p);
+}
+
+static void test_lru_bound(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(1, 10, 100, GANG_ROUTER_PREFIX);
+    uint64_t a[64], b[64];
+    prompt_hashes(1, 8, 8, a);
+    prompt_hashes(50000, 8, 8, b);
+    gang_router_policy_record(p, 0, a, 8);
+    assert_int_equal(gang_router_policy_cached(p, 0), 8);
+    assert_int_equal(gang_router_policy_match(p, 0, a, 8), 8);
+    /* 8 more blocks into a table of 10: a's tail is evicted first, its head survives. */
+    gang_router_policy_record(p, 0, b, 8);
+    assert_int_equal(gang_router_policy_cached(p, 0), 10);
+    assert_int_equal(gang_router_policy_match(p, 0, b, 8), 8);
+    assert_int_equal(gang_router_policy_match(p, 0, a, 8), 2);
+    /* Touching a again makes it the recent one; b loses its tail. */
+    gang_router_policy_record(p, 0, a, 8);
+    assert_int_equal(gang_router_policy_cached(p, 0), 10);
+    assert_int_equal(gang_router_policy_match(p, 0, a, 8), 8);
+    assert_int_equal(gang_router_policy_match(p, 0, b, 8), 2);
+    /* Many prompts: the table never exceeds its bound and keeps matching the newest. */
+    for (int32_t k = 0; k < 1000; k++) {
+        uint64_t c[64];
+        prompt_hashes(200000 + 1000 * k, 3, 3, c);
+        gang_router_policy_record(p, 0, c, 3);
+        assert_true(gang_router_policy_cached(p, 0) <= 10);
+        assert_int_equal(gang_router_policy_match(p, 0, c, 3), 3);
+    }
+    gang_router_policy_free(p);
+}
+
+static void test_alternatives(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(3, 64, 0, GANG_ROUTER_ROUND_ROBIN);
+    uint64_t a[64];
+    prompt_hashes(1, 4, 4, a);
+    gang_router_policy_record(p, 2, a, 4);
+    gang_router_policy_set_up(p, 1, 0);
+    int seen[3] = {0, 0, 0};
+    gang_router_pick pk;
+    for (int k = 0; k < 10; k++) {
+        assert_int_equal(gang_router_policy_pick(p, a, 4, 0, &pk), 0);
+        assert_int_equal(pk.reason, GANG_ROUTER_R_ROUND_ROBIN);
+        seen[pk.replica]++;
+    }
+    assert_int_equal(seen[1], 0);
+    assert_true(seen[0] >= 4 && seen[2] >= 4); /* alternating, prefix ignored */
+    gang_router_policy_free(p);
+
+    p = mk(3, 64, 0, GANG_ROUTER_LEAST_LOADED);
+    gang_router_policy_record(p, 2, a, 4);
+    set_load(p, 0, 4, 0);
+    set_load(p, 1, 0, 2);
+    set_load(p, 2, 3, 0);
+    assert_int_equal(gang_router_policy_pick(p, a, 4, 0, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_LEAST_LOADED);
+    gang_router_policy_free(p);
+
+    gang_router_kind k;
+    assert_int_equal(gang_router_kind_parse("least-loaded", &k), 0);
+    assert_int_equal(k, GANG_ROUTER_LEAST_LOADED);
+    assert_int_equal(gang_router_kind_parse("random", &k), GANG_EINVAL);
+    assert_string_equal(gang_router_reason_name(GANG_ROUTER_R_OVERLOADED), "overloaded");
+    gang_router_policy_config bad = {.nreplicas = 0, .lru_blocks = 1};
+    assert_int_equal(gang_router_policy_init(&bad, &p), GANG_EINVAL);
+    bad.nreplicas = GANG_ROUTER_MAX_REPLICAS + 1;
+    assert_int_equal(gang_router_policy_init(&bad, &p), GANG_EINVAL);
+}
+
+static void test_hashes(void **state)
+{
+    (void)state;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++)
+        ids[i] = 3 * i + 1;
+    uint64_t h[4];
+    /* Two full blocks of 40 ids; the chain is the engine's prefix-cache key. */
+    assert_int_equal(gang_router_hash_ids(ids, 40, h, 4), 2);
+    uint64_t e0 = gang_kv_block_hash(0, ids, 16);
+    assert_true(h[0] == e0);
+    assert_true(h[1] == gang_kv_block_hash(e0, ids + 16, 16));
+    assert_int_equal(gang_router_hash_ids(ids, 40, h, 1), 1);
+    assert_int_equal(gang_router_hash_ids(ids, 15, h, 4), 0);
+    /* Raw text: 64-byte chunks; a change in the first chunk changes every later hash. */
+    char t1[200], t2[200];
+    memset(t1, 'a', sizeof(t1));
+    memcpy(t2, t1, sizeof(t2));
+    t2[3] = 'b';
+    uint64_t x[4], y[4];
+    assert_int_equal(gang_router_hash_text(t1, 200, x, 4), 3);
+    assert_int_equal(gang_router_hash_text(t2, 200, y, 4), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(x[i] != y[i]);
+    t2[3] = 'a';
+    t2[150] = 'z';
+    assert_int_equal(gang_router_hash_text(t2, 200, y, 4), 3);
+    assert_true(x[0] == y[0] && x[1] == y[1] && x[2] != y[2]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_longest_prefix), cmocka_unit_test(test_load_bound),
+        cmocka_unit_test(test_replica_down),   cmocka_unit_test(test_lru_bound),
+        cmocka_unit_test(test_alternatives),   cmocka_unit_test(test_hashes),
+    };
+    return cmocka_run_group_tests_name("router", tests, NULL, NULL);
+}
