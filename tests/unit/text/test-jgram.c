@@ -162,6 +162,20 @@ static void test_values(void **state)
     assert_int_equal(gang_jgram_check(g, "{}", 2), 2);
     assert_int_equal(gang_jgram_check(g, "[1]", 3), 0);
     assert_int_equal(gang_jgram_check(g, "{\"a\"}", 5), 0);
+    /* Its objects, arrays and strings are bounded, so a repeating model still closes. */
+    char big[512] = "{";
+    for (unsigned i = 0; i <= GANG_JGRAM_ANY_MEMBERS; i++) {
+        char one[16];
+        snprintf(one, sizeof(one), "%s\"k%u\":[]", i ? "," : "", i);
+        strcat(big, one);
+        if (i + 1 == GANG_JGRAM_ANY_MEMBERS)
+            assert_int_equal(gang_jgram_check(g, big, strlen(big)), 1);
+    }
+    assert_int_equal(gang_jgram_check(g, big, strlen(big)), 0);
+    memset(big, 'x', sizeof(big));
+    memcpy(big, "{\"a\":\"", 6);
+    assert_int_equal(gang_jgram_check(g, big, 6 + GANG_JGRAM_ANY_CHARS), 1);
+    assert_int_equal(gang_jgram_check(g, big, 7 + GANG_JGRAM_ANY_CHARS), 0);
     gang_jgram_free(g);
 
     /* Nesting past the machine's frames is refused, not overflowed. */
