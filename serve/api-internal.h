@@ -7,6 +7,7 @@
  *   api-parse.c  request bodies: sampling fields, stop ids and strings, prompts (text, ids
  *                or arrays of either), chat messages through the chat template;
  *   api-format.c what constrains the output: response_format (a grammar), logit_bias;
+ *   api-tools.c  tools and tool_choice in, tool_calls out;
  *   api-out.c    what a token becomes: text (incremental, UTF-8 safe), stop strings, the
  *                streamed Server-Sent Events and the final JSON answers, logprobs;
  *   api-text.c   POST /tokenize and POST /detokenize, loading the tokenizer and template.
@@ -43,12 +44,19 @@ typedef struct api_params {
     char stop_str[API_MAX_STOP_STRINGS][API_MAX_STOP_BYTES + 1];
     size_t stop_len[API_MAX_STOP_STRINGS];
     uint32_t n_stop_str;
-    int stream;        /* answer as Server-Sent Events */
-    int include_usage; /* stream_options.include_usage */
-    int skip_special;  /* drop special tokens from the text (default 1) */
-    char *grammar;     /* the schema the output must follow (sampling.grammar_bytes), or
-                          NULL; owned by the call */
+    int stream;         /* answer as Server-Sent Events */
+    int include_usage;  /* stream_options.include_usage */
+    int skip_special;   /* drop special tokens from the text (default 1) */
+    char *grammar;      /* the schema the output must follow (sampling.grammar_bytes), or
+                           NULL; owned by the call */
+    char *tools_json;   /* chat: the request's "tools" (compact JSON), or NULL; owned */
+    int tools_mode;     /* api_tools_mode: what tool_choice asked */
+    int parallel_tools; /* parallel_tool_calls (default true) */
 } api_params;
+
+/* tool_choice: none (or no tools), auto (parsed from the text), required or a named
+ * function (enforced by a grammar). */
+typedef enum api_tools_mode { API_TOOLS_OFF = 0, API_TOOLS_AUTO, API_TOOLS_FORCED } api_tools_mode;
 
 /* The logprobs of one generated token. */
 typedef struct api_lp {
@@ -167,10 +175,11 @@ int gang__api_get_int(const cJSON *o, const char *name, double lo, double hi, do
 /* Reads an array of token ids below vocab into a malloc'd *ids; 0, or -1 (message). */
 int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uint32_t cap,
                            int32_t **ids, uint32_t *n, char *err, size_t errcap);
-/* Renders chat messages (validated, content parts joined) with the template into a
- * malloc'd string. 0, or -1 with a message. */
+/* Renders chat messages (validated: known roles, content parts joined, tool calls and
+ * results kept) with the template into a malloc'd string; tools_json (or NULL) is the
+ * template's `tools`. 0, or -1 with a message. */
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          char **text, char *err, size_t cap);
+                          const char *tools_json, char **text, char *err, size_t cap);
 
 /* ---- api-format.c ---- */
 /* "logit_bias" and "response_format" into p (its grammar, sampling.grammar_bytes).
@@ -181,6 +190,16 @@ int gang__api_parse_constraints(gang_api *api, const cJSON *o, api_params *p, ch
  * makes its compact text p's grammar. 0, or -1 with a message for a 400. */
 int gang__api_set_grammar(gang_api *api, api_params *p, const cJSON *schema, const char *what,
                           char *err, size_t cap);
+
+/* ---- api-tools.c ---- */
+/* "tools", "tool_choice", "parallel_tool_calls" into p (a forced choice: its grammar).
+ * After gang__api_parse_constraints. 0, or -1 with a message for a 400. */
+int gang__api_parse_tools(gang_api *api, const cJSON *o, api_kind kind, api_params *p, char *err,
+                          size_t cap);
+/* The tool calls in s's text as OpenAI's "tool_calls" array (new, the caller's), or NULL
+ * when the call asked for none or the text holds none; *head: the bytes of text before
+ * the first call (content the model wrote before calling). */
+cJSON *gang__api_tool_calls(const api_call *c, const api_seq *s, size_t *head);
 
 /* ---- api-text.c ---- */
 /* POST /tokenize: {"prompt"} or {"messages"} -> {"count","max_model_len","tokens"}. */

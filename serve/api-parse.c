@@ -220,10 +220,8 @@ static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
     }
     const cJSON *echo = cJSON_GetObjectItemCaseSensitive(o, "echo");
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(o, "suffix");
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
-    if (cJSON_IsTrue(echo) || (suffix != NULL && !cJSON_IsNull(suffix)) ||
-        (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)) {
-        snprintf(err, cap, "'echo', 'suffix' and 'tools' are not supported");
+    if (cJSON_IsTrue(echo) || (suffix != NULL && !cJSON_IsNull(suffix))) {
+        snprintf(err, cap, "'echo' and 'suffix' are not supported");
         return -1;
     }
     return 0;
@@ -246,7 +244,8 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
     p->max_tokens = g > 0 ? (uint32_t)v : API_DEFAULT_MAX_TOKENS;
     if (parse_sampling(api, o, &p->sampling, err, cap) != 0 || parse_stop(api, o, p, err, cap) ||
         parse_logprobs(o, kind, p, err, cap) != 0 ||
-        gang__api_parse_constraints(api, o, p, err, cap) != 0)
+        gang__api_parse_constraints(api, o, p, err, cap) != 0 ||
+        gang__api_parse_tools(api, o, kind, p, err, cap) != 0)
         return -1;
     if ((g = get_bool(o, "stream", &b, err, cap)) < 0)
         return -1;
@@ -390,7 +389,7 @@ static int chat_prompt(gang_api *api, const cJSON *o, api_call *c, char *err, si
     uint32_t n = 0;
     if (get_bool(o, "add_generation_prompt", &add_gen, err, cap) < 0)
         return -1;
-    if (gang__api_render_chat(api, msgs, add_gen, &text, err, cap) != 0)
+    if (gang__api_render_chat(api, msgs, add_gen, c->p.tools_json, &text, err, cap) != 0)
         return -1;
     int rc = encode_text(api, text, strlen(text), false, &ids, &n, err, cap);
     free(text);
@@ -469,7 +468,37 @@ static int content_text(const cJSON *content, uint32_t i, char **out, char *err,
     return 0;
 }
 
-/* The messages as the template sees them: {role, content string[, name]} each. */
+/* Whether role is one OpenAI defines (another is refused, not rendered verbatim). */
+static int role_known(const char *role)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++)
+        if (strcmp(role, roles[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* An assistant's tool_calls as templates read them: {"type", "id", "function": {"name",
+ * "arguments"}} with arguments parsed when they are a JSON object (transformers' habit). */
+static cJSON *history_calls(const cJSON *calls)
+{
+    cJSON *out = cJSON_Duplicate(calls, 1);
+    cJSON *call;
+    cJSON_ArrayForEach(call, out)
+    {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (cJSON_IsObject(parsed))
+            cJSON_ReplaceItemInObject(fn, "arguments", parsed);
+        else
+            cJSON_Delete(parsed);
+    }
+    return out;
+}
+
+/* The messages as the template sees them: {role, content string[, name, tool_calls,
+ * tool_call_id]} each. */
 static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
 {
     cJSON *arr = cJSON_CreateArray();
@@ -479,9 +508,18 @@ static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
     {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        const cJSON *call_id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
         char *text = NULL;
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || role->valuestring[0] == '\0') {
-            snprintf(err, cap, "'messages'[%u] must be an object with a 'role' string", i);
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || !role_known(role->valuestring)) {
+            snprintf(err, cap,
+                     "'messages'[%u] must be an object with a 'role' of system, developer, "
+                     "user, assistant or tool",
+                     i);
+            goto out_fail;
+        }
+        if (calls != NULL && !cJSON_IsNull(calls) && !cJSON_IsArray(calls)) {
+            snprintf(err, cap, "'messages'[%u].tool_calls must be an array", i);
             goto out_fail;
         }
         if (content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, &text, err, cap))
@@ -493,6 +531,10 @@ static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
         free(text);
         if (cJSON_IsString(name))
             cJSON_AddStringToObject(n, "name", name->valuestring);
+        if (cJSON_IsArray(calls))
+            cJSON_AddItemToObject(n, "tool_calls", history_calls(calls));
+        if (cJSON_IsString(call_id))
+            cJSON_AddStringToObject(n, "tool_call_id", call_id->valuestring);
         i++;
     }
     return arr;
@@ -502,7 +544,7 @@ out_fail:
 }
 
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          char **text, char *err, size_t cap)
+                          const char *tools_json, char **text, char *err, size_t cap)
 {
     char why[512];
     size_t len = 0;
@@ -527,8 +569,22 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
         return -1;
     }
     gang_chat_render_opts ro = {.add_generation_prompt = add_generation_prompt};
+    char *extra = NULL;
+    if (tools_json != NULL) { /* the template's `tools` */
+        size_t tl = strlen(tools_json);
+        extra = malloc(tl + 16);
+        if (extra == NULL) {
+            cJSON_free(json);
+            snprintf(err, cap, "out of memory");
+            return -1;
+        }
+        snprintf(extra, tl + 16, "{\"tools\":%s}", tools_json);
+        ro.extra_json = extra;
+        ro.extra_len = strlen(extra);
+    }
     int rc = gang_chat_render(api->tpl, json, strlen(json), &ro, text, &len, why, sizeof(why));
     cJSON_free(json);
+    free(extra);
     if (rc != 0) {
         snprintf(err, cap, "the chat template refused the messages: %s", why);
         return -1;

@@ -36,7 +36,7 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         text = strdup(prompt->valuestring);
         add_special = add == NULL || cJSON_IsTrue(add);
     } else if (prompt == NULL && msgs != NULL) {
-        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), &text, err,
+        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), NULL, &text, err,
                                   sizeof(err)) != 0)
             goto out_bad;
         add_special = cJSON_IsTrue(add);

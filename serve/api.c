@@ -120,6 +120,7 @@ static void call_free(gang_api *api, api_call *c)
     }
     free(c->seqs);
     free(c->p.grammar);
+    cJSON_free(c->p.tools_json);
     free(c);
 }
 
@@ -438,6 +439,7 @@ out_fail:
             seq_free(c->seqs[i]);
         free(c->seqs);
         free(c->p.grammar);
+        cJSON_free(c->p.tools_json);
         free(c);
     }
     gang__api_error(api, x, status, type, "%s", err);

@@ -287,9 +287,19 @@ static int jg_typed(jg_build *b, const cJSON *s, const char *type, unsigned dept
         return rc;
     }
     if (strcmp(type, "object") == 0) {
-        if ((rc = jg_node_new(b, JG_OBJECT, out)) != 0)
+        if ((rc = jg_node_new(b, JG_OBJECT, out)) != 0 || (rc = jg_object(b, s, depth, *out)) != 0)
             return rc;
-        return jg_object(b, s, depth, *out);
+        /* minProperties / maxProperties bound the members (any object: within its bound). */
+        jg_node *n = &g->nodes[*out];
+        uint32_t lo = 0, hi = JG_NONE;
+        if ((rc = jg_count(b, s, "minProperties", &lo)) != 0 ||
+            (rc = jg_count(b, s, "maxProperties", &hi)) != 0)
+            return rc;
+        n->min = lo;
+        n->max = hi < n->max ? hi : n->max;
+        if (n->min > n->max || (n->count > 0 && n->min > n->count))
+            return jg_fail(b, "%s cannot be met", "minProperties");
+        return 0;
     }
     return jg_fail(b, "unknown type '%s'", type);
 }
@@ -298,11 +308,12 @@ static int jg_typed(jg_build *b, const cJSON *s, const char *type, unsigned dept
 static int jg_keywords(jg_build *b, const cJSON *s)
 {
     static const char *const known[] = {
-        "type",     "properties", "required",    "additionalProperties",
-        "items",    "minItems",   "maxItems",    "enum",
-        "const",    "minLength",  "maxLength",   "anyOf",
-        "oneOf",    "title",      "description", "default",
-        "examples", "$schema",    "$comment",    NULL};
+        "type",          "properties", "required",    "additionalProperties",
+        "items",         "minItems",   "maxItems",    "enum",
+        "const",         "minLength",  "maxLength",   "anyOf",
+        "oneOf",         "title",      "description", "default",
+        "examples",      "$schema",    "$comment",    "minProperties",
+        "maxProperties", NULL};
     for (const cJSON *k = s->child; k != NULL; k = k->next) {
         unsigned i = 0;
         while (known[i] != NULL && strcmp(known[i], k->string) != 0)

@@ -182,7 +182,7 @@ static int jg_object(const gang_jgram *g, const jg_node *n, jg_frame *f, uint8_t
         if (b == ' ' && f->st == 6 && !(f->flags & JG_F_SPACE))
             return f->flags |= JG_F_SPACE, JG_TAKE;
         if (b == '}' && f->st == 1)
-            return n->count == 0 || jg_close_ok(n, f->last) ? JG_DONE : JG_REFUSE;
+            return n->min == 0 && (n->count == 0 || jg_close_ok(n, f->last)) ? JG_DONE : JG_REFUSE;
         if (b != '"')
             return JG_REFUSE;
         if (n->count == 0)
@@ -217,8 +217,9 @@ static int jg_object(const gang_jgram *g, const jg_node *n, jg_frame *f, uint8_t
         return JG_PUSH;
     case 5:
         if (b == '}')
-            return n->count == 0 || jg_close_ok(n, f->last) ? JG_DONE : JG_REFUSE;
-        if (b == ',' && (n->count == 0 ? f->n < n->max : jg_next_keys(n, f->last) != 0))
+            return f->n >= n->min && (n->count == 0 || jg_close_ok(n, f->last)) ? JG_DONE
+                                                                                : JG_REFUSE;
+        if (b == ',' && f->n < n->max && (n->count == 0 || jg_next_keys(n, f->last) != 0))
             return f->st = 6, f->flags = 0, JG_TAKE;
         return JG_REFUSE;
     default:

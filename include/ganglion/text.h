@@ -156,7 +156,8 @@ void gang_chat_template_free(gang_chat_template *t);
  * object properties in the schema's order (required ones never skipped). Supported:
  * type (one or a list), properties, required, additionalProperties (accepted; only the
  * listed properties are generated, which every value of it allows), items,
- * minItems/maxItems, enum, const, minLength/maxLength, anyOf/oneOf whose alternatives
+ * minItems/maxItems, minProperties/maxProperties, enum, const, minLength/maxLength,
+ * anyOf/oneOf whose alternatives
  * start with different characters, and the annotations title, description, default,
  * examples, $schema, $comment. Any other keyword is refused with a message naming it.
  * Numbers are generated without exponent, at most 15 integer and 8 fraction digits. An

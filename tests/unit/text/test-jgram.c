@@ -178,6 +178,17 @@ static void test_values(void **state)
     assert_int_equal(gang_jgram_check(g, big, 7 + GANG_JGRAM_ANY_CHARS), 0);
     gang_jgram_free(g);
 
+    /* minProperties / maxProperties: exactly one of the listed properties (the form of a
+     * forced tool call). */
+    g = compile_ok("{\"type\":\"object\",\"properties\":{\"f\":{\"type\":\"object\"},"
+                   "\"g\":{\"type\":\"integer\"}},\"minProperties\":1,\"maxProperties\":1}");
+    assert_int_equal(gang_jgram_check(g, "{\"f\":{}}", 8), 2);
+    assert_int_equal(gang_jgram_check(g, "{\"g\":3}", 7), 2);
+    assert_int_equal(gang_jgram_check(g, "{}", 2), 0);
+    assert_int_equal(gang_jgram_check(g, "{\"f\":{},", 8), 0);
+    gang_jgram_free(g);
+    refused("{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":2}", "minProperties");
+
     /* Nesting past the machine's frames is refused, not overflowed. */
     g = compile_ok("true");
     char deep[80];
