@@ -29,6 +29,8 @@ typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates
 
 #define API_SWEEP_MS 50
 #define API_MAX_PROMPTS 64       /* prompts in one completion call */
+#define API_MAX_CHOICES 16       /* "n": choices per prompt */
+#define API_MAX_SEQS 128         /* sequences (prompts x n) of one call */
 #define API_MAX_STOP_STRINGS 8   /* "stop" strings of one call */
 #define API_MAX_STOP_BYTES 256   /* bytes of one stop string */
 #define API_MAX_MESSAGES 4096    /* chat messages of one call */
@@ -39,6 +41,7 @@ typedef enum api_kind { API_COMPLETION = 0, API_CHAT = 1 } api_kind;
 /* The fields of a call that every one of its sequences shares. */
 typedef struct api_params {
     uint32_t max_tokens;    /* 0 = the rest of the context, per prompt */
+    uint32_t n_choices;     /* "n": choices per prompt, 1..API_MAX_CHOICES */
     gang_sampling sampling; /* everything the engine needs: draw, penalties, stop ids,
                                ignore_eos, logprobs and top_logprobs */
     char stop_str[API_MAX_STOP_STRINGS][API_MAX_STOP_BYTES + 1];
@@ -73,7 +76,8 @@ typedef struct api_call api_call;
 typedef struct api_seq {
     struct api_seq *next; /* the API's list of live sequences */
     api_call *call;
-    uint32_t index;  /* choice index */
+    uint32_t index;  /* choice index in the answer: prompt x n + choice */
+    uint32_t choice; /* which of its prompt's n choices: its draws' seed is offset by it */
     uint64_t id;     /* engine request id, unique */
     int32_t *prompt; /* the prompt's ids, then the grammar's words (gang_gen_request) */
     uint32_t n_prompt;
@@ -143,10 +147,16 @@ struct gang_api {
 };
 
 /* ---- api.c ---- */
-/* {"error":{"message","type","param":null,"code":status}} */
-cJSON *gang__api_error_object(int status, const char *type, const char *msg);
+/*
+ * An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}: type
+ * "invalid_request_error" below 500, "server_error" from 500; param the field a 400's
+ * message names first (messages start with 'field'), else null; code the given string
+ * ("invalid_api_key", "model_not_found", "not_found", "method_not_allowed", "unavailable",
+ * "overloaded", "timeout"), null for NULL or "invalid_request_error".
+ */
+cJSON *gang__api_error_object(int status, const char *code, const char *msg);
 /* An error in OpenAI's shape, counted by status (api.c). */
-void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
+void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const char *code,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Answers with o (consumed) as JSON. */
 void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
@@ -155,6 +165,10 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
 void gang__api_cancel_in_gang(gang_api *api, api_seq *s);
 
 /* ---- api-parse.c ---- */
+/* The request's body as a JSON value, or NULL with the reason in err: not JSON, bytes
+ * after the value (other than whitespace), or a NUL (a raw byte or a \u0000 escape: C
+ * strings would cut the text there silently). */
+cJSON *gang__api_parse_body(const gang_http_request *req, char *err, size_t cap);
 /*
  * Reads the fields every call shares (max_tokens, sampling and penalties with the model's
  * generation_config defaults, stop ids and strings, logprobs, stream, ignore_eos) into p.

@@ -369,7 +369,7 @@ static void add_usage(cJSON *o, const api_call *c)
     uint32_t pt = 0, ct = 0, cached = 0;
     int known = 1;
     for (uint32_t i = 0; i < c->n_seqs; i++) {
-        pt += c->seqs[i]->n_prompt;
+        pt += c->seqs[i]->choice == 0 ? c->seqs[i]->n_prompt : 0; /* once per prompt */
         ct += c->seqs[i]->n_out;
         cached += c->seqs[i]->n_cached;
         known &= c->seqs[i]->cached_known;

@@ -13,6 +13,51 @@
 
 #include "api-internal.h"
 
+/* Whether body[i] starts a \u0000 escape (an odd run of backslashes before the u). */
+static int nul_escape_at(const char *body, size_t len, size_t i)
+{
+    size_t k = 0;
+    if (i + 6 > len || body[i] != '\\' || body[i + 1] != 'u' || strncmp(body + i + 2, "0000", 4))
+        return 0;
+    while (k < i && body[i - 1 - k] == '\\')
+        k++;
+    return k % 2 == 0;
+}
+
+cJSON *gang__api_parse_body(const gang_http_request *req, char *err, size_t cap)
+{
+    const char *end = NULL;
+    err[0] = '\0';
+    if (memchr(req->body, '\0', req->body_len) != NULL) {
+        snprintf(err, cap, "the body holds a NUL byte");
+        return NULL;
+    }
+    cJSON *o = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
+    if (o == NULL) {
+        snprintf(err, cap, "the body is not JSON");
+        return NULL;
+    }
+    /* Only whitespace may follow the value: trailing bytes are refused, not ignored. */
+    end += strspn(end, " \t\r\n");
+    if (end != req->body + req->body_len) {
+        snprintf(err, cap, "the body has %zu bytes after its JSON value",
+                 (size_t)(req->body + req->body_len - end));
+        cJSON_Delete(o);
+        return NULL;
+    }
+    /* A NUL in a string would cut it silently where C strings end: refused. */
+    for (size_t i = 0; i + 6 <= req->body_len; i++) {
+        if (nul_escape_at(req->body, req->body_len, i)) {
+            snprintf(err, cap,
+                     "the body holds a NUL character (\\u0000), which text here cannot "
+                     "carry");
+            cJSON_Delete(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
 int gang__api_get_int(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
                       size_t cap)
 {
@@ -213,9 +258,8 @@ static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
 {
     double v;
     int g;
-    if ((g = gang__api_get_int(o, "n", 1, 1, &v, err, cap)) < 0 ||
-        (g = gang__api_get_int(o, "best_of", 1, 1, &v, err, cap)) < 0) {
-        snprintf(err, cap, "'n' and 'best_of' must be 1 (one choice per prompt)");
+    if ((g = gang__api_get_int(o, "best_of", 1, 1, &v, err, cap)) < 0) {
+        snprintf(err, cap, "'best_of' must be 1 ('n' gives several choices)");
         return -1;
     }
     const cJSON *echo = cJSON_GetObjectItemCaseSensitive(o, "echo");
@@ -242,6 +286,9 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
     if ((g = gang__api_get_int(o, mt, 1, api->cfg.ctx, &v, err, cap)) < 0)
         return -1;
     p->max_tokens = g > 0 ? (uint32_t)v : API_DEFAULT_MAX_TOKENS;
+    if ((g = gang__api_get_int(o, "n", 1, API_MAX_CHOICES, &v, err, cap)) < 0)
+        return -1;
+    p->n_choices = g > 0 ? (uint32_t)v : 1;
     if (parse_sampling(api, o, &p->sampling, err, cap) != 0 || parse_stop(api, o, p, err, cap) ||
         parse_logprobs(o, kind, p, err, cap) != 0 ||
         gang__api_parse_constraints(api, o, p, err, cap) != 0 ||
@@ -268,8 +315,10 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
     return 0;
 }
 
-/* Appends one sequence with the prompt ids (taken) to c; checks it against the context. */
-static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *err, size_t cap)
+/* Appends choice `choice` of a prompt, with its ids (taken), to c; checks it against the
+ * context. */
+static int add_one(gang_api *api, api_call *c, int32_t *ids, uint32_t n, uint32_t choice, char *err,
+                   size_t cap)
 {
     uint32_t ctx = api->cfg.ctx;
     api_seq *s = NULL;
@@ -313,6 +362,7 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
     s->prompt = ids;
     s->n_prompt = n;
     s->n_wire = wire;
+    s->choice = choice;
     s->max_tokens = max;
     s->out = malloc((size_t)max * sizeof(int32_t));
     s->lp = c->p.sampling.logprobs ? malloc((size_t)max * sizeof(api_lp)) : NULL;
@@ -326,6 +376,31 @@ out_fail:
     free(ids);
     free(s);
     return -1;
+}
+
+/* Appends the call's n choices of one prompt (ids taken), each its own sequence. */
+static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *err, size_t cap)
+{
+    uint32_t k = c->p.n_choices > 0 ? c->p.n_choices : 1;
+    if (c->n_seqs + k > API_MAX_SEQS) {
+        snprintf(err, cap, "prompts x n exceed %d choices", API_MAX_SEQS);
+        free(ids);
+        return -1;
+    }
+    for (uint32_t j = 0; j + 1 < k; j++) {
+        int32_t *copy = malloc((size_t)n * sizeof(int32_t) + 1);
+        if (copy == NULL) {
+            snprintf(err, cap, "out of memory");
+            free(ids);
+            return -1;
+        }
+        memcpy(copy, ids, (size_t)n * sizeof(int32_t));
+        if (add_one(api, c, copy, n, j, err, cap) != 0) {
+            free(ids);
+            return -1;
+        }
+    }
+    return add_one(api, c, ids, n, k - 1, err, cap);
 }
 
 /* Encodes text into a malloc'd id array (at most the context); 0, or -1 (message). */

@@ -14,7 +14,7 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
     char *text = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    cJSON *o = gang__api_parse_body(req, err, sizeof(err));
     if (api->tok == NULL) {
         snprintf(err, sizeof(err), "%s", api->tok_why);
         goto out_bad;
@@ -79,7 +79,7 @@ void gang__api_detokenize(gang_api *api, gang_http_exchange *x, const gang_http_
     int32_t *ids = NULL;
     uint32_t n = 0;
     char *text = NULL;
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    cJSON *o = gang__api_parse_body(req, err, sizeof(err));
     if (api->tok == NULL) {
         snprintf(err, sizeof(err), "%s", api->tok_why);
         goto out_bad;

@@ -36,8 +36,8 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o)
 {
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     if (text == NULL) {
-        const char *b = "{\"error\":{\"message\":\"out of memory\",\"type\":\"internal\","
-                        "\"code\":500}}";
+        const char *b = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                        "\"param\":null,\"code\":null}}";
         gang_http_reply(x, 500, "application/json", b, strlen(b));
     } else {
         gang_http_reply(x, status, "application/json", text, strlen(text));
@@ -46,15 +46,38 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o)
     cJSON_Delete(o);
 }
 
-/* {"error":{"message":..,"type":..,"param":null,"code":status}} */
-cJSON *gang__api_error_object(int status, const char *type, const char *msg)
+/*
+ * The request field a 400's message names first ('field' or 'field.sub' / 'field'[i]:
+ * the field), written into param (cap bytes); "" when it names none.
+ */
+static void error_param(const char *msg, char *param, size_t cap)
 {
+    size_t n = 0;
+    param[0] = '\0';
+    if (msg[0] != '\'')
+        return;
+    while (msg[1 + n] != '\0' && strchr("'.[", msg[1 + n]) == NULL && n + 1 < cap)
+        n++;
+    memcpy(param, msg + 1, n);
+    param[n] = '\0';
+}
+
+cJSON *gang__api_error_object(int status, const char *code, const char *msg)
+{
+    char param[64];
     cJSON *o = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", type);
-    cJSON_AddNullToObject(e, "param");
-    cJSON_AddNumberToObject(e, "code", status);
+    cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error");
+    error_param(msg, param, sizeof(param));
+    if (status == 400 && param[0] != '\0')
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (code == NULL || strcmp(code, "invalid_request_error") == 0)
+        cJSON_AddNullToObject(e, "code");
+    else
+        cJSON_AddStringToObject(e, "code", code);
     return o;
 }
 
@@ -231,6 +254,9 @@ static void seq_submit(gang_api *api, api_seq *s)
         if (s->parts == 0) {
             m->max_tokens = s->max_tokens;
             m->sampling = s->call->p.sampling;
+            /* Choice j of n draws with its own seed, a function of the call's: seeded
+             * choices differ from each other and are reproducible. */
+            m->sampling.seed += (uint64_t)s->choice * 0x9e3779b97f4a7c15ull;
         }
         if (api->submit(api->submit_ctx, m) != 0)
             return; /* channel full or rank 0 down: the sweep goes on */
@@ -401,7 +427,8 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
                         api->n_calls);
         return;
     }
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    char why[128];
+    cJSON *o = gang__api_parse_body(req, why, sizeof(why));
     api_call *c = calloc(1, sizeof(*c));
     int status = 400;
     const char *type = "invalid_request_error";
@@ -414,7 +441,7 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
     c->kind = kind;
     c->x = x;
     if (o == NULL || !cJSON_IsObject(o)) {
-        snprintf(err, sizeof(err), "the body must be a JSON object");
+        snprintf(err, sizeof(err), "%s", o == NULL ? why : "the body must be a JSON object");
         goto out_fail;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
@@ -423,7 +450,7 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
         snprintf(err, sizeof(err), "The model `%.200s` does not exist (this server serves `%s`)",
                  cJSON_IsString(model) ? model->valuestring : "?", api->cfg.model);
         status = 404;
-        type = "NotFoundError";
+        type = "model_not_found";
         goto out_fail;
     }
     if (gang__api_parse_params(api, o, kind, &c->p, err, sizeof(err)) != 0 ||
@@ -502,14 +529,14 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
             r = &routes[i];
     if (r == NULL)
         return strncmp(req->path, "/v1/", 4) == 0
-                   ? (gang__api_error(api, x, 404, "NotFoundError", "no such endpoint: %.200s",
+                   ? (gang__api_error(api, x, 404, "not_found", "no such endpoint: %.200s",
                                       req->path),
                       1)
                    : 0;
     int is_get = strcmp(r->method, "GET") == 0;
     if (strcmp(req->method, r->method) != 0 && !(is_get && strcmp(req->method, "HEAD") == 0)) {
-        gang__api_error(api, x, 405, "invalid_request_error", "method not allowed: %s %s",
-                        r->method, r->path);
+        gang__api_error(api, x, 405, "method_not_allowed", "method not allowed: %s %s", r->method,
+                        r->path);
         return 1;
     }
     if (api == NULL) {
@@ -517,7 +544,7 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
         return 1;
     }
     if (!authorized(api, req)) {
-        gang__api_error(api, x, 401, "authentication_error",
+        gang__api_error(api, x, 401, "invalid_api_key",
                         "a valid API key is required: send 'Authorization: Bearer <key>'");
         return 1;
     }

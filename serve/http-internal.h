@@ -36,7 +36,8 @@ struct gang_http_server {
     void *ctx;
     size_t max_body;
     int max_conns;
-    uint64_t idle_timeout_ms; /* 0 = no deadline */
+    uint64_t idle_timeout_ms;                  /* 0 = no deadline */
+    char cors_header[GANG_HTTP_CORS_MAX + 40]; /* "Access-Control-Allow-Origin: X\r\n", or "" */
     int port;
     int nconns;                   /* open connections, counted against max_conns */
     int refs;                     /* listener + every connection not yet freed */

@@ -292,7 +292,8 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
                                size_t body_len, int keep_alive, int head)
 {
     int no_body = status < 200 || status == 204 || status == 304;
-    char hdr[512];
+    const char *cors = c->srv->cors_header;
+    char hdr[768];
     http_write *w;
     int n;
 
@@ -301,13 +302,13 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
     if (content_type == NULL)
         content_type = "text/plain; charset=utf-8";
     if (no_body)
-        n = snprintf(hdr, sizeof(hdr), "HTTP/1.1 %d %s\r\nConnection: %s\r\n\r\n", status,
-                     reason_phrase(status), keep_alive ? "keep-alive" : "close");
+        n = snprintf(hdr, sizeof(hdr), "HTTP/1.1 %d %s\r\n%sConnection: %s\r\n\r\n", status,
+                     reason_phrase(status), cors, keep_alive ? "keep-alive" : "close");
     else
         n = snprintf(hdr, sizeof(hdr),
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: %s\r\n\r\n",
-                     status, reason_phrase(status), content_type, body_len,
+                     "%sConnection: %s\r\n\r\n",
+                     status, reason_phrase(status), content_type, body_len, cors,
                      keep_alive ? "keep-alive" : "close");
     if (n < 0 || (size_t)n >= sizeof(hdr)) {
         /* Only an absurd content type gets here; answer something well-formed instead. */
@@ -355,18 +356,44 @@ void gang__http_conn_finish(http_conn *c, http_write *w, size_t len, int keep_al
     conn_read_start(c);
 }
 
+/*
+ * Answers a CORS preflight (OPTIONS with CORS on): 204, the origin, the methods and
+ * headers the API takes, and how long a browser may cache the answer. The connection is
+ * kept as the request asked.
+ */
+static void conn_preflight(http_conn *c)
+{
+    char hdr[512];
+    int n = snprintf(hdr, sizeof(hdr),
+                     "HTTP/1.1 204 No Content\r\n%s"
+                     "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
+                     "Access-Control-Allow-Headers: Authorization, Content-Type\r\n"
+                     "Access-Control-Max-Age: 600\r\nConnection: %s\r\n\r\n",
+                     c->srv->cors_header, c->keep_alive ? "keep-alive" : "close");
+    http_write *w = n > 0 && (size_t)n < sizeof(hdr) ? malloc(sizeof(*w) + (size_t)n) : NULL;
+    if (w == NULL) {
+        conn_close(c);
+        return;
+    }
+    memcpy(w->data, hdr, (size_t)n);
+    gang__http_conn_finish(c, w, (size_t)n, c->keep_alive);
+}
+
 /* Answers a request that failed to parse or exceeded a limit, then closes. */
 static void conn_fail(http_conn *c, int status)
 {
+    /* OpenAI's error shape, as the API's (serve/api.c, gang__api_error_object). */
     const char *msg =
         status == 413   ? "{\"error\":{\"message\":\"request body too large\","
-                          "\"type\":\"invalid_request_error\",\"code\":413}}"
+                          "\"type\":\"invalid_request_error\",\"param\":null,"
+                          "\"code\":\"request_too_large\"}}"
         : status == 431 ? "{\"error\":{\"message\":\"request header fields too large\","
-                          "\"type\":\"invalid_request_error\",\"code\":431}}"
-        : status == 500 ? "{\"error\":{\"message\":\"internal error\",\"type\":\"internal\","
-                          "\"code\":500}}"
+                          "\"type\":\"invalid_request_error\",\"param\":null,"
+                          "\"code\":\"headers_too_large\"}}"
+        : status == 500 ? "{\"error\":{\"message\":\"internal error\",\"type\":"
+                          "\"server_error\",\"param\":null,\"code\":null}}"
                         : "{\"error\":{\"message\":\"bad request\","
-                          "\"type\":\"invalid_request_error\",\"code\":400}}";
+                          "\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
 
     conn_send_response(c, status, "application/json", msg, strlen(msg), 0, 0);
 }
@@ -574,6 +601,10 @@ static void conn_dispatch(http_conn *c)
     if (c->url_len == 0 ||
         http_parser_parse_url(c->url, c->url_len, c->parser.method == HTTP_CONNECT, &u) != 0) {
         conn_fail(c, 400);
+        return;
+    }
+    if (c->parser.method == HTTP_OPTIONS && s->cors_header[0] != '\0') {
+        conn_preflight(c);
         return;
     }
     req.method = http_method_str((enum http_method)c->parser.method);
@@ -793,6 +824,19 @@ static int listen_socket(const char *address, int port, int *bound_port)
     return fd;
 }
 
+/* Whether a CORS origin is absent or fits a header: printable, no separators of lines. */
+static int cors_ok(const char *o)
+{
+    if (o == NULL)
+        return 1;
+    if (strlen(o) > GANG_HTTP_CORS_MAX)
+        return 0;
+    for (; *o; o++)
+        if ((unsigned char)*o < 0x21 || (unsigned char)*o > 0x7e)
+            return 0;
+    return 1;
+}
+
 /*
  * See http.h. Errors: GANG_EINVAL (bad config or address), the errno of socket, bind or
  * listen through gang_err_from_errno() (address in use: GANG_EEXIST; permission:
@@ -807,7 +851,7 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
 
     *out = NULL;
     if (uv_loop == NULL || cfg == NULL || h == NULL || cfg->bind_address == NULL || cfg->port < 0 ||
-        cfg->port > 65535 || cfg->max_conns < 1)
+        cfg->port > 65535 || cfg->max_conns < 1 || !cors_ok(cfg->cors_origin))
         return GANG_EINVAL;
     fd = listen_socket(cfg->bind_address, cfg->port, &port);
     if (fd < 0)
@@ -823,6 +867,9 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
     s->max_body = cfg->max_body;
     s->max_conns = cfg->max_conns;
     s->idle_timeout_ms = cfg->idle_timeout_ms;
+    if (cfg->cors_origin != NULL && cfg->cors_origin[0] != '\0')
+        snprintf(s->cors_header, sizeof(s->cors_header), "Access-Control-Allow-Origin: %s\r\n",
+                 cfg->cors_origin);
     s->port = port;
     s->refs = 1;
     uv_tcp_init(s->loop, &s->listener);

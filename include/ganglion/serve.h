@@ -56,7 +56,13 @@ typedef struct gang_http_config {
     size_t max_body;          /* bytes */
     int max_conns;
     uint64_t idle_timeout_ms;
+    /* CORS: NULL or "" = off; else the Access-Control-Allow-Origin value ("*" or an origin,
+     * at most GANG_HTTP_CORS_MAX bytes of header-safe characters) that every response
+     * carries, and OPTIONS requests are answered here as preflights (204 with the allowed
+     * methods and headers, before any handler or API key: a preflight carries none). */
+    const char *cors_origin;
 } gang_http_config;
+#define GANG_HTTP_CORS_MAX 200
 
 /*
  * Starts listening on uv_loop (a uv_loop_t *). Returns 0 and the server in *out, or a

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The rest of the OpenAI surface of issue #28, on a tiny random model with SmolLM2's real
+tokenizer and chat template (one rank, an API key, --cors-allow-origin):
+
+* n: three choices per prompt, indexed prompt x n + choice; greedy: all equal; seeded
+  (temperature 1): not all equal, and the same request gives the same three again;
+  streamed with n = 2, each choice's deltas join to its unstreamed text; usage counts the
+  prompt once;
+* CORS: an OPTIONS preflight is answered 204 with Access-Control-Allow-Origin / -Methods /
+  -Headers and no API key; answers (JSON, errors and streams) carry the origin header;
+* every error in OpenAI's shape {"error": {"message", "type", "param", "code"}}: code a
+  string or null, never a number; type invalid_request_error below 500; param the field
+  a 400 names; a path outside /v1 (the agent's own 404) too; a NUL in a prompt string and
+  trailing bytes after the JSON body are refused, not cut or ignored.
+Skips (77) when the tokenizer cannot be fetched (scripts/fetch-reference.sh)."""
+import http.client
+import json
+import os
+import shutil
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+
+KEY = "sk-surface-test"
+ORIGIN = "https://app.example"
+H.TEST_DEADLINE_S = 120
+
+
+def request(g, method, path, body=None, key=KEY, raw=None, headers=None):
+    """(status, headers dict lower-cased, parsed JSON or text)."""
+    conn = http.client.HTTPConnection(g.addr(0), g.http_port, timeout=60)
+    hdr = {"Content-Type": "application/json"}
+    if key:
+        hdr["Authorization"] = "Bearer " + key
+    hdr.update(headers or {})
+    data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+    try:
+        conn.request(method, path, body=data, headers=hdr)
+        r = conn.getresponse()
+        text = r.read().decode()
+        hs = {k.lower(): v for k, v in r.getheaders()}
+        try:
+            return r.status, hs, json.loads(text)
+        except ValueError:
+            return r.status, hs, text
+    finally:
+        conn.close()
+
+
+def check_error(status, hs, r, want, what, param=None):
+    H.check(status == want, "%s: status %r (wanted %d): %r" % (what, status, want, r))
+    e = r.get("error") if isinstance(r, dict) else None
+    H.check(isinstance(e, dict) and set(e) == {"message", "type", "param", "code"},
+            "%s: not OpenAI's shape: %r" % (what, r))
+    H.check(e["code"] is None or isinstance(e["code"], str), "%s: code %r" % (what, e["code"]))
+    H.check(e["type"] == ("invalid_request_error" if want < 500 else "server_error"),
+            "%s: type %r" % (what, e["type"]))
+    H.check(param is None or e["param"] == param,
+            "%s: param %r, wanted %r" % (what, e["param"], param))
+    H.check(hs.get("access-control-allow-origin") == ORIGIN, "%s: no CORS header" % what)
+
+
+def check_n(g):
+    body = {"prompt": ["Once upon a time", "The sky is"], "max_tokens": 6, "n": 3,
+            "temperature": 0, "ignore_eos": True}
+    code, hs, r = request(g, "POST", "/v1/completions", body)
+    H.check(code == 200 and len(r["choices"]) == 6, "n=3 x 2 prompts: %r" % r)
+    H.check([ch["index"] for ch in r["choices"]] == list(range(6)), "indexes %r" % r["choices"])
+    texts = [ch["text"] for ch in r["choices"]]
+    H.check(texts[0] == texts[1] == texts[2] and texts[3] == texts[4] == texts[5],
+            "greedy choices differ: %r" % texts)
+    one = request(g, "POST", "/v1/completions", dict(body, n=1))[2]
+    H.check(r["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"],
+            "usage counts the prompt per choice: %r vs %r" % (r["usage"], one["usage"]))
+    seeded = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12,
+              "n": 3, "temperature": 1.0, "seed": 42, "ignore_eos": True}
+    a = request(g, "POST", "/v1/chat/completions", seeded)[2]
+    b = request(g, "POST", "/v1/chat/completions", seeded)[2]
+    ta = [ch["message"]["content"] for ch in a["choices"]]
+    tb = [ch["message"]["content"] for ch in b["choices"]]
+    H.check(ta == tb, "seeded n=3 not reproducible:\n%r\n%r" % (ta, tb))
+    H.check(len(set(ta)) > 1, "seeded choices all equal: %r" % ta)
+    H.log("n=3 seeded: %r" % ta)
+    stream = dict(seeded, n=2, stream=True)
+    code, hs, text = request(g, "POST", "/v1/chat/completions", stream)
+    H.check(code == 200 and hs.get("access-control-allow-origin") == ORIGIN,
+            "stream: %r %r" % (code, hs))
+    joined = {0: "", 1: ""}
+    for line in text.split("\n"):
+        if line.startswith("data: {"):
+            for ch in json.loads(line[6:])["choices"]:
+                joined[ch["index"]] += ch["delta"].get("content") or ""
+    H.check([joined[0], joined[1]] == ta[:2], "streamed n=2 %r vs %r" % (joined, ta[:2]))
+
+
+def check_cors(g):
+    code, hs, _ = request(g, "OPTIONS", "/v1/chat/completions", key="",
+                          headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                                   "Access-Control-Request-Headers": "authorization"})
+    H.check(code == 204, "preflight answered %r" % code)
+    H.check(hs.get("access-control-allow-origin") == ORIGIN and
+            "POST" in hs.get("access-control-allow-methods", "") and
+            "authorization" in hs.get("access-control-allow-headers", "").lower(),
+            "preflight headers %r" % hs)
+    code, hs, _ = request(g, "GET", "/v1/models")
+    H.check(code == 200 and hs.get("access-control-allow-origin") == ORIGIN,
+            "models: %r %r" % (code, hs))
+
+
+def check_errors(g):
+    s, hs, r = request(g, "POST", "/v1/completions", {"prompt": "hi"}, key="")
+    check_error(s, hs, r, 401, "no key")
+    H.check(r["error"]["code"] == "invalid_api_key", "401 code %r" % r["error"]["code"])
+    s, hs, r = request(g, "POST", "/v1/completions", {"prompt": "hi", "model": "gpt-9"})
+    check_error(s, hs, r, 404, "another model")
+    H.check(r["error"]["code"] == "model_not_found", "404 code %r" % r["error"]["code"])
+    s, hs, r = request(g, "POST", "/v1/completions", {"prompt": "hi", "temperature": -1})
+    check_error(s, hs, r, 400, "temperature", param="temperature")
+    s, hs, r = request(g, "POST", "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "x"}],
+                        "response_format": {"type": "sound"}})
+    check_error(s, hs, r, 400, "sound", param="response_format")
+    s, hs, r = request(g, "GET", "/v1/completions")
+    check_error(s, hs, r, 405, "GET completions")
+    s, hs, r = request(g, "GET", "/v1/nothing")
+    check_error(s, hs, r, 404, "no such /v1 path")
+    s, hs, r = request(g, "GET", "/nothing")
+    check_error(s, hs, r, 404, "a path outside /v1")
+    s, hs, r = request(g, "POST", "/v1/completions", raw='{"prompt": "hi", "max_tokens": 2} xyz')
+    check_error(s, hs, r, 400, "trailing garbage")
+    s, hs, r = request(g, "POST", "/v1/completions", raw='{"prompt": "a\\u0000b", "max_tokens": 2}')
+    check_error(s, hs, r, 400, "a NUL in the prompt")
+    H.check("NUL" in r["error"]["message"], "NUL refusal: %r" % r)
+
+
+def scenario(h):
+    ref = H.fetch_reference("smollm2", 90)
+    model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=2, hidden=16, heads=1,
+                      kv_heads=1, ffn=32, vocab=49152, max_pos=512, seed=5)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(ref, f), os.path.join(model, f))
+    keyfile = os.path.join(h.tmp, "api-key")
+    with open(keyfile, "w") as f:
+        f.write(KEY)
+    g = H.Gang(h, nnodes=1, nproc_per_node=1,
+               extra=["--model", model, "--max-batch", "8", "--kv-cache-mb", "64",
+                      "--max-ctx", "512", "--api-key-file", keyfile,
+                      "--cors-allow-origin", ORIGIN])
+    g.start_local()
+    g.wait_serving(timeout=60)
+    check_cors(g)
+    check_n(g)
+    check_errors(g)
+    H.check(g.stop()["local"] == 0, "the gang did not stop cleanly")
+
+
+if __name__ == "__main__":
+    H.run(scenario)
