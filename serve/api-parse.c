@@ -403,6 +403,17 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
     return add_one(api, c, ids, n, k - 1, err, cap);
 }
 
+int gang__api_text_fits(const gang_api *api, size_t len, const char *what, char *err, size_t cap)
+{
+    if (len <= api->text_max)
+        return 1;
+    snprintf(err, cap,
+             "%s has %zu bytes: more than the context of %u tokens can hold (at most %zu bytes "
+             "here, checked before tokenizing)",
+             what, len, api->cfg.ctx, api->text_max);
+    return 0;
+}
+
 /* Encodes text into a malloc'd id array (at most the context); 0, or -1 (message). */
 static int encode_text(gang_api *api, const char *text, size_t len, bool add_special, int32_t **ids,
                        uint32_t *n, char *err, size_t cap)
@@ -413,6 +424,8 @@ static int encode_text(gang_api *api, const char *text, size_t len, bool add_spe
         snprintf(err, cap, "text prompts need the model's tokenizer: %s", api->tok_why);
         return -1;
     }
+    if (!gang__api_text_fits(api, len, "the prompt", err, cap))
+        return -1;
     int32_t *v = malloc((size_t)api->cfg.ctx * sizeof(int32_t));
     if (v == NULL) {
         snprintf(err, cap, "out of memory");
@@ -634,6 +647,23 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
         snprintf(err, cap, "'messages' must be an array of 1 to %d messages", API_MAX_MESSAGES);
         return -1;
     }
+    /* The contents' bytes bound the text before anything is copied or rendered. */
+    size_t bytes = 0;
+    const cJSON *m, *part;
+    cJSON_ArrayForEach(m, messages)
+    {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        const cJSON *parts = cJSON_IsArray(content) ? content : NULL;
+        if (cJSON_IsString(content))
+            bytes += strlen(content->valuestring);
+        cJSON_ArrayForEach(part, parts)
+        {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            bytes += cJSON_IsString(t) ? strlen(t->valuestring) : 0;
+        }
+    }
+    if (!gang__api_text_fits(api, bytes, "'messages'", err, cap))
+        return -1;
     cJSON *norm = normalize_messages(messages, err, cap);
     if (norm == NULL)
         return -1;
@@ -641,6 +671,10 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
     cJSON_Delete(norm);
     if (json == NULL) {
         snprintf(err, cap, "out of memory");
+        return -1;
+    }
+    if (!gang__api_text_fits(api, strlen(json), "'messages'", err, cap)) {
+        cJSON_free(json);
         return -1;
     }
     gang_chat_render_opts ro = {.add_generation_prompt = add_generation_prompt};

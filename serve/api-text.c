@@ -45,6 +45,8 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         goto out_bad;
     }
     size_t len = text ? strlen(text) : 0;
+    if (!gang__api_text_fits(api, len, "the text", err, sizeof(err)))
+        goto out_bad;
     size_t cap = len + 16; /* no tokenizer makes more ids than bytes, plus BOS/EOS */
     ids = text ? malloc(cap * sizeof(int32_t)) : NULL;
     if (ids == NULL) {

@@ -315,6 +315,8 @@ static void load_text(gang_api *api)
         snprintf(api->tok_why, sizeof(api->tok_why), "the model has no usable tokenizer.json: %s",
                  err);
         gang_warn("api: text prompts are off: %s", api->tok_why);
+    } else {
+        api->text_max = 4 * (size_t)api->cfg.ctx * gang_tokenizer_max_token_bytes(api->tok) + 4096;
     }
     rc = gguf ? gang_gguf_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err))
               : gang_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err));

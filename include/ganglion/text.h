@@ -56,6 +56,10 @@ int gang_tokenizer_encode(const gang_tokenizer *tok, const char *text, size_t le
 
 /* Number of ids (vocabulary and added tokens): every id is below it. */
 int32_t gang_tokenizer_n_ids(const gang_tokenizer *tok);
+/* The most bytes one token stands for (its content or its decoded bytes, whichever is
+ * longer; at least 1): a text of B bytes needs at least B / this many ids, so a caller
+ * can refuse a text too long for a context before tokenizing it. O(vocabulary). */
+size_t gang_tokenizer_max_token_bytes(const gang_tokenizer *tok);
 /* The id of the token whose content is CONTENT (a vocabulary or added token, e.g.
  * "<|im_end|>"), or -1. */
 int32_t gang_tokenizer_token_id(const gang_tokenizer *tok, const char *content);

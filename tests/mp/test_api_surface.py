@@ -11,13 +11,19 @@ tokenizer and chat template (one rank, an API key, --cors-allow-origin):
 * every error in OpenAI's shape {"error": {"message", "type", "param", "code"}}: code a
   string or null, never a number; type invalid_request_error below 500; param the field
   a 400 names; a path outside /v1 (the agent's own 404) too; a NUL in a prompt string and
-  trailing bytes after the JSON body are refused, not cut or ignored.
+  trailing bytes after the JSON body are refused, not cut or ignored;
+* an 8 MiB text prompt is refused (400) before tokenizing, in < 100 ms (the median of
+  three, from the last byte sent), on completions, chat and /tokenize, while /healthz
+  answers every time (within 1 s, kubelet's default timeout) and the gang does not restart.
 Skips (77) when the tokenizer cannot be fetched (scripts/fetch-reference.sh)."""
 import http.client
 import json
 import os
 import shutil
+import socket
 import sys
+import threading
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -135,6 +141,76 @@ def check_errors(g):
     H.check("NUL" in r["error"]["message"], "NUL refusal: %r" % r)
 
 
+def timed_post(g, path, raw):
+    """POSTs raw over a plain socket: (status, parsed body, ms from the last byte handed to
+    the kernel to the whole answer), a measure of the server's work rather than of the
+    Python client's."""
+    data = raw.encode()
+    head = ("POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: "
+            "application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+            % (path, KEY, len(data))).encode()
+    with socket.create_connection((g.addr(0), g.http_port), timeout=30) as sk:
+        sk.sendall(head + data)
+        t0 = time.monotonic()
+        got = b""
+        while True:
+            b = sk.recv(65536)
+            if not b:
+                break
+            got += b
+        ms = (time.monotonic() - t0) * 1000
+    hdr, _, body = got.partition(b"\r\n\r\n")
+    hs = dict(line.split(": ", 1) for line in hdr.decode().split("\r\n")[1:] if ": " in line)
+    return int(hdr.split()[1]), {k.lower(): v for k, v in hs.items()}, json.loads(body), ms
+
+
+def check_big_prompt(g):
+    """An 8 MiB text prompt (just under the body limit) is refused before it is tokenized:
+    400 in < 100 ms, for completions, chat and /tokenize, while /healthz keeps answering
+    and the gang keeps its generation."""
+    gen = g.coord()["generation"]
+    probes, stop = [], threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            code, _ = H.http_get(g.addr(0), g.http_port, "/healthz", timeout=2.0)
+            probes.append((code, time.monotonic() - t0))
+            time.sleep(0.01)
+
+    th = threading.Thread(target=probe)
+    th.start()
+    text = "lorem ipsum dolor sit amet " * ((8 << 20) // 27 - 200)
+    bodies = [("/v1/completions", {"prompt": text, "max_tokens": 1}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+              ("/tokenize", {"prompt": text})]
+    try:
+        for path, body in bodies:
+            raw = json.dumps(body)
+            H.check(len(raw) < 8 << 20, "the body must fit the 8 MiB limit")
+            times = []
+            for _ in range(3):
+                s, hs, r, ms = timed_post(g, path, raw)
+                check_error(s, hs, r, 400, path)
+                H.check("before tokenizing" in r["error"]["message"], "%s: %r" % (path, r))
+                times.append(ms)
+            # The median of three: two cores are shared with the probes and the build.
+            H.check(sorted(times)[1] < 100, "%s: an 8 MiB prompt took %r ms to refuse"
+                    % (path, ["%.0f" % t for t in times]))
+            H.log("%s: 8 MiB prompt refused in %s ms"
+                  % (path, ", ".join("%.1f" % t for t in times)))
+    finally:
+        stop.set()
+        th.join(10)
+    # Every probe answered within kubelet's default timeout (1 s); a probe may wait behind
+    # the parse of one 8 MiB body (tens of ms), never behind its tokenization (seconds).
+    H.check(probes and all(c == 200 and dt < 1.0 for c, dt in probes),
+            "probes during the big prompts: %r" % [p for p in probes if p[0] != 200 or p[1] >= 1])
+    H.check(g.coord()["generation"] == gen, "the gang restarted")
+    H.log("%d probes answered meanwhile, slowest %.1f ms"
+          % (len(probes), 1000 * max(dt for _, dt in probes)))
+
+
 def scenario(h):
     ref = H.fetch_reference("smollm2", 90)
     model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=2, hidden=16, heads=1,
@@ -153,6 +229,7 @@ def scenario(h):
     check_cors(g)
     check_n(g)
     check_errors(g)
+    check_big_prompt(g)
     H.check(g.stop()["local"] == 0, "the gang did not stop cleanly")
 
 
