@@ -746,6 +746,26 @@ static void server_reject(gang_http_server *s)
     }
 }
 
+/*
+ * The connection a new one replaces at the cap: the longest-standing one still reading a
+ * request (a slow client, or a keep-alive one idle between requests), or NULL when every
+ * connection is being answered. The list is newest first.
+ */
+static http_conn *server_victim(gang_http_server *s)
+{
+    http_conn *v = NULL;
+    for (http_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->state == CONN_READING)
+            v = c;
+    return v;
+}
+
+/*
+ * At the cap, a new connection sheds the oldest one that has not finished sending its
+ * request, so that clients which open connections and send slowly (or nothing) cannot
+ * starve the probes and other clients: only connections being answered hold their place.
+ * When every connection is being answered the new one is refused.
+ */
 static void on_connection(uv_stream_t *listener, int status)
 {
     gang_http_server *s = listener->data;
@@ -756,8 +776,20 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     if (s->nconns >= s->max_conns) {
-        server_reject(s);
-        return;
+        http_conn *v = server_victim(s);
+        if (v == NULL) {
+            server_reject(s);
+            return;
+        }
+        conn_close(v);
+        s->shed++;
+        uint64_t now = uv_now(s->loop);
+        if (now - s->last_shed_warn_ms >= 5000 || s->last_shed_warn_ms == 0) {
+            gang_warn("http: at the limit of %d connections: closing the oldest ones still "
+                      "sending a request (%llu so far)",
+                      s->max_conns, (unsigned long long)s->shed);
+            s->last_shed_warn_ms = now != 0 ? now : 1;
+        }
     }
     c = calloc(1, sizeof(*c));
     if (c == NULL) {

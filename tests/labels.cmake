@@ -29,7 +29,7 @@ set_property(TEST ${GANG_UNIT_TESTS} APPEND PROPERTY LABELS unit)
 set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli flood front_door gang_forms
   gpu_health gpu_placement hang_worker kill_agent kill_coordinator kill_worker member_flood
   openai_client reject request_deadline restart_budget serve_model shm_hygiene
-  stale_generation start_order api_surface)
+  stale_generation start_order api_surface slow_clients)
 list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 

@@ -25,8 +25,11 @@
  * maintained http_parser library. Serves probes, metrics, status and the API.
  *
  * Bounds: request line + headers <= 16 KiB, body <= max_body (413 beyond), at most
- * max_conns connections (extra ones are closed at accept), and a connection that does not
- * complete a request within idle_timeout_ms is closed (slowloris). Keep-alive supported.
+ * max_conns connections: at the cap a new connection replaces the oldest one still
+ * sending its request (or idle between keep-alive requests), so slow clients are shed
+ * before they starve the probes; only when every connection is being answered is a new
+ * one closed at accept. A connection that does not complete a request within
+ * idle_timeout_ms is closed (slowloris). Keep-alive supported.
  * Malformed requests get 400 and the connection is closed; others keep being served.
  */
 
