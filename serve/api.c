@@ -264,6 +264,30 @@ static void seq_submit(gang_api *api, api_seq *s)
     }
 }
 
+/*
+ * c passed its deadline with generated tokens: rather than a 504 that drops them, every
+ * unfinished sequence is cancelled in the gang and ends with what it has
+ * (finish_reason "length"), and the call is answered as usual.
+ */
+static void call_end_at_deadline(gang_api *api, api_call *c)
+{
+    uint32_t left = c->n_seqs - c->n_done;
+    for (uint32_t i = 0; i < c->n_seqs && left > 0; i++) {
+        api_seq *s = c->seqs[i];
+        if (s->done)
+            continue;
+        left--;
+        gang__api_cancel_in_gang(api, s);
+        gang__api_seq_finish(api, s, "length");
+        if (left == 0) { /* the last: seq_done answers and frees c */
+            if (!call_drop_if_gone(api, c))
+                seq_done(api, s);
+            return;
+        }
+        seq_done(api, s);
+    }
+}
+
 static void on_sweep(uv_timer_t *t)
 {
     gang_api *api = t->data;
@@ -288,7 +312,10 @@ static void on_sweep(uv_timer_t *t)
                 snprintf(msg + n, sizeof(msg) - (size_t)n,
                          "; node %u forwards to the coordinator (node 0), which is not serving",
                          api->cfg.forward_node);
-            call_fail_free(api, c, 504, "timeout", msg);
+            if (got > 0)
+                call_end_at_deadline(api, c);
+            else
+                call_fail_free(api, c, 504, "timeout", msg);
         } else {
             for (uint32_t i = 0; i < c->n_seqs; i++)
                 seq_submit(api, c->seqs[i]);
