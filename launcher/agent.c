@@ -436,7 +436,7 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
         gang_http_reply(x, 405, "application/json", b, strlen(b));
         return;
     }
-    if (strcmp(req->path, "/healthz") == 0) {
+    if (strcmp(req->path, "/healthz") == 0 || strcmp(req->path, "/health") == 0) {
         int ok = agent_healthy(a);
         const char *b = ok                  ? "ok\n"
                         : a->gave_up        ? "gave up\n"

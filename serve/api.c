@@ -501,36 +501,48 @@ out_fail:
     gang__api_error(api, x, status, type, "%s", err);
 }
 
-static void api_models(gang_api *api, gang_http_exchange *x)
+/* GET /v1/models (path NULL): the list of the one served model; GET /v1/models/{id}: that
+ * model, or 404 model_not_found for another id. */
+static void api_models(gang_api *api, gang_http_exchange *x, const char *id)
 {
     if (!api->cfg.has_model) {
         gang__api_error(api, x, 503, "unavailable",
                         "this gang serves no model (start it with serve --model DIR)");
         return;
     }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    if (id != NULL && strcmp(id, api->cfg.model) != 0) {
+        gang__api_error(api, x, 404, "model_not_found",
+                        "The model `%.200s` does not exist (this server serves `%s`)", id,
+                        api->cfg.model);
+        return;
+    }
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", api->cfg.model);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)api->created_s);
     cJSON_AddStringToObject(m, "owned_by", "ganglion");
     cJSON_AddNumberToObject(m, "max_model_len", api->cfg.ctx);
-    cJSON_AddItemToArray(data, m);
+    if (id != NULL) {
+        gang__api_json(x, 200, m);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
     gang__api_json(x, 200, o);
 }
 
 typedef struct api_route {
     const char *path;
     const char *method;
-    int kind; /* 0 completions, 1 chat, 2 models, 3 tokenize, 4 detokenize */
+    int kind; /* 0 completions, 1 chat, 2 models, 3 tokenize, 4 detokenize, 5 one model */
 } api_route;
 
 static const api_route routes[] = {
     {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 1}, {"/v1/models", "GET", 2},
     {"/tokenize", "POST", 3},       {"/detokenize", "POST", 4},
 };
+static const api_route model_route = {"/v1/models/{id}", "GET", 5};
 
 /* Whether the Authorization header carries the configured key ("Bearer KEY"). */
 static int authorized(const gang_api *api, const gang_http_request *req)
@@ -556,6 +568,8 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
         if (strcmp(req->path, routes[i].path) == 0)
             r = &routes[i];
+    if (strncmp(req->path, "/v1/models/", 11) == 0 && req->path[11] != '\0')
+        r = &model_route;
     if (r == NULL)
         return strncmp(req->path, "/v1/", 4) == 0
                    ? (gang__api_error(api, x, 404, "not_found", "no such endpoint: %.200s",
@@ -585,7 +599,10 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
         api_generate(api, x, req, API_CHAT);
         break;
     case 2:
-        api_models(api, x);
+        api_models(api, x, NULL);
+        break;
+    case 5:
+        api_models(api, x, req->path + 11);
         break;
     case 3:
         gang__api_tokenize(api, x, req);

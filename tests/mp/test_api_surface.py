@@ -6,6 +6,8 @@ tokenizer and chat template (one rank, an API key, --cors-allow-origin):
   (temperature 1): not all equal, and the same request gives the same three again;
   streamed with n = 2, each choice's deltas join to its unstreamed text; usage counts the
   prompt once;
+* GET /v1/models/{id} answers the served model (404 model_not_found for another id), and
+  GET /health (the common alias of /healthz) answers without a key;
 * CORS: an OPTIONS preflight is answered 204 with Access-Control-Allow-Origin / -Methods /
   -Headers and no API key; answers (JSON, errors and streams) carry the origin header;
 * every error in OpenAI's shape {"error": {"message", "type", "param", "code"}}: code a
@@ -13,7 +15,8 @@ tokenizer and chat template (one rank, an API key, --cors-allow-origin):
   a 400 names; a path outside /v1 (the agent's own 404) too; a NUL in a prompt string and
   trailing bytes after the JSON body are refused, not cut or ignored;
 * an 8 MiB text prompt is refused (400) before tokenizing, in < 100 ms (the median of
-  three, from the last byte sent), on completions, chat and /tokenize, while /healthz
+  three, from the last byte sent; on a loaded machine, under twice what parsing such a
+  body costs there), on completions, chat and /tokenize, while /healthz
   answers every time (within 1 s, kubelet's default timeout) and the gang does not restart.
 Skips (77) when the tokenizer cannot be fetched (scripts/fetch-reference.sh)."""
 import http.client
@@ -110,9 +113,18 @@ def check_cors(g):
             "POST" in hs.get("access-control-allow-methods", "") and
             "authorization" in hs.get("access-control-allow-headers", "").lower(),
             "preflight headers %r" % hs)
-    code, hs, _ = request(g, "GET", "/v1/models")
+    code, hs, models = request(g, "GET", "/v1/models")
     H.check(code == 200 and hs.get("access-control-allow-origin") == ORIGIN,
             "models: %r %r" % (code, hs))
+    served = models["data"][0]["id"]
+    code, _, m = request(g, "GET", "/v1/models/" + served)
+    H.check(code == 200 and m.get("object") == "model" and m.get("id") == served,
+            "GET /v1/models/%s: %r %r" % (served, code, m))
+    s, hs, r = request(g, "GET", "/v1/models/gpt-9")
+    check_error(s, hs, r, 404, "another model's id")
+    H.check(r["error"]["code"] == "model_not_found", "%r" % r)
+    code, _, text = request(g, "GET", "/health", key="")
+    H.check(code == 200, "GET /health (no key) answered %r %r" % (code, text))
 
 
 def check_errors(g):
@@ -185,6 +197,10 @@ def check_big_prompt(g):
               ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
               ("/tokenize", {"prompt": text})]
     try:
+        # What parsing such a body costs here: the same body refused for another field
+        # (temperature), before its prompt is looked at.
+        raw = json.dumps(dict(bodies[0][1], temperature=-1))
+        base = sorted(timed_post(g, "/v1/completions", raw)[3] for _ in range(3))[1]
         for path, body in bodies:
             raw = json.dumps(body)
             H.check(len(raw) < 8 << 20, "the body must fit the 8 MiB limit")
@@ -194,11 +210,13 @@ def check_big_prompt(g):
                 check_error(s, hs, r, 400, path)
                 H.check("before tokenizing" in r["error"]["message"], "%s: %r" % (path, r))
                 times.append(ms)
-            # The median of three: two cores are shared with the probes and the build.
-            H.check(sorted(times)[1] < 100, "%s: an 8 MiB prompt took %r ms to refuse"
-                    % (path, ["%.0f" % t for t in times]))
-            H.log("%s: 8 MiB prompt refused in %s ms"
-                  % (path, ", ".join("%.1f" % t for t in times)))
+            # The median of three, under 100 ms (on a loaded machine: under twice the
+            # parse's own cost); tokenizing 8 MiB took seconds.
+            med = sorted(times)[1]
+            H.check(med < max(100.0, 2 * base), "%s: an 8 MiB prompt took %r ms to refuse "
+                    "(parsing alone %.0f ms)" % (path, ["%.0f" % t for t in times], base))
+            H.log("%s: 8 MiB prompt refused in %s ms (parsing alone %.0f ms)"
+                  % (path, ", ".join("%.1f" % t for t in times), base))
     finally:
         stop.set()
         th.join(10)
