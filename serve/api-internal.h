@@ -50,6 +50,7 @@ typedef struct api_params {
     int stream;         /* answer as Server-Sent Events */
     int include_usage;  /* stream_options.include_usage */
     int skip_special;   /* drop special tokens from the text (default 1) */
+    int echo;           /* completions: the prompt's text comes before the completion */
     char *grammar;      /* the schema the output must follow (sampling.grammar_bytes), or
                            NULL; owned by the call */
     char *tools_json;   /* chat: the request's "tools" (compact JSON), or NULL; owned */
@@ -89,6 +90,8 @@ typedef struct api_seq {
     uint32_t n_gen;      /* tokens reported by the current generation's run */
     uint32_t n_lp_sent;  /* tokens (ids, logprobs) a stream chunk carried */
     int role_sent;       /* chat stream: the first chunk (with the role) is out */
+    char *echo;          /* "echo": the prompt's text (malloc'd), or NULL */
+    int echo_sent;       /* a completion stream: the echo went out */
     uint32_t mismatches; /* re-run tokens that differed from the accepted ones */
     gang_tok_decoder dec;
     char *text; /* decoded output (with a tokenizer), NUL-terminated */

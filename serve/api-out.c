@@ -305,6 +305,16 @@ static void stream_progress(gang_api *api, api_seq *s, int final)
         s->role_sent = 1;
         if (has_text || !final)
             cJSON_AddStringToObject(delta, "content", piece ? piece : "");
+    } else if (s->echo != NULL && !s->echo_sent) { /* the echo leads the first chunk */
+        size_t el = strlen(s->echo), pl = piece != NULL ? strlen(piece) : 0;
+        char *both = malloc(el + pl + 1);
+        if (both != NULL) {
+            memcpy(both, s->echo, el);
+            memcpy(both + el, piece != NULL ? piece : "", pl + 1);
+        }
+        cJSON_AddStringToObject(ch, "text", both != NULL ? both : "");
+        free(both);
+        s->echo_sent = 1;
     } else {
         cJSON_AddStringToObject(ch, "text", piece ? piece : "");
     }
@@ -414,6 +424,15 @@ static cJSON *choice_json(const gang_api *api, const api_seq *s)
             tool_message(m, s, calls, head, 0);
         else
             cJSON_AddStringToObject(m, "content", text);
+    } else if (api->tok != NULL && s->echo != NULL) {
+        size_t el = strlen(s->echo), tl = strlen(text);
+        char *both = malloc(el + tl + 1);
+        if (both != NULL) {
+            memcpy(both, s->echo, el);
+            memcpy(both + el, text, tl + 1);
+        }
+        cJSON_AddStringToObject(ch, "text", both != NULL ? both : text);
+        free(both);
     } else if (api->tok != NULL) {
         cJSON_AddStringToObject(ch, "text", text);
     } else {

@@ -262,10 +262,9 @@ static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
         snprintf(err, cap, "'best_of' must be 1 ('n' gives several choices)");
         return -1;
     }
-    const cJSON *echo = cJSON_GetObjectItemCaseSensitive(o, "echo");
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(o, "suffix");
-    if (cJSON_IsTrue(echo) || (suffix != NULL && !cJSON_IsNull(suffix))) {
-        snprintf(err, cap, "'echo' and 'suffix' are not supported");
+    if (suffix != NULL && !cJSON_IsNull(suffix)) {
+        snprintf(err, cap, "'suffix' is not supported");
         return -1;
     }
     return 0;
@@ -312,6 +311,15 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
         return -1;
     if (g > 0)
         p->skip_special = b;
+    if ((g = get_bool(o, "echo", &b, err, cap)) < 0)
+        return -1;
+    p->echo = g > 0 && b;
+    if (p->echo && (kind != API_COMPLETION || p->sampling.logprobs)) {
+        snprintf(err, cap,
+                 "'echo' is for /v1/completions without logprobs (the prompt's "
+                 "logprobs are not computed)");
+        return -1;
+    }
     return 0;
 }
 
@@ -447,6 +455,37 @@ static int encode_text(gang_api *api, const char *text, size_t len, bool add_spe
     return 0;
 }
 
+/* The text of ids[0..n) (special tokens kept), malloc'd, or NULL without a tokenizer. */
+static char *decode_ids(const gang_api *api, const int32_t *ids, uint32_t n)
+{
+    gang_tok_decoder d;
+    size_t cap = 64, len = 0, k = 0;
+    char *out = api->tok != NULL ? malloc(cap) : NULL, piece[3 * 4096 + GANG_TOK_DECODE_SLACK];
+    if (out == NULL)
+        return NULL;
+    gang_tok_decoder_init(&d, api->tok, false);
+    for (uint32_t i = 0; i <= n; i++) {
+        int rc = i < n ? gang_tokenizer_decode_step(&d, ids[i], piece, sizeof(piece), &k)
+                       : gang_tokenizer_decode_flush(&d, piece, sizeof(piece), &k);
+        if (rc != 0)
+            k = 0;
+        if (len + k + 1 > cap) {
+            while (len + k + 1 > cap)
+                cap *= 2;
+            char *t = realloc(out, cap);
+            if (t == NULL) {
+                free(out);
+                return NULL;
+            }
+            out = t;
+        }
+        memcpy(out + len, piece, k);
+        len += k;
+    }
+    out[len] = '\0';
+    return out;
+}
+
 /* One element of "prompt": a string or an array of ids. */
 static int prompt_one(gang_api *api, const cJSON *e, api_call *c, char *err, size_t cap)
 {
@@ -465,7 +504,20 @@ static int prompt_one(gang_api *api, const cJSON *e, api_call *c, char *err, siz
                  "strings or of token id arrays");
         return -1;
     }
-    return add_seq(api, c, ids, n, err, cap);
+    char *echo = !c->p.echo          ? NULL
+                 : cJSON_IsString(e) ? strdup(e->valuestring)
+                                     : decode_ids(api, ids, n);
+    uint32_t first = c->n_seqs;
+    int rc = add_seq(api, c, ids, n, err, cap);
+    for (uint32_t i = first; rc == 0 && echo != NULL && i < c->n_seqs; i++) {
+        c->seqs[i]->echo = strdup(echo);
+        if (c->seqs[i]->echo == NULL) {
+            snprintf(err, cap, "out of memory");
+            rc = -1;
+        }
+    }
+    free(echo);
+    return rc;
 }
 
 static int chat_prompt(gang_api *api, const cJSON *o, api_call *c, char *err, size_t cap)

@@ -116,6 +116,7 @@ static void seq_free(api_seq *s)
     if (s == NULL)
         return;
     free(s->prompt);
+    free(s->echo);
     free(s->out);
     free(s->lp);
     free(s->text);

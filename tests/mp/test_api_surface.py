@@ -6,6 +6,8 @@ tokenizer and chat template (one rank, an API key, --cors-allow-origin):
   (temperature 1): not all equal, and the same request gives the same three again;
   streamed with n = 2, each choice's deltas join to its unstreamed text; usage counts the
   prompt once;
+* echo: the prompt's text (given as text or as ids) leads the completion, streamed and
+  not; with logprobs it is refused;
 * GET /v1/models/{id} answers the served model (404 model_not_found for another id), and
   GET /health (the common alias of /healthz) answers without a key;
 * CORS: an OPTIONS preflight is answered 204 with Access-Control-Allow-Origin / -Methods /
@@ -102,6 +104,25 @@ def check_n(g):
             for ch in json.loads(line[6:])["choices"]:
                 joined[ch["index"]] += ch["delta"].get("content") or ""
     H.check([joined[0], joined[1]] == ta[:2], "streamed n=2 %r vs %r" % (joined, ta[:2]))
+
+
+def check_echo(g):
+    body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    plain = request(g, "POST", "/v1/completions", body)[2]["choices"][0]["text"]
+    code, _, r = request(g, "POST", "/v1/completions", dict(body, echo=True))
+    H.check(code == 200 and r["choices"][0]["text"] == "Once upon a time" + plain,
+            "echo: %r %r (without: %r)" % (code, r, plain))
+    code, _, text = request(g, "POST", "/v1/completions", dict(body, echo=True, stream=True))
+    joined = "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in text.split("\n")
+                     if ln.startswith("data: {") and json.loads(ln[6:])["choices"])
+    H.check(joined == "Once upon a time" + plain, "streamed echo %r" % joined)
+    ids = request(g, "POST", "/tokenize", {"prompt": "Once upon a time",
+                                           "add_special_tokens": False})[2]["tokens"]
+    code, _, r = request(g, "POST", "/v1/completions", dict(body, prompt=ids, echo=True))
+    H.check(code == 200 and r["choices"][0]["text"] == "Once upon a time" + plain,
+            "echo of ids: %r" % r)
+    s, hs, r = request(g, "POST", "/v1/completions", dict(body, echo=True, logprobs=2))
+    check_error(s, hs, r, 400, "echo with logprobs", param="echo")
 
 
 def check_cors(g):
@@ -246,6 +267,7 @@ def scenario(h):
     g.wait_serving(timeout=60)
     check_cors(g)
     check_n(g)
+    check_echo(g)
     check_errors(g)
     check_big_prompt(g)
     H.check(g.stop()["local"] == 0, "the gang did not stop cleanly")
