@@ -101,8 +101,9 @@ typedef struct gang__sampler {
     uint32_t vocab;
     /* Grammars (gang__sampler_vocab, gang__sampler_grammar): the tokenizer's table, the
      * grammar of each slot, the mask's scratch, the model's EOS ids. */
-    gang_jgram_vocab *gv; /* NULL: no tokenizer, grammars are not enforced */
-    gang_jgram **slot_g;  /* [n_slots] */
+    gang_jgram_vocab *gv;              /* NULL: no tokenizer, grammars are not enforced */
+    struct gang__vocab_loader *loader; /* the table being read in the background, or NULL */
+    gang_jgram **slot_g;               /* [n_slots] */
     uint32_t n_slots;
     uint8_t *allowed; /* [vocab] */
     int32_t eos[GANG_MAX_EOS];
@@ -311,6 +312,9 @@ void gang__sampler_free(gang__sampler *s);
  * the model's EOS ids, which a grammar lets through once its value is whole. */
 void gang__sampler_vocab(gang__sampler *s, gang_jgram_vocab *gv, const int32_t *eos,
                          uint32_t n_eos);
+/* Waits for the background read of the tokens' table (gang_engine_load_vocab), if one
+ * runs, and takes its result. The data thread (or free) only. */
+void gang__sampler_vocab_wait(gang__sampler *s);
 /* Compiles the grammar text[0..len) of the request now in slot (of n_slots) for its
  * sampling (the plan's decoder, on the sampling rank). A text that does not compile (the
  * API compiled it before, so only a different build) leaves the slot unconstrained and

@@ -65,9 +65,10 @@ int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kerne
     int rc = gang_engine_init_on(m, k, &ec, out, err, errlen);
     if (rc != 0 || s->model_dir == NULL || s->model_dir[0] == '\0')
         return rc;
-    /* A model without a usable tokenizer serves token ids only: no grammar ever comes. */
+    /* In the background: a model without a usable tokenizer serves token ids only, and
+     * no grammar ever comes. */
     char why[256];
     if (gang_engine_load_vocab(*out, s->model_dir, why, sizeof(why)) != 0)
-        gang_info("grammars are not enforced on this rank: %s", why);
+        gang_warn("grammars are not enforced on this rank: %s", why);
     return 0;
 }

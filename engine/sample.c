@@ -24,7 +24,6 @@
  */
 #include <inttypes.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +51,7 @@ void gang__sampler_free(gang__sampler *s)
 {
     if (s == NULL)
         return;
+    gang__sampler_vocab_wait(s);
     for (uint32_t i = 0; s->slot_g != NULL && i < s->n_slots; i++)
         gang_jgram_free(s->slot_g[i]);
     free(s->slot_g);
@@ -90,6 +90,7 @@ int gang__sampler_grammar(gang__sampler *s, uint32_t n_slots, uint32_t slot, con
     }
     if (slot >= s->n_slots)
         return GANG_EINVAL;
+    gang__sampler_vocab_wait(s); /* the first grammar waits for the tokens' table */
     gang_jgram_free(s->slot_g[slot]);
     s->slot_g[slot] = NULL;
     int rc = gang_jgram_compile(text, len, &s->slot_g[slot], err, sizeof(err));
@@ -102,35 +103,6 @@ int gang__sampler_grammar(gang__sampler *s, uint32_t n_slots, uint32_t slot, con
         gang_warn("sampling: slot %u has a grammar but this rank has no tokenizer: "
                   "unconstrained",
                   slot);
-    return 0;
-}
-
-int gang_engine_load_vocab(gang_engine *e, const char *model_dir, char *err, size_t errlen)
-{
-    char path[4096];
-    gang_tokenizer *tok = NULL;
-    gang_jgram_vocab *gv = NULL;
-    int rc;
-    gang_set_err(err, errlen, "%s", "");
-    if (e == NULL || model_dir == NULL)
-        return GANG_EINVAL;
-    if (!e->is_last || e->m->place.tp_rank != 0)
-        return 0;
-    if (gang_model_is_gguf(model_dir)) {
-        rc = gang_gguf_tokenizer_load(model_dir, &tok, err, errlen);
-    } else {
-        snprintf(path, sizeof(path), "%s/tokenizer.json", model_dir);
-        rc = gang_tokenizer_load(path, &tok, err, errlen);
-    }
-    if (rc != 0)
-        return rc;
-    rc = gang_jgram_vocab_init(tok, &gv);
-    gang_tokenizer_free(tok);
-    if (rc != 0) {
-        gang_set_err(err, errlen, "the tokens' table: %s", gang_strerror(rc));
-        return rc;
-    }
-    gang__sampler_vocab(&e->sampler, gv, e->m->cfg.eos_ids, e->m->cfg.n_eos);
     return 0;
 }
 

@@ -302,11 +302,14 @@ int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kerne
 
 /*
  * Grammars (gang_sampling.grammar_bytes) need the tokens' bytes where the logits are
- * sampled: on that rank (the last stage's TP rank 0) this reads the tokenizer of the model
- * at model_dir (its tokenizer.json, or a GGUF file's vocabulary) into the sampler's table;
- * on every other rank it does nothing. gang_engine_setup_init calls it when s->model_dir
- * is set. Without a table, grammars are not enforced (and a warning says so per request).
- * 0, or the tokenizer's load error with its message in err (the engine still serves).
+ * sampled: on that rank (the last stage's TP rank 0) this starts a background thread, at
+ * the lowest CPU priority, that reads the tokenizer of the model at model_dir (its
+ * tokenizer.json, or a GGUF file's vocabulary: tens of seconds for Gemma 3's 262k tokens
+ * on a busy host, which must not delay the rank's start) into the sampler's table; the
+ * first grammar to be sampled waits for it. On every other rank it does nothing.
+ * gang_engine_setup_init calls it when s->model_dir is set. Without a table (no usable
+ * tokenizer), grammars are not enforced and a warning says so. Returns 0, or
+ * GANG_ENOMEM / the thread's error with a message in err.
  */
 int gang_engine_load_vocab(gang_engine *e, const char *model_dir, char *err, size_t errlen);
 
