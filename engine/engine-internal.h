@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "ganglion/engine.h"
+#include "ganglion/text.h"
 
 /* ---------------------------------------------------------------------------------
  * The plan of one step, as every rank holds it after the broadcast. Its wire form is
@@ -17,22 +18,27 @@
  * --------------------------------------------------------------------------------- */
 #define GANG__PLAN_MAGIC 0x4e414c50u /* "PLAN" */
 #define GANG__PLAN_HDR_WORDS 5u
-/* Bytes of one entry (engine-wire.c, plan_seq_fields): 5 words and the sampling, whose
- * stop list makes it 36 to 100 bytes. */
-#define GANG__PLAN_SEQ_MIN_BYTES 56u
-#define GANG__PLAN_SEQ_MAX_BYTES 120u
+/* Bytes of one entry (engine-wire.c, plan_seq_fields): 5 words, the sampling, whose stop
+ * and bias lists make it 39 to 615 bytes, and the grammar (a u16 length and its text). */
+#define GANG__PLAN_SEQ_MIN_BYTES 61u
+#define GANG__PLAN_SEQ_MAX_BYTES (637u + GANG_GRAMMAR_MAX_BYTES)
 
 #define GANG__GRAPHS 8 /* decode-step graphs an engine keeps (one per batch size) */
 
 typedef struct gang__plan_seq {
-    uint32_t slot;     /* slot of the sequence (its table, its history) */
-    uint32_t pos0;     /* position of its first token of this step */
-    uint32_t n;        /* tokens of this step (1 for a decode) */
-    uint32_t sample;   /* 1: the last token's logits are sampled this step */
-    gang_sampling sp;  /* sampling parameters (when sample; logprobs and top_logprobs say
-                          what to report) */
-    uint32_t n_prompt; /* the request's prompt length: positions below are prompt */
-    uint32_t tok_off;  /* offset of its tokens in the plan's token array (derived) */
+    uint32_t slot;      /* slot of the sequence (its table, its history) */
+    uint32_t pos0;      /* position of its first token of this step */
+    uint32_t n;         /* tokens of this step (1 for a decode) */
+    uint32_t sample;    /* 1: the last token's logits are sampled this step */
+    gang_sampling sp;   /* sampling parameters (when sample; logprobs and top_logprobs say
+                           what to report) */
+    uint32_t n_prompt;  /* the request's prompt length: positions below are prompt */
+    uint32_t tok_off;   /* offset of its tokens in the plan's token array (derived) */
+    uint32_t g_len;     /* bytes of the grammar this entry carries (0: none): the first
+                           sampling entry of a request after each admission to a slot
+                           carries its grammar; the sampling rank keeps it by slot */
+    char *g_text;       /* encode: the grammar (rank 0's request) */
+    const char *g_wire; /* decode: the grammar, in the received plan */
 } gang__plan_seq;
 
 /*
@@ -76,6 +82,9 @@ typedef struct gang__request {
     uint32_t n_cached;          /* prompt tokens its last admission found in the cache */
     uint32_t planned;           /* in the plan being built (not a preemption victim) */
     uint32_t n_gen;             /* tokens generated so far */
+    char *grammar;              /* r.sampling.grammar_bytes of its grammar (in prompt's
+                                   allocation, after the room for the output), or NULL */
+    uint32_t g_sent;            /* its grammar went out since its last admission */
     int32_t last;               /* the last generated token (the next decode's input) */
     struct gang__request *next; /* arrival order */
 } gang__request;
@@ -92,6 +101,15 @@ typedef struct gang__sampler {
     float *adj;       /* [vocab] the penalised logits */
     uint32_t *count;  /* [vocab] occurrences in the output; all zero between calls */
     uint32_t vocab;
+    /* Grammars (gang__sampler_vocab, gang__sampler_grammar): the tokenizer's table, the
+     * grammar of each slot, the mask's scratch, the model's EOS ids. */
+    gang_jgram_vocab *gv;              /* NULL: no tokenizer, grammars are not enforced */
+    struct gang__vocab_loader *loader; /* the table being read in the background, or NULL */
+    gang_jgram **slot_g;               /* [n_slots] */
+    uint32_t n_slots;
+    uint8_t *allowed; /* [vocab] */
+    int32_t eos[GANG_MAX_EOS];
+    uint32_t n_eos;
 } gang__sampler;
 
 /* The tokens a sequence has fed so far, for the penalties (the last stage keeps them). */
@@ -99,6 +117,7 @@ typedef struct gang__history {
     const int32_t *ids; /* [n] the tokens at positions 0 .. n - 1 */
     uint32_t n;         /* the position of the token being drawn */
     uint32_t n_prompt;  /* ids [0, n_prompt) are the prompt, the rest the output */
+    uint32_t slot;      /* the sequence's slot (its grammar) */
 } gang__history;
 
 struct gang_engine {
@@ -318,8 +337,9 @@ int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *
 /* Decodes and validates header and body in e->plan_buf into e->plan (the block tables
  * into e->tables, only once the whole plan is valid). 0 or GANG_EPROTO. */
 int gang__plan_decode(gang_engine *e);
-/* Whether sp's penalties are in range: presence and frequency in [-2, 2], repetition
- * 0 (off) or > 0, all finite (submit and the plan's receivers check the same). */
+/* Whether sp's penalties and bias are in range: presence and frequency in [-2, 2], repetition
+ * 0 (off) or > 0, all finite, at most GANG_MAX_LOGIT_BIAS biases in [-100, 100] (submit
+ * and the plan's receivers check the same). */
 int gang__penalties_ok(const gang_sampling *sp);
 
 /* ---- the stages (engine-run.c) ---- */
@@ -345,6 +365,19 @@ const float *gang__engine_logits(gang_engine *e, uint32_t i);
 
 int gang__sampler_init(gang__sampler *s, uint32_t vocab);
 void gang__sampler_free(gang__sampler *s);
+/* The sampler takes table gv (owned from here on, NULL: grammars are not enforced) and
+ * the model's EOS ids, which a grammar lets through once its value is whole. */
+void gang__sampler_vocab(gang__sampler *s, gang_jgram_vocab *gv, const int32_t *eos,
+                         uint32_t n_eos);
+/* Waits for the background read of the tokens' table (gang_engine_load_vocab), if one
+ * runs, and takes its result. The data thread (or free) only. */
+void gang__sampler_vocab_wait(gang__sampler *s);
+/* Compiles the grammar text[0..len) of the request now in slot (of n_slots) for its
+ * sampling (the plan's decoder, on the sampling rank). A text that does not compile (the
+ * API compiled it before, so only a different build) leaves the slot unconstrained and
+ * is logged. 0 or GANG_ENOMEM. */
+int gang__sampler_grammar(gang__sampler *s, uint32_t n_slots, uint32_t slot, const char *text,
+                          uint32_t len);
 /*
  * Draws the token at position `position` from logits [vocab] with sp: greedy (argmax,
  * lowest index on ties, NaN ignored) when temperature is 0 or top_k is 1, otherwise
@@ -357,7 +390,10 @@ int32_t gang__sample(gang__sampler *s, const float *logits, const gang_sampling 
  * gang__sample after the penalties of sp (presence, frequency, repetition; none set:
  * exactly gang__sample) applied to a copy of logits, counted over h: the repetition
  * penalty over every distinct id of h->ids [0, n), the others over the output part
- * [n_prompt, n). The draw's position is h->n. logits is left as it was.
+ * [n_prompt, n); then sp's logit bias, then the mask of the grammar of h->slot when sp
+ * has one (gang_jgram_mask over the output part; an output the grammar refuses, or a
+ * mask that leaves nothing, leaves the EOS ids alone). The draw's position is h->n.
+ * logits is left as it was.
  */
 int32_t gang__sample_seq(gang__sampler *s, const float *logits, const gang_sampling *sp,
                          const gang__history *h);

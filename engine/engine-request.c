@@ -22,6 +22,19 @@ void gang_sampling_codec(gang_codec *c, gang_sampling *sp)
     gang_codec_uint(c, &sp->logprobs, 1, 1);
     gang_codec_uint(c, &sp->top_logprobs, 1, GANG_MAX_TOP_LOGPROBS);
     gang_codec_i32_list(c, &sp->n_stop, 1, sp->stop, GANG_MAX_STOP_TOKENS);
+    gang_codec_i32_list(c, &sp->n_bias, 1, sp->bias_ids, GANG_MAX_LOGIT_BIAS);
+    if (gang_codec_ok(c))
+        gang_codec_f32_array(c, sp->bias, sp->n_bias);
+    gang_codec_uint(c, &sp->grammar_bytes, 2, GANG_GRAMMAR_MAX_BYTES);
+}
+
+void gang_req_grammar_pack(const char *text, uint32_t len, int32_t *out)
+{
+    uint32_t words = GANG_GRAMMAR_WORDS(len);
+    if (words == 0)
+        return;
+    out[words - 1] = 0;
+    memcpy(out, text, len);
 }
 
 int gang_req_kind_valid(uint32_t kind)

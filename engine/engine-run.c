@@ -114,7 +114,8 @@ static void run_sample(gang_engine *e, uint32_t i, uint32_t row)
     const float *lg = e->logits + (size_t)row * e->vocab;
     gang__history h = {.ids = e->hist + (size_t)s->slot * e->max_ctx,
                        .n = s->pos0 + s->n,
-                       .n_prompt = s->n_prompt};
+                       .n_prompt = s->n_prompt,
+                       .slot = s->slot};
 
     e->head_row[i] = row;
     e->plan.out[i] = gang__sample_seq(&e->sampler, lg, &s->sp, &h);

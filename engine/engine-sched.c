@@ -52,6 +52,13 @@ static void sched_add(gang_engine *e, gang__request *q, uint32_t pos0, const int
     s->sp = q->r.sampling;
     s->n_prompt = q->r.n_prompt;
     s->tok_off = p->n_tokens;
+    /* The sampling rank gets a request's grammar with its first draw in a slot. */
+    s->g_len = 0;
+    s->g_text = q->grammar;
+    if (sample && q->grammar != NULL && !q->g_sent) {
+        s->g_len = q->r.sampling.grammar_bytes;
+        q->g_sent = 1;
+    }
     memcpy(p->tokens + p->n_tokens, ids, (size_t)n * sizeof(int32_t));
     p->n_tokens += n;
     q->planned = 1;
@@ -165,6 +172,7 @@ void gang__sched_build(gang_engine *e)
 
             q->running = 1;
             q->slot = free_slot;
+            q->g_sent = 0;
             q->n_blocks = 0;
             e->slot_req[free_slot] = q;
             for (uint32_t i = 0; i < n_hit; i++) {

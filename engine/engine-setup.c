@@ -11,6 +11,7 @@
 #include "ganglion/kernels.h"
 #include "ganglion/engine.h"
 #include "ganglion/model.h"
+#include "ganglion/common.h"
 
 /* The host's MemAvailable in bytes, 0 when /proc/meminfo cannot be read. */
 static uint64_t setup_host_available(void)
@@ -62,5 +63,13 @@ int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kerne
     gang_engine_setup_config(s, m->wtype, gang_engine_kv_budget(s, k), &ec);
     if (used != NULL)
         *used = ec;
-    return gang_engine_init_on(m, k, &ec, out, err, errlen);
+    int rc = gang_engine_init_on(m, k, &ec, out, err, errlen);
+    if (rc != 0 || s->model_dir == NULL || s->model_dir[0] == '\0')
+        return rc;
+    /* In the background: a model without a usable tokenizer serves token ids only, and
+     * no grammar ever comes. */
+    char why[256];
+    if (gang_engine_load_vocab(*out, s->model_dir, why, sizeof(why)) != 0)
+        gang_warn("grammars are not enforced on this rank: %s", why);
+    return 0;
 }

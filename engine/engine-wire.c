@@ -9,8 +9,10 @@
  * padded with zeros):
  *   header (GANG__PLAN_HDR_WORDS u32): magic, n_seq, n_tokens, n_table, body_bytes
  *   body:  n_seq entries (plan_seq_fields: u32 slot, pos0, n, sample, n_prompt, then the
- *          request's sampling as gang_sampling_codec writes it: GANG__PLAN_SEQ_MIN_BYTES
- *          to GANG__PLAN_SEQ_MAX_BYTES),
+ *          request's sampling as gang_sampling_codec writes it, then u16 g_len and the
+ *          grammar's g_len bytes (0 but on the first sampling entry of a request with a
+ *          grammar after its admission): GANG__PLAN_SEQ_MIN_BYTES to
+ *          GANG__PLAN_SEQ_MAX_BYTES),
  *          then the n_tokens token ids, sequence after sequence,
  *          then the n_table block ids: each sequence's block table for positions
  *          0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size) entries), sequence after
@@ -33,6 +35,28 @@ void gang__plan_hdr_fields(gang_codec *c, gang__plan_hdr *h)
     gang_codec_u32(c, &h->body_bytes);
 }
 
+/*
+ * An entry's grammar: a u16 length and the text. Decoding points g_wire into the received
+ * plan instead of copying (the plan buffer outlives the decode; the sampling rank
+ * compiles it at once), so it reads the cursor's bytes directly, bounds first.
+ */
+static void plan_grammar_fields(gang_codec *c, gang__plan_seq *s)
+{
+    gang_codec_uint(c, &s->g_len, 2, GANG_GRAMMAR_MAX_BYTES);
+    if (!gang_codec_ok(c) || s->g_len == 0)
+        return;
+    if (!c->decoding) {
+        gang_codec_bytes(c, s->g_text, s->g_len);
+        return;
+    }
+    if (s->g_len > c->cap - c->off) {
+        gang_codec_fail(c, GANG_EPROTO);
+        return;
+    }
+    s->g_wire = (const char *)c->rbuf + c->off;
+    c->off += s->g_len;
+}
+
 /* One entry of the body; the flags' bounds are the codec's, the rest the validator's. */
 static void plan_seq_fields(gang_codec *c, gang__plan_seq *s)
 {
@@ -42,6 +66,7 @@ static void plan_seq_fields(gang_codec *c, gang__plan_seq *s)
     gang_codec_uint(c, &s->sample, 4, 1);
     gang_codec_u32(c, &s->n_prompt);
     gang_sampling_codec(c, &s->sp);
+    plan_grammar_fields(c, s);
 }
 
 /*
@@ -150,6 +175,9 @@ static int plan_entry_ok(gang_engine *e, const gang__plan_seq *s, uint32_t off, 
     if (!(s->sp.temperature >= 0.0f) || !isfinite(s->sp.temperature) ||
         !(s->sp.top_p > 0.0f && s->sp.top_p <= 1.0f) || !gang__penalties_ok(&s->sp))
         return GANG_EPROTO;
+    /* A grammar comes with the sampling entry of a request that has one, as it is. */
+    if (s->g_len != 0 && (!s->sample || s->g_len != s->sp.grammar_bytes))
+        return GANG_EPROTO;
     /* The penalties read the slot's history below the sampled position. */
     if (s->n_prompt > e->max_ctx || (!s->sp.logprobs && s->sp.top_logprobs != 0) ||
         (s->sample && (s->n_prompt == 0 || s->n_prompt > s->pos0 + s->n)))
@@ -218,6 +246,10 @@ int gang__plan_decode(gang_engine *e)
         if (!gang_codec_ok(&c) || plan_entry_ok(e, s, off, h.n_tokens) != 0)
             return GANG_EPROTO;
         e->slot_seen[s->slot] = 1;
+        /* The sampling rank keeps the grammar by slot for the request's later draws. */
+        if (s->g_len != 0 && e->is_last && e->m->place.tp_rank == 0 &&
+            gang__sampler_grammar(&e->sampler, e->slots, s->slot, s->g_wire, s->g_len) != 0)
+            return GANG_ENOMEM;
         s->tok_off = off;
         p->seq_tokens[i] = s->n;
         p->seq_pos0[i] = s->pos0;

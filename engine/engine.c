@@ -597,7 +597,7 @@ static int eng_check_request(const gang_engine *e, const gang_gen_request *r, ch
     if (!gang__penalties_ok(&r->sampling)) {
         gang_set_err(err, errlen,
                      "request %" PRIu64 ": presence_penalty and frequency_penalty must be in "
-                     "[-2, 2], repetition_penalty 0 (off) or > 0",
+                     "[-2, 2], repetition_penalty 0 (off) or > 0, logit_bias values in [-100, 100]",
                      r->id);
         return GANG_EINVAL;
     }
@@ -633,20 +633,35 @@ int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, siz
         gang_set_err(err, errlen, "requests are submitted on rank 0 only");
         return GANG_EINVAL;
     }
-    rc = eng_check_request(e, r, err, errlen);
+    /* A grammar travels after the prompt (gang_gen_request): the prompt is what is before. */
+    gang_gen_request rr = *r;
+    uint32_t gw = GANG_GRAMMAR_WORDS(r->sampling.grammar_bytes);
+    if (r->sampling.grammar_bytes > GANG_GRAMMAR_MAX_BYTES || (gw > 0 && gw >= r->n_prompt)) {
+        gang_set_err(err, errlen, "request %" PRIu64 ": a grammar of %u bytes in %u ids", r->id,
+                     r->sampling.grammar_bytes, r->n_prompt);
+        return GANG_EINVAL;
+    }
+    rr.n_prompt -= gw;
+    rc = eng_check_request(e, &rr, err, errlen);
     if (rc != 0)
         return rc;
     q = calloc(1, sizeof(*q));
     if (q == NULL)
         return GANG_ENOMEM;
-    /* Room for the output too: a preempted request recomputes prompt and output. */
+    /* Room for the output too: a preempted request recomputes prompt and output. The
+     * grammar's words stay after that room. */
     q->prompt = malloc(((size_t)r->n_prompt + r->max_tokens) * sizeof(int32_t));
     if (q->prompt == NULL) {
         free(q);
         return GANG_ENOMEM;
     }
-    memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
-    q->r = *r;
+    memcpy(q->prompt, r->prompt, (size_t)rr.n_prompt * sizeof(int32_t));
+    if (gw > 0) {
+        int32_t *gwords = q->prompt + rr.n_prompt + r->max_tokens;
+        memcpy(gwords, r->prompt + rr.n_prompt, (size_t)gw * sizeof(int32_t));
+        q->grammar = (char *)gwords;
+    }
+    q->r = rr;
     q->r.prompt = q->prompt;
     if (e->queue_tail != NULL)
         e->queue_tail->next = q;

@@ -10,6 +10,7 @@ add_library(gang_engine STATIC
   engine/engine-run.c
   engine/engine-device.c
   engine/engine-setup.c
-  engine/sample.c)
+  engine/sample.c
+  engine/sample-vocab.c)
 target_include_directories(gang_engine PRIVATE engine)
 target_link_libraries(gang_engine PUBLIC gang_model gang_parallel gang_text m)

@@ -17,13 +17,18 @@
  *
  * Penalties come before all of that (gang__sample_seq), on a copy of the row, counted
  * over the sequence's own tokens, which the last stage keeps per KV slot: so they too
- * depend on nothing but the sequence. Logprobs (gang__logprobs) read the raw row.
+ * depend on nothing but the sequence. So do the logit bias and the grammar's mask: the
+ * grammar's state is replayed from the sequence's output each draw (text.h,
+ * gang_jgram_mask), never carried, so a preempted or resubmitted request is constrained
+ * exactly as an uninterrupted one. Logprobs (gang__logprobs) read the raw row.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine-internal.h"
+#include "ganglion/common.h"
 
 int gang__sampler_init(gang__sampler *s, uint32_t vocab)
 {
@@ -46,11 +51,59 @@ void gang__sampler_free(gang__sampler *s)
 {
     if (s == NULL)
         return;
+    gang__sampler_vocab_wait(s);
+    for (uint32_t i = 0; s->slot_g != NULL && i < s->n_slots; i++)
+        gang_jgram_free(s->slot_g[i]);
+    free(s->slot_g);
+    free(s->allowed);
+    gang_jgram_vocab_free(s->gv);
     free(s->cand);
     free(s->prob);
     free(s->adj);
     free(s->count);
     memset(s, 0, sizeof(*s));
+}
+
+void gang__sampler_vocab(gang__sampler *s, gang_jgram_vocab *gv, const int32_t *eos, uint32_t n_eos)
+{
+    gang_jgram_vocab_free(s->gv);
+    s->gv = gv;
+    s->n_eos = n_eos < GANG_MAX_EOS ? n_eos : GANG_MAX_EOS;
+    memcpy(s->eos, eos, (size_t)s->n_eos * sizeof(*eos));
+}
+
+int gang__sampler_grammar(gang__sampler *s, uint32_t n_slots, uint32_t slot, const char *text,
+                          uint32_t len)
+{
+    char err[256];
+    if (s->slot_g == NULL) {
+        s->slot_g = calloc(n_slots, sizeof(*s->slot_g));
+        s->allowed = malloc(s->vocab);
+        if (s->slot_g == NULL || s->allowed == NULL) {
+            free(s->slot_g);
+            free(s->allowed);
+            s->slot_g = NULL;
+            s->allowed = NULL;
+            return GANG_ENOMEM;
+        }
+        s->n_slots = n_slots;
+    }
+    if (slot >= s->n_slots)
+        return GANG_EINVAL;
+    gang__sampler_vocab_wait(s); /* the first grammar waits for the tokens' table */
+    gang_jgram_free(s->slot_g[slot]);
+    s->slot_g[slot] = NULL;
+    int rc = gang_jgram_compile(text, len, &s->slot_g[slot], err, sizeof(err));
+    if (rc == GANG_ENOMEM)
+        return rc;
+    if (rc != 0)
+        gang_warn("sampling: the grammar of slot %u does not compile here (%s): unconstrained",
+                  slot, err);
+    else if (s->gv == NULL)
+        gang_warn("sampling: slot %u has a grammar but this rank has no tokenizer: "
+                  "unconstrained",
+                  slot);
+    return 0;
 }
 
 /* The splitmix64 finaliser: a bijective mix of 64 bits. */
@@ -185,15 +238,58 @@ static void sample_penalise(gang__sampler *s, const gang_sampling *sp, const gan
     }
 }
 
+/* Adds sp's logit bias to adj (a bias at or below GANG_LOGIT_BIAS_BAN removes the id). */
+static void sample_bias(gang__sampler *s, const gang_sampling *sp)
+{
+    for (uint32_t i = 0; i < sp->n_bias && i < GANG_MAX_LOGIT_BIAS; i++) {
+        if (sp->bias_ids[i] < 0 || (uint32_t)sp->bias_ids[i] >= s->vocab)
+            continue;
+        float *x = &s->adj[sp->bias_ids[i]];
+        *x = sp->bias[i] <= GANG_LOGIT_BIAS_BAN ? -INFINITY : *x + sp->bias[i];
+    }
+}
+
+/*
+ * The grammar's mask over adj: what it refuses goes to -inf; the EOS ids keep their
+ * logit only when the output is a whole value. An output the grammar refuses (it cannot
+ * happen unless the grammar changed under a request) or a mask with nothing left lets
+ * only the EOS ids through, so the request ends instead of running on unconstrained.
+ */
+static void sample_grammar(gang__sampler *s, const gang__history *h)
+{
+    const gang_jgram *g = s->slot_g != NULL && h->slot < s->n_slots ? s->slot_g[h->slot] : NULL;
+    float keep[GANG_MAX_EOS];
+    int end = 0;
+    if (g == NULL || s->gv == NULL)
+        return;
+    for (uint32_t i = 0; i < s->n_eos; i++)
+        keep[i] = (uint32_t)s->eos[i] < s->vocab ? s->adj[s->eos[i]] : 0.0f;
+    int n = gang_jgram_mask(g, s->gv, h->ids + h->n_prompt, h->n - h->n_prompt, s->allowed,
+                            s->vocab, &end);
+    if (n < 0)
+        memset(s->allowed, 0, s->vocab);
+    for (uint32_t i = 0; i < s->vocab; i++)
+        if (!s->allowed[i])
+            s->adj[i] = -INFINITY;
+    if (end || n <= 0)
+        for (uint32_t i = 0; i < s->n_eos; i++)
+            if ((uint32_t)s->eos[i] < s->vocab)
+                s->adj[s->eos[i]] = isfinite(keep[i]) ? keep[i] : 0.0f;
+}
+
 int32_t gang__sample_seq(gang__sampler *s, const float *logits, const gang_sampling *sp,
                          const gang__history *h)
 {
     int rep = sp->repetition_penalty > 0.0f && sp->repetition_penalty != 1.0f;
 
-    if (!rep && sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f)
+    if (!rep && sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f && sp->n_bias == 0 &&
+        sp->grammar_bytes == 0)
         return gang__sample(s, logits, sp, h->n);
     memcpy(s->adj, logits, (size_t)s->vocab * sizeof(float));
     sample_penalise(s, sp, h);
+    sample_bias(s, sp);
+    if (sp->grammar_bytes > 0)
+        sample_grammar(s, h);
     return gang__sample(s, s->adj, sp, h->n);
 }
 
@@ -243,7 +339,11 @@ void gang__logprobs(const gang__sampler *s, const float *logits, int32_t token, 
 
 int gang__penalties_ok(const gang_sampling *sp)
 {
+    for (uint32_t i = 0; i < sp->n_bias && i < GANG_MAX_LOGIT_BIAS; i++)
+        if (!(sp->bias[i] >= -100.0f && sp->bias[i] <= 100.0f))
+            return 0;
     return sp->presence_penalty >= -2.0f && sp->presence_penalty <= 2.0f &&
            sp->frequency_penalty >= -2.0f && sp->frequency_penalty <= 2.0f &&
-           sp->repetition_penalty >= 0.0f && isfinite(sp->repetition_penalty);
+           sp->repetition_penalty >= 0.0f && isfinite(sp->repetition_penalty) &&
+           sp->n_bias <= GANG_MAX_LOGIT_BIAS;
 }

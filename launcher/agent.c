@@ -436,7 +436,7 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
         gang_http_reply(x, 405, "application/json", b, strlen(b));
         return;
     }
-    if (strcmp(req->path, "/healthz") == 0) {
+    if (strcmp(req->path, "/healthz") == 0 || strcmp(req->path, "/health") == 0) {
         int ok = agent_healthy(a);
         const char *b = ok                  ? "ok\n"
                         : a->gave_up        ? "gave up\n"
@@ -473,7 +473,8 @@ static void on_http(void *ctx, gang_http_exchange *x, const gang_http_request *r
         }
         gang_metrics_buf_free(&b);
     } else {
-        const char *b = "{\"error\":\"not found\"}";
+        const char *b = "{\"error\":{\"message\":\"not found\",\"type\":"
+                        "\"invalid_request_error\",\"param\":null,\"code\":\"not_found\"}}";
         gang_http_reply(x, 404, "application/json", b, strlen(b));
     }
 }
@@ -675,7 +676,8 @@ static int agent_start(agent *a)
                            .port = c->http_port,
                            .max_body = 8 << 20,
                            .max_conns = 256,
-                           .idle_timeout_ms = 10000};
+                           .idle_timeout_ms = 10000,
+                           .cors_origin = c->cors_allow_origin};
     int rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);
     if (rc != 0) {
         gang_error("agent: HTTP on %s:%d: %s", c->bind_address, c->http_port,

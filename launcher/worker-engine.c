@@ -165,6 +165,7 @@ void gang__wres_engine_setup(const gang__wres_config *c, gang_engine_setup *out)
     out->kv_dtype = c->layout.kv_dtype;
     out->prefix_caching = c->prefix_caching;
     out->cuda_graphs = c->cuda_graphs;
+    out->model_dir = c->layout.model; /* the tokenizer, for grammars */
     out->ranks_per_host =
         c->layout.tc.nproc_per_node > 0 ? (uint32_t)c->layout.tc.nproc_per_node : 1;
 }

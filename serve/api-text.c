@@ -14,7 +14,7 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
     char *text = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    cJSON *o = gang__api_parse_body(req, err, sizeof(err));
     if (api->tok == NULL) {
         snprintf(err, sizeof(err), "%s", api->tok_why);
         goto out_bad;
@@ -36,7 +36,7 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         text = strdup(prompt->valuestring);
         add_special = add == NULL || cJSON_IsTrue(add);
     } else if (prompt == NULL && msgs != NULL) {
-        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), &text, err,
+        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), NULL, &text, err,
                                   sizeof(err)) != 0)
             goto out_bad;
         add_special = cJSON_IsTrue(add);
@@ -45,6 +45,8 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         goto out_bad;
     }
     size_t len = text ? strlen(text) : 0;
+    if (!gang__api_text_fits(api, len, "the text", err, sizeof(err)))
+        goto out_bad;
     size_t cap = len + 16; /* no tokenizer makes more ids than bytes, plus BOS/EOS */
     ids = text ? malloc(cap * sizeof(int32_t)) : NULL;
     if (ids == NULL) {
@@ -79,7 +81,7 @@ void gang__api_detokenize(gang_api *api, gang_http_exchange *x, const gang_http_
     int32_t *ids = NULL;
     uint32_t n = 0;
     char *text = NULL;
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    cJSON *o = gang__api_parse_body(req, err, sizeof(err));
     if (api->tok == NULL) {
         snprintf(err, sizeof(err), "%s", api->tok_why);
         goto out_bad;

@@ -36,8 +36,8 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o)
 {
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     if (text == NULL) {
-        const char *b = "{\"error\":{\"message\":\"out of memory\",\"type\":\"internal\","
-                        "\"code\":500}}";
+        const char *b = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                        "\"param\":null,\"code\":null}}";
         gang_http_reply(x, 500, "application/json", b, strlen(b));
     } else {
         gang_http_reply(x, status, "application/json", text, strlen(text));
@@ -46,15 +46,38 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o)
     cJSON_Delete(o);
 }
 
-/* {"error":{"message":..,"type":..,"param":null,"code":status}} */
-cJSON *gang__api_error_object(int status, const char *type, const char *msg)
+/*
+ * The request field a 400's message names first ('field' or 'field.sub' / 'field'[i]:
+ * the field), written into param (cap bytes); "" when it names none.
+ */
+static void error_param(const char *msg, char *param, size_t cap)
 {
+    size_t n = 0;
+    param[0] = '\0';
+    if (msg[0] != '\'')
+        return;
+    while (msg[1 + n] != '\0' && strchr("'.[", msg[1 + n]) == NULL && n + 1 < cap)
+        n++;
+    memcpy(param, msg + 1, n);
+    param[n] = '\0';
+}
+
+cJSON *gang__api_error_object(int status, const char *code, const char *msg)
+{
+    char param[64];
     cJSON *o = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", type);
-    cJSON_AddNullToObject(e, "param");
-    cJSON_AddNumberToObject(e, "code", status);
+    cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error");
+    error_param(msg, param, sizeof(param));
+    if (status == 400 && param[0] != '\0')
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (code == NULL || strcmp(code, "invalid_request_error") == 0)
+        cJSON_AddNullToObject(e, "code");
+    else
+        cJSON_AddStringToObject(e, "code", code);
     return o;
 }
 
@@ -93,6 +116,7 @@ static void seq_free(api_seq *s)
     if (s == NULL)
         return;
     free(s->prompt);
+    free(s->echo);
     free(s->out);
     free(s->lp);
     free(s->text);
@@ -119,6 +143,8 @@ static void call_free(gang_api *api, api_call *c)
         seq_free(c->seqs[i]);
     }
     free(c->seqs);
+    free(c->p.grammar);
+    cJSON_free(c->p.tools_json);
     free(c);
 }
 
@@ -202,7 +228,7 @@ static void seq_done(gang_api *api, api_seq *s)
  */
 static void seq_submit(gang_api *api, api_seq *s)
 {
-    if (api->gen == 0 || s->done || (s->sent_gen == api->gen && s->parts == s->n_prompt))
+    if (api->gen == 0 || s->done || (s->sent_gen == api->gen && s->parts == s->n_wire))
         return;
     if (s->sent_gen != api->gen) {
         s->sent_gen = api->gen;
@@ -213,26 +239,53 @@ static void seq_submit(gang_api *api, api_seq *s)
             api->resubmits++;
         s->submissions++;
     }
-    while (s->parts < s->n_prompt) {
+    while (s->parts < s->n_wire) {
         gang_req_msg *m = &api->pkt;
         memset(m, 0, sizeof(*m));
-        uint32_t n = s->n_prompt - s->parts;
+        uint32_t n = s->n_wire - s->parts;
         if (n > GANG_REQ_MAX_IDS)
             n = GANG_REQ_MAX_IDS;
         m->kind = s->parts == 0 ? GANG_REQ_SUBMIT : GANG_REQ_PROMPT;
         m->generation = api->gen;
         m->id = s->id;
-        m->n_prompt = s->n_prompt;
+        m->n_prompt = s->n_wire; /* the grammar's words travel after the prompt */
         m->index = s->parts;
         m->n_ids = n;
         memcpy(m->ids, s->prompt + s->parts, (size_t)n * sizeof(int32_t));
         if (s->parts == 0) {
             m->max_tokens = s->max_tokens;
             m->sampling = s->call->p.sampling;
+            /* Choice j of n draws with its own seed, a function of the call's: seeded
+             * choices differ from each other and are reproducible. */
+            m->sampling.seed += (uint64_t)s->choice * 0x9e3779b97f4a7c15ull;
         }
         if (api->submit(api->submit_ctx, m) != 0)
             return; /* channel full or rank 0 down: the sweep goes on */
         s->parts += n;
+    }
+}
+
+/*
+ * c passed its deadline with generated tokens: rather than a 504 that drops them, every
+ * unfinished sequence is cancelled in the gang and ends with what it has
+ * (finish_reason "length"), and the call is answered as usual.
+ */
+static void call_end_at_deadline(gang_api *api, api_call *c)
+{
+    uint32_t left = c->n_seqs - c->n_done;
+    for (uint32_t i = 0; i < c->n_seqs && left > 0; i++) {
+        api_seq *s = c->seqs[i];
+        if (s->done)
+            continue;
+        left--;
+        gang__api_cancel_in_gang(api, s);
+        gang__api_seq_finish(api, s, "length");
+        if (left == 0) { /* the last: seq_done answers and frees c */
+            if (!call_drop_if_gone(api, c))
+                seq_done(api, s);
+            return;
+        }
+        seq_done(api, s);
     }
 }
 
@@ -260,7 +313,10 @@ static void on_sweep(uv_timer_t *t)
                 snprintf(msg + n, sizeof(msg) - (size_t)n,
                          "; node %u forwards to the coordinator (node 0), which is not serving",
                          api->cfg.forward_node);
-            call_fail_free(api, c, 504, "timeout", msg);
+            if (got > 0)
+                call_end_at_deadline(api, c);
+            else
+                call_fail_free(api, c, 504, "timeout", msg);
         } else {
             for (uint32_t i = 0; i < c->n_seqs; i++)
                 seq_submit(api, c->seqs[i]);
@@ -287,6 +343,8 @@ static void load_text(gang_api *api)
         snprintf(api->tok_why, sizeof(api->tok_why), "the model has no usable tokenizer.json: %s",
                  err);
         gang_warn("api: text prompts are off: %s", api->tok_why);
+    } else {
+        api->text_max = 4 * (size_t)api->cfg.ctx * gang_tokenizer_max_token_bytes(api->tok) + 4096;
     }
     rc = gguf ? gang_gguf_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err))
               : gang_chat_template_load(api->cfg.model_dir, &api->tpl, err, sizeof(err));
@@ -399,7 +457,8 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
                         api->n_calls);
         return;
     }
-    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    char why[128];
+    cJSON *o = gang__api_parse_body(req, why, sizeof(why));
     api_call *c = calloc(1, sizeof(*c));
     int status = 400;
     const char *type = "invalid_request_error";
@@ -412,7 +471,7 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
     c->kind = kind;
     c->x = x;
     if (o == NULL || !cJSON_IsObject(o)) {
-        snprintf(err, sizeof(err), "the body must be a JSON object");
+        snprintf(err, sizeof(err), "%s", o == NULL ? why : "the body must be a JSON object");
         goto out_fail;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
@@ -421,7 +480,7 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
         snprintf(err, sizeof(err), "The model `%.200s` does not exist (this server serves `%s`)",
                  cJSON_IsString(model) ? model->valuestring : "?", api->cfg.model);
         status = 404;
-        type = "NotFoundError";
+        type = "model_not_found";
         goto out_fail;
     }
     if (gang__api_parse_params(api, o, kind, &c->p, err, sizeof(err)) != 0 ||
@@ -436,41 +495,55 @@ out_fail:
         for (uint32_t i = 0; i < c->n_seqs; i++)
             seq_free(c->seqs[i]);
         free(c->seqs);
+        free(c->p.grammar);
+        cJSON_free(c->p.tools_json);
         free(c);
     }
     gang__api_error(api, x, status, type, "%s", err);
 }
 
-static void api_models(gang_api *api, gang_http_exchange *x)
+/* GET /v1/models (path NULL): the list of the one served model; GET /v1/models/{id}: that
+ * model, or 404 model_not_found for another id. */
+static void api_models(gang_api *api, gang_http_exchange *x, const char *id)
 {
     if (!api->cfg.has_model) {
         gang__api_error(api, x, 503, "unavailable",
                         "this gang serves no model (start it with serve --model DIR)");
         return;
     }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    if (id != NULL && strcmp(id, api->cfg.model) != 0) {
+        gang__api_error(api, x, 404, "model_not_found",
+                        "The model `%.200s` does not exist (this server serves `%s`)", id,
+                        api->cfg.model);
+        return;
+    }
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", api->cfg.model);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)api->created_s);
     cJSON_AddStringToObject(m, "owned_by", "ganglion");
     cJSON_AddNumberToObject(m, "max_model_len", api->cfg.ctx);
-    cJSON_AddItemToArray(data, m);
+    if (id != NULL) {
+        gang__api_json(x, 200, m);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
     gang__api_json(x, 200, o);
 }
 
 typedef struct api_route {
     const char *path;
     const char *method;
-    int kind; /* 0 completions, 1 chat, 2 models, 3 tokenize, 4 detokenize */
+    int kind; /* 0 completions, 1 chat, 2 models, 3 tokenize, 4 detokenize, 5 one model */
 } api_route;
 
 static const api_route routes[] = {
     {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 1}, {"/v1/models", "GET", 2},
     {"/tokenize", "POST", 3},       {"/detokenize", "POST", 4},
 };
+static const api_route model_route = {"/v1/models/{id}", "GET", 5};
 
 /* Whether the Authorization header carries the configured key ("Bearer KEY"). */
 static int authorized(const gang_api *api, const gang_http_request *req)
@@ -496,16 +569,18 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
         if (strcmp(req->path, routes[i].path) == 0)
             r = &routes[i];
+    if (strncmp(req->path, "/v1/models/", 11) == 0 && req->path[11] != '\0')
+        r = &model_route;
     if (r == NULL)
         return strncmp(req->path, "/v1/", 4) == 0
-                   ? (gang__api_error(api, x, 404, "NotFoundError", "no such endpoint: %.200s",
+                   ? (gang__api_error(api, x, 404, "not_found", "no such endpoint: %.200s",
                                       req->path),
                       1)
                    : 0;
     int is_get = strcmp(r->method, "GET") == 0;
     if (strcmp(req->method, r->method) != 0 && !(is_get && strcmp(req->method, "HEAD") == 0)) {
-        gang__api_error(api, x, 405, "invalid_request_error", "method not allowed: %s %s",
-                        r->method, r->path);
+        gang__api_error(api, x, 405, "method_not_allowed", "method not allowed: %s %s", r->method,
+                        r->path);
         return 1;
     }
     if (api == NULL) {
@@ -513,7 +588,7 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
         return 1;
     }
     if (!authorized(api, req)) {
-        gang__api_error(api, x, 401, "authentication_error",
+        gang__api_error(api, x, 401, "invalid_api_key",
                         "a valid API key is required: send 'Authorization: Bearer <key>'");
         return 1;
     }
@@ -525,7 +600,10 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
         api_generate(api, x, req, API_CHAT);
         break;
     case 2:
-        api_models(api, x);
+        api_models(api, x, NULL);
+        break;
+    case 5:
+        api_models(api, x, req->path + 11);
         break;
     case 3:
         gang__api_tokenize(api, x, req);

@@ -36,13 +36,16 @@ struct gang_http_server {
     void *ctx;
     size_t max_body;
     int max_conns;
-    uint64_t idle_timeout_ms; /* 0 = no deadline */
+    uint64_t idle_timeout_ms;                  /* 0 = no deadline */
+    char cors_header[GANG_HTTP_CORS_MAX + 40]; /* "Access-Control-Allow-Origin: X\r\n", or "" */
     int port;
     int nconns;                   /* open connections, counted against max_conns */
     int refs;                     /* listener + every connection not yet freed */
     int closing;                  /* gang_http_server_close() was called */
     uint64_t last_reject_warn_ms; /* rate limit of the "too many connections" warning */
     uint64_t rejected;            /* connections closed at accept since the last warning */
+    uint64_t shed; /* connections still reading a request closed for new ones, in all */
+    uint64_t last_shed_warn_ms;   /* rate limit of the shedding warning */
     http_conn *conns;             /* open connections (doubly linked) */
     int read_buf_busy;            /* read_buf is lent to a read in progress */
     char read_buf[HTTP_READ_BUF]; /* shared: reads are sequential on the loop thread */

@@ -46,7 +46,7 @@ static int stream_chunk(http_conn *c, const char *data, size_t len)
 int gang_http_stream_begin(gang_http_exchange *x, int status, const char *content_type)
 {
     http_conn *c = x->conn;
-    char hdr[512];
+    char hdr[768];
     if (x->streaming)
         return GANG_EINVAL;
     x->streaming = 1;
@@ -54,9 +54,9 @@ int gang_http_stream_begin(gang_http_exchange *x, int status, const char *conten
         return GANG_ECLOSED;
     int n = snprintf(hdr, sizeof(hdr),
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n"
-                     "Transfer-Encoding: chunked\r\nConnection: %s\r\n\r\n",
+                     "Transfer-Encoding: chunked\r\n%sConnection: %s\r\n\r\n",
                      status, http_status_str((enum http_status)status),
-                     content_type ? content_type : "text/event-stream",
+                     content_type ? content_type : "text/event-stream", c->srv->cors_header,
                      x->keep_alive && !c->srv->closing ? "keep-alive" : "close");
     if (n < 0 || (size_t)n >= sizeof(hdr))
         return GANG_EINVAL;

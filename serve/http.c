@@ -292,7 +292,8 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
                                size_t body_len, int keep_alive, int head)
 {
     int no_body = status < 200 || status == 204 || status == 304;
-    char hdr[512];
+    const char *cors = c->srv->cors_header;
+    char hdr[768];
     http_write *w;
     int n;
 
@@ -301,13 +302,13 @@ static void conn_send_response(http_conn *c, int status, const char *content_typ
     if (content_type == NULL)
         content_type = "text/plain; charset=utf-8";
     if (no_body)
-        n = snprintf(hdr, sizeof(hdr), "HTTP/1.1 %d %s\r\nConnection: %s\r\n\r\n", status,
-                     reason_phrase(status), keep_alive ? "keep-alive" : "close");
+        n = snprintf(hdr, sizeof(hdr), "HTTP/1.1 %d %s\r\n%sConnection: %s\r\n\r\n", status,
+                     reason_phrase(status), cors, keep_alive ? "keep-alive" : "close");
     else
         n = snprintf(hdr, sizeof(hdr),
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: %s\r\n\r\n",
-                     status, reason_phrase(status), content_type, body_len,
+                     "%sConnection: %s\r\n\r\n",
+                     status, reason_phrase(status), content_type, body_len, cors,
                      keep_alive ? "keep-alive" : "close");
     if (n < 0 || (size_t)n >= sizeof(hdr)) {
         /* Only an absurd content type gets here; answer something well-formed instead. */
@@ -355,18 +356,44 @@ void gang__http_conn_finish(http_conn *c, http_write *w, size_t len, int keep_al
     conn_read_start(c);
 }
 
+/*
+ * Answers a CORS preflight (OPTIONS with CORS on): 204, the origin, the methods and
+ * headers the API takes, and how long a browser may cache the answer. The connection is
+ * kept as the request asked.
+ */
+static void conn_preflight(http_conn *c)
+{
+    char hdr[512];
+    int n = snprintf(hdr, sizeof(hdr),
+                     "HTTP/1.1 204 No Content\r\n%s"
+                     "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
+                     "Access-Control-Allow-Headers: Authorization, Content-Type\r\n"
+                     "Access-Control-Max-Age: 600\r\nConnection: %s\r\n\r\n",
+                     c->srv->cors_header, c->keep_alive ? "keep-alive" : "close");
+    http_write *w = n > 0 && (size_t)n < sizeof(hdr) ? malloc(sizeof(*w) + (size_t)n) : NULL;
+    if (w == NULL) {
+        conn_close(c);
+        return;
+    }
+    memcpy(w->data, hdr, (size_t)n);
+    gang__http_conn_finish(c, w, (size_t)n, c->keep_alive);
+}
+
 /* Answers a request that failed to parse or exceeded a limit, then closes. */
 static void conn_fail(http_conn *c, int status)
 {
+    /* OpenAI's error shape, as the API's (serve/api.c, gang__api_error_object). */
     const char *msg =
         status == 413   ? "{\"error\":{\"message\":\"request body too large\","
-                          "\"type\":\"invalid_request_error\",\"code\":413}}"
+                          "\"type\":\"invalid_request_error\",\"param\":null,"
+                          "\"code\":\"request_too_large\"}}"
         : status == 431 ? "{\"error\":{\"message\":\"request header fields too large\","
-                          "\"type\":\"invalid_request_error\",\"code\":431}}"
-        : status == 500 ? "{\"error\":{\"message\":\"internal error\",\"type\":\"internal\","
-                          "\"code\":500}}"
+                          "\"type\":\"invalid_request_error\",\"param\":null,"
+                          "\"code\":\"headers_too_large\"}}"
+        : status == 500 ? "{\"error\":{\"message\":\"internal error\",\"type\":"
+                          "\"server_error\",\"param\":null,\"code\":null}}"
                         : "{\"error\":{\"message\":\"bad request\","
-                          "\"type\":\"invalid_request_error\",\"code\":400}}";
+                          "\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
 
     conn_send_response(c, status, "application/json", msg, strlen(msg), 0, 0);
 }
@@ -576,6 +603,10 @@ static void conn_dispatch(http_conn *c)
         conn_fail(c, 400);
         return;
     }
+    if (c->parser.method == HTTP_OPTIONS && s->cors_header[0] != '\0') {
+        conn_preflight(c);
+        return;
+    }
     req.method = http_method_str((enum http_method)c->parser.method);
     req.path = "/";
     req.query = "";
@@ -715,6 +746,26 @@ static void server_reject(gang_http_server *s)
     }
 }
 
+/*
+ * The connection a new one replaces at the cap: the longest-standing one still reading a
+ * request (a slow client, or a keep-alive one idle between requests), or NULL when every
+ * connection is being answered. The list is newest first.
+ */
+static http_conn *server_victim(gang_http_server *s)
+{
+    http_conn *v = NULL;
+    for (http_conn *c = s->conns; c != NULL; c = c->next)
+        if (c->state == CONN_READING)
+            v = c;
+    return v;
+}
+
+/*
+ * At the cap, a new connection sheds the oldest one that has not finished sending its
+ * request, so that clients which open connections and send slowly (or nothing) cannot
+ * starve the probes and other clients: only connections being answered hold their place.
+ * When every connection is being answered the new one is refused.
+ */
 static void on_connection(uv_stream_t *listener, int status)
 {
     gang_http_server *s = listener->data;
@@ -725,8 +776,20 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     if (s->nconns >= s->max_conns) {
-        server_reject(s);
-        return;
+        http_conn *v = server_victim(s);
+        if (v == NULL) {
+            server_reject(s);
+            return;
+        }
+        conn_close(v);
+        s->shed++;
+        uint64_t now = uv_now(s->loop);
+        if (now - s->last_shed_warn_ms >= 5000 || s->last_shed_warn_ms == 0) {
+            gang_warn("http: at the limit of %d connections: closing the oldest ones still "
+                      "sending a request (%llu so far)",
+                      s->max_conns, (unsigned long long)s->shed);
+            s->last_shed_warn_ms = now != 0 ? now : 1;
+        }
     }
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
@@ -793,6 +856,19 @@ static int listen_socket(const char *address, int port, int *bound_port)
     return fd;
 }
 
+/* Whether a CORS origin is absent or fits a header: printable, no separators of lines. */
+static int cors_ok(const char *o)
+{
+    if (o == NULL)
+        return 1;
+    if (strlen(o) > GANG_HTTP_CORS_MAX)
+        return 0;
+    for (; *o; o++)
+        if ((unsigned char)*o < 0x21 || (unsigned char)*o > 0x7e)
+            return 0;
+    return 1;
+}
+
 /*
  * See http.h. Errors: GANG_EINVAL (bad config or address), the errno of socket, bind or
  * listen through gang_err_from_errno() (address in use: GANG_EEXIST; permission:
@@ -807,7 +883,7 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
 
     *out = NULL;
     if (uv_loop == NULL || cfg == NULL || h == NULL || cfg->bind_address == NULL || cfg->port < 0 ||
-        cfg->port > 65535 || cfg->max_conns < 1)
+        cfg->port > 65535 || cfg->max_conns < 1 || !cors_ok(cfg->cors_origin))
         return GANG_EINVAL;
     fd = listen_socket(cfg->bind_address, cfg->port, &port);
     if (fd < 0)
@@ -823,6 +899,9 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
     s->max_body = cfg->max_body;
     s->max_conns = cfg->max_conns;
     s->idle_timeout_ms = cfg->idle_timeout_ms;
+    if (cfg->cors_origin != NULL && cfg->cors_origin[0] != '\0')
+        snprintf(s->cors_header, sizeof(s->cors_header), "Access-Control-Allow-Origin: %s\r\n",
+                 cfg->cors_origin);
     s->port = port;
     s->refs = 1;
     uv_tcp_init(s->loop, &s->listener);

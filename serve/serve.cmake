@@ -9,6 +9,8 @@ add_library(gang_serve STATIC
   serve/metrics.c
   serve/api.c
   serve/api-parse.c
+  serve/api-format.c
+  serve/api-tools.c
   serve/api-out.c
   serve/api-text.c)
 target_include_directories(gang_serve PRIVATE serve ${HTTP_PARSER_INCLUDE})

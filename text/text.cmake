@@ -19,6 +19,9 @@ add_library(gang_text STATIC
   text/chat-exec.c
   text/chat-builtins.c
   text/chat-filters.c
-  text/chat-strings.c)
+  text/chat-strings.c
+  text/jgram-compile.c
+  text/jgram-match.c
+  text/jgram-vocab.c)
 target_include_directories(gang_text PRIVATE text)
 target_link_libraries(gang_text PUBLIC gang_common PkgConfig::CJSON PkgConfig::PCRE2 m)

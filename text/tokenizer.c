@@ -241,6 +241,18 @@ int32_t gang_tokenizer_n_ids(const gang_tokenizer *t)
     return t ? (int32_t)t->n_ids : 0;
 }
 
+size_t gang_tokenizer_max_token_bytes(const gang_tokenizer *t)
+{
+    size_t m = 1;
+    for (uint32_t i = 0; t != NULL && i < t->n_ids; i++) {
+        if (t->text[i] == NULL)
+            continue;
+        m = t->text_len[i] > m ? t->text_len[i] : m;
+        m = t->dec_len[i] > m ? t->dec_len[i] : m;
+    }
+    return m;
+}
+
 int32_t gang_tokenizer_token_id(const gang_tokenizer *t, const char *content)
 {
     if (!t || !content)

@@ -25,6 +25,10 @@
 
 #define GANG_MAX_STOP_TOKENS 16
 #define GANG_MAX_TOP_LOGPROBS 20
+#define GANG_MAX_LOGIT_BIAS 64        /* logit_bias entries of one request */
+#define GANG_LOGIT_BIAS_BAN (-100.0f) /* a bias at or below it removes the token */
+#define GANG_GRAMMAR_MAX_BYTES 16384u /* a request's grammar text (a JSON schema) */
+#define GANG_GRAMMAR_WORDS(bytes) (((uint32_t)(bytes) + 3u) / 4u)
 
 /*
  * How the tokens of one request are drawn, reported and stopped (vLLM's SamplingParams):
@@ -36,8 +40,12 @@
  * included: repetition_penalty over every distinct token of the prompt and of the output
  * so far (a positive logit is divided by it, a negative one multiplied), then
  * frequency_penalty x (count of the token in the output so far) and presence_penalty once
- * for a token that occurs in the output so far are subtracted. A zero-initialised struct
- * (with top_p 1) is plain greedy.
+ * for a token that occurs in the output so far are subtracted. Then logit_bias is added
+ * (OpenAI's: a bias <= GANG_LOGIT_BIAS_BAN removes the token), and a grammar, when the
+ * request has one, removes every token that would leave the output no prefix of a value
+ * of the grammar (text.h, gang_jgram_mask; the model's EOS ids are let through only once
+ * the output is a whole value, and are the only ones left then). A zero-initialised
+ * struct (with top_p 1) is plain greedy.
  */
 typedef struct gang_sampling {
     float temperature;        /* >= 0 */
@@ -52,23 +60,37 @@ typedef struct gang_sampling {
     uint32_t top_logprobs;    /* 0..GANG_MAX_TOP_LOGPROBS alternatives (needs logprobs) */
     uint32_t n_stop;          /* generation ends after emitting one of stop[0..n_stop) */
     int32_t stop[GANG_MAX_STOP_TOKENS];
+    uint32_t n_bias;                       /* entries of bias_ids / bias */
+    int32_t bias_ids[GANG_MAX_LOGIT_BIAS]; /* token ids (< vocab; others are ignored) */
+    float bias[GANG_MAX_LOGIT_BIAS];       /* added to the token's logit, [-100, 100] */
+    uint32_t grammar_bytes; /* 0: none; else the length of the request's JSON schema, whose
+                               text travels with the prompt (gang_gen_request) */
 } gang_sampling;
 
 /*
  * The wire form of a gang_sampling (common.h's codec, either direction), little-endian:
  * u32 top_k, f32 temperature, f32 top_p, u64 seed, f32 presence, f32 frequency, f32
- * repetition, u8 ignore_eos, u8 logprobs, u8 top_logprobs, u8 n_stop, n_stop x i32 stop
- * (36 to 100 bytes). Decoding refuses flags over 1, top_logprobs over
- * GANG_MAX_TOP_LOGPROBS and n_stop over GANG_MAX_STOP_TOKENS; the values (temperature,
- * penalties, ...) are checked by whoever uses them (submit, a received plan).
+ * repetition, u8 ignore_eos, u8 logprobs, u8 top_logprobs, u8 n_stop, n_stop x i32 stop,
+ * u8 n_bias, n_bias x i32 bias_ids, n_bias x f32 bias, u16 grammar_bytes (39 to 615
+ * bytes). Decoding refuses flags over 1, top_logprobs over GANG_MAX_TOP_LOGPROBS, n_stop
+ * over GANG_MAX_STOP_TOKENS, n_bias over GANG_MAX_LOGIT_BIAS and grammar_bytes over
+ * GANG_GRAMMAR_MAX_BYTES; the values (temperature, penalties, ...) are checked by
+ * whoever uses them (submit, a received plan).
  */
 void gang_sampling_codec(gang_codec *c, gang_sampling *sp);
 
-/* One completion request, as the rank-0 worker receives it. Copied by submit. */
+/*
+ * One completion request, as the rank-0 worker receives it. Copied by submit. A request
+ * with a grammar (sampling.grammar_bytes > 0) carries its text after the prompt, in the
+ * same array, so that every transport of prompts carries it unchanged: the last
+ * GANG_GRAMMAR_WORDS(grammar_bytes) entries of prompt[0..n_prompt) are the grammar's
+ * bytes, four to an entry in memory order (gang_req_grammar_pack), and the prompt proper
+ * is the entries before them.
+ */
 typedef struct gang_gen_request {
     uint64_t id;           /* caller's id, unique among live requests */
-    const int32_t *prompt; /* token ids, each < vocab */
-    uint32_t n_prompt;     /* >= 1 */
+    const int32_t *prompt; /* token ids, each < vocab (then the grammar's words) */
+    uint32_t n_prompt;     /* >= 1 (+ the grammar's words) */
     uint32_t max_tokens;   /* >= 1; prompt + max_tokens <= the engine's context */
     gang_sampling sampling;
 } gang_gen_request;
@@ -97,7 +119,7 @@ typedef enum gang_req_kind {
 
 #define GANG_REQ_MAX_IDS 2048u   /* prompt ids of one SUBMIT or PROMPT */
 #define GANG_REQ_REASON_MAX 256u /* DONE's reason, NUL included */
-#define GANG_REQ_WIRE_MAX 8400u  /* the largest request message gang_req_codec writes */
+#define GANG_REQ_WIRE_MAX 8900u  /* the largest request message gang_req_codec writes */
 
 typedef struct gang_req_msg {
     uint32_t kind;          /* gang_req_kind (a transport may add its own kinds) */
@@ -135,6 +157,9 @@ typedef struct gang_req_msg {
 void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m);
 /* Whether kind is one of gang_req_kind. */
 int gang_req_kind_valid(uint32_t kind);
+/* Packs text[0..len) into GANG_GRAMMAR_WORDS(len) words at out (the last one padded
+ * with zeros), as gang_gen_request carries a grammar. */
+void gang_req_grammar_pack(const char *text, uint32_t len, int32_t *out);
 
 typedef enum gang_gen_event_kind {
     GANG_GEN_TOKEN = 1, /* one generated token */
@@ -248,6 +273,7 @@ typedef struct gang_engine_setup {
     uint32_t prefix_caching;  /* --enable-prefix-caching */
     uint32_t cuda_graphs;     /* --cuda-graphs */
     uint32_t ranks_per_host;  /* ranks sharing this host's memory (--nproc-per-node); 0: 1 */
+    const char *model_dir;    /* --model (its tokenizer, for grammars); NULL or "": none */
 } gang_engine_setup;
 
 /* Of the memory left after the weights, the KV cache's share when no budget is given:
@@ -282,6 +308,19 @@ void gang_engine_setup_config(const gang_engine_setup *s, gang_kernels_wtype wt,
  */
 int gang_engine_setup_init(const gang_engine_setup *s, gang_model *m, gang_kernels *k,
                            gang_engine **out, gang_engine_config *used, char *err, size_t errlen);
+
+/*
+ * Grammars (gang_sampling.grammar_bytes) need the tokens' bytes where the logits are
+ * sampled: on that rank (the last stage's TP rank 0) this starts a background thread, at
+ * the lowest CPU priority, that reads the tokenizer of the model at model_dir (its
+ * tokenizer.json, or a GGUF file's vocabulary: tens of seconds for Gemma 3's 262k tokens
+ * on a busy host, which must not delay the rank's start) into the sampler's table; the
+ * first grammar to be sampled waits for it. On every other rank it does nothing.
+ * gang_engine_setup_init calls it when s->model_dir is set. Without a table (no usable
+ * tokenizer), grammars are not enforced and a warning says so. Returns 0, or
+ * GANG_ENOMEM / the thread's error with a message in err.
+ */
+int gang_engine_load_vocab(gang_engine *e, const char *model_dir, char *err, size_t errlen);
 
 void gang_engine_free(gang_engine *e);
 /* Slots (sequences that can be in flight at once) and context length of the engine. */

@@ -25,8 +25,11 @@
  * maintained http_parser library. Serves probes, metrics, status and the API.
  *
  * Bounds: request line + headers <= 16 KiB, body <= max_body (413 beyond), at most
- * max_conns connections (extra ones are closed at accept), and a connection that does not
- * complete a request within idle_timeout_ms is closed (slowloris). Keep-alive supported.
+ * max_conns connections: at the cap a new connection replaces the oldest one still
+ * sending its request (or idle between keep-alive requests), so slow clients are shed
+ * before they starve the probes; only when every connection is being answered is a new
+ * one closed at accept. A connection that does not complete a request within
+ * idle_timeout_ms is closed (slowloris). Keep-alive supported.
  * Malformed requests get 400 and the connection is closed; others keep being served.
  */
 
@@ -56,7 +59,13 @@ typedef struct gang_http_config {
     size_t max_body;          /* bytes */
     int max_conns;
     uint64_t idle_timeout_ms;
+    /* CORS: NULL or "" = off; else the Access-Control-Allow-Origin value ("*" or an origin,
+     * at most GANG_HTTP_CORS_MAX bytes of header-safe characters) that every response
+     * carries, and OPTIONS requests are answered here as preflights (204 with the allowed
+     * methods and headers, before any handler or API key: a preflight carries none). */
+    const char *cors_origin;
 } gang_http_config;
+#define GANG_HTTP_CORS_MAX 200
 
 /*
  * Starts listening on uv_loop (a uv_loop_t *). Returns 0 and the server in *out, or a

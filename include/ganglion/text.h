@@ -56,6 +56,10 @@ int gang_tokenizer_encode(const gang_tokenizer *tok, const char *text, size_t le
 
 /* Number of ids (vocabulary and added tokens): every id is below it. */
 int32_t gang_tokenizer_n_ids(const gang_tokenizer *tok);
+/* The most bytes one token stands for (its content or its decoded bytes, whichever is
+ * longer; at least 1): a text of B bytes needs at least B / this many ids, so a caller
+ * can refuse a text too long for a context before tokenizing it. O(vocabulary). */
+size_t gang_tokenizer_max_token_bytes(const gang_tokenizer *tok);
 /* The id of the token whose content is CONTENT (a vocabulary or added token, e.g.
  * "<|im_end|>"), or -1. */
 int32_t gang_tokenizer_token_id(const gang_tokenizer *tok, const char *content);
@@ -148,5 +152,63 @@ int gang_chat_render(const gang_chat_template *t, const char *messages_json, siz
  * formats: a GGUF file's bos and eos ids). */
 void gang_chat_template_set_tokens(gang_chat_template *t, char *bos, char *eos);
 void gang_chat_template_free(gang_chat_template *t);
+
+/* ---------------------------------------------------------------------------------
+ * JSON-schema grammars (text/jgram-*.c): structured outputs by constrained decoding. A
+ * schema compiles into a small pushdown machine over bytes that accepts exactly the
+ * compact JSON texts (one optional space after ':' and ',') the schema allows, with
+ * object properties in the schema's order (required ones never skipped). Supported:
+ * type (one or a list), properties, required, additionalProperties (accepted; only the
+ * listed properties are generated, which every value of it allows), items,
+ * minItems/maxItems, minProperties/maxProperties, enum, const, minLength/maxLength,
+ * anyOf/oneOf whose alternatives
+ * start with different characters, and the annotations title, description, default,
+ * examples, $schema, $comment. Any other keyword is refused with a message naming it.
+ * Numbers are generated without exponent, at most 15 integer and 8 fraction digits. An
+ * object without properties, an array without items and a schema without type are any
+ * JSON value, nested up to the machine's depth; there (json_object) objects and arrays
+ * hold at most GANG_JGRAM_ANY_MEMBERS members and strings GANG_JGRAM_ANY_CHARS
+ * characters, so that a model that repeats itself still closes its value. Compile time and memory
+ * are bounded by the limits below. A compiled grammar is immutable: threads may share it.
+ * --------------------------------------------------------------------------------- */
+#define GANG_JGRAM_MAX_SCHEMA_BYTES 16384u /* schema text */
+#define GANG_JGRAM_MAX_DEPTH 12u           /* nesting of schemas in the schema */
+#define GANG_JGRAM_MAX_NODES 512u          /* compiled nodes */
+#define GANG_JGRAM_MAX_MEMBERS 64u         /* properties of one object, values of one enum */
+#define GANG_JGRAM_MAX_FRAMES 32u          /* nesting of the generated value */
+#define GANG_JGRAM_MAX_TOKEN_BYTES 64u     /* longer tokens are never generated */
+#define GANG_JGRAM_ANY_MEMBERS 16u         /* of an object or array of "any JSON" */
+#define GANG_JGRAM_ANY_CHARS 256u          /* of a string of "any JSON" */
+
+typedef struct gang_jgram gang_jgram;
+
+/* Compiles the JSON schema in schema[0..len). 0 and *out (free with gang_jgram_free);
+ * GANG_EINVAL with a message naming the keyword or limit for a schema it refuses or that
+ * is not JSON; GANG_ENOMEM. */
+int gang_jgram_compile(const char *schema, size_t len, gang_jgram **out, char *err, size_t errlen);
+void gang_jgram_free(gang_jgram *g);
+/* Whether text[0..len) is a value of the grammar (2), a prefix of one (1), or neither (0). */
+int gang_jgram_check(const gang_jgram *g, const char *text, size_t len);
+
+/* The tokens' bytes of a tokenizer, sorted for the mask below (special tokens, holes and
+ * tokens over GANG_JGRAM_MAX_TOKEN_BYTES left out), with its scratch: one thread at a
+ * time per table. 0, GANG_EINVAL or GANG_ENOMEM. */
+typedef struct gang_jgram_vocab gang_jgram_vocab;
+int gang_jgram_vocab_init(const gang_tokenizer *tok, gang_jgram_vocab **out);
+void gang_jgram_vocab_free(gang_jgram_vocab *v);
+/* Number of ids of the table (the tokenizer's gang_tokenizer_n_ids). */
+uint32_t gang_jgram_vocab_n_ids(const gang_jgram_vocab *v);
+
+/*
+ * The tokens that may come next after the generated ids[0..n) (replayed from the start,
+ * so the state is a function of the output alone): allowed[id] = 1 for every id whose
+ * bytes keep the output a prefix of a value of g, 0 for the others (ids up to cap; ids
+ * of the table at or past cap are ignored). *can_end says the output is already a whole
+ * value (the caller lets its end-of-sequence tokens through). Returns the number of ids
+ * allowed, or GANG_EINVAL when ids[0..n) is not itself a prefix (an id out of range, or
+ * a token the grammar refuses).
+ */
+int gang_jgram_mask(const gang_jgram *g, gang_jgram_vocab *v, const int32_t *ids, uint32_t n,
+                    uint8_t *allowed, uint32_t cap, int *can_end);
 
 #endif /* GANGLION_TEXT_H */

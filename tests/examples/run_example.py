@@ -214,8 +214,8 @@ def test_local_gang(r, ganglion):
                         env=env)
         say(out)
     r.expect(rc == 0, "local-gang/run.sh exits 0 (exit %d)" % rc)
-    r.expect(re.search(r'"authentication_error".* HTTP 401$', out, re.M) is not None,
-             "without the API key: 401, authentication_error")
+    r.expect(re.search(r'"invalid_api_key".* HTTP 401$', out, re.M) is not None,
+             "without the API key: 401, invalid_api_key")
     models = json_line(out, '{"object":"list"')
     r.expect(models is not None and models["data"][0]["id"] == "model", "GET /v1/models")
     comp = json_line(out, '{"id":"cmpl-')

@@ -82,7 +82,8 @@ def models(g, started):
     H.check(isinstance(m.get("created"), int) and started - 1 <= m["created"] <= time.time(),
             "created %r is not the agent's start (after %d)" % (m.get("created"), started))
     code, r = H.http_post(g.addr(0), g.http_port, "/v1/models", {})
-    H.check(code == 405 and isinstance(r, dict) and r.get("error", {}).get("code") == 405
+    H.check(code == 405 and isinstance(r, dict)
+            and r.get("error", {}).get("code") == "method_not_allowed"
             and r["error"].get("message"), "POST /v1/models answered %r %r" % (code, r))
     code, text = g.get(1, "/v1/models")
     H.check(code == 200 and json.loads(text)["data"][0]["id"] == SERVED,

@@ -1003,11 +1003,40 @@ static void test_plan_entry_size(void **state)
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
     assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 8 + 3) / 4);
     assert_int_equal(gang__plan_decode(e), 0);
+    /* The largest entry: every stop id, every bias, the largest grammar (a schema padded
+     * with spaces), which the sampling rank compiles for the entry's slot. */
+    static char grammar[GANG_GRAMMAR_MAX_BYTES];
+    memset(grammar, ' ', sizeof(grammar));
+    grammar[0] = '{';
+    grammar[sizeof(grammar) - 1] = '}';
     s.sp.n_stop = GANG_MAX_STOP_TOKENS;
+    s.sp.n_bias = GANG_MAX_LOGIT_BIAS;
+    s.sp.grammar_bytes = GANG_GRAMMAR_MAX_BYTES;
+    s.sample = 1;
+    s.n_prompt = 1;
+    s.g_len = GANG_GRAMMAR_MAX_BYTES;
+    s.g_text = grammar;
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
     assert_int_equal(body, (GANG__PLAN_SEQ_MAX_BYTES + 8 + 3) / 4);
     assert_int_equal(gang__plan_decode(e), 0);
     assert_int_equal(e->plan.seqs[0].sp.n_stop, GANG_MAX_STOP_TOKENS);
+    assert_int_equal(e->plan.seqs[0].sp.n_bias, GANG_MAX_LOGIT_BIAS);
+    assert_int_equal(e->plan.seqs[0].g_len, GANG_GRAMMAR_MAX_BYTES);
+    assert_non_null(e->sampler.slot_g);
+    assert_non_null(e->sampler.slot_g[0]);
+    /* A grammar on an entry that does not sample, or of another length, is refused. */
+    s.sample = 0;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+    s.sample = 1;
+    s.sp.grammar_bytes = 10;
+    assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+    assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+    s.sp.grammar_bytes = 0;
+    s.g_len = 0;
+    s.sample = 0;
+    s.n_prompt = 0;
+    s.sp.n_bias = 0;
     s.sp.n_stop = GANG_MAX_STOP_TOKENS + 1; /* the writer refuses what no receiver takes */
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), GANG_EINVAL);
     s.sp.n_stop = 0;

@@ -3,4 +3,5 @@
 #define GANG_SERVE_TESTS_H
 int gang_test_http(void);
 int gang_test_metrics(void);
+int gang_test_tools(void);
 #endif

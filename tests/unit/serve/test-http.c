@@ -625,7 +625,7 @@ static void test_connection_flood(void **state)
 
     for (int i = 0; i < FLOOD; i++)
         fds[i] = client_connect(f);
-    /* Everything beyond max_conns is closed at once. */
+    /* Everything beyond max_conns is closed at once (the older idle ones, for newer ones). */
     for (int i = 0; i < FLOOD; i++)
         closed += wait_closed(fds[i], 50);
     if (closed < FLOOD - flood_cfg.max_conns)
@@ -666,6 +666,49 @@ static void test_connection_flood(void **state)
             usleep(20 * 1000);
     }
     assert_true(served);
+}
+
+static gang_http_config shed_cfg = {
+    .bind_address = "127.0.0.1",
+    .port = 0,
+    .max_body = 1024,
+    .max_conns = 4,
+    .idle_timeout_ms = 10000,
+};
+
+/*
+ * At the cap, new clients replace the oldest connections still sending a request (slow
+ * clients are shed at once, long before their idle timeout), never one being answered.
+ */
+static void test_shed_slow_clients(void **state)
+{
+    fixture *f = *state;
+    int busy = client_connect(f), slow[3];
+    response r;
+
+    send_str(busy, "GET /async-slow HTTP/1.1\r\n\r\n"); /* answered after 300 ms */
+    usleep(20 * 1000);
+    for (int i = 0; i < 3; i++) {
+        slow[i] = client_connect(f);
+        send_str(slow[i], "GET /hello HTTP/1.1\r\nHost: x"); /* and nothing more */
+        usleep(20 * 1000);
+    }
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 6; i++) { /* each new one sheds the oldest slow one (or its peer) */
+        int fd = client_connect(f);
+        send_str(fd, "GET /hello HTTP/1.1\r\n\r\n");
+        assert_int_equal(read_response(fd, &r), 0);
+        assert_int_equal(r.status, 200);
+        close(fd);
+    }
+    assert_true(now_ms() - t0 < 2000); /* not after the 10 s idle timeout */
+    assert_true(wait_closed(slow[0], 1000));
+    assert_int_equal(read_response(busy, &r), 0); /* never shed */
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "late");
+    close(busy);
+    for (int i = 0; i < 3; i++)
+        close(slow[i]);
 }
 
 static void test_async_reply(void **state)
@@ -836,6 +879,8 @@ int gang_test_http(void)
         cmocka_unit_test_setup_teardown(test_slowloris_idle_timeout, setup, teardown),
         cmocka_unit_test_prestate_setup_teardown(test_connection_flood, setup, teardown,
                                                  &flood_cfg),
+        cmocka_unit_test_prestate_setup_teardown(test_shed_slow_clients, setup, teardown,
+                                                 &shed_cfg),
         cmocka_unit_test_setup_teardown(test_async_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reply_after_disconnect, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_chunks, setup, teardown),

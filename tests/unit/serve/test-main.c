@@ -8,5 +8,6 @@ int main(void)
     int failed = 0;
     failed += gang_test_http();
     failed += gang_test_metrics();
+    failed += gang_test_tools();
     return failed ? 1 : 0;
 }

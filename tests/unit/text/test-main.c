@@ -6,5 +6,6 @@ int main(void)
     int failed = 0;
     failed += gang_test_tokenizer();
     failed += gang_test_chat();
+    failed += gang_test_jgram();
     return failed ? 1 : 0;
 }

@@ -3,4 +3,5 @@
 #define GANG_TEXT_TESTS_H
 int gang_test_tokenizer(void);
 int gang_test_chat(void);
+int gang_test_jgram(void);
 #endif
