@@ -20,13 +20,13 @@ checks run against the fake NVML: that is how the script itself is tested withou
 import argparse
 import json
 import os
-import random
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from local_serve import free_port_pair, wait_ready
 
 GAUGES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP",
           "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK")
@@ -39,26 +39,6 @@ def get(url, timeout=2.0):
 
 def samples(text, name):
     return [float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % re.escape(name), text, re.M)]
-
-
-def port_free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port_pair():
-    """Two consecutive free ports (http, rendezvous) in [20000, 32000): below the kernel's
-    ephemeral range (32768 up), so no client connection of this or another test holds them."""
-    for _ in range(200):
-        port = 20000 + 2 * random.randrange(6000)
-        if port_free(port) and port_free(port + 1):
-            return port
-    sys.exit("no free port pair in [20000, 32000)")
 
 
 def serve(args, port):
@@ -76,20 +56,6 @@ def serve(args, port):
         argv += ["--nvml-library", args.nvml_library]
     log = open(os.path.join(args.dir, "serve.log"), "w")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-
-
-def wait_ready(base, proc, deadline_s=60):
-    deadline = time.time() + deadline_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit("serve exited with %d before it was ready" % proc.returncode)
-        try:
-            if get(base + "/readyz")[0] == 200:
-                return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    sys.exit("not ready within %d s" % deadline_s)
 
 
 def watch(args, base):
@@ -163,11 +129,17 @@ def main():
         print(json.dumps({"measure": "gpu_health", "ok": False,
                           "error": "NVML not readable", "info": info.stdout[-400:]}))
         return 1
-    port = free_port_pair()
+    try:
+        port = free_port_pair()
+    except RuntimeError as e:
+        sys.exit(str(e))
     proc = serve(args, port)
     try:
         base = "http://127.0.0.1:%d" % port
-        wait_ready(base, proc)
+        try:
+            wait_ready(base, proc, 60)
+        except RuntimeError as e:
+            sys.exit(str(e))
         res = watch(args, base)
         res["nvml_gpus"] = int(m.group(1))
     finally:

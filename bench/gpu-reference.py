@@ -37,12 +37,12 @@ import argparse
 import json
 import math
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from local_serve import free_port_pair, wait_ready
 
 SHAPES = {
     "real": [
@@ -65,22 +65,6 @@ SHAPES = {
                         "--kv-heads", "2", "--ffn", "128", "--vocab", "256", "--tie"], 2),
     ],
 }
-
-
-def free_port_pair():
-    for _ in range(200):
-        port = 20000 + 2 * random.randrange(6000)
-        ok = True
-        for p in (port, port + 1):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-        if ok:
-            return port
-    raise SystemExit("no free port pair")
 
 
 def prompts_for(n, length, vocab):
@@ -140,18 +124,7 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     base = "http://127.0.0.1:%d" % port
     try:
-        deadline = time.time() + args.ready_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("serve exited with %d before it was ready" % proc.returncode)
-            try:
-                if urllib.request.urlopen(base + "/readyz", timeout=2).status == 200:
-                    break
-            except Exception:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("serve not ready within %d s" % args.ready_s)
-            time.sleep(0.2)
+        wait_ready(base, proc, args.ready_s)
         out = []
         for p in prompts:
             body = json.dumps({"prompt": p, "max_tokens": tokens, "temperature": 0,

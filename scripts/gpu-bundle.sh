@@ -18,7 +18,8 @@
 #             only) for the CPU reference paths the GPU tests compare against: OpenBLAS
 #             is 36 MB and the device image has none that exports cblas_sgemm
 #   bench/    the check's scripts (gpu-check.sh, gpu-preflight.sh, gpu-health-check.py,
-#             gpu-reference.py, torch-peer.py, device-image.txt): the bundle runs alone
+#             gpu-reference.py, torch-peer.py, local_serve.py, device-image.txt): the
+#             bundle runs alone
 #   MANIFEST  commit, date, toolkit, every file with its size, the newest GLIBC needed
 # Fails (exit 1, one line) when a binary is missing, a library cannot be found here, a
 # carried file needs a newer glibc than the image's floor, or the bundle exceeds
@@ -110,7 +111,7 @@ for l in "$OUT"/lib/*; do
 done
 
 for s in gpu-check.sh gpu-preflight.sh gpu-health-check.py gpu-reference.py torch-peer.py \
-    device-image.txt; do
+    local_serve.py device-image.txt; do
     cp "$ROOT/bench/$s" "$OUT/bench/"
 done
 

@@ -28,6 +28,7 @@ import ctypes
 import hashlib
 import hmac
 import http.client
+import importlib
 import json
 import os
 import queue
@@ -112,6 +113,28 @@ def fetch_reference(what, timeout):
         raise TestSkip("fetch-reference.sh %s failed (%d): %s"
                        % (what, r.returncode, err[-1] if err else "no reason"))
     return out[-1]
+
+
+def reexec_with_reference_python(*modules):
+    """Runs the calling test again with the reference Python (scripts/fetch-reference.sh
+    python) when one of the Python packages `modules` cannot be imported here. Exits SKIP,
+    with the reason, when the reference Python lacks them too or cannot be had."""
+    try:
+        for m in modules:
+            importlib.import_module(m)
+        return
+    except ImportError:
+        pass
+    if os.environ.get("GANGLION_OPENAI_REEXEC"):
+        print("SKIP: the reference Python has no %s package" % " or ".join(modules))
+        sys.exit(SKIP)
+    try:
+        py = fetch_reference("python", 90)
+    except TestSkip as e:
+        print("SKIP: %s" % e)
+        sys.exit(SKIP)
+    os.environ["GANGLION_OPENAI_REEXEC"] = "1"
+    os.execv(py, [py] + sys.argv)
 
 
 def wall_ms():

@@ -39,25 +39,6 @@ def fetch(what):
     return H.fetch_reference(what, 90)
 
 
-def reexec_with_reference_python():
-    """Runs this file again with the reference Python when openai is missing here."""
-    try:
-        import openai  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("GANGLION_OPENAI_REEXEC"):
-        print("SKIP: the reference Python has no openai package")
-        sys.exit(H.SKIP)
-    try:
-        py = fetch("python")
-    except H.TestSkip as e:
-        print("SKIP: %s" % e)
-        sys.exit(H.SKIP)
-    os.environ["GANGLION_OPENAI_REEXEC"] = "1"
-    os.execv(py, [py] + sys.argv)
-
-
 def reference(py, model):
     """transformers' greedy answer to QUESTION (ids up to and including EOS)."""
     r = subprocess.run([py, HF_GREEDY, "--model", model, "--chat", QUESTION,
@@ -157,5 +138,5 @@ def scenario(h):
 
 
 if __name__ == "__main__":
-    reexec_with_reference_python()
+    H.reexec_with_reference_python("openai")
     H.run(scenario)

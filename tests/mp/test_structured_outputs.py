@@ -70,27 +70,6 @@ SCHEMAS = [
 ]
 
 
-def reexec_with_reference_python():
-    """Runs this file again with the reference Python when openai or jsonschema is
-    missing here."""
-    try:
-        import jsonschema  # noqa: F401
-        import openai  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("GANGLION_OPENAI_REEXEC"):
-        print("SKIP: the reference Python has no openai or jsonschema package")
-        sys.exit(H.SKIP)
-    try:
-        py = H.fetch_reference("python", 90)
-    except H.TestSkip as e:
-        print("SKIP: %s" % e)
-        sys.exit(H.SKIP)
-    os.environ["GANGLION_OPENAI_REEXEC"] = "1"
-    os.execv(py, [py] + sys.argv)
-
-
 def fmt(name, schema):
     return {"type": "json_schema",
             "json_schema": {"name": name, "schema": schema, "strict": True}}
@@ -207,5 +186,5 @@ def scenario(h):
 
 
 if __name__ == "__main__":
-    reexec_with_reference_python()
+    H.reexec_with_reference_python("jsonschema", "openai")
     H.run(scenario)

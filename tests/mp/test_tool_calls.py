@@ -50,25 +50,6 @@ TOOLS = [
 PARAMS = {"get_weather": WEATHER, "add": ADD}
 
 
-def reexec_with_reference_python():
-    try:
-        import jsonschema  # noqa: F401
-        import openai  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("GANGLION_OPENAI_REEXEC"):
-        print("SKIP: the reference Python has no openai or jsonschema package")
-        sys.exit(H.SKIP)
-    try:
-        py = H.fetch_reference("python", 90)
-    except H.TestSkip as e:
-        print("SKIP: %s" % e)
-        sys.exit(H.SKIP)
-    os.environ["GANGLION_OPENAI_REEXEC"] = "1"
-    os.execv(py, [py] + sys.argv)
-
-
 def model_with_tools_template(h):
     """SmolLM2's files (linked) with TEMPLATE as its chat template."""
     src = H.fetch_reference("smollm2", 90)
@@ -204,5 +185,5 @@ def scenario(h):
 
 
 if __name__ == "__main__":
-    reexec_with_reference_python()
+    H.reexec_with_reference_python("jsonschema", "openai")
     H.run(scenario)
