@@ -250,7 +250,7 @@ static int explicit_path(const char *value, const char *soname, char *path, size
 int gang_dynlib_open(const gang_dynlib *lib, void **handle, char *loaded, size_t cap)
 {
     char path[GANG_PARAM_STR_MAX + 128], dir[GANG_PARAM_STR_MAX], tried[2048] = "";
-    const char *ex = explicit_value(lib->flag), *how = NULL;
+    const char *ex = explicit_value(lib->flag), *how = NULL, *how_flag = "";
     void *h = NULL, *sym;
     Dl_info info;
 
@@ -265,7 +265,8 @@ int gang_dynlib_open(const gang_dynlib *lib, void **handle, char *loaded, size_t
             gang_error("%s: cannot load the library --%s names: %s", lib->what, lib->flag, tried);
             return GANG_ENOENT;
         }
-        how = "--" /* flag follows */;
+        how = "--";
+        how_flag = lib->flag;
     }
     for (int i = 0; h == NULL && lib->py_packages != NULL && lib->py_packages[i] != NULL; i++) {
         if (py_dir(lib->py_packages[i], dir, sizeof(dir)) != 0)
@@ -296,8 +297,7 @@ int gang_dynlib_open(const gang_dynlib *lib, void **handle, char *loaded, size_t
         gang_strlcpy(loaded, info.dli_fname, cap);
     else
         gang_strlcpy(loaded, lib->soname, cap);
-    gang_info("%s: loaded %s (found through %s%s)", lib->what, loaded, how,
-              how[0] == '-' ? lib->flag : "");
+    gang_info("%s: loaded %s (found through %s%s)", lib->what, loaded, how, how_flag);
     *handle = h;
     return 0;
 }
