@@ -3,9 +3,10 @@
  * manner of nccl-tests' all_reduce_perf and alltoall_perf.
  *
  * Method: for every message size (4 KiB, then times 4, up to 64 MiB of f32) each rank runs
- * warm-up all-reduces that are not timed, then a timed loop of iterations and reports its
- * own mean time per call. Across ranks the benchmark prints the average, the minimum and
- * the maximum; bandwidths come from the average time, as nccl-tests does:
+ * warm-up all-reduces that are not timed, then timed calls, each timed on its own, and
+ * reports their median (a call preempted by another process on this shared machine moves
+ * a mean, not the median). Across ranks the benchmark prints the average, the minimum and
+ * the maximum of those medians; bandwidths come from the average, as nccl-tests does:
  *
  *     algbw = bytes / time          busbw = algbw * 2 (n - 1) / n
  *
@@ -111,6 +112,16 @@ static void bc_schedule(bc_opts *o)
     }
 }
 
+/* The largest timed iteration count of the schedule (the size of a rank's per-call times). */
+static int bc_max_iters(const bc_opts *o)
+{
+    int m = 1;
+
+    for (int s = 0; s < o->nsizes; s++)
+        m = o->iters[s] > m ? o->iters[s] : m;
+    return m;
+}
+
 /* Index of bytes in the schedule, or -1. */
 static int bc_size_index(const bc_opts *o, double bytes)
 {
@@ -176,25 +187,29 @@ static int bc_rank_loop(gang_comm *comm, const bc_opts *o, int out_fd)
     float *buf = calloc(big, sizeof(float));
     float *buf2 = o->op == 1 ? calloc(big, sizeof(float)) : NULL;
     size_t *v = calloc(2 * (size_t)gang_comm_size(comm), sizeof(size_t));
+    double *call_us = calloc((size_t)bc_max_iters(o), sizeof(double));
     int rc = 0;
 
-    if (buf == NULL || v == NULL || (o->op == 1 && buf2 == NULL)) {
+    if (buf == NULL || v == NULL || call_us == NULL || (o->op == 1 && buf2 == NULL)) {
         rc = GANG_ENOMEM;
         goto out_report;
     }
     for (int s = 0; s < o->nsizes; s++) {
-        uint64_t t0;
         double us;
 
         bc_a2a_layout(v, gang_comm_size(comm), o->bytes[s]); /* outside the timed loop */
         for (int i = 0; i < o->warmup[s] && rc == 0; i++)
             rc = bc_op(comm, o, buf, buf2, o->bytes[s], v);
-        t0 = gang_now_ns();
-        for (int i = 0; i < o->iters[s] && rc == 0; i++)
+        /* Each call timed on its own: the median is what a preempted call cannot move. */
+        for (int i = 0; i < o->iters[s] && rc == 0; i++) {
+            uint64_t t0 = gang_now_ns();
+
             rc = bc_op(comm, o, buf, buf2, o->bytes[s], v);
+            call_us[i] = (double)(gang_now_ns() - t0) / 1e3;
+        }
         if (rc != 0)
             goto out_report;
-        us = (double)(gang_now_ns() - t0) / 1e3 / o->iters[s];
+        us = gang_report_median(call_us, o->iters[s]);
         dprintf(out_fd, "{\"rank\":%u,\"bytes\":%zu,\"time_us\":%.3f}\n", (unsigned)rank,
                 o->bytes[s], us);
     }
@@ -205,6 +220,7 @@ out_report:
     free(buf);
     free(buf2);
     free(v);
+    free(call_us);
     return rc;
 }
 

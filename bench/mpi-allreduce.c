@@ -1,9 +1,9 @@
 /*
  * The peer of `ganglion bench allreduce`: Open MPI's MPI_Allreduce (f32, sum, in place)
  * on the sizes and with the iteration counts the benchmark passes, timed the same way as
- * the ganglion ranks: per size warm-up calls, then a timed loop whose mean time per call
- * each rank measures itself. Rank 0 prints one JSON line per size with the average,
- * minimum and maximum of those times across ranks:
+ * the ganglion ranks: per size warm-up calls, then timed calls whose median time each rank
+ * measures itself. Rank 0 prints one JSON line per size with the average, minimum and
+ * maximum of those medians across ranks:
  *
  *     mpirun -np N mpi-allreduce --sizes 4096,16384 --iters 100,100 --warmup 10,10
  *     {"bytes":4096,"iters":100,"time_us_avg":...,"time_us_min":...,"time_us_max":...}
@@ -22,6 +22,8 @@
 #include <signal.h>
 
 #include "ganglion/common.h"
+
+#include "report.h"
 
 #define MAX_SIZES 16
 #define LIST_CAP 256
@@ -86,7 +88,8 @@ int main(int argc, char **argv)
     int64_t sizes[MAX_SIZES], iters[MAX_SIZES], warm[MAX_SIZES];
     int rank = 0, rc, ns, a2a = 0, world = 1;
     int *cnt = NULL, *disp = NULL;
-    int64_t maxb = 0;
+    int64_t maxb = 0, maxit = 1;
+    double *call_us;
     float *buf;
 
     /* A rank must not outlive mpirun when the benchmark stops it on its deadline. */
@@ -107,29 +110,33 @@ int main(int argc, char **argv)
     buf = calloc(2 * ((size_t)maxb / sizeof(float) + 1), sizeof(float));
     cnt = calloc((size_t)world, sizeof(int));
     disp = calloc((size_t)world, sizeof(int));
-    if (buf == NULL || cnt == NULL || disp == NULL) {
+    for (int s = 0; s < ns; s++)
+        maxit = iters[s] > maxit ? iters[s] : maxit;
+    call_us = calloc((size_t)maxit, sizeof(double));
+    if (buf == NULL || cnt == NULL || disp == NULL || call_us == NULL) {
         fprintf(stderr, "mpi-allreduce: out of memory\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
         return 1;
     }
     for (int s = 0; s < ns && rc == MPI_SUCCESS; s++) {
         int count = (int)(sizes[s] / (int64_t)sizeof(float));
-        double t0 = MPI_Wtime(), us, sum = 0, mn = 0, mx = 0;
+        double t0 = 0, us, sum = 0, mn = 0, mx = 0;
 
         for (int p = 0; p < world; p++) {
             cnt[p] = (int)(sizes[s] / world / 4 * 4);
             disp[p] = p * cnt[p];
         }
         for (int64_t i = 0; i < warm[s] + iters[s] && rc == MPI_SUCCESS; i++) {
-            if (i == warm[s])
-                t0 = MPI_Wtime();
+            t0 = MPI_Wtime();
             if (a2a)
                 rc = MPI_Alltoallv(buf, cnt, disp, MPI_BYTE, buf + maxb / 4 + 1, cnt, disp,
                                    MPI_BYTE, MPI_COMM_WORLD);
             else
                 rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (i >= warm[s])
+                call_us[i - warm[s]] = (MPI_Wtime() - t0) * 1e6;
         }
-        us = (MPI_Wtime() - t0) * 1e6 / (double)iters[s];
+        us = gang_report_median(call_us, (int)iters[s]);
         if (rc != MPI_SUCCESS)
             break;
         MPI_Reduce(&us, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -146,6 +153,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "mpi-allreduce: MPI_%s failed (%d)\n", a2a ? "Alltoallv" : "Allreduce", rc);
     free(buf);
     free(cnt);
+    free(call_us);
     free(disp);
     MPI_Finalize();
     return rc == MPI_SUCCESS ? 0 : 1;
