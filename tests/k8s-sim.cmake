@@ -17,3 +17,15 @@ foreach(sc ${K8S_SIM_SCENARIOS})
   set_tests_properties(k8s-sim-${sc} PROPERTIES
     TIMEOUT 200 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE LABELS "k8s-sim")
 endforeach()
+
+# Data-parallel replicas behind `ganglion router` (tests/k8s-sim/dp_sim.py, issue #26): two
+# or three 2-Pod gangs, a router Pod on --replicas-dns of a headless Service of every gang's
+# Pod 0; gang a's Pod 0 killed under load (no call lost or wrong), a third gang added while
+# serving (the router follows DNS). Same lock, skip and time rules as the scenarios above.
+foreach(sc dp-kill-pod0 dp-scale)
+  add_test(NAME k8s-sim-${sc}
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/k8s-sim/dp_sim.py
+            --bin $<TARGET_FILE:ganglion> --scenario ${sc})
+  set_tests_properties(k8s-sim-${sc} PROPERTIES
+    TIMEOUT 240 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE LABELS "k8s-sim")
+endforeach()

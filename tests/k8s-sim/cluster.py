@@ -76,7 +76,14 @@ def sh(*argv, check_rc=True, timeout=10):
 
 
 def fqdn(pod_name):
-    return "%s.%s.%s.svc.%s" % (pod_name, SERVICE, NAMESPACE, DOMAIN)
+    """A StatefulSet Pod's name in its headless Service, which is named like the StatefulSet
+    in these simulations: Pod "<set>-<ordinal>" is "<set>-<ordinal>.<set>.<namespace>..."
+    (SERVICE for the one gang of k8s_sim.py, "a", "b", ... for dp_sim.py's replicas)."""
+    return "%s.%s.%s.svc.%s" % (pod_name, pod_name.rsplit("-", 1)[0], NAMESPACE, DOMAIN)
+
+
+def service_fqdn(service):
+    return "%s.%s.svc.%s" % (service, NAMESPACE, DOMAIN)
 
 
 # ---------------------------------------------------------------------------------------
@@ -399,6 +406,25 @@ class Cluster:
         if wait:
             self._wait_dns(name, [])
         log("DNS: %s removed" % name)
+
+    def dns_set_service(self, service, ips):
+        """A headless Service's own name with one A record per address in ips (the Ready
+        endpoints it selects; none: the name does not resolve), as the endpoints controller
+        and cluster DNS publish it; returns once dnsmasq answers the new set."""
+        name = service_fqdn(service)
+        path = os.path.join(self.hostsdir, "svc-" + service)
+        if ips:
+            staged = os.path.join(self.dns_staging, "svc-" + service)
+            with open(staged, "w") as f:
+                f.write("".join("%s %s\n" % (ip, name) for ip in ips))
+            os.rename(staged, path)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._wait_dns(name, list(ips))
+        log("DNS: %s -> %s" % (name, ", ".join(ips) or "(no address)"))
 
     def dns_set_later(self, pod_name, ip, delay):
         """Publishes the record after delay seconds (a slow endpoints controller / DNS)."""

@@ -177,11 +177,11 @@ class Pod:
     _uid = 0
     _uid_lock = threading.Lock()
 
-    def __init__(self, sim, ordinal, spec, probes, grace_s, publish_dns_after=0.0):
+    def __init__(self, sim, ordinal, spec, probes, grace_s, publish_dns_after=0.0, name=None):
         self.sim = sim
         self.cluster = sim.cluster
         self.ordinal = ordinal
-        self.name = "gang-%d" % ordinal
+        self.name = name or "gang-%d" % ordinal
         with Pod._uid_lock:
             Pod._uid += 1
             self.uid = Pod._uid
@@ -244,14 +244,15 @@ class Pod:
                    % (self.container_id, self.restart_count, path))
 
     def agent_pid(self, timeout=5.0):
-        """Host PID of the agent (PID 1 of the container's PID namespace)."""
+        """Host PID of the agent (PID 1 of the container's PID namespace), or of the
+        router in a router Pod."""
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
                 p = self.popen
             if p is not None and p.poll() is None:
                 for pid, argv in descendants(p.pid).items():
-                    if len(argv) >= 2 and argv[1] == "serve":
+                    if len(argv) >= 2 and argv[1] in ("serve", "router"):
                         return pid
             if time.monotonic() > deadline:
                 raise SimFailure("pod %s: no running agent found" % self.name)
