@@ -38,6 +38,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import router_checks  # noqa: E402
+
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -418,7 +422,11 @@ class Checker:
                     job_names.setdefault(values.get("job-name"), set()).add(g.label)
         if any(len(v) > 1 for v in job_names.values()):
             out.err("gangs share a job name: %s" % {k: sorted(v) for k, v in job_names.items()})
-        self.check_client_service(all_pods, services, out)
+        c0 = ganglion_container(gangs[0].pods[0].spec)
+        if not router_checks.check_routers(self.bin, objs, gangs, services,
+                                           c0.get("image") if c0 else None, NS, CLUSTER_DOMAIN,
+                                           out):
+            self.check_client_service(all_pods, services, out)
         self.check_pdb(gangs, objs, out)
 
     def check_references(self, objs, out):
@@ -1081,7 +1089,7 @@ def main():
             if os.path.isfile(os.path.join(od, d, "kustomization.yaml")):
                 targets.append("overlays/" + d)
         checker = Checker(os.path.abspath(a.bin), tmp)
-        passed, failed, base_objs = [], [], None
+        passed, failed, base_objs, router_objs = [], [], None, None
         for t in targets:
             say("== %s" % t)
             out = Out(t.replace("/", "_"), not a.quiet)
@@ -1101,6 +1109,8 @@ def main():
             checker.check(objs, out)
             if t == "base":
                 base_objs = objs
+            if router_objs is None and router_checks.routers_of(objs):
+                router_objs = objs
             (failed if out.errors else passed).append(t)
             say("   %s: %s" % (t, "FAILED (%d)" % len(out.errors) if out.errors else "passed"))
         say("== self-test: broken manifests must be caught")
@@ -1110,6 +1120,9 @@ def main():
             caught_all = False
         else:
             caught_all = not self_test(checker, schemas, base_objs)
+        if router_objs is not None:
+            caught_all = not router_checks.self_test(
+                checker, router_objs, lambda: Out("self-test", False), say) and caught_all
         (passed if caught_all else failed).append("self-test")
         say("k8s-validate: %d passed, %d failed%s" % (len(passed), len(failed),
                                                       (" (" + ", ".join(failed) + ")")
