@@ -217,7 +217,9 @@ static int sock_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
 /*
  * All-to-all(v): this rank's own region is copied, and the 2(n-1) transfers to and from
  * every other rank run in one progress call (full duplex, so no ordering between peers
- * can deadlock on full socket buffers or rings). Each transfer is a collective frame with
+ * can deadlock on full socket buffers or rings); between shared-memory peers a transfer of
+ * SOCK_CMA_MIN bytes or more is read in place by its receiver where the kernel allows
+ * (comm-socket-cma.c). Each transfer is a collective frame with
  * the pair's sequence number, so a size that differs from recv_bytes is GANG_EPROTO. The
  * op array lives on the stack up to 32 ranks (no allocation in a decode step).
  */
@@ -245,8 +247,9 @@ static int sock_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
     for (uint32_t s = 1; s < n; s++) {
         uint32_t to = (r + s) % n, from = (r + n - s) % n;
 
-        sock_coll_send(sc, &ops[k++], to, (const uint8_t *)a->send + a->send_off[to],
+        sock_coll_send(sc, &ops[k], to, (const uint8_t *)a->send + a->send_off[to],
                        a->send_bytes[to]);
+        ops[k++].cma_ok = 1; /* every receiver waits in this call: it may read in place */
         sock_coll_recv(sc, &ops[k++], from, (uint8_t *)a->recv + a->recv_off[from],
                        a->recv_bytes[from]);
     }

@@ -77,14 +77,52 @@ static int sock_peer_needed(const sock_op *ops, size_t nops, uint32_t peer)
     return 0;
 }
 
-/* Decodes a complete header: claims the waiting recv it matches or starts a stash. */
+/*
+ * An ACK from peer: completes the oldest of this call's CMA sends to it that awaits one
+ * (the peer reads descriptors in the order we wrote them). GANG_EPROTO when none does.
+ */
+static int sock_rx_ack(uint32_t peer, sock_op *ops, size_t nops)
+{
+    for (size_t i = 0; i < nops; i++) {
+        if (ops[i].is_send && ops[i].await_ack && !ops[i].complete && ops[i].peer == peer) {
+            ops[i].done = ops[i].len;
+            ops[i].complete = 1;
+            return 0;
+        }
+    }
+    return GANG_EPROTO;
+}
+
+/*
+ * Points the reader of a CMA frame at its 16-byte descriptor; the payload's bytes are read
+ * from the peer's memory into the recv's buffer or the stash once it is in (sock_rx).
+ */
+static void sock_rx_cma_start(sock_peer *p)
+{
+    p->rx_cma = 1;
+    p->rx_final = p->rx_dst;
+    p->rx_cma_len = p->rx_len;
+    p->rx_dst = p->rx_desc;
+    p->rx_len = SOCK_CMA_DESC;
+}
+
+/*
+ * Decodes a complete header: claims the waiting recv it matches or starts a stash (0), or
+ * consumes an ACK (1). A CMA frame from a peer whose memory we may not read, or for a
+ * reducing recv, is GANG_EPROTO: only all-to-all sends use it, after our probe said yes.
+ */
 static int sock_rx_header(sock_peer *p, uint32_t peer, sock_op *ops, size_t nops)
 {
     uint64_t comm_id = get_u64(p->rx_hdr), len = get_u64(p->rx_hdr + 16);
     uint32_t kind = get_u32(p->rx_hdr + 8), tag = get_u32(p->rx_hdr + 12);
+    int cma = (kind & SOCK_KIND_CMA) != 0;
     size_t i;
 
-    if (len > SOCK_MAX_MSG)
+    if (kind == SOCK_KIND_ACK)
+        return len == 0 && p->shm != NULL ? sock_rx_ack(peer, ops, nops) == 0 ? 1 : GANG_EPROTO
+                                          : GANG_EPROTO;
+    kind &= ~SOCK_KIND_CMA;
+    if (len > SOCK_MAX_MSG || (cma && !p->cma_rx))
         return GANG_EPROTO;
     p->rx_len = (size_t)len;
     p->rx_got = 0;
@@ -95,11 +133,13 @@ static int sock_rx_header(sock_peer *p, uint32_t peer, sock_op *ops, size_t nops
         if (op->is_send || op->complete || op->claimed || op->peer != peer ||
             op->comm_id != comm_id || op->kind != kind || op->tag != tag)
             continue;
-        if (op->len != len)
+        if (op->len != len || (cma && op->reduce))
             return GANG_EPROTO;
         op->claimed = 1;
         p->rx_op = op;
         p->rx_dst = op->buf;
+        if (cma)
+            sock_rx_cma_start(p);
         return 0;
     }
     p->rx_msg = malloc(sizeof(*p->rx_msg) + p->rx_len);
@@ -111,6 +151,24 @@ static int sock_rx_header(sock_peer *p, uint32_t peer, sock_op *ops, size_t nops
     p->rx_msg->tag = tag;
     p->rx_msg->len = p->rx_len;
     p->rx_dst = p->rx_msg->data;
+    if (cma)
+        sock_rx_cma_start(p);
+    return 0;
+}
+
+/* A CMA frame's descriptor is in: reads the bytes it names and owes the peer an ACK. */
+static int sock_rx_cma_finish(sock_peer *p)
+{
+    uint64_t addr = get_u64(p->rx_desc), len = get_u64(p->rx_desc + 8);
+    int rc;
+
+    p->rx_cma = 0;
+    if (len != p->rx_cma_len)
+        return GANG_EPROTO;
+    rc = gang__sock_cma_read(p, p->rx_final, addr, (size_t)len);
+    if (rc < 0)
+        return rc;
+    p->acks_owed++;
     return 0;
 }
 
@@ -133,7 +191,7 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
 
         if (want > 0) {
             uint8_t *dst = in_hdr ? p->rx_hdr + p->rx_hdr_got : p->rx_dst + p->rx_got;
-            ssize_t n = gang__sock_peer_recv(p, in_hdr ? NULL : p->rx_op, dst, want);
+            ssize_t n = gang__sock_peer_recv(p, in_hdr || p->rx_cma ? NULL : p->rx_op, dst, want);
 
             if (n < 0 && errno == EINTR)
                 continue;
@@ -150,16 +208,23 @@ static int sock_rx(sock_net *net, uint32_t peer, sock_op *ops, size_t nops)
                     rc = sock_rx_header(p, peer, ops, nops);
                     if (rc < 0)
                         return rc;
+                    if (rc == 1)
+                        p->rx_hdr_got = 0; /* an ACK: no payload */
                 }
                 continue;
             }
             p->rx_got += (size_t)n;
-            if (p->rx_op != NULL)
+            if (p->rx_op != NULL && !p->rx_cma)
                 p->rx_op->done = p->rx_got; /* a send with this src may forward them */
             if (p->rx_got < p->rx_len)
                 continue;
         }
         /* A whole message is in. */
+        if (p->rx_cma) {
+            rc = sock_rx_cma_finish(p);
+            if (rc < 0)
+                return rc;
+        }
         p->rx_hdr_got = 0;
         if (p->rx_op != NULL) {
             p->rx_op->done = p->rx_op->len;
@@ -244,6 +309,16 @@ static int sock_check_net(sock_net *net)
     return err;
 }
 
+/* Index of the first unfinished send to peer r in ops after index k, or nops. */
+static size_t sock_next_send(const sock_op *ops, size_t nops, uint32_t r, size_t k)
+{
+    for (k++; k < nops; k++) {
+        if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
+            break;
+    }
+    return k;
+}
+
 /* Index of the first unfinished send to peer r in ops, or nops when there is none. */
 static size_t sock_first_send(const sock_op *ops, size_t nops, uint32_t r)
 {
@@ -280,6 +355,11 @@ static int sock_shm_step(sock_net *net, uint32_t r, sock_op *ops, size_t nops, i
     if (rc < 0)
         return rc;
     k = sock_first_send(ops, nops, r);
+    while (k < nops && ops[k].await_ack) /* its frame is out: the next one may go */
+        k = sock_next_send(ops, nops, r, k);
+    /* ACKs go between our frames, never inside one. */
+    if (p->acks_owed > 0 && !p->eof && (k == nops || ops[k].hdr_done == 0))
+        gang__sock_shm_acks(p);
     if (k < nops && !p->eof)
         gang__sock_tx_shm(p, &ops[k]);
     if (tail != atomic_load_explicit(&p->rx_ring->tail, memory_order_relaxed) ||
@@ -371,6 +451,15 @@ static int sock_scan_ops(sock_net *net, sock_op *ops, size_t nops, sock_round *w
         else
             w->tcp_wait = 1;
         w->pending++;
+    }
+    /* An ACK we owe holds its peer's all-to-all: the call ends only once it is out. */
+    for (i = 0; i < net->nconn; i++) {
+        sock_peer *p = &net->peers[net->conn[i]];
+
+        if (p->acks_owed > 0 && !p->eof) {
+            w->shm_wait = 1;
+            w->pending++;
+        }
     }
     return 0;
 }

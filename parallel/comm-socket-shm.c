@@ -157,6 +157,8 @@ static void sock_shm_unmap(sock_peer *p)
     p->tx_data = p->rx_data = NULL;
     p->my_sleep = p->peer_sleep = NULL;
     p->my_cpu = p->peer_cpu = NULL;
+    p->cma_peer_flag = NULL;
+    p->cma_rx = 0;
 }
 
 /* Unlinks the objects we created for higher peers that may still be named. */
@@ -193,11 +195,16 @@ int gang__sock_shm_setup(sock_net *net, uint32_t self, uint64_t deadline)
     uint8_t b[9];
     int rc;
 
+    rc = gang__sock_cma_init(net);
+    if (rc < 0)
+        return rc;
     for (i = 0; i < net->nconn; i++) {
         r = net->conn[i];
         if (r < self)
             continue;
         b[0] = sock_shm_map(net, &net->peers[r], self, r, ppid, pid, 1) == 0;
+        if (b[0] == 1)
+            gang__sock_cma_publish(net, &net->peers[r], self, r);
         put_u32(b + 1, ppid);
         put_u32(b + 5, pid);
         rc = gang__sock_write_full(net->peers[r].fd, b, sizeof(b), net->abort_fd, deadline);
@@ -215,6 +222,10 @@ int gang__sock_shm_setup(sock_net *net, uint32_t self, uint64_t deadline)
             b[0] = sock_shm_map(net, &net->peers[r], self, r, cpp, cp, 0) == 0;
             sock_shm_name(net, cpp, cp, r, self, name);
             shm_unlink(name);
+            if (b[0] == 1) { /* the lower rank's slot was written before its 9 bytes */
+                gang__sock_cma_publish(net, &net->peers[r], self, r);
+                gang__sock_cma_probe(&net->peers[r], self, r);
+            }
         } else {
             b[0] = 0;
         }
@@ -236,6 +247,8 @@ int gang__sock_shm_setup(sock_net *net, uint32_t self, uint64_t deadline)
             shm_unlink(name);
             if (b[0] != 1)
                 sock_shm_unmap(&net->peers[r]);
+            else /* the higher rank wrote its slot before answering */
+                gang__sock_cma_probe(&net->peers[r], self, r);
         }
     }
     for (i = 0; i < net->nconn; i++)
@@ -361,6 +374,27 @@ static size_t sock_ring_write(sock_ring *rg, uint8_t *data, uint64_t cap, const 
     return n;
 }
 
+/*
+ * Writes the ACK frames owed to p (gang__sock_cma_read's readers) while a whole header fits;
+ * the caller calls it only between two of our frames to p, never inside one.
+ */
+void gang__sock_shm_acks(sock_peer *p)
+{
+    uint8_t hdr[SOCK_HDR_LEN];
+
+    memset(hdr, 0, sizeof(hdr));
+    put_u32(hdr + 8, SOCK_KIND_ACK);
+    while (p->acks_owed > 0) {
+        uint64_t head = atomic_load_explicit(&p->tx_ring->head, memory_order_relaxed);
+        uint64_t tail = atomic_load_explicit(&p->tx_ring->tail, memory_order_acquire);
+
+        if (p->ring_cap - (head - tail) < SOCK_HDR_LEN)
+            return;
+        sock_ring_write(p->tx_ring, p->tx_data, p->ring_cap, hdr, SOCK_HDR_LEN);
+        p->acks_owed--;
+    }
+}
+
 /* Copies up to len bytes out of the ring without blocking; returns the count (0: empty). */
 static size_t sock_ring_read(sock_ring *rg, const uint8_t *data, uint64_t cap, uint8_t *dst,
                              size_t len)
@@ -478,6 +512,27 @@ ssize_t gang__sock_peer_recv(sock_peer *p, const sock_op *op, void *dst, size_t 
     return (ssize_t)n;
 }
 
+/* gang__sock_tx_shm of a CMA send: header, then the descriptor, then it awaits the ACK. */
+static void sock_tx_desc(sock_peer *p, sock_op *op)
+{
+    while (!op->await_ack) {
+        size_t n;
+
+        if (op->hdr_done < SOCK_HDR_LEN) {
+            n = sock_ring_write(p->tx_ring, p->tx_data, p->ring_cap, op->hdr + op->hdr_done,
+                                SOCK_HDR_LEN - op->hdr_done);
+            op->hdr_done += n;
+        } else {
+            n = sock_ring_write(p->tx_ring, p->tx_data, p->ring_cap, op->desc + op->desc_done,
+                                SOCK_CMA_DESC - op->desc_done);
+            op->desc_done += n;
+            op->await_ack = op->desc_done == SOCK_CMA_DESC;
+        }
+        if (n == 0)
+            return;
+    }
+}
+
 /*
  * Writes op (header then payload) into the peer's ring without blocking, with at most
  * one copy of payload per call (what fits): when the ring is full, the caller reads what
@@ -487,6 +542,17 @@ ssize_t gang__sock_peer_recv(sock_peer *p, const sock_op *op, void *dst, size_t 
  */
 void gang__sock_tx_shm(sock_peer *p, sock_op *op)
 {
+    if (op->hdr_done == 0 && op->cma_ok && op->len >= SOCK_CMA_MIN && gang__sock_cma_tx_ok(p)) {
+        /* A descriptor instead of the bytes: the receiver reads them and answers ACK. */
+        op->cma = 1;
+        put_u32(op->hdr + 8, op->kind | SOCK_KIND_CMA);
+        put_u64(op->desc, (uint64_t)(uintptr_t)op->buf);
+        put_u64(op->desc + 8, op->len);
+    }
+    if (op->cma) {
+        sock_tx_desc(p, op);
+        return;
+    }
     while (!op->complete) {
         size_t n;
         int payload = op->hdr_done == SOCK_HDR_LEN;

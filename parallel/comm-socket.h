@@ -7,6 +7,7 @@
  *   comm-socket-boot.c      TCP connect/accept of those pairs, communicator
  *                           init / split / free
  *   comm-socket-shm.c       the shared-memory fast path: detection, mapping, the rings
+ *   comm-socket-cma.c       the all-to-all's single copy between shared-memory peers
  *   comm-socket-progress.c  the progress engine (framing, matching, waiting) and abort
  *   comm-socket-coll.c      all-reduce, all-gather, broadcast, send/recv, the vtable
  *
@@ -55,7 +56,11 @@
 #define SOCK_HDR_LEN 24
 #define SOCK_KIND_P2P 0u
 #define SOCK_KIND_COLL 1u
-#define SOCK_HANDSHAKE_MS 2000 /* a connecting peer must say hello within this */
+#define SOCK_KIND_ACK 2u          /* shm only: the receiver read a CMA frame's bytes */
+#define SOCK_KIND_CMA 0x80000000u /* shm only, or-ed into a kind: the payload is a descriptor */
+#define SOCK_CMA_DESC 16          /* {address u64, bytes u64} */
+#define SOCK_CMA_MIN ((size_t)16 << 10) /* all-to-all transfers from this size read in place */
+#define SOCK_HANDSHAKE_MS 2000          /* a connecting peer must say hello within this */
 #define SOCK_MAX_MSG ((uint64_t)1 << 40)
 #define SOCK_BLOB_MAX 512
 #define SOCK_RING_CAP ((uint64_t)4 << 20)       /* one direction's ring of a bulk pair (TP, PP) */
@@ -117,6 +122,11 @@ typedef struct sock_op {
     gang_dtype dt; /* recv: element type of a reducing recv */
     const struct sock_op *src; /* send to a shm peer, or NULL: the recv of this call that
                                   fills buf; only payload bytes below its done may go */
+    int cma_ok;    /* send: its receiver waits in the same call, so it may read buf in place */
+    int cma;       /* send: goes as a descriptor (decided when its frame starts) */
+    int await_ack; /* send: descriptor written, complete at the receiver's ACK */
+    uint8_t desc[SOCK_CMA_DESC];
+    size_t desc_done;
 } sock_op;
 
 /* Control words of one ring direction (protocol at the top of comm-socket-shm.c). */
@@ -151,6 +161,14 @@ typedef struct sock_peer {
     size_t rx_len, rx_got;
     sock_op *rx_op;   /* the recv being filled, or NULL when stashing */
     sock_msg *rx_msg; /* the stash being filled */
+    int rx_cma;       /* the current frame's payload is a descriptor, read into rx_desc */
+    uint8_t rx_desc[SOCK_CMA_DESC];
+    uint8_t *rx_final; /* ... and its bytes go here (rx_cma_len of them) */
+    size_t rx_cma_len;
+    int cma_rx;                /* we read this peer's memory (probed at start-up) */
+    int cma_pid;               /* its pid, for process_vm_readv */
+    atomic_int *cma_peer_flag; /* in shm: up once the peer reads our memory */
+    uint32_t acks_owed;        /* CMA frames read whose ACK is not on the ring yet */
 } sock_peer;
 
 /* The connections, shared by a communicator and every child split from it. */
@@ -161,6 +179,7 @@ typedef struct sock_net {
     int abort_fd;                      /* eventfd, readable once aborted */
     uint32_t n;                        /* ranks of the root communicator */
     uint8_t session[SOCK_SESSION_LEN]; /* names the shared-memory objects */
+    uint8_t cma_cookie[16];            /* what peers read in our memory to probe CMA */
     char tag[SOCK_TAG_MAX + 1];        /* ... with this job-and-generation tag */
     int sparse;                        /* only the pairs that talk are connected */
     uint32_t tp;                       /* sparse: TP width of the groups (0: none) */
@@ -262,6 +281,15 @@ void gang__sock_shm_drain(sock_peer *p);
 /* comm-socket-shm.c: the control page's sleep flags and CPU words of every shm peer. */
 void gang__sock_shm_sleep_flags(sock_net *net, int on);
 int gang__sock_shm_cpu_shared(sock_net *net, const sock_op *ops, size_t nops, int cpu);
+
+/* comm-socket-cma.c: the single-copy path (see the top of that file). */
+int gang__sock_cma_init(sock_net *net);
+void gang__sock_cma_publish(sock_net *net, sock_peer *p, uint32_t self, uint32_t peer);
+void gang__sock_cma_probe(sock_peer *p, uint32_t self, uint32_t peer);
+int gang__sock_cma_tx_ok(const sock_peer *p);
+int gang__sock_cma_read(const sock_peer *p, void *dst, uint64_t addr, size_t len);
+/* comm-socket-shm.c: the ACKs owed to a shm peer, onto its ring while they fit. */
+void gang__sock_shm_acks(sock_peer *p);
 
 /* comm-socket-progress.c: building transfers, running them, aborting. */
 void gang__sock_op_send(sock_op *op, uint32_t peer, uint64_t comm_id, uint32_t kind, uint32_t tag,

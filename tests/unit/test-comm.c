@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "comm-a2a-check.h"
+#include "comm-cma-check.h"
 #include "ganglion/comm.h"
 
 #define MAX_RANKS 8
@@ -1678,6 +1679,7 @@ int main(void)
         cmocka_unit_test(test_wrong_session),
         cmocka_unit_test(test_sparse_world),
         cmocka_unit_test(test_shm_sweep),
+        cmocka_unit_test(gang_test_cma_probe),
         cmocka_unit_test(test_bootstrap_format),
         cmocka_unit_test(test_bootstrap_join),
     };
