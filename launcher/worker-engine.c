@@ -189,7 +189,8 @@ static int wres_load(gang__wres *r)
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    gang_load_options lo = {.dtype = c->layout.dtype, .quantize = c->layout.quantize};
+    gang_load_options lo = {
+        .dtype = c->layout.dtype, .quantize = c->layout.quantize, .ep = c->layout.ep};
     rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;
