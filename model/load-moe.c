@@ -105,3 +105,30 @@ int gang__load_moe(const gang_model *m, uint32_t li, uint32_t ep, gang__band_fn 
     l->moe = mo;
     return 0;
 }
+
+int gang_model_moe_load(const struct gang_model *m, gang_moe_load_sample *out)
+{
+    double sum = 0.0;
+
+    memset(out, 0, sizeof(*out));
+    for (uint32_t i = 0; m != NULL && m->layers != NULL && i < m->layer_count; i++) {
+        const gang_tp_moe *mo = m->layers[i].moe;
+
+        if (mo == NULL)
+            continue;
+        out->n_experts = mo->n_experts;
+        out->ep = mo->ep;
+        out->ep_rank = mo->ep_rank;
+        out->layers++;
+        out->steps += mo->load.steps;
+        out->slots += mo->load.slots;
+        sum += mo->load.max_over_mean_sum;
+        out->last_max_over_mean = mo->load.last_max_over_mean;
+        for (uint32_t e = 0; e < mo->n_experts && e < GANG_MOE_LOAD_EXPERTS; e++)
+            out->expert_slots[e] += mo->load.expert_slots[e];
+        for (uint32_t r = 0; r < mo->ep && r < GANG_MOE_LOAD_RANKS; r++)
+            out->rank_slots[r] += mo->load.rank_slots[r];
+    }
+    out->mean_max_over_mean = out->steps > 0 ? sum / (double)out->steps : 0.0;
+    return out->layers > 0;
+}

@@ -176,6 +176,30 @@ int gang_model_layer_moe(const gang_model_config *cfg, uint32_t layer);
  */
 void gang_model_params(const gang_model_config *cfg, uint64_t *total, uint64_t *active);
 
+/*
+ * The load balance of a rank's MoE layers (issue #25), summed over them since they were
+ * loaded: what its router sent to each expert and to each EP rank. Plain data, copied
+ * between threads and over the agent <-> worker channel as it is.
+ */
+#define GANG_MOE_LOAD_EXPERTS 256 /* experts reported one by one (the rest only in slots) */
+#define GANG_MOE_LOAD_RANKS 64    /* EP ranks reported one by one */
+typedef struct gang_moe_load_sample {
+    uint32_t n_experts;        /* of the model; per-expert counts for the first 256 */
+    uint32_t ep, ep_rank;      /* the layers' EP group and this rank in it */
+    uint32_t layers;           /* MoE layers of this rank's shard */
+    uint64_t steps;            /* layer calls (steps x layers) */
+    uint64_t slots;            /* (token, choice) pairs this rank routed */
+    double last_max_over_mean; /* the last call's max / mean slots per expert (1: even) */
+    double mean_max_over_mean; /* the same averaged over every call */
+    uint64_t expert_slots[GANG_MOE_LOAD_EXPERTS];
+    uint64_t rank_slots[GANG_MOE_LOAD_RANKS]; /* slots sent to each EP rank's experts */
+} gang_moe_load_sample;
+
+struct gang_model;
+/* Fills *out from m's MoE layers; 1 when m has any, else 0 (and *out zeroed). The caller
+ * must be the thread that runs m's layers, or hold it off. */
+int gang_model_moe_load(const struct gang_model *m, gang_moe_load_sample *out);
+
 int gang_model_moe_layout(const gang_model_config *cfg, uint32_t tp, uint32_t ep, char *err,
                           size_t errlen);
 

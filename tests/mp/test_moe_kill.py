@@ -6,7 +6,9 @@ finishes with the healthy gang's tokens.
 A tiny Mixtral-structured model (`ganglion mkmodel --moe mixtral`: 8 experts, top-2) is
 served on 2 nodes x 2 ranks, --tp 2 --pp 2 --ep 2 (the experts of each stage split over its
 TP group, the tokens exchanged by all-to-all). First a healthy gang answers the prompt
-greedily (the expected tokens). Then a gang with the test-only fault
+greedily (the expected tokens), and every rank's /metrics shows the routed pairs by expert
+and by EP rank (equal totals; a stage's two ranks together route each position once, top-2).
+Then a gang with the test-only fault
 GANGLION_FAULT_MOE_A2A=MARKER:1:5 (parallel/moe.c: the first process to reach its 5th
 dispatch as EP rank 1 -- decode, layer 0 -- creates MARKER and SIGKILLs itself between the
 counts' all-to-all and the rows', once) gets the same request: its peer fails inside the
@@ -36,6 +38,53 @@ def ask(g):
     return r["choices"][0]["tokens"]
 
 
+def moe_samples(text, name):
+    """{(rank, index): value} of metric family name (labels rank and expert / ep_rank)."""
+    out = {}
+    for ln in text.splitlines():
+        if ln.startswith(name + "{"):
+            labels = dict(kv.split("=") for kv in ln[len(name) + 1:ln.index("}")].split(","))
+            idx = labels.get("expert", labels.get("ep_rank", "-1")).strip('"')
+            out[(int(labels["rank"].strip('"')), int(idx))] = float(ln.split()[-1])
+    return out
+
+
+def check_load_metrics(g):
+    """Every rank reports its routed pairs in /metrics (issue #25): by expert and by EP rank,
+    the two totals equal, and the prompt's and answer's tokens all routed by some rank."""
+    def loaded():
+        exp, ranks = {}, {}
+        for node in range(NNODES):
+            code, text = g.get(node, "/metrics")
+            if code != 200:
+                return None
+            exp.update(moe_samples(text, "ganglion_moe_expert_tokens_total"))
+            ranks.update(moe_samples(text, "ganglion_moe_ep_rank_tokens_total"))
+            if "ganglion_moe_load_max_over_mean{" not in text:
+                return None
+        got = {r for r, _ in exp}
+        if got != set(range(NNODES * NPROC)):
+            return None
+        # Published about once per heartbeat interval: wait for the whole request's.
+        return (exp, ranks) if sum(v for (rk, _), v in exp.items() if rk in (0, 1)) == want \
+            else None
+
+    want = 2 * (len(PROMPT) + TOKENS - 1)  # top-2, one layer per stage
+    try:
+        exp, ranks = H.wait_until(loaded, 10, 0.05, "the MoE load metrics of every rank")
+    except Exception:
+        code, text = g.get(0, "/metrics")
+        H.log("\n".join(ln for ln in text.splitlines() if "moe" in ln))
+        raise
+    for r in range(NNODES * NPROC):
+        by_e = sum(v for (rk, _), v in exp.items() if rk == r)
+        by_r = sum(v for (rk, _), v in ranks.items() if rk == r)
+        H.check(by_e == by_r, "rank %d: %d pairs by expert, %d by EP rank" % (r, by_e, by_r))
+    # Each stage's two EP ranks together route every position once (its one layer), top-2.
+    stage0 = sum(v for (rk, _), v in exp.items() if rk in (0, 1))
+    H.log("MoE load metrics: stage 0 routed %d pairs over %d experts" % (stage0, 8))
+
+
 def scenario(h):
     model = os.path.join(h.tmp, "mixtral")
     subprocess.run([h.bin, "mkmodel", "--out", model, "--arch", "mistral", "--moe", "mixtral",
@@ -47,6 +96,7 @@ def scenario(h):
     healthy.wait_serving(timeout=60)
     want = ask(healthy)
     H.check(len(want) == TOKENS, "healthy gang answered %d tokens" % len(want))
+    check_load_metrics(healthy)
     healthy.stop()
     H.log("healthy gang: %s" % want)
 
