@@ -113,11 +113,35 @@ def refused(h, model_dir):
             "--ep 2 --tp 1: exit %d, %r" % (r.returncode, err[-400:]))
 
 
+def info_check(h, model_dir):
+    """`ganglion info --model` names the experts and the active parameters, and the heaviest
+    rank's weights shrink with the EP x TP group; --ep 2 --tp 1 is refused (exit 2)."""
+    def info(tp, ep):
+        r = subprocess.run([h.bin, "info", "--model", model_dir, "--tp", str(tp), "--ep",
+                            str(ep)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=30)
+        return r.returncode, r.stdout.decode(errors="replace")
+
+    def mib(out):
+        ln = [x for x in out.splitlines() if x.startswith("layout tp")][0]
+        return float(ln.split("holds ")[1].split(" MiB")[0])
+
+    code, one = info(1, 1)
+    H.check(code == 0 and "mixture of experts (qwen2_moe): 64 experts of width 32, top 8" in one
+            and "parameters active per token" in one, "info --model: %r" % one[-600:])
+    code, four = info(4, 4)
+    H.check(code == 0 and mib(four) < mib(one) / 2,
+            "ep 4: %s MiB per rank, ep 1: %s" % (mib(four), mib(one)))
+    code, out = info(1, 2)
+    H.check(code == 2 and "refused" in out, "info --ep 2 --tp 1: %d %r" % (code, out[-300:]))
+
+
 def scenario(h):
     py = S.fetch("python")
     refs = hf_reference(py, os.path.join(h.tmp, "models"))
     H.check(len(refs) == 3, "hf-moe-models.py made %d models" % len(refs))
     refused(h, refs[0]["dir"])
+    info_check(h, refs[1]["dir"])
     refs += numpy_reference(h, py)
     for ref in refs:
         for ep, tp, pp in LAYOUTS:
