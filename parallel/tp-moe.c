@@ -11,10 +11,31 @@
  * runs unchanged, and it costs the same all-reduce a dense MLP pays.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ganglion/parallel.h"
+
+/* gang_tp_moe_timing_*: the token count timed (0: none) and the sums. */
+static _Atomic uint32_t moe_time_tokens;
+static _Atomic uint64_t moe_time_calls, moe_time_block_ns, moe_time_a2a_ns;
+
+void gang_tp_moe_timing_reset(uint32_t tokens)
+{
+    atomic_store(&moe_time_tokens, 0);
+    atomic_store(&moe_time_calls, 0);
+    atomic_store(&moe_time_block_ns, 0);
+    atomic_store(&moe_time_a2a_ns, 0);
+    atomic_store(&moe_time_tokens, tokens);
+}
+
+void gang_tp_moe_timing_get(gang_moe_timing *out)
+{
+    out->calls = atomic_load(&moe_time_calls);
+    out->block_ns = atomic_load(&moe_time_block_ns);
+    out->a2a_ns = atomic_load(&moe_time_a2a_ns);
+}
 
 /* The step scratch of one layer, grown to the most tokens a call passed. */
 typedef struct gang_tp_moe_scratch {
@@ -325,12 +346,13 @@ static void moe_accumulate(const gang_moe_plan *p, const float *weight, const fl
  * already grouped by expert) or dispatch, experts, combine over comm.
  */
 static int moe_routed(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, gang_tp_moe_scratch *s,
-                      const float *x, size_t first, size_t n, float *y, uint64_t deadline)
+                      const float *x, size_t first, size_t n, float *y, uint64_t deadline,
+                      uint64_t *a2a_ns)
 {
     gang_moe_route_cfg rc_cfg = {m->n_experts, m->top_k, m->norm_topk};
     size_t h = m->hidden;
     const float *xr = x + first * h;
-    uint64_t left;
+    uint64_t left, t0;
     int rc = 0;
 
     if (n > 0) {
@@ -352,15 +374,19 @@ static int moe_routed(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, gang_tp_
             moe_accumulate(&s->plan, s->weight, s->xc.send, h, y + first * h);
         return rc;
     }
+    t0 = gang_now_ns();
     rc = gang_deadline_left(deadline, &left);
     if (rc == 0)
         rc = gang_moe_dispatch(comm, &s->plan, xr, &s->xc, left);
+    *a2a_ns += gang_now_ns() - t0;
     if (rc == 0)
         rc = moe_experts(m, k, s, s->xc.recv, s->xc.cnt_in, m->ep);
     if (rc == 0)
         rc = gang_deadline_left(deadline, &left);
+    t0 = gang_now_ns();
     if (rc == 0)
         rc = gang_moe_combine(comm, &s->plan, s->weight, &s->xc, y + first * h, left);
+    *a2a_ns += gang_now_ns() - t0;
     return rc;
 }
 
@@ -369,7 +395,7 @@ int gang_tp_moe_forward(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, const 
 {
     gang_tp_moe_scratch *s;
     size_t first = 0, n = tokens, base, extra;
-    uint64_t deadline, left;
+    uint64_t deadline, left = 0, t0 = gang_now_ns(), a2a_ns = 0;
     int rc;
 
     if (m == NULL || k == NULL || x == NULL || y == NULL || timeout_ms == 0)
@@ -390,13 +416,17 @@ int gang_tp_moe_forward(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, const 
         first = m->ep_rank * base + (m->ep_rank < extra ? m->ep_rank : extra);
         n = base + (m->ep_rank < extra ? 1 : 0);
     }
-    rc = moe_routed(m, k, comm, s, x, first, n, y, deadline);
+    rc = moe_routed(m, k, comm, s, x, first, n, y, deadline, &a2a_ns);
     if (rc == 0)
         rc = moe_shared(m, k, s, x, tokens, y);
-    if (rc != 0 || comm == NULL || m->tp == 1)
-        return rc;
-    rc = gang_deadline_left(deadline, &left);
-    if (rc == 0)
+    if (rc == 0 && comm != NULL && m->tp > 1)
+        rc = gang_deadline_left(deadline, &left);
+    if (rc == 0 && comm != NULL && m->tp > 1)
         rc = gang_comm_all_reduce(comm, y, tokens * m->hidden, GANG_DTYPE_F32, left);
+    if (rc == 0 && tokens == atomic_load(&moe_time_tokens)) {
+        atomic_fetch_add(&moe_time_calls, 1);
+        atomic_fetch_add(&moe_time_block_ns, gang_now_ns() - t0);
+        atomic_fetch_add(&moe_time_a2a_ns, a2a_ns);
+    }
     return rc;
 }

@@ -805,4 +805,16 @@ size_t gang_tp_moe_weight_bytes(const gang_tp_moe *m);
 int gang_tp_moe_forward(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, const float *x,
                         size_t tokens, float *y, uint64_t timeout_ms);
 
+/*
+ * Process-wide timing of the MoE blocks (for `ganglion bench moe`): the calls of exactly
+ * `tokens` tokens (a decode step of that batch) since the last reset, the time inside
+ * gang_tp_moe_forward and the part of it inside the two all-to-alls, summed over every
+ * rank thread of the process. gang_tp_moe_timing_reset(0) counts nothing. Any thread.
+ */
+typedef struct gang_moe_timing {
+    uint64_t calls, block_ns, a2a_ns;
+} gang_moe_timing;
+void gang_tp_moe_timing_reset(uint32_t tokens);
+void gang_tp_moe_timing_get(gang_moe_timing *out);
+
 #endif /* GANGLION_PARALLEL_H */
