@@ -147,16 +147,9 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
     l->tc.allow_cross_node_tp = shape.allow_cross_node_tp;
     if (gang_topology_init(&l->tc, t ? t : &scratch, err, errlen) != 0)
         return GANG_EUSAGE;
-    /* A MoE model: how its experts sit on the TP groups, and on which device. */
+    /* A MoE model: how its experts sit on the TP groups. */
     if (gang_model_moe_layout(&l->mc, (uint32_t)l->tc.tp, l->ep, err, errlen) != 0)
         return GANG_EUSAGE;
-    if (l->mc.n_experts > 0 && strcmp(l->device, "cpu") != 0) {
-        snprintf(err, errlen,
-                 "--device %s: mixture-of-experts layers run on the CPU only in this version "
-                 "(--device cpu)",
-                 l->device);
-        return GANG_EUSAGE;
-    }
     uint32_t allowed = l->mc.max_ctx_allowed > 0 ? l->mc.max_ctx_allowed : l->mc.max_pos;
     uint32_t cap = allowed < GANG_LAYOUT_CTX_CAP ? allowed : GANG_LAYOUT_CTX_CAP;
     l->ctx = l->max_ctx > 0 ? l->max_ctx : cap;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ganglion/parallel.h"
+#include "tp-moe.h"
 
 /* gang_tp_moe_timing_*: the token count timed (0: none) and the sums. */
 static _Atomic uint32_t moe_time_tokens;
@@ -30,27 +31,21 @@ void gang_tp_moe_timing_reset(uint32_t tokens)
     atomic_store(&moe_time_tokens, tokens);
 }
 
+void gang__tp_moe_timed(size_t tokens, uint64_t block_ns, uint64_t a2a_ns)
+{
+    if (tokens != atomic_load(&moe_time_tokens))
+        return;
+    atomic_fetch_add(&moe_time_calls, 1);
+    atomic_fetch_add(&moe_time_block_ns, block_ns);
+    atomic_fetch_add(&moe_time_a2a_ns, a2a_ns);
+}
+
 void gang_tp_moe_timing_get(gang_moe_timing *out)
 {
     out->calls = atomic_load(&moe_time_calls);
     out->block_ns = atomic_load(&moe_time_block_ns);
     out->a2a_ns = atomic_load(&moe_time_a2a_ns);
 }
-
-/* The step scratch of one layer, grown to the most tokens a call passed. */
-typedef struct gang_tp_moe_scratch {
-    size_t cap_tokens;    /* tokens the arrays below were sized for */
-    float *logits;        /* [cap, n_experts] */
-    int32_t *expert;      /* [cap, top_k] */
-    float *weight;        /* [cap, top_k] */
-    gang_moe_plan plan;   /* for a run of at most cap tokens */
-    gang_moe_exchange xc; /* send / recv [cap * top_k * ep rows] */
-    float *rows_in;       /* [cap * top_k * ep, hidden]: one expert's rows, gathered */
-    float *rows_out;      /* [cap * top_k * ep, hidden] */
-    float *gate, *up;     /* [cap * top_k * ep, max(ffn_count, sh_count)] */
-    float *sh_scale;      /* [cap] */
-    size_t *run_first;    /* [ep * expert_count]: where each (source, expert) run starts */
-} gang_tp_moe_scratch;
 
 static void moe_scratch_free(gang_tp_moe_scratch *s)
 {
@@ -79,7 +74,7 @@ static void moe_scratch_free(gang_tp_moe_scratch *s)
  * again for twice the tokens (so a serving loop reaches its size in a few steps and then
  * allocates nothing). The plan covers a run of ceil(tokens / ep) tokens sized by the cap.
  */
-static int moe_scratch(gang_tp_moe *m, size_t tokens, gang_tp_moe_scratch **out)
+int gang__tp_moe_scratch(gang_tp_moe *m, size_t tokens, gang_tp_moe_scratch **out)
 {
     gang_tp_moe_scratch *s = m->scr;
     size_t cap, rows, h = m->hidden, wide;
@@ -193,6 +188,7 @@ void gang_tp_moe_free(gang_tp_moe *m)
 {
     if (m == NULL)
         return;
+    gang__tp_moe_dev_free(m); /* the device arrays and buffers, back to m->mem */
     free(m->router);
     free(m->w_gate);
     free(m->w_up);
@@ -221,9 +217,9 @@ size_t gang_tp_moe_weight_bytes(const gang_tp_moe *m)
 }
 
 /* One SwiGLU expert shard on n rows: out [n, hidden] = (silu(in Wg^T) * (in Wu^T)) Wd^T. */
-static int moe_swiglu(gang_kernels *k, const float *in, size_t n, size_t hidden, const float *wg,
-                      const float *wu, const float *wd, size_t ffn, float *gate, float *up,
-                      float *out)
+int gang__tp_moe_swiglu(gang_kernels *k, const float *in, size_t n, size_t hidden, const float *wg,
+                        const float *wu, const float *wd, size_t ffn, float *gate, float *up,
+                        float *out)
 {
     int rc = gang_kernels_gemm(k, 1, n, ffn, hidden, 1.0f, in, wg, 0.0f, gate);
 
@@ -266,8 +262,8 @@ static int moe_experts(gang_tp_moe *m, gang_kernels *k, gang_tp_moe_scratch *s, 
         }
         if (n == 0) /* an idle expert costs nothing */
             continue;
-        rc = moe_swiglu(k, s->rows_in, n, h, m->w_gate + i * wsz, m->w_up + i * wsz,
-                        m->w_down + i * wsz, f, s->gate, s->up, s->rows_out);
+        rc = gang__tp_moe_swiglu(k, s->rows_in, n, h, m->w_gate + i * wsz, m->w_up + i * wsz,
+                                 m->w_down + i * wsz, f, s->gate, s->up, s->rows_out);
         if (rc != 0)
             return rc;
         n = 0;
@@ -291,8 +287,8 @@ static int moe_shared(gang_tp_moe *m, gang_kernels *k, gang_tp_moe_scratch *s, c
 
     if (m->sh_ffn == 0 || tokens == 0)
         return 0;
-    rc = moe_swiglu(k, x, tokens, h, m->sh_gate, m->sh_up, m->sh_down, m->sh_count, s->gate, s->up,
-                    s->rows_out);
+    rc = gang__tp_moe_swiglu(k, x, tokens, h, m->sh_gate, m->sh_up, m->sh_down, m->sh_count,
+                             s->gate, s->up, s->rows_out);
     if (rc != 0)
         return rc;
     for (size_t t = 0; t < tokens; t++) {
@@ -309,7 +305,7 @@ static int moe_shared(gang_tp_moe *m, gang_kernels *k, gang_tp_moe_scratch *s, c
 }
 
 /* The load counters of one step from the plan of this rank's run. */
-static void moe_count(gang_tp_moe *m, const gang_moe_plan *p)
+void gang__tp_moe_count(gang_tp_moe *m, const gang_moe_plan *p)
 {
     uint64_t mx = 0;
     double mean = (double)p->slots / m->n_experts;
@@ -327,8 +323,8 @@ static void moe_count(gang_tp_moe *m, const gang_moe_plan *p)
 }
 
 /* Adds weight x row for every slot of the plan (rows in plan order) into y's token rows. */
-static void moe_accumulate(const gang_moe_plan *p, const float *weight, const float *rows, size_t h,
-                           float *y)
+void gang__tp_moe_accumulate(const gang_moe_plan *p, const float *weight, const float *rows,
+                             size_t h, float *y)
 {
     for (size_t i = 0; i < p->slots; i++) {
         uint32_t slot = p->order[i];
@@ -364,14 +360,14 @@ static int moe_routed(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, gang_tp_
         rc = gang_moe_plan_build(&s->plan, s->expert, n);
     if (rc != 0)
         return rc;
-    moe_count(m, &s->plan);
+    gang__tp_moe_count(m, &s->plan);
     if (m->ep == 1) {
         for (size_t i = 0; i < s->plan.slots; i++)
             memcpy(s->xc.send + i * h, xr + (size_t)(s->plan.order[i] / m->top_k) * h,
                    h * sizeof(float));
         rc = moe_experts(m, k, s, s->xc.send, s->plan.send_expert, 1);
         if (rc == 0)
-            moe_accumulate(&s->plan, s->weight, s->xc.send, h, y + first * h);
+            gang__tp_moe_accumulate(&s->plan, s->weight, s->xc.send, h, y + first * h);
         return rc;
     }
     t0 = gang_now_ns();
@@ -401,12 +397,15 @@ int gang_tp_moe_forward(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, const 
     if (m == NULL || k == NULL || x == NULL || y == NULL || timeout_ms == 0)
         return GANG_EINVAL;
     if (gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM)
-        return GANG_ENOSYS;
+        return m->mem == k ? gang__tp_moe_forward_dev(m, k, comm, x, tokens, y, timeout_ms)
+                           : GANG_EINVAL;
+    if (m->mem != NULL)
+        return GANG_EINVAL;
     if (comm == NULL ? m->tp != 1
                      : gang_comm_size(comm) != m->tp || gang_comm_rank(comm) != m->tp_rank)
         return GANG_EINVAL;
     deadline = gang_deadline_after(timeout_ms);
-    rc = moe_scratch(m, tokens, &s);
+    rc = gang__tp_moe_scratch(m, tokens, &s);
     if (rc != 0)
         return rc;
     memset(y, 0, tokens * m->hidden * sizeof(float));
@@ -423,10 +422,7 @@ int gang_tp_moe_forward(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, const 
         rc = gang_deadline_left(deadline, &left);
     if (rc == 0 && comm != NULL && m->tp > 1)
         rc = gang_comm_all_reduce(comm, y, tokens * m->hidden, GANG_DTYPE_F32, left);
-    if (rc == 0 && tokens == atomic_load(&moe_time_tokens)) {
-        atomic_fetch_add(&moe_time_calls, 1);
-        atomic_fetch_add(&moe_time_block_ns, gang_now_ns() - t0);
-        atomic_fetch_add(&moe_time_a2a_ns, a2a_ns);
-    }
+    if (rc == 0)
+        gang__tp_moe_timed(tokens, gang_now_ns() - t0, a2a_ns);
     return rc;
 }

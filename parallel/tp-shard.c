@@ -214,8 +214,10 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
-    if (l->moe != NULL) /* the MoE block runs on the host only (parallel.h) */
-        return GANG_ENOSYS;
+    /* The MoE block's weights first (all or nothing on their own): if a later upload of
+     * the layer fails they stay on k, which gang_tp_layer_free releases them to. */
+    if (l->moe != NULL && (rc = gang_tp_moe_to_device(l->moe, k)) != 0)
+        return rc;
     tp_layer_arrays(l, a, n, NULL, NULL);
     /* All or nothing: the host arrays are released only once every upload succeeded. */
     rc = tp_concat_to_device(l, k, dev, fused);

@@ -739,8 +739,11 @@ int gang_moe_combine(gang_comm *c, const gang_moe_plan *p, const float *weight,
  * tokens with zeros elsewhere) and one all-reduce over the TP group sums the block's output,
  * so the residual stream is the same on every rank, as after a dense MLP.
  *
- * Host only for now ("cpu" kernels handle, f32 expert weights): gang_tp_layer_to_device
- * refuses a MoE layer with GANG_ENOSYS, and gang_tp_layer_pack leaves its experts f32.
+ * On a device handle (parallel/tp-moe-dev.c) the router, the experts (one GEMM per active
+ * expert for gate, up and down: a loop of GEMMs on the handle's one stream) and the shared
+ * expert run on the device; the routing decision, the all-to-alls over a host communicator
+ * and the weighted combine are on the host, with the rows downloaded and uploaded around
+ * them. The experts stay f32 whatever the layer's storage (gang_tp_layer_pack).
  * The layer keeps its step scratch (grown to the most tokens a call passed, so a steady
  * serving loop allocates nothing) and its load counters: one driving thread per layer.
  * ================================================================================= */
@@ -777,6 +780,9 @@ typedef struct gang_tp_moe {
     float *sh_gate_w;            /* [hidden]: shared_expert_gate, sigmoid(x . w) scales it */
     gang_moe_load load;
     struct gang_tp_moe_scratch *scr; /* the step scratch, made at the first forward */
+    gang_kernels *mem;               /* after gang_tp_moe_to_device: the handle holding the
+                                        weight arrays; NULL: host malloc */
+    struct gang_tp_moe_dev *dev;     /* device step buffers (parallel/tp-moe-dev.c) */
 } gang_tp_moe;
 
 /*
@@ -789,15 +795,22 @@ typedef struct gang_tp_moe {
 int gang_tp_moe_init(gang_tp_moe **out, uint32_t n_experts, uint32_t top_k, int norm_topk,
                      uint32_t hidden, uint32_t moe_ffn, uint32_t sh_ffn, uint32_t tp,
                      uint32_t tp_rank, uint32_t ep);
-/* Releases m and its arrays and scratch. NULL ok. */
+/* Releases m and its arrays and scratch (to m->mem, which must still be open). NULL ok. */
 void gang_tp_moe_free(gang_tp_moe *m);
+/*
+ * Moves m's weight arrays into the tensor memory of a device handle k (router, experts,
+ * shared expert; its routing and load counters stay on the host). A host k, or m already
+ * on k, changes nothing. 0; GANG_EINVAL (m on another handle); k's allocation or upload
+ * error (m unchanged: still on the host).
+ */
+int gang_tp_moe_to_device(gang_tp_moe *m, gang_kernels *k);
 /* Bytes of expert, router and shared weights m holds. */
 size_t gang_tp_moe_weight_bytes(const gang_tp_moe *m);
 
 /*
  * The MoE block of one call: x [tokens, hidden] (the normed residual, the same on every
  * rank of comm) in, y [tokens, hidden] the block's output, summed over comm (comm NULL for
- * tp 1). Host memory and a host kernels handle (GANG_ENOSYS for a device one). Collective
+ * tp 1), tensor memory of k, as m's weights are (GANG_EINVAL otherwise). Collective
  * over comm, within timeout_ms for each all-to-all and the all-reduce. 0; GANG_EINVAL;
  * GANG_ENOMEM (the scratch grows); the router's GANG_EINVAL for a NaN logit; the
  * communicator's errors (GANG_EPEER when a rank is lost inside an all-to-all).

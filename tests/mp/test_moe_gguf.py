@@ -7,9 +7,11 @@ a shared expert, a dense first layer) and a Qwen3-MoE (16 experts top-4 renormal
 head_dim 32); tests/reference/moe-to-gguf.py writes each as llama.cpp lays it out (`llama`
 with expert_count and llama.cpp's q/k row order, `qwen2moe`, `qwen3moe`; the router
 ffn_gate_inp, the experts stacked in 3-D ffn_{gate,up,down}_exps, ffn_*_shexp and the 1-D
-ffn_gate_inp_shexp). The directory and the file are served on EP x TP x PP 1x1x1 and 2x2x1
-with "logprobs": 20; the tokens must be equal and every logprob within 1e-5 (the same f32
-weights, so only the summation order may differ). The directories themselves are checked
+ffn_gate_inp_shexp). The directory is served on the CPU and the file on the CPU and on the
+fake device (the MoE block's device path, parallel/tp-moe-dev.c: the CPU kernels on memory
+the host cannot read), on EP x TP x PP 1x1x1 and 2x2x1 with "logprobs": 20; the tokens must
+be equal and every logprob within 1e-5 (the same f32 weights, so only the summation order
+may differ). The directories themselves are checked
 against transformers / numpy by mp-test_moe_models and reference-logits. SKIP when the
 reference Python (the gguf package) cannot be had.
 """
@@ -51,19 +53,19 @@ def scenario(h):
         r = subprocess.run([py, TO_GGUF, d, g], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=120)
         H.check(r.returncode == 0, "moe-to-gguf.py %s: %s" % (name, r.stdout.decode()[-800:]))
-        for ep in (1, 2):
+        for ep, dev in ((1, "cpu"), (2, "cpu"), (1, "fake"), (2, "fake")):
             ref = M.serve_answer(h, d, PROMPT, ep, ep, 1)
-            got = M.serve_answer(h, g, PROMPT, ep, ep, 1)
-            H.check(got["tokens"] == ref["tokens"], "%s ep %d: GGUF tokens %s, directory's %s"
-                    % (name, ep, got["tokens"], ref["tokens"]))
+            got = M.serve_answer(h, g, PROMPT, ep, ep, 1, ["--device", dev])
+            H.check(got["tokens"] == ref["tokens"], "%s ep %d %s: GGUF tokens %s, directory's %s"
+                    % (name, ep, dev, got["tokens"], ref["tokens"]))
             worst = 0.0
             for a, b in zip(got["logprobs"]["top_logprobs"], ref["logprobs"]["top_logprobs"]):
                 H.check(set(a) == set(b), "%s ep %d: top ids differ" % (name, ep))
                 for k in a:
                     worst = max(worst, abs(a[k] - b[k]))
             H.check(worst <= TOL, "%s ep %d: logprobs differ by %.2e" % (name, ep, worst))
-            H.log("%s ep %d tp %d: GGUF equals the directory (%d tokens, logprobs within %.1e)"
-                  % (name, ep, ep, len(got["tokens"]), worst))
+            H.log("%s ep %d tp %d device %s: GGUF equals the directory on the CPU (%d tokens, "
+                  "logprobs within %.1e)" % (name, ep, ep, dev, len(got["tokens"]), worst))
 
 
 if __name__ == "__main__":

@@ -84,11 +84,12 @@ def numpy_reference(h, py):
     return out
 
 
-def serve_answer(h, model_dir, prompt, ep, tp, pp):
+def serve_answer(h, model_dir, prompt, ep, tp, pp, extra=()):
     """The completion of a gang of pp nodes x tp ranks serving model_dir with --ep ep."""
     g = H.Gang(h, nnodes=pp, nproc_per_node=tp,
                extra=["--model", model_dir, "--tp", str(tp), "--pp", str(pp), "--ep", str(ep),
-                      "--request-timeout-ms", "60000", "--step-timeout-ms", "10000"])
+                      "--request-timeout-ms", "60000", "--step-timeout-ms", "10000"]
+               + list(extra))
     g.start_local()
     try:
         g.wait_serving(timeout=60)
