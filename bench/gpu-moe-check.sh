@@ -2,8 +2,8 @@
 # The mixture-of-experts step of the device check (issue #25; bench/gpu-check.sh): a tiny
 # Qwen3-MoE model (`ganglion mkmodel --moe qwen3`, 16 experts, top-4) and a Qwen2-MoE one
 # (a shared expert, a dense first layer) decoded greedily with `ganglion generate` on
-# --device cuda at EP x TP 1x1 and 2x2 (two ranks on the one GPU, the experts split, the
-# all-to-alls over sockets) must give the tokens of --device cpu 1x1. Prints one JSON line
+# --device cuda --backend socket at EP x TP 1x1 and 2x2 (two ranks on the one GPU, the
+# experts split, the all-to-alls over sockets: --ep > 1 over nccl is refused) must give the tokens of --device cpu 1x1. Prints one JSON line
 # per case and exits 0 when all agree, 1 otherwise.
 #
 #   bash bench/gpu-moe-check.sh BIN WORKDIR
@@ -24,7 +24,7 @@ for fam in qwen3 qwen2; do
     want=$("$BIN" generate --model "$dir" --device cpu --prompt-ids $PROMPT --max-tokens 12 \
         2>/dev/null | grep -o '"tokens":\[[0-9,]*\]')
     for ep in 1 2; do
-        got=$("$BIN" generate --model "$dir" --device cuda --tp $ep --ep $ep \
+        got=$("$BIN" generate --model "$dir" --device cuda --backend socket --tp $ep --ep $ep \
             --nproc-per-node $ep --prompt-ids $PROMPT --max-tokens 12 2>"$WORK/$fam-$ep.err" |
             grep -o '"tokens":\[[0-9,]*\]')
         ok=false

@@ -130,7 +130,13 @@ static int dev_exchange(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, gang_t
     size_t h = m->hidden, at = 0, row = h * sizeof(float);
     uint32_t per = m->expert_count, ep = m->ep;
     uint64_t left, t0;
-    int rc = n > 0 ? gang_kernels_download(k, d->x_host, xr, n * row) : 0;
+    int rc;
+
+    /* The exchange moves host rows: a device-memory communicator (nccl) cannot carry them
+     * (the layout refuses --ep > 1 over nccl; this guards other callers). */
+    if (!(gang_comm_caps(comm) & GANG_COMM_CAP_HOST_MEM))
+        return GANG_ENOSYS;
+    rc = n > 0 ? gang_kernels_download(k, d->x_host, xr, n * row) : 0;
 
     t0 = gang_now_ns();
     if (rc == 0)
