@@ -520,7 +520,8 @@ static void *bd_rank_main(void *arg)
         pthread_mutex_unlock(&r->lock);
     } else {
         rc = gang_model_load_ex(o->model[0] ? o->model : o->dir, &r->topo, x->rank,
-                                o->model[0] ? &o->load : NULL, &m, err, sizeof(err));
+                                o->model[0] || o->load.ep > 1 ? &o->load : NULL, &m, err,
+                                sizeof(err));
         pthread_mutex_lock(&r->lock);
         if (rc != 0 && r->load_err[0] == '\0')
             gang_strlcpy(r->load_err, err, sizeof(r->load_err));

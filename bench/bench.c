@@ -44,6 +44,7 @@ static const bench_entry benches[] = {
     {"alltoall", gang_bench_alltoall_main, "all-to-all(v) bus bandwidth vs Open MPI"},
     {"pipeline", gang_bench_pipeline_main, "GPipe schedule vs its bubble bound"},
     {"decode", gang_bench_decode_main, "prefill / decode tokens/s per TP x PP layout"},
+    {"moe", gang_bench_moe_main, "MoE decode tokens/s per batch and EP, all-to-all share"},
     {"gemm", gang_bench_gemm_main, "our GEMM path vs direct cuBLAS (GPU)"},
     {"matmul", gang_bench_matmul_main, "CPU bf16/f16/int8 matmul vs OpenBLAS sgemm on f32"},
 };

@@ -43,6 +43,8 @@ int gang_bench_allreduce_rank_main(int argc, char **argv);
 int gang_bench_alltoall_main(int argc, char **argv);
 int gang_bench_pipeline_main(int argc, char **argv);
 int gang_bench_decode_main(int argc, char **argv);
+/* `ganglion bench moe` (bench-moe.c, issue #25). */
+int gang_bench_moe_main(int argc, char **argv);
 int gang_bench_gemm_main(int argc, char **argv);
 int gang_bench_matmul_main(int argc, char **argv);
 

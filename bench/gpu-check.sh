@@ -175,6 +175,9 @@ step test-comm-nccl 45 "$TESTS/test-comm-nccl"
 step reference 120 python3 "$SCRIPTS/gpu-reference.py" --bin "$BIN" --dir "$WORK/reference" \
     --prompts 4 --tokens 12
 
+# Mixture-of-experts models (issue #25) on CUDA at EP x TP 1x1 and 2x2 against the CPU.
+step moe-cuda 45 bash "$SCRIPTS/gpu-moe-check.sh" "$BIN" "$WORK/moe"
+
 # --- performance, each against the image's PyTorch in the same run -----------------------
 step torch-gemm 30 python3 "$SCRIPTS/torch-peer.py" gemm
 step bench-gemm 30 "$BIN" bench gemm --shapes 8192x8192x8192 --iters 10 --warmup 3

@@ -199,6 +199,10 @@ int gang__dev_graph_ok(const gang_engine *e, uint32_t nmb)
         m->topo.tp != 1 || m->topo.pp != 1 || nmb != 1 || m->layer_count == 0 ||
         m->layers[0].rope_dyn_factor > 0.0f)
         return 0;
+    /* A MoE block routes on the host (downloads inside the step): never captured. */
+    for (uint32_t i = 0; i < m->layer_count; i++)
+        if (m->layers[i].moe != NULL)
+            return 0;
     for (uint32_t i = 0; i < e->plan.n_seq; i++)
         if (e->plan.seqs[i].n != 1 || !e->plan.seqs[i].sample)
             return 0;

@@ -285,7 +285,8 @@ int gang__dev_fetch_ids(gang_engine *e, gang_kernels *k);
 /*
  * Graphs of the decode step (cfg.cuda_graphs). ok: this step may be captured or replayed
  * (a device with graphs, one stage, TP 1, one microbatch, every sequence one token that
- * samples on the device, no per-sequence RoPE tables). find: the graph of this batch
+ * samples on the device, no per-sequence RoPE tables, no MoE layer: those route on the
+ * host). find: the graph of this batch
  * size, or NULL. prepare: the uploads a replay cannot make (the layers' positions and
  * table offsets; the ids, tables and sampling parameters went up already). store: keeps
  * a new graph (evicting the oldest of GANG__GRAPHS). done: what the head of a replayed

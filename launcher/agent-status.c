@@ -240,6 +240,56 @@ static void metrics_coordinator(const gang_coord_status *cs, gang_metrics_buf *b
     gang_metrics_scalars(b, t, sizeof(t) / sizeof(t[0]));
 }
 
+/*
+ * The load balance of the node's MoE ranks (issue #25), from each worker's last MOE packet
+ * (gang_sup_moe): routed (token, choice) pairs by rank and expert and by rank and EP rank,
+ * MoE layer calls, and max / mean slots per expert (the last call's, and the average).
+ */
+static void metrics_moe(gang_metrics_buf *b, const gang_sup *sup, uint64_t first, uint32_t nproc)
+{
+    static const char *const fam[][2] = {
+        {"ganglion_moe_expert_tokens_total",
+         "(token, choice) pairs this rank's router sent to each expert, over its MoE layers"},
+        {"ganglion_moe_ep_rank_tokens_total",
+         "(token, choice) pairs this rank sent to each EP rank's experts"},
+        {"ganglion_moe_layer_steps_total", "MoE layer calls of this rank (steps x layers)"},
+        {"ganglion_moe_load_max_over_mean",
+         "Max over mean pairs per expert in this rank's last MoE layer call (1: balanced)"},
+        {"ganglion_moe_load_max_over_mean_avg", "The same, averaged over every call"}};
+    gang_moe_load_sample m;
+    char rank[24], idx[16];
+
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        int any = 0;
+
+        for (uint32_t i = 0; i < nproc; i++) {
+            if (!gang_sup_moe(sup, i, &m))
+                continue;
+            if (!any)
+                gang_metrics_family(b, fam[f][0], f < 3 ? GANG_METRIC_COUNTER : GANG_METRIC_GAUGE,
+                                    fam[f][1]);
+            any = 1;
+            snprintf(rank, sizeof(rank), "%llu", (unsigned long long)(first + i));
+            gang_metric_label l[2] = {{.name = "rank", .value = rank},
+                                      {.name = f == 0 ? "expert" : "ep_rank", .value = idx}};
+            uint32_t n = f == 0 ? m.n_experts : f == 1 ? m.ep : 0;
+            n = n > (f == 0 ? GANG_MOE_LOAD_EXPERTS : GANG_MOE_LOAD_RANKS)
+                    ? (f == 0 ? GANG_MOE_LOAD_EXPERTS : GANG_MOE_LOAD_RANKS)
+                    : n;
+            for (uint32_t e = 0; e < n; e++) {
+                snprintf(idx, sizeof(idx), "%u", e);
+                gang_metrics_sample_u64(b, fam[f][0], l, 2,
+                                        f == 0 ? m.expert_slots[e] : m.rank_slots[e]);
+            }
+            if (f == 2)
+                gang_metrics_sample_u64(b, fam[f][0], l, 1, m.steps);
+            else if (f >= 3)
+                gang_metrics_sample_double(b, fam[f][0], l, 1,
+                                           f == 3 ? m.last_max_over_mean : m.mean_max_over_mean);
+        }
+    }
+}
+
 int gang__agent_metrics(const gang__agent_view *v, gang_metrics_buf *b)
 {
     const gang_agent_config *c = v->cfg;
@@ -273,6 +323,8 @@ int gang__agent_metrics(const gang__agent_view *v, gang_metrics_buf *b)
         metrics_coordinator(v->cs, b);
     gang__gpu_metrics(b, v->sup, (uint32_t)c->id.node_index, (uint32_t)c->layout.tc.nproc_per_node,
                       v->gpu);
+    metrics_moe(b, v->sup, (uint64_t)c->id.node_index * (uint64_t)c->layout.tc.nproc_per_node,
+                (uint32_t)c->layout.tc.nproc_per_node);
     if (v->api != NULL)
         gang_api_metrics(v->api, b);
     if (v->relay != NULL)

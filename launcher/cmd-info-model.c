@@ -1,8 +1,9 @@
 /*
- * ganglion info --model PATH [--tp N --pp M]: what a model needs before any gang starts.
+ * ganglion info --model PATH [--tp N --pp M --ep E]: what a model needs before any gang starts.
  * Reads the config (a Hugging Face directory or a .gguf file, as serve does), prints its
  * parameters, the weights and KV bytes per token it costs per rank for the TP x PP layout
- * asked (the weights as the engine holds them: f32), and the layouts the model allows on
+ * asked (the weights as the engine holds them: f32; a MoE model's experts as --ep holds them,
+ * with its experts and the parameters one token reads), and the layouts the model allows on
  * up to 8 TP ranks x 8 pipeline stages (gang_topology_init is the one judge). Exit 0; 2
  * when the layout asked is refused (the reason printed); 3 when the model cannot be read.
  */
@@ -33,12 +34,23 @@ static const char *arch_name(gang_model_arch a)
     return "?";
 }
 
-/* Parameters one layer of rank tp_rank holds (f32 elements), and the rank's ends. */
-static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s)
+/* Parameters decoder layer li of rank tp_rank holds (f32 elements): a dense layer's MLP
+ * columns, or a sparse layer's router, experts as ep holds them and shared expert. */
+static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s, uint32_t tp,
+                             uint32_t ep, uint32_t li)
 {
     uint64_t h = mc->hidden, hd = mc->head_dim;
     uint64_t q = (uint64_t)s->head_count * hd, kv = (uint64_t)s->kv_head_count * hd;
-    uint64_t n = q * h + 2 * kv * h + h * q + 3 * (uint64_t)s->ffn_count * h + 2 * h;
+    uint64_t n = q * h + 2 * kv * h + h * q + 2 * h;
+    if (gang_model_layer_moe(mc, li)) {
+        uint64_t per_expert = 3ull * mc->moe_ffn * h;
+        n += (uint64_t)mc->n_experts * h +
+             (ep > 1 ? mc->n_experts / ep * per_expert : mc->n_experts * per_expert / tp);
+        if (mc->shared_ffn > 0)
+            n += 3ull * mc->shared_ffn / tp * h + h;
+    } else {
+        n += 3 * (uint64_t)s->ffn_count * h;
+    }
     if (mc->attn_bias)
         n += q + 2 * kv;
     if (mc->qk_norm)
@@ -49,8 +61,8 @@ static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s
 }
 
 /* The heaviest rank of t: weight bytes (f32) and KV bytes per token. */
-static void rank_costs(const gang_model_config *mc, const gang_topology *t, uint64_t *weights,
-                       uint64_t *kv_per_token)
+static void rank_costs(const gang_model_config *mc, const gang_topology *t, uint32_t ep,
+                       uint64_t *weights, uint64_t *kv_per_token)
 {
     *weights = *kv_per_token = 0;
     for (uint32_t stage = 0; stage < t->pp; stage++) {
@@ -60,7 +72,9 @@ static void rank_costs(const gang_model_config *mc, const gang_topology *t, uint
             gang_tp_shard s;
             if (gang_topology_tp_shard(t, r, &s) != 0)
                 continue;
-            uint64_t n = layer_params(mc, &s) * count;
+            uint64_t n = 0;
+            for (uint32_t li = first; li < first + count; li++)
+                n += layer_params(mc, &s, t->tp, ep, li);
             if (stage == 0)
                 n += (uint64_t)mc->vocab * mc->hidden;
             if (stage + 1 == t->pp)
@@ -77,13 +91,9 @@ static void rank_costs(const gang_model_config *mc, const gang_topology *t, uint
 static void print_config(const char *path, const gang_model_config *mc)
 {
     static const char *const rope[] = {"default", "linear", "dynamic", "llama3", "yarn"};
-    uint64_t total =
-        (uint64_t)mc->vocab * mc->hidden * (mc->tie_embeddings ? 1 : 2) +
-        (uint64_t)mc->n_layers *
-            ((uint64_t)mc->hidden * mc->head_dim * (2 * mc->n_heads + 2 * mc->n_kv_heads) +
-             3ull * mc->hidden * mc->ffn + (mc->post_norms ? 4ull : 2ull) * mc->hidden +
-             (mc->qk_norm ? 2ull * mc->head_dim : 0)) +
-        mc->hidden;
+    static const char *const fam[] = {"", "mixtral", "qwen2_moe", "qwen3_moe"};
+    uint64_t total = 0, active = 0;
+    gang_model_params(mc, &total, &active);
     printf("model: %s\n", path);
     printf("  architecture %s, %u layers, hidden %u, %u heads (%u kv) of %u, ffn %u, vocab %u\n",
            arch_name(mc->arch), mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads, mc->head_dim,
@@ -101,9 +111,21 @@ static void print_config(const char *path, const gang_model_config *mc)
         printf(", sliding window %u from layer %u", mc->sliding_window, mc->window_first_layer);
     printf("\n  %.1f M parameters, %s head, checkpoint %s, %u EOS id(s)\n", (double)total / 1e6,
            mc->tie_embeddings ? "tied" : "separate", gang_dtype_name(mc->dtype), mc->n_eos);
+    if (mc->n_experts > 0) {
+        uint32_t sparse = 0;
+        for (uint32_t i = 0; i < mc->n_layers; i++)
+            sparse += gang_model_layer_moe(mc, i) ? 1 : 0;
+        printf("  mixture of experts (%s): %u experts of width %u, top %u%s, %u of %u layers "
+               "sparse",
+               (unsigned)mc->moe < 4 ? fam[mc->moe] : "?", mc->n_experts, mc->moe_ffn, mc->top_k,
+               mc->norm_topk ? " renormalised" : "", sparse, mc->n_layers);
+        if (mc->shared_ffn > 0)
+            printf(", a shared expert of width %u", mc->shared_ffn);
+        printf("; %.1f M parameters active per token\n", (double)active / 1e6);
+    }
 }
 
-int gang__info_model(const char *path, int64_t tp, int64_t pp)
+int gang__info_model(const char *path, int64_t tp, int64_t pp, int64_t ep)
 {
     gang_model_config mc;
     gang_topology t;
@@ -117,13 +139,17 @@ int gang__info_model(const char *path, int64_t tp, int64_t pp)
     uint64_t w = 0, kv = 0;
     int refused = gang_model_topology(&mc, (uint32_t)pp, (uint32_t)tp, (uint32_t)tp, (uint32_t)pp,
                                       &t, err, sizeof(err)) != 0;
+    if (!refused && gang_model_moe_layout(&mc, (uint32_t)tp, (uint32_t)ep, err, sizeof(err)) != 0)
+        refused = 1;
     if (refused) {
-        printf("layout tp %lld x pp %lld: refused: %s\n", (long long)tp, (long long)pp, err);
+        printf("layout tp %lld x pp %lld (ep %lld): refused: %s\n", (long long)tp, (long long)pp,
+               (long long)ep, err);
     } else {
-        rank_costs(&mc, &t, &w, &kv);
-        printf("layout tp %lld x pp %lld (%u ranks): the heaviest rank holds %.1f MiB of f32 "
-               "weights and %llu bytes of KV cache per token (%.1f MiB for %u positions)\n",
-               (long long)tp, (long long)pp, t.world_size, (double)w / (1 << 20),
+        rank_costs(&mc, &t, (uint32_t)ep, &w, &kv);
+        printf("layout tp %lld x pp %lld x ep %lld (%u ranks): the heaviest rank holds %.1f MiB "
+               "of f32 weights and %llu bytes of KV cache per token (%.1f MiB for %u "
+               "positions)\n",
+               (long long)tp, (long long)pp, (long long)ep, t.world_size, (double)w / (1 << 20),
                (unsigned long long)kv, (double)kv * mc.max_ctx_allowed / (1 << 20),
                mc.max_ctx_allowed);
     }

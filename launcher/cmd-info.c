@@ -262,7 +262,7 @@ static void print_devices(const gang_device_info *g, const gpu_extra *x, int n, 
 typedef struct info_opts {
     int labels, libraries;
     char model[GANG_PARAM_STR_MAX];
-    int64_t tp, pp;
+    int64_t tp, pp, ep;
     char nvml_library[GANG_PARAM_STR_MAX];
     int64_t nproc_per_node;
 } info_opts;
@@ -286,6 +286,8 @@ static const gang_param_info info_items[] = {
     GANG_OPT_INT(info_opts, "tp", tp, "1", 1, 64,
                  "with --model: the TP ranks to size for; else the TP degree of the placement"),
     GANG_OPT_INT(info_opts, "pp", pp, "1", 1, 64, "with --model: the pipeline stages"),
+    GANG_OPT_INT(info_opts, "ep", ep, "1", 1, 64,
+                 "with --model: a MoE model's experts, 1 (cut by columns) or --tp (split)"),
     GANG_OPT_STR(info_opts, "nvml-library", nvml_library, "",
                  "NVML library for the topology (empty = libnvidia-ml.so.1)"),
     GANG_OPT_INT(info_opts, "nproc-per-node", nproc_per_node, "0", 0, 64,
@@ -344,7 +346,7 @@ int gang_cmd_info(int argc, char **argv)
     if (o.libraries)
         return info_libraries();
     if (o.model[0])
-        return gang__info_model(o.model, o.tp, o.pp);
+        return gang__info_model(o.model, o.tp, o.pp, o.ep);
     n = gang_kernels_device_count();
     if (n == 0) {
         gang_device_info probe;

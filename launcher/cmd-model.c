@@ -15,14 +15,16 @@
 
 #define MK_ARCHS "llama|mistral|qwen2|qwen3|gemma3" /* index order of gang_model_arch */
 #define MK_DTYPES "f32|f16|bf16"                    /* index order of gang_dtype */
+#define MK_MOES "none|mixtral|qwen2|qwen3"          /* index order of gang_moe_family */
 
 /* The command line, as the option table fills it; mk_parse turns it into the library's
  * gang_mkmodel_opts. */
 typedef struct mk_cli {
     char out[4096]; /* the library refuses a path of 4096 bytes or more anyway */
-    char arch[16], dtype[8], rope_scaling[1100], rope_theta[32];
+    char arch[16], dtype[8], rope_scaling[1100], rope_theta[32], moe[16];
     int64_t layers, hidden, heads, kv_heads, ffn, vocab, max_pos, seed, shards, eos, head_dim;
-    int tie;
+    int64_t experts, top_k, moe_ffn, shared_ffn, dense_layers;
+    int tie, norm_topk;
 } mk_cli;
 
 #define MK_STR(f_, fld, d_, hp) GANG_OPT_STR(mk_cli, f_, fld, d_, hp)
@@ -53,6 +55,23 @@ static const gang_param_info mk_items[] = {
      .offset = offsetof(mk_cli, tie)},
     MK_INT("shards", shards, "1", 1, 99999,
            "weight files (> 1: model-0000i-of-0000n + index.json)"),
+    MK_STR("moe", moe, "none",
+           "mixture of experts: " MK_MOES " (mixtral needs --arch mistral, qwen2 / qwen3 "
+           "their --arch)"),
+    MK_INT("experts", experts, "8", 1, GANG_MOE_MAX_EXPERTS, "with --moe: experts per layer"),
+    MK_INT("top-k", top_k, "2", 1, GANG_MOE_MAX_TOPK, "with --moe: experts per token"),
+    MK_INT("moe-ffn", moe_ffn, "0", 0, 1 << 20,
+           "with --moe: each expert's width (0: --ffn; mixtral: always --ffn)"),
+    MK_INT("shared-ffn", shared_ffn, "0", 0, 1 << 20,
+           "with --moe qwen2: the shared expert's width (0: none)"),
+    MK_INT("dense-layers", dense_layers, "0", 0, GANG_MODEL_MAX_LAYERS,
+           "with --moe qwen2 / qwen3: the first N layers dense (mlp_only_layers)"),
+    {.flag = "norm-topk",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "with --moe qwen2 / qwen3: norm_topk_prob true (mixtral always renormalises)",
+     .offset = offsetof(mk_cli, norm_topk)},
 };
 static const gang_opt_table mk_table = GANG_OPT_TABLE(mk_items);
 static const gang_opt_cmd mk_cmd = {
@@ -69,7 +88,7 @@ static const gang_opt_cmd mk_cmd = {
 static int mk_parse(int argc, char **argv, mk_cli *cli, gang_mkmodel_opts *o)
 {
     char err[256];
-    int arch, dtype;
+    int arch, dtype, moe;
     int rc = gang_opts_cli(&mk_cmd, cli, argc, argv, NULL, NULL);
 
     if (rc != 0)
@@ -105,6 +124,16 @@ static int mk_parse(int argc, char **argv, mk_cli *cli, gang_mkmodel_opts *o)
         if (*end != '\0' || !(o->rope_theta > 0.0f))
             return gang_opts_usage_error(&mk_cmd, "--rope-theta must be a positive number");
     }
+    moe = gang_opts_choice("moe", cli->moe, MK_MOES, err, sizeof(err));
+    if (moe < 0)
+        return gang_opts_usage_error(&mk_cmd, "%s", err);
+    o->moe = (gang_moe_family)moe;
+    o->experts = (uint32_t)cli->experts;
+    o->top_k = (uint32_t)cli->top_k;
+    o->moe_ffn = cli->moe_ffn > 0 ? (uint32_t)cli->moe_ffn : o->ffn;
+    o->shared_ffn = (uint32_t)cli->shared_ffn;
+    o->dense_layers = (uint32_t)cli->dense_layers;
+    o->norm_topk = cli->norm_topk;
     if (cli->eos >= 0) {
         o->eos_ids[0] = (int32_t)cli->eos;
         o->n_eos = 1;
@@ -115,17 +144,10 @@ static int mk_parse(int argc, char **argv, mk_cli *cli, gang_mkmodel_opts *o)
 /* Parameter count of the model config mc, as the file holds it. */
 static uint64_t mkmodel_params(const gang_model_config *mc)
 {
-    uint64_t h = mc->hidden, q = (uint64_t)mc->n_heads * mc->head_dim;
-    uint64_t kv = (uint64_t)mc->n_kv_heads * mc->head_dim;
-    uint64_t layer = 2 * h + 2 * q * h + 2 * kv * h + 3 * (uint64_t)mc->ffn * h;
+    uint64_t total = 0;
 
-    if (mc->attn_bias)
-        layer += q + 2 * kv;
-    if (mc->qk_norm)
-        layer += 2 * (uint64_t)mc->head_dim;
-    if (mc->post_norms)
-        layer += 2 * h;
-    return (uint64_t)mc->vocab * h * (mc->tie_embeddings ? 1 : 2) + h + mc->n_layers * layer;
+    gang_model_params(mc, &total, NULL);
+    return total;
 }
 
 /* Total size of the weight files of o in bytes. */

@@ -19,7 +19,7 @@ int gang_cmd_generate(int argc, char **argv);
 int gang_cmd_info(int argc, char **argv);
 /* ganglion info --model PATH (cmd-info-model.c): prints what the model needs for tp x pp
  * and the layouts it allows. Returns an exit code (3 for a model that cannot be read). */
-int gang__info_model(const char *path, int64_t tp, int64_t pp);
+int gang__info_model(const char *path, int64_t tp, int64_t pp, int64_t ep);
 /* ganglion info (cmd-info-topo.c): the GPU topology NVML (library lib, "" = the driver's)
  * reports and the placement of nproc local ranks (0 = one per GPU) in TP groups of tp.
  * Prints a line and returns 0 when NVML is absent. Returns an exit code. */

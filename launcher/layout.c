@@ -78,6 +78,7 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     l->tc.tp = (int32_t)p->tp;
     l->tc.pp = (int32_t)p->pp;
     l->tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
+    l->ep = (uint32_t)p->ep;
     gang_strlcpy(l->device, strcmp(p->device, "auto") == 0 ? "cpu" : p->device, sizeof(l->device));
     l->uses_nccl = gang__worker_uses_nccl(p);
     l->max_ctx = (uint32_t)p->max_ctx;
@@ -146,6 +147,16 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
     l->tc.allow_cross_node_tp = shape.allow_cross_node_tp;
     if (gang_topology_init(&l->tc, t ? t : &scratch, err, errlen) != 0)
         return GANG_EUSAGE;
+    /* A MoE model: how its experts sit on the TP groups. */
+    if (gang_model_moe_layout(&l->mc, (uint32_t)l->tc.tp, l->ep, err, errlen) != 0)
+        return GANG_EUSAGE;
+    if (l->mc.n_experts > 0 && l->ep > 1 && l->uses_nccl) {
+        snprintf(err, errlen,
+                 "--ep %u: the experts' all-to-all runs over the socket backend in this version "
+                 "(--backend socket)",
+                 l->ep);
+        return GANG_EUSAGE;
+    }
     uint32_t allowed = l->mc.max_ctx_allowed > 0 ? l->mc.max_ctx_allowed : l->mc.max_pos;
     uint32_t cap = allowed < GANG_LAYOUT_CTX_CAP ? allowed : GANG_LAYOUT_CTX_CAP;
     l->ctx = l->max_ctx > 0 ? l->max_ctx : cap;

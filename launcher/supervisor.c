@@ -60,6 +60,8 @@ typedef struct wslot {
     char last_error[GANG_REASON_MAX]; /* reason of its last ERROR, any generation */
     gang_gpu_sample gpu;              /* its GPU's latest sample (GPU packets) */
     int has_gpu;
+    gang_moe_load_sample moe; /* its MoE layers' latest load (MOE packets) */
+    int has_moe;
     gang_engine_kv kv; /* its KV cache, from its last READY with a model */
     int has_kv;
 } wslot;
@@ -195,6 +197,14 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
             w->gpu.bus_id[sizeof(w->gpu.bus_id) - 1] = w->gpu.fault[sizeof(w->gpu.fault) - 1] =
                 '\0';
             w->has_gpu = 1;
+        }
+        return;
+    case GANG_WCTL_MOE:
+        /* Bounded before anything indexes by them: a worker is another process. */
+        if (pkt->blob_len == sizeof(w->moe)) {
+            memcpy(&w->moe, pkt->blob, sizeof(w->moe));
+            w->has_moe = w->moe.n_experts <= GANG_MOE_MAX_EXPERTS && w->moe.ep >= 1 &&
+                         w->moe.ep_rank < w->moe.ep;
         }
         return;
     case GANG_WCTL_BLOB:
@@ -746,6 +756,15 @@ int gang_sup_gpu(const gang_sup *s, uint32_t local_rank, struct gang_gpu_sample 
     if (!w->has_gpu)
         return 0;
     *out = w->gpu;
+    return 1;
+}
+
+int gang_sup_moe(const gang_sup *s, uint32_t local_rank, gang_moe_load_sample *out)
+{
+    const wslot *w = &s->slots[local_rank];
+    if (!w->has_moe)
+        return 0;
+    *out = w->moe;
     return 1;
 }
 

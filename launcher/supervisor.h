@@ -88,6 +88,9 @@ struct gang_gpu_sample;
  * NVML, no GPU for it, --gpu-health-interval-ms 0).
  */
 int gang_sup_gpu(const gang_sup *s, uint32_t local_rank, struct gang_gpu_sample *out);
+/* The MoE layers' load local_rank last reported (a worker serving a MoE model): 1 with
+ * *out filled (n_experts and ep bounded), 0 when it never sent one. */
+int gang_sup_moe(const gang_sup *s, uint32_t local_rank, gang_moe_load_sample *out);
 /* The KV cache local_rank's last READY reported (a worker with a model): 1 with *out
  * filled, 0 when none did. */
 int gang_sup_kv(const gang_sup *s, uint32_t local_rank, gang_engine_kv *out);

@@ -11,10 +11,11 @@
 /* Whether type is a control type of this channel. */
 static int wctl_control_type(uint32_t type)
 {
-    return (type >= GANG_WCTL_HELLO && type <= GANG_WCTL_SHUTDOWN) || type == GANG_WCTL_GPU;
+    return (type >= GANG_WCTL_HELLO && type <= GANG_WCTL_SHUTDOWN) || type == GANG_WCTL_GPU ||
+           type == GANG_WCTL_MOE;
 }
 
-/* The blob of BLOB, READY, GPU and START: a u32 length and its bytes. */
+/* The blob of BLOB, READY, GPU, MOE and START: a u32 length and its bytes. */
 static void wctl_blob(gang_codec *c, gang_wctl *m)
 {
     gang_codec_blob(c, &m->blob_len, 4, m->blob, GANG_BLOB_MAX);
@@ -41,6 +42,7 @@ static void wctl_fields(gang_codec *c, gang_wctl *m)
     case GANG_WCTL_BLOB:
     case GANG_WCTL_READY:
     case GANG_WCTL_GPU:
+    case GANG_WCTL_MOE:
         wctl_blob(c, m);
         break;
     case GANG_WCTL_START:

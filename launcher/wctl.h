@@ -12,7 +12,7 @@
  * Layout, little-endian: u8 type, u64 generation, then per type
  *   HELLO         u32 local_rank, i32 pid
  *   HEARTBEAT     u32 state                                     (13 bytes in all)
- *   BLOB, READY, GPU   u32 length + bytes (at most GANG_BLOB_MAX)
+ *   BLOB, READY, GPU, MOE   u32 length + bytes (at most GANG_BLOB_MAX)
  *   START         u32 rank, u32 world_size, u32 length + blob
  *   ERROR         i32 code, u32 rank, u16 length + reason (< GANG_REASON_MAX)
  *   BLOB_REQUEST, ABORT, ABORTED, SHUTDOWN   nothing
@@ -23,6 +23,8 @@
  *   worker -> HEARTBEAT(state)                   every heartbeat interval, always
  *   worker -> GPU(sample)                        after each heartbeat, when the worker
  *                                                watches a GPU (gang_gpu_sample bytes)
+ *   worker -> MOE(sample)                        after each heartbeat, when its shard has
+ *                                                MoE layers (gang_moe_load_sample bytes)
  *   agent  -> BLOB_REQUEST(G)                    to local rank 0 of node 0 only
  *   worker -> BLOB(G, blob)                      rank 0 listens and describes itself
  *   agent  -> START(G, rank, world, blob)        every worker joins the data plane
@@ -70,7 +72,8 @@ typedef enum gang_wctl_type {
     GANG_WCTL_ABORT = 8,
     GANG_WCTL_ABORTED = 9,
     GANG_WCTL_SHUTDOWN = 10,
-    GANG_WCTL_GPU = 16
+    GANG_WCTL_GPU = 16,
+    GANG_WCTL_MOE = 17
 } gang_wctl_type;
 
 /* The largest packet: a START with a full blob, or a SUBMIT with GANG_REQ_MAX_IDS ids. */
@@ -88,7 +91,7 @@ typedef struct gang_wctl {
     uint32_t world_size;          /* START: ranks in the gang */
     int32_t code;                 /* ERROR: GANG_E* */
     char reason[GANG_REASON_MAX]; /* ERROR */
-    uint32_t blob_len;            /* BLOB, START, READY, GPU */
+    uint32_t blob_len;            /* BLOB, START, READY, GPU, MOE */
     uint8_t blob[GANG_BLOB_MAX];
 } gang_wctl;
 

@@ -73,6 +73,9 @@ struct gang__wres {
     gang_kernels *k;           /* NULL without --model */
     gang_topology topo;        /* valid with a model */
     uint32_t n_blocks;         /* KV blocks this rank's pool holds (before the gang agrees) */
+    gang_moe_load_sample moe;  /* under mu: the MoE layers' load at the last publication */
+    int has_moe;               /* under mu: moe is valid */
+    uint64_t moe_pub_ms;       /* data thread: when it last published moe */
 };
 
 _Static_assert(sizeof(gang__wevent) <= PIPE_BUF, "a worker event must be written atomically");
@@ -189,7 +192,8 @@ static int wres_load(gang__wres *r)
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    gang_load_options lo = {.dtype = c->layout.dtype, .quantize = c->layout.quantize};
+    gang_load_options lo = {
+        .dtype = c->layout.dtype, .quantize = c->layout.quantize, .ep = c->layout.ep};
     rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;
@@ -572,6 +576,43 @@ static void wstep_idle_wait(gang__wstep *s, uint64_t ms)
     pthread_mutex_unlock(&s->mu);
 }
 
+/*
+ * The data thread's copy of the MoE layers' load for the main thread's heartbeat
+ * (gang__wres_moe_sample), at most once per heartbeat interval: the counters live in the
+ * layers, which only this thread touches.
+ */
+static void wres_moe_publish(gang__wres *r, uint64_t interval_ms)
+{
+    gang_moe_load_sample smp;
+    uint64_t now = gang_now_ms();
+    int has;
+
+    if (r->model == NULL || now - r->moe_pub_ms < interval_ms)
+        return;
+    r->moe_pub_ms = now;
+    has = gang_model_moe_load(r->model, &smp);
+    if (!has)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->moe = smp;
+    r->has_moe = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int gang__wres_moe_sample(gang__wres *r, gang_moe_load_sample *out)
+{
+    int has;
+
+    if (r == NULL)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    has = r->has_moe;
+    if (has)
+        *out = r->moe;
+    pthread_mutex_unlock(&r->mu);
+    return has;
+}
+
 /* The serving loop with a model: engine steps until a failure or stop. */
 static int wstep_serve(gang__wstep *s, gang__wres *res)
 {
@@ -592,6 +633,7 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
         if (rc != 0)
             return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: engine step failed: %s", c->rank,
                               gang_strerror(rc));
+        wres_moe_publish(res, interval);
         if (c->rank != 0)
             continue;
         gang_gen_event ge;

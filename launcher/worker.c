@@ -256,6 +256,24 @@ static int worker_send_gpu(worker *w)
     return worker_send(w, &m, 0);
 }
 
+/*
+ * Sends the MoE layers' load (a MOE packet) when the shard has them and the data thread
+ * published it: the agent exports it in /metrics. Dropped like a heartbeat when the
+ * channel is full. Returns 0, GANG_EAGAIN, or a channel error.
+ */
+static int worker_send_moe(worker *w)
+{
+    gang_wctl m;
+    gang_moe_load_sample ms;
+    _Static_assert(sizeof(ms) <= GANG_BLOB_MAX, "a MoE sample fits one packet");
+    if (!gang__wres_moe_sample(w->res, &ms))
+        return 0;
+    worker_msg(w, &m, GANG_WCTL_MOE, w->gen);
+    memcpy(m.blob, &ms, sizeof(ms));
+    m.blob_len = (uint32_t)sizeof(ms);
+    return worker_send(w, &m, 0);
+}
+
 static void worker_heartbeat(worker *w)
 {
     gang_wctl m;
@@ -263,6 +281,8 @@ static void worker_heartbeat(worker *w)
     int rc = worker_send(w, &m, 0);
     if (rc == 0)
         rc = worker_send_gpu(w);
+    if (rc == 0)
+        rc = worker_send_moe(w);
     if (rc == GANG_EAGAIN)
         gang_debug("agent channel full: heartbeat dropped");
     else if (rc != 0)

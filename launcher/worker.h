@@ -163,6 +163,10 @@ int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd, g
 void gang__wres_close(gang__wres *r);
 /* 1 when the worker serves a model (--model was given). */
 int gang__wres_has_model(const gang__wres *r);
+/* The load of the shard's MoE layers as the data thread last published it (about once per
+ * heartbeat interval while it serves): 1 and *out, or 0 when it has none (yet). Any
+ * thread. */
+int gang__wres_moe_sample(gang__wres *r, gang_moe_load_sample *out);
 
 /* Everything one generation of the data plane needs; copied by gang__wstep_start(). */
 typedef struct gang__wstep_config {

@@ -16,6 +16,7 @@
 
 #include "ganglion/model.h"
 #include "gguf.h"
+#include "model-internal.h"
 #include "safetensors.h"
 
 /* Bounds on fields model.h does not bound itself. */
@@ -195,6 +196,10 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         {"Qwen2ForCausalLM", "qwen2", GANG_ARCH_QWEN2},
         {"Qwen3ForCausalLM", "qwen3", GANG_ARCH_QWEN3},
         {"Gemma3ForCausalLM", "gemma3_text", GANG_ARCH_GEMMA3},
+        /* Mixture of experts: the attention of their dense family (config-moe.c). */
+        {"MixtralForCausalLM", "mixtral", GANG_ARCH_MISTRAL},
+        {"Qwen2MoeForCausalLM", "qwen2_moe", GANG_ARCH_QWEN2},
+        {"Qwen3MoeForCausalLM", "qwen3_moe", GANG_ARCH_QWEN3},
     };
     const cJSON *archs = cfg_get(c, "architectures"), *type = cfg_get(c, "model_type"), *a;
     size_t i;
@@ -212,8 +217,9 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
         a = cJSON_GetArrayItem(archs, 0);
         gang_set_err(c->err, c->errlen,
                      "%s: unsupported architecture \"%.64s\" (LlamaForCausalLM, "
-                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
-                     "Gemma3ForCausalLM are)",
+                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                     "Gemma3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and "
+                     "Qwen3MoeForCausalLM are)",
                      c->path, cJSON_IsString(a) ? a->valuestring : "?");
         return GANG_EMODEL;
     }
@@ -225,8 +231,8 @@ static int cfg_arch(const cfg_ctx *c, gang_model_arch *arch)
             }
         }
         gang_set_err(c->err, c->errlen,
-                     "%s: unsupported model_type \"%.64s\" (llama, mistral, qwen2, qwen3 and "
-                     "gemma3_text are)",
+                     "%s: unsupported model_type \"%.64s\" (llama, mistral, qwen2, qwen3, "
+                     "gemma3_text, mixtral, qwen2_moe and qwen3_moe are)",
                      c->path, type->valuestring);
         return GANG_EMODEL;
     }
@@ -688,7 +694,8 @@ static int cfg_fill(const cfg_ctx *c, gang_model_config *cfg)
                      c->path, cfg->n_heads, cfg->n_kv_heads);
         return GANG_EMODEL;
     }
-    return cfg_unsupported(c, cfg);
+    rc = gang__config_moe(c->root, c->path, cfg, c->err, c->errlen);
+    return rc != 0 ? rc : cfg_unsupported(c, cfg);
 }
 
 /*

@@ -150,23 +150,78 @@ static int g_arch(gcfg *c, gang_model_config *cfg)
         c->arch = "qwen3"; /* q/k norms, no biases, rows unpermuted */
         cfg->arch = GANG_ARCH_QWEN3;
         cfg->qk_norm = 1;
+    } else if (s.n == 8 && memcmp(s.p, "qwen2moe", 8) == 0) {
+        c->arch = "qwen2moe"; /* Qwen2's attention, experts and a shared expert */
+        cfg->arch = GANG_ARCH_QWEN2;
+        cfg->attn_bias = 1;
+        cfg->moe = GANG_MOE_QWEN2;
+    } else if (s.n == 8 && memcmp(s.p, "qwen3moe", 8) == 0) {
+        c->arch = "qwen3moe"; /* Qwen3's attention, experts */
+        cfg->arch = GANG_ARCH_QWEN3;
+        cfg->qk_norm = 1;
+        cfg->moe = GANG_MOE_QWEN3;
     } else if (s.n == 6 && memcmp(s.p, "gemma3", 6) == 0) {
         c->arch = "gemma3"; /* rows unpermuted; norms hold 1 + w already */
         cfg->arch = GANG_ARCH_GEMMA3;
     } else {
         gang_set_err(c->err, c->errlen,
-                     "%s: general.architecture \"%.*s\" is not supported (llama, qwen2, qwen3 and "
-                     "gemma3 are)",
+                     "%s: general.architecture \"%.*s\" is not supported (llama, qwen2, qwen3, "
+                     "gemma3, qwen2moe and qwen3moe are)",
                      c->path, (int)(s.n > 64 ? 64 : s.n), s.p);
         return GANG_EMODEL;
     }
-    if (g_uint(c, "llama.expert_count", 0, 0, 0, &v) != 0)
-        return GANG_EMODEL;
+    (void)v;
     if (g_find(c, "llama.rope.scaling.type", key) != NULL &&
         g_str_is(c, "llama.rope.scaling.type", "none") != 1) {
         gang_set_err(c->err, c->errlen, "%s: metadata %s: rope scaling is not implemented", c->path,
                      key);
         return GANG_EMODEL;
+    }
+    return 0;
+}
+
+/*
+ * Mixture of experts (issue #25): llama with an expert_count (Mixtral: every layer sparse,
+ * experts of feed_forward_length, renormalised), qwen2moe (experts of
+ * expert_feed_forward_length, a shared expert of expert_shared_feed_forward_length, not
+ * renormalised) and qwen3moe (renormalised), as llama.cpp converts them; expert_weights_norm
+ * overrides the rule when present. A layer is sparse when its ffn_gate_inp.weight exists.
+ */
+static int g_moe(const gcfg *c, gang_model_config *cfg)
+{
+    const gang__gguf_kv *norm;
+    char key[64];
+
+    if (g_uint(c, "llama.expert_count", 0, 0, GANG_MOE_MAX_EXPERTS, &cfg->n_experts) != 0)
+        return GANG_EMODEL;
+    if (cfg->n_experts == 0 && cfg->moe == GANG_MOE_NONE)
+        return 0;
+    if (cfg->n_experts == 0 ||
+        g_uint(c, "llama.expert_used_count", -1, 1, GANG_MOE_MAX_TOPK, &cfg->top_k) != 0 ||
+        cfg->top_k > cfg->n_experts) {
+        gang_set_err(c->err, c->errlen,
+                     "%s: metadata %s.expert_count / expert_used_count: %u experts, %u used "
+                     "(1 <= used <= experts, at most %u)",
+                     c->path, c->arch, cfg->n_experts, cfg->top_k, GANG_MOE_MAX_TOPK);
+        return GANG_EMODEL;
+    }
+    if (cfg->moe == GANG_MOE_NONE) { /* llama + experts: Mixtral */
+        cfg->moe = GANG_MOE_MIXTRAL;
+        cfg->moe_ffn = cfg->ffn;
+    } else if (g_uint(c, "llama.expert_feed_forward_length", -1, 1, 1u << 20, &cfg->moe_ffn) ||
+               g_uint(c, "llama.expert_shared_feed_forward_length", 0, 0, 1u << 20,
+                      &cfg->shared_ffn)) {
+        return GANG_EMODEL;
+    }
+    cfg->norm_topk = cfg->moe != GANG_MOE_QWEN2;
+    norm = g_find(c, "llama.expert_weights_norm", key);
+    if (norm != NULL && norm->type == GANG__GGUF_BOOL)
+        cfg->norm_topk = norm->num.u != 0;
+    cfg->sparse_step = 1;
+    for (uint32_t i = 0; i < cfg->n_layers && i < GANG_MODEL_MAX_LAYERS; i++) {
+        snprintf(key, sizeof(key), "blk.%u.ffn_gate_inp.weight", i);
+        if (gang__gguf_find(c->g, key) == NULL)
+            cfg->mlp_only[i / 64] |= 1ull << (i % 64);
     }
     return 0;
 }
@@ -296,6 +351,8 @@ int gang__gguf_config_read(const char *path, gang_model_config *cfg, char *err, 
         rc = g_vocab(&c, &out);
     if (rc == 0 && out.arch == GANG_ARCH_GEMMA3)
         rc = g_gemma(&c, &out);
+    if (rc == 0)
+        rc = g_moe(&c, &out);
     if (rc == 0) {
         out.tie_embeddings = gang__gguf_find(&g, "output.weight") == NULL;
         out.rope_freq_factors = gang__gguf_find(&g, "rope_freqs.weight") != NULL;
@@ -354,7 +411,7 @@ int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap)
     for (i = 0; i < sizeof(map) / sizeof(map[0]); i++)
         if (strcmp(hf + used, map[i][0]) == 0)
             return snprintf(out, cap, "blk.%u.%s", layer, map[i][1]) < (int)cap ? 0 : GANG_ENOENT;
-    return GANG_ENOENT;
+    return gang__gguf_moe_name(hf, out, cap, NULL);
 }
 
 int gang_model_is_gguf(const char *path)

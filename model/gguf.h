@@ -181,6 +181,11 @@ int gang__gguf_is_path(const char *path);
  * gang_model_arch: Gemma's post_attention_layernorm is not Llama's), into out (cap);
  * 0 or GANG_ENOENT. */
 int gang__gguf_hf_name(int arch, const char *hf, char *out, size_t cap);
+/* The GGUF name of a mixture-of-experts tensor's Hugging Face name (gguf-load.c): the
+ * router (ffn_gate_inp), an expert's projection (ffn_{gate,up,down}_exps, *expert its
+ * index; -1 for the others), the shared expert (ffn_*_shexp, ffn_gate_inp_shexp). expert
+ * may be NULL. 0 or GANG_ENOENT. */
+int gang__gguf_moe_name(const char *hf, char *out, size_t cap, int64_t *expert);
 
 /* ---- tokenizer.json from metadata (gguf-text.c, gguf-spm.c) ---- */
 

@@ -32,6 +32,7 @@ typedef struct loader {
     size_t errlen;
     size_t bytes;        /* f32 bytes copied out so far */
     float *rope_factors; /* GGUF rope_freqs.weight, read and checked once, or NULL */
+    uint32_t ep;         /* how a MoE layer's experts are held (gang_load_options.ep) */
 } loader;
 
 /* The file a missing tensor is reported against: the single file or the index. */
@@ -195,6 +196,13 @@ static int ld_rope(loader *L, const gang_model *m, gang_tp_layer *l)
     return gang_rope_inv_freq(&m->cfg, l->rope_freq, &l->rope_scale);
 }
 
+/* ld_band as the expert loader calls it (model/load-moe.c). */
+static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols, uint64_t row_first,
+                      uint64_t row_count, uint64_t col_first, uint64_t col_count, float **out)
+{
+    return ld_band(ctx, name, rows, cols, row_first, row_count, col_first, col_count, out);
+}
+
 /* Loads this rank's shard of decoder layer li into *l (zeroed and owning nothing on error). */
 static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *l)
 {
@@ -263,6 +271,10 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
     } else if (rc == 0) {
         rc = ld_norm(L, m, LD_NAME("post_attention_layernorm.weight"), hidden, &l->mlp_norm);
     }
+    if (rc == 0 && gang_model_layer_moe(&m->cfg, li)) { /* experts instead of the MLP */
+        rc = gang__load_moe(m, li, L->ep, ld_band_cb, L, l, L->err, L->errlen);
+        goto out_done;
+    }
     if (rc == 0)
         rc = ld_rows(L, LD_NAME("mlp.gate_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
                      (float **)&l->w_gate);
@@ -273,6 +285,7 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
         rc = ld_cols(L, LD_NAME("mlp.down_proj.weight"), hidden, ffn, s->ffn_first, s->ffn_count,
                      (float **)&l->w_down);
 #undef LD_NAME
+out_done:
     if (rc != 0)
         gang_tp_layer_free(l);
     return rc;
@@ -411,6 +424,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
         return GANG_ENOMEM;
     memset(&L, 0, sizeof(L));
     L.t = t;
+    L.ep = o != NULL && o->ep > 1 ? o->ep : 1;
     L.err = err;
     L.errlen = errlen;
 

@@ -151,6 +151,30 @@ static int mk_cmp_name(const void *a, const void *b)
     return strcmp(((const mk_tensor *)a)->name, ((const mk_tensor *)b)->name);
 }
 
+/* The router and experts of sparse layer i (each family's names), and the shared expert. */
+static int mk_add_moe(mk_list *l, const gang_mkmodel_opts *o, uint32_t i)
+{
+    int mix = o->moe == GANG_MOE_MIXTRAL;
+    const char *pre = mix ? "block_sparse_moe" : "mlp";
+    const char *g = mix ? "w1" : "gate_proj", *u = mix ? "w3" : "up_proj",
+               *d = mix ? "w2" : "down_proj";
+    uint64_t h = o->hidden, f = mix ? o->ffn : o->moe_ffn, sh = o->shared_ffn;
+    int rc = mk_add(l, MK_LINEAR, o->experts, h, "model.layers.%u.%s.gate.weight", i, pre);
+
+    for (uint32_t e = 0; e < o->experts; e++) {
+        rc |= mk_add(l, MK_LINEAR, f, h, "model.layers.%u.%s.experts.%u.%s.weight", i, pre, e, g);
+        rc |= mk_add(l, MK_LINEAR, f, h, "model.layers.%u.%s.experts.%u.%s.weight", i, pre, e, u);
+        rc |= mk_add(l, MK_LINEAR, h, f, "model.layers.%u.%s.experts.%u.%s.weight", i, pre, e, d);
+    }
+    if (o->moe == GANG_MOE_QWEN2 && sh > 0) {
+        rc |= mk_add(l, MK_LINEAR, sh, h, "model.layers.%u.mlp.shared_expert.gate_proj.weight", i);
+        rc |= mk_add(l, MK_LINEAR, sh, h, "model.layers.%u.mlp.shared_expert.up_proj.weight", i);
+        rc |= mk_add(l, MK_LINEAR, h, sh, "model.layers.%u.mlp.shared_expert.down_proj.weight", i);
+        rc |= mk_add(l, MK_LINEAR, 1, h, "model.layers.%u.mlp.shared_expert_gate.weight", i);
+    }
+    return rc;
+}
+
 /* Every tensor of the model, sorted by name. */
 static int mk_build_list(const gang_mkmodel_opts *o, mk_list *l)
 {
@@ -186,6 +210,10 @@ static int mk_build_list(const gang_mkmodel_opts *o, mk_list *l)
         if (gemma) { /* sandwich norms */
             rc |= mk_add(l, norm, 0, h, "%s%u.pre_feedforward_layernorm.weight", p, i);
             rc |= mk_add(l, norm, 0, h, "%s%u.post_feedforward_layernorm.weight", p, i);
+        }
+        if (o->moe != GANG_MOE_NONE && i >= o->dense_layers) {
+            rc |= mk_add_moe(l, o, i);
+            continue;
         }
         rc |= mk_add(l, MK_LINEAR, o->ffn, h, "%s%u.mlp.gate_proj.weight", p, i);
         rc |= mk_add(l, MK_LINEAR, o->ffn, h, "%s%u.mlp.up_proj.weight", p, i);
@@ -396,6 +424,32 @@ static int mk_write_index(const gang_mkmodel_opts *o, const mk_list *l, uint64_t
     return mk_commit(fp, rc, tmp, path, err, errlen);
 }
 
+/* The head of config.json of a MoE model: its class, and the experts' fields. */
+static void mk_write_moe(FILE *fp, const gang_mkmodel_opts *o)
+{
+    static const char *const cls[] = {"", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                      "Qwen3MoeForCausalLM"};
+    static const char *const type[] = {"", "mixtral", "qwen2_moe", "qwen3_moe"};
+
+    fprintf(fp, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", cls[o->moe],
+            type[o->moe]);
+    fprintf(fp, "  \"num_experts_per_tok\": %u,\n", o->top_k);
+    if (o->moe == GANG_MOE_MIXTRAL) {
+        fprintf(fp, "  \"num_local_experts\": %u,\n", o->experts);
+        return;
+    }
+    fprintf(fp, "  \"num_experts\": %u,\n  \"moe_intermediate_size\": %u,\n", o->experts,
+            o->moe_ffn);
+    fprintf(fp, "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n",
+            o->norm_topk ? "true" : "false");
+    if (o->moe == GANG_MOE_QWEN2)
+        fprintf(fp, "  \"shared_expert_intermediate_size\": %u,\n", o->shared_ffn);
+    fprintf(fp, "  \"mlp_only_layers\": [");
+    for (uint32_t i = 0; i < o->dense_layers; i++)
+        fprintf(fp, "%s%u", i ? ", " : "", i);
+    fprintf(fp, "],\n");
+}
+
 /* config.json in the form Hugging Face writes for the architecture. */
 static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
 {
@@ -416,8 +470,11 @@ static int mk_write_config(const gang_mkmodel_opts *o, char *err, size_t errlen)
     fp = mk_open_tmp(tmp, &rc, err, errlen);
     if (fp == NULL)
         return rc;
-    fprintf(fp, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", cls[o->arch],
-            type[o->arch]);
+    if (o->moe != GANG_MOE_NONE)
+        mk_write_moe(fp, o);
+    else
+        fprintf(fp, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", cls[o->arch],
+                type[o->arch]);
     fprintf(fp, "  \"%s\": \"%s\",\n  \"hidden_size\": %u,\n",
             o->arch == GANG_ARCH_GEMMA3 ? "hidden_activation" : "hidden_act",
             o->arch == GANG_ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu", o->hidden);
@@ -507,6 +564,19 @@ static int mk_eos_ok(const gang_mkmodel_opts *o)
     return 1;
 }
 
+/* A MoE family on its architecture, with experts and top_k the config reader takes. */
+static int mk_moe_ok(const gang_mkmodel_opts *o)
+{
+    gang_model_arch want = o->moe == GANG_MOE_MIXTRAL ? GANG_ARCH_MISTRAL
+                           : o->moe == GANG_MOE_QWEN2 ? GANG_ARCH_QWEN2
+                                                      : GANG_ARCH_QWEN3;
+
+    return (unsigned)o->moe <= GANG_MOE_QWEN3 && o->arch == want && o->experts >= 1 &&
+           o->experts <= GANG_MOE_MAX_EXPERTS && o->top_k >= 1 && o->top_k <= o->experts &&
+           o->top_k <= GANG_MOE_MAX_TOPK && o->dense_layers < o->layers && o->moe_ffn >= 1 &&
+           (o->moe != GANG_MOE_MIXTRAL || o->dense_layers == 0);
+}
+
 /* The shape rules of gang_model_config_read, as usage errors. */
 static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
 {
@@ -545,6 +615,9 @@ static int mk_check_opts(const gang_mkmodel_opts *o, char *err, size_t errlen)
         why = "max-pos must be in [1, 16777216]";
     else if (o->shards < 1 || o->shards > MK_MAX_SHARDS)
         why = "shards must be in [1, 99999]";
+    else if (o->moe != GANG_MOE_NONE && !mk_moe_ok(o))
+        why = "moe: mixtral needs arch mistral and no dense layers, qwen2 / qwen3 their arch; "
+              "experts in [1, 1024], top-k in [1, min(experts, 16)], dense layers below layers";
     if (why == NULL)
         return 0;
     gang_set_err(err, errlen, "mkmodel: %s", why);

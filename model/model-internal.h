@@ -13,4 +13,32 @@
  */
 void *gang__model_tied_head(const gang_model *m);
 
+/*
+ * The mixture-of-experts fields of config.json root (model/config-moe.c) into cfg, whose
+ * dense fields config.c has read (n_layers, ffn): the family from "architectures" or
+ * "model_type", experts, top_k, the routing rule, the sparse layers. A dense family leaves
+ * n_experts 0. GANG_EMODEL with a message naming path and the field.
+ */
+struct cJSON;
+int gang__config_moe(const struct cJSON *root, const char *path, gang_model_config *cfg, char *err,
+                     size_t errlen);
+
+/*
+ * Reads the band rows [row_first, +row_count) x columns [col_first, +col_count) of tensor
+ * name, of shape [rows, cols] (rows 0: a vector of cols), into a new malloc'd f32 array:
+ * load.c's reader, handed to the expert loader.
+ */
+typedef int (*gang__band_fn)(void *ctx, const char *name, uint64_t rows, uint64_t cols,
+                             uint64_t row_first, uint64_t row_count, uint64_t col_first,
+                             uint64_t col_count, float **out);
+
+/*
+ * The MoE block of decoder layer li (a sparse layer of m->cfg) for this rank into l->moe:
+ * the router, this rank's experts (or their columns), the shared expert's columns and its
+ * gate, held as ep says (gang_model_moe_layout), read through band (model/load-moe.c).
+ * 0; the band reader's errors; GANG_EMODEL for a layout the config cannot take; GANG_ENOMEM.
+ */
+int gang__load_moe(const gang_model *m, uint32_t li, uint32_t ep, gang__band_fn band, void *ctx,
+                   gang_tp_layer *l, char *err, size_t errlen);
+
 #endif /* GANGLION_MODEL_INTERNAL_H */

@@ -8,11 +8,49 @@
  * so sorting by expert also sorts by destination rank, and each rank receives its rows
  * already grouped by expert per source.
  */
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ganglion/parallel.h"
+
+/*
+ * A fault for the tests (tests/mp/test_moe_kill.py), off unless the environment asks:
+ * GANGLION_FAULT_MOE_A2A=PATH:RANK:N kills this process (SIGKILL, as a crash would) inside
+ * its N-th dispatch as EP rank RANK, between the counts' all-to-all and the rows', the first
+ * time only: the process that fires creates PATH (O_EXCL), and a PATH that exists disarms
+ * it, so the respawned rank of the next generation serves. Any thread; the counter is only
+ * approximate under concurrent dispatches in one process, which the tests do not do.
+ */
+static void moe_fault_point(uint32_t rank)
+{
+    static unsigned long calls;
+    const char *v = getenv("GANGLION_FAULT_MOE_A2A");
+    char path[512];
+    unsigned r = 0;
+    unsigned long n = 0;
+    const char *c1, *c2;
+    int fd;
+
+    if (v == NULL || (c2 = strrchr(v, ':')) == NULL || c2 == v)
+        return;
+    for (c1 = c2 - 1; c1 > v && *c1 != ':'; c1--)
+        ;
+    if (*c1 != ':' || (size_t)(c1 - v) >= sizeof(path) || sscanf(c1 + 1, "%u", &r) != 1 ||
+        sscanf(c2 + 1, "%lu", &n) != 1 || r != rank || ++calls != n)
+        return;
+    memcpy(path, v, (size_t)(c1 - v));
+    path[c1 - v] = '\0';
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return;
+    close(fd);
+    raise(SIGKILL);
+}
 
 int gang_moe_route(const gang_moe_route_cfg *cfg, const float *logits, size_t tokens,
                    int32_t *expert, float *weight)
@@ -185,6 +223,7 @@ int gang_moe_dispatch(gang_comm *c, const gang_moe_plan *p, const float *x, gang
     rc = gang_comm_all_to_all_v(c, &a, timeout_ms);
     if (rc < 0)
         return rc;
+    moe_fault_point(p->rank);
     moe_rank_rows(xc->cnt_in, ep, per, in_rows, &total);
     if (total > xc->recv_cap_rows)
         return GANG_ERANGE;

@@ -817,15 +817,17 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_kernels_rmsnorm(k, x, l->mlp_norm, l->norm_eps, total, l->hidden, s->normed);
     if (rc != 0)
         return rc;
-    rc = tp_batch_gate(l, k, s, total);
-    if (rc != 0)
-        return rc;
-    /* The second all-reduce gets what is left of the call's deadline. */
+    /* The second all-reduce (the MoE block's all-to-alls too) gets what is left. */
     rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
-    rc = tp_linear_row_staged(k, comm, &s->stage, l, s->gate, total, s->ffn_cols, l->w_down,
-                              l->hidden, s->delta, left);
+    if (l->moe != NULL) /* a mixture-of-experts MLP (parallel/tp-moe.c) */
+        rc = gang_tp_moe_forward(l->moe, k, comm, s->normed, total, s->delta, left);
+    else
+        rc = tp_batch_gate(l, k, s, total);
+    if (rc == 0 && l->moe == NULL)
+        rc = tp_linear_row_staged(k, comm, &s->stage, l, s->gate, total, s->ffn_cols, l->w_down,
+                                  l->hidden, s->delta, left);
     if (rc == 0 && l->post_mlp_norm != NULL)
         rc = gang_kernels_rmsnorm(k, s->delta, l->post_mlp_norm, l->norm_eps, total, l->hidden,
                                   s->delta);

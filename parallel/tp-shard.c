@@ -69,6 +69,7 @@ void gang_tp_layer_free(gang_tp_layer *l)
             free(*a[i]); /* the matrices of a packed layer live in wblock */
     }
     free(l->wblock);
+    gang_tp_moe_free(l->moe);
     memset(l, 0, sizeof(*l));
 }
 
@@ -86,7 +87,7 @@ size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l)
     for (size_t i = 0; i < TP_LAYER_MATRICES; i++)
         if (*a[i] != NULL)
             sum += n[i];
-    return sum;
+    return sum + gang_tp_moe_weight_bytes(l->moe);
 }
 
 /*
@@ -213,6 +214,10 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
+    /* The MoE block's weights first (all or nothing on their own): if a later upload of
+     * the layer fails they stay on k, which gang_tp_layer_free releases them to. */
+    if (l->moe != NULL && (rc = gang_tp_moe_to_device(l->moe, k)) != 0)
+        return rc;
     tp_layer_arrays(l, a, n, NULL, NULL);
     /* All or nothing: the host arrays are released only once every upload succeeded. */
     rc = tp_concat_to_device(l, k, dev, fused);

@@ -86,6 +86,14 @@ typedef struct gang_gen_defaults {
     uint32_t top_k;
 } gang_gen_defaults;
 
+/* The mixture-of-experts family of a config (its routing and tensor names). */
+typedef enum gang_moe_family {
+    GANG_MOE_NONE = 0,
+    GANG_MOE_MIXTRAL = 1, /* MixtralForCausalLM: block_sparse_moe.{gate, experts.E.w1/w2/w3} */
+    GANG_MOE_QWEN2 = 2,   /* Qwen2MoeForCausalLM: mlp.{gate, experts.E.*, shared_expert*} */
+    GANG_MOE_QWEN3 = 3    /* Qwen3MoeForCausalLM: mlp.{gate, experts.E.*} */
+} gang_moe_family;
+
 typedef struct gang_model_config {
     gang_model_arch arch;
     uint32_t hidden;             /* hidden_size */
@@ -135,7 +143,65 @@ typedef struct gang_model_config {
     int32_t eos_ids[GANG_MAX_EOS];
     uint32_t n_eos;
     gang_gen_defaults gen; /* sampling defaults of generation_config.json (none: all unset) */
+    /* Mixture of experts (issue #25, model/config-moe.c): n_experts 0 for a dense model.
+     * arch stays the attention's family (Mistral for Mixtral, Qwen2 / Qwen3 for their MoE
+     * models); moe says which MoE family, whose sparse layers (gang_model_layer_moe) have
+     * a router and experts instead of the dense MLP of ffn columns. */
+    gang_moe_family moe;
+    uint32_t n_experts;   /* num_local_experts / num_experts */
+    uint32_t top_k;       /* num_experts_per_tok */
+    int32_t norm_topk;    /* the top_k weights renormalised (Mixtral; norm_topk_prob) */
+    uint32_t moe_ffn;     /* each expert's width (Mixtral: intermediate_size) */
+    uint32_t shared_ffn;  /* Qwen2-MoE shared_expert_intermediate_size; 0: none */
+    uint32_t sparse_step; /* decoder_sparse_step: layer i is sparse when (i + 1) % step == 0 */
+    uint64_t mlp_only[GANG_MODEL_MAX_LAYERS / 64]; /* mlp_only_layers: bit i = dense layer */
 } gang_model_config;
+
+/*
+ * Whether decoder layer `layer` of cfg is a mixture-of-experts layer: the model has
+ * experts, the layer is not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0.
+ */
+int gang_model_layer_moe(const gang_model_config *cfg, uint32_t layer);
+
+/*
+ * Whether cfg's experts can be held as `ep` on TP groups of tp ranks (parallel.h, "Mixture-
+ * of-experts layers"): ep 1 (experts cut by columns over the TP group: moe_ffn % tp) or
+ * ep == tp (experts split whole: n_experts % ep), shared_ffn % tp, and ep 1 for a dense
+ * model. 0, or GANG_EUSAGE with a one-line message naming the values in err.
+ */
+/*
+ * The parameters of cfg as its files hold them (*total) and those one token reads
+ * (*active: the router, top_k experts and the shared expert of a sparse layer instead of
+ * all experts; the embedding row and the LM head counted whole). Either may be NULL.
+ */
+void gang_model_params(const gang_model_config *cfg, uint64_t *total, uint64_t *active);
+
+/*
+ * The load balance of a rank's MoE layers (issue #25), summed over them since they were
+ * loaded: what its router sent to each expert and to each EP rank. Plain data, copied
+ * between threads and over the agent <-> worker channel as it is.
+ */
+#define GANG_MOE_LOAD_EXPERTS 256 /* experts reported one by one (the rest only in slots) */
+#define GANG_MOE_LOAD_RANKS 64    /* EP ranks reported one by one */
+typedef struct gang_moe_load_sample {
+    uint32_t n_experts;        /* of the model; per-expert counts for the first 256 */
+    uint32_t ep, ep_rank;      /* the layers' EP group and this rank in it */
+    uint32_t layers;           /* MoE layers of this rank's shard */
+    uint64_t steps;            /* layer calls (steps x layers) */
+    uint64_t slots;            /* (token, choice) pairs this rank routed */
+    double last_max_over_mean; /* the last call's max / mean slots per expert (1: even) */
+    double mean_max_over_mean; /* the same averaged over every call */
+    uint64_t expert_slots[GANG_MOE_LOAD_EXPERTS];
+    uint64_t rank_slots[GANG_MOE_LOAD_RANKS]; /* slots sent to each EP rank's experts */
+} gang_moe_load_sample;
+
+struct gang_model;
+/* Fills *out from m's MoE layers; 1 when m has any, else 0 (and *out zeroed). The caller
+ * must be the thread that runs m's layers, or hold it off. */
+int gang_model_moe_load(const struct gang_model *m, gang_moe_load_sample *out);
+
+int gang_model_moe_layout(const gang_model_config *cfg, uint32_t tp, uint32_t ep, char *err,
+                          size_t errlen);
 
 /*
  * Reads and validates DIR/config.json, then DIR/generation_config.json when it exists
@@ -258,6 +324,9 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
 typedef struct gang_load_options {
     const char *dtype;
     const char *quantize;
+    uint32_t ep; /* a MoE model's experts (`--ep`): 0 or 1 cut by columns over the TP group,
+                    tp split whole over it (gang_model_moe_layout); the load fails with
+                    GANG_EMODEL and the layout's message otherwise */
 } gang_load_options;
 
 /*
@@ -334,6 +403,12 @@ typedef struct gang_mkmodel_opts {
     const char *rope_scaling; /* NULL: "rope_scaling": null; else a JSON object written as
                                  is (the config reader validates it) */
     float rope_theta;         /* 0: 1e6 for Qwen2/3, 1e4 otherwise */
+    /* Mixture of experts (GANG_MOE_NONE: a dense model). The family names the class and
+     * the tensors (Mixtral needs arch Mistral, Qwen2 / Qwen3 their arch); every layer from
+     * dense_layers on is sparse (mlp_only_layers lists the first dense_layers; Mixtral: 0). */
+    gang_moe_family moe;
+    uint32_t experts, top_k, moe_ffn, shared_ffn, dense_layers;
+    int32_t norm_topk;
 } gang_mkmodel_opts;
 
 /*

@@ -336,6 +336,10 @@ typedef struct gang_tp_layer {
      * host, where the separate matrices stay. */
     void *wqkv;
     void *wgu;
+    /* A mixture-of-experts layer (parallel/tp-moe.c): the MLP is this rank's experts and the
+     * router instead of w_gate / w_up / w_down (then NULL). NULL: a dense layer. Owned by
+     * the layer (gang_tp_layer_free releases it). */
+    struct gang_tp_moe *moe;
 } gang_tp_layer;
 
 /*
@@ -713,5 +717,117 @@ int gang_moe_dispatch(gang_comm *c, const gang_moe_plan *p, const float *x, gang
  */
 int gang_moe_combine(gang_comm *c, const gang_moe_plan *p, const float *weight,
                      gang_moe_exchange *xc, float *y, uint64_t timeout_ms);
+
+/* =================================================================================
+ * Mixture-of-experts layers (parallel/tp-moe.c, issue #25)
+ *
+ * The MLP of a MoE decoder layer: a router [n_experts, hidden] (replicated), n_experts
+ * SwiGLU experts of moe_ffn columns, and optionally a shared expert (Qwen2-MoE) with its
+ * sigmoid gate [hidden]. Inside one TP group (the ranks that run the layer's attention with
+ * their heads) the experts are held one of two ways:
+ *   ep 1:   every rank holds every expert, cut by columns like a dense MLP (gate/up rows and
+ *           down columns [ffn_first, +ffn_count) of moe_ffn / tp); each rank routes every
+ *           token and computes its columns of the chosen experts; no all-to-all.
+ *   ep tp:  expert parallelism over the TP group: rank r holds experts
+ *           [r n_experts / ep, (r + 1) n_experts / ep) whole. The step's tokens are cut in ep
+ *           contiguous runs; rank r routes run r, sends each (token, choice) row to its
+ *           expert's rank and gets the outputs back (gang_moe_dispatch / gang_moe_combine on
+ *           the TP communicator), and computes the rows it received grouped by expert: one
+ *           GEMM per active expert for gate, up and down, not one per token.
+ * The shared expert is always cut by columns over the TP group and runs on every token.
+ * Either way each rank ends with a partial [tokens, hidden] (its columns, or its run of
+ * tokens with zeros elsewhere) and one all-reduce over the TP group sums the block's output,
+ * so the residual stream is the same on every rank, as after a dense MLP.
+ *
+ * On a device handle (parallel/tp-moe-dev.c) the router, the experts (one GEMM per active
+ * expert for gate, up and down: a loop of GEMMs on the handle's one stream) and the shared
+ * expert run on the device; the routing decision, the all-to-alls over a host communicator
+ * and the weighted combine are on the host, with the rows downloaded and uploaded around
+ * them. The experts stay f32 whatever the layer's storage (gang_tp_layer_pack).
+ * The layer keeps its step scratch (grown to the most tokens a call passed, so a steady
+ * serving loop allocates nothing) and its load counters: one driving thread per layer.
+ * ================================================================================= */
+
+/* Load-balance counters of one MoE layer, cumulative since the layer was made. */
+typedef struct gang_moe_load {
+    uint64_t steps;            /* forward calls */
+    uint64_t slots;            /* (token, choice) pairs routed by this rank */
+    uint64_t *expert_slots;    /* [n_experts]: slots routed to each expert by this rank */
+    double max_over_mean_sum;  /* sum over steps of the step's max / mean slots per expert */
+    double last_max_over_mean; /* the last step's max / mean slots per expert (1: even) */
+    uint64_t *rank_slots;      /* [ep]: slots this rank sent to each EP rank's experts */
+} gang_moe_load;
+
+typedef struct gang_tp_moe {
+    uint32_t n_experts, top_k;
+    int norm_topk;        /* weights renormalised over the top_k (Mixtral; norm_topk_prob) */
+    uint32_t ep;          /* 1, or the TP degree: experts split over the TP group */
+    uint32_t ep_rank;     /* this rank's index in the EP group (its TP rank when ep > 1) */
+    uint32_t tp, tp_rank; /* the TP group the layer runs in */
+    uint32_t hidden;
+    uint32_t moe_ffn;      /* each expert's full intermediate width */
+    uint32_t expert_first; /* local experts [expert_first, +expert_count) */
+    uint32_t expert_count;
+    uint32_t ffn_first; /* columns of each local expert held: [ffn_first, +ffn_count) */
+    uint32_t ffn_count;
+    float *router;               /* [n_experts, hidden] */
+    float *w_gate, *w_up;        /* [expert_count][ffn_count, hidden] */
+    float *w_down;               /* [expert_count][hidden, ffn_count] */
+    uint32_t sh_ffn;             /* shared expert's full width; 0: none */
+    uint32_t sh_first, sh_count; /* its columns on this rank */
+    float *sh_gate, *sh_up;      /* [sh_count, hidden] */
+    float *sh_down;              /* [hidden, sh_count] */
+    float *sh_gate_w;            /* [hidden]: shared_expert_gate, sigmoid(x . w) scales it */
+    gang_moe_load load;
+    struct gang_tp_moe_scratch *scr; /* the step scratch, made at the first forward */
+    gang_kernels *mem;               /* after gang_tp_moe_to_device: the handle holding the
+                                        weight arrays; NULL: host malloc */
+    struct gang_tp_moe_dev *dev;     /* device step buffers (parallel/tp-moe-dev.c) */
+} gang_tp_moe;
+
+/*
+ * Allocates *out for a layer of tp_rank in a TP group of tp with experts held as ep
+ * (1 or tp) says: the scalar fields filled, the ranges computed, the load counters and
+ * zeroed weight arrays of the right sizes allocated (the loader fills them). GANG_EINVAL
+ * for a shape that cannot be cut so (ep not 1 or tp, n_experts % ep, moe_ffn % tp with
+ * ep 1, sh_ffn % tp, top_k outside [1, min(n_experts, GANG_MOE_MAX_TOPK)]); GANG_ENOMEM.
+ */
+int gang_tp_moe_init(gang_tp_moe **out, uint32_t n_experts, uint32_t top_k, int norm_topk,
+                     uint32_t hidden, uint32_t moe_ffn, uint32_t sh_ffn, uint32_t tp,
+                     uint32_t tp_rank, uint32_t ep);
+/* Releases m and its arrays and scratch (to m->mem, which must still be open). NULL ok. */
+void gang_tp_moe_free(gang_tp_moe *m);
+/*
+ * Moves m's weight arrays into the tensor memory of a device handle k (router, experts,
+ * shared expert; its routing and load counters stay on the host). A host k, or m already
+ * on k, changes nothing. 0; GANG_EINVAL (m on another handle); k's allocation or upload
+ * error (m unchanged: still on the host).
+ */
+int gang_tp_moe_to_device(gang_tp_moe *m, gang_kernels *k);
+/* Bytes of expert, router and shared weights m holds. */
+size_t gang_tp_moe_weight_bytes(const gang_tp_moe *m);
+
+/*
+ * The MoE block of one call: x [tokens, hidden] (the normed residual, the same on every
+ * rank of comm) in, y [tokens, hidden] the block's output, summed over comm (comm NULL for
+ * tp 1), tensor memory of k, as m's weights are (GANG_EINVAL otherwise). Collective
+ * over comm, within timeout_ms for each all-to-all and the all-reduce. 0; GANG_EINVAL;
+ * GANG_ENOMEM (the scratch grows); the router's GANG_EINVAL for a NaN logit; the
+ * communicator's errors (GANG_EPEER when a rank is lost inside an all-to-all).
+ */
+int gang_tp_moe_forward(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, const float *x,
+                        size_t tokens, float *y, uint64_t timeout_ms);
+
+/*
+ * Process-wide timing of the MoE blocks (for `ganglion bench moe`): the calls of exactly
+ * `tokens` tokens (a decode step of that batch) since the last reset, the time inside
+ * gang_tp_moe_forward and the part of it inside the two all-to-alls, summed over every
+ * rank thread of the process. gang_tp_moe_timing_reset(0) counts nothing. Any thread.
+ */
+typedef struct gang_moe_timing {
+    uint64_t calls, block_ns, a2a_ns;
+} gang_moe_timing;
+void gang_tp_moe_timing_reset(uint32_t tokens);
+void gang_tp_moe_timing_get(gang_moe_timing *out);
 
 #endif /* GANGLION_PARALLEL_H */

@@ -381,8 +381,9 @@ class Checker:
 
     # ---- model --------------------------------------------------------------------
 
-    def make_model(self, path, tp, pp):
-        """Makes a tiny model at path whose shape divides by tp and pp; returns an error."""
+    def make_model(self, path, tp, pp, ep=1):
+        """Makes a tiny model at path whose shape divides by tp and pp (a Qwen3-MoE one
+        with 2 x ep experts when ep > 1); returns an error."""
         if path in self.models:
             return self.models[path]
         kv = max(8, tp)
@@ -391,6 +392,9 @@ class Checker:
                "--hidden", str(heads * 8), "--heads", str(heads), "--kv-heads", str(kv),
                "--ffn", str(max(256, 32 * tp)), "--vocab", str(max(256, 32 * tp)),
                "--seed", "1"]
+        if ep > 1:
+            cmd += ["--arch", "qwen3", "--moe", "qwen3", "--experts", str(2 * ep), "--top-k",
+                    "2"]
         os.makedirs(os.path.dirname(path), exist_ok=True)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         err = None
@@ -694,7 +698,8 @@ class Checker:
             if hp is None:
                 out.err("%s: --model %s is not on a mounted volume" % (p.name, model))
             else:
-                e = self.make_model(model, tp, pp)
+                ep = int(flag_value(args, "ep") or env.get("GANGLION_EP", "1"))
+                e = self.make_model(model, tp, pp, ep)
                 if e:
                     out.err(e)
         run_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

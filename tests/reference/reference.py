@@ -177,12 +177,52 @@ def layer_windows(cfg):
             types = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention"
                      for i in range(n)]
         return [sw if t == "sliding_attention" else None for t in types]
-    if kind in ("qwen2", "qwen3"):
+    if kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window", False):
             return [None] * n
         first = cfg.get("max_window_layers", 0)
         return [sw if i >= first else None for i in range(n)]
     return [sw] * n
+
+
+def moe_layer(w, p):
+    """Whether layer prefix p holds a router (Qwen2/3-MoE's mlp.gate, Mixtral's)."""
+    return p + "mlp.gate.weight" in w or p + "block_sparse_moe.gate.weight" in w
+
+
+def swiglu(h, wg, wu, wd):
+    g = h @ wg.T
+    return ((g / (1.0 + np.exp(-g))) * (h @ wu.T)) @ wd.T
+
+
+def moe_block(cfg, w, p, h):
+    """A mixture-of-experts MLP in float64, token by token: softmax over the router's logits,
+    the top_k (equal values: the lower id first, a stable sort), renormalised for Mixtral or
+    norm_topk_prob, each chosen expert's SwiGLU weighted; plus Qwen2-MoE's shared expert
+    times the sigmoid of its gate."""
+    mix = p + "block_sparse_moe.gate.weight" in w
+    pre = p + ("block_sparse_moe." if mix else "mlp.")
+    names = ("w1", "w3", "w2") if mix else ("gate_proj", "up_proj", "down_proj")
+    k = cfg["num_experts_per_tok"]
+    norm = True if mix else cfg.get("norm_topk_prob", False)
+    z = h @ w[pre + "gate.weight"].T
+    prob = np.exp(z - z.max(axis=-1, keepdims=True))
+    prob = prob / prob.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = np.argsort(-prob[t], kind="stable")[:k]
+        wt = prob[t][top]
+        if norm:
+            wt = wt / wt.sum()
+        for e, we in zip(top, wt):
+            ws = [w["%sexperts.%d.%s.weight" % (pre, e, n)] for n in names]
+            out[t] += we * swiglu(h[t:t + 1], *ws)[0]
+    sh = pre + "shared_expert."
+    if sh + "gate_proj.weight" in w and w[sh + "gate_proj.weight"].size > 0:
+        gate = 1.0 / (1.0 + np.exp(-(h @ w[pre + "shared_expert_gate.weight"].T)))
+        out = out + gate * swiglu(h, w[sh + "gate_proj.weight"], w[sh + "up_proj.weight"],
+                                  w[sh + "down_proj.weight"])
+    return out
 
 
 def forward_logits(cfg, w, ids):
@@ -249,6 +289,9 @@ def forward_logits(cfg, w, ids):
         else:
             x = x + a
             h = norm(x, p + "post_attention_layernorm.weight")
+        if moe_layer(w, p):
+            x = x + moe_block(cfg, w, p, h)
+            continue
         g = h @ w[p + "mlp.gate_proj.weight"].T
         u = h @ w[p + "mlp.up_proj.weight"].T
         if gemma:  # GeGLU with PyTorch's tanh gelu
@@ -369,6 +412,20 @@ MODELS = [
                              "--rope-scaling", '{"rope_type": "linear", "factor": 2.0}'],
      {"sliding_window": 16, "sliding_window_pattern": 3, "query_pre_attn_scalar": 20,
       "rope_local_base_freq": 500.0, "rope_theta": 1000000.0}),
+    # Mixture of experts (issue #25): Mixtral 8 experts top-2; Qwen2-MoE 64 experts top-8
+    # with a shared expert and a dense first layer; Qwen3-MoE 16 experts top-4 renormalised.
+    ("mixtral-8x2", ["--arch", "mistral", "--moe", "mixtral", "--layers", "2", "--hidden", "64",
+                     "--heads", "4", "--kv-heads", "2", "--ffn", "48", "--experts", "8",
+                     "--top-k", "2", "--vocab", "256", "--seed", "21"]),
+    ("qwen2moe-64x8-shared", ["--arch", "qwen2", "--moe", "qwen2", "--layers", "2", "--hidden",
+                              "64", "--heads", "4", "--kv-heads", "2", "--ffn", "96",
+                              "--moe-ffn", "16", "--shared-ffn", "64", "--experts", "64",
+                              "--top-k", "8", "--dense-layers", "1", "--vocab", "256",
+                              "--seed", "22"]),
+    ("qwen3moe-16x4", ["--arch", "qwen3", "--moe", "qwen3", "--layers", "2", "--hidden", "64",
+                       "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ffn", "96",
+                       "--moe-ffn", "32", "--experts", "16", "--top-k", "4", "--norm-topk",
+                       "--vocab", "256", "--seed", "23"]),
     # Gemma 3 with layer_types instead of the pattern, every layer global but the first.
     ("gemma3-layer-types", ["--arch", "gemma3", "--layers", "2", "--hidden", "32", "--heads",
                             "2", "--kv-heads", "1", "--head-dim", "64", "--ffn", "64",

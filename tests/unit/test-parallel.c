@@ -535,7 +535,8 @@ static void test_mpi_module(void **state)
 #endif
 }
 
-int gang_test_moe(void); /* test-moe.c */
+int gang_test_moe(void);    /* test-moe.c */
+int gang_test_tp_moe(void); /* test-tp-moe.c */
 
 int main(void)
 {
@@ -551,5 +552,6 @@ int main(void)
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
 
     failed += gang_test_moe();
+    failed += gang_test_tp_moe();
     return failed ? 1 : 0;
 }
