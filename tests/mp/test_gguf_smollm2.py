@@ -60,6 +60,15 @@ def check_config(h, gguf):
     err = (r.stdout + r.stderr).decode(errors="replace")
     H.check(r.returncode == 0 and "30 layers, hidden 576, 9 heads (3 kv)" in err,
             "--check-config on the GGUF exited %d: %s" % (r.returncode, err[-1000:]))
+    # Issue #27 (b): the model's 8,192 when a full sequence's KV cache fits (360 MiB of
+    # f32 here), no longer capped at 4,096; the longest that fits under a small budget.
+    H.check("context 8192 (the model's declared context" in err,
+            "--check-config did not choose the model's 8192: %s" % err[-1000:])
+    r = subprocess.run(argv + [gguf, "--kv-cache-mb", "100"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=30, env=h.clean_env())
+    err = (r.stdout + r.stderr).decode(errors="replace")
+    H.check(r.returncode == 0 and "context 2272 (lowered from the model's 8192" in err,
+            "--check-config --kv-cache-mb 100 exited %d: %s" % (r.returncode, err[-1000:]))
     with tempfile.TemporaryDirectory() as tmp:
         cut = os.path.join(tmp, "cut.gguf")
         with open(gguf, "rb") as src, open(cut, "wb") as dst:
