@@ -13,4 +13,11 @@
  */
 void *gang__model_tied_head(const gang_model *m);
 
+/*
+ * One line for the logs on how m stores its matrices (gguf-blocks.c): each storage type
+ * with the number of matrices in it, prefixed "the GGUF file's own blocks:" when m was
+ * loaded keeping them (m->blocks): "the GGUF file's own blocks: q8_0 x 1, q4_1 x 210".
+ */
+void gang__model_storage_desc(const gang_model *m, char *buf, size_t cap);
+
 #endif /* GANGLION_MODEL_INTERNAL_H */

@@ -16,7 +16,7 @@
 #             serve, cancel, time out, kill and restart workers with a model)   TSAN
 #
 # Left out of mp-fast (each runs 10-90 s under ASAN; `make test` runs them all): the real
-# models' greedy agreement (gemma3_gguf, gguf_smollm2, smollm2_greedy, rope_models,
+# models' greedy agreement (gemma3_gguf, gguf_smollm2, gguf_blocks, smollm2_greedy, rope_models,
 # weight_storage), kv_capacity, serve_load, soak_restarts, text_api, and structured_outputs
 # (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve

@@ -37,7 +37,7 @@ def hf_greedy(py, gguf, *flags):
 def chat(h, gguf):
     """The text `ganglion generate --chat QUESTION` prints (greedy: the server's default
     temperature for a GGUF is unset, so the test asks temperature 0)."""
-    argv = [h.bin, "generate", "--model", gguf, "--chat", QUESTION,
+    argv = [h.bin, "generate", "--model", gguf, "--dtype", "f32", "--chat", QUESTION,
             "--max-tokens", str(S.MAX_TOKENS), "--temperature", "0", "--max-ctx", "256",
             "--max-batch", "1", "--kv-cache-mb", "32", "--start-timeout-ms", "60000",
             "--request-timeout-ms", "60000"]
@@ -100,7 +100,9 @@ def scenario(h):
     t0 = time.monotonic()
     prompt = S.hf_answers(hf_greedy(py, gguf, "--encode-only"), 1)[0]["prompt_ids"]
     ref_proc = hf_greedy(py, gguf, "--max-tokens", str(S.MAX_TOKENS), "--top5")
-    ours = {(tp, pp): S.generate(h, gguf, prompt, tp, pp) for tp, pp in LAYOUTS}
+    # --dtype f32: transformers dequantizes the file; its own blocks quantize the
+    # activations (mp-test_gguf_blocks holds those to TP 1 and to llama.cpp).
+    ours = {(tp, pp): S.generate(h, gguf, prompt, tp, pp, "--dtype", "f32") for tp, pp in LAYOUTS}
     text = chat(h, gguf)
     H.log("ganglion --chat: %r" % text)
     ref = S.hf_answers(ref_proc, 1)[0]
