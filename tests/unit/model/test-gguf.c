@@ -754,6 +754,33 @@ static void test_model(void **state)
             assert_true(((float *)m->layers[0].wo)[r * HD + c] == o_val(r, HD + c));
     gang_model_free(m);
 
+    /* --dtype auto (issue #27): the Q8_0 k_proj stays the file's blocks, its rows in the
+     * Hugging Face order (whole rows moved), on TP 1 and on TP 2's rank 1; the BF16 /
+     * F32 matrices are f32, and the embedding f32; the load line names the storage. */
+    gang_load_options auto_opt = {.dtype = "auto", .quantize = "none"};
+    for (int tp = 1; tp <= 2; tp++) {
+        gang_topology tt = fx_topo(path, (uint32_t)tp, 1);
+        float row[H];
+        assert_int_equal(
+            gang_model_load_ex(path, &tt, (uint32_t)tp - 1, &auto_opt, &m, err, sizeof(err)), 0);
+        assert_int_equal(m->blocks, 1);
+        assert_int_equal(m->layers[0].mixed, 1);
+        assert_int_equal(m->layers[0].mtype[1], GANG_KW_Q8_0);
+        assert_int_equal(m->layers[0].mtype[0], GANG_KW_F32);
+        assert_int_equal(m->layers[0].mtype[3], GANG_KW_F32);
+        assert_int_equal(m->wtype, GANG_KW_F32);
+        for (r = 0; r < HD; r++) {
+            assert_int_equal(gang_kernels_block_dequant(
+                                 GANG_KW_Q8_0, (const char *)m->layers[0].wk + r * 34, H, row),
+                             0);
+            for (c = 0; c < H; c++)
+                assert_true(row[c] == (float)k_q(gguf_row(r), c));
+        }
+        assert_non_null(strstr(m->storage, "the GGUF file's own blocks:"));
+        assert_non_null(strstr(m->storage, "q8_0 x 1"));
+        gang_model_free(m);
+    }
+
     /* Llama 3.1's llama3 scaling as llama.cpp writes it: each inverse frequency divided by
      * its factor from rope_freqs.weight; a factor of 0 is refused. */
     float factors[HD / 2];
