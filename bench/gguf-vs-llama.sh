@@ -9,7 +9,8 @@
 #
 # Environment: LLAMA_BIN (default /var/cache/ganglion/llama.cpp-0.3.36/bin, from
 # bench/build-llama-cpp.sh), THREADS (2), TOKENS (32 generated), PROMPT (32), REPS (3:
-# llama-bench's -r and bench decode's --iters; medians are reported). Keep runs short:
+# llama-bench's -r and bench decode's --iters; medians are reported), BATCHES (ganglion's,
+# 1,8,32). Keep runs short:
 # the machine is shared.
 set -euo pipefail
 
@@ -20,6 +21,7 @@ THREADS=${THREADS:-2}
 TOKENS=${TOKENS:-32}
 PROMPT=${PROMPT:-32}
 REPS=${REPS:-3}
+BATCHES=${BATCHES:-1,8,32}
 WORK=$(mktemp -d -t gguf-vs-llama.XXXXXX)
 echo "# tools' output in $WORK" >&2
 
@@ -41,7 +43,7 @@ for f in "$@"; do
     # -npl tried (2026-12-03): ganglion's batch 8 / 32 figures stand alone for now.
     # ganglion: the file's own blocks (--dtypes auto), batch 1, 8, 32.
     /usr/bin/time -f '%M' -o "$WORK/$name.ganglion.rss" \
-        "$BIN" bench decode --model "$f" --dtypes auto --batch 1,8,32 --prompt "$PROMPT" \
+        "$BIN" bench decode --model "$f" --dtypes auto --batch "$BATCHES" --prompt "$PROMPT" \
         --tokens "$TOKENS" --iters "$REPS" --no-peer --bw-mib 64 --bw-passes 1 \
         >"$WORK/$name.ganglion.jsonl" 2>"$WORK/$name.ganglion.err"
     python3 - "$WORK/$name.ganglion.jsonl" "$name" "$(rss_kib "$WORK/$name.ganglion.rss")" <<'EOF'
