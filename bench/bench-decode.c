@@ -194,7 +194,8 @@ typedef struct bd_flags {
     BD_STR("model", model, "",                                                                     \
            "a real model (Hugging Face directory or .gguf) instead of the random one")             \
     BD_STR("dtypes", dtypes, dtypes_,                                                              \
-           "--model, cuda, fake: weight storages (f32, bf16, f16; int8 = --quantize int8)")        \
+           "--model, cuda, fake: weight storages (auto: --dtype auto, a GGUF file's own blocks; "  \
+           "f32, bf16, f16; int8 = --quantize int8)")                                              \
     BD_STR("layouts", layouts, layouts_,                                                           \
            "--model: TPxPP layouts, comma-separated, 1x1 first; cuda / fake: also nccl (1x1 "      \
            "with a one-rank nccl TP group)")                                                       \

@@ -153,8 +153,9 @@ int gang__bd_parse_storages(const char *list, char (*names)[8], uint32_t *n, cha
     gang_strlcpy(buf, list, sizeof(buf));
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         if (strcmp(tok, "f32") != 0 && strcmp(tok, "bf16") != 0 && strcmp(tok, "f16") != 0 &&
-            strcmp(tok, "int8") != 0) {
-            gang_set_err(err, errlen, "--dtypes: '%s' is not one of f32, bf16, f16, int8", tok);
+            strcmp(tok, "int8") != 0 && strcmp(tok, "auto") != 0) {
+            gang_set_err(err, errlen, "--dtypes: '%s' is not one of auto, f32, bf16, f16, int8",
+                         tok);
             return GANG_EUSAGE;
         }
         if (*n == BD_MAX_STORAGES) {

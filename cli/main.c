@@ -127,7 +127,8 @@ static int cmd_serve(int argc, char **argv)
         }
         gang_model_config mc;
         uint32_t ctx = 0;
-        rc = gang_agent_check_layout(&p, &mc, &ctx, err, sizeof(err));
+        char ctx_why[256];
+        rc = gang_agent_check_layout(&p, &mc, &ctx, ctx_why, sizeof(ctx_why), err, sizeof(err));
         if (rc != 0) {
             fprintf(stderr, "ganglion: invalid configuration: %s\n", err);
             return gang_exit_code_for(rc);
@@ -152,9 +153,9 @@ static int cmd_serve(int argc, char **argv)
                key[0] ? "read (clients must send it as a Bearer token)" : "none (the API is open)");
         if (p.model[0])
             printf("# model: %s: %u layers, hidden %u, %u heads (%u kv), ffn %u, vocab %u; "
-                   "context %u\n",
+                   "context %u (%s)\n",
                    p.model, mc.n_layers, mc.hidden, mc.n_heads, mc.n_kv_heads, mc.ffn, mc.vocab,
-                   ctx);
+                   ctx, ctx_why);
         printf("# identity: node %d of %d from %s; coordinator %s:%u\n", id.node_index, id.nnodes,
                gang_identity_source_name(id.source), id.coordinator_host, id.coordinator_port);
         /* What the workers' data plane will be (the rule of gang__worker_uses_nccl). */

@@ -658,10 +658,13 @@ int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, si
     return gang_kernels_embedding_w(k, &w, vocab, dim, ids, n_ids, out);
 }
 
-/* A weight view the backends can trust: a known type, data, and scales exactly for I8. */
-static int weight_ok(const gang_kernels_weight *w)
+/* A weight view the backends can trust: a known type, data, scales exactly for I8, and
+ * rows of kdim a whole number of blocks for a block type. */
+static int weight_ok(const gang_kernels_weight *w, size_t kdim)
 {
-    if (w == NULL || w->data == NULL || (unsigned)w->type > GANG_KW_I8)
+    if (w == NULL || w->data == NULL || (unsigned)w->type > GANG_KW_LAST)
+        return 0;
+    if (kdim == 0 || gang_kernels_weight_row_bytes(w->type, kdim) == 0)
         return 0;
     return (w->type == GANG_KW_I8) == (w->scales != NULL);
 }
@@ -672,8 +675,8 @@ int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, 
     size_t tmp;
     int rc;
 
-    if (k == NULL || !weight_ok(table) || ids == NULL || out == NULL || vocab == 0 || dim == 0 ||
-        n_ids == 0)
+    if (k == NULL || !weight_ok(table, dim) || ids == NULL || out == NULL || vocab == 0 ||
+        dim == 0 || n_ids == 0)
         return GANG_EINVAL;
     if ((rc = elems(vocab, dim, &tmp)) < 0 || (rc = elems(n_ids, dim, &tmp)) < 0)
         return rc;
@@ -689,7 +692,7 @@ int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const 
 {
     int rc;
 
-    if (k == NULL || x == NULL || y == NULL || !weight_ok(w) || m == 0 || n == 0 || kdim == 0)
+    if (k == NULL || x == NULL || y == NULL || !weight_ok(w, kdim) || m == 0 || n == 0 || kdim == 0)
         return GANG_EINVAL;
     if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;

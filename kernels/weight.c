@@ -1,6 +1,7 @@
 /*
  * Typed weights (include/ganglion/kernels.h, "Typed weights"): the packed layout, its size
- * and the host-side packing of an f32 matrix into bf16, f16 or per-row int8. No backend
+ * and the host-side packing of an f32 matrix into bf16, f16 or per-row int8 (the block
+ * types' own tables and dequantization are in weight-blocks.c). No backend
  * is involved: loaders pack on the host, then upload the bytes like any other tensor.
  */
 #ifndef _GNU_SOURCE
@@ -29,8 +30,21 @@ size_t gang_kernels_weight_bytes(gang_kernels_wtype t, size_t n, size_t kdim)
         if (elems > SIZE_MAX - 64 || n > (SIZE_MAX - 64 - elems) / sizeof(float))
             return 0;
         return GANG_KW_SCALES_OFFSET(elems) + n * sizeof(float);
+    default: /* a block type: whole rows of blocks */
+        bytes = gang_kernels_weight_row_bytes(t, kdim);
+        return bytes == 0 || __builtin_mul_overflow(bytes, n, &bytes) ? 0 : bytes;
     }
-    return 0;
+}
+
+size_t gang_kernels_weight_row_bytes(gang_kernels_wtype t, size_t kdim)
+{
+    size_t e, b, r;
+
+    if (gang_kernels_wtype_block(t, &e, &b))
+        return kdim % e != 0 || __builtin_mul_overflow(kdim / e, b, &r) ? 0 : r;
+    if ((unsigned)t > GANG_KW_I8)
+        return 0;
+    return __builtin_mul_overflow(kdim, gang_kernels_wtype_size(t), &r) ? 0 : r;
 }
 
 gang_kernels_weight gang_kernels_weight_view(gang_kernels_wtype t, const void *blob, size_t n,
@@ -55,6 +69,22 @@ const char *gang_kernels_wtype_name(gang_kernels_wtype t)
         return "f16";
     case GANG_KW_I8:
         return "int8";
+    case GANG_KW_Q8_0:
+        return "q8_0";
+    case GANG_KW_Q4_0:
+        return "q4_0";
+    case GANG_KW_Q4_1:
+        return "q4_1";
+    case GANG_KW_Q5_0:
+        return "q5_0";
+    case GANG_KW_Q5_1:
+        return "q5_1";
+    case GANG_KW_Q4_K:
+        return "q4_k";
+    case GANG_KW_Q5_K:
+        return "q5_k";
+    case GANG_KW_Q6_K:
+        return "q6_k";
     }
     return "?";
 }
@@ -111,6 +141,8 @@ int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, s
         }
         return 0;
     }
+    default: /* block types come from their file as they are */
+        break;
     }
     return GANG_EINVAL;
 }

@@ -20,11 +20,12 @@ int gang_agent_prepare(gang_params *p, char *const *envp, gang_identity *id, cha
  * Checks that the layout can work before anything starts (gang_layout_check: device and
  * backend, tp x pp = nnodes x nproc_per_node, TP groups inside a node, and with --model
  * its config.json and the split of its heads / ffn / layers). Fills *mc (with a model)
- * and *ctx (the context length, 0 without a model). Returns 0, GANG_EUSAGE (exit 2) or
+ * and *ctx (the context length, 0 without a model) and why[whylen] (why that length;
+ * gang_layout.ctx_why). Returns 0, GANG_EUSAGE (exit 2) or
  * GANG_EMODEL (exit 3) with a message in err.
  */
-int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *err,
-                            size_t errlen);
+int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *why,
+                            size_t whylen, char *err, size_t errlen);
 
 /* What the agent needs, and what it hands to its supervisor and API. */
 typedef struct gang_agent_config {

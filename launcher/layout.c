@@ -82,6 +82,8 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     gang_strlcpy(l->device, strcmp(p->device, "auto") == 0 ? "cpu" : p->device, sizeof(l->device));
     l->uses_nccl = gang__worker_uses_nccl(p);
     l->max_ctx = (uint32_t)p->max_ctx;
+    l->kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
+    l->ranks_per_host = (uint32_t)p->nproc_per_node;
     int rc = layout_check_backend(p, err, errlen);
     if (rc != 0)
         return rc;
@@ -130,6 +132,67 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     return 0;
 }
 
+/* The bytes of KV cache one position takes on this rank's largest stage shard, as the
+ * engine sizes its blocks (eng_blocks): layers x K and V x kv heads x head_dim x the
+ * element size the engine will choose. */
+static uint64_t layout_kv_per_position(const gang_layout *l, const gang_topology *t)
+{
+    uint64_t layers = t->n_layers / t->pp + (t->n_layers % t->pp != 0 ? 1u : 0u);
+    uint64_t es = 4;
+    if (!l->kv_auto)
+        es = gang_dtype_size(l->kv_dtype);
+    else if (strcmp(l->dtype, "bf16") == 0 || strcmp(l->dtype, "f16") == 0)
+        es = 2;
+    return layers * 2u * t->kv_heads_per_rank * t->head_dim * es;
+}
+
+/* l->ctx and l->ctx_why when the model is known (see gang_layout_read_model). */
+static void layout_default_ctx(gang_layout *l, const gang_topology *t, uint32_t allowed)
+{
+    const double mib = 1024.0 * 1024.0;
+    if (l->max_ctx > 0) {
+        l->ctx = l->max_ctx;
+        snprintf(l->ctx_why, sizeof(l->ctx_why), "--max-ctx %u (the model declares %u)", l->max_ctx,
+                 allowed);
+        return;
+    }
+    if (l->kv_cache_bytes == 0 && (strcmp(l->device, "cpu") != 0 || l->tc.nnodes > 1)) {
+        l->ctx = allowed < GANG_LAYOUT_CTX_CAP ? allowed : GANG_LAYOUT_CTX_CAP;
+        snprintf(l->ctx_why, sizeof(l->ctx_why),
+                 "the model declares %u; %s, so at most %u without --kv-cache-mb or --max-ctx",
+                 allowed,
+                 l->tc.nnodes > 1 ? "each node's free memory differs"
+                                  : "the device's KV budget is known only after load",
+                 GANG_LAYOUT_CTX_CAP);
+        return;
+    }
+    gang_engine_setup s = {.kv_cache_bytes = l->kv_cache_bytes,
+                           .ranks_per_host = l->ranks_per_host};
+    uint64_t budget = gang_engine_kv_budget(&s, NULL);
+    /* Sized from free memory: the workers measure it after their weights took some, so
+     * the agent keeps a quarter aside. */
+    if (l->kv_cache_bytes == 0)
+        budget = budget / 4 * 3;
+    uint64_t per_block = layout_kv_per_position(l, t) * GANG_KV_BLOCK_DEFAULT;
+    uint64_t blocks = per_block > 0 ? budget / per_block : 0;
+    uint64_t need = (uint64_t)(allowed + GANG_KV_BLOCK_DEFAULT - 1) / GANG_KV_BLOCK_DEFAULT;
+    const char *src = l->kv_cache_bytes ? "--kv-cache-mb" : "the free memory's share";
+    if (blocks >= need || blocks * GANG_KV_BLOCK_DEFAULT < 2) {
+        /* Fits; or not even one block fits, and the engine says so with the sizes. */
+        l->ctx = allowed;
+        snprintf(l->ctx_why, sizeof(l->ctx_why),
+                 "the model's declared context: one full sequence takes %.1f MiB of KV "
+                 "cache, the budget (%s) is %.1f MiB",
+                 (double)need * (double)per_block / mib, src, (double)budget / mib);
+        return;
+    }
+    l->ctx = (uint32_t)(blocks * GANG_KV_BLOCK_DEFAULT);
+    snprintf(l->ctx_why, sizeof(l->ctx_why),
+             "lowered from the model's %u: one full sequence would take %.1f MiB of KV cache, "
+             "the budget (%s) is %.1f MiB",
+             allowed, (double)need * (double)per_block / mib, src, (double)budget / mib);
+}
+
 int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t errlen)
 {
     gang_topology scratch;
@@ -158,12 +221,11 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
         return GANG_EUSAGE;
     }
     uint32_t allowed = l->mc.max_ctx_allowed > 0 ? l->mc.max_ctx_allowed : l->mc.max_pos;
-    uint32_t cap = allowed < GANG_LAYOUT_CTX_CAP ? allowed : GANG_LAYOUT_CTX_CAP;
-    l->ctx = l->max_ctx > 0 ? l->max_ctx : cap;
-    if (l->ctx > allowed) {
+    if (l->max_ctx > allowed) {
         snprintf(err, errlen, "--max-ctx %u exceeds the model's context %u", l->max_ctx, allowed);
         return GANG_EUSAGE;
     }
+    layout_default_ctx(l, t ? t : &scratch, allowed);
     return 0;
 }
 
@@ -173,12 +235,13 @@ int gang_layout_check(const gang_params *p, gang_layout *l, char *err, size_t er
     return rc != 0 ? rc : gang_layout_read_model(l, NULL, err, errlen);
 }
 
-int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *err,
-                            size_t errlen)
+int gang_agent_check_layout(const gang_params *p, gang_model_config *mc, uint32_t *ctx, char *why,
+                            size_t whylen, char *err, size_t errlen)
 {
     gang_layout l;
     int rc = gang_layout_check(p, &l, err, errlen);
     *ctx = rc == 0 ? l.ctx : 0;
+    gang_strlcpy(why, rc == 0 ? l.ctx_why : "", whylen);
     if (rc == 0 && l.model[0])
         *mc = l.mc;
     return rc;
@@ -271,6 +334,7 @@ static void api_config_from_params(const gang_params *p, const gang_layout *l, g
     if (out->has_model)
         out->mc = l->mc;
     out->ctx = l->ctx;
+    gang_strlcpy(out->ctx_why, l->ctx_why, sizeof(out->ctx_why));
     out->max_queue = (uint32_t)p->max_queue;
     out->request_timeout_ms = (uint64_t)p->request_timeout_ms;
 }
@@ -338,6 +402,11 @@ int gang_agent_config_from_params(const gang_params *params, char *const *envp,
     rc = gang_layout_check(p, &out->layout, err, errlen);
     if (rc != 0)
         goto out_free;
+    /* The workers serve the context chosen here, whatever their own view of free memory. */
+    if (out->layout.model[0] != '\0')
+        p->max_ctx = out->layout.ctx;
+    if (out->layout.model[0] != '\0')
+        gang_info("agent: context %u positions: %s", out->layout.ctx, out->layout.ctx_why);
     agent_fields_from_params(p, out);
     api_config_from_params(p, &out->layout, &out->api);
     rc = gang__api_key_read(p->api_key_file, out->api.api_key, err, errlen);

@@ -20,8 +20,10 @@
 #include "ganglion/model.h"
 #include "ganglion/parallel.h"
 
-/* A context longer than this is used only when --max-ctx asks for it. */
+/* Where the KV budget is known only on the device (--device cuda without --kv-cache-mb),
+ * a context longer than this is used only when --max-ctx asks for it. */
 #define GANG_LAYOUT_CTX_CAP 4096
+#define GANG_LAYOUT_WHY_MAX 256 /* bytes of gang_layout.ctx_why */
 
 typedef struct gang_layout {
     char model[GANG_PARAM_STR_MAX]; /* --model directory; "" = none */
@@ -30,7 +32,9 @@ typedef struct gang_layout {
                                        gang_layout_read_model has run */
     char device[16];                /* compute device: "cpu" or "cuda" (auto -> cpu) */
     int uses_nccl;                  /* TP / PP groups over nccl (gang__worker_uses_nccl) */
-    uint32_t max_ctx;               /* --max-ctx; 0 = the model's, capped at the CAP above */
+    uint32_t max_ctx;               /* --max-ctx; 0 = the model's when one sequence fits */
+    uint64_t kv_cache_bytes;        /* --kv-cache-mb in bytes; 0 = sized from free memory */
+    uint32_t ranks_per_host;        /* --nproc-per-node (the host budget's divisor) */
     gang_dtype kv_dtype;            /* --kv-cache-dtype (auto -> f32 until the weights'
                                        storage is known: gang_engine_setup_config) */
     int kv_auto;                    /* --kv-cache-dtype auto */
@@ -38,8 +42,9 @@ typedef struct gang_layout {
     char quantize[8];               /* --quantize: none, int8 */
     uint32_t ep;                    /* --ep: a MoE model's experts over the TP group (1 or tp) */
     /* Filled by gang_layout_read_model: */
-    gang_model_config mc; /* config.json */
-    uint32_t ctx;         /* positions per sequence; 0 without a model */
+    gang_model_config mc;              /* config.json */
+    uint32_t ctx;                      /* positions per sequence; 0 without a model */
+    char ctx_why[GANG_LAYOUT_WHY_MAX]; /* why ctx is what it is (the log, /v1/models) */
 } gang_layout;
 
 /*
@@ -54,10 +59,16 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
 /*
  * With a model (l->model non-empty): reads its config.json into l->mc, completes l->tc
  * with its dimensions, checks the split with gang_topology_init (into *t when t is not
- * NULL) and derives l->ctx: --max-ctx, else max_position_embeddings capped at
- * GANG_LAYOUT_CTX_CAP; a --max-ctx above max_position_embeddings is refused. Without a
- * model it does nothing. Returns 0, GANG_EMODEL (config.json) or GANG_EUSAGE (the split,
- * the context), with a message in err.
+ * NULL) and derives l->ctx and l->ctx_why: --max-ctx when given (one above the model's
+ * context is refused); else the model's declared context when one full sequence of it
+ * fits in this rank's KV budget (--kv-cache-mb, or on the CPU the share of MemAvailable
+ * the engine will take, gang_engine_kv_budget), else the longest context whose sequence
+ * fits, in whole KV blocks (as vLLM: the model's length unless the memory cannot hold
+ * it). With --device cuda and no --kv-cache-mb the budget is the device pool's, known
+ * only after the weights are loaded: the model's context capped at GANG_LAYOUT_CTX_CAP.
+ * The KV element size is the one the engine will pick (f32, or 2 bytes when --dtype or
+ * --kv-cache-dtype says bf16 / f16). Without a model it does nothing. Returns 0, GANG_EMODEL
+ * (config.json) or GANG_EUSAGE (the split, the context), with a message in err.
  */
 int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t errlen);
 

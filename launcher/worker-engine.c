@@ -194,6 +194,14 @@ static int wres_load(gang__wres *r)
         goto out_err;
     gang_load_options lo = {
         .dtype = c->layout.dtype, .quantize = c->layout.quantize, .ep = c->layout.ep};
+    /* --dtype auto keeps a GGUF file's blocks, which only the CPU kernels compute with:
+     * on a device the file is dequantized to f32, as before issue #27, and said so. */
+    if (strcmp(dev, "cpu") != 0 && strcmp(lo.dtype, "auto") == 0 && gang_model_is_gguf(model)) {
+        lo.dtype = "f32";
+        gang_info("--device %s: the GGUF file's blocks are computed on the CPU only, so its "
+                  "tensors are dequantized to f32 (--dtype bf16 halves that)",
+                  dev);
+    }
     rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;
@@ -212,12 +220,13 @@ static int wres_load(gang__wres *r)
     gang_engine_kv kv;
     gang_engine_kv_info(r->engine, &kv);
     r->n_blocks = kv.blocks;
-    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of %s weights; "
+    gang_info("model %s loaded in %llu ms: layers [%u, %u) of %u, %.1f MiB of weights (%s); "
               "KV cache (%s, %s): %u blocks of %u positions = %llu tokens, %u sequences of "
               "the whole %u-position context, up to %u in flight",
               model, (unsigned long long)(gang_now_ms() - t0), r->model->layer_first,
               r->model->layer_first + r->model->layer_count, mc->n_layers,
-              (double)r->model->weight_bytes / (1 << 20), gang_kernels_wtype_name(r->model->wtype),
+              (double)r->model->weight_bytes / (1 << 20),
+              r->model->storage[0] ? r->model->storage : gang_kernels_wtype_name(r->model->wtype),
               gang_dtype_name(ec.kv_dtype),
               c->kv_cache_bytes != 0 ? "--kv-cache-mb" : "sized from free memory", kv.blocks,
               kv.block_size, (unsigned long long)kv.tokens, kv.full_seqs,

@@ -50,6 +50,12 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
+    if (m->blocks) {
+        gang_error("model: a GGUF file's blocks are computed on the CPU only so far: "
+                   "--dtype bf16 (or f32) dequantizes them for --device %s",
+                   gang_kernels_name(k));
+        return GANG_ENOSYS;
+    }
     hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
     /* The embedding table and the LM head are packed weights of m->wtype. */
     top[0] = (void **)&m->final_norm, n[0] = hidden * sizeof(float);

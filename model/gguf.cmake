@@ -6,5 +6,6 @@ list(APPEND GANG_MODEL_SOURCES
   model/gguf-quant.c
   model/gguf-config.c
   model/gguf-load.c
+  model/gguf-blocks.c
   model/gguf-vocab.c
   model/gguf-vocab-spm.c)

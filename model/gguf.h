@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ganglion/kernels.h"
+
 #define GANG__GGUF_MAX_DIMS 4
 #define GANG__GGUF_MAX_HEADER (64u << 20) /* metadata + tensor infos (Llama 3: ~10 MB) */
 #define GANG__GGUF_MAX_KV 65536u          /* metadata entries */
@@ -227,5 +229,23 @@ int gang__gguf_band(const gang__gguf *g, const struct gang_model_config *cfg, co
                     uint64_t rows, uint64_t cols, uint64_t row_first, uint64_t row_count,
                     uint64_t col_first, uint64_t col_count, float **out, char *err, size_t errlen,
                     size_t *bytes);
+
+/* ---- weights as the file's blocks (gguf-blocks.c) ---- */
+
+/*
+ * The band of gang__gguf_band kept as the file's own blocks (issue #27): when the GGUF
+ * tensor for hf_name is 2-D of shape [rows, cols] with a block type the kernels compute
+ * with, and the band's columns start and end on block boundaries, *out is a new array
+ * (gang_kernels_weight_host_alloc; free()) of row_count rows of whole blocks, *type its
+ * kernels type, q_proj / k_proj rows in the Hugging Face order, and *bytes grows by its
+ * size. Otherwise *out stays NULL and the caller reads the band as f32 (gang__gguf_band);
+ * why[] then says why when the reason is the TP cut (columns off the block boundaries),
+ * else it is empty. Returns 0 (either way), GANG_EMODEL on a read failure (why says so)
+ * or GANG_ENOMEM.
+ */
+int gang__gguf_band_blocks(const gang__gguf *g, const struct gang_model_config *cfg,
+                           const char *hf_name, uint64_t rows, uint64_t cols, uint64_t row_first,
+                           uint64_t row_count, uint64_t col_first, uint64_t col_count, void **out,
+                           gang_kernels_wtype *type, char *why, size_t whylen, size_t *bytes);
 
 #endif /* GANGLION_MODEL_GGUF_H */

@@ -26,6 +26,7 @@ typedef struct loader {
     gang__st_set set;
     gang__gguf gg;
     int is_gguf;
+    int blocks;                  /* GGUF with --dtype auto: its quantized tensors stay blocks */
     const gang_model_config *hf; /* the config (GGUF: which heads to un-permute) */
     const gang_topology *t;
     char *err;
@@ -119,13 +120,6 @@ static int ld_rows(loader *L, const char *name, uint64_t rows, uint64_t cols, ui
     return ld_band(L, name, rows, cols, first, count, 0, cols, out);
 }
 
-/* Columns [first, +count) of a [rows, cols] matrix (a row-parallel shard). */
-static int ld_cols(loader *L, const char *name, uint64_t rows, uint64_t cols, uint64_t first,
-                   uint64_t count, float **out)
-{
-    return ld_band(L, name, rows, cols, 0, rows, first, count, out);
-}
-
 /*
  * An RMSNorm weight vector. Gemma's checkpoints store w for a norm that multiplies by
  * (1 + w): 1 is added here for a Hugging Face file (llama.cpp's converter added it to a
@@ -203,6 +197,35 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
     return ld_band(ctx, name, rows, cols, row_first, row_count, col_first, col_count, out);
 }
 
+/*
+ * Matrix j (gang_tp_layer.mtype's order) of layer l, rows [first, +count) of a [rows,
+ * cols] tensor or with by_cols its columns: the file's blocks when L->blocks and the band
+ * allows (gang__gguf_band_blocks), else f32, with a warning when the TP cut was why.
+ */
+static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint64_t rows,
+                     uint64_t cols, int by_cols, uint64_t first, uint64_t count, void **out)
+{
+    uint64_t rf = by_cols ? 0 : first, rn = by_cols ? rows : count;
+    uint64_t cf = by_cols ? first : 0, cn = by_cols ? count : cols;
+    char why[256];
+
+    if (L->blocks) {
+        int rc = gang__gguf_band_blocks(&L->gg, L->hf, name, rows, cols, rf, rn, cf, cn, out,
+                                        &l->mtype[j], why, sizeof(why), &L->bytes);
+        if (rc != 0) {
+            gang_set_err(L->err, L->errlen, "%s: %s", L->gg.path, why[0] ? why : "out of memory");
+            return rc;
+        }
+        l->mixed = 1;
+        if (*out != NULL)
+            return 0;
+        l->mtype[j] = GANG_KW_F32;
+        if (why[0] != '\0')
+            gang_warn("%s: %s: this tensor is dequantized to f32", L->gg.path, why);
+    }
+    return ld_band(L, name, rows, cols, rf, rn, cf, cn, (float **)out);
+}
+
 /* Loads this rank's shard of decoder layer li into *l (zeroed and owning nothing on error). */
 static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *l)
 {
@@ -227,17 +250,17 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
 #define LD_NAME(suffix) (snprintf(name, sizeof(name), "model.layers.%u.%s", li, suffix), name)
     rc = ld_norm(L, m, LD_NAME("input_layernorm.weight"), hidden, &l->attn_norm);
     if (rc == 0)
-        rc = ld_rows(L, LD_NAME("self_attn.q_proj.weight"), q_dim, hidden, q_first, q_rows,
-                     (float **)&l->wq);
+        rc = ld_matrix(L, l, 0, LD_NAME("self_attn.q_proj.weight"), q_dim, hidden, 0, q_first,
+                       q_rows, &l->wq);
     if (rc == 0)
-        rc = ld_rows(L, LD_NAME("self_attn.k_proj.weight"), kv_dim, hidden, kv_first, kv_rows,
-                     (float **)&l->wk);
+        rc = ld_matrix(L, l, 1, LD_NAME("self_attn.k_proj.weight"), kv_dim, hidden, 0, kv_first,
+                       kv_rows, &l->wk);
     if (rc == 0)
-        rc = ld_rows(L, LD_NAME("self_attn.v_proj.weight"), kv_dim, hidden, kv_first, kv_rows,
-                     (float **)&l->wv);
+        rc = ld_matrix(L, l, 2, LD_NAME("self_attn.v_proj.weight"), kv_dim, hidden, 0, kv_first,
+                       kv_rows, &l->wv);
     if (rc == 0)
-        rc = ld_cols(L, LD_NAME("self_attn.o_proj.weight"), hidden, q_dim, q_first, q_rows,
-                     (float **)&l->wo);
+        rc = ld_matrix(L, l, 3, LD_NAME("self_attn.o_proj.weight"), hidden, q_dim, 1, q_first,
+                       q_rows, &l->wo);
     if (rc == 0 && m->cfg.attn_bias) {
         /* A bias is one row per output feature: it is cut like the rows of its weight. */
         rc = ld_band(L, LD_NAME("self_attn.q_proj.bias"), 0, q_dim, 0, 1, q_first, q_rows, &l->bq);
@@ -276,14 +299,14 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
         goto out_done;
     }
     if (rc == 0)
-        rc = ld_rows(L, LD_NAME("mlp.gate_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
-                     (float **)&l->w_gate);
+        rc = ld_matrix(L, l, 4, LD_NAME("mlp.gate_proj.weight"), ffn, hidden, 0, s->ffn_first,
+                       s->ffn_count, &l->w_gate);
     if (rc == 0)
-        rc = ld_rows(L, LD_NAME("mlp.up_proj.weight"), ffn, hidden, s->ffn_first, s->ffn_count,
-                     (float **)&l->w_up);
+        rc = ld_matrix(L, l, 5, LD_NAME("mlp.up_proj.weight"), ffn, hidden, 0, s->ffn_first,
+                       s->ffn_count, &l->w_up);
     if (rc == 0)
-        rc = ld_cols(L, LD_NAME("mlp.down_proj.weight"), hidden, ffn, s->ffn_first, s->ffn_count,
-                     (float **)&l->w_down);
+        rc = ld_matrix(L, l, 6, LD_NAME("mlp.down_proj.weight"), hidden, ffn, 1, s->ffn_first,
+                       s->ffn_count, &l->w_down);
 #undef LD_NAME
 out_done:
     if (rc != 0)
@@ -308,6 +331,24 @@ static int ld_check_layout(const gang_model_config *c, const gang_topology *t, c
     return GANG_EMODEL;
 }
 
+/* Rows [first, +count) of the embedding table or LM head as the file's blocks when
+ * L->blocks allows (*out stays NULL otherwise: the caller reads f32), *type their type. */
+static int ld_end_blocks(loader *L, const char *name, uint64_t vocab, uint64_t first,
+                         uint64_t count, void **out, gang_kernels_wtype *type)
+{
+    char why[256];
+    int rc;
+
+    *out = NULL;
+    if (!L->blocks)
+        return 0;
+    rc = gang__gguf_band_blocks(&L->gg, L->hf, name, vocab, L->hf->hidden, first, count, 0,
+                                L->hf->hidden, out, type, why, sizeof(why), &L->bytes);
+    if (rc != 0)
+        gang_set_err(L->err, L->errlen, "%s: %s", L->gg.path, why[0] ? why : "out of memory");
+    return rc;
+}
+
 /* Stage 0's embedding and the last stage's final norm and LM-head rows. */
 static int ld_ends(loader *L, gang_model *m)
 {
@@ -318,8 +359,11 @@ static int ld_ends(loader *L, gang_model *m)
     float *arr = NULL;
 
     if (m->place.pp_stage == 0) {
-        rc = ld_rows(L, "model.embed_tokens.weight", vocab, hidden, 0, vocab, &arr);
-        m->embed = arr;
+        rc = ld_end_blocks(L, "model.embed_tokens.weight", vocab, 0, vocab, &m->embed, &m->wtype);
+        if (rc == 0 && m->embed == NULL)
+            rc = ld_rows(L, "model.embed_tokens.weight", vocab, hidden, 0, vocab, &arr);
+        if (arr != NULL)
+            m->embed = arr;
     }
     if (rc == 0 && m->place.pp_stage == m->topo.pp - 1) {
         rc = ld_norm(L, m, "model.norm.weight", hidden, &m->final_norm);
@@ -332,8 +376,12 @@ static int ld_ends(loader *L, gang_model *m)
             return 0;
         }
         if (rc == 0)
+            rc = ld_end_blocks(L, head, vocab, m->shard.vocab_first, m->shard.vocab_count,
+                               &m->lm_head, &m->head_type);
+        if (rc == 0 && m->lm_head == NULL)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
-        m->lm_head = arr;
+        if (arr != NULL)
+            m->lm_head = arr;
     }
     return rc;
 }
@@ -442,6 +490,10 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     L.hf = &m->cfg;
     if ((rc = ld_storage(o, &m->cfg, L.is_gguf, &wt, err, errlen)) != 0)
         goto out_free;
+    /* --dtype auto on a GGUF file: its quantized tensors stay the file's blocks. */
+    L.blocks = L.is_gguf && o != NULL && (o->dtype == NULL || strcmp(o->dtype, "auto") == 0) &&
+               (o->quantize == NULL || strcmp(o->quantize, "none") == 0);
+    m->blocks = L.blocks;
     rc = L.is_gguf ? gang__gguf_open(dir, &L.gg, err, errlen)
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
@@ -461,15 +513,17 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     rc = ld_ends(&L, m);
     if (rc != 0)
         goto out_close;
-    /* The layers are packed already; this packs the embedding table and the LM head. */
+    /* The layers are packed already; this packs the embedding table and the LM head (a
+     * GGUF file's blocks are stored as they are). */
     m->weight_bytes = L.bytes;
-    rc = gang_model_pack(m, wt);
+    rc = m->blocks ? 0 : gang_model_pack(m, wt);
     if (rc != 0) {
         gang_set_err(err, errlen, "the embedding table or LM head cannot be stored as %s%s",
                      gang_kernels_wtype_name(wt), rc == GANG_EINVAL ? " (not finite)" : "");
         rc = rc == GANG_EINVAL ? GANG_EMODEL : rc;
         goto out_close;
     }
+    gang__model_storage_desc(m, m->storage, sizeof(m->storage));
     free(L.rope_factors);
     gang__st_set_close(&L.set);
     gang__gguf_close(&L.gg);
@@ -563,7 +617,7 @@ static size_t ld_hidden(const gang_model *m)
 
 void *gang__model_tied_head(const gang_model *m)
 {
-    size_t row = ld_hidden(m) * gang_kernels_wtype_size(m->wtype);
+    size_t row = gang_kernels_weight_row_bytes(m->wtype, ld_hidden(m));
 
     if (m->embed == NULL)
         return NULL;
@@ -581,7 +635,8 @@ gang_kernels_weight gang_model_head(const gang_model *m)
     if (!m->lm_head_tied)
         return m->lm_head == NULL
                    ? v
-                   : gang_kernels_weight_view(m->wtype, m->lm_head, m->shard.vocab_count, hidden);
+                   : gang_kernels_weight_view(m->blocks ? m->head_type : m->wtype, m->lm_head,
+                                              m->shard.vocab_count, hidden);
     if (m->embed == NULL) /* tied: the head is where the table is */
         return v;
     v = gang_kernels_weight_view(m->wtype, m->embed, m->topo.vocab, hidden);

@@ -41,4 +41,11 @@ typedef int (*gang__band_fn)(void *ctx, const char *name, uint64_t rows, uint64_
 int gang__load_moe(const gang_model *m, uint32_t li, uint32_t ep, gang__band_fn band, void *ctx,
                    gang_tp_layer *l, char *err, size_t errlen);
 
+/*
+ * One line for the logs on how m stores its matrices (gguf-blocks.c): each storage type
+ * with the number of matrices in it, prefixed "the GGUF file's own blocks:" when m was
+ * loaded keeping them (m->blocks): "the GGUF file's own blocks: q8_0 x 1, q4_1 x 210".
+ */
+void gang__model_storage_desc(const gang_model *m, char *buf, size_t cap);
+
 #endif /* GANGLION_MODEL_INTERNAL_H */

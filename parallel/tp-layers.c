@@ -183,11 +183,22 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
  * Row-parallel linear: y [tokens, out] = sum over the TP group of x_shard . w_shard^T, the
  * all-reduce staged through st (see the staging helpers). comm NULL = a single rank.
  */
-/* y [tokens, out] = x [tokens, in] . W^T for a matrix of l in its storage (l->wtype). */
+/* The storage of matrix w of l: l->wtype, or its own type in a mixed layer. */
+static gang_kernels_wtype tp_wtype(const gang_tp_layer *l, const void *w)
+{
+    const void *const mats[7] = {l->wq, l->wk, l->wv, l->wo, l->w_gate, l->w_up, l->w_down};
+
+    for (int i = 0; l->mixed && i < 7; i++)
+        if (w == mats[i])
+            return l->mtype[i];
+    return l->wtype;
+}
+
+/* y [tokens, out] = x [tokens, in] . W^T for a matrix of l in its storage (tp_wtype). */
 static int tp_matmul(gang_kernels *k, const gang_tp_layer *l, const float *x, size_t tokens,
                      size_t in, const void *w, size_t out, float *y)
 {
-    gang_kernels_weight v = gang_kernels_weight_view(l->wtype, w, out, in);
+    gang_kernels_weight v = gang_kernels_weight_view(tp_wtype(l, w), w, out, in);
 
     return gang_kernels_matmul(k, tokens, out, in, x, &v, y);
 }

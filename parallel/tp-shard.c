@@ -36,7 +36,8 @@ static void tp_layer_arrays(gang_tp_layer *l, void **a[TP_LAYER_ARRAYS],
     a[4] = &l->w_gate, a[5] = &l->w_up, a[6] = &l->w_down;
     a[7] = &l->wqkv, a[8] = &l->wgu;
     for (i = 0; i < TP_LAYER_MATRICES; i++) {
-        bytes[i] = gang_kernels_weight_bytes(l->wtype, r[i], c[i]);
+        gang_kernels_wtype t = l->mixed && i < 7 ? l->mtype[i] : l->wtype;
+        bytes[i] = gang_kernels_weight_bytes(t, r[i], c[i]);
         if (rows != NULL)
             rows[i] = r[i], cols[i] = c[i];
     }
@@ -103,7 +104,7 @@ int gang_tp_layer_pack(gang_tp_layer *l, gang_kernels_wtype t)
     char *block = NULL;
     int rc = 0;
 
-    if (l == NULL || l->mem != NULL || (unsigned)t > GANG_KW_I8)
+    if (l == NULL || l->mem != NULL || (unsigned)t > GANG_KW_I8 || l->mixed)
         return GANG_EINVAL;
     if (t == l->wtype)
         return 0;
@@ -214,6 +215,8 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
+    if (l->mixed)
+        return GANG_ENOSYS; /* block weights: CPU kernels only so far */
     /* The MoE block's weights first (all or nothing on their own): if a later upload of
      * the layer fails they stay on k, which gang_tp_layer_free releases them to. */
     if (l->moe != NULL && (rc = gang_tp_moe_to_device(l->moe, k)) != 0)

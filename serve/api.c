@@ -523,6 +523,8 @@ static void api_models(gang_api *api, gang_http_exchange *x, const char *id)
     cJSON_AddNumberToObject(m, "created", (double)api->created_s);
     cJSON_AddStringToObject(m, "owned_by", "ganglion");
     cJSON_AddNumberToObject(m, "max_model_len", api->cfg.ctx);
+    if (api->cfg.ctx_why[0] != '\0')
+        cJSON_AddStringToObject(m, "max_model_len_reason", api->cfg.ctx_why);
     if (id != NULL) {
         gang__api_json(x, 200, m);
         return;

@@ -16,11 +16,11 @@
 #             serve, cancel, time out, kill and restart workers with a model)   TSAN
 #
 # Left out of mp-fast (each runs 10-90 s under ASAN; `make test` runs them all): the real
-# models' greedy agreement (gemma3_gguf, gguf_smollm2, smollm2_greedy, rope_models,
+# models' greedy agreement (gemma3_gguf, gguf_smollm2, gguf_blocks, smollm2_greedy, rope_models,
 # moe_models, weight_storage), kv_capacity, serve_load, soak_restarts, text_api, and structured_outputs
 # (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
-  unit-launcher unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model
+  unit-launcher unit-kernels unit-kernels-blocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
   cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text
   unit-router)
 if(GANG_HAVE_MPI)
@@ -36,7 +36,7 @@ set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli dp_local dp_router 
 list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 
-set(GANG_THREAD_TESTS unit-kernels unit-comm unit-parallel unit-layers unit-pipeline unit-engine
+set(GANG_THREAD_TESTS unit-kernels unit-kernels-blocks unit-comm unit-parallel unit-layers unit-pipeline unit-engine
   unit-fake-device unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
   bench-decode-fake
   mp-test_serve_model mp-test_cancel mp-test_request_deadline mp-test_kill_worker

@@ -70,20 +70,58 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
  * A weight lives in one tensor allocation of gang_kernels_weight_bytes(type, n, kdim)
  * bytes (the "packed" form that loaders and the model hold): the elements row-major, and
  * for I8 the n scales after them at byte offset GANG_KW_SCALES_OFFSET(n * kdim).
+ *
+ * Block types (issue #27): a GGUF file's own quantized blocks, kept as they lie in the
+ * file. Each row of kdim elements is kdim / E consecutive blocks of B bytes (kdim must be
+ * a multiple of E), rows one after the other, no scales array:
+ *   GANG_KW_Q8_0  E 32,  B 34    GANG_KW_Q4_0  E 32, B 18    GANG_KW_Q4_1  E 32, B 20
+ *   GANG_KW_Q5_0  E 32,  B 22    GANG_KW_Q5_1  E 32, B 24    GANG_KW_Q4_K  E 256, B 144
+ *   GANG_KW_Q5_K  E 256, B 176   GANG_KW_Q6_K  E 256, B 210
+ * (the layouts are described in kernels/weight-blocks.c). Their products quantize each
+ * row of x per 32 elements to int8 with one f32 scale (max |x| / 127), as the formats'
+ * integer dot products are defined, and accumulate the integer sums in int32 and the
+ * scaled sums in f32.
  */
 typedef enum gang_kernels_wtype {
     GANG_KW_F32 = 0,
     GANG_KW_BF16 = 1,
     GANG_KW_F16 = 2,
-    GANG_KW_I8 = 3
+    GANG_KW_I8 = 3,
+    GANG_KW_Q8_0 = 4,
+    GANG_KW_Q4_0 = 5,
+    GANG_KW_Q4_1 = 6,
+    GANG_KW_Q5_0 = 7,
+    GANG_KW_Q5_1 = 8,
+    GANG_KW_Q4_K = 9,
+    GANG_KW_Q5_K = 10,
+    GANG_KW_Q6_K = 11
 } gang_kernels_wtype;
 
-/* Bytes of one element of a weight of type t (its scales aside): 4, 2, 2 or 1. Inline,
- * so that kernels instantiated per type fold it to a constant. */
+#define GANG_KW_LAST GANG_KW_Q6_K
+
+/* Bytes of one element of a weight of type t (its scales aside): 4, 2, 2 or 1; 0 for a
+ * block type (gang_kernels_wtype_block). Inline, so that kernels instantiated per type
+ * fold it to a constant. */
 static inline size_t gang_kernels_wtype_size(gang_kernels_wtype t)
 {
-    return t == GANG_KW_F32 ? 4 : t == GANG_KW_I8 ? 1 : 2;
+    return t == GANG_KW_F32 ? 4 : t == GANG_KW_I8 ? 1 : t <= GANG_KW_F16 ? 2 : 0;
 }
+
+/* 1 with *elems and *bytes of one block when t is a block type, else 0 (both untouched;
+ * either pointer may be NULL). */
+int gang_kernels_wtype_block(gang_kernels_wtype t, size_t *elems, size_t *bytes);
+
+/* Bytes of one row of kdim elements of type t (for I8 without its scale); 0 for an
+ * unknown type, a kdim that is not a whole number of blocks, or an overflow. */
+size_t gang_kernels_weight_row_bytes(gang_kernels_wtype t, size_t kdim);
+
+/*
+ * Dequantizes n elements (a whole number of blocks) of the block type t at src into f32
+ * dst, the formats' definition (weight-blocks.c): the reference the tests hold the
+ * kernels to, and the embedding lookup of a block table. GANG_EINVAL for a type that is
+ * not a block type or an n that is not a whole number of blocks.
+ */
+int gang_kernels_block_dequant(gang_kernels_wtype t, const void *src, size_t n, float *dst);
 
 #define GANG_KW_SCALES_OFFSET(elems) (((size_t)(elems) + 63u) / 64u * 64u)
 
@@ -108,7 +146,7 @@ gang_kernels_weight gang_kernels_weight_view(gang_kernels_wtype t, const void *b
  * at dst (host memory of gang_kernels_weight_bytes(t, n, kdim) bytes). BF16 / F16 round to
  * nearest even; I8 takes scales[o] = max_i |src[o, i]| / 127 (0 for an all-zero row, whose
  * q are all 0) and q = round(src / scale). Returns 0, or GANG_EINVAL for NULL, a zero size,
- * an unknown type or a non-finite element (I8).
+ * an unknown type, a non-finite element (I8), or a block type (those come from a file).
  */
 int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, size_t kdim,
                              void *dst);
@@ -127,7 +165,8 @@ int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, s
  */
 void *gang_kernels_weight_host_alloc(size_t bytes);
 
-/* "f32", "bf16", "f16", "int8" ("?" otherwise). */
+/* "f32", "bf16", "f16", "int8", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k",
+ * "q6_k" ("?" otherwise). */
 const char *gang_kernels_wtype_name(gang_kernels_wtype t);
 
 /*
@@ -142,15 +181,23 @@ const char *gang_kernels_wtype_name(gang_kernels_wtype t);
  * converted to the weight's type and f32 output, I8 through a kernel that dequantizes on
  * the fly. The result agrees with the f32 GEMM on the dequantized weight up to f32
  * summation order (on the CPU within 2e-6 x (1 + log2 kdim) of sum |x w|, unit-kernels;
- * on CUDA bf16 / f16 also round x to the half type). GANG_EINVAL for NULL, a zero size, an unknown
- * type or an I8 weight without scales; GANG_ERANGE for sizes beyond int.
+ * on CUDA bf16 / f16 also round x to the half type). Block types (CPU only; GANG_ENOSYS
+ * elsewhere): x quantized per 32 elements to int8 (above), then integer block products
+ * (kernels/cpu/cpu-qmatmul.c, portable and AVX2), so the result is the f32 product on
+ * the dequantized weight within the activations' rounding: at most the sum over blocks
+ * of (max |x| of the block / 254) x sum |w| of the block, plus f32 summation order.
+ * GANG_EINVAL for NULL, a zero size, an unknown type, an I8 weight without scales or a
+ * kdim that is not a whole number of the type's blocks; GANG_ERANGE for sizes beyond int.
  */
 int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
                         const gang_kernels_weight *w, float *y);
 
 /*
- * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale):
- * out[t, :] = f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding.
+ * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale;
+ * a block type: the row dequantized, gang_kernels_block_dequant): out[t, :] =
+ * f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding, and
+ * GANG_EINVAL for a dim that is not a whole number of blocks; block tables on the CPU
+ * only (GANG_ENOSYS elsewhere).
  */
 int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, size_t vocab,
                              size_t dim, const int32_t *ids, size_t n_ids, float *out);

@@ -266,20 +266,25 @@ typedef struct gang_model {
     gang_tp_shard shard;   /* heads, ffn columns and vocab rows of this TP rank */
     uint32_t layer_first;  /* layers [layer_first, layer_first + layer_count) */
     uint32_t layer_count;
-    gang_tp_layer *layers;    /* [layer_count] shards (gang_tp_layer_free each) */
-    gang_kernels_wtype wtype; /* storage of embed, lm_head and the layers' matrices
-                                 (gang_kernels_weight_bytes; GANG_KW_F32 = 0: f32 arrays) */
-    void *embed;              /* stage 0: [vocab, hidden] embed_tokens (packed), else NULL */
-    float *final_norm;        /* last stage: [hidden] model.norm (f32), else NULL */
-    void *lm_head;            /* last stage: [shard.vocab_count, hidden] rows of lm_head
-                                 (of embed_tokens when tied), packed, else NULL */
-    int32_t lm_head_tied;     /* 1: tied and embed is held here too (pp 1), so lm_head is
-                                 not an array of its own but points at embed's rows
-                                 shard.vocab_first ..; read it through gang_model_head */
-    size_t weight_bytes;      /* bytes of weights this rank holds, in their storage */
-    gang_kernels *mem;        /* after gang_model_to_device: the device handle holding every
-                                 array (embed, final_norm, lm_head and the layers'); NULL
-                                 while they are host arrays */
+    gang_tp_layer *layers;        /* [layer_count] shards (gang_tp_layer_free each) */
+    gang_kernels_wtype wtype;     /* storage of embed, lm_head and the layers' matrices
+                                     (gang_kernels_weight_bytes; GANG_KW_F32 = 0: f32 arrays) */
+    void *embed;                  /* stage 0: [vocab, hidden] embed_tokens (packed), else NULL */
+    float *final_norm;            /* last stage: [hidden] model.norm (f32), else NULL */
+    void *lm_head;                /* last stage: [shard.vocab_count, hidden] rows of lm_head
+                                     (of embed_tokens when tied), packed, else NULL */
+    int32_t lm_head_tied;         /* 1: tied and embed is held here too (pp 1), so lm_head is
+                                     not an array of its own but points at embed's rows
+                                     shard.vocab_first ..; read it through gang_model_head */
+    size_t weight_bytes;          /* bytes of weights this rank holds, in their storage */
+    int32_t blocks;               /* 1: loaded keeping a GGUF file's blocks (issue #27): the
+                                     layers are mixed (gang_tp_layer.mtype), embed is of wtype
+                                     and an own lm_head of head_type; CPU only */
+    gang_kernels_wtype head_type; /* blocks: the storage of an own (untied) lm_head */
+    char storage[160];            /* how the matrices are stored, for the logs */
+    gang_kernels *mem;            /* after gang_model_to_device: the device handle holding every
+                                     array (embed, final_norm, lm_head and the layers'); NULL
+                                     while they are host arrays */
 } gang_model;
 
 /*
@@ -312,8 +317,11 @@ int gang_model_load(const char *dir, const gang_topology *t, uint32_t rank, gang
  * gang_model_load's behaviour (every weight f32, as the tests and hand-built shards
  * expect).
  *   dtype:    NULL or "auto": the checkpoint's own precision (torch_dtype of a
- *             safetensors model: F32, BF16 or F16, so nothing is rounded; f32 for a GGUF
- *             file, whose quantized tensors are dequantized); "f32", "bf16", "f16".
+ *             safetensors model: F32, BF16 or F16, so nothing is rounded; for a GGUF file
+ *             its own types tensor by tensor: the quantized blocks as they lie in the
+ *             file (m->blocks; a TP cut off a tensor's block boundaries dequantizes that
+ *             tensor to f32, with a warning naming it), other tensors f32); "f32",
+ *             "bf16", "f16" (a GGUF file's blocks are dequantized).
  *   quantize: NULL or "none"; "int8": weight-only int8 with one scale per output row
  *             (per output channel of the rank's shard), whatever dtype says.
  * The matrices (the layers' projections, the embedding table, the LM head) are stored so

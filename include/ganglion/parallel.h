@@ -299,6 +299,13 @@ typedef struct gang_tp_layer {
     /* The seven matrices are packed weights of type wtype (gang_kernels_weight_bytes:
      * f32 arrays while wtype is GANG_KW_F32, the default; see gang_tp_layer_pack). */
     gang_kernels_wtype wtype;
+    /* Block storage (issue #27, a GGUF file's own blocks): when mixed is 1 each of the
+     * seven matrices has its own type, mtype[] in the order wq, wk, wv, wo, w_gate, w_up,
+     * w_down (a block type, or f32 where a tensor could not stay in blocks), each its own
+     * allocation, and wtype says nothing about them. Host only: gang_tp_layer_pack refuses
+     * such a layer with GANG_EINVAL, gang_tp_layer_to_device on a device with GANG_ENOSYS. */
+    int mixed;
+    gang_kernels_wtype mtype[7];
     /* After gang_tp_layer_pack on the host: the one block (gang_kernels_weight_host_alloc)
      * that holds the seven packed matrices, which point into it and are not freed one by
      * one; NULL while each matrix is its own allocation (f32, or on a device). */

@@ -52,7 +52,7 @@ AVX_INLINE __m256 ld8(gang_kernels_wtype t, const void *row, size_t i)
     case GANG_KW_I8:
         return _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
-    case GANG_KW_F32:
+    default: /* f32 (block types never come here: cpu-qmatmul.c) */
         break;
     }
     return _mm256_loadu_ps((const float *)row + i);
@@ -407,6 +407,9 @@ void gang__cpu_matmul_rows_avx2(size_t m, size_t kdim, const float *x, const gan
         return;
     case GANG_KW_F32:
         rows_f32(m, kdim, x, w, o0, o1, y, ldy);
+        return;
+    default: /* block types go to gang__cpu_qmatmul */
+        gang__cpu_matmul_rows_ref(m, kdim, x, w, o0, o1, y, ldy);
         return;
     }
 }

@@ -83,6 +83,8 @@ int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang
      * and its threads (the portable loop is the tests' reference, not a fast path). */
     if (w->type == GANG_KW_F32 && !j.simd)
         return gang__cpu_gemm(1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
+    if (gang_kernels_wtype_block(w->type, NULL, NULL))
+        return gang__cpu_qmatmul(m, n, kdim, x, w, y); /* a GGUF file's blocks */
     threads = gang__cpu_threads();
     chunks = (size_t)threads * GANG__MM_CHUNKS_PER_THREAD;
     if ((double)m * (double)n * (double)kdim < GANG__MM_MIN_MACS || threads <= 1)
@@ -100,6 +102,16 @@ int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const in
 {
     size_t es = gang_kernels_wtype_size(table->type);
 
+    if (es == 0) { /* a block table: each row dequantized */
+        size_t rb = gang_kernels_weight_row_bytes(table->type, dim);
+        for (size_t t = 0; t < n_ids; t++) {
+            const char *row = (const char *)table->data + (size_t)ids[t] * rb;
+            int rc = gang_kernels_block_dequant(table->type, row, dim, out + t * dim);
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
+    }
     for (size_t t = 0; t < n_ids; t++) {
         const void *row = (const char *)table->data + (size_t)ids[t] * dim * es;
         float scale = table->type == GANG_KW_I8 ? table->scales[ids[t]] : 1.0f;

@@ -28,7 +28,7 @@ static inline float gang__cpu_welem(gang_kernels_wtype t, const void *row, size_
         return gang_f16_to_f32(((const uint16_t *)row)[i]);
     case GANG_KW_I8:
         return (float)((const int8_t *)row)[i];
-    case GANG_KW_F32:
+    default: /* f32 (block types never come here) */
         break;
     }
     return ((const float *)row)[i];
@@ -81,6 +81,28 @@ int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const in
 int gang__cpu_avx2_usable(void);
 void gang__cpu_matmul_rows_avx2(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
                                 size_t o0, size_t o1, float *y, size_t ldy);
+
+/* cpu-qmatmul.c: y = x . W^T over a block weight (gang_kernels_matmul with a block type).
+ * x is first quantized per 32 elements (gang__cpu_quantize_x): for row r and group g of
+ * 32, q[r kdim + 32 g + j] = round(x / d) in [-127, 127] with d[r G + g] = max |x| / 127
+ * (G = kdim / 32) and ds[r G + g] = d x the sum of the group's q (for the offsets of
+ * Q4_1, Q5_1, Q4_K, Q5_K). The row kernels add, for each group, d (a0 s0 + a1 s1) + b ds
+ * with s0, s1 the int32 products of its two halves (gang__kw_unpack's a, b). */
+typedef struct gang__cpu_qx {
+    int8_t *q;
+    float *d;
+    float *ds;
+} gang__cpu_qx;
+void gang__cpu_quantize_x(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx);
+int gang__cpu_qmatmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
+                      float *y);
+void gang__cpu_qmatmul_rows_ref(size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                const gang_kernels_weight *w, size_t o0, size_t o1, float *y,
+                                size_t ldy);
+/* cpu-qmatmul-avx2.c: the same rows with AVX2 (the integer products by maddubs). */
+void gang__cpu_qmatmul_rows_avx2(size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                 const gang_kernels_weight *w, size_t o0, size_t o1, float *y,
+                                 size_t ldy);
 
 /* cpu-pool.c: runs fn(arg, c) for every chunk c < chunks on the pool's threads and the
  * caller, returning when all are done (see the file's comment). gang__cpu_threads: the

@@ -449,6 +449,8 @@ static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vo
     gang__cuda_ctx *c = ctx;
     int rc;
 
+    if (gang_kernels_wtype_block(table->type, NULL, NULL))
+        return GANG_ENOSYS; /* block tables: CPU only so far */
     if ((rc = ctx_enter(c)) < 0)
         return rc;
     rc = gang__cuda_err(cudaMemsetAsync(c->dev_flag + 1, 0, sizeof(int), c->stream), "cudaMemset");

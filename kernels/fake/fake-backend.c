@@ -384,8 +384,8 @@ static int fake_scale(void *ctx, float *x, float a, size_t n)
 /* A weight view with its pointers translated into the shadow (n rows of kdim). */
 static gang_kernels_weight fake_weight(const gang_kernels_weight *w, size_t n, size_t kdim)
 {
-    size_t es = gang_kernels_wtype_size(w->type);
-    gang_kernels_weight h = {.type = w->type, .data = DEV(w->data, n * kdim * es)};
+    gang_kernels_weight h = {
+        .type = w->type, .data = DEV(w->data, n * gang_kernels_weight_row_bytes(w->type, kdim))};
 
     if (w->scales != NULL)
         h.scales = DEV(w->scales, F32(n));

@@ -52,7 +52,10 @@ def serve_answer(h, gguf, tp, pp, after=None):
     """The completion of TEXT on a gang of pp nodes x tp ranks; after(g), when given, runs
     while that gang still serves."""
     g = H.Gang(h, nnodes=pp, nproc_per_node=tp,
-               extra=["--model", gguf, "--tp", str(tp), "--pp", str(pp), "--max-ctx", "256",
+               # --dtype f32: the reference is the dequantized weights in float64; the file's
+               # own blocks (the default) quantize the activations: mp-test_gguf_blocks.
+               extra=["--model", gguf, "--dtype", "f32", "--tp", str(tp), "--pp", str(pp),
+                      "--max-ctx", "256",
                       "--max-batch", "2", "--kv-cache-mb", "64",
                       "--request-timeout-ms", "60000", "--step-timeout-ms", "20000"])
     g.start_local()

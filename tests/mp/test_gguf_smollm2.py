@@ -37,7 +37,7 @@ def hf_greedy(py, gguf, *flags):
 def chat(h, gguf):
     """The text `ganglion generate --chat QUESTION` prints (greedy: the server's default
     temperature for a GGUF is unset, so the test asks temperature 0)."""
-    argv = [h.bin, "generate", "--model", gguf, "--chat", QUESTION,
+    argv = [h.bin, "generate", "--model", gguf, "--dtype", "f32", "--chat", QUESTION,
             "--max-tokens", str(S.MAX_TOKENS), "--temperature", "0", "--max-ctx", "256",
             "--max-batch", "1", "--kv-cache-mb", "32", "--start-timeout-ms", "60000",
             "--request-timeout-ms", "60000"]
@@ -60,6 +60,15 @@ def check_config(h, gguf):
     err = (r.stdout + r.stderr).decode(errors="replace")
     H.check(r.returncode == 0 and "30 layers, hidden 576, 9 heads (3 kv)" in err,
             "--check-config on the GGUF exited %d: %s" % (r.returncode, err[-1000:]))
+    # Issue #27 (b): the model's 8,192 when a full sequence's KV cache fits (360 MiB of
+    # f32 here), no longer capped at 4,096; the longest that fits under a small budget.
+    H.check("context 8192 (the model's declared context" in err,
+            "--check-config did not choose the model's 8192: %s" % err[-1000:])
+    r = subprocess.run(argv + [gguf, "--kv-cache-mb", "100"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=30, env=h.clean_env())
+    err = (r.stdout + r.stderr).decode(errors="replace")
+    H.check(r.returncode == 0 and "context 2272 (lowered from the model's 8192" in err,
+            "--check-config --kv-cache-mb 100 exited %d: %s" % (r.returncode, err[-1000:]))
     with tempfile.TemporaryDirectory() as tmp:
         cut = os.path.join(tmp, "cut.gguf")
         with open(gguf, "rb") as src, open(cut, "wb") as dst:
@@ -91,7 +100,9 @@ def scenario(h):
     t0 = time.monotonic()
     prompt = S.hf_answers(hf_greedy(py, gguf, "--encode-only"), 1)[0]["prompt_ids"]
     ref_proc = hf_greedy(py, gguf, "--max-tokens", str(S.MAX_TOKENS), "--top5")
-    ours = {(tp, pp): S.generate(h, gguf, prompt, tp, pp) for tp, pp in LAYOUTS}
+    # --dtype f32: transformers dequantizes the file; its own blocks quantize the
+    # activations (mp-test_gguf_blocks holds those to TP 1 and to llama.cpp).
+    ours = {(tp, pp): S.generate(h, gguf, prompt, tp, pp, "--dtype", "f32") for tp, pp in LAYOUTS}
     text = chat(h, gguf)
     H.log("ganglion --chat: %r" % text)
     ref = S.hf_answers(ref_proc, 1)[0]

@@ -78,7 +78,9 @@ def models(g, started):
             "GET /v1/models is not a list of one model: %r" % r)
     m = r["data"][0]
     H.check(m.get("id") == SERVED and m.get("object") == "model" and m.get("owned_by") == "ganglion"
-            and m.get("max_model_len") == CTX, "GET /v1/models: %r" % m)
+            and m.get("max_model_len") == CTX
+            and m.get("max_model_len_reason", "").startswith("the model's declared context"),
+            "GET /v1/models: %r" % m)
     H.check(isinstance(m.get("created"), int) and started - 1 <= m["created"] <= time.time(),
             "created %r is not the agent's start (after %d)" % (m.get("created"), started))
     code, r = H.http_post(g.addr(0), g.http_port, "/v1/models", {})

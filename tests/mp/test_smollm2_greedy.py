@@ -67,13 +67,13 @@ def hf_answers(proc, n, timeout=150):
     return res
 
 
-def generate(h, model, prompt, tp, pp):
-    """The ids `ganglion generate` answers for prompt on a tp x pp local gang."""
-    argv = [h.bin, "generate", "--model", model, "--tp", str(tp), "--pp", str(pp),
-            "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", str(MAX_TOKENS),
-            "--max-ctx", "256", "--max-batch", "1", "--kv-cache-mb", "32",
-            "--microbatches", "1", "--start-timeout-ms", "60000",
-            "--request-timeout-ms", "60000"]
+def generate(h, model, prompt, tp, pp, *flags):
+    """The ids `ganglion generate` answers for prompt on a tp x pp local gang (with flags)."""
+    argv = [h.bin, "generate", "--model", model, "--tp", str(tp), "--pp", str(pp)] + list(flags)
+    argv += ["--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", str(MAX_TOKENS),
+             "--max-ctx", "256", "--max-batch", "1", "--kv-cache-mb", "32",
+             "--microbatches", "1", "--start-timeout-ms", "60000",
+             "--request-timeout-ms", "60000"]
     t0 = time.monotonic()
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=90,
                        env=h.clean_env())

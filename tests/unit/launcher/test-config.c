@@ -378,20 +378,44 @@ static void test_layout_rules(void **state)
 
     gang_strlcpy(p.model, dir, sizeof(p.model));
     write_model_config(dir, 8192);
+    /* Issue #27 (b): the model's declared context when one full sequence fits. One
+     * position takes 4 layers x K,V x 2 kv heads (of 4, tp 2) x 16 x 4 bytes = 1 KiB, so
+     * 8192 positions take 8 MiB. */
     assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
-    assert_int_equal(l.ctx, GANG_LAYOUT_CTX_CAP); /* capped */
+    assert_int_equal(l.ctx, 8192); /* free memory holds 8 MiB */
+    assert_non_null(strstr(l.ctx_why, "declared context"));
     assert_int_equal(l.tc.n_layers, 4);
     assert_int_equal(l.tc.tp, 2);
+    p.kv_cache_mb = 8;
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.ctx, 8192); /* exactly one sequence */
+    p.kv_cache_mb = 3;
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.ctx, 3072); /* the longest that fits, in whole blocks */
+    assert_non_null(strstr(l.ctx_why, "lowered from the model's 8192"));
+    assert_non_null(strstr(l.ctx_why, "--kv-cache-mb"));
+    gang_strlcpy(p.kv_cache_dtype, "bf16", sizeof(p.kv_cache_dtype));
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.ctx, 6144); /* 2-byte elements: twice the positions */
+    gang_strlcpy(p.kv_cache_dtype, "auto", sizeof(p.kv_cache_dtype));
+    p.kv_cache_mb = 0;
+    gang_strlcpy(p.device, "cuda", sizeof(p.device));
+    assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
+    assert_int_equal(l.ctx, GANG_LAYOUT_CTX_CAP); /* the device's budget is unknown here */
+    assert_non_null(strstr(l.ctx_why, "known only after load"));
+    gang_strlcpy(p.device, "auto", sizeof(p.device));
     p.max_ctx = 6000;
     assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), 0);
     assert_int_equal(l.ctx, 6000); /* asked for */
+    assert_non_null(strstr(l.ctx_why, "--max-ctx 6000"));
     p.max_ctx = 9000;
     assert_int_equal(gang_layout_check(&p, &l, err, sizeof(err)), GANG_EUSAGE);
     p.max_ctx = 0;
     write_model_config(dir, 2048);
     gang_model_config mc;
     uint32_t ctx = 0;
-    assert_int_equal(gang_agent_check_layout(&p, &mc, &ctx, err, sizeof(err)), 0);
+    char why[256];
+    assert_int_equal(gang_agent_check_layout(&p, &mc, &ctx, why, sizeof(why), err, sizeof(err)), 0);
     assert_int_equal(ctx, 2048); /* the model's own, below the cap */
     assert_int_equal(mc.max_pos, 2048);
     p.tp = 8;

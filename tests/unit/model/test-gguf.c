@@ -449,6 +449,38 @@ static void scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
     }
 }
 
+/* The kernels' own dequantization of block weights (kernels/weight-blocks.c, which the
+ * CPU products are tested against in unit-kernels-blocks) equals this reader's, which
+ * unit-model-gguf-ref holds to the gguf package: equal values on random blocks. */
+static void test_dequant_kernels(void **state)
+{
+    (void)state;
+    static const struct {
+        uint32_t ggml;
+        gang_kernels_wtype kw;
+        size_t f16_at[2], n_f16;
+    } pairs[] = {
+        {GANG__GGML_Q8_0, GANG_KW_Q8_0, {0}, 1},    {GANG__GGML_Q4_0, GANG_KW_Q4_0, {0}, 1},
+        {GANG__GGML_Q4_1, GANG_KW_Q4_1, {0, 2}, 2}, {GANG__GGML_Q5_0, GANG_KW_Q5_0, {0}, 1},
+        {GANG__GGML_Q5_1, GANG_KW_Q5_1, {0, 2}, 2}, {GANG__GGML_Q4_K, GANG_KW_Q4_K, {0, 2}, 2},
+        {GANG__GGML_Q5_K, GANG_KW_Q5_K, {0, 2}, 2}, {GANG__GGML_Q6_K, GANG_KW_Q6_K, {208}, 1}};
+    uint8_t b[3 * 256];
+    float want[3 * 256], got[3 * 256], vals[2] = {0.375f, -0.0625f};
+
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        uint32_t e, bytes;
+        assert_int_equal(gang__gguf_type_block(pairs[i].ggml, &e, &bytes), 0);
+        for (int rep = 0; rep < 3; rep++)
+            fill(b + (size_t)rep * bytes, bytes, pairs[i].f16_at, pairs[i].n_f16, vals);
+        gang__gguf_dequant(pairs[i].ggml, b, want, 3 * (uint64_t)e);
+        assert_int_equal(gang_kernels_block_dequant(pairs[i].kw, b, 3 * (size_t)e, got), 0);
+        for (size_t j = 0; j < 3 * (size_t)e; j++) /* == : -0 and +0 are one value */
+            if (!(got[j] == want[j]))
+                fail_msg("%s element %zu: kernels %g, reader %g",
+                         gang_kernels_wtype_name(pairs[i].kw), j, got[j], want[j]);
+    }
+}
+
 static void test_dequant_k(void **state)
 {
     (void)state;
@@ -721,6 +753,33 @@ static void test_model(void **state)
         for (c = 0; c < HD; c++)
             assert_true(((float *)m->layers[0].wo)[r * HD + c] == o_val(r, HD + c));
     gang_model_free(m);
+
+    /* --dtype auto (issue #27): the Q8_0 k_proj stays the file's blocks, its rows in the
+     * Hugging Face order (whole rows moved), on TP 1 and on TP 2's rank 1; the BF16 /
+     * F32 matrices are f32, and the embedding f32; the load line names the storage. */
+    gang_load_options auto_opt = {.dtype = "auto", .quantize = "none"};
+    for (int tp = 1; tp <= 2; tp++) {
+        gang_topology tt = fx_topo(path, (uint32_t)tp, 1);
+        float row[H];
+        assert_int_equal(
+            gang_model_load_ex(path, &tt, (uint32_t)tp - 1, &auto_opt, &m, err, sizeof(err)), 0);
+        assert_int_equal(m->blocks, 1);
+        assert_int_equal(m->layers[0].mixed, 1);
+        assert_int_equal(m->layers[0].mtype[1], GANG_KW_Q8_0);
+        assert_int_equal(m->layers[0].mtype[0], GANG_KW_F32);
+        assert_int_equal(m->layers[0].mtype[3], GANG_KW_F32);
+        assert_int_equal(m->wtype, GANG_KW_F32);
+        for (r = 0; r < HD; r++) {
+            assert_int_equal(gang_kernels_block_dequant(
+                                 GANG_KW_Q8_0, (const char *)m->layers[0].wk + r * 34, H, row),
+                             0);
+            for (c = 0; c < H; c++)
+                assert_true(row[c] == (float)k_q(gguf_row(r), c));
+        }
+        assert_non_null(strstr(m->storage, "the GGUF file's own blocks:"));
+        assert_non_null(strstr(m->storage, "q8_0 x 1"));
+        gang_model_free(m);
+    }
 
     /* Llama 3.1's llama3 scaling as llama.cpp writes it: each inverse frequency divided by
      * its factor from rope_freqs.weight; a factor of 0 is refused. */
@@ -1042,6 +1101,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_refusals_tensors),
         cmocka_unit_test(test_dequant_32),
         cmocka_unit_test(test_dequant_k),
+        cmocka_unit_test(test_dequant_kernels),
         cmocka_unit_test(test_model),
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_qwen2),

@@ -1,0 +1,147 @@
+/*
+ * CPU backend: y = x . W^T over a block weight (a GGUF file's own quantized blocks,
+ * include/ganglion/kernels.h "Block types"), and the quantization of x it starts with.
+ *
+ * As the formats' integer dot products are defined, each row of x is quantized per 32
+ * elements to int8 with one scale (max |x| / 127); a weight block is unpacked into
+ * groups of 32 signed bytes with a scale per 16 and an offset per 32 (gang__kw_unpack),
+ * and each group adds d (a0 s0 + a1 s1) + b d sum(qx) to the output, s0 and s1 being the
+ * exact int32 products of its two halves. The portable loop below is the reference the
+ * AVX2 kernel (cpu-qmatmul-avx2.c, chosen at run time as for the other types) is tested
+ * against: both compute the same integers, only the f32 summation order differs.
+ *
+ * Work split as cpu-matmul.c's: chunks of whole rows of W on the pool, every chunk
+ * against every row of x, so each block is read and unpacked once per call (per 16 rows
+ * of x in the AVX2 kernel) whatever m is; x's int8 copy (a quarter of its f32 bytes)
+ * stays in the cores' caches.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "kernels-blocks.h"
+
+#define GANG__QMM_ROWS 8
+#define GANG__QMM_MIN_MACS 200000 /* as cpu-matmul.c: below this, the caller alone */
+#define GANG__QMM_CHUNKS_PER_THREAD 8
+
+void gang__cpu_quantize_x(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx)
+{
+    size_t groups = kdim / 32;
+
+    for (size_t r = 0; r < m; r++) {
+        for (size_t g = 0; g < groups; g++) {
+            const float *v = x + r * kdim + g * 32;
+            int8_t *q = qx->q + r * kdim + g * 32;
+            float amax = 0.0f, d, id;
+            int sum = 0;
+
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+            if (!isfinite(amax)) { /* a NaN or an infinity: the outputs say so */
+                memset(q, 0, 32);
+                qx->d[r * groups + g] = NAN;
+                qx->ds[r * groups + g] = NAN;
+                continue;
+            }
+            d = amax / 127.0f;
+            id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (int j = 0; j < 32; j++) {
+                long k = lrintf(v[j] * id);
+                q[j] = (int8_t)(k > 127 ? 127 : k < -127 ? -127 : k);
+                sum += q[j];
+            }
+            qx->d[r * groups + g] = d;
+            qx->ds[r * groups + g] = d * (float)sum;
+        }
+    }
+}
+
+void gang__cpu_qmatmul_rows_ref(size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                const gang_kernels_weight *w, size_t o0, size_t o1, float *y,
+                                size_t ldy)
+{
+    size_t e = 0, bb = 0, groups = kdim / 32;
+    int8_t q[256];
+    float a[16], b[8];
+
+    gang_kernels_wtype_block(w->type, &e, &bb);
+    for (size_t o = o0; o < o1; o++) {
+        const char *row = (const char *)w->data + o * (kdim / e) * bb;
+
+        for (size_t r = 0; r < m; r++)
+            y[r * ldy + o] = 0.0f;
+        for (size_t blk = 0; blk < kdim / e; blk++) {
+            gang__kw_unpack(w->type, row + blk * bb, q, a, b);
+            for (size_t r = 0; r < m; r++) {
+                size_t g0 = r * groups + blk * e / 32;
+                const int8_t *xq = qx->q + r * kdim + blk * e;
+                float acc = 0.0f;
+
+                for (size_t g = 0; g < e / 32; g++) {
+                    int32_t s0 = 0, s1 = 0;
+                    for (size_t j = 0; j < 16; j++) {
+                        s0 += (int32_t)q[32 * g + j] * xq[32 * g + j];
+                        s1 += (int32_t)q[32 * g + 16 + j] * xq[32 * g + 16 + j];
+                    }
+                    acc += qx->d[g0 + g] * (a[2 * g] * (float)s0 + a[2 * g + 1] * (float)s1) +
+                           b[g] * qx->ds[g0 + g];
+                }
+                y[r * ldy + o] += acc;
+            }
+        }
+    }
+}
+
+typedef struct qmm_job {
+    size_t m, n, kdim, rows_per_chunk;
+    const gang__cpu_qx *qx;
+    const gang_kernels_weight *w;
+    float *y;
+    int simd;
+} qmm_job;
+
+static void qmm_chunk(void *arg, size_t c)
+{
+    const qmm_job *j = arg;
+    size_t o0 = c * j->rows_per_chunk;
+    size_t o1 = o0 + j->rows_per_chunk < j->n ? o0 + j->rows_per_chunk : j->n;
+
+    if (j->simd)
+        gang__cpu_qmatmul_rows_avx2(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
+    else
+        gang__cpu_qmatmul_rows_ref(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
+}
+
+/*
+ * The block product (gang_kernels_matmul validated the sizes: kdim is a whole number of
+ * the type's blocks, hence of 32). x's int8 copy is one allocation per call, freed before
+ * returning: GANG_ENOMEM when it cannot be had.
+ */
+int gang__cpu_qmatmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
+                      float *y)
+{
+    size_t groups = kdim / 32, blocks = (n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS, chunks;
+    unsigned threads = gang__cpu_threads();
+    char *buf = malloc(m * kdim + 2 * m * groups * sizeof(float) + 64);
+    gang__cpu_qx qx;
+    qmm_job j = {.m = m, .n = n, .kdim = kdim, .qx = &qx, .w = w, .y = y, .simd = gang__cpu_simd()};
+
+    if (buf == NULL)
+        return GANG_ENOMEM;
+    qx.d = (float *)(void *)buf;
+    qx.ds = qx.d + m * groups;
+    qx.q = (int8_t *)(qx.ds + m * groups);
+    gang__cpu_quantize_x(x, m, kdim, &qx);
+    chunks = (size_t)threads * GANG__QMM_CHUNKS_PER_THREAD;
+    if ((double)m * (double)n * (double)kdim < GANG__QMM_MIN_MACS || threads <= 1)
+        chunks = 1;
+    if (chunks > blocks)
+        chunks = blocks;
+    j.rows_per_chunk = (blocks + chunks - 1) / chunks * GANG__QMM_ROWS;
+    chunks = (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
+    gang__cpu_parallel(qmm_chunk, &j, chunks);
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,296 @@
+/*
+ * unit-kernels-blocks: the block weights of GGUF files (include/ganglion/kernels.h, "Block
+ * types") in the CPU kernels. For every block type, random blocks with edge cases (an
+ * all-zero block, zero and negative scales, the largest and smallest quants, the f16
+ * scale's largest finite value) against the dequantize-then-f32 reference computed here
+ * in double: gang_kernels_matmul at m = 1, 3, 8 (decode) and 17, 40 (batched, more than
+ * the AVX2 kernel's 16 rows per pass), with the portable and the AVX2 kernel (where the
+ * CPU has it; said so otherwise), within the bound the contract states for the
+ * activations' rounding; the two kernels against each other much tighter; the embedding
+ * rows of a block table equal to the dequantized rows; the sizes and refusals.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <cmocka.h>
+#include "ganglion/common.h"
+#include "ganglion/kernels.h"
+#include "cpu/cpu.h" /* the AVX2 switch */
+
+static const gang_kernels_wtype types[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
+                                           GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
+#define N_TYPES (sizeof(types) / sizeof(types[0]))
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float rndf(float a) /* uniform in [-a, a] */
+{
+    return a * ((float)(rnd() % 2000001u) / 1000000.0f - 1.0f);
+}
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = gang_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Byte offsets of a block's f16 fields (d, and m or dmin): the rest may be any bytes. */
+static size_t f16_fields(gang_kernels_wtype t, size_t at[2])
+{
+    switch (t) {
+    case GANG_KW_Q4_1:
+    case GANG_KW_Q5_1:
+    case GANG_KW_Q4_K:
+    case GANG_KW_Q5_K:
+        at[0] = 0, at[1] = 2;
+        return 2;
+    case GANG_KW_Q6_K:
+        at[0] = 208;
+        return 1;
+    default:
+        at[0] = 0;
+        return 1;
+    }
+}
+
+/*
+ * n rows of nb blocks of type t: random bytes with random scales, and the edge cases in
+ * row 0: block 0 all zero bytes, block 1 its quants all 0xff with the largest f16 scale
+ * (65504; its min / dmin negative), block 2 (when there is one) quants all 0 with
+ * scale -1; row 1 block 0 with zero scales over random quants.
+ */
+static uint8_t *make_blocks(gang_kernels_wtype t, size_t n, size_t nb)
+{
+    size_t e, bb, at[2], nf = f16_fields(t, at);
+    assert_true(gang_kernels_wtype_block(t, &e, &bb));
+    uint8_t *w = malloc(n * nb * bb);
+    assert_non_null(w);
+    for (size_t i = 0; i < n * nb * bb; i++)
+        w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < n * nb; i++)
+        for (size_t f = 0; f < nf; f++)
+            put_f16(w + i * bb + at[f], rndf(0.05f));
+    memset(w, 0, bb); /* an all-zero block */
+    if (nb > 1) {
+        memset(w + bb, 0xff, bb);
+        for (size_t f = 0; f < nf; f++)
+            put_f16(w + bb + at[f], f == 0 ? 65504.0f : -65504.0f);
+    }
+    if (nb > 2) {
+        memset(w + 2 * bb, 0, bb);
+        for (size_t f = 0; f < nf; f++)
+            put_f16(w + 2 * bb + at[f], -1.0f);
+    }
+    if (n > 1)
+        for (size_t f = 0; f < nf; f++)
+            put_f16(w + nb * bb + at[f], 0.0f);
+    return w;
+}
+
+/* x [m, kdim]: random, with a zero group in row 0 and one large group in the last row. */
+static float *make_x(size_t m, size_t kdim)
+{
+    float *x = malloc(m * kdim * sizeof(float));
+    assert_non_null(x);
+    for (size_t i = 0; i < m * kdim; i++)
+        x[i] = rndf(2.0f);
+    memset(x, 0, 32 * sizeof(float));
+    for (size_t j = 0; j < 32 && kdim > 64; j++)
+        x[(m - 1) * kdim + 32 + j] = rndf(3000.0f);
+    return x;
+}
+
+/*
+ * The reference y[r, o] = sum x w in double on the dequantized rows wd, and the contract's
+ * bound: per 32 elements (max |x| / 254) x sum |w| (the activations' rounding) plus f32
+ * summation error, 1e-5 of sum |x w|.
+ */
+static void reference(const float *x, const float *wd, size_t m, size_t n, size_t kdim, double *ref,
+                      double *tol)
+{
+    for (size_t r = 0; r < m; r++) {
+        for (size_t o = 0; o < n; o++) {
+            double s = 0.0, mag = 0.0, q = 0.0;
+            for (size_t g = 0; g < kdim; g += 32) {
+                double amax = 0.0, wsum = 0.0;
+                for (size_t j = g; j < g + 32; j++) {
+                    double xv = x[r * kdim + j], wv = wd[o * kdim + j];
+                    s += xv * wv;
+                    mag += fabs(xv * wv);
+                    amax = fabs(xv) > amax ? fabs(xv) : amax;
+                    wsum += fabs(wv);
+                }
+                q += amax / 254.0 * wsum;
+            }
+            ref[r * n + o] = s;
+            tol[r * n + o] = 1.0001 * q + 1e-5 * mag + 1e-30;
+        }
+    }
+}
+
+static void test_block_matmul(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t ms[] = {1, 3, 8, 17, 40};
+    const size_t n = 21; /* not a multiple of the 8-row chunks */
+    int modes = gang__cpu_avx2_usable() ? 2 : 1;
+
+    if (modes == 1)
+        print_message("[  NOTE    ] no AVX2+FMA+F16C here: only the portable kernel is tested\n");
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        gang_kernels_wtype t = types[ti];
+        size_t e, bb;
+        assert_true(gang_kernels_wtype_block(t, &e, &bb));
+        size_t nb = e == 32 ? 5 : 3, kdim = nb * e;
+        uint8_t *w = make_blocks(t, n, nb);
+        float *wd = malloc(n * kdim * sizeof(float));
+        assert_non_null(wd);
+        assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
+        for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+            size_t m = ms[mi];
+            float *x = make_x(m, kdim), *y[2];
+            double *ref = malloc(m * n * sizeof(double)), *tol = malloc(m * n * sizeof(double));
+            assert_non_null(ref);
+            assert_non_null(tol);
+            reference(x, wd, m, n, kdim, ref, tol);
+            gang_kernels_weight v = gang_kernels_weight_view(t, w, n, kdim);
+            for (int simd = 0; simd < modes; simd++) {
+                y[simd] = malloc(m * n * sizeof(float));
+                assert_non_null(y[simd]);
+                gang__cpu_simd_force(simd);
+                assert_int_equal(gang_kernels_matmul(k, m, n, kdim, x, &v, y[simd]), 0);
+                for (size_t i = 0; i < m * n; i++)
+                    if (!(fabs(y[simd][i] - ref[i]) <= tol[i]))
+                        fail_msg("%s %s m %zu: y[%zu, %zu] = %.9g, reference %.9g (bound %.3g)",
+                                 gang_kernels_wtype_name(t), simd ? "avx2" : "portable", m, i / n,
+                                 i % n, (double)y[simd][i], ref[i], tol[i]);
+            }
+            /* Both kernels compute the same integers: only f32 summation order differs. */
+            for (size_t i = 0; modes == 2 && i < m * n; i++)
+                if (!(fabs(y[0][i] - y[1][i]) <= 1e-5 * (tol[i] + fabs(ref[i]))))
+                    fail_msg("%s m %zu: portable %.9g and avx2 %.9g differ at %zu",
+                             gang_kernels_wtype_name(t), m, (double)y[0][i], (double)y[1][i], i);
+            for (int simd = 0; simd < modes; simd++)
+                free(y[simd]);
+            free(x), free(ref), free(tol);
+        }
+        free(w), free(wd);
+    }
+    gang__cpu_simd_force(-1);
+}
+
+/* The activations' rounding is what the bound allows, not more: an x exactly on the
+ * int8 grid (every group has max |x| = 127 units) gives the f32 result. */
+static void test_block_exact_grid(void **state)
+{
+    gang_kernels *k = *state;
+    int modes = gang__cpu_avx2_usable() ? 2 : 1;
+
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        gang_kernels_wtype t = types[ti];
+        size_t e, bb;
+        assert_true(gang_kernels_wtype_block(t, &e, &bb));
+        size_t n = 9, kdim = 2 * e;
+        uint8_t *w = make_blocks(t, n, 2);
+        float *wd = malloc(n * kdim * sizeof(float)), x[512], y[9];
+        double ref[9], tol[9];
+        assert_non_null(wd);
+        assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
+        for (size_t i = 0; i < kdim; i++)
+            x[i] = 0.25f * (float)((int)(rnd() % 255u) - 127);
+        for (size_t g = 0; g < kdim; g += 32)
+            x[g] = 0.25f * 127.0f;
+        reference(x, wd, 1, n, kdim, ref, tol);
+        gang_kernels_weight v = gang_kernels_weight_view(t, w, n, kdim);
+        for (int simd = 0; simd < modes; simd++) {
+            gang__cpu_simd_force(simd);
+            assert_int_equal(gang_kernels_matmul(k, 1, n, kdim, x, &v, y), 0);
+            for (size_t o = 0; o < n; o++) {
+                double mag = 0.0;
+                for (size_t i = 0; i < kdim; i++)
+                    mag += fabs((double)x[i] * wd[o * kdim + i]);
+                if (!(fabs(y[o] - ref[o]) <= 2e-6 * mag + 1e-30))
+                    fail_msg("%s %s: on the grid y[%zu] = %.9g, reference %.9g",
+                             gang_kernels_wtype_name(t), simd ? "avx2" : "portable", o,
+                             (double)y[o], ref[o]);
+            }
+        }
+        free(w), free(wd);
+    }
+    gang__cpu_simd_force(-1);
+}
+
+static void test_block_embedding_and_sizes(void **state)
+{
+    gang_kernels *k = *state;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        gang_kernels_wtype t = types[ti];
+        size_t e, bb;
+        assert_true(gang_kernels_wtype_block(t, &e, &bb));
+        size_t vocab = 7, dim = 2 * e;
+        uint8_t *w = make_blocks(t, vocab, 2);
+        float *wd = malloc(vocab * dim * sizeof(float)), *out = malloc(3 * dim * sizeof(float));
+        int32_t ids[3] = {6, 0, 3};
+        assert_non_null(wd);
+        assert_non_null(out);
+        assert_int_equal(gang_kernels_block_dequant(t, w, vocab * dim, wd), 0);
+        gang_kernels_weight v = gang_kernels_weight_view(t, w, vocab, dim);
+        assert_null(v.scales);
+        assert_int_equal(gang_kernels_embedding_w(k, &v, vocab, dim, ids, 3, out), 0);
+        for (size_t i = 0; i < 3; i++)
+            assert_memory_equal(out + i * dim, wd + (size_t)ids[i] * dim, dim * sizeof(float));
+        /* Sizes: whole blocks per row, nothing else. */
+        assert_int_equal(gang_kernels_weight_row_bytes(t, dim), 2 * bb);
+        assert_int_equal(gang_kernels_weight_bytes(t, vocab, dim), vocab * 2 * bb);
+        assert_int_equal(gang_kernels_weight_row_bytes(t, dim + 16), 0);
+        assert_int_equal(gang_kernels_weight_bytes(t, vocab, dim + 16), 0);
+        assert_int_equal(gang_kernels_wtype_size(t), 0);
+        /* Refusals: a kdim that is not whole blocks, packing from f32, a partial dequant. */
+        float x[600] = {0}, y[7];
+        assert_int_equal(gang_kernels_matmul(k, 1, vocab, dim - 16, x, &v, y), GANG_EINVAL);
+        assert_int_equal(gang_kernels_embedding_w(k, &v, vocab, dim - 16, ids, 1, out),
+                         GANG_EINVAL);
+        assert_int_equal(gang_kernels_weight_pack(t, x, 1, dim, w), GANG_EINVAL);
+        assert_int_equal(gang_kernels_block_dequant(t, w, e + 16, out), GANG_EINVAL);
+        assert_string_not_equal(gang_kernels_wtype_name(t), "?");
+        free(w), free(wd), free(out);
+    }
+    assert_false(gang_kernels_wtype_block(GANG_KW_I8, NULL, NULL));
+    assert_false(gang_kernels_wtype_block(GANG_KW_BF16, NULL, NULL));
+    assert_int_equal(gang_kernels_block_dequant(GANG_KW_F32, &rng, 1, (float[1]){0}), GANG_EINVAL);
+}
+
+static int setup(void **state)
+{
+    gang_kernels *k = NULL;
+    if (gang_kernels_open("cpu", &k) != 0)
+        return -1;
+    *state = k;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    gang_kernels_close(*state);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_matmul),
+        cmocka_unit_test(test_block_exact_grid),
+        cmocka_unit_test(test_block_embedding_and_sizes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
