@@ -93,6 +93,11 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
         snprintf(err, errlen, "--quantize %s: not one of none, int8", p->quantize);
         return GANG_EUSAGE;
     }
+    uint32_t role;
+    if (gang_role_parse(p->role, &role) != 0) {
+        snprintf(err, errlen, "--role %s: not one of both, prefill, decode", p->role);
+        return GANG_EUSAGE;
+    }
     gang_strlcpy(l->dtype, p->dtype, sizeof(l->dtype));
     gang_strlcpy(l->quantize, p->quantize, sizeof(l->quantize));
     l->kv_auto = strcmp(p->kv_cache_dtype, "auto") == 0;
@@ -262,6 +267,7 @@ static void api_config_from_params(const gang_params *p, const gang_layout *l, g
     out->ctx = l->ctx;
     out->max_queue = (uint32_t)p->max_queue;
     out->request_timeout_ms = (uint64_t)p->request_timeout_ms;
+    (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */
 }
 
 /* The agent's own scalars and strings (everything but identity, secrets and layout). */

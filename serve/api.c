@@ -755,6 +755,24 @@ static void forward_metrics(gang_api *api, gang_metrics_buf *b)
     gang_histogram_render(b, "ganglion_forward_relay_seconds", NULL, 0, &api->h_relay);
 }
 
+static const char *const role_names[] = {"both", "prefill", "decode"};
+
+int gang_role_parse(const char *name, uint32_t *out)
+{
+    for (uint32_t i = 0; i < 3; i++) {
+        if (strcmp(name, role_names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    return GANG_EINVAL;
+}
+
+const char *gang_role_name(uint32_t role)
+{
+    return role < 3 ? role_names[role] : role_names[0];
+}
+
 void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
 {
     static const char *const codes[] = {"200", "400", "401", "404", "503", "504"};
@@ -771,6 +789,9 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
     } cs[] = {
         {"ganglion_requests_in_flight", "Generation requests accepted and not answered yet", 1,
          api->n_calls},
+        {"ganglion_role",
+         "What the gang does behind a router (--role): 0 both, 1 prefill, 2 decode", 1,
+         api->cfg.role},
         {"ganglion_requests_in_flight_max",
          "Requests admitted at once (--max-queue); more are answered 503", 1, api->cfg.max_queue},
         {"ganglion_request_resubmits_total",

@@ -279,6 +279,17 @@ typedef struct gang_api gang_api;
 
 #define GANG_API_KEY_MAX 256 /* bytes of an API key (--api-key-file) */
 
+/* What a gang does behind a router in disaggregated prefill/decode (--role, issue #26);
+ * the value of ganglion_role in /metrics, which the router reads. */
+#define GANG_ROLE_BOTH 0u    /* prefill and decode (one gang alone, or a DP replica) */
+#define GANG_ROLE_PREFILL 1u /* the router sends it prompts for their prefill, max_tokens 1 */
+#define GANG_ROLE_DECODE 2u  /* the router sends it the calls to continue after a prefill */
+
+/* The role named NAME ("both", "prefill", "decode") into *out; GANG_EINVAL otherwise. */
+int gang_role_parse(const char *name, uint32_t *out);
+/* The printable name of role (an unknown one is "both"). */
+const char *gang_role_name(uint32_t role);
+
 /* What the API needs; filled by gang_agent_config_from_params (layout.c). */
 typedef struct gang_api_config {
     char model[GANG_PARAM_STR_MAX];     /* the model's name in responses ("" = none) */
@@ -291,6 +302,7 @@ typedef struct gang_api_config {
     char api_key[GANG_API_KEY_MAX + 1]; /* Bearer token the API requires ("" = open) */
     uint32_t forward_node; /* 0: the coordinator's API; else this member's node index: its
                               requests are forwarded to the coordinator (api-fwd.h) */
+    uint32_t role;         /* --role: GANG_ROLE_BOTH, _PREFILL or _DECODE (ganglion_role) */
 } gang_api_config;
 
 /*
