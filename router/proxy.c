@@ -358,6 +358,42 @@ static const http_parser_settings settings = {
     .on_message_complete = on_complete,
 };
 
+/*
+ * P/D: the prefill replica's answer names the export of the prompt's KV blocks
+ * ("kv_transfer": id, port, blocks); the call's body for its decode phase gets it, with
+ * the prefill replica's address, so that the decode gang fetches the blocks instead of
+ * prefilling them. An answer without one (exports off, or none made) changes nothing.
+ */
+static void hand_over_kv(router_fwd *f, const upstream *up)
+{
+    router *r = f->r;
+    cJSON *a = up->body != NULL ? cJSON_ParseWithLength(up->body, up->len) : NULL;
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(a, "kv_transfer");
+    cJSON *b = cJSON_IsObject(kv) ? cJSON_ParseWithLength(f->body, f->body_len) : NULL;
+    const router_replica *rep = f->replica >= 0 ? &r->reps[f->replica] : NULL;
+    char *s = NULL;
+    if (cJSON_IsObject(b) && rep != NULL && rep->addr[0] != '\0') {
+        cJSON *k = cJSON_Duplicate(kv, 1);
+        cJSON_DeleteItemFromObjectCaseSensitive(k, "host");
+        cJSON_AddStringToObject(k, "host", rep->addr);
+        cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer");
+        cJSON_AddItemToObject(b, "kv_transfer", k);
+        s = cJSON_PrintUnformatted(b);
+    }
+    if (s != NULL) {
+        char *nb = strdup(s);
+        if (nb != NULL) {
+            free(f->body);
+            f->body = nb;
+            f->body_len = strlen(nb);
+            r->pd_kv_handovers++;
+        }
+        cJSON_free(s);
+    }
+    cJSON_Delete(b);
+    cJSON_Delete(a);
+}
+
 /* The answer is whole: relay it, or move on when the replica said it is not serving. */
 static void answer_complete(router_fwd *f, upstream *up)
 {
@@ -366,6 +402,8 @@ static void answer_complete(router_fwd *f, upstream *up)
          * the client: it is not a failure of the prefill pool. */
         int refused =
             up->status >= 400 && up->status < 500 && up->status != 408 && up->status != 429;
+        if (up->status == 200)
+            hand_over_kv(f, up);
         prefill_over(f, up->status == 200 || refused, "the prefill replica did not answer 200");
         return;
     }

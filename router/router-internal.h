@@ -105,6 +105,7 @@ struct router {
      * decode replica prefilled them itself), and P/D calls sent straight to a decode
      * replica because no prefill replica was eligible; the prefill phase's durations. */
     uint64_t pd_prefills, pd_prefill_failed, pd_prefill_skipped;
+    uint64_t pd_kv_handovers; /* decode phases sent with the prefill's kv_transfer */
     gang_histogram h_prefill;
 };
 

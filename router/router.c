@@ -323,6 +323,10 @@ static void render_metrics(router *r, gang_metrics_buf *b)
          "P/D: calls sent straight to a decode replica (no prefill replica eligible, or a "
          "call P/D does not split: n > 1, a batch of prompts)",
          r->pd_prefill_skipped},
+        {"ganglion_router_pd_kv_handovers_total",
+         "P/D: decode phases sent with the prefill replica's kv_transfer (the decode gang "
+         "fetches the prompt's KV blocks)",
+         r->pd_kv_handovers},
     };
     gang_metrics_counters(b, cs, sizeof(cs) / sizeof(cs[0]));
     gang_metrics_family(b, "ganglion_router_requests_in_flight", GANG_METRIC_GAUGE,

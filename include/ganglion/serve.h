@@ -303,6 +303,8 @@ typedef struct gang_api_config {
     uint32_t forward_node; /* 0: the coordinator's API; else this member's node index: its
                               requests are forwarded to the coordinator (api-fwd.h) */
     uint32_t role;         /* --role: GANG_ROLE_BOTH, _PREFILL or _DECODE (ganglion_role) */
+    uint32_t kv_port;      /* --kv-port: a prefill gang exports its prompts' KV blocks (and
+                              answers "kv_transfer") when it is not 0 */
 } gang_api_config;
 
 /*
@@ -340,10 +342,10 @@ void gang_api_on_abort(gang_api *api, uint64_t gen);
  * request that arrives from now on, is answered 503 at once with the reason.
  */
 void gang_api_on_give_up(gang_api *api, const char *reason);
-/* Rank 0 reported a token (a TOKEN message) / the end of a request. */
+/* Rank 0 reported a token (a TOKEN message) / the end of a request (a DONE message: its
+ * generation, cached tokens in index, and the P/D transfer's kv_* fields). */
 void gang_api_on_token(gang_api *api, const gang_req_msg *tok);
-void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                      const char *finish, const char *reason);
+void gang_api_on_done(gang_api *api, const gang_req_msg *done);
 /*
  * A member's forwarded packet for request id was not taken by the coordinator (NACK, the
  * piece at prompt offset index): it and what follows are sent again by the next sweep.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Disaggregated prefill/decode behind `ganglion router` (issue #26): a gang started
-`--role prefill`, one started `--role decode` (one rank each, `serve --local`) of the same
-tiny model, and a router in front of them.
+`--role prefill --kv-port P`, one started `--role decode` (TP 2 each: two ranks, so every
+transfer is two ranks' parts and rank 0's agreement) of the same tiny model, and a router
+in front of them.
 
 * The router learns the roles from the replicas' ganglion_role and says it is
   disaggregated in /status.
@@ -10,6 +11,14 @@ tiny model, and a router in front of them.
   went to the prefill gang first (its prompt-token counter grows by the prompts, the
   router counts the prefills, none failed), its answer came from the decode gang.
   Calls P/D does not split (n = 2) go straight to the decode gang, and are counted.
+* KV transfer: every prompt of at least one full 16-token block is exported by the
+  prefill gang (ganglion_kv_exports_total), handed over by the router with the prefill
+  gang's address, and fetched by the decode gang, which starts from those blocks
+  (ganglion_kv_imports_total, _imported_blocks_total, no fallback).
+* KV transfer failure: a second decode gang with another token behind a second router:
+  every fetch is refused by the prefill gang's ranks (the token is not proved), the decode
+  gang prefills instead (ganglion_kv_import_fallbacks_total) and the tokens are still the
+  single gang's.
 * Prefill failure, fallback: with the prefill gang's agent stopped (SIGSTOP), every call
   still gets the single gang's tokens after --prefill-timeout-ms (the decode gang
   prefills it), counted in ganglion_router_pd_prefill_failures_total; with its agent
@@ -81,8 +90,14 @@ def check_equal(decode, rport, streamed=True):
                     "streamed through the router: %r %r %r (want %r)" % (toks, done, err, want))
 
 
+def kv_counts(g):
+    return {k: DP.replica_metric(g, "ganglion_kv_" + k + "_total") for k in
+            ("exports", "exported_blocks", "imports", "imported_blocks", "import_fallbacks")}
+
+
 def check_pd(prefill, decode, rport):
     m0 = DP.router_metrics(rport)
+    kp0, kd0 = kv_counts(prefill), kv_counts(decode)
     p0 = DP.replica_metric(prefill, "ganglion_prompt_tokens_total")
     check_equal(decode, rport)
     chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -102,6 +117,18 @@ def check_pd(prefill, decode, rport):
     H.check(p1 - p0 >= want, "the prefill gang saw %d prompt tokens, want >= %d"
             % (p1 - p0, want))
     H.check(m["ganglion_router_prefill_seconds_count"] >= calls, "prefill histogram: %r" % m)
+    # The two prompts with full blocks (40 and 130 tokens: 2 and 8 blocks), plain and
+    # streamed, moved their blocks; the 5-token one has none to move.
+    kp, kd = kv_counts(prefill), kv_counts(decode)
+    moved = {k: kd[k] - kd0[k] for k in kd}
+    H.check(kp["exports"] - kp0["exports"] == 4 and
+            kp["exported_blocks"] - kp0["exported_blocks"] == 20,
+            "prefill exports %r -> %r" % (kp0, kp))
+    handed = m["ganglion_router_pd_kv_handovers_total"] - \
+        m0["ganglion_router_pd_kv_handovers_total"]
+    H.check(handed == 4, "router handed %d transfers over, want 4" % handed)
+    H.check(moved["imports"] == 4 and moved["imported_blocks"] == 20 and
+            moved["import_fallbacks"] == 0, "decode imports: %r" % moved)
     # A call P/D does not split goes straight to the decode gang.
     skipped0 = m["ganglion_router_pd_prefill_skipped_total"]
     body = {"prompt": [9, 8, 7, 6], "max_tokens": 5, "n": 2}
@@ -110,8 +137,33 @@ def check_pd(prefill, decode, rport):
     m = DP.router_metrics(rport)
     H.check(m["ganglion_router_pd_prefill_skipped_total"] == skipped0 + 1,
             "n=2 was not counted as skipped")
-    H.log("P/D: %d calls prefilled on the prefill gang (%d prompt tokens), answers equal"
-          % (prefills, p1 - p0))
+    H.log("P/D: %d calls prefilled on the prefill gang (%d prompt tokens), answers equal; "
+          "%d transfers of %d blocks fetched by the decode gang"
+          % (prefills, p1 - p0, moved["imports"], moved["imported_blocks"]))
+
+
+def check_kv_refused(h, prefill, decode, extra):
+    """A decode gang without the prefill gang's token: every fetch is refused, every call
+    falls back to a prefill on the decode gang with the same tokens."""
+    other = os.path.join(h.tmp, "other-token")
+    with open(other, "w") as f:
+        f.write("another-token-not-the-gangs-0123456789\n")
+    d2 = H.Gang(h, nnodes=1, nproc_per_node=2, token=False, job="pd-d2",
+                extra=extra + ["--role", "decode", "--token-file", other])
+    d2.start_local(expect=(0,))
+    router2, rport2 = start_router(h, prefill, d2)
+    d2.wait_serving(timeout=60)
+    H.wait_until(lambda: disaggregated(rport2), 10, 0.05, "the second router to see both roles")
+    k0 = kv_counts(d2)
+    check_equal(decode, rport2, streamed=False)
+    k1 = kv_counts(d2)
+    H.check(k1["imports"] == k0["imports"] and
+            k1["import_fallbacks"] - k0["import_fallbacks"] == 2,
+            "with another token: imports %r -> %r" % (k0, k1))
+    H.log("KV fetches without the token: refused, %d calls fell back with the right tokens"
+          % (k1["import_fallbacks"] - k0["import_fallbacks"]))
+    H.check(router2.stop() == 0, "the second router did not exit 0")
+    H.check(d2.stop()["local"] == 0, "the second decode gang did not exit 0")
 
 
 def check_prefill_stalled(prefill, decode, rport):
@@ -189,8 +241,12 @@ def scenario(h):
                       kv_heads=2, ffn=512, vocab=VOCAB, max_pos=CTX, seed=11)
     extra = ["--model", model, "--max-batch", "4", "--kv-cache-mb", "64",
              "--request-timeout-ms", "60000", "--step-timeout-ms", "5000"]
-    prefill = H.Gang(h, nnodes=1, extra=extra + ["--role", "prefill"], job="pd-p")
-    decode = H.Gang(h, nnodes=1, extra=extra + ["--role", "decode"], job="pd-d")
+    extra += ["--tp", "2"]
+    kv_port = h.free_port_pair()[0]
+    prefill = H.Gang(h, nnodes=1, nproc_per_node=2, job="pd-p",
+                     extra=extra + ["--role", "prefill", "--kv-port", str(kv_port)])
+    decode = H.Gang(h, nnodes=1, nproc_per_node=2, extra=extra + ["--role", "decode"],
+                    job="pd-d")
     prefill.start_local(expect=(0,))
     decode.start_local(expect=(0,))
     router, rport = start_router(h, prefill, decode)
@@ -201,6 +257,7 @@ def scenario(h):
     st = H.wait_until(lambda: disaggregated(rport), 10, 0.05, "the router to see both roles")
     H.check([r["role"] for r in st["replicas"]] == ["prefill", "decode"], "roles %r" % st)
     check_pd(prefill, decode, rport)
+    check_kv_refused(h, prefill, decode, extra)
     check_prefill_stalled(prefill, decode, rport)
     check_prefill_killed(h, prefill, decode, rport)
     H.check(router.stop() == 0, "router did not exit 0")

@@ -276,8 +276,11 @@ static void test_relay_holes(void **state)
     in.id = gang_fwd_id(2, 12);
     uint64_t fails = r->send_failures;
     assert_int_equal(gang_fwd_relay_token(r, &in), 1);
-    assert_int_equal(gang_fwd_relay_done(r, 5, gang_fwd_id(2, 12), 0, 0, "length", ""), 1);
-    assert_int_equal(gang_fwd_relay_done(r, 5, 12, 0, 0, "length", ""), 0);
+    gang_req_msg done = {.kind = GANG_REQ_DONE, .generation = 5, .id = gang_fwd_id(2, 12)};
+    memcpy(done.finish, "length", 7);
+    assert_int_equal(gang_fwd_relay_done(r, &done), 1);
+    done.id = 12;
+    assert_int_equal(gang_fwd_relay_done(r, &done), 0);
     assert_true(r->send_failures == fails + 2);
     free(r);
 }
