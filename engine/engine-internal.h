@@ -236,9 +236,10 @@ struct gang_engine {
     gang_kv_hooks kv_hooks;
     uint64_t kv_timeout_ms;
     uint8_t *kv_stage;
-    uint64_t *kvx_id;    /* rank 0: [slots] ring of pending exports */
-    uint32_t *kvx_n;     /* rank 0: [slots] their block counts */
-    int32_t *kvx_blocks; /* rank 0: [slots, max_bps] their pinned blocks */
+    uint64_t *kvx_id;       /* rank 0: [slots] ring of pending exports */
+    uint32_t *kvx_n;        /* rank 0: [slots] their block counts */
+    int32_t *kvx_blocks;    /* rank 0: [slots, max_bps] their pinned blocks */
+    gang_gen_event *kvx_ev; /* rank 0: [slots] their requests' DONE, held until exported */
     uint32_t kvx_head, kvx_count;
     uint64_t kvx_next;     /* rank 0: the next export id (random start, never 0) */
     gang__request *kv_imp; /* rank 0: the request of this step's import, or NULL */
@@ -269,13 +270,17 @@ void gang__sched_clear(gang_engine *e);
 /* Rank 0, building a plan: puts at most one transfer into it -- the oldest pending
  * export, else the import of waiting request q when it can be admitted now (it then holds
  * a slot and the blocks of its prompt, and sits this step out). Returns 1 when q was
- * admitted so. */
+ * admitted so, 2 when q must wait for a later plan (this one already moves blocks), 0
+ * when q is admitted as usual (no transfer, or none to try). */
 int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot);
 /* Rank 0, building a plan: the oldest pending export into it, when there is one. */
 void gang__xfer_plan_export(gang_engine *e);
 /* Rank 0, at the end of request q (before its blocks go back): pins its prompt's full
- * blocks for an export when it asked for one; fills ev's kv fields. */
-void gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev);
+ * blocks for an export when it asked for one and keeps its DONE event ev (with the
+ * export's id) until the export ran, so that nobody can fetch an export before it
+ * exists: returns 1 then (the caller does not emit ev), else fills ev's kv fields and
+ * returns 0. */
+int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev);
 /* Every rank, after the plan's exchange: runs the plan's transfer (copy out, or fetch in
  * and agree with rank 0 over world), then rank 0's bookkeeping. 0 or a communication
  * error (a failed fetch is not one: the request falls back). */

@@ -124,6 +124,7 @@ void gang__sched_build(gang_engine *e)
     for (q = e->queue_head; q != NULL; q = q->next)
         q->planned = 0;
     gang__xfer_plan_export(e);
+    reserved = e->plan.kv_kind == GANG__KV_EXPORT; /* the exported request's DONE */
     /* 1. Decodes, oldest first; a decode that needs a block nobody has left preempts the
      *    youngest running sequence (possibly itself). */
     for (q = e->queue_head; q != NULL; q = q->next) {
@@ -155,8 +156,9 @@ void gang__sched_build(gang_engine *e)
                 free_slot++;
             if (free_slot == e->slots)
                 break;
-            /* A request naming a P/D transfer fetches its blocks this step instead. */
-            if (gang__xfer_admit(e, q, free_slot))
+            /* A request naming a P/D transfer fetches its blocks this step instead (or
+             * waits for a plan that moves no other blocks). */
+            if (gang__xfer_admit(e, q, free_slot) != 0)
                 continue;
             /* Its leading full blocks already cached are taken as they are (at least one
              * token is left to compute, the one whose logits it samples). */

@@ -44,7 +44,8 @@ int gang__xfer_alloc(gang_engine *e)
     e->kvx_id = calloc(e->slots, sizeof(uint64_t));
     e->kvx_n = calloc(e->slots, sizeof(uint32_t));
     e->kvx_blocks = calloc((size_t)e->slots * e->max_bps, sizeof(int32_t));
-    if (e->kvx_id == NULL || e->kvx_n == NULL || e->kvx_blocks == NULL)
+    e->kvx_ev = calloc(e->slots, sizeof(*e->kvx_ev));
+    if (e->kvx_id == NULL || e->kvx_n == NULL || e->kvx_blocks == NULL || e->kvx_ev == NULL)
         return GANG_ENOMEM;
     /* Ids from a clock-and-pid start: an id a restarted gang hands out again could only
      * fetch another export of the same gang, and a fetch checks the shape and size. */
@@ -57,6 +58,7 @@ void gang__xfer_free(gang_engine *e)
     free(e->kvx_id);
     free(e->kvx_n);
     free(e->kvx_blocks);
+    free(e->kvx_ev);
     free(e->kv_stage);
     free(e->plan.kv_blocks);
 }
@@ -94,17 +96,17 @@ int gang_engine_kv_shape(const gang_engine *e, gang_kv_shape *out)
     return 0;
 }
 
-void gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
+int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
 {
     ev->kv_blocks = q->kv_got;
     ev->kv_ms = q->kv_ms;
     if (!q->r.kv.do_export || !q->running || e->kvx_count == e->slots)
-        return;
+        return 0;
     uint32_t n = q->r.n_prompt / e->block_size, at = (e->kvx_head + e->kvx_count) % e->slots;
     if (n > q->n_blocks)
         n = q->n_blocks;
     if (n == 0)
-        return;
+        return 0;
     const int32_t *row = e->tables + (size_t)q->slot * e->max_bps;
     int32_t *pin = e->kvx_blocks + (size_t)at * e->max_bps;
     for (uint32_t i = 0; i < n; i++) {
@@ -117,6 +119,8 @@ void gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
     e->kvx_count++;
     ev->kv_id = e->kvx_id[at];
     ev->kv_blocks = n;
+    e->kvx_ev[at] = *ev;
+    return 1;
 }
 
 void gang__xfer_plan_export(gang_engine *e)
@@ -136,9 +140,10 @@ int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot)
 {
     gang__plan *p = &e->plan;
     uint32_t target = q->r.n_prompt, n;
-    if (q->r.kv.id == 0 || q->kv_state != 0 || q->n_gen != 0 || p->kv_kind != GANG__KV_NONE ||
-        e->kv_hooks.get == NULL)
+    if (q->r.kv.id == 0 || q->kv_state != 0 || q->n_gen != 0 || e->kv_hooks.get == NULL)
         return 0;
+    if (p->kv_kind != GANG__KV_NONE)
+        return 2; /* this plan moves other blocks: it waits for the next one */
     /* At least the last prompt token is computed here: its logits give the first token. */
     n = q->r.kv.blocks;
     if (n > (target - 1) / e->block_size)
@@ -251,6 +256,46 @@ static void xfer_import_done(gang_engine *e, int ok, uint64_t bytes, uint64_t t0
     e->kv_bytes += bytes;
 }
 
+/*
+ * Every rank: copies its part of the plan's export out to the hooks, then agrees with rank
+ * 0, which unpins the blocks and only then emits the request's DONE naming the export (so
+ * that no fetch can arrive at a rank before its part exists; a rank that could not keep
+ * its part makes the DONE name no export, and the decode gang prefills).
+ */
+static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh, size_t total,
+                       uint64_t deadline)
+{
+    gang__plan *p = &e->plan;
+    int64_t st[2] = {GANG_ENOMEM, (int64_t)total};
+    uint64_t bytes;
+    int ok;
+    if (e->kv_stage != NULL && e->kv_hooks.put != NULL) {
+        st[0] = xfer_copy(e, sh, 1);
+        if (st[0] == 0)
+            st[0] = e->kv_hooks.put(e->kv_hooks.ctx, p->kv.id, e->kv_stage, total, p->kv_n);
+    }
+    int rc = xfer_agree(e, world, st, deadline, &ok, &bytes);
+    if (rc != 0 || e->m->place.rank != 0)
+        return rc;
+    const int32_t *pin = e->kvx_blocks + (size_t)e->kvx_head * e->max_bps;
+    for (uint32_t i = 0; i < e->kvx_n[e->kvx_head]; i++)
+        gang__kv_unpin(e, pin[i]);
+    gang_gen_event *ev = &e->kvx_ev[e->kvx_head];
+    if (ok) {
+        e->kv_exports++;
+        e->kv_bytes += bytes;
+    } else {
+        ev->kv_id = 0;
+        ev->kv_blocks = 0;
+    }
+    /* (The room was reserved when the plan was built.) */
+    e->events[(e->ev_head + e->ev_count) % e->ev_cap] = *ev;
+    e->ev_count++;
+    e->kvx_head = (e->kvx_head + 1) % e->slots;
+    e->kvx_count--;
+    return 0;
+}
+
 int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline)
 {
     gang__plan *p = &e->plan;
@@ -264,21 +309,8 @@ int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline)
     size_t total = (size_t)sh.block_bytes * p->kv_n;
     if (e->kv_stage == NULL)
         e->kv_stage = malloc((size_t)sh.block_bytes * e->max_bps);
-    if (p->kv_kind == GANG__KV_EXPORT) {
-        if (e->kv_stage != NULL && xfer_copy(e, &sh, 1) == 0 && e->kv_hooks.put != NULL &&
-            e->kv_hooks.put(e->kv_hooks.ctx, p->kv.id, e->kv_stage, total, p->kv_n) == 0) {
-            e->kv_exports++;
-            e->kv_bytes += total;
-        }
-        if (e->m->place.rank == 0) {
-            const int32_t *pin = e->kvx_blocks + (size_t)e->kvx_head * e->max_bps;
-            for (uint32_t i = 0; i < e->kvx_n[e->kvx_head]; i++)
-                gang__kv_unpin(e, pin[i]);
-            e->kvx_head = (e->kvx_head + 1) % e->slots;
-            e->kvx_count--;
-        }
-        return 0;
-    }
+    if (p->kv_kind == GANG__KV_EXPORT)
+        return xfer_export(e, world, &sh, total, deadline);
     uint64_t until = gang_now_ms() + (e->kv_timeout_ms ? e->kv_timeout_ms : 10000);
     if (until > deadline)
         until = deadline;
