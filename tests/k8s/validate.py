@@ -418,7 +418,8 @@ class Checker:
                     job_names.setdefault(values.get("job-name"), set()).add(g.label)
         if any(len(v) > 1 for v in job_names.values()):
             out.err("gangs share a job name: %s" % {k: sorted(v) for k, v in job_names.items()})
-        self.check_client_service(all_pods, services, out)
+        if not self.check_router(objs, all_pods, services, out):
+            self.check_client_service(all_pods, services, out)
         self.check_pdb(gangs, objs, out)
 
     def check_references(self, objs, out):
@@ -523,6 +524,48 @@ class Checker:
                 out.err("%s: leaderWorkerTemplate.restartPolicy must be RecreateGroupOnPodRestart"
                         % g.label)
         out.ok("%s: controller wiring (%d Pods)" % (g.label, len(g.pods)))
+
+    def check_router(self, objs, all_pods, services, out):
+        """An overlay with a `ganglion router` Deployment (data-parallel or prefill/decode
+        pools, issue #26): the client Service selects the router's Pods, and the headless
+        Service of its --replicas-dns selects every gang Pod (single-node gangs: each one
+        a whole gang) and publishes only Ready ones. Returns 1 when there is a router."""
+        routers = []
+        for d in by_kind(objs, "Deployment").values():
+            tpl = d["spec"]["template"]
+            for c in tpl["spec"].get("containers") or []:
+                if (c.get("command") or [""])[:2] == ["ganglion", "router"]:
+                    routers.append((d, tpl, c))
+        if not routers:
+            return 0
+        every = {p.name for _, p in all_pods}
+        for d, tpl, c in routers:
+            labels = tpl.get("metadata", {}).get("labels") or {}
+            clients = [s for s in services.values() if s["spec"].get("clusterIP") != "None" and
+                       selector_matches(s["spec"].get("selector"), labels)]
+            if not clients:
+                out.err("no client Service selects the router Deployment/%s" %
+                        d["metadata"]["name"])
+            dns = flag_value(c.get("args") or [], "replicas-dns")
+            name = (dns or "").split(".")[0]
+            hs = services.get(name)
+            if hs is None or hs["spec"].get("clusterIP") != "None":
+                out.err("router Deployment/%s: --replicas-dns %r is not a headless Service of "
+                        "this overlay" % (d["metadata"]["name"], dns))
+                continue
+            picked = {p.name for _, p in all_pods
+                      if selector_matches(hs["spec"].get("selector"), p.labels)}
+            if picked != every or hs["spec"].get("publishNotReadyAddresses", False):
+                out.err("router's Service/%s selects %s (publishNotReadyAddresses %r); it "
+                        "must select every gang Pod %s, Ready ones only" %
+                        (name, sorted(picked), hs["spec"].get("publishNotReadyAddresses"),
+                         sorted(every)))
+            else:
+                out.ok("router Deployment/%s: client Service %s, replicas Service/%s selects "
+                       "every gang Pod (%d)" % (d["metadata"]["name"],
+                                                [s["metadata"]["name"] for s in clients], name,
+                                                len(every)))
+        return 1
 
     def check_client_service(self, all_pods, services, out):
         clients = [s for s in services.values()
