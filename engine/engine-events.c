@@ -101,7 +101,8 @@ void gang__sched_commit(gang_engine *e)
             ev.id = q->r.id;
             ev.index = q->n_cached;
             memcpy(ev.finish, stop ? "stop" : "length", stop ? 5 : 7);
-            sched_event(e, &ev);
+            if (!gang__xfer_on_done(e, q, &ev))
+                sched_event(e, &ev);
             sched_finish(e, q);
         }
     }

@@ -63,7 +63,20 @@ typedef struct gang__plan {
     uint32_t *seq_pos0;   /* [slots] pos0 of each sequence */
     int32_t *out;         /* [slots] the sampled token of each sequence (-1: none) */
     gang__result *res;    /* [slots] logprobs of each sequence (when it asked for them) */
+    /* The step's P/D transfer (engine-xfer.c), at most one: every rank copies its part of
+     * kv_n blocks out (export) or fetches it into them (import) before the step runs. */
+    uint32_t kv_kind;   /* GANG__KV_NONE, _EXPORT or _IMPORT */
+    uint32_t kv_n;      /* blocks, <= max_bps */
+    int32_t *kv_blocks; /* [max_bps] their ids in the pools */
+    gang_kv_xfer kv;    /* id; for an import also the source (host, port) */
 } gang__plan;
+
+#define GANG__KV_NONE 0u
+#define GANG__KV_EXPORT 1u
+#define GANG__KV_IMPORT 2u
+/* Bytes the transfer adds to a plan's body at most: u8 kind, u64 id, u32 n, the ids, u16
+ * port, u8 length + host. */
+#define GANG__PLAN_KV_MAX_BYTES(max_bps) (1u + 8u + 4u + 4u * (max_bps) + 2u + GANG_KV_HOST_MAX)
 
 /* ---------------------------------------------------------------------------------
  * Rank 0's request bookkeeping.
@@ -86,6 +99,9 @@ typedef struct gang__request {
                                    allocation, after the room for the output), or NULL */
     uint32_t g_sent;            /* its grammar went out since its last admission */
     int32_t last;               /* the last generated token (the next decode's input) */
+    uint32_t kv_state;          /* P/D import: 0 not tried, 1 in this step's plan, 2 done */
+    uint32_t kv_got;            /* blocks its import brought (0: none or failed) */
+    uint32_t kv_ms;             /* milliseconds its import took */
     struct gang__request *next; /* arrival order */
 } gang__request;
 
@@ -213,6 +229,22 @@ struct gang_engine {
     gang__plan plan;
     uint32_t plan_valid; /* the plan of the last step ran to completion */
 
+    /* P/D transfers (engine-xfer.c). Every rank: the hooks, a host staging buffer of
+     * max_bps blocks (allocated at the first transfer), the counters. Rank 0: the exports
+     * waiting for a step (a ring of [slots], each with max_bps pinned blocks) and the
+     * request whose import is in the current plan. */
+    gang_kv_hooks kv_hooks;
+    uint64_t kv_timeout_ms;
+    uint8_t *kv_stage;
+    uint64_t *kvx_id;       /* rank 0: [slots] ring of pending exports */
+    uint32_t *kvx_n;        /* rank 0: [slots] their block counts */
+    int32_t *kvx_blocks;    /* rank 0: [slots, max_bps] their pinned blocks */
+    gang_gen_event *kvx_ev; /* rank 0: [slots] their requests' DONE, held until exported */
+    uint32_t kvx_head, kvx_count;
+    uint64_t kvx_next;     /* rank 0: the next export id (random start, never 0) */
+    gang__request *kv_imp; /* rank 0: the request of this step's import, or NULL */
+    uint64_t kv_exports, kv_imports, kv_import_failures, kv_bytes;
+
     /* Rank 0 only. */
     gang__request *queue_head, *queue_tail; /* every live request, in arrival order */
     gang__request **slot_req;               /* [slots] the request holding each slot, or NULL */
@@ -233,7 +265,39 @@ int gang__sched_cancel(gang_engine *e, uint64_t id);
 /* Drops every request and event (rank 0); used by reset and free. */
 void gang__sched_clear(gang_engine *e);
 
+/* ---- P/D transfers (engine-xfer.c) ---- */
+
+/* Rank 0, building a plan: puts at most one transfer into it -- the oldest pending
+ * export, else the import of waiting request q when it can be admitted now (it then holds
+ * a slot and the blocks of its prompt, and sits this step out). Returns 1 when q was
+ * admitted so, 2 when q must wait for a later plan (this one already moves blocks), 0
+ * when q is admitted as usual (no transfer, or none to try). */
+int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot);
+/* Rank 0, building a plan: the oldest pending export into it, when there is one. */
+void gang__xfer_plan_export(gang_engine *e);
+/* Rank 0, at the end of request q (before its blocks go back): pins its prompt's full
+ * blocks for an export when it asked for one and keeps its DONE event ev (with the
+ * export's id) until the export ran, so that nobody can fetch an export before it
+ * exists: returns 1 then (the caller does not emit ev), else fills ev's kv fields and
+ * returns 0. */
+int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev);
+/* Every rank, after the plan's exchange: runs the plan's transfer (copy out, or fetch in
+ * and agree with rank 0 over world), then rank 0's bookkeeping. 0 or a communication
+ * error (a failed fetch is not one: the request falls back). */
+int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline);
+/* Allocates rank 0's export ring (init). 0 or GANG_ENOMEM. */
+int gang__xfer_alloc(gang_engine *e);
+void gang__xfer_free(gang_engine *e);
+/* Rank 0: drops the pending exports (reset). */
+void gang__xfer_clear(gang_engine *e);
+/* Wire: the plan's transfer fields (engine-wire.c calls it at the end of the body). */
+void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p);
+
 /* ---- KV blocks and the prefix cache (engine-kv.c, rank 0 but the upload) ---- */
+
+/* Rank 0: drops one reference on block b (a pinned export's): nobody else holding it, it
+ * goes to the LRU list when cached, else to the free stack. */
+void gang__kv_unpin(gang_engine *e, int32_t b);
 
 /* Rank 0: every block free again and the prefix cache empty (init and reset). */
 void gang__kv_reset(gang_engine *e);

@@ -207,3 +207,13 @@ void gang__kv_reset(gang_engine *e)
     e->lru_head = e->lru_tail = -1;
     e->n_lru = 0;
 }
+
+void gang__kv_unpin(gang_engine *e, int32_t b)
+{
+    if (e->blk_ref[b] == 0 || --e->blk_ref[b] > 0)
+        return;
+    if (e->blk_cached[b])
+        pc_lru_push(e, b);
+    else
+        e->free_blocks[e->n_free++] = (uint32_t)b;
+}

@@ -59,6 +59,16 @@ static void req_token(gang_codec *c, gang_req_msg *m)
         gang_codec_f32_array(c, m->top_lp, m->n_top);
 }
 
+/* A SUBMIT's P/D transfer (gang_kv_xfer); a block count is bounded by a context. */
+static void req_kv(gang_codec *c, gang_kv_xfer *kv)
+{
+    gang_codec_u64(c, &kv->id);
+    gang_codec_uint(c, &kv->blocks, 4, 1u << 24);
+    gang_codec_uint(c, &kv->port, 2, 65535);
+    gang_codec_str(c, kv->host, sizeof(kv->host), 1);
+    gang_codec_uint(c, &kv->do_export, 1, 1);
+}
+
 void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
 {
     if (!gang_req_kind_valid(kind)) {
@@ -73,6 +83,7 @@ void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
         gang_codec_u32(c, &m->max_tokens);
         gang_sampling_codec(c, &m->sampling);
         req_ids(c, m);
+        req_kv(c, &m->kv);
         /* A SUBMIT carries the start of its prompt: no more ids than the whole prompt. */
         if (gang_codec_ok(c) && m->n_prompt != 0 && m->n_ids > m->n_prompt)
             gang_codec_fail(c, c->decoding ? GANG_EPROTO : GANG_EINVAL);
@@ -90,6 +101,9 @@ void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
         gang_codec_u32(c, &m->index);
         gang_codec_str(c, m->finish, sizeof(m->finish), 1);
         gang_codec_str(c, m->reason, sizeof(m->reason), 2);
+        gang_codec_u64(c, &m->kv_id);
+        gang_codec_u32(c, &m->kv_blocks);
+        gang_codec_u32(c, &m->kv_ms);
         break;
     default: /* CANCEL: the id is all */
         break;

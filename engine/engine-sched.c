@@ -17,6 +17,8 @@
  *      most the prompt tokens left in the step's budget (max_step_tokens). A chunk
  *      samples only when it completes the prompt: its last logits give the first
  *      generated token.
+ *      A waiting request that names a P/D transfer is admitted the same way, but its
+ *      first step fetches the transfer's blocks instead of a chunk (engine-xfer.c).
  *   3. Events are bounded: a sampling sequence can produce two (TOKEN and DONE), and a
  *      sequence is only scheduled to sample when the event ring has room for them, so a
  *      caller that stops polling stalls the engine (empty plans) instead of losing
@@ -118,8 +120,11 @@ void gang__sched_build(gang_engine *e)
 
     e->plan.n_seq = 0;
     e->plan.n_tokens = 0;
+    e->plan.kv_kind = GANG__KV_NONE;
     for (q = e->queue_head; q != NULL; q = q->next)
         q->planned = 0;
+    gang__xfer_plan_export(e);
+    reserved = e->plan.kv_kind == GANG__KV_EXPORT; /* the exported request's DONE */
     /* 1. Decodes, oldest first; a decode that needs a block nobody has left preempts the
      *    youngest running sequence (possibly itself). */
     for (q = e->queue_head; q != NULL; q = q->next) {
@@ -151,6 +156,10 @@ void gang__sched_build(gang_engine *e)
                 free_slot++;
             if (free_slot == e->slots)
                 break;
+            /* A request naming a P/D transfer fetches its blocks this step instead (or
+             * waits for a plan that moves no other blocks). */
+            if (gang__xfer_admit(e, q, free_slot) != 0)
+                continue;
             /* Its leading full blocks already cached are taken as they are (at least one
              * token is left to compute, the one whose logits it samples). */
             n_hit = gang__pc_lookup(e, q, target - 1, hits, &held_free, &hash);

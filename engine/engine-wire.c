@@ -18,6 +18,8 @@
  *          0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size) entries), sequence after
  *          sequence. Every rank keeps the tables (host and tensor memory) from the plans
  *          it receives.
+ *          then the step's P/D transfer (gang__plan_kv_fields): u8 kind, and unless it
+ *          is none u64 id, u32 n, n block ids, u16 port, u8 length + host.
  * The header has a fixed size, so every rank can validate the body's size against its
  * own bounds before receiving it.
  */
@@ -90,6 +92,17 @@ static void plan_tables_fields(gang_codec *c, const gang_engine *e, const gang__
     }
 }
 
+void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p)
+{
+    gang_codec_uint(c, &p->kv_kind, 1, GANG__KV_IMPORT);
+    if (!gang_codec_ok(c) || p->kv_kind == GANG__KV_NONE)
+        return;
+    gang_codec_u64(c, &p->kv.id);
+    gang_codec_i32_list(c, &p->kv_n, 4, p->kv_blocks, e->max_bps);
+    gang_codec_uint(c, &p->kv.port, 2, 65535);
+    gang_codec_str(c, p->kv.host, sizeof(p->kv.host), 1);
+}
+
 int gang__plan_write(const gang_engine *e, const gang__plan *p, int32_t *tables, int32_t *buf,
                      uint32_t *body_words)
 {
@@ -110,6 +123,11 @@ int gang__plan_write(const gang_engine *e, const gang__plan *p, int32_t *tables,
         plan_seq_fields(&c, &p->seqs[i]);
     gang_codec_i32_array(&c, p->tokens, p->n_tokens);
     plan_tables_fields(&c, e, p->seqs, p->n_seq, tables);
+    gang__plan kp = {.kv_kind = p->kv_kind,
+                     .kv_n = p->kv_n,
+                     .kv_blocks = p->kv_blocks,
+                     .kv = p->kv}; /* (the codec's walk writes: it encodes from a copy) */
+    gang__plan_kv_fields(&c, e, &kp);
     rc = gang_codec_finish(&c, &len);
     if (rc != 0)
         return rc == GANG_EMSGSIZE ? GANG_EINTERNAL : rc; /* plan_max_words is too small */
@@ -155,8 +173,9 @@ int gang__plan_check_header(const gang_engine *e, const int32_t *hdr, uint32_t *
     /* The entries' sizes vary with their stop lists; tokens and tables are words. */
     uint64_t fixed = 4 * ((uint64_t)h.n_tokens + h.n_table);
     if (h.n_tokens < h.n_seq ||
-        h.body_bytes < fixed + (uint64_t)h.n_seq * GANG__PLAN_SEQ_MIN_BYTES ||
-        h.body_bytes > fixed + (uint64_t)h.n_seq * GANG__PLAN_SEQ_MAX_BYTES)
+        h.body_bytes < fixed + (uint64_t)h.n_seq * GANG__PLAN_SEQ_MIN_BYTES + 1u ||
+        h.body_bytes > fixed + (uint64_t)h.n_seq * GANG__PLAN_SEQ_MAX_BYTES +
+                           GANG__PLAN_KV_MAX_BYTES(e->max_bps))
         return GANG_EPROTO;
     *body_words = (h.body_bytes + 3) / 4;
     return 0;
@@ -262,8 +281,14 @@ int gang__plan_decode(gang_engine *e)
         return GANG_EPROTO;
     gang_codec_i32_array(&c, p->tokens, h.n_tokens);
     plan_tables_fields(&c, e, p->seqs, h.n_seq, e->wire_tables);
+    gang__plan_kv_fields(&c, e, p);
     if (gang_codec_finish(&c, NULL) != 0)
         return GANG_EPROTO;
+    /* A transfer names blocks of the pool, none twice, none this step writes. */
+    for (i = 0; i < p->kv_n && p->kv_kind != GANG__KV_NONE; i++) {
+        if (p->kv_blocks[i] < 0 || (uint32_t)p->kv_blocks[i] >= e->n_blocks)
+            return GANG_EPROTO;
+    }
     for (i = 0; i < h.n_tokens; i++) {
         if (p->tokens[i] < 0 || (uint32_t)p->tokens[i] >= e->vocab)
             return GANG_EPROTO;

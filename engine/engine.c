@@ -119,6 +119,7 @@ void gang_engine_free(gang_engine *e)
     free(e->plan.seq_pos0);
     free(e->plan.out);
     free(e->plan.res);
+    gang__xfer_free(e);
     free(e->slot_req);
     free(e->events);
     free(e);
@@ -369,7 +370,8 @@ static int eng_alloc_buffers(gang_engine *e)
         }
     }
     e->plan_max_words = ((size_t)e->slots * GANG__PLAN_SEQ_MAX_BYTES + 3) / 4 +
-                        (size_t)e->slots * e->max_bps + e->max_tokens;
+                        (size_t)e->slots * e->max_bps + e->max_tokens +
+                        (GANG__PLAN_KV_MAX_BYTES(e->max_bps) + 3) / 4;
     e->plan_buf = malloc((GANG__PLAN_HDR_WORDS + e->plan_max_words) * sizeof(int32_t));
     e->wire_tables = malloc((size_t)e->slots * e->max_bps * sizeof(int32_t));
     e->slot_seen = calloc(e->slots, 1);
@@ -379,9 +381,11 @@ static int eng_alloc_buffers(gang_engine *e)
     e->plan.seq_pos0 = calloc(e->slots, sizeof(uint32_t));
     e->plan.out = calloc(e->slots, sizeof(int32_t));
     e->plan.res = calloc(e->slots, sizeof(*e->plan.res));
+    e->plan.kv_blocks = calloc(e->max_bps, sizeof(int32_t));
     if (e->plan_buf == NULL || e->wire_tables == NULL || e->slot_seen == NULL ||
         e->plan.seqs == NULL || e->plan.tokens == NULL || e->plan.seq_tokens == NULL ||
-        e->plan.seq_pos0 == NULL || e->plan.out == NULL || e->plan.res == NULL)
+        e->plan.seq_pos0 == NULL || e->plan.out == NULL || e->plan.res == NULL ||
+        e->plan.kv_blocks == NULL || gang__xfer_alloc(e) != 0)
         return GANG_ENOMEM;
     if (m->place.rank == 0) {
         e->slot_req = calloc(e->slots, sizeof(*e->slot_req));
@@ -549,7 +553,8 @@ int gang_engine_cancel(gang_engine *e, uint64_t id)
 
 uint32_t gang_engine_pending(const gang_engine *e)
 {
-    return e == NULL ? 0 : e->n_pending;
+    /* (A pending export needs a step too, with no request left.) */
+    return e == NULL ? 0 : e->n_pending + e->kvx_count;
 }
 
 /* Validates r against the engine; 0 or GANG_EINVAL with the reason in err. */
@@ -663,6 +668,7 @@ int gang_engine_submit(gang_engine *e, const gang_gen_request *r, char *err, siz
     }
     q->r = rr;
     q->r.prompt = q->prompt;
+    q->r.kv.host[GANG_KV_HOST_MAX - 1] = '\0';
     if (e->queue_tail != NULL)
         e->queue_tail->next = q;
     else
@@ -687,6 +693,7 @@ void gang_engine_reset(gang_engine *e)
     if (e == NULL)
         return;
     gang__sched_clear(e);
+    gang__xfer_clear(e);
     /*
      * Cache rows are always written before they are read (a sequence's step writes rows
      * pos0 .. pos0 + n - 1 and attends to rows below), so forgetting the slots is only
@@ -767,6 +774,8 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
     if (m->place.rank == 0)
         gang__sched_build(e);
     rc = eng_exchange_plan(e, world, deadline);
+    if (rc == 0)
+        rc = gang__xfer_run(e, world, deadline);
     if (rc != 0)
         return rc;
     if (e->plan.n_seq == 0)

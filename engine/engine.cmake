@@ -6,6 +6,7 @@ add_library(gang_engine STATIC
   engine/engine-kv.c
   engine/engine-events.c
   engine/engine-wire.c
+  engine/engine-xfer.c
   engine/engine-request.c
   engine/engine-run.c
   engine/engine-device.c

@@ -276,14 +276,13 @@ static void s_on_token(void *ctx, const gang_req_msg *tok)
         gang_api_on_token(a->api, tok);
 }
 
-static void s_on_done(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                      const char *finish, const char *reason)
+static void s_on_done(void *ctx, const gang_req_msg *done)
 {
     agent *a = ctx;
-    if (a->relay && gang_fwd_relay_done(a->relay, gen, id, code, cached, finish, reason))
+    if (a->relay && gang_fwd_relay_done(a->relay, done))
         return;
     if (a->api)
-        gang_api_on_done(a->api, gen, id, code, cached, finish, reason);
+        gang_api_on_done(a->api, done);
 }
 
 /* --- forwarding (api-fwd.h) ------------------------------------------------------- */
@@ -334,7 +333,7 @@ static void m_on_api(void *ctx, uint64_t gen, const uint8_t *data, uint32_t len)
         if (stamp_us != 0)
             gang_api_observe_relay(a->api, now >= stamp_us ? (double)(now - stamp_us) / 1e6 : 0);
     } else if (m->kind == GANG_REQ_DONE) {
-        gang_api_on_done(a->api, gen, m->id, m->code, m->index, m->finish, m->reason);
+        gang_api_on_done(a->api, m);
     } else {
         gang_api_on_nack(a->api, gen, m->id, m->index);
     }

@@ -193,21 +193,23 @@ int gang_fwd_relay_token(gang_fwd_relay *r, const gang_req_msg *tok)
     return 1;
 }
 
-int gang_fwd_relay_done(gang_fwd_relay *r, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                        const char *finish, const char *reason)
+int gang_fwd_relay_done(gang_fwd_relay *r, const gang_req_msg *done)
 {
-    uint32_t node = gang_fwd_node(id);
+    uint32_t node = gang_fwd_node(done->id);
     if (node == 0)
         return 0;
     gang_req_msg *m = &r->pkt;
     memset(m, 0, sizeof(*m));
     m->kind = GANG_REQ_DONE;
-    m->id = id & GANG_FWD_ID_MASK;
-    m->code = code;
-    m->index = cached;
-    gang_strlcpy(m->finish, finish, sizeof(m->finish));
-    gang_strlcpy(m->reason, reason, sizeof(m->reason));
-    relay_send(r, node, gen, m, 0);
+    m->id = done->id & GANG_FWD_ID_MASK;
+    m->code = done->code;
+    m->index = done->index;
+    gang_strlcpy(m->finish, done->finish, sizeof(m->finish));
+    gang_strlcpy(m->reason, done->reason, sizeof(m->reason));
+    m->kv_id = done->kv_id;
+    m->kv_blocks = done->kv_blocks;
+    m->kv_ms = done->kv_ms;
+    relay_send(r, node, done->generation, m, 0);
     return 1;
 }
 

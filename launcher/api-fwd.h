@@ -122,8 +122,7 @@ void gang_fwd_relay_in(gang_fwd_relay *r, uint32_t node, uint64_t gen, const uin
  * 1; returns 0 for the coordinator's own requests.
  */
 int gang_fwd_relay_token(gang_fwd_relay *r, const gang_req_msg *tok);
-int gang_fwd_relay_done(gang_fwd_relay *r, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                        const char *finish, const char *reason);
+int gang_fwd_relay_done(gang_fwd_relay *r, const gang_req_msg *done);
 /* The wall clock in microseconds (forwarded tokens' stamps). */
 uint64_t gang__fwd_wall_us(void);
 /* Appends the relay's counters (coordinator). */

@@ -96,6 +96,11 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
         snprintf(err, errlen, "--quantize %s: not one of none, int8", p->quantize);
         return GANG_EUSAGE;
     }
+    uint32_t role;
+    if (gang_role_parse(p->role, &role) != 0) {
+        snprintf(err, errlen, "--role %s: not one of both, prefill, decode", p->role);
+        return GANG_EUSAGE;
+    }
     gang_strlcpy(l->dtype, p->dtype, sizeof(l->dtype));
     gang_strlcpy(l->quantize, p->quantize, sizeof(l->quantize));
     l->kv_auto = strcmp(p->kv_cache_dtype, "auto") == 0;
@@ -337,6 +342,8 @@ static void api_config_from_params(const gang_params *p, const gang_layout *l, g
     gang_strlcpy(out->ctx_why, l->ctx_why, sizeof(out->ctx_why));
     out->max_queue = (uint32_t)p->max_queue;
     out->request_timeout_ms = (uint64_t)p->request_timeout_ms;
+    (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */
+    out->kv_port = (uint32_t)p->kv_port;
 }
 
 /* The agent's own scalars and strings (everything but identity, secrets and layout). */
@@ -442,6 +449,12 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     out->kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
     out->prefix_caching = p->enable_prefix_caching ? 1u : 0u;
     out->cuda_graphs = p->cuda_graphs ? 1u : 0u;
+    (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */
+    out->kv_port = (uint32_t)p->kv_port;
+    gang_strlcpy(out->kv_bind, p->bind_address, sizeof(out->kv_bind));
+    out->kv_timeout_ms = (uint64_t)p->kv_transfer_timeout_ms;
+    out->kv_store_bytes = (uint64_t)p->kv_export_mb << 20;
+    out->kv_hold_ms = (uint64_t)p->kv_export_hold_ms;
 }
 
 int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
@@ -481,5 +494,12 @@ int gang_worker_config_from_params(const gang_params *p, const char *agent_path,
     out->gpu_health_interval_ms = (uint64_t)p->gpu_health_interval_ms;
     out->gpu_bind = p->gpu_bind != 0;
     wres_config_from_params(p, &l, &out->res);
+    /* The KV transfers of P/D authenticate with the gang's token (worker-kv.c). */
+    char why[256] = "libsodium did not initialise";
+    if (gang_auth_init() != 0 ||
+        gang_auth_load_token(p->token_file, &out->res.kv_token, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "token: %s", why);
+        return GANG_EUSAGE;
+    }
     return 0;
 }

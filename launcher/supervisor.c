@@ -259,7 +259,7 @@ static void on_worker_req(wslot *w, const gang_req_msg *r)
     if (r->kind == GANG_REQ_TOKEN && s->cb.on_token)
         s->cb.on_token(s->cb.ctx, r);
     else if (r->kind == GANG_REQ_DONE && s->cb.on_done)
-        s->cb.on_done(s->cb.ctx, r->generation, r->id, r->code, r->index, r->finish, r->reason);
+        s->cb.on_done(s->cb.ctx, r);
     else if (r->kind != GANG_REQ_TOKEN && r->kind != GANG_REQ_DONE)
         gang_warn("supervisor: unexpected request message %u from local rank %u", r->kind,
                   w->local_rank);

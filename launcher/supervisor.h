@@ -28,10 +28,10 @@ typedef struct gang_sup_callbacks {
     /* Local rank 0 (global rank 0 on node 0): a TOKEN message (generation, id, index,
      * token, logprobs) as rank 0 sent it. May be NULL. */
     void (*on_token)(void *ctx, const gang_req_msg *tok);
-    /* Local rank 0: request id finished (code 0, finish "length"/"stop") or was refused
-     * (code < 0, reason). May be NULL. */
-    void (*on_done)(void *ctx, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                    const char *finish, const char *reason);
+    /* Local rank 0: a DONE message (generation, id; code 0, finish "length"/"stop", the
+     * cached tokens in index, the P/D transfer's kv_* fields; or code < 0 and a reason).
+     * May be NULL. */
+    void (*on_done)(void *ctx, const gang_req_msg *done);
     /* A worker exited with a code that says a retry cannot help (2 usage/layout, 3 model):
      * the agent should stop with that exit code. May be NULL. */
     void (*on_fatal)(void *ctx, int exit_code, const char *reason);

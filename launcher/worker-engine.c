@@ -53,6 +53,7 @@
 #include "ganglion/engine.h"
 #include "wctl.h"
 #include "worker.h"
+#include "worker-kv.h"
 
 /* =====================================================================================
  * Worker-lifetime resources
@@ -76,6 +77,7 @@ struct gang__wres {
     gang_moe_load_sample moe;  /* under mu: the MoE layers' load at the last publication */
     int has_moe;               /* under mu: moe is valid */
     uint64_t moe_pub_ms;       /* data thread: when it last published moe */
+    gang__wkv *kv;             /* the P/D transport of its engine (worker-kv.c), or NULL */
 };
 
 _Static_assert(sizeof(gang__wevent) <= PIPE_BUF, "a worker event must be written atomically");
@@ -217,6 +219,9 @@ static int wres_load(gang__wres *r)
     rc = gang_engine_setup_init(&es, r->model, r->k, &r->engine, &ec, err, sizeof(err));
     if (rc != 0)
         goto out_err;
+    rc = gang__wkv_start(c, r->rank, r->engine, &r->kv);
+    if (rc != 0)
+        goto out_err;
     gang_engine_kv kv;
     gang_engine_kv_info(r->engine, &kv);
     r->n_blocks = kv.blocks;
@@ -295,6 +300,7 @@ void gang__wres_close(gang__wres *r)
         return;
     if (r->loader_started)
         pthread_join(r->loader, NULL); /* loading is not interruptible; exit waits for it */
+    gang__wkv_stop(r->kv);
     gang_engine_free(r->engine);
     gang_model_device_release(r->model); /* device arrays go back to r->k's pool first */
     gang_model_free(r->model);
@@ -658,6 +664,9 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             memcpy(ev.top_ids, ge.top_ids, sizeof(ev.top_ids));
             memcpy(ev.top_lp, ge.top_logprobs, sizeof(ev.top_lp));
             gang_strlcpy(ev.finish, ge.finish, sizeof(ev.finish));
+            ev.kv_id = ge.kv_id;
+            ev.kv_blocks = ge.kv_blocks;
+            ev.kv_ms = ge.kv_ms;
             wstep_event(s, &ev);
         }
     }

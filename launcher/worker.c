@@ -556,7 +556,8 @@ static void worker_queue(worker *w, const gang_req_msg *m, const int32_t *prompt
                           .prompt = prompt,
                           .n_prompt = n_prompt,
                           .max_tokens = m->max_tokens,
-                          .sampling = m->sampling};
+                          .sampling = m->sampling,
+                          .kv = m->kv};
     int rc = gang__wstep_submit(w->step, &r);
     if (rc != 0)
         worker_refuse(w, m->generation, m->id, rc, "cannot queue the request: %s",
@@ -820,6 +821,9 @@ static void worker_on_events(worker *w)
             r.code = ev.code;
             memcpy(r.finish, ev.finish, sizeof(r.finish));
             r.finish[sizeof(r.finish) - 1] = '\0';
+            r.kv_id = ev.kv_id;
+            r.kv_blocks = ev.kv_blocks;
+            r.kv_ms = ev.kv_ms;
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             gang_strlcpy(r.reason, ev.reason, sizeof(r.reason));
             worker_reply_req(w, &r);

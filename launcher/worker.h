@@ -48,6 +48,14 @@ typedef struct gang__wres_config {
     uint32_t cuda_graphs;    /* --cuda-graphs */
     char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
                                 the GPU of the local rank's index */
+    /* P/D KV transfers (worker-kv.c) */
+    uint32_t role;               /* --role: GANG_ROLE_* (serve.h) */
+    uint32_t kv_port;            /* --kv-port: a prefill gang's rank r serves on + r; 0 none */
+    char kv_bind[GANG_HOST_MAX]; /* --bind-address */
+    uint64_t kv_timeout_ms;      /* --kv-transfer-timeout-ms */
+    uint64_t kv_store_bytes;     /* --kv-export-mb */
+    uint64_t kv_hold_ms;         /* --kv-export-hold-ms */
+    gang_token kv_token;         /* --token-file (present 0: unauthenticated, warned) */
 } gang__wres_config;
 
 /*
@@ -143,6 +151,9 @@ typedef struct gang__wevent {
     int32_t token;                /* TOKEN */
     uint32_t index;               /* TOKEN; DONE: prompt tokens from the prefix cache */
     char finish[8];               /* DONE: "length" or "stop" */
+    uint64_t kv_id;               /* DONE: P/D, the export of its prompt's blocks (0 none) */
+    uint32_t kv_blocks;           /* DONE: blocks exported, or imported when kv_id is 0 */
+    uint32_t kv_ms;               /* DONE: its import's milliseconds */
     float logprob;                /* TOKEN, when asked */
     uint32_t n_top;               /* TOKEN: alternatives */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];

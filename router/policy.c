@@ -18,6 +18,7 @@
 
 #include "ganglion/engine.h"
 #include "ganglion/router.h"
+#include "ganglion/serve.h"
 
 typedef struct lru_table {
     uint64_t *key;
@@ -31,6 +32,7 @@ typedef struct lru_table {
 
 typedef struct replica_state {
     int up;
+    uint32_t role; /* GANG_ROLE_* */
     gang_router_load load;
     lru_table t;
 } replica_state;
@@ -332,6 +334,46 @@ int gang_router_policy_pick(gang_router_policy *p, const uint64_t *hashes, uint3
     out->matched = best_m;
     out->reason = GANG_ROUTER_R_PREFIX;
     return 0;
+}
+
+void gang_router_policy_set_role(gang_router_policy *p, uint32_t i, uint32_t role)
+{
+    if (i < p->cfg.nreplicas)
+        p->r[i].role =
+            role == GANG_ROLE_PREFILL || role == GANG_ROLE_DECODE ? role : GANG_ROLE_BOTH;
+}
+
+/* The replicas that are up with a role in the set `roles` (bit r for role r), as a mask. */
+static uint64_t up_with_role(const gang_router_policy *p, uint32_t roles)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < p->cfg.nreplicas; i++) {
+        if (p->r[i].up && (roles >> p->r[i].role & 1u))
+            m |= 1ull << i;
+    }
+    return m;
+}
+
+#define ROLES_PREFILL (1u << GANG_ROLE_PREFILL)
+#define ROLES_ANSWER (1u << GANG_ROLE_BOTH | 1u << GANG_ROLE_DECODE)
+
+int gang_router_policy_pd(const gang_router_policy *p)
+{
+    return up_with_role(p, ROLES_PREFILL) != 0 && up_with_role(p, ROLES_ANSWER) != 0;
+}
+
+int gang_router_policy_pick_phase(gang_router_policy *p, const uint64_t *hashes, uint32_t n,
+                                  uint64_t exclude, gang_router_phase phase, gang_router_pick *out)
+{
+    uint64_t prefill = up_with_role(p, ROLES_PREFILL), answer = up_with_role(p, ROLES_ANSWER);
+    if (phase == GANG_ROUTER_PHASE_PREFILL)
+        return (prefill & ~exclude) != 0
+                   ? gang_router_policy_pick(p, hashes, n, exclude | ~prefill, out)
+                   : GANG_EAGAIN;
+    /* The answer: never a prefill replica while a decode or both replica is eligible. */
+    if ((answer & ~exclude) != 0)
+        exclude |= prefill;
+    return gang_router_policy_pick(p, hashes, n, exclude, out);
 }
 
 uint32_t gang_router_hash_ids(const int32_t *ids, size_t n, uint64_t *out, uint32_t cap)

@@ -24,6 +24,15 @@
  * call has a deadline (--request-timeout-ms): past it the client gets 504, or its stream
  * ends with an error event; while no replica is eligible the call waits
  * --retry-backoff-ms between tries, so a gang that restarts takes its calls back.
+ *
+ * Disaggregated prefill/decode (issue #26): while a prefill replica (ganglion_role 1) and a
+ * decode one are up, a call of one prompt and one choice goes first to a prefill replica
+ * as the same body with max_tokens 1, unstreamed (its gang computes the prompt's KV and
+ * the first token), then, whatever that answered, to a decode replica as the client sent
+ * it: the client sees the decode replica's one answer or stream. The prefill phase is
+ * never retried: a failure, a replica going down or --prefill-timeout-ms only moves the
+ * call to its decode phase early, where the decode gang prefills the prompt itself (the
+ * fallback; greedy and seeded answers are the same either way).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +68,11 @@ struct router_fwd {
     uint64_t *hashes;
     uint32_t nh;
     int want_stream, started, done;
+    int phase;   /* 1: the prefill phase of a P/D call (body pbody); 0: the answer */
+    char *pbody; /* the prefill phase's body (max_tokens 1, unstreamed), or NULL */
+    size_t pbody_len;
+    uint64_t phase_t0;  /* when the prefill phase started (ms) */
+    uint64_t phase_end; /* its deadline: --prefill-timeout-ms after phase_t0 */
     uint64_t exclude, deadline_ms;
     int32_t replica; /* of the current attempt, -1 between attempts */
     upstream *up;
@@ -164,6 +178,7 @@ static void fwd_free_cb(uv_handle_t *h)
     free(f->body);
     free(f->auth);
     free(f->hashes);
+    cJSON_free(f->pbody);
     free(f);
 }
 
@@ -230,12 +245,16 @@ static void fail_call(router_fwd *f, int status, const char *msg)
 static void arm(router_fwd *f, uint64_t ms);
 
 /* The one timer of a call: its deadline, a connect deadline, or the end of a backoff. */
+static void prefill_over(router_fwd *f, int ok, const char *why);
+
 static void on_timer(uv_timer_t *t)
 {
     router_fwd *f = t->data;
     uint64_t now = gang_now_ms();
     if (now >= f->deadline_ms)
         fail_call(f, 504, "no replica answered within the request deadline");
+    else if (f->phase == 1 && now >= f->phase_end)
+        prefill_over(f, 0, "the prefill passed --prefill-timeout-ms");
     else if (f->up != NULL && !f->up->connected)
         attempt_failed(f, "connect deadline", 1);
     else if (f->up == NULL)
@@ -246,7 +265,10 @@ static void on_timer(uv_timer_t *t)
 
 static void arm(router_fwd *f, uint64_t ms)
 {
-    uint64_t now = gang_now_ms(), left = f->deadline_ms > now ? f->deadline_ms - now : 0;
+    uint64_t now = gang_now_ms(), end = f->deadline_ms;
+    if (f->phase == 1 && f->phase_end < end)
+        end = f->phase_end;
+    uint64_t left = end > now ? end - now : 0;
     uv_timer_start(&f->timer, on_timer, ms < left ? ms : left, 0);
 }
 
@@ -290,7 +312,7 @@ static int on_body(http_parser *p, const char *at, size_t len)
     if (up == NULL)
         return 0;
     router_fwd *f = up->f;
-    if (f->want_stream && up->status == 200) {
+    if (f->want_stream && f->phase == 0 && up->status == 200) {
         if (!f->started) {
             f->started = 1;
             if (gang_http_stream_begin(f->x, 200, up->ctype[0] ? up->ctype : NULL) != 0)
@@ -336,9 +358,55 @@ static const http_parser_settings settings = {
     .on_message_complete = on_complete,
 };
 
+/*
+ * P/D: the prefill replica's answer names the export of the prompt's KV blocks
+ * ("kv_transfer": id, port, blocks); the call's body for its decode phase gets it, with
+ * the prefill replica's address, so that the decode gang fetches the blocks instead of
+ * prefilling them. An answer without one (exports off, or none made) changes nothing.
+ */
+static void hand_over_kv(router_fwd *f, const upstream *up)
+{
+    router *r = f->r;
+    cJSON *a = up->body != NULL ? cJSON_ParseWithLength(up->body, up->len) : NULL;
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(a, "kv_transfer");
+    cJSON *b = cJSON_IsObject(kv) ? cJSON_ParseWithLength(f->body, f->body_len) : NULL;
+    const router_replica *rep = f->replica >= 0 ? &r->reps[f->replica] : NULL;
+    char *s = NULL;
+    if (cJSON_IsObject(b) && rep != NULL && rep->addr[0] != '\0') {
+        cJSON *k = cJSON_Duplicate(kv, 1);
+        cJSON_DeleteItemFromObjectCaseSensitive(k, "host");
+        cJSON_AddStringToObject(k, "host", rep->addr);
+        cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer");
+        cJSON_AddItemToObject(b, "kv_transfer", k);
+        s = cJSON_PrintUnformatted(b);
+    }
+    if (s != NULL) {
+        char *nb = strdup(s);
+        if (nb != NULL) {
+            free(f->body);
+            f->body = nb;
+            f->body_len = strlen(nb);
+            r->pd_kv_handovers++;
+        }
+        cJSON_free(s);
+    }
+    cJSON_Delete(b);
+    cJSON_Delete(a);
+}
+
 /* The answer is whole: relay it, or move on when the replica said it is not serving. */
 static void answer_complete(router_fwd *f, upstream *up)
 {
+    if (f->phase == 1) {
+        /* A refusal of the call itself (400, 401, 404...) is the decode replica's to answer
+         * the client: it is not a failure of the prefill pool. */
+        int refused =
+            up->status >= 400 && up->status < 500 && up->status != 408 && up->status != 429;
+        if (up->status == 200)
+            hand_over_kv(f, up);
+        prefill_over(f, up->status == 200 || refused, "the prefill replica did not answer 200");
+        return;
+    }
     if (f->started) {
         gang_http_stream_end(f->x);
         finish(f);
@@ -406,7 +474,8 @@ static void on_connect(uv_connect_t *c, int status)
     up->connected = 1;
     arm(f, UINT64_MAX); /* now only the call's deadline */
     uv_buf_t bufs[2] = {uv_buf_init(up->head, (unsigned)strlen(up->head)),
-                        uv_buf_init(f->body, (unsigned)f->body_len)};
+                        f->phase == 1 ? uv_buf_init(f->pbody, (unsigned)f->pbody_len)
+                                      : uv_buf_init(f->body, (unsigned)f->body_len)};
     up->wr.data = up;
     if (uv_write(&up->wr, (uv_stream_t *)&up->tcp, bufs, 2, on_write) != 0 ||
         uv_read_start((uv_stream_t *)&up->tcp, on_alloc, on_read) != 0)
@@ -433,8 +502,8 @@ static int connect_replica(router_fwd *f, router_replica *rep)
     snprintf(up->head, cap,
              "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
              "Content-Length: %zu\r\nConnection: close\r\n%s%s%s\r\n",
-             f->method, f->path, rep->name, f->body_len, f->auth[0] ? "Authorization: " : "",
-             f->auth, f->auth[0] ? "\r\n" : "");
+             f->method, f->path, rep->name, f->phase == 1 ? f->pbody_len : f->body_len,
+             f->auth[0] ? "Authorization: " : "", f->auth, f->auth[0] ? "\r\n" : "");
     http_parser_init(&up->parser, HTTP_RESPONSE);
     up->parser.data = up;
     up->tcp.data = up;
@@ -452,7 +521,13 @@ static void attempt(router_fwd *f)
 {
     router *r = f->r;
     gang_router_pick pk;
-    if (gang_router_policy_pick(r->policy, f->hashes, f->nh, f->exclude, &pk) != 0) {
+    if (f->phase == 1 && gang_router_policy_pick_phase(r->policy, f->hashes, f->nh, f->exclude,
+                                                       GANG_ROUTER_PHASE_PREFILL, &pk) != 0) {
+        prefill_over(f, 0, NULL); /* no prefill replica now: the decode replica prefills */
+        return;
+    }
+    if (f->phase == 0 && gang_router_policy_pick_phase(r->policy, f->hashes, f->nh, f->exclude,
+                                                       GANG_ROUTER_PHASE_DECODE, &pk) != 0) {
         /* Every replica is down or failed this call: start over after the backoff, so a
          * gang that comes back takes the call. */
         f->exclude = 0;
@@ -461,6 +536,7 @@ static void attempt(router_fwd *f)
         return;
     }
     router_replica *rep = &r->reps[pk.replica];
+    r->pd_prefills += f->phase == 1;
     gang_router_policy_record(r->policy, pk.replica, f->hashes, f->nh);
     r->decisions[pk.reason]++;
     rep->sent++;
@@ -481,6 +557,13 @@ static void attempt_failed(router_fwd *f, const char *why, int mark_down)
 {
     router *r = f->r;
     int32_t i = f->replica;
+    if (f->phase == 1) {
+        if (i >= 0 && mark_down)
+            gang__router_set_up(r, (uint32_t)i, 0, why);
+        if (f->phase == 1) /* (set_up may have moved it already) */
+            prefill_over(f, 0, why);
+        return;
+    }
     detach(f);
     if (i >= 0) {
         r->reps[i].retried_away += !f->started;
@@ -499,6 +582,62 @@ static void attempt_failed(router_fwd *f, const char *why, int mark_down)
     }
     uv_timer_stop(&f->timer);
     attempt(f);
+}
+
+/*
+ * The prefill phase of f is over (ok: its replica answered 200; why: the failure, for the
+ * log, NULL when no prefill replica was eligible): the call goes to its decode phase.
+ */
+static void prefill_over(router_fwd *f, int ok, const char *why)
+{
+    router *r = f->r;
+    int32_t i = f->replica;
+    if (f->phase != 1)
+        return;
+    detach(f);
+    f->phase = 0;
+    f->exclude = 0;
+    if (why == NULL && !ok) {
+        r->pd_prefill_skipped++;
+    } else {
+        gang_histogram_observe(&r->h_prefill, (double)(gang_now_ms() - f->phase_t0) / 1000.0);
+        if (!ok) {
+            r->pd_prefill_failed++;
+            gang_info("router: the prefill of %s on %s failed (%s); its decode replica "
+                      "prefills it",
+                      f->path, i >= 0 ? r->reps[i].name : "?", why);
+        }
+    }
+    uv_timer_stop(&f->timer);
+    attempt(f);
+}
+
+/*
+ * The body of a P/D call's prefill phase: the client's with max_tokens (and
+ * max_completion_tokens) 1, unstreamed, without min_tokens; NULL when the call is not one
+ * P/D splits (n > 1, best_of, a batch of prompts) or out of memory.
+ */
+static char *prefill_body(const cJSON *req, size_t *len)
+{
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(req, "n");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    if ((n != NULL && !(cJSON_IsNumber(n) && n->valuedouble == 1.0)) ||
+        cJSON_GetObjectItemCaseSensitive(req, "best_of") != NULL ||
+        (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && !cJSON_IsNumber(p->child)))
+        return NULL;
+    cJSON *j = cJSON_Duplicate(req, 1);
+    if (j == NULL)
+        return NULL;
+    static const char *const drop[] = {"max_tokens", "max_completion_tokens", "min_tokens",
+                                       "stream", "stream_options"};
+    for (size_t k = 0; k < sizeof(drop) / sizeof(drop[0]); k++)
+        cJSON_DeleteItemFromObjectCaseSensitive(j, drop[k]);
+    char *s = NULL;
+    if (cJSON_AddNumberToObject(j, "max_tokens", 1) != NULL)
+        s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    *len = s != NULL ? strlen(s) : 0;
+    return s;
 }
 
 /* ------------------------------------------------------------------ entry points */
@@ -537,8 +676,15 @@ void gang__router_forward(router *r, gang_http_exchange *x, const gang_http_requ
     if (j != NULL) {
         f->want_stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "stream"));
         f->nh = prompt_hashes(r, j, f->hashes);
+        if (gang_router_policy_pd(r->policy)) {
+            f->pbody = prefill_body(j, &f->pbody_len);
+            f->phase = f->pbody != NULL;
+            r->pd_prefill_skipped += !f->phase;
+        }
         cJSON_Delete(j);
     }
+    f->phase_t0 = gang_now_ms();
+    f->phase_end = f->phase_t0 + (uint64_t)r->o.prefill_timeout_ms;
     attempt(f);
 }
 

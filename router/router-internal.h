@@ -26,6 +26,7 @@ typedef struct router_opts {
     int64_t http_port, lru_blocks, load_slack, poll_interval_ms, poll_timeout_ms;
     int64_t connect_timeout_ms, request_timeout_ms, retry_backoff_ms, down_after_fails;
     int64_t max_conns, max_body_bytes, idle_timeout_ms, max_response_bytes, dns_interval_ms;
+    int64_t prefill_timeout_ms;
 } router_opts;
 
 /* What one poll of a replica found (written by the pool thread, read after it). */
@@ -35,6 +36,7 @@ typedef struct router_poll {
     uint32_t in_flight;     /* ganglion_requests_in_flight */
     uint64_t prompt_tokens; /* ganglion_prompt_tokens_total */
     uint64_t hit_tokens;    /* ganglion_prefix_cache_hit_tokens_total */
+    uint32_t role;          /* ganglion_role (GANG_ROLE_BOTH when absent) */
     char addr[64];          /* the address the name resolved to */
     int err;                /* why it failed: a GANG_E* code */
 } router_poll;
@@ -55,6 +57,7 @@ typedef struct router_replica {
     uint32_t fails; /* consecutive failed polls */
     uint32_t inflight;
     uint32_t reported; /* requests the replica said it holds, last poll */
+    uint32_t role;     /* its ganglion_role, last poll (GANG_ROLE_*) */
     int polling;
     uv_work_t work;
     router_poll poll;
@@ -97,6 +100,13 @@ struct router {
     router_fwd *fwds; /* the calls being forwarded (a list, for the down sweep) */
     uint64_t decisions[GANG_ROUTER_R_COUNT];
     uint64_t accepted, retries, no_replica, stream_errors, answered;
+    /* Disaggregated prefill/decode (proxy.c): calls whose prefill went to a prefill
+     * replica, of those the ones whose prefill failed or passed --prefill-timeout-ms (the
+     * decode replica prefilled them itself), and P/D calls sent straight to a decode
+     * replica because no prefill replica was eligible; the prefill phase's durations. */
+    uint64_t pd_prefills, pd_prefill_failed, pd_prefill_skipped;
+    uint64_t pd_kv_handovers; /* decode phases sent with the prefill's kv_transfer */
+    gang_histogram h_prefill;
 };
 
 /* Starts forwarding the call (method, path, body) of x (router/proxy.c): picks a replica

@@ -55,6 +55,9 @@ static const gang_param_info router_items[] = {
            "a call's deadline, retries included (then 504)"),
     RO_INT("retry-backoff-ms", retry_backoff_ms, "100", 1, 60000,
            "wait before trying again when no replica is eligible"),
+    RO_INT("prefill-timeout-ms", prefill_timeout_ms, "30000", 10, 86400000,
+           "P/D: a call's prefill on a prefill replica past this is abandoned and its decode "
+           "replica prefills it"),
     RO_INT("max-conns", max_conns, "1024", 1, 1 << 20, "client connections at once"),
     RO_INT("max-body-bytes", max_body_bytes, "16777216", 1024, 1 << 30, "a call's body"),
     RO_INT("max-response-bytes", max_response_bytes, "67108864", 1024, 1 << 30,
@@ -68,8 +71,10 @@ static const gang_opt_cmd router_cmd = {
     "One HTTP front door for data-parallel replicas (gangs): forwards /v1/completions and\n"
     "/v1/chat/completions (streamed or not) to the replica holding the longest prefix of the\n"
     "prompt in its cache, unless it is overloaded, else to the least loaded; retries on\n"
-    "another replica a call whose replica failed before it answered. /healthz, /readyz,\n"
-    "/metrics, /status. See docs/operations.md.",
+    "another replica a call whose replica failed before it answered. With replicas started\n"
+    "--role prefill and --role decode, a call's prefill (max_tokens 1) goes to a prefill\n"
+    "replica first, then the call to a decode replica. /healthz, /readyz, /metrics,\n"
+    "/status. See docs/operations.md.",
     &router_table, 0};
 
 /* ------------------------------------------------------------------ replicas */
@@ -186,6 +191,8 @@ static void poll_work(uv_work_t *w)
         p->prompt_tokens = v > 0 && v < 1e18 ? (uint64_t)v : 0;
         v = metric_value(body, "ganglion_prefix_cache_hit_tokens_total");
         p->hit_tokens = v > 0 && v < 1e18 ? (uint64_t)v : 0;
+        v = metric_value(body, "ganglion_role");
+        p->role = v == GANG_ROLE_PREFILL || v == GANG_ROLE_DECODE ? (uint32_t)v : GANG_ROLE_BOTH;
     } else if (p->err == 0) {
         p->err = GANG_EPROTO;
     }
@@ -212,6 +219,10 @@ static void poll_done(uv_work_t *w, int status)
     rep->reported = p->in_flight;
     rep->prompt_tokens = p->prompt_tokens;
     rep->hit_tokens = p->hit_tokens;
+    if (rep->role != p->role)
+        gang_info("router: replica %s has the role %s", rep->name, gang_role_name(p->role));
+    rep->role = p->role;
+    gang_router_policy_set_role(r->policy, rep->index, rep->role);
     gang__router_load_changed(r, rep->index);
     gang__router_set_up(r, rep->index, p->ready, "its gang is not serving");
 }
@@ -265,6 +276,10 @@ static double m_midstream(const router_replica *p)
 {
     return (double)p->mid_stream_failures;
 }
+static double m_role(const router_replica *p)
+{
+    return p->role;
+}
 static double m_cached(const router_replica *p)
 {
     return gang_router_policy_cached(p->r->policy, p->index);
@@ -298,6 +313,20 @@ static void render_metrics(router *r, gang_metrics_buf *b)
          "Streams ended with an error event (replica failed after the first token, or the "
          "deadline)",
          r->stream_errors},
+        {"ganglion_router_pd_prefills_total",
+         "P/D: calls whose prefill and first token were sent to a prefill replica", r->pd_prefills},
+        {"ganglion_router_pd_prefill_failures_total",
+         "P/D: of those, prefills that failed or passed --prefill-timeout-ms (the decode "
+         "replica prefilled the call itself)",
+         r->pd_prefill_failed},
+        {"ganglion_router_pd_prefill_skipped_total",
+         "P/D: calls sent straight to a decode replica (no prefill replica eligible, or a "
+         "call P/D does not split: n > 1, a batch of prompts)",
+         r->pd_prefill_skipped},
+        {"ganglion_router_pd_kv_handovers_total",
+         "P/D: decode phases sent with the prefill replica's kv_transfer (the decode gang "
+         "fetches the prompt's KV blocks)",
+         r->pd_kv_handovers},
     };
     gang_metrics_counters(b, cs, sizeof(cs) / sizeof(cs[0]));
     gang_metrics_family(b, "ganglion_router_requests_in_flight", GANG_METRIC_GAUGE,
@@ -306,6 +335,12 @@ static void render_metrics(router *r, gang_metrics_buf *b)
                             r->accepted - r->answered);
     metric_replica(b, r, "ganglion_router_replica_up", "1 while the replica serves",
                    GANG_METRIC_GAUGE, m_up);
+    gang_metrics_family(b, "ganglion_router_prefill_seconds", GANG_METRIC_HISTOGRAM,
+                        "P/D: a call's prefill phase on a prefill replica, sent to answered");
+    gang_histogram_render(b, "ganglion_router_prefill_seconds", NULL, 0, &r->h_prefill);
+    metric_replica(b, r, "ganglion_router_replica_role",
+                   "The replica's ganglion_role, last poll: 0 both, 1 prefill, 2 decode",
+                   GANG_METRIC_GAUGE, m_role);
     metric_replica(b, r, "ganglion_router_replica_load",
                    "Calls the replica holds (its ganglion_requests_in_flight, last poll)",
                    GANG_METRIC_GAUGE, m_reported);
@@ -338,6 +373,7 @@ static char *status_json(router *r)
     (void)gang_router_kind_parse(r->o.policy, &k);
     cJSON_AddStringToObject(o, "policy", kinds[k]);
     cJSON_AddNumberToObject(o, "in_flight", (double)(r->accepted - r->answered));
+    cJSON_AddBoolToObject(o, "disaggregated", gang_router_policy_pd(r->policy));
     cJSON *a = cJSON_AddArrayToObject(o, "replicas");
     for (uint32_t i = 0; i < r->nreps; i++) {
         const router_replica *p = &r->reps[i];
@@ -347,6 +383,7 @@ static char *status_json(router *r)
         cJSON_AddStringToObject(e, "name", p->name);
         cJSON_AddStringToObject(e, "address", p->addr);
         cJSON_AddBoolToObject(e, "up", p->up);
+        cJSON_AddStringToObject(e, "role", gang_role_name(p->role));
         cJSON_AddNumberToObject(e, "load", p->reported);
         cJSON_AddNumberToObject(e, "in_flight", p->inflight);
         cJSON_AddNumberToObject(e, "requests", (double)p->sent);
@@ -456,6 +493,9 @@ static int router_setup(router *r, int argc, char **argv)
                                     .kind = kind};
     if (gang_router_policy_init(&pc, &r->policy) != 0)
         return GANG_EXIT_INTERNAL;
+    static const double secs[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                  0.5,   1,      2.5,   5,    10,    30,   60};
+    gang_histogram_init(&r->h_prefill, secs, sizeof(secs) / sizeof(secs[0]));
     return 0;
 }
 

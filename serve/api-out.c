@@ -393,6 +393,22 @@ static void add_usage(cJSON *o, const api_call *c)
                                 "cached_tokens", cached);
 }
 
+/* P/D, a prefill gang's answer: the export of the first sequence's KV blocks, which a
+ * router hands to the decode gang as the call's "kv_transfer" (with this gang's
+ * address). */
+static void add_kv_transfer(const gang_api *api, cJSON *o, const api_call *c)
+{
+    const api_seq *s = c->seqs[0];
+    char id[17];
+    if (s->kv_id == 0)
+        return;
+    snprintf(id, sizeof id, "%016llx", (unsigned long long)s->kv_id);
+    cJSON *kv = cJSON_AddObjectToObject(o, "kv_transfer");
+    cJSON_AddStringToObject(kv, "id", id);
+    cJSON_AddNumberToObject(kv, "port", api->cfg.kv_port);
+    cJSON_AddNumberToObject(kv, "blocks", s->kv_blocks);
+}
+
 /* Timings of the first sequence (ganglion's extension of the completions answer). */
 static void add_timings(cJSON *o, const api_call *c)
 {
@@ -470,6 +486,7 @@ void gang__api_call_answer(gang_api *api, api_call *c)
         cJSON_AddItemToArray(choices, choice_json(api, c->seqs[i]));
     add_usage(o, c);
     add_timings(o, c);
+    add_kv_transfer(api, o, c);
     gang__api_json(c->x, 200, o);
 }
 

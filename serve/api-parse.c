@@ -270,6 +270,41 @@ static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
     return 0;
 }
 
+/*
+ * "kv_transfer" (P/D, set by a router, issue #26): {"id": 16 hex digits, "host": an IPv4
+ * address, "port": the prefill gang's --kv-port, "blocks": its full prompt blocks}. The
+ * decode gang fetches those blocks before prefilling the rest (a fetch that fails only
+ * costs the prefill). 0, or -1 with the reason in err.
+ */
+static int parse_kv_transfer(const cJSON *o, api_params *p, char *err, size_t cap)
+{
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(o, "kv_transfer");
+    if (kv == NULL || cJSON_IsNull(kv))
+        return 0;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(kv, "id");
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(kv, "host");
+    double port = 0, blocks = 0;
+    char *end = NULL;
+    if (!cJSON_IsObject(kv) || !cJSON_IsString(id) || strlen(id->valuestring) != 16 ||
+        !cJSON_IsString(host) || strlen(host->valuestring) >= GANG_KV_HOST_MAX ||
+        get_num(kv, "port", 1, 65535, &port, err, cap) <= 0 ||
+        get_num(kv, "blocks", 1, 1 << 24, &blocks, err, cap) <= 0) {
+        snprintf(err, cap,
+                 "kv_transfer: an object {\"id\": 16 hex digits, \"host\", "
+                 "\"port\", \"blocks\"} (set by a router)");
+        return -1;
+    }
+    p->kv.id = strtoull(id->valuestring, &end, 16);
+    if (end == NULL || *end != '\0' || p->kv.id == 0) {
+        snprintf(err, cap, "kv_transfer.id: 16 hex digits, not 0");
+        return -1;
+    }
+    p->kv.port = (uint32_t)port;
+    p->kv.blocks = (uint32_t)blocks;
+    gang_strlcpy(p->kv.host, host->valuestring, sizeof(p->kv.host));
+    return 0;
+}
+
 int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_params *p, char *err,
                            size_t cap)
 {
@@ -292,6 +327,8 @@ int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_par
         parse_logprobs(o, kind, p, err, cap) != 0 ||
         gang__api_parse_constraints(api, o, p, err, cap) != 0 ||
         gang__api_parse_tools(api, o, kind, p, err, cap) != 0)
+        return -1;
+    if (parse_kv_transfer(o, p, err, cap) != 0)
         return -1;
     if ((g = get_bool(o, "stream", &b, err, cap)) < 0)
         return -1;

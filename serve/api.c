@@ -258,6 +258,9 @@ static void seq_submit(gang_api *api, api_seq *s)
             /* Choice j of n draws with its own seed, a function of the call's: seeded
              * choices differ from each other and are reproducible. */
             m->sampling.seed += (uint64_t)s->choice * 0x9e3779b97f4a7c15ull;
+            /* P/D: a decode gang fetches the named export; a prefill gang exports. */
+            m->kv = s->call->p.kv;
+            m->kv.do_export = api->cfg.role == GANG_ROLE_PREFILL && api->cfg.kv_port != 0;
         }
         if (api->submit(api->submit_ctx, m) != 0)
             return; /* channel full or rank 0 down: the sweep goes on */
@@ -385,6 +388,7 @@ int gang_api_init(void *uv_loop, const gang_api_config *cfg, gang_api_submit_fn 
     gang_histogram_init(&api->h_itl, secs, ns);
     gang_histogram_init(&api->h_tps, tps, sizeof(tps) / sizeof(tps[0]));
     gang_histogram_init(&api->h_relay, relay, sizeof(relay) / sizeof(relay[0]));
+    gang_histogram_init(&api->h_kv, secs, ns);
     load_text(api);
     api->sweep = sweep;
     uv_timer_init(api->loop, sweep);
@@ -686,14 +690,36 @@ void gang_api_on_token(gang_api *api, const gang_req_msg *m)
     }
 }
 
-void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                      const char *finish, const char *reason)
+/* P/D: what the DONE of s says about its KV transfer, into s and the counters. */
+static void api_kv_done(gang_api *api, api_seq *s, const gang_req_msg *done)
 {
+    s->kv_id = done->kv_id;
+    s->kv_blocks = done->kv_blocks;
+    if (done->kv_id != 0) {
+        api->kv_exports++;
+        api->kv_exported_blocks += done->kv_blocks;
+    } else if (s->call->p.kv.id != 0 && done->kv_blocks > 0) {
+        api->kv_imports++;
+        api->kv_imported_blocks += done->kv_blocks;
+        gang_histogram_observe(&api->h_kv, (double)done->kv_ms / 1000.0);
+    } else if (s->call->p.kv.id != 0) {
+        api->kv_import_fallbacks++;
+    }
+}
+
+void gang_api_on_done(gang_api *api, const gang_req_msg *done)
+{
+    uint64_t gen = done->generation, id = done->id;
+    int32_t code = done->code;
+    uint32_t cached = done->index;
+    const char *finish = done->finish, *reason = done->reason;
     api_seq *s = seq_find(api, id);
     char msg[GANG_REQ_REASON_MAX + 64];
     if (s == NULL || s->done || s->sent_gen != gen || gen != api->gen)
         return;
     s->gang_done = 1;
+    if (code == 0)
+        api_kv_done(api, s, done);
     if (code == 0) { /* the prefix cache's hit rate: cached over prompt tokens */
         s->n_cached = cached < s->n_prompt ? cached : s->n_prompt;
         s->cached_known = 1;
@@ -757,6 +783,24 @@ static void forward_metrics(gang_api *api, gang_metrics_buf *b)
     gang_histogram_render(b, "ganglion_forward_relay_seconds", NULL, 0, &api->h_relay);
 }
 
+static const char *const role_names[] = {"both", "prefill", "decode"};
+
+int gang_role_parse(const char *name, uint32_t *out)
+{
+    for (uint32_t i = 0; i < 3; i++) {
+        if (strcmp(name, role_names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    }
+    return GANG_EINVAL;
+}
+
+const char *gang_role_name(uint32_t role)
+{
+    return role < 3 ? role_names[role] : role_names[0];
+}
+
 void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
 {
     static const char *const codes[] = {"200", "400", "401", "404", "503", "504"};
@@ -773,6 +817,9 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
     } cs[] = {
         {"ganglion_requests_in_flight", "Generation requests accepted and not answered yet", 1,
          api->n_calls},
+        {"ganglion_role",
+         "What the gang does behind a router (--role): 0 both, 1 prefill, 2 decode", 1,
+         api->cfg.role},
         {"ganglion_requests_in_flight_max",
          "Requests admitted at once (--max-queue); more are answered 503", 1, api->cfg.max_queue},
         {"ganglion_request_resubmits_total",
@@ -792,6 +839,19 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
         {"ganglion_prefix_cache_hit_tokens_total",
          "Of those, tokens found in the prefix cache (hit rate: this over the prompt tokens)", 0,
          api->prefix_hit_tokens},
+        {"ganglion_kv_exports_total",
+         "P/D, a prefill gang: prompts whose KV blocks were exported for a decode gang", 0,
+         api->kv_exports},
+        {"ganglion_kv_exported_blocks_total", "P/D: KV blocks of those exports (16 positions)", 0,
+         api->kv_exported_blocks},
+        {"ganglion_kv_imports_total",
+         "P/D, a decode gang: prompts that started from KV blocks fetched from a prefill gang", 0,
+         api->kv_imports},
+        {"ganglion_kv_imported_blocks_total", "P/D: KV blocks fetched for those prompts", 0,
+         api->kv_imported_blocks},
+        {"ganglion_kv_import_fallbacks_total",
+         "P/D: prompts that named a transfer but prefilled instead (the fetch failed)", 0,
+         api->kv_import_fallbacks},
     };
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
         gang_metrics_family(b, cs[i].name, cs[i].gauge ? GANG_METRIC_GAUGE : GANG_METRIC_COUNTER,
@@ -811,6 +871,9 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
         {"ganglion_request_decode_tokens_per_second", "Decode rate after the first token",
          &api->h_tps},
         {"ganglion_request_seconds", "Accepted to answered", &api->h_total},
+        {"ganglion_kv_transfer_seconds",
+         "P/D, a decode gang: a prompt's KV fetch, every rank, from the plan to rank 0's verdict",
+         &api->h_kv},
     };
     for (size_t i = 0; i < sizeof(hs) / sizeof(hs[0]); i++) {
         gang_metrics_family(b, hs[i].name, GANG_METRIC_HISTOGRAM, hs[i].help);

@@ -87,12 +87,33 @@ void gang_sampling_codec(gang_codec *c, gang_sampling *sp);
  * bytes, four to an entry in memory order (gang_req_grammar_pack), and the prompt proper
  * is the entries before them.
  */
+/*
+ * Disaggregated prefill/decode (issue #26): what a request says about moving its prompt's
+ * KV blocks between gangs. A prefill gang's request asks for an export: when it ends, rank
+ * 0 pins the full blocks of its prompt, every rank copies its part of them out at the next
+ * step (gang_kv_hooks.put) and the DONE event names the transfer (kv_id, kv_blocks). A
+ * decode gang's request may name such a transfer: at its admission every rank fetches its
+ * part (gang_kv_hooks.get) into the blocks rank 0 gave it, rank 0 learns that every rank
+ * succeeded, and the request starts with those blocks in its cache (and in the prefix
+ * cache); on any failure it prefills them itself.
+ */
+#define GANG_KV_HOST_MAX 64u /* the address of a transfer's source, NUL included */
+
+typedef struct gang_kv_xfer {
+    uint64_t id;                 /* import: the transfer to fetch; 0 = none */
+    uint32_t blocks;             /* import: full prompt blocks the transfer holds */
+    uint32_t port;               /* import: the source gang's --kv-port (rank r: + r) */
+    char host[GANG_KV_HOST_MAX]; /* import: the source gang's address */
+    uint32_t do_export;          /* 1: export the prompt's full blocks when it ends */
+} gang_kv_xfer;
+
 typedef struct gang_gen_request {
     uint64_t id;           /* caller's id, unique among live requests */
     const int32_t *prompt; /* token ids, each < vocab (then the grammar's words) */
     uint32_t n_prompt;     /* >= 1 (+ the grammar's words) */
     uint32_t max_tokens;   /* >= 1; prompt + max_tokens <= the engine's context */
     gang_sampling sampling;
+    gang_kv_xfer kv; /* P/D: export or import of its KV blocks (zero: neither) */
 } gang_gen_request;
 
 /* ------------------------------------------------------------------------------------
@@ -119,7 +140,7 @@ typedef enum gang_req_kind {
 
 #define GANG_REQ_MAX_IDS 2048u   /* prompt ids of one SUBMIT or PROMPT */
 #define GANG_REQ_REASON_MAX 256u /* DONE's reason, NUL included */
-#define GANG_REQ_WIRE_MAX 8900u  /* the largest request message gang_req_codec writes */
+#define GANG_REQ_WIRE_MAX 8990u  /* the largest request message gang_req_codec writes */
 
 typedef struct gang_req_msg {
     uint32_t kind;          /* gang_req_kind (a transport may add its own kinds) */
@@ -130,6 +151,10 @@ typedef struct gang_req_msg {
                                generated tokens; DONE: prompt tokens the cache held */
     uint32_t max_tokens;    /* SUBMIT */
     gang_sampling sampling; /* SUBMIT */
+    gang_kv_xfer kv;        /* SUBMIT: P/D export or import */
+    uint64_t kv_id;         /* DONE: the export of its blocks (0: none) */
+    uint32_t kv_blocks;     /* DONE: blocks exported; or imported when kv_id is 0 */
+    uint32_t kv_ms;         /* DONE: milliseconds its import took (0: none) */
     uint32_t n_ids;         /* SUBMIT, PROMPT: entries of ids */
     int32_t ids[GANG_REQ_MAX_IDS];
     int32_t token;  /* TOKEN */
@@ -146,11 +171,13 @@ typedef struct gang_req_msg {
  * The fields of request message m after its kind (the caller's transport writes the kind
  * and the generation): u64 id, then per kind
  *   SUBMIT  u32 n_prompt, u32 max_tokens, the sampling (gang_sampling_codec), u32 n_ids,
- *           n_ids x i32
+ *           n_ids x i32, then the KV transfer: u64 id, u32 blocks, u16 port, u8 length +
+ *           host (< GANG_KV_HOST_MAX), u8 do_export
  *   PROMPT  u32 n_prompt, u32 index, u32 n_ids, n_ids x i32
  *   CANCEL  nothing
  *   TOKEN   u32 index, i32 token, f32 logprob, u8 n_top, n_top x i32, n_top x f32
- *   DONE    i32 code, u32 index, u8 length + finish (< 8), u16 length + reason (< 256)
+ *   DONE    i32 code, u32 index, u8 length + finish (< 8), u16 length + reason (< 256),
+ *           u64 kv_id, u32 kv_blocks, u32 kv_ms
  * n_ids is at most GANG_REQ_MAX_IDS, and a SUBMIT's at most its n_prompt. A kind outside
  * gang_req_kind fails the codec (GANG_EINVAL / GANG_EPROTO).
  */
@@ -172,14 +199,17 @@ typedef enum gang_gen_event_kind {
  * logprob of the chosen token, and the n_top highest ones, descending, ties by lower id.
  */
 typedef struct gang_gen_event {
-    uint32_t kind;  /* gang_gen_event_kind */
-    uint64_t id;    /* the request */
-    int32_t token;  /* TOKEN: the token id (also an EOS that ended the request) */
-    uint32_t index; /* TOKEN: 0-based index among the generated tokens; DONE: the prompt
-                       tokens found in the prefix cache (not computed) */
-    char finish[8]; /* DONE: "length" or "stop" (a stop id or an EOS id) */
-    float logprob;  /* TOKEN with logprobs: the token's raw log-probability, else 0 */
-    uint32_t n_top; /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
+    uint32_t kind;      /* gang_gen_event_kind */
+    uint64_t id;        /* the request */
+    int32_t token;      /* TOKEN: the token id (also an EOS that ended the request) */
+    uint32_t index;     /* TOKEN: 0-based index among the generated tokens; DONE: the prompt
+                           tokens found in the prefix cache (not computed) */
+    char finish[8];     /* DONE: "length" or "stop" (a stop id or an EOS id) */
+    uint64_t kv_id;     /* DONE: the export of its prompt's blocks (0: none) */
+    uint32_t kv_blocks; /* DONE: blocks exported; or imported when kv_id is 0 */
+    uint32_t kv_ms;     /* DONE: milliseconds its import took on rank 0 (0: none) */
+    float logprob;      /* TOKEN with logprobs: the token's raw log-probability, else 0 */
+    uint32_t n_top;     /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
     float top_logprobs[GANG_MAX_TOP_LOGPROBS];
 } gang_gen_event;
@@ -328,6 +358,40 @@ uint32_t gang_engine_slots(const gang_engine *e);
 uint32_t gang_engine_max_ctx(const gang_engine *e);
 /* The paged KV cache's size and use into *out. 0, or GANG_EINVAL on NULL. */
 int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out);
+
+/*
+ * The transport of P/D transfers (gang_kv_xfer), plugged in by the launcher. Both run on
+ * the data thread inside gang_engine_step, every rank of the gang at the same step.
+ *   put: keep a copy of this rank's part of export `id` (n_blocks blocks, `bytes` at data,
+ *        laid out block after block, each layer after layer, K then V rows); 0 or an error
+ *        (the transfer is then simply not there to fetch).
+ *   get: fill data (`bytes`) with this rank's part of the transfer src names, from the
+ *        source gang's rank of the same index, by deadline_ms (gang_now_ms clock); 0 or
+ *        an error, after which the request prefills those blocks itself.
+ * Without hooks an export is dropped and an import fails (and falls back).
+ */
+typedef struct gang_kv_hooks {
+    void *ctx;
+    int (*put)(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n_blocks);
+    int (*get)(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n_blocks,
+               uint64_t deadline_ms);
+} gang_kv_hooks;
+
+/* What one block of this rank's KV pools is: its part of a transfer must match the
+ * source's rank exactly (same layers, same kv columns, same element and block size). */
+typedef struct gang_kv_shape {
+    uint32_t layer_first, layer_count; /* this rank's layers */
+    uint32_t kv_cols;                  /* kv heads of this rank x head_dim */
+    uint32_t elem_bytes;               /* the cache's element size */
+    uint32_t block_size;               /* positions per block */
+    uint64_t block_bytes;              /* this rank's part of one block: layers x 2 x rows */
+} gang_kv_shape;
+
+/* Sets e's transfer hooks (copied; NULL clears them) and the deadline of an import. Any
+ * rank, before or between steps. */
+void gang_engine_set_kv_hooks(gang_engine *e, const gang_kv_hooks *h, uint64_t timeout_ms);
+/* This rank's block shape into *out. 0, or GANG_EINVAL for a NULL argument. */
+int gang_engine_kv_shape(const gang_engine *e, gang_kv_shape *out);
 /*
  * Between generations, with no request live: the blocks rank 0 may hand out become
  * min(n, this pool's), so that ranks whose budgets differ (sized from their own free

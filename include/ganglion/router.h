@@ -106,6 +106,29 @@ uint32_t gang_router_policy_load(const gang_router_policy *p, uint32_t i);
  */
 int gang_router_policy_pick(gang_router_policy *p, const uint64_t *hashes, uint32_t n,
                             uint64_t exclude, gang_router_pick *out);
+/*
+ * Disaggregated prefill/decode (issue #26). Replica i's role is what its gang reports as
+ * ganglion_role (GANG_ROLE_BOTH, _PREFILL or _DECODE, serve.h); every replica starts as
+ * BOTH. A call in P/D goes through two picks: GANG_ROUTER_PHASE_PREFILL chooses among the
+ * prefill replicas only (GANG_EAGAIN when none is eligible: the caller sends the call
+ * straight to its decode pick, whose gang then prefills itself), then
+ * GANG_ROUTER_PHASE_DECODE among the decode and both replicas -- or, when none of those
+ * is eligible, among the prefill ones too, so that a call is never refused while a gang
+ * that can answer it is up. Within a phase the choice is gang_router_policy_pick's.
+ */
+typedef enum gang_router_phase {
+    GANG_ROUTER_PHASE_DECODE = 0, /* the call's answer: decode and both replicas first */
+    GANG_ROUTER_PHASE_PREFILL = 1 /* its prefill and first token: prefill replicas only */
+} gang_router_phase;
+
+/* Sets replica i's role (a GANG_ROLE_*; others read as BOTH). Out-of-range i is ignored. */
+void gang_router_policy_set_role(gang_router_policy *p, uint32_t i, uint32_t role);
+/* 1 when P/D applies now: a prefill replica and a decode or both replica are up. */
+int gang_router_policy_pd(const gang_router_policy *p);
+/* gang_router_policy_pick among the replicas of phase (see above). 0, or GANG_EAGAIN. */
+int gang_router_policy_pick_phase(gang_router_policy *p, const uint64_t *hashes, uint32_t n,
+                                  uint64_t exclude, gang_router_phase phase, gang_router_pick *out);
+
 /* Leading blocks of hashes[0..n) that replica i is believed to hold (0 when down). */
 uint32_t gang_router_policy_match(const gang_router_policy *p, uint32_t i, const uint64_t *hashes,
                                   uint32_t n);

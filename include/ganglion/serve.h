@@ -279,6 +279,17 @@ typedef struct gang_api gang_api;
 
 #define GANG_API_KEY_MAX 256 /* bytes of an API key (--api-key-file) */
 
+/* What a gang does behind a router in disaggregated prefill/decode (--role, issue #26);
+ * the value of ganglion_role in /metrics, which the router reads. */
+#define GANG_ROLE_BOTH 0u    /* prefill and decode (one gang alone, or a DP replica) */
+#define GANG_ROLE_PREFILL 1u /* the router sends it prompts for their prefill, max_tokens 1 */
+#define GANG_ROLE_DECODE 2u  /* the router sends it the calls to continue after a prefill */
+
+/* The role named NAME ("both", "prefill", "decode") into *out; GANG_EINVAL otherwise. */
+int gang_role_parse(const char *name, uint32_t *out);
+/* The printable name of role (an unknown one is "both"). */
+const char *gang_role_name(uint32_t role);
+
 /* What the API needs; filled by gang_agent_config_from_params (layout.c). */
 typedef struct gang_api_config {
     char model[GANG_PARAM_STR_MAX];     /* the model's name in responses ("" = none) */
@@ -292,6 +303,9 @@ typedef struct gang_api_config {
     char api_key[GANG_API_KEY_MAX + 1]; /* Bearer token the API requires ("" = open) */
     uint32_t forward_node; /* 0: the coordinator's API; else this member's node index: its
                               requests are forwarded to the coordinator (api-fwd.h) */
+    uint32_t role;         /* --role: GANG_ROLE_BOTH, _PREFILL or _DECODE (ganglion_role) */
+    uint32_t kv_port;      /* --kv-port: a prefill gang exports its prompts' KV blocks (and
+                              answers "kv_transfer") when it is not 0 */
 } gang_api_config;
 
 /*
@@ -329,10 +343,10 @@ void gang_api_on_abort(gang_api *api, uint64_t gen);
  * request that arrives from now on, is answered 503 at once with the reason.
  */
 void gang_api_on_give_up(gang_api *api, const char *reason);
-/* Rank 0 reported a token (a TOKEN message) / the end of a request. */
+/* Rank 0 reported a token (a TOKEN message) / the end of a request (a DONE message: its
+ * generation, cached tokens in index, and the P/D transfer's kv_* fields). */
 void gang_api_on_token(gang_api *api, const gang_req_msg *tok);
-void gang_api_on_done(gang_api *api, uint64_t gen, uint64_t id, int32_t code, uint32_t cached,
-                      const char *finish, const char *reason);
+void gang_api_on_done(gang_api *api, const gang_req_msg *done);
 /*
  * A member's forwarded packet for request id was not taken by the coordinator (NACK, the
  * piece at prompt offset index): it and what follows are sent again by the next sweep.

@@ -903,14 +903,15 @@ static void test_plan_validation(void **state)
     int32_t hdr[GANG__PLAN_HDR_WORDS];
     uint32_t body;
     char err[256];
-    /* one sequence of 2 tokens without stops; one block covers positions 0 .. 1 */
-    gang__plan_hdr h = {GANG__PLAN_MAGIC, 1, 2, 1, GANG__PLAN_SEQ_MIN_BYTES + 12}, bad;
+    /* one sequence of 2 tokens without stops; one block covers positions 0 .. 1; no
+     * transfer (its kind byte) */
+    gang__plan_hdr h = {GANG__PLAN_MAGIC, 1, 2, 1, GANG__PLAN_SEQ_MIN_BYTES + 12 + 1}, bad;
 
     (void)state;
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
     plan_hdr_put(hdr, h);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
-    assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 12 + 3) / 4);
+    assert_int_equal(body, (GANG__PLAN_SEQ_MIN_BYTES + 12 + 1 + 3) / 4);
     bad = h;
     bad.n_seq = 4; /* more sequences than slots */
     bad.body_bytes = 4 * GANG__PLAN_SEQ_MIN_BYTES + 12;
@@ -930,10 +931,11 @@ static void test_plan_validation(void **state)
     bad.body_bytes = 5; /* a body smaller than its counts need */
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12 + 1; /* larger than its largest entry */
+    /* larger than its largest entry and the largest transfer */
+    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12 + GANG__PLAN_KV_MAX_BYTES(e->max_bps) + 1;
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), GANG_EPROTO);
-    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12;
+    bad.body_bytes = GANG__PLAN_SEQ_MAX_BYTES + 12 + GANG__PLAN_KV_MAX_BYTES(e->max_bps);
     plan_hdr_put(hdr, bad);
     assert_int_equal(gang__plan_check_header(e, hdr, &body), 0);
     bad = h;
@@ -1043,7 +1045,7 @@ static void test_plan_entry_size(void **state)
     p.n_seq = 0;
     p.n_tokens = 0;
     assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
-    assert_int_equal(body, 0);
+    assert_int_equal(body, 1); /* the transfer's kind byte, in one word */
     s.sp.logprobs = 1;
     s.sp.top_logprobs = GANG_MAX_TOP_LOGPROBS + 1;
     p.n_seq = p.n_tokens = 1;
@@ -1467,6 +1469,158 @@ static void test_dynamic_ntk_batch(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- P/D transfers (engine-xfer.c): an in-memory transport between two engines ---- */
+
+typedef struct mem_xfer {
+    uint64_t id;
+    uint8_t data[1 << 16];
+    size_t bytes;
+    uint32_t n, puts, gets;
+    int fail;    /* get answers GANG_EPEER */
+    int corrupt; /* get hands out every byte + 1 */
+} mem_xfer;
+
+static int mem_put(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n)
+{
+    mem_xfer *x = ctx;
+    if (bytes > sizeof(x->data))
+        return GANG_ENOMEM;
+    memcpy(x->data, data, bytes);
+    x->id = id;
+    x->bytes = bytes;
+    x->n = n;
+    x->puts++;
+    return 0;
+}
+
+static int mem_get(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n,
+                   uint64_t deadline_ms)
+{
+    mem_xfer *x = ctx;
+    (void)deadline_ms;
+    x->gets++;
+    if (x->fail || src->id != x->id || n > x->n || bytes > x->bytes)
+        return GANG_EPEER;
+    memcpy(data, x->data, bytes); /* block-major: the first n blocks are a prefix */
+    for (size_t i = 0; x->corrupt && i < bytes; i++)
+        ((uint8_t *)data)[i] = (uint8_t)(((uint8_t *)data)[i] + 1u);
+    return 0;
+}
+
+/* Runs request r alone on e until its DONE (and e has nothing pending); its tokens. */
+static uint32_t run_alone(gang_engine *e, const gang_gen_request *r, int32_t *toks,
+                          gang_gen_event *done)
+{
+    gang_kernels *k = NULL;
+    gang_gen_event ev;
+    char err[256];
+    uint32_t n = 0;
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    int rc = gang_engine_submit(e, r, err, sizeof(err));
+    if (rc != 0)
+        fail_msg("submit: %s", err);
+    for (int s = 0; s < 200 && gang_engine_pending(e) > 0; s++) {
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        while (gang_engine_poll(e, &ev)) {
+            if (ev.kind == GANG_GEN_TOKEN)
+                toks[n++] = ev.token;
+            else
+                *done = ev;
+        }
+    }
+    assert_int_equal(gang_engine_pending(e), 0);
+    gang_kernels_close(k);
+    return n;
+}
+
+/*
+ * A prefill engine exports a prompt's full blocks when its request (max_tokens 1) ends; a
+ * decode engine importing them gives the reference's greedy tokens with those blocks
+ * counted as cached (not computed); a corrupted transfer changes the tokens (so the
+ * imported rows are what the decode attends to); a failed one falls back to a prefill
+ * with the same tokens; a prompt of whole blocks imports all but its last block.
+ */
+static void test_kv_transfer(void **state)
+{
+    (void)state;
+    static mem_xfer mx;
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(33, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *pe = NULL, *de = NULL;
+    gang_engine_kv kv;
+    gang_kv_shape sh;
+    gang_gen_event done;
+    int32_t prompt[14], want[8], got[8];
+    char err[256];
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    cfg.prefix_caching = 1;
+    for (uint32_t i = 0; i < 14; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+    ref_greedy(fm, prompt, 14, 8, want);
+    gang_kv_hooks h = {.ctx = &mx, .put = mem_put, .get = mem_get};
+    assert_int_equal(gang_engine_init(m, &cfg, &pe, err, sizeof(err)), 0);
+    gang_engine_set_kv_hooks(pe, &h, 1000);
+    gang_gen_request r = {.id = 1, .prompt = prompt, .n_prompt = 14, .max_tokens = 1};
+    r.sampling.top_p = 1.0f; /* greedy */
+    r.kv.do_export = 1;
+    assert_int_equal(run_alone(pe, &r, got, &done), 1);
+    assert_int_equal(got[0], want[0]);
+    assert_true(done.kv_id != 0 && done.kv_id == mx.id);
+    assert_int_equal(done.kv_blocks, 3);
+    assert_int_equal(gang_engine_kv_shape(pe, &sh), 0);
+    assert_int_equal(mx.puts, 1);
+    assert_int_equal(mx.bytes, 3 * sh.block_bytes);
+    assert_int_equal(sh.block_bytes, (uint64_t)N_LAYERS * 2 * 4 * KV_DIM * 4);
+    assert_int_equal(gang_engine_kv_info(pe, &kv), 0);
+    uint32_t free_after = kv.free_blocks; /* the pins are gone: every block is free again */
+    assert_int_equal(free_after, kv.blocks);
+    gang_engine_free(pe);
+
+    for (int c = 0; c < 4; c++) {
+        /* 0: imported; 1: corrupted; 2: failed (fallback); 3: a prompt of whole blocks. */
+        assert_int_equal(gang_engine_init(m, &cfg, &de, err, sizeof(err)), 0);
+        gang_engine_set_kv_hooks(de, &h, 1000);
+        mx.fail = c == 2;
+        mx.corrupt = c == 1;
+        mx.gets = 0;
+        gang_gen_request d = {
+            .id = 7, .prompt = prompt, .n_prompt = c == 3 ? 12 : 14, .max_tokens = 8};
+        d.sampling.top_p = 1.0f;
+        d.kv.id = mx.id;
+        d.kv.blocks = 3;
+        int32_t w3[8];
+        ref_greedy(fm, prompt, d.n_prompt, 8, w3);
+        assert_int_equal(run_alone(de, &d, got, &done), 8);
+        assert_int_equal(mx.gets, 1);
+        assert_int_equal(gang_engine_kv_info(de, &kv), 0);
+        if (c == 1) {
+            assert_true(memcmp(got, want, sizeof(want)) != 0);
+        } else {
+            assert_memory_equal(got, c == 3 ? w3 : want, sizeof(want));
+        }
+        assert_int_equal(done.kv_id, 0);
+        assert_int_equal(done.kv_blocks, c == 2 ? 0 : c == 3 ? 2 : 3);
+        assert_int_equal(done.index, c == 2 ? 0 : c == 3 ? 8 : 12); /* cached tokens */
+        assert_int_equal(kv.prefix_hit_tokens, done.index);
+        gang_engine_free(de);
+        de = NULL;
+    }
+    /* Without hooks, an import is not tried: a plain prefill. */
+    assert_int_equal(gang_engine_init(m, &cfg, &de, err, sizeof(err)), 0);
+    gang_gen_request d = {.id = 8, .prompt = prompt, .n_prompt = 14, .max_tokens = 8};
+    d.sampling.top_p = 1.0f;
+    d.kv.id = mx.id;
+    d.kv.blocks = 3;
+    assert_int_equal(run_alone(de, &d, got, &done), 8);
+    assert_memory_equal(got, want, sizeof(want));
+    assert_int_equal(done.kv_blocks, 0);
+    gang_engine_free(de);
+    shard_free(m);
+    free(fm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1485,6 +1639,7 @@ int main(void)
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_kv_dtype),
         cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_kv_transfer),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),

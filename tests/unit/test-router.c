@@ -1,5 +1,6 @@
 /* cmocka tests of the router module's policy: longest prefix, the load bound, replicas
- * down, the LRU bound, the alternative policies and the block hashes. */
+ * down, the LRU bound, the alternative policies, the block hashes, and the picks of
+ * disaggregated prefill/decode by role. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 
 #include "ganglion/engine.h"
 #include "ganglion/router.h"
+#include "ganglion/serve.h"
 
 static gang_router_policy *mk(uint32_t n, uint32_t lru, uint32_t slack, gang_router_kind kind)
 {
@@ -227,12 +229,91 @@ static void test_hashes(void **state)
     assert_true(x[0] == y[0] && x[1] == y[1] && x[2] != y[2]);
 }
 
+/* P/D: replicas 0, 1 prefill, 2, 3 decode, 4 both. The prefill pick sees only 0 and 1
+ * (by prefix, then load), the answer's pick only 2, 3 and 4 while one of them is up; a
+ * prefill replica answers only when no other is up; P/D needs a prefill replica and a
+ * decode or both one up. */
+static void test_pd_roles(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(5, 1024, 2, GANG_ROUTER_PREFIX);
+    static const uint32_t roles[5] = {GANG_ROLE_PREFILL, GANG_ROLE_PREFILL, GANG_ROLE_DECODE,
+                                      GANG_ROLE_DECODE, GANG_ROLE_BOTH};
+    uint64_t a[64];
+    gang_router_pick pk;
+    assert_int_equal(prompt_hashes(3, 6, 6, a), 6);
+    for (uint32_t i = 0; i < 5; i++) {
+        gang_router_policy_set_role(p, i, roles[i]);
+        set_load(p, i, 0, 0);
+    }
+    assert_true(gang_router_policy_pd(p));
+    /* Without anything cached: the least loaded of each pool. */
+    set_load(p, 0, 3, 0);
+    set_load(p, 2, 0, 5);
+    set_load(p, 4, 0, 9);
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_PREFILL, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_LEAST_LOADED);
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_int_equal(pk.replica, 3);
+    /* By prefix inside each pool: replica 0 and replica 2 hold the prompt. */
+    gang_router_policy_record(p, 0, a, 6);
+    gang_router_policy_record(p, 2, a, 6);
+    set_load(p, 0, 1, 0);
+    set_load(p, 2, 1, 0);
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_PREFILL, &pk), 0);
+    assert_int_equal(pk.replica, 0);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_PREFIX);
+    assert_int_equal(pk.matched, 6);
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_int_equal(pk.replica, 2);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_PREFIX);
+    /* The load bound holds inside a pool: replica 2 over 3 + 2 goes to the least loaded. */
+    set_load(p, 2, 6, 0);
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_int_equal(pk.replica, 3);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_OVERLOADED);
+    /* Excluded (tried) replicas are skipped; a prefill replica is never the answer while
+     * a decode or both one is eligible. */
+    uint64_t ex = 1u << 2 | 1u << 3;
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, ex, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_int_equal(pk.replica, 4);
+    ex |= 1u << 4;
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, ex, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_true(pk.replica == 0 || pk.replica == 1);
+    /* Prefill pool down: no prefill pick (the caller sends the call to decode), no P/D. */
+    gang_router_policy_set_up(p, 0, 0);
+    gang_router_policy_set_up(p, 1, 0);
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_PREFILL, &pk),
+                     GANG_EAGAIN);
+    assert_false(gang_router_policy_pd(p));
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_true(pk.replica >= 2);
+    /* Decode pool down, one prefill replica up: no P/D, and it answers the calls itself. */
+    gang_router_policy_set_up(p, 1, 1);
+    for (uint32_t i = 2; i < 5; i++)
+        gang_router_policy_set_up(p, i, 0);
+    assert_false(gang_router_policy_pd(p));
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_DECODE, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    /* An unknown role reads as both; with every replica both, no P/D. */
+    for (uint32_t i = 0; i < 5; i++) {
+        gang_router_policy_set_up(p, i, 1);
+        gang_router_policy_set_role(p, i, i == 0 ? 77u : GANG_ROLE_BOTH);
+    }
+    assert_false(gang_router_policy_pd(p));
+    assert_int_equal(gang_router_policy_pick_phase(p, a, 6, 0, GANG_ROUTER_PHASE_PREFILL, &pk),
+                     GANG_EAGAIN);
+    gang_router_policy_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_longest_prefix), cmocka_unit_test(test_load_bound),
         cmocka_unit_test(test_replica_down),   cmocka_unit_test(test_lru_bound),
         cmocka_unit_test(test_alternatives),   cmocka_unit_test(test_hashes),
+        cmocka_unit_test(test_pd_roles),
     };
     return cmocka_run_group_tests_name("router", tests, NULL, NULL);
 }

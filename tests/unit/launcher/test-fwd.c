@@ -182,9 +182,10 @@ static void test_bounds(void **state)
     assert_int_equal(gang_fwd_decode(buf, len, 0, &out, &stamp), 0);
     buf[9] = 3, buf[10] = 0;
     assert_int_equal(gang_fwd_decode(buf, len, 0, &out, &stamp), GANG_EPROTO);
-    /* A NUL inside DONE's reason; a buffer too small. */
+    /* A NUL inside DONE's reason (before its 16 bytes of kv_id, kv_blocks, kv_ms); a
+     * buffer too small. */
     len = encode_ok(GANG_REQ_DONE, 0);
-    buf[len - 3] = '\0';
+    buf[len - 16 - 3] = '\0';
     assert_int_equal(gang_fwd_decode(buf, len, 1, &out, &stamp), GANG_EPROTO);
     fill(&in, GANG_REQ_DONE);
     assert_int_equal(gang_fwd_encode(&in, 0, buf, 20, &len), GANG_EMSGSIZE);
@@ -275,8 +276,11 @@ static void test_relay_holes(void **state)
     in.id = gang_fwd_id(2, 12);
     uint64_t fails = r->send_failures;
     assert_int_equal(gang_fwd_relay_token(r, &in), 1);
-    assert_int_equal(gang_fwd_relay_done(r, 5, gang_fwd_id(2, 12), 0, 0, "length", ""), 1);
-    assert_int_equal(gang_fwd_relay_done(r, 5, 12, 0, 0, "length", ""), 0);
+    gang_req_msg done = {.kind = GANG_REQ_DONE, .generation = 5, .id = gang_fwd_id(2, 12)};
+    memcpy(done.finish, "length", 7);
+    assert_int_equal(gang_fwd_relay_done(r, &done), 1);
+    done.id = 12;
+    assert_int_equal(gang_fwd_relay_done(r, &done), 0);
     assert_true(r->send_failures == fails + 2);
     free(r);
 }

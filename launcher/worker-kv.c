@@ -1,0 +1,426 @@
+/*
+ * P/D KV transfers over TCP (issue #26): rank r of a prefill gang keeps its part of each
+ * export (gang_kv_hooks.put, on the data thread) and serves it on --kv-port + r from a
+ * thread of its own; rank r of a decode gang fetches it (gang_kv_hooks.get, on its data
+ * thread, by the import's deadline). Equal TP and PP on both sides: a rank's part is its
+ * own layers and kv columns, and the fetch says which it expects.
+ *
+ * Protocol (one transfer per connection, little-endian; mac = keyed BLAKE2b-256 with the
+ * gang token's key, libsodium's crypto_generichash):
+ *   server -> client  "GKV1", server nonce (32)
+ *   client -> server  client nonce (32), id (u64), shape (6 x u32: layer_first,
+ *                     layer_count, kv_cols, elem_bytes, block_size, n_blocks),
+ *                     mac("gkv-c", server nonce, client nonce, id, shape)
+ *   server -> client  status (i32), bytes (u64), mac("gkv-s", client nonce, server nonce,
+ *                     id, status, bytes); with status 0: bytes of payload, then
+ *                     mac("gkv-d", server nonce, client nonce, payload)
+ * The server sends nothing of an export before the client proved the token; the client
+ * writes nothing into its KV blocks (the engine copies them in only after get returns 0)
+ * before the server proved it and the payload's mac verified. Fresh nonces on both sides
+ * stop replays. Without a token (--token-file empty, warned at start) the macs are not
+ * checked, as for the rendezvous.
+ *
+ * Bounds: a fetch asks at most the engine's own count of bytes; the server serves only
+ * an export whose shape equals the request's (else GANG_EMISMATCH, logged on both sides:
+ * the gangs' TP, PP, KV dtype or block size differ); every read and write has the
+ * transfer's deadline; the store is bounded by --kv-export-mb and --kv-export-hold-ms.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "ganglion/serve.h"
+#include "worker-kv.h"
+
+#define WKV_MAGIC "GKV1"
+#define WKV_NONCE 32
+#define WKV_MAC 32
+#define WKV_REQ (WKV_NONCE + 8 + 6 * 4 + WKV_MAC)
+#define WKV_ANS (4 + 8 + WKV_MAC)
+
+typedef struct wkv_entry {
+    struct wkv_entry *next;
+    uint64_t id, expires_ms;
+    uint32_t n_blocks;
+    size_t bytes;
+    uint8_t *data;
+} wkv_entry;
+
+struct gang__wkv {
+    gang__wres_config cfg;
+    uint32_t rank;
+    gang_kv_shape shape;
+    pthread_mutex_t mu;
+    wkv_entry *head; /* oldest first */
+    size_t stored;
+    int lfd; /* -1: no listener */
+    pthread_t thread;
+    int started;
+    atomic_int stop;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p)
+{
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+/* mac(label, a, b) over the gang token's key; zeros without a token. */
+static void wkv_mac(const gang_token *t, const char *label, const uint8_t *a, size_t na,
+                    const uint8_t *b, size_t nb, uint8_t out[WKV_MAC])
+{
+    crypto_generichash_state st;
+    memset(out, 0, WKV_MAC);
+    if (!t->present)
+        return;
+    crypto_generichash_init(&st, t->key, sizeof(t->key), WKV_MAC);
+    crypto_generichash_update(&st, (const uint8_t *)label, strlen(label));
+    crypto_generichash_update(&st, a, na);
+    crypto_generichash_update(&st, b, nb);
+    crypto_generichash_final(&st, out, WKV_MAC);
+}
+
+static int wkv_mac_ok(const gang_token *t, const uint8_t *want, const uint8_t *got)
+{
+    return !t->present || sodium_memcmp(want, got, WKV_MAC) == 0;
+}
+
+/* Moves n bytes on fd (out: write) by deadline_ms. 0, GANG_ETIMEDOUT or GANG_EPEER. */
+static int wkv_io(int fd, void *buf, size_t n, int out, uint64_t deadline_ms)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        uint64_t now = gang_now_ms();
+        if (now >= deadline_ms)
+            return GANG_ETIMEDOUT;
+        struct pollfd pfd = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+        int left = (int)(deadline_ms - now > 1000 ? 1000 : deadline_ms - now);
+        if (poll(&pfd, 1, left) < 0 && errno != EINTR)
+            return GANG_EPEER;
+        if (pfd.revents == 0)
+            continue;
+        ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+            return GANG_EPEER;
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+        }
+    }
+    return 0;
+}
+
+/* The request's shape words: this rank's block shape and the block count. */
+static void wkv_shape_words(const gang_kv_shape *s, uint32_t n_blocks, uint8_t out[24])
+{
+    const uint32_t w[6] = {s->layer_first, s->layer_count, s->kv_cols,
+                           s->elem_bytes,  s->block_size,  n_blocks};
+    for (int i = 0; i < 6; i++)
+        put_u32(out + 4 * i, w[i]);
+}
+
+/* ------------------------------------------------------------------ the store */
+
+/* Drops the expired entries, then the oldest until `need` more bytes fit. Under mu. */
+static void wkv_evict(gang__wkv *k, size_t need)
+{
+    uint64_t now = gang_now_ms();
+    while (k->head != NULL &&
+           (k->head->expires_ms <= now || k->stored + need > k->cfg.kv_store_bytes)) {
+        wkv_entry *e = k->head;
+        k->head = e->next;
+        k->stored -= e->bytes;
+        free(e->data);
+        free(e);
+    }
+}
+
+/* gang_kv_hooks.put: keeps a copy of this rank's part of export id. */
+static int wkv_put(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n_blocks)
+{
+    gang__wkv *k = ctx;
+    if (k->lfd < 0 || bytes > k->cfg.kv_store_bytes)
+        return GANG_ERANGE;
+    wkv_entry *e = calloc(1, sizeof(*e));
+    uint8_t *copy = malloc(bytes);
+    if (e == NULL || copy == NULL) {
+        free(e);
+        free(copy);
+        return GANG_ENOMEM;
+    }
+    memcpy(copy, data, bytes);
+    *e = (wkv_entry){.id = id,
+                     .n_blocks = n_blocks,
+                     .bytes = bytes,
+                     .data = copy,
+                     .expires_ms = gang_now_ms() + k->cfg.kv_hold_ms};
+    pthread_mutex_lock(&k->mu);
+    wkv_evict(k, bytes);
+    wkv_entry **pp = &k->head;
+    while (*pp != NULL)
+        pp = &(*pp)->next;
+    *pp = e;
+    k->stored += bytes;
+    pthread_mutex_unlock(&k->mu);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the server */
+
+/* Serves one connection: proof, lookup, answer. Failures close it (logged). */
+static void wkv_serve_one(gang__wkv *k, int fd)
+{
+    uint64_t deadline = gang_now_ms() + k->cfg.kv_timeout_ms;
+    uint8_t hello[4 + WKV_NONCE], req[WKV_REQ], ans[WKV_ANS], mac[WKV_MAC], mine[24];
+    memcpy(hello, WKV_MAGIC, 4);
+    gang_auth_random(hello + 4, WKV_NONCE);
+    if (wkv_io(fd, hello, sizeof hello, 1, deadline) != 0 ||
+        wkv_io(fd, req, sizeof req, 0, deadline) != 0)
+        return;
+    const uint8_t *cn = req, *idb = req + WKV_NONCE, *shape = req + WKV_NONCE + 8;
+    uint8_t both[2 * WKV_NONCE + 8 + 24];
+    memcpy(both, hello + 4, WKV_NONCE);
+    memcpy(both + WKV_NONCE, cn, WKV_NONCE);
+    memcpy(both + 2 * WKV_NONCE, idb, 8 + 24);
+    wkv_mac(&k->cfg.kv_token, "gkv-c", both, sizeof both, NULL, 0, mac);
+    if (!wkv_mac_ok(&k->cfg.kv_token, mac, req + WKV_NONCE + 8 + 24)) {
+        gang_warn("P/D: a KV fetch on rank %u did not prove the token: refused", k->rank);
+        return;
+    }
+    uint64_t id = get_u64(idb);
+    uint32_t n = get_u32(shape + 20);
+    int32_t status = 0;
+    wkv_shape_words(&k->shape, n, mine);
+    pthread_mutex_lock(&k->mu);
+    wkv_evict(k, 0);
+    wkv_entry *e = k->head;
+    while (e != NULL && e->id != id)
+        e = e->next;
+    if (e == NULL)
+        status = GANG_ENOENT;
+    else if (memcmp(mine, shape, 20) != 0 || n == 0 || n > e->n_blocks)
+        status = GANG_EMISMATCH;
+    uint64_t bytes = status == 0 ? (uint64_t)n * k->shape.block_bytes : 0;
+    uint8_t *data = NULL;
+    if (status == 0 && (data = malloc(bytes)) != NULL)
+        memcpy(data, e->data, bytes); /* (the store may drop it while this one is sent) */
+    else if (status == 0)
+        status = GANG_ENOMEM;
+    pthread_mutex_unlock(&k->mu);
+    if (status == GANG_EMISMATCH)
+        gang_warn("P/D: KV fetch of %llx on rank %u: the decode gang's rank holds another shard "
+                  "(layers, kv columns, dtype or block size differ: TP, PP and the KV cache "
+                  "must match)",
+                  (unsigned long long)id, k->rank);
+    put_u32(ans, (uint32_t)status);
+    put_u64(ans + 4, bytes);
+    uint8_t sb[2 * WKV_NONCE + 8 + 12];
+    memcpy(sb, cn, WKV_NONCE);
+    memcpy(sb + WKV_NONCE, hello + 4, WKV_NONCE);
+    memcpy(sb + 2 * WKV_NONCE, idb, 8);
+    memcpy(sb + 2 * WKV_NONCE + 8, ans, 12);
+    wkv_mac(&k->cfg.kv_token, "gkv-s", sb, sizeof sb, NULL, 0, ans + 12);
+    if (wkv_io(fd, ans, sizeof ans, 1, deadline) == 0 && status == 0 &&
+        wkv_io(fd, data, bytes, 1, deadline) == 0) {
+        wkv_mac(&k->cfg.kv_token, "gkv-d", both, 2 * WKV_NONCE, data, bytes, mac);
+        (void)wkv_io(fd, mac, sizeof mac, 1, deadline);
+    }
+    free(data);
+}
+
+static void *wkv_thread(void *arg)
+{
+    gang__wkv *k = arg;
+    while (!atomic_load(&k->stop)) {
+        struct pollfd pfd = {.fd = k->lfd, .events = POLLIN};
+        if (poll(&pfd, 1, 200) <= 0)
+            continue;
+        int fd = accept4(k->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            continue;
+        wkv_serve_one(k, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+/* Opens the listener on kv_bind:kv_port + rank. The fd, or -1 (logged). */
+static int wkv_listen(const gang__wkv *k)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)(k->cfg.kv_port + k->rank))};
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (inet_pton(AF_INET, k->cfg.kv_bind, &sa.sin_addr) != 1)
+        sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 16) == 0)
+        return fd;
+    gang_warn("P/D: rank %u cannot serve KV exports on port %u: %s; this gang's prompts will "
+              "be prefilled again by the decode gangs",
+              k->rank, k->cfg.kv_port + k->rank, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ the client */
+
+/* Connects to host:port by deadline. The fd or a negative GANG_E*. */
+static int wkv_connect(const char *host, uint32_t port, uint64_t deadline)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (port == 0 || port > 65535 || inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return GANG_EINVAL; /* a router hands over an IPv4 address, never a name */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
+    if (fd < 0)
+        return GANG_ENOMEM;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        return GANG_ECONNREFUSED;
+    }
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    uint64_t now = gang_now_ms();
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (now >= deadline || poll(&pfd, 1, (int)(deadline - now)) != 1 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        close(fd);
+        return err != 0 ? GANG_ECONNREFUSED : GANG_ETIMEDOUT;
+    }
+    return fd;
+}
+
+/* The exchange of a fetch on a connected fd (see the protocol above). */
+static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, void *data, size_t bytes,
+                     uint32_t n_blocks, uint64_t deadline)
+{
+    uint8_t hello[4 + WKV_NONCE], req[WKV_REQ], ans[WKV_ANS], mac[WKV_MAC];
+    int rc = wkv_io(fd, hello, sizeof hello, 0, deadline);
+    if (rc != 0)
+        return rc;
+    if (memcmp(hello, WKV_MAGIC, 4) != 0)
+        return GANG_EPROTO;
+    uint8_t both[2 * WKV_NONCE + 8 + 24];
+    memcpy(both, hello + 4, WKV_NONCE);
+    gang_auth_random(both + WKV_NONCE, WKV_NONCE);
+    put_u64(both + 2 * WKV_NONCE, src->id);
+    wkv_shape_words(&k->shape, n_blocks, both + 2 * WKV_NONCE + 8);
+    memcpy(req, both + WKV_NONCE, WKV_NONCE + 8 + 24);
+    wkv_mac(&k->cfg.kv_token, "gkv-c", both, sizeof both, NULL, 0, req + WKV_NONCE + 8 + 24);
+    rc = wkv_io(fd, req, sizeof req, 1, deadline);
+    if (rc == 0)
+        rc = wkv_io(fd, ans, sizeof ans, 0, deadline);
+    if (rc != 0)
+        return rc;
+    uint8_t sb[2 * WKV_NONCE + 8 + 12];
+    memcpy(sb, both + WKV_NONCE, WKV_NONCE);
+    memcpy(sb + WKV_NONCE, hello + 4, WKV_NONCE);
+    memcpy(sb + 2 * WKV_NONCE, both + 2 * WKV_NONCE, 8);
+    memcpy(sb + 2 * WKV_NONCE + 8, ans, 12);
+    wkv_mac(&k->cfg.kv_token, "gkv-s", sb, sizeof sb, NULL, 0, mac);
+    if (!wkv_mac_ok(&k->cfg.kv_token, mac, ans + 12))
+        return GANG_EAUTH;
+    int32_t status = (int32_t)get_u32(ans);
+    if (status != 0)
+        return status < 0 ? status : GANG_EPROTO;
+    if (get_u64(ans + 4) != bytes)
+        return GANG_EPROTO;
+    rc = wkv_io(fd, data, bytes, 0, deadline);
+    if (rc == 0)
+        rc = wkv_io(fd, ans, WKV_MAC, 0, deadline);
+    if (rc != 0)
+        return rc;
+    wkv_mac(&k->cfg.kv_token, "gkv-d", both, 2 * WKV_NONCE, data, bytes, mac);
+    return wkv_mac_ok(&k->cfg.kv_token, mac, ans) ? 0 : GANG_EAUTH;
+}
+
+/* gang_kv_hooks.get: this rank's part of src from the source gang's rank of our index. */
+static int wkv_get(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n_blocks,
+                   uint64_t deadline_ms)
+{
+    gang__wkv *k = ctx;
+    if (bytes != (size_t)n_blocks * k->shape.block_bytes)
+        return GANG_EINVAL;
+    int fd = wkv_connect(src->host, src->port + k->rank, deadline_ms);
+    if (fd < 0)
+        return fd;
+    int rc = wkv_fetch(k, fd, src, data, bytes, n_blocks, deadline_ms);
+    close(fd);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ life */
+
+int gang__wkv_start(const gang__wres_config *c, uint32_t rank, gang_engine *e, gang__wkv **out)
+{
+    *out = NULL;
+    gang__wkv *k = calloc(1, sizeof(*k));
+    if (k == NULL)
+        return GANG_ENOMEM;
+    k->cfg = *c;
+    k->rank = rank;
+    k->lfd = -1;
+    gang_engine_kv_shape(e, &k->shape);
+    pthread_mutex_init(&k->mu, NULL);
+    if (c->role == GANG_ROLE_PREFILL && c->kv_port != 0) {
+        k->lfd = wkv_listen(k);
+        k->started = k->lfd >= 0 && pthread_create(&k->thread, NULL, wkv_thread, k) == 0;
+        if (!k->started && k->lfd >= 0) {
+            close(k->lfd);
+            k->lfd = -1;
+        }
+        if (k->started)
+            gang_info("P/D: rank %u serves its KV exports on port %u%s", rank, c->kv_port + rank,
+                      c->kv_token.present ? "" : " WITHOUT authentication (no --token-file)");
+    }
+    gang_kv_hooks h = {.ctx = k, .put = wkv_put, .get = wkv_get};
+    gang_engine_set_kv_hooks(e, &h, c->kv_timeout_ms);
+    *out = k;
+    return 0;
+}
+
+void gang__wkv_stop(gang__wkv *k)
+{
+    if (k == NULL)
+        return;
+    atomic_store(&k->stop, 1);
+    if (k->started)
+        pthread_join(k->thread, NULL);
+    if (k->lfd >= 0)
+        close(k->lfd);
+    while (k->head != NULL) {
+        wkv_entry *e = k->head;
+        k->head = e->next;
+        free(e->data);
+        free(e);
+    }
+    pthread_mutex_destroy(&k->mu);
+    free(k);
+}
