@@ -24,6 +24,7 @@
 #include <cjson/cJSON.h>
 
 #include "ganglion/serve.h"
+#include "ganglion/text.h"
 
 typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates) */
 
@@ -135,6 +136,7 @@ struct gang_api {
                                 before tokenizing (gang__api_text_fits) */
     gang_chat_template *tpl; /* DIR/tokenizer_config.json's chat_template, or NULL */
     char tpl_why[256];
+    uint64_t shield_seq; /* draws of api_shield markers */
     int64_t created_s;
     uint64_t gen;
     char gave_up[GANG_REQ_REASON_MAX];
@@ -201,9 +203,33 @@ int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uin
                            int32_t **ids, uint32_t *n, char *err, size_t errcap);
 /* Renders chat messages (validated: known roles, content parts joined, tool calls and
  * results kept) with the template into a malloc'd string; tools_json (or NULL) is the
- * template's `tools`. 0, or -1 with a message. */
+ * template's `tools`. *plain (malloc'd, *nplain of them; NULL when none) are the ranges
+ * of the text where the client's strings held special-token text, to be encoded as text
+ * (api-chat.c). 0, or -1 with a message. */
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          const char *tools_json, char **text, char *err, size_t cap);
+                          const char *tools_json, char **text, gang_tok_range **plain,
+                          size_t *nplain, char *err, size_t cap);
+
+/* ---- api-chat.c ---- */
+/* One rendering's markers for the special-token text of the client's strings. */
+typedef struct api_shield {
+    char prefix[24]; /* U+E000, 8 hex digits, ':' */
+    size_t marks;    /* markers put in */
+} api_shield;
+/* Draws the marker prefix, absent from json and json2 (the client's strings; either may be
+ * NULL). 0, or GANG_EEXIST (no absent prefix found). Loop thread. */
+int gang__api_shield_begin(gang_api *api, api_shield *sh, const char *json, const char *json2);
+/* Replaces special-token text in every string value of the tree root (the normalized
+ * messages) by markers. 0, GANG_ENOMEM, or GANG_ERANGE (too many). */
+int gang__api_shield_tree(gang_api *api, api_shield *sh, cJSON *root);
+/* The JSON text json with its strings shielded as above, malloc'd (cJSON's allocator),
+ * or NULL (unparseable, out of memory). */
+char *gang__api_shield_text(gang_api *api, api_shield *sh, const char *json);
+/* Puts each marker of the rendered *text (replaced, malloc'd) back as its token's text and
+ * returns those ranges in *plain (malloc'd; NULL and 0 when none). 0, or -1 with a
+ * message (a template that cut a marker, out of memory). */
+int gang__api_shield_end(gang_api *api, const api_shield *sh, char **text, gang_tok_range **plain,
+                         size_t *nplain, char *err, size_t cap);
 
 /* ---- api-format.c ---- */
 /* "logit_bias" and "response_format" into p (its grammar, sampling.grammar_bytes).

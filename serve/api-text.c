@@ -13,7 +13,8 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
     char err[512];
     char *text = NULL;
     int32_t *ids = NULL;
-    size_t n = 0;
+    size_t n = 0, nplain = 0;
+    gang_tok_range *plain = NULL;
     cJSON *o = gang__api_parse_body(req, err, sizeof(err));
     if (api->tok == NULL) {
         snprintf(err, sizeof(err), "%s", api->tok_why);
@@ -36,8 +37,8 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         text = strdup(prompt->valuestring);
         add_special = add == NULL || cJSON_IsTrue(add);
     } else if (prompt == NULL && msgs != NULL) {
-        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), NULL, &text, err,
-                                  sizeof(err)) != 0)
+        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), NULL, &text, &plain,
+                                  &nplain, err, sizeof(err)) != 0)
             goto out_bad;
         add_special = cJSON_IsTrue(add);
     } else {
@@ -53,7 +54,8 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         snprintf(err, sizeof(err), "out of memory");
         goto out_bad;
     }
-    int rc = gang_tokenizer_encode(api->tok, text, len, add_special, ids, cap, &n);
+    int rc =
+        gang_tokenizer_encode_plain(api->tok, text, len, add_special, plain, nplain, ids, cap, &n);
     if (rc != 0) {
         snprintf(err, sizeof(err), "the text cannot be tokenized: %s",
                  rc == GANG_EINVAL ? "it is not valid UTF-8" : gang_strerror(rc));
@@ -72,6 +74,7 @@ out_bad:
 out:
     cJSON_Delete(o);
     free(text);
+    free(plain);
     free(ids);
 }
 
