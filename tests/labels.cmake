@@ -17,8 +17,9 @@
 #
 # Left out of mp-fast (each runs 10-90 s under ASAN; `make test` runs them all): the real
 # models' greedy agreement (gemma3_gguf, gguf_smollm2, smollm2_greedy, rope_models,
-# weight_storage), kv_capacity, serve_load, soak_restarts, text_api, and structured_outputs
-# (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer).
+# weight_storage), kv_capacity, serve_load, soak_restarts, text_api, structured_outputs
+# (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer) and seeded_batch (SmolLM2 bf16 and
+# Q4_1 in batches of 61: 106 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
   unit-launcher unit-kernels unit-parallel unit-comm unit-layers unit-pipeline unit-model
   cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text
