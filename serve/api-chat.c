@@ -92,8 +92,9 @@ int gang__api_shield_begin(gang_api *api, api_shield *sh, const char *json, cons
 {
     memset(sh, 0, sizeof(*sh));
     for (int tries = 0; tries < 16; tries++) {
-        uint64_t r = gang_now_ns() ^ ((uint64_t)(uintptr_t)sh << 16) ^
-                     (++api->shield_seq * 0x9e3779b97f4a7c15ull);
+        uint64_t r =
+            gang_now_ns() ^ ((uint64_t)(uintptr_t)sh << 16) ^
+            (__atomic_add_fetch(&api->shield_seq, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull);
         snprintf(sh->prefix, sizeof(sh->prefix), SHIELD_OPEN "%08x:", (unsigned)(r ^ (r >> 32)));
         if ((json == NULL || strstr(json, sh->prefix) == NULL) &&
             (json2 == NULL || strstr(json2, sh->prefix) == NULL))

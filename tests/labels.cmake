@@ -33,7 +33,7 @@ set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli dp_local dp_router 
   gang_forms
   gpu_health gpu_placement hang_worker kill_agent kill_coordinator kill_worker member_flood
   openai_client reject request_deadline restart_budget serve_model shm_hygiene
-  stale_generation start_order api_surface slow_clients budget_node0)
+  stale_generation start_order api_surface slow_clients budget_node0 tokenize_off_loop)
 list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 
