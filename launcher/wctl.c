@@ -11,7 +11,8 @@
 /* Whether type is a control type of this channel. */
 static int wctl_control_type(uint32_t type)
 {
-    return (type >= GANG_WCTL_HELLO && type <= GANG_WCTL_SHUTDOWN) || type == GANG_WCTL_GPU;
+    return (type >= GANG_WCTL_HELLO && type <= GANG_WCTL_SHUTDOWN) || type == GANG_WCTL_GPU ||
+           type == GANG_WCTL_KV;
 }
 
 /* The blob of BLOB, READY, GPU and START: a u32 length and its bytes. */
@@ -41,6 +42,7 @@ static void wctl_fields(gang_codec *c, gang_wctl *m)
     case GANG_WCTL_BLOB:
     case GANG_WCTL_READY:
     case GANG_WCTL_GPU:
+    case GANG_WCTL_KV:
         wctl_blob(c, m);
         break;
     case GANG_WCTL_START:
