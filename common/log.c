@@ -129,3 +129,19 @@ void gang_log_write(gang_log_level lvl, const char *fmt, ...)
     ssize_t w = write(log_fd, line, (size_t)n);
     (void)w;
 }
+
+bool gang_log_limit_allow(gang_log_limit *l, uint64_t now_ms, uint64_t *held)
+{
+    if (l->in_window == 0 || now_ms - l->window_start_ms >= GANG_LOG_LIMIT_WINDOW_MS) {
+        l->window_start_ms = now_ms;
+        l->in_window = 0;
+    }
+    if (l->in_window >= GANG_LOG_LIMIT_BURST) {
+        l->suppressed++;
+        return false;
+    }
+    l->in_window++;
+    *held = l->suppressed;
+    l->suppressed = 0;
+    return true;
+}

@@ -524,6 +524,10 @@ int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out)
     out->prefix_query_tokens = e->prefix_query_tokens;
     out->prefix_hit_tokens = e->prefix_hit_tokens;
     out->cached_blocks = e->n_lru;
+    for (const gang__request *r = e->queue_head; r != NULL; r = r->next) {
+        out->running += r->running != 0;
+        out->waiting += r->running == 0;
+    }
     return 0;
 }
 

@@ -290,6 +290,37 @@ static void metrics_moe(gang_metrics_buf *b, const gang_sup *sup, uint64_t first
     }
 }
 
+/* Node 0 (global rank 0 is its local rank 0, whose engine schedules): the KV cache's
+ * blocks and the requests' states, as rank 0 last reported them (every 250 ms at most while
+ * requests are live, at once when none is). */
+static void metrics_kv(const gang__agent_view *v, gang_metrics_buf *b)
+{
+    gang_engine_kv kv;
+    if (!v->cfg->id.is_coordinator || !gang_sup_kv(v->sup, 0, &kv))
+        return;
+    uint32_t free_blocks = kv.free_blocks <= kv.blocks ? kv.free_blocks : kv.blocks;
+    const gang_metric_scalar t[] = {
+        {"ganglion_kv_cache_blocks", "Blocks of the paged KV cache the gang uses",
+         GANG_METRIC_GAUGE, .v = kv.blocks},
+        {"ganglion_kv_cache_blocks_used", "KV blocks held by live sequences", GANG_METRIC_GAUGE,
+         .v = kv.blocks - free_blocks},
+        {"ganglion_kv_cache_blocks_free",
+         "KV blocks no sequence holds (prefix-cached ones included)", GANG_METRIC_GAUGE,
+         .v = free_blocks},
+        {"ganglion_kv_cache_blocks_cached",
+         "Free KV blocks that still hold a cached prompt prefix (evictable)", GANG_METRIC_GAUGE,
+         .v = kv.cached_blocks},
+        {"ganglion_sequences_running", "Requests holding a slot in the engine (prefill or decode)",
+         GANG_METRIC_GAUGE, .v = kv.running},
+        {"ganglion_sequences_waiting", "Requests queued in the engine for a slot",
+         GANG_METRIC_GAUGE, .v = kv.waiting},
+        {"ganglion_sequences_preempted_total",
+         "Sequences preempted for KV blocks (recomputed later), this generation's engine",
+         GANG_METRIC_COUNTER, .v = kv.preempted},
+    };
+    gang_metrics_scalars(b, t, sizeof(t) / sizeof(t[0]));
+}
+
 int gang__agent_metrics(const gang__agent_view *v, gang_metrics_buf *b)
 {
     const gang_agent_config *c = v->cfg;
@@ -325,6 +356,7 @@ int gang__agent_metrics(const gang__agent_view *v, gang_metrics_buf *b)
                       v->gpu);
     metrics_moe(b, v->sup, (uint64_t)c->id.node_index * (uint64_t)c->layout.tc.nproc_per_node,
                 (uint32_t)c->layout.tc.nproc_per_node);
+    metrics_kv(v, b);
     if (v->api != NULL)
         gang_api_metrics(v->api, b);
     if (v->relay != NULL)

@@ -37,6 +37,9 @@
 #include "ganglion/rendezvous.h"
 #include "supervisor.h"
 
+/* HTTP connections beyond --http-max-connections kept for the probes (serve.h). */
+#define AGENT_PROBE_RESERVE 16
+
 typedef struct agent {
     gang_agent_config cfg; /* derived once from the parameters (layout.c) */
     uv_loop_t loop;
@@ -670,13 +673,19 @@ static int agent_configure(agent *a, const gang_params *params, char *const *env
  */
 static int agent_start(agent *a)
 {
+    /* The probes' paths, served on AGENT_PROBE_RESERVE more connections when every one of
+     * --http-max-connections is being answered (a stream each, say). */
+    static const char *const probes[] = {"/healthz", "/readyz",  "/health",
+                                         "/status",  "/metrics", NULL};
     const gang_agent_config *c = &a->cfg;
     gang_http_config hc = {.bind_address = c->bind_address,
                            .port = c->http_port,
                            .max_body = 8 << 20,
-                           .max_conns = 256,
+                           .max_conns = c->http_max_connections > 0 ? c->http_max_connections : 256,
                            .idle_timeout_ms = 10000,
-                           .cors_origin = c->cors_allow_origin};
+                           .cors_origin = c->cors_allow_origin,
+                           .probe_reserve = AGENT_PROBE_RESERVE,
+                           .probe_paths = probes};
     int rc = gang_http_server_start(&a->loop, &hc, on_http, a, &a->http);
     if (rc != 0) {
         gang_error("agent: HTTP on %s:%d: %s", c->bind_address, c->http_port,

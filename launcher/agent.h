@@ -38,6 +38,7 @@ typedef struct gang_agent_config {
     char advertise_address[GANG_PARAM_STR_MAX];
     char termination_log[GANG_PARAM_STR_MAX];
     int http_port;
+    int http_max_connections;                   /* --http-max-connections */
     char cors_allow_origin[GANG_PARAM_STR_MAX]; /* --cors-allow-origin, "" = off */
     int rdzv_port;
     uint32_t max_restarts;

@@ -354,6 +354,7 @@ static void agent_fields_from_params(const gang_params *p, gang_agent_config *c)
     gang_strlcpy(c->advertise_address, p->advertise_address, sizeof(c->advertise_address));
     gang_strlcpy(c->termination_log, p->termination_log, sizeof(c->termination_log));
     c->http_port = (int)p->http_port;
+    c->http_max_connections = (int)p->http_max_connections;
     gang_strlcpy(c->cors_allow_origin, p->cors_allow_origin, sizeof(c->cors_allow_origin));
     c->rdzv_port = (int)p->rdzv_port;
     c->max_restarts = (uint32_t)p->max_restarts;

@@ -223,6 +223,12 @@ static void on_worker_packet(wslot *w, const gang_wctl *pkt)
         if (gang_sup_all_ready(s, s->gen) && s->cb.on_all_ready)
             s->cb.on_all_ready(s->cb.ctx, s->gen);
         return;
+    case GANG_WCTL_KV: /* rank 0's KV use, for /metrics */
+        if (pkt->generation == s->gen && pkt->blob_len == sizeof(w->kv)) {
+            memcpy(&w->kv, pkt->blob, sizeof(w->kv));
+            w->has_kv = 1;
+        }
+        return;
     case GANG_WCTL_ERROR: {
         memcpy(w->last_error, pkt->reason, sizeof(w->last_error));
         w->last_error[sizeof(w->last_error) - 1] = '\0';

@@ -12,7 +12,7 @@
 static int wctl_control_type(uint32_t type)
 {
     return (type >= GANG_WCTL_HELLO && type <= GANG_WCTL_SHUTDOWN) || type == GANG_WCTL_GPU ||
-           type == GANG_WCTL_MOE;
+           type == GANG_WCTL_MOE || type == GANG_WCTL_KV;
 }
 
 /* The blob of BLOB, READY, GPU, MOE and START: a u32 length and its bytes. */
@@ -43,6 +43,7 @@ static void wctl_fields(gang_codec *c, gang_wctl *m)
     case GANG_WCTL_READY:
     case GANG_WCTL_GPU:
     case GANG_WCTL_MOE:
+    case GANG_WCTL_KV:
         wctl_blob(c, m);
         break;
     case GANG_WCTL_START:

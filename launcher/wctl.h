@@ -73,7 +73,8 @@ typedef enum gang_wctl_type {
     GANG_WCTL_ABORTED = 9,
     GANG_WCTL_SHUTDOWN = 10,
     GANG_WCTL_GPU = 16,
-    GANG_WCTL_MOE = 17
+    GANG_WCTL_MOE = 17,
+    GANG_WCTL_KV = 18 /* rank 0's KV cache use and request counts: a gang_engine_kv blob */
 } gang_wctl_type;
 
 /* The largest packet: a START with a full blob, or a SUBMIT with GANG_REQ_MAX_IDS ids. */

@@ -55,6 +55,9 @@
 #include "worker.h"
 #include "worker-kv.h"
 
+/* Rank 0 reports its KV use to the agent at most this often while requests are live. */
+#define WSTEP_KV_MS 250
+
 /* =====================================================================================
  * Worker-lifetime resources
  * ===================================================================================== */
@@ -376,6 +379,8 @@ struct gang__wstep {
     gang_comm *nworld; /* the nccl world tp and pp were split from, or NULL */
     wreq *head, *tail;
     uint32_t queued;
+    gang_engine_kv kv_sent; /* rank 0: the last KV report (wstep_kv) */
+    uint64_t kv_sent_ms;
     uint64_t *cancels; /* ids to drop before the next step, [n_cancels] */
     uint32_t n_cancels, cap_cancels;
     int reported; /* a FAILED event was written */
@@ -628,6 +633,31 @@ int gang__wres_moe_sample(gang__wres *r, gang_moe_load_sample *out)
     return has;
 }
 
+/*
+ * Rank 0, after a step: the KV cache's use and the requests' counts (/metrics), when they
+ * changed, at most every WSTEP_KV_MS while requests are live and at once when none is.
+ */
+static void wstep_kv(gang__wstep *s, gang_engine *e)
+{
+    gang__wevent ev;
+    memset(&ev, 0, sizeof(ev));
+    if (gang_engine_kv_info(e, &ev.kv) != 0)
+        return;
+    const gang_engine_kv *o = &s->kv_sent;
+    uint64_t now = gang_now_ms();
+    int changed = ev.kv.free_blocks != o->free_blocks || ev.kv.cached_blocks != o->cached_blocks ||
+                  ev.kv.running != o->running || ev.kv.waiting != o->waiting ||
+                  ev.kv.preempted != o->preempted;
+    int idle = ev.kv.running == 0 && ev.kv.waiting == 0;
+    if (!changed || (!idle && now - s->kv_sent_ms < WSTEP_KV_MS))
+        return;
+    s->kv_sent = ev.kv;
+    s->kv_sent_ms = now;
+    ev.type = GANG__WEV_KV;
+    ev.has_kv = 1;
+    wstep_event(s, &ev);
+}
+
 /* The serving loop with a model: engine steps until a failure or stop. */
 static int wstep_serve(gang__wstep *s, gang__wres *res)
 {
@@ -669,6 +699,7 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             ev.kv_ms = ge.kv_ms;
             wstep_event(s, &ev);
         }
+        wstep_kv(s, e);
     }
     return GANG_EABORTED;
 }

@@ -803,6 +803,14 @@ static void worker_on_events(worker *w)
             }
             gang_info("READY in generation %llu", (unsigned long long)ev.generation);
             worker_reply(w, &r);
+        } else if (ev.type == GANG__WEV_KV && ev.has_kv) { /* /metrics: dropped when full */
+            gang_wctl r;
+            worker_msg(w, &r, GANG_WCTL_KV, ev.generation);
+            memcpy(r.blob, &ev.kv, sizeof(ev.kv));
+            r.blob_len = (uint32_t)sizeof(ev.kv);
+            int rc = worker_send(w, &r, 0);
+            if (rc != 0 && rc != GANG_EAGAIN)
+                worker_channel_lost(w, "KV report", rc);
         } else if (ev.type == GANG__WEV_FAILED) {
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             worker_report_error(w, ev.generation, ev.code, (uint32_t)ev.rank, "%s", ev.reason);

@@ -137,7 +137,8 @@ typedef enum gang__wevent_type {
     GANG__WEV_TOKEN = 3,  /* rank 0: one generated token of a request */
     GANG__WEV_DONE = 4,   /* rank 0: a request finished (code 0) or was refused (code < 0) */
     GANG__WEV_LOADED = 5, /* the loader finished: code 0, or the load error (fatal) */
-    GANG__WEV_GPU = 6     /* the GPU health watch saw a fatal condition (worker-gpu.c) */
+    GANG__WEV_GPU = 6,    /* the GPU health watch saw a fatal condition (worker-gpu.c) */
+    GANG__WEV_KV = 7      /* rank 0: the KV cache's use and the requests' counts changed */
 } gang__wevent_type;
 
 /* One report, written with a single write(2) (smaller than PIPE_BUF, so atomic). */
@@ -158,7 +159,7 @@ typedef struct gang__wevent {
     uint32_t n_top;               /* TOKEN: alternatives */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
     float top_lp[GANG_MAX_TOP_LOGPROBS];
-    gang_engine_kv kv; /* READY with a model: the KV cache the gang agreed on */
+    gang_engine_kv kv; /* READY with a model: the KV cache the gang agreed on; KV: its use */
     uint32_t has_kv;   /* READY: kv is filled */
 } gang__wevent;
 

@@ -1,4 +1,6 @@
 /* Framed TCP connections for the rendezvous protocol; see conn.h. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,14 +92,17 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             if (rc == 0)
                 break;
             if (rc == GANG_EAUTH) {
-                gang_warn("rendezvous: closing %s: rejected frame %llu: its session tag is "
-                          "wrong (forged, modified, replayed, reordered or reflected)",
-                          c->peer, (unsigned long long)c->sess.recv_seq);
+                gang__conn_peer_warn(c->warn_limit,
+                                     "rendezvous: closing %s: rejected frame %llu: its session "
+                                     "tag is wrong (forged, modified, replayed, reordered or "
+                                     "reflected)",
+                                     c->peer, (unsigned long long)c->sess.recv_seq);
                 gang__conn_close(c, rc);
                 return;
             }
             if (rc < 0) {
-                gang_warn("rendezvous: closing %s: bad frame: %s", c->peer, gang_strerror(rc));
+                gang__conn_peer_warn(c->warn_limit, "rendezvous: closing %s: bad frame: %s",
+                                     c->peer, gang_strerror(rc));
                 gang__conn_close(c, rc);
                 return;
             }
@@ -242,4 +247,24 @@ void gang__conn_close(gang__conn *c, int err)
     c->closing = 1;
     c->close_err = err;
     uv_close((uv_handle_t *)&c->tcp, conn_on_closed);
+}
+
+void gang__conn_peer_warn(gang_log_limit *limit, const char *fmt, ...)
+{
+    char line[768];
+    uint64_t held = 0;
+    va_list ap;
+    if (limit != NULL && !gang_log_limit_allow(limit, gang_now_ms(), &held))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (held > 0)
+        gang_warn("%s (and %llu more such lines held back: at most %d per %d s)", line,
+                  (unsigned long long)held, GANG_LOG_LIMIT_BURST, GANG_LOG_LIMIT_WINDOW_MS / 1000);
+    else if (limit != NULL && limit->in_window == GANG_LOG_LIMIT_BURST)
+        gang_warn("%s (further such lines held back for up to %d s, then counted)", line,
+                  GANG_LOG_LIMIT_WINDOW_MS / 1000);
+    else
+        gang_warn("%s", line);
 }

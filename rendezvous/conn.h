@@ -30,8 +30,15 @@ struct gang__conn {
     int close_err;       /* why it closed (0 = asked to) */
     uint64_t last_rx_ms; /* monotonic time of the last complete message */
     uint64_t opened_ms;
-    char peer[64]; /* "ip:port" for logs */
+    char peer[64];              /* "ip:port" for logs */
+    gang_log_limit *warn_limit; /* the owner's limit on lines a peer causes, or NULL */
 };
+
+/* A warning a remote peer can cause (a refused or broken connection), written through
+ * limit (NULL: always written); the last line of a window's burst says that more are held
+ * back, and the first line after a held-back run how many were. Loop thread. */
+void gang__conn_peer_warn(gang_log_limit *limit, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Initialises c's TCP handle on loop; c must be zeroed. GANG_ENOMEM on failure. */
 int gang__conn_init(uv_loop_t *loop, gang__conn *c, void *owner, gang__conn_msg_cb on_msg,

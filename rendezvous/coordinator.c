@@ -46,6 +46,7 @@ struct coord_peer {
 
 struct gang_coord {
     uv_loop_t *loop;
+    gang_log_limit peer_log; /* warnings an unjoined peer causes (a flood: a few per window) */
     uv_tcp_t listener;
     uv_timer_t tick;  /* deadlines: handshakes, silence, start, backoff */
     uv_timer_t beat;  /* heartbeats to members */
@@ -295,8 +296,8 @@ static void on_join(gang_coord *c, coord_peer *p, const gang_msg *m)
     char why[GANG_REASON_MAX];
     int rc = validate_join(c, p, j, why, sizeof(why));
     if (rc != 0) {
-        gang_warn("coordinator: refused JOIN from %s as node %u: %s", p->conn.peer, j->node_index,
-                  why);
+        gang__conn_peer_warn(&c->peer_log, "coordinator: refused JOIN from %s as node %u: %s",
+                             p->conn.peer, j->node_index, why);
         gang__conn_reject(&p->conn, rc, why);
         return;
     }
@@ -423,8 +424,9 @@ static void peer_on_msg(gang__conn *conn, const gang_msg *m)
     gang_coord *c = p->coord;
     if (!p->joined) {
         if (m->type != GANG_MSG_JOIN) {
-            gang_warn("coordinator: %s sent message type %u before JOIN: closing", conn->peer,
-                      m->type);
+            gang__conn_peer_warn(&c->peer_log,
+                                 "coordinator: %s sent message type %u before JOIN: closing",
+                                 conn->peer, m->type);
             gang__conn_reject(conn, GANG_EPROTO, "expected JOIN");
             return;
         }
@@ -476,6 +478,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     p->coord = c;
+    p->conn.warn_limit = &c->peer_log;
     c->open_handles++;
     p->next = c->peers;
     if (c->peers)
@@ -488,8 +491,10 @@ static void on_connection(uv_stream_t *server, int status)
     }
     /* Over the limit: accept (to drain the backlog) and close at once. */
     if (c->npeers > c->cfg.max_connections) {
-        gang_warn("coordinator: %u connections at the limit: closing a new one",
-                  c->cfg.max_connections);
+        gang__conn_peer_warn(&c->peer_log,
+                             "coordinator: %u connections at the limit: closing a "
+                             "new one",
+                             c->cfg.max_connections);
         c->refused++;
         gang__conn_close(&p->conn, GANG_EAGAIN);
         return;
@@ -515,8 +520,9 @@ static void on_tick(uv_timer_t *t)
         if (p->conn.closing)
             continue;
         if (!p->joined && now - p->conn.opened_ms > c->cfg.handshake_timeout_ms) {
-            gang_warn("coordinator: %s did not complete JOIN within %llu ms: closing", p->conn.peer,
-                      (unsigned long long)c->cfg.handshake_timeout_ms);
+            gang__conn_peer_warn(&c->peer_log,
+                                 "coordinator: %s did not complete JOIN within %llu ms: closing",
+                                 p->conn.peer, (unsigned long long)c->cfg.handshake_timeout_ms);
             gang__conn_close(&p->conn, GANG_ETIMEDOUT);
         } else if (p->joined && now - p->conn.last_rx_ms > c->cfg.heartbeat_timeout_ms) {
             gang_warn("coordinator: node %u silent for %llu ms: dropping it", p->node,

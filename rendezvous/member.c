@@ -200,10 +200,24 @@ static void on_welcome(gang_member *m, const gang_msg *msg)
     send_rejoin_if_due(m);
 }
 
+/*
+ * A REJECT of the coordinator. A wrong token or shape is final (on_rejected: exit 64); a
+ * spent restart budget is final too and ends this node as GIVE_UP does (on_give_up: exit
+ * 75 after the linger): a member that was not connected when the gang gave up (dropped
+ * for silence, as node 0's own member is when its agent's loop stalls) learns it only
+ * this way, and retrying would keep the agent up and answering probes forever. The rest
+ * (a duplicate node while the old connection is being dropped) is retried. Loop thread.
+ */
 static void on_reject(gang_member *m, const gang_msg *msg)
 {
     int32_t code = msg->u.reject.code;
-    if (code == GANG_EAUTH || code == GANG_EMISMATCH) {
+    if (code == GANG_EBUDGET) {
+        m->gang_state = GANG_STATE_FAILED;
+        m->rejected = 1;
+        gang_error("member: the gang gave up: %s", msg->u.reject.reason);
+        if (m->cb.on_give_up)
+            m->cb.on_give_up(m->cb.ctx, msg->u.reject.reason);
+    } else if (code == GANG_EAUTH || code == GANG_EMISMATCH) {
         m->rejected = 1;
         gang_error("member: the coordinator refused this node for good: %s (%s)",
                    msg->u.reject.reason, gang_err_name(code));

@@ -10,10 +10,14 @@
  *   api-tools.c  tools and tool_choice in, tool_calls out;
  *   api-out.c    what a token becomes: text (incremental, UTF-8 safe), stop strings, the
  *                streamed Server-Sent Events and the final JSON answers, logprobs;
- *   api-text.c   POST /tokenize and POST /detokenize, loading the tokenizer and template.
+ *   api-text.c   POST /tokenize and POST /detokenize, loading the tokenizer and template;
+ *   api-chat.c   special-token text of a client's chat strings kept as text;
+ *   api-prep.c   requests parsed and tokenized off the loop, one at a time.
  *
  * A call (one HTTP request) holds one sequence per prompt; each sequence is one request
- * in the engine, with its own id. Everything runs on the agent's loop thread.
+ * in the engine, with its own id. Everything runs on the agent's loop thread except the
+ * preparation of a request (api-prep.c: body, fields, chat template, tokenizer), which runs
+ * on libuv's thread pool and only reads what gang_api_init loaded.
  */
 #ifndef GANGLION_SERVE_API_INTERNAL_H
 #define GANGLION_SERVE_API_INTERNAL_H
@@ -24,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "ganglion/serve.h"
+#include "ganglion/text.h"
 
 typedef struct gang_chat_template gang_chat_template; /* model.h (chat templates) */
 
@@ -73,6 +78,7 @@ typedef struct api_lp {
 } api_lp;
 
 typedef struct api_call api_call;
+typedef struct api_prep api_prep; /* api-prep.c */
 
 /* One prompt of a call: one request in the engine. */
 typedef struct api_seq {
@@ -138,6 +144,10 @@ struct gang_api {
                                 before tokenizing (gang__api_text_fits) */
     gang_chat_template *tpl; /* DIR/tokenizer_config.json's chat_template, or NULL */
     char tpl_why[256];
+    uint64_t shield_seq;             /* draws of api_shield markers (any thread: atomic) */
+    api_prep *prep_head, *prep_tail; /* requests waiting for the thread pool, in order */
+    api_prep *prep_running;          /* the one on the thread pool, or NULL */
+    uint32_t n_prep;                 /* both: they count against --max-queue */
     int64_t created_s;
     uint64_t gen;
     char gave_up[GANG_REQ_REASON_MAX];
@@ -175,6 +185,33 @@ void gang__api_json(gang_http_exchange *x, int status, cJSON *o);
 /* Tells rank 0 to stop generating s (when it runs in the current generation and the gang
  * has not finished it). */
 void gang__api_cancel_in_gang(gang_api *api, api_seq *s);
+/* Parses and prepares a completion or chat request (body, fields, prompts rendered and
+ * tokenized) into *out (0), or -1 with the answer's status, code and message. Any thread:
+ * reads only the configuration, tokenizer and template, which do not change after
+ * gang_api_init. */
+int gang__api_prepare_call(gang_api *api, const gang_http_request *req, api_kind kind,
+                           api_call **out, int *status, const char **code, char *err, size_t cap);
+/* Queues a prepared call (its x set) and submits its sequences. Takes c. Loop thread. */
+void gang__api_call_accept(gang_api *api, api_call *c);
+/* Frees a call that was never accepted (NULL: nothing). */
+void gang__api_call_discard(api_call *c);
+/* Frees api with its tokenizer and template (gang_api_close, or the last preparation). */
+void gang__api_free(gang_api *api);
+
+/* ---- api-prep.c ---- */
+typedef enum api_prep_kind {
+    API_PREP_COMPLETION = 0,
+    API_PREP_CHAT = 1,
+    API_PREP_TOKENIZE = 2
+} api_prep_kind;
+/* Prepares req (body copied) on libuv's thread pool, one request at a time in arrival
+ * order, and answers x (tokenize) or accepts the call (generations) on the loop once it is
+ * done. Loop thread. */
+void gang__api_prep_submit(gang_api *api, gang_http_exchange *x, const gang_http_request *req,
+                           api_prep_kind kind);
+/* At gang_api_close: answers every request still being prepared 503. Returns 1 when api
+ * may be freed now, 0 when the one on the thread pool will free it (gang__api_free). */
+int gang__api_prep_close(gang_api *api);
 
 /* ---- api-parse.c ---- */
 /* Whether len bytes of text may fit the context; if not, err says so (for a 400). A
@@ -207,9 +244,33 @@ int gang__api_get_id_array(const cJSON *a, const char *what, uint32_t vocab, uin
                            int32_t **ids, uint32_t *n, char *err, size_t errcap);
 /* Renders chat messages (validated: known roles, content parts joined, tool calls and
  * results kept) with the template into a malloc'd string; tools_json (or NULL) is the
- * template's `tools`. 0, or -1 with a message. */
+ * template's `tools`. *plain (malloc'd, *nplain of them; NULL when none) are the ranges
+ * of the text where the client's strings held special-token text, to be encoded as text
+ * (api-chat.c). 0, or -1 with a message. */
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          const char *tools_json, char **text, char *err, size_t cap);
+                          const char *tools_json, char **text, gang_tok_range **plain,
+                          size_t *nplain, char *err, size_t cap);
+
+/* ---- api-chat.c ---- */
+/* One rendering's markers for the special-token text of the client's strings. */
+typedef struct api_shield {
+    char prefix[24]; /* U+E000, 8 hex digits, ':' */
+    size_t marks;    /* markers put in */
+} api_shield;
+/* Draws the marker prefix, absent from json and json2 (the client's strings; either may be
+ * NULL). 0, or GANG_EEXIST (no absent prefix found). Loop thread. */
+int gang__api_shield_begin(gang_api *api, api_shield *sh, const char *json, const char *json2);
+/* Replaces special-token text in every string value of the tree root (the normalized
+ * messages) by markers. 0, GANG_ENOMEM, or GANG_ERANGE (too many). */
+int gang__api_shield_tree(gang_api *api, api_shield *sh, cJSON *root);
+/* The JSON text json with its strings shielded as above, malloc'd (cJSON's allocator),
+ * or NULL (unparseable, out of memory). */
+char *gang__api_shield_text(gang_api *api, api_shield *sh, const char *json);
+/* Puts each marker of the rendered *text (replaced, malloc'd) back as its token's text and
+ * returns those ranges in *plain (malloc'd; NULL and 0 when none). 0, or -1 with a
+ * message (a template that cut a marker, out of memory). */
+int gang__api_shield_end(gang_api *api, const api_shield *sh, char **text, gang_tok_range **plain,
+                         size_t *nplain, char *err, size_t cap);
 
 /* ---- api-format.c ---- */
 /* "logit_bias" and "response_format" into p (its grammar, sampling.grammar_bytes).
@@ -233,7 +294,10 @@ cJSON *gang__api_tool_calls(const api_call *c, const api_seq *s, size_t *head);
 
 /* ---- api-text.c ---- */
 /* POST /tokenize: {"prompt"} or {"messages"} -> {"count","max_model_len","tokens"}. */
-void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_request *req);
+/* POST /tokenize's answer to req in *answer (0), or -1 with a message (a 400). Any thread
+ * (reads only what the API loaded at start). */
+int gang__api_tokenize_answer(gang_api *api, const gang_http_request *req, cJSON **answer,
+                              char *err, size_t errcap);
 /* POST /detokenize: {"tokens"} -> {"prompt"}. */
 void gang__api_detokenize(gang_api *api, gang_http_exchange *x, const gang_http_request *req);
 

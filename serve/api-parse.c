@@ -460,8 +460,9 @@ int gang__api_text_fits(const gang_api *api, size_t len, const char *what, char 
 }
 
 /* Encodes text into a malloc'd id array (at most the context); 0, or -1 (message). */
-static int encode_text(gang_api *api, const char *text, size_t len, bool add_special, int32_t **ids,
-                       uint32_t *n, char *err, size_t cap)
+static int encode_text(gang_api *api, const char *text, size_t len, bool add_special,
+                       const gang_tok_range *plain, size_t nplain, int32_t **ids, uint32_t *n,
+                       char *err, size_t cap)
 {
     size_t got = 0;
     *ids = NULL;
@@ -476,7 +477,8 @@ static int encode_text(gang_api *api, const char *text, size_t len, bool add_spe
         snprintf(err, cap, "out of memory");
         return -1;
     }
-    int rc = gang_tokenizer_encode(api->tok, text, len, add_special, v, api->cfg.ctx, &got);
+    int rc = gang_tokenizer_encode_plain(api->tok, text, len, add_special, plain, nplain, v,
+                                         api->cfg.ctx, &got);
     if (rc != 0) {
         free(v);
         if (rc == GANG_ERANGE)
@@ -529,7 +531,8 @@ static int prompt_one(gang_api *api, const cJSON *e, api_call *c, char *err, siz
     int32_t *ids = NULL;
     uint32_t n = 0;
     if (cJSON_IsString(e)) {
-        if (encode_text(api, e->valuestring, strlen(e->valuestring), true, &ids, &n, err, cap))
+        if (encode_text(api, e->valuestring, strlen(e->valuestring), true, NULL, 0, &ids, &n, err,
+                        cap))
             return -1;
     } else if (cJSON_IsArray(e)) {
         if (gang__api_get_id_array(e, "'prompt'", api->cfg.mc.vocab, api->cfg.ctx, &ids, &n, err,
@@ -566,10 +569,14 @@ static int chat_prompt(gang_api *api, const cJSON *o, api_call *c, char *err, si
     uint32_t n = 0;
     if (get_bool(o, "add_generation_prompt", &add_gen, err, cap) < 0)
         return -1;
-    if (gang__api_render_chat(api, msgs, add_gen, c->p.tools_json, &text, err, cap) != 0)
+    gang_tok_range *plain = NULL;
+    size_t nplain = 0;
+    if (gang__api_render_chat(api, msgs, add_gen, c->p.tools_json, &text, &plain, &nplain, err,
+                              cap) != 0)
         return -1;
-    int rc = encode_text(api, text, strlen(text), false, &ids, &n, err, cap);
+    int rc = encode_text(api, text, strlen(text), false, plain, nplain, &ids, &n, err, cap);
     free(text);
+    free(plain);
     return rc != 0 ? -1 : add_seq(api, c, ids, n, err, cap);
 }
 
@@ -721,11 +728,15 @@ out_fail:
 }
 
 int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generation_prompt,
-                          const char *tools_json, char **text, char *err, size_t cap)
+                          const char *tools_json, char **text, gang_tok_range **plain,
+                          size_t *nplain, char *err, size_t cap)
 {
     char why[512];
     size_t len = 0;
+    api_shield sh;
     *text = NULL;
+    *plain = NULL;
+    *nplain = 0;
     if (api->tpl == NULL || api->tok == NULL) {
         snprintf(err, cap, "chat needs the model's chat template and tokenizer: %s",
                  api->tpl == NULL ? api->tpl_why : api->tok_why);
@@ -756,10 +767,18 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
     cJSON *norm = normalize_messages(messages, err, cap);
     if (norm == NULL)
         return -1;
+    /* The client's strings keep their special-token text as text (api-chat.c). */
     char *json = cJSON_PrintUnformatted(norm);
+    int src = json == NULL ? GANG_ENOMEM : gang__api_shield_begin(api, &sh, json, tools_json);
+    cJSON_free(json);
+    json = NULL;
+    if (src == 0 && (src = gang__api_shield_tree(api, &sh, norm)) == 0)
+        json = cJSON_PrintUnformatted(norm);
     cJSON_Delete(norm);
     if (json == NULL) {
-        snprintf(err, cap, "out of memory");
+        snprintf(err, cap, "%s",
+                 src == GANG_ERANGE ? "'messages' hold too much special-token text"
+                                    : "out of memory");
         return -1;
     }
     if (!gang__api_text_fits(api, strlen(json), "'messages'", err, cap)) {
@@ -768,11 +787,15 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
     }
     gang_chat_render_opts ro = {.add_generation_prompt = add_generation_prompt};
     char *extra = NULL;
+    char *tools_shielded = NULL;
+    if (tools_json != NULL && (tools_shielded = gang__api_shield_text(api, &sh, tools_json)))
+        tools_json = tools_shielded;
     if (tools_json != NULL) { /* the template's `tools` */
         size_t tl = strlen(tools_json);
         extra = malloc(tl + 16);
         if (extra == NULL) {
             cJSON_free(json);
+            cJSON_free(tools_shielded);
             snprintf(err, cap, "out of memory");
             return -1;
         }
@@ -782,9 +805,15 @@ int gang__api_render_chat(gang_api *api, const cJSON *messages, int add_generati
     }
     int rc = gang_chat_render(api->tpl, json, strlen(json), &ro, text, &len, why, sizeof(why));
     cJSON_free(json);
+    cJSON_free(tools_shielded);
     free(extra);
     if (rc != 0) {
         snprintf(err, cap, "the chat template refused the messages: %s", why);
+        return -1;
+    }
+    if (gang__api_shield_end(api, &sh, text, plain, nplain, err, cap) != 0) {
+        free(*text);
+        *text = NULL;
         return -1;
     }
     return 0;

@@ -8,19 +8,22 @@
 
 #include "api-internal.h"
 
-void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_request *req)
+int gang__api_tokenize_answer(gang_api *api, const gang_http_request *req, cJSON **answer,
+                              char *err, size_t errcap)
 {
-    char err[512];
     char *text = NULL;
     int32_t *ids = NULL;
-    size_t n = 0;
-    cJSON *o = gang__api_parse_body(req, err, sizeof(err));
+    size_t n = 0, nplain = 0;
+    gang_tok_range *plain = NULL;
+    int rc = -1;
+    *answer = NULL;
+    cJSON *o = gang__api_parse_body(req, err, errcap);
     if (api->tok == NULL) {
-        snprintf(err, sizeof(err), "%s", api->tok_why);
+        snprintf(err, errcap, "%s", api->tok_why);
         goto out_bad;
     }
     if (o == NULL || !cJSON_IsObject(o)) {
-        snprintf(err, sizeof(err), "the body must be a JSON object");
+        snprintf(err, errcap, "the body must be a JSON object");
         goto out_bad;
     }
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(o, "prompt");
@@ -28,7 +31,7 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
     const cJSON *add = cJSON_GetObjectItemCaseSensitive(o, "add_special_tokens");
     const cJSON *gen = cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt");
     if ((add != NULL && !cJSON_IsBool(add)) || (gen != NULL && !cJSON_IsBool(gen))) {
-        snprintf(err, sizeof(err), "'add_special_tokens' and 'add_generation_prompt' are booleans");
+        snprintf(err, errcap, "'add_special_tokens' and 'add_generation_prompt' are booleans");
         goto out_bad;
     }
     bool add_special;
@@ -36,26 +39,26 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
         text = strdup(prompt->valuestring);
         add_special = add == NULL || cJSON_IsTrue(add);
     } else if (prompt == NULL && msgs != NULL) {
-        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), NULL, &text, err,
-                                  sizeof(err)) != 0)
+        if (gang__api_render_chat(api, msgs, gen == NULL || cJSON_IsTrue(gen), NULL, &text, &plain,
+                                  &nplain, err, errcap) != 0)
             goto out_bad;
         add_special = cJSON_IsTrue(add);
     } else {
-        snprintf(err, sizeof(err), "give either 'prompt' (a string) or 'messages'");
+        snprintf(err, errcap, "give either 'prompt' (a string) or 'messages'");
         goto out_bad;
     }
     size_t len = text ? strlen(text) : 0;
-    if (!gang__api_text_fits(api, len, "the text", err, sizeof(err)))
+    if (!gang__api_text_fits(api, len, "the text", err, errcap))
         goto out_bad;
     size_t cap = len + 16; /* no tokenizer makes more ids than bytes, plus BOS/EOS */
     ids = text ? malloc(cap * sizeof(int32_t)) : NULL;
     if (ids == NULL) {
-        snprintf(err, sizeof(err), "out of memory");
+        snprintf(err, errcap, "out of memory");
         goto out_bad;
     }
-    int rc = gang_tokenizer_encode(api->tok, text, len, add_special, ids, cap, &n);
+    rc = gang_tokenizer_encode_plain(api->tok, text, len, add_special, plain, nplain, ids, cap, &n);
     if (rc != 0) {
-        snprintf(err, sizeof(err), "the text cannot be tokenized: %s",
+        snprintf(err, errcap, "the text cannot be tokenized: %s",
                  rc == GANG_EINVAL ? "it is not valid UTF-8" : gang_strerror(rc));
         goto out_bad;
     }
@@ -65,14 +68,17 @@ void gang__api_tokenize(gang_api *api, gang_http_exchange *x, const gang_http_re
     cJSON *a = cJSON_AddArrayToObject(r, "tokens");
     for (size_t i = 0; i < n; i++)
         cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
-    gang__api_json(x, 200, r);
+    *answer = r;
+    rc = 0;
     goto out;
 out_bad:
-    gang__api_error(api, x, 400, "invalid_request_error", "%s", err);
+    rc = -1;
 out:
     cJSON_Delete(o);
     free(text);
+    free(plain);
     free(ids);
+    return rc;
 }
 
 void gang__api_detokenize(gang_api *api, gang_http_exchange *x, const gang_http_request *req)

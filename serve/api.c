@@ -403,6 +403,13 @@ static void api_closed(uv_handle_t *h)
     free(h);
 }
 
+void gang__api_free(gang_api *api)
+{
+    gang_tokenizer_free(api->tok);
+    gang_chat_template_free(api->tpl);
+    free(api);
+}
+
 void gang_api_close(gang_api *api)
 {
     if (api == NULL)
@@ -411,15 +418,14 @@ void gang_api_close(gang_api *api)
         call_fail_free(api, api->calls, 503, "unavailable", "the server is stopping");
     uv_timer_stop(api->sweep);
     uv_close((uv_handle_t *)api->sweep, api_closed);
-    gang_tokenizer_free(api->tok);
-    gang_chat_template_free(api->tpl);
-    free(api);
+    /* Freed now, or by the request being prepared on the thread pool when it is done. */
+    if (gang__api_prep_close(api))
+        gang__api_free(api);
 }
 
 /* ------------------------------------------------------------------ accepting */
 
-/* Queues a parsed call and submits it. Takes c. */
-static void call_accept(gang_api *api, api_call *c)
+void gang__api_call_accept(gang_api *api, api_call *c)
 {
     c->accepted_ms = gang_now_ms();
     c->deadline_ms = c->accepted_ms + api->cfg.request_timeout_ms;
@@ -442,11 +448,64 @@ static void call_accept(gang_api *api, api_call *c)
         seq_submit(api, c->seqs[i]);
 }
 
-/* POST /v1/completions and /v1/chat/completions. */
+void gang__api_call_discard(api_call *c)
+{
+    if (c == NULL)
+        return;
+    for (uint32_t i = 0; i < c->n_seqs; i++)
+        seq_free(c->seqs[i]);
+    free(c->seqs);
+    free(c->p.grammar);
+    cJSON_free(c->p.tools_json);
+    free(c);
+}
+
+int gang__api_prepare_call(gang_api *api, const gang_http_request *req, api_kind kind,
+                           api_call **out, int *status, const char **code, char *err, size_t cap)
+{
+    char why[128];
+    *out = NULL;
+    *status = 400;
+    *code = "invalid_request_error";
+    cJSON *o = gang__api_parse_body(req, why, sizeof(why));
+    api_call *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        snprintf(err, cap, "out of memory");
+        *status = 503;
+        *code = "overloaded";
+        goto out_fail;
+    }
+    c->kind = kind;
+    if (o == NULL || !cJSON_IsObject(o)) {
+        snprintf(err, cap, "%s", o == NULL ? why : "the body must be a JSON object");
+        goto out_fail;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (model != NULL && !cJSON_IsNull(model) &&
+        (!cJSON_IsString(model) || strcmp(model->valuestring, api->cfg.model) != 0)) {
+        snprintf(err, cap, "The model `%.200s` does not exist (this server serves `%s`)",
+                 cJSON_IsString(model) ? model->valuestring : "?", api->cfg.model);
+        *status = 404;
+        *code = "model_not_found";
+        goto out_fail;
+    }
+    if (gang__api_parse_params(api, o, kind, &c->p, err, cap) != 0 ||
+        gang__api_parse_prompts(api, o, c, err, cap) != 0)
+        goto out_fail;
+    cJSON_Delete(o);
+    *out = c;
+    return 0;
+out_fail:
+    cJSON_Delete(o);
+    gang__api_call_discard(c);
+    return -1;
+}
+
+/* POST /v1/completions and /v1/chat/completions: refused here when the gang cannot take
+ * it, else prepared off the loop (api-prep.c). */
 static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_request *req,
                          api_kind kind)
 {
-    char err[512];
     if (!api->cfg.has_model) {
         gang__api_error(api, x, 503, "unavailable",
                         "this gang serves no model (start it with serve --model DIR)");
@@ -456,54 +515,12 @@ static void api_generate(gang_api *api, gang_http_exchange *x, const gang_http_r
         gang__api_error(api, x, 503, "unavailable", "the gang gave up: %s", api->gave_up);
         return;
     }
-    if (api->n_calls >= api->cfg.max_queue) {
+    if (api->n_calls + api->n_prep >= api->cfg.max_queue) {
         gang__api_error(api, x, 503, "overloaded", "%u requests are already waiting (--max-queue)",
-                        api->n_calls);
+                        api->n_calls + api->n_prep);
         return;
     }
-    char why[128];
-    cJSON *o = gang__api_parse_body(req, why, sizeof(why));
-    api_call *c = calloc(1, sizeof(*c));
-    int status = 400;
-    const char *type = "invalid_request_error";
-    if (c == NULL) {
-        snprintf(err, sizeof(err), "out of memory");
-        status = 503;
-        type = "overloaded";
-        goto out_fail;
-    }
-    c->kind = kind;
-    c->x = x;
-    if (o == NULL || !cJSON_IsObject(o)) {
-        snprintf(err, sizeof(err), "%s", o == NULL ? why : "the body must be a JSON object");
-        goto out_fail;
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
-    if (model != NULL && !cJSON_IsNull(model) &&
-        (!cJSON_IsString(model) || strcmp(model->valuestring, api->cfg.model) != 0)) {
-        snprintf(err, sizeof(err), "The model `%.200s` does not exist (this server serves `%s`)",
-                 cJSON_IsString(model) ? model->valuestring : "?", api->cfg.model);
-        status = 404;
-        type = "model_not_found";
-        goto out_fail;
-    }
-    if (gang__api_parse_params(api, o, kind, &c->p, err, sizeof(err)) != 0 ||
-        gang__api_parse_prompts(api, o, c, err, sizeof(err)) != 0)
-        goto out_fail;
-    cJSON_Delete(o);
-    call_accept(api, c);
-    return;
-out_fail:
-    cJSON_Delete(o);
-    if (c != NULL) {
-        for (uint32_t i = 0; i < c->n_seqs; i++)
-            seq_free(c->seqs[i]);
-        free(c->seqs);
-        free(c->p.grammar);
-        cJSON_free(c->p.tools_json);
-        free(c);
-    }
-    gang__api_error(api, x, status, type, "%s", err);
+    gang__api_prep_submit(api, x, req, kind == API_CHAT ? API_PREP_CHAT : API_PREP_COMPLETION);
 }
 
 /* GET /v1/models (path NULL): the list of the one served model; GET /v1/models/{id}: that
@@ -612,7 +629,7 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
         api_models(api, x, req->path + 11);
         break;
     case 3:
-        gang__api_tokenize(api, x, req);
+        gang__api_prep_submit(api, x, req, API_PREP_TOKENIZE);
         break;
     default:
         gang__api_detokenize(api, x, req);

@@ -36,6 +36,8 @@ struct gang_http_server {
     void *ctx;
     size_t max_body;
     int max_conns;
+    int probe_reserve;                         /* more connections, for probe_paths only */
+    const char *const *probe_paths;            /* NULL-terminated, or NULL */
     uint64_t idle_timeout_ms;                  /* 0 = no deadline */
     char cors_header[GANG_HTTP_CORS_MAX + 40]; /* "Access-Control-Allow-Origin: X\r\n", or "" */
     int port;
@@ -63,6 +65,7 @@ struct http_conn {
     int shut_done; /* LINGERING: the final response is out */
     http_parser parser;
     gang_http_exchange *x; /* the exchange being handled, if any */
+    int reserved;          /* holds one of the probes' reserved slots */
 
     /* The request being parsed. */
     char *url;

@@ -379,6 +379,15 @@ static void conn_preflight(http_conn *c)
     gang__http_conn_finish(c, w, (size_t)n, c->keep_alive);
 }
 
+/* Whether path[0..len) is one of the server's probe paths. */
+static int probe_path(const gang_http_server *s, const char *path, size_t len)
+{
+    for (const char *const *p = s->probe_paths; p != NULL && *p != NULL; p++)
+        if (strlen(*p) == len && memcmp(*p, path, len) == 0)
+            return 1;
+    return 0;
+}
+
 /* Answers a request that failed to parse or exceeded a limit, then closes. */
 static void conn_fail(http_conn *c, int status)
 {
@@ -392,6 +401,9 @@ static void conn_fail(http_conn *c, int status)
                           "\"code\":\"headers_too_large\"}}"
         : status == 500 ? "{\"error\":{\"message\":\"internal error\",\"type\":"
                           "\"server_error\",\"param\":null,\"code\":null}}"
+        : status == 503 ? "{\"error\":{\"message\":\"every connection is busy: this one "
+                          "is kept for the probes\",\"type\":\"server_error\",\"param\":null,"
+                          "\"code\":\"overloaded\"}}"
                         : "{\"error\":{\"message\":\"bad request\","
                           "\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
 
@@ -607,6 +619,12 @@ static void conn_dispatch(http_conn *c)
         conn_preflight(c);
         return;
     }
+    int has_path = (u.field_set & (1u << UF_PATH)) != 0;
+    if (c->reserved && !probe_path(s, c->url + (has_path ? u.field_data[UF_PATH].off : 0),
+                                   has_path ? u.field_data[UF_PATH].len : 0)) {
+        conn_fail(c, 503); /* a probe's slot: the API waits for a regular one */
+        return;
+    }
     req.method = http_method_str((enum http_method)c->parser.method);
     req.path = "/";
     req.query = "";
@@ -775,12 +793,18 @@ static void on_connection(uv_stream_t *listener, int status)
         gang_warn("http: accept failed: %s", uv_strerror(status));
         return;
     }
+    int reserved = 0;
     if (s->nconns >= s->max_conns) {
         http_conn *v = server_victim(s);
+        if (v == NULL && s->nconns < s->max_conns + s->probe_reserve) {
+            reserved = 1; /* every connection is being answered: a probe's slot */
+            goto accept;
+        }
         if (v == NULL) {
             server_reject(s);
             return;
         }
+        reserved = v->reserved; /* the new one takes the shed one's slot */
         conn_close(v);
         s->shed++;
         uint64_t now = uv_now(s->loop);
@@ -791,12 +815,14 @@ static void on_connection(uv_stream_t *listener, int status)
             s->last_shed_warn_ms = now != 0 ? now : 1;
         }
     }
+accept:
     c = calloc(1, sizeof(*c));
     if (c == NULL) {
         server_reject(s);
         return;
     }
     c->srv = s;
+    c->reserved = reserved;
     s->refs++;
     uv_tcp_init(s->loop, &c->tcp);
     uv_timer_init(s->loop, &c->timer);
@@ -898,6 +924,8 @@ int gang_http_server_start(void *uv_loop, const gang_http_config *cfg, gang_http
     s->ctx = ctx;
     s->max_body = cfg->max_body;
     s->max_conns = cfg->max_conns;
+    s->probe_reserve = cfg->probe_reserve > 0 ? cfg->probe_reserve : 0;
+    s->probe_paths = cfg->probe_paths;
     s->idle_timeout_ms = cfg->idle_timeout_ms;
     if (cfg->cors_origin != NULL && cfg->cors_origin[0] != '\0')
         snprintf(s->cors_header, sizeof(s->cors_header), "Access-Control-Allow-Origin: %s\r\n",

@@ -12,7 +12,9 @@ add_library(gang_serve STATIC
   serve/api-format.c
   serve/api-tools.c
   serve/api-out.c
-  serve/api-text.c)
+  serve/api-text.c
+  serve/api-chat.c
+  serve/api-prep.c)
 target_include_directories(gang_serve PRIVATE serve ${HTTP_PARSER_INCLUDE})
 target_link_libraries(gang_serve PUBLIC gang_text gang_engine gang_common PkgConfig::UV PkgConfig::CJSON
   ${HTTP_PARSER_LIB} m)

@@ -17,8 +17,9 @@
 #
 # Left out of mp-fast (each runs 10-90 s under ASAN; `make test` runs them all): the real
 # models' greedy agreement (gemma3_gguf, gguf_smollm2, gguf_blocks, smollm2_greedy, rope_models,
-# moe_models, weight_storage), kv_capacity, serve_load, soak_restarts, text_api, and structured_outputs
-# (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer).
+# moe_models, weight_storage), kv_capacity, serve_load, soak_restarts, text_api, structured_outputs
+# (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer) and seeded_batch (SmolLM2 bf16 and
+# Q4_1 in batches of 61: 106 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
   unit-launcher unit-kernels unit-kernels-blocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
   cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text
@@ -33,7 +34,8 @@ set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli dp_local dp_router 
   gang_forms
   gpu_health gpu_placement hang_worker kill_agent kill_coordinator kill_worker member_flood
   openai_client reject request_deadline restart_budget serve_model shm_hygiene
-  stale_generation start_order api_surface slow_clients moe_kill)
+  stale_generation start_order api_surface slow_clients moe_kill budget_node0
+  tokenize_off_loop)
 list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 

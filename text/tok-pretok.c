@@ -123,6 +123,8 @@ typedef struct tok_enc {
     pcre2_match_data *md;
     pcre2_match_context *mc;
     gang__tok_out out;
+    const gang_tok_range *plain; /* ranges of the text where special tokens are text */
+    size_t nplain;
 } tok_enc;
 
 static int tok_grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -320,6 +322,16 @@ static const gang__tok_added *tok_added_at(const gang_tokenizer *t, int pass, co
 
 static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len);
 
+/* Whether the special token at s[off, off + n) of pass 0 (the caller's text) touches one of
+ * the caller's plain ranges: there it is text, not the token. */
+static bool tok_in_plain(const tok_enc *e, size_t off, size_t n)
+{
+    for (size_t i = 0; i < e->nplain; i++)
+        if (off < e->plain[i].off + e->plain[i].len && e->plain[i].off < off + n)
+            return true;
+    return false;
+}
+
 /* A segment between added tokens of PASS goes on to the next pass; after pass 0 it is
  * normalized first (the tokens of pass 1 are matched on normalized text). */
 static int tok_encode_gap(tok_enc *e, int pass, const char *s, size_t len)
@@ -345,6 +357,8 @@ static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len)
     size_t done = 0; /* end of the last match */
     for (size_t pos = 0; pos < len;) {
         const gang__tok_added *a = tok_added_at(e->t, pass, s + pos, len - pos);
+        if (a && pass == 0 && a->special && tok_in_plain(e, pos, a->len))
+            a = NULL;
         if (!a) {
             pos++;
             continue;
@@ -384,13 +398,21 @@ static int tok_encode_added(tok_enc *e, int pass, const char *s, size_t len)
 int gang_tokenizer_encode(const gang_tokenizer *t, const char *text, size_t len, bool add_special,
                           int32_t *ids, size_t cap, size_t *n)
 {
+    return gang_tokenizer_encode_plain(t, text, len, add_special, NULL, 0, ids, cap, n);
+}
+
+int gang_tokenizer_encode_plain(const gang_tokenizer *t, const char *text, size_t len,
+                                bool add_special, const gang_tok_range *plain, size_t nplain,
+                                int32_t *ids, size_t cap, size_t *n)
+{
     if (n)
         *n = 0;
-    if (!t || (!text && len) || (!ids && cap) || !n || len > GANG_TOK_MAX_TEXT_BYTES)
+    if (!t || (!text && len) || (!ids && cap) || !n || len > GANG_TOK_MAX_TEXT_BYTES ||
+        (!plain && nplain))
         return GANG_EINVAL;
     if (!gang__tok_utf8_valid(text, len))
         return GANG_EINVAL;
-    tok_enc e = {.t = t, .out = {ids, cap, 0}};
+    tok_enc e = {.t = t, .out = {ids, cap, 0}, .plain = plain, .nplain = nplain};
     int rc = GANG_ENOMEM;
     e.md = pcre2_match_data_create(4, NULL);
     e.mc = pcre2_match_context_create(NULL);
@@ -413,4 +435,20 @@ out:
     free(e.nsp);
     free(e.word);
     return rc;
+}
+
+int gang_tokenizer_find_special(const gang_tokenizer *t, const char *s, size_t len, size_t *at,
+                                size_t *n)
+{
+    if (!t || (!s && len) || !at || !n)
+        return GANG_EINVAL;
+    for (size_t pos = 0; pos < len; pos++) {
+        const gang__tok_added *a = tok_added_at(t, 0, s + pos, len - pos);
+        if (a && a->special) {
+            *at = pos;
+            *n = a->len;
+            return 0;
+        }
+    }
+    return GANG_ENOENT;
 }

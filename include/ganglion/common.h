@@ -7,6 +7,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -93,6 +94,23 @@ void gang_log_write(gang_log_level lvl, const char *fmt, ...) __attribute__((for
 #define gang_info(...) gang_log_write(GANG_LOG_INFO, __VA_ARGS__)
 #define gang_warn(...) gang_log_write(GANG_LOG_WARN, __VA_ARGS__)
 #define gang_error(...) gang_log_write(GANG_LOG_ERROR, __VA_ARGS__)
+
+/*
+ * A rate limit for lines a remote peer can cause (a refused connection each): at most
+ * GANG_LOG_LIMIT_BURST lines per GANG_LOG_LIMIT_WINDOW_MS, so a flood costs a few lines
+ * every window instead of one per connection. Zero-initialise; one thread per limiter.
+ */
+#define GANG_LOG_LIMIT_BURST 10
+#define GANG_LOG_LIMIT_WINDOW_MS 10000
+typedef struct gang_log_limit {
+    uint64_t window_start_ms;
+    uint32_t in_window;  /* lines written in the current window */
+    uint64_t suppressed; /* lines held back since the last one written */
+} gang_log_limit;
+/* Whether one more line may be written at now_ms. When it may, *held receives how many
+ * were held back since the last one written (to be said in this one) and the count
+ * restarts; when not, the line is counted as held back. */
+bool gang_log_limit_allow(gang_log_limit *l, uint64_t now_ms, uint64_t *held);
 
 /* ---------------------------------------------------------------------------------
  * Parameter registry (NCCL_PARAM style): every tunable has a flag, a GANGLION_* env twin

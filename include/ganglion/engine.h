@@ -261,6 +261,8 @@ typedef struct gang_engine_kv {
     uint64_t prefix_hit_tokens;   /* rank 0: of those, found in the prefix cache */
     uint32_t cached_blocks;       /* rank 0: cached blocks no sequence holds (evictable;
                                      counted in free_blocks) */
+    uint32_t running;             /* rank 0: requests holding a slot (prefill or decode) */
+    uint32_t waiting;             /* rank 0: requests queued for a slot (preempted included) */
 } gang_engine_kv;
 
 typedef struct gang_engine gang_engine;

@@ -490,7 +490,8 @@ typedef struct gang_member_callbacks {
      * coordinator is lost.
      */
     void (*on_abort)(void *ctx, uint64_t gen, int32_t rank, int32_t code, const char *reason);
-    /* The restart budget is spent: the gang stays down. */
+    /* The restart budget is spent: the gang stays down (a GIVE_UP, or a JOIN refused with
+     * GANG_EBUDGET, as a member dropped before the GIVE_UP is; called once). */
     void (*on_give_up)(void *ctx, const char *reason);
     /* The coordinator refused this member for good (config mismatch, bad token). */
     void (*on_rejected)(void *ctx, int32_t code, const char *reason);

@@ -27,8 +27,9 @@
  * Bounds: request line + headers <= 16 KiB, body <= max_body (413 beyond), at most
  * max_conns connections: at the cap a new connection replaces the oldest one still
  * sending its request (or idle between keep-alive requests), so slow clients are shed
- * before they starve the probes; only when every connection is being answered is a new
- * one closed at accept. A connection that does not complete a request within
+ * before they starve the probes; when every connection is being answered a new one takes
+ * one of probe_reserve more slots, for probe paths only, and past those it is closed at
+ * accept. A connection that does not complete a request within
  * idle_timeout_ms is closed (slowloris). Keep-alive supported.
  * Malformed requests get 400 and the connection is closed; others keep being served.
  */
@@ -64,6 +65,12 @@ typedef struct gang_http_config {
      * carries, and OPTIONS requests are answered here as preflights (204 with the allowed
      * methods and headers, before any handler or API key: a preflight carries none). */
     const char *cors_origin;
+    /* Connections beyond max_conns kept for the probes: when every connection is being
+     * answered (none left to shed), up to probe_reserve more are accepted, and a request on
+     * one of them is served only when its path is one of probe_paths (NULL-terminated),
+     * else answered 503 and closed. 0 / NULL: none. */
+    int probe_reserve;
+    const char *const *probe_paths;
 } gang_http_config;
 #define GANG_HTTP_CORS_MAX 200
 

@@ -54,6 +54,25 @@ void gang_tokenizer_free(gang_tokenizer *tok);
 int gang_tokenizer_encode(const gang_tokenizer *tok, const char *text, size_t len, bool add_special,
                           int32_t *ids, size_t cap, size_t *n);
 
+/* A byte range [off, off + len) of a text. */
+typedef struct gang_tok_range {
+    size_t off, len;
+} gang_tok_range;
+
+/* gang_tokenizer_encode, except that a special added token touching one of the NPLAIN
+ * ranges PLAIN of TEXT is encoded as the text it is made of (as tokenizers'
+ * split_special_tokens does), not as its id: for text a client wrote inside text that is
+ * the caller's (message content inside a rendered chat template). Non-special added
+ * tokens are matched as usual. Any thread; errors as gang_tokenizer_encode. */
+int gang_tokenizer_encode_plain(const gang_tokenizer *tok, const char *text, size_t len,
+                                bool add_special, const gang_tok_range *plain, size_t nplain,
+                                int32_t *ids, size_t cap, size_t *n);
+
+/* The leftmost special added token of s[0..len) (the longest one at that place): 0 with its
+ * offset *at and length *n, GANG_ENOENT without one, GANG_EINVAL for bad arguments. */
+int gang_tokenizer_find_special(const gang_tokenizer *tok, const char *s, size_t len, size_t *at,
+                                size_t *n);
+
 /* Number of ids (vocabulary and added tokens): every id is below it. */
 int32_t gang_tokenizer_n_ids(const gang_tokenizer *tok);
 /* The most bytes one token stands for (its content or its decoded bytes, whichever is

@@ -6,7 +6,8 @@ sequences of 256 tokens at once (the 30 layers x 3 kv heads x 64 of SmolLM2 take
 per block of 16 positions), so 64 clients are all in flight together instead of one
 after the other. 64 concurrent greedy requests all complete, and the ones also run alone
 give exactly their solo tokens (batching and paging change what runs together, never the
-numbers of a sequence).
+numbers of a sequence). Meanwhile /metrics's KV gauges show the sequences running and the
+blocks they hold (used + free = blocks), and once they are done an idle engine.
 
 Prefix caching (on by default): two requests that share a 1,000-token system prompt, the
 second's time to first token at least 5x lower than the first's (its prompt's first 62
@@ -50,6 +51,43 @@ def scenario(h):
     serve_defaults(h, model)
 
 
+def kv_gauges(g):
+    """The KV cache and sequence gauges of node 0's /metrics, by name."""
+    code, text = g.get(0, "/metrics")
+    names = ("ganglion_kv_cache_blocks", "ganglion_kv_cache_blocks_used",
+             "ganglion_kv_cache_blocks_free", "ganglion_kv_cache_blocks_cached",
+             "ganglion_sequences_running", "ganglion_sequences_waiting",
+             "ganglion_sequences_preempted_total")
+    out = {}
+    for line in (text or "").splitlines() if code == 200 else []:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in names:
+            out[parts[0]] = int(float(parts[1]))
+    return out
+
+
+def check_kv_gauges(g, kv, samples):
+    """While the 64 clients ran the gauges showed sequences running and blocks used, every
+    sample adding up (used + free = blocks); once they are done, nothing runs or waits and
+    no block is held (cached prefixes count as free)."""
+    H.check(samples and all(len(x) == 7 for x in samples), "KV gauges missing: %r" % samples[:2])
+    for x in samples:
+        H.check(x["ganglion_kv_cache_blocks"] == kv["blocks"] and
+                x["ganglion_kv_cache_blocks_used"] + x["ganglion_kv_cache_blocks_free"] ==
+                x["ganglion_kv_cache_blocks"], "KV gauges do not add up: %r" % x)
+    busy = max(x["ganglion_sequences_running"] for x in samples)
+    used = max(x["ganglion_kv_cache_blocks_used"] for x in samples)
+    H.check(busy >= CLIENTS // 2 and used >= busy,  # a running sequence holds a block at least
+            "the gauges never showed the clients: max running %d, max blocks used %d"
+            % (busy, used))
+    end = H.wait_until(lambda: (lambda x: x if x.get("ganglion_sequences_running") == 0 and
+                                x.get("ganglion_sequences_waiting") == 0 and
+                                x.get("ganglion_kv_cache_blocks_used") == 0 else None)(
+                                    kv_gauges(g)), 5, 0.1, "the KV gauges to show an idle engine")
+    H.log("KV gauges: up to %d sequences running, %d of %d blocks used; idle after: %r"
+          % (busy, used, kv["blocks"], end))
+
+
 def serve_defaults(h, model):
     g = H.Gang(h, nnodes=1, nproc_per_node=1,
                extra=["--model", model, "--request-timeout-ms", "150000"])
@@ -79,17 +117,28 @@ def serve_defaults(h, model):
     solo_s = (time.monotonic() - t0) / len(solo)
 
     results = [None] * CLIENTS
+    samples, stop = [], threading.Event()
 
     def run(i):
         results[i] = post(g, request(i))
 
+    def watch():  # the KV gauges of /metrics while the clients run
+        while not stop.is_set():
+            samples.append(kv_gauges(g))
+            time.sleep(0.1)
+
     threads = [threading.Thread(target=run, args=(i,)) for i in range(CLIENTS)]
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     t0 = time.monotonic()
     for th in threads:
         th.start()
     for th in threads:
         th.join(170)
     wall = time.monotonic() - t0
+    stop.set()
+    watcher.join(10)
+    check_kv_gauges(g, kv, samples)
     for i, res in enumerate(results):
         H.check(res is not None and res[0] == 200, "concurrent request %d: %r" % (i, res))
         toks = res[1]["choices"][0]["tokens"]

@@ -297,6 +297,26 @@ static void test_backoff(void **state)
     assert_true(differ);
 }
 
+/* The limit on lines a peer causes: a burst per window, then held back and counted, the
+ * count said by the next line written (in the next window). */
+static void test_log_limit(void **state)
+{
+    (void)state;
+    gang_log_limit l = {0};
+    uint64_t held = 99;
+    for (int i = 0; i < GANG_LOG_LIMIT_BURST; i++) {
+        assert_true(gang_log_limit_allow(&l, 1000 + (uint64_t)i, &held));
+        assert_int_equal(held, 0);
+    }
+    for (int i = 0; i < 100; i++)
+        assert_false(gang_log_limit_allow(&l, 2000, &held));
+    assert_false(gang_log_limit_allow(&l, 1000 + GANG_LOG_LIMIT_WINDOW_MS - 1, &held));
+    assert_true(gang_log_limit_allow(&l, 1000 + GANG_LOG_LIMIT_WINDOW_MS, &held));
+    assert_int_equal(held, 101);
+    assert_true(gang_log_limit_allow(&l, 1000 + GANG_LOG_LIMIT_WINDOW_MS + 1, &held));
+    assert_int_equal(held, 0);
+}
+
 static void test_log_lines_carry_identity(void **state)
 {
     (void)state;
@@ -558,6 +578,7 @@ int main(void)
     int failed;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_names),
+        cmocka_unit_test(test_log_limit),
         cmocka_unit_test(test_params_defaults_and_flags),
         cmocka_unit_test(test_params_errors),
         cmocka_unit_test(test_params_env_and_precedence),

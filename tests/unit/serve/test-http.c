@@ -711,6 +711,55 @@ static void test_shed_slow_clients(void **state)
         close(slow[i]);
 }
 
+static const char *const reserve_paths[] = {"/hello", NULL};
+static gang_http_config reserve_cfg = {
+    .bind_address = "127.0.0.1",
+    .port = 0,
+    .max_body = 1024,
+    .max_conns = 2,
+    .idle_timeout_ms = 10000,
+    .probe_reserve = 1,
+    .probe_paths = reserve_paths,
+};
+
+/*
+ * When every connection is being answered (none to shed), one more is kept for the probe
+ * paths: a probe is served there, another path gets 503 on it, and past the reserve a new
+ * connection is closed at accept.
+ */
+static void test_probe_reserve(void **state)
+{
+    fixture *f = *state;
+    int busy[2];
+    response r;
+
+    for (int i = 0; i < 2; i++) {
+        busy[i] = client_connect(f);
+        send_str(busy[i], "GET /async-slow HTTP/1.1\r\n\r\n"); /* answered after 300 ms */
+    }
+    usleep(50 * 1000);
+    int fd = client_connect(f);
+    send_str(fd, "GET /echo HTTP/1.1\r\n\r\n"); /* not a probe: refused on the reserve */
+    assert_int_equal(read_response(fd, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "probes"));
+    close(fd);
+    for (int i = 0; i < 3; i++) { /* the probe path, on the reserved slot, every time */
+        fd = client_connect(f);
+        send_str(fd, "GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert_int_equal(read_response(fd, &r), 0);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.body, "hello");
+        close(fd);
+        usleep(10 * 1000); /* its slot freed */
+    }
+    for (int i = 0; i < 2; i++) { /* the busy ones were never shed */
+        assert_int_equal(read_response(busy[i], &r), 0);
+        assert_string_equal(r.body, "late");
+        close(busy[i]);
+    }
+}
+
 static void test_async_reply(void **state)
 {
     fixture *f = *state;
@@ -881,6 +930,7 @@ int gang_test_http(void)
                                                  &flood_cfg),
         cmocka_unit_test_prestate_setup_teardown(test_shed_slow_clients, setup, teardown,
                                                  &shed_cfg),
+        cmocka_unit_test_prestate_setup_teardown(test_probe_reserve, setup, teardown, &reserve_cfg),
         cmocka_unit_test_setup_teardown(test_async_reply, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reply_after_disconnect, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_chunks, setup, teardown),

@@ -244,6 +244,44 @@ static void test_encode(void **state)
     gang_tokenizer_free(t);
 }
 
+/* Special tokens inside the caller's plain ranges are their text (a chat client's content),
+ * outside them the token; non-special added tokens are matched everywhere. */
+static void test_encode_plain(void **state)
+{
+    (void)state;
+    gang_tokenizer *t = tiny();
+    const char *text = "he<|s|>he<|s|>";
+    int32_t ids[64];
+    size_t n = 0, at = 0, len = 0;
+    gang_tok_range first = {2, 5}, touching = {6, 2};
+    const int32_t want[] = {256, '<', '|', 's', '|', '>', 256, 261};
+    assert_int_equal(
+        gang_tokenizer_encode_plain(t, text, strlen(text), false, &first, 1, ids, 64, &n), 0);
+    assert_int_equal(n, 8);
+    assert_memory_equal(ids, want, sizeof(want));
+    /* a range that only touches the token's last byte makes it text all the same */
+    assert_int_equal(
+        gang_tokenizer_encode_plain(t, text, strlen(text), false, &touching, 1, ids, 64, &n), 0);
+    assert_memory_equal(ids, want, sizeof(want));
+    /* without ranges: both are the special id */
+    assert_int_equal(
+        gang_tokenizer_encode_plain(t, text, strlen(text), false, NULL, 0, ids, 64, &n), 0);
+    assert_int_equal(n, 4);
+    assert_int_equal(ids[1], 261);
+    gang_tok_range all = {0, 5};
+    assert_int_equal(gang_tokenizer_encode_plain(t, "a<t>b", 5, false, &all, 1, ids, 64, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[1], 262);
+    assert_int_equal(gang_tokenizer_encode_plain(t, "a", 1, false, NULL, 1, ids, 64, &n),
+                     GANG_EINVAL);
+
+    assert_int_equal(gang_tokenizer_find_special(t, "x<|s|>", 6, &at, &len), 0);
+    assert_int_equal(at, 1);
+    assert_int_equal(len, 5);
+    assert_int_equal(gang_tokenizer_find_special(t, "<t> <|s|", 8, &at, &len), GANG_ENOENT);
+    gang_tokenizer_free(t);
+}
+
 /* Split behaviours and Digits on the same vocabulary (ids of single bytes are the
  * bytes' ids: '1' is 49 and so on). */
 static void test_pretokenizers(void **state)
@@ -570,10 +608,10 @@ static void test_long_inputs(void **state)
 int gang_test_tokenizer(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refusals),      cmocka_unit_test(test_encode),
-        cmocka_unit_test(test_pretokenizers), cmocka_unit_test(test_unk_byte_fallback),
-        cmocka_unit_test(test_decoder),       cmocka_unit_test(test_sentencepiece),
-        cmocka_unit_test(test_long_inputs),
+        cmocka_unit_test(test_refusals),          cmocka_unit_test(test_encode),
+        cmocka_unit_test(test_encode_plain),      cmocka_unit_test(test_pretokenizers),
+        cmocka_unit_test(test_unk_byte_fallback), cmocka_unit_test(test_decoder),
+        cmocka_unit_test(test_sentencepiece),     cmocka_unit_test(test_long_inputs),
     };
     return cmocka_run_group_tests_name("tokenizer", tests, NULL, NULL);
 }
