@@ -20,8 +20,10 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
+import traceback
 
 SUBNET = "10.244.77"             # private Pod subnet (/24), unlikely to clash with real ones
 BRIDGE = "gsimbr0"
@@ -489,3 +491,58 @@ class Cluster:
         if up:
             # Taking the link down flushed the default route with it.
             sh("ip", "-n", ns, "route", "replace", "default", "via", BRIDGE_IP)
+
+
+# ---------------------------------------------------------------------------------------
+# Running one scenario (the entry points of k8s_sim.py and dp_sim.py)
+# ---------------------------------------------------------------------------------------
+
+def run_scenario(name, make_sim, body, deadline_s, intro=None):
+    """Runs one scenario as a process: skips (77) where network namespaces are not
+    permitted; otherwise builds the sim (make_sim()), logs intro(sim) when given, sets the
+    cluster up, then under a deadline of deadline_s (SIGALRM, armed after the lock) runs
+    body(sim) (the model, the scenario) and sim.shutdown(); on a failure prints the Pods'
+    logs (sim.print_logs()); always sim.cleanup(). Exits the process: 0 pass, 1 fail."""
+    try:
+        Cluster.probe_permissions()
+    except SimSkip as e:
+        print("SKIP: %s" % e, flush=True)
+        os._exit(77)
+
+    def on_signal(sig, _frame):
+        raise SimFailure("interrupted by signal %d" % sig)
+
+    def on_alarm(_sig, _frame):
+        raise SimFailure("the scenario exceeded its %d s deadline" % deadline_s)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    signal.signal(signal.SIGALRM, on_alarm)
+    sim = make_sim()
+    rc = 1
+    try:
+        if intro is not None:
+            intro(sim)
+        sim.cluster.setup()
+        signal.alarm(deadline_s)  # after the lock: waiting for it has its own limit
+        body(sim)
+        sim.shutdown()
+        signal.alarm(0)
+        log("PASS %s" % name)
+        rc = 0
+    except SimFailure as e:
+        signal.alarm(0)
+        log("FAIL %s: %s" % (name, e))
+        sim.print_logs()
+    except Exception:  # a bug in the scenario itself is a failure too, with its trace
+        signal.alarm(0)
+        traceback.print_exc()
+        log("FAIL %s: unexpected exception" % name)
+        sim.print_logs()
+    finally:
+        signal.alarm(0)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        sim.cleanup()
+    sys.stdout.flush()
+    os._exit(rc)

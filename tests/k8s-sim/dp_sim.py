@@ -24,18 +24,16 @@ Exit 0 pass, 1 fail, 77 skip (network namespaces not permitted here).
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import shutil
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import Cluster, SimFailure, SimSkip, check, log, service_fqdn  # noqa: E402
+from cluster import Cluster, SimFailure, check, log, run_scenario, service_fqdn  # noqa: E402
 from kubelet import Pod, http_request, load_probe_config, scaled, status_json  # noqa: E402
 from k8s_sim import (HB_INTERVAL_MS, HB_TIMEOUT_MS, MODEL_ARGS, REPO,  # noqa: E402
                      find_token_ids)
@@ -343,48 +341,12 @@ def main():
     ap.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
     args = ap.parse_args()
     name = "k8s-sim-" + args.scenario
-    try:
-        Cluster.probe_permissions()
-    except SimSkip as e:
-        print("SKIP: %s" % e, flush=True)
-        sys.exit(SKIP)
 
-    def on_alarm(_sig, _frame):
-        raise SimFailure("the scenario exceeded its %d s deadline" % SCENARIO_DEADLINE_S)
-
-    def on_signal(sig, _frame):
-        raise SimFailure("interrupted by signal %d" % sig)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, on_signal)
-    signal.signal(signal.SIGALRM, on_alarm)
-    sim = DPSim(args.bin, args.scenario)
-    rc = 1
-    try:
-        sim.cluster.setup()
-        signal.alarm(SCENARIO_DEADLINE_S)
+    def body(sim):
         sim.make_model()
         SCENARIOS[args.scenario](sim)
-        sim.shutdown()
-        signal.alarm(0)
-        log("PASS %s" % name)
-        rc = 0
-    except SimFailure as e:
-        signal.alarm(0)
-        log("FAIL %s: %s" % (name, e))
-        sim.print_logs()
-    except Exception:  # a bug in the scenario is a failure too, with its trace
-        signal.alarm(0)
-        traceback.print_exc()
-        log("FAIL %s: unexpected exception" % name)
-        sim.print_logs()
-    finally:
-        signal.alarm(0)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
-        sim.cleanup()
-    sys.stdout.flush()
-    os._exit(rc)
+
+    run_scenario(name, lambda: DPSim(args.bin, args.scenario), body, SCENARIO_DEADLINE_S)
 
 
 if __name__ == "__main__":

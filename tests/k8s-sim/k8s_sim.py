@@ -28,12 +28,11 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (Cluster, SimFailure, SimSkip, check, fqdn, log, pid_alive,  # noqa: E402
-                     pid_state)
+from cluster import (Cluster, SimFailure, check, fqdn, log, pid_alive,  # noqa: E402
+                     pid_state, run_scenario)
 from kubelet import (MIN_PROBE_TIMEOUT_S, TIME_SCALE, Pod, http_request,  # noqa: E402
                      load_probe_config, scaled, status_json)
 
@@ -694,27 +693,8 @@ def main():
     if not os.access(args.bin, os.X_OK):
         print("FAIL: %s is not an executable ganglion binary" % args.bin)
         sys.exit(1)
-    try:
-        Cluster.probe_permissions()
-    except SimSkip as e:
-        print("SKIP: %s" % e, flush=True)
-        sys.exit(SKIP)
 
-    class Interrupted(SimFailure):
-        pass
-
-    def on_signal(sig, _frame):
-        raise Interrupted("interrupted by signal %d" % sig)
-
-    def on_alarm(_sig, _frame):
-        raise SimFailure("the scenario exceeded its %d s deadline" % SCENARIO_DEADLINE_S)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, on_signal)
-    signal.signal(signal.SIGALRM, on_alarm)
-    sim = Sim(args.bin, args.scenario)
-    rc = 1
-    try:
+    def intro(sim):
         log("%s: probes from %s; time scale %.2f (1 manifest second = %.0f ms), probe "
             "timeouts at least %.1f s; GANG_SIM_SEED=%d" % (
                 name, sim.probe_source, TIME_SCALE, TIME_SCALE * 1000, MIN_PROBE_TIMEOUT_S,
@@ -725,32 +705,14 @@ def main():
                                   scaled(p["periodSeconds"]),
                                   max(MIN_PROBE_TIMEOUT_S, scaled(p["timeoutSeconds"])),
                                   p["failureThreshold"]))
-        sim.cluster.setup()
-        signal.alarm(SCENARIO_DEADLINE_S)  # after the lock: waiting for it has its own limit
+
+    def body(sim):
         sim.make_model()
         SCENARIOS[args.scenario](sim)
-        sim.shutdown()
-        signal.alarm(0)
         for r in sim.results:
             log("RESULT %s" % json.dumps(r, sort_keys=True))
-        log("PASS %s" % name)
-        rc = 0
-    except SimFailure as e:
-        signal.alarm(0)
-        log("FAIL %s: %s" % (name, e))
-        sim.print_logs()
-    except Exception:  # a bug in the scenario itself is a failure too, with its trace
-        signal.alarm(0)
-        traceback.print_exc()
-        log("FAIL %s: unexpected exception" % name)
-        sim.print_logs()
-    finally:
-        signal.alarm(0)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
-        sim.cleanup()
-    sys.stdout.flush()
-    os._exit(rc)
+
+    run_scenario(name, lambda: Sim(args.bin, args.scenario), body, SCENARIO_DEADLINE_S, intro)
 
 
 if __name__ == "__main__":
