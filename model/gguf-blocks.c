@@ -54,23 +54,6 @@ static int gb_kernel_type(uint32_t ggml, gang_kernels_wtype *out)
     }
 }
 
-static int gb_pread(int fd, void *buf, size_t n, uint64_t off)
-{
-    char *p = buf;
-
-    while (n > 0) {
-        ssize_t got = pread(fd, p, n, (off_t)off);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return GANG_EIO;
-        p += got;
-        n -= (size_t)got;
-        off += (uint64_t)got;
-    }
-    return 0;
-}
-
 /* Hugging Face row order within each head of rows x rb bytes (see gguf-load.c). */
 static int gb_unpermute(char *w, uint64_t rows, size_t rb, uint32_t head_dim)
 {
@@ -137,9 +120,9 @@ int gang__gguf_band_blocks(const gang__gguf *g, const struct gang_model_config *
         return GANG_ENOMEM;
     uint64_t base = g->data_start + t->offset + row_first * t->row_bytes + col_first / e * bb;
     if (col_count == cols) /* whole rows: one range */
-        rc = gb_pread(g->fd, w, rb * (size_t)row_count, base);
+        rc = gang__gguf_pread(g->fd, w, rb * (size_t)row_count, base);
     for (uint64_t r = 0; col_count != cols && r < row_count && rc == 0; r++)
-        rc = gb_pread(g->fd, w + r * rb, rb, base + r * t->row_bytes);
+        rc = gang__gguf_pread(g->fd, w + r * rb, rb, base + r * t->row_bytes);
     if (rc == 0 && permuted)
         rc = gb_unpermute(w, row_count, rb, cfg->head_dim);
     if (rc != 0) {

@@ -513,8 +513,8 @@ out_fail:
     return rc;
 }
 
-/* pread until n bytes; 0 or GANG_EIO. */
-static int gguf_pread(int fd, void *buf, size_t n, uint64_t off)
+/* pread until n bytes; 0 or GANG_EIO (gguf.h). */
+int gang__gguf_pread(int fd, void *buf, size_t n, uint64_t off)
 {
     uint8_t *p = buf;
 
@@ -546,7 +546,7 @@ static int gguf_read_header(gang__gguf *g, char *err, size_t errlen)
             break;
         }
         buf = nb;
-        if (gguf_pread(g->fd, buf, len, 0) != 0) {
+        if (gang__gguf_pread(g->fd, buf, len, 0) != 0) {
             gang_set_err(err, errlen, "%s: read failed", g->path);
             rc = GANG_EMODEL;
             break;
@@ -687,7 +687,7 @@ int gang__gguf_read(const gang__gguf *g, const gang__gguf_tensor *t, uint64_t ro
     }
     for (r = 0; r < row_count && rc == 0; r += per) {
         uint64_t n = row_count - r < per ? row_count - r : per;
-        rc = gguf_pread(g->fd, raw, (size_t)(n * t->row_bytes),
+        rc = gang__gguf_pread(g->fd, raw, (size_t)(n * t->row_bytes),
                         g->data_start + t->offset + (row_first + r) * t->row_bytes);
         for (i = 0; i < n && rc == 0; i++) {
             float *out = dst + (r + i) * col_count;

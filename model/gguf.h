@@ -141,6 +141,10 @@ int gang__gguf_open(const char *path, gang__gguf *g, char *err, size_t errlen);
 /* Releases everything of g and zeroes it; safe on a zeroed struct. */
 void gang__gguf_close(gang__gguf *g);
 
+/* pread of exactly n bytes of fd at off (EINTR retried): 0, or GANG_EIO on an error or
+ * end of file. */
+int gang__gguf_pread(int fd, void *buf, size_t n, uint64_t off);
+
 /* The metadata entry key, or NULL. */
 const gang__gguf_kv *gang__gguf_find_kv(const gang__gguf *g, const char *key);
 /* The tensor called name, or NULL. */
