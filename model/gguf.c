@@ -688,7 +688,7 @@ int gang__gguf_read(const gang__gguf *g, const gang__gguf_tensor *t, uint64_t ro
     for (r = 0; r < row_count && rc == 0; r += per) {
         uint64_t n = row_count - r < per ? row_count - r : per;
         rc = gang__gguf_pread(g->fd, raw, (size_t)(n * t->row_bytes),
-                        g->data_start + t->offset + (row_first + r) * t->row_bytes);
+                              g->data_start + t->offset + (row_first + r) * t->row_bytes);
         for (i = 0; i < n && rc == 0; i++) {
             float *out = dst + (r + i) * col_count;
             if (col_first == 0 && col_count == cols) {
