@@ -29,6 +29,7 @@
  * bytes for every backend (gang_kernels_counters_get).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,9 @@ static struct {
     pthread_mutex_t mu;
     char *dev;    /* PROT_NONE: the device addresses */
     char *shadow; /* readable: their contents */
-    size_t top;   /* bytes handed out so far from the start of the range */
+    /* bytes handed out so far from the start of the range: grows under mu, read without
+     * it by the pointer checks of any thread (rank threads share one fake device) */
+    atomic_size_t top;
     fake_block *blocks;
     size_t n, cap;
     int rc; /* of the one-time mapping */
@@ -81,14 +84,17 @@ int gang__fake_is_device(const void *p)
 {
     const char *c = p;
 
-    return fake_mem.dev != NULL && c >= fake_mem.dev && c < fake_mem.dev + fake_mem.top;
+    return fake_mem.dev != NULL && c >= fake_mem.dev &&
+           c < fake_mem.dev + atomic_load_explicit(&fake_mem.top, memory_order_acquire);
 }
 
 void *gang__fake_resolve(const void *p, size_t bytes, const char *what)
 {
     const char *c = p;
 
-    if (!gang__fake_is_device(p) || bytes > (size_t)(fake_mem.dev + fake_mem.top - c)) {
+    if (!gang__fake_is_device(p) ||
+        bytes > (size_t)(fake_mem.dev + atomic_load_explicit(&fake_mem.top, memory_order_acquire) -
+                         c)) {
         fprintf(stderr,
                 "kernels/fake: %s was given %p (%zu bytes), which is not fake device memory: "
                 "a host pointer in a device operation\n",
@@ -174,14 +180,16 @@ static int fake_alloc(void *ctx, size_t bytes, void **out)
         }
         goto out_unlock;
     }
-    if (size > FAKE_SPAN - fake_mem.top) {
+    size_t top = atomic_load_explicit(&fake_mem.top, memory_order_relaxed);
+
+    if (size > FAKE_SPAN - top) {
         rc = GANG_ENOMEM;
         goto out_unlock;
     }
-    rc = fake_insert(fake_mem.n, (fake_block){fake_mem.top, size, ctx});
+    rc = fake_insert(fake_mem.n, (fake_block){top, size, ctx});
     if (rc == 0) {
-        *out = fake_mem.dev + fake_mem.top;
-        fake_mem.top += size;
+        *out = fake_mem.dev + top;
+        atomic_store_explicit(&fake_mem.top, top + size, memory_order_release);
     }
 out_unlock:
     pthread_mutex_unlock(&fake_mem.mu);
