@@ -309,10 +309,10 @@ static int sock_check_net(sock_net *net)
     return err;
 }
 
-/* Index of the first unfinished send to peer r in ops after index k, or nops. */
-static size_t sock_next_send(const sock_op *ops, size_t nops, uint32_t r, size_t k)
+/* Index of the first unfinished send to peer r in ops at index k or later, or nops. */
+static size_t sock_send_from(const sock_op *ops, size_t nops, uint32_t r, size_t k)
 {
-    for (k++; k < nops; k++) {
+    for (; k < nops; k++) {
         if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
             break;
     }
@@ -322,13 +322,7 @@ static size_t sock_next_send(const sock_op *ops, size_t nops, uint32_t r, size_t
 /* Index of the first unfinished send to peer r in ops, or nops when there is none. */
 static size_t sock_first_send(const sock_op *ops, size_t nops, uint32_t r)
 {
-    size_t k;
-
-    for (k = 0; k < nops; k++) {
-        if (ops[k].is_send && !ops[k].complete && ops[k].peer == r)
-            break;
-    }
-    return k;
+    return sock_send_from(ops, nops, r, 0);
 }
 
 /*
@@ -356,7 +350,7 @@ static int sock_shm_step(sock_net *net, uint32_t r, sock_op *ops, size_t nops, i
         return rc;
     k = sock_first_send(ops, nops, r);
     while (k < nops && ops[k].await_ack) /* its frame is out: the next one may go */
-        k = sock_next_send(ops, nops, r, k);
+        k = sock_send_from(ops, nops, r, k + 1);
     /* ACKs go between our frames, never inside one. */
     if (p->acks_owed > 0 && !p->eof && (k == nops || ops[k].hdr_done == 0))
         gang__sock_shm_acks(p);
