@@ -32,6 +32,7 @@ static void sched_finish(gang_engine *e, gang__request *q)
         while (e->queue_tail != NULL && e->queue_tail->next != NULL)
             e->queue_tail = e->queue_tail->next;
     }
+    gang__xfer_forget(e, q);
     if (q->running)
         gang__kv_release(e, q);
     e->n_pending--;

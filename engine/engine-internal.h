@@ -6,6 +6,7 @@
 #ifndef GANGLION_MODEL_ENGINE_INTERNAL_H
 #define GANGLION_MODEL_ENGINE_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,9 +64,13 @@ typedef struct gang__plan {
     uint32_t *seq_pos0;   /* [slots] pos0 of each sequence */
     int32_t *out;         /* [slots] the sampled token of each sequence (-1: none) */
     gang__result *res;    /* [slots] logprobs of each sequence (when it asked for them) */
-    /* The step's P/D transfer (engine-xfer.c), at most one: every rank copies its part of
-     * kv_n blocks out (export) or fetches it into them (import) before the step runs. */
-    uint32_t kv_kind;   /* GANG__KV_NONE, _EXPORT or _IMPORT */
+    /* The step's P/D transfer (engine-xfer.c), at most one, run by every rank before the
+     * step's compute: copy its part of kv_n blocks out (export), start fetching its part
+     * of an import in the background (import, into job kv_job), or copy a finished fetch
+     * into the blocks (commit); and with kv_poll every rank reports its fetches to rank 0. */
+    uint32_t kv_kind;   /* GANG__KV_NONE, _EXPORT, _IMPORT or _COMMIT */
+    uint32_t kv_job;    /* import, commit: the fetch, < GANG__KV_JOBS */
+    uint32_t kv_poll;   /* 1: every rank reports its fetches' state this step */
     uint32_t kv_n;      /* blocks, <= max_bps */
     int32_t *kv_blocks; /* [max_bps] their ids in the pools */
     gang_kv_xfer kv;    /* id; for an import also the source (host, port) */
@@ -74,9 +79,35 @@ typedef struct gang__plan {
 #define GANG__KV_NONE 0u
 #define GANG__KV_EXPORT 1u
 #define GANG__KV_IMPORT 2u
-/* Bytes the transfer adds to a plan's body at most: u8 kind, u64 id, u32 n, the ids, u16
- * port, u8 length + host. */
-#define GANG__PLAN_KV_MAX_BYTES(max_bps) (1u + 8u + 4u + 4u * (max_bps) + 2u + GANG_KV_HOST_MAX)
+#define GANG__KV_COMMIT 3u
+#define GANG__KV_JOBS 4u /* imports in flight at once */
+/* Bytes the transfer adds to a plan's body at most: u8 poll, u8 kind, u8 job, u64 id, u32
+ * n, the ids, u16 port, u8 length + host. */
+#define GANG__PLAN_KV_MAX_BYTES(max_bps) (3u + 8u + 4u + 4u * (max_bps) + 2u + GANG_KV_HOST_MAX)
+
+/*
+ * One background fetch of a P/D import (engine-xfer.c). Every rank: a thread of its own
+ * runs hooks.get into buf by `until`, then sets done and rc under mu; the data thread only
+ * reads them under mu, copies buf into the pools when a plan commits it, and joins the
+ * thread before the job is reused (bounded by `until`). Rank 0 also keeps the books: the
+ * request it belongs to and whether every rank has it.
+ */
+typedef struct gang__kv_job {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int live;     /* a thread was started and is not joined yet */
+    int done, rc; /* under mu: the fetch ended, with 0 or an error */
+    gang_kv_hooks hooks;
+    gang_kv_xfer src;
+    uint8_t *buf; /* [bytes] this rank's part */
+    size_t bytes;
+    uint32_t n;              /* blocks */
+    uint64_t until;          /* the fetch's deadline (gang_now_ms) */
+    struct gang__request *q; /* rank 0: the importing request (NULL once it is gone) */
+    uint32_t state;          /* rank 0: 0 free, 1 fetching, 2 every rank has it: commit */
+    uint64_t t0, got;        /* rank 0: when it started; bytes every rank fetched */
+} gang__kv_job;
 
 /* ---------------------------------------------------------------------------------
  * Rank 0's request bookkeeping.
@@ -99,7 +130,7 @@ typedef struct gang__request {
                                    allocation, after the room for the output), or NULL */
     uint32_t g_sent;            /* its grammar went out since its last admission */
     int32_t last;               /* the last generated token (the next decode's input) */
-    uint32_t kv_state;          /* P/D import: 0 not tried, 1 in this step's plan, 2 done */
+    uint32_t kv_state;          /* P/D import: 0 not tried, 1 fetching (not scheduled), 2 done */
     uint32_t kv_got;            /* blocks its import brought (0: none or failed) */
     uint32_t kv_ms;             /* milliseconds its import took */
     struct gang__request *next; /* arrival order */
@@ -241,8 +272,9 @@ struct gang_engine {
     int32_t *kvx_blocks;    /* rank 0: [slots, max_bps] their pinned blocks */
     gang_gen_event *kvx_ev; /* rank 0: [slots] their requests' DONE, held until exported */
     uint32_t kvx_head, kvx_count;
-    uint64_t kvx_next;     /* rank 0: the next export id (random start, never 0) */
-    gang__request *kv_imp; /* rank 0: the request of this step's import, or NULL */
+    uint64_t kvx_next;               /* rank 0: the next export id (random start, never 0) */
+    gang__kv_job kvj[GANG__KV_JOBS]; /* the background fetches (mu and cv: kvj_init) */
+    int kvj_init;
     uint64_t kv_exports, kv_imports, kv_import_failures, kv_bytes;
 
     /* Rank 0 only. */
@@ -268,27 +300,36 @@ void gang__sched_clear(gang_engine *e);
 /* ---- P/D transfers (engine-xfer.c) ---- */
 
 /* Rank 0, building a plan: puts at most one transfer into it -- the oldest pending
- * export, else the import of waiting request q when it can be admitted now (it then holds
- * a slot and the blocks of its prompt, and sits this step out). Returns 1 when q was
- * admitted so, 2 when q must wait for a later plan (this one already moves blocks), 0
- * when q is admitted as usual (no transfer, or none to try). */
+ * export, else a commit, else the start of waiting request q's import when it can be
+ * admitted now (it then holds a slot and the blocks of its prompt, and is not scheduled
+ * until its fetch is settled: committed, or failed and prefilled). Returns 1 when q was
+ * admitted so, 2 when q must wait for a later plan (this one already moves blocks, or
+ * every fetch is in use), 0 when q is admitted as usual (no transfer, or none to try). */
 int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot);
 /* Rank 0, building a plan: the oldest pending export into it, when there is one. */
 void gang__xfer_plan_export(gang_engine *e);
+/* Rank 0, building a plan after the export: a fetch every rank has into it (commit) when
+ * it has no transfer yet, and the poll while any fetch is in flight. */
+void gang__xfer_plan_import(gang_engine *e);
+/* Rank 0: request q is going away (finished, cancelled): its fetch, if any, is not
+ * committed (the blocks go back with q). */
+void gang__xfer_forget(gang_engine *e, const gang__request *q);
 /* Rank 0, at the end of request q (before its blocks go back): pins its prompt's full
  * blocks for an export when it asked for one and keeps its DONE event ev (with the
  * export's id) until the export ran, so that nobody can fetch an export before it
  * exists: returns 1 then (the caller does not emit ev), else fills ev's kv fields and
  * returns 0. */
 int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev);
-/* Every rank, after the plan's exchange: runs the plan's transfer (copy out, or fetch in
- * and agree with rank 0 over world), then rank 0's bookkeeping. 0 or a communication
- * error (a failed fetch is not one: the request falls back). */
+/* Every rank, after the plan's exchange: runs the plan's transfer (copy out and agree
+ * with rank 0 over world; start a background fetch; copy a finished one in), then the
+ * poll of the fetches, then rank 0's bookkeeping. Never waits for a fetch. 0 or a
+ * communication error (a failed fetch is not one: the request falls back). */
 int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline);
-/* Allocates rank 0's export ring (init). 0 or GANG_ENOMEM. */
+/* Allocates rank 0's export ring and every rank's fetch locks (init). 0 or GANG_ENOMEM. */
 int gang__xfer_alloc(gang_engine *e);
 void gang__xfer_free(gang_engine *e);
-/* Rank 0: drops the pending exports (reset). */
+/* Rank 0: drops the pending exports and the fetches' books (reset; a fetch thread still
+ * running is joined when its job is reused, or at free). */
 void gang__xfer_clear(gang_engine *e);
 /* Wire: the plan's transfer fields (engine-wire.c calls it at the end of the body). */
 void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p);

@@ -17,8 +17,10 @@
  *      most the prompt tokens left in the step's budget (max_step_tokens). A chunk
  *      samples only when it completes the prompt: its last logits give the first
  *      generated token.
- *      A waiting request that names a P/D transfer is admitted the same way, but its
- *      first step fetches the transfer's blocks instead of a chunk (engine-xfer.c).
+ *      A waiting request that names a P/D transfer is admitted the same way, but instead
+ *      of a chunk its first step starts the background fetch of the transfer's blocks,
+ *      and it is not scheduled (nor preempted) until that fetch is settled
+ *      (engine-xfer.c).
  *   3. Events are bounded: a sampling sequence can produce two (TOKEN and DONE), and a
  *      sequence is only scheduled to sample when the event ring has room for them, so a
  *      caller that stops polling stalls the engine (empty plans) instead of losing
@@ -99,7 +101,7 @@ static int sched_make_room(gang_engine *e, gang__request *q, uint32_t need)
         gang__request *v = NULL, *it;
 
         for (it = e->queue_head; it != NULL; it = it->next)
-            if (it->running && !it->planned && it != q)
+            if (it->running && !it->planned && it != q && it->kv_state != 1)
                 v = it; /* the last one in arrival order: the youngest */
         if (v == NULL) {
             sched_preempt(e, q);
@@ -124,6 +126,7 @@ void gang__sched_build(gang_engine *e)
     for (q = e->queue_head; q != NULL; q = q->next)
         q->planned = 0;
     gang__xfer_plan_export(e);
+    gang__xfer_plan_import(e);
     reserved = e->plan.kv_kind == GANG__KV_EXPORT; /* the exported request's DONE */
     /* 1. Decodes, oldest first; a decode that needs a block nobody has left preempts the
      *    youngest running sequence (possibly itself). */
@@ -145,8 +148,8 @@ void gang__sched_build(gang_engine *e)
     free_slot = 0;
     for (q = e->queue_head; q != NULL && budget > 0; q = q->next) {
         target = sched_target(q);
-        if (q->running && q->n_fed >= target)
-            continue;
+        if (q->running && (q->n_fed >= target || q->kv_state == 1))
+            continue; /* (kv_state 1: its blocks are being fetched) */
         if (q->planned)
             continue;
         n_hit = 0;

@@ -18,8 +18,9 @@
  *          0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size) entries), sequence after
  *          sequence. Every rank keeps the tables (host and tensor memory) from the plans
  *          it receives.
- *          then the step's P/D transfer (gang__plan_kv_fields): u8 kind, and unless it
- *          is none u64 id, u32 n, n block ids, u16 port, u8 length + host.
+ *          then the step's P/D transfer (gang__plan_kv_fields): u8 poll, u8 kind, and
+ *          unless it is none u8 job, u64 id, u32 n, n block ids, u16 port, u8 length +
+ *          host.
  * The header has a fixed size, so every rank can validate the body's size against its
  * own bounds before receiving it.
  */
@@ -94,9 +95,11 @@ static void plan_tables_fields(gang_codec *c, const gang_engine *e, const gang__
 
 void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p)
 {
-    gang_codec_uint(c, &p->kv_kind, 1, GANG__KV_IMPORT);
+    gang_codec_uint(c, &p->kv_poll, 1, 1);
+    gang_codec_uint(c, &p->kv_kind, 1, GANG__KV_COMMIT);
     if (!gang_codec_ok(c) || p->kv_kind == GANG__KV_NONE)
         return;
+    gang_codec_uint(c, &p->kv_job, 1, GANG__KV_JOBS - 1);
     gang_codec_u64(c, &p->kv.id);
     gang_codec_i32_list(c, &p->kv_n, 4, p->kv_blocks, e->max_bps);
     gang_codec_uint(c, &p->kv.port, 2, 65535);
@@ -124,6 +127,8 @@ int gang__plan_write(const gang_engine *e, const gang__plan *p, int32_t *tables,
     gang_codec_i32_array(&c, p->tokens, p->n_tokens);
     plan_tables_fields(&c, e, p->seqs, p->n_seq, tables);
     gang__plan kp = {.kv_kind = p->kv_kind,
+                     .kv_job = p->kv_job,
+                     .kv_poll = p->kv_poll,
                      .kv_n = p->kv_n,
                      .kv_blocks = p->kv_blocks,
                      .kv = p->kv}; /* (the codec's walk writes: it encodes from a copy) */

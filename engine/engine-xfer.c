@@ -17,17 +17,25 @@
  *     export's id, which the API answers and a router forwards to the decode gang.
  *   import (a decode gang): a waiting request naming a transfer is admitted with a slot
  *     and the blocks of its prompt, but instead of a prefill chunk the plan names the
- *     first blocks to fetch; every rank fetches its part through hooks.get (from the
- *     source gang's rank of the same index, by the import deadline), writes it into those
- *     blocks, and sends rank 0 its status over the world. Only when every rank succeeded
- *     does rank 0 count the blocks as computed (and register them in the prefix cache);
- *     otherwise the request prefills them itself into the same blocks (the fallback),
- *     so a transfer that failed on one rank can never leave a wrong block in use.
- *
+ *     first blocks to fetch and a job (one of GANG__KV_JOBS in flight); every rank starts
+ *     a thread that fetches its part through hooks.get (from the source gang's rank of the
+ *     same index, by the import deadline) into a buffer of its own, and the step goes on:
+ *     a fetch never blocks a step, so a slow prefill gang stalls no decoding stream. While
+ *     any fetch is in flight, each plan asks every rank for the state of its fetches
+ *     (kv_poll: pending, done, failed; one small message to rank 0 per rank and step).
+ *     Once every rank's part is there, the next plan commits it: every rank copies its
+ *     buffer into the blocks, and rank 0 counts them as computed (and registers them in
+ *     the prefix cache). When every rank is done but one failed (or was late), the
+ *     request prefills those blocks itself (the fallback). The request is not scheduled
+ *     in between, and nothing is written into its blocks before the commit, so a fetch
+ *     that failed on one rank, or whose request went away, never leaves a wrong block in
+ *     use.
+
  * A fetched part is checked by the transport (shape and authenticity); here its size
  * must be exact. An export that finds no room in rank 0's ring (slots pending) is not
  * made: its DONE says so (kv_id 0) and the decode gang prefills.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,10 +43,18 @@
 
 #include "engine-internal.h"
 
-#define XFER_TAG 0x4b56u /* the status messages to rank 0 ("KV") */
+#define XFER_TAG 0x4b56u  /* the export status messages to rank 0 ("KV") */
+#define XFER_POLL 0x4b57u /* the fetches' states to rank 0 */
+#define XFER_PENDING 1    /* a fetch's state: still running */
+#define XFER_IDLE_MS 5u   /* a poll-only step waits this long for a fetch to end */
 
 int gang__xfer_alloc(gang_engine *e)
 {
+    for (uint32_t j = 0; j < GANG__KV_JOBS; j++) {
+        pthread_mutex_init(&e->kvj[j].mu, NULL);
+        pthread_cond_init(&e->kvj[j].cv, NULL);
+    }
+    e->kvj_init = 1;
     if (e->m->place.rank != 0)
         return 0;
     e->kvx_id = calloc(e->slots, sizeof(uint64_t));
@@ -53,8 +69,23 @@ int gang__xfer_alloc(gang_engine *e)
     return 0;
 }
 
+/* Joins job j's thread (it ends by its deadline) and drops its buffer. */
+static void xfer_join(gang__kv_job *j)
+{
+    if (j->live)
+        pthread_join(j->thread, NULL);
+    j->live = 0;
+    free(j->buf);
+    j->buf = NULL;
+}
+
 void gang__xfer_free(gang_engine *e)
 {
+    for (uint32_t j = 0; e->kvj_init && j < GANG__KV_JOBS; j++) {
+        xfer_join(&e->kvj[j]);
+        pthread_mutex_destroy(&e->kvj[j].mu);
+        pthread_cond_destroy(&e->kvj[j].cv);
+    }
     free(e->kvx_id);
     free(e->kvx_n);
     free(e->kvx_blocks);
@@ -67,8 +98,19 @@ void gang__xfer_clear(gang_engine *e)
 {
     /* (The pins go with the reset of every block.) */
     e->kvx_head = e->kvx_count = 0;
-    e->kv_imp = NULL;
+    for (uint32_t j = 0; j < GANG__KV_JOBS; j++) {
+        e->kvj[j].q = NULL;
+        e->kvj[j].state = 0;
+    }
     e->plan.kv_kind = GANG__KV_NONE;
+    e->plan.kv_poll = 0;
+}
+
+void gang__xfer_forget(gang_engine *e, const gang__request *q)
+{
+    for (uint32_t j = 0; q->kv_state == 1 && j < GANG__KV_JOBS; j++)
+        if (e->kvj[j].q == q)
+            e->kvj[j].q = NULL;
 }
 
 void gang_engine_set_kv_hooks(gang_engine *e, const gang_kv_hooks *h, uint64_t timeout_ms)
@@ -139,11 +181,13 @@ void gang__xfer_plan_export(gang_engine *e)
 int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot)
 {
     gang__plan *p = &e->plan;
-    uint32_t target = q->r.n_prompt, n;
+    uint32_t target = q->r.n_prompt, n, j = 0;
     if (q->r.kv.id == 0 || q->kv_state != 0 || q->n_gen != 0 || e->kv_hooks.get == NULL)
         return 0;
-    if (p->kv_kind != GANG__KV_NONE)
-        return 2; /* this plan moves other blocks: it waits for the next one */
+    while (j < GANG__KV_JOBS && e->kvj[j].state != 0)
+        j++;
+    if (p->kv_kind != GANG__KV_NONE || j == GANG__KV_JOBS)
+        return 2; /* this plan moves other blocks, or every fetch is busy: a later one */
     /* At least the last prompt token is computed here: its logits give the first token. */
     n = q->r.kv.blocks;
     if (n > (target - 1) / e->block_size)
@@ -164,11 +208,37 @@ int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot)
     e->slot_req[free_slot] = q;
     gang__kv_take(e, q, gang__blocks_for(e, target));
     p->kv_kind = GANG__KV_IMPORT;
+    p->kv_job = j;
     p->kv_n = n;
     p->kv = q->r.kv;
     memcpy(p->kv_blocks, e->tables + (size_t)free_slot * e->max_bps, n * sizeof(int32_t));
-    e->kv_imp = q;
+    e->kvj[j].q = q;
+    e->kvj[j].state = 1;
+    e->kvj[j].n = n;
+    e->kvj[j].t0 = gang_now_ms();
+    e->kvj[j].got = 0;
     return 1;
+}
+
+void gang__xfer_plan_import(gang_engine *e)
+{
+    gang__plan *p = &e->plan;
+    p->kv_poll = 0;
+    for (uint32_t j = 0; j < GANG__KV_JOBS; j++) {
+        gang__kv_job *b = &e->kvj[j];
+        p->kv_poll |= b->state == 1;
+        if (b->state != 2 || p->kv_kind != GANG__KV_NONE)
+            continue;
+        if (b->q == NULL) {
+            b->state = 0; /* its request went away: nothing to commit */
+            continue;
+        }
+        p->kv_kind = GANG__KV_COMMIT;
+        p->kv_job = j;
+        p->kv_n = b->n;
+        p->kv = b->q->r.kv;
+        memcpy(p->kv_blocks, e->tables + (size_t)b->q->slot * e->max_bps, b->n * sizeof(int32_t));
+    }
 }
 
 /* This rank's part of block b's layer l, K (kv 0) or V (kv 1), in the pools. */
@@ -178,9 +248,9 @@ static char *xfer_rows(gang_engine *e, uint32_t l, uint32_t kv, int32_t b, size_
     return e->kv_mem + (2 * (size_t)l + kv) * pool + (size_t)b * rows_bytes;
 }
 
-/* Copies the plan's blocks between the pools and the staging buffer (out: pools ->
- * stage). 0 or the kernels' error. */
-static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out)
+/* Copies the plan's blocks between the pools and buffer stage (out: pools -> stage). 0 or
+ * the kernels' error. */
+static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out, uint8_t *stage)
 {
     size_t rows = (size_t)sh->block_size * sh->kv_cols * sh->elem_bytes, at = 0;
     int dev = (gang_kernels_caps(e->k) & GANG_KERNELS_CAP_DEVICE_MEM) != 0, rc = 0;
@@ -189,13 +259,13 @@ static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out)
             for (uint32_t kv = 0; kv < 2 && rc == 0; kv++, at += rows) {
                 char *pool = xfer_rows(e, l, kv, e->plan.kv_blocks[j], rows);
                 if (!dev && out)
-                    memcpy(e->kv_stage + at, pool, rows);
+                    memcpy(stage + at, pool, rows);
                 else if (!dev)
-                    memcpy(pool, e->kv_stage + at, rows);
+                    memcpy(pool, stage + at, rows);
                 else if (out)
-                    rc = gang_kernels_download(e->k, e->kv_stage + at, pool, rows);
+                    rc = gang_kernels_download(e->k, stage + at, pool, rows);
                 else
-                    rc = gang_kernels_upload(e->k, pool, e->kv_stage + at, rows);
+                    rc = gang_kernels_upload(e->k, pool, stage + at, rows);
             }
         }
     }
@@ -231,29 +301,30 @@ static int xfer_agree(gang_engine *e, gang_comm *world, int64_t mine[2], uint64_
     return 0;
 }
 
-/* Rank 0, after an import's verdict: the request starts from the fetched blocks, or
+/* Rank 0, when fetch b is settled: its request starts from the fetched blocks (ok), or
  * prefills them itself. */
-static void xfer_import_done(gang_engine *e, int ok, uint64_t bytes, uint64_t t0)
+static void xfer_import_done(gang_engine *e, gang__kv_job *b, int ok)
 {
-    gang__request *q = e->kv_imp;
-    e->kv_imp = NULL;
+    gang__request *q = b->q;
+    b->q = NULL;
+    b->state = 0;
     if (q == NULL || !q->running || q->kv_state != 1)
         return;
     q->kv_state = 2;
-    q->kv_ms = (uint32_t)(gang_now_ms() - t0);
+    q->kv_ms = (uint32_t)(gang_now_ms() - b->t0);
     e->prefix_query_tokens += q->r.n_prompt;
     if (!ok) {
         e->kv_import_failures++;
         return; /* n_fed stays 0: the prompt is prefilled into the same blocks */
     }
-    q->kv_got = e->plan.kv_n;
-    q->n_fed = e->plan.kv_n * e->block_size;
+    q->kv_got = b->n;
+    q->n_fed = b->n * e->block_size;
     q->n_cached = q->n_fed;
     e->prefix_hit_tokens += q->n_fed;
     if (e->cfg.prefix_caching)
         gang__pc_register(e, q);
     e->kv_imports++;
-    e->kv_bytes += bytes;
+    e->kv_bytes += b->got;
 }
 
 /*
@@ -270,7 +341,7 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
     uint64_t bytes;
     int ok;
     if (e->kv_stage != NULL && e->kv_hooks.put != NULL) {
-        st[0] = xfer_copy(e, sh, 1);
+        st[0] = xfer_copy(e, sh, 1, e->kv_stage);
         if (st[0] == 0)
             st[0] = e->kv_hooks.put(e->kv_hooks.ctx, p->kv.id, e->kv_stage, total, p->kv_n);
     }
@@ -296,39 +367,163 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
     return 0;
 }
 
+/* A fetch's thread: this rank's part by the job's deadline, then done. */
+static void *xfer_thread(void *arg)
+{
+    gang__kv_job *j = arg;
+    int rc = j->hooks.get(j->hooks.ctx, &j->src, j->buf, j->bytes, j->n, j->until);
+    if (rc != 0)
+        gang_warn("P/D: fetching %u KV blocks of transfer %llx from %s:%u + rank failed: %s; "
+                  "the request prefills them",
+                  j->n, (unsigned long long)j->src.id, j->src.host, j->src.port, gang_strerror(rc));
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+/* Every rank: starts the plan's fetch in its job (one that cannot start is done, failed). */
+static void xfer_start(gang_engine *e, size_t total)
+{
+    gang__plan *p = &e->plan;
+    gang__kv_job *j = &e->kvj[p->kv_job];
+    int rc = 0;
+    xfer_join(j); /* (a job is reused only after rank 0 saw it end on every rank) */
+    j->src = p->kv;
+    j->n = p->kv_n;
+    j->bytes = total;
+    j->hooks = e->kv_hooks;
+    j->until = gang_now_ms() + (e->kv_timeout_ms ? e->kv_timeout_ms : 10000);
+    j->buf = malloc(total);
+    pthread_mutex_lock(&j->mu);
+    j->done = 0;
+    j->rc = 0;
+    pthread_mutex_unlock(&j->mu);
+    if (j->buf == NULL || j->hooks.get == NULL)
+        rc = GANG_ENOMEM;
+    else if (pthread_create(&j->thread, NULL, xfer_thread, j) != 0)
+        rc = GANG_ENOMEM;
+    j->live = rc == 0;
+    if (rc != 0) {
+        pthread_mutex_lock(&j->mu);
+        j->done = 1;
+        j->rc = rc;
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+/* Every rank: copies the plan's finished fetch into its blocks; rank 0 counts them. 0, or
+ * GANG_EPROTO when this rank's part is not there (rank 0 saw it there), or the kernels'
+ * error. */
+static int xfer_commit(gang_engine *e, const gang_kv_shape *sh, size_t total)
+{
+    gang__plan *p = &e->plan;
+    gang__kv_job *j = &e->kvj[p->kv_job];
+    int done, rc;
+    pthread_mutex_lock(&j->mu);
+    done = j->done;
+    rc = j->rc;
+    pthread_mutex_unlock(&j->mu);
+    if (!done || rc != 0 || j->buf == NULL || j->n != p->kv_n || j->bytes != total)
+        return GANG_EPROTO;
+    rc = xfer_copy(e, sh, 0, j->buf);
+    xfer_join(j);
+    if (rc == 0 && e->m->place.rank == 0)
+        xfer_import_done(e, j, 1);
+    return rc;
+}
+
+/* This rank's fetches' states into st ([2 x jobs]: XFER_PENDING, 0 or an error; bytes). A
+ * step with nothing to compute first waits a little for a running one to end. */
+static void xfer_states(gang_engine *e, int64_t *st)
+{
+    int idle = e->plan.n_seq == 0;
+    for (uint32_t i = 0; i < GANG__KV_JOBS; i++) {
+        gang__kv_job *j = &e->kvj[i];
+        pthread_mutex_lock(&j->mu);
+        if (idle && j->live && !j->done) {
+            idle = 0; /* (once a step) */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)XFER_IDLE_MS * 1000000L;
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &ts) != ETIMEDOUT)
+                ;
+        }
+        st[2 * i] = !j->done ? XFER_PENDING : j->rc;
+        st[2 * i + 1] = (int64_t)j->bytes;
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+/* Rank 0: folds one rank's states st into the fetches' tallies. */
+static void xfer_tally(const int64_t *st, int *pending, int *failed, uint64_t *bytes)
+{
+    for (uint32_t i = 0; i < GANG__KV_JOBS; i++) {
+        pending[i] |= st[2 * i] == XFER_PENDING;
+        failed[i] |= st[2 * i] != XFER_PENDING && st[2 * i] != 0;
+        bytes[i] += (uint64_t)st[2 * i + 1];
+    }
+}
+
+/* Every rank: the poll. Ranks > 0 send rank 0 their fetches' states; rank 0 settles each
+ * fetch in flight: still running somewhere, or every rank has it (a later plan commits
+ * it), or it failed somewhere (its request prefills). */
+static int xfer_poll(gang_engine *e, gang_comm *world, uint64_t deadline)
+{
+    uint32_t n = world != NULL ? (uint32_t)gang_comm_size(world) : 1;
+    int64_t st[2 * GANG__KV_JOBS];
+    int pending[GANG__KV_JOBS] = {0}, failed[GANG__KV_JOBS] = {0};
+    uint64_t bytes[GANG__KV_JOBS] = {0}, left;
+    int rc;
+    xfer_states(e, st);
+    if (n > 1 && e->m->place.rank != 0) {
+        rc = gang_deadline_left(deadline, &left);
+        return rc != 0 ? rc : gang_comm_send(world, st, sizeof st, 0, XFER_POLL, left);
+    }
+    xfer_tally(st, pending, failed, bytes);
+    for (uint32_t r = 1; r < n; r++) {
+        rc = gang_deadline_left(deadline, &left);
+        if (rc == 0)
+            rc = gang_comm_recv(world, st, sizeof st, r, XFER_POLL, left);
+        if (rc != 0)
+            return rc;
+        xfer_tally(st, pending, failed, bytes);
+    }
+    for (uint32_t i = 0; i < GANG__KV_JOBS; i++) {
+        gang__kv_job *b = &e->kvj[i];
+        if (b->state != 1 || pending[i])
+            continue;
+        if (failed[i]) {
+            xfer_import_done(e, b, 0);
+        } else {
+            b->state = 2;
+            b->got = bytes[i];
+        }
+    }
+    return 0;
+}
+
 int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline)
 {
     gang__plan *p = &e->plan;
     gang_kv_shape sh;
-    uint64_t t0 = gang_now_ms(), bytes;
-    int64_t st[2] = {0, 0};
-    int rc = 0, ok;
-    if (p->kv_kind == GANG__KV_NONE)
-        return 0;
+    int rc = 0;
     gang_engine_kv_shape(e, &sh);
     size_t total = (size_t)sh.block_bytes * p->kv_n;
-    if (e->kv_stage == NULL)
-        e->kv_stage = malloc((size_t)sh.block_bytes * e->max_bps);
-    if (p->kv_kind == GANG__KV_EXPORT)
-        return xfer_export(e, world, &sh, total, deadline);
-    uint64_t until = gang_now_ms() + (e->kv_timeout_ms ? e->kv_timeout_ms : 10000);
-    if (until > deadline)
-        until = deadline;
-    st[0] = e->kv_stage == NULL || e->kv_hooks.get == NULL ? GANG_ENOMEM : 0;
-    if (st[0] == 0)
-        st[0] = e->kv_hooks.get(e->kv_hooks.ctx, &p->kv, e->kv_stage, total, p->kv_n, until);
-    if (st[0] == 0)
-        st[0] = xfer_copy(e, &sh, 0);
-    st[1] = (int64_t)total;
-    if (st[0] != 0)
-        gang_warn("P/D: fetching %u KV blocks of transfer %llx from %s:%u + rank failed: %s; "
-                  "the request prefills them",
-                  p->kv_n, (unsigned long long)p->kv.id, p->kv.host, p->kv.port,
-                  gang_strerror((int)st[0]));
-    rc = xfer_agree(e, world, st, deadline, &ok, &bytes);
-    if (rc != 0)
-        return rc;
-    if (e->m->place.rank == 0)
-        xfer_import_done(e, ok, bytes, t0);
-    return 0;
+    if (p->kv_kind == GANG__KV_EXPORT) {
+        if (e->kv_stage == NULL)
+            e->kv_stage = malloc((size_t)sh.block_bytes * e->max_bps);
+        rc = xfer_export(e, world, &sh, total, deadline);
+    } else if (p->kv_kind == GANG__KV_IMPORT) {
+        xfer_start(e, total);
+    } else if (p->kv_kind == GANG__KV_COMMIT) {
+        rc = xfer_commit(e, &sh, total);
+    }
+    if (rc == 0 && p->kv_poll)
+        rc = xfer_poll(e, world, deadline);
+    return rc;
 }

@@ -92,10 +92,11 @@ void gang_sampling_codec(gang_codec *c, gang_sampling *sp);
  * KV blocks between gangs. A prefill gang's request asks for an export: when it ends, rank
  * 0 pins the full blocks of its prompt, every rank copies its part of them out at the next
  * step (gang_kv_hooks.put) and the DONE event names the transfer (kv_id, kv_blocks). A
- * decode gang's request may name such a transfer: at its admission every rank fetches its
- * part (gang_kv_hooks.get) into the blocks rank 0 gave it, rank 0 learns that every rank
- * succeeded, and the request starts with those blocks in its cache (and in the prefix
- * cache); on any failure it prefills them itself.
+ * decode gang's request may name such a transfer: at its admission every rank starts
+ * fetching its part (gang_kv_hooks.get) in the background, rank 0 learns at later steps
+ * that every rank has it, a later step copies the parts into the blocks rank 0 gave the
+ * request, which then starts with those blocks in its cache (and in the prefix cache);
+ * on any failure it prefills them itself. No step waits for a fetch.
  */
 #define GANG_KV_HOST_MAX 64u /* the address of a transfer's source, NUL included */
 
@@ -362,8 +363,10 @@ uint32_t gang_engine_max_ctx(const gang_engine *e);
 int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out);
 
 /*
- * The transport of P/D transfers (gang_kv_xfer), plugged in by the launcher. Both run on
- * the data thread inside gang_engine_step, every rank of the gang at the same step.
+ * The transport of P/D transfers (gang_kv_xfer), plugged in by the launcher. put runs on
+ * the data thread inside gang_engine_step, every rank of the gang at the same step; get
+ * runs on a fetch thread of the engine's (up to four at once, while steps go on), so it
+ * must be safe to call concurrently with itself and with put.
  *   put: keep a copy of this rank's part of export `id` (n_blocks blocks, `bytes` at data,
  *        laid out block after block, each layer after layer, K then V rows); 0 or an error
  *        (the transfer is then simply not there to fetch).

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1476,8 +1477,10 @@ typedef struct mem_xfer {
     uint8_t data[1 << 16];
     size_t bytes;
     uint32_t n, puts, gets;
-    int fail;    /* get answers GANG_EPEER */
-    int corrupt; /* get hands out every byte + 1 */
+    int fail;          /* get answers GANG_EPEER */
+    int corrupt;       /* get hands out every byte + 1 */
+    uint32_t delay_ms; /* get answers only after this long (a slow prefill gang) */
+    atomic_int busy;   /* a get is running (it runs on the engine's fetch thread) */
 } mem_xfer;
 
 static int mem_put(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n)
@@ -1498,6 +1501,10 @@ static int mem_get(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes,
 {
     mem_xfer *x = ctx;
     (void)deadline_ms;
+    atomic_store(&x->busy, 1);
+    if (x->delay_ms > 0)
+        usleep(x->delay_ms * 1000u);
+    atomic_store(&x->busy, 0);
     x->gets++;
     if (x->fail || src->id != x->id || n > x->n || bytes > x->bytes)
         return GANG_EPEER;
@@ -1621,6 +1628,106 @@ static void test_kv_transfer(void **state)
     free(fm);
 }
 
+/*
+ * A slow fetch blocks no step: a decode engine admits an import whose transport answers
+ * only after 700 ms while another stream decodes on it; that stream produces all its
+ * tokens in quick steps that begin and end while the fetch is still running (a fetch
+ * inside a step would hold that step for the whole 700 ms), and the import then commits
+ * the fetched blocks: the reference's tokens, from 3 cached blocks.
+ */
+static void test_kv_transfer_background(void **state)
+{
+    (void)state;
+    static mem_xfer mx;
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(33, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *pe = NULL, *de = NULL;
+    gang_kernels *k = NULL;
+    gang_gen_event ev, done = {0};
+    int32_t prompt[14], other[6], want[8], want_a[30], got[30], got_b[8];
+    uint32_t n_a = 0, n_b = 0, during = 0, a_done_during = 0;
+    uint64_t worst = 0;
+    char err[256];
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    for (uint32_t i = 0; i < 14; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+    for (uint32_t i = 0; i < 6; i++)
+        other[i] = (int32_t)((i * 5 + 1) % VOCAB);
+    ref_greedy(fm, prompt, 14, 8, want);
+    ref_greedy(fm, other, 6, 30, want_a);
+    gang_kv_hooks h = {.ctx = &mx, .put = mem_put, .get = mem_get};
+    assert_int_equal(gang_engine_init(m, &cfg, &pe, err, sizeof(err)), 0);
+    gang_engine_set_kv_hooks(pe, &h, 1000);
+    gang_gen_request r = {.id = 1, .prompt = prompt, .n_prompt = 14, .max_tokens = 1};
+    r.sampling.top_p = 1.0f;
+    r.kv.do_export = 1;
+    assert_int_equal(run_alone(pe, &r, got, &done), 1);
+    gang_engine_free(pe);
+
+    assert_int_equal(gang_kernels_open("cpu", &k), 0);
+    assert_int_equal(gang_engine_init(m, &cfg, &de, err, sizeof(err)), 0);
+    gang_engine_set_kv_hooks(de, &h, 5000);
+    mx.delay_ms = 700;
+    gang_gen_request a = {.id = 2, .prompt = other, .n_prompt = 6, .max_tokens = 30};
+    a.sampling.top_p = 1.0f;
+    gang_gen_request b = {.id = 3, .prompt = prompt, .n_prompt = 14, .max_tokens = 8};
+    b.sampling.top_p = 1.0f;
+    b.kv.id = mx.id;
+    b.kv.blocks = 3;
+    assert_int_equal(gang_engine_submit(de, &a, err, sizeof(err)), 0);
+    for (int s = 0, b_in = 0; s < 2000 && gang_engine_pending(de) > 0; s++) {
+        if (n_a == 2 && !b_in) {
+            assert_int_equal(gang_engine_submit(de, &b, err, sizeof(err)), 0);
+            b_in = 1;
+        }
+        int busy0 = atomic_load(&mx.busy);
+        uint64_t t0 = gang_now_ms();
+        assert_int_equal(gang_engine_step(de, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        uint64_t took = gang_now_ms() - t0;
+        int busy = busy0 && atomic_load(&mx.busy);
+        /* Once B is admitted, the test waits (up to 2 s) until its fetch has begun: on a
+         * loaded machine the fetch thread may start only after a few of A's quick steps. */
+        for (int w = 0; b_in == 1 && w < 2000 && !atomic_load(&mx.busy); w++)
+            usleep(1000);
+        b_in += b_in == 1;
+        worst = took > worst ? took : worst;
+        while (gang_engine_poll(de, &ev)) {
+            if (ev.kind == GANG_GEN_TOKEN && ev.id == 2) {
+                got[n_a++] = ev.token;
+                during += busy;
+            } else if (ev.kind == GANG_GEN_TOKEN) {
+                got_b[n_b++] = ev.token;
+            } else if (ev.id == 2) {
+                a_done_during = (uint32_t)busy;
+            } else {
+                done = ev;
+            }
+        }
+        if (n_a == 30 && gang_engine_pending(de) > 0)
+            usleep(1000); /* (B's fetch: the test's own loop need not spin) */
+    }
+    assert_int_equal(gang_engine_pending(de), 0);
+    print_message("while a 700 ms fetch ran: %u of the other stream's tokens, the slowest step "
+                  "%llu ms\n",
+                  during, (unsigned long long)worst);
+    assert_int_equal(n_a, 30);
+    assert_memory_equal(got, want_a, sizeof(want_a));
+    assert_true(during >= 20);
+    assert_true(a_done_during);
+    assert_true(worst < 350);
+    assert_int_equal(n_b, 8);
+    assert_memory_equal(got_b, want, sizeof(want));
+    assert_int_equal(done.kv_blocks, 3); /* imported, not prefilled */
+    assert_int_equal(done.index, 12);
+    assert_true(done.kv_ms >= 600);
+    gang_engine_free(de);
+    gang_kernels_close(k);
+    shard_free(m);
+    free(fm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1640,6 +1747,7 @@ int main(void)
         cmocka_unit_test(test_kv_dtype),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_kv_transfer),
+        cmocka_unit_test(test_kv_transfer_background),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),
