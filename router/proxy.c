@@ -11,12 +11,16 @@
  *     it is complete; a replica that fails before that (connection refused or reset, EOF
  *     mid-answer, a 503 "not serving / queue full", or the replica declared down by the
  *     poller) costs nothing but time: the call goes to another replica;
- *   * a streamed answer is relayed chunk by chunk from its first body byte, which is the
+ *   * a streamed answer is relayed event by event from its first event, which is the
  *     replica's first token (the API starts its stream at the first token). Until then
- *     the call may still move to another replica; after it, a replica failure ends the
- *     client's stream with an SSE error event and no [DONE] (counted in
- *     ganglion_router_stream_errors_total): the router cannot prove that another
- *     replica's continuation would be the same text, so it never splices two streams.
+ *     the call may still move to another replica; after it, a replica failure (or the
+ *     replica declared down) sends the call again to another replica, whose stream is
+ *     checked against what the client has and continues it without a duplicate
+ *     (router/stream.c: greedy and seeded calls resume with exactly the text of a healthy
+ *     run; ganglion_router_stream_resumes_total). A stream that cannot be resumed so
+ *     (another text, more than one choice, ROUTER_MAX_RESUMES failures) ends with an SSE
+ *     error event and no [DONE] (ganglion_router_stream_errors_total): the router never
+ *     splices two different texts.
  *
  * Closing a connection to a replica that is alive makes its API cancel the request, so a
  * call moved elsewhere does not keep computing there. Nothing is answered twice: an
@@ -74,7 +78,8 @@ struct router_fwd {
     uint64_t phase_t0;  /* when the prefill phase started (ms) */
     uint64_t phase_end; /* its deadline: --prefill-timeout-ms after phase_t0 */
     uint64_t exclude, deadline_ms;
-    int32_t replica; /* of the current attempt, -1 between attempts */
+    int32_t replica;  /* of the current attempt, -1 between attempts */
+    router_stream st; /* a streamed call: what its client has (stream.c) */
     upstream *up;
     uv_timer_t timer; /* the connect deadline, the backoff between tries, the call's deadline */
 };
@@ -179,6 +184,7 @@ static void fwd_free_cb(uv_handle_t *h)
     free(f->auth);
     free(f->hashes);
     cJSON_free(f->pbody);
+    gang__router_stream_free(&f->st);
     free(f);
 }
 
@@ -306,6 +312,18 @@ static int on_headers_complete(http_parser *p)
     return 0;
 }
 
+/* router_stream_out: one event to the client, its stream begun at the first. */
+static int relay_out(void *ctx, const char *bytes, size_t len)
+{
+    router_fwd *f = ctx;
+    if (!f->started) {
+        f->started = 1;
+        if (gang_http_stream_begin(f->x, 200, f->up->ctype[0] ? f->up->ctype : NULL) != 0)
+            return GANG_EPEER;
+    }
+    return gang_http_stream_write(f->x, bytes, len) != 0 ? GANG_EPEER : 0;
+}
+
 static int on_body(http_parser *p, const char *at, size_t len)
 {
     upstream *up = up_of(p);
@@ -313,13 +331,18 @@ static int on_body(http_parser *p, const char *at, size_t len)
         return 0;
     router_fwd *f = up->f;
     if (f->want_stream && f->phase == 0 && up->status == 200) {
-        if (!f->started) {
-            f->started = 1;
-            if (gang_http_stream_begin(f->x, 200, up->ctype[0] ? up->ctype : NULL) != 0)
-                goto out_gone;
-        }
-        if (gang_http_stream_write(f->x, at, len) != 0)
+        int rc = gang__router_stream_feed(&f->st, at, len, (size_t)f->r->o.max_response_bytes,
+                                          relay_out, f);
+        if (rc == GANG_EPEER)
             goto out_gone;
+        if (rc == GANG_EMISMATCH)
+            fail_call(f, 502,
+                      "the replica failed mid-stream and another one's continuation "
+                      "is not the same text; not spliced");
+        else if (rc != 0 && !f->started)
+            return 1; /* a parser error: the attempt fails */
+        else if (rc != 0)
+            fail_call(f, 502, "a malformed or oversized stream event");
         return 0;
     }
     if (up->len + len > (size_t)f->r->o.max_response_bytes)
@@ -405,6 +428,10 @@ static void answer_complete(router_fwd *f, upstream *up)
         if (up->status == 200)
             hand_over_kv(f, up);
         prefill_over(f, up->status == 200 || refused, "the prefill replica did not answer 200");
+        return;
+    }
+    if (f->started && up->status != 200) {
+        attempt_failed(f, "the replica of a resumed stream did not answer 200", 0);
         return;
     }
     if (f->started) {
@@ -552,7 +579,33 @@ static void attempt(router_fwd *f)
     arm(f, (uint64_t)r->o.connect_timeout_ms);
 }
 
-/* The current attempt failed; the call moves on unless the client already has tokens. */
+/*
+ * The replica (i) of a started stream failed: the call goes again to another replica (through
+ * the prefill pool when P/D split it), whose stream continues the client's, or it ends with
+ * an error event when it cannot be resumed.
+ */
+static void resume_elsewhere(router_fwd *f, int32_t i, const char *why)
+{
+    router *r = f->r;
+    if (gang_now_ms() >= f->deadline_ms || !gang__router_stream_resume(&f->st)) {
+        fail_call(f, 502, "the replica failed after the stream started; not resumable");
+        return;
+    }
+    r->stream_resumes++;
+    if (i >= 0)
+        f->exclude |= 1ull << i;
+    gang_info("router: stream %s resumes on another replica after %u tokens (%s failed: %s)",
+              f->path, f->st.n_toks, i >= 0 ? r->reps[i].name : "?", why);
+    if (f->pbody != NULL) {
+        f->phase = 1;
+        f->phase_t0 = gang_now_ms();
+        f->phase_end = f->phase_t0 + (uint64_t)r->o.prefill_timeout_ms;
+    }
+    uv_timer_stop(&f->timer);
+    attempt(f);
+}
+
+/* The current attempt failed; the call moves on (a started stream resumes elsewhere). */
 static void attempt_failed(router_fwd *f, const char *why, int mark_down)
 {
     router *r = f->r;
@@ -572,7 +625,7 @@ static void attempt_failed(router_fwd *f, const char *why, int mark_down)
             gang__router_set_up(r, (uint32_t)i, 0, why);
     }
     if (f->started) {
-        fail_call(f, 502, "the replica failed after the stream started; not resubmitted");
+        resume_elsewhere(f, i, why);
         return;
     }
     if (i >= 0) {
@@ -596,7 +649,8 @@ static void prefill_over(router_fwd *f, int ok, const char *why)
         return;
     detach(f);
     f->phase = 0;
-    f->exclude = 0;
+    if (f->st.resumes == 0)
+        f->exclude = 0; /* (a resumed stream keeps off the replicas it failed on) */
     if (why == NULL && !ok) {
         r->pd_prefill_skipped++;
     } else {
@@ -693,7 +747,7 @@ void gang__router_replica_down(router *r, uint32_t i)
     router_fwd *f = r->fwds;
     while (f != NULL) {
         router_fwd *next = f->next;
-        if (f->replica == (int32_t)i && !f->started)
+        if (f->replica == (int32_t)i)
             attempt_failed(f, "the replica is down", 0);
         f = next;
     }

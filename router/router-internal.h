@@ -100,6 +100,7 @@ struct router {
     router_fwd *fwds; /* the calls being forwarded (a list, for the down sweep) */
     uint64_t decisions[GANG_ROUTER_R_COUNT];
     uint64_t accepted, retries, no_replica, stream_errors, answered;
+    uint64_t stream_resumes; /* streams continued on another replica after a failure */
     /* Disaggregated prefill/decode (proxy.c): calls whose prefill went to a prefill
      * replica, of those the ones whose prefill failed or passed --prefill-timeout-ms (the
      * decode replica prefilled them itself), and P/D calls sent straight to a decode
@@ -109,12 +110,44 @@ struct router {
     gang_histogram h_prefill;
 };
 
+/* A streamed call's relay (router/stream.c): what the client has of choice 0, and the
+ * state of the current attempt's events. */
+#define ROUTER_MAX_RESUMES 3u /* replicas a stream may continue on after the first */
+typedef struct router_stream {
+    char *buf; /* the current attempt's bytes not yet a whole event */
+    size_t len, cap;
+    int32_t *toks; /* the tokens the client has */
+    uint32_t n_toks, cap_toks;
+    char *text; /* the text the client has */
+    size_t text_len, text_cap;
+    uint32_t a_toks; /* this attempt: tokens and text bytes seen (a resumed one: checked) */
+    size_t a_text;
+    int resumed;   /* the current attempt continues the stream of a failed one */
+    int untracked; /* a chunk this file cannot follow was relayed: not resumable */
+    uint32_t resumes;
+    char id[128]; /* the first chunk's id, which a resumed stream keeps */
+} router_stream;
+
+/* Sends len bytes to the client: 0, or nonzero when it is gone. */
+typedef int (*router_stream_out)(void *ctx, const char *bytes, size_t len);
+/* Feeds len bytes of the current attempt's stream: every whole event is relayed through
+ * out (a resumed attempt's cut down to what the client does not have yet, or dropped). 0,
+ * out's error, GANG_EMISMATCH (a resumed attempt is not the same text), GANG_ERANGE (an
+ * event over max bytes) or GANG_ENOMEM. */
+int gang__router_stream_feed(router_stream *s, const char *at, size_t len, size_t max,
+                             router_stream_out out, void *ctx);
+/* The replica of a started stream failed: 1 when the call may go on elsewhere (the next
+ * attempt's stream is then checked and spliced), 0 when it cannot be followed or was
+ * resumed ROUTER_MAX_RESUMES times already. */
+int gang__router_stream_resume(router_stream *s);
+void gang__router_stream_free(router_stream *s);
+
 /* Starts forwarding the call (method, path, body) of x (router/proxy.c): picks a replica
  * for its prompt, and answers x exactly once whatever happens. Loop thread. */
 void gang__router_forward(router *r, gang_http_exchange *x, const gang_http_request *req,
                           int hashed);
-/* Replica i went down: the calls sent there that the client has not received a byte of
- * are sent elsewhere (their connection to it is closed first). Loop thread. */
+/* Replica i went down: the calls sent there are sent elsewhere (their connection to it is
+ * closed first; a started stream resumes, stream.c). Loop thread. */
 void gang__router_replica_down(router *r, uint32_t i);
 /* Marks replica i up or down (why: for the log); going down moves its unsent calls. */
 void gang__router_set_up(router *r, uint32_t i, int up, const char *why);

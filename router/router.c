@@ -310,9 +310,13 @@ static void render_metrics(router *r, gang_metrics_buf *b)
         {"ganglion_router_no_replica_total", "Tries that found no eligible replica (waited)",
          r->no_replica},
         {"ganglion_router_stream_errors_total",
-         "Streams ended with an error event (replica failed after the first token, or the "
-         "deadline)",
+         "Streams ended with an error event (the deadline, or a replica failed after the "
+         "first token and the stream could not be resumed with the same text)",
          r->stream_errors},
+        {"ganglion_router_stream_resumes_total",
+         "Streams continued on another replica after theirs failed mid-stream (the tokens the "
+         "client had checked and not sent again)",
+         r->stream_resumes},
         {"ganglion_router_pd_prefills_total",
          "P/D: calls whose prefill and first token were sent to a prefill replica", r->pd_prefills},
         {"ganglion_router_pd_prefill_failures_total",

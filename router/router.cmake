@@ -4,6 +4,7 @@
 add_library(gang_router STATIC
   router/policy.c
   router/proxy.c
+  router/stream.c
   router/discover.c
   router/router.c)
 target_include_directories(gang_router PRIVATE router ${HTTP_PARSER_INCLUDE})

@@ -10,13 +10,15 @@
   both replicas get work, and the replicas' own prefix caches hit on the follow-ups.
 * Failure: with 24 calls in flight (20 unstreamed, 4 streamed), kill -9 of replica A's
   agent: every call is answered exactly once; every unstreamed one with 200 and the single
-  gang's tokens (moved to replica B by the router); a stream either completes with the
-  same tokens or, when A had already sent tokens, ends with an error event and no [DONE],
-  its tokens a prefix of the right ones. The router counts the moves, marks A down, and
-  up again once local mode has restarted it, and routes to it again.
-* A stream whose replica's agent is killed after its first token ends with an SSE error
-  event and no [DONE], its tokens a prefix of the right ones (never spliced with
-  another replica's)."""
+  gang's tokens (moved to replica B by the router); every stream completes with the same
+  tokens, exactly once each (one A had begun resumes on B). The router counts the moves,
+  marks A down, and up again once local mode has restarted it, and routes to it again.
+* A stream whose replica's agent is killed after its first token resumes on the other
+  replica: the client's stream ends with [DONE] and its tokens are exactly the single
+  gang's, none twice (ganglion_router_stream_resumes_total, no stream error).
+* A sampled stream without a seed cannot be resumed with the same text: cut the same way,
+  it ends with an SSE error event and no [DONE], its tokens a prefix of what it had (never
+  spliced with another replica's different text)."""
 import http.client
 import json
 import os
@@ -230,22 +232,19 @@ def check_kill(h, ga, gb, rport):
             H.check(r["choices"][0]["tokens"] == want[i], "call %d: wrong tokens" % i)
         else:
             toks, done, err = res[1], res[2], res[3]
-            if err is None:
-                H.check(done and toks == want[i], "stream %d: %r tokens, done %r" %
-                        (i, len(toks), done))
-            else:
-                H.check(not done and toks == want[i][:len(toks)] and toks,
-                        "stream %d ended with %r after %d tokens" % (i, err, len(toks)))
-                cut += 1
+            H.check(err is None and done and toks == want[i],
+                    "stream %d: %d tokens (want %d), done %r, error %r"
+                    % (i, len(toks), len(want[i]), done, err))
     m = router_metrics(rport)
     acc, ans = m["ganglion_router_requests_total"], m["ganglion_router_answered_total"]
     H.check(acc == ans, "router accepted %r calls, answered %r" % (acc, ans))
-    H.check(m["ganglion_router_retries_total"] + cut >= 1,
+    resumed = m["ganglion_router_stream_resumes_total"]
+    H.check(m["ganglion_router_retries_total"] + resumed >= 1,
             "no call was moved although replica A died with calls in flight")
     H.check(m["ganglion_router_stream_errors_total"] == cut, "stream errors %r != %d" %
             (m["ganglion_router_stream_errors_total"], cut))
-    H.log("kill: %d calls answered, %d moved to B, %d streams cut after tokens"
-          % (len(bodies), m["ganglion_router_retries_total"], cut))
+    H.log("kill: %d calls answered, %d moved to B, %d streams resumed on B after tokens"
+          % (len(bodies), m["ganglion_router_retries_total"], resumed))
 
 
 def try_stream_cut(ga, gb, rport, body):
@@ -286,28 +285,55 @@ def try_stream_cut(ga, gb, rport, body):
     return victim, res[0]
 
 
-def check_stream_cut(ga, gb, rport):
-    """A stream whose replica dies after its first token ends with an error event."""
+def cut_stream(ga, gb, rport, body):
+    """Streams body through the router and kills the serving replica's agent after the
+    first token read (tries again while the stream ends before that)."""
+    for _ in range(5):
+        victim, res = try_stream_cut(ga, gb, rport, body)
+        if victim is not None:
+            return victim, res
+        H.log("the stream finished before the first token was read; again")
+    raise H.TestFailure("the stream was never in flight at its first token")
+
+
+def check_stream_resume(ga, gb, rport):
+    """A stream whose replica dies after its first token resumes on the other replica with
+    exactly the single gang's tokens."""
     body = {"prompt": [7, 8, 9], "max_tokens": 400}
     code, r = post(gb.http_port, "/v1/completions", body)
     H.check(code == 200, "reference answered %r" % code)
     want = r["choices"][0]["tokens"]
+    m0 = router_metrics(rport)
+    victim, (toks, done, err) = cut_stream(ga, gb, rport, body)
+    H.check(err is None and done, "stream after its replica died: done %r, error %r"
+            % (done, err))
+    H.check(toks == want, "the resumed stream's %d tokens are not the %d right ones (first "
+            "difference at %r)" % (len(toks), len(want),
+                                   next((i for i, (a, b) in enumerate(zip(toks, want))
+                                         if a != b), None)))
+    m = router_metrics(rport)
+    H.check(m["ganglion_router_stream_resumes_total"] ==
+            m0["ganglion_router_stream_resumes_total"] + 1, "resumes %r -> %r" %
+            (m0["ganglion_router_stream_resumes_total"], m["ganglion_router_stream_resumes_total"]))
+    H.check(m["ganglion_router_stream_errors_total"] == m0["ganglion_router_stream_errors_total"],
+            "a stream error was counted")
+    H.log("stream cut on replica %d at its first token read: resumed, %d tokens, all right"
+          % (victim, len(toks)))
+    return victim
+
+
+def check_stream_cut(ga, gb, rport):
+    """An unseeded sampled stream whose replica dies after its first token cannot go on
+    with the same text: it ends with an error event, its tokens what the client had."""
+    body = {"prompt": [7, 8, 9], "max_tokens": 400, "temperature": 1.0}
     before = router_metrics(rport)["ganglion_router_stream_errors_total"]
-    for _ in range(5):
-        victim, (toks, done, err) = try_stream_cut(ga, gb, rport, body)
-        if victim is not None:
-            break
-        H.check(done and err is None and toks == want, "an uncut stream: %d tokens, done %r, "
-                "error %r" % (len(toks), done, err))
-        H.log("the stream finished before the first token was read; again")
-    H.check(victim is not None, "the stream was never in flight at its first token")
+    victim, (toks, done, err) = cut_stream(ga, gb, rport, body)
     H.check(err is not None and not done, "stream after its replica died: done %r, error %r"
             % (done, err))
-    H.check(toks and toks == want[:len(toks)] and len(toks) < len(want),
-            "the cut stream's %d tokens are not a prefix of the right ones" % len(toks))
+    H.check(toks and len(toks) < 400, "the cut stream had %d tokens" % len(toks))
     after = router_metrics(rport)["ganglion_router_stream_errors_total"]
     H.check(after == before + 1, "stream errors went from %r to %r" % (before, after))
-    H.log("stream cut after %d tokens on replica %d, error %r" % (len(toks), victim, err))
+    H.log("unseeded stream cut after %d tokens on replica %d, error %r" % (len(toks), victim, err))
 
 
 def scenario(h):
@@ -333,6 +359,11 @@ def scenario(h):
                  "replica A to come back up in the router")
     code, r = post(rport, "/v1/completions", {"prompt": [3, 4, 5], "max_tokens": 4})
     H.check(code == 200, "after the restart: %r %r" % (code, r))
+    check_stream_resume(ga, gb, rport)
+    H.wait_until(lambda: replicas_up(rport, [True, True]), 60, 0.05,
+                 "the replica of the resumed stream to come back up")
+    ga.wait_serving(timeout=60)
+    gb.wait_serving(timeout=60)
     check_stream_cut(ga, gb, rport)
     H.wait_until(lambda: replicas_up(rport, [True, True]), 60, 0.05,
                  "the replica of the cut stream to come back up")

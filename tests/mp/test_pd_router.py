@@ -24,7 +24,13 @@ in front of them.
   prefills it), counted in ganglion_router_pd_prefill_failures_total; with its agent
   killed (SIGKILL), the router marks it down and sends the calls straight to the decode
   gang (ganglion_router_pd_prefill_skipped_total) until local mode has restarted it, then
-  splits calls again."""
+  splits calls again.
+* A decode gang that dies for good mid-stream: a third router over the prefill gang and
+  two decode gangs; after the first token of a long greedy stream, the decode gang serving
+  it is killed (its whole `serve --local`, so it stays down): the router sends the call
+  again through the prefill gang to the other decode gang, and the client's one stream
+  ends with [DONE] and exactly the single gang's tokens, none twice
+  (ganglion_router_stream_resumes_total)."""
 import json
 import os
 import signal
@@ -236,6 +242,93 @@ def check_prefill_killed(h, prefill, decode, rport):
     H.check(after == before + len(bodies()), "P/D did not resume: %r -> %r" % (before, after))
 
 
+def try_decode_kill(rport, body, gangs, workers):
+    """Streams body; at its first token read, stops the decode gangs' workers and kills
+    the serving gang for good (then continues the others). (result list, victim or None
+    when nothing was in flight any more, the reading thread)."""
+    first = threading.Event()
+
+    def on_token():
+        if not first.is_set():
+            for w in workers:
+                os.kill(w, signal.SIGSTOP)
+            first.set()
+
+    res, victim = [], None
+    t = threading.Thread(target=lambda: res.append(DP.stream(rport, "/v1/completions", body,
+                                                             on_token=on_token)), daemon=True)
+    t.start()
+    try:
+        H.check(first.wait(30), "no first token through the router")
+        st = json.loads(DP.router_get(rport, "/status")[1])
+        serving = [i for i, r in enumerate(st["replicas"]) if r["in_flight"] > 0 and i in gangs]
+        H.check(len(serving) <= 1, "the stream is in flight on %r" % serving)
+        if serving:
+            victim = gangs[serving[0]]
+            victim.local.expect = {0, -signal.SIGKILL}
+            victim.local.kill_group()
+            H.log("killed decode gang %s for good after the first token"
+                  % victim.flags[victim.flags.index("--job-name") + 1])
+    finally:
+        for w in workers:
+            try:
+                os.kill(w, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the dead gang's
+    return res, victim, t
+
+
+def check_decode_dies(h, prefill, decode, extra):
+    """The decode gang serving a stream dies for good after its first token: the stream
+    resumes on the other decode gang with the single gang's tokens. Returns the victim."""
+    d3 = H.Gang(h, nnodes=1, nproc_per_node=2, job="pd-d3",
+                extra=extra + ["--role", "decode"])
+    d3.start_local(expect=(0,))
+    rport = h.free_port_pair()[1]
+    reps = ",".join("127.0.0.1:%d" % g.http_port for g in (prefill, decode, d3))
+    router3 = h.spawn("router3", [h.bin, "router", "--replicas", reps, "--http-port",
+                                  str(rport), "--bind-address", "127.0.0.1",
+                                  "--poll-interval-ms", "50", "--poll-timeout-ms", "300",
+                                  "--request-timeout-ms", "60000", "--prefill-timeout-ms",
+                                  str(PREFILL_TIMEOUT_MS), "--down-after-fails", "2"])
+    d3.wait_serving(timeout=60)
+    H.wait_until(lambda: (disaggregated(rport) or {}).get("replicas") and
+                 all(r["up"] for r in disaggregated(rport)["replicas"]), 20, 0.05,
+                 "the third router to see its three replicas up")
+    body = {"prompt": [(k * 5 + 3) % (VOCAB - 3) + 2 for k in range(40)], "max_tokens": 400}
+    want = reference(decode, body)
+    H.check(want == reference(d3, body), "the two decode gangs answer differently")
+    gangs = {1: decode, 2: d3}
+    workers = [g.worker_pid(0, r) for g in gangs.values() for r in (0, 1)]
+    m0 = DP.router_metrics(rport)
+    for _ in range(5):
+        res, victim, t = try_decode_kill(rport, body, gangs, workers)
+        if victim is not None:
+            break
+        t.join(60)
+        H.check(res and res[0][0] == want and res[0][1], "an uncut stream: %r" % (res,))
+        H.log("the stream finished before its first token was read; again")
+    H.check(victim is not None, "the stream was never in flight at its first token")
+    t.join(60)
+    H.check(res, "the stream did not end")
+    toks, done, err = res[0]
+    H.check(err is None and done, "the stream after its decode gang died: done %r, error %r"
+            % (done, err))
+    H.check(toks == want, "the resumed stream's %d tokens differ from the %d of one gang"
+            % (len(toks), len(want)))
+    m = DP.router_metrics(rport)
+    H.check(m["ganglion_router_stream_resumes_total"] ==
+            m0["ganglion_router_stream_resumes_total"] + 1, "no resume counted: %r" % m)
+    H.check(m["ganglion_router_pd_prefills_total"] >= m0["ganglion_router_pd_prefills_total"] + 2,
+            "the resumed call did not go through the prefill gang again")
+    H.log("decode gang died mid-stream: resumed on the other, %d tokens equal" % len(toks))
+    H.check(router3.stop() == 0, "the third router did not exit 0")
+    survivor = d3 if victim is decode else decode
+    if survivor is d3:
+        H.check(d3.stop()["local"] == 0, "the third decode gang did not exit 0")
+    return victim
+
+
 def scenario(h):
     model = H.mkmodel(h.bin, os.path.join(h.tmp, "model"), layers=4, hidden=256, heads=4,
                       kv_heads=2, ffn=512, vocab=VOCAB, max_pos=CTX, seed=11)
@@ -260,9 +353,11 @@ def scenario(h):
     check_kv_refused(h, prefill, decode, extra)
     check_prefill_stalled(prefill, decode, rport)
     check_prefill_killed(h, prefill, decode, rport)
+    victim = check_decode_dies(h, prefill, decode, extra)
     H.check(router.stop() == 0, "router did not exit 0")
-    H.check(prefill.stop()["local"] == 0 and decode.stop()["local"] == 0,
-            "a gang did not exit 0")
+    H.check(prefill.stop()["local"] == 0, "the prefill gang did not exit 0")
+    if victim is not decode:
+        H.check(decode.stop()["local"] == 0, "the decode gang did not exit 0")
 
 
 if __name__ == "__main__":
