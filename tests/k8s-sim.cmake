@@ -21,8 +21,10 @@ endforeach()
 # Data-parallel replicas behind `ganglion router` (tests/k8s-sim/dp_sim.py, issue #26): two
 # or three 2-Pod gangs, a router Pod on --replicas-dns of a headless Service of every gang's
 # Pod 0; gang a's Pod 0 killed under load (no call lost or wrong), a third gang added while
-# serving (the router follows DNS). Same lock, skip and time rules as the scenarios above.
-foreach(sc dp-kill-pod0 dp-scale)
+# serving (the router follows DNS); P/D: a decode gang's Pod 0 killed mid-stream (the
+# stream resumes on the other decode gang with the healthy tokens). Same lock, skip and
+# time rules as the scenarios above.
+foreach(sc dp-kill-pod0 dp-scale pd-kill-decode)
   add_test(NAME k8s-sim-${sc}
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/k8s-sim/dp_sim.py
             --bin $<TARGET_FILE:ganglion> --scenario ${sc})

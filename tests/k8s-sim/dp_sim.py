@@ -17,11 +17,18 @@ cluster. Scenarios:
                 again through the router once its Pod 0 is back.
   dp-scale      2 replicas serving, then a third gang is created: the router finds it
                 through DNS without a restart and routes calls to it; all answers right.
+  pd-kill-decode  disaggregated: gang p (--role prefill) and decode gangs d and e
+                (--role decode) behind the router; a long greedy stream through the
+                router, and at its first token the decode gang serving it loses its Pod 0
+                (SIGKILL, recreated by its StatefulSet later): the router resumes the call
+                through p on the other decode gang, and the client's one stream ends with
+                [DONE] and exactly the healthy tokens, none twice.
 
 Exit 0 pass, 1 fail, 77 skip (network namespaces not permitted here).
 """
 
 import argparse
+import http.client
 import json
 import os
 import subprocess
@@ -63,6 +70,7 @@ class DPSim:
         self.probes, grace, _ = load_probe_config(REPO)
         self.grace_s = scaled(grace)
         self.gangs = {}            # gang name -> {ordinal: Pod}
+        self.roles = {}            # gang name -> its --role (P/D), when not both
         self.router = None
         self.old_pods = []
         self.endpoints = None      # the "replicas" Service's published addresses
@@ -90,6 +98,8 @@ class DPSim:
                 "--token-file", self.token_path, "--api-key-file", self.api_key_path,
                 "--termination-log", pod.termination_log,
                 "--model", self.model_dir, "--kv-cache-mb", "16", "--max-ctx", "512"]
+        if gang in self.roles:
+            argv += ["--role", self.roles[gang]]
         return argv, self._env(pod, gang)
 
     def router_spec(self, pod):
@@ -187,6 +197,36 @@ class DPSim:
         if code != 200:
             return code, text[:300]
         return code, find_token_ids(json.loads(text), body["max_tokens"])
+
+    def stream(self, body, on_token=None, timeout=CALL_TIMEOUT_S):
+        """(tokens, done, error event or None) of body streamed through the router;
+        on_token() after each event with tokens."""
+        conn = http.client.HTTPConnection(self.router.ip, 8000, timeout=timeout)
+        conn.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+                     headers={"Content-Type": "application/json",
+                              "Authorization": "Bearer " + self.api_key})
+        r = conn.getresponse()
+        check(r.status == 200, "the stream answered %s" % r.status)
+        toks, done, err = [], False, None
+        for raw in r:
+            line = raw.decode().rstrip("\r\n")
+            if not line:
+                continue
+            check(line.startswith("data: ") and not done and err is None,
+                  "an SSE line out of place: %r" % line[:200])
+            if line[6:] == "[DONE]":
+                done = True
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                err = ev
+                continue
+            for ch in ev.get("choices", []):
+                toks += ch.get("tokens", [])
+            if on_token is not None and toks:
+                on_token()
+        conn.close()
+        return toks, done, err
 
     def bodies(self, salt):
         return [{"prompt": [1 + i, 5 + (i * 7 + salt) % 200, 3 + (i * 13) % 200],
@@ -332,7 +372,72 @@ def sc_dp_scale(sim):
                                   "calls_on_c": got}))
 
 
-SCENARIOS = {"dp-kill-pod0": sc_dp_kill_pod0, "dp-scale": sc_dp_scale}
+def pd_try_kill(sim, body):
+    """Streams body through the router; at its first token read, the decode gang serving it
+    loses its Pod 0 (SIGKILL). (the stream's result, the victim gang or None when the stream
+    was no longer in flight on a decode gang)."""
+    first, res, victim = threading.Event(), [], []
+
+    def on_token():
+        if first.is_set():
+            return
+        first.set()
+        reps = sim.router_replicas()
+        serving = [g for g in ("d", "e") if reps.get(replica_of(sim, g), {}).get("in_flight")]
+        if len(serving) == 1:
+            old = sim.gangs[serving[0]][0]
+            old.delete(grace_s=0)
+            sim.old_pods.append(old)
+            victim.append(serving[0])
+
+    t = threading.Thread(target=lambda: res.append(sim.stream(body, on_token)), daemon=True)
+    t.start()
+    t.join(CALL_TIMEOUT_S + 5)
+    check(res, "the stream through the router did not end")
+    return res[0], (victim[0] if victim else None)
+
+
+def sc_pd_kill_decode(sim):
+    sim.roles = {"p": "prefill", "d": "decode", "e": "decode"}
+    bring_up(sim, ["p", "d", "e"])
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not (status_json(sim.router.ip) or {}).get("disaggregated"):
+        check(time.monotonic() < deadline, "the router never saw a prefill and a decode gang")
+        time.sleep(0.05)
+    body = {"prompt": [2 + (k * 5 + 3) % 200 for k in range(40)], "max_tokens": 400,
+            "ignore_eos": True}
+    want = sim.healthy("d", [body])[0]
+    check(sim.healthy("e", [body])[0] == want, "the two decode gangs answer differently")
+    resumes0 = sim.router_counter("ganglion_router_stream_resumes_total")
+    t0 = time.monotonic()
+    for _ in range(3):
+        (toks, done, err), victim = pd_try_kill(sim, body)
+        if victim is not None:
+            break
+        check(done and toks == want, "an uncut stream is not the healthy answer")
+        log("the stream was through before its first token was read; again")
+    check(victim is not None, "the stream was never in flight on a decode gang at its first "
+          "token: the scenario tested nothing")
+    t_stream = time.monotonic() - t0
+    log("SIGKILL of %s-0 (the decode gang serving the stream) at its first token" % victim)
+    check(err is None and done, "the stream after %s-0 died: done %s, error %s"
+          % (victim, done, err))
+    check(toks == want, "the resumed stream is not the healthy answer (%d tokens, first "
+          "difference at %s)" % (len(toks), next((k for k, (x, y) in enumerate(zip(toks, want))
+                                                  if x != y), "the length")))
+    resumes = sim.router_counter("ganglion_router_stream_resumes_total") - resumes0
+    check(resumes == 1, "ganglion_router_stream_resumes_total grew by %s" % resumes)
+    log("the stream resumed on the other decode gang: %d tokens, all healthy, in %.2f s"
+        % (len(toks), t_stream))
+    sim.new_gang_pod(victim, 0, dns_after=0.5)  # the StatefulSet recreates it
+    sim.wait_router_sees(["p", "d", "e"], "%s-0 recreated" % victim)
+    log("RESULT %s" % json.dumps({"scenario": "pd-kill-decode", "victim": victim,
+                                  "tokens": len(toks), "resumes": resumes,
+                                  "stream_s": round(t_stream, 2)}))
+
+
+SCENARIOS = {"dp-kill-pod0": sc_dp_kill_pod0, "dp-scale": sc_dp_scale,
+             "pd-kill-decode": sc_pd_kill_decode}
 
 
 def main():
