@@ -126,6 +126,7 @@ static void dns_done(uv_work_t *w, int status)
         rep->index = index;
         rep->active = 1;
         rep->dns = (int32_t)d->index;
+        rep->kv_free = UINT32_MAX; /* (until its first poll) */
         rep->port = d->port;
         rep->work.data = rep;
         snprintf(rep->host, sizeof rep->host, "%s", d->addrs[k]);

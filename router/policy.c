@@ -261,8 +261,18 @@ static int eligible(const gang_router_policy *p, uint32_t i, uint64_t exclude)
     return p->r[i].up && !(exclude >> i & 1u);
 }
 
-/* The least-loaded eligible replica (ties: more free KV, then the rotating start), or -1. */
-static int32_t least_loaded(const gang_router_policy *p, uint64_t exclude)
+/* Replica i reports at least `need` free KV blocks, or does not report them. */
+static int kv_fits(const gang_router_policy *p, uint32_t i, uint32_t need)
+{
+    return p->r[i].load.kv_free_blocks >= need;
+}
+
+/*
+ * The least-loaded eligible replica, or -1: first those whose free KV blocks hold the
+ * `need` blocks of the prompt (a replica without the room would preempt or queue it), then
+ * the lowest load; ties: more free KV, then the rotating start.
+ */
+static int32_t least_loaded(const gang_router_policy *p, uint64_t exclude, uint32_t need)
 {
     int32_t best = -1;
     uint32_t n = p->cfg.nreplicas;
@@ -274,9 +284,14 @@ static int32_t least_loaded(const gang_router_policy *p, uint64_t exclude)
             best = (int32_t)i;
             continue;
         }
-        uint32_t li = gang_router_policy_load(p, i),
-                 lb = gang_router_policy_load(p, (uint32_t)best);
-        if (li < lb || (li == lb && p->r[i].load.kv_free_blocks > p->r[best].load.kv_free_blocks))
+        uint32_t b = (uint32_t)best, li = gang_router_policy_load(p, i),
+                 lb = gang_router_policy_load(p, b);
+        int fi = kv_fits(p, i, need), fb = kv_fits(p, b, need);
+        if (fi != fb) {
+            best = fi ? (int32_t)i : best;
+            continue;
+        }
+        if (li < lb || (li == lb && p->r[i].load.kv_free_blocks > p->r[b].load.kv_free_blocks))
             best = (int32_t)i;
     }
     return best;
@@ -296,8 +311,8 @@ static int32_t round_robin(gang_router_policy *p, uint64_t exclude)
 int gang_router_policy_pick(gang_router_policy *p, const uint64_t *hashes, uint32_t n,
                             uint64_t exclude, gang_router_pick *out)
 {
-    int32_t ll =
-        p->cfg.kind == GANG_ROUTER_ROUND_ROBIN ? round_robin(p, exclude) : least_loaded(p, exclude);
+    int32_t ll = p->cfg.kind == GANG_ROUTER_ROUND_ROBIN ? round_robin(p, exclude)
+                                                        : least_loaded(p, exclude, n);
     if (ll < 0)
         return GANG_EAGAIN;
     /* Round robin continues after the replica it chose; the others' tie-break rotates. */
@@ -326,7 +341,10 @@ int gang_router_policy_pick(gang_router_policy *p, const uint64_t *hashes, uint3
         return 0;
     uint32_t lb = gang_router_policy_load(p, (uint32_t)best),
              lmin = gang_router_policy_load(p, (uint32_t)ll);
-    if (lb > lmin + p->cfg.load_slack) {
+    /* Overloaded: too many requests, or too few free KV blocks for the prompt's uncached
+     * blocks where the least-loaded replica has the room. */
+    if (lb > lmin + p->cfg.load_slack ||
+        (!kv_fits(p, (uint32_t)best, n - best_m) && kv_fits(p, (uint32_t)ll, n))) {
         out->reason = GANG_ROUTER_R_OVERLOADED;
         return 0;
     }

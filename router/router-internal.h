@@ -37,6 +37,7 @@ typedef struct router_poll {
     uint64_t prompt_tokens; /* ganglion_prompt_tokens_total */
     uint64_t hit_tokens;    /* ganglion_prefix_cache_hit_tokens_total */
     uint32_t role;          /* ganglion_role (GANG_ROLE_BOTH when absent) */
+    uint32_t kv_free;       /* ganglion_kv_cache_blocks_free (UINT32_MAX when absent) */
     char addr[64];          /* the address the name resolved to */
     int err;                /* why it failed: a GANG_E* code */
 } router_poll;
@@ -58,6 +59,7 @@ typedef struct router_replica {
     uint32_t inflight;
     uint32_t reported; /* requests the replica said it holds, last poll */
     uint32_t role;     /* its ganglion_role, last poll (GANG_ROLE_*) */
+    uint32_t kv_free;  /* its free KV blocks, last poll (UINT32_MAX: not reported) */
     int polling;
     uv_work_t work;
     router_poll poll;

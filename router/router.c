@@ -107,6 +107,7 @@ static int parse_replicas(router *r)
         rep->index = r->nreps++;
         rep->active = 1;
         rep->dns = -1;
+        rep->kv_free = UINT32_MAX; /* (until its first poll) */
         memcpy(rep->host, t, (size_t)(colon - t));
         rep->port = (int)port;
         snprintf(rep->name, sizeof rep->name, "%s:%d", rep->host, rep->port);
@@ -125,7 +126,7 @@ void gang__router_load_changed(router *r, uint32_t i)
 {
     gang_router_load l = {.reported = r->reps[i].reported,
                           .inflight = r->reps[i].inflight,
-                          .kv_free_blocks = UINT32_MAX};
+                          .kv_free_blocks = r->reps[i].kv_free};
     gang_router_policy_set_load(r->policy, i, &l);
 }
 
@@ -191,6 +192,8 @@ static void poll_work(uv_work_t *w)
         p->prompt_tokens = v > 0 && v < 1e18 ? (uint64_t)v : 0;
         v = metric_value(body, "ganglion_prefix_cache_hit_tokens_total");
         p->hit_tokens = v > 0 && v < 1e18 ? (uint64_t)v : 0;
+        v = metric_value(body, "ganglion_kv_cache_blocks_free"); /* (the coordinator's) */
+        p->kv_free = v >= 0 && v < 4e9 ? (uint32_t)v : UINT32_MAX;
         v = metric_value(body, "ganglion_role");
         p->role = v == GANG_ROLE_PREFILL || v == GANG_ROLE_DECODE ? (uint32_t)v : GANG_ROLE_BOTH;
     } else if (p->err == 0) {
@@ -217,6 +220,7 @@ static void poll_done(uv_work_t *w, int status)
     }
     rep->fails = 0;
     rep->reported = p->in_flight;
+    rep->kv_free = p->kv_free;
     rep->prompt_tokens = p->prompt_tokens;
     rep->hit_tokens = p->hit_tokens;
     if (rep->role != p->role)
@@ -275,6 +279,10 @@ static double m_moved(const router_replica *p)
 static double m_midstream(const router_replica *p)
 {
     return (double)p->mid_stream_failures;
+}
+static double m_kv_free(const router_replica *p)
+{
+    return p->kv_free == UINT32_MAX ? -1.0 : (double)p->kv_free;
 }
 static double m_role(const router_replica *p)
 {
@@ -348,6 +356,10 @@ static void render_metrics(router *r, gang_metrics_buf *b)
     metric_replica(b, r, "ganglion_router_replica_load",
                    "Calls the replica holds (its ganglion_requests_in_flight, last poll)",
                    GANG_METRIC_GAUGE, m_reported);
+    metric_replica(b, r, "ganglion_router_replica_kv_free_blocks",
+                   "The replica's free KV blocks (its ganglion_kv_cache_blocks_free, last poll; "
+                   "-1: not reported)",
+                   GANG_METRIC_GAUGE, m_kv_free);
     metric_replica(b, r, "ganglion_router_replica_in_flight",
                    "Calls this router has in flight on the replica", GANG_METRIC_GAUGE, m_inflight);
     metric_replica(b, r, "ganglion_router_replica_requests_total", "Attempts sent to the replica",
@@ -389,6 +401,7 @@ static char *status_json(router *r)
         cJSON_AddBoolToObject(e, "up", p->up);
         cJSON_AddStringToObject(e, "role", gang_role_name(p->role));
         cJSON_AddNumberToObject(e, "load", p->reported);
+        cJSON_AddNumberToObject(e, "kv_free_blocks", m_kv_free(p));
         cJSON_AddNumberToObject(e, "in_flight", p->inflight);
         cJSON_AddNumberToObject(e, "requests", (double)p->sent);
         cJSON_AddNumberToObject(e, "cached_blocks", m_cached(p));

@@ -98,10 +98,14 @@ uint32_t gang_router_policy_load(const gang_router_policy *p, uint32_t i);
  * Chooses a replica for a prompt whose chained block hashes are hashes[0..n) (n may be
  * 0), among those that are up and whose bit is clear in `exclude` (replicas a retry has
  * already tried). Prefix policy: the replica holding the longest leading run of the
- * hashes, unless its load exceeds the least loaded's by more than load_slack; ties of
- * equal length go to the less loaded. With no prefix held anywhere (or when overloaded),
- * the least loaded, ties broken by more free KV blocks and then by a rotating start, so
- * that equal replicas share new prompts. Returns 0 and *out, or GANG_EAGAIN when no
+ * hashes, unless it is overloaded: its load exceeds the least loaded's by more than
+ * load_slack, or its free KV blocks are fewer than the prompt's blocks it does not hold
+ * while the least loaded has room for the whole prompt; ties of equal length go to the
+ * less loaded. With no prefix held anywhere (or when overloaded), the least loaded among
+ * the replicas with free KV blocks for the n blocks of the prompt (all of them when none
+ * has the room), ties broken by more free KV blocks and then by a rotating start, so that
+ * equal replicas share new prompts. A replica that does not report its free blocks
+ * (UINT32_MAX) always has the room. Returns 0 and *out, or GANG_EAGAIN when no
  * replica is eligible. Reads only: recording is gang_router_policy_record's.
  */
 int gang_router_policy_pick(gang_router_policy *p, const uint64_t *hashes, uint32_t n,

@@ -2,6 +2,8 @@
 """Data-parallel replicas behind `ganglion router` (issue #26): two gangs (one rank each,
 `serve --local`) of the same tiny model and a router in front of them.
 
+* The router's load of each replica includes its free KV blocks (ganglion_kv_cache_blocks_free
+  of its coordinator), in /status and /metrics.
 * Greedy answers through the router equal one gang's, streamed and not, completions and
   chat; /v1/models goes through too; /healthz, /readyz, /status, /metrics answer; a router
   that finds the replicas by DNS (--replicas-dns) routes the same.
@@ -118,6 +120,23 @@ def replicas_up(rport, want):
         return None
     st = json.loads(body)
     return st if [r["up"] for r in st["replicas"]] == want else None
+
+
+def check_kv_free(ga, gb, rport):
+    """The router's load of each replica includes the free KV blocks its coordinator
+    reports (ganglion_kv_cache_blocks_free), in /status and /metrics."""
+    want = [replica_metric(g, "ganglion_kv_cache_blocks_free") for g in (ga, gb)]
+    H.check(all(w > 0 for w in want), "the replicas report no free KV blocks: %r" % want)
+
+    def seen():
+        st = json.loads(router_get(rport, "/status")[1])
+        return [r["kv_free_blocks"] for r in st["replicas"]] == want
+
+    H.wait_until(seen, 10, 0.05, "the router to report the replicas' %r free KV blocks" % want)
+    m = router_metrics(rport)
+    got = [v for k, v in m.items() if k.startswith("ganglion_router_replica_kv_free_blocks{")]
+    H.check(sorted(got) == sorted(want), "kv free blocks in /metrics %r, want %r" % (got, want))
+    H.log("the router sees %r free KV blocks on the replicas" % want)
 
 
 def check_same_answers(g, rport):
@@ -351,6 +370,7 @@ def scenario(h):
     gb.wait_serving(timeout=60)
     H.wait_until(lambda: replicas_up(rport, [True, True]), 10, 0.05, "both replicas up")
     H.check(router_get(rport, "/readyz")[0] == 200, "router not ready with 2 replicas up")
+    check_kv_free(ga, gb, rport)
     check_same_answers(gb, rport)
     check_dns_router(h, ga, gb)
     check_affinity(ga, gb, rport)

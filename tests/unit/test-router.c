@@ -1,6 +1,6 @@
 /* cmocka tests of the router module's policy: longest prefix, the load bound, replicas
- * down, the LRU bound, the alternative policies, the block hashes, and the picks of
- * disaggregated prefill/decode by role. */
+ * down, the LRU bound, the alternative policies, the block hashes, the picks of
+ * disaggregated prefill/decode by role, and the free KV blocks in the load. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -307,13 +307,79 @@ static void test_pd_roles(void **state)
     gang_router_policy_free(p);
 }
 
+static void set_kv(gang_router_policy *p, uint32_t i, uint32_t reported, uint32_t kv_free)
+{
+    gang_router_load l = {.reported = reported, .inflight = 0, .kv_free_blocks = kv_free};
+    gang_router_policy_set_load(p, i, &l);
+}
+
+/*
+ * KV free blocks in the load: a new prompt goes to the least loaded replica with room for
+ * its blocks (a less loaded one without the room only when none has it); equal loads go to
+ * the one with more free blocks; a replica that does not report them has the room; and the
+ * replica holding a prompt's prefix is overloaded when it has no room for the rest of the
+ * prompt while another replica has room for all of it.
+ */
+static void test_kv_free_blocks(void **state)
+{
+    (void)state;
+    gang_router_policy *p = mk(3, 1024, 100, GANG_ROUTER_PREFIX);
+    uint64_t q[64], z[64];
+    gang_router_pick pk;
+    assert_int_equal(prompt_hashes(50000, 8, 8, z), 8);
+    set_kv(p, 0, 0, 2);  /* idle, but 2 free blocks for an 8-block prompt */
+    set_kv(p, 1, 3, 40); /* busier, room */
+    set_kv(p, 2, 5, 40);
+    assert_int_equal(gang_router_policy_pick(p, z, 8, 0, &pk), 0);
+    assert_int_equal(pk.replica, 1);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_LEAST_LOADED);
+    /* Nobody has the room: the least loaded after all. */
+    set_kv(p, 1, 3, 4);
+    set_kv(p, 2, 5, 4);
+    assert_int_equal(gang_router_policy_pick(p, z, 8, 0, &pk), 0);
+    assert_int_equal(pk.replica, 0);
+    /* Equal loads, all with room: the most free blocks, whatever the rotation. */
+    for (int k = 0; k < 3; k++) {
+        set_kv(p, 0, 1, 30);
+        set_kv(p, 1, 1, 90);
+        set_kv(p, 2, 1, 60);
+        assert_int_equal(gang_router_policy_pick(p, z, 8, 0, &pk), 0);
+        assert_int_equal(pk.replica, 1);
+    }
+    /* Not reported (UINT32_MAX): room. */
+    set_kv(p, 0, 0, UINT32_MAX);
+    set_kv(p, 1, 1, 90);
+    assert_int_equal(gang_router_policy_pick(p, z, 8, 0, &pk), 0);
+    assert_int_equal(pk.replica, 0);
+    /* The prefix's replica (2) holds 4 of q's 10 blocks; 6 more must fit there. */
+    assert_int_equal(prompt_hashes(7, 10, 10, q), 10);
+    gang_router_policy_record(p, 2, q, 4);
+    set_kv(p, 0, 1, 50);
+    set_kv(p, 1, 1, 50);
+    set_kv(p, 2, 1, 6);
+    assert_int_equal(gang_router_policy_pick(p, q, 10, 0, &pk), 0);
+    assert_int_equal(pk.replica, 2);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_PREFIX);
+    set_kv(p, 2, 1, 5);
+    assert_int_equal(gang_router_policy_pick(p, q, 10, 0, &pk), 0);
+    assert_true(pk.replica != 2);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_OVERLOADED);
+    /* ...unless no other replica has the room either. */
+    set_kv(p, 0, 1, 9);
+    set_kv(p, 1, 1, 9);
+    assert_int_equal(gang_router_policy_pick(p, q, 10, 0, &pk), 0);
+    assert_int_equal(pk.replica, 2);
+    assert_int_equal(pk.reason, GANG_ROUTER_R_PREFIX);
+    gang_router_policy_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_longest_prefix), cmocka_unit_test(test_load_bound),
         cmocka_unit_test(test_replica_down),   cmocka_unit_test(test_lru_bound),
         cmocka_unit_test(test_alternatives),   cmocka_unit_test(test_hashes),
-        cmocka_unit_test(test_pd_roles),
+        cmocka_unit_test(test_pd_roles),       cmocka_unit_test(test_kv_free_blocks),
     };
     return cmocka_run_group_tests_name("router", tests, NULL, NULL);
 }
