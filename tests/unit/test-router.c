@@ -9,10 +9,12 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 #include "ganglion/engine.h"
 #include "ganglion/router.h"
 #include "ganglion/serve.h"
+#include "router-internal.h"
 
 static gang_router_policy *mk(uint32_t n, uint32_t lru, uint32_t slack, gang_router_kind kind)
 {
@@ -373,6 +375,143 @@ static void test_kv_free_blocks(void **state)
     gang_router_policy_free(p);
 }
 
+/* What the client received of a relayed stream. */
+typedef struct sink {
+    char buf[8192];
+    size_t len;
+    int gone; /* answer "client gone" */
+} sink;
+
+static int sink_out(void *ctx, const char *bytes, size_t len)
+{
+    sink *k = ctx;
+    if (k->gone)
+        return GANG_EPEER;
+    assert_true(k->len + len < sizeof(k->buf));
+    memcpy(k->buf + k->len, bytes, len);
+    k->len += len;
+    k->buf[k->len] = '\0';
+    return 0;
+}
+
+/* Feeds text as a replica's bytes, in pieces of `piece` bytes (events split anywhere). */
+static int feed(router_stream *s, sink *k, const char *text, size_t piece)
+{
+    size_t n = strlen(text);
+    for (size_t at = 0; at < n; at += piece) {
+        int rc = gang__router_stream_feed(s, text + at, n - at < piece ? n - at : piece, 1 << 16,
+                                          sink_out, k);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The client's view of k: concatenated text and tokens of choice 0, the ids, [DONE]. */
+static void client_view(const sink *k, char *text, int32_t *toks, uint32_t *nt, int *done,
+                        int *ids_a)
+{
+    const char *l = k->buf;
+    *nt = 0;
+    *done = 0;
+    *ids_a = 1;
+    text[0] = '\0';
+    while ((l = strstr(l, "data: ")) != NULL) {
+        l += 6;
+        const char *end = strstr(l, "\n\n");
+        assert_non_null(end);
+        if (strncmp(l, "[DONE]", 6) == 0) {
+            *done = 1;
+            l = end;
+            continue;
+        }
+        cJSON *o = cJSON_ParseWithLength(l, (size_t)(end - l));
+        assert_non_null(o);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+        *ids_a &= cJSON_IsString(id) && strcmp(id->valuestring, "A") == 0;
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(ch, "text"), *tk;
+        if (cJSON_IsString(t))
+            strcat(text, t->valuestring);
+        cJSON_ArrayForEach(tk, cJSON_GetObjectItemCaseSensitive(ch, "tokens"))
+        {
+            toks[(*nt)++] = (int32_t)tk->valuedouble;
+        }
+        cJSON_Delete(o);
+        l = end;
+    }
+}
+
+#define CHUNK(id, text, toks, fin)                                                                 \
+    "data: {\"id\":\"" id "\",\"choices\":[{\"index\":0,\"text\":\"" text "\",\"tokens\":[" toks   \
+    "],\"logprobs\":null,\"finish_reason\":" fin "}]}\n\n"
+
+/*
+ * A stream resumed on another replica (router/stream.c): the client gets whole events only,
+ * the first replica's as they are; the second replica's stream, whose chunks group the
+ * tokens and hold text back differently, is checked against what the client has and cut
+ * to the rest, under the first id: the client's text and tokens are exactly one healthy
+ * stream's, none twice. A continuation with another token or another byte of text is
+ * refused (GANG_EMISMATCH); a stream of two choices is not resumable.
+ */
+static void test_stream_resume(void **state)
+{
+    (void)state;
+    router_stream s = {0};
+    static sink k;
+    char text[256];
+    int32_t toks[16];
+    uint32_t nt;
+    int done, ids_a;
+    /* The first replica: "He" [1], "llo" [2], then a part of an event, then it dies. */
+    assert_int_equal(feed(&s, &k,
+                          CHUNK("A", "He", "1", "null")
+                              CHUNK("A", "llo", "2", "null") "data: {\"id\":\"A\",\"choi",
+                          7),
+                     0);
+    /* Only the two whole events reached the client, as they were. */
+    assert_string_equal(k.buf, CHUNK("A", "He", "1", "null") CHUNK("A", "llo", "2", "null"));
+    assert_int_equal(gang__router_stream_resume(&s), 1);
+    /* The second: "Hel" [1, 2] (the rest held back), "lo w" [3], the end, [DONE]. */
+    assert_int_equal(feed(&s, &k,
+                          CHUNK("B", "Hel", "1,2", "null") CHUNK("B", "lo w", "3", "null")
+                              CHUNK("B", "", "", "\"length\"") "data: [DONE]\n\n",
+                          5),
+                     0);
+    client_view(&k, text, toks, &nt, &done, &ids_a);
+    assert_string_equal(text, "Hello w");
+    assert_int_equal(nt, 3);
+    assert_int_equal(toks[0], 1);
+    assert_int_equal(toks[1], 2);
+    assert_int_equal(toks[2], 3);
+    assert_true(done);
+    assert_true(ids_a);
+    assert_non_null(strstr(k.buf, "\"finish_reason\":\"length\""));
+    /* A third replica that continues with another token, or another text: refused. */
+    assert_int_equal(gang__router_stream_resume(&s), 1);
+    size_t before = k.len;
+    assert_int_equal(feed(&s, &k, CHUNK("C", "Hello", "1,9", "null"), 64), GANG_EMISMATCH);
+    s.a_toks = s.a_text = 0;
+    assert_int_equal(feed(&s, &k, CHUNK("C", "Hexlo", "1,2", "null"), 64), GANG_EMISMATCH);
+    assert_int_equal(k.len, before);                     /* nothing of it reached the client */
+    assert_int_equal(gang__router_stream_resume(&s), 1); /* the third... */
+    assert_int_equal(gang__router_stream_resume(&s), 0); /* ...is the last (ROUTER_MAX_RESUMES) */
+    gang__router_stream_free(&s);
+    /* Two choices: relayed, but not resumable. */
+    k.len = 0;
+    assert_int_equal(feed(&s, &k,
+                          "data: {\"id\":\"A\",\"choices\":[{\"index\":0,\"text\":\"a\","
+                          "\"tokens\":[1]},{\"index\":1,\"text\":\"b\",\"tokens\":[2]}]}\n\n",
+                          64),
+                     0);
+    assert_true(k.len > 0);
+    assert_int_equal(gang__router_stream_resume(&s), 0);
+    /* The client gone: the feed says so. */
+    k.gone = 1;
+    assert_int_equal(feed(&s, &k, CHUNK("A", "x", "4", "null"), 64), GANG_EPEER);
+    gang__router_stream_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -380,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_replica_down),   cmocka_unit_test(test_lru_bound),
         cmocka_unit_test(test_alternatives),   cmocka_unit_test(test_hashes),
         cmocka_unit_test(test_pd_roles),       cmocka_unit_test(test_kv_free_blocks),
+        cmocka_unit_test(test_stream_resume),
     };
     return cmocka_run_group_tests_name("router", tests, NULL, NULL);
 }
