@@ -398,7 +398,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
         if (s == 0)
             t0 = gang_now_ns();
         *what = "engine step";
-        rc = gang_engine_step(e, k, c[0], tp, pp, tmo);
+        rc = gang_engine_step(e, k, c[0], tp, NULL, pp, tmo);
         if (rc != 0)
             return rc;
         if (s == 0) {
