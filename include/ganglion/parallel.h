@@ -793,9 +793,10 @@ typedef struct gang_moe_load {
 typedef struct gang_tp_moe {
     uint32_t n_experts, top_k;
     int norm_topk;        /* weights renormalised over the top_k (Mixtral; norm_topk_prob) */
-    uint32_t ep;          /* 1, or the TP degree: experts split over the TP group */
-    uint32_t ep_rank;     /* this rank's index in the EP group (its TP rank when ep > 1) */
-    uint32_t tp, tp_rank; /* the TP group the layer runs in */
+    uint32_t ep;          /* 1, or tp: experts split over the group the block runs on */
+    uint32_t ep_rank;     /* this rank's index in the EP group (tp_rank when ep > 1) */
+    uint32_t tp, tp_rank; /* the group the block runs on: the layer's TP group, or the
+                             stage's EP group when it is wider (then tp = ep) */
     uint32_t hidden;
     uint32_t moe_ffn;      /* each expert's full intermediate width */
     uint32_t expert_first; /* local experts [expert_first, +expert_count) */
@@ -818,10 +819,11 @@ typedef struct gang_tp_moe {
 } gang_tp_moe;
 
 /*
- * Allocates *out for a layer of tp_rank in a TP group of tp with experts held as ep
- * (1 or tp) says: the scalar fields filled, the ranges computed, the load counters and
- * zeroed weight arrays of the right sizes allocated (the loader fills them). GANG_EINVAL
- * for a shape that cannot be cut so (ep not 1 or tp, n_experts % ep, moe_ffn % tp with
+ * Allocates *out for a layer of tp_rank in a group of tp ranks (the TP group, or the
+ * stage's EP group when it is wider than TP: the caller passes ep and the EP rank) with
+ * experts held as ep (1 or tp) says: the scalar fields filled, the ranges computed, the load
+ * counters and zeroed weight arrays of the right sizes allocated (the loader fills them).
+ * GANG_EINVAL for a shape that cannot be cut so (ep not 1 or tp, n_experts % ep, moe_ffn % tp with
  * ep 1, sh_ffn % tp, top_k outside [1, min(n_experts, GANG_MOE_MAX_TOPK)]); GANG_ENOMEM.
  */
 int gang_tp_moe_init(gang_tp_moe **out, uint32_t n_experts, uint32_t top_k, int norm_topk,
