@@ -750,9 +750,11 @@ class Checker:
         self.check_pod_policy(g, p, c, values, mounts, out)
         if not bad:
             out.ok("%s: check-config accepted; node %d of %d from %s, coordinator %s, tp %s x "
-                   "pp %s, job %s, model %s" % (p.name, node, nnodes, source, coord,
-                                                values.get("tp"), values.get("pp"),
-                                                values.get("job-name"), values.get("model")))
+                   "pp %s%s, job %s, model %s"
+                   % (p.name, node, nnodes, source, coord, values.get("tp"), values.get("pp"),
+                      " (ep %s: stages of ep ranks)" % values["ep"]
+                      if int(values.get("ep", "1")) > int(values.get("tp", "1")) else "",
+                      values.get("job-name"), values.get("model")))
         return values
 
     def host_path_of(self, path, mounts):
