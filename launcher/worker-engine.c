@@ -18,13 +18,14 @@
  *      split it into the TP group (color = its first rank, key = tp rank), the pipeline
  *      neighbours (color = the place in the stage, ep_rank, key = pp stage) and, when the
  *      EP group is wider than the TP group, the stage's EP group (color = pp stage, key =
- *      ep_rank; the MoE blocks' all-to-alls and all-reduce run over it). A GPU worker whose blob
- * carries an NCCL unique id (gang__worker_uses_nccl) instead makes its kernels handle's GPU current
- * on this thread, joins an nccl world of the same ranks from that id (same deadline and cancel fd)
- * and splits THAT into the TP and PP groups, so the all-reduces, the activation transfers and the
- * logits all-gather move device memory over NCCL (gang_tp_stage_* hands the pointers over as they
- * are). The socket world stays: the plan broadcast, the token return and the barrier ticks are host
- *      data;
+ *      ep_rank; the MoE blocks' all-to-alls and all-reduce run over it). A GPU worker
+ *      whose blob carries an NCCL unique id (gang__worker_uses_nccl) instead makes its
+ *      kernels handle's GPU current on this thread, joins an nccl world of the same ranks
+ *      from that id (same deadline and cancel fd) and splits THAT into the TP and PP
+ *      groups, so the all-reduces, the activation transfers and the logits all-gather move
+ *      device memory over NCCL (gang_tp_stage_* hands the pointers over as they are). The
+ *      socket world stays: the plan broadcast, the token return and the barrier ticks are
+ *      host data;
  *   3. report READY, then loop on engine steps. Rank 0 drains the requests the main
  *      thread queued, submits them, and steps while anything is pending; when idle it
  *      waits up to one heartbeat interval for a request and then steps with an empty plan,

@@ -172,10 +172,10 @@ typedef struct gang_tp_shard {
  * Validates cfg and fills *t. Refuses, with GANG_EUSAGE and a one-line message in err
  * that names the offending values: a field that is zero or negative (allow_cross_node_tp
  * not 0 or 1, ep negative); ep above tp and not a multiple of it (which ep a MoE model
- * accepts is gang_model_moe_layout's call); a world size above GANG_TOPOLOGY_MAX_WORLD; stage_ranks
- * x pp different from nnodes x nproc_per_node; a TP group spanning nodes (tp > nproc_per_node or
- * nproc_per_node % tp != 0) unless allow_cross_node_tp; pp > n_layers; n_heads not
- * divisible by n_kv_heads; n_heads not divisible by tp; n_kv_heads not divisible by tp
+ * accepts is gang_model_moe_layout's call); a world size above GANG_TOPOLOGY_MAX_WORLD;
+ * stage_ranks x pp different from nnodes x nproc_per_node; a TP group spanning nodes
+ * (tp > nproc_per_node or nproc_per_node % tp != 0) unless allow_cross_node_tp; pp > n_layers;
+ * n_heads not divisible by n_kv_heads; n_heads not divisible by tp; n_kv_heads not divisible by tp
  * while tp is not a multiple of n_kv_heads; ffn not divisible by tp; hidden not
  * divisible by n_heads; vocab < tp. Returns GANG_EINVAL if cfg or t is NULL.
  * err may be NULL or errlen 0 to skip the message; it is always NUL-terminated otherwise
