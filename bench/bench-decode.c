@@ -99,7 +99,8 @@
 typedef struct bd_run {
     const bd_opts *o;
     uint32_t tp, pp, batch;
-    int nccl; /* the nccl point: 1x1, TP group a one-rank nccl communicator */
+    uint32_t stage; /* ranks per stage: tp, or the EP group's o->load.ep when wider */
+    int nccl;       /* the nccl point: 1x1, TP group a one-rank nccl communicator */
     char blob[256];
     size_t blob_len;
     gang_comm_listener *listener;
@@ -107,7 +108,7 @@ typedef struct bd_run {
     double *prefill_ms, *decode_ms; /* [iters], written by rank 0 */
     gang__decision *dec;            /* [batch x tokens] of the agreement iteration, rank 0 */
     pthread_mutex_t lock;
-    gang_comm *comms[BD_MAX_RANKS][3]; /* lock: live communicators, for abort */
+    gang_comm *comms[BD_MAX_RANKS][4]; /* lock: live communicators, for abort */
     int aborted;                       /* lock */
     int rc;                            /* lock: first error */
     char why[256];                     /* lock */
@@ -313,39 +314,48 @@ static void bd_fail(bd_run *r, int rc, const char *what, uint32_t rank)
     }
     r->aborted = 1;
     for (i = 0; i < BD_MAX_RANKS; i++)
-        for (j = 0; j < 3; j++)
+        for (j = 0; j < 4; j++)
             if (r->comms[i][j] != NULL)
                 gang_comm_abort(r->comms[i][j]);
     pthread_mutex_unlock(&r->lock);
 }
 
-/* World, then TP (color stage, key tp rank) and PP (color tp rank, key stage) splits. */
+/*
+ * World, then TP (color its first rank, key tp rank), PP (color the place in the stage,
+ * key stage) and, with an EP group wider than TP, the stage's EP group (color stage, key
+ * place in it) splits: the worker's (launcher/worker-engine.c).
+ */
 static int bd_comms(bd_rank *x, gang_comm **c, const char **what)
 {
     bd_run *r = x->run;
     gang_comm_config cfg = {.backend = GANG_COMM_SOCKET,
                             .rank = x->rank,
-                            .world_size = r->tp * r->pp,
+                            .world_size = r->stage * r->pp,
                             .blob = (const uint8_t *)r->blob,
                             .blob_len = r->blob_len,
                             .listener = x->rank == 0 ? r->listener : NULL,
                             .advertise_host = BD_HOST,
                             .timeout_ms = BD_INIT_TIMEOUT_MS};
-    uint32_t stage = x->rank / r->tp, tp_rank = x->rank % r->tp, i;
+    uint32_t stage = x->rank / r->stage, ep_rank = x->rank % r->stage, i;
+    uint32_t tp_rank = ep_rank % r->tp;
     int rc, aborted;
 
     *what = "comm init";
     rc = gang_comm_init(&cfg, &c[0]);
     if (rc == 0) {
         *what = "tp split";
-        rc = gang_comm_split(c[0], stage, tp_rank, BD_INIT_TIMEOUT_MS, &c[1]);
+        rc = gang_comm_split(c[0], x->rank / r->tp, tp_rank, BD_INIT_TIMEOUT_MS, &c[1]);
     }
     if (rc == 0) {
         *what = "pp split";
-        rc = gang_comm_split(c[0], tp_rank, stage, BD_INIT_TIMEOUT_MS, &c[2]);
+        rc = gang_comm_split(c[0], ep_rank, stage, BD_INIT_TIMEOUT_MS, &c[2]);
+    }
+    if (rc == 0 && r->stage > r->tp) {
+        *what = "ep split";
+        rc = gang_comm_split(c[0], stage, ep_rank, BD_INIT_TIMEOUT_MS, &c[3]);
     }
     pthread_mutex_lock(&r->lock);
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < 4; i++)
         r->comms[x->rank][i] = c[i];
     aborted = r->aborted;
     pthread_mutex_unlock(&r->lock);
@@ -398,7 +408,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
         if (s == 0)
             t0 = gang_now_ns();
         *what = "engine step";
-        rc = gang_engine_step(e, k, c[0], tp, pp, tmo);
+        rc = gang_engine_step(e, k, c[0], tp, c[3], pp, tmo);
         if (rc != 0)
             return rc;
         if (s == 0) {
@@ -481,7 +491,7 @@ static void *bd_rank_main(void *arg)
     const bd_opts *o = r->o;
     gang_engine_setup es;
     gang_engine_config cfg;
-    gang_comm *c[3] = {NULL, NULL, NULL}, *nworld = NULL;
+    gang_comm *c[4] = {NULL, NULL, NULL, NULL}, *nworld = NULL;
     gang_model *m = NULL;
     gang_engine *e = NULL;
     gang_kernels *k = NULL;
@@ -539,7 +549,7 @@ static void *bd_rank_main(void *arg)
     what = "engine init";
     /* The engine `serve` sets up for these weights (its defaults: the cache type of the
      * weights, the KV budget from free memory). */
-    gang__bd_engine_setup(o, r->tp * r->pp, r->batch, &es);
+    gang__bd_engine_setup(o, r->stage * r->pp, r->batch, &es);
     rc = gang_engine_setup_init(&es, m, k, &e, &cfg, err, sizeof(err));
     pthread_mutex_lock(&r->lock);
     r->kv_elem_bytes = gang_dtype_size(cfg.kv_dtype);
@@ -571,10 +581,10 @@ out_fail:
     bd_fail(r, rc, what, x->rank);
 out_free:
     pthread_mutex_lock(&r->lock);
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < 4; i++)
         r->comms[x->rank][i] = NULL;
     pthread_mutex_unlock(&r->lock);
-    for (i = 3; i-- > 0;)
+    for (i = 4; i-- > 0;)
         gang_comm_free(c[i]);
     gang_comm_free(nworld);
     free(prompt);
@@ -629,7 +639,7 @@ static void bd_emit_counters(cJSON *line, const bd_run *r)
                                          "allocs_per_step", "h2d_bytes_per_step",
                                          "d2h_bytes_per_step"};
 
-    for (uint32_t i = 0; i < r->tp * r->pp && i < BD_MAX_RANKS; i++) {
+    for (uint32_t i = 0; i < r->stage * r->pp && i < BD_MAX_RANKS; i++) {
         const gang_kernels_counters *c = &r->steps_cnt[i];
         double n = r->n_steps[i] > 0 ? (double)r->n_steps[i] : 1.0;
         double x[5] = {(double)c->host_syncs, (double)c->launches, (double)c->allocs,
@@ -667,6 +677,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     if (o->cuda)
         cJSON_AddStringToObject(line, "shape", o->shape);
     cJSON_AddNumberToObject(line, "tp", r->tp);
+    if (r->stage > r->tp)
+        cJSON_AddNumberToObject(line, "ep", r->stage);
     cJSON_AddNumberToObject(line, "pp", r->pp);
     cJSON_AddNumberToObject(line, "batch", batch);
     cJSON_AddNumberToObject(line, "microbatches",
@@ -744,7 +756,8 @@ int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, u
     bd_run r;
     bd_rank ranks[BD_MAX_RANKS];
     char err[256];
-    uint32_t i, n = tp * pp, started = 0;
+    gang_topology_config tc;
+    uint32_t i, stage = o->load.ep > tp ? o->load.ep : tp, n = stage * pp, started = 0;
     int rc;
 
     memset(&r, 0, sizeof(r));
@@ -752,10 +765,21 @@ int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, u
     r.o = o;
     r.tp = tp;
     r.pp = pp;
+    r.stage = stage;
     r.batch = batch;
     r.nccl = nccl;
     pthread_mutex_init(&r.lock, NULL);
-    rc = gang_model_topology(mc, pp, tp, tp, pp, &r.topo, err, sizeof(err));
+    /* A stage is the TP group, or the EP group of o->load.ep ranks when it is wider. */
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(mc, &tc);
+    tc.nnodes = (int32_t)pp;
+    tc.nproc_per_node = (int32_t)stage;
+    tc.tp = (int32_t)tp;
+    tc.pp = (int32_t)pp;
+    tc.ep = (int32_t)o->load.ep;
+    rc = n > BD_MAX_RANKS ? GANG_EINVAL : gang_topology_init(&tc, &r.topo, err, sizeof(err));
+    if (rc == GANG_EINVAL)
+        snprintf(err, sizeof(err), "%u ranks: at most %d", n, BD_MAX_RANKS);
     if (rc != 0) {
         snprintf(r.why, sizeof(r.why), "topology: %s", err);
         goto out_line;

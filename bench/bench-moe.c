@@ -9,8 +9,10 @@
  * For every EP degree of --ep and batch of --batch, the point of `bench decode`
  * (gang__bd_point: rank threads over the socket backend, --warmup + --iters iterations of a
  * prefill step and --tokens - 1 decode steps) runs on --tp = --ep ranks with the experts
- * split over them (gang_load_options.ep); EP 1 is one rank, and each other point is checked
- * against it (the decode line's logits_match_1x1). After the decode line, a "moe" line:
+ * split over them (gang_load_options.ep), and with --replicated the same EP again right
+ * after it with --tp 1 (a stage of ep ranks, the attention replicated on each, the experts
+ * split over them); EP 1 is one rank, and each other point is checked against it (the
+ * decode line's logits_match_1x1). After the decode line, a "moe" line:
  *   a2a_ms_per_step   the time a rank spends inside the two all-to-alls of a decode step
  *                     (summed over its MoE layers; gang_tp_moe_timing_get over the decode
  *                     steps' calls, which are the calls of exactly `batch` tokens)
@@ -41,7 +43,7 @@ typedef struct bm_flags {
     int64_t layers, hidden, heads, kv_heads, head_dim, experts, top_k, moe_ffn, vocab;
     int64_t prompt, tokens, iters, warmup, timeout_s;
     char batch[64], ep[32];
-    int no_peer;
+    int no_peer, replicated;
 } bm_flags;
 
 #define BM_INT(f_, fld, d_, lo_, hi_, hp) GANG_OPT_INT(bm_flags, f_, fld, d_, lo_, hi_, hp)
@@ -68,6 +70,13 @@ static const gang_param_info bm_items[] = {
      .hi = 1,
      .help = "skip the MPI_Alltoallv peer of the all-to-all lines",
      .offset = offsetof(bm_flags, no_peer)},
+    {.flag = "replicated",
+     .type = GANG_PARAM_BOOL,
+     .def = "0",
+     .hi = 1,
+     .help = "also run each EP above 1 with --tp 1 (attention replicated over the EP group), "
+             "right after its EP = TP point",
+     .offset = offsetof(bm_flags, replicated)},
 };
 static const gang_opt_table bm_table = GANG_OPT_TABLE(bm_items);
 static const gang_opt_cmd bm_cmd = {
@@ -130,8 +139,8 @@ static int bm_model(const bm_flags *f, const char *dir, gang_model_config *mc)
 }
 
 /* The "moe" line of one point that ran: the all-to-all's time and share of a step. */
-static void bm_line(const bm_flags *f, uint32_t ep, uint32_t batch, const bd_result *res,
-                    double *max_bytes)
+static void bm_line(const bm_flags *f, uint32_t ep, uint32_t tp, uint32_t batch,
+                    const bd_result *res, double *max_bytes)
 {
     gang_moe_timing t;
     cJSON *line = gang_report_new("moe");
@@ -150,7 +159,7 @@ static void bm_line(const bm_flags *f, uint32_t ep, uint32_t batch, const bd_res
     if (ep > 1 && bytes > *max_bytes)
         *max_bytes = bytes;
     cJSON_AddNumberToObject(line, "ep", ep);
-    cJSON_AddNumberToObject(line, "tp", ep);
+    cJSON_AddNumberToObject(line, "tp", tp);
     cJSON_AddNumberToObject(line, "batch", batch);
     cJSON_AddNumberToObject(line, "experts", (double)f->experts);
     cJSON_AddNumberToObject(line, "top_k", (double)f->top_k);
@@ -238,19 +247,23 @@ int gang_bench_moe_main(int argc, char **argv)
     memset(base, 0, sizeof(base));
     for (uint32_t e = 0; rc == 0 && e < n_ep; e++) {
         for (uint32_t b = 0; b < n_b; b++) {
-            bm_decode_opts(&f, &mc, dir, &o);
-            o.load.ep = eps[e];
-            o.no_agree = 0;
-            gang_tp_moe_timing_reset(batches[b]);
-            int prc =
-                gang__bd_point(&o, &mc, eps[e], 1, batches[b], 0, e == 0 ? NULL : &base[b], &res);
-            if (prc == 0)
-                bm_line(&f, eps[e], batches[b], &res, &max_bytes);
-            failed += prc != 0;
-            if (e == 0 && prc == 0)
-                base[b] = res;
-            else
-                free(res.dec);
+            /* EP = TP, then (--replicated) TP 1 on the same EP ranks, interleaved. */
+            for (uint32_t v = 0; v < (f.replicated && eps[e] > 1 ? 2u : 1u); v++) {
+                uint32_t tp = v == 0 ? eps[e] : 1;
+                bm_decode_opts(&f, &mc, dir, &o);
+                o.load.ep = eps[e];
+                o.no_agree = 0;
+                gang_tp_moe_timing_reset(batches[b]);
+                int prc =
+                    gang__bd_point(&o, &mc, tp, 1, batches[b], 0, e == 0 ? NULL : &base[b], &res);
+                if (prc == 0)
+                    bm_line(&f, eps[e], tp, batches[b], &res, &max_bytes);
+                failed += prc != 0;
+                if (e == 0 && prc == 0)
+                    base[b] = res;
+                else
+                    free(res.dec);
+            }
         }
     }
     gang_tp_moe_timing_reset(0);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Line chart of `ganglion bench moe`'s JSON lines: decode tokens/s against the EP degree,
-one line per batch, and the all-to-all's share of a decode step as labels. Needs
-matplotlib (the reference Python of scripts/fetch-reference.sh has it).
+one line per batch (dashed: the --replicated points, TP 1 with the attention replicated over
+the EP group; EP 1 starts both), and the all-to-all's share of a decode step as labels.
+Needs matplotlib (the reference Python of scripts/fetch-reference.sh has it).
 
 Usage: plot-moe.py RESULTS.jsonl OUT.png [--title TEXT]
 """
@@ -10,7 +11,7 @@ import json
 
 
 def load(path):
-    """{batch: {ep: (decode tok/s, a2a share)}} from the "moe" lines."""
+    """{(batch, replicated): {ep: (decode tok/s, a2a share)}} from the "moe" lines."""
     pts = {}
     with open(path) as f:
         for raw in f:
@@ -19,9 +20,12 @@ def load(path):
             except ValueError:
                 continue
             if o.get("bench") == "moe" and "decode_tokens_per_s" in o:
-                pts.setdefault(o["batch"], {})[o["ep"]] = (o["decode_tokens_per_s"],
-                                                           o["a2a_share_of_step"])
-    return pts
+                point = (o["decode_tokens_per_s"], o["a2a_share_of_step"])
+                rep = o.get("tp", o["ep"]) != o["ep"]
+                pts.setdefault((o["batch"], rep), {})[o["ep"]] = point
+                if o["ep"] == 1:
+                    pts.setdefault((o["batch"], True), {})[1] = point
+    return {k: v for k, v in pts.items() if len(v) > 1 or not k[1]}
 
 
 def main():
@@ -35,17 +39,18 @@ def main():
     import matplotlib.pyplot as plt
     pts = load(a.results)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for batch in sorted(pts):
-        eps = sorted(pts[batch])
-        tps = [pts[batch][e][0] for e in eps]
-        ax.plot(eps, tps, marker="o", label="batch %d" % batch)
+    for batch, rep in sorted(pts):
+        eps = sorted(pts[(batch, rep)])
+        tps = [pts[(batch, rep)][e][0] for e in eps]
+        ax.plot(eps, tps, marker="o", linestyle="--" if rep else "-",
+                label="batch %d%s" % (batch, ", TP 1 (replicated)" if rep else ""))
         for e, t in zip(eps, tps):
             if e > 1:
-                ax.annotate("a2a %.0f%%" % (100 * pts[batch][e][1]), (e, t),
+                ax.annotate("a2a %.0f%%" % (100 * pts[(batch, rep)][e][1]), (e, t),
                             textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("EP degree (= TP ranks, experts split over them)")
+    ax.set_xlabel("EP degree (ranks the experts are split over; TP = EP unless dashed)")
     ax.set_ylabel("decode tokens/s")
-    ax.set_xticks(sorted({e for b in pts for e in pts[b]}))
+    ax.set_xticks(sorted({e for k in pts for e in pts[k]}))
     ax.set_title(a.title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()

@@ -17,7 +17,11 @@
  *                   neighbouring stage.
  *   SEND/RECV_RESULT the sampled tokens over world, from (stage P-1, TP rank 0) to
  *                   global rank 0; the other TP ranks skip both ends, which keeps every
- *                   message's two ends in agreement.
+ *                   message's two ends in agreement. With an EP group wider than the TP
+ *                   group (a stage of k TP replicas) every replica computes and samples
+ *                   the same tokens, and only the first (ep_rank 0) sends or receives.
+ *                   The MoE blocks run over the stage's EP communicator (the scratch's
+ *                   moe_comm, set by gang_engine_step), the rest over tp.
  *
  * Tags are reused from step to step. That is safe because rank 0 starts the next step's
  * broadcast only after it has received every token of this step, which the last stage
@@ -340,26 +344,29 @@ static int run_cb_recv_act(void *ctx, const gang_pipeline_mb *mb, uint32_t peer,
     return run_xfer_act(c->e, c->k, 0, c->pp, mb->first, mb->count, peer, tag, deadline);
 }
 
-/* SEND_RESULT: mb's sampled tokens to global rank 0, by TP rank 0 only. */
+/* SEND_RESULT: mb's sampled tokens to global rank 0, by the stage's first rank only (TP
+ * rank 0 of its first TP group: the replicas of an EP group wider than TP sample the same
+ * tokens and keep them). */
 static int run_cb_send_result(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
                               uint64_t deadline)
 {
     run_ctx *c = ctx;
 
     (void)peer;
-    if (c->e->m->place.tp_rank != 0)
+    if (c->e->m->place.ep_rank != 0)
         return 0;
     return run_xfer_tokens(c->e, 1, c->world, mb->first, mb->count, tag, deadline);
 }
 
-/* RECV_RESULT: mb's sampled tokens from the last stage's TP rank 0, by TP rank 0 only. */
+/* RECV_RESULT: mb's sampled tokens from the last stage's first rank, by stage 0's first
+ * rank only (global rank 0). */
 static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t peer, uint32_t tag,
                               uint64_t deadline)
 {
     run_ctx *c = ctx;
 
     (void)peer;
-    if (c->e->m->place.tp_rank != 0)
+    if (c->e->m->place.ep_rank != 0)
         return 0;
     return run_xfer_tokens(c->e, 0, c->world, mb->first, mb->count, tag, deadline);
 }

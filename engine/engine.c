@@ -750,7 +750,7 @@ static int eng_exchange_plan(gang_engine *e, gang_comm *world, uint64_t deadline
 }
 
 int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
-                     gang_comm *pp, uint64_t timeout_ms)
+                     gang_comm *ep, gang_comm *pp, uint64_t timeout_ms)
 {
     const gang_model *m;
     uint64_t deadline;
@@ -767,8 +767,11 @@ int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
     m = e->m;
     if (eng_check_comm(world, m->topo.world_size, m->place.rank) != 0 ||
         eng_check_comm(tp, m->topo.tp, m->place.tp_rank) != 0 ||
-        eng_check_comm(pp, m->topo.pp, m->place.pp_stage) != 0)
+        eng_check_comm(pp, m->topo.pp, m->place.pp_stage) != 0 ||
+        (m->topo.tp_replicas > 1 && eng_check_comm(ep, m->topo.stage_ranks, m->place.ep_rank) != 0))
         return GANG_EINVAL;
+    /* The MoE blocks of a stage wider than its TP group run over the EP group. */
+    e->scratch.moe_comm = m->topo.tp_replicas > 1 ? ep : NULL;
     /* The plan and the tokens are host data: they need a world that takes host buffers
      * (tp and pp may take device buffers; gang_tp_stage_* decides per call). */
     if (world != NULL && (gang_comm_caps(world) & GANG_COMM_CAP_HOST_MEM) == 0)

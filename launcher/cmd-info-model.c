@@ -3,7 +3,8 @@
  * Reads the config (a Hugging Face directory or a .gguf file, as serve does), prints its
  * parameters, the weights and KV bytes per token it costs per rank for the TP x PP layout
  * asked (the weights as the engine holds them: f32; a MoE model's experts as --ep holds them,
- * with its experts and the parameters one token reads), and the layouts the model allows on
+ * with its experts and the parameters one token reads; an --ep that is a multiple of --tp
+ * makes a stage of ep ranks, the world ep x pp), and the layouts the model allows on
  * up to 8 TP ranks x 8 pipeline stages (gang_topology_init is the one judge). Exit 0; 2
  * when the layout asked is refused (the reason printed); 3 when the model cannot be read.
  */
@@ -46,8 +47,8 @@ static uint64_t layer_params(const gang_model_config *mc, const gang_tp_shard *s
         uint64_t per_expert = 3ull * mc->moe_ffn * h;
         n += (uint64_t)mc->n_experts * h +
              (ep > 1 ? mc->n_experts / ep * per_expert : mc->n_experts * per_expert / tp);
-        if (mc->shared_ffn > 0)
-            n += 3ull * mc->shared_ffn / tp * h + h;
+        if (mc->shared_ffn > 0) /* over the EP group when it is wider than TP */
+            n += 3ull * mc->shared_ffn / (ep > tp ? ep : tp) * h + h;
     } else {
         n += 3 * (uint64_t)s->ffn_count * h;
     }
@@ -125,6 +126,21 @@ static void print_config(const char *path, const gang_model_config *mc)
     }
 }
 
+/* The topology of tp x pp with --ep ep (a stage of ep ranks when ep > tp), on pp nodes. */
+static int info_topology(const gang_model_config *mc, int64_t tp, int64_t pp, int64_t ep,
+                         gang_topology *t, char *err, size_t errlen)
+{
+    gang_topology_config tc;
+    memset(&tc, 0, sizeof(tc));
+    gang_model_topology_config(mc, &tc);
+    tc.nnodes = (int32_t)pp;
+    tc.nproc_per_node = (int32_t)(ep > tp ? ep : tp);
+    tc.tp = (int32_t)tp;
+    tc.pp = (int32_t)pp;
+    tc.ep = (int32_t)ep;
+    return gang_topology_init(&tc, t, err, errlen);
+}
+
 int gang__info_model(const char *path, int64_t tp, int64_t pp, int64_t ep)
 {
     gang_model_config mc;
@@ -137,8 +153,7 @@ int gang__info_model(const char *path, int64_t tp, int64_t pp, int64_t ep)
     }
     print_config(path, &mc);
     uint64_t w = 0, kv = 0;
-    int refused = gang_model_topology(&mc, (uint32_t)pp, (uint32_t)tp, (uint32_t)tp, (uint32_t)pp,
-                                      &t, err, sizeof(err)) != 0;
+    int refused = info_topology(&mc, tp, pp, ep, &t, err, sizeof(err)) != 0;
     if (!refused && gang_model_moe_layout(&mc, (uint32_t)tp, (uint32_t)ep, err, sizeof(err)) != 0)
         refused = 1;
     if (refused) {
@@ -152,6 +167,12 @@ int gang__info_model(const char *path, int64_t tp, int64_t pp, int64_t ep)
                (long long)tp, (long long)pp, (long long)ep, t.world_size, (double)w / (1 << 20),
                (unsigned long long)kv, (double)kv * mc.max_ctx_allowed / (1 << 20),
                mc.max_ctx_allowed);
+        if (t.tp_replicas > 1)
+            printf("  world %u = ep %lld x pp %lld: each stage is an EP group of %lld ranks "
+                   "holding %u replicas of the TP group of %lld (attention and dense layers "
+                   "replicated, experts and the shared expert split over the %lld)\n",
+                   t.world_size, (long long)ep, (long long)pp, (long long)ep, t.tp_replicas,
+                   (long long)tp, (long long)ep);
     }
     printf("layouts allowed (tp x pp, tp <= %d, pp <= %d):", INFO_MAX_TP, INFO_MAX_PP);
     for (uint32_t p = 1; p <= INFO_MAX_PP; p++)

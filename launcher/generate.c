@@ -5,8 +5,9 @@
  *                     | --prompt-ids 1,2,3) [--max-tokens N] [--temperature T] [--top-k K]
  *                     [--top-p P] [--seed S] [serve flags]
  *
- * It starts `ganglion serve --local` (one node per pipeline stage, tp ranks each, unless
- * --nnodes / --nproc-per-node say otherwise) on free loopback ports, waits for /readyz,
+ * It starts `ganglion serve --local` (one node per pipeline stage, tp ranks each -- ep when
+ * --ep is above --tp -- unless --nnodes / --nproc-per-node say otherwise) on free loopback
+ * ports, waits for /readyz,
  * posts the prompt (--prompt and --prompt-ids to /v1/completions, --chat to
  * /v1/chat/completions through the model's chat template), and stops the gang. Text
  * prompts print the generated text; --prompt-ids prints the generated token ids on one
@@ -76,8 +77,9 @@ static const gang_opt_table gen_table = GANG_OPT_TABLE(gen_items);
 static const gang_opt_cmd gen_cmd = {
     "generate",
     "--model DIR [--tp N] [--pp M] (--prompt TEXT | --chat Q | --prompt-ids 1,2,3) [flags]",
-    "Starts serve --local (one node per pipeline stage, tp ranks each, unless --nnodes /\n"
-    "--nproc-per-node say otherwise) on free loopback ports, posts the prompt (--chat to\n"
+    "Starts serve --local (one node per pipeline stage, tp ranks each, or ep when --ep is\n"
+    "above --tp, unless --nnodes / --nproc-per-node say otherwise) on free loopback ports,\n"
+    "posts the prompt (--chat to\n"
     "/v1/chat/completions, the others to /v1/completions), prints the generated text (with\n"
     "--prompt-ids: the token ids on one line and the server's JSON answer on the next),\n"
     "and stops the gang.",
@@ -221,8 +223,8 @@ static int gen_start(const gang_params *p, const int *layout_given, int logfd, i
     q.rdzv_port = ports[1];
     if (!layout_given[0])
         q.nnodes = q.pp;
-    if (!layout_given[1])
-        q.nproc_per_node = q.tp;
+    if (!layout_given[1]) /* a stage: the TP group, or the EP group when --ep is wider */
+        q.nproc_per_node = q.ep > q.tp ? q.ep : q.tp;
     int rc = gang_params_forward_args(&q, NULL, &fwd);
     if (rc == 0 && (args = calloc((size_t)fwd.argc + 4, sizeof(*args))) == NULL)
         rc = GANG_ENOMEM;

@@ -79,6 +79,7 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     l->tc.pp = (int32_t)p->pp;
     l->tc.allow_cross_node_tp = p->allow_cross_node_tp ? 1 : 0;
     l->ep = (uint32_t)p->ep;
+    l->tc.ep = (int32_t)p->ep;
     gang_strlcpy(l->device, strcmp(p->device, "auto") == 0 ? "cpu" : p->device, sizeof(l->device));
     l->uses_nccl = gang__worker_uses_nccl(p);
     l->max_ctx = (uint32_t)p->max_ctx;
@@ -119,7 +120,25 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
      * gang only forms its data plane (tests, network checks). */
     if (p->model[0] == '\0' && p->tp == 1 && p->pp == 1)
         return 0;
-    if (p->tp * p->pp != world) {
+    /* A stage is the TP group, or with --ep above --tp the EP group of ep / tp of them. */
+    if (p->ep > p->tp && p->ep % p->tp != 0) {
+        snprintf(err, errlen,
+                 "--ep %lld with --tp %lld: an EP group wider than the TP group must hold "
+                 "whole TP groups (--ep a multiple of --tp)",
+                 (long long)p->ep, (long long)p->tp);
+        return GANG_EUSAGE;
+    }
+    if (p->ep > p->tp && p->ep * p->pp != world) {
+        snprintf(err, errlen,
+                 "--ep %lld x --pp %lld = %lld ranks (a stage is the EP group: --tp %lld "
+                 "replicated %lld times), but the gang has --nnodes %lld x --nproc-per-node "
+                 "%lld = %lld",
+                 (long long)p->ep, (long long)p->pp, (long long)(p->ep * p->pp), (long long)p->tp,
+                 (long long)(p->ep / p->tp), (long long)p->nnodes, (long long)p->nproc_per_node,
+                 (long long)world);
+        return GANG_EUSAGE;
+    }
+    if (p->ep <= p->tp && p->tp * p->pp != world) {
         snprintf(err, errlen,
                  "--tp %lld x --pp %lld = %lld ranks, but the gang has --nnodes "
                  "%lld x --nproc-per-node %lld = %lld",
@@ -213,6 +232,7 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
     l->tc.tp = shape.tp;
     l->tc.pp = shape.pp;
     l->tc.allow_cross_node_tp = shape.allow_cross_node_tp;
+    l->tc.ep = shape.ep;
     if (gang_topology_init(&l->tc, t ? t : &scratch, err, errlen) != 0)
         return GANG_EUSAGE;
     /* A MoE model: how its experts sit on the TP groups. */

@@ -15,15 +15,17 @@
  *   1. wait for the model (deadline: the start timeout);
  *   2. gang_bootstrap_join of the socket world from the blob rank 0 made for BLOB_REQUEST
  *      (a cancel eventfd lets gang__wstep_stop() interrupt a gang still forming), then
- *      split it into the TP group (color = pp stage, key = tp rank) and the pipeline
- *      neighbours (color = tp rank, key = pp stage). A GPU worker whose blob carries an
- *      NCCL unique id (gang__worker_uses_nccl) instead makes its kernels handle's GPU
- *      current on this thread, joins an nccl world of the same ranks from that id (same
- *      deadline and cancel fd) and splits THAT into the TP and PP groups, so the
- *      all-reduces, the activation transfers and the logits all-gather move device
- *      memory over NCCL (gang_tp_stage_* hands the pointers over as they are). The socket
- *      world stays: the plan broadcast, the token return and the barrier ticks are host
- *      data;
+ *      split it into the TP group (color = its first rank, key = tp rank), the pipeline
+ *      neighbours (color = the place in the stage, ep_rank, key = pp stage) and, when the
+ *      EP group is wider than the TP group, the stage's EP group (color = pp stage, key =
+ *      ep_rank; the MoE blocks' all-to-alls and all-reduce run over it). A GPU worker
+ *      whose blob carries an NCCL unique id (gang__worker_uses_nccl) instead makes its
+ *      kernels handle's GPU current on this thread, joins an nccl world of the same ranks
+ *      from that id (same deadline and cancel fd) and splits THAT into the TP and PP
+ *      groups, so the all-reduces, the activation transfers and the logits all-gather move
+ *      device memory over NCCL (gang_tp_stage_* hands the pointers over as they are). The
+ *      socket world stays: the plan broadcast, the token return and the barrier ticks are
+ *      host data;
  *   3. report READY, then loop on engine steps. Rank 0 drains the requests the main
  *      thread queued, submits them, and steps while anything is pending; when idle it
  *      waits up to one heartbeat interval for a request and then steps with an empty plan,
@@ -239,6 +241,18 @@ static int wres_load(gang__wres *r)
               c->kv_cache_bytes != 0 ? "--kv-cache-mb" : "sized from free memory", kv.blocks,
               kv.block_size, (unsigned long long)kv.tokens, kv.full_seqs,
               gang_engine_max_ctx(r->engine), gang_engine_slots(r->engine));
+    const gang_rank_place *pl = &r->model->place;
+    const gang_topology *t = &r->model->topo;
+    if (t->tp_replicas > 1)
+        gang_info("layout: rank %u is stage %u, ep rank %u of %u (TP group %u of %u, tp rank "
+                  "%u of %u): world %u = ep %u x pp %u, attention and dense layers TP over %u "
+                  "rank(s) replicated %u times, experts over the stage's %u ranks",
+                  pl->rank, pl->pp_stage, pl->ep_rank, t->stage_ranks, pl->tp_replica,
+                  t->tp_replicas, pl->tp_rank, t->tp, t->world_size, t->stage_ranks, t->pp, t->tp,
+                  t->tp_replicas, t->stage_ranks);
+    else
+        gang_info("layout: rank %u is stage %u, tp rank %u of %u: world %u = tp %u x pp %u",
+                  pl->rank, pl->pp_stage, pl->tp_rank, t->tp, t->world_size, t->tp, t->pp);
     return 0;
 
 out_err:
@@ -376,6 +390,7 @@ struct gang__wstep {
     pthread_mutex_t mu; /* guards the communicators (for abort) and the queue */
     pthread_cond_t cv;  /* a request was queued, or stop */
     gang_comm *world, *tp, *pp;
+    gang_comm *ep;     /* the stage's EP group when wider than tp (tp_replicas > 1), or NULL */
     gang_comm *nworld; /* the nccl world tp and pp were split from, or NULL */
     wreq *head, *tail;
     uint32_t queued;
@@ -500,7 +515,7 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
     cc.timeout_ms = (uint64_t)c->start_timeout_ms;
     cc.cancel_fd = &s->cancel_fd;
     s->cfg.root = NULL; /* consumed by gang_bootstrap_join, whatever it returns */
-    gang_comm *world = NULL, *tp = NULL, *pp = NULL;
+    gang_comm *world = NULL, *tp = NULL, *pp = NULL, *ep = NULL;
     int rc = gang_bootstrap_join(&cc, GANG_COMM_SOCKET, &world);
     if (rc != 0)
         return wstep_fail(s, rc, (int32_t)c->rank,
@@ -530,13 +545,18 @@ static int wstep_comms(gang__wstep *s, gang__wres *res)
         if (rc != 0)
             return rc;
     }
-    /* Both worlds split in the same order on every rank: TP first, then PP. */
-    rc = gang_comm_split(parent, pl.pp_stage, pl.tp_rank, t, &tp);
+    /* Both worlds split in the same order on every rank: TP first (its group's first rank
+     * names it: a stage may hold several), then PP (the same place in every stage), then,
+     * with an EP group wider than the TP group, the stage (the MoE blocks' all-to-alls). */
+    rc = gang_comm_split(parent, pl.tp_group_first_rank, pl.tp_rank, t, &tp);
     if (rc == 0)
-        rc = gang_comm_split(parent, pl.tp_rank, pl.pp_stage, t, &pp);
+        rc = gang_comm_split(parent, pl.ep_rank, pl.pp_stage, t, &pp);
+    if (rc == 0 && res->topo.tp_replicas > 1)
+        rc = gang_comm_split(parent, pl.pp_stage, pl.ep_rank, t, &ep);
     pthread_mutex_lock(&s->mu);
     s->tp = tp;
     s->pp = pp;
+    s->ep = ep;
     stopped = atomic_load(&s->stop);
     pthread_mutex_unlock(&s->mu);
     if (rc != 0)
@@ -674,7 +694,7 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
                 wstep_admit(s, e);
             }
         }
-        int rc = gang_engine_step(e, res->k, s->world, s->tp, s->pp, timeout);
+        int rc = gang_engine_step(e, res->k, s->world, s->tp, s->ep, s->pp, timeout);
         if (rc != 0)
             return wstep_fail(s, rc, (int32_t)c->rank, "rank %u: engine step failed: %s", c->rank,
                               gang_strerror(rc));
@@ -889,6 +909,8 @@ void gang__wstep_stop(gang__wstep *s)
         gang_comm_abort(s->tp);
     if (s->pp != NULL)
         gang_comm_abort(s->pp);
+    if (s->ep != NULL)
+        gang_comm_abort(s->ep);
     if (s->nworld != NULL)
         gang_comm_abort(s->nworld);
     pthread_cond_broadcast(&s->cv);
@@ -899,6 +921,7 @@ void gang__wstep_stop(gang__wstep *s)
      * aborts rather than flushes. */
     gang_comm_free(s->tp);
     gang_comm_free(s->pp);
+    gang_comm_free(s->ep);
     gang_comm_free(s->nworld);
     gang_comm_free(s->world);
     while (s->head != NULL) {

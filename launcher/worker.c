@@ -421,12 +421,14 @@ static void on_blob_request(worker *w, const gang_wctl *m)
     char err[GANG_REASON_MAX] = "";
     const char *adv = w->conf.advertise;
     int nccl = w->conf.res.layout.uses_nccl;
-    /* Only the pairs that talk connect: the TP / PP groups of a model, else none. */
+    /* Only the pairs that talk connect: the stages (TP groups, or the EP group when it is
+     * wider: every pair of its ranks) and PP rings of a model, else none. */
     const gang_layout *lay = &w->conf.res.layout;
+    uint32_t stage = (uint32_t)(lay->tc.ep > lay->tc.tp ? lay->tc.ep : lay->tc.tp);
     gang_comm_socket_opts so = {.job = w->conf.job,
                                 .generation = m->generation,
                                 .sparse = 1,
-                                .tp = lay->model[0] != '\0' ? (uint32_t)lay->tc.tp : 0};
+                                .tp = lay->model[0] != '\0' ? stage : 0};
     int rc = gang_bootstrap_create_opts(adv, &so, nccl, &w->boot, r.blob, sizeof(r.blob), &len, err,
                                         sizeof(err));
     if (rc != 0) {

@@ -180,11 +180,12 @@ int gang_model_moe_layout(const gang_model_config *cfg, uint32_t tp, uint32_t ep
         gang_set_err(err, errlen, "--ep %u: the model has no experts (only --ep 1 serves it)", ep);
         return GANG_EUSAGE;
     }
-    if (ep != 1 && ep != tp) {
+    if (ep != 1 && ep % tp != 0) {
         gang_set_err(err, errlen,
-                     "--ep %u with --tp %u: experts are split over a TP group's ranks (--ep equal "
-                     "to --tp, attention TP over the same ranks) or cut by columns (--ep 1); "
-                     "other combinations are not supported",
+                     "--ep %u with --tp %u: experts are cut by columns (--ep 1), split over a TP "
+                     "group's ranks (--ep equal to --tp) or over a stage of --ep ranks holding "
+                     "--ep / --tp replicas of the TP group (--ep a multiple of --tp); an EP "
+                     "group narrower than the TP group is not supported",
                      ep, tp);
         return GANG_EUSAGE;
     }
@@ -203,6 +204,15 @@ int gang_model_moe_layout(const gang_model_config *cfg, uint32_t tp, uint32_t ep
     if (cfg->shared_ffn % tp != 0) {
         gang_set_err(err, errlen, "--tp %u does not divide the shared expert's width %u", tp,
                      cfg->shared_ffn);
+        return GANG_EUSAGE;
+    }
+    /* Wider than TP, the MoE block runs over the stage's EP group: the shared expert's
+     * columns too, so that one all-reduce over it sums the block. */
+    if (ep > tp && cfg->shared_ffn % ep != 0) {
+        gang_set_err(err, errlen,
+                     "--ep %u does not divide the shared expert's width %u (with --ep above "
+                     "--tp its columns are split over the EP group)",
+                     ep, cfg->shared_ffn);
         return GANG_EUSAGE;
     }
     return 0;

@@ -1,9 +1,10 @@
 /*
  * The mixture-of-experts block of one decoder layer for one rank (issue #25): the router
- * (replicated), this rank's experts whole (ep = tp) or every expert's band of columns
- * (ep 1), and the shared expert's columns with its gate, read band by band through load.c's
- * reader so that a rank never holds another rank's experts. The tensor names are each
- * family's Hugging Face names.
+ * (replicated), this rank's experts whole (ep = tp, or ep = k x tp: then by the rank's
+ * place in its stage, the EP group) or every expert's band of columns (ep 1), and the
+ * shared expert's columns (over the TP group, or over the EP group when wider) with its gate, read
+ * band by band through load.c's reader so that a rank never holds another rank's experts. The
+ * tensor names are each family's Hugging Face names.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,8 +87,16 @@ int gang__load_moe(const gang_model *m, uint32_t li, uint32_t ep, gang__band_fn 
     rc = gang_model_moe_layout(c, m->topo.tp, ep, err, errlen);
     if (rc != 0)
         return GANG_EMODEL;
+    /* Wider than TP, the block's group is the stage's EP group (the topology must have
+     * been cut for it): its experts and shared columns by the rank's place in the stage. */
+    if (ep > m->topo.tp && ep != m->topo.stage_ranks) {
+        gang_set_err(err, errlen, "--ep %u: the layout was cut for stages of %u ranks", ep,
+                     m->topo.stage_ranks);
+        return GANG_EMODEL;
+    }
     rc = gang_tp_moe_init(&mo, c->n_experts, c->top_k, c->norm_topk, c->hidden, c->moe_ffn,
-                          c->shared_ffn, m->topo.tp, m->shard.tp_rank, ep);
+                          c->shared_ffn, ep > m->topo.tp ? ep : m->topo.tp,
+                          ep > m->topo.tp ? m->place.ep_rank : m->shard.tp_rank, ep);
     if (rc != 0)
         return rc == GANG_EINVAL ? GANG_EMODEL : rc;
     snprintf(name, sizeof(name), "model.layers.%u.%s", li,

@@ -39,6 +39,17 @@ static int topo_check_fields(const gang_topology_config *cfg, char *err, size_t 
             return GANG_EUSAGE;
         }
     }
+    if (cfg->ep < 0) {
+        gang_set_err(err, errlen, "topology: ep must not be negative, got %d", (int)cfg->ep);
+        return GANG_EUSAGE;
+    }
+    if (cfg->ep > cfg->tp && cfg->ep % cfg->tp != 0) {
+        gang_set_err(err, errlen,
+                     "topology: ep (%d) is neither at most tp (%d) nor a multiple of it: the "
+                     "stage's EP group must hold whole TP groups",
+                     (int)cfg->ep, (int)cfg->tp);
+        return GANG_EUSAGE;
+    }
     if (cfg->allow_cross_node_tp != 0 && cfg->allow_cross_node_tp != 1) {
         gang_set_err(err, errlen, "topology: allow_cross_node_tp must be 0 or 1, got %d",
                      (int)cfg->allow_cross_node_tp);
@@ -47,14 +58,20 @@ static int topo_check_fields(const gang_topology_config *cfg, char *err, size_t 
     return 0;
 }
 
+/* Ranks per pipeline stage: tp, or ep when the EP group is wider than the TP group. */
+static int32_t topo_stage_ranks(const gang_topology_config *cfg)
+{
+    return cfg->ep > cfg->tp ? cfg->ep : cfg->tp;
+}
+
 /*
- * Checks the gang shape: world size, tp x pp and TP groups within a node. Fields are
- * already known to be positive. Returns 0 or GANG_EUSAGE with a message.
+ * Checks the gang shape: world size, stage_ranks x pp and TP groups within a node. Fields
+ * are already known to be positive. Returns 0 or GANG_EUSAGE with a message.
  */
 static int topo_check_gang(const gang_topology_config *cfg, char *err, size_t errlen)
 {
     int64_t world = (int64_t)cfg->nnodes * cfg->nproc_per_node;
-    int64_t tp_pp = (int64_t)cfg->tp * cfg->pp;
+    int64_t tp_pp = (int64_t)topo_stage_ranks(cfg) * cfg->pp;
 
     if (world > GANG_TOPOLOGY_MAX_WORLD) {
         gang_set_err(err, errlen,
@@ -62,6 +79,15 @@ static int topo_check_gang(const gang_topology_config *cfg, char *err, size_t er
                      "the limit of %d ranks",
                      (int)cfg->nnodes, (int)cfg->nproc_per_node, (long long)world,
                      GANG_TOPOLOGY_MAX_WORLD);
+        return GANG_EUSAGE;
+    }
+    if (tp_pp != world && cfg->ep > cfg->tp) {
+        gang_set_err(err, errlen,
+                     "topology: ep (%d) x pp (%d) = %lld (a stage is the EP group, tp %d "
+                     "replicated) does not equal the world size nnodes (%d) x nproc_per_node "
+                     "(%d) = %lld",
+                     (int)cfg->ep, (int)cfg->pp, (long long)tp_pp, (int)cfg->tp, (int)cfg->nnodes,
+                     (int)cfg->nproc_per_node, (long long)world);
         return GANG_EUSAGE;
     }
     if (tp_pp != world) {
@@ -166,6 +192,8 @@ int gang_topology_init(const gang_topology_config *cfg, gang_topology *t, char *
     out.nproc_per_node = (uint32_t)cfg->nproc_per_node;
     out.world_size = out.nnodes * out.nproc_per_node;
     out.tp = (uint32_t)cfg->tp;
+    out.stage_ranks = (uint32_t)topo_stage_ranks(cfg);
+    out.tp_replicas = out.stage_ranks / out.tp;
     out.pp = (uint32_t)cfg->pp;
     out.tp_cross_node = out.nproc_per_node % out.tp != 0 ? 1u : 0u;
     out.n_layers = (uint32_t)cfg->n_layers;
@@ -201,12 +229,15 @@ int gang_topology_rank(const gang_topology *t, uint32_t rank, gang_rank_place *o
     p.rank = rank;
     p.node = rank / t->nproc_per_node;
     p.local_rank = rank % t->nproc_per_node;
-    p.pp_stage = rank / t->tp;
-    p.tp_rank = rank % t->tp;
+    p.pp_stage = rank / t->stage_ranks;
+    p.ep_rank = rank % t->stage_ranks;
+    p.tp_replica = p.ep_rank / t->tp;
+    p.tp_rank = p.ep_rank % t->tp;
     p.tp_group_first_rank = rank - p.tp_rank;
+    p.stage_first_rank = rank - p.ep_rank;
     /* The world size is capped at GANG_TOPOLOGY_MAX_WORLD, so these casts cannot wrap. */
-    p.pp_prev_rank = p.pp_stage == 0 ? -1 : (int32_t)(rank - t->tp);
-    p.pp_next_rank = p.pp_stage + 1 == t->pp ? -1 : (int32_t)(rank + t->tp);
+    p.pp_prev_rank = p.pp_stage == 0 ? -1 : (int32_t)(rank - t->stage_ranks);
+    p.pp_next_rank = p.pp_stage + 1 == t->pp ? -1 : (int32_t)(rank + t->stage_ranks);
     *out = p;
     return 0;
 }
@@ -216,7 +247,7 @@ int gang_topology_rank_at(const gang_topology *t, uint32_t pp_stage, uint32_t tp
 {
     if (t == NULL || rank == NULL || pp_stage >= t->pp || tp_rank >= t->tp)
         return GANG_EINVAL;
-    *rank = pp_stage * t->tp + tp_rank;
+    *rank = pp_stage * t->stage_ranks + tp_rank;
     return 0;
 }
 

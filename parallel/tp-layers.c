@@ -832,8 +832,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
-    if (l->moe != NULL) /* a mixture-of-experts MLP (parallel/tp-moe.c) */
-        rc = gang_tp_moe_forward(l->moe, k, comm, s->normed, total, s->delta, left);
+    if (l->moe != NULL) /* a mixture-of-experts MLP (parallel/tp-moe.c), on the EP group */
+        rc = gang_tp_moe_forward(l->moe, k, s->moe_comm != NULL ? s->moe_comm : comm, s->normed,
+                                 total, s->delta, left);
     else
         rc = tp_batch_gate(l, k, s, total);
     if (rc == 0 && l->moe == NULL)

@@ -35,12 +35,13 @@ add_test(NAME bench-decode-smoke
 set_tests_properties(bench-decode-smoke PROPERTIES TIMEOUT 120
   FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\"")
 
-# `ganglion bench moe` on a tiny MoE shape (issue #25): EP 1 and 2 measured, EP 2 agreeing
-# with EP 1 by the logits, the moe lines printed, the all-to-all lines without the MPI peer.
+# `ganglion bench moe` on a tiny MoE shape (issue #25): EP 1 and 2 measured, EP 2 (with TP 2,
+# and with TP 1: --replicated) agreeing with EP 1 by the logits, the moe lines printed, the
+# all-to-all lines without the MPI peer.
 add_test(NAME bench-moe-smoke
   COMMAND $<TARGET_FILE:ganglion> bench moe --layers 2 --hidden 64 --heads 4 --kv-heads 2
           --head-dim 16 --experts 8 --top-k 2 --moe-ffn 32 --vocab 128 --prompt 4 --tokens 4
-          --iters 1 --warmup 0 --batch 1,3 --ep 1,2 --no-peer)
+          --iters 1 --warmup 0 --batch 1,3 --ep 1,2 --no-peer --replicated)
 set_tests_properties(bench-moe-smoke PROPERTIES TIMEOUT 120
   FAIL_REGULAR_EXPRESSION "\"logits_match_1x1\":false;\"error\"")
 

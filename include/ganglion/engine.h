@@ -428,27 +428,28 @@ int gang_engine_cancel(gang_engine *e, uint64_t id);
 uint32_t gang_engine_pending(const gang_engine *e);
 
 /*
- * One engine step: a collective call on every rank of the gang (world, tp and pp
+ * One engine step: a collective call on every rank of the gang (world, tp, ep and pp
  * communicators of the current generation; tp may be NULL when tp == 1, pp when pp == 1,
- * world when the gang is one rank). world carries host data (the plan, and the sampled
- * tokens from the last stage back to rank 0), so it must be a host backend (socket or
- * mpi; an nccl world is GANG_EINVAL); tp and pp carry activations and may be nccl
- * communicators over device memory (they are then used in the same order on both sides
- * of every pair, as NCCL's untagged send/recv needs). A communicator whose size or rank
- * does not match the model's topology is GANG_EINVAL before anything is sent.
- * Rank 0 builds the step's plan (continuous batching: running sequences decode one token,
- * waiting requests take free slots and prefill, up to max_step_tokens prompt tokens) and
- * broadcasts it over world; an empty plan is legal and is how idle ranks keep a deadline
- * (every rank returns after it). The plan's sequences run through the stages in
- * microbatches; the last stage samples and sends the tokens back to rank 0 over world.
- * Rank 0 then has events to poll. k is the handle the engine's memory came from when
+ * world when the gang is one rank; ep is the stage's EP group when it is wider than the
+ * TP group (topology tp_replicas > 1: the MoE blocks run over it), and is ignored
+ * otherwise (NULL: the MoE blocks run over tp, the EP group being the TP group)). world carries
+ * host data (the plan, and the sampled tokens from the last stage back to rank 0), so it must be a
+ * host backend (socket or mpi; an nccl world is GANG_EINVAL); tp and pp carry activations and may
+ * be nccl communicators over device memory (they are then used in the same order on both sides of
+ * every pair, as NCCL's untagged send/recv needs). A communicator whose size or rank does not match
+ * the model's topology is GANG_EINVAL before anything is sent. Rank 0 builds the step's plan
+ * (continuous batching: running sequences decode one token, waiting requests take free slots and
+ * prefill, up to max_step_tokens prompt tokens) and broadcasts it over world; an empty plan is
+ * legal and is how idle ranks keep a deadline (every rank returns after it). The plan's sequences
+ * run through the stages in microbatches; the last stage samples and sends the tokens back to rank
+ * 0 over world. Rank 0 then has events to poll. k is the handle the engine's memory came from when
  * that is a device (gang_engine_init_on), any "cpu" handle otherwise (GANG_EINVAL for a
  * mismatch). Returns 0, or a communicator error as is (the
  * communicators are then unusable; call gang_engine_reset before the next generation),
  * GANG_EPROTO for a plan that does not fit this rank's buffers, or a kernel error.
  */
 int gang_engine_step(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
-                     gang_comm *pp, uint64_t timeout_ms);
+                     gang_comm *ep, gang_comm *pp, uint64_t timeout_ms);
 
 /*
  * Rank 0 only: the next event, 1 when one was written to *ev, 0 when none. Events are

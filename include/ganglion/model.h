@@ -200,6 +200,15 @@ struct gang_model;
  * must be the thread that runs m's layers, or hold it off. */
 int gang_model_moe_load(const struct gang_model *m, gang_moe_load_sample *out);
 
+/*
+ * Whether a model's experts can be held as --ep says with --tp: ep 1 (every expert cut
+ * by columns over the TP group), ep = tp (the experts split whole over the TP group), or
+ * ep = k x tp, k > 1 (a stage of ep ranks: attention and dense layers TP over groups of
+ * tp ranks replicated k times, the experts and the shared expert's columns split over
+ * the stage's ep ranks). A dense model takes only ep 1. Returns 0; GANG_EUSAGE with a
+ * one-line message naming what is supported (1 < ep < tp, ep not a multiple of tp, ep
+ * not dividing the experts, tp / ep not dividing a width); GANG_EINVAL on NULL or 0.
+ */
 int gang_model_moe_layout(const gang_model_config *cfg, uint32_t tp, uint32_t ep, char *err,
                           size_t errlen);
 

@@ -37,6 +37,18 @@
  * rank r + tp (same tp_rank, stage s + 1), so every TP rank has its own point-to-point
  * link and no stage has to gather before sending.
  *
+ * Expert parallelism wider than TP (ep = k x tp, k > 1; a MoE model's --ep): a stage is
+ * then stage_ranks = ep consecutive ranks, holding k replicas of the TP group:
+ *
+ *     pp_stage = rank / ep          ep_rank = rank % ep
+ *     tp_replica = ep_rank / tp     tp_rank = ep_rank % tp
+ *
+ * so a TP group is still tp consecutive ranks (the attention and dense layers, the same
+ * on every replica), the stage's ep ranks form the EP group (the experts and their
+ * all-to-alls), the world is ep x pp, and pipeline neighbours are rank +- ep (same
+ * ep_rank). With ep <= tp (ep 1 or ep = tp) stage_ranks = tp, k = 1, ep_rank = tp_rank
+ * and everything above holds unchanged.
+ *
  * =================================================================================
  * Topology: the Megatron split of a transformer layer across a TP group
  *
@@ -100,14 +112,18 @@ typedef struct gang_topology_config {
     int32_t hidden;              /* model width, divisible by n_heads when head_dim is 0 */
     int32_t vocab;               /* vocabulary size, >= tp */
     int32_t head_dim;            /* per-head width (even, >= 2); 0: hidden / n_heads */
+    int32_t ep;                  /* 0, 1 or tp: a stage is tp ranks; k x tp (k > 1): a
+                                    stage is ep ranks, k replicas of the TP group */
 } gang_topology_config;
 
 /* A validated layout. Plain value type: copy it freely; it owns nothing. */
 typedef struct gang_topology {
     uint32_t nnodes;            /* as configured */
     uint32_t nproc_per_node;    /* as configured */
-    uint32_t world_size;        /* nnodes x nproc_per_node == tp x pp */
+    uint32_t world_size;        /* nnodes x nproc_per_node == stage_ranks x pp */
     uint32_t tp;                /* ranks per TP group */
+    uint32_t stage_ranks;       /* ranks per pipeline stage: tp, or ep when ep > tp */
+    uint32_t tp_replicas;       /* TP groups per stage: stage_ranks / tp (1 unless ep > tp) */
     uint32_t pp;                /* pipeline stages */
     uint32_t tp_cross_node;     /* 1 when TP groups straddle nodes (only if allowed) */
     uint32_t n_layers;          /* as configured */
@@ -128,11 +144,14 @@ typedef struct gang_rank_place {
     uint32_t rank;                /* global rank */
     uint32_t node;                /* rank / nproc_per_node */
     uint32_t local_rank;          /* rank % nproc_per_node */
-    uint32_t pp_stage;            /* rank / tp */
-    uint32_t tp_rank;             /* rank % tp */
+    uint32_t pp_stage;            /* rank / stage_ranks */
+    uint32_t ep_rank;             /* rank % stage_ranks: the index in the stage (EP group) */
+    uint32_t tp_replica;          /* ep_rank / tp: which TP group of the stage */
+    uint32_t tp_rank;             /* ep_rank % tp */
     uint32_t tp_group_first_rank; /* the TP group is [first, first + tp) */
-    int32_t pp_prev_rank;         /* same tp_rank in stage - 1, or -1 on the first stage */
-    int32_t pp_next_rank;         /* same tp_rank in stage + 1, or -1 on the last stage */
+    uint32_t stage_first_rank;    /* the stage (EP group) is [first, first + stage_ranks) */
+    int32_t pp_prev_rank;         /* same ep_rank in stage - 1, or -1 on the first stage */
+    int32_t pp_next_rank;         /* same ep_rank in stage + 1, or -1 on the last stage */
 } gang_rank_place;
 
 /* What one TP rank holds of every layer (see the Megatron block above). */
@@ -152,10 +171,11 @@ typedef struct gang_tp_shard {
 /*
  * Validates cfg and fills *t. Refuses, with GANG_EUSAGE and a one-line message in err
  * that names the offending values: a field that is zero or negative (allow_cross_node_tp
- * not 0 or 1); a world size above GANG_TOPOLOGY_MAX_WORLD; tp x pp different from
- * nnodes x nproc_per_node; a TP group spanning nodes (tp > nproc_per_node or
- * nproc_per_node % tp != 0) unless allow_cross_node_tp; pp > n_layers; n_heads not
- * divisible by n_kv_heads; n_heads not divisible by tp; n_kv_heads not divisible by tp
+ * not 0 or 1, ep negative); ep above tp and not a multiple of it (which ep a MoE model
+ * accepts is gang_model_moe_layout's call); a world size above GANG_TOPOLOGY_MAX_WORLD;
+ * stage_ranks x pp different from nnodes x nproc_per_node; a TP group spanning nodes
+ * (tp > nproc_per_node or nproc_per_node % tp != 0) unless allow_cross_node_tp; pp > n_layers;
+ * n_heads not divisible by n_kv_heads; n_heads not divisible by tp; n_kv_heads not divisible by tp
  * while tp is not a multiple of n_kv_heads; ffn not divisible by tp; hidden not
  * divisible by n_heads; vocab < tp. Returns GANG_EINVAL if cfg or t is NULL.
  * err may be NULL or errlen 0 to skip the message; it is always NUL-terminated otherwise
@@ -171,8 +191,9 @@ int gang_topology_init(const gang_topology_config *cfg, gang_topology *t, char *
 int gang_topology_rank(const gang_topology *t, uint32_t rank, gang_rank_place *out);
 
 /*
- * The global rank at (pp_stage, tp_rank): pp_stage x tp + tp_rank. Returns 0, or
- * GANG_EINVAL if a pointer is NULL or either index is out of range.
+ * The global rank at (pp_stage, tp_rank) of the stage's first TP group (replica 0):
+ * pp_stage x stage_ranks + tp_rank. Returns 0, or GANG_EINVAL if a pointer is NULL or
+ * either index is out of range.
  */
 int gang_topology_rank_at(const gang_topology *t, uint32_t pp_stage, uint32_t tp_rank,
                           uint32_t *rank);
@@ -498,6 +519,10 @@ typedef struct gang_tp_scratch {
     gang_kernels_attn_seq *attn_seqs;
     gang_kernels_kv_pages *attn_pages;
     size_t attn_cap;
+    /* The communicator a MoE block runs over when its EP group is wider than the TP group
+     * (the stage's ep ranks, gang_tp_moe's tp = ep); NULL: the layer's own comm. Not owned:
+     * the caller sets it before a call (the engine, every step) and keeps it open. */
+    gang_comm *moe_comm;
 } gang_tp_scratch;
 
 /*
@@ -768,9 +793,10 @@ typedef struct gang_moe_load {
 typedef struct gang_tp_moe {
     uint32_t n_experts, top_k;
     int norm_topk;        /* weights renormalised over the top_k (Mixtral; norm_topk_prob) */
-    uint32_t ep;          /* 1, or the TP degree: experts split over the TP group */
-    uint32_t ep_rank;     /* this rank's index in the EP group (its TP rank when ep > 1) */
-    uint32_t tp, tp_rank; /* the TP group the layer runs in */
+    uint32_t ep;          /* 1, or tp: experts split over the group the block runs on */
+    uint32_t ep_rank;     /* this rank's index in the EP group (tp_rank when ep > 1) */
+    uint32_t tp, tp_rank; /* the group the block runs on: the layer's TP group, or the
+                             stage's EP group when it is wider (then tp = ep) */
     uint32_t hidden;
     uint32_t moe_ffn;      /* each expert's full intermediate width */
     uint32_t expert_first; /* local experts [expert_first, +expert_count) */
@@ -793,10 +819,11 @@ typedef struct gang_tp_moe {
 } gang_tp_moe;
 
 /*
- * Allocates *out for a layer of tp_rank in a TP group of tp with experts held as ep
- * (1 or tp) says: the scalar fields filled, the ranges computed, the load counters and
- * zeroed weight arrays of the right sizes allocated (the loader fills them). GANG_EINVAL
- * for a shape that cannot be cut so (ep not 1 or tp, n_experts % ep, moe_ffn % tp with
+ * Allocates *out for a layer of tp_rank in a group of tp ranks (the TP group, or the
+ * stage's EP group when it is wider than TP: the caller passes ep and the EP rank) with
+ * experts held as ep (1 or tp) says: the scalar fields filled, the ranges computed, the load
+ * counters and zeroed weight arrays of the right sizes allocated (the loader fills them).
+ * GANG_EINVAL for a shape that cannot be cut so (ep not 1 or tp, n_experts % ep, moe_ffn % tp with
  * ep 1, sh_ffn % tp, top_k outside [1, min(n_experts, GANG_MOE_MAX_TOPK)]); GANG_ENOMEM.
  */
 int gang_tp_moe_init(gang_tp_moe **out, uint32_t n_experts, uint32_t top_k, int norm_topk,

@@ -12,7 +12,8 @@ For every kustomization this test
      ResourceClaimTemplates resolve; Service, PDB, StatefulSet and anti-affinity
      selectors select the Pods they are meant to; the client Service selects exactly
      every gang Pod (each serves the API, members forward to their coordinator);
-     replicas == --nnodes, GPUs per Pod == --nproc-per-node, tp x pp == world;
+     replicas == --nnodes, GPUs per Pod == --nproc-per-node, tp x pp == world (ep x pp
+     when --ep is a multiple of --tp above it);
      probes, ports and timeouts fit ganglion's own (docs/operations.md);
   4. simulates every Pod of every gang (the name, labels, Downward-API values, the
      variables LeaderWorkerSet injects, service links when enabled, the mounted token
@@ -749,9 +750,11 @@ class Checker:
         self.check_pod_policy(g, p, c, values, mounts, out)
         if not bad:
             out.ok("%s: check-config accepted; node %d of %d from %s, coordinator %s, tp %s x "
-                   "pp %s, job %s, model %s" % (p.name, node, nnodes, source, coord,
-                                                values.get("tp"), values.get("pp"),
-                                                values.get("job-name"), values.get("model")))
+                   "pp %s%s, job %s, model %s"
+                   % (p.name, node, nnodes, source, coord, values.get("tp"), values.get("pp"),
+                      " (ep %s: stages of ep ranks)" % values["ep"]
+                      if int(values.get("ep", "1")) > int(values.get("tp", "1")) else "",
+                      values.get("job-name"), values.get("model")))
         return values
 
     def host_path_of(self, path, mounts):
@@ -788,8 +791,12 @@ class Checker:
     def check_shape(self, g, p, c, values, objs, out):
         tp, pp = int(values["tp"]), int(values["pp"])
         nnodes, nproc = int(values["nnodes"]), int(values["nproc-per-node"])
-        if tp * pp != nnodes * nproc:
-            out.err("%s: tp %d x pp %d != world %d x %d" % (p.name, tp, pp, nnodes, nproc))
+        # A stage is the TP group, or the EP group when --ep is a multiple of --tp above it.
+        ep = int(values.get("ep", "1"))
+        stage = ep if ep > tp else tp
+        if stage * pp != nnodes * nproc:
+            out.err("%s: %s %d x pp %d != world %d x %d" % (p.name, "ep" if ep > tp else "tp",
+                                                            stage, pp, nnodes, nproc))
         if nproc % tp != 0 and values.get("allow-cross-node-tp") not in ("1", "true"):
             out.err("%s: --tp %d does not fit inside a node of %d ranks" % (p.name, tp, nproc))
         gpus, kinds = self.gpus_per_pod(p, c, objs)

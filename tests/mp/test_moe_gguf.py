@@ -9,7 +9,8 @@ with expert_count and llama.cpp's q/k row order, `qwen2moe`, `qwen3moe`; the rou
 ffn_gate_inp, the experts stacked in 3-D ffn_{gate,up,down}_exps, ffn_*_shexp and the 1-D
 ffn_gate_inp_shexp). The directory is served on the CPU and the file on the CPU and on the
 fake device (the MoE block's device path, parallel/tp-moe-dev.c: the CPU kernels on memory
-the host cannot read), on EP x TP x PP 1x1x1 and 2x2x1 with "logprobs": 20; the tokens must
+the host cannot read), on EP x TP x PP 1x1x1 and 2x2x1 (and 2x1x1 on the fake device: the
+EP group wider than TP) with "logprobs": 20; the tokens must
 be equal and every logprob within 1e-5 (the same f32 weights, so only the summation order
 may differ). The directories themselves are checked
 against transformers / numpy by mp-test_moe_models and reference-logits. SKIP when the
@@ -53,9 +54,10 @@ def scenario(h):
         r = subprocess.run([py, TO_GGUF, d, g], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=120)
         H.check(r.returncode == 0, "moe-to-gguf.py %s: %s" % (name, r.stdout.decode()[-800:]))
-        for ep, dev in ((1, "cpu"), (2, "cpu"), (1, "fake"), (2, "fake")):
-            ref = M.serve_answer(h, d, PROMPT, ep, ep, 1)
-            got = M.serve_answer(h, g, PROMPT, ep, ep, 1, ["--device", dev])
+        for ep, tp, dev in ((1, 1, "cpu"), (2, 2, "cpu"), (1, 1, "fake"), (2, 2, "fake"),
+                            (2, 1, "fake")):
+            ref = M.serve_answer(h, d, PROMPT, ep, tp, 1)
+            got = M.serve_answer(h, g, PROMPT, ep, tp, 1, ["--device", dev])
             H.check(got["tokens"] == ref["tokens"], "%s ep %d %s: GGUF tokens %s, directory's %s"
                     % (name, ep, dev, got["tokens"], ref["tokens"]))
             worst = 0.0
@@ -65,7 +67,7 @@ def scenario(h):
                     worst = max(worst, abs(a[k] - b[k]))
             H.check(worst <= TOL, "%s ep %d: logprobs differ by %.2e" % (name, ep, worst))
             H.log("%s ep %d tp %d device %s: GGUF equals the directory on the CPU (%d tokens, "
-                  "logprobs within %.1e)" % (name, ep, ep, dev, len(got["tokens"]), worst))
+                  "logprobs within %.1e)" % (name, ep, tp, dev, len(got["tokens"]), worst))
 
 
 if __name__ == "__main__":

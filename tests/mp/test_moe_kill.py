@@ -5,7 +5,9 @@ finishes with the healthy gang's tokens.
 
 A tiny Mixtral-structured model (`ganglion mkmodel --moe mixtral`: 8 experts, top-2) is
 served on 2 nodes x 2 ranks, --tp 2 --pp 2 --ep 2 (the experts of each stage split over its
-TP group, the tokens exchanged by all-to-all). First a healthy gang answers the prompt
+TP group, the tokens exchanged by all-to-all), then again with --tp 1 --pp 2 --ep 2 (the
+EP group wider than TP: each stage's two ranks replicate the attention and split the
+experts). For each layout, first a healthy gang answers the prompt
 greedily (the expected tokens), and every rank's /metrics shows the routed pairs by expert
 and by EP rank (equal totals; a stage's two ranks together route each position once, top-2).
 Then a gang with the test-only fault
@@ -25,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
 NNODES, NPROC = 2, 2
-FLAGS = ["--tp", "2", "--pp", "2", "--ep", "2", "--request-timeout-ms", "60000",
-         "--step-timeout-ms", "5000"]
+FLAGS = ["--pp", "2", "--ep", "2", "--request-timeout-ms", "60000", "--step-timeout-ms", "5000"]
+TPS = [2, 1]  # --tp: EP = TP, then EP wider than TP (the same 2 x 2 ranks)
 PROMPT = [2 + (i * 53 + 3) % 250 for i in range(24)]
 TOKENS = 10
 
@@ -91,7 +93,15 @@ def scenario(h):
                     "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
                     "--ffn", "64", "--experts", "8", "--top-k", "2", "--vocab", "256",
                     "--seed", "31"], check=True, stdout=subprocess.DEVNULL)
-    healthy = H.Gang(h, nnodes=NNODES, nproc_per_node=NPROC, extra=["--model", model] + FLAGS)
+    for tp in TPS:
+        kill_inside(h, model, tp)
+
+
+def kill_inside(h, model, tp):
+    """The healthy answer, then the kill inside the all-to-all, with --tp tp."""
+    flags = ["--model", model, "--tp", str(tp)] + FLAGS
+    H.log("--tp %d --ep 2 --pp 2" % tp)
+    healthy = H.Gang(h, nnodes=NNODES, nproc_per_node=NPROC, extra=flags)
     healthy.start_local()
     healthy.wait_serving(timeout=60)
     want = ask(healthy)
@@ -100,8 +110,8 @@ def scenario(h):
     healthy.stop()
     H.log("healthy gang: %s" % want)
 
-    marker = os.path.join(h.tmp, "fault-fired")
-    g = H.Gang(h, nnodes=NNODES, nproc_per_node=NPROC, extra=["--model", model] + FLAGS)
+    marker = os.path.join(h.tmp, "fault-fired-tp%d" % tp)
+    g = H.Gang(h, nnodes=NNODES, nproc_per_node=NPROC, extra=flags)
     g.local = h.spawn("local", [h.bin, "serve", "--local"] + g.flags, (0,),
                       env={"GANGLION_FAULT_MOE_A2A": "%s:1:5" % marker})
     gen0 = g.wait_serving(timeout=60)

@@ -16,7 +16,9 @@ same prompt with "logprobs": 20: the tokens must equal the reference's and every
 
 Layouts (ep, tp, pp): 1x1x1; 2x2x1 and 4x4x1 (experts split over the TP group, the tokens
 exchanged by all-to-all, attention TP over the same ranks); 2x2x2 (the same on two pipeline
-stages); 1x2x1 (every expert cut by columns over TP). `--ep 2 --tp 1` is refused with a
+stages); 1x2x1 (every expert cut by columns over TP); 2x1x1, 4x1x1 and 2x1x2 (the EP group
+wider than TP: a stage of ep ranks, attention replicated on each, the experts over the
+stage; the world is ep x pp). `--ep 3 --tp 2` (not whole TP groups) is refused with a
 message saying what is supported. Reports SKIP, with the reason, when the reference Python
 cannot be had.
 """
@@ -33,7 +35,8 @@ import test_rope_models as R  # noqa: E402  (compare(), log_softmax(), STEPS, TO
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HF_MODELS = os.path.join(ROOT, "tests", "reference", "hf-moe-models.py")
 NUMPY_REF = os.path.join(ROOT, "tests", "reference", "reference.py")
-LAYOUTS = [(1, 1, 1), (2, 2, 1), (4, 4, 1), (2, 2, 2), (1, 2, 1)]  # (ep, tp, pp)
+LAYOUTS = [(1, 1, 1), (2, 2, 1), (4, 4, 1), (2, 2, 2), (1, 2, 1),
+           (2, 1, 1), (4, 1, 1), (2, 1, 2)]  # (ep, tp, pp)
 H.TEST_DEADLINE_S = 230
 
 # Qwen3-MoE models of `ganglion mkmodel` (numpy reference): (name, flags, prompt).
@@ -85,8 +88,9 @@ def numpy_reference(h, py):
 
 
 def serve_answer(h, model_dir, prompt, ep, tp, pp, extra=()):
-    """The completion of a gang of pp nodes x tp ranks serving model_dir with --ep ep."""
-    g = H.Gang(h, nnodes=pp, nproc_per_node=tp,
+    """The completion of a gang of pp nodes x max(ep, tp) ranks (a stage) serving model_dir
+    with --ep ep."""
+    g = H.Gang(h, nnodes=pp, nproc_per_node=max(ep, tp),
                extra=["--model", model_dir, "--tp", str(tp), "--pp", str(pp), "--ep", str(ep),
                       "--request-timeout-ms", "60000", "--step-timeout-ms", "10000"]
                + list(extra))
@@ -103,20 +107,22 @@ def serve_answer(h, model_dir, prompt, ep, tp, pp, extra=()):
 
 
 def refused(h, model_dir):
-    """--ep 2 with --tp 1 is refused up front, the message naming what is supported."""
+    """--ep 3 with --tp 2 (an EP group that is not whole TP groups) is refused up front, the
+    message naming what is supported."""
     r = subprocess.run([h.bin, "serve", "--check-config", "--nnodes", "1", "--nproc-per-node",
-                        "1", "--node-index", "0", "--coordinator", "127.0.0.1:1", "--model",
-                        model_dir, "--ep", "2"],
+                        "3", "--node-index", "0", "--coordinator", "127.0.0.1:1", "--model",
+                        model_dir, "--ep", "3", "--tp", "2"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
                        env=h.clean_env())
     err = r.stdout.decode(errors="replace")
-    H.check(r.returncode == 2 and "--ep 2 with --tp 1" in err,
-            "--ep 2 --tp 1: exit %d, %r" % (r.returncode, err[-400:]))
+    H.check(r.returncode == 2 and "--ep 3 with --tp 2" in err and "multiple of --tp" in err,
+            "--ep 3 --tp 2: exit %d, %r" % (r.returncode, err[-400:]))
 
 
 def info_check(h, model_dir):
     """`ganglion info --model` names the experts and the active parameters, and the heaviest
-    rank's weights shrink with the EP x TP group; --ep 2 --tp 1 is refused (exit 2)."""
+    rank's weights shrink with the EP x TP group; --ep 4 --tp 1 says the world is ep x pp;
+    --ep 2 --tp 4 (narrower than TP) is refused (exit 2)."""
     def info(tp, ep):
         r = subprocess.run([h.bin, "info", "--model", model_dir, "--tp", str(tp), "--ep",
                             str(ep)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -133,8 +139,12 @@ def info_check(h, model_dir):
     code, four = info(4, 4)
     H.check(code == 0 and mib(four) < mib(one) / 2,
             "ep 4: %s MiB per rank, ep 1: %s" % (mib(four), mib(one)))
-    code, out = info(1, 2)
-    H.check(code == 2 and "refused" in out, "info --ep 2 --tp 1: %d %r" % (code, out[-300:]))
+    code, wide = info(1, 4)
+    H.check(code == 0 and "(4 ranks)" in wide and "world 4 = ep 4 x pp 1" in wide
+            and mib(wide) < mib(one), "info --ep 4 --tp 1: %d %r" % (code, wide[-600:]))
+    code, out = info(4, 2)
+    H.check(code == 2 and "refused" in out and "narrower" in out,
+            "info --ep 2 --tp 4: %d %r" % (code, out[-300:]))
 
 
 def scenario(h):

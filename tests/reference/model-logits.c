@@ -99,7 +99,7 @@ static int run(gang_model *m, const int32_t *ids, uint32_t n)
         fprintf(stderr, "model-logits: %s\n", err);
         goto out_kernels;
     }
-    rc = gang_engine_step(e, k, NULL, NULL, NULL, 600000);
+    rc = gang_engine_step(e, k, NULL, NULL, NULL, NULL, 600000);
     if (rc != 0)
         goto out_kernels;
     lg = gang__engine_logits(e, 0);

@@ -436,7 +436,7 @@ void script_run_local(gang_engine *e, script *sc)
     assert_int_equal(gang_kernels_open("cpu", &k), 0);
     for (s = 0; s < sc->steps; s++) {
         assert_int_equal(script_submit(e, sc, s), 0);
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
         script_poll(e, sc);
     }
     assert_int_equal(gang_engine_pending(e), 0);
@@ -518,7 +518,7 @@ int script_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
             if (rc != 0)
                 break;
         }
-        rc = gang_engine_step(x->engine, k, world, tp, pp, STEP_TIMEOUT_MS);
+        rc = gang_engine_step(x->engine, k, world, tp, NULL, pp, STEP_TIMEOUT_MS);
         if (rc != 0)
             break;
         if (x->rank == 0)

@@ -71,7 +71,7 @@ static void logits_of(gang_engine *e, gang_kernels *k, float *out)
     int i;
 
     for (i = 0; i < 8 && lg == NULL; i++) {
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
         lg = gang__engine_logits(e, 0);
     }
     assert_non_null(lg);
@@ -406,7 +406,7 @@ static void test_nccl_world_of_one(void **state)
     cc.timeout_ms = NCCL_INIT_MS;
     assert_int_equal(gang_comm_init(&cc, &nworld), 0);
     assert_int_equal(
-        gang_engine_step(lo.engines[0], lo.kernels[0], nworld, NULL, NULL, STEP_TIMEOUT_MS),
+        gang_engine_step(lo.engines[0], lo.kernels[0], nworld, NULL, NULL, NULL, STEP_TIMEOUT_MS),
         GANG_EINVAL);
     gang_comm_free(nworld);
     layout_free(&lo);
@@ -476,9 +476,10 @@ static void test_cuda_memory_checks(void **state)
     assert_int_equal(gang_model_to_device(m, k2), GANG_EINVAL);
     assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), GANG_EINVAL);
     assert_int_equal(gang_engine_init_on(m, k, &cfg, &e, err, sizeof(err)), 0);
-    assert_int_equal(gang_engine_step(e, k2, NULL, NULL, NULL, STEP_TIMEOUT_MS), GANG_EINVAL);
-    assert_int_equal(gang_engine_step(e, cpu, NULL, NULL, NULL, STEP_TIMEOUT_MS), GANG_EINVAL);
-    assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+    assert_int_equal(gang_engine_step(e, k2, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), GANG_EINVAL);
+    assert_int_equal(gang_engine_step(e, cpu, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS),
+                     GANG_EINVAL);
+    assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
     gang_engine_free(e);
     gang_model_device_release(m);
     assert_null(m->embed);

@@ -294,7 +294,7 @@ void test_penalties_seeded(void **state)
     memset(sc.out, 0, sizeof(sc.out));
     assert_int_equal(script_submit(e, &sc, 0), 0);
     for (s = 0; s < 5; s++)
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
     gang_engine_reset(e);
     sc.n_reqs = 1;
     script_run_local(e, &sc);

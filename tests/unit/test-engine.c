@@ -133,7 +133,7 @@ static const float *step_until_logits(gang_engine *e, gang_kernels *k)
     int i;
 
     for (i = 0; i < 8 && lg == NULL; i++) {
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
         lg = gang__engine_logits(e, 0);
     }
     assert_non_null(lg);
@@ -390,8 +390,8 @@ static void test_kv_dtype(void **state)
         for (int step = 0; step < 4; step++) {
             gang_gen_event ev;
 
-            assert_int_equal(gang_engine_step(ef, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
-            assert_int_equal(gang_engine_step(eh, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            assert_int_equal(gang_engine_step(ef, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            assert_int_equal(gang_engine_step(eh, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
             const float *lf = gang__engine_logits(ef, 0), *lh = gang__engine_logits(eh, 0);
             assert_non_null(lf);
             assert_non_null(lh);
@@ -784,7 +784,7 @@ static void test_validation(void **state)
         gang_kernels *k = NULL;
 
         assert_int_equal(gang_kernels_open("cpu", &k), 0);
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, 1000), GANG_EINVAL);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, 1000), GANG_EINVAL);
         gang_kernels_close(k);
     }
     gang_engine_free(e);
@@ -1087,11 +1087,11 @@ static void test_event_backpressure(void **state)
     }
     /* 20 steps without polling: far more tokens than the ring (4 per slot) holds. */
     for (i = 0; i < 20; i++)
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
     assert_int_equal(gang_engine_pending(e), 3);
     for (i = 0; i < 40 && gang_engine_pending(e) > 0; i++) {
         script_poll(e, &sc);
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
     }
     script_poll(e, &sc);
     check_script(&sc, exp, "backpressure");
@@ -1134,7 +1134,7 @@ static void test_cancel(void **state)
         assert_int_equal(gang_engine_submit(e, &r, err, sizeof(err)), 0);
     }
     for (i = 0; i < 3; i++)
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
     while (gang_engine_poll(e, &ev) == 1) {
         if (ev.kind == GANG_GEN_TOKEN)
             got[ev.id - 1][n_got[ev.id - 1]++] = ev.token;
@@ -1146,7 +1146,7 @@ static void test_cancel(void **state)
     assert_int_equal(gang_engine_cancel(e, 99), GANG_ENOENT);
     assert_int_equal(gang_engine_pending(e), 2);
     for (steps = 0; steps < 60 && gang_engine_pending(e) > 0; steps++) {
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
         while (gang_engine_poll(e, &ev) == 1) {
             assert_true(ev.id == 2 || ev.id == 3); /* nothing of a cancelled request */
             if (ev.kind == GANG_GEN_TOKEN)
@@ -1527,7 +1527,7 @@ static uint32_t run_alone(gang_engine *e, const gang_gen_request *r, int32_t *to
     if (rc != 0)
         fail_msg("submit: %s", err);
     for (int s = 0; s < 200 && gang_engine_pending(e) > 0; s++) {
-        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
         while (gang_engine_poll(e, &ev)) {
             if (ev.kind == GANG_GEN_TOKEN)
                 toks[n++] = ev.token;

@@ -350,7 +350,8 @@ static step_cnt decode_counters(const full_model *fm, uint32_t batch, int lp, in
         if (s == 2)
             assert_int_equal(gang_kernels_counters_get(lo.kernels[0], &c0), 0);
         assert_int_equal(
-            gang_engine_step(lo.engines[0], lo.kernels[0], NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+            gang_engine_step(lo.engines[0], lo.kernels[0], NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS),
+            0);
         while (gang_engine_poll(lo.engines[0], &ev) == 1)
             if (ev.kind == GANG_GEN_TOKEN && ev.index < CNT_GEN)
                 toks[(ev.id - 1) * CNT_GEN + ev.index] = ev.token;

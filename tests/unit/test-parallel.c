@@ -392,6 +392,10 @@ static const refusal_case refusals[] = {
     {"hidden 0", 1, {SET(hidden, 0)}, "hidden must be positive"},
     {"vocab -5", 1, {SET(vocab, -5)}, "vocab must be positive"},
     {"allow 2", 1, {SET(allow_cross_node_tp, 2)}, "allow_cross_node_tp must be 0 or 1"},
+    /* An EP group wider than TP must hold whole TP groups, and the world is ep x pp. */
+    {"ep 6 over tp 4", 2, {SET(ep, 6), SET(nproc_per_node, 6)}, "ep (6) is neither"},
+    {"ep -1", 1, {SET(ep, -1)}, "ep must not be negative"},
+    {"ep 8 x pp 2 on 8 ranks", 1, {SET(ep, 8)}, "ep (8) x pp (2) = 16"},
     /* A world beyond the cap is refused before any multiplication can overflow. */
     {"huge world", 1, {SET(nnodes, 2000000000)}, "exceeds the limit"},
 };
@@ -458,6 +462,100 @@ static void test_base_is_valid(void **state)
     char small[8];
     assert_int_equal(gang_topology_init(&c, &t, small, sizeof(small)), GANG_EUSAGE);
     assert_true(strlen(small) < sizeof(small));
+}
+
+/*
+ * Expert parallelism wider than TP (ep = k x tp, k > 1): a stage is ep consecutive ranks
+ * holding k TP groups. Every rank's (pp, ep, tp) place and its three groups, checked
+ * against the numbering of parallel.h on every (ep, tp, pp) of the issue and a few more,
+ * with the groups the worker splits (TP by its first rank, PP by ep_rank, EP by stage)
+ * counted here from the places: each must have exactly tp, pp and ep members.
+ */
+static void test_ep_wider_than_tp(void **state)
+{
+    /* (ep, tp, pp) */
+    static const uint32_t shapes[][3] = {{2, 1, 1}, {4, 1, 1}, {2, 1, 2}, {4, 2, 1},
+                                         {4, 2, 2}, {6, 2, 3}, {8, 4, 1}};
+    (void)state;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        uint32_t ep = shapes[i][0], tp = shapes[i][1], pp = shapes[i][2];
+        gang_topology_config c = base_config();
+        gang_topology t;
+        char err[256];
+        uint32_t tp_members[64] = {0}, pp_members[64] = {0}, ep_members[64] = {0};
+
+        c.nnodes = (int32_t)pp;
+        c.nproc_per_node = (int32_t)ep;
+        c.tp = (int32_t)tp;
+        c.pp = (int32_t)pp;
+        c.ep = (int32_t)ep;
+        c.n_layers = 6;
+        assert_int_equal(gang_topology_init(&c, &t, err, sizeof(err)), 0);
+        assert_int_equal(t.world_size, ep * pp);
+        assert_int_equal(t.stage_ranks, ep);
+        assert_int_equal(t.tp_replicas, ep / tp);
+        assert_int_equal(t.tp, tp);
+        for (uint32_t r = 0; r < t.world_size; r++) {
+            gang_rank_place p;
+            uint32_t back = UINT32_MAX;
+
+            assert_int_equal(gang_topology_rank(&t, r, &p), 0);
+            assert_int_equal(p.pp_stage, r / ep);
+            assert_int_equal(p.ep_rank, r % ep);
+            assert_int_equal(p.tp_replica, (r % ep) / tp);
+            assert_int_equal(p.tp_rank, r % tp);
+            assert_int_equal(p.tp_replica * tp + p.tp_rank, p.ep_rank);
+            assert_int_equal(p.stage_first_rank, p.pp_stage * ep);
+            assert_int_equal(p.tp_group_first_rank, r - p.tp_rank);
+            assert_int_equal(p.pp_prev_rank, p.pp_stage == 0 ? -1 : (int32_t)(r - ep));
+            assert_int_equal(p.pp_next_rank, p.pp_stage + 1 == pp ? -1 : (int32_t)(r + ep));
+            /* rank_at names the stage's first TP group (replica 0). */
+            assert_int_equal(gang_topology_rank_at(&t, p.pp_stage, p.tp_rank, &back), 0);
+            assert_int_equal(back, p.stage_first_rank + p.tp_rank);
+            tp_members[p.tp_group_first_rank]++;
+            pp_members[p.ep_rank]++;
+            ep_members[p.pp_stage]++;
+        }
+        for (uint32_t g = 0; g < t.world_size; g++) {
+            assert_int_equal(tp_members[g], g % tp == 0 ? tp : 0);
+            assert_int_equal(pp_members[g], g < ep ? pp : 0);
+            assert_int_equal(ep_members[g], g < pp ? ep : 0);
+        }
+    }
+    /* Known values, 2x1x2 (ep 2, tp 1, pp 2): rank 3 is stage 1, ep rank 1, replica 1. */
+    {
+        gang_topology_config c = base_config();
+        gang_topology t;
+        gang_rank_place p;
+
+        c.nnodes = 2;
+        c.nproc_per_node = 2;
+        c.tp = 1;
+        c.ep = 2;
+        assert_int_equal(gang_topology_init(&c, &t, NULL, 0), 0);
+        assert_int_equal(gang_topology_rank(&t, 3, &p), 0);
+        assert_int_equal(p.pp_stage, 1);
+        assert_int_equal(p.ep_rank, 1);
+        assert_int_equal(p.tp_replica, 1);
+        assert_int_equal(p.tp_rank, 0);
+        assert_int_equal(p.pp_prev_rank, 1);
+        assert_int_equal(p.pp_next_rank, -1);
+    }
+    /* ep at most tp changes nothing: a stage is the TP group (ep 1, ep = tp, ep 2 < 4). */
+    for (int32_t ep = 0; ep <= 4; ep++) {
+        gang_topology_config c = base_config();
+        gang_topology t;
+        gang_rank_place p;
+
+        c.ep = ep;
+        assert_int_equal(gang_topology_init(&c, &t, NULL, 0), 0);
+        assert_int_equal(t.stage_ranks, 4);
+        assert_int_equal(t.tp_replicas, 1);
+        assert_int_equal(gang_topology_rank(&t, 6, &p), 0);
+        assert_int_equal(p.ep_rank, p.tp_rank);
+        assert_int_equal(p.tp_replica, 0);
+        assert_int_equal(p.pp_stage, 1);
+    }
 }
 
 /* Bad pointers and out-of-range queries are GANG_EINVAL, never a crash. */
@@ -546,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_kv_heads_split_and_replicated),
         cmocka_unit_test(test_known_values),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_ep_wider_than_tp),
         cmocka_unit_test(test_base_is_valid),
         cmocka_unit_test(test_invalid_arguments),
     };

@@ -337,8 +337,8 @@ static int bad_comms_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_com
     rc = gang_kernels_open("cpu", &k);
     if (rc != 0)
         return rc;
-    rc = gang_engine_step(x->engine, k, world, pp, tp, STEP_TIMEOUT_MS);
-    rc2 = gang_engine_step(x->engine, k, NULL, tp, pp, STEP_TIMEOUT_MS);
+    rc = gang_engine_step(x->engine, k, world, pp, NULL, tp, STEP_TIMEOUT_MS);
+    rc2 = gang_engine_step(x->engine, k, NULL, tp, NULL, pp, STEP_TIMEOUT_MS);
     gang_kernels_close(k);
     if (rc != GANG_EINVAL || rc2 != GANG_EINVAL)
         return GANG_EINTERNAL;

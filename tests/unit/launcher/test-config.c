@@ -431,6 +431,100 @@ static void test_layout_rules(void **state)
     rmdir(dir);
 }
 
+/* Writes a small Qwen2-MoE config.json (8 experts top 2, a shared expert of width 36)
+ * into dir, or a dense Llama one when moe is 0. */
+static void write_moe_config(const char *dir, int moe)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    if (moe)
+        fprintf(f, "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"hidden_size\": 64,"
+                   "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+                   "\"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 256,"
+                   "\"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-5,"
+                   "\"num_experts\": 8, \"num_experts_per_tok\": 2,"
+                   "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 36,"
+                   "\"norm_topk_prob\": false, \"decoder_sparse_step\": 1,"
+                   "\"mlp_only_layers\": []}");
+    else
+        fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                   "\"intermediate_size\": 128, \"num_attention_heads\": 4,"
+                   "\"num_hidden_layers\": 4, \"vocab_size\": 256,"
+                   "\"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-5}");
+    fclose(f);
+}
+
+/* One --ep / --tp / --pp shape of a gang of pp nodes x nproc ranks: the layout's answer
+ * (its topology in *t when accepted, the message in err). */
+static int layout_ep(const char *dir, int64_t ep, int64_t tp, int64_t pp, int64_t nproc,
+                     gang_topology *t, char *err, size_t errlen)
+{
+    gang_params p;
+    gang_layout l;
+    gang_params_defaults(&p);
+    gang_strlcpy(p.model, dir, sizeof(p.model));
+    p.ep = ep;
+    p.tp = tp;
+    p.pp = pp;
+    p.nnodes = pp;
+    p.nproc_per_node = nproc;
+    int rc = gang_layout_from_params(&p, &l, err, errlen);
+    return rc != 0 ? rc : gang_layout_read_model(&l, t, err, errlen);
+}
+
+/* --ep wider than --tp (issue #25): the world is ep x pp with tp replicated ep / tp times
+ * in a stage; what stays unsupported is refused with a message that says why. */
+static void test_layout_ep(void **state)
+{
+    (void)state;
+    char err[512], dir[] = "/tmp/gang-test-layout-ep-XXXXXX";
+    gang_topology t;
+    assert_non_null(mkdtemp(dir));
+    write_moe_config(dir, 1);
+    const struct {
+        int64_t ep, tp, pp, nproc;
+        uint32_t world, replicas;
+    } ok[] = {{1, 1, 1, 1, 1, 1}, {2, 2, 1, 2, 2, 1}, {1, 2, 1, 2, 2, 1}, {2, 1, 1, 2, 2, 2},
+              {4, 1, 1, 4, 4, 4}, {2, 1, 2, 2, 4, 2}, {4, 2, 1, 4, 4, 2}};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        int rc = layout_ep(dir, ok[i].ep, ok[i].tp, ok[i].pp, ok[i].nproc, &t, err, sizeof(err));
+        if (rc != 0)
+            print_error("ep %lld tp %lld pp %lld: %s\n", (long long)ok[i].ep, (long long)ok[i].tp,
+                        (long long)ok[i].pp, err);
+        assert_int_equal(rc, 0);
+        assert_int_equal(t.world_size, ok[i].world);
+        assert_int_equal(t.tp_replicas, ok[i].replicas);
+    }
+    const struct {
+        int64_t ep, tp, pp, nproc;
+        const char *why;
+    } bad[] = {
+        {2, 1, 1, 1, "--ep 2 x --pp 1 = 2 ranks"},       /* the world is ep x pp */
+        {3, 2, 1, 3, "--ep 3 with --tp 2"},              /* not whole TP groups */
+        {2, 4, 1, 4, "narrower than the TP group"},      /* 1 < ep < tp */
+        {8, 1, 1, 8, "shared expert's width 36"},        /* 36 % 8: shared columns over EP */
+        {16, 1, 1, 16, "does not divide the model's 8"}, /* experts over EP */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc =
+            layout_ep(dir, bad[i].ep, bad[i].tp, bad[i].pp, bad[i].nproc, &t, err, sizeof(err));
+        if (rc != GANG_EUSAGE || strstr(err, bad[i].why) == NULL)
+            print_error("ep %lld tp %lld: rc %d '%s', expected '%s'\n", (long long)bad[i].ep,
+                        (long long)bad[i].tp, rc, err, bad[i].why);
+        assert_int_equal(rc, GANG_EUSAGE);
+        assert_non_null(strstr(err, bad[i].why));
+    }
+    write_moe_config(dir, 0); /* a dense model takes only --ep 1 */
+    assert_int_equal(layout_ep(dir, 2, 1, 1, 2, &t, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "has no experts"));
+    char path[600];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int gang_test_config(void)
 {
     const struct CMUnitTest tests[] = {
@@ -440,6 +534,7 @@ int gang_test_config(void)
         cmocka_unit_test(test_served_model_name),
         cmocka_unit_test(test_worker_config),
         cmocka_unit_test(test_layout_rules),
+        cmocka_unit_test(test_layout_ep),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }
