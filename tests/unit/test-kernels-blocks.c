@@ -3,7 +3,7 @@
  * types") in the CPU kernels. For every block type, random blocks with edge cases (an
  * all-zero block, zero and negative scales, the largest and smallest quants, the f16
  * scale's largest finite value) against the dequantize-then-f32 reference computed here
- * in double: gang_kernels_matmul at m = 1, 3, 8 (decode) and 17, 40 (batched, more than
+ * in double: gang_kernels_matmul at m = 1, 2, 3, 8 (decode) and 17, 40 (batched, more than
  * the SIMD kernels' 16 rows per pass), with the portable, the AVX2 and the AVX-512 VNNI
  * kernel (each where the CPU has it; a NOTE says which are skipped), within the bound
  * the contract states for the activations' rounding; each SIMD kernel against the
@@ -158,7 +158,7 @@ static void reference(const float *x, const float *wd, size_t m, size_t n, size_
 static void test_block_matmul(void **state)
 {
     gang_kernels *k = *state;
-    const size_t ms[] = {1, 3, 8, 17, 40};
+    const size_t ms[] = {1, 2, 3, 8, 17, 40};
     const size_t n = 21; /* not a multiple of the 8-row chunks */
     int modes = simd_levels();
 
@@ -166,13 +166,14 @@ static void test_block_matmul(void **state)
         gang_kernels_wtype t = types[ti];
         size_t e, bb;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
-        size_t nb = e == 32 ? 5 : 3, kdim = nb * e;
-        uint8_t *w = make_blocks(t, n, nb);
-        float *wd = malloc(n * kdim * sizeof(float));
-        assert_non_null(wd);
-        assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
         for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
-            size_t m = ms[mi];
+            /* An odd and an even number of 32-element blocks in turn (the VNNI decode
+             * tiles take them in pairs). */
+            size_t m = ms[mi], nb = e == 32 ? 5 + mi % 2 : 3, kdim = nb * e;
+            uint8_t *w = make_blocks(t, n, nb);
+            float *wd = malloc(n * kdim * sizeof(float));
+            assert_non_null(wd);
+            assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
             float *x = make_x(m, kdim), *y[3];
             double *ref = malloc(m * n * sizeof(double)), *tol = malloc(m * n * sizeof(double));
             assert_non_null(ref);
@@ -200,8 +201,8 @@ static void test_block_matmul(void **state)
             for (int simd = 0; simd < modes; simd++)
                 free(y[simd]);
             free(x), free(ref), free(tol);
+            free(w), free(wd);
         }
-        free(w), free(wd);
     }
     gang__cpu_simd_force(-1);
 }
