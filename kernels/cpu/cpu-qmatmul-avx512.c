@@ -123,16 +123,18 @@ QV_INLINE void qv_dec4(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx
 }
 
 /*
- * Two consecutive blocks of a 32-element type (Q8_0, Q4_0, Q4_1) as one 512-bit vector of
- * unsigned codes (block p's 32 then block p + bb's), and their f16 fields as
- * [d0, m0, d1, m1] (m = 0 for the types without one).
+ * Two consecutive blocks of a 32-element type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as one 512-bit
+ * vector of unsigned codes (block p's 32 then block p + bb's; the fifth bits of Q5_0 /
+ * Q5_1 by one masked move of AVX-512BW), and their f16 fields as [d0, m0, d1, m1] (m = 0
+ * for the types without one).
  */
 QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m128 *dm)
 {
+    const int with_m = t == GANG_KW_Q4_1 || t == GANG_KW_Q5_1;
     uint32_t f0 = 0, f1 = 0;
 
-    memcpy(&f0, p, t == GANG_KW_Q4_1 ? 4 : 2);
-    memcpy(&f1, p + bb, t == GANG_KW_Q4_1 ? 4 : 2);
+    memcpy(&f0, p, with_m ? 4 : 2);
+    memcpy(&f1, p + bb, with_m ? 4 : 2);
     *dm = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)f1, (int)f0));
     if (t == GANG_KW_Q8_0) {
         __m512i q = _mm512_inserti64x4(
@@ -140,7 +142,8 @@ QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m
             _mm256_loadu_si256((const __m256i *)(const void *)(p + bb + 2)), 1);
         return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
     }
-    const size_t at = t == GANG_KW_Q4_1 ? 4 : 2;
+    const int five = t == GANG_KW_Q5_0 || t == GANG_KW_Q5_1;
+    const size_t at = 2 + 2 * (size_t)with_m + 4 * (size_t)five; /* the nibbles */
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i v = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + at))),
@@ -148,11 +151,19 @@ QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m
     __m512i lo = _mm512_castsi256_si512(_mm256_and_si256(v, m4));
     __m512i hi = _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
     /* [lo0 hi0 lo1 hi1] in 64-bit units: elements 0-15, 16-31 of each block in turn */
-    return _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
+    __m512i q = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
+    if (five) { /* the fifth bits: element j's is bit j of the 32 bits before the nibbles */
+        uint32_t h0, h1;
+        memcpy(&h0, p + at - 4, 4);
+        memcpy(&h1, p + bb + at - 4, 4);
+        q = _mm512_or_si512(
+            q, _mm512_maskz_mov_epi8(((__mmask64)h1 << 32) | h0, _mm512_set1_epi8(0x10)));
+    }
+    return q;
 }
 
 /*
- * The decode tile of qv_dec4 for Q8_0, Q4_0, Q4_1 over pairs of blocks (an even number of
+ * The decode tile of qv_dec4 for the 32-element types over pairs of blocks (an even number of
  * blocks per row): one vpdpbusd of 64 bytes per pair and W row, the two blocks' scales
  * times x's ([d0 dx0, m0 ds0, d1 dx1, m1 ds1]: one f16 conversion, one product) spread to
  * their 8 lanes each by one permute; the m ds terms add up in lanes 1 and 3 of off.
@@ -253,7 +264,10 @@ QV_INLINE void qv_rows(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx
 /* 1 when type t's rows of kdim elements go in block pairs (qv_dec4p). */
 QV_INLINE int qv_pairs(gang_kernels_wtype t, size_t kdim)
 {
-    return (t == GANG_KW_Q8_0 || t == GANG_KW_Q4_0 || t == GANG_KW_Q4_1) && (kdim / 32) % 2 == 0;
+    size_t e = 0, bb = 0;
+
+    gang_kernels_wtype_block(t, &e, &bb);
+    return e == 32 && (kdim / 32) % 2 == 0;
 }
 
 /* The decode tiles over [o0, o1) for every row of x, type t; returns the first W row
@@ -263,8 +277,7 @@ QV_INLINE size_t qv_dec_rows(gang_kernels_wtype t, size_t m, size_t kdim, const 
                              size_t ldy)
 {
     size_t o = o0;
-    const int pairs =
-        (t == GANG_KW_Q8_0 || t == GANG_KW_Q4_0 || t == GANG_KW_Q4_1) && (kdim / 32) % 2 == 0;
+    const int pairs = qv_pairs(t, kdim);
 
     for (; o + 4 <= o1; o += 4)
         for (size_t r = 0; r < m; r++) {
