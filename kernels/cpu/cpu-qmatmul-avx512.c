@@ -65,6 +65,15 @@ QV_INLINE __m256 qv_scale(gang_kernels_wtype t, const float *a, size_t g, float 
     return _mm256_set1_ps(dx * a[2 * g]);
 }
 
+/* The same for two groups of x (64 bytes), or zeros when t's codes have no offset. */
+QV_INLINE __m512i qv_xoff2(gang_kernels_wtype t, __m512i xv)
+{
+    if (qavx_offset_log2(t) < 0)
+        return _mm512_setzero_si512();
+    __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xv);
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sx, qavx_offset_log2(t)));
+}
+
 /* One block unpacked for the rows' qv_dot: q (signed for the types with an offset) and
  * their |q|. */
 QV_INLINE void qv_unpack(gang_kernels_wtype t, const uint8_t *p, __m256i *q, __m256i *qa, float *a,
@@ -214,6 +223,57 @@ QV_INLINE void qv_dec4p(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *q
     }
 }
 
+/*
+ * The decode tile of qv_dec4 for the 256-element types (Q4_K, Q5_K, Q6_K): a block's
+ * eight groups two by two, one 512-bit vpdpbusd per pair and W row, the four per-16 scales
+ * of the pair times x's spread to their 4 lanes each by one permute.
+ */
+QV_INLINE void qv_dec4k(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx,
+                        const gang_kernels_weight *w, size_t o, size_t r, float *y, size_t ldy)
+{
+    size_t e = 0, bb = 0, groups = kdim / 32;
+    const int has_b = t == GANG_KW_Q4_K || t == GANG_KW_Q5_K;
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[4];
+    float off[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    gang_kernels_wtype_block(t, &e, &bb);
+    const size_t rowb = (kdim / e) * bb;
+    const uint8_t *row0 = (const uint8_t *)w->data + o * rowb;
+    const int8_t *xq = qx->q + r * kdim;
+    const float *xd = qx->d + r * groups, *xs = qx->ds + r * groups;
+    for (int k = 0; k < 4; k++)
+        acc[k] = _mm512_setzero_ps();
+    for (size_t blk = 0; blk < kdim / e; blk++) {
+        __m256i q[4][8];
+        float a[4][16], b[4][8];
+        for (int k = 0; k < 4; k++) {
+            const char *pf = (const char *)row0 + k * rowb + blk * bb + QV_AHEAD;
+            for (size_t c = 0; c < bb; c += 64)
+                _mm_prefetch(pf + c, _MM_HINT_T0);
+            qavx_unpack(t, row0 + k * rowb + blk * bb, q[k], a[k], b[k], 1);
+        }
+        for (size_t g = 0; g < e / 32; g += 2) {
+            size_t gg = blk * e / 32 + g;
+            __m512i xv = _mm512_loadu_si512((const void *)(xq + 32 * gg));
+            __m512i x0 = qv_xoff2(t, xv);
+            __m128 dxx = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(xd + gg)));
+            dxx = _mm_shuffle_ps(dxx, dxx, _MM_SHUFFLE(1, 1, 0, 0));
+            for (int k = 0; k < 4; k++) {
+                __m512i qz = _mm512_inserti64x4(_mm512_castsi256_si512(q[k][g]), q[k][g + 1], 1);
+                __m128 sc = _mm_mul_ps(_mm_loadu_ps(a[k] + 2 * g), dxx);
+                __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(x0, qz, xv));
+                acc[k] = _mm512_fmadd_ps(
+                    s, _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), acc[k]);
+                if (has_b)
+                    off[k] += b[k][g] * xs[gg] + b[k][g + 1] * xs[gg + 1];
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        y[r * ldy + o + (size_t)k] = _mm512_reduce_add_ps(acc[k]) + off[k];
+}
+
 /* Rows [o0, o1) of W against rows [r0, r1) of x (r1 - r0 <= QV_MROWS), type t. */
 QV_INLINE void qv_rows(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx,
                        const gang_kernels_weight *w, size_t o0, size_t o1, size_t r0, size_t r1,
@@ -283,6 +343,8 @@ QV_INLINE size_t qv_dec_rows(gang_kernels_wtype t, size_t m, size_t kdim, const 
         for (size_t r = 0; r < m; r++) {
             if (pairs)
                 qv_dec4p(t, kdim, qx, w, o, r, y, ldy);
+            else if (t == GANG_KW_Q4_K || t == GANG_KW_Q5_K || t == GANG_KW_Q6_K)
+                qv_dec4k(t, kdim, qx, w, o, r, y, ldy);
             else
                 qv_dec4(t, kdim, qx, w, o, r, y, ldy);
         }
