@@ -174,36 +174,32 @@ QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m
 /*
  * The decode tile of qv_dec4 for the 32-element types over pairs of blocks (an even number of
  * blocks per row): one vpdpbusd of 64 bytes per pair and W row, the two blocks' scales
- * times x's ([d0 dx0, m0 ds0, d1 dx1, m1 ds1]: one f16 conversion, one product) spread to
- * their 8 lanes each by one permute; the m ds terms add up in lanes 1 and 3 of off.
+ * times x's ([d0 dx0, m0 ds0, d1 dx1, m1 ds1]: one f16 conversion, one product), then the
+ * two groups' FMAs and offsets one after the other in the AVX2 kernel's order, so that
+ * the results are the AVX2 kernel's to the bit (summing the pair in 16 lanes moved a
+ * SmolLM2 Q4_1 run's logprobs by up to 0.1 nats at the first token: the int8 rounding
+ * of the activations turns last-bit differences into visible ones).
  */
 QV_INLINE void qv_dec4p(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx,
                         const gang_kernels_weight *w, size_t o, size_t r, float *y, size_t ldy)
 {
     size_t e = 0, bb = 0, groups = kdim / 32;
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-    __m512 acc[4];
-    __m128 off[4];
+    const int has_b = t == GANG_KW_Q4_1 || t == GANG_KW_Q5_1;
+    __m256 acc[4];
+    float off[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     gang_kernels_wtype_block(t, &e, &bb);
     const size_t rowb = groups * bb;
     const uint8_t *row0 = (const uint8_t *)w->data + o * rowb;
     const int8_t *xq = qx->q + r * kdim;
     const float *xd = qx->d + r * groups, *xs = qx->ds + r * groups;
-    for (int k = 0; k < 4; k++) {
-        acc[k] = _mm512_setzero_ps();
-        off[k] = _mm_setzero_ps();
-    }
+    for (int k = 0; k < 4; k++)
+        acc[k] = _mm256_setzero_ps();
     for (size_t g = 0; g < groups; g += 2) {
-        __m512i xv = _mm512_loadu_si512((const void *)(xq + 32 * g)), x0 = _mm512_setzero_si512();
+        __m512i xv = _mm512_loadu_si512((const void *)(xq + 32 * g)), x0 = qv_xoff2(t, xv);
         __m128 dxs =
             _mm_unpacklo_ps(_mm_castpd_ps(_mm_load_sd((const double *)(const void *)(xd + g))),
                             _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(xs + g))));
-        if (qavx_offset_log2(t) >= 0) {
-            __m512i sx = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xv);
-            x0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                  _mm512_slli_epi32(sx, qavx_offset_log2(t)));
-        }
         for (int k = 0; k < 4; k++) {
             const uint8_t *p = row0 + k * rowb + g * bb;
             __m128 dm;
@@ -211,67 +207,18 @@ QV_INLINE void qv_dec4p(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *q
             __m512i qz = qv_pair(t, p, bb, &dm);
             __m128 sc = _mm_mul_ps(dm, dxs);
             __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(x0, qz, xv));
-            acc[k] = _mm512_fmadd_ps(s, _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)),
-                                     acc[k]);
-            off[k] = _mm_add_ps(off[k], sc);
-        }
-    }
-    for (int k = 0; k < 4; k++) {
-        float f[4];
-        _mm_storeu_ps(f, off[k]);
-        y[r * ldy + o + (size_t)k] = _mm512_reduce_add_ps(acc[k]) + (f[1] + f[3]);
-    }
-}
-
-/*
- * The decode tile of qv_dec4 for the 256-element types (Q4_K, Q5_K, Q6_K): a block's
- * eight groups two by two, one 512-bit vpdpbusd per pair and W row, the four per-16 scales
- * of the pair times x's spread to their 4 lanes each by one permute.
- */
-QV_INLINE void qv_dec4k(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx,
-                        const gang_kernels_weight *w, size_t o, size_t r, float *y, size_t ldy)
-{
-    size_t e = 0, bb = 0, groups = kdim / 32;
-    const int has_b = t == GANG_KW_Q4_K || t == GANG_KW_Q5_K;
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 acc[4];
-    float off[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-
-    gang_kernels_wtype_block(t, &e, &bb);
-    const size_t rowb = (kdim / e) * bb;
-    const uint8_t *row0 = (const uint8_t *)w->data + o * rowb;
-    const int8_t *xq = qx->q + r * kdim;
-    const float *xd = qx->d + r * groups, *xs = qx->ds + r * groups;
-    for (int k = 0; k < 4; k++)
-        acc[k] = _mm512_setzero_ps();
-    for (size_t blk = 0; blk < kdim / e; blk++) {
-        __m256i q[4][8];
-        float a[4][16], b[4][8];
-        for (int k = 0; k < 4; k++) {
-            const char *pf = (const char *)row0 + k * rowb + blk * bb + QV_AHEAD;
-            for (size_t c = 0; c < bb; c += 64)
-                _mm_prefetch(pf + c, _MM_HINT_T0);
-            qavx_unpack(t, row0 + k * rowb + blk * bb, q[k], a[k], b[k], 1);
-        }
-        for (size_t g = 0; g < e / 32; g += 2) {
-            size_t gg = blk * e / 32 + g;
-            __m512i xv = _mm512_loadu_si512((const void *)(xq + 32 * gg));
-            __m512i x0 = qv_xoff2(t, xv);
-            __m128 dxx = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(xd + gg)));
-            dxx = _mm_shuffle_ps(dxx, dxx, _MM_SHUFFLE(1, 1, 0, 0));
-            for (int k = 0; k < 4; k++) {
-                __m512i qz = _mm512_inserti64x4(_mm512_castsi256_si512(q[k][g]), q[k][g + 1], 1);
-                __m128 sc = _mm_mul_ps(_mm_loadu_ps(a[k] + 2 * g), dxx);
-                __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(x0, qz, xv));
-                acc[k] = _mm512_fmadd_ps(
-                    s, _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), acc[k]);
-                if (has_b)
-                    off[k] += b[k][g] * xs[gg] + b[k][g + 1] * xs[gg + 1];
+            __m256 s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+            /* group by group, in the AVX2 kernel's order: the same f32 results */
+            acc[k] = _mm256_fmadd_ps(_mm512_castps512_ps256(s), _mm256_broadcastss_ps(sc), acc[k]);
+            acc[k] = _mm256_fmadd_ps(s1, _mm256_broadcastss_ps(_mm_movehl_ps(sc, sc)), acc[k]);
+            if (has_b) {
+                off[k] += _mm_cvtss_f32(_mm_shuffle_ps(sc, sc, 1));
+                off[k] += _mm_cvtss_f32(_mm_shuffle_ps(sc, sc, 3));
             }
         }
     }
     for (int k = 0; k < 4; k++)
-        y[r * ldy + o + (size_t)k] = _mm512_reduce_add_ps(acc[k]) + off[k];
+        y[r * ldy + o + (size_t)k] = gang__avx2_hsum(acc[k]) + off[k];
 }
 
 /* Rows [o0, o1) of W against rows [r0, r1) of x (r1 - r0 <= QV_MROWS), type t. */
@@ -343,8 +290,6 @@ QV_INLINE size_t qv_dec_rows(gang_kernels_wtype t, size_t m, size_t kdim, const 
         for (size_t r = 0; r < m; r++) {
             if (pairs)
                 qv_dec4p(t, kdim, qx, w, o, r, y, ldy);
-            else if (t == GANG_KW_Q4_K || t == GANG_KW_Q5_K || t == GANG_KW_Q6_K)
-                qv_dec4k(t, kdim, qx, w, o, r, y, ldy);
             else
                 qv_dec4(t, kdim, qx, w, o, r, y, ldy);
         }
