@@ -7,7 +7,8 @@ difference (a near tie when the gap is small). One JSON line per prompt on stdou
   gguf-greedy-vs-llama.py BIN FILE.gguf [--steps 32] [--llama-bin DIR]
 
 Runs one llama-server and one `ganglion serve --local` (2 threads each, loopback ports),
-both stopped at the end."""
+both stopped at the end. llama-server runs without its weight repacking
+(LLAMA_ARG_REPACK=false): with it, this build crashes at start on an AMX CPU."""
 import argparse
 import json
 import os
@@ -72,7 +73,8 @@ def main():
         llama = subprocess.Popen([os.path.join(a.llama_bin, "llama-server"), "-m", a.gguf,
                                   "--port", str(lp), "-t", "2", "-c", "512", "-np", "1"],
                                  stdout=open(os.path.join(work, "llama.log"), "w"),
-                                 stderr=subprocess.STDOUT)
+                                 stderr=subprocess.STDOUT,
+                                 env=dict(os.environ, LLAMA_ARG_REPACK="false"))
         procs.append(llama)
         gang = subprocess.Popen([a.bin, "serve", "--local", "--model", a.gguf, "--max-ctx", "512",
                                  "--kv-cache-mb", "64", "--http-port", str(gp),

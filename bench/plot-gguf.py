@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Bar chart of bench/gguf-vs-llama.sh's JSON lines: decode tokens/s per GGUF file and
-batch, one bar per engine (ganglion on the file's own blocks, llama.cpp), log scale.
+batch, one bar per engine (ganglion on the file's own blocks; llama.cpp with its weight
+repacking, AMX on this CPU, and without it, `llama.cpp-norepack`), log scale.
 Needs matplotlib (the reference Python of scripts/fetch-reference.sh has it).
 
 Usage: plot-gguf.py RESULTS.jsonl OUT.png [--title TEXT]
@@ -25,11 +26,12 @@ def main():
                 continue
     files = sorted({r["file"] for r in rows})
     batches = sorted({r["batch"] for r in rows})
-    engines = ["ganglion", "llama.cpp"]
+    engines = [e for e in ("ganglion", "llama.cpp", "llama.cpp-norepack")
+               if any(r["engine"] == e for r in rows)]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / (len(batches) * len(engines))
     labels = []
     for fi, f in enumerate(files):
@@ -42,14 +44,15 @@ def main():
                 if not v:
                     continue
                 x = fi + (bi * len(engines) + ei - (len(batches) * len(engines) - 1) / 2) * width
-                ax.bar(x, v[0], width, color=("C%d" % (2 * bi + ei)))
+                ax.bar(x, v[0], width, color=("C%d" % (len(engines) * bi + ei)))
                 ax.text(x, v[0], "%.0f" % v[0], ha="center", va="bottom", fontsize=7)
     present = {(r["batch"], r["engine"]) for r in rows}
     pairs = [(bi, ei) for bi in range(len(batches)) for ei in range(len(engines))
              if (batches[bi], engines[ei]) in present]
-    handles = [plt.Rectangle((0, 0), 1, 1, color="C%d" % (2 * bi + ei)) for bi, ei in pairs]
+    handles = [plt.Rectangle((0, 0), 1, 1, color="C%d" % (len(engines) * bi + ei))
+               for bi, ei in pairs]
     names = ["%s batch %d" % (engines[ei], batches[bi]) for bi, ei in pairs]
-    ax.legend(handles, names, fontsize=8, ncol=2)
+    ax.legend(handles, names, fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.set_xticks(range(len(files)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_yscale("log")

@@ -21,7 +21,7 @@ int gang__cpu_simd(void)
     int s = atomic_load_explicit(&cpu_simd, memory_order_relaxed);
 
     if (s < 0) {
-        s = gang__cpu_avx2_usable();
+        s = gang__cpu_avx512_usable() ? 2 : gang__cpu_avx2_usable();
         atomic_store_explicit(&cpu_simd, s, memory_order_relaxed);
     }
     return s;

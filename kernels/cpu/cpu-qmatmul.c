@@ -7,8 +7,9 @@
  * groups of 32 signed bytes with a scale per 16 and an offset per 32 (gang__kw_unpack),
  * and each group adds d (a0 s0 + a1 s1) + b d sum(qx) to the output, s0 and s1 being the
  * exact int32 products of its two halves. The portable loop below is the reference the
- * AVX2 kernel (cpu-qmatmul-avx2.c, chosen at run time as for the other types) is tested
- * against: both compute the same integers, only the f32 summation order differs.
+ * AVX2 kernel (cpu-qmatmul-avx2.c) and the AVX-512 VNNI one (cpu-qmatmul-avx512.c) are
+ * tested against, chosen at run time by gang__cpu_simd()'s level: all compute the same
+ * integers, only the f32 summation order differs.
  *
  * Work split as cpu-matmul.c's: chunks of whole rows of W on the pool, every chunk
  * against every row of x, so each block is read and unpacked once per call (per 16 rows
@@ -108,7 +109,9 @@ static void qmm_chunk(void *arg, size_t c)
     size_t o0 = c * j->rows_per_chunk;
     size_t o1 = o0 + j->rows_per_chunk < j->n ? o0 + j->rows_per_chunk : j->n;
 
-    if (j->simd)
+    if (j->simd >= 2)
+        gang__cpu_qmatmul_rows_avx512(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
+    else if (j->simd)
         gang__cpu_qmatmul_rows_avx2(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
     else
         gang__cpu_qmatmul_rows_ref(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);

@@ -34,10 +34,12 @@ static inline float gang__cpu_welem(gang_kernels_wtype t, const void *row, size_
     return ((const float *)row)[i];
 }
 
-/* cpu-backend.c: 1 when the AVX2 kernels (matmul, attention items, SiLU) run, 0 when the
- * portable ones do; decided from the CPU (gang__cpu_avx2_usable) at the first call. Tests:
- * gang__cpu_simd_force(1) forces the AVX2 kernels (only where usable), 0 the portable
- * ones, -1 decides again from the CPU. */
+/* cpu-backend.c: the SIMD level the kernels run at, decided from the CPU at the first call:
+ * 0 the portable kernels, 1 the AVX2 ones (matmul, attention items, SiLU, block products;
+ * gang__cpu_avx2_usable), 2 the same plus the AVX-512 VNNI block products
+ * (gang__cpu_avx512_usable; every other kernel stays AVX2 there). Tests:
+ * gang__cpu_simd_force(level) forces a level (only one the CPU runs), -1 decides again
+ * from the CPU. */
 int gang__cpu_simd(void);
 void gang__cpu_simd_force(int simd);
 
@@ -103,6 +105,12 @@ void gang__cpu_qmatmul_rows_ref(size_t m, size_t kdim, const gang__cpu_qx *qx,
 void gang__cpu_qmatmul_rows_avx2(size_t m, size_t kdim, const gang__cpu_qx *qx,
                                  const gang_kernels_weight *w, size_t o0, size_t o1, float *y,
                                  size_t ldy);
+/* cpu-qmatmul-avx512.c (compiled with the AVX-512 F/BW/VL/VNNI flags on x86-64): 1 when
+ * this build has the VNNI kernel and the CPU runs it; the same rows by vpdpbusd. */
+int gang__cpu_avx512_usable(void);
+void gang__cpu_qmatmul_rows_avx512(size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                   const gang_kernels_weight *w, size_t o0, size_t o1, float *y,
+                                   size_t ldy);
 
 /* cpu-pool.c: runs fn(arg, c) for every chunk c < chunks on the pool's threads and the
  * caller, returning when all are done (see the file's comment). gang__cpu_threads: the

@@ -3,10 +3,11 @@
  * types") in the CPU kernels. For every block type, random blocks with edge cases (an
  * all-zero block, zero and negative scales, the largest and smallest quants, the f16
  * scale's largest finite value) against the dequantize-then-f32 reference computed here
- * in double: gang_kernels_matmul at m = 1, 3, 8 (decode) and 17, 40 (batched, more than
- * the AVX2 kernel's 16 rows per pass), with the portable and the AVX2 kernel (where the
- * CPU has it; said so otherwise), within the bound the contract states for the
- * activations' rounding; the two kernels against each other much tighter; the embedding
+ * in double: gang_kernels_matmul at m = 1, 2, 3, 8 (decode) and 17, 40 (batched, more than
+ * the SIMD kernels' 16 rows per pass), with the portable, the AVX2 and the AVX-512 VNNI
+ * kernel (each where the CPU has it; a NOTE says which are skipped), within the bound
+ * the contract states for the activations' rounding; each SIMD kernel against the
+ * portable one much tighter; the embedding
  * rows of a block table equal to the dequantized rows; the sizes and refusals.
  */
 #include <setjmp.h>
@@ -20,7 +21,23 @@
 #include <cmocka.h>
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
-#include "cpu/cpu.h" /* the AVX2 switch */
+#include "cpu/cpu.h" /* the SIMD levels */
+
+static const char *const level_name[] = {"portable", "avx2", "avx512-vnni"};
+
+/* The SIMD levels this CPU runs (gang__cpu_simd_force's), saying once which are skipped. */
+static int simd_levels(void)
+{
+    static int said;
+    int n = gang__cpu_avx512_usable() ? 3 : gang__cpu_avx2_usable() ? 2 : 1;
+
+    if (!said && n < 3)
+        print_message(
+            "[  SKIP    ] %s: this CPU (or build) lacks it; those kernels untested here\n",
+            n == 1 ? "AVX2+FMA+F16C and AVX-512 VNNI" : "AVX-512 F/BW/VL/VNNI");
+    said = 1;
+    return n;
+}
 
 static const gang_kernels_wtype types[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
                                            GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
@@ -141,24 +158,23 @@ static void reference(const float *x, const float *wd, size_t m, size_t n, size_
 static void test_block_matmul(void **state)
 {
     gang_kernels *k = *state;
-    const size_t ms[] = {1, 3, 8, 17, 40};
+    const size_t ms[] = {1, 2, 3, 8, 17, 40};
     const size_t n = 21; /* not a multiple of the 8-row chunks */
-    int modes = gang__cpu_avx2_usable() ? 2 : 1;
+    int modes = simd_levels();
 
-    if (modes == 1)
-        print_message("[  NOTE    ] no AVX2+FMA+F16C here: only the portable kernel is tested\n");
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         gang_kernels_wtype t = types[ti];
         size_t e, bb;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
-        size_t nb = e == 32 ? 5 : 3, kdim = nb * e;
-        uint8_t *w = make_blocks(t, n, nb);
-        float *wd = malloc(n * kdim * sizeof(float));
-        assert_non_null(wd);
-        assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
         for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
-            size_t m = ms[mi];
-            float *x = make_x(m, kdim), *y[2];
+            /* An odd and an even number of 32-element blocks in turn (the VNNI decode
+             * tiles take them in pairs). */
+            size_t m = ms[mi], nb = e == 32 ? 5 + mi % 2 : 3, kdim = nb * e;
+            uint8_t *w = make_blocks(t, n, nb);
+            float *wd = malloc(n * kdim * sizeof(float));
+            assert_non_null(wd);
+            assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
+            float *x = make_x(m, kdim), *y[3];
             double *ref = malloc(m * n * sizeof(double)), *tol = malloc(m * n * sizeof(double));
             assert_non_null(ref);
             assert_non_null(tol);
@@ -172,19 +188,27 @@ static void test_block_matmul(void **state)
                 for (size_t i = 0; i < m * n; i++)
                     if (!(fabs(y[simd][i] - ref[i]) <= tol[i]))
                         fail_msg("%s %s m %zu: y[%zu, %zu] = %.9g, reference %.9g (bound %.3g)",
-                                 gang_kernels_wtype_name(t), simd ? "avx2" : "portable", m, i / n,
-                                 i % n, (double)y[simd][i], ref[i], tol[i]);
+                                 gang_kernels_wtype_name(t), level_name[simd], m, i / n, i % n,
+                                 (double)y[simd][i], ref[i], tol[i]);
             }
-            /* Both kernels compute the same integers: only f32 summation order differs. */
-            for (size_t i = 0; modes == 2 && i < m * n; i++)
-                if (!(fabs(y[0][i] - y[1][i]) <= 1e-5 * (tol[i] + fabs(ref[i]))))
-                    fail_msg("%s m %zu: portable %.9g and avx2 %.9g differ at %zu",
-                             gang_kernels_wtype_name(t), m, (double)y[0][i], (double)y[1][i], i);
+            /* The AVX-512 VNNI kernel sums in the AVX2 kernel's order: equal to the bit (the
+             * int8 rounding of the next layer's activations would magnify any difference). */
+            for (size_t i = 0; modes == 3 && i < m * n; i++)
+                if (memcmp(&y[1][i], &y[2][i], sizeof(float)) != 0)
+                    fail_msg("%s m %zu: avx2 %.9g and avx512-vnni %.9g differ at %zu",
+                             gang_kernels_wtype_name(t), m, (double)y[1][i], (double)y[2][i], i);
+            /* The kernels compute the same integers: only f32 summation order differs. */
+            for (int simd = 1; simd < modes; simd++)
+                for (size_t i = 0; i < m * n; i++)
+                    if (!(fabs(y[0][i] - y[simd][i]) <= 1e-5 * (tol[i] + fabs(ref[i]))))
+                        fail_msg("%s m %zu: portable %.9g and %s %.9g differ at %zu",
+                                 gang_kernels_wtype_name(t), m, (double)y[0][i], level_name[simd],
+                                 (double)y[simd][i], i);
             for (int simd = 0; simd < modes; simd++)
                 free(y[simd]);
             free(x), free(ref), free(tol);
+            free(w), free(wd);
         }
-        free(w), free(wd);
     }
     gang__cpu_simd_force(-1);
 }
@@ -194,7 +218,7 @@ static void test_block_matmul(void **state)
 static void test_block_exact_grid(void **state)
 {
     gang_kernels *k = *state;
-    int modes = gang__cpu_avx2_usable() ? 2 : 1;
+    int modes = simd_levels();
 
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         gang_kernels_wtype t = types[ti];
@@ -221,8 +245,7 @@ static void test_block_exact_grid(void **state)
                     mag += fabs((double)x[i] * wd[o * kdim + i]);
                 if (!(fabs(y[o] - ref[o]) <= 2e-6 * mag + 1e-30))
                     fail_msg("%s %s: on the grid y[%zu] = %.9g, reference %.9g",
-                             gang_kernels_wtype_name(t), simd ? "avx2" : "portable", o,
-                             (double)y[o], ref[o]);
+                             gang_kernels_wtype_name(t), level_name[simd], o, (double)y[o], ref[o]);
             }
         }
         free(w), free(wd);
