@@ -5,8 +5,10 @@
 #
 #   bash bench/llama-suite.sh [BUILD_DIR] [pytest file args...]
 #
-# (default: unit/test_basic.py unit/test_tokenize.py unit/test_chat_completion.py; both
-# servers run their copy of the suite at once.) LLAMA_SUITE_OUT keeps the logs and XML.
+# (default: the files and tests below that speak the OpenAI API or the neighbours ganglion
+# documents; both servers run their copy of the suite at once, without the tests marked
+# slow, as the suite's own tests.sh runs by default: they fetch bigger models; set
+# LLAMA_SUITE_MARK="" to run them too.) LLAMA_SUITE_OUT keeps the logs and XML.
 #
 # bench/llama_suite_plugin.py makes the suite serve the one local file (no Hugging Face
 # download) and start `ganglion serve --local` for the ganglion run; the tests listed in
@@ -25,9 +27,16 @@ BUILD=${1:-build}
 shift || true
 FILES=("$@")
 if [ ${#FILES[@]} -eq 0 ]; then
-    # The files whose tests speak the OpenAI API (or its neighbours: /health, /v1/models,
-    # /tokenize, the API key): about 15 minutes for both servers at once on two cores.
-    FILES=(unit/test_basic.py unit/test_tokenize.py unit/test_chat_completion.py)
+    # The tests that speak the OpenAI API or its neighbours (/health, /v1/models, /tokenize,
+    # the API key, CORS, streaming, tools): whole files where most of them do, single tests
+    # where the rest of the file is llama.cpp's native /completion. docs/api.md says why
+    # the other files are not run. About 13 minutes for both servers at once on two cores
+    # (load average 4-5).
+    FILES=(unit/test_basic.py unit/test_tokenize.py unit/test_chat_completion.py
+        unit/test_security.py unit/test_stream.py unit/test_tool_call.py
+        unit/test_completion.py::test_completion_with_openai_library
+        unit/test_completion.py::test_completion_stream_with_openai_library
+        unit/test_ctx_shift.py::test_ctx_shift_disabled_stream)
 fi
 BIN=$ROOT/$BUILD/bin/ganglion
 [ -x "$BIN" ] || { echo "llama-suite: no $BIN (make build first)" >&2; exit 2; }
@@ -45,6 +54,7 @@ work=$(mktemp -d /tmp/ganglion-llama-suite.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 out=${LLAMA_SUITE_OUT:-$work}
 port=${LLAMA_SUITE_PORT:-18700}
+mark=${LLAMA_SUITE_MARK-not slow}
 # Both targets at once, each on its own port and copy of the suite.
 pids=()
 for target in llama-server ganglion; do
@@ -53,7 +63,7 @@ for target in llama-server ganglion; do
         SUITE_GANGLION_BIN="$BIN" SUITE_XFAIL="$ROOT/bench/llama-suite-xfail.txt" \
         LLAMA_SERVER_BIN_PATH="$LLAMA_BIN/llama-server" LLAMA_ARG_REPACK=false PORT="$port" \
         "$VENV/bin/python" -m pytest -p llama_suite_plugin -v -p no:cacheprovider \
-        --junitxml="$out/$target.xml" "${FILES[@]}" >"$out/$target.log" 2>&1) &
+        ${mark:+-m "$mark"} --junitxml="$out/$target.xml" "${FILES[@]}" >"$out/$target.log" 2>&1) &
     pids+=($!)
     port=$((port + 100))
 done

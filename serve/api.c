@@ -586,6 +586,36 @@ static int authorized(const gang_api *api, const gang_http_request *req)
     return alen == klen && sodium_memcmp(a, api->cfg.api_key, klen) == 0;
 }
 
+/*
+ * Answers a request for no API route, or returns 0 to leave it to the agent (its GET
+ * probes and the 404 of other GETs): a /v1 path is 404 not_found; one of OpenAI's paths
+ * without /v1 (a client whose base URL lacks it, as llama-server's aliases allow) is 404
+ * naming the /v1 path; another method than GET/HEAD is 405 method_not_allowed, all in
+ * OpenAI's error shape.
+ */
+static int unrouted(gang_api *api, gang_http_exchange *x, const gang_http_request *req)
+{
+    char v1[96];
+    if (strncmp(req->path, "/v1/", 4) == 0) {
+        gang__api_error(api, x, 404, "not_found", "no such endpoint: %.200s", req->path);
+        return 1;
+    }
+    snprintf(v1, sizeof(v1), "/v1%.80s", req->path);
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strcmp(v1, routes[i].path) == 0) {
+            gang__api_error(api, x, 404, "not_found",
+                            "no such endpoint: %.80s (OpenAI's API is under /v1: %s)", req->path,
+                            v1);
+            return 1;
+        }
+    if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "HEAD") != 0) {
+        gang__api_error(api, x, 405, "method_not_allowed", "method not allowed: %.16s %.200s",
+                        req->method, req->path);
+        return 1;
+    }
+    return 0;
+}
+
 int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_request *req)
 {
     const api_route *r = NULL;
@@ -595,11 +625,7 @@ int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_reques
     if (strncmp(req->path, "/v1/models/", 11) == 0 && req->path[11] != '\0')
         r = &model_route;
     if (r == NULL)
-        return strncmp(req->path, "/v1/", 4) == 0
-                   ? (gang__api_error(api, x, 404, "not_found", "no such endpoint: %.200s",
-                                      req->path),
-                      1)
-                   : 0;
+        return unrouted(api, x, req);
     int is_get = strcmp(r->method, "GET") == 0;
     if (strcmp(req->method, r->method) != 0 && !(is_get && strcmp(req->method, "HEAD") == 0)) {
         gang__api_error(api, x, 405, "method_not_allowed", "method not allowed: %s %s", r->method,

@@ -334,10 +334,11 @@ void gang_api_close(gang_api *api);
 
 /*
  * Serves the request if its path belongs to the API (/v1/..., /tokenize, /detokenize) and
- * returns 1; returns 0 for any other path. api NULL (an agent without an API: it failed to
- * start) answers 404. A wrong method gets 405, a missing or wrong
- * API key 401 (when one is configured), every error in OpenAI's shape
- * {"error":{"message","type","code"}}.
+ * returns 1; also answers (1) one of OpenAI's paths without its /v1 (404 naming the /v1
+ * path) and any method but GET/HEAD on another path (405); returns 0 for the other GETs.
+ * api NULL (an agent without an API: it failed to start) answers 404. A wrong method gets
+ * 405, a missing or wrong API key 401 (when one is configured), every error in OpenAI's
+ * shape {"error":{"message","type","param","code"}}.
  */
 int gang_api_handle(gang_api *api, gang_http_exchange *x, const gang_http_request *req);
 

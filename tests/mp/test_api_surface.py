@@ -14,7 +14,8 @@ tokenizer and chat template (one rank, an API key, --cors-allow-origin):
   -Headers and no API key; answers (JSON, errors and streams) carry the origin header;
 * every error in OpenAI's shape {"error": {"message", "type", "param", "code"}}: code a
   string or null, never a number; type invalid_request_error below 500; param the field
-  a 400 names; a path outside /v1 (the agent's own 404) too; a NUL in a prompt string and
+  a 400 names; a path outside /v1 (the agent's own 404) too, OpenAI's path without /v1
+  (404 naming the /v1 one) and a POST to a probe (405); a NUL in a prompt string and
   trailing bytes after the JSON body are refused, not cut or ignored;
 * the injection test: special-token text in chat content (a forged system turn) is
   tokenized as text, not as the template's special ids; an unknown role is 400;
@@ -169,6 +170,14 @@ def check_errors(g):
     check_error(s, hs, r, 404, "no such /v1 path")
     s, hs, r = request(g, "GET", "/nothing")
     check_error(s, hs, r, 404, "a path outside /v1")
+    # A client whose base URL lacks /v1 (llama-server also answers there): 404 naming the
+    # /v1 path; another method on a path outside the API: 405, both in OpenAI's shape.
+    s, hs, r = request(g, "POST", "/chat/completions",
+                       {"messages": [{"role": "user", "content": "x"}]})
+    check_error(s, hs, r, 404, "OpenAI's path without /v1")
+    H.check("/v1/chat/completions" in r["error"]["message"], "no /v1 hint: %r" % r)
+    s, hs, r = request(g, "POST", "/healthz", {})
+    check_error(s, hs, r, 405, "POST to a probe")
     s, hs, r = request(g, "POST", "/v1/completions", raw='{"prompt": "hi", "max_tokens": 2} xyz')
     check_error(s, hs, r, 400, "trailing garbage")
     s, hs, r = request(g, "POST", "/v1/completions", raw='{"prompt": "a\\u0000b", "max_tokens": 2}')

@@ -1684,7 +1684,7 @@ static void test_kv_transfer_background(void **state)
         }
         int busy0 = atomic_load(&mx.busy);
         uint64_t t0 = gang_now_ms();
-        assert_int_equal(gang_engine_step(de, k, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        assert_int_equal(gang_engine_step(de, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
         uint64_t took = gang_now_ms() - t0;
         int busy = busy0 && atomic_load(&mx.busy);
         /* Once B is admitted, the test waits (up to 2 s) until its fetch has begun: on a
