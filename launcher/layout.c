@@ -238,13 +238,6 @@ int gang_layout_read_model(gang_layout *l, gang_topology *t, char *err, size_t e
     /* A MoE model: how its experts sit on the TP groups. */
     if (gang_model_moe_layout(&l->mc, (uint32_t)l->tc.tp, l->ep, err, errlen) != 0)
         return GANG_EUSAGE;
-    if (l->mc.n_experts > 0 && l->ep > 1 && l->uses_nccl) {
-        snprintf(err, errlen,
-                 "--ep %u: the experts' all-to-all runs over the socket backend in this version "
-                 "(--backend socket)",
-                 l->ep);
-        return GANG_EUSAGE;
-    }
     uint32_t allowed = l->mc.max_ctx_allowed > 0 ? l->mc.max_ctx_allowed : l->mc.max_pos;
     if (l->max_ctx > allowed) {
         snprintf(err, errlen, "--max-ctx %u exceeds the model's context %u", l->max_ctx, allowed);

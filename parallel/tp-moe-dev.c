@@ -4,10 +4,14 @@
  * the row gather (gang_kernels_embedding by token index), the experts -- one GEMM per
  * active expert for gate, up and down, a loop of GEMMs on the handle's one stream -- and
  * the shared expert run there. The routing decision needs the router's logits on the host
- * (as the references route in f32 on the host too), the all-to-alls run over the host
- * communicator the gang's socket backend is, and the weighted combine is done on the host
- * before one upload of the block's output: three host synchronisations per MoE layer,
- * which a device-side combine and an NCCL all-to-all would remove (not done yet).
+ * (as the references route in f32 on the host too). The all-to-alls run over the gang's
+ * communicator: a host one (socket, mpi) moves host rows; a device-memory one (nccl) moves
+ * d's device buffers by grouped send/recv -- the counts first, downloaded to size the rows,
+ * then the rows uploaded in plan order, exchanged device to device and downloaded for the
+ * regroup by expert (no allocation: d's buffers already hold a call's rows). The weighted
+ * combine is done on the host before one upload of the block's output: several host
+ * synchronisations per MoE layer, which a device-side gather, regroup and combine would
+ * remove (not done yet).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +32,7 @@ typedef struct gang_tp_moe_dev {
     float *sh_host, *g_host; /* host [cap, hidden], [cap] */
     int32_t *ids_host;       /* host [cap * top_k] */
     size_t *run_n;           /* host [expert_count]: rows of each local expert */
+    size_t *cnt;             /* dev [2 * n_experts]: the counts sent, then received */
 } gang_tp_moe_dev;
 
 static void dev_buffers_free(gang_kernels *k, gang_tp_moe_dev *d)
@@ -42,6 +47,7 @@ static void dev_buffers_free(gang_kernels *k, gang_tp_moe_dev *d)
     gang_kernels_free(k, d->up);
     gang_kernels_free(k, d->sh_out);
     gang_kernels_free(k, d->sh_g);
+    gang_kernels_free(k, d->cnt);
     free(d->y_host);
     free(d->x_host);
     free(d->sh_host);
@@ -79,6 +85,7 @@ static int dev_buffers(gang_tp_moe *m, gang_kernels *k, size_t tokens, gang_tp_m
     DEV_ALLOC(d->up, rows * (wide ? wide : 1) * sizeof(float));
     DEV_ALLOC(d->sh_out, cap * h * sizeof(float));
     DEV_ALLOC(d->sh_g, cap * sizeof(float));
+    DEV_ALLOC(d->cnt, 2 * m->n_experts * sizeof(size_t));
 #undef DEV_ALLOC
     d->y_host = malloc(cap * h * sizeof(float));
     d->x_host = malloc(cap * h * sizeof(float));
@@ -118,6 +125,106 @@ static int dev_experts(const gang_tp_moe *m, gang_kernels *k, gang_tp_moe_dev *d
     return 0;
 }
 
+/* All-to-all(v) of device buffers: send_n[r] / recv_n[r] items of `unit` bytes per rank,
+ * contiguous per rank in rank order on both sides (sizes and offsets in s->xc.a2a). */
+static int dev_a2a(gang_comm *c, gang_tp_moe_scratch *s, const void *send, const size_t *send_n,
+                   void *recv, const size_t *recv_n, size_t unit, uint64_t deadline)
+{
+    uint32_t n = gang_comm_size(c);
+    size_t *v = s->xc.a2a, so = 0, ro = 0;
+    uint64_t left;
+    gang_comm_a2a a;
+    int rc = gang_deadline_left(deadline, &left);
+
+    if (rc != 0)
+        return rc;
+    for (uint32_t r = 0; r < n; r++) {
+        v[r] = send_n[r] * unit;
+        v[n + r] = so;
+        so += v[r];
+        v[2 * n + r] = recv_n[r] * unit;
+        v[3 * n + r] = ro;
+        ro += v[2 * n + r];
+    }
+    a = (gang_comm_a2a){send, so, v, v + n, recv, ro, v + 2 * n, v + 3 * n};
+    return gang_comm_all_to_all_v(c, &a, left);
+}
+
+/*
+ * Dispatch over a device-memory communicator (nccl): the per-(rank, local expert) counts
+ * go first through d->cnt and come back to the host to size the rows' exchange (bounded by
+ * d->rows' capacity, checked before use); the run's rows, gathered on the host in plan order,
+ * are uploaded to d->out and sent into d->rows, then downloaded into s->xc.recv for the
+ * expert-major regroup. No allocation: d's buffers are sized for the call already.
+ */
+static int dev_dispatch(const gang_tp_moe *m, gang_kernels *k, gang_comm *comm,
+                        gang_tp_moe_scratch *s, gang_tp_moe_dev *d, uint64_t deadline)
+{
+    uint32_t ep = m->ep, per = m->expert_count, ne = m->n_experts;
+    size_t each[GANG_MOE_MAX_EXPERTS], in_rows[GANG_MOE_MAX_EXPERTS], total = 0, h = m->hidden;
+    size_t cap_rows = d->cap * m->top_k * ep, row = h * sizeof(float);
+    int rc;
+
+    if (ep > GANG_MOE_MAX_EXPERTS || gang_comm_size(comm) != ep || ne != ep * per)
+        return GANG_EINVAL;
+    for (uint32_t e = 0; e < ne; e++)
+        s->xc.cnt_out[e] = s->plan.send_expert[e];
+    for (uint32_t r = 0; r < ep; r++)
+        each[r] = per;
+    rc = gang_kernels_upload(k, d->cnt, s->xc.cnt_out, ne * sizeof(size_t));
+    if (rc == 0)
+        rc = dev_a2a(comm, s, d->cnt, each, d->cnt + ne, each, sizeof(size_t), deadline);
+    if (rc == 0)
+        rc = gang_kernels_download(k, s->xc.cnt_in, d->cnt + ne, ne * sizeof(size_t));
+    if (rc != 0)
+        return rc;
+    for (uint32_t r = 0; r < ep; r++) { /* peers' counts: bounded before they size anything */
+        in_rows[r] = 0;
+        for (uint32_t i = 0; i < per; i++) {
+            if (s->xc.cnt_in[r * per + i] > cap_rows - total)
+                return GANG_ERANGE;
+            in_rows[r] += s->xc.cnt_in[r * per + i];
+            total += s->xc.cnt_in[r * per + i];
+        }
+    }
+    if (total > s->xc.recv_cap_rows || s->plan.slots > cap_rows)
+        return GANG_ERANGE;
+    for (size_t i = 0; i < s->plan.slots; i++)
+        memcpy(s->xc.send + i * h, d->x_host + (size_t)(s->plan.order[i] / m->top_k) * h, row);
+    rc = s->plan.slots > 0 ? gang_kernels_upload(k, d->out, s->xc.send, s->plan.slots * row) : 0;
+    if (rc == 0)
+        rc = dev_a2a(comm, s, d->out, s->plan.send_rows, d->rows, in_rows, row, deadline);
+    if (rc == 0 && total > 0)
+        rc = gang_kernels_download(k, s->xc.recv, d->rows, total * row);
+    s->xc.recv_rows = rc == 0 ? total : 0;
+    return rc;
+}
+
+/* Combine over a device-memory communicator: s->xc.recv's outputs uploaded to d->rows, sent
+ * back into d->out in the plan's slots, downloaded and weighted into yr on the host. */
+static int dev_combine(const gang_tp_moe *m, gang_kernels *k, gang_comm *comm,
+                       gang_tp_moe_scratch *s, gang_tp_moe_dev *d, float *yr, uint64_t deadline)
+{
+    uint32_t ep = m->ep, per = m->expert_count;
+    size_t in_rows[GANG_MOE_MAX_EXPERTS], row = m->hidden * sizeof(float);
+    int rc;
+
+    for (uint32_t r = 0; r < ep; r++) {
+        in_rows[r] = 0;
+        for (uint32_t i = 0; i < per; i++)
+            in_rows[r] += s->xc.cnt_in[r * per + i];
+    }
+    rc = s->xc.recv_rows > 0 ? gang_kernels_upload(k, d->rows, s->xc.recv, s->xc.recv_rows * row)
+                             : 0;
+    if (rc == 0)
+        rc = dev_a2a(comm, s, d->rows, in_rows, d->out, s->plan.send_rows, row, deadline);
+    if (rc == 0 && s->plan.slots > 0)
+        rc = gang_kernels_download(k, s->xc.send, d->out, s->plan.slots * row);
+    if (rc == 0)
+        gang__tp_moe_accumulate(&s->plan, s->weight, s->xc.send, m->hidden, yr);
+    return rc;
+}
+
 /*
  * EP over comm: this rank's run of x (downloaded) dispatched on the host, the received
  * rows regrouped by expert and uploaded, the experts run, and the outputs put back in the
@@ -132,17 +239,18 @@ static int dev_exchange(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, gang_t
     uint64_t left, t0;
     int rc;
 
-    /* The exchange moves host rows: a device-memory communicator (nccl) cannot carry them
-     * (the layout refuses --ep > 1 over nccl; this guards other callers). */
-    if (!(gang_comm_caps(comm) & GANG_COMM_CAP_HOST_MEM))
-        return GANG_ENOSYS;
+    /* A device-memory communicator (nccl) exchanges d's device buffers, a host one (socket,
+     * mpi) the host rows. */
+    int staged = !(gang_comm_caps(comm) & GANG_COMM_CAP_HOST_MEM);
+
     rc = n > 0 ? gang_kernels_download(k, d->x_host, xr, n * row) : 0;
 
     t0 = gang_now_ns();
     if (rc == 0)
         rc = gang_deadline_left(deadline, &left);
     if (rc == 0)
-        rc = gang_moe_dispatch(comm, &s->plan, d->x_host, &s->xc, left);
+        rc = staged ? dev_dispatch(m, k, comm, s, d, deadline)
+                    : gang_moe_dispatch(comm, &s->plan, d->x_host, &s->xc, left);
     *a2a_ns += gang_now_ns() - t0;
     if (rc != 0)
         return rc;
@@ -180,7 +288,8 @@ static int dev_exchange(gang_tp_moe *m, gang_kernels *k, gang_comm *comm, gang_t
     t0 = gang_now_ns();
     rc = gang_deadline_left(deadline, &left);
     if (rc == 0)
-        rc = gang_moe_combine(comm, &s->plan, s->weight, &s->xc, yr, left);
+        rc = staged ? dev_combine(m, k, comm, s, d, yr, deadline)
+                    : gang_moe_combine(comm, &s->plan, s->weight, &s->xc, yr, left);
     *a2a_ns += gang_now_ns() - t0;
     return rc;
 }

@@ -773,11 +773,13 @@ int gang_moe_combine(gang_comm *c, const gang_moe_plan *p, const float *weight,
  *
  * On a device handle (parallel/tp-moe-dev.c) the router, the experts (one GEMM per active
  * expert for gate, up and down: a loop of GEMMs on the handle's one stream) and the shared
- * expert run on the device; the routing decision, the all-to-alls over a host communicator
- * and the weighted combine are on the host, with the rows downloaded and uploaded around
- * them. The experts stay f32 whatever the layer's storage (gang_tp_layer_pack).
- * The layer keeps its step scratch (grown to the most tokens a call passed, so a steady
- * serving loop allocates nothing) and its load counters: one driving thread per layer.
+ * expert run on the device; the routing decision, the regroup by expert and the weighted
+ * combine are on the host, with the rows downloaded and uploaded around them. The
+ * all-to-alls take host rows on a host communicator (socket, mpi) and the layer's device
+ * buffers on a device-memory one (nccl: the counts first, then the rows, device to device). The
+ * experts stay f32 whatever the layer's storage (gang_tp_layer_pack). The layer keeps its step
+ * scratch (grown to the most tokens a call passed, so a steady serving loop allocates nothing) and
+ * its load counters: one driving thread per layer.
  * ================================================================================= */
 
 /* Load-balance counters of one MoE layer, cumulative since the layer was made. */

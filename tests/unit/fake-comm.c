@@ -22,6 +22,8 @@ struct fake_group {
     uint64_t gen; /* rendezvous completed so far */
     unsigned char *buf;
     size_t cap;
+    unsigned char **a2a_src;     /* [n]: each rank's send buffer (host storage) */
+    const gang_comm_a2a **a2a_v; /* [n]: each rank's sizes and offsets */
 };
 
 typedef struct fake_impl {
@@ -40,6 +42,12 @@ fake_group *fake_group_new(uint32_t n)
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     g->n = n;
+    g->a2a_src = calloc(n, sizeof(*g->a2a_src));
+    g->a2a_v = calloc(n, sizeof(*g->a2a_v));
+    if (g->a2a_src == NULL || g->a2a_v == NULL) {
+        fake_group_free(g);
+        return NULL;
+    }
     return g;
 }
 
@@ -50,6 +58,8 @@ void fake_group_free(fake_group *g)
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g->buf);
+    free(g->a2a_src);
+    free(g->a2a_v);
     free(g);
 }
 
@@ -162,6 +172,41 @@ out_unlock:
     return rc;
 }
 
+/*
+ * All-to-all(v) like nccl's grouped send/recv: every rank publishes its send buffer and
+ * sizes, the group meets, every rank copies what each peer sends it (the sizes must agree
+ * on both sides: GANG_EPROTO otherwise), the group meets again before the buffers go.
+ */
+static int fake_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
+{
+    fake_impl *im = c->impl;
+    fake_group *g = im->g;
+    uint32_t me = c->rank;
+    unsigned char *out;
+    int rc = 0;
+
+    g->a2a_src[me] =
+        a->send_cap > 0 ? gang__fake_resolve(a->send, a->send_cap, "fake a2a (send)") : NULL;
+    out = a->recv_cap > 0 ? gang__fake_resolve(a->recv, a->recv_cap, "fake a2a (recv)") : NULL;
+    pthread_mutex_lock(&g->mu);
+    g->a2a_v[me] = a;
+    if ((rc = group_meet(g, tmo)) < 0)
+        goto out_unlock;
+    for (uint32_t p = 0; p < g->n && rc == 0; p++) {
+        const gang_comm_a2a *pa = g->a2a_v[p];
+
+        if (pa->send_bytes[me] != a->recv_bytes[p])
+            rc = GANG_EPROTO;
+        else if (a->recv_bytes[p] > 0)
+            memcpy(out + a->recv_off[p], g->a2a_src[p] + pa->send_off[me], a->recv_bytes[p]);
+    }
+    if (group_meet(g, tmo) < 0 && rc == 0)
+        rc = GANG_ETIMEDOUT;
+out_unlock:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
 /* The engine's TP group needs only the two collectives; the rest is refused loudly. */
 static int fake_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, uint32_t root,
                           uint64_t tmo)
@@ -229,6 +274,7 @@ static const gang__comm_ops fake_ops_ordered = {
     .all_reduce = fake_all_reduce,
     .all_gather = fake_all_gather,
     .broadcast = fake_broadcast,
+    .all_to_all_v = fake_all_to_all_v,
     .send = fake_send,
     .recv = fake_recv,
     .order_after = fake_order_after,
@@ -245,6 +291,7 @@ static const gang__comm_ops fake_ops_plain = {
     .all_reduce = fake_all_reduce,
     .all_gather = fake_all_gather,
     .broadcast = fake_broadcast,
+    .all_to_all_v = fake_all_to_all_v,
     .send = fake_send,
     .recv = fake_recv,
     .abort = fake_abort,

@@ -22,6 +22,7 @@
 
 #include "ganglion/comm.h"
 #include "ganglion/parallel.h"
+#include "fake-comm.h"
 
 #define TM_TIMEOUT_MS 20000
 #define TM_RANKS 4
@@ -137,6 +138,7 @@ typedef struct tm_run {
     char blob[256];
     size_t blob_len;
     gang_comm_listener *listener;
+    fake_group *fg; /* set: the ranks talk over the fake device-memory communicator */
     char why[TM_RANKS][200];
 } tm_run;
 
@@ -152,8 +154,11 @@ static void tm_body(tm_run *run, uint32_t r, gang_comm *c)
     gang_tp_moe *m = NULL;
     float x[TM_T * TM_H], y[TM_T * TM_H];
     void *dx = NULL, *dy = NULL;
+    gang_comm *fc = NULL;
     int rc = gang_kernels_open(run->device, &k);
 
+    if (rc == 0 && run->fg != NULL && (c = fc = fake_comm_new(run->fg, r, k, 0)) == NULL)
+        rc = GANG_ENOMEM;
     for (uint32_t t = 0; t < TM_T; t++)
         for (uint32_t d = 0; d < TM_H; d++)
             x[t * TM_H + d] = tm_x(t, d);
@@ -197,6 +202,7 @@ out:
         gang_kernels_free(k, dy);
     }
     gang_tp_moe_free(m);
+    gang_comm_free(fc);
     gang_kernels_close(k);
 }
 
@@ -213,7 +219,13 @@ static void *tm_thread(void *arg)
                             .advertise_host = "127.0.0.1",
                             .timeout_ms = TM_TIMEOUT_MS};
     gang_comm *c = NULL;
-    int rc = gang_comm_init(&cfg, &c);
+    int rc;
+
+    if (run->fg != NULL) { /* tm_body makes the rank's fake communicator on its handle */
+        tm_body(run, tr->rank, NULL);
+        return NULL;
+    }
+    rc = gang_comm_init(&cfg, &c);
 
     if (rc != 0)
         snprintf(run->why[tr->rank], sizeof(run->why[tr->rank]), "init: %s", gang_strerror(rc));
@@ -254,6 +266,40 @@ static void test_tp_moe_layouts(void **state)
         }
 }
 
+/*
+ * The device path over a device-memory communicator (the nccl path's shape, issue #25):
+ * the fake device with the fake communicator, whose all-to-all reads and writes device
+ * memory only (a host buffer handed to it aborts the test), EP = TP 2 and 4, and ep 1.
+ */
+static void test_tp_moe_device_comm(void **state)
+{
+    const uint32_t cases[][2] = {{2, 2}, {4, 4}, {2, 1}}; /* tp, ep */
+
+    (void)state;
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        static tm_run run;
+        tm_rank ranks[TM_RANKS];
+        pthread_t th[TM_RANKS];
+
+        memset(&run, 0, sizeof(run));
+        run.tp = cases[ci][0];
+        run.ep = cases[ci][1];
+        run.device = "fake";
+        run.fg = fake_group_new(run.tp);
+        assert_non_null(run.fg);
+        for (uint32_t r = 0; r < run.tp; r++) {
+            ranks[r] = (tm_rank){&run, r};
+            assert_int_equal(pthread_create(&th[r], NULL, tm_thread, &ranks[r]), 0);
+        }
+        for (uint32_t r = 0; r < run.tp; r++)
+            pthread_join(th[r], NULL);
+        fake_group_free(run.fg);
+        for (uint32_t r = 0; r < run.tp; r++)
+            if (run.why[r][0] != '\0')
+                fail_msg("fake comm tp %u ep %u: %s", run.tp, run.ep, run.why[r]);
+    }
+}
+
 static void test_tp_moe_refused(void **state)
 {
     gang_tp_moe *m = NULL;
@@ -281,6 +327,7 @@ int gang_test_tp_moe(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp_moe_refused),
         cmocka_unit_test(test_tp_moe_layouts),
+        cmocka_unit_test(test_tp_moe_device_comm),
     };
     return cmocka_run_group_tests_name("parallel/tp-moe", tests, NULL, NULL);
 }
