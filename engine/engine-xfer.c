@@ -138,6 +138,40 @@ int gang_engine_kv_shape(const gang_engine *e, gang_kv_shape *out)
     return 0;
 }
 
+int gang_kv_layer_spans(uint32_t n_layers, uint32_t src_pp, uint32_t first, uint32_t count,
+                        gang_kv_span *out, uint32_t max, uint32_t *n)
+{
+    gang_topology t;
+    uint32_t got = 0, end = first + count;
+
+    if (out == NULL || n == NULL)
+        return GANG_EINVAL;
+    *n = 0;
+    if (src_pp == 0 || src_pp > n_layers || count == 0 || first >= n_layers ||
+        count > n_layers - first)
+        return GANG_EINVAL;
+    memset(&t, 0, sizeof(t));
+    t.n_layers = n_layers;
+    t.pp = src_pp;
+    for (uint32_t s = 0; s < src_pp; s++) {
+        uint32_t sf, sc;
+        if (gang_topology_stage_layers(&t, s, &sf, &sc) != 0)
+            return GANG_EINVAL;
+        uint32_t lo = sf > first ? sf : first, hi = sf + sc < end ? sf + sc : end;
+        if (lo >= hi)
+            continue;
+        if (got == max)
+            return GANG_ERANGE;
+        out[got].src_stage = s;
+        out[got].src_first = lo - sf;
+        out[got].dst_first = lo - first;
+        out[got].count = hi - lo;
+        got++;
+    }
+    *n = got;
+    return 0;
+}
+
 int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
 {
     ev->kv_blocks = q->kv_got;

@@ -397,6 +397,24 @@ typedef struct gang_kv_shape {
 void gang_engine_set_kv_hooks(gang_engine *e, const gang_kv_hooks *h, uint64_t timeout_ms);
 /* This rank's block shape into *out. 0, or GANG_EINVAL for a NULL argument. */
 int gang_engine_kv_shape(const gang_engine *e, gang_kv_shape *out);
+
+/* One run of a rank's layers that one stage of the source gang holds (P/D between gangs of
+ * different PP, issue #26): layers [dst_first, dst_first + count) of this rank's part are
+ * layers [src_first, src_first + count) of source stage src_stage's part. */
+typedef struct gang_kv_span {
+    uint32_t src_stage; /* the source gang's pp stage that holds these layers */
+    uint32_t src_first; /* the run's first layer, counted in that stage's layers */
+    uint32_t dst_first; /* the run's first layer, counted in this rank's layers */
+    uint32_t count;     /* layers in the run, >= 1 */
+} gang_kv_span;
+
+/* The runs of layers [first, first + count) of a model of n_layers that a source gang
+ * split in src_pp stages (gang_topology_stage_layers' rule) holds, in layer order, into
+ * out[0..*n). Each source stage appears at most once; the runs cover the range exactly.
+ * 0, GANG_EINVAL for a NULL pointer, src_pp 0 or > n_layers, count 0 or a range past
+ * n_layers, GANG_ERANGE when more than max runs are needed (*n then 0). */
+int gang_kv_layer_spans(uint32_t n_layers, uint32_t src_pp, uint32_t first, uint32_t count,
+                        gang_kv_span *out, uint32_t max, uint32_t *n);
 /*
  * Between generations, with no request live: the blocks rank 0 may hand out become
  * min(n, this pool's), so that ranks whose budgets differ (sized from their own free

@@ -526,3 +526,75 @@ void test_gen_validation(void **state)
     shard_free(m);
     free(fm);
 }
+
+/* P/D between gangs of different PP: the layer runs a decode rank fetches from each
+ * prefill stage, by hand for the issue's two cases and against the split of every small
+ * layout (each layer from the one stage that holds it, runs in order, exact cover). */
+static void kv_spans_check_all(void)
+{
+    gang_kv_span sp[16];
+    uint32_t n = 0;
+    for (uint32_t L = 1; L <= 13; L++)
+        for (uint32_t spp = 1; spp <= L; spp++)
+            for (uint32_t dpp = 1; dpp <= L; dpp++)
+                for (uint32_t d = 0; d < dpp; d++) {
+                    gang_topology dt, st;
+                    uint32_t df, dc, at = 0, prev = 0;
+                    memset(&dt, 0, sizeof(dt));
+                    dt.n_layers = L;
+                    dt.pp = dpp;
+                    st = dt;
+                    st.pp = spp;
+                    assert_int_equal(gang_topology_stage_layers(&dt, d, &df, &dc), 0);
+                    assert_int_equal(gang_kv_layer_spans(L, spp, df, dc, sp, 16, &n), 0);
+                    assert_true(n >= 1 && n <= spp);
+                    for (uint32_t i = 0; i < n; i++) {
+                        uint32_t sf, sc;
+                        assert_true(i == 0 || sp[i].src_stage > prev);
+                        prev = sp[i].src_stage;
+                        assert_int_equal(sp[i].dst_first, at);
+                        assert_true(sp[i].count >= 1);
+                        assert_int_equal(gang_topology_stage_layers(&st, sp[i].src_stage, &sf, &sc),
+                                         0);
+                        /* the run lies in that stage, at the same model layers */
+                        assert_true(sp[i].src_first + sp[i].count <= sc);
+                        assert_int_equal(sf + sp[i].src_first, df + sp[i].dst_first);
+                        at += sp[i].count;
+                    }
+                    assert_int_equal(at, dc);
+                }
+}
+
+void test_kv_layer_spans(void **state)
+{
+    gang_kv_span sp[8];
+    uint32_t n = 99;
+    (void)state;
+    /* prefill PP 2 -> decode PP 1: 30 layers come from stages 0 and 1 */
+    assert_int_equal(gang_kv_layer_spans(30, 2, 0, 30, sp, 8, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(sp[0].src_stage, 0);
+    assert_int_equal(sp[0].src_first, 0);
+    assert_int_equal(sp[0].dst_first, 0);
+    assert_int_equal(sp[0].count, 15);
+    assert_int_equal(sp[1].src_stage, 1);
+    assert_int_equal(sp[1].src_first, 0);
+    assert_int_equal(sp[1].dst_first, 15);
+    assert_int_equal(sp[1].count, 15);
+    /* prefill PP 1 -> decode PP 2, stage 1 (layers 15..29): one run of stage 0 */
+    assert_int_equal(gang_kv_layer_spans(30, 1, 15, 15, sp, 8, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(sp[0].src_stage, 0);
+    assert_int_equal(sp[0].src_first, 15);
+    assert_int_equal(sp[0].dst_first, 0);
+    assert_int_equal(sp[0].count, 15);
+    /* errors: bad layouts, ranges, too small an output (*n 0) */
+    assert_int_equal(gang_kv_layer_spans(30, 0, 0, 30, sp, 8, &n), GANG_EINVAL);
+    assert_int_equal(gang_kv_layer_spans(3, 4, 0, 3, sp, 8, &n), GANG_EINVAL);
+    assert_int_equal(gang_kv_layer_spans(30, 2, 0, 0, sp, 8, &n), GANG_EINVAL);
+    assert_int_equal(gang_kv_layer_spans(30, 2, 20, 11, sp, 8, &n), GANG_EINVAL);
+    assert_int_equal(gang_kv_layer_spans(30, 2, 0, 30, NULL, 8, &n), GANG_EINVAL);
+    assert_int_equal(gang_kv_layer_spans(30, 3, 0, 30, sp, 2, &n), GANG_ERANGE);
+    assert_int_equal(n, 0);
+    kv_spans_check_all();
+}

@@ -15,7 +15,8 @@
  * rank returns GANG_EABORTED promptly, and after gang_engine_reset the next generation
  * gives the same tokens) and a Qwen2-like model with q/k/v biases are covered too; so is
  * a model written by gang_mkmodel and loaded per rank by gang_model_load (2x2 = 1x1).
- * EOS, penalties and logprobs are tested in test-engine-gen.c (registered below).
+ * EOS, penalties, logprobs and the P/D layer runs between gangs of different PP
+ * (gang_kv_layer_spans) are tested in test-engine-gen.c (registered below).
  */
 #include <math.h>
 #include <pthread.h>
@@ -1748,6 +1749,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_kv_transfer),
         cmocka_unit_test(test_kv_transfer_background),
+        cmocka_unit_test(test_kv_layer_spans),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),
