@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import shutil
+import signal
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -311,22 +312,55 @@ def replica_of(sim, gang):
     return "%s:8000" % sim.gangs[gang][0].ip
 
 
+class Held:
+    """Holds the workers of the given Pods with SIGSTOP (at once, or at hold()) until
+    release() (idempotent) or the end of a with block: the calls on their gangs cannot finish, so a kill that follows
+    finds them in flight however fast the machine is (the tiny model answers a call in a
+    few ms on a quiet machine, faster than the router's table can be polled)."""
+
+    def __init__(self, pods, now=True):
+        self.pids = [pid for p in pods for pid in p.worker_pids()]
+        check(self.pids, "no worker to hold in %s" % ", ".join(p.name for p in pods))
+        if now:
+            self.hold()
+
+    def hold(self):
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def release(self):
+        pids, self.pids = self.pids, []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        self.release()
+
+
 def sc_dp_kill_pod0(sim):
     bring_up(sim, ["a", "b"])
     bodies = sim.bodies(0)
     want = sim.healthy("b", bodies)
-    threads, outs = sim.calls_through_router(bodies)
-    deadline = time.monotonic() + CALL_TIMEOUT_S
-    while sim.router_replicas().get(replica_of(sim, "a"), {}).get("in_flight", 0) < 2:
-        check(time.monotonic() < deadline, "the router never had 2 calls in flight on gang a: "
-              "%s" % json.dumps(sim.router_replicas())[:600])
-        time.sleep(0.005)
-    old = sim.gangs["a"][0]
-    in_flight = sim.router_replicas()[replica_of(sim, "a")]["in_flight"]
-    t0 = time.monotonic()
-    old.delete(grace_s=0)
-    sim.old_pods.append(old)
-    log("SIGKILL of a-0 (gang a's coordinator) with %d calls in flight on it" % in_flight)
+    with Held([sim.gangs["a"][1]]):  # gang a's last pipeline stage
+        threads, outs = sim.calls_through_router(bodies)
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while sim.router_replicas().get(replica_of(sim, "a"), {}).get("in_flight", 0) < 2:
+            check(time.monotonic() < deadline, "the router never had 2 calls in flight on "
+                  "gang a: %s" % json.dumps(sim.router_replicas())[:600])
+            time.sleep(0.005)
+        old = sim.gangs["a"][0]
+        in_flight = sim.router_replicas()[replica_of(sim, "a")]["in_flight"]
+        t0 = time.monotonic()
+        old.delete(grace_s=0)
+        sim.old_pods.append(old)
+    log("SIGKILL of a-0 (gang a's coordinator) with %d calls in flight on it (a-1's worker "
+        "held with SIGSTOP until then)" % in_flight)
     sim.new_gang_pod("a", 0, dns_after=0.5)
     sim.check_answers("calls through the router while a-0 died", threads, outs, want)
     t_answered = time.monotonic() - t0
@@ -377,22 +411,34 @@ def pd_try_kill(sim, body):
     loses its Pod 0 (SIGKILL). (the stream's result, the victim gang or None when the stream
     was no longer in flight on a decode gang)."""
     first, res, victim = threading.Event(), [], []
+    # The decode gangs' last stages are held from the first token read to the kill, so the
+    # stream cannot run to its end while the router's table is read.
+    held = Held([sim.gangs[g][1] for g in ("d", "e")], now=False)
 
     def on_token():
         if first.is_set():
             return
         first.set()
-        reps = sim.router_replicas()
+        held.hold()
+        reps, deadline = sim.router_replicas(), time.monotonic() + 5
         serving = [g for g in ("d", "e") if reps.get(replica_of(sim, g), {}).get("in_flight")]
+        while not serving and time.monotonic() < deadline:  # the hand-over may lag the token
+            time.sleep(0.005)
+            reps = sim.router_replicas()
+            serving = [g for g in ("d", "e")
+                       if reps.get(replica_of(sim, g), {}).get("in_flight")]
         if len(serving) == 1:
             old = sim.gangs[serving[0]][0]
             old.delete(grace_s=0)
             sim.old_pods.append(old)
             victim.append(serving[0])
+        held.release()
 
-    t = threading.Thread(target=lambda: res.append(sim.stream(body, on_token)), daemon=True)
-    t.start()
-    t.join(CALL_TIMEOUT_S + 5)
+    with held:
+        t = threading.Thread(target=lambda: res.append(sim.stream(body, on_token)),
+                             daemon=True)
+        t.start()
+        t.join(CALL_TIMEOUT_S + 5)
     check(res, "the stream through the router did not end")
     return res[0], (victim[0] if victim else None)
 
