@@ -228,16 +228,26 @@ def check_kill(h, ga, gb, rport):
             results[i] = ("exception", repr(e))
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
+    # Replica A's worker is held (SIGSTOP) until its agent dies: on a quiet machine the tiny
+    # model could otherwise answer every call before the router's table is read.
+    worker_a = ga.worker_pid(0, 0)
+    os.kill(worker_a, signal.SIGSTOP)
+    try:
+        for t in threads:
+            t.start()
 
-    def busy_on_a():
-        st = json.loads(router_get(rport, "/status")[1])
-        return st["replicas"][0]["in_flight"] > 0
+        def busy_on_a():
+            st = json.loads(router_get(rport, "/status")[1])
+            return st["replicas"][0]["in_flight"] > 0
 
-    H.wait_until(busy_on_a, 20, 0.005, "calls in flight on replica A")
-    victim = ga.agent_pid(0)
-    os.kill(victim, signal.SIGKILL)
+        H.wait_until(busy_on_a, 20, 0.005, "calls in flight on replica A")
+        victim = ga.agent_pid(0)
+        os.kill(victim, signal.SIGKILL)
+    finally:
+        try:
+            os.kill(worker_a, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # gone with its agent
     H.log("killed replica A's agent (pid %d)" % victim)
     for t in threads:
         t.join(90)
