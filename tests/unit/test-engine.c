@@ -1497,11 +1497,15 @@ static int mem_put(void *ctx, uint64_t id, const void *data, size_t bytes, uint3
     return 0;
 }
 
-static int mem_get(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n,
-                   uint64_t deadline_ms)
+static int mem_get(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, void *data,
+                   size_t bytes, uint32_t n, uint64_t deadline_ms)
 {
     mem_xfer *x = ctx;
     (void)deadline_ms;
+    /* One engine of one rank: its one part is rank 0's every layer, at the transfer's host. */
+    assert_int_equal(part->rank, 0);
+    assert_int_equal(part->layer_first, 0);
+    assert_string_equal(part->host, src->host);
     atomic_store(&x->busy, 1);
     if (x->delay_ms > 0)
         usleep(x->delay_ms * 1000u);
@@ -1750,6 +1754,7 @@ int main(void)
         cmocka_unit_test(test_kv_transfer),
         cmocka_unit_test(test_kv_transfer_background),
         cmocka_unit_test(test_kv_layer_spans),
+        cmocka_unit_test(test_kv_parts),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),
