@@ -471,8 +471,9 @@ int gang_kv_layer_spans(uint32_t n_layers, uint32_t src_pp, uint32_t first, uint
  * layers; else the source must have n_layers layers and src->tp must equal tp (this
  * gang's TP), and each source stage holding some of the layers gives one part from its
  * rank stage * tp + tp_rank (gang_kv_layer_spans), at its node's address when src lists
- * it. Parts in layer order into out[0..*n) (at most max). 0, GANG_EINVAL (NULL, or a
- * range past n_layers), GANG_EMISMATCH (layers or TP differ), GANG_ERANGE (> max).
+ * it. Parts in layer order into out[0..*n) (at most max, and at most 64). 0, GANG_EINVAL
+ * (NULL, or a range past n_layers), GANG_EMISMATCH (layers or TP differ), GANG_ERANGE (more
+ * parts than that).
  */
 int gang_kv_parts(const gang_kv_layout *src, const char *host, uint32_t n_layers, uint32_t tp,
                   uint32_t rank, uint32_t tp_rank, uint32_t first, uint32_t count,
