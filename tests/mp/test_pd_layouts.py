@@ -9,6 +9,8 @@ nodes (issue #26): equal TP (1), any PP.
   layers 2-3 from rank 1 at 127.0.0.2 (the replica's one address would be refused).
 * Prefill PP 1 -> decode PP 2: each decode stage fetches its half of the layers from the
   one prefill rank.
+* Prefill TP 2 x PP 2 on two nodes of two ranks -> decode TP 2 x PP 1: decode rank t
+  fetches from ranks t (node 0) and 2 + t (node 1, ports --kv-port + 2 and + 3).
 Both through a router: greedy tokens equal the decode gang's own (a single gang's), the
 prompts with full blocks were exported and fetched (ganglion_kv_imports_total,
 _imported_blocks_total), none fell back.
@@ -88,6 +90,7 @@ def scenario(h):
     extra = ["--model", model, "--max-batch", "4", "--kv-cache-mb", "32",
              "--request-timeout-ms", "60000", "--step-timeout-ms", "5000"]
     kv_a, kv_c = h.free_port_pair()
+    kv_e = h.free_port_pair()[0]
     # prefill PP 2 over two nodes -> decode PP 1
     pa = H.Gang(h, nnodes=2, nproc_per_node=1, job="pdl-pa",
                 extra=extra + ["--pp", "2", "--role", "prefill", "--kv-port", str(kv_a)])
@@ -97,21 +100,32 @@ def scenario(h):
                 extra=extra + ["--role", "prefill", "--kv-port", str(kv_c)])
     dd = H.Gang(h, nnodes=1, nproc_per_node=2, job="pdl-dd",
                 extra=extra + ["--pp", "2", "--role", "decode"])
-    for g in (pa, db, pc, dd):
+    # prefill TP 2 x PP 2 over two nodes -> decode TP 2 x PP 1
+    pe = H.Gang(h, nnodes=2, nproc_per_node=2, job="pdl-pe",
+                extra=extra + ["--tp", "2", "--pp", "2", "--role", "prefill", "--kv-port",
+                               str(kv_e)])
+    df = H.Gang(h, nnodes=1, nproc_per_node=2, job="pdl-df",
+                extra=extra + ["--tp", "2", "--role", "decode"])
+    gangs = (pa, db, pc, dd, pe, df)
+    for g in gangs:
         g.start_local(expect=(0,))
     r1, rport1 = PD.start_router(h, pa, db)
     r2, rport2 = PD.start_router(h, pc, dd)
-    for g in (pa, db, pc, dd):
+    r3, rport3 = PD.start_router(h, pe, df)
+    for g in gangs:
         g.wait_serving(timeout=90)
-    for rp in (rport1, rport2):
+    for rp in (rport1, rport2, rport3):
         H.wait_until(lambda: PD.disaggregated(rp), 20, 0.05, "a router to see both roles")
     check_routed(pa, db, rport1, "prefill PP 2 on 2 nodes -> decode PP 1")
     check_routed(pc, dd, rport2, "prefill PP 1 -> decode PP 2")
+    check_routed(pe, df, rport3, "prefill TP 2 x PP 2 on 2 nodes -> decode TP 2 x PP 1")
     check_handover(pa, db, {"layers": 4, "pp": 2, "tp": 1, "ranks_per_node": 1,
                             "hosts": ["127.0.0.1", "127.0.0.2"]})
     check_handover(pc, dd, {"layers": 4, "pp": 1, "tp": 1, "hosts": None})
-    H.check(r1.stop() == 0 and r2.stop() == 0, "a router did not exit 0")
-    for g in (pa, db, pc, dd):
+    check_handover(pe, df, {"layers": 4, "pp": 2, "tp": 2, "ranks_per_node": 2,
+                            "hosts": ["127.0.0.1", "127.0.0.2"]})
+    H.check(r1.stop() == 0 and r2.stop() == 0 and r3.stop() == 0, "a router did not exit 0")
+    for g in gangs:
         H.check(g.stop()["local"] == 0, "gang %s did not exit 0" % g.job)
 
 
