@@ -1,9 +1,14 @@
 /*
  * Disaggregated prefill/decode (issue #26): moving a prompt's KV blocks between two gangs
- * of the same model and the same split (equal TP and PP: rank r of one holds exactly the
- * layers and kv columns of rank r of the other). The transport is the launcher's
- * (gang_kv_hooks); this file decides when every rank of a gang moves which blocks, and
- * keeps rank 0's books.
+ * of the same model with equal TP and any PP: rank (stage s, tp t) of the decode gang
+ * holds layers [a, b) and the kv columns of TP shard t, which the prefill gang's ranks
+ * (stage s', tp t) of every stage s' holding some of [a, b) hold in parts (gang_kv_parts:
+ * one rank or several for one decode rank, one prefill rank for several decode ranks).
+ * The prefill gang's DONE names its layout (layers, PP, TP, the nodes' addresses), which
+ * the router hands over with the export's id; a decode gang that cannot be fed by that
+ * layout (another layer count or TP, or EP here) prefills instead (counted, logged). The
+ * transport is the launcher's (gang_kv_hooks); this file decides when every rank of a
+ * gang moves which blocks, and keeps rank 0's books.
  *
  * Why through the plan: only rank 0 knows which blocks hold a prompt, and every rank must
  * move its part of the same blocks at a point where nothing writes them. The plan carries
@@ -18,8 +23,9 @@
  *   import (a decode gang): a waiting request naming a transfer is admitted with a slot
  *     and the blocks of its prompt, but instead of a prefill chunk the plan names the
  *     first blocks to fetch and a job (one of GANG__KV_JOBS in flight); every rank starts
- *     a thread that fetches its part through hooks.get (from the source gang's rank of the
- *     same index, by the import deadline) into a buffer of its own, and the step goes on:
+ *     a thread that fetches its part through hooks.get (part after part: one per source
+ *     stage holding some of its layers, by the import deadline) into a buffer of its
+ *     own, and the step goes on:
  *     a fetch never blocks a step, so a slow prefill gang stalls no decoding stream. While
  *     any fetch is in flight, each plan asks every rank for the state of its fetches
  *     (kv_poll: pending, done, failed; one small message to rank 0 per rank and step).
@@ -35,6 +41,7 @@
  * must be exact. An export that finds no room in rank 0's ring (slots pending) is not
  * made: its DONE says so (kv_id 0) and the decode gang prefills.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +84,9 @@ static void xfer_join(gang__kv_job *j)
     j->live = 0;
     free(j->buf);
     j->buf = NULL;
+    free(j->parts);
+    j->parts = NULL;
+    j->n_parts = 0;
 }
 
 void gang__xfer_free(gang_engine *e)
@@ -172,10 +182,72 @@ int gang_kv_layer_spans(uint32_t n_layers, uint32_t src_pp, uint32_t first, uint
     return 0;
 }
 
+/* The address of source rank r: its node's in l, else host. */
+static void part_host(const gang_kv_layout *l, const char *host, uint32_t r, char *out)
+{
+    uint32_t node = l->n_nodes > 0 ? r / l->ranks_per_node : 0;
+    if (l->n_nodes > 0 && node < l->n_nodes && l->node_addr[node] != 0) {
+        struct in_addr a = {.s_addr = l->node_addr[node]};
+        if (inet_ntop(AF_INET, &a, out, GANG_KV_HOST_MAX) != NULL)
+            return;
+    }
+    gang_strlcpy(out, host, GANG_KV_HOST_MAX);
+}
+
+int gang_kv_parts(const gang_kv_layout *src, const char *host, uint32_t n_layers, uint32_t tp,
+                  uint32_t rank, uint32_t tp_rank, uint32_t first, uint32_t count,
+                  gang_kv_part *out, uint32_t max, uint32_t *n)
+{
+    gang_kv_span sp[64];
+    uint32_t ns = 0;
+    if (src == NULL || host == NULL || out == NULL || n == NULL)
+        return GANG_EINVAL;
+    *n = 0;
+    if (count == 0 || first >= n_layers || count > n_layers - first || max == 0)
+        return GANG_EINVAL;
+    if (src->layers == 0) {
+        out[0] = (gang_kv_part){.rank = rank, .layer_first = first, .layer_count = count};
+        gang_strlcpy(out[0].host, host, sizeof(out[0].host));
+        *n = 1;
+        return 0;
+    }
+    if (!gang_kv_layout_valid(src) || src->layers != n_layers || src->tp != tp || tp_rank >= tp)
+        return GANG_EMISMATCH;
+    int rc = gang_kv_layer_spans(n_layers, src->pp, first, count, sp, max < 64 ? max : 64, &ns);
+    if (rc != 0)
+        return rc;
+    for (uint32_t i = 0; i < ns; i++) {
+        uint32_t sf = first + sp[i].dst_first, r = sp[i].src_stage * src->tp + tp_rank;
+        out[i] = (gang_kv_part){.rank = r, .layer_first = sf, .layer_count = sp[i].count};
+        part_host(src, host, r, out[i].host);
+    }
+    *n = ns;
+    return 0;
+}
+
+/* Rank 0: whether this gang can import from a source of layout l (else logged). */
+static int xfer_layout_ok(const gang_engine *e, const gang_kv_xfer *kv)
+{
+    const gang_topology *t = &e->m->topo;
+    const gang_kv_layout *l = &kv->src;
+    if (l->layers == 0)
+        return 1; /* the same layout as this gang's, as before layouts travelled */
+    if (gang_kv_layout_valid(l) && l->layers == t->n_layers && l->tp == t->tp &&
+        t->stage_ranks == t->tp)
+        return 1;
+    gang_warn("P/D: transfer %llx comes from a gang of %u layers, PP %u, TP %u; this gang has "
+              "%u layers, PP %u, TP %u%s: the request prefills its prompt here (the pools "
+              "need the same model and TP)",
+              (unsigned long long)kv->id, l->layers, l->pp, l->tp, t->n_layers, t->pp, t->tp,
+              t->stage_ranks != t->tp ? " and EP" : "");
+    return 0;
+}
+
 int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
 {
     ev->kv_blocks = q->kv_got;
     ev->kv_ms = q->kv_ms;
+    ev->kv_mismatch = q->kv_mismatch;
     if (!q->r.kv.do_export || !q->running || e->kvx_count == e->slots)
         return 0;
     uint32_t n = q->r.n_prompt / e->block_size, at = (e->kvx_head + e->kvx_count) % e->slots;
@@ -218,6 +290,12 @@ int gang__xfer_admit(gang_engine *e, gang__request *q, uint32_t free_slot)
     uint32_t target = q->r.n_prompt, n, j = 0;
     if (q->r.kv.id == 0 || q->kv_state != 0 || q->n_gen != 0 || e->kv_hooks.get == NULL)
         return 0;
+    if (!xfer_layout_ok(e, &q->r.kv)) {
+        q->kv_state = 2; /* never fetched: the prompt is prefilled here */
+        q->kv_mismatch = 1;
+        e->kv_import_mismatches++;
+        return 0;
+    }
     while (j < GANG__KV_JOBS && e->kvj[j].state != 0)
         j++;
     if (p->kv_kind != GANG__KV_NONE || j == GANG__KV_JOBS)
@@ -306,24 +384,35 @@ static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out, uint8_t *
     return rc;
 }
 
-/* Every rank's status of an import to rank 0; rank 0's verdict (1: all succeeded). */
-static int xfer_agree(gang_engine *e, gang_comm *world, int64_t mine[2], uint64_t deadline,
-                      int *all_ok, uint64_t *bytes)
+/* Rank 0: rank r's address (st[2]) into the layout's list of the nodes' addresses. */
+static void xfer_note_addr(const gang_engine *e, uint32_t r, int64_t addr, gang_kv_layout *l)
+{
+    const gang_topology *t = &e->m->topo;
+    if (l->n_nodes > 0 && r % t->nproc_per_node == 0)
+        l->node_addr[r / t->nproc_per_node] = (uint32_t)addr;
+}
+
+/* Every rank's status of an export (status, bytes, its address) to rank 0; rank 0's
+ * verdict (1: all succeeded), and with several nodes their addresses into l. */
+static int xfer_agree(gang_engine *e, gang_comm *world, int64_t mine[3], uint64_t deadline,
+                      int *all_ok, uint64_t *bytes, gang_kv_layout *l)
 {
     uint32_t n = world != NULL ? (uint32_t)gang_comm_size(world) : 1;
     uint64_t left;
     int rc;
     *all_ok = mine[0] == 0;
     *bytes = mine[0] == 0 ? (uint64_t)mine[1] : 0;
+    if (e->m->place.rank == 0)
+        xfer_note_addr(e, 0, mine[2], l);
     if (n == 1)
         return 0;
     rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
     if (e->m->place.rank != 0)
-        return gang_comm_send(world, mine, 2 * sizeof(int64_t), 0, XFER_TAG, left);
+        return gang_comm_send(world, mine, 3 * sizeof(int64_t), 0, XFER_TAG, left);
     for (uint32_t r = 1; r < n; r++) {
-        int64_t st[2];
+        int64_t st[3];
         rc = gang_deadline_left(deadline, &left);
         if (rc == 0)
             rc = gang_comm_recv(world, st, sizeof st, r, XFER_TAG, left);
@@ -331,8 +420,28 @@ static int xfer_agree(gang_engine *e, gang_comm *world, int64_t mine[2], uint64_
             return rc;
         *all_ok &= st[0] == 0;
         *bytes += st[0] == 0 ? (uint64_t)st[1] : 0;
+        xfer_note_addr(e, r, st[2], l);
     }
     return 0;
+}
+
+/* Rank 0: this gang's layout for an export's DONE (layers 0 with EP: only a gang of the
+ * same layout can fetch it), the nodes' addresses still to be filled in. */
+static void xfer_layout(const gang_engine *e, gang_kv_layout *l)
+{
+    const gang_topology *t = &e->m->topo;
+    memset(l, 0, sizeof(*l));
+    if (t->stage_ranks != t->tp)
+        return;
+    l->layers = t->n_layers;
+    l->pp = t->pp;
+    l->tp = t->tp;
+    if (t->nnodes > 1 && t->nnodes <= GANG_KV_NODES_MAX) {
+        l->n_nodes = t->nnodes;
+        l->ranks_per_node = t->nproc_per_node;
+    }
+    if (!gang_kv_layout_valid(l))
+        memset(l, 0, sizeof(*l));
 }
 
 /* Rank 0, when fetch b is settled: its request starts from the fetched blocks (ok), or
@@ -371,17 +480,24 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
                        uint64_t deadline)
 {
     gang__plan *p = &e->plan;
-    int64_t st[2] = {GANG_ENOMEM, (int64_t)total};
+    int64_t st[3] = {GANG_ENOMEM, (int64_t)total, (int64_t)e->kv_hooks.addr};
     uint64_t bytes;
+    gang_kv_layout lay;
     int ok;
     if (e->kv_stage != NULL && e->kv_hooks.put != NULL) {
         st[0] = xfer_copy(e, sh, 1, e->kv_stage);
         if (st[0] == 0)
             st[0] = e->kv_hooks.put(e->kv_hooks.ctx, p->kv.id, e->kv_stage, total, p->kv_n);
     }
-    int rc = xfer_agree(e, world, st, deadline, &ok, &bytes);
+    xfer_layout(e, &lay);
+    int rc = xfer_agree(e, world, st, deadline, &ok, &bytes, &lay);
     if (rc != 0 || e->m->place.rank != 0)
         return rc;
+    for (uint32_t i = 0; i < lay.n_nodes; i++)
+        if (lay.node_addr[i] == 0)
+            lay.n_nodes = lay.ranks_per_node = 0; /* an address unknown: the replica's for all */
+    if (lay.n_nodes == 0)
+        memset(lay.node_addr, 0, sizeof(lay.node_addr));
     const int32_t *pin = e->kvx_blocks + (size_t)e->kvx_head * e->max_bps;
     for (uint32_t i = 0; i < e->kvx_n[e->kvx_head]; i++)
         gang__kv_unpin(e, pin[i]);
@@ -389,6 +505,7 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
     if (ok) {
         e->kv_exports++;
         e->kv_bytes += bytes;
+        ev->kv_layout = lay;
     } else {
         ev->kv_id = 0;
         ev->kv_blocks = 0;
@@ -401,15 +518,40 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
     return 0;
 }
 
-/* A fetch's thread: this rank's part by the job's deadline, then done. */
+/* Fetches part p of job j into j's buffer: straight in when it is all of this rank's
+ * layers, else through a buffer of its own, scattered into each block's layers. */
+static int xfer_fetch_part(gang__kv_job *j, const gang_kv_part *p)
+{
+    size_t run = (size_t)p->layer_count * j->layer_bytes, bytes = run * j->n;
+    if (bytes == j->bytes)
+        return j->hooks.get(j->hooks.ctx, &j->src, p, j->buf, j->bytes, j->n, j->until);
+    uint8_t *tmp = malloc(bytes);
+    if (tmp == NULL)
+        return GANG_ENOMEM;
+    int rc = j->hooks.get(j->hooks.ctx, &j->src, p, tmp, bytes, j->n, j->until);
+    size_t at = (size_t)(p->layer_first - j->layer_first) * j->layer_bytes;
+    size_t block = j->bytes / j->n;
+    for (uint32_t b = 0; rc == 0 && b < j->n; b++)
+        memcpy(j->buf + (size_t)b * block + at, tmp + (size_t)b * run, run);
+    free(tmp);
+    return rc;
+}
+
+/* A fetch's thread: this rank's part, part after part, by the job's deadline, then done. */
 static void *xfer_thread(void *arg)
 {
     gang__kv_job *j = arg;
-    int rc = j->hooks.get(j->hooks.ctx, &j->src, j->buf, j->bytes, j->n, j->until);
-    if (rc != 0)
-        gang_warn("P/D: fetching %u KV blocks of transfer %llx from %s:%u + rank failed: %s; "
-                  "the request prefills them",
-                  j->n, (unsigned long long)j->src.id, j->src.host, j->src.port, gang_strerror(rc));
+    int rc = 0;
+    for (uint32_t i = 0; i < j->n_parts && rc == 0; i++) {
+        const gang_kv_part *p = &j->parts[i];
+        rc = xfer_fetch_part(j, p);
+        if (rc != 0)
+            gang_warn("P/D: fetching layers %u..%u of %u KV blocks of transfer %llx from rank %u "
+                      "at %s:%u failed: %s; the request prefills them",
+                      p->layer_first, p->layer_first + p->layer_count - 1, j->n,
+                      (unsigned long long)j->src.id, p->rank, p->host, j->src.port + p->rank,
+                      gang_strerror(rc));
+    }
     pthread_mutex_lock(&j->mu);
     j->rc = rc;
     j->done = 1;
@@ -419,10 +561,11 @@ static void *xfer_thread(void *arg)
 }
 
 /* Every rank: starts the plan's fetch in its job (one that cannot start is done, failed). */
-static void xfer_start(gang_engine *e, size_t total)
+static void xfer_start(gang_engine *e, const gang_kv_shape *sh, size_t total)
 {
     gang__plan *p = &e->plan;
     gang__kv_job *j = &e->kvj[p->kv_job];
+    const gang_model *m = e->m;
     int rc = 0;
     xfer_join(j); /* (a job is reused only after rank 0 saw it end on every rank) */
     j->src = p->kv;
@@ -430,14 +573,22 @@ static void xfer_start(gang_engine *e, size_t total)
     j->bytes = total;
     j->hooks = e->kv_hooks;
     j->until = gang_now_ms() + (e->kv_timeout_ms ? e->kv_timeout_ms : 10000);
+    j->layer_first = sh->layer_first;
+    j->layer_bytes = 2u * (size_t)sh->block_size * sh->kv_cols * sh->elem_bytes;
     j->buf = malloc(total);
+    j->parts = calloc(sh->layer_count, sizeof(gang_kv_part));
     pthread_mutex_lock(&j->mu);
     j->done = 0;
     j->rc = 0;
     pthread_mutex_unlock(&j->mu);
-    if (j->buf == NULL || j->hooks.get == NULL)
+    if (j->buf == NULL || j->parts == NULL || j->hooks.get == NULL)
         rc = GANG_ENOMEM;
-    else if (pthread_create(&j->thread, NULL, xfer_thread, j) != 0)
+    else
+        rc = gang_kv_parts(&p->kv.src, p->kv.host, m->topo.n_layers, m->topo.tp, m->place.rank,
+                           m->place.tp_rank, sh->layer_first, sh->layer_count, j->parts,
+                           sh->layer_count, &j->n_parts);
+    /* (Rank 0 checked the layout at the admission: a rank that disagrees fails the job.) */
+    if (rc == 0 && pthread_create(&j->thread, NULL, xfer_thread, j) != 0)
         rc = GANG_ENOMEM;
     j->live = rc == 0;
     if (rc != 0) {
@@ -553,7 +704,7 @@ int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline)
             e->kv_stage = malloc((size_t)sh.block_bytes * e->max_bps);
         rc = xfer_export(e, world, &sh, total, deadline);
     } else if (p->kv_kind == GANG__KV_IMPORT) {
-        xfer_start(e, total);
+        xfer_start(e, &sh, total);
     } else if (p->kv_kind == GANG__KV_COMMIT) {
         rc = xfer_commit(e, &sh, total);
     }

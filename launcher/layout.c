@@ -466,6 +466,8 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */
     out->kv_port = (uint32_t)p->kv_port;
     gang_strlcpy(out->kv_bind, p->bind_address, sizeof(out->kv_bind));
+    gang_strlcpy(out->kv_advertise, p->advertise_address[0] ? p->advertise_address : "127.0.0.1",
+                 sizeof(out->kv_advertise));
     out->kv_timeout_ms = (uint64_t)p->kv_transfer_timeout_ms;
     out->kv_store_bytes = (uint64_t)p->kv_export_mb << 20;
     out->kv_hold_ms = (uint64_t)p->kv_export_hold_ms;

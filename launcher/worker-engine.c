@@ -717,6 +717,8 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             ev.kv_id = ge.kv_id;
             ev.kv_blocks = ge.kv_blocks;
             ev.kv_ms = ge.kv_ms;
+            ev.kv_mismatch = ge.kv_mismatch;
+            ev.kv_layout = ge.kv_layout;
             wstep_event(s, &ev);
         }
         wstep_kv(s, e);

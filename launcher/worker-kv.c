@@ -1,9 +1,10 @@
 /*
  * P/D KV transfers over TCP (issue #26): rank r of a prefill gang keeps its part of each
  * export (gang_kv_hooks.put, on the data thread) and serves it on --kv-port + r from a
- * thread of its own; rank r of a decode gang fetches it (gang_kv_hooks.get, on its data
- * thread, by the import's deadline). Equal TP and PP on both sides: a rank's part is its
- * own layers and kv columns, and the fetch says which it expects.
+ * thread of its own; a rank of a decode gang fetches the parts the engine names
+ * (gang_kv_hooks.get, on a fetch thread, by the import's deadline): a range of layers of
+ * one prefill rank, at the address of that rank's node. Equal TP, any PP: a fetch names
+ * its layers (within the serving rank's) and its kv columns, which must be the server's.
  *
  * Protocol (one transfer per connection, little-endian; mac = keyed BLAKE2b-256 with the
  * gang token's key, libsodium's crypto_generichash):
@@ -20,9 +21,13 @@
  * stop replays. Without a token (--token-file empty, warned at start) the macs are not
  * checked, as for the rendezvous.
  *
+ * The shape's layers are model layers (layer_first counts from the model's first); the
+ * server answers them from each of the export's blocks, block after block.
+ *
  * Bounds: a fetch asks at most the engine's own count of bytes; the server serves only
- * an export whose shape equals the request's (else GANG_EMISMATCH, logged on both sides:
- * the gangs' TP, PP, KV dtype or block size differ); every read and write has the
+ * an export whose kv columns, element and block size equal the request's and whose
+ * layers include the requested ones (else GANG_EMISMATCH, logged on both sides: the
+ * gangs' TP, layer split, KV dtype or block size differ); every read and write has the
  * transfer's deadline; the store is bounded by --kv-export-mb and --kv-export-hold-ms.
  */
 #include <arpa/inet.h>
@@ -136,13 +141,31 @@ static int wkv_io(int fd, void *buf, size_t n, int out, uint64_t deadline_ms)
     return 0;
 }
 
-/* The request's shape words: this rank's block shape and the block count. */
-static void wkv_shape_words(const gang_kv_shape *s, uint32_t n_blocks, uint8_t out[24])
+/* The request's shape words: layers [first, first + count) of this rank's block shape and
+ * the block count. */
+static void wkv_shape_words(const gang_kv_shape *s, uint32_t first, uint32_t count,
+                            uint32_t n_blocks, uint8_t out[24])
 {
-    const uint32_t w[6] = {s->layer_first, s->layer_count, s->kv_cols,
-                           s->elem_bytes,  s->block_size,  n_blocks};
+    const uint32_t w[6] = {first, count, s->kv_cols, s->elem_bytes, s->block_size, n_blocks};
     for (int i = 0; i < 6; i++)
         put_u32(out + 4 * i, w[i]);
+}
+
+/* One layer's K and V rows of one block in shape s. */
+static size_t wkv_layer_bytes(const gang_kv_shape *s)
+{
+    return 2u * (size_t)s->block_size * s->kv_cols * s->elem_bytes;
+}
+
+/* Whether a request's shape words w can be served from this rank's shape s: the same kv
+ * columns, element and block size, layers within s's, 1..avail blocks. */
+static int wkv_shape_ok(const gang_kv_shape *s, const uint8_t *w, uint32_t avail)
+{
+    uint32_t lf = get_u32(w), lc = get_u32(w + 4), n = get_u32(w + 20);
+    return get_u32(w + 8) == s->kv_cols && get_u32(w + 12) == s->elem_bytes &&
+           get_u32(w + 16) == s->block_size && lc > 0 && lf >= s->layer_first &&
+           lc <= s->layer_count && lf - s->layer_first <= s->layer_count - lc && n > 0 &&
+           n <= avail;
 }
 
 /* ------------------------------------------------------------------ the store */
@@ -197,7 +220,7 @@ static int wkv_put(void *ctx, uint64_t id, const void *data, size_t bytes, uint3
 static void wkv_serve_one(gang__wkv *k, int fd)
 {
     uint64_t deadline = gang_now_ms() + k->cfg.kv_timeout_ms;
-    uint8_t hello[4 + WKV_NONCE], req[WKV_REQ], ans[WKV_ANS], mac[WKV_MAC], mine[24];
+    uint8_t hello[4 + WKV_NONCE], req[WKV_REQ], ans[WKV_ANS], mac[WKV_MAC];
     memcpy(hello, WKV_MAGIC, 4);
     gang_auth_random(hello + 4, WKV_NONCE);
     if (wkv_io(fd, hello, sizeof hello, 1, deadline) != 0 ||
@@ -214,9 +237,8 @@ static void wkv_serve_one(gang__wkv *k, int fd)
         return;
     }
     uint64_t id = get_u64(idb);
-    uint32_t n = get_u32(shape + 20);
+    uint32_t n = get_u32(shape + 20), lf = get_u32(shape), lc = get_u32(shape + 4);
     int32_t status = 0;
-    wkv_shape_words(&k->shape, n, mine);
     pthread_mutex_lock(&k->mu);
     wkv_evict(k, 0);
     wkv_entry *e = k->head;
@@ -224,20 +246,28 @@ static void wkv_serve_one(gang__wkv *k, int fd)
         e = e->next;
     if (e == NULL)
         status = GANG_ENOENT;
-    else if (memcmp(mine, shape, 20) != 0 || n == 0 || n > e->n_blocks)
+    else if (!wkv_shape_ok(&k->shape, shape, e->n_blocks))
         status = GANG_EMISMATCH;
-    uint64_t bytes = status == 0 ? (uint64_t)n * k->shape.block_bytes : 0;
+    size_t lb = wkv_layer_bytes(&k->shape), run = status == 0 ? (size_t)lc * lb : 0;
+    uint64_t bytes = (uint64_t)n * run;
     uint8_t *data = NULL;
-    if (status == 0 && (data = malloc(bytes)) != NULL)
-        memcpy(data, e->data, bytes); /* (the store may drop it while this one is sent) */
-    else if (status == 0)
+    if (status == 0 && (data = malloc(bytes)) != NULL) {
+        /* (A copy: the store may drop the entry while this one is sent.) */
+        size_t at = (size_t)(lf - k->shape.layer_first) * lb;
+        for (uint32_t b = 0; b < n; b++)
+            memcpy(data + (size_t)b * run, e->data + (size_t)b * k->shape.block_bytes + at, run);
+    } else if (status == 0) {
         status = GANG_ENOMEM;
+    }
     pthread_mutex_unlock(&k->mu);
+    if (status != 0)
+        bytes = 0;
     if (status == GANG_EMISMATCH)
-        gang_warn("P/D: KV fetch of %llx on rank %u: the decode gang's rank holds another shard "
-                  "(layers, kv columns, dtype or block size differ: TP, PP and the KV cache "
-                  "must match)",
-                  (unsigned long long)id, k->rank);
+        gang_warn("P/D: KV fetch of %llx on rank %u (layers %u..+%u of %u blocks): this rank "
+                  "holds layers %u..+%u of another shape (TP, layer split, KV dtype or block "
+                  "size differ: the pools need equal TP and KV cache)",
+                  (unsigned long long)id, k->rank, lf, lc, n, k->shape.layer_first,
+                  k->shape.layer_count);
     put_u32(ans, (uint32_t)status);
     put_u64(ans + 4, bytes);
     uint8_t sb[2 * WKV_NONCE + 8 + 12];
@@ -318,8 +348,8 @@ static int wkv_connect(const char *host, uint32_t port, uint64_t deadline)
 }
 
 /* The exchange of a fetch on a connected fd (see the protocol above). */
-static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, void *data, size_t bytes,
-                     uint32_t n_blocks, uint64_t deadline)
+static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, const gang_kv_part *part,
+                     void *data, size_t bytes, uint32_t n_blocks, uint64_t deadline)
 {
     uint8_t hello[4 + WKV_NONCE], req[WKV_REQ], ans[WKV_ANS], mac[WKV_MAC];
     int rc = wkv_io(fd, hello, sizeof hello, 0, deadline);
@@ -331,7 +361,8 @@ static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, void *data, 
     memcpy(both, hello + 4, WKV_NONCE);
     gang_auth_random(both + WKV_NONCE, WKV_NONCE);
     put_u64(both + 2 * WKV_NONCE, src->id);
-    wkv_shape_words(&k->shape, n_blocks, both + 2 * WKV_NONCE + 8);
+    wkv_shape_words(&k->shape, part->layer_first, part->layer_count, n_blocks,
+                    both + 2 * WKV_NONCE + 8);
     memcpy(req, both + WKV_NONCE, WKV_NONCE + 8 + 24);
     wkv_mac(&k->cfg.kv_token, "gkv-c", both, sizeof both, NULL, 0, req + WKV_NONCE + 8 + 24);
     rc = wkv_io(fd, req, sizeof req, 1, deadline);
@@ -361,17 +392,19 @@ static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, void *data, 
     return wkv_mac_ok(&k->cfg.kv_token, mac, ans) ? 0 : GANG_EAUTH;
 }
 
-/* gang_kv_hooks.get: this rank's part of src from the source gang's rank of our index. */
-static int wkv_get(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n_blocks,
-                   uint64_t deadline_ms)
+/* gang_kv_hooks.get: layers of src's blocks from the source gang's rank part names. */
+static int wkv_get(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, void *data,
+                   size_t bytes, uint32_t n_blocks, uint64_t deadline_ms)
 {
     gang__wkv *k = ctx;
-    if (bytes != (size_t)n_blocks * k->shape.block_bytes)
+    if (part->layer_count == 0 || part->layer_count > k->shape.layer_count ||
+        bytes != (size_t)n_blocks * part->layer_count * wkv_layer_bytes(&k->shape) ||
+        part->rank > 65535 - src->port)
         return GANG_EINVAL;
-    int fd = wkv_connect(src->host, src->port + k->rank, deadline_ms);
+    int fd = wkv_connect(part->host, src->port + part->rank, deadline_ms);
     if (fd < 0)
         return fd;
-    int rc = wkv_fetch(k, fd, src, data, bytes, n_blocks, deadline_ms);
+    int rc = wkv_fetch(k, fd, src, part, data, bytes, n_blocks, deadline_ms);
     close(fd);
     return rc;
 }
@@ -401,6 +434,9 @@ int gang__wkv_start(const gang__wres_config *c, uint32_t rank, gang_engine *e, g
                       c->kv_token.present ? "" : " WITHOUT authentication (no --token-file)");
     }
     gang_kv_hooks h = {.ctx = k, .put = wkv_put, .get = wkv_get};
+    struct in_addr a;
+    if (inet_pton(AF_INET, c->kv_advertise, &a) == 1)
+        h.addr = a.s_addr; /* a name: the decode gangs use the replica's address */
     gang_engine_set_kv_hooks(e, &h, c->kv_timeout_ms);
     *out = k;
     return 0;

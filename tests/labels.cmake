@@ -30,7 +30,7 @@ endif()
 set_property(TEST ${GANG_UNIT_TESTS} APPEND PROPERTY LABELS unit)
 
 set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli dp_local dp_router flood front_door
-  pd_router
+  pd_router pd_layouts
   gang_forms
   gpu_health gpu_placement hang_worker kill_agent kill_coordinator kill_worker member_flood
   openai_client reject request_deadline restart_budget serve_model shm_hygiene
