@@ -11,6 +11,9 @@
   they first differ, TP 1's two best logprobs there are within NEAR_TIE nats and the
   other layout chose TP 1's second (the activations are quantized per 32 to int8 as the
   formats define, so a summation-order difference can move one rounding step).
+* The file mapped (the default) and read (`--no-mmap`) give the same greedy tokens and
+  logprobs, to the bit, at TP 1; the mapped workers' load line says how many matrices
+  point into the mapping.
 * The blocks' first-step logprobs agree with the same file dequantized to f32 (`--dtype
   f32`, the path mp-test_gguf_smollm2 holds to transformers) within LP_TOL: the cost of
   the 8-bit activations, stated.
@@ -34,7 +37,7 @@ SMOLLM2_PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 11, 7222, 3128, 28, 216, 
 GEMMA_PROMPTS = [[2, 818, 5279, 529, 7001, 563], [2, 1509, 1340, 6057, 236761, 1030]]
 
 
-def answers(h, gguf, tp, prompts, storage, dtype="auto"):
+def answers(h, gguf, tp, prompts, storage, dtype="auto", extra=()):
     """Greedy ids and top-2 logprobs of each prompt on a local gang of tp ranks; checks the
     workers' load line names the storage and that nothing was dequantized."""
     # A long heartbeat timeout: the agent builds Gemma's 262,144-token vocabulary on its
@@ -43,7 +46,8 @@ def answers(h, gguf, tp, prompts, storage, dtype="auto"):
     g = H.Gang(h, nnodes=1, nproc_per_node=tp, hb_interval_ms=200, hb_timeout_ms=60000,
                extra=["--model", gguf, "--dtype", dtype, "--tp", str(tp), "--max-ctx", "256",
                       "--max-batch", "4", "--kv-cache-mb", "64",
-                      "--request-timeout-ms", "90000", "--step-timeout-ms", "30000"])
+                      "--request-timeout-ms", "90000", "--step-timeout-ms", "30000"]
+               + list(extra))
     g.start_local()
     out = []
     try:
@@ -83,7 +87,11 @@ def compare_layouts(name, base, other, tp):
 def scenario(h):
     smol = S.fetch("smollm2-gguf")
     smol_store = "the GGUF file's own blocks: q8_0 x 1, q4_1 x 210"
-    one = answers(h, smol, 1, SMOLLM2_PROMPTS, smol_store)
+    one = answers(h, smol, 1, SMOLLM2_PROMPTS, smol_store + " (151 mapped from the file)")
+    read = answers(h, smol, 1, SMOLLM2_PROMPTS, smol_store, extra=["--no-mmap"])
+    H.check(read == one, "SmolLM2 --no-mmap differs from the mapped file:\n%r\n%r" % (read, one))
+    H.log("SmolLM2: mapped and --no-mmap answers equal (tokens and logprobs) on %d prompts"
+          % len(one))
     compare_layouts("SmolLM2 Q4_1", one, answers(h, smol, 3, SMOLLM2_PROMPTS, smol_store), 3)
     f32 = answers(h, smol, 1, SMOLLM2_PROMPTS[:1], "weights (f32 x 211)", dtype="f32")
     for tok, lp in f32[0][1][0].items():
