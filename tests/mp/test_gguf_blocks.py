@@ -13,7 +13,8 @@
   formats define, so a summation-order difference can move one rounding step).
 * The file mapped (the default) and read (`--no-mmap`) give the same greedy tokens and
   logprobs, to the bit, at TP 1; the mapped workers' load line says how many matrices
-  point into the mapping.
+  point into the mapping; the mapped TP 1 worker's peak RSS after answering is at most
+  the file + its KV budget + 64 MiB (the issue's bound).
 * The blocks' first-step logprobs agree with the same file dequantized to f32 (`--dtype
   f32`, the path mp-test_gguf_smollm2 holds to transformers) within LP_TOL: the cost of
   the 8-bit activations, stated.
@@ -21,6 +22,7 @@
 The files come from `scripts/fetch-reference.sh smollm2-gguf` and `gemma3-gguf`; SKIP,
 saying why, when they cannot be had. About 60 s on 2 idle cores."""
 import os
+import re
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -37,7 +39,19 @@ SMOLLM2_PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 11, 7222, 3128, 28, 216, 
 GEMMA_PROMPTS = [[2, 818, 5279, 529, 7001, 563], [2, 1509, 1340, 6057, 236761, 1030]]
 
 
-def answers(h, gguf, tp, prompts, storage, dtype="auto", extra=()):
+def check_rss(log, bound):
+    """The worker's peak RSS (VmHWM; its pid from the log) is at most bound bytes."""
+    pids = re.findall(r"worker local rank 0 up \(pid (\d+)\)", log)
+    H.check(pids, "no worker pid in the log:\n%s" % log[-2000:])
+    with open("/proc/%s/status" % pids[-1]) as f:
+        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) << 10
+    H.check(hwm <= bound,
+            "worker peak RSS %.1f MiB > bound %.1f MiB" % (hwm / 2**20, bound / 2**20))
+    H.log("worker peak RSS %.1f MiB <= file + KV + 64 MiB = %.1f MiB"
+          % (hwm / 2**20, bound / 2**20))
+
+
+def answers(h, gguf, tp, prompts, storage, dtype="auto", extra=(), rss_bound=None):
     """Greedy ids and top-2 logprobs of each prompt on a local gang of tp ranks; checks the
     workers' load line names the storage and that nothing was dequantized."""
     # A long heartbeat timeout: the agent builds Gemma's 262,144-token vocabulary on its
@@ -60,6 +74,8 @@ def answers(h, gguf, tp, prompts, storage, dtype="auto", extra=()):
             c = r["choices"][0]
             out.append((c["tokens"], c["logprobs"]["top_logprobs"], c["logprobs"]["tokens"]))
         log = g.local.log_text()
+        if rss_bound is not None:
+            check_rss(log, rss_bound)
     finally:
         g.stop()
     H.check(log.count(storage) >= tp, "tp %d: %d of %d workers report '%s' in:\n%s"
@@ -87,7 +103,11 @@ def compare_layouts(name, base, other, tp):
 def scenario(h):
     smol = S.fetch("smollm2-gguf")
     smol_store = "the GGUF file's own blocks: q8_0 x 1, q4_1 x 210"
-    one = answers(h, smol, 1, SMOLLM2_PROMPTS, smol_store + " (151 mapped from the file)")
+    # The issue's memory bound on the mapped file: the worker's peak RSS (after answering)
+    # at most the file + its KV budget (--kv-cache-mb 64) + 64 MiB.
+    bound = os.path.getsize(smol) + (64 << 20) + (64 << 20)
+    one = answers(h, smol, 1, SMOLLM2_PROMPTS, smol_store + " (151 mapped from the file)",
+                  rss_bound=bound)
     read = answers(h, smol, 1, SMOLLM2_PROMPTS, smol_store, extra=["--no-mmap"])
     H.check(read == one, "SmolLM2 --no-mmap differs from the mapped file:\n%r\n%r" % (read, one))
     H.log("SmolLM2: mapped and --no-mmap answers equal (tokens and logprobs) on %d prompts"
