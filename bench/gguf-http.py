@@ -4,22 +4,25 @@ file's own blocks) against llama.cpp's llama-server (`-np 32`) on the same file,
 concurrent streaming clients: output tokens/s and TTFT p50 of each, and their ratio.
 
   gguf-http.py BIN FILE.gguf [--concurrency 1,32] [--repeats 3] [--answer 64]
-               [--prompt 32] [--threads 2] [--llama-bin DIR] [--json OUT]
+               [--prompt 32] [--per-client 2] [--threads 2] [--llama-bin DIR] [--json OUT]
 
-Both servers are started once and stay up; the runs interleave them (repeat r: ganglion
-C1, llama C1, ganglion C32, llama C32, the engine order swapped on odd repeats) and the
-table gives the median of each figure over the repeats. Requests (seeded): prompts of
---prompt token ids drawn from [100, 10000), answers of exactly --answer tokens
-(ignore_eos, greedy), sent to POST /v1/completions with "stream": true; at concurrency C,
-C client threads each send their next request when their previous one is done, max(4, 2C)
-requests in all. TTFT = the first chunk carrying text or tokens - the request's send;
-output tokens/s = the tokens of the run over its wall time (first send to last answer).
-Every answer must have its --answer tokens (usage, or one streamed chunk a token for
-llama-server). llama-server runs without its weight repacking (LLAMA_ARG_REPACK=false:
-this build crashes at start with it on an AMX CPU), -t --threads, -c 32 x 512 (512
-positions a slot); ganglion with --max-batch the largest concurrency, --max-ctx 512.
-The 1-minute load average is sampled before and after every run and reported: the
-machine may be shared. Python standard library only."""
+Under `taskset -c N` with --threads 1 both engines get one core (ganglion sizes its
+kernel pool by the affinity mask; llama-server -t 1), the clients share it.
+
+Both servers are started once and stay up; the runs interleave them (repeat r: ganglion C1,
+llama C1, ganglion C32, llama C32, the engine order swapped on odd repeats) and the table
+gives the median of each figure over the repeats. Requests (seeded): prompts of --prompt
+token ids drawn from [100, 10000), answers of exactly --answer tokens (ignore_eos, greedy),
+sent to POST /v1/completions with "stream": true; at concurrency C, C client threads each
+send their next request when their previous one is done, max(4, --per-client x C) requests
+in all (--per-client 2). TTFT = the first chunk carrying text or tokens - the request's
+send; output tokens/s = the tokens of the run over its wall time (first send to last
+answer). Every answer must have its --answer tokens (usage, or one streamed chunk a token
+for llama-server). llama-server runs without its weight repacking (LLAMA_ARG_REPACK=false:
+this build crashes at start with it on an AMX CPU), -t --threads, -c 32 x 512 (512 positions
+a slot); ganglion with --max-batch the largest concurrency, --max-ctx 512. The 1-minute load
+average is sampled before and after every run and reported: the machine may be shared.
+Python standard library only."""
 import argparse
 import http.client
 import json
@@ -157,6 +160,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=27)
+    ap.add_argument("--per-client", type=int, default=2)
     ap.add_argument("--llama-bin", default="/var/cache/ganglion/llama.cpp-0.3.36/bin")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -187,7 +191,7 @@ def main():
         for r in range(a.repeats):
             for c in concs:
                 reqs = [([rng.randrange(100, 10000) for _ in range(a.prompt)], a.answer)
-                        for _ in range(max(4, 2 * c))]
+                        for _ in range(max(4, a.per_client * c))]
                 order = ["ganglion", "llama-server"][::(-1 if r % 2 else 1)]
                 for name in order:
                     f = run(ports[name], reqs, c)

@@ -10,7 +10,8 @@
  *   file + 64 MiB (the issue's bound; no KV cache here), the weights are file pages (RssFile), not
  * anonymous copies (the
  *   --no-mmap load's anonymous growth is its whole shard: the check can fail), and
- *   gang_model_release_mapped gives a matrix's pages back;
+ *   gang_model_release_mapped gives a matrix's pages back; TP 3's rank 1 holds its own
+ *   bands' pages (and what the kernel maps around a fault at their edges), not the file;
  * - a file cut short is refused at load with the reader's message, mapped or not.
  */
 #include <fcntl.h>
@@ -229,6 +230,41 @@ static void test_resident(void **state)
     gang_model_free(m);
 }
 
+/* A TP rank maps only its own rows: after TP 3's rank 1 read all its matrices, its file
+ * pages are its mapped bands' bytes, plus at most what the kernel maps around a fault
+ * (fault-around, large page-cache folios) at the bands' edges. */
+static void test_rank_pages(void **state)
+{
+    (void)state;
+    const char *path = gm_file_or_skip();
+    size_t r, a, f0, f1, mine = 0;
+    unsigned sum = 0;
+
+    if (path == NULL)
+        skip();
+    gm_rss(&r, &a, &f0);
+    gang_model *m = gm_load(path, 3, 1, 0);
+    for (uint32_t i = 0; i < m->layer_count; i++) {
+        const void *mats[7];
+        size_t n[7];
+        gm_mats(m, &m->layers[i], mats, n);
+        for (int j = 0; j < 7; j++) {
+            sum += gm_touch(mats[j], n[j]);
+            if (gm_in_map(m, mats[j]))
+                mine += n[j];
+        }
+    }
+    size_t eb = gang_kernels_weight_bytes(m->wtype, m->topo.vocab, m->cfg.hidden);
+    sum += gm_touch(m->embed, eb);
+    mine += eb;
+    gm_rss(&r, &a, &f1);
+    fprintf(stderr, "tp 3 rank 1: mapped bands %.1f MiB, RssFile +%.1f MiB, file %.1f MiB [%u]\n",
+            mine / 1048576.0, (double)(f1 - f0) / 1048576.0, m->wmap_len / 1048576.0, sum & 1);
+    assert_true(f1 >= f0 && f1 - f0 >= mine / 4 * 3);
+    assert_true(f1 - f0 <= mine + ((size_t)16 << 20));
+    gang_model_free(m);
+}
+
 /* The first n bytes of src into dst, in 1 MiB pieces. */
 static void gm_copy_head(const char *src, const char *dst, size_t n)
 {
@@ -276,6 +312,7 @@ int main(void)
     /* test_resident first: its RSS deltas are of a process that has not loaded yet. */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resident),
+        cmocka_unit_test(test_rank_pages),
         cmocka_unit_test(test_same_bytes),
         cmocka_unit_test(test_truncated),
     };
