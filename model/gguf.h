@@ -116,8 +116,9 @@ typedef struct gang__gguf {
     size_t n_tensors;
     uint64_t alignment;
     uint64_t data_start;
-    uint8_t *map; /* the whole file mapped (PROT_READ) (gang__gguf_map), not owned: the model that
-                           keeps arrays pointing into it unmaps it; NULL: pread */
+    /* The whole file mapped read-only (gang__gguf_map), or NULL (pread); not owned: the
+     * model whose arrays point into it unmaps it. */
+    uint8_t *map;
 } gang__gguf;
 
 /* A string as pointer + length (not NUL-terminated). */
