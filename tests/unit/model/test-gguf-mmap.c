@@ -7,11 +7,11 @@
  *   TP 3's rank 1, whose o_proj / down_proj are column bands and so copies), whole-row
  *   bands point into the mapping, the Llama q_proj / k_proj (rows reordered) do not;
  * - resident memory: after every mapped matrix is read, the process holds at most the
- *   file + 64 MiB (the issue's bound; no KV cache here), the weights are file pages (RssFile), not
- * anonymous copies (the
- *   --no-mmap load's anonymous growth is its whole shard: the check can fail), and
- *   gang_model_release_mapped gives a matrix's pages back; TP 3's rank 1 holds its own
- *   bands' pages (and what the kernel maps around a fault at their edges), not the file;
+ *   file + 64 MiB (the issue's bound; no KV cache here), the weights are file pages
+ *   (RssFile), not anonymous copies (the --no-mmap load grows by at least half the file
+ *   more anonymous memory: the check can fail), and gang_model_release_mapped gives a
+ *   matrix's pages back; TP 3's rank 1 holds its own bands' pages (and what the kernel
+ *   maps around a fault at their edges), not the whole file;
  * - a file cut short is refused at load with the reader's message, mapped or not.
  */
 #include <fcntl.h>
@@ -31,6 +31,19 @@
 #include "ganglion/model.h"
 
 #define GM_DEFAULT "/var/cache/ganglion/smollm2-135m-instruct-q4_1.gguf"
+
+/* A sanitizer's shadow memory counts in the process's RSS: the absolute bound says
+ * nothing about the loader then (the differences between two loads still do). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define GM_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define GM_SANITIZED 1
+#endif
+#endif
+#ifndef GM_SANITIZED
+#define GM_SANITIZED 0
+#endif
 
 static const char *gm_file(void)
 {
@@ -197,37 +210,39 @@ static void test_resident(void **state)
     (void)state;
     const char *path = gm_file_or_skip();
     struct stat st;
-    size_t g[3], gr[3], r, a, f0, f1;
+    size_t g[3], gr[3], r, a, f0, f1, f2;
 
     if (path == NULL)
         skip();
     assert_int_equal(stat(path, &st), 0);
-    size_t file = (size_t)st.st_size;
+    size_t file = (size_t)st.st_size, slack = (size_t)64 << 20;
     gang_model *m = gm_resident(path, 0, g);
-    /* The issue's bound (no KV cache here), on the growth and on the whole process, and
-     * the weights as file pages. */
     gm_rss(&r, &a, &f0);
     fprintf(stderr, "mapped: process RSS %.1f MiB, file %.1f MiB\n", r / 1048576.0,
             file / 1048576.0);
-    assert_true(r <= file + ((size_t)64 << 20));
-    assert_true(g[0] <= file + ((size_t)64 << 20));
-    assert_true(g[2] >= file / 2);
-    assert_true(g[1] <= file / 4);
     /* A matrix another layout copied (a repacking backend): its pages go back. */
     size_t eb = gang_kernels_weight_bytes(m->wtype, m->topo.vocab, m->cfg.hidden);
-    gm_rss(&r, &a, &f0);
-    gang_model_release_mapped(m, m->embed, eb);
     gm_rss(&r, &a, &f1);
+    gang_model_release_mapped(m, m->embed, eb);
+    gm_rss(&r, &a, &f2);
     fprintf(stderr, "released the %.1f MiB embedding: RssFile -%.1f MiB\n", eb / 1048576.0,
-            (double)(f0 - f1) / 1048576.0);
-    assert_true(f0 > f1 && f0 - f1 >= eb / 4 * 3);
+            (double)(f1 - f2) / 1048576.0);
     gang_model_free(m);
-
     /* The same read into arrays of their own: anonymous memory, the whole shard. */
     m = gm_resident(path, 1, gr);
-    assert_true(gr[1] >= file / 2);
-    assert_true(gr[0] <= file + ((size_t)64 << 20));
     gang_model_free(m);
+
+    /* The issue's bound (no KV cache here) on the whole process and on the growth; the
+     * weights as file pages, where the read load's are anonymous (compared with each
+     * other, so that a sanitizer's own anonymous memory cancels out). */
+#if !GM_SANITIZED
+    assert_true(r <= file + slack);
+#endif
+    assert_true(g[0] <= file + slack);
+    assert_true(gr[0] <= file + slack);
+    assert_true(g[2] >= file / 2);
+    assert_true(gr[1] >= g[1] + file / 2);
+    assert_true(f1 > f2 && f1 - f2 >= eb / 4 * 3);
 }
 
 /* A TP rank maps only its own rows: after TP 3's rank 1 read all its matrices, its file
