@@ -104,6 +104,7 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     }
     gang_strlcpy(l->dtype, p->dtype, sizeof(l->dtype));
     gang_strlcpy(l->quantize, p->quantize, sizeof(l->quantize));
+    l->no_mmap = p->no_mmap;
     l->kv_auto = strcmp(p->kv_cache_dtype, "auto") == 0;
     if (l->kv_auto || strcmp(p->kv_cache_dtype, "f32") == 0) {
         l->kv_dtype = GANG_DTYPE_F32; /* auto: until the weights' storage is known */

@@ -199,8 +199,10 @@ static int wres_load(gang__wres *r)
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    gang_load_options lo = {
-        .dtype = c->layout.dtype, .quantize = c->layout.quantize, .ep = c->layout.ep};
+    gang_load_options lo = {.dtype = c->layout.dtype,
+                            .quantize = c->layout.quantize,
+                            .ep = c->layout.ep,
+                            .no_mmap = c->layout.no_mmap};
     /* --dtype auto keeps a GGUF file's blocks, which only the CPU kernels compute with:
      * on a device the file is dequantized to f32, as before issue #27, and said so. */
     if (strcmp(dev, "cpu") != 0 && strcmp(lo.dtype, "auto") == 0 && gang_model_is_gguf(model)) {

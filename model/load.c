@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ganglion/model.h"
 #include "gguf.h"
@@ -226,6 +227,28 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
     return ld_band(L, name, rows, cols, rf, rn, cf, cn, (float **)out);
 }
 
+int gang__model_in_map(const gang_model *m, const void *p)
+{
+    const char *b = m->wmap, *q = p;
+
+    return b != NULL && q != NULL && q >= b && (size_t)(q - b) < m->wmap_len;
+}
+
+/* Forgets l's matrices that point into m's mapping, before gang_tp_layer_free; returns
+ * how many there were. */
+static int ld_unhook(const gang_model *m, gang_tp_layer *l)
+{
+    void **const mats[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+    int n = 0;
+
+    for (int j = 0; j < 7; j++)
+        if (gang__model_in_map(m, *mats[j])) {
+            *mats[j] = NULL;
+            n++;
+        }
+    return n;
+}
+
 /* Loads this rank's shard of decoder layer li into *l (zeroed and owning nothing on error). */
 static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *l)
 {
@@ -309,8 +332,10 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
                        s->ffn_count, &l->w_down);
 #undef LD_NAME
 out_done:
-    if (rc != 0)
+    if (rc != 0) {
+        ld_unhook(m, l);
         gang_tp_layer_free(l);
+    }
     return rc;
 }
 
@@ -449,6 +474,49 @@ static int ld_pack_layer(loader *L, gang_kernels_wtype t, gang_tp_layer *l)
     return 0;
 }
 
+/*
+ * Maps L's GGUF file for m (m->wmap owns it from here, so that every error path's
+ * gang_model_free unmaps it) and lets the band reads point into it. A file that cannot be
+ * mapped is read as with --no-mmap, with a warning that says why.
+ */
+static void ld_map(loader *L, gang_model *m)
+{
+    char why[256];
+
+    if (gang__gguf_map(&L->gg, &m->wmap, why, sizeof(why)) != 0) {
+        gang_warn("%s; its blocks are read instead (as --no-mmap does)", why);
+        return;
+    }
+    m->wmap_len = (size_t)L->gg.file_size;
+    L->gg.map = (uint8_t *)m->wmap;
+}
+
+/* The mapping goes when nothing of the shard points into it (every matrix a copy). */
+static void ld_map_trim(gang_model *m)
+{
+    int used =
+        gang__model_in_map(m, m->embed) || (!m->lm_head_tied && gang__model_in_map(m, m->lm_head));
+
+    for (uint32_t i = 0; !used && m->layers != NULL && i < m->layer_count; i++) {
+        gang_tp_layer l = m->layers[i]; /* a copy: only counted */
+        used = ld_unhook(m, &l) > 0;
+    }
+    if (m->wmap != NULL && !used) {
+        munmap(m->wmap, m->wmap_len);
+        m->wmap = NULL;
+        m->wmap_len = 0;
+    }
+}
+
+void gang_model_release_mapped(const gang_model *m, const void *p, size_t n)
+{
+    if (m == NULL || !gang__model_in_map(m, p) ||
+        n > m->wmap_len - (size_t)((const char *)p - (const char *)m->wmap))
+        return;
+    gang__gguf_map_advise(m->wmap, (uint64_t)((const char *)p - (const char *)m->wmap), n,
+                          MADV_DONTNEED);
+}
+
 int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                        const gang_load_options *o, gang_model **out, char *err, size_t errlen)
 {
@@ -498,6 +566,8 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
         goto out_free;
+    if (L.blocks && !o->no_mmap)
+        ld_map(&L, m);
     if (L.is_gguf && m->cfg.rope_freq_factors && m->layer_count > 0) {
         rc = ld_rope_factors(&L, m);
         if (rc != 0)
@@ -523,6 +593,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
         rc = rc == GANG_EINVAL ? GANG_EMODEL : rc;
         goto out_close;
     }
+    ld_map_trim(m);
     gang__model_storage_desc(m, m->storage, sizeof(m->storage));
     free(L.rope_factors);
     gang__st_set_close(&L.set);
@@ -673,13 +744,18 @@ void gang_model_free(gang_model *m)
         return;
     gang_model_device_release(m); /* device arrays back to their pool (no-op on the host) */
     if (m->layers != NULL) {
-        for (i = 0; i < m->layer_count; i++)
+        for (i = 0; i < m->layer_count; i++) {
+            ld_unhook(m, &m->layers[i]);
             gang_tp_layer_free(&m->layers[i]);
+        }
         free(m->layers);
     }
-    free(m->embed);
+    if (!gang__model_in_map(m, m->embed))
+        free(m->embed);
     free(m->final_norm);
-    if (!m->lm_head_tied)
+    if (!m->lm_head_tied && !gang__model_in_map(m, m->lm_head))
         free(m->lm_head);
+    if (m->wmap != NULL)
+        munmap(m->wmap, m->wmap_len); /* after every array that pointed into it went */
     free(m);
 }

@@ -22,7 +22,7 @@
 # Q4_1 in batches of 61: 106 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
   unit-launcher unit-kernels unit-kernels-blocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
-  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-engine unit-fake-device unit-text
+  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-model-gguf-mmap unit-engine unit-fake-device unit-text
   unit-router)
 if(GANG_HAVE_MPI)
   list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
