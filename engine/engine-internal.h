@@ -106,6 +106,7 @@ typedef struct gang__kv_job {
     uint32_t layer_first; /* this rank's first layer */
     size_t layer_bytes;   /* one layer's K and V rows of one block */
     uint8_t *buf;         /* [bytes] this rank's part */
+    gang_kernels *dk;     /* the device path: buf is device memory of dk (else NULL) */
     size_t bytes;
     uint32_t n;              /* blocks */
     uint64_t until;          /* the fetch's deadline (gang_now_ms) */

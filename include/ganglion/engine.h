@@ -413,6 +413,18 @@ int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out);
  *   addr: this rank's IPv4 address (network order) for decode ranks to reach its exports
  *        at, 0 when unknown; rank 0 lists the nodes' addresses in an export's DONE.
  * Without hooks an export is dropped and an import fails (and falls back).
+ *
+ * The device path (issue #26): an engine whose kernels hold device memory the host
+ * cannot read (GANG_KERNELS_CAP_DEVICE_MEM: cuda, fake) uses put_dev and get_dev instead
+ * when both are set, so that the blocks never pass through host memory:
+ *   put_dev: takes export `id` as `dev`, `bytes` of device memory of k (from
+ *        gang_kernels_alloc, filled as put's data, the handle synchronised); on 0 the
+ *        hooks own it and free it with gang_kernels_free on k, on the data thread (a later
+ *        put_dev) or after the engine stopped stepping; else the engine frees it.
+ *   get_dev: like get, into device memory of k: run bytes of each of n_blocks blocks,
+ *        block b's at dev + b * block_bytes + at (a part of fewer layers than this rank's
+ *        fills its layers of each block). k is the engine's handle: the fetch thread may
+ *        only make its device current (gang_kernels_bind_thread), never enqueue on it.
  */
 typedef struct gang_kv_part {
     uint32_t rank;        /* the source gang's rank that holds these layers */
@@ -426,6 +438,11 @@ typedef struct gang_kv_hooks {
     int (*put)(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n_blocks);
     int (*get)(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, void *data,
                size_t bytes, uint32_t n_blocks, uint64_t deadline_ms);
+    int (*put_dev)(void *ctx, uint64_t id, gang_kernels *k, void *dev, size_t bytes,
+                   uint32_t n_blocks);
+    int (*get_dev)(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, gang_kernels *k,
+                   void *dev, size_t block_bytes, size_t at, size_t run, uint32_t n_blocks,
+                   uint64_t deadline_ms);
     uint32_t addr;
 } gang_kv_hooks;
 

@@ -1,0 +1,134 @@
+/*
+ * The device path of P/D KV transfers (issue #26, worker-kv.h): after worker-kv.c's
+ * authenticated handshake on a connection, the prefill rank makes a fresh bootstrap blob
+ * of a 2-rank communicator and sends it over that connection, MACed with the gang token:
+ *
+ *   server -> client  len (u32, <= GANG__WKV_BLOB_MAX), blob, mac("gkv-p", server nonce,
+ *                     client nonce, len, blob)
+ *
+ * then both join the pair (prefill rank 0, decode rank 1) and the block rows move with
+ * gang_comm_send / gang_comm_recv between the two device buffers: one message when the
+ * part is whole blocks, else one per block (tag b). Every step has the transfer's
+ * deadline (the comm front's: GANG_ETIMEDOUT, the communicator then unusable); any error
+ * fails the fetch, and the engine prefills instead.
+ *
+ * What is authenticated: the peer, at setup (only a client that proved the token gets the
+ * blob, and only a server that proved it gave one the client joins); the rows themselves
+ * travel without a MAC (NCCL moves them device to device; a MAC would need them on the
+ * host or a kernel of its own). See docs/design.md section 10.
+ */
+#include <string.h>
+
+#include "worker-kv.h"
+
+static int pair_nccl_blob(void *ctx, uint8_t *blob, size_t cap, size_t *len)
+{
+    (void)ctx;
+    return gang_comm_nccl_unique_id(blob, cap, len);
+}
+
+static int pair_nccl_join(void *ctx, gang_kernels *k, const uint8_t *blob, size_t len,
+                          uint32_t rank, uint64_t timeout_ms, gang_comm **out)
+{
+    (void)ctx;
+    int rc = gang_kernels_bind_thread(k); /* NCCL takes the thread's current device */
+    if (rc != 0)
+        return rc;
+    gang_comm_config c = {.backend = GANG_COMM_NCCL,
+                          .rank = rank,
+                          .world_size = 2,
+                          .blob = blob,
+                          .blob_len = len,
+                          .timeout_ms = timeout_ms};
+    return gang_comm_init(&c, out);
+}
+
+const gang__wkv_pair gang__wkv_pair_nccl = {.make_blob = pair_nccl_blob, .join = pair_nccl_join};
+
+/* The blob message's mac over the nonces, its length word and the blob. */
+static void pair_blob_mac(const gang_token *t, const uint8_t nonces[64], const uint8_t *lb,
+                          size_t len, uint8_t out[32])
+{
+    uint8_t head[64 + 4];
+    memcpy(head, nonces, 64);
+    memcpy(head + 64, lb, 4);
+    gang__wkv_mac(t, "gkv-p", head, sizeof head, lb + 4, len, out);
+}
+
+/* Moves the rows over c (send: rank 0 to 1; else 1 from 0) by deadline_ms. */
+static int pair_move(gang_comm *c, int send, uint8_t *dev, size_t stride, size_t at, size_t run,
+                     uint32_t n, uint64_t deadline_ms)
+{
+    uint32_t msgs = run == stride && at == 0 ? 1 : n;
+    size_t bytes = msgs == 1 ? run * n : run;
+    for (uint32_t b = 0; b < msgs; b++) {
+        uint64_t left;
+        int rc = gang_deadline_left(deadline_ms, &left);
+        uint8_t *p = dev + (size_t)b * stride + at;
+        if (rc == 0)
+            rc = send ? gang_comm_send(c, p, bytes, 1, b, left)
+                      : gang_comm_recv(c, p, bytes, 0, b, left);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int gang__wkv_pair_send(const gang__wkv_pair *p, gang_kernels *k, const gang_token *t, int fd,
+                        const uint8_t nonces[64], uint8_t *dev, size_t stride, size_t at,
+                        size_t run, uint32_t n, uint64_t deadline_ms)
+{
+    uint8_t msg[4 + GANG__WKV_BLOB_MAX], mac[32];
+    size_t len = 0;
+    uint64_t left;
+    gang_comm *c = NULL;
+    int rc = p->make_blob(p->ctx, msg + 4, GANG__WKV_BLOB_MAX, &len);
+    if (rc != 0)
+        return rc;
+    if (len == 0 || len > GANG__WKV_BLOB_MAX)
+        return GANG_ERANGE;
+    for (int i = 0; i < 4; i++)
+        msg[i] = (uint8_t)(len >> (8 * i));
+    pair_blob_mac(t, nonces, msg, len, mac);
+    rc = gang__wkv_io(fd, msg, 4 + len, 1, deadline_ms);
+    if (rc == 0)
+        rc = gang__wkv_io(fd, mac, sizeof mac, 1, deadline_ms);
+    if (rc == 0)
+        rc = gang_deadline_left(deadline_ms, &left);
+    if (rc == 0)
+        rc = p->join(p->ctx, k, msg + 4, len, 0, left, &c);
+    if (rc == 0)
+        rc = pair_move(c, 1, dev, stride, at, run, n, deadline_ms);
+    gang_comm_free(c);
+    return rc;
+}
+
+int gang__wkv_pair_recv(const gang__wkv_pair *p, gang_kernels *k, const gang_token *t, int fd,
+                        const uint8_t nonces[64], uint8_t *dev, size_t stride, size_t at,
+                        size_t run, uint32_t n, uint64_t deadline_ms)
+{
+    uint8_t msg[4 + GANG__WKV_BLOB_MAX], mac[32], got[32];
+    uint64_t left;
+    gang_comm *c = NULL;
+    int rc = gang__wkv_io(fd, msg, 4, 0, deadline_ms);
+    if (rc != 0)
+        return rc;
+    size_t len = (size_t)msg[0] | (size_t)msg[1] << 8 | (size_t)msg[2] << 16 | (size_t)msg[3] << 24;
+    if (len == 0 || len > GANG__WKV_BLOB_MAX)
+        return GANG_EPROTO;
+    rc = gang__wkv_io(fd, msg + 4, len, 0, deadline_ms);
+    if (rc == 0)
+        rc = gang__wkv_io(fd, got, sizeof got, 0, deadline_ms);
+    if (rc != 0)
+        return rc;
+    pair_blob_mac(t, nonces, msg, len, mac);
+    if (!gang__wkv_mac_ok(t, mac, got))
+        return GANG_EAUTH;
+    rc = gang_deadline_left(deadline_ms, &left);
+    if (rc == 0)
+        rc = p->join(p->ctx, k, msg + 4, len, 1, left, &c);
+    if (rc == 0)
+        rc = pair_move(c, 0, dev, stride, at, run, n, deadline_ms);
+    gang_comm_free(c);
+    return rc;
+}

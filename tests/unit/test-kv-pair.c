@@ -1,0 +1,303 @@
+/*
+ * The device path of P/D KV transfers (issue #26, launcher/worker-kv-pair.c) on the fake
+ * device (CTest unit-kv-pair): a prefill engine and a decode engine, each on its own
+ * "fake" handle (device memory the host cannot read), with the launcher's transport
+ * (worker-kv.c) between them on 127.0.0.1:
+ *  - over TCP (no pair: device -> host -> TCP -> host -> device), the baseline;
+ *  - over the fake pair (fake-comm.c: send/recv of device buffers that abort on a host
+ *    pointer), after the same authenticated handshake: the decode's greedy tokens equal
+ *    the TCP path's and the naive reference's, the blocks counted as cached, the rows
+ *    moved over the pair (its byte count) and not over TCP;
+ *  - a pair whose sends fail: the fetch meets its deadline, the import fails, and the
+ *    decode engine prefills: the same tokens, no cached blocks;
+ *  - the pair's halves alone over a socketpair: whole blocks and a layer run of each
+ *    block on the fake pair, and on the nccl pair with two GPUs (skipped, saying why,
+ *    without: bench/gpu-check.sh runs it; NCCL refuses two ranks of one communicator on
+ *    one GPU).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine-fixture.h"
+#include "fake-comm.h"
+#include "ganglion/serve.h"
+#include "worker-kv.h"
+
+#define KV_TIMEOUT_MS 1500
+
+static const gang__wkv_pair fake_pair = {.make_blob = fake_pair_blob, .join = fake_pair_join};
+
+/* What one P/D run gave. */
+typedef struct pd_result {
+    int32_t tokens[8];
+    uint32_t n;
+    gang_gen_event done;     /* the decode's DONE */
+    uint64_t pair_transfers; /* the decode transport's pair count */
+    uint64_t pair_bytes;     /* bytes received over fake pairs during the run */
+} pd_result;
+
+/* Steps e on k until it has nothing pending; the tokens and the DONE event. */
+static uint32_t run_on(gang_engine *e, gang_kernels *k, const gang_gen_request *r, int32_t *toks,
+                       gang_gen_event *done)
+{
+    char err[256];
+    gang_gen_event ev;
+    uint32_t n = 0;
+    if (gang_engine_submit(e, r, err, sizeof(err)) != 0)
+        fail_msg("submit: %s", err);
+    for (int s = 0; s < 2000 && gang_engine_pending(e) > 0; s++) {
+        assert_int_equal(gang_engine_step(e, k, NULL, NULL, NULL, NULL, STEP_TIMEOUT_MS), 0);
+        while (gang_engine_poll(e, &ev)) {
+            if (ev.kind == GANG_GEN_TOKEN && n < 8)
+                toks[n++] = ev.token;
+            else if (ev.kind != GANG_GEN_TOKEN)
+                *done = ev;
+        }
+    }
+    assert_int_equal(gang_engine_pending(e), 0);
+    return n;
+}
+
+/* The transport config of one side (prefill: serving on port). */
+static gang__wres_config side_config(uint32_t role, uint32_t port)
+{
+    gang__wres_config c;
+    memset(&c, 0, sizeof(c));
+    c.role = role;
+    c.kv_port = port;
+    gang_strlcpy(c.kv_bind, HOST, sizeof(c.kv_bind));
+    gang_strlcpy(c.kv_advertise, HOST, sizeof(c.kv_advertise));
+    c.kv_timeout_ms = KV_TIMEOUT_MS;
+    c.kv_store_bytes = 1u << 20;
+    c.kv_hold_ms = 30000;
+    c.kv_token.present = 1;
+    memset(c.kv_token.key, 0x5a, sizeof(c.kv_token.key));
+    return c;
+}
+
+/* Exports prompt[14] from a prefill engine and continues it on a decode engine, both on
+ * the fake device, with pair p (NULL: TCP) on both sides. */
+static void run_pd(const full_model *fm, const gang__wkv_pair *p, int fail, pd_result *out)
+{
+    gang_engine_config cfg = engine_config(1);
+    layout pl, dl;
+    gang__wkv *kp = NULL, *kd = NULL;
+    int32_t prompt[14], first[8];
+    gang_gen_event done;
+    static uint32_t port_turn;
+    uint32_t port = 21000u + (uint32_t)(getpid() % 20000) + 7u * port_turn++;
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    cfg.prefix_caching = 1;
+    for (uint32_t i = 0; i < 14; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+    memset(out, 0, sizeof(*out));
+    layout_init_on(&pl, fm, 1, 1, &cfg, "fake");
+    layout_init_on(&dl, fm, 1, 1, &cfg, "fake");
+    gang__wres_config cp = side_config(GANG_ROLE_PREFILL, port);
+    gang__wres_config cd = side_config(GANG_ROLE_DECODE, 0);
+    assert_int_equal(gang__wkv_start(&cp, 0, pl.engines[0], &kp), 0);
+    assert_int_equal(gang__wkv_start(&cd, 0, dl.engines[0], &kd), 0);
+    gang__wkv_set_pair(kp, p);
+    gang__wkv_set_pair(kd, p);
+
+    gang_gen_request r = {.id = 1, .prompt = prompt, .n_prompt = 14, .max_tokens = 1};
+    r.sampling.top_p = 1.0f; /* greedy */
+    r.kv.do_export = 1;
+    assert_int_equal(run_on(pl.engines[0], pl.kernels[0], &r, first, &done), 1);
+    assert_true(done.kv_id != 0);
+    assert_int_equal(done.kv_blocks, 3);
+
+    uint64_t moved0 = fake_pair_moved();
+    fake_pair_fail_sends(fail);
+    gang_gen_request d = {.id = 7, .prompt = prompt, .n_prompt = 14, .max_tokens = 8};
+    d.sampling.top_p = 1.0f;
+    d.kv.id = done.kv_id;
+    d.kv.blocks = done.kv_blocks;
+    d.kv.port = port;
+    gang_strlcpy(d.kv.host, HOST, sizeof(d.kv.host));
+    out->n = run_on(dl.engines[0], dl.kernels[0], &d, out->tokens, &out->done);
+    fake_pair_fail_sends(0);
+    out->pair_bytes = fake_pair_moved() - moved0;
+    out->pair_transfers = gang__wkv_pair_count(kd);
+    assert_int_equal(out->tokens[0], first[0]);
+    /* The order of worker-engine.c's close: engines, transports, then the handles. */
+    gang_engine_free(pl.engines[0]);
+    gang_engine_free(dl.engines[0]);
+    pl.engines[0] = dl.engines[0] = NULL;
+    gang__wkv_stop(kp);
+    gang__wkv_stop(kd);
+    layout_free(&pl);
+    layout_free(&dl);
+}
+
+static void test_kv_pair_fake(void **state)
+{
+    (void)state;
+    full_model *fm = full_model_new(33, 0);
+    int32_t prompt[14], want[8];
+    pd_result tcp, pair, failed;
+    for (uint32_t i = 0; i < 14; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+    ref_greedy(fm, prompt, 14, 8, want);
+
+    run_pd(fm, NULL, 0, &tcp);
+    assert_int_equal(tcp.n, 8);
+    assert_memory_equal(tcp.tokens, want, sizeof(want));
+    assert_int_equal(tcp.done.kv_blocks, 3); /* imported over TCP */
+    assert_int_equal(tcp.pair_transfers, 0);
+    assert_int_equal(tcp.pair_bytes, 0);
+
+    run_pd(fm, &fake_pair, 0, &pair);
+    assert_int_equal(pair.n, 8);
+    assert_memory_equal(pair.tokens, tcp.tokens, sizeof(want));
+    assert_int_equal(pair.done.kv_blocks, 3);
+    assert_int_equal(pair.done.index, 12); /* 12 prompt tokens cached: not computed */
+    assert_int_equal(pair.pair_transfers, 1);
+    /* 3 blocks x 3 layers x K and V x 4 positions x KV_DIM floats, all over the pair. */
+    assert_int_equal(pair.pair_bytes, 3u * N_LAYERS * 2u * 4u * KV_DIM * sizeof(float));
+
+    uint64_t t0 = gang_now_ms();
+    run_pd(fm, &fake_pair, 1, &failed);
+    assert_int_equal(failed.n, 8);
+    assert_memory_equal(failed.tokens, want, sizeof(want)); /* prefilled on the decode side */
+    assert_int_equal(failed.done.kv_blocks, 0);
+    assert_int_equal(failed.done.index, 0);
+    assert_int_equal(failed.pair_transfers, 0);
+    assert_int_equal(failed.pair_bytes, 0);
+    assert_true(gang_now_ms() - t0 >= KV_TIMEOUT_MS / 2); /* the receiver met its deadline */
+    free(fm);
+}
+
+/* ---- the pair's halves alone, over a socketpair (the handshake's connection) ---- */
+
+typedef struct pair_side {
+    const gang__wkv_pair *p;
+    gang_kernels *k;
+    int fd, send, rc;
+    uint8_t *dev;
+    size_t stride, at, run;
+} pair_side;
+
+static void *pair_side_main(void *arg)
+{
+    pair_side *s = arg;
+    gang_token t = {.present = 1};
+    uint8_t nonces[64];
+    memset(t.key, 0x33, sizeof(t.key));
+    memset(nonces, 0x44, sizeof(nonces));
+    uint64_t until = gang_now_ms() + KV_TIMEOUT_MS;
+    s->rc = s->send ? gang__wkv_pair_send(s->p, s->k, &t, s->fd, nonces, s->dev, s->stride, s->at,
+                                          s->run, 3, until)
+                    : gang__wkv_pair_recv(s->p, s->k, &t, s->fd, nonces, s->dev, s->stride, s->at,
+                                          s->run, 3, until);
+    return NULL;
+}
+
+/*
+ * Moves run bytes of 3 blocks of stride bytes at offset at from a device buffer of ka to
+ * one of kb over pair p; fails unless exactly those bytes arrived (the rest of the
+ * destination untouched) and both sides returned 0.
+ */
+static void pair_exchange(const gang__wkv_pair *p, gang_kernels *ka, gang_kernels *kb,
+                          size_t stride, size_t at, size_t run)
+{
+    uint8_t src[3 * 256], dst[3 * 256], want[3 * 256];
+    size_t total = 3 * stride;
+    int fds[2];
+    pthread_t th;
+    assert_true(total <= sizeof(src));
+    for (size_t i = 0; i < total; i++) {
+        src[i] = (uint8_t)(i * 13 + 1);
+        want[i] = (uint8_t)0xee;
+    }
+    for (size_t b = 0; b < 3; b++)
+        memcpy(want + b * stride + at, src + b * stride + at, run);
+    pair_side a = {.p = p, .k = ka, .send = 1, .stride = stride, .at = at, .run = run};
+    pair_side z = {.p = p, .k = kb, .send = 0, .stride = stride, .at = at, .run = run};
+    assert_int_equal(gang_kernels_alloc(ka, total, (void **)&a.dev), 0);
+    assert_int_equal(gang_kernels_alloc(kb, total, (void **)&z.dev), 0);
+    memset(dst, 0xee, total);
+    assert_int_equal(gang_kernels_upload(ka, a.dev, src, total), 0);
+    assert_int_equal(gang_kernels_upload(kb, z.dev, dst, total), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    a.fd = fds[0];
+    z.fd = fds[1];
+    assert_int_equal(pthread_create(&th, NULL, pair_side_main, &a), 0);
+    pair_side_main(&z);
+    pthread_join(th, NULL);
+    close(fds[0]);
+    close(fds[1]);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(z.rc, 0);
+    assert_int_equal(gang_kernels_download(kb, dst, z.dev, total), 0);
+    assert_memory_equal(dst, want, total);
+    gang_kernels_free(ka, a.dev);
+    gang_kernels_free(kb, z.dev);
+}
+
+/* The fake pair's halves: whole blocks (one message) and a layer run of each block (one
+ * message per block), device buffers on two fake handles. */
+static void test_kv_pair_halves_fake(void **state)
+{
+    (void)state;
+    gang_kernels *ka = NULL, *kb = NULL;
+    assert_int_equal(gang_kernels_open("fake", &ka), 0);
+    assert_int_equal(gang_kernels_open("fake", &kb), 0);
+    uint64_t m0 = fake_pair_moved();
+    pair_exchange(&fake_pair, ka, kb, 96, 0, 96);
+    assert_int_equal(fake_pair_moved() - m0, 3 * 96);
+    pair_exchange(&fake_pair, ka, kb, 96, 32, 48);
+    assert_int_equal(fake_pair_moved() - m0, 3 * 96 + 3 * 48);
+    gang_kernels_close(ka);
+    gang_kernels_close(kb);
+}
+
+/* The nccl pair's halves on GPUs 0 and 1. NCCL refuses two ranks of one communicator on
+ * one GPU ("Duplicate GPU detected"), so it needs two: bench/gpu-check.sh lists it. */
+static void test_kv_pair_halves_nccl(void **state)
+{
+    (void)state;
+    char lib[512];
+    if (!gang_comm_backend_built(GANG_COMM_NCCL)) {
+        print_message("SKIP: the nccl backend is not built into this binary\n");
+        skip();
+    }
+    if (gang_kernels_device_count() < 2 || gang_comm_nccl_library(lib, sizeof(lib)) != 0) {
+        print_message("SKIP: the nccl pair needs 2 GPUs and libnccl (NCCL refuses two ranks "
+                      "on one GPU); %d GPU(s) here\n",
+                      gang_kernels_device_count());
+        skip();
+    }
+    gang_kernels *k[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        gang_kernels_options o;
+        gang_kernels_options_init(&o);
+        o.device = "cuda";
+        o.device_index = i;
+        o.pool_mb = 64;
+        assert_int_equal(gang_kernels_open_opts(&o, &k[i]), 0);
+    }
+    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 256, 0, 256);
+    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 256, 64, 128);
+    gang_kernels_close(k[0]);
+    gang_kernels_close(k[1]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_pair_halves_fake),
+        cmocka_unit_test(test_kv_pair_fake),
+        cmocka_unit_test(test_kv_pair_halves_nccl),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
