@@ -257,6 +257,7 @@ int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
     ev->kv_blocks = q->kv_got;
     ev->kv_ms = q->kv_ms;
     ev->kv_mismatch = q->kv_mismatch;
+    ev->kv_device = q->kv_device;
     if (!q->r.kv.do_export || !q->running || e->kvx_count == e->slots)
         return 0;
     uint32_t n = q->r.n_prompt / e->block_size, at = (e->kvx_head + e->kvx_count) % e->slots;
@@ -481,6 +482,7 @@ static void xfer_import_done(gang_engine *e, gang__kv_job *b, int ok)
         return; /* n_fed stays 0: the prompt is prefilled into the same blocks */
     }
     q->kv_got = b->n;
+    q->kv_device = (uint32_t)b->on_dev;
     q->n_fed = b->n * e->block_size;
     q->n_cached = q->n_fed;
     e->prefix_hit_tokens += q->n_fed;
@@ -625,8 +627,10 @@ static void xfer_start(gang_engine *e, const gang_kv_shape *sh, size_t total)
             j->buf = dev;
             j->dk = e->k;
         }
+        j->on_dev = 1;
     } else {
         j->buf = malloc(total);
+        j->on_dev = 0;
     }
     j->parts = calloc(sh->layer_count, sizeof(gang_kv_part));
     pthread_mutex_lock(&j->mu);

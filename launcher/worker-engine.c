@@ -718,6 +718,7 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             ev.kv_blocks = ge.kv_blocks;
             ev.kv_ms = ge.kv_ms;
             ev.kv_mismatch = ge.kv_mismatch;
+            ev.kv_device = ge.kv_device;
             ev.kv_layout = ge.kv_layout;
             wstep_event(s, &ev);
         }

@@ -180,6 +180,7 @@ typedef struct gang_req_msg {
     uint32_t kv_blocks;       /* DONE: blocks exported; or imported when kv_id is 0 */
     uint32_t kv_ms;           /* DONE: milliseconds its import took (0: none) */
     uint32_t kv_mismatch;     /* DONE: 1: its import's source layout cannot feed this gang */
+    uint32_t kv_device;       /* DONE: 1: its import's rows moved device to device (a pair) */
     gang_kv_layout kv_layout; /* DONE with kv_id: the exporting gang's layout */
     uint32_t n_ids;           /* SUBMIT, PROMPT: entries of ids */
     int32_t ids[GANG_REQ_MAX_IDS];
@@ -204,7 +205,7 @@ typedef struct gang_req_msg {
  *   CANCEL  nothing
  *   TOKEN   u32 index, i32 token, f32 logprob, u8 n_top, n_top x i32, n_top x f32
  *   DONE    i32 code, u32 index, u8 length + finish (< 8), u16 length + reason (< 256),
- *           u64 kv_id, u32 kv_blocks, u32 kv_ms, u8 kv_mismatch, then the layout
+ *           u64 kv_id, u32 kv_blocks, u32 kv_ms, u8 kv_mismatch, u8 kv_device, then the layout
  *           (gang_kv_layout_codec)
  * n_ids is at most GANG_REQ_MAX_IDS, and a SUBMIT's at most its n_prompt. A kind outside
  * gang_req_kind fails the codec (GANG_EINVAL / GANG_EPROTO).
@@ -242,6 +243,8 @@ typedef struct gang_gen_event {
     uint32_t kv_ms;           /* DONE: milliseconds its import took on rank 0 (0: none) */
     uint32_t kv_mismatch;     /* DONE: 1: its import's source layout cannot feed this gang (the
                                  layer count or TP differ, or this gang has EP): it prefilled */
+    uint32_t kv_device;       /* DONE: 1: its imported blocks moved device to device, over the
+                                 transport's pair communicator (put_dev / get_dev), not TCP */
     gang_kv_layout kv_layout; /* DONE with kv_id: this gang's layout and nodes' addresses */
     float logprob;            /* TOKEN with logprobs: the token's raw log-probability, else 0 */
     uint32_t n_top;           /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */

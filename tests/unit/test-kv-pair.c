@@ -153,6 +153,7 @@ static void test_kv_pair_fake(void **state)
     assert_int_equal(tcp.n, 8);
     assert_memory_equal(tcp.tokens, want, sizeof(want));
     assert_int_equal(tcp.done.kv_blocks, 3); /* imported over TCP */
+    assert_int_equal(tcp.done.kv_device, 0);
     assert_int_equal(tcp.pair_transfers, 0);
     assert_int_equal(tcp.pair_bytes, 0);
 
@@ -160,7 +161,8 @@ static void test_kv_pair_fake(void **state)
     assert_int_equal(pair.n, 8);
     assert_memory_equal(pair.tokens, tcp.tokens, sizeof(want));
     assert_int_equal(pair.done.kv_blocks, 3);
-    assert_int_equal(pair.done.index, 12); /* 12 prompt tokens cached: not computed */
+    assert_int_equal(pair.done.kv_device, 1); /* what ganglion_kv_imports_device_total counts */
+    assert_int_equal(pair.done.index, 12);    /* 12 prompt tokens cached: not computed */
     assert_int_equal(pair.pair_transfers, 1);
     /* 3 blocks x 3 layers x K and V x 4 positions x KV_DIM floats, all over the pair. */
     assert_int_equal(pair.pair_bytes, 3u * N_LAYERS * 2u * 4u * KV_DIM * sizeof(float));
@@ -170,6 +172,7 @@ static void test_kv_pair_fake(void **state)
     assert_int_equal(failed.n, 8);
     assert_memory_equal(failed.tokens, want, sizeof(want)); /* prefilled on the decode side */
     assert_int_equal(failed.done.kv_blocks, 0);
+    assert_int_equal(failed.done.kv_device, 0);
     assert_int_equal(failed.done.index, 0);
     assert_int_equal(failed.pair_transfers, 0);
     assert_int_equal(failed.pair_bytes, 0);
