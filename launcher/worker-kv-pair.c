@@ -10,7 +10,8 @@
  * gang_comm_send / gang_comm_recv between the two device buffers: one message when the
  * part is whole blocks, else one per block (tag b). Every step has the transfer's
  * deadline (the comm front's: GANG_ETIMEDOUT, the communicator then unusable); any error
- * fails the fetch, and the engine prefills instead.
+ * fails the fetch, and the engine prefills instead. gang__wkv_abort aborts the pairs in
+ * flight (the comm front's gang_comm_abort), so a stopping worker does not wait for them.
  *
  * What is authenticated: the peer, at setup (only a client that proved the token gets the
  * blob, and only a server that proved it gave one the client joins); the rows themselves
@@ -55,6 +56,37 @@ static void pair_blob_mac(const gang_token *t, const uint8_t nonces[64], const u
     gang__wkv_mac(t, "gkv-p", head, sizeof head, lb + 4, len, out);
 }
 
+/* Lists c in live: 1, or 0 when live is stopping (c is then not listed). A full list
+ * leaves c unlisted (it still ends by its deadline). */
+static int live_add(gang__wkv_live *live, gang_comm *c)
+{
+    int ok = 1;
+    if (live == NULL)
+        return 1;
+    pthread_mutex_lock(&live->mu);
+    if (live->stopping)
+        ok = 0;
+    for (int i = 0; ok && i < GANG__WKV_LIVE; i++)
+        if (live->c[i] == NULL) {
+            live->c[i] = c;
+            break;
+        }
+    pthread_mutex_unlock(&live->mu);
+    return ok;
+}
+
+/* Unlists c (before it is freed: an abort never reaches a freed communicator). */
+static void live_del(gang__wkv_live *live, gang_comm *c)
+{
+    if (live == NULL || c == NULL)
+        return;
+    pthread_mutex_lock(&live->mu);
+    for (int i = 0; i < GANG__WKV_LIVE; i++)
+        if (live->c[i] == c)
+            live->c[i] = NULL;
+    pthread_mutex_unlock(&live->mu);
+}
+
 /* Moves the rows over c (send: rank 0 to 1; else 1 from 0) by deadline_ms. */
 static int pair_move(gang_comm *c, int send, uint8_t *dev, size_t stride, size_t at, size_t run,
                      uint32_t n, uint64_t deadline_ms)
@@ -74,9 +106,9 @@ static int pair_move(gang_comm *c, int send, uint8_t *dev, size_t stride, size_t
     return 0;
 }
 
-int gang__wkv_pair_send(const gang__wkv_pair *p, gang_kernels *k, const gang_token *t, int fd,
-                        const uint8_t nonces[64], uint8_t *dev, size_t stride, size_t at,
-                        size_t run, uint32_t n, uint64_t deadline_ms)
+int gang__wkv_pair_send(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
+                        const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
+                        size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms)
 {
     uint8_t msg[4 + GANG__WKV_BLOB_MAX], mac[32];
     size_t len = 0;
@@ -97,15 +129,18 @@ int gang__wkv_pair_send(const gang__wkv_pair *p, gang_kernels *k, const gang_tok
         rc = gang_deadline_left(deadline_ms, &left);
     if (rc == 0)
         rc = p->join(p->ctx, k, msg + 4, len, 0, left, &c);
+    if (rc == 0 && !live_add(live, c))
+        rc = GANG_EABORTED;
     if (rc == 0)
         rc = pair_move(c, 1, dev, stride, at, run, n, deadline_ms);
+    live_del(live, c);
     gang_comm_free(c);
     return rc;
 }
 
-int gang__wkv_pair_recv(const gang__wkv_pair *p, gang_kernels *k, const gang_token *t, int fd,
-                        const uint8_t nonces[64], uint8_t *dev, size_t stride, size_t at,
-                        size_t run, uint32_t n, uint64_t deadline_ms)
+int gang__wkv_pair_recv(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
+                        const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
+                        size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms)
 {
     uint8_t msg[4 + GANG__WKV_BLOB_MAX], mac[32], got[32];
     uint64_t left;
@@ -127,8 +162,11 @@ int gang__wkv_pair_recv(const gang__wkv_pair *p, gang_kernels *k, const gang_tok
     rc = gang_deadline_left(deadline_ms, &left);
     if (rc == 0)
         rc = p->join(p->ctx, k, msg + 4, len, 1, left, &c);
+    if (rc == 0 && !live_add(live, c))
+        rc = GANG_EABORTED;
     if (rc == 0)
         rc = pair_move(c, 0, dev, stride, at, run, n, deadline_ms);
+    live_del(live, c);
     gang_comm_free(c);
     return rc;
 }

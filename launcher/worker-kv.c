@@ -85,6 +85,7 @@ struct gang__wkv {
     int has_pair;
     wkv_entry *dead;     /* under mu: device entries dropped, freed on the data thread */
     atomic_ulong n_pair; /* transfers on the device path */
+    gang__wkv_live live; /* the pairs in flight, for gang__wkv_abort */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -366,8 +367,9 @@ static void wkv_serve_one(gang__wkv *k, int fd)
     gang__wkv_mac(&k->cfg.kv_token, "gkv-s", sb, sizeof sb, NULL, 0, ans + 12);
     int rc = gang__wkv_io(fd, ans, sizeof ans, 1, deadline);
     if (rc == 0 && f.status == 0 && f.dev != NULL) {
-        rc = gang__wkv_pair_send(&k->pair, f.dev->dk, &k->cfg.kv_token, fd, both, f.dev->data,
-                                 k->shape.block_bytes, f.at, f.run, get_u32(shape + 20), deadline);
+        rc = gang__wkv_pair_send(&k->pair, &k->live, f.dev->dk, &k->cfg.kv_token, fd, both,
+                                 f.dev->data, k->shape.block_bytes, f.at, f.run,
+                                 get_u32(shape + 20), deadline);
         if (rc != 0)
             gang_warn("P/D: sending KV export %llx from rank %u over the device pair failed: %s",
                       (unsigned long long)f.dev->id, k->rank, gang_strerror(rc));
@@ -497,8 +499,8 @@ static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, const gang_k
     if (get_u64(ans + 4) != bytes)
         return GANG_EPROTO;
     if (d->dk != NULL)
-        return gang__wkv_pair_recv(&k->pair, d->dk, &k->cfg.kv_token, fd, both, data, d->stride,
-                                   d->at, d->run, n_blocks, deadline);
+        return gang__wkv_pair_recv(&k->pair, &k->live, d->dk, &k->cfg.kv_token, fd, both, data,
+                                   d->stride, d->at, d->run, n_blocks, deadline);
     rc = gang__wkv_io(fd, data, bytes, 0, deadline);
     if (rc == 0)
         rc = gang__wkv_io(fd, ans, WKV_MAC, 0, deadline);
@@ -570,6 +572,18 @@ void gang__wkv_set_pair(gang__wkv *k, const gang__wkv_pair *p)
     wkv_plug(k);
 }
 
+void gang__wkv_abort(gang__wkv *k)
+{
+    if (k == NULL)
+        return;
+    pthread_mutex_lock(&k->live.mu);
+    k->live.stopping = 1;
+    for (int i = 0; i < GANG__WKV_LIVE; i++)
+        if (k->live.c[i] != NULL)
+            gang_comm_abort(k->live.c[i]);
+    pthread_mutex_unlock(&k->live.mu);
+}
+
 uint64_t gang__wkv_pair_count(gang__wkv *k)
 {
     return atomic_load(&k->n_pair);
@@ -588,6 +602,7 @@ int gang__wkv_start(const gang__wres_config *c, uint32_t rank, gang_engine *e, g
     k->lfd = -1;
     gang_engine_kv_shape(e, &k->shape);
     pthread_mutex_init(&k->mu, NULL);
+    pthread_mutex_init(&k->live.mu, NULL);
     if (c->role == GANG_ROLE_PREFILL && c->kv_port != 0) {
         k->lfd = wkv_listen(k);
         k->started = k->lfd >= 0 && pthread_create(&k->thread, NULL, wkv_thread, k) == 0;
@@ -630,5 +645,6 @@ void gang__wkv_stop(gang__wkv *k)
     pthread_mutex_unlock(&k->mu);
     wkv_bury(k);
     pthread_mutex_destroy(&k->mu);
+    pthread_mutex_destroy(&k->live.mu);
     free(k);
 }

@@ -7,6 +7,8 @@
 #ifndef GANGLION_LAUNCHER_WORKER_KV_H
 #define GANGLION_LAUNCHER_WORKER_KV_H
 
+#include <pthread.h>
+
 #include "ganglion/comm.h"
 #include "ganglion/kernels.h"
 #include "worker.h"
@@ -47,6 +49,15 @@ typedef struct gang__wkv_pair {
                 uint64_t timeout_ms, gang_comm **out);
 } gang__wkv_pair;
 
+/* The pairs in flight of one transport, for gang__wkv_abort (all under mu). */
+#define GANG__WKV_LIVE 8
+
+typedef struct gang__wkv_live {
+    pthread_mutex_t mu;
+    gang_comm *c[GANG__WKV_LIVE]; /* NULL: a free entry */
+    int stopping;                 /* set by gang__wkv_abort: no new pair forms */
+} gang__wkv_live;
+
 /* The NCCL pair: gang_comm_nccl_unique_id and gang_comm_init(GANG_COMM_NCCL, 2 ranks). */
 extern const gang__wkv_pair gang__wkv_pair_nccl;
 
@@ -57,6 +68,14 @@ extern const gang__wkv_pair gang__wkv_pair_nccl;
  * the engine steps.
  */
 void gang__wkv_set_pair(gang__wkv *k, const gang__wkv_pair *p);
+
+/*
+ * Aborts k's pair transfers in flight (gang_comm_abort: they return GANG_EABORTED within
+ * the comm front's promptness) and refuses new ones, so that stopping a worker does not
+ * wait for their deadlines. Any thread; before the engine is freed (which joins its
+ * fetches) and gang__wkv_stop.
+ */
+void gang__wkv_abort(gang__wkv *k);
 
 /* Transfers on the device path so far (served as a prefill rank, fetched as a decode). */
 uint64_t gang__wkv_pair_count(gang__wkv *k);
@@ -69,12 +88,13 @@ int gang__wkv_mac_ok(const gang_token *t, const uint8_t *want, const uint8_t *go
 /* The pair's halves of one transfer on a connection whose handshake passed (nonces: the
  * server's then the client's): the server makes and sends the blob, then sends run bytes
  * of each of n blocks from dev + b * stride + at; the client receives the blob and the
- * rows into the same places of its dev. 0 or an error, by deadline_ms. */
-int gang__wkv_pair_send(const gang__wkv_pair *p, gang_kernels *k, const gang_token *t, int fd,
-                        const uint8_t nonces[64], uint8_t *dev, size_t stride, size_t at,
-                        size_t run, uint32_t n, uint64_t deadline_ms);
-int gang__wkv_pair_recv(const gang__wkv_pair *p, gang_kernels *k, const gang_token *t, int fd,
-                        const uint8_t nonces[64], uint8_t *dev, size_t stride, size_t at,
-                        size_t run, uint32_t n, uint64_t deadline_ms);
+ * rows into the same places of its dev. The pair is listed in live (NULL: not) while it
+ * exists; GANG_EABORTED once live is stopping. 0 or an error, by deadline_ms. */
+int gang__wkv_pair_send(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
+                        const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
+                        size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms);
+int gang__wkv_pair_recv(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
+                        const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
+                        size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms);
 
 #endif

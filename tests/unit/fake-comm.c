@@ -67,8 +67,9 @@ void fake_group_free(fake_group *g)
     free(g);
 }
 
-/* With g->mu held: meets the other ranks or times out after tmo milliseconds. */
-static int group_meet(fake_group *g, uint64_t tmo)
+/* With g->mu held: meets the other ranks or times out after tmo milliseconds;
+ * GANG_EABORTED once c is aborted (fake_abort wakes the waiters). */
+static int group_meet(fake_group *g, const gang_comm *c, uint64_t tmo)
 {
     uint64_t gen = g->gen;
     struct timespec ts;
@@ -86,9 +87,12 @@ static int group_meet(fake_group *g, uint64_t tmo)
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
     }
-    while (g->gen == gen)
+    while (g->gen == gen) {
+        if (atomic_load(&c->aborted))
+            return GANG_EABORTED;
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && g->gen == gen)
             return GANG_ETIMEDOUT;
+    }
     return 0;
 }
 
@@ -142,11 +146,11 @@ static int fake_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
     if (g->contributed++ == 0)
         memset(g->buf, 0, bytes);
     gang__comm_reduce_sum(g->buf, mine, count, dt);
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     g->contributed = 0;
     memcpy(mine, g->buf, bytes);
-    rc = group_meet(g, tmo);
+    rc = group_meet(g, c, tmo);
 out_unlock:
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -167,10 +171,10 @@ static int fake_all_gather(gang_comm *c, const void *send, void *recv, size_t co
     if ((rc = group_reserve(g, bytes * g->n)) < 0)
         goto out_unlock;
     memcpy(g->buf + (size_t)c->rank * bytes, mine, bytes);
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     memcpy(out, g->buf, bytes * g->n);
-    rc = group_meet(g, tmo);
+    rc = group_meet(g, c, tmo);
 out_unlock:
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -194,7 +198,7 @@ static int fake_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
     out = a->recv_cap > 0 ? gang__fake_resolve(a->recv, a->recv_cap, "fake a2a (recv)") : NULL;
     pthread_mutex_lock(&g->mu);
     g->a2a_v[me] = a;
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     for (uint32_t p = 0; p < g->n && rc == 0; p++) {
         const gang_comm_a2a *pa = g->a2a_v[p];
@@ -204,7 +208,7 @@ static int fake_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
         else if (a->recv_bytes[p] > 0)
             memcpy(out + a->recv_off[p], g->a2a_src[p] + pa->send_off[me], a->recv_bytes[p]);
     }
-    if (group_meet(g, tmo) < 0 && rc == 0)
+    if (group_meet(g, c, tmo) < 0 && rc == 0)
         rc = GANG_ETIMEDOUT;
 out_unlock:
     pthread_mutex_unlock(&g->mu);
@@ -243,8 +247,8 @@ static int fake_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer,
         goto out_unlock;
     memcpy(g->buf, mine, bytes);
     g->p2p_bytes = bytes;
-    if ((rc = group_meet(g, tmo)) == 0)
-        rc = group_meet(g, tmo);
+    if ((rc = group_meet(g, c, tmo)) == 0)
+        rc = group_meet(g, c, tmo);
 out_unlock:
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -261,7 +265,7 @@ static int fake_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint3
     if (g->n != 2 || peer == c->rank)
         return GANG_ENOSYS;
     pthread_mutex_lock(&g->mu);
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     if (g->p2p_bytes != bytes) {
         rc = GANG_EPROTO;
@@ -269,7 +273,7 @@ static int fake_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint3
         memcpy(out, g->buf, bytes);
         atomic_fetch_add(&pair_moved, bytes);
     }
-    if (group_meet(g, tmo) < 0 && rc == 0)
+    if (group_meet(g, c, tmo) < 0 && rc == 0)
         rc = GANG_ETIMEDOUT;
 out_unlock:
     pthread_mutex_unlock(&g->mu);
@@ -316,9 +320,14 @@ static void fake_free(gang_comm *c)
     c->impl = NULL;
 }
 
+/* Wakes the group's waiters, which see c's aborted flag (set by the front). */
 static void fake_abort(gang_comm *c)
 {
-    (void)c;
+    fake_group *g = ((fake_impl *)c->impl)->g;
+
+    pthread_mutex_lock(&g->mu);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static const gang__comm_ops fake_ops_ordered = {

@@ -9,7 +9,9 @@
  *    the TCP path's and the naive reference's, the blocks counted as cached, the rows
  *    moved over the pair (its byte count) and not over TCP;
  *  - a pair whose sends fail: the fetch meets its deadline, the import fails, and the
- *    decode engine prefills: the same tokens, no cached blocks;
+ *    decode engine prefills: the same tokens, no cached blocks; the same with a 20 s
+ *    deadline and the transport aborted (gang__wkv_abort, a stopping worker): the fetch
+ *    ends at once and falls back;
  *  - the pair's halves alone over a socketpair: whole blocks and a layer run of each
  *    block on the fake pair, and on the nccl pair with two GPUs (skipped, saying why,
  *    without: bench/gpu-check.sh runs it; NCCL refuses two ranks of one communicator on
@@ -83,9 +85,25 @@ static gang__wres_config side_config(uint32_t role, uint32_t port)
     return c;
 }
 
+/* Aborts a transport's pairs after a delay (the worker's stop, gang__wkv_abort). */
+typedef struct aborter {
+    gang__wkv *k;
+    uint32_t after_ms;
+} aborter;
+
+static void *aborter_main(void *arg)
+{
+    aborter *a = arg;
+    usleep(a->after_ms * 1000u);
+    gang__wkv_abort(a->k);
+    return NULL;
+}
+
 /* Exports prompt[14] from a prefill engine and continues it on a decode engine, both on
- * the fake device, with pair p (NULL: TCP) on both sides. */
-static void run_pd(const full_model *fm, const gang__wkv_pair *p, int fail, pd_result *out)
+ * the fake device, with pair p (NULL: TCP) on both sides; with abort_ms, a 20 s transfer
+ * deadline and the decode transport aborted abort_ms after the decode request went in. */
+static void run_pd(const full_model *fm, const gang__wkv_pair *p, int fail, uint32_t abort_ms,
+                   pd_result *out)
 {
     gang_engine_config cfg = engine_config(1);
     layout pl, dl;
@@ -104,6 +122,8 @@ static void run_pd(const full_model *fm, const gang__wkv_pair *p, int fail, pd_r
     layout_init_on(&dl, fm, 1, 1, &cfg, "fake");
     gang__wres_config cp = side_config(GANG_ROLE_PREFILL, port);
     gang__wres_config cd = side_config(GANG_ROLE_DECODE, 0);
+    if (abort_ms > 0)
+        cp.kv_timeout_ms = cd.kv_timeout_ms = 20000;
     assert_int_equal(gang__wkv_start(&cp, 0, pl.engines[0], &kp), 0);
     assert_int_equal(gang__wkv_start(&cd, 0, dl.engines[0], &kd), 0);
     gang__wkv_set_pair(kp, p);
@@ -124,7 +144,13 @@ static void run_pd(const full_model *fm, const gang__wkv_pair *p, int fail, pd_r
     d.kv.blocks = done.kv_blocks;
     d.kv.port = port;
     gang_strlcpy(d.kv.host, HOST, sizeof(d.kv.host));
+    aborter ab = {.k = kd, .after_ms = abort_ms};
+    pthread_t th;
+    if (abort_ms > 0)
+        assert_int_equal(pthread_create(&th, NULL, aborter_main, &ab), 0);
     out->n = run_on(dl.engines[0], dl.kernels[0], &d, out->tokens, &out->done);
+    if (abort_ms > 0)
+        pthread_join(th, NULL);
     fake_pair_fail_sends(0);
     out->pair_bytes = fake_pair_moved() - moved0;
     out->pair_transfers = gang__wkv_pair_count(kd);
@@ -149,7 +175,7 @@ static void test_kv_pair_fake(void **state)
         prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
     ref_greedy(fm, prompt, 14, 8, want);
 
-    run_pd(fm, NULL, 0, &tcp);
+    run_pd(fm, NULL, 0, 0, &tcp);
     assert_int_equal(tcp.n, 8);
     assert_memory_equal(tcp.tokens, want, sizeof(want));
     assert_int_equal(tcp.done.kv_blocks, 3); /* imported over TCP */
@@ -157,7 +183,7 @@ static void test_kv_pair_fake(void **state)
     assert_int_equal(tcp.pair_transfers, 0);
     assert_int_equal(tcp.pair_bytes, 0);
 
-    run_pd(fm, &fake_pair, 0, &pair);
+    run_pd(fm, &fake_pair, 0, 0, &pair);
     assert_int_equal(pair.n, 8);
     assert_memory_equal(pair.tokens, tcp.tokens, sizeof(want));
     assert_int_equal(pair.done.kv_blocks, 3);
@@ -168,7 +194,7 @@ static void test_kv_pair_fake(void **state)
     assert_int_equal(pair.pair_bytes, 3u * N_LAYERS * 2u * 4u * KV_DIM * sizeof(float));
 
     uint64_t t0 = gang_now_ms();
-    run_pd(fm, &fake_pair, 1, &failed);
+    run_pd(fm, &fake_pair, 1, 0, &failed);
     assert_int_equal(failed.n, 8);
     assert_memory_equal(failed.tokens, want, sizeof(want)); /* prefilled on the decode side */
     assert_int_equal(failed.done.kv_blocks, 0);
@@ -177,6 +203,18 @@ static void test_kv_pair_fake(void **state)
     assert_int_equal(failed.pair_transfers, 0);
     assert_int_equal(failed.pair_bytes, 0);
     assert_true(gang_now_ms() - t0 >= KV_TIMEOUT_MS / 2); /* the receiver met its deadline */
+
+    /* A pair stuck until its 20 s deadline, aborted after 300 ms (a worker that stops):
+     * the fetch ends at once (GANG_EABORTED), the request prefills. */
+    t0 = gang_now_ms();
+    run_pd(fm, &fake_pair, 1, 300, &failed);
+    uint64_t took = gang_now_ms() - t0;
+    assert_int_equal(failed.n, 8);
+    assert_memory_equal(failed.tokens, want, sizeof(want));
+    assert_int_equal(failed.done.kv_blocks, 0);
+    assert_true(took < 10000);
+    print_message("aborted pair: the run took %llu ms (deadline 20000 ms)\n",
+                  (unsigned long long)took);
     free(fm);
 }
 
@@ -198,10 +236,10 @@ static void *pair_side_main(void *arg)
     memset(t.key, 0x33, sizeof(t.key));
     memset(nonces, 0x44, sizeof(nonces));
     uint64_t until = gang_now_ms() + KV_TIMEOUT_MS;
-    s->rc = s->send ? gang__wkv_pair_send(s->p, s->k, &t, s->fd, nonces, s->dev, s->stride, s->at,
-                                          s->run, 3, until)
-                    : gang__wkv_pair_recv(s->p, s->k, &t, s->fd, nonces, s->dev, s->stride, s->at,
-                                          s->run, 3, until);
+    s->rc = s->send ? gang__wkv_pair_send(s->p, NULL, s->k, &t, s->fd, nonces, s->dev, s->stride,
+                                          s->at, s->run, 3, until)
+                    : gang__wkv_pair_recv(s->p, NULL, s->k, &t, s->fd, nonces, s->dev, s->stride,
+                                          s->at, s->run, 3, until);
     return NULL;
 }
 
