@@ -3,13 +3,14 @@
  * authenticated handshake on a connection, the prefill rank makes a fresh bootstrap blob
  * of a 2-rank communicator and sends it over that connection, MACed with the gang token:
  *
- *   server -> client  len (u32, <= GANG__WKV_BLOB_MAX), blob, mac("gkv-p", server nonce,
- *                     client nonce, len, blob)
+ *   server -> client  len (u32, <= GANG__WKV_BLOB_MAX), msgs (u32: 1 or n_blocks), blob,
+ *                     mac("gkv-p", server nonce, client nonce, len, msgs, blob)
  *
  * then both join the pair (prefill rank 0, decode rank 1) and the block rows move with
  * gang_comm_send / gang_comm_recv between the two device buffers: one message when the
- * part is whole blocks, else one per block (tag b). Every step has the transfer's
- * deadline (the comm front's: GANG_ETIMEDOUT, the communicator then unusable); any error
+ * rows are contiguous on both sides (whole blocks: the client says so in its request's
+ * transport word, 2), else one per block (tag b; NCCL matches them in order). Every step has the
+ * transfer's deadline (the comm front's: GANG_ETIMEDOUT, the communicator then unusable); any error
  * fails the fetch, and the engine prefills instead. gang__wkv_abort aborts the pairs in
  * flight (the comm front's gang_comm_abort), so a stopping worker does not wait for them.
  *
@@ -46,14 +47,26 @@ static int pair_nccl_join(void *ctx, gang_kernels *k, const uint8_t *blob, size_
 
 const gang__wkv_pair gang__wkv_pair_nccl = {.make_blob = pair_nccl_blob, .join = pair_nccl_join};
 
-/* The blob message's mac over the nonces, its length word and the blob. */
-static void pair_blob_mac(const gang_token *t, const uint8_t nonces[64], const uint8_t *lb,
+/* The blob message's mac over the nonces, its header (length and message count words)
+ * and the blob. */
+static void pair_blob_mac(const gang_token *t, const uint8_t nonces[64], const uint8_t *msg,
                           size_t len, uint8_t out[32])
 {
-    uint8_t head[64 + 4];
+    uint8_t head[64 + 8];
     memcpy(head, nonces, 64);
-    memcpy(head + 64, lb, 4);
-    gang__wkv_mac(t, "gkv-p", head, sizeof head, lb + 4, len, out);
+    memcpy(head + 64, msg, 8);
+    gang__wkv_mac(t, "gkv-p", head, sizeof head, msg + 8, len, out);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* Lists c in live: 1, or 0 when live is stopping (c is then not listed). A full list
@@ -87,11 +100,11 @@ static void live_del(gang__wkv_live *live, gang_comm *c)
     pthread_mutex_unlock(&live->mu);
 }
 
-/* Moves the rows over c (send: rank 0 to 1; else 1 from 0) by deadline_ms. */
+/* Moves the rows over c (send: rank 0 to 1; else 1 from 0) by deadline_ms: msgs 1 is all
+ * n runs at once (contiguous on both sides), else one message per block. */
 static int pair_move(gang_comm *c, int send, uint8_t *dev, size_t stride, size_t at, size_t run,
-                     uint32_t n, uint64_t deadline_ms)
+                     uint32_t n, uint32_t msgs, uint64_t deadline_ms)
 {
-    uint32_t msgs = run == stride && at == 0 ? 1 : n;
     size_t bytes = msgs == 1 ? run * n : run;
     for (uint32_t b = 0; b < msgs; b++) {
         uint64_t left;
@@ -106,52 +119,63 @@ static int pair_move(gang_comm *c, int send, uint8_t *dev, size_t stride, size_t
     return 0;
 }
 
-int gang__wkv_pair_send(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
-                        const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
-                        size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms)
+/* Joins the pair of blob as rank, lists it in live, moves the rows, frees it. */
+static int pair_run(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
+                    const uint8_t *blob, size_t len, uint32_t rank, uint8_t *dev, size_t stride,
+                    size_t at, size_t run, uint32_t n, uint32_t msgs, uint64_t deadline_ms)
 {
-    uint8_t msg[4 + GANG__WKV_BLOB_MAX], mac[32];
-    size_t len = 0;
     uint64_t left;
     gang_comm *c = NULL;
-    int rc = p->make_blob(p->ctx, msg + 4, GANG__WKV_BLOB_MAX, &len);
+    int rc = gang_deadline_left(deadline_ms, &left);
+    if (rc == 0)
+        rc = p->join(p->ctx, k, blob, len, rank, left, &c);
+    if (rc == 0 && !live_add(live, c))
+        rc = GANG_EABORTED;
+    if (rc == 0)
+        rc = pair_move(c, rank == 0, dev, stride, at, run, n, msgs, deadline_ms);
+    live_del(live, c);
+    gang_comm_free(c);
+    return rc;
+}
+
+int gang__wkv_pair_send(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
+                        const gang_token *t, int fd, const uint8_t nonces[64], int peer_whole,
+                        uint8_t *dev, size_t stride, size_t at, size_t run, uint32_t n,
+                        uint64_t deadline_ms)
+{
+    uint8_t msg[8 + GANG__WKV_BLOB_MAX], mac[32];
+    size_t len = 0;
+    int rc = p->make_blob(p->ctx, msg + 8, GANG__WKV_BLOB_MAX, &len);
     if (rc != 0)
         return rc;
     if (len == 0 || len > GANG__WKV_BLOB_MAX)
         return GANG_ERANGE;
-    for (int i = 0; i < 4; i++)
-        msg[i] = (uint8_t)(len >> (8 * i));
+    /* One message only when the rows are contiguous on both sides. */
+    uint32_t msgs = peer_whole && at == 0 && run == stride ? 1 : n;
+    put32(msg, (uint32_t)len);
+    put32(msg + 4, msgs);
     pair_blob_mac(t, nonces, msg, len, mac);
-    rc = gang__wkv_io(fd, msg, 4 + len, 1, deadline_ms);
+    rc = gang__wkv_io(fd, msg, 8 + len, 1, deadline_ms);
     if (rc == 0)
         rc = gang__wkv_io(fd, mac, sizeof mac, 1, deadline_ms);
-    if (rc == 0)
-        rc = gang_deadline_left(deadline_ms, &left);
-    if (rc == 0)
-        rc = p->join(p->ctx, k, msg + 4, len, 0, left, &c);
-    if (rc == 0 && !live_add(live, c))
-        rc = GANG_EABORTED;
-    if (rc == 0)
-        rc = pair_move(c, 1, dev, stride, at, run, n, deadline_ms);
-    live_del(live, c);
-    gang_comm_free(c);
-    return rc;
+    if (rc != 0)
+        return rc;
+    return pair_run(p, live, k, msg + 8, len, 0, dev, stride, at, run, n, msgs, deadline_ms);
 }
 
 int gang__wkv_pair_recv(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
                         const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
                         size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms)
 {
-    uint8_t msg[4 + GANG__WKV_BLOB_MAX], mac[32], got[32];
-    uint64_t left;
-    gang_comm *c = NULL;
-    int rc = gang__wkv_io(fd, msg, 4, 0, deadline_ms);
+    uint8_t msg[8 + GANG__WKV_BLOB_MAX], mac[32], got[32];
+    int rc = gang__wkv_io(fd, msg, 8, 0, deadline_ms);
     if (rc != 0)
         return rc;
-    size_t len = (size_t)msg[0] | (size_t)msg[1] << 8 | (size_t)msg[2] << 16 | (size_t)msg[3] << 24;
+    size_t len = get32(msg);
+    uint32_t msgs = get32(msg + 4);
     if (len == 0 || len > GANG__WKV_BLOB_MAX)
         return GANG_EPROTO;
-    rc = gang__wkv_io(fd, msg + 4, len, 0, deadline_ms);
+    rc = gang__wkv_io(fd, msg + 8, len, 0, deadline_ms);
     if (rc == 0)
         rc = gang__wkv_io(fd, got, sizeof got, 0, deadline_ms);
     if (rc != 0)
@@ -159,14 +183,7 @@ int gang__wkv_pair_recv(const gang__wkv_pair *p, gang__wkv_live *live, gang_kern
     pair_blob_mac(t, nonces, msg, len, mac);
     if (!gang__wkv_mac_ok(t, mac, got))
         return GANG_EAUTH;
-    rc = gang_deadline_left(deadline_ms, &left);
-    if (rc == 0)
-        rc = p->join(p->ctx, k, msg + 4, len, 1, left, &c);
-    if (rc == 0 && !live_add(live, c))
-        rc = GANG_EABORTED;
-    if (rc == 0)
-        rc = pair_move(c, 0, dev, stride, at, run, n, deadline_ms);
-    live_del(live, c);
-    gang_comm_free(c);
-    return rc;
+    if (msgs != n && (msgs != 1 || at != 0 || run != stride))
+        return GANG_EPROTO; /* (one message needs contiguous rows here) */
+    return pair_run(p, live, k, msg + 8, len, 1, dev, stride, at, run, n, msgs, deadline_ms);
 }

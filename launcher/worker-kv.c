@@ -15,9 +15,10 @@
  *   server -> client  status (i32), bytes (u64), mac("gkv-s", client nonce, server nonce,
  *                     id, status, bytes); with status 0 and transport 0: bytes of
  *                     payload, then mac("gkv-d", server nonce, client nonce, payload);
- *                     with transport 1 (the device path, both sides' blocks in device
- *                     memory and a pair configured): the pair's blob and the rows over a
- *                     2-rank communicator (worker-kv-pair.c)
+ *                     with transport 1 or 2 (the device path, both sides' blocks in
+ *                     device memory and a pair configured; 2: the client's rows are whole
+ *                     blocks): the pair's blob and the rows over a 2-rank communicator
+ *                     (worker-kv-pair.c)
  * The server sends nothing of an export before the client proved the token; the client
  * writes nothing into its KV blocks (the engine copies them in only after get returns 0)
  * before the server proved it and the payload's mac verified. Fresh nonces on both sides
@@ -299,7 +300,7 @@ static void wkv_lookup(gang__wkv *k, uint64_t id, const uint8_t *w, wkv_found *f
         e = e->next;
     if (e == NULL)
         f->status = GANG_ENOENT;
-    else if (!wkv_shape_ok(&k->shape, w, e->n_blocks) || pair != (e->dk != NULL))
+    else if (!wkv_shape_ok(&k->shape, w, e->n_blocks) || pair > 2 || (pair != 0) != (e->dk != NULL))
         f->status = GANG_EMISMATCH;
     size_t lb = wkv_layer_bytes(&k->shape);
     f->run = f->status == 0 ? (size_t)lc * lb : 0;
@@ -319,7 +320,7 @@ static void wkv_lookup(gang__wkv *k, uint64_t id, const uint8_t *w, wkv_found *f
     pthread_mutex_unlock(&k->mu);
     if (f->status != 0)
         f->bytes = 0;
-    if (f->status == GANG_EMISMATCH && e != NULL && pair != (e->dk != NULL))
+    if (f->status == GANG_EMISMATCH && e != NULL && (pair != 0) != (e->dk != NULL))
         gang_warn("P/D: KV fetch of %llx on rank %u asks for the %s path, this rank keeps it "
                   "in %s memory (both pools need the same --device and --backend)",
                   (unsigned long long)id, k->rank, pair ? "device (nccl)" : "TCP",
@@ -368,8 +369,8 @@ static void wkv_serve_one(gang__wkv *k, int fd)
     int rc = gang__wkv_io(fd, ans, sizeof ans, 1, deadline);
     if (rc == 0 && f.status == 0 && f.dev != NULL) {
         rc = gang__wkv_pair_send(&k->pair, &k->live, f.dev->dk, &k->cfg.kv_token, fd, both,
-                                 f.dev->data, k->shape.block_bytes, f.at, f.run,
-                                 get_u32(shape + 20), deadline);
+                                 get_u32(shape + 24) == 2, f.dev->data, k->shape.block_bytes, f.at,
+                                 f.run, get_u32(shape + 20), deadline);
         if (rc != 0)
             gang_warn("P/D: sending KV export %llx from rank %u over the device pair failed: %s",
                       (unsigned long long)f.dev->id, k->rank, gang_strerror(rc));
@@ -475,7 +476,9 @@ static int wkv_fetch(gang__wkv *k, int fd, const gang_kv_xfer *src, const gang_k
     memcpy(both, hello + 4, WKV_NONCE);
     gang_auth_random(both + WKV_NONCE, WKV_NONCE);
     put_u64(both + 2 * WKV_NONCE, src->id);
-    wkv_shape_words(&k->shape, part->layer_first, part->layer_count, n_blocks, d->dk != NULL,
+    /* The transport word: 0 TCP; the pair, 1 (rows per block) or 2 (whole blocks here). */
+    uint32_t tw = d->dk == NULL ? 0 : d->at == 0 && d->run == d->stride ? 2 : 1;
+    wkv_shape_words(&k->shape, part->layer_first, part->layer_count, n_blocks, tw,
                     both + 2 * WKV_NONCE + 8);
     memcpy(req, both + WKV_NONCE, WKV_NONCE + 8 + WKV_SHAPE);
     gang__wkv_mac(&k->cfg.kv_token, "gkv-c", both, sizeof both, NULL, 0,

@@ -87,12 +87,15 @@ void gang__wkv_mac(const gang_token *t, const char *label, const uint8_t *a, siz
 int gang__wkv_mac_ok(const gang_token *t, const uint8_t *want, const uint8_t *got);
 /* The pair's halves of one transfer on a connection whose handshake passed (nonces: the
  * server's then the client's): the server makes and sends the blob, then sends run bytes
- * of each of n blocks from dev + b * stride + at; the client receives the blob and the
- * rows into the same places of its dev. The pair is listed in live (NULL: not) while it
+ * of each of n blocks from dev + b * stride + at (in one message when its rows are
+ * contiguous and peer_whole says the client's are, else one per block); the client
+ * receives the blob and the rows into the same places of its dev (with its own stride
+ * and at). The pair is listed in live (NULL: not) while it
  * exists; GANG_EABORTED once live is stopping. 0 or an error, by deadline_ms. */
 int gang__wkv_pair_send(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
-                        const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
-                        size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms);
+                        const gang_token *t, int fd, const uint8_t nonces[64], int peer_whole,
+                        uint8_t *dev, size_t stride, size_t at, size_t run, uint32_t n,
+                        uint64_t deadline_ms);
 int gang__wkv_pair_recv(const gang__wkv_pair *p, gang__wkv_live *live, gang_kernels *k,
                         const gang_token *t, int fd, const uint8_t nonces[64], uint8_t *dev,
                         size_t stride, size_t at, size_t run, uint32_t n, uint64_t deadline_ms);

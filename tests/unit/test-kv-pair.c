@@ -223,7 +223,7 @@ static void test_kv_pair_fake(void **state)
 typedef struct pair_side {
     const gang__wkv_pair *p;
     gang_kernels *k;
-    int fd, send, rc;
+    int fd, send, peer_whole, rc;
     uint8_t *dev;
     size_t stride, at, run;
 } pair_side;
@@ -236,39 +236,39 @@ static void *pair_side_main(void *arg)
     memset(t.key, 0x33, sizeof(t.key));
     memset(nonces, 0x44, sizeof(nonces));
     uint64_t until = gang_now_ms() + KV_TIMEOUT_MS;
-    s->rc = s->send ? gang__wkv_pair_send(s->p, NULL, s->k, &t, s->fd, nonces, s->dev, s->stride,
-                                          s->at, s->run, 3, until)
+    s->rc = s->send ? gang__wkv_pair_send(s->p, NULL, s->k, &t, s->fd, nonces, s->peer_whole,
+                                          s->dev, s->stride, s->at, s->run, 3, until)
                     : gang__wkv_pair_recv(s->p, NULL, s->k, &t, s->fd, nonces, s->dev, s->stride,
                                           s->at, s->run, 3, until);
     return NULL;
 }
 
 /*
- * Moves run bytes of 3 blocks of stride bytes at offset at from a device buffer of ka to
- * one of kb over pair p; fails unless exactly those bytes arrived (the rest of the
+ * Moves run bytes of each of 3 blocks from a device buffer of ka (blocks of sstride bytes,
+ * the run at sat) to one of kb (dstride, dat) over pair p -- the two sides' layouts differ
+ * when the gangs' PP does; fails unless exactly those bytes arrived (the rest of the
  * destination untouched) and both sides returned 0.
  */
 static void pair_exchange(const gang__wkv_pair *p, gang_kernels *ka, gang_kernels *kb,
-                          size_t stride, size_t at, size_t run)
+                          size_t sstride, size_t sat, size_t dstride, size_t dat, size_t run)
 {
     uint8_t src[3 * 256], dst[3 * 256], want[3 * 256];
-    size_t total = 3 * stride;
     int fds[2];
     pthread_t th;
-    assert_true(total <= sizeof(src));
-    for (size_t i = 0; i < total; i++) {
+    assert_true(3 * sstride <= sizeof(src) && 3 * dstride <= sizeof(dst));
+    for (size_t i = 0; i < 3 * sstride; i++)
         src[i] = (uint8_t)(i * 13 + 1);
-        want[i] = (uint8_t)0xee;
-    }
+    memset(want, 0xee, 3 * dstride);
+    memset(dst, 0xee, 3 * dstride);
     for (size_t b = 0; b < 3; b++)
-        memcpy(want + b * stride + at, src + b * stride + at, run);
-    pair_side a = {.p = p, .k = ka, .send = 1, .stride = stride, .at = at, .run = run};
-    pair_side z = {.p = p, .k = kb, .send = 0, .stride = stride, .at = at, .run = run};
-    assert_int_equal(gang_kernels_alloc(ka, total, (void **)&a.dev), 0);
-    assert_int_equal(gang_kernels_alloc(kb, total, (void **)&z.dev), 0);
-    memset(dst, 0xee, total);
-    assert_int_equal(gang_kernels_upload(ka, a.dev, src, total), 0);
-    assert_int_equal(gang_kernels_upload(kb, z.dev, dst, total), 0);
+        memcpy(want + b * dstride + dat, src + b * sstride + sat, run);
+    pair_side a = {.p = p, .k = ka, .send = 1, .stride = sstride, .at = sat, .run = run};
+    pair_side z = {.p = p, .k = kb, .send = 0, .stride = dstride, .at = dat, .run = run};
+    a.peer_whole = dat == 0 && run == dstride;
+    assert_int_equal(gang_kernels_alloc(ka, 3 * sstride, (void **)&a.dev), 0);
+    assert_int_equal(gang_kernels_alloc(kb, 3 * dstride, (void **)&z.dev), 0);
+    assert_int_equal(gang_kernels_upload(ka, a.dev, src, 3 * sstride), 0);
+    assert_int_equal(gang_kernels_upload(kb, z.dev, dst, 3 * dstride), 0);
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
     a.fd = fds[0];
     z.fd = fds[1];
@@ -279,14 +279,16 @@ static void pair_exchange(const gang__wkv_pair *p, gang_kernels *ka, gang_kernel
     close(fds[1]);
     assert_int_equal(a.rc, 0);
     assert_int_equal(z.rc, 0);
-    assert_int_equal(gang_kernels_download(kb, dst, z.dev, total), 0);
-    assert_memory_equal(dst, want, total);
+    assert_int_equal(gang_kernels_download(kb, dst, z.dev, 3 * dstride), 0);
+    assert_memory_equal(dst, want, 3 * dstride);
     gang_kernels_free(ka, a.dev);
     gang_kernels_free(kb, z.dev);
 }
 
-/* The fake pair's halves: whole blocks (one message) and a layer run of each block (one
- * message per block), device buffers on two fake handles. */
+/* The fake pair's halves, device buffers on two fake handles: whole blocks on both sides
+ * (one message), a layer run of each block on both (one per block), and the layouts of
+ * prefill PP 1 -> decode PP 2 (the server cuts a run out of bigger blocks, the client's
+ * are whole) and PP 2 -> PP 1 (the server's whole blocks into a run of the client's). */
 static void test_kv_pair_halves_fake(void **state)
 {
     (void)state;
@@ -294,10 +296,11 @@ static void test_kv_pair_halves_fake(void **state)
     assert_int_equal(gang_kernels_open("fake", &ka), 0);
     assert_int_equal(gang_kernels_open("fake", &kb), 0);
     uint64_t m0 = fake_pair_moved();
-    pair_exchange(&fake_pair, ka, kb, 96, 0, 96);
-    assert_int_equal(fake_pair_moved() - m0, 3 * 96);
-    pair_exchange(&fake_pair, ka, kb, 96, 32, 48);
-    assert_int_equal(fake_pair_moved() - m0, 3 * 96 + 3 * 48);
+    pair_exchange(&fake_pair, ka, kb, 96, 0, 96, 0, 96);
+    pair_exchange(&fake_pair, ka, kb, 96, 32, 96, 32, 48);
+    pair_exchange(&fake_pair, ka, kb, 96, 48, 48, 0, 48);
+    pair_exchange(&fake_pair, ka, kb, 48, 0, 96, 48, 48);
+    assert_int_equal(fake_pair_moved() - m0, 3 * 96 + 3 * 3 * 48);
     gang_kernels_close(ka);
     gang_kernels_close(kb);
 }
@@ -327,8 +330,9 @@ static void test_kv_pair_halves_nccl(void **state)
         o.pool_mb = 64;
         assert_int_equal(gang_kernels_open_opts(&o, &k[i]), 0);
     }
-    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 256, 0, 256);
-    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 256, 64, 128);
+    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 256, 0, 256, 0, 256);
+    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 256, 64, 128, 0, 128);
+    pair_exchange(&gang__wkv_pair_nccl, k[0], k[1], 128, 0, 256, 128, 128);
     gang_kernels_close(k[0]);
     gang_kernels_close(k[1]);
 }
