@@ -12,6 +12,8 @@
  *    decode engine prefills: the same tokens, no cached blocks; the same with a 20 s
  *    deadline and the transport aborted (gang__wkv_abort, a stopping worker): the fetch
  *    ends at once and falls back;
+ *  - a decode gang of PP 2 fed by the 1 x 1 prefill engine: each decode rank fetches its
+ *    run of layers out of the prefill rank's blocks over its own pair;
  *  - the pair's halves alone over a socketpair: whole blocks and a layer run of each
  *    block on the fake pair, and on the nccl pair with two GPUs (skipped, saying why,
  *    without: bench/gpu-check.sh runs it; NCCL refuses two ranks of one communicator on
@@ -218,6 +220,109 @@ static void test_kv_pair_fake(void **state)
     free(fm);
 }
 
+/* ---- a decode gang of PP 2 fed by a prefill gang of PP 1 (a run of layers each) ---- */
+
+static gang_gen_request pp_req; /* the decode request rank 0 submits at the first step */
+static pd_result pp_out;
+
+/* Every rank steps 300 times (lockstep: every step is a gang step); rank 0 submits first
+ * and collects the events. */
+static int pp_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
+{
+    gang_kernels *k = x->run->kernels[x->rank];
+    char err[256];
+    gang_gen_event ev;
+    int rc = 0;
+    for (uint32_t s = 0; s < 300 && rc == 0; s++) {
+        if (x->rank == 0 && s == 0)
+            rc = gang_engine_submit(x->engine, &pp_req, err, sizeof(err));
+        if (rc == 0)
+            rc = gang_engine_step(x->engine, k, world, tp, NULL, pp, STEP_TIMEOUT_MS);
+        while (rc == 0 && x->rank == 0 && gang_engine_poll(x->engine, &ev)) {
+            if (ev.kind == GANG_GEN_TOKEN && pp_out.n < 8)
+                pp_out.tokens[pp_out.n++] = ev.token;
+            else if (ev.kind != GANG_GEN_TOKEN)
+                pp_out.done = ev;
+        }
+    }
+    if (rc == 0 && x->rank == 0 && gang_engine_pending(x->engine) != 0)
+        rc = GANG_EINTERNAL;
+    return rc;
+}
+
+/*
+ * The prefill engine (1 x 1, all 3 layers) exports prompt[14]; a decode gang of PP 2 on
+ * the fake device (rank 0: layers 0-1, rank 1: layer 2), each rank with its own transport
+ * and the fake pair, fetches its run of layers out of the prefill rank's blocks (the
+ * hand-over names the PP 1 layout): the engine's get_dev with a run inside bigger source
+ * blocks, one message per block. The tokens equal the reference's, the blocks imported.
+ */
+static void test_kv_pair_pp2(void **state)
+{
+    (void)state;
+    static rank_ctx xs[MAX_RANKS];
+    full_model *fm = full_model_new(33, 0);
+    gang_engine_config cfg = engine_config(1);
+    layout pl, dl;
+    gang__wkv *kp = NULL, *kd[2] = {NULL, NULL};
+    int32_t prompt[14], want[8], first[8];
+    gang_gen_event done;
+    uint32_t port = 21000u + (uint32_t)(getpid() % 20000) + 5u;
+    cfg.block_size = 4;
+    cfg.max_step_tokens = 16;
+    cfg.prefix_caching = 1;
+    for (uint32_t i = 0; i < 14; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % VOCAB);
+    ref_greedy(fm, prompt, 14, 8, want);
+    layout_init_on(&pl, fm, 1, 1, &cfg, "fake");
+    layout_init_on(&dl, fm, 1, 2, &cfg, "fake");
+    gang__wres_config cp = side_config(GANG_ROLE_PREFILL, port);
+    gang__wres_config cd = side_config(GANG_ROLE_DECODE, 0);
+    assert_int_equal(gang__wkv_start(&cp, 0, pl.engines[0], &kp), 0);
+    gang__wkv_set_pair(kp, &fake_pair);
+    for (uint32_t r = 0; r < 2; r++) {
+        assert_int_equal(gang__wkv_start(&cd, r, dl.engines[r], &kd[r]), 0);
+        gang__wkv_set_pair(kd[r], &fake_pair);
+    }
+    gang_gen_request r = {.id = 1, .prompt = prompt, .n_prompt = 14, .max_tokens = 1};
+    r.sampling.top_p = 1.0f;
+    r.kv.do_export = 1;
+    assert_int_equal(run_on(pl.engines[0], pl.kernels[0], &r, first, &done), 1);
+    assert_true(done.kv_id != 0);
+
+    uint64_t m0 = fake_pair_moved();
+    memset(&pp_out, 0, sizeof(pp_out));
+    pp_req = (gang_gen_request){.id = 7, .prompt = prompt, .n_prompt = 14, .max_tokens = 8};
+    pp_req.sampling.top_p = 1.0f;
+    pp_req.kv.id = done.kv_id;
+    pp_req.kv.blocks = done.kv_blocks;
+    pp_req.kv.port = port;
+    pp_req.kv.src = (gang_kv_layout){.layers = N_LAYERS, .pp = 1, .tp = 1};
+    gang_strlcpy(pp_req.kv.host, HOST, sizeof(pp_req.kv.host));
+    run_gang_on(1, 2, dl.engines, dl.kernels, NULL, pp_body, NULL, xs);
+    for (uint32_t i = 0; i < 2; i++)
+        assert_int_equal(xs[i].body_rc, 0);
+    assert_int_equal(pp_out.n, 8);
+    assert_memory_equal(pp_out.tokens, want, sizeof(want));
+    assert_int_equal(pp_out.done.kv_blocks, 3);
+    assert_int_equal(pp_out.done.kv_device, 1);
+    assert_int_equal(gang__wkv_pair_count(kd[0]), 1);
+    assert_int_equal(gang__wkv_pair_count(kd[1]), 1);
+    /* Every layer of the 3 blocks once: 2 layers to rank 0, 1 to rank 1. */
+    assert_int_equal(fake_pair_moved() - m0, 3u * N_LAYERS * 2u * 4u * KV_DIM * sizeof(float));
+    gang_engine_free(pl.engines[0]);
+    pl.engines[0] = NULL;
+    for (uint32_t i = 0; i < 2; i++) {
+        gang_engine_free(dl.engines[i]);
+        dl.engines[i] = NULL;
+        gang__wkv_stop(kd[i]);
+    }
+    gang__wkv_stop(kp);
+    layout_free(&pl);
+    layout_free(&dl);
+    free(fm);
+}
+
 /* ---- the pair's halves alone, over a socketpair (the handshake's connection) ---- */
 
 typedef struct pair_side {
@@ -342,6 +447,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_pair_halves_fake),
         cmocka_unit_test(test_kv_pair_fake),
+        cmocka_unit_test(test_kv_pair_pp2),
         cmocka_unit_test(test_kv_pair_halves_nccl),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
