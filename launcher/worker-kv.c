@@ -539,7 +539,7 @@ static int wkv_get_dev(void *ctx, const gang_kv_xfer *src, const gang_kv_part *p
     gang__wkv *k = ctx;
     if (!k->has_pair || part->layer_count == 0 || part->layer_count > k->shape.layer_count ||
         run != part->layer_count * wkv_layer_bytes(&k->shape) || stride != k->shape.block_bytes ||
-        at > stride - run || part->rank > 65535 - src->port)
+        run > stride || at > stride - run || part->rank > 65535 - src->port)
         return GANG_EINVAL;
     int fd = wkv_connect(part->host, src->port + part->rank, deadline_ms);
     if (fd < 0)
