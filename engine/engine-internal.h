@@ -106,6 +106,8 @@ typedef struct gang__kv_job {
     uint32_t layer_first; /* this rank's first layer */
     size_t layer_bytes;   /* one layer's K and V rows of one block */
     uint8_t *buf;         /* [bytes] this rank's part */
+    gang_kernels *dk;     /* the device path: buf is device memory of dk (else NULL) */
+    int on_dev;           /* this job ran on the device path (kept after the join) */
     size_t bytes;
     uint32_t n;              /* blocks */
     uint64_t until;          /* the fetch's deadline (gang_now_ms) */
@@ -139,6 +141,7 @@ typedef struct gang__request {
     uint32_t kv_got;            /* blocks its import brought (0: none or failed) */
     uint32_t kv_ms;             /* milliseconds its import took */
     uint32_t kv_mismatch;       /* its import's source layout cannot feed this gang */
+    uint32_t kv_device;         /* its import came over the device path */
     struct gang__request *next; /* arrival order */
 } gang__request;
 

@@ -141,6 +141,7 @@ void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
         gang_codec_u32(c, &m->kv_blocks);
         gang_codec_u32(c, &m->kv_ms);
         gang_codec_uint(c, &m->kv_mismatch, 1, 1);
+        gang_codec_uint(c, &m->kv_device, 1, 1);
         gang_kv_layout_codec(c, &m->kv_layout);
         break;
     default: /* CANCEL: the id is all */

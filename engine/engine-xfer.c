@@ -37,6 +37,11 @@
  *     that failed on one rank, or whose request went away, never leaves a wrong block in
  *     use.
 
+ * On a device whose memory the host cannot read, with hooks that take device memory
+ * (put_dev / get_dev: the launcher's pair communicator over NCCL, worker-kv-pair.c), the
+ * export's copy and the fetch's buffer are device memory and the copies run on the
+ * device (gang_kernels_copy): no host staging. Otherwise they go through host memory.
+ *
  * A fetched part is checked by the transport (shape and authenticity); here its size
  * must be exact. An export that finds no room in rank 0's ring (slots pending) is not
  * made: its DONE says so (kv_id 0) and the decode gang prefills.
@@ -82,8 +87,12 @@ static void xfer_join(gang__kv_job *j)
     if (j->live)
         pthread_join(j->thread, NULL);
     j->live = 0;
-    free(j->buf);
+    if (j->dk != NULL)
+        gang_kernels_free(j->dk, j->buf); /* (on the data thread: the handle's) */
+    else
+        free(j->buf);
     j->buf = NULL;
+    j->dk = NULL;
     free(j->parts);
     j->parts = NULL;
     j->n_parts = 0;
@@ -248,6 +257,7 @@ int gang__xfer_on_done(gang_engine *e, gang__request *q, gang_gen_event *ev)
     ev->kv_blocks = q->kv_got;
     ev->kv_ms = q->kv_ms;
     ev->kv_mismatch = q->kv_mismatch;
+    ev->kv_device = q->kv_device;
     if (!q->r.kv.do_export || !q->running || e->kvx_count == e->slots)
         return 0;
     uint32_t n = q->r.n_prompt / e->block_size, at = (e->kvx_head + e->kvx_count) % e->slots;
@@ -360,9 +370,17 @@ static char *xfer_rows(gang_engine *e, uint32_t l, uint32_t kv, int32_t b, size_
     return e->kv_mem + (2 * (size_t)l + kv) * pool + (size_t)b * rows_bytes;
 }
 
-/* Copies the plan's blocks between the pools and buffer stage (out: pools -> stage). 0 or
+/* Whether e moves its blocks on the device path (put_dev / get_dev, no host staging). */
+static int xfer_on_device(const gang_engine *e)
+{
+    return (gang_kernels_caps(e->k) & GANG_KERNELS_CAP_DEVICE_MEM) != 0 &&
+           e->kv_hooks.put_dev != NULL && e->kv_hooks.get_dev != NULL;
+}
+
+/* Copies the plan's blocks between the pools and buffer stage (out: pools -> stage), stage
+ * being device memory of e->k when on_dev (a copy on the device), else host memory. 0 or
  * the kernels' error. */
-static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out, uint8_t *stage)
+static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out, uint8_t *stage, int on_dev)
 {
     size_t rows = (size_t)sh->block_size * sh->kv_cols * sh->elem_bytes, at = 0;
     int dev = (gang_kernels_caps(e->k) & GANG_KERNELS_CAP_DEVICE_MEM) != 0, rc = 0;
@@ -370,7 +388,10 @@ static int xfer_copy(gang_engine *e, const gang_kv_shape *sh, int out, uint8_t *
         for (uint32_t l = 0; l < sh->layer_count && rc == 0; l++) {
             for (uint32_t kv = 0; kv < 2 && rc == 0; kv++, at += rows) {
                 char *pool = xfer_rows(e, l, kv, e->plan.kv_blocks[j], rows);
-                if (!dev && out)
+                if (on_dev)
+                    rc = out ? gang_kernels_copy(e->k, stage + at, pool, rows)
+                             : gang_kernels_copy(e->k, pool, stage + at, rows);
+                else if (!dev && out)
                     memcpy(stage + at, pool, rows);
                 else if (!dev)
                     memcpy(pool, stage + at, rows);
@@ -461,6 +482,7 @@ static void xfer_import_done(gang_engine *e, gang__kv_job *b, int ok)
         return; /* n_fed stays 0: the prompt is prefilled into the same blocks */
     }
     q->kv_got = b->n;
+    q->kv_device = (uint32_t)b->on_dev;
     q->n_fed = b->n * e->block_size;
     q->n_cached = q->n_fed;
     e->prefix_hit_tokens += q->n_fed;
@@ -468,6 +490,24 @@ static void xfer_import_done(gang_engine *e, gang__kv_job *b, int ok)
         gang__pc_register(e, q);
     e->kv_imports++;
     e->kv_bytes += b->got;
+}
+
+/* The device path of an export: the plan's blocks into a device buffer of their own,
+ * handed to put_dev (which owns it on success). 0 or an error. */
+static int xfer_export_dev(gang_engine *e, const gang_kv_shape *sh, size_t total)
+{
+    void *dev = NULL;
+    int rc = gang_kernels_alloc(e->k, total, &dev);
+    if (rc != 0)
+        return rc;
+    rc = xfer_copy(e, sh, 1, dev, 1);
+    if (rc == 0)
+        rc = gang_kernels_sync(e->k); /* (the transport sends it from another stream) */
+    if (rc == 0)
+        rc = e->kv_hooks.put_dev(e->kv_hooks.ctx, e->plan.kv.id, e->k, dev, total, e->plan.kv_n);
+    if (rc != 0)
+        gang_kernels_free(e->k, dev);
+    return rc;
 }
 
 /*
@@ -484,8 +524,10 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
     uint64_t bytes;
     gang_kv_layout lay;
     int ok;
-    if (e->kv_stage != NULL && e->kv_hooks.put != NULL) {
-        st[0] = xfer_copy(e, sh, 1, e->kv_stage);
+    if (xfer_on_device(e)) {
+        st[0] = xfer_export_dev(e, sh, total);
+    } else if (e->kv_stage != NULL && e->kv_hooks.put != NULL) {
+        st[0] = xfer_copy(e, sh, 1, e->kv_stage, 0);
         if (st[0] == 0)
             st[0] = e->kv_hooks.put(e->kv_hooks.ctx, p->kv.id, e->kv_stage, total, p->kv_n);
     }
@@ -523,6 +565,10 @@ static int xfer_export(gang_engine *e, gang_comm *world, const gang_kv_shape *sh
 static int xfer_fetch_part(gang__kv_job *j, const gang_kv_part *p)
 {
     size_t run = (size_t)p->layer_count * j->layer_bytes, bytes = run * j->n;
+    if (j->dk != NULL)
+        return j->hooks.get_dev(j->hooks.ctx, &j->src, p, j->dk, j->buf, j->bytes / j->n,
+                                (size_t)(p->layer_first - j->layer_first) * j->layer_bytes, run,
+                                j->n, j->until);
     if (bytes == j->bytes)
         return j->hooks.get(j->hooks.ctx, &j->src, p, j->buf, j->bytes, j->n, j->until);
     uint8_t *tmp = malloc(bytes);
@@ -575,13 +621,23 @@ static void xfer_start(gang_engine *e, const gang_kv_shape *sh, size_t total)
     j->until = gang_now_ms() + (e->kv_timeout_ms ? e->kv_timeout_ms : 10000);
     j->layer_first = sh->layer_first;
     j->layer_bytes = 2u * (size_t)sh->block_size * sh->kv_cols * sh->elem_bytes;
-    j->buf = malloc(total);
+    if (xfer_on_device(e)) {
+        void *dev = NULL;
+        if (gang_kernels_alloc(e->k, total, &dev) == 0) {
+            j->buf = dev;
+            j->dk = e->k;
+        }
+        j->on_dev = 1;
+    } else {
+        j->buf = malloc(total);
+        j->on_dev = 0;
+    }
     j->parts = calloc(sh->layer_count, sizeof(gang_kv_part));
     pthread_mutex_lock(&j->mu);
     j->done = 0;
     j->rc = 0;
     pthread_mutex_unlock(&j->mu);
-    if (j->buf == NULL || j->parts == NULL || j->hooks.get == NULL)
+    if (j->buf == NULL || j->parts == NULL || (j->hooks.get == NULL && j->dk == NULL))
         rc = GANG_ENOMEM;
     else
         rc = gang_kv_parts(&p->kv.src, p->kv.host, m->topo.n_layers, m->topo.tp, m->place.rank,
@@ -613,7 +669,9 @@ static int xfer_commit(gang_engine *e, const gang_kv_shape *sh, size_t total)
     pthread_mutex_unlock(&j->mu);
     if (!done || rc != 0 || j->buf == NULL || j->n != p->kv_n || j->bytes != total)
         return GANG_EPROTO;
-    rc = xfer_copy(e, sh, 0, j->buf);
+    rc = xfer_copy(e, sh, 0, j->buf, j->dk != NULL);
+    if (rc == 0 && j->dk != NULL)
+        rc = gang_kernels_sync(e->k); /* (the copy reads buf, which goes next) */
     xfer_join(j);
     if (rc == 0 && e->m->place.rank == 0)
         xfer_import_done(e, j, 1);
@@ -700,7 +758,7 @@ int gang__xfer_run(gang_engine *e, gang_comm *world, uint64_t deadline)
     gang_engine_kv_shape(e, &sh);
     size_t total = (size_t)sh.block_bytes * p->kv_n;
     if (p->kv_kind == GANG__KV_EXPORT) {
-        if (e->kv_stage == NULL)
+        if (e->kv_stage == NULL && !xfer_on_device(e))
             e->kv_stage = malloc((size_t)sh.block_bytes * e->max_bps);
         rc = xfer_export(e, world, &sh, total, deadline);
     } else if (p->kv_kind == GANG__KV_IMPORT) {

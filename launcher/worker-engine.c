@@ -319,6 +319,7 @@ void gang__wres_close(gang__wres *r)
         return;
     if (r->loader_started)
         pthread_join(r->loader, NULL); /* loading is not interruptible; exit waits for it */
+    gang__wkv_abort(r->kv);            /* its pairs in flight end now, not at their deadline */
     gang_engine_free(r->engine);       /* joins its KV fetches, which use r->kv */
     gang__wkv_stop(r->kv);
     gang_model_device_release(r->model); /* device arrays go back to r->k's pool first */
@@ -720,6 +721,7 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             ev.kv_blocks = ge.kv_blocks;
             ev.kv_ms = ge.kv_ms;
             ev.kv_mismatch = ge.kv_mismatch;
+            ev.kv_device = ge.kv_device;
             ev.kv_layout = ge.kv_layout;
             wstep_event(s, &ev);
         }

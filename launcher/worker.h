@@ -158,6 +158,7 @@ typedef struct gang__wevent {
     uint32_t kv_blocks;           /* DONE: blocks exported, or imported when kv_id is 0 */
     uint32_t kv_ms;               /* DONE: its import's milliseconds */
     uint32_t kv_mismatch;         /* DONE: its import's source layout did not fit */
+    uint32_t kv_device;           /* DONE: its import moved device to device */
     gang_kv_layout kv_layout;     /* DONE with kv_id: the gang's layout and nodes' addresses */
     float logprob;                /* TOKEN, when asked */
     uint32_t n_top;               /* TOKEN: alternatives */

@@ -167,6 +167,7 @@ struct gang_api {
     /* P/D (issue #26): exports (prefill gang), imports and fallbacks (decode gang). */
     uint64_t kv_exports, kv_exported_blocks, kv_imports, kv_imported_blocks, kv_import_fallbacks;
     uint64_t kv_import_mismatches; /* of the fallbacks: the source's layout did not fit */
+    uint64_t kv_imports_device;    /* of the imports: rows moved device to device (a pair) */
     gang_histogram h_kv;           /* seconds of each import */
 };
 

@@ -27,6 +27,7 @@ set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
 if(GANG_HAVE_MPI)
   list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
 endif()
+list(APPEND GANG_UNIT_TESTS unit-kv-pair) # P/D's device path on the fake device (issue #26)
 set_property(TEST ${GANG_UNIT_TESTS} APPEND PROPERTY LABELS unit)
 
 set(GANG_MP_FAST bad_frames bad_model bench_smoke cancel cli dp_local dp_router flood front_door
@@ -40,7 +41,7 @@ list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 
 set(GANG_THREAD_TESTS unit-kernels unit-kernels-blocks unit-comm unit-parallel unit-layers unit-pipeline unit-engine
-  unit-fake-device unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
+  unit-fake-device unit-kv-pair unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
   bench-decode-fake
   mp-test_serve_model mp-test_cancel mp-test_request_deadline mp-test_kill_worker
   mp-test_gpu_health mp-test_soak_restarts)

@@ -180,6 +180,7 @@ typedef struct gang_req_msg {
     uint32_t kv_blocks;       /* DONE: blocks exported; or imported when kv_id is 0 */
     uint32_t kv_ms;           /* DONE: milliseconds its import took (0: none) */
     uint32_t kv_mismatch;     /* DONE: 1: its import's source layout cannot feed this gang */
+    uint32_t kv_device;       /* DONE: 1: its import's rows moved device to device (a pair) */
     gang_kv_layout kv_layout; /* DONE with kv_id: the exporting gang's layout */
     uint32_t n_ids;           /* SUBMIT, PROMPT: entries of ids */
     int32_t ids[GANG_REQ_MAX_IDS];
@@ -204,7 +205,7 @@ typedef struct gang_req_msg {
  *   CANCEL  nothing
  *   TOKEN   u32 index, i32 token, f32 logprob, u8 n_top, n_top x i32, n_top x f32
  *   DONE    i32 code, u32 index, u8 length + finish (< 8), u16 length + reason (< 256),
- *           u64 kv_id, u32 kv_blocks, u32 kv_ms, u8 kv_mismatch, then the layout
+ *           u64 kv_id, u32 kv_blocks, u32 kv_ms, u8 kv_mismatch, u8 kv_device, then the layout
  *           (gang_kv_layout_codec)
  * n_ids is at most GANG_REQ_MAX_IDS, and a SUBMIT's at most its n_prompt. A kind outside
  * gang_req_kind fails the codec (GANG_EINVAL / GANG_EPROTO).
@@ -242,6 +243,8 @@ typedef struct gang_gen_event {
     uint32_t kv_ms;           /* DONE: milliseconds its import took on rank 0 (0: none) */
     uint32_t kv_mismatch;     /* DONE: 1: its import's source layout cannot feed this gang (the
                                  layer count or TP differ, or this gang has EP): it prefilled */
+    uint32_t kv_device;       /* DONE: 1: its imported blocks moved device to device, over the
+                                 transport's pair communicator (put_dev / get_dev), not TCP */
     gang_kv_layout kv_layout; /* DONE with kv_id: this gang's layout and nodes' addresses */
     float logprob;            /* TOKEN with logprobs: the token's raw log-probability, else 0 */
     uint32_t n_top;           /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
@@ -413,6 +416,18 @@ int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out);
  *   addr: this rank's IPv4 address (network order) for decode ranks to reach its exports
  *        at, 0 when unknown; rank 0 lists the nodes' addresses in an export's DONE.
  * Without hooks an export is dropped and an import fails (and falls back).
+ *
+ * The device path (issue #26): an engine whose kernels hold device memory the host
+ * cannot read (GANG_KERNELS_CAP_DEVICE_MEM: cuda, fake) uses put_dev and get_dev instead
+ * when both are set, so that the blocks never pass through host memory:
+ *   put_dev: takes export `id` as `dev`, `bytes` of device memory of k (from
+ *        gang_kernels_alloc, filled as put's data, the handle synchronised); on 0 the
+ *        hooks own it and free it with gang_kernels_free on k, on the data thread (a later
+ *        put_dev) or after the engine stopped stepping; else the engine frees it.
+ *   get_dev: like get, into device memory of k: run bytes of each of n_blocks blocks,
+ *        block b's at dev + b * block_bytes + at (a part of fewer layers than this rank's
+ *        fills its layers of each block). k is the engine's handle: the fetch thread may
+ *        only make its device current (gang_kernels_bind_thread), never enqueue on it.
  */
 typedef struct gang_kv_part {
     uint32_t rank;        /* the source gang's rank that holds these layers */
@@ -426,6 +441,11 @@ typedef struct gang_kv_hooks {
     int (*put)(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n_blocks);
     int (*get)(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, void *data,
                size_t bytes, uint32_t n_blocks, uint64_t deadline_ms);
+    int (*put_dev)(void *ctx, uint64_t id, gang_kernels *k, void *dev, size_t bytes,
+                   uint32_t n_blocks);
+    int (*get_dev)(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, gang_kernels *k,
+                   void *dev, size_t block_bytes, size_t at, size_t run, uint32_t n_blocks,
+                   uint64_t deadline_ms);
     uint32_t addr;
 } gang_kv_hooks;
 
