@@ -68,6 +68,16 @@ def disaggregated(rport):
     return st if st["disaggregated"] else None
 
 
+def serving_since_ms(gang):
+    """Wall-clock ms since which a gang's coordinator serves (its /status), or -1 while it
+    does not answer or is not ready."""
+    code, body = H.http_get("127.0.0.1", gang.http_port, "/status", timeout=1.0)
+    if code != 200:
+        return -1
+    st = json.loads(body)
+    return st["gang"]["serving_since_wall_ms"] if st.get("ready") and "gang" in st else -1
+
+
 def bodies():
     out = []
     for i, n in enumerate((5, 40, 130)):
@@ -210,6 +220,7 @@ def check_prefill_killed(h, prefill, decode, rport):
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(12)]
     for t in threads[:6]:
         t.start()
+    t_kill_ms = time.time() * 1000.0
     victim = prefill.agent_pid(0)
     os.kill(victim, signal.SIGKILL)
     H.log("killed the prefill gang's agent (pid %d)" % victim)
@@ -234,6 +245,12 @@ def check_prefill_killed(h, prefill, decode, rport):
     H.log("prefill gang killed under 12 calls: all answered with the right tokens "
           "(prefill failures %d, skipped %d)" % (m["ganglion_router_pd_prefill_failures_total"],
                                                  m["ganglion_router_pd_prefill_skipped_total"]))
+    # The router may still list the prefill gang as up from before the kill (it marks a
+    # replica down only after --down-after-fails polls): wait for the restarted gang itself
+    # to serve first (its generation starts again at 1: its coordinator was killed), then for
+    # the router to route to it.
+    H.wait_until(lambda: serving_since_ms(prefill) > t_kill_ms, 60, 0.05,
+                 "the prefill gang to serve again after the kill")
     H.wait_until(lambda: disaggregated(rport), 60, 0.05,
                  "the restarted prefill gang to be back in the router")
     before = DP.router_metrics(rport)["ganglion_router_pd_prefills_total"]
