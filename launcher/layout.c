@@ -160,21 +160,27 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
 /* The bytes of KV cache one position takes on this rank's largest stage shard, as the
  * engine sizes its blocks (eng_blocks): layers x K and V x kv heads x head_dim x the
  * element size the engine will choose. */
+static uint64_t layout_kv_elem_bytes(const gang_layout *l)
+{
+    if (!l->kv_auto)
+        return gang_dtype_size(l->kv_dtype);
+    if (strcmp(l->dtype, "bf16") == 0 || strcmp(l->dtype, "f16") == 0)
+        return 2;
+    return 4;
+}
+
 static uint64_t layout_kv_per_position(const gang_layout *l, const gang_topology *t)
 {
     uint64_t layers = t->n_layers / t->pp + (t->n_layers % t->pp != 0 ? 1u : 0u);
-    uint64_t es = 4;
-    if (!l->kv_auto)
-        es = gang_dtype_size(l->kv_dtype);
-    else if (strcmp(l->dtype, "bf16") == 0 || strcmp(l->dtype, "f16") == 0)
-        es = 2;
-    return layers * 2u * t->kv_heads_per_rank * t->head_dim * es;
+    return layers * 2u * t->kv_heads_per_rank * t->head_dim * layout_kv_elem_bytes(l);
 }
 
 /* l->ctx and l->ctx_why when the model is known (see gang_layout_read_model). */
 static void layout_default_ctx(gang_layout *l, const gang_topology *t, uint32_t allowed)
 {
     const double mib = 1024.0 * 1024.0;
+    l->kv_block_bytes = (uint64_t)t->n_layers * 2u * t->n_kv_heads * t->head_dim *
+                        layout_kv_elem_bytes(l) * GANG_KV_BLOCK_DEFAULT;
     if (l->max_ctx > 0) {
         l->ctx = l->max_ctx;
         snprintf(l->ctx_why, sizeof(l->ctx_why), "--max-ctx %u (the model declares %u)", l->max_ctx,
@@ -354,6 +360,7 @@ static void api_config_from_params(const gang_params *p, const gang_layout *l, g
         out->mc = l->mc;
     out->ctx = l->ctx;
     gang_strlcpy(out->ctx_why, l->ctx_why, sizeof(out->ctx_why));
+    out->kv_block_bytes = l->kv_block_bytes;
     out->max_queue = (uint32_t)p->max_queue;
     out->request_timeout_ms = (uint64_t)p->request_timeout_ms;
     (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */

@@ -46,6 +46,9 @@ typedef struct gang_layout {
     gang_model_config mc;              /* config.json */
     uint32_t ctx;                      /* positions per sequence; 0 without a model */
     char ctx_why[GANG_LAYOUT_WHY_MAX]; /* why ctx is what it is (the log, /v1/models) */
+    uint64_t kv_block_bytes; /* one KV block (16 positions) of the whole model: every layer,
+                                K and V, every kv head once, in the element size the engine
+                                will choose (P/D's bytes moved = blocks x this) */
 } gang_layout;
 
 /*

@@ -895,6 +895,12 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
          api->kv_imports},
         {"ganglion_kv_imported_blocks_total", "P/D: KV blocks fetched for those prompts", 0,
          api->kv_imported_blocks},
+        {"ganglion_kv_exported_bytes_total",
+         "P/D: bytes of the exported blocks (every layer, K and V, each kv head once)", 0,
+         api->kv_exported_blocks * api->cfg.kv_block_bytes},
+        {"ganglion_kv_imported_bytes_total",
+         "P/D: bytes of the fetched blocks (every layer, K and V, each kv head once)", 0,
+         api->kv_imported_blocks * api->cfg.kv_block_bytes},
         {"ganglion_kv_imports_device_total",
          "P/D: of those prompts, the ones whose blocks moved GPU to GPU over an NCCL pair (the "
          "rest over TCP)",

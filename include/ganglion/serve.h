@@ -304,6 +304,7 @@ typedef struct gang_api_config {
     gang_model_config mc;               /* the served model's configuration (with a model) */
     uint32_t ctx;                       /* the context length requests must fit in */
     char ctx_why[256];                  /* why ctx is what it is (/v1/models) */
+    uint64_t kv_block_bytes;            /* one KV block of the whole model (0: unknown) */
     uint32_t max_queue;                 /* requests owed at once; more get 503 */
     uint64_t request_timeout_ms;        /* deadline of one request, across restarts */
     char model_dir[GANG_PARAM_STR_MAX]; /* tokenizer.json, tokenizer_config.json ("" = none) */

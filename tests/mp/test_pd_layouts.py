@@ -30,9 +30,16 @@ import test_pd_router as PD  # noqa: E402
 H.TEST_DEADLINE_S = 200
 
 
+# One KV block of the test model (scenario's mkmodel): 4 layers x K and V x 2 kv heads x
+# head_dim 32 (hidden 128 / 4 heads) x f32 x 16 positions.
+BLOCK_BYTES = 4 * 2 * 2 * (128 // 4) * 4 * 16
+
+
 def kv_counts(g):
     c = PD.kv_counts(g)
     c["mismatches"] = DP.replica_metric(g, "ganglion_kv_import_layout_mismatches_total")
+    for k in ("exported_bytes", "imported_bytes"):
+        c[k] = DP.replica_metric(g, "ganglion_kv_%s_total" % k)
     return c
 
 
@@ -50,6 +57,11 @@ def check_routed(prefill, decode, rport, what):
     H.check(moved["imports"] == 4 and moved["imported_blocks"] == 20 and
             moved["import_fallbacks"] == 0 and moved["mismatches"] == 0,
             "%s: decode imports %r" % (what, moved))
+    H.check(moved["imported_bytes"] == 20 * BLOCK_BYTES and
+            kp["exported_bytes"] - kp0["exported_bytes"] == 20 * BLOCK_BYTES,
+            "%s: KV bytes moved: imported %r, exported %r, want %d" %
+            (what, moved["imported_bytes"], kp["exported_bytes"] - kp0["exported_bytes"],
+             20 * BLOCK_BYTES))
     H.log("%s: answers equal one gang's; %d transfers of %d blocks fetched, none fell back"
           % (what, moved["imports"], moved["imported_blocks"]))
 
