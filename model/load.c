@@ -217,8 +217,16 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
             return rc;
         }
         l->mixed = 1;
-        if (*out != NULL)
+        if (*out != NULL) {
+            /* The CPU kernels' interleaved copy where they have one (AVX-512): the file's
+             * blocks are released here, the copy is the weight (gang_kernels_block_repack). */
+            void *rp = gang_kernels_block_repack(l->mtype[j], *out, rn, cn);
+            if (rp != NULL) {
+                free(*out);
+                *out = rp;
+            }
             return 0;
+        }
         l->mtype[j] = GANG_KW_F32;
         if (why[0] != '\0')
             gang_warn("%s: %s: this tensor is dequantized to f32", L->gg.path, why);
