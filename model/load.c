@@ -197,6 +197,19 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
     return ld_band(ctx, name, rows, cols, row_first, row_count, col_first, col_count, out);
 }
 
+/* *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
+ * interleaved copy where they have one (gang_kernels_block_repack): the file's blocks are
+ * released here. */
+static void ld_repack(void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
+{
+    void *rp = gang_kernels_block_repack(t, *w, n, kdim);
+
+    if (rp != NULL) {
+        free(*w);
+        *w = rp;
+    }
+}
+
 /*
  * Matrix j (gang_tp_layer.mtype's order) of layer l, rows [first, +count) of a [rows,
  * cols] tensor or with by_cols its columns: the file's blocks when L->blocks and the band
@@ -218,13 +231,7 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
         }
         l->mixed = 1;
         if (*out != NULL) {
-            /* The CPU kernels' interleaved copy where they have one (AVX-512): the file's
-             * blocks are released here, the copy is the weight (gang_kernels_block_repack). */
-            void *rp = gang_kernels_block_repack(l->mtype[j], *out, rn, cn);
-            if (rp != NULL) {
-                free(*out);
-                *out = rp;
-            }
+            ld_repack(out, l->mtype[j], rn, cn);
             return 0;
         }
         l->mtype[j] = GANG_KW_F32;
@@ -380,12 +387,18 @@ static int ld_ends(loader *L, gang_model *m)
             /* Tied and this rank holds the table (pp 1): its head is the table's rows,
              * not a second copy of them (SmolLM2's table is a fifth of its weights). */
             m->lm_head_tied = 1;
+            /* Repacked only when the head is the whole table (its matmul then sees the
+             * table's own sizes); the embedding lookup reads the repacked rows too. */
+            if (m->blocks && m->shard.vocab_first == 0 && m->shard.vocab_count == vocab)
+                ld_repack(&m->embed, m->wtype, vocab, hidden);
             m->lm_head = gang__model_tied_head(m);
             return 0;
         }
         if (rc == 0)
             rc = ld_end_blocks(L, head, vocab, m->shard.vocab_first, m->shard.vocab_count,
                                &m->lm_head, &m->head_type);
+        if (rc == 0 && m->lm_head != NULL)
+            ld_repack(&m->lm_head, m->head_type, m->shard.vocab_count, hidden);
         if (rc == 0 && m->lm_head == NULL)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
         if (arr != NULL)

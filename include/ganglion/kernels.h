@@ -133,8 +133,9 @@ int gang_kernels_block_dequant(gang_kernels_wtype t, const void *src, size_t n, 
  * unmaps src and hands the new buffer, with the same type and sizes, to
  * gang_kernels_matmul, which recognises it. NULL (src stays the weight) for another type or
  * CPU, a kdim that is not a whole number of blocks, or when memory is out. A repacked
- * buffer is for gang_kernels_matmul with exactly these n and kdim (GANG_EINVAL otherwise);
- * not for gang_kernels_block_dequant, embedding tables or row views into it.
+ * buffer is for gang_kernels_matmul with exactly these n and kdim (GANG_EINVAL otherwise)
+ * and gang_kernels_embedding_w (a tied table: its rows rebuilt); not for
+ * gang_kernels_block_dequant or views of some of its rows.
  */
 void *gang_kernels_block_repack(gang_kernels_wtype t, const void *src, size_t n, size_t kdim);
 

@@ -56,6 +56,41 @@ static void rp_parts(gang_kernels_wtype t, size_t *m_at, size_t *h_at, size_t *q
     *q_at = *h_at + 64 * (size_t)five;
 }
 
+int gang__cpu_rp_peek(const gang_kernels_weight *w, gang__cpu_rp *out)
+{
+    rp_header h;
+
+    if (!gang__cpu_rp_type(w->type) || w->data == NULL)
+        return 0;
+    memcpy(&h, w->data, sizeof(h));
+    if (h.magic != RP_MAGIC || h.self_check != (RP_MAGIC ^ h.n ^ h.kdim ^ h.type) ||
+        h.type != (uint64_t)w->type || h.kdim == 0 || h.kdim % 32 != 0)
+        return 0;
+    return gang__cpu_rp_get(w, (size_t)h.n, (size_t)h.kdim, out);
+}
+
+int gang__cpu_rp_embedding(const gang__cpu_rp *rp, size_t dim, const int32_t *ids, size_t n_ids,
+                           float *out)
+{
+    size_t bb = 0;
+    uint8_t blk[64];
+
+    gang_kernels_wtype_block(rp->type, NULL, &bb);
+    if (dim != rp->kdim)
+        return GANG_EINVAL;
+    for (size_t t = 0; t < n_ids; t++) {
+        if (ids[t] < 0 || (size_t)ids[t] >= rp->n)
+            return GANG_EINVAL;
+        for (size_t b = 0; b < rp->nb; b++) {
+            gang__cpu_rp_block(rp, (size_t)ids[t], b, blk);
+            int rc = gang_kernels_block_dequant(rp->type, blk, 32, out + t * dim + 32 * b);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int gang__cpu_rp_get(const gang_kernels_weight *w, size_t n, size_t kdim, gang__cpu_rp *out)
 {
     rp_header h;

@@ -342,6 +342,18 @@ static void test_block_repacked(void **state)
                     }
                     free(yp);
                 }
+                /* a repacked table's embedding rows: the file layout's, to the bit */
+                int32_t ids[3] = {(int32_t)n - 1, 0, (int32_t)(n / 2)};
+                float *e0 = malloc(3 * kdim * sizeof(float)),
+                      *e1 = malloc(3 * kdim * sizeof(float));
+                assert_non_null(e0);
+                assert_non_null(e1);
+                gang_kernels_weight tv = gang_kernels_weight_view(t, w, n, kdim);
+                gang_kernels_weight rv = gang_kernels_weight_view(t, rp, n, kdim);
+                assert_int_equal(gang_kernels_embedding_w(k, &tv, n, kdim, ids, 3, e0), 0);
+                assert_int_equal(gang_kernels_embedding_w(k, &rv, n, kdim, ids, 3, e1), 0);
+                assert_memory_equal(e0, e1, 3 * kdim * sizeof(float));
+                free(e0), free(e1);
                 gang__cpu_simd_force(vnni ? 2 : 1);
                 void *pub = gang_kernels_block_repack(t, w, n, kdim);
                 assert_true(vnni ? pub != NULL : pub == NULL); /* made where the kernel runs */
