@@ -169,6 +169,12 @@ step test-cuda 60 "$TESTS/test-cuda"
 step test-cuda-step 45 "$TESTS/test-cuda-step"
 step test-engine-cuda 60 "$TESTS/test-engine-cuda"
 step test-comm-nccl 45 "$TESTS/test-comm-nccl"
+# P/D KV transfers GPU to GPU over a 2-rank NCCL pair (issue #26): NEEDS 2 GPUs (NCCL
+# refuses two ranks of one communicator on one GPU); with one, its nccl case says SKIP
+# and only the fake-device cases run. (In a build tree the binary is under tests/.)
+KVPAIR=$TESTS/test-kv-pair
+[ -x "$KVPAIR" ] || KVPAIR=$TESTS/tests/test-kv-pair
+step test-kv-pair-2gpu 45 "$KVPAIR"
 # ganglion on CUDA (1x1, TP=2 on the one GPU over sockets, 1x1 over NCCL) against
 # transformers on the same GPU, on Llama-3.2-1B- and Qwen2.5-0.5B-shaped bf16 models
 # written by mkmodel.

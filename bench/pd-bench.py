@@ -132,8 +132,13 @@ class Setup:
         if self.mode == "colocated":
             self.ports = [self.gang("colo", "0,1", a.base_port, [])]
         else:
+            # --prefill-pp N: the prefill gang is N nodes of one rank each (local mode: node
+            # i on 127.0.0.(i + 1)), one pipeline stage per node, all on core 0.
+            pp = ["--pp", str(a.prefill_pp), "--nnodes", str(a.prefill_pp)] \
+                if a.prefill_pp > 1 else []
             self.ports = [self.gang("prefill", "0", a.base_port,
-                                    ["--role", "prefill", "--kv-port", str(a.base_port + 40)]),
+                                    ["--role", "prefill", "--kv-port", str(a.base_port + 40)] +
+                                    pp),
                           self.gang("decode", "1", a.base_port + 10, ["--role", "decode"])]
         reps = ",".join("127.0.0.1:%d" % p for p in self.ports)
         self.spawn("router", "0,1", [a.bin, "router", "--replicas", reps, "--http-port",
@@ -238,6 +243,9 @@ def main():
     ap.add_argument("--faults", action="store_true")
     ap.add_argument("--prefill-timeout-ms", type=int, default=600000,
                     help="the router's: above the prefill pool's queueing at this load")
+    ap.add_argument("--prefill-pp", type=int, default=1,
+                    help="disaggregated: the prefill gang's PP, one node per stage (the "
+                    "decode gang stays PP 1: the KV moves between different layer splits)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     a = ap.parse_args()

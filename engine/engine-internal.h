@@ -82,8 +82,9 @@ typedef struct gang__plan {
 #define GANG__KV_COMMIT 3u
 #define GANG__KV_JOBS 4u /* imports in flight at once */
 /* Bytes the transfer adds to a plan's body at most: u8 poll, u8 kind, u8 job, u64 id, u32
- * n, the ids, u16 port, u8 length + host. */
-#define GANG__PLAN_KV_MAX_BYTES(max_bps) (3u + 8u + 4u + 4u * (max_bps) + 2u + GANG_KV_HOST_MAX)
+ * n, the ids, u16 port, u8 length + host, the source's layout (gang_kv_layout_codec). */
+#define GANG__PLAN_KV_MAX_BYTES(max_bps)                                                           \
+    (3u + 8u + 4u + 4u * (max_bps) + 2u + GANG_KV_HOST_MAX + 11u + 4u * GANG_KV_NODES_MAX)
 
 /*
  * One background fetch of a P/D import (engine-xfer.c). Every rank: a thread of its own
@@ -100,7 +101,13 @@ typedef struct gang__kv_job {
     int done, rc; /* under mu: the fetch ended, with 0 or an error */
     gang_kv_hooks hooks;
     gang_kv_xfer src;
-    uint8_t *buf; /* [bytes] this rank's part */
+    gang_kv_part *parts; /* [n_parts] what to fetch from which source rank (gang_kv_parts) */
+    uint32_t n_parts;
+    uint32_t layer_first; /* this rank's first layer */
+    size_t layer_bytes;   /* one layer's K and V rows of one block */
+    uint8_t *buf;         /* [bytes] this rank's part */
+    gang_kernels *dk;     /* the device path: buf is device memory of dk (else NULL) */
+    int on_dev;           /* this job ran on the device path (kept after the join) */
     size_t bytes;
     uint32_t n;              /* blocks */
     uint64_t until;          /* the fetch's deadline (gang_now_ms) */
@@ -133,6 +140,8 @@ typedef struct gang__request {
     uint32_t kv_state;          /* P/D import: 0 not tried, 1 fetching (not scheduled), 2 done */
     uint32_t kv_got;            /* blocks its import brought (0: none or failed) */
     uint32_t kv_ms;             /* milliseconds its import took */
+    uint32_t kv_mismatch;       /* its import's source layout cannot feed this gang */
+    uint32_t kv_device;         /* its import came over the device path */
     struct gang__request *next; /* arrival order */
 } gang__request;
 
@@ -275,7 +284,7 @@ struct gang_engine {
     uint64_t kvx_next;               /* rank 0: the next export id (random start, never 0) */
     gang__kv_job kvj[GANG__KV_JOBS]; /* the background fetches (mu and cv: kvj_init) */
     int kvj_init;
-    uint64_t kv_exports, kv_imports, kv_import_failures, kv_bytes;
+    uint64_t kv_exports, kv_imports, kv_import_failures, kv_import_mismatches, kv_bytes;
 
     /* Rank 0 only. */
     gang__request *queue_head, *queue_tail; /* every live request, in arrival order */

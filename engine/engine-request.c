@@ -59,6 +59,41 @@ static void req_token(gang_codec *c, gang_req_msg *m)
         gang_codec_f32_array(c, m->top_lp, m->n_top);
 }
 
+int gang_kv_layout_valid(const gang_kv_layout *l)
+{
+    if (l == NULL)
+        return 0;
+    if (l->layers == 0)
+        return 1;
+    if (l->layers > 65535 || l->pp == 0 || l->pp > l->layers || l->tp == 0 ||
+        l->tp > GANG_KV_RANKS_MAX || l->pp > GANG_KV_RANKS_MAX / l->tp ||
+        l->n_nodes > GANG_KV_NODES_MAX)
+        return 0;
+    return l->n_nodes == 0 || (l->ranks_per_node != 0 && l->ranks_per_node <= GANG_KV_RANKS_MAX &&
+                               l->n_nodes * l->ranks_per_node == l->pp * l->tp);
+}
+
+void gang_kv_layout_codec(gang_codec *c, gang_kv_layout *l)
+{
+    if (!c->decoding && !gang_kv_layout_valid(l)) {
+        gang_codec_fail(c, GANG_EINVAL);
+        return;
+    }
+    if (c->decoding)
+        memset(l, 0, sizeof(*l));
+    gang_codec_uint(c, &l->layers, 4, 65535);
+    if (!gang_codec_ok(c) || l->layers == 0)
+        return;
+    gang_codec_uint(c, &l->pp, 2, GANG_KV_RANKS_MAX);
+    gang_codec_uint(c, &l->tp, 2, GANG_KV_RANKS_MAX);
+    gang_codec_uint(c, &l->n_nodes, 1, GANG_KV_NODES_MAX);
+    gang_codec_uint(c, &l->ranks_per_node, 2, GANG_KV_RANKS_MAX);
+    for (uint32_t i = 0; gang_codec_ok(c) && i < l->n_nodes; i++)
+        gang_codec_u32(c, &l->node_addr[i]);
+    if (gang_codec_ok(c) && !gang_kv_layout_valid(l))
+        gang_codec_fail(c, GANG_EPROTO);
+}
+
 /* A SUBMIT's P/D transfer (gang_kv_xfer); a block count is bounded by a context. */
 static void req_kv(gang_codec *c, gang_kv_xfer *kv)
 {
@@ -67,6 +102,7 @@ static void req_kv(gang_codec *c, gang_kv_xfer *kv)
     gang_codec_uint(c, &kv->port, 2, 65535);
     gang_codec_str(c, kv->host, sizeof(kv->host), 1);
     gang_codec_uint(c, &kv->do_export, 1, 1);
+    gang_kv_layout_codec(c, &kv->src);
 }
 
 void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
@@ -104,6 +140,9 @@ void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m)
         gang_codec_u64(c, &m->kv_id);
         gang_codec_u32(c, &m->kv_blocks);
         gang_codec_u32(c, &m->kv_ms);
+        gang_codec_uint(c, &m->kv_mismatch, 1, 1);
+        gang_codec_uint(c, &m->kv_device, 1, 1);
+        gang_kv_layout_codec(c, &m->kv_layout);
         break;
     default: /* CANCEL: the id is all */
         break;

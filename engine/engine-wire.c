@@ -20,7 +20,7 @@
  *          it receives.
  *          then the step's P/D transfer (gang__plan_kv_fields): u8 poll, u8 kind, and
  *          unless it is none u8 job, u64 id, u32 n, n block ids, u16 port, u8 length +
- *          host.
+ *          host, the source gang's layout (gang_kv_layout_codec).
  * The header has a fixed size, so every rank can validate the body's size against its
  * own bounds before receiving it.
  */
@@ -104,6 +104,7 @@ void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p)
     gang_codec_i32_list(c, &p->kv_n, 4, p->kv_blocks, e->max_bps);
     gang_codec_uint(c, &p->kv.port, 2, 65535);
     gang_codec_str(c, p->kv.host, sizeof(p->kv.host), 1);
+    gang_kv_layout_codec(c, &p->kv.src);
 }
 
 int gang__plan_write(const gang_engine *e, const gang__plan *p, int32_t *tables, int32_t *buf,

@@ -209,6 +209,9 @@ int gang_fwd_relay_done(gang_fwd_relay *r, const gang_req_msg *done)
     m->kv_id = done->kv_id;
     m->kv_blocks = done->kv_blocks;
     m->kv_ms = done->kv_ms;
+    m->kv_mismatch = done->kv_mismatch;
+    m->kv_device = done->kv_device;
+    m->kv_layout = done->kv_layout;
     relay_send(r, node, done->generation, m, 0);
     return 1;
 }

@@ -104,6 +104,7 @@ int gang_layout_from_params(const gang_params *p, gang_layout *l, char *err, siz
     }
     gang_strlcpy(l->dtype, p->dtype, sizeof(l->dtype));
     gang_strlcpy(l->quantize, p->quantize, sizeof(l->quantize));
+    l->no_mmap = p->no_mmap;
     l->kv_auto = strcmp(p->kv_cache_dtype, "auto") == 0;
     if (l->kv_auto || strcmp(p->kv_cache_dtype, "f32") == 0) {
         l->kv_dtype = GANG_DTYPE_F32; /* auto: until the weights' storage is known */
@@ -466,6 +467,8 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */
     out->kv_port = (uint32_t)p->kv_port;
     gang_strlcpy(out->kv_bind, p->bind_address, sizeof(out->kv_bind));
+    gang_strlcpy(out->kv_advertise, p->advertise_address[0] ? p->advertise_address : "127.0.0.1",
+                 sizeof(out->kv_advertise));
     out->kv_timeout_ms = (uint64_t)p->kv_transfer_timeout_ms;
     out->kv_store_bytes = (uint64_t)p->kv_export_mb << 20;
     out->kv_hold_ms = (uint64_t)p->kv_export_hold_ms;

@@ -41,6 +41,7 @@ typedef struct gang_layout {
     char dtype[8];                  /* --dtype: auto, f32, bf16, f16 */
     char quantize[8];               /* --quantize: none, int8 */
     uint32_t ep;                    /* --ep: a MoE model's experts over the TP group (1 or tp) */
+    int no_mmap;                    /* --no-mmap: a GGUF file's blocks read, not mapped */
     /* Filled by gang_layout_read_model: */
     gang_model_config mc;              /* config.json */
     uint32_t ctx;                      /* positions per sequence; 0 without a model */

@@ -199,8 +199,10 @@ static int wres_load(gang__wres *r)
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
-    gang_load_options lo = {
-        .dtype = c->layout.dtype, .quantize = c->layout.quantize, .ep = c->layout.ep};
+    gang_load_options lo = {.dtype = c->layout.dtype,
+                            .quantize = c->layout.quantize,
+                            .ep = c->layout.ep,
+                            .no_mmap = c->layout.no_mmap};
     /* --dtype auto keeps a GGUF file's blocks, which only the CPU kernels compute with:
      * on a device the file is dequantized to f32, as before issue #27, and said so. */
     if (strcmp(dev, "cpu") != 0 && strcmp(lo.dtype, "auto") == 0 && gang_model_is_gguf(model)) {
@@ -317,6 +319,7 @@ void gang__wres_close(gang__wres *r)
         return;
     if (r->loader_started)
         pthread_join(r->loader, NULL); /* loading is not interruptible; exit waits for it */
+    gang__wkv_abort(r->kv);            /* its pairs in flight end now, not at their deadline */
     gang_engine_free(r->engine);       /* joins its KV fetches, which use r->kv */
     gang__wkv_stop(r->kv);
     gang_model_device_release(r->model); /* device arrays go back to r->k's pool first */
@@ -717,6 +720,9 @@ static int wstep_serve(gang__wstep *s, gang__wres *res)
             ev.kv_id = ge.kv_id;
             ev.kv_blocks = ge.kv_blocks;
             ev.kv_ms = ge.kv_ms;
+            ev.kv_mismatch = ge.kv_mismatch;
+            ev.kv_device = ge.kv_device;
+            ev.kv_layout = ge.kv_layout;
             wstep_event(s, &ev);
         }
         wstep_kv(s, e);

@@ -834,6 +834,9 @@ static void worker_on_events(worker *w)
             r.kv_id = ev.kv_id;
             r.kv_blocks = ev.kv_blocks;
             r.kv_ms = ev.kv_ms;
+            r.kv_mismatch = ev.kv_mismatch != 0;
+            r.kv_device = ev.kv_device != 0;
+            r.kv_layout = gang_kv_layout_valid(&ev.kv_layout) ? ev.kv_layout : (gang_kv_layout){0};
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             gang_strlcpy(r.reason, ev.reason, sizeof(r.reason));
             worker_reply_req(w, &r);

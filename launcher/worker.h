@@ -49,13 +49,15 @@ typedef struct gang__wres_config {
     char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
                                 the GPU of the local rank's index */
     /* P/D KV transfers (worker-kv.c) */
-    uint32_t role;               /* --role: GANG_ROLE_* (serve.h) */
-    uint32_t kv_port;            /* --kv-port: a prefill gang's rank r serves on + r; 0 none */
-    char kv_bind[GANG_HOST_MAX]; /* --bind-address */
-    uint64_t kv_timeout_ms;      /* --kv-transfer-timeout-ms */
-    uint64_t kv_store_bytes;     /* --kv-export-mb */
-    uint64_t kv_hold_ms;         /* --kv-export-hold-ms */
-    gang_token kv_token;         /* --token-file (present 0: unauthenticated, warned) */
+    uint32_t role;                    /* --role: GANG_ROLE_* (serve.h) */
+    uint32_t kv_port;                 /* --kv-port: a prefill gang's rank r serves on + r; 0 none */
+    char kv_bind[GANG_HOST_MAX];      /* --bind-address */
+    char kv_advertise[GANG_HOST_MAX]; /* --advertise-address (the agent's pick), else
+                                         127.0.0.1: where decode gangs reach this node */
+    uint64_t kv_timeout_ms;           /* --kv-transfer-timeout-ms */
+    uint64_t kv_store_bytes;          /* --kv-export-mb */
+    uint64_t kv_hold_ms;              /* --kv-export-hold-ms */
+    gang_token kv_token;              /* --token-file (present 0: unauthenticated, warned) */
 } gang__wres_config;
 
 /*
@@ -155,6 +157,9 @@ typedef struct gang__wevent {
     uint64_t kv_id;               /* DONE: P/D, the export of its prompt's blocks (0 none) */
     uint32_t kv_blocks;           /* DONE: blocks exported, or imported when kv_id is 0 */
     uint32_t kv_ms;               /* DONE: its import's milliseconds */
+    uint32_t kv_mismatch;         /* DONE: its import's source layout did not fit */
+    uint32_t kv_device;           /* DONE: its import moved device to device */
+    gang_kv_layout kv_layout;     /* DONE with kv_id: the gang's layout and nodes' addresses */
     float logprob;                /* TOKEN, when asked */
     uint32_t n_top;               /* TOKEN: alternatives */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];

@@ -116,6 +116,9 @@ typedef struct gang__gguf {
     size_t n_tensors;
     uint64_t alignment;
     uint64_t data_start;
+    /* The whole file mapped read-only (gang__gguf_map), or NULL (pread); not owned: the
+     * model whose arrays point into it unmaps it. */
+    uint8_t *map;
 } gang__gguf;
 
 /* A string as pointer + length (not NUL-terminated). */
@@ -251,5 +254,23 @@ int gang__gguf_band_blocks(const gang__gguf *g, const struct gang_model_config *
                            const char *hf_name, uint64_t rows, uint64_t cols, uint64_t row_first,
                            uint64_t row_count, uint64_t col_first, uint64_t col_count, void **out,
                            gang_kernels_wtype *type, char *why, size_t whylen, size_t *bytes);
+
+/*
+ * Maps g's whole file read-only and private (mmap PROT_READ, MAP_PRIVATE) into *base, of
+ * g->file_size bytes, for the caller to own (munmap) and to set as g->map, after which
+ * gang__gguf_band_blocks hands out whole-row bands as pointers into it. Returns 0;
+ * GANG_EINVAL (no open file, or a size mmap cannot take) or GANG_EIO (mmap failed), with
+ * a message naming the file. The file was validated by gang__gguf_open (every tensor
+ * inside it); a file cut short later, while mapped, faults (SIGBUS) on a read of the
+ * lost pages, as any mapped file does.
+ */
+int gang__gguf_map(const gang__gguf *g, void **base, char *err, size_t errlen);
+
+/*
+ * madvise(advice) of the bytes [off, off + n) of the mapping map, best effort:
+ * MADV_WILLNEED on the pages that hold any of them, MADV_DONTNEED only on the pages
+ * wholly inside them (a page shared with a neighbouring tensor stays).
+ */
+void gang__gguf_map_advise(const void *map, uint64_t off, size_t n, int advice);
 
 #endif /* GANGLION_MODEL_GGUF_H */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ganglion/model.h"
 #include "gguf.h"
@@ -197,17 +198,25 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
     return ld_band(ctx, name, rows, cols, row_first, row_count, col_first, col_count, out);
 }
 
-/* *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
- * interleaved copy where they have one (gang_kernels_block_repack): the file's blocks are
- * released here. */
-static void ld_repack(void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
+/*
+ * *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
+ * interleaved copy where they have one (gang_kernels_block_repack). The file's blocks are
+ * released here: an array of their own freed; a band that points into L's mapping has its
+ * pages dropped (MADV_DONTNEED; ld_map_trim unmaps the file once nothing points into it).
+ */
+static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
 {
     void *rp = gang_kernels_block_repack(t, *w, n, kdim);
+    const uint8_t *b = L->gg.map, *p = *w;
 
-    if (rp != NULL) {
+    if (rp == NULL)
+        return;
+    if (b != NULL && p >= b && (uint64_t)(p - b) < L->gg.file_size)
+        gang__gguf_map_advise(b, (uint64_t)(p - b), gang_kernels_weight_bytes(t, n, kdim),
+                              MADV_DONTNEED);
+    else
         free(*w);
-        *w = rp;
-    }
+    *w = rp;
 }
 
 /*
@@ -231,7 +240,7 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
         }
         l->mixed = 1;
         if (*out != NULL) {
-            ld_repack(out, l->mtype[j], rn, cn);
+            ld_repack(L, out, l->mtype[j], rn, cn);
             return 0;
         }
         l->mtype[j] = GANG_KW_F32;
@@ -239,6 +248,28 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
             gang_warn("%s: %s: this tensor is dequantized to f32", L->gg.path, why);
     }
     return ld_band(L, name, rows, cols, rf, rn, cf, cn, (float **)out);
+}
+
+int gang__model_in_map(const gang_model *m, const void *p)
+{
+    const char *b = m->wmap, *q = p;
+
+    return b != NULL && q != NULL && q >= b && (size_t)(q - b) < m->wmap_len;
+}
+
+/* Forgets l's matrices that point into m's mapping, before gang_tp_layer_free; returns
+ * how many there were. */
+static int ld_unhook(const gang_model *m, gang_tp_layer *l)
+{
+    void **const mats[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+    int n = 0;
+
+    for (int j = 0; j < 7; j++)
+        if (gang__model_in_map(m, *mats[j])) {
+            *mats[j] = NULL;
+            n++;
+        }
+    return n;
 }
 
 /* Loads this rank's shard of decoder layer li into *l (zeroed and owning nothing on error). */
@@ -324,8 +355,10 @@ static int ld_layer(loader *L, const gang_model *m, uint32_t li, gang_tp_layer *
                        s->ffn_count, &l->w_down);
 #undef LD_NAME
 out_done:
-    if (rc != 0)
+    if (rc != 0) {
+        ld_unhook(m, l);
         gang_tp_layer_free(l);
+    }
     return rc;
 }
 
@@ -390,7 +423,7 @@ static int ld_ends(loader *L, gang_model *m)
             /* Repacked only when the head is the whole table (its matmul then sees the
              * table's own sizes); the embedding lookup reads the repacked rows too. */
             if (m->blocks && m->shard.vocab_first == 0 && m->shard.vocab_count == vocab)
-                ld_repack(&m->embed, m->wtype, vocab, hidden);
+                ld_repack(L, &m->embed, m->wtype, vocab, hidden);
             m->lm_head = gang__model_tied_head(m);
             return 0;
         }
@@ -398,7 +431,7 @@ static int ld_ends(loader *L, gang_model *m)
             rc = ld_end_blocks(L, head, vocab, m->shard.vocab_first, m->shard.vocab_count,
                                &m->lm_head, &m->head_type);
         if (rc == 0 && m->lm_head != NULL)
-            ld_repack(&m->lm_head, m->head_type, m->shard.vocab_count, hidden);
+            ld_repack(L, &m->lm_head, m->head_type, m->shard.vocab_count, hidden);
         if (rc == 0 && m->lm_head == NULL)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
         if (arr != NULL)
@@ -470,6 +503,49 @@ static int ld_pack_layer(loader *L, gang_kernels_wtype t, gang_tp_layer *l)
     return 0;
 }
 
+/*
+ * Maps L's GGUF file for m (m->wmap owns it from here, so that every error path's
+ * gang_model_free unmaps it) and lets the band reads point into it. A file that cannot be
+ * mapped is read as with --no-mmap, with a warning that says why.
+ */
+static void ld_map(loader *L, gang_model *m)
+{
+    char why[256];
+
+    if (gang__gguf_map(&L->gg, &m->wmap, why, sizeof(why)) != 0) {
+        gang_warn("%s; its blocks are read instead (as --no-mmap does)", why);
+        return;
+    }
+    m->wmap_len = (size_t)L->gg.file_size;
+    L->gg.map = (uint8_t *)m->wmap;
+}
+
+/* The mapping goes when nothing of the shard points into it (every matrix a copy). */
+static void ld_map_trim(gang_model *m)
+{
+    int used =
+        gang__model_in_map(m, m->embed) || (!m->lm_head_tied && gang__model_in_map(m, m->lm_head));
+
+    for (uint32_t i = 0; !used && m->layers != NULL && i < m->layer_count; i++) {
+        gang_tp_layer l = m->layers[i]; /* a copy: only counted */
+        used = ld_unhook(m, &l) > 0;
+    }
+    if (m->wmap != NULL && !used) {
+        munmap(m->wmap, m->wmap_len);
+        m->wmap = NULL;
+        m->wmap_len = 0;
+    }
+}
+
+void gang_model_release_mapped(const gang_model *m, const void *p, size_t n)
+{
+    if (m == NULL || !gang__model_in_map(m, p) ||
+        n > m->wmap_len - (size_t)((const char *)p - (const char *)m->wmap))
+        return;
+    gang__gguf_map_advise(m->wmap, (uint64_t)((const char *)p - (const char *)m->wmap), n,
+                          MADV_DONTNEED);
+}
+
 int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                        const gang_load_options *o, gang_model **out, char *err, size_t errlen)
 {
@@ -519,6 +595,8 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
         goto out_free;
+    if (L.blocks && !o->no_mmap)
+        ld_map(&L, m);
     if (L.is_gguf && m->cfg.rope_freq_factors && m->layer_count > 0) {
         rc = ld_rope_factors(&L, m);
         if (rc != 0)
@@ -544,6 +622,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
         rc = rc == GANG_EINVAL ? GANG_EMODEL : rc;
         goto out_close;
     }
+    ld_map_trim(m);
     gang__model_storage_desc(m, m->storage, sizeof(m->storage));
     free(L.rope_factors);
     gang__st_set_close(&L.set);
@@ -694,13 +773,18 @@ void gang_model_free(gang_model *m)
         return;
     gang_model_device_release(m); /* device arrays back to their pool (no-op on the host) */
     if (m->layers != NULL) {
-        for (i = 0; i < m->layer_count; i++)
+        for (i = 0; i < m->layer_count; i++) {
+            ld_unhook(m, &m->layers[i]);
             gang_tp_layer_free(&m->layers[i]);
+        }
         free(m->layers);
     }
-    free(m->embed);
+    if (!gang__model_in_map(m, m->embed))
+        free(m->embed);
     free(m->final_norm);
-    if (!m->lm_head_tied)
+    if (!m->lm_head_tied && !gang__model_in_map(m, m->lm_head))
         free(m->lm_head);
+    if (m->wmap != NULL)
+        munmap(m->wmap, m->wmap_len); /* after every array that pointed into it went */
     free(m);
 }

@@ -48,4 +48,7 @@ int gang__load_moe(const gang_model *m, uint32_t li, uint32_t ep, gang__band_fn 
  */
 void gang__model_storage_desc(const gang_model *m, char *buf, size_t cap);
 
+/* Whether p points into m's mapping of its GGUF file (m->wmap): an array not to free. */
+int gang__model_in_map(const gang_model *m, const void *p);
+
 #endif /* GANGLION_MODEL_INTERNAL_H */

@@ -382,10 +382,36 @@ static const http_parser_settings settings = {
 };
 
 /*
+ * The hand-over of a prefill answer's "kv_transfer" kv with host: its known fields only
+ * (id, port, blocks, and the prefill gang's layout: layers, pp, tp, ranks_per_node,
+ * hosts), a "hosts" list only as long as GANG_KV_NODES_MAX; the decode gang's API checks
+ * their values. NULL without memory.
+ */
+static cJSON *kv_handover(const cJSON *kv, const char *host)
+{
+    static const char *const keep[] = {"id", "port", "blocks",        "layers",
+                                       "pp", "tp",   "ranks_per_node"};
+    cJSON *k = cJSON_CreateObject();
+    for (size_t i = 0; k != NULL && i < sizeof(keep) / sizeof(keep[0]); i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(kv, keep[i]);
+        if (v != NULL)
+            cJSON_AddItemToObject(k, keep[i], cJSON_Duplicate(v, 1));
+    }
+    const cJSON *hosts = cJSON_GetObjectItemCaseSensitive(kv, "hosts");
+    if (k != NULL && cJSON_IsArray(hosts) && cJSON_GetArraySize(hosts) <= (int)GANG_KV_NODES_MAX)
+        cJSON_AddItemToObject(k, "hosts", cJSON_Duplicate(hosts, 1));
+    if (k != NULL)
+        cJSON_AddStringToObject(k, "host", host);
+    return k;
+}
+
+/*
  * P/D: the prefill replica's answer names the export of the prompt's KV blocks
- * ("kv_transfer": id, port, blocks); the call's body for its decode phase gets it, with
- * the prefill replica's address, so that the decode gang fetches the blocks instead of
- * prefilling them. An answer without one (exports off, or none made) changes nothing.
+ * ("kv_transfer": id, port, blocks, and the prefill gang's layout: layers, pp, tp, and
+ * for a gang of several nodes each node's address); the call's body for its decode phase
+ * gets it (kv_handover), with the prefill replica's address, so that the decode gang
+ * fetches the blocks instead of prefilling them. An answer without one (exports off, or
+ * none made) changes nothing.
  */
 static void hand_over_kv(router_fwd *f, const upstream *up)
 {
@@ -396,12 +422,11 @@ static void hand_over_kv(router_fwd *f, const upstream *up)
     const router_replica *rep = f->replica >= 0 ? &r->reps[f->replica] : NULL;
     char *s = NULL;
     if (cJSON_IsObject(b) && rep != NULL && rep->addr[0] != '\0') {
-        cJSON *k = cJSON_Duplicate(kv, 1);
-        cJSON_DeleteItemFromObjectCaseSensitive(k, "host");
-        cJSON_AddStringToObject(k, "host", rep->addr);
+        cJSON *k = kv_handover(kv, rep->addr);
         cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer");
-        cJSON_AddItemToObject(b, "kv_transfer", k);
-        s = cJSON_PrintUnformatted(b);
+        if (k != NULL)
+            cJSON_AddItemToObject(b, "kv_transfer", k);
+        s = k != NULL ? cJSON_PrintUnformatted(b) : NULL;
     }
     if (s != NULL) {
         char *nb = strdup(s);

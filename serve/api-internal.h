@@ -108,10 +108,11 @@ typedef struct api_seq {
     uint64_t sent_gen; /* generation it was submitted in, 0 = owed */
     uint32_t parts;    /* prompt ids delivered to rank 0 in sent_gen (pieces) */
     uint32_t submissions;
-    uint32_t n_cached;  /* prompt tokens the prefix cache gave (the gang's DONE) */
-    uint64_t kv_id;     /* P/D: the export of its prompt's blocks (the gang's DONE), 0 none */
-    uint32_t kv_blocks; /* exported blocks (kv_id != 0) or imported ones */
-    int cached_known;   /* n_cached holds the gang's report */
+    uint32_t n_cached;        /* prompt tokens the prefix cache gave (the gang's DONE) */
+    uint64_t kv_id;           /* P/D: the export of its prompt's blocks (the gang's DONE), 0 none */
+    uint32_t kv_blocks;       /* exported blocks (kv_id != 0) or imported ones */
+    gang_kv_layout kv_layout; /* the exporting gang's layout (kv_id != 0) */
+    int cached_known;         /* n_cached holds the gang's report */
     uint64_t sent_ms, first_ms, last_ms;
     int done;      /* finished here (the gang's DONE, or a stop string) */
     int gang_done; /* the gang reported DONE: nothing to cancel there */
@@ -165,7 +166,9 @@ struct gang_api {
     gang_histogram h_relay;          /* a member: rank 0's token report -> this client */
     /* P/D (issue #26): exports (prefill gang), imports and fallbacks (decode gang). */
     uint64_t kv_exports, kv_exported_blocks, kv_imports, kv_imported_blocks, kv_import_fallbacks;
-    gang_histogram h_kv; /* seconds of each import */
+    uint64_t kv_import_mismatches; /* of the fallbacks: the source's layout did not fit */
+    uint64_t kv_imports_device;    /* of the imports: rows moved device to device (a pair) */
+    gang_histogram h_kv;           /* seconds of each import */
 };
 
 /* ---- api.c ---- */

@@ -7,6 +7,7 @@
  * string is held back until it cannot), ending with an optional usage chunk and
  * "data: [DONE]".
  */
+#include <arpa/inet.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -395,11 +396,13 @@ static void add_usage(cJSON *o, const api_call *c)
 
 /* P/D, a prefill gang's answer: the export of the first sequence's KV blocks, which a
  * router hands to the decode gang as the call's "kv_transfer" (with this gang's
- * address). */
+ * address): its id, port and blocks, and the gang's layout (layers, pp, tp; with several
+ * nodes "ranks_per_node" and "hosts", each node's address) when rank 0 named it. */
 static void add_kv_transfer(const gang_api *api, cJSON *o, const api_call *c)
 {
     const api_seq *s = c->seqs[0];
-    char id[17];
+    const gang_kv_layout *l = &s->kv_layout;
+    char id[17], host[INET_ADDRSTRLEN];
     if (s->kv_id == 0)
         return;
     snprintf(id, sizeof id, "%016llx", (unsigned long long)s->kv_id);
@@ -407,6 +410,20 @@ static void add_kv_transfer(const gang_api *api, cJSON *o, const api_call *c)
     cJSON_AddStringToObject(kv, "id", id);
     cJSON_AddNumberToObject(kv, "port", api->cfg.kv_port);
     cJSON_AddNumberToObject(kv, "blocks", s->kv_blocks);
+    if (l->layers == 0 || !gang_kv_layout_valid(l))
+        return;
+    cJSON_AddNumberToObject(kv, "layers", l->layers);
+    cJSON_AddNumberToObject(kv, "pp", l->pp);
+    cJSON_AddNumberToObject(kv, "tp", l->tp);
+    if (l->n_nodes == 0)
+        return;
+    cJSON_AddNumberToObject(kv, "ranks_per_node", l->ranks_per_node);
+    cJSON *hosts = cJSON_AddArrayToObject(kv, "hosts");
+    for (uint32_t i = 0; i < l->n_nodes; i++) {
+        struct in_addr a = {.s_addr = l->node_addr[i]};
+        if (inet_ntop(AF_INET, &a, host, sizeof host) != NULL)
+            cJSON_AddItemToArray(hosts, cJSON_CreateString(host));
+    }
 }
 
 /* Timings of the first sequence (ganglion's extension of the completions answer). */

@@ -4,6 +4,7 @@
  * bound is checked here, before anything is queued; a bad field is a 400 whose message
  * names it.
  */
+#include <arpa/inet.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,10 +272,59 @@ static int refuse_unsupported(const cJSON *o, char *err, size_t cap)
 }
 
 /*
+ * kv_transfer's optional layout of the prefill gang: "layers", "pp", "tp" (all or none),
+ * and with several nodes "ranks_per_node" and "hosts" (each node's IPv4 address, at most
+ * GANG_KV_NODES_MAX, as many as its ranks need). Bounded and consistent
+ * (gang_kv_layout_valid); whether it fits this gang's model is rank 0's to say. 0, or -1
+ * with the reason in err.
+ */
+static int parse_kv_layout(const cJSON *kv, gang_kv_layout *l, char *err, size_t cap)
+{
+    double layers = 0, pp = 0, tp = 0, rpn = 0;
+    const cJSON *hosts = cJSON_GetObjectItemCaseSensitive(kv, "hosts");
+    int got = get_num(kv, "layers", 1, 65535, &layers, err, cap);
+    memset(l, 0, sizeof(*l));
+    if (got < 0 || get_num(kv, "pp", 1, GANG_KV_RANKS_MAX, &pp, err, cap) < 0 ||
+        get_num(kv, "tp", 1, GANG_KV_RANKS_MAX, &tp, err, cap) < 0 ||
+        get_num(kv, "ranks_per_node", 1, GANG_KV_RANKS_MAX, &rpn, err, cap) < 0)
+        return -1;
+    if (got == 0 && pp == 0 && tp == 0 && rpn == 0 && hosts == NULL)
+        return 0; /* no layout: the prefill gang's is the decode gang's */
+    l->layers = (uint32_t)layers;
+    l->pp = (uint32_t)pp;
+    l->tp = (uint32_t)tp;
+    l->ranks_per_node = (uint32_t)rpn;
+    if (hosts != NULL && !cJSON_IsNull(hosts)) {
+        if (!cJSON_IsArray(hosts) || cJSON_GetArraySize(hosts) > (int)GANG_KV_NODES_MAX)
+            goto out_bad;
+        const cJSON *h;
+        cJSON_ArrayForEach(h, hosts)
+        {
+            struct in_addr a;
+            if (!cJSON_IsString(h) || inet_pton(AF_INET, h->valuestring, &a) != 1)
+                goto out_bad;
+            l->node_addr[l->n_nodes++] = a.s_addr;
+        }
+    }
+    if (l->layers != layers || l->pp != pp || l->tp != tp || l->ranks_per_node != rpn ||
+        l->layers == 0 || !gang_kv_layout_valid(l) || (l->n_nodes == 0) != (rpn == 0))
+        goto out_bad;
+    return 0;
+out_bad:
+    snprintf(err, cap,
+             "kv_transfer: \"layers\", \"pp\", \"tp\": whole numbers with 1 <= pp <= layers "
+             "and pp x tp <= %u; \"hosts\": at most %u IPv4 addresses, one per node of "
+             "\"ranks_per_node\" ranks (set by a router)",
+             GANG_KV_RANKS_MAX, GANG_KV_NODES_MAX);
+    return -1;
+}
+
+/*
  * "kv_transfer" (P/D, set by a router, issue #26): {"id": 16 hex digits, "host": an IPv4
- * address, "port": the prefill gang's --kv-port, "blocks": its full prompt blocks}. The
- * decode gang fetches those blocks before prefilling the rest (a fetch that fails only
- * costs the prefill). 0, or -1 with the reason in err.
+ * address, "port": the prefill gang's --kv-port, "blocks": its full prompt blocks, and
+ * the prefill gang's layout (parse_kv_layout)}. The decode gang fetches those blocks
+ * before prefilling the rest (a fetch that fails only costs the prefill). 0, or -1 with
+ * the reason in err.
  */
 static int parse_kv_transfer(const cJSON *o, api_params *p, char *err, size_t cap)
 {
@@ -302,7 +352,7 @@ static int parse_kv_transfer(const cJSON *o, api_params *p, char *err, size_t ca
     p->kv.port = (uint32_t)port;
     p->kv.blocks = (uint32_t)blocks;
     gang_strlcpy(p->kv.host, host->valuestring, sizeof(p->kv.host));
-    return 0;
+    return parse_kv_layout(kv, &p->kv.src, err, cap);
 }
 
 int gang__api_parse_params(gang_api *api, const cJSON *o, api_kind kind, api_params *p, char *err,

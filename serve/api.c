@@ -738,15 +738,18 @@ static void api_kv_done(gang_api *api, api_seq *s, const gang_req_msg *done)
 {
     s->kv_id = done->kv_id;
     s->kv_blocks = done->kv_blocks;
+    s->kv_layout = done->kv_layout;
     if (done->kv_id != 0) {
         api->kv_exports++;
         api->kv_exported_blocks += done->kv_blocks;
     } else if (s->call->p.kv.id != 0 && done->kv_blocks > 0) {
         api->kv_imports++;
         api->kv_imported_blocks += done->kv_blocks;
+        api->kv_imports_device += done->kv_device != 0;
         gang_histogram_observe(&api->h_kv, (double)done->kv_ms / 1000.0);
     } else if (s->call->p.kv.id != 0) {
         api->kv_import_fallbacks++;
+        api->kv_import_mismatches += done->kv_mismatch != 0;
     }
 }
 
@@ -892,9 +895,17 @@ void gang_api_metrics(gang_api *api, gang_metrics_buf *b)
          api->kv_imports},
         {"ganglion_kv_imported_blocks_total", "P/D: KV blocks fetched for those prompts", 0,
          api->kv_imported_blocks},
+        {"ganglion_kv_imports_device_total",
+         "P/D: of those prompts, the ones whose blocks moved GPU to GPU over an NCCL pair (the "
+         "rest over TCP)",
+         0, api->kv_imports_device},
         {"ganglion_kv_import_fallbacks_total",
          "P/D: prompts that named a transfer but prefilled instead (the fetch failed)", 0,
          api->kv_import_fallbacks},
+        {"ganglion_kv_import_layout_mismatches_total",
+         "P/D: of those, prompts whose prefill gang's layout cannot feed this gang (another "
+         "model's layer count or another TP): never fetched",
+         0, api->kv_import_mismatches},
     };
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
         gang_metrics_family(b, cs[i].name, cs[i].gauge ? GANG_METRIC_GAUGE : GANG_METRIC_COUNTER,

@@ -98,7 +98,29 @@ void gang_sampling_codec(gang_codec *c, gang_sampling *sp);
  * request, which then starts with those blocks in its cache (and in the prefix cache);
  * on any failure it prefills them itself. No step waits for a fetch.
  */
-#define GANG_KV_HOST_MAX 64u /* the address of a transfer's source, NUL included */
+#define GANG_KV_HOST_MAX 64u    /* the address of a transfer's source, NUL included */
+#define GANG_KV_NODES_MAX 32u   /* nodes of a source gang whose addresses a transfer lists */
+#define GANG_KV_RANKS_MAX 4096u /* ranks (pp x tp) of a source gang's layout */
+
+/*
+ * The layout of the gang that exported a transfer (issue #26: the pools may differ in
+ * PP): its model's layer count, PP and TP (rank stage * tp + t holds TP shard t of stage
+ * `stage`'s layers, gang_topology_stage_layers' rule), and where its ranks serve: node n
+ * holds ranks [n * ranks_per_node, (n + 1) * ranks_per_node) at IPv4 address
+ * node_addr[n] (network byte order). layers 0: unknown, the importer assumes its own
+ * layout (rank r fetches from rank r). n_nodes 0 (or an address 0): every rank at the
+ * transfer's host.
+ */
+typedef struct gang_kv_layout {
+    uint32_t layers, pp, tp;
+    uint32_t n_nodes, ranks_per_node;
+    uint32_t node_addr[GANG_KV_NODES_MAX];
+} gang_kv_layout;
+
+/* Whether l is a layout a transfer may carry (layers 0, or 1 <= pp <= layers, tp >= 1,
+ * pp x tp <= GANG_KV_RANKS_MAX, and n_nodes <= GANG_KV_NODES_MAX with n_nodes x
+ * ranks_per_node == pp x tp when n_nodes > 0). 1 or 0. */
+int gang_kv_layout_valid(const gang_kv_layout *l);
 
 typedef struct gang_kv_xfer {
     uint64_t id;                 /* import: the transfer to fetch; 0 = none */
@@ -106,6 +128,7 @@ typedef struct gang_kv_xfer {
     uint32_t port;               /* import: the source gang's --kv-port (rank r: + r) */
     char host[GANG_KV_HOST_MAX]; /* import: the source gang's address */
     uint32_t do_export;          /* 1: export the prompt's full blocks when it ends */
+    gang_kv_layout src;          /* import: the source gang's layout (zero: this gang's) */
 } gang_kv_xfer;
 
 typedef struct gang_gen_request {
@@ -141,22 +164,25 @@ typedef enum gang_req_kind {
 
 #define GANG_REQ_MAX_IDS 2048u   /* prompt ids of one SUBMIT or PROMPT */
 #define GANG_REQ_REASON_MAX 256u /* DONE's reason, NUL included */
-#define GANG_REQ_WIRE_MAX 8990u  /* the largest request message gang_req_codec writes */
+#define GANG_REQ_WIRE_MAX 9130u  /* the largest request message gang_req_codec writes */
 
 typedef struct gang_req_msg {
-    uint32_t kind;          /* gang_req_kind (a transport may add its own kinds) */
-    uint64_t generation;    /* the gang generation it belongs to (the transport's) */
-    uint64_t id;            /* the request */
-    uint32_t n_prompt;      /* SUBMIT, PROMPT: ids of the whole prompt */
-    uint32_t index;         /* PROMPT: offset of ids; TOKEN: 0-based index among the
-                               generated tokens; DONE: prompt tokens the cache held */
-    uint32_t max_tokens;    /* SUBMIT */
-    gang_sampling sampling; /* SUBMIT */
-    gang_kv_xfer kv;        /* SUBMIT: P/D export or import */
-    uint64_t kv_id;         /* DONE: the export of its blocks (0: none) */
-    uint32_t kv_blocks;     /* DONE: blocks exported; or imported when kv_id is 0 */
-    uint32_t kv_ms;         /* DONE: milliseconds its import took (0: none) */
-    uint32_t n_ids;         /* SUBMIT, PROMPT: entries of ids */
+    uint32_t kind;            /* gang_req_kind (a transport may add its own kinds) */
+    uint64_t generation;      /* the gang generation it belongs to (the transport's) */
+    uint64_t id;              /* the request */
+    uint32_t n_prompt;        /* SUBMIT, PROMPT: ids of the whole prompt */
+    uint32_t index;           /* PROMPT: offset of ids; TOKEN: 0-based index among the
+                                 generated tokens; DONE: prompt tokens the cache held */
+    uint32_t max_tokens;      /* SUBMIT */
+    gang_sampling sampling;   /* SUBMIT */
+    gang_kv_xfer kv;          /* SUBMIT: P/D export or import */
+    uint64_t kv_id;           /* DONE: the export of its blocks (0: none) */
+    uint32_t kv_blocks;       /* DONE: blocks exported; or imported when kv_id is 0 */
+    uint32_t kv_ms;           /* DONE: milliseconds its import took (0: none) */
+    uint32_t kv_mismatch;     /* DONE: 1: its import's source layout cannot feed this gang */
+    uint32_t kv_device;       /* DONE: 1: its import's rows moved device to device (a pair) */
+    gang_kv_layout kv_layout; /* DONE with kv_id: the exporting gang's layout */
+    uint32_t n_ids;           /* SUBMIT, PROMPT: entries of ids */
     int32_t ids[GANG_REQ_MAX_IDS];
     int32_t token;  /* TOKEN */
     float logprob;  /* TOKEN, with logprobs */
@@ -173,16 +199,22 @@ typedef struct gang_req_msg {
  * and the generation): u64 id, then per kind
  *   SUBMIT  u32 n_prompt, u32 max_tokens, the sampling (gang_sampling_codec), u32 n_ids,
  *           n_ids x i32, then the KV transfer: u64 id, u32 blocks, u16 port, u8 length +
- *           host (< GANG_KV_HOST_MAX), u8 do_export
+ *           host (< GANG_KV_HOST_MAX), u8 do_export, the source's layout
+ *           (gang_kv_layout_codec)
  *   PROMPT  u32 n_prompt, u32 index, u32 n_ids, n_ids x i32
  *   CANCEL  nothing
  *   TOKEN   u32 index, i32 token, f32 logprob, u8 n_top, n_top x i32, n_top x f32
  *   DONE    i32 code, u32 index, u8 length + finish (< 8), u16 length + reason (< 256),
- *           u64 kv_id, u32 kv_blocks, u32 kv_ms
+ *           u64 kv_id, u32 kv_blocks, u32 kv_ms, u8 kv_mismatch, u8 kv_device, then the layout
+ *           (gang_kv_layout_codec)
  * n_ids is at most GANG_REQ_MAX_IDS, and a SUBMIT's at most its n_prompt. A kind outside
  * gang_req_kind fails the codec (GANG_EINVAL / GANG_EPROTO).
  */
 void gang_req_codec(gang_codec *c, uint32_t kind, gang_req_msg *m);
+/* A gang_kv_layout: u32 layers, then with layers > 0: u16 pp, u16 tp, u8 n_nodes, u16
+ * ranks_per_node, n_nodes x u32 addresses; a layout gang_kv_layout_valid refuses fails
+ * it (GANG_EPROTO decoding, GANG_EINVAL encoding). */
+void gang_kv_layout_codec(gang_codec *c, gang_kv_layout *l);
 /* Whether kind is one of gang_req_kind. */
 int gang_req_kind_valid(uint32_t kind);
 /* Packs text[0..len) into GANG_GRAMMAR_WORDS(len) words at out (the last one padded
@@ -200,17 +232,22 @@ typedef enum gang_gen_event_kind {
  * logprob of the chosen token, and the n_top highest ones, descending, ties by lower id.
  */
 typedef struct gang_gen_event {
-    uint32_t kind;      /* gang_gen_event_kind */
-    uint64_t id;        /* the request */
-    int32_t token;      /* TOKEN: the token id (also an EOS that ended the request) */
-    uint32_t index;     /* TOKEN: 0-based index among the generated tokens; DONE: the prompt
-                           tokens found in the prefix cache (not computed) */
-    char finish[8];     /* DONE: "length" or "stop" (a stop id or an EOS id) */
-    uint64_t kv_id;     /* DONE: the export of its prompt's blocks (0: none) */
-    uint32_t kv_blocks; /* DONE: blocks exported; or imported when kv_id is 0 */
-    uint32_t kv_ms;     /* DONE: milliseconds its import took on rank 0 (0: none) */
-    float logprob;      /* TOKEN with logprobs: the token's raw log-probability, else 0 */
-    uint32_t n_top;     /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
+    uint32_t kind;            /* gang_gen_event_kind */
+    uint64_t id;              /* the request */
+    int32_t token;            /* TOKEN: the token id (also an EOS that ended the request) */
+    uint32_t index;           /* TOKEN: 0-based index among the generated tokens; DONE: the prompt
+                                 tokens found in the prefix cache (not computed) */
+    char finish[8];           /* DONE: "length" or "stop" (a stop id or an EOS id) */
+    uint64_t kv_id;           /* DONE: the export of its prompt's blocks (0: none) */
+    uint32_t kv_blocks;       /* DONE: blocks exported; or imported when kv_id is 0 */
+    uint32_t kv_ms;           /* DONE: milliseconds its import took on rank 0 (0: none) */
+    uint32_t kv_mismatch;     /* DONE: 1: its import's source layout cannot feed this gang (the
+                                 layer count or TP differ, or this gang has EP): it prefilled */
+    uint32_t kv_device;       /* DONE: 1: its imported blocks moved device to device, over the
+                                 transport's pair communicator (put_dev / get_dev), not TCP */
+    gang_kv_layout kv_layout; /* DONE with kv_id: this gang's layout and nodes' addresses */
+    float logprob;            /* TOKEN with logprobs: the token's raw log-probability, else 0 */
+    uint32_t n_top;           /* TOKEN: entries of top_* (the request's top_logprobs), else 0 */
     int32_t top_ids[GANG_MAX_TOP_LOGPROBS];
     float top_logprobs[GANG_MAX_TOP_LOGPROBS];
 } gang_gen_event;
@@ -370,16 +407,46 @@ int gang_engine_kv_info(const gang_engine *e, gang_engine_kv *out);
  *   put: keep a copy of this rank's part of export `id` (n_blocks blocks, `bytes` at data,
  *        laid out block after block, each layer after layer, K then V rows); 0 or an error
  *        (the transfer is then simply not there to fetch).
- *   get: fill data (`bytes`) with this rank's part of the transfer src names, from the
- *        source gang's rank of the same index, by deadline_ms (gang_now_ms clock); 0 or
- *        an error, after which the request prefills those blocks itself.
+ *   get: fill data (`bytes`) with the part `part` names of the transfer src names (the
+ *        layers [layer_first, + layer_count) of n_blocks blocks, laid out as put's, from
+ *        the source gang's rank part->rank at part->host, port src->port + part->rank),
+ *        by deadline_ms (gang_now_ms clock); 0 or an error, after which the request
+ *        prefills those blocks itself. A rank whose layers the source gang splits over
+ *        several stages (another PP) calls it once per stage (gang_kv_layer_spans).
+ *   addr: this rank's IPv4 address (network order) for decode ranks to reach its exports
+ *        at, 0 when unknown; rank 0 lists the nodes' addresses in an export's DONE.
  * Without hooks an export is dropped and an import fails (and falls back).
+ *
+ * The device path (issue #26): an engine whose kernels hold device memory the host
+ * cannot read (GANG_KERNELS_CAP_DEVICE_MEM: cuda, fake) uses put_dev and get_dev instead
+ * when both are set, so that the blocks never pass through host memory:
+ *   put_dev: takes export `id` as `dev`, `bytes` of device memory of k (from
+ *        gang_kernels_alloc, filled as put's data, the handle synchronised); on 0 the
+ *        hooks own it and free it with gang_kernels_free on k, on the data thread (a later
+ *        put_dev) or after the engine stopped stepping; else the engine frees it.
+ *   get_dev: like get, into device memory of k: run bytes of each of n_blocks blocks,
+ *        block b's at dev + b * block_bytes + at (a part of fewer layers than this rank's
+ *        fills its layers of each block). k is the engine's handle: the fetch thread may
+ *        only make its device current (gang_kernels_bind_thread), never enqueue on it.
  */
+typedef struct gang_kv_part {
+    uint32_t rank;        /* the source gang's rank that holds these layers */
+    uint32_t layer_first; /* model layers [layer_first, + layer_count) */
+    uint32_t layer_count;
+    char host[GANG_KV_HOST_MAX]; /* its address (the node's, else the transfer's host) */
+} gang_kv_part;
+
 typedef struct gang_kv_hooks {
     void *ctx;
     int (*put)(void *ctx, uint64_t id, const void *data, size_t bytes, uint32_t n_blocks);
-    int (*get)(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n_blocks,
-               uint64_t deadline_ms);
+    int (*get)(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, void *data,
+               size_t bytes, uint32_t n_blocks, uint64_t deadline_ms);
+    int (*put_dev)(void *ctx, uint64_t id, gang_kernels *k, void *dev, size_t bytes,
+                   uint32_t n_blocks);
+    int (*get_dev)(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, gang_kernels *k,
+                   void *dev, size_t block_bytes, size_t at, size_t run, uint32_t n_blocks,
+                   uint64_t deadline_ms);
+    uint32_t addr;
 } gang_kv_hooks;
 
 /* What one block of this rank's KV pools is: its part of a transfer must match the
@@ -415,6 +482,22 @@ typedef struct gang_kv_span {
  * n_layers, GANG_ERANGE when more than max runs are needed (*n then 0). */
 int gang_kv_layer_spans(uint32_t n_layers, uint32_t src_pp, uint32_t first, uint32_t count,
                         gang_kv_span *out, uint32_t max, uint32_t *n);
+
+/*
+ * The parts this rank (global rank `rank`, TP rank tp_rank, layers [first, first + count)
+ * of n_layers) fetches of an import from a source gang of layout src (validated by
+ * gang_kv_layout_valid), host being the transfer's address: src->layers 0 means the
+ * source's layout is this gang's, one part from source rank `rank` covering the rank's
+ * layers; else the source must have n_layers layers and src->tp must equal tp (this
+ * gang's TP), and each source stage holding some of the layers gives one part from its
+ * rank stage * tp + tp_rank (gang_kv_layer_spans), at its node's address when src lists
+ * it. Parts in layer order into out[0..*n) (at most max, and at most 64). 0, GANG_EINVAL
+ * (NULL, or a range past n_layers), GANG_EMISMATCH (layers or TP differ), GANG_ERANGE (more
+ * parts than that).
+ */
+int gang_kv_parts(const gang_kv_layout *src, const char *host, uint32_t n_layers, uint32_t tp,
+                  uint32_t rank, uint32_t tp_rank, uint32_t first, uint32_t count,
+                  gang_kv_part *out, uint32_t max, uint32_t *n);
 /*
  * Between generations, with no request live: the blocks rank 0 may hand out become
  * min(n, this pool's), so that ranks whose budgets differ (sized from their own free

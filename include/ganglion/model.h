@@ -294,6 +294,11 @@ typedef struct gang_model {
     gang_kernels *mem;            /* after gang_model_to_device: the device handle holding every
                                      array (embed, final_norm, lm_head and the layers'); NULL
                                      while they are host arrays */
+    void *wmap;                   /* blocks without no_mmap: the GGUF file mapped read-only
+                                     (private), wmap_len bytes; the matrices that are whole-row
+                                     bands in the file's order point into it (not malloc'd:
+                                     gang_model_free unmaps it), the others are copies */
+    size_t wmap_len;
 } gang_model;
 
 /*
@@ -344,7 +349,20 @@ typedef struct gang_load_options {
     uint32_t ep; /* a MoE model's experts (`--ep`): 0 or 1 cut by columns over the TP group,
                     tp split whole over it (gang_model_moe_layout); the load fails with
                     GANG_EMODEL and the layout's message otherwise */
+    int no_mmap; /* `--no-mmap`: a GGUF file's blocks are read (pread) into arrays of their
+                    own; 0: the file is mapped and whole-row bands point into it (m->wmap) */
 } gang_load_options;
+
+/*
+ * Releases the resident pages of the bytes [p, p + n) of m's mapped file (m->wmap):
+ * for a caller that took a copy of a mapped matrix (a kernels backend repacking it into
+ * a layout of its own) and will not read the original again, so that the copy and the
+ * file's pages are not both resident. Only whole pages inside the range go
+ * (madvise MADV_DONTNEED; the mapping is read-only and private, so a later read faults
+ * the file's bytes back in). Nothing happens for a range outside the mapping or a model
+ * without one.
+ */
+void gang_model_release_mapped(const gang_model *m, const void *p, size_t n);
 
 /*
  * gang_model_load with options o (NULL: f32 storage). A dtype or quantize value outside

@@ -314,9 +314,10 @@ def replica_of(sim, gang):
 
 class Held:
     """Holds the workers of the given Pods with SIGSTOP (at once, or at hold()) until
-    release() (idempotent) or the end of a with block: the calls on their gangs cannot finish, so a kill that follows
-    finds them in flight however fast the machine is (the tiny model answers a call in a
-    few ms on a quiet machine, faster than the router's table can be polled)."""
+    release() (idempotent) or the end of a with block: the calls on their gangs cannot
+    finish, so a kill that follows finds them in flight however fast the machine is (the
+    tiny model answers a call in a few ms on a quiet machine, faster than the router's
+    table can be polled)."""
 
     def __init__(self, pods, now=True):
         self.pids = [pid for p in pods for pid in p.worker_pids()]

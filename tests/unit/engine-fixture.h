@@ -211,6 +211,7 @@ void check_layout(const full_model *fm, script *sc, const script_out *exp, uint3
 /* ---- tests of test-engine-gen.c (EOS, penalties, logprobs), run by test-engine.c ---- */
 void test_eos(void **state);
 void test_kv_layer_spans(void **state);
+void test_kv_parts(void **state);
 void test_penalties(void **state);
 void test_penalties_seeded(void **state);
 void test_logprobs(void **state);

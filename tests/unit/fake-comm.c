@@ -6,6 +6,8 @@
  * the operation's deadline (GANG_ETIMEDOUT when a rank never comes).
  */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,8 @@ struct fake_group {
     size_t cap;
     unsigned char **a2a_src;     /* [n]: each rank's send buffer (host storage) */
     const gang_comm_a2a **a2a_v; /* [n]: each rank's sizes and offsets */
+    size_t p2p_bytes;            /* send/recv: the size the sender placed in buf */
+    int refs;                    /* a pair's: its communicators not yet freed (else 0) */
 };
 
 typedef struct fake_impl {
@@ -63,8 +67,9 @@ void fake_group_free(fake_group *g)
     free(g);
 }
 
-/* With g->mu held: meets the other ranks or times out after tmo milliseconds. */
-static int group_meet(fake_group *g, uint64_t tmo)
+/* With g->mu held: meets the other ranks or times out after tmo milliseconds;
+ * GANG_EABORTED once c is aborted (fake_abort wakes the waiters). */
+static int group_meet(fake_group *g, const gang_comm *c, uint64_t tmo)
 {
     uint64_t gen = g->gen;
     struct timespec ts;
@@ -82,9 +87,12 @@ static int group_meet(fake_group *g, uint64_t tmo)
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
     }
-    while (g->gen == gen)
+    while (g->gen == gen) {
+        if (atomic_load(&c->aborted))
+            return GANG_EABORTED;
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && g->gen == gen)
             return GANG_ETIMEDOUT;
+    }
     return 0;
 }
 
@@ -138,11 +146,11 @@ static int fake_all_reduce(gang_comm *c, void *buf, size_t count, gang_dtype dt,
     if (g->contributed++ == 0)
         memset(g->buf, 0, bytes);
     gang__comm_reduce_sum(g->buf, mine, count, dt);
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     g->contributed = 0;
     memcpy(mine, g->buf, bytes);
-    rc = group_meet(g, tmo);
+    rc = group_meet(g, c, tmo);
 out_unlock:
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -163,10 +171,10 @@ static int fake_all_gather(gang_comm *c, const void *send, void *recv, size_t co
     if ((rc = group_reserve(g, bytes * g->n)) < 0)
         goto out_unlock;
     memcpy(g->buf + (size_t)c->rank * bytes, mine, bytes);
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     memcpy(out, g->buf, bytes * g->n);
-    rc = group_meet(g, tmo);
+    rc = group_meet(g, c, tmo);
 out_unlock:
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -190,7 +198,7 @@ static int fake_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
     out = a->recv_cap > 0 ? gang__fake_resolve(a->recv, a->recv_cap, "fake a2a (recv)") : NULL;
     pthread_mutex_lock(&g->mu);
     g->a2a_v[me] = a;
-    if ((rc = group_meet(g, tmo)) < 0)
+    if ((rc = group_meet(g, c, tmo)) < 0)
         goto out_unlock;
     for (uint32_t p = 0; p < g->n && rc == 0; p++) {
         const gang_comm_a2a *pa = g->a2a_v[p];
@@ -200,7 +208,7 @@ static int fake_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t tmo)
         else if (a->recv_bytes[p] > 0)
             memcpy(out + a->recv_off[p], g->a2a_src[p] + pa->send_off[me], a->recv_bytes[p]);
     }
-    if (group_meet(g, tmo) < 0 && rc == 0)
+    if (group_meet(g, c, tmo) < 0 && rc == 0)
         rc = GANG_ETIMEDOUT;
 out_unlock:
     pthread_mutex_unlock(&g->mu);
@@ -215,18 +223,61 @@ static int fake_broadcast(gang_comm *c, void *buf, size_t count, gang_dtype dt, 
     return GANG_ENOSYS;
 }
 
+static atomic_int pair_fail;     /* fake_pair_fail_sends */
+static atomic_ullong pair_moved; /* bytes received over pairs */
+
+/* Point-to-point, for the pairs of 2 ranks only (the device path of P/D transfers): the
+ * sender places the rows in the shared buffer, the pair meets, the receiver copies them
+ * out (a size mismatch is GANG_EPROTO), the pair meets again. Tags are ignored, as on
+ * nccl. Both ends resolve their buffers as device memory: a host pointer aborts. */
 static int fake_send(gang_comm *c, const void *buf, size_t bytes, uint32_t peer, uint32_t tag,
                      uint64_t tmo)
 {
-    (void)c, (void)buf, (void)bytes, (void)peer, (void)tag, (void)tmo;
-    return GANG_ENOSYS;
+    fake_group *g = ((fake_impl *)c->impl)->g;
+    const void *mine = gang__fake_resolve(buf, bytes, "fake send");
+    int rc;
+
+    (void)tag;
+    if (g->n != 2 || peer == c->rank)
+        return GANG_ENOSYS;
+    if (atomic_load(&pair_fail))
+        return GANG_EPEER; /* the injected failure: the receiver meets its deadline */
+    pthread_mutex_lock(&g->mu);
+    if ((rc = group_reserve(g, bytes)) < 0)
+        goto out_unlock;
+    memcpy(g->buf, mine, bytes);
+    g->p2p_bytes = bytes;
+    if ((rc = group_meet(g, c, tmo)) == 0)
+        rc = group_meet(g, c, tmo);
+out_unlock:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
 }
 
 static int fake_recv(gang_comm *c, void *buf, size_t bytes, uint32_t peer, uint32_t tag,
                      uint64_t tmo)
 {
-    (void)c, (void)buf, (void)bytes, (void)peer, (void)tag, (void)tmo;
-    return GANG_ENOSYS;
+    fake_group *g = ((fake_impl *)c->impl)->g;
+    void *out = gang__fake_resolve(buf, bytes, "fake recv");
+    int rc;
+
+    (void)tag;
+    if (g->n != 2 || peer == c->rank)
+        return GANG_ENOSYS;
+    pthread_mutex_lock(&g->mu);
+    if ((rc = group_meet(g, c, tmo)) < 0)
+        goto out_unlock;
+    if (g->p2p_bytes != bytes) {
+        rc = GANG_EPROTO;
+    } else {
+        memcpy(out, g->buf, bytes);
+        atomic_fetch_add(&pair_moved, bytes);
+    }
+    if (group_meet(g, c, tmo) < 0 && rc == 0)
+        rc = GANG_ETIMEDOUT;
+out_unlock:
+    pthread_mutex_unlock(&g->mu);
+    return rc;
 }
 
 static int fake_split(gang_comm *c, uint32_t color, uint32_t key, uint64_t tmo, gang_comm *child)
@@ -257,13 +308,26 @@ static int fake_settle(gang_comm *c, uint64_t tmo)
 
 static void fake_free(gang_comm *c)
 {
+    fake_group *g = ((fake_impl *)c->impl)->g;
+    int last = 0;
+
+    pthread_mutex_lock(&g->mu);
+    last = g->refs > 0 && --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last)
+        fake_group_free(g); /* a pair's group goes with its last communicator */
     free(c->impl);
     c->impl = NULL;
 }
 
+/* Wakes the group's waiters, which see c's aborted flag (set by the front). */
 static void fake_abort(gang_comm *c)
 {
-    (void)c;
+    fake_group *g = ((fake_impl *)c->impl)->g;
+
+    pthread_mutex_lock(&g->mu);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static const gang__comm_ops fake_ops_ordered = {
@@ -322,4 +386,78 @@ gang_comm *fake_comm_new(fake_group *g, uint32_t rank, gang_kernels *k, int with
 fake_comm_counts fake_comm_counts_of(gang_comm *c)
 {
     return ((fake_impl *)c->impl)->counts;
+}
+
+/* ---- pairs (the device path of P/D transfers, launcher/worker-kv-pair.c) ---- */
+
+#define PAIR_SLOTS 16
+
+static pthread_mutex_t pair_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_group *pair_slot[PAIR_SLOTS];
+static unsigned pair_joined[PAIR_SLOTS];
+static uint64_t pair_seq;
+
+int fake_pair_blob(void *ctx, uint8_t *blob, size_t cap, size_t *len)
+{
+    fake_group *g = fake_group_new(2);
+    int rc = 0, n;
+
+    (void)ctx;
+    if (g == NULL)
+        return GANG_ENOMEM;
+    g->refs = 2;
+    pthread_mutex_lock(&pair_mu);
+    uint64_t seq = pair_seq++;
+    unsigned at = (unsigned)(seq % PAIR_SLOTS);
+    if (pair_slot[at] != NULL) {
+        rc = GANG_EAGAIN; /* (more pairs forming at once than slots) */
+    } else {
+        pair_slot[at] = g;
+        pair_joined[at] = 0;
+    }
+    pthread_mutex_unlock(&pair_mu);
+    n = snprintf((char *)blob, cap, "fakepair:%u", at);
+    if (rc == 0 && (n < 0 || (size_t)n >= cap))
+        rc = GANG_ERANGE;
+    if (rc != 0) {
+        fake_group_free(g);
+        return rc;
+    }
+    *len = (size_t)n;
+    return 0;
+}
+
+int fake_pair_join(void *ctx, gang_kernels *k, const uint8_t *blob, size_t len, uint32_t rank,
+                   uint64_t timeout_ms, gang_comm **out)
+{
+    char s[32];
+    unsigned at;
+    fake_group *g;
+
+    (void)ctx, (void)timeout_ms;
+    if (len >= sizeof(s) || rank > 1)
+        return GANG_EINVAL;
+    memcpy(s, blob, len);
+    s[len] = '\0';
+    if (sscanf(s, "fakepair:%u", &at) != 1 || at >= PAIR_SLOTS)
+        return GANG_EINVAL;
+    pthread_mutex_lock(&pair_mu);
+    g = pair_slot[at];
+    if (g != NULL && ++pair_joined[at] == 2)
+        pair_slot[at] = NULL; /* both joined: the slot is free again */
+    pthread_mutex_unlock(&pair_mu);
+    if (g == NULL)
+        return GANG_EINVAL;
+    *out = fake_comm_new(g, rank, k, 0);
+    return *out != NULL ? 0 : GANG_ENOMEM;
+}
+
+void fake_pair_fail_sends(int on)
+{
+    atomic_store(&pair_fail, on);
+}
+
+uint64_t fake_pair_moved(void)
+{
+    return atomic_load(&pair_moved);
 }

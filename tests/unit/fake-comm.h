@@ -45,4 +45,19 @@ gang_comm *fake_comm_new(fake_group *g, uint32_t rank, gang_kernels *k, int with
 /* The counts of a communicator from fake_comm_new. */
 fake_comm_counts fake_comm_counts_of(gang_comm *c);
 
+/*
+ * Pairs for the device path of P/D KV transfers (launcher/worker-kv-pair.c), in the shape
+ * of its gang__wkv_pair: fake_pair_blob makes a group of 2 named by a blob
+ * ("fakepair:SLOT"), fake_pair_join hands rank `rank` of it out as a device-memory
+ * communicator of k with send and recv (tags ignored, as nccl; a host pointer aborts).
+ * The group goes with its last communicator. fake_pair_fail_sends(1) makes every send
+ * fail (GANG_EPEER) without moving anything, so the receiver meets its deadline.
+ * fake_pair_moved: the bytes received over pairs so far.
+ */
+int fake_pair_blob(void *ctx, uint8_t *blob, size_t cap, size_t *len);
+int fake_pair_join(void *ctx, gang_kernels *k, const uint8_t *blob, size_t len, uint32_t rank,
+                   uint64_t timeout_ms, gang_comm **out);
+void fake_pair_fail_sends(int on);
+uint64_t fake_pair_moved(void);
+
 #endif

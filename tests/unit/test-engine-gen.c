@@ -8,6 +8,7 @@
  * logprobs are the log-softmax of its logits, so neither goes through the engine's
  * sampler.
  */
+#include <arpa/inet.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -597,4 +598,125 @@ void test_kv_layer_spans(void **state)
     assert_int_equal(gang_kv_layer_spans(30, 3, 0, 30, sp, 2, &n), GANG_ERANGE);
     assert_int_equal(n, 0);
     kv_spans_check_all();
+}
+
+/* Every decode rank of every small layout of equal TP fetches each of its layers exactly
+ * once, in order, from the prefill rank that holds it (its stage's, the same TP shard). */
+static void kv_parts_check_all(void)
+{
+    gang_kv_part pt[16];
+    for (uint32_t L = 1; L <= 9; L++)
+        for (uint32_t tp = 1; tp <= 2; tp++)
+            for (uint32_t spp = 1; spp <= L; spp++)
+                for (uint32_t dpp = 1; dpp <= L; dpp++)
+                    for (uint32_t d = 0; d < dpp * tp; d++) {
+                        gang_topology dt, st;
+                        gang_kv_layout l = {.layers = L, .pp = spp, .tp = tp};
+                        uint32_t df, dc, n = 0, at;
+                        memset(&dt, 0, sizeof(dt));
+                        dt.n_layers = L;
+                        dt.pp = dpp;
+                        st = dt;
+                        st.pp = spp;
+                        assert_int_equal(gang_topology_stage_layers(&dt, d / tp, &df, &dc), 0);
+                        assert_int_equal(
+                            gang_kv_parts(&l, "h", L, tp, d, d % tp, df, dc, pt, 16, &n), 0);
+                        at = df;
+                        for (uint32_t i = 0; i < n; i++) {
+                            uint32_t sf, sc;
+                            assert_int_equal(pt[i].layer_first, at);
+                            assert_int_equal(pt[i].rank % tp, d % tp);
+                            assert_true(pt[i].rank / tp < spp);
+                            assert_int_equal(
+                                gang_topology_stage_layers(&st, pt[i].rank / tp, &sf, &sc), 0);
+                            assert_true(pt[i].layer_first >= sf &&
+                                        pt[i].layer_first + pt[i].layer_count <= sf + sc);
+                            assert_string_equal(pt[i].host, "h");
+                            at += pt[i].layer_count;
+                        }
+                        assert_int_equal(at, df + dc);
+                    }
+}
+
+/* P/D between gangs of different PP (and nodes): which prefill rank, at which address,
+ * serves which layers of a decode rank (gang_kv_parts), and the layout's bounds and wire
+ * form (gang_kv_layout_valid, gang_kv_layout_codec). */
+void test_kv_parts(void **state)
+{
+    gang_kv_part pt[8];
+    uint32_t n = 99;
+    (void)state;
+    /* no layout: the same one, one part from the rank of the same index */
+    gang_kv_layout same = {0};
+    assert_int_equal(gang_kv_parts(&same, "10.1.1.1", 30, 2, 3, 1, 15, 15, pt, 8, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(pt[0].rank, 3);
+    assert_int_equal(pt[0].layer_first, 15);
+    assert_int_equal(pt[0].layer_count, 15);
+    assert_string_equal(pt[0].host, "10.1.1.1");
+    /* prefill PP 2, TP 2 on two nodes (ranks 0, 1 and 2, 3) -> decode PP 1, TP rank 1:
+     * layers 0..14 from rank 1 on node 0, 15..29 from rank 3 on node 1 */
+    gang_kv_layout two = {.layers = 30, .pp = 2, .tp = 2, .n_nodes = 2, .ranks_per_node = 2};
+    two.node_addr[0] = htonl(0x0a000001u);
+    two.node_addr[1] = htonl(0x0a000002u);
+    assert_true(gang_kv_layout_valid(&two));
+    assert_int_equal(gang_kv_parts(&two, "10.9.9.9", 30, 2, 1, 1, 0, 30, pt, 8, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(pt[0].rank, 1);
+    assert_int_equal(pt[0].layer_first, 0);
+    assert_int_equal(pt[0].layer_count, 15);
+    assert_string_equal(pt[0].host, "10.0.0.1");
+    assert_int_equal(pt[1].rank, 3);
+    assert_int_equal(pt[1].layer_first, 15);
+    assert_int_equal(pt[1].layer_count, 15);
+    assert_string_equal(pt[1].host, "10.0.0.2");
+    /* a node without an address: the transfer's host */
+    two.node_addr[1] = 0;
+    assert_int_equal(gang_kv_parts(&two, "10.9.9.9", 30, 2, 1, 1, 0, 30, pt, 8, &n), 0);
+    assert_string_equal(pt[1].host, "10.9.9.9");
+    /* prefill PP 1 -> decode PP 2, stage 1 TP rank 0 (layers 15..29): rank 0 serves them */
+    gang_kv_layout one = {.layers = 30, .pp = 1, .tp = 2};
+    assert_int_equal(gang_kv_parts(&one, "10.9.9.9", 30, 2, 2, 0, 15, 15, pt, 8, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(pt[0].rank, 0);
+    assert_int_equal(pt[0].layer_first, 15);
+    assert_int_equal(pt[0].layer_count, 15);
+    /* another model or TP: a mismatch; bad arguments; too many parts */
+    assert_int_equal(gang_kv_parts(&one, "h", 24, 2, 0, 0, 0, 24, pt, 8, &n), GANG_EMISMATCH);
+    assert_int_equal(gang_kv_parts(&one, "h", 30, 1, 0, 0, 0, 30, pt, 8, &n), GANG_EMISMATCH);
+    gang_kv_layout bad = {.layers = 30, .pp = 31, .tp = 1};
+    assert_int_equal(gang_kv_parts(&bad, "h", 30, 1, 0, 0, 0, 30, pt, 8, &n), GANG_EMISMATCH);
+    assert_int_equal(gang_kv_parts(&one, "h", 30, 2, 0, 0, 20, 11, pt, 8, &n), GANG_EINVAL);
+    assert_int_equal(gang_kv_parts(&one, NULL, 30, 2, 0, 0, 0, 30, pt, 8, &n), GANG_EINVAL);
+    gang_kv_layout many = {.layers = 30, .pp = 30, .tp = 1};
+    assert_int_equal(gang_kv_parts(&many, "h", 30, 1, 0, 0, 0, 30, pt, 8, &n), GANG_ERANGE);
+    assert_int_equal(n, 0);
+    /* bounds of a layout */
+    gang_kv_layout v = {.layers = 4, .pp = 2, .tp = 2, .n_nodes = 3, .ranks_per_node = 2};
+    assert_false(gang_kv_layout_valid(&v)); /* 3 x 2 ranks for a gang of 4 */
+    v.n_nodes = 2;
+    assert_true(gang_kv_layout_valid(&v));
+    v.tp = GANG_KV_RANKS_MAX;
+    assert_false(gang_kv_layout_valid(&v));
+    /* the wire form: a round trip, and a decoded layout out of bounds is refused */
+    uint8_t buf[256];
+    size_t len = 0;
+    gang_codec c;
+    gang_kv_layout back;
+    two.node_addr[1] = htonl(0x0a000002u);
+    gang_codec_encoder(&c, buf, sizeof buf);
+    gang_kv_layout_codec(&c, &two);
+    assert_int_equal(gang_codec_finish(&c, &len), 0);
+    gang_codec_decoder(&c, buf, len);
+    gang_kv_layout_codec(&c, &back);
+    assert_int_equal(gang_codec_finish(&c, NULL), 0);
+    assert_memory_equal(&back, &two, sizeof two);
+    buf[4] = 31; /* pp (u16 after the u32 layers) above the 30 layers */
+    gang_codec_decoder(&c, buf, len);
+    gang_kv_layout_codec(&c, &back);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EPROTO);
+    gang_codec_encoder(&c, buf, sizeof buf);
+    gang_kv_layout_codec(&c, &bad);
+    assert_int_equal(gang_codec_finish(&c, NULL), GANG_EINVAL);
+    kv_parts_check_all();
 }

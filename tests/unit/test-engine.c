@@ -860,6 +860,13 @@ static void test_request_codec(void **state)
         in.sampling.stop[i] = (int32_t)(100 + i);
     for (uint32_t i = 0; i < in.n_ids; i++)
         in.ids[i] = (int32_t)i;
+    /* The largest P/D import: the longest host, a layout of the most nodes. */
+    in.kv = (gang_kv_xfer){.id = 5, .blocks = 3, .port = 29500};
+    memset(in.kv.host, 'h', GANG_KV_HOST_MAX - 1);
+    in.kv.src = (gang_kv_layout){
+        .layers = 64, .pp = 32, .tp = 8, .n_nodes = GANG_KV_NODES_MAX, .ranks_per_node = 8};
+    for (uint32_t i = 0; i < GANG_KV_NODES_MAX; i++)
+        in.kv.src.node_addr[i] = 0x0100000au + (i << 24);
     gang_codec_encoder(&c, buf, sizeof(buf));
     gang_req_codec(&c, GANG_REQ_SUBMIT, &in);
     assert_int_equal(gang_codec_finish(&c, &len), 0);
@@ -875,6 +882,9 @@ static void test_request_codec(void **state)
     assert_int_equal(out.sampling.top_logprobs, 3);
     assert_memory_equal(out.sampling.stop, in.sampling.stop, sizeof(in.sampling.stop));
     assert_memory_equal(out.ids, in.ids, in.n_ids * sizeof(int32_t));
+    assert_true(out.kv.id == 5 && out.kv.blocks == 3 && out.kv.port == 29500);
+    assert_string_equal(out.kv.host, in.kv.host);
+    assert_memory_equal(&out.kv.src, &in.kv.src, sizeof(in.kv.src)); /* (u32 only) */
     for (size_t cut = 0; cut < len; cut += 97) {
         gang_codec_decoder(&c, buf, cut);
         gang_req_codec(&c, GANG_REQ_SUBMIT, &out);
@@ -1497,11 +1507,15 @@ static int mem_put(void *ctx, uint64_t id, const void *data, size_t bytes, uint3
     return 0;
 }
 
-static int mem_get(void *ctx, const gang_kv_xfer *src, void *data, size_t bytes, uint32_t n,
-                   uint64_t deadline_ms)
+static int mem_get(void *ctx, const gang_kv_xfer *src, const gang_kv_part *part, void *data,
+                   size_t bytes, uint32_t n, uint64_t deadline_ms)
 {
     mem_xfer *x = ctx;
     (void)deadline_ms;
+    /* One engine of one rank: its one part is rank 0's every layer, at the transfer's host. */
+    assert_int_equal(part->rank, 0);
+    assert_int_equal(part->layer_first, 0);
+    assert_string_equal(part->host, src->host);
     atomic_store(&x->busy, 1);
     if (x->delay_ms > 0)
         usleep(x->delay_ms * 1000u);
@@ -1750,6 +1764,7 @@ int main(void)
         cmocka_unit_test(test_kv_transfer),
         cmocka_unit_test(test_kv_transfer_background),
         cmocka_unit_test(test_kv_layer_spans),
+        cmocka_unit_test(test_kv_parts),
         cmocka_unit_test(test_abort_then_next_generation),
         cmocka_unit_test(test_qwen2_biases_and_layout_logits),
         cmocka_unit_test(test_loaded_model_layouts),

@@ -182,10 +182,10 @@ static void test_bounds(void **state)
     assert_int_equal(gang_fwd_decode(buf, len, 0, &out, &stamp), 0);
     buf[9] = 3, buf[10] = 0;
     assert_int_equal(gang_fwd_decode(buf, len, 0, &out, &stamp), GANG_EPROTO);
-    /* A NUL inside DONE's reason (before its 16 bytes of kv_id, kv_blocks, kv_ms); a
-     * buffer too small. */
+    /* A NUL inside DONE's reason (before its 22 bytes of kv_id, kv_blocks, kv_ms,
+     * kv_mismatch, kv_device and an empty layout); a buffer too small. */
     len = encode_ok(GANG_REQ_DONE, 0);
-    buf[len - 16 - 3] = '\0';
+    buf[len - 22 - 3] = '\0';
     assert_int_equal(gang_fwd_decode(buf, len, 1, &out, &stamp), GANG_EPROTO);
     fill(&in, GANG_REQ_DONE);
     assert_int_equal(gang_fwd_encode(&in, 0, buf, 20, &len), GANG_EMSGSIZE);
