@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Bar chart of bench/gguf-vs-llama.sh's JSON lines: decode tokens/s per GGUF file and
 batch, one bar per engine (ganglion on the file's own blocks; llama.cpp with its weight
-repacking, AMX on this CPU, and without it, `llama.cpp-norepack`), log scale.
+repacking, AMX on this CPU, and without it, `llama.cpp-norepack`), log scale. A point
+present several times (rounds of the script appended to one file) is drawn at its median.
 Needs matplotlib (the reference Python of scripts/fetch-reference.sh has it).
 
 Usage: plot-gguf.py RESULTS.jsonl OUT.png [--title TEXT]
 """
 import argparse
 import json
+import statistics
 
 
 def main():
@@ -43,6 +45,7 @@ def main():
                      if r["file"] == f and r["batch"] == b and r["engine"] == e]
                 if not v:
                     continue
+                v = [statistics.median(v)]  # several runs of one point: their median
                 x = fi + (bi * len(engines) + ei - (len(batches) * len(engines) - 1) / 2) * width
                 ax.bar(x, v[0], width, color=("C%d" % (len(engines) * bi + ei)))
                 ax.text(x, v[0], "%.0f" % v[0], ha="center", va="bottom", fontsize=7)

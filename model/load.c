@@ -199,6 +199,27 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
 }
 
 /*
+ * *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
+ * interleaved copy where they have one (gang_kernels_block_repack). The file's blocks are
+ * released here: an array of their own freed; a band that points into L's mapping has its
+ * pages dropped (MADV_DONTNEED; ld_map_trim unmaps the file once nothing points into it).
+ */
+static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
+{
+    void *rp = gang_kernels_block_repack(t, *w, n, kdim);
+    const uint8_t *b = L->gg.map, *p = *w;
+
+    if (rp == NULL)
+        return;
+    if (b != NULL && p >= b && (uint64_t)(p - b) < L->gg.file_size)
+        gang__gguf_map_advise(b, (uint64_t)(p - b), gang_kernels_weight_bytes(t, n, kdim),
+                              MADV_DONTNEED);
+    else
+        free(*w);
+    *w = rp;
+}
+
+/*
  * Matrix j (gang_tp_layer.mtype's order) of layer l, rows [first, +count) of a [rows,
  * cols] tensor or with by_cols its columns: the file's blocks when L->blocks and the band
  * allows (gang__gguf_band_blocks), else f32, with a warning when the TP cut was why.
@@ -218,8 +239,10 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
             return rc;
         }
         l->mixed = 1;
-        if (*out != NULL)
+        if (*out != NULL) {
+            ld_repack(L, out, l->mtype[j], rn, cn);
             return 0;
+        }
         l->mtype[j] = GANG_KW_F32;
         if (why[0] != '\0')
             gang_warn("%s: %s: this tensor is dequantized to f32", L->gg.path, why);
@@ -397,12 +420,18 @@ static int ld_ends(loader *L, gang_model *m)
             /* Tied and this rank holds the table (pp 1): its head is the table's rows,
              * not a second copy of them (SmolLM2's table is a fifth of its weights). */
             m->lm_head_tied = 1;
+            /* Repacked only when the head is the whole table (its matmul then sees the
+             * table's own sizes); the embedding lookup reads the repacked rows too. */
+            if (m->blocks && m->shard.vocab_first == 0 && m->shard.vocab_count == vocab)
+                ld_repack(L, &m->embed, m->wtype, vocab, hidden);
             m->lm_head = gang__model_tied_head(m);
             return 0;
         }
         if (rc == 0)
             rc = ld_end_blocks(L, head, vocab, m->shard.vocab_first, m->shard.vocab_count,
                                &m->lm_head, &m->head_type);
+        if (rc == 0 && m->lm_head != NULL)
+            ld_repack(L, &m->lm_head, m->head_type, m->shard.vocab_count, hidden);
         if (rc == 0 && m->lm_head == NULL)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
         if (arr != NULL)

@@ -22,7 +22,8 @@ set_tests_properties(unit-model-gguf-ref PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 
 add_executable(test-gguf-mmap
   unit/model/test-gguf-mmap.c
   unit/model/fixtures.c)
-target_include_directories(test-gguf-mmap PRIVATE unit/model ${PROJECT_SOURCE_DIR}/model)
-target_link_libraries(test-gguf-mmap PRIVATE gang_model gang_rendezvous PkgConfig::CMOCKA PkgConfig::CJSON m)
+target_include_directories(test-gguf-mmap PRIVATE unit/model ${PROJECT_SOURCE_DIR}/model
+  ${PROJECT_SOURCE_DIR}/kernels ${OPENBLAS_INCLUDE_DIRS})
+target_link_libraries(test-gguf-mmap PRIVATE gang_model gang_kernels gang_rendezvous PkgConfig::CMOCKA PkgConfig::CJSON m)
 add_test(NAME unit-model-gguf-mmap COMMAND test-gguf-mmap)
 set_tests_properties(unit-model-gguf-mmap PROPERTIES TIMEOUT 120)

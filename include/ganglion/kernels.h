@@ -123,6 +123,22 @@ size_t gang_kernels_weight_row_bytes(gang_kernels_wtype t, size_t kdim);
  */
 int gang_kernels_block_dequant(gang_kernels_wtype t, const void *src, size_t n, float *dst);
 
+/*
+ * The CPU kernels' own layout of a block weight [n, kdim] at src (the file's layout), made
+ * once at load (issue #27): where the CPU runs the AVX-512 VNNI kernels (gang__cpu_simd level
+ * 2) and t is Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1, a new allocation (release with free()) holding
+ * the blocks of 16 rows interleaved so that one 512-bit vpdpbusd computes 16 rows' partial
+ * products (kernels/cpu/cpu-qrepack.c has the layout): about the same bytes as src (a 64-byte
+ * header, and the last group of 16 rows padded with zero rows). The caller then frees or
+ * unmaps src and hands the new buffer, with the same type and sizes, to
+ * gang_kernels_matmul, which recognises it. NULL (src stays the weight) for another type or
+ * CPU, a kdim that is not a whole number of blocks, or when memory is out. A repacked
+ * buffer is for gang_kernels_matmul with exactly these n and kdim (GANG_EINVAL otherwise)
+ * and gang_kernels_embedding_w (a tied table: its rows rebuilt); not for
+ * gang_kernels_block_dequant or views of some of its rows.
+ */
+void *gang_kernels_block_repack(gang_kernels_wtype t, const void *src, size_t n, size_t kdim);
+
 #define GANG_KW_SCALES_OFFSET(elems) (((size_t)(elems) + 63u) / 64u * 64u)
 
 /* A view of one packed weight: data points at the elements, scales (I8 only, else NULL)

@@ -104,6 +104,9 @@ int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const in
 
     if (es == 0) { /* a block table: each row dequantized */
         size_t rb = gang_kernels_weight_row_bytes(table->type, dim);
+        gang__cpu_rp rp;
+        if (gang__cpu_rp_peek(table, &rp)) /* repacked (a tied head): rows rebuilt */
+            return gang__cpu_rp_embedding(&rp, dim, ids, n_ids, out);
         for (size_t t = 0; t < n_ids; t++) {
             const char *row = (const char *)table->data + (size_t)ids[t] * rb;
             int rc = gang_kernels_block_dequant(table->type, row, dim, out + t * dim);

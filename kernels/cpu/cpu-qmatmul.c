@@ -17,6 +17,7 @@
  * stays in the cores' caches.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,9 @@ typedef struct qmm_job {
     const gang_kernels_weight *w;
     float *y;
     int simd;
+    const gang__cpu_rp *rp; /* a repacked weight: chunks of rows_per_chunk groups */
+    const int32_t *sx;
+    atomic_int rc;
 } qmm_job;
 
 static void qmm_chunk(void *arg, size_t c)
@@ -109,6 +113,14 @@ static void qmm_chunk(void *arg, size_t c)
     size_t o0 = c * j->rows_per_chunk;
     size_t o1 = o0 + j->rows_per_chunk < j->n ? o0 + j->rows_per_chunk : j->n;
 
+    if (j->rp != NULL) {
+        size_t g1 = o0 + j->rows_per_chunk < j->rp->groups ? o0 + j->rows_per_chunk : j->rp->groups;
+        if (j->simd >= 2)
+            gang__cpu_rp_rows_avx512(j->m, j->qx, j->sx, j->rp, o0, g1, j->y, j->n);
+        else if (gang__cpu_rp_rows_ref(j->m, j->qx, j->rp, o0, g1, j->y, j->n) != 0)
+            atomic_store(&((qmm_job *)arg)->rc, GANG_ENOMEM); /* any chunk's failure fails */
+        return;
+    }
     if (j->simd >= 2)
         gang__cpu_qmatmul_rows_avx512(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
     else if (j->simd)
@@ -117,34 +129,62 @@ static void qmm_chunk(void *arg, size_t c)
         gang__cpu_qmatmul_rows_ref(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
 }
 
+/* The int sums of each half of each group of 32 of x's int8 copy (the repacked kernel's
+ * offsets: sx[2 g] elements 0-15, sx[2 g + 1] elements 16-31). */
+static void qmm_sums(size_t m, size_t kdim, const gang__cpu_qx *qx, int32_t *sx)
+{
+    for (size_t h = 0; h < 2 * m * (kdim / 32); h++) {
+        int32_t v = 0;
+        for (size_t j = 0; j < 16; j++)
+            v += qx->q[16 * h + j];
+        sx[h] = v;
+    }
+}
+
 /*
  * The block product (gang_kernels_matmul validated the sizes: kdim is a whole number of
- * the type's blocks, hence of 32). x's int8 copy is one allocation per call, freed before
- * returning: GANG_ENOMEM when it cannot be had.
+ * the type's blocks, hence of 32). x's int8 copy (and for a repacked weight its group
+ * sums) is one allocation per call, freed before returning: GANG_ENOMEM when it cannot be
+ * had; GANG_EINVAL for a repacked weight viewed with other sizes than it was made with.
  */
 int gang__cpu_qmatmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
                       float *y)
 {
-    size_t groups = kdim / 32, blocks = (n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS, chunks;
+    size_t groups = kdim / 32, blocks = (n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS,
+           unit = GANG__QMM_ROWS;
+    size_t chunks;
     unsigned threads = gang__cpu_threads();
-    char *buf = malloc(m * kdim + 2 * m * groups * sizeof(float) + 64);
+    gang__cpu_rp rp;
+    int rep = gang__cpu_rp_get(w, n, kdim, &rp);
+    char *buf;
     gang__cpu_qx qx;
     qmm_job j = {.m = m, .n = n, .kdim = kdim, .qx = &qx, .w = w, .y = y, .simd = gang__cpu_simd()};
 
+    if (rep < 0)
+        return rep;
+    buf = malloc(m * kdim + 4 * m * groups * sizeof(float) + 64);
     if (buf == NULL)
         return GANG_ENOMEM;
     qx.d = (float *)(void *)buf;
     qx.ds = qx.d + m * groups;
-    qx.q = (int8_t *)(qx.ds + m * groups);
+    qx.q = (int8_t *)(qx.ds + 3 * m * groups);
     gang__cpu_quantize_x(x, m, kdim, &qx);
+    if (rep) { /* chunks of whole groups of 16 rows */
+        j.rp = &rp;
+        j.sx = (const int32_t *)(const void *)(qx.ds + m * groups);
+        qmm_sums(m, kdim, &qx, (int32_t *)(void *)(qx.ds + m * groups));
+        blocks = rp.groups;
+        unit = 1;
+    }
     chunks = (size_t)threads * GANG__QMM_CHUNKS_PER_THREAD;
     if ((double)m * (double)n * (double)kdim < GANG__QMM_MIN_MACS || threads <= 1)
         chunks = 1;
     if (chunks > blocks)
         chunks = blocks;
-    j.rows_per_chunk = (blocks + chunks - 1) / chunks * GANG__QMM_ROWS;
-    chunks = (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
+    j.rows_per_chunk = (blocks + chunks - 1) / chunks * unit;
+    chunks = rep ? (blocks + j.rows_per_chunk - 1) / j.rows_per_chunk
+                 : (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
     gang__cpu_parallel(qmm_chunk, &j, chunks);
     free(buf);
-    return 0;
+    return atomic_load(&j.rc);
 }

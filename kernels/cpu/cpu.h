@@ -116,6 +116,38 @@ void gang__cpu_qmatmul_rows_avx512(size_t m, size_t kdim, const gang__cpu_qx *qx
  * caller, returning when all are done (see the file's comment). gang__cpu_threads: the
  * threads a job may use; gang__cpu_set_threads(1) makes every job run on its caller
  * (tests), a larger value restores the whole pool. */
+/*
+ * The repacked layout of the 32-element block types (cpu-qrepack.c): groups of
+ * GANG__RP_ROWS W rows interleaved for the AVX-512 kernel (cpu-qrepack-avx512.c), behind a
+ * header of GANG__RP_HEADER bytes. gang__cpu_rp_get: 1 and *out when w is a repacked weight
+ * of n x kdim, 0 when it is in the file's layout, GANG_EINVAL when it is repacked with
+ * other sizes; gang__cpu_rp_peek the same with the sizes it was made with.
+ * gang__cpu_rp_embedding: rows ids of a repacked table dequantized (GANG_EINVAL for an id
+ * out of range or another dim). gang__cpu_rp_block: row's block blk in the file's layout
+ * (bytes of the type's block). gang__cpu_rp_build: the repacked copy of src (file layout), NULL for
+ * another type or when memory is out. The rows kernels: groups [g0, g1) against the m
+ * rows of x (sx: the int sums of the two halves of each group of 32 of x, two per qx's d).
+ */
+#define GANG__RP_ROWS 16
+#define GANG__RP_HEADER 64
+typedef struct gang__cpu_rp {
+    gang_kernels_wtype type;
+    size_t n, kdim, groups, nb, cb;
+    const uint8_t *body;
+} gang__cpu_rp;
+int gang__cpu_rp_type(gang_kernels_wtype t);
+int gang__cpu_rp_usable(void);
+int gang__cpu_rp_get(const gang_kernels_weight *w, size_t n, size_t kdim, gang__cpu_rp *out);
+int gang__cpu_rp_peek(const gang_kernels_weight *w, gang__cpu_rp *out);
+int gang__cpu_rp_embedding(const gang__cpu_rp *rp, size_t dim, const int32_t *ids, size_t n_ids,
+                           float *out);
+void gang__cpu_rp_block(const gang__cpu_rp *rp, size_t row, size_t blk, uint8_t *out);
+void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t kdim);
+int gang__cpu_rp_rows_ref(size_t m, const gang__cpu_qx *qx, const gang__cpu_rp *rp, size_t g0,
+                          size_t g1, float *y, size_t ldy);
+void gang__cpu_rp_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *sx,
+                              const gang__cpu_rp *rp, size_t g0, size_t g1, float *y, size_t ldy);
+
 typedef void (*gang__cpu_task)(void *arg, size_t chunk);
 void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks);
 unsigned gang__cpu_threads(void);

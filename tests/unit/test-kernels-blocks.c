@@ -253,6 +253,120 @@ static void test_block_exact_grid(void **state)
     gang__cpu_simd_force(-1);
 }
 
+/* y[m, n] of the block weight w (file layout) repacked, at level simd; the 16 floats after
+ * y are a sentinel the kernel must not write (the last group's padding rows). */
+static float *repacked_product(gang_kernels *k, int simd, gang_kernels_wtype t, const void *rp,
+                               size_t m, size_t n, size_t kdim, const float *x)
+{
+    float *y = malloc((m * n + 16) * sizeof(float));
+    assert_non_null(y);
+    for (size_t i = 0; i < 16; i++)
+        y[m * n + i] = -7.0f;
+    gang__cpu_simd_force(simd);
+    gang_kernels_weight v = gang_kernels_weight_view(t, rp, n, kdim);
+    assert_int_equal(gang_kernels_matmul(k, m, n, kdim, x, &v, y), 0);
+    for (size_t i = 0; i < 16; i++)
+        assert_true(y[m * n + i] == -7.0f);
+    return y;
+}
+
+/*
+ * The repacked layout of the 32-element types (kernels/cpu/cpu-qrepack.c): lossless (each
+ * row's blocks given back to the byte), its products at m = 1, 3, 8, 17, 32 over row counts
+ * that are and are not multiples of 16 within the contract's bound of the double reference
+ * and equal to the bit to the portable kernel on the file's layout (the AVX-512 kernel on
+ * the repacked layout rounds in the reference's order), and
+ * each row's result independent of where it falls in a group (a band of rows repacked on
+ * its own, as a TP shard is, gives the same bits).
+ */
+static void test_block_repacked(void **state)
+{
+    gang_kernels *k = *state;
+    const gang_kernels_wtype rts[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
+                                      GANG_KW_Q5_1};
+    const size_t ms[] = {1, 3, 8, 17, 32}, ns[] = {37, 16, 5};
+    int vnni = simd_levels() == 3;
+
+    for (size_t ti = 0; ti < sizeof(rts) / sizeof(rts[0]); ti++)
+        for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
+            for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+                gang_kernels_wtype t = rts[ti];
+                size_t n = ns[ni], m = ms[mi], nb = 4 + mi % 3, kdim = 32 * nb, bb;
+                assert_true(gang_kernels_wtype_block(t, NULL, &bb));
+                uint8_t *w = make_blocks(t, n, nb), blk[34];
+                void *rp = gang__cpu_rp_build(t, w, n, kdim);
+                assert_non_null(rp);
+                gang__cpu_rp r;
+                assert_int_equal(gang__cpu_rp_get(&(gang_kernels_weight){t, rp, NULL}, n, kdim, &r),
+                                 1);
+                assert_int_equal(
+                    gang__cpu_rp_get(&(gang_kernels_weight){t, rp, NULL}, n + 1, kdim, &r),
+                    GANG_EINVAL);
+                assert_int_equal(gang__cpu_rp_get(&(gang_kernels_weight){t, w, NULL}, n, kdim, &r),
+                                 0);
+                gang__cpu_rp_get(&(gang_kernels_weight){t, rp, NULL}, n, kdim, &r);
+                for (size_t o = 0; o < n; o++)
+                    for (size_t b = 0; b < nb; b++) {
+                        gang__cpu_rp_block(&r, o, b, blk);
+                        if (memcmp(blk, w + (o * nb + b) * bb, bb) != 0)
+                            fail_msg("%s: row %zu block %zu not given back",
+                                     gang_kernels_wtype_name(t), o, b);
+                    }
+                float *wd = malloc(n * kdim * sizeof(float)), *x = make_x(m, kdim), *y0, *yp;
+                double *ref = malloc(m * n * sizeof(double)), *tol = malloc(m * n * sizeof(double));
+                assert_non_null(wd);
+                assert_non_null(ref);
+                assert_non_null(tol);
+                assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
+                reference(x, wd, m, n, kdim, ref, tol);
+                y0 = repacked_product(k, 0, t, w, m, n, kdim, x);  /* portable, file layout */
+                yp = repacked_product(k, 0, t, rp, m, n, kdim, x); /* portable, repacked */
+                assert_memory_equal(y0, yp, m * n * sizeof(float));
+                free(yp);
+                if (vnni) {
+                    yp = repacked_product(k, 2, t, rp, m, n, kdim, x);
+                    for (size_t i = 0; i < m * n; i++)
+                        if (!(fabs(yp[i] - ref[i]) <= tol[i]) || memcmp(&y0[i], &yp[i], 4) != 0)
+                            fail_msg("%s repacked n %zu m %zu: y[%zu, %zu] = %.9g, portable %.9g, "
+                                     "reference %.9g (bound %.3g)",
+                                     gang_kernels_wtype_name(t), n, m, i / n, i % n, (double)yp[i],
+                                     (double)y0[i], ref[i], tol[i]);
+                    if (n > 16) { /* rows 3 .. n of their own: other groups, the same bits */
+                        void *band = gang__cpu_rp_build(t, w + 3 * nb * bb, n - 3, kdim);
+                        float *yb = repacked_product(k, 2, t, band, m, n - 3, kdim, x);
+                        for (size_t i = 0; i < m * (n - 3); i++)
+                            if (memcmp(&yb[i], &yp[(i / (n - 3)) * n + 3 + i % (n - 3)], 4) != 0)
+                                fail_msg("%s: row %zu moved by its group",
+                                         gang_kernels_wtype_name(t), 3 + i % (n - 3));
+                        free(yb), free(band);
+                    }
+                    free(yp);
+                }
+                /* a repacked table's embedding rows: the file layout's, to the bit */
+                int32_t ids[3] = {(int32_t)n - 1, 0, (int32_t)(n / 2)};
+                float *e0 = malloc(3 * kdim * sizeof(float)),
+                      *e1 = malloc(3 * kdim * sizeof(float));
+                assert_non_null(e0);
+                assert_non_null(e1);
+                gang_kernels_weight tv = gang_kernels_weight_view(t, w, n, kdim);
+                gang_kernels_weight rv = gang_kernels_weight_view(t, rp, n, kdim);
+                assert_int_equal(gang_kernels_embedding_w(k, &tv, n, kdim, ids, 3, e0), 0);
+                assert_int_equal(gang_kernels_embedding_w(k, &rv, n, kdim, ids, 3, e1), 0);
+                assert_memory_equal(e0, e1, 3 * kdim * sizeof(float));
+                free(e0), free(e1);
+                gang__cpu_simd_force(vnni ? 2 : 1);
+                void *pub = gang_kernels_block_repack(t, w, n, kdim);
+                assert_true(vnni ? pub != NULL : pub == NULL); /* made where the kernel runs */
+                free(pub);
+                free(y0), free(rp), free(w), free(wd), free(x), free(ref), free(tol);
+            }
+    if (!vnni)
+        print_message("[  SKIP    ] the repacked AVX-512 VNNI kernel: this CPU (or build) lacks "
+                      "it; the layout and its portable path tested\n");
+    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &rng, 1, 256)); /* not a repacked type */
+    gang__cpu_simd_force(-1);
+}
+
 static void test_block_embedding_and_sizes(void **state)
 {
     gang_kernels *k = *state;
@@ -313,6 +427,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_matmul),
         cmocka_unit_test(test_block_exact_grid),
+        cmocka_unit_test(test_block_repacked),
         cmocka_unit_test(test_block_embedding_and_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/cpu.h" /* gang__cpu_simd_force */
 #include "fixtures.h"
 #include "ganglion/model.h"
 
@@ -324,7 +325,11 @@ static void test_truncated(void **state)
 
 int main(void)
 {
-    /* test_resident first: its RSS deltas are of a process that has not loaded yet. */
+    /* test_resident first: its RSS deltas are of a process that has not loaded yet. The
+     * CPU kernels at the AVX2 level: at the AVX-512 VNNI level the loader hands them the
+     * 32-element types to repack (gang_kernels_block_repack), copies, and drops the mapped
+     * pages; this test is about the file's layout mapped. */
+    gang__cpu_simd_force(gang__cpu_avx2_usable());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resident),
         cmocka_unit_test(test_rank_pages),

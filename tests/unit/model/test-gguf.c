@@ -756,8 +756,12 @@ static void test_model(void **state)
 
     /* --dtype auto (issue #27): the Q8_0 k_proj stays the file's blocks, its rows in the
      * Hugging Face order (whole rows moved), on TP 1 and on TP 2's rank 1; the BF16 /
-     * F32 matrices are f32, and the embedding f32; the load line names the storage. */
+     * F32 matrices are f32, and the embedding f32; the load line names the storage. The
+     * rows are read through the CPU kernels' embedding lookup, which also reads the
+     * interleaved copy the loader makes where the CPU runs AVX-512 VNNI. */
     gang_load_options auto_opt = {.dtype = "auto", .quantize = "none"};
+    gang_kernels *kc = NULL;
+    assert_int_equal(gang_kernels_open("cpu", &kc), 0);
     for (int tp = 1; tp <= 2; tp++) {
         gang_topology tt = fx_topo(path, (uint32_t)tp, 1);
         float row[H];
@@ -769,10 +773,10 @@ static void test_model(void **state)
         assert_int_equal(m->layers[0].mtype[0], GANG_KW_F32);
         assert_int_equal(m->layers[0].mtype[3], GANG_KW_F32);
         assert_int_equal(m->wtype, GANG_KW_F32);
+        gang_kernels_weight wk = gang_kernels_weight_view(GANG_KW_Q8_0, m->layers[0].wk, HD, H);
         for (r = 0; r < HD; r++) {
-            assert_int_equal(gang_kernels_block_dequant(
-                                 GANG_KW_Q8_0, (const char *)m->layers[0].wk + r * 34, H, row),
-                             0);
+            int32_t id = (int32_t)r;
+            assert_int_equal(gang_kernels_embedding_w(kc, &wk, HD, H, &id, 1, row), 0);
             for (c = 0; c < H; c++)
                 assert_true(row[c] == (float)k_q(gguf_row(r), c));
         }
@@ -780,6 +784,7 @@ static void test_model(void **state)
         assert_non_null(strstr(m->storage, "q8_0 x 1"));
         gang_model_free(m);
     }
+    gang_kernels_close(kc);
 
     /* Llama 3.1's llama3 scaling as llama.cpp writes it: each inverse frequency divided by
      * its factor from rope_freqs.weight; a factor of 0 is refused. */
