@@ -705,6 +705,30 @@ int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const 
     return k->be->matmul(k->ctx, m, n, kdim, x, w, y);
 }
 
+int gang_kernels_matmul_n(gang_kernels *k, size_t m, size_t kdim, const float *x, size_t count,
+                          const gang_kernels_weight *w, const size_t *n, float *const *y)
+{
+    int rc;
+
+    if (k == NULL || x == NULL || w == NULL || n == NULL || y == NULL || count == 0 ||
+        count > GANG_KERNELS_MATMUL_N_MAX || m == 0 || kdim == 0)
+        return GANG_EINVAL;
+    for (size_t i = 0; i < count; i++) {
+        if (y[i] == NULL || !weight_ok(&w[i], kdim) || n[i] == 0)
+            return GANG_EINVAL;
+        if ((rc = mm_dims(m, n[i], kdim)) < 0)
+            return rc;
+    }
+    if (k->be->matmul_n == NULL) {
+        for (size_t i = 0; i < count; i++)
+            if ((rc = gang_kernels_matmul(k, m, n[i], kdim, x, &w[i], y[i])) != 0)
+                return rc;
+        return 0;
+    }
+    k->cnt.launches++;
+    return k->be->matmul_n(k->ctx, m, kdim, x, count, w, n, y);
+}
+
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
 {
     if (k == NULL || x == NULL || y == NULL || n == 0)

@@ -72,6 +72,10 @@ typedef struct gang__kernels_backend {
     int (*matmul)(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
                   const gang_kernels_weight *w, float *y);
     int matmul_f32; /* 1: matmul takes F32 weights itself (the CPU: its own kernels) */
+    /* Optional: several weights of one x (gang_kernels_matmul_n, weights the front checked);
+     * NULL: the front calls matmul once per weight. */
+    int (*matmul_n)(void *ctx, size_t m, size_t kdim, const float *x, size_t count,
+                    const gang_kernels_weight *w, const size_t *n, float *const *y);
     int (*embedding)(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                      const int32_t *ids, size_t n_ids, float *out);
     int (*add)(void *ctx, float *x, const float *y, size_t n);

@@ -203,6 +203,19 @@ static int tp_matmul(gang_kernels *k, const gang_tp_layer *l, const float *x, si
     return gang_kernels_matmul(k, tokens, out, in, x, &v, y);
 }
 
+/* y[i] [tokens, out[i]] = x . W_i^T for count matrices of l read from the same x, in one
+ * call (gang_kernels_matmul_n: the host backend shares x's preparation and its threads). */
+static int tp_matmul_n(gang_kernels *k, const gang_tp_layer *l, const float *x, size_t tokens,
+                       size_t in, size_t count, const void *const *w, const size_t *out,
+                       float *const *y)
+{
+    gang_kernels_weight v[GANG_KERNELS_MATMUL_N_MAX];
+
+    for (size_t i = 0; i < count; i++)
+        v[i] = gang_kernels_weight_view(tp_wtype(l, w[i]), w[i], out[i], in);
+    return gang_kernels_matmul_n(k, tokens, in, x, count, v, out, y);
+}
+
 static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage *st,
                                 const gang_tp_layer *l, const float *x_shard, size_t tokens,
                                 size_t in_shard, const void *w_shard, size_t out, float *y,
@@ -643,12 +656,15 @@ static int tp_batch_attend_seqs(const gang_tp_layer *l, gang_kernels *k, uint32_
 
 /*
  * The q, k and v projections of the call's tokens into s->q, kp and vp: one GEMM over the
- * concatenated weight of a device layer, split back into the three in one launch; three
- * GEMMs on the host.
+ * concatenated weight of a device layer, split back into the three in one launch; one
+ * gang_kernels_matmul_n of the three weights on the host.
  */
 static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
                         float *kp, float *vp)
 {
+    const void *const w[3] = {l->wq, l->wk, l->wv};
+    const size_t out[3] = {s->q_cols, s->kv_cols, s->kv_cols};
+    float *const y[3] = {s->q, kp, vp};
     int rc;
 
     if (l->wqkv != NULL) {
@@ -658,30 +674,26 @@ static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch
                        : gang_kernels_split_cols3(k, s->fused, total, s->q_cols, s->kv_cols,
                                                   s->kv_cols, s->q, kp, vp);
     }
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wq, s->q_cols, s->q);
-    if (rc == 0)
-        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wk, s->kv_cols, kp);
-    if (rc == 0)
-        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wv, s->kv_cols, vp);
-    return rc;
+    return tp_matmul_n(k, l, s->normed, total, l->hidden, 3, w, out, y);
 }
 
 /*
  * The MLP's gated unit of the call's tokens into s->gate: one GEMM over the concatenated
- * gate/up weight of a device layer and one gated-unit launch on its rows; two GEMMs and
- * the element-wise gate on the host.
+ * gate/up weight of a device layer and one gated-unit launch on its rows; one
+ * gang_kernels_matmul_n of the two weights and the element-wise gate on the host.
  */
 static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total)
 {
+    const void *const w[2] = {l->w_gate, l->w_up};
+    const size_t out[2] = {s->ffn_cols, s->ffn_cols};
+    float *const y[2] = {s->gate, s->up};
     int gelu = l->act == GANG_ACT_GELU_TANH, rc;
 
     if (l->wgu != NULL) {
         rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wgu, 2 * s->ffn_cols, s->fused);
         return rc != 0 ? rc : gang_kernels_glu(k, gelu, s->fused, total, s->ffn_cols, s->gate);
     }
-    rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_gate, s->ffn_cols, s->gate);
-    if (rc == 0)
-        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->w_up, s->ffn_cols, s->up);
+    rc = tp_matmul_n(k, l, s->normed, total, l->hidden, 2, w, out, y);
     if (rc != 0)
         return rc;
     return gelu ? gang_kernels_gelu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate)

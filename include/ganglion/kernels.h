@@ -209,6 +209,21 @@ int gang_kernels_matmul(gang_kernels *k, size_t m, size_t n, size_t kdim, const 
                         const gang_kernels_weight *w, float *y);
 
 /*
+ * Several products of one x in one call: y[i] = x . w[i]^T for i < count, w[i] [n[i], kdim],
+ * each y[i] exactly what gang_kernels_matmul(k, m, n[i], kdim, x, &w[i], y[i]) writes (the
+ * same kernels on the same rows, to the bit). Why: the projections that read the same
+ * activations (q, k and v; gate and up) share their preparation and their threads: on the
+ * CPU, x is quantized once for block weights and every weight's rows are one job on the
+ * pool, so a small matrix (SmolLM2's k and v: 192 rows) no longer runs on the caller alone.
+ * Backends without their own version get count calls of gang_kernels_matmul. count is 1 ..
+ * GANG_KERNELS_MATMUL_N_MAX; the outputs must not overlap x, the weights or each other.
+ * Errors: gang_kernels_matmul's, for any of the weights (checked before anything runs).
+ */
+#define GANG_KERNELS_MATMUL_N_MAX 4
+int gang_kernels_matmul_n(gang_kernels *k, size_t m, size_t kdim, const float *x, size_t count,
+                          const gang_kernels_weight *w, const size_t *n, float *const *y);
+
+/*
  * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale;
  * a block type: the row dequantized, gang_kernels_block_dequant): out[t, :] =
  * f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding, and

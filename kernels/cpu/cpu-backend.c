@@ -194,6 +194,24 @@ static int cpu_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x
     return gang__cpu_matmul(m, n, kdim, x, w, y);
 }
 
+/* Block weights of one x share its quantization and one pool job; any other mix is one
+ * matmul per weight (their kernels prepare nothing they could share). */
+static int cpu_matmul_n(void *ctx, size_t m, size_t kdim, const float *x, size_t count,
+                        const gang_kernels_weight *w, const size_t *n, float *const *y)
+{
+    int blocks = 1, rc;
+
+    (void)ctx;
+    for (size_t i = 0; i < count; i++)
+        blocks &= gang_kernels_wtype_block(w[i].type, NULL, NULL);
+    if (blocks)
+        return gang__cpu_qmatmul_n(m, kdim, x, count, w, n, y);
+    for (size_t i = 0; i < count; i++)
+        if ((rc = gang__cpu_matmul(m, n[i], kdim, x, &w[i], y[i])) != 0)
+            return rc;
+    return 0;
+}
+
 /* Every id is checked before the first row is copied: nothing is written on a bad id. */
 static int cpu_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                          const int32_t *ids, size_t n_ids, float *out)
@@ -300,6 +318,7 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .scale = cpu_scale,
     .matmul = cpu_matmul,
     .matmul_f32 = 1,
+    .matmul_n = cpu_matmul_n,
     .embedding = cpu_embedding,
     .add = cpu_add,
     .add_rows = cpu_add_rows,

@@ -326,6 +326,56 @@ void gang__cpu_qmatmul_rows_avx512(size_t m, size_t kdim, const gang__cpu_qx *qx
 #undef QV_CASE
 }
 
+/*
+ * x's int8 copy as gang__cpu_quantize_x makes it, and the half-group sums the repacked
+ * kernels take (sx, two per group), one group of 32 in two 512-bit vectors. Bit for bit
+ * the portable function's: max |x| is exact in any order, d and 1 / d the same f32
+ * divisions, the products x / d rounded to the nearest even integer as lrintf does under
+ * the default rounding mode (vcvtps2dq), then clamped to +-127. A group with a NaN or an
+ * infinity goes to the portable code (its NaN ordering is the reference's).
+ */
+void gang__cpu_quantize_x_avx512(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                 int32_t *sx)
+{
+    const size_t groups = kdim / 32;
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    const __m512 inf = _mm512_set1_ps(__builtin_inff());
+
+    for (size_t i = 0; i < m * groups; i++) {
+        const float *v = x + 32 * i;
+        __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+        __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+        /* ordered compares: a NaN or an infinity fails them */
+        __mmask16 ok0 = _mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ);
+        __mmask16 ok1 = _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ);
+        gang__cpu_qx one = {.q = qx->q + 32 * i, .d = qx->d + i, .ds = qx->ds + i};
+        float amax, d, id;
+
+        if ((ok0 & ok1) != 0xffff) {
+            gang__cpu_quantize_x(v, 1, 32, &one);
+            sx[2 * i] = sx[2 * i + 1] = 0;
+            for (int j = 0; j < 16; j++) {
+                sx[2 * i] += one.q[j];
+                sx[2 * i + 1] += one.q[16 + j];
+            }
+            continue;
+        }
+        amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        d = amax / 127.0f;
+        id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        q0 = _mm512_min_epi32(_mm512_max_epi32(q0, lo), hi);
+        q1 = _mm512_min_epi32(_mm512_max_epi32(q1, lo), hi);
+        _mm_storeu_si128((__m128i *)(void *)one.q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(void *)(one.q + 16), _mm512_cvtepi32_epi8(q1));
+        sx[2 * i] = _mm512_reduce_add_epi32(q0);
+        sx[2 * i + 1] = _mm512_reduce_add_epi32(q1);
+        qx->d[i] = d;
+        qx->ds[i] = d * (float)(sx[2 * i] + sx[2 * i + 1]);
+    }
+}
+
 #else /* built without the AVX-512 VNNI flags: never usable, the AVX2 kernel stands in */
 
 int gang__cpu_avx512_usable(void)
@@ -338,6 +388,17 @@ void gang__cpu_qmatmul_rows_avx512(size_t m, size_t kdim, const gang__cpu_qx *qx
                                    size_t ldy)
 {
     gang__cpu_qmatmul_rows_avx2(m, kdim, qx, w, o0, o1, y, ldy);
+}
+
+void gang__cpu_quantize_x_avx512(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                 int32_t *sx)
+{
+    gang__cpu_quantize_x(x, m, kdim, qx);
+    for (size_t h = 0; h < 2 * m * (kdim / 32); h++) {
+        sx[h] = 0;
+        for (size_t j = 0; j < 16; j++)
+            sx[h] += qx->q[16 * h + j];
+    }
 }
 
 #endif

@@ -26,7 +26,8 @@
 
 #define GANG__QMM_ROWS 8
 #define GANG__QMM_MIN_MACS 200000 /* as cpu-matmul.c: below this, the caller alone */
-#define GANG__QMM_CHUNKS_PER_THREAD 8
+#define GANG__QMM_CHUNKS_PER_THREAD 16
+#define GANG__QMM_PARTS_MAX GANG_KERNELS_MATMUL_N_MAX
 
 void gang__cpu_quantize_x(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx)
 {
@@ -96,37 +97,48 @@ void gang__cpu_qmatmul_rows_ref(size_t m, size_t kdim, const gang__cpu_qx *qx,
     }
 }
 
-typedef struct qmm_job {
-    size_t m, n, kdim, rows_per_chunk;
-    const gang__cpu_qx *qx;
+/* One weight of a call: its rows' chunks are the job's chunks [c0, c0 + chunks). */
+typedef struct qmm_part {
     const gang_kernels_weight *w;
+    size_t n, rows_per_chunk, c0, chunks;
     float *y;
+    gang__cpu_rp rp;
+    int rep; /* 1: w is repacked (rp; chunks of rows_per_chunk groups of 16 rows) */
+} qmm_part;
+
+typedef struct qmm_job {
+    size_t m, kdim, n_parts;
+    const gang__cpu_qx *qx;
+    qmm_part *parts;
     int simd;
-    const gang__cpu_rp *rp; /* a repacked weight: chunks of rows_per_chunk groups */
-    const int32_t *sx;
+    const int32_t *sx; /* x's half-group sums (the repacked kernels') */
     atomic_int rc;
 } qmm_job;
 
 static void qmm_chunk(void *arg, size_t c)
 {
     const qmm_job *j = arg;
-    size_t o0 = c * j->rows_per_chunk;
-    size_t o1 = o0 + j->rows_per_chunk < j->n ? o0 + j->rows_per_chunk : j->n;
+    const qmm_part *p = j->parts;
+    size_t o0, o1;
 
-    if (j->rp != NULL) {
-        size_t g1 = o0 + j->rows_per_chunk < j->rp->groups ? o0 + j->rows_per_chunk : j->rp->groups;
+    while (c >= p->c0 + p->chunks) /* at most GANG__QMM_PARTS_MAX parts */
+        p++;
+    o0 = (c - p->c0) * p->rows_per_chunk;
+    if (p->rep) {
+        size_t g1 = o0 + p->rows_per_chunk < p->rp.groups ? o0 + p->rows_per_chunk : p->rp.groups;
         if (j->simd >= 2)
-            gang__cpu_rp_rows_avx512(j->m, j->qx, j->sx, j->rp, o0, g1, j->y, j->n);
-        else if (gang__cpu_rp_rows_ref(j->m, j->qx, j->rp, o0, g1, j->y, j->n) != 0)
+            gang__cpu_rp_rows_avx512(j->m, j->qx, j->sx, &p->rp, o0, g1, p->y, p->n);
+        else if (gang__cpu_rp_rows_ref(j->m, j->qx, &p->rp, o0, g1, p->y, p->n) != 0)
             atomic_store(&((qmm_job *)arg)->rc, GANG_ENOMEM); /* any chunk's failure fails */
         return;
     }
+    o1 = o0 + p->rows_per_chunk < p->n ? o0 + p->rows_per_chunk : p->n;
     if (j->simd >= 2)
-        gang__cpu_qmatmul_rows_avx512(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
+        gang__cpu_qmatmul_rows_avx512(j->m, j->kdim, j->qx, p->w, o0, o1, p->y, p->n);
     else if (j->simd)
-        gang__cpu_qmatmul_rows_avx2(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
+        gang__cpu_qmatmul_rows_avx2(j->m, j->kdim, j->qx, p->w, o0, o1, p->y, p->n);
     else
-        gang__cpu_qmatmul_rows_ref(j->m, j->kdim, j->qx, j->w, o0, o1, j->y, j->n);
+        gang__cpu_qmatmul_rows_ref(j->m, j->kdim, j->qx, p->w, o0, o1, p->y, p->n);
 }
 
 /* The int sums of each half of each group of 32 of x's int8 copy (the repacked kernel's
@@ -142,49 +154,104 @@ static void qmm_sums(size_t m, size_t kdim, const gang__cpu_qx *qx, int32_t *sx)
 }
 
 /*
- * The block product (gang_kernels_matmul validated the sizes: kdim is a whole number of
- * the type's blocks, hence of 32). x's int8 copy (and for a repacked weight its group
- * sums) is one allocation per call, freed before returning: GANG_ENOMEM when it cannot be
- * had; GANG_EINVAL for a repacked weight viewed with other sizes than it was made with.
+ * Cuts every part's rows into chunks of about the same work: units of 16 rows (a group)
+ * for a repacked weight, GANG__QMM_ROWS rows in the file's layout, the same number of
+ * units per chunk across the parts, GANG__QMM_CHUNKS_PER_THREAD chunks per thread in all.
+ * Returns the job's chunk count (one per part when share, the threads, is 1).
  */
-int gang__cpu_qmatmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
-                      float *y)
+static size_t qmm_plan(qmm_part *parts, size_t n_parts, unsigned share)
 {
-    size_t groups = kdim / 32, blocks = (n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS,
-           unit = GANG__QMM_ROWS;
-    size_t chunks;
+    size_t units = 0, per, c0 = 0;
+
+    for (size_t i = 0; i < n_parts; i++)
+        units +=
+            parts[i].rep ? parts[i].rp.groups : (parts[i].n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS;
+    if (share <= 1)
+        per = units; /* every part one chunk */
+    else
+        per = (units + (size_t)share * GANG__QMM_CHUNKS_PER_THREAD - 1) /
+              ((size_t)share * GANG__QMM_CHUNKS_PER_THREAD);
+    for (size_t i = 0; i < n_parts; i++) {
+        qmm_part *p = &parts[i];
+        size_t u = p->rep ? p->rp.groups : (p->n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS;
+        size_t pu = per < u ? per : u;
+
+        p->rows_per_chunk = p->rep ? pu : pu * GANG__QMM_ROWS;
+        p->chunks = (u + pu - 1) / pu;
+        p->c0 = c0;
+        c0 += p->chunks;
+    }
+    return c0;
+}
+
+/*
+ * The block products of one x against n_parts weights (gang_kernels_matmul validated the
+ * sizes: kdim is a whole number of each type's blocks, hence of 32): x is quantized once
+ * (and for repacked weights its half-group sums taken once), then every weight's chunks
+ * run as one job on the pool. Each output row is computed exactly as a call with that
+ * weight alone would. x's int8 copy is one allocation per call, freed before returning:
+ * GANG_ENOMEM when it cannot be had; GANG_EINVAL for a repacked weight viewed with other
+ * sizes than it was made with.
+ */
+int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
+                        const gang_kernels_weight *w, const size_t *n, float *const *y)
+{
+    size_t groups = kdim / 32, chunks;
     unsigned threads = gang__cpu_threads();
-    gang__cpu_rp rp;
-    int rep = gang__cpu_rp_get(w, n, kdim, &rp);
+    double macs = 0.0;
+    qmm_part parts[GANG__QMM_PARTS_MAX];
     char *buf;
     gang__cpu_qx qx;
-    qmm_job j = {.m = m, .n = n, .kdim = kdim, .qx = &qx, .w = w, .y = y, .simd = gang__cpu_simd()};
+    qmm_job j = {.m = m,
+                 .kdim = kdim,
+                 .n_parts = n_parts,
+                 .qx = &qx,
+                 .parts = parts,
+                 .simd = gang__cpu_simd()};
+    int any_rep = 0;
 
-    if (rep < 0)
-        return rep;
+    if (n_parts == 0 || n_parts > GANG__QMM_PARTS_MAX)
+        return GANG_EINVAL;
+    for (size_t i = 0; i < n_parts; i++) {
+        int rep = gang__cpu_rp_get(&w[i], n[i], kdim, &parts[i].rp);
+
+        if (rep < 0)
+            return rep;
+        parts[i].w = &w[i];
+        parts[i].n = n[i];
+        parts[i].y = y[i];
+        parts[i].rep = rep;
+        any_rep |= rep;
+        macs += (double)m * (double)n[i] * (double)kdim;
+    }
+    if (macs < GANG__QMM_MIN_MACS)
+        threads = 1; /* too small to share: the caller alone */
     buf = malloc(m * kdim + 4 * m * groups * sizeof(float) + 64);
     if (buf == NULL)
         return GANG_ENOMEM;
     qx.d = (float *)(void *)buf;
     qx.ds = qx.d + m * groups;
     qx.q = (int8_t *)(qx.ds + 3 * m * groups);
-    gang__cpu_quantize_x(x, m, kdim, &qx);
-    if (rep) { /* chunks of whole groups of 16 rows */
-        j.rp = &rp;
-        j.sx = (const int32_t *)(const void *)(qx.ds + m * groups);
-        qmm_sums(m, kdim, &qx, (int32_t *)(void *)(qx.ds + m * groups));
-        blocks = rp.groups;
-        unit = 1;
+    j.sx = (const int32_t *)(const void *)(qx.ds + m * groups);
+    if (j.simd >= 2)
+        gang__cpu_quantize_x_avx512(x, m, kdim, &qx, (int32_t *)(void *)(qx.ds + m * groups));
+    else {
+        gang__cpu_quantize_x(x, m, kdim, &qx);
+        if (any_rep)
+            qmm_sums(m, kdim, &qx, (int32_t *)(void *)(qx.ds + m * groups));
     }
-    chunks = (size_t)threads * GANG__QMM_CHUNKS_PER_THREAD;
-    if ((double)m * (double)n * (double)kdim < GANG__QMM_MIN_MACS || threads <= 1)
-        chunks = 1;
-    if (chunks > blocks)
-        chunks = blocks;
-    j.rows_per_chunk = (blocks + chunks - 1) / chunks * unit;
-    chunks = rep ? (blocks + j.rows_per_chunk - 1) / j.rows_per_chunk
-                 : (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
-    gang__cpu_parallel(qmm_chunk, &j, chunks);
+    chunks = qmm_plan(parts, n_parts, threads);
+    if (threads <= 1)
+        for (size_t c = 0; c < chunks; c++)
+            qmm_chunk(&j, c);
+    else
+        gang__cpu_parallel(qmm_chunk, &j, chunks);
     free(buf);
     return atomic_load(&j.rc);
+}
+
+int gang__cpu_qmatmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
+                      float *y)
+{
+    return gang__cpu_qmatmul_n(m, kdim, x, 1, w, &n, &y);
 }

@@ -111,6 +111,14 @@ int gang__cpu_avx512_usable(void);
 void gang__cpu_qmatmul_rows_avx512(size_t m, size_t kdim, const gang__cpu_qx *qx,
                                    const gang_kernels_weight *w, size_t o0, size_t o1, float *y,
                                    size_t ldy);
+/* gang__cpu_quantize_x's output to the bit, and sx[2 g], sx[2 g + 1] the int sums of the
+ * two halves of x's group g (the repacked kernels' offsets), by AVX-512. */
+void gang__cpu_quantize_x_avx512(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx,
+                                 int32_t *sx);
+/* The block products of one x against n_parts <= GANG_KERNELS_MATMUL_N_MAX weights
+ * (gang_kernels_matmul_n): x quantized once, one job on the pool. */
+int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
+                        const gang_kernels_weight *w, const size_t *n, float *const *y);
 
 /* cpu-pool.c: runs fn(arg, c) for every chunk c < chunks on the pool's threads and the
  * caller, returning when all are done (see the file's comment). gang__cpu_threads: the

@@ -8,7 +8,9 @@
  * kernel (each where the CPU has it; a NOTE says which are skipped), within the bound
  * the contract states for the activations' rounding; each SIMD kernel against the
  * portable one much tighter; the embedding
- * rows of a block table equal to the dequantized rows; the sizes and refusals.
+ * rows of a block table equal to the dequantized rows; the sizes and refusals; x's int8
+ * copy by AVX-512 equal to the portable one; gang_kernels_matmul_n equal to one
+ * gang_kernels_matmul per weight, to the bit.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -367,6 +369,155 @@ static void test_block_repacked(void **state)
     gang__cpu_simd_force(-1);
 }
 
+/*
+ * x's int8 copy by AVX-512 (gang__cpu_quantize_x_avx512): the portable function's bytes,
+ * scales and sums to the bit, and the half-group sums of the repacked kernels, on groups
+ * of every kind: random, all zero, one huge value, exact halves (round to even), values
+ * just under a rounding boundary, denormals, a NaN and an infinity (the portable path).
+ */
+static void test_quantize_x_simd(void **state)
+{
+    (void)state;
+    if (simd_levels() < 3) {
+        skip(); /* simd_levels printed why */
+        return;
+    }
+    const size_t m = 3, kdim = 32 * 9, groups = kdim / 32;
+    float *x = make_x(m, kdim);
+    for (int j = 0; j < 32; j++) {
+        x[64 + j] = (float)(j - 16) + 0.5f;            /* ties: 127 / 15.5 scales them */
+        x[96 + j] = j == 5 ? 1e30f : 1e-3f * (float)j; /* one huge value */
+        x[128 + j] = 1e-40f * (float)(j + 1);          /* denormals */
+        x[160 + j] = j == 7 ? NAN : (float)j;          /* a NaN */
+        x[192 + j] = j == 9 ? -INFINITY : (float)j;    /* an infinity */
+        x[224 + j] = j == 0 ? 127.0f : (float)j + 0.49999997f;
+    }
+    int8_t *q0 = calloc(m * kdim, 1), *q1 = calloc(m * kdim, 1);
+    float *f0 = calloc(4 * m * groups, sizeof(float)), *f1 = calloc(4 * m * groups, sizeof(float));
+    int32_t *sx = calloc(2 * m * groups, sizeof(int32_t));
+    assert_non_null(q0);
+    assert_non_null(q1);
+    assert_non_null(f0);
+    assert_non_null(f1);
+    assert_non_null(sx);
+    gang__cpu_qx a = {q0, f0, f0 + m * groups}, b = {q1, f1, f1 + m * groups};
+    gang__cpu_quantize_x(x, m, kdim, &a);
+    gang__cpu_quantize_x_avx512(x, m, kdim, &b, sx);
+    assert_memory_equal(q0, q1, m * kdim);
+    assert_memory_equal(f0, f1, 2 * m * groups * sizeof(float)); /* d and ds, NaN bits too */
+    for (size_t h = 0; h < 2 * m * groups; h++) {
+        int32_t v = 0;
+        for (size_t j = 0; j < 16; j++)
+            v += q0[16 * h + j];
+        assert_int_equal(sx[h], v);
+    }
+    assert_true(isnan(f1[6])); /* the infinity's group (6) says so */
+    free(x), free(q0), free(q1), free(f0), free(f1), free(sx);
+}
+
+/* y of w alone through gang_kernels_matmul, with a sentinel after it. */
+static float *single_product(gang_kernels *k, const gang_kernels_weight *w, size_t m, size_t n,
+                             size_t kdim, const float *x)
+{
+    float *y = malloc(m * n * sizeof(float));
+    assert_non_null(y);
+    assert_int_equal(gang_kernels_matmul(k, m, n, kdim, x, w, y), 0);
+    return y;
+}
+
+/*
+ * gang_kernels_matmul_n: each output to the bit what gang_kernels_matmul gives for its
+ * weight alone, at every SIMD level, for a mix of a repacked weight (where the kernel
+ * runs), block weights in the file's layout of other types, and for a bf16 + f32 mix (the
+ * fallback), at decode and batched sizes large enough to be shared over the pool; the
+ * refusals checked before anything is written.
+ */
+static void test_block_matmul_n(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t kdim = 256, ns[3] = {160, 48, 40}, ms[] = {1, 5, 17};
+    const gang_kernels_wtype ts[3] = {GANG_KW_Q4_1, GANG_KW_Q6_K, GANG_KW_Q8_0};
+    int levels = simd_levels();
+    uint8_t *w[3];
+    void *rp = NULL;
+
+    for (int i = 0; i < 3; i++) {
+        size_t e, bb;
+        assert_true(gang_kernels_wtype_block(ts[i], &e, &bb));
+        w[i] = make_blocks(ts[i], ns[i], kdim / e);
+    }
+    if (levels == 3)
+        rp = gang__cpu_rp_build(ts[0], w[0], ns[0], kdim);
+    for (int lv = 0; lv < levels; lv++)
+        for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+            size_t m = ms[mi];
+            float *x = make_x(m, kdim), *y[3], *one[3];
+            gang_kernels_weight v[3];
+            gang__cpu_simd_force(lv);
+            for (int i = 0; i < 3; i++) {
+                v[i] = gang_kernels_weight_view(ts[i], i == 0 && lv == 2 ? rp : w[i], ns[i], kdim);
+                y[i] = malloc(m * ns[i] * sizeof(float));
+                assert_non_null(y[i]);
+                one[i] = single_product(k, &v[i], m, ns[i], kdim, x);
+            }
+            assert_int_equal(gang_kernels_matmul_n(k, m, kdim, x, 3, v, ns, y), 0);
+            for (int i = 0; i < 3; i++) {
+                if (memcmp(y[i], one[i], m * ns[i] * sizeof(float)) != 0)
+                    fail_msg("matmul_n %s m %zu level %s: not the single product's bits",
+                             gang_kernels_wtype_name(ts[i]), m, level_name[lv]);
+                free(y[i]), free(one[i]);
+            }
+            free(x);
+        }
+    gang__cpu_simd_force(-1);
+    /* bf16 and f32 weights: one matmul each, the same bits */
+    {
+        size_t m = 3, n = 24;
+        float *wf = malloc(n * kdim * sizeof(float)), *x = make_x(m, kdim), *y[2], *one[2];
+        uint16_t *wb = malloc(n * kdim * sizeof(uint16_t));
+        assert_non_null(wf);
+        assert_non_null(wb);
+        for (size_t i = 0; i < n * kdim; i++)
+            wf[i] = rndf(0.1f);
+        assert_int_equal(gang_kernels_weight_pack(GANG_KW_BF16, wf, n, kdim, wb), 0);
+        gang_kernels_weight v[2] = {gang_kernels_weight_view(GANG_KW_BF16, wb, n, kdim),
+                                    gang_kernels_weight_view(GANG_KW_F32, wf, n, kdim)};
+        size_t nn[2] = {n, n};
+        for (int i = 0; i < 2; i++) {
+            y[i] = malloc(m * n * sizeof(float));
+            assert_non_null(y[i]);
+            one[i] = single_product(k, &v[i], m, n, kdim, x);
+        }
+        assert_int_equal(gang_kernels_matmul_n(k, m, kdim, x, 2, v, nn, y), 0);
+        for (int i = 0; i < 2; i++) {
+            assert_memory_equal(y[i], one[i], m * n * sizeof(float));
+            free(y[i]), free(one[i]);
+        }
+        free(wf), free(wb), free(x);
+    }
+    /* refusals, nothing written: a kdim that is not whole Q6_K blocks, a NULL output, counts */
+    {
+        float x[512] = {0}, y0[160], y1[160], *ys[3] = {y0, y1, NULL};
+        gang_kernels_weight v[3] = {gang_kernels_weight_view(ts[0], w[0], 2, 128),
+                                    gang_kernels_weight_view(ts[1], w[1], 2, 128),
+                                    gang_kernels_weight_view(ts[2], w[2], 2, 128)};
+        size_t nn[3] = {2, 2, 2};
+        for (size_t i = 0; i < 160; i++)
+            y0[i] = -7.0f;
+        assert_int_equal(gang_kernels_matmul_n(k, 1, 128, x, 2, v, nn, ys), GANG_EINVAL);
+        assert_true(y0[0] == -7.0f); /* the Q4_1 product did not run before the Q6_K refusal */
+        assert_int_equal(gang_kernels_matmul_n(k, 1, 256, x, 3, v, nn, ys), GANG_EINVAL);
+        assert_int_equal(gang_kernels_matmul_n(k, 1, 256, x, 0, v, nn, ys), GANG_EINVAL);
+        assert_int_equal(
+            gang_kernels_matmul_n(k, 1, 256, x, GANG_KERNELS_MATMUL_N_MAX + 1, v, nn, ys),
+            GANG_EINVAL);
+        assert_true(y0[0] == -7.0f);
+    }
+    free(rp);
+    for (int i = 0; i < 3; i++)
+        free(w[i]);
+}
+
 static void test_block_embedding_and_sizes(void **state)
 {
     gang_kernels *k = *state;
@@ -425,10 +576,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_matmul),
-        cmocka_unit_test(test_block_exact_grid),
-        cmocka_unit_test(test_block_repacked),
-        cmocka_unit_test(test_block_embedding_and_sizes),
+        cmocka_unit_test(test_block_matmul),   cmocka_unit_test(test_block_exact_grid),
+        cmocka_unit_test(test_block_repacked), cmocka_unit_test(test_quantize_x_simd),
+        cmocka_unit_test(test_block_matmul_n), cmocka_unit_test(test_block_embedding_and_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
