@@ -42,13 +42,13 @@ static inline float attn_dot(const float *a, const float *b, size_t n)
 }
 
 /* Four keys at a time: four accumulators, summed across lanes together by two hadd steps. */
-static inline void attn_scores(const float *q, const float *kt, size_t nt, size_t hd, float scale,
-                               float *s)
+static inline void attn_scores(const float *q, const float *const *kr, size_t nt, size_t hd,
+                               float scale, float *s)
 {
     size_t t = 0;
 
     for (; t + 4 <= nt; t += 4) {
-        const float *k0 = kt + t * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        const float *k0 = kr[t], *k1 = kr[t + 1], *k2 = kr[t + 2], *k3 = kr[t + 3];
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, h;
         __m128 r;
         size_t d = 0;
@@ -69,11 +69,11 @@ static inline void attn_scores(const float *q, const float *kt, size_t nt, size_
         _mm_storeu_ps(s + t, _mm_mul_ps(r, _mm_set1_ps(scale)));
     }
     for (; t < nt; t++)
-        s[t] = attn_dot(q, kt + t * hd, hd) * scale;
+        s[t] = attn_dot(q, kr[t], hd) * scale;
 }
 
 /* 32 columns at a time held in registers over the whole tile, then 8, then a scalar tail. */
-static inline void attn_pv(float *acc, const float *p, const float *vt, size_t nt, size_t hd)
+static inline void attn_pv(float *acc, const float *p, const float *const *vr, size_t nt, size_t hd)
 {
     size_t d = 0;
 
@@ -82,7 +82,7 @@ static inline void attn_pv(float *acc, const float *p, const float *vt, size_t n
         __m256 c2 = _mm256_loadu_ps(acc + d + 16), c3 = _mm256_loadu_ps(acc + d + 24);
 
         for (size_t t = 0; t < nt; t++) {
-            const float *v = vt + t * hd + d;
+            const float *v = vr[t] + d;
             __m256 pv = _mm256_broadcast_ss(p + t);
 
             c0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v), c0);
@@ -99,12 +99,12 @@ static inline void attn_pv(float *acc, const float *p, const float *vt, size_t n
         __m256 c = _mm256_loadu_ps(acc + d);
 
         for (size_t t = 0; t < nt; t++)
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(vt + t * hd + d), c);
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(vr[t] + d), c);
         _mm256_storeu_ps(acc + d, c);
     }
     for (; d < hd; d++)
         for (size_t t = 0; t < nt; t++)
-            acc[d] += p[t] * vt[t * hd + d];
+            acc[d] += p[t] * vr[t][d];
 }
 
 static inline void attn_scal(float *y, float a, size_t n)

@@ -146,23 +146,23 @@ static int attention_blocked(const float *q, const void *kc, const void *vc,
 /* ---------------------------------------------------------------------------------
  * Work items: the portable instance of cpu-attention-item.h, and the driver.
  * --------------------------------------------------------------------------------- */
-static inline void attn_scores(const float *q, const float *kt, size_t nt, size_t hd, float scale,
-                               float *s)
+static inline void attn_scores(const float *q, const float *const *kr, size_t nt, size_t hd,
+                               float scale, float *s)
 {
     for (size_t t = 0; t < nt; t++) {
         float acc = 0.0f;
 
         for (size_t d = 0; d < hd; d++)
-            acc += q[d] * kt[t * hd + d];
+            acc += q[d] * kr[t][d];
         s[t] = acc * scale;
     }
 }
 
-static inline void attn_pv(float *acc, const float *p, const float *vt, size_t nt, size_t hd)
+static inline void attn_pv(float *acc, const float *p, const float *const *vr, size_t nt, size_t hd)
 {
     for (size_t t = 0; t < nt; t++)
         for (size_t d = 0; d < hd; d++)
-            acc[d] += p[t] * vt[t * hd + d];
+            acc[d] += p[t] * vr[t][d];
 }
 
 static inline void attn_scal(float *y, float a, size_t n)
