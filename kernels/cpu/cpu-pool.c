@@ -45,17 +45,21 @@ static struct {
     pthread_once_t once;
     pthread_mutex_t mu; /* guards sleeping on cv */
     pthread_cond_t cv;
-    unsigned n_workers;   /* threads besides the caller */
-    pid_t pid;            /* the process that started them (a forked child has none) */
-    unsigned limit;       /* threads a job may use, caller included (tests lower it) */
-    atomic_ulong job_seq; /* incremented when a job is published */
-    gang__cpu_task fn;    /* the current job, stable until every worker acknowledged it */
+    unsigned n_workers; /* threads besides the caller */
+    pid_t pid;          /* the process that started them (a forked child has none) */
+    unsigned limit;     /* threads a job may use, caller included (tests lower it) */
+    /* The job's fields, each written by the caller once per job and read by the workers;
+     * the counters every thread updates each on its own cache line, so that a worker
+     * spinning on job_seq and the threads taking chunks do not pull one line back and
+     * forth between the cores (false sharing). */
+    _Alignas(64) atomic_ulong job_seq; /* incremented when a job is published */
+    gang__cpu_task fn; /* the current job, stable until every worker acknowledged it */
     void *arg;
     size_t chunks;
-    atomic_size_t next; /* next chunk to take */
-    atomic_size_t done; /* chunks finished */
-    atomic_uint acks;   /* workers that finished with the current job */
-    atomic_flag busy;   /* a caller is publishing or running a job */
+    _Alignas(64) atomic_size_t next; /* next chunk to take */
+    _Alignas(64) atomic_size_t done; /* chunks finished (a thread adds its count once) */
+    _Alignas(64) atomic_uint acks;   /* workers that finished with the current job */
+    atomic_flag busy;                /* a caller is publishing or running a job */
 } pool = {.once = PTHREAD_ONCE_INIT,
           .mu = PTHREAD_MUTEX_INITIALIZER,
           .cv = PTHREAD_COND_INITIALIZER,
@@ -76,15 +80,18 @@ static long now_ns(void)
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* Takes chunks of the current job until none is left. */
+/* Takes chunks of the current job until none is left, then counts them done at once
+ * (one write to the shared counter per thread and job, not one per chunk). */
 static void run_chunks(void)
 {
-    size_t c;
+    size_t c, n = 0;
 
     while ((c = atomic_fetch_add(&pool.next, 1)) < pool.chunks) {
         pool.fn(pool.arg, c);
-        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+        n++;
     }
+    if (n > 0)
+        atomic_fetch_add_explicit(&pool.done, n, memory_order_release);
 }
 
 /* Waits (spin, then naps of at most GANG__POOL_NAP_MS) for a job other than seen. */
