@@ -194,22 +194,11 @@ static int cpu_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x
     return gang__cpu_matmul(m, n, kdim, x, w, y);
 }
 
-/* Block weights of one x share its quantization and one pool job; any other mix is one
- * matmul per weight (their kernels prepare nothing they could share). */
 static int cpu_matmul_n(void *ctx, size_t m, size_t kdim, const float *x, size_t count,
                         const gang_kernels_weight *w, const size_t *n, float *const *y)
 {
-    int blocks = 1, rc;
-
     (void)ctx;
-    for (size_t i = 0; i < count; i++)
-        blocks &= gang_kernels_wtype_block(w[i].type, NULL, NULL);
-    if (blocks)
-        return gang__cpu_qmatmul_n(m, kdim, x, count, w, n, y);
-    for (size_t i = 0; i < count; i++)
-        if ((rc = gang__cpu_matmul(m, n[i], kdim, x, &w[i], y[i])) != 0)
-            return rc;
-    return 0;
+    return gang__cpu_matmul_n(m, kdim, x, count, w, n, y);
 }
 
 /* Every id is checked before the first row is copied: nothing is written on a bad id. */

@@ -49,51 +49,115 @@ void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang
     }
 }
 
-typedef struct mm_job {
-    size_t m, n, kdim, rows_per_chunk;
-    const float *x;
+/* One weight of a call: its rows' chunks are the job's chunks [c0, c0 + chunks). */
+typedef struct mm_part {
     const gang_kernels_weight *w;
+    size_t n, rows_per_chunk, c0, chunks;
     float *y;
+} mm_part;
+
+typedef struct mm_job {
+    size_t m, kdim;
+    const float *x;
+    const mm_part *parts;
     int simd;
 } mm_job;
 
 static void mm_chunk(void *arg, size_t c)
 {
     const mm_job *j = arg;
-    size_t o0 = c * j->rows_per_chunk;
-    size_t o1 = o0 + j->rows_per_chunk < j->n ? o0 + j->rows_per_chunk : j->n;
+    const mm_part *p = j->parts;
+    size_t o0, o1;
 
+    while (c >= p->c0 + p->chunks) /* at most GANG_KERNELS_MATMUL_N_MAX parts */
+        p++;
+    o0 = (c - p->c0) * p->rows_per_chunk;
+    o1 = o0 + p->rows_per_chunk < p->n ? o0 + p->rows_per_chunk : p->n;
     if (j->simd)
-        gang__cpu_matmul_rows_avx2(j->m, j->kdim, j->x, j->w, o0, o1, j->y, j->n);
+        gang__cpu_matmul_rows_avx2(j->m, j->kdim, j->x, p->w, o0, o1, p->y, p->n);
     else
-        gang__cpu_matmul_rows_ref(j->m, j->kdim, j->x, j->w, o0, o1, j->y, j->n);
+        gang__cpu_matmul_rows_ref(j->m, j->kdim, j->x, p->w, o0, o1, p->y, p->n);
+}
+
+/*
+ * The typed products of one x against count weights as one job: every weight's rows cut
+ * into chunks of whole units (GANG__MM_ROWS rows, a packed panel of twice that from batch
+ * 4 on), the same number of units per chunk across the weights, about
+ * GANG__MM_CHUNKS_PER_THREAD chunks per thread in all; a call below GANG__MM_MIN_MACS
+ * multiply-adds in all runs on the caller. F32 weights need the AVX2 kernels here (the
+ * caller sends them to OpenBLAS otherwise).
+ */
+static void cpu_matmul_parts(size_t m, size_t kdim, const float *x, size_t count,
+                             const gang_kernels_weight *w, const size_t *n, float *const *y,
+                             int simd)
+{
+    mm_part parts[GANG_KERNELS_MATMUL_N_MAX];
+    mm_job j = {.m = m, .kdim = kdim, .x = x, .parts = parts, .simd = simd};
+    size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS, units = 0, per, chunks = 0;
+    unsigned threads = gang__cpu_threads();
+    double macs = 0.0;
+
+    for (size_t i = 0; i < count; i++) {
+        units += (n[i] + unit - 1) / unit;
+        macs += (double)m * (double)n[i] * (double)kdim;
+    }
+    if (macs < GANG__MM_MIN_MACS)
+        threads = 1;
+    per = threads <= 1 ? units
+                       : (units + (size_t)threads * GANG__MM_CHUNKS_PER_THREAD - 1) /
+                             ((size_t)threads * GANG__MM_CHUNKS_PER_THREAD);
+    for (size_t i = 0; i < count; i++) {
+        size_t u = (n[i] + unit - 1) / unit, pu = per < u ? per : u;
+
+        parts[i] = (mm_part){.w = &w[i],
+                             .n = n[i],
+                             .y = y[i],
+                             .rows_per_chunk = pu * unit,
+                             .c0 = chunks,
+                             .chunks = (u + pu - 1) / pu};
+        chunks += parts[i].chunks;
+    }
+    if (threads <= 1)
+        for (size_t c = 0; c < chunks; c++)
+            mm_chunk(&j, c);
+    else
+        gang__cpu_parallel(mm_chunk, &j, chunks);
 }
 
 int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
                      float *y)
 {
-    mm_job j = {.m = m, .n = n, .kdim = kdim, .x = x, .w = w, .y = y, .simd = gang__cpu_simd()};
-    /* Batches of 4 and more run on panels of 16 W rows: chunks of whole panels. */
-    size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS;
-    size_t blocks = (n + unit - 1) / unit, chunks;
-    unsigned threads;
+    int simd = gang__cpu_simd();
 
     /* f32 weights: the AVX2 kernels where the CPU has them (decode streamed at twice
      * OpenBLAS's rate: SmolLM2 f32 at batch 1, 9.4 tokens/s through sgemm), else OpenBLAS
      * and its threads (the portable loop is the tests' reference, not a fast path). */
-    if (w->type == GANG_KW_F32 && !j.simd)
+    if (w->type == GANG_KW_F32 && !simd)
         return gang__cpu_gemm(1, m, n, kdim, 1.0f, x, w->data, 0.0f, y);
     if (gang_kernels_wtype_block(w->type, NULL, NULL))
         return gang__cpu_qmatmul(m, n, kdim, x, w, y); /* a GGUF file's blocks */
-    threads = gang__cpu_threads();
-    chunks = (size_t)threads * GANG__MM_CHUNKS_PER_THREAD;
-    if ((double)m * (double)n * (double)kdim < GANG__MM_MIN_MACS || threads <= 1)
-        chunks = 1;
-    if (chunks > blocks)
-        chunks = blocks;
-    j.rows_per_chunk = (blocks + chunks - 1) / chunks * unit;
-    chunks = (n + j.rows_per_chunk - 1) / j.rows_per_chunk;
-    gang__cpu_parallel(mm_chunk, &j, chunks);
+    cpu_matmul_parts(m, kdim, x, 1, w, &n, &y, simd);
+    return 0;
+}
+
+int gang__cpu_matmul_n(size_t m, size_t kdim, const float *x, size_t count,
+                       const gang_kernels_weight *w, const size_t *n, float *const *y)
+{
+    int simd = gang__cpu_simd(), blocks = 0, rc;
+
+    for (size_t i = 0; i < count; i++)
+        blocks += gang_kernels_wtype_block(w[i].type, NULL, NULL);
+    if (blocks == (int)count)
+        return gang__cpu_qmatmul_n(m, kdim, x, count, w, n, y);
+    for (size_t i = 0; blocks == 0 && i < count; i++)
+        blocks = w[i].type == GANG_KW_F32 && !simd; /* OpenBLAS's: one call each */
+    if (blocks == 0) {
+        cpu_matmul_parts(m, kdim, x, count, w, n, y, simd);
+        return 0;
+    }
+    for (size_t i = 0; i < count; i++) /* a mix of block and typed weights */
+        if ((rc = gang__cpu_matmul(m, n[i], kdim, x, &w[i], y[i])) != 0)
+            return rc;
     return 0;
 }
 

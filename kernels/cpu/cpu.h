@@ -73,6 +73,10 @@ int gang__cpu_gemm(int trans_b, size_t m, size_t n, size_t kdim, float alpha, co
  * the embedding over a typed table (ids already checked). */
 int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
                      float *y);
+/* gang_kernels_matmul_n: block weights through gang__cpu_qmatmul_n, typed ones (bf16, f16,
+ * int8, f32 with AVX2) as one pool job of all their rows, any other mix one call each. */
+int gang__cpu_matmul_n(size_t m, size_t kdim, const float *x, size_t count,
+                       const gang_kernels_weight *w, const size_t *n, float *const *y);
 void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang_kernels_weight *w,
                                size_t o0, size_t o1, float *y, size_t ldy);
 int gang__cpu_embedding_w(const gang_kernels_weight *table, size_t dim, const int32_t *ids,

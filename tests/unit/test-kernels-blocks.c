@@ -428,8 +428,8 @@ static float *single_product(gang_kernels *k, const gang_kernels_weight *w, size
 /*
  * gang_kernels_matmul_n: each output to the bit what gang_kernels_matmul gives for its
  * weight alone, at every SIMD level, for a mix of a repacked weight (where the kernel
- * runs), block weights in the file's layout of other types, and for a bf16 + f32 mix (the
- * fallback), at decode and batched sizes large enough to be shared over the pool; the
+ * runs), block weights in the file's layout of other types, and for a bf16 + int8 + f32
+ * mix (one job of typed rows), at sizes run on the caller and shared over the pool; the
  * refusals checked before anything is written.
  */
 static void test_block_matmul_n(void **state)
@@ -470,30 +470,36 @@ static void test_block_matmul_n(void **state)
             free(x);
         }
     gang__cpu_simd_force(-1);
-    /* bf16 and f32 weights: one matmul each, the same bits */
-    {
-        size_t m = 3, n = 24;
-        float *wf = malloc(n * kdim * sizeof(float)), *x = make_x(m, kdim), *y[2], *one[2];
+    /* typed weights (bf16, int8, f32) as one job, shared over the pool or not: the same
+     * bits as one matmul each */
+    for (size_t m = 1; m <= 5; m += 4) {
+        size_t n = 200;
+        float *wf = malloc(n * kdim * sizeof(float)), *x = make_x(m, kdim), *y[3], *one[3];
         uint16_t *wb = malloc(n * kdim * sizeof(uint16_t));
+        void *wi = malloc(gang_kernels_weight_bytes(GANG_KW_I8, n, kdim));
         assert_non_null(wf);
         assert_non_null(wb);
+        assert_non_null(wi);
         for (size_t i = 0; i < n * kdim; i++)
             wf[i] = rndf(0.1f);
         assert_int_equal(gang_kernels_weight_pack(GANG_KW_BF16, wf, n, kdim, wb), 0);
-        gang_kernels_weight v[2] = {gang_kernels_weight_view(GANG_KW_BF16, wb, n, kdim),
-                                    gang_kernels_weight_view(GANG_KW_F32, wf, n, kdim)};
-        size_t nn[2] = {n, n};
-        for (int i = 0; i < 2; i++) {
-            y[i] = malloc(m * n * sizeof(float));
+        assert_int_equal(gang_kernels_weight_pack(GANG_KW_I8, wf, n, kdim, wi), 0);
+        gang_kernels_weight v[3] = {gang_kernels_weight_view(GANG_KW_BF16, wb, n, kdim),
+                                    gang_kernels_weight_view(GANG_KW_I8, wi, n / 2, kdim),
+                                    gang_kernels_weight_view(GANG_KW_F32, wf, n / 8, kdim)};
+        size_t nn[3] = {n, n / 2, n / 8};
+        for (int i = 0; i < 3; i++) {
+            y[i] = malloc(m * nn[i] * sizeof(float));
             assert_non_null(y[i]);
-            one[i] = single_product(k, &v[i], m, n, kdim, x);
+            one[i] = single_product(k, &v[i], m, nn[i], kdim, x);
         }
-        assert_int_equal(gang_kernels_matmul_n(k, m, kdim, x, 2, v, nn, y), 0);
-        for (int i = 0; i < 2; i++) {
-            assert_memory_equal(y[i], one[i], m * n * sizeof(float));
+        assert_int_equal(gang_kernels_matmul_n(k, m, kdim, x, 3, v, nn, y), 0);
+        for (int i = 0; i < 3; i++) {
+            if (memcmp(y[i], one[i], m * nn[i] * sizeof(float)) != 0)
+                fail_msg("matmul_n typed weight %d m %zu: not the single product's bits", i, m);
             free(y[i]), free(one[i]);
         }
-        free(wf), free(wb), free(x);
+        free(wf), free(wb), free(wi), free(x);
     }
     /* refusals, nothing written: a kdim that is not whole Q6_K blocks, a NULL output, counts */
     {
