@@ -29,7 +29,7 @@
 #include <string.h>
 
 #define RP_INLINE static inline __attribute__((always_inline))
-#define RP_MT 8      /* rows of x per pass over a group */
+#define RP_MT 8       /* rows of x per pass over a group */
 #define RP_AHEAD 2048 /* bytes of W asked for ahead of the column block being read */
 
 /* The offset of t's codes (0 for the types with a minimum). */
