@@ -23,6 +23,11 @@
 #else
 #define GANG_QB_FN static inline
 #endif
+#if defined(__CUDA_ARCH__) /* the device pass: the host compiler does not know the pragma */
+#define GANG_QB_UNROLL _Pragma("unroll")
+#else
+#define GANG_QB_UNROLL
+#endif
 
 /* Block types as plain ints, equal to gang_kernels_wtype (the kernels are templates over
  * them, and this file must not depend on the public header's enum in device code). */
@@ -115,6 +120,7 @@ GANG_QB_FN void gang_qb_group_small(int t, const uint8_t *p, float w[32])
         const uint8_t *h = p + 2 + (has_min ? 2 : 0);
         qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
     }
+    GANG_QB_UNROLL
     for (int j = 0; j < 16; j++) {
         int lo = (qs[j] & 0x0f) | (int)((qh >> j) & 1u) << 4;
         int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
@@ -128,6 +134,7 @@ GANG_QB_FN void gang_qb_group(int t, const uint8_t *p, int g, float w[32])
 {
     if (t == GANG_QB_Q8_0) {
         float d = gang_qb_half(p);
+        GANG_QB_UNROLL
         for (int l = 0; l < 32; l++)
             w[l] = d * (float)(int8_t)p[2 + l] + 0.0f;
     } else if (t == GANG_QB_Q4_K || t == GANG_QB_Q5_K) {
@@ -139,6 +146,7 @@ GANG_QB_FN void gang_qb_group(int t, const uint8_t *p, int g, float w[32])
         gang_qb_k_scale_min(p + 4, g, &s, &mn);
         a = d * (float)s;
         b = -dmin * (float)mn;
+        GANG_QB_UNROLL
         for (int l = 0; l < 32; l++) {
             int v = (src[l] >> shift) & 0x0f;
             if (t == GANG_QB_Q5_K)
@@ -152,6 +160,7 @@ GANG_QB_FN void gang_qb_group(int t, const uint8_t *p, int g, float w[32])
         float a0 = d * (float)(int8_t)p[192 + 2 * g], a1 = d * (float)(int8_t)p[193 + 2 * g];
         int shift = (gg >> 1) * 4;
 
+        GANG_QB_UNROLL
         for (int l = 0; l < 32; l++) {
             int lo = (ql[l] >> shift) & 0x0f, hi = (qh[l] >> (2 * gg)) & 3;
             w[l] = (l < 16 ? a0 : a1) * (float)((lo | (hi << 4)) - 32) + 0.0f;
