@@ -28,6 +28,7 @@ typedef struct loader {
     gang__gguf gg;
     int is_gguf;
     int blocks;                  /* GGUF with --dtype auto: its quantized tensors stay blocks */
+    int keep_layout;             /* gang_load_options.keep_layout: no CPU repacking */
     const gang_model_config *hf; /* the config (GGUF: which heads to un-permute) */
     const gang_topology *t;
     char *err;
@@ -200,13 +201,14 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
 
 /*
  * *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
- * interleaved copy where they have one (gang_kernels_block_repack). The file's blocks are
+ * interleaved copy where they have one (gang_kernels_block_repack), unless the model is
+ * for a device (L->keep_layout: its kernels read the file's blocks). The file's blocks are
  * released here: an array of their own freed; a band that points into L's mapping has its
  * pages dropped (MADV_DONTNEED; ld_map_trim unmaps the file once nothing points into it).
  */
 static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
 {
-    void *rp = gang_kernels_block_repack(t, *w, n, kdim);
+    void *rp = L->keep_layout ? NULL : gang_kernels_block_repack(t, *w, n, kdim);
     const uint8_t *b = L->gg.map, *p = *w;
 
     if (rp == NULL)
@@ -591,6 +593,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     L.blocks = L.is_gguf && o != NULL && (o->dtype == NULL || strcmp(o->dtype, "auto") == 0) &&
                (o->quantize == NULL || strcmp(o->quantize, "none") == 0);
     m->blocks = L.blocks;
+    L.keep_layout = o != NULL && o->keep_layout;
     rc = L.is_gguf ? gang__gguf_open(dir, &L.gg, err, errlen)
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)

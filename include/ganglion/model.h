@@ -288,7 +288,7 @@ typedef struct gang_model {
     size_t weight_bytes;          /* bytes of weights this rank holds, in their storage */
     int32_t blocks;               /* 1: loaded keeping a GGUF file's blocks (issue #27): the
                                      layers are mixed (gang_tp_layer.mtype), embed is of wtype
-                                     and an own lm_head of head_type; CPU only */
+                                     and an own lm_head of head_type */
     gang_kernels_wtype head_type; /* blocks: the storage of an own (untied) lm_head */
     char storage[160];            /* how the matrices are stored, for the logs */
     gang_kernels *mem;            /* after gang_model_to_device: the device handle holding every
@@ -351,6 +351,10 @@ typedef struct gang_load_options {
                     GANG_EMODEL and the layout's message otherwise */
     int no_mmap; /* `--no-mmap`: a GGUF file's blocks are read (pread) into arrays of their
                     own; 0: the file is mapped and whole-row bands point into it (m->wmap) */
+    /* 1: block weights keep the file's layout, never the CPU kernels' own
+     * (gang_kernels_block_repack): for a model that gang_model_to_device moves to a device,
+     * whose kernels read the file's blocks. */
+    int keep_layout;
 } gang_load_options;
 
 /*
