@@ -15,6 +15,7 @@
 #ifndef GANGLION_CUDA_QBLOCKS_H
 #define GANGLION_CUDA_QBLOCKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -168,6 +169,66 @@ GANG_QB_FN void gang_qb_group(int t, const uint8_t *p, int g, float w[32])
     } else {
         gang_qb_group_small(t, p, w);
     }
+}
+
+/* Element e0's group (e0 a multiple of 32) of a row of blocks of type t. */
+GANG_QB_FN void gang_qb_group_at(int t, const uint8_t *row, size_t e0, float w[32])
+{
+    const size_t e = (size_t)gang_qb_elems(t);
+
+    gang_qb_group(t, row + e0 / e * (size_t)gang_qb_bytes(t), (int)(e0 % e / 32), w);
+}
+
+/* Bytes of one row of kdim elements of type t. */
+GANG_QB_FN size_t gang_qb_row_bytes(int t, size_t kdim)
+{
+    return kdim / (size_t)gang_qb_elems(t) * (size_t)gang_qb_bytes(t);
+}
+
+/*
+ * The GEMV's staged x (cuda-qmatmul.cu): element e of a tile row lives at GANG_QB_PAD(e),
+ * one float of padding per 32, so that 32 lanes reading element l of 32 consecutive groups
+ * hit 32 different shared-memory banks.
+ */
+#define GANG_QB_PAD(e) ((e) + (e) / 32)
+#define GANG_QB_ROWS 8 /* the most rows of x the GEMV takes */
+
+/*
+ * One lane's share of the GEMV over one tile: the groups lane, lane + 32, ... of the tile
+ * [k0, k0 + kt) of a weight row (kt a multiple of 32), each dequantized into registers and
+ * multiplied with the m (<= GANG_QB_ROWS) staged rows of x (row r at xs + r * stride, in
+ * GANG_QB_PAD layout), added to acc[r]. The loops run to the constant GANG_QB_ROWS so that
+ * acc stays in registers on the device.
+ */
+GANG_QB_FN void gang_qb_gemv_lane(int t, const uint8_t *row, size_t k0, size_t kt, const float *xs,
+                                  size_t stride, size_t m, int lane, float acc[GANG_QB_ROWS])
+{
+    for (size_t gi = (size_t)lane; gi < kt / 32; gi += 32) {
+        float wv[32];
+
+        gang_qb_group_at(t, row, k0 + gi * 32, wv);
+        for (int r = 0; r < GANG_QB_ROWS; r++) {
+            const float *xr = xs + (size_t)r * stride + GANG_QB_PAD(gi * 32);
+            float s = 0.0f;
+
+            if ((size_t)r >= m)
+                break;
+            GANG_QB_UNROLL
+            for (int l = 0; l < 32; l++)
+                s += xr[l] * wv[l];
+            acc[r] += s;
+        }
+    }
+}
+
+/* Group g of the whole weight [n, kdim] (g < n kdim / 32, row-major): its row and first
+ * element, and its 32 values (the bf16 dequantization's and the embedding's thread body). */
+GANG_QB_FN void gang_qb_group_of(int t, const uint8_t *w, size_t kdim, size_t g, size_t *r,
+                                 size_t *e0, float wv[32])
+{
+    *r = g / (kdim / 32);
+    *e0 = g % (kdim / 32) * 32;
+    gang_qb_group_at(t, w + *r * gang_qb_row_bytes(t, kdim), *e0, wv);
 }
 
 #endif /* GANGLION_CUDA_QBLOCKS_H */

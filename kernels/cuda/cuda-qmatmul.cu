@@ -4,7 +4,9 @@
  * embedding lookup over a block table. Every type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
  * Q5_K, Q6_K) is one instantiation of the same templates: a weight is read as groups of
  * 32 elements, each dequantized to f32 in registers by gang_qb_group (cuda-qblocks.h, the
- * text the host test unit-cuda-qblocks holds to the formats' reference).
+ * text the host test unit-cuda-qblocks holds to the formats' reference; the threads' bodies
+ * live there too, gang_qb_gemv_lane and gang_qb_group_of, which that test runs lane by
+ * lane on the host).
  *
  * Decode (m <= QG_ROWS): a GEMV that reads each block once. A warp per output row, QG_WARPS
  * rows per thread block; the block stages a tile of the m rows of x in shared memory (one
@@ -31,35 +33,24 @@
 #include "cuda-qblocks.h"
 
 #define QG_WARPS 8 /* output rows per thread block */
-#define QG_ROWS GANG_CUDA_QGEMV_ROWS
+#define QG_ROWS GANG_QB_ROWS
 #define QG_TILE 1024 /* elements of each x row staged per pass: a multiple of 256 */
-#define QG_PAD(e) ((e) + (e) / 32)
 #define QD_THREADS 256
 #define QD_MAX_BLOCKS 65535
 
-/* Bytes of one row of kdim elements of type T. */
-template <int T> __device__ static size_t qrow_bytes(size_t kdim)
-{
-    return kdim / (size_t)gang_qb_elems(T) * (size_t)gang_qb_bytes(T);
-}
-
-/* The group of 32 elements starting at element e0 of a row (e0 a multiple of 32). */
-template <int T> __device__ static void qgroup_at(const uint8_t *row, size_t e0, float wv[32])
-{
-    const size_t e = (size_t)gang_qb_elems(T);
-
-    gang_qb_group(T, row + e0 / e * (size_t)gang_qb_bytes(T), (int)(e0 % e / 32), wv);
-}
+#if QG_ROWS != GANG_CUDA_QGEMV_ROWS
+#error "the GEMV's rows (cuda-qblocks.h) and the backend's threshold (cuda-internal.h) differ"
+#endif
 
 /* The decode GEMV (file comment): warp w of block b computes output row b x QG_WARPS + w. */
 template <int T>
 __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const float *x,
                                      const uint8_t *w, float *y)
 {
-    __shared__ float xs[QG_ROWS][QG_PAD(QG_TILE)];
+    __shared__ float xs[QG_ROWS][GANG_QB_PAD(QG_TILE)];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t o = (size_t)blockIdx.x * QG_WARPS + warp;
-    const uint8_t *row = w + (o < n ? o : 0) * qrow_bytes<T>(kdim);
+    const uint8_t *row = w + (o < n ? o : 0) * gang_qb_row_bytes(T, kdim);
     float acc[QG_ROWS];
 
     for (int r = 0; r < QG_ROWS; r++)
@@ -69,26 +60,10 @@ __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const floa
 
         __syncthreads(); /* the previous tile is no longer read */
         for (size_t i = threadIdx.x; i < m * kt; i += 32 * QG_WARPS)
-            xs[i / kt][QG_PAD(i % kt)] = x[(i / kt) * kdim + k0 + i % kt];
+            xs[i / kt][GANG_QB_PAD(i % kt)] = x[(i / kt) * kdim + k0 + i % kt];
         __syncthreads();
-        if (o >= n)
-            continue;
-        for (size_t gi = (size_t)lane; gi < kt / 32; gi += 32) {
-            float wv[32];
-
-            qgroup_at<T>(row, k0 + gi * 32, wv);
-            for (int r = 0; r < QG_ROWS; r++) {
-                const float *xr = &xs[r][gi * 33];
-                float s = 0.0f;
-
-                if ((size_t)r >= m)
-                    break;
-#pragma unroll
-                for (int l = 0; l < 32; l++)
-                    s += xr[l] * wv[l];
-                acc[r] += s;
-            }
-        }
+        if (o < n)
+            gang_qb_gemv_lane(T, row, k0, kt, &xs[0][0], GANG_QB_PAD(QG_TILE), m, lane, acc);
     }
     if (o >= n)
         return;
@@ -107,20 +82,21 @@ template <int T>
 __global__ static void dequant_q_bf16_kernel(size_t n, size_t kdim, const uint8_t *w,
                                              __nv_bfloat16 *out)
 {
-    const size_t per_row = kdim / 32, groups = n * per_row;
+    const size_t groups = n * (kdim / 32);
 
     for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups;
          g += (size_t)gridDim.x * blockDim.x) {
-        size_t r = g / per_row, e0 = g % per_row * 32;
+        size_t r, e0;
         float wv[32];
         uint4 v[4];
         __nv_bfloat162 *h = (__nv_bfloat162 *)v;
-        uint4 *dst = (uint4 *)(out + r * kdim + e0); /* 64-byte aligned: e0 % 32 == 0 */
 
-        qgroup_at<T>(w + r * qrow_bytes<T>(kdim), e0, wv);
+        gang_qb_group_of(T, w, kdim, g, &r, &e0, wv);
 #pragma unroll
         for (int l = 0; l < 16; l++)
             h[l] = __floats2bfloat162_rn(wv[2 * l], wv[2 * l + 1]);
+        /* 64-byte aligned: the scratch is 256-aligned and r kdim + e0 a multiple of 32 */
+        uint4 *dst = (uint4 *)(out + r * kdim + e0);
 #pragma unroll
         for (int i = 0; i < 4; i++)
             dst[i] = v[i];
@@ -141,7 +117,7 @@ __global__ static void embedding_q_kernel(const uint8_t *table, size_t dim, cons
         size_t t = g / per_row, e0 = g % per_row * 32;
         float wv[32];
 
-        qgroup_at<T>(table + (size_t)ids[t] * qrow_bytes<T>(dim), e0, wv);
+        gang_qb_group_at(T, table + (size_t)ids[t] * gang_qb_row_bytes(T, dim), e0, wv);
 #pragma unroll
         for (int l = 0; l < 32; l++)
             out[t * dim + e0 + l] = wv[l];

@@ -6,7 +6,9 @@
  * largest and smallest quants with the largest finite f16 scale (and min / dmin), zero and
  * negative scales, subnormal, signed-zero, infinite and NaN f16 scales. Every element must
  * be equal bit for bit (NaN where the reference has NaN): the functions evaluate the
- * reference's expression in its order. Runs everywhere: no GPU and no CUDA toolkit needed.
+ * reference's expression in its order. The kernels' thread bodies too (gang_qb_gemv_lane,
+ * gang_qb_group_of), run here lane by lane as the kernels run them. Runs everywhere: no
+ * GPU and no CUDA toolkit needed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -136,6 +138,112 @@ static void test_groups_equal_reference(void **state)
     }
 }
 
+/*
+ * The GEMV's thread bodies run here as the kernel runs them (cuda-qmatmul.cu): per output
+ * row, x staged tile by tile (1024 elements) in the padded layout, 32 lanes each calling
+ * gang_qb_gemv_lane, the lanes' sums added; against the double product on the weight
+ * dequantized by the reference, within the kernel's bound (unit-cuda-blocks): 1e-5 x
+ * sum |x w|. Sizes: kdim 1280 and 2304 (whole and partial tiles), 96 for the 32-element
+ * types; m = 1 .. 8; 5 rows.
+ */
+#define EMU_TILE 1024
+static void emulate_gemv(gang_kernels_wtype t, size_t m, size_t n, size_t kdim)
+{
+    size_t e, bb;
+    assert_true(gang_kernels_wtype_block(t, &e, &bb));
+    size_t rb = kdim / e * bb;
+    uint8_t *w = malloc(n * rb);
+    float *wd = malloc(n * kdim * sizeof(float)), *x = malloc(m * kdim * sizeof(float));
+    static float xs[GANG_QB_ROWS][GANG_QB_PAD(EMU_TILE)];
+    size_t at[2], nf = f16_fields(t, at);
+
+    assert_true(w != NULL && wd != NULL && x != NULL);
+    for (size_t i = 0; i < n * rb; i++)
+        w[i] = (uint8_t)rnd();
+    for (size_t b = 0; b < n * kdim / e; b++)
+        for (size_t f = 0; f < nf; f++)
+            put_u16(w + b * bb + at[f], (uint16_t)((rnd() % 0x2c00u) | (rnd() & 1u) << 15));
+    memset(w, 0, bb); /* an all-zero block */
+    assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
+    for (size_t i = 0; i < m * kdim; i++)
+        x[i] = (float)((int)(rnd() % 4001u) - 2000) / 1000.0f;
+    for (size_t o = 0; o < n; o++) {
+        float acc[32][GANG_QB_ROWS] = {{0}};
+        for (size_t k0 = 0; k0 < kdim; k0 += EMU_TILE) {
+            size_t kt = kdim - k0 < EMU_TILE ? kdim - k0 : EMU_TILE;
+            for (size_t i = 0; i < m * kt; i++)
+                xs[i / kt][GANG_QB_PAD(i % kt)] = x[(i / kt) * kdim + k0 + i % kt];
+            for (int lane = 0; lane < 32; lane++)
+                gang_qb_gemv_lane((int)t, w + o * rb, k0, kt, &xs[0][0], GANG_QB_PAD(EMU_TILE), m,
+                                  lane, acc[lane]);
+        }
+        for (size_t r = 0; r < m; r++) {
+            double ref = 0.0, mag = 0.0;
+            float got = 0.0f;
+            for (int lane = 0; lane < 32; lane++)
+                got += acc[lane][r];
+            for (size_t i = 0; i < kdim; i++) {
+                double p = (double)x[r * kdim + i] * (double)wd[o * kdim + i];
+                ref += p;
+                mag += fabs(p);
+            }
+            if (!(fabs((double)got - ref) <= 1e-5 * mag))
+                fail_msg("%s m=%zu k=%zu: y[%zu,%zu] = %.9g, reference %.9g",
+                         gang_kernels_wtype_name(t), m, kdim, r, o, (double)got, ref);
+        }
+    }
+    free(w), free(wd), free(x);
+}
+
+static void test_gemv_lanes(void **state)
+{
+    (void)state;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        size_t e;
+        assert_true(gang_kernels_wtype_block(types[ti], &e, NULL));
+        for (size_t m = 1; m <= GANG_QB_ROWS; m++) {
+            emulate_gemv(types[ti], m, 5, 1280);
+            emulate_gemv(types[ti], m, 5, 2304);
+            if (e == 32)
+                emulate_gemv(types[ti], m, 5, 96);
+        }
+    }
+}
+
+/* The bf16 dequantization's and the embedding's thread body: group g of the whole weight
+ * lands where the reference puts it, with its values, for every g. */
+static void test_group_of_covers_weight(void **state)
+{
+    (void)state;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        gang_kernels_wtype t = types[ti];
+        size_t e, bb, n = 7, kdim = 768;
+        assert_true(gang_kernels_wtype_block(t, &e, &bb));
+        size_t bytes = n * (kdim / e) * bb;
+        uint8_t *w = malloc(bytes);
+        float *ref = malloc(n * kdim * sizeof(float)), *got = malloc(n * kdim * sizeof(float));
+        assert_true(w != NULL && ref != NULL && got != NULL);
+        for (size_t i = 0; i < bytes; i++)
+            w[i] = (uint8_t)rnd();
+        assert_int_equal(gang_qb_row_bytes((int)t, kdim), (size_t)(kdim / e * bb));
+        assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, ref), 0);
+        for (size_t i = 0; i < n * kdim; i++)
+            got[i] = -12345.0f;
+        for (size_t g = 0; g < n * kdim / 32; g++) {
+            size_t r, e0;
+            float wv[32];
+            gang_qb_group_of((int)t, w, kdim, g, &r, &e0, wv);
+            assert_true(r < n && e0 + 32 <= kdim);
+            memcpy(got + r * kdim + e0, wv, sizeof(wv));
+        }
+        for (size_t i = 0; i < n * kdim; i++)
+            if (!same_value(got[i], ref[i]))
+                fail_msg("%s element %zu: %a, reference %a", gang_kernels_wtype_name(t), i,
+                         (double)got[i], (double)ref[i]);
+        free(w), free(ref), free(got);
+    }
+}
+
 /* The half conversion against the common one over all 65536 bit patterns. */
 static void test_half_all_patterns(void **state)
 {
@@ -161,6 +269,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_groups_equal_reference),
         cmocka_unit_test(test_half_all_patterns),
+        cmocka_unit_test(test_gemv_lanes),
+        cmocka_unit_test(test_group_of_covers_weight),
         cmocka_unit_test(test_sizes_of_other_types),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
