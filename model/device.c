@@ -87,6 +87,12 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
+    if (m->repacked) {
+        gang_error("model: its block weights are in the CPU kernels' layout; for --device %s "
+                   "load it with gang_load_options.keep_layout",
+                   gang_kernels_name(k));
+        return GANG_EINVAL;
+    }
     hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
     /* The embedding table and the LM head are packed weights of m->wtype (an own head of
      * a blocks model: of head_type). */

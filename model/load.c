@@ -29,6 +29,7 @@ typedef struct loader {
     int is_gguf;
     int blocks;                  /* GGUF with --dtype auto: its quantized tensors stay blocks */
     int keep_layout;             /* gang_load_options.keep_layout: no CPU repacking */
+    int repacked;                /* a weight was repacked for the CPU (gang_model.repacked) */
     const gang_model_config *hf; /* the config (GGUF: which heads to un-permute) */
     const gang_topology *t;
     char *err;
@@ -213,6 +214,7 @@ static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uin
 
     if (rp == NULL)
         return;
+    L->repacked = 1;
     if (b != NULL && p >= b && (uint64_t)(p - b) < L->gg.file_size)
         gang__gguf_map_advise(b, (uint64_t)(p - b), gang_kernels_weight_bytes(t, n, kdim),
                               MADV_DONTNEED);
@@ -618,6 +620,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     /* The layers are packed already; this packs the embedding table and the LM head (a
      * GGUF file's blocks are stored as they are). */
     m->weight_bytes = L.bytes;
+    m->repacked = L.repacked;
     rc = m->blocks ? 0 : gang_model_pack(m, wt);
     if (rc != 0) {
         gang_set_err(err, errlen, "the embedding table or LM head cannot be stored as %s%s",

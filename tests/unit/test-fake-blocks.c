@@ -136,6 +136,7 @@ static void test_fake_blocks_logits(void **state)
     assert_int_equal(gang_kernels_open("cpu", &cpu), 0);
     assert_int_equal(gang_kernels_open("fake", &fake), 0);
     assert_int_equal(gang_model_to_device(mf, fake), 0);
+    assert_false(mf->repacked);
     assert_true(mf->mem == fake && mf->layers[0].mem == fake);
     assert_null(mf->wmap); /* every mapped matrix went up; the mapping is released */
     lc = fb_logits(mc, cpu, vocab);
@@ -143,6 +144,10 @@ static void test_fake_blocks_logits(void **state)
     {
         gang_model *mr = fb_load(path, 0);
         float *lr = fb_logits(mr, cpu, vocab);
+
+        /* Where this CPU repacked them, the CPU's layout cannot go to a device. */
+        if (mr->repacked)
+            assert_int_equal(gang_model_to_device(mr, fake), GANG_EINVAL);
         double d = 0.0;
 
         for (size_t i = 0; i < vocab; i++)
