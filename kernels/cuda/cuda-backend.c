@@ -425,28 +425,46 @@ static int cuda_scratch(gang__cuda_ctx *c, void **buf, size_t *have, size_t need
 
 /*
  * y = x . W^T over a block weight (the file's blocks, cuda-qmatmul.cu): m up to
- * GANG_CUDA_QGEMV_ROWS through the GEMV that dequantizes in registers; a larger m
- * dequantizes the whole weight to bf16 into a scratch of the pool (2 n kdim bytes, kept
- * for the next call) and multiplies through cuBLASLt with x converted to bf16.
+ * GANG_CUDA_QGEMV_ROWS through the GEMV that dequantizes in registers. A larger m
+ * converts x to bf16 once, then takes W in bands of at most GANG_CUDA_QBAND_ELEMS
+ * elements (whole rows): each band is dequantized to bf16 into a scratch of the pool
+ * (kept for the next call) and multiplied through cuBLASLt; a weight of one band writes
+ * y directly, else each band's [m, rows] product goes to a second scratch and is copied
+ * into its columns of y. So the scratch stays under 64 MiB whatever the weight (a
+ * Llama-3-8B LM head would be 1 GiB of bf16 at once).
  */
 static int cuda_matmul_blocks(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim, const float *x,
                               const gang_kernels_weight *w, float *y)
 {
+    size_t rows = GANG_CUDA_QBAND_ELEMS / kdim,
+           row_bytes = gang_kernels_weight_row_bytes(w->type, kdim);
     int rc;
 
     if (m <= GANG_CUDA_QGEMV_ROWS)
         return gang__cuda_launch_gemv_q(c->stream, (int)w->type, m, n, kdim, x, w->data, y);
-    if ((rc = cuda_scratch(c, &c->mq_scratch, &c->mq_scratch_bytes, n * kdim * 2)) < 0 ||
-        (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) < 0)
+    rows = rows == 0 ? 1 : (rows >= n ? n : rows);
+    if ((rc = cuda_scratch(c, &c->mq_scratch, &c->mq_scratch_bytes, rows * kdim * 2)) < 0 ||
+        (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) < 0 ||
+        (rows < n && (rc = cuda_scratch(c, &c->mq_out, &c->mq_out_bytes, m * rows * 4)) < 0))
         return rc;
-    rc = gang__cuda_launch_dequant_q_bf16(c->stream, (int)w->type, n, kdim, w->data, c->mq_scratch);
-    if (rc == 0)
-        rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, GANG_DTYPE_BF16, c->mm_scratch,
-                                       m * kdim);
-    if (rc < 0)
-        return rc;
-    return gang__cuda_gemm_half_f32(c, GANG_DTYPE_BF16, m, n, kdim, c->mm_scratch, c->mq_scratch,
-                                    y);
+    rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, GANG_DTYPE_BF16, c->mm_scratch,
+                                   m * kdim);
+    for (size_t o0 = 0; o0 < n && rc == 0; o0 += rows) {
+        size_t cnt = n - o0 < rows ? n - o0 : rows;
+
+        rc =
+            gang__cuda_launch_dequant_q_bf16(c->stream, (int)w->type, cnt, kdim,
+                                             (const char *)w->data + o0 * row_bytes, c->mq_scratch);
+        if (rc == 0)
+            rc = gang__cuda_gemm_half_f32(c, GANG_DTYPE_BF16, m, cnt, kdim, c->mm_scratch,
+                                          c->mq_scratch, cnt == n ? y : (float *)c->mq_out);
+        if (rc == 0 && cnt < n)
+            rc = gang__cuda_err(cudaMemcpy2DAsync(y + o0, n * sizeof(float), c->mq_out,
+                                                  cnt * sizeof(float), cnt * sizeof(float), m,
+                                                  cudaMemcpyDeviceToDevice, c->stream),
+                                "block matmul band copy");
+    }
+    return rc;
 }
 
 /*

@@ -13,6 +13,8 @@
  *   m > 8     4.2e-3 S  x and w each rounded once to bf16 (2^-9 relative each, 2^-8 + 2^-18
  *                       for the product) plus cuBLASLt's f32 summation.
  *   embedding exact     the same dequantized values (gang_qb_group = the reference).
+ * A prefill over a weight of more than one band (32 Mi elements) is checked at the bands'
+ * edges.
  * Weights: random quants with random f16 scales, an all-zero block, a block of the
  * largest quants with a large scale (1024; and a negative min / dmin), a block with zero
  * scales. Without a GPU every case calls skip() after printing why.
@@ -189,6 +191,59 @@ static void test_block_matmul(void **state)
     }
 }
 
+/*
+ * A prefill over a weight larger than one band (32 Mi elements, cuda-backend.c): kdim 1024
+ * and 32805 rows, so two bands, the second of 37 rows; the outputs of the rows at the
+ * bands' edges and a few others, every row of x, against the reference (4.2e-3 x S).
+ */
+static void test_block_matmul_bands(void **state)
+{
+    static const gang_kernels_wtype bt[] = {GANG_KW_Q8_0, GANG_KW_Q4_K};
+    const size_t m = 16, kd = 1024, band = ((size_t)32 << 20) / kd, n = band + 37;
+    const size_t rows[] = {0, 1, 4097, band - 1, band, band + 1, n - 1};
+
+    (void)state;
+    NEED_GPU();
+    for (size_t ti = 0; ti < 2; ti++) {
+        gang_kernels_wtype t = bt[ti];
+        size_t e, bb;
+        assert_true(gang_kernels_wtype_block(t, &e, &bb));
+        size_t rb = kd / e * bb;
+        uint8_t *w = make_blocks(t, n, kd / e, bb);
+        float *x = malloc(m * kd * 4), *wd = malloc(kd * 4), *got;
+        void *dw, *dx, *dy = NULL;
+        gang_kernels_weight gw;
+
+        assert_true(x != NULL && wd != NULL);
+        for (size_t i = 0; i < m * kd; i++)
+            x[i] = rndf(2.0f);
+        dw = dev_copy(w, n * rb);
+        dx = dev_copy(x, m * kd * 4);
+        assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dy), 0);
+        gw = gang_kernels_weight_view(t, dw, n, kd);
+        assert_int_equal(gang_kernels_matmul(gpu, m, n, kd, dx, &gw, dy), 0);
+        got = dev_fetch(dy, m * n * 4);
+        for (size_t j = 0; j < sizeof(rows) / sizeof(rows[0]); j++) {
+            size_t o = rows[j];
+            assert_int_equal(gang_kernels_block_dequant(t, w + o * rb, kd, wd), 0);
+            for (size_t r = 0; r < m; r++) {
+                double s = 0.0, mag = 0.0;
+                for (size_t i = 0; i < kd; i++) {
+                    s += (double)x[r * kd + i] * (double)wd[i];
+                    mag += fabs((double)x[r * kd + i] * (double)wd[i]);
+                }
+                if (!(fabs((double)got[r * n + o] - s) <= 4.2e-3 * mag + 1e-30))
+                    fail_msg("%s bands: y[%zu,%zu] = %.9g, reference %.9g",
+                             gang_kernels_wtype_name(t), r, o, (double)got[r * n + o], s);
+            }
+        }
+        gang_kernels_free(gpu, dw);
+        gang_kernels_free(gpu, dx);
+        gang_kernels_free(gpu, dy);
+        free(w), free(x), free(wd), free(got);
+    }
+}
+
 /* The rows of a block table, equal to the dequantized rows; a bad id is the deferred
  * GANG_EINVAL of the next sync, as for the other tables. */
 static void test_block_embedding(void **state)
@@ -270,6 +325,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_matmul),
+        cmocka_unit_test(test_block_matmul_bands),
         cmocka_unit_test(test_block_embedding),
         cmocka_unit_test(test_block_matmul_refusals),
     };
