@@ -57,10 +57,14 @@ __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const floa
         acc[r] = 0.0f;
     for (size_t k0 = 0; k0 < kdim; k0 += QG_TILE) {
         size_t kt = kdim - k0 < QG_TILE ? kdim - k0 : QG_TILE;
+        const unsigned ukt = (unsigned)kt, total = (unsigned)(m * kt); /* <= 8192 */
 
         __syncthreads(); /* the previous tile is no longer read */
-        for (size_t i = threadIdx.x; i < m * kt; i += 32 * QG_WARPS)
-            xs[i / kt][GANG_QB_PAD(i % kt)] = x[(i / kt) * kdim + k0 + i % kt];
+        for (unsigned i = threadIdx.x; i < total; i += 32 * QG_WARPS) {
+            unsigned r = i / ukt, e = i - r * ukt; /* 32-bit division: a few instructions */
+
+            xs[r][GANG_QB_PAD(e)] = x[r * kdim + k0 + e];
+        }
         __syncthreads();
         if (o < n)
             gang_qb_gemv_lane(T, row, k0, kt, &xs[0][0], GANG_QB_PAD(QG_TILE), m, lane, acc);
