@@ -135,7 +135,7 @@ void gang__bd_model_fields(cJSON *line, const bd_opts *o, uint32_t batch, bd_res
 /* The load options of storage name (validated by bdm_parse). */
 static gang_load_options bdm_storage(const char *name)
 {
-    gang_load_options l = {NULL, NULL, 0, 0};
+    gang_load_options l = {NULL, NULL, 0, 0, 0};
 
     if (strcmp(name, "int8") == 0)
         l.quantize = "int8";

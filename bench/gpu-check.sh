@@ -167,6 +167,7 @@ timeout 10 "$BIN" info >>"$OUT/environment.txt" 2>&1
 # --- correctness --------------------------------------------------------------------------
 step test-cuda 60 "$TESTS/test-cuda"
 step test-cuda-step 45 "$TESTS/test-cuda-step"
+step test-cuda-blocks 45 "$TESTS/test-cuda-blocks" # GGUF block weights (issue #27)
 step test-engine-cuda 60 "$TESTS/test-engine-cuda"
 step test-comm-nccl 45 "$TESTS/test-comm-nccl"
 # P/D KV transfers GPU to GPU over a 2-rank NCCL pair (issue #26): NEEDS 2 GPUs (NCCL

@@ -19,7 +19,7 @@
 #    starts fast and also on nodes that lack these libraries. Where they are looked for is
 #    common/dynlib.c's order (flag, Python environment, loader, build-time directory).
 #  - tests: test-cuda (unit-cuda), test-cuda-step (unit-cuda-step: the decode step's
-#    kernels), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
+#    kernels), test-cuda-blocks (unit-cuda-blocks: GGUF block weights), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
 #    (unit-comm-nccl); they skip visibly when no GPU is present.
 
 set(GANG_HAVE_CUDA_KERNELS 0)
@@ -74,6 +74,7 @@ target_sources(gang_kernels PRIVATE
   kernels/cuda/cuda-ops.cu
   kernels/cuda/cuda-attention.cu
   kernels/cuda/cuda-matmul.cu
+  kernels/cuda/cuda-qmatmul.cu
   kernels/cuda/cuda-step.cu)
 gang_cuda_language_options(gang_kernels)
 target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
@@ -132,6 +133,13 @@ add_executable(test-cuda-step tests/unit/test-cuda-step.c)
 target_link_libraries(test-cuda-step PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda-step COMMAND test-cuda-step)
 set_tests_properties(unit-cuda-step PROPERTIES TIMEOUT 300 LABELS unit)
+
+# The block weights of GGUF files on the GPU (issue #27): every block type against the
+# dequantize-then-double reference (a binary of its own: test-cuda.c is at the file limit).
+add_executable(test-cuda-blocks tests/unit/test-cuda-blocks.c)
+target_link_libraries(test-cuda-blocks PRIVATE gang_kernels PkgConfig::CMOCKA m)
+add_test(NAME unit-cuda-blocks COMMAND test-cuda-blocks)
+set_tests_properties(unit-cuda-blocks PROPERTIES TIMEOUT 300 LABELS unit)
 
 # The engine on "cuda" against the CPU backend (shares the CPU engine tests' fixture).
 add_executable(test-engine-cuda tests/unit/test-engine-cuda.c tests/unit/engine-fixture.c

@@ -202,15 +202,9 @@ static int wres_load(gang__wres *r)
     gang_load_options lo = {.dtype = c->layout.dtype,
                             .quantize = c->layout.quantize,
                             .ep = c->layout.ep,
-                            .no_mmap = c->layout.no_mmap};
-    /* --dtype auto keeps a GGUF file's blocks, which only the CPU kernels compute with:
-     * on a device the file is dequantized to f32, as before issue #27, and said so. */
-    if (strcmp(dev, "cpu") != 0 && strcmp(lo.dtype, "auto") == 0 && gang_model_is_gguf(model)) {
-        lo.dtype = "f32";
-        gang_info("--device %s: the GGUF file's blocks are computed on the CPU only, so its "
-                  "tensors are dequantized to f32 (--dtype bf16 halves that)",
-                  dev);
-    }
+                            .no_mmap = c->layout.no_mmap,
+                            /* a device's block kernels read the file's layout */
+                            .keep_layout = strcmp(dev, "cpu") != 0};
     rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
     if (rc != 0)
         goto out_err;

@@ -8,14 +8,23 @@
  * gang_tp_layer_to_device, which records its handle so that gang_tp_layer_free returns
  * the memory to the right pool. On the "cpu" backend nothing moves: host memory is its
  * tensor memory.
+ *
+ * A GGUF file's blocks (m->blocks, issue #27) move as the file's bytes, for the device's
+ * block kernels; the model must have been loaded with gang_load_options.keep_layout (the
+ * CPU's repacked layout is for the CPU kernels only). Matrices that point into the mapped
+ * file (m->wmap) are uploaded from it and never freed; the mapping goes once every array
+ * moved.
  */
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 #include "ganglion/model.h"
 #include "model-internal.h"
 
-/* Moves one optional host array of n bytes into k; NULL stays NULL. */
-static int dev_move(gang_kernels *k, void **arr, size_t n)
+/* Moves one optional host array of n bytes into k; NULL stays NULL. The host copy is
+ * freed unless it lies in m's mapped file. */
+static int dev_move(const gang_model *m, gang_kernels *k, void **arr, size_t n)
 {
     void *d = NULL;
     int rc;
@@ -30,8 +39,36 @@ static int dev_move(gang_kernels *k, void **arr, size_t n)
         gang_kernels_free(k, d);
         return rc;
     }
-    free(*arr);
+    if (!gang__model_in_map(m, *arr))
+        free(*arr);
     *arr = d;
+    return 0;
+}
+
+/*
+ * The matrices of layer l that point into m's mapped file become heap copies, so that
+ * gang_tp_layer_to_device frees them after the upload as it frees every host array (one
+ * layer at a time: host memory grows by at most one layer). On GANG_ENOMEM the layer holds
+ * copies and mapped pointers side by side, which gang_model_free tells apart.
+ */
+static int dev_unmap_layer(const gang_model *m, gang_tp_layer *l)
+{
+    size_t q = (size_t)l->shard.head_count * l->head_dim, h = l->hidden;
+    size_t kv = (size_t)l->shard.kv_head_count * l->head_dim, f = l->shard.ffn_count;
+    const size_t rows[7] = {q, kv, kv, h, f, f, h}, cols[7] = {h, h, h, q, h, h, f};
+    void **const mats[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+
+    for (int j = 0; j < 7; j++) {
+        size_t n = gang_kernels_weight_bytes(l->mixed ? l->mtype[j] : l->wtype, rows[j], cols[j]);
+        void *copy;
+
+        if (!gang__model_in_map(m, *mats[j]))
+            continue;
+        if ((copy = malloc(n)) == NULL)
+            return GANG_ENOMEM;
+        memcpy(copy, *mats[j], n);
+        *mats[j] = copy;
+    }
     return 0;
 }
 
@@ -50,30 +87,40 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
-    if (m->blocks) {
-        gang_error("model: a GGUF file's blocks are computed on the CPU only so far: "
-                   "--dtype bf16 (or f32) dequantizes them for --device %s",
+    if (m->repacked) {
+        gang_error("model: its block weights are in the CPU kernels' layout; for --device %s "
+                   "load it with gang_load_options.keep_layout",
                    gang_kernels_name(k));
-        return GANG_ENOSYS;
+        return GANG_EINVAL;
     }
     hidden = m->cfg.hidden != 0 ? m->cfg.hidden : m->topo.hidden;
-    /* The embedding table and the LM head are packed weights of m->wtype. */
+    /* The embedding table and the LM head are packed weights of m->wtype (an own head of
+     * a blocks model: of head_type). */
     top[0] = (void **)&m->final_norm, n[0] = hidden * sizeof(float);
     top[1] = &m->embed, n[1] = gang_kernels_weight_bytes(m->wtype, m->topo.vocab, hidden);
     top[2] = &m->lm_head;
-    n[2] = gang_kernels_weight_bytes(m->wtype, m->shard.vocab_count, hidden);
+    n[2] = gang_kernels_weight_bytes(m->blocks ? m->head_type : m->wtype, m->shard.vocab_count,
+                                     hidden);
     /* A tied head is rows of the table: it moves with it (count: what has arrays). */
     count = m->lm_head_tied ? 2 : 3;
     m->mem = k;
     for (j = 0; j < count; j++) {
-        rc = dev_move(k, top[j], n[j]);
+        rc = dev_move(m, k, top[j], n[j]);
         if (rc != 0)
             break;
     }
     if (rc == 0 && m->lm_head_tied)
         m->lm_head = gang__model_tied_head(m);
-    for (i = 0; rc == 0 && m->layers != NULL && i < m->layer_count; i++)
-        rc = gang_tp_layer_to_device(&m->layers[i], k);
+    for (i = 0; rc == 0 && m->layers != NULL && i < m->layer_count; i++) {
+        rc = dev_unmap_layer(m, &m->layers[i]);
+        if (rc == 0)
+            rc = gang_tp_layer_to_device(&m->layers[i], k);
+    }
+    if (rc == 0 && m->wmap != NULL) {
+        munmap(m->wmap, m->wmap_len); /* nothing points into it any more */
+        m->wmap = NULL;
+        m->wmap_len = 0;
+    }
     if (rc == 0)
         return 0;
     /*
@@ -83,7 +130,8 @@ int gang_model_to_device(gang_model *m, gang_kernels *k)
      * gang_model_free then releases everything exactly once.
      */
     for (; j < count; j++) {
-        free(*top[j]);
+        if (!gang__model_in_map(m, *top[j]))
+            free(*top[j]);
         *top[j] = NULL;
     }
     if (m->lm_head_tied && m->embed == NULL)

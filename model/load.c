@@ -28,6 +28,8 @@ typedef struct loader {
     gang__gguf gg;
     int is_gguf;
     int blocks;                  /* GGUF with --dtype auto: its quantized tensors stay blocks */
+    int keep_layout;             /* gang_load_options.keep_layout: no CPU repacking */
+    int repacked;                /* a weight was repacked for the CPU (gang_model.repacked) */
     const gang_model_config *hf; /* the config (GGUF: which heads to un-permute) */
     const gang_topology *t;
     char *err;
@@ -200,17 +202,19 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
 
 /*
  * *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
- * interleaved copy where they have one (gang_kernels_block_repack). The file's blocks are
+ * interleaved copy where they have one (gang_kernels_block_repack), unless the model is
+ * for a device (L->keep_layout: its kernels read the file's blocks). The file's blocks are
  * released here: an array of their own freed; a band that points into L's mapping has its
  * pages dropped (MADV_DONTNEED; ld_map_trim unmaps the file once nothing points into it).
  */
 static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
 {
-    void *rp = gang_kernels_block_repack(t, *w, n, kdim);
+    void *rp = L->keep_layout ? NULL : gang_kernels_block_repack(t, *w, n, kdim);
     const uint8_t *b = L->gg.map, *p = *w;
 
     if (rp == NULL)
         return;
+    L->repacked = 1;
     if (b != NULL && p >= b && (uint64_t)(p - b) < L->gg.file_size)
         gang__gguf_map_advise(b, (uint64_t)(p - b), gang_kernels_weight_bytes(t, n, kdim),
                               MADV_DONTNEED);
@@ -591,6 +595,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     L.blocks = L.is_gguf && o != NULL && (o->dtype == NULL || strcmp(o->dtype, "auto") == 0) &&
                (o->quantize == NULL || strcmp(o->quantize, "none") == 0);
     m->blocks = L.blocks;
+    L.keep_layout = o != NULL && o->keep_layout;
     rc = L.is_gguf ? gang__gguf_open(dir, &L.gg, err, errlen)
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
@@ -615,6 +620,7 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
     /* The layers are packed already; this packs the embedding table and the LM head (a
      * GGUF file's blocks are stored as they are). */
     m->weight_bytes = L.bytes;
+    m->repacked = L.repacked;
     rc = m->blocks ? 0 : gang_model_pack(m, wt);
     if (rc != 0) {
         gang_set_err(err, errlen, "the embedding table or LM head cannot be stored as %s%s",

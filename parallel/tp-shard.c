@@ -215,15 +215,16 @@ int gang_tp_layer_to_device(gang_tp_layer *l, gang_kernels *k)
         return GANG_EINVAL;
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
         return 0;
-    if (l->mixed)
-        return GANG_ENOSYS; /* block weights: CPU kernels only so far */
     /* The MoE block's weights first (all or nothing on their own): if a later upload of
      * the layer fails they stay on k, which gang_tp_layer_free releases them to. */
     if (l->moe != NULL && (rc = gang_tp_moe_to_device(l->moe, k)) != 0)
         return rc;
     tp_layer_arrays(l, a, n, NULL, NULL);
-    /* All or nothing: the host arrays are released only once every upload succeeded. */
-    rc = tp_concat_to_device(l, k, dev, fused);
+    /* All or nothing: the host arrays are released only once every upload succeeded. A
+     * mixed layer (a GGUF file's blocks, each matrix its own type) is not concatenated:
+     * its matrices move as they are, for the device's block kernels. */
+    if (!l->mixed)
+        rc = tp_concat_to_device(l, k, dev, fused);
     for (i = 0; i < TP_LAYER_ARRAYS && rc == 0; i++) {
         if (*a[i] == NULL || dev[i] != NULL || (i < TP_LAYER_MATRICES && fused[i]))
             continue;

@@ -9,8 +9,8 @@
 # BUILD_DIR (default: build, as `make build` leaves it) must be a CUDA build (nvcc was
 # found: test-cuda exists); with GANG_BUNDLE_CONFIGURE=1 a missing BUILD_DIR is configured
 # and built first (Release, sm_90). Layout of OUT_DIR:
-#   bin/      ganglion, test-cuda, test-cuda-step, test-engine-cuda, test-comm-nccl,
-#             test-kv-pair (debug info stripped;
+#   bin/      ganglion, test-cuda, test-cuda-step, test-cuda-blocks, test-engine-cuda,
+#             test-comm-nccl, test-kv-pair (debug info stripped;
 #             RPATH $ORIGIN/../lib, so lib/ is searched first, for their libraries' own
 #             dependencies too)
 #   lib/      the libraries the image lacks (libuv, libsodium, cJSON, http-parser, PCRE2,
@@ -49,10 +49,10 @@ if [ ! -x "$BUILD/test-cuda" ] && [ "${GANG_BUNDLE_CONFIGURE:-0}" = 1 ]; then
     cmake -S "$ROOT" -B "$BUILD" -DGANGLION_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
     cmake --build "$BUILD" -j "$(nproc)" --target ganglion test-cuda test-cuda-step \
-        test-engine-cuda test-comm-nccl test-kv-pair
+        test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair
 fi
-BINS=("$BUILD/bin/ganglion" "$BUILD/test-cuda" "$BUILD/test-cuda-step" "$BUILD/test-engine-cuda"
-    "$BUILD/test-comm-nccl" "$BUILD/tests/test-kv-pair")
+BINS=("$BUILD/bin/ganglion" "$BUILD/test-cuda" "$BUILD/test-cuda-step" "$BUILD/test-cuda-blocks"
+    "$BUILD/test-engine-cuda" "$BUILD/test-comm-nccl" "$BUILD/tests/test-kv-pair")
 for b in "${BINS[@]}"; do
     [ -x "$b" ] || die "$b is missing: $BUILD must be a CUDA build with NCCL (nvcc and nccl.h" \
         "found at configure; GANG_BUNDLE_CONFIGURE=1 builds one)"

@@ -11,6 +11,14 @@ target_link_libraries(test-fake-device PRIVATE gang_engine PkgConfig::CMOCKA m)
 add_test(NAME unit-fake-device COMMAND test-fake-device)
 set_tests_properties(unit-fake-device PROPERTIES TIMEOUT 300)
 
+# A GGUF file's blocks on the device path (issue #27): the real Q4_1 file moved to the
+# fake device as the file's blocks, the engine's logits there against the CPU backend's.
+add_executable(test-fake-blocks unit/test-fake-blocks.c unit/engine-fixture.c unit/test-util.c)
+target_include_directories(test-fake-blocks PRIVATE ${PROJECT_SOURCE_DIR}/engine)
+target_link_libraries(test-fake-blocks PRIVATE gang_engine PkgConfig::CMOCKA m)
+add_test(NAME unit-fake-blocks COMMAND test-fake-blocks)
+set_tests_properties(unit-fake-blocks PROPERTIES TIMEOUT 300)
+
 # P/D KV transfers on the device path (issue #26): the launcher's transport between a
 # prefill and a decode engine on the fake device, over a pair of fake-comm.c that takes
 # device buffers only; the same tokens as over TCP, and a failing pair falls back. The

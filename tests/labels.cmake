@@ -21,8 +21,8 @@
 # (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer) and seeded_batch (SmolLM2 bf16 and
 # Q4_1 in batches of 61: 106 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
-  unit-launcher unit-kernels unit-kernels-blocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
-  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-model-gguf-mmap unit-engine unit-fake-device unit-text
+  unit-launcher unit-kernels unit-kernels-blocks unit-cuda-qblocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
+  cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-model-gguf-mmap unit-engine unit-fake-device unit-fake-blocks unit-text
   unit-router)
 if(GANG_HAVE_MPI)
   list(APPEND GANG_UNIT_TESTS mpi-comm mpi-pipeline)
@@ -41,7 +41,7 @@ list(TRANSFORM GANG_MP_FAST PREPEND mp-test_)
 set_property(TEST ${GANG_MP_FAST} APPEND PROPERTY LABELS mp-fast)
 
 set(GANG_THREAD_TESTS unit-kernels unit-kernels-blocks unit-comm unit-parallel unit-layers unit-pipeline unit-engine
-  unit-fake-device unit-kv-pair unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
+  unit-fake-device unit-fake-blocks unit-kv-pair unit-serve unit-launcher unit-gpu unit-rendezvous fake-generate
   bench-decode-fake
   mp-test_serve_model mp-test_cancel mp-test_request_deadline mp-test_kill_worker
   mp-test_gpu_health mp-test_soak_restarts)

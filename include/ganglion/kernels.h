@@ -197,11 +197,14 @@ const char *gang_kernels_wtype_name(gang_kernels_wtype t);
  * converted to the weight's type and f32 output, I8 through a kernel that dequantizes on
  * the fly. The result agrees with the f32 GEMM on the dequantized weight up to f32
  * summation order (on the CPU within 2e-6 x (1 + log2 kdim) of sum |x w|, unit-kernels;
- * on CUDA bf16 / f16 also round x to the half type). Block types (CPU only; GANG_ENOSYS
- * elsewhere): x quantized per 32 elements to int8 (above), then integer block products
+ * on CUDA bf16 / f16 also round x to the half type). Block types on the CPU: x quantized
+ * per 32 elements to int8 (above), then integer block products
  * (kernels/cpu/cpu-qmatmul.c, portable and AVX2), so the result is the f32 product on
  * the dequantized weight within the activations' rounding: at most the sum over blocks
- * of (max |x| of the block / 254) x sum |w| of the block, plus f32 summation order.
+ * of (max |x| of the block / 254) x sum |w| of the block, plus f32 summation order. Block
+ * types on CUDA (kernels/cuda/cuda-qmatmul.cu): m <= 8 dequantizes in registers and keeps
+ * x in f32 (f32 summation order only); a larger m dequantizes W to bf16 and runs cuBLASLt
+ * with x rounded to bf16 (within 2^-8 x sum |x w| plus summation order).
  * GANG_EINVAL for NULL, a zero size, an unknown type, an I8 weight without scales or a
  * kdim that is not a whole number of the type's blocks; GANG_ERANGE for sizes beyond int.
  */
@@ -227,8 +230,7 @@ int gang_kernels_matmul_n(gang_kernels *k, size_t m, size_t kdim, const float *x
  * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale;
  * a block type: the row dequantized, gang_kernels_block_dequant): out[t, :] =
  * f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding, and
- * GANG_EINVAL for a dim that is not a whole number of blocks; block tables on the CPU
- * only (GANG_ENOSYS elsewhere).
+ * GANG_EINVAL for a dim that is not a whole number of blocks.
  */
 int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, size_t vocab,
                              size_t dim, const int32_t *ids, size_t n_ids, float *out);

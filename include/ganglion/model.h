@@ -288,8 +288,10 @@ typedef struct gang_model {
     size_t weight_bytes;          /* bytes of weights this rank holds, in their storage */
     int32_t blocks;               /* 1: loaded keeping a GGUF file's blocks (issue #27): the
                                      layers are mixed (gang_tp_layer.mtype), embed is of wtype
-                                     and an own lm_head of head_type; CPU only */
+                                     and an own lm_head of head_type */
     gang_kernels_wtype head_type; /* blocks: the storage of an own (untied) lm_head */
+    int32_t repacked;             /* blocks: some weights are in the CPU kernels' own layout
+                                     (gang_kernels_block_repack), which no device reads */
     char storage[160];            /* how the matrices are stored, for the logs */
     gang_kernels *mem;            /* after gang_model_to_device: the device handle holding every
                                      array (embed, final_norm, lm_head and the layers'); NULL
@@ -351,6 +353,10 @@ typedef struct gang_load_options {
                     GANG_EMODEL and the layout's message otherwise */
     int no_mmap; /* `--no-mmap`: a GGUF file's blocks are read (pread) into arrays of their
                     own; 0: the file is mapped and whole-row bands point into it (m->wmap) */
+    /* 1: block weights keep the file's layout, never the CPU kernels' own
+     * (gang_kernels_block_repack): for a model that gang_model_to_device moves to a device,
+     * whose kernels read the file's blocks. */
+    int keep_layout;
 } gang_load_options;
 
 /*
@@ -406,6 +412,9 @@ void gang_model_free(gang_model *m);
  * from k and uploaded, then its host copy is freed, so no host copy of the weights stays
  * resident on a GPU worker; m->mem = k. Peak host memory does not grow (arrays move one
  * at a time). On the "cpu" backend it is a no-op (host arrays are its tensor memory).
+ * A GGUF file's blocks (m->blocks) move as the file's bytes, those mapped from the file
+ * uploaded from the mapping, which is released afterwards; a model whose blocks the CPU
+ * repacked (m->repacked: loaded without gang_load_options.keep_layout) is GANG_EINVAL.
  * Returns 0, GANG_EINVAL (NULL, or already on another handle), or k's allocation /
  * upload error (GANG_ENOMEM when the device pool is too small); on error the arrays
  * moved so far stay on the device and the model remains consistent: release it with

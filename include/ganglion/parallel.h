@@ -323,8 +323,8 @@ typedef struct gang_tp_layer {
     /* Block storage (issue #27, a GGUF file's own blocks): when mixed is 1 each of the
      * seven matrices has its own type, mtype[] in the order wq, wk, wv, wo, w_gate, w_up,
      * w_down (a block type, or f32 where a tensor could not stay in blocks), each its own
-     * allocation, and wtype says nothing about them. Host only: gang_tp_layer_pack refuses
-     * such a layer with GANG_EINVAL, gang_tp_layer_to_device on a device with GANG_ENOSYS. */
+     * allocation, and wtype says nothing about them. gang_tp_layer_pack refuses such a
+     * layer with GANG_EINVAL; gang_tp_layer_to_device moves each matrix as it is. */
     int mixed;
     gang_kernels_wtype mtype[7];
     /* After gang_tp_layer_pack on the host: the one block (gang_kernels_weight_host_alloc)
@@ -409,7 +409,8 @@ size_t gang_tp_layer_weight_bytes(const gang_tp_layer *l);
 /*
  * Moves a host layer into the tensor memory of k: every array is allocated from k and
  * uploaded, then the host copies are freed and l->mem = k; q/k/v and gate/up go up as
- * the two concatenated matrices wqkv and wgu (wq, wk, wv, w_gate, w_up become NULL). On
+ * the two concatenated matrices wqkv and wgu (wq, wk, wv, w_gate, w_up become NULL),
+ * except in a mixed layer, whose seven matrices of their own types move one by one. On
  * the "cpu" backend, or for a layer already on k, nothing changes (host memory is the
  * cpu backend's tensor memory).
  * Returns 0, GANG_EINVAL (NULL, a layer already on another handle) or the allocation or

@@ -401,40 +401,100 @@ static int cuda_scale(void *ctx, float *x, float a, size_t n)
 }
 
 /*
+ * A scratch buffer of the pool of at least need bytes in *buf (*have its size): grown when
+ * a larger call comes (stream order makes the reuse safe); the old one is returned to the
+ * pool unless a graph was captured, since a graph replays the old address.
+ */
+static int cuda_scratch(gang__cuda_ctx *c, void **buf, size_t *have, size_t need)
+{
+    uintptr_t addr;
+    int rc;
+
+    if (need <= *have)
+        return 0;
+    if (*buf != NULL && c->graphs == 0)
+        gang__cuda_pool_free(&c->pool, (uintptr_t)*buf);
+    *buf = NULL;
+    *have = 0;
+    if ((rc = gang__cuda_pool_alloc(&c->pool, need, &addr)) < 0)
+        return rc;
+    *buf = (void *)addr;
+    *have = need;
+    return 0;
+}
+
+/*
+ * y = x . W^T over a block weight (the file's blocks, cuda-qmatmul.cu): m up to
+ * GANG_CUDA_QGEMV_ROWS through the GEMV that dequantizes in registers. A larger m
+ * converts x to bf16 once, then takes W in bands of at most GANG_CUDA_QBAND_ELEMS
+ * elements (whole rows): each band is dequantized to bf16 into a scratch of the pool
+ * (kept for the next call) and multiplied through cuBLASLt; a weight of one band writes
+ * y directly, else each band's [m, rows] product goes to a second scratch and is copied
+ * into its columns of y. So the scratch stays under 64 MiB whatever the weight (a
+ * Llama-3-8B LM head would be 1 GiB of bf16 at once).
+ */
+static int cuda_matmul_blocks(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim, const float *x,
+                              const gang_kernels_weight *w, float *y)
+{
+    size_t rows = GANG_CUDA_QBAND_ELEMS / kdim,
+           row_bytes = gang_kernels_weight_row_bytes(w->type, kdim);
+    int rc;
+
+    if (m <= GANG_CUDA_QGEMV_ROWS)
+        return gang__cuda_launch_gemv_q(c->stream, (int)w->type, m, n, kdim, x, w->data, y);
+    rows = rows == 0 ? 1 : (rows >= n ? n : rows);
+    if ((rc = cuda_scratch(c, &c->mq_scratch, &c->mq_scratch_bytes, rows * kdim * 2)) < 0 ||
+        (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) < 0 ||
+        (rows < n && (rc = cuda_scratch(c, &c->mq_out, &c->mq_out_bytes, m * rows * 4)) < 0))
+        return rc;
+    rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, GANG_DTYPE_BF16, c->mm_scratch,
+                                   m * kdim);
+    for (size_t o0 = 0; o0 < n && rc == 0; o0 += rows) {
+        size_t cnt = n - o0 < rows ? n - o0 : rows;
+
+        rc =
+            gang__cuda_launch_dequant_q_bf16(c->stream, (int)w->type, cnt, kdim,
+                                             (const char *)w->data + o0 * row_bytes, c->mq_scratch);
+        if (rc == 0)
+            rc = gang__cuda_gemm_half_f32(c, GANG_DTYPE_BF16, m, cnt, kdim, c->mm_scratch,
+                                          c->mq_scratch, cnt == n ? y : (float *)c->mq_out);
+        if (rc == 0 && cnt < n)
+            rc = gang__cuda_err(cudaMemcpy2DAsync(y + o0, n * sizeof(float), c->mq_out,
+                                                  cnt * sizeof(float), cnt * sizeof(float), m,
+                                                  cudaMemcpyDeviceToDevice, c->stream),
+                                "block matmul band copy");
+    }
+    return rc;
+}
+
+/*
  * y = x . W^T over a typed weight. bf16 / f16: x is converted to the weight's type into a
- * scratch buffer of the pool (grown when a larger x comes; stream order makes the reuse
- * safe), then cuBLASLt multiplies half by half into f32 with f32 accumulation. int8: one
- * kernel that dequantizes each weight row as it reads it (cuda-matmul.cu).
+ * scratch buffer of the pool, then cuBLASLt multiplies half by half into f32 with f32
+ * accumulation. int8: one kernel that dequantizes each weight row as it reads it
+ * (cuda-matmul.cu). Block types: cuda_matmul_blocks.
  */
 static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
                        const gang_kernels_weight *w, float *y)
 {
     gang__cuda_ctx *c = ctx;
     gang_dtype dt = w->type == GANG_KW_BF16 ? GANG_DTYPE_BF16 : GANG_DTYPE_F16;
-    size_t need = m * kdim * sizeof(uint16_t);
-    uintptr_t addr;
     int rc;
 
     if ((rc = ctx_enter(c)) < 0)
         return rc;
     if (w->type == GANG_KW_I8)
         return gang__cuda_launch_matmul_i8(c->stream, m, n, kdim, x, w->data, w->scales, y);
-    if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
-        return GANG_ENOSYS;
-    if (need > c->mm_scratch_bytes) {
-        if (c->mm_scratch != NULL && c->graphs == 0) /* a graph may still replay it */
-            gang__cuda_pool_free(&c->pool, (uintptr_t)c->mm_scratch);
-        c->mm_scratch = NULL;
-        c->mm_scratch_bytes = 0;
-        if ((rc = gang__cuda_pool_alloc(&c->pool, need, &addr)) < 0)
-            return rc;
-        c->mm_scratch = (void *)addr;
-        c->mm_scratch_bytes = need;
-    }
-    rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch, m * kdim);
-    if (rc < 0)
-        return rc;
-    return gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, y);
+    if (gang_kernels_wtype_block(w->type, NULL, NULL))
+        rc = cuda_matmul_blocks(c, m, n, kdim, x, w, y);
+    else if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
+        rc = GANG_ENOSYS;
+    else if ((rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
+             (rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch,
+                                             m * kdim)) == 0)
+        rc = gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, y);
+    if (rc == GANG_ENOSYS)
+        gang_error("cuda: no matmul kernel for %s weights", gang_kernels_wtype_name(w->type));
+    return rc;
 }
 
 /*
@@ -449,8 +509,6 @@ static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vo
     gang__cuda_ctx *c = ctx;
     int rc;
 
-    if (gang_kernels_wtype_block(table->type, NULL, NULL))
-        return GANG_ENOSYS; /* block tables: CPU only so far */
     if ((rc = ctx_enter(c)) < 0)
         return rc;
     rc = gang__cuda_err(cudaMemsetAsync(c->dev_flag + 1, 0, sizeof(int), c->stream), "cudaMemset");
@@ -458,7 +516,10 @@ static int cuda_embedding(void *ctx, const gang_kernels_weight *table, size_t vo
         return rc;
     if ((rc = gang__cuda_launch_check_ids(c->stream, ids, n_ids, vocab, c->dev_flag)) < 0)
         return rc;
-    if (table->type == GANG_KW_F32)
+    if (gang_kernels_wtype_block(table->type, NULL, NULL))
+        rc = gang__cuda_launch_embedding_q(c->stream, (int)table->type, table->data, dim, ids,
+                                           n_ids, c->dev_flag + 1, out);
+    else if (table->type == GANG_KW_F32)
         rc = gang__cuda_launch_embedding(c->stream, table->data, dim, ids, n_ids, c->dev_flag + 1,
                                          out);
     else

@@ -75,6 +75,10 @@ typedef struct gang__cuda_ctx {
     size_t att_scratch_floats;
     void *mm_scratch; /* x converted to half for gang_kernels_matmul (pool) */
     size_t mm_scratch_bytes;
+    void *mq_scratch; /* a band of a block weight dequantized to bf16 for a prefill (pool) */
+    size_t mq_scratch_bytes;
+    void *mq_out; /* a band's product when the weight takes several bands (pool) */
+    size_t mq_out_bytes;
     int sm_count;   /* multiprocessors of the device */
     int *host_flag; /* pinned host copy for reading it back */
     /* upload_async's pinned staging: bytes [0, stage_used) are copies the stream may still
@@ -142,6 +146,19 @@ int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
 int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
                                   size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
                                   float *out);
+/* cuda-qmatmul.cu: the block weights (wtype a block gang_kernels_wtype, rows of kdim a
+ * whole number of blocks; GANG_ENOSYS for another type). gemv_q: y = x . W^T for m <=
+ * GANG_CUDA_QGEMV_ROWS, dequantizing in registers; dequant_q_bf16: the weight [n, kdim] as
+ * bf16 into out (2 n kdim bytes, 16-byte aligned), for the cuBLASLt path of a larger m;
+ * embedding_q: the rows ids of a block table as f32 (flag as the other embeddings). */
+#define GANG_CUDA_QGEMV_ROWS 8
+#define GANG_CUDA_QBAND_ELEMS ((size_t)32 << 20) /* most weight elements dequantized at once */
+int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, size_t m, size_t n, size_t kdim,
+                             const float *x, const void *w, float *y);
+int gang__cuda_launch_dequant_q_bf16(cudaStream_t s, int wtype, size_t n, size_t kdim,
+                                     const void *w, void *out);
+int gang__cuda_launch_embedding_q(cudaStream_t s, int wtype, const void *table, size_t dim,
+                                  const int32_t *ids, size_t n_ids, const int *flag, float *out);
 int gang__cuda_launch_convert(cudaStream_t s, gang_dtype from, const void *src, gang_dtype to,
                               void *dst, size_t n);
 /* dtype: the cache's elements (f32 for a contiguous one). table NULL: contiguous cache,

@@ -9,6 +9,9 @@
  *    attention vs the CPU's double softmax; observed differences are near 1e-6) and the
  *    naive double reference within the CPU test's own REL_TOL, for a Llama model with GQA
  *    and a Qwen2-like model with q/k/v biases (the bias-over-rows kernel);
+ *  - block weights (issue #27): the layers' matrices as Q8_0 blocks on the GPU give the CPU
+ *    engine's logits on the same weights dequantized to f32, within the same 1e-4 (the
+ *    decode GEMV keeps x in f32);
  *  - tokens: the eight-request script of the CPU tests (continuous batching, chunked
  *    prefill, a stop token, greedy and seeded requests) gives exactly the reference's
  *    tokens for TP x PP in {1x1, 2x1, 1x2, 2x2} on ONE GPU: every rank is a thread with
@@ -78,13 +81,13 @@ static void logits_of(gang_engine *e, gang_kernels *k, float *out)
     memcpy(out, lg, VOCAB * sizeof(float));
 }
 
-/* The logits of the 7-token prompt on a 1 x 1 engine of device (model moved there). */
-static void engine_logits(const full_model *fm, const char *device, float *out)
+/* The logits of the 7-token prompt on a 1 x 1 engine of device, m moved there (and
+ * released with shard_free). */
+static void model_logits(gang_model *m, const char *device, float *out)
 {
     gang_engine_config cfg = engine_config(1);
     gang_kernels_options o;
     gang_kernels *k = NULL;
-    gang_model *m = shard_new(fm, 1, 1, 0);
     gang_engine *e = NULL;
     gang_gen_request r;
     script_req sr;
@@ -115,6 +118,95 @@ static void engine_logits(const full_model *fm, const char *device, float *out)
     gang_model_device_release(m);
     shard_free(m);
     gang_kernels_close(k);
+}
+
+static void engine_logits(const full_model *fm, const char *device, float *out)
+{
+    model_logits(shard_new(fm, 1, 1, 0), device, out);
+}
+
+/*
+ * The layers' matrices whose rows are whole Q8_0 blocks (kdim a multiple of 32: all but
+ * w_down, FFN 48) quantized to Q8_0 (per 32: d = max |w| / 127 as f16, q = round(w / d)).
+ * blocks: the layer keeps the blocks (a mixed layer, as a GGUF file's); else the f32
+ * arrays take the blocks' dequantized values (gang_kernels_block_dequant): the same
+ * weights in f32, the reference.
+ */
+static void quantize_layers_q8_0(gang_model *m, int blocks)
+{
+    for (uint32_t li = 0; li < m->layer_count; li++) {
+        gang_tp_layer *l = &m->layers[li];
+        void **mats[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        const size_t rows[7] = {Q_DIM, KV_DIM, KV_DIM, HIDDEN, FFN, FFN, HIDDEN};
+        const size_t cols[7] = {HIDDEN, HIDDEN, HIDDEN, Q_DIM, HIDDEN, HIDDEN, FFN};
+
+        l->mixed = blocks;
+        for (int j = 0; j < 7; j++) {
+            const float *w = *mats[j];
+            size_t nb = rows[j] * cols[j] / 32;
+            uint8_t *q = malloc(nb * 34);
+
+            l->mtype[j] = GANG_KW_F32;
+            if (cols[j] % 32 != 0) {
+                free(q);
+                continue;
+            }
+            assert_non_null(q);
+            for (size_t b = 0; b < nb; b++) {
+                float amax = 0.0f, d, id;
+                uint16_t h;
+                for (int i = 0; i < 32; i++)
+                    amax = fmaxf(amax, fabsf(w[b * 32 + i]));
+                h = gang_f32_to_f16(amax / 127.0f);
+                d = gang_f16_to_f32(h);
+                id = d > 0.0f ? 1.0f / d : 0.0f;
+                memcpy(q + b * 34, &h, 2);
+                for (int i = 0; i < 32; i++) {
+                    float v = roundf(w[b * 32 + i] * id);
+                    q[b * 34 + 2 + i] = (uint8_t)(int8_t)(v > 127.0f ? 127.0f : v);
+                }
+            }
+            if (blocks) {
+                free(*mats[j]);
+                *mats[j] = q;
+                l->mtype[j] = GANG_KW_Q8_0;
+            } else {
+                assert_int_equal(
+                    gang_kernels_block_dequant(GANG_KW_Q8_0, q, rows[j] * cols[j], *mats[j]), 0);
+                free(q);
+            }
+        }
+    }
+}
+
+/*
+ * A model whose layers hold Q8_0 blocks (issue #27) on "cuda": the engine's logits equal the
+ * CPU engine's on the same weights dequantized to f32. The prompt goes in steps of at most
+ * 6 tokens (engine_config), so every block product is the GEMV, which keeps x in f32: the
+ * two differ by summation order only, and GPU_CPU_TOL holds them as for f32 weights.
+ */
+static void test_cuda_block_model_logits(void **state)
+{
+    float cpu[VOCAB], gpu[VOCAB];
+    full_model *fm = full_model_new(11, 0);
+    gang_model *mb, *mf;
+    double e;
+
+    (void)state;
+    NEED_GPU();
+    mb = shard_new(fm, 1, 1, 0);
+    mf = shard_new(fm, 1, 1, 0);
+    quantize_layers_q8_0(mb, 1);
+    quantize_layers_q8_0(mf, 0);
+    model_logits(mf, "cpu", cpu);
+    model_logits(mb, "cuda", gpu);
+    e = rel_err_ff(gpu, cpu, VOCAB);
+    print_message("Q8_0 layers: cuda vs cpu on the dequantized weights %.3g\n", e);
+    if (!(e <= GPU_CPU_TOL))
+        fail_msg("Q8_0 layers on cuda: logits differ by %g from the cpu engine on the "
+                 "dequantized weights",
+                 e);
+    free(fm);
 }
 
 static void test_cuda_logits_match_cpu(void **state)
@@ -496,6 +588,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_logits_match_cpu),
         cmocka_unit_test(test_cuda_layouts_match_reference),
+        cmocka_unit_test(test_cuda_block_model_logits),
         cmocka_unit_test(test_cuda_memory_checks),
         cmocka_unit_test(test_nccl_world_of_one),
         cmocka_unit_test(test_nccl_layouts_match_reference),
