@@ -371,6 +371,38 @@ static void test_block_repacked(void **state)
     gang__cpu_simd_force(-1);
 }
 
+/*
+ * Q6_K's repacked kernel leaves out the reference's 0 ds term except in a call where some
+ * ds is infinite (a group of x near FLT_MAX): there the reference's 0 inf makes NaNs,
+ * and so must the kernel, while the other rows of x keep the portable kernel's bits.
+ */
+static void test_block_repacked_q6k_inf(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t n = 20, nb = 2, kdim = 256 * nb, m = 2;
+
+    if (simd_levels() < 3) {
+        print_message("[  SKIP    ] Q6_K's repacked kernel: no AVX-512 VNNI here\n");
+        return;
+    }
+    uint8_t *w = make_blocks(GANG_KW_Q6_K, n, nb);
+    void *rp = gang__cpu_rp_build(GANG_KW_Q6_K, w, n, kdim);
+    float *x = make_x(m, kdim);
+    assert_non_null(rp);
+    for (size_t i = 0; i < 32; i++)
+        x[kdim + 96 + i] = 3.0e38f; /* row 1, group 3: ds = d 4064 overflows */
+    float *y0 = repacked_product(k, 0, GANG_KW_Q6_K, w, m, n, kdim, x);
+    float *yp = repacked_product(k, 2, GANG_KW_Q6_K, rp, m, n, kdim, x);
+    for (size_t o = 0; o < n; o++) {
+        assert_memory_equal(&y0[o], &yp[o], sizeof(float));
+        if (!isnan(y0[n + o]) || !isnan(yp[n + o]))
+            fail_msg("Q6_K row %zu with an infinite ds: portable %g, repacked %g", o,
+                     (double)y0[n + o], (double)yp[n + o]);
+    }
+    gang__cpu_simd_force(-1);
+    free(y0), free(yp), free(x), free(rp), free(w);
+}
+
 static void test_block_embedding_and_sizes(void **state)
 {
     gang_kernels *k = *state;
@@ -432,6 +464,7 @@ int main(void)
         cmocka_unit_test(test_block_matmul),
         cmocka_unit_test(test_block_exact_grid),
         cmocka_unit_test(test_block_repacked),
+        cmocka_unit_test(test_block_repacked_q6k_inf),
         cmocka_unit_test(test_block_embedding_and_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
