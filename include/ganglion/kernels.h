@@ -126,10 +126,12 @@ int gang_kernels_block_dequant(gang_kernels_wtype t, const void *src, size_t n, 
 /*
  * The CPU kernels' own layout of a block weight [n, kdim] at src (the file's layout), made
  * once at load (issue #27): where the CPU runs the AVX-512 VNNI kernels (gang__cpu_simd level
- * 2) and t is Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1, a new allocation (release with free()) holding
- * the blocks of 16 rows interleaved so that one 512-bit vpdpbusd computes 16 rows' partial
- * products (kernels/cpu/cpu-qrepack.c has the layout): about the same bytes as src (a 64-byte
- * header, and the last group of 16 rows padded with zero rows). The caller then frees or
+ * 2) and t is Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, a new allocation (release
+ * with free()) holding the blocks of 16 rows interleaved so that one 512-bit vpdpbusd
+ * computes 16 rows' partial products (kernels/cpu/cpu-qrepack.c and cpu-qrepack-k.c have the
+ * layout): about the same bytes as src (a 64-byte header, the last group of 16 rows padded
+ * with zero rows, and Q4_K / Q5_K 4 more bytes a block for their scales unpacked: 2.8% /
+ * 2.3%). The caller then frees or
  * unmaps src and hands the new buffer, with the same type and sizes, to
  * gang_kernels_matmul, which recognises it. NULL (src stays the weight) for another type or
  * CPU, a kdim that is not a whole number of blocks, or when memory is out. A repacked

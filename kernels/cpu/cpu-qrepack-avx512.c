@@ -169,6 +169,11 @@ void gang__cpu_rp_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *s
     case GANG_KW_Q5_1:
         rp_groups(GANG_KW_Q5_1, m, qx, sx, rp, g0, g1, y, ldy);
         return;
+    case GANG_KW_Q4_K:
+    case GANG_KW_Q5_K:
+    case GANG_KW_Q6_K:
+        gang__cpu_rpk_rows_avx512(m, qx, sx, rp, g0, g1, y, ldy); /* cpu-qrepack-k-avx512.c */
+        return;
     default:
         return; /* gang__cpu_rp_get accepts no other type */
     }

@@ -1,7 +1,9 @@
 /*
- * CPU backend: the row-interleaved ("repacked") layout of the 32-element block types
- * (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) that the AVX-512 VNNI kernel of cpu-qrepack-avx512.c
- * streams, built once at load by gang_kernels_block_repack (include/ganglion/kernels.h).
+ * CPU backend: the row-interleaved ("repacked") layout of the block types that the AVX-512
+ * VNNI kernels of cpu-qrepack-avx512.c and cpu-qrepack-k-avx512.c stream, built once at
+ * load by gang_kernels_block_repack (include/ganglion/kernels.h). Below, the 32-element
+ * types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); the K types (Q4_K, Q5_K, Q6_K) share the header,
+ * the groups and the column blocks' order, their column blocks' inside is cpu-qrepack-k.c's.
  *
  * A repacked weight is one allocation: a 64-byte header (magic, type, n, kdim), then the
  * body. The body is ceil(n / 16) groups of 16 W rows (the last one padded with zero rows),
@@ -42,7 +44,27 @@ _Static_assert(sizeof(rp_header) == GANG__RP_HEADER, "the header is one cache li
 int gang__cpu_rp_type(gang_kernels_wtype t)
 {
     return t == GANG_KW_Q8_0 || t == GANG_KW_Q4_0 || t == GANG_KW_Q4_1 || t == GANG_KW_Q5_0 ||
-           t == GANG_KW_Q5_1;
+           t == GANG_KW_Q5_1 || gang__cpu_rpk_cb(t) != 0;
+}
+
+/* The bytes of a column block of type t: 16 blocks', plus the K types' unpacked scales. */
+static size_t rp_cb(gang_kernels_wtype t)
+{
+    size_t bb = 0;
+
+    if (gang__cpu_rpk_cb(t) != 0)
+        return gang__cpu_rpk_cb(t);
+    gang_kernels_wtype_block(t, NULL, &bb);
+    return GANG__RP_ROWS * bb;
+}
+
+/* The elements of a block of type t (32 or 256). */
+static size_t rp_elems(gang_kernels_wtype t)
+{
+    size_t e = 0;
+
+    gang_kernels_wtype_block(t, &e, NULL);
+    return e;
 }
 
 /* Byte offsets of a column block's parts for type t. */
@@ -64,7 +86,7 @@ int gang__cpu_rp_peek(const gang_kernels_weight *w, gang__cpu_rp *out)
         return 0;
     memcpy(&h, w->data, sizeof(h));
     if (h.magic != RP_MAGIC || h.self_check != (RP_MAGIC ^ h.n ^ h.kdim ^ h.type) ||
-        h.type != (uint64_t)w->type || h.kdim == 0 || h.kdim % 32 != 0)
+        h.type != (uint64_t)w->type || h.kdim == 0 || h.kdim % rp_elems(w->type) != 0)
         return 0;
     return gang__cpu_rp_get(w, (size_t)h.n, (size_t)h.kdim, out);
 }
@@ -72,10 +94,9 @@ int gang__cpu_rp_peek(const gang_kernels_weight *w, gang__cpu_rp *out)
 int gang__cpu_rp_embedding(const gang__cpu_rp *rp, size_t dim, const int32_t *ids, size_t n_ids,
                            float *out)
 {
-    size_t bb = 0;
-    uint8_t blk[64];
+    size_t e = rp_elems(rp->type);
+    uint8_t blk[256];
 
-    gang_kernels_wtype_block(rp->type, NULL, &bb);
     if (dim != rp->kdim)
         return GANG_EINVAL;
     for (size_t t = 0; t < n_ids; t++) {
@@ -83,7 +104,7 @@ int gang__cpu_rp_embedding(const gang__cpu_rp *rp, size_t dim, const int32_t *id
             return GANG_EINVAL;
         for (size_t b = 0; b < rp->nb; b++) {
             gang__cpu_rp_block(rp, (size_t)ids[t], b, blk);
-            int rc = gang_kernels_block_dequant(rp->type, blk, 32, out + t * dim + 32 * b);
+            int rc = gang_kernels_block_dequant(rp->type, blk, e, out + t * dim + e * b);
             if (rc != 0)
                 return rc;
         }
@@ -94,7 +115,6 @@ int gang__cpu_rp_embedding(const gang__cpu_rp *rp, size_t dim, const int32_t *id
 int gang__cpu_rp_get(const gang_kernels_weight *w, size_t n, size_t kdim, gang__cpu_rp *out)
 {
     rp_header h;
-    size_t bb = 0;
 
     if (!gang__cpu_rp_type(w->type))
         return 0;
@@ -103,13 +123,12 @@ int gang__cpu_rp_get(const gang_kernels_weight *w, size_t n, size_t kdim, gang__
         return 0;
     if (h.type != (uint64_t)w->type || h.n != n || h.kdim != kdim)
         return GANG_EINVAL; /* a repacked weight viewed with other sizes */
-    gang_kernels_wtype_block(w->type, NULL, &bb);
     out->type = w->type;
     out->n = n;
     out->kdim = kdim;
     out->groups = (n + GANG__RP_ROWS - 1) / GANG__RP_ROWS;
-    out->nb = kdim / 32;
-    out->cb = GANG__RP_ROWS * bb;
+    out->nb = kdim / rp_elems(w->type);
+    out->cb = rp_cb(w->type);
     out->body = (const uint8_t *)w->data + GANG__RP_HEADER;
     return 1;
 }
@@ -124,6 +143,10 @@ static void rp_put(gang_kernels_wtype t, const uint8_t *p, size_t r, uint8_t *c)
     uint64_t mask;
     uint32_t qh = 0;
 
+    if (gang__cpu_rpk_cb(t) != 0) {
+        gang__cpu_rpk_put(t, p, r, c);
+        return;
+    }
     rp_parts(t, &m_at, &h_at, &q_at);
     memcpy(c + 2 * r, p, 2);
     if (with_m)
@@ -157,6 +180,10 @@ void gang__cpu_rp_block(const gang__cpu_rp *rp, size_t row, size_t blk, uint8_t 
     uint32_t qh = 0;
     uint64_t mask;
 
+    if (gang__cpu_rpk_cb(t) != 0) {
+        gang__cpu_rpk_block(t, c, r, out);
+        return;
+    }
     rp_parts(t, &m_at, &h_at, &q_at);
     memcpy(out, c + 2 * r, 2);
     if (with_m)
@@ -180,14 +207,15 @@ void gang__cpu_rp_block(const gang__cpu_rp *rp, size_t row, size_t blk, uint8_t 
 
 void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t kdim)
 {
-    size_t bb = 0, nb = kdim / 32, groups = (n + GANG__RP_ROWS - 1) / GANG__RP_ROWS, cb, body;
+    size_t bb = 0, e = 0, nb, groups = (n + GANG__RP_ROWS - 1) / GANG__RP_ROWS, cb, body;
     rp_header h = {.magic = RP_MAGIC, .type = (uint64_t)t, .n = n, .kdim = kdim};
     uint8_t *dst;
 
-    if (!gang__cpu_rp_type(t) || src == NULL || n == 0 || kdim == 0 || kdim % 32 != 0)
+    if (!gang__cpu_rp_type(t) || !gang_kernels_wtype_block(t, &e, &bb) || src == NULL || n == 0 ||
+        kdim == 0 || kdim % e != 0)
         return NULL;
-    gang_kernels_wtype_block(t, NULL, &bb);
-    cb = GANG__RP_ROWS * bb;
+    nb = kdim / e;
+    cb = rp_cb(t);
     if (groups > (SIZE_MAX - GANG__RP_HEADER) / cb / nb)
         return NULL;
     body = groups * nb * cb;

@@ -129,7 +129,8 @@ int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
  * threads a job may use; gang__cpu_set_threads(1) makes every job run on its caller
  * (tests), a larger value restores the whole pool. */
 /*
- * The repacked layout of the 32-element block types (cpu-qrepack.c): groups of
+ * The repacked layout of the block types (cpu-qrepack.c; the K types' column blocks in
+ * cpu-qrepack-k.c): groups of
  * GANG__RP_ROWS W rows interleaved for the AVX-512 kernel (cpu-qrepack-avx512.c), behind a
  * header of GANG__RP_HEADER bytes. gang__cpu_rp_get: 1 and *out when w is a repacked weight
  * of n x kdim, 0 when it is in the file's layout, GANG_EINVAL when it is repacked with
@@ -159,6 +160,15 @@ int gang__cpu_rp_rows_ref(size_t m, const gang__cpu_qx *qx, const gang__cpu_rp *
                           size_t g1, float *y, size_t ldy);
 void gang__cpu_rp_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *sx,
                               const gang__cpu_rp *rp, size_t g0, size_t g1, float *y, size_t ldy);
+/* cpu-qrepack-k.c: the K types' column blocks (Q4_K, Q5_K, Q6_K). gang__cpu_rpk_cb: a
+ * column block's bytes, 0 for another type; gang__cpu_rpk_put: block p (file layout) at
+ * lane r of column block c; gang__cpu_rpk_block: lane r's block given back. Their kernel
+ * (cpu-qrepack-k-avx512.c), called by gang__cpu_rp_rows_avx512 for those types. */
+size_t gang__cpu_rpk_cb(gang_kernels_wtype t);
+void gang__cpu_rpk_put(gang_kernels_wtype t, const uint8_t *p, size_t r, uint8_t *c);
+void gang__cpu_rpk_block(gang_kernels_wtype t, const uint8_t *c, size_t r, uint8_t *out);
+void gang__cpu_rpk_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *sx,
+                               const gang__cpu_rp *rp, size_t g0, size_t g1, float *y, size_t ldy);
 
 typedef void (*gang__cpu_task)(void *arg, size_t chunk);
 void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks);

@@ -273,8 +273,9 @@ static float *repacked_product(gang_kernels *k, int simd, gang_kernels_wtype t, 
 }
 
 /*
- * The repacked layout of the 32-element types (kernels/cpu/cpu-qrepack.c): lossless (each
- * row's blocks given back to the byte), its products at m = 1, 3, 8, 17, 32 over row counts
+ * The repacked layout of the block types (kernels/cpu/cpu-qrepack.c, the K types'
+ * cpu-qrepack-k.c, with the edge blocks of make_blocks): lossless (each
+ * row's blocks given back to the byte), its products at m = 1, 3, 8, 17, 32, 40 over row counts
  * that are and are not multiples of 16 within the contract's bound of the double reference
  * and equal to the bit to the portable kernel on the file's layout (the AVX-512 kernel on
  * the repacked layout rounds in the reference's order), and
@@ -285,17 +286,20 @@ static void test_block_repacked(void **state)
 {
     gang_kernels *k = *state;
     const gang_kernels_wtype rts[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
-                                      GANG_KW_Q5_1};
-    const size_t ms[] = {1, 3, 8, 17, 32}, ns[] = {37, 16, 5};
+                                      GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
+    const size_t ms[] = {1, 3, 8, 17, 32, 40}, ns[] = {37, 16, 5};
     int vnni = simd_levels() == 3;
 
     for (size_t ti = 0; ti < sizeof(rts) / sizeof(rts[0]); ti++)
         for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
             for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
                 gang_kernels_wtype t = rts[ti];
-                size_t n = ns[ni], m = ms[mi], nb = 4 + mi % 3, kdim = 32 * nb, bb;
-                assert_true(gang_kernels_wtype_block(t, NULL, &bb));
-                uint8_t *w = make_blocks(t, n, nb), blk[34];
+                size_t n = ns[ni], m = ms[mi], nb = 4 + mi % 3, e, bb;
+                assert_true(gang_kernels_wtype_block(t, &e, &bb));
+                if (e == 256) /* the K types: fewer, longer blocks */
+                    nb = 1 + mi % 3;
+                size_t kdim = e * nb;
+                uint8_t *w = make_blocks(t, n, nb), blk[256];
                 void *rp = gang__cpu_rp_build(t, w, n, kdim);
                 assert_non_null(rp);
                 gang__cpu_rp r;
@@ -365,7 +369,7 @@ static void test_block_repacked(void **state)
     if (!vnni)
         print_message("[  SKIP    ] the repacked AVX-512 VNNI kernel: this CPU (or build) lacks "
                       "it; the layout and its portable path tested\n");
-    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &rng, 1, 256)); /* not a repacked type */
+    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &rng, 1, 320)); /* not whole blocks */
     gang__cpu_simd_force(-1);
 }
 
@@ -524,6 +528,38 @@ static void test_block_matmul_n(void **state)
         free(w[i]);
 }
 
+/*
+ * Q6_K's repacked kernel leaves out the reference's 0 ds term except in a call where some
+ * ds is infinite (a group of x near FLT_MAX): there the reference's 0 inf makes NaNs,
+ * and so must the kernel, while the other rows of x keep the portable kernel's bits.
+ */
+static void test_block_repacked_q6k_inf(void **state)
+{
+    gang_kernels *k = *state;
+    const size_t n = 20, nb = 2, kdim = 256 * nb, m = 2;
+
+    if (simd_levels() < 3) {
+        print_message("[  SKIP    ] Q6_K's repacked kernel: no AVX-512 VNNI here\n");
+        return;
+    }
+    uint8_t *w = make_blocks(GANG_KW_Q6_K, n, nb);
+    void *rp = gang__cpu_rp_build(GANG_KW_Q6_K, w, n, kdim);
+    float *x = make_x(m, kdim);
+    assert_non_null(rp);
+    for (size_t i = 0; i < 32; i++)
+        x[kdim + 96 + i] = 3.0e38f; /* row 1, group 3: ds = d 4064 overflows */
+    float *y0 = repacked_product(k, 0, GANG_KW_Q6_K, w, m, n, kdim, x);
+    float *yp = repacked_product(k, 2, GANG_KW_Q6_K, rp, m, n, kdim, x);
+    for (size_t o = 0; o < n; o++) {
+        assert_memory_equal(&y0[o], &yp[o], sizeof(float));
+        if (!isnan(y0[n + o]) || !isnan(yp[n + o]))
+            fail_msg("Q6_K row %zu with an infinite ds: portable %g, repacked %g", o,
+                     (double)y0[n + o], (double)yp[n + o]);
+    }
+    gang__cpu_simd_force(-1);
+    free(y0), free(yp), free(x), free(rp), free(w);
+}
+
 static void test_block_embedding_and_sizes(void **state)
 {
     gang_kernels *k = *state;
@@ -582,9 +618,13 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_matmul),   cmocka_unit_test(test_block_exact_grid),
-        cmocka_unit_test(test_block_repacked), cmocka_unit_test(test_quantize_x_simd),
-        cmocka_unit_test(test_block_matmul_n), cmocka_unit_test(test_block_embedding_and_sizes),
+        cmocka_unit_test(test_block_matmul),
+        cmocka_unit_test(test_block_exact_grid),
+        cmocka_unit_test(test_block_repacked),
+        cmocka_unit_test(test_block_repacked_q6k_inf),
+        cmocka_unit_test(test_quantize_x_simd),
+        cmocka_unit_test(test_block_matmul_n),
+        cmocka_unit_test(test_block_embedding_and_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

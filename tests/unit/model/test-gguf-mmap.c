@@ -345,7 +345,7 @@ int main(void)
 {
     /* test_resident first: its RSS deltas are of a process that has not loaded yet. The
      * CPU kernels at the AVX2 level: at the AVX-512 VNNI level the loader hands them the
-     * 32-element types to repack (gang_kernels_block_repack), copies, and drops the mapped
+     * block types to repack (gang_kernels_block_repack), copies, and drops the mapped
      * pages; this test is about the file's layout mapped. */
     gang__cpu_simd_force(gang__cpu_avx2_usable());
     const struct CMUnitTest tests[] = {
