@@ -26,7 +26,7 @@
 
 #define GANG__QMM_ROWS 8
 #define GANG__QMM_MIN_MACS 200000 /* as cpu-matmul.c: below this, the caller alone */
-#define GANG__QMM_CHUNKS_PER_THREAD 16
+#define GANG__QMM_CHUNKS_PER_THREAD 8
 #define GANG__QMM_PARTS_MAX GANG_KERNELS_MATMUL_N_MAX
 
 void gang__cpu_quantize_x(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx)
