@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,6 +69,25 @@ static uint32_t run_on(gang_engine *e, gang_kernels *k, const gang_gen_request *
     }
     assert_int_equal(gang_engine_pending(e), 0);
     return n;
+}
+
+/*
+ * A TCP port free right now (the kernel's pick for a bind to port 0), for a prefill
+ * transport to serve on. A port computed from the pid (as before) fell in the ephemeral
+ * range and was once taken by another test's connection under ctest -j2 ("Address already
+ * in use": the export refused, the test failed); the kernel's pick is free when asked.
+ */
+static uint32_t free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
 }
 
 /* The transport config of one side (prefill: serving on port). */
@@ -112,8 +132,7 @@ static void run_pd(const full_model *fm, const gang__wkv_pair *p, int fail, uint
     gang__wkv *kp = NULL, *kd = NULL;
     int32_t prompt[14], first[8];
     gang_gen_event done;
-    static uint32_t port_turn;
-    uint32_t port = 21000u + (uint32_t)(getpid() % 20000) + 7u * port_turn++;
+    uint32_t port = free_port();
     cfg.block_size = 4;
     cfg.max_step_tokens = 16;
     cfg.prefix_caching = 1;
@@ -267,7 +286,7 @@ static void test_kv_pair_pp2(void **state)
     gang__wkv *kp = NULL, *kd[2] = {NULL, NULL};
     int32_t prompt[14], want[8], first[8];
     gang_gen_event done;
-    uint32_t port = 21000u + (uint32_t)(getpid() % 20000) + 5u;
+    uint32_t port = free_port();
     cfg.block_size = 4;
     cfg.max_step_tokens = 16;
     cfg.prefix_caching = 1;
