@@ -136,7 +136,7 @@ set_tests_properties(unit-cuda-step PROPERTIES TIMEOUT 300 LABELS unit)
 
 # The block weights of GGUF files on the GPU (issue #27): every block type against the
 # dequantize-then-double reference (a binary of its own: test-cuda.c is at the file limit).
-add_executable(test-cuda-blocks tests/unit/test-cuda-blocks.c)
+add_executable(test-cuda-blocks tests/unit/test-cuda-blocks.c tests/unit/blocks-fixture.c)
 target_link_libraries(test-cuda-blocks PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda-blocks COMMAND test-cuda-blocks)
 set_tests_properties(unit-cuda-blocks PROPERTIES TIMEOUT 300 LABELS unit)

@@ -32,30 +32,9 @@
 
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
+#include "blocks-fixture.h"
 
 static gang_kernels *gpu; /* NULL without a GPU */
-
-static const gang_kernels_wtype types[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
-                                           GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
-#define N_TYPES (sizeof(types) / sizeof(types[0]))
-
-static uint64_t rng = 0x853c49e6748fea9bull;
-static uint32_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float rndf(float a) /* uniform in [-a, a] */
-{
-    return a * ((float)(rnd() % 2000001u) / 1000000.0f - 1.0f);
-}
-static void put_f16(uint8_t *p, float v)
-{
-    uint16_t h = gang_f32_to_f16(v);
-    memcpy(p, &h, 2);
-}
 
 #define NEED_GPU()                                                                                 \
     do {                                                                                           \
@@ -67,46 +46,27 @@ static void put_f16(uint8_t *p, float v)
         }                                                                                          \
     } while (0)
 
-/* Byte offsets of a block's f16 fields (d, and m or dmin). */
-static size_t f16_fields(gang_kernels_wtype t, size_t at[2])
-{
-    switch (t) {
-    case GANG_KW_Q4_1:
-    case GANG_KW_Q5_1:
-    case GANG_KW_Q4_K:
-    case GANG_KW_Q5_K:
-        at[0] = 0, at[1] = 2;
-        return 2;
-    case GANG_KW_Q6_K:
-        at[0] = 208;
-        return 1;
-    default:
-        at[0] = 0;
-        return 1;
-    }
-}
-
 /* n rows of nb blocks of t with the edge cases of the file comment in rows 0 and 1. */
 static uint8_t *make_blocks(gang_kernels_wtype t, size_t n, size_t nb, size_t bb)
 {
-    size_t at[2], nf = f16_fields(t, at);
+    size_t at[2], nf = bf_f16_fields(t, at);
     uint8_t *w = malloc(n * nb * bb);
 
     assert_non_null(w);
     for (size_t i = 0; i < n * nb * bb; i++)
-        w[i] = (uint8_t)rnd();
+        w[i] = (uint8_t)bf_rnd();
     for (size_t i = 0; i < n * nb; i++)
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + i * bb + at[f], rndf(0.05f));
+            bf_put_f16(w + i * bb + at[f], bf_rndf(0.05f));
     memset(w, 0, bb);
     if (nb > 1) {
         memset(w + bb, 0xff, bb);
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + bb + at[f], f == 0 ? 1024.0f : -1024.0f);
+            bf_put_f16(w + bb + at[f], f == 0 ? 1024.0f : -1024.0f);
     }
     if (n > 1)
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + nb * bb + at[f], 0.0f);
+            bf_put_f16(w + nb * bb + at[f], 0.0f);
     return w;
 }
 
@@ -141,7 +101,7 @@ static void matmul_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd)
     assert_true(wd != NULL && x != NULL);
     assert_int_equal(gang_kernels_block_dequant(t, w, n * kd, wd), 0);
     for (size_t i = 0; i < m * kd; i++)
-        x[i] = rndf(2.0f);
+        x[i] = bf_rndf(2.0f);
     dw = dev_copy(w, bytes);
     dx = dev_copy(x, m * kd * 4);
     assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dy), 0);
@@ -179,14 +139,14 @@ static void test_block_matmul(void **state)
 
     (void)state;
     NEED_GPU();
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
         size_t e;
-        assert_true(gang_kernels_wtype_block(types[ti], &e, NULL));
+        assert_true(gang_kernels_wtype_block(bf_types[ti], &e, NULL));
         for (size_t a = 0; a < 4; a++)
             for (size_t b = 0; b < 2; b++) {
-                matmul_case(types[ti], ms[a], ns[b], 1280);
+                matmul_case(bf_types[ti], ms[a], ns[b], 1280);
                 if (e == 32)
-                    matmul_case(types[ti], ms[a], ns[b], 96);
+                    matmul_case(bf_types[ti], ms[a], ns[b], 96);
             }
     }
 }
@@ -216,7 +176,7 @@ static void test_block_matmul_bands(void **state)
 
         assert_true(x != NULL && wd != NULL);
         for (size_t i = 0; i < m * kd; i++)
-            x[i] = rndf(2.0f);
+            x[i] = bf_rndf(2.0f);
         dw = dev_copy(w, n * rb);
         dx = dev_copy(x, m * kd * 4);
         assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dy), 0);
@@ -253,8 +213,8 @@ static void test_block_embedding(void **state)
 
     (void)state;
     NEED_GPU();
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        gang_kernels_wtype t = types[ti];
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
+        gang_kernels_wtype t = bf_types[ti];
         size_t e, bb;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
         uint8_t *w = make_blocks(t, vocab, dim / e, bb);
@@ -323,6 +283,7 @@ static int teardown(void **state)
 
 int main(void)
 {
+    bf_seed(0x853c49e6748fea9bull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_matmul),
         cmocka_unit_test(test_block_matmul_bands),

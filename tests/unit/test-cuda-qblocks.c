@@ -21,40 +21,10 @@
 #include <cmocka.h>
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
+#include "blocks-fixture.h"
 #include "cuda/cuda-qblocks.h"
 
-static const gang_kernels_wtype types[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
-                                           GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
-#define N_TYPES (sizeof(types) / sizeof(types[0]))
 #define N_BLOCKS 400
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-/* Byte offsets of a block's f16 fields (d, and m or dmin). */
-static size_t f16_fields(gang_kernels_wtype t, size_t at[2])
-{
-    switch (t) {
-    case GANG_KW_Q4_1:
-    case GANG_KW_Q5_1:
-    case GANG_KW_Q4_K:
-    case GANG_KW_Q5_K:
-        at[0] = 0, at[1] = 2;
-        return 2;
-    case GANG_KW_Q6_K:
-        at[0] = 208;
-        return 1;
-    default:
-        at[0] = 0;
-        return 1;
-    }
-}
 
 /* f16 bit patterns of the edge scales: +-0, the smallest and largest subnormals, the
  * smallest normal, 1, -1, the largest finite (65504) both signs, +-infinity, a NaN. */
@@ -75,15 +45,15 @@ static void put_u16(uint8_t *p, uint16_t v)
  */
 static uint8_t *make_blocks(gang_kernels_wtype t, size_t bb)
 {
-    size_t at[2], nf = f16_fields(t, at);
+    size_t at[2], nf = bf_f16_fields(t, at);
     uint8_t *w = malloc(N_BLOCKS * bb);
 
     assert_non_null(w);
     for (size_t i = 0; i < N_BLOCKS * bb; i++)
-        w[i] = (uint8_t)rnd();
+        w[i] = (uint8_t)bf_rnd();
     for (size_t i = 0; i < N_BLOCKS; i++)
         for (size_t f = 0; f < nf; f++)
-            put_u16(w + i * bb + at[f], (uint16_t)((rnd() & 0x7bffu) | (rnd() & 1u) << 15));
+            put_u16(w + i * bb + at[f], (uint16_t)((bf_rnd() & 0x7bffu) | (bf_rnd() & 1u) << 15));
     memset(w, 0, bb);
     memset(w + bb, 0xff, bb);
     for (size_t f = 0; f < nf; f++)
@@ -108,8 +78,8 @@ static int same_value(float a, float b)
 static void test_groups_equal_reference(void **state)
 {
     (void)state;
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        gang_kernels_wtype t = types[ti];
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
+        gang_kernels_wtype t = bf_types[ti];
         size_t e, bb, bad = 0;
         float w[32];
 
@@ -155,18 +125,18 @@ static void emulate_gemv(gang_kernels_wtype t, size_t m, size_t n, size_t kdim)
     uint8_t *w = malloc(n * rb);
     float *wd = malloc(n * kdim * sizeof(float)), *x = malloc(m * kdim * sizeof(float));
     static float xs[GANG_QB_ROWS][GANG_QB_PAD(EMU_TILE)];
-    size_t at[2], nf = f16_fields(t, at);
+    size_t at[2], nf = bf_f16_fields(t, at);
 
     assert_true(w != NULL && wd != NULL && x != NULL);
     for (size_t i = 0; i < n * rb; i++)
-        w[i] = (uint8_t)rnd();
+        w[i] = (uint8_t)bf_rnd();
     for (size_t b = 0; b < n * kdim / e; b++)
         for (size_t f = 0; f < nf; f++)
-            put_u16(w + b * bb + at[f], (uint16_t)((rnd() % 0x2c00u) | (rnd() & 1u) << 15));
+            put_u16(w + b * bb + at[f], (uint16_t)((bf_rnd() % 0x2c00u) | (bf_rnd() & 1u) << 15));
     memset(w, 0, bb); /* an all-zero block */
     assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
     for (size_t i = 0; i < m * kdim; i++)
-        x[i] = (float)((int)(rnd() % 4001u) - 2000) / 1000.0f;
+        x[i] = (float)((int)(bf_rnd() % 4001u) - 2000) / 1000.0f;
     for (size_t o = 0; o < n; o++) {
         float acc[32][GANG_QB_ROWS] = {{0}};
         for (size_t k0 = 0; k0 < kdim; k0 += EMU_TILE) {
@@ -198,14 +168,14 @@ static void emulate_gemv(gang_kernels_wtype t, size_t m, size_t n, size_t kdim)
 static void test_gemv_lanes(void **state)
 {
     (void)state;
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
         size_t e;
-        assert_true(gang_kernels_wtype_block(types[ti], &e, NULL));
+        assert_true(gang_kernels_wtype_block(bf_types[ti], &e, NULL));
         for (size_t m = 1; m <= GANG_QB_ROWS; m++) {
-            emulate_gemv(types[ti], m, 5, 1280);
-            emulate_gemv(types[ti], m, 5, 2304);
+            emulate_gemv(bf_types[ti], m, 5, 1280);
+            emulate_gemv(bf_types[ti], m, 5, 2304);
             if (e == 32)
-                emulate_gemv(types[ti], m, 5, 96);
+                emulate_gemv(bf_types[ti], m, 5, 96);
         }
     }
 }
@@ -215,8 +185,8 @@ static void test_gemv_lanes(void **state)
 static void test_group_of_covers_weight(void **state)
 {
     (void)state;
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        gang_kernels_wtype t = types[ti];
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
+        gang_kernels_wtype t = bf_types[ti];
         size_t e, bb, n = 7, kdim = 768;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
         size_t bytes = n * (kdim / e) * bb;
@@ -224,7 +194,7 @@ static void test_group_of_covers_weight(void **state)
         float *ref = malloc(n * kdim * sizeof(float)), *got = malloc(n * kdim * sizeof(float));
         assert_true(w != NULL && ref != NULL && got != NULL);
         for (size_t i = 0; i < bytes; i++)
-            w[i] = (uint8_t)rnd();
+            w[i] = (uint8_t)bf_rnd();
         assert_int_equal(gang_qb_row_bytes((int)t, kdim), (size_t)(kdim / e * bb));
         assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, ref), 0);
         for (size_t i = 0; i < n * kdim; i++)
@@ -266,6 +236,7 @@ static void test_sizes_of_other_types(void **state)
 
 int main(void)
 {
+    bf_seed(0x9e3779b97f4a7c15ull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_groups_equal_reference),
         cmocka_unit_test(test_half_all_patterns),

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
+#include "blocks-fixture.h"
 #include "cpu/cpu.h" /* the SIMD levels */
 
 static const char *const level_name[] = {"portable", "avx2", "avx512-vnni"};
@@ -41,47 +42,6 @@ static int simd_levels(void)
     return n;
 }
 
-static const gang_kernels_wtype types[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
-                                           GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
-#define N_TYPES (sizeof(types) / sizeof(types[0]))
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint32_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float rndf(float a) /* uniform in [-a, a] */
-{
-    return a * ((float)(rnd() % 2000001u) / 1000000.0f - 1.0f);
-}
-static void put_f16(uint8_t *p, float v)
-{
-    uint16_t h = gang_f32_to_f16(v);
-    memcpy(p, &h, 2);
-}
-
-/* Byte offsets of a block's f16 fields (d, and m or dmin): the rest may be any bytes. */
-static size_t f16_fields(gang_kernels_wtype t, size_t at[2])
-{
-    switch (t) {
-    case GANG_KW_Q4_1:
-    case GANG_KW_Q5_1:
-    case GANG_KW_Q4_K:
-    case GANG_KW_Q5_K:
-        at[0] = 0, at[1] = 2;
-        return 2;
-    case GANG_KW_Q6_K:
-        at[0] = 208;
-        return 1;
-    default:
-        at[0] = 0;
-        return 1;
-    }
-}
-
 /*
  * n rows of nb blocks of type t: random bytes with random scales, and the edge cases in
  * row 0: block 0 all zero bytes, block 1 its quants all 0xff with the largest f16 scale
@@ -90,29 +50,29 @@ static size_t f16_fields(gang_kernels_wtype t, size_t at[2])
  */
 static uint8_t *make_blocks(gang_kernels_wtype t, size_t n, size_t nb)
 {
-    size_t e, bb, at[2], nf = f16_fields(t, at);
+    size_t e, bb, at[2], nf = bf_f16_fields(t, at);
     assert_true(gang_kernels_wtype_block(t, &e, &bb));
     uint8_t *w = malloc(n * nb * bb);
     assert_non_null(w);
     for (size_t i = 0; i < n * nb * bb; i++)
-        w[i] = (uint8_t)rnd();
+        w[i] = (uint8_t)bf_rnd();
     for (size_t i = 0; i < n * nb; i++)
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + i * bb + at[f], rndf(0.05f));
+            bf_put_f16(w + i * bb + at[f], bf_rndf(0.05f));
     memset(w, 0, bb); /* an all-zero block */
     if (nb > 1) {
         memset(w + bb, 0xff, bb);
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + bb + at[f], f == 0 ? 65504.0f : -65504.0f);
+            bf_put_f16(w + bb + at[f], f == 0 ? 65504.0f : -65504.0f);
     }
     if (nb > 2) {
         memset(w + 2 * bb, 0, bb);
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + 2 * bb + at[f], -1.0f);
+            bf_put_f16(w + 2 * bb + at[f], -1.0f);
     }
     if (n > 1)
         for (size_t f = 0; f < nf; f++)
-            put_f16(w + nb * bb + at[f], 0.0f);
+            bf_put_f16(w + nb * bb + at[f], 0.0f);
     return w;
 }
 
@@ -122,10 +82,10 @@ static float *make_x(size_t m, size_t kdim)
     float *x = malloc(m * kdim * sizeof(float));
     assert_non_null(x);
     for (size_t i = 0; i < m * kdim; i++)
-        x[i] = rndf(2.0f);
+        x[i] = bf_rndf(2.0f);
     memset(x, 0, 32 * sizeof(float));
     for (size_t j = 0; j < 32 && kdim > 64; j++)
-        x[(m - 1) * kdim + 32 + j] = rndf(3000.0f);
+        x[(m - 1) * kdim + 32 + j] = bf_rndf(3000.0f);
     return x;
 }
 
@@ -164,8 +124,8 @@ static void test_block_matmul(void **state)
     const size_t n = 21; /* not a multiple of the 8-row chunks */
     int modes = simd_levels();
 
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        gang_kernels_wtype t = types[ti];
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
+        gang_kernels_wtype t = bf_types[ti];
         size_t e, bb;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
         for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
@@ -222,8 +182,8 @@ static void test_block_exact_grid(void **state)
     gang_kernels *k = *state;
     int modes = simd_levels();
 
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        gang_kernels_wtype t = types[ti];
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
+        gang_kernels_wtype t = bf_types[ti];
         size_t e, bb;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
         size_t n = 9, kdim = 2 * e;
@@ -233,7 +193,7 @@ static void test_block_exact_grid(void **state)
         assert_non_null(wd);
         assert_int_equal(gang_kernels_block_dequant(t, w, n * kdim, wd), 0);
         for (size_t i = 0; i < kdim; i++)
-            x[i] = 0.25f * (float)((int)(rnd() % 255u) - 127);
+            x[i] = 0.25f * (float)((int)(bf_rnd() % 255u) - 127);
         for (size_t g = 0; g < kdim; g += 32)
             x[g] = 0.25f * 127.0f;
         reference(x, wd, 1, n, kdim, ref, tol);
@@ -369,7 +329,7 @@ static void test_block_repacked(void **state)
     if (!vnni)
         print_message("[  SKIP    ] the repacked AVX-512 VNNI kernel: this CPU (or build) lacks "
                       "it; the layout and its portable path tested\n");
-    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &rng, 1, 320)); /* not whole blocks */
+    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &bf_types, 1, 320)); /* not whole blocks */
     gang__cpu_simd_force(-1);
 }
 
@@ -485,7 +445,7 @@ static void test_block_matmul_n(void **state)
         assert_non_null(wb);
         assert_non_null(wi);
         for (size_t i = 0; i < n * kdim; i++)
-            wf[i] = rndf(0.1f);
+            wf[i] = bf_rndf(0.1f);
         assert_int_equal(gang_kernels_weight_pack(GANG_KW_BF16, wf, n, kdim, wb), 0);
         assert_int_equal(gang_kernels_weight_pack(GANG_KW_I8, wf, n, kdim, wi), 0);
         gang_kernels_weight v[3] = {gang_kernels_weight_view(GANG_KW_BF16, wb, n, kdim),
@@ -563,8 +523,8 @@ static void test_block_repacked_q6k_inf(void **state)
 static void test_block_embedding_and_sizes(void **state)
 {
     gang_kernels *k = *state;
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        gang_kernels_wtype t = types[ti];
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++) {
+        gang_kernels_wtype t = bf_types[ti];
         size_t e, bb;
         assert_true(gang_kernels_wtype_block(t, &e, &bb));
         size_t vocab = 7, dim = 2 * e;
@@ -597,7 +557,8 @@ static void test_block_embedding_and_sizes(void **state)
     }
     assert_false(gang_kernels_wtype_block(GANG_KW_I8, NULL, NULL));
     assert_false(gang_kernels_wtype_block(GANG_KW_BF16, NULL, NULL));
-    assert_int_equal(gang_kernels_block_dequant(GANG_KW_F32, &rng, 1, (float[1]){0}), GANG_EINVAL);
+    assert_int_equal(gang_kernels_block_dequant(GANG_KW_F32, &bf_types, 1, (float[1]){0}),
+                     GANG_EINVAL);
 }
 
 static int setup(void **state)
@@ -617,6 +578,7 @@ static int teardown(void **state)
 
 int main(void)
 {
+    bf_seed(0x2545f4914f6cdd1dull);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_matmul),
         cmocka_unit_test(test_block_exact_grid),
