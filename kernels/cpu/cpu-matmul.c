@@ -49,79 +49,58 @@ void gang__cpu_matmul_rows_ref(size_t m, size_t kdim, const float *x, const gang
     }
 }
 
-/* One weight of a call: its rows' chunks are the job's chunks [c0, c0 + chunks). */
-typedef struct mm_part {
-    const gang_kernels_weight *w;
-    size_t n, rows_per_chunk, c0, chunks;
-    float *y;
-} mm_part;
-
+/* The weights of a call; weight i's chunks are [c0[i], c0[i + 1]) (gang__cpu_split). */
 typedef struct mm_job {
     size_t m, kdim;
     const float *x;
-    const mm_part *parts;
+    const gang_kernels_weight *w;
+    const size_t *n;
+    float *const *y;
+    size_t rows[GANG_KERNELS_MATMUL_N_MAX]; /* rows per chunk */
+    size_t c0[GANG_KERNELS_MATMUL_N_MAX + 1];
     int simd;
 } mm_job;
 
 static void mm_chunk(void *arg, size_t c)
 {
     const mm_job *j = arg;
-    const mm_part *p = j->parts;
-    size_t o0, o1;
+    size_t i = gang__cpu_part_of(j->c0, c), n = j->n[i];
+    size_t o0 = (c - j->c0[i]) * j->rows[i];
+    size_t o1 = o0 + j->rows[i] < n ? o0 + j->rows[i] : n;
 
-    while (c >= p->c0 + p->chunks) /* at most GANG_KERNELS_MATMUL_N_MAX parts */
-        p++;
-    o0 = (c - p->c0) * p->rows_per_chunk;
-    o1 = o0 + p->rows_per_chunk < p->n ? o0 + p->rows_per_chunk : p->n;
     if (j->simd)
-        gang__cpu_matmul_rows_avx2(j->m, j->kdim, j->x, p->w, o0, o1, p->y, p->n);
+        gang__cpu_matmul_rows_avx2(j->m, j->kdim, j->x, &j->w[i], o0, o1, j->y[i], n);
     else
-        gang__cpu_matmul_rows_ref(j->m, j->kdim, j->x, p->w, o0, o1, p->y, p->n);
+        gang__cpu_matmul_rows_ref(j->m, j->kdim, j->x, &j->w[i], o0, o1, j->y[i], n);
 }
 
 /*
  * The typed products of one x against count weights as one job: every weight's rows cut
  * into chunks of whole units (GANG__MM_ROWS rows, a packed panel of twice that from batch
- * 4 on), the same number of units per chunk across the weights, about
- * GANG__MM_CHUNKS_PER_THREAD chunks per thread in all; a call below GANG__MM_MIN_MACS
- * multiply-adds in all runs on the caller. F32 weights need the AVX2 kernels here (the
- * caller sends them to OpenBLAS otherwise).
+ * 4 on), GANG__MM_CHUNKS_PER_THREAD chunks per thread in all (gang__cpu_split); a call
+ * below GANG__MM_MIN_MACS multiply-adds in all runs on the caller. F32 weights need the
+ * AVX2 kernels here (the caller sends them to OpenBLAS otherwise).
  */
 static void cpu_matmul_parts(size_t m, size_t kdim, const float *x, size_t count,
                              const gang_kernels_weight *w, const size_t *n, float *const *y,
                              int simd)
 {
-    mm_part parts[GANG_KERNELS_MATMUL_N_MAX];
-    mm_job j = {.m = m, .kdim = kdim, .x = x, .parts = parts, .simd = simd};
-    size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS, units = 0, per, chunks = 0;
+    mm_job j = {.m = m, .kdim = kdim, .x = x, .w = w, .n = n, .y = y, .simd = simd};
+    size_t unit = m >= 4 ? 2 * GANG__MM_ROWS : GANG__MM_ROWS, units[GANG_KERNELS_MATMUL_N_MAX];
     unsigned threads = gang__cpu_threads();
     double macs = 0.0;
+    size_t chunks;
 
     for (size_t i = 0; i < count; i++) {
-        units += (n[i] + unit - 1) / unit;
+        units[i] = (n[i] + unit - 1) / unit;
         macs += (double)m * (double)n[i] * (double)kdim;
     }
     if (macs < GANG__MM_MIN_MACS)
         threads = 1;
-    per = threads <= 1 ? units
-                       : (units + (size_t)threads * GANG__MM_CHUNKS_PER_THREAD - 1) /
-                             ((size_t)threads * GANG__MM_CHUNKS_PER_THREAD);
-    for (size_t i = 0; i < count; i++) {
-        size_t u = (n[i] + unit - 1) / unit, pu = per < u ? per : u;
-
-        parts[i] = (mm_part){.w = &w[i],
-                             .n = n[i],
-                             .y = y[i],
-                             .rows_per_chunk = pu * unit,
-                             .c0 = chunks,
-                             .chunks = (u + pu - 1) / pu};
-        chunks += parts[i].chunks;
-    }
-    if (threads <= 1)
-        for (size_t c = 0; c < chunks; c++)
-            mm_chunk(&j, c);
-    else
-        gang__cpu_parallel(mm_chunk, &j, chunks);
+    chunks = gang__cpu_split(units, count, threads, GANG__MM_CHUNKS_PER_THREAD, j.rows, j.c0);
+    for (size_t i = 0; i < count; i++)
+        j.rows[i] *= unit;
+    gang__cpu_run(mm_chunk, &j, chunks, threads);
 }
 
 int gang__cpu_matmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,

@@ -243,6 +243,33 @@ void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks)
     atomic_flag_clear(&pool.busy);
 }
 
+size_t gang__cpu_split(const size_t *units, size_t count, unsigned threads, size_t per_thread,
+                       size_t *upc, size_t *c0)
+{
+    size_t all = 0, per;
+
+    for (size_t i = 0; i < count; i++)
+        all += units[i];
+    per = threads <= 1 ? all
+                       : (all + (size_t)threads * per_thread - 1) / ((size_t)threads * per_thread);
+    c0[0] = 0;
+    for (size_t i = 0; i < count; i++) {
+        upc[i] = per < units[i] ? per : units[i];
+        c0[i + 1] = c0[i] + (units[i] + upc[i] - 1) / upc[i];
+    }
+    return c0[count];
+}
+
+void gang__cpu_run(gang__cpu_task fn, void *arg, size_t chunks, unsigned threads)
+{
+    if (threads > 1) {
+        gang__cpu_parallel(fn, arg, chunks);
+        return;
+    }
+    for (size_t c = 0; c < chunks; c++)
+        fn(arg, c);
+}
+
 unsigned gang__kernels_cpu_threads(unsigned n)
 {
     unsigned all;

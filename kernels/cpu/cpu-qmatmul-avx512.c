@@ -353,11 +353,7 @@ void gang__cpu_quantize_x_avx512(const float *x, size_t m, size_t kdim, const ga
 
         if ((ok0 & ok1) != 0xffff) {
             gang__cpu_quantize_x(v, 1, 32, &one);
-            sx[2 * i] = sx[2 * i + 1] = 0;
-            for (int j = 0; j < 16; j++) {
-                sx[2 * i] += one.q[j];
-                sx[2 * i + 1] += one.q[16 + j];
-            }
+            gang__cpu_qx_sums(1, 32, &one, sx + 2 * i);
             continue;
         }
         amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
@@ -394,11 +390,7 @@ void gang__cpu_quantize_x_avx512(const float *x, size_t m, size_t kdim, const ga
                                  int32_t *sx)
 {
     gang__cpu_quantize_x(x, m, kdim, qx);
-    for (size_t h = 0; h < 2 * m * (kdim / 32); h++) {
-        sx[h] = 0;
-        for (size_t j = 0; j < 16; j++)
-            sx[h] += qx->q[16 * h + j];
-    }
+    gang__cpu_qx_sums(m, kdim, qx, sx);
 }
 
 #endif

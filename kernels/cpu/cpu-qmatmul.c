@@ -27,7 +27,6 @@
 #define GANG__QMM_ROWS 8
 #define GANG__QMM_MIN_MACS 200000 /* as cpu-matmul.c: below this, the caller alone */
 #define GANG__QMM_CHUNKS_PER_THREAD 8
-#define GANG__QMM_PARTS_MAX GANG_KERNELS_MATMUL_N_MAX
 
 void gang__cpu_quantize_x(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx)
 {
@@ -97,19 +96,21 @@ void gang__cpu_qmatmul_rows_ref(size_t m, size_t kdim, const gang__cpu_qx *qx,
     }
 }
 
-/* One weight of a call: its rows' chunks are the job's chunks [c0, c0 + chunks). */
+/* One weight of a call. */
 typedef struct qmm_part {
     const gang_kernels_weight *w;
-    size_t n, rows_per_chunk, c0, chunks;
+    size_t n, per_chunk; /* per_chunk: rows, or groups of 16 rows when repacked */
     float *y;
     gang__cpu_rp rp;
-    int rep; /* 1: w is repacked (rp; chunks of rows_per_chunk groups of 16 rows) */
+    int rep; /* 1: w is repacked (rp) */
 } qmm_part;
 
+/* The weights of a call; weight i's chunks are [c0[i], c0[i + 1]) (gang__cpu_split). */
 typedef struct qmm_job {
-    size_t m, kdim, n_parts;
+    size_t m, kdim;
     const gang__cpu_qx *qx;
-    qmm_part *parts;
+    qmm_part parts[GANG_KERNELS_MATMUL_N_MAX];
+    size_t c0[GANG_KERNELS_MATMUL_N_MAX + 1];
     int simd;
     const int32_t *sx; /* x's half-group sums (the repacked kernels') */
     atomic_int rc;
@@ -118,21 +119,19 @@ typedef struct qmm_job {
 static void qmm_chunk(void *arg, size_t c)
 {
     const qmm_job *j = arg;
-    const qmm_part *p = j->parts;
-    size_t o0, o1;
+    size_t i = gang__cpu_part_of(j->c0, c);
+    const qmm_part *p = &j->parts[i];
+    size_t o0 = (c - j->c0[i]) * p->per_chunk, o1;
 
-    while (c >= p->c0 + p->chunks) /* at most GANG__QMM_PARTS_MAX parts */
-        p++;
-    o0 = (c - p->c0) * p->rows_per_chunk;
     if (p->rep) {
-        size_t g1 = o0 + p->rows_per_chunk < p->rp.groups ? o0 + p->rows_per_chunk : p->rp.groups;
+        size_t g1 = o0 + p->per_chunk < p->rp.groups ? o0 + p->per_chunk : p->rp.groups;
         if (j->simd >= 2)
             gang__cpu_rp_rows_avx512(j->m, j->qx, j->sx, &p->rp, o0, g1, p->y, p->n);
         else if (gang__cpu_rp_rows_ref(j->m, j->qx, &p->rp, o0, g1, p->y, p->n) != 0)
             atomic_store(&((qmm_job *)arg)->rc, GANG_ENOMEM); /* any chunk's failure fails */
         return;
     }
-    o1 = o0 + p->rows_per_chunk < p->n ? o0 + p->rows_per_chunk : p->n;
+    o1 = o0 + p->per_chunk < p->n ? o0 + p->per_chunk : p->n;
     if (j->simd >= 2)
         gang__cpu_qmatmul_rows_avx512(j->m, j->kdim, j->qx, p->w, o0, o1, p->y, p->n);
     else if (j->simd)
@@ -141,9 +140,7 @@ static void qmm_chunk(void *arg, size_t c)
         gang__cpu_qmatmul_rows_ref(j->m, j->kdim, j->qx, p->w, o0, o1, p->y, p->n);
 }
 
-/* The int sums of each half of each group of 32 of x's int8 copy (the repacked kernel's
- * offsets: sx[2 g] elements 0-15, sx[2 g + 1] elements 16-31). */
-static void qmm_sums(size_t m, size_t kdim, const gang__cpu_qx *qx, int32_t *sx)
+void gang__cpu_qx_sums(size_t m, size_t kdim, const gang__cpu_qx *qx, int32_t *sx)
 {
     for (size_t h = 0; h < 2 * m * (kdim / 32); h++) {
         int32_t v = 0;
@@ -154,74 +151,41 @@ static void qmm_sums(size_t m, size_t kdim, const gang__cpu_qx *qx, int32_t *sx)
 }
 
 /*
- * Cuts every part's rows into chunks of about the same work: units of 16 rows (a group)
- * for a repacked weight, GANG__QMM_ROWS rows in the file's layout, the same number of
- * units per chunk across the parts, GANG__QMM_CHUNKS_PER_THREAD chunks per thread in all.
- * Returns the job's chunk count (one per part when share, the threads, is 1).
- */
-static size_t qmm_plan(qmm_part *parts, size_t n_parts, unsigned share)
-{
-    size_t units = 0, per, c0 = 0;
-
-    for (size_t i = 0; i < n_parts; i++)
-        units +=
-            parts[i].rep ? parts[i].rp.groups : (parts[i].n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS;
-    if (share <= 1)
-        per = units; /* every part one chunk */
-    else
-        per = (units + (size_t)share * GANG__QMM_CHUNKS_PER_THREAD - 1) /
-              ((size_t)share * GANG__QMM_CHUNKS_PER_THREAD);
-    for (size_t i = 0; i < n_parts; i++) {
-        qmm_part *p = &parts[i];
-        size_t u = p->rep ? p->rp.groups : (p->n + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS;
-        size_t pu = per < u ? per : u;
-
-        p->rows_per_chunk = p->rep ? pu : pu * GANG__QMM_ROWS;
-        p->chunks = (u + pu - 1) / pu;
-        p->c0 = c0;
-        c0 += p->chunks;
-    }
-    return c0;
-}
-
-/*
  * The block products of one x against n_parts weights (gang_kernels_matmul validated the
  * sizes: kdim is a whole number of each type's blocks, hence of 32): x is quantized once
  * (and for repacked weights its half-group sums taken once), then every weight's chunks
- * run as one job on the pool. Each output row is computed exactly as a call with that
- * weight alone would. x's int8 copy is one allocation per call, freed before returning:
- * GANG_ENOMEM when it cannot be had; GANG_EINVAL for a repacked weight viewed with other
- * sizes than it was made with.
+ * run as one job on the pool (gang__cpu_split: units of 16 rows, a group, for a repacked
+ * weight, GANG__QMM_ROWS rows in the file's layout). Each output row is computed exactly
+ * as a call with that weight alone would. x's int8 copy is one allocation per call, freed
+ * before returning: GANG_ENOMEM when it cannot be had; GANG_EINVAL for a repacked weight
+ * viewed with other sizes than it was made with.
  */
 int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
                         const gang_kernels_weight *w, const size_t *n, float *const *y)
 {
-    size_t groups = kdim / 32, chunks;
+    size_t groups = kdim / 32, chunks, units[GANG_KERNELS_MATMUL_N_MAX],
+           upc[GANG_KERNELS_MATMUL_N_MAX];
     unsigned threads = gang__cpu_threads();
     double macs = 0.0;
-    qmm_part parts[GANG__QMM_PARTS_MAX];
     char *buf;
     gang__cpu_qx qx;
-    qmm_job j = {.m = m,
-                 .kdim = kdim,
-                 .n_parts = n_parts,
-                 .qx = &qx,
-                 .parts = parts,
-                 .simd = gang__cpu_simd()};
+    qmm_job j = {.m = m, .kdim = kdim, .qx = &qx, .simd = gang__cpu_simd()};
     int any_rep = 0;
 
-    if (n_parts == 0 || n_parts > GANG__QMM_PARTS_MAX)
+    if (n_parts == 0 || n_parts > GANG_KERNELS_MATMUL_N_MAX)
         return GANG_EINVAL;
     for (size_t i = 0; i < n_parts; i++) {
-        int rep = gang__cpu_rp_get(&w[i], n[i], kdim, &parts[i].rp);
+        qmm_part *p = &j.parts[i];
+        int rep = gang__cpu_rp_get(&w[i], n[i], kdim, &p->rp);
 
         if (rep < 0)
             return rep;
-        parts[i].w = &w[i];
-        parts[i].n = n[i];
-        parts[i].y = y[i];
-        parts[i].rep = rep;
+        p->w = &w[i];
+        p->n = n[i];
+        p->y = y[i];
+        p->rep = rep;
         any_rep |= rep;
+        units[i] = rep ? p->rp.groups : (n[i] + GANG__QMM_ROWS - 1) / GANG__QMM_ROWS;
         macs += (double)m * (double)n[i] * (double)kdim;
     }
     if (macs < GANG__QMM_MIN_MACS)
@@ -238,14 +202,12 @@ int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
     else {
         gang__cpu_quantize_x(x, m, kdim, &qx);
         if (any_rep)
-            qmm_sums(m, kdim, &qx, (int32_t *)(void *)(qx.ds + m * groups));
+            gang__cpu_qx_sums(m, kdim, &qx, (int32_t *)(void *)(qx.ds + m * groups));
     }
-    chunks = qmm_plan(parts, n_parts, threads);
-    if (threads <= 1)
-        for (size_t c = 0; c < chunks; c++)
-            qmm_chunk(&j, c);
-    else
-        gang__cpu_parallel(qmm_chunk, &j, chunks);
+    chunks = gang__cpu_split(units, n_parts, threads, GANG__QMM_CHUNKS_PER_THREAD, upc, j.c0);
+    for (size_t i = 0; i < n_parts; i++)
+        j.parts[i].per_chunk = j.parts[i].rep ? upc[i] : upc[i] * GANG__QMM_ROWS;
+    gang__cpu_run(qmm_chunk, &j, chunks, threads);
     free(buf);
     return atomic_load(&j.rc);
 }

@@ -100,6 +100,9 @@ typedef struct gang__cpu_qx {
     float *ds;
 } gang__cpu_qx;
 void gang__cpu_quantize_x(const float *x, size_t m, size_t kdim, const gang__cpu_qx *qx);
+/* sx[2 g], sx[2 g + 1]: the int sums of the two halves of each group g of 32 of qx's int8
+ * copy of m rows of kdim (the repacked kernels' offsets). */
+void gang__cpu_qx_sums(size_t m, size_t kdim, const gang__cpu_qx *qx, int32_t *sx);
 int gang__cpu_qmatmul(size_t m, size_t n, size_t kdim, const float *x, const gang_kernels_weight *w,
                       float *y);
 void gang__cpu_qmatmul_rows_ref(size_t m, size_t kdim, const gang__cpu_qx *qx,
@@ -173,6 +176,24 @@ void gang__cpu_rpk_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *
 typedef void (*gang__cpu_task)(void *arg, size_t chunk);
 void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks);
 unsigned gang__cpu_threads(void);
+/* cpu-pool.c: the chunks of one job over count <= GANG_KERNELS_MATMUL_N_MAX parts of
+ * units[i] work units each (the products of one x against several weights): the same units
+ * per chunk across the parts, about per_thread chunks per thread in all, no chunk across two
+ * parts; threads <= 1: one chunk per part. upc[i]: part i's units per chunk; its chunks are
+ * [c0[i], c0[i + 1]) (c0 has count + 1 entries; c0[count], the job's chunks, is returned).
+ * gang__cpu_part_of: the part of chunk c. gang__cpu_run: the chunks on the pool, or on the
+ * caller alone when threads <= 1. */
+size_t gang__cpu_split(const size_t *units, size_t count, unsigned threads, size_t per_thread,
+                       size_t *upc, size_t *c0);
+static inline size_t gang__cpu_part_of(const size_t *c0, size_t c)
+{
+    size_t i = 0;
+
+    while (c >= c0[i + 1])
+        i++;
+    return i;
+}
+void gang__cpu_run(gang__cpu_task fn, void *arg, size_t chunks, unsigned threads);
 void gang__cpu_set_threads(unsigned n);
 
 /* cpu-ops.c */

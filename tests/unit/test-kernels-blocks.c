@@ -379,7 +379,7 @@ static void test_quantize_x_simd(void **state)
     free(x), free(q0), free(q1), free(f0), free(f1), free(sx);
 }
 
-/* y of w alone through gang_kernels_matmul, with a sentinel after it. */
+/* y of w alone through gang_kernels_matmul (the reference gang_kernels_matmul_n must equal). */
 static float *single_product(gang_kernels *k, const gang_kernels_weight *w, size_t m, size_t n,
                              size_t kdim, const float *x)
 {
