@@ -27,19 +27,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu-qrepack-k.h"
+
 #define RPK_INLINE static inline __attribute__((always_inline))
 #define RPK_MT 8       /* rows of x per pass over a group of 16 W rows */
 #define RPK_AHEAD 2048 /* bytes of W asked for ahead of the group of 32 being read */
-
-/* Column block parts (cpu-qrepack-k.c). */
-#define RPK_SC 64
-#define RPK_MN 192
-#define RPK_QH5 320
-#define RPK_Q4 320
-#define RPK_Q5 832
-#define RPK6_SC 32
-#define RPK6_QL 288
-#define RPK6_QH 2336
 
 /* d (16 rows' f32) times the 16 unsigned (u) or signed bytes at p, lane by lane. */
 RPK_INLINE __m512 rpk_scale(__m512 d, const uint8_t *p, int u)

@@ -26,16 +26,7 @@
 #include <string.h>
 
 #include "cpu.h"
-
-/* Byte offsets of a Q4_K / Q5_K / Q6_K column block's parts. */
-#define RPK_SC 64
-#define RPK_MN 192
-#define RPK_QH5 320
-#define RPK_Q4 320
-#define RPK_Q5 832
-#define RPK6_SC 32
-#define RPK6_QL 288
-#define RPK6_QH 2336
+#include "cpu-qrepack-k.h"
 
 size_t gang__cpu_rpk_cb(gang_kernels_wtype t)
 {
