@@ -149,7 +149,8 @@ static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t wi
     size_t w = nkv * hd, es = gang_dtype_size(dt), pool = (size_t)NB * BS * w * es;
     size_t qn = TOK * nh * hd, kn = TOK * w;
     float *q = malloc(qn * 4), *kn_h = malloc(kn * 4), *vn_h = malloc(kn * 4);
-    float *out_c = malloc(qn * 4), *out_g = malloc(qn * 4), *pf = malloc(pool);
+    /* pf holds the pool's elements in f32 (pool / es of them) before they are converted. */
+    float *out_c = malloc(qn * 4), *out_g = malloc(qn * 4), *pf = malloc(pool / es * 4);
     unsigned char *kc = malloc(pool), *vc = malloc(pool), *kg = malloc(pool), *vg = malloc(pool);
     int32_t meta[2 * TOK];
     gang_kernels_step_kv kc_kv, kg_kv;
@@ -162,10 +163,10 @@ static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t wi
         q[i] = rnd();
     for (size_t i = 0; i < kn; i++)
         kn_h[i] = rnd(), vn_h[i] = rnd();
-    for (size_t i = 0; i < pool / 4; i++)
+    for (size_t i = 0; i < pool / es; i++)
         pf[i] = rnd();
     assert_int_equal(gang_kernels_convert(cpu, GANG_DTYPE_F32, pf, dt, kc, pool / es), 0);
-    for (size_t i = 0; i < pool / 4; i++)
+    for (size_t i = 0; i < pool / es; i++)
         pf[i] = rnd();
     assert_int_equal(gang_kernels_convert(cpu, GANG_DTYPE_F32, pf, dt, vc, pool / es), 0);
     memcpy(meta, pos, sizeof(pos));
