@@ -37,8 +37,10 @@ for fam in qwen3 qwen2; do
                 "$fam" "$ep" "$tp" "$GPUS"
             continue
         fi
+        share=()
+        [ "$be" = socket ] && share=(--share-gpus) # two ranks on one GPU over sockets
         got=$("$BIN" generate --model "$dir" --device cuda --backend "$be" --tp "$tp" --ep "$ep" \
-            --nproc-per-node "$ep" --prompt-ids $PROMPT --max-tokens 12 \
+            --nproc-per-node "$ep" "${share[@]}" --prompt-ids $PROMPT --max-tokens 12 \
             2>"$WORK/$fam-$be-$ep-$tp.err" | grep -o '"tokens":\[[0-9,]*\]')
         ok=false
         [ -n "$want" ] && [ "$got" = "$want" ] && ok=true

@@ -114,7 +114,7 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
             "--device", args.device, "--http-port", str(port), "--rdzv-port", str(port + 1),
             "--kv-cache-mb", "256", "--max-batch", str(len(prompts)), "--termination-log", ""]
     if layout == "tp2":
-        argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "socket"]
+        argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "socket", "--share-gpus"]
     elif layout == "nccl":
         argv += ["--nproc-per-node", "1", "--backend", "nccl"]
     else:

@@ -465,6 +465,7 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     out->layout = *l;
     out->gpu_memory_mb = (uint64_t)p->gpu_memory_mb;
     out->gpu_memory_percent = (uint32_t)p->gpu_memory_percent;
+    out->share_gpus = p->share_gpus ? 1u : 0u;
     out->max_batch = (uint32_t)p->max_batch;
     out->microbatches = (uint32_t)p->microbatches;
     out->max_step_tokens = (uint32_t)p->max_step_tokens;

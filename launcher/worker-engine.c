@@ -146,14 +146,14 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
     ko.device = dev;
     if (strcmp(dev, "cuda") == 0) {
         count = gang_kernels_device_count();
-        if (count < 0 || (uint32_t)count < nproc) {
+        if (count <= 0 || ((uint32_t)count < nproc && !c->share_gpus)) {
             snprintf(err, cap,
                      "--device cuda: this node has %d GPU(s) but --nproc-per-node is %u "
-                     "(one GPU per worker)",
+                     "(one GPU per worker; --share-gpus lets workers share them)",
                      count, nproc);
             return GANG_EUSAGE;
         }
-        ko.device_index = wres_cuda_index(c, (int)(r->rank % nproc), count);
+        ko.device_index = wres_cuda_index(c, (int)(r->rank % nproc % (uint32_t)count), count);
         ko.pool_mb = c->gpu_memory_mb;
         ko.pool_percent = c->gpu_memory_percent;
     }

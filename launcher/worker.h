@@ -40,6 +40,7 @@ typedef struct gang__wres_config {
                                read by the loader: gang_layout_read_model) */
     uint64_t gpu_memory_mb; /* device pool per worker; 0 = gpu_memory_percent */
     uint32_t gpu_memory_percent;
+    uint32_t share_gpus; /* --share-gpus: local ranks over fewer GPUs */
     uint32_t max_batch;
     uint32_t microbatches;
     uint32_t max_step_tokens;
