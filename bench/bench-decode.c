@@ -152,7 +152,7 @@ typedef struct bd_rank {
     X("cuda-graphs", cuda_graphs, 1, 1, 1, 1, 0, 1,                                                \
       "cuda: decode steps as CUDA graphs (serve's --cuda-graphs)")                                 \
     X("nccl-wait-each", nccl_wait_each, 0, 0, 0, 0, 0, 1,                                          \
-      "cuda: the nccl point awaits each collective on the host (the figure before issue #24)")     \
+      "cuda: the nccl point awaits each collective on the host, without graphs (before #24)")      \
     X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
     X("warmup", warmup, 1, 1, 1, 1, 0, BD_MAX_ITERS, "untimed iterations first")                   \
     X("timeout-s", timeout_s, 120, 120, 300, 300, 1, 86400, "deadline of every engine step")       \
@@ -499,13 +499,19 @@ static void *bd_rank_main(void *arg)
     const char *what = "init";
     char err[512];
     uint32_t i, it;
-    int rc;
+    int rc, keeps = 0;
 
     rc = bd_comms(x, c, &what);
     if (rc != 0)
         goto out_fail;
     what = "kernels";
-    if (o->cuda) {
+    /* A one-rank point reuses the model of the storage's previous one (bd_gpu_keep). */
+    keeps = o->cuda && o->keep != NULL && r->stage * r->pp == 1;
+    if (keeps && o->keep->m != NULL) {
+        k = o->keep->k, m = o->keep->m;
+        o->keep->k = NULL, o->keep->m = NULL;
+        rc = 0;
+    } else if (o->cuda) {
         gang_kernels_options ko;
 
         gang_kernels_options_init(&ko);
@@ -522,7 +528,8 @@ static void *bd_rank_main(void *arg)
         goto out_fail;
     what = "model";
     if (o->cuda) {
-        rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, &m);
+        if (m == NULL)
+            rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, &m);
         pthread_mutex_lock(&r->lock);
         if (rc == 0) {
             r->weight_bytes += (double)m->weight_bytes;
@@ -550,6 +557,10 @@ static void *bd_rank_main(void *arg)
     /* The engine `serve` sets up for these weights (its defaults: the cache type of the
      * weights, the KV budget from free memory). */
     gang__bd_engine_setup(o, r->stage * r->pp, r->batch, &es);
+    /* A host wait per collective cannot sit inside a captured graph: the nccl point with
+     * --nccl-wait-each runs its kernels one by one, as every step did before issue #24. */
+    if (r->nccl && o->nccl_wait_each)
+        es.cuda_graphs = 0;
     rc = gang_engine_setup_init(&es, m, k, &e, &cfg, err, sizeof(err));
     pthread_mutex_lock(&r->lock);
     r->kv_elem_bytes = gang_dtype_size(cfg.kv_dtype);
@@ -574,8 +585,15 @@ static void *bd_rank_main(void *arg)
     /* Keep the sockets until every rank is done with them. */
     what = "closing barrier";
     rc = gang_comm_barrier(c[0], (uint64_t)o->timeout_s * 1000u);
-    if (rc == 0)
+    if (rc == 0) {
+        if (keeps) { /* kept for the next one-rank point (after the engine is freed) */
+            gang_engine_free(e);
+            e = NULL;
+            o->keep->k = k, o->keep->m = m;
+            k = NULL, m = NULL;
+        }
         goto out_free;
+    }
 
 out_fail:
     bd_fail(r, rc, what, x->rank);

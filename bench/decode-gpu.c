@@ -267,6 +267,16 @@ out_free:
     return rc;
 }
 
+void gang__bd_gpu_keep_release(bd_gpu_keep *keep)
+{
+    if (keep == NULL)
+        return;
+    gang_model_device_release(keep->m); /* device memory returns to k's pool: k last */
+    gang_model_free(keep->m);
+    gang_kernels_close(keep->k);
+    memset(keep, 0, sizeof(*keep));
+}
+
 /*
  * Device copy bandwidth: median over 10 copies of 1 GiB between two pool buffers (after 3
  * warm-up copies), counting the bytes read and the bytes written, in GB/s (1e9).
@@ -493,8 +503,13 @@ int gang__bd_main_cuda(bd_opts *o)
     if (rc != 0)
         return GANG_EXIT_TEMPFAIL;
     for (si = 0; si < n_names; si++) {
+        bd_gpu_keep keep = {0};
+
         bd_gpu_storage(o, names[si]);
+        o->keep = &keep; /* the one-rank points of this storage share one model */
         failed += bd_gpu_storage_points(o, &mc, &L);
+        o->keep = NULL;
+        gang__bd_gpu_keep_release(&keep);
     }
     return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
 }

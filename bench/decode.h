@@ -32,6 +32,19 @@
  * The cuda path widens it for storages whose layouts round differently (decode-gpu.c). */
 #define BD_GAP_TOL 1e-2
 
+/*
+ * cuda / fake: the kernels handle and the model of the one-rank points (1x1 and the nccl
+ * point), kept from one such point to the next of the same storage so that a shape's
+ * weights are drawn, packed and moved once per storage rather than once per point (the
+ * 8B shape takes ~50 s of host work on the device machine, which the device check's
+ * budget cannot pay per batch). Owned by gang__bd_main_cuda; NULL elsewhere.
+ */
+typedef struct bd_gpu_keep {
+    gang_kernels *k;
+    gang_model *m;
+    double weight_bytes, stream_bytes;
+} bd_gpu_keep;
+
 typedef struct bd_opts {
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
     uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s, cuda_graphs, nccl_wait_each;
@@ -47,6 +60,7 @@ typedef struct bd_opts {
     const char *shape;        /* cuda: "1b" or "8b" (--shape) */
     double gap_tol;           /* the agreement's tolerance for this storage; 0: BD_GAP_TOL */
     gang_kernels_wtype wtype; /* cuda: the storage of the points being run */
+    bd_gpu_keep *keep;        /* cuda: the one-rank points' model (above); NULL: none */
     /* --model (decode-model.c) */
     char model[BD_PATH_MAX];       /* "": the random model */
     char dtypes[64];               /* storages, comma-separated: f32, bf16, f16, int8 */
@@ -96,6 +110,9 @@ void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch,
  * --device cuda or fake (decode-gpu.c): rank `rank`'s shard of the in-memory random model
  * of o's shape for layout t, on the device of k. Returns 0 and *out, or a GANG_E* code.
  */
+/* Frees what keep holds (the model's device memory, then its handle); keep may be NULL. */
+void gang__bd_gpu_keep_release(bd_gpu_keep *keep);
+
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
                        gang_model **out);
 
