@@ -67,6 +67,11 @@ rm -f "$OUT"/{steps.jsonl,results.jsonl,logs.txt,summary.json,summary.txt,prefli
 : >"$OUT/results.jsonl"
 : >"$OUT/logs.txt"
 declare -a NAMES=() STATUSES=()
+GPUS=$(timeout 10 nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+# The skip reasons a one-GPU machine may give (the tests' own words), and the one that
+# holds on any machine with a GPU (a case that checks the refusal when there is none).
+NO_GPU_SKIPS='a GPU is present'
+ONE_GPU_SKIPS="needs 2 GPU|needs >= 2|>= 2\$|1 GPU visible|1 GPU\(s\) here|1 visible|$NO_GPU_SKIPS"
 
 json_escape() {
     local s=${1//\\/\\\\}
@@ -122,7 +127,18 @@ step() {
     *) status=fail reason="exit $rc: $(grep -E 'FAIL|ERROR|error|Error' "$log" | head -1 | cut -c1-200)" ;;
     esac
     if [ $status = pass ] && grep -q '"skipped"\|SKIPPED \] [0-9]\|\[  SKIPPED \]' "$log"; then
-        status=fail reason="it skipped on a machine that has a GPU: $(grep -m1 -o 'skipped[^}]*\|SKIPPED.*' "$log" | cut -c1-160)"
+        # A case may skip only for needing a second GPU on a one-GPU machine (NCCL refuses
+        # two ranks of a communicator on one GPU) or for needing no GPU; any other skip,
+        # or any skip on a machine of 2+ GPUs, fails the step.
+        local skips other
+        skips=$(grep -E '^\[  SKIP    \]|^SKIP:' "$log")
+        other=$(grep -vE "$ONE_GPU_SKIPS" <<<"$skips")
+        if grep -q '"skipped"' "$log" || [ -z "$skips" ] || [ -n "$other" ] ||
+            { [ "$GPUS" -ne 1 ] && grep -qvE "$NO_GPU_SKIPS" <<<"$skips"; }; then
+            status=fail reason="it skipped on a machine that has a GPU: $(if [ -n "$other" ]; then head -1 <<<"$other"; else grep -m1 -o 'skipped[^}]*\|SKIPPED.*' "$log"; fi | cut -c1-160)"
+        else
+            reason="exit 0; $(grep -c . <<<"$skips") case(s) skipped for wanting 2+ GPUs (or none): $(head -1 <<<"$skips" | cut -c1-120)"
+        fi
     fi
     if [ $status = pass ] && grep -q '"logits_match_1x1":false' "$log"; then
         status=fail reason="a layout disagrees with 1x1 beyond a near tie (logits_match_1x1 false)"
@@ -194,13 +210,30 @@ step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1
 # against bench-decode's nccl point (no wait per collective, one settle per step).
 step bench-decode-wait-each 45 "$BIN" bench decode --device cuda --dtypes bf16 \
     --layouts 1x1,nccl --batch 1,64 --tokens 32 --iters 2 --warmup 1 --nccl-wait-each 1
-step bench-decode-8b 75 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
+step bench-decode-8b 90 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
     --layouts 1x1 --batch 1,64 --tokens 32 --iters 2 --warmup 1
 step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --batch 1,64 \
     --tokens 32 --iters 2
 # GPU health on /metrics (DCGM gauges read, no false fault) while a tiny model serves.
 step gpu-health 30 python3 "$SCRIPTS/gpu-health-check.py" --bin "$BIN" \
     --dir "$WORK/gpu-health" --seconds 10
+
+# Where a decode step's time goes, kernel by kernel (ncu, 2 layers of the 1B shape, batch 1,
+# graphs off so that each kernel is its own launch): for the next change, not a gate. It
+# runs only with 40 s of the budget left and its status is not counted.
+PROFILE_STATUS=not-run
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "$DRY" != 1 ] && [ -n "$NCU" ] && [ $((BUDGET - ($(date +%s) - START))) -ge 40 ]; then
+    timeout --kill-after=5 30 "$NCU" --csv --metrics gpu__time_duration.sum \
+        --clock-control none "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
+        --batch 1 --tokens 4 --iters 1 --warmup 0 --layers 2 --cuda-graphs 0 \
+        --gpu-memory-mb 8192 >"$WORK/logs/profile.csv" 2>"$WORK/logs/profile.err"
+    PROFILE_STATUS="rc $?"
+    python3 "$SCRIPTS/gpu-profile-sum.py" "$WORK/logs/profile.csv" >>"$OUT/results.jsonl" 2>&1 ||
+        PROFILE_STATUS="$PROFILE_STATUS (no summary)"
+    { echo "===== profile ($PROFILE_STATUS): ncu on bench decode, 2 layers"; tail -n 5 "$WORK/logs/profile.err"; } >>"$OUT/logs.txt"
+fi
+echo "profile (not a gate): $PROFILE_STATUS"
 
 # --- summary ------------------------------------------------------------------------------
 # figure MEASURE-REGEX FIELD: the first value of FIELD on a results line matching the regex.
