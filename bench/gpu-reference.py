@@ -6,7 +6,12 @@
 
 For each model shape it writes a random model with `ganglion mkmodel` (bf16, seed 7):
   real:  llama1b  Llama-3.2-1B's shape (16 layers, hidden 2048, 32/8 heads, ffn 8192,
-                  vocab 128256, tied, rope_theta 5e5 with llama3 rope scaling)
+                  vocab 128256, rope_theta 5e5 with llama3 rope scaling), its LM head
+                  untied: mkmodel's embeddings are N(0, 1), so a tied head gives logits of
+                  several hundred and the chosen token a logprob of exactly 0 on both
+                  sides (the first H200 run: max|z| ~ 560, every difference 0.0), while an
+                  untied head, N(0, 1/hidden), gives O(1) logits whose logprobs compare
+                  meaningfully; the tied head is qwen2's
          qwen2    Qwen2.5-0.5B's shape (24 layers, hidden 896, 14/2 heads, ffn 4864,
                   vocab 151936, tied, rope_theta 1e6, q/k/v biases): a family that both
                   the image's transformers 5.x and the reference venv's 4.46 read
@@ -47,7 +52,7 @@ from local_serve import free_port_pair, wait_ready
 SHAPES = {
     "real": [
         ("llama1b", ["--arch", "llama", "--layers", "16", "--hidden", "2048", "--heads", "32",
-                     "--kv-heads", "8", "--ffn", "8192", "--vocab", "128256", "--tie",
+                     "--kv-heads", "8", "--ffn", "8192", "--vocab", "128256",
                      "--rope-theta", "500000", "--max-pos", "131072", "--rope-scaling",
                      '{"rope_type":"llama3","factor":32.0,"low_freq_factor":1.0,'
                      '"high_freq_factor":4.0,"original_max_position_embeddings":8192}'], 16),
