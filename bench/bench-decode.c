@@ -114,6 +114,7 @@ typedef struct bd_run {
     char why[256];                     /* lock */
     char load_err[256];                /* lock: --model: the loader's message (refusals) */
     double weight_bytes, stream_bytes; /* lock: --model, cuda: summed over the ranks */
+    int model_kept;                    /* cuda: the previous one-rank point's model reused */
     size_t kv_elem_bytes;              /* lock: bytes of one element of the KV cache */
     /* Each rank's kernels counters over the decode steps (all but the first step) of the
      * timed iterations, and how many steps that was; written by the rank's own thread. */
@@ -510,6 +511,7 @@ static void *bd_rank_main(void *arg)
     if (keeps && o->keep->m != NULL) {
         k = o->keep->k, m = o->keep->m;
         o->keep->k = NULL, o->keep->m = NULL;
+        r->model_kept = 1; /* the only rank of the point: no lock needed */
         rc = 0;
     } else if (o->cuda) {
         gang_kernels_options ko;
@@ -729,8 +731,10 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     cJSON_AddNumberToObject(line, "decode_ms_p50", gang_report_round(dec, 3));
     cJSON_AddNumberToObject(line, "prefill_tok_s", gang_report_round(res->prefill_tps, 1));
     cJSON_AddNumberToObject(line, "decode_tok_s", gang_report_round(res->decode_tps, 1));
-    if (o->cuda)
+    if (o->cuda) {
         bd_emit_counters(line, r);
+        cJSON_AddBoolToObject(line, "model_kept", r->model_kept); /* bd_gpu_keep */
+    }
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
         double roof = (double)batch * o->copy_gbps * 1e9 / r->stream_bytes;
 

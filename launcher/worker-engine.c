@@ -129,31 +129,41 @@ static int wres_cuda_index(const gang__wres_config *c, int fallback, int count)
     return fallback;
 }
 
+int gang__wres_gpu_of(uint32_t rank, uint32_t nproc, int count, int share, int *gpu)
+{
+    if (nproc == 0 || count <= 0 || ((uint32_t)count < nproc && !share))
+        return GANG_EUSAGE;
+    *gpu = (int)(rank % nproc % (uint32_t)count);
+    return 0;
+}
+
 /*
  * Opens the worker's kernels handle. "cuda": the GPU of this worker's local rank, with
  * the pool of --gpu-memory-mb (or --gpu-memory-percent); a node with fewer GPUs than
- * --nproc-per-node is a configuration error (GANG_EUSAGE, never retried) found here, in
- * the worker, because the agent must not initialise CUDA before it forks.
+ * --nproc-per-node is a configuration error unless --share-gpus (gang__wres_gpu_of;
+ * GANG_EUSAGE, never retried), found here, in the worker, because the agent must not
+ * initialise CUDA before it forks.
  */
 static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t cap)
 {
     const gang__wres_config *c = &r->cfg;
     uint32_t nproc = (uint32_t)c->layout.tc.nproc_per_node;
     gang_kernels_options ko;
-    int rc, count;
+    int rc, count, gpu;
 
     gang_kernels_options_init(&ko);
     ko.device = dev;
     if (strcmp(dev, "cuda") == 0) {
         count = gang_kernels_device_count();
-        if (count <= 0 || ((uint32_t)count < nproc && !c->share_gpus)) {
+        rc = gang__wres_gpu_of(r->rank, nproc, count, c->share_gpus, &gpu);
+        if (rc != 0) {
             snprintf(err, cap,
                      "--device cuda: this node has %d GPU(s) but --nproc-per-node is %u "
                      "(one GPU per worker; --share-gpus lets workers share them)",
                      count, nproc);
-            return GANG_EUSAGE;
+            return rc;
         }
-        ko.device_index = wres_cuda_index(c, (int)(r->rank % nproc % (uint32_t)count), count);
+        ko.device_index = wres_cuda_index(c, gpu, count);
         ko.pool_mb = c->gpu_memory_mb;
         ko.pool_percent = c->gpu_memory_percent;
     }

@@ -69,6 +69,14 @@ typedef struct gang__wres_config {
  */
 void gang__wres_engine_setup(const gang__wres_config *c, gang_engine_setup *out);
 
+/*
+ * The CUDA device of global rank `rank` with nproc workers per node and count GPUs
+ * visible: its local rank's GPU, or with share (--share-gpus) that local rank modulo
+ * count. GANG_EUSAGE (never retried) when no GPU is visible, or fewer than nproc without
+ * share.
+ */
+int gang__wres_gpu_of(uint32_t rank, uint32_t nproc, int count, int share, int *gpu);
+
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
 typedef struct gang_worker_config {
     char agent_path[108]; /* --agent-socket (sun_path capacity) */

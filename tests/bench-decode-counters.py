@@ -2,7 +2,8 @@
 """`ganglion bench decode --device fake`: the decode step's counters (issue #24).
 
 Runs batches 1, 8 and 32 on the 1x1 layout of a tiny model (bf16 and int8 storages) and
-checks each point's JSON line: host_syncs_per_step <= 1, allocs_per_step 0,
+checks each point's JSON line: the model drawn once per storage (batch 1's point draws it,
+"model_kept" false; the others reuse it, true), host_syncs_per_step <= 1, allocs_per_step 0,
 launches_per_step the same at every batch size (of one storage), h2d and d2h bytes per
 step O(batch): at most 64 and 4 bytes per sequence, never a row of logits (vocab x 4
 bytes) per sequence. The agreement iteration (logprobs) is not timed, so it is not in
@@ -59,6 +60,8 @@ def main():
         if d["d2h_bytes_per_step"] >= 4 * VOCAB * b:
             fail("%s batch %d: logits rows came down" % (st, b))
         launches.setdefault(st, set()).add(d["launches_per_step"])
+        if d.get("model_kept") is not (b != 1):
+            fail("%s batch %d: model_kept %s (want %s)" % (st, b, d.get("model_kept"), b != 1))
     for st, seen in launches.items():
         if len(seen) != 1:
             fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))

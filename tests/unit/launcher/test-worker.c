@@ -737,6 +737,28 @@ static void test_uses_nccl(void **state)
     assert_int_equal(gang__worker_uses_nccl(&p), 0); /* refused by the agent before this */
 }
 
+/* The GPU of each worker: one per local rank, or shared with --share-gpus; refusals. */
+static void test_gpu_of(void **state)
+{
+    int gpu = -7;
+
+    (void)state;
+    assert_int_equal(gang__wres_gpu_of(5, 4, 8, 0, &gpu), 0);
+    assert_int_equal(gpu, 1); /* global rank 5, 4 per node: local rank 1 */
+    assert_int_equal(gang__wres_gpu_of(3, 2, 1, 0, &gpu), GANG_EUSAGE); /* 2 workers, 1 GPU */
+    assert_int_equal(gang__wres_gpu_of(3, 2, 1, 1, &gpu), 0);
+    assert_int_equal(gpu, 0); /* shared: local rank 1 on GPU 1 mod 1 */
+    assert_int_equal(gang__wres_gpu_of(7, 4, 3, 1, &gpu), 0);
+    assert_int_equal(gpu, 0); /* local rank 3 of 4 on GPU 3 mod 3 */
+    assert_int_equal(gang__wres_gpu_of(6, 4, 3, 1, &gpu), 0);
+    assert_int_equal(gpu, 2);
+    gpu = -7;
+    assert_int_equal(gang__wres_gpu_of(0, 1, 0, 1, &gpu), GANG_EUSAGE); /* no GPU at all */
+    assert_int_equal(gang__wres_gpu_of(0, 1, -1, 0, &gpu), GANG_EUSAGE);
+    assert_int_equal(gang__wres_gpu_of(0, 0, 1, 0, &gpu), GANG_EUSAGE);
+    assert_int_equal(gpu, -7); /* untouched on a refusal */
+}
+
 /*
  * START with a blob the worker must refuse: a malformed nccl line (GANG_EPROTO), and a
  * well-formed NCCL id sent to a CPU worker (GANG_EMISMATCH: the nodes were started with
@@ -864,6 +886,7 @@ int gang_test_worker(void)
         cmocka_unit_test_setup_teardown(test_agent_eof_exits_75, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_bad_packet_exits_75, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_dies_with_agent, tw_setup, tw_teardown),
+        cmocka_unit_test(test_gpu_of),
         cmocka_unit_test_setup_teardown(test_world_of_one, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_gang_lifecycle, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_stopped_worker, tw_setup, tw_teardown),
