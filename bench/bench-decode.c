@@ -152,6 +152,8 @@ typedef struct bd_rank {
     X("microbatches", microbatches, 1, 1, 1, 1, 1, 256, "pipeline microbatches")                   \
     X("cuda-graphs", cuda_graphs, 1, 1, 1, 1, 0, 1,                                                \
       "cuda: decode steps as CUDA graphs (serve's --cuda-graphs)")                                 \
+    X("half-gemv", half_gemv, 1, 1, 1, 1, 0, 1,                                                    \
+      "cuda: bf16 / f16 decode products by ganglion's GEMV (1) or cuBLASLt (0)")                   \
     X("nccl-wait-each", nccl_wait_each, 0, 0, 0, 0, 0, 1,                                          \
       "cuda: the nccl point awaits each collective on the host, without graphs (before #24)")      \
     X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
@@ -519,6 +521,7 @@ static void *bd_rank_main(void *arg)
         gang_kernels_options_init(&ko);
         ko.device = o->kdev;
         ko.pool_mb = o->gpu_pool_mb;
+        ko.half_gemv = (int)o->half_gemv;
         rc = gang_kernels_open_opts(&ko, &k);
     } else {
         rc = gang_kernels_open("cpu", &k);
@@ -734,6 +737,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     if (o->cuda) {
         bd_emit_counters(line, r);
         cJSON_AddBoolToObject(line, "model_kept", r->model_kept); /* bd_gpu_keep */
+        cJSON_AddBoolToObject(line, "half_gemv", o->half_gemv != 0);
     }
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
         double roof = (double)batch * o->copy_gbps * 1e9 / r->stream_bytes;

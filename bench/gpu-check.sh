@@ -206,6 +206,10 @@ step torch-gemm 30 python3 "$SCRIPTS/torch-peer.py" gemm
 step bench-gemm 30 "$BIN" bench gemm --shapes 8192x8192x8192 --iters 10 --warmup 3
 step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1,2x1,nccl \
     --batch 1,64 --tokens 32 --iters 2 --warmup 1
+# The bf16 decode products by cuBLASLt (x converted first) instead of ganglion's GEMV:
+# batch 1 is where they differ (more rows always take cuBLASLt).
+step bench-decode-cublas 30 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
+    --batch 1 --tokens 32 --iters 2 --warmup 1 --half-gemv 0
 # The NCCL data path's cost per step before issue #24's change (a host wait per collective)
 # against bench-decode's nccl point (no wait per collective, one settle per step).
 step bench-decode-wait-each 45 "$BIN" bench decode --device cuda --dtypes bf16 \
@@ -274,13 +278,14 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
             "$(grep -o '"max_abs_logprob_diff": [0-9.e-]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"ok": [a-z]*' <<<"$l" | cut -d' ' -f2)"
     done
-    grep -E '"step":"bench-decode(-8b|-wait-each)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
+    grep -E '"step":"bench-decode(-8b|-wait-each|-cublas)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\"([^\"]*)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]] || continue
         printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
             "${BASH_REMATCH[5]}"
         [[ $l =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]] &&
             printf '  +%s ms/step vs 1x1' "${BASH_REMATCH[1]}"
+        [[ $l =~ \"half_gemv\":false ]] && printf ' (cuBLASLt for the decode products)'
         [[ $l =~ \"backend\":\"nccl\" ]] && {
             if [[ $l =~ \"nccl_wait_each\":true ]]; then printf ' (nccl, a wait per collective)'
             else printf ' (nccl, one settle per step)'; fi

@@ -129,6 +129,7 @@ void gang_kernels_options_init(gang_kernels_options *o)
     o->device_index = 0;
     o->pool_mb = 0;
     o->pool_percent = 90;
+    o->half_gemv = 1;
 }
 
 int gang_kernels_open(const char *device, gang_kernels **out)

@@ -518,9 +518,12 @@ typedef struct gang_kernels_options {
     uint64_t pool_mb;      /* cuda: device memory pool in MiB; 0 = use pool_percent */
     uint32_t pool_percent; /* cuda: share of the GPU's total memory, 1..100 (default 90),
                               when pool_mb is 0; capped by the memory free at open */
+    int half_gemv;         /* cuda: products of up to 8 rows by a bf16 / f16 weight with
+                              ganglion's GEMV (1, default) or cuBLASLt (0) */
 } gang_kernels_options;
 
-/* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90. */
+/* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90,
+ * half_gemv 1. */
 void gang_kernels_options_init(gang_kernels_options *o);
 
 /*

@@ -129,6 +129,7 @@ static int cuda_open(const gang_kernels_options *o, void **out)
     if (c == NULL)
         return GANG_ENOMEM;
     c->device = o->device_index;
+    c->half_gemv = o->half_gemv;
     if ((rc = ctx_enter(c)) < 0)
         goto out_free;
     if ((rc = gang__cuda_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo")) < 0)
@@ -468,10 +469,12 @@ static int cuda_matmul_blocks(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim
 }
 
 /*
- * y = x . W^T over a typed weight. bf16 / f16: x is converted to the weight's type into a
- * scratch buffer of the pool, then cuBLASLt multiplies half by half into f32 with f32
- * accumulation. int8: one kernel that dequantizes each weight row as it reads it
- * (cuda-matmul.cu). Block types: cuda_matmul_blocks.
+ * y = x . W^T over a typed weight. bf16 / f16: up to 8 rows of x (a decode step) by
+ * ganglion's GEMV (cuda-matmul.cu, unless the handle was opened with half_gemv 0), which
+ * rounds x to the weight's type as it stages it; more rows: x is converted to the
+ * weight's type into a scratch buffer of the pool, then cuBLASLt multiplies half by half
+ * into f32 with f32 accumulation. int8: one kernel that dequantizes each weight row as it
+ * reads it (cuda-matmul.cu). Block types: cuda_matmul_blocks.
  */
 static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
                        const gang_kernels_weight *w, float *y)
@@ -488,6 +491,10 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
         rc = cuda_matmul_blocks(c, m, n, kdim, x, w, y);
     else if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
         rc = GANG_ENOSYS;
+    else if (c->half_gemv &&
+             (rc = gang__cuda_launch_gemv_half(c->stream, w->type == GANG_KW_BF16, m, n, kdim, x,
+                                               w->data, y)) != GANG_ENOSYS)
+        ; /* a decode product: ganglion's GEMV (or its launch error) */
     else if ((rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
              (rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch,
                                              m * kdim)) == 0)

@@ -1,7 +1,8 @@
 /*
  * CUDA kernels of the typed weights (include/ganglion/kernels.h, "Typed weights"): the
- * weight-only int8 matmul and the embedding lookup over a bf16 / f16 / int8 table. The
- * bf16 / f16 matmul is cuBLASLt's (cuda-backend.c, cuda-gemm.c).
+ * weight-only int8 matmul, the bf16 / f16 decode GEMV, and the embedding lookup over a
+ * bf16 / f16 / int8 table. The bf16 / f16 matmul of more than MM_ROWS rows (a prefill) is
+ * cuBLASLt's (cuda-backend.c, cuda-gemm.c).
  *
  * int8 matmul, decode (m <= MM_ROWS, kdim a multiple of 16): the GEMV of issue #24. A warp
  * per output row o of W, GEMV_WARPS rows per block: the block stages a tile of the m rows of
@@ -140,6 +141,98 @@ extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, s
     }
     matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
+}
+
+/*
+ * The bf16 / f16 decode GEMV: gemv_i8_kernel's shape (a warp per output row, GEMV_WARPS
+ * rows per block, a tile of the m rows of x staged in shared memory) over half weights,
+ * each lane loading 8 elements (16 bytes) at a time. x is rounded to the weight's type as
+ * it is staged, as the cuBLASLt path converts it (gang_kernels_matmul's contract: the
+ * products are those of the rounded x), and the products are summed in f32.
+ */
+template <typename T> __device__ static float gemv_widen(T v);
+template <> __device__ float gemv_widen<__nv_bfloat16>(__nv_bfloat16 v)
+{
+    return __bfloat162float(v);
+}
+template <> __device__ float gemv_widen<__half>(__half v)
+{
+    return __half2float(v);
+}
+template <typename T> __device__ static float gemv_round(float v);
+template <> __device__ float gemv_round<__nv_bfloat16>(float v)
+{
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <> __device__ float gemv_round<__half>(float v)
+{
+    return __half2float(__float2half_rn(v));
+}
+
+template <typename T>
+__global__ static void gemv_half_kernel(size_t m, size_t n, size_t kdim, const float *x, const T *w,
+                                        float *y)
+{
+    __shared__ float xs[MM_ROWS][GEMV_TILE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
+    const T *row = w + (o < n ? o : 0) * kdim;
+    float acc[MM_ROWS];
+
+    for (int r = 0; r < MM_ROWS; r++)
+        acc[r] = 0.0f;
+    for (size_t k0 = 0; k0 < kdim; k0 += GEMV_TILE) {
+        size_t kt = kdim - k0 < GEMV_TILE ? kdim - k0 : GEMV_TILE;
+
+        __syncthreads(); /* the previous tile is no longer read */
+        for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
+            xs[i / kt][i % kt] = gemv_round<T>(x[(i / kt) * kdim + k0 + i % kt]);
+        __syncthreads();
+        if (o >= n)
+            continue;
+#pragma unroll 4
+        for (size_t i = (size_t)lane * 8; i < kt; i += 32 * 8) {
+            uint4 raw = *(const uint4 *)(row + k0 + i);
+            const T *h = (const T *)&raw;
+            float wf[8];
+
+            for (int e = 0; e < 8; e++)
+                wf[e] = gemv_widen<T>(h[e]);
+            for (int r = 0; r < MM_ROWS; r++) {
+                if ((size_t)r >= m)
+                    break;
+                for (int e = 0; e < 8; e++)
+                    acc[r] += xs[r][i + e] * wf[e];
+            }
+        }
+    }
+    if (o >= n)
+        return;
+    for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
+        float v = acc[r];
+
+        for (int d = 16; d > 0; d >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, d);
+        if (lane == 0)
+            y[r * n + o] = v;
+    }
+}
+
+extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int bf16, size_t m, size_t n,
+                                           size_t kdim, const float *x, const void *w, float *y)
+{
+    size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
+
+    /* 16-byte loads: every row must start on a 16-byte boundary. */
+    if (m == 0 || m > MM_ROWS || kdim % 8 != 0 || ((uintptr_t)w & 15) != 0 || blocks > INT32_MAX)
+        return GANG_ENOSYS;
+    if (bf16)
+        gemv_half_kernel<__nv_bfloat16><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
+            m, n, kdim, x, (const __nv_bfloat16 *)w, y);
+    else
+        gemv_half_kernel<__half>
+            <<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, (const __half *)w, y);
+    return gang__cuda_err(cudaGetLastError(), "half gemv launch");
 }
 
 /* Element d of table row id as f32 (wtype: GANG_KW_BF16, _F16 or _I8). */
