@@ -487,6 +487,32 @@ void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch, gan
     out->ranks_per_host = ranks;
 }
 
+/*
+ * The rank's kernels handle: with keeps (a one-rank point of the cuda path) the handle and
+ * model the storage's previous one-rank point kept (bd_gpu_keep), taken out of the keep
+ * (*m set, r->model_kept); otherwise a new handle (*m stays NULL). Returns 0 or an error.
+ */
+static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model **m)
+{
+    bd_run *r = x->run;
+    const bd_opts *o = r->o;
+    gang_kernels_options ko;
+
+    if (keeps && o->keep->m != NULL) {
+        *k = o->keep->k, *m = o->keep->m;
+        o->keep->k = NULL, o->keep->m = NULL;
+        r->model_kept = 1; /* the only rank of the point: no lock needed */
+        return 0;
+    }
+    if (!o->cuda)
+        return gang_kernels_open("cpu", k);
+    gang_kernels_options_init(&ko);
+    ko.device = o->kdev;
+    ko.pool_mb = o->gpu_pool_mb;
+    ko.half_gemv = (int)o->half_gemv;
+    return gang_kernels_open_opts(&ko, k);
+}
+
 static void *bd_rank_main(void *arg)
 {
     bd_rank *x = arg;
@@ -508,24 +534,8 @@ static void *bd_rank_main(void *arg)
     if (rc != 0)
         goto out_fail;
     what = "kernels";
-    /* A one-rank point reuses the model of the storage's previous one (bd_gpu_keep). */
     keeps = o->cuda && o->keep != NULL && r->stage * r->pp == 1;
-    if (keeps && o->keep->m != NULL) {
-        k = o->keep->k, m = o->keep->m;
-        o->keep->k = NULL, o->keep->m = NULL;
-        r->model_kept = 1; /* the only rank of the point: no lock needed */
-        rc = 0;
-    } else if (o->cuda) {
-        gang_kernels_options ko;
-
-        gang_kernels_options_init(&ko);
-        ko.device = o->kdev;
-        ko.pool_mb = o->gpu_pool_mb;
-        ko.half_gemv = (int)o->half_gemv;
-        rc = gang_kernels_open_opts(&ko, &k);
-    } else {
-        rc = gang_kernels_open("cpu", &k);
-    }
+    rc = bd_rank_kernels(x, keeps, &k, &m);
     if (rc != 0)
         goto out_fail;
     what = "nccl tp group";

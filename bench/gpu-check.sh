@@ -226,7 +226,10 @@ step gpu-health 30 python3 "$SCRIPTS/gpu-health-check.py" --bin "$BIN" \
 # graphs off so that each kernel is its own launch): for the next change, not a gate. It
 # runs only with 40 s of the budget left and its status is not counted.
 PROFILE_STATUS=not-run
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+NCU=$(command -v ncu)
+for n in /opt/nvidia/nsight-compute/*/ncu; do
+    [ -z "$NCU" ] && [ -x "$n" ] && NCU=$n
+done
 if [ "$DRY" != 1 ] && [ -n "$NCU" ] && [ $((BUDGET - ($(date +%s) - START))) -ge 40 ]; then
     timeout --kill-after=5 30 "$NCU" --csv --metrics gpu__time_duration.sum \
         --clock-control none "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
