@@ -211,9 +211,12 @@ step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1
 step bench-decode-cublas 30 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
     --batch 1 --tokens 32 --iters 2 --warmup 1 --half-gemv 0
 # The NCCL data path's cost per step before issue #24's change (a host wait per collective)
-# against bench-decode's nccl point (no wait per collective, one settle per step).
+# against bench-decode's nccl point (no wait per collective, one settle per step). No
+# graphs in this run (a host wait cannot be captured): its 1x1 point is the same-run
+# baseline, and its launches per step are the fake device's (which has no graphs).
 step bench-decode-wait-each 45 "$BIN" bench decode --device cuda --dtypes bf16 \
-    --layouts 1x1,nccl --batch 1,64 --tokens 32 --iters 2 --warmup 1 --nccl-wait-each 1
+    --layouts 1x1,nccl --batch 1,64 --tokens 32 --iters 2 --warmup 1 --nccl-wait-each 1 \
+    --cuda-graphs 0
 step bench-decode-8b 90 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
     --layouts 1x1 --batch 1,64 --tokens 32 --iters 2 --warmup 1
 step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --batch 1,64 \
