@@ -276,11 +276,12 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
     echo "  gemm 8192^3 bf16 TFLOP/s: ganglion ${G_OURS:-n/a}, torch ${G_TORCH:-n/a}"
     grep '"measure": *"gpu_reference"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"model\":\ \"([^\"]*)\".*\"layout\":\ \"([^\"]*)\" ]] || continue
-        printf '  reference %-8s %-4s compared %s, mismatches %s, near-tie flips %s, max |dlogprob| %s (<= tol: %s)\n' \
+        printf '  reference %-8s %-4s compared %s, mismatches %s, near-tie flips %s, within-tol flips %s, max |dlogprob| %s (<= tol: %s)\n' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" \
             "$(grep -o '"compared": [0-9]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"mismatches": [0-9]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"near_tie_flips": [0-9]*' <<<"$l" | cut -d' ' -f2)" \
+            "$(grep -o '"within_tol_flips": [0-9]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"max_abs_logprob_diff": [0-9.e-]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"ok": [a-z]*' <<<"$l" | cut -d' ' -f2)"
     done
@@ -292,6 +293,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         [[ $l =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]] &&
             printf '  +%s ms/step vs 1x1' "${BASH_REMATCH[1]}"
         [[ $l =~ \"half_gemv\":false ]] && printf ' (cuBLASLt for the decode products)'
+        [[ $l =~ \"step\":\"bench-decode-wait-each\" ]] && printf ' (no graphs)'
         [[ $l =~ \"backend\":\"nccl\" ]] && {
             if [[ $l =~ \"nccl_wait_each\":true ]]; then printf ' (nccl, a wait per collective)'
             else printf ' (nccl, one settle per step)'; fi

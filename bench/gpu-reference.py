@@ -24,7 +24,10 @@ asking /v1/completions for greedy tokens with the top-5 logprobs.
 
 Agreement, per prompt, step by step while the two sequences are equal:
   * a different greedy token is a failure unless the reference's top-2 logit margin is
-    below --tie (default 1e-2): a near tie, reported, and the sequence is not compared past
+    below --tie (default 1e-2: a near tie, "near_tie_flips") or below the step's tolerance
+    tol below ("within_tol_flips": transformers' bf16 logits alone are rounded to 2^-6 at
+    magnitudes 2-4, so with O(1) logits margins of a few hundredths can flip on rounding
+    that the tolerance allows); either is reported, and the sequence is not compared past
     it (the two continue from different prefixes);
   * |logprob(ganglion) - logprob(transformers)| of the chosen token must stay within
     tol = 2^-8 * max|z| * (1 + 2 * sqrt(L)) for that step's logits z and L layers. Why:
@@ -149,20 +152,23 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
 
 
 def compare(ref, got, layers, tie):
-    res = {"compared": 0, "mismatches": 0, "near_tie_flips": 0, "max_abs_logprob_diff": 0.0,
+    res = {"compared": 0, "mismatches": 0, "near_tie_flips": 0, "within_tol_flips": 0,
+           "max_abs_logprob_diff": 0.0,
            "max_diff_over_tol": 0.0, "max_tol": 0.0, "short": 0}
     for r_seq, g_seq in zip(ref, got):
         if len(g_seq) < len(r_seq):
             res["short"] += 1
         for (rid, rlp, margin, zmax), (gid, glp) in zip(r_seq, g_seq):
+            tol = 2 ** -8 * max(zmax, 1.0) * (1 + 2 * math.sqrt(layers))
             if rid != gid:
                 if margin < tie:
                     res["near_tie_flips"] += 1
+                elif margin < tol:
+                    res["within_tol_flips"] += 1
                 else:
                     res["mismatches"] += 1
                 break
             res["compared"] += 1
-            tol = 2 ** -8 * max(zmax, 1.0) * (1 + 2 * math.sqrt(layers))
             res["max_abs_logprob_diff"] = max(res["max_abs_logprob_diff"], abs(rlp - glp))
             res["max_diff_over_tol"] = max(res["max_diff_over_tol"], abs(rlp - glp) / tol)
             res["max_tol"] = max(res["max_tol"], tol)
