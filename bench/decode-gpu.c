@@ -27,12 +27,10 @@
  * quantization of the same weights than 1x1 (tests/unit/test-layers.c measures it).
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -87,59 +85,31 @@ static void bd_fill(float *a, size_t n, uint64_t tensor, size_t first, float sca
     }
 }
 
-/* A slice of one bd_fill, for a thread of bd_fill_par. */
+/* One bd_fill cut into slices (bd_fill_par). */
 typedef struct bd_fill_job {
     float *a;
-    size_t n, first;
+    size_t first;
     uint64_t tensor;
     float scale, offset;
-    pthread_t th;
 } bd_fill_job;
 
-static void *bd_fill_thread(void *arg)
+static void bd_fill_slice(void *arg, size_t lo, size_t hi)
 {
-    bd_fill_job *j = arg;
+    const bd_fill_job *j = arg;
 
-    bd_fill(j->a, j->n, j->tensor, j->first, j->scale, j->offset);
-    return NULL;
+    bd_fill(j->a + lo, hi - lo, j->tensor, j->first + lo, j->scale, j->offset);
 }
 
 /*
- * bd_fill over up to BD_FILL_THREADS threads (the CPUs online), each a contiguous slice:
- * the values do not depend on the split. Small tensors, or a failed pthread_create, fill
- * on the caller's thread.
+ * bd_fill over several threads (gang_parallel_slices), each a contiguous slice: the values
+ * do not depend on the split; a thread takes at least 2^18 elements.
  */
-#define BD_FILL_THREADS 16
 static void bd_fill_par(float *a, size_t n, uint64_t tensor, size_t first, float scale,
                         float offset)
 {
-    bd_fill_job jobs[BD_FILL_THREADS];
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t nt = cpus < 1 ? 1 : cpus > BD_FILL_THREADS ? BD_FILL_THREADS : (size_t)cpus, i, per;
-    size_t started = 0;
+    bd_fill_job j = {.a = a, .first = first, .tensor = tensor, .scale = scale, .offset = offset};
 
-    if (n < ((size_t)1 << 20) || nt == 1) {
-        bd_fill(a, n, tensor, first, scale, offset);
-        return;
-    }
-    per = (n + nt - 1) / nt;
-    for (i = 0; i < nt && i * per < n; i++) {
-        size_t lo = i * per, hi = lo + per < n ? lo + per : n;
-
-        jobs[i] = (bd_fill_job){.a = a + lo,
-                                .n = hi - lo,
-                                .first = first + lo,
-                                .tensor = tensor,
-                                .scale = scale,
-                                .offset = offset};
-        if (pthread_create(&jobs[i].th, NULL, bd_fill_thread, &jobs[i]) != 0)
-            break;
-        started++;
-    }
-    if (started * per < n) /* what no thread took */
-        bd_fill(a + started * per, n - started * per, tensor, first + started * per, scale, offset);
-    for (i = 0; i < started; i++)
-        pthread_join(jobs[i].th, NULL);
+    gang_parallel_slices(n, 1, (size_t)1 << 18, bd_fill_slice, &j);
 }
 
 /* Host full-layer buffers, reused for every layer of a rank. */

@@ -1,9 +1,11 @@
 /* Small string and number helpers shared by every module. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ganglion/common.h"
 
@@ -57,4 +59,51 @@ int gang_hex_digit(int ch)
     if (ch >= 'A' && ch <= 'F')
         return ch - 'A' + 10;
     return -1;
+}
+
+typedef struct gang__slice {
+    void (*fn)(void *ctx, size_t lo, size_t hi);
+    void *ctx;
+    size_t lo, hi;
+    pthread_t th;
+} gang__slice;
+
+static void *slice_main(void *arg)
+{
+    gang__slice *s = arg;
+
+    s->fn(s->ctx, s->lo, s->hi);
+    return NULL;
+}
+
+void gang_parallel_slices(size_t n, size_t align, size_t min_per_thread,
+                          void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx)
+{
+    gang__slice s[GANG_SLICES_MAX];
+    int started[GANG_SLICES_MAX] = {0};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nt = cpus < 1 ? 1 : cpus > GANG_SLICES_MAX ? GANG_SLICES_MAX : (size_t)cpus, per, i;
+
+    if (n == 0)
+        return;
+    if (align == 0)
+        align = 1;
+    if (min_per_thread > 0 && n / min_per_thread < nt)
+        nt = n / min_per_thread > 0 ? n / min_per_thread : 1;
+    per = (n + nt - 1) / nt;
+    per = (per + align - 1) / align * align;
+    for (i = 0; i < nt; i++) {
+        size_t lo = i * per < n ? i * per : n;
+
+        s[i] = (gang__slice){.fn = fn, .ctx = ctx, .lo = lo, .hi = lo + per < n ? lo + per : n};
+    }
+    for (i = 1; i < nt; i++)
+        if (s[i].lo < s[i].hi)
+            started[i] = pthread_create(&s[i].th, NULL, slice_main, &s[i]) == 0;
+    for (i = 0; i < nt; i++)
+        if (!started[i] && s[i].lo < s[i].hi)
+            fn(ctx, s[i].lo, s[i].hi); /* the first slice, and any whose thread failed */
+    for (i = 1; i < nt; i++)
+        if (started[i])
+            pthread_join(s[i].th, NULL);
 }

@@ -110,6 +110,23 @@ static int pack_i8_row(const float *src, size_t kdim, int8_t *q, float *scale)
     return 0;
 }
 
+/* A half conversion cut into slices (gang_kernels_weight_pack). */
+typedef struct pack_half_job {
+    const float *src;
+    uint16_t *dst;
+    int bf16;
+} pack_half_job;
+
+static void pack_half_slice(void *arg, size_t lo, size_t hi)
+{
+    const pack_half_job *j = arg;
+
+    if (j->bf16)
+        gang_f32_to_bf16_array(j->src + lo, j->dst + lo, hi - lo);
+    else
+        gang_f32_to_f16_array(j->src + lo, j->dst + lo, hi - lo);
+}
+
 int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, size_t kdim,
                              void *dst)
 {
@@ -123,13 +140,12 @@ int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, s
         memcpy(dst, src, elems * sizeof(float));
         return 0;
     case GANG_KW_BF16:
-        for (size_t i = 0; i < elems; i++)
-            ((uint16_t *)dst)[i] = gang_f32_to_bf16(src[i]);
+    case GANG_KW_F16: { /* element by element: the split does not change a bit */
+        pack_half_job j = {.src = src, .dst = dst, .bf16 = t == GANG_KW_BF16};
+
+        gang_parallel_slices(elems, 1, (size_t)1 << 20, pack_half_slice, &j);
         return 0;
-    case GANG_KW_F16:
-        for (size_t i = 0; i < elems; i++)
-            ((uint16_t *)dst)[i] = gang_f32_to_f16(src[i]);
-        return 0;
+    }
     case GANG_KW_I8: {
         float *scales = (float *)(void *)((char *)dst + GANG_KW_SCALES_OFFSET(elems));
 

@@ -18,7 +18,6 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,21 +79,21 @@ static uint64_t mk_key(uint64_t seed, const char *name)
     return mk_mix(seed ^ mk_mix(h));
 }
 
-/* One slice [lo, hi) of a tensor's values (lo even: a Box-Muller pair never splits). */
-typedef struct mk_slice {
+/* What every slice of one tensor's values shares (mk_fill). */
+typedef struct mk_fill_job {
     uint64_t key;
     double scale, offset;
     float *dst;
-    size_t lo, hi, n;
-    pthread_t th;
-} mk_slice;
+    size_t n;
+} mk_fill_job;
 
-static void *mk_fill_slice(void *arg)
+/* Values [lo, hi) of the tensor (lo even: a Box-Muller pair never splits). */
+static void mk_fill_slice(void *arg, size_t lo, size_t hi)
 {
     const double two_pi = 6.283185307179586;
-    const mk_slice *j = arg;
+    const mk_fill_job *j = arg;
 
-    for (size_t i = j->lo; i < j->hi; i += 2) {
+    for (size_t i = lo; i < hi; i += 2) {
         double r = sqrt(-2.0 * log(mk_uniform(j->key, i)));
         double th = two_pi * mk_uniform(j->key, i + 1);
 
@@ -102,66 +101,35 @@ static void *mk_fill_slice(void *arg)
         if (i + 1 < j->n)
             j->dst[i + 1] = (float)(j->offset + j->scale * r * sin(th));
     }
-    return NULL;
 }
 
-#define MK_FILL_THREADS 16
-
 /*
- * Fills dst[0 .. n) with the values of tensor t (f32). Large tensors are split over up to
- * MK_FILL_THREADS threads (the CPUs online): every value depends on its index only, so
- * the bytes do not depend on the split (a 1B-parameter model takes ~45 s on one core).
+ * Fills dst[0 .. n) with the values of tensor t (f32), large tensors on several threads
+ * (gang_parallel_slices, slices of whole pairs): every value depends on its index only, so
+ * the bytes do not depend on the split (a 1B-parameter model took ~45 s on one core).
  */
 static void mk_fill(const mk_tensor *t, uint64_t seed, float *dst, size_t n)
 {
-    mk_slice s[MK_FILL_THREADS];
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t nt = cpus < 1 ? 1 : cpus > MK_FILL_THREADS ? MK_FILL_THREADS : (size_t)cpus;
-    size_t per, i, started = 0;
-    double scale, offset = 0.0;
+    mk_fill_job j = {.key = mk_key(seed, t->name), .scale = 1.0, .offset = 0.0, .dst = dst, .n = n};
 
     switch (t->kind) {
     case MK_LINEAR:
-        scale = 1.0 / sqrt((double)t->cols);
+        j.scale = 1.0 / sqrt((double)t->cols);
         break;
     case MK_NORM:
-        scale = 0.1;
-        offset = 1.0;
+        j.scale = 0.1;
+        j.offset = 1.0;
         break;
     case MK_BIAS:
-        scale = 0.02;
+        j.scale = 0.02;
         break;
     case MK_GNORM:
-        scale = 0.1;
+        j.scale = 0.1;
         break;
     default:
-        scale = 1.0;
         break;
     }
-    if (n < ((size_t)1 << 18))
-        nt = 1;
-    per = ((n + nt - 1) / nt + 1) & ~(size_t)1; /* even */
-    for (i = 0; i < nt; i++) {
-        size_t lo = i * per < n ? i * per : n, hi = lo + per < n ? lo + per : n;
-
-        s[i] = (mk_slice){.key = mk_key(seed, t->name),
-                          .scale = scale,
-                          .offset = offset,
-                          .dst = dst,
-                          .lo = lo,
-                          .hi = hi,
-                          .n = n};
-    }
-    /* Slice 0 on this thread; a slice whose thread cannot start runs here too. */
-    for (i = 1; i < nt; i++)
-        if (s[i].lo < s[i].hi && pthread_create(&s[i].th, NULL, mk_fill_slice, &s[i]) == 0)
-            started |= (size_t)1 << i;
-        else
-            mk_fill_slice(&s[i]);
-    mk_fill_slice(&s[0]);
-    for (i = 1; i < nt; i++)
-        if (started & ((size_t)1 << i))
-            pthread_join(s[i].th, NULL);
+    gang_parallel_slices(n, 2, (size_t)1 << 18, mk_fill_slice, &j);
 }
 
 /* ---------------------------------------------------------------------------------

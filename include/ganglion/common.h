@@ -489,6 +489,18 @@ void gang_codec_str(gang_codec *c, char *s, size_t cap, unsigned width);
 
 /* Copies src into dst (size cap) always NUL-terminating; returns GANG_ERANGE if cut. */
 int gang_strlcpy(char *dst, const char *src, size_t cap);
+
+/*
+ * Runs fn(ctx, lo, hi) over [0, n) cut into contiguous slices, one per thread on up to
+ * GANG_SLICES_MAX threads (no more than the CPUs online, nor n / min_per_thread), every
+ * slice but the last a multiple of align elements (align >= 1). The caller's thread runs
+ * the first slice, and any slice whose thread cannot be started. Returns when every slice
+ * has run. For load-time work whose result does not depend on the split (filling and
+ * converting large arrays), never for anything on a request's path.
+ */
+#define GANG_SLICES_MAX 16
+void gang_parallel_slices(size_t n, size_t align, size_t min_per_thread,
+                          void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx);
 /*
  * Formats a one-line error message into err[0..errlen) for functions that report why they
  * refused something. Does nothing when err is NULL or errlen is 0; always NUL-terminates.

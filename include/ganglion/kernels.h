@@ -165,6 +165,7 @@ gang_kernels_weight gang_kernels_weight_view(gang_kernels_wtype t, const void *b
  * nearest even; I8 takes scales[o] = max_i |src[o, i]| / 127 (0 for an all-zero row, whose
  * q are all 0) and q = round(src / scale). Returns 0, or GANG_EINVAL for NULL, a zero size,
  * an unknown type, a non-finite element (I8), or a block type (those come from a file).
+ * Large BF16 / F16 matrices are converted on several threads (gang_parallel_slices).
  */
 int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, size_t kdim,
                              void *dst);

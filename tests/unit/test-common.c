@@ -1,4 +1,5 @@
 /* cmocka tests of the common module: errors, parameters, backoff, logging. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -445,6 +446,58 @@ static int codec_decode(const uint8_t *buf, size_t len, codec_msg *out)
     return rc;
 }
 
+/* gang_parallel_slices: every index exactly once, slices aligned, the small cases. */
+typedef struct slices_seen {
+    unsigned char *hits;
+    size_t align, bad_lo, calls;
+    pthread_mutex_t lock;
+} slices_seen;
+
+static void slices_mark(void *ctx, size_t lo, size_t hi)
+{
+    slices_seen *s = ctx;
+
+    pthread_mutex_lock(&s->lock);
+    s->calls++;
+    if (lo % s->align != 0 || lo >= hi)
+        s->bad_lo++;
+    pthread_mutex_unlock(&s->lock);
+    for (size_t i = lo; i < hi; i++)
+        s->hits[i]++; /* slices are disjoint: no two threads touch one element */
+}
+
+static void test_parallel_slices(void **state)
+{
+    static const size_t ns[] = {1, 2, 3, 17, 1000, 65537, 1u << 20};
+    static const size_t aligns[] = {1, 2, 7, 64};
+
+    (void)state;
+    for (size_t a = 0; a < 4; a++)
+        for (size_t k = 0; k < 7; k++) {
+            slices_seen s = {.hits = calloc(ns[k], 1), .align = aligns[a]};
+
+            assert_non_null(s.hits);
+            pthread_mutex_init(&s.lock, NULL);
+            gang_parallel_slices(ns[k], aligns[a], 100, slices_mark, &s);
+            for (size_t i = 0; i < ns[k]; i++)
+                if (s.hits[i] != 1)
+                    fail_msg("n %zu align %zu: element %zu ran %u times", ns[k], aligns[a], i,
+                             s.hits[i]);
+            assert_int_equal(s.bad_lo, 0);
+            assert_true(s.calls >= 1 && s.calls <= GANG_SLICES_MAX);
+            if (ns[k] < 200) /* min_per_thread 100: one slice */
+                assert_int_equal(s.calls, 1);
+            pthread_mutex_destroy(&s.lock);
+            free(s.hits);
+        }
+    /* n = 0: fn never runs */
+    slices_seen z = {.hits = NULL, .align = 1};
+    pthread_mutex_init(&z.lock, NULL);
+    gang_parallel_slices(0, 1, 1, slices_mark, &z);
+    assert_int_equal(z.calls, 0);
+    pthread_mutex_destroy(&z.lock);
+}
+
 static void test_codec_round_trip(void **state)
 {
     (void)state;
@@ -580,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_log_limit),
         cmocka_unit_test(test_params_defaults_and_flags),
+        cmocka_unit_test(test_parallel_slices),
         cmocka_unit_test(test_params_errors),
         cmocka_unit_test(test_params_env_and_precedence),
         cmocka_unit_test(test_params_registry_complete),
