@@ -10,7 +10,9 @@
  * each lane loads 16 int8 weights at a time (one 16-byte load; a warp covers 512 bytes of
  * the row per load), multiplies them with the m staged rows, and the lane sums are reduced
  * over the warp once per output; the row's scale is applied once. Each weight byte is read
- * once per call, which is the point of the format.
+ * once per call, which is the point of the format. The same kernel (gemv_kernel, one
+ * instance per element type) is the bf16 / f16 decode GEMV, 8 elements a load, x rounded
+ * to the weight's type as it is staged.
  *
  * int8 matmul, otherwise (a prefill, or a kdim that is not a multiple of 16). One block per
  * output row o of W: its threads read the row's int8 elements once (consecutive threads,
@@ -80,99 +82,53 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
 #define GEMV_WARPS 8   /* output rows per block */
 #define GEMV_TILE 1024 /* elements of each x row staged per pass (m x 4 KiB of shared) */
 
-/* The decode GEMV (file comment): warp w of block b computes output row b x GEMV_WARPS + w. */
-__global__ static void gemv_i8_kernel(size_t m, size_t n, size_t kdim, const float *x,
-                                      const int8_t *w, const float *scales, float *y)
-{
-    __shared__ float xs[MM_ROWS][GEMV_TILE];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
-    const int8_t *row = w + (o < n ? o : 0) * kdim;
-    float acc[MM_ROWS];
-
-    for (int r = 0; r < MM_ROWS; r++)
-        acc[r] = 0.0f;
-    for (size_t k0 = 0; k0 < kdim; k0 += GEMV_TILE) {
-        size_t kt = kdim - k0 < GEMV_TILE ? kdim - k0 : GEMV_TILE;
-
-        __syncthreads(); /* the previous tile is no longer read */
-        for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
-            xs[i / kt][i % kt] = x[(i / kt) * kdim + k0 + i % kt];
-        __syncthreads();
-        if (o >= n)
-            continue;
-        for (size_t i = (size_t)lane * 16; i < kt; i += 32 * 16) {
-            int4 raw = *(const int4 *)(row + k0 + i);
-            const int8_t *q = (const int8_t *)&raw;
-            float wf[16];
-
-            for (int e = 0; e < 16; e++)
-                wf[e] = (float)q[e];
-            for (int r = 0; r < MM_ROWS; r++) {
-                if ((size_t)r >= m)
-                    break;
-                for (int e = 0; e < 16; e++)
-                    acc[r] += xs[r][i + e] * wf[e];
-            }
-        }
+/* Per weight element type of the decode GEMV: the elements one 16-byte load holds, their
+ * f32 values, and x as staged (int8: as it is; bf16 / f16: rounded to the weight's type,
+ * the products the cuBLASLt path computes). */
+template <typename T> struct gemv_w;
+template <> struct gemv_w<int8_t> {
+    static constexpr int VEC = 16;
+    __device__ static float widen(int8_t v)
+    {
+        return (float)v;
     }
-    if (o >= n)
-        return;
-    for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
-        float v = acc[r];
-
-        for (int d = 16; d > 0; d >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, d);
-        if (lane == 0)
-            y[r * n + o] = v * scales[o];
+    __device__ static float stage(float x)
+    {
+        return x;
     }
-}
-
-extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
-                                           const float *x, const int8_t *w, const float *scales,
-                                           float *y)
-{
-    /* 16-byte loads: every row must start on a 16-byte boundary (the weight's does). */
-    if (m <= MM_ROWS && kdim % 16 == 0 && ((uintptr_t)w & 15) == 0) {
-        size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
-
-        gemv_i8_kernel<<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, w, scales, y);
-        return gang__cuda_err(cudaGetLastError(), "int8 gemv launch");
+};
+template <> struct gemv_w<__nv_bfloat16> {
+    static constexpr int VEC = 8;
+    __device__ static float widen(__nv_bfloat16 v)
+    {
+        return __bfloat162float(v);
     }
-    matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
-    return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
-}
+    __device__ static float stage(float x)
+    {
+        return __bfloat162float(__float2bfloat16_rn(x));
+    }
+};
+template <> struct gemv_w<__half> {
+    static constexpr int VEC = 8;
+    __device__ static float widen(__half v)
+    {
+        return __half2float(v);
+    }
+    __device__ static float stage(float x)
+    {
+        return __half2float(__float2half_rn(x));
+    }
+};
 
 /*
- * The bf16 / f16 decode GEMV: gemv_i8_kernel's shape (a warp per output row, GEMV_WARPS
- * rows per block, a tile of the m rows of x staged in shared memory) over half weights,
- * each lane loading 8 elements (16 bytes) at a time. x is rounded to the weight's type as
- * it is staged, as the cuBLASLt path converts it (gang_kernels_matmul's contract: the
- * products are those of the rounded x), and the products are summed in f32.
+ * The decode GEMV (file comment) over weights of element type T: warp w of block b computes
+ * output row o = b x GEMV_WARPS + w, times scales[o] when scales is not NULL (int8).
  */
-template <typename T> __device__ static float gemv_widen(T v);
-template <> __device__ float gemv_widen<__nv_bfloat16>(__nv_bfloat16 v)
-{
-    return __bfloat162float(v);
-}
-template <> __device__ float gemv_widen<__half>(__half v)
-{
-    return __half2float(v);
-}
-template <typename T> __device__ static float gemv_round(float v);
-template <> __device__ float gemv_round<__nv_bfloat16>(float v)
-{
-    return __bfloat162float(__float2bfloat16_rn(v));
-}
-template <> __device__ float gemv_round<__half>(float v)
-{
-    return __half2float(__float2half_rn(v));
-}
-
 template <typename T>
-__global__ static void gemv_half_kernel(size_t m, size_t n, size_t kdim, const float *x, const T *w,
-                                        float *y)
+__global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float *x, const T *w,
+                                   const float *scales, float *y)
 {
+    constexpr int V = gemv_w<T>::VEC;
     __shared__ float xs[MM_ROWS][GEMV_TILE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
@@ -186,22 +142,22 @@ __global__ static void gemv_half_kernel(size_t m, size_t n, size_t kdim, const f
 
         __syncthreads(); /* the previous tile is no longer read */
         for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
-            xs[i / kt][i % kt] = gemv_round<T>(x[(i / kt) * kdim + k0 + i % kt]);
+            xs[i / kt][i % kt] = gemv_w<T>::stage(x[(i / kt) * kdim + k0 + i % kt]);
         __syncthreads();
         if (o >= n)
             continue;
 #pragma unroll 4
-        for (size_t i = (size_t)lane * 8; i < kt; i += 32 * 8) {
+        for (size_t i = (size_t)lane * V; i < kt; i += 32 * V) {
             uint4 raw = *(const uint4 *)(row + k0 + i);
-            const T *h = (const T *)&raw;
-            float wf[8];
+            const T *q = (const T *)&raw;
+            float wf[V];
 
-            for (int e = 0; e < 8; e++)
-                wf[e] = gemv_widen<T>(h[e]);
+            for (int e = 0; e < V; e++)
+                wf[e] = gemv_w<T>::widen(q[e]);
             for (int r = 0; r < MM_ROWS; r++) {
                 if ((size_t)r >= m)
                     break;
-                for (int e = 0; e < 8; e++)
+                for (int e = 0; e < V; e++)
                     acc[r] += xs[r][i + e] * wf[e];
             }
         }
@@ -214,10 +170,28 @@ __global__ static void gemv_half_kernel(size_t m, size_t n, size_t kdim, const f
         for (int d = 16; d > 0; d >>= 1)
             v += __shfl_xor_sync(0xffffffffu, v, d);
         if (lane == 0)
-            y[r * n + o] = v;
+            y[r * n + o] = scales != NULL ? v * scales[o] : v;
     }
 }
 
+extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
+                                           const float *x, const int8_t *w, const float *scales,
+                                           float *y)
+{
+    /* 16-byte loads: every row must start on a 16-byte boundary (the weight's does). */
+    if (m <= MM_ROWS && kdim % 16 == 0 && ((uintptr_t)w & 15) == 0) {
+        size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
+
+        gemv_kernel<int8_t>
+            <<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, w, scales, y);
+        return gang__cuda_err(cudaGetLastError(), "int8 gemv launch");
+    }
+    matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
+    return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
+}
+
+/* The bf16 / f16 decode GEMV: gemv_kernel over half weights (8 elements a load), x rounded to
+ * the weight's type as it is staged, the products summed in f32. */
 extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int bf16, size_t m, size_t n,
                                            size_t kdim, const float *x, const void *w, float *y)
 {
@@ -227,11 +201,11 @@ extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int bf16, size_t m, s
     if (m == 0 || m > MM_ROWS || kdim % 8 != 0 || ((uintptr_t)w & 15) != 0 || blocks > INT32_MAX)
         return GANG_ENOSYS;
     if (bf16)
-        gemv_half_kernel<__nv_bfloat16><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
-            m, n, kdim, x, (const __nv_bfloat16 *)w, y);
+        gemv_kernel<__nv_bfloat16><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
+            m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y);
     else
-        gemv_half_kernel<__half>
-            <<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, (const __half *)w, y);
+        gemv_kernel<__half><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
+            m, n, kdim, x, (const __half *)w, NULL, y);
     return gang__cuda_err(cudaGetLastError(), "half gemv launch");
 }
 
