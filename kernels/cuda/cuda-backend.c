@@ -491,14 +491,17 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
         rc = cuda_matmul_blocks(c, m, n, kdim, x, w, y);
     else if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
         rc = GANG_ENOSYS;
-    else if (c->half_gemv &&
-             (rc = gang__cuda_launch_gemv_half(c->stream, w->type == GANG_KW_BF16, m, n, kdim, x,
-                                               w->data, y)) != GANG_ENOSYS)
-        ; /* a decode product: ganglion's GEMV (or its launch error) */
-    else if ((rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
-             (rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch,
-                                             m * kdim)) == 0)
-        rc = gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, y);
+    else {
+        /* A decode product by the GEMV; GANG_ENOSYS: more rows, or a shape it does not take. */
+        rc = c->half_gemv ? gang__cuda_launch_gemv_half(c->stream, dt == GANG_DTYPE_BF16, m, n,
+                                                        kdim, x, w->data, y)
+                          : GANG_ENOSYS;
+        if (rc == GANG_ENOSYS &&
+            (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
+            (rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch,
+                                            m * kdim)) == 0)
+            rc = gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, y);
+    }
     if (rc == GANG_ENOSYS)
         gang_error("cuda: no matmul kernel for %s weights", gang_kernels_wtype_name(w->type));
     return rc;

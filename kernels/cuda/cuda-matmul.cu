@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda-internal.h"
+#include "cuda-vec.h"
 
 #define MM_THREADS 128
 #define MM_ROWS 8
@@ -82,44 +83,6 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
 #define GEMV_WARPS 8   /* output rows per block */
 #define GEMV_TILE 1024 /* elements of each x row staged per pass (m x 4 KiB of shared) */
 
-/* Per weight element type of the decode GEMV: the elements one 16-byte load holds, their
- * f32 values, and x as staged (int8: as it is; bf16 / f16: rounded to the weight's type,
- * the products the cuBLASLt path computes). */
-template <typename T> struct gemv_w;
-template <> struct gemv_w<int8_t> {
-    static constexpr int VEC = 16;
-    __device__ static float widen(int8_t v)
-    {
-        return (float)v;
-    }
-    __device__ static float stage(float x)
-    {
-        return x;
-    }
-};
-template <> struct gemv_w<__nv_bfloat16> {
-    static constexpr int VEC = 8;
-    __device__ static float widen(__nv_bfloat16 v)
-    {
-        return __bfloat162float(v);
-    }
-    __device__ static float stage(float x)
-    {
-        return __bfloat162float(__float2bfloat16_rn(x));
-    }
-};
-template <> struct gemv_w<__half> {
-    static constexpr int VEC = 8;
-    __device__ static float widen(__half v)
-    {
-        return __half2float(v);
-    }
-    __device__ static float stage(float x)
-    {
-        return __half2float(__float2half_rn(x));
-    }
-};
-
 /*
  * The decode GEMV (file comment) over weights of element type T: warp w of block b computes
  * output row o = b x GEMV_WARPS + w, times scales[o] when scales is not NULL (int8).
@@ -128,7 +91,7 @@ template <typename T>
 __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float *x, const T *w,
                                    const float *scales, float *y)
 {
-    constexpr int V = gemv_w<T>::VEC;
+    constexpr int V = vec_io<T>::VEC;
     __shared__ float xs[MM_ROWS][GEMV_TILE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
@@ -142,18 +105,15 @@ __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float 
 
         __syncthreads(); /* the previous tile is no longer read */
         for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
-            xs[i / kt][i % kt] = gemv_w<T>::stage(x[(i / kt) * kdim + k0 + i % kt]);
+            xs[i / kt][i % kt] = vec_io<T>::round(x[(i / kt) * kdim + k0 + i % kt]);
         __syncthreads();
         if (o >= n)
             continue;
 #pragma unroll 4
         for (size_t i = (size_t)lane * V; i < kt; i += 32 * V) {
-            uint4 raw = *(const uint4 *)(row + k0 + i);
-            const T *q = (const T *)&raw;
             float wf[V];
 
-            for (int e = 0; e < V; e++)
-                wf[e] = gemv_w<T>::widen(q[e]);
+            vec_io<T>::load(row + k0 + i, wf);
             for (int r = 0; r < MM_ROWS; r++) {
                 if ((size_t)r >= m)
                     break;
@@ -174,18 +134,32 @@ __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float 
     }
 }
 
+/*
+ * The decode GEMV over T weights where it applies (m <= MM_ROWS rows of x, rows of whole
+ * 16-byte loads starting on 16-byte boundaries): launched, its launch status returned;
+ * GANG_ENOSYS where it does not apply (the caller takes another kernel).
+ */
+template <typename T>
+static int gemv_launch(cudaStream_t s, size_t m, size_t n, size_t kdim, const float *x, const T *w,
+                       const float *scales, float *y)
+{
+    size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
+
+    if (m == 0 || m > MM_ROWS || kdim % vec_io<T>::VEC != 0 || ((uintptr_t)w & 15) != 0 ||
+        blocks > INT32_MAX)
+        return GANG_ENOSYS;
+    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, w, scales, y);
+    return gang__cuda_err(cudaGetLastError(), "gemv launch");
+}
+
 extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
                                            const float *x, const int8_t *w, const float *scales,
                                            float *y)
 {
-    /* 16-byte loads: every row must start on a 16-byte boundary (the weight's does). */
-    if (m <= MM_ROWS && kdim % 16 == 0 && ((uintptr_t)w & 15) == 0) {
-        size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
+    int rc = gemv_launch<int8_t>(s, m, n, kdim, x, w, scales, y);
 
-        gemv_kernel<int8_t>
-            <<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, w, scales, y);
-        return gang__cuda_err(cudaGetLastError(), "int8 gemv launch");
-    }
+    if (rc != GANG_ENOSYS)
+        return rc;
     matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
 }
@@ -195,18 +169,8 @@ extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, s
 extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int bf16, size_t m, size_t n,
                                            size_t kdim, const float *x, const void *w, float *y)
 {
-    size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
-
-    /* 16-byte loads: every row must start on a 16-byte boundary. */
-    if (m == 0 || m > MM_ROWS || kdim % 8 != 0 || ((uintptr_t)w & 15) != 0 || blocks > INT32_MAX)
-        return GANG_ENOSYS;
-    if (bf16)
-        gemv_kernel<__nv_bfloat16><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
-            m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y);
-    else
-        gemv_kernel<__half><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
-            m, n, kdim, x, (const __half *)w, NULL, y);
-    return gang__cuda_err(cudaGetLastError(), "half gemv launch");
+    return bf16 ? gemv_launch(s, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
+                : gemv_launch(s, m, n, kdim, x, (const __half *)w, NULL, y);
 }
 
 /* Element d of table row id as f32 (wtype: GANG_KW_BF16, _F16 or _I8). */

@@ -26,6 +26,7 @@
 #include <math.h>
 
 #include "cuda-internal.h"
+#include "cuda-vec.h"
 
 static int step_launch_result(const char *what)
 {
@@ -121,64 +122,6 @@ extern "C" int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, s
 #define STEP_MAXHD 256 /* head_dim bound of this kernel */
 #define STEP_E 8       /* elements a lane holds of one row */
 
-/* One element type of the pool: 16-byte loads of it, widened to f32. */
-template <typename T> struct step_io;
-
-template <> struct step_io<float> {
-    static constexpr int VEC = 4;
-    __device__ static void load(const float *p, float *out)
-    {
-        float4 v = *(const float4 *)p;
-        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
-    }
-    __device__ static float round(float x)
-    {
-        return x;
-    }
-    __device__ static float store(float x)
-    {
-        return x;
-    }
-};
-
-template <> struct step_io<__nv_bfloat16> {
-    static constexpr int VEC = 8;
-    __device__ static void load(const __nv_bfloat16 *p, float *out)
-    {
-        uint4 v = *(const uint4 *)p;
-        const __nv_bfloat16 *h = (const __nv_bfloat16 *)&v;
-        for (int i = 0; i < 8; i++)
-            out[i] = __bfloat162float(h[i]);
-    }
-    __device__ static float round(float x)
-    {
-        return __bfloat162float(__float2bfloat16_rn(x));
-    }
-    __device__ static __nv_bfloat16 store(float x)
-    {
-        return __float2bfloat16_rn(x);
-    }
-};
-
-template <> struct step_io<__half> {
-    static constexpr int VEC = 8;
-    __device__ static void load(const __half *p, float *out)
-    {
-        uint4 v = *(const uint4 *)p;
-        const __half *h = (const __half *)&v;
-        for (int i = 0; i < 8; i++)
-            out[i] = __half2float(h[i]);
-    }
-    __device__ static float round(float x)
-    {
-        return __half2float(__float2half_rn(x));
-    }
-    __device__ static __half store(float x)
-    {
-        return __float2half_rn(x);
-    }
-};
-
 /* What every block of one launch shares. */
 typedef struct step_args {
     const void *kc, *vc;
@@ -200,7 +143,7 @@ template <typename T>
 __device__ static int step_row(const step_args *a, const void *pool, const float *fresh, int32_t j,
                                int32_t first, size_t t_first, int32_t trow, size_t h, float *out)
 {
-    const int V = step_io<T>::VEC, lane = threadIdx.x & 31;
+    const int V = vec_io<T>::VEC, lane = threadIdx.x & 31;
     size_t hd = a->head_dim, w = a->n_kv_heads * hd;
 
     if (j >= first) {
@@ -209,7 +152,7 @@ __device__ static int step_row(const step_args *a, const void *pool, const float
             int e0 = (lane + 32 * c) * V;
             if (e0 < (int)hd)
                 for (int i = 0; i < V; i++)
-                    out[c * V + i] = step_io<T>::round(r[e0 + i]);
+                    out[c * V + i] = vec_io<T>::round(r[e0 + i]);
         }
         return 1;
     }
@@ -223,7 +166,7 @@ __device__ static int step_row(const step_args *a, const void *pool, const float
     for (int c = 0; c * 32 * V < (int)hd && c * V < STEP_E; c++) {
         int e0 = (lane + 32 * c) * V;
         if (e0 < (int)hd)
-            step_io<T>::load(r + e0, out + c * V);
+            vec_io<T>::load(r + e0, out + c * V);
     }
     return 1;
 }
@@ -235,7 +178,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     __shared__ float wacc[STEP_WARPS][STEP_MAXG][STEP_MAXHD];
     __shared__ int32_t first_s;
     __shared__ size_t t_first_s;
-    const int V = step_io<T>::VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int V = vec_io<T>::VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, g = a.n_heads / a.n_kv_heads;
     size_t w = a.n_kv_heads * hd;
     int32_t p = a.positions[t], trow = a.table_rows[t];
@@ -250,8 +193,8 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     if (blk >= 0 && (size_t)blk < a.n_blocks) {
         size_t row = (size_t)blk * a.block_size + (size_t)p % a.block_size;
         for (size_t e = threadIdx.x; e < hd; e += blockDim.x) {
-            ((T *)a.kw)[row * w + h * hd + e] = step_io<T>::store(a.knew[t * w + h * hd + e]);
-            ((T *)a.vw)[row * w + h * hd + e] = step_io<T>::store(a.vnew[t * w + h * hd + e]);
+            ((T *)a.kw)[row * w + h * hd + e] = vec_io<T>::store(a.knew[t * w + h * hd + e]);
+            ((T *)a.vw)[row * w + h * hd + e] = vec_io<T>::store(a.vnew[t * w + h * hd + e]);
         }
     } else if (threadIdx.x == 0) {
         atomicOr(a.flag, GANG_CUDA_FLAG_BAD_BLOCK);

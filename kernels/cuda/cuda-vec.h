@@ -1,0 +1,89 @@
+/*
+ * The CUDA kernels' 16-byte loads of one element type (CUDA C++ only: included by the .cu
+ * files, never by C). vec_io<T>: VEC, the elements of T one 16-byte load holds; load(p,
+ * out), those elements at p (16-byte aligned) widened to f32; round(x), x rounded to T and
+ * back (what a value stored as T then read again is); store(x), x as T (rounded to
+ * nearest even). The decode step's attention reads its KV pool with them (cuda-step.cu),
+ * the decode GEMV its weights (cuda-matmul.cu).
+ */
+#ifndef GANGLION_CUDA_VEC_H
+#define GANGLION_CUDA_VEC_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+template <typename T> struct vec_io;
+
+template <> struct vec_io<float> {
+    static constexpr int VEC = 4;
+    __device__ static void load(const float *p, float *out)
+    {
+        float4 v = *(const float4 *)p;
+        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    }
+    __device__ static float round(float x)
+    {
+        return x;
+    }
+    __device__ static float store(float x)
+    {
+        return x;
+    }
+};
+
+template <> struct vec_io<__nv_bfloat16> {
+    static constexpr int VEC = 8;
+    __device__ static void load(const __nv_bfloat16 *p, float *out)
+    {
+        uint4 v = *(const uint4 *)p;
+        const __nv_bfloat16 *h = (const __nv_bfloat16 *)&v;
+        for (int i = 0; i < 8; i++)
+            out[i] = __bfloat162float(h[i]);
+    }
+    __device__ static float round(float x)
+    {
+        return __bfloat162float(__float2bfloat16_rn(x));
+    }
+    __device__ static __nv_bfloat16 store(float x)
+    {
+        return __float2bfloat16_rn(x);
+    }
+};
+
+template <> struct vec_io<__half> {
+    static constexpr int VEC = 8;
+    __device__ static void load(const __half *p, float *out)
+    {
+        uint4 v = *(const uint4 *)p;
+        const __half *h = (const __half *)&v;
+        for (int i = 0; i < 8; i++)
+            out[i] = __half2float(h[i]);
+    }
+    __device__ static float round(float x)
+    {
+        return __half2float(__float2half_rn(x));
+    }
+    __device__ static __half store(float x)
+    {
+        return __float2half_rn(x);
+    }
+};
+
+/* int8 weights (their row scale applied by the caller): round is the identity on f32. */
+template <> struct vec_io<int8_t> {
+    static constexpr int VEC = 16;
+    __device__ static void load(const int8_t *p, float *out)
+    {
+        int4 v = *(const int4 *)p;
+        const int8_t *q = (const int8_t *)&v;
+        for (int i = 0; i < 16; i++)
+            out[i] = (float)q[i];
+    }
+    __device__ static float round(float x)
+    {
+        return x;
+    }
+};
+
+#endif
