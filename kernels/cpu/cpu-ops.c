@@ -105,25 +105,30 @@ int gang__cpu_softmax(float *x, size_t rows, size_t cols)
     return 0;
 }
 
-/* Elements of one SiLU chunk (a multiple of 8, so chunks start on vector boundaries), and
+/* Elements of one gate chunk (a multiple of 8, so chunks start on vector boundaries), and
  * the fewest elements worth sharing with the pool (a wake-up costs a few microseconds). */
-#define OPS_SILU_CHUNK 8192
-#define OPS_SILU_MIN_PARALLEL 32768
+#define OPS_GATE_CHUNK 8192
+#define OPS_GATE_MIN_PARALLEL 32768
 
-typedef struct silu_job {
+typedef struct gate_job {
     const float *gate, *up;
     float *out;
     size_t n;
-    int simd;
-} silu_job;
+    int simd, gelu;
+} gate_job;
 
-static void silu_chunk(void *arg, size_t c)
+static void gate_chunk(void *arg, size_t c)
 {
-    const silu_job *j = arg;
-    size_t i0 = c * OPS_SILU_CHUNK, n = j->n - i0 < OPS_SILU_CHUNK ? j->n - i0 : OPS_SILU_CHUNK;
+    const gate_job *j = arg;
+    size_t i0 = c * OPS_GATE_CHUNK, n = j->n - i0 < OPS_GATE_CHUNK ? j->n - i0 : OPS_GATE_CHUNK;
 
     if (j->simd) {
-        gang__cpu_silu_mul_avx2(j->gate + i0, j->up + i0, n, j->out + i0);
+        (j->gelu ? gang__cpu_gelu_mul_avx2 : gang__cpu_silu_mul_avx2)(j->gate + i0, j->up + i0, n,
+                                                                      j->out + i0);
+        return;
+    }
+    if (j->gelu) {
+        (void)gang__cpu_gelu_mul_ref(j->gate + i0, j->up + i0, n, j->out + i0);
         return;
     }
     for (size_t i = i0; i < i0 + n; i++) {
@@ -133,25 +138,30 @@ static void silu_chunk(void *arg, size_t c)
     }
 }
 
-/* SiLU(gate) x up: AVX2 where usable (cpu-ops-avx2.c), chunks of OPS_SILU_CHUNK shared by the
- * pool from OPS_SILU_MIN_PARALLEL elements (a batch step's [tokens, ffn]). */
-int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
+/* gate(g) x up: AVX2 where usable (cpu-ops-avx2.c), chunks of OPS_GATE_CHUNK shared by the
+ * pool from OPS_GATE_MIN_PARALLEL elements (a batch step's [tokens, ffn]). */
+static int ops_gate(int gelu, const float *gate, const float *up, size_t n, float *out)
 {
-    silu_job j = {gate, up, out, n, 0};
-    size_t chunks = (n + OPS_SILU_CHUNK - 1) / OPS_SILU_CHUNK;
+    gate_job j = {gate, up, out, n, 0, gelu};
+    size_t chunks = (n + OPS_GATE_CHUNK - 1) / OPS_GATE_CHUNK;
 
     j.simd = gang__cpu_simd();
-    if (n < OPS_SILU_MIN_PARALLEL) {
+    if (n < OPS_GATE_MIN_PARALLEL) {
         for (size_t c = 0; c < chunks; c++)
-            silu_chunk(&j, c);
+            gate_chunk(&j, c);
         return 0;
     }
-    gang__cpu_parallel(silu_chunk, &j, chunks);
+    gang__cpu_parallel(gate_chunk, &j, chunks);
     return 0;
 }
 
-/* PyTorch's gelu(approximate="tanh"), evaluated in f32 as it does on f32 tensors. */
-int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out)
+int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out)
+{
+    return ops_gate(0, gate, up, n, out);
+}
+
+/* PyTorch's gelu(approximate="tanh") as it writes it, in f32: the portable reference. */
+int gang__cpu_gelu_mul_ref(const float *gate, const float *up, size_t n, float *out)
 {
     const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi) */
 
@@ -160,6 +170,11 @@ int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out)
         out[i] = 0.5f * g * (1.0f + tanhf(beta * (g + kappa * g * g * g))) * up[i];
     }
     return 0;
+}
+
+int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out)
+{
+    return ops_gate(1, gate, up, n, out);
 }
 
 int gang__cpu_scale(float *x, float a, size_t n)

@@ -203,9 +203,12 @@ int gang__cpu_rope(float *x, const int32_t *positions, size_t tokens, size_t hea
                    const float *inv_freq, float scale);
 int gang__cpu_softmax(float *x, size_t rows, size_t cols);
 int gang__cpu_silu_mul(const float *gate, const float *up, size_t n, float *out);
-/* cpu-ops-avx2.c: SiLU(gate) x up on 8 lanes (cpu-avx2.h's exp). */
+/* cpu-ops-avx2.c: SiLU(gate) x up and GELU-tanh(gate) x up on 8 lanes (cpu-avx2.h's exp);
+ * gang__cpu_gelu_mul_ref the portable GELU (tanhf, as PyTorch writes it). */
 void gang__cpu_silu_mul_avx2(const float *gate, const float *up, size_t n, float *out);
+void gang__cpu_gelu_mul_avx2(const float *gate, const float *up, size_t n, float *out);
 int gang__cpu_gelu_mul(const float *gate, const float *up, size_t n, float *out);
+int gang__cpu_gelu_mul_ref(const float *gate, const float *up, size_t n, float *out);
 int gang__cpu_scale(float *x, float a, size_t n);
 int gang__cpu_embedding(const float *table, size_t vocab, size_t dim, const int32_t *ids,
                         size_t n_ids, float *out);

@@ -952,17 +952,25 @@ static void test_attention_batch(void **state)
 /* ---------------------------------------------------------------------------------
  * Element-wise operations, embedding, argmax.
  * --------------------------------------------------------------------------------- */
-/* GeGLU (PyTorch's tanh gelu, in double here) and the in-place scale. */
+/* GeGLU (PyTorch's tanh gelu, in double here; both kernels where AVX2 is usable, sizes
+ * below and above the pool's threshold, with tails, gates far into both tails) and the
+ * in-place scale. */
 static void test_gelu_mul_scale(void **state)
 {
     gang_kernels *k = *state;
-    const size_t ns[] = {1, 5, 64, 1031};
+    const size_t ns[] = {1, 5, 64, 1031, 70001};
+    const size_t nn = sizeof(ns) / sizeof(ns[0]);
+    int simd_modes = gang__cpu_avx2_usable() ? 2 : 1;
 
-    for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
-        size_t n = ns[c];
+    for (size_t c = 0; c < simd_modes * nn; c++) {
+        size_t n = ns[c % nn];
+
+        gang__cpu_simd_force(c < nn ? 0 : 1);
         float *g = rnd_buf(n, 12.0f), *u = rnd_buf(n, 2.0f), *out = malloc(n * sizeof(*out));
         double *ref = dbuf(n);
         assert_non_null(out);
+        if (n > 2)
+            g[0] = -60.0f, g[1] = 60.0f; /* tanh saturated both ways */
 
         for (size_t i = 0; i < n; i++) {
             double x = g[i];
@@ -980,6 +988,7 @@ static void test_gelu_mul_scale(void **state)
         assert_close(out, ref, n, 1e-5, "scale");
         free(g), free(u), free(out), free(ref);
     }
+    gang__cpu_simd_force(-1);
     assert_int_equal(gang_kernels_gelu_mul(k, NULL, NULL, 4, NULL), GANG_EINVAL);
     assert_int_equal(gang_kernels_scale(k, NULL, 1.0f, 4), GANG_EINVAL);
 }
@@ -1020,23 +1029,27 @@ static void test_silu_mul_add(void **state)
     gang__cpu_simd_force(-1);
 }
 
-/* An element's SiLU does not depend on where it sits: the same values at every offset of a
- * longer array (the tail of one call is the body of another) give the same bits. */
+/* An element's SiLU or GELU does not depend on where it sits: the same values at every
+ * offset of a longer array (the tail of one call is the body of another) give the same bits. */
 static void test_silu_position_free(void **state)
 {
     gang_kernels *k = *state;
     float g[13], u[13], ref[13], big_g[64 + 13], big_u[64 + 13], out[64 + 13];
 
-    for (size_t i = 0; i < 13; i++)
-        g[i] = rnd() * 20.0f, u[i] = rnd();
-    assert_int_equal(gang_kernels_silu_mul(k, g, u, 13, ref), 0);
-    for (size_t off = 0; off < 64; off += 5) {
-        for (size_t i = 0; i < 64 + 13; i++)
-            big_g[i] = rnd(), big_u[i] = rnd();
-        memcpy(big_g + off, g, sizeof(g));
-        memcpy(big_u + off, u, sizeof(u));
-        assert_int_equal(gang_kernels_silu_mul(k, big_g, big_u, off + 13, out), 0);
-        assert_memory_equal(out + off, ref, sizeof(ref));
+    for (int gelu = 0; gelu < 2; gelu++) {
+        int (*fn)(gang_kernels *, const float *, const float *, size_t, float *) =
+            gelu ? gang_kernels_gelu_mul : gang_kernels_silu_mul;
+        for (size_t i = 0; i < 13; i++)
+            g[i] = rnd() * 20.0f, u[i] = rnd();
+        assert_int_equal(fn(k, g, u, 13, ref), 0);
+        for (size_t off = 0; off < 64; off += 5) {
+            for (size_t i = 0; i < 64 + 13; i++)
+                big_g[i] = rnd(), big_u[i] = rnd();
+            memcpy(big_g + off, g, sizeof(g));
+            memcpy(big_u + off, u, sizeof(u));
+            assert_int_equal(fn(k, big_g, big_u, off + 13, out), 0);
+            assert_memory_equal(out + off, ref, sizeof(ref));
+        }
     }
 }
 
