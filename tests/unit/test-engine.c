@@ -549,6 +549,43 @@ static void test_layouts_and_batching(void **state)
     free(fm);
 }
 
+/* One-pass greedy reference: the first strict maximum of the non-NaN values, 0 if none. */
+static int32_t ref_argmax_f(const float *x, uint32_t n)
+{
+    int32_t best = -1;
+
+    for (uint32_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+            best = (int32_t)i;
+    return best < 0 ? 0 : best;
+}
+
+/* Greedy over rows with NaNs, infinities, +0 / -0 ties and repeated maxima at every
+ * length up to VOCAB (the vector body and its tail): the one-pass reference's index. */
+static void sampler_greedy_edges(gang__sampler *s, float *lg)
+{
+    const float pool[] = {NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 2.5f, 2.5f};
+    gang_sampling sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 1};
+    uint32_t vocab = s->vocab, seed = 12345;
+
+    for (uint32_t n = 1; n <= vocab; n++) {
+        for (int trial = 0; trial < 8; trial++) {
+            for (uint32_t i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                lg[i] = pool[(seed >> 16) % (trial < 4 ? 9u : 5u)]; /* some rows: no finite max */
+            }
+            s->vocab = n;
+            if (gang__sample(s, lg, &sp, 0) != ref_argmax_f(lg, n))
+                fail_msg("greedy over %u logits (trial %d): %d, reference %d", n, trial,
+                         gang__sample(s, lg, &sp, 0), ref_argmax_f(lg, n));
+        }
+    }
+    for (uint32_t i = 0; i < vocab; i++)
+        lg[i] = NAN;
+    s->vocab = vocab;
+    assert_int_equal(gang__sample(s, lg, &sp, 0), 0); /* every logit NaN */
+}
+
 /*
  * (d) The sampler: the counter-based draws are in [0, 1), depend on (seed, position)
  * only; temperature 0 and top_k 1 are the argmax (lowest index on ties); top_k bounds the
@@ -584,6 +621,7 @@ static void test_sampler(void **state)
     sp.top_k = 0;
     sp.top_p = 0.01f;
     assert_int_equal(gang__sample(&s, lg, &sp, 3), 20);
+    sampler_greedy_edges(&s, lg);
 
     /* Flat logits at a high temperature: many tokens, all within top_k when it is set. */
     for (i = 0; i < VOCAB; i++)
