@@ -7,10 +7,15 @@
   matrices in one file: a mixed file) at TP 1 and TP 2 (o_proj / down_proj cut at 512
   and 1024 columns, whole 256-element blocks). The workers' load line says the storage
   ("the GGUF file's own blocks: q8_0 x 1, q4_1 x 210") and no tensor falls back to f32.
-* Greedy tokens of TP > 1 equal TP 1's for every prompt, except after a near tie: where
-  they first differ, TP 1's two best logprobs there are within NEAR_TIE nats and the
-  other layout chose TP 1's second (the activations are quantized per 32 to int8 as the
-  formats define, so a summation-order difference can move one rounding step).
+* Greedy tokens of TP > 1 equal TP 1's for every prompt, except after a near tie. The
+  activations are quantized per 32 to int8 as the formats define, so a summation-order
+  difference (the row-parallel sums) can move an activation by one rounding step, and
+  that moves the logprobs: each layout is within LP_TOL of the f32 path, so two layouts
+  within LAYOUT_TOL = 2 LP_TOL of each other. Held at every step of a common context
+  (up to and including the first differing one): the two layouts' logprobs of the tokens
+  both list differ by at most LAYOUT_TOL; where the tokens first differ, TP 1's two best
+  are within LAYOUT_TOL and the other layout chose TP 1's second. (Seen: 0.17 nats
+  between TP 1 and TP 3 on one SmolLM2 token, 0.16 on a Gemma one.)
 * The file mapped (the default) and read (`--no-mmap`) give the same greedy tokens and
   logprobs, to the bit, at TP 1; the mapped workers' load line says how many matrices
   point into the mapping; the mapped TP 1 worker's peak RSS after answering is at most
@@ -32,8 +37,8 @@ import test_smollm2_greedy as S  # noqa: E402  (fetch(): the file, or SKIP)
 
 H.TEST_DEADLINE_S = 230
 STEPS = 20
-NEAR_TIE = 0.05  # nats between TP 1's best two logprobs where a layout may differ
-LP_TOL = 0.15    # nats: blocks (8-bit activations) vs the f32 dequantized path, step 1
+LP_TOL = 0.15            # nats: blocks (8-bit activations) vs the f32 dequantized path, step 1
+LAYOUT_TOL = 2 * LP_TOL  # nats: two layouts on one context (see the docstring)
 SMOLLM2_PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 11, 7222, 3128, 28, 216, 1056],
                    [1, 1373, 314, 253, 2328, 1096, 30]]
 GEMMA_PROMPTS = [[2, 818, 5279, 529, 7001, 563], [2, 1509, 1340, 6057, 236761, 1030]]
@@ -86,18 +91,28 @@ def answers(h, gguf, tp, prompts, storage, dtype="auto", extra=(), rss_bound=Non
 
 
 def compare_layouts(name, base, other, tp):
-    """other's tokens equal base's, or first differ after a near tie of base's."""
-    for i, ((a, alp, _), (b, _, btxt)) in enumerate(zip(base, other)):
-        if a == b:
+    """other's logprobs within LAYOUT_TOL of base's on every common context, and its tokens
+    equal base's or first differ at a near tie of base's (within LAYOUT_TOL)."""
+    worst = 0.0
+    for i, ((a, alp, _), (b, blp, btxt)) in enumerate(zip(base, other)):
+        j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), None)
+        for k in range(min(len(alp), len(blp)) if j is None else j + 1):
+            for tok in set(alp[k]) & set(blp[k]):
+                d = abs(alp[k][tok] - blp[k][tok])
+                worst = max(worst, d)
+                H.check(d <= LAYOUT_TOL,
+                        "%s prompt %d step %d %r: tp %d logprob %r, tp 1 %r (tolerance %g)"
+                        % (name, i, k, tok, tp, blp[k][tok], alp[k][tok], LAYOUT_TOL))
+        if j is None:
             continue
-        j = next(k for k in range(min(len(a), len(b))) if a[k] != b[k])
         top = sorted(alp[j].items(), key=lambda kv: -kv[1])
-        H.check(len(top) >= 2 and top[0][1] - top[1][1] <= NEAR_TIE and btxt[j] == top[1][0],
+        H.check(len(top) >= 2 and top[0][1] - top[1][1] <= LAYOUT_TOL and btxt[j] == top[1][0],
                 "%s prompt %d: tp %d differs from tp 1 at step %d (%r vs %r) without a near "
                 "tie: tp 1's best two %r" % (name, i, tp, j, b[j], a[j], top))
         H.log("%s prompt %d: tp %d leaves tp 1 at step %d, a near tie (%r)" % (name, i, tp, j, top))
-    H.log("%s: tp %d greedy tokens equal tp 1's (near ties aside) on %d prompts"
-          % (name, tp, len(base)))
+    H.log("%s: tp %d greedy tokens equal tp 1's (near ties aside) on %d prompts; logprobs on "
+          "common contexts within %.3f nats (tolerance %g)" % (name, tp, len(base), worst,
+                                                               LAYOUT_TOL))
 
 
 def scenario(h):
