@@ -13,8 +13,12 @@
  * Unpacks one block of the block type t at block into E (its elements: 32 or 256) signed
  * values q[E], per 16 elements a scale a[E / 16] and per 32 an offset b[E / 32], such that
  * element j = a[j / 16] q[j] + b[j / 32] (the format's dequantization, value for value).
- * |q| <= 32 except Q8_0 (the file's int8, -128 .. 127). t must be a block type.
+ * |q| <= 32 except Q8_0 (the file's int8, -128 .. 127) and the IQ4 types (-127 .. 113).
+ * t must be a block type.
  */
 void gang__kw_unpack(gang_kernels_wtype t, const void *block, int8_t *q, float *a, float *b);
+
+/* The IQ4 types' value of each 4-bit code. */
+extern const int8_t gang__kw_iq4_values[16];
 
 #endif

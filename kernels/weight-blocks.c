@@ -21,6 +21,12 @@
  *     each with 64 ql bytes and 32 qh bytes: element 32g + l (g < 4, l < 32) of a half
  *     has its low four bits in ql[32 (g & 1) + l] (the high nibble when g >= 2) and its
  *     top two bits at bit 2g of qh[l].
+ *   IQ4_NL 32 elements, 18 bytes: d | u8 qs[16]                    w = d T[nibble]
+ *   IQ4_XS 256 elements, 136 bytes: d | u16 scales_h | u8 scales_l[4] | qs[128]
+ *     eight groups of 32, group i with the 6-bit scale s_i = nibble i of scales_l (low
+ *     nibble first) | bits 2i, 2i + 1 of scales_h as its top two, w = d (s_i - 32)
+ *     T[nibble], the nibbles of group i in qs[16 i .. 16 i + 16) as in Q4_0.
+ *     T is the fixed non-linear table of the IQ4 types (gang__kw_iq4_values).
  *
  * The CPU products (kernels/cpu/cpu-qmatmul*.c) see every type the same way: a block is
  * groups of 32 signed 8-bit values q with two scales a (one per 16 elements) and one
@@ -34,10 +40,15 @@
 static const struct {
     size_t elems, bytes;
 } kw_blocks[GANG_KW_LAST + 1] = {
-    [GANG_KW_Q8_0] = {32, 34},   [GANG_KW_Q4_0] = {32, 18},   [GANG_KW_Q4_1] = {32, 20},
-    [GANG_KW_Q5_0] = {32, 22},   [GANG_KW_Q5_1] = {32, 24},   [GANG_KW_Q4_K] = {256, 144},
-    [GANG_KW_Q5_K] = {256, 176}, [GANG_KW_Q6_K] = {256, 210},
+    [GANG_KW_Q8_0] = {32, 34},     [GANG_KW_Q4_0] = {32, 18},   [GANG_KW_Q4_1] = {32, 20},
+    [GANG_KW_Q5_0] = {32, 22},     [GANG_KW_Q5_1] = {32, 24},   [GANG_KW_Q4_K] = {256, 144},
+    [GANG_KW_Q5_K] = {256, 176},   [GANG_KW_Q6_K] = {256, 210}, [GANG_KW_IQ4_NL] = {32, 18},
+    [GANG_KW_IQ4_XS] = {256, 136},
 };
+
+/* The IQ4 types' sixteen values, one per 4-bit code (the format's definition). */
+const int8_t gang__kw_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
 
 int gang_kernels_wtype_block(gang_kernels_wtype t, size_t *elems, size_t *bytes)
 {
@@ -93,6 +104,27 @@ static void kw_unpack_small(gang_kernels_wtype t, const uint8_t *p, int8_t *q, f
     }
 }
 
+/* The 6-bit scale of group i of an IQ4_XS block (d at p, scales_h at p + 2, scales_l at
+ * p + 4), as the signed value s_i - 32. */
+static int kw_iq4xs_scale(const uint8_t *p, int i)
+{
+    unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
+    int lo = (p[4 + i / 2] >> (4 * (i % 2))) & 0x0f, hi = (int)((h >> (2 * i)) & 3u);
+
+    return (lo | hi << 4) - 32;
+}
+
+/* n groups of 32 IQ4 codes at qs (16 bytes a group: element j < 16 the low nibble of
+ * byte j, j + 16 its high nibble) into q as the table's values. */
+static void kw_iq4_codes(const uint8_t *qs, int n, int8_t *q)
+{
+    for (int g = 0; g < n; g++)
+        for (int j = 0; j < 16; j++) {
+            q[32 * g + j] = gang__kw_iq4_values[qs[16 * g + j] & 0x0f];
+            q[32 * g + j + 16] = gang__kw_iq4_values[qs[16 * g + j] >> 4];
+        }
+}
+
 void gang__kw_unpack(gang_kernels_wtype t, const void *block, int8_t *q, float *a, float *b)
 {
     const uint8_t *p = block;
@@ -139,6 +171,20 @@ void gang__kw_unpack(gang_kernels_wtype t, const void *block, int8_t *q, float *
             a[i] = d * (float)sc[i];
         for (int i = 0; i < 8; i++)
             b[i] = 0.0f;
+        return;
+    }
+    case GANG_KW_IQ4_NL:
+        a[0] = a[1] = kw_f16(p);
+        b[0] = 0.0f;
+        kw_iq4_codes(p + 2, 1, q);
+        return;
+    case GANG_KW_IQ4_XS: {
+        float d = kw_f16(p);
+        for (int i = 0; i < 8; i++) {
+            a[2 * i] = a[2 * i + 1] = d * (float)kw_iq4xs_scale(p, i);
+            b[i] = 0.0f;
+        }
+        kw_iq4_codes(p + 8, 8, q);
         return;
     }
     default:

@@ -85,6 +85,10 @@ const char *gang_kernels_wtype_name(gang_kernels_wtype t)
         return "q5_k";
     case GANG_KW_Q6_K:
         return "q6_k";
+    case GANG_KW_IQ4_NL:
+        return "iq4_nl";
+    case GANG_KW_IQ4_XS:
+        return "iq4_xs";
     }
     return "?";
 }

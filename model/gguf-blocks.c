@@ -62,6 +62,12 @@ static int gb_kernel_type(uint32_t ggml, gang_kernels_wtype *out)
     case GANG__GGML_Q6_K:
         *out = GANG_KW_Q6_K;
         return 1;
+    case GANG__GGML_IQ4_NL:
+        *out = GANG_KW_IQ4_NL;
+        return 1;
+    case GANG__GGML_IQ4_XS:
+        *out = GANG_KW_IQ4_XS;
+        return 1;
     default:
         return 0;
     }

@@ -18,10 +18,13 @@
  *     16 sub-blocks of 16, x = d scale q with q = 6-bit - 32: two halves of 128, each
  *     with 64 ql bytes (low nibbles: elements 0..63, high: 64..127) and 32 qh bytes
  *     (2 bits per element, four groups of 32).
+ *   IQ4_NL, IQ4_XS: the kernels' block dequantization (kernels/weight-blocks.c describes
+ *     them), the one definition of their table.
  */
 #include <string.h>
 
 #include "ganglion/common.h"
+#include "ganglion/kernels.h"
 #include "gguf.h"
 
 static float f16_at(const uint8_t *p)
@@ -78,6 +81,12 @@ int gang__gguf_type_block(uint32_t type, uint32_t *elems, uint32_t *bytes)
         break;
     case GANG__GGML_Q6_K:
         e = 256, b = 210;
+        break;
+    case GANG__GGML_IQ4_NL:
+        e = 32, b = 18;
+        break;
+    case GANG__GGML_IQ4_XS:
+        e = 256, b = 136;
         break;
     default:
         return GANG_EMODEL;
@@ -179,6 +188,11 @@ void gang__gguf_dequant(uint32_t type, const uint8_t *src, float *dst, uint64_t 
             memcpy(&h, src + 2 * i, 2);
             dst[i] = type == GANG__GGML_F16 ? gang_f16_to_f32(h) : gang_bf16_to_f32(h);
         }
+        return;
+    case GANG__GGML_IQ4_NL:
+    case GANG__GGML_IQ4_XS: /* n is whole blocks: gang__gguf_parse checked it */
+        (void)gang_kernels_block_dequant(
+            type == GANG__GGML_IQ4_NL ? GANG_KW_IQ4_NL : GANG_KW_IQ4_XS, src, (size_t)n, dst);
         return;
     default:
         break;

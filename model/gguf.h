@@ -73,6 +73,8 @@ enum {
     GANG__GGML_Q4_K = 12,
     GANG__GGML_Q5_K = 13,
     GANG__GGML_Q6_K = 14,
+    GANG__GGML_IQ4_NL = 20,
+    GANG__GGML_IQ4_XS = 23,
     GANG__GGML_BF16 = 30
 };
 

@@ -76,7 +76,8 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
  * a multiple of E), rows one after the other, no scales array:
  *   GANG_KW_Q8_0  E 32,  B 34    GANG_KW_Q4_0  E 32, B 18    GANG_KW_Q4_1  E 32, B 20
  *   GANG_KW_Q5_0  E 32,  B 22    GANG_KW_Q5_1  E 32, B 24    GANG_KW_Q4_K  E 256, B 144
- *   GANG_KW_Q5_K  E 256, B 176   GANG_KW_Q6_K  E 256, B 210
+ *   GANG_KW_Q5_K  E 256, B 176   GANG_KW_Q6_K  E 256, B 210   GANG_KW_IQ4_NL E 32, B 18
+ *   GANG_KW_IQ4_XS E 256, B 136
  * (the layouts are described in kernels/weight-blocks.c). Their products quantize each
  * row of x per 32 elements to int8 with one f32 scale (max |x| / 127), as the formats'
  * integer dot products are defined, and accumulate the integer sums in int32 and the
@@ -94,10 +95,12 @@ typedef enum gang_kernels_wtype {
     GANG_KW_Q5_1 = 8,
     GANG_KW_Q4_K = 9,
     GANG_KW_Q5_K = 10,
-    GANG_KW_Q6_K = 11
+    GANG_KW_Q6_K = 11,
+    GANG_KW_IQ4_NL = 12,
+    GANG_KW_IQ4_XS = 13
 } gang_kernels_wtype;
 
-#define GANG_KW_LAST GANG_KW_Q6_K
+#define GANG_KW_LAST GANG_KW_IQ4_XS
 
 /* Bytes of one element of a weight of type t (its scales aside): 4, 2, 2 or 1; 0 for a
  * block type (gang_kernels_wtype_block). Inline, so that kernels instantiated per type

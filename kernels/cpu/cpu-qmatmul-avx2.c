@@ -154,6 +154,8 @@ void gang__cpu_qmatmul_rows_avx2(size_t m, size_t kdim, const gang__cpu_qx *qx,
                     QAVX_DEC(GANG_KW_Q4_K)
                     QAVX_DEC(GANG_KW_Q5_K)
                     QAVX_DEC(GANG_KW_Q6_K)
+                    QAVX_DEC(GANG_KW_IQ4_NL)
+                    QAVX_DEC(GANG_KW_IQ4_XS)
 #undef QAVX_DEC
                 default:
                     break;
@@ -191,6 +193,12 @@ void gang__cpu_qmatmul_rows_avx2(size_t m, size_t kdim, const gang__cpu_qx *qx,
             break;
         case GANG_KW_Q6_K:
             qavx_rows(GANG_KW_Q6_K, kdim, qx, w, o0, o1, r0, r1, y, ldy);
+            break;
+        case GANG_KW_IQ4_NL:
+            qavx_rows(GANG_KW_IQ4_NL, kdim, qx, w, o0, o1, r0, r1, y, ldy);
+            break;
+        case GANG_KW_IQ4_XS:
+            qavx_rows(GANG_KW_IQ4_XS, kdim, qx, w, o0, o1, r0, r1, y, ldy);
             break;
         default:
             gang__cpu_qmatmul_rows_ref(m, kdim, qx, w, o0, o1, y, ldy);

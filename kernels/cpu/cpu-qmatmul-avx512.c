@@ -132,10 +132,10 @@ QV_INLINE void qv_dec4(gang_kernels_wtype t, size_t kdim, const gang__cpu_qx *qx
 }
 
 /*
- * Two consecutive blocks of a 32-element type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as one 512-bit
- * vector of unsigned codes (block p's 32 then block p + bb's; the fifth bits of Q5_0 /
- * Q5_1 by one masked move of AVX-512BW), and their f16 fields as [d0, m0, d1, m1] (m = 0
- * for the types without one).
+ * Two consecutive blocks of a 32-element type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) as one
+ * 512-bit vector of unsigned codes (block p's 32 then block p + bb's; the fifth bits of
+ * Q5_0 / Q5_1 by one masked move of AVX-512BW; IQ4_NL's table values + 128 by a byte
+ * shuffle), and their f16 fields as [d0, m0, d1, m1] (m = 0 for the types without one).
  */
 QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m128 *dm)
 {
@@ -168,6 +168,10 @@ QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m
         q = _mm512_or_si512(
             q, _mm512_maskz_mov_epi8(((__mmask64)h1 << 32) | h0, _mm512_set1_epi8(0x10)));
     }
+    if (t == GANG_KW_IQ4_NL)
+        q = _mm512_inserti64x4(
+            _mm512_castsi256_si512(qavx_iq4_lookup(_mm512_castsi512_si256(q), 1)),
+            qavx_iq4_lookup(_mm512_extracti64x4_epi64(q, 1), 1), 1);
     return q;
 }
 
@@ -319,6 +323,8 @@ void gang__cpu_qmatmul_rows_avx512(size_t m, size_t kdim, const gang__cpu_qx *qx
         QV_CASE(GANG_KW_Q4_K)
         QV_CASE(GANG_KW_Q5_K)
         QV_CASE(GANG_KW_Q6_K)
+        QV_CASE(GANG_KW_IQ4_NL)
+        QV_CASE(GANG_KW_IQ4_XS)
     default:
         gang__cpu_qmatmul_rows_ref(m, kdim, qx, w, o0, o1, y, ldy);
         return;

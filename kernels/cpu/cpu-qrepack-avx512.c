@@ -9,13 +9,13 @@
  * no horizontal reduction, the rows' scales one vector, the weights read once in file
  * order. The offsets of the signed types (Q4_0 8, Q5_0 16, Q8_0 128) start each lane at
  * -o sum(x of the half block), each half of a block in its own lanes (steps 0-3 are
- * elements 0-15, steps 4-7 elements 16-31). Then per block and row of x, in f32 and op by
- * op in the portable reference's order (gang__cpu_qmatmul_rows_ref: no FMA, this file is
- * built with -ffp-contract=off):
- *   y += d_x (d_w s0 + d_w s1) + m_w ds_x      (m_w = 0 for the types without a minimum)
- * so each output equals the reference's to the bit, whatever the chunk, the group or the
- * TP shard a row falls in. (The file-layout AVX2 / AVX-512 kernels sum in 8 lanes: another
- * order, within 1e-5 of it.)
+ * elements 0-15, steps 4-7 elements 16-31). IQ4_NL's nibbles index its table: a byte
+ * shuffle makes them the table's values + 128, offset 128 as Q8_0's. Then per block and row of x,
+ * in f32 and op by op in the portable reference's order (gang__cpu_qmatmul_rows_ref: no FMA, this
+ * file is built with -ffp-contract=off): y += d_x (d_w s0 + d_w s1) + m_w ds_x      (m_w = 0 for
+ * the types without a minimum) so each output equals the reference's to the bit, whatever the
+ * chunk, the group or the TP shard a row falls in. (The file-layout AVX2 / AVX-512 kernels sum in 8
+ * lanes: another order, within 1e-5 of it.)
  *
  * The rows of x go MT at a time (MT <= 8) with the block's codes unpacked once in registers
  * for all of them: decode (m <= 8) is one pass over W, batched m re-reads each group (a few
@@ -35,7 +35,10 @@
 /* The offset of t's codes (0 for the types with a minimum). */
 RP_INLINE int rp_offset(gang_kernels_wtype t)
 {
-    return t == GANG_KW_Q8_0 ? 128 : t == GANG_KW_Q4_0 ? 8 : t == GANG_KW_Q5_0 ? 16 : 0;
+    return t == GANG_KW_Q8_0 || t == GANG_KW_IQ4_NL ? 128
+           : t == GANG_KW_Q4_0                      ? 8
+           : t == GANG_KW_Q5_0                      ? 16
+                                                    : 0;
 }
 
 /* The 8 steps' code vectors of column block c of type t. */
@@ -55,6 +58,13 @@ RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i w[8])
         __m512i v = _mm512_loadu_si512((const void *)(q + 64 * j));
         w[j] = _mm512_and_si512(v, m4);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (t == GANG_KW_IQ4_NL) { /* the table + 128 (kernels-blocks.h), in every 128-bit lane */
+        const __m512i tbl = _mm512_broadcast_i32x4(
+            _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                          (char)166, (char)181, (char)197, (char)217, (char)241));
+        for (int s = 0; s < 8; s++)
+            w[s] = _mm512_shuffle_epi8(tbl, w[s]);
     }
     if (five) {
         const uint8_t *h = c + 32 + 32 * with_m;
@@ -169,9 +179,13 @@ void gang__cpu_rp_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *s
     case GANG_KW_Q5_1:
         rp_groups(GANG_KW_Q5_1, m, qx, sx, rp, g0, g1, y, ldy);
         return;
+    case GANG_KW_IQ4_NL:
+        rp_groups(GANG_KW_IQ4_NL, m, qx, sx, rp, g0, g1, y, ldy);
+        return;
     case GANG_KW_Q4_K:
     case GANG_KW_Q5_K:
     case GANG_KW_Q6_K:
+    case GANG_KW_IQ4_XS:
         gang__cpu_rpk_rows_avx512(m, qx, sx, rp, g0, g1, y, ldy); /* cpu-qrepack-k-avx512.c */
         return;
     default:

@@ -1,5 +1,6 @@
 /*
- * CPU backend: the AVX-512 VNNI kernel of the K block types (Q4_K, Q5_K, Q6_K) on the
+ * CPU backend: the AVX-512 VNNI kernel of the 256-element block types (Q4_K, Q5_K, Q6_K,
+ * IQ4_XS) on the
  * repacked layout (cpu-qrepack-k.c), the same scheme as the 32-element types' kernel
  * (cpu-qrepack-avx512.c): a column block is block b of 16 W rows, each group of 32 of it
  * 8 512-bit vpdpbusd (a broadcast 4-byte word of x against 16 rows' 4 unsigned codes), so
@@ -8,14 +9,17 @@
  *   Q4_K  a code vector's low / high nibbles (group 2 k / 2 k + 1);
  *   Q5_K  the same, its fifth bit (bit i of the qh byte, group i) added under a byte mask;
  *   Q6_K  ql's nibble and qh's two bits put together as 0..63, the offset 32 of the
- *         format started in each lane as -32 sum(x of the half) (the halves' sums sx).
+ *         format started in each lane as -32 sum(x of the half) (the halves' sums sx);
+ *   IQ4_XS a group's four code vectors as a Q4_0 block's, the nibbles made the table's
+ *         values + 128 by a byte shuffle, the offset 128 started as Q6_K's 32.
  * Per group and row of x, in f32 and op by op in the portable reference's order
  * (gang__cpu_qmatmul_rows_ref: no FMA, this file is built with -ffp-contract=off), the
  * scales widened from the bytes the repack unpacked:
- *   t = d_x (a0 s0 + a1 s1) + b ds     a = d sc, b = -(dmin mn) (Q6_K: a per sixteen, b 0)
+ *   t = d_x (a0 s0 + a1 s1) + b ds     a = d sc, b = -(dmin mn) (Q6_K: a per sixteen, b 0;
+ *                                       IQ4_XS: a = d (s - 32), b 0)
  * summed over the block's groups from 0 and then added to the output, as the reference
  * does, so that each output equals the portable kernel's to the bit whatever the chunk,
- * the group of 16 or the TP shard its row falls in. Q6_K leaves out the reference's 0 ds
+ * the group of 16 or the TP shard its row falls in. Q6_K and IQ4_XS leave out the reference's 0 ds
  * (it changes no sum: t's zero sign cannot reach an output that starts at +0), except in
  * a call where some ds is infinite (0 inf is a NaN there, as in the reference).
  */
@@ -170,12 +174,52 @@ RPK_INLINE void rpk_group6(const int mt, int zds, const gang__cpu_rp *rp, const 
     rpk_store(mt, rp, g, r0, acc, y, ldy);
 }
 
-/* Group g of type t against rows [r0, r0 + mt) (zds: Q6_K's 0 ds terms kept). */
+/* Group g of an IQ4_XS weight against rows [r0, r0 + mt) of x. */
+RPK_INLINE void rpk_group_iq4xs(const int mt, int zds, const gang__cpu_rp *rp,
+                                const gang__cpu_qx *qx, const int32_t *sx, size_t g, size_t r0,
+                                float *y, size_t ldy)
+{
+    const size_t nb = rp->nb, kdim = rp->kdim, cb = rp->cb;
+    const uint8_t *c = rp->body + g * nb * cb;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* the table + 128 (kernels-blocks.h's gang__kw_iq4_values), in every 128-bit lane */
+    const __m512i tbl = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
+                      (char)181, (char)197, (char)217, (char)241));
+    __m512 acc[RPK_MT], blk[RPK_MT];
+
+    for (int i = 0; i < mt; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++, c += cb) {
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)c));
+        for (int i = 0; i < mt; i++)
+            blk[i] = _mm512_setzero_ps();
+        for (int gr = 0; gr < 8; gr++) { /* group gr: code vectors 4 gr .. 4 gr + 3 */
+            __m512i w[8];
+            rpk_ahead(c, cb * (size_t)gr / 8, cb * (size_t)(gr + 1) / 8);
+            for (int j = 0; j < 4; j++) {
+                __m512i v = _mm512_loadu_si512((const void *)(c + RPKX_Q + 64 * (4 * gr + j)));
+                w[j] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
+                w[j + 4] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+            __m512 a = rpk_scale(dw, c + RPKX_SC + 16 * gr, 0);
+            rpk_rows(mt, w, 128, a, a, _mm512_setzero_ps(), zds, qx, sx, r0, 8 * b + (size_t)gr,
+                     kdim, blk);
+        }
+        for (int i = 0; i < mt; i++)
+            acc[i] = _mm512_add_ps(acc[i], blk[i]);
+    }
+    rpk_store(mt, rp, g, r0, acc, y, ldy);
+}
+
+/* Group g of type t against rows [r0, r0 + mt) (zds: Q6_K's / IQ4_XS's 0 ds terms kept). */
 RPK_INLINE void rpk_group(gang_kernels_wtype t, const int mt, int zds, const gang__cpu_rp *rp,
                           const gang__cpu_qx *qx, const int32_t *sx, size_t g, size_t r0, float *y,
                           size_t ldy)
 {
-    if (t == GANG_KW_Q6_K)
+    if (t == GANG_KW_IQ4_XS)
+        rpk_group_iq4xs(mt, zds, rp, qx, sx, g, r0, y, ldy);
+    else if (t == GANG_KW_Q6_K)
         rpk_group6(mt, zds, rp, qx, sx, g, r0, y, ldy);
     else
         rpk_group45(t == GANG_KW_Q5_K, mt, rp, qx, sx, g, r0, y, ldy);
@@ -238,6 +282,9 @@ void gang__cpu_rpk_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *
         return;
     case GANG_KW_Q6_K:
         rpk_groups(GANG_KW_Q6_K, rpk_ds_inf(m, rp->kdim, qx), m, qx, sx, rp, g0, g1, y, ldy);
+        return;
+    case GANG_KW_IQ4_XS:
+        rpk_groups(GANG_KW_IQ4_XS, rpk_ds_inf(m, rp->kdim, qx), m, qx, sx, rp, g0, g1, y, ldy);
         return;
     default:
         return;

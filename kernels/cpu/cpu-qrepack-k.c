@@ -1,5 +1,6 @@
 /*
- * CPU backend: the repacked layout of the 256-element block types (Q4_K, Q5_K, Q6_K), the
+ * CPU backend: the repacked layout of the 256-element block types (Q4_K, Q5_K, Q6_K,
+ * IQ4_XS), the
  * column blocks cpu-qrepack.c's header and groups hold for them (cpu-qrepack-k-avx512.c
  * is their kernel). As for the 32-element types a column block is block b of 16 W rows,
  * one int32 lane per row, but the 6-bit scales and minimums are unpacked to bytes here
@@ -18,10 +19,17 @@
  *     d     16 x f16 (32 bytes);
  *     sc    16 x 16 int8: byte 16 i + r is the scale of sixteen i of row r;
  *     ql    32 vectors, vector v bytes 4 v .. 4 v + 3 of row r's ql[128] at lane r;
- *     qh    16 vectors, vector v bytes 4 v .. 4 v + 3 of row r's qh[64] at lane r.
+ * *     qh    16 vectors, vector v bytes 4 v .. 4 v + 3 of row r's qh[64] at lane r.
+ *   IQ4_XS (2208 bytes: 16 blocks' bytes plus 2 per row of unpacked scales)
+ *     d     16 x f16 (32 bytes);
+ *     sc    8 x 16 int8: byte 16 i + r is s - 32 of group i of row r (the 6-bit s of
+ *           scales_l / scales_h, kernels/weight-blocks.c);
+ *     codes 32 vectors: vector v bytes 4 v .. 4 v + 3 of row r's qs[128] at lane r
+ *           (vectors 4 i .. 4 i + 3: group i, laid out as a Q4_0 block's).
  *
  * The unpacking is a bijection (8 scales and 8 minimums of 6 bits are the 96 bits of
- * scales[12]), so each row's block is given back to the byte (gang__cpu_rpk_block).
+ * scales[12]; IQ4_XS's 8 scales of 6 bits the 48 of scales_h and scales_l), so each row's
+ * block is given back to the byte (gang__cpu_rpk_block).
  */
 #include <string.h>
 
@@ -37,6 +45,8 @@ size_t gang__cpu_rpk_cb(gang_kernels_wtype t)
         return 2880;
     case GANG_KW_Q6_K:
         return 3360;
+    case GANG_KW_IQ4_XS:
+        return 2208;
     default:
         return 0;
     }
@@ -56,10 +66,44 @@ static void rpk_gather(const uint8_t *src, size_t len, size_t r, uint8_t *dst)
         memcpy(dst + 4 * v, src + 64 * v + 4 * r, 4);
 }
 
+/* IQ4_XS: block p's d, scales and codes at lane r of column block c. */
+static void rpk_iq4xs_put(const uint8_t *p, size_t r, uint8_t *c)
+{
+    unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
+
+    memcpy(c + 2 * r, p, 2);
+    for (size_t i = 0; i < 8; i++) {
+        unsigned sc = ((p[4 + i / 2] >> (4 * (i % 2))) & 0x0fu) | ((h >> (2 * i)) & 3u) << 4;
+        c[RPKX_SC + 16 * i + r] = (uint8_t)(int8_t)((int)sc - 32);
+    }
+    rpk_spread(p + 8, 128, r, c + RPKX_Q);
+}
+
+/* The inverse of rpk_iq4xs_put. */
+static void rpk_iq4xs_block(const uint8_t *c, size_t r, uint8_t *out)
+{
+    unsigned h = 0;
+
+    memcpy(out, c + 2 * r, 2);
+    memset(out + 4, 0, 4);
+    for (size_t i = 0; i < 8; i++) {
+        unsigned sc = (unsigned)((int)(int8_t)c[RPKX_SC + 16 * i + r] + 32);
+        out[4 + i / 2] |= (uint8_t)((sc & 0x0fu) << (4 * (i % 2)));
+        h |= (sc >> 4) << (2 * i);
+    }
+    out[2] = (uint8_t)(h & 0xffu);
+    out[3] = (uint8_t)(h >> 8);
+    rpk_gather(c + RPKX_Q, 128, r, out + 8);
+}
+
 void gang__cpu_rpk_put(gang_kernels_wtype t, const uint8_t *p, size_t r, uint8_t *c)
 {
     const uint8_t *s = p + 4;
 
+    if (t == GANG_KW_IQ4_XS) {
+        rpk_iq4xs_put(p, r, c);
+        return;
+    }
     if (t == GANG_KW_Q6_K) {
         memcpy(c + 2 * r, p + 208, 2);
         for (size_t i = 0; i < 16; i++)
@@ -88,6 +132,10 @@ void gang__cpu_rpk_block(gang_kernels_wtype t, const uint8_t *c, size_t r, uint8
 {
     uint8_t *s = out + 4;
 
+    if (t == GANG_KW_IQ4_XS) {
+        rpk_iq4xs_block(c, r, out);
+        return;
+    }
     if (t == GANG_KW_Q6_K) {
         memcpy(out + 208, c + 2 * r, 2);
         for (size_t i = 0; i < 16; i++)

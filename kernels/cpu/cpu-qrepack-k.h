@@ -13,5 +13,7 @@
 #define RPK6_SC 32   /* Q6_K: the sub-blocks' scales */
 #define RPK6_QL 288  /* Q6_K: the low 4 bits */
 #define RPK6_QH 2336 /* Q6_K: the high 2 bits */
+#define RPKX_SC 32   /* IQ4_XS: the groups' scales s - 32 as int8 */
+#define RPKX_Q 160   /* IQ4_XS: the codes */
 
 #endif

@@ -2,7 +2,8 @@
  * CPU backend: the row-interleaved ("repacked") layout of the block types that the AVX-512
  * VNNI kernels of cpu-qrepack-avx512.c and cpu-qrepack-k-avx512.c stream, built once at
  * load by gang_kernels_block_repack (include/ganglion/kernels.h). Below, the 32-element
- * types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); the K types (Q4_K, Q5_K, Q6_K) share the header,
+ * types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL: laid out as Q4_0, its codes the table's
+ * indices); the K types (Q4_K, Q5_K, Q6_K) share the header,
  * the groups and the column blocks' order, their column blocks' inside is cpu-qrepack-k.c's.
  *
  * A repacked weight is one allocation: a 64-byte header (magic, type, n, kdim), then the
@@ -44,7 +45,7 @@ _Static_assert(sizeof(rp_header) == GANG__RP_HEADER, "the header is one cache li
 int gang__cpu_rp_type(gang_kernels_wtype t)
 {
     return t == GANG_KW_Q8_0 || t == GANG_KW_Q4_0 || t == GANG_KW_Q4_1 || t == GANG_KW_Q5_0 ||
-           t == GANG_KW_Q5_1 || gang__cpu_rpk_cb(t) != 0;
+           t == GANG_KW_Q5_1 || t == GANG_KW_IQ4_NL || gang__cpu_rpk_cb(t) != 0;
 }
 
 /* The bytes of a column block of type t: 16 blocks', plus the K types' unpacked scales. */

@@ -10,7 +10,8 @@
  * quants are signed (q - offset: Q8_0 as stored, Q4_0 - 8, Q5_0 - 16, Q6_K - 32), as
  * maddubs with the sign moved onto x wants them; with u = 1 (vpdpbusd's unsigned x
  * signed product) they keep their unsigned codes c = q + o (Q8_0's byte + 128 by flipping
- * its top bit), o = 2^qavx_offset_log2(t), and the caller subtracts o sum x in integers:
+ * its top bit; an IQ4 type's table value + 128), o = 2^qavx_offset_log2(t), and the
+ * caller subtracts o sum x in integers:
  * sum q x = sum c x - o sum x, exactly. (Moving o into the f32 term b instead cancels
  * catastrophically: a Q8_0 quant of -1 is the difference of 127 x and 128 x.)
  */
@@ -50,11 +51,23 @@ static inline __attribute__((always_inline)) __m256i qavx_bits32(uint32_t qh)
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* The IQ4 types' codes looked up in their table (kernels-blocks.h's gang__kw_iq4_values),
+ * in each 128-bit lane: the signed values (u = 0) or the values + 128 (u = 1). */
+static inline __attribute__((always_inline)) __m256i qavx_iq4_lookup(__m256i codes, int u)
+{
+    const __m128i s =
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    __m128i tbl = u ? _mm_xor_si128(s, _mm_set1_epi8((char)0x80)) : s;
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(tbl), codes);
+}
+
 /* log2 of the offset o of type t's unsigned codes (u = 1), -1 when it has none. */
 static inline __attribute__((always_inline)) int qavx_offset_log2(gang_kernels_wtype t)
 {
     switch (t) {
     case GANG_KW_Q8_0:
+    case GANG_KW_IQ4_NL:
+    case GANG_KW_IQ4_XS:
         return 7;
     case GANG_KW_Q4_0:
         return 3;
@@ -94,6 +107,22 @@ qavx_unpack(gang_kernels_wtype t, const uint8_t *p, __m256i *q, float *a, float 
         b[0] = qavx_f16(p + 2);
         q[0] = qavx_nibbles16(p + 4);
         return;
+    case GANG_KW_IQ4_NL:
+        a[0] = a[1] = qavx_f16(p);
+        b[0] = 0.0f;
+        q[0] = qavx_iq4_lookup(qavx_nibbles16(p + 2), u);
+        return;
+    case GANG_KW_IQ4_XS: {
+        float d = qavx_f16(p);
+        unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
+        for (int i = 0; i < 8; i++) {
+            int s = (((p[4 + i / 2] >> (4 * (i % 2))) & 0x0f) | (int)((h >> (2 * i)) & 3u) << 4);
+            a[2 * i] = a[2 * i + 1] = d * (float)(s - 32);
+            b[i] = 0.0f;
+            q[i] = qavx_iq4_lookup(qavx_nibbles16(p + 8 + 16 * i), u);
+        }
+        return;
+    }
     case GANG_KW_Q5_0:
     case GANG_KW_Q5_1: {
         int one = t == GANG_KW_Q5_1;

@@ -40,13 +40,15 @@
 #define GANG_QB_Q4_K 9
 #define GANG_QB_Q5_K 10
 #define GANG_QB_Q6_K 11
+#define GANG_QB_IQ4_NL 12
+#define GANG_QB_IQ4_XS 13
 
 /* Elements and bytes of one block of type t (0 for another t). */
 GANG_QB_FN int gang_qb_elems(int t)
 {
-    return t >= GANG_QB_Q4_K && t <= GANG_QB_Q6_K
+    return (t >= GANG_QB_Q4_K && t <= GANG_QB_Q6_K) || t == GANG_QB_IQ4_XS
                ? 256
-               : (t >= GANG_QB_Q8_0 && t <= GANG_QB_Q5_1 ? 32 : 0);
+               : ((t >= GANG_QB_Q8_0 && t <= GANG_QB_Q5_1) || t == GANG_QB_IQ4_NL ? 32 : 0);
 }
 
 GANG_QB_FN int gang_qb_bytes(int t)
@@ -68,6 +70,10 @@ GANG_QB_FN int gang_qb_bytes(int t)
         return 176;
     case GANG_QB_Q6_K:
         return 210;
+    case GANG_QB_IQ4_NL:
+        return 18;
+    case GANG_QB_IQ4_XS:
+        return 136;
     default:
         return 0;
     }
@@ -130,10 +136,31 @@ GANG_QB_FN void gang_qb_group_small(int t, const uint8_t *p, float w[32])
     }
 }
 
+/* The IQ4 types' group of 32 codes at qs (element j < 16 the low nibble of byte j, j + 16
+ * its high nibble) as a T[code] + 0 (T: kernels/weight-blocks.c's table). */
+GANG_QB_FN void gang_qb_group_iq4(const uint8_t *qs, float a, float w[32])
+{
+    const signed char tbl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+    GANG_QB_UNROLL
+    for (int j = 0; j < 16; j++) {
+        w[j] = a * (float)tbl[qs[j] & 0x0f] + 0.0f;
+        w[j + 16] = a * (float)tbl[qs[j] >> 4] + 0.0f;
+    }
+}
+
 /* Elements [32 g, 32 g + 32) of the block of type t at p into w[32]. */
 GANG_QB_FN void gang_qb_group(int t, const uint8_t *p, int g, float w[32])
 {
-    if (t == GANG_QB_Q8_0) {
+    if (t == GANG_QB_IQ4_NL) {
+        gang_qb_group_iq4(p + 2, gang_qb_half(p), w);
+    } else if (t == GANG_QB_IQ4_XS) {
+        unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
+        int s = ((p[4 + g / 2] >> (4 * (g % 2))) & 0x0f) | (int)((h >> (2 * g)) & 3u) << 4;
+
+        gang_qb_group_iq4(p + 8 + 16 * g, gang_qb_half(p) * (float)(s - 32), w);
+    } else if (t == GANG_QB_Q8_0) {
         float d = gang_qb_half(p);
         GANG_QB_UNROLL
         for (int l = 0; l < 32; l++)

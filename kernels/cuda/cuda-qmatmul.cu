@@ -185,6 +185,12 @@ template <int T> struct qlaunch {
     case GANG_QB_Q6_K:                                                                             \
         qlaunch<GANG_QB_Q6_K>::F(__VA_ARGS__);                                                     \
         break;                                                                                     \
+    case GANG_QB_IQ4_NL:                                                                           \
+        qlaunch<GANG_QB_IQ4_NL>::F(__VA_ARGS__);                                                   \
+        break;                                                                                     \
+    case GANG_QB_IQ4_XS:                                                                           \
+        qlaunch<GANG_QB_IQ4_XS>::F(__VA_ARGS__);                                                   \
+        break;                                                                                     \
     default:                                                                                       \
         return GANG_ENOSYS;                                                                        \
     }

@@ -17,6 +17,7 @@ set(GGUFFUZZ_WORK ${CMAKE_CURRENT_BINARY_DIR}/gguf-corpus-work)
 set(GGUFFUZZ_SOURCES
   ${PROJECT_SOURCE_DIR}/model/gguf.c
   ${PROJECT_SOURCE_DIR}/model/gguf-quant.c
+  ${PROJECT_SOURCE_DIR}/kernels/weight-blocks.c
   ${PROJECT_SOURCE_DIR}/common/dtype.c)
 file(MAKE_DIRECTORY ${GGUFFUZZ_WORK} ${GGUFFUZZ_SEEDS})
 

@@ -5,8 +5,9 @@
 
 #include "ganglion/common.h"
 
-const gang_kernels_wtype bf_types[8] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
-                                        GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
+const gang_kernels_wtype bf_types[10] = {GANG_KW_Q8_0,   GANG_KW_Q4_0,  GANG_KW_Q4_1, GANG_KW_Q5_0,
+                                         GANG_KW_Q5_1,   GANG_KW_Q4_K,  GANG_KW_Q5_K, GANG_KW_Q6_K,
+                                         GANG_KW_IQ4_NL, GANG_KW_IQ4_XS};
 
 static uint64_t bf_state = 0x2545f4914f6cdd1dull;
 

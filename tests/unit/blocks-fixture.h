@@ -11,9 +11,9 @@
 
 #include "ganglion/kernels.h"
 
-/* The eight block types, in the order the tests walk them. */
-extern const gang_kernels_wtype bf_types[8];
-#define BF_N_TYPES 8
+/* The ten block types, in the order the tests walk them. */
+extern const gang_kernels_wtype bf_types[10];
+#define BF_N_TYPES 10
 
 /* The generator's state: a test sets it once to its own seed (never 0). */
 void bf_seed(uint64_t seed);

@@ -245,8 +245,9 @@ static float *repacked_product(gang_kernels *k, int simd, gang_kernels_wtype t, 
 static void test_block_repacked(void **state)
 {
     gang_kernels *k = *state;
-    const gang_kernels_wtype rts[] = {GANG_KW_Q8_0, GANG_KW_Q4_0, GANG_KW_Q4_1, GANG_KW_Q5_0,
-                                      GANG_KW_Q5_1, GANG_KW_Q4_K, GANG_KW_Q5_K, GANG_KW_Q6_K};
+    const gang_kernels_wtype rts[] = {GANG_KW_Q8_0,   GANG_KW_Q4_0,  GANG_KW_Q4_1, GANG_KW_Q5_0,
+                                      GANG_KW_Q5_1,   GANG_KW_Q4_K,  GANG_KW_Q5_K, GANG_KW_Q6_K,
+                                      GANG_KW_IQ4_NL, GANG_KW_IQ4_XS};
     const size_t ms[] = {1, 3, 8, 17, 32, 40}, ns[] = {37, 16, 5};
     int vnni = simd_levels() == 3;
 

@@ -460,10 +460,11 @@ static void test_dequant_kernels(void **state)
         gang_kernels_wtype kw;
         size_t f16_at[2], n_f16;
     } pairs[] = {
-        {GANG__GGML_Q8_0, GANG_KW_Q8_0, {0}, 1},    {GANG__GGML_Q4_0, GANG_KW_Q4_0, {0}, 1},
-        {GANG__GGML_Q4_1, GANG_KW_Q4_1, {0, 2}, 2}, {GANG__GGML_Q5_0, GANG_KW_Q5_0, {0}, 1},
-        {GANG__GGML_Q5_1, GANG_KW_Q5_1, {0, 2}, 2}, {GANG__GGML_Q4_K, GANG_KW_Q4_K, {0, 2}, 2},
-        {GANG__GGML_Q5_K, GANG_KW_Q5_K, {0, 2}, 2}, {GANG__GGML_Q6_K, GANG_KW_Q6_K, {208}, 1}};
+        {GANG__GGML_Q8_0, GANG_KW_Q8_0, {0}, 1},     {GANG__GGML_Q4_0, GANG_KW_Q4_0, {0}, 1},
+        {GANG__GGML_Q4_1, GANG_KW_Q4_1, {0, 2}, 2},  {GANG__GGML_Q5_0, GANG_KW_Q5_0, {0}, 1},
+        {GANG__GGML_Q5_1, GANG_KW_Q5_1, {0, 2}, 2},  {GANG__GGML_Q4_K, GANG_KW_Q4_K, {0, 2}, 2},
+        {GANG__GGML_Q5_K, GANG_KW_Q5_K, {0, 2}, 2},  {GANG__GGML_Q6_K, GANG_KW_Q6_K, {208}, 1},
+        {GANG__GGML_IQ4_NL, GANG_KW_IQ4_NL, {0}, 1}, {GANG__GGML_IQ4_XS, GANG_KW_IQ4_XS, {0}, 1}};
     uint8_t b[3 * 256];
     float want[3 * 256], got[3 * 256], vals[2] = {0.375f, -0.0625f};
 
@@ -479,6 +480,37 @@ static void test_dequant_kernels(void **state)
                 fail_msg("%s element %zu: kernels %g, reader %g",
                          gang_kernels_wtype_name(pairs[i].kw), j, got[j], want[j]);
     }
+}
+
+/*
+ * IQ4_NL and IQ4_XS, written here from the formats' description: a 4-bit code indexes a
+ * fixed table of 16 values; IQ4_NL is d | 16 bytes of codes (element j < 16 the low nibble
+ * of byte j, j + 16 its high one); IQ4_XS is d | u16 scales_h | scales_l[4] | 128 bytes of
+ * codes, sub-block i of 32 scaled by d (s - 32) with s's low four bits nibble i of
+ * scales_l (low nibble first) and its top two bits 2i, 2i + 1 of scales_h.
+ */
+static void dequant_iq4(uint8_t *b, float *want, float d)
+{
+    static const int tbl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                1,    13,   25,  38,  53,  69,  89,  113};
+
+    fill(b, 18, (size_t[]){0}, 1, &d);
+    for (int j = 0; j < 16; j++) {
+        want[j] = d * (float)tbl[b[2 + j] & 15];
+        want[j + 16] = d * (float)tbl[b[2 + j] >> 4];
+    }
+    check(GANG__GGML_IQ4_NL, b, want, 32);
+    fill(b, 136, (size_t[]){0}, 1, &d);
+    unsigned sh = (unsigned)b[2] | (unsigned)b[3] << 8;
+    for (int ib = 0; ib < 8; ib++) {
+        int ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | (int)((sh >> 2 * ib) & 3) << 4;
+        float dl = d * (float)(ls - 32);
+        for (int j = 0; j < 16; j++) {
+            want[32 * ib + j] = dl * (float)tbl[b[8 + 16 * ib + j] & 15];
+            want[32 * ib + j + 16] = dl * (float)tbl[b[8 + 16 * ib + j] >> 4];
+        }
+    }
+    check(GANG__GGML_IQ4_XS, b, want, 256);
 }
 
 static void test_dequant_k(void **state)
@@ -534,6 +566,7 @@ static void test_dequant_k(void **state)
             sc += 8;
         }
         check(GANG__GGML_Q6_K, b, want, 256);
+        dequant_iq4(b, want, d);
     }
 }
 
