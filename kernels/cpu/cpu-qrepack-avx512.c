@@ -101,12 +101,14 @@ RP_INLINE void rp_group(gang_kernels_wtype t, const int mt, const gang__cpu_rp *
             with_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(c + 32)))
                    : _mm512_setzero_ps(); /* 0 x ds: the reference's b = 0 term */
         rp_codes(t, c, w);
+        RP_UNROLL8
         for (int i = 0; i < mt; i++) {
             const size_t r = r0 + (size_t)i, gi = r * nb + b;
             int32_t xw[8];
             memcpy(xw, qx->q + r * kdim + 32 * b, sizeof(xw));
             __m512i s0 = _mm512_set1_epi32(-rp_offset(t) * sx[2 * gi]);
             __m512i s1 = _mm512_set1_epi32(-rp_offset(t) * sx[2 * gi + 1]);
+            RP_UNROLL4
             for (int k = 0; k < 4; k++) {
                 s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(xw[k]));
                 s1 = _mm512_dpbusd_epi32(s1, w[k + 4], _mm512_set1_epi32(xw[k + 4]));

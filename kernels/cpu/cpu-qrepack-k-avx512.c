@@ -61,12 +61,14 @@ RPK_INLINE void rpk_rows(const int mt, const __m512i w[8], int off, __m512 a0, _
                          int with_m, const gang__cpu_qx *qx, const int32_t *sx, size_t r0,
                          size_t col, size_t kdim, __m512 *blk)
 {
+    RP_UNROLL8
     for (int i = 0; i < mt; i++) {
         const size_t r = r0 + (size_t)i, gi = r * (kdim / 32) + col;
         int32_t xw[8];
         memcpy(xw, qx->q + r * kdim + 32 * col, sizeof(xw));
         __m512i s0 = _mm512_set1_epi32(-off * sx[2 * gi]);
         __m512i s1 = _mm512_set1_epi32(-off * sx[2 * gi + 1]);
+        RP_UNROLL4
         for (int k = 0; k < 4; k++) {
             s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(xw[k]));
             s1 = _mm512_dpbusd_epi32(s1, w[k + 4], _mm512_set1_epi32(xw[k + 4]));
