@@ -3,9 +3,9 @@
  * embedding lookup, residual add, argmax) and the host dtype conversions.
  *
  * These are memory-bound loops; they favour clarity and accuracy (double accumulators
- * where a sum runs over a whole row) over vectorisation tricks, except SiLU, whose exp
- * per element is a step's largest element-wise cost at batch 32: AVX2 (cpu-ops-avx2.c)
- * and the pool.
+ * where a sum runs over a whole row) over vectorisation tricks, except the gates (SiLU,
+ * GELU-tanh), whose exp per element is a step's largest element-wise cost at batch 32:
+ * AVX2 (cpu-ops-avx2.c) and the pool.
  */
 #include <math.h>
 #include <stdlib.h>
