@@ -18,7 +18,19 @@
  */
 void gang__kw_unpack(gang_kernels_wtype t, const void *block, int8_t *q, float *a, float *b);
 
-/* The IQ4 types' value of each 4-bit code. */
+/* The IQ4 types' value of each 4-bit code (the one copy: the SIMD kernels load their
+ * shuffle tables from it). */
 extern const int8_t gang__kw_iq4_values[16];
+
+/* The 6-bit scale s of group i (< 8) of the IQ4_XS block at p, as s - 32: its low four
+ * bits nibble i of scales_l (p + 4, low nibble first), its top two bits 2i, 2i + 1 of
+ * scales_h (p + 2, little-endian). */
+static inline int gang__kw_iq4xs_scale(const uint8_t *p, int i)
+{
+    unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
+    int lo = (p[4 + i / 2] >> (4 * (i % 2))) & 0x0f, hi = (int)((h >> (2 * i)) & 3u);
+
+    return (lo | hi << 4) - 32;
+}
 
 #endif

@@ -104,16 +104,6 @@ static void kw_unpack_small(gang_kernels_wtype t, const uint8_t *p, int8_t *q, f
     }
 }
 
-/* The 6-bit scale of group i of an IQ4_XS block (d at p, scales_h at p + 2, scales_l at
- * p + 4), as the signed value s_i - 32. */
-static int kw_iq4xs_scale(const uint8_t *p, int i)
-{
-    unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
-    int lo = (p[4 + i / 2] >> (4 * (i % 2))) & 0x0f, hi = (int)((h >> (2 * i)) & 3u);
-
-    return (lo | hi << 4) - 32;
-}
-
 /* n groups of 32 IQ4 codes at qs (16 bytes a group: element j < 16 the low nibble of
  * byte j, j + 16 its high nibble) into q as the table's values. */
 static void kw_iq4_codes(const uint8_t *qs, int n, int8_t *q)
@@ -181,7 +171,7 @@ void gang__kw_unpack(gang_kernels_wtype t, const void *block, int8_t *q, float *
     case GANG_KW_IQ4_XS: {
         float d = kw_f16(p);
         for (int i = 0; i < 8; i++) {
-            a[2 * i] = a[2 * i + 1] = d * (float)kw_iq4xs_scale(p, i);
+            a[2 * i] = a[2 * i + 1] = d * (float)gang__kw_iq4xs_scale(p, i);
             b[i] = 0.0f;
         }
         kw_iq4_codes(p + 8, 8, q);

@@ -21,6 +21,7 @@
  * for all of them: decode (m <= 8) is one pass over W, batched m re-reads each group (a few
  * KiB to a few tens of KiB) from L1 / L2 per 8 rows of x.
  */
+#include "../kernels-blocks.h"
 #include "cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                      \
@@ -61,8 +62,8 @@ RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i w[8])
     }
     if (t == GANG_KW_IQ4_NL) { /* the table + 128 (kernels-blocks.h), in every 128-bit lane */
         const __m512i tbl = _mm512_broadcast_i32x4(
-            _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
-                          (char)166, (char)181, (char)197, (char)217, (char)241));
+            _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)gang__kw_iq4_values),
+                          _mm_set1_epi8((char)0x80)));
         for (int s = 0; s < 8; s++)
             w[s] = _mm512_shuffle_epi8(tbl, w[s]);
     }

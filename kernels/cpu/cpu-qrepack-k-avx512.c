@@ -23,6 +23,7 @@
  * (it changes no sum: t's zero sign cannot reach an output that starts at +0), except in
  * a call where some ds is infinite (0 inf is a NaN there, as in the reference).
  */
+#include "../kernels-blocks.h"
 #include "cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                      \
@@ -186,8 +187,8 @@ RPK_INLINE void rpk_group_iq4xs(const int mt, int zds, const gang__cpu_rp *rp,
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     /* the table + 128 (kernels-blocks.h's gang__kw_iq4_values), in every 128-bit lane */
     const __m512i tbl = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
-                      (char)181, (char)197, (char)217, (char)241));
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)gang__kw_iq4_values),
+                      _mm_set1_epi8((char)0x80)));
     __m512 acc[RPK_MT], blk[RPK_MT];
 
     for (int i = 0; i < mt; i++)

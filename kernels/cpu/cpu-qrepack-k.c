@@ -33,6 +33,7 @@
  */
 #include <string.h>
 
+#include "../kernels-blocks.h"
 #include "cpu.h"
 #include "cpu-qrepack-k.h"
 
@@ -69,13 +70,9 @@ static void rpk_gather(const uint8_t *src, size_t len, size_t r, uint8_t *dst)
 /* IQ4_XS: block p's d, scales and codes at lane r of column block c. */
 static void rpk_iq4xs_put(const uint8_t *p, size_t r, uint8_t *c)
 {
-    unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
-
     memcpy(c + 2 * r, p, 2);
-    for (size_t i = 0; i < 8; i++) {
-        unsigned sc = ((p[4 + i / 2] >> (4 * (i % 2))) & 0x0fu) | ((h >> (2 * i)) & 3u) << 4;
-        c[RPKX_SC + 16 * i + r] = (uint8_t)(int8_t)((int)sc - 32);
-    }
+    for (int i = 0; i < 8; i++)
+        c[RPKX_SC + 16 * i + r] = (uint8_t)(int8_t)gang__kw_iq4xs_scale(p, i);
     rpk_spread(p + 8, 128, r, c + RPKX_Q);
 }
 

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../kernels-blocks.h"
 #include "cpu.h"
 
 /* An f16 scale by F16C (the library's converter is a call: 4% of the kernel's time). */
@@ -51,14 +52,18 @@ static inline __attribute__((always_inline)) __m256i qavx_bits32(uint32_t qh)
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* The IQ4 types' codes looked up in their table (kernels-blocks.h's gang__kw_iq4_values),
- * in each 128-bit lane: the signed values (u = 0) or the values + 128 (u = 1). */
+/* The IQ4 types' table (kernels-blocks.h's gang__kw_iq4_values) as 16 bytes: the signed
+ * values (u = 0) or the values + 128 (u = 1, vpdpbusd's unsigned codes). */
+static inline __attribute__((always_inline)) __m128i qavx_iq4_table(int u)
+{
+    __m128i s = _mm_loadu_si128((const __m128i *)(const void *)gang__kw_iq4_values);
+    return u ? _mm_xor_si128(s, _mm_set1_epi8((char)0x80)) : s;
+}
+
+/* The IQ4 types' codes looked up in their table (qavx_iq4_table(u)) in each 128-bit lane. */
 static inline __attribute__((always_inline)) __m256i qavx_iq4_lookup(__m256i codes, int u)
 {
-    const __m128i s =
-        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
-    __m128i tbl = u ? _mm_xor_si128(s, _mm_set1_epi8((char)0x80)) : s;
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(tbl), codes);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(qavx_iq4_table(u)), codes);
 }
 
 /* log2 of the offset o of type t's unsigned codes (u = 1), -1 when it has none. */
@@ -114,10 +119,8 @@ qavx_unpack(gang_kernels_wtype t, const uint8_t *p, __m256i *q, float *a, float 
         return;
     case GANG_KW_IQ4_XS: {
         float d = qavx_f16(p);
-        unsigned h = (unsigned)p[2] | (unsigned)p[3] << 8;
         for (int i = 0; i < 8; i++) {
-            int s = (((p[4 + i / 2] >> (4 * (i % 2))) & 0x0f) | (int)((h >> (2 * i)) & 3u) << 4);
-            a[2 * i] = a[2 * i + 1] = d * (float)(s - 32);
+            a[2 * i] = a[2 * i + 1] = d * (float)gang__kw_iq4xs_scale(p, i);
             b[i] = 0.0f;
             q[i] = qavx_iq4_lookup(qavx_nibbles16(p + 8 + 16 * i), u);
         }
