@@ -95,97 +95,72 @@ RPK_INLINE void rpk_store(const int mt, const gang__cpu_rp *rp, size_t g, size_t
         _mm512_mask_storeu_ps(y + (r0 + (size_t)i) * ldy + o, keep, acc[i]);
 }
 
-/* Group g of a Q4_K (five 0) or Q5_K (five 1) weight against rows [r0, r0 + mt) of x. */
-RPK_INLINE void rpk_group45(const int five, const int mt, const gang__cpu_rp *rp,
-                            const gang__cpu_qx *qx, const int32_t *sx, size_t g, size_t r0,
-                            float *y, size_t ldy)
+/* Q4_K / Q5_K (five): group gr's codes, nibble gr & 1 of vectors 8 (gr / 2) + j, Q5_K's
+ * fifth bit (bit gr of its qh bytes) added under a byte mask. */
+RPK_INLINE void rpk_codes45(int five, const uint8_t *c, int gr, __m512i w[8])
 {
-    const size_t nb = rp->nb, kdim = rp->kdim, cb = rp->cb;
-    const uint8_t *c = rp->body + g * nb * cb;
+    const uint8_t *q = c + (five ? RPK_Q5 : RPK_Q4);
     const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
-    __m512 acc[RPK_MT], blk[RPK_MT];
 
-    for (int i = 0; i < mt; i++)
-        acc[i] = _mm512_setzero_ps();
-    for (size_t b = 0; b < nb; b++, c += cb) {
-        const uint8_t *q = c + (five ? RPK_Q5 : RPK_Q4);
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)c));
-        __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(c + 32)));
-        for (int i = 0; i < mt; i++)
-            blk[i] = _mm512_setzero_ps();
-        for (int gr = 0; gr < 8; gr++) { /* group gr: nibble gr & 1 of vectors 8 (gr / 2) + j */
-            __m512i w[8];
-            rpk_ahead(c, cb * (size_t)gr / 8, cb * (size_t)(gr + 1) / 8);
-            for (int j = 0; j < 8; j++) {
-                __m512i v = _mm512_loadu_si512((const void *)(q + 64 * (8 * (gr / 2) + j)));
-                w[j] = _mm512_and_si512((gr & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
-                if (five) {
-                    __m512i hb = _mm512_loadu_si512((const void *)(c + RPK_QH5 + 64 * j));
-                    __mmask64 k = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << gr)));
-                    w[j] = _mm512_mask_add_epi8(w[j], k, w[j], b4);
-                }
-            }
-            __m512 a = rpk_scale(dw, c + RPK_SC + 16 * gr, 1);
-            __m512 pm = rpk_scale(mw, c + RPK_MN + 16 * gr, 1);
-            rpk_rows(mt, w, 0, a, a, pm, 1, qx, sx, r0, 8 * b + (size_t)gr, kdim, blk);
+    for (int j = 0; j < 8; j++) {
+        __m512i v = _mm512_loadu_si512((const void *)(q + 64 * (8 * (gr / 2) + j)));
+        w[j] = _mm512_and_si512((gr & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+        if (five) {
+            __m512i hb = _mm512_loadu_si512((const void *)(c + RPK_QH5 + 64 * j));
+            __mmask64 k = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << gr)));
+            w[j] = _mm512_mask_add_epi8(w[j], k, w[j], b4);
         }
-        for (int i = 0; i < mt; i++)
-            acc[i] = _mm512_add_ps(acc[i], blk[i]);
     }
-    rpk_store(mt, rp, g, r0, acc, y, ldy);
 }
 
-/* Group g of a Q6_K weight against rows [r0, r0 + mt) of x. */
-RPK_INLINE void rpk_group6(const int mt, int zds, const gang__cpu_rp *rp, const gang__cpu_qx *qx,
-                           const int32_t *sx, size_t g, size_t r0, float *y, size_t ldy)
+/* Q6_K: group gr (half gr / 4, its group gq = gr % 4): ql's nibble | qh's two bits. */
+RPK_INLINE void rpk_codes6(const uint8_t *c, int gr, __m512i w[8])
 {
-    const size_t nb = rp->nb, kdim = rp->kdim, cb = rp->cb;
-    const uint8_t *c = rp->body + g * nb * cb;
+    const int half = gr / 4, gq = gr % 4;
+    const uint8_t *ql = c + RPK6_QL + 64 * (16 * half + 8 * (gq & 1));
+    const uint8_t *qh = c + RPK6_QH + 64 * 8 * half;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc[RPK_MT], blk[RPK_MT];
 
-    for (int i = 0; i < mt; i++)
-        acc[i] = _mm512_setzero_ps();
-    for (size_t b = 0; b < nb; b++, c += cb) {
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)c));
-        for (int i = 0; i < mt; i++)
-            blk[i] = _mm512_setzero_ps();
-        for (int gr = 0; gr < 8; gr++) { /* group gr: half gr / 4, its group gq = gr % 4 */
-            const int half = gr / 4, gq = gr % 4;
-            const uint8_t *ql = c + RPK6_QL + 64 * (16 * half + 8 * (gq & 1));
-            const uint8_t *qh = c + RPK6_QH + 64 * 8 * half;
-            __m512i w[8];
-            rpk_ahead(c, cb * (size_t)gr / 8, cb * (size_t)(gr + 1) / 8);
-            for (int j = 0; j < 8; j++) {
-                __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * j));
-                __m512i h = _mm512_loadu_si512((const void *)(qh + 64 * j));
-                l = _mm512_and_si512(gq >= 2 ? _mm512_srli_epi16(l, 4) : l, m4);
-                h = gq == 0   ? _mm512_slli_epi16(h, 4)
-                    : gq == 1 ? _mm512_slli_epi16(h, 2)
-                    : gq == 2 ? h
-                              : _mm512_srli_epi16(h, 2);
-                w[j] = _mm512_ternarylogic_epi32(l, h, m30, 0xf8); /* l | (h & 0x30) */
-            }
-            __m512 a0 = rpk_scale(dw, c + RPK6_SC + 16 * (2 * gr), 0);
-            __m512 a1 = rpk_scale(dw, c + RPK6_SC + 16 * (2 * gr + 1), 0);
-            rpk_rows(mt, w, 32, a0, a1, _mm512_setzero_ps(), zds, qx, sx, r0, 8 * b + (size_t)gr,
-                     kdim, blk);
-        }
-        for (int i = 0; i < mt; i++)
-            acc[i] = _mm512_add_ps(acc[i], blk[i]);
+    for (int j = 0; j < 8; j++) {
+        __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * j));
+        __m512i h = _mm512_loadu_si512((const void *)(qh + 64 * j));
+        l = _mm512_and_si512(gq >= 2 ? _mm512_srli_epi16(l, 4) : l, m4);
+        h = gq == 0   ? _mm512_slli_epi16(h, 4)
+            : gq == 1 ? _mm512_slli_epi16(h, 2)
+            : gq == 2 ? h
+                      : _mm512_srli_epi16(h, 2);
+        w[j] = _mm512_ternarylogic_epi32(l, h, m30, 0xf8); /* l | (h & 0x30) */
     }
-    rpk_store(mt, rp, g, r0, acc, y, ldy);
 }
 
-/* Group g of an IQ4_XS weight against rows [r0, r0 + mt) of x. */
-RPK_INLINE void rpk_group_iq4xs(const int mt, int zds, const gang__cpu_rp *rp,
-                                const gang__cpu_qx *qx, const int32_t *sx, size_t g, size_t r0,
-                                float *y, size_t ldy)
+/* IQ4_XS: group gr's four code vectors (4 gr .. 4 gr + 3) as a Q4_0 block's, the nibbles
+ * made the table's values + 128 (tbl) by a byte shuffle. */
+RPK_INLINE void rpk_codes_iq4xs(const uint8_t *c, int gr, __m512i tbl, __m512i w[8])
 {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+
+    for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_loadu_si512((const void *)(c + RPKX_Q + 64 * (4 * gr + j)));
+        w[j] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
+        w[j + 4] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+    }
+}
+
+/*
+ * Group g of a weight of type t against rows [r0, r0 + mt) of x (zds: Q6_K's / IQ4_XS's 0
+ * ds terms kept). Per column block b and group gr: the codes, the scales (a0 for elements
+ * 0-15, a1 for 16-31; Q4_K / Q5_K also pm = dmin mn) and the codes' offset, then rpk_rows.
+ */
+RPK_INLINE void rpk_group(gang_kernels_wtype t, const int mt, int zds, const gang__cpu_rp *rp,
+                          const gang__cpu_qx *qx, const int32_t *sx, size_t g, size_t r0, float *y,
+                          size_t ldy)
+{
+    const int with_m = t == GANG_KW_Q4_K || t == GANG_KW_Q5_K;
+    const int off = t == GANG_KW_Q6_K ? 32 : t == GANG_KW_IQ4_XS ? 128 : 0;
+    const int sc_at = t == GANG_KW_Q6_K ? RPK6_SC : t == GANG_KW_IQ4_XS ? RPKX_SC : RPK_SC;
     const size_t nb = rp->nb, kdim = rp->kdim, cb = rp->cb;
     const uint8_t *c = rp->body + g * nb * cb;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    /* the table + 128 (kernels-blocks.h's gang__kw_iq4_values), in every 128-bit lane */
+    /* IQ4_XS: the table + 128 (kernels-blocks.h's gang__kw_iq4_values), every 128-bit lane */
     const __m512i tbl = _mm512_broadcast_i32x4(
         _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)gang__kw_iq4_values),
                       _mm_set1_epi8((char)0x80)));
@@ -195,37 +170,35 @@ RPK_INLINE void rpk_group_iq4xs(const int mt, int zds, const gang__cpu_rp *rp,
         acc[i] = _mm512_setzero_ps();
     for (size_t b = 0; b < nb; b++, c += cb) {
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)c));
+        __m512 mw =
+            with_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(c + 32)))
+                   : _mm512_setzero_ps();
         for (int i = 0; i < mt; i++)
             blk[i] = _mm512_setzero_ps();
-        for (int gr = 0; gr < 8; gr++) { /* group gr: code vectors 4 gr .. 4 gr + 3 */
+        for (int gr = 0; gr < 8; gr++) {
             __m512i w[8];
+            __m512 a0, a1, pm = _mm512_setzero_ps();
             rpk_ahead(c, cb * (size_t)gr / 8, cb * (size_t)(gr + 1) / 8);
-            for (int j = 0; j < 4; j++) {
-                __m512i v = _mm512_loadu_si512((const void *)(c + RPKX_Q + 64 * (4 * gr + j)));
-                w[j] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
-                w[j + 4] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            if (t == GANG_KW_Q6_K) {
+                rpk_codes6(c, gr, w);
+                a0 = rpk_scale(dw, c + sc_at + 16 * (2 * gr), 0);
+                a1 = rpk_scale(dw, c + sc_at + 16 * (2 * gr + 1), 0);
+            } else {
+                if (t == GANG_KW_IQ4_XS)
+                    rpk_codes_iq4xs(c, gr, tbl, w);
+                else
+                    rpk_codes45(t == GANG_KW_Q5_K, c, gr, w);
+                a0 = a1 = rpk_scale(dw, c + sc_at + 16 * gr, with_m);
             }
-            __m512 a = rpk_scale(dw, c + RPKX_SC + 16 * gr, 0);
-            rpk_rows(mt, w, 128, a, a, _mm512_setzero_ps(), zds, qx, sx, r0, 8 * b + (size_t)gr,
-                     kdim, blk);
+            if (with_m)
+                pm = rpk_scale(mw, c + RPK_MN + 16 * gr, 1);
+            rpk_rows(mt, w, off, a0, a1, pm, with_m || zds, qx, sx, r0, 8 * b + (size_t)gr, kdim,
+                     blk);
         }
         for (int i = 0; i < mt; i++)
             acc[i] = _mm512_add_ps(acc[i], blk[i]);
     }
     rpk_store(mt, rp, g, r0, acc, y, ldy);
-}
-
-/* Group g of type t against rows [r0, r0 + mt) (zds: Q6_K's / IQ4_XS's 0 ds terms kept). */
-RPK_INLINE void rpk_group(gang_kernels_wtype t, const int mt, int zds, const gang__cpu_rp *rp,
-                          const gang__cpu_qx *qx, const int32_t *sx, size_t g, size_t r0, float *y,
-                          size_t ldy)
-{
-    if (t == GANG_KW_IQ4_XS)
-        rpk_group_iq4xs(mt, zds, rp, qx, sx, g, r0, y, ldy);
-    else if (t == GANG_KW_Q6_K)
-        rpk_group6(mt, zds, rp, qx, sx, g, r0, y, ldy);
-    else
-        rpk_group45(t == GANG_KW_Q5_K, mt, rp, qx, sx, g, r0, y, ldy);
 }
 
 /* Groups [g0, g1) against every row of x, type t. */
