@@ -261,7 +261,7 @@ def check_big_prompt(g):
         # What parsing such a body costs here: the same body refused for another field
         # (temperature), before its prompt is looked at.
         raw = json.dumps(dict(bodies[0][1], temperature=-1))
-        base = sorted(timed_post(g, "/v1/completions", raw)[3] for _ in range(3))[1]
+        base = min(timed_post(g, "/v1/completions", raw)[3] for _ in range(3))
         for path, body in bodies:
             raw = json.dumps(body)
             H.check(len(raw) < 8 << 20, "the body must fit the 8 MiB limit")
@@ -271,10 +271,12 @@ def check_big_prompt(g):
                 check_error(s, hs, r, 400, path)
                 H.check("before tokenizing" in r["error"]["message"], "%s: %r" % (path, r))
                 times.append(ms)
-            # The median of three, under 100 ms (on a loaded machine: under twice the
-            # parse's own cost); tokenizing 8 MiB took seconds.
-            med = sorted(times)[1]
-            H.check(med < max(100.0, 2 * base), "%s: an 8 MiB prompt took %r ms to refuse "
+            # The best of three, under 100 ms (on a loaded machine: under twice the
+            # parse's own best); tokenizing 8 MiB took seconds, so every try would be slow.
+            # (The median failed once under ASAN with another test on the second core:
+            # 195, 150 and 48 ms against a 33 ms parse.)
+            best = min(times)
+            H.check(best < max(100.0, 2 * base), "%s: an 8 MiB prompt took %r ms to refuse "
                     "(parsing alone %.0f ms)" % (path, ["%.0f" % t for t in times], base))
             H.log("%s: 8 MiB prompt refused in %s ms (parsing alone %.0f ms)"
                   % (path, ", ".join("%.1f" % t for t in times), base))
