@@ -34,45 +34,6 @@
 #include "gguf.h"
 #include "model-internal.h"
 
-/* The kernels' block type of a GGML tensor type; 0 when it has none. */
-static int gb_kernel_type(uint32_t ggml, gang_kernels_wtype *out)
-{
-    switch (ggml) {
-    case GANG__GGML_Q8_0:
-        *out = GANG_KW_Q8_0;
-        return 1;
-    case GANG__GGML_Q4_0:
-        *out = GANG_KW_Q4_0;
-        return 1;
-    case GANG__GGML_Q4_1:
-        *out = GANG_KW_Q4_1;
-        return 1;
-    case GANG__GGML_Q5_0:
-        *out = GANG_KW_Q5_0;
-        return 1;
-    case GANG__GGML_Q5_1:
-        *out = GANG_KW_Q5_1;
-        return 1;
-    case GANG__GGML_Q4_K:
-        *out = GANG_KW_Q4_K;
-        return 1;
-    case GANG__GGML_Q5_K:
-        *out = GANG_KW_Q5_K;
-        return 1;
-    case GANG__GGML_Q6_K:
-        *out = GANG_KW_Q6_K;
-        return 1;
-    case GANG__GGML_IQ4_NL:
-        *out = GANG_KW_IQ4_NL;
-        return 1;
-    case GANG__GGML_IQ4_XS:
-        *out = GANG_KW_IQ4_XS;
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* Hugging Face row order within each head of rows x rb bytes (see gguf-load.c). */
 static int gb_unpermute(char *w, uint64_t rows, size_t rb, uint32_t head_dim)
 {
@@ -117,7 +78,7 @@ int gang__gguf_band_blocks(const gang__gguf *g, const struct gang_model_config *
         t = gang__gguf_find(g, name);
     /* Anything unusual is the f32 path's to report, with its messages. */
     if (t == NULL || rows == 0 || t->n_dims != 2 || t->ne[0] != cols || t->rows != rows ||
-        !gb_kernel_type(t->type, type) || !gang_kernels_wtype_block(*type, &e, &bb) ||
+        !gang__gguf_kernel_type(t->type, type) || !gang_kernels_wtype_block(*type, &e, &bb) ||
         row_first > rows || row_count > rows - row_first || col_first > cols ||
         col_count > cols - col_first || row_count == 0 || col_count == 0)
         return 0;

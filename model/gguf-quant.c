@@ -96,6 +96,44 @@ int gang__gguf_type_block(uint32_t type, uint32_t *elems, uint32_t *bytes)
     return 0;
 }
 
+int gang__gguf_kernel_type(uint32_t ggml, gang_kernels_wtype *out)
+{
+    switch (ggml) {
+    case GANG__GGML_Q8_0:
+        *out = GANG_KW_Q8_0;
+        return 1;
+    case GANG__GGML_Q4_0:
+        *out = GANG_KW_Q4_0;
+        return 1;
+    case GANG__GGML_Q4_1:
+        *out = GANG_KW_Q4_1;
+        return 1;
+    case GANG__GGML_Q5_0:
+        *out = GANG_KW_Q5_0;
+        return 1;
+    case GANG__GGML_Q5_1:
+        *out = GANG_KW_Q5_1;
+        return 1;
+    case GANG__GGML_Q4_K:
+        *out = GANG_KW_Q4_K;
+        return 1;
+    case GANG__GGML_Q5_K:
+        *out = GANG_KW_Q5_K;
+        return 1;
+    case GANG__GGML_Q6_K:
+        *out = GANG_KW_Q6_K;
+        return 1;
+    case GANG__GGML_IQ4_NL:
+        *out = GANG_KW_IQ4_NL;
+        return 1;
+    case GANG__GGML_IQ4_XS:
+        *out = GANG_KW_IQ4_XS;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Q4_0, Q4_1, Q5_0, Q5_1: one block of 32 (has_min: a min follows d; has_hi: qh). */
 static void dq_small(const uint8_t *p, float *y, int has_min, int has_hi)
 {
@@ -190,10 +228,13 @@ void gang__gguf_dequant(uint32_t type, const uint8_t *src, float *dst, uint64_t 
         }
         return;
     case GANG__GGML_IQ4_NL:
-    case GANG__GGML_IQ4_XS: /* n is whole blocks: gang__gguf_parse checked it */
-        (void)gang_kernels_block_dequant(
-            type == GANG__GGML_IQ4_NL ? GANG_KW_IQ4_NL : GANG_KW_IQ4_XS, src, (size_t)n, dst);
+    case GANG__GGML_IQ4_XS: { /* n is whole blocks: gang__gguf_parse checked it */
+        gang_kernels_wtype kw = GANG_KW_F32;
+
+        if (gang__gguf_kernel_type(type, &kw))
+            (void)gang_kernels_block_dequant(kw, src, (size_t)n, dst);
         return;
+    }
     default:
         break;
     }

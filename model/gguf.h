@@ -177,6 +177,9 @@ int gang__gguf_read(const gang__gguf *g, const gang__gguf_tensor *t, uint64_t ro
 const char *gang__gguf_type_name(uint32_t type);
 /* Elements and bytes of one block of a supported type: 0, or GANG_EMODEL (unsupported). */
 int gang__gguf_type_block(uint32_t type, uint32_t *elems, uint32_t *bytes);
+/* 1 with *out the kernels' block type (gang_kernels_wtype) of a GGML tensor type, 0 when
+ * the kernels have none (F32, F16, BF16 and the unsupported types). */
+int gang__gguf_kernel_type(uint32_t type, gang_kernels_wtype *out);
 /* Dequantizes n elements (whole blocks) of a supported type from src to dst. */
 void gang__gguf_dequant(uint32_t type, const uint8_t *src, float *dst, uint64_t n);
 
