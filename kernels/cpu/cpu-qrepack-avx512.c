@@ -10,18 +10,18 @@
  * order. The offsets of the signed types (Q4_0 8, Q5_0 16, Q8_0 128) start each lane at
  * -o sum(x of the half block), each half of a block in its own lanes (steps 0-3 are
  * elements 0-15, steps 4-7 elements 16-31). IQ4_NL's nibbles index its table: a byte
- * shuffle makes them the table's values + 128, offset 128 as Q8_0's. Then per block and row of x,
- * in f32 and op by op in the portable reference's order (gang__cpu_qmatmul_rows_ref: no FMA, this
- * file is built with -ffp-contract=off): y += d_x (d_w s0 + d_w s1) + m_w ds_x      (m_w = 0 for
- * the types without a minimum) so each output equals the reference's to the bit, whatever the
- * chunk, the group or the TP shard a row falls in. (The file-layout AVX2 / AVX-512 kernels sum in 8
- * lanes: another order, within 1e-5 of it.)
+ * shuffle makes them the table's values + 128, offset 128 as Q8_0's. Then per block and
+ * row of x, in f32 and op by op in the portable reference's order
+ * (gang__cpu_qmatmul_rows_ref: no FMA, this file is built with -ffp-contract=off):
+ *   y += d_x (d_w s0 + d_w s1) + m_w ds_x      (m_w = 0 for the types without a minimum)
+ * so each output equals the reference's to the bit, whatever the chunk, the group or the
+ * TP shard a row falls in. (The file-layout AVX2 / AVX-512 kernels sum in 8 lanes: another
+ * order, within 1e-5 of it.)
  *
  * The rows of x go MT at a time (MT <= 8) with the block's codes unpacked once in registers
  * for all of them: decode (m <= 8) is one pass over W, batched m re-reads each group (a few
  * KiB to a few tens of KiB) from L1 / L2 per 8 rows of x.
  */
-#include "../kernels-blocks.h"
 #include "cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                      \
@@ -29,21 +29,15 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "cpu-qunpack-avx2.h"
+
 #define RP_INLINE static inline __attribute__((always_inline))
 #define RP_MT 8       /* rows of x per pass over a group */
 #define RP_AHEAD 2048 /* bytes of W asked for ahead of the column block being read */
 
-/* The offset of t's codes (0 for the types with a minimum). */
-RP_INLINE int rp_offset(gang_kernels_wtype t)
-{
-    return t == GANG_KW_Q8_0 || t == GANG_KW_IQ4_NL ? 128
-           : t == GANG_KW_Q4_0                      ? 8
-           : t == GANG_KW_Q5_0                      ? 16
-                                                    : 0;
-}
-
-/* The 8 steps' code vectors of column block c of type t. */
-RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i w[8])
+/* The 8 steps' code vectors of column block c of type t (tbl: IQ4_NL's table + 128 in
+ * every 128-bit lane). */
+RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i tbl, __m512i w[8])
 {
     const int with_m = t == GANG_KW_Q4_1 || t == GANG_KW_Q5_1;
     const int five = t == GANG_KW_Q5_0 || t == GANG_KW_Q5_1;
@@ -60,13 +54,9 @@ RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i w[8])
         w[j] = _mm512_and_si512(v, m4);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
-    if (t == GANG_KW_IQ4_NL) { /* the table + 128 (kernels-blocks.h), in every 128-bit lane */
-        const __m512i tbl = _mm512_broadcast_i32x4(
-            _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)gang__kw_iq4_values),
-                          _mm_set1_epi8((char)0x80)));
+    if (t == GANG_KW_IQ4_NL)
         for (int s = 0; s < 8; s++)
             w[s] = _mm512_shuffle_epi8(tbl, w[s]);
-    }
     if (five) {
         const uint8_t *h = c + 32 + 32 * with_m;
         const __m512i bit = _mm512_set1_epi8(0x10);
@@ -89,6 +79,7 @@ RP_INLINE void rp_group(gang_kernels_wtype t, const int mt, const gang__cpu_rp *
     const int with_m = t == GANG_KW_Q4_1 || t == GANG_KW_Q5_1;
     const size_t nb = rp->nb, kdim = rp->kdim, cb = rp->cb;
     const uint8_t *c = rp->body + g * nb * cb;
+    const __m512i tbl = _mm512_broadcast_i32x4(qavx_iq4_table(1)); /* IQ4_NL */
     __m512 acc[RP_MT];
 
     for (int i = 0; i < mt; i++)
@@ -101,14 +92,14 @@ RP_INLINE void rp_group(gang_kernels_wtype t, const int mt, const gang__cpu_rp *
         __m512 mw =
             with_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(c + 32)))
                    : _mm512_setzero_ps(); /* 0 x ds: the reference's b = 0 term */
-        rp_codes(t, c, w);
+        rp_codes(t, c, tbl, w);
         RP_UNROLL8
         for (int i = 0; i < mt; i++) {
             const size_t r = r0 + (size_t)i, gi = r * nb + b;
             int32_t xw[8];
             memcpy(xw, qx->q + r * kdim + 32 * b, sizeof(xw));
-            __m512i s0 = _mm512_set1_epi32(-rp_offset(t) * sx[2 * gi]);
-            __m512i s1 = _mm512_set1_epi32(-rp_offset(t) * sx[2 * gi + 1]);
+            __m512i s0 = _mm512_set1_epi32(-qavx_offset(t) * sx[2 * gi]);
+            __m512i s1 = _mm512_set1_epi32(-qavx_offset(t) * sx[2 * gi + 1]);
             RP_UNROLL4
             for (int k = 0; k < 4; k++) {
                 s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(xw[k]));

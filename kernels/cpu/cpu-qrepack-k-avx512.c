@@ -23,7 +23,6 @@
  * (it changes no sum: t's zero sign cannot reach an output that starts at +0), except in
  * a call where some ds is infinite (0 inf is a NaN there, as in the reference).
  */
-#include "../kernels-blocks.h"
 #include "cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                      \
@@ -33,6 +32,7 @@
 #include <string.h>
 
 #include "cpu-qrepack-k.h"
+#include "cpu-qunpack-avx2.h"
 
 #define RPK_INLINE static inline __attribute__((always_inline))
 #define RPK_MT 8       /* rows of x per pass over a group of 16 W rows */
@@ -156,14 +156,11 @@ RPK_INLINE void rpk_group(gang_kernels_wtype t, const int mt, int zds, const gan
                           size_t ldy)
 {
     const int with_m = t == GANG_KW_Q4_K || t == GANG_KW_Q5_K;
-    const int off = t == GANG_KW_Q6_K ? 32 : t == GANG_KW_IQ4_XS ? 128 : 0;
+    const int off = qavx_offset(t);
     const int sc_at = t == GANG_KW_Q6_K ? RPK6_SC : t == GANG_KW_IQ4_XS ? RPKX_SC : RPK_SC;
     const size_t nb = rp->nb, kdim = rp->kdim, cb = rp->cb;
     const uint8_t *c = rp->body + g * nb * cb;
-    /* IQ4_XS: the table + 128 (kernels-blocks.h's gang__kw_iq4_values), every 128-bit lane */
-    const __m512i tbl = _mm512_broadcast_i32x4(
-        _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)gang__kw_iq4_values),
-                      _mm_set1_epi8((char)0x80)));
+    const __m512i tbl = _mm512_broadcast_i32x4(qavx_iq4_table(1)); /* IQ4_XS */
     __m512 acc[RPK_MT], blk[RPK_MT];
 
     for (int i = 0; i < mt; i++)

@@ -1,10 +1,9 @@
 /*
  * CPU backend: the repacked layout of the 256-element block types (Q4_K, Q5_K, Q6_K,
- * IQ4_XS), the
- * column blocks cpu-qrepack.c's header and groups hold for them (cpu-qrepack-k-avx512.c
- * is their kernel). As for the 32-element types a column block is block b of 16 W rows,
- * one int32 lane per row, but the 6-bit scales and minimums are unpacked to bytes here
- * once, so that the kernel widens them with one instruction:
+ * IQ4_XS), the column blocks cpu-qrepack.c's header and groups hold for them
+ * (cpu-qrepack-k-avx512.c is their kernel). As for the 32-element types a column block is block b
+ * of 16 W rows, one int32 lane per row, but the 6-bit scales and minimums are unpacked to bytes
+ * here once, so that the kernel widens them with one instruction:
  *
  *   Q4_K / Q5_K (2368 / 2880 bytes: 16 blocks' bytes plus 4 per row of unpacked scales)
  *     d     16 x f16 (32 bytes), then dmin 16 x f16 (32 bytes);
@@ -19,7 +18,7 @@
  *     d     16 x f16 (32 bytes);
  *     sc    16 x 16 int8: byte 16 i + r is the scale of sixteen i of row r;
  *     ql    32 vectors, vector v bytes 4 v .. 4 v + 3 of row r's ql[128] at lane r;
- * *     qh    16 vectors, vector v bytes 4 v .. 4 v + 3 of row r's qh[64] at lane r.
+ *     qh    16 vectors, vector v bytes 4 v .. 4 v + 3 of row r's qh[64] at lane r.
  *   IQ4_XS (2208 bytes: 16 blocks' bytes plus 2 per row of unpacked scales)
  *     d     16 x f16 (32 bytes);
  *     sc    8 x 16 int8: byte 16 i + r is s - 32 of group i of row r (the 6-bit s of

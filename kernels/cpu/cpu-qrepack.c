@@ -3,8 +3,8 @@
  * VNNI kernels of cpu-qrepack-avx512.c and cpu-qrepack-k-avx512.c stream, built once at
  * load by gang_kernels_block_repack (include/ganglion/kernels.h). Below, the 32-element
  * types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL: laid out as Q4_0, its codes the table's
- * indices); the K types (Q4_K, Q5_K, Q6_K) share the header,
- * the groups and the column blocks' order, their column blocks' inside is cpu-qrepack-k.c's.
+ * indices); the 256-element types (Q4_K, Q5_K, Q6_K, IQ4_XS) share the header, the groups
+ * and the column blocks' order, their column blocks' inside is cpu-qrepack-k.c's.
  *
  * A repacked weight is one allocation: a 64-byte header (magic, type, n, kdim), then the
  * body. The body is ceil(n / 16) groups of 16 W rows (the last one padded with zero rows),

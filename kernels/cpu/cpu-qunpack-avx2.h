@@ -85,6 +85,12 @@ static inline __attribute__((always_inline)) int qavx_offset_log2(gang_kernels_w
     }
 }
 
+/* The offset o of type t's unsigned codes, 0 when it has none (the repacked kernels'). */
+static inline __attribute__((always_inline)) int qavx_offset(gang_kernels_wtype t)
+{
+    return qavx_offset_log2(t) < 0 ? 0 : 1 << qavx_offset_log2(t);
+}
+
 /* One block into q[groups], a[2 groups] (per 16) and b[groups] (per 32); u as above (a
  * constant where it is inlined: the branches on it fold away). */
 static inline __attribute__((always_inline)) void

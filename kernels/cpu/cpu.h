@@ -127,23 +127,6 @@ void gang__cpu_quantize_x_avx512(const float *x, size_t m, size_t kdim, const ga
 int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
                         const gang_kernels_weight *w, const size_t *n, float *const *y);
 
-/* cpu-pool.c: runs fn(arg, c) for every chunk c < chunks on the pool's threads and the
- * caller, returning when all are done (see the file's comment). gang__cpu_threads: the
- * threads a job may use; gang__cpu_set_threads(1) makes every job run on its caller
- * (tests), a larger value restores the whole pool. */
-/*
- * The repacked layout of the block types (cpu-qrepack.c; the K types' column blocks in
- * cpu-qrepack-k.c): groups of
- * GANG__RP_ROWS W rows interleaved for the AVX-512 kernel (cpu-qrepack-avx512.c), behind a
- * header of GANG__RP_HEADER bytes. gang__cpu_rp_get: 1 and *out when w is a repacked weight
- * of n x kdim, 0 when it is in the file's layout, GANG_EINVAL when it is repacked with
- * other sizes; gang__cpu_rp_peek the same with the sizes it was made with.
- * gang__cpu_rp_embedding: rows ids of a repacked table dequantized (GANG_EINVAL for an id
- * out of range or another dim). gang__cpu_rp_block: row's block blk in the file's layout
- * (bytes of the type's block). gang__cpu_rp_build: the repacked copy of src (file layout), NULL for
- * another type or when memory is out. The rows kernels: groups [g0, g1) against the m
- * rows of x (sx: the int sums of the two halves of each group of 32 of x, two per qx's d).
- */
 /* Full unrolling of the repacked kernels' loops over the rows of x (at most 8) and the four
  * steps of a half group, so that the code vectors and the rows' accumulators stay in
  * registers (left to itself clang kept them on the stack: 5-10% of a batch-32 step). */
@@ -157,6 +140,20 @@ int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
 #define RP_UNROLL8
 #define RP_UNROLL4
 #endif
+
+/*
+ * The repacked layout of the block types (cpu-qrepack.c; the K types' column blocks in
+ * cpu-qrepack-k.c): groups of
+ * GANG__RP_ROWS W rows interleaved for the AVX-512 kernel (cpu-qrepack-avx512.c), behind a
+ * header of GANG__RP_HEADER bytes. gang__cpu_rp_get: 1 and *out when w is a repacked weight
+ * of n x kdim, 0 when it is in the file's layout, GANG_EINVAL when it is repacked with
+ * other sizes; gang__cpu_rp_peek the same with the sizes it was made with.
+ * gang__cpu_rp_embedding: rows ids of a repacked table dequantized (GANG_EINVAL for an id
+ * out of range or another dim). gang__cpu_rp_block: row's block blk in the file's layout
+ * (bytes of the type's block). gang__cpu_rp_build: the repacked copy of src (file layout), NULL for
+ * another type or when memory is out. The rows kernels: groups [g0, g1) against the m
+ * rows of x (sx: the int sums of the two halves of each group of 32 of x, two per qx's d).
+ */
 #define GANG__RP_ROWS 16
 #define GANG__RP_HEADER 64
 typedef struct gang__cpu_rp {
@@ -186,6 +183,10 @@ void gang__cpu_rpk_block(gang_kernels_wtype t, const uint8_t *c, size_t r, uint8
 void gang__cpu_rpk_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *sx,
                                const gang__cpu_rp *rp, size_t g0, size_t g1, float *y, size_t ldy);
 
+/* cpu-pool.c: runs fn(arg, c) for every chunk c < chunks on the pool's threads and the
+ * caller, returning when all are done (see the file's comment). gang__cpu_threads: the
+ * threads a job may use; gang__cpu_set_threads(1) makes every job run on its caller
+ * (tests), a larger value restores the whole pool. */
 typedef void (*gang__cpu_task)(void *arg, size_t chunk);
 void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks);
 unsigned gang__cpu_threads(void);
