@@ -14,6 +14,13 @@
  * (gang_kernels_gemm, a long prefill's attention, f32 matmuls on a CPU without AVX2); the
  * two run one after the other within a step, never at once.
  *
+ * Chunks: each thread owns a contiguous range of the job's chunks (thread t of T the t-th
+ * T-th) and takes them from its front; a thread whose range is empty steals from the back
+ * of the others'. Each thread so streams one run of adjacent weight rows (the hardware
+ * prefetchers follow one stream per thread, where a shared counter dealt the chunks out
+ * interleaved), takes its chunks on a cache line no other thread writes until it steals,
+ * and a thread that starts late or is slowed still has its range finished by the others.
+ *
  * One job at a time: a second thread that calls while a job runs (ranks of a test run as
  * threads of one process) does its whole job alone instead of waiting.
  */
@@ -23,6 +30,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,7 +64,7 @@ static struct {
     gang__cpu_task fn; /* the current job, stable until every worker acknowledged it */
     void *arg;
     size_t chunks;
-    _Alignas(64) atomic_size_t next; /* next chunk to take */
+    unsigned parts; /* threads the chunks were divided among (workers + the caller) */
     _Alignas(64) atomic_size_t done; /* chunks finished (a thread adds its count once) */
     _Alignas(64) atomic_uint acks;   /* workers that finished with the current job */
     atomic_flag busy;                /* a caller is publishing or running a job */
@@ -80,15 +88,50 @@ static long now_ns(void)
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* Takes chunks of the current job until none is left, then counts them done at once
- * (one write to the shared counter per thread and job, not one per chunk). */
-static void run_chunks(void)
+/* Thread t's chunks of the current job not yet taken, [lo, hi) as lo | hi << 32, each on
+ * its own cache line (thread 0 is the caller, worker i thread i + 1). */
+static struct {
+    _Alignas(64) _Atomic uint64_t lohi;
+} ranges[GANG__POOL_MAX];
+
+/* Takes one chunk of range t into *c: its first when front, else its last; 0 when the
+ * range is empty. */
+static int range_take(unsigned t, int front, size_t *c)
+{
+    uint64_t r = atomic_load_explicit(&ranges[t].lohi, memory_order_relaxed), next;
+
+    for (;;) {
+        uint64_t lo = r & 0xffffffffu, hi = r >> 32;
+
+        if (lo >= hi)
+            return 0;
+        next = front ? r + 1 : r - ((uint64_t)1 << 32);
+        if (atomic_compare_exchange_weak_explicit(&ranges[t].lohi, &r, next, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *c = (size_t)(front ? lo : hi - 1);
+            return 1;
+        }
+    }
+}
+
+/* Thread self's part of the current job: its own range from the front, then the others'
+ * from their backs, then the count done at once (one write to the shared counter per
+ * thread and job, not one per chunk). */
+static void run_chunks(unsigned self)
 {
     size_t c, n = 0;
 
-    while ((c = atomic_fetch_add(&pool.next, 1)) < pool.chunks) {
+    while (range_take(self, 1, &c)) {
         pool.fn(pool.arg, c);
         n++;
+    }
+    for (unsigned k = 1; k < pool.parts; k++) {
+        unsigned v = (self + k) % pool.parts;
+
+        while (range_take(v, 0, &c)) {
+            pool.fn(pool.arg, c);
+            n++;
+        }
     }
     if (n > 0)
         atomic_fetch_add_explicit(&pool.done, n, memory_order_release);
@@ -129,14 +172,14 @@ static unsigned long wait_job(unsigned long seen)
  * only after every worker acknowledged this one, so the job's fields never change under
  * a worker that still reads them, and no worker skips a job.
  */
-static void *worker_main(void *unused)
+static void *worker_main(void *arg)
 {
     unsigned long seen = 0;
+    unsigned self = (unsigned)(uintptr_t)arg;
 
-    (void)unused;
     for (;;) {
         seen = wait_job(seen);
-        run_chunks();
+        run_chunks(self);
         atomic_fetch_add_explicit(&pool.acks, 1, memory_order_release);
     }
     return NULL;
@@ -159,7 +202,7 @@ static void pool_start(void)
     for (unsigned i = 0; i + 1 < n; i++) {
         pthread_t th;
 
-        if (pthread_create(&th, &at, worker_main, NULL) != 0)
+        if (pthread_create(&th, &at, worker_main, (void *)(uintptr_t)(pool.n_workers + 1)) != 0)
             break; /* fewer workers: jobs still complete on the caller */
         pool.n_workers++;
     }
@@ -204,7 +247,8 @@ void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks)
     unsigned spins = 0;
     int yield = 0;
 
-    if (chunks <= 1 || gang__cpu_threads() <= 1 || atomic_flag_test_and_set(&pool.busy)) {
+    if (chunks <= 1 || chunks > UINT32_MAX || gang__cpu_threads() <= 1 ||
+        atomic_flag_test_and_set(&pool.busy)) {
         for (size_t c = 0; c < chunks; c++)
             fn(arg, c);
         return;
@@ -219,14 +263,19 @@ void gang__cpu_parallel(gang__cpu_task fn, void *arg, size_t chunks)
     pool.fn = fn;
     pool.arg = arg;
     pool.chunks = chunks;
+    pool.parts = pool.n_workers + 1;
+    for (unsigned t = 0; t < pool.parts; t++) {
+        uint64_t lo = chunks * t / pool.parts, hi = chunks * (t + 1) / pool.parts;
+
+        atomic_store_explicit(&ranges[t].lohi, lo | hi << 32, memory_order_relaxed);
+    }
     atomic_store(&pool.done, 0);
-    atomic_store(&pool.next, 0);
     atomic_store(&pool.acks, 0);
     pthread_mutex_lock(&pool.mu);
     atomic_fetch_add_explicit(&pool.job_seq, 1, memory_order_release);
     pthread_cond_broadcast(&pool.cv);
     pthread_mutex_unlock(&pool.mu);
-    run_chunks();
+    run_chunks(0);
     /* The chunks still running belong to workers that took them: bounded work. A worker
      * preempted by another process holds its chunk for a time slice; after a short spin
      * the caller yields its CPU instead of burning it (on a loaded host the scheduler may

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1441,6 +1442,103 @@ static void test_matmul_types(void **state)
     gang__cpu_simd_force(-1);
 }
 
+/* What the pool test's chunks record: how often each ran, and by whom in which order. */
+#define POOL_T_CHUNKS 64
+static struct {
+    _Atomic int runs[POOL_T_CHUNKS];
+    pthread_t caller;
+    _Atomic int order[POOL_T_CHUNKS]; /* the chunks in the order they were taken */
+    _Atomic int by_caller[POOL_T_CHUNKS];
+    _Atomic int next;
+    _Atomic int slow_claimed; /* the first worker chunk sleeps (a preempted thread) */
+    int slow_chunk;
+} pool_t;
+
+static void pool_t_chunk(void *arg, size_t c)
+{
+    int i = atomic_fetch_add(&pool_t.next, 1),
+        caller = pthread_equal(pthread_self(), pool_t.caller);
+
+    (void)arg;
+    pool_t.order[i] = (int)c;
+    pool_t.by_caller[c] = caller;
+    atomic_fetch_add(&pool_t.runs[c], 1);
+    if (!caller && arg != NULL && atomic_exchange(&pool_t.slow_claimed, 1) == 0) {
+        pool_t.slow_chunk = (int)c;
+        usleep(50 * 1000);
+    }
+}
+
+static void pool_t_reset(void)
+{
+    memset(&pool_t, 0, sizeof(pool_t));
+    pool_t.caller = pthread_self();
+    pool_t.slow_chunk = -1;
+}
+
+/*
+ * The pool (kernels/cpu/cpu-pool.c): every chunk runs exactly once for any count; the
+ * caller owns the first contiguous range and takes it from its front (0, 1, 2, ...); a
+ * worker that stalls in its first chunk (50 ms) has the rest of its range finished by the
+ * others, the caller taking a worker's range from its back.
+ */
+static void test_pool_ranges(void **state)
+{
+    unsigned threads;
+
+    (void)state;
+    gang__cpu_set_threads(64);
+    threads = gang__cpu_threads();
+    if (threads < 2) {
+        print_message("[  SKIP    ] the pool has one thread on this machine: no ranges to share\n");
+        skip();
+    }
+    for (size_t chunks = 1; chunks <= POOL_T_CHUNKS; chunks += chunks < 8 ? 1 : 7) {
+        pool_t_reset();
+        gang__cpu_parallel(pool_t_chunk, NULL, chunks);
+        for (size_t c = 0; c < chunks; c++)
+            assert_int_equal(pool_t.runs[c], 1);
+        assert_int_equal(pool_t.next, (int)chunks);
+        for (int i = 0, want = 0; i < (int)chunks; i++) {
+            int c = pool_t.order[i];
+
+            if (pool_t.by_caller[c] && c < (int)(chunks / threads)) /* its own range, in order */
+                assert_int_equal(c, want++);
+        }
+    }
+    for (int rep = 0; rep < 3; rep++) {
+        int own_end, stolen = 0, last = POOL_T_CHUNKS;
+
+        pool_t_reset();
+        gang__cpu_parallel(pool_t_chunk, &pool_t, POOL_T_CHUNKS);
+        for (size_t c = 0; c < POOL_T_CHUNKS; c++)
+            assert_int_equal(pool_t.runs[c], 1);
+        if (pool_t.slow_chunk < 0)
+            continue; /* no worker woke in time: the caller ran it all (allowed) */
+        /* The slow worker's range starts at its chunk; the others took all the rest of it. */
+        own_end = POOL_T_CHUNKS;
+        for (unsigned t = 1; t <= threads; t++)
+            if ((int)(POOL_T_CHUNKS * t / threads) > pool_t.slow_chunk) {
+                own_end = (int)(POOL_T_CHUNKS * t / threads);
+                break;
+            }
+        for (int c = pool_t.slow_chunk + 1; c < own_end; c++)
+            if (pool_t.by_caller[c])
+                stolen++;
+        if (threads == 2) { /* then the caller took every one, from the back */
+            assert_int_equal(stolen, own_end - pool_t.slow_chunk - 1);
+            for (int i = 0; i < POOL_T_CHUNKS; i++)
+                if (pool_t.order[i] > pool_t.slow_chunk) {
+                    assert_true(pool_t.order[i] < last);
+                    last = pool_t.order[i];
+                }
+        }
+        print_message("[  NOTE    ] a worker stalled in chunk %d: the caller took %d of the %d "
+                      "after it in its range\n",
+                      pool_t.slow_chunk, stolen, own_end - pool_t.slow_chunk - 1);
+    }
+}
+
 /*
  * Threads and kernels: the pool splits the rows of W, each output is one dot product in
  * a fixed order, so one thread and the whole pool give the same bits; the AVX2 kernel
@@ -1736,6 +1834,7 @@ int main(void)
         cmocka_unit_test(test_matmul_rows_avx2),
         cmocka_unit_test(test_matmul_panel_buffer),
         cmocka_unit_test(test_weight_host_alloc),
+        cmocka_unit_test(test_pool_ranges),
         cmocka_unit_test_setup_teardown(test_embedding_w, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_errors, setup, teardown),
     };
