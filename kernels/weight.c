@@ -190,3 +190,96 @@ void *gang_kernels_weight_host_alloc(size_t bytes)
 #endif
     return p;
 }
+
+/* One region of an arena: [base, base + len) mapped, pieces cut from base up to used. */
+typedef struct arena_region {
+    char *base;
+    size_t len, used;
+} arena_region;
+
+struct gang_kernels_arena {
+    arena_region *r; /* r[n - 1] is the one pieces are cut from */
+    size_t n, cap;
+};
+
+gang_kernels_arena *gang_kernels_arena_new(void)
+{
+    return calloc(1, sizeof(gang_kernels_arena));
+}
+
+/*
+ * Maps len bytes (a multiple of 2 MiB) at a 2 MiB boundary: len + 2 MiB mapped, the
+ * misaligned head and the tail beyond len unmapped again, the rest advised MADV_HUGEPAGE
+ * (best effort, as in gang_kernels_weight_host_alloc). NULL when the mapping fails.
+ */
+static char *arena_map(size_t len)
+{
+    size_t over = len + GANG__HUGE_PAGE, head;
+    char *p = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    if (p == MAP_FAILED)
+        return NULL;
+    head = (GANG__HUGE_PAGE - (uintptr_t)p % GANG__HUGE_PAGE) % GANG__HUGE_PAGE;
+    if (head > 0)
+        munmap(p, head);
+    if (over - head > len)
+        munmap(p + head + len, over - head - len);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p + head, len, MADV_HUGEPAGE);
+#endif
+    return p + head;
+}
+
+void *gang_kernels_arena_alloc(gang_kernels_arena *a, size_t bytes)
+{
+    arena_region *last = a != NULL && a->n > 0 ? &a->r[a->n - 1] : NULL;
+    size_t need = (bytes + 63) / 64 * 64, len;
+    char *p;
+
+    if (a == NULL || bytes == 0 || need < bytes)
+        return NULL;
+    if (last != NULL && last->len - last->used >= need) {
+        p = last->base + last->used;
+        last->used += need;
+        return p;
+    }
+    /* A new region: the rest of the last one stays unused (and, untouched, not resident). */
+    if (need > SIZE_MAX - 2 * GANG__HUGE_PAGE)
+        return NULL;
+    len = (need + GANG__HUGE_PAGE - 1) / GANG__HUGE_PAGE * GANG__HUGE_PAGE;
+    if (len < GANG_KERNELS_ARENA_REGION)
+        len = GANG_KERNELS_ARENA_REGION;
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 8;
+        arena_region *r = realloc(a->r, cap * sizeof(*r));
+
+        if (r == NULL)
+            return NULL;
+        a->r = r;
+        a->cap = cap;
+    }
+    if ((p = arena_map(len)) == NULL)
+        return NULL;
+    a->r[a->n++] = (arena_region){.base = p, .len = len, .used = need};
+    return p;
+}
+
+int gang_kernels_arena_owns(const gang_kernels_arena *a, const void *p)
+{
+    const char *q = p;
+
+    for (size_t i = 0; a != NULL && q != NULL && i < a->n; i++)
+        if (q >= a->r[i].base && (size_t)(q - a->r[i].base) < a->r[i].used)
+            return 1;
+    return 0;
+}
+
+void gang_kernels_arena_free(gang_kernels_arena *a)
+{
+    if (a == NULL)
+        return;
+    for (size_t i = 0; i < a->n; i++)
+        munmap(a->r[i].base, a->r[i].len);
+    free(a->r);
+    free(a);
+}

@@ -34,9 +34,10 @@ typedef struct loader {
     const gang_topology *t;
     char *err;
     size_t errlen;
-    size_t bytes;        /* f32 bytes copied out so far */
-    float *rope_factors; /* GGUF rope_freqs.weight, read and checked once, or NULL */
-    uint32_t ep;         /* how a MoE layer's experts are held (gang_load_options.ep) */
+    size_t bytes;              /* f32 bytes copied out so far */
+    float *rope_factors;       /* GGUF rope_freqs.weight, read and checked once, or NULL */
+    uint32_t ep;               /* how a MoE layer's experts are held (gang_load_options.ep) */
+    gang_kernels_arena *arena; /* the model's (m->warena): the layers' repacked matrices */
 } loader;
 
 /* The file a missing tensor is reported against: the single file or the index. */
@@ -203,13 +204,17 @@ static int ld_band_cb(void *ctx, const char *name, uint64_t rows, uint64_t cols,
 /*
  * *w (a block weight [n, kdim] of type t, the file's layout) replaced by the CPU kernels'
  * interleaved copy where they have one (gang_kernels_block_repack), unless the model is
- * for a device (L->keep_layout: its kernels read the file's blocks). The file's blocks are
- * released here: an array of their own freed; a band that points into L's mapping has its
- * pages dropped (MADV_DONTNEED; ld_map_trim unmaps the file once nothing points into it).
+ * for a device (L->keep_layout: its kernels read the file's blocks). The copy goes into
+ * arena when one is given (a layer's matrices: m->warena, so that they sit on huge pages
+ * in the order a step reads them), else into an allocation of its own. The file's blocks
+ * are released here: an array of their own freed; a band that points into L's mapping has
+ * its pages dropped (MADV_DONTNEED; ld_map_trim unmaps the file once nothing points into
+ * it).
  */
-static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim)
+static void ld_repack(loader *L, void **w, gang_kernels_wtype t, uint64_t n, uint64_t kdim,
+                      gang_kernels_arena *arena)
 {
-    void *rp = L->keep_layout ? NULL : gang_kernels_block_repack(t, *w, n, kdim);
+    void *rp = L->keep_layout ? NULL : gang_kernels_block_repack(t, *w, n, kdim, arena);
     const uint8_t *b = L->gg.map, *p = *w;
 
     if (rp == NULL)
@@ -244,7 +249,7 @@ static int ld_matrix(loader *L, gang_tp_layer *l, int j, const char *name, uint6
         }
         l->mixed = 1;
         if (*out != NULL) {
-            ld_repack(L, out, l->mtype[j], rn, cn);
+            ld_repack(L, out, l->mtype[j], rn, cn, L->arena);
             return 0;
         }
         l->mtype[j] = GANG_KW_F32;
@@ -261,8 +266,8 @@ int gang__model_in_map(const gang_model *m, const void *p)
     return b != NULL && q != NULL && q >= b && (size_t)(q - b) < m->wmap_len;
 }
 
-/* Forgets l's matrices that point into m's mapping, before gang_tp_layer_free; returns
- * how many there were. */
+/* Forgets l's matrices that point into m's mapping or lie in its arena (m->warena), before
+ * gang_tp_layer_free; returns how many pointed into the mapping. */
 static int ld_unhook(const gang_model *m, gang_tp_layer *l)
 {
     void **const mats[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
@@ -272,6 +277,8 @@ static int ld_unhook(const gang_model *m, gang_tp_layer *l)
         if (gang__model_in_map(m, *mats[j])) {
             *mats[j] = NULL;
             n++;
+        } else if (gang_kernels_arena_owns(m->warena, *mats[j])) {
+            *mats[j] = NULL;
         }
     return n;
 }
@@ -427,7 +434,7 @@ static int ld_ends(loader *L, gang_model *m)
             /* Repacked only when the head is the whole table (its matmul then sees the
              * table's own sizes); the embedding lookup reads the repacked rows too. */
             if (m->blocks && m->shard.vocab_first == 0 && m->shard.vocab_count == vocab)
-                ld_repack(L, &m->embed, m->wtype, vocab, hidden);
+                ld_repack(L, &m->embed, m->wtype, vocab, hidden, NULL);
             m->lm_head = gang__model_tied_head(m);
             return 0;
         }
@@ -435,7 +442,7 @@ static int ld_ends(loader *L, gang_model *m)
             rc = ld_end_blocks(L, head, vocab, m->shard.vocab_first, m->shard.vocab_count,
                                &m->lm_head, &m->head_type);
         if (rc == 0 && m->lm_head != NULL)
-            ld_repack(L, &m->lm_head, m->head_type, m->shard.vocab_count, hidden);
+            ld_repack(L, &m->lm_head, m->head_type, m->shard.vocab_count, hidden, NULL);
         if (rc == 0 && m->lm_head == NULL)
             rc = ld_rows(L, head, vocab, hidden, m->shard.vocab_first, m->shard.vocab_count, &arr);
         if (arr != NULL)
@@ -596,6 +603,10 @@ int gang_model_load_ex(const char *dir, const gang_topology *t, uint32_t rank,
                (o->quantize == NULL || strcmp(o->quantize, "none") == 0);
     m->blocks = L.blocks;
     L.keep_layout = o != NULL && o->keep_layout;
+    /* Owned by the model from here (gang_model_free releases it on every path); without
+     * one (memory out) each repacked matrix is an allocation of its own. */
+    if (L.blocks && !L.keep_layout)
+        L.arena = m->warena = gang_kernels_arena_new();
     rc = L.is_gguf ? gang__gguf_open(dir, &L.gg, err, errlen)
                    : gang__st_set_open(dir, &L.set, err, errlen);
     if (rc != 0)
@@ -791,6 +802,7 @@ void gang_model_free(gang_model *m)
     if (!m->lm_head_tied && !gang__model_in_map(m, m->lm_head))
         free(m->lm_head);
     if (m->wmap != NULL)
-        munmap(m->wmap, m->wmap_len); /* after every array that pointed into it went */
+        munmap(m->wmap, m->wmap_len);   /* after every array that pointed into it went */
+    gang_kernels_arena_free(m->warena); /* the same, for the layers' repacked matrices */
     free(m);
 }

@@ -27,6 +27,8 @@
 
 /* Opaque handle on one kernel backend, allocated by gang_kernels_open(). */
 typedef struct gang_kernels gang_kernels;
+/* Host memory for weights that live as long as their model (gang_kernels_arena_new). */
+typedef struct gang_kernels_arena gang_kernels_arena;
 
 /*
  * Opens a kernel backend. device is "cpu", "cuda", "auto" ("auto" picks "cpu" until the
@@ -129,20 +131,21 @@ int gang_kernels_block_dequant(gang_kernels_wtype t, const void *src, size_t n, 
 /*
  * The CPU kernels' own layout of a block weight [n, kdim] at src (the file's layout), made
  * once at load (issue #27): where the CPU runs the AVX-512 VNNI kernels (gang__cpu_simd level
- * 2) and t is Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, a new allocation (release
- * with free()) holding the blocks of 16 rows interleaved so that one 512-bit vpdpbusd
- * computes 16 rows' partial products (kernels/cpu/cpu-qrepack.c and cpu-qrepack-k.c have the
- * layout): about the same bytes as src (a 64-byte header, the last group of 16 rows padded
- * with zero rows, and Q4_K / Q5_K 4 more bytes a block for their scales unpacked: 2.8% /
- * 2.3%). The caller then frees or
- * unmaps src and hands the new buffer, with the same type and sizes, to
- * gang_kernels_matmul, which recognises it. NULL (src stays the weight) for another type or
- * CPU, a kdim that is not a whole number of blocks, or when memory is out. A repacked
- * buffer is for gang_kernels_matmul with exactly these n and kdim (GANG_EINVAL otherwise)
+ * 2) and t is Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS, a new
+ * allocation (release with free()), or a piece of arena when one is given (released with
+ * the arena, gang_kernels_arena_free), holding the blocks of 16 rows interleaved so that
+ * one 512-bit vpdpbusd computes 16 rows' partial products (kernels/cpu/cpu-qrepack.c and
+ * cpu-qrepack-k.c have the layout): about the same bytes as src (a 64-byte header, the last group
+ * of 16 rows padded with zero rows, and Q4_K / Q5_K 4 more bytes a block for their scales
+ * unpacked: 2.8% / 2.3%). The caller then frees or unmaps src and hands the new buffer, with the
+ * same type and sizes, to gang_kernels_matmul, which recognises it. NULL (src stays the weight) for
+ * another type or CPU, a kdim that is not a whole number of blocks, or when memory is out. A
+ * repacked buffer is for gang_kernels_matmul with exactly these n and kdim (GANG_EINVAL otherwise)
  * and gang_kernels_embedding_w (a tied table: its rows rebuilt); not for
  * gang_kernels_block_dequant or views of some of its rows.
  */
-void *gang_kernels_block_repack(gang_kernels_wtype t, const void *src, size_t n, size_t kdim);
+void *gang_kernels_block_repack(gang_kernels_wtype t, const void *src, size_t n, size_t kdim,
+                                gang_kernels_arena *arena);
 
 #define GANG_KW_SCALES_OFFSET(elems) (((size_t)(elems) + 63u) / 64u * 64u)
 
@@ -186,6 +189,26 @@ int gang_kernels_weight_pack(gang_kernels_wtype t, const float *src, size_t n, s
  * 2 MiB in a small model) to give the advice something to cover.
  */
 void *gang_kernels_weight_host_alloc(size_t bytes);
+
+/*
+ * An arena of host memory for weights that live as long as their model (kernels/weight.c):
+ * 64-byte-aligned pieces cut in allocation order from regions of at least
+ * GANG_KERNELS_ARENA_REGION bytes, each 2 MiB-aligned and advised MADV_HUGEPAGE as a whole,
+ * released together by gang_kernels_arena_free (never one by one). Where the matrices are
+ * each under 2 MiB (a small model's seven per layer) gang_kernels_weight_host_alloc leaves
+ * them on 4 KiB pages, and a decode step that streams every weight once pays a TLB miss
+ * every 4 KiB of them; in an arena a layer's matrices sit side by side on huge pages in the
+ * order the step reads them. A region is mapped, not touched: its pages become resident as
+ * pieces are written, so the arena holds what was asked plus at most the rest of the last
+ * huge page of each region. gang_kernels_arena_new: NULL when memory is out.
+ * gang_kernels_arena_alloc: NULL for 0 bytes, an overflow or when memory is out.
+ * gang_kernels_arena_owns: 1 when p lies in one of a's pieces (a may be NULL: 0).
+ */
+#define GANG_KERNELS_ARENA_REGION ((size_t)32 << 20)
+gang_kernels_arena *gang_kernels_arena_new(void);
+void *gang_kernels_arena_alloc(gang_kernels_arena *a, size_t bytes);
+int gang_kernels_arena_owns(const gang_kernels_arena *a, const void *p);
+void gang_kernels_arena_free(gang_kernels_arena *a);
 
 /* "f32", "bf16", "f16", "int8", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k",
  * "q6_k" ("?" otherwise). */

@@ -301,6 +301,9 @@ typedef struct gang_model {
                                      bands in the file's order point into it (not malloc'd:
                                      gang_model_free unmaps it), the others are copies */
     size_t wmap_len;
+    gang_kernels_arena *warena; /* blocks repacked for the CPU: the layers' matrices, on huge
+                                   pages in the order a step reads them (not malloc'd:
+                                   gang_model_free releases the arena); NULL otherwise */
 } gang_model;
 
 /*

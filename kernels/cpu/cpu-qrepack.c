@@ -206,7 +206,8 @@ void gang__cpu_rp_block(const gang__cpu_rp *rp, size_t row, size_t blk, uint8_t 
     memcpy(out + 2 + 2 * with_m, &qh, 4);
 }
 
-void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t kdim)
+void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t kdim,
+                         gang_kernels_arena *arena)
 {
     size_t bb = 0, e = 0, nb, groups = (n + GANG__RP_ROWS - 1) / GANG__RP_ROWS, cb, body;
     rp_header h = {.magic = RP_MAGIC, .type = (uint64_t)t, .n = n, .kdim = kdim};
@@ -220,7 +221,8 @@ void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t
     if (groups > (SIZE_MAX - GANG__RP_HEADER) / cb / nb)
         return NULL;
     body = groups * nb * cb;
-    dst = gang_kernels_weight_host_alloc(GANG__RP_HEADER + body);
+    dst = arena != NULL ? gang_kernels_arena_alloc(arena, GANG__RP_HEADER + body)
+                        : gang_kernels_weight_host_alloc(GANG__RP_HEADER + body);
     if (dst == NULL)
         return NULL;
     h.self_check = RP_MAGIC ^ h.n ^ h.kdim ^ h.type;
@@ -261,9 +263,10 @@ int gang__cpu_rp_rows_ref(size_t m, const gang__cpu_qx *qx, const gang__cpu_rp *
     return 0;
 }
 
-void *gang_kernels_block_repack(gang_kernels_wtype t, const void *src, size_t n, size_t kdim)
+void *gang_kernels_block_repack(gang_kernels_wtype t, const void *src, size_t n, size_t kdim,
+                                gang_kernels_arena *arena)
 {
     if (gang__cpu_simd() < 2 || !gang__cpu_rp_usable())
         return NULL;
-    return gang__cpu_rp_build(t, src, n, kdim);
+    return gang__cpu_rp_build(t, src, n, kdim, arena);
 }

@@ -150,9 +150,10 @@ int gang__cpu_qmatmul_n(size_t m, size_t kdim, const float *x, size_t n_parts,
  * other sizes; gang__cpu_rp_peek the same with the sizes it was made with.
  * gang__cpu_rp_embedding: rows ids of a repacked table dequantized (GANG_EINVAL for an id
  * out of range or another dim). gang__cpu_rp_block: row's block blk in the file's layout
- * (bytes of the type's block). gang__cpu_rp_build: the repacked copy of src (file layout), NULL for
- * another type or when memory is out. The rows kernels: groups [g0, g1) against the m
- * rows of x (sx: the int sums of the two halves of each group of 32 of x, two per qx's d).
+ * (bytes of the type's block). gang__cpu_rp_build: the repacked copy of src (file layout),
+ * in arena when not NULL, NULL for another type or when memory is out. The rows kernels:
+ * groups [g0, g1) against the m rows of x (sx: the int sums of the two halves of each group
+ * of 32 of x, two per qx's d).
  */
 #define GANG__RP_ROWS 16
 #define GANG__RP_HEADER 64
@@ -168,7 +169,8 @@ int gang__cpu_rp_peek(const gang_kernels_weight *w, gang__cpu_rp *out);
 int gang__cpu_rp_embedding(const gang__cpu_rp *rp, size_t dim, const int32_t *ids, size_t n_ids,
                            float *out);
 void gang__cpu_rp_block(const gang__cpu_rp *rp, size_t row, size_t blk, uint8_t *out);
-void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t kdim);
+void *gang__cpu_rp_build(gang_kernels_wtype t, const void *src, size_t n, size_t kdim,
+                         gang_kernels_arena *arena);
 int gang__cpu_rp_rows_ref(size_t m, const gang__cpu_qx *qx, const gang__cpu_rp *rp, size_t g0,
                           size_t g1, float *y, size_t ldy);
 void gang__cpu_rp_rows_avx512(size_t m, const gang__cpu_qx *qx, const int32_t *sx,

@@ -261,7 +261,7 @@ static void test_block_repacked(void **state)
                     nb = 1 + mi % 3;
                 size_t kdim = e * nb;
                 uint8_t *w = make_blocks(t, n, nb), blk[256];
-                void *rp = gang__cpu_rp_build(t, w, n, kdim);
+                void *rp = gang__cpu_rp_build(t, w, n, kdim, NULL);
                 assert_non_null(rp);
                 gang__cpu_rp r;
                 assert_int_equal(gang__cpu_rp_get(&(gang_kernels_weight){t, rp, NULL}, n, kdim, &r),
@@ -299,7 +299,7 @@ static void test_block_repacked(void **state)
                                      gang_kernels_wtype_name(t), n, m, i / n, i % n, (double)yp[i],
                                      (double)y0[i], ref[i], tol[i]);
                     if (n > 16) { /* rows 3 .. n of their own: other groups, the same bits */
-                        void *band = gang__cpu_rp_build(t, w + 3 * nb * bb, n - 3, kdim);
+                        void *band = gang__cpu_rp_build(t, w + 3 * nb * bb, n - 3, kdim, NULL);
                         float *yb = repacked_product(k, 2, t, band, m, n - 3, kdim, x);
                         for (size_t i = 0; i < m * (n - 3); i++)
                             if (memcmp(&yb[i], &yp[(i / (n - 3)) * n + 3 + i % (n - 3)], 4) != 0)
@@ -322,15 +322,24 @@ static void test_block_repacked(void **state)
                 assert_memory_equal(e0, e1, 3 * kdim * sizeof(float));
                 free(e0), free(e1);
                 gang__cpu_simd_force(vnni ? 2 : 1);
-                void *pub = gang_kernels_block_repack(t, w, n, kdim);
+                void *pub = gang_kernels_block_repack(t, w, n, kdim, NULL);
                 assert_true(vnni ? pub != NULL : pub == NULL); /* made where the kernel runs */
+                if (pub != NULL) { /* in an arena: the same bytes, in one of its pieces */
+                    gang_kernels_arena *a = gang_kernels_arena_new();
+                    void *in = gang_kernels_block_repack(t, w, n, kdim, a);
+                    assert_non_null(in);
+                    assert_true(gang_kernels_arena_owns(a, in));
+                    assert_memory_equal(in, rp, GANG__RP_HEADER + r.groups * r.nb * r.cb);
+                    assert_memory_equal(pub, rp, GANG__RP_HEADER + r.groups * r.nb * r.cb);
+                    gang_kernels_arena_free(a);
+                }
                 free(pub);
                 free(y0), free(rp), free(w), free(wd), free(x), free(ref), free(tol);
             }
     if (!vnni)
         print_message("[  SKIP    ] the repacked AVX-512 VNNI kernel: this CPU (or build) lacks "
                       "it; the layout and its portable path tested\n");
-    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &bf_types, 1, 320)); /* not whole blocks */
+    assert_null(gang_kernels_block_repack(GANG_KW_Q4_K, &bf_types, 1, 320, NULL)); /* not whole */
     gang__cpu_simd_force(-1);
 }
 
@@ -412,7 +421,7 @@ static void test_block_matmul_n(void **state)
         w[i] = make_blocks(ts[i], ns[i], kdim / e);
     }
     if (levels == 3)
-        rp = gang__cpu_rp_build(ts[0], w[0], ns[0], kdim);
+        rp = gang__cpu_rp_build(ts[0], w[0], ns[0], kdim, NULL);
     for (int lv = 0; lv < levels; lv++)
         for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
             size_t m = ms[mi];
@@ -504,7 +513,7 @@ static void test_block_repacked_q6k_inf(void **state)
         skip();
     }
     uint8_t *w = make_blocks(GANG_KW_Q6_K, n, nb);
-    void *rp = gang__cpu_rp_build(GANG_KW_Q6_K, w, n, kdim);
+    void *rp = gang__cpu_rp_build(GANG_KW_Q6_K, w, n, kdim, NULL);
     float *x = make_x(m, kdim);
     assert_non_null(rp);
     for (size_t i = 0; i < 32; i++)

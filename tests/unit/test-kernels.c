@@ -1736,6 +1736,70 @@ static void test_weight_host_alloc(void **state)
     }
 }
 
+/*
+ * The weight arena: pieces 64-byte aligned, side by side in allocation order within a
+ * region, every byte writable and kept (a piece's bytes survive the allocations after it),
+ * owned by their arena and by no other, a new region when one is full (its first piece on
+ * a 2 MiB boundary), a piece larger than a region in a region of its own, refusals (0
+ * bytes, an overflowing size, no arena). Huge pages: printed, not asserted (the host's
+ * choice, as above).
+ */
+static void test_weight_arena(void **state)
+{
+    static const size_t lens[] = {1, 100, 4096, (2u << 20) - 1, 576 * 34, 7u << 20, 13u << 20};
+    const size_t two_mib = 2u << 20, n = sizeof(lens) / sizeof(lens[0]);
+    gang_kernels_arena *a = gang_kernels_arena_new(), *b = gang_kernels_arena_new();
+    unsigned char *p[sizeof(lens) / sizeof(lens[0])], *big, *after;
+    size_t sum = 0;
+
+    (void)state;
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_null(gang_kernels_arena_alloc(a, 0));
+    assert_null(gang_kernels_arena_alloc(a, SIZE_MAX));
+    assert_null(gang_kernels_arena_alloc(a, SIZE_MAX - 32));
+    assert_null(gang_kernels_arena_alloc(NULL, 64));
+    assert_false(gang_kernels_arena_owns(NULL, a));
+    for (size_t i = 0; i < n; i++) {
+        p[i] = gang_kernels_arena_alloc(a, lens[i]);
+        assert_non_null(p[i]);
+        assert_int_equal((uintptr_t)p[i] % 64, 0);
+        if (i == 0)
+            assert_int_equal((uintptr_t)p[i] % two_mib, 0);
+        else /* the next piece of the same region (all of these fit in one) */
+            assert_ptr_equal(p[i], p[i - 1] + (lens[i - 1] + 63) / 64 * 64);
+        memset(p[i], (int)(0x11 * (i + 1)), lens[i]);
+        sum += (lens[i] + 63) / 64 * 64;
+    }
+    assert_true(sum <= GANG_KERNELS_ARENA_REGION);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(p[i][0], (unsigned char)(0x11 * (i + 1)));
+        assert_int_equal(p[i][lens[i] - 1], (unsigned char)(0x11 * (i + 1)));
+        assert_true(gang_kernels_arena_owns(a, p[i]));
+        assert_true(gang_kernels_arena_owns(a, p[i] + lens[i] - 1));
+        assert_false(gang_kernels_arena_owns(b, p[i]));
+    }
+    assert_false(gang_kernels_arena_owns(a, p[n - 1] + (lens[n - 1] + 63) / 64 * 64));
+    assert_false(gang_kernels_arena_owns(a, &sum));
+    /* The rest of the region is too small: a new one, 2 MiB-aligned; then a piece larger
+     * than a region, in one of its own; then pieces continue in that one's rest. */
+    after = gang_kernels_arena_alloc(a, GANG_KERNELS_ARENA_REGION - sum + 64);
+    assert_non_null(after);
+    assert_int_equal((uintptr_t)after % two_mib, 0);
+    big = gang_kernels_arena_alloc(a, GANG_KERNELS_ARENA_REGION + 5);
+    assert_non_null(big);
+    assert_int_equal((uintptr_t)big % two_mib, 0);
+    memset(big, 0x7e, GANG_KERNELS_ARENA_REGION + 5);
+    assert_true(gang_kernels_arena_owns(a, big + GANG_KERNELS_ARENA_REGION + 4));
+    assert_ptr_equal(gang_kernels_arena_alloc(a, 10), big + GANG_KERNELS_ARENA_REGION + 64);
+    assert_int_equal(p[3][0], 0x44); /* the first region is still there */
+    print_message("[  NOTE    ] a weight arena's 32 MiB piece: %ld kB of it on huge pages\n",
+                  huge_kb_at(big));
+    gang_kernels_arena_free(a);
+    gang_kernels_arena_free(b);
+    gang_kernels_arena_free(NULL);
+}
+
 static void test_embedding_w(void **state)
 {
     gang_kernels *k = *state;
@@ -1834,6 +1898,7 @@ int main(void)
         cmocka_unit_test(test_matmul_rows_avx2),
         cmocka_unit_test(test_matmul_panel_buffer),
         cmocka_unit_test(test_weight_host_alloc),
+        cmocka_unit_test(test_weight_arena),
         cmocka_unit_test(test_pool_ranges),
         cmocka_unit_test_setup_teardown(test_embedding_w, setup, teardown),
         cmocka_unit_test_setup_teardown(test_matmul_errors, setup, teardown),
