@@ -44,22 +44,26 @@ RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i tbl, __m
     const uint8_t *q = c + 32 + 32 * with_m + 64 * five;
 
     if (t == GANG_KW_Q8_0) {
+        RP_UNROLL8
         for (int s = 0; s < 8; s++)
             w[s] = _mm512_loadu_si512((const void *)(q + 64 * s));
         return;
     }
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    RP_UNROLL4
     for (int j = 0; j < 4; j++) {
         __m512i v = _mm512_loadu_si512((const void *)(q + 64 * j));
         w[j] = _mm512_and_si512(v, m4);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
     if (t == GANG_KW_IQ4_NL)
-        for (int s = 0; s < 8; s++)
-            w[s] = _mm512_shuffle_epi8(tbl, w[s]);
+        RP_UNROLL8
+    for (int s = 0; s < 8; s++)
+        w[s] = _mm512_shuffle_epi8(tbl, w[s]);
     if (five) {
         const uint8_t *h = c + 32 + 32 * with_m;
         const __m512i bit = _mm512_set1_epi8(0x10);
+        RP_UNROLL8
         for (int s = 0; s < 8; s++) {
             uint64_t k;
             memcpy(&k, h + 8 * s, 8);

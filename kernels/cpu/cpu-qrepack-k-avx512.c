@@ -102,6 +102,7 @@ RPK_INLINE void rpk_codes45(int five, const uint8_t *c, int gr, __m512i w[8])
     const uint8_t *q = c + (five ? RPK_Q5 : RPK_Q4);
     const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
 
+    RP_UNROLL8
     for (int j = 0; j < 8; j++) {
         __m512i v = _mm512_loadu_si512((const void *)(q + 64 * (8 * (gr / 2) + j)));
         w[j] = _mm512_and_si512((gr & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
@@ -121,6 +122,7 @@ RPK_INLINE void rpk_codes6(const uint8_t *c, int gr, __m512i w[8])
     const uint8_t *qh = c + RPK6_QH + 64 * 8 * half;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
 
+    RP_UNROLL8
     for (int j = 0; j < 8; j++) {
         __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * j));
         __m512i h = _mm512_loadu_si512((const void *)(qh + 64 * j));
@@ -139,6 +141,7 @@ RPK_INLINE void rpk_codes_iq4xs(const uint8_t *c, int gr, __m512i tbl, __m512i w
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
 
+    RP_UNROLL4
     for (int j = 0; j < 4; j++) {
         __m512i v = _mm512_loadu_si512((const void *)(c + RPKX_Q + 64 * (4 * gr + j)));
         w[j] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
