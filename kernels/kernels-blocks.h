@@ -33,4 +33,14 @@ static inline int gang__kw_iq4xs_scale(const uint8_t *p, int i)
     return (lo | hi << 4) - 32;
 }
 
+/* The IQ4_XS block at p's scales as gang__kw_unpack gives them, d its f16 d widened: a[2 i]
+ * = a[2 i + 1] = d (s_i - 32) for its eight groups, b[i] = 0. */
+static inline void gang__kw_iq4xs_scales(const uint8_t *p, float d, float *a, float *b)
+{
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = a[2 * i + 1] = d * (float)gang__kw_iq4xs_scale(p, i);
+        b[i] = 0.0f;
+    }
+}
+
 #endif

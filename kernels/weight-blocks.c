@@ -168,15 +168,10 @@ void gang__kw_unpack(gang_kernels_wtype t, const void *block, int8_t *q, float *
         b[0] = 0.0f;
         kw_iq4_codes(p + 2, 1, q);
         return;
-    case GANG_KW_IQ4_XS: {
-        float d = kw_f16(p);
-        for (int i = 0; i < 8; i++) {
-            a[2 * i] = a[2 * i + 1] = d * (float)gang__kw_iq4xs_scale(p, i);
-            b[i] = 0.0f;
-        }
+    case GANG_KW_IQ4_XS:
+        gang__kw_iq4xs_scales(p, kw_f16(p), a, b);
         kw_iq4_codes(p + 8, 8, q);
         return;
-    }
     default:
         kw_unpack_small(t, p, q, a, b);
         return;

@@ -168,10 +168,8 @@ QV_INLINE __m512i qv_pair(gang_kernels_wtype t, const uint8_t *p, size_t bb, __m
         q = _mm512_or_si512(
             q, _mm512_maskz_mov_epi8(((__mmask64)h1 << 32) | h0, _mm512_set1_epi8(0x10)));
     }
-    if (t == GANG_KW_IQ4_NL)
-        q = _mm512_inserti64x4(
-            _mm512_castsi256_si512(qavx_iq4_lookup(_mm512_castsi512_si256(q), 1)),
-            qavx_iq4_lookup(_mm512_extracti64x4_epi64(q, 1), 1), 1);
+    if (t == GANG_KW_IQ4_NL) /* the table in each 128-bit lane, the codes its indices */
+        q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(qavx_iq4_table(1)), q);
     return q;
 }
 

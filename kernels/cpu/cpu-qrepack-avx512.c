@@ -56,10 +56,11 @@ RP_INLINE void rp_codes(gang_kernels_wtype t, const uint8_t *c, __m512i tbl, __m
         w[j] = _mm512_and_si512(v, m4);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
-    if (t == GANG_KW_IQ4_NL)
+    if (t == GANG_KW_IQ4_NL) {
         RP_UNROLL8
-    for (int s = 0; s < 8; s++)
-        w[s] = _mm512_shuffle_epi8(tbl, w[s]);
+        for (int s = 0; s < 8; s++)
+            w[s] = _mm512_shuffle_epi8(tbl, w[s]);
+    }
     if (five) {
         const uint8_t *h = c + 32 + 32 * with_m;
         const __m512i bit = _mm512_set1_epi8(0x10);

@@ -1,7 +1,6 @@
 /*
  * CPU backend: the AVX-512 VNNI kernel of the 256-element block types (Q4_K, Q5_K, Q6_K,
- * IQ4_XS) on the
- * repacked layout (cpu-qrepack-k.c), the same scheme as the 32-element types' kernel
+ * IQ4_XS) on the repacked layout (cpu-qrepack-k.c), the same scheme as the 32-element types' kernel
  * (cpu-qrepack-avx512.c): a column block is block b of 16 W rows, each group of 32 of it
  * 8 512-bit vpdpbusd (a broadcast 4-byte word of x against 16 rows' 4 unsigned codes), so
  * that lane r sums row r's exact int32 products of the group's two halves, s0 and s1. The
@@ -19,9 +18,9 @@
  *                                       IQ4_XS: a = d (s - 32), b 0)
  * summed over the block's groups from 0 and then added to the output, as the reference
  * does, so that each output equals the portable kernel's to the bit whatever the chunk,
- * the group of 16 or the TP shard its row falls in. Q6_K and IQ4_XS leave out the reference's 0 ds
- * (it changes no sum: t's zero sign cannot reach an output that starts at +0), except in
- * a call where some ds is infinite (0 inf is a NaN there, as in the reference).
+ * the group of 16 or the TP shard its row falls in. Q6_K and IQ4_XS leave out the
+ * reference's 0 ds (it changes no sum: t's zero sign cannot reach an output that starts at +0),
+ * except in a call where some ds is infinite (0 inf is a NaN there, as in the reference).
  */
 #include "cpu.h"
 

@@ -1,9 +1,9 @@
 /*
  * CPU backend: the repacked layout of the 256-element block types (Q4_K, Q5_K, Q6_K,
  * IQ4_XS), the column blocks cpu-qrepack.c's header and groups hold for them
- * (cpu-qrepack-k-avx512.c is their kernel). As for the 32-element types a column block is block b
- * of 16 W rows, one int32 lane per row, but the 6-bit scales and minimums are unpacked to bytes
- * here once, so that the kernel widens them with one instruction:
+ * (cpu-qrepack-k-avx512.c is their kernel). As for the 32-element types a column block is
+ * block b of 16 W rows, one int32 lane per row, but the 6-bit scales and minimums are
+ * unpacked to bytes here once, so that the kernel widens them with one instruction:
  *
  *   Q4_K / Q5_K (2368 / 2880 bytes: 16 blocks' bytes plus 4 per row of unpacked scales)
  *     d     16 x f16 (32 bytes), then dmin 16 x f16 (32 bytes);

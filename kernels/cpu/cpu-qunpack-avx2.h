@@ -123,15 +123,11 @@ qavx_unpack(gang_kernels_wtype t, const uint8_t *p, __m256i *q, float *a, float 
         b[0] = 0.0f;
         q[0] = qavx_iq4_lookup(qavx_nibbles16(p + 2), u);
         return;
-    case GANG_KW_IQ4_XS: {
-        float d = qavx_f16(p);
-        for (int i = 0; i < 8; i++) {
-            a[2 * i] = a[2 * i + 1] = d * (float)gang__kw_iq4xs_scale(p, i);
-            b[i] = 0.0f;
+    case GANG_KW_IQ4_XS:
+        gang__kw_iq4xs_scales(p, qavx_f16(p), a, b);
+        for (int i = 0; i < 8; i++)
             q[i] = qavx_iq4_lookup(qavx_nibbles16(p + 8 + 16 * i), u);
-        }
         return;
-    }
     case GANG_KW_Q5_0:
     case GANG_KW_Q5_1: {
         int one = t == GANG_KW_Q5_1;
