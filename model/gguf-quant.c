@@ -48,7 +48,8 @@ const char *gang__gguf_type_name(uint32_t type)
 
 int gang__gguf_type_block(uint32_t type, uint32_t *elems, uint32_t *bytes)
 {
-    uint32_t e, b;
+    gang_kernels_wtype kw;
+    size_t e, b;
 
     switch (type) {
     case GANG__GGML_F32:
@@ -58,41 +59,13 @@ int gang__gguf_type_block(uint32_t type, uint32_t *elems, uint32_t *bytes)
     case GANG__GGML_BF16:
         e = 1, b = 2;
         break;
-    case GANG__GGML_Q8_0:
-        e = 32, b = 34;
+    default: /* a block type: the kernels' table of them (kernels/weight-blocks.c) */
+        if (!gang__gguf_kernel_type(type, &kw) || !gang_kernels_wtype_block(kw, &e, &b))
+            return GANG_EMODEL;
         break;
-    case GANG__GGML_Q4_0:
-        e = 32, b = 18;
-        break;
-    case GANG__GGML_Q4_1:
-        e = 32, b = 20;
-        break;
-    case GANG__GGML_Q5_0:
-        e = 32, b = 22;
-        break;
-    case GANG__GGML_Q5_1:
-        e = 32, b = 24;
-        break;
-    case GANG__GGML_Q4_K:
-        e = 256, b = 144;
-        break;
-    case GANG__GGML_Q5_K:
-        e = 256, b = 176;
-        break;
-    case GANG__GGML_Q6_K:
-        e = 256, b = 210;
-        break;
-    case GANG__GGML_IQ4_NL:
-        e = 32, b = 18;
-        break;
-    case GANG__GGML_IQ4_XS:
-        e = 256, b = 136;
-        break;
-    default:
-        return GANG_EMODEL;
     }
-    *elems = e;
-    *bytes = b;
+    *elems = (uint32_t)e;
+    *bytes = (uint32_t)b;
     return 0;
 }
 
