@@ -4,7 +4,9 @@
  * out), those elements at p (16-byte aligned) widened to f32; round(x), x rounded to T and
  * back (what a value stored as T then read again is); store(x), x as T (rounded to
  * nearest even). The decode step's attention reads its KV pool with them (cuda-step.cu),
- * the decode GEMV its weights (cuda-matmul.cu).
+ * the decode GEMV its weights (cuda-matmul.cu). The 16 bytes are taken apart with memcpy,
+ * never through a pointer cast: reading a uint4 through a bf16 / half pointer is undefined
+ * (strict aliasing), and the CUDA emulator's host compiler (tests/cuda-emu/) read zeros.
  */
 #ifndef GANGLION_CUDA_VEC_H
 #define GANGLION_CUDA_VEC_H
@@ -12,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
 
 template <typename T> struct vec_io;
 
@@ -37,7 +40,8 @@ template <> struct vec_io<__nv_bfloat16> {
     __device__ static void load(const __nv_bfloat16 *p, float *out)
     {
         uint4 v = *(const uint4 *)p;
-        const __nv_bfloat16 *h = (const __nv_bfloat16 *)&v;
+        __nv_bfloat16 h[8];
+        memcpy((void *)h, &v, sizeof(h)); /* not a cast: reading a uint4 as bf16 breaks aliasing */
         for (int i = 0; i < 8; i++)
             out[i] = __bfloat162float(h[i]);
     }
@@ -56,7 +60,8 @@ template <> struct vec_io<__half> {
     __device__ static void load(const __half *p, float *out)
     {
         uint4 v = *(const uint4 *)p;
-        const __half *h = (const __half *)&v;
+        __half h[8];
+        memcpy((void *)h, &v, sizeof(h));
         for (int i = 0; i < 8; i++)
             out[i] = __half2float(h[i]);
     }
