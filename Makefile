@@ -4,8 +4,8 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DGANGLION_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps configure build test sanitize sanitize-asan sanitize-tsan demo bench format \
-	format-check structure-check clean
+.PHONY: all deps configure build test sanitize sanitize-asan sanitize-tsan cuda-emu demo bench \
+	format format-check structure-check clean
 
 all: build
 
@@ -41,6 +41,14 @@ sanitize-tsan: deps
 	@cmake -S . -B build-tsan $(SAN_FLAGS) -DGANGLION_SANITIZE=thread >/dev/null
 	@cmake --build build-tsan -j $(JOBS)
 	@cd build-tsan && ctest --output-on-failure --timeout 600 -L '^threads$$'
+
+# The CUDA kernels and backend on the CPU emulator (tests/cuda-emu/, docs/gpu.md "The CUDA
+# emulator"), in a build folder of its own: the GPU tests (test-cuda, test-cuda-step,
+# test-cuda-blocks, test-engine-cuda) run there instead of skipping, on the device code
+# nvcc compiles, with cuBLAS and the CUDA runtime emulated. `make test` runs the same
+# (its ctest cuda-emu, in $(BUILD)/cuda-emu).
+cuda-emu: deps
+	@JOBS=$(JOBS) bash tests/cuda-emu/run-emu.sh . build-emu ON
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)/bin/ganglion

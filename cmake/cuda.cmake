@@ -24,100 +24,107 @@
 
 set(GANG_HAVE_CUDA_KERNELS 0)
 set(GANG_HAVE_NCCL 0)
+option(GANGLION_CUDA_EMU "Build the CUDA kernels for the CPU emulator of tests/cuda-emu/ (a build of its own: make cuda-emu)" OFF)
 if(NOT GANG_HAVE_CUDA)
   return()
 endif()
 
-if(NOT DEFINED CMAKE_CUDA_COMPILER)
-  set(CMAKE_CUDA_COMPILER ${NVCC})
-endif()
-# The target is one H200: compile for sm_90 only, which also keeps nvcc fast in CI.
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES 90)
-endif()
-set(CMAKE_CUDA_STANDARD 17)
-set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-enable_language(CUDA)
-find_package(CUDAToolkit REQUIRED)
-# Targets created before enable_language(CUDA) did not pick CMAKE_CUDA_ARCHITECTURES up.
-get_property(gang_early_targets DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY BUILDSYSTEM_TARGETS)
-foreach(t IN LISTS gang_early_targets)
-  set_property(TARGET ${t} PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
-endforeach()
-
-# The top-level add_compile_options() are gcc flags (-Wall, -Wpedantic, -fsanitize=...)
-# that nvcc does not understand. Targets copy the directory's options when they are
-# created, so rewrite a target's list: every option applies to C only, and CUDA sources get
-# their own warning set (host code through -Xcompiler, device code through nvcc).
-function(gang_cuda_language_options target)
-  get_target_property(opts ${target} COMPILE_OPTIONS)
-  set(fixed)
-  if(opts)
-    foreach(opt IN LISTS opts)
-      list(APPEND fixed "$<$<COMPILE_LANGUAGE:C>:${opt}>")
-    endforeach()
-  endif()
-  list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
-  if(GANGLION_WERROR)
-    list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>")
-  endif()
-  set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "${fixed}")
-endfunction()
-
-# --- kernels ----------------------------------------------------------------------
-target_sources(gang_kernels PRIVATE
-  kernels/cuda/cuda-backend.c
-  kernels/cuda/cuda-pool.c
-  kernels/cuda/cuda-blas.c
-  kernels/cuda/cuda-gemm.c
-  kernels/cuda/cuda-device.c
-  kernels/cuda/cuda-ops.cu
-  kernels/cuda/cuda-attention.cu
-  kernels/cuda/cuda-matmul.cu
-  kernels/cuda/cuda-qmatmul.cu
-  kernels/cuda/cuda-step.cu)
-gang_cuda_language_options(gang_kernels)
-target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
-  GANG_CUDA_LIBDIR="${CUDAToolkit_LIBRARY_DIR}")
-target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
-set(GANG_HAVE_CUDA_KERNELS 1)
-
-# --- NCCL ----------------------------------------------------------------------------
-# Only the header is needed to build: libnccl is dlopen'ed at run time (common/dynlib.c's
-# search). The header comes from GANGLION_NCCL_INCLUDE_DIR, else the toolkit or the system
-# package (nccl.h beside cuda.h or in /usr/include), else the pip wheel nvidia-nccl-cu13 in
-# a Python environment (site-packages/nvidia/nccl/include; scripts/install-deps.sh puts it
-# into the reference venv). The library's directory, when one is found here, is compiled
-# in as the last place the run-time search looks.
-set(GANGLION_NCCL_INCLUDE_DIR "" CACHE PATH "directory holding nccl.h (empty = search)")
-set(gang_nccl_hints ${GANGLION_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-foreach(py IN ITEMS /opt/ganglion-ref-venv/bin/python3 python3)
-  execute_process(COMMAND ${py} -c
-    "import importlib.util as u; s = u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0])"
-    OUTPUT_VARIABLE gang_nccl_pydir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
-    RESULT_VARIABLE gang_nccl_pyrc TIMEOUT 20)
-  if(gang_nccl_pyrc EQUAL 0 AND gang_nccl_pydir)
-    list(APPEND gang_nccl_hints ${gang_nccl_pydir}/include)
-  endif()
-endforeach()
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${gang_nccl_hints})
-find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-if(NCCL_INCLUDE_DIR)
-  set(GANG_HAVE_NCCL 1)
-  target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
-  target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
-  set(gang_nccl_libdir "")
-  if(NCCL_LIBRARY)
-    get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
-  endif()
-  target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
-    GANG_NCCL_LIBDIR="${gang_nccl_libdir}")
-  target_link_libraries(gang_parallel PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
-  message(STATUS "ganglion: NCCL backend built (header ${NCCL_INCLUDE_DIR}; library found "
-                 "at run time, build-time copy: ${NCCL_LIBRARY})")
+if(GANGLION_CUDA_EMU)
+  # The kernels run on the CPU emulator (tests/cuda-emu/): no nvcc, no CUDA runtime, no
+  # NCCL; the same kernel and backend sources, the same tests.
+  include(cmake/cuda-emu.cmake)
 else()
-  message(STATUS "ganglion: nccl.h not found (toolkit, system, Python's nvidia.nccl): the nccl "
-                 "backend stays a GANG_ENOSYS stub; set GANGLION_NCCL_INCLUDE_DIR")
+  if(NOT DEFINED CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_COMPILER ${NVCC})
+  endif()
+  # The target is one H200: compile for sm_90 only, which also keeps nvcc fast in CI.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  # Targets created before enable_language(CUDA) did not pick CMAKE_CUDA_ARCHITECTURES up.
+  get_property(gang_early_targets DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t IN LISTS gang_early_targets)
+    set_property(TARGET ${t} PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
+  endforeach()
+
+  # The top-level add_compile_options() are gcc flags (-Wall, -Wpedantic, -fsanitize=...)
+  # that nvcc does not understand. Targets copy the directory's options when they are
+  # created, so rewrite a target's list: every option applies to C only, and CUDA sources get
+  # their own warning set (host code through -Xcompiler, device code through nvcc).
+  function(gang_cuda_language_options target)
+    get_target_property(opts ${target} COMPILE_OPTIONS)
+    set(fixed)
+    if(opts)
+      foreach(opt IN LISTS opts)
+        list(APPEND fixed "$<$<COMPILE_LANGUAGE:C>:${opt}>")
+      endforeach()
+    endif()
+    list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
+    if(GANGLION_WERROR)
+      list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>")
+    endif()
+    set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "${fixed}")
+  endfunction()
+
+  # --- kernels ----------------------------------------------------------------------
+  target_sources(gang_kernels PRIVATE
+    kernels/cuda/cuda-backend.c
+    kernels/cuda/cuda-pool.c
+    kernels/cuda/cuda-blas.c
+    kernels/cuda/cuda-gemm.c
+    kernels/cuda/cuda-device.c
+    kernels/cuda/cuda-ops.cu
+    kernels/cuda/cuda-attention.cu
+    kernels/cuda/cuda-matmul.cu
+    kernels/cuda/cuda-qmatmul.cu
+    kernels/cuda/cuda-step.cu)
+  gang_cuda_language_options(gang_kernels)
+  target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
+    GANG_CUDA_LIBDIR="${CUDAToolkit_LIBRARY_DIR}")
+  target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
+  set(GANG_HAVE_CUDA_KERNELS 1)
+
+  # --- NCCL ----------------------------------------------------------------------------
+  # Only the header is needed to build: libnccl is dlopen'ed at run time (common/dynlib.c's
+  # search). The header comes from GANGLION_NCCL_INCLUDE_DIR, else the toolkit or the system
+  # package (nccl.h beside cuda.h or in /usr/include), else the pip wheel nvidia-nccl-cu13 in
+  # a Python environment (site-packages/nvidia/nccl/include; scripts/install-deps.sh puts it
+  # into the reference venv). The library's directory, when one is found here, is compiled
+  # in as the last place the run-time search looks.
+  set(GANGLION_NCCL_INCLUDE_DIR "" CACHE PATH "directory holding nccl.h (empty = search)")
+  set(gang_nccl_hints ${GANGLION_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  foreach(py IN ITEMS /opt/ganglion-ref-venv/bin/python3 python3)
+    execute_process(COMMAND ${py} -c
+      "import importlib.util as u; s = u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0])"
+      OUTPUT_VARIABLE gang_nccl_pydir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
+      RESULT_VARIABLE gang_nccl_pyrc TIMEOUT 20)
+    if(gang_nccl_pyrc EQUAL 0 AND gang_nccl_pydir)
+      list(APPEND gang_nccl_hints ${gang_nccl_pydir}/include)
+    endif()
+  endforeach()
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${gang_nccl_hints})
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(NCCL_INCLUDE_DIR)
+    set(GANG_HAVE_NCCL 1)
+    target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
+    target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
+    set(gang_nccl_libdir "")
+    if(NCCL_LIBRARY)
+      get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
+    endif()
+    target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
+      GANG_NCCL_LIBDIR="${gang_nccl_libdir}")
+    target_link_libraries(gang_parallel PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
+    message(STATUS "ganglion: NCCL backend built (header ${NCCL_INCLUDE_DIR}; library found "
+                   "at run time, build-time copy: ${NCCL_LIBRARY})")
+  else()
+    message(STATUS "ganglion: nccl.h not found (toolkit, system, Python's nvidia.nccl): the nccl "
+                   "backend stays a GANG_ENOSYS stub; set GANGLION_NCCL_INCLUDE_DIR")
+  endif()
 endif()
 
 # --- tests -----------------------------------------------------------------------------
@@ -154,4 +161,53 @@ if(GANG_HAVE_NCCL)
   target_link_libraries(test-comm-nccl PRIVATE gang_parallel gang_kernels PkgConfig::CMOCKA)
   add_test(NAME unit-comm-nccl COMMAND test-comm-nccl)
   set_tests_properties(unit-comm-nccl PROPERTIES TIMEOUT 300 LABELS unit)
+endif()
+
+# On the emulator the GPU tests run rather than skip: the emulated cuBLAS is found by the
+# backend's ordinary search (GANGLION_CUDA_LIBRARY_DIR), and a test that says it found no
+# GPU fails. unit-cuda-lt-fallback runs test-cuda again with the emulated cuBLASLt refusing
+# the first algorithm of every plan, so every product goes through the backend's fallback
+# to the next one. test-cuda-emu tests the emulator itself.
+if(GANGLION_CUDA_EMU)
+  set(gang_emu_env "GANGLION_CUDA_LIBRARY_DIR=${GANG_CUDA_EMU_LIBDIR}")
+  add_test(NAME unit-cuda-lt-fallback COMMAND test-cuda)
+  set_tests_properties(unit-cuda-lt-fallback PROPERTIES
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_LT_REFUSE_FIRST=1")
+  foreach(t IN ITEMS unit-cuda unit-cuda-step unit-cuda-blocks unit-engine-cuda
+                     unit-cuda-lt-fallback)
+    set_tests_properties(${t} PROPERTIES LABELS cuda-emu TIMEOUT 900
+      FAIL_REGULAR_EXPRESSION "no GPU")
+    if(NOT t STREQUAL "unit-cuda-lt-fallback")
+      set_tests_properties(${t} PROPERTIES ENVIRONMENT "${gang_emu_env}")
+    endif()
+  endforeach()
+
+  set(gang_emu_selftest ${CMAKE_BINARY_DIR}/cuda-emu-src/test-cuda-emu.cpp)
+  add_custom_command(OUTPUT ${gang_emu_selftest}
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cuda-emu/rewrite-launch.py
+            ${PROJECT_SOURCE_DIR}/tests/cuda-emu/test-cuda-emu.cu ${gang_emu_selftest}
+    DEPENDS ${PROJECT_SOURCE_DIR}/tests/cuda-emu/test-cuda-emu.cu
+            ${PROJECT_SOURCE_DIR}/tests/cuda-emu/rewrite-launch.py
+    COMMENT "cuda-emu: rewriting the launches of test-cuda-emu.cu")
+  add_executable(test-cuda-emu ${gang_emu_selftest})
+  set_source_files_properties(${gang_emu_selftest} PROPERTIES
+    COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/tests/cuda-emu/emu-kernel.h")
+  gang_emu_language_options(test-cuda-emu)
+  target_link_libraries(test-cuda-emu PRIVATE gang_cuda_emu PkgConfig::CMOCKA)
+  add_test(NAME unit-cuda-emu COMMAND test-cuda-emu)
+  set_tests_properties(unit-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 120)
+
+  # The decode step of `ganglion bench decode --device cuda` on the emulated device: the
+  # real backend's counters (its graphs, its one host sync per step) held to the design
+  # as the fake device's are (tests/bench-decode-counters.py). The 1 GiB copy-bandwidth
+  # buffers need a device of more than 2 GiB (mapped lazily).
+  add_test(NAME bench-decode-cuda-counters
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/bench-decode-counters.py
+            $<TARGET_FILE:ganglion> cuda)
+  set_tests_properties(bench-decode-cuda-counters PROPERTIES LABELS cuda-emu TIMEOUT 600
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192")
+
+  # What `make cuda-emu` builds: the emulated GPU tests and what they load.
+  add_custom_target(cuda-emu-tests DEPENDS test-cuda test-cuda-step test-cuda-blocks
+    test-engine-cuda test-cuda-emu gang_cublas_emu ganglion)
 endif()

@@ -6,13 +6,13 @@
                                         form; exit 1 when there is one (ctest format-check)
   check-format.py --fix [--root DIR]    rewrite them in place (make format)
 
-Sources: every .c, .h and .cu under the root, skipping .git, build trees (build/,
-build-*/, any folder holding CMakeCache.txt) and generated/ folders; the walk of
-scripts/repo_walk.py, shared with scripts/check-structure.py. The formatter is Debian 12's
-clang-format (version 14, installed by scripts/install-deps.sh); another major version may format
-some constructs differently, so the check names the version it used. Exit status: 0 clean (or
-fixed), 1 files differ, 2 usage error, 77 clang-format is missing (ctest reports the test as
-skipped, with the reason).
+Sources: every .c, .h, .cu and .cpp (the CUDA emulator's) under the root, skipping .git,
+build trees (build/, build-*/, any folder holding CMakeCache.txt) and generated/ folders;
+the walk of scripts/repo_walk.py, shared with scripts/check-structure.py. The formatter is
+Debian 12's clang-format (version 14, installed by scripts/install-deps.sh); another major
+version may format some constructs differently, so the check names the version it used.
+Exit status: 0 clean (or fixed), 1 files differ, 2 usage error, 77 clang-format is missing
+(ctest reports the test as skipped, with the reason).
 """
 import argparse
 import os
@@ -23,12 +23,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from repo_walk import walk  # noqa: E402
 
-SOURCE_EXT = (".c", ".h", ".cu")
+SOURCE_EXT = (".c", ".h", ".cu", ".cpp")
 SKIP = 77
 
 
 def sources(root):
-    """The .c, .h and .cu files under root, relative, in the shared walk's order."""
+    """The .c, .h, .cu and .cpp files under root, relative, in the shared walk's order."""
     for rel, _ in walk(root):
         if rel.endswith(SOURCE_EXT):
             yield rel

@@ -2,7 +2,7 @@
 """Structure check of the ganglion repository (docs/design.md section 5, "Structure rules").
 
 Fails, listing every offender, when
-  * a non-test, non-generated C/CUDA source file (.c .h .cu) is longer than 1,000 lines
+  * a non-test, non-generated C/CUDA source file (.c .h .cu .cpp) is longer than 1,000 lines
     (split it by mechanism);
   * a function outside tests/ is longer than 120 lines, counted from the line of its name
     to its closing brace (split it into steps);
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from repo_walk import walk  # noqa: E402
 import check_rules  # noqa: E402
 
-SOURCE_EXT = (".c", ".h", ".cu")
+SOURCE_EXT = (".c", ".h", ".cu", ".cpp")
 # Built from pieces so that this file and its test do not match themselves.
 OUTSIDE_REFS = ("." + "./shared", "DESIGN" + ".md")
 TEXT_LIMIT = 4 * 1024 * 1024  # larger files are data, not references

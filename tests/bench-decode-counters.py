@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""`ganglion bench decode --device fake`: the decode step's counters (issue #24).
+"""`ganglion bench decode --device fake|cuda`: the decode step's counters (issue #24).
 
-Runs batches 1, 8 and 32 on the 1x1 layout of a tiny model (bf16 and int8 storages) and
+Runs batches 1, 8 and 32 (on "cuda", 1, 4 and 8 with a shorter prompt: there it is the
+CUDA emulator of tests/cuda-emu/, which runs every CUDA thread of a prefill's kernels as a
+fiber) on the 1x1 layout of a tiny model (bf16 and int8 storages) and
 checks each point's JSON line: the model drawn once per storage (batch 1's point draws it,
 "model_kept" false; the others reuse it, true), host_syncs_per_step <= 1, allocs_per_step 0,
 launches_per_step the same at every batch size (of one storage), h2d and d2h bytes per
 step O(batch): at most 64 and 4 bytes per sequence, never a row of logits (vocab x 4
 bytes) per sequence. The agreement iteration (logprobs) is not timed, so it is not in
 the figures.
-Usage: bench-decode-counters.py GANGLION_BINARY
+On "cuda" the counters are the real backend's (its CUDA graphs, its one sync per step),
+so the emulated run checks that they are the fake device's.
+Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
 import subprocess
@@ -25,14 +29,16 @@ def fail(msg):
 
 
 def main():
-    if len(sys.argv) != 2:
-        fail("usage: bench-decode-counters.py GANGLION_BINARY")
-    cmd = [sys.argv[1], "bench", "decode", "--device", "fake", "--layers", "2",
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("fake", "cuda")):
+        fail("usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]")
+    device = sys.argv[2] if len(sys.argv) == 3 else "fake"
+    batches, prompt = ("1,8,32", "8") if device == "fake" else ("1,4,8", "4")
+    cmd = [sys.argv[1], "bench", "decode", "--device", device, "--layers", "2",
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
-           "--vocab", str(VOCAB), "--prompt", "8", "--tokens", "6", "--iters", "2",
-           "--warmup", "1", "--batch", "1,8,32", "--gpu-memory-mb", "256",
+           "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
+           "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256",
            "--dtypes", "bf16,int8", "--layouts", "1x1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         fail("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
     points = []
@@ -40,6 +46,8 @@ def main():
         d = json.loads(line)
         if "error" in d:
             fail("a point failed: " + line)
+        if "skipped" in d:
+            fail("the benchmark skipped: " + line)
         if "batch" in d and "tp" in d:
             points.append(d)
     if len(points) != 6:

@@ -1,0 +1,19 @@
+# The GPU tests on the CUDA emulator (tests/cuda-emu/, issue #24) as one test of `make
+# test`: tests/cuda-emu/run-emu.sh builds the emulator's configuration in a folder of this
+# build (cuda-emu/, the same sources with GANGLION_CUDA_EMU=ON) and runs its tests labelled
+# cuda-emu: test-cuda, test-cuda-step, test-cuda-blocks and test-engine-cuda on the device
+# code nvcc compiles (there they run instead of skipping), the cuBLASLt fallback, the
+# emulator's own test and the decode step's counters of the real backend. Only in a CUDA
+# build without sanitizers (the emulator's fibers switch stacks behind ASAN's back) and not
+# inside the emulator's own build.
+if(GANG_HAVE_CUDA_KERNELS AND NOT GANGLION_CUDA_EMU AND NOT GANGLION_SANITIZE)
+  if(GANGLION_WERROR)
+    set(gang_emu_werror ON)
+  else()
+    set(gang_emu_werror OFF)
+  endif()
+  add_test(NAME cuda-emu
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda-emu/run-emu.sh ${PROJECT_SOURCE_DIR}
+            ${CMAKE_BINARY_DIR}/cuda-emu ${gang_emu_werror})
+  set_tests_properties(cuda-emu PROPERTIES TIMEOUT 900)
+endif()

@@ -1,0 +1,785 @@
+/*
+ * The CUDA emulator's runtime (tests/cuda-emu/, issue #24): the kernels of kernels/cuda
+ * executed on the CPU, and the part of the CUDA runtime API the backend calls, so that the
+ * GPU tests (test-cuda, test-cuda-step, test-cuda-blocks, test-engine-cuda) and a decode
+ * step with its CUDA graphs run on a machine without a GPU, on the same device code nvcc
+ * compiles for the H200.
+ *
+ * Execution. A launch runs its grid's blocks one after another, under one process-wide
+ * lock (a kernel's __shared__ arrays are function statics here, so two kernels never run
+ * at once). The threads of a block are fibers (on x86-64 a stack switch of our own that
+ * saves the callee-saved registers, a few ns; elsewhere ucontext, whose swapcontext
+ * is a system call), started in thread order; a fiber
+ * runs until it finishes or reaches a synchronisation point: __syncthreads (it waits until
+ * every live thread of the block is there, exited threads counting as arrived, as on the
+ * device) or a warp shuffle (it deposits its value and waits until every live lane of its
+ * warp has deposited that round's). A block whose live threads all wait and none can be
+ * released is a deadlock on the device: the emulator prints the kernel, the block and
+ * where each thread waits, and aborts. So does a shuffle that reads a lane which has exited
+ * before depositing.
+ *
+ * Streams are synchronous: an operation enqueued on a stream has completed when the call
+ * returns, unless the stream is being captured into a graph; then kernels, copies, memsets
+ * and event records are recorded (with their arguments, read again when the graph
+ * replays, as on the device) and cudaGraphLaunch replays them in order. A synchronising
+ * call on a capturing stream, and cudaMalloc / cudaMallocHost during any capture, fail the
+ * capture as the runtime does (cudaErrorStreamCaptureUnsupported; EndCapture then answers
+ * cudaErrorStreamCaptureInvalidated).
+ *
+ * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
+ * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is the device's size.
+ * The device reports itself as "ganglion CUDA emulator", compute capability 9.0, 4
+ * multiprocessors.
+ */
+#include "emu-kernel.h" /* first: its qualifiers come before the CUDA headers' */
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <ucontext.h>
+
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+uint3 gang_emu_thread_idx, gang_emu_block_idx;
+dim3 gang_emu_block_dim, gang_emu_grid_dim;
+
+namespace
+{
+
+/* ------------------------------------------------------------------------------------
+ * Fibers of one block.
+ * ------------------------------------------------------------------------------------ */
+enum fiber_state { F_RUN, F_BARRIER, F_WARP, F_DONE };
+
+#if defined(__x86_64__)
+/* Saves rbp, rbx and r12-r15 on the current stack, stores the stack pointer in *from and
+ * resumes the stack to (which was saved the same way, or built by fiber_stack_init). The
+ * SSE / x87 control words are not switched: no kernel changes the rounding mode, and
+ * loading them costs more than the rest of the switch. */
+extern "C" void gang_emu_ctx_switch(void **from, void *to);
+asm(".text\n"
+    ".globl gang_emu_ctx_switch\n"
+    ".type gang_emu_ctx_switch,@function\n"
+    "gang_emu_ctx_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size gang_emu_ctx_switch, .-gang_emu_ctx_switch\n");
+
+struct emu_ctx {
+    void *sp;
+};
+
+/* A stack on which the first switch "returns" into entry with the ABI's alignment. */
+void fiber_stack_init(emu_ctx *c, char *stack, size_t bytes, void (*entry)(void))
+{
+    uintptr_t top = ((uintptr_t)stack + bytes) & ~(uintptr_t)15;
+    uint64_t *sp = (uint64_t *)(top - 16);
+
+    sp[0] = (uint64_t)(uintptr_t)entry; /* popped by ret: entry starts at rsp = 8 mod 16 */
+    sp -= 6;                            /* rbp rbx r12-r15 */
+    memset(sp, 0, 6 * sizeof(*sp));
+    c->sp = sp;
+}
+
+void ctx_switch(emu_ctx *from, emu_ctx *to)
+{
+    gang_emu_ctx_switch(&from->sp, to->sp);
+}
+#else
+struct emu_ctx {
+    ucontext_t uc;
+};
+
+void fiber_stack_init(emu_ctx *c, char *stack, size_t bytes, void (*entry)(void))
+{
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, entry, 0);
+}
+
+void ctx_switch(emu_ctx *from, emu_ctx *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+#endif
+
+struct fiber {
+    emu_ctx ctx;
+    fiber_state state;
+    unsigned long warp_gen; /* shuffle rounds deposited */
+    unsigned long bar_gen;  /* barriers passed */
+    const char *where;      /* what it waits at */
+};
+
+constexpr size_t STACK_BYTES = 128 << 10;
+constexpr int MAX_THREADS = 1024;
+
+struct block_run {
+    fiber th[MAX_THREADS];
+    int n;
+    int cur;
+    emu_ctx sched;
+    const std::function<void()> *body;
+    const char *name;
+    char *stacks; /* MAX_THREADS x STACK_BYTES, mapped once, touched only where used */
+    uint64_t slots[MAX_THREADS / 32][2][32];
+    /* Scheduling, all O(1) per synchronisation point: the runnable threads (a ring: each
+     * thread is in it at most once), the live threads, those waiting at the barrier, and
+     * per warp its live lanes and how many have deposited the round being exchanged. */
+    int queue[MAX_THREADS];
+    int q_head, q_len;
+    int live, at_barrier;
+    int warp_live[MAX_THREADS / 32], warp_arrived[MAX_THREADS / 32];
+};
+
+block_run B;
+std::mutex kernel_lock; /* one kernel at a time: __shared__ arrays are statics */
+
+void set_thread_coords(int t)
+{
+    gang_emu_thread_idx.x = (unsigned)t % gang_emu_block_dim.x;
+    gang_emu_thread_idx.y = (unsigned)t / gang_emu_block_dim.x % gang_emu_block_dim.y;
+    gang_emu_thread_idx.z = (unsigned)t / (gang_emu_block_dim.x * gang_emu_block_dim.y);
+}
+
+[[noreturn]] void emu_die(const char *why)
+{
+    fprintf(stderr, "cuda-emu: kernel %s, block (%u,%u,%u): %s\n", B.name, gang_emu_block_idx.x,
+            gang_emu_block_idx.y, gang_emu_block_idx.z, why);
+    for (int t = 0; t < B.n; t++)
+        if (B.th[t].state != F_DONE)
+            fprintf(stderr, "  thread %d: waits at %s (barriers passed %lu, shuffles %lu)\n", t,
+                    B.th[t].where, B.th[t].bar_gen, B.th[t].warp_gen);
+    abort();
+}
+
+void make_runnable(int t)
+{
+    B.th[t].state = F_RUN;
+    B.queue[(B.q_head + B.q_len) % MAX_THREADS] = t;
+    B.q_len++;
+}
+
+/* The barrier opens when every live thread waits at it (exited threads count as
+ * arrived, as on the device). */
+void barrier_check(void)
+{
+    if (B.at_barrier == 0 || B.at_barrier != B.live)
+        return;
+    for (int t = 0; t < B.n; t++)
+        if (B.th[t].state == F_BARRIER) {
+            B.th[t].bar_gen++;
+            make_runnable(t);
+        }
+    B.at_barrier = 0;
+}
+
+/* A shuffle round of warp w completes when every live lane has deposited its value. */
+void warp_check(int w)
+{
+    int end = w * 32 + 32 < B.n ? w * 32 + 32 : B.n;
+
+    if (B.warp_arrived[w] == 0 || B.warp_arrived[w] != B.warp_live[w])
+        return;
+    for (int l = w * 32; l < end; l++)
+        if (B.th[l].state == F_WARP)
+            make_runnable(l);
+    B.warp_arrived[w] = 0;
+}
+
+/* A thread's whole life: the kernel, then back to the scheduler for good. */
+void fiber_main()
+{
+    int t = B.cur;
+
+    (*B.body)();
+    B.th[t].state = F_DONE;
+    B.live--;
+    B.warp_live[t / 32]--;
+    warp_check(t / 32);
+    barrier_check();
+    ctx_switch(&B.th[t].ctx, &B.sched);
+    abort(); /* a finished fiber is never resumed */
+}
+
+void yield_to_scheduler()
+{
+    ctx_switch(&B.th[B.cur].ctx, &B.sched);
+    set_thread_coords(B.cur);
+}
+
+/* Runs the block's threads from the queue until all have finished; a queue that runs dry
+ * before is a deadlock. */
+void run_block(void)
+{
+    B.q_head = B.q_len = 0;
+    B.live = B.n;
+    B.at_barrier = 0;
+    for (int w = 0; w * 32 < B.n; w++) {
+        B.warp_live[w] = B.n - w * 32 < 32 ? B.n - w * 32 : 32;
+        B.warp_arrived[w] = 0;
+    }
+    for (int t = 0; t < B.n; t++) {
+        fiber *f = &B.th[t];
+
+        fiber_stack_init(&f->ctx, B.stacks + (size_t)t * STACK_BYTES, STACK_BYTES, fiber_main);
+        f->warp_gen = f->bar_gen = 0;
+        f->where = "start";
+        make_runnable(t);
+    }
+    while (B.q_len > 0) {
+        int t = B.queue[B.q_head];
+
+        B.q_head = (B.q_head + 1) % MAX_THREADS;
+        B.q_len--;
+        B.cur = t;
+        set_thread_coords(t);
+        ctx_switch(&B.sched, &B.th[t].ctx);
+    }
+    if (B.live > 0)
+        emu_die("deadlock: no thread can go on (a __syncthreads or a shuffle that some live "
+                "threads never reach)");
+}
+
+/* ------------------------------------------------------------------------------------
+ * Streams, events, graphs.
+ * ------------------------------------------------------------------------------------ */
+struct emu_graph {
+    std::vector<std::function<void()>> ops;
+};
+
+struct emu_stream {
+    int capturing;
+    cudaError_t capture_err;
+    emu_graph *graph;
+};
+
+struct emu_event {
+    double ms; /* when recorded, from a monotonic clock */
+};
+
+emu_stream default_stream;
+thread_local cudaError_t last_error = cudaSuccess;
+int captures_running; /* streams capturing now (cudaMalloc fails while any is) */
+int current_device;
+
+emu_stream *stream_of(cudaStream_t s)
+{
+    if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread)
+        return &default_stream;
+    return reinterpret_cast<emu_stream *>(s);
+}
+
+double now_ms()
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Runs op now, or records it into the graph being captured on s. */
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
+{
+    emu_stream *st = stream_of(s);
+
+    if (st->capturing) {
+        st->graph->ops.push_back(std::move(op));
+        return cudaSuccess;
+    }
+    op();
+    return cudaSuccess;
+}
+
+/* A call that must wait for s (or for the device): illegal while s is captured. */
+cudaError_t sync_point(cudaStream_t s)
+{
+    emu_stream *st = stream_of(s);
+
+    if (st->capturing) {
+        st->capture_err = cudaErrorStreamCaptureUnsupported;
+        return last_error = cudaErrorStreamCaptureUnsupported;
+    }
+    return cudaSuccess;
+}
+
+size_t device_bytes()
+{
+    const char *e = getenv("GANG_EMU_MEMORY_MB");
+    unsigned long long mb = e != NULL ? strtoull(e, NULL, 10) : 0;
+
+    return (size_t)(mb > 0 ? mb : 2048) << 20;
+}
+
+std::mutex mem_lock;
+size_t mem_used;
+struct allocation {
+    void *p;
+    size_t bytes;
+    int pinned;
+};
+std::vector<allocation> allocations;
+
+cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    size_t rounded = (bytes + 4095) & ~(size_t)4095;
+
+    if (captures_running > 0)
+        return last_error = cudaErrorStreamCaptureUnsupported;
+    if (!pinned && mem_used + rounded > device_bytes())
+        return last_error = cudaErrorMemoryAllocation;
+    void *m = mmap(NULL, rounded == 0 ? 4096 : rounded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return last_error = cudaErrorMemoryAllocation;
+    allocations.push_back({m, rounded == 0 ? 4096 : rounded, pinned});
+    if (!pinned)
+        mem_used += rounded;
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t emu_free(void *p, int pinned)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+
+    if (p == NULL)
+        return cudaSuccess;
+    for (size_t i = 0; i < allocations.size(); i++)
+        if (allocations[i].p == p && allocations[i].pinned == pinned) {
+            munmap(p, allocations[i].bytes);
+            if (!pinned)
+                mem_used -= allocations[i].bytes;
+            allocations.erase(allocations.begin() + (long)i);
+            return cudaSuccess;
+        }
+    return last_error = cudaErrorInvalidValue;
+}
+
+} // namespace
+
+/* ------------------------------------------------------------------------------------
+ * Kernel side (emu-kernel.h).
+ * ------------------------------------------------------------------------------------ */
+cudaError_t gang_emu_enqueue(cudaStream_t stream, std::function<void()> op)
+{
+    return enqueue(stream, std::move(op));
+}
+
+void gang_emu_syncthreads(void)
+{
+    B.th[B.cur].state = F_BARRIER;
+    B.th[B.cur].where = "__syncthreads";
+    B.at_barrier++;
+    barrier_check();
+    yield_to_scheduler();
+}
+
+uint64_t gang_emu_shfl(unsigned mask, uint64_t v, int mode, int arg, int width)
+{
+    fiber *me = &B.th[B.cur];
+    int t = B.cur, lane = t % 32, warp = t / 32, src;
+    unsigned long round = me->warp_gen;
+
+    if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+        emu_die("shuffle width not a power of two up to 32");
+    if (((mask >> lane) & 1u) == 0)
+        emu_die("a lane shuffles outside its own mask");
+    B.slots[warp][round & 1][lane] = v;
+    me->warp_gen++;
+    me->state = F_WARP;
+    me->where = "a warp shuffle";
+    B.warp_arrived[warp]++;
+    warp_check(warp);
+    yield_to_scheduler();
+    int base = lane / width * width;
+    if (mode == 0)
+        src = lane ^ arg;
+    else if (mode == 1)
+        src = base + (arg % width);
+    else
+        src = lane + arg;
+    if (src < base || src >= base + width)
+        src = lane; /* out of the group: the lane's own value, as on the device */
+    if (((mask >> src) & 1u) == 0)
+        emu_die("a shuffle reads a lane outside the mask");
+    if (warp * 32 + src >= B.n || B.th[warp * 32 + src].warp_gen <= round)
+        emu_die("a shuffle reads a lane that exited before depositing its value");
+    return B.slots[warp][round & 1][src];
+}
+
+void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<void()> body)
+{
+    unsigned long long threads = (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
+    dim3 grid = cfg.grid, block = cfg.block;
+
+    if (threads == 0 || threads > MAX_THREADS || cfg.grid.x == 0 || cfg.grid.y == 0 ||
+        cfg.grid.z == 0 || cfg.grid.x > 0x7fffffffu || cfg.grid.y > 65535 || cfg.grid.z > 65535) {
+        fprintf(stderr, "cuda-emu: kernel %s launched with grid (%u,%u,%u) block (%u,%u,%u)\n",
+                name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    if (cfg.shared > 48 * 1024) {
+        fprintf(stderr, "cuda-emu: kernel %s asks %zu bytes of dynamic shared memory\n", name,
+                cfg.shared);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    enqueue(cfg.stream, [=]() {
+        std::lock_guard<std::mutex> g(kernel_lock);
+
+        if (B.stacks == NULL) {
+            void *m = mmap(NULL, (size_t)MAX_THREADS * STACK_BYTES, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED) {
+                perror("cuda-emu: fiber stacks");
+                abort();
+            }
+            B.stacks = (char *)m;
+        }
+        B.body = &body;
+        B.name = name;
+        B.n = (int)threads;
+        gang_emu_grid_dim = grid;
+        gang_emu_block_dim = block;
+        for (unsigned z = 0; z < grid.z; z++)
+            for (unsigned y = 0; y < grid.y; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    gang_emu_block_idx.x = x;
+                    gang_emu_block_idx.y = y;
+                    gang_emu_block_idx.z = z;
+                    run_block();
+                }
+    });
+}
+
+/* ------------------------------------------------------------------------------------
+ * The runtime API the backend calls (cuda_runtime_api.h's declarations).
+ * ------------------------------------------------------------------------------------ */
+extern "C" {
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+    return last_error;
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "no error (emulated)";
+    case cudaErrorInvalidValue:
+        return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation:
+        return "out of memory (emulated)";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument (emulated)";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing (emulated)";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture (emulated)";
+    default:
+        return "error (emulated)";
+    }
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "cudaSuccess";
+    case cudaErrorInvalidValue:
+        return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+        return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+        return "cudaErrorInvalidConfiguration";
+    case cudaErrorStreamCaptureUnsupported:
+        return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+        return "cudaErrorStreamCaptureInvalidated";
+    default:
+        return "cudaErrorUnknown";
+    }
+}
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    if (device != 0)
+        return last_error = cudaErrorInvalidDevice;
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = current_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    if (device != 0)
+        return last_error = cudaErrorInvalidDevice;
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "ganglion CUDA emulator");
+    prop->totalGlobalMem = device_bytes();
+    prop->sharedMemPerBlock = 48 * 1024;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = MAX_THREADS;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 4;
+    prop->pciBusID = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    if (device != 0)
+        return last_error = cudaErrorInvalidDevice;
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+        *value = 4;
+        return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+        *value = 9;
+        return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+        *value = 0;
+        return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+        *value = MAX_THREADS;
+        return cudaSuccess;
+    case cudaDevAttrWarpSize:
+        *value = 32;
+        return cudaSuccess;
+    default:
+        return last_error = cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    (void)device;
+    (void)peer;
+    *can = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+
+    *total_b = device_bytes();
+    *free_b = *total_b - mem_used;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    return emu_alloc(p, bytes, 0);
+}
+
+cudaError_t cudaFree(void *p)
+{
+    return emu_free(p, 0);
+}
+
+cudaError_t cudaMallocHost(void **p, size_t bytes)
+{
+    return emu_alloc(p, bytes, 1);
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    return emu_free(p, 1);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+    (void)flags;
+    *s = reinterpret_cast<cudaStream_t>(new emu_stream());
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    emu_stream *st = stream_of(s);
+
+    if (st != &default_stream) {
+        if (st->capturing) {
+            captures_running--;
+            delete st->graph;
+        }
+        delete st;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    return sync_point(s);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    (void)kind;
+    return enqueue(s, [=]() { memmove(dst, src, count); });
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    (void)kind;
+    if (captures_running > 0)
+        return last_error = cudaErrorStreamCaptureUnsupported;
+    memmove(dst, src, count);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+    (void)kind;
+    if (width > dpitch || width > spitch)
+        return last_error = cudaErrorInvalidValue;
+    return enqueue(s, [=]() {
+        for (size_t r = 0; r < height; r++)
+            memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    });
+}
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t count, cudaStream_t s)
+{
+    return enqueue(s, [=]() { memset(dst, value, count); });
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = reinterpret_cast<cudaEvent_t>(new emu_event());
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete reinterpret_cast<emu_event *>(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    emu_event *ev = reinterpret_cast<emu_event *>(e);
+
+    return enqueue(s, [=]() { ev->ms = now_ms(); });
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    (void)e;
+    return captures_running > 0 ? (last_error = cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    *ms =
+        (float)(reinterpret_cast<emu_event *>(end)->ms - reinterpret_cast<emu_event *>(start)->ms);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    emu_stream *st = stream_of(s);
+
+    (void)mode;
+    if (st == &default_stream || st->capturing)
+        return last_error = cudaErrorIllegalState;
+    st->capturing = 1;
+    st->capture_err = cudaSuccess;
+    st->graph = new emu_graph();
+    captures_running++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    emu_stream *st = stream_of(s);
+    cudaError_t e;
+
+    if (!st->capturing)
+        return last_error = cudaErrorIllegalState;
+    st->capturing = 0;
+    captures_running--;
+    e = st->capture_err;
+    if (e != cudaSuccess) {
+        delete st->graph;
+        st->graph = NULL;
+        *graph = NULL;
+        return last_error = cudaErrorStreamCaptureInvalidated;
+    }
+    *graph = reinterpret_cast<cudaGraph_t>(st->graph);
+    st->graph = NULL;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    (void)flags;
+    if (graph == NULL)
+        return last_error = cudaErrorInvalidValue;
+    *exec = reinterpret_cast<cudaGraphExec_t>(new emu_graph(*reinterpret_cast<emu_graph *>(graph)));
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    delete reinterpret_cast<emu_graph *>(graph);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    delete reinterpret_cast<emu_graph *>(exec);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    emu_graph *g = reinterpret_cast<emu_graph *>(exec);
+
+    if (g == NULL)
+        return last_error = cudaErrorInvalidValue;
+    return enqueue(s, [=]() {
+        for (auto &op : g->ops)
+            op();
+    });
+}
+
+} /* extern "C" */

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Rewrites a .cu file's kernel launches for the CUDA emulator (tests/cuda-emu/, issue #24).
+
+    rewrite-launch.py IN.cu OUT.cpp
+
+`NAME<<<CFG>>>(ARGS);` (NAME possibly a template instance, e.g. gemv_kernel<T>) becomes
+
+    gang_emu_launch(gang_emu_cfg(CFG), "NAME", [gang_emu_args = std::make_tuple(ARGS)]() {
+        std::apply([](auto... a) { NAME(a...); }, gang_emu_args); });
+
+the arguments evaluated and copied at the launch (an array decays to its pointer), as
+the device copies a kernel's parameters, and the kernel called with those copies by each
+thread. Everything else is kept
+byte for byte (a #line directive keeps compiler messages pointing at IN.cu). A file with a
+`<<<` this cannot parse is an error, never passed through.
+"""
+import os
+import re
+import sys
+
+NAME = re.compile(r"([A-Za-z_][A-Za-z_0-9]*(?:<[^<>;]*>)?)\s*$")
+
+
+def close_of(text, i, op, cl):
+    """Index just past the bracket that closes the one opened at text[i] (== op)."""
+    depth = 0
+    while i < len(text):
+        c = text[i]
+        if c == op:
+            depth += 1
+        elif c == cl:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError("unbalanced")
+
+
+def rewrite(src, path):
+    out = []
+    pos = 0
+    count = 0
+    while True:
+        at = src.find("<<<", pos)
+        if at < 0:
+            break
+        before = src[max(0, at - 200):at]
+        m = NAME.search(before)
+        if m is None:
+            sys.exit(f"{path}: a <<< without a kernel name before it at offset {at}")
+        start = at - len(before) + m.start()
+        name = m.group(1)
+        end_cfg = src.find(">>>", at)
+        if end_cfg < 0:
+            sys.exit(f"{path}: <<< without >>> at offset {at}")
+        cfg = src[at + 3:end_cfg]
+        j = end_cfg + 3
+        while src[j].isspace():
+            j += 1
+        if src[j] != "(":
+            sys.exit(f"{path}: a launch without arguments at offset {at}")
+        k = close_of(src, j, "(", ")")
+        args = src[j + 1:k - 1]
+        out.append(src[pos:start])
+        out.append(f'gang_emu_launch(gang_emu_cfg({cfg}), "{name}", '
+                   f'[gang_emu_args = std::make_tuple({args})]() {{ '
+                   f'std::apply([](auto... a) {{ {name}(a...); }}, gang_emu_args); }})')
+        pos = k
+        count += 1
+    out.append(src[pos:])
+    return "".join(out), count
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    src = open(sys.argv[1]).read()
+    text, n = rewrite(src, sys.argv[1])
+    os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)
+    with open(sys.argv[2], "w") as f:
+        f.write(f'#line 1 "{sys.argv[1]}"\n')
+        f.write(text)
+    print(f"{sys.argv[1]}: {n} launches rewritten", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

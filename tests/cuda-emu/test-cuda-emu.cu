@@ -1,0 +1,275 @@
+/*
+ * The CUDA emulator's own tests (tests/cuda-emu/, issue #24): that it runs CUDA C the way
+ * the device does where the backend's kernels depend on it (thread and block coordinates,
+ * __syncthreads, the three shuffles, graph capture and replay, launch limits), and that it
+ * stops, naming the kernel, where a device would hang or read garbage (a shuffle under a
+ * divergent branch, a shuffle reading a lane that has exited). Compiled only for the
+ * emulator (rewrite-launch.py, then the host compiler), never by nvcc.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern "C" { /* cmocka.h has no C++ guard of its own */
+#include <cmocka.h>
+}
+
+/* Sum of v over the block of 256 threads, through warp shuffles and shared memory. */
+__device__ static float block_sum(float v)
+{
+    __shared__ float part[8];
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (t % 32 == 0)
+        part[t / 32] = v;
+    __syncthreads();
+    v = t < 8 ? part[t] : 0.0f;
+    if (t < 32)
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* part is read before the next call writes it */
+    return v;
+}
+
+/* out[block] = sum of x over the block's n elements; out_tid[global thread] = its flat id. */
+__global__ static void sum_kernel(const float *x, size_t n, float *out, int *out_tid)
+{
+    int t = threadIdx.y * blockDim.x + threadIdx.x;
+    size_t b = blockIdx.y * gridDim.x + blockIdx.x;
+    float acc = 0.0f;
+
+    for (size_t i = (size_t)t; i < n; i += 256)
+        acc += x[b * n + i];
+    acc = block_sum(acc);
+    if (t == 0)
+        out[b] = acc;
+    out_tid[b * 256 + (size_t)t] = t;
+}
+
+/* The three shuffles over a width of 16: each lane's results for lane value l = lane. */
+__global__ static void shfl_kernel(int *out)
+{
+    int lane = threadIdx.x;
+
+    out[lane * 3 + 0] = __shfl_xor_sync(0xffffffffu, lane, 5, 16);
+    out[lane * 3 + 1] = __shfl_sync(0xffffffffu, lane * 10, 3, 16);
+    out[lane * 3 + 2] = __shfl_down_sync(0xffffffffu, lane, 4, 16);
+}
+
+/* A shuffle that half the warp never reaches: they wait at the barrier instead. */
+__global__ static void divergent_kernel(float *out)
+{
+    float v = (float)threadIdx.x;
+
+    if (threadIdx.x < 16)
+        v = __shfl_xor_sync(0xffffffffu, v, 1);
+    __syncthreads();
+    out[threadIdx.x] = v;
+}
+
+/* Lanes 16..31 return; 0..15 then read them. */
+__global__ static void exited_lane_kernel(float *out)
+{
+    float v = (float)threadIdx.x;
+
+    if (threadIdx.x >= 16)
+        return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 16);
+}
+
+__global__ static void scale_kernel(float *x, float a, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+
+    if (i < n)
+        x[i] *= a;
+}
+
+static void test_coordinates_and_reduction(void **state)
+{
+    const size_t n = 1000, blocks = 6;
+    float *x, *out;
+    int *tid;
+
+    (void)state;
+    assert_int_equal(cudaMalloc((void **)&x, blocks * n * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&out, blocks * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&tid, blocks * 256 * sizeof(int)), cudaSuccess);
+    for (size_t i = 0; i < blocks * n; i++)
+        x[i] = (float)(i % 7) + (float)(i / n);
+    /* a 2-D grid of 2-D blocks: 3 x 2 blocks of 16 x 16 threads */
+    sum_kernel<<<dim3(3, 2), dim3(16, 16)>>>(x, n, out, tid);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    for (size_t b = 0; b < blocks; b++) {
+        double want = 0.0;
+
+        for (size_t i = 0; i < n; i++)
+            want += x[b * n + i];
+        assert_float_equal(out[b], want, 1e-3 * want);
+        for (int t = 0; t < 256; t++)
+            assert_int_equal(tid[b * 256 + (size_t)t], t);
+    }
+    cudaFree(x);
+    cudaFree(out);
+    cudaFree(tid);
+}
+
+static void test_shuffles(void **state)
+{
+    int out[32 * 3];
+
+    (void)state;
+    shfl_kernel<<<1, 32>>>(out);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    for (int l = 0; l < 32; l++) {
+        int base = l / 16 * 16;
+
+        assert_int_equal(out[l * 3 + 0], base + ((l % 16) ^ 5));
+        assert_int_equal(out[l * 3 + 1], (base + 3) * 10);
+        assert_int_equal(out[l * 3 + 2],
+                         l % 16 + 4 < 16 ? l + 4 : l); /* own value past the group */
+    }
+}
+
+/* Runs fn in a child; the child must die of SIGABRT and say want on stderr. */
+static void expect_abort(void (*fn)(void), const char *want)
+{
+    int fds[2], status;
+    char buf[8192];
+    size_t got = 0;
+    ssize_t r;
+    pid_t pid;
+
+    assert_int_equal(pipe(fds), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fn();
+        _exit(0); /* not reached when the emulator stops it */
+    }
+    close(fds[1]);
+    while (got + 1 < sizeof(buf) && (r = read(fds[0], buf + got, sizeof(buf) - 1 - got)) > 0)
+        got += (size_t)r;
+    buf[got] = '\0';
+    close(fds[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT || strstr(buf, want) == NULL) {
+        print_message("child status %d, stderr:\n%s\n(wanted SIGABRT and \"%s\")\n", status, buf,
+                      want);
+        fail();
+    }
+}
+
+static void run_divergent(void)
+{
+    static float out[64];
+
+    divergent_kernel<<<1, 64>>>(out);
+}
+
+static void run_exited_lane(void)
+{
+    static float out[32];
+
+    exited_lane_kernel<<<1, 32>>>(out);
+}
+
+static void test_divergent_shuffle_stops(void **state)
+{
+    (void)state;
+    expect_abort(run_divergent, "kernel divergent_kernel, block (0,0,0): deadlock");
+}
+
+static void test_exited_lane_stops(void **state)
+{
+    (void)state;
+    expect_abort(run_exited_lane, "a lane that exited before depositing");
+}
+
+static void test_launch_limits(void **state)
+{
+    float x[4] = {1, 2, 3, 4};
+
+    (void)state;
+    scale_kernel<<<1, 2048>>>(x, 2.0f, 4);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    scale_kernel<<<dim3(1, 70000), 32>>>(x, 2.0f, 4);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    assert_float_equal(x[3], 4.0f, 0.0f);              /* neither ran */
+    assert_int_equal(cudaGetLastError(), cudaSuccess); /* the error was taken */
+}
+
+/*
+ * A captured graph replays its operations on the buffers' contents at replay time, not at
+ * capture; a synchronisation inside the capture invalidates it; an allocation inside it
+ * fails.
+ */
+static void test_graph_capture(void **state)
+{
+    const size_t n = 300;
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    float *host, *dev, *back;
+    void *p;
+
+    (void)state;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaMallocHost((void **)&host, n * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaMallocHost((void **)&back, n * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dev, n * sizeof(float)), cudaSuccess);
+    for (size_t i = 0; i < n; i++)
+        host[i] = 1.0f;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, s),
+                     cudaSuccess);
+    scale_kernel<<<(unsigned)((n + 127) / 128), 128, 0, s>>>(dev, 3.0f, n);
+    assert_int_equal(cudaMemcpyAsync(back, dev, n * sizeof(float), cudaMemcpyDeviceToHost, s),
+                     cudaSuccess);
+    assert_int_equal(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    assert_float_equal(back[0], 0.0f, 0.0f); /* recorded, not run */
+    assert_int_equal(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)i; /* the replay reads this, not the 1.0 of capture time */
+    assert_int_equal(cudaGraphLaunch(exec, s), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    for (size_t i = 0; i < n; i++)
+        assert_float_equal(back[i], 3.0f * (float)i, 0.0f);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    scale_kernel<<<1, 128, 0, s>>>(dev, 3.0f, n);
+    assert_int_equal(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    cudaFree(dev);
+    cudaFreeHost(host);
+    cudaFreeHost(back);
+    cudaStreamDestroy(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_coordinates_and_reduction),
+        cmocka_unit_test(test_shuffles),
+        cmocka_unit_test(test_divergent_shuffle_stops),
+        cmocka_unit_test(test_exited_lane_stops),
+        cmocka_unit_test(test_launch_limits),
+        cmocka_unit_test(test_graph_capture),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
