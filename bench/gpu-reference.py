@@ -40,6 +40,8 @@ Agreement, per prompt, step by step while the two sequences are equal:
 One JSON line per (model, layout) on stdout, "measure": "gpu_reference", and exit 0 when
 every line has "ok": true; 1 otherwise; {"skipped": ...} and exit 0 with --device cuda on a
 machine without a GPU (the device check counts that as a failure when nvidia-smi lists one).
+--ref-device cpu with --device cuda compares ganglion on the CUDA emulator (tests/cuda-emu/:
+the real CUDA backend and kernels, executed on the CPU) with transformers on the CPU.
 """
 import argparse
 import json
@@ -182,6 +184,9 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--ref-device", default=None,
+                    help="transformers' device (default: --device); cpu against ganglion on "
+                         "the CUDA emulator (tests/cuda-emu/)")
     ap.add_argument("--shapes", default="real", choices=sorted(SHAPES))
     ap.add_argument("--layouts", default="1x1,tp2,nccl")
     ap.add_argument("--prompts", type=int, default=4)
@@ -192,7 +197,8 @@ def main():
     ap.add_argument("--ready-s", type=int, default=120)
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
-    if args.device == "cuda":
+    ref_device = args.ref_device or args.device
+    if ref_device == "cuda":
         smi = subprocess.run(["sh", "-c", "nvidia-smi -L 2>/dev/null"], capture_output=True,
                              text=True)
         if "GPU" not in smi.stdout:
@@ -209,7 +215,7 @@ def main():
         prompts = prompts_for(args.prompts, args.prompt_len, vocab)
         t1 = time.time()
         try:
-            ref, info = reference(model_dir, prompts, args.tokens, args.device)
+            ref, info = reference(model_dir, prompts, args.tokens, ref_device)
         except Exception as e:  # a config transformers cannot read is a failure, named
             print(json.dumps({"measure": "gpu_reference", "model": name, "ok": False,
                               "error": "transformers: %s" % str(e)[:400]}))
@@ -218,8 +224,8 @@ def main():
         t2 = time.time()
         for layout in args.layouts.split(","):
             line = {"measure": "gpu_reference", "model": name, "layout": layout,
-                    "device": args.device, "layers": layers, "prompts": args.prompts,
-                    "tokens": args.tokens, "tie": args.tie,
+                    "device": args.device, "ref_device": ref_device, "layers": layers,
+                    "prompts": args.prompts, "tokens": args.tokens, "tie": args.tie,
                     "mkmodel_s": round(t1 - t0, 1), "reference_s": round(t2 - t1, 1)}
             line.update(info)
             t3 = time.time()

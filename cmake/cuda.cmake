@@ -207,6 +207,30 @@ if(GANGLION_CUDA_EMU)
   set_tests_properties(bench-decode-cuda-counters PROPERTIES LABELS cuda-emu TIMEOUT 600
     ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192")
 
+  # serve --device cuda on the emulated GPU (1x1, and TP=2 as two workers sharing it)
+  # against transformers on the CPU: bench/gpu-reference.py, as the device check runs it
+  # on the H200 (tests/gpu-reference-cpu.sh; skips, 77, without the reference venv).
+  add_test(NAME gpu-reference-emu
+    COMMAND sh ${PROJECT_SOURCE_DIR}/tests/gpu-reference-cpu.sh ${PROJECT_SOURCE_DIR}
+            $<TARGET_FILE:ganglion> ${CMAKE_BINARY_DIR}/gpu-reference-emu cuda)
+  set_tests_properties(gpu-reference-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
+    SKIP_RETURN_CODE 77 ENVIRONMENT "${gang_emu_env}")
+
+  # The MoE step of the device check (bench/gpu-moe-check.sh): Qwen3- and Qwen2-MoE tiny
+  # models on --device cuda, EP x TP 1x1 and 2x2 (two ranks sharing the emulated GPU),
+  # the CPU's tokens; its NCCL cases say they did not run (no NCCL here).
+  add_test(NAME moe-cuda-emu
+    COMMAND bash ${PROJECT_SOURCE_DIR}/bench/gpu-moe-check.sh $<TARGET_FILE:ganglion>
+            ${CMAKE_BINARY_DIR}/moe-cuda-emu)
+  set_tests_properties(moe-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
+    ENVIRONMENT "${gang_emu_env}" FAIL_REGULAR_EXPRESSION "\"match_cpu\":false")
+  # A GGUF file's blocks served on the CUDA backend: the CPU's tokens
+  # (tests/cuda-emu/gguf-generate.sh; skips, 77, without the SmolLM2 file).
+  add_test(NAME gguf-cuda-emu
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/cuda-emu/gguf-generate.sh $<TARGET_FILE:ganglion>)
+  set_tests_properties(gguf-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
+    SKIP_RETURN_CODE 77 ENVIRONMENT "${gang_emu_env}")
+
   # What `make cuda-emu` builds: the emulated GPU tests and what they load.
   add_custom_target(cuda-emu-tests DEPENDS test-cuda test-cuda-step test-cuda-blocks
     test-engine-cuda test-cuda-emu gang_cublas_emu ganglion)
