@@ -141,10 +141,12 @@ struct block_run {
     int q_head, q_len;
     int live, at_barrier;
     int warp_live[MAX_THREADS / 32], warp_arrived[MAX_THREADS / 32];
+    int reverse; /* this block starts and releases its threads from the last one */
 };
 
 block_run B;
 std::mutex kernel_lock; /* one kernel at a time: __shared__ arrays are statics */
+int order_flip = -1;    /* GANG_EMU_ORDER_FLIP, read at the first launch */
 
 void set_thread_coords(int t)
 {
@@ -177,11 +179,14 @@ void barrier_check(void)
 {
     if (B.at_barrier == 0 || B.at_barrier != B.live)
         return;
-    for (int t = 0; t < B.n; t++)
+    for (int i = 0; i < B.n; i++) {
+        int t = B.reverse ? B.n - 1 - i : i;
+
         if (B.th[t].state == F_BARRIER) {
             B.th[t].bar_gen++;
             make_runnable(t);
         }
+    }
     B.at_barrier = 0;
 }
 
@@ -192,9 +197,12 @@ void warp_check(int w)
 
     if (B.warp_arrived[w] == 0 || B.warp_arrived[w] != B.warp_live[w])
         return;
-    for (int l = w * 32; l < end; l++)
+    for (int i = w * 32; i < end; i++) {
+        int l = B.reverse ? end - 1 - (i - w * 32) : i;
+
         if (B.th[l].state == F_WARP)
             make_runnable(l);
+    }
     B.warp_arrived[w] = 0;
 }
 
@@ -220,7 +228,11 @@ void yield_to_scheduler()
 }
 
 /* Runs the block's threads from the queue until all have finished; a queue that runs dry
- * before is a deadlock. */
+ * before is a deadlock. The order threads run in between two synchronisation points is
+ * ascending in one block and descending in the next: a read of another thread's write
+ * that lacks its __syncthreads then sees the old value in one of the two, whichever side
+ * the writer is on (a race the device may or may not show, the emulator shows in a grid
+ * of two blocks or more; GANG_EMU_ORDER_FLIP=1 swaps the two orders, for a grid of one). */
 void run_block(void)
 {
     B.q_head = B.q_len = 0;
@@ -236,8 +248,9 @@ void run_block(void)
         fiber_stack_init(&f->ctx, B.stacks + (size_t)t * STACK_BYTES, STACK_BYTES, fiber_main);
         f->warp_gen = f->bar_gen = 0;
         f->where = "start";
-        make_runnable(t);
     }
+    for (int i = 0; i < B.n; i++)
+        make_runnable(B.reverse ? B.n - 1 - i : i);
     while (B.q_len > 0) {
         int t = B.queue[B.q_head];
 
@@ -450,6 +463,10 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
             }
             B.stacks = (char *)m;
         }
+        if (order_flip < 0) {
+            const char *e = getenv("GANG_EMU_ORDER_FLIP");
+            order_flip = e != NULL && strcmp(e, "1") == 0;
+        }
         B.body = &body;
         B.name = name;
         B.n = (int)threads;
@@ -461,6 +478,7 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
                     gang_emu_block_idx.x = x;
                     gang_emu_block_idx.y = y;
                     gang_emu_block_idx.z = z;
+                    B.reverse = (int)((x + y + z) & 1) ^ order_flip;
                     run_block();
                 }
     });

@@ -1,9 +1,10 @@
 /*
  * The CUDA emulator's own tests (tests/cuda-emu/, issue #24): that it runs CUDA C the way
  * the device does where the backend's kernels depend on it (thread and block coordinates,
- * __syncthreads, the three shuffles, graph capture and replay, launch limits), and that it
+ * __syncthreads, the three shuffles, graph capture and replay, launch limits), that it
  * stops, naming the kernel, where a device would hang or read garbage (a shuffle under a
- * divergent branch, a shuffle reading a lane that has exited). Compiled only for the
+ * divergent branch, a shuffle reading a lane that has exited), and that a missing
+ * __syncthreads shows as stale reads in one of two neighbouring blocks. Compiled only for the
  * emulator (rewrite-launch.py, then the host compiler), never by nvcc.
  */
 #include <setjmp.h>
@@ -83,6 +84,19 @@ __global__ static void exited_lane_kernel(float *out)
     if (threadIdx.x >= 16)
         return;
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 16);
+}
+
+/* Each thread writes its slot and reads its neighbour's without a __syncthreads between:
+ * a race. out[block * 64 + t] = what thread t read. */
+__global__ static void racy_kernel(int *out)
+{
+    __shared__ int slot[64];
+    int t = threadIdx.x;
+
+    slot[t] = 1000 * (int)blockIdx.x + t + 1;
+    out[blockIdx.x * 64 + t] = slot[(t + 1) % 64];
+    __syncthreads();
+    slot[t] = 0; /* the next block's threads start from a cleared array */
 }
 
 __global__ static void scale_kernel(float *x, float a, size_t n)
@@ -196,6 +210,24 @@ static void test_exited_lane_stops(void **state)
     expect_abort(run_exited_lane, "a lane that exited before depositing");
 }
 
+/* The two orders of neighbouring blocks show the missing barrier differently: in the
+ * ascending one threads 0..62 read a slot not yet written, in the descending one thread 63
+ * does (slot 0); the ordered reads of the one are the stale reads of the other. */
+static void test_race_shows(void **state)
+{
+    int out[2 * 64], stale[2] = {0, 0};
+
+    (void)state;
+    racy_kernel<<<2, 64>>>(out);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 64; t++)
+            stale[b] += out[b * 64 + t] != 1000 * b + (t + 1) % 64 + 1;
+    print_message("racy_kernel: stale reads in block 0: %d, block 1: %d\n", stale[0], stale[1]);
+    assert_true(stale[0] != stale[1]);
+    assert_int_equal(stale[0] + stale[1], 64);
+}
+
 static void test_launch_limits(void **state)
 {
     float x[4] = {1, 2, 3, 4};
@@ -267,6 +299,7 @@ int main(void)
         cmocka_unit_test(test_shuffles),
         cmocka_unit_test(test_divergent_shuffle_stops),
         cmocka_unit_test(test_exited_lane_stops),
+        cmocka_unit_test(test_race_shows),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
     };
