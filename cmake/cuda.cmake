@@ -224,11 +224,16 @@ if(GANGLION_CUDA_EMU)
             ${CMAKE_BINARY_DIR}/moe-cuda-emu)
   set_tests_properties(moe-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
     ENVIRONMENT "${gang_emu_env}" FAIL_REGULAR_EXPRESSION "\"match_cpu\":false")
-  # A GGUF file's blocks served on the CUDA backend: the CPU's tokens
-  # (tests/cuda-emu/gguf-generate.sh; skips, 77, without the SmolLM2 file).
+  # A GGUF file's blocks, and a tiny Gemma 3 (GeGLU), served on the CUDA backend: the
+  # CPU's tokens (tests/cuda-emu/generate-vs-cpu.sh; the GGUF case skips, 77, without the
+  # SmolLM2 file).
   add_test(NAME gguf-cuda-emu
-    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/cuda-emu/gguf-generate.sh $<TARGET_FILE:ganglion>)
-  set_tests_properties(gguf-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/cuda-emu/generate-vs-cpu.sh $<TARGET_FILE:ganglion>
+            gguf)
+  add_test(NAME gemma3-cuda-emu
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/cuda-emu/generate-vs-cpu.sh $<TARGET_FILE:ganglion>
+            gemma3 ${CMAKE_BINARY_DIR}/gemma3-cuda-emu)
+  set_tests_properties(gguf-cuda-emu gemma3-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
     SKIP_RETURN_CODE 77 ENVIRONMENT "${gang_emu_env}")
 
   # What `make cuda-emu` builds: the emulated GPU tests and what they load.

@@ -28,8 +28,8 @@
  *
  * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
  * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is the device's size.
- * The device reports itself as "ganglion CUDA emulator", compute capability 9.0, 4
- * multiprocessors.
+ * The device reports itself as "ganglion CUDA emulator", compute capability 9.0, 132
+ * multiprocessors (the H200's count, so the backend's launch plans are the H200's).
  */
 #include "emu-kernel.h" /* first: its qualifiers come before the CUDA headers' */
 
@@ -123,6 +123,9 @@ struct fiber {
 };
 
 constexpr size_t STACK_BYTES = 128 << 10;
+/* Multiprocessors reported: the H200's, so that the backend takes the launch plans it
+ * takes there (split-key attention when a step's (query, head) pairs are fewer). */
+constexpr int EMU_SMS = 132;
 constexpr int MAX_THREADS = 1024;
 
 struct block_run {
@@ -147,6 +150,35 @@ struct block_run {
 block_run B;
 std::mutex kernel_lock; /* one kernel at a time: __shared__ arrays are statics */
 int order_flip = -1;    /* GANG_EMU_ORDER_FLIP, read at the first launch */
+
+/* Kernels run, by name, appended to GANG_EMU_STATS at exit when it is set: which of the
+ * backend's kernels the tests reach (tests/cuda-emu/kernel-coverage.sh). */
+std::vector<std::pair<const char *, unsigned long>> kernel_runs;
+
+void write_stats(void)
+{
+    const char *path = getenv("GANG_EMU_STATS");
+    FILE *f;
+
+    if (path == NULL || path[0] == '\0' || (f = fopen(path, "a")) == NULL)
+        return;
+    for (auto &k : kernel_runs)
+        fprintf(f, "%s %lu\n", k.first, k.second);
+    fclose(f);
+}
+
+/* Called with kernel_lock held. */
+void count_run(const char *name)
+{
+    if (kernel_runs.empty())
+        atexit(write_stats);
+    for (auto &k : kernel_runs)
+        if (k.first == name || strcmp(k.first, name) == 0) {
+            k.second++;
+            return;
+        }
+    kernel_runs.emplace_back(name, 1ul);
+}
 
 void set_thread_coords(int t)
 {
@@ -467,6 +499,7 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
             const char *e = getenv("GANG_EMU_ORDER_FLIP");
             order_flip = e != NULL && strcmp(e, "1") == 0;
         }
+        count_run(name);
         B.body = &body;
         B.name = name;
         B.n = (int)threads;
@@ -574,7 +607,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     prop->maxThreadsPerBlock = MAX_THREADS;
     prop->major = 9;
     prop->minor = 0;
-    prop->multiProcessorCount = 4;
+    prop->multiProcessorCount = EMU_SMS;
     prop->pciBusID = 0;
     return cudaSuccess;
 }
@@ -585,7 +618,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
         return last_error = cudaErrorInvalidDevice;
     switch (attr) {
     case cudaDevAttrMultiProcessorCount:
-        *value = 4;
+        *value = EMU_SMS;
         return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
         *value = 9;

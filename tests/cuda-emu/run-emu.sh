@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU tests on the CUDA emulator (tests/cuda-emu/, docs/gpu.md "The CUDA emulator"):
 # configures BUILD_DIR from SOURCE_DIR with GANGLION_CUDA_EMU=ON, builds what the tests
-# need (target cuda-emu-tests) and runs the tests labelled cuda-emu there.
+# need (target cuda-emu-tests), runs the tests labelled cuda-emu there, then checks that
+# every kernel of kernels/cuda ran in them (kernel-coverage.py, on what the emulator
+# counted under GANG_EMU_STATS).
 #
 #   run-emu.sh SOURCE_DIR BUILD_DIR [WERROR=ON|OFF]
 #
@@ -13,7 +15,7 @@ if [ $# -lt 2 ] || [ $# -gt 3 ]; then
     echo "usage: run-emu.sh SOURCE_DIR BUILD_DIR [WERROR=ON|OFF]" >&2
     exit 2
 fi
-src=$1
+src=$(cd "$1" && pwd)
 build=$2
 werror=${3:-ON}
 mkdir -p "$build"
@@ -27,5 +29,8 @@ if ! { cmake -S "$src" -B "$build" -DGANGLION_CUDA_EMU=ON -DGANGLION_FUZZ=OFF \
     exit 1
 fi
 echo "run-emu.sh: built in $((SECONDS - t0)) s"
+runs=$build/emu-kernel-runs.txt
+rm -f "$runs"
 cd "$build"
-ctest --output-on-failure -L '^cuda-emu$'
+GANG_EMU_STATS=$runs ctest --output-on-failure -L '^cuda-emu$'
+python3 "$src/tests/cuda-emu/kernel-coverage.py" "$src/kernels/cuda" "$runs"

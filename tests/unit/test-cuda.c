@@ -756,6 +756,12 @@ static void test_gpu_elementwise(void **state)
     float *got = dev_fetch(dout, n * 4);
     assert_close(got, ref, n, 1e-6, "silu_mul");
     free(got);
+    /* gelu_mul (Gemma's GeGLU in the TP layers): the device's tanhf is within 2 ulp */
+    assert_int_equal(gang_kernels_gelu_mul(fx.cpu, g, u, n, ref), 0);
+    assert_int_equal(gang_kernels_gelu_mul(fx.gpu, dg, du, n, dout), 0);
+    got = dev_fetch(dout, n * 4);
+    assert_close(got, ref, n, 1e-5, "gelu_mul");
+    free(got);
     /* add: exact, including y == x (doubling) */
     memcpy(ref, g, n * 4);
     assert_int_equal(gang_kernels_add(fx.cpu, ref, u, n), 0);
