@@ -11,7 +11,9 @@ step O(batch): at most 64 and 4 bytes per sequence, never a row of logits (vocab
 bytes) per sequence. The agreement iteration (logprobs) is not timed, so it is not in
 the figures.
 On "cuda" the counters are the real backend's (its CUDA graphs, its one sync per step),
-so the emulated run checks that they are the fake device's.
+and a second run with --cuda-graphs 0 must count, point for point, what the fake device
+counts (the issue's "they must match the fake device's"; with graphs a replayed step
+counts one graph launch instead of its kernels).
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
@@ -28,16 +30,13 @@ def fail(msg):
     sys.exit(1)
 
 
-def main():
-    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("fake", "cuda")):
-        fail("usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]")
-    device = sys.argv[2] if len(sys.argv) == 3 else "fake"
-    batches, prompt = ("1,8,32", "8") if device == "fake" else ("1,4,8", "4")
-    cmd = [sys.argv[1], "bench", "decode", "--device", device, "--layers", "2",
+def run_points(binary, device, batches, prompt, extra=()):
+    """The decode points of one bench run (bf16 and int8, 1x1) as parsed JSON lines."""
+    cmd = [binary, "bench", "decode", "--device", device, "--layers", "2",
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
            "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256",
-           "--dtypes", "bf16,int8", "--layouts", "1x1"]
+           "--dtypes", "bf16,int8", "--layouts", "1x1"] + list(extra)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         fail("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
@@ -50,6 +49,30 @@ def main():
             fail("the benchmark skipped: " + line)
         if "batch" in d and "tp" in d:
             points.append(d)
+    return points
+
+
+def same_as_fake(binary):
+    """cuda without graphs counts what the fake device counts, point by point: the front
+    counts backend calls, and the fake has no graphs (docs/gpu.md, "Counters")."""
+    fake = run_points(binary, "fake", "1,4", "4")
+    cuda = run_points(binary, "cuda", "1,4", "4", ["--cuda-graphs", "0"])
+    if len(fake) != 4 or len(cuda) != 4:
+        fail("expected 4 points on each device, got fake %d, cuda %d" % (len(fake), len(cuda)))
+    for f, c in zip(fake, cuda):
+        a, b = [f[k] for k in FIELDS], [c[k] for k in FIELDS]
+        print("%s batch %d: fake %s, cuda --cuda-graphs 0 %s" % (f["storage"], f["batch"], a, b))
+        if (f["storage"], f["batch"]) != (c["storage"], c["batch"]) or a != b:
+            fail("%s batch %d: the CUDA backend's counters differ from the fake device's"
+                 % (f["storage"], f["batch"]))
+
+
+def main():
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("fake", "cuda")):
+        fail("usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]")
+    device = sys.argv[2] if len(sys.argv) == 3 else "fake"
+    batches, prompt = ("1,8,32", "8") if device == "fake" else ("1,4,8", "4")
+    points = run_points(sys.argv[1], device, batches, prompt)
     if len(points) != 6:
         fail("expected 6 points (2 storages x 3 batches), got %d" % len(points))
     launches = {}
@@ -73,6 +96,8 @@ def main():
     for st, seen in launches.items():
         if len(seen) != 1:
             fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))
+    if device == "cuda":
+        same_as_fake(sys.argv[1])
     print("PASS")
 
 
