@@ -18,34 +18,23 @@ find_package(CUDAToolkit REQUIRED)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 
 set(gang_emu_dir ${PROJECT_SOURCE_DIR}/tests/cuda-emu)
-
-# The directory's gcc options (add_compile_options) are C options here: -Wstrict-prototypes
-# and friends mean nothing to C++. C++ sources get C++'s warnings, without the unknown
-# pragmas (#pragma unroll is nvcc's).
-function(gang_emu_language_options target)
-  get_target_property(opts ${target} COMPILE_OPTIONS)
-  set(fixed)
-  if(opts)
-    foreach(opt IN LISTS opts)
-      list(APPEND fixed "$<$<COMPILE_LANGUAGE:C>:${opt}>")
-    endforeach()
-  endif()
-  list(APPEND fixed "$<$<COMPILE_LANGUAGE:CXX>:-Wall;-Wextra;-Wno-unknown-pragmas>")
-  if(GANGLION_WERROR)
-    list(APPEND fixed "$<$<COMPILE_LANGUAGE:CXX>:-Werror>")
-  endif()
-  set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "${fixed}")
-endfunction()
 set(GANG_CUDA_EMU_LIBDIR ${CMAKE_BINARY_DIR}/cuda-emu-lib)
+
+# C++'s warnings for the emulator's sources, without the unknown pragmas (#pragma unroll is
+# nvcc's); the directory's gcc options stay C's (gang_c_only_options, cmake/cuda.cmake).
+set(gang_emu_cxx_warn -Wall -Wextra -Wno-unknown-pragmas)
+if(GANGLION_WERROR)
+  list(APPEND gang_emu_cxx_warn -Werror)
+endif()
 
 add_library(gang_cuda_emu SHARED ${gang_emu_dir}/emu-runtime.cpp)
 target_include_directories(gang_cuda_emu PUBLIC ${gang_emu_dir})
 target_include_directories(gang_cuda_emu SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
-gang_emu_language_options(gang_cuda_emu)
+gang_c_only_options(gang_cuda_emu CXX ${gang_emu_cxx_warn})
 target_link_libraries(gang_cuda_emu PUBLIC Threads::Threads)
 
 add_library(gang_cublas_emu SHARED ${gang_emu_dir}/emu-cublas.cpp)
-gang_emu_language_options(gang_cublas_emu)
+gang_c_only_options(gang_cublas_emu CXX ${gang_emu_cxx_warn})
 target_link_libraries(gang_cublas_emu PRIVATE gang_cuda_emu)
 set_target_properties(gang_cublas_emu PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${GANG_CUDA_EMU_LIBDIR}
   OUTPUT_NAME cublasLt NO_SONAME ON SUFFIX ".so.13")
@@ -54,27 +43,22 @@ add_custom_command(TARGET gang_cublas_emu POST_BUILD
   COMMENT "cuda-emu: libcublas.so.13 beside libcublasLt.so.13")
 
 set(gang_emu_kernel_sources)
-foreach(k IN ITEMS ops attention matmul qmatmul step)
-  set(in ${PROJECT_SOURCE_DIR}/kernels/cuda/cuda-${k}.cu)
-  set(out ${CMAKE_BINARY_DIR}/cuda-emu-src/cuda-${k}.cpp)
+foreach(cu IN LISTS gang_cuda_kernel_sources)
+  get_filename_component(k ${cu} NAME_WE)
+  set(in ${PROJECT_SOURCE_DIR}/${cu})
+  set(out ${CMAKE_BINARY_DIR}/cuda-emu-src/${k}.cpp)
   add_custom_command(OUTPUT ${out}
     COMMAND ${Python3_EXECUTABLE} ${gang_emu_dir}/rewrite-launch.py ${in} ${out}
     DEPENDS ${in} ${gang_emu_dir}/rewrite-launch.py
-    COMMENT "cuda-emu: rewriting the launches of cuda-${k}.cu")
+    COMMENT "cuda-emu: rewriting the launches of ${k}.cu")
   list(APPEND gang_emu_kernel_sources ${out})
 endforeach()
 set_source_files_properties(${gang_emu_kernel_sources} PROPERTIES
   INCLUDE_DIRECTORIES "${PROJECT_SOURCE_DIR}/kernels/cuda;${PROJECT_SOURCE_DIR}/kernels"
   COMPILE_OPTIONS "-include;${gang_emu_dir}/emu-kernel.h")
 
-target_sources(gang_kernels PRIVATE
-  kernels/cuda/cuda-backend.c
-  kernels/cuda/cuda-pool.c
-  kernels/cuda/cuda-blas.c
-  kernels/cuda/cuda-gemm.c
-  kernels/cuda/cuda-device.c
-  ${gang_emu_kernel_sources})
-gang_emu_language_options(gang_kernels)
+target_sources(gang_kernels PRIVATE ${gang_cuda_host_sources} ${gang_emu_kernel_sources})
+gang_c_only_options(gang_kernels CXX ${gang_emu_cxx_warn})
 target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
   GANG_CUDA_LIBDIR="${GANG_CUDA_EMU_LIBDIR}")
 target_link_libraries(gang_kernels PUBLIC gang_cuda_emu ${CMAKE_DL_LIBS})

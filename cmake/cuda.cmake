@@ -29,6 +29,32 @@ if(NOT GANG_HAVE_CUDA)
   return()
 endif()
 
+# The top-level add_compile_options() are gcc's C flags (-Wstrict-prototypes, -fsanitize=...)
+# that nvcc, and C++ for the emulator, do not take. Targets copy the directory's options
+# when they are created, so this rewrites a target's list: every option applies to C only,
+# and sources of language lang get the options after it (CUDA: host code through
+# -Xcompiler, device code through nvcc).
+function(gang_c_only_options target lang)
+  get_target_property(opts ${target} COMPILE_OPTIONS)
+  set(fixed)
+  if(opts)
+    foreach(opt IN LISTS opts)
+      list(APPEND fixed "$<$<COMPILE_LANGUAGE:C>:${opt}>")
+    endforeach()
+  endif()
+  foreach(opt IN LISTS ARGN)
+    list(APPEND fixed "$<$<COMPILE_LANGUAGE:${lang}>:${opt}>")
+  endforeach()
+  set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "${fixed}")
+endfunction()
+
+# The CUDA backend's sources, the same in both builds: host C (pool, cuBLASLt, device
+# query, the backend) and the .cu kernels (nvcc's, or rewritten for the emulator).
+set(gang_cuda_host_sources kernels/cuda/cuda-backend.c kernels/cuda/cuda-pool.c
+  kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c kernels/cuda/cuda-device.c)
+set(gang_cuda_kernel_sources kernels/cuda/cuda-ops.cu kernels/cuda/cuda-attention.cu
+  kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-qmatmul.cu kernels/cuda/cuda-step.cu)
+
 if(GANGLION_CUDA_EMU)
   # The kernels run on the CPU emulator (tests/cuda-emu/): no nvcc, no CUDA runtime, no
   # NCCL; the same kernel and backend sources, the same tests.
@@ -51,38 +77,13 @@ else()
     set_property(TARGET ${t} PROPERTY CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES})
   endforeach()
 
-  # The top-level add_compile_options() are gcc flags (-Wall, -Wpedantic, -fsanitize=...)
-  # that nvcc does not understand. Targets copy the directory's options when they are
-  # created, so rewrite a target's list: every option applies to C only, and CUDA sources get
-  # their own warning set (host code through -Xcompiler, device code through nvcc).
-  function(gang_cuda_language_options target)
-    get_target_property(opts ${target} COMPILE_OPTIONS)
-    set(fixed)
-    if(opts)
-      foreach(opt IN LISTS opts)
-        list(APPEND fixed "$<$<COMPILE_LANGUAGE:C>:${opt}>")
-      endforeach()
-    endif()
-    list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
-    if(GANGLION_WERROR)
-      list(APPEND fixed "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>")
-    endif()
-    set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "${fixed}")
-  endfunction()
-
   # --- kernels ----------------------------------------------------------------------
-  target_sources(gang_kernels PRIVATE
-    kernels/cuda/cuda-backend.c
-    kernels/cuda/cuda-pool.c
-    kernels/cuda/cuda-blas.c
-    kernels/cuda/cuda-gemm.c
-    kernels/cuda/cuda-device.c
-    kernels/cuda/cuda-ops.cu
-    kernels/cuda/cuda-attention.cu
-    kernels/cuda/cuda-matmul.cu
-    kernels/cuda/cuda-qmatmul.cu
-    kernels/cuda/cuda-step.cu)
-  gang_cuda_language_options(gang_kernels)
+  target_sources(gang_kernels PRIVATE ${gang_cuda_host_sources} ${gang_cuda_kernel_sources})
+  set(gang_cuda_warn -Xcompiler=-Wall,-Wextra)
+  if(GANGLION_WERROR)
+    list(APPEND gang_cuda_warn -Werror=all-warnings)
+  endif()
+  gang_c_only_options(gang_kernels CUDA ${gang_cuda_warn})
   target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
     GANG_CUDA_LIBDIR="${CUDAToolkit_LIBRARY_DIR}")
   target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
@@ -192,7 +193,7 @@ if(GANGLION_CUDA_EMU)
   add_executable(test-cuda-emu ${gang_emu_selftest})
   set_source_files_properties(${gang_emu_selftest} PROPERTIES
     COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/tests/cuda-emu/emu-kernel.h")
-  gang_emu_language_options(test-cuda-emu)
+  gang_c_only_options(test-cuda-emu CXX ${gang_emu_cxx_warn})
   target_link_libraries(test-cuda-emu PRIVATE gang_cuda_emu PkgConfig::CMOCKA)
   add_test(NAME unit-cuda-emu COMMAND test-cuda-emu)
   set_tests_properties(unit-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 120)

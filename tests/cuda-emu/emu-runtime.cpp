@@ -535,44 +535,38 @@ cudaError_t cudaPeekAtLastError(void)
     return last_error;
 }
 
+/* The errors the emulator returns: name and text (the runtime's own texts, marked). */
+static const struct {
+    cudaError_t code;
+    const char *name, *text;
+} emu_errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error (emulated)"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument (emulated)"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory (emulated)"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument (emulated)"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal (emulated)"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "illegal state (emulated)"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing (emulated)"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture (emulated)"},
+};
+
 const char *cudaGetErrorString(cudaError_t e)
 {
-    switch (e) {
-    case cudaSuccess:
-        return "no error (emulated)";
-    case cudaErrorInvalidValue:
-        return "invalid argument (emulated)";
-    case cudaErrorMemoryAllocation:
-        return "out of memory (emulated)";
-    case cudaErrorInvalidConfiguration:
-        return "invalid configuration argument (emulated)";
-    case cudaErrorStreamCaptureUnsupported:
-        return "operation not permitted when stream is capturing (emulated)";
-    case cudaErrorStreamCaptureInvalidated:
-        return "operation failed due to a previous error during capture (emulated)";
-    default:
-        return "error (emulated)";
-    }
+    for (auto &x : emu_errors)
+        if (x.code == e)
+            return x.text;
+    return "unknown error (emulated)";
 }
 
 const char *cudaGetErrorName(cudaError_t e)
 {
-    switch (e) {
-    case cudaSuccess:
-        return "cudaSuccess";
-    case cudaErrorInvalidValue:
-        return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-        return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-        return "cudaErrorInvalidConfiguration";
-    case cudaErrorStreamCaptureUnsupported:
-        return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated:
-        return "cudaErrorStreamCaptureInvalidated";
-    default:
-        return "cudaErrorUnknown";
-    }
+    for (auto &x : emu_errors)
+        if (x.code == e)
+            return x.name;
+    return "cudaErrorUnknown";
 }
 
 cudaError_t cudaGetDeviceCount(int *count)
