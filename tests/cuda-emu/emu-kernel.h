@@ -9,9 +9,10 @@
  * host definitions.
  *
  * What it checks beyond the arithmetic: a __syncthreads that not every live thread of the
- * block reaches and a shuffle whose partner lane has exited (both abort with the kernel's
- * name; on a GPU they hang or read garbage), launch shapes over the device's limits, and,
- * in the runtime, a host synchronisation or allocation inside a graph capture.
+ * block reaches, a shuffle whose partner lane has exited and a kernel argument pointing to
+ * host memory (all abort with the kernel's name; on a GPU they hang, read garbage or
+ * fault), launch shapes over the device's limits, and, in the runtime, a host
+ * synchronisation or allocation inside a graph capture.
  */
 #ifndef GANGLION_CUDA_EMU_KERNEL_H
 #define GANGLION_CUDA_EMU_KERNEL_H
@@ -32,6 +33,7 @@
 #ifdef __cplusplus
 #include <functional>
 #include <tuple>
+#include <type_traits>
 
 /* A launch's <<<grid, block[, shared bytes[, stream]]>>>. */
 struct gang_emu_cfg {
@@ -47,6 +49,32 @@ struct gang_emu_cfg {
 /* Runs body once per thread of the grid (now, or when the graph captured on cfg.stream is
  * launched); a bad shape sets the error cudaGetLastError returns. */
 void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<void()> body);
+
+/* Aborts, naming the kernel and the argument, when p (not NULL) lies in no allocation of
+ * cudaMalloc or cudaMallocHost: a host pointer handed to a kernel, which faults on the
+ * device (an illegal address that ends the context) and would read fine here. */
+void gang_emu_check_pointer(const char *kernel, int arg, const void *p);
+
+template <typename T> static inline void gang_emu_check_arg(const char *k, int i, const T &v)
+{
+    if constexpr (std::is_pointer<T>::value)
+        gang_emu_check_pointer(k, i, (const void *)v);
+}
+
+/* The launch the rewritten code calls: the arguments already copied (args), each pointer
+ * among them checked, then fn(args...) run by every thread of the grid. */
+template <typename Tuple, typename Fn>
+static inline void gang_emu_launch_args(const gang_emu_cfg &cfg, const char *name, Tuple args,
+                                        Fn fn)
+{
+    std::apply(
+        [name](const auto &...a) {
+            int i = 0;
+            (gang_emu_check_arg(name, i++, a), ...);
+        },
+        args);
+    gang_emu_launch(cfg, name, [args, fn]() { std::apply(fn, args); });
+}
 
 /* Runs op now, or records it into the graph being captured on stream (the emulated
  * cuBLASLt enqueues its products with it). */

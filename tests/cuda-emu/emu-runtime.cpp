@@ -376,6 +376,19 @@ struct allocation {
 };
 std::vector<allocation> allocations;
 
+/* 1 when [p, p + bytes) lies inside one allocation (device, or pinned when pinned_ok). */
+int inside_allocation(const void *p, size_t bytes, int pinned_ok)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    uintptr_t a = (uintptr_t)p;
+
+    for (auto &x : allocations)
+        if ((pinned_ok || !x.pinned) && a >= (uintptr_t)x.p &&
+            a + bytes <= (uintptr_t)x.p + x.bytes)
+            return 1;
+    return 0;
+}
+
 cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
 {
     std::lock_guard<std::mutex> g(mem_lock);
@@ -418,6 +431,17 @@ cudaError_t emu_free(void *p, int pinned)
 /* ------------------------------------------------------------------------------------
  * Kernel side (emu-kernel.h).
  * ------------------------------------------------------------------------------------ */
+void gang_emu_check_pointer(const char *kernel, int arg, const void *p)
+{
+    if (p == NULL || inside_allocation(p, 1, 1))
+        return;
+    fprintf(stderr,
+            "cuda-emu: kernel %s, argument %d: %p is not device memory (no cudaMalloc or "
+            "cudaMallocHost holds it): a host pointer, which faults on the device\n",
+            kernel, arg, p);
+    abort();
+}
+
 cudaError_t gang_emu_enqueue(cudaStream_t stream, std::function<void()> op)
 {
     return enqueue(stream, std::move(op));

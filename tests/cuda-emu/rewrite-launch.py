@@ -5,12 +5,12 @@
 
 `NAME<<<CFG>>>(ARGS);` (NAME possibly a template instance, e.g. gemv_kernel<T>) becomes
 
-    gang_emu_launch(gang_emu_cfg(CFG), "NAME", [gang_emu_args = std::make_tuple(ARGS)]() {
-        std::apply([](auto... a) { NAME(a...); }, gang_emu_args); });
+    gang_emu_launch_args(gang_emu_cfg(CFG), "NAME", std::make_tuple(ARGS),
+                         [](auto... a) { NAME(a...); });
 
-the arguments evaluated and copied at the launch (an array decays to its pointer), as
-the device copies a kernel's parameters, and the kernel called with those copies by each
-thread. Everything else is kept
+the arguments evaluated and copied once at the launch (an array decays to its pointer), as
+the device copies a kernel's parameters, each pointer among them checked to be device (or
+pinned) memory, and the kernel called with those copies by each thread. Everything else is kept
 byte for byte (a #line directive keeps compiler messages pointing at IN.cu). A file with a
 `<<<` this cannot parse is an error, never passed through.
 """
@@ -62,9 +62,8 @@ def rewrite(src, path):
         k = close_of(src, j, "(", ")")
         args = src[j + 1:k - 1]
         out.append(src[pos:start])
-        out.append(f'gang_emu_launch(gang_emu_cfg({cfg}), "{name}", '
-                   f'[gang_emu_args = std::make_tuple({args})]() {{ '
-                   f'std::apply([](auto... a) {{ {name}(a...); }}, gang_emu_args); }})')
+        out.append(f'gang_emu_launch_args(gang_emu_cfg({cfg}), "{name}", '
+                   f'std::make_tuple({args}), [](auto... a) {{ {name}(a...); }})')
         pos = k
         count += 1
     out.append(src[pos:])

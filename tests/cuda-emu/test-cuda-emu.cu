@@ -3,7 +3,8 @@
  * the device does where the backend's kernels depend on it (thread and block coordinates,
  * __syncthreads, the three shuffles, graph capture and replay, launch limits), that it
  * stops, naming the kernel, where a device would hang or read garbage (a shuffle under a
- * divergent branch, a shuffle reading a lane that has exited), and that a missing
+ * divergent branch, a shuffle reading a lane that has exited, a kernel given a host
+ * pointer), and that a missing
  * __syncthreads shows as stale reads in one of two neighbouring blocks. Compiled only for the
  * emulator (rewrite-launch.py, then the host compiler), never by nvcc.
  */
@@ -19,6 +20,15 @@
 
 extern "C" { /* cmocka.h has no C++ guard of its own */
 #include <cmocka.h>
+}
+
+/* n bytes of device memory (the emulator aborts on a kernel given host memory). */
+static void *dev_alloc(size_t n)
+{
+    void *p = NULL;
+
+    assert_int_equal(cudaMalloc(&p, n), cudaSuccess);
+    return p;
 }
 
 /* Sum of v over the block of 256 threads, through warp shuffles and shared memory. */
@@ -138,7 +148,7 @@ static void test_coordinates_and_reduction(void **state)
 
 static void test_shuffles(void **state)
 {
-    int out[32 * 3];
+    int *out = (int *)dev_alloc(32 * 3 * sizeof(int));
 
     (void)state;
     shfl_kernel<<<1, 32>>>(out);
@@ -186,16 +196,27 @@ static void expect_abort(void (*fn)(void), const char *want)
 
 static void run_divergent(void)
 {
-    static float out[64];
+    float *out;
 
+    if (cudaMalloc((void **)&out, 64 * sizeof(float)) != cudaSuccess)
+        return;
     divergent_kernel<<<1, 64>>>(out);
 }
 
 static void run_exited_lane(void)
 {
-    static float out[32];
+    float *out;
 
+    if (cudaMalloc((void **)&out, 32 * sizeof(float)) != cudaSuccess)
+        return;
     exited_lane_kernel<<<1, 32>>>(out);
+}
+
+static void run_host_pointer(void)
+{
+    float x[4] = {1, 2, 3, 4};
+
+    scale_kernel<<<1, 4>>>(x, 2.0f, 4);
 }
 
 static void test_divergent_shuffle_stops(void **state)
@@ -210,12 +231,18 @@ static void test_exited_lane_stops(void **state)
     expect_abort(run_exited_lane, "a lane that exited before depositing");
 }
 
+static void test_host_pointer_stops(void **state)
+{
+    (void)state;
+    expect_abort(run_host_pointer, "kernel scale_kernel, argument 0: ");
+}
+
 /* The two orders of neighbouring blocks show the missing barrier differently: in the
  * ascending one threads 0..62 read a slot not yet written, in the descending one thread 63
  * does (slot 0); the ordered reads of the one are the stale reads of the other. */
 static void test_race_shows(void **state)
 {
-    int out[2 * 64], stale[2] = {0, 0};
+    int *out = (int *)dev_alloc(2 * 64 * sizeof(int)), stale[2] = {0, 0};
 
     (void)state;
     racy_kernel<<<2, 64>>>(out);
@@ -226,13 +253,16 @@ static void test_race_shows(void **state)
     print_message("racy_kernel: stale reads in block 0: %d, block 1: %d\n", stale[0], stale[1]);
     assert_true(stale[0] != stale[1]);
     assert_int_equal(stale[0] + stale[1], 64);
+    cudaFree(out);
 }
 
 static void test_launch_limits(void **state)
 {
-    float x[4] = {1, 2, 3, 4};
+    float *x = (float *)dev_alloc(4 * sizeof(float));
 
     (void)state;
+    for (int i = 0; i < 4; i++)
+        x[i] = (float)(i + 1);
     scale_kernel<<<1, 2048>>>(x, 2.0f, 4);
     assert_int_equal(cudaGetLastError(), cudaErrorInvalidConfiguration);
     scale_kernel<<<dim3(1, 70000), 32>>>(x, 2.0f, 4);
@@ -299,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_shuffles),
         cmocka_unit_test(test_divergent_shuffle_stops),
         cmocka_unit_test(test_exited_lane_stops),
+        cmocka_unit_test(test_host_pointer_stops),
         cmocka_unit_test(test_race_shows),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
