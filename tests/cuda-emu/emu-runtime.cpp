@@ -16,7 +16,9 @@
  * warp has deposited that round's). A block whose live threads all wait and none can be
  * released is a deadlock on the device: the emulator prints the kernel, the block and
  * where each thread waits, and aborts. So does a shuffle that reads a lane which has exited
- * before depositing.
+ * before depositing. A shuffle round waits for every live lane of the warp, whatever its
+ * mask: the backend's kernels shuffle with full masks, and a partial-mask shuffle would be
+ * reported as a deadlock here (a limit of the emulator, not of the device).
  *
  * Streams are synchronous: an operation enqueued on a stream has completed when the call
  * returns, unless the stream is being captured into a graph; then kernels, copies, memsets
@@ -152,7 +154,7 @@ std::mutex kernel_lock; /* one kernel at a time: __shared__ arrays are statics *
 int order_flip = -1;    /* GANG_EMU_ORDER_FLIP, read at the first launch */
 
 /* Kernels run, by name, appended to GANG_EMU_STATS at exit when it is set: which of the
- * backend's kernels the tests reach (tests/cuda-emu/kernel-coverage.sh). */
+ * backend's kernels the tests reach (tests/cuda-emu/kernel-coverage.py). */
 std::vector<std::pair<const char *, unsigned long>> kernel_runs;
 
 void write_stats(void)
