@@ -16,9 +16,9 @@ if [ $# -lt 2 ] || [ $# -gt 3 ]; then
     exit 2
 fi
 src=$(cd "$1" && pwd)
-build=$2
 werror=${3:-ON}
-mkdir -p "$build"
+mkdir -p "$2"
+build=$(cd "$2" && pwd) # absolute: the tests run in folders of their own
 log=$build/emu-build.log
 t0=$SECONDS
 if ! { cmake -S "$src" -B "$build" -DGANGLION_CUDA_EMU=ON -DGANGLION_FUZZ=OFF \
