@@ -42,20 +42,29 @@ add_custom_command(TARGET gang_cublas_emu POST_BUILD
   COMMAND ${CMAKE_COMMAND} -E copy $<TARGET_FILE:gang_cublas_emu> ${GANG_CUDA_EMU_LIBDIR}/libcublas.so.13
   COMMENT "cuda-emu: libcublas.so.13 beside libcublasLt.so.13")
 
-set(gang_emu_kernel_sources)
-foreach(cu IN LISTS gang_cuda_kernel_sources)
+# Rewrites the launches of the .cu file cu (a path under the source tree) into
+# cuda-emu-src/NAME.cpp of the build, compiled with emu-kernel.h force-included; the .cpp's
+# path in out_var.
+function(gang_emu_rewrite cu out_var)
   get_filename_component(k ${cu} NAME_WE)
-  set(in ${PROJECT_SOURCE_DIR}/${cu})
   set(out ${CMAKE_BINARY_DIR}/cuda-emu-src/${k}.cpp)
   add_custom_command(OUTPUT ${out}
-    COMMAND ${Python3_EXECUTABLE} ${gang_emu_dir}/rewrite-launch.py ${in} ${out}
-    DEPENDS ${in} ${gang_emu_dir}/rewrite-launch.py
+    COMMAND ${Python3_EXECUTABLE} ${gang_emu_dir}/rewrite-launch.py ${PROJECT_SOURCE_DIR}/${cu}
+            ${out}
+    DEPENDS ${PROJECT_SOURCE_DIR}/${cu} ${gang_emu_dir}/rewrite-launch.py
     COMMENT "cuda-emu: rewriting the launches of ${k}.cu")
+  set_source_files_properties(${out} PROPERTIES
+    COMPILE_OPTIONS "-include;${gang_emu_dir}/emu-kernel.h")
+  set(${out_var} ${out} PARENT_SCOPE)
+endfunction()
+
+set(gang_emu_kernel_sources)
+foreach(cu IN LISTS gang_cuda_kernel_sources)
+  gang_emu_rewrite(${cu} out)
   list(APPEND gang_emu_kernel_sources ${out})
 endforeach()
 set_source_files_properties(${gang_emu_kernel_sources} PROPERTIES
-  INCLUDE_DIRECTORIES "${PROJECT_SOURCE_DIR}/kernels/cuda;${PROJECT_SOURCE_DIR}/kernels"
-  COMPILE_OPTIONS "-include;${gang_emu_dir}/emu-kernel.h")
+  INCLUDE_DIRECTORIES "${PROJECT_SOURCE_DIR}/kernels/cuda;${PROJECT_SOURCE_DIR}/kernels")
 
 target_sources(gang_kernels PRIVATE ${gang_cuda_host_sources} ${gang_emu_kernel_sources})
 gang_c_only_options(gang_kernels CXX ${gang_emu_cxx_warn})

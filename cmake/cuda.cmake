@@ -172,27 +172,15 @@ endif()
 if(GANGLION_CUDA_EMU)
   set(gang_emu_env "GANGLION_CUDA_LIBRARY_DIR=${GANG_CUDA_EMU_LIBDIR}")
   add_test(NAME unit-cuda-lt-fallback COMMAND test-cuda)
+  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks unit-engine-cuda PROPERTIES
+    ENVIRONMENT "${gang_emu_env}")
   set_tests_properties(unit-cuda-lt-fallback PROPERTIES
     ENVIRONMENT "${gang_emu_env};GANG_EMU_LT_REFUSE_FIRST=1")
-  foreach(t IN ITEMS unit-cuda unit-cuda-step unit-cuda-blocks unit-engine-cuda
-                     unit-cuda-lt-fallback)
-    set_tests_properties(${t} PROPERTIES LABELS cuda-emu TIMEOUT 900
-      FAIL_REGULAR_EXPRESSION "no GPU")
-    if(NOT t STREQUAL "unit-cuda-lt-fallback")
-      set_tests_properties(${t} PROPERTIES ENVIRONMENT "${gang_emu_env}")
-    endif()
-  endforeach()
+  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks unit-engine-cuda
+    unit-cuda-lt-fallback PROPERTIES LABELS cuda-emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "no GPU")
 
-  set(gang_emu_selftest ${CMAKE_BINARY_DIR}/cuda-emu-src/test-cuda-emu.cpp)
-  add_custom_command(OUTPUT ${gang_emu_selftest}
-    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cuda-emu/rewrite-launch.py
-            ${PROJECT_SOURCE_DIR}/tests/cuda-emu/test-cuda-emu.cu ${gang_emu_selftest}
-    DEPENDS ${PROJECT_SOURCE_DIR}/tests/cuda-emu/test-cuda-emu.cu
-            ${PROJECT_SOURCE_DIR}/tests/cuda-emu/rewrite-launch.py
-    COMMENT "cuda-emu: rewriting the launches of test-cuda-emu.cu")
+  gang_emu_rewrite(tests/cuda-emu/test-cuda-emu.cu gang_emu_selftest)
   add_executable(test-cuda-emu ${gang_emu_selftest})
-  set_source_files_properties(${gang_emu_selftest} PROPERTIES
-    COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/tests/cuda-emu/emu-kernel.h")
   gang_c_only_options(test-cuda-emu CXX ${gang_emu_cxx_warn})
   target_link_libraries(test-cuda-emu PRIVATE gang_cuda_emu PkgConfig::CMOCKA)
   add_test(NAME unit-cuda-emu COMMAND test-cuda-emu)

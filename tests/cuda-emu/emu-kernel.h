@@ -6,7 +6,8 @@
  * emu-runtime.cpp: every CUDA thread of a block a fiber, blocks one after another,
  * __syncthreads and the warp shuffles the points where fibers switch. The device code is
  * the same text nvcc compiles for the H200; only the qualifiers and the built-ins below are
- * host definitions.
+ * host definitions: those the kernels use (a kernel that calls another built-in fails to
+ * compile here until it is added).
  *
  * What it checks beyond the arithmetic: a __syncthreads that not every live thread of the
  * block reaches, a shuffle whose partner lane has exited and a kernel argument pointing to
@@ -136,57 +137,13 @@ template <typename T> static inline T atomicAdd(T *p, T v)
     *p = old + v;
     return old;
 }
-template <typename T> static inline T atomicMax(T *p, T v)
-{
-    T old = *p;
-    *p = old > v ? old : v;
-    return old;
-}
-template <typename T> static inline T atomicCAS(T *p, T cmp, T v)
-{
-    T old = *p;
-    if (old == cmp)
-        *p = v;
-    return old;
-}
-template <typename T> static inline T __ldg(const T *p)
-{
-    return *p;
-}
-/* glibc declares __expf / __logf itself (its internal names): macros, not functions. */
+/* glibc declares __expf itself (its internal name): a macro, not a function. */
 #define __expf(x) expf(x)
-#define __logf(x) logf(x)
-static inline float __fdividef(float a, float b)
-{
-    return a / b;
-}
-static inline float rsqrtf(float x)
-{
-    return 1.0f / sqrtf(x);
-}
 static inline unsigned __float_as_uint(float x)
 {
     unsigned u;
     memcpy(&u, &x, sizeof(u));
     return u;
-}
-static inline float __uint_as_float(unsigned u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-}
-static inline int __float_as_int(float x)
-{
-    int u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-static inline float __int_as_float(int u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
 }
 #endif
 

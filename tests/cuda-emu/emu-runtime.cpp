@@ -378,15 +378,14 @@ struct allocation {
 };
 std::vector<allocation> allocations;
 
-/* 1 when [p, p + bytes) lies inside one allocation (device, or pinned when pinned_ok). */
-int inside_allocation(const void *p, size_t bytes, int pinned_ok)
+/* 1 when p lies inside an allocation (device or pinned). */
+int inside_allocation(const void *p)
 {
     std::lock_guard<std::mutex> g(mem_lock);
     uintptr_t a = (uintptr_t)p;
 
     for (auto &x : allocations)
-        if ((pinned_ok || !x.pinned) && a >= (uintptr_t)x.p &&
-            a + bytes <= (uintptr_t)x.p + x.bytes)
+        if (a >= (uintptr_t)x.p && a - (uintptr_t)x.p < x.bytes)
             return 1;
     return 0;
 }
@@ -394,17 +393,17 @@ int inside_allocation(const void *p, size_t bytes, int pinned_ok)
 cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
 {
     std::lock_guard<std::mutex> g(mem_lock);
-    size_t rounded = (bytes + 4095) & ~(size_t)4095;
+    size_t rounded = bytes == 0 ? 4096 : (bytes + 4095) & ~(size_t)4095;
 
     if (captures_running > 0)
         return last_error = cudaErrorStreamCaptureUnsupported;
     if (!pinned && mem_used + rounded > device_bytes())
         return last_error = cudaErrorMemoryAllocation;
-    void *m = mmap(NULL, rounded == 0 ? 4096 : rounded, PROT_READ | PROT_WRITE,
+    void *m = mmap(NULL, rounded, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
         return last_error = cudaErrorMemoryAllocation;
-    allocations.push_back({m, rounded == 0 ? 4096 : rounded, pinned});
+    allocations.push_back({m, rounded, pinned});
     if (!pinned)
         mem_used += rounded;
     *p = m;
@@ -435,7 +434,7 @@ cudaError_t emu_free(void *p, int pinned)
  * ------------------------------------------------------------------------------------ */
 void gang_emu_check_pointer(const char *kernel, int arg, const void *p)
 {
-    if (p == NULL || inside_allocation(p, 1, 1))
+    if (p == NULL || inside_allocation(p))
         return;
     fprintf(stderr,
             "cuda-emu: kernel %s, argument %d: %p is not device memory (no cudaMalloc or "
@@ -556,11 +555,6 @@ cudaError_t cudaGetLastError(void)
     return e;
 }
 
-cudaError_t cudaPeekAtLastError(void)
-{
-    return last_error;
-}
-
 /* The errors the emulator returns: name and text (the runtime's own texts, marked). */
 static const struct {
     cudaError_t code;
@@ -636,25 +630,10 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 {
     if (device != 0)
         return last_error = cudaErrorInvalidDevice;
-    switch (attr) {
-    case cudaDevAttrMultiProcessorCount:
-        *value = EMU_SMS;
-        return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor:
-        *value = 9;
-        return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor:
-        *value = 0;
-        return cudaSuccess;
-    case cudaDevAttrMaxThreadsPerBlock:
-        *value = MAX_THREADS;
-        return cudaSuccess;
-    case cudaDevAttrWarpSize:
-        *value = 32;
-        return cudaSuccess;
-    default:
+    if (attr != cudaDevAttrMultiProcessorCount) /* the one the backend asks */
         return last_error = cudaErrorInvalidValue;
-    }
+    *value = EMU_SMS;
+    return cudaSuccess;
 }
 
 cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
@@ -725,15 +704,6 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 {
     (void)kind;
     return enqueue(s, [=]() { memmove(dst, src, count); });
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
-{
-    (void)kind;
-    if (captures_running > 0)
-        return last_error = cudaErrorStreamCaptureUnsupported;
-    memmove(dst, src, count);
-    return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
