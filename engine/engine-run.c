@@ -233,12 +233,15 @@ static int run_stage(gang_engine *e, gang_kernels *k, gang_comm *tp, gang_comm *
         if (rc != 0)
             return rc;
     }
+    e->scratch.normed_for = NULL;
     for (l = 0; l < m->layer_count; l++) {
         for (i = 0; i < count; i++)
             e->cache_ptrs[i] = &e->caches[(size_t)l * e->slots + e->plan.seqs[first + i].slot];
         rc = gang_deadline_left(deadline, &left);
         if (rc != 0)
             return rc;
+        /* Each layer's last add also norms for the next one (gang_tp_scratch). */
+        e->scratch.next_norm = l + 1 < m->layer_count ? m->layers[l + 1].attn_norm : NULL;
         rc =
             gang_tp_layer_forward_batch(&m->layers[l], k, tp, h, count, e->plan.seq_tokens + first,
                                         e->plan.seq_pos0 + first, e->cache_ptrs, &e->scratch, left);

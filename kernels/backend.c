@@ -845,6 +845,47 @@ int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_
     return k->be->split_cols3(k->ctx, x, rows, w0, w1, w2, o0, o1, o2);
 }
 
+int gang_kernels_split_qkv_rope(gang_kernels *k, const gang_kernels_qkv_rope *a)
+{
+    size_t heads, tmp;
+    int rc;
+
+    if (k == NULL || a == NULL || a->x == NULL || a->positions == NULL || a->inv_freq == NULL ||
+        a->q == NULL || a->k == NULL || a->v == NULL || a->rows == 0 || a->n_heads == 0 ||
+        a->n_kv_heads == 0 || a->head_dim == 0 || a->head_dim % 2 != 0)
+        return GANG_EINVAL;
+    if (!isfinite(a->scale) || a->scale <= 0.0f)
+        return GANG_EINVAL;
+    if (a->n_kv_heads > (SIZE_MAX - a->n_heads) / 2)
+        return GANG_ERANGE;
+    heads = a->n_heads + 2 * a->n_kv_heads;
+    if ((rc = elems3(a->rows, heads, a->head_dim, &tmp)) < 0)
+        return rc;
+    /* The positions are the backend's to check, as rope's. */
+    if (k->be->split_qkv_rope == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->split_qkv_rope(k->ctx, a);
+}
+
+int gang_kernels_add_rmsnorm(gang_kernels *k, float *x, const float *y, const float *w, float eps,
+                             size_t rows, size_t dim, float *out)
+{
+    size_t tmp;
+    int rc;
+
+    if (k == NULL || x == NULL || y == NULL || w == NULL || out == NULL || rows == 0 || dim == 0)
+        return GANG_EINVAL;
+    if (!isfinite(eps) || eps < 0.0f)
+        return GANG_EINVAL;
+    if ((rc = elems(rows, dim, &tmp)) < 0)
+        return rc;
+    if (k->be->add_rmsnorm == NULL)
+        return GANG_ENOSYS;
+    k->cnt.launches++;
+    return k->be->add_rmsnorm(k->ctx, x, y, w, eps, rows, dim, out);
+}
+
 int gang_kernels_glu(gang_kernels *k, int gelu, const float *x, size_t rows, size_t cols,
                      float *out)
 {

@@ -97,6 +97,10 @@ typedef struct gang__kernels_backend {
     int (*split_cols3)(void *ctx, const float *x, size_t rows, size_t w0, size_t w1, size_t w2,
                        float *o0, float *o1, float *o2);
     int (*glu)(void *ctx, int gelu, const float *x, size_t rows, size_t cols, float *out);
+    /* The decode step's fusions (gang_kernels_split_qkv_rope, gang_kernels_add_rmsnorm). */
+    int (*split_qkv_rope)(void *ctx, const gang_kernels_qkv_rope *a);
+    int (*add_rmsnorm)(void *ctx, float *x, const float *y, const float *w, float eps, size_t rows,
+                       size_t dim, float *out);
 } gang__kernels_backend;
 
 /* The backends (kernels/cpu/cpu-backend.c, kernels/cuda/cuda-backend.c). The CUDA table

@@ -654,10 +654,20 @@ static int tp_batch_attend_seqs(const gang_tp_layer *l, gang_kernels *k, uint32_
                                         l->shard.kv_head_count, l->head_dim, l->window);
 }
 
+/* 1 when a layer's q/k/v leave their GEMM through the one launch that splits, biases and
+ * rotates them (gang_kernels_split_qkv_rope): a concatenated weight (a device layer), no
+ * per-head norm between the bias and RoPE (Qwen3's), the layer's own RoPE table (not
+ * dynamic NTK's per-sequence ones). */
+static int tp_qkv_rope_fused(const gang_tp_layer *l)
+{
+    return l->wqkv != NULL && l->q_norm == NULL && l->rope_dyn_factor <= 0.0f;
+}
+
 /*
  * The q, k and v projections of the call's tokens into s->q, kp and vp: one GEMM over the
- * concatenated weight of a device layer, split back into the three in one launch; one
- * gang_kernels_matmul_n of the three weights on the host.
+ * concatenated weight of a device layer, split back into the three in one launch (with
+ * the biases and RoPE when tp_qkv_rope_fused); one gang_kernels_matmul_n of the three
+ * weights on the host.
  */
 static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
                         float *kp, float *vp)
@@ -670,6 +680,24 @@ static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch
     if (l->wqkv != NULL) {
         rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wqkv, s->q_cols + 2 * s->kv_cols,
                        s->fused);
+        if (rc == 0 && tp_qkv_rope_fused(l)) {
+            gang_kernels_qkv_rope a = {.x = s->fused,
+                                       .rows = total,
+                                       .n_heads = l->shard.head_count,
+                                       .n_kv_heads = l->shard.kv_head_count,
+                                       .head_dim = l->head_dim,
+                                       .bq = l->bq,
+                                       .bk = l->bk,
+                                       .bv = l->bv,
+                                       .positions = s->positions,
+                                       .inv_freq = l->rope_freq,
+                                       .scale = l->rope_scale,
+                                       .q = s->q,
+                                       .k = kp,
+                                       .v = vp};
+
+            return gang_kernels_split_qkv_rope(k, &a);
+        }
         return rc != 0 ? rc
                        : gang_kernels_split_cols3(k, s->fused, total, s->q_cols, s->kv_cols,
                                                   s->kv_cols, s->q, kp, vp);
@@ -757,22 +785,24 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     rc = tp_batch_qkv(l, k, s, total, kp, vp);
     if (rc != 0)
         return rc;
-    rc = tp_add_biases(l, k, s->q, kp, vp, total);
-    if (rc != 0)
-        return rc;
-    /* Qwen3: every q and k head RMS-normed over its head_dim, before RoPE. */
-    if (l->q_norm != NULL) {
-        rc = gang_kernels_rmsnorm(k, s->q, l->q_norm, l->norm_eps, total * l->shard.head_count, hd,
-                                  s->q);
-        if (rc == 0)
-            rc = gang_kernels_rmsnorm(k, kp, l->k_norm, l->norm_eps, total * l->shard.kv_head_count,
-                                      hd, kp);
+    if (!tp_qkv_rope_fused(l)) {
+        rc = tp_add_biases(l, k, s->q, kp, vp, total);
+        if (rc != 0)
+            return rc;
+        /* Qwen3: every q and k head RMS-normed over its head_dim, before RoPE. */
+        if (l->q_norm != NULL) {
+            rc = gang_kernels_rmsnorm(k, s->q, l->q_norm, l->norm_eps, total * l->shard.head_count,
+                                      hd, s->q);
+            if (rc == 0)
+                rc = gang_kernels_rmsnorm(k, kp, l->k_norm, l->norm_eps,
+                                          total * l->shard.kv_head_count, hd, kp);
+            if (rc != 0)
+                return rc;
+        }
+        rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
         if (rc != 0)
             return rc;
     }
-    rc = tp_batch_rope(l, k, s, n_seq, seq_tokens, kp, total);
-    if (rc != 0)
-        return rc;
     /* A device step: every sequence's rows appended and attended in one launch (a shape
      * the backend's kernel does not take, GANG_ENOSYS before anything ran: per sequence). */
     rc = step ? gang_kernels_attention_step(k, &kv, kp, vp, s->q, total, l->shard.head_count,
@@ -793,11 +823,15 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
 {
     uint64_t deadline, left;
     size_t total, n;
-    int rc;
+    int rc, normed_ready;
 
     if (l == NULL || k == NULL || x == NULL || seq_tokens == NULL || seq_pos0 == NULL ||
         caches == NULL || s == NULL || n_seq == 0 || timeout_ms == 0)
         return GANG_EINVAL;
+    /* normed already holds this layer's input norm when the previous call left it for this
+     * attn_norm (gang_tp_scratch's next_norm); it is consumed here, whatever follows. */
+    normed_ready = s->normed_for != NULL && s->normed_for == l->attn_norm;
+    s->normed_for = NULL;
     if ((l->wq == NULL && l->wqkv == NULL) || l->attn_norm == NULL || l->mlp_norm == NULL)
         return GANG_EINVAL;
     /* A concatenated weight needs the device scratch's room for its GEMM's output. */
@@ -825,19 +859,19 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     n = total * l->hidden;
     deadline = gang_deadline_after(timeout_ms);
 
-    rc = gang_kernels_rmsnorm(k, x, l->attn_norm, l->norm_eps, total, l->hidden, s->normed);
-    if (rc != 0)
-        return rc;
+    if (!normed_ready) {
+        rc = gang_kernels_rmsnorm(k, x, l->attn_norm, l->norm_eps, total, l->hidden, s->normed);
+        if (rc != 0)
+            return rc;
+    }
     rc = tp_batch_attention(l, k, comm, n_seq, seq_tokens, seq_pos0, caches, s, total, timeout_ms);
     if (rc == 0 && l->post_attn_norm != NULL) /* Gemma's sandwich norm, in place */
         rc = gang_kernels_rmsnorm(k, s->delta, l->post_attn_norm, l->norm_eps, total, l->hidden,
                                   s->delta);
     if (rc != 0)
         return rc;
-    rc = gang_kernels_add(k, x, s->delta, n);
-    if (rc != 0)
-        return rc;
-    rc = gang_kernels_rmsnorm(k, x, l->mlp_norm, l->norm_eps, total, l->hidden, s->normed);
+    rc = gang_kernels_add_rmsnorm(k, x, s->delta, l->mlp_norm, l->norm_eps, total, l->hidden,
+                                  s->normed);
     if (rc != 0)
         return rc;
     /* The second all-reduce (the MoE block's all-to-alls too) gets what is left. */
@@ -857,5 +891,12 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
                                   s->delta);
     if (rc != 0)
         return rc;
-    return gang_kernels_add(k, x, s->delta, n);
+    if (s->next_norm == NULL)
+        return gang_kernels_add(k, x, s->delta, n);
+    /* The next layer's input norm with this residual add (the same eps: one per model). */
+    rc = gang_kernels_add_rmsnorm(k, x, s->delta, s->next_norm, l->norm_eps, total, l->hidden,
+                                  s->normed);
+    if (rc == 0)
+        s->normed_for = s->next_norm;
+    return rc;
 }

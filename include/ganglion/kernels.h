@@ -461,6 +461,35 @@ int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_
                              size_t w2, float *o0, float *o1, float *o2);
 
 /*
+ * The q/k/v split of a concatenated projection with its biases and RoPE, in one launch
+ * (gang_kernels_split_qkv_rope; a decode step's attention block on a device, issue #24).
+ * All arrays are tensor memory of the handle.
+ */
+typedef struct gang_kernels_qkv_rope {
+    const float *x;            /* [rows, (n_heads + 2 n_kv_heads) head_dim]: q | k | v */
+    size_t rows;               /* tokens, >= 1 */
+    size_t n_heads;            /* query heads, >= 1 */
+    size_t n_kv_heads;         /* key/value heads, >= 1 */
+    size_t head_dim;           /* even, >= 2 */
+    const float *bq, *bk, *bv; /* optional biases [n_heads head_dim], [n_kv_heads head_dim] x2 */
+    const int32_t *positions;  /* [rows], >= 0 (checked as gang_kernels_rope does) */
+    const float *inv_freq;     /* [head_dim / 2], gang_kernels_rope's table */
+    float scale;               /* gang_kernels_rope's scale: > 0, finite */
+    float *q;                  /* out [rows, n_heads head_dim] */
+    float *k;                  /* out [rows, n_kv_heads head_dim] */
+    float *v;                  /* out [rows, n_kv_heads head_dim] */
+} gang_kernels_qkv_rope;
+
+/*
+ * Exactly gang_kernels_split_cols3 of a->x into q, k and v, then gang_kernels_add_rows of
+ * each bias present to its part, then gang_kernels_rope of q (n_heads) and of k
+ * (n_kv_heads) at a->positions: the same numbers, in one launch instead of up to six.
+ * The outputs must not overlap x, each other, the biases or the table. GANG_EINVAL for
+ * NULL (but a bias), a zero or odd size, a scale rope refuses; GANG_ERANGE on overflow.
+ */
+int gang_kernels_split_qkv_rope(gang_kernels *k, const gang_kernels_qkv_rope *a);
+
+/*
  * The gated unit of an MLP whose gate and up projections are one GEMM (issue #24): x is
  * [rows, 2 cols], each row the gate's cols then the up's cols, and out [rows, cols] gets
  * silu(gate) * up (gelu 0) or gelu_tanh(gate) * up (gelu 1), element by element as
@@ -504,6 +533,15 @@ int gang_kernels_embedding(gang_kernels *k, const float *table, size_t vocab, si
 
 /* Residual add in place: x[i] += y[i] for i < n. y may be x exactly (doubling). */
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n);
+
+/*
+ * The residual add and the next RMSNorm in one launch: x[r,:] += y[r,:], then out[r,:] =
+ * RMSNorm(x[r,:]) * w as gang_kernels_rmsnorm computes it, for r < rows (x, y and out
+ * [rows, dim], w [dim]): the same numbers as gang_kernels_add then gang_kernels_rmsnorm.
+ * y may be x exactly; out must not overlap x, y or w. eps as gang_kernels_rmsnorm.
+ */
+int gang_kernels_add_rmsnorm(gang_kernels *k, float *x, const float *y, const float *w, float eps,
+                             size_t rows, size_t dim, float *out);
 
 /*
  * Bias add over rows, in place: x[r, c] += bias[c] for r < rows, c < cols (x is

@@ -524,6 +524,13 @@ typedef struct gang_tp_scratch {
      * (the stage's ep ranks, gang_tp_moe's tp = ep); NULL: the layer's own comm. Not owned:
      * the caller sets it before a call (the engine, every step) and keeps it open. */
     gang_comm *moe_comm;
+    /* The next layer's input norm weight (its attn_norm, same eps), NULL: none. Not owned:
+     * the caller sets it before each call (the engine: the next layer of the stage, NULL
+     * for the last); the call then ends with gang_kernels_add_rmsnorm into normed instead
+     * of the bare residual add, and the next call, seeing its own attn_norm in normed_for,
+     * skips its first RMSNorm: one launch per layer less. */
+    const float *next_norm;
+    const float *normed_for; /* the norm weight normed was left for (the call's own) */
 } gang_tp_scratch;
 
 /*

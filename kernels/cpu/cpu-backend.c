@@ -272,6 +272,19 @@ static int cpu_glu(void *ctx, int gelu, const float *x, size_t rows, size_t cols
     return gang__cpu_glu(gelu, x, rows, cols, out);
 }
 
+static int cpu_split_qkv_rope(void *ctx, const gang_kernels_qkv_rope *a)
+{
+    (void)ctx;
+    return gang__cpu_split_qkv_rope(a);
+}
+
+static int cpu_add_rmsnorm(void *ctx, float *x, const float *y, const float *w, float eps,
+                           size_t rows, size_t dim, float *out)
+{
+    (void)ctx;
+    return gang__cpu_add_rmsnorm(x, y, w, eps, rows, dim, out);
+}
+
 /* No per-handle state; opening one loads OpenBLAS, so a missing library fails here, once,
  * with its log line, rather than at the first GEMM. */
 static int cpu_open(const gang_kernels_options *o, void **ctx)
@@ -317,4 +330,6 @@ const gang__kernels_backend gang__kernels_cpu_backend = {
     .sample = cpu_sample,
     .split_cols3 = cpu_split_cols3,
     .glu = cpu_glu,
+    .split_qkv_rope = cpu_split_qkv_rope,
+    .add_rmsnorm = cpu_add_rmsnorm,
 };

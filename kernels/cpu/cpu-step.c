@@ -134,6 +134,35 @@ int gang__cpu_glu(int gelu, const float *x, size_t rows, size_t cols, float *out
     return rc;
 }
 
+/* The decode step's fusions: the unfused kernels in turn, so the numbers are theirs. */
+int gang__cpu_split_qkv_rope(const gang_kernels_qkv_rope *a)
+{
+    size_t q_cols = a->n_heads * a->head_dim, kv_cols = a->n_kv_heads * a->head_dim;
+    int rc = gang__cpu_split_cols3(a->x, a->rows, q_cols, kv_cols, kv_cols, a->q, a->k, a->v);
+
+    if (rc == 0 && a->bq != NULL)
+        rc = gang__cpu_add_rows(a->q, a->bq, a->rows, q_cols);
+    if (rc == 0 && a->bk != NULL)
+        rc = gang__cpu_add_rows(a->k, a->bk, a->rows, kv_cols);
+    if (rc == 0 && a->bv != NULL)
+        rc = gang__cpu_add_rows(a->v, a->bv, a->rows, kv_cols);
+    if (rc == 0)
+        rc = gang__cpu_rope(a->q, a->positions, a->rows, a->n_heads, a->head_dim, a->inv_freq,
+                            a->scale);
+    if (rc == 0)
+        rc = gang__cpu_rope(a->k, a->positions, a->rows, a->n_kv_heads, a->head_dim, a->inv_freq,
+                            a->scale);
+    return rc;
+}
+
+int gang__cpu_add_rmsnorm(float *x, const float *y, const float *w, float eps, size_t rows,
+                          size_t dim, float *out)
+{
+    int rc = gang__cpu_add(x, y, rows * dim);
+
+    return rc != 0 ? rc : gang__cpu_rmsnorm(x, w, eps, rows, dim, out);
+}
+
 /* ---------------------------------------------------------------------------------
  * Sampling (the rule of gang_kernels_sample; engine/sample.c's walk).
  * --------------------------------------------------------------------------------- */

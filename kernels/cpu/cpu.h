@@ -244,6 +244,9 @@ int gang__cpu_sample(const float *logits, size_t rows, size_t cols,
 int gang__cpu_split_cols3(const float *x, size_t rows, size_t w0, size_t w1, size_t w2, float *o0,
                           float *o1, float *o2);
 int gang__cpu_glu(int gelu, const float *x, size_t rows, size_t cols, float *out);
+int gang__cpu_split_qkv_rope(const gang_kernels_qkv_rope *a);
+int gang__cpu_add_rmsnorm(float *x, const float *y, const float *w, float eps, size_t rows,
+                          size_t dim, float *out);
 
 /* cpu-attention.c */
 /* pages NULL: contiguous cache; else rows through its block table (gang_kernels_kv_pages). */

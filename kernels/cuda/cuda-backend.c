@@ -257,7 +257,8 @@ static int cuda_sync(void *ctx)
 
         cudaMemsetAsync(c->dev_flag, 0, sizeof(int), c->stream);
         if (bits & GANG_CUDA_FLAG_BAD_POSITION)
-            gang_error("kernels/cuda: a negative position (rope or the step attention)");
+            gang_error(
+                "kernels/cuda: a negative position (rope, split_qkv_rope or the step attention)");
         if (bits & GANG_CUDA_FLAG_BAD_ID)
             gang_debug("kernels/cuda: a token id is outside the vocabulary");
         if (bits & GANG_CUDA_FLAG_BAD_INDEX)
@@ -643,6 +644,23 @@ static int cuda_glu(void *ctx, int gelu, const float *x, size_t rows, size_t col
     return rc < 0 ? rc : gang__cuda_launch_glu(c->stream, gelu, x, rows, cols, out);
 }
 
+static int cuda_split_qkv_rope(void *ctx, const gang_kernels_qkv_rope *a)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_split_qkv_rope(c->stream, a, c->dev_flag);
+}
+
+static int cuda_add_rmsnorm(void *ctx, float *x, const float *y, const float *w, float eps,
+                            size_t rows, size_t dim, float *out)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc = ctx_enter(c);
+
+    return rc < 0 ? rc : gang__cuda_launch_add_rmsnorm(c->stream, x, y, w, eps, rows, dim, out);
+}
+
 /*
  * Graphs: a thread-local capture of the handle's stream (other threads' CUDA calls, such as
  * another rank's synchronisation in a one-GPU benchmark, stay legal), instantiated once.
@@ -741,6 +759,8 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .sample = cuda_sample,
     .split_cols3 = cuda_split_cols3,
     .glu = cuda_glu,
+    .split_qkv_rope = cuda_split_qkv_rope,
+    .add_rmsnorm = cuda_add_rmsnorm,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,

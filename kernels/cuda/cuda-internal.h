@@ -123,6 +123,9 @@ int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, fl
 int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions, size_t tokens,
                            size_t heads, size_t head_dim, const float *inv_freq, float scale,
                            int *flag);
+int gang__cuda_launch_add_rmsnorm(cudaStream_t s, float *x, const float *y, const float *w,
+                                  float eps, size_t rows, size_t dim, float *out);
+int gang__cuda_launch_split_qkv_rope(cudaStream_t s, const gang_kernels_qkv_rope *a, int *flag);
 int gang__cuda_launch_softmax(cudaStream_t s, float *x, size_t rows, size_t cols);
 int gang__cuda_launch_silu_mul(cudaStream_t s, const float *gate, const float *up, size_t n,
                                float *out);

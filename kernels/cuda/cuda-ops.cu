@@ -75,20 +75,58 @@ __device__ static float block_max(float v, float *shared)
  * RMSNorm: one block per row. out may alias x: each element is read before it is written
  * by the same thread, after the whole row was reduced.
  * --------------------------------------------------------------------------------- */
+/* Row r's RMSNorm into orow, the row's mean of squares ss (summed by each thread over its
+ * elements) reduced here: rmsnorm_kernel and add_rmsnorm_kernel share it, so the numbers
+ * of the fused kernel are rmsnorm's. */
+__device__ static void rmsnorm_finish(const float *xr, const float *w, float eps, size_t dim,
+                                      double ss, double *red, float *orow)
+{
+    ss = block_sum(ss, red);
+    float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
+        orow[i] = xr[i] * scale * w[i];
+}
+
 __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps, size_t dim,
                                       float *out)
 {
     __shared__ double red[OPS_THREADS / 32];
     const float *xr = x + blockIdx.x * dim;
-    float *orow = out + blockIdx.x * dim;
     double ss = 0.0;
 
     for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
         ss += (double)xr[i] * (double)xr[i];
-    ss = block_sum(ss, red);
-    float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
-        orow[i] = xr[i] * scale * w[i];
+    rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
+}
+
+/* The residual add and the next RMSNorm (gang_kernels_add_rmsnorm): one block per row, each
+ * thread adding the elements it then squares and normalises (its own, so no barrier
+ * between the add and the reads; y may be x). */
+__global__ static void add_rmsnorm_kernel(float *x, const float *y, const float *w, float eps,
+                                          size_t dim, float *out)
+{
+    __shared__ double red[OPS_THREADS / 32];
+    float *xr = x + blockIdx.x * dim;
+    const float *yr = y + blockIdx.x * dim;
+    double ss = 0.0;
+
+    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS) {
+        float v = xr[i] + yr[i];
+
+        xr[i] = v;
+        ss += (double)v * (double)v;
+    }
+    rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
+}
+
+extern "C" int gang__cuda_launch_add_rmsnorm(cudaStream_t s, float *x, const float *y,
+                                             const float *w, float eps, size_t rows, size_t dim,
+                                             float *out)
+{
+    if (rows > 0x7fffffffu)
+        return GANG_ERANGE;
+    add_rmsnorm_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, y, w, eps, dim, out);
+    return launch_result("add_rmsnorm launch");
 }
 
 extern "C" int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
@@ -105,6 +143,30 @@ extern "C" int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const f
  * its token untouched and sets GANG_CUDA_FLAG_BAD_POSITION in the handle's error word,
  * reported by the next sync (the front cannot read device positions).
  * --------------------------------------------------------------------------------- */
+/* Pair i of the head at v (plus the head's bias when there is one: add_rows first) rotated
+ * by pos into out (out may be v): rope_kernel's and split_qkv_rope's one formula. A
+ * negative pos writes the pair unrotated and raises the handle's flag. */
+__device__ static void rope_pair(const float *v, const float *bias, size_t i, size_t half,
+                                 int32_t pos, const float *inv_freq, double scale, float *out,
+                                 int *flag)
+{
+    float a = bias != NULL ? v[i] + bias[i] : v[i];
+    float b = bias != NULL ? v[i + half] + bias[i + half] : v[i + half];
+
+    if (pos < 0) {
+        atomicOr(flag, GANG_CUDA_FLAG_BAD_POSITION);
+        out[i] = a;
+        out[i + half] = b;
+        return;
+    }
+    double sn, cs;
+    sincos((double)pos * (double)inv_freq[i], &sn, &cs);
+    sn *= scale;
+    cs *= scale;
+    out[i] = (float)((double)a * cs - (double)b * sn);
+    out[i + half] = (float)((double)b * cs + (double)a * sn);
+}
+
 __global__ static void rope_kernel(float *x, const int32_t *positions, size_t tokens, size_t heads,
                                    size_t head_dim, const float *inv_freq, double scale, int *flag)
 {
@@ -113,20 +175,9 @@ __global__ static void rope_kernel(float *x, const int32_t *positions, size_t to
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t i = idx % half, th = idx / half, t = th / heads;
-        int32_t pos = positions[t];
-
-        if (pos < 0) {
-            atomicOr(flag, GANG_CUDA_FLAG_BAD_POSITION);
-            continue;
-        }
-        double sn, cs;
-        sincos((double)pos * (double)inv_freq[i], &sn, &cs);
-        sn *= scale;
-        cs *= scale;
         float *v = x + th * head_dim;
-        float a = v[i], b = v[i + half];
-        v[i] = (float)((double)a * cs - (double)b * sn);
-        v[i + half] = (float)((double)b * cs + (double)a * sn);
+
+        rope_pair(v, NULL, i, half, positions[t], inv_freq, scale, v, flag);
     }
 }
 
@@ -137,6 +188,48 @@ extern "C" int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *p
     rope_kernel<<<grid_for(tokens * heads * (head_dim / 2)), OPS_THREADS, 0, s>>>(
         x, positions, tokens, heads, head_dim, inv_freq, (double)scale, flag);
     return launch_result("rope launch");
+}
+
+/*
+ * gang_kernels_split_qkv_rope: one grid-stride pass over the rows' rotation pairs of the q
+ * and k heads (read from the concatenated row, biased, rotated into q or k) and then over
+ * their v elements (copied, biased). Each output element is written once, from x only.
+ */
+__global__ static void split_qkv_rope_kernel(gang_kernels_qkv_rope a, int *flag)
+{
+    size_t hd = a.head_dim, half = hd / 2, heads = a.n_heads + a.n_kv_heads;
+    size_t q_cols = a.n_heads * hd, kv_cols = a.n_kv_heads * hd, w = q_cols + 2 * kv_cols;
+    size_t pairs = a.rows * heads * half, total = pairs + a.rows * kv_cols;
+
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        if (idx < pairs) {
+            size_t i = idx % half, h = idx / half % heads, t = idx / half / heads;
+            int is_q = h < a.n_heads;
+            size_t col = h * hd; /* of the concatenated row: q heads, then k heads */
+            size_t oc = is_q ? col : col - q_cols;
+            const float *bias = is_q ? a.bq : a.bk;
+            float *out = (is_q ? a.q + t * q_cols : a.k + t * kv_cols) + oc;
+
+            rope_pair(a.x + t * w + col, bias != NULL ? bias + oc : NULL, i, half, a.positions[t],
+                      a.inv_freq, (double)a.scale, out, flag);
+        } else {
+            size_t j = idx - pairs, c = j % kv_cols, t = j / kv_cols;
+            float v = a.x[t * w + q_cols + kv_cols + c];
+
+            a.v[t * kv_cols + c] = a.bv != NULL ? v + a.bv[c] : v;
+        }
+    }
+}
+
+extern "C" int gang__cuda_launch_split_qkv_rope(cudaStream_t s, const gang_kernels_qkv_rope *a,
+                                                int *flag)
+{
+    size_t n =
+        a->rows * ((a->n_heads + a->n_kv_heads) * (a->head_dim / 2) + a->n_kv_heads * a->head_dim);
+
+    split_qkv_rope_kernel<<<grid_for(n), OPS_THREADS, 0, s>>>(*a, flag);
+    return launch_result("split_qkv_rope launch");
 }
 
 /* ---------------------------------------------------------------------------------

@@ -503,6 +503,32 @@ static int fake_glu(void *ctx, int gelu, const float *x, size_t rows, size_t col
                     DEV(out, F32(rows * cols)));
 }
 
+static int fake_split_qkv_rope(void *ctx, const gang_kernels_qkv_rope *a)
+{
+    size_t q_cols = a->n_heads * a->head_dim, kv_cols = a->n_kv_heads * a->head_dim;
+    gang_kernels_qkv_rope h = *a;
+
+    fake_op(ctx);
+    h.x = DEV(a->x, F32(a->rows * (q_cols + 2 * kv_cols)));
+    h.bq = a->bq != NULL ? DEV(a->bq, F32(q_cols)) : NULL;
+    h.bk = a->bk != NULL ? DEV(a->bk, F32(kv_cols)) : NULL;
+    h.bv = a->bv != NULL ? DEV(a->bv, F32(kv_cols)) : NULL;
+    h.positions = DEV(a->positions, a->rows * sizeof(int32_t));
+    h.inv_freq = DEV(a->inv_freq, F32(a->head_dim / 2));
+    h.q = DEV(a->q, F32(a->rows * q_cols));
+    h.k = DEV(a->k, F32(a->rows * kv_cols));
+    h.v = DEV(a->v, F32(a->rows * kv_cols));
+    return CPU->split_qkv_rope(NULL, &h);
+}
+
+static int fake_add_rmsnorm(void *ctx, float *x, const float *y, const float *w, float eps,
+                            size_t rows, size_t dim, float *out)
+{
+    fake_op(ctx);
+    return CPU->add_rmsnorm(NULL, DEV(x, F32(rows * dim)), DEV(y, F32(rows * dim)),
+                            DEV(w, F32(dim)), eps, rows, dim, DEV(out, F32(rows * dim)));
+}
+
 /* Device memory and the CPU's f32 arithmetic: no half-precision GEMM, no pool, no peer. */
 const gang__kernels_backend gang__kernels_fake_backend = {
     .name = "fake",
@@ -537,4 +563,6 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .sample = fake_sample,
     .split_cols3 = fake_split_cols3,
     .glu = fake_glu,
+    .split_qkv_rope = fake_split_qkv_rope,
+    .add_rmsnorm = fake_add_rmsnorm,
 };

@@ -13,6 +13,12 @@
  *                           differ, which these random rows never come near)
  *   split_cols3, glu        the concatenated q/k/v and gate/up GEMMs' helpers: the split
  *                           exact, the gated unit 1e-6 (expf / tanhf against the CPU's)
+ *   split_qkv_rope,         the decode step's fusions, with and without biases: bit for bit
+ *   add_rmsnorm             the GPU's unfused kernels in turn (split_cols3, add_rows, rope;
+ *                           add, rmsnorm), and the CPU's within rope's 2e-5 and rmsnorm's
+ *                           1e-5 (test-cuda's); a negative position reported at the next
+ *                           sync; the front's refusals (also without a GPU, on the CPU,
+ *                           where the fusions are the unfused kernels in turn, bit for bit)
  *   graphs                  a captured add + scale does nothing until launched, each
  *                           launch runs it once; a sync while capturing is refused and
  *                           voids the graph
@@ -279,6 +285,213 @@ static void test_split_glu(void **state)
     gang_kernels_free(gpu, d1), gang_kernels_free(gpu, d2), gang_kernels_free(gpu, dout);
 }
 
+/* The qkv rope arguments over x [ROWS, (H + 2 KV) HD] with biases b (or none). */
+enum { FR = 3, FH = 4, FKV = 2, FHD = 16, FW = (FH + 2 * FKV) * FHD };
+
+static gang_kernels_qkv_rope qkv_args(const float *x, const float *const b[3], const int32_t *pos,
+                                      const float *inv, float *q, float *kk, float *v)
+{
+    return (gang_kernels_qkv_rope){.x = x,
+                                   .rows = FR,
+                                   .n_heads = FH,
+                                   .n_kv_heads = FKV,
+                                   .head_dim = FHD,
+                                   .bq = b != NULL ? b[0] : NULL,
+                                   .bk = b != NULL ? b[1] : NULL,
+                                   .bv = b != NULL ? b[2] : NULL,
+                                   .positions = pos,
+                                   .inv_freq = inv,
+                                   .scale = 1.25f,
+                                   .q = q,
+                                   .k = kk,
+                                   .v = v};
+}
+
+/* The unfused kernels in turn on handle h (what split_qkv_rope must equal). */
+static void qkv_unfused(gang_kernels *h, const gang_kernels_qkv_rope *a)
+{
+    size_t qc = FH * FHD, kc = FKV * FHD;
+
+    assert_int_equal(gang_kernels_split_cols3(h, a->x, FR, qc, kc, kc, a->q, a->k, a->v), 0);
+    if (a->bq != NULL) {
+        assert_int_equal(gang_kernels_add_rows(h, a->q, a->bq, FR, qc), 0);
+        assert_int_equal(gang_kernels_add_rows(h, a->k, a->bk, FR, kc), 0);
+        assert_int_equal(gang_kernels_add_rows(h, a->v, a->bv, FR, kc), 0);
+    }
+    assert_int_equal(gang_kernels_rope(h, a->q, a->positions, FR, FH, FHD, a->inv_freq, a->scale),
+                     0);
+    assert_int_equal(gang_kernels_rope(h, a->k, a->positions, FR, FKV, FHD, a->inv_freq, a->scale),
+                     0);
+}
+
+static float fx_in[FR * FW], fx_b[3][FH * FHD], fx_inv[FHD / 2];
+static int32_t fx_pos[FR] = {0, 7, 4099};
+
+static void fusion_inputs(void)
+{
+    for (size_t i = 0; i < FR * FW; i++)
+        fx_in[i] = rnd();
+    for (int p = 0; p < 3; p++)
+        for (size_t i = 0; i < FH * FHD; i++)
+            fx_b[p][i] = rnd();
+    for (size_t i = 0; i < FHD / 2; i++)
+        fx_inv[i] = (float)(1.0 / pow(10000.0, (double)(2 * i) / FHD));
+}
+
+/* On the CPU (no GPU needed): the front's refusals and the fusions equal to the unfused
+ * kernels in turn, bit for bit. */
+static void test_fusions_cpu(void **state)
+{
+    float q[2][FR * FH * FHD], kk[2][FR * FKV * FHD], v[2][FR * FKV * FHD];
+    float x[2][FR * 40], y[FR * 40], w[40], out[2][FR * 40];
+    const float *b[3] = {fx_b[0], fx_b[1], fx_b[2]};
+    gang_kernels_qkv_rope a;
+
+    (void)state;
+    fusion_inputs();
+    for (int with_b = 0; with_b < 2; with_b++) {
+        a = qkv_args(fx_in, with_b ? b : NULL, fx_pos, fx_inv, q[0], kk[0], v[0]);
+        assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), 0);
+        a = qkv_args(fx_in, with_b ? b : NULL, fx_pos, fx_inv, q[1], kk[1], v[1]);
+        qkv_unfused(cpu, &a);
+        assert_memory_equal(q[0], q[1], sizeof(q[0]));
+        assert_memory_equal(kk[0], kk[1], sizeof(kk[0]));
+        assert_memory_equal(v[0], v[1], sizeof(v[0]));
+    }
+    assert_int_equal(gang_kernels_split_qkv_rope(cpu, NULL), GANG_EINVAL);
+    a.head_dim = 15;
+    assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), GANG_EINVAL);
+    a.head_dim = FHD, a.scale = 0.0f;
+    assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), GANG_EINVAL);
+    a.scale = 1.0f, a.v = NULL;
+    assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), GANG_EINVAL);
+    a.v = v[0], a.rows = SIZE_MAX / 4;
+    assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), GANG_ERANGE);
+    a.rows = FR, a.n_kv_heads = SIZE_MAX / 2;
+    assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), GANG_ERANGE);
+
+    for (size_t i = 0; i < FR * 40; i++)
+        x[0][i] = x[1][i] = 3.0f * rnd(), y[i] = rnd();
+    for (size_t i = 0; i < 40; i++)
+        w[i] = 1.0f + rnd();
+    assert_int_equal(gang_kernels_add_rmsnorm(cpu, x[0], y, w, 1e-6f, FR, 40, out[0]), 0);
+    assert_int_equal(gang_kernels_add(cpu, x[1], y, FR * 40), 0);
+    assert_int_equal(gang_kernels_rmsnorm(cpu, x[1], w, 1e-6f, FR, 40, out[1]), 0);
+    assert_memory_equal(x[0], x[1], sizeof(x[0]));
+    assert_memory_equal(out[0], out[1], sizeof(out[0]));
+    assert_int_equal(gang_kernels_add_rmsnorm(cpu, x[0], y, w, -1.0f, FR, 40, out[0]), GANG_EINVAL);
+    assert_int_equal(gang_kernels_add_rmsnorm(cpu, x[0], y, w, NAN, FR, 40, out[0]), GANG_EINVAL);
+    assert_int_equal(gang_kernels_add_rmsnorm(cpu, x[0], NULL, w, 0.0f, FR, 40, out[0]),
+                     GANG_EINVAL);
+    assert_int_equal(gang_kernels_add_rmsnorm(cpu, x[0], y, w, 0.0f, 0, 40, out[0]), GANG_EINVAL);
+    assert_int_equal(gang_kernels_add_rmsnorm(cpu, x[0], y, w, 0.0f, SIZE_MAX / 2, 40, out[0]),
+                     GANG_ERANGE);
+}
+
+/* |got - want| <= tol * max(1, |want|) for every element. */
+static void near(const float *got, const float *want, size_t n, double tol, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - (double)want[i]) <= tol * fmax(1.0, fabs((double)want[i]))))
+            fail_msg("%s: element %zu is %.9g, cpu %.9g", what, i, (double)got[i], (double)want[i]);
+}
+
+static void test_fusions(void **state)
+{
+    enum { QN = FR * FH * FHD, KN = FR * FKV * FHD, D = 3000 };
+    float q[2][QN], kk[2][KN], v[2][KN], cq[QN], ck[KN], cv[KN];
+    const float *cb[3] = {fx_b[0], fx_b[1], fx_b[2]};
+    float *dq[2], *dk[2], *dv[2], *db[3], *dx, *dinv;
+    int32_t *dpos, bad[FR];
+    gang_kernels_qkv_rope a;
+
+    (void)state;
+    NEED_GPU();
+    fusion_inputs();
+    dx = dev_copy(fx_in, sizeof(fx_in)), dinv = dev_copy(fx_inv, sizeof(fx_inv));
+    dpos = dev_copy(fx_pos, sizeof(fx_pos));
+    for (int p = 0; p < 3; p++)
+        db[p] = dev_copy(fx_b[p], sizeof(fx_b[p]));
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(gang_kernels_alloc(gpu, sizeof(q[0]), (void **)&dq[i]), 0);
+        assert_int_equal(gang_kernels_alloc(gpu, sizeof(kk[0]), (void **)&dk[i]), 0);
+        assert_int_equal(gang_kernels_alloc(gpu, sizeof(v[0]), (void **)&dv[i]), 0);
+    }
+    for (int with_b = 0; with_b < 2; with_b++) {
+        const float *const *bb = with_b ? (const float *const *)db : NULL;
+
+        a = qkv_args(dx, bb, dpos, dinv, dq[0], dk[0], dv[0]);
+        assert_int_equal(gang_kernels_split_qkv_rope(gpu, &a), 0);
+        a = qkv_args(dx, bb, dpos, dinv, dq[1], dk[1], dv[1]);
+        qkv_unfused(gpu, &a);
+        for (int i = 0; i < 2; i++) {
+            fetch(q[i], dq[i], sizeof(q[0]));
+            fetch(kk[i], dk[i], sizeof(kk[0]));
+            fetch(v[i], dv[i], sizeof(v[0]));
+        }
+        assert_memory_equal(q[0], q[1], sizeof(q[0]));
+        assert_memory_equal(kk[0], kk[1], sizeof(kk[0]));
+        assert_memory_equal(v[0], v[1], sizeof(v[0]));
+        a = qkv_args(fx_in, with_b ? cb : NULL, fx_pos, fx_inv, cq, ck, cv);
+        assert_int_equal(gang_kernels_split_qkv_rope(cpu, &a), 0);
+        near(q[0], cq, QN, 2e-5, "split_qkv_rope q");
+        near(kk[0], ck, KN, 2e-5, "split_qkv_rope k");
+        near(v[0], cv, KN, 0.0, "split_qkv_rope v");
+    }
+    /* A negative position: reported by the next sync, once. */
+    memcpy(bad, fx_pos, sizeof(bad));
+    bad[1] = -3;
+    assert_int_equal(gang_kernels_upload(gpu, dpos, bad, sizeof(bad)), 0);
+    a = qkv_args(dx, NULL, dpos, dinv, dq[0], dk[0], dv[0]);
+    assert_int_equal(gang_kernels_split_qkv_rope(gpu, &a), 0);
+    assert_int_equal(gang_kernels_sync(gpu), GANG_EINVAL);
+    assert_int_equal(gang_kernels_sync(gpu), 0);
+
+    /* add_rmsnorm over rows longer than a block's threads, and y == x (doubling). */
+    float *x = malloc(2 * FR * D * 4), *y = malloc(FR * D * 4), *w = malloc(D * 4);
+    float *got = malloc(2 * FR * D * 4), *want = malloc(2 * FR * D * 4);
+    float *dxs[2], *dy, *dw, *douts[2];
+
+    assert_non_null(x), assert_non_null(y), assert_non_null(w), assert_non_null(got);
+    assert_non_null(want);
+    for (size_t i = 0; i < FR * D; i++)
+        x[i] = 4.0f * rnd(), y[i] = rnd();
+    for (size_t i = 0; i < D; i++)
+        w[i] = 1.0f + rnd();
+    for (int self = 0; self < 2; self++) {
+        for (int i = 0; i < 2; i++) {
+            dxs[i] = dev_copy(x, FR * D * 4);
+            assert_int_equal(gang_kernels_alloc(gpu, FR * D * 4, (void **)&douts[i]), 0);
+        }
+        dy = self ? dxs[0] : dev_copy(y, FR * D * 4), dw = dev_copy(w, D * 4);
+        assert_int_equal(gang_kernels_add_rmsnorm(gpu, dxs[0], dy, dw, 1e-5f, FR, D, douts[0]), 0);
+        assert_int_equal(gang_kernels_add(gpu, dxs[1], self ? dxs[1] : dy, FR * D), 0);
+        assert_int_equal(gang_kernels_rmsnorm(gpu, dxs[1], dw, 1e-5f, FR, D, douts[1]), 0);
+        for (int i = 0; i < 2; i++) {
+            fetch(got + i * FR * D, dxs[i], FR * D * 4);
+            fetch(want + i * FR * D, douts[i], FR * D * 4);
+        }
+        assert_memory_equal(got, got + FR * D, FR * D * 4);   /* x after the add */
+        assert_memory_equal(want, want + FR * D, FR * D * 4); /* the norm */
+        memcpy(got + FR * D, x, FR * D * 4);
+        assert_int_equal(gang_kernels_add_rmsnorm(cpu, got + FR * D, self ? got + FR * D : y, w,
+                                                  1e-5f, FR, D, want + FR * D),
+                         0);
+        near(want, want + FR * D, FR * D, 1e-5, self ? "add_rmsnorm (y = x)" : "add_rmsnorm");
+        if (!self)
+            gang_kernels_free(gpu, dy);
+        for (int i = 0; i < 2; i++)
+            gang_kernels_free(gpu, dxs[i]), gang_kernels_free(gpu, douts[i]);
+        gang_kernels_free(gpu, dw);
+    }
+    free(x), free(y), free(w), free(got), free(want);
+    for (int i = 0; i < 2; i++)
+        gang_kernels_free(gpu, dq[i]), gang_kernels_free(gpu, dk[i]), gang_kernels_free(gpu, dv[i]);
+    for (int p = 0; p < 3; p++)
+        gang_kernels_free(gpu, db[p]);
+    gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dinv), gang_kernels_free(gpu, dpos);
+}
+
 static void test_graphs(void **state)
 {
     float x[256], y[256], got[256];
@@ -316,7 +529,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_upload_async),   cmocka_unit_test(test_scatter),
         cmocka_unit_test(test_attention_step), cmocka_unit_test(test_sample),
-        cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_fusions_cpu),
+        cmocka_unit_test(test_fusions),        cmocka_unit_test(test_graphs),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
