@@ -730,6 +730,27 @@ int gang_kernels_matmul_n(gang_kernels *k, size_t m, size_t kdim, const float *x
     return k->be->matmul_n(k->ctx, m, kdim, x, count, w, n, y);
 }
 
+int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_t kdim,
+                            const float *gu, const gang_kernels_weight *w, float *scratch, float *y)
+{
+    size_t tmp;
+    int rc;
+
+    if (k == NULL || gu == NULL || scratch == NULL || y == NULL || !weight_ok(w, kdim) || m == 0 ||
+        n == 0 || kdim == 0)
+        return GANG_EINVAL;
+    if ((rc = mm_dims(m, n, kdim)) < 0)
+        return rc;
+    if (kdim > SIZE_MAX / 2 || (rc = elems(m, 2 * kdim, &tmp)) < 0)
+        return GANG_ERANGE;
+    if (k->be->matmul_glu == NULL || (w->type == GANG_KW_F32 && !k->be->matmul_f32)) {
+        rc = gang_kernels_glu(k, gelu, gu, m, kdim, scratch);
+        return rc != 0 ? rc : gang_kernels_matmul(k, m, n, kdim, scratch, w, y);
+    }
+    k->cnt.launches++;
+    return k->be->matmul_glu(k->ctx, gelu != 0, m, n, kdim, gu, w, scratch, y);
+}
+
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
 {
     if (k == NULL || x == NULL || y == NULL || n == 0)

@@ -101,6 +101,10 @@ typedef struct gang__kernels_backend {
     int (*split_qkv_rope)(void *ctx, const gang_kernels_qkv_rope *a);
     int (*add_rmsnorm)(void *ctx, float *x, const float *y, const float *w, float eps, size_t rows,
                        size_t dim, float *out);
+    /* Optional (gang_kernels_matmul_glu; NULL: the front calls glu then matmul). Never
+     * given F32 weights unless matmul_f32 is set. */
+    int (*matmul_glu)(void *ctx, int gelu, size_t m, size_t n, size_t kdim, const float *gu,
+                      const gang_kernels_weight *w, float *scratch, float *y);
 } gang__kernels_backend;
 
 /* The backends (kernels/cpu/cpu-backend.c, kernels/cuda/cuda-backend.c). The CUDA table

@@ -216,14 +216,30 @@ static int tp_matmul_n(gang_kernels *k, const gang_tp_layer *l, const float *x, 
     return gang_kernels_matmul_n(k, tokens, in, x, count, v, out, y);
 }
 
+/* The row-parallel input of tp_linear_row_staged: x itself (glu < 0), or the gated unit
+ * (glu 0: SiLU, 1: GELU-tanh) of x's [gate | up] rows, computed by the product's kernel as
+ * it reads x where it can (gang_kernels_matmul_glu), else into glu_out first. */
+typedef struct tp_row_in {
+    const float *x;
+    int glu;
+    float *glu_out;
+} tp_row_in;
+
 static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage *st,
-                                const gang_tp_layer *l, const float *x_shard, size_t tokens,
+                                const gang_tp_layer *l, tp_row_in in, size_t tokens,
                                 size_t in_shard, const void *w_shard, size_t out, float *y,
                                 uint64_t timeout_ms)
 {
     int rc;
 
-    rc = tp_matmul(k, l, x_shard, tokens, in_shard, w_shard, out, y);
+    if (in.glu < 0)
+        rc = tp_matmul(k, l, in.x, tokens, in_shard, w_shard, out, y);
+    else {
+        gang_kernels_weight v =
+            gang_kernels_weight_view(tp_wtype(l, w_shard), w_shard, out, in_shard);
+
+        rc = gang_kernels_matmul_glu(k, in.glu, tokens, out, in_shard, in.x, &v, in.glu_out, y);
+    }
     if (rc != 0)
         return rc;
     /*
@@ -706,11 +722,13 @@ static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch
 }
 
 /*
- * The MLP's gated unit of the call's tokens into s->gate: one GEMM over the concatenated
- * gate/up weight of a device layer and one gated-unit launch on its rows; one
- * gang_kernels_matmul_n of the two weights and the element-wise gate on the host.
+ * The MLP's gated unit of the call's tokens, as the down projection's input (*in): on a
+ * device layer one GEMM over the concatenated gate/up weight into s->fused, whose gated
+ * unit the down product computes as it reads it (tp_row_in); on the host one
+ * gang_kernels_matmul_n of the two weights and the element-wise gate into s->gate.
  */
-static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total)
+static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
+                         tp_row_in *in)
 {
     const void *const w[2] = {l->w_gate, l->w_up};
     const size_t out[2] = {s->ffn_cols, s->ffn_cols};
@@ -718,9 +736,10 @@ static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratc
     int gelu = l->act == GANG_ACT_GELU_TANH, rc;
 
     if (l->wgu != NULL) {
-        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wgu, 2 * s->ffn_cols, s->fused);
-        return rc != 0 ? rc : gang_kernels_glu(k, gelu, s->fused, total, s->ffn_cols, s->gate);
+        *in = (tp_row_in){.x = s->fused, .glu = gelu, .glu_out = s->gate};
+        return tp_matmul(k, l, s->normed, total, l->hidden, l->wgu, 2 * s->ffn_cols, s->fused);
     }
+    *in = (tp_row_in){.x = s->gate, .glu = -1};
     rc = tp_matmul_n(k, l, s->normed, total, l->hidden, 2, w, out, y);
     if (rc != 0)
         return rc;
@@ -812,8 +831,8 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
         rc = tp_batch_attend_seqs(l, k, n_seq, seq_tokens, seq_pos0, caches, s);
     if (rc != 0)
         return rc;
-    return tp_linear_row_staged(k, comm, &s->stage, l, s->q, total, s->q_cols, l->wo, l->hidden,
-                                s->delta, timeout_ms);
+    return tp_linear_row_staged(k, comm, &s->stage, l, (tp_row_in){.x = s->q, .glu = -1}, total,
+                                s->q_cols, l->wo, l->hidden, s->delta, timeout_ms);
 }
 
 int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
@@ -824,6 +843,7 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     uint64_t deadline, left;
     size_t total, n;
     int rc, normed_ready;
+    tp_row_in down_in = {.glu = -1};
 
     if (l == NULL || k == NULL || x == NULL || seq_tokens == NULL || seq_pos0 == NULL ||
         caches == NULL || s == NULL || n_seq == 0 || timeout_ms == 0)
@@ -882,9 +902,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
         rc = gang_tp_moe_forward(l->moe, k, s->moe_comm != NULL ? s->moe_comm : comm, s->normed,
                                  total, s->delta, left);
     else
-        rc = tp_batch_gate(l, k, s, total);
+        rc = tp_batch_gate(l, k, s, total, &down_in);
     if (rc == 0 && l->moe == NULL)
-        rc = tp_linear_row_staged(k, comm, &s->stage, l, s->gate, total, s->ffn_cols, l->w_down,
+        rc = tp_linear_row_staged(k, comm, &s->stage, l, down_in, total, s->ffn_cols, l->w_down,
                                   l->hidden, s->delta, left);
     if (rc == 0 && l->post_mlp_norm != NULL)
         rc = gang_kernels_rmsnorm(k, s->delta, l->post_mlp_norm, l->norm_eps, total, l->hidden,

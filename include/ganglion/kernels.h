@@ -256,6 +256,22 @@ int gang_kernels_matmul_n(gang_kernels *k, size_t m, size_t kdim, const float *x
                           const gang_kernels_weight *w, const size_t *n, float *const *y);
 
 /*
+ * The MLP's down projection of a concatenated gate/up product in one call (issue #24):
+ * y[m, n] = glu(gu) . W^T, where gu is [m, 2 kdim] (each row the gate's kdim columns then
+ * up's) and glu(gu) [m, kdim] is what gang_kernels_glu(k, gelu, gu, m, kdim, ...) writes.
+ * The numbers are those of gang_kernels_glu into scratch then gang_kernels_matmul of
+ * scratch: a backend whose decode GEMV computes the gated unit as it stages x (CUDA, m <=
+ * 8, bf16 / f16 / int8 / block weights) does so and leaves scratch alone; otherwise
+ * scratch [m, kdim] receives the gated unit first (its contents are unspecified after
+ * the call). One launch counted (gang_kernels_counters) either way on a backend that has
+ * it; backends without it (the CPU) get the two calls. gu, scratch and y must not overlap
+ * each other or the weight. Errors: gang_kernels_matmul's and gang_kernels_glu's.
+ */
+int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_t kdim,
+                            const float *gu, const gang_kernels_weight *w, float *scratch,
+                            float *y);
+
+/*
  * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale;
  * a block type: the row dequantized, gang_kernels_block_dequant): out[t, :] =
  * f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding, and

@@ -443,7 +443,8 @@ static int cuda_matmul_blocks(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim
     int rc;
 
     if (m <= GANG_CUDA_QGEMV_ROWS)
-        return gang__cuda_launch_gemv_q(c->stream, (int)w->type, m, n, kdim, x, w->data, y);
+        return gang__cuda_launch_gemv_q(c->stream, (int)w->type, GANG_CUDA_GLU_NONE, m, n, kdim, x,
+                                        w->data, y);
     rows = rows == 0 ? 1 : (rows >= n ? n : rows);
     if ((rc = cuda_scratch(c, &c->mq_scratch, &c->mq_scratch_bytes, rows * kdim * 2)) < 0 ||
         (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) < 0 ||
@@ -487,16 +488,18 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
     if ((rc = ctx_enter(c)) < 0)
         return rc;
     if (w->type == GANG_KW_I8)
-        return gang__cuda_launch_matmul_i8(c->stream, m, n, kdim, x, w->data, w->scales, y);
+        return gang__cuda_launch_matmul_i8(c->stream, GANG_CUDA_GLU_NONE, m, n, kdim, x, w->data,
+                                           w->scales, y);
     if (gang_kernels_wtype_block(w->type, NULL, NULL))
         rc = cuda_matmul_blocks(c, m, n, kdim, x, w, y);
     else if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
         rc = GANG_ENOSYS;
     else {
         /* A decode product by the GEMV; GANG_ENOSYS: more rows, or a shape it does not take. */
-        rc = c->half_gemv ? gang__cuda_launch_gemv_half(c->stream, dt == GANG_DTYPE_BF16, m, n,
-                                                        kdim, x, w->data, y)
-                          : GANG_ENOSYS;
+        rc = c->half_gemv
+                 ? gang__cuda_launch_gemv_half(c->stream, GANG_CUDA_GLU_NONE, dt == GANG_DTYPE_BF16,
+                                               m, n, kdim, x, w->data, y)
+                 : GANG_ENOSYS;
         if (rc == GANG_ENOSYS &&
             (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
             (rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch,
@@ -506,6 +509,34 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
     if (rc == GANG_ENOSYS)
         gang_error("cuda: no matmul kernel for %s weights", gang_kernels_wtype_name(w->type));
     return rc;
+}
+
+/*
+ * glu(gu) . W^T (gang_kernels_matmul_glu): where a decode GEMV takes the weight (m <= 8;
+ * bf16 / f16 unless half_gemv is off, int8 with kdim a multiple of 16, block types) it
+ * computes the gated unit as it stages x, one launch; otherwise the GLU kernel writes it
+ * to scratch and cuda_matmul multiplies that.
+ */
+static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim, const float *gu,
+                           const gang_kernels_weight *w, float *scratch, float *y)
+{
+    gang__cuda_ctx *c = ctx;
+    int glu = gelu ? GANG_CUDA_GLU_GELU : GANG_CUDA_GLU_SILU, rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    rc = GANG_ENOSYS;
+    if (w->type == GANG_KW_I8)
+        rc = gang__cuda_launch_matmul_i8(c->stream, glu, m, n, kdim, gu, w->data, w->scales, y);
+    else if (gang_kernels_wtype_block(w->type, NULL, NULL) && m <= GANG_CUDA_QGEMV_ROWS)
+        rc = gang__cuda_launch_gemv_q(c->stream, (int)w->type, glu, m, n, kdim, gu, w->data, y);
+    else if ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && c->half_gemv)
+        rc = gang__cuda_launch_gemv_half(c->stream, glu, w->type == GANG_KW_BF16, m, n, kdim, gu,
+                                         w->data, y);
+    if (rc != GANG_ENOSYS)
+        return rc;
+    rc = gang__cuda_launch_glu(c->stream, gelu, gu, m, kdim, scratch);
+    return rc != 0 ? rc : cuda_matmul(ctx, m, n, kdim, scratch, w, y);
 }
 
 /*
@@ -761,6 +792,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .glu = cuda_glu,
     .split_qkv_rope = cuda_split_qkv_rope,
     .add_rmsnorm = cuda_add_rmsnorm,
+    .matmul_glu = cuda_matmul_glu,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,

@@ -143,13 +143,19 @@ int gang__cuda_launch_add_rows(cudaStream_t s, float *x, const float *bias, size
                                size_t cols);
 int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t cols,
                              int32_t *out);
-/* cuda-matmul.cu: y = x . W^T for an int8 weight (w, scales), dequantized on the fly;
- * the embedding over a typed table (wtype a gang_kernels_wtype; scales for int8). */
-int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim, const float *x,
-                                const int8_t *w, const float *scales, float *y);
+/* The decode GEMVs' input (glu): x [m, kdim] itself, or the gated unit of x [m, 2 kdim]'s
+ * [gate | up] rows, SiLU or GELU-tanh (gang_kernels_matmul_glu), computed as x is staged. */
+#define GANG_CUDA_GLU_NONE 0
+#define GANG_CUDA_GLU_SILU 1
+#define GANG_CUDA_GLU_GELU 2
+/* cuda-matmul.cu: y = x . W^T for an int8 weight (w, scales), dequantized on the fly
+ * (glu other than NONE: only where the GEMV applies, else GANG_ENOSYS); the embedding
+ * over a typed table (wtype a gang_kernels_wtype; scales for int8). */
+int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim,
+                                const float *x, const int8_t *w, const float *scales, float *y);
 /* y = x . W^T for m <= 8 rows of x by a bf16 (bf16 != 0) or f16 weight, kdim a multiple
  * of 8 and w 16-byte aligned (else GANG_ENOSYS): x rounded to the weight's type. */
-int gang__cuda_launch_gemv_half(cudaStream_t s, int bf16, size_t m, size_t n, size_t kdim,
+int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int bf16, size_t m, size_t n, size_t kdim,
                                 const float *x, const void *w, float *y);
 int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
                                   size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
@@ -161,7 +167,7 @@ int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, 
  * embedding_q: the rows ids of a block table as f32 (flag as the other embeddings). */
 #define GANG_CUDA_QGEMV_ROWS 8
 #define GANG_CUDA_QBAND_ELEMS ((size_t)32 << 20) /* most weight elements dequantized at once */
-int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, size_t m, size_t n, size_t kdim,
+int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, int glu, size_t m, size_t n, size_t kdim,
                              const float *x, const void *w, float *y);
 int gang__cuda_launch_dequant_q_bf16(cudaStream_t s, int wtype, size_t n, size_t kdim,
                                      const void *w, void *out);

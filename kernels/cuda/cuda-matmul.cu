@@ -88,8 +88,8 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
  * output row o = b x GEMV_WARPS + w, times scales[o] when scales is not NULL (int8).
  */
 template <typename T>
-__global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float *x, const T *w,
-                                   const float *scales, float *y)
+__global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float *x, int glu,
+                                   const T *w, const float *scales, float *y)
 {
     constexpr int V = vec_io<T>::VEC;
     __shared__ float xs[MM_ROWS][GEMV_TILE];
@@ -105,7 +105,7 @@ __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float 
 
         __syncthreads(); /* the previous tile is no longer read */
         for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
-            xs[i / kt][i % kt] = vec_io<T>::round(x[(i / kt) * kdim + k0 + i % kt]);
+            xs[i / kt][i % kt] = vec_io<T>::round(gemv_x(x, glu, kdim, i / kt, k0 + i % kt));
         __syncthreads();
         if (o >= n)
             continue;
@@ -140,25 +140,25 @@ __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float 
  * GANG_ENOSYS where it does not apply (the caller takes another kernel).
  */
 template <typename T>
-static int gemv_launch(cudaStream_t s, size_t m, size_t n, size_t kdim, const float *x, const T *w,
-                       const float *scales, float *y)
+static int gemv_launch(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim, const float *x,
+                       const T *w, const float *scales, float *y)
 {
     size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
 
     if (m == 0 || m > MM_ROWS || kdim % vec_io<T>::VEC != 0 || ((uintptr_t)w & 15) != 0 ||
         blocks > INT32_MAX)
         return GANG_ENOSYS;
-    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, w, scales, y);
+    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, glu, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "gemv launch");
 }
 
-extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, size_t kdim,
+extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim,
                                            const float *x, const int8_t *w, const float *scales,
                                            float *y)
 {
-    int rc = gemv_launch<int8_t>(s, m, n, kdim, x, w, scales, y);
+    int rc = gemv_launch<int8_t>(s, glu, m, n, kdim, x, w, scales, y);
 
-    if (rc != GANG_ENOSYS)
+    if (rc != GANG_ENOSYS || glu != GANG_CUDA_GLU_NONE)
         return rc;
     matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
@@ -166,11 +166,11 @@ extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, size_t m, size_t n, s
 
 /* The bf16 / f16 decode GEMV: gemv_kernel over half weights (8 elements a load), x rounded to
  * the weight's type as it is staged, the products summed in f32. */
-extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int bf16, size_t m, size_t n,
+extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int bf16, size_t m, size_t n,
                                            size_t kdim, const float *x, const void *w, float *y)
 {
-    return bf16 ? gemv_launch(s, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
-                : gemv_launch(s, m, n, kdim, x, (const __half *)w, NULL, y);
+    return bf16 ? gemv_launch(s, glu, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
+                : gemv_launch(s, glu, m, n, kdim, x, (const __half *)w, NULL, y);
 }
 
 /* Element d of table row id as f32 (wtype: GANG_KW_BF16, _F16 or _I8). */

@@ -31,6 +31,7 @@
 
 #include "cuda-internal.h"
 #include "cuda-qblocks.h"
+#include "cuda-vec.h"
 
 #define QG_WARPS 8 /* output rows per thread block */
 #define QG_ROWS GANG_QB_ROWS
@@ -44,7 +45,7 @@
 
 /* The decode GEMV (file comment): warp w of block b computes output row b x QG_WARPS + w. */
 template <int T>
-__global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const float *x,
+__global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const float *x, int glu,
                                      const uint8_t *w, float *y)
 {
     __shared__ float xs[QG_ROWS][GANG_QB_PAD(QG_TILE)];
@@ -63,7 +64,7 @@ __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const floa
         for (unsigned i = threadIdx.x; i < total; i += 32 * QG_WARPS) {
             unsigned r = i / ukt, e = i - r * ukt; /* 32-bit division: a few instructions */
 
-            xs[r][GANG_QB_PAD(e)] = x[r * kdim + k0 + e];
+            xs[r][GANG_QB_PAD(e)] = gemv_x(x, glu, kdim, r, k0 + e);
         }
         __syncthreads();
         if (o < n)
@@ -137,13 +138,13 @@ static unsigned qd_blocks(size_t groups)
 
 /* The launches of one type (the callers' switch picks T). */
 template <int T> struct qlaunch {
-    static void gemv(cudaStream_t s, size_t m, size_t n, size_t kdim, const float *x, const void *w,
-                     float *y)
+    static void gemv(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim, const float *x,
+                     const void *w, float *y)
     {
         size_t blocks = (n + QG_WARPS - 1) / QG_WARPS;
 
         gemv_q_kernel<T>
-            <<<(unsigned)blocks, 32 * QG_WARPS, 0, s>>>(m, n, kdim, x, (const uint8_t *)w, y);
+            <<<(unsigned)blocks, 32 * QG_WARPS, 0, s>>>(m, n, kdim, x, glu, (const uint8_t *)w, y);
     }
     static void dequant(cudaStream_t s, size_t n, size_t kdim, const void *w, void *out)
     {
@@ -195,12 +196,12 @@ template <int T> struct qlaunch {
         return GANG_ENOSYS;                                                                        \
     }
 
-extern "C" int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, size_t m, size_t n, size_t kdim,
-                                        const float *x, const void *w, float *y)
+extern "C" int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, int glu, size_t m, size_t n,
+                                        size_t kdim, const float *x, const void *w, float *y)
 {
     if (m > QG_ROWS || kdim % 32 != 0)
         return GANG_EINVAL;
-    QL_DISPATCH(wtype, gemv, s, m, n, kdim, x, w, y)
+    QL_DISPATCH(wtype, gemv, s, glu, m, n, kdim, x, w, y)
     return gang__cuda_err(cudaGetLastError(), "block gemv launch");
 }
 

@@ -99,9 +99,7 @@ __global__ static void glu_kernel(int gelu, const float *x, size_t rows, size_t 
         size_t r = i / cols, c = i % cols;
         float g = x[r * 2 * cols + c], u = x[r * 2 * cols + cols + c];
 
-        out[i] =
-            gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u
-                 : g / (1.0f + expf(-g)) * u;
+        out[i] = gang_cuda_glu(gelu, g, u);
     }
 }
 

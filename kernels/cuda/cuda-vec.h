@@ -7,6 +7,9 @@
  * the decode GEMV its weights (cuda-matmul.cu). The 16 bytes are taken apart with memcpy,
  * never through a pointer cast: reading a uint4 through a bf16 / half pointer is undefined
  * (strict aliasing), and the CUDA emulator's host compiler (tests/cuda-emu/) read zeros.
+ *
+ * Also the gated unit's formula (gang_cuda_glu), which the GLU kernel and the decode GEMVs
+ * that stage it (gemv_x) share, so that the fused product sees the unfused values.
  */
 #ifndef GANGLION_CUDA_VEC_H
 #define GANGLION_CUDA_VEC_H
@@ -15,6 +18,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "cuda-internal.h"
 
 template <typename T> struct vec_io;
 
@@ -90,5 +95,26 @@ template <> struct vec_io<int8_t> {
         return x;
     }
 };
+
+/* silu(g) * u (gelu 0) or gelu_tanh(g) * u (gelu 1): gang_kernels_silu_mul / gelu_mul's
+ * formulas, as glu_kernel computes them. */
+__device__ static inline float gang_cuda_glu(int gelu, float g, float u)
+{
+    return gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u
+                : g / (1.0f + expf(-g)) * u;
+}
+
+/* Element k of row r of a decode GEMV's input: x [m, kdim] itself (glu GANG_CUDA_GLU_NONE), or
+ * the gated unit of the [gate | up] rows x [m, 2 kdim] (the down projection's input, which
+ * the GEMV computes as it stages it instead of a GLU launch writing it first). */
+__device__ static inline float gemv_x(const float *x, int glu, size_t kdim, size_t r, size_t k)
+{
+    const float *row;
+
+    if (glu == GANG_CUDA_GLU_NONE)
+        return x[r * kdim + k];
+    row = x + r * 2 * kdim;
+    return gang_cuda_glu(glu == GANG_CUDA_GLU_GELU, row[k], row[kdim + k]);
+}
 
 #endif

@@ -412,6 +412,22 @@ static int fake_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
     return CPU->matmul(NULL, m, n, kdim, DEV(x, F32(m * kdim)), &h, DEV(y, F32(m * n)));
 }
 
+/* The glu into scratch, then the product: the CPU's two kernels as one device call. */
+static int fake_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim, const float *gu,
+                           const gang_kernels_weight *w, float *scratch, float *y)
+{
+    fake_ctx *c = ctx;
+    gang_kernels_weight h = fake_weight(w, n, kdim);
+    float *sx = DEV(scratch, F32(m * kdim));
+    int rc;
+
+    fake_op(ctx);
+    c->st.gemms++;
+    c->st.waits_at_gemm = c->st.host_waits;
+    rc = CPU->glu(NULL, gelu, DEV(gu, F32(m * 2 * kdim)), m, kdim, sx);
+    return rc != 0 ? rc : CPU->matmul(NULL, m, n, kdim, sx, &h, DEV(y, F32(m * n)));
+}
+
 static int fake_embedding(void *ctx, const gang_kernels_weight *table, size_t vocab, size_t dim,
                           const int32_t *ids, size_t n_ids, float *out)
 {
@@ -565,4 +581,5 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .glu = fake_glu,
     .split_qkv_rope = fake_split_qkv_rope,
     .add_rmsnorm = fake_add_rmsnorm,
+    .matmul_glu = fake_matmul_glu,
 };

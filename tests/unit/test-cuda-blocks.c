@@ -13,6 +13,9 @@
  *   m > 8     4.2e-3 S  x and w each rounded once to bf16 (2^-9 relative each, 2^-8 + 2^-18
  *                       for the product) plus cuBLASLt's f32 summation.
  *   embedding exact     the same dequantized values (gang_qb_group = the reference).
+ *   matmul_glu  1e-5    the down projection of a [gate | up] product (the GEMV computing
+ *               (rel.)  the gated unit as it stages x, m <= 8; glu then the bf16 path at
+ *                       m = 12) against the GPU's glu + matmul on the same weight.
  * A prefill over a weight of more than one band (32 Mi elements) is checked at the bands'
  * edges.
  * Weights: random quants with random f16 scales, an all-zero block, a block of the
@@ -151,6 +154,51 @@ static void test_block_matmul(void **state)
     }
 }
 
+/* gang_kernels_matmul_glu over block weights (SiLU and GELU) against glu + matmul. */
+static void test_block_matmul_glu(void **state)
+{
+    static const size_t ms[] = {1, 8, 12};
+    const size_t n = 67, kd = 256;
+
+    (void)state;
+    NEED_GPU();
+    for (size_t ti = 0; ti < BF_N_TYPES; ti++)
+        for (size_t a = 0; a < 3; a++)
+            for (int gelu = 0; gelu < 2; gelu++) {
+                gang_kernels_wtype t = bf_types[ti];
+                size_t e, bb, m = ms[a];
+                assert_true(gang_kernels_wtype_block(t, &e, &bb));
+                uint8_t *w = make_blocks(t, n, kd / e, bb);
+                float *gu = malloc(m * 2 * kd * 4), *got, *want;
+                void *dw, *dgu, *dscr, *dy, *dy2;
+                gang_kernels_weight gw;
+
+                assert_non_null(gu);
+                for (size_t i = 0; i < m * 2 * kd; i++)
+                    gu[i] = bf_rndf(3.0f);
+                dw = dev_copy(w, n * (kd / e) * bb), dgu = dev_copy(gu, m * 2 * kd * 4);
+                assert_int_equal(gang_kernels_alloc(gpu, m * kd * 4, &dscr), 0);
+                assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dy), 0);
+                assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dy2), 0);
+                gw = gang_kernels_weight_view(t, dw, n, kd);
+                assert_int_equal(gang_kernels_matmul_glu(gpu, gelu, m, n, kd, dgu, &gw, dscr, dy),
+                                 0);
+                assert_int_equal(gang_kernels_glu(gpu, gelu, dgu, m, kd, dscr), 0);
+                assert_int_equal(gang_kernels_matmul(gpu, m, n, kd, dscr, &gw, dy2), 0);
+                got = dev_fetch(dy, m * n * 4), want = dev_fetch(dy2, m * n * 4);
+                for (size_t i = 0; i < m * n; i++)
+                    if (!(fabs((double)got[i] - (double)want[i]) <=
+                          1e-5 * fmax(1.0, fabs((double)want[i]))))
+                        fail_msg("matmul_glu %s m=%zu gelu %d: y[%zu] = %.9g, glu + matmul %.9g",
+                                 gang_kernels_wtype_name(t), m, gelu, i, (double)got[i],
+                                 (double)want[i]);
+                gang_kernels_free(gpu, dw), gang_kernels_free(gpu, dgu);
+                gang_kernels_free(gpu, dscr), gang_kernels_free(gpu, dy);
+                gang_kernels_free(gpu, dy2);
+                free(w), free(gu), free(got), free(want);
+            }
+}
+
 /*
  * A prefill over a weight larger than one band (32 Mi elements, cuda-backend.c): kdim 1024
  * and 32805 rows, so two bands, the second of 37 rows; the outputs of the rows at the
@@ -285,9 +333,8 @@ int main(void)
 {
     bf_seed(0x853c49e6748fea9bull);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_matmul),
-        cmocka_unit_test(test_block_matmul_bands),
-        cmocka_unit_test(test_block_embedding),
+        cmocka_unit_test(test_block_matmul),          cmocka_unit_test(test_block_matmul_glu),
+        cmocka_unit_test(test_block_matmul_bands),    cmocka_unit_test(test_block_embedding),
         cmocka_unit_test(test_block_matmul_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
