@@ -6,7 +6,8 @@
  *
  * int8 matmul, decode (m <= MM_ROWS, kdim a multiple of 16): the GEMV of issue #24. A warp
  * per output row o of W, GEMV_WARPS rows per block: the block stages a tile of the m rows of
- * x in shared memory (every warp of the block reads it from there instead of from L2), and
+ * x in shared memory (every warp of the block reads it from there instead of from L2; the
+ * tile as long as 32 KiB hold for m rows, gemv_tile), and
  * each lane loads 16 int8 weights at a time (one 16-byte load; a warp covers 512 bytes of
  * the row per load), multiplies them with the m staged rows, and the lane sums are reduced
  * over the warp once per output; the row's scale is applied once. Each weight byte is read
@@ -81,18 +82,28 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
 }
 
 #define GEMV_WARPS 8   /* output rows per block */
-#define GEMV_TILE 1024 /* elements of each x row staged per pass (m x 4 KiB of shared) */
+#define GEMV_SMEM 8192 /* floats of x staged per pass (32 KiB): a tile of each of the m rows */
+
+/* The tile (elements of each x row staged per pass) for m rows: as much of the rows as the
+ * shared array holds, a multiple of 512 (the int8 lanes' stride; 256 for half weights), so
+ * a lane reads the same elements of x in the same order whatever the tile: m = 1 stages
+ * 8192 elements at once (a whole 4096-wide row: one barrier pair per call), m = 8 1024. */
+static unsigned gemv_tile(size_t m)
+{
+    return (unsigned)(GEMV_SMEM / m / 512 * 512);
+}
 
 /*
  * The decode GEMV (file comment) over weights of element type T: warp w of block b computes
- * output row o = b x GEMV_WARPS + w, times scales[o] when scales is not NULL (int8).
+ * output row o = b x GEMV_WARPS + w, times scales[o] when scales is not NULL (int8). x row
+ * r's tile is xs[r tile ..].
  */
 template <typename T>
-__global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float *x, int glu,
-                                   const T *w, const float *scales, float *y)
+__global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, unsigned tile, const float *x,
+                                   int glu, const T *w, const float *scales, float *y)
 {
     constexpr int V = vec_io<T>::VEC;
-    __shared__ float xs[MM_ROWS][GEMV_TILE];
+    __shared__ float xs[GEMV_SMEM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
     const T *row = w + (o < n ? o : 0) * kdim;
@@ -100,17 +111,21 @@ __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float 
 
     for (int r = 0; r < MM_ROWS; r++)
         acc[r] = 0.0f;
-    for (size_t k0 = 0; k0 < kdim; k0 += GEMV_TILE) {
-        size_t kt = kdim - k0 < GEMV_TILE ? kdim - k0 : GEMV_TILE;
+    for (size_t k0 = 0; k0 < kdim; k0 += tile) {
+        const unsigned kt = kdim - k0 < tile ? (unsigned)(kdim - k0) : tile;
+        const unsigned total = (unsigned)m * kt; /* <= GEMV_SMEM */
 
         __syncthreads(); /* the previous tile is no longer read */
-        for (size_t i = threadIdx.x; i < m * kt; i += 32 * GEMV_WARPS)
-            xs[i / kt][i % kt] = vec_io<T>::round(gemv_x(x, glu, kdim, i / kt, k0 + i % kt));
+        for (unsigned i = threadIdx.x; i < total; i += 32 * GEMV_WARPS) {
+            unsigned r = i / kt, e = i - r * kt;
+
+            xs[r * tile + e] = vec_io<T>::round(gemv_x(x, glu, kdim, r, k0 + e));
+        }
         __syncthreads();
         if (o >= n)
             continue;
 #pragma unroll 4
-        for (size_t i = (size_t)lane * V; i < kt; i += 32 * V) {
+        for (unsigned i = (unsigned)lane * V; i < kt; i += 32 * V) {
             float wf[V];
 
             vec_io<T>::load(row + k0 + i, wf);
@@ -118,7 +133,7 @@ __global__ static void gemv_kernel(size_t m, size_t n, size_t kdim, const float 
                 if ((size_t)r >= m)
                     break;
                 for (int e = 0; e < V; e++)
-                    acc[r] += xs[r][i + e] * wf[e];
+                    acc[r] += xs[r * tile + i + e] * wf[e];
             }
         }
     }
@@ -148,7 +163,8 @@ static int gemv_launch(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim,
     if (m == 0 || m > MM_ROWS || kdim % vec_io<T>::VEC != 0 || ((uintptr_t)w & 15) != 0 ||
         blocks > INT32_MAX)
         return GANG_ENOSYS;
-    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, x, glu, w, scales, y);
+    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, gemv_tile(m), x, glu, w,
+                                                                scales, y);
     return gang__cuda_err(cudaGetLastError(), "gemv launch");
 }
 

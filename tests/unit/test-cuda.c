@@ -534,6 +534,15 @@ static void test_gpu_matmul_typed(void **state)
                 matmul_case(GANG_KW_BF16, ms[a], ns[b], ks[c], 2e-4);
                 matmul_case(GANG_KW_F16, ms[a], ns[b], ks[c], 2e-4);
             }
+    /* Rows of x longer than one staged tile of the GEMV (8192 elements at m = 1, 2560 at
+     * m = 3, 1024 at m = 8): the tiles' seams. Sums of 9216 products (|y| ~ 10, sum |x w|
+     * ~ 1300) in two orders: f32 rounding of up to ~1e-4, where a lost or doubled tile
+     * would be O(1). */
+    for (size_t m = 1; m <= 8; m += m == 1 ? 2 : 5) {
+        matmul_case(GANG_KW_I8, m, 67, 9216, 2e-4);
+        matmul_case(GANG_KW_BF16, m, 67, 9216, 2e-4);
+        matmul_case(GANG_KW_F16, m, 67, 9216, 2e-4);
+    }
     for (int t = GANG_KW_BF16; t <= GANG_KW_I8; t++) {
         float *table = rnd_buf(vocab * dim, 1.0f), *ref = malloc(sizeof(ids) / 4 * dim * 4), *got;
         size_t bytes = gang_kernels_weight_bytes((gang_kernels_wtype)t, vocab, dim);
