@@ -10,7 +10,9 @@
 #  - libcublasLt.so.13 / libcublas.so.13 (emu-cublas.cpp) in ${CMAKE_BINARY_DIR}/cuda-emu-lib
 #    stand in for cuBLAS; the backend finds them through GANGLION_CUDA_LIBRARY_DIR, its
 #    ordinary run-time search;
-#  - no NCCL (the nccl backend stays its GANG_ENOSYS stub).
+#  - libnccl.so.2 (emu-nccl.cpp) in the same directory, for the nccl backend, which
+#    cmake/cuda.cmake builds against the toolkit's nccl.h as in the real build (ranks as
+#    threads of one process, on GANG_EMU_DEVICES emulated devices).
 enable_language(CXX)
 set(CMAKE_CXX_STANDARD 17)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
@@ -75,3 +77,13 @@ add_dependencies(gang_kernels gang_cublas_emu)
 set(GANG_HAVE_CUDA_KERNELS 1)
 message(STATUS "ganglion: CUDA kernels on the CPU emulator (tests/cuda-emu/); cuBLAS from "
                "${GANG_CUDA_EMU_LIBDIR}")
+
+# The NCCL emulator, built against the nccl.h of include_dir (cmake/cuda.cmake's search).
+function(gang_emu_nccl include_dir)
+  add_library(gang_nccl_emu SHARED ${gang_emu_dir}/emu-nccl.cpp)
+  target_include_directories(gang_nccl_emu PRIVATE ${include_dir})
+  gang_c_only_options(gang_nccl_emu CXX ${gang_emu_cxx_warn})
+  target_link_libraries(gang_nccl_emu PRIVATE gang_cuda_emu)
+  set_target_properties(gang_nccl_emu PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${GANG_CUDA_EMU_LIBDIR}
+    OUTPUT_NAME nccl NO_SONAME ON SUFFIX ".so.2")
+endfunction()

@@ -89,43 +89,56 @@ else()
   target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
   set(GANG_HAVE_CUDA_KERNELS 1)
 
-  # --- NCCL ----------------------------------------------------------------------------
-  # Only the header is needed to build: libnccl is dlopen'ed at run time (common/dynlib.c's
-  # search). The header comes from GANGLION_NCCL_INCLUDE_DIR, else the toolkit or the system
-  # package (nccl.h beside cuda.h or in /usr/include), else the pip wheel nvidia-nccl-cu13 in
-  # a Python environment (site-packages/nvidia/nccl/include; scripts/install-deps.sh puts it
-  # into the reference venv). The library's directory, when one is found here, is compiled
-  # in as the last place the run-time search looks.
-  set(GANGLION_NCCL_INCLUDE_DIR "" CACHE PATH "directory holding nccl.h (empty = search)")
-  set(gang_nccl_hints ${GANGLION_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-  foreach(py IN ITEMS /opt/ganglion-ref-venv/bin/python3 python3)
-    execute_process(COMMAND ${py} -c
-      "import importlib.util as u; s = u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0])"
-      OUTPUT_VARIABLE gang_nccl_pydir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
-      RESULT_VARIABLE gang_nccl_pyrc TIMEOUT 20)
-    if(gang_nccl_pyrc EQUAL 0 AND gang_nccl_pydir)
-      list(APPEND gang_nccl_hints ${gang_nccl_pydir}/include)
-    endif()
-  endforeach()
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${gang_nccl_hints})
-  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
-  if(NCCL_INCLUDE_DIR)
-    set(GANG_HAVE_NCCL 1)
-    target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
-    target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
-    set(gang_nccl_libdir "")
-    if(NCCL_LIBRARY)
-      get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
-    endif()
-    target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
-      GANG_NCCL_LIBDIR="${gang_nccl_libdir}")
-    target_link_libraries(gang_parallel PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
-    message(STATUS "ganglion: NCCL backend built (header ${NCCL_INCLUDE_DIR}; library found "
-                   "at run time, build-time copy: ${NCCL_LIBRARY})")
-  else()
-    message(STATUS "ganglion: nccl.h not found (toolkit, system, Python's nvidia.nccl): the nccl "
-                   "backend stays a GANG_ENOSYS stub; set GANGLION_NCCL_INCLUDE_DIR")
+endif()
+
+# --- NCCL ----------------------------------------------------------------------------
+# In both builds (on the emulator libnccl.so.2 is tests/cuda-emu/emu-nccl.cpp, in the
+# emulator's library directory, which is then the build-time directory the search ends
+# with). Only the header is needed to build: libnccl is dlopen'ed at run time (common/dynlib.c's
+# search). The header comes from GANGLION_NCCL_INCLUDE_DIR, else the toolkit or the system
+# package (nccl.h beside cuda.h or in /usr/include), else the pip wheel nvidia-nccl-cu13 in
+# a Python environment (site-packages/nvidia/nccl/include; scripts/install-deps.sh puts it
+# into the reference venv). The library's directory, when one is found here, is compiled
+# in as the last place the run-time search looks.
+set(GANGLION_NCCL_INCLUDE_DIR "" CACHE PATH "directory holding nccl.h (empty = search)")
+set(gang_nccl_hints ${GANGLION_NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+foreach(py IN ITEMS /opt/ganglion-ref-venv/bin/python3 python3)
+  execute_process(COMMAND ${py} -c
+    "import importlib.util as u; s = u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0])"
+    OUTPUT_VARIABLE gang_nccl_pydir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
+    RESULT_VARIABLE gang_nccl_pyrc TIMEOUT 20)
+  if(gang_nccl_pyrc EQUAL 0 AND gang_nccl_pydir)
+    list(APPEND gang_nccl_hints ${gang_nccl_pydir}/include)
   endif()
+endforeach()
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${gang_nccl_hints})
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+if(NCCL_INCLUDE_DIR AND GANGLION_CUDA_EMU)
+  gang_emu_nccl(${NCCL_INCLUDE_DIR})
+  set(GANG_HAVE_NCCL 1)
+  target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
+  target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
+  target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
+    GANG_NCCL_LIBDIR="${GANG_CUDA_EMU_LIBDIR}")
+  target_link_libraries(gang_parallel PUBLIC gang_cuda_emu ${CMAKE_DL_LIBS})
+  add_dependencies(gang_parallel gang_nccl_emu)
+  message(STATUS "ganglion: NCCL backend built on the emulator's libnccl.so.2 (${GANG_CUDA_EMU_LIBDIR})")
+elseif(NCCL_INCLUDE_DIR)
+  set(GANG_HAVE_NCCL 1)
+  target_sources(gang_parallel PRIVATE parallel/comm-nccl.c)
+  target_include_directories(gang_parallel PRIVATE ${NCCL_INCLUDE_DIR})
+  set(gang_nccl_libdir "")
+  if(NCCL_LIBRARY)
+    get_filename_component(gang_nccl_libdir ${NCCL_LIBRARY} DIRECTORY)
+  endif()
+  target_compile_definitions(gang_parallel PRIVATE GANG_HAVE_NCCL=1
+    GANG_NCCL_LIBDIR="${gang_nccl_libdir}")
+  target_link_libraries(gang_parallel PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
+  message(STATUS "ganglion: NCCL backend built (header ${NCCL_INCLUDE_DIR}; library found "
+                 "at run time, build-time copy: ${NCCL_LIBRARY})")
+else()
+  message(STATUS "ganglion: nccl.h not found (toolkit, system, Python's nvidia.nccl): the nccl "
+                 "backend stays a GANG_ENOSYS stub; set GANGLION_NCCL_INCLUDE_DIR")
 endif()
 
 # --- tests -----------------------------------------------------------------------------
@@ -170,14 +183,27 @@ endif()
 # the first algorithm of every plan, so every product goes through the backend's fallback
 # to the next one. test-cuda-emu tests the emulator itself.
 if(GANGLION_CUDA_EMU)
-  set(gang_emu_env "GANGLION_CUDA_LIBRARY_DIR=${GANG_CUDA_EMU_LIBDIR}")
+  set(gang_emu_env "GANGLION_CUDA_LIBRARY_DIR=${GANG_CUDA_EMU_LIBDIR};GANGLION_NCCL_LIBRARY=${GANG_CUDA_EMU_LIBDIR}")
   add_test(NAME unit-cuda-lt-fallback COMMAND test-cuda)
-  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks unit-engine-cuda PROPERTIES
+  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks PROPERTIES
     ENVIRONMENT "${gang_emu_env}")
+  # The engine over nccl TP / PP groups and the communicator's own tests on the NCCL
+  # emulator (tests/cuda-emu/emu-nccl.cpp: ranks as threads, one emulated GPU each), and
+  # the P/D pair's KV transfers over NCCL: the multi-GPU cases that skip on one GPU.
+  set_tests_properties(unit-engine-cuda PROPERTIES
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4")
+  if(GANG_HAVE_NCCL)
+    add_test(NAME kv-pair-nccl-emu COMMAND $<TARGET_FILE:test-kv-pair>)
+    set_tests_properties(unit-comm-nccl kv-pair-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
+      ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2"
+      FAIL_REGULAR_EXPRESSION "needs [0-9]+ GPU;failed here;SKIP:")
+  endif()
   set_tests_properties(unit-cuda-lt-fallback PROPERTIES
     ENVIRONMENT "${gang_emu_env};GANG_EMU_LT_REFUSE_FIRST=1")
-  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks unit-engine-cuda
-    unit-cuda-lt-fallback PROPERTIES LABELS cuda-emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "no GPU")
+  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks unit-cuda-lt-fallback
+    PROPERTIES LABELS cuda-emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "no GPU")
+  set_tests_properties(unit-engine-cuda PROPERTIES LABELS cuda-emu TIMEOUT 900
+    FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
 
   gang_emu_rewrite(tests/cuda-emu/test-cuda-emu.cu gang_emu_selftest)
   add_executable(test-cuda-emu ${gang_emu_selftest})
@@ -207,7 +233,8 @@ if(GANGLION_CUDA_EMU)
 
   # The MoE step of the device check (bench/gpu-moe-check.sh): Qwen3- and Qwen2-MoE tiny
   # models on --device cuda, EP x TP 1x1 and 2x2 (two ranks sharing the emulated GPU),
-  # the CPU's tokens; its NCCL cases say they did not run (no NCCL here).
+  # the CPU's tokens; its NCCL cases say they did not run (one emulated GPU; between
+  # processes the NCCL emulator does not reach).
   add_test(NAME moe-cuda-emu
     COMMAND bash ${PROJECT_SOURCE_DIR}/bench/gpu-moe-check.sh $<TARGET_FILE:ganglion>
             ${CMAKE_BINARY_DIR}/moe-cuda-emu)
@@ -228,4 +255,7 @@ if(GANGLION_CUDA_EMU)
   # What `make cuda-emu` builds: the emulated GPU tests and what they load.
   add_custom_target(cuda-emu-tests DEPENDS test-cuda test-cuda-step test-cuda-blocks
     test-engine-cuda test-cuda-emu gang_cublas_emu ganglion)
+  if(GANG_HAVE_NCCL)
+    add_dependencies(cuda-emu-tests test-comm-nccl test-kv-pair gang_nccl_emu)
+  endif()
 endif()

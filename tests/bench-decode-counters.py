@@ -13,7 +13,8 @@ the figures.
 On "cuda" the counters are the real backend's (its CUDA graphs, its one sync per step),
 and a second run with --cuda-graphs 0 must count, point for point, what the fake device
 counts (the issue's "they must match the fake device's"; with graphs a replayed step
-counts one graph launch instead of its kernels).
+counts one graph launch instead of its kernels). A third run adds the nccl point (a
+one-rank nccl TP group, on the NCCL emulator), which must count what 1x1 counts.
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
@@ -36,7 +37,9 @@ def run_points(binary, device, batches, prompt, extra=()):
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
            "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256",
-           "--dtypes", "bf16,int8", "--layouts", "1x1"] + list(extra)
+           "--dtypes", "bf16,int8"] + list(extra)
+    if "--layouts" not in extra:
+        cmd += ["--layouts", "1x1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         fail("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
@@ -65,6 +68,19 @@ def same_as_fake(binary):
         if (f["storage"], f["batch"]) != (c["storage"], c["batch"]) or a != b:
             fail("%s batch %d: the CUDA backend's counters differ from the fake device's"
                  % (f["storage"], f["batch"]))
+
+
+def nccl_same_as_socket(binary):
+    """cuda's nccl point (1x1 whose TP group is a one-rank nccl communicator, on the NCCL
+    emulator; its all-reduces captured into the step's graph) counts what 1x1 counts: the
+    communicator adds no host sync and no launch to a step (as on the H200)."""
+    pts = run_points(binary, "cuda", "1", "4", ["--layouts", "1x1,nccl"])
+    by = {(d["storage"], d.get("backend")): [d[k] for k in FIELDS] for d in pts}
+    for st in ("bf16", "int8"):
+        a, b = by.get((st, "socket")), by.get((st, "nccl"))
+        print("%s batch 1: 1x1 %s, nccl %s" % (st, a, b))
+        if a is None or b is None or a != b:
+            fail("%s: the nccl point's counters differ from 1x1's (or a point is missing)" % st)
 
 
 def main():
@@ -98,6 +114,7 @@ def main():
             fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))
     if device == "cuda":
         same_as_fake(sys.argv[1])
+        nccl_same_as_socket(sys.argv[1])
     print("PASS")
 
 

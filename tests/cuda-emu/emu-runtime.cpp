@@ -28,8 +28,17 @@
  * capture as the runtime does (cudaErrorStreamCaptureUnsupported; EndCapture then answers
  * cudaErrorStreamCaptureInvalidated).
  *
+ * Pending operations (emu-sync.h: the NCCL emulator's collectives) are the exception: they
+ * complete when their peers have posted theirs, and a stream's later work (its own, or
+ * that of a stream that waited for an event recorded after one) waits for them on the
+ * host; cudaStreamQuery answers cudaErrorNotReady until then. A stream that waits for an
+ * event recorded on a capturing stream joins that capture, as on the device (the NCCL
+ * stream of a one-rank communicator inside a captured decode step).
+ *
  * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
- * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is the device's size.
+ * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is each device's
+ * size; GANG_EMU_DEVICES (default 1, at most 8) devices, each thread with its own current
+ * one (they share the memory, so a kernel may read another device's, unlike the device).
  * The device reports itself as "ganglion CUDA emulator", compute capability 9.0, 132
  * multiprocessors (the H200's count, so the backend's launch plans are the H200's).
  */
@@ -43,11 +52,17 @@
 #include <time.h>
 #include <ucontext.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include <cuda_runtime_api.h>
+
+#include "emu-sync.h"
 
 uint3 gang_emu_thread_idx, gang_emu_block_idx;
 dim3 gang_emu_block_dim, gang_emu_grid_dim;
@@ -306,20 +321,67 @@ struct emu_graph {
     std::vector<std::function<void()>> ops;
 };
 
+typedef std::vector<std::shared_ptr<gang_emu_pending>> emu_waits;
+
 struct emu_stream {
     int capturing;
     cudaError_t capture_err;
     emu_graph *graph;
+    int joined;      /* capturing as a stream that joined another's capture (graph is not its) */
+    emu_waits waits; /* pending operations its next work waits for: its own and those of the
+                        events it waited for (deps: the latter only) */
+    emu_waits deps;
 };
 
 struct emu_event {
-    double ms; /* when recorded, from a monotonic clock */
+    double ms;          /* when recorded, from a monotonic clock */
+    emu_waits waits;    /* what was pending on its stream when recorded */
+    emu_graph *capture; /* recorded into this capture, else NULL */
 };
 
 emu_stream default_stream;
 thread_local cudaError_t last_error = cudaSuccess;
 int captures_running; /* streams capturing now (cudaMalloc fails while any is) */
-int current_device;
+thread_local int current_device;
+std::mutex streams_lock;
+std::set<emu_stream *> live_streams; /* for the streams that joined a capture */
+
+/* Pending operations: completed by other threads, waited for here. */
+std::mutex pend_lock;
+std::condition_variable pend_cv;
+
+/* Drops the completed operations of w; 1 when none is left. */
+int waits_prune(emu_waits &w)
+{
+    w.erase(
+        std::remove_if(w.begin(), w.end(),
+                       [](const std::shared_ptr<gang_emu_pending> &p) { return p->done.load(); }),
+        w.end());
+    return w.empty();
+}
+
+/* Waits until every operation of w completed (emu-sync.h: a bounded wait). */
+void waits_wait(emu_waits &w, const char *what)
+{
+    static long long limit_ms = -1;
+
+    if (waits_prune(w))
+        return;
+    if (limit_ms < 0) {
+        const char *e = getenv("GANG_EMU_WAIT_MS");
+        limit_ms = e != NULL && atoll(e) > 0 ? atoll(e) : 120000;
+    }
+    std::unique_lock<std::mutex> g(pend_lock);
+    if (!pend_cv.wait_for(g, std::chrono::milliseconds(limit_ms),
+                          [&]() { return waits_prune(w); })) {
+        fprintf(stderr,
+                "cuda-emu: %s waited %lld ms for an operation of another library (an NCCL "
+                "collective whose peers never posted theirs): on a device this stream would "
+                "never go on\n",
+                what, limit_ms);
+        abort();
+    }
+}
 
 emu_stream *stream_of(cudaStream_t s)
 {
@@ -336,7 +398,8 @@ double now_ms()
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Runs op now, or records it into the graph being captured on s. */
+/* Runs op now (after the pending operations s waits for), or records it into the graph
+ * being captured on s. */
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
 {
     emu_stream *st = stream_of(s);
@@ -345,6 +408,8 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
         st->graph->ops.push_back(std::move(op));
         return cudaSuccess;
     }
+    waits_wait(st->waits, "a stream");
+    st->deps.clear();
     op();
     return cudaSuccess;
 }
@@ -358,7 +423,22 @@ cudaError_t sync_point(cudaStream_t s)
         st->capture_err = cudaErrorStreamCaptureUnsupported;
         return last_error = cudaErrorStreamCaptureUnsupported;
     }
+    waits_wait(st->waits, "a synchronisation");
+    st->deps.clear();
     return cudaSuccess;
+}
+
+int device_count()
+{
+    static int n = 0;
+
+    if (n == 0) {
+        const char *e = getenv("GANG_EMU_DEVICES");
+        int v = e != NULL ? atoi(e) : 1;
+
+        n = v < 1 ? 1 : (v > 8 ? 8 : v);
+    }
+    return n;
 }
 
 size_t device_bytes()
@@ -591,13 +671,13 @@ const char *cudaGetErrorName(cudaError_t e)
 
 cudaError_t cudaGetDeviceCount(int *count)
 {
-    *count = 1;
+    *count = device_count();
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device)
 {
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return last_error = cudaErrorInvalidDevice;
     current_device = device;
     return cudaSuccess;
@@ -611,7 +691,7 @@ cudaError_t cudaGetDevice(int *device)
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return last_error = cudaErrorInvalidDevice;
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "ganglion CUDA emulator");
@@ -622,13 +702,13 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     prop->major = 9;
     prop->minor = 0;
     prop->multiProcessorCount = EMU_SMS;
-    prop->pciBusID = 0;
+    prop->pciBusID = device;
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return last_error = cudaErrorInvalidDevice;
     if (attr != cudaDevAttrMultiProcessorCount) /* the one the backend asks */
         return last_error = cudaErrorInvalidValue;
@@ -675,8 +755,46 @@ cudaError_t cudaFreeHost(void *p)
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
 {
+    emu_stream *st = new emu_stream();
+
     (void)flags;
-    *s = reinterpret_cast<cudaStream_t>(new emu_stream());
+    {
+        std::lock_guard<std::mutex> g(streams_lock);
+        live_streams.insert(st);
+    }
+    *s = reinterpret_cast<cudaStream_t>(st);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    emu_stream *st = stream_of(s);
+
+    if (st->capturing) {
+        st->capture_err = cudaErrorStreamCaptureUnsupported;
+        return last_error = cudaErrorStreamCaptureUnsupported;
+    }
+    return waits_prune(st->waits) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+    emu_stream *st = stream_of(s);
+    emu_event *ev = reinterpret_cast<emu_event *>(e);
+
+    (void)flags;
+    if (ev->capture != NULL && !st->capturing) {
+        /* The event belongs to a capture: s joins it until that capture ends. */
+        st->capturing = 1;
+        st->joined = 1;
+        st->capture_err = cudaSuccess;
+        st->graph = ev->capture;
+        return cudaSuccess;
+    }
+    if (!st->capturing) {
+        st->waits.insert(st->waits.end(), ev->waits.begin(), ev->waits.end());
+        st->deps.insert(st->deps.end(), ev->waits.begin(), ev->waits.end());
+    }
     return cudaSuccess;
 }
 
@@ -685,9 +803,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
     emu_stream *st = stream_of(s);
 
     if (st != &default_stream) {
-        if (st->capturing) {
+        if (st->capturing && !st->joined) {
             captures_running--;
             delete st->graph;
+        }
+        {
+            std::lock_guard<std::mutex> g(streams_lock);
+            live_streams.erase(st);
         }
         delete st;
     }
@@ -729,23 +851,44 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
     return cudaSuccess;
 }
 
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+    (void)flags;
+    return cudaEventCreate(e);
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
     delete reinterpret_cast<emu_event *>(e);
     return cudaSuccess;
 }
 
+/* Not a wait: the event takes what its stream has pending (or its capture) with it. */
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     emu_event *ev = reinterpret_cast<emu_event *>(e);
+    emu_stream *st = stream_of(s);
 
-    return enqueue(s, [=]() { ev->ms = now_ms(); });
+    if (st->capturing) {
+        ev->capture = st->graph;
+        st->graph->ops.push_back([=]() { ev->ms = now_ms(); });
+        return cudaSuccess;
+    }
+    waits_prune(st->waits);
+    ev->capture = NULL;
+    ev->waits = st->waits;
+    ev->ms = now_ms();
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-    (void)e;
-    return captures_running > 0 ? (last_error = cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+    emu_event *ev = reinterpret_cast<emu_event *>(e);
+
+    if (captures_running > 0)
+        return last_error = cudaErrorStreamCaptureUnsupported;
+    waits_wait(ev->waits, "cudaEventSynchronize");
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -779,6 +922,18 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     st->capturing = 0;
     captures_running--;
     e = st->capture_err;
+    {
+        /* The streams that joined this capture leave it (their errors are its errors). */
+        std::lock_guard<std::mutex> g(streams_lock);
+        for (emu_stream *o : live_streams)
+            if (o->joined && o->graph == st->graph) {
+                if (o->capture_err != cudaSuccess)
+                    e = o->capture_err;
+                o->capturing = 0;
+                o->joined = 0;
+                o->graph = NULL;
+            }
+    }
     if (e != cudaSuccess) {
         delete st->graph;
         st->graph = NULL;
@@ -824,3 +979,48 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
 }
 
 } /* extern "C" */
+
+/* ------------------------------------------------------------------------------------
+ * For the NCCL emulator (emu-sync.h).
+ * ------------------------------------------------------------------------------------ */
+std::shared_ptr<gang_emu_pending> gang_emu_stream_pending(cudaStream_t s)
+{
+    emu_stream *st = stream_of(s);
+    auto p = std::make_shared<gang_emu_pending>();
+
+    /* What it waits for through events is its input; its own stream's earlier operations
+     * complete in their own order (a send after a send still matches in order). */
+    waits_wait(st->deps, "an NCCL operation's stream");
+    st->waits.push_back(p);
+    return p;
+}
+
+void gang_emu_pending_finish(gang_emu_pending &p, int failed)
+{
+    {
+        std::lock_guard<std::mutex> g(pend_lock);
+        p.failed.store(failed);
+        p.done.store(1);
+    }
+    pend_cv.notify_all();
+}
+
+int gang_emu_stream_capturing(cudaStream_t s)
+{
+    return stream_of(s)->capturing;
+}
+
+cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op)
+{
+    return enqueue(s, std::move(op));
+}
+
+int gang_emu_device_count()
+{
+    return device_count();
+}
+
+int gang_emu_current_device()
+{
+    return current_device;
+}

@@ -5,9 +5,13 @@
  * stops, naming the kernel, where a device would hang or read garbage (a shuffle under a
  * divergent branch, a shuffle reading a lane that has exited, a kernel given a host
  * pointer), and that a missing
- * __syncthreads shows as stale reads in one of two neighbouring blocks. Compiled only for the
- * emulator (rewrite-launch.py, then the host compiler), never by nvcc.
+ * __syncthreads shows as stale reads in one of two neighbouring blocks; and the pending
+ * operations the NCCL emulator builds on (emu-sync.h): a stream that waited for an event
+ * recorded after one is not ready, and its next kernel runs only once another thread
+ * completed it; a stream that waits for an event of a capture joins the capture. Compiled
+ * only for the emulator (rewrite-launch.py, then the host compiler), never by nvcc.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -21,6 +25,8 @@
 extern "C" { /* cmocka.h has no C++ guard of its own */
 #include <cmocka.h>
 }
+
+#include "emu-sync.h"
 
 /* n bytes of device memory (the emulator aborts on a kernel given host memory). */
 static void *dev_alloc(size_t n)
@@ -107,6 +113,15 @@ __global__ static void racy_kernel(int *out)
     out[blockIdx.x * 64 + t] = slot[(t + 1) % 64];
     __syncthreads();
     slot[t] = 0; /* the next block's threads start from a cleared array */
+}
+
+/* x[i] = i for i < n. */
+__global__ static void fill_kernel(float *x, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+
+    if (i < n)
+        x[i] = (float)i;
 }
 
 __global__ static void scale_kernel(float *x, float a, size_t n)
@@ -322,6 +337,69 @@ static void test_graph_capture(void **state)
     cudaStreamDestroy(s);
 }
 
+/* Completes a pending operation after 200 ms, from another thread (a peer rank). */
+static void *finish_later(void *arg)
+{
+    usleep(200 * 1000);
+    gang_emu_pending_finish(*(gang_emu_pending *)arg, 0);
+    return NULL;
+}
+
+static void test_pending_and_join(void **state)
+{
+    cudaStream_t a, b;
+    cudaEvent_t ev;
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    float *dev = (float *)dev_alloc(128 * sizeof(float)), back[128];
+    pthread_t th;
+
+    (void)state;
+    assert_int_equal(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    assert_int_equal(cudaMemsetAsync(dev, 0, 128 * sizeof(float), b), cudaSuccess);
+    std::shared_ptr<gang_emu_pending> p = gang_emu_stream_pending(a);
+    assert_int_equal(cudaStreamQuery(a), cudaErrorNotReady);
+    assert_int_equal(cudaEventRecord(ev, a), cudaSuccess); /* no wait */
+    assert_int_equal(cudaStreamQuery(b), cudaSuccess);
+    assert_int_equal(cudaStreamWaitEvent(b, ev, 0), cudaSuccess);
+    assert_int_equal(cudaStreamQuery(b), cudaErrorNotReady);
+    assert_int_equal(pthread_create(&th, NULL, finish_later, p.get()), 0);
+    fill_kernel<<<1, 128, 0, b>>>(dev, 128); /* waits for the operation */
+    assert_true(p->done.load() == 1);
+    pthread_join(th, NULL);
+    assert_int_equal(cudaStreamQuery(a), cudaSuccess);
+    assert_int_equal(cudaStreamQuery(b), cudaSuccess);
+
+    /* b waits for an event recorded on a capturing stream: it joins the capture until the
+     * capture ends, so its kernel is replayed, not run. */
+    assert_int_equal(cudaMemsetAsync(dev, 0, 128 * sizeof(float), b), cudaSuccess);
+    assert_int_equal(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cudaEventRecord(ev, a), cudaSuccess);
+    assert_int_equal(cudaStreamWaitEvent(b, ev, 0), cudaSuccess);
+    assert_int_equal(gang_emu_stream_capturing(b), 1);
+    fill_kernel<<<1, 128, 0, b>>>(dev, 128);
+    assert_int_equal(cudaEventRecord(ev, b), cudaSuccess);
+    assert_int_equal(cudaStreamWaitEvent(a, ev, 0), cudaSuccess);
+    assert_int_equal(cudaStreamEndCapture(a, &g), cudaSuccess);
+    assert_int_equal(gang_emu_stream_capturing(b), 0);
+    assert_int_equal(cudaMemcpyAsync(back, dev, sizeof(back), cudaMemcpyDeviceToHost, b),
+                     cudaSuccess);
+    assert_float_equal(back[5], 0.0f, 0.0f); /* recorded, not run */
+    assert_int_equal(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(exec, a), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(back, dev, sizeof(back), cudaMemcpyDeviceToHost, a),
+                     cudaSuccess);
+    assert_float_equal(back[5], 5.0f, 0.0f);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaFree(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -333,6 +411,7 @@ int main(void)
         cmocka_unit_test(test_race_shows),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_pending_and_join),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,757 @@
+/*
+ * The NCCL emulator (tests/cuda-emu/, issue #24): libnccl.so.2 for the CUDA emulator's
+ * build, so that the nccl communicator backend (parallel/comm-nccl.c) and the engine over
+ * nccl TP / PP groups run here, with ranks as threads of one process on emulated devices
+ * (GANG_EMU_DEVICES), before they run between real GPUs. Built into cuda-emu-lib/ and found
+ * by the backend's own search (its build directory).
+ *
+ * The API the backend calls (comm-nccl.c's nccl_entries), with NCCL's semantics as the
+ * backend relies on them:
+ *   - init: ncclGetUniqueId, ncclCommInitRankConfig. The communicator forms once every rank
+ *     of the id has called; a non-blocking one (config.blocking 0) returns ncclInProgress
+ *     and ncclCommGetAsyncError answers ncclInProgress until then; a blocking one waits
+ *     (at most GANG_EMU_WAIT_MS). Two ranks on one device fail the init with
+ *     ncclInvalidUsage, as NCCL refuses them ("Duplicate GPU detected").
+ *   - ncclCommSplit: a collective of the parent; the children form when every rank of the
+ *     parent has called (NCCL_SPLIT_NOCOLOR: no child), ranks ordered by key then parent
+ *     rank. Of a non-blocking parent, it returns ncclInProgress with the child allocated,
+ *     and both answer ncclInProgress until the split is done.
+ *   - collectives (ncclAllReduce with ncclSum over f32 / f16 / bf16 / i32, ncclAllGather,
+ *     ncclBroadcast) and ncclSend / ncclRecv: asynchronous on their stream, as on a device.
+ *     Each is a pending operation of its stream (emu-sync.h); a collective completes when
+ *     every rank of the communicator has posted its n-th collective (the one that posts
+ *     last moves the data for all, reading every rank's buffers then, and summing in
+ *     rank order), a send when the peer posts the matching receive (in the order of each
+ *     pair's posts, as NCCL matches them). Two ranks whose n-th collectives differ (kind,
+ *     count, type, root) fail the communicator with ncclInvalidUsage, where NCCL would
+ *     hang or corrupt. Groups (ncclGroupStart / End) need nothing more: every operation is
+ *     already asynchronous.
+ *   - ncclCommAbort: completes the communicator's pending operations (failed), and its
+ *     peers' ncclCommGetAsyncError answers ncclRemoteError (NCCL 2.2x reports a peer that
+ *     went away so over sockets; within a node the peers would wait for their deadline);
+ *     ncclCommFinalize, ncclCommDestroy, ncclCommCount, ncclCommUserRank, ncclGetVersion,
+ *     ncclGetErrorString, ncclGetLastError.
+ * A one-rank communicator's operations are copies that run on the stream (into the graph
+ * when the stream is capturing, as NCCL's are captured). Operations of larger
+ * communicators on a capturing stream are not emulated (the engine captures only TP 1):
+ * the process stops naming the call.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "emu-sync.h"
+
+namespace
+{
+
+enum op_kind { OP_ALLREDUCE = 1, OP_ALLGATHER, OP_BROADCAST, OP_SPLIT };
+
+struct emu_group;
+
+/* One rank's part of a collective, as it posted it. */
+struct part {
+    const void *send = nullptr;
+    void *recv = nullptr;
+    size_t count = 0;
+    ncclDataType_t type = ncclFloat32;
+    int root = 0, color = 0, key = 0;
+    ncclComm *child = nullptr;
+    std::shared_ptr<gang_emu_pending> pend;
+};
+
+struct slot {
+    int kind = 0, arrived = 0;
+    std::vector<part> parts;
+};
+
+struct p2p {
+    void *buf;
+    size_t bytes;
+    std::shared_ptr<gang_emu_pending> pend;
+};
+
+/* What every rank of one communicator shares. */
+struct emu_group {
+    int nranks = 0, joined = 0;
+    std::vector<ncclComm *> members;
+    std::map<unsigned long long, slot> slots; /* collective n -> the parts posted so far */
+    std::map<std::pair<int, int>, std::deque<p2p>> sends, recvs; /* (from, to) */
+    ncclResult_t err = ncclSuccess;                              /* the group failed */
+    int live = 0;                                                /* members not destroyed */
+};
+
+} // namespace
+
+struct ncclComm {
+    std::shared_ptr<emu_group> g;
+    int rank = -1, nranks = 0, device = 0;
+    int blocking = 1;
+    int formed = 0;    /* the group is complete (init or split done) */
+    int splitting = 0; /* splits of this parent not yet done */
+    int aborted = 0;
+    ncclResult_t err = ncclSuccess;   /* its own asynchronous error */
+    unsigned long long next_coll = 0; /* collectives it has posted */
+};
+
+namespace
+{
+
+std::mutex lock;                                           /* every communicator's state */
+std::condition_variable formed;                            /* an init or a split completed */
+std::map<std::string, std::shared_ptr<emu_group>> forming; /* unique id -> group */
+std::atomic<unsigned long long> id_counter{0};
+
+size_t type_size(ncclDataType_t t)
+{
+    switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+long long wait_limit_ms()
+{
+    const char *e = getenv("GANG_EMU_WAIT_MS");
+
+    return e != NULL && atoll(e) > 0 ? atoll(e) : 120000;
+}
+
+[[noreturn]] void nccl_die(const char *what)
+{
+    fprintf(stderr, "nccl-emu: %s\n", what);
+    abort();
+}
+
+float half_bits_to_f32(uint16_t h, int bf16)
+{
+    if (bf16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, u;
+    if (exp == 0) {
+        if (man == 0)
+            u = sign;
+        else { /* subnormal */
+            exp = 113;
+            while (!(man & 1024)) {
+                man <<= 1;
+                exp--;
+            }
+            u = sign | (exp << 23) | ((man & 1023) << 13);
+        }
+    } else if (exp == 31)
+        u = sign | 0x7f800000u | (man << 13);
+    else
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_half_bits(float f, int bf16)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (bf16) {
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            return (uint16_t)((u >> 16) | 64); /* NaN stays NaN */
+        return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+    }
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int exp = (int)((u >> 23) & 255) - 112;
+    uint32_t man = u & 0x7fffffu;
+    if (((u >> 23) & 255) == 255)
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp), r = man >> shift, rem = man & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1)))
+            r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1)))
+        r++;
+    return (uint16_t)(sign | r);
+}
+
+/* The sum over the ranks' send buffers, in rank order, into out (count elements of t). */
+ncclResult_t reduce_sum(const std::vector<part> &ps, size_t count, ncclDataType_t t,
+                        std::vector<unsigned char> &out)
+{
+    size_t es = type_size(t);
+
+    out.assign(count * es, 0);
+    for (size_t i = 0; i < count; i++) {
+        if (t == ncclFloat32) {
+            float acc = 0.0f, v;
+            for (const part &p : ps) {
+                memcpy(&v, (const char *)p.send + i * 4, 4);
+                acc += v;
+            }
+            memcpy(&out[i * 4], &acc, 4);
+        } else if (t == ncclFloat16 || t == ncclBfloat16) {
+            float acc = 0.0f;
+            uint16_t h;
+            for (const part &p : ps) {
+                memcpy(&h, (const char *)p.send + i * 2, 2);
+                acc += half_bits_to_f32(h, t == ncclBfloat16);
+            }
+            h = f32_to_half_bits(acc, t == ncclBfloat16);
+            memcpy(&out[i * 2], &h, 2);
+        } else if (t == ncclInt32) {
+            int32_t acc = 0, v;
+            for (const part &p : ps) {
+                memcpy(&v, (const char *)p.send + i * 4, 4);
+                acc += v;
+            }
+            memcpy(&out[i * 4], &acc, 4);
+        } else
+            return ncclInvalidArgument;
+    }
+    return ncclSuccess;
+}
+
+/* Fails g (with err) and completes everything pending on it; under lock. */
+void group_fail(emu_group &g, ncclResult_t err)
+{
+    if (g.err == ncclSuccess)
+        g.err = err;
+    for (auto &kv : g.slots)
+        for (part &p : kv.second.parts)
+            if (p.pend)
+                gang_emu_pending_finish(*p.pend, 1);
+    g.slots.clear();
+    for (auto *q : {&g.sends, &g.recvs}) {
+        for (auto &kv : *q)
+            for (p2p &m : kv.second)
+                gang_emu_pending_finish(*m.pend, 1);
+        q->clear();
+    }
+}
+
+/* A split's children from the parts (every rank of the parent's); under lock. */
+void run_split(emu_group &g, slot &s)
+{
+    std::map<int, std::vector<int>> colors;
+
+    for (int r = 0; r < g.nranks; r++)
+        if (s.parts[r].color != NCCL_SPLIT_NOCOLOR)
+            colors[s.parts[r].color].push_back(r);
+    for (auto &kv : colors) {
+        std::vector<int> &rs = kv.second;
+        auto ng = std::make_shared<emu_group>();
+
+        std::stable_sort(rs.begin(), rs.end(),
+                         [&](int a, int b) { return s.parts[a].key < s.parts[b].key; });
+        ng->nranks = ng->joined = ng->live = (int)rs.size();
+        for (size_t i = 0; i < rs.size(); i++) {
+            ncclComm *c = s.parts[rs[i]].child;
+
+            c->g = ng;
+            c->rank = (int)i;
+            c->nranks = (int)rs.size();
+            c->device = g.members[rs[i]] != nullptr ? g.members[rs[i]]->device : 0;
+            c->formed = 1;
+            ng->members.push_back(c);
+        }
+    }
+    for (int r = 0; r < g.nranks; r++)
+        if (g.members[r] != nullptr)
+            g.members[r]->splitting--;
+    formed.notify_all();
+}
+
+/* Runs collective n of g once every rank posted it; under lock. */
+void run_slot(emu_group &g, unsigned long long n)
+{
+    slot &s = g.slots[n];
+    ncclResult_t rc = ncclSuccess;
+    std::vector<unsigned char> tmp;
+
+    for (int r = 1; r < g.nranks && rc == ncclSuccess; r++) {
+        const part &a = s.parts[0], &b = s.parts[r];
+        if (a.count != b.count || a.type != b.type || a.root != b.root)
+            rc = ncclInvalidUsage;
+    }
+    if (rc != ncclSuccess) {
+        fprintf(stderr,
+                "nccl-emu: collective %llu differs between the ranks (count, type or "
+                "root): the communicator fails\n",
+                n);
+        group_fail(g, rc);
+        return;
+    }
+    size_t es = type_size(s.parts[0].type), bytes = s.parts[0].count * es;
+    switch (s.kind) {
+    case OP_SPLIT:
+        run_split(g, s);
+        break;
+    case OP_ALLREDUCE:
+        rc = reduce_sum(s.parts, s.parts[0].count, s.parts[0].type, tmp);
+        for (int r = 0; r < g.nranks && rc == ncclSuccess; r++)
+            memcpy(s.parts[r].recv, tmp.data(), bytes);
+        break;
+    case OP_ALLGATHER:
+        tmp.resize(bytes * g.nranks);
+        for (int r = 0; r < g.nranks; r++)
+            memcpy(&tmp[r * bytes], s.parts[r].send, bytes);
+        for (int r = 0; r < g.nranks; r++)
+            memcpy(s.parts[r].recv, tmp.data(), tmp.size());
+        break;
+    case OP_BROADCAST:
+        tmp.assign((const unsigned char *)s.parts[s.parts[0].root].send,
+                   (const unsigned char *)s.parts[s.parts[0].root].send + bytes);
+        for (int r = 0; r < g.nranks; r++)
+            memcpy(s.parts[r].recv, tmp.data(), bytes);
+        break;
+    }
+    if (rc != ncclSuccess) {
+        group_fail(g, rc);
+        return;
+    }
+    for (part &p : s.parts)
+        if (p.pend)
+            gang_emu_pending_finish(*p.pend, 0);
+    g.slots.erase(n);
+}
+
+/* Posts this rank's part of its next collective; under lock. */
+ncclResult_t post(ncclComm *c, int kind, part p)
+{
+    emu_group &g = *c->g;
+    unsigned long long n = c->next_coll++;
+    slot &s = g.slots[n];
+
+    if (s.parts.empty())
+        s.parts.resize(g.nranks);
+    if (s.kind == 0)
+        s.kind = kind;
+    if (s.kind != kind) {
+        fprintf(stderr,
+                "nccl-emu: rank %d posts a different collective as its number %llu than "
+                "a peer did: the communicator fails\n",
+                c->rank, n);
+        if (p.pend)
+            gang_emu_pending_finish(*p.pend, 1);
+        group_fail(g, ncclInvalidUsage);
+        return ncclSuccess; /* reported asynchronously, as NCCL does */
+    }
+    s.parts[c->rank] = std::move(p);
+    if (++s.arrived == g.nranks)
+        run_slot(g, n);
+    return ncclSuccess;
+}
+
+/* A state a call may not run in: destroyed or aborted communicators, a failed group. */
+ncclResult_t usable(ncclComm *c)
+{
+    if (c == nullptr || c->aborted || !c->formed)
+        return ncclInvalidArgument;
+    return c->g->err != ncclSuccess ? c->g->err : c->err;
+}
+
+/* The stream part of an operation of a one-rank communicator: a copy on the stream. */
+ncclResult_t solo(const void *send, void *recv, size_t bytes, cudaStream_t stream)
+{
+    if (send == recv || bytes == 0)
+        return ncclSuccess;
+    gang_emu_stream_run(stream, [=]() { memmove(recv, send, bytes); });
+    return ncclSuccess;
+}
+
+ncclResult_t collective(int kind, const void *send, void *recv, size_t count, ncclDataType_t t,
+                        int root, ncclComm *c, cudaStream_t stream)
+{
+    ncclResult_t rc;
+    part p;
+
+    std::unique_lock<std::mutex> g(lock);
+    if ((rc = usable(c)) != ncclSuccess)
+        return rc;
+    if (type_size(t) == 0 || (kind == OP_BROADCAST && (root < 0 || root >= c->nranks)))
+        return ncclInvalidArgument;
+    if (c->nranks == 1) {
+        g.unlock();
+        return solo(send, recv, count * type_size(t), stream);
+    }
+    if (gang_emu_stream_capturing(stream))
+        nccl_die("a collective of a communicator of several ranks on a capturing stream (not "
+                 "emulated)");
+    g.unlock();
+    p.pend = gang_emu_stream_pending(stream); /* may wait for the stream's earlier work */
+    g.lock();
+    p.send = send;
+    p.recv = recv;
+    p.count = count;
+    p.type = t;
+    p.root = root;
+    if (c->g->err != ncclSuccess) {
+        gang_emu_pending_finish(*p.pend, 1);
+        return ncclSuccess;
+    }
+    return post(c, kind, std::move(p));
+}
+
+/* Matches the oldest send from a to b with the oldest receive; under lock. */
+void match(emu_group &g, int a, int b)
+{
+    auto &sq = g.sends[{a, b}], &rq = g.recvs[{a, b}];
+
+    while (!sq.empty() && !rq.empty()) {
+        p2p s = sq.front(), r = rq.front();
+
+        sq.pop_front();
+        rq.pop_front();
+        if (s.bytes != r.bytes) {
+            fprintf(stderr,
+                    "nccl-emu: rank %d sends %zu bytes to rank %d, which receives %zu: "
+                    "the communicator fails\n",
+                    a, s.bytes, b, r.bytes);
+            gang_emu_pending_finish(*s.pend, 1);
+            gang_emu_pending_finish(*r.pend, 1);
+            group_fail(g, ncclInvalidUsage);
+            return;
+        }
+        memcpy(r.buf, s.buf, s.bytes);
+        gang_emu_pending_finish(*s.pend, 0);
+        gang_emu_pending_finish(*r.pend, 0);
+    }
+}
+
+ncclResult_t point(int is_send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm *c,
+                   cudaStream_t stream)
+{
+    ncclResult_t rc;
+
+    std::unique_lock<std::mutex> g(lock);
+    if ((rc = usable(c)) != ncclSuccess)
+        return rc;
+    if (type_size(t) == 0 || peer < 0 || peer >= c->nranks || peer == c->rank)
+        return ncclInvalidArgument;
+    if (gang_emu_stream_capturing(stream))
+        nccl_die("a send or receive on a capturing stream (not emulated)");
+    g.unlock();
+    auto pend = gang_emu_stream_pending(stream);
+    g.lock();
+    if (c->g->err != ncclSuccess) {
+        gang_emu_pending_finish(*pend, 1);
+        return ncclSuccess;
+    }
+    p2p m{buf, count * type_size(t), pend};
+    if (is_send) {
+        c->g->sends[{c->rank, peer}].push_back(m);
+        match(*c->g, c->rank, peer);
+    } else {
+        c->g->recvs[{peer, c->rank}].push_back(m);
+        match(*c->g, peer, c->rank);
+    }
+    return ncclSuccess;
+}
+
+int config_blocking(const ncclConfig_t *config)
+{
+    return config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+}
+
+/* Waits (blocking communicators) until c formed or failed; under lock. */
+ncclResult_t wait_formed(std::unique_lock<std::mutex> &g, ncclComm *c)
+{
+    bool ok = formed.wait_for(g, std::chrono::milliseconds(wait_limit_ms()), [&]() {
+        return c->formed || c->err != ncclSuccess || (c->g && c->g->err != ncclSuccess);
+    });
+    if (!ok)
+        return ncclSystemError;
+    return c->err != ncclSuccess ? c->err : (c->g ? c->g->err : ncclSuccess);
+}
+
+} // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int *version)
+{
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess:
+        return "no error (nccl-emu)";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (nccl-emu)";
+    case ncclSystemError:
+        return "unhandled system error, or a wait past GANG_EMU_WAIT_MS (nccl-emu)";
+    case ncclInternalError:
+        return "internal error (nccl-emu)";
+    case ncclInvalidArgument:
+        return "invalid argument (nccl-emu)";
+    case ncclInvalidUsage:
+        return "invalid usage (nccl-emu)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error (nccl-emu)";
+    case ncclInProgress:
+        return "NCCL operation in progress (nccl-emu)";
+    default:
+        return "unknown result code (nccl-emu)";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t comm)
+{
+    (void)comm;
+    return "";
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+    memset(id, 0, sizeof(*id));
+    snprintf(id->internal, sizeof(id->internal), "nccl-emu %d %llu %llx", (int)getpid(),
+             id_counter.fetch_add(1),
+             (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count());
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    std::string key(id.internal, strnlen(id.internal, sizeof(id.internal)));
+    ncclComm *c;
+
+    if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks)
+        return ncclInvalidArgument;
+    std::unique_lock<std::mutex> g(lock);
+    auto &grp = forming[key];
+    if (!grp) {
+        grp = std::make_shared<emu_group>();
+        grp->nranks = nranks;
+        grp->members.assign(nranks, nullptr);
+    }
+    if (grp->nranks != nranks || grp->members[rank] != nullptr)
+        return ncclInvalidArgument;
+    c = new ncclComm();
+    c->g = grp;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->device = gang_emu_current_device();
+    c->blocking = config_blocking(config);
+    grp->members[rank] = c;
+    grp->live++;
+    *comm = c;
+    if (++grp->joined == nranks) {
+        for (int a = 0; a < nranks; a++)
+            for (int b = a + 1; b < nranks; b++)
+                if (grp->members[a]->device == grp->members[b]->device && grp->err == ncclSuccess) {
+                    fprintf(stderr,
+                            "nccl-emu: ranks %d and %d on device %d: NCCL refuses two "
+                            "ranks of a communicator on one GPU\n",
+                            a, b, grp->members[a]->device);
+                    grp->err = ncclInvalidUsage;
+                }
+        for (ncclComm *m : grp->members)
+            m->formed = 1;
+        forming.erase(key);
+        formed.notify_all();
+    }
+    if (!c->blocking)
+        return c->formed ? (c->g->err != ncclSuccess ? c->g->err : ncclSuccess) : ncclInProgress;
+    return wait_formed(g, c);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    if (comm == nullptr)
+        return ncclInvalidArgument;
+    if (comm->err != ncclSuccess)
+        *st = comm->err;
+    else if (comm->g && comm->g->err != ncclSuccess)
+        *st = comm->g->err;
+    else if (!comm->formed || comm->splitting > 0)
+        *st = ncclInProgress;
+    else
+        *st = ncclSuccess;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
+{
+    ncclResult_t rc;
+    ncclComm *child = nullptr;
+    part p;
+
+    std::unique_lock<std::mutex> g(lock);
+    if ((rc = usable(comm)) != ncclSuccess)
+        return rc;
+    if (color != NCCL_SPLIT_NOCOLOR) {
+        child = new ncclComm();
+        child->blocking = config_blocking(config);
+    }
+    *newcomm = child;
+    comm->splitting++;
+    p.color = color;
+    p.key = key;
+    p.child = child;
+    rc = post(comm, OP_SPLIT, std::move(p));
+    if (rc != ncclSuccess)
+        return rc;
+    if (!comm->blocking)
+        return ncclInProgress;
+    formed.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+                    [&]() { return comm->splitting == 0 || comm->g->err != ncclSuccess; });
+    return comm->splitting == 0 ? comm->g->err : ncclSystemError;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    if (comm == nullptr || !comm->formed)
+        return ncclInvalidArgument;
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    if (comm == nullptr || !comm->formed)
+        return ncclInvalidArgument;
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    if (comm == nullptr)
+        return ncclSuccess;
+    comm->aborted = 1;
+    if (comm->g) {
+        emu_group &grp = *comm->g;
+
+        group_fail(grp, ncclRemoteError);
+        for (size_t r = 0; r < grp.members.size(); r++)
+            if (grp.members[r] == comm)
+                grp.members[r] = nullptr;
+        if (!comm->formed) { /* still forming: the id's group can never complete */
+            for (auto it = forming.begin(); it != forming.end(); ++it)
+                if (it->second.get() == &grp) {
+                    forming.erase(it);
+                    break;
+                }
+        }
+    }
+    formed.notify_all();
+    delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    return comm == nullptr ? ncclInvalidArgument : ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    if (comm == nullptr)
+        return ncclSuccess;
+    if (comm->g)
+        for (size_t r = 0; r < comm->g->members.size(); r++)
+            if (comm->g->members[r] == comm)
+                comm->g->members[r] = nullptr;
+    delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    if (op != ncclSum)
+        return ncclInvalidArgument;
+    return collective(OP_ALLREDUCE, send, recv, count, t, 0, comm, stream);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,
+                           ncclComm_t comm, cudaStream_t stream)
+{
+    return collective(OP_ALLGATHER, send, recv, count, t, 0, comm, stream);
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
+                           ncclComm_t comm, cudaStream_t stream)
+{
+    return collective(OP_BROADCAST, send, recv, count, t, root, comm, stream);
+}
+
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                      cudaStream_t stream)
+{
+    return point(1, const_cast<void *>(buf), count, t, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
+                      cudaStream_t stream)
+{
+    return point(0, buf, count, t, peer, comm, stream);
+}
+
+ncclResult_t ncclGroupStart(void)
+{
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+    return ncclSuccess;
+}
+
+} /* extern "C" */

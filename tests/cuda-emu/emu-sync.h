@@ -1,0 +1,49 @@
+/*
+ * What the CUDA emulator's runtime (emu-runtime.cpp) offers the NCCL emulator
+ * (emu-nccl.cpp), C++ on both sides (tests/cuda-emu/, issue #24).
+ *
+ * A pending operation is work of another library on a stream that completes when other
+ * threads have done their part (a collective completes when every rank has posted it).
+ * Streams are otherwise synchronous here; a pending operation is what makes them wait:
+ * the stream's later work, and the later work of every stream that waited for an event
+ * recorded on it after the operation (cudaStreamWaitEvent), waits on the host, at its
+ * launch or copy, until the operation completes; cudaStreamQuery answers
+ * cudaErrorNotReady meanwhile; a synchronising call waits for it. A wait longer than
+ * GANG_EMU_WAIT_MS (default 120000) stops the process naming it: on a device that stream
+ * would never go on.
+ */
+#ifndef GANGLION_EMU_SYNC_H
+#define GANGLION_EMU_SYNC_H
+
+#include <atomic>
+#include <functional>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+struct gang_emu_pending {
+    std::atomic<int> done{0};
+    std::atomic<int> failed{0}; /* completed by an abort rather than by the data */
+};
+
+/* A new pending operation at the end of stream s. The call first waits for what s waits
+ * for through events (the operation's inputs), not for s's own earlier pending operations
+ * (they complete in their own order, as the library orders them). */
+std::shared_ptr<gang_emu_pending> gang_emu_stream_pending(cudaStream_t s);
+
+/* Completes p (failed: by an abort) and wakes whatever waits for it. */
+void gang_emu_pending_finish(gang_emu_pending &p, int failed);
+
+/* 1 when s is being captured into a graph (its work is recorded, not run). */
+int gang_emu_stream_capturing(cudaStream_t s);
+
+/* Runs op on s as the runtime's own operations run: now, after what s waits for, or into
+ * the graph s is capturing. */
+cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op);
+
+/* The emulated devices (GANG_EMU_DEVICES, default 1, at most 8) and the calling thread's
+ * current one. */
+int gang_emu_device_count();
+int gang_emu_current_device();
+
+#endif /* GANGLION_EMU_SYNC_H */
