@@ -414,15 +414,21 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
     return cudaSuccess;
 }
 
+/* A call that is illegal on a capturing stream: it invalidates the capture, as the
+ * runtime does, and answers cudaErrorStreamCaptureUnsupported. */
+cudaError_t refuse_in_capture(emu_stream *st)
+{
+    st->capture_err = cudaErrorStreamCaptureUnsupported;
+    return last_error = cudaErrorStreamCaptureUnsupported;
+}
+
 /* A call that must wait for s (or for the device): illegal while s is captured. */
 cudaError_t sync_point(cudaStream_t s)
 {
     emu_stream *st = stream_of(s);
 
-    if (st->capturing) {
-        st->capture_err = cudaErrorStreamCaptureUnsupported;
-        return last_error = cudaErrorStreamCaptureUnsupported;
-    }
+    if (st->capturing)
+        return refuse_in_capture(st);
     waits_wait(st->waits, "a synchronisation");
     st->deps.clear();
     return cudaSuccess;
@@ -770,10 +776,8 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
 {
     emu_stream *st = stream_of(s);
 
-    if (st->capturing) {
-        st->capture_err = cudaErrorStreamCaptureUnsupported;
-        return last_error = cudaErrorStreamCaptureUnsupported;
-    }
+    if (st->capturing)
+        return refuse_in_capture(st);
     return waits_prune(st->waits) ? cudaSuccess : cudaErrorNotReady;
 }
 
