@@ -461,17 +461,28 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
     return k->be->gemm(k->ctx, GANG_DTYPE_F32, trans_b != 0, m, n, kdim, alpha, a, b, beta, c);
 }
 
-int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps, size_t rows,
-                         size_t dim, float *out)
+/* The arguments of an RMSNorm (gang_kernels_rmsnorm's contract): 0, GANG_EINVAL or
+ * GANG_ERANGE. */
+static int norm_check(const float *x, const float *w, const float *out, float eps, size_t rows,
+                      size_t dim)
 {
     size_t tmp;
-    int rc;
 
-    if (k == NULL || x == NULL || w == NULL || out == NULL || rows == 0 || dim == 0)
+    if (x == NULL || w == NULL || out == NULL || rows == 0 || dim == 0)
         return GANG_EINVAL;
     if (!isfinite(eps) || eps < 0.0f)
         return GANG_EINVAL;
-    if ((rc = elems(rows, dim, &tmp)) < 0)
+    return elems(rows, dim, &tmp);
+}
+
+int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps, size_t rows,
+                         size_t dim, float *out)
+{
+    int rc;
+
+    if (k == NULL)
+        return GANG_EINVAL;
+    if ((rc = norm_check(x, w, out, eps, rows, dim)) < 0)
         return rc;
     if (k->be->rmsnorm == NULL)
         return GANG_ENOSYS;
@@ -892,14 +903,11 @@ int gang_kernels_split_qkv_rope(gang_kernels *k, const gang_kernels_qkv_rope *a)
 int gang_kernels_add_rmsnorm(gang_kernels *k, float *x, const float *y, const float *w, float eps,
                              size_t rows, size_t dim, float *out)
 {
-    size_t tmp;
     int rc;
 
-    if (k == NULL || x == NULL || y == NULL || w == NULL || out == NULL || rows == 0 || dim == 0)
+    if (k == NULL || y == NULL)
         return GANG_EINVAL;
-    if (!isfinite(eps) || eps < 0.0f)
-        return GANG_EINVAL;
-    if ((rc = elems(rows, dim, &tmp)) < 0)
+    if ((rc = norm_check(x, w, out, eps, rows, dim)) < 0)
         return rc;
     if (k->be->add_rmsnorm == NULL)
         return GANG_ENOSYS;
