@@ -193,6 +193,12 @@ if(GANGLION_CUDA_EMU)
   set_tests_properties(unit-engine-cuda PROPERTIES
     ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4")
   if(GANG_HAVE_NCCL)
+    # The same engine cases with every NCCL operation carried out 2 ms after its last rank
+    # posted it (GANG_EMU_NCCL_DELAY_US): a missing event wait shows on every rank.
+    add_test(NAME engine-cuda-nccl-delay COMMAND test-engine-cuda)
+    set_tests_properties(engine-cuda-nccl-delay PROPERTIES LABELS cuda-emu TIMEOUT 600
+      ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4;GANG_EMU_NCCL_DELAY_US=2000"
+      FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
     add_test(NAME kv-pair-nccl-emu COMMAND $<TARGET_FILE:test-kv-pair>)
     set_tests_properties(unit-comm-nccl kv-pair-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
       ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2"

@@ -26,11 +26,15 @@
  *     count, type, root) fail the communicator with ncclInvalidUsage, where NCCL would
  *     hang or corrupt. Groups (ncclGroupStart / End) need nothing more: every operation is
  *     already asynchronous.
- *   - ncclCommAbort: completes the communicator's pending operations (failed), and its
- *     peers' ncclCommGetAsyncError answers ncclRemoteError (NCCL 2.2x reports a peer that
- *     went away so over sockets; within a node the peers would wait for their deadline);
+ *   - ncclCommAbort: when operations of the communicator are pending, they complete
+ *     (failed) and the peers' ncclCommGetAsyncError answers ncclRemoteError (NCCL 2.2x
+ *     reports a peer that went away so over sockets; within a node the peers would wait
+ *     for their deadline); a peer that posts an operation needing a rank that left
+ *     (aborted or destroyed) fails the same way;
  *     ncclCommFinalize, ncclCommDestroy, ncclCommCount, ncclCommUserRank, ncclGetVersion,
  *     ncclGetErrorString, ncclGetLastError.
+ * GANG_EMU_NCCL_DELAY_US (carry_out) defers every operation, so that a rank that does not
+ * wait for one before reading its output (or reuses its input too soon) shows it.
  * A one-rank communicator's operations are copies that run on the stream (into the graph
  * when the stream is capturing, as NCCL's are captured). Operations of larger
  * communicators on a capturing stream are not emulated (the engine captures only TP 1):
@@ -50,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -300,9 +305,78 @@ void run_split(emu_group &g, slot &s)
     formed.notify_all();
 }
 
+/*
+ * GANG_EMU_NCCL_DELAY_US > 0: an operation whose ranks have all posted it is carried out
+ * that much later, by one executor thread, in the order the operations became ready,
+ * instead of at once by the last rank to post: a rank that reads an operation's output
+ * without waiting for it (its stream's event), or writes its input before it completed,
+ * then reads or sends the wrong data, whichever rank posted last.
+ */
+long long delay_us()
+{
+    static long long d = -1;
+
+    if (d < 0) {
+        const char *e = getenv("GANG_EMU_NCCL_DELAY_US");
+        d = e != NULL && atoll(e) > 0 ? atoll(e) : 0;
+    }
+    return d;
+}
+
+/* The executor's queue: operations due, in order (under lock). Never destroyed: the
+ * executor still waits on it when the process exits, and a condition variable destroyed
+ * with a waiter blocks the exit. */
+struct due_queue {
+    std::deque<std::function<void()>> ops;
+    std::condition_variable cv;
+};
+
+due_queue &due()
+{
+    static due_queue *q = new due_queue();
+
+    return *q;
+}
+
+[[noreturn]] void executor()
+{
+    std::unique_lock<std::mutex> g(lock);
+    due_queue &q = due();
+
+    for (;;) {
+        q.cv.wait(g, [&]() { return !q.ops.empty(); });
+        std::function<void()> f = std::move(q.ops.front());
+        q.ops.pop_front();
+        g.unlock();
+        usleep((useconds_t)delay_us());
+        g.lock();
+        f();
+    }
+}
+
+/* Carries f (an operation all of whose ranks have posted) out now, or after the delay;
+ * under lock. */
+void carry_out(std::function<void()> f)
+{
+    static bool started = false;
+
+    if (delay_us() == 0) {
+        f();
+        return;
+    }
+    if (!started) {
+        std::thread(executor).detach();
+        started = true;
+    }
+    due().ops.push_back(std::move(f));
+    due().cv.notify_one();
+}
+
 /* Runs collective n of g once every rank posted it; under lock. */
 void run_slot(emu_group &g, unsigned long long n)
 {
+    if (g.slots.count(n) == 0) /* the group failed meanwhile */
+        return;
     slot &s = g.slots[n];
     ncclResult_t rc = ncclSuccess;
     std::vector<unsigned char> tmp;
@@ -376,8 +450,16 @@ ncclResult_t post(ncclComm *c, int kind, part p)
         return ncclSuccess; /* reported asynchronously, as NCCL does */
     }
     s.parts[c->rank] = std::move(p);
-    if (++s.arrived == g.nranks)
-        run_slot(g, n);
+    for (ncclComm *m : g.members)
+        if (m == nullptr) { /* a rank left: the collective can never complete */
+            group_fail(g, ncclRemoteError);
+            return ncclSuccess;
+        }
+    if (++s.arrived == g.nranks) {
+        std::shared_ptr<emu_group> gp = c->g;
+
+        carry_out([gp, n]() { run_slot(*gp, n); });
+    }
     return ncclSuccess;
 }
 
@@ -451,9 +533,11 @@ void match(emu_group &g, int a, int b)
             group_fail(g, ncclInvalidUsage);
             return;
         }
-        memcpy(r.buf, s.buf, s.bytes);
-        gang_emu_pending_finish(*s.pend, 0);
-        gang_emu_pending_finish(*r.pend, 0);
+        carry_out([s, r]() {
+            memcpy(r.buf, s.buf, s.bytes);
+            gang_emu_pending_finish(*s.pend, 0);
+            gang_emu_pending_finish(*r.pend, 0);
+        });
     }
 }
 
@@ -477,6 +561,11 @@ ncclResult_t point(int is_send, void *buf, size_t count, ncclDataType_t t, int p
         return ncclSuccess;
     }
     p2p m{buf, count * type_size(t), pend};
+    if (c->g->members[peer] == nullptr) { /* the peer left: it never matches */
+        gang_emu_pending_finish(*pend, 1);
+        group_fail(*c->g, ncclRemoteError);
+        return ncclSuccess;
+    }
     if (is_send) {
         c->g->sends[{c->rank, peer}].push_back(m);
         match(*c->g, c->rank, peer);
@@ -673,8 +762,16 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
     comm->aborted = 1;
     if (comm->g) {
         emu_group &grp = *comm->g;
+        size_t queued = 0;
 
-        group_fail(grp, ncclRemoteError);
+        /* What is pending on the group can never complete now: it fails, and the peers
+         * see ncclRemoteError. Work that completed stays done (a peer that aborts after
+         * the last shared operation does not fail the others). */
+        for (auto *q : {&grp.sends, &grp.recvs})
+            for (auto &kv : *q)
+                queued += kv.second.size();
+        if (!grp.slots.empty() || queued > 0)
+            group_fail(grp, ncclRemoteError);
         for (size_t r = 0; r < grp.members.size(); r++)
             if (grp.members[r] == comm)
                 grp.members[r] = nullptr;
