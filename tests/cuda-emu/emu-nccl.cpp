@@ -57,6 +57,8 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -97,8 +99,7 @@ struct emu_group {
     std::vector<ncclComm *> members;
     std::map<unsigned long long, slot> slots; /* collective n -> the parts posted so far */
     std::map<std::pair<int, int>, std::deque<p2p>> sends, recvs; /* (from, to) */
-    ncclResult_t err = ncclSuccess;                              /* the group failed */
-    int live = 0;                                                /* members not destroyed */
+    ncclResult_t err = ncclSuccess; /* the group failed: every member's asynchronous error */
 };
 
 } // namespace
@@ -110,7 +111,6 @@ struct ncclComm {
     int formed = 0;    /* the group is complete (init or split done) */
     int splitting = 0; /* splits of this parent not yet done */
     int aborted = 0;
-    ncclResult_t err = ncclSuccess;   /* its own asynchronous error */
     unsigned long long next_coll = 0; /* collectives it has posted */
 };
 
@@ -157,65 +157,19 @@ long long wait_limit_ms()
     abort();
 }
 
-float half_bits_to_f32(uint16_t h, int bf16)
+/* A half-precision element (f16, or bf16 when bf16) as f32, and back rounded to nearest
+ * even: the toolkit's host conversions, as emu-cublas.cpp's. */
+float half_to_f32(const void *p, int bf16)
 {
-    if (bf16) {
-        uint32_t u = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, u;
-    if (exp == 0) {
-        if (man == 0)
-            u = sign;
-        else { /* subnormal */
-            exp = 113;
-            while (!(man & 1024)) {
-                man <<= 1;
-                exp--;
-            }
-            u = sign | (exp << 23) | ((man & 1023) << 13);
-        }
-    } else if (exp == 31)
-        u = sign | 0x7f800000u | (man << 13);
-    else
-        u = sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return bf16 ? __bfloat162float(*(const __nv_bfloat16 *)p) : __half2float(*(const __half *)p);
 }
 
-uint16_t f32_to_half_bits(float f, int bf16)
+void f32_to_half(float f, int bf16, void *p)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (bf16) {
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            return (uint16_t)((u >> 16) | 64); /* NaN stays NaN */
-        return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-    }
-    uint32_t sign = (u >> 16) & 0x8000u;
-    int exp = (int)((u >> 23) & 255) - 112;
-    uint32_t man = u & 0x7fffffu;
-    if (((u >> 23) & 255) == 255)
-        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
-    if (exp >= 31)
-        return (uint16_t)(sign | 0x7c00u);
-    if (exp <= 0) {
-        if (exp < -10)
-            return (uint16_t)sign;
-        man |= 0x800000u;
-        uint32_t shift = (uint32_t)(14 - exp), r = man >> shift, rem = man & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1)))
-        r++;
-    return (uint16_t)(sign | r);
+    if (bf16)
+        *(__nv_bfloat16 *)p = __float2bfloat16_rn(f);
+    else
+        *(__half *)p = __float2half_rn(f);
 }
 
 /* The sum over the ranks' send buffers, in rank order, into out (count elements of t). */
@@ -235,13 +189,9 @@ ncclResult_t reduce_sum(const std::vector<part> &ps, size_t count, ncclDataType_
             memcpy(&out[i * 4], &acc, 4);
         } else if (t == ncclFloat16 || t == ncclBfloat16) {
             float acc = 0.0f;
-            uint16_t h;
-            for (const part &p : ps) {
-                memcpy(&h, (const char *)p.send + i * 2, 2);
-                acc += half_bits_to_f32(h, t == ncclBfloat16);
-            }
-            h = f32_to_half_bits(acc, t == ncclBfloat16);
-            memcpy(&out[i * 2], &h, 2);
+            for (const part &p : ps)
+                acc += half_to_f32((const char *)p.send + i * 2, t == ncclBfloat16);
+            f32_to_half(acc, t == ncclBfloat16, &out[i * 2]);
         } else if (t == ncclInt32) {
             int32_t acc = 0, v;
             for (const part &p : ps) {
@@ -287,7 +237,7 @@ void run_split(emu_group &g, slot &s)
 
         std::stable_sort(rs.begin(), rs.end(),
                          [&](int a, int b) { return s.parts[a].key < s.parts[b].key; });
-        ng->nranks = ng->joined = ng->live = (int)rs.size();
+        ng->nranks = ng->joined = (int)rs.size();
         for (size_t i = 0; i < rs.size(); i++) {
             ncclComm *c = s.parts[rs[i]].child;
 
@@ -468,7 +418,7 @@ ncclResult_t usable(ncclComm *c)
 {
     if (c == nullptr || c->aborted || !c->formed)
         return ncclInvalidArgument;
-    return c->g->err != ncclSuccess ? c->g->err : c->err;
+    return c->g->err;
 }
 
 /* The stream part of an operation of a one-rank communicator: a copy on the stream. */
@@ -584,12 +534,11 @@ int config_blocking(const ncclConfig_t *config)
 /* Waits (blocking communicators) until c formed or failed; under lock. */
 ncclResult_t wait_formed(std::unique_lock<std::mutex> &g, ncclComm *c)
 {
-    bool ok = formed.wait_for(g, std::chrono::milliseconds(wait_limit_ms()), [&]() {
-        return c->formed || c->err != ncclSuccess || (c->g && c->g->err != ncclSuccess);
-    });
+    bool ok = formed.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+                              [&]() { return c->formed || (c->g && c->g->err != ncclSuccess); });
     if (!ok)
         return ncclSystemError;
-    return c->err != ncclSuccess ? c->err : (c->g ? c->g->err : ncclSuccess);
+    return c->g ? c->g->err : ncclSuccess;
 }
 
 } // namespace
@@ -665,7 +614,6 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     c->device = gang_emu_current_device();
     c->blocking = config_blocking(config);
     grp->members[rank] = c;
-    grp->live++;
     *comm = c;
     if (++grp->joined == nranks) {
         for (int a = 0; a < nranks; a++)
@@ -683,7 +631,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
         formed.notify_all();
     }
     if (!c->blocking)
-        return c->formed ? (c->g->err != ncclSuccess ? c->g->err : ncclSuccess) : ncclInProgress;
+        return c->formed ? c->g->err : ncclInProgress;
     return wait_formed(g, c);
 }
 
@@ -693,9 +641,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st)
 
     if (comm == nullptr)
         return ncclInvalidArgument;
-    if (comm->err != ncclSuccess)
-        *st = comm->err;
-    else if (comm->g && comm->g->err != ncclSuccess)
+    if (comm->g && comm->g->err != ncclSuccess)
         *st = comm->g->err;
     else if (!comm->formed || comm->splitting > 0)
         *st = ncclInProgress;

@@ -1019,11 +1019,6 @@ cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op)
     return enqueue(s, std::move(op));
 }
 
-int gang_emu_device_count()
-{
-    return device_count();
-}
-
 int gang_emu_current_device()
 {
     return current_device;

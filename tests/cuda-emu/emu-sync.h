@@ -41,9 +41,7 @@ int gang_emu_stream_capturing(cudaStream_t s);
  * the graph s is capturing. */
 cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op);
 
-/* The emulated devices (GANG_EMU_DEVICES, default 1, at most 8) and the calling thread's
- * current one. */
-int gang_emu_device_count();
+/* The calling thread's current device (of GANG_EMU_DEVICES, default 1, at most 8). */
 int gang_emu_current_device();
 
 #endif /* GANGLION_EMU_SYNC_H */

@@ -392,6 +392,7 @@ static void *pair_rank(void *p)
     const size_t n = 1 << 20;
     float *h = malloc(n * sizeof(float)), *r = malloc(2 * n * sizeof(float));
     void *d = NULL, *g = NULL;
+    uint16_t hb[16];
 
     gang_kernels_options_init(&o);
     o.device = "cuda";
@@ -413,6 +414,14 @@ static void *pair_rank(void *p)
     PAIR_CHECK(gang_kernels_download(k, r, d, n * sizeof(float)) == 0);
     for (size_t i = 0; i < n; i++)
         PAIR_CHECK(r[i] == 2.0f * (float)(i % 1000) + 0.25f);
+    /* bf16: 1.5 + 2.5 = 4 exactly */
+    for (size_t i = 0; i < 16; i++)
+        hb[i] = gang_f32_to_bf16(a->rank == 0 ? 1.5f : 2.5f);
+    PAIR_CHECK(gang_kernels_upload(k, d, hb, sizeof(hb)) == 0);
+    PAIR_CHECK(gang_comm_all_reduce(c, d, 16, GANG_DTYPE_BF16, 10000) == 0);
+    PAIR_CHECK(gang_kernels_download(k, hb, d, sizeof(hb)) == 0);
+    for (size_t i = 0; i < 16; i++)
+        PAIR_CHECK(gang_bf16_to_f32(hb[i]) == 4.0f);
     PAIR_CHECK(gang_comm_broadcast(c, d, n, GANG_DTYPE_I32, 1, 10000) == 0);
     PAIR_CHECK(gang_comm_barrier(c, 10000) == 0);
     /* point-to-point both ways, and an empty token */
