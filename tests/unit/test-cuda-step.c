@@ -252,6 +252,15 @@ static void test_sample(void **state)
     free(x);
 }
 
+/* |got - want| <= tol * max(1, |want|) for every element. */
+static void near(const float *got, const float *want, size_t n, double tol, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - (double)want[i]) <= tol * fmax(1.0, fabs((double)want[i]))))
+            fail_msg("%s: element %zu is %.9g, reference %.9g", what, i, (double)got[i],
+                     (double)want[i]);
+}
+
 static void test_split_glu(void **state)
 {
     enum { ROWS = 5, W0 = 64, W1 = 16, W2 = 16, F = 96 };
@@ -281,10 +290,8 @@ static void test_split_glu(void **state)
         assert_int_equal(gang_kernels_glu(cpu, gelu, g, ROWS, F, want), 0);
         assert_int_equal(gang_kernels_glu(gpu, gelu, dg, ROWS, F, dout), 0);
         fetch(got, dout, sizeof(got));
-        for (size_t i = 0; i < ROWS * F; i++)
-            if (!(fabs((double)got[i] - (double)want[i]) <= 1e-6 * fmax(1.0, fabs(want[i]))))
-                fail_msg("glu (gelu %d): element %zu is %g, cpu %g", gelu, i, (double)got[i],
-                         (double)want[i]);
+        near(got, want, ROWS * F, 1e-6,
+             gelu ? "glu (gelu 1) against the cpu" : "glu (gelu 0) against the cpu");
     }
     gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dg), gang_kernels_free(gpu, d0);
     gang_kernels_free(gpu, d1), gang_kernels_free(gpu, d2), gang_kernels_free(gpu, dout);
@@ -393,14 +400,6 @@ static void test_fusions_cpu(void **state)
                      GANG_ERANGE);
 }
 
-/* |got - want| <= tol * max(1, |want|) for every element. */
-static void near(const float *got, const float *want, size_t n, double tol, const char *what)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)got[i] - (double)want[i]) <= tol * fmax(1.0, fabs((double)want[i]))))
-            fail_msg("%s: element %zu is %.9g, cpu %.9g", what, i, (double)got[i], (double)want[i]);
-}
-
 static void test_fusions(void **state)
 {
     enum { QN = FR * FH * FHD, KN = FR * FKV * FHD, D = 3000 };
@@ -506,6 +505,7 @@ static void matmul_glu_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd,
     void *blob = malloc(wbytes), *dw, *dgu, *dscr, *dy, *dy2, *dscr2;
     gang_kernels_counters c0, c1;
     gang_kernels_weight v;
+    char what[128];
 
     assert_non_null(wf), assert_non_null(gu), assert_non_null(got), assert_non_null(want);
     assert_non_null(blob);
@@ -528,12 +528,10 @@ static void matmul_glu_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd,
     assert_int_equal(gang_kernels_matmul(gpu, m, n, kd, dscr2, &v, dy2), 0);
     fetch(got, dy, m * n * 4);
     fetch(want, dy2, m * n * 4);
-    for (size_t i = 0; i < m * n; i++)
-        if (!(fabs((double)got[i] - (double)want[i]) <= 1e-5 * fmax(1.0, fabs(want[i]))))
-            fail_msg("matmul_glu (%s, m %zu, n %zu, k %zu, gelu %d): y[%zu] is %.9g, glu + "
-                     "matmul %.9g",
-                     gang_kernels_wtype_name(t), m, n, kd, gelu, i, (double)got[i],
-                     (double)want[i]);
+    snprintf(what, sizeof(what),
+             "matmul_glu (%s, m %zu, n %zu, k %zu, gelu %d) against glu + matmul",
+             gang_kernels_wtype_name(t), m, n, kd, gelu);
+    near(got, want, m * n, 1e-5, what);
     gang_kernels_free(gpu, dw), gang_kernels_free(gpu, dgu), gang_kernels_free(gpu, dscr);
     gang_kernels_free(gpu, dscr2), gang_kernels_free(gpu, dy), gang_kernels_free(gpu, dy2);
     free(wf), free(gu), free(got), free(want), free(blob);
