@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ganglion/parallel.h"
+#include "tp-moe.h"
 
 /*
  * A fault for the tests (tests/mp/test_moe_kill.py), off unless the environment asks:
@@ -24,9 +25,10 @@
  * its N-th dispatch as EP rank RANK, between the counts' all-to-all and the rows', the first
  * time only: the process that fires creates PATH (O_EXCL), and a PATH that exists disarms
  * it, so the respawned rank of the next generation serves. Any thread; the counter is only
- * approximate under concurrent dispatches in one process, which the tests do not do.
+ * approximate under concurrent dispatches in one process, which the tests do not do. The
+ * device path's dispatch (tp-moe-dev.c) has the same point, between the same two exchanges.
  */
-static void moe_fault_point(uint32_t rank)
+void gang__moe_fault_point(uint32_t rank)
 {
     static unsigned long calls;
     const char *v = getenv("GANGLION_FAULT_MOE_A2A");
@@ -223,7 +225,7 @@ int gang_moe_dispatch(gang_comm *c, const gang_moe_plan *p, const float *x, gang
     rc = gang_comm_all_to_all_v(c, &a, timeout_ms);
     if (rc < 0)
         return rc;
-    moe_fault_point(p->rank);
+    gang__moe_fault_point(p->rank);
     moe_rank_rows(xc->cnt_in, ep, per, in_rows, &total);
     if (total > xc->recv_cap_rows)
         return GANG_ERANGE;

@@ -178,6 +178,7 @@ static int dev_dispatch(const gang_tp_moe *m, gang_kernels *k, gang_comm *comm,
         rc = gang_kernels_download(k, s->xc.cnt_in, d->cnt + ne, ne * sizeof(size_t));
     if (rc != 0)
         return rc;
+    gang__moe_fault_point(s->plan.rank);
     for (uint32_t r = 0; r < ep; r++) { /* peers' counts: bounded before they size anything */
         in_rows[r] = 0;
         for (uint32_t i = 0; i < per; i++) {

@@ -22,6 +22,9 @@ typedef struct gang_tp_moe_scratch {
     size_t *run_first;    /* [ep * expert_count]: where each (source, expert) run starts */
 } gang_tp_moe_scratch;
 
+/* The test fault GANGLION_FAULT_MOE_A2A of a dispatch as EP rank `rank` (moe.c): returns
+ * at once unless the environment asks for it. */
+void gang__moe_fault_point(uint32_t rank);
 /* The host scratch of m for a call of `tokens` tokens (grown, kept): 0 or GANG_ENOMEM. */
 int gang__tp_moe_scratch(gang_tp_moe *m, size_t tokens, gang_tp_moe_scratch **out);
 /* The load counters of one call from the plan of this rank's run. */
