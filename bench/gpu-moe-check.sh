@@ -7,7 +7,8 @@
 #   nccl    EP 2 = TP 2 and EP 2 x TP 1 (attention replicated), the all-to-alls over NCCL on
 #           device buffers: one GPU per rank, since NCCL refuses two ranks of a communicator
 #           on one GPU; with fewer than 2 GPUs these cases print "run":false with the reason
-#           (not a skip of the step: the socket cases still decide it), qwen3 only (budget).
+#           (not a skip of the step: the socket cases still decide it), qwen3 only (budget);
+#           on the CUDA emulator they run with GANG_EMU_DEVICES=2, each rank a process.
 # Prints one JSON line per case and exits 0 when every case run agrees, 1 otherwise.
 #
 #   bash bench/gpu-moe-check.sh BIN WORKDIR
@@ -16,7 +17,8 @@ BIN=$1
 WORK=$2
 mkdir -p "$WORK"
 PROMPT=5,9,77,31,2,100,45,13,200,7
-GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+# The GPUs: nvidia-smi's, or on the CUDA emulator (tests/cuda-emu/) its device count.
+GPUS=${GANG_EMU_DEVICES:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 common=(--layers 3 --hidden 128 --heads 4 --kv-heads 2 --vocab 512 --seed 25)
 rc=0
 for fam in qwen3 qwen2; do

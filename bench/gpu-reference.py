@@ -19,7 +19,8 @@ For each model shape it writes a random model with `ganglion mkmodel` (bf16, see
 then runs transformers' forward (a greedy loop with past_key_values; generate() is not
 used) on --device in bf16 as the reference, and `ganglion serve --local --device DEV` on the
 same directory for each layout (1x1; tp2 = TP=2 on the one device over the socket backend;
-nccl = 1x1 with the workers' data plane on NCCL, a world of one),
+nccl = 1x1 with the workers' data plane on NCCL, a world of one; tp2-nccl = TP=2 as two
+workers on two GPUs over NCCL, not in the default list: NCCL refuses two ranks on one GPU),
 asking /v1/completions for greedy tokens with the top-5 logprobs.
 
 Agreement, per prompt, step by step while the two sequences are equal:
@@ -127,6 +128,8 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
         argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "socket", "--share-gpus"]
     elif layout == "nccl":
         argv += ["--nproc-per-node", "1", "--backend", "nccl"]
+    elif layout == "tp2-nccl":
+        argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "nccl"]
     else:
         argv += ["--nproc-per-node", "1"]
     if args.device == "cuda":

@@ -80,7 +80,7 @@ message(STATUS "ganglion: CUDA kernels on the CPU emulator (tests/cuda-emu/); cu
 
 # The NCCL emulator, built against the nccl.h of include_dir (cmake/cuda.cmake's search).
 function(gang_emu_nccl include_dir)
-  add_library(gang_nccl_emu SHARED ${gang_emu_dir}/emu-nccl.cpp)
+  add_library(gang_nccl_emu SHARED ${gang_emu_dir}/emu-nccl.cpp ${gang_emu_dir}/emu-nccl-link.cpp)
   target_include_directories(gang_nccl_emu PRIVATE ${include_dir})
   gang_c_only_options(gang_nccl_emu CXX ${gang_emu_cxx_warn})
   target_link_libraries(gang_nccl_emu PRIVATE gang_cuda_emu)

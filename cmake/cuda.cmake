@@ -228,9 +228,10 @@ if(GANGLION_CUDA_EMU)
   set_tests_properties(bench-decode-cuda-counters PROPERTIES LABELS cuda-emu TIMEOUT 600
     ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192")
 
-  # serve --device cuda on the emulated GPU (1x1, and TP=2 as two workers sharing it)
-  # against transformers on the CPU: bench/gpu-reference.py, as the device check runs it
-  # on the H200 (tests/gpu-reference-cpu.sh; skips, 77, without the reference venv).
+  # serve --device cuda on the emulated GPU (1x1, and TP=2 as two workers sharing it;
+  # then TP=2 over NCCL as two worker processes on two emulated GPUs) against transformers
+  # on the CPU: bench/gpu-reference.py, as the device check runs it on the H200
+  # (tests/gpu-reference-cpu.sh; skips, 77, without the reference venv).
   add_test(NAME gpu-reference-emu
     COMMAND sh ${PROJECT_SOURCE_DIR}/tests/gpu-reference-cpu.sh ${PROJECT_SOURCE_DIR}
             $<TARGET_FILE:ganglion> ${CMAKE_BINARY_DIR}/gpu-reference-emu cuda)
@@ -238,14 +239,37 @@ if(GANGLION_CUDA_EMU)
     SKIP_RETURN_CODE 77 ENVIRONMENT "${gang_emu_env}")
 
   # The MoE step of the device check (bench/gpu-moe-check.sh): Qwen3- and Qwen2-MoE tiny
-  # models on --device cuda, EP x TP 1x1 and 2x2 (two ranks sharing the emulated GPU),
-  # the CPU's tokens; its NCCL cases say they did not run (one emulated GPU; between
-  # processes the NCCL emulator does not reach).
+  # models on --device cuda, EP x TP 1x1 and 2x2 (two ranks over sockets), the CPU's
+  # tokens; its NCCL cases (EP 2 over NCCL: the all-to-alls between the two workers'
+  # processes, one emulated GPU each) must run here.
   add_test(NAME moe-cuda-emu
     COMMAND bash ${PROJECT_SOURCE_DIR}/bench/gpu-moe-check.sh $<TARGET_FILE:ganglion>
             ${CMAKE_BINARY_DIR}/moe-cuda-emu)
   set_tests_properties(moe-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
-    ENVIRONMENT "${gang_emu_env}" FAIL_REGULAR_EXPRESSION "\"match_cpu\":false")
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2"
+    FAIL_REGULAR_EXPRESSION "\"match_cpu\":false;\"run\":false")
+  # A rank killed inside the MoE all-to-all over NCCL (tests/mp/test_moe_kill.py with
+  # GANG_MP_MOE_NCCL=1): one node of two worker processes on two emulated GPUs; the gang
+  # re-forms its NCCL communicators and the request in flight gets the healthy gang's
+  # tokens, killing the peer of the process that made the unique id, then that process.
+  add_test(NAME moe-kill-nccl-emu
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/mp/test_moe_kill.py
+            --bin $<TARGET_FILE:ganglion>)
+  set_tests_properties(moe-kill-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2;GANG_MP_MOE_NCCL=1")
+  # The gang as Kubernetes Pods (tests/k8s-sim/: network namespaces, the cluster's DNS)
+  # over NCCL: TP 2 inside each of 3 Pods and PP 3 across them, each worker on its own
+  # emulated GPU, the communicators formed across the Pods from rank 0's unique id (the
+  # NCCL emulator over TCP); a worker killed, then Pod 0 recreated with a new IP (the
+  # process that made the id gone). Skip (77) where network namespaces are not permitted.
+  foreach(sc kill-worker recreate-pod)
+    add_test(NAME k8s-sim-nccl-emu-${sc}
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/k8s-sim/k8s_sim.py
+              --bin $<TARGET_FILE:ganglion> --scenario ${sc})
+    set_tests_properties(k8s-sim-nccl-emu-${sc} PROPERTIES LABELS cuda-emu TIMEOUT 200
+      SKIP_RETURN_CODE 77 RUN_SERIAL TRUE
+      ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2;GANG_SIM_NCCL=1")
+  endforeach()
   # A GGUF file's blocks, and a tiny Gemma 3 (GeGLU), served on the CUDA backend: the
   # CPU's tokens (tests/cuda-emu/generate-vs-cpu.sh; the GGUF case skips, 77, without the
   # SmolLM2 file).

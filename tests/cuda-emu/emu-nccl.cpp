@@ -22,10 +22,11 @@
  *     every rank of the communicator has posted its n-th collective (the one that posts
  *     last moves the data for all, reading every rank's buffers then, and summing in
  *     rank order), a send when the peer posts the matching receive (in the order of each
- *     pair's posts, as NCCL matches them). Two ranks whose n-th collectives differ (kind,
- *     count, type, root) fail the communicator with ncclInvalidUsage, where NCCL would
- *     hang or corrupt. Groups (ncclGroupStart / End) need nothing more: every operation is
- *     already asynchronous.
+ *     pair's posts, as NCCL matches them; a rank's send to itself too). Two ranks whose
+ *     n-th collectives differ (kind, count, type, root) fail the communicator with
+ *     ncclInvalidUsage, where NCCL would hang or corrupt. Groups (ncclGroupStart / End)
+ *     need nothing more here: every operation is already asynchronous (a group matters
+ *     to ranks of other processes: emu-nccl-link.cpp).
  *   - ncclCommAbort: when operations of the communicator are pending, they complete
  *     (failed) and the peers' ncclCommGetAsyncError answers ncclRemoteError (NCCL 2.2x
  *     reports a peer that went away so over sockets; within a node the peers would wait
@@ -39,6 +40,13 @@
  * when the stream is capturing, as NCCL's are captured). Operations of larger
  * communicators on a capturing stream are not emulated (the engine captures only TP 1):
  * the process stops naming the call.
+ *
+ * Ranks in other processes (emu-nccl-link.cpp): the unique id names the process that made
+ * it, which serves the group's state to them over a Unix socket, as NCCL's bootstrap root
+ * lives in the process that called ncclGetUniqueId; a rank of another process is a proxy
+ * communicator there, its operations' data travel both ways, and the process exiting is a
+ * peer gone (ncclRemoteError). Two ranks on one device of one host (GANG_EMU_HOST, else
+ * GANGLION_HOSTNAME, else the host name) are refused whichever processes they are in.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,14 +70,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "emu-sync.h"
+#include "emu-nccl.h"
 
-namespace
+namespace emu_nccl
 {
-
-enum op_kind { OP_ALLREDUCE = 1, OP_ALLGATHER, OP_BROADCAST, OP_SPLIT };
-
-struct emu_group;
 
 /* One rank's part of a collective, as it posted it. */
 struct part {
@@ -102,25 +106,14 @@ struct emu_group {
     ncclResult_t err = ncclSuccess; /* the group failed: every member's asynchronous error */
 };
 
-} // namespace
-
-struct ncclComm {
-    std::shared_ptr<emu_group> g;
-    int rank = -1, nranks = 0, device = 0;
-    int blocking = 1;
-    int formed = 0;    /* the group is complete (init or split done) */
-    int splitting = 0; /* splits of this parent not yet done */
-    int aborted = 0;
-    unsigned long long next_coll = 0; /* collectives it has posted */
-};
-
 namespace
 {
 
 std::mutex lock;                                           /* every communicator's state */
 std::condition_variable formed;                            /* an init or a split completed */
 std::map<std::string, std::shared_ptr<emu_group>> forming; /* unique id -> group */
-std::atomic<unsigned long long> id_counter{0};
+
+} // namespace
 
 size_t type_size(ncclDataType_t t)
 {
@@ -151,11 +144,27 @@ long long wait_limit_ms()
     return e != NULL && atoll(e) > 0 ? atoll(e) : 120000;
 }
 
-[[noreturn]] void nccl_die(const char *what)
+[[noreturn]] void die(const char *what)
 {
     fprintf(stderr, "nccl-emu: %s\n", what);
     abort();
 }
+
+std::string host_name()
+{
+    const char *e = getenv("GANG_EMU_HOST"), *pod = getenv("GANGLION_HOSTNAME");
+    char h[256] = "";
+
+    if (e != NULL && e[0] != '\0')
+        return e;
+    if (pod != NULL && pod[0] != '\0') /* a Pod's name (tests/k8s-sim/), as ganglion's own */
+        return pod;
+    gethostname(h, sizeof(h) - 1);
+    return h;
+}
+
+namespace
+{
 
 /* A half-precision element (f16, or bf16 when bf16) as f32, and back rounded to nearest
  * even: the toolkit's host conversions, as emu-cublas.cpp's. */
@@ -245,6 +254,7 @@ void run_split(emu_group &g, slot &s)
             c->rank = (int)i;
             c->nranks = (int)rs.size();
             c->device = g.members[rs[i]] != nullptr ? g.members[rs[i]]->device : 0;
+            c->host = g.members[rs[i]] != nullptr ? g.members[rs[i]]->host : "";
             c->formed = 1;
             ng->members.push_back(c);
         }
@@ -430,39 +440,6 @@ ncclResult_t solo(const void *send, void *recv, size_t bytes, cudaStream_t strea
     return ncclSuccess;
 }
 
-ncclResult_t collective(int kind, const void *send, void *recv, size_t count, ncclDataType_t t,
-                        int root, ncclComm *c, cudaStream_t stream)
-{
-    ncclResult_t rc;
-    part p;
-
-    std::unique_lock<std::mutex> g(lock);
-    if ((rc = usable(c)) != ncclSuccess)
-        return rc;
-    if (type_size(t) == 0 || (kind == OP_BROADCAST && (root < 0 || root >= c->nranks)))
-        return ncclInvalidArgument;
-    if (c->nranks == 1) {
-        g.unlock();
-        return solo(send, recv, count * type_size(t), stream);
-    }
-    if (gang_emu_stream_capturing(stream))
-        nccl_die("a collective of a communicator of several ranks on a capturing stream (not "
-                 "emulated)");
-    g.unlock();
-    p.pend = gang_emu_stream_pending(stream); /* may wait for the stream's earlier work */
-    g.lock();
-    p.send = send;
-    p.recv = recv;
-    p.count = count;
-    p.type = t;
-    p.root = root;
-    if (c->g->err != ncclSuccess) {
-        gang_emu_pending_finish(*p.pend, 1);
-        return ncclSuccess;
-    }
-    return post(c, kind, std::move(p));
-}
-
 /* Matches the oldest send from a to b with the oldest receive; under lock. */
 void match(emu_group &g, int a, int b)
 {
@@ -491,30 +468,16 @@ void match(emu_group &g, int a, int b)
     }
 }
 
-ncclResult_t point(int is_send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm *c,
-                   cudaStream_t stream)
+/* Posts c's send to (is_send) or receive from peer; under lock. */
+void post_point(ncclComm *c, int is_send, void *buf, size_t bytes, int peer,
+                std::shared_ptr<gang_emu_pending> pend)
 {
-    ncclResult_t rc;
+    p2p m{buf, bytes, pend};
 
-    std::unique_lock<std::mutex> g(lock);
-    if ((rc = usable(c)) != ncclSuccess)
-        return rc;
-    if (type_size(t) == 0 || peer < 0 || peer >= c->nranks || peer == c->rank)
-        return ncclInvalidArgument;
-    if (gang_emu_stream_capturing(stream))
-        nccl_die("a send or receive on a capturing stream (not emulated)");
-    g.unlock();
-    auto pend = gang_emu_stream_pending(stream);
-    g.lock();
-    if (c->g->err != ncclSuccess) {
-        gang_emu_pending_finish(*pend, 1);
-        return ncclSuccess;
-    }
-    p2p m{buf, count * type_size(t), pend};
     if (c->g->members[peer] == nullptr) { /* the peer left: it never matches */
         gang_emu_pending_finish(*pend, 1);
         group_fail(*c->g, ncclRemoteError);
-        return ncclSuccess;
+        return;
     }
     if (is_send) {
         c->g->sends[{c->rank, peer}].push_back(m);
@@ -523,7 +486,46 @@ ncclResult_t point(int is_send, void *buf, size_t count, ncclDataType_t t, int p
         c->g->recvs[{peer, c->rank}].push_back(m);
         match(*c->g, peer, c->rank);
     }
+}
+
+} // namespace
+
+ncclResult_t check_op(const ncclComm *c, int kind, ncclDataType_t t, int root)
+{
+    if (type_size(t) == 0)
+        return ncclInvalidArgument;
+    if (kind == OP_BROADCAST && (root < 0 || root >= c->nranks))
+        return ncclInvalidArgument;
+    if ((kind == OP_SEND || kind == OP_RECV) && (root < 0 || root >= c->nranks))
+        return ncclInvalidArgument; /* its own rank is a peer: NCCL moves a self pair too */
     return ncclSuccess;
+}
+
+namespace
+{
+
+/* An operation of the public API on stream, for a communicator of this process or of a
+ * group another process made. */
+ncclResult_t operation(int kind, const void *send, void *recv, size_t count, ncclDataType_t t,
+                       int root, ncclComm *c, cudaStream_t stream)
+{
+    ncclResult_t rc;
+
+    if (c != nullptr && c->remote != nullptr)
+        return remote_op(c, kind, send, recv, count, t, root, stream);
+    std::unique_lock<std::mutex> g(lock);
+    if ((rc = usable(c)) != ncclSuccess || (rc = check_op(c, kind, t, root)) != ncclSuccess)
+        return rc;
+    if (c->nranks == 1 && kind != OP_SEND && kind != OP_RECV) {
+        g.unlock();
+        return solo(send, recv, count * type_size(t), stream);
+    }
+    if (gang_emu_stream_capturing(stream))
+        die("an operation of a communicator of several ranks on a capturing stream (not "
+            "emulated)");
+    g.unlock();
+    /* may wait for the stream's earlier work */
+    return post_op(c, kind, send, recv, count, t, root, gang_emu_stream_pending(stream));
 }
 
 int config_blocking(const ncclConfig_t *config)
@@ -542,6 +544,100 @@ ncclResult_t wait_formed(std::unique_lock<std::mutex> &g, ncclComm *c)
 }
 
 } // namespace
+
+ncclResult_t post_op(ncclComm *c, int kind, const void *send, void *recv, size_t count,
+                     ncclDataType_t t, int root, std::shared_ptr<gang_emu_pending> pend)
+{
+    std::lock_guard<std::mutex> g(lock);
+    ncclResult_t rc = ncclInvalidArgument;
+
+    if (c == nullptr || c->aborted || !c->formed ||
+        (rc = check_op(c, kind, t, root)) != ncclSuccess) {
+        gang_emu_pending_finish(*pend, 1);
+        return rc;
+    }
+    if (c->g->err != ncclSuccess) { /* reported asynchronously, as NCCL does */
+        gang_emu_pending_finish(*pend, 1);
+        return ncclSuccess;
+    }
+    if (kind == OP_SEND || kind == OP_RECV) {
+        post_point(c, kind == OP_SEND, kind == OP_SEND ? const_cast<void *>(send) : recv,
+                   count * type_size(t), root, std::move(pend));
+        return ncclSuccess;
+    }
+    part p;
+    p.pend = std::move(pend);
+    p.send = send;
+    p.recv = recv;
+    p.count = count;
+    p.type = t;
+    p.root = root;
+    return post(c, kind, std::move(p));
+}
+
+ncclResult_t init_rank(ncclComm **comm, int nranks, const std::string &key, int rank, int blocking,
+                       int device, const std::string &host)
+{
+    ncclComm *c;
+
+    std::unique_lock<std::mutex> g(lock);
+    auto &grp = forming[key];
+    if (!grp) {
+        grp = std::make_shared<emu_group>();
+        grp->nranks = nranks;
+        grp->members.assign(nranks, nullptr);
+    }
+    if (grp->nranks != nranks || grp->members[rank] != nullptr)
+        return ncclInvalidArgument;
+    c = new ncclComm();
+    c->g = grp;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->device = device;
+    c->host = host;
+    c->blocking = blocking;
+    grp->members[rank] = c;
+    *comm = c;
+    if (++grp->joined == nranks) {
+        for (int a = 0; a < nranks; a++)
+            for (int b = a + 1; b < nranks; b++) {
+                const ncclComm *ma = grp->members[a], *mb = grp->members[b];
+
+                if (ma->device == mb->device && ma->host == mb->host && grp->err == ncclSuccess) {
+                    fprintf(stderr,
+                            "nccl-emu: ranks %d and %d on device %d of host %s: NCCL "
+                            "refuses two ranks of a communicator on one GPU\n",
+                            a, b, ma->device, ma->host.c_str());
+                    grp->err = ncclInvalidUsage;
+                }
+            }
+        for (ncclComm *m : grp->members)
+            m->formed = 1;
+        forming.erase(key);
+        formed.notify_all();
+    }
+    if (!c->blocking)
+        return c->formed ? c->g->err : ncclInProgress;
+    return wait_formed(g, c);
+}
+
+void state(ncclComm *c, ncclResult_t *st, int *rank, int *nranks)
+{
+    std::lock_guard<std::mutex> g(lock);
+
+    if (c->g && c->g->err != ncclSuccess)
+        *st = c->g->err;
+    else if (!c->formed || c->splitting > 0)
+        *st = ncclInProgress;
+    else
+        *st = ncclSuccess;
+    *rank = c->formed ? c->rank : -1;
+    *nranks = c->formed ? c->nranks : -1;
+}
+
+} // namespace emu_nccl
+
+using namespace emu_nccl;
 
 extern "C" {
 
@@ -583,10 +679,12 @@ const char *ncclGetLastError(ncclComm_t comm)
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
+    std::string key = broker_key();
+
     memset(id, 0, sizeof(*id));
-    snprintf(id->internal, sizeof(id->internal), "nccl-emu %d %llu %llx", (int)getpid(),
-             id_counter.fetch_add(1),
-             (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count());
+    if (key.empty() || key.size() >= sizeof(id->internal))
+        return ncclSystemError;
+    memcpy(id->internal, key.data(), key.size());
     return ncclSuccess;
 }
 
@@ -594,59 +692,24 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
                                     ncclConfig_t *config)
 {
     std::string key(id.internal, strnlen(id.internal, sizeof(id.internal)));
-    ncclComm *c;
 
     if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
-    std::unique_lock<std::mutex> g(lock);
-    auto &grp = forming[key];
-    if (!grp) {
-        grp = std::make_shared<emu_group>();
-        grp->nranks = nranks;
-        grp->members.assign(nranks, nullptr);
-    }
-    if (grp->nranks != nranks || grp->members[rank] != nullptr)
-        return ncclInvalidArgument;
-    c = new ncclComm();
-    c->g = grp;
-    c->rank = rank;
-    c->nranks = nranks;
-    c->device = gang_emu_current_device();
-    c->blocking = config_blocking(config);
-    grp->members[rank] = c;
-    *comm = c;
-    if (++grp->joined == nranks) {
-        for (int a = 0; a < nranks; a++)
-            for (int b = a + 1; b < nranks; b++)
-                if (grp->members[a]->device == grp->members[b]->device && grp->err == ncclSuccess) {
-                    fprintf(stderr,
-                            "nccl-emu: ranks %d and %d on device %d: NCCL refuses two "
-                            "ranks of a communicator on one GPU\n",
-                            a, b, grp->members[a]->device);
-                    grp->err = ncclInvalidUsage;
-                }
-        for (ncclComm *m : grp->members)
-            m->formed = 1;
-        forming.erase(key);
-        formed.notify_all();
-    }
-    if (!c->blocking)
-        return c->formed ? c->g->err : ncclInProgress;
-    return wait_formed(g, c);
+    if (key_is_remote(key))
+        return remote_init(comm, nranks, key, rank, config_blocking(config));
+    return init_rank(comm, nranks, key, rank, config_blocking(config), gang_emu_current_device(),
+                     host_name());
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *st)
 {
-    std::lock_guard<std::mutex> g(lock);
+    int rank, nranks;
 
     if (comm == nullptr)
         return ncclInvalidArgument;
-    if (comm->g && comm->g->err != ncclSuccess)
-        *st = comm->g->err;
-    else if (!comm->formed || comm->splitting > 0)
-        *st = ncclInProgress;
-    else
-        *st = ncclSuccess;
+    if (comm->remote != nullptr)
+        return remote_state(comm, st, &rank, &nranks);
+    state(comm, st, &rank, &nranks);
     return ncclSuccess;
 }
 
@@ -657,6 +720,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     ncclComm *child = nullptr;
     part p;
 
+    if (comm != nullptr && comm->remote != nullptr)
+        return remote_split(comm, color, key, newcomm, config_blocking(config));
     std::unique_lock<std::mutex> g(lock);
     if ((rc = usable(comm)) != ncclSuccess)
         return rc;
@@ -679,28 +744,38 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     return comm->splitting == 0 ? comm->g->err : ncclSystemError;
 }
 
+/* A communicator's rank or size (which 0, 1) once formed. */
+static ncclResult_t rank_or_size(ncclComm *comm, int which, int *out)
+{
+    ncclResult_t st;
+    int v[2] = {-1, -1};
+
+    if (comm == nullptr)
+        return ncclInvalidArgument;
+    if (comm->remote != nullptr)
+        remote_state(comm, &st, &v[0], &v[1]);
+    else
+        state(comm, &st, &v[0], &v[1]);
+    if (v[which] < 0)
+        return ncclInvalidArgument;
+    *out = v[which];
+    return ncclSuccess;
+}
+
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 {
-    std::lock_guard<std::mutex> g(lock);
-
-    if (comm == nullptr || !comm->formed)
-        return ncclInvalidArgument;
-    *rank = comm->rank;
-    return ncclSuccess;
+    return rank_or_size(comm, 0, rank);
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 {
-    std::lock_guard<std::mutex> g(lock);
-
-    if (comm == nullptr || !comm->formed)
-        return ncclInvalidArgument;
-    *count = comm->nranks;
-    return ncclSuccess;
+    return rank_or_size(comm, 1, count);
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
+    if (comm != nullptr && comm->remote != nullptr)
+        return remote_end(comm, 1);
     std::lock_guard<std::mutex> g(lock);
 
     if (comm == nullptr)
@@ -736,13 +811,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
-    std::lock_guard<std::mutex> g(lock);
-
     return comm == nullptr ? ncclInvalidArgument : ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
+    if (comm != nullptr && comm->remote != nullptr)
+        return remote_end(comm, 0);
     std::lock_guard<std::mutex> g(lock);
 
     if (comm == nullptr)
@@ -760,40 +835,42 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
 {
     if (op != ncclSum)
         return ncclInvalidArgument;
-    return collective(OP_ALLREDUCE, send, recv, count, t, 0, comm, stream);
+    return operation(OP_ALLREDUCE, send, recv, count, t, 0, comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t,
                            ncclComm_t comm, cudaStream_t stream)
 {
-    return collective(OP_ALLGATHER, send, recv, count, t, 0, comm, stream);
+    return operation(OP_ALLGATHER, send, recv, count, t, 0, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
                            ncclComm_t comm, cudaStream_t stream)
 {
-    return collective(OP_BROADCAST, send, recv, count, t, root, comm, stream);
+    return operation(OP_BROADCAST, send, recv, count, t, root, comm, stream);
 }
 
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                       cudaStream_t stream)
 {
-    return point(1, const_cast<void *>(buf), count, t, peer, comm, stream);
+    return operation(OP_SEND, buf, nullptr, count, t, peer, comm, stream);
 }
 
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                       cudaStream_t stream)
 {
-    return point(0, buf, count, t, peer, comm, stream);
+    return operation(OP_RECV, nullptr, buf, count, t, peer, comm, stream);
 }
 
 ncclResult_t ncclGroupStart(void)
 {
+    group_start();
     return ncclSuccess;
 }
 
 ncclResult_t ncclGroupEnd(void)
 {
+    group_end();
     return ncclSuccess;
 }
 

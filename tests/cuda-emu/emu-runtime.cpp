@@ -1007,6 +1007,8 @@ void gang_emu_pending_finish(gang_emu_pending &p, int failed)
         p.done.store(1);
     }
     pend_cv.notify_all();
+    if (p.on_finish)
+        p.on_finish(failed);
 }
 
 int gang_emu_stream_capturing(cudaStream_t s)

@@ -24,6 +24,10 @@
 struct gang_emu_pending {
     std::atomic<int> done{0};
     std::atomic<int> failed{0}; /* completed by an abort rather than by the data */
+    /* Called (failed as above) once it completed, where the operation is not on a stream
+     * of this process: a rank of another process whose part the NCCL emulator's broker
+     * posted (emu-nccl-link.cpp) learns so that its own operation completed. */
+    std::function<void(int failed)> on_finish;
 };
 
 /* A new pending operation at the end of stream s. The call first waits for what s waits
@@ -31,7 +35,7 @@ struct gang_emu_pending {
  * (they complete in their own order, as the library orders them). */
 std::shared_ptr<gang_emu_pending> gang_emu_stream_pending(cudaStream_t s);
 
-/* Completes p (failed: by an abort) and wakes whatever waits for it. */
+/* Completes p (failed: by an abort), wakes whatever waits for it and calls its on_finish. */
 void gang_emu_pending_finish(gang_emu_pending &p, int failed);
 
 /* 1 when s is being captured into a graph (its work is recorded, not run). */

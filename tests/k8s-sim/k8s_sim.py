@@ -15,6 +15,10 @@ namespaces not permitted here).
 
 GANG_SIM_NO_MODEL=1 serves without --model and checks only /readyz (development only:
 the CTests never set it). GANG_SIM_KEEP=1 keeps the temp dir (logs) after the run.
+GANG_SIM_NCCL=1 (the ctest k8s-sim-nccl-emu of the CUDA emulator's build, tests/cuda-emu/):
+the Pods serve on --device cuda with the TP / PP groups over NCCL, each worker on its own
+emulated GPU (GANG_EMU_DEVICES=2), the communicators formed across the Pods' network
+namespaces from the unique id that rank 0 makes (the NCCL emulator reaches it over TCP).
 """
 
 import argparse
@@ -82,6 +86,12 @@ class Sim:
         self.old_pods = []         # deleted Pods, for their logs
         self.template_extra = []   # arguments the Pod template adds (scenario 6 changes it)
         self.max_ctx = 64          # --max-ctx (scenario 7 streams longer answers)
+        self.nccl_flags = []
+        if os.environ.get("GANG_SIM_NCCL") == "1":
+            self.nccl_flags = ["--device", "cuda", "--backend", "nccl", "--gpu-memory-mb", "256",
+                               "--nccl-library", os.environ.get("GANGLION_NCCL_LIBRARY", ""),
+                               "--cuda-library-dir",
+                               os.environ.get("GANGLION_CUDA_LIBRARY_DIR", "")]
         self.results = []
 
     # -- the Pod template -----------------------------------------------------------------
@@ -104,7 +114,7 @@ class Sim:
         if os.environ.get("GANG_SIM_NODE_INDEX_FLAG") == "1":
             # Development aid only: identity from --node-index instead of the host name.
             argv += ["--node-index", str(pod.ordinal)]
-        argv += self.template_extra
+        argv += self.nccl_flags + self.template_extra
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("GANGLION_", "OMPI_", "PMIX_", "LWS_", "GANG_SIM_"))
                and k != "POD_NAMESPACE"}

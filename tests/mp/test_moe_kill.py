@@ -17,6 +17,14 @@ counts' all-to-all and the rows', once) gets the same request: its peer fails in
 all-to-all with a peer error, the coordinator records the failed rank, the gang serves
 generation + 1, the API resubmits the request, and the answer's tokens equal the healthy
 gang's. The marker proves the fault fired inside the exchange.
+
+With GANG_MP_MOE_NCCL=1 (the ctest moe-kill-nccl-emu of the CUDA emulator's build,
+tests/cuda-emu/): the same on --device cuda over NCCL, one node of 2 ranks (--tp 2, then
+--tp 1; --ep 2, no PP), each rank a process on its own emulated GPU (GANG_EMU_DEVICES=2),
+the second time killing EP rank 0, whose process made the NCCL unique id:
+the killed rank's peer fails inside NCCL's all-to-all, the communicators of the next
+generation form from a new unique id, and the tokens are the healthy NCCL gang's. The load
+metrics are the CPU run's check (they do not depend on the backend).
 """
 import os
 import subprocess
@@ -29,6 +37,13 @@ import harness as H  # noqa: E402
 NNODES, NPROC = 2, 2
 FLAGS = ["--pp", "2", "--ep", "2", "--request-timeout-ms", "60000", "--step-timeout-ms", "5000"]
 TPS = [2, 1]  # --tp: EP = TP, then EP wider than TP (the same 2 x 2 ranks)
+NCCL = os.environ.get("GANG_MP_MOE_NCCL") == "1"
+if NCCL:
+    NNODES = 1
+    FLAGS = ["--ep", "2", "--request-timeout-ms", "60000", "--step-timeout-ms", "5000",
+             "--device", "cuda", "--backend", "nccl", "--gpu-memory-mb", "512",
+             "--nccl-library", os.environ.get("GANGLION_NCCL_LIBRARY", ""),
+             "--cuda-library-dir", os.environ.get("GANGLION_CUDA_LIBRARY_DIR", "")]
 PROMPT = [2 + (i * 53 + 3) % 250 for i in range(24)]
 TOKENS = 10
 
@@ -100,20 +115,24 @@ def scenario(h):
 def kill_inside(h, model, tp):
     """The healthy answer, then the kill inside the all-to-all, with --tp tp."""
     flags = ["--model", model, "--tp", str(tp)] + FLAGS
-    H.log("--tp %d --ep 2 --pp 2" % tp)
+    H.log("--tp %d %s" % (tp, " ".join(FLAGS[:2] if NCCL else FLAGS[:4])))
     healthy = H.Gang(h, nnodes=NNODES, nproc_per_node=NPROC, extra=flags)
     healthy.start_local()
     healthy.wait_serving(timeout=60)
     want = ask(healthy)
     H.check(len(want) == TOKENS, "healthy gang answered %d tokens" % len(want))
-    check_load_metrics(healthy)
+    if not NCCL:
+        check_load_metrics(healthy)
     healthy.stop()
     H.log("healthy gang: %s" % want)
 
+    # Over NCCL the second layout kills EP rank 0 instead: the process whose unique id the
+    # generation's communicators were made from (the peer's side of NCCL goes with it).
+    victim = 0 if NCCL and tp == 1 else 1
     marker = os.path.join(h.tmp, "fault-fired-tp%d" % tp)
     g = H.Gang(h, nnodes=NNODES, nproc_per_node=NPROC, extra=flags)
     g.local = h.spawn("local", [h.bin, "serve", "--local"] + g.flags, (0,),
-                      env={"GANGLION_FAULT_MOE_A2A": "%s:1:5" % marker})
+                      env={"GANGLION_FAULT_MOE_A2A": "%s:%d:5" % (marker, victim)})
     gen0 = g.wait_serving(timeout=60)
     got = ask(g)
     H.check(os.path.exists(marker), "the fault did not fire (no %s)" % marker)
@@ -121,7 +140,8 @@ def kill_inside(h, model, tp):
     gen = g.wait_serving(timeout=30, min_gen=gen0)
     H.check(gen == gen0 + 1, "gang serves generation %d, expected %d" % (gen, gen0 + 1))
     lf = g.status(0).get("last_failure") or {}
-    H.check(lf.get("rank") in (1, 3), "last_failure %r does not name EP rank 1 of a stage" % lf)
+    H.check(lf.get("rank") in ((victim,) if NCCL else (1, 3)),
+            "last_failure %r does not name EP rank %d of a stage" % (lf, victim))
     code, text = g.get(0, "/metrics")
     resub = [ln for ln in text.splitlines() if ln.startswith("ganglion_request_resubmits_total")]
     H.check(code == 200 and resub and float(resub[0].split()[-1]) >= 1,

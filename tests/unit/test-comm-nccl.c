@@ -9,9 +9,13 @@
  * the cancel fd. Aborting a collective from another thread (gang_comm_abort) needs two
  * ranks, hence two GPUs (NCCL refuses two ranks of one communicator on one device).
  * With two GPUs or more: 2 ranks as threads, one GPU each, every operation against values
- * computed here.
+ * computed here; the same with rank 1 in another process (this binary run again with
+ * --rank-process, as a gang's workers are processes); and a rank's process that exits
+ * inside the communicator, which its peer's next collective reports.
  */
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -470,8 +475,122 @@ static void test_two_ranks(void **state)
             fail_msg("%s", pa[r].why);
 }
 
-int main(void)
+/* ---------------------------------------------------------------------------------
+ * Two GPUs: rank 1 in another process.
+ * --------------------------------------------------------------------------------- */
+extern char **environ;
+
+/* Runs this binary again as rank 1 of the blob's world in role ("pair": pair_rank's
+ * operations; "exit": init, then exit at once) and returns its pid. */
+static pid_t spawn_rank(const char *role, const uint8_t *blob, size_t len)
 {
+    char hex[257], name[] = "test-comm-nccl", flag[] = "--rank-process", r[16];
+    char *argv[] = {name, flag, r, hex, NULL};
+    pid_t pid;
+
+    assert_true(len < sizeof(hex));
+    snprintf(r, sizeof(r), "%s", role);
+    memcpy(hex, blob, len);
+    hex[len] = '\0';
+    assert_int_equal(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+/* The exit status of pid within timeout_ms (killed and -1 past it). */
+static int reap(pid_t pid, uint64_t timeout_ms)
+{
+    uint64_t end = gang_now_ms() + timeout_ms;
+    int st;
+
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (gang_now_ms() >= end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+}
+
+/* The child's side: exit status 0 when its role went as it should. */
+static int rank_process(const char *role, const char *hex)
+{
+    size_t len = strlen(hex);
+
+    if (strcmp(role, "pair") == 0) {
+        pair_arg a = {.blob = (const uint8_t *)hex, .len = len, .rank = 1};
+
+        pair_rank(&a);
+        if (a.failed)
+            fprintf(stderr, "rank process: %s\n", a.why);
+        return a.failed;
+    }
+    if (strcmp(role, "exit") == 0) {
+        rank_arg a = {.blob = (const uint8_t *)hex, .len = len, .rank = 1, .dev = 1};
+
+        init_rank(&a);
+        _exit(a.rc == 0 ? 0 : 3); /* no free, no abort: as a process that dies */
+    }
+    return 2;
+}
+
+static void test_two_processes(void **state)
+{
+    uint8_t blob[256];
+    size_t len;
+    pair_arg a;
+
+    (void)state;
+    NEED_GPUS(2);
+    make_blob(blob, &len);
+    pid_t pid = spawn_rank("pair", blob, len);
+    a = (pair_arg){.blob = blob, .len = len, .rank = 0};
+    pair_rank(&a);
+    int st = reap(pid, 60000);
+    if (a.failed)
+        fail_msg("%s", a.why);
+    assert_int_equal(st, 0);
+}
+
+/* Rank 1's process exits right after init; rank 0's all-reduce then fails, before its
+ * deadline, and the communicator is freed. */
+static void test_peer_process_exits(void **state)
+{
+    uint8_t blob[256];
+    size_t len;
+    rank_arg ra;
+    void *d = NULL;
+
+    (void)state;
+    NEED_GPUS(2);
+    make_blob(blob, &len);
+    pid_t pid = spawn_rank("exit", blob, len);
+    ra = (rank_arg){.blob = blob, .len = len, .rank = 0, .dev = 0};
+    init_rank(&ra);
+    assert_int_equal(ra.rc, 0);
+    assert_int_equal(reap(pid, 30000), 0);
+    gang_kernels *k = open_gpu(0);
+    assert_int_equal(gang_kernels_alloc(k, 4096, &d), 0);
+    uint64_t t0 = gang_now_ms();
+    int rc = gang_comm_all_reduce(ra.c, d, 1024, GANG_DTYPE_F32, 20000);
+    uint64_t took = gang_now_ms() - t0;
+    print_message("the peer's process exited: all_reduce -> %s after %llu ms\n", gang_err_name(rc),
+                  (unsigned long long)took);
+    assert_true(rc < 0);
+    assert_true(took < 25000);
+    gang_comm_free(ra.c);
+    gang_kernels_free(k, d);
+    gang_kernels_close(k);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "--rank-process") == 0)
+        return rank_process(argv[2], argv[3]);
+
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_unique_id_blob),
@@ -481,6 +600,8 @@ int main(void)
         cmocka_unit_test(test_init_cancel),
         cmocka_unit_test(test_abort_in_collective),
         cmocka_unit_test(test_two_ranks),
+        cmocka_unit_test(test_two_processes),
+        cmocka_unit_test(test_peer_process_exits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
