@@ -257,6 +257,14 @@ if(GANGLION_CUDA_EMU)
             --bin $<TARGET_FILE:ganglion>)
   set_tests_properties(moe-kill-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
     ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2;GANG_MP_MOE_NCCL=1")
+  # A worker stopped (SIGSTOP) in the middle of a request, its TP group over NCCL: the
+  # process that made the unique id hangs, the gang re-forms from a new id and the request
+  # ends with the healthy gang's tokens (tests/cuda-emu/nccl-hang.py).
+  add_test(NAME nccl-hang-emu
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cuda-emu/nccl-hang.py
+            --bin $<TARGET_FILE:ganglion>)
+  set_tests_properties(nccl-hang-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2")
   # The gang as Kubernetes Pods (tests/k8s-sim/: network namespaces, the cluster's DNS)
   # over NCCL: TP 2 inside each of 3 Pods and PP 3 across them, each worker on its own
   # emulated GPU, the communicators formed across the Pods from rank 0's unique id (the
