@@ -354,6 +354,7 @@ struct outstanding {
     void *recv;
     size_t bytes;
     std::shared_ptr<gang_emu_pending> pend;
+    const void *owner; /* its remote_comm */
 };
 
 /* This process's connection to one broker. */
@@ -547,7 +548,7 @@ void ship(remote_comm *rc)
             continue;
         }
         j.h.seq = L.next_seq++;
-        L.ops[j.h.seq] = outstanding{j.recv, j.out_bytes, j.pend};
+        L.ops[j.h.seq] = outstanding{j.recv, j.out_bytes, j.pend, rc};
         rc->sent.emplace_back(j.batch, j.pend);
         g.unlock();
         L.w->put(j.h, j.send, j.in_bytes); /* a failure ends the reader, which fails it */
@@ -695,6 +696,8 @@ ncclResult_t remote_op(ncclComm *c, int kind, const void *send, void *recv, size
     int rank, nranks;
     job j;
 
+    if (c->aborted)
+        return ncclInvalidArgument;
     if (!c->formed) /* learn its rank and size (a split's child) */
         remote_state(c, &st, &rank, &nranks);
     if (!c->formed)
@@ -718,10 +721,20 @@ ncclResult_t remote_op(ncclComm *c, int kind, const void *send, void *recv, size
     j.h.a[3] = root;
     j.h.a[4] = (int64_t)j.out_bytes;
     j.batch = group_depth > 0 ? group_batch : ++batches;
-    j.pend = gang_emu_stream_pending(stream); /* may wait for the stream's earlier work */
-    std::lock_guard<std::mutex> g(rc.L->mu);
-    rc.queue.push_back(std::move(j));
-    rc.L->cv.notify_all();
+    /* queued for the shipper once its inputs are there: now, or from the stream's thread
+     * (rc is never freed: a post deferred past the communicator's end fails) */
+    remote_comm *rcp = &rc;
+    gang_emu_stream_post(stream, [rcp, j](std::shared_ptr<gang_emu_pending> p) mutable {
+        std::unique_lock<std::mutex> g(rcp->L->mu);
+        if (rcp->stop) {
+            g.unlock();
+            gang_emu_pending_finish(*p, 1);
+            return;
+        }
+        j.pend = std::move(p);
+        rcp->queue.push_back(std::move(j));
+        rcp->L->cv.notify_all();
+    });
     return ncclSuccess;
 }
 
@@ -755,20 +768,35 @@ ncclResult_t remote_split(ncclComm *c, int color, int key, ncclComm **child, int
 ncclResult_t remote_end(ncclComm *c, int abort)
 {
     remote_comm *rc = c->remote;
+    std::vector<std::shared_ptr<gang_emu_pending>> failed;
     msg h;
 
+    if (c->aborted)
+        return ncclSuccess;
     {
         std::lock_guard<std::mutex> g(rc->L->mu);
         rc->stop = true;
         rc->L->cv.notify_all();
     }
     rc->shipper.join();
+    if (abort) { /* what it sent fails here at once, as NCCL's abort ends its kernels */
+        std::lock_guard<std::mutex> g(rc->L->mu);
+        for (auto it = rc->L->ops.begin(); it != rc->L->ops.end();)
+            if (it->second.owner == rc) {
+                failed.push_back(it->second.pend);
+                it = rc->L->ops.erase(it);
+            } else
+                ++it;
+    }
+    for (auto &p : failed)
+        gang_emu_pending_finish(*p, 1);
     h.type = M_END;
     h.handle = rc->handle;
     h.a[0] = abort;
     rc->L->w->put(h, nullptr, 0); /* not answered: a broker gone has nothing left to end */
-    delete rc;
-    delete c;
+    /* Neither c nor rc is freed: an operation deferred behind its stream's work may still
+     * name them, and then fails (rc->stop). */
+    c->aborted = 1;
     return ncclSuccess;
 }
 

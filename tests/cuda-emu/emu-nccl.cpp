@@ -18,7 +18,9 @@
  *     and both answer ncclInProgress until the split is done.
  *   - collectives (ncclAllReduce with ncclSum over f32 / f16 / bf16 / i32, ncclAllGather,
  *     ncclBroadcast) and ncclSend / ncclRecv: asynchronous on their stream, as on a device.
- *     Each is a pending operation of its stream (emu-sync.h); a collective completes when
+ *     Each is a pending operation of its stream (emu-sync.h), posted once its inputs are
+ *     there (now, or from the stream's own thread, which runs ahead of the host behind a
+ *     pending operation as a GPU's stream does); a collective completes when
  *     every rank of the communicator has posted its n-th collective (the one that posts
  *     last moves the data for all, reading every rank's buffers then, and summing in
  *     rank order), a send when the peer posts the matching receive (in the order of each
@@ -524,8 +526,12 @@ ncclResult_t operation(int kind, const void *send, void *recv, size_t count, ncc
         die("an operation of a communicator of several ranks on a capturing stream (not "
             "emulated)");
     g.unlock();
-    /* may wait for the stream's earlier work */
-    return post_op(c, kind, send, recv, count, t, root, gang_emu_stream_pending(stream));
+    /* posted once its inputs are there: now, or from the stream's thread (the comm is never
+     * freed, so that a post deferred past its abort finds it ended) */
+    gang_emu_stream_post(stream, [=](std::shared_ptr<gang_emu_pending> p) {
+        post_op(c, kind, send, recv, count, t, root, std::move(p));
+    });
+    return ncclSuccess;
 }
 
 int config_blocking(const ncclConfig_t *config)
@@ -805,7 +811,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
         }
     }
     formed.notify_all();
-    delete comm;
+    comm->g.reset(); /* kept, ended: see ncclCommDestroy */
     return ncclSuccess;
 }
 
@@ -826,7 +832,11 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
         for (size_t r = 0; r < comm->g->members.size(); r++)
             if (comm->g->members[r] == comm)
                 comm->g->members[r] = nullptr;
-    delete comm;
+    /* Never freed: an operation whose post was deferred behind its stream's work may still
+     * name it; it then finds the communicator ended and fails (a leak of a few hundred
+     * bytes per communicator, in tests). */
+    comm->aborted = 1;
+    comm->g.reset();
     return ncclSuccess;
 }
 

@@ -85,7 +85,7 @@ ncclResult_t remote_op(ncclComm *c, int kind, const void *send, void *recv, size
                        ncclDataType_t t, int root, cudaStream_t stream);
 ncclResult_t remote_split(ncclComm *c, int color, int key, ncclComm **child, int blocking);
 ncclResult_t remote_state(ncclComm *c, ncclResult_t *st, int *rank, int *nranks);
-ncclResult_t remote_end(ncclComm *c, int abort); /* abort, or destroy; deletes c */
+ncclResult_t remote_end(ncclComm *c, int abort); /* abort, or destroy (c kept, ended) */
 void group_start();
 void group_end();
 

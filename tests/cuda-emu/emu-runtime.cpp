@@ -29,11 +29,14 @@
  * cudaErrorStreamCaptureInvalidated).
  *
  * Pending operations (emu-sync.h: the NCCL emulator's collectives) are the exception: they
- * complete when their peers have posted theirs, and a stream's later work (its own, or
- * that of a stream that waited for an event recorded after one) waits for them on the
- * host; cudaStreamQuery answers cudaErrorNotReady until then. A stream that waits for an
- * event recorded on a capturing stream joins that capture, as on the device (the NCCL
- * stream of a one-rank communicator inside a captured decode step).
+ * complete when their peers have posted theirs. A stream's later work (its own, or that
+ * of a stream that waited for an event recorded after one) then runs ahead of the host as
+ * on a device: it is deferred, in order, to the stream's own thread, which carries each
+ * operation out once what it waits for completed; the host goes on (to its settle, which
+ * polls), and a synchronising call waits for the deferred work too; cudaStreamQuery
+ * answers cudaErrorNotReady until then. A stream that waits for an event recorded on a
+ * capturing stream joins that capture, as on the device (the NCCL stream of a one-rank
+ * communicator inside a captured decode step).
  *
  * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
  * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is each device's
@@ -55,9 +58,11 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -323,14 +328,24 @@ struct emu_graph {
 
 typedef std::vector<std::shared_ptr<gang_emu_pending>> emu_waits;
 
+/* Work of a stream deferred behind a pending operation: op, once before completed. */
+struct deferred_op {
+    emu_waits before;
+    std::function<void()> op;
+};
+
 struct emu_stream {
-    int capturing;
-    cudaError_t capture_err;
-    emu_graph *graph;
-    int joined;      /* capturing as a stream that joined another's capture (graph is not its) */
+    int capturing = 0;
+    cudaError_t capture_err = cudaSuccess;
+    emu_graph *graph = nullptr;
+    int joined = 0;  /* capturing as a stream that joined another's capture (graph is not its) */
     emu_waits waits; /* pending operations its next work waits for: its own and those of the
                         events it waited for (deps: the latter only) */
     emu_waits deps;
+    /* Under pend_lock: the deferred work, in order, and its thread (started at the first). */
+    std::deque<deferred_op> deferred;
+    std::thread drainer;
+    bool stop = false;
 };
 
 struct emu_event {
@@ -339,16 +354,18 @@ struct emu_event {
     emu_graph *capture; /* recorded into this capture, else NULL */
 };
 
-emu_stream default_stream;
+emu_stream &default_stream = *new emu_stream(); /* never destroyed: its thread lives on */
 thread_local cudaError_t last_error = cudaSuccess;
 int captures_running; /* streams capturing now (cudaMalloc fails while any is) */
 thread_local int current_device;
 std::mutex streams_lock;
 std::set<emu_stream *> live_streams; /* for the streams that joined a capture */
 
-/* Pending operations: completed by other threads, waited for here. */
-std::mutex pend_lock;
-std::condition_variable pend_cv;
+/* Pending operations: completed by other threads, waited for here (and by the streams'
+ * threads). Never destroyed: a stream's thread may still wait on them when the process
+ * exits, and a condition variable destroyed with a waiter blocks the exit. */
+std::mutex &pend_lock = *new std::mutex();
+std::condition_variable &pend_cv = *new std::condition_variable();
 
 /* Drops the completed operations of w; 1 when none is left. */
 int waits_prune(emu_waits &w)
@@ -360,27 +377,80 @@ int waits_prune(emu_waits &w)
     return w.empty();
 }
 
+long long wait_limit_ms();
+[[noreturn]] void wait_died(const char *what);
+
 /* Waits until every operation of w completed (emu-sync.h: a bounded wait). */
 void waits_wait(emu_waits &w, const char *what)
 {
-    static long long limit_ms = -1;
-
     if (waits_prune(w))
         return;
+    std::unique_lock<std::mutex> g(pend_lock);
+    if (!pend_cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+                          [&]() { return waits_prune(w); }))
+        wait_died(what);
+}
+
+long long wait_limit_ms()
+{
+    static long long limit_ms = -1;
+
     if (limit_ms < 0) {
         const char *e = getenv("GANG_EMU_WAIT_MS");
         limit_ms = e != NULL && atoll(e) > 0 ? atoll(e) : 120000;
     }
+    return limit_ms;
+}
+
+[[noreturn]] void wait_died(const char *what)
+{
+    fprintf(stderr,
+            "cuda-emu: %s waited %lld ms for an operation of another library (an NCCL "
+            "collective whose peers never posted theirs): on a device this stream would "
+            "never go on\n",
+            what, wait_limit_ms());
+    abort();
+}
+
+/* The stream's thread: carries its deferred work out in order, each once what it waits for
+ * completed, until the stream is destroyed. */
+void drain(emu_stream *st)
+{
     std::unique_lock<std::mutex> g(pend_lock);
-    if (!pend_cv.wait_for(g, std::chrono::milliseconds(limit_ms),
-                          [&]() { return waits_prune(w); })) {
-        fprintf(stderr,
-                "cuda-emu: %s waited %lld ms for an operation of another library (an NCCL "
-                "collective whose peers never posted theirs): on a device this stream would "
-                "never go on\n",
-                what, limit_ms);
-        abort();
+
+    for (;;) {
+        pend_cv.wait(g, [&]() { return st->stop || !st->deferred.empty(); });
+        if (st->deferred.empty())
+            return;
+        if (!pend_cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+                              [&]() { return waits_prune(st->deferred.front().before); }))
+            wait_died("a stream's deferred work");
+        std::function<void()> op = std::move(st->deferred.front().op);
+        g.unlock();
+        op();
+        g.lock();
+        st->deferred.pop_front();
+        pend_cv.notify_all();
     }
+}
+
+/* Defers op behind before on st; under pend_lock. */
+void defer(emu_stream *st, emu_waits before, std::function<void()> op)
+{
+    st->deferred.push_back(deferred_op{std::move(before), std::move(op)});
+    if (!st->drainer.joinable())
+        st->drainer = std::thread(drain, st);
+    pend_cv.notify_all();
+}
+
+/* Waits until st has no deferred work left and its pending operations completed. */
+void stream_wait(emu_stream *st, const char *what)
+{
+    std::unique_lock<std::mutex> g(pend_lock);
+
+    if (!pend_cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+                          [&]() { return st->deferred.empty() && waits_prune(st->waits); }))
+        wait_died(what);
 }
 
 emu_stream *stream_of(cudaStream_t s)
@@ -398,8 +468,9 @@ double now_ms()
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Runs op now (after the pending operations s waits for), or records it into the graph
- * being captured on s. */
+/* Runs op now, or defers it (to the stream's thread) behind the pending operations s
+ * waits for and the work already deferred, or records it into the graph being captured
+ * on s. */
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
 {
     emu_stream *st = stream_of(s);
@@ -408,7 +479,14 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
         st->graph->ops.push_back(std::move(op));
         return cudaSuccess;
     }
-    waits_wait(st->waits, "a stream");
+    {
+        std::unique_lock<std::mutex> g(pend_lock);
+        if (!st->deferred.empty() || !waits_prune(st->waits)) {
+            defer(st, st->waits, std::move(op));
+            st->deps.clear(); /* the deferred work waits for them; what follows, for it */
+            return cudaSuccess;
+        }
+    }
     st->deps.clear();
     op();
     return cudaSuccess;
@@ -429,7 +507,7 @@ cudaError_t sync_point(cudaStream_t s)
 
     if (st->capturing)
         return refuse_in_capture(st);
-    waits_wait(st->waits, "a synchronisation");
+    stream_wait(st, "a synchronisation");
     st->deps.clear();
     return cudaSuccess;
 }
@@ -778,7 +856,8 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
 
     if (st->capturing)
         return refuse_in_capture(st);
-    return waits_prune(st->waits) ? cudaSuccess : cudaErrorNotReady;
+    std::lock_guard<std::mutex> g(pend_lock);
+    return st->deferred.empty() && waits_prune(st->waits) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
@@ -810,6 +889,15 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
         if (st->capturing && !st->joined) {
             captures_running--;
             delete st->graph;
+        }
+        if (st->drainer.joinable()) { /* its deferred work first, as the device finishes it */
+            stream_wait(st, "cudaStreamDestroy");
+            {
+                std::lock_guard<std::mutex> g(pend_lock);
+                st->stop = true;
+            }
+            pend_cv.notify_all();
+            st->drainer.join();
         }
         {
             std::lock_guard<std::mutex> g(streams_lock);
@@ -878,9 +966,20 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         st->graph->ops.push_back([=]() { ev->ms = now_ms(); });
         return cudaSuccess;
     }
+    std::lock_guard<std::mutex> g(pend_lock);
     waits_prune(st->waits);
     ev->capture = NULL;
     ev->waits = st->waits;
+    if (!st->deferred.empty()) { /* it completes when the stream's thread reaches it */
+        auto mark = std::make_shared<gang_emu_pending>();
+
+        ev->waits.push_back(mark);
+        defer(st, emu_waits(), [ev, mark]() {
+            ev->ms = now_ms();
+            gang_emu_pending_finish(*mark, 0);
+        });
+        return cudaSuccess;
+    }
     ev->ms = now_ms();
     return cudaSuccess;
 }
@@ -987,15 +1086,26 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
 /* ------------------------------------------------------------------------------------
  * For the NCCL emulator (emu-sync.h).
  * ------------------------------------------------------------------------------------ */
-std::shared_ptr<gang_emu_pending> gang_emu_stream_pending(cudaStream_t s)
+std::shared_ptr<gang_emu_pending>
+gang_emu_stream_post(cudaStream_t s, std::function<void(std::shared_ptr<gang_emu_pending>)> post)
 {
     emu_stream *st = stream_of(s);
     auto p = std::make_shared<gang_emu_pending>();
+    std::unique_lock<std::mutex> g(pend_lock);
 
-    /* What it waits for through events is its input; its own stream's earlier operations
-     * complete in their own order (a send after a send still matches in order). */
-    waits_wait(st->deps, "an NCCL operation's stream");
+    /* What it waits for through events is its input, and the work deferred before it; its
+     * own stream's earlier pending operations complete in their own order (a send after a
+     * send still matches in order, a group's receive does not hold its send). */
+    if (!st->deferred.empty() || !waits_prune(st->deps)) {
+        defer(st, st->deps, [post, p]() { post(p); });
+        st->deps.clear();
+        st->waits.push_back(p);
+        return p;
+    }
+    st->deps.clear();
     st->waits.push_back(p);
+    g.unlock();
+    post(p);
     return p;
 }
 

@@ -4,13 +4,13 @@
  *
  * A pending operation is work of another library on a stream that completes when other
  * threads have done their part (a collective completes when every rank has posted it).
- * Streams are otherwise synchronous here; a pending operation is what makes them wait:
- * the stream's later work, and the later work of every stream that waited for an event
- * recorded on it after the operation (cudaStreamWaitEvent), waits on the host, at its
- * launch or copy, until the operation completes; cudaStreamQuery answers
- * cudaErrorNotReady meanwhile; a synchronising call waits for it. A wait longer than
- * GANG_EMU_WAIT_MS (default 120000) stops the process naming it: on a device that stream
- * would never go on.
+ * Streams are otherwise synchronous here; behind a pending operation they run ahead of the
+ * host as on a device: the stream's later work, and the later work of every stream that
+ * waited for an event recorded on it after the operation (cudaStreamWaitEvent), is
+ * deferred to that stream's own thread, carried out in order once the operation
+ * completed; cudaStreamQuery answers cudaErrorNotReady meanwhile; a synchronising call
+ * waits for it. A wait longer than GANG_EMU_WAIT_MS (default 120000) stops the process
+ * naming it: on a device that stream would never go on.
  */
 #ifndef GANGLION_EMU_SYNC_H
 #define GANGLION_EMU_SYNC_H
@@ -30,10 +30,13 @@ struct gang_emu_pending {
     std::function<void(int failed)> on_finish;
 };
 
-/* A new pending operation at the end of stream s. The call first waits for what s waits
- * for through events (the operation's inputs), not for s's own earlier pending operations
- * (they complete in their own order, as the library orders them). */
-std::shared_ptr<gang_emu_pending> gang_emu_stream_pending(cudaStream_t s);
+/* A new pending operation p at the end of stream s (s's later work waits for it), and
+ * post(p) called once what s waits for through events (the operation's inputs) and the
+ * work deferred on s before it are done: at once, or later from s's own thread, as a GPU
+ * runs ahead of the host. s's earlier pending operations do not hold it (they complete in
+ * their own order, as the library orders them: a group's receive does not hold its send). */
+std::shared_ptr<gang_emu_pending>
+gang_emu_stream_post(cudaStream_t s, std::function<void(std::shared_ptr<gang_emu_pending>)> post);
 
 /* Completes p (failed: by an abort), wakes whatever waits for it and calls its on_finish. */
 void gang_emu_pending_finish(gang_emu_pending &p, int failed);

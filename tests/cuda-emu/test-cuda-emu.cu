@@ -347,8 +347,8 @@ static void *finish_later(void *arg)
 
 static void test_pending_and_join(void **state)
 {
-    cudaStream_t a, b;
-    cudaEvent_t ev;
+    cudaStream_t a, b, c;
+    cudaEvent_t ev, ev2;
     cudaGraph_t g;
     cudaGraphExec_t exec;
     float *dev = (float *)dev_alloc(128 * sizeof(float)), back[128];
@@ -357,17 +357,42 @@ static void test_pending_and_join(void **state)
     (void)state;
     assert_int_equal(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
     assert_int_equal(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
     assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    assert_int_equal(cudaEventCreateWithFlags(&ev2, cudaEventDisableTiming), cudaSuccess);
     assert_int_equal(cudaMemsetAsync(dev, 0, 128 * sizeof(float), b), cudaSuccess);
-    std::shared_ptr<gang_emu_pending> p = gang_emu_stream_pending(a);
+    std::shared_ptr<gang_emu_pending> p =
+        gang_emu_stream_post(a, [](std::shared_ptr<gang_emu_pending>) {});
     assert_int_equal(cudaStreamQuery(a), cudaErrorNotReady);
     assert_int_equal(cudaEventRecord(ev, a), cudaSuccess); /* no wait */
     assert_int_equal(cudaStreamQuery(b), cudaSuccess);
     assert_int_equal(cudaStreamWaitEvent(b, ev, 0), cudaSuccess);
     assert_int_equal(cudaStreamQuery(b), cudaErrorNotReady);
     assert_int_equal(pthread_create(&th, NULL, finish_later, p.get()), 0);
-    fill_kernel<<<1, 128, 0, b>>>(dev, 128); /* waits for the operation */
-    assert_true(p->done.load() == 1);
+    /* Behind the operation, b runs ahead of the host as a GPU does: its kernel, an event and
+     * a copy are deferred to b's thread, and the host goes on at once. */
+    fill_kernel<<<1, 128, 0, b>>>(dev, 128);
+    assert_int_equal(cudaEventRecord(ev2, b), cudaSuccess);
+    back[5] = -1.0f;
+    assert_int_equal(cudaMemcpyAsync(back, dev, sizeof(back), cudaMemcpyDeviceToHost, b),
+                     cudaSuccess);
+    assert_true(p->done.load() == 0); /* it completes 200 ms from now */
+    assert_int_equal(cudaStreamQuery(b), cudaErrorNotReady);
+    /* c's operation takes the kernel's output as its input (through ev2): posted from c's
+     * thread once the kernel ran, not before */
+    assert_int_equal(cudaStreamWaitEvent(c, ev2, 0), cudaSuccess);
+    float seen = -1.0f;
+    std::shared_ptr<gang_emu_pending> q =
+        gang_emu_stream_post(c, [&seen, dev](std::shared_ptr<gang_emu_pending> me) {
+            seen = dev[5];
+            gang_emu_pending_finish(*me, 0);
+        });
+    assert_float_equal(seen, -1.0f, 0.0f); /* not posted yet */
+    assert_int_equal(cudaStreamSynchronize(c), cudaSuccess);
+    assert_true(p->done.load() == 1 && q->done.load() == 1);
+    assert_float_equal(seen, 5.0f, 0.0f);
+    assert_int_equal(cudaStreamSynchronize(b), cudaSuccess);
+    assert_float_equal(back[5], 5.0f, 0.0f);
     pthread_join(th, NULL);
     assert_int_equal(cudaStreamQuery(a), cudaSuccess);
     assert_int_equal(cudaStreamQuery(b), cudaSuccess);
@@ -395,8 +420,10 @@ static void test_pending_and_join(void **state)
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
     cudaEventDestroy(ev);
+    cudaEventDestroy(ev2);
     cudaStreamDestroy(a);
     cudaStreamDestroy(b);
+    cudaStreamDestroy(c);
     cudaFree(dev);
 }
 
