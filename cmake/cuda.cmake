@@ -265,6 +265,14 @@ if(GANGLION_CUDA_EMU)
             --bin $<TARGET_FILE:ganglion>)
   set_tests_properties(nccl-hang-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
     ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2")
+  # P/D: a prefill and a decode gang (TP 2 each over NCCL, on two emulated hosts) behind a
+  # router, the KV blocks moved GPU to GPU over the NCCL pair between their worker
+  # processes, also after a prefill worker died (tests/cuda-emu/pd-nccl.py).
+  add_test(NAME pd-nccl-emu
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cuda-emu/pd-nccl.py
+            --bin $<TARGET_FILE:ganglion>)
+  set_tests_properties(pd-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2")
   # The gang as Kubernetes Pods (tests/k8s-sim/: network namespaces, the cluster's DNS)
   # over NCCL: TP 2 inside each of 3 Pods and PP 3 across them, each worker on its own
   # emulated GPU, the communicators formed across the Pods from rank 0's unique id (the
