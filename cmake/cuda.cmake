@@ -276,9 +276,11 @@ if(GANGLION_CUDA_EMU)
   # The gang as Kubernetes Pods (tests/k8s-sim/: network namespaces, the cluster's DNS)
   # over NCCL: TP 2 inside each of 3 Pods and PP 3 across them, each worker on its own
   # emulated GPU, the communicators formed across the Pods from rank 0's unique id (the
-  # NCCL emulator over TCP); a worker killed, then Pod 0 recreated with a new IP (the
-  # process that made the id gone). Skip (77) where network namespaces are not permitted.
-  foreach(sc kill-worker recreate-pod)
+  # NCCL emulator over TCP); a worker killed; Pod 0 recreated with a new IP (the process
+  # that made the id gone); Pod 0 killed with 6 streams in flight through the other Pods
+  # (every one ends with the healthy gang's tokens). Skip (77) where network namespaces
+  # are not permitted.
+  foreach(sc kill-worker recreate-pod kill-coordinator)
     add_test(NAME k8s-sim-nccl-emu-${sc}
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/k8s-sim/k8s_sim.py
               --bin $<TARGET_FILE:ganglion> --scenario ${sc})

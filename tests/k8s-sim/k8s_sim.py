@@ -15,10 +15,12 @@ namespaces not permitted here).
 
 GANG_SIM_NO_MODEL=1 serves without --model and checks only /readyz (development only:
 the CTests never set it). GANG_SIM_KEEP=1 keeps the temp dir (logs) after the run.
-GANG_SIM_NCCL=1 (the ctest k8s-sim-nccl-emu of the CUDA emulator's build, tests/cuda-emu/):
+GANG_SIM_NCCL=1 (the ctests k8s-sim-nccl-emu-* of the CUDA emulator's build, tests/cuda-emu/):
 the Pods serve on --device cuda with the TP / PP groups over NCCL, each worker on its own
 emulated GPU (GANG_EMU_DEVICES=2), the communicators formed across the Pods' network
-namespaces from the unique id that rank 0 makes (the NCCL emulator reaches it over TCP).
+namespaces from the unique id that rank 0 makes (the NCCL emulator reaches it over TCP);
+kill-coordinator then runs 6 streams of 80 tokens instead of 16 of 400 (the emulator's
+pace).
 """
 
 import argparse
@@ -613,6 +615,8 @@ def sc_kill_coordinator(sim):
     IP. The members keep their clients' requests and resubmit them to the re-formed gang:
     every stream completes, without an error, with exactly the healthy gang's tokens."""
     n_req, max_tokens = 16, 400
+    if sim.nccl_flags:  # on the CUDA emulator: fewer and shorter streams (its pace)
+        n_req, max_tokens = 6, 80
     sim.max_ctx = 512
     gen0, _ = sim.bring_up()
     bodies = [{"prompt": [1 + i, 2 + (i * 7) % 200, 3 + (i * 13) % 200], "max_tokens": max_tokens,
