@@ -4,7 +4,8 @@
 # cuda-emu: test-cuda, test-cuda-step, test-cuda-blocks and test-engine-cuda (its NCCL
 # layouts on emulated GPUs), test-comm-nccl and test-kv-pair's NCCL pair on the device
 # code nvcc compiles (there they run instead of skipping), the cuBLASLt fallback, the
-# emulator's own test and the decode step's counters of the real backend. Only in a CUDA
+# emulator's own test, the decode step's counters of the real backend, and the gang's
+# NCCL paths between processes (serve, MoE, P/D, k8s-sim Pods; docs/gpu.md). Only in a CUDA
 # build without sanitizers (the emulator's fibers switch stacks behind ASAN's back) and not
 # inside the emulator's own build.
 if(GANG_HAVE_CUDA_KERNELS AND NOT GANGLION_CUDA_EMU AND NOT GANGLION_SANITIZE)
