@@ -259,10 +259,14 @@ void serve_op(client &cl, const msg &h, std::vector<unsigned char> &body)
         r.a[0] = failed;
         w->put(r, data ? out->data() : nullptr, data ? out->size() : 0);
     };
-    if (c == nullptr) {
+    if (c == nullptr || c->aborted || !c->formed) {
         gang_emu_pending_finish(*pend, 1);
         return;
     }
+    size_t want_in, want_out;
+    op_bytes(kind, count, type_size(t), c->rank, c->nranks, root, &want_in, &want_out);
+    if (type_size(t) == 0 || in->size() != want_in || out_bytes != want_out)
+        die("an operation of a rank of another process whose bytes do not match its count");
     post_op(c, kind, in->empty() ? &none : in->data(), out->empty() ? &none : out->data(), count, t,
             root, pend);
 }
