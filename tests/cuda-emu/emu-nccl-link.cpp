@@ -486,7 +486,6 @@ const long long state_wait_ms = 200, setup_wait_ms = 10000;
 
 /* An operation posted on a remote communicator, not yet sent. */
 struct job {
-    int kind;
     const void *send;
     size_t in_bytes, out_bytes;
     void *recv;
@@ -538,7 +537,7 @@ void ship(remote_comm *rc)
         L.cv.wait(g, [&]() { return rc->stop || !rc->queue.empty(); });
         if (rc->queue.empty())
             return;
-        if (!L.cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()), [&]() {
+        if (!L.cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()), [&]() {
                 return rc->stop || L.dead || !earlier_open(*rc, rc->queue.front().batch);
             }))
             die("an operation of a remote communicator waited past GANG_EMU_WAIT_MS for the "
@@ -573,7 +572,7 @@ remote_comm *remote_new(std::shared_ptr<link> L, uint64_t handle)
 /* Polls c's state until it is not ncclInProgress (a blocking init or split). */
 ncclResult_t remote_wait(ncclComm *c)
 {
-    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_limit_ms());
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(gang_emu_wait_ms());
     ncclResult_t st = ncclInProgress;
     int rank, nranks;
 
@@ -714,7 +713,6 @@ ncclResult_t remote_op(ncclComm *c, int kind, const void *send, void *recv, size
         die("an operation of a communicator of another process's unique id on a capturing "
             "stream (not emulated)");
     op_bytes(kind, count, type_size(t), c->rank, c->nranks, root, &j.in_bytes, &j.out_bytes);
-    j.kind = kind;
     j.send = send;
     j.recv = recv;
     j.h.type = M_OP;

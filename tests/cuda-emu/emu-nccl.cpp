@@ -139,13 +139,6 @@ size_t type_size(ncclDataType_t t)
     }
 }
 
-long long wait_limit_ms()
-{
-    const char *e = getenv("GANG_EMU_WAIT_MS");
-
-    return e != NULL && atoll(e) > 0 ? atoll(e) : 120000;
-}
-
 [[noreturn]] void die(const char *what)
 {
     fprintf(stderr, "nccl-emu: %s\n", what);
@@ -542,7 +535,7 @@ int config_blocking(const ncclConfig_t *config)
 /* Waits (blocking communicators) until c formed or failed; under lock. */
 ncclResult_t wait_formed(std::unique_lock<std::mutex> &g, ncclComm *c)
 {
-    bool ok = formed.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+    bool ok = formed.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
                               [&]() { return c->formed || (c->g && c->g->err != ncclSuccess); });
     if (!ok)
         return ncclSystemError;
@@ -745,7 +738,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
         return rc;
     if (!comm->blocking)
         return ncclInProgress;
-    formed.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+    formed.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
                     [&]() { return comm->splitting == 0 || comm->g->err != ncclSuccess; });
     return comm->splitting == 0 ? comm->g->err : ncclSystemError;
 }

@@ -41,7 +41,6 @@ namespace emu_nccl
 {
 
 size_t type_size(ncclDataType_t t);
-long long wait_limit_ms();
 [[noreturn]] void die(const char *what);
 std::string host_name(); /* GANG_EMU_HOST, else GANGLION_HOSTNAME, else the host's name */
 

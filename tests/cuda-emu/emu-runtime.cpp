@@ -377,8 +377,15 @@ int waits_prune(emu_waits &w)
     return w.empty();
 }
 
-long long wait_limit_ms();
-[[noreturn]] void wait_died(const char *what);
+[[noreturn]] void wait_died(const char *what)
+{
+    fprintf(stderr,
+            "cuda-emu: %s waited %lld ms for an operation of another library (an NCCL "
+            "collective whose peers never posted theirs): on a device this stream would "
+            "never go on\n",
+            what, gang_emu_wait_ms());
+    abort();
+}
 
 /* Waits until every operation of w completed (emu-sync.h: a bounded wait). */
 void waits_wait(emu_waits &w, const char *what)
@@ -386,30 +393,9 @@ void waits_wait(emu_waits &w, const char *what)
     if (waits_prune(w))
         return;
     std::unique_lock<std::mutex> g(pend_lock);
-    if (!pend_cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+    if (!pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
                           [&]() { return waits_prune(w); }))
         wait_died(what);
-}
-
-long long wait_limit_ms()
-{
-    static long long limit_ms = -1;
-
-    if (limit_ms < 0) {
-        const char *e = getenv("GANG_EMU_WAIT_MS");
-        limit_ms = e != NULL && atoll(e) > 0 ? atoll(e) : 120000;
-    }
-    return limit_ms;
-}
-
-[[noreturn]] void wait_died(const char *what)
-{
-    fprintf(stderr,
-            "cuda-emu: %s waited %lld ms for an operation of another library (an NCCL "
-            "collective whose peers never posted theirs): on a device this stream would "
-            "never go on\n",
-            what, wait_limit_ms());
-    abort();
 }
 
 /* The stream's thread: carries its deferred work out in order, each once what it waits for
@@ -422,7 +408,7 @@ void drain(emu_stream *st)
         pend_cv.wait(g, [&]() { return st->stop || !st->deferred.empty(); });
         if (st->deferred.empty())
             return;
-        if (!pend_cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+        if (!pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
                               [&]() { return waits_prune(st->deferred.front().before); }))
             wait_died("a stream's deferred work");
         std::function<void()> op = std::move(st->deferred.front().op);
@@ -448,7 +434,7 @@ void stream_wait(emu_stream *st, const char *what)
 {
     std::unique_lock<std::mutex> g(pend_lock);
 
-    if (!pend_cv.wait_for(g, std::chrono::milliseconds(wait_limit_ms()),
+    if (!pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
                           [&]() { return st->deferred.empty() && waits_prune(st->waits); }))
         wait_died(what);
 }
@@ -1134,4 +1120,15 @@ cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op)
 int gang_emu_current_device()
 {
     return current_device;
+}
+
+long long gang_emu_wait_ms()
+{
+    static const long long ms = []() {
+        const char *e = getenv("GANG_EMU_WAIT_MS");
+
+        return e != NULL && atoll(e) > 0 ? atoll(e) : 120000LL;
+    }();
+
+    return ms;
 }

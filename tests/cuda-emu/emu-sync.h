@@ -51,4 +51,8 @@ cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op);
 /* The calling thread's current device (of GANG_EMU_DEVICES, default 1, at most 8). */
 int gang_emu_current_device();
 
+/* The longest the emulator waits for another library's operation before it stops the
+ * process: GANG_EMU_WAIT_MS, default 120000 (read once). */
+long long gang_emu_wait_ms();
+
 #endif /* GANGLION_EMU_SYNC_H */
