@@ -28,8 +28,9 @@
  * A process that exits closes its connections: the broker aborts its proxies (the peers'
  * pending operations fail, ncclRemoteError, and so do operations needing it later), and
  * the ranks of a broker that exited see their pending operations fail and ncclRemoteError
- * as their state. Operations on a capturing stream are not emulated (the process stops
- * naming the call).
+ * as their state. An operation on a capturing stream is queued at each replay of the
+ * graph (its group order taken then); a group on a capturing stream is not emulated (the
+ * process stops naming the call).
  */
 #include <errno.h>
 #include <stddef.h>
@@ -709,9 +710,10 @@ ncclResult_t remote_op(ncclComm *c, int kind, const void *send, void *recv, size
         return (ncclResult_t)rc.err.load();
     if ((st = check_op(c, kind, t, root)) != ncclSuccess)
         return st;
-    if (gang_emu_stream_capturing(stream))
-        die("an operation of a communicator of another process's unique id on a capturing "
-            "stream (not emulated)");
+    const bool captured = gang_emu_stream_capturing(stream) != 0;
+    if (captured && group_depth > 0)
+        die("a group of a communicator of another process's unique id on a capturing stream "
+            "(not emulated)");
     op_bytes(kind, count, type_size(t), c->rank, c->nranks, root, &j.in_bytes, &j.out_bytes);
     j.send = send;
     j.recv = recv;
@@ -722,19 +724,22 @@ ncclResult_t remote_op(ncclComm *c, int kind, const void *send, void *recv, size
     j.h.a[2] = t;
     j.h.a[3] = root;
     j.h.a[4] = (int64_t)j.out_bytes;
-    j.batch = group_depth > 0 ? group_batch : ++batches;
+    j.batch = captured ? 0 : group_depth > 0 ? group_batch : ++batches; /* 0: at each post */
     /* queued for the shipper once its inputs are there: now, or from the stream's thread
      * (rc is never freed: a post deferred past the communicator's end fails) */
     remote_comm *rcp = &rc;
-    gang_emu_stream_post(stream, [rcp, j](std::shared_ptr<gang_emu_pending> p) mutable {
+    gang_emu_stream_post(stream, [rcp, j](std::shared_ptr<gang_emu_pending> p) {
         std::unique_lock<std::mutex> g(rcp->L->mu);
         if (rcp->stop) {
             g.unlock();
             gang_emu_pending_finish(*p, 1);
             return;
         }
-        j.pend = std::move(p);
-        rcp->queue.push_back(std::move(j));
+        job q = j; /* a captured operation's post runs at every replay */
+        q.pend = std::move(p);
+        if (q.batch == 0)
+            q.batch = ++batches;
+        rcp->queue.push_back(std::move(q));
         rcp->L->cv.notify_all();
     });
     return ncclSuccess;

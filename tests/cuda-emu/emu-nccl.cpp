@@ -38,10 +38,10 @@
  *     ncclGetErrorString, ncclGetLastError.
  * GANG_EMU_NCCL_DELAY_US (carry_out) defers every operation, so that a rank that does not
  * wait for one before reading its output (or reuses its input too soon) shows it.
- * A one-rank communicator's operations are copies that run on the stream (into the graph
- * when the stream is capturing, as NCCL's are captured). Operations of larger
- * communicators on a capturing stream are not emulated (the engine captures only TP 1):
- * the process stops naming the call.
+ * On a capturing stream an operation is captured, as NCCL's are: a one-rank
+ * communicator's copy is a node of the graph, a larger one's post (gang_emu_stream_post)
+ * is made at each replay, where the checks of a posted operation (an aborted
+ * communicator, a group that failed) fail it then.
  *
  * Ranks in other processes (emu-nccl-link.cpp): the unique id names the process that made
  * it, which serves the group's state to them over a Unix socket, as NCCL's bootstrap root
@@ -515,9 +515,6 @@ ncclResult_t operation(int kind, const void *send, void *recv, size_t count, ncc
         g.unlock();
         return solo(send, recv, count * type_size(t), stream);
     }
-    if (gang_emu_stream_capturing(stream))
-        die("an operation of a communicator of several ranks on a capturing stream (not "
-            "emulated)");
     g.unlock();
     /* posted once its inputs are there: now, or from the stream's thread (the comm is never
      * freed, so that a post deferred past its abort finds it ended) */

@@ -21,12 +21,14 @@
  * reported as a deadlock here (a limit of the emulator, not of the device).
  *
  * Streams are synchronous: an operation enqueued on a stream has completed when the call
- * returns, unless the stream is being captured into a graph; then kernels, copies, memsets
- * and event records are recorded (with their arguments, read again when the graph
- * replays, as on the device) and cudaGraphLaunch replays them in order. A synchronising
- * call on a capturing stream, and cudaMalloc / cudaMallocHost during any capture, fail the
- * capture as the runtime does (cudaErrorStreamCaptureUnsupported; EndCapture then answers
- * cudaErrorStreamCaptureInvalidated).
+ * returns, unless the stream is being captured into a graph; then kernels, copies and
+ * memsets are recorded (with their arguments, read again when the graph replays, as on
+ * the device) and cudaGraphLaunch replays them in order. A synchronising
+ * call on a capturing stream fails the capture as the runtime does
+ * (cudaErrorStreamCaptureUnsupported; EndCapture then answers
+ * cudaErrorStreamCaptureInvalidated); cudaMalloc / cudaMallocHost / cudaEventSynchronize
+ * are refused as the capture's mode says (Global: in any thread; ThreadLocal, the
+ * backend's: in the thread that began it).
  *
  * Pending operations (emu-sync.h: the NCCL emulator's collectives) are the exception: they
  * complete when their peers have posted theirs. A stream's later work (its own, or that
@@ -35,8 +37,10 @@
  * operation out once what it waits for completed; the host goes on (to its settle, which
  * polls), and a synchronising call waits for the deferred work too; cudaStreamQuery
  * answers cudaErrorNotReady until then. A stream that waits for an event recorded on a
- * capturing stream joins that capture, as on the device (the NCCL stream of a one-rank
- * communicator inside a captured decode step).
+ * capturing stream joins that capture, as on the device (the NCCL stream of a
+ * communicator inside a captured decode step). A pending operation posted on a capturing
+ * stream is a node of the graph (an NCCL collective, captured as NCCL's are), posted
+ * afresh at each replay, the graph's later nodes waiting for it.
  *
  * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
  * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is each device's
@@ -322,8 +326,16 @@ void run_block(void)
 /* ------------------------------------------------------------------------------------
  * Streams, events, graphs.
  * ------------------------------------------------------------------------------------ */
+/* A node of a captured graph: the runtime's own work (a kernel, copy or memset), or
+ * another library's pending operation (post, an NCCL collective captured as NCCL's are),
+ * posted afresh at every replay. */
+struct emu_node {
+    std::function<void()> op;
+    std::function<void(std::shared_ptr<gang_emu_pending>)> post;
+};
+
 struct emu_graph {
-    std::vector<std::function<void()>> ops;
+    std::vector<emu_node> ops;
 };
 
 typedef std::vector<std::shared_ptr<gang_emu_pending>> emu_waits;
@@ -336,6 +348,7 @@ struct deferred_op {
 
 struct emu_stream {
     int capturing = 0;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal; /* of its own capture */
     cudaError_t capture_err = cudaSuccess;
     emu_graph *graph = nullptr;
     int joined = 0;  /* capturing as a stream that joined another's capture (graph is not its) */
@@ -349,14 +362,33 @@ struct emu_stream {
 };
 
 struct emu_event {
-    double ms;          /* when recorded, from a monotonic clock */
+    /* when recorded, from a monotonic clock; shared with a record deferred to its stream's
+     * thread, which may complete after the event was destroyed (as the runtime allows) */
+    std::shared_ptr<double> ms = std::make_shared<double>(0.0);
     emu_waits waits;    /* what was pending on its stream when recorded */
     emu_graph *capture; /* recorded into this capture, else NULL */
 };
 
 emu_stream &default_stream = *new emu_stream(); /* never destroyed: its thread lives on */
 thread_local cudaError_t last_error = cudaSuccess;
-int captures_running; /* streams capturing now (cudaMalloc fails while any is) */
+/* Captures running, as the mode they began in makes an unsafe call (cudaMalloc,
+ * cudaEventSynchronize) illegal: any thread's while one of cudaStreamCaptureModeGlobal
+ * runs, the beginning thread's for ThreadLocal, none for Relaxed. */
+std::atomic<int> global_captures{0};
+thread_local int local_captures;
+
+int unsafe_call_refused()
+{
+    return global_captures.load() > 0 || local_captures > 0;
+}
+
+void capture_count(enum cudaStreamCaptureMode mode, int d)
+{
+    if (mode == cudaStreamCaptureModeGlobal)
+        global_captures += d;
+    else if (mode == cudaStreamCaptureModeThreadLocal)
+        local_captures += d;
+}
 thread_local int current_device;
 std::mutex streams_lock;
 std::set<emu_stream *> live_streams; /* for the streams that joined a capture */
@@ -462,7 +494,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
     emu_stream *st = stream_of(s);
 
     if (st->capturing) {
-        st->graph->ops.push_back(std::move(op));
+        st->graph->ops.push_back(emu_node{std::move(op), nullptr});
         return cudaSuccess;
     }
     {
@@ -476,6 +508,43 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
     st->deps.clear();
     op();
     return cudaSuccess;
+}
+
+/*
+ * Another library's operation at the end of s (gang_emu_stream_post): recorded into the
+ * graph s is capturing (NULL returned: nothing is pending until a replay posts it), or a
+ * new pending operation whose post runs once its inputs are there. What it waits for
+ * through events is its input, and the work deferred before it; its own stream's earlier
+ * pending operations complete in their own order (a send after a send still matches in
+ * order, a group's receive does not hold its send). in_replay: a graph's node, whose
+ * inputs came through the graph's order rather than events (the streams it forked to
+ * were folded into the launching one): it waits for everything s has pending.
+ */
+std::shared_ptr<gang_emu_pending>
+stream_post(cudaStream_t s, std::function<void(std::shared_ptr<gang_emu_pending>)> post,
+            bool in_replay)
+{
+    emu_stream *st = stream_of(s);
+
+    if (st->capturing) {
+        st->graph->ops.push_back(emu_node{nullptr, std::move(post)});
+        return nullptr;
+    }
+    auto p = std::make_shared<gang_emu_pending>();
+    std::unique_lock<std::mutex> g(pend_lock);
+    emu_waits &before = in_replay ? st->waits : st->deps;
+
+    if (!st->deferred.empty() || !waits_prune(before)) {
+        defer(st, before, [post, p]() { post(p); });
+        st->deps.clear();
+        st->waits.push_back(p);
+        return p;
+    }
+    st->deps.clear();
+    st->waits.push_back(p);
+    g.unlock();
+    post(p);
+    return p;
 }
 
 /* A call that is illegal on a capturing stream: it invalidates the capture, as the
@@ -545,7 +614,7 @@ cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
     std::lock_guard<std::mutex> g(mem_lock);
     size_t rounded = bytes == 0 ? 4096 : (bytes + 4095) & ~(size_t)4095;
 
-    if (captures_running > 0)
+    if (unsafe_call_refused())
         return last_error = cudaErrorStreamCaptureUnsupported;
     if (!pinned && mem_used + rounded > device_bytes())
         return last_error = cudaErrorMemoryAllocation;
@@ -873,7 +942,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 
     if (st != &default_stream) {
         if (st->capturing && !st->joined) {
-            captures_running--;
+            capture_count(st->mode, -1);
             delete st->graph;
         }
         if (st->drainer.joinable()) { /* its deferred work first, as the device finishes it */
@@ -941,7 +1010,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
     return cudaSuccess;
 }
 
-/* Not a wait: the event takes what its stream has pending (or its capture) with it. */
+/* Not a wait: the event takes what its stream has pending (or its capture) with it. In a
+ * capture it only marks the point another stream may join from (a fork or join of the
+ * graph, as the runtime makes it: no node, so a graph outlives the events it was captured
+ * with). */
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     emu_event *ev = reinterpret_cast<emu_event *>(e);
@@ -949,7 +1021,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 
     if (st->capturing) {
         ev->capture = st->graph;
-        st->graph->ops.push_back([=]() { ev->ms = now_ms(); });
         return cudaSuccess;
     }
     std::lock_guard<std::mutex> g(pend_lock);
@@ -960,13 +1031,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         auto mark = std::make_shared<gang_emu_pending>();
 
         ev->waits.push_back(mark);
-        defer(st, emu_waits(), [ev, mark]() {
-            ev->ms = now_ms();
+        defer(st, emu_waits(), [cell = ev->ms, mark]() {
+            *cell = now_ms();
             gang_emu_pending_finish(*mark, 0);
         });
         return cudaSuccess;
     }
-    ev->ms = now_ms();
+    *ev->ms = now_ms();
     return cudaSuccess;
 }
 
@@ -974,16 +1045,25 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     emu_event *ev = reinterpret_cast<emu_event *>(e);
 
-    if (captures_running > 0)
+    if (unsafe_call_refused())
         return last_error = cudaErrorStreamCaptureUnsupported;
     waits_wait(ev->waits, "cudaEventSynchronize");
     return cudaSuccess;
 }
 
+/* cudaSuccess once what the event took with it completed (not a wait). */
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    emu_event *ev = reinterpret_cast<emu_event *>(e);
+    std::lock_guard<std::mutex> g(pend_lock);
+
+    return waits_prune(ev->waits) ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
-    *ms =
-        (float)(reinterpret_cast<emu_event *>(end)->ms - reinterpret_cast<emu_event *>(start)->ms);
+    *ms = (float)(*reinterpret_cast<emu_event *>(end)->ms -
+                  *reinterpret_cast<emu_event *>(start)->ms);
     return cudaSuccess;
 }
 
@@ -991,13 +1071,13 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
 {
     emu_stream *st = stream_of(s);
 
-    (void)mode;
     if (st == &default_stream || st->capturing)
         return last_error = cudaErrorIllegalState;
     st->capturing = 1;
+    st->mode = mode;
     st->capture_err = cudaSuccess;
     st->graph = new emu_graph();
-    captures_running++;
+    capture_count(mode, 1);
     return cudaSuccess;
 }
 
@@ -1009,7 +1089,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     if (!st->capturing)
         return last_error = cudaErrorIllegalState;
     st->capturing = 0;
-    captures_running--;
+    capture_count(st->mode, -1);
     e = st->capture_err;
     {
         /* The streams that joined this capture leave it (their errors are its errors). */
@@ -1061,10 +1141,17 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
 
     if (g == NULL)
         return last_error = cudaErrorInvalidValue;
-    return enqueue(s, [=]() {
-        for (auto &op : g->ops)
-            op();
-    });
+    /* Node by node: a collective posts its pending operation, after which the graph's later
+     * nodes wait for it (deferred to the stream's thread, as a device runs ahead); the rest
+     * runs at once when nothing is pending. Each node is copied into the stream's work, so
+     * a graph destroyed while its replay is deferred (a gang aborted) is not read again. */
+    for (auto &n : g->ops) {
+        if (n.post)
+            stream_post(s, n.post, true);
+        else
+            enqueue(s, n.op);
+    }
+    return cudaSuccess;
 }
 
 } /* extern "C" */
@@ -1075,24 +1162,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
 std::shared_ptr<gang_emu_pending>
 gang_emu_stream_post(cudaStream_t s, std::function<void(std::shared_ptr<gang_emu_pending>)> post)
 {
-    emu_stream *st = stream_of(s);
-    auto p = std::make_shared<gang_emu_pending>();
-    std::unique_lock<std::mutex> g(pend_lock);
-
-    /* What it waits for through events is its input, and the work deferred before it; its
-     * own stream's earlier pending operations complete in their own order (a send after a
-     * send still matches in order, a group's receive does not hold its send). */
-    if (!st->deferred.empty() || !waits_prune(st->deps)) {
-        defer(st, st->deps, [post, p]() { post(p); });
-        st->deps.clear();
-        st->waits.push_back(p);
-        return p;
-    }
-    st->deps.clear();
-    st->waits.push_back(p);
-    g.unlock();
-    post(p);
-    return p;
+    return stream_post(s, std::move(post), false);
 }
 
 void gang_emu_pending_finish(gang_emu_pending &p, int failed)

@@ -34,7 +34,9 @@ struct gang_emu_pending {
  * post(p) called once what s waits for through events (the operation's inputs) and the
  * work deferred on s before it are done: at once, or later from s's own thread, as a GPU
  * runs ahead of the host. s's earlier pending operations do not hold it (they complete in
- * their own order, as the library orders them: a group's receive does not hold its send). */
+ * their own order, as the library orders them: a group's receive does not hold its send).
+ * On a capturing stream the post is a node of the graph instead, made at each replay (the
+ * graph's later nodes waiting for it): NULL is returned. */
 std::shared_ptr<gang_emu_pending>
 gang_emu_stream_post(cudaStream_t s, std::function<void(std::shared_ptr<gang_emu_pending>)> post);
 
