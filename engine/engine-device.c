@@ -59,8 +59,7 @@ int gang__dev_alloc(gang_engine *e)
 
 void gang__dev_free(gang_engine *e)
 {
-    for (uint32_t i = 0; i < e->n_graphs; i++)
-        gang_kernels_graph_free(e->k, e->graphs[i]);
+    gang__dev_graph_clear(e);
     if (e->k != NULL) {
         gang_kernels_free(e->k, e->tab_pairs_dev);
         gang_kernels_free(e->k, e->samp_dev);
@@ -191,13 +190,13 @@ int gang__dev_fetch_ids(gang_engine *e, gang_kernels *k)
  * memory written before its launch (ids, positions and table offsets, tables, sampling
  * parameters); what is baked into it depends only on the batch size, which keys it.
  * --------------------------------------------------------------------------------- */
-int gang__dev_graph_ok(const gang_engine *e, uint32_t nmb)
+int gang__dev_graph_ok(const gang_engine *e, const gang_comm *tp, uint32_t nmb)
 {
     const gang_model *m = e->m;
 
     if (!e->cfg.cuda_graphs || e->graphs_off || e->host_sample || !dev_is_device(e) ||
-        m->topo.tp != 1 || m->topo.pp != 1 || nmb != 1 || m->layer_count == 0 ||
-        m->layers[0].rope_dyn_factor > 0.0f)
+        (m->topo.tp != 1 && !gang_comm_graph_ok(tp)) || m->topo.pp != 1 || nmb != 1 ||
+        m->layer_count == 0 || m->layers[0].rope_dyn_factor > 0.0f)
         return 0;
     /* A MoE block routes on the host (downloads inside the step): never captured. */
     for (uint32_t i = 0; i < m->layer_count; i++)
@@ -242,8 +241,19 @@ void gang__dev_graph_store(gang_engine *e, gang_kernels_graph *g)
     e->graph_batch[at] = e->plan.n_seq;
 }
 
+void gang__dev_graph_clear(gang_engine *e)
+{
+    for (uint32_t i = 0; i < e->n_graphs; i++)
+        gang_kernels_graph_free(e->k, e->graphs[i]);
+    e->n_graphs = 0;
+    e->graph_next = 0;
+}
+
 void gang__dev_graph_done(gang_engine *e)
 {
+    e->graph_replays++;
+    if (e->m->place.tp_rank != 0) /* as run_head: only TP rank 0 samples */
+        return;
     for (uint32_t i = 0; i < e->plan.n_seq; i++)
         e->head_row[i] = i;
     e->n_head_rows = e->plan.n_seq;

@@ -261,6 +261,7 @@ struct gang_engine {
     gang_kernels_graph *graphs[GANG__GRAPHS]; /* captured decode steps (cfg.cuda_graphs) */
     uint32_t graph_batch[GANG__GRAPHS];       /* the batch size each was captured for */
     uint32_t n_graphs, graph_next;            /* held; the next one evicted when full */
+    uint64_t graph_replays;                   /* decode steps run as a graph (tests) */
     uint32_t graphs_off;                      /* the device has no graphs, or a capture
                                                  failed: every step runs its kernels */
     int32_t *plan_buf;                        /* header + body of the wire form */
@@ -398,19 +399,24 @@ int gang__dev_sample(gang_engine *e, gang_kernels *k, const float *rows, uint32_
 int gang__dev_fetch_ids(gang_engine *e, gang_kernels *k);
 /*
  * Graphs of the decode step (cfg.cuda_graphs). ok: this step may be captured or replayed
- * (a device with graphs, one stage, TP 1, one microbatch, every sequence one token that
+ * (a device with graphs, one stage, TP 1 or a TP group whose collectives a graph may hold
+ * (gang_comm_graph_ok: NCCL; the decision is the same on every TP rank, from the plan they
+ * share), one microbatch, every sequence one token that
  * samples on the device, no per-sequence RoPE tables, no MoE layer: those route on the
  * host). find: the graph of this batch
  * size, or NULL. prepare: the uploads a replay cannot make (the layers' positions and
  * table offsets; the ids, tables and sampling parameters went up already). store: keeps
  * a new graph (evicting the oldest of GANG__GRAPHS). done: what the head of a replayed
- * step would have recorded on the host (head rows, pending ids).
+ * step would have recorded on the host (TP rank 0: head rows, pending ids).
  */
-int gang__dev_graph_ok(const gang_engine *e, uint32_t nmb);
+int gang__dev_graph_ok(const gang_engine *e, const gang_comm *tp, uint32_t nmb);
 gang_kernels_graph *gang__dev_graph_find(const gang_engine *e);
 int gang__dev_graph_prepare(gang_engine *e, gang_kernels *k);
 void gang__dev_graph_store(gang_engine *e, gang_kernels_graph *g);
 void gang__dev_graph_done(gang_engine *e);
+/* Frees every graph (gang_engine_reset: a new generation's communicators; a graph holds
+ * the old ones' collectives). A graph still running is freed when it ends. */
+void gang__dev_graph_clear(gang_engine *e);
 
 /* Blocks that cover positions 0 .. n - 1. */
 static inline uint32_t gang__blocks_for(const gang_engine *e, uint32_t n)

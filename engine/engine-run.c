@@ -375,13 +375,42 @@ static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t pe
 }
 
 /*
+ * A capture that could not begin or end. With TP 1: graphs are turned off for the engine
+ * and the step runs its kernels as usual (nothing ran: a capture only records). With a TP
+ * group over NCCL the collectives were captured on this rank only, and whether a
+ * collective is captured must be the same on every rank: the step fails (the gang
+ * re-forms) rather than let the ranks part ways; --cuda-graphs=false is the way out.
+ */
+static int run_capture_failed(gang_engine *e, const gang_pipeline_ops *ops, int rc_cap, int rc_run,
+                              uint64_t deadline)
+{
+    if (e->m->topo.tp > 1) {
+        gang_error("engine: the decode step with its TP collectives could not be captured as a "
+                   "graph (%s, %s); every TP rank must capture them or none, so the step fails "
+                   "(--cuda-graphs=false runs without graphs)",
+                   gang_err_name(rc_cap), gang_err_name(rc_run));
+        return rc_cap;
+    }
+    if (rc_cap != GANG_ENOSYS)
+        gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
+                  "running its kernels one by one from now on",
+                  gang_err_name(rc_cap), gang_err_name(rc_run));
+    e->graphs_off = 1;
+    e->n_head_rows = 0;
+    e->ids_first = e->ids_pending = 0;
+    return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+}
+
+/*
  * A decode step as a graph (cfg.cuda_graphs; gang__dev_graph_ok said it may be): the
  * layers' positions go up first (no upload may happen inside), then the graph of this
  * batch size is replayed, or, the first time, the step's work (one stage, one microbatch)
- * is captured into one and launched. A device without graphs, or a capture that fails,
- * turns graphs off for the engine and the step runs its kernels as usual.
+ * is captured into one and launched. With a TP group (NCCL) the graph holds the step's
+ * collectives, and gang_comm_pend_on hands the replay to the step's settle, which waits
+ * for it with the deadline. A device without graphs, or a capture that fails:
+ * run_capture_failed.
  */
-static int run_graphed(gang_engine *e, gang_kernels *k, const gang_pipeline_ops *ops,
+static int run_graphed(gang_engine *e, gang_kernels *k, gang_comm *tp, const gang_pipeline_ops *ops,
                        uint64_t deadline)
 {
     gang_kernels_graph *g = gang__dev_graph_find(e);
@@ -389,30 +418,24 @@ static int run_graphed(gang_engine *e, gang_kernels *k, const gang_pipeline_ops 
 
     if (rc == 0 && g == NULL) {
         rc = gang_kernels_graph_begin(k);
-        if (rc != 0) {
-            e->graphs_off = 1; /* no graphs here (GANG_ENOSYS) or none can start */
-            return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
-        }
+        if (rc != 0) /* no graphs here (GANG_ENOSYS) or none can start */
+            return run_capture_failed(e, ops, rc, 0, deadline);
         rc = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline); /* recorded */
         rc_end = gang_kernels_graph_end(k, &g);
-        if (rc_end != 0) {
-            /* Nothing ran (a capture only records): run the step as usual, from scratch. */
-            gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
-                      "running its kernels one by one from now on",
-                      gang_err_name(rc_end), gang_err_name(rc));
-            e->graphs_off = 1;
-            e->n_head_rows = 0;
-            e->ids_first = e->ids_pending = 0;
-            return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
-        }
+        if (rc_end != 0)
+            return run_capture_failed(e, ops, rc_end, rc, deadline);
         if (rc != 0) {
             gang_kernels_graph_free(k, g);
             return rc;
         }
+        gang_info("engine: the decode step of batch %u captured as a graph%s", e->plan.n_seq,
+                  e->m->topo.tp > 1 ? ", its TP collectives (NCCL) inside" : "");
         gang__dev_graph_store(e, g);
     }
     if (rc == 0)
         rc = gang_kernels_graph_launch(k, g);
+    if (rc == 0 && e->m->topo.tp > 1)
+        rc = gang_comm_pend_on(tp, gang_kernels_device_stream(k));
     if (rc == 0)
         gang__dev_graph_done(e);
     return rc;
@@ -450,8 +473,8 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
                                        (size_t)e->plan.n_tokens * sizeof(int32_t));
     if (rc != 0)
         return rc;
-    if (gang__dev_graph_ok(e, nmb))
-        rc = run_graphed(e, k, &ops, deadline);
+    if (gang__dev_graph_ok(e, tp, nmb))
+        rc = run_graphed(e, k, tp, &ops, deadline);
     else
         rc = gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb,
                                deadline);

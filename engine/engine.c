@@ -706,6 +706,8 @@ void gang_engine_reset(gang_engine *e)
     e->plan.n_seq = 0;
     e->plan.n_tokens = 0;
     e->plan_valid = 0;
+    /* A graph holds the collectives of the communicators it was captured with. */
+    gang__dev_graph_clear(e);
 }
 
 /* Checks a communicator against the size and rank the topology gives this rank. */

@@ -36,6 +36,9 @@ typedef struct gang__comm_ops {
     /* Optional: wait for the device work of operations that returned at enqueue
      * (gang_comm_settle); NULL: a backend whose operations complete before returning. */
     int (*settle)(gang_comm *c, uint64_t tmo);
+    /* Optional (gang_comm_graph_ok / gang_comm_pend_on): NULL = no device graphs. */
+    int (*graph_ok)(const gang_comm *c);
+    int (*pend_on)(gang_comm *c, void *stream);
     void (*abort)(gang_comm *c); /* wakes blocked operations */
 } gang__comm_ops;
 

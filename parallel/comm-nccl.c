@@ -64,6 +64,15 @@
  * bounded, by one host wait per step instead of one per collective. An operation that is
  * not ordered (no caller stream: tests, the staging of a host world) still waits, and so
  * settles what was pending before it (docs/gpu.md).
+ *
+ * Graphs. Because an ordered operation returns at enqueue, a caller may capture it into a
+ * CUDA graph being recorded on its stream (gang_comm_graph_ok): the events above fork
+ * this stream into the capture and join it back, and NCCL captures its kernels, as it
+ * supports since 2.9. A replay runs those kernels on the caller's stream, not here, so
+ * after cudaGraphLaunch the caller calls gang_comm_pend_on: an event recorded on its
+ * stream becomes part of what the next settle (or waiting operation) awaits, with the
+ * same deadline, error and abort checks; an abort makes NCCL's kernels in the graph
+ * return, so the stream drains.
  */
 #include <dlfcn.h>
 #include <poll.h>
@@ -85,18 +94,20 @@
 #define NCCL_FINALIZE_MS 10000u      /* bound of the flush in gang_comm_free */
 
 typedef struct nccl_impl {
-    ncclComm_t comm;     /* NULL once aborted or destroyed */
-    cudaStream_t stream; /* every operation of this communicator runs here */
-    int device;          /* CUDA ordinal, current at init */
-    void *scratch;       /* 256 device bytes: barrier word and empty-message token */
-    int failed;          /* an error was seen: free aborts instead of finalizing */
-    int cancel_fd;       /* during init only: cfg->cancel_fd, or -1 */
-    cudaEvent_t ev_in;   /* recorded on the caller's stream by nccl_order */
-    cudaEvent_t ev_out;  /* recorded on this stream after the ordered operation */
-    cudaStream_t after;  /* the caller's stream until the next operation, else NULL */
-    int blocking;        /* a split child: created with config.blocking = 1 */
-    int pending;         /* ordered operations were enqueued and not yet awaited */
-    int wait_each;       /* gang_comm_config.wait_each: no pending, a wait per operation */
+    ncclComm_t comm;      /* NULL once aborted or destroyed */
+    cudaStream_t stream;  /* every operation of this communicator runs here */
+    int device;           /* CUDA ordinal, current at init */
+    void *scratch;        /* 256 device bytes: barrier word and empty-message token */
+    int failed;           /* an error was seen: free aborts instead of finalizing */
+    int cancel_fd;        /* during init only: cfg->cancel_fd, or -1 */
+    cudaEvent_t ev_in;    /* recorded on the caller's stream by nccl_order */
+    cudaEvent_t ev_out;   /* recorded on this stream after the ordered operation */
+    cudaStream_t after;   /* the caller's stream until the next operation, else NULL */
+    int blocking;         /* a split child: created with config.blocking = 1 */
+    int pending;          /* ordered operations were enqueued and not yet awaited */
+    cudaEvent_t ev_graph; /* recorded on the stream a graph of our operations was launched on */
+    int graph_pending;    /* ev_graph is part of what is pending (gang_comm_pend_on) */
+    int wait_each;        /* gang_comm_config.wait_each: no pending, a wait per operation */
 } nccl_impl;
 
 /* ---------------------------------------------------------------------------------
@@ -373,6 +384,8 @@ static int nccl_wait(gang_comm *c, nccl_impl *im, ncclComm_t comm, int on_stream
             if (!on_stream)
                 return 0;
             e = cudaStreamQuery(im->stream);
+            if (e == cudaSuccess && im->graph_pending && comm == im->comm)
+                e = cudaEventQuery(im->ev_graph);
             if (e == cudaSuccess)
                 return 0;
             if (e != cudaErrorNotReady) {
@@ -450,9 +463,15 @@ static int nccl_impl_new(nccl_impl **out)
     rc = cuda_log(cudaEventCreateWithFlags(&im->ev_out, cudaEventDisableTiming), "cudaEventCreate");
     if (rc < 0)
         goto out_ev_in;
+    rc = cuda_log(cudaEventCreateWithFlags(&im->ev_graph, cudaEventDisableTiming),
+                  "cudaEventCreate");
+    if (rc < 0)
+        goto out_ev_out;
     *out = im;
     return 0;
 
+out_ev_out:
+    cudaEventDestroy(im->ev_out);
 out_ev_in:
     cudaEventDestroy(im->ev_in);
 out_scratch:
@@ -472,6 +491,8 @@ static void nccl_impl_release(nccl_impl *im)
         cudaEventDestroy(im->ev_in);
     if (im->ev_out != NULL)
         cudaEventDestroy(im->ev_out);
+    if (im->ev_graph != NULL)
+        cudaEventDestroy(im->ev_graph);
     if (im->scratch != NULL)
         cudaFree(im->scratch);
     if (im->stream != NULL)
@@ -699,7 +720,7 @@ static int nccl_finish(gang_comm *c, nccl_impl *im, ncclResult_t r, uint64_t tmo
         return nccl_pend(c, im, what);
     rc = nccl_wait(c, im, im->comm, 1, deadline, what);
     if (rc == 0)
-        im->pending = 0; /* the stream held whatever was pending before too */
+        im->pending = im->graph_pending = 0; /* it waited for whatever was pending before */
     return rc;
 }
 
@@ -715,7 +736,40 @@ static int nccl_settle(gang_comm *c, uint64_t tmo)
         return rc;
     rc = nccl_wait(c, im, im->comm, 1, gang_deadline_after(tmo), "settle");
     if (rc == 0)
-        im->pending = 0;
+        im->pending = im->graph_pending = 0;
+    return rc;
+}
+
+/*
+ * gang_comm_graph_ok: an ordered operation returns at enqueue (a blocking communicator, not
+ * wait_each), so nothing waits on a stream being captured; a failed one captures nothing.
+ */
+static int nccl_graph_ok(const gang_comm *c)
+{
+    const nccl_impl *im = c->impl;
+
+    return im->comm != NULL && !im->failed && im->blocking && !im->wait_each;
+}
+
+/*
+ * gang_comm_pend_on: a graph holding this communicator's operations was launched on stream;
+ * the next settle (or waiting operation) also waits for ev_graph, recorded there now.
+ */
+static int nccl_pend_on(gang_comm *c, void *stream)
+{
+    nccl_impl *im = c->impl;
+    int rc = nccl_enter(im);
+
+    if (rc < 0)
+        return rc;
+    rc = cuda_log(cudaEventRecord(im->ev_graph, (cudaStream_t)stream), "cudaEventRecord (graph)");
+    if (rc < 0) {
+        nccl_abort_now(im);
+        return rc;
+    }
+    rc = nccl_pend(c, im, "graph launch");
+    if (rc == 0)
+        im->graph_pending = 1;
     return rc;
 }
 
@@ -861,5 +915,7 @@ const gang__comm_ops gang__comm_nccl_ops = {
     .all_to_all_v = nccl_all_to_all_v,
     .order_after = nccl_order,
     .settle = nccl_settle,
+    .graph_ok = nccl_graph_ok,
+    .pend_on = nccl_pend_on,
     .abort = nccl_abort,
 };

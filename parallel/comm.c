@@ -426,6 +426,24 @@ int gang_comm_settle(gang_comm *c, uint64_t timeout_ms)
     return comm_result(c, c->ops->settle(c, timeout_ms));
 }
 
+int gang_comm_graph_ok(const gang_comm *c)
+{
+    if (c == NULL || c->ops->graph_ok == NULL || atomic_load(&c->aborted))
+        return 0;
+    return c->ops->graph_ok(c);
+}
+
+int gang_comm_pend_on(gang_comm *c, void *stream)
+{
+    if (c == NULL || stream == NULL)
+        return GANG_EINVAL;
+    if (atomic_load(&c->aborted))
+        return GANG_EABORTED;
+    if (c->ops->pend_on == NULL)
+        return GANG_ENOSYS;
+    return comm_result(c, c->ops->pend_on(c, stream));
+}
+
 /*
  * Sets the flag first, so that an operation about to start sees it in the front, then
  * lets the backend wake operations already blocked.

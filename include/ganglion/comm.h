@@ -331,6 +331,21 @@ int gang_comm_order_after(gang_comm *c, void *stream);
 int gang_comm_settle(gang_comm *c, uint64_t timeout_ms);
 
 /*
+ * Device graphs (a decode step captured once and replayed, issue #24).
+ * gang_comm_graph_ok: 1 when c's ordered operations may be captured into a graph being
+ * recorded on the caller's stream (nccl, whose ordered operations return at enqueue: not
+ * wait_each); 0 for host backends, a wait_each or failed communicator, NULL. Whether an
+ * operation is captured must be the same on every rank of c (NCCL's rule): callers decide
+ * it from what all ranks share.
+ * gang_comm_pend_on: c's operations were enqueued on stream by a graph launched there, so
+ * its next gang_comm_settle also waits, with its deadline, for the work stream holds now
+ * (a settle would otherwise see c's own stream idle). Returns 0, GANG_EINVAL (NULL),
+ * GANG_EABORTED, GANG_ENOSYS for a backend without device graphs, GANG_EIO.
+ */
+int gang_comm_graph_ok(const gang_comm *c);
+int gang_comm_pend_on(gang_comm *c, void *stream);
+
+/*
  * Makes every blocked and future operation on c return GANG_EABORTED promptly. Safe from
  * any thread and from a signal-free context while another thread is inside an operation;
  * idempotent. The communicator must still be freed by its owning thread.

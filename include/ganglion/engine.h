@@ -276,7 +276,8 @@ typedef struct gang_engine_config {
                                  and reused by later requests with the same prefix */
     uint32_t cuda_graphs;     /* 1: a device that has graphs (cuda) captures each batch
                                  size's decode step once and replays it (engine-device.c;
-                                 one stage, TP 1, no logprobs or penalties in the step) */
+                                 one stage, TP 1 or TP over NCCL, no logprobs or
+                                 penalties in the step) */
 } gang_engine_config;
 
 /* `--kv-cache-dtype auto`: the cache type that follows weights stored as wt (bf16 and f16
@@ -564,7 +565,8 @@ int gang_engine_poll(gang_engine *e, gang_gen_event *ev);
 /*
  * Drops every request (rank 0) and forgets every KV slot's contents, after a gang abort:
  * the caller re-submits the requests it still owes from their prompts. Keeps the weights
- * and buffers.
+ * and buffers; drops the captured decode-step graphs (they hold the old communicators'
+ * collectives; the next decode steps capture new ones).
  */
 void gang_engine_reset(gang_engine *e);
 

@@ -17,7 +17,9 @@ pending operation as a GPU's do, reaches the step's settle, which polls with the
 and the abort flag; a state query of the stopped peer gives up after 200 ms), the next
 generation's communicators form from a new unique id, the gang serve that generation
 within the heartbeat timeout plus 10 s, and the request, resubmitted, end with the
-healthy gang's tokens. Exit 0 pass, 1 fail.
+healthy gang's tokens. The decode steps run as CUDA graphs with the all-reduces inside
+(serve's default), in both generations: the settle that sees the hang waits for a replay.
+Exit 0 pass, 1 fail.
 """
 import os
 import signal
@@ -107,6 +109,15 @@ def scenario(h):
           "ms); last_failure %r; tokens equal" % (gen, t_ready, g.hb_timeout_ms, lf))
     H.check(t_ready < g.hb_timeout_ms / 1000.0 + 10.0,
             "the gang took %.2f s to serve again after the hang" % t_ready)
+    # The decode steps ran as graphs holding their NCCL all-reduces, before the hang and
+    # after it: the survivor (rank 1) dropped its graphs with the old communicators at the
+    # reset and captured new ones, as did the replacement.
+    text = g.local.log_text()
+    for gn in (gen0, gen):
+        n = sum(1 for ln in text.splitlines() if "gen=%d " % gn in ln and
+                "captured as a graph, its TP collectives (NCCL) inside" in ln)
+        H.check(n >= 2, "generation %d: %d ranks captured their decode step with its NCCL "
+                "all-reduces as a graph, expected 2" % (gn, n))
     H.check(g.stop()["local"] == 0, "local gang did not exit 0")
 
 

@@ -9,8 +9,10 @@
  * the cancel fd. Aborting a collective from another thread (gang_comm_abort) needs two
  * ranks, hence two GPUs (NCCL refuses two ranks of one communicator on one device).
  * With two GPUs or more: 2 ranks as threads, one GPU each, every operation against values
- * computed here; the same with rank 1 in another process (this binary run again with
- * --rank-process, as a gang's workers are processes); and a rank's process that exits
+ * computed here; an all-reduce captured into a CUDA graph and replayed (gang_comm_pend_on:
+ * the settle after a replay waits for it, and fails at its deadline when the peer never
+ * launched its replay); the same with rank 1 in another process (this binary run again
+ * with --rank-process, as a gang's workers are processes); and a rank's process that exits
  * inside the communicator, which its peer's next collective reports.
  */
 #include <pthread.h>
@@ -475,6 +477,132 @@ static void test_two_ranks(void **state)
             fail_msg("%s", pa[r].why);
 }
 
+/*
+ * A collective captured into a CUDA graph (the decode step's TP all-reduces, issue #24): each
+ * rank captures order_after + all-reduce of a blocking group (a split child) + a scale
+ * kernel, then replays it three rounds on fresh inputs; after each launch gang_comm_pend_on
+ * hands the replay to gang_comm_settle, and the result is the rounds' mean. Then rank 1
+ * does not launch its fourth replay: rank 0's settle must fail at its 300 ms deadline, not
+ * return 0 with its stream still waiting for the peer (the NCCL stream itself is idle: the
+ * replay runs on the caller's stream).
+ */
+typedef struct graph_arg {
+    const uint8_t *blob;
+    size_t len;
+    uint32_t rank;
+    pthread_barrier_t *bar; /* rank 1 leaves once rank 0 has its settle's answer */
+    int settle_rc;          /* rank 0: the failed round's settle */
+    uint64_t settle_ms;
+    int failed;
+    char why[160];
+} graph_arg;
+
+#define GRAPH_CHECK(cond)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            snprintf(a->why, sizeof(a->why), "rank %u: %s (line %d)", a->rank, #cond, __LINE__);   \
+            a->failed = 1;                                                                         \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void *graph_rank(void *p)
+{
+    graph_arg *a = p;
+    gang_kernels_options o;
+    gang_kernels *k = NULL;
+    gang_kernels_graph *g = NULL;
+    gang_comm *c = NULL, *tp = NULL;
+    gang_comm_config cfg = nccl_config(a->blob, a->len, a->rank, 2, 30000);
+    enum { N = 4096 };
+    float h[N], r[N];
+    void *d = NULL, *stream;
+    int in_bar = 0;
+
+    gang_kernels_options_init(&o);
+    o.device = "cuda";
+    o.device_index = (int)a->rank;
+    o.pool_mb = 64;
+    GRAPH_CHECK(gang_kernels_open_opts(&o, &k) == 0);
+    GRAPH_CHECK(gang_comm_init(&cfg, &c) == 0);
+    GRAPH_CHECK(gang_comm_split(c, 0, a->rank, 20000, &tp) == 0);
+    GRAPH_CHECK(gang_comm_graph_ok(tp) == 1);
+    GRAPH_CHECK(gang_kernels_alloc(k, sizeof(h), &d) == 0);
+    stream = gang_kernels_device_stream(k);
+    GRAPH_CHECK(stream != NULL);
+    GRAPH_CHECK(gang_kernels_graph_begin(k) == 0);
+    GRAPH_CHECK(gang_comm_order_after(tp, stream) == 0);
+    GRAPH_CHECK(gang_comm_all_reduce(tp, d, N, GANG_DTYPE_F32, 10000) == 0);
+    GRAPH_CHECK(gang_kernels_scale(k, d, 0.5f, N) == 0);
+    GRAPH_CHECK(gang_kernels_graph_end(k, &g) == 0);
+    GRAPH_CHECK(gang_comm_settle(tp, 10000) == 0); /* the capture ran nothing */
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < N; i++)
+            h[i] = (float)(i % 97) + (float)(a->rank * 8 + round);
+        GRAPH_CHECK(gang_kernels_upload(k, d, h, sizeof(h)) == 0);
+        GRAPH_CHECK(gang_kernels_graph_launch(k, g) == 0);
+        GRAPH_CHECK(gang_comm_pend_on(tp, stream) == 0);
+        GRAPH_CHECK(gang_comm_settle(tp, 10000) == 0);
+        GRAPH_CHECK(gang_kernels_download(k, r, d, sizeof(r)) == 0);
+        for (size_t i = 0; i < N; i++) /* ((x + 8 r0 + k) + (x + 8 + k)) / 2 */
+            GRAPH_CHECK(r[i] == (float)(i % 97) + 4.0f + (float)round);
+    }
+    if (a->rank == 0) {
+        GRAPH_CHECK(gang_kernels_graph_launch(k, g) == 0);
+        GRAPH_CHECK(gang_comm_pend_on(tp, stream) == 0);
+        uint64_t t0 = gang_now_ms();
+        a->settle_rc = gang_comm_settle(tp, 300);
+        a->settle_ms = gang_now_ms() - t0;
+    }
+    in_bar = 1;
+    pthread_barrier_wait(a->bar);
+out:
+    if (!in_bar)
+        pthread_barrier_wait(a->bar);
+    if (tp != NULL)
+        gang_comm_abort(tp);
+    if (c != NULL)
+        gang_comm_abort(c);
+    gang_comm_free(tp);
+    gang_comm_free(c);
+    if (k != NULL) {
+        gang_kernels_sync(k); /* the replay ends once its collective failed */
+        gang_kernels_graph_free(k, g);
+        gang_kernels_free(k, d);
+    }
+    gang_kernels_close(k);
+    return NULL;
+}
+
+static void test_graph_replay(void **state)
+{
+    uint8_t blob[256];
+    size_t len;
+    pthread_t th[2];
+    pthread_barrier_t bar;
+    graph_arg ga[2];
+
+    (void)state;
+    NEED_GPUS(2);
+    make_blob(blob, &len);
+    assert_int_equal(pthread_barrier_init(&bar, NULL, 2), 0);
+    for (uint32_t r = 0; r < 2; r++) {
+        ga[r] = (graph_arg){.blob = blob, .len = len, .rank = r, .bar = &bar};
+        assert_int_equal(pthread_create(&th[r], NULL, graph_rank, &ga[r]), 0);
+    }
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&bar);
+    for (int r = 0; r < 2; r++)
+        if (ga[r].failed)
+            fail_msg("%s", ga[r].why);
+    print_message("3 replays of a captured all-reduce gave the mean; a replay whose peer never "
+                  "launched: settle %s after %llu ms (deadline 300)\n",
+                  gang_err_name(ga[0].settle_rc), (unsigned long long)ga[0].settle_ms);
+    assert_int_equal(ga[0].settle_rc, GANG_ETIMEDOUT);
+    assert_true(ga[0].settle_ms >= 250 && ga[0].settle_ms < 3000);
+}
+
 /* ---------------------------------------------------------------------------------
  * Two GPUs: rank 1 in another process.
  * --------------------------------------------------------------------------------- */
@@ -600,6 +728,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_init_cancel),
         cmocka_unit_test(test_abort_in_collective),
         cmocka_unit_test(test_two_ranks),
+        cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_two_processes),
         cmocka_unit_test(test_peer_process_exits),
     };

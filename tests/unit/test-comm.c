@@ -590,6 +590,11 @@ static int world1_body(rank_ctx *x, gang_comm *c)
     if (rc == 0 && (gang_comm_caps(c) != (GANG_COMM_CAP_HOST_MEM | GANG_COMM_CAP_TAGS) ||
                     gang_comm_caps(sub) != gang_comm_caps(c)))
         rc = -1;
+    /* Host operations complete before returning: nothing of theirs goes into a device graph. */
+    if (rc == 0 && (gang_comm_graph_ok(c) != 0 || gang_comm_graph_ok(sub) != 0 ||
+                    gang_comm_pend_on(c, v) != GANG_ENOSYS))
+        rc = rank_fail(x, -1, "socket: graph_ok %d, pend_on %s", gang_comm_graph_ok(c),
+                       gang_err_name(gang_comm_pend_on(c, v)));
     if (rc == 0)
         rc = gang_comm_all_reduce(sub, v, 3, GANG_DTYPE_F32, 1000);
     gang_comm_free(sub);
@@ -1603,6 +1608,8 @@ static void test_front(void **state)
     assert_string_equal(gang_dtype_name(GANG_DTYPE_F16), "f16");
     assert_string_equal(gang_comm_backend_name(GANG_COMM_MPI), "mpi");
     assert_int_equal(gang_comm_caps(NULL), 0);
+    assert_int_equal(gang_comm_graph_ok(NULL), 0);
+    assert_int_equal(gang_comm_pend_on(NULL, &cfg), GANG_EINVAL);
     assert_int_equal(gang_comm_all_reduce(NULL, &cfg, 1, GANG_DTYPE_F32, 10), GANG_EINVAL);
     assert_int_equal(gang_comm_init(NULL, &c), GANG_EINVAL);
     assert_null(c);

@@ -416,9 +416,14 @@ static void nccl_layout_init(nccl_gang *g, const full_model *fm, const gang_engi
     }
 }
 
-/* Runs the script on a tp x pp gang over nccl TP / PP (GPU r = rank r) and checks it. */
+/*
+ * Runs the script on a tp x pp gang over nccl TP / PP (GPU r = rank r) and checks it.
+ * graphs: the engines capture their pure decode steps (cfg.cuda_graphs), TP collectives
+ * included; then every rank must have replayed graphs, all ranks the same number of
+ * steps (whether a collective is captured must agree across ranks).
+ */
 static void check_nccl_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
-                              uint32_t pp, uint32_t microbatches)
+                              uint32_t pp, uint32_t microbatches, int graphs)
 {
     static nccl_gang g;
     nccl_rank xs[MAX_RANKS];
@@ -428,7 +433,9 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     uint32_t r;
     int rc;
 
-    snprintf(what, sizeof(what), "nccl tp=%u pp=%u microbatches=%u", tp, pp, microbatches);
+    cfg.cuda_graphs = graphs ? 1u : 0u;
+    snprintf(what, sizeof(what), "nccl tp=%u pp=%u microbatches=%u%s", tp, pp, microbatches,
+             graphs ? " graphs" : "");
     memset(&g, 0, sizeof(g));
     g.tp = tp;
     g.pp = pp;
@@ -458,6 +465,16 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
         if (xs[r].rc != 0)
             fail_msg("%s: rank %u: %s: %s", what, r, xs[r].what, gang_err_name(xs[r].rc));
     check_script(sc, exp, what);
+    if (graphs && pp == 1) {
+        for (r = 0; r < g.n; r++)
+            if (g.lo.engines[r]->graph_replays == 0 ||
+                g.lo.engines[r]->graph_replays != g.lo.engines[0]->graph_replays)
+                fail_msg("%s: rank %u replayed %llu decode steps as graphs, rank 0 %llu", what, r,
+                         (unsigned long long)g.lo.engines[r]->graph_replays,
+                         (unsigned long long)g.lo.engines[0]->graph_replays);
+        print_message("%s: %llu decode steps replayed as graphs on each rank\n", what,
+                      (unsigned long long)g.lo.engines[0]->graph_replays);
+    }
     print_message("%s: tokens match the reference\n", what);
     layout_free(&g.lo);
 }
@@ -484,7 +501,8 @@ static void test_nccl_world_of_one(void **state)
     full_model *fm = full_model_new(21, 0);
     make_script(fm, &sc);
     expected_outputs(fm, &sc, exp);
-    check_nccl_layout(fm, &sc, exp, 1, 1, 1);
+    check_nccl_layout(fm, &sc, exp, 1, 1, 1, 0);
+    check_nccl_layout(fm, &sc, exp, 1, 1, 1, 1);
 
     layout_init_on(&lo, fm, 1, 1, &cfg, "cuda");
     assert_int_equal(gang_kernels_bind_thread(lo.kernels[0]), 0);
@@ -535,7 +553,10 @@ static void test_nccl_layouts_match_reference(void **state)
                 continue;
             }
             for (mb = 1; mb <= (lay[i][1] > 1 ? 2u : 1u); mb++, ran++)
-                check_nccl_layout(fm, &sc, exp, lay[i][0], lay[i][1], mb);
+                check_nccl_layout(fm, &sc, exp, lay[i][0], lay[i][1], mb, 0);
+            /* TP over NCCL with the decode steps captured, collectives and all */
+            if (lay[i][1] == 1)
+                check_nccl_layout(fm, &sc, exp, lay[i][0], 1, 1, 1);
         }
         free(fm);
     }
