@@ -200,8 +200,10 @@ if(GANGLION_CUDA_EMU)
       ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4;GANG_EMU_NCCL_DELAY_US=2000"
       FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
     add_test(NAME kv-pair-nccl-emu COMMAND $<TARGET_FILE:test-kv-pair>)
+    # RUN_SERIAL: alone while run-emu.sh runs the others two at a time (their deadlines
+    # are measured: init 700 ms, a settle's 300 ms)
     set_tests_properties(unit-comm-nccl kv-pair-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 300
-      ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2"
+      ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2" RUN_SERIAL TRUE
       FAIL_REGULAR_EXPRESSION "needs [0-9]+ GPU;failed here;SKIP:")
   endif()
   set_tests_properties(unit-cuda-lt-fallback PROPERTIES
@@ -255,7 +257,7 @@ if(GANGLION_CUDA_EMU)
   add_test(NAME moe-kill-nccl-emu
     COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/mp/test_moe_kill.py
             --bin $<TARGET_FILE:ganglion>)
-  set_tests_properties(moe-kill-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
+  set_tests_properties(moe-kill-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240 RUN_SERIAL TRUE
     ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2;GANG_MP_MOE_NCCL=1")
   # A worker stopped (SIGSTOP) in the middle of a request, its TP group over NCCL: the
   # process that made the unique id hangs, the gang re-forms from a new id and the request
@@ -263,7 +265,7 @@ if(GANGLION_CUDA_EMU)
   add_test(NAME nccl-hang-emu
     COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cuda-emu/nccl-hang.py
             --bin $<TARGET_FILE:ganglion>)
-  set_tests_properties(nccl-hang-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
+  set_tests_properties(nccl-hang-emu PROPERTIES LABELS cuda-emu TIMEOUT 240 RUN_SERIAL TRUE
     ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2")
   # P/D: a prefill and a decode gang (TP 2 each over NCCL, on two emulated hosts) behind a
   # router, the KV blocks moved GPU to GPU over the NCCL pair between their worker
@@ -271,7 +273,7 @@ if(GANGLION_CUDA_EMU)
   add_test(NAME pd-nccl-emu
     COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cuda-emu/pd-nccl.py
             --bin $<TARGET_FILE:ganglion>)
-  set_tests_properties(pd-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240
+  set_tests_properties(pd-nccl-emu PROPERTIES LABELS cuda-emu TIMEOUT 240 RUN_SERIAL TRUE
     ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=2")
   # The gang as Kubernetes Pods (tests/k8s-sim/: network namespaces, the cluster's DNS)
   # over NCCL: TP 2 inside each of 3 Pods and PP 3 across them, each worker on its own

@@ -32,5 +32,7 @@ echo "run-emu.sh: built in $((SECONDS - t0)) s"
 runs=$build/emu-kernel-runs.txt
 rm -f "$runs"
 cd "$build"
-GANG_EMU_STATS=$runs ctest --output-on-failure -L '^cuda-emu$'
+# Two at a time (the emulator runs a process's kernels one at a time): the tests whose
+# deadlines or heartbeats are measured are RUN_SERIAL (cmake/cuda.cmake), so they run alone.
+GANG_EMU_STATS=$runs ctest --output-on-failure -L '^cuda-emu$' -j "${JOBS:-2}"
 python3 "$src/tests/cuda-emu/kernel-coverage.py" "$src/kernels/cuda" "$runs"
