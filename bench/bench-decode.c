@@ -26,7 +26,10 @@
  * With NCCL built, --device cuda adds an nccl point: 1x1 with its TP group on a one-rank
  * nccl communicator (bench/decode-nccl.h), so every layer's two all-reduces go through
  * NCCL on the GPU; decode_step_overhead_ms_vs_1x1 on it is the NCCL data path's cost per
- * decode step, on the TP=2 point the cost of the second rank and its host staging.
+ * decode step, on the TP=2 point the cost of the second rank and its host staging. With
+ * two GPUs or more, --layouts 2x1-nccl (TPx1-nccl) runs TP ranks on as many GPUs with
+ * their TP group over NCCL, as `serve --backend nccl` does: the all-reduces inside the
+ * decode step's graph.
  *
  * --model PATH (issue #13, bench/decode-model.c): the same points on a real model (a
  * Hugging Face directory or a .gguf file) for every weight storage of --dtypes, with the
@@ -100,7 +103,9 @@ typedef struct bd_run {
     const bd_opts *o;
     uint32_t tp, pp, batch;
     uint32_t stage; /* ranks per stage: tp, or the EP group's o->load.ep when wider */
-    int nccl;       /* the nccl point: 1x1, TP group a one-rank nccl communicator */
+    int nccl;       /* the TP group over nccl: 1x1 with a one-rank group, or TPx1 */
+    uint8_t nccl_id[GANG_BOOTSTRAP_NCCL_HEX]; /* nccl: the point's unique id */
+    size_t nccl_id_len;
     char blob[256];
     size_t blob_len;
     gang_comm_listener *listener;
@@ -202,7 +207,7 @@ typedef struct bd_flags {
            "f32, bf16, f16; int8 = --quantize int8)")                                              \
     BD_STR("layouts", layouts, layouts_,                                                           \
            "--model: TPxPP layouts, comma-separated, 1x1 first; cuda / fake: also nccl (1x1 "      \
-           "with a one-rank nccl TP group)")                                                       \
+           "with a one-rank nccl TP group) and TPx1-nccl (TP ranks on as many GPUs over nccl)")    \
     BD_STR("shape", shape, "1b",                                                                   \
            "cuda / fake: 1b (the defaults above) or 8b (Llama-3-8B: 32 layers, hidden 4096, 32 "   \
            "heads, 8 kv heads, ffn 14336, vocab 128256; --dtypes bf16, --layouts 1x1, "            \
@@ -456,12 +461,13 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
 }
 
 /* Thread of one rank: comms, shard, engine, warm-up and timed iterations. */
-/* The nccl point: c[1] becomes a one-rank nccl TP group (split from *nworld). */
+/* An nccl point: c[1] becomes the TP group over nccl (split from *nworld). */
 static int bd_use_nccl(bd_rank *x, gang_kernels *k, gang_comm **c, gang_comm **nworld)
 {
     bd_run *r = x->run;
     gang_comm *tp = NULL;
-    int rc = gang__decode_nccl_tp(k, BD_INIT_TIMEOUT_MS, (int)r->o->nccl_wait_each, nworld, &tp);
+    int rc = gang__decode_nccl_tp(k, r->nccl_id, r->nccl_id_len, x->rank, r->tp, BD_INIT_TIMEOUT_MS,
+                                  (int)r->o->nccl_wait_each, nworld, &tp);
 
     if (rc != 0)
         return rc;
@@ -508,6 +514,7 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
         return gang_kernels_open("cpu", k);
     gang_kernels_options_init(&ko);
     ko.device = o->kdev;
+    ko.device_index = r->nccl ? (int)x->rank : 0; /* NCCL: one GPU per rank */
     ko.pool_mb = o->gpu_pool_mb;
     ko.half_gemv = (int)o->half_gemv;
     return gang_kernels_open_opts(&ko, k);
@@ -826,6 +833,11 @@ int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, u
     r.dec = res->dec;
     if (r.prefill_ms == NULL || r.decode_ms == NULL || res->dec == NULL) {
         rc = GANG_ENOMEM;
+        goto out_line;
+    }
+    if (nccl &&
+        (rc = gang_comm_nccl_unique_id(r.nccl_id, sizeof(r.nccl_id), &r.nccl_id_len)) != 0) {
+        snprintf(r.why, sizeof(r.why), "nccl unique id: %s", gang_err_name(rc));
         goto out_line;
     }
     rc = gang_comm_socket_listen(BD_HOST, &r.listener, r.blob, sizeof(r.blob) - 1, &r.blob_len);

@@ -298,16 +298,18 @@ static double bd_params(const bd_opts *o)
     return o->layers * layer + 2.0 * o->vocab * h + h;
 }
 
-/* The points of --layouts: tp, pp, nccl (the nccl point is 1x1 with a one-rank TP group). */
+/* The points of --layouts: tp, pp, nccl (the TP group over nccl: "nccl" is 1x1 with a
+ * one-rank group, "TPx1-nccl" TP ranks on as many GPUs). */
 typedef struct bd_gpu_layouts {
     uint32_t lay[BD_MAX_LAYOUTS][3];
     uint32_t n;
 } bd_gpu_layouts;
 
 /*
- * --layouts for cuda / fake: TPxPP items (at most BD_MAX_RANKS ranks, on the one device)
- * and "nccl", 1x1 first. nccl is left out, with a note on stderr, on the fake device or
- * without NCCL. Returns 0 or GANG_EUSAGE (printed).
+ * --layouts for cuda / fake: TPxPP items (at most BD_MAX_RANKS ranks, on the one device),
+ * "nccl" and TPx1-nccl, 1x1 first. An nccl layout is left out, with a note on stderr, on
+ * the fake device, without NCCL, or (TPx1-nccl) with fewer GPUs than TP ranks. Returns 0
+ * or GANG_EUSAGE (printed).
  */
 static int bd_gpu_parse_layouts(const bd_opts *o, bd_gpu_layouts *L)
 {
@@ -319,26 +321,40 @@ static int bd_gpu_parse_layouts(const bd_opts *o, bd_gpu_layouts *L)
     memset(L, 0, sizeof(*L));
     gang_strlcpy(buf, o->layouts, sizeof(buf));
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        size_t len = strlen(tok);
         int nccl = strcmp(tok, "nccl") == 0;
 
         tp = pp = 1;
-        if ((!nccl && (sscanf(tok, "%ux%u%c", &tp, &pp, &extra) != 2 || tp < 1 || pp < 1 ||
-                       tp * pp > BD_MAX_RANKS)) ||
-            L->n == BD_MAX_LAYOUTS || (L->n == 0 && (nccl || tp * pp != 1))) {
+        if (!nccl && len > 5 && strcmp(tok + len - 5, "-nccl") == 0) {
+            tok[len - 5] = '\0'; /* TPx1-nccl: TP >= 2 ranks, one stage */
+            nccl = 2;
+        }
+        if ((nccl != 1 && (sscanf(tok, "%ux%u%c", &tp, &pp, &extra) != 2 || tp < 1 || pp < 1 ||
+                           tp * pp > BD_MAX_RANKS)) ||
+            (nccl == 2 && (tp < 2 || pp != 1)) || L->n == BD_MAX_LAYOUTS ||
+            (L->n == 0 && (nccl || tp * pp != 1))) {
             fprintf(stderr,
                     "ganglion bench decode: --layouts: '%s' is not a list of up to %d TPxPP "
-                    "layouts of at most %d ranks or nccl, starting with 1x1\n",
+                    "layouts of at most %d ranks, nccl or TPx1-nccl, starting with 1x1\n",
                     o->layouts, BD_MAX_LAYOUTS, BD_MAX_RANKS);
             return GANG_EUSAGE;
         }
         if (nccl && !nccl_ok) {
-            fprintf(stderr, "ganglion bench decode: the nccl layout is left out: %s\n",
+            fprintf(stderr, "ganglion bench decode: the %s layout is left out: %s\n",
+                    nccl == 1 ? "nccl" : "TP-over-nccl",
                     strcmp(o->kdev, "cuda") != 0 ? "not on the fake device" : "NCCL not built");
+            continue;
+        }
+        if (nccl == 2 && (int)tp > gang_kernels_device_count()) {
+            fprintf(stderr,
+                    "ganglion bench decode: the %ux1-nccl layout is left out: it needs "
+                    "%u GPUs (one per rank), %d visible\n",
+                    tp, tp, gang_kernels_device_count());
             continue;
         }
         L->lay[L->n][0] = tp;
         L->lay[L->n][1] = pp;
-        L->lay[L->n][2] = (uint32_t)nccl;
+        L->lay[L->n][2] = nccl ? 1u : 0u;
         L->n++;
     }
     if (L->n == 0) {

@@ -206,7 +206,11 @@ step moe-cuda 45 bash "$SCRIPTS/gpu-moe-check.sh" "$BIN" "$WORK/moe"
 # --- performance, each against the image's PyTorch in the same run -----------------------
 step torch-gemm 30 python3 "$SCRIPTS/torch-peer.py" gemm
 step bench-gemm 30 "$BIN" bench gemm --shapes 8192x8192x8192 --iters 10 --warmup 3
-step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1,2x1,nccl \
+# With 2 GPUs or more also TP=2 over NCCL, one GPU per rank (its all-reduces inside the
+# decode step's graph): per step the same host syncs and launches as 1x1.
+DECODE_LAYOUTS=1x1,2x1,nccl
+[ "$GPUS" -ge 2 ] && DECODE_LAYOUTS=$DECODE_LAYOUTS,2x1-nccl
+step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts "$DECODE_LAYOUTS" \
     --batch 1,64 --tokens 32 --iters 2 --warmup 1
 # The bf16 decode products by cuBLASLt (x converted first) instead of ganglion's GEMV:
 # batch 1 is where they differ (more rows always take cuBLASLt).

@@ -228,7 +228,7 @@ if(GANGLION_CUDA_EMU)
     COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/bench-decode-counters.py
             $<TARGET_FILE:ganglion> cuda)
   set_tests_properties(bench-decode-cuda-counters PROPERTIES LABELS cuda-emu TIMEOUT 600
-    ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192")
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192;GANG_EMU_DEVICES=2")
 
   # serve --device cuda on the emulated GPU (1x1, and TP=2 as two workers sharing it;
   # then TP=2 over NCCL as two worker processes on two emulated GPUs) against transformers

@@ -14,10 +14,13 @@ On "cuda" the counters are the real backend's (its CUDA graphs, its one sync per
 and a second run with --cuda-graphs 0 must count, point for point, what the fake device
 counts (the issue's "they must match the fake device's"; with graphs a replayed step
 counts one graph launch instead of its kernels). A third run adds the nccl point (a
-one-rank nccl TP group, on the NCCL emulator), which must count what 1x1 counts.
+one-rank nccl TP group, on the NCCL emulator) and, with GANG_EMU_DEVICES >= 2, the
+2x1-nccl point (TP 2 on two emulated GPUs over NCCL, the all-reduces in the step's graph):
+each must count what 1x1 counts (the busiest rank's counters).
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -73,14 +76,26 @@ def same_as_fake(binary):
 def nccl_same_as_socket(binary):
     """cuda's nccl point (1x1 whose TP group is a one-rank nccl communicator, on the NCCL
     emulator; its all-reduces captured into the step's graph) counts what 1x1 counts: the
-    communicator adds no host sync and no launch to a step (as on the H200)."""
-    pts = run_points(binary, "cuda", "1", "4", ["--layouts", "1x1,nccl"])
-    by = {(d["storage"], d.get("backend")): [d[k] for k in FIELDS] for d in pts}
+    communicator adds no host sync and no launch to a step (as on the H200). So does
+    2x1-nccl (TP 2 on two GPUs over NCCL) where two emulated GPUs are: a TP rank's step is
+    the 1x1 step's, its collectives inside the graph."""
+    two = int(os.environ.get("GANG_EMU_DEVICES", "1")) >= 2
+    layouts = "1x1,nccl,2x1-nccl" if two else "1x1,nccl"
+    pts = run_points(binary, "cuda", "1,4", "4", ["--layouts", layouts])
+    by = {(d["storage"], d["batch"], d.get("backend"), d["tp"]): [d[k] for k in FIELDS]
+          for d in pts}
     for st in ("bf16", "int8"):
-        a, b = by.get((st, "socket")), by.get((st, "nccl"))
-        print("%s batch 1: 1x1 %s, nccl %s" % (st, a, b))
-        if a is None or b is None or a != b:
-            fail("%s: the nccl point's counters differ from 1x1's (or a point is missing)" % st)
+        for b in (1, 4):
+            a = by.get((st, b, "socket", 1))
+            for name, key in (("nccl", (st, b, "nccl", 1)), ("2x1-nccl", (st, b, "nccl", 2))):
+                if name == "2x1-nccl" and not two:
+                    continue
+                print("%s batch %d: 1x1 %s, %s %s" % (st, b, a, name, by.get(key)))
+                if a is None or by.get(key) is None or a != by[key]:
+                    fail("%s batch %d: the %s point's counters differ from 1x1's (or a point "
+                         "is missing)" % (st, b, name))
+    if not two:
+        print("2x1-nccl not run: GANG_EMU_DEVICES < 2")
 
 
 def main():
