@@ -7,6 +7,7 @@
  * the decode GEMV its weights (cuda-matmul.cu). The 16 bytes are taken apart with memcpy,
  * never through a pointer cast: reading a uint4 through a bf16 / half pointer is undefined
  * (strict aliasing), and the CUDA emulator's host compiler (tests/cuda-emu/) read zeros.
+ * from16(v, out) widens 16 bytes already loaded (the decode GEMV issues some loads early).
  *
  * Also the gated unit's formula (gang_cuda_glu), which the GLU kernel and the decode GEMVs
  * that stage it (gemv_x) share, so that the fused product sees the unfused values.
@@ -25,6 +26,10 @@ template <typename T> struct vec_io;
 
 template <> struct vec_io<float> {
     static constexpr int VEC = 4;
+    __device__ static void from16(const uint4 &v, float *out)
+    {
+        memcpy(out, &v, 4 * sizeof(float));
+    }
     __device__ static void load(const float *p, float *out)
     {
         float4 v = *(const float4 *)p;
@@ -42,13 +47,16 @@ template <> struct vec_io<float> {
 
 template <> struct vec_io<__nv_bfloat16> {
     static constexpr int VEC = 8;
-    __device__ static void load(const __nv_bfloat16 *p, float *out)
+    __device__ static void from16(const uint4 &v, float *out)
     {
-        uint4 v = *(const uint4 *)p;
         __nv_bfloat16 h[8];
         memcpy((void *)h, &v, sizeof(h)); /* not a cast: reading a uint4 as bf16 breaks aliasing */
         for (int i = 0; i < 8; i++)
             out[i] = __bfloat162float(h[i]);
+    }
+    __device__ static void load(const __nv_bfloat16 *p, float *out)
+    {
+        from16(*(const uint4 *)p, out);
     }
     __device__ static float round(float x)
     {
@@ -62,13 +70,16 @@ template <> struct vec_io<__nv_bfloat16> {
 
 template <> struct vec_io<__half> {
     static constexpr int VEC = 8;
-    __device__ static void load(const __half *p, float *out)
+    __device__ static void from16(const uint4 &v, float *out)
     {
-        uint4 v = *(const uint4 *)p;
         __half h[8];
         memcpy((void *)h, &v, sizeof(h));
         for (int i = 0; i < 8; i++)
             out[i] = __half2float(h[i]);
+    }
+    __device__ static void load(const __half *p, float *out)
+    {
+        from16(*(const uint4 *)p, out);
     }
     __device__ static float round(float x)
     {
@@ -83,12 +94,15 @@ template <> struct vec_io<__half> {
 /* int8 weights (their row scale applied by the caller): round is the identity on f32. */
 template <> struct vec_io<int8_t> {
     static constexpr int VEC = 16;
-    __device__ static void load(const int8_t *p, float *out)
+    __device__ static void from16(const uint4 &v, float *out)
     {
-        int4 v = *(const int4 *)p;
-        const int8_t *q = (const int8_t *)&v;
+        const int8_t *q = (const int8_t *)&v; /* a char type may read any object */
         for (int i = 0; i < 16; i++)
             out[i] = (float)q[i];
+    }
+    __device__ static void load(const int8_t *p, float *out)
+    {
+        from16(*(const uint4 *)p, out);
     }
     __device__ static float round(float x)
     {
@@ -115,6 +129,25 @@ __device__ static inline float gemv_x(const float *x, int glu, size_t kdim, size
         return x[r * kdim + k];
     row = x + r * 2 * kdim;
     return gang_cuda_glu(glu == GANG_CUDA_GLU_GELU, row[k], row[kdim + k]);
+}
+
+/* Elements k .. k + 3 of row r of a decode GEMV's input, as gemv_x gives them one by one,
+ * from 16-byte loads (x, k and kdim 16-byte / 4-element aligned). */
+__device__ static inline void gemv_x4(const float *x, int glu, size_t kdim, size_t r, size_t k,
+                                      float *out)
+{
+    if (glu == GANG_CUDA_GLU_NONE) {
+        float4 v = *(const float4 *)(x + r * kdim + k);
+        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+        return;
+    }
+    const float *row = x + r * 2 * kdim;
+    float4 g = *(const float4 *)(row + k), u = *(const float4 *)(row + kdim + k);
+    const int gelu = glu == GANG_CUDA_GLU_GELU;
+    out[0] = gang_cuda_glu(gelu, g.x, u.x);
+    out[1] = gang_cuda_glu(gelu, g.y, u.y);
+    out[2] = gang_cuda_glu(gelu, g.z, u.z);
+    out[3] = gang_cuda_glu(gelu, g.w, u.w);
 }
 
 #endif

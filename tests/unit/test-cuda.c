@@ -487,12 +487,15 @@ static void test_gpu_gemm_half(void **state)
  * allowance above the rounding of x (at k = 576 its effect has a std of 6.4e-3 for bf16),
  * which would hide real errors of that size.
  */
-static void matmul_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd, double tol)
+/* x_off: x starts that many floats into its device buffer (1: not 16-byte aligned, so the
+ * decode GEMV stages it one element a load instead of four). */
+static void matmul_case_at(gang_kernels_wtype t, size_t m, size_t n, size_t kd, double tol,
+                           size_t x_off)
 {
     float *x = rnd_buf(m * kd, 1.0f), *wf = rnd_buf(n * kd, 0.5f);
     float *xr = malloc(m * kd * 4), *ref = malloc(m * n * 4), *got;
     size_t bytes = gang_kernels_weight_bytes(t, n, kd);
-    void *blob = malloc(bytes), *dw, *dx, *dy = NULL;
+    void *blob = malloc(bytes), *dw, *dx = NULL, *dy = NULL;
     gang_kernels_weight hw, gw;
     char what[96];
 
@@ -505,18 +508,24 @@ static void matmul_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd, dou
     hw = gang_kernels_weight_view(t, blob, n, kd);
     assert_int_equal(gang_kernels_matmul(fx.cpu, m, n, kd, xr, &hw, ref), 0);
     dw = dev_copy(blob, bytes);
-    dx = dev_copy(x, m * kd * 4);
+    assert_int_equal(gang_kernels_alloc(fx.gpu, (m * kd + x_off) * 4, &dx), 0);
+    assert_int_equal(gang_kernels_upload(fx.gpu, (float *)dx + x_off, x, m * kd * 4), 0);
     assert_int_equal(gang_kernels_alloc(fx.gpu, m * n * 4, &dy), 0);
     gw = gang_kernels_weight_view(t, dw, n, kd);
-    assert_int_equal(gang_kernels_matmul(fx.gpu, m, n, kd, dx, &gw, dy), 0);
+    assert_int_equal(gang_kernels_matmul(fx.gpu, m, n, kd, (float *)dx + x_off, &gw, dy), 0);
     got = dev_fetch(dy, m * n * 4);
-    snprintf(what, sizeof(what), "matmul %s m=%zu n=%zu k=%zu", gang_kernels_wtype_name(t), m, n,
-             kd);
+    snprintf(what, sizeof(what), "matmul %s m=%zu n=%zu k=%zu x+%zu", gang_kernels_wtype_name(t), m,
+             n, kd, x_off);
     assert_close(got, ref, m * n, tol, what);
     gang_kernels_free(fx.gpu, dw);
     gang_kernels_free(fx.gpu, dx);
     gang_kernels_free(fx.gpu, dy);
     free(x), free(xr), free(wf), free(ref), free(got), free(blob);
+}
+
+static void matmul_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd, double tol)
+{
+    matmul_case_at(t, m, n, kd, tol, 0);
 }
 
 static void test_gpu_matmul_typed(void **state)
@@ -543,6 +552,9 @@ static void test_gpu_matmul_typed(void **state)
         matmul_case(GANG_KW_BF16, m, 67, 9216, 2e-4);
         matmul_case(GANG_KW_F16, m, 67, 9216, 2e-4);
     }
+    /* x not 16-byte aligned: the GEMV's staging one element a load */
+    matmul_case_at(GANG_KW_BF16, 1, 67, 576, 2e-4, 1);
+    matmul_case_at(GANG_KW_I8, 3, 67, 9216, 2e-4, 1);
     for (int t = GANG_KW_BF16; t <= GANG_KW_I8; t++) {
         float *table = rnd_buf(vocab * dim, 1.0f), *ref = malloc(sizeof(ids) / 4 * dim * 4), *got;
         size_t bytes = gang_kernels_weight_bytes((gang_kernels_wtype)t, vocab, dim);
