@@ -487,28 +487,16 @@ static void test_two_ranks(void **state)
  * replay runs on the caller's stream).
  */
 typedef struct graph_arg {
-    const uint8_t *blob;
-    size_t len;
-    uint32_t rank;
+    pair_arg p;             /* blob, rank and the failure, as a pair's (PAIR_CHECK) */
     pthread_barrier_t *bar; /* rank 1 leaves once rank 0 has its settle's answer */
     int settle_rc;          /* rank 0: the failed round's settle */
     uint64_t settle_ms;
-    int failed;
-    char why[160];
 } graph_arg;
-
-#define GRAPH_CHECK(cond)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            snprintf(a->why, sizeof(a->why), "rank %u: %s (line %d)", a->rank, #cond, __LINE__);   \
-            a->failed = 1;                                                                         \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 static void *graph_rank(void *p)
 {
-    graph_arg *a = p;
+    graph_arg *ga = p;
+    pair_arg *a = &ga->p;
     gang_kernels_options o;
     gang_kernels *k = NULL;
     gang_kernels_graph *g = NULL;
@@ -523,42 +511,42 @@ static void *graph_rank(void *p)
     o.device = "cuda";
     o.device_index = (int)a->rank;
     o.pool_mb = 64;
-    GRAPH_CHECK(gang_kernels_open_opts(&o, &k) == 0);
-    GRAPH_CHECK(gang_comm_init(&cfg, &c) == 0);
-    GRAPH_CHECK(gang_comm_split(c, 0, a->rank, 20000, &tp) == 0);
-    GRAPH_CHECK(gang_comm_graph_ok(tp) == 1);
-    GRAPH_CHECK(gang_kernels_alloc(k, sizeof(h), &d) == 0);
+    PAIR_CHECK(gang_kernels_open_opts(&o, &k) == 0);
+    PAIR_CHECK(gang_comm_init(&cfg, &c) == 0);
+    PAIR_CHECK(gang_comm_split(c, 0, a->rank, 20000, &tp) == 0);
+    PAIR_CHECK(gang_comm_graph_ok(tp) == 1);
+    PAIR_CHECK(gang_kernels_alloc(k, sizeof(h), &d) == 0);
     stream = gang_kernels_device_stream(k);
-    GRAPH_CHECK(stream != NULL);
-    GRAPH_CHECK(gang_kernels_graph_begin(k) == 0);
-    GRAPH_CHECK(gang_comm_order_after(tp, stream) == 0);
-    GRAPH_CHECK(gang_comm_all_reduce(tp, d, N, GANG_DTYPE_F32, 10000) == 0);
-    GRAPH_CHECK(gang_kernels_scale(k, d, 0.5f, N) == 0);
-    GRAPH_CHECK(gang_kernels_graph_end(k, &g) == 0);
-    GRAPH_CHECK(gang_comm_settle(tp, 10000) == 0); /* the capture ran nothing */
+    PAIR_CHECK(stream != NULL);
+    PAIR_CHECK(gang_kernels_graph_begin(k) == 0);
+    PAIR_CHECK(gang_comm_order_after(tp, stream) == 0);
+    PAIR_CHECK(gang_comm_all_reduce(tp, d, N, GANG_DTYPE_F32, 10000) == 0);
+    PAIR_CHECK(gang_kernels_scale(k, d, 0.5f, N) == 0);
+    PAIR_CHECK(gang_kernels_graph_end(k, &g) == 0);
+    PAIR_CHECK(gang_comm_settle(tp, 10000) == 0); /* the capture ran nothing */
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < N; i++)
             h[i] = (float)(i % 97) + (float)(a->rank * 8 + round);
-        GRAPH_CHECK(gang_kernels_upload(k, d, h, sizeof(h)) == 0);
-        GRAPH_CHECK(gang_kernels_graph_launch(k, g) == 0);
-        GRAPH_CHECK(gang_comm_pend_on(tp, stream) == 0);
-        GRAPH_CHECK(gang_comm_settle(tp, 10000) == 0);
-        GRAPH_CHECK(gang_kernels_download(k, r, d, sizeof(r)) == 0);
+        PAIR_CHECK(gang_kernels_upload(k, d, h, sizeof(h)) == 0);
+        PAIR_CHECK(gang_kernels_graph_launch(k, g) == 0);
+        PAIR_CHECK(gang_comm_pend_on(tp, stream) == 0);
+        PAIR_CHECK(gang_comm_settle(tp, 10000) == 0);
+        PAIR_CHECK(gang_kernels_download(k, r, d, sizeof(r)) == 0);
         for (size_t i = 0; i < N; i++) /* ((x + 8 r0 + k) + (x + 8 + k)) / 2 */
-            GRAPH_CHECK(r[i] == (float)(i % 97) + 4.0f + (float)round);
+            PAIR_CHECK(r[i] == (float)(i % 97) + 4.0f + (float)round);
     }
     if (a->rank == 0) {
-        GRAPH_CHECK(gang_kernels_graph_launch(k, g) == 0);
-        GRAPH_CHECK(gang_comm_pend_on(tp, stream) == 0);
+        PAIR_CHECK(gang_kernels_graph_launch(k, g) == 0);
+        PAIR_CHECK(gang_comm_pend_on(tp, stream) == 0);
         uint64_t t0 = gang_now_ms();
-        a->settle_rc = gang_comm_settle(tp, 300);
-        a->settle_ms = gang_now_ms() - t0;
+        ga->settle_rc = gang_comm_settle(tp, 300);
+        ga->settle_ms = gang_now_ms() - t0;
     }
     in_bar = 1;
-    pthread_barrier_wait(a->bar);
+    pthread_barrier_wait(ga->bar);
 out:
     if (!in_bar)
-        pthread_barrier_wait(a->bar);
+        pthread_barrier_wait(ga->bar);
     if (tp != NULL)
         gang_comm_abort(tp);
     if (c != NULL)
@@ -587,15 +575,15 @@ static void test_graph_replay(void **state)
     make_blob(blob, &len);
     assert_int_equal(pthread_barrier_init(&bar, NULL, 2), 0);
     for (uint32_t r = 0; r < 2; r++) {
-        ga[r] = (graph_arg){.blob = blob, .len = len, .rank = r, .bar = &bar};
+        ga[r] = (graph_arg){.p = {.blob = blob, .len = len, .rank = r}, .bar = &bar};
         assert_int_equal(pthread_create(&th[r], NULL, graph_rank, &ga[r]), 0);
     }
     for (int r = 0; r < 2; r++)
         pthread_join(th[r], NULL);
     pthread_barrier_destroy(&bar);
     for (int r = 0; r < 2; r++)
-        if (ga[r].failed)
-            fail_msg("%s", ga[r].why);
+        if (ga[r].p.failed)
+            fail_msg("%s", ga[r].p.why);
     print_message("3 replays of a captured all-reduce gave the mean; a replay whose peer never "
                   "launched: settle %s after %llu ms (deadline 300)\n",
                   gang_err_name(ga[0].settle_rc), (unsigned long long)ga[0].settle_ms);
