@@ -14,7 +14,8 @@ import os
 import re
 import sys
 
-GLOBAL = re.compile(r"__global__\s+(?:static\s+)?void\s+(\w+)\s*\(")
+GLOBAL = re.compile(r"__global__\s+(?:static\s+)?void\s+"
+                    r"(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(")
 
 
 def main():
