@@ -755,6 +755,7 @@ static int tp_step_kv(gang_kernels *k, uint32_t n_seq, gang_tp_kv_cache *const *
                       gang_kernels_step_kv *kv, const gang_tp_scratch *s, size_t total)
 {
     const gang_tp_kv_cache *c0 = caches[0];
+    size_t max_keys = c0->cap;
 
     if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM) || c0->table_base == NULL)
         return 0;
@@ -764,6 +765,8 @@ static int tp_step_kv(gang_kernels *k, uint32_t n_seq, gang_tp_kv_cache *const *
         if (c->table_base != c0->table_base || c->k != c0->k || c->v != c0->v ||
             c->dtype != c0->dtype || c->block_size != c0->block_size || c->n_blocks != c0->n_blocks)
             return 0;
+        if (c->cap > max_keys)
+            max_keys = c->cap;
     }
     *kv = (gang_kernels_step_kv){.kc = c0->k,
                                  .vc = c0->v,
@@ -772,7 +775,8 @@ static int tp_step_kv(gang_kernels *k, uint32_t n_seq, gang_tp_kv_cache *const *
                                  .table_rows = s->positions + total,
                                  .block_size = c0->block_size,
                                  .n_blocks = c0->n_blocks,
-                                 .dtype = c0->dtype};
+                                 .dtype = c0->dtype,
+                                 .max_keys = max_keys};
     return 1;
 }
 

@@ -408,6 +408,10 @@ typedef struct gang_kernels_step_kv {
     size_t block_size;         /* positions per block, >= 1 */
     size_t n_blocks;           /* blocks of each pool */
     gang_dtype dtype;          /* F32, BF16 or F16 */
+    size_t max_keys;           /* > every positions[t] (the sequences' context), or 0: lets a
+                                  device split a long context's keys across blocks when the
+                                  step has few tokens (CUDA: flash-decoding), which the
+                                  launch must plan before the positions are known */
 } gang_kernels_step_kv;
 
 /*

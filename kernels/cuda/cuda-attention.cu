@@ -282,6 +282,15 @@ __global__ static void attention_merge_kernel(const float *part, unsigned splits
     }
 }
 
+extern "C" int gang__cuda_launch_attention_merge(cudaStream_t s, const float *part, size_t pairs,
+                                                 unsigned splits, size_t head_dim, float *out)
+{
+    if (pairs > 0x7fffffffu)
+        return GANG_ERANGE;
+    attention_merge_kernel<<<(unsigned)pairs, 128, 0, s>>>(part, splits, (unsigned)head_dim, out);
+    return gang__cuda_err(cudaGetLastError(), "attention merge launch");
+}
+
 /*
  * Chooses the plan: split the keys when the (query, head) pairs would leave most SMs idle
  * and there are enough keys to share (at least ATT_SPLIT_MIN_KEYS per chunk), within the
@@ -332,9 +341,7 @@ static int launch_attention(cudaStream_t s, const float *q, const T *kc, const T
     int rc = gang__cuda_err(cudaGetLastError(), "attention (split) launch");
     if (rc < 0)
         return rc;
-    attention_merge_kernel<<<(unsigned)pairs, 128, 0, s>>>(scratch, splits, (unsigned)head_dim,
-                                                           out);
-    return gang__cuda_err(cudaGetLastError(), "attention merge launch");
+    return gang__cuda_launch_attention_merge(s, scratch, pairs, splits, head_dim, out);
 }
 
 extern "C" int gang__cuda_launch_attention(cudaStream_t s, const float *q, const void *kc,

@@ -632,10 +632,10 @@ static int cuda_attention_step(void *ctx, const gang_kernels_step_kv *kv, const 
     gang__cuda_ctx *c = ctx;
     int rc = ctx_enter(c);
 
-    return rc < 0
-               ? rc
-               : gang__cuda_launch_attention_step(c->stream, kv, knew, vnew, q, tokens, n_heads,
-                                                  n_kv_heads, head_dim, window, out, c->dev_flag);
+    return rc < 0 ? rc
+                  : gang__cuda_launch_attention_step(
+                        c->stream, kv, knew, vnew, q, tokens, n_heads, n_kv_heads, head_dim, window,
+                        out, c->dev_flag, c->att_scratch, c->att_scratch_floats, c->sm_count);
 }
 
 static int cuda_scatter_i32(void *ctx, int32_t *dst, size_t dst_n, const int32_t *pairs,

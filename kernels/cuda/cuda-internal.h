@@ -191,7 +191,12 @@ int gang__cuda_launch_attention(cudaStream_t s, const float *q, const void *kc, 
 int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kernels_step_kv *kv,
                                      const float *knew, const float *vnew, const float *q,
                                      size_t tokens, size_t n_heads, size_t n_kv_heads,
-                                     size_t head_dim, size_t window, float *out, int *flag);
+                                     size_t head_dim, size_t window, float *out, int *flag,
+                                     float *scratch, size_t scratch_floats, int n_sm);
+/* Split-key attention's second kernel (cuda-attention.cu): part holds, per (query, head)
+ * pair, splits states of m, l and head_dim numerators; out[pair] their combination. */
+int gang__cuda_launch_attention_merge(cudaStream_t s, const float *part, size_t pairs,
+                                      unsigned splits, size_t head_dim, float *out);
 int gang__cuda_launch_scatter_i32(cudaStream_t s, int32_t *dst, size_t dst_n, const int32_t *pairs,
                                   size_t n_pairs, int *flag);
 int gang__cuda_launch_sample(cudaStream_t s, const float *logits, size_t rows, size_t cols,

@@ -13,6 +13,11 @@
  * because the block that stores it may not have run yet: so no ordering between blocks
  * is needed and the numbers are those of storing first and attending after (up to the
  * order of the f32 sums). The warps' states are merged in shared memory at the end.
+ * When the step has few tokens and the context is long (a batch-1 decode: a block per kv
+ * head, 8 for an 8B Llama, each walking every key), the keys are also split across
+ * blocks (grid z) and a second kernel merges their states, as the per-sequence attention
+ * does (cuda-attention.cu): the split is planned from the context bound the caller gives
+ * (gang_kernels_step_kv.max_keys), not from the positions, so a graph replays it.
  *
  * Sampling: a block per row. Candidates are ordered by one 64-bit key (the logit's bits
  * made descending-orderable, then the id), so "the first n candidates" and "the shortest
@@ -116,9 +121,11 @@ extern "C" int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, s
  * Attention with the KV append fused.
  * --------------------------------------------------------------------------------- */
 #define STEP_WARPS 4
-#define STEP_MAXG 8    /* query heads handled per pass over the keys */
-#define STEP_MAXHD 256 /* head_dim bound of this kernel */
-#define STEP_E 8       /* elements a lane holds of one row */
+#define STEP_MAXG 8             /* query heads handled per pass over the keys */
+#define STEP_MAXHD 256          /* head_dim bound of this kernel */
+#define STEP_E 8                /* elements a lane holds of one row */
+#define STEP_SPLIT_MIN_KEYS 128 /* fewest keys of the context worth a block of their own */
+#define STEP_MAX_SPLITS 64
 
 /* What every block of one launch shares. */
 typedef struct step_args {
@@ -130,6 +137,12 @@ typedef struct step_args {
     size_t block_size, n_blocks, n_heads, n_kv_heads, head_dim, window;
     float scale;
     int *flag;
+    /* Split keys (splits > 1): block z takes keys [z chunk, (z + 1) chunk) (the last one
+     * all keys from there on) and writes its states to part, as attention_split_kernel
+     * does, for gang__cuda_launch_attention_merge. */
+    size_t chunk;
+    unsigned splits;
+    float *part;
 } step_args;
 
 /*
@@ -179,23 +192,27 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     const int V = vec_io<T>::VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, g = a.n_heads / a.n_kv_heads;
     size_t w = a.n_kv_heads * hd;
+    const unsigned sp = blockIdx.z;
     int32_t p = a.positions[t], trow = a.table_rows[t];
 
     if (p < 0 || trow < 0) {
-        if (threadIdx.x == 0)
+        if (threadIdx.x == 0 && sp == 0)
             atomicOr(a.flag, GANG_CUDA_FLAG_BAD_POSITION);
         return;
     }
-    /* The append: this token's rows of head h, at its position. */
-    int32_t blk = a.tables[(size_t)trow + (size_t)p / a.block_size];
-    if (blk >= 0 && (size_t)blk < a.n_blocks) {
-        size_t row = (size_t)blk * a.block_size + (size_t)p % a.block_size;
-        for (size_t e = threadIdx.x; e < hd; e += blockDim.x) {
-            ((T *)a.kw)[row * w + h * hd + e] = vec_io<T>::store(a.knew[t * w + h * hd + e]);
-            ((T *)a.vw)[row * w + h * hd + e] = vec_io<T>::store(a.vnew[t * w + h * hd + e]);
+    /* The append (the first split's block): this token's rows of head h, at its position. */
+    if (sp == 0) {
+        int32_t blk = a.tables[(size_t)trow + (size_t)p / a.block_size];
+
+        if (blk >= 0 && (size_t)blk < a.n_blocks) {
+            size_t row = (size_t)blk * a.block_size + (size_t)p % a.block_size;
+            for (size_t e = threadIdx.x; e < hd; e += blockDim.x) {
+                ((T *)a.kw)[row * w + h * hd + e] = vec_io<T>::store(a.knew[t * w + h * hd + e]);
+                ((T *)a.vw)[row * w + h * hd + e] = vec_io<T>::store(a.vnew[t * w + h * hd + e]);
+            }
+        } else if (threadIdx.x == 0) {
+            atomicOr(a.flag, GANG_CUDA_FLAG_BAD_BLOCK);
         }
-    } else if (threadIdx.x == 0) {
-        atomicOr(a.flag, GANG_CUDA_FLAG_BAD_BLOCK);
     }
     /* The sequence's first token of this launch: its keys from there on are fresh. */
     if (threadIdx.x == 0) {
@@ -206,6 +223,15 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
         first_s = a.positions[f];
     }
     int32_t j0 = a.window > 0 && (size_t)p + 1 > a.window ? p + 1 - (int32_t)a.window : 0;
+    int32_t j1 = p; /* the last key of this block */
+    if (a.splits > 1) {
+        size_t c0 = (size_t)sp * a.chunk;
+
+        if (c0 > (size_t)j0)
+            j0 = c0 > (size_t)p + 1 ? p + 1 : (int32_t)c0; /* past p: empty */
+        if (sp + 1 < a.splits && c0 + a.chunk <= (size_t)p)
+            j1 = (int32_t)(c0 + a.chunk - 1);
+    }
     for (size_t hc = 0; hc < g; hc += STEP_MAXG) {
         size_t ng = g - hc < STEP_MAXG ? g - hc : STEP_MAXG;
         float m[STEP_MAXG], s[STEP_MAXG], acc[STEP_MAXG][STEP_E], kr[STEP_E], vr[STEP_E];
@@ -220,7 +246,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
             for (int e = 0; e < STEP_E; e++)
                 acc[k][e] = 0.0f;
         }
-        for (int32_t j = j0 + warp; j <= p; j += STEP_WARPS) {
+        for (int32_t j = j0 + warp; j <= j1; j += STEP_WARPS) {
             for (int e = 0; e < STEP_E; e++)
                 kr[e] = vr[e] = 0.0f;
             if (!step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, kr) ||
@@ -261,7 +287,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
         }
         __syncthreads();
         for (size_t i = threadIdx.x; i < ng * hd; i += blockDim.x) {
-            size_t k = i / hd, e = i % hd;
+            size_t k = i / hd, e = i % hd, pair = t * a.n_heads + h * g + hc + k;
             float mx = -INFINITY, num = 0.0f, den = 0.0f;
 
             for (int v = 0; v < STEP_WARPS; v++)
@@ -271,16 +297,50 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
                 num += f * wacc[v][k][e];
                 den += f * wsum[v][k];
             }
-            a.out[(t * a.n_heads + h * g + hc + k) * hd + e] = den > 0.0f ? num / den : 0.0f;
+            if (a.splits > 1) { /* this chunk's unnormalised state (m = -inf: empty) */
+                float *st = a.part + (pair * a.splits + sp) * (hd + 2);
+
+                if (e == 0)
+                    st[0] = mx, st[1] = den;
+                st[2 + e] = num;
+            } else {
+                a.out[pair * hd + e] = den > 0.0f ? num / den : 0.0f;
+            }
         }
     }
+}
+
+/*
+ * The number of key splits of a step (flash-decoding): 1 unless the (token, kv head)
+ * blocks would leave most SMs idle and the context bound (max_keys) holds at least two
+ * chunks of STEP_SPLIT_MIN_KEYS; then about two waves of blocks, within the scratch (a
+ * state of head_dim + 2 floats per query head and split). The plan depends only on the
+ * call's sizes, never on the positions (a captured step replays it).
+ */
+static unsigned step_splits(size_t tokens, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                            size_t max_keys, size_t scratch_floats, int n_sm)
+{
+    size_t blocks = tokens * n_kv_heads, want;
+
+    if (scratch_floats == 0 || n_sm <= 0 || blocks >= (size_t)n_sm ||
+        max_keys < 2 * STEP_SPLIT_MIN_KEYS)
+        return 1;
+    want = (2 * (size_t)n_sm + blocks - 1) / blocks;
+    if (want > max_keys / STEP_SPLIT_MIN_KEYS)
+        want = max_keys / STEP_SPLIT_MIN_KEYS;
+    if (want > scratch_floats / (tokens * n_heads * (head_dim + 2)))
+        want = scratch_floats / (tokens * n_heads * (head_dim + 2));
+    if (want > STEP_MAX_SPLITS)
+        want = STEP_MAX_SPLITS;
+    return want < 2 ? 1u : (unsigned)want;
 }
 
 extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kernels_step_kv *kv,
                                                 const float *knew, const float *vnew,
                                                 const float *q, size_t tokens, size_t n_heads,
                                                 size_t n_kv_heads, size_t head_dim, size_t window,
-                                                float *out, int *flag)
+                                                float *out, int *flag, float *scratch,
+                                                size_t scratch_floats, int n_sm)
 {
     step_args a = {kv->kc,
                    kv->vc,
@@ -300,8 +360,15 @@ extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kerne
                    head_dim,
                    window,
                    (float)(1.0 / sqrt((double)head_dim)),
-                   flag};
-    dim3 grid((unsigned)tokens, (unsigned)n_kv_heads);
+                   flag,
+                   0,
+                   1,
+                   scratch};
+    if (scratch != NULL)
+        a.splits =
+            step_splits(tokens, n_heads, n_kv_heads, head_dim, kv->max_keys, scratch_floats, n_sm);
+    a.chunk = (kv->max_keys + a.splits - 1) / a.splits;
+    dim3 grid((unsigned)tokens, (unsigned)n_kv_heads, a.splits);
 
     /* 16-byte loads need whole vectors per row; the lane holds STEP_E elements. */
     if (head_dim > STEP_MAXHD || head_dim % 8 != 0 || n_kv_heads > 65535 ||
@@ -313,7 +380,10 @@ extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kerne
         attention_step_kernel<__half><<<grid, 32 * STEP_WARPS, 0, s>>>(a);
     else
         attention_step_kernel<float><<<grid, 32 * STEP_WARPS, 0, s>>>(a);
-    return step_launch_result("step attention launch");
+    int rc = step_launch_result("step attention launch");
+    if (rc < 0 || a.splits == 1)
+        return rc;
+    return gang__cuda_launch_attention_merge(s, scratch, tokens * n_heads, a.splits, head_dim, out);
 }
 
 /* ---------------------------------------------------------------------------------

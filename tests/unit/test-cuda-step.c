@@ -7,7 +7,8 @@
  *   attention_step          decodes and a prefill chunk of several sequences on a paged
  *                           pool (f32 and bf16), the KV rows appended: 1e-4 of the CPU's
  *                           (f32 online softmax and __expf against the CPU's double), the
- *                           pools' new rows exact
+ *                           pools' new rows exact; also at long positions, where the keys
+ *                           are split across blocks and merged (flash-decoding)
  *   sample                  greedy rows exact; seeded rows (top-k, top-p) the CPU's token
  *                           (parallel sums: a draw within rounding of a boundary could
  *                           differ, which these random rows never come near)
@@ -151,13 +152,28 @@ static void test_scatter(void **state)
  * Three sequences in one step: a decode at position 9, a prefill chunk of 5 tokens at
  * positions 3..7, a decode at 20 with a window of 8; paged pool of 4-row blocks, the
  * earlier rows random. The GPU and the CPU run the same call on copies of the same pool.
+ * longctx: the same shape at long positions (a decode at 700, a chunk at 254..258 across
+ * a split's edge, a decode at 500 with the window 200 when window is set) on 16-row
+ * blocks with max_keys 768, so the GPU splits the keys across blocks (flash-decoding:
+ * chunks of 128 keys, empty ones past a position or before a window) and merges them.
  */
-static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t window)
+static void step_case_at(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t window,
+                         int longctx)
 {
-    enum { TOK = 7, BS = 4, NB = 24, MAXB = 8 };
-    const int32_t pos[TOK] = {9, 3, 4, 5, 6, 7, 20}, rows[TOK] = {0, 8, 8, 8, 8, 8, 16};
-    int32_t tables[3 * MAXB];
-    size_t w = nkv * hd, es = gang_dtype_size(dt), pool = (size_t)NB * BS * w * es;
+    enum { TOK = 7, MAXT = 3 * 48 };
+    const int32_t pos_s[TOK] = {9, 3, 4, 5, 6, 7, 20},
+                  pos_l[TOK] = {700, 254, 255, 256, 257, 258, 500};
+    const size_t BS = longctx ? 16 : 4, MAXB = longctx ? 48 : 8, NB = 3 * MAXB;
+    const int32_t rows[TOK] = {0,
+                               (int32_t)MAXB,
+                               (int32_t)MAXB,
+                               (int32_t)MAXB,
+                               (int32_t)MAXB,
+                               (int32_t)MAXB,
+                               (int32_t)(2 * MAXB)};
+    const int32_t *pos = longctx ? pos_l : pos_s;
+    int32_t tables[MAXT];
+    size_t w = nkv * hd, es = gang_dtype_size(dt), pool = NB * BS * w * es;
     size_t qn = TOK * nh * hd, kn = TOK * w;
     float *q = malloc(qn * 4), *kn_h = malloc(kn * 4), *vn_h = malloc(kn * 4);
     /* pf holds the pool's elements in f32 (pool / es of them) before they are converted. */
@@ -168,7 +184,7 @@ static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t wi
     void *dq, *dk, *dv, *dkc, *dvc, *dtab, *dmeta;
 
     assert_non_null(pf);
-    for (int i = 0; i < 3 * MAXB; i++)
+    for (size_t i = 0; i < NB; i++) /* a permutation: 7 is prime to 24 and to 144 */
         tables[i] = (int32_t)((i * 7 + 3) % NB);
     for (size_t i = 0; i < qn; i++)
         q[i] = rnd();
@@ -180,13 +196,14 @@ static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t wi
     for (size_t i = 0; i < pool / es; i++)
         pf[i] = rnd();
     assert_int_equal(gang_kernels_convert(cpu, GANG_DTYPE_F32, pf, dt, vc, pool / es), 0);
-    memcpy(meta, pos, sizeof(pos));
+    memcpy(meta, pos, TOK * sizeof(int32_t));
     memcpy(meta + TOK, rows, sizeof(rows));
     dq = dev_copy(q, qn * 4), dk = dev_copy(kn_h, kn * 4), dv = dev_copy(vn_h, kn * 4);
-    dkc = dev_copy(kc, pool), dvc = dev_copy(vc, pool), dtab = dev_copy(tables, sizeof(tables));
+    dkc = dev_copy(kc, pool), dvc = dev_copy(vc, pool), dtab = dev_copy(tables, NB * 4);
     dmeta = dev_copy(meta, sizeof(meta));
-    kc_kv = (gang_kernels_step_kv){kc, vc, tables, meta, meta + TOK, BS, NB, dt};
-    kg_kv = (gang_kernels_step_kv){dkc, dvc, dtab, dmeta, (int32_t *)dmeta + TOK, BS, NB, dt};
+    kc_kv = (gang_kernels_step_kv){kc, vc, tables, meta, meta + TOK, BS, NB, dt, 0};
+    kg_kv = (gang_kernels_step_kv){
+        dkc, dvc, dtab, dmeta, (int32_t *)dmeta + TOK, BS, NB, dt, longctx ? MAXB * BS : 0};
     assert_int_equal(
         gang_kernels_attention_step(cpu, &kc_kv, kn_h, vn_h, q, TOK, nh, nkv, hd, window, out_c),
         0);
@@ -199,14 +216,19 @@ static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t wi
     assert_memory_equal(vg, vc, pool);
     for (size_t i = 0; i < qn; i++)
         if (!(fabs((double)out_g[i] - (double)out_c[i]) <= 1e-4 * fmax(1.0, fabs(out_c[i]))))
-            fail_msg("%s nh %zu nkv %zu hd %zu window %zu: element %zu is %g, cpu %g",
-                     gang_dtype_name(dt), nh, nkv, hd, window, i, (double)out_g[i],
-                     (double)out_c[i]);
+            fail_msg("%s nh %zu nkv %zu hd %zu window %zu%s: element %zu is %g, cpu %g",
+                     gang_dtype_name(dt), nh, nkv, hd, window, longctx ? " long" : "", i,
+                     (double)out_g[i], (double)out_c[i]);
     gang_kernels_free(gpu, dq), gang_kernels_free(gpu, dk), gang_kernels_free(gpu, dv);
     gang_kernels_free(gpu, dkc), gang_kernels_free(gpu, dvc), gang_kernels_free(gpu, dtab);
     gang_kernels_free(gpu, dmeta);
     free(q), free(kn_h), free(vn_h), free(out_c), free(out_g), free(pf);
     free(kc), free(vc), free(kg), free(vg);
+}
+
+static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t window)
+{
+    step_case_at(dt, nh, nkv, hd, window, 0);
 }
 
 static void test_attention_step(void **state)
@@ -217,6 +239,10 @@ static void test_attention_step(void **state)
     step_case(GANG_DTYPE_BF16, 8, 2, 128, 0);
     step_case(GANG_DTYPE_F16, 6, 2, 64, 8);
     step_case(GANG_DTYPE_BF16, 32, 2, 128, 0); /* groups of 16: two passes over the keys */
+    /* long contexts, few tokens: the keys split across blocks and merged */
+    step_case_at(GANG_DTYPE_F32, 4, 2, 64, 0, 1);
+    step_case_at(GANG_DTYPE_BF16, 8, 2, 128, 200, 1);
+    step_case_at(GANG_DTYPE_F16, 32, 2, 128, 0, 1);
 }
 
 static void test_sample(void **state)

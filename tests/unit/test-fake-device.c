@@ -503,8 +503,8 @@ static void test_fake_attention_step(void **state)
     dtab = dev_copy(k, (const float *)(const void *)tables, sizeof(tables) / 4);
     dmeta = dev_copy(k, (const float *)(const void *)meta, sizeof(meta) / 4);
     assert_int_equal(gang_kernels_alloc(k, sizeof(want), &dout), 0);
-    kv = (gang_kernels_step_kv){dkc, dvc, dtab,           dmeta, (int32_t *)dmeta + TOK,
-                                BS,  NB,  GANG_DTYPE_BF16};
+    kv = (gang_kernels_step_kv){
+        dkc, dvc, dtab, dmeta, (int32_t *)dmeta + TOK, BS, NB, GANG_DTYPE_BF16, 0};
     assert_int_equal(gang_kernels_attention_step(k, &kv, dk, dv, dq, TOK, NH, NKV, HD, 0, dout), 0);
     assert_int_equal(gang_kernels_download(k, got, dout, sizeof(got)), 0);
     /* The reference: rows stored one by one, then one paged call per run of tokens. */
