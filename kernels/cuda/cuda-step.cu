@@ -182,6 +182,41 @@ __device__ static int step_row(const step_args *a, const void *pool, const float
     return 1;
 }
 
+/* Stores token t's key and value rows of kv head h at its position p (rounded to T). */
+template <typename T>
+__device__ static void step_append(const step_args *a, size_t t, size_t h, int32_t p, int32_t trow)
+{
+    size_t hd = a->head_dim, w = a->n_kv_heads * hd;
+    int32_t blk = a->tables[(size_t)trow + (size_t)p / a->block_size];
+
+    if (blk >= 0 && (size_t)blk < a->n_blocks) {
+        size_t row = (size_t)blk * a->block_size + (size_t)p % a->block_size;
+        for (size_t e = threadIdx.x; e < hd; e += blockDim.x) {
+            ((T *)a->kw)[row * w + h * hd + e] = vec_io<T>::store(a->knew[t * w + h * hd + e]);
+            ((T *)a->vw)[row * w + h * hd + e] = vec_io<T>::store(a->vnew[t * w + h * hd + e]);
+        }
+    } else if (threadIdx.x == 0) {
+        atomicOr(a->flag, GANG_CUDA_FLAG_BAD_BLOCK);
+    }
+}
+
+/* The keys [*j0, *j1] the block of split sp attends to for a query at position p: the
+ * window's, cut to the split's chunk (the last split to p); *j0 > *j1 when empty. */
+__device__ static void step_keys(const step_args *a, int32_t p, unsigned sp, int32_t *j0,
+                                 int32_t *j1)
+{
+    *j0 = a->window > 0 && (size_t)p + 1 > a->window ? p + 1 - (int32_t)a->window : 0;
+    *j1 = p;
+    if (a->splits > 1) {
+        size_t c0 = (size_t)sp * a->chunk;
+
+        if (c0 > (size_t)*j0)
+            *j0 = c0 > (size_t)p + 1 ? p + 1 : (int32_t)c0; /* past p: empty */
+        if (sp + 1 < a->splits && c0 + a->chunk <= (size_t)p)
+            *j1 = (int32_t)(c0 + a->chunk - 1);
+    }
+}
+
 template <typename T> __global__ static void attention_step_kernel(step_args a)
 {
     __shared__ float qs[STEP_MAXG][STEP_MAXHD];
@@ -191,7 +226,6 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     __shared__ size_t t_first_s;
     const int V = vec_io<T>::VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, g = a.n_heads / a.n_kv_heads;
-    size_t w = a.n_kv_heads * hd;
     const unsigned sp = blockIdx.z;
     int32_t p = a.positions[t], trow = a.table_rows[t];
 
@@ -200,20 +234,8 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
             atomicOr(a.flag, GANG_CUDA_FLAG_BAD_POSITION);
         return;
     }
-    /* The append (the first split's block): this token's rows of head h, at its position. */
-    if (sp == 0) {
-        int32_t blk = a.tables[(size_t)trow + (size_t)p / a.block_size];
-
-        if (blk >= 0 && (size_t)blk < a.n_blocks) {
-            size_t row = (size_t)blk * a.block_size + (size_t)p % a.block_size;
-            for (size_t e = threadIdx.x; e < hd; e += blockDim.x) {
-                ((T *)a.kw)[row * w + h * hd + e] = vec_io<T>::store(a.knew[t * w + h * hd + e]);
-                ((T *)a.vw)[row * w + h * hd + e] = vec_io<T>::store(a.vnew[t * w + h * hd + e]);
-            }
-        } else if (threadIdx.x == 0) {
-            atomicOr(a.flag, GANG_CUDA_FLAG_BAD_BLOCK);
-        }
-    }
+    if (sp == 0) /* the append: this token's rows of head h, at its position */
+        step_append<T>(&a, t, h, p, trow);
     /* The sequence's first token of this launch: its keys from there on are fresh. */
     if (threadIdx.x == 0) {
         size_t f = t;
@@ -222,16 +244,8 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
         t_first_s = f;
         first_s = a.positions[f];
     }
-    int32_t j0 = a.window > 0 && (size_t)p + 1 > a.window ? p + 1 - (int32_t)a.window : 0;
-    int32_t j1 = p; /* the last key of this block */
-    if (a.splits > 1) {
-        size_t c0 = (size_t)sp * a.chunk;
-
-        if (c0 > (size_t)j0)
-            j0 = c0 > (size_t)p + 1 ? p + 1 : (int32_t)c0; /* past p: empty */
-        if (sp + 1 < a.splits && c0 + a.chunk <= (size_t)p)
-            j1 = (int32_t)(c0 + a.chunk - 1);
-    }
+    int32_t j0, j1;
+    step_keys(&a, p, sp, &j0, &j1);
     for (size_t hc = 0; hc < g; hc += STEP_MAXG) {
         size_t ng = g - hc < STEP_MAXG ? g - hc : STEP_MAXG;
         float m[STEP_MAXG], s[STEP_MAXG], acc[STEP_MAXG][STEP_E], kr[STEP_E], vr[STEP_E];
