@@ -291,10 +291,27 @@ extern "C" int gang__cuda_launch_attention_merge(cudaStream_t s, const float *pa
     return gang__cuda_err(cudaGetLastError(), "attention merge launch");
 }
 
+extern "C" unsigned gang__cuda_attention_splits(size_t blocks, size_t pairs, size_t max_keys,
+                                                size_t head_dim, size_t scratch_floats, int n_sm)
+{
+    size_t want;
+
+    if (scratch_floats == 0 || n_sm <= 0 || blocks == 0 || pairs == 0 || blocks >= (size_t)n_sm)
+        return 1;
+    want = ((size_t)2 * n_sm + blocks - 1) / blocks; /* about two waves */
+    if (want > max_keys / ATT_SPLIT_MIN_KEYS)
+        want = max_keys / ATT_SPLIT_MIN_KEYS;
+    if (want > scratch_floats / (pairs * (head_dim + 2)))
+        want = scratch_floats / (pairs * (head_dim + 2));
+    if (want > ATT_MAX_SPLITS)
+        want = ATT_MAX_SPLITS;
+    return want < 2 ? 1u : (unsigned)want;
+}
+
 /*
  * Chooses the plan: split the keys when the (query, head) pairs would leave most SMs idle
- * and there are enough keys to share (at least ATT_SPLIT_MIN_KEYS per chunk), within the
- * scratch the handle reserved; otherwise one pass. T is the cache's element type.
+ * and there are enough keys to share (gang__cuda_attention_splits), within the scratch the
+ * handle reserved; otherwise one pass. T is the cache's element type.
  */
 template <typename T>
 static int launch_attention(cudaStream_t s, const float *q, const T *kc, const T *vc,
@@ -314,19 +331,9 @@ static int launch_attention(cudaStream_t s, const float *q, const T *kc, const T
     if (pairs > 0x7fffffffu || n_heads > 0xffffffffu || n_kv_heads > 0xffffffffu ||
         block_size > 0xffffffffu)
         return GANG_ERANGE;
-    if (scratch != NULL && pairs < (size_t)n_sm) {
-        size_t want = ((size_t)2 * n_sm + pairs - 1) / pairs; /* about two waves */
-        size_t by_keys = max_keys / ATT_SPLIT_MIN_KEYS;
-        size_t by_room = scratch_floats / (pairs * (head_dim + 2));
-
-        if (want > by_keys)
-            want = by_keys;
-        if (want > by_room)
-            want = by_room;
-        if (want > ATT_MAX_SPLITS)
-            want = ATT_MAX_SPLITS;
-        splits = want < 2 ? 1 : (unsigned)want;
-    }
+    if (scratch != NULL)
+        splits =
+            gang__cuda_attention_splits(pairs, pairs, max_keys, head_dim, scratch_floats, n_sm);
     if (splits == 1) {
         attention_kernel<T><<<(unsigned)pairs, ATT_WARPS * 32, 0, s>>>(
             q, kc, vc, table, (unsigned)block_size, (unsigned)n_heads, (unsigned)n_kv_heads,

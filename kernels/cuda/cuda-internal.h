@@ -193,8 +193,15 @@ int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kernels_step_kv 
                                      size_t tokens, size_t n_heads, size_t n_kv_heads,
                                      size_t head_dim, size_t window, float *out, int *flag,
                                      float *scratch, size_t scratch_floats, int n_sm);
-/* Split-key attention's second kernel (cuda-attention.cu): part holds, per (query, head)
- * pair, splits states of m, l and head_dim numerators; out[pair] their combination. */
+/* Split-key attention (flash-decoding, cuda-attention.cu), shared by the per-sequence and
+ * the step attention. splits: how many chunks to cut the keys (a bound of max_keys) into
+ * for a launch of `blocks` blocks and `pairs` (query, head) states: 1 unless the blocks
+ * would leave most of the n_sm SMs idle; else about two waves of blocks, chunks of at
+ * least 128 keys, at most 64, within the scratch (head_dim + 2 floats per pair and
+ * split). merge: part holds, per (query, head) pair, splits states of m, l and head_dim
+ * numerators; out[pair] their combination. */
+unsigned gang__cuda_attention_splits(size_t blocks, size_t pairs, size_t max_keys, size_t head_dim,
+                                     size_t scratch_floats, int n_sm);
 int gang__cuda_launch_attention_merge(cudaStream_t s, const float *part, size_t pairs,
                                       unsigned splits, size_t head_dim, float *out);
 int gang__cuda_launch_scatter_i32(cudaStream_t s, int32_t *dst, size_t dst_n, const int32_t *pairs,

@@ -121,11 +121,9 @@ extern "C" int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, s
  * Attention with the KV append fused.
  * --------------------------------------------------------------------------------- */
 #define STEP_WARPS 4
-#define STEP_MAXG 8             /* query heads handled per pass over the keys */
-#define STEP_MAXHD 256          /* head_dim bound of this kernel */
-#define STEP_E 8                /* elements a lane holds of one row */
-#define STEP_SPLIT_MIN_KEYS 128 /* fewest keys of the context worth a block of their own */
-#define STEP_MAX_SPLITS 64
+#define STEP_MAXG 8    /* query heads handled per pass over the keys */
+#define STEP_MAXHD 256 /* head_dim bound of this kernel */
+#define STEP_E 8       /* elements a lane holds of one row */
 
 /* What every block of one launch shares. */
 typedef struct step_args {
@@ -324,31 +322,6 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     }
 }
 
-/*
- * The number of key splits of a step (flash-decoding): 1 unless the (token, kv head)
- * blocks would leave most SMs idle and the context bound (max_keys) holds at least two
- * chunks of STEP_SPLIT_MIN_KEYS; then about two waves of blocks, within the scratch (a
- * state of head_dim + 2 floats per query head and split). The plan depends only on the
- * call's sizes, never on the positions (a captured step replays it).
- */
-static unsigned step_splits(size_t tokens, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                            size_t max_keys, size_t scratch_floats, int n_sm)
-{
-    size_t blocks = tokens * n_kv_heads, want;
-
-    if (scratch_floats == 0 || n_sm <= 0 || blocks >= (size_t)n_sm ||
-        max_keys < 2 * STEP_SPLIT_MIN_KEYS)
-        return 1;
-    want = (2 * (size_t)n_sm + blocks - 1) / blocks;
-    if (want > max_keys / STEP_SPLIT_MIN_KEYS)
-        want = max_keys / STEP_SPLIT_MIN_KEYS;
-    if (want > scratch_floats / (tokens * n_heads * (head_dim + 2)))
-        want = scratch_floats / (tokens * n_heads * (head_dim + 2));
-    if (want > STEP_MAX_SPLITS)
-        want = STEP_MAX_SPLITS;
-    return want < 2 ? 1u : (unsigned)want;
-}
-
 extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kernels_step_kv *kv,
                                                 const float *knew, const float *vnew,
                                                 const float *q, size_t tokens, size_t n_heads,
@@ -378,9 +351,11 @@ extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kerne
                    0,
                    1,
                    scratch};
+    /* Planned from the sizes and the context bound only, never from the positions: a
+     * captured step replays it. */
     if (scratch != NULL)
-        a.splits =
-            step_splits(tokens, n_heads, n_kv_heads, head_dim, kv->max_keys, scratch_floats, n_sm);
+        a.splits = gang__cuda_attention_splits(tokens * n_kv_heads, tokens * n_heads, kv->max_keys,
+                                               head_dim, scratch_floats, n_sm);
     a.chunk = (kv->max_keys + a.splits - 1) / a.splits;
     dim3 grid((unsigned)tokens, (unsigned)n_kv_heads, a.splits);
 
