@@ -422,8 +422,13 @@ int waits_prune(emu_waits &w)
     return w.empty();
 }
 
-[[noreturn]] void wait_died(const char *what)
+/* Waits on pend_cv (g holds pend_lock) until done() holds, at most GANG_EMU_WAIT_MS;
+ * past that the process stops naming what waited: on a device it would never go on. */
+template <typename Done>
+void wait_or_die(std::unique_lock<std::mutex> &g, Done done, const char *what)
 {
+    if (pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()), done))
+        return;
     fprintf(stderr,
             "cuda-emu: %s waited %lld ms for an operation of another library (an NCCL "
             "collective whose peers never posted theirs): on a device this stream would "
@@ -438,9 +443,8 @@ void waits_wait(emu_waits &w, const char *what)
     if (waits_prune(w))
         return;
     std::unique_lock<std::mutex> g(pend_lock);
-    if (!pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
-                          [&]() { return waits_prune(w); }))
-        wait_died(what);
+    wait_or_die(
+        g, [&]() { return waits_prune(w); }, what);
 }
 
 /* The stream's thread: carries its deferred work out in order, each once what it waits for
@@ -453,9 +457,9 @@ void drain(emu_stream *st)
         pend_cv.wait(g, [&]() { return st->stop || !st->deferred.empty(); });
         if (st->deferred.empty())
             return;
-        if (!pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
-                              [&]() { return waits_prune(st->deferred.front().before); }))
-            wait_died("a stream's deferred work");
+        wait_or_die(
+            g, [&]() { return waits_prune(st->deferred.front().before); },
+            "a stream's deferred work");
         std::function<void()> op = std::move(st->deferred.front().op);
         g.unlock();
         op();
@@ -479,9 +483,8 @@ void stream_wait(emu_stream *st, const char *what)
 {
     std::unique_lock<std::mutex> g(pend_lock);
 
-    if (!pend_cv.wait_for(g, std::chrono::milliseconds(gang_emu_wait_ms()),
-                          [&]() { return st->deferred.empty() && waits_prune(st->waits); }))
-        wait_died(what);
+    wait_or_die(
+        g, [&]() { return st->deferred.empty() && waits_prune(st->waits); }, what);
 }
 
 emu_stream *stream_of(cudaStream_t s)
