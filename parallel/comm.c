@@ -402,19 +402,25 @@ int gang_comm_all_to_all_v(gang_comm *c, const gang_comm_a2a *a, uint64_t timeou
 }
 
 /*
- * Device ordering is a promise about the next operation only, so it is refused on an
- * aborted communicator like the operation itself would be. GANG_ENOSYS tells the caller
- * to synchronise on the host instead (a backend without device streams).
+ * The front's entries that hand a backend a caller's device stream (order_after, pend_on;
+ * fn is the backend's entry, NULL where it has none): a promise about device work, so it
+ * is refused on an aborted communicator like the operation itself would be. GANG_ENOSYS
+ * tells the caller to synchronise on the host instead (a backend without device streams).
  */
-int gang_comm_order_after(gang_comm *c, void *stream)
+static int comm_stream_call(gang_comm *c, void *stream, int (*fn)(gang_comm *, void *))
 {
     if (c == NULL || stream == NULL)
         return GANG_EINVAL;
     if (atomic_load(&c->aborted))
         return GANG_EABORTED;
-    if (c->ops->order_after == NULL)
+    if (fn == NULL)
         return GANG_ENOSYS;
-    return comm_result(c, c->ops->order_after(c, stream));
+    return comm_result(c, fn(c, stream));
+}
+
+int gang_comm_order_after(gang_comm *c, void *stream)
+{
+    return comm_stream_call(c, stream, c != NULL ? c->ops->order_after : NULL);
 }
 
 int gang_comm_settle(gang_comm *c, uint64_t timeout_ms)
@@ -435,13 +441,7 @@ int gang_comm_graph_ok(const gang_comm *c)
 
 int gang_comm_pend_on(gang_comm *c, void *stream)
 {
-    if (c == NULL || stream == NULL)
-        return GANG_EINVAL;
-    if (atomic_load(&c->aborted))
-        return GANG_EABORTED;
-    if (c->ops->pend_on == NULL)
-        return GANG_ENOSYS;
-    return comm_result(c, c->ops->pend_on(c, stream));
+    return comm_stream_call(c, stream, c != NULL ? c->ops->pend_on : NULL);
 }
 
 /*
