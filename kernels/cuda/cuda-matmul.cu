@@ -106,6 +106,19 @@ static unsigned gemv_tile(size_t m)
  */
 #define GEMV_PRE 4 /* 16-byte weight loads per lane issued before x is staged */
 
+/* acc[r] += the V weights wf times elements i .. i + V - 1 of staged row r, r < m. */
+template <int V>
+__device__ static inline void gemv_fma(float *acc, size_t m, const float *xs, unsigned tile,
+                                       unsigned i, const float *wf)
+{
+    for (int r = 0; r < MM_ROWS; r++) {
+        if ((size_t)r >= m)
+            break;
+        for (int e = 0; e < V; e++)
+            acc[r] += xs[r * tile + i + e] * wf[e];
+    }
+}
+
 template <typename T>
 __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     gemv_kernel(size_t m, size_t n, size_t kdim, unsigned tile, const float *x, int xv, int glu,
@@ -160,24 +173,14 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
             if (i >= kt)
                 break;
             vec_io<T>::from16(pre[j], wf);
-            for (int r = 0; r < MM_ROWS; r++) {
-                if ((size_t)r >= m)
-                    break;
-                for (int e = 0; e < V; e++)
-                    acc[r] += xs[r * tile + i + e] * wf[e];
-            }
+            gemv_fma<V>(acc, m, xs, tile, i, wf);
         }
 #pragma unroll 4
         for (unsigned i = (unsigned)(lane + 32 * GEMV_PRE) * V; i < kt; i += 32 * V) {
             float wf[V];
 
             vec_io<T>::load(row + k0 + i, wf);
-            for (int r = 0; r < MM_ROWS; r++) {
-                if ((size_t)r >= m)
-                    break;
-                for (int e = 0; e < V; e++)
-                    acc[r] += xs[r * tile + i + e] * wf[e];
-            }
+            gemv_fma<V>(acc, m, xs, tile, i, wf);
         }
     }
     if (o >= n)
