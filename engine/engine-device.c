@@ -194,7 +194,7 @@ int gang__dev_graph_ok(const gang_engine *e, const gang_comm *tp, uint32_t nmb)
 {
     const gang_model *m = e->m;
 
-    if (!e->cfg.cuda_graphs || e->graphs_off || e->host_sample || !dev_is_device(e) ||
+    if (!e->cfg.cuda_graphs || e->plan.no_graphs || e->host_sample || !dev_is_device(e) ||
         (m->topo.tp != 1 && !gang_comm_graph_ok(tp)) || m->topo.pp != 1 || nmb != 1 ||
         m->layer_count == 0 || m->layers[0].rope_dyn_factor > 0.0f)
         return 0;

@@ -71,6 +71,9 @@ typedef struct gang__plan {
     uint32_t kv_kind;   /* GANG__KV_NONE, _EXPORT, _IMPORT or _COMMIT */
     uint32_t kv_job;    /* import, commit: the fetch, < GANG__KV_JOBS */
     uint32_t kv_poll;   /* 1: every rank reports its fetches' state this step */
+    uint32_t no_graphs; /* 1: rank 0 turned the decode step's graphs off (graphs_off), so
+                           no rank captures or replays one (the choice must be the same on
+                           every rank: gang__dev_graph_ok) */
     uint32_t kv_n;      /* blocks, <= max_bps */
     int32_t *kv_blocks; /* [max_bps] their ids in the pools */
     gang_kv_xfer kv;    /* id; for an import also the source (host, port) */
@@ -263,7 +266,8 @@ struct gang_engine {
     uint32_t n_graphs, graph_next;            /* held; the next one evicted when full */
     uint64_t graph_replays;                   /* decode steps run as a graph (tests) */
     uint32_t graphs_off;                      /* the device has no graphs, or a capture
-                                                 failed: every step runs its kernels */
+                                                 failed: every step runs its kernels (rank
+                                                 0's goes out as the plan's no_graphs) */
     int32_t *plan_buf;                        /* header + body of the wire form */
     int32_t *wire_tables; /* [slots, max_bps] the tables of a plan on the wire, by sequence */
     uint8_t *slot_seen;   /* [slots] duplicate check of a received plan */
@@ -341,7 +345,8 @@ void gang__xfer_free(gang_engine *e);
 /* Rank 0: drops the pending exports and the fetches' books (reset; a fetch thread still
  * running is joined when its job is reused, or at free). */
 void gang__xfer_clear(gang_engine *e);
-/* Wire: the plan's transfer fields (engine-wire.c calls it at the end of the body). */
+/* Wire: the plan's flags and transfer fields (engine-wire.c calls it at the end of the
+ * body). */
 void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p);
 
 /* ---- KV blocks and the prefix cache (engine-kv.c, rank 0 but the upload) ---- */

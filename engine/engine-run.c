@@ -375,22 +375,13 @@ static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t pe
 }
 
 /*
- * A capture that could not begin or end. With TP 1: graphs are turned off for the engine
- * and the step runs its kernels as usual (nothing ran: a capture only records). With a TP
- * group over NCCL the collectives were captured on this rank only, and whether a
- * collective is captured must be the same on every rank: the step fails (the gang
- * re-forms) rather than let the ranks part ways; --cuda-graphs=false is the way out.
+ * A capture that could not begin or end, with TP 1 (one rank: graph steps have one stage
+ * and no EP group): graphs are turned off for the engine (the next plans say so) and the
+ * step runs its kernels as usual (nothing ran: a capture only records).
  */
 static int run_capture_failed(gang_engine *e, const gang_pipeline_ops *ops, int rc_cap, int rc_run,
                               uint64_t deadline)
 {
-    if (e->m->topo.tp > 1) {
-        gang_error("engine: the decode step with its TP collectives could not be captured as a "
-                   "graph (%s, %s); every TP rank must capture them or none, so the step fails "
-                   "(--cuda-graphs=false runs without graphs)",
-                   gang_err_name(rc_cap), gang_err_name(rc_run));
-        return rc_cap;
-    }
     if (rc_cap != GANG_ENOSYS)
         gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
                   "running its kernels one by one from now on",
@@ -402,39 +393,84 @@ static int run_capture_failed(gang_engine *e, const gang_pipeline_ops *ops, int 
 }
 
 /*
+ * With a TP group over NCCL the capture holds the step's collectives, and whether a
+ * collective is captured must be the same on every rank (NCCL's rule): before any rank
+ * launches its graph, every rank tells the others over the world (host sockets; with one
+ * stage and no EP group it is the TP group) whether its capture failed (cap) or its step
+ * did (run, a failure that is not the capture's). A capture that failed on any rank is
+ * dropped on every rank: graphs go off everywhere (rank 0's choice travels in the plans
+ * from the next step on) and this step runs its kernels one by one on every rank alike,
+ * nothing of the captures having run. A step that failed anywhere fails everywhere (the
+ * gang re-forms); graphs stay on. 0: every rank captured, *g is launched; 1: the step ran
+ * without a graph; else a GANG_E* code (*g freed).
+ */
+static int run_capture_agree(gang_engine *e, gang_comm *world, const gang_pipeline_ops *ops,
+                             int rc_cap, int rc_run, gang_kernels_graph **g, uint64_t deadline)
+{
+    int32_t v[2] = {rc_cap != 0, rc_cap == 0 && rc_run != 0};
+    uint64_t left;
+    int rc = gang_deadline_left(deadline, &left);
+
+    if (rc == 0)
+        rc = gang_comm_all_reduce(world, v, 2, GANG_DTYPE_I32, left);
+    if (rc == 0 && v[0] == 0 && v[1] == 0)
+        return 0;
+    gang_kernels_graph_free(e->k, *g);
+    *g = NULL;
+    if (rc != 0)
+        return rc;
+    if (v[0] == 0)
+        return rc_run != 0 ? rc_run : GANG_EPEER;
+    gang_warn("engine: the decode step with its TP collectives could not be captured as a graph "
+              "on %d of %u ranks (here: %s, %s); every rank drops its capture and runs its "
+              "kernels one by one from now on",
+              (int)v[0], gang_comm_size(world), gang_err_name(rc_cap), gang_err_name(rc_run));
+    e->graphs_off = 1;
+    e->n_head_rows = 0;
+    e->ids_first = e->ids_pending = 0;
+    rc = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+    return rc != 0 ? rc : 1;
+}
+
+/*
  * A decode step as a graph (cfg.cuda_graphs; gang__dev_graph_ok said it may be): the
  * layers' positions go up first (no upload may happen inside), then the graph of this
  * batch size is replayed, or, the first time, the step's work (one stage, one microbatch)
  * is captured into one and launched. With a TP group (NCCL) the graph holds the step's
- * collectives, and gang_comm_pend_on hands the replay to the step's settle, which waits
- * for it with the deadline. A device without graphs, or a capture that fails:
- * run_capture_failed.
+ * collectives, the ranks agree on the capture (run_capture_agree), and gang_comm_pend_on
+ * hands a replay to the step's settle, which waits for it with the deadline. With TP 1 a
+ * device without graphs, or a capture that fails: run_capture_failed.
  */
-static int run_graphed(gang_engine *e, gang_kernels *k, gang_comm *tp, const gang_pipeline_ops *ops,
-                       uint64_t deadline)
+static int run_graphed(gang_engine *e, gang_kernels *k, gang_comm *world, gang_comm *tp,
+                       const gang_pipeline_ops *ops, uint64_t deadline)
 {
     gang_kernels_graph *g = gang__dev_graph_find(e);
-    int rc = gang__dev_graph_prepare(e, k), rc_end;
+    int rc = gang__dev_graph_prepare(e, k), rc_cap, rc_run = 0;
+    const int agree = e->m->topo.tp > 1;
 
     if (rc == 0 && g == NULL) {
-        rc = gang_kernels_graph_begin(k);
-        if (rc != 0) /* no graphs here (GANG_ENOSYS) or none can start */
-            return run_capture_failed(e, ops, rc, 0, deadline);
-        rc = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline); /* recorded */
-        rc_end = gang_kernels_graph_end(k, &g);
-        if (rc_end != 0)
-            return run_capture_failed(e, ops, rc_end, rc, deadline);
-        if (rc != 0) {
+        rc_cap = gang_kernels_graph_begin(k); /* GANG_ENOSYS: no graphs here */
+        if (rc_cap == 0) {
+            rc_run = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline); /* recorded */
+            rc_cap = gang_kernels_graph_end(k, &g);
+        }
+        if (agree) {
+            rc = run_capture_agree(e, world, ops, rc_cap, rc_run, &g, deadline);
+            if (rc != 0)
+                return rc == 1 ? 0 : rc;
+        } else if (rc_cap != 0) {
+            return run_capture_failed(e, ops, rc_cap, rc_run, deadline);
+        } else if (rc_run != 0) {
             gang_kernels_graph_free(k, g);
-            return rc;
+            return rc_run;
         }
         gang_info("engine: the decode step of batch %u captured as a graph%s", e->plan.n_seq,
-                  e->m->topo.tp > 1 ? ", its TP collectives (NCCL) inside" : "");
+                  agree ? ", its TP collectives (NCCL) inside" : "");
         gang__dev_graph_store(e, g);
     }
     if (rc == 0)
         rc = gang_kernels_graph_launch(k, g);
-    if (rc == 0 && e->m->topo.tp > 1)
+    if (rc == 0 && agree)
         rc = gang_comm_pend_on(tp, gang_kernels_device_stream(k));
     if (rc == 0)
         gang__dev_graph_done(e);
@@ -474,7 +510,7 @@ int gang__engine_run(gang_engine *e, gang_kernels *k, gang_comm *world, gang_com
     if (rc != 0)
         return rc;
     if (gang__dev_graph_ok(e, tp, nmb))
-        rc = run_graphed(e, k, tp, &ops, deadline);
+        rc = run_graphed(e, k, world, tp, &ops, deadline);
     else
         rc = gang_pipeline_run(&ops, e->m->place.pp_stage, e->m->topo.pp, e->plan.n_seq, nmb,
                                deadline);

@@ -18,7 +18,8 @@
  *          0 .. pos0 + n - 1 (ceil((pos0 + n) / block_size) entries), sequence after
  *          sequence. Every rank keeps the tables (host and tensor memory) from the plans
  *          it receives.
- *          then the step's P/D transfer (gang__plan_kv_fields): u8 poll, u8 kind, and
+ *          then the step's flags (u8: bit 0 the P/D poll, bit 1 no graphs) and its
+ *          P/D transfer (gang__plan_kv_fields): u8 kind, and
  *          unless it is none u8 job, u64 id, u32 n, n block ids, u16 port, u8 length +
  *          host, the source gang's layout (gang_kv_layout_codec).
  * The header has a fixed size, so every rank can validate the body's size against its
@@ -93,9 +94,21 @@ static void plan_tables_fields(gang_codec *c, const gang_engine *e, const gang__
     }
 }
 
+/* The step's flags, one byte: bit 0 kv_poll, bit 1 no_graphs. */
+static void plan_flags_fields(gang_codec *c, gang__plan *p)
+{
+    uint32_t f = (p->kv_poll ? 1u : 0u) | (p->no_graphs ? 2u : 0u);
+
+    gang_codec_uint(c, &f, 1, 3);
+    if (c->decoding && gang_codec_ok(c)) {
+        p->kv_poll = f & 1u;
+        p->no_graphs = f >> 1;
+    }
+}
+
 void gang__plan_kv_fields(gang_codec *c, const gang_engine *e, gang__plan *p)
 {
-    gang_codec_uint(c, &p->kv_poll, 1, 1);
+    plan_flags_fields(c, p);
     gang_codec_uint(c, &p->kv_kind, 1, GANG__KV_COMMIT);
     if (!gang_codec_ok(c) || p->kv_kind == GANG__KV_NONE)
         return;
@@ -130,6 +143,7 @@ int gang__plan_write(const gang_engine *e, const gang__plan *p, int32_t *tables,
     gang__plan kp = {.kv_kind = p->kv_kind,
                      .kv_job = p->kv_job,
                      .kv_poll = p->kv_poll,
+                     .no_graphs = p->no_graphs,
                      .kv_n = p->kv_n,
                      .kv_blocks = p->kv_blocks,
                      .kv = p->kv}; /* (the codec's walk writes: it encodes from a copy) */
@@ -153,6 +167,8 @@ uint32_t gang__plan_encode(gang_engine *e)
     const gang__plan *p = &e->plan;
     uint32_t body = 0;
 
+    /* Whether the step may be a graph is rank 0's to say, so every rank says the same. */
+    e->plan.no_graphs = e->graphs_off;
     /* Rank 0's tables are by slot; the wire has them by sequence. */
     for (uint32_t i = 0; i < p->n_seq; i++)
         memcpy(e->wire_tables + (size_t)i * e->max_bps,

@@ -40,7 +40,8 @@
  * capturing stream joins that capture, as on the device (the NCCL stream of a
  * communicator inside a captured decode step). A pending operation posted on a capturing
  * stream is a node of the graph (an NCCL collective, captured as NCCL's are), posted
- * afresh at each replay, the graph's later nodes waiting for it.
+ * afresh at each replay, the graph's later nodes waiting for it. GANG_EMU_CAPTURE_FAIL=D
+ * makes every capture ended on device D fail (as one that met an uncapturable call).
  *
  * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
  * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is each device's
@@ -1097,6 +1098,20 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
     return cudaSuccess;
 }
 
+/* GANG_EMU_CAPTURE_FAIL=D: every capture ended on device D fails, as one that met a call
+ * the runtime cannot capture would (tests: one rank's capture fails, its peers' do not). */
+static bool capture_fails_here()
+{
+    const char *v = getenv("GANG_EMU_CAPTURE_FAIL");
+    char *end;
+    long d;
+
+    if (v == NULL || *v == '\0')
+        return false;
+    d = strtol(v, &end, 10);
+    return *end == '\0' && d == current_device;
+}
+
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
 {
     emu_stream *st = stream_of(s);
@@ -1119,6 +1134,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
                 o->graph = NULL;
             }
     }
+    if (e == cudaSuccess && capture_fails_here())
+        e = cudaErrorStreamCaptureUnsupported;
     if (e != cudaSuccess) {
         delete st->graph;
         st->graph = NULL;

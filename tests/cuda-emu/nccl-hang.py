@@ -19,9 +19,12 @@ generation's communicators form from a new unique id, the gang serve that genera
 within the heartbeat timeout plus 10 s, and the request, resubmitted, end with the
 healthy gang's tokens. The decode steps run as CUDA graphs with the all-reduces inside
 (serve's default), in both generations: the settle that sees the hang waits for a replay.
+Before the hang, a gang whose every capture on GPU 1 fails (GANG_EMU_CAPTURE_FAIL=1) must
+serve the healthy tokens in its first generation, both ranks having dropped their captures.
 Exit 0 pass, 1 fail.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +56,34 @@ def ask(g, out):
     out["tokens"] = r["choices"][0]["tokens"] if code == 200 else None
 
 
+def capture_fails(h, model, want):
+    """Every capture on GPU 1 (worker rank 1's) fails: the ranks agree to drop theirs and
+    the gang serves the same tokens without graphs, in its first generation (before, rank
+    1's step failed and the gang re-formed at every capture)."""
+    os.environ["GANG_EMU_CAPTURE_FAIL"] = "1"  # inherited by the gang's processes
+    try:
+        g = H.Gang(h, nnodes=1, nproc_per_node=2, extra=flags(model))
+        g.start_local()
+    finally:
+        del os.environ["GANG_EMU_CAPTURE_FAIL"]
+    gen = g.wait_serving(timeout=60)
+    got = {}
+    ask(g, got)
+    H.check(got["code"] == 200 and got["tokens"] == want,
+            "GPU 1's captures failing: HTTP %r, tokens %s, the graphs' %s"
+            % (got["code"], got.get("tokens"), want))
+    H.check(g.coord()["generation"] == gen, "the gang re-formed after the failed capture")
+    text = g.local.log_text()
+    n = sum(1 for ln in text.splitlines()
+            if "could not be captured as a graph on 1 of 2 ranks" in ln)
+    H.check(n == 2, "%d ranks said they dropped the capture, expected 2" % n)
+    H.check(re.search(r"of batch \d+ captured as a graph", text) is None,
+            "a rank captured its step all the same")
+    H.log("GPU 1's captures failing: both ranks ran without graphs, generation %d, the "
+          "graphs' tokens" % gen)
+    H.check(g.stop()["local"] == 0, "local gang did not exit 0")
+
+
 def scenario(h):
     H.check(os.environ.get("GANG_EMU_DEVICES") == "2",
             "run with GANG_EMU_DEVICES=2 (two emulated GPUs: NCCL wants one per rank)")
@@ -71,6 +102,7 @@ def scenario(h):
             "healthy gang: HTTP %r %r" % (want["code"], want["body"]))
     healthy.stop()
     H.log("healthy gang: %d tokens in %.2f s" % (TOKENS, took))
+    capture_fails(h, model, want["tokens"])
 
     g = H.Gang(h, nnodes=1, nproc_per_node=2, extra=flags(model))
     g.start_local()

@@ -420,8 +420,11 @@ static void nccl_layout_init(nccl_gang *g, const full_model *fm, const gang_engi
  * Runs the script on a tp x pp gang over nccl TP / PP (GPU r = rank r) and checks it.
  * graphs: the engines capture their pure decode steps (cfg.cuda_graphs), TP collectives
  * included; then every rank must have replayed graphs, all ranks the same number of
- * steps (whether a collective is captured must agree across ranks).
+ * steps (whether a collective is captured must agree across ranks). GRAPHS_FAIL_1: the
+ * same with every capture on GPU 1 failing (the emulator's GANG_EMU_CAPTURE_FAIL): the
+ * ranks must agree to drop their captures and run without graphs, every rank the same.
  */
+#define GRAPHS_FAIL_1 2
 static void check_nccl_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
                               uint32_t pp, uint32_t microbatches, int graphs)
 {
@@ -435,7 +438,9 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
 
     cfg.cuda_graphs = graphs ? 1u : 0u;
     snprintf(what, sizeof(what), "nccl tp=%u pp=%u microbatches=%u%s", tp, pp, microbatches,
-             graphs ? " graphs" : "");
+             graphs == GRAPHS_FAIL_1 ? " graphs, GPU 1's captures failing"
+             : graphs                ? " graphs"
+                                     : "");
     memset(&g, 0, sizeof(g));
     g.tp = tp;
     g.pp = pp;
@@ -454,6 +459,8 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     g.run.pp = pp;
     g.run.sc = sc;
     g.run.kernels = g.lo.kernels;
+    if (graphs == GRAPHS_FAIL_1)
+        setenv("GANG_EMU_CAPTURE_FAIL", "1", 1);
     for (r = 0; r < g.n; r++) {
         xs[r].g = &g;
         xs[r].rank = r;
@@ -461,11 +468,19 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     }
     for (r = 0; r < g.n; r++)
         pthread_join(th[r], NULL);
+    unsetenv("GANG_EMU_CAPTURE_FAIL");
     for (r = 0; r < g.n; r++)
         if (xs[r].rc != 0)
             fail_msg("%s: rank %u: %s: %s", what, r, xs[r].what, gang_err_name(xs[r].rc));
     check_script(sc, exp, what);
-    if (graphs && pp == 1) {
+    if (graphs == GRAPHS_FAIL_1) {
+        for (r = 0; r < g.n; r++)
+            if (g.lo.engines[r]->graph_replays != 0 || !g.lo.engines[r]->graphs_off)
+                fail_msg("%s: rank %u replayed %llu decode steps as graphs, graphs off: %u", what,
+                         r, (unsigned long long)g.lo.engines[r]->graph_replays,
+                         g.lo.engines[r]->graphs_off);
+        print_message("%s: every rank dropped its capture and ran without graphs\n", what);
+    } else if (graphs && pp == 1) {
         for (r = 0; r < g.n; r++)
             if (g.lo.engines[r]->graph_replays == 0 ||
                 g.lo.engines[r]->graph_replays != g.lo.engines[0]->graph_replays)
@@ -523,6 +538,13 @@ static void test_nccl_world_of_one(void **state)
     free(fm);
 }
 
+/* The CUDA emulator (tests/cuda-emu) runs these tests when GANG_EMU_DEVICES is set. */
+static int on_emulator(void)
+{
+    const char *v = getenv("GANG_EMU_DEVICES");
+    return v != NULL && *v != '\0';
+}
+
 /* >= 2 GPUs: the script over nccl TP / PP, one GPU per rank, equals the reference. */
 static void test_nccl_layouts_match_reference(void **state)
 {
@@ -557,6 +579,12 @@ static void test_nccl_layouts_match_reference(void **state)
             /* TP over NCCL with the decode steps captured, collectives and all */
             if (lay[i][1] == 1)
                 check_nccl_layout(fm, &sc, exp, lay[i][0], 1, 1, 1);
+            /* one rank's capture failing (the emulator fails them on request) */
+            if (lay[i][1] == 1 && lay[i][0] == 2 && with_bias == 0 && on_emulator())
+                check_nccl_layout(fm, &sc, exp, 2, 1, 1, GRAPHS_FAIL_1);
+            else if (lay[i][1] == 1 && lay[i][0] == 2 && with_bias == 0)
+                print_message("nccl tp=2 graphs with a capture failing: needs the CUDA emulator "
+                              "(GANG_EMU_DEVICES set) to fail one GPU's captures: not run\n");
         }
         free(fm);
     }

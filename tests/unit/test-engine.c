@@ -1036,6 +1036,57 @@ static void test_plan_validation(void **state)
     free(fm);
 }
 
+/*
+ * The plan's flags byte (bit 0 the P/D poll, bit 1 no graphs: rank 0's choice that every
+ * rank follows) comes out as it went in, and an unknown bit is refused. Rank 0's encode
+ * says no graphs once its graphs are off.
+ */
+static void test_plan_flags(void **state)
+{
+    gang_engine_config cfg = engine_config(1);
+    full_model *fm = full_model_new(5, 0);
+    gang_model *m = shard_new(fm, 1, 1, 0);
+    gang_engine *e = NULL;
+    gang__plan_seq seq = {
+        .slot = 0, .pos0 = 0, .n = 2, .sample = 1, .n_prompt = 2, .sp = {.top_p = 1.0f}};
+    int32_t toks[2] = {1, 2}, tables[16] = {0};
+    const size_t hdr_bytes = GANG__PLAN_HDR_WORDS * sizeof(int32_t);
+    uint32_t body = 0, f, hb[GANG__PLAN_HDR_WORDS];
+    char err[256];
+
+    (void)state;
+    assert_int_equal(gang_engine_init(m, &cfg, &e, err, sizeof(err)), 0);
+    for (f = 0; f < 4; f++) {
+        gang__plan p = {.n_seq = 1,
+                        .n_tokens = 2,
+                        .seqs = &seq,
+                        .tokens = toks,
+                        .kv_poll = f & 1u,
+                        .no_graphs = f >> 1};
+
+        assert_int_equal(gang__plan_write(e, &p, tables, e->plan_buf, &body), 0);
+        e->plan.kv_poll = e->plan.no_graphs = 7;
+        assert_int_equal(gang__plan_decode(e), 0);
+        assert_int_equal(e->plan.kv_poll, f & 1u);
+        assert_int_equal(e->plan.no_graphs, f >> 1);
+    }
+    /* no transfer: the body ends with the flags byte and the transfer's kind byte */
+    memcpy(hb, e->plan_buf, sizeof(hb));
+    assert_int_equal(((uint8_t *)e->plan_buf)[hdr_bytes + hb[4] - 2], 3);
+    ((uint8_t *)e->plan_buf)[hdr_bytes + hb[4] - 2] = 4;
+    assert_int_equal(gang__plan_decode(e), GANG_EPROTO);
+    /* rank 0 */
+    e->plan.n_seq = e->plan.n_tokens = 0;
+    e->graphs_off = 1;
+    assert_int_not_equal(gang__plan_encode(e), 0);
+    e->plan.no_graphs = 0;
+    assert_int_equal(gang__plan_decode(e), 0);
+    assert_int_equal(e->plan.no_graphs, 1);
+    gang_engine_free(e);
+    shard_free(m);
+    free(fm);
+}
+
 /* An entry's size on the wire is within GANG__PLAN_SEQ_MIN_BYTES and _MAX_BYTES (no stop
  * ids, all of them): the header check and the buffer's size depend on it. */
 static void test_plan_entry_size(void **state)
@@ -1792,6 +1843,7 @@ int main(void)
         cmocka_unit_test(test_request_codec),
         cmocka_unit_test(test_engine_setup),
         cmocka_unit_test(test_plan_validation),
+        cmocka_unit_test(test_plan_flags),
         cmocka_unit_test(test_plan_entry_size),
         cmocka_unit_test(test_event_backpressure),
         cmocka_unit_test(test_cancel),
