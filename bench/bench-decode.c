@@ -15,13 +15,14 @@
  * it layer by layer, so host memory stays at a few layers). Before the points it
  * measures the device-to-device copy bandwidth (1 GiB gang_kernels_copy, read + write
  * bytes over the time, median of 10) and reports, per line, the HBM roofline
- *   roofline_tok_s = batch x bandwidth / weight bytes read per decode step
- * (the bytes the ranks store, m->weight_bytes in the point's storage, less the embedding
- * table, of which a step gathers one row per sequence; the KV cache reads are left out,
- * they are < 1% at batch 1 at these context lengths) and roofline_ratio = decode_tok_s /
- * roofline_tok_s. The issue's target is a batch-1 ratio of at least 0.7 for the 8B shape
- * in bf16 (a "summary" line per storage says whether the 1x1 batch-1 point meets it).
- * Without a GPU: one "skipped" line, exit 0.
+ *   roofline_tok_s = batch x bandwidth / bytes read per decode step
+ * (the weights: the bytes the ranks store, m->weight_bytes in the point's storage, less
+ * the embedding table, of which a step gathers one row per sequence; and the KV cache,
+ * kv_bytes_per_step = batch x (prompt + tokens / 2) x layers x 2 x kv_heads x head_dim x
+ * the cache element's bytes, < 1% at batch 1 at the default 32-token prompt, most of a
+ * step at batch 8 and a 4K context) and roofline_ratio = decode_tok_s / roofline_tok_s. The issue's
+ * target is a batch-1 ratio of at least 0.7 for the 8B shape in bf16 (a "summary" line per storage
+ * says whether the 1x1 batch-1 point meets it). Without a GPU: one "skipped" line, exit 0.
  *
  * With NCCL built, --device cuda adds an nccl point: 1x1 with its TP group on a one-rank
  * nccl communicator (bench/decode-nccl.h), so every layer's two all-reduces go through
@@ -757,10 +758,12 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         cJSON_AddBoolToObject(line, "half_gemv", o->half_gemv != 0);
     }
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
-        double roof = (double)batch * o->copy_gbps * 1e9 / r->stream_bytes;
+        double kv = gang__bd_kv_bytes_per_step(o, batch, r->kv_elem_bytes);
+        double roof = (double)batch * o->copy_gbps * 1e9 / (r->stream_bytes + kv);
 
         cJSON_AddNumberToObject(line, "weight_bytes", r->weight_bytes);
         cJSON_AddNumberToObject(line, "weight_bytes_per_step", r->stream_bytes);
+        cJSON_AddNumberToObject(line, "kv_bytes_per_step", gang_report_round(kv, 0));
         cJSON_AddNumberToObject(line, "copy_GBps", gang_report_round(o->copy_gbps, 1));
         cJSON_AddNumberToObject(line, "roofline_tok_s", gang_report_round(roof, 1));
         cJSON_AddNumberToObject(line, "roofline_ratio",

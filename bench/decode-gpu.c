@@ -16,7 +16,8 @@
  *
  * Roofline per storage: m->weight_bytes (the bytes actually stored, summed over the
  * ranks) less the embedding table (gang__bd_stream_bytes: a decode step gathers rows of
- * it, it does not stream it).
+ * it, it does not stream it), plus the KV cache the decode steps read (kv_bytes_per_step,
+ * as decode-model.c counts it: what matters at long contexts, --prompt).
  *
  * Agreement per storage, each layout against the 1x1 point of the same storage and batch.
  * The tolerance on a flip (bench-decode.c's file comment) depends on the storage: f32
@@ -484,6 +485,7 @@ int gang__bd_main_cuda(bd_opts *o)
         return GANG_EXIT_OK;
     }
     bd_model_config(o, &mc);
+    o->kv_token_elems = (double)mc.n_layers * 2.0 * mc.n_kv_heads * mc.head_dim;
     rc = bd_copy_bandwidth(o, &o->copy_gbps);
     bd_gpu_copy_line(o, rc);
     if (rc != 0)

@@ -112,10 +112,15 @@ double gang__bd_stream_bytes(const gang_model *m)
     return (double)m->weight_bytes * (held - idle) / held;
 }
 
+double gang__bd_kv_bytes_per_step(const bd_opts *o, uint32_t batch, size_t kv_elem_bytes)
+{
+    return (double)batch * (o->prompt + o->tokens / 2.0) * o->kv_token_elems *
+           (double)kv_elem_bytes;
+}
+
 void gang__bd_model_fields(cJSON *line, const bd_opts *o, uint32_t batch, bd_result *res)
 {
-    double kv = (double)batch * (o->prompt + o->tokens / 2.0) * o->kv_token_elems *
-                (double)res->kv_elem_bytes;
+    double kv = gang__bd_kv_bytes_per_step(o, batch, res->kv_elem_bytes);
     double step = res->stream_bytes + kv;
 
     cJSON_AddNumberToObject(line, "weight_bytes", res->weight_bytes);

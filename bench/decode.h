@@ -139,6 +139,13 @@ int gang__bd_main_model(bd_opts *o);
 double gang__bd_stream_bytes(const gang_model *m);
 
 /*
+ * The KV cache bytes the decode steps of a point read, per step, over the ranks: batch x
+ * (prompt + tokens / 2: the steps' mean context) x o->kv_token_elems x the element's
+ * bytes (decode-model.c's file comment).
+ */
+double gang__bd_kv_bytes_per_step(const bd_opts *o, uint32_t batch, size_t kv_elem_bytes);
+
+/*
  * --model: adds the storage, the bytes a decode step reads (weights + KV cache), the
  * read bandwidth, roofline_tok_s and roofline_ratio of a point that ran to line, and sets
  * res->roofline_ratio (decode-model.c).
