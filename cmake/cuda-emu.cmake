@@ -68,6 +68,16 @@ endforeach()
 set_source_files_properties(${gang_emu_kernel_sources} PROPERTIES
   INCLUDE_DIRECTORIES "${PROJECT_SOURCE_DIR}/kernels/cuda;${PROJECT_SOURCE_DIR}/kernels")
 
+# Under AddressSanitizer (make sanitize-emu) the emulated kernels and the runtime stay
+# uninstrumented: a kernel's threads are fibers on stacks of the runtime's own, whose
+# switches ASan cannot follow. The backend's host code, the engine and the NCCL backend
+# around them are instrumented as in any sanitizer build.
+if(GANGLION_SANITIZE MATCHES "address")
+  set_property(SOURCE ${gang_emu_kernel_sources} APPEND PROPERTY COMPILE_OPTIONS
+    -fno-sanitize=address)
+  target_compile_options(gang_cuda_emu PRIVATE -fno-sanitize=address)
+endif()
+
 target_sources(gang_kernels PRIVATE ${gang_cuda_host_sources} ${gang_emu_kernel_sources})
 gang_c_only_options(gang_kernels CXX ${gang_emu_cxx_warn})
 target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
