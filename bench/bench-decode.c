@@ -160,6 +160,8 @@ typedef struct bd_rank {
       "cuda: decode steps as CUDA graphs (serve's --cuda-graphs)")                                 \
     X("half-gemv", half_gemv, 1, 1, 1, 1, 0, 1,                                                    \
       "cuda: bf16 / f16 decode products by ganglion's GEMV (1) or cuBLASLt (0)")                   \
+    X("cuda-pdl", cuda_pdl, 0, 0, 0, 0, 0, 1,                                                      \
+      "cuda: the decode GEMVs as programmatic dependent launches (Hopper's PDL)")                  \
     X("nccl-wait-each", nccl_wait_each, 0, 0, 0, 0, 0, 1,                                          \
       "cuda: the nccl point awaits each collective on the host, without graphs (before #24)")      \
     X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
@@ -518,6 +520,7 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
     ko.device_index = r->nccl ? (int)x->rank : 0; /* NCCL: one GPU per rank */
     ko.pool_mb = o->gpu_pool_mb;
     ko.half_gemv = (int)o->half_gemv;
+    ko.pdl = (int)o->cuda_pdl;
     return gang_kernels_open_opts(&ko, k);
 }
 
@@ -756,6 +759,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         bd_emit_counters(line, r);
         cJSON_AddBoolToObject(line, "model_kept", r->model_kept); /* bd_gpu_keep */
         cJSON_AddBoolToObject(line, "half_gemv", o->half_gemv != 0);
+        cJSON_AddBoolToObject(line, "pdl", o->cuda_pdl != 0);
     }
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
         double kv = gang__bd_kv_bytes_per_step(o, batch, r->kv_elem_bytes);

@@ -15,10 +15,10 @@
 # The whole check ends within GANG_GPU_BUDGET_S (default 330 s: with the machine's start it
 # stays inside 6 minutes, leaving a 10-minute call room for a second try): each step's
 # timeout is cut to what is left, and a step past the budget is recorded "not-run", which
-# fails the check (nothing passes by having checked nothing). Two measurements at the end
-# are not gates (their status is reported apart, in summary.json's "extras" for the first):
-# the long-context decode (bench-decode-long) and the ncu profile, each only when enough
-# of the budget is left.
+# fails the check (nothing passes by having checked nothing). Three measurements at the end
+# are not gates (their status is reported apart, in summary.json's "extras" for the first
+# two): the GEMVs as PDL launches (bench-decode-pdl), the long-context decode
+# (bench-decode-long) and the ncu profile, each only when enough of the budget is left.
 #
 # It starts with the preflight (bench/gpu-preflight.sh, ~5 s): a missing driver, device,
 # carried library, NCCL or cuBLASLt stops the check at once with those lines as the reason.
@@ -255,6 +255,12 @@ step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --ba
 step gpu-health 30 python3 "$SCRIPTS/gpu-health-check.py" --bin "$BIN" \
     --dir "$WORK/gpu-health" --seconds 10
 
+# The decode GEMVs as programmatic dependent launches (not a gate, --cuda-pdl 1: their first
+# weight loads start while the kernel before them ends): the 8B shape at batch 1, where the
+# roofline target is, against bench-decode-8b's batch-1 point of this run.
+extra bench-decode-pdl 80 60 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
+    --layouts 1x1 --batch 1 --tokens 32 --iters 2 --warmup 1 --cuda-pdl 1
+
 # A long context (not a gate): the 1B shape after 4064-token prompts, batch 1 and 8, where
 # the step attention splits its keys across blocks and the KV cache is a good part of what
 # a step reads (batch 8: 0.5 GB beside 2.5 GB of weights); the roofline counts both.
@@ -329,7 +335,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
             "$(grep -o '"max_abs_logprob_diff": [0-9.e-]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"ok": [a-z]*' <<<"$l" | cut -d' ' -f2)"
     done
-    grep -E '"step":"bench-decode(-8b|-wait-each|-cublas|-long)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
+    grep -E '"step":"bench-decode(-8b|-wait-each|-cublas|-long|-pdl)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\"([^\"]*)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]] || continue
         printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
@@ -337,6 +343,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         [[ $l =~ \"decode_step_overhead_ms_vs_1x1\":(-?[0-9.e+-]+) ]] &&
             printf '  +%s ms/step vs 1x1' "${BASH_REMATCH[1]}"
         [[ $l =~ \"half_gemv\":false ]] && printf ' (cuBLASLt for the decode products)'
+        [[ $l =~ \"pdl\":true ]] && printf ' (GEMVs as PDL launches)'
         [[ $l =~ \"step\":\"bench-decode-wait-each\" ]] && printf ' (no graphs)'
         [[ $l =~ \"step\":\"bench-decode-long\".*\"kv_bytes_per_step\":([0-9.e+]+) ]] &&
             printf ' (4064-token prompts, KV %s B/step)' "${BASH_REMATCH[1]}"

@@ -130,6 +130,7 @@ void gang_kernels_options_init(gang_kernels_options *o)
     o->pool_mb = 0;
     o->pool_percent = 90;
     o->half_gemv = 1;
+    o->pdl = 0;
 }
 
 int gang_kernels_open(const char *device, gang_kernels **out)

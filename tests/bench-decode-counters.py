@@ -16,7 +16,8 @@ counts (the issue's "they must match the fake device's"; with graphs a replayed 
 counts one graph launch instead of its kernels). A third run adds the nccl point (a
 one-rank nccl TP group, on the NCCL emulator) and, with GANG_EMU_DEVICES >= 2, the
 2x1-nccl point (TP 2 on two emulated GPUs over NCCL, the all-reduces in the step's graph):
-each must count what 1x1 counts (the busiest rank's counters).
+each must count what 1x1 counts (the busiest rank's counters). A fourth, with --cuda-pdl 1,
+must count what the first counted.
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
@@ -34,8 +35,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def run_points(binary, device, batches, prompt, extra=()):
-    """The decode points of one bench run (bf16 and int8, 1x1) as parsed JSON lines."""
+def run_points(binary, device, batches, prompt, extra=(), log=None):
+    """The decode points of one bench run (bf16 and int8, 1x1) as parsed JSON lines (its
+    stderr appended to the list log, when given)."""
     cmd = [binary, "bench", "decode", "--device", device, "--layers", "2",
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
@@ -46,6 +48,8 @@ def run_points(binary, device, batches, prompt, extra=()):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         fail("exit %d: %s" % (out.returncode, out.stderr[-2000:]))
+    if log is not None:
+        log.append(out.stderr)
     points = []
     for line in out.stdout.splitlines():
         d = json.loads(line)
@@ -98,6 +102,27 @@ def nccl_same_as_socket(binary):
         print("2x1-nccl not run: GANG_EMU_DEVICES < 2")
 
 
+def pdl_same_counts(binary, plain):
+    """--cuda-pdl 1 (the decode GEMVs as programmatic dependent launches): the backend
+    takes the option on the emulated H200 (compute capability 9.0, its log line says so),
+    the points say pdl true, and a step counts what it counts without (a PDL launch is a
+    launch; the emulator runs a stream's kernels in order, so the tokens are the same)."""
+    log = []
+    pts = run_points(binary, "cuda", "1,4", "4", ["--cuda-pdl", "1"], log)
+    if "launch as programmatic dependents (PDL)" not in log[0]:
+        fail("--cuda-pdl 1: the backend did not say it launches the GEMVs with PDL")
+    want = {(d["storage"], d["batch"]): [d[k] for k in FIELDS] for d in plain}
+    if len(pts) != 4:
+        fail("--cuda-pdl 1: expected 4 points, got %d" % len(pts))
+    for d in pts:
+        got = [d[k] for k in FIELDS]
+        print("%s batch %d: --cuda-pdl 1 %s" % (d["storage"], d["batch"], got))
+        if d.get("pdl") is not True or got != want.get((d["storage"], d["batch"])):
+            fail("%s batch %d: --cuda-pdl 1 counts %s (pdl %r), without %s"
+                 % (d["storage"], d["batch"], got, d.get("pdl"),
+                    want.get((d["storage"], d["batch"]))))
+
+
 def main():
     if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("fake", "cuda")):
         fail("usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]")
@@ -130,6 +155,7 @@ def main():
     if device == "cuda":
         same_as_fake(sys.argv[1])
         nccl_same_as_socket(sys.argv[1])
+        pdl_same_counts(sys.argv[1], points)
     print("PASS")
 
 

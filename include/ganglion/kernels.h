@@ -605,10 +605,13 @@ typedef struct gang_kernels_options {
                               when pool_mb is 0; capped by the memory free at open */
     int half_gemv;         /* cuda: products of up to 8 rows by a bf16 / f16 weight with
                               ganglion's GEMV (1, default) or cuBLASLt (0) */
+    int pdl;               /* cuda: launch the decode GEMVs as programmatic dependents of
+                              the kernel before them (Hopper's PDL: their first weight loads
+                              start before it ends; 1), or after it as usual (0, default) */
 } gang_kernels_options;
 
 /* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90,
- * half_gemv 1. */
+ * half_gemv 1, pdl 0. */
 void gang_kernels_options_init(gang_kernels_options *o);
 
 /*

@@ -35,6 +35,7 @@
 #include <math.h>
 
 #include "cuda-internal.h"
+#include "cuda-pdl.h"
 
 #define ATT_WARPS 8
 #define ATT_PER_LANE 8         /* head_dim <= 256 */
@@ -264,6 +265,7 @@ __global__ static void attention_merge_kernel(const float *part, unsigned splits
     float *orow = out + (size_t)blockIdx.x * head_dim;
     float mx = -INFINITY, den = 0.0f;
 
+    pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
     for (unsigned s = 0; s < splits; s++)
         mx = fmaxf(mx, st[(size_t)s * (head_dim + 2)]);
     for (unsigned s = 0; s < splits; s++) {

@@ -100,6 +100,30 @@ static int cuda_pool_size(const gang_kernels_options *o, size_t free_b, size_t t
 
 static void cuda_close(void *ctx);
 
+/*
+ * Programmatic dependent launch of the decode GEMVs (gang_kernels_options.pdl): on a
+ * device of compute capability 9 or more (Hopper) only; elsewhere the option is ignored
+ * with a log line.
+ */
+static int cuda_pdl_mode(gang__cuda_ctx *c, const gang_kernels_options *o)
+{
+    int major = 0;
+    int rc =
+        gang__cuda_err(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
+                       "cudaDeviceGetAttribute");
+
+    if (rc < 0 || !o->pdl)
+        return rc;
+    c->pdl = major >= 9;
+    if (c->pdl)
+        gang_info("kernels/cuda: the decode GEMVs launch as programmatic dependents (PDL)");
+    else
+        gang_warn("kernels/cuda: PDL asked for, but device %d has compute capability %d (< 9): "
+                  "the GEMVs launch as usual",
+                  c->device, major);
+    return 0;
+}
+
 static int cuda_open(const gang_kernels_options *o, void **out)
 {
     gang__cuda_ctx *c;
@@ -164,6 +188,8 @@ static int cuda_open(const gang_kernels_options *o, void **out)
         cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device),
         "cudaDeviceGetAttribute");
     if (rc < 0)
+        goto out_close;
+    if ((rc = cuda_pdl_mode(c, o)) < 0)
         goto out_close;
     /* Split-key attention is an optimisation: without room for its scratch, attention
      * simply runs in one pass. */
@@ -488,8 +514,8 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
     if ((rc = ctx_enter(c)) < 0)
         return rc;
     if (w->type == GANG_KW_I8)
-        return gang__cuda_launch_matmul_i8(c->stream, GANG_CUDA_GLU_NONE, m, n, kdim, x, w->data,
-                                           w->scales, y);
+        return gang__cuda_launch_matmul_i8(c->stream, GANG_CUDA_GLU_NONE, c->pdl, m, n, kdim, x,
+                                           w->data, w->scales, y);
     if (gang_kernels_wtype_block(w->type, NULL, NULL))
         rc = cuda_matmul_blocks(c, m, n, kdim, x, w, y);
     else if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
@@ -497,8 +523,8 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
     else {
         /* A decode product by the GEMV; GANG_ENOSYS: more rows, or a shape it does not take. */
         rc = c->half_gemv
-                 ? gang__cuda_launch_gemv_half(c->stream, GANG_CUDA_GLU_NONE, dt == GANG_DTYPE_BF16,
-                                               m, n, kdim, x, w->data, y)
+                 ? gang__cuda_launch_gemv_half(c->stream, GANG_CUDA_GLU_NONE, c->pdl,
+                                               dt == GANG_DTYPE_BF16, m, n, kdim, x, w->data, y)
                  : GANG_ENOSYS;
         if (rc == GANG_ENOSYS &&
             (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
@@ -527,12 +553,13 @@ static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim,
         return rc;
     rc = GANG_ENOSYS;
     if (w->type == GANG_KW_I8)
-        rc = gang__cuda_launch_matmul_i8(c->stream, glu, m, n, kdim, gu, w->data, w->scales, y);
+        rc = gang__cuda_launch_matmul_i8(c->stream, glu, c->pdl, m, n, kdim, gu, w->data, w->scales,
+                                         y);
     else if (gang_kernels_wtype_block(w->type, NULL, NULL) && m <= GANG_CUDA_QGEMV_ROWS)
         rc = gang__cuda_launch_gemv_q(c->stream, (int)w->type, glu, m, n, kdim, gu, w->data, y);
     else if ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && c->half_gemv)
-        rc = gang__cuda_launch_gemv_half(c->stream, glu, w->type == GANG_KW_BF16, m, n, kdim, gu,
-                                         w->data, y);
+        rc = gang__cuda_launch_gemv_half(c->stream, glu, c->pdl, w->type == GANG_KW_BF16, m, n,
+                                         kdim, gu, w->data, y);
     if (rc != GANG_ENOSYS)
         return rc;
     rc = gang__cuda_launch_glu(c->stream, gelu, gu, m, kdim, scratch);

@@ -90,6 +90,7 @@ typedef struct gang__cuda_ctx {
      * old address (also one captured earlier in the same graph). */
     unsigned graphs;
     int half_gemv; /* gang_kernels_options.half_gemv */
+    int pdl;       /* gang_kernels_options.pdl, on a device of compute capability >= 9 */
 } gang__cuda_ctx;
 
 /* Bits of dev_flag. */
@@ -151,12 +152,13 @@ int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t
 /* cuda-matmul.cu: y = x . W^T for an int8 weight (w, scales), dequantized on the fly
  * (glu other than NONE: only where the GEMV applies, else GANG_ENOSYS); the embedding
  * over a typed table (wtype a gang_kernels_wtype; scales for int8). */
-int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim,
+int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size_t n, size_t kdim,
                                 const float *x, const int8_t *w, const float *scales, float *y);
 /* y = x . W^T for m <= 8 rows of x by a bf16 (bf16 != 0) or f16 weight, kdim a multiple
- * of 8 and w 16-byte aligned (else GANG_ENOSYS): x rounded to the weight's type. */
-int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int bf16, size_t m, size_t n, size_t kdim,
-                                const float *x, const void *w, float *y);
+ * of 8 and w 16-byte aligned (else GANG_ENOSYS): x rounded to the weight's type. pdl (of
+ * both GEMVs): launched as a programmatic dependent of the kernel before it (cuda-pdl.h). */
+int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int bf16, size_t m, size_t n,
+                                size_t kdim, const float *x, const void *w, float *y);
 int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
                                   size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
                                   float *out);

@@ -26,6 +26,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda-internal.h"
+#include "cuda-pdl.h"
 #include "cuda-vec.h"
 
 #define MM_THREADS 128
@@ -100,7 +101,9 @@ static unsigned gemv_tile(size_t m)
  * loads, then the block stages x (four elements a load when xv: x 16-byte aligned), so the
  * memory streams weights while the block waits at the barrier (a grid of one wave, as the
  * 8B shape's q|k|v, o and down projections are, would otherwise leave it idle there); the
- * products are summed in the same order as without them. sm_90 (ptxas -v): 64 registers
+ * products are summed in the same order as without them. Launched as a programmatic
+ * dependent (cuda-pdl.h) it issues the first tile's weight loads before it waits for the
+ * kernel before it, whose output x is. sm_90 (ptxas -v): 64 registers
  * under the launch bounds (71 without: 3 blocks an SM instead of 4), no spills; bounds
  * of 5 blocks spill.
  */
@@ -131,6 +134,7 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     const T *row = w + (o < n ? o : 0) * kdim;
     float acc[MM_ROWS];
 
+    pdl_trigger(); /* the next GEMV may start its weight loads */
     for (int r = 0; r < MM_ROWS; r++)
         acc[r] = 0.0f;
     for (size_t k0 = 0; k0 < kdim; k0 += tile) {
@@ -145,6 +149,8 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
             if (o < n && i < kt)
                 pre[j] = *(const uint4 *)(row + k0 + i);
         }
+        if (k0 == 0)
+            pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
         __syncthreads(); /* the previous tile is no longer read */
         if (xv) {
             for (unsigned q = threadIdx.x; q < total / 4; q += 32 * GEMV_WARPS) {
@@ -201,8 +207,8 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
  * GANG_ENOSYS where it does not apply (the caller takes another kernel).
  */
 template <typename T>
-static int gemv_launch(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim, const float *x,
-                       const T *w, const float *scales, float *y)
+static int gemv_launch(cudaStream_t s, int glu, int pdl, size_t m, size_t n, size_t kdim,
+                       const float *x, const T *w, const float *scales, float *y)
 {
     size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
 
@@ -213,16 +219,35 @@ static int gemv_launch(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim,
      * 8 or 16) */
     const int xv = ((uintptr_t)x & 15) == 0;
 
+#if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
+    if (pdl) {
+        cudaLaunchAttribute at[1];
+        cudaLaunchConfig_t cfg = {};
+
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3((unsigned)blocks);
+        cfg.blockDim = dim3(32 * GEMV_WARPS);
+        cfg.stream = s;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, m, n, kdim, gemv_tile(m), x,
+                                                 xv, glu, w, scales, y),
+                              "gemv launch (PDL)");
+    }
+#else
+    (void)pdl;
+#endif
     gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, gemv_tile(m), x, xv,
                                                                 glu, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "gemv launch");
 }
 
-extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim,
-                                           const float *x, const int8_t *w, const float *scales,
-                                           float *y)
+extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size_t n,
+                                           size_t kdim, const float *x, const int8_t *w,
+                                           const float *scales, float *y)
 {
-    int rc = gemv_launch<int8_t>(s, glu, m, n, kdim, x, w, scales, y);
+    int rc = gemv_launch<int8_t>(s, glu, pdl, m, n, kdim, x, w, scales, y);
 
     if (rc != GANG_ENOSYS || glu != GANG_CUDA_GLU_NONE)
         return rc;
@@ -232,11 +257,12 @@ extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, size_t m, si
 
 /* The bf16 / f16 decode GEMV: gemv_kernel over half weights (8 elements a load), x rounded to
  * the weight's type as it is staged, the products summed in f32. */
-extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int bf16, size_t m, size_t n,
-                                           size_t kdim, const float *x, const void *w, float *y)
+extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int bf16, size_t m,
+                                           size_t n, size_t kdim, const float *x, const void *w,
+                                           float *y)
 {
-    return bf16 ? gemv_launch(s, glu, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
-                : gemv_launch(s, glu, m, n, kdim, x, (const __half *)w, NULL, y);
+    return bf16 ? gemv_launch(s, glu, pdl, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
+                : gemv_launch(s, glu, pdl, m, n, kdim, x, (const __half *)w, NULL, y);
 }
 
 /* Element d of table row id as f32 (wtype: GANG_KW_BF16, _F16 or _I8). */

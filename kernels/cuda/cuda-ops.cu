@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "cuda-internal.h"
+#include "cuda-pdl.h"
 
 #define OPS_THREADS 256
 #define OPS_MAX_BLOCKS 4096
@@ -94,6 +95,8 @@ __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps,
     const float *xr = x + blockIdx.x * dim;
     double ss = 0.0;
 
+    pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
+
     for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
         ss += (double)xr[i] * (double)xr[i];
     rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
@@ -110,6 +113,7 @@ __global__ static void add_rmsnorm_kernel(float *x, const float *y, const float 
     const float *yr = y + blockIdx.x * dim;
     double ss = 0.0;
 
+    pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
     for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS) {
         float v = xr[i] + yr[i];
 

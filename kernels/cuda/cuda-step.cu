@@ -31,6 +31,7 @@
 #include <math.h>
 
 #include "cuda-internal.h"
+#include "cuda-pdl.h"
 #include "cuda-vec.h"
 
 static int step_launch_result(const char *what)
@@ -227,6 +228,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     const unsigned sp = blockIdx.z;
     int32_t p = a.positions[t], trow = a.table_rows[t];
 
+    pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
     if (p < 0 || trow < 0) {
         if (threadIdx.x == 0 && sp == 0)
             atomicOr(a.flag, GANG_CUDA_FLAG_BAD_POSITION);

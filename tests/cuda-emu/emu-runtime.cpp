@@ -866,9 +866,13 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 {
     if (device < 0 || device >= device_count())
         return last_error = cudaErrorInvalidDevice;
-    if (attr != cudaDevAttrMultiProcessorCount) /* the one the backend asks */
+    /* the ones the backend asks: an H200's 132 SMs, compute capability 9.0 */
+    if (attr == cudaDevAttrMultiProcessorCount)
+        *value = EMU_SMS;
+    else if (attr == cudaDevAttrComputeCapabilityMajor)
+        *value = 9;
+    else
         return last_error = cudaErrorInvalidValue;
-    *value = EMU_SMS;
     return cudaSuccess;
 }
 

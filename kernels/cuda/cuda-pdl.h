@@ -1,0 +1,35 @@
+/*
+ * Programmatic dependent launch (Hopper, compute capability 9.0; gang_kernels_options.pdl),
+ * for the decode GEMVs. A kernel launched with the programmatic-serialization attribute may
+ * start once every block of the kernel before it on the stream has called pdl_trigger (or
+ * ended), instead of once that kernel has ended and its writes are flushed; it must then
+ * call pdl_wait before it reads anything an earlier kernel wrote, or writes anything an
+ * earlier kernel may still read: pdl_wait returns once the kernel before it has ended,
+ * its writes visible (and so every kernel before that one). What may come before pdl_wait
+ * is work on data no kernel writes: the GEMV's first weight loads, so the weights stream
+ * while the kernel before it finishes instead of after its launch.
+ *
+ * Both are no-ops where they do not apply: in a kernel launched without the attribute
+ * (pdl_wait returns at once), when compiled for an older device, and on the CUDA emulator
+ * (tests/cuda-emu), which runs a stream's kernels one after another.
+ */
+#ifndef GANG_CUDA_PDL_H
+#define GANG_CUDA_PDL_H
+
+/* Lets the stream's next kernel, if launched as a programmatic dependent, start now. */
+__device__ static inline void pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+/* Waits until the kernel before this one has ended and its writes are visible. */
+__device__ static inline void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+#endif
+}
+
+#endif
