@@ -20,7 +20,8 @@ then runs transformers' forward (a greedy loop with past_key_values; generate() 
 used) on --device in bf16 as the reference, and `ganglion serve --local --device DEV` on the
 same directory for each layout (1x1; tp2 = TP=2 on the one device over the socket backend;
 nccl = 1x1 with the workers' data plane on NCCL, a world of one; tp2-nccl = TP=2 as two
-workers on two GPUs over NCCL, not in the default list: NCCL refuses two ranks on one GPU),
+workers on two GPUs over NCCL, not in the default list: NCCL refuses two ranks on one GPU;
+1x1-pdl = 1x1 with --cuda-pdl, whose worker must say it took it, not in the default list),
 asking /v1/completions for greedy tokens with the top-5 logprobs.
 
 Agreement, per prompt, step by step while the two sequences are equal:
@@ -118,6 +119,10 @@ def reference(model_dir, prompts, tokens, device):
     return out, info
 
 
+# What a worker's CUDA backend logs when it takes --cuda-pdl (kernels/cuda/cuda-backend.c).
+PDL_LINE = "the decode GEMVs launch as programmatic dependents (PDL)"
+
+
 def ganglion(args, model_dir, prompts, tokens, layout, log):
     """serve --local on model_dir with layout; per prompt the greedy (id, logprob) list."""
     port = free_port_pair()
@@ -130,6 +135,8 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
         argv += ["--nproc-per-node", "1", "--backend", "nccl"]
     elif layout == "tp2-nccl":
         argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "nccl"]
+    elif layout == "1x1-pdl":
+        argv += ["--nproc-per-node", "1", "--cuda-pdl"]
     else:
         argv += ["--nproc-per-node", "1"]
     if args.device == "cuda":
@@ -238,6 +245,10 @@ def main():
                     line.update(compare(ref, got, layers, args.tie))
                 except Exception as e:
                     line.update({"ok": False, "error": "ganglion: %s" % str(e)[:400]})
+            if layout == "1x1-pdl":  # the worker must have taken --cuda-pdl
+                with open(log.name) as f:
+                    line["pdl_on"] = PDL_LINE in f.read()
+                line["ok"] = bool(line["ok"]) and line["pdl_on"]
             line["ganglion_s"] = round(time.time() - t3, 1)
             all_ok &= bool(line["ok"])
             print(json.dumps(line), flush=True)

@@ -185,8 +185,10 @@ endif()
 if(GANGLION_CUDA_EMU)
   set(gang_emu_env "GANGLION_CUDA_LIBRARY_DIR=${GANG_CUDA_EMU_LIBDIR};GANGLION_NCCL_LIBRARY=${GANG_CUDA_EMU_LIBDIR}")
   add_test(NAME unit-cuda-lt-fallback COMMAND test-cuda)
-  set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks PROPERTIES
+  set_tests_properties(unit-cuda-step unit-cuda-blocks PROPERTIES
     ENVIRONMENT "${gang_emu_env}")
+  # test-cuda opens a second handle beside its fixture's 2 GiB pool (test_gpu_gemv_pdl)
+  set_tests_properties(unit-cuda PROPERTIES ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=4096")
   # The engine over nccl TP / PP groups and the communicator's own tests on the NCCL
   # emulator (tests/cuda-emu/emu-nccl.cpp: ranks as threads, one emulated GPU each), and
   # the P/D pair's KV transfers over NCCL: the multi-GPU cases that skip on one GPU.
@@ -207,7 +209,7 @@ if(GANGLION_CUDA_EMU)
       FAIL_REGULAR_EXPRESSION "needs [0-9]+ GPU;failed here;SKIP:")
   endif()
   set_tests_properties(unit-cuda-lt-fallback PROPERTIES
-    ENVIRONMENT "${gang_emu_env};GANG_EMU_LT_REFUSE_FIRST=1")
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_LT_REFUSE_FIRST=1;GANG_EMU_MEMORY_MB=4096")
   set_tests_properties(unit-cuda unit-cuda-step unit-cuda-blocks unit-cuda-lt-fallback
     PROPERTIES LABELS cuda-emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "no GPU")
   set_tests_properties(unit-engine-cuda PROPERTIES LABELS cuda-emu TIMEOUT 900

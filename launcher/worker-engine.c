@@ -166,6 +166,7 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
         ko.device_index = wres_cuda_index(c, gpu, count);
         ko.pool_mb = c->gpu_memory_mb;
         ko.pool_percent = c->gpu_memory_percent;
+        ko.pdl = c->cuda_pdl ? 1 : 0;
     }
     rc = gang_kernels_open_opts(&ko, &r->k);
     if (rc != 0)

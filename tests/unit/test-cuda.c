@@ -579,6 +579,100 @@ static void test_gpu_matmul_typed(void **state)
     }
 }
 
+/*
+ * One handle's run of a decode layer's MLP chain, `rounds` times without a host wait:
+ * x += d, h = rmsnorm(x) (add_rmsnorm), gu = h . W1^T, d = silu-glu(gu) . W2^T, each GEMV
+ * reading what the kernel just before it wrote. Returns x and d, downloaded.
+ */
+static void pdl_chain(gang_kernels *k, size_t m, size_t hid, size_t ffn, const void *w1,
+                      const void *w2, const float *nw, const float *x0, int rounds, float **x_out,
+                      float **d_out)
+{
+    size_t b1 = gang_kernels_weight_bytes(GANG_KW_BF16, 2 * ffn, hid);
+    size_t b2 = gang_kernels_weight_bytes(GANG_KW_BF16, hid, ffn);
+    void *dw1 = NULL, *dw2 = NULL, *dn = NULL, *dx = NULL, *dd = NULL, *dh = NULL, *dgu = NULL;
+    void *ds = NULL;
+    gang_kernels_weight g1, g2;
+
+    assert_int_equal(gang_kernels_alloc(k, b1, &dw1), 0);
+    assert_int_equal(gang_kernels_alloc(k, b2, &dw2), 0);
+    assert_int_equal(gang_kernels_alloc(k, hid * 4, &dn), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dx), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dd), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dh), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * 2 * ffn * 4, &dgu), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * ffn * 4, &ds), 0);
+    assert_int_equal(gang_kernels_upload(k, dw1, w1, b1), 0);
+    assert_int_equal(gang_kernels_upload(k, dw2, w2, b2), 0);
+    assert_int_equal(gang_kernels_upload(k, dn, nw, hid * 4), 0);
+    assert_int_equal(gang_kernels_upload(k, dx, x0, m * hid * 4), 0);
+    float *zeros = calloc(m * hid, 4);
+    assert_non_null(zeros);
+    assert_int_equal(gang_kernels_upload(k, dd, zeros, m * hid * 4), 0);
+    free(zeros);
+    g1 = gang_kernels_weight_view(GANG_KW_BF16, dw1, 2 * ffn, hid);
+    g2 = gang_kernels_weight_view(GANG_KW_BF16, dw2, hid, ffn);
+    for (int r = 0; r < rounds; r++) {
+        assert_int_equal(gang_kernels_add_rmsnorm(k, dx, dd, dn, 1e-5f, m, hid, dh), 0);
+        assert_int_equal(gang_kernels_matmul(k, m, 2 * ffn, hid, dh, &g1, dgu), 0);
+        assert_int_equal(gang_kernels_matmul_glu(k, 0, m, hid, ffn, dgu, &g2, ds, dd), 0);
+    }
+    *x_out = malloc(m * hid * 4);
+    *d_out = malloc(m * hid * 4);
+    assert_true(*x_out != NULL && *d_out != NULL);
+    assert_int_equal(gang_kernels_download(k, *x_out, dx, m * hid * 4), 0);
+    assert_int_equal(gang_kernels_download(k, *d_out, dd, m * hid * 4), 0);
+    void *bufs[] = {dw1, dw2, dn, dx, dd, dh, dgu, ds};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        gang_kernels_free(k, bufs[i]);
+}
+
+/*
+ * The decode GEMVs as programmatic dependent launches (gang_kernels_options.pdl, Hopper):
+ * a GEMV starts before the kernel it reads has ended and must wait for it before it stages
+ * x. A handle opened with pdl runs the chain above 8 times without a host wait and must
+ * give, bit for bit, what the test's handle (no pdl) gives: the same kernels in the same
+ * order; a GEMV that read its input too early would read the previous round's. On a
+ * device below compute capability 9, and on the emulator, pdl changes nothing but the
+ * launch path, and the results must still be equal.
+ */
+static void test_gpu_gemv_pdl(void **state)
+{
+    const size_t hid = 2048, ffn = 1408;
+    gang_kernels_options o;
+    gang_kernels *kp = NULL;
+    float *w1f = rnd_buf(2 * ffn * hid, 0.03f), *w2f = rnd_buf(hid * ffn, 0.03f);
+    float *nw = rnd_buf(hid, 1.0f), *x0 = rnd_buf(4 * hid, 1.0f);
+    void *w1 = malloc(gang_kernels_weight_bytes(GANG_KW_BF16, 2 * ffn, hid));
+    void *w2 = malloc(gang_kernels_weight_bytes(GANG_KW_BF16, hid, ffn));
+
+    (void)state;
+    NEED_GPU();
+    assert_true(w1 != NULL && w2 != NULL);
+    assert_int_equal(gang_kernels_weight_pack(GANG_KW_BF16, w1f, 2 * ffn, hid, w1), 0);
+    assert_int_equal(gang_kernels_weight_pack(GANG_KW_BF16, w2f, hid, ffn, w2), 0);
+    gang_kernels_options_init(&o);
+    o.device = "cuda";
+    o.pool_mb = 256;
+    o.pdl = 1;
+    assert_int_equal(gang_kernels_open_opts(&o, &kp), 0);
+    for (size_t m = 1; m <= 4; m += 3) {
+        float *xa, *da, *xb, *db;
+
+        pdl_chain(fx.gpu, m, hid, ffn, w1, w2, nw, x0, 8, &xa, &da);
+        pdl_chain(kp, m, hid, ffn, w1, w2, nw, x0, 8, &xb, &db);
+        for (size_t i = 0; i < m * hid; i++)
+            if (memcmp(&xa[i], &xb[i], 4) != 0 || memcmp(&da[i], &db[i], 4) != 0)
+                fail_msg("m=%zu: element %zu with pdl x %.9g d %.9g, without %.9g %.9g", m, i,
+                         (double)xb[i], (double)db[i], (double)xa[i], (double)da[i]);
+        print_message("pdl chain m=%zu: 8 rounds equal bit for bit (x[0] %.6g)\n", m,
+                      (double)xa[0]);
+        free(xa), free(da), free(xb), free(db);
+    }
+    gang_kernels_close(kp);
+    free(w1f), free(w2f), free(nw), free(x0), free(w1), free(w2);
+}
+
 /* ---------------------------------------------------------------------------------
  * GPU: row and element-wise operations.
  * --------------------------------------------------------------------------------- */
@@ -1006,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_gpu_gemm_f32),
         cmocka_unit_test(test_gpu_gemm_half),
         cmocka_unit_test(test_gpu_matmul_typed),
+        cmocka_unit_test(test_gpu_gemv_pdl),
         cmocka_unit_test(test_gpu_rmsnorm),
         cmocka_unit_test(test_gpu_rope),
         cmocka_unit_test(test_gpu_softmax),
