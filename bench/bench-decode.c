@@ -20,9 +20,10 @@
  * the embedding table, of which a step gathers one row per sequence; and the KV cache,
  * kv_bytes_per_step = batch x (prompt + tokens / 2) x layers x 2 x kv_heads x head_dim x
  * the cache element's bytes, < 1% at batch 1 at the default 32-token prompt, most of a
- * step at batch 8 and a 4K context) and roofline_ratio = decode_tok_s / roofline_tok_s. The issue's
- * target is a batch-1 ratio of at least 0.7 for the 8B shape in bf16 (a "summary" line per storage
- * says whether the 1x1 batch-1 point meets it). Without a GPU: one "skipped" line, exit 0.
+ * step at batch 8 and a 4K context) and roofline_ratio = decode_tok_s / roofline_tok_s.
+ * The issue's target is a batch-1 ratio of at least 0.7 for the 8B shape in bf16 (a
+ * "summary" line per storage says whether the 1x1 batch-1 point meets it). Without a GPU:
+ * one "skipped" line, exit 0.
  *
  * With NCCL built, --device cuda adds an nccl point: 1x1 with its TP group on a one-rank
  * nccl communicator (bench/decode-nccl.h), so every layer's two all-reduces go through

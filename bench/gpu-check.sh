@@ -293,6 +293,15 @@ figure() {
     grep -E "$1" "$OUT/results.jsonl" | grep -o "\"$2\": *[0-9.e+-]*" | head -1 |
         sed 's/.*: *//'
 }
+# json_pairs NAMES_ARRAY STATUSES_ARRAY: "name":"status" of each step, comma-separated.
+json_pairs() {
+    local -n names=$1 statuses=$2
+    local i
+    for i in "${!names[@]}"; do
+        [ "$i" -gt 0 ] && printf ','
+        printf '"%s":"%s"' "${names[$i]}" "${statuses[$i]}"
+    done
+}
 overall=pass
 for s in "${STATUSES[@]}"; do
     case $s in pass | dry-run) ;; *) overall=fail ;; esac
@@ -303,15 +312,9 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
 {
     printf '{"elapsed_s":%d,"budget_s":%d,"result":"%s","steps":{' "$(($(date +%s) - START))" \
         "$BUDGET" "$overall"
-    for i in "${!NAMES[@]}"; do
-        [ "$i" -gt 0 ] && printf ','
-        printf '"%s":"%s"' "${NAMES[$i]}" "${STATUSES[$i]}"
-    done
+    json_pairs NAMES STATUSES
     printf '},"extras":{'
-    for i in "${!EXTRA_NAMES[@]}"; do
-        [ "$i" -gt 0 ] && printf ','
-        printf '"%s":"%s"' "${EXTRA_NAMES[$i]}" "${EXTRA_STATUSES[$i]}"
-    done
+    json_pairs EXTRA_NAMES EXTRA_STATUSES
     printf '},"gemm_8192_bf16_tflops":{"ganglion":%s,"torch":%s}}\n' "${G_OURS:-null}" \
         "${G_TORCH:-null}"
 } >"$OUT/summary.json"

@@ -375,9 +375,21 @@ static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t pe
 }
 
 /*
+ * After a capture that is dropped: graphs off for the engine (rank 0's go out in the next
+ * plans), the head's host records of the recorded step forgotten, and the step's kernels
+ * run one by one (nothing ran: a capture only records).
+ */
+static int run_without_graphs(gang_engine *e, const gang_pipeline_ops *ops, uint64_t deadline)
+{
+    e->graphs_off = 1;
+    e->n_head_rows = 0;
+    e->ids_first = e->ids_pending = 0;
+    return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+}
+
+/*
  * A capture that could not begin or end, with TP 1 (one rank: graph steps have one stage
- * and no EP group): graphs are turned off for the engine (the next plans say so) and the
- * step runs its kernels as usual (nothing ran: a capture only records).
+ * and no EP group): run_without_graphs, with a log line unless the device has no graphs.
  */
 static int run_capture_failed(gang_engine *e, const gang_pipeline_ops *ops, int rc_cap, int rc_run,
                               uint64_t deadline)
@@ -386,10 +398,7 @@ static int run_capture_failed(gang_engine *e, const gang_pipeline_ops *ops, int 
         gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
                   "running its kernels one by one from now on",
                   gang_err_name(rc_cap), gang_err_name(rc_run));
-    e->graphs_off = 1;
-    e->n_head_rows = 0;
-    e->ids_first = e->ids_pending = 0;
-    return gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+    return run_without_graphs(e, ops, deadline);
 }
 
 /*
@@ -425,10 +434,7 @@ static int run_capture_agree(gang_engine *e, gang_comm *world, const gang_pipeli
               "on %d of %u ranks (here: %s, %s); every rank drops its capture and runs its "
               "kernels one by one from now on",
               (int)v[0], gang_comm_size(world), gang_err_name(rc_cap), gang_err_name(rc_run));
-    e->graphs_off = 1;
-    e->n_head_rows = 0;
-    e->ids_first = e->ids_pending = 0;
-    rc = gang_pipeline_run(ops, 0, 1, e->plan.n_seq, 1, deadline);
+    rc = run_without_graphs(e, ops, deadline);
     return rc != 0 ? rc : 1;
 }
 

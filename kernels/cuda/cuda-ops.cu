@@ -96,7 +96,6 @@ __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps,
     double ss = 0.0;
 
     pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
-
     for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
         ss += (double)xr[i] * (double)xr[i];
     rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
