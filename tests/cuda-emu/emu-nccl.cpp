@@ -38,6 +38,9 @@
  *     ncclGetErrorString, ncclGetLastError.
  * GANG_EMU_NCCL_DELAY_US (carry_out) defers every operation, so that a rank that does not
  * wait for one before reading its output (or reuses its input too soon) shows it.
+ * GANG_EMU_NCCL_REFUSE_CAPTURED=D refuses the operations a thread on device D enqueues on a
+ * capturing stream (ncclInvalidUsage at the call), so that one rank's step fails while it
+ * is recorded, its capture itself intact.
  * On a capturing stream an operation is captured, as NCCL's are: a one-rank
  * communicator's copy is a node of the graph, a larger one's post (gang_emu_stream_post)
  * is made at each replay, where the checks of a posted operation (an aborted
@@ -499,6 +502,22 @@ ncclResult_t check_op(const ncclComm *c, int kind, ncclDataType_t t, int root)
 namespace
 {
 
+/* GANG_EMU_NCCL_REFUSE_CAPTURED=D: an operation enqueued on a capturing stream by a thread
+ * on device D is refused at the call (ncclInvalidUsage), the capture left as it was, as a
+ * library refusing its arguments would (tests: one rank's recorded step fails, its
+ * capture and its peers' do not). */
+bool refused_in_capture(cudaStream_t stream)
+{
+    const char *v = getenv("GANG_EMU_NCCL_REFUSE_CAPTURED");
+    char *end;
+    long d;
+
+    if (v == nullptr || *v == '\0' || !gang_emu_stream_capturing(stream))
+        return false;
+    d = strtol(v, &end, 10);
+    return *end == '\0' && d == gang_emu_current_device();
+}
+
 /* An operation of the public API on stream, for a communicator of this process or of a
  * group another process made. */
 ncclResult_t operation(int kind, const void *send, void *recv, size_t count, ncclDataType_t t,
@@ -506,6 +525,8 @@ ncclResult_t operation(int kind, const void *send, void *recv, size_t count, ncc
 {
     ncclResult_t rc;
 
+    if (refused_in_capture(stream))
+        return ncclInvalidUsage;
     if (c != nullptr && c->remote != nullptr)
         return remote_op(c, kind, send, recv, count, t, root, stream);
     std::unique_lock<std::mutex> g(lock);

@@ -521,6 +521,7 @@ int script_body(rank_ctx *x, gang_comm *world, gang_comm *tp, gang_comm *pp)
         rc = gang_engine_step(x->engine, k, world, tp, NULL, pp, STEP_TIMEOUT_MS);
         if (rc != 0)
             break;
+        x->steps_done++;
         if (x->rank == 0)
             script_poll(x->engine, sc);
     }

@@ -110,6 +110,7 @@ struct rank_ctx {
     gang_comm *_Atomic comms[3]; /* world, tp, pp; published for the controller */
     gang_engine *engine;
     int init_rc, body_rc;
+    uint32_t steps_done; /* script_body: the engine steps that returned 0 */
     uint64_t done_ms;
 };
 

@@ -309,6 +309,7 @@ typedef struct nccl_rank {
     uint32_t rank;
     gang_comm_listener *listener; /* rank 0 */
     int rc;
+    uint32_t steps; /* the engine steps it completed */
     char what[160]; /* where it failed */
 } nccl_rank;
 
@@ -370,6 +371,7 @@ static void *nccl_rank_main(void *arg)
     rx.engine = g->lo.engines[x->rank];
     /* The worker passes world-size-1 groups too: exactly that here. */
     x->rc = script_body(&rx, world, tp, pp);
+    x->steps = rx.steps_done;
     snprintf(x->what, sizeof(x->what), "engine steps");
 out:
     if (x->rc != 0) {
@@ -423,8 +425,36 @@ static void nccl_layout_init(nccl_gang *g, const full_model *fm, const gang_engi
  * steps (whether a collective is captured must agree across ranks). GRAPHS_FAIL_1: the
  * same with every capture on GPU 1 failing (the emulator's GANG_EMU_CAPTURE_FAIL): the
  * ranks must agree to drop their captures and run without graphs, every rank the same.
+ * STEP_FAIL_1: GPU 1's collectives refused while its step is recorded (the emulator's
+ * GANG_EMU_NCCL_REFUSE_CAPTURED), its capture intact: that step must fail on every rank,
+ * GPU 1 with NCCL's refusal and its peer with GANG_EPEER, no graph launched, graphs kept
+ * on (check_step_fail_1).
  */
 #define GRAPHS_FAIL_1 2
+#define STEP_FAIL_1 3
+
+/* STEP_FAIL_1's outcome: each rank failed the same step (rank 1 with GANG_EINVAL, the others
+ * with GANG_EPEER), without a replay and with graphs still on. */
+static void check_step_fail_1(const nccl_gang *g, const nccl_rank *xs, const char *what)
+{
+    for (uint32_t r = 0; r < g->n; r++) {
+        const gang_engine *e = g->lo.engines[r];
+        const int want = r == 1 ? GANG_EINVAL : GANG_EPEER;
+
+        if (xs[r].rc != want || strcmp(xs[r].what, "engine steps") != 0)
+            fail_msg("%s: rank %u: %s: %s, expected the steps to fail with %s", what, r, xs[r].what,
+                     gang_err_name(xs[r].rc), gang_err_name(want));
+        if (e->graph_replays != 0 || e->graphs_off)
+            fail_msg("%s: rank %u replayed %llu decode steps as graphs, graphs off: %u", what, r,
+                     (unsigned long long)e->graph_replays, e->graphs_off);
+        if (xs[r].steps != xs[1].steps || xs[r].steps == 0)
+            fail_msg("%s: rank %u completed %u steps, rank 1 %u: not the same step failed", what, r,
+                     xs[r].steps, xs[1].steps);
+    }
+    print_message("%s: step %u (recorded) failed on every rank (GPU 1: %s, its peer: %s), no "
+                  "graph launched\n",
+                  what, xs[1].steps + 1, gang_err_name(xs[1].rc), gang_err_name(xs[0].rc));
+}
 static void check_nccl_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
                               uint32_t pp, uint32_t microbatches, int graphs)
 {
@@ -439,6 +469,7 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     cfg.cuda_graphs = graphs ? 1u : 0u;
     snprintf(what, sizeof(what), "nccl tp=%u pp=%u microbatches=%u%s", tp, pp, microbatches,
              graphs == GRAPHS_FAIL_1 ? " graphs, GPU 1's captures failing"
+             : graphs == STEP_FAIL_1 ? " graphs, GPU 1's captured collectives refused"
              : graphs                ? " graphs"
                                      : "");
     memset(&g, 0, sizeof(g));
@@ -461,6 +492,8 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     g.run.kernels = g.lo.kernels;
     if (graphs == GRAPHS_FAIL_1)
         setenv("GANG_EMU_CAPTURE_FAIL", "1", 1);
+    if (graphs == STEP_FAIL_1)
+        setenv("GANG_EMU_NCCL_REFUSE_CAPTURED", "1", 1);
     for (r = 0; r < g.n; r++) {
         xs[r].g = &g;
         xs[r].rank = r;
@@ -469,6 +502,12 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     for (r = 0; r < g.n; r++)
         pthread_join(th[r], NULL);
     unsetenv("GANG_EMU_CAPTURE_FAIL");
+    unsetenv("GANG_EMU_NCCL_REFUSE_CAPTURED");
+    if (graphs == STEP_FAIL_1) {
+        check_step_fail_1(&g, xs, what);
+        layout_free(&g.lo);
+        return;
+    }
     for (r = 0; r < g.n; r++)
         if (xs[r].rc != 0)
             fail_msg("%s: rank %u: %s: %s", what, r, xs[r].what, gang_err_name(xs[r].rc));
@@ -580,11 +619,14 @@ static void test_nccl_layouts_match_reference(void **state)
             if (lay[i][1] == 1)
                 check_nccl_layout(fm, &sc, exp, lay[i][0], 1, 1, 1);
             /* one rank's capture failing (the emulator fails them on request) */
-            if (lay[i][1] == 1 && lay[i][0] == 2 && with_bias == 0 && on_emulator())
+            if (lay[i][1] == 1 && lay[i][0] == 2 && with_bias == 0 && on_emulator()) {
                 check_nccl_layout(fm, &sc, exp, 2, 1, 1, GRAPHS_FAIL_1);
-            else if (lay[i][1] == 1 && lay[i][0] == 2 && with_bias == 0)
-                print_message("nccl tp=2 graphs with a capture failing: needs the CUDA emulator "
-                              "(GANG_EMU_DEVICES set) to fail one GPU's captures: not run\n");
+                check_nccl_layout(fm, &sc, exp, 2, 1, 1, STEP_FAIL_1);
+            } else if (lay[i][1] == 1 && lay[i][0] == 2 && with_bias == 0) {
+                print_message("nccl tp=2 graphs with a capture or a recorded step failing: "
+                              "needs the CUDA emulator (GANG_EMU_DEVICES set) to fail one "
+                              "GPU's captures or collectives: not run\n");
+            }
         }
         free(fm);
     }
