@@ -469,8 +469,8 @@ static int cuda_matmul_blocks(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim
     int rc;
 
     if (m <= GANG_CUDA_QGEMV_ROWS)
-        return gang__cuda_launch_gemv_q(c->stream, (int)w->type, GANG_CUDA_GLU_NONE, m, n, kdim, x,
-                                        w->data, y);
+        return gang__cuda_launch_gemv_q(c->stream, (int)w->type, GANG_CUDA_GLU_NONE, c->pdl, m, n,
+                                        kdim, x, w->data, y);
     rows = rows == 0 ? 1 : (rows >= n ? n : rows);
     if ((rc = cuda_scratch(c, &c->mq_scratch, &c->mq_scratch_bytes, rows * kdim * 2)) < 0 ||
         (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) < 0 ||
@@ -556,7 +556,8 @@ static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim,
         rc = gang__cuda_launch_matmul_i8(c->stream, glu, c->pdl, m, n, kdim, gu, w->data, w->scales,
                                          y);
     else if (gang_kernels_wtype_block(w->type, NULL, NULL) && m <= GANG_CUDA_QGEMV_ROWS)
-        rc = gang__cuda_launch_gemv_q(c->stream, (int)w->type, glu, m, n, kdim, gu, w->data, y);
+        rc = gang__cuda_launch_gemv_q(c->stream, (int)w->type, glu, c->pdl, m, n, kdim, gu, w->data,
+                                      y);
     else if ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && c->half_gemv)
         rc = gang__cuda_launch_gemv_half(c->stream, glu, c->pdl, w->type == GANG_KW_BF16, m, n,
                                          kdim, gu, w->data, y);

@@ -164,13 +164,13 @@ int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, 
                                   float *out);
 /* cuda-qmatmul.cu: the block weights (wtype a block gang_kernels_wtype, rows of kdim a
  * whole number of blocks; GANG_ENOSYS for another type). gemv_q: y = x . W^T for m <=
- * GANG_CUDA_QGEMV_ROWS, dequantizing in registers; dequant_q_bf16: the weight [n, kdim] as
- * bf16 into out (2 n kdim bytes, 16-byte aligned), for the cuBLASLt path of a larger m;
- * embedding_q: the rows ids of a block table as f32 (flag as the other embeddings). */
+ * GANG_CUDA_QGEMV_ROWS, dequantizing in registers (pdl as the other GEMVs'); dequant_q_bf16: the
+ * weight [n, kdim] as bf16 into out (2 n kdim bytes, 16-byte aligned), for the cuBLASLt path of a
+ * larger m; embedding_q: the rows ids of a block table as f32 (flag as the other embeddings). */
 #define GANG_CUDA_QGEMV_ROWS 8
 #define GANG_CUDA_QBAND_ELEMS ((size_t)32 << 20) /* most weight elements dequantized at once */
-int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, int glu, size_t m, size_t n, size_t kdim,
-                             const float *x, const void *w, float *y);
+int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, int glu, int pdl, size_t m, size_t n,
+                             size_t kdim, const float *x, const void *w, float *y);
 int gang__cuda_launch_dequant_q_bf16(cudaStream_t s, int wtype, size_t n, size_t kdim,
                                      const void *w, void *out);
 int gang__cuda_launch_embedding_q(cudaStream_t s, int wtype, const void *table, size_t dim,

@@ -221,16 +221,9 @@ static int gemv_launch(cudaStream_t s, int glu, int pdl, size_t m, size_t n, siz
 
 #if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
     if (pdl) {
-        cudaLaunchAttribute at[1];
-        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = pdl_config(dim3((unsigned)blocks), dim3(32 * GEMV_WARPS), s, &at);
 
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = dim3((unsigned)blocks);
-        cfg.blockDim = dim3(32 * GEMV_WARPS);
-        cfg.stream = s;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
         return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, m, n, kdim, gemv_tile(m), x,
                                                  xv, glu, w, scales, y),
                               "gemv launch (PDL)");

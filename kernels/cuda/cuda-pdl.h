@@ -32,4 +32,34 @@ __device__ static inline void pdl_wait(void)
 #endif
 }
 
+/* Asks for the 128-byte line at p to be brought into L2 (a hint: nothing waits for it,
+ * nothing is read into registers); a no-op off the device. For data no kernel writes. */
+__device__ static inline void prefetch_l2(const void *p)
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
+#if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
+/* The configuration that launches a grid x block kernel on s as a programmatic dependent
+ * (cudaLaunchKernelEx); at: its one attribute, the caller's until the launch. */
+static inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, cudaStream_t s,
+                                            cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+#endif
+
 #endif

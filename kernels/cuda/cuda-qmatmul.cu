@@ -18,7 +18,10 @@
  * order. The blocks are 34 (Q8_0), 18, 20, 22, 24, 144, 176 and 210 bytes: only Q4_K's
  * and Q5_K's quants sit on 16-byte boundaries, so loads are the compiler's from byte
  * addresses; consecutive lanes read consecutive groups, so a warp's loads cover whole
- * cache lines.
+ * cache lines. Each warp first asks for its row's first tile of bytes to be brought into L2
+ * (prefetch, no registers held), so that HBM works while the block stages x; launched as a
+ * programmatic dependent (gang_kernels_options.pdl, cuda-pdl.h) it does so before the kernel
+ * it reads has ended, and waits for that kernel before it stages x.
  *
  * Prefill (m > QG_ROWS): the weight is dequantized to a bf16 matrix [n, kdim] (a scratch of
  * the handle, cuda-backend.c) by a kernel with one thread per group, x is converted to
@@ -30,6 +33,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda-internal.h"
+#include "cuda-pdl.h"
 #include "cuda-qblocks.h"
 #include "cuda-vec.h"
 
@@ -54,12 +58,24 @@ __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const floa
     const uint8_t *row = w + (o < n ? o : 0) * gang_qb_row_bytes(T, kdim);
     float acc[QG_ROWS];
 
+    pdl_trigger(); /* the next GEMV may start its prefetches */
+    if (o < n) {
+        /* The first tile's bytes of the row toward L2 (at most 1,088: Q8_0's 1,024
+         * elements), lines of 128 from the row's start, the last lane the tail's line. */
+        const size_t first = gang_qb_row_bytes(T, kdim < QG_TILE ? kdim : QG_TILE);
+        const size_t at = (size_t)lane * 128;
+
+        if (at < first + 128)
+            prefetch_l2(row + (at < first ? at : first - 1));
+    }
     for (int r = 0; r < QG_ROWS; r++)
         acc[r] = 0.0f;
     for (size_t k0 = 0; k0 < kdim; k0 += QG_TILE) {
         size_t kt = kdim - k0 < QG_TILE ? kdim - k0 : QG_TILE;
         const unsigned ukt = (unsigned)kt, total = (unsigned)(m * kt); /* <= 8192 */
 
+        if (k0 == 0)
+            pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
         __syncthreads(); /* the previous tile is no longer read */
         for (unsigned i = threadIdx.x; i < total; i += 32 * QG_WARPS) {
             unsigned r = i / ukt, e = i - r * ukt; /* 32-bit division: a few instructions */
@@ -138,11 +154,25 @@ static unsigned qd_blocks(size_t groups)
 
 /* The launches of one type (the callers' switch picks T). */
 template <int T> struct qlaunch {
-    static void gemv(cudaStream_t s, int glu, size_t m, size_t n, size_t kdim, const float *x,
-                     const void *w, float *y)
+    static void gemv(cudaStream_t s, int glu, int pdl, size_t m, size_t n, size_t kdim,
+                     const float *x, const void *w, float *y)
     {
         size_t blocks = (n + QG_WARPS - 1) / QG_WARPS;
 
+#if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
+        if (pdl) {
+            cudaLaunchAttribute at;
+            cudaLaunchConfig_t cfg =
+                pdl_config(dim3((unsigned)blocks), dim3(32 * QG_WARPS), s, &at);
+
+            /* its status is cudaGetLastError's too */
+            (void)cudaLaunchKernelEx(&cfg, gemv_q_kernel<T>, m, n, kdim, x, glu, (const uint8_t *)w,
+                                     y);
+            return;
+        }
+#else
+        (void)pdl;
+#endif
         gemv_q_kernel<T>
             <<<(unsigned)blocks, 32 * QG_WARPS, 0, s>>>(m, n, kdim, x, glu, (const uint8_t *)w, y);
     }
@@ -196,12 +226,13 @@ template <int T> struct qlaunch {
         return GANG_ENOSYS;                                                                        \
     }
 
-extern "C" int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, int glu, size_t m, size_t n,
-                                        size_t kdim, const float *x, const void *w, float *y)
+extern "C" int gang__cuda_launch_gemv_q(cudaStream_t s, int wtype, int glu, int pdl, size_t m,
+                                        size_t n, size_t kdim, const float *x, const void *w,
+                                        float *y)
 {
     if (m > QG_ROWS || kdim % 32 != 0)
         return GANG_EINVAL;
-    QL_DISPATCH(wtype, gemv, s, glu, m, n, kdim, x, w, y)
+    QL_DISPATCH(wtype, gemv, s, glu, pdl, m, n, kdim, x, w, y)
     return gang__cuda_err(cudaGetLastError(), "block gemv launch");
 }
 

@@ -17,7 +17,8 @@
  *               (rel.)  the gated unit as it stages x, m <= 8; glu then the bf16 path at
  *                       m = 12) against the GPU's glu + matmul on the same weight.
  * A prefill over a weight of more than one band (32 Mi elements) is checked at the bands'
- * edges.
+ * edges. The GEMV launched as a programmatic dependent gives what it gives otherwise,
+ * bit for bit (test_block_gemv_pdl).
  * Weights: random quants with random f16 scales, an all-zero block, a block of the
  * largest quants with a large scale (1024; and a negative min / dmin), a block with zero
  * scales. Without a GPU every case calls skip() after printing why.
@@ -291,6 +292,106 @@ static void test_block_embedding(void **state)
     }
 }
 
+/*
+ * One handle's run of a decode layer's MLP chain over block weights, `rounds` times without a
+ * host wait: x += d, h = rmsnorm(x) (add_rmsnorm), gu = h . W1^T, d = silu-glu(gu) . W2^T,
+ * each GEMV reading what the kernel just before it wrote. w1, w2: the blocks on the host.
+ * Returns x, downloaded.
+ */
+static float *pdl_chain(gang_kernels *k, gang_kernels_wtype t, size_t m, size_t hid, size_t ffn,
+                        const uint8_t *w1, size_t b1, const uint8_t *w2, size_t b2, const float *nw,
+                        const float *x0, int rounds)
+{
+    void *dw1 = NULL, *dw2 = NULL, *dn = NULL, *dx = NULL, *dd = NULL, *dh = NULL, *dgu = NULL;
+    void *ds = NULL;
+    float *zeros = calloc(m * hid, 4), *x = malloc(m * hid * 4);
+    gang_kernels_weight g1, g2;
+
+    assert_true(zeros != NULL && x != NULL);
+    assert_int_equal(gang_kernels_alloc(k, b1, &dw1), 0);
+    assert_int_equal(gang_kernels_alloc(k, b2, &dw2), 0);
+    assert_int_equal(gang_kernels_alloc(k, hid * 4, &dn), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dx), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dd), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dh), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * 2 * ffn * 4, &dgu), 0);
+    assert_int_equal(gang_kernels_alloc(k, m * ffn * 4, &ds), 0);
+    assert_int_equal(gang_kernels_upload(k, dw1, w1, b1), 0);
+    assert_int_equal(gang_kernels_upload(k, dw2, w2, b2), 0);
+    assert_int_equal(gang_kernels_upload(k, dn, nw, hid * 4), 0);
+    assert_int_equal(gang_kernels_upload(k, dx, x0, m * hid * 4), 0);
+    assert_int_equal(gang_kernels_upload(k, dd, zeros, m * hid * 4), 0);
+    g1 = gang_kernels_weight_view(t, dw1, 2 * ffn, hid);
+    g2 = gang_kernels_weight_view(t, dw2, hid, ffn);
+    for (int r = 0; r < rounds; r++) {
+        assert_int_equal(gang_kernels_add_rmsnorm(k, dx, dd, dn, 1e-5f, m, hid, dh), 0);
+        assert_int_equal(gang_kernels_matmul(k, m, 2 * ffn, hid, dh, &g1, dgu), 0);
+        assert_int_equal(gang_kernels_matmul_glu(k, 0, m, hid, ffn, dgu, &g2, ds, dd), 0);
+    }
+    assert_int_equal(gang_kernels_download(k, x, dx, m * hid * 4), 0);
+    void *bufs[] = {dw1, dw2, dn, dx, dd, dh, dgu, ds};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        gang_kernels_free(k, bufs[i]);
+    free(zeros);
+    return x;
+}
+
+/*
+ * The block GEMV as a programmatic dependent launch (gang_kernels_options.pdl, Hopper): it
+ * prefetches its row before the kernel it reads has ended and must wait for that kernel
+ * before it stages x. A handle opened with pdl runs the chain above 8 times without a host
+ * wait and must give, bit for bit, what the test's handle (no pdl) gives, for Q8_0 and
+ * Q4_K at m = 1 and 5; a GEMV that read its input early would read the previous round's.
+ * Below compute capability 9, and on the emulator, pdl changes nothing but the launch path,
+ * and the results must still be equal. (make_blocks' block of the largest quants is
+ * replaced by an ordinary one, so that 8 rounds stay finite.)
+ */
+static void test_block_gemv_pdl(void **state)
+{
+    static const gang_kernels_wtype ts[] = {GANG_KW_Q8_0, GANG_KW_Q4_K};
+    const size_t hid = 1024, ffn = 768;
+    gang_kernels_options o;
+    gang_kernels *kp = NULL;
+
+    (void)state;
+    NEED_GPU();
+    gang_kernels_options_init(&o);
+    o.device = "cuda";
+    o.pool_mb = 128;
+    o.pdl = 1;
+    assert_int_equal(gang_kernels_open_opts(&o, &kp), 0);
+    for (size_t ti = 0; ti < 2; ti++) {
+        size_t e, bb;
+        assert_true(gang_kernels_wtype_block(ts[ti], &e, &bb));
+        uint8_t *w1 = make_blocks(ts[ti], 2 * ffn, hid / e, bb);
+        uint8_t *w2 = make_blocks(ts[ti], hid, ffn / e, bb);
+        float *nw = malloc(hid * 4), *x0 = malloc(5 * hid * 4);
+        const size_t b1 = 2 * ffn * (hid / e) * bb, b2 = hid * (ffn / e) * bb;
+
+        assert_true(nw != NULL && x0 != NULL);
+        memcpy(w1 + bb, w1 + 2 * bb, bb);
+        memcpy(w2 + bb, w2 + 2 * bb, bb);
+        for (size_t i = 0; i < hid; i++)
+            nw[i] = 1.0f + bf_rndf(0.5f);
+        for (size_t i = 0; i < 5 * hid; i++)
+            x0[i] = bf_rndf(1.0f);
+        for (size_t m = 1; m <= 5; m += 4) {
+            float *xa = pdl_chain(gpu, ts[ti], m, hid, ffn, w1, b1, w2, b2, nw, x0, 8);
+            float *xb = pdl_chain(kp, ts[ti], m, hid, ffn, w1, b1, w2, b2, nw, x0, 8);
+
+            for (size_t i = 0; i < m * hid; i++)
+                if (memcmp(&xa[i], &xb[i], 4) != 0 || !isfinite(xa[i]))
+                    fail_msg("%s m=%zu: x[%zu] with pdl %.9g, without %.9g",
+                             gang_kernels_wtype_name(ts[ti]), m, i, (double)xb[i], (double)xa[i]);
+            print_message("%s pdl chain m=%zu: 8 rounds equal bit for bit (x[0] %.6g)\n",
+                          gang_kernels_wtype_name(ts[ti]), m, (double)xa[0]);
+            free(xa), free(xb);
+        }
+        free(w1), free(w2), free(nw), free(x0);
+    }
+    gang_kernels_close(kp);
+}
+
 /* A kdim that is not a whole number of blocks is refused by the front on every backend. */
 static void test_block_matmul_refusals(void **state)
 {
@@ -335,7 +436,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_matmul),          cmocka_unit_test(test_block_matmul_glu),
         cmocka_unit_test(test_block_matmul_bands),    cmocka_unit_test(test_block_embedding),
-        cmocka_unit_test(test_block_matmul_refusals),
+        cmocka_unit_test(test_block_matmul_refusals), cmocka_unit_test(test_block_gemv_pdl),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
