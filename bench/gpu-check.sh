@@ -4,13 +4,17 @@
 # against the image's PyTorch in the same run, from binaries built elsewhere. Meant for the
 # rare minutes on an H200 lent by the device tool: nothing is built or installed there.
 #
-#   bash bench/gpu-check.sh [--bundle DIR] [--dry-run] OUTDIR
+#   bash bench/gpu-check.sh [--bundle DIR] [--dry-run] [--only NAMES] OUTDIR
 #
 #   --bundle DIR   the binaries and scripts of a bundle (scripts/gpu-bundle.sh DIR, carried
 #                  by the device tool); without it those of GANG_GPU_BUILD (default: build)
 #                  and of this tree
 #   --dry-run      record every step with its timeout without running any (the ctest
 #                  rehearsal runs it); the preflight still runs
+#   --only NAMES   run only these steps (comma-separated names, extras and "profile"
+#                  included), for a second try at what failed without spending the budget
+#                  on what passed: the others are not recorded, and the summary names the
+#                  selection ("only") beside its result, which covers those steps alone
 #
 # The whole check ends within GANG_GPU_BUDGET_S (default 330 s: with the machine's start it
 # stays inside 6 minutes, leaving a 10-minute call room for a second try): each step's
@@ -37,18 +41,33 @@
 # Exit status: 0 when every step passed, 1 otherwise (2: usage).
 set -u
 
-BUNDLE="" DRY=${GANG_GPU_DRY_RUN:-0}
+BUNDLE="" DRY=${GANG_GPU_DRY_RUN:-0} ONLY=""
 while [ $# -gt 1 ]; do
     case $1 in
     --bundle) BUNDLE=$2; shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --only) ONLY=$2; shift 2 ;;
     *) break ;;
     esac
 done
 if [ $# -ne 1 ] || [[ $1 == --* ]]; then
-    echo "usage: $0 [--bundle DIR] [--dry-run] OUTDIR" >&2
+    echo "usage: $0 [--bundle DIR] [--dry-run] [--only NAMES] OUTDIR" >&2
     exit 2
 fi
+# Every step's name, for --only's check (a misspelt name would select nothing).
+ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-cublas bench-decode-wait-each bench-decode-8b torch-decode gpu-health bench-decode-pdl bench-decode-long profile "
+if [ -n "$ONLY" ]; then
+    for n in ${ONLY//,/ }; do
+        if [[ $ALL_STEPS != *" $n "* ]]; then
+            echo "$0: --only: no step named '$n' (steps:$ALL_STEPS)" >&2
+            exit 2
+        fi
+    done
+fi
+# selected NAME: 0 when NAME runs (no --only, or named in it).
+selected() {
+    [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]
+}
 OUT=$1
 mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
@@ -110,6 +129,7 @@ record() {
 step() {
     local name=$1 tmo=$2 log t0 rc status reason secs left
     shift 2
+    selected "$name" || return 0
     log=$WORK/logs/$name.log
     left=$((BUDGET - ($(date +%s) - START)))
     [ "$tmo" -gt "$left" ] && tmo=$left
@@ -164,6 +184,7 @@ step() {
 extra() {
     local name=$1 min=$2
     shift 2
+    selected "$name" || return 0
     COUNTED=0
     if [ "$DRY" = 1 ] || [ $((BUDGET - ($(date +%s) - START))) -ge "$min" ]; then
         step "$name" "$@"
@@ -181,6 +202,7 @@ extra() {
     echo "binaries: $BIN (bundle: ${BUNDLE:-none})"
     echo "scratch: $WORK"
     echo "budget: $BUDGET s"
+    [ -n "$ONLY" ] && echo "only: $ONLY"
     echo "driver: $(timeout 5 nvidia-smi --query-gpu=driver_version,name,memory.total --format=csv,noheader 2>&1 | head -1)"
     [ -n "$BUNDLE" ] && sed 's/^/bundle: /' "$BUNDLE/MANIFEST" 2>/dev/null | head -8
 } >"$OUT/environment.txt" 2>&1
@@ -275,7 +297,7 @@ NCU=$(command -v ncu)
 for n in /opt/nvidia/nsight-compute/*/ncu; do
     [ -z "$NCU" ] && [ -x "$n" ] && NCU=$n
 done
-if [ "$DRY" != 1 ] && [ -n "$NCU" ] && [ $((BUDGET - ($(date +%s) - START))) -ge 40 ]; then
+if [ "$DRY" != 1 ] && selected profile && [ -n "$NCU" ] && [ $((BUDGET - ($(date +%s) - START))) -ge 40 ]; then
     timeout --kill-after=5 30 "$NCU" --csv --metrics gpu__time_duration.sum \
         --clock-control none "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
         --batch 1 --tokens 4 --iters 1 --warmup 0 --layers 2 --cuda-graphs 0 \
@@ -307,11 +329,14 @@ for s in "${STATUSES[@]}"; do
     case $s in pass | dry-run) ;; *) overall=fail ;; esac
 done
 [ "$DRY" = 1 ] && [ $overall = pass ] && overall=dry-run
+[ ${#NAMES[@]} -eq 0 ] && [ $overall = pass ] && overall=fail # --only of extras alone: no gate ran
+ONLY_JSON=""
+[ -n "$ONLY" ] && ONLY_JSON=",\"only\":\"$ONLY\""
 G_OURS=$(figure '"step":"bench-gemm".*"n":8192' ours_tflops)
 G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
 {
-    printf '{"elapsed_s":%d,"budget_s":%d,"result":"%s","steps":{' "$(($(date +%s) - START))" \
-        "$BUDGET" "$overall"
+    printf '{"elapsed_s":%d,"budget_s":%d,"result":"%s"%s,"steps":{' "$(($(date +%s) - START))" \
+        "$BUDGET" "$overall" "$ONLY_JSON"
     json_pairs NAMES STATUSES
     printf '},"extras":{'
     json_pairs EXTRA_NAMES EXTRA_STATUSES
@@ -319,7 +344,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         "${G_TORCH:-null}"
 } >"$OUT/summary.json"
 {
-    echo "gpu-check $(date -u +%Y-%m-%d) ($(($(date +%s) - START)) s of a $BUDGET s budget): $overall"
+    echo "gpu-check $(date -u +%Y-%m-%d) ($(($(date +%s) - START)) s of a $BUDGET s budget): $overall${ONLY:+ (only: $ONLY)}"
     for i in "${!NAMES[@]}"; do
         printf '  %-18s %s\n' "${NAMES[$i]}" "${STATUSES[$i]}"
     done

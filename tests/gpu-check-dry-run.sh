@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu-check.sh without a GPU (ctest gpu-check-dry-run), from this tree's build: its
 # syntax, then a dry run (every step recorded with its timeout, nothing run) that must list
-# the correctness and peer steps, keep OUTDIR to at most 8 files, and exit 0.
+# the correctness and peer steps, keep OUTDIR to at most 8 files, and exit 0; --only's list of
+# names is every step's, --only records just the steps it names, and refuses a name it lacks.
 #   gpu-check-dry-run.sh SCRIPT BUILD WORKDIR
 set -u
 SCRIPT=$1 BUILD=$2 WORK=$3
@@ -26,5 +27,23 @@ done
 grep -q '"result":"dry-run"' "$WORK/out/summary.json" || fail "summary.json result"
 n=$(find "$WORK/out" -type f | wc -l)
 [ "$n" -le 8 ] || fail "OUTDIR holds $n files, more than the device tool's 8"
+# --only's list of names is every step the script records (and the profile).
+all=$(sed -n 's/^ALL_STEPS=" \(.*\) "$/\1/p' "$SCRIPT" | tr ' ' '\n' | grep -vx profile | sort)
+recorded=$(grep -o '"step":"[^"]*"' "$WORK/out/steps.jsonl" | cut -d'"' -f4 | sort)
+[ -n "$all" ] && [ "$all" = "$recorded" ] ||
+    fail "ALL_STEPS ($(echo $all)) is not the steps recorded ($(echo $recorded))"
+# --only: just those steps, the selection named in the summary; an unknown name refused.
+GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run \
+    --only test-cuda,bench-gemm,bench-decode-pdl "$WORK/only" >"$WORK/out.txt" 2>&1 ||
+    fail "the --only dry run exited $?"
+recorded=$(grep -o '"step":"[^"]*"' "$WORK/only/steps.jsonl" | cut -d'"' -f4 | sort | paste -sd,)
+[ "$recorded" = bench-decode-pdl,bench-gemm,test-cuda ] || fail "--only recorded: $recorded"
+grep -q '"result":"dry-run","only":"test-cuda,bench-gemm,bench-decode-pdl"' \
+    "$WORK/only/summary.json" || fail "--only: summary.json does not name the selection"
+GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run --only test-cuda,nosuch \
+    "$WORK/bad" >"$WORK/out.txt" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "no step named 'nosuch'" "$WORK/out.txt" ||
+    fail "--only with an unknown step: exit $rc"
 echo "gpu-check dry run: ok ($(grep -c '"status":"dry-run"' "$WORK/out/steps.jsonl") steps, $n files)"
 rm -rf "$WORK"
