@@ -13,6 +13,9 @@
  * because the block that stores it may not have run yet: so no ordering between blocks
  * is needed and the numbers are those of storing first and attending after (up to the
  * order of the f32 sums). The warps' states are merged in shared memory at the end.
+ * Before the walk, the block asks for the pool rows of (up to 256 of) its keys in L2 at
+ * once, so that each warp's serial walk, a row load per key, waits on L2 and not on HBM:
+ * at short contexts a batch-1 step is 8 blocks (8B Llama) whose walks are pure latency.
  * When the step has few tokens and the context is long (a batch-1 decode: a block per kv
  * head, 8 for an 8B Llama, each walking every key), the keys are also split across
  * blocks (grid z) and a second kernel merges their states, as the per-sequence attention
@@ -122,9 +125,10 @@ extern "C" int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, s
  * Attention with the KV append fused.
  * --------------------------------------------------------------------------------- */
 #define STEP_WARPS 4
-#define STEP_MAXG 8    /* query heads handled per pass over the keys */
-#define STEP_MAXHD 256 /* head_dim bound of this kernel */
-#define STEP_E 8       /* elements a lane holds of one row */
+#define STEP_MAXG 8       /* query heads handled per pass over the keys */
+#define STEP_MAXHD 256    /* head_dim bound of this kernel */
+#define STEP_E 8          /* elements a lane holds of one row */
+#define STEP_PREFETCH 256 /* keys of a block whose pool rows go toward L2 first */
 
 /* What every block of one launch shares. */
 typedef struct step_args {
@@ -199,6 +203,35 @@ __device__ static void step_append(const step_args *a, size_t t, size_t h, int32
     }
 }
 
+/*
+ * The pool rows of keys j0 .. j1 (at most STEP_PREFETCH of them) of kv head h, K and V,
+ * asked for in L2 by the block's threads at once (prefetch: nothing waits, nothing is held),
+ * so that the warps' walk over the keys, one row load after another, waits on L2 rather
+ * than on HBM. A row's lines: bytes / 128 + 1 addresses, the last one its last byte (a
+ * row need not start on a line). A key out of the table's range is left to step_row.
+ */
+template <typename T>
+__device__ static void step_prefetch(const step_args *a, int32_t j0, int32_t j1, int32_t trow,
+                                     size_t h)
+{
+    const size_t hd = a->head_dim, w = a->n_kv_heads * hd, bytes = hd * sizeof(T);
+    const unsigned lines = (unsigned)(bytes / 128 + 1);
+    const int32_t n = j1 - j0 + 1 < STEP_PREFETCH ? j1 - j0 + 1 : STEP_PREFETCH;
+
+    for (unsigned i = threadIdx.x; n > 0 && i < (unsigned)n * 2 * lines; i += blockDim.x) {
+        const int32_t j = j0 + (int32_t)(i / (2 * lines));
+        const unsigned r = i % (2 * lines), l = r % lines;
+        const int32_t blk = a->tables[(size_t)trow + (size_t)j / a->block_size];
+
+        if (blk < 0 || (size_t)blk >= a->n_blocks)
+            continue;
+        const size_t row = (size_t)blk * a->block_size + (size_t)j % a->block_size;
+        const char *base =
+            (const char *)(r < lines ? a->kc : a->vc) + (row * w + h * hd) * sizeof(T);
+        prefetch_l2(base + ((size_t)l * 128 < bytes ? (size_t)l * 128 : bytes - 1));
+    }
+}
+
 /* The keys [*j0, *j1] the block of split sp attends to for a query at position p: the
  * window's, cut to the split's chunk (the last split to p); *j0 > *j1 when empty. */
 __device__ static void step_keys(const step_args *a, int32_t p, unsigned sp, int32_t *j0,
@@ -246,6 +279,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     }
     int32_t j0, j1;
     step_keys(&a, p, sp, &j0, &j1);
+    step_prefetch<T>(&a, j0, j1, trow, h);
     for (size_t hc = 0; hc < g; hc += STEP_MAXG) {
         size_t ng = g - hc < STEP_MAXG ? g - hc : STEP_MAXG;
         float m[STEP_MAXG], s[STEP_MAXG], acc[STEP_MAXG][STEP_E], kr[STEP_E], vr[STEP_E];
