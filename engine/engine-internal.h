@@ -267,7 +267,8 @@ struct gang_engine {
     uint64_t graph_replays;                   /* decode steps run as a graph (tests) */
     uint32_t graphs_off;                      /* the device has no graphs, or a capture
                                                  failed: every step runs its kernels (rank
-                                                 0's goes out as the plan's no_graphs) */
+                                                 0's goes out as the plan's no_graphs),
+                                                 until gang_engine_reset */
     int32_t *plan_buf;                        /* header + body of the wire form */
     int32_t *wire_tables; /* [slots, max_bps] the tables of a plan on the wire, by sequence */
     uint8_t *slot_seen;   /* [slots] duplicate check of a received plan */

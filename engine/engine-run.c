@@ -375,7 +375,7 @@ static int run_cb_recv_result(void *ctx, const gang_pipeline_mb *mb, uint32_t pe
 }
 
 /*
- * After a capture that is dropped: graphs off for the engine (rank 0's go out in the next
+ * After a capture that is dropped: graphs off for the generation (rank 0's go out in the next
  * plans), the head's host records of the recorded step forgotten, and the step's kernels
  * run one by one (nothing ran: a capture only records).
  */
@@ -396,7 +396,7 @@ static int run_capture_failed(gang_engine *e, const gang_pipeline_ops *ops, int 
 {
     if (rc_cap != GANG_ENOSYS)
         gang_warn("engine: the decode step could not be captured as a graph (%s, %s); "
-                  "running its kernels one by one from now on",
+                  "running its kernels one by one in this generation",
                   gang_err_name(rc_cap), gang_err_name(rc_run));
     return run_without_graphs(e, ops, deadline);
 }
@@ -432,7 +432,7 @@ static int run_capture_agree(gang_engine *e, gang_comm *world, const gang_pipeli
         return rc_run != 0 ? rc_run : GANG_EPEER;
     gang_warn("engine: the decode step with its TP collectives could not be captured as a graph "
               "on %d of %u ranks (here: %s, %s); every rank drops its capture and runs its "
-              "kernels one by one from now on",
+              "kernels one by one in this generation",
               (int)v[0], gang_comm_size(world), gang_err_name(rc_cap), gang_err_name(rc_run));
     rc = run_without_graphs(e, ops, deadline);
     return rc != 0 ? rc : 1;

@@ -706,8 +706,12 @@ void gang_engine_reset(gang_engine *e)
     e->plan.n_seq = 0;
     e->plan.n_tokens = 0;
     e->plan_valid = 0;
-    /* A graph holds the collectives of the communicators it was captured with. */
+    /* A graph holds the collectives of the communicators it was captured with. Graphs
+     * dropped after a failed capture are tried again: what failed (a peer's capture, memory
+     * short at that moment) may not fail in this generation; a capture that always fails
+     * costs one recording per batch size and generation. */
     gang__dev_graph_clear(e);
+    e->graphs_off = 0;
 }
 
 /* Checks a communicator against the size and rank the topology gives this rank. */

@@ -424,11 +424,11 @@ static void nccl_layout_init(nccl_gang *g, const full_model *fm, const gang_engi
  * included; then every rank must have replayed graphs, all ranks the same number of
  * steps (whether a collective is captured must agree across ranks). GRAPHS_FAIL_1: the
  * same with every capture on GPU 1 failing (the emulator's GANG_EMU_CAPTURE_FAIL): the
- * ranks must agree to drop their captures and run without graphs, every rank the same.
- * STEP_FAIL_1: GPU 1's collectives refused while its step is recorded (the emulator's
- * GANG_EMU_NCCL_REFUSE_CAPTURED), its capture intact: that step must fail on every rank,
- * GPU 1 with NCCL's refusal and its peer with GANG_EPEER, no graph launched, graphs kept
- * on (check_step_fail_1).
+ * ranks must agree to drop their captures and run without graphs, every rank the same,
+ * and after gang_engine_reset capture again (check_new_generation_captures). STEP_FAIL_1: GPU 1's
+ * collectives refused while its step is recorded (the emulator's GANG_EMU_NCCL_REFUSE_CAPTURED),
+ * its capture intact: that step must fail on every rank, GPU 1 with NCCL's refusal and its peer
+ * with GANG_EPEER, no graph launched, graphs kept on (check_step_fail_1).
  */
 #define GRAPHS_FAIL_1 2
 #define STEP_FAIL_1 3
@@ -455,16 +455,83 @@ static void check_step_fail_1(const nccl_gang *g, const nccl_rank *xs, const cha
                   "graph launched\n",
                   what, xs[1].steps + 1, gang_err_name(xs[1].rc), gang_err_name(xs[0].rc));
 }
+/*
+ * One generation of g (its engines built): a socket world and an nccl id of its own, the
+ * emulator switch env (NULL: none) set for it, every rank's thread run to its end.
+ */
+static void nccl_gang_run(nccl_gang *g, nccl_rank *xs, const char *env, const char *what)
+{
+    pthread_t th[MAX_RANKS];
+    uint32_t r;
+    int rc;
+
+    memset(xs, 0, sizeof(*xs) * MAX_RANKS);
+    memset(g->run.sc->out, 0, sizeof(g->run.sc->out));
+    assert_int_equal(gang_comm_socket_listen(HOST, &xs[0].listener, g->sock_blob,
+                                             sizeof(g->sock_blob), &g->sock_len),
+                     0);
+    rc = gang_comm_nccl_unique_id(g->nccl_id, sizeof(g->nccl_id), &g->nccl_len);
+    if (rc != 0)
+        fail_msg("%s: gang_comm_nccl_unique_id: %s", what, gang_err_name(rc));
+    if (env != NULL)
+        setenv(env, "1", 1);
+    for (r = 0; r < g->n; r++) {
+        xs[r].g = g;
+        xs[r].rank = r;
+        assert_int_equal(pthread_create(&th[r], NULL, nccl_rank_main, &xs[r]), 0);
+    }
+    for (r = 0; r < g->n; r++)
+        pthread_join(th[r], NULL);
+    if (env != NULL)
+        unsetenv(env);
+}
+
+/* Every rank replayed graphs, all the same number of steps (whether a collective is
+ * captured must agree across ranks). */
+static void check_replays_agree(const nccl_gang *g, const char *what)
+{
+    for (uint32_t r = 0; r < g->n; r++)
+        if (g->lo.engines[r]->graph_replays == 0 ||
+            g->lo.engines[r]->graph_replays != g->lo.engines[0]->graph_replays ||
+            g->lo.engines[r]->graphs_off)
+            fail_msg("%s: rank %u replayed %llu decode steps as graphs, rank 0 %llu, graphs off: "
+                     "%u",
+                     what, r, (unsigned long long)g->lo.engines[r]->graph_replays,
+                     (unsigned long long)g->lo.engines[0]->graph_replays,
+                     g->lo.engines[r]->graphs_off);
+    print_message("%s: %llu decode steps replayed as graphs on each rank\n", what,
+                  (unsigned long long)g->lo.engines[0]->graph_replays);
+}
+
+/*
+ * GRAPHS_FAIL_1's second generation: after gang_engine_reset (what a worker does when the
+ * gang re-forms) the same engines, GPU 1's captures no longer failing, must capture and
+ * replay again (graphs are off for a generation, not for the engine's life).
+ */
+static void check_new_generation_captures(nccl_gang *g, nccl_rank *xs, const script_out *exp,
+                                          const char *what)
+{
+    char w2[160];
+
+    snprintf(w2, sizeof(w2), "%s, then a new generation without the failure", what);
+    for (uint32_t r = 0; r < g->n; r++)
+        gang_engine_reset(g->lo.engines[r]);
+    nccl_gang_run(g, xs, NULL, w2);
+    for (uint32_t r = 0; r < g->n; r++)
+        if (xs[r].rc != 0)
+            fail_msg("%s: rank %u: %s: %s", w2, r, xs[r].what, gang_err_name(xs[r].rc));
+    check_script(g->run.sc, exp, w2);
+    check_replays_agree(g, w2);
+}
+
 static void check_nccl_layout(const full_model *fm, script *sc, const script_out *exp, uint32_t tp,
                               uint32_t pp, uint32_t microbatches, int graphs)
 {
     static nccl_gang g;
     nccl_rank xs[MAX_RANKS];
-    pthread_t th[MAX_RANKS];
     gang_engine_config cfg = engine_config(microbatches);
     char what[96];
     uint32_t r;
-    int rc;
 
     cfg.cuda_graphs = graphs ? 1u : 0u;
     snprintf(what, sizeof(what), "nccl tp=%u pp=%u microbatches=%u%s", tp, pp, microbatches,
@@ -476,33 +543,17 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
     g.tp = tp;
     g.pp = pp;
     g.n = tp * pp;
-    memset(xs, 0, sizeof(xs));
-    memset(sc->out, 0, sizeof(sc->out));
-    assert_int_equal(gang_comm_socket_listen(HOST, &xs[0].listener, g.sock_blob,
-                                             sizeof(g.sock_blob), &g.sock_len),
-                     0);
-    rc = gang_comm_nccl_unique_id(g.nccl_id, sizeof(g.nccl_id), &g.nccl_len);
-    if (rc != 0)
-        fail_msg("%s: gang_comm_nccl_unique_id: %s", what, gang_err_name(rc));
     nccl_layout_init(&g, fm, &cfg);
     g.run.n = g.n;
     g.run.tp = tp;
     g.run.pp = pp;
     g.run.sc = sc;
     g.run.kernels = g.lo.kernels;
-    if (graphs == GRAPHS_FAIL_1)
-        setenv("GANG_EMU_CAPTURE_FAIL", "1", 1);
-    if (graphs == STEP_FAIL_1)
-        setenv("GANG_EMU_NCCL_REFUSE_CAPTURED", "1", 1);
-    for (r = 0; r < g.n; r++) {
-        xs[r].g = &g;
-        xs[r].rank = r;
-        assert_int_equal(pthread_create(&th[r], NULL, nccl_rank_main, &xs[r]), 0);
-    }
-    for (r = 0; r < g.n; r++)
-        pthread_join(th[r], NULL);
-    unsetenv("GANG_EMU_CAPTURE_FAIL");
-    unsetenv("GANG_EMU_NCCL_REFUSE_CAPTURED");
+    nccl_gang_run(&g, xs,
+                  graphs == GRAPHS_FAIL_1 ? "GANG_EMU_CAPTURE_FAIL"
+                  : graphs == STEP_FAIL_1 ? "GANG_EMU_NCCL_REFUSE_CAPTURED"
+                                          : NULL,
+                  what);
     if (graphs == STEP_FAIL_1) {
         check_step_fail_1(&g, xs, what);
         layout_free(&g.lo);
@@ -519,15 +570,9 @@ static void check_nccl_layout(const full_model *fm, script *sc, const script_out
                          r, (unsigned long long)g.lo.engines[r]->graph_replays,
                          g.lo.engines[r]->graphs_off);
         print_message("%s: every rank dropped its capture and ran without graphs\n", what);
+        check_new_generation_captures(&g, xs, exp, what);
     } else if (graphs && pp == 1) {
-        for (r = 0; r < g.n; r++)
-            if (g.lo.engines[r]->graph_replays == 0 ||
-                g.lo.engines[r]->graph_replays != g.lo.engines[0]->graph_replays)
-                fail_msg("%s: rank %u replayed %llu decode steps as graphs, rank 0 %llu", what, r,
-                         (unsigned long long)g.lo.engines[r]->graph_replays,
-                         (unsigned long long)g.lo.engines[0]->graph_replays);
-        print_message("%s: %llu decode steps replayed as graphs on each rank\n", what,
-                      (unsigned long long)g.lo.engines[0]->graph_replays);
+        check_replays_agree(&g, what);
     }
     print_message("%s: tokens match the reference\n", what);
     layout_free(&g.lo);
