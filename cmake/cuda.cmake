@@ -146,7 +146,7 @@ endif()
 # their sources are built. Both skip (cmocka skip(), printed reason) without a GPU.
 enable_testing()
 pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
-add_executable(test-cuda tests/unit/test-cuda.c)
+add_executable(test-cuda tests/unit/test-cuda.c tests/unit/mlp-chain.c)
 target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda COMMAND test-cuda)
 set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300 LABELS unit)
@@ -157,7 +157,8 @@ set_tests_properties(unit-cuda-step PROPERTIES TIMEOUT 300 LABELS unit)
 
 # The block weights of GGUF files on the GPU (issue #27): every block type against the
 # dequantize-then-double reference (a binary of its own: test-cuda.c is at the file limit).
-add_executable(test-cuda-blocks tests/unit/test-cuda-blocks.c tests/unit/blocks-fixture.c)
+add_executable(test-cuda-blocks tests/unit/test-cuda-blocks.c tests/unit/blocks-fixture.c
+  tests/unit/mlp-chain.c)
 target_link_libraries(test-cuda-blocks PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda-blocks COMMAND test-cuda-blocks)
 set_tests_properties(unit-cuda-blocks PROPERTIES TIMEOUT 300 LABELS unit)

@@ -37,6 +37,7 @@
 #include "ganglion/common.h"
 #include "ganglion/kernels.h"
 #include "blocks-fixture.h"
+#include "mlp-chain.h"
 
 static gang_kernels *gpu; /* NULL without a GPU */
 
@@ -293,54 +294,10 @@ static void test_block_embedding(void **state)
 }
 
 /*
- * One handle's run of a decode layer's MLP chain over block weights, `rounds` times without a
- * host wait: x += d, h = rmsnorm(x) (add_rmsnorm), gu = h . W1^T, d = silu-glu(gu) . W2^T,
- * each GEMV reading what the kernel just before it wrote. w1, w2: the blocks on the host.
- * Returns x, downloaded.
- */
-static float *pdl_chain(gang_kernels *k, gang_kernels_wtype t, size_t m, size_t hid, size_t ffn,
-                        const uint8_t *w1, size_t b1, const uint8_t *w2, size_t b2, const float *nw,
-                        const float *x0, int rounds)
-{
-    void *dw1 = NULL, *dw2 = NULL, *dn = NULL, *dx = NULL, *dd = NULL, *dh = NULL, *dgu = NULL;
-    void *ds = NULL;
-    float *zeros = calloc(m * hid, 4), *x = malloc(m * hid * 4);
-    gang_kernels_weight g1, g2;
-
-    assert_true(zeros != NULL && x != NULL);
-    assert_int_equal(gang_kernels_alloc(k, b1, &dw1), 0);
-    assert_int_equal(gang_kernels_alloc(k, b2, &dw2), 0);
-    assert_int_equal(gang_kernels_alloc(k, hid * 4, &dn), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dx), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dd), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dh), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * 2 * ffn * 4, &dgu), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * ffn * 4, &ds), 0);
-    assert_int_equal(gang_kernels_upload(k, dw1, w1, b1), 0);
-    assert_int_equal(gang_kernels_upload(k, dw2, w2, b2), 0);
-    assert_int_equal(gang_kernels_upload(k, dn, nw, hid * 4), 0);
-    assert_int_equal(gang_kernels_upload(k, dx, x0, m * hid * 4), 0);
-    assert_int_equal(gang_kernels_upload(k, dd, zeros, m * hid * 4), 0);
-    g1 = gang_kernels_weight_view(t, dw1, 2 * ffn, hid);
-    g2 = gang_kernels_weight_view(t, dw2, hid, ffn);
-    for (int r = 0; r < rounds; r++) {
-        assert_int_equal(gang_kernels_add_rmsnorm(k, dx, dd, dn, 1e-5f, m, hid, dh), 0);
-        assert_int_equal(gang_kernels_matmul(k, m, 2 * ffn, hid, dh, &g1, dgu), 0);
-        assert_int_equal(gang_kernels_matmul_glu(k, 0, m, hid, ffn, dgu, &g2, ds, dd), 0);
-    }
-    assert_int_equal(gang_kernels_download(k, x, dx, m * hid * 4), 0);
-    void *bufs[] = {dw1, dw2, dn, dx, dd, dh, dgu, ds};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        gang_kernels_free(k, bufs[i]);
-    free(zeros);
-    return x;
-}
-
-/*
  * The block GEMV as a programmatic dependent launch (gang_kernels_options.pdl, Hopper): it
  * prefetches its row before the kernel it reads has ended and must wait for that kernel
  * before it stages x. A handle opened with pdl runs the chain above 8 times without a host
- * wait and must give, bit for bit, what the test's handle (no pdl) gives, for Q8_0 and
+ * wait (mlp_chain) and must give, bit for bit, what the test's handle (no pdl) gives, for Q8_0 and
  * Q4_K at m = 1 and 5; a GEMV that read its input early would read the previous round's.
  * Below compute capability 9, and on the emulator, pdl changes nothing but the launch path,
  * and the results must still be equal. (make_blocks' block of the largest quants is
@@ -366,7 +323,6 @@ static void test_block_gemv_pdl(void **state)
         uint8_t *w1 = make_blocks(ts[ti], 2 * ffn, hid / e, bb);
         uint8_t *w2 = make_blocks(ts[ti], hid, ffn / e, bb);
         float *nw = malloc(hid * 4), *x0 = malloc(5 * hid * 4);
-        const size_t b1 = 2 * ffn * (hid / e) * bb, b2 = hid * (ffn / e) * bb;
 
         assert_true(nw != NULL && x0 != NULL);
         memcpy(w1 + bb, w1 + 2 * bb, bb);
@@ -376,8 +332,10 @@ static void test_block_gemv_pdl(void **state)
         for (size_t i = 0; i < 5 * hid; i++)
             x0[i] = bf_rndf(1.0f);
         for (size_t m = 1; m <= 5; m += 4) {
-            float *xa = pdl_chain(gpu, ts[ti], m, hid, ffn, w1, b1, w2, b2, nw, x0, 8);
-            float *xb = pdl_chain(kp, ts[ti], m, hid, ffn, w1, b1, w2, b2, nw, x0, 8);
+            float *xa, *xb;
+
+            mlp_chain(gpu, ts[ti], m, hid, ffn, w1, w2, nw, x0, 8, &xa, NULL);
+            mlp_chain(kp, ts[ti], m, hid, ffn, w1, w2, nw, x0, 8, &xb, NULL);
 
             for (size_t i = 0; i < m * hid; i++)
                 if (memcmp(&xa[i], &xb[i], 4) != 0 || !isfinite(xa[i]))

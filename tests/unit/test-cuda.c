@@ -37,6 +37,7 @@
 #include "../../kernels/cuda/cuda-blas.h"
 #include "../../kernels/cuda/cuda-internal.h"
 #include "../../kernels/kernels-bench.h"
+#include "mlp-chain.h"
 
 typedef struct fixture {
     gang_kernels *gpu; /* NULL when no GPU is present */
@@ -580,59 +581,11 @@ static void test_gpu_matmul_typed(void **state)
 }
 
 /*
- * One handle's run of a decode layer's MLP chain, `rounds` times without a host wait:
- * x += d, h = rmsnorm(x) (add_rmsnorm), gu = h . W1^T, d = silu-glu(gu) . W2^T, each GEMV
- * reading what the kernel just before it wrote. Returns x and d, downloaded.
- */
-static void pdl_chain(gang_kernels *k, size_t m, size_t hid, size_t ffn, const void *w1,
-                      const void *w2, const float *nw, const float *x0, int rounds, float **x_out,
-                      float **d_out)
-{
-    size_t b1 = gang_kernels_weight_bytes(GANG_KW_BF16, 2 * ffn, hid);
-    size_t b2 = gang_kernels_weight_bytes(GANG_KW_BF16, hid, ffn);
-    void *dw1 = NULL, *dw2 = NULL, *dn = NULL, *dx = NULL, *dd = NULL, *dh = NULL, *dgu = NULL;
-    void *ds = NULL;
-    gang_kernels_weight g1, g2;
-
-    assert_int_equal(gang_kernels_alloc(k, b1, &dw1), 0);
-    assert_int_equal(gang_kernels_alloc(k, b2, &dw2), 0);
-    assert_int_equal(gang_kernels_alloc(k, hid * 4, &dn), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dx), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dd), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * hid * 4, &dh), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * 2 * ffn * 4, &dgu), 0);
-    assert_int_equal(gang_kernels_alloc(k, m * ffn * 4, &ds), 0);
-    assert_int_equal(gang_kernels_upload(k, dw1, w1, b1), 0);
-    assert_int_equal(gang_kernels_upload(k, dw2, w2, b2), 0);
-    assert_int_equal(gang_kernels_upload(k, dn, nw, hid * 4), 0);
-    assert_int_equal(gang_kernels_upload(k, dx, x0, m * hid * 4), 0);
-    float *zeros = calloc(m * hid, 4);
-    assert_non_null(zeros);
-    assert_int_equal(gang_kernels_upload(k, dd, zeros, m * hid * 4), 0);
-    free(zeros);
-    g1 = gang_kernels_weight_view(GANG_KW_BF16, dw1, 2 * ffn, hid);
-    g2 = gang_kernels_weight_view(GANG_KW_BF16, dw2, hid, ffn);
-    for (int r = 0; r < rounds; r++) {
-        assert_int_equal(gang_kernels_add_rmsnorm(k, dx, dd, dn, 1e-5f, m, hid, dh), 0);
-        assert_int_equal(gang_kernels_matmul(k, m, 2 * ffn, hid, dh, &g1, dgu), 0);
-        assert_int_equal(gang_kernels_matmul_glu(k, 0, m, hid, ffn, dgu, &g2, ds, dd), 0);
-    }
-    *x_out = malloc(m * hid * 4);
-    *d_out = malloc(m * hid * 4);
-    assert_true(*x_out != NULL && *d_out != NULL);
-    assert_int_equal(gang_kernels_download(k, *x_out, dx, m * hid * 4), 0);
-    assert_int_equal(gang_kernels_download(k, *d_out, dd, m * hid * 4), 0);
-    void *bufs[] = {dw1, dw2, dn, dx, dd, dh, dgu, ds};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        gang_kernels_free(k, bufs[i]);
-}
-
-/*
  * The decode GEMVs as programmatic dependent launches (gang_kernels_options.pdl, Hopper):
  * a GEMV starts before the kernel it reads has ended and must wait for it before it stages
- * x. A handle opened with pdl runs the chain above 8 times without a host wait and must
- * give, bit for bit, what the test's handle (no pdl) gives: the same kernels in the same
- * order; a GEMV that read its input too early would read the previous round's. On a
+ * x. A handle opened with pdl runs a layer's MLP chain (mlp_chain) 8 times without a host
+ * wait and must give, bit for bit, what the test's handle (no pdl) gives: the same kernels
+ * in the same order; a GEMV that read its input too early would read the previous round's. On a
  * device below compute capability 9, and on the emulator, pdl changes nothing but the
  * launch path, and the results must still be equal.
  */
@@ -659,8 +612,8 @@ static void test_gpu_gemv_pdl(void **state)
     for (size_t m = 1; m <= 4; m += 3) {
         float *xa, *da, *xb, *db;
 
-        pdl_chain(fx.gpu, m, hid, ffn, w1, w2, nw, x0, 8, &xa, &da);
-        pdl_chain(kp, m, hid, ffn, w1, w2, nw, x0, 8, &xb, &db);
+        mlp_chain(fx.gpu, GANG_KW_BF16, m, hid, ffn, w1, w2, nw, x0, 8, &xa, &da);
+        mlp_chain(kp, GANG_KW_BF16, m, hid, ffn, w1, w2, nw, x0, 8, &xb, &db);
         for (size_t i = 0; i < m * hid; i++)
             if (memcmp(&xa[i], &xb[i], 4) != 0 || memcmp(&da[i], &db[i], 4) != 0)
                 fail_msg("m=%zu: element %zu with pdl x %.9g d %.9g, without %.9g %.9g", m, i,
