@@ -83,6 +83,11 @@ else
     BIN=$BUILD/bin/ganglion TESTS=$BUILD SCRIPTS=$HERE
 fi
 BUDGET=${GANG_GPU_BUDGET_S:-330}
+# For the rehearsal on the CUDA emulator only (ctest gpu-check-emu): arguments appended to
+# every `bench decode` step (a tiny shape), and the long-context step's prompt. Unset on a
+# device: the steps' own shapes.
+read -r -a BD_ARGS <<<"${GANG_GPU_BENCH_ARGS:-}"
+LONG_PROMPT=${GANG_GPU_LONG_PROMPT:-4064}
 WORK=${GANG_GPU_WORK:-$(mktemp -d /tmp/gang-gpu-check.XXXXXX)}
 mkdir -p "$WORK/logs"
 START=$(date +%s)
@@ -224,8 +229,11 @@ if [ -n "$FATAL" ] && [ "$DRY" != 1 ]; then
     { echo "gpu-check: FAIL at the preflight:"; echo "$FATAL"; } | tee "$OUT/summary.txt"
     exit 1
 fi
-[ "$DRY" = 1 ] || record preflight pass 0 0 "driver, device and libraries present" \
-    "bash $SCRIPTS/gpu-preflight.sh"
+# (Without --bundle the preflight did not run: nothing is recorded for it.)
+if [ "$DRY" != 1 ] && [ -n "$BUNDLE" ]; then
+    record preflight pass 0 0 "driver, device and libraries present" \
+        "bash $SCRIPTS/gpu-preflight.sh"
+fi
 timeout 10 "$BIN" info >>"$OUT/environment.txt" 2>&1
 
 # --- correctness --------------------------------------------------------------------------
@@ -259,16 +267,16 @@ step bench-gemm 30 "$BIN" bench gemm --shapes 8192x8192x8192 --iters 10 --warmup
 DECODE_LAYOUTS=1x1,2x1,nccl
 [ "$GPUS" -ge 2 ] && DECODE_LAYOUTS=$DECODE_LAYOUTS,2x1-nccl
 step bench-decode 75 "$BIN" bench decode --device cuda --dtypes bf16 --layouts "$DECODE_LAYOUTS" \
-    --batch 1,64 --tokens 32 --iters 2 --warmup 1
+    --batch 1,64 --tokens 32 --iters 2 --warmup 1 "${BD_ARGS[@]}"
 # The NCCL data path's cost per step before issue #24's change (a host wait per collective)
 # against bench-decode's nccl point (no wait per collective, one settle per step). No
 # graphs in this run (a host wait cannot be captured): its 1x1 point is the same-run
 # baseline, and its launches per step are the fake device's (which has no graphs).
 step bench-decode-wait-each 45 "$BIN" bench decode --device cuda --dtypes bf16 \
     --layouts 1x1,nccl --batch 1,64 --tokens 32 --iters 2 --warmup 1 --nccl-wait-each 1 \
-    --cuda-graphs 0
+    --cuda-graphs 0 "${BD_ARGS[@]}"
 step bench-decode-8b 90 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
-    --layouts 1x1 --batch 1,64 --tokens 32 --iters 2 --warmup 1
+    --layouts 1x1 --batch 1,64 --tokens 32 --iters 2 --warmup 1 "${BD_ARGS[@]}"
 step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --batch 1,64 \
     --tokens 32 --iters 2
 
@@ -277,12 +285,12 @@ step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --ba
 # loads start while the kernel before them ends): the 8B shape at batch 1, where the
 # roofline target is, against bench-decode-8b's batch-1 point of this run.
 extra bench-decode-pdl 80 60 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
-    --layouts 1x1 --batch 1 --tokens 32 --iters 2 --warmup 1 --cuda-pdl 1
+    --layouts 1x1 --batch 1 --tokens 32 --iters 2 --warmup 1 --cuda-pdl 1 "${BD_ARGS[@]}"
 
 # The bf16 decode products by cuBLASLt (x converted first) instead of ganglion's GEMV:
 # batch 1 is where they differ (more rows always take cuBLASLt).
 extra bench-decode-cublas 35 30 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
-    --batch 1 --tokens 32 --iters 2 --warmup 1 --half-gemv 0
+    --batch 1 --tokens 32 --iters 2 --warmup 1 --half-gemv 0 "${BD_ARGS[@]}"
 
 # GPU health on /metrics (DCGM gauges read, no false fault) while a tiny model serves
 # (issue #15).
@@ -293,7 +301,8 @@ extra gpu-health 35 30 python3 "$SCRIPTS/gpu-health-check.py" --bin "$BIN" \
 # the step attention splits its keys across blocks and the KV cache is a good part of what
 # a step reads (batch 8: 0.5 GB beside 2.5 GB of weights); the roofline counts both.
 extra bench-decode-long 70 45 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
-    --batch 1,8 --prompt 4064 --tokens 32 --iters 2 --warmup 1 --gpu-memory-mb 32768
+    --batch 1,8 --prompt "$LONG_PROMPT" --tokens 32 --iters 2 --warmup 1 --gpu-memory-mb 32768 \
+    "${BD_ARGS[@]}"
 
 # Where a decode step's time goes, kernel by kernel (ncu, 2 layers of the 1B shape, batch 1,
 # graphs off so that each kernel is its own launch): for the next change, not a gate. It
@@ -379,8 +388,8 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         [[ $l =~ \"half_gemv\":false ]] && printf ' (cuBLASLt for the decode products)'
         [[ $l =~ \"pdl\":true ]] && printf ' (GEMVs as PDL launches)'
         [[ $l =~ \"step\":\"bench-decode-wait-each\" ]] && printf ' (no graphs)'
-        [[ $l =~ \"step\":\"bench-decode-long\".*\"kv_bytes_per_step\":([0-9.e+]+) ]] &&
-            printf ' (4064-token prompts, KV %s B/step)' "${BASH_REMATCH[1]}"
+        [[ $l =~ \"step\":\"bench-decode-long\".*\"prompt\":([0-9]+).*\"kv_bytes_per_step\":([0-9.e+]+) ]] &&
+            printf ' (%s-token prompts, KV %s B/step)' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
         [[ $l =~ \"backend\":\"nccl\" ]] && {
             if [[ $l =~ \"nccl_wait_each\":true ]]; then printf ' (nccl, a wait per collective)'
             else printf ' (nccl, one settle per step)'; fi

@@ -233,6 +233,16 @@ if(GANGLION_CUDA_EMU)
   set_tests_properties(bench-decode-cuda-counters PROPERTIES LABELS cuda-emu TIMEOUT 600
     ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192;GANG_EMU_DEVICES=2")
 
+  # The device check's bench decode steps, each with its own flags on a tiny shape, run by
+  # bench/gpu-check.sh itself on the emulator (a flag combination the device would refuse
+  # fails here first).
+  add_test(NAME gpu-check-emu
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu-check-emu.sh
+            ${PROJECT_SOURCE_DIR}/bench/gpu-check.sh ${CMAKE_BINARY_DIR}
+            ${CMAKE_BINARY_DIR}/gpu-check-emu)
+  set_tests_properties(gpu-check-emu PROPERTIES LABELS cuda-emu TIMEOUT 600
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=8192;GANG_EMU_DEVICES=2")
+
   # serve --device cuda on the emulated GPU (1x1, and TP=2 as two workers sharing it;
   # then TP=2 over NCCL as two worker processes on two emulated GPUs) against transformers
   # on the CPU: bench/gpu-reference.py, as the device check runs it on the H200

@@ -30,8 +30,10 @@ n=$(find "$WORK/out" -type f | wc -l)
 # --only's list of names is every step the script records (and the profile).
 all=$(sed -n 's/^ALL_STEPS=" \(.*\) "$/\1/p' "$SCRIPT" | tr ' ' '\n' | grep -vx profile | sort)
 recorded=$(grep -o '"step":"[^"]*"' "$WORK/out/steps.jsonl" | cut -d'"' -f4 | sort)
-[ -n "$all" ] && [ "$all" = "$recorded" ] ||
-    fail "ALL_STEPS ($(echo $all)) is not the steps recorded ($(echo $recorded))"
+if [ -z "$all" ] || [ "$all" != "$recorded" ]; then
+    fail "ALL_STEPS ($(paste -sd' ' <<<"$all")) is not the steps recorded" \
+        "($(paste -sd' ' <<<"$recorded"))"
+fi
 # --only: just those steps, the selection named in the summary; an unknown name refused.
 GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run \
     --only test-cuda,bench-gemm,bench-decode-pdl "$WORK/only" >"$WORK/out.txt" 2>&1 ||
@@ -43,7 +45,8 @@ grep -q '"result":"dry-run","only":"test-cuda,bench-gemm,bench-decode-pdl"' \
 GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run --only test-cuda,nosuch \
     "$WORK/bad" >"$WORK/out.txt" 2>&1
 rc=$?
-[ $rc = 2 ] && grep -q "no step named 'nosuch'" "$WORK/out.txt" ||
+if [ $rc != 2 ] || ! grep -q "no step named 'nosuch'" "$WORK/out.txt"; then
     fail "--only with an unknown step: exit $rc"
+fi
 echo "gpu-check dry run: ok ($(grep -c '"status":"dry-run"' "$WORK/out/steps.jsonl") steps, $n files)"
 rm -rf "$WORK"
