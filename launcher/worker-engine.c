@@ -137,9 +137,20 @@ int gang__wres_gpu_of(uint32_t rank, uint32_t nproc, int count, int share, int *
     return 0;
 }
 
+uint32_t gang__wres_pool_percent(uint32_t percent, uint32_t nproc, int count, int gpu)
+{
+    uint32_t n = (uint32_t)count, sharers;
+
+    if (count <= 0 || gpu < 0 || (uint32_t)gpu >= n || nproc <= n)
+        return percent;
+    sharers = nproc / n + ((uint32_t)gpu < nproc % n ? 1u : 0u);
+    return percent / sharers > 0 ? percent / sharers : 1u;
+}
+
 /*
  * Opens the worker's kernels handle. "cuda": the GPU of this worker's local rank, with
- * the pool of --gpu-memory-mb (or --gpu-memory-percent); a node with fewer GPUs than
+ * the pool of --gpu-memory-mb (or --gpu-memory-percent, split among the workers that share
+ * the GPU: gang__wres_pool_percent); a node with fewer GPUs than
  * --nproc-per-node is a configuration error unless --share-gpus (gang__wres_gpu_of;
  * GANG_EUSAGE, never retried), found here, in the worker, because the agent must not
  * initialise CUDA before it forks.
@@ -165,7 +176,11 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
         }
         ko.device_index = wres_cuda_index(c, gpu, count);
         ko.pool_mb = c->gpu_memory_mb;
-        ko.pool_percent = c->gpu_memory_percent;
+        ko.pool_percent = gang__wres_pool_percent(c->gpu_memory_percent, nproc, count, gpu);
+        if (ko.pool_mb == 0 && ko.pool_percent != c->gpu_memory_percent)
+            gang_info("--share-gpus: GPU %d's workers share its --gpu-memory-percent %u: "
+                      "this one's pool takes %u%%",
+                      gpu, (unsigned)c->gpu_memory_percent, (unsigned)ko.pool_percent);
         ko.pdl = c->cuda_pdl ? 1 : 0;
     }
     rc = gang_kernels_open_opts(&ko, &r->k);

@@ -78,6 +78,14 @@ void gang__wres_engine_setup(const gang__wres_config *c, gang_engine_setup *out)
  */
 int gang__wres_gpu_of(uint32_t rank, uint32_t nproc, int count, int share, int *gpu);
 
+/*
+ * The --gpu-memory-percent of a worker on GPU gpu of count when nproc workers per node
+ * share them (--share-gpus, nproc > count): percent split evenly among the local ranks on
+ * that GPU (at least 1), so that workers opening at once do not each ask for the whole
+ * share of the free memory (the second's allocation would fail); else percent.
+ */
+uint32_t gang__wres_pool_percent(uint32_t percent, uint32_t nproc, int count, int gpu);
+
 /* What the worker process needs; filled by gang_worker_config_from_params (layout.c). */
 typedef struct gang_worker_config {
     char agent_path[108]; /* --agent-socket (sun_path capacity) */

@@ -759,6 +759,23 @@ static void test_gpu_of(void **state)
     assert_int_equal(gpu, -7); /* untouched on a refusal */
 }
 
+/* --gpu-memory-percent with --share-gpus: split among the workers on each GPU. */
+static void test_pool_percent(void **state)
+{
+    (void)state;
+    assert_int_equal(gang__wres_pool_percent(90, 4, 8, 1), 90); /* a GPU each */
+    assert_int_equal(gang__wres_pool_percent(90, 2, 2, 0), 90);
+    assert_int_equal(gang__wres_pool_percent(90, 2, 1, 0), 45); /* two on one GPU */
+    assert_int_equal(gang__wres_pool_percent(90, 4, 1, 0), 22);
+    /* 5 workers on 3 GPUs: local ranks 0, 3 on GPU 0; 1, 4 on GPU 1; 2 alone on GPU 2 */
+    assert_int_equal(gang__wres_pool_percent(90, 5, 3, 0), 45);
+    assert_int_equal(gang__wres_pool_percent(90, 5, 3, 1), 45);
+    assert_int_equal(gang__wres_pool_percent(90, 5, 3, 2), 90);
+    assert_int_equal(gang__wres_pool_percent(1, 4, 1, 0), 1);   /* never 0 */
+    assert_int_equal(gang__wres_pool_percent(90, 2, 0, 0), 90); /* no GPU: refused elsewhere */
+    assert_int_equal(gang__wres_pool_percent(90, 2, 1, 3), 90);
+}
+
 /*
  * START with a blob the worker must refuse: a malformed nccl line (GANG_EPROTO), and a
  * well-formed NCCL id sent to a CPU worker (GANG_EMISMATCH: the nodes were started with
@@ -887,6 +904,7 @@ int gang_test_worker(void)
         cmocka_unit_test_setup_teardown(test_bad_packet_exits_75, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_dies_with_agent, tw_setup, tw_teardown),
         cmocka_unit_test(test_gpu_of),
+        cmocka_unit_test(test_pool_percent),
         cmocka_unit_test_setup_teardown(test_world_of_one, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_gang_lifecycle, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_stopped_worker, tw_setup, tw_teardown),
