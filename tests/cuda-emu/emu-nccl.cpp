@@ -508,14 +508,8 @@ namespace
  * capture and its peers' do not). */
 bool refused_in_capture(cudaStream_t stream)
 {
-    const char *v = getenv("GANG_EMU_NCCL_REFUSE_CAPTURED");
-    char *end;
-    long d;
-
-    if (v == nullptr || *v == '\0' || !gang_emu_stream_capturing(stream))
-        return false;
-    d = strtol(v, &end, 10);
-    return *end == '\0' && d == gang_emu_current_device();
+    return gang_emu_stream_capturing(stream) &&
+           gang_emu_env_names_device("GANG_EMU_NCCL_REFUSE_CAPTURED");
 }
 
 /* An operation of the public API on stream, for a communicator of this process or of a

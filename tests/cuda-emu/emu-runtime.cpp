@@ -1102,20 +1102,6 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
     return cudaSuccess;
 }
 
-/* GANG_EMU_CAPTURE_FAIL=D: every capture ended on device D fails, as one that met a call
- * the runtime cannot capture would (tests: one rank's capture fails, its peers' do not). */
-static bool capture_fails_here()
-{
-    const char *v = getenv("GANG_EMU_CAPTURE_FAIL");
-    char *end;
-    long d;
-
-    if (v == NULL || *v == '\0')
-        return false;
-    d = strtol(v, &end, 10);
-    return *end == '\0' && d == current_device;
-}
-
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
 {
     emu_stream *st = stream_of(s);
@@ -1138,7 +1124,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
                 o->graph = NULL;
             }
     }
-    if (e == cudaSuccess && capture_fails_here())
+    /* GANG_EMU_CAPTURE_FAIL=D: every capture ended on device D fails, as one that met a
+     * call the runtime cannot capture would (tests: one rank's capture fails, its peers'
+     * do not). */
+    if (e == cudaSuccess && gang_emu_env_names_device("GANG_EMU_CAPTURE_FAIL"))
         e = cudaErrorStreamCaptureUnsupported;
     if (e != cudaSuccess) {
         delete st->graph;
@@ -1227,6 +1216,18 @@ cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op)
 int gang_emu_current_device()
 {
     return current_device;
+}
+
+int gang_emu_env_names_device(const char *var)
+{
+    const char *v = getenv(var);
+    char *end;
+    long d;
+
+    if (v == NULL || *v == '\0')
+        return 0;
+    d = strtol(v, &end, 10);
+    return *end == '\0' && d == current_device;
 }
 
 long long gang_emu_wait_ms()

@@ -53,6 +53,10 @@ cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op);
 /* The calling thread's current device (of GANG_EMU_DEVICES, default 1, at most 8). */
 int gang_emu_current_device();
 
+/* 1 when the environment variable var holds the calling thread's current device number
+ * (the fault switches that pick one device: GANG_EMU_CAPTURE_FAIL=D, ...). */
+int gang_emu_env_names_device(const char *var);
+
 /* The longest the emulator waits for another library's operation before it stops the
  * process: GANG_EMU_WAIT_MS, default 120000 (read once). */
 long long gang_emu_wait_ms();
