@@ -107,12 +107,14 @@ static void cuda_close(void *ctx);
  */
 static int cuda_pdl_mode(gang__cuda_ctx *c, const gang_kernels_options *o)
 {
-    int major = 0;
-    int rc =
+    int major = 0, rc;
+
+    if (!o->pdl)
+        return 0;
+    rc =
         gang__cuda_err(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device),
                        "cudaDeviceGetAttribute");
-
-    if (rc < 0 || !o->pdl)
+    if (rc < 0)
         return rc;
     c->pdl = major >= 9;
     if (c->pdl)
