@@ -344,7 +344,12 @@ for s in "${STATUSES[@]}"; do
     case $s in pass | dry-run) ;; *) overall=fail ;; esac
 done
 [ "$DRY" = 1 ] && [ $overall = pass ] && overall=dry-run
-[ ${#NAMES[@]} -eq 0 ] && [ $overall = pass ] && overall=fail # --only of extras alone: no gate ran
+# --only of extras alone: no gate ran (the preflight, recorded with --bundle, is not one)
+gates=0
+for n in "${NAMES[@]}"; do
+    [ "$n" = preflight ] || gates=$((gates + 1))
+done
+[ $gates -eq 0 ] && [ $overall = pass ] && overall=fail
 ONLY_JSON=""
 [ -n "$ONLY" ] && ONLY_JSON=",\"only\":\"$ONLY\""
 G_OURS=$(figure '"step":"bench-gemm".*"n":8192' ours_tflops)
