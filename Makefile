@@ -57,8 +57,8 @@ sanitize-emu: deps
 
 # The CUDA kernels and backend on the CPU emulator (tests/cuda-emu/, docs/gpu.md "The CUDA
 # emulator"), in a build folder of its own: the GPU tests (test-cuda, test-cuda-step,
-# test-cuda-blocks, test-engine-cuda) run there instead of skipping, on the device code
-# nvcc compiles, with cuBLAS and the CUDA runtime emulated. `make test` runs the same
+# test-cuda-blocks, test-cuda-trace, test-engine-cuda) run there instead of skipping, on the
+# device code nvcc compiles, with cuBLAS, CUPTI and the CUDA runtime emulated. `make test` runs the same
 # (its ctest cuda-emu, in $(BUILD)/cuda-emu).
 cuda-emu: deps
 	@JOBS=$(JOBS) bash tests/cuda-emu/run-emu.sh . build-emu ON

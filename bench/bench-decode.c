@@ -127,6 +127,9 @@ typedef struct bd_run {
      * timed iterations, and how many steps that was; written by the rank's own thread. */
     gang_kernels_counters steps_cnt[BD_MAX_RANKS];
     uint64_t n_steps[BD_MAX_RANKS];
+    /* --trace-kernels, a one-rank point: the kernels of those decode steps (rank 0's). */
+    int traced; /* 1: trace holds them; 0: not traced; < 0: collect failed */
+    gang_kernels_trace trace;
 } bd_run;
 
 typedef struct bd_rank {
@@ -163,6 +166,8 @@ typedef struct bd_rank {
       "cuda: bf16 / f16 decode products by ganglion's GEMV (1) or cuBLASLt (0)")                   \
     X("cuda-pdl", cuda_pdl, 0, 0, 0, 0, 0, 1,                                                      \
       "cuda: the decode GEMVs as programmatic dependent launches (Hopper's PDL)")                  \
+    X("trace-kernels", trace_kernels, 0, 0, 0, 0, 0, 1,                                            \
+      "cuda: the one-rank points' decode steps traced kernel by kernel (CUPTI)")                   \
     X("nccl-wait-each", nccl_wait_each, 0, 0, 0, 0, 0, 1,                                          \
       "cuda: the nccl point awaits each collective on the host, without graphs (before #24)")      \
     X("iters", iters, 3, 3, 3, 3, 1, BD_MAX_ITERS, "timed iterations per point")                   \
@@ -281,6 +286,8 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     if (shape == 1 && !o->cuda)
         return gang_opts_usage_error(&bd_cmd, "--shape 8b is for --device cuda or fake");
     o->shape = shape == 1 ? "8b" : "1b";
+    if (f.trace_kernels && !(o->cuda && strcmp(o->kdev, "cuda") == 0))
+        return gang_opts_usage_error(&bd_cmd, "--trace-kernels needs --device cuda");
     if (o->cuda || f.model[0] != '\0') {
         gang_opt_cmd again = bd_cmd;
         again.table = !o->cuda ? &bd_model_table : shape == 1 ? &bd_gpu8_table : &bd_gpu_table;
@@ -374,6 +381,12 @@ static int bd_comms(bd_rank *x, gang_comm **c, const char **what)
     return rc != 0 ? rc : (aborted ? GANG_EABORTED : 0);
 }
 
+/* 1 when the point's decode steps are traced: --trace-kernels on a one-rank point. */
+static int bd_traces(const bd_run *r)
+{
+    return r->o->trace_kernels && r->stage * r->pp == 1;
+}
+
 /*
  * One iteration on rank x: rank 0 submits the batch, every rank runs `tokens` steps.
  * Warm-up iterations (iter < warmup) are not recorded; timed ones (then --iters of them)
@@ -390,6 +403,7 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
     uint64_t t0 = 0, t1 = 0, tmo = (uint64_t)o->timeout_s * 1000u;
     int agree = !o->no_agree && iter == (int)(o->warmup + o->iters);
     int timed = iter >= (int)o->warmup && !agree;
+    int trace = timed && bd_traces(r);
     gang_kernels_counters c0, c1;
     gang_gen_request req;
     gang_gen_event ev;
@@ -419,9 +433,15 @@ static int bd_iteration(bd_rank *x, gang_engine *e, gang_kernels *k, gang_comm *
     for (s = 0; s < o->tokens; s++) {
         if (s == 0)
             t0 = gang_now_ns();
+        *what = "trace begin";
+        if (trace && s > 0 && (rc = gang_kernels_trace_begin(k)) != 0)
+            return rc;
         *what = "engine step";
         rc = gang_engine_step(e, k, c[0], tp, c[3], pp, tmo);
         if (rc != 0)
+            return rc;
+        *what = "trace end";
+        if (trace && s > 0 && (rc = gang_kernels_trace_end(k)) != 0)
             return rc;
         if (s == 0) {
             t1 = gang_now_ns();
@@ -522,6 +542,7 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
     ko.pool_mb = o->gpu_pool_mb;
     ko.half_gemv = (int)o->half_gemv;
     ko.pdl = (int)o->cuda_pdl;
+    ko.trace = (int)o->trace_kernels; /* CUPTI enabled before any graph; spans: bd_traces */
     return gang_kernels_open_opts(&ko, k);
 }
 
@@ -608,6 +629,10 @@ static void *bd_rank_main(void *arg)
         rc = bd_iteration(x, e, k, c, prompt, (int)it, &what);
         if (rc != 0)
             goto out_fail;
+    }
+    if (bd_traces(r)) { /* a failed collect is reported in the line, not a failed point */
+        rc = gang_kernels_trace_collect(k, &r->trace);
+        r->traced = rc == 0 ? 1 : rc;
     }
     /* Keep the sockets until every rank is done with them. */
     what = "closing barrier";
@@ -761,6 +786,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         cJSON_AddBoolToObject(line, "model_kept", r->model_kept); /* bd_gpu_keep */
         cJSON_AddBoolToObject(line, "half_gemv", o->half_gemv != 0);
         cJSON_AddBoolToObject(line, "pdl", o->cuda_pdl != 0);
+        gang__bd_emit_trace(line, r->traced, &r->trace);
     }
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {
         double kv = gang__bd_kv_bytes_per_step(o, batch, r->kv_elem_bytes);

@@ -266,6 +266,7 @@ static int bd_copy_bandwidth(const bd_opts *o, double *gbps)
     ko.device = o->kdev;
     ko.pool_mb =
         2 * (bytes >> 20) + 256 > o->gpu_pool_mb ? 2 * (bytes >> 20) + 256 : o->gpu_pool_mb;
+    ko.trace = (int)o->trace_kernels; /* CUPTI enabled with the process's first context */
     rc = gang_kernels_open_opts(&ko, &k);
     if (rc == 0)
         rc = gang_kernels_alloc(k, bytes, &a);
@@ -500,4 +501,53 @@ int gang__bd_main_cuda(bd_opts *o)
         gang__bd_gpu_keep_release(&keep);
     }
     return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
+}
+
+/*
+ * The point's kernel trace (--trace-kernels, gang_kernels_trace) as the line's "trace"
+ * object, per decode step: the step's wall time (host), the device's span from its first
+ * kernel to its last, the time some kernel ran (busy) and the device idle inside the span
+ * between kernels; then each op's kernels and microseconds per step and its share of the
+ * busy time. A failed collect is "trace_error".
+ */
+void gang__bd_emit_trace(cJSON *line, int traced, const gang_kernels_trace *t)
+{
+    double n = t->spans > 0 ? (double)t->spans : 1.0;
+    double busy = t->busy_ns > 0 ? (double)t->busy_ns : 1.0;
+    cJSON *o, *ops;
+
+    if (traced < 0) {
+        cJSON_AddStringToObject(line, "trace_error", gang_err_name(traced));
+        return;
+    }
+    if (traced == 0 || (o = cJSON_AddObjectToObject(line, "trace")) == NULL)
+        return;
+    cJSON_AddNumberToObject(o, "steps", (double)t->spans);
+    cJSON_AddNumberToObject(o, "kernels_per_step", gang_report_round(t->kernels / n, 2));
+    cJSON_AddNumberToObject(o, "graph_kernels_per_step",
+                            gang_report_round(t->graph_kernels / n, 2));
+    cJSON_AddNumberToObject(o, "step_us", gang_report_round(t->wall_ns / n / 1e3, 2));
+    cJSON_AddNumberToObject(o, "device_us_per_step", gang_report_round(t->device_ns / n / 1e3, 2));
+    cJSON_AddNumberToObject(o, "busy_us_per_step", gang_report_round(t->busy_ns / n / 1e3, 2));
+    cJSON_AddNumberToObject(o, "idle_in_step_us",
+                            gang_report_round((double)(t->device_ns - t->busy_ns) / n / 1e3, 2));
+    cJSON_AddNumberToObject(
+        o, "busy_share_of_step",
+        gang_report_round(t->wall_ns > 0 ? t->busy_ns / (double)t->wall_ns : 0, 3));
+    cJSON_AddNumberToObject(o, "dropped", (double)t->dropped);
+    if ((ops = cJSON_AddArrayToObject(o, "ops")) == NULL)
+        return;
+    for (uint32_t i = 0; i < t->n_ops; i++) {
+        const gang_kernels_trace_op *op = &t->ops[i];
+        cJSON *e = cJSON_CreateObject();
+
+        if (e == NULL || !cJSON_AddItemToArray(ops, e)) {
+            cJSON_Delete(e);
+            return;
+        }
+        cJSON_AddStringToObject(e, "name", op->name);
+        cJSON_AddNumberToObject(e, "per_step", gang_report_round(op->count / n, 2));
+        cJSON_AddNumberToObject(e, "us_per_step", gang_report_round(op->total_ns / n / 1e3, 2));
+        cJSON_AddNumberToObject(e, "share", gang_report_round(op->total_ns / busy, 3));
+    }
 }

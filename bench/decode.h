@@ -48,8 +48,9 @@ typedef struct bd_gpu_keep {
 typedef struct bd_opts {
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
     uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s, cuda_graphs, nccl_wait_each;
-    uint32_t half_gemv; /* cuda: gang_kernels_options.half_gemv */
-    uint32_t cuda_pdl;  /* cuda: gang_kernels_options.pdl */
+    uint32_t half_gemv;     /* cuda: gang_kernels_options.half_gemv */
+    uint32_t cuda_pdl;      /* cuda: gang_kernels_options.pdl */
+    uint32_t trace_kernels; /* cuda: the one-rank points' decode steps traced (CUPTI) */
     uint32_t bw_mib, bw_passes, peer_iters, peer_timeout_s, peer_budget_s;
     uint32_t batches[BD_MAX_BATCHES];
     uint32_t n_batches;
@@ -108,13 +109,20 @@ int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, u
 void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch,
                            gang_engine_setup *out);
 
+/* Frees what keep holds (the model's device memory, then its handle); keep may be NULL. */
+void gang__bd_gpu_keep_release(bd_gpu_keep *keep);
+
+/*
+ * The point's kernel trace (--trace-kernels, decode-gpu.c) into line: its "trace" object
+ * when traced is 1, "trace_error" when it is a GANG_E* code (the collect failed), nothing
+ * when 0 (not traced).
+ */
+void gang__bd_emit_trace(cJSON *line, int traced, const gang_kernels_trace *t);
+
 /*
  * --device cuda or fake (decode-gpu.c): rank `rank`'s shard of the in-memory random model
  * of o's shape for layout t, on the device of k. Returns 0 and *out, or a GANG_E* code.
  */
-/* Frees what keep holds (the model's device memory, then its handle); keep may be NULL. */
-void gang__bd_gpu_keep_release(bd_gpu_keep *keep);
-
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
                        gang_model **out);
 

@@ -11,8 +11,8 @@
 #                  and of this tree
 #   --dry-run      record every step with its timeout without running any (the ctest
 #                  rehearsal runs it); the preflight still runs
-#   --only NAMES   run only these steps (comma-separated names, extras and "profile"
-#                  included), for a second try at what failed without spending the budget
+#   --only NAMES   run only these steps (comma-separated names, extras included), for a
+#                  second try at what failed without spending the budget
 #                  on what passed: the others are not recorded, and the summary names the
 #                  selection ("only") beside its result, which covers those steps alone
 #
@@ -21,10 +21,11 @@
 # timeout is cut to what is left, and a step past the budget is recorded "not-run", which
 # fails the check (nothing passes by having checked nothing). The steps at the end are not
 # gates, what issue #24's figures do not need (their status is reported apart, in
-# summary.json's "extras", the profile's in its own line): the GEMVs as PDL launches
-# (bench-decode-pdl), the decode products by cuBLASLt (bench-decode-cublas), the GPU
-# health gauges (gpu-health), the long-context decode (bench-decode-long) and the ncu
-# profile, each only when enough of the budget is left.
+# summary.json's "extras"): the GEMVs as PDL launches (bench-decode-pdl), the kernel
+# traces of the decode step (test-cuda-trace, profile), the decode products by cuBLASLt
+# (bench-decode-cublas), the GPU health gauges (gpu-health), the long-context decode
+# (bench-decode-long) and the 8B step's trace (profile-8b), each only when enough of the
+# budget is left.
 #
 # It starts with the preflight (bench/gpu-preflight.sh, ~5 s): a missing driver, device,
 # carried library, NCCL or cuBLASLt stops the check at once with those lines as the reason.
@@ -57,7 +58,7 @@ if [ $# -ne 1 ] || [[ $1 == --* ]]; then
     exit 2
 fi
 # Every step's name, for --only's check (a misspelt name would select nothing).
-ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-wait-each bench-decode-8b torch-decode bench-decode-pdl bench-decode-cublas gpu-health bench-decode-long profile "
+ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-wait-each bench-decode-8b torch-decode bench-decode-pdl test-cuda-trace profile bench-decode-cublas gpu-health bench-decode-long profile-8b "
 if [ -n "$ONLY" ]; then
     for n in ${ONLY//,/ }; do
         if [[ $ALL_STEPS != *" $n "* ]]; then
@@ -287,6 +288,17 @@ step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --ba
 extra bench-decode-pdl 80 60 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
     --layouts 1x1 --batch 1 --tokens 32 --iters 2 --warmup 1 --cuda-pdl 1 "${BD_ARGS[@]}"
 
+# Where a decode step's device time goes, kernel by kernel, inside its graph as it replays
+# (--trace-kernels: CUPTI's kernel records in the bench's own process, from the image's
+# libcupti; ncu could not read counters on the gVisor machines): test-cuda-trace first (the
+# trace on this device), then the 1B shape at batch 1 and 64 (its per-layer cost above the
+# weights' streaming was the 8B's in the first run, on a model drawn in seconds), then the
+# 8B shape at batch 1, the roofline target's point (last: its model takes most of a
+# minute). bench/gpu-trace-sum.py prints them in the summary.
+extra test-cuda-trace 20 15 "$TESTS/test-cuda-trace"
+extra profile 45 40 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
+    --batch 1,64 --tokens 16 --iters 1 --warmup 1 --trace-kernels 1 "${BD_ARGS[@]}"
+
 # The bf16 decode products by cuBLASLt (x converted first) instead of ganglion's GEMV:
 # batch 1 is where they differ (more rows always take cuBLASLt).
 extra bench-decode-cublas 35 30 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
@@ -303,26 +315,9 @@ extra gpu-health 35 30 python3 "$SCRIPTS/gpu-health-check.py" --bin "$BIN" \
 extra bench-decode-long 70 45 "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
     --batch 1,8 --prompt "$LONG_PROMPT" --tokens 32 --iters 2 --warmup 1 --gpu-memory-mb 32768 \
     "${BD_ARGS[@]}"
+extra profile-8b 80 75 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
+    --layouts 1x1 --batch 1 --tokens 16 --iters 1 --warmup 1 --trace-kernels 1 "${BD_ARGS[@]}"
 
-# Where a decode step's time goes, kernel by kernel (ncu, 2 layers of the 1B shape, batch 1,
-# graphs off so that each kernel is its own launch): for the next change, not a gate. It
-# runs only with 40 s of the budget left and its status is not counted.
-PROFILE_STATUS=not-run
-NCU=$(command -v ncu)
-for n in /opt/nvidia/nsight-compute/*/ncu; do
-    [ -z "$NCU" ] && [ -x "$n" ] && NCU=$n
-done
-if [ "$DRY" != 1 ] && selected profile && [ -n "$NCU" ] && [ $((BUDGET - ($(date +%s) - START))) -ge 40 ]; then
-    timeout --kill-after=5 30 "$NCU" --csv --metrics gpu__time_duration.sum \
-        --clock-control none "$BIN" bench decode --device cuda --dtypes bf16 --layouts 1x1 \
-        --batch 1 --tokens 4 --iters 1 --warmup 0 --layers 2 --cuda-graphs 0 \
-        --gpu-memory-mb 8192 >"$WORK/logs/profile.csv" 2>"$WORK/logs/profile.err"
-    PROFILE_STATUS="rc $?"
-    python3 "$SCRIPTS/gpu-profile-sum.py" "$WORK/logs/profile.csv" >>"$OUT/results.jsonl" 2>&1 ||
-        PROFILE_STATUS="$PROFILE_STATUS (no summary)"
-    { echo "===== profile ($PROFILE_STATUS): ncu on bench decode, 2 layers"; tail -n 5 "$WORK/logs/profile.err"; } >>"$OUT/logs.txt"
-fi
-echo "profile (not a gate): $PROFILE_STATUS"
 
 # --- summary ------------------------------------------------------------------------------
 # figure MEASURE-REGEX FIELD: the first value of FIELD on a results line matching the regex.
@@ -383,7 +378,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
             "$(grep -o '"max_abs_logprob_diff": [0-9.e-]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"ok": [a-z]*' <<<"$l" | cut -d' ' -f2)"
     done
-    grep -E '"step":"bench-decode(-8b|-wait-each|-cublas|-long|-pdl)?".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
+    grep -E '"step":"(bench-decode(-8b|-wait-each|-cublas|-long|-pdl)?|profile(-8b)?)".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\"([^\"]*)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]] || continue
         printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
@@ -393,6 +388,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         [[ $l =~ \"half_gemv\":false ]] && printf ' (cuBLASLt for the decode products)'
         [[ $l =~ \"pdl\":true ]] && printf ' (GEMVs as PDL launches)'
         [[ $l =~ \"step\":\"bench-decode-wait-each\" ]] && printf ' (no graphs)'
+        [[ $l =~ \"trace\":\{ ]] && printf ' (kernels traced)'
         [[ $l =~ \"step\":\"bench-decode-long\".*\"prompt\":([0-9]+).*\"kv_bytes_per_step\":([0-9.e+]+) ]] &&
             printf ' (%s-token prompts, KV %s B/step)' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
         [[ $l =~ \"backend\":\"nccl\" ]] && {
@@ -405,6 +401,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         fi
         printf '\n'
     done
+    python3 "$SCRIPTS/gpu-trace-sum.py" "$OUT/results.jsonl" 2>&1
     grep '"measure": *"torch_decode"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\ \"([^\"]*)\".*\"batch\":\ ([0-9]+).*\"decode_tok_s\":\ ([0-9.]+) ]] || continue
         printf '  decode %-2s      batch %-3s torch    %10s tok/s\n' "${BASH_REMATCH[1]}" \

@@ -47,6 +47,13 @@ add_custom_command(TARGET gang_cublas_emu POST_BUILD
 # Rewrites the launches of the .cu file cu (a path under the source tree) into
 # cuda-emu-src/NAME.cpp of the build, compiled with emu-kernel.h force-included; the .cpp's
 # path in out_var.
+# The emulated CUPTI (kernel traces), found by the same search as cuBLAS.
+add_library(gang_cupti_emu SHARED ${gang_emu_dir}/emu-cupti.cpp)
+gang_c_only_options(gang_cupti_emu CXX ${gang_emu_cxx_warn})
+target_link_libraries(gang_cupti_emu PRIVATE gang_cuda_emu)
+set_target_properties(gang_cupti_emu PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${GANG_CUDA_EMU_LIBDIR}
+  OUTPUT_NAME cupti NO_SONAME ON SUFFIX ".so.13")
+
 function(gang_emu_rewrite cu out_var)
   get_filename_component(k ${cu} NAME_WE)
   set(out ${CMAKE_BINARY_DIR}/cuda-emu-src/${k}.cpp)
@@ -83,7 +90,7 @@ gang_c_only_options(gang_kernels CXX ${gang_emu_cxx_warn})
 target_compile_definitions(gang_kernels PRIVATE GANG_HAVE_CUDA_KERNELS=1
   GANG_CUDA_LIBDIR="${GANG_CUDA_EMU_LIBDIR}")
 target_link_libraries(gang_kernels PUBLIC gang_cuda_emu ${CMAKE_DL_LIBS})
-add_dependencies(gang_kernels gang_cublas_emu)
+add_dependencies(gang_kernels gang_cublas_emu gang_cupti_emu)
 set(GANG_HAVE_CUDA_KERNELS 1)
 message(STATUS "ganglion: CUDA kernels on the CPU emulator (tests/cuda-emu/); cuBLAS from "
                "${GANG_CUDA_EMU_LIBDIR}")

@@ -19,8 +19,9 @@
 #    starts fast and also on nodes that lack these libraries. Where they are looked for is
 #    common/dynlib.c's order (flag, Python environment, loader, build-time directory).
 #  - tests: test-cuda (unit-cuda), test-cuda-step (unit-cuda-step: the decode step's
-#    kernels), test-cuda-blocks (unit-cuda-blocks: GGUF block weights), test-engine-cuda (unit-engine-cuda) and test-comm-nccl
-#    (unit-comm-nccl); they skip visibly when no GPU is present.
+#    kernels), test-cuda-blocks (unit-cuda-blocks: GGUF block weights), test-cuda-trace
+#    (unit-cuda-trace: kernel traces through CUPTI), test-engine-cuda (unit-engine-cuda) and
+#    test-comm-nccl (unit-comm-nccl); they skip visibly when no GPU is present.
 
 set(GANG_HAVE_CUDA_KERNELS 0)
 set(GANG_HAVE_NCCL 0)
@@ -51,7 +52,8 @@ endfunction()
 # The CUDA backend's sources, the same in both builds: host C (pool, cuBLASLt, device
 # query, the backend) and the .cu kernels (nvcc's, or rewritten for the emulator).
 set(gang_cuda_host_sources kernels/cuda/cuda-backend.c kernels/cuda/cuda-pool.c
-  kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c kernels/cuda/cuda-device.c)
+  kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c kernels/cuda/cuda-device.c
+  kernels/cuda/cuda-trace.c)
 set(gang_cuda_kernel_sources kernels/cuda/cuda-ops.cu kernels/cuda/cuda-attention.cu
   kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-qmatmul.cu kernels/cuda/cuda-step.cu)
 
@@ -150,6 +152,11 @@ add_executable(test-cuda tests/unit/test-cuda.c tests/unit/mlp-chain.c)
 target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda COMMAND test-cuda)
 set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300 LABELS unit)
+# Kernel traces through CUPTI (a binary of its own: CUPTI is enabled once per process).
+add_executable(test-cuda-trace tests/unit/test-cuda-trace.c)
+target_link_libraries(test-cuda-trace PRIVATE gang_kernels PkgConfig::CMOCKA)
+add_test(NAME unit-cuda-trace COMMAND test-cuda-trace)
+set_tests_properties(unit-cuda-trace PROPERTIES TIMEOUT 120 LABELS unit)
 add_executable(test-cuda-step tests/unit/test-cuda-step.c)
 target_link_libraries(test-cuda-step PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda-step COMMAND test-cuda-step)
@@ -215,6 +222,14 @@ if(GANGLION_CUDA_EMU)
     PROPERTIES LABELS cuda-emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "no GPU")
   set_tests_properties(unit-engine-cuda PROPERTIES LABELS cuda-emu TIMEOUT 900
     FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
+  # Kernel traces on the emulated CUPTI: reporting lost records, and refusing to enable.
+  add_test(NAME unit-cuda-trace-unavailable COMMAND test-cuda-trace)
+  set_tests_properties(unit-cuda-trace PROPERTIES
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_CUPTI_DROP=2")
+  set_tests_properties(unit-cuda-trace-unavailable PROPERTIES
+    ENVIRONMENT "${gang_emu_env};GANG_EMU_CUPTI_FAIL=enable")
+  set_tests_properties(unit-cuda-trace unit-cuda-trace-unavailable PROPERTIES LABELS cuda-emu
+    TIMEOUT 120 FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
 
   gang_emu_rewrite(tests/cuda-emu/test-cuda-emu.cu gang_emu_selftest)
   add_executable(test-cuda-emu ${gang_emu_selftest})
@@ -317,7 +332,7 @@ if(GANGLION_CUDA_EMU)
 
   # What `make cuda-emu` builds: the emulated GPU tests and what they load.
   add_custom_target(cuda-emu-tests DEPENDS test-cuda test-cuda-step test-cuda-blocks
-    test-engine-cuda test-cuda-emu gang_cublas_emu ganglion)
+    test-cuda-trace test-engine-cuda test-cuda-emu gang_cublas_emu gang_cupti_emu ganglion)
   if(GANG_HAVE_NCCL)
     add_dependencies(cuda-emu-tests test-comm-nccl test-kv-pair gang_nccl_emu)
   endif()

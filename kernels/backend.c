@@ -19,15 +19,6 @@
 #include "kernels-bench.h"
 #include "cuda/cuda-backend.h"
 
-/* A handle: its backend's static vtable and the backend's per-handle state. */
-struct gang_kernels {
-    const gang__kernels_backend *be;
-    void *ctx;                 /* what be->open returned; NULL for a backend without open */
-    gang_kernels_counters cnt; /* gang_kernels_counters_get */
-    int capturing;             /* between graph_begin and graph_end */
-    int capture_broken;        /* a host wait was refused during the capture */
-};
-
 /* ---------------------------------------------------------------------------------
  * Registration.
  *
@@ -131,6 +122,7 @@ void gang_kernels_options_init(gang_kernels_options *o)
     o->pool_percent = 90;
     o->half_gemv = 1;
     o->pdl = 0;
+    o->trace = 0;
 }
 
 int gang_kernels_open(const char *device, gang_kernels **out)
@@ -160,6 +152,10 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
         gang_error("kernels: unknown device '%s' (expected cpu, cuda, auto or fake)", o->device);
         return GANG_EINVAL;
     }
+    if (o->trace && be->trace_begin == NULL) {
+        gang_error("kernels: device '%s' cannot trace its kernels (only cuda can)", be->name);
+        return GANG_ENOSYS;
+    }
     if (be->open != NULL) {
         rc = be->open(o, &ctx);
         if (rc < 0) {
@@ -176,6 +172,7 @@ int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out)
     memset(k, 0, sizeof(*k));
     k->be = be;
     k->ctx = ctx;
+    k->traced = o->trace != 0;
     *out = k;
     return 0;
 
@@ -344,6 +341,38 @@ int gang_kernels_graph_begin(gang_kernels *k)
     return rc;
 }
 
+/* ---------------------------------------------------------------------------------
+ * Kernel traces: the front keeps begin / end alternating; the backend marks and sums.
+ * --------------------------------------------------------------------------------- */
+int gang_kernels_trace_begin(gang_kernels *k)
+{
+    int rc;
+
+    if (k == NULL || !k->traced || k->span_open)
+        return GANG_EINVAL;
+    rc = k->be->trace_begin(k->ctx);
+    k->span_open = rc == 0;
+    return rc;
+}
+
+int gang_kernels_trace_end(gang_kernels *k)
+{
+    if (k == NULL || !k->traced || !k->span_open)
+        return GANG_EINVAL;
+    k->span_open = 0;
+    return k->be->trace_end(k->ctx);
+}
+
+int gang_kernels_trace_collect(gang_kernels *k, gang_kernels_trace *out)
+{
+    if (out != NULL)
+        memset(out, 0, sizeof(*out));
+    if (k == NULL || out == NULL || !k->traced || k->span_open ||
+        kernels_capture_refuses(k, "trace collect"))
+        return GANG_EINVAL;
+    return k->be->trace_collect(k->ctx, out);
+}
+
 /* The backend always ends its capture; a refused host wait inside it voids the graph. */
 int gang_kernels_graph_end(gang_kernels *k, gang_kernels_graph **out)
 {
@@ -417,18 +446,18 @@ int gang_kernels_pool_stats_get(const gang_kernels *k, gang_kernels_pool_stats *
  * --------------------------------------------------------------------------------- */
 
 /* *out = a * b elements; GANG_ERANGE when the f32 buffer could not even be addressed. */
-static int elems(size_t a, size_t b, size_t *out)
+int gang__kernels_elems(size_t a, size_t b, size_t *out)
 {
     if (__builtin_mul_overflow(a, b, out) || *out > SIZE_MAX / sizeof(float))
         return GANG_ERANGE;
     return 0;
 }
 
-static int elems3(size_t a, size_t b, size_t c, size_t *out)
+int gang__kernels_elems3(size_t a, size_t b, size_t c, size_t *out)
 {
     size_t ab;
-    int rc = elems(a, b, &ab);
-    return rc < 0 ? rc : elems(ab, c, out);
+    int rc = gang__kernels_elems(a, b, &ab);
+    return rc < 0 ? rc : gang__kernels_elems(ab, c, out);
 }
 
 /* The sizes of an [m, kdim] x [n, kdim] product: each within int (CBLAS and cuBLAS index
@@ -441,8 +470,9 @@ static int mm_dims(size_t m, size_t n, size_t kdim)
 
     if (m > INT_MAX || n > INT_MAX || kdim > INT_MAX)
         return GANG_ERANGE;
-    if ((rc = elems(m, n, &tmp)) < 0 || (rc = elems(m, kdim, &tmp)) < 0 ||
-        (rc = elems(n, kdim, &tmp)) < 0)
+    if ((rc = gang__kernels_elems(m, n, &tmp)) < 0 ||
+        (rc = gang__kernels_elems(m, kdim, &tmp)) < 0 ||
+        (rc = gang__kernels_elems(n, kdim, &tmp)) < 0)
         return rc;
     return 0;
 }
@@ -464,8 +494,8 @@ int gang_kernels_gemm(gang_kernels *k, int trans_b, size_t m, size_t n, size_t k
 
 /* The arguments of an RMSNorm (gang_kernels_rmsnorm's contract): 0, GANG_EINVAL or
  * GANG_ERANGE. */
-static int norm_check(const float *x, const float *w, const float *out, float eps, size_t rows,
-                      size_t dim)
+int gang__kernels_norm_check(const float *x, const float *w, const float *out, float eps,
+                             size_t rows, size_t dim)
 {
     size_t tmp;
 
@@ -473,7 +503,7 @@ static int norm_check(const float *x, const float *w, const float *out, float ep
         return GANG_EINVAL;
     if (!isfinite(eps) || eps < 0.0f)
         return GANG_EINVAL;
-    return elems(rows, dim, &tmp);
+    return gang__kernels_elems(rows, dim, &tmp);
 }
 
 int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float eps, size_t rows,
@@ -483,7 +513,7 @@ int gang_kernels_rmsnorm(gang_kernels *k, const float *x, const float *w, float 
 
     if (k == NULL)
         return GANG_EINVAL;
-    if ((rc = norm_check(x, w, out, eps, rows, dim)) < 0)
+    if ((rc = gang__kernels_norm_check(x, w, out, eps, rows, dim)) < 0)
         return rc;
     if (k->be->rmsnorm == NULL)
         return GANG_ENOSYS;
@@ -502,7 +532,7 @@ int gang_kernels_rope(gang_kernels *k, float *x, const int32_t *positions, size_
         return GANG_EINVAL;
     if (!isfinite(scale) || scale <= 0.0f)
         return GANG_EINVAL;
-    if ((rc = elems3(tokens, heads, head_dim, &tmp)) < 0)
+    if ((rc = gang__kernels_elems3(tokens, heads, head_dim, &tmp)) < 0)
         return rc;
     /* The positions are the backend's to check (a device backend reads them on the device
      * and reports a negative one at the next sync). */
@@ -519,7 +549,7 @@ int gang_kernels_softmax(gang_kernels *k, float *x, size_t rows, size_t cols)
 
     if (k == NULL || x == NULL || rows == 0 || cols == 0)
         return GANG_EINVAL;
-    if ((rc = elems(rows, cols, &tmp)) < 0)
+    if ((rc = gang__kernels_elems(rows, cols, &tmp)) < 0)
         return rc;
     if (k->be->softmax == NULL)
         return GANG_ENOSYS;
@@ -560,8 +590,8 @@ static int attention_check(const float *q, const void *kc, const void *vc,
     /* The last query sits at position pos0 + tq - 1 and needs that key in the cache. */
     if (pos0 > tk || tq > tk - pos0)
         return GANG_EINVAL;
-    if ((rc = elems3(tq, n_heads, head_dim, &tmp)) < 0 ||
-        (rc = elems3(tk, n_kv_heads, head_dim, &tmp)) < 0)
+    if ((rc = gang__kernels_elems3(tq, n_heads, head_dim, &tmp)) < 0 ||
+        (rc = gang__kernels_elems3(tk, n_kv_heads, head_dim, &tmp)) < 0)
         return rc;
     if (pages != NULL) {
         if (pages->table == NULL || pages->block_size == 0 || pages->n_blocks == 0 ||
@@ -570,8 +600,8 @@ static int attention_check(const float *q, const void *kc, const void *vc,
         if (pages->dtype != GANG_DTYPE_F32 && pages->dtype != GANG_DTYPE_BF16 &&
             pages->dtype != GANG_DTYPE_F16)
             return GANG_EINVAL;
-        if ((rc = elems(pages->n_blocks, pages->block_size, &tmp)) < 0 ||
-            (rc = elems3(tmp, n_kv_heads, head_dim, &tmp)) < 0)
+        if ((rc = gang__kernels_elems(pages->n_blocks, pages->block_size, &tmp)) < 0 ||
+            (rc = gang__kernels_elems3(tmp, n_kv_heads, head_dim, &tmp)) < 0)
             return rc;
     }
     return 0;
@@ -691,7 +721,8 @@ int gang_kernels_embedding_w(gang_kernels *k, const gang_kernels_weight *table, 
     if (k == NULL || !weight_ok(table, dim) || ids == NULL || out == NULL || vocab == 0 ||
         dim == 0 || n_ids == 0)
         return GANG_EINVAL;
-    if ((rc = elems(vocab, dim, &tmp)) < 0 || (rc = elems(n_ids, dim, &tmp)) < 0)
+    if ((rc = gang__kernels_elems(vocab, dim, &tmp)) < 0 ||
+        (rc = gang__kernels_elems(n_ids, dim, &tmp)) < 0)
         return rc;
     /* The ids are the backend's to check, every one before anything is written. */
     if (k->be->embedding == NULL)
@@ -753,7 +784,7 @@ int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_
         return GANG_EINVAL;
     if ((rc = mm_dims(m, n, kdim)) < 0)
         return rc;
-    if (kdim > SIZE_MAX / 2 || (rc = elems(m, 2 * kdim, &tmp)) < 0)
+    if (kdim > SIZE_MAX / 2 || (rc = gang__kernels_elems(m, 2 * kdim, &tmp)) < 0)
         return GANG_ERANGE;
     if (k->be->matmul_glu == NULL || (w->type == GANG_KW_F32 && !k->be->matmul_f32)) {
         rc = gang_kernels_glu(k, gelu, gu, m, kdim, scratch);
@@ -782,7 +813,7 @@ int gang_kernels_add_rows(gang_kernels *k, float *x, const float *bias, size_t r
 
     if (k == NULL || x == NULL || bias == NULL || rows == 0 || cols == 0)
         return GANG_EINVAL;
-    if ((rc = elems(rows, cols, &tmp)) < 0)
+    if ((rc = gang__kernels_elems(rows, cols, &tmp)) < 0)
         return rc;
     if (k->be->add_rows == NULL)
         return GANG_ENOSYS;
@@ -799,136 +830,12 @@ int gang_kernels_argmax(gang_kernels *k, const float *x, size_t rows, size_t col
         return GANG_EINVAL;
     if (cols > INT32_MAX)
         return GANG_ERANGE;
-    if ((rc = elems(rows, cols, &tmp)) < 0)
+    if ((rc = gang__kernels_elems(rows, cols, &tmp)) < 0)
         return rc;
     if (k->be->argmax == NULL)
         return GANG_ENOSYS;
     k->cnt.launches++;
     return k->be->argmax(k->ctx, x, rows, cols, out);
-}
-
-/* ---------------------------------------------------------------------------------
- * The decode step's operations (issue #24): one launch each whatever the batch.
- * --------------------------------------------------------------------------------- */
-int gang_kernels_attention_step(gang_kernels *k, const gang_kernels_step_kv *kv, const float *knew,
-                                const float *vnew, const float *q, size_t tokens, size_t n_heads,
-                                size_t n_kv_heads, size_t head_dim, size_t window, float *out)
-{
-    size_t n;
-
-    if (k == NULL || kv == NULL || knew == NULL || vnew == NULL || q == NULL || out == NULL ||
-        kv->kc == NULL || kv->vc == NULL || kv->tables == NULL || kv->positions == NULL ||
-        kv->table_rows == NULL || tokens == 0 || n_heads == 0 || n_kv_heads == 0 || head_dim == 0 ||
-        kv->block_size == 0 || kv->n_blocks == 0)
-        return GANG_EINVAL;
-    if (n_heads % n_kv_heads != 0 || (kv->dtype != GANG_DTYPE_F32 && kv->dtype != GANG_DTYPE_BF16 &&
-                                      kv->dtype != GANG_DTYPE_F16))
-        return GANG_EINVAL;
-    if (elems3(tokens, n_heads, head_dim, &n) < 0 ||
-        elems3(kv->n_blocks, kv->block_size, n_kv_heads * head_dim, &n) < 0 || tokens > INT32_MAX)
-        return GANG_ERANGE;
-    if (k->be->attention_step == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->attention_step(k->ctx, kv, knew, vnew, q, tokens, n_heads, n_kv_heads, head_dim,
-                                 window, out);
-}
-
-int gang_kernels_scatter_i32(gang_kernels *k, int32_t *dst, size_t dst_n, const int32_t *pairs,
-                             size_t n_pairs)
-{
-    if (k == NULL || dst == NULL || pairs == NULL || dst_n == 0 || n_pairs == 0)
-        return GANG_EINVAL;
-    if (dst_n > INT32_MAX || n_pairs > INT32_MAX)
-        return GANG_ERANGE;
-    if (k->be->scatter_i32 == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->scatter_i32(k->ctx, dst, dst_n, pairs, n_pairs);
-}
-
-int gang_kernels_sample(gang_kernels *k, const float *logits, size_t rows, size_t cols,
-                        const gang_kernels_sample_param *params, int32_t *out)
-{
-    size_t n;
-
-    if (k == NULL || logits == NULL || params == NULL || out == NULL || rows == 0 || cols == 0)
-        return GANG_EINVAL;
-    if (cols > INT32_MAX || elems(rows, cols, &n) < 0)
-        return GANG_ERANGE;
-    if (k->be->sample == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->sample(k->ctx, logits, rows, cols, params, out);
-}
-
-int gang_kernels_split_cols3(gang_kernels *k, const float *x, size_t rows, size_t w0, size_t w1,
-                             size_t w2, float *o0, float *o1, float *o2)
-{
-    size_t n;
-
-    if (k == NULL || x == NULL || o0 == NULL || o1 == NULL || o2 == NULL || rows == 0 || w0 == 0 ||
-        w1 == 0 || w2 == 0)
-        return GANG_EINVAL;
-    if (w0 > SIZE_MAX - w1 - w2 || elems(rows, w0 + w1 + w2, &n) < 0)
-        return GANG_ERANGE;
-    if (k->be->split_cols3 == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->split_cols3(k->ctx, x, rows, w0, w1, w2, o0, o1, o2);
-}
-
-int gang_kernels_split_qkv_rope(gang_kernels *k, const gang_kernels_qkv_rope *a)
-{
-    size_t heads, tmp;
-    int rc;
-
-    if (k == NULL || a == NULL || a->x == NULL || a->positions == NULL || a->inv_freq == NULL ||
-        a->q == NULL || a->k == NULL || a->v == NULL || a->rows == 0 || a->n_heads == 0 ||
-        a->n_kv_heads == 0 || a->head_dim == 0 || a->head_dim % 2 != 0)
-        return GANG_EINVAL;
-    if (!isfinite(a->scale) || a->scale <= 0.0f)
-        return GANG_EINVAL;
-    if (a->n_kv_heads > (SIZE_MAX - a->n_heads) / 2)
-        return GANG_ERANGE;
-    heads = a->n_heads + 2 * a->n_kv_heads;
-    if ((rc = elems3(a->rows, heads, a->head_dim, &tmp)) < 0)
-        return rc;
-    /* The positions are the backend's to check, as rope's. */
-    if (k->be->split_qkv_rope == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->split_qkv_rope(k->ctx, a);
-}
-
-int gang_kernels_add_rmsnorm(gang_kernels *k, float *x, const float *y, const float *w, float eps,
-                             size_t rows, size_t dim, float *out)
-{
-    int rc;
-
-    if (k == NULL || y == NULL)
-        return GANG_EINVAL;
-    if ((rc = norm_check(x, w, out, eps, rows, dim)) < 0)
-        return rc;
-    if (k->be->add_rmsnorm == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->add_rmsnorm(k->ctx, x, y, w, eps, rows, dim, out);
-}
-
-int gang_kernels_glu(gang_kernels *k, int gelu, const float *x, size_t rows, size_t cols,
-                     float *out)
-{
-    size_t n;
-
-    if (k == NULL || x == NULL || out == NULL || rows == 0 || cols == 0)
-        return GANG_EINVAL;
-    if (cols > SIZE_MAX / 2 || elems(rows, 2 * cols, &n) < 0)
-        return GANG_ERANGE;
-    if (k->be->glu == NULL)
-        return GANG_ENOSYS;
-    k->cnt.launches++;
-    return k->be->glu(k->ctx, gelu != 0, x, rows, cols, out);
 }
 
 /* ---------------------------------------------------------------------------------

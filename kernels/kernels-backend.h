@@ -105,7 +105,34 @@ typedef struct gang__kernels_backend {
      * given F32 weights unless matmul_f32 is set. */
     int (*matmul_glu)(void *ctx, int gelu, size_t m, size_t n, size_t kdim, const float *gu,
                       const gang_kernels_weight *w, float *scratch, float *y);
+    /* Optional kernel traces (gang_kernels_trace_*; NULL: the front refuses options.trace
+     * with GANG_ENOSYS). The front keeps the span state (begin / end alternate, only on a
+     * handle opened with trace) and zeroes *out; collect waits for the handle's work. */
+    int (*trace_begin)(void *ctx);
+    int (*trace_end)(void *ctx);
+    int (*trace_collect)(void *ctx, gang_kernels_trace *out);
 } gang__kernels_backend;
+
+/* A handle: its backend's static vtable and the backend's per-handle state (the front's:
+ * kernels/backend.c, kernels/backend-step.c). */
+struct gang_kernels {
+    const gang__kernels_backend *be;
+    void *ctx;                 /* what be->open returned; NULL for a backend without open */
+    gang_kernels_counters cnt; /* gang_kernels_counters_get */
+    int capturing;             /* between graph_begin and graph_end */
+    int capture_broken;        /* a host wait was refused during the capture */
+    int traced;                /* opened with options.trace */
+    int span_open;             /* between gang_kernels_trace_begin and _end */
+};
+
+/* The front's shared checks (kernels/backend.c). elems: *out = a * b elements, GANG_ERANGE
+ * when an f32 buffer of them could not be addressed; elems3 likewise for a * b * c;
+ * norm_check: an RMSNorm's arguments (gang_kernels_rmsnorm's contract), 0, GANG_EINVAL or
+ * GANG_ERANGE. */
+int gang__kernels_elems(size_t a, size_t b, size_t *out);
+int gang__kernels_elems3(size_t a, size_t b, size_t c, size_t *out);
+int gang__kernels_norm_check(const float *x, const float *w, const float *out, float eps,
+                             size_t rows, size_t dim);
 
 /* The backends (kernels/cpu/cpu-backend.c, kernels/cuda/cuda-backend.c). The CUDA table
  * is defined only when the CUDA kernels are built; backend.c registers a stub otherwise. */

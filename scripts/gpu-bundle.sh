@@ -9,8 +9,8 @@
 # BUILD_DIR (default: build, as `make build` leaves it) must be a CUDA build (nvcc was
 # found: test-cuda exists); with GANG_BUNDLE_CONFIGURE=1 a missing BUILD_DIR is configured
 # and built first (Release, sm_90). Layout of OUT_DIR:
-#   bin/      ganglion, test-cuda, test-cuda-step, test-cuda-blocks, test-engine-cuda,
-#             test-comm-nccl, test-kv-pair (debug info stripped;
+#   bin/      ganglion, test-cuda, test-cuda-step, test-cuda-blocks, test-cuda-trace,
+#             test-engine-cuda, test-comm-nccl, test-kv-pair (debug info stripped;
 #             RPATH $ORIGIN/../lib, so lib/ is searched first, for their libraries' own
 #             dependencies too)
 #   lib/      the libraries the image lacks (libuv, libsodium, cJSON, http-parser, PCRE2,
@@ -18,7 +18,7 @@
 #             only) for the CPU reference paths the GPU tests compare against: OpenBLAS
 #             is 36 MB and the device image has none that exports cblas_sgemm
 #   bench/    the check's scripts (gpu-check.sh, gpu-preflight.sh, gpu-health-check.py,
-#             gpu-moe-check.sh, gpu-profile-sum.py,
+#             gpu-moe-check.sh, gpu-trace-sum.py,
 #             gpu-reference.py, torch-peer.py, local_serve.py, device-image.txt): the
 #             bundle runs alone
 #   MANIFEST  commit, date, toolkit, every file with its size, the newest GLIBC needed
@@ -49,10 +49,10 @@ if [ ! -x "$BUILD/test-cuda" ] && [ "${GANG_BUNDLE_CONFIGURE:-0}" = 1 ]; then
     cmake -S "$ROOT" -B "$BUILD" -DGANGLION_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
     cmake --build "$BUILD" -j "$(nproc)" --target ganglion test-cuda test-cuda-step \
-        test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair
+        test-cuda-blocks test-cuda-trace test-engine-cuda test-comm-nccl test-kv-pair
 fi
 BINS=("$BUILD/bin/ganglion" "$BUILD/test-cuda" "$BUILD/test-cuda-step" "$BUILD/test-cuda-blocks"
-    "$BUILD/test-engine-cuda" "$BUILD/test-comm-nccl" "$BUILD/tests/test-kv-pair")
+    "$BUILD/test-cuda-trace" "$BUILD/test-engine-cuda" "$BUILD/test-comm-nccl" "$BUILD/tests/test-kv-pair")
 for b in "${BINS[@]}"; do
     [ -x "$b" ] || die "$b is missing: $BUILD must be a CUDA build with NCCL (nvcc and nccl.h" \
         "found at configure; GANG_BUNDLE_CONFIGURE=1 builds one)"
@@ -112,7 +112,7 @@ for l in "$OUT"/lib/*; do
 done
 
 for s in gpu-check.sh gpu-preflight.sh gpu-health-check.py gpu-reference.py torch-peer.py \
-    local_serve.py device-image.txt gpu-moe-check.sh gpu-profile-sum.py; do
+    local_serve.py device-image.txt gpu-moe-check.sh gpu-trace-sum.py; do
     cp "$ROOT/bench/$s" "$OUT/bench/"
 done
 

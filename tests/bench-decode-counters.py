@@ -17,7 +17,8 @@ counts one graph launch instead of its kernels). A third run adds the nccl point
 one-rank nccl TP group, on the NCCL emulator) and, with GANG_EMU_DEVICES >= 2, the
 2x1-nccl point (TP 2 on two emulated GPUs over NCCL, the all-reduces in the step's graph):
 each must count what 1x1 counts (the busiest rank's counters). A fourth, with --cuda-pdl 1,
-must count what the first counted.
+must count what the first counted. Then --trace-kernels 1 (the emulated CUPTI): the
+one-rank points' traces held together (traced()).
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
@@ -123,6 +124,62 @@ def pdl_same_counts(binary, plain):
                     want.get((d["storage"], d["batch"]))))
 
 
+def check_trace(d, graphs):
+    """One traced point's "trace" object: every timed decode step traced, the kernels all in
+    the ops, busy <= device <= the step's wall time, the step's kernels in its graph (or
+    none there without graphs), the GEMV and the step attention among them, nothing lost."""
+    t = d.get("trace")
+    name = "%s batch %d%s" % (d["storage"], d["batch"], "" if graphs else " --cuda-graphs 0")
+    if t is None:
+        fail("%s: --trace-kernels 1 but no trace: %s" % (name, d.get("trace_error")))
+    ops = t["ops"]
+    print("%s: %s kernels per step (%s in a graph), busy %s of %s us, ops %s"
+          % (name, t["kernels_per_step"], t["graph_kernels_per_step"], t["busy_us_per_step"],
+             t["step_us"], [(o["name"], o["per_step"]) for o in ops]))
+    if t["steps"] != 2 * 5 or t["dropped"] != 0:
+        fail("%s: %s steps traced (want 10: 2 iterations x 5 decode steps), %s dropped"
+             % (name, t["steps"], t["dropped"]))
+    if abs(sum(o["per_step"] for o in ops) - t["kernels_per_step"]) > 0.05:
+        fail("%s: the ops do not add up to the kernels" % name)
+    if not 0 < t["busy_us_per_step"] <= t["device_us_per_step"] + 0.02 <= t["step_us"] + 0.04:
+        fail("%s: busy / device / step times out of order" % name)
+    in_graph = t["graph_kernels_per_step"]
+    if (graphs and not 0 < in_graph <= t["kernels_per_step"]) or (not graphs and in_graph != 0):
+        fail("%s: %s kernels per step in a graph" % (name, in_graph))
+    for want in ("gemv_kernel", "attention_step_kernel"):
+        if not any(o["name"].startswith(want) for o in ops):
+            fail("%s: no %s among the traced kernels" % (name, want))
+    return t["kernels_per_step"]
+
+
+def traced(binary, plain):
+    """--trace-kernels 1 (CUPTI; the emulator's here): the one-rank points carry a trace of
+    their decode steps whose kernels per step do not depend on the batch nor on graphs, and
+    the counters are those of the untraced run; a TP 2 point (two ranks in one process) is
+    not traced; the fake device refuses the flag."""
+    want = {(d["storage"], d["batch"]): [d[k] for k in FIELDS] for d in plain}
+    per_step = {}
+    for d in run_points(binary, "cuda", "1,4", "4", ["--trace-kernels", "1"]):
+        if [d[k] for k in FIELDS] != want.get((d["storage"], d["batch"])):
+            fail("%s batch %d: tracing changed the counters" % (d["storage"], d["batch"]))
+        per_step.setdefault(d["storage"], set()).add(check_trace(d, True))
+    if sorted(per_step) != ["bf16", "int8"] or any(len(v) != 1 for v in per_step.values()):
+        fail("kernels per step depend on the batch (or points are missing): %s" % per_step)
+    pts = run_points(binary, "cuda", "1", "4",
+                     ["--trace-kernels", "1", "--cuda-graphs", "0", "--layouts", "1x1,2x1"])
+    for d in pts:
+        if d["tp"] == 2 and ("trace" in d or "trace_error" in d):
+            fail("a TP 2 point was traced: its two ranks share the process's record")
+        if d["tp"] == 1 and {check_trace(d, False)} != per_step[d["storage"]]:
+            fail("%s: other kernels per step without graphs" % d["storage"])
+    if len(pts) != 4:
+        fail("expected 4 points (2 storages x 2 layouts), got %d" % len(pts))
+    out = subprocess.run([binary, "bench", "decode", "--device", "fake", "--trace-kernels", "1"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 2 or "--trace-kernels needs --device cuda" not in out.stderr:
+        fail("--device fake --trace-kernels 1: exit %d, %s" % (out.returncode, out.stderr[-300:]))
+
+
 def main():
     if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("fake", "cuda")):
         fail("usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]")
@@ -156,6 +213,7 @@ def main():
         same_as_fake(sys.argv[1])
         nccl_same_as_socket(sys.argv[1])
         pdl_same_counts(sys.argv[1], points)
+        traced(sys.argv[1], points)
     print("PASS")
 
 

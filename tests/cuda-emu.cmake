@@ -1,7 +1,8 @@
 # The GPU tests on the CUDA emulator (tests/cuda-emu/, issue #24) as one test of `make
 # test`: tests/cuda-emu/run-emu.sh builds the emulator's configuration in a folder of this
 # build (cuda-emu/, the same sources with GANGLION_CUDA_EMU=ON) and runs its tests labelled
-# cuda-emu: test-cuda, test-cuda-step, test-cuda-blocks and test-engine-cuda (its NCCL
+# cuda-emu: test-cuda, test-cuda-step, test-cuda-blocks, test-cuda-trace (on the emulated
+# CUPTI) and test-engine-cuda (its NCCL
 # layouts on emulated GPUs), test-comm-nccl and test-kv-pair's NCCL pair on the device
 # code nvcc compiles (there they run instead of skipping), the cuBLASLt fallback, the
 # emulator's own test, the decode step's counters of the real backend, and the gang's

@@ -37,8 +37,8 @@ bash "$SRC/scripts/gpu-bundle.sh" "$B" "$BUILD" >"$WORK/bundle.log" 2>&1 ||
     fail "gpu-bundle.sh: $(tail -3 "$WORK/bundle.log")"
 kb=$(du -sk "$B" | cut -f1)
 [ "$kb" -le $((40 * 1024)) ] || fail "the bundle is $kb KiB, over 40 MiB"
-for f in bin/ganglion bin/test-cuda bin/test-cuda-step bin/test-cuda-blocks bin/test-engine-cuda bin/test-comm-nccl lib/libblas.so.3 \
-    bench/gpu-check.sh bench/gpu-preflight.sh bench/device-image.txt MANIFEST; do
+for f in bin/ganglion bin/test-cuda bin/test-cuda-step bin/test-cuda-blocks bin/test-cuda-trace bin/test-engine-cuda bin/test-comm-nccl lib/libblas.so.3 \
+    bench/gpu-check.sh bench/gpu-preflight.sh bench/gpu-trace-sum.py bench/device-image.txt MANIFEST; do
     [ -e "$B/$f" ] || fail "the bundle lacks $f"
 done
 
@@ -107,6 +107,7 @@ for want in '^preflight: FAIL driver: ' '^preflight: FAIL device: ' \
     '^preflight: PASS libraries of test-engine-cuda: ' '^preflight: PASS libraries of test-comm-nccl: ' \
     '^preflight: PASS libraries of test-cuda-step: ' \
     '^preflight: PASS libraries of test-cuda-blocks: ' \
+    '^preflight: PASS libraries of test-cuda-trace: ' \
     '^preflight: PASS command timeout: '; do
     grep -q "$want" "$WORK/preflight.txt" || fail "no preflight line '$want': $(cat "$WORK/preflight.txt")"
 done

@@ -18,7 +18,7 @@ GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run "$WOR
     >"$WORK/out.txt" 2>&1 || fail "the dry run exited $?"
 for want in test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference torch-gemm bench-gemm \
     bench-decode bench-decode-wait-each bench-decode-8b torch-decode gpu-health moe-cuda bench-decode-long \
-    bench-decode-pdl; do
+    bench-decode-pdl test-cuda-trace profile profile-8b; do
     grep -q "^DRY  $want: would run with a [0-9]* s timeout" "$WORK/out.txt" ||
         fail "no dry-run line for the step $want"
     grep -q "\"step\":\"$want\",\"status\":\"dry-run\"" "$WORK/out/steps.jsonl" ||
@@ -27,8 +27,8 @@ done
 grep -q '"result":"dry-run"' "$WORK/out/summary.json" || fail "summary.json result"
 n=$(find "$WORK/out" -type f | wc -l)
 [ "$n" -le 8 ] || fail "OUTDIR holds $n files, more than the device tool's 8"
-# --only's list of names is every step the script records (and the profile).
-all=$(sed -n 's/^ALL_STEPS=" \(.*\) "$/\1/p' "$SCRIPT" | tr ' ' '\n' | grep -vx profile | sort)
+# --only's list of names is every step the script records.
+all=$(sed -n 's/^ALL_STEPS=" \(.*\) "$/\1/p' "$SCRIPT" | tr ' ' '\n' | sort)
 recorded=$(grep -o '"step":"[^"]*"' "$WORK/out/steps.jsonl" | cut -d'"' -f4 | sort)
 if [ -z "$all" ] || [ "$all" != "$recorded" ]; then
     fail "ALL_STEPS ($(paste -sd' ' <<<"$all")) is not the steps recorded" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device check's benchmark steps on the CUDA emulator (ctest gpu-check-emu):
-# bench/gpu-check.sh itself, from the emulator's build, --only its `bench decode` steps,
-# each with its own flags (the layouts, --nccl-wait-each with graphs off, the 8B shape's
+# bench/gpu-check.sh itself, from the emulator's build, --only its `bench decode` steps
+# (and test-cuda-trace, before the traced ones), each with its own flags (the layouts, --nccl-wait-each with graphs off, the 8B shape's
 # path, --cuda-pdl, --half-gemv 0, a prompt long enough to split the step attention) on a
 # tiny shape (GANG_GPU_BENCH_ARGS), so that a step whose flags the engine or the emulator
 # refuses (the emulator, as a device, refuses a host wait inside a capture) fails here
@@ -12,7 +12,7 @@
 set -u
 SCRIPT=$1 BUILD=$2 WORK=$3
 STEPS=bench-decode,bench-decode-wait-each,bench-decode-8b,bench-decode-pdl,bench-decode-cublas
-STEPS=$STEPS,bench-decode-long
+STEPS=$STEPS,bench-decode-long,test-cuda-trace,profile,profile-8b
 rm -rf "$WORK"
 mkdir -p "$WORK" || exit 1
 fail() {
@@ -32,15 +32,25 @@ grep -q "\"result\":\"pass\",\"only\":\"$STEPS\"" "$WORK/out/summary.json" ||
     fail "summary.json: not a pass of the selection"
 sum=$WORK/out/summary.txt
 # bench-decode: 1x1 / 2x1 / nccl at batch 1 and 64; wait-each: 1x1 and nccl, 2 batches;
-# 8b: 1x1 at 2 batches; pdl, cublas: 1; long: 2. Each line with its counters.
+# 8b: 1x1 at 2 batches; pdl, cublas: 1; long: 2; profile: 2; profile-8b: 1. Each line with
+# its counters.
 n=$(grep -c '^  decode .*syncs/step [0-9.]* launches/step [0-9.]*' "$sum")
-[ "$n" = 16 ] || fail "$n decode lines with counters in summary.txt, expected 16"
+[ "$n" = 19 ] || fail "$n decode lines with counters in summary.txt, expected 19"
 grep -q '(nccl, a wait per collective).*syncs/step' "$sum" || fail "no wait-each nccl point"
 grep -q '(GEMVs as PDL launches)' "$sum" || fail "no PDL point"
 grep -q '(cuBLASLt for the decode products)' "$sum" || fail "no cuBLASLt point"
 grep -q '(260-token prompts, KV [0-9.e+]* B/step)' "$sum" || fail "no long-context point"
 grep -q 'target: 8B bf16 batch-1 decode >= 0.7 of the HBM roofline: ratio' "$sum" ||
     fail "no 8B target line"
+# The kernel traces (on the emulated CUPTI): the three traced points marked, each with its
+# breakdown and its ops, the GEMV among them.
+nt=$(grep -c '(kernels traced)' "$sum")
+[ "$nt" = 3 ] || fail "$nt traced decode lines, expected 3"
+for p in '1b bf16 batch 1 (profile)' '1b bf16 batch 64 (profile)' '8b bf16 batch 1 (profile-8b)'; do
+    grep -q "^  trace $p: [0-9.]* kernels/step ([0-9.]* in its graph); step [0-9.]* us = device" \
+        "$sum" || fail "no trace line for $p"
+done
+grep -q '^    gemv_kernel<T> [0-9]*x1x1 *[0-9.]*/step' "$sum" || fail "no GEMV op in the traces"
 echo "gpu-check on the emulator: its $(echo "${STEPS//,/ }" | wc -w) bench decode steps passed," \
     "$n decode points in the summary"
 rm -rf "$WORK"

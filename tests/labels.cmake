@@ -21,7 +21,7 @@
 # (SmolLM2 at TP 1 and PP 2: 110 s without a sanitizer) and seeded_batch (SmolLM2 bf16 and
 # Q4_1 in batches of 61: 106 s without a sanitizer).
 set(GANG_UNIT_TESTS unit-common unit-bench unit-gpu unit-rendezvous unit-serve
-  unit-launcher unit-kernels unit-kernels-blocks unit-cuda-qblocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
+  unit-launcher unit-kernels unit-kernels-blocks unit-kernels-trace unit-cuda-qblocks unit-parallel unit-comm unit-layers unit-pipeline unit-model
   cli-mkmodel unit-model-gguf unit-model-gguf-ref unit-model-gguf-mmap unit-engine unit-fake-device unit-fake-blocks unit-text
   unit-router)
 if(GANG_HAVE_MPI)

@@ -608,10 +608,12 @@ typedef struct gang_kernels_options {
     int pdl;               /* cuda: launch the decode GEMVs as programmatic dependents of
                               the kernel before them (Hopper's PDL: their first weight loads
                               start before it ends; 1), or after it as usual (0, default) */
+    int trace;             /* cuda: record the device's kernels for gang_kernels_trace_*
+                              (1; CUPTI must load, else open fails), or not (0, default) */
 } gang_kernels_options;
 
 /* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90,
- * half_gemv 1, pdl 0. */
+ * half_gemv 1, pdl 0, trace 0. */
 void gang_kernels_options_init(gang_kernels_options *o);
 
 /*
@@ -751,6 +753,56 @@ typedef struct gang_kernels_counters {
 
 /* Copies k's counters into *out: 0, or GANG_EINVAL for NULL. */
 int gang_kernels_counters_get(const gang_kernels *k, gang_kernels_counters *out);
+
+/*
+ * Kernel traces (issue #24): where a decode step's device time goes, measured as its graph
+ * replays, not estimated. A handle opened with options.trace ("cuda" only: other backends
+ * refuse the option with GANG_ENOSYS) has NVIDIA's CUPTI activity API (libcupti, found at
+ * run time as cuBLAS is: common/dynlib.c) record the start and end of every kernel the
+ * process runs on the device, graph nodes included. The caller brackets the spans it wants
+ * measured: gang_kernels_trace_begin before a decode step, gang_kernels_trace_end after the
+ * step's host wait (cheap: a timestamp each, no wait); gang_kernels_trace_collect waits for
+ * k's work, gathers what CUPTI recorded and sums the kernels that started inside the spans:
+ *  - wall_ns: the spans' lengths (host time, the same clock as the kernels');
+ *  - device_ns: per span, from its first kernel's start to its last kernel's end;
+ *  - busy_ns: per span, the union of its kernels' intervals (kernels that overlap, as PDL
+ *    launches do, count once), so device_ns - busy_ns is the device idle between kernels
+ *    inside a step (launch gaps) and wall_ns - device_ns the host's share before and after;
+ *  - ops: the kernels grouped by name and grid ("gemv_kernel<bfloat16> 512x1x1"), by
+ *    summed duration, largest first; past GANG_KERNELS_TRACE_OPS - 1 the rest are summed
+ *    into one last op named "(other)".
+ * The record is process-wide (CUPTI's), so a span counts every kernel the process runs on
+ * any device meanwhile: trace one rank per process. One handle traces at a time: begin on
+ * another while spans are uncollected is GANG_EAGAIN. begin with a span open, end without
+ * one, and any of the three on a handle opened without trace are GANG_EINVAL; collect with
+ * a span open or while capturing a graph (it waits) is GANG_EINVAL; with no span it
+ * returns zeros. Collect
+ * empties the spans and the records; kernels recorded outside every span are dropped
+ * (memory is bounded: past a million kernels in uncollected spans the rest are counted in
+ * dropped, as are the records CUPTI itself lost).
+ */
+#define GANG_KERNELS_TRACE_OPS 24
+#define GANG_KERNELS_TRACE_NAME 64
+typedef struct gang_kernels_trace_op {
+    char name[GANG_KERNELS_TRACE_NAME]; /* "gemv_kernel<bfloat16> 512x1x1", truncated */
+    uint64_t count;                     /* kernels of this op in the spans */
+    uint64_t total_ns;                  /* their durations, summed */
+} gang_kernels_trace_op;
+
+typedef struct gang_kernels_trace {
+    uint64_t spans;                       /* spans summed */
+    uint64_t kernels;                     /* kernels that started inside them */
+    uint64_t graph_kernels;               /* of those, nodes of a graph */
+    uint64_t wall_ns, device_ns, busy_ns; /* as above, summed over the spans */
+    uint64_t dropped;                     /* kernel records lost */
+    uint32_t n_ops;
+    gang_kernels_trace_op ops[GANG_KERNELS_TRACE_OPS];
+} gang_kernels_trace;
+
+int gang_kernels_trace_begin(gang_kernels *k);
+int gang_kernels_trace_end(gang_kernels *k);
+/* Fills *out (zeroed first); 0 or a negative GANG_E* code (GANG_EIO: CUPTI failed). */
+int gang_kernels_trace_collect(gang_kernels *k, gang_kernels_trace *out);
 
 /* Pool accounting (device backends; the cpu backend reports zeros). */
 typedef struct gang_kernels_pool_stats {

@@ -151,10 +151,16 @@ static int cuda_open(const gang_kernels_options *o, void **out)
                    count);
         return GANG_EINVAL;
     }
+    /* Before the handle's context and graphs exist, so that CUPTI sees all of them. */
+    if (o->trace && (rc = gang__cuda_trace_enable()) < 0) {
+        gang_error("kernels/cuda: kernel tracing asked for, but CUPTI is unavailable");
+        return rc;
+    }
     c = calloc(1, sizeof(*c));
     if (c == NULL)
         return GANG_ENOMEM;
     c->device = o->device_index;
+    c->trace = o->trace != 0;
     c->half_gemv = o->half_gemv;
     if ((rc = ctx_enter(c)) < 0)
         goto out_free;
@@ -226,6 +232,8 @@ static void cuda_close(void *ctx)
     cudaSetDevice(c->device);
     if (c->stream != NULL)
         cudaStreamSynchronize(c->stream);
+    if (c->trace)
+        gang__cuda_trace_release(c);
     gang__cuda_gemm_fini(c);
     if (c->host_flag != NULL)
         cudaFreeHost(c->host_flag);
@@ -264,6 +272,26 @@ static int cuda_free(void *ctx, void *p)
  * It first makes the handle's device current on the calling thread (ctx_enter), which
  * gang_kernels_bind_thread (kernels/backend.c) relies on: keep that order.
  */
+static int cuda_trace_begin(void *ctx)
+{
+    return gang__cuda_trace_begin(ctx);
+}
+
+static int cuda_trace_end(void *ctx)
+{
+    return gang__cuda_trace_end(ctx);
+}
+
+static int cuda_sync(void *ctx);
+
+/* The handle's work finished first: its kernels' records are then complete. */
+static int cuda_trace_collect(void *ctx, gang_kernels_trace *out)
+{
+    int rc = cuda_sync(ctx);
+
+    return rc < 0 ? rc : gang__cuda_trace_collect(ctx, out);
+}
+
 static int cuda_sync(void *ctx)
 {
     gang__cuda_ctx *c = ctx;
@@ -827,4 +855,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
+    .trace_begin = cuda_trace_begin,
+    .trace_end = cuda_trace_end,
+    .trace_collect = cuda_trace_collect,
 };

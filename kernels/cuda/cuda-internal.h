@@ -57,7 +57,18 @@ size_t gang__cuda_pool_largest_free(const gang__cuda_pool *p);
 #define GANG_CUDA_ATT_SCRATCH (4u << 20) /* split-key attention partial states */
 #define GANG_CUDA_STAGE (1u << 20)       /* pinned staging of upload_async */
 
-typedef struct gang__cuda_plan gang__cuda_plan; /* cuda-gemm.c */
+typedef struct gang__cuda_plan
+    gang__cuda_plan; /* cuda-trace.c: kernel traces through CUPTI (gang_kernels_trace_*). enable
+                      * loads CUPTI and turns its kernel records on, once per process (0, or the
+                      * first call's error); owner is the handle's state. collect expects the
+                      * owner's work finished; release (at close) drops the owner's spans. */
+int gang__cuda_trace_enable(void);
+int gang__cuda_trace_begin(const void *owner);
+int gang__cuda_trace_end(const void *owner);
+int gang__cuda_trace_collect(const void *owner, gang_kernels_trace *out);
+void gang__cuda_trace_release(const void *owner);
+
+/* cuda-gemm.c */
 
 typedef struct gang__cuda_ctx {
     int device;          /* CUDA ordinal */
@@ -91,6 +102,7 @@ typedef struct gang__cuda_ctx {
     unsigned graphs;
     int half_gemv; /* gang_kernels_options.half_gemv */
     int pdl;       /* gang_kernels_options.pdl, on a device of compute capability >= 9 */
+    int trace;     /* gang_kernels_options.trace: CUPTI enabled for this handle */
 } gang__cuda_ctx;
 
 /* Bits of dev_flag. */

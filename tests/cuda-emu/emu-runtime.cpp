@@ -726,6 +726,22 @@ uint64_t gang_emu_shfl(unsigned mask, uint64_t v, int mode, int arg, int width)
     return B.slots[warp][round & 1][src];
 }
 
+static std::atomic<gang_emu_kernel_hook> kernel_hook{nullptr};
+static thread_local int in_graph_replay; /* the op running is a graph's node */
+
+void gang_emu_set_kernel_hook(gang_emu_kernel_hook hook)
+{
+    kernel_hook.store(hook);
+}
+
+unsigned long long gang_emu_now_ns()
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
 void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<void()> body)
 {
     unsigned long long threads = (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
@@ -761,6 +777,7 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
             order_flip = e != NULL && strcmp(e, "1") == 0;
         }
         count_run(name);
+        unsigned long long t0 = gang_emu_now_ns();
         B.body = &body;
         B.name = name;
         B.n = (int)threads;
@@ -775,6 +792,9 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
                     B.reverse = (int)((x + y + z) & 1) ^ order_flip;
                     run_block();
                 }
+        gang_emu_kernel_hook hook = kernel_hook.load();
+        if (hook != nullptr)
+            hook(name, t0, gang_emu_now_ns(), grid, in_graph_replay);
     });
 }
 
@@ -1172,10 +1192,17 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
      * runs at once when nothing is pending. Each node is copied into the stream's work, so
      * a graph destroyed while its replay is deferred (a gang aborted) is not read again. */
     for (auto &n : g->ops) {
-        if (n.post)
+        if (n.post) {
             stream_post(s, n.post, true);
-        else
-            enqueue(s, n.op);
+        } else {
+            std::function<void()> op = n.op;
+
+            enqueue(s, [op]() {
+                in_graph_replay = 1;
+                op();
+                in_graph_replay = 0;
+            });
+        }
     }
     return cudaSuccess;
 }

@@ -61,4 +61,14 @@ int gang_emu_env_names_device(const char *var);
  * process: GANG_EMU_WAIT_MS, default 120000 (read once). */
 long long gang_emu_wait_ms();
 
+/* The emulated CUPTI's view of the kernels (emu-cupti.cpp): hook, when set, is called after
+ * each kernel ran, with its name (the launch's text, a static string), its interval on
+ * gang_emu_now_ns's clock, its grid and 1 when it ran as a node of a graph replay. NULL
+ * unsets it. */
+typedef void (*gang_emu_kernel_hook)(const char *name, unsigned long long start_ns,
+                                     unsigned long long end_ns, dim3 grid, int graph);
+void gang_emu_set_kernel_hook(gang_emu_kernel_hook hook);
+/* CLOCK_MONOTONIC in ns. */
+unsigned long long gang_emu_now_ns();
+
 #endif /* GANGLION_EMU_SYNC_H */
