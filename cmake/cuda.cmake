@@ -91,6 +91,17 @@ else()
   target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
   set(GANG_HAVE_CUDA_KERNELS 1)
 
+  # The PTX of the decode step's streaming kernels (the GEMV, the step attention), for
+  # tests/ptx-loads.py: their weight and KV loads must stay 16-byte loads (ptxas -v does
+  # not show byte loads; 08e3041 had turned them into sixteen each, unnoticed).
+  add_library(gang_kernels_ptx OBJECT kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-step.cu)
+  set_target_properties(gang_kernels_ptx PROPERTIES CUDA_PTX_COMPILATION ON
+    CUDA_ARCHITECTURES 90-virtual)
+  target_include_directories(gang_kernels_ptx PRIVATE
+    $<TARGET_PROPERTY:gang_kernels,INCLUDE_DIRECTORIES>)
+  target_compile_definitions(gang_kernels_ptx PRIVATE GANG_HAVE_CUDA_KERNELS=1)
+  gang_c_only_options(gang_kernels_ptx CUDA ${gang_cuda_warn})
+
 endif()
 
 # --- NCCL ----------------------------------------------------------------------------
@@ -152,6 +163,15 @@ add_executable(test-cuda tests/unit/test-cuda.c tests/unit/mlp-chain.c)
 target_link_libraries(test-cuda PRIVATE gang_kernels PkgConfig::CMOCKA m)
 add_test(NAME unit-cuda COMMAND test-cuda)
 set_tests_properties(unit-cuda PROPERTIES TIMEOUT 300 LABELS unit)
+if(NOT GANGLION_CUDA_EMU)
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  add_test(NAME ptx-loads
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/ptx-loads.py
+            $<TARGET_OBJECTS:gang_kernels_ptx>
+    COMMAND_EXPAND_LISTS)
+  set_tests_properties(ptx-loads PROPERTIES TIMEOUT 60 LABELS unit)
+endif()
+
 # Kernel traces through CUPTI (a binary of its own: CUPTI is enabled once per process).
 add_executable(test-cuda-trace tests/unit/test-cuda-trace.c)
 target_link_libraries(test-cuda-trace PRIVATE gang_kernels PkgConfig::CMOCKA)

@@ -147,7 +147,7 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
             const unsigned i = (unsigned)(lane + 32 * j) * V;
 
             if (o < n && i < kt)
-                pre[j] = *(const uint4 *)(row + k0 + i);
+                pre[j] = vec_load16(row + k0 + i);
         }
         if (k0 == 0)
             pdl_wait();  /* x, and y's last readers, are the earlier kernels' */

@@ -129,6 +129,7 @@ extern "C" int gang__cuda_launch_glu(cudaStream_t s, int gelu, const float *x, s
 #define STEP_MAXHD 256    /* head_dim bound of this kernel */
 #define STEP_E 8          /* elements a lane holds of one row */
 #define STEP_PREFETCH 256 /* keys of a block whose pool rows go toward L2 first */
+#define STEP_U 2          /* keys a warp loads before it uses the first of them */
 
 /* What every block of one launch shares. */
 typedef struct step_args {
@@ -282,7 +283,8 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     step_prefetch<T>(&a, j0, j1, trow, h);
     for (size_t hc = 0; hc < g; hc += STEP_MAXG) {
         size_t ng = g - hc < STEP_MAXG ? g - hc : STEP_MAXG;
-        float m[STEP_MAXG], s[STEP_MAXG], acc[STEP_MAXG][STEP_E], kr[STEP_E], vr[STEP_E];
+        float m[STEP_MAXG], s[STEP_MAXG], acc[STEP_MAXG][STEP_E], kr[STEP_U][STEP_E],
+            vr[STEP_U][STEP_E];
 
         __syncthreads();
         for (size_t i = threadIdx.x; i < ng * hd; i += blockDim.x)
@@ -294,30 +296,45 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
             for (int e = 0; e < STEP_E; e++)
                 acc[k][e] = 0.0f;
         }
-        for (int32_t j = j0 + warp; j <= j1; j += STEP_WARPS) {
-            for (int e = 0; e < STEP_E; e++)
-                kr[e] = vr[e] = 0.0f;
-            if (!step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, kr) ||
-                !step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, vr))
-                continue;
-            for (size_t k = 0; k < ng; k++) {
-                float d = 0.0f;
-                for (int c = 0; c * V < STEP_E; c++) {
-                    int e0 = (lane + 32 * c) * V;
-                    if (e0 < (int)hd)
-                        for (int i = 0; i < V; i++)
-                            d += kr[c * V + i] * qs[k][e0 + i];
-                }
-                for (int o = 16; o > 0; o >>= 1)
-                    d += __shfl_xor_sync(0xffffffffu, d, o);
-                d *= a.scale;
-                float nm = fmaxf(m[k], d);
-                float corr = m[k] == -INFINITY ? 0.0f : __expf(m[k] - nm);
-                float pe = __expf(d - nm);
-                s[k] = s[k] * corr + pe;
+        /* STEP_U keys of the warp at a time: their rows are all loaded before the first is
+         * used, so their loads are in flight together; the keys are still taken in the
+         * order j0 + warp, + STEP_WARPS, ... (the same sums as one at a time). */
+        for (int32_t jb = j0 + warp; jb <= j1; jb += STEP_WARPS * STEP_U) {
+            int ok[STEP_U];
+
+#pragma unroll
+            for (int u = 0; u < STEP_U; u++) {
+                const int32_t j = jb + u * STEP_WARPS;
+
                 for (int e = 0; e < STEP_E; e++)
-                    acc[k][e] = acc[k][e] * corr + pe * vr[e];
-                m[k] = nm;
+                    kr[u][e] = vr[u][e] = 0.0f;
+                ok[u] = j <= j1 &&
+                        step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, kr[u]) &&
+                        step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, vr[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < STEP_U; u++) {
+                if (!ok[u])
+                    continue;
+                for (size_t k = 0; k < ng; k++) {
+                    float d = 0.0f;
+                    for (int c = 0; c * V < STEP_E; c++) {
+                        int e0 = (lane + 32 * c) * V;
+                        if (e0 < (int)hd)
+                            for (int i = 0; i < V; i++)
+                                d += kr[u][c * V + i] * qs[k][e0 + i];
+                    }
+                    for (int o = 16; o > 0; o >>= 1)
+                        d += __shfl_xor_sync(0xffffffffu, d, o);
+                    d *= a.scale;
+                    float nm = fmaxf(m[k], d);
+                    float corr = m[k] == -INFINITY ? 0.0f : __expf(m[k] - nm);
+                    float pe = __expf(d - nm);
+                    s[k] = s[k] * corr + pe;
+                    for (int e = 0; e < STEP_E; e++)
+                        acc[k][e] = acc[k][e] * corr + pe * vr[u][e];
+                    m[k] = nm;
+                }
             }
         }
         /* Each warp's state into shared memory, then merged per (head, element). */

@@ -7,7 +7,8 @@
  * the decode GEMV its weights (cuda-matmul.cu). The 16 bytes are taken apart with memcpy,
  * never through a pointer cast: reading a uint4 through a bf16 / half pointer is undefined
  * (strict aliasing), and the CUDA emulator's host compiler (tests/cuda-emu/) read zeros.
- * from16(v, out) widens 16 bytes already loaded (the decode GEMV issues some loads early).
+ * from16(v, out) widens 16 bytes already loaded (the decode GEMV issues some loads early);
+ * load is vec_load16 then from16.
  *
  * Also the gated unit's formula (gang_cuda_glu), which the GLU kernel and the decode GEMVs
  * that stage it (gemv_x) share, so that the fused product sees the unfused values.
@@ -21,6 +22,28 @@
 #include <string.h>
 
 #include "cuda-internal.h"
+
+/*
+ * The 16 bytes at p (16-byte aligned, in memory no thread writes while the kernel runs:
+ * weights, KV rows of earlier steps) in registers. On the device one 16-byte load through
+ * the read-only path (__ldg of a uint4: ld.global.nc.v4.u32, an intrinsic, so no C++
+ * aliasing question); in the emulator's host build a memcpy, which may read any object.
+ * Taking the bytes apart straight from global memory instead (a memcpy from a reference to
+ * it, a char pointer into it, even a memcpy told the alignment) compiles to sixteen byte
+ * loads: what the decode GEMV's loop and the step attention did from 08e3041 (2026-12-04)
+ * to 2026-12-05, which ptxas -v does not show (tests/ptx-loads.py now counts them).
+ */
+__device__ static inline uint4 vec_load16(const void *p)
+{
+#if defined(__CUDA_ARCH__)
+    return __ldg((const uint4 *)p);
+#else
+    uint4 v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+#endif
+}
 
 template <typename T> struct vec_io;
 
@@ -56,7 +79,7 @@ template <> struct vec_io<__nv_bfloat16> {
     }
     __device__ static void load(const __nv_bfloat16 *p, float *out)
     {
-        from16(*(const uint4 *)p, out);
+        from16(vec_load16(p), out);
     }
     __device__ static float round(float x)
     {
@@ -79,7 +102,7 @@ template <> struct vec_io<__half> {
     }
     __device__ static void load(const __half *p, float *out)
     {
-        from16(*(const uint4 *)p, out);
+        from16(vec_load16(p), out);
     }
     __device__ static float round(float x)
     {
@@ -102,7 +125,7 @@ template <> struct vec_io<int8_t> {
     }
     __device__ static void load(const int8_t *p, float *out)
     {
-        from16(*(const uint4 *)p, out);
+        from16(vec_load16(p), out);
     }
     __device__ static float round(float x)
     {

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""The decode step's streaming kernels load 16 bytes at a time (issue #24).
+
+    ptx-loads.py FILE.ptx...
+
+The decode GEMV (gemv_kernel, every element type) streams the weights and the step
+attention (attention_step_kernel, every KV type) the KV rows with one 16-byte load per lane
+and chunk (vec_load16, kernels/cuda/cuda-vec.h). A C++ detail can turn each into sixteen
+byte loads with nothing else changed (registers, spills, results): 08e3041 did, for a day,
+and ptxas -v did not show it. This reads the PTX nvcc makes of those kernels (the CMake
+object library gang_kernels_ptx) and fails when an instance of either has a byte load
+(ld.global[.nc].u8 / .s8) or fewer vector loads than its design's minimum: the GEMV 8 (4
+issued early, 4 in its unrolled loop), the attention 4 (the K and V rows of STEP_U = 2 keys).
+Each instance's counts are printed; an instance missing from the PTX fails too.
+"""
+import re
+import sys
+
+# kernel name (its mangled identifier) -> (instances expected, minimum vector loads)
+KERNELS = {"11gemv_kernel": (3, 8), "21attention_step_kernel": (3, 4)}
+BYTE_LOAD = re.compile(r"\bld\.global(?:\.nc)?\.[us]8\b")
+VECTOR_LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.L2::\w+)?\.v[24]\.")
+
+
+def entries(text):
+    """(mangled name, body) of every .entry of a PTX file."""
+    for m in re.finditer(r"\.entry (\S+)\(", text):
+        end = text.find("\n}\n", m.end())
+        yield m.group(1), text[m.end():end if end >= 0 else len(text)]
+
+
+def main():
+    if len(sys.argv) < 2:
+        print("usage: ptx-loads.py FILE.ptx...", file=sys.stderr)
+        return 2
+    seen = {k: 0 for k in KERNELS}
+    bad = []
+    for path in sys.argv[1:]:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for name, body in entries(text):
+            key = next((k for k in KERNELS if name.startswith("_Z" + k)), None)
+            if key is None:
+                continue
+            seen[key] += 1
+            b, v = len(BYTE_LOAD.findall(body)), len(VECTOR_LOAD.findall(body))
+            print("%-60s byte loads %3d, 16-byte loads %3d" % (name, b, v))
+            if b > 0 or v < KERNELS[key][1]:
+                bad.append("%s: %d byte loads, %d vector loads (want 0 and >= %d)"
+                           % (name, b, v, KERNELS[key][1]))
+    for k, (want, _) in KERNELS.items():
+        if seen[k] != want:
+            bad.append("%s: %d instances in the PTX, expected %d" % (k, seen[k], want))
+    for line in bad:
+        print("FAIL: " + line)
+    if not bad:
+        print("PASS: the GEMV and the step attention load 16 bytes at a time")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
