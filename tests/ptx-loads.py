@@ -12,6 +12,12 @@ object library gang_kernels_ptx) and fails when an instance of either has a byte
 (ld.global[.nc].u8 / .s8) or fewer vector loads than its design's minimum: the GEMV 8 (4
 issued early, 4 in its unrolled loop), the attention 4 (the K and V rows of STEP_U = 2 keys).
 Each instance's counts are printed; an instance missing from the PTX fails too.
+
+And the GEMV's reads of the staged x: a lane multiplies the 8 (16 for int8) consecutive
+elements its weight load covers, so stored in order the warp's shared loads hit 4 banks of
+32 (an 8- or 16-way conflict). vec_swz stores each run transposed, so a lane's elements
+are 32 words apart: every constant offset of a GEMV instance's ld.shared.f32 must be a
+multiple of 128 bytes (in-order staging gives +4 .. +28).
 """
 import re
 import sys
@@ -19,6 +25,7 @@ import sys
 # kernel name (its mangled identifier) -> (instances expected, minimum vector loads)
 KERNELS = {"11gemv_kernel": (3, 8), "21attention_step_kernel": (3, 4)}
 BYTE_LOAD = re.compile(r"\bld\.global(?:\.nc)?\.[us]8\b")
+SHARED_OFFSET = re.compile(r"\bld\.shared\.f32\s+%f\d+,\s*\[%r\w*\d+\+(-?\d+)\]")
 VECTOR_LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.L2::\w+)?\.v[24]\.")
 
 
@@ -48,13 +55,20 @@ def main():
             if b > 0 or v < KERNELS[key][1]:
                 bad.append("%s: %d byte loads, %d vector loads (want 0 and >= %d)"
                            % (name, b, v, KERNELS[key][1]))
+            offsets = [int(o) for o in SHARED_OFFSET.findall(body)]
+            odd = sorted({o for o in offsets if o % 128 != 0})
+            if key == "11gemv_kernel" and (not offsets or odd):
+                bad.append("%s: x read from shared memory at offsets %s (of %d): not 32 words "
+                           "apart, so the warp's loads conflict in the banks"
+                           % (name, odd[:8], len(offsets)))
     for k, (want, _) in KERNELS.items():
         if seen[k] != want:
             bad.append("%s: %d instances in the PTX, expected %d" % (k, seen[k], want))
     for line in bad:
         print("FAIL: " + line)
     if not bad:
-        print("PASS: the GEMV and the step attention load 16 bytes at a time")
+        print("PASS: the GEMV and the step attention load 16 bytes at a time, the GEMV's "
+              "x without bank conflicts")
     return 1 if bad else 0
 
 

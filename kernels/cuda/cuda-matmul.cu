@@ -87,7 +87,8 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
 
 /* The tile (elements of each x row staged per pass) for m rows: as much of the rows as the
  * shared array holds, a multiple of 512 (the int8 lanes' stride; 256 for half weights), so
- * a lane reads the same elements of x in the same order whatever the tile: m = 1 stages
+ * a lane reads the same elements of x in the same order whatever the tile, and the tile
+ * is whole chunks of vec_swz's transposed layout: m = 1 stages
  * 8192 elements at once (a whole 4096-wide row: one barrier pair per call), m = 8 1024. */
 static unsigned gemv_tile(size_t m)
 {
@@ -109,16 +110,20 @@ static unsigned gemv_tile(size_t m)
  */
 #define GEMV_PRE 4 /* 16-byte weight loads per lane issued before x is staged */
 
-/* acc[r] += the V weights wf times elements i .. i + V - 1 of staged row r, r < m. */
+/* acc[r] += the V weights wf times the elements i .. i + V - 1 (i = (lane + 32 c) V) of
+ * staged row r, r < m: with vec_swz (cuda-vec.h), element i + j of the tile is at c 32 V + j 32 +
+ * lane. */
 template <int V>
 __device__ static inline void gemv_fma(float *acc, size_t m, const float *xs, unsigned tile,
                                        unsigned i, const float *wf)
 {
+    const unsigned at = i / (32u * V) * (32u * V) + (i / V) % 32u;
+
     for (int r = 0; r < MM_ROWS; r++) {
         if ((size_t)r >= m)
             break;
         for (int e = 0; e < V; e++)
-            acc[r] += xs[r * tile + i + e] * wf[e];
+            acc[r] += xs[r * tile + at + 32u * e] * wf[e];
     }
 }
 
@@ -159,13 +164,13 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
 
                 gemv_x4(x, glu, kdim, r, k0 + e, v);
                 for (int d = 0; d < 4; d++)
-                    xs[r * tile + e + d] = vec_io<T>::round(v[d]);
+                    xs[r * tile + vec_swz<V>(e + d)] = vec_io<T>::round(v[d]);
             }
         } else {
             for (unsigned i = threadIdx.x; i < total; i += 32 * GEMV_WARPS) {
                 unsigned r = i / kt, e = i - r * kt;
 
-                xs[r * tile + e] = vec_io<T>::round(gemv_x(x, glu, kdim, r, k0 + e));
+                xs[r * tile + vec_swz<V>(e)] = vec_io<T>::round(gemv_x(x, glu, kdim, r, k0 + e));
             }
         }
         __syncthreads();

@@ -288,7 +288,8 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
 
         __syncthreads();
         for (size_t i = threadIdx.x; i < ng * hd; i += blockDim.x)
-            qs[i / hd][i % hd] = a.q[(t * a.n_heads + h * g + hc + i / hd) * hd + i % hd];
+            qs[i / hd][vec_swz<V>((unsigned)(i % hd))] =
+                a.q[(t * a.n_heads + h * g + hc + i / hd) * hd + i % hd];
         __syncthreads();
         for (size_t k = 0; k < STEP_MAXG; k++) {
             m[k] = -INFINITY;
@@ -322,7 +323,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
                         int e0 = (lane + 32 * c) * V;
                         if (e0 < (int)hd)
                             for (int i = 0; i < V; i++)
-                                d += kr[u][c * V + i] * qs[k][e0 + i];
+                                d += kr[u][c * V + i] * qs[k][c * 32 * V + i * 32 + lane];
                     }
                     for (int o = 16; o > 0; o >>= 1)
                         d += __shfl_xor_sync(0xffffffffu, d, o);

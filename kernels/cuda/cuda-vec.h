@@ -45,6 +45,26 @@ __device__ static inline uint4 vec_load16(const void *p)
 #endif
 }
 
+/*
+ * Where element e of a run of x is kept in shared memory when lanes read it V at a time
+ * (V = vec_io<T>::VEC: the elements of the lane's 16-byte load of weights or K/V). Lane l
+ * multiplies the V consecutive elements (l + 32 c) V .. + V - 1, so the warp's 32 lanes
+ * read x at a stride of V floats: stored in order, each of those shared loads would hit 4
+ * of the 32 banks (V = 8: an 8-way conflict; 16-way for int8), and the decode GEMV would
+ * wait on shared memory rather than HBM (~8 B of weights a cycle per SM, where the H200's
+ * HBM gives each SM ~18). So each chunk of 32 V elements is stored transposed: element j of
+ * lane l's run at j x 32 + l, and the warp reads 32 consecutive words, one per bank (its
+ * read of element j of its run: chunk c's base + 32 j + lane). Found by reading the code
+ * (2026-12-05), before any device ran it; tests/ptx-loads.py holds the GEMV's shared loads
+ * to that stride.
+ */
+template <int V> __device__ static inline unsigned vec_swz(unsigned e)
+{
+    const unsigned chunk = 32u * V, w = e % chunk;
+
+    return e - w + (w % V) * 32u + w / V;
+}
+
 template <typename T> struct vec_io;
 
 template <> struct vec_io<float> {
