@@ -75,7 +75,15 @@ __device__ static float block_max(float v, float *shared)
 /* ---------------------------------------------------------------------------------
  * RMSNorm: one block per row. out may alias x: each element is read before it is written
  * by the same thread, after the whole row was reduced.
+ *
+ * A thread takes its elements i = t, t + OPS_THREADS, ... NORM_U at a time: their loads
+ * first, then the sums and stores in the same order. One at a time, a load could not pass
+ * the store before it (x and out may alias), so a batch-1 row of 4096 was 16 round trips
+ * to L2 in a row per pass, in the one block a decode step's norm is (read from the PTX,
+ * 2026-12-05); now 2. The sums keep their order: the same numbers.
  * --------------------------------------------------------------------------------- */
+#define NORM_U 8
+
 /* Row r's RMSNorm into orow, the row's mean of squares ss (summed by each thread over its
  * elements) reduced here: rmsnorm_kernel and add_rmsnorm_kernel share it, so the numbers
  * of the fused kernel are rmsnorm's. */
@@ -84,8 +92,24 @@ __device__ static void rmsnorm_finish(const float *xr, const float *w, float eps
 {
     ss = block_sum(ss, red);
     float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
-        orow[i] = xr[i] * scale * w[i];
+    for (size_t i0 = threadIdx.x; i0 < dim; i0 += (size_t)OPS_THREADS * NORM_U) {
+        float xv[NORM_U], wv[NORM_U];
+
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++) {
+            size_t i = i0 + (size_t)u * OPS_THREADS;
+
+            xv[u] = i < dim ? xr[i] : 0.0f;
+            wv[u] = i < dim ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++) {
+            size_t i = i0 + (size_t)u * OPS_THREADS;
+
+            if (i < dim)
+                orow[i] = xv[u] * scale * wv[u];
+        }
+    }
 }
 
 __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps, size_t dim,
@@ -96,8 +120,20 @@ __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps,
     double ss = 0.0;
 
     pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
-    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS)
-        ss += (double)xr[i] * (double)xr[i];
+    for (size_t i0 = threadIdx.x; i0 < dim; i0 += (size_t)OPS_THREADS * NORM_U) {
+        float xv[NORM_U];
+
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++) {
+            size_t i = i0 + (size_t)u * OPS_THREADS;
+
+            xv[u] = i < dim ? xr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++)
+            if (i0 + (size_t)u * OPS_THREADS < dim)
+                ss += (double)xv[u] * (double)xv[u];
+    }
     rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
 }
 
@@ -113,11 +149,26 @@ __global__ static void add_rmsnorm_kernel(float *x, const float *y, const float 
     double ss = 0.0;
 
     pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
-    for (size_t i = threadIdx.x; i < dim; i += OPS_THREADS) {
-        float v = xr[i] + yr[i];
+    for (size_t i0 = threadIdx.x; i0 < dim; i0 += (size_t)OPS_THREADS * NORM_U) {
+        float xv[NORM_U], yv[NORM_U];
 
-        xr[i] = v;
-        ss += (double)v * (double)v;
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++) {
+            size_t i = i0 + (size_t)u * OPS_THREADS;
+
+            xv[u] = i < dim ? xr[i] : 0.0f;
+            yv[u] = i < dim ? yr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_U; u++) {
+            size_t i = i0 + (size_t)u * OPS_THREADS;
+            float v = xv[u] + yv[u];
+
+            if (i < dim) {
+                xr[i] = v;
+                ss += (double)v * (double)v;
+            }
+        }
     }
     rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
 }

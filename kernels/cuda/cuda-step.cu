@@ -433,6 +433,31 @@ extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kerne
  * Sampling.
  * --------------------------------------------------------------------------------- */
 #define SAMPLE_THREADS 512
+#define SAMPLE_U 8 /* elements of the row a thread loads before it uses the first */
+
+/*
+ * f(i, x[i]) for the row's elements i = threadIdx.x, + SAMPLE_THREADS, ... in that order,
+ * SAMPLE_U loads in flight: one at a time they were a round trip each, and a row of a
+ * batch-1 step is one block (an 8B Llama's 128256 logits: 250 trips in a row per pass;
+ * read from the PTX, 2026-12-05).
+ */
+template <typename F> __device__ static inline void sample_each(const float *x, size_t cols, F f)
+{
+    for (size_t i0 = threadIdx.x; i0 < cols; i0 += (size_t)SAMPLE_THREADS * SAMPLE_U) {
+        float l[SAMPLE_U];
+
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; u++) {
+            size_t i = i0 + (size_t)u * SAMPLE_THREADS;
+
+            l[u] = i < cols ? x[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; u++)
+            if (i0 + (size_t)u * SAMPLE_THREADS < cols)
+                f(i0 + (size_t)u * SAMPLE_THREADS, l[u]);
+    }
+}
 
 __device__ static uint64_t step_mix64(uint64_t z)
 {
@@ -488,11 +513,9 @@ typedef struct sample_row {
     double inv_t;
 } sample_row;
 
-/* The probability mass of candidate i (unnormalised), 0 for NaN. */
-__device__ static double sample_mass(const sample_row *r, size_t i)
+/* The probability mass of a candidate of logit l (unnormalised), 0 for NaN. */
+__device__ static double sample_mass(const sample_row *r, float l)
 {
-    float l = r->x[i];
-
     return isnan(l) ? 0.0 : exp(((double)l - (double)r->l0) * r->inv_t);
 }
 
@@ -521,20 +544,19 @@ __device__ static uint64_t sample_select(const sample_row *r, uint64_t lim, int 
         for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
             hm[b] = 0.0, hc[b] = 0;
         __syncthreads();
-        for (size_t i = threadIdx.x; i < r->cols; i += SAMPLE_THREADS) {
-            float l = r->x[i];
+        sample_each(r->x, r->cols, [&](size_t i, float l) {
             uint64_t key;
 
             if (isnan(l))
-                continue;
+                return;
             key = sample_key(l, (uint32_t)i);
             if (key > lim || (key & hi_mask) != prefix)
-                continue;
+                return;
             if (by_mass)
-                atomicAdd(&hm[(key >> shift) & 255], sample_mass(r, i));
+                atomicAdd(&hm[(key >> shift) & 255], sample_mass(r, l));
             else
                 atomicAdd(&hc[(key >> shift) & 255], 1u);
-        }
+        });
         __syncthreads();
         if (threadIdx.x == 0) {
             int b, last = -1;
@@ -567,9 +589,10 @@ __device__ static double sample_mass_upto(const sample_row *r, uint64_t lim, dou
 {
     double v = 0.0;
 
-    for (size_t i = threadIdx.x; i < r->cols; i += SAMPLE_THREADS)
-        if (!isnan(r->x[i]) && sample_key(r->x[i], (uint32_t)i) <= lim)
-            v += sample_mass(r, i);
+    sample_each(r->x, r->cols, [&](size_t i, float l) {
+        if (!isnan(l) && sample_key(l, (uint32_t)i) <= lim)
+            v += sample_mass(r, l);
+    });
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     if ((threadIdx.x & 31) == 0)
@@ -601,13 +624,13 @@ __global__ static void sample_kernel(const float *x, size_t cols,
     if (threadIdx.x == 0)
         n_valid = 0;
     __syncthreads();
-    for (size_t i = threadIdx.x; i < cols; i += SAMPLE_THREADS) {
-        if (isnan(r.x[i]))
-            continue;
-        uint64_t k = sample_key(r.x[i], (uint32_t)i);
+    sample_each(r.x, cols, [&](size_t i, float l) {
+        if (isnan(l))
+            return;
+        uint64_t k = sample_key(l, (uint32_t)i);
         best = k < best ? k : best;
         mine++;
-    }
+    });
     atomicAdd(&n_valid, mine);
     best = block_min_u64(best, sk);
     /* Greedy, an all-NaN row, or an infinite best logit (it takes all the mass). */
