@@ -109,6 +109,7 @@ static unsigned gemv_tile(size_t m)
  * of 5 blocks spill.
  */
 #define GEMV_PRE 4 /* 16-byte weight loads per lane issued before x is staged */
+#define GEMV_XU 2  /* x's 4-element groups a thread loads at once when it stages x */
 
 /* acc[r] += the V weights wf times the elements i .. i + V - 1 (i = (lane + 32 c) V) of
  * staged row r, r < m: with vec_swz (cuda-vec.h), element i + j of the tile is at c 32 V + j 32 +
@@ -158,13 +159,27 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
             pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
         __syncthreads(); /* the previous tile is no longer read */
         if (xv) {
-            for (unsigned q = threadIdx.x; q < total / 4; q += 32 * GEMV_WARPS) {
-                unsigned r = 4 * q / kt, e = 4 * q - r * kt; /* kt % 4 == 0: one row */
-                float v[4];
+            /* GEMV_XU of the thread's 4-element groups loaded before the first is stored */
+            for (unsigned q0 = threadIdx.x; q0 < total / 4; q0 += 32 * GEMV_WARPS * GEMV_XU) {
+                float v[GEMV_XU][4];
 
-                gemv_x4(x, glu, kdim, r, k0 + e, v);
-                for (int d = 0; d < 4; d++)
-                    xs[r * tile + vec_swz<V>(e + d)] = vec_io<T>::round(v[d]);
+#pragma unroll
+                for (int u = 0; u < GEMV_XU; u++) {
+                    const unsigned q = q0 + u * 32 * GEMV_WARPS;
+                    const unsigned r = 4 * q / kt, e = 4 * q - r * kt; /* kt % 4 == 0 */
+
+                    if (q < total / 4)
+                        gemv_x4(x, glu, kdim, r, k0 + e, v[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < GEMV_XU; u++) {
+                    const unsigned q = q0 + u * 32 * GEMV_WARPS;
+                    const unsigned r = 4 * q / kt, e = 4 * q - r * kt;
+
+                    if (q < total / 4)
+                        for (int d = 0; d < 4; d++)
+                            xs[r * tile + vec_swz<V>(e + d)] = vec_io<T>::round(v[u][d]);
+                }
             }
         } else {
             for (unsigned i = threadIdx.x; i < total; i += 32 * GEMV_WARPS) {
