@@ -250,6 +250,40 @@ __device__ static void step_keys(const step_args *a, int32_t p, unsigned sp, int
     }
 }
 
+/*
+ * One key's step of a warp's online softmax for the group's ng query heads: the key row kr
+ * (the lane's STEP_E elements) scored against each head's staged q (qs, in vec_swz's
+ * layout: element i of lane l's run at c 32 V + 32 i + l), then each head's m, s and acc
+ * rescaled and the value row vr added with its weight.
+ */
+template <int V>
+__device__ static inline void step_key_update(const float (*qs)[STEP_MAXHD], size_t ng, size_t hd,
+                                              float scale, const float *kr, const float *vr,
+                                              float *m, float *s, float (*acc)[STEP_E])
+{
+    const int lane = threadIdx.x & 31;
+
+    for (size_t k = 0; k < ng; k++) {
+        float d = 0.0f;
+        for (int c = 0; c * V < STEP_E; c++) {
+            int e0 = (lane + 32 * c) * V;
+            if (e0 < (int)hd)
+                for (int i = 0; i < V; i++)
+                    d += kr[c * V + i] * qs[k][c * 32 * V + i * 32 + lane];
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            d += __shfl_xor_sync(0xffffffffu, d, o);
+        d *= scale;
+        float nm = fmaxf(m[k], d);
+        float corr = m[k] == -INFINITY ? 0.0f : __expf(m[k] - nm);
+        float pe = __expf(d - nm);
+        s[k] = s[k] * corr + pe;
+        for (int e = 0; e < STEP_E; e++)
+            acc[k][e] = acc[k][e] * corr + pe * vr[e];
+        m[k] = nm;
+    }
+}
+
 template <typename T> __global__ static void attention_step_kernel(step_args a)
 {
     __shared__ float qs[STEP_MAXG][STEP_MAXHD];
@@ -314,29 +348,9 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
                         step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, vr[u]);
             }
 #pragma unroll
-            for (int u = 0; u < STEP_U; u++) {
-                if (!ok[u])
-                    continue;
-                for (size_t k = 0; k < ng; k++) {
-                    float d = 0.0f;
-                    for (int c = 0; c * V < STEP_E; c++) {
-                        int e0 = (lane + 32 * c) * V;
-                        if (e0 < (int)hd)
-                            for (int i = 0; i < V; i++)
-                                d += kr[u][c * V + i] * qs[k][c * 32 * V + i * 32 + lane];
-                    }
-                    for (int o = 16; o > 0; o >>= 1)
-                        d += __shfl_xor_sync(0xffffffffu, d, o);
-                    d *= a.scale;
-                    float nm = fmaxf(m[k], d);
-                    float corr = m[k] == -INFINITY ? 0.0f : __expf(m[k] - nm);
-                    float pe = __expf(d - nm);
-                    s[k] = s[k] * corr + pe;
-                    for (int e = 0; e < STEP_E; e++)
-                        acc[k][e] = acc[k][e] * corr + pe * vr[u][e];
-                    m[k] = nm;
-                }
-            }
+            for (int u = 0; u < STEP_U; u++)
+                if (ok[u])
+                    step_key_update<V>(qs, ng, hd, a.scale, kr[u], vr[u], m, s, acc);
         }
         /* Each warp's state into shared memory, then merged per (head, element). */
         for (size_t k = 0; k < ng; k++) {
