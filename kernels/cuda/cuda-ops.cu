@@ -15,6 +15,7 @@
 
 #include "cuda-internal.h"
 #include "cuda-pdl.h"
+#include "cuda-vec.h"
 
 #define OPS_THREADS 256
 #define OPS_MAX_BLOCKS 4096
@@ -76,10 +77,10 @@ __device__ static float block_max(float v, float *shared)
  * RMSNorm: one block per row. out may alias x: each element is read before it is written
  * by the same thread, after the whole row was reduced.
  *
- * A thread takes its elements i = t, t + OPS_THREADS, ... NORM_U at a time: their loads
- * first, then the sums and stores in the same order. One at a time, a load could not pass
- * the store before it (x and out may alias), so a batch-1 row of 4096 was 16 round trips
- * to L2 in a row per pass, in the one block a decode step's norm is (read from the PTX,
+ * A thread takes its elements i = t, t + OPS_THREADS, ... NORM_U at a time (strided_rounds,
+ * cuda-vec.h): their loads first, then the sums and stores in the same order. One at a time, a load
+ * could not pass the store before it (x and out may alias), so a batch-1 row of 4096 was 16 round
+ * trips to L2 in a row per pass, in the one block a decode step's norm is (read from the PTX,
  * 2026-12-05); now 2. The sums keep their order: the same numbers.
  * --------------------------------------------------------------------------------- */
 #define NORM_U 8
@@ -92,24 +93,11 @@ __device__ static void rmsnorm_finish(const float *xr, const float *w, float eps
 {
     ss = block_sum(ss, red);
     float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (size_t i0 = threadIdx.x; i0 < dim; i0 += (size_t)OPS_THREADS * NORM_U) {
-        float xv[NORM_U], wv[NORM_U];
+    float xv[NORM_U], wv[NORM_U];
 
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++) {
-            size_t i = i0 + (size_t)u * OPS_THREADS;
-
-            xv[u] = i < dim ? xr[i] : 0.0f;
-            wv[u] = i < dim ? w[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++) {
-            size_t i = i0 + (size_t)u * OPS_THREADS;
-
-            if (i < dim)
-                orow[i] = xv[u] * scale * wv[u];
-        }
-    }
+    strided_rounds<NORM_U, OPS_THREADS>(
+        dim, [&](int u, size_t i) { xv[u] = xr[i], wv[u] = w[i]; },
+        [&](int u, size_t i) { orow[i] = xv[u] * scale * wv[u]; });
 }
 
 __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps, size_t dim,
@@ -120,20 +108,11 @@ __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps,
     double ss = 0.0;
 
     pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
-    for (size_t i0 = threadIdx.x; i0 < dim; i0 += (size_t)OPS_THREADS * NORM_U) {
-        float xv[NORM_U];
+    float xv[NORM_U];
 
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++) {
-            size_t i = i0 + (size_t)u * OPS_THREADS;
-
-            xv[u] = i < dim ? xr[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++)
-            if (i0 + (size_t)u * OPS_THREADS < dim)
-                ss += (double)xv[u] * (double)xv[u];
-    }
+    strided_rounds<NORM_U, OPS_THREADS>(
+        dim, [&](int u, size_t i) { xv[u] = xr[i]; },
+        [&](int u, size_t) { ss += (double)xv[u] * (double)xv[u]; });
     rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
 }
 
@@ -149,27 +128,16 @@ __global__ static void add_rmsnorm_kernel(float *x, const float *y, const float 
     double ss = 0.0;
 
     pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
-    for (size_t i0 = threadIdx.x; i0 < dim; i0 += (size_t)OPS_THREADS * NORM_U) {
-        float xv[NORM_U], yv[NORM_U];
+    float xv[NORM_U], yv[NORM_U];
 
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++) {
-            size_t i = i0 + (size_t)u * OPS_THREADS;
-
-            xv[u] = i < dim ? xr[i] : 0.0f;
-            yv[u] = i < dim ? yr[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < NORM_U; u++) {
-            size_t i = i0 + (size_t)u * OPS_THREADS;
+    strided_rounds<NORM_U, OPS_THREADS>(
+        dim, [&](int u, size_t i) { xv[u] = xr[i], yv[u] = yr[i]; },
+        [&](int u, size_t i) {
             float v = xv[u] + yv[u];
 
-            if (i < dim) {
-                xr[i] = v;
-                ss += (double)v * (double)v;
-            }
-        }
-    }
+            xr[i] = v;
+            ss += (double)v * (double)v;
+        });
     rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
 }
 

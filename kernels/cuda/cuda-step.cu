@@ -451,26 +451,16 @@ extern "C" int gang__cuda_launch_attention_step(cudaStream_t s, const gang_kerne
 
 /*
  * f(i, x[i]) for the row's elements i = threadIdx.x, + SAMPLE_THREADS, ... in that order,
- * SAMPLE_U loads in flight: one at a time they were a round trip each, and a row of a
- * batch-1 step is one block (an 8B Llama's 128256 logits: 250 trips in a row per pass;
- * read from the PTX, 2026-12-05).
+ * SAMPLE_U loads in flight (strided_rounds): one at a time they were a round trip each, and
+ * a row of a batch-1 step is one block (an 8B Llama's 128256 logits: 250 trips in a row per
+ * pass; read from the PTX, 2026-12-05).
  */
 template <typename F> __device__ static inline void sample_each(const float *x, size_t cols, F f)
 {
-    for (size_t i0 = threadIdx.x; i0 < cols; i0 += (size_t)SAMPLE_THREADS * SAMPLE_U) {
-        float l[SAMPLE_U];
+    float l[SAMPLE_U];
 
-#pragma unroll
-        for (int u = 0; u < SAMPLE_U; u++) {
-            size_t i = i0 + (size_t)u * SAMPLE_THREADS;
-
-            l[u] = i < cols ? x[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < SAMPLE_U; u++)
-            if (i0 + (size_t)u * SAMPLE_THREADS < cols)
-                f(i0 + (size_t)u * SAMPLE_THREADS, l[u]);
-    }
+    strided_rounds<SAMPLE_U, SAMPLE_THREADS>(
+        cols, [&](int u, size_t i) { l[u] = x[i]; }, [&](int u, size_t i) { f(i, l[u]); });
 }
 
 __device__ static uint64_t step_mix64(uint64_t z)

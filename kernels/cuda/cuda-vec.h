@@ -65,6 +65,29 @@ template <int V> __device__ static inline unsigned vec_swz(unsigned e)
     return e - w + (w % V) * 32u + w / V;
 }
 
+/*
+ * load(u, i) then use(u, i) for a thread's elements i = threadIdx.x, + THREADS, ... < n, U
+ * at a time: the U loads of a round first, so their round trips overlap, then the uses in
+ * the same order (sums keep their order). A block-per-row kernel (the norms, the sampler)
+ * is one block at batch 1, and its elements taken one at a time were a round trip each: a
+ * load cannot pass the store before it when the buffers may alias. The caller keeps the U
+ * values in arrays its lambdas index by u (registers once unrolled).
+ */
+template <int U, unsigned THREADS, typename Load, typename Use>
+__device__ static inline void strided_rounds(size_t n, Load load, Use use)
+{
+    for (size_t i0 = threadIdx.x; i0 < n; i0 += (size_t)THREADS * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + (size_t)u * THREADS < n)
+                load(u, i0 + (size_t)u * THREADS);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (i0 + (size_t)u * THREADS < n)
+                use(u, i0 + (size_t)u * THREADS);
+    }
+}
+
 template <typename T> struct vec_io;
 
 template <> struct vec_io<float> {
