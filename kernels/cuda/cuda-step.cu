@@ -150,21 +150,37 @@ typedef struct step_args {
 } step_args;
 
 /*
- * The lane's elements of key or value row j of kv head h: from the step's new rows when
- * j >= first (this launch writes it; rounded as the store rounds), else from the pool.
- * Returns 0 and leaves out alone when the row's block is out of range (flagged).
+ * Lanes per key stream for rows of hd elements read V a lane (step_lanes): the power of two
+ * that covers hd / V, at most 32. A warp walks 32 / L keys at once, one per group of L
+ * lanes (a bf16 row of 128 is 16 lanes' worth: one key a warp left half of it idle).
+ */
+__device__ static inline unsigned step_lanes(size_t hd, int V)
+{
+    unsigned L = 1;
+
+    while (L < 32 && (size_t)L * V < hd)
+        L <<= 1;
+    return L;
+}
+
+/*
+ * Lane sl's elements (of a group of L lanes) of key or value row j of kv head h: from the
+ * step's new rows when j >= first (this launch writes it; rounded as the store rounds),
+ * else from the pool. Returns 0 and leaves out alone when the row's block is out of range
+ * (flagged).
  */
 template <typename T>
 __device__ static int step_row(const step_args *a, const void *pool, const float *fresh, int32_t j,
-                               int32_t first, size_t t_first, int32_t trow, size_t h, float *out)
+                               int32_t first, size_t t_first, int32_t trow, size_t h, unsigned sl,
+                               unsigned L, float *out)
 {
-    const int V = vec_io<T>::VEC, lane = threadIdx.x & 31;
+    const int V = vec_io<T>::VEC;
     size_t hd = a->head_dim, w = a->n_kv_heads * hd;
 
     if (j >= first) {
         const float *r = fresh + (t_first + (size_t)(j - first)) * w + h * hd;
-        for (int c = 0; c * 32 * V < (int)hd && c * V < STEP_E; c++) {
-            int e0 = (lane + 32 * c) * V;
+        for (int c = 0; (size_t)c * L * V < hd && c * V < STEP_E; c++) {
+            int e0 = (int)(sl + L * c) * V;
             if (e0 < (int)hd)
                 for (int i = 0; i < V; i++)
                     out[c * V + i] = vec_io<T>::round(r[e0 + i]);
@@ -178,8 +194,8 @@ __device__ static int step_row(const step_args *a, const void *pool, const float
     }
     size_t row = (size_t)blk * a->block_size + (size_t)j % a->block_size;
     const T *r = (const T *)pool + row * w + h * hd;
-    for (int c = 0; c * 32 * V < (int)hd && c * V < STEP_E; c++) {
-        int e0 = (lane + 32 * c) * V;
+    for (int c = 0; (size_t)c * L * V < hd && c * V < STEP_E; c++) {
+        int e0 = (int)(sl + L * c) * V;
         if (e0 < (int)hd)
             vec_io<T>::load(r + e0, out + c * V);
     }
@@ -251,28 +267,31 @@ __device__ static void step_keys(const step_args *a, int32_t p, unsigned sp, int
 }
 
 /*
- * One key's step of a warp's online softmax for the group's ng query heads: the key row kr
- * (the lane's STEP_E elements) scored against each head's staged q (qs, in vec_swz's
- * layout: element i of lane l's run at c 32 V + 32 i + l), then each head's m, s and acc
- * rescaled and the value row vr added with its weight.
+ * One key's step of a key stream's online softmax (a group of L lanes, sl its lane) for the
+ * group's ng query heads: the key row kr (the lane's STEP_E elements) scored against each
+ * head's staged q (qs, in vec_swz_lanes' layout: element i of lane sl's run at c L V + i L
+ * + sl), then, when valid, each head's m, s and acc rescaled and the value row vr added
+ * with its weight. Every lane of the warp calls it (its shuffles take the whole warp); a
+ * group without a key this round passes valid 0.
  */
 template <int V>
 __device__ static inline void step_key_update(const float (*qs)[STEP_MAXHD], size_t ng, size_t hd,
-                                              float scale, const float *kr, const float *vr,
-                                              float *m, float *s, float (*acc)[STEP_E])
+                                              unsigned sl, unsigned L, float scale, int valid,
+                                              const float *kr, const float *vr, float *m, float *s,
+                                              float (*acc)[STEP_E])
 {
-    const int lane = threadIdx.x & 31;
-
     for (size_t k = 0; k < ng; k++) {
         float d = 0.0f;
         for (int c = 0; c * V < STEP_E; c++) {
-            int e0 = (lane + 32 * c) * V;
+            int e0 = (int)(sl + L * c) * V;
             if (e0 < (int)hd)
                 for (int i = 0; i < V; i++)
-                    d += kr[c * V + i] * qs[k][c * 32 * V + i * 32 + lane];
+                    d += kr[c * V + i] * qs[k][c * L * V + i * L + sl];
         }
-        for (int o = 16; o > 0; o >>= 1)
+        for (unsigned o = L / 2; o > 0; o >>= 1)
             d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (!valid)
+            continue;
         d *= scale;
         float nm = fmaxf(m[k], d);
         float corr = m[k] == -INFINITY ? 0.0f : __expf(m[k] - nm);
@@ -284,6 +303,29 @@ __device__ static inline void step_key_update(const float (*qs)[STEP_MAXHD], siz
     }
 }
 
+/* The key streams of a warp (groups of L lanes) merged into every lane: each head's m, s and
+ * acc combined with the group's partner's, L, 2 L, ... lanes away (shuffles of the whole
+ * warp), as the warps' states are merged afterwards. */
+__device__ static inline void step_merge_streams(size_t ng, unsigned L, float *m, float *s,
+                                                 float (*acc)[STEP_E])
+{
+    for (unsigned o = L; o < 32; o <<= 1)
+        for (size_t k = 0; k < ng; k++) {
+            float mo = __shfl_xor_sync(0xffffffffu, m[k], o);
+            float so = __shfl_xor_sync(0xffffffffu, s[k], o);
+            float mx = fmaxf(m[k], mo);
+            float f = m[k] == -INFINITY ? 0.0f : __expf(m[k] - mx);
+            float fo = mo == -INFINITY ? 0.0f : __expf(mo - mx);
+
+            for (int e = 0; e < STEP_E; e++) {
+                float ao = __shfl_xor_sync(0xffffffffu, acc[k][e], o);
+                acc[k][e] = acc[k][e] * f + ao * fo;
+            }
+            s[k] = s[k] * f + so * fo;
+            m[k] = mx;
+        }
+}
+
 template <typename T> __global__ static void attention_step_kernel(step_args a)
 {
     __shared__ float qs[STEP_MAXG][STEP_MAXHD];
@@ -293,7 +335,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
     __shared__ size_t t_first_s;
     const int V = vec_io<T>::VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     size_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim, g = a.n_heads / a.n_kv_heads;
-    const unsigned sp = blockIdx.z;
+    const unsigned sp = blockIdx.z, L = step_lanes(hd, V), P = 32 / L, sl = lane % L;
     int32_t p = a.positions[t], trow = a.table_rows[t];
 
     pdl_trigger(); /* a GEMV launched after this one may start its weight loads (cuda-pdl.h) */
@@ -322,7 +364,7 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
 
         __syncthreads();
         for (size_t i = threadIdx.x; i < ng * hd; i += blockDim.x)
-            qs[i / hd][vec_swz<V>((unsigned)(i % hd))] =
+            qs[i / hd][vec_swz_lanes<V>((unsigned)(i % hd), L)] =
                 a.q[(t * a.n_heads + h * g + hc + i / hd) * hd + i % hd];
         __syncthreads();
         for (size_t k = 0; k < STEP_MAXG; k++) {
@@ -331,35 +373,37 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
             for (int e = 0; e < STEP_E; e++)
                 acc[k][e] = 0.0f;
         }
-        /* STEP_U keys of the warp at a time: their rows are all loaded before the first is
-         * used, so their loads are in flight together; the keys are still taken in the
-         * order j0 + warp, + STEP_WARPS, ... (the same sums as one at a time). */
-        for (int32_t jb = j0 + warp; jb <= j1; jb += STEP_WARPS * STEP_U) {
+        /* Key stream warp P + lane / L (of STEP_WARPS P) takes the keys j0 + its number,
+         * + STEP_WARPS P, ...: STEP_U of them at a time, their rows all loaded before the
+         * first is used, so their loads are in flight together. */
+        for (int32_t jw = j0 + warp * (int32_t)P; jw <= j1;
+             jw += (int32_t)(STEP_WARPS * P * STEP_U)) {
             int ok[STEP_U];
 
 #pragma unroll
             for (int u = 0; u < STEP_U; u++) {
-                const int32_t j = jb + u * STEP_WARPS;
+                const int32_t j = jw + u * (int32_t)(STEP_WARPS * P) + (int32_t)(lane / L);
 
                 for (int e = 0; e < STEP_E; e++)
                     kr[u][e] = vr[u][e] = 0.0f;
-                ok[u] = j <= j1 &&
-                        step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, kr[u]) &&
-                        step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, vr[u]);
+                ok[u] =
+                    j <= j1 &&
+                    step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, sl, L, kr[u]) &&
+                    step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, sl, L, vr[u]);
             }
 #pragma unroll
             for (int u = 0; u < STEP_U; u++)
-                if (ok[u])
-                    step_key_update<V>(qs, ng, hd, a.scale, kr[u], vr[u], m, s, acc);
+                step_key_update<V>(qs, ng, hd, sl, L, a.scale, ok[u], kr[u], vr[u], m, s, acc);
         }
+        step_merge_streams(ng, L, m, s, acc);
         /* Each warp's state into shared memory, then merged per (head, element). */
         for (size_t k = 0; k < ng; k++) {
             if (lane == 0) {
                 wm[warp][k] = m[k];
                 wsum[warp][k] = s[k];
             }
-            for (int c = 0; c * V < STEP_E; c++) {
-                int e0 = (lane + 32 * c) * V;
+            for (int c = 0; c * V < STEP_E && lane < (int)L; c++) {
+                int e0 = (int)(sl + L * c) * V;
                 if (e0 < (int)hd)
                     for (int i = 0; i < V; i++)
                         wacc[warp][k][e0 + i] = acc[k][c * V + i];

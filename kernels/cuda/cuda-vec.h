@@ -65,6 +65,17 @@ template <int V> __device__ static inline unsigned vec_swz(unsigned e)
     return e - w + (w % V) * 32u + w / V;
 }
 
+/* vec_swz for runs read by groups of L lanes (L a power of two up to 32: the step
+ * attention's key streams, step_lanes): chunks of L V, element j of lane l's run at
+ * j L + l, so a group reads L consecutive words and the groups of a warp, reading the same
+ * q, the same words. vec_swz is L = 32. */
+template <int V> __device__ static inline unsigned vec_swz_lanes(unsigned e, unsigned L)
+{
+    const unsigned chunk = L * V, w = e % chunk;
+
+    return e - w + (w % V) * L + w / V;
+}
+
 /*
  * load(u, i) then use(u, i) for a thread's elements i = threadIdx.x, + THREADS, ... < n, U
  * at a time: the U loads of a round first, so their round trips overlap, then the uses in

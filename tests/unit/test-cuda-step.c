@@ -239,6 +239,10 @@ static void test_attention_step(void **state)
     step_case(GANG_DTYPE_BF16, 8, 2, 128, 0);
     step_case(GANG_DTYPE_F16, 6, 2, 64, 8);
     step_case(GANG_DTYPE_BF16, 32, 2, 128, 0); /* groups of 16: two passes over the keys */
+    /* a key a warp (32 lanes: f32 rows of 128 and 256, the latter two loads a lane) */
+    step_case(GANG_DTYPE_F32, 4, 2, 128, 0);
+    step_case(GANG_DTYPE_F32, 4, 2, 256, 0);
+    step_case(GANG_DTYPE_BF16, 4, 2, 256, 5);
     /* long contexts, few tokens: the keys split across blocks and merged */
     step_case_at(GANG_DTYPE_F32, 4, 2, 64, 0, 1);
     step_case_at(GANG_DTYPE_BF16, 8, 2, 128, 200, 1);
