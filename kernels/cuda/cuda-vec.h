@@ -57,23 +57,22 @@ __device__ static inline uint4 vec_load16(const void *p)
  * read of element j of its run: chunk c's base + 32 j + lane). Found by reading the code
  * (2026-12-05), before any device ran it; tests/ptx-loads.py holds the GEMV's shared loads
  * to that stride.
+ *
+ * vec_swz_lanes is the layout for runs read by groups of L lanes (L a power of two up to
+ * 32: the step attention's key streams, step_lanes): chunks of L V, element j of lane l's
+ * run at j L + l, so a group reads L consecutive words and the groups of a warp, reading
+ * the same q, the same words. vec_swz is a whole warp's (L = 32): the GEMV's staged x.
  */
-template <int V> __device__ static inline unsigned vec_swz(unsigned e)
-{
-    const unsigned chunk = 32u * V, w = e % chunk;
-
-    return e - w + (w % V) * 32u + w / V;
-}
-
-/* vec_swz for runs read by groups of L lanes (L a power of two up to 32: the step
- * attention's key streams, step_lanes): chunks of L V, element j of lane l's run at
- * j L + l, so a group reads L consecutive words and the groups of a warp, reading the same
- * q, the same words. vec_swz is L = 32. */
 template <int V> __device__ static inline unsigned vec_swz_lanes(unsigned e, unsigned L)
 {
     const unsigned chunk = L * V, w = e % chunk;
 
     return e - w + (w % V) * L + w / V;
+}
+
+template <int V> __device__ static inline unsigned vec_swz(unsigned e)
+{
+    return vec_swz_lanes<V>(e, 32u);
 }
 
 /*
