@@ -255,6 +255,8 @@ if(GANGLION_CUDA_EMU)
   add_executable(test-cuda-emu ${gang_emu_selftest})
   gang_c_only_options(test-cuda-emu CXX ${gang_emu_cxx_warn})
   target_link_libraries(test-cuda-emu PRIVATE gang_cuda_emu PkgConfig::CMOCKA)
+  target_include_directories(test-cuda-emu PRIVATE ${PROJECT_SOURCE_DIR}/kernels/cuda
+    ${PROJECT_SOURCE_DIR}/include)
   add_test(NAME unit-cuda-emu COMMAND test-cuda-emu)
   set_tests_properties(unit-cuda-emu PROPERTIES LABELS cuda-emu TIMEOUT 120)
 

@@ -36,6 +36,7 @@
 #include "cuda-pdl.h"
 #include "cuda-qblocks.h"
 #include "cuda-vec.h"
+#include "cuda-vec.h"
 
 #define QG_WARPS 8 /* output rows per thread block */
 #define QG_ROWS GANG_QB_ROWS
@@ -118,6 +119,7 @@ __global__ static void dequant_q_bf16_kernel(size_t n, size_t kdim, const uint8_
             h[l] = __floats2bfloat162_rn(wv[2 * l], wv[2 * l + 1]);
         /* 64-byte aligned: the scratch is 256-aligned and r kdim + e0 a multiple of 32 */
         uint4 *dst = (uint4 *)(out + r * kdim + e0);
+        GANG_EMU_ALIGNED(dst, 16, "dequant_q_bf16 store");
 #pragma unroll
         for (int i = 0; i < 4; i++)
             dst[i] = v[i];

@@ -23,6 +23,15 @@
 
 #include "cuda-internal.h"
 
+/* GANG_EMU_ALIGNED(p, n, what): nothing here; the CUDA emulator (tests/cuda-emu/emu-kernel.h,
+ * force-included first) defines it to abort, naming the kernel, when p is not n-byte
+ * aligned. A 16-byte load or store (uint4, float4) at an address that is not a multiple of
+ * 16 faults on the device ("misaligned address", which ends the context) and reads fine in
+ * the emulator's host build; every vector access of the kernels is checked with it. */
+#ifndef GANG_EMU_ALIGNED
+#define GANG_EMU_ALIGNED(p, n, what) ((void)0)
+#endif
+
 /*
  * The 16 bytes at p (16-byte aligned, in memory no thread writes while the kernel runs:
  * weights, KV rows of earlier steps) in registers. On the device one 16-byte load through
@@ -40,6 +49,7 @@ __device__ static inline uint4 vec_load16(const void *p)
 #else
     uint4 v;
 
+    GANG_EMU_ALIGNED(p, 16, "vec_load16");
     memcpy(&v, p, sizeof(v));
     return v;
 #endif
@@ -108,6 +118,7 @@ template <> struct vec_io<float> {
     }
     __device__ static void load(const float *p, float *out)
     {
+        GANG_EMU_ALIGNED(p, 16, "vec_io<float>::load");
         float4 v = *(const float4 *)p;
         out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
     }
@@ -213,11 +224,14 @@ __device__ static inline void gemv_x4(const float *x, int glu, size_t kdim, size
                                       float *out)
 {
     if (glu == GANG_CUDA_GLU_NONE) {
+        GANG_EMU_ALIGNED(x + r * kdim + k, 16, "gemv_x4");
         float4 v = *(const float4 *)(x + r * kdim + k);
         out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
         return;
     }
     const float *row = x + r * 2 * kdim;
+    GANG_EMU_ALIGNED(row + k, 16, "gemv_x4 (gate)");
+    GANG_EMU_ALIGNED(row + kdim + k, 16, "gemv_x4 (up)");
     float4 g = *(const float4 *)(row + k), u = *(const float4 *)(row + kdim + k);
     const int gelu = glu == GANG_CUDA_GLU_GELU;
     out[0] = gang_cuda_glu(gelu, g.x, u.x);

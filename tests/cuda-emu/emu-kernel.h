@@ -12,7 +12,9 @@
  * What it checks beyond the arithmetic: a __syncthreads that not every live thread of the
  * block reaches, a shuffle whose partner lane has exited and a kernel argument pointing to
  * host memory (all abort with the kernel's name; on a GPU they hang, read garbage or
- * fault), launch shapes over the device's limits, and, in the runtime, a host
+ * fault), a 16-byte vector access at an address that is not a multiple of 16 (a
+ * misaligned-address fault on the device), launch shapes over the device's limits, and, in
+ * the runtime, a host
  * synchronisation or allocation inside a graph capture.
  */
 #ifndef GANGLION_CUDA_EMU_KERNEL_H
@@ -55,6 +57,12 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
  * cudaMalloc or cudaMallocHost: a host pointer handed to a kernel, which faults on the
  * device (an illegal address that ends the context) and would read fine here. */
 void gang_emu_check_pointer(const char *kernel, int arg, const void *p);
+
+/* Aborts, naming the running kernel and what (the access), unless p is n-byte aligned: the
+ * kernels' 16-byte loads and stores (uint4, float4) fault on the device at a misaligned
+ * address and work here. kernels/cuda/cuda-vec.h calls it as GANG_EMU_ALIGNED. */
+void gang_emu_check_aligned(const void *p, unsigned n, const char *what);
+#define GANG_EMU_ALIGNED(p, n, what) gang_emu_check_aligned((p), (n), (what))
 
 template <typename T> static inline void gang_emu_check_arg(const char *k, int i, const T &v)
 {

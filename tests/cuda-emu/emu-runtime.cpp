@@ -679,6 +679,17 @@ void gang_emu_check_pointer(const char *kernel, int arg, const void *p)
     abort();
 }
 
+void gang_emu_check_aligned(const void *p, unsigned n, const char *what)
+{
+    char why[160];
+
+    if (((uintptr_t)p & (n - 1)) == 0)
+        return;
+    snprintf(why, sizeof(why),
+             "%s at %p, not %u-byte aligned: a misaligned-address fault on the device", what, p, n);
+    emu_die(why);
+}
+
 cudaError_t gang_emu_enqueue(cudaStream_t stream, std::function<void()> op)
 {
     return enqueue(stream, std::move(op));

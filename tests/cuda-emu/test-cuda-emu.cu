@@ -4,7 +4,8 @@
  * __syncthreads, the three shuffles, graph capture and replay, launch limits), that it
  * stops, naming the kernel, where a device would hang or read garbage (a shuffle under a
  * divergent branch, a shuffle reading a lane that has exited, a kernel given a host
- * pointer), and that a missing
+ * pointer, a 16-byte load the kernels' vec_load16 makes at an address that is not a multiple
+ * of 16), and that a missing
  * __syncthreads shows as stale reads in one of two neighbouring blocks; and the pending
  * operations the NCCL emulator builds on (emu-sync.h): a stream that waited for an event
  * recorded after one is not ready, and its next kernel runs only once another thread
@@ -26,6 +27,7 @@ extern "C" { /* cmocka.h has no C++ guard of its own */
 #include <cmocka.h>
 }
 
+#include "cuda-vec.h"
 #include "emu-sync.h"
 
 /* n bytes of device memory (the emulator aborts on a kernel given host memory). */
@@ -132,6 +134,17 @@ __global__ static void scale_kernel(float *x, float a, size_t n)
         x[i] *= a;
 }
 
+/* out[t] = the sum of the 8 bf16 elements of one 16-byte load at w + 8 t + skew. */
+__global__ static void load16_kernel(const __nv_bfloat16 *w, int skew, float *out)
+{
+    float f[8], sum = 0.0f;
+
+    vec_io<__nv_bfloat16>::load(w + 8 * threadIdx.x + skew, f);
+    for (int i = 0; i < 8; i++)
+        sum += f[i];
+    out[threadIdx.x] = sum;
+}
+
 static void test_coordinates_and_reduction(void **state)
 {
     const size_t n = 1000, blocks = 6;
@@ -232,6 +245,36 @@ static void run_host_pointer(void)
     float x[4] = {1, 2, 3, 4};
 
     scale_kernel<<<1, 4>>>(x, 2.0f, 4);
+}
+
+static void run_misaligned_load(void)
+{
+    __nv_bfloat16 *w;
+    float *out;
+
+    if (cudaMalloc((void **)&w, 40 * sizeof(*w)) != cudaSuccess ||
+        cudaMalloc((void **)&out, 4 * sizeof(float)) != cudaSuccess)
+        return;
+    load16_kernel<<<1, 4>>>(w, 1, out); /* 2 bytes past a 16-byte boundary */
+}
+
+/* Aligned, the loads read the elements (the check passes what the device reads); one
+ * element off, the emulator stops where the device would fault. */
+static void test_misaligned_load_stops(void **state)
+{
+    __nv_bfloat16 *w = (__nv_bfloat16 *)dev_alloc(32 * sizeof(__nv_bfloat16));
+    float *out = (float *)dev_alloc(4 * sizeof(float));
+
+    (void)state;
+    for (int i = 0; i < 32; i++)
+        w[i] = __float2bfloat16_rn((float)i);
+    load16_kernel<<<1, 4>>>(w, 0, out);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    for (int t = 0; t < 4; t++)
+        assert_float_equal(out[t], 64.0f * t + 28.0f, 0.0f);
+    cudaFree(w);
+    cudaFree(out);
+    expect_abort(run_misaligned_load, "kernel load16_kernel, block (0,0,0): vec_load16 at 0x");
 }
 
 static void test_divergent_shuffle_stops(void **state)
@@ -435,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_divergent_shuffle_stops),
         cmocka_unit_test(test_exited_lane_stops),
         cmocka_unit_test(test_host_pointer_stops),
+        cmocka_unit_test(test_misaligned_load_stops),
         cmocka_unit_test(test_race_shows),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
