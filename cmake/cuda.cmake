@@ -170,6 +170,17 @@ if(NOT GANGLION_CUDA_EMU)
             $<TARGET_OBJECTS:gang_kernels_ptx>
     COMMAND_EXPAND_LISTS)
   set_tests_properties(ptx-loads PROPERTIES TIMEOUT 60 LABELS unit)
+  # The same PTX assembled for sm_90 and read as SASS (nvdisasm from PyPI,
+  # scripts/fetch-nvdisasm.sh): the decode GEMV's weight loads stay in flight GEMV_PRE at a
+  # time, which only the machine code shows.
+  get_filename_component(gang_cuda_bindir ${CMAKE_CUDA_COMPILER} DIRECTORY)
+  add_test(NAME sass-loads
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/sass-loads.py
+            --ptxas ${gang_cuda_bindir}/ptxas
+            --fetch ${PROJECT_SOURCE_DIR}/scripts/fetch-nvdisasm.sh
+            $<TARGET_OBJECTS:gang_kernels_ptx>
+    COMMAND_EXPAND_LISTS)
+  set_tests_properties(sass-loads PROPERTIES TIMEOUT 120 LABELS unit SKIP_RETURN_CODE 77)
 endif()
 
 # Kernel traces through CUPTI (a binary of its own: CUPTI is enabled once per process).

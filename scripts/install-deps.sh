@@ -62,4 +62,5 @@ if [ -x "$here/fetch-test-models.sh" ]; then
     "$here/fetch-chat-templates.sh" >/dev/null || echo "install-deps: WARNING: fetch-chat-templates.sh failed: chat-template-compare will skip" >&2
     "$here/fetch-reference.sh" smollm2 >/dev/null || echo "install-deps: WARNING: fetch-reference.sh failed: the SmolLM2 tests will skip" >&2
     "$here/fetch-reference.sh" gemma3-gguf >/dev/null || echo "install-deps: WARNING: fetch-reference.sh gemma3-gguf failed: mp-test_gemma3_gguf will skip" >&2
+    "$here/fetch-nvdisasm.sh" >/dev/null || echo "install-deps: WARNING: fetch-nvdisasm.sh failed: sass-loads will skip" >&2
 fi

@@ -10,8 +10,8 @@ byte loads with nothing else changed (registers, spills, results): 08e3041 did, 
 and ptxas -v did not show it. This reads the PTX nvcc makes of those kernels (the CMake
 object library gang_kernels_ptx) and fails when an instance of either has a byte load
 (ld.global[.nc].u8 / .s8) or fewer vector loads than its design's minimum: the GEMV 8 (4
-issued early, 4 in its unrolled loop), the attention 4 (the K and V rows of STEP_U = 2 keys).
-Each instance's counts are printed; an instance missing from the PTX fails too.
+issued early, 4 in its streaming loop, gemv_stream), the attention 4 (the K and V rows of
+STEP_U = 2 keys). Each instance's counts are printed; an instance missing from the PTX fails too.
 
 And the GEMV's reads of the staged x: a lane multiplies the 8 (16 for int8) consecutive
 elements its weight load covers, so stored in order the warp's shared loads hit 4 banks of

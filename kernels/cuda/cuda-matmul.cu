@@ -101,14 +101,16 @@ static unsigned gemv_tile(size_t m)
  * r's tile is xs[r tile ..]. Per tile, each lane first issues its first GEMV_PRE weight
  * loads, then the block stages x (four elements a load when xv: x 16-byte aligned), so the
  * memory streams weights while the block waits at the barrier (a grid of one wave, as the
- * 8B shape's q|k|v, o and down projections are, would otherwise leave it idle there); the
- * products are summed in the same order as without them. Launched as a programmatic
+ * 8B shape's q|k|v, o and down projections are, would otherwise leave it idle there); then
+ * gemv_stream keeps GEMV_PRE loads of the lane in flight to the tile's end, the products
+ * summed in the order of the elements. Launched as a programmatic
  * dependent (cuda-pdl.h) it issues the first tile's weight loads before it waits for the
  * kernel before it, whose output x is. sm_90 (ptxas -v): 64 registers
- * under the launch bounds (71 without: 3 blocks an SM instead of 4), no spills; bounds
- * of 5 blocks spill.
+ * under the launch bounds, no spills (4 loads a lane live in the loop; the two-loop form,
+ * a batch of loads then its uses, spilled there); tests/sass-loads.py reads the SASS for
+ * the loads in flight.
  */
-#define GEMV_PRE 4 /* 16-byte weight loads per lane issued before x is staged */
+#define GEMV_PRE 4 /* 16-byte weight loads per lane in flight (2 KB a warp) */
 #define GEMV_XU 2  /* x's 4-element groups a thread loads at once when it stages x */
 
 /* acc[r] += the V weights wf times the elements i .. i + V - 1 (i = (lane + 32 c) V) of
@@ -125,6 +127,54 @@ __device__ static inline void gemv_fma(float *acc, size_t m, const float *xs, un
             break;
         for (int e = 0; e < V; e++)
             acc[r] += xs[r * tile + at + 32u * e] * wf[e];
+    }
+}
+
+/* The first GEMV_PRE 16-byte weight loads of a lane in a tile: elements i0, i0 + 32 V, ...
+ * (those < kt), issued before the block stages x. */
+template <typename T>
+__device__ static inline void gemv_first_loads(uint4 *wv, const T *row, unsigned i0, unsigned kt)
+{
+    constexpr int V = vec_io<T>::VEC;
+
+#pragma unroll
+    for (int j = 0; j < GEMV_PRE; j++) {
+        const unsigned i = i0 + 32u * V * j;
+
+        if (i < kt)
+            wv[j] = vec_load16(row + i);
+    }
+}
+
+/*
+ * acc[r] += the products of a lane's weights in the tile from element i0 on (i0, + 32 V,
+ * ... < kt), in that order, wv holding the first GEMV_PRE of them (gemv_first_loads): as
+ * each load is taken apart, the load GEMV_PRE places further on is issued into its
+ * registers, so GEMV_PRE loads stay in flight however many products follow. Written out
+ * because ptxas does not do it: the loop of load-then-use this replaced, unrolled 4 times,
+ * issued each load only after the previous one's products (read from the SASS, nvdisasm,
+ * 2026-12-05): one 512-byte load in flight per warp, about half of what an SM needs in
+ * flight to stream HBM at its rate.
+ */
+template <typename T>
+__device__ static inline void gemv_stream(float *acc, size_t m, const float *xs, unsigned tile,
+                                          uint4 *wv, const T *row, unsigned i0, unsigned kt)
+{
+    constexpr int V = vec_io<T>::VEC;
+
+    for (; i0 < kt; i0 += 32u * V * GEMV_PRE) {
+#pragma unroll
+        for (int j = 0; j < GEMV_PRE; j++) {
+            const unsigned i = i0 + 32u * V * j, next = i + 32u * V * GEMV_PRE;
+            float wf[V];
+
+            if (i >= kt)
+                break;
+            vec_io<T>::from16(wv[j], wf);
+            if (next < kt)
+                wv[j] = vec_load16(row + next);
+            gemv_fma<V>(acc, m, xs, tile, i, wf);
+        }
     }
 }
 
@@ -146,15 +196,11 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     for (size_t k0 = 0; k0 < kdim; k0 += tile) {
         const unsigned kt = kdim - k0 < tile ? (unsigned)(kdim - k0) : tile;
         const unsigned total = (unsigned)m * kt; /* <= GEMV_SMEM */
-        uint4 pre[GEMV_PRE] = {};
+        uint4 wv[GEMV_PRE] = {};
+        unsigned i0 = (unsigned)lane * V;
 
-#pragma unroll
-        for (int j = 0; j < GEMV_PRE; j++) {
-            const unsigned i = (unsigned)(lane + 32 * j) * V;
-
-            if (o < n && i < kt)
-                pre[j] = vec_load16(row + k0 + i);
-        }
+        if (o < n)
+            gemv_first_loads<T>(wv, row + k0, i0, kt);
         if (k0 == 0)
             pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
         __syncthreads(); /* the previous tile is no longer read */
@@ -191,23 +237,7 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
         __syncthreads();
         if (o >= n)
             continue;
-#pragma unroll
-        for (int j = 0; j < GEMV_PRE; j++) {
-            const unsigned i = (unsigned)(lane + 32 * j) * V;
-            float wf[V];
-
-            if (i >= kt)
-                break;
-            vec_io<T>::from16(pre[j], wf);
-            gemv_fma<V>(acc, m, xs, tile, i, wf);
-        }
-#pragma unroll 4
-        for (unsigned i = (unsigned)(lane + 32 * GEMV_PRE) * V; i < kt; i += 32 * V) {
-            float wf[V];
-
-            vec_io<T>::load(row + k0 + i, wf);
-            gemv_fma<V>(acc, m, xs, tile, i, wf);
-        }
+        gemv_stream<T>(acc, m, xs, tile, wv, row + k0, i0, kt);
     }
     if (o >= n)
         return;

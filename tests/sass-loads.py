@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The decode GEMV keeps its weight loads in flight, read from its machine code (issue #24).
+
+    sass-loads.py --ptxas PTXAS --fetch FETCH_NVDISASM FILE.ptx...
+
+The decode GEMV (gemv_kernel in kernels/cuda/cuda-matmul.cu, every element type) streams
+weights at HBM rate only with several 16-byte loads of each lane in flight: an H200 SM
+needs ~25 KB in flight, and a warp's load is 512 bytes. Its loop of load-then-use,
+unrolled 4 times, compiled to one load in flight (each load's products came before the
+next load was issued), which neither the PTX nor ptxas -v shows: only the SASS does (read
+2026-12-05). gemv_stream now keeps GEMV_PRE loads in flight by hand.
+
+This assembles the PTX of the CMake object library gang_kernels_ptx for sm_90 with the
+toolkit's ptxas, disassembles it with nvdisasm (not in the toolkit here: FETCH_NVDISASM,
+scripts/fetch-nvdisasm.sh, prints its path) and, in every gemv_kernel instance, finds the
+streaming loops (innermost loops with a 16-byte load through the read-only path, as
+vec_load16 reads weights, and no barrier). For each such load it counts the other such
+loads issued before the first instruction that reads the loaded registers, following the
+loop around its back edge: that is how many loads are in flight behind it. Every one must
+have at least MIN_BEHIND (GEMV_PRE - 1 = 3); each instance's counts are printed. Exit 77
+(SKIP) when nvdisasm cannot be had.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+KERNEL = "_Z11gemv_kernel"
+INSTANCES = 3      # __half, __nv_bfloat16, int8_t
+MIN_BEHIND = 3     # GEMV_PRE - 1
+SKIP = 77
+LOAD16 = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")  # the weights' loads (__ldg); x's are plain
+LABEL = re.compile(r"^(\.L_x_\d+):")
+BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+INSN = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
+REG = re.compile(r"\bR(\d+)(?:\.(64|128))?\b")
+
+
+def functions(sass):
+    """(mangled name, lines) of every function of nvdisasm's output."""
+    name, body = None, []
+    for line in sass.splitlines():
+        m = re.match(r"^\.text\.(\S+):", line)
+        if m:
+            if name:
+                yield name, body
+            name, body = m.group(1), []
+        elif name:
+            body.append(line)
+    if name:
+        yield name, body
+
+
+def regs(text):
+    """The registers an operand text names (R4.64: R4 and R5)."""
+    out = set()
+    for m in REG.finditer(text):
+        width = {"64": 2, "128": 4}.get(m.group(2) or "", 1)
+        out.update(range(int(m.group(1)), int(m.group(1)) + width))
+    return out
+
+
+def parse(lines):
+    """The instructions (index of line, opcode, destination registers, source registers)
+    and the labels (name -> index of the next instruction)."""
+    insns, labels = [], {}
+    for line in lines:
+        m = LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(insns)
+            continue
+        m = INSN.search(line)
+        if not m:
+            continue
+        op, ops = m.group(1), m.group(2)
+        parts = ops.split(",", 1)
+        if op.startswith(("ST", "BRA", "BAR", "EXIT", "RED", "ATOM")):
+            dst, src = set(), regs(ops)
+        else:
+            dst = regs(parts[0])
+            if op.startswith("LDG.E.128"):
+                dst = {min(dst) + i for i in range(4)} if dst else dst
+            src = regs(parts[1]) if len(parts) > 1 else set()
+        insns.append((op, dst, src, line))
+    return insns, labels
+
+
+def loops(insns, labels):
+    """(first, last) instruction indices of every loop: a branch back to an earlier label."""
+    out = []
+    for i, (op, _d, _s, line) in enumerate(insns):
+        m = BRANCH.search(line)
+        if op.startswith("BRA") and m and labels.get(m.group(1), i + 1) <= i:
+            out.append((labels[m.group(1)], i))
+    return out
+
+
+def behind(insns, first, last, at):
+    """The 16-byte loads issued after the one at `at` before its registers are first read,
+    walking the loop [first, last] around its back edge (None: never read in the loop)."""
+    want, n = insns[at][1], 0
+    order = list(range(at + 1, last + 1)) + list(range(first, at))
+    for i in order:
+        op, _dst, src, _line = insns[i]
+        if src & want:
+            return n
+        if LOAD16.search(op):
+            n += 1
+    return None
+
+
+def check(name, lines):
+    """(counts of loads behind each streaming load, problems) of one gemv_kernel instance."""
+    insns, labels = parse(lines)
+    found = loops(insns, labels)
+    counts, bad = [], []
+    for first, last in found:
+        body = insns[first:last + 1]
+        inner = not any(f > first and l_ <= last and (f, l_) != (first, last)
+                        for f, l_ in found)
+        if not inner or any(op.startswith("BAR") for op, *_ in body):
+            continue
+        for at in range(first, last + 1):
+            if LOAD16.search(insns[at][0]):
+                counts.append(behind(insns, first, last, at))
+    if not counts:
+        bad.append("%s: no streaming loop with 16-byte loads found" % name)
+    elif any(c is None or c < MIN_BEHIND for c in counts):
+        bad.append("%s: 16-byte loads with %s loads behind them before their use (want >= %d "
+                   "each): the lane waits on each load" % (name, counts, MIN_BEHIND))
+    return counts, bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ptxas", required=True)
+    ap.add_argument("--fetch", required=True, help="scripts/fetch-nvdisasm.sh")
+    ap.add_argument("ptx", nargs="+")
+    args = ap.parse_args()
+    got = subprocess.run(["bash", args.fetch], capture_output=True, text=True)
+    nvdisasm = got.stdout.strip().splitlines()[-1] if got.stdout.strip() else ""
+    if got.returncode != 0 or not os.access(nvdisasm, os.X_OK):
+        print("SKIP: no nvdisasm to read the SASS with: %s" % got.stderr.strip()[-400:])
+        return SKIP
+    seen, bad = 0, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in args.ptx:
+            with open(path, encoding="utf-8") as f:
+                if KERNEL not in f.read():
+                    continue
+            cubin = os.path.join(tmp, os.path.basename(path) + ".cubin")
+            subprocess.run([args.ptxas, "-arch=sm_90", "-o", cubin, path], check=True)
+            sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True,
+                                  text=True).stdout
+            for name, lines in functions(sass):
+                if not name.startswith(KERNEL):
+                    continue
+                seen += 1
+                counts, problems = check(name, lines)
+                print("%-60s loads behind each streaming load: %s" % (name, counts))
+                bad += problems
+    if seen != INSTANCES:
+        bad.append("%d gemv_kernel instances in the SASS, expected %d" % (seen, INSTANCES))
+    for line in bad:
+        print("FAIL: " + line)
+    if not bad:
+        print("PASS: every decode GEMV instance keeps >= %d more 16-byte loads in flight "
+              "behind each one" % MIN_BEHIND)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
