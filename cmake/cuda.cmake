@@ -91,10 +91,12 @@ else()
   target_link_libraries(gang_kernels PUBLIC CUDA::cudart_static ${CMAKE_DL_LIBS})
   set(GANG_HAVE_CUDA_KERNELS 1)
 
-  # The PTX of the decode step's streaming kernels (the GEMV, the step attention), for
-  # tests/ptx-loads.py: their weight and KV loads must stay 16-byte loads (ptxas -v does
-  # not show byte loads; 08e3041 had turned them into sixteen each, unnoticed).
-  add_library(gang_kernels_ptx OBJECT kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-step.cu)
+  # The PTX of the decode step's streaming kernels (the GEMV, the step attention; the
+  # norms and the sampler), for tests/ptx-loads.py: their weight and KV loads must stay
+  # 16-byte loads (ptxas -v does not show byte loads; 08e3041 had turned them into sixteen
+  # each, unnoticed); and for tests/sass-loads.py (their loads in flight).
+  add_library(gang_kernels_ptx OBJECT kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-step.cu
+    kernels/cuda/cuda-ops.cu)
   set_target_properties(gang_kernels_ptx PROPERTIES CUDA_PTX_COMPILATION ON
     CUDA_ARCHITECTURES 90-virtual)
   target_include_directories(gang_kernels_ptx PRIVATE
@@ -172,7 +174,7 @@ if(NOT GANGLION_CUDA_EMU)
   set_tests_properties(ptx-loads PROPERTIES TIMEOUT 60 LABELS unit)
   # The same PTX assembled for sm_90 and read as SASS (nvdisasm from PyPI,
   # scripts/fetch-nvdisasm.sh): the decode GEMV's weight loads stay in flight GEMV_PRE at a
-  # time, which only the machine code shows.
+  # time, the norms' and the sampler's 8 a round, which only the machine code shows.
   get_filename_component(gang_cuda_bindir ${CMAKE_CUDA_COMPILER} DIRECTORY)
   add_test(NAME sass-loads
     COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/sass-loads.py

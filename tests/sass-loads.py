@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The decode GEMV keeps its weight loads in flight, read from its machine code (issue #24).
+"""The decode step's streaming kernels keep their loads in flight, read from their machine
+code (issue #24).
 
     sass-loads.py --ptxas PTXAS --fetch FETCH_NVDISASM FILE.ptx...
 
@@ -8,17 +9,22 @@ weights at HBM rate only with several 16-byte loads of each lane in flight: an H
 needs ~25 KB in flight, and a warp's load is 512 bytes. Its loop of load-then-use,
 unrolled 4 times, compiled to one load in flight (each load's products came before the
 next load was issued), which neither the PTX nor ptxas -v shows: only the SASS does (read
-2026-12-05). gemv_stream now keeps GEMV_PRE loads in flight by hand.
+2026-12-05). gemv_stream now keeps GEMV_PRE loads in flight by hand. The one-block
+kernels of a batch-1 step (rmsnorm, add_rmsnorm, the sampler) load 8 elements a thread
+before using the first (strided_rounds, cuda-vec.h); rmsnorm's sum of squares compiled
+to 2 or 3 in flight (8 predicates, where an SM has 7) until whole rounds went unbounded.
 
 This assembles the PTX of the CMake object library gang_kernels_ptx for sm_90 with the
 toolkit's ptxas, disassembles it with nvdisasm (not in the toolkit here: FETCH_NVDISASM,
-scripts/fetch-nvdisasm.sh, prints its path) and, in every gemv_kernel instance, finds the
-streaming loops (innermost loops with a 16-byte load through the read-only path, as
-vec_load16 reads weights, and no barrier). For each such load it counts the other such
-loads issued before the first instruction that reads the loaded registers, following the
-loop around its back edge: that is how many loads are in flight behind it. Every one must
-have at least MIN_BEHIND (GEMV_PRE - 1 = 3); each instance's counts are printed. Exit 77
-(SKIP) when nvdisasm cannot be had.
+scripts/fetch-nvdisasm.sh, prints its path) and, in every instance of the kernels of
+KERNELS, finds the streaming loops (innermost loops with the kernel's kind of global load
+and no barrier). For each such load it counts the other such loads issued before the
+first instruction that reads the loaded registers, following the loop around its back
+edge: that is how many loads are in flight behind it. The GEMV needs at least 3
+(GEMV_PRE - 1) behind every weight load; the others at least 7 (NORM_U / SAMPLE_U - 1)
+behind the first load of some round in every streaming loop (a loop also holds the
+bounded last round). Each instance's counts are printed. Exit 77 (SKIP) when nvdisasm
+cannot be had.
 """
 import argparse
 import os
@@ -27,11 +33,15 @@ import subprocess
 import sys
 import tempfile
 
-KERNEL = "_Z11gemv_kernel"
-INSTANCES = 3      # __half, __nv_bfloat16, int8_t
-MIN_BEHIND = 3     # GEMV_PRE - 1
+LOAD16 = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")  # the GEMV's weights (__ldg); x's are plain
+LOAD32 = re.compile(r"\bLDG\.E(?:\.CONSTANT)?$")      # one float
+# mangled prefix -> (instances, load, loads behind, rule): "every" load of each streaming
+# loop, or "some" load of each (its whole rounds; the bounded last round is beside them)
+KERNELS = {"_Z11gemv_kernel": (3, LOAD16, 3, "every"),
+           "_Z14rmsnorm_kernel": (1, LOAD32, 7, "some"),
+           "_Z18add_rmsnorm_kernel": (1, LOAD32, 7, "some"),
+           "_Z13sample_kernel": (1, LOAD32, 7, "some")}
 SKIP = 77
-LOAD16 = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")  # the weights' loads (__ldg); x's are plain
 LABEL = re.compile(r"^(\.L_x_\d+):")
 BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 INSN = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*(.*?)\s*;")
@@ -97,40 +107,46 @@ def loops(insns, labels):
     return out
 
 
-def behind(insns, first, last, at):
-    """The 16-byte loads issued after the one at `at` before its registers are first read,
-    walking the loop [first, last] around its back edge (None: never read in the loop)."""
+def behind(insns, first, last, at, load):
+    """The loads (opcode pattern load) issued after the one at `at` before its registers
+    are first read, walking the loop [first, last] around its back edge (None: never read
+    in the loop)."""
     want, n = insns[at][1], 0
     order = list(range(at + 1, last + 1)) + list(range(first, at))
     for i in order:
         op, _dst, src, _line = insns[i]
         if src & want:
             return n
-        if LOAD16.search(op):
+        if load.search(op):
             n += 1
     return None
 
 
-def check(name, lines):
-    """(counts of loads behind each streaming load, problems) of one gemv_kernel instance."""
+def check(name, lines, rule):
+    """(counts of loads behind each streaming load, per loop; problems) of one instance."""
+    _n, load, need, how = rule
     insns, labels = parse(lines)
     found = loops(insns, labels)
-    counts, bad = [], []
+    per_loop, bad = [], []
     for first, last in found:
         body = insns[first:last + 1]
         inner = not any(f > first and l_ <= last and (f, l_) != (first, last)
                         for f, l_ in found)
         if not inner or any(op.startswith("BAR") for op, *_ in body):
             continue
-        for at in range(first, last + 1):
-            if LOAD16.search(insns[at][0]):
-                counts.append(behind(insns, first, last, at))
-    if not counts:
-        bad.append("%s: no streaming loop with 16-byte loads found" % name)
-    elif any(c is None or c < MIN_BEHIND for c in counts):
-        bad.append("%s: 16-byte loads with %s loads behind them before their use (want >= %d "
-                   "each): the lane waits on each load" % (name, counts, MIN_BEHIND))
-    return counts, bad
+        counts = [behind(insns, first, last, at, load) for at in range(first, last + 1)
+                  if load.search(insns[at][0])]
+        if counts:
+            per_loop.append(counts)
+    if not per_loop:
+        bad.append("%s: no streaming loop with its loads found" % name)
+    for counts in per_loop:
+        c = [-1 if x is None else x for x in counts]
+        if (min(c) if how == "every" else max(c)) < need:
+            bad.append("%s: a loop's loads have %s loads behind them before their use (want "
+                       ">= %d, %s load): the thread waits on each load"
+                       % (name, counts, need, how))
+    return per_loop, bad
 
 
 def main():
@@ -144,30 +160,33 @@ def main():
     if got.returncode != 0 or not os.access(nvdisasm, os.X_OK):
         print("SKIP: no nvdisasm to read the SASS with: %s" % got.stderr.strip()[-400:])
         return SKIP
-    seen, bad = 0, []
+    seen, bad = {k: 0 for k in KERNELS}, []
     with tempfile.TemporaryDirectory() as tmp:
         for path in args.ptx:
             with open(path, encoding="utf-8") as f:
-                if KERNEL not in f.read():
-                    continue
+                text = f.read()
+            if not any(k in text for k in KERNELS):
+                continue
             cubin = os.path.join(tmp, os.path.basename(path) + ".cubin")
             subprocess.run([args.ptxas, "-arch=sm_90", "-o", cubin, path], check=True)
             sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True,
                                   text=True).stdout
             for name, lines in functions(sass):
-                if not name.startswith(KERNEL):
+                key = next((k for k in KERNELS if name.startswith(k)), None)
+                if key is None:
                     continue
-                seen += 1
-                counts, problems = check(name, lines)
-                print("%-60s loads behind each streaming load: %s" % (name, counts))
+                seen[key] += 1
+                per_loop, problems = check(name, lines, KERNELS[key])
+                print("%-56s loads behind each, per loop: %s" % (name[:56], per_loop))
                 bad += problems
-    if seen != INSTANCES:
-        bad.append("%d gemv_kernel instances in the SASS, expected %d" % (seen, INSTANCES))
+    for k, (want, *_r) in KERNELS.items():
+        if seen[k] != want:
+            bad.append("%s: %d instances in the SASS, expected %d" % (k, seen[k], want))
     for line in bad:
         print("FAIL: " + line)
     if not bad:
-        print("PASS: every decode GEMV instance keeps >= %d more 16-byte loads in flight "
-              "behind each one" % MIN_BEHIND)
+        print("PASS: the decode GEMV keeps >= 3 more 16-byte loads in flight behind each "
+              "one; the norms and the sampler 8 loads a round")
     return 1 if bad else 0
 
 

@@ -97,6 +97,18 @@ template <int U, unsigned THREADS, typename Load, typename Use>
 __device__ static inline void strided_rounds(size_t n, Load load, Use use)
 {
     for (size_t i0 = threadIdx.x; i0 < n; i0 += (size_t)THREADS * U) {
+        if (i0 + (size_t)(U - 1) * THREADS < n) {
+            /* A whole round, without a bound per element: with U predicates (and an SM has
+             * 7) ptxas interleaved the loads with the uses, rmsnorm's sum of squares keeping
+             * 2 or 3 loads in flight rather than 8 (read from the SASS, 2026-12-05). */
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                load(u, i0 + (size_t)u * THREADS);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                use(u, i0 + (size_t)u * THREADS);
+            continue;
+        }
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (i0 + (size_t)u * THREADS < n)
