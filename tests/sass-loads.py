@@ -40,7 +40,8 @@ LOAD32 = re.compile(r"\bLDG\.E(?:\.CONSTANT)?$")      # one float
 KERNELS = {"_Z11gemv_kernel": (3, LOAD16, 3, "every"),
            "_Z14rmsnorm_kernel": (1, LOAD32, 7, "some"),
            "_Z18add_rmsnorm_kernel": (1, LOAD32, 7, "some"),
-           "_Z13sample_kernel": (1, LOAD32, 7, "some")}
+           "_Z13sample_kernel": (1, LOAD32, 7, "some"),
+           "_Z21attention_step_kernel": (3, LOAD16, 3, "some")}
 SKIP = 77
 LABEL = re.compile(r"^(\.L_x_\d+):")
 BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
@@ -127,17 +128,17 @@ def check(name, lines, rule):
     _n, load, need, how = rule
     insns, labels = parse(lines)
     found = loops(insns, labels)
-    per_loop, bad = [], []
-    for first, last in found:
-        body = insns[first:last + 1]
-        inner = not any(f > first and l_ <= last and (f, l_) != (first, last)
-                        for f, l_ in found)
-        if not inner or any(op.startswith("BAR") for op, *_ in body):
+    groups = {}  # the smallest loop around each load (one without a barrier) -> its loads
+    for at, (op, *_r) in enumerate(insns):
+        around = [(f, l_) for f, l_ in found if f <= at <= l_ and load.search(op)]
+        if not around:
             continue
-        counts = [behind(insns, first, last, at, load) for at in range(first, last + 1)
-                  if load.search(insns[at][0])]
-        if counts:
-            per_loop.append(counts)
+        first, last = min(around, key=lambda fl: fl[1] - fl[0])
+        if not any(o.startswith("BAR") for o, *_x in insns[first:last + 1]):
+            groups.setdefault((first, last), []).append(at)
+    per_loop, bad = [], []
+    for (first, last), ats in sorted(groups.items()):
+        per_loop.append([behind(insns, first, last, at, load) for at in ats])
     if not per_loop:
         bad.append("%s: no streaming loop with its loads found" % name)
     for counts in per_loop:

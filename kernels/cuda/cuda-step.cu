@@ -164,42 +164,84 @@ __device__ static inline unsigned step_lanes(size_t hd, int V)
 }
 
 /*
- * Lane sl's elements (of a group of L lanes) of key or value row j of kv head h: from the
- * step's new rows when j >= first (this launch writes it; rounded as the store rounds),
- * else from the pool. Returns 0 and leaves out alone when the row's block is out of range
- * (flagged).
+ * The key and value rows (lane sl's elements, of a group of L lanes) of the STEP_U keys
+ * js[u] of kv head h, into kr[u] and vr[u]; ok[u] says whether key u is one to attend to
+ * (js[u] <= j1, and its block in range: one out of range is flagged, its rows left zero).
+ * A key j >= first is this launch's own (rounded as the store rounds it), else it is read
+ * from the pool. In three passes, so that a lane has its STEP_U table reads in flight at
+ * once, then its 2 STEP_U row loads: read key by key (a function per row, the value row
+ * read only once the key row was), each row waited for its table read and each table read
+ * for the previous row, 8 round trips to L2 in a row per round of keys (read from the
+ * SASS, 2026-12-05).
  */
 template <typename T>
-__device__ static int step_row(const step_args *a, const void *pool, const float *fresh, int32_t j,
-                               int32_t first, size_t t_first, int32_t trow, size_t h, unsigned sl,
-                               unsigned L, float *out)
+__device__ static void step_rows(const step_args *a, const int32_t *js, int32_t j1, int32_t first,
+                                 size_t t_first, int32_t trow, size_t h, unsigned sl, unsigned L,
+                                 float (*kr)[STEP_E], float (*vr)[STEP_E], int *ok)
 {
-    const int V = vec_io<T>::VEC;
-    size_t hd = a->head_dim, w = a->n_kv_heads * hd;
+    constexpr int V = vec_io<T>::VEC, C = STEP_E / V; /* 16-byte chunks of a lane's run */
+    const size_t hd = a->head_dim, w = a->n_kv_heads * hd;
+    int32_t blk[STEP_U];
+    uint4 kraw[STEP_U][C], vraw[STEP_U][C];
 
-    if (j >= first) {
-        const float *r = fresh + (t_first + (size_t)(j - first)) * w + h * hd;
-        for (int c = 0; (size_t)c * L * V < hd && c * V < STEP_E; c++) {
-            int e0 = (int)(sl + L * c) * V;
-            if (e0 < (int)hd)
-                for (int i = 0; i < V; i++)
-                    out[c * V + i] = vec_io<T>::round(r[e0 + i]);
+#pragma unroll
+    for (int u = 0; u < STEP_U; u++)
+        blk[u] = js[u] <= j1 && js[u] < first
+                     ? a->tables[(size_t)trow + (size_t)js[u] / a->block_size]
+                     : -1;
+#pragma unroll
+    for (int u = 0; u < STEP_U; u++) {
+        const int pool = blk[u] >= 0 && (size_t)blk[u] < a->n_blocks;
+        const size_t row =
+            pool ? (size_t)blk[u] * a->block_size + (size_t)js[u] % a->block_size : 0;
+        const T *kp = (const T *)a->kc + row * w + h * hd,
+                *vp = (const T *)a->vc + row * w + h * hd;
+
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int e0 = (int)(sl + L * c) * V;
+
+            kraw[u][c] = vraw[u][c] = make_uint4(0, 0, 0, 0);
+            if (pool && e0 < (int)hd) {
+                kraw[u][c] = vec_load16(kp + e0);
+                vraw[u][c] = vec_load16(vp + e0);
+            }
         }
-        return 1;
     }
-    int32_t blk = a->tables[(size_t)trow + (size_t)j / a->block_size];
-    if (blk < 0 || (size_t)blk >= a->n_blocks) {
-        atomicOr(a->flag, GANG_CUDA_FLAG_BAD_BLOCK);
-        return 0;
+#pragma unroll
+    for (int u = 0; u < STEP_U; u++) {
+        const int32_t j = js[u];
+
+        for (int e = 0; e < STEP_E; e++)
+            kr[u][e] = vr[u][e] = 0.0f;
+        ok[u] = 0;
+        if (j > j1)
+            continue;
+        if (j >= first) {
+            const size_t at = (t_first + (size_t)(j - first)) * w + h * hd;
+
+            for (int c = 0; c < C; c++) {
+                const int e0 = (int)(sl + L * c) * V;
+                if (e0 < (int)hd)
+                    for (int i = 0; i < V; i++) {
+                        kr[u][c * V + i] = vec_io<T>::round(a->knew[at + e0 + i]);
+                        vr[u][c * V + i] = vec_io<T>::round(a->vnew[at + e0 + i]);
+                    }
+            }
+            ok[u] = 1;
+            continue;
+        }
+        if (blk[u] < 0 || (size_t)blk[u] >= a->n_blocks) {
+            atomicOr(a->flag, GANG_CUDA_FLAG_BAD_BLOCK);
+            continue;
+        }
+        for (int c = 0; c < C; c++)
+            if ((int)(sl + L * c) * V < (int)hd) {
+                vec_io<T>::from16(kraw[u][c], kr[u] + c * V);
+                vec_io<T>::from16(vraw[u][c], vr[u] + c * V);
+            }
+        ok[u] = 1;
     }
-    size_t row = (size_t)blk * a->block_size + (size_t)j % a->block_size;
-    const T *r = (const T *)pool + row * w + h * hd;
-    for (int c = 0; (size_t)c * L * V < hd && c * V < STEP_E; c++) {
-        int e0 = (int)(sl + L * c) * V;
-        if (e0 < (int)hd)
-            vec_io<T>::load(r + e0, out + c * V);
-    }
-    return 1;
 }
 
 /* Stores token t's key and value rows of kv head h at its position p (rounded to T). */
@@ -225,7 +267,7 @@ __device__ static void step_append(const step_args *a, size_t t, size_t h, int32
  * asked for in L2 by the block's threads at once (prefetch: nothing waits, nothing is held),
  * so that the warps' walk over the keys, one row load after another, waits on L2 rather
  * than on HBM. A row's lines: bytes / 128 + 1 addresses, the last one its last byte (a
- * row need not start on a line). A key out of the table's range is left to step_row.
+ * row need not start on a line). A key out of the table's range is left to step_rows.
  */
 template <typename T>
 __device__ static void step_prefetch(const step_args *a, int32_t j0, int32_t j1, int32_t trow,
@@ -379,18 +421,12 @@ template <typename T> __global__ static void attention_step_kernel(step_args a)
         for (int32_t jw = j0 + warp * (int32_t)P; jw <= j1;
              jw += (int32_t)(STEP_WARPS * P * STEP_U)) {
             int ok[STEP_U];
+            int32_t js[STEP_U];
 
 #pragma unroll
-            for (int u = 0; u < STEP_U; u++) {
-                const int32_t j = jw + u * (int32_t)(STEP_WARPS * P) + (int32_t)(lane / L);
-
-                for (int e = 0; e < STEP_E; e++)
-                    kr[u][e] = vr[u][e] = 0.0f;
-                ok[u] =
-                    j <= j1 &&
-                    step_row<T>(&a, a.kc, a.knew, j, first_s, t_first_s, trow, h, sl, L, kr[u]) &&
-                    step_row<T>(&a, a.vc, a.vnew, j, first_s, t_first_s, trow, h, sl, L, vr[u]);
-            }
+            for (int u = 0; u < STEP_U; u++)
+                js[u] = jw + u * (int32_t)(STEP_WARPS * P) + (int32_t)(lane / L);
+            step_rows<T>(&a, js, j1, first_s, t_first_s, trow, h, sl, L, kr, vr, ok);
 #pragma unroll
             for (int u = 0; u < STEP_U; u++)
                 step_key_update<V>(qs, ng, hd, sl, L, a.scale, ok[u], kr[u], vr[u], m, s, acc);

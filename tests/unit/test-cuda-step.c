@@ -8,7 +8,9 @@
  *                           pool (f32 and bf16), the KV rows appended: 1e-4 of the CPU's
  *                           (f32 online softmax and __expf against the CPU's double), the
  *                           pools' new rows exact; also at long positions, where the keys
- *                           are split across blocks and merged (flash-decoding)
+ *                           are split across blocks and merged (flash-decoding); a
+ *                           block table entry outside the pool is GANG_EINVAL at the
+ *                           next sync
  *   sample                  greedy rows exact; seeded rows (top-k, top-p) the CPU's token
  *                           (parallel sums: a draw within rounding of a boundary could
  *                           differ, which these random rows never come near)
@@ -158,7 +160,7 @@ static void test_scatter(void **state)
  * chunks of 128 keys, empty ones past a position or before a window) and merges them.
  */
 static void step_case_at(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t window,
-                         int longctx)
+                         int longctx, int bad_block)
 {
     enum { TOK = 7, MAXT = 3 * 48 };
     const int32_t pos_s[TOK] = {9, 3, 4, 5, 6, 7, 20},
@@ -219,6 +221,18 @@ static void step_case_at(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t
             fail_msg("%s nh %zu nkv %zu hd %zu window %zu%s: element %zu is %g, cpu %g",
                      gang_dtype_name(dt), nh, nkv, hd, window, longctx ? " long" : "", i,
                      (double)out_g[i], (double)out_c[i]);
+    if (bad_block) {
+        /* A block id outside the pool among token 6's keys (block 1 of its table: keys it
+         * reads, not the one it appends to): the kernel leaves those keys out and the next
+         * sync reports it, once. */
+        tables[2 * MAXB + 1] = (int32_t)NB;
+        assert_int_equal(gang_kernels_upload(gpu, dtab, tables, NB * 4), 0);
+        assert_int_equal(gang_kernels_sync(gpu), 0);
+        assert_int_equal(
+            gang_kernels_attention_step(gpu, &kg_kv, dk, dv, dq, TOK, nh, nkv, hd, window, dq), 0);
+        assert_int_equal(gang_kernels_sync(gpu), GANG_EINVAL);
+        assert_int_equal(gang_kernels_sync(gpu), 0);
+    }
     gang_kernels_free(gpu, dq), gang_kernels_free(gpu, dk), gang_kernels_free(gpu, dv);
     gang_kernels_free(gpu, dkc), gang_kernels_free(gpu, dvc), gang_kernels_free(gpu, dtab);
     gang_kernels_free(gpu, dmeta);
@@ -228,7 +242,7 @@ static void step_case_at(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t
 
 static void step_case(gang_dtype dt, size_t nh, size_t nkv, size_t hd, size_t window)
 {
-    step_case_at(dt, nh, nkv, hd, window, 0);
+    step_case_at(dt, nh, nkv, hd, window, 0, 0);
 }
 
 static void test_attention_step(void **state)
@@ -244,9 +258,12 @@ static void test_attention_step(void **state)
     step_case(GANG_DTYPE_F32, 4, 2, 256, 0);
     step_case(GANG_DTYPE_BF16, 4, 2, 256, 5);
     /* long contexts, few tokens: the keys split across blocks and merged */
-    step_case_at(GANG_DTYPE_F32, 4, 2, 64, 0, 1);
-    step_case_at(GANG_DTYPE_BF16, 8, 2, 128, 200, 1);
-    step_case_at(GANG_DTYPE_F16, 32, 2, 128, 0, 1);
+    step_case_at(GANG_DTYPE_F32, 4, 2, 64, 0, 1, 0);
+    step_case_at(GANG_DTYPE_BF16, 8, 2, 128, 200, 1, 0);
+    step_case_at(GANG_DTYPE_F16, 32, 2, 128, 0, 1, 0);
+    /* a block table entry outside the pool (short and split contexts) */
+    step_case_at(GANG_DTYPE_BF16, 8, 2, 128, 0, 0, 1);
+    step_case_at(GANG_DTYPE_F32, 4, 2, 64, 0, 1, 1);
 }
 
 static void test_sample(void **state)
