@@ -19,8 +19,13 @@ elements its weight load covers, so stored in order the warp's shared loads hit 
 are 32 words apart: every constant offset of a GEMV instance's ld.shared.f32 must be a
 multiple of 128 bytes (in-order staging gives +4 .. +28).
 """
+import os
 import re
 import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernel_report  # noqa: E402
 
 # kernel name (its mangled identifier) -> (instances expected, minimum vector loads)
 KERNELS = {"11gemv_kernel": (3, 8), "21attention_step_kernel": (3, 4)}
@@ -61,15 +66,10 @@ def main():
                 bad.append("%s: x read from shared memory at offsets %s (of %d): not 32 words "
                            "apart, so the warp's loads conflict in the banks"
                            % (name, odd[:8], len(offsets)))
-    for k, (want, _) in KERNELS.items():
-        if seen[k] != want:
-            bad.append("%s: %d instances in the PTX, expected %d" % (k, seen[k], want))
-    for line in bad:
-        print("FAIL: " + line)
-    if not bad:
-        print("PASS: the GEMV and the step attention load 16 bytes at a time, the GEMV's "
-              "x without bank conflicts")
-    return 1 if bad else 0
+    return kernel_report.finish(
+        seen, {k: v[0] for k, v in KERNELS.items()}, "PTX", bad,
+        "the GEMV and the step attention load 16 bytes at a time, the GEMV's x without bank "
+        "conflicts")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernel_report  # noqa: E402
+
 LOAD16 = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")  # the GEMV's weights (__ldg); x's are plain
 LOAD32 = re.compile(r"\bLDG\.E(?:\.CONSTANT)?$")      # one float
 # mangled prefix -> (instances, load, loads behind, rule): "every" load of each streaming
@@ -180,15 +184,10 @@ def main():
                 per_loop, problems = check(name, lines, KERNELS[key])
                 print("%-56s loads behind each, per loop: %s" % (name[:56], per_loop))
                 bad += problems
-    for k, (want, *_r) in KERNELS.items():
-        if seen[k] != want:
-            bad.append("%s: %d instances in the SASS, expected %d" % (k, seen[k], want))
-    for line in bad:
-        print("FAIL: " + line)
-    if not bad:
-        print("PASS: the decode GEMV keeps >= 3 more 16-byte loads in flight behind each "
-              "one; the norms and the sampler 8 loads a round")
-    return 1 if bad else 0
+    return kernel_report.finish(
+        seen, {k: v[0] for k, v in KERNELS.items()}, "SASS", bad,
+        "the decode GEMV keeps >= 3 more 16-byte loads in flight behind each one; the step "
+        "attention its 4 row loads a round; the norms and the sampler 8 loads a round")
 
 
 if __name__ == "__main__":
