@@ -794,6 +794,24 @@ int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_
     return k->be->matmul_glu(k->ctx, gelu != 0, m, n, kdim, gu, w, scratch, y);
 }
 
+int gang_kernels_matmul_to_glu(gang_kernels *k, int gelu, size_t m, size_t ffn, size_t kdim,
+                               const float *x, const gang_kernels_weight *w, float *y)
+{
+    int rc;
+
+    if (k == NULL || x == NULL || y == NULL || !weight_ok(w, kdim) || m == 0 || ffn == 0 ||
+        kdim == 0)
+        return GANG_EINVAL;
+    if (ffn > SIZE_MAX / 2 || (rc = mm_dims(m, 2 * ffn, kdim)) < 0)
+        return GANG_ERANGE;
+    if (k->be->matmul_to_glu == NULL)
+        return GANG_ENOSYS;
+    rc = k->be->matmul_to_glu(k->ctx, gelu != 0, m, ffn, kdim, x, w, y);
+    if (rc == 0)
+        k->cnt.launches++;
+    return rc;
+}
+
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)
 {
     if (k == NULL || x == NULL || y == NULL || n == 0)

@@ -723,9 +723,11 @@ static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch
 
 /*
  * The MLP's gated unit of the call's tokens, as the down projection's input (*in): on a
- * device layer one GEMM over the concatenated gate/up weight into s->fused, whose gated
- * unit the down product computes as it reads it (tp_row_in); on the host one
- * gang_kernels_matmul_n of the two weights and the element-wise gate into s->gate.
+ * device layer the concatenated gate/up weight's product, whose gated unit the backend
+ * writes into s->gate in the same launch where it can (gang_kernels_matmul_to_glu: the
+ * decode GEMV), else the product into s->fused, whose gated unit the down product
+ * computes as it reads it (tp_row_in); on the host one gang_kernels_matmul_n of the two
+ * weights and the element-wise gate into s->gate.
  */
 static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
                          tp_row_in *in)
@@ -736,6 +738,15 @@ static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratc
     int gelu = l->act == GANG_ACT_GELU_TANH, rc;
 
     if (l->wgu != NULL) {
+        gang_kernels_weight v =
+            gang_kernels_weight_view(tp_wtype(l, l->wgu), l->wgu, 2 * s->ffn_cols, l->hidden);
+
+        rc = gang_kernels_matmul_to_glu(k, gelu, total, s->ffn_cols, l->hidden, s->normed, &v,
+                                        s->gate);
+        if (rc != GANG_ENOSYS) {
+            *in = (tp_row_in){.x = s->gate, .glu = -1};
+            return rc;
+        }
         *in = (tp_row_in){.x = s->fused, .glu = gelu, .glu_out = s->gate};
         return tp_matmul(k, l, s->normed, total, l->hidden, l->wgu, 2 * s->ffn_cols, s->fused);
     }

@@ -272,6 +272,23 @@ int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_
                             float *y);
 
 /*
+ * The MLP's gated unit straight from its concatenated gate/up weight, in one launch where
+ * the backend has a kernel for it (issue #24): y[m, ffn] = glu(x . W^T), W [2 ffn, kdim]
+ * the gate's ffn rows then up's, glu what gang_kernels_glu(k, gelu, ...) writes of the
+ * [m, 2 ffn] product gang_kernels_matmul would write: the same numbers, the product never
+ * written. The CUDA decode GEMV does it (m <= 8; bf16 / f16 unless half_gemv is off, int8
+ * with kdim a multiple of 16): a block pairs each gate row with its up row, so the down
+ * product reads the unit instead of computing it again in each of its blocks
+ * (gang_kernels_matmul_glu). GANG_ENOSYS, having done nothing, elsewhere (other backends,
+ * more rows, other storage): the caller takes gang_kernels_matmul then
+ * gang_kernels_matmul_glu. One launch counted when done. y must not overlap x or the
+ * weight. Errors: GANG_EINVAL for a NULL, an invalid weight or a zero size; GANG_ERANGE
+ * for sizes past the index range; the backend's.
+ */
+int gang_kernels_matmul_to_glu(gang_kernels *k, int gelu, size_t m, size_t ffn, size_t kdim,
+                               const float *x, const gang_kernels_weight *w, float *y);
+
+/*
  * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale;
  * a block type: the row dequantized, gang_kernels_block_dequant): out[t, :] =
  * f32(table[ids[t], :]). Same checks and errors as gang_kernels_embedding, and

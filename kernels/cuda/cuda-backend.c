@@ -598,6 +598,26 @@ static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim,
 }
 
 /*
+ * glu(x . W^T) of a [gate | up] weight (gang_kernels_matmul_to_glu): the decode GEMV pairs
+ * each gate row with its up row in a block and writes their gated unit (m <= 8; bf16 / f16
+ * unless half_gemv is off, int8 with kdim a multiple of 16); GANG_ENOSYS elsewhere, block
+ * weights included (their GEMV computes the unit in the down product instead).
+ */
+static int cuda_matmul_to_glu(void *ctx, int gelu, size_t m, size_t ffn, size_t kdim,
+                              const float *x, const gang_kernels_weight *w, float *y)
+{
+    gang__cuda_ctx *c = ctx;
+    int rc;
+
+    if ((rc = ctx_enter(c)) < 0)
+        return rc;
+    if ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && !c->half_gemv)
+        return GANG_ENOSYS;
+    return gang__cuda_launch_gemv_glu_out(c->stream, (int)w->type, gelu, c->pdl, m, ffn, kdim, x,
+                                          w->data, w->scales, y);
+}
+
+/*
  * Two kernels on the stream: the first checks every id and sets word 1 on a bad one (and
  * the deferred error bit of word 0), the second copies rows only when word 1 is clear,
  * so out stays untouched on a bad id without the host seeing the ids. No host wait: the
@@ -851,6 +871,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .split_qkv_rope = cuda_split_qkv_rope,
     .add_rmsnorm = cuda_add_rmsnorm,
     .matmul_glu = cuda_matmul_glu,
+    .matmul_to_glu = cuda_matmul_to_glu,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,

@@ -171,6 +171,12 @@ int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size
  * both GEMVs): launched as a programmatic dependent of the kernel before it (cuda-pdl.h). */
 int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int bf16, size_t m, size_t n,
                                 size_t kdim, const float *x, const void *w, float *y);
+/* y [m, ffn] = the gated unit (gelu: GELU-tanh, else SiLU) of x . W^T for a [gate | up]
+ * weight W [2 ffn, kdim] (wtype GANG_KW_BF16, _F16 or _I8 with its scales), by the decode
+ * GEMV (gang_kernels_matmul_to_glu); GANG_ENOSYS where the GEMV does not apply. */
+int gang__cuda_launch_gemv_glu_out(cudaStream_t s, int wtype, int gelu, int pdl, size_t m,
+                                   size_t ffn, size_t kdim, const float *x, const void *w,
+                                   const float *scales, float *y);
 int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
                                   size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
                                   float *out);

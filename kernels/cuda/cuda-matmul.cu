@@ -178,16 +178,53 @@ __device__ static inline void gemv_stream(float *acc, size_t m, const float *xs,
     }
 }
 
+/*
+ * The gated unit of a [gate | up] product as the GEMV's output (gout, gemv_kernel): the
+ * reduced sums of the block's 8 rows (acc, times the row's scale when scales is not NULL)
+ * meet in shared memory, warp w < 4's gate row with warp w + 4's up row of the same index
+ * idx, and lane 0 of warp w writes y[r n + idx] = glu(gate, up): what gang_cuda_glu gives of
+ * the two products the plain GEMV would write. Every warp of the block calls it (a barrier).
+ */
+__device__ static void gemv_glu_out(const float *acc, size_t m, size_t n, int gout, int valid,
+                                    size_t o, size_t idx, const float *scales, float *y)
+{
+    /* [r][0: gate, 1: up][warp % 4], rows of 32 floats: a gate's sum and its up's are 128
+     * bytes apart, as tests/ptx-loads.py wants every shared read of the GEMV to be */
+    __shared__ float part[MM_ROWS][2][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = GEMV_WARPS / 2;
+
+    for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
+        float v = acc[r];
+
+        for (int d = 16; d > 0; d >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, d);
+        if (lane == 0)
+            part[r][warp / half][warp % half] = valid && scales != NULL ? v * scales[o] : v;
+    }
+    __syncthreads();
+    if (lane != 0 || warp >= half || !valid)
+        return;
+    for (int r = 0; r < MM_ROWS && (size_t)r < m; r++)
+        y[r * n + idx] =
+            gang_cuda_glu(gout == GANG_CUDA_GLU_GELU, part[r][0][warp], part[r][1][warp]);
+}
+
 template <typename T>
 __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     gemv_kernel(size_t m, size_t n, size_t kdim, unsigned tile, const float *x, int xv, int glu,
-                const T *w, const float *scales, float *y)
+                int gout, const T *w, const float *scales, float *y)
 {
     constexpr int V = vec_io<T>::VEC;
     __shared__ float xs[GEMV_SMEM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    size_t o = (size_t)blockIdx.x * GEMV_WARPS + warp;
-    const T *row = w + (o < n ? o : 0) * kdim;
+    /* gout: W is [2 n, kdim], gate rows then up rows; the block's warps w < 4 take gate
+     * rows idx = 4 b + w, the others the up rows of the same idx (gemv_glu_out) */
+    const size_t idx = (size_t)blockIdx.x * (GEMV_WARPS / 2) + (size_t)(warp % (GEMV_WARPS / 2));
+    const size_t o = gout == GANG_CUDA_GLU_NONE ? (size_t)blockIdx.x * GEMV_WARPS + warp
+                     : warp < GEMV_WARPS / 2    ? idx
+                                                : n + idx;
+    const int valid = gout == GANG_CUDA_GLU_NONE ? o < n : idx < n;
+    const T *row = w + (valid ? o : 0) * kdim;
     float acc[MM_ROWS];
 
     pdl_trigger(); /* the next GEMV may start its weight loads */
@@ -199,7 +236,7 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
         uint4 wv[GEMV_PRE] = {};
         unsigned i0 = (unsigned)lane * V;
 
-        if (o < n)
+        if (valid)
             gemv_first_loads<T>(wv, row + k0, i0, kt);
         if (k0 == 0)
             pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
@@ -235,11 +272,15 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
             }
         }
         __syncthreads();
-        if (o >= n)
+        if (!valid)
             continue;
         gemv_stream<T>(acc, m, xs, tile, wv, row + k0, i0, kt);
     }
-    if (o >= n)
+    if (gout != GANG_CUDA_GLU_NONE) {
+        gemv_glu_out(acc, m, n, gout, valid, o, idx, scales, y);
+        return;
+    }
+    if (!valid)
         return;
     for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
         float v = acc[r];
@@ -257,13 +298,14 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
  * GANG_ENOSYS where it does not apply (the caller takes another kernel).
  */
 template <typename T>
-static int gemv_launch(cudaStream_t s, int glu, int pdl, size_t m, size_t n, size_t kdim,
+static int gemv_launch(cudaStream_t s, int glu, int gout, int pdl, size_t m, size_t n, size_t kdim,
                        const float *x, const T *w, const float *scales, float *y)
 {
-    size_t blocks = (n + GEMV_WARPS - 1) / GEMV_WARPS;
+    const size_t per = gout == GANG_CUDA_GLU_NONE ? GEMV_WARPS : GEMV_WARPS / 2;
+    size_t blocks = (n + per - 1) / per;
 
     if (m == 0 || m > MM_ROWS || kdim % vec_io<T>::VEC != 0 || ((uintptr_t)w & 15) != 0 ||
-        blocks > INT32_MAX)
+        blocks > INT32_MAX || (glu != GANG_CUDA_GLU_NONE && gout != GANG_CUDA_GLU_NONE))
         return GANG_ENOSYS;
     /* x staged four elements a load where its rows are 16-byte aligned (kdim % 4 == 0: V is
      * 8 or 16) */
@@ -275,14 +317,14 @@ static int gemv_launch(cudaStream_t s, int glu, int pdl, size_t m, size_t n, siz
         cudaLaunchConfig_t cfg = pdl_config(dim3((unsigned)blocks), dim3(32 * GEMV_WARPS), s, &at);
 
         return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, m, n, kdim, gemv_tile(m), x,
-                                                 xv, glu, w, scales, y),
+                                                 xv, glu, gout, w, scales, y),
                               "gemv launch (PDL)");
     }
 #else
     (void)pdl;
 #endif
     gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, gemv_tile(m), x, xv,
-                                                                glu, w, scales, y);
+                                                                glu, gout, w, scales, y);
     return gang__cuda_err(cudaGetLastError(), "gemv launch");
 }
 
@@ -290,7 +332,7 @@ extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, siz
                                            size_t kdim, const float *x, const int8_t *w,
                                            const float *scales, float *y)
 {
-    int rc = gemv_launch<int8_t>(s, glu, pdl, m, n, kdim, x, w, scales, y);
+    int rc = gemv_launch<int8_t>(s, glu, GANG_CUDA_GLU_NONE, pdl, m, n, kdim, x, w, scales, y);
 
     if (rc != GANG_ENOSYS || glu != GANG_CUDA_GLU_NONE)
         return rc;
@@ -304,8 +346,31 @@ extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int
                                            size_t n, size_t kdim, const float *x, const void *w,
                                            float *y)
 {
-    return bf16 ? gemv_launch(s, glu, pdl, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
-                : gemv_launch(s, glu, pdl, m, n, kdim, x, (const __half *)w, NULL, y);
+    return bf16 ? gemv_launch(s, glu, GANG_CUDA_GLU_NONE, pdl, m, n, kdim, x,
+                              (const __nv_bfloat16 *)w, NULL, y)
+                : gemv_launch(s, glu, GANG_CUDA_GLU_NONE, pdl, m, n, kdim, x, (const __half *)w,
+                              NULL, y);
+}
+
+/* The gated unit of a [gate | up] product by the decode GEMV (gemv_glu_out): y [m, ffn] =
+ * glu(x . W^T), W [2 ffn, kdim] in wtype (GANG_KW_BF16, _F16 or _I8 with its 2 ffn scales);
+ * GANG_ENOSYS where the GEMV does not apply. */
+extern "C" int gang__cuda_launch_gemv_glu_out(cudaStream_t s, int wtype, int gelu, int pdl,
+                                              size_t m, size_t ffn, size_t kdim, const float *x,
+                                              const void *w, const float *scales, float *y)
+{
+    const int gout = gelu ? GANG_CUDA_GLU_GELU : GANG_CUDA_GLU_SILU;
+
+    if (wtype == GANG_KW_BF16)
+        return gemv_launch(s, GANG_CUDA_GLU_NONE, gout, pdl, m, ffn, kdim, x,
+                           (const __nv_bfloat16 *)w, NULL, y);
+    if (wtype == GANG_KW_F16)
+        return gemv_launch(s, GANG_CUDA_GLU_NONE, gout, pdl, m, ffn, kdim, x, (const __half *)w,
+                           NULL, y);
+    if (wtype == GANG_KW_I8)
+        return gemv_launch(s, GANG_CUDA_GLU_NONE, gout, pdl, m, ffn, kdim, x, (const int8_t *)w,
+                           scales, y);
+    return GANG_ENOSYS;
 }
 
 /* Element d of table row id as f32 (wtype: GANG_KW_BF16, _F16 or _I8). */

@@ -27,6 +27,11 @@
  *                           unit as they stage x) and 12 (glu, then the matmul), SiLU and
  *                           GELU: the GPU's glu + matmul within 1e-5 (the same formula,
  *                           compiled into another kernel), one launch counted
+ *   matmul_to_glu           the gated unit of a [gate | up] weight's product in one
+ *                           launch (the GEMV pairing gate and up rows: bf16 / f16 / int8, m
+ *                           = 1, 3, 8, SiLU and GELU): the GPU's matmul + glu within 1e-5;
+ *                           GANG_ENOSYS, nothing written or counted, for m = 12, f32
+ *                           weights, int8 rows of 8, and on the CPU; the front's refusals
  *   graphs                  a captured add + scale does nothing until launched, each
  *                           launch runs it once; a sync while capturing is refused and
  *                           voids the graph
@@ -619,6 +624,93 @@ static void test_matmul_glu(void **state)
                     matmul_glu_case(ts[t], ms[a], 67, ks[b], gelu);
 }
 
+/* One matmul_to_glu case on the GPU: against the GPU's matmul + glu where the GEMV takes
+ * it (one launch counted), else GANG_ENOSYS with y untouched and nothing counted. */
+static void matmul_to_glu_case(gang_kernels_wtype t, size_t m, size_t ffn, size_t kd, int gelu)
+{
+    const size_t n = 2 * ffn, wbytes = gang_kernels_weight_bytes(t, n, kd);
+    const int fused = m <= 8 && t != GANG_KW_F32 && !(t == GANG_KW_I8 && kd % 16 != 0);
+    float *wf = malloc(n * kd * 4), *x = malloc(m * kd * 4), *got = malloc(m * ffn * 4);
+    float *want = malloc(m * ffn * 4);
+    void *blob = malloc(wbytes), *dw, *dx, *dy, *dgu, *dy2;
+    gang_kernels_counters c0, c1;
+    gang_kernels_weight v;
+    char what[128];
+
+    assert_non_null(wf), assert_non_null(x), assert_non_null(got), assert_non_null(want);
+    assert_non_null(blob);
+    for (size_t i = 0; i < n * kd; i++)
+        wf[i] = rnd();
+    for (size_t i = 0; i < m * kd; i++)
+        x[i] = 3.0f * rnd();
+    for (size_t i = 0; i < m * ffn; i++)
+        want[i] = -7.0f; /* y's contents where nothing may be written */
+    assert_int_equal(gang_kernels_weight_pack(t, wf, n, kd, blob), 0);
+    dw = dev_copy(blob, wbytes), dx = dev_copy(x, m * kd * 4), dy = dev_copy(want, m * ffn * 4);
+    assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dgu), 0);
+    assert_int_equal(gang_kernels_alloc(gpu, m * ffn * 4, &dy2), 0);
+    v = gang_kernels_weight_view(t, dw, n, kd);
+    snprintf(what, sizeof(what), "matmul_to_glu (%s, m %zu, ffn %zu, k %zu, gelu %d)",
+             gang_kernels_wtype_name(t), m, ffn, kd, gelu);
+    assert_int_equal(gang_kernels_counters_get(gpu, &c0), 0);
+    assert_int_equal(gang_kernels_matmul_to_glu(gpu, gelu, m, ffn, kd, dx, &v, dy),
+                     fused ? 0 : GANG_ENOSYS);
+    assert_int_equal(gang_kernels_counters_get(gpu, &c1), 0);
+    assert_int_equal(c1.launches - c0.launches, fused ? 1 : 0);
+    fetch(got, dy, m * ffn * 4);
+    if (!fused) {
+        near(got, want, m * ffn, 0.0, what); /* untouched */
+    } else {
+        assert_int_equal(gang_kernels_matmul(gpu, m, n, kd, dx, &v, dgu), 0);
+        assert_int_equal(gang_kernels_glu(gpu, gelu, dgu, m, ffn, dy2), 0);
+        fetch(want, dy2, m * ffn * 4);
+        near(got, want, m * ffn, 1e-5, what);
+    }
+    gang_kernels_free(gpu, dw), gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dy);
+    gang_kernels_free(gpu, dgu), gang_kernels_free(gpu, dy2);
+    free(wf), free(x), free(got), free(want), free(blob);
+}
+
+static void test_matmul_to_glu(void **state)
+{
+    static const size_t ms[] = {1, 3, 8, 12}, ks[] = {8, 576};
+    static const gang_kernels_wtype ts[] = {GANG_KW_BF16, GANG_KW_F16, GANG_KW_I8, GANG_KW_F32};
+    float x[2 * 16], w[2 * 3 * 16], y[2 * 3];
+    gang_kernels_counters c0, c1;
+    gang_kernels_weight v;
+
+    (void)state;
+    /* The CPU has no such kernel: GANG_ENOSYS, nothing written or counted. */
+    for (size_t i = 0; i < sizeof(x) / 4; i++)
+        x[i] = rnd();
+    for (size_t i = 0; i < sizeof(w) / 4; i++)
+        w[i] = rnd();
+    for (size_t i = 0; i < sizeof(y) / 4; i++)
+        y[i] = -7.0f;
+    v = gang_kernels_weight_view(GANG_KW_F32, w, 6, 16);
+    assert_int_equal(gang_kernels_counters_get(cpu, &c0), 0);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, 3, 16, x, &v, y), GANG_ENOSYS);
+    assert_int_equal(gang_kernels_counters_get(cpu, &c1), 0);
+    assert_int_equal(c1.launches, c0.launches);
+    for (size_t i = 0; i < sizeof(y) / 4; i++)
+        assert_true(y[i] == -7.0f);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, 3, 16, NULL, &v, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, 0, 16, x, &v, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, 3, 16, x, NULL, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, 3, 16, x, &v, NULL), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, SIZE_MAX / 2 + 1, 16, x, &v, y),
+                     GANG_ERANGE);
+    assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, (size_t)1 << 31, 16, x, &v, y),
+                     GANG_ERANGE);
+    NEED_GPU();
+    for (size_t t = 0; t < 4; t++)
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 2; b++)
+                for (int gelu = 0; gelu < 2; gelu++)
+                    matmul_to_glu_case(ts[t], ms[a], 67, ks[b], gelu);
+    matmul_to_glu_case(GANG_KW_BF16, 1, 4, 576, 0); /* one block, every index valid */
+}
+
 static void test_graphs(void **state)
 {
     float x[256], y[256], got[256];
@@ -658,7 +750,7 @@ int main(void)
         cmocka_unit_test(test_attention_step), cmocka_unit_test(test_sample),
         cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_fusions_cpu),
         cmocka_unit_test(test_fusions),        cmocka_unit_test(test_matmul_glu),
-        cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_matmul_to_glu),  cmocka_unit_test(test_graphs),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
