@@ -589,10 +589,22 @@ static void matmul_glu_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd,
     free(wf), free(gu), free(got), free(want), free(blob);
 }
 
-static void test_matmul_glu(void **state)
+/* fn(t, m, 67, k, gelu) over the [gate | up] tests' cases: bf16 / f16 / int8 / f32
+ * weights, m = 1, 3, 8 (the GEMVs) and 12, k = 8 and 576, SiLU and GELU. */
+static void glu_sweep(void (*fn)(gang_kernels_wtype t, size_t m, size_t n, size_t kd, int gelu))
 {
     static const size_t ms[] = {1, 3, 8, 12}, ks[] = {8, 576};
     static const gang_kernels_wtype ts[] = {GANG_KW_BF16, GANG_KW_F16, GANG_KW_I8, GANG_KW_F32};
+
+    for (size_t t = 0; t < 4; t++)
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 2; b++)
+                for (int gelu = 0; gelu < 2; gelu++)
+                    fn(ts[t], ms[a], 67, ks[b], gelu);
+}
+
+static void test_matmul_glu(void **state)
+{
     float gu[2 * 2 * 16], w[3 * 16], y[2][2 * 3], scr[2 * 16];
     gang_kernels_counters c0, c1;
     gang_kernels_weight v;
@@ -617,11 +629,7 @@ static void test_matmul_glu(void **state)
     assert_int_equal(gang_kernels_matmul_glu(cpu, 0, 2, 3, (size_t)1 << 40, gu, &v, scr, y[0]),
                      GANG_ERANGE);
     NEED_GPU();
-    for (size_t t = 0; t < 4; t++)
-        for (size_t a = 0; a < 4; a++)
-            for (size_t b = 0; b < 2; b++)
-                for (int gelu = 0; gelu < 2; gelu++)
-                    matmul_glu_case(ts[t], ms[a], 67, ks[b], gelu);
+    glu_sweep(matmul_glu_case);
 }
 
 /* One matmul_to_glu case on the GPU: against the GPU's matmul + glu where the GEMV takes
@@ -673,8 +681,6 @@ static void matmul_to_glu_case(gang_kernels_wtype t, size_t m, size_t ffn, size_
 
 static void test_matmul_to_glu(void **state)
 {
-    static const size_t ms[] = {1, 3, 8, 12}, ks[] = {8, 576};
-    static const gang_kernels_wtype ts[] = {GANG_KW_BF16, GANG_KW_F16, GANG_KW_I8, GANG_KW_F32};
     float x[2 * 16], w[2 * 3 * 16], y[2 * 3];
     gang_kernels_counters c0, c1;
     gang_kernels_weight v;
@@ -703,11 +709,7 @@ static void test_matmul_to_glu(void **state)
     assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, (size_t)1 << 31, 16, x, &v, y),
                      GANG_ERANGE);
     NEED_GPU();
-    for (size_t t = 0; t < 4; t++)
-        for (size_t a = 0; a < 4; a++)
-            for (size_t b = 0; b < 2; b++)
-                for (int gelu = 0; gelu < 2; gelu++)
-                    matmul_to_glu_case(ts[t], ms[a], 67, ks[b], gelu);
+    glu_sweep(matmul_to_glu_case);
     matmul_to_glu_case(GANG_KW_BF16, 1, 4, 576, 0); /* one block, every index valid */
 }
 
