@@ -194,10 +194,8 @@ __device__ static void gemv_glu_out(const float *acc, size_t m, size_t n, int go
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = GEMV_WARPS / 2;
 
     for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
-        float v = acc[r];
+        const float v = warp_sum(acc[r]);
 
-        for (int d = 16; d > 0; d >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, d);
         if (lane == 0)
             part[r][warp / half][warp % half] = valid && scales != NULL ? v * scales[o] : v;
     }
@@ -283,10 +281,8 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     if (!valid)
         return;
     for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
-        float v = acc[r];
+        const float v = warp_sum(acc[r]);
 
-        for (int d = 16; d > 0; d >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, d);
         if (lane == 0)
             y[r * n + o] = scales != NULL ? v * scales[o] : v;
     }

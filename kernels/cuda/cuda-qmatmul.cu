@@ -36,7 +36,6 @@
 #include "cuda-pdl.h"
 #include "cuda-qblocks.h"
 #include "cuda-vec.h"
-#include "cuda-vec.h"
 
 #define QG_WARPS 8 /* output rows per thread block */
 #define QG_ROWS GANG_QB_ROWS
@@ -90,10 +89,8 @@ __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const floa
     if (o >= n)
         return;
     for (int r = 0; r < QG_ROWS && (size_t)r < m; r++) {
-        float v = acc[r];
+        const float v = warp_sum(acc[r]);
 
-        for (int d = 16; d > 0; d >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, d);
         if (lane == 0)
             y[(size_t)r * n + o] = v;
     }

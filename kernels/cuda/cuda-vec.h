@@ -209,6 +209,15 @@ template <> struct vec_io<int8_t> {
     }
 };
 
+/* The sum of v over the 32 lanes of the warp, in every lane (the decode GEMVs' reduction of
+ * a row's lane sums: butterfly shuffles, 16 lanes apart first). */
+__device__ static inline float warp_sum(float v)
+{
+    for (int d = 16; d > 0; d >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
 /* silu(g) * u (gelu 0) or gelu_tanh(g) * u (gelu 1): gang_kernels_silu_mul / gelu_mul's
  * formulas, as glu_kernel computes them. */
 __device__ static inline float gang_cuda_glu(int gelu, float g, float u)
