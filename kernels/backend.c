@@ -794,22 +794,50 @@ int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_
     return k->be->matmul_glu(k->ctx, gelu != 0, m, n, kdim, gu, w, scratch, y);
 }
 
-int gang_kernels_matmul_to_glu(gang_kernels *k, int gelu, size_t m, size_t ffn, size_t kdim,
-                               const float *x, const gang_kernels_weight *w, float *y)
+/* A fusion step's value: -1 (none), 0 or 1. */
+static int fusion_step_ok(int v)
 {
+    return v >= -1 && v <= 1;
+}
+
+int gang_kernels_matmul_fused(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
+                              const gang_kernels_weight *w, const gang_kernels_fusion *f,
+                              float *scratch, float *y)
+{
+    size_t tmp;
     int rc;
 
-    if (k == NULL || x == NULL || y == NULL || !weight_ok(w, kdim) || m == 0 || ffn == 0 ||
-        kdim == 0)
+    if (k == NULL || x == NULL || y == NULL || f == NULL || !weight_ok(w, kdim) || m == 0 ||
+        n == 0 || kdim == 0)
         return GANG_EINVAL;
-    if (ffn > SIZE_MAX / 2 || (rc = mm_dims(m, 2 * ffn, kdim)) < 0)
+    if (!fusion_step_ok(f->glu_in) || !fusion_step_ok(f->glu_out) ||
+        (f->accumulate != 0 && f->accumulate != 1) || (f->norm != NULL && f->glu_in >= 0) ||
+        (f->glu_out >= 0 && f->accumulate) ||
+        ((f->norm != NULL || f->glu_in >= 0) && scratch == NULL))
+        return GANG_EINVAL;
+    if (f->norm != NULL &&
+        (rc = gang__kernels_norm_check(x, f->norm, scratch, f->eps, m, kdim)) < 0)
+        return rc;
+    if (n > SIZE_MAX / 2 || kdim > SIZE_MAX / 2)
         return GANG_ERANGE;
-    if (k->be->matmul_to_glu == NULL)
+    if ((rc = mm_dims(m, f->glu_out >= 0 ? 2 * n : n, kdim)) < 0)
+        return rc;
+    if (f->glu_in >= 0 && gang__kernels_elems(m, 2 * kdim, &tmp) < 0)
+        return GANG_ERANGE;
+    if (k->be->matmul_fused == NULL || (w->type == GANG_KW_F32 && !k->be->matmul_f32))
         return GANG_ENOSYS;
-    rc = k->be->matmul_to_glu(k->ctx, gelu != 0, m, ffn, kdim, x, w, y);
+    rc = k->be->matmul_fused(k->ctx, m, n, kdim, x, w, f, scratch, y);
     if (rc == 0)
         k->cnt.launches++;
     return rc;
+}
+
+int gang_kernels_matmul_to_glu(gang_kernels *k, int gelu, size_t m, size_t ffn, size_t kdim,
+                               const float *x, const gang_kernels_weight *w, float *y)
+{
+    const gang_kernels_fusion f = {.glu_in = -1, .glu_out = gelu != 0, .accumulate = 0};
+
+    return gang_kernels_matmul_fused(k, m, ffn, kdim, x, w, &f, NULL, y);
 }
 
 int gang_kernels_add(gang_kernels *k, float *x, const float *y, size_t n)

@@ -105,10 +105,13 @@ typedef struct gang__kernels_backend {
      * given F32 weights unless matmul_f32 is set. */
     int (*matmul_glu)(void *ctx, int gelu, size_t m, size_t n, size_t kdim, const float *gu,
                       const gang_kernels_weight *w, float *scratch, float *y);
-    /* Optional (gang_kernels_matmul_to_glu; NULL: GANG_ENOSYS). GANG_ENOSYS, having done
-     * nothing, where no kernel of the backend fuses these sizes and storage. */
-    int (*matmul_to_glu)(void *ctx, int gelu, size_t m, size_t ffn, size_t kdim, const float *x,
-                         const gang_kernels_weight *w, float *y);
+    /* Optional (gang_kernels_matmul_fused and _to_glu; NULL: GANG_ENOSYS). The front has
+     * checked f and the sizes; never given F32 weights unless matmul_f32 is set. With
+     * glu_out: GANG_ENOSYS, having done nothing, where no kernel of the backend fuses these
+     * sizes and storage; every other f is done, by separate kernels where need be. */
+    int (*matmul_fused)(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
+                        const gang_kernels_weight *w, const gang_kernels_fusion *f, float *scratch,
+                        float *y);
     /* Optional kernel traces (gang_kernels_trace_*; NULL: the front refuses options.trace
      * with GANG_ENOSYS). The front keeps the span state (begin / end alternate, only on a
      * handle opened with trace) and zeroes *out; collect waits for the handle's work. */

@@ -6,7 +6,8 @@
  * tensor memory on request; this file chains kernels and all-reduces. Everything a forward call
  * touches is tensor memory of the handle it is given and every computation is a kernel call, so the
  * same code runs on the "cpu" backend (host pointers) and on "cuda" (device pointers); the
- * all-reduces go through the staging helpers below when the communicator only carries host buffers.
+ * all-reduces go through the staging helpers (tp-stage.c) when the communicator only carries host
+ * buffers.
  */
 #include <math.h>
 #include <stdint.h>
@@ -14,160 +15,6 @@
 #include <string.h>
 
 #include "ganglion/parallel.h"
-
-/* ---------------------------------------------------------------------------------
- * Slicing
- * --------------------------------------------------------------------------------- */
-int gang_tp_slice_rows(const float *src, size_t rows, size_t cols, size_t row_first,
-                       size_t row_count, float *dst)
-{
-    if (src == NULL || dst == NULL || rows == 0 || cols == 0 || row_count == 0)
-        return GANG_EINVAL;
-    if (row_first > rows || row_count > rows - row_first)
-        return GANG_EINVAL;
-    /* A band of rows of a row-major matrix is one contiguous block. */
-    memcpy(dst, src + row_first * cols, row_count * cols * sizeof(float));
-    return 0;
-}
-
-int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_first,
-                       size_t col_count, float *dst)
-{
-    size_t r;
-
-    if (src == NULL || dst == NULL || rows == 0 || cols == 0 || col_count == 0)
-        return GANG_EINVAL;
-    if (col_first > cols || col_count > cols - col_first)
-        return GANG_EINVAL;
-    for (r = 0; r < rows; r++)
-        memcpy(dst + r * col_count, src + r * cols + col_first, col_count * sizeof(float));
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------
- * Staging of device buffers over host communicators
- *
- * A socket or MPI communicator reads and writes host memory; a device handle's tensors
- * are device memory. Rather than teach every caller both cases, the four helpers decide
- * once: host handle or nccl communicator: pass the pointers through (nccl ordered after
- * the compute stream's work on the device, since it runs on its own stream); otherwise
- * download into the staging buffer, run the collective on the host, upload the result.
- * The owner sizes the staging buffer at init; a missing or short one is replaced by a
- * temporary allocation (callers without a staging buffer of their own).
- * --------------------------------------------------------------------------------- */
-
-/*
- * 1 when the buffers of (k, c) can be handed to c as they are. A device communicator is
- * ordered after k's enqueued work on the device (gang_comm_order_after: events, no host
- * wait between a GEMM and its all-reduce); only a backend without device ordering gets a
- * host synchronisation of k instead.
- */
-static int stage_direct(gang_kernels *k, gang_comm *c, int *rc)
-{
-    *rc = 0;
-    if (!(gang_kernels_caps(k) & GANG_KERNELS_CAP_DEVICE_MEM))
-        return 1;
-    if (gang_comm_caps(c) & GANG_COMM_CAP_DEVICE_MEM) {
-        *rc = gang_comm_order_after(c, gang_kernels_device_stream(k));
-        if (*rc == GANG_ENOSYS)
-            *rc = gang_kernels_sync(k);
-        return 1;
-    }
-    return 0;
-}
-
-/* Host staging memory of at least bytes: st's, or a temporary one put in *tmp. */
-static void *stage_host(gang_tp_stage *st, size_t bytes, void **tmp)
-{
-    *tmp = NULL;
-    if (st != NULL && st->host != NULL && st->bytes >= bytes)
-        return st->host;
-    *tmp = malloc(bytes > 0 ? bytes : 1);
-    return *tmp;
-}
-
-int gang_tp_stage_all_reduce(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf,
-                             size_t count, gang_dtype dt, uint64_t timeout_ms)
-{
-    size_t bytes = count * gang_dtype_size(dt);
-    void *h, *tmp;
-    int rc;
-
-    if (k == NULL || c == NULL || buf == NULL)
-        return GANG_EINVAL;
-    if (stage_direct(k, c, &rc))
-        return rc != 0 ? rc : gang_comm_all_reduce(c, buf, count, dt, timeout_ms);
-    if ((h = stage_host(st, bytes, &tmp)) == NULL)
-        return GANG_ENOMEM;
-    rc = gang_kernels_download(k, h, buf, bytes);
-    if (rc == 0)
-        rc = gang_comm_all_reduce(c, h, count, dt, timeout_ms);
-    if (rc == 0)
-        rc = gang_kernels_upload(k, buf, h, bytes);
-    free(tmp);
-    return rc;
-}
-
-int gang_tp_stage_all_gather(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *send,
-                             void *recv, size_t count, gang_dtype dt, uint64_t timeout_ms)
-{
-    size_t bytes = count * gang_dtype_size(dt), n;
-    void *h, *tmp;
-    int rc;
-
-    if (k == NULL || c == NULL || send == NULL || recv == NULL)
-        return GANG_EINVAL;
-    if (stage_direct(k, c, &rc))
-        return rc != 0 ? rc : gang_comm_all_gather(c, send, recv, count, dt, timeout_ms);
-    n = gang_comm_size(c);
-    if ((h = stage_host(st, (1 + n) * bytes, &tmp)) == NULL)
-        return GANG_ENOMEM;
-    rc = gang_kernels_download(k, h, send, bytes);
-    if (rc == 0)
-        rc = gang_comm_all_gather(c, h, (char *)h + bytes, count, dt, timeout_ms);
-    if (rc == 0)
-        rc = gang_kernels_upload(k, recv, (char *)h + bytes, n * bytes);
-    free(tmp);
-    return rc;
-}
-
-int gang_tp_stage_send(gang_kernels *k, gang_comm *c, gang_tp_stage *st, const void *buf,
-                       size_t bytes, uint32_t peer, uint32_t tag, uint64_t timeout_ms)
-{
-    void *h, *tmp;
-    int rc;
-
-    if (k == NULL || c == NULL || buf == NULL)
-        return GANG_EINVAL;
-    if (stage_direct(k, c, &rc))
-        return rc != 0 ? rc : gang_comm_send(c, buf, bytes, peer, tag, timeout_ms);
-    if ((h = stage_host(st, bytes, &tmp)) == NULL)
-        return GANG_ENOMEM;
-    rc = gang_kernels_download(k, h, buf, bytes);
-    if (rc == 0)
-        rc = gang_comm_send(c, h, bytes, peer, tag, timeout_ms);
-    free(tmp);
-    return rc;
-}
-
-int gang_tp_stage_recv(gang_kernels *k, gang_comm *c, gang_tp_stage *st, void *buf, size_t bytes,
-                       uint32_t peer, uint32_t tag, uint64_t timeout_ms)
-{
-    void *h, *tmp;
-    int rc;
-
-    if (k == NULL || c == NULL || buf == NULL)
-        return GANG_EINVAL;
-    if (stage_direct(k, c, &rc))
-        return rc != 0 ? rc : gang_comm_recv(c, buf, bytes, peer, tag, timeout_ms);
-    if ((h = stage_host(st, bytes, &tmp)) == NULL)
-        return GANG_ENOMEM;
-    rc = gang_comm_recv(c, h, bytes, peer, tag, timeout_ms);
-    if (rc == 0)
-        rc = gang_kernels_upload(k, buf, h, bytes);
-    free(tmp);
-    return rc;
-}
 
 /* ---------------------------------------------------------------------------------
  * Linear layers
@@ -179,10 +26,6 @@ int gang_tp_linear_column(gang_kernels *k, const float *x, size_t tokens, size_t
     return gang_kernels_gemm(k, 1, tokens, out_shard, in, 1.0f, x, w_shard, 0.0f, y);
 }
 
-/*
- * Row-parallel linear: y [tokens, out] = sum over the TP group of x_shard . w_shard^T, the
- * all-reduce staged through st (see the staging helpers). comm NULL = a single rank.
- */
 /* The storage of matrix w of l: l->wtype, or its own type in a mixed layer. */
 static gang_kernels_wtype tp_wtype(const gang_tp_layer *l, const void *w)
 {
@@ -225,21 +68,40 @@ typedef struct tp_row_in {
     float *glu_out;
 } tp_row_in;
 
+/*
+ * Row-parallel linear: y [tokens, out] = the product of in over the TP group's shards, the
+ * all-reduce staged through st (comm NULL: a single rank). With resid (the residual stream
+ * [tokens, out] the product is to be added to), where the backend adds in the product's
+ * launch (gang_kernels_matmul_fused): TP rank 0 adds its partial product to resid, the
+ * other ranks write theirs over it, and the all-reduce of resid sums them, so resid ends
+ * as resid + the full product with no add of its own; *added says so, y is not written.
+ * One rank: resid + its product, the numbers of the add. Otherwise (*added 0) y as
+ * without resid.
+ */
 static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage *st,
                                 const gang_tp_layer *l, tp_row_in in, size_t tokens,
                                 size_t in_shard, const void *w_shard, size_t out, float *y,
-                                uint64_t timeout_ms)
+                                float *resid, int *added, uint64_t timeout_ms)
 {
-    int rc;
+    gang_kernels_weight v = gang_kernels_weight_view(tp_wtype(l, w_shard), w_shard, out, in_shard);
+    int rc = GANG_ENOSYS;
 
-    if (in.glu < 0)
-        rc = tp_matmul(k, l, in.x, tokens, in_shard, w_shard, out, y);
-    else {
-        gang_kernels_weight v =
-            gang_kernels_weight_view(tp_wtype(l, w_shard), w_shard, out, in_shard);
+    *added = 0;
+    if (resid != NULL) {
+        const gang_kernels_fusion f = {
+            .glu_in = in.glu, .glu_out = -1, .accumulate = l->shard.tp_rank == 0};
 
-        rc = gang_kernels_matmul_glu(k, in.glu, tokens, out, in_shard, in.x, &v, in.glu_out, y);
+        rc = gang_kernels_matmul_fused(k, tokens, out, in_shard, in.x, &v, &f,
+                                       in.glu >= 0 ? in.glu_out : NULL, resid);
+        if (rc == 0) {
+            *added = 1;
+            y = resid;
+        }
     }
+    if (rc == GANG_ENOSYS)
+        rc = in.glu < 0 ? tp_matmul(k, l, in.x, tokens, in_shard, w_shard, out, y)
+                        : gang_kernels_matmul_glu(k, in.glu, tokens, out, in_shard, in.x, &v,
+                                                  in.glu_out, y);
     if (rc != 0)
         return rc;
     /*
@@ -249,6 +111,50 @@ static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage 
     if (comm == NULL)
         return 0;
     return gang_tp_stage_all_reduce(k, comm, st, y, tokens * out, GANG_DTYPE_F32, timeout_ms);
+}
+
+/*
+ * The input of a projection from the residual stream: x itself (norm NULL), or its
+ * RMSNorm with the weights norm, not yet computed: a backend with
+ * gang_kernels_matmul_fused norms it in the product's launch; otherwise tp_in_ready
+ * writes it into the scratch's normed first.
+ */
+typedef struct tp_in {
+    const float *x;
+    const float *norm;
+} tp_in;
+
+/* in normed into s->normed where it is still to be (*in then s->normed itself). */
+static int tp_in_ready(gang_kernels *k, const gang_tp_layer *l, gang_tp_scratch *s, tp_in *in,
+                       size_t total)
+{
+    int rc;
+
+    if (in->norm == NULL)
+        return 0;
+    rc = gang_kernels_rmsnorm(k, in->x, in->norm, l->norm_eps, total, l->hidden, s->normed);
+    if (rc == 0)
+        *in = (tp_in){.x = s->normed};
+    return rc;
+}
+
+/* y [total, out] = in . W^T for a matrix of l reading the residual stream (kdim hidden), in's
+ * norm in the product's launch where the backend has it, else first (tp_in_ready). */
+static int tp_matmul_in(gang_kernels *k, const gang_tp_layer *l, gang_tp_scratch *s, tp_in in,
+                        size_t total, const void *w, size_t out, float *y)
+{
+    int rc;
+
+    if (in.norm != NULL) {
+        gang_kernels_weight v = gang_kernels_weight_view(tp_wtype(l, w), w, out, l->hidden);
+        const gang_kernels_fusion f = {
+            .norm = in.norm, .eps = l->norm_eps, .glu_in = -1, .glu_out = -1};
+
+        rc = gang_kernels_matmul_fused(k, total, out, l->hidden, in.x, &v, &f, s->normed, y);
+        if (rc != GANG_ENOSYS || (rc = tp_in_ready(k, l, s, &in, total)) != 0)
+            return rc;
+    }
+    return tp_matmul(k, l, in.x, total, l->hidden, w, out, y);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -680,13 +586,13 @@ static int tp_qkv_rope_fused(const gang_tp_layer *l)
 }
 
 /*
- * The q, k and v projections of the call's tokens into s->q, kp and vp: one GEMM over the
- * concatenated weight of a device layer, split back into the three in one launch (with
+ * The q, k and v projections of the call's tokens (of in) into s->q, kp and vp: one GEMM
+ * over the concatenated weight of a device layer, split back into the three in one launch (with
  * the biases and RoPE when tp_qkv_rope_fused); one gang_kernels_matmul_n of the three
  * weights on the host.
  */
 static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
-                        float *kp, float *vp)
+                        tp_in in, float *kp, float *vp)
 {
     const void *const w[3] = {l->wq, l->wk, l->wv};
     const size_t out[3] = {s->q_cols, s->kv_cols, s->kv_cols};
@@ -694,8 +600,7 @@ static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch
     int rc;
 
     if (l->wqkv != NULL) {
-        rc = tp_matmul(k, l, s->normed, total, l->hidden, l->wqkv, s->q_cols + 2 * s->kv_cols,
-                       s->fused);
+        rc = tp_matmul_in(k, l, s, in, total, l->wqkv, s->q_cols + 2 * s->kv_cols, s->fused);
         if (rc == 0 && tp_qkv_rope_fused(l)) {
             gang_kernels_qkv_rope a = {.x = s->fused,
                                        .rows = total,
@@ -718,19 +623,21 @@ static int tp_batch_qkv(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch
                        : gang_kernels_split_cols3(k, s->fused, total, s->q_cols, s->kv_cols,
                                                   s->kv_cols, s->q, kp, vp);
     }
-    return tp_matmul_n(k, l, s->normed, total, l->hidden, 3, w, out, y);
+    if ((rc = tp_in_ready(k, l, s, &in, total)) != 0)
+        return rc;
+    return tp_matmul_n(k, l, in.x, total, l->hidden, 3, w, out, y);
 }
 
 /*
- * The MLP's gated unit of the call's tokens, as the down projection's input (*in): on a
- * device layer the concatenated gate/up weight's product, whose gated unit the backend
- * writes into s->gate in the same launch where it can (gang_kernels_matmul_to_glu: the
- * decode GEMV), else the product into s->fused, whose gated unit the down product
+ * The MLP's gated unit of the call's tokens (of x), as the down projection's input (*in):
+ * on a device layer the concatenated gate/up weight's product, whose gated unit the backend
+ * writes into s->gate in the same launch where it can (gang_kernels_matmul_fused's glu_out:
+ * the decode GEMV, x's norm too), else the product into s->fused, whose gated unit the down product
  * computes as it reads it (tp_row_in); on the host one gang_kernels_matmul_n of the two
  * weights and the element-wise gate into s->gate.
  */
 static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratch *s, size_t total,
-                         tp_row_in *in)
+                         tp_in x, tp_row_in *in)
 {
     const void *const w[2] = {l->w_gate, l->w_up};
     const size_t out[2] = {s->ffn_cols, s->ffn_cols};
@@ -740,18 +647,22 @@ static int tp_batch_gate(const gang_tp_layer *l, gang_kernels *k, gang_tp_scratc
     if (l->wgu != NULL) {
         gang_kernels_weight v =
             gang_kernels_weight_view(tp_wtype(l, l->wgu), l->wgu, 2 * s->ffn_cols, l->hidden);
+        const gang_kernels_fusion f = {
+            .norm = x.norm, .eps = l->norm_eps, .glu_in = -1, .glu_out = gelu};
 
-        rc = gang_kernels_matmul_to_glu(k, gelu, total, s->ffn_cols, l->hidden, s->normed, &v,
-                                        s->gate);
+        rc = gang_kernels_matmul_fused(k, total, s->ffn_cols, l->hidden, x.x, &v, &f,
+                                       x.norm != NULL ? s->normed : NULL, s->gate);
         if (rc != GANG_ENOSYS) {
             *in = (tp_row_in){.x = s->gate, .glu = -1};
             return rc;
         }
         *in = (tp_row_in){.x = s->fused, .glu = gelu, .glu_out = s->gate};
-        return tp_matmul(k, l, s->normed, total, l->hidden, l->wgu, 2 * s->ffn_cols, s->fused);
+        return tp_matmul_in(k, l, s, x, total, l->wgu, 2 * s->ffn_cols, s->fused);
     }
     *in = (tp_row_in){.x = s->gate, .glu = -1};
-    rc = tp_matmul_n(k, l, s->normed, total, l->hidden, 2, w, out, y);
+    if ((rc = tp_in_ready(k, l, s, &x, total)) != 0)
+        return rc;
+    rc = tp_matmul_n(k, l, x.x, total, l->hidden, 2, w, out, y);
     if (rc != 0)
         return rc;
     return gelu ? gang_kernels_gelu_mul(k, s->gate, s->up, total * s->ffn_cols, s->gate)
@@ -792,13 +703,14 @@ static int tp_step_kv(gang_kernels *k, uint32_t n_seq, gang_tp_kv_cache *const *
 }
 
 /*
- * The attention block on the whole batch: normed [total, hidden] in, s->delta [total,
- * hidden] out (after the o_proj all-reduce).
+ * The attention block on the whole batch: in [total, hidden] in, s->delta [total, hidden]
+ * out (after the o_proj all-reduce), or, with resid and *added set, resid += the block's
+ * output instead (tp_linear_row_staged).
  */
 static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm,
                               uint32_t n_seq, const uint32_t *seq_tokens, const uint32_t *seq_pos0,
                               gang_tp_kv_cache *const *caches, gang_tp_scratch *s, size_t total,
-                              uint64_t timeout_ms)
+                              tp_in in, float *resid, int *added, uint64_t timeout_ms)
 {
     size_t hd = l->head_dim;
     float *kp = s->k, *vp = s->v;
@@ -816,7 +728,7 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
         kp = caches[0]->k + (size_t)seq_pos0[0] * s->kv_cols;
         vp = caches[0]->v + (size_t)seq_pos0[0] * s->kv_cols;
     }
-    rc = tp_batch_qkv(l, k, s, total, kp, vp);
+    rc = tp_batch_qkv(l, k, s, total, in, kp, vp);
     if (rc != 0)
         return rc;
     if (!tp_qkv_rope_fused(l)) {
@@ -847,7 +759,7 @@ static int tp_batch_attention(const gang_tp_layer *l, gang_kernels *k, gang_comm
     if (rc != 0)
         return rc;
     return tp_linear_row_staged(k, comm, &s->stage, l, (tp_row_in){.x = s->q, .glu = -1}, total,
-                                s->q_cols, l->wo, l->hidden, s->delta, timeout_ms);
+                                s->q_cols, l->wo, l->hidden, s->delta, resid, added, timeout_ms);
 }
 
 int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_comm *comm, float *x,
@@ -857,8 +769,9 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
 {
     uint64_t deadline, left;
     size_t total, n;
-    int rc, normed_ready;
+    int rc, normed_ready, added;
     tp_row_in down_in = {.glu = -1};
+    tp_in in;
 
     if (l == NULL || k == NULL || x == NULL || seq_tokens == NULL || seq_pos0 == NULL ||
         caches == NULL || s == NULL || n_seq == 0 || timeout_ms == 0)
@@ -894,33 +807,50 @@ int gang_tp_layer_forward_batch(const gang_tp_layer *l, gang_kernels *k, gang_co
     n = total * l->hidden;
     deadline = gang_deadline_after(timeout_ms);
 
-    if (!normed_ready) {
-        rc = gang_kernels_rmsnorm(k, x, l->attn_norm, l->norm_eps, total, l->hidden, s->normed);
+    /*
+     * The residual stream: where the backend fuses (gang_kernels_matmul_fused), the input
+     * norms happen in the q|k|v and gate|up products' launches and the o and down products
+     * add themselves to x, so no norm or add runs between the products; otherwise (or
+     * around Gemma's sandwich norms and a mixture of experts) the separate calls, the
+     * previous layer's last add with this layer's input norm among them.
+     */
+    in = normed_ready ? (tp_in){.x = s->normed} : (tp_in){.x = x, .norm = l->attn_norm};
+    rc = tp_batch_attention(l, k, comm, n_seq, seq_tokens, seq_pos0, caches, s, total, in,
+                            l->post_attn_norm == NULL ? x : NULL, &added, timeout_ms);
+    if (rc != 0)
+        return rc;
+    if (added)
+        in = (tp_in){.x = x, .norm = l->mlp_norm};
+    else {
+        if (l->post_attn_norm != NULL) /* Gemma's sandwich norm, in place */
+            rc = gang_kernels_rmsnorm(k, s->delta, l->post_attn_norm, l->norm_eps, total, l->hidden,
+                                      s->delta);
+        if (rc == 0)
+            rc = gang_kernels_add_rmsnorm(k, x, s->delta, l->mlp_norm, l->norm_eps, total,
+                                          l->hidden, s->normed);
         if (rc != 0)
             return rc;
+        in = (tp_in){.x = s->normed};
     }
-    rc = tp_batch_attention(l, k, comm, n_seq, seq_tokens, seq_pos0, caches, s, total, timeout_ms);
-    if (rc == 0 && l->post_attn_norm != NULL) /* Gemma's sandwich norm, in place */
-        rc = gang_kernels_rmsnorm(k, s->delta, l->post_attn_norm, l->norm_eps, total, l->hidden,
-                                  s->delta);
-    if (rc != 0)
-        return rc;
-    rc = gang_kernels_add_rmsnorm(k, x, s->delta, l->mlp_norm, l->norm_eps, total, l->hidden,
-                                  s->normed);
-    if (rc != 0)
-        return rc;
     /* The second all-reduce (the MoE block's all-to-alls too) gets what is left. */
     rc = gang_deadline_left(deadline, &left);
     if (rc != 0)
         return rc;
-    if (l->moe != NULL) /* a mixture-of-experts MLP (parallel/tp-moe.c), on the EP group */
-        rc = gang_tp_moe_forward(l->moe, k, s->moe_comm != NULL ? s->moe_comm : comm, s->normed,
-                                 total, s->delta, left);
-    else
-        rc = tp_batch_gate(l, k, s, total, &down_in);
-    if (rc == 0 && l->moe == NULL)
-        rc = tp_linear_row_staged(k, comm, &s->stage, l, down_in, total, s->ffn_cols, l->w_down,
-                                  l->hidden, s->delta, left);
+    if (l->moe != NULL) { /* a mixture-of-experts MLP (parallel/tp-moe.c), on the EP group */
+        rc = tp_in_ready(k, l, s, &in, total);
+        if (rc == 0)
+            rc = gang_tp_moe_forward(l->moe, k, s->moe_comm != NULL ? s->moe_comm : comm, in.x,
+                                     total, s->delta, left);
+    } else {
+        rc = tp_batch_gate(l, k, s, total, in, &down_in);
+        if (rc == 0)
+            rc = tp_linear_row_staged(k, comm, &s->stage, l, down_in, total, s->ffn_cols, l->w_down,
+                                      l->hidden, s->delta, l->post_mlp_norm == NULL ? x : NULL,
+                                      &added, left);
+        /* added: x holds the layer's output; the next layer norms it in its own products */
+        if (rc != 0 || added)
+            return rc;
+    }
     if (rc == 0 && l->post_mlp_norm != NULL)
         rc = gang_kernels_rmsnorm(k, s->delta, l->post_mlp_norm, l->norm_eps, total, l->hidden,
                                   s->delta);

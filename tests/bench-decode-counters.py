@@ -127,7 +127,8 @@ def pdl_same_counts(binary, plain):
 def check_trace(d, graphs):
     """One traced point's "trace" object: every timed decode step traced, the kernels all in
     the ops, busy <= device <= the step's wall time, the step's kernels in its graph (or
-    none there without graphs), the GEMV and the step attention among them, nothing lost."""
+    none there without graphs), the GEMV and the step attention among them, no norm or add
+    kernel but the final norm, nothing lost."""
     t = d.get("trace")
     name = "%s batch %d%s" % (d["storage"], d["batch"], "" if graphs else " --cuda-graphs 0")
     if t is None:
@@ -149,6 +150,16 @@ def check_trace(d, graphs):
     for want in ("gemv_kernel", "attention_step_kernel"):
         if not any(o["name"].startswith(want) for o in ops):
             fail("%s: no %s among the traced kernels" % (name, want))
+    # The residual stream between the products (gang_kernels_matmul_fused): each layer's
+    # input norms in its q|k|v and gate|up GEMVs, its o and down GEMVs adding to it; what
+    # is left is the final norm before the LM head, one a step.
+    per = {}
+    for o in ops:
+        base = o["name"].split(" ")[0].split("<")[0]
+        per[base] = per.get(base, 0) + o["per_step"]
+    if per.get("add_rmsnorm_kernel", 0) or per.get("add_kernel", 0) or \
+            abs(per.get("rmsnorm_kernel", 0) - 1) > 0.05:
+        fail("%s: norms and adds between the products: %s" % (name, per))
     return t["kernels_per_step"]
 
 

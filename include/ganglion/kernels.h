@@ -281,12 +281,57 @@ int gang_kernels_matmul_glu(gang_kernels *k, int gelu, size_t m, size_t n, size_
  * product reads the unit instead of computing it again in each of its blocks
  * (gang_kernels_matmul_glu). GANG_ENOSYS, having done nothing, elsewhere (other backends,
  * more rows, other storage): the caller takes gang_kernels_matmul then
- * gang_kernels_matmul_glu. One launch counted when done. y must not overlap x or the
+ * gang_kernels_matmul_glu. One launch counted when done. gang_kernels_matmul_fused with
+ * glu_out gelu (and no other step) is the same call. y must not overlap x or the
  * weight. Errors: GANG_EINVAL for a NULL, an invalid weight or a zero size; GANG_ERANGE
  * for sizes past the index range; the backend's.
  */
 int gang_kernels_matmul_to_glu(gang_kernels *k, int gelu, size_t m, size_t ffn, size_t kdim,
                                const float *x, const gang_kernels_weight *w, float *y);
+
+/*
+ * What a product's own launch does around it (gang_kernels_matmul_fused). The zero value
+ * is not a plain product: glu_in and glu_out must be -1 for none.
+ */
+typedef struct gang_kernels_fusion {
+    /* x [m, kdim] RMS-normed first with these [kdim] weights and eps, as gang_kernels_rmsnorm
+     * computes it (NULL: x as it is) */
+    const float *norm;
+    float eps;
+    /* -1, or 0 (SiLU) / 1 (GELU-tanh): x is [m, 2 kdim], each row the gate's kdim columns
+     * then up's, and the product's input their gated unit (gang_kernels_matmul_glu); not
+     * with norm */
+    int glu_in;
+    /* -1, or 0 / 1: W is [2 n, kdim], the gate's n rows then up's, and y [m, n] the gated unit
+     * of the product (gang_kernels_matmul_to_glu); not with accumulate */
+    int glu_out;
+    /* 1: y += the product (a residual add, as gang_kernels_add adds); 0: y = the product */
+    int accumulate;
+} gang_kernels_fusion;
+
+/*
+ * y [m, n] = [y +] out(in(x) . W^T), in and out the steps f names (gang_kernels_fusion), in
+ * one call: one launch counted, whatever the backend runs for it. The numbers are those of
+ * the separate calls (gang_kernels_rmsnorm or gang_kernels_glu into scratch,
+ * gang_kernels_matmul, gang_kernels_glu, gang_kernels_add). Why (issue #24): the decode
+ * step's residual stream without a norm or an add kernel between its products, where the
+ * CUDA decode GEMV (m <= 8; bf16 / f16 unless half_gemv is off, int8 with kdim a multiple
+ * of 16) norms x as it stages it (rows that fit its tile at once: kdim <= 8192 at one row,
+ * 4096 at two, ...), computes either gated unit and adds in its epilogue. For another
+ * shape or storage the backend runs the separate kernels itself: scratch [m, kdim] (only
+ * with norm or glu_in; NULL otherwise allowed) receives the normed or gated input, its
+ * contents unspecified after the call. glu_out is only ever fused: where no kernel does
+ * it, GANG_ENOSYS having written nothing but scratch (the caller writes the product and
+ * lets the next product's glu_in take the unit). Backends without the call (the CPU): GANG_ENOSYS
+ * for every f, having done nothing; the caller makes the separate calls. y must not overlap x,
+ * scratch or the weight, nor scratch x. Errors: GANG_EINVAL for a NULL (scratch where needed), an
+ * invalid weight, a zero size, a step value other than those above, norm with glu_in, glu_out with
+ * accumulate, an eps gang_kernels_rmsnorm refuses; GANG_ERANGE for sizes past the index range; the
+ * backend's.
+ */
+int gang_kernels_matmul_fused(gang_kernels *k, size_t m, size_t n, size_t kdim, const float *x,
+                              const gang_kernels_weight *w, const gang_kernels_fusion *f,
+                              float *scratch, float *y);
 
 /*
  * gang_kernels_embedding over a typed table [vocab, dim] (I8: each row times its scale;

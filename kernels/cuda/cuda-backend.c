@@ -597,24 +597,74 @@ static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim,
     return rc != 0 ? rc : cuda_matmul(ctx, m, n, kdim, scratch, w, y);
 }
 
+/* A fusion step of gang_kernels_fusion (-1, 0 SiLU, 1 GELU) as a GANG_CUDA_GLU_*. */
+static int cuda_glu_of(int step)
+{
+    return step < 0 ? GANG_CUDA_GLU_NONE : step ? GANG_CUDA_GLU_GELU : GANG_CUDA_GLU_SILU;
+}
+
 /*
- * glu(x . W^T) of a [gate | up] weight (gang_kernels_matmul_to_glu): the decode GEMV pairs
- * each gate row with its up row in a block and writes their gated unit (m <= 8; bf16 / f16
- * unless half_gemv is off, int8 with kdim a multiple of 16); GANG_ENOSYS elsewhere, block
- * weights included (their GEMV computes the unit in the down product instead).
+ * gang_kernels_matmul_fused: the whole of f in one decode GEMV where it applies (bf16 / f16
+ * unless half_gemv is off, int8; m <= 8; a norm's rows whole in its tile). Otherwise each
+ * step runs as its own kernel: the norm into scratch (rmsnorm_kernel), the product (the
+ * GEMV for glu_out, which is GANG_ENOSYS where that GEMV does not apply, block weights
+ * included: their GEMV takes the unit in the down product instead; cuda_matmul, or
+ * cuda_matmul_glu for glu_in) into y or, to be added, into fuse_tmp, then the add: the
+ * numbers of the separate calls.
  */
-static int cuda_matmul_to_glu(void *ctx, int gelu, size_t m, size_t ffn, size_t kdim,
-                              const float *x, const gang_kernels_weight *w, float *y)
+static int cuda_matmul_fused(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
+                             const gang_kernels_weight *w, const gang_kernels_fusion *f,
+                             float *scratch, float *y)
 {
     gang__cuda_ctx *c = ctx;
+    const gang__cuda_gemv_fused a = {.m = m,
+                                     .n = n,
+                                     .kdim = kdim,
+                                     .x = x,
+                                     .w = w->data,
+                                     .scales = w->scales,
+                                     .norm = f->norm,
+                                     .eps = f->eps,
+                                     .glu_in = cuda_glu_of(f->glu_in),
+                                     .glu_out = cuda_glu_of(f->glu_out),
+                                     .acc = f->accumulate,
+                                     .y = y};
+    const float *in = x;
+    float *out = y;
+    const int gemv = w->type == GANG_KW_I8 ||
+                     ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && c->half_gemv);
     int rc;
 
     if ((rc = ctx_enter(c)) < 0)
         return rc;
-    if ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && !c->half_gemv)
-        return GANG_ENOSYS;
-    return gang__cuda_launch_gemv_glu_out(c->stream, (int)w->type, gelu, c->pdl, m, ffn, kdim, x,
-                                          w->data, w->scales, y);
+    rc = gemv ? gang__cuda_launch_gemv_fused(c->stream, (int)w->type, c->pdl, &a) : GANG_ENOSYS;
+    if (rc != GANG_ENOSYS || (f->glu_out >= 0 && (!gemv || f->norm == NULL)))
+        return rc;
+    if (f->norm != NULL) {
+        rc = gang__cuda_launch_rmsnorm(c->stream, x, f->norm, f->eps, m, kdim, scratch);
+        if (rc < 0)
+            return rc;
+        in = scratch;
+    }
+    if (f->glu_out >= 0) { /* rows the norm did not fit in the GEMV: it takes the normed rows */
+        gang__cuda_gemv_fused b = a;
+
+        b.x = scratch, b.norm = NULL;
+        return gang__cuda_launch_gemv_fused(c->stream, (int)w->type, c->pdl, &b);
+    }
+    if (f->accumulate) {
+        if (m > SIZE_MAX / sizeof(float) / n)
+            return GANG_ERANGE;
+        rc = cuda_scratch(c, &c->fuse_tmp, &c->fuse_tmp_bytes, m * n * sizeof(float));
+        if (rc < 0)
+            return rc;
+        out = c->fuse_tmp;
+    }
+    rc = f->glu_in >= 0 ? cuda_matmul_glu(ctx, f->glu_in, m, n, kdim, x, w, scratch, out)
+                        : cuda_matmul(ctx, m, n, kdim, in, w, out);
+    if (rc == 0 && f->accumulate)
+        rc = gang__cuda_launch_add(c->stream, y, out, m * n);
+    return rc;
 }
 
 /*
@@ -871,7 +921,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .split_qkv_rope = cuda_split_qkv_rope,
     .add_rmsnorm = cuda_add_rmsnorm,
     .matmul_glu = cuda_matmul_glu,
-    .matmul_to_glu = cuda_matmul_to_glu,
+    .matmul_fused = cuda_matmul_fused,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,

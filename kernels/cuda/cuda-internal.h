@@ -86,6 +86,8 @@ typedef struct gang__cuda_ctx {
     size_t att_scratch_floats;
     void *mm_scratch; /* x converted to half for gang_kernels_matmul (pool) */
     size_t mm_scratch_bytes;
+    void *fuse_tmp; /* a product for gang_kernels_matmul_fused's add, where no GEMV adds (pool) */
+    size_t fuse_tmp_bytes;
     void *mq_scratch; /* a band of a block weight dequantized to bf16 for a prefill (pool) */
     size_t mq_scratch_bytes;
     void *mq_out; /* a band's product when the weight takes several bands (pool) */
@@ -171,12 +173,24 @@ int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size
  * both GEMVs): launched as a programmatic dependent of the kernel before it (cuda-pdl.h). */
 int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int bf16, size_t m, size_t n,
                                 size_t kdim, const float *x, const void *w, float *y);
-/* y [m, ffn] = the gated unit (gelu: GELU-tanh, else SiLU) of x . W^T for a [gate | up]
- * weight W [2 ffn, kdim] (wtype GANG_KW_BF16, _F16 or _I8 with its scales), by the decode
- * GEMV (gang_kernels_matmul_to_glu); GANG_ENOSYS where the GEMV does not apply. */
-int gang__cuda_launch_gemv_glu_out(cudaStream_t s, int wtype, int gelu, int pdl, size_t m,
-                                   size_t ffn, size_t kdim, const float *x, const void *w,
-                                   const float *scales, float *y);
+/* One decode GEMV with its fusions (gang_kernels_matmul_fused): y [m, n] = [y +]
+ * out(in(x) . W^T), W [n, kdim] (glu_out: [2 n, kdim], gate rows then up rows, y the gated
+ * unit) in wtype (GANG_KW_BF16, _F16 or _I8 with its scales); in: x RMS-normed with norm
+ * and eps, or (glu_in, a GANG_CUDA_GLU_*) the gated unit of x [m, 2 kdim]; acc: y +=. */
+typedef struct gang__cuda_gemv_fused {
+    size_t m, n, kdim;
+    const float *x;
+    const void *w;
+    const float *scales;
+    const float *norm;
+    float eps;
+    int glu_in, glu_out, acc;
+    float *y;
+} gang__cuda_gemv_fused;
+/* Launched by the decode GEMV; GANG_ENOSYS where it does not apply (m > 8, a norm whose rows
+ * do not fit its tile at once, glu_in with a norm or glu_out with acc, other storage). */
+int gang__cuda_launch_gemv_fused(cudaStream_t s, int wtype, int pdl,
+                                 const gang__cuda_gemv_fused *a);
 int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
                                   size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
                                   float *out);

@@ -98,17 +98,17 @@ static unsigned gemv_tile(size_t m)
 /*
  * The decode GEMV (file comment) over weights of element type T: warp w of block b computes
  * output row o = b x GEMV_WARPS + w, times scales[o] when scales is not NULL (int8). x row
- * r's tile is xs[r tile ..]. Per tile, each lane first issues its first GEMV_PRE weight
- * loads, then the block stages x (four elements a load when xv: x 16-byte aligned), so the
- * memory streams weights while the block waits at the barrier (a grid of one wave, as the
- * 8B shape's q|k|v, o and down projections are, would otherwise leave it idle there); then
- * gemv_stream keeps GEMV_PRE loads of the lane in flight to the tile's end, the products
- * summed in the order of the elements. Launched as a programmatic
- * dependent (cuda-pdl.h) it issues the first tile's weight loads before it waits for the
- * kernel before it, whose output x is. sm_90 (ptxas -v): 64 registers
- * under the launch bounds, no spills (4 loads a lane live in the loop; the two-loop form,
- * a batch of loads then its uses, spilled there); tests/sass-loads.py reads the SASS for
- * the loads in flight.
+ * r's tile is xs[r tile ..]; with g (gemv_stage_norm) x is RMS-normed with weights g as it
+ * is staged, and with add the output is added to y (a residual add). Per tile, each lane first
+ * issues its first GEMV_PRE weight loads, then the block stages x (four elements a load when xv: x
+ * 16-byte aligned), so the memory streams weights while the block waits at the barrier (a grid of
+ * one wave, as the 8B shape's q|k|v, o and down projections are, would otherwise leave it idle
+ * there); then gemv_stream keeps GEMV_PRE loads of the lane in flight to the tile's end, the
+ * products summed in the order of the elements. Launched as a programmatic dependent (cuda-pdl.h)
+ * it issues the first tile's weight loads before it waits for the kernel before it, whose output x
+ * is. sm_90 (ptxas -v): 64 registers under the launch bounds, no spills (4 loads a lane live in the
+ * loop; the two-loop form, a batch of loads then its uses, spilled there); tests/sass-loads.py
+ * reads the SASS for the loads in flight.
  */
 #define GEMV_PRE 4 /* 16-byte weight loads per lane in flight (2 KB a warp) */
 #define GEMV_XU 2  /* x's 4-element groups a thread loads at once when it stages x */
@@ -179,6 +179,79 @@ __device__ static inline void gemv_stream(float *acc, size_t m, const float *xs,
 }
 
 /*
+ * The GEMV's input RMS-normed as it is staged (gang_kernels_matmul_fused's norm): the m
+ * rows of x [m, kdim] whole in the tile (kdim <= tile, so k0 = 0 is the only tile) and
+ * the weights g after them (at xs + m tile: gemv_launch leaves the room), staged as they
+ * are; each row's sum of squares reduced in double over the block; then every staged
+ * element replaced by round(x * scale * g[e]) with rms_scale's scale: what rmsnorm_kernel
+ * writes, then the GEMV stages of it (the double sums' order aside, which moves the f32
+ * scale with a probability of about 1e-9). The passes after the staging walk the tile in
+ * the order of its banks (vec_unswz). Every thread of the block calls it; x 16-byte
+ * aligned, kdim % 4 == 0 (xv). Its loops are unrolled twice (the staging) or not at all:
+ * more, or g read from global memory in the last pass, pushed the kernel past its 64
+ * registers (ptxas -v: 4-32 bytes of spills); the weight loads issued before it
+ * (gemv_first_loads) stream meanwhile.
+ */
+template <typename T>
+__device__ static void gemv_stage_norm(float *xs, unsigned tile, const float *x, size_t m,
+                                       unsigned kdim, const float *g, float eps)
+{
+    constexpr int V = vec_io<T>::VEC;
+    constexpr unsigned NT = 32 * GEMV_WARPS;
+    __shared__ double red[MM_ROWS][GEMV_WARPS];
+    float *const gs = xs + m * tile;
+    const unsigned groups = (unsigned)m * kdim / 4, chunk = 32u * V;
+    const unsigned kpad = (kdim + chunk - 1) / chunk * chunk; /* <= tile */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+#pragma unroll 2
+    for (unsigned q = threadIdx.x; q < groups; q += NT) {
+        const unsigned r = 4 * q / kdim, e = 4 * q - r * kdim;
+        float v[4];
+
+        gemv_x4(x, GANG_CUDA_GLU_NONE, kdim, r, e, v);
+        if (r == 0)
+            for (int d = 0; d < 4; d++)
+                gs[e + d] = g[e + d];
+        for (int d = 0; d < 4; d++)
+            xs[r * tile + vec_swz<V>(e + d)] = v[d];
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (unsigned r = 0; r < m; r++) {
+        double ss = 0.0;
+
+#pragma unroll 1
+        for (unsigned p = threadIdx.x; p < kpad; p += NT)
+            if (vec_unswz<V>(p) < kdim) {
+                const double v = xs[r * tile + p];
+
+                ss += v * v;
+            }
+        ss = warp_sum(ss);
+        if (lane == 0)
+            red[r][warp] = ss;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (unsigned r = 0; r < m; r++) {
+        double ss = 0.0;
+
+        for (int w = 0; w < GEMV_WARPS; w++)
+            ss += red[r][w];
+        const float scale = rms_scale(ss, kdim, eps);
+
+#pragma unroll 1
+        for (unsigned p = threadIdx.x; p < kpad; p += NT) {
+            const unsigned e = vec_unswz<V>(p);
+
+            if (e < kdim)
+                xs[r * tile + p] = vec_io<T>::round(xs[r * tile + p] * scale * gs[e]);
+        }
+    }
+}
+
+/*
  * The gated unit of a [gate | up] product as the GEMV's output (gout, gemv_kernel): the
  * reduced sums of the block's 8 rows (acc, times the row's scale when scales is not NULL)
  * meet in shared memory, warp w < 4's gate row with warp w + 4's up row of the same index
@@ -210,7 +283,8 @@ __device__ static void gemv_glu_out(const float *acc, size_t m, size_t n, int go
 template <typename T>
 __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     gemv_kernel(size_t m, size_t n, size_t kdim, unsigned tile, const float *x, int xv, int glu,
-                int gout, const T *w, const float *scales, float *y)
+                int gout, const T *w, const float *scales, const float *g, float eps, int add,
+                float *y)
 {
     constexpr int V = vec_io<T>::VEC;
     __shared__ float xs[GEMV_SMEM];
@@ -239,7 +313,9 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
         if (k0 == 0)
             pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
         __syncthreads(); /* the previous tile is no longer read */
-        if (xv) {
+        if (g != NULL)
+            gemv_stage_norm<T>(xs, tile, x, m, kt, g, eps); /* one tile: kt = kdim */
+        else if (xv) {
             /* GEMV_XU of the thread's 4-element groups loaded before the first is stored */
             for (unsigned q0 = threadIdx.x; q0 < total / 4; q0 += 32 * GEMV_WARPS * GEMV_XU) {
                 float v[GEMV_XU][4];
@@ -283,44 +359,65 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     for (int r = 0; r < MM_ROWS && (size_t)r < m; r++) {
         const float v = warp_sum(acc[r]);
 
-        if (lane == 0)
-            y[r * n + o] = scales != NULL ? v * scales[o] : v;
+        if (lane == 0) {
+            const float p = scales != NULL ? v * scales[o] : v;
+
+            y[r * n + o] = add ? y[r * n + o] + p : p; /* the residual add's numbers */
+        }
     }
 }
 
+/* What a decode GEMV launch does around its product (gemv_kernel's glu, gout, g, eps, acc). */
+typedef struct gemv_fuse {
+    int glu, gout;  /* GANG_CUDA_GLU_*: the gated unit of x's rows, of the product's */
+    const float *g; /* x RMS-normed with these weights first (NULL: not) */
+    float eps;
+    int acc; /* y += the product */
+} gemv_fuse;
+
+static const gemv_fuse gemv_plain = {GANG_CUDA_GLU_NONE, GANG_CUDA_GLU_NONE, NULL, 0.0f, 0};
+
 /*
  * The decode GEMV over T weights where it applies (m <= MM_ROWS rows of x, rows of whole
- * 16-byte loads starting on 16-byte boundaries): launched, its launch status returned;
- * GANG_ENOSYS where it does not apply (the caller takes another kernel).
+ * 16-byte loads starting on 16-byte boundaries; with a norm, x 16-byte aligned and its rows
+ * whole in one tile): launched, its launch status returned; GANG_ENOSYS where it does not
+ * apply (the caller takes another kernel).
  */
 template <typename T>
-static int gemv_launch(cudaStream_t s, int glu, int gout, int pdl, size_t m, size_t n, size_t kdim,
+static int gemv_launch(cudaStream_t s, const gemv_fuse &f, int pdl, size_t m, size_t n, size_t kdim,
                        const float *x, const T *w, const float *scales, float *y)
 {
-    const size_t per = gout == GANG_CUDA_GLU_NONE ? GEMV_WARPS : GEMV_WARPS / 2;
+    const size_t per = f.gout == GANG_CUDA_GLU_NONE ? GEMV_WARPS : GEMV_WARPS / 2;
     size_t blocks = (n + per - 1) / per;
 
     if (m == 0 || m > MM_ROWS || kdim % vec_io<T>::VEC != 0 || ((uintptr_t)w & 15) != 0 ||
-        blocks > INT32_MAX || (glu != GANG_CUDA_GLU_NONE && gout != GANG_CUDA_GLU_NONE))
+        blocks > INT32_MAX || (f.glu != GANG_CUDA_GLU_NONE && f.gout != GANG_CUDA_GLU_NONE) ||
+        (f.acc && f.gout != GANG_CUDA_GLU_NONE))
         return GANG_ENOSYS;
     /* x staged four elements a load where its rows are 16-byte aligned (kdim % 4 == 0: V is
      * 8 or 16) */
     const int xv = ((uintptr_t)x & 15) == 0;
+    /* a norm's tile: the whole rows, a multiple of 512 (gemv_tile), the weights after them */
+    const size_t ntile = (kdim + 511) / 512 * 512;
+    const unsigned tile = f.g != NULL ? (unsigned)ntile : gemv_tile(m);
 
+    if (f.g != NULL &&
+        (!xv || f.glu != GANG_CUDA_GLU_NONE || kdim > GEMV_SMEM || m * ntile + kdim > GEMV_SMEM))
+        return GANG_ENOSYS;
 #if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
     if (pdl) {
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg = pdl_config(dim3((unsigned)blocks), dim3(32 * GEMV_WARPS), s, &at);
 
-        return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, m, n, kdim, gemv_tile(m), x,
-                                                 xv, glu, gout, w, scales, y),
+        return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, m, n, kdim, tile, x, xv,
+                                                 f.glu, f.gout, w, scales, f.g, f.eps, f.acc, y),
                               "gemv launch (PDL)");
     }
 #else
     (void)pdl;
 #endif
-    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(m, n, kdim, gemv_tile(m), x, xv,
-                                                                glu, gout, w, scales, y);
+    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
+        m, n, kdim, tile, x, xv, f.glu, f.gout, w, scales, f.g, f.eps, f.acc, y);
     return gang__cuda_err(cudaGetLastError(), "gemv launch");
 }
 
@@ -328,7 +425,11 @@ extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, siz
                                            size_t kdim, const float *x, const int8_t *w,
                                            const float *scales, float *y)
 {
-    int rc = gemv_launch<int8_t>(s, glu, GANG_CUDA_GLU_NONE, pdl, m, n, kdim, x, w, scales, y);
+    gemv_fuse f = gemv_plain;
+    int rc;
+
+    f.glu = glu;
+    rc = gemv_launch<int8_t>(s, f, pdl, m, n, kdim, x, w, scales, y);
 
     if (rc != GANG_ENOSYS || glu != GANG_CUDA_GLU_NONE)
         return rc;
@@ -342,30 +443,28 @@ extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int
                                            size_t n, size_t kdim, const float *x, const void *w,
                                            float *y)
 {
-    return bf16 ? gemv_launch(s, glu, GANG_CUDA_GLU_NONE, pdl, m, n, kdim, x,
-                              (const __nv_bfloat16 *)w, NULL, y)
-                : gemv_launch(s, glu, GANG_CUDA_GLU_NONE, pdl, m, n, kdim, x, (const __half *)w,
-                              NULL, y);
+    gemv_fuse f = gemv_plain;
+
+    f.glu = glu;
+    return bf16 ? gemv_launch(s, f, pdl, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
+                : gemv_launch(s, f, pdl, m, n, kdim, x, (const __half *)w, NULL, y);
 }
 
-/* The gated unit of a [gate | up] product by the decode GEMV (gemv_glu_out): y [m, ffn] =
- * glu(x . W^T), W [2 ffn, kdim] in wtype (GANG_KW_BF16, _F16 or _I8 with its 2 ffn scales);
- * GANG_ENOSYS where the GEMV does not apply. */
-extern "C" int gang__cuda_launch_gemv_glu_out(cudaStream_t s, int wtype, int gelu, int pdl,
-                                              size_t m, size_t ffn, size_t kdim, const float *x,
-                                              const void *w, const float *scales, float *y)
+/* The decode GEMV with its fusions (gang__cuda_gemv_fused, cuda-internal.h); GANG_ENOSYS where it
+ * does not apply. */
+extern "C" int gang__cuda_launch_gemv_fused(cudaStream_t s, int wtype, int pdl,
+                                            const gang__cuda_gemv_fused *a)
 {
-    const int gout = gelu ? GANG_CUDA_GLU_GELU : GANG_CUDA_GLU_SILU;
+    const gemv_fuse f = {a->glu_in, a->glu_out, a->norm, a->eps, a->acc};
 
     if (wtype == GANG_KW_BF16)
-        return gemv_launch(s, GANG_CUDA_GLU_NONE, gout, pdl, m, ffn, kdim, x,
-                           (const __nv_bfloat16 *)w, NULL, y);
+        return gemv_launch(s, f, pdl, a->m, a->n, a->kdim, a->x, (const __nv_bfloat16 *)a->w, NULL,
+                           a->y);
     if (wtype == GANG_KW_F16)
-        return gemv_launch(s, GANG_CUDA_GLU_NONE, gout, pdl, m, ffn, kdim, x, (const __half *)w,
-                           NULL, y);
+        return gemv_launch(s, f, pdl, a->m, a->n, a->kdim, a->x, (const __half *)a->w, NULL, a->y);
     if (wtype == GANG_KW_I8)
-        return gemv_launch(s, GANG_CUDA_GLU_NONE, gout, pdl, m, ffn, kdim, x, (const int8_t *)w,
-                           scales, y);
+        return gemv_launch(s, f, pdl, a->m, a->n, a->kdim, a->x, (const int8_t *)a->w, a->scales,
+                           a->y);
     return GANG_ENOSYS;
 }
 

@@ -92,7 +92,7 @@ __device__ static void rmsnorm_finish(const float *xr, const float *w, float eps
                                       double ss, double *red, float *orow)
 {
     ss = block_sum(ss, red);
-    float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    float scale = rms_scale(ss, dim, eps);
     float xv[NORM_U], wv[NORM_U];
 
     strided_rounds<NORM_U, OPS_THREADS>(

@@ -85,6 +85,15 @@ template <int V> __device__ static inline unsigned vec_swz(unsigned e)
     return vec_swz_lanes<V>(e, 32u);
 }
 
+/* The element vec_swz keeps at position p: its inverse (p - w + (w % 32) V + w / 32 in a
+ * chunk's w), for a pass over the staged x in the order of the banks. */
+template <int V> __device__ static inline unsigned vec_unswz(unsigned p)
+{
+    const unsigned chunk = 32u * V, w = p % chunk;
+
+    return p - w + (w % 32u) * V + w / 32u;
+}
+
 /*
  * load(u, i) then use(u, i) for a thread's elements i = threadIdx.x, + THREADS, ... < n, U
  * at a time: the U loads of a round first, so their round trips overlap, then the uses in
@@ -216,6 +225,22 @@ __device__ static inline float warp_sum(float v)
     for (int d = 16; d > 0; d >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, d);
     return v;
+}
+
+/* The same in double: the row sums of squares of the RMSNorms (block_sum, the GEMV's). */
+__device__ static inline double warp_sum(double v)
+{
+    for (int d = 16; d > 0; d >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
+/* RMSNorm's factor of a row of dim elements whose squares sum (in double) to ss: the one
+ * formula of rmsnorm_kernel, add_rmsnorm_kernel and the GEMV that norms its input as it
+ * stages it (gemv_stage_norm), each element then x * scale * w in f32, in that order. */
+__device__ static inline float rms_scale(double ss, size_t dim, float eps)
+{
+    return (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
 }
 
 /* silu(g) * u (gelu 0) or gelu_tanh(g) * u (gelu 1): gang_kernels_silu_mul / gelu_mul's

@@ -545,6 +545,58 @@ static int fake_add_rmsnorm(void *ctx, float *x, const float *y, const float *w,
                             DEV(w, F32(dim)), eps, rows, dim, DEV(out, F32(rows * dim)));
 }
 
+/* The rows the CUDA decode GEMV takes (cuda-matmul.cu's MM_ROWS): the fake fuses a gated
+ * unit into a product's output where that GEMV does, so that both count the same calls. */
+#define FAKE_GEMV_ROWS 8
+
+/* gang_kernels_matmul_fused as its separate CPU calls (the norm or the input's gated unit
+ * into scratch, the product, its gated unit or the add from a host buffer): the CPU's
+ * numbers, one device call. glu_out only where the CUDA GEMV fuses it (its rows, its
+ * storages), else GANG_ENOSYS before anything ran, as there. */
+static int fake_matmul_fused(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
+                             const gang_kernels_weight *w, const gang_kernels_fusion *f,
+                             float *scratch, float *y)
+{
+    fake_ctx *c = ctx;
+    const size_t rows = f->glu_out >= 0 ? 2 * n : n, xk = f->glu_in >= 0 ? 2 * kdim : kdim;
+    gang_kernels_weight h;
+    const float *in;
+    float *hy, *tmp = NULL, *out;
+    int rc = 0;
+
+    if (f->glu_out >= 0 &&
+        (m > FAKE_GEMV_ROWS ||
+         (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16 && w->type != GANG_KW_I8)))
+        return GANG_ENOSYS;
+    fake_op(ctx);
+    c->st.gemms++;
+    c->st.waits_at_gemm = c->st.host_waits;
+    h = fake_weight(w, rows, kdim);
+    in = DEV(x, F32(m * xk));
+    hy = DEV(y, F32(m * n));
+    if (f->norm != NULL || f->glu_in >= 0) {
+        float *hs = DEV(scratch, F32(m * kdim));
+
+        rc = f->norm != NULL ? CPU->rmsnorm(NULL, in, DEV(f->norm, F32(kdim)), f->eps, m, kdim, hs)
+                             : CPU->glu(NULL, f->glu_in, in, m, kdim, hs);
+        in = hs;
+    }
+    out = hy;
+    if (rc == 0 && (f->accumulate || f->glu_out >= 0)) {
+        if ((tmp = malloc(F32(m * rows))) == NULL)
+            return GANG_ENOMEM;
+        out = tmp;
+    }
+    if (rc == 0)
+        rc = CPU->matmul(NULL, m, rows, kdim, in, &h, out);
+    if (rc == 0 && f->accumulate)
+        rc = CPU->add(NULL, hy, tmp, m * n);
+    if (rc == 0 && f->glu_out >= 0)
+        rc = CPU->glu(NULL, f->glu_out, tmp, m, n, hy);
+    free(tmp);
+    return rc;
+}
+
 /* Device memory and the CPU's f32 arithmetic: no half-precision GEMM, no pool, no peer. */
 const gang__kernels_backend gang__kernels_fake_backend = {
     .name = "fake",
@@ -582,4 +634,5 @@ const gang__kernels_backend gang__kernels_fake_backend = {
     .split_qkv_rope = fake_split_qkv_rope,
     .add_rmsnorm = fake_add_rmsnorm,
     .matmul_glu = fake_matmul_glu,
+    .matmul_fused = fake_matmul_fused,
 };

@@ -32,6 +32,14 @@
  *                           = 1, 3, 8, SiLU and GELU): the GPU's matmul + glu within 1e-5;
  *                           GANG_ENOSYS, nothing written or counted, for m = 12, f32
  *                           weights, int8 rows of 8, and on the CPU; the front's refusals
+ *   matmul_fused            a product with its input norm, its residual add, the gated
+ *                           unit of its input with the add, its norm with its output's
+ *                           gated unit, or nothing (bf16 / f16 / int8 / f32, m = 1, 3, 8,
+ *                           12, k = 8 and 576, and the 1B / 8B norms' rows of 2048 and
+ *                           4096): the GPU's separate calls bit for bit, one launch
+ *                           counted; GANG_ENOSYS, nothing written, where a gated output is
+ *                           not fused and for f32 weights, and on the CPU; the front's
+ *                           refusals
  *   graphs                  a captured add + scale does nothing until launched, each
  *                           launch runs it once; a sync while capturing is refused and
  *                           voids the graph
@@ -68,6 +76,13 @@ static float rnd(void)
 {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+/* a[i] = scale x rnd() + offset for i < n. */
+static void fill(float *a, size_t n, float scale, float offset)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i] = scale * rnd() + offset;
 }
 
 static void *dev_copy(const void *host, size_t bytes)
@@ -611,10 +626,7 @@ static void test_matmul_glu(void **state)
 
     (void)state;
     /* The CPU has no fused kernel: the front's glu + matmul, two launches, bit for bit. */
-    for (size_t i = 0; i < sizeof(gu) / 4; i++)
-        gu[i] = rnd();
-    for (size_t i = 0; i < sizeof(w) / 4; i++)
-        w[i] = rnd();
+    fill(gu, sizeof(gu) / 4, 1.0f, 0.0f), fill(w, sizeof(w) / 4, 1.0f, 0.0f);
     v = gang_kernels_weight_view(GANG_KW_F32, w, 3, 16);
     assert_int_equal(gang_kernels_counters_get(cpu, &c0), 0);
     assert_int_equal(gang_kernels_matmul_glu(cpu, 1, 2, 3, 16, gu, &v, scr, y[0]), 0);
@@ -687,12 +699,8 @@ static void test_matmul_to_glu(void **state)
 
     (void)state;
     /* The CPU has no such kernel: GANG_ENOSYS, nothing written or counted. */
-    for (size_t i = 0; i < sizeof(x) / 4; i++)
-        x[i] = rnd();
-    for (size_t i = 0; i < sizeof(w) / 4; i++)
-        w[i] = rnd();
-    for (size_t i = 0; i < sizeof(y) / 4; i++)
-        y[i] = -7.0f;
+    fill(x, sizeof(x) / 4, 1.0f, 0.0f), fill(w, sizeof(w) / 4, 1.0f, 0.0f);
+    fill(y, sizeof(y) / 4, 0.0f, -7.0f);
     v = gang_kernels_weight_view(GANG_KW_F32, w, 6, 16);
     assert_int_equal(gang_kernels_counters_get(cpu, &c0), 0);
     assert_int_equal(gang_kernels_matmul_to_glu(cpu, 0, 2, 3, 16, x, &v, y), GANG_ENOSYS);
@@ -711,6 +719,143 @@ static void test_matmul_to_glu(void **state)
     NEED_GPU();
     glu_sweep(matmul_to_glu_case);
     matmul_to_glu_case(GANG_KW_BF16, 1, 4, 576, 0); /* one block, every index valid */
+}
+
+/* The steps of a matmul_fused case (fused_case). */
+enum { FUSE_NORM = 1, FUSE_ACC = 2, FUSE_GLU_IN = 4, FUSE_GLU_OUT = 8 };
+
+/*
+ * One gang_kernels_matmul_fused case on the GPU against the GPU's separate calls (rmsnorm
+ * or glu into a scratch, matmul, glu, add), bit for bit: where the GEMV takes it (m <= 8,
+ * a norm's rows in its tile) the same products in the same order (the norm's double sum
+ * aside, which moves no f32 scale on these rows), elsewhere the same kernels. One launch
+ * counted; glu_out where the GEMV does not fuse it (m > 8, f32, int8 rows of 8): nothing
+ * done, GANG_ENOSYS, as f32 weights anywhere (the front's).
+ */
+static void matmul_fused_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd, int steps)
+{
+    const int gelu = (int)(m % 2), glu_out = (steps & FUSE_GLU_OUT) != 0;
+    const size_t rows = glu_out ? 2 * n : n, xk = steps & FUSE_GLU_IN ? 2 * kd : kd;
+    const size_t wbytes = gang_kernels_weight_bytes(t, rows, kd);
+    const int done =
+        t != GANG_KW_F32 && (!glu_out || (m <= 8 && !(t == GANG_KW_I8 && kd % 16 != 0)));
+    const gang_kernels_fusion f = {.norm = NULL,
+                                   .eps = 1e-5f,
+                                   .glu_in = steps & FUSE_GLU_IN ? gelu : -1,
+                                   .glu_out = glu_out ? gelu : -1,
+                                   .accumulate = (steps & FUSE_ACC) != 0};
+    gang_kernels_fusion fn = f;
+    float *wf = malloc(rows * kd * 4), *x = malloc(m * xk * 4), *g = malloc(kd * 4);
+    float *y0 = malloc(m * n * 4), *got = malloc(m * n * 4), *want = malloc(m * n * 4);
+    void *blob = malloc(wbytes), *dw, *dx, *dg, *dy, *dscr, *dprod, *dy2, *dscr2;
+    gang_kernels_counters c0, c1;
+    gang_kernels_weight v;
+    char what[160];
+    int rc;
+
+    assert_non_null(wf), assert_non_null(x), assert_non_null(g), assert_non_null(y0);
+    assert_non_null(got), assert_non_null(want), assert_non_null(blob);
+    fill(wf, rows * kd, 1.0f, 0.0f), fill(x, m * xk, 3.0f, 0.0f);
+    fill(g, kd, 0.5f, 1.0f), fill(y0, m * n, 1.0f, 0.0f);
+    assert_int_equal(gang_kernels_weight_pack(t, wf, rows, kd, blob), 0);
+    dw = dev_copy(blob, wbytes), dx = dev_copy(x, m * xk * 4), dg = dev_copy(g, kd * 4);
+    dy = dev_copy(y0, m * n * 4), dy2 = dev_copy(y0, m * n * 4);
+    assert_int_equal(gang_kernels_alloc(gpu, m * kd * 4, &dscr), 0);
+    assert_int_equal(gang_kernels_alloc(gpu, m * kd * 4, &dscr2), 0);
+    assert_int_equal(gang_kernels_alloc(gpu, m * rows * 4, &dprod), 0);
+    v = gang_kernels_weight_view(t, dw, rows, kd);
+    if (steps & FUSE_NORM)
+        fn.norm = dg;
+    snprintf(what, sizeof(what), "matmul_fused (%s, m %zu, n %zu, k %zu, steps %d, gelu %d)",
+             gang_kernels_wtype_name(t), m, n, kd, steps, gelu);
+    assert_int_equal(gang_kernels_counters_get(gpu, &c0), 0);
+    rc = gang_kernels_matmul_fused(gpu, m, n, kd, dx, &v, &fn, dscr, dy);
+    if (rc != (done ? 0 : GANG_ENOSYS))
+        fail_msg("%s: %s", what, gang_err_name(rc));
+    assert_int_equal(gang_kernels_counters_get(gpu, &c1), 0);
+    assert_int_equal(c1.launches - c0.launches, done ? 1 : 0);
+    fetch(got, dy, m * n * 4);
+    if (!done) {
+        assert_memory_equal(got, y0, m * n * 4); /* untouched */
+    } else {
+        const float *in = dx;
+
+        /* the separate calls, into dy2 (holding y0 too) */
+        if (steps & FUSE_NORM) {
+            assert_int_equal(gang_kernels_rmsnorm(gpu, dx, dg, f.eps, m, kd, dscr2), 0);
+            in = dscr2;
+        }
+        if (steps & FUSE_GLU_IN)
+            assert_int_equal(gang_kernels_matmul_glu(gpu, gelu, m, n, kd, dx, &v, dscr2, dprod), 0);
+        else if (glu_out)
+            assert_int_equal(gang_kernels_matmul_to_glu(gpu, gelu, m, n, kd, in, &v, dy2), 0);
+        else
+            assert_int_equal(gang_kernels_matmul(gpu, m, n, kd, in, &v, dprod), 0);
+        if (steps & FUSE_ACC)
+            assert_int_equal(gang_kernels_add(gpu, dy2, dprod, m * n), 0);
+        else if (!glu_out)
+            assert_int_equal(gang_kernels_download(gpu, want, dprod, m * n * 4), 0);
+        if ((steps & FUSE_ACC) || glu_out)
+            fetch(want, dy2, m * n * 4);
+        for (size_t i = 0; i < m * n; i++)
+            if (memcmp(&got[i], &want[i], 4) != 0)
+                fail_msg("%s: y[%zu] = %.9g, the separate calls %.9g", what, i, (double)got[i],
+                         (double)want[i]);
+    }
+    gang_kernels_free(gpu, dw), gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dg);
+    gang_kernels_free(gpu, dy), gang_kernels_free(gpu, dy2), gang_kernels_free(gpu, dscr);
+    gang_kernels_free(gpu, dscr2), gang_kernels_free(gpu, dprod);
+    free(wf), free(x), free(g), free(y0), free(got), free(want), free(blob);
+}
+
+static void test_matmul_fused(void **state)
+{
+    static const int steps[] = {FUSE_NORM, FUSE_ACC, FUSE_GLU_IN | FUSE_ACC,
+                                FUSE_NORM | FUSE_GLU_OUT, 0};
+    static const size_t ms[] = {1, 3, 8, 12}, ks[] = {8, 576};
+    static const gang_kernels_wtype ts[] = {GANG_KW_BF16, GANG_KW_F16, GANG_KW_I8, GANG_KW_F32};
+    float x[2 * 32], g[16], w[2 * 3 * 16], y[2 * 3], scr[2 * 32];
+    gang_kernels_fusion f = {.norm = g, .eps = 1e-5f, .glu_in = -1, .glu_out = -1};
+    gang_kernels_weight v;
+
+    (void)state;
+    fill(x, sizeof(x) / 4, 1.0f, 0.0f), fill(w, sizeof(w) / 4, 1.0f, 0.0f);
+    fill(g, 16, 0.0f, 1.0f), fill(y, sizeof(y) / 4, 0.0f, -7.0f);
+    v = gang_kernels_weight_view(GANG_KW_BF16, w, 3, 16);
+    /* The CPU has none: GANG_ENOSYS, nothing done (the engine makes the separate calls). */
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, scr, y), GANG_ENOSYS);
+    for (size_t i = 0; i < sizeof(y) / 4; i++)
+        assert_true(y[i] == -7.0f);
+    /* The front's refusals, on any backend. */
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, NULL, scr, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, NULL, y), GANG_EINVAL);
+    f.eps = -1.0f;
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, scr, y), GANG_EINVAL);
+    f.eps = 1e-5f, f.glu_in = 0; /* a norm of the gate | up rows */
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, scr, y), GANG_EINVAL);
+    f = (gang_kernels_fusion){.glu_in = -1, .glu_out = 1, .accumulate = 1};
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, scr, y), GANG_EINVAL);
+    f = (gang_kernels_fusion){.glu_in = 2, .glu_out = -1};
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, scr, y), GANG_EINVAL);
+    f = (gang_kernels_fusion){.glu_in = -1, .glu_out = -1, .accumulate = 2};
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, scr, y), GANG_EINVAL);
+    f = (gang_kernels_fusion){.glu_in = 0, .glu_out = -1};
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, 16, x, &v, &f, NULL, y), GANG_EINVAL);
+    assert_int_equal(gang_kernels_matmul_fused(cpu, 2, 3, (size_t)1 << 40, x, &v, &f, scr, y),
+                     GANG_ERANGE);
+    NEED_GPU();
+    for (size_t t = 0; t < 4; t++)
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 2; b++)
+                for (size_t s = 0; s < sizeof(steps) / sizeof(steps[0]); s++)
+                    matmul_fused_case(ts[t], ms[a], 67, ks[b], steps[s]);
+    /* The decode shapes of the 1B and 8B models' norms: rows of 2048 and 4096, one row in
+     * the GEMV's tile (8192 floats with the weights), two of 2048; three rows of 4096 are
+     * the norm kernel then the GEMV, in the same call. */
+    matmul_fused_case(GANG_KW_BF16, 1, 40, 4096, FUSE_NORM);
+    matmul_fused_case(GANG_KW_BF16, 2, 40, 2048, FUSE_NORM | FUSE_GLU_OUT);
+    matmul_fused_case(GANG_KW_I8, 3, 40, 4096, FUSE_NORM);
+    matmul_fused_case(GANG_KW_BF16, 1, 40, 4096, FUSE_ACC);
 }
 
 static void test_graphs(void **state)
@@ -752,7 +897,8 @@ int main(void)
         cmocka_unit_test(test_attention_step), cmocka_unit_test(test_sample),
         cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_fusions_cpu),
         cmocka_unit_test(test_fusions),        cmocka_unit_test(test_matmul_glu),
-        cmocka_unit_test(test_matmul_to_glu),  cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_matmul_to_glu),  cmocka_unit_test(test_matmul_fused),
+        cmocka_unit_test(test_graphs),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
