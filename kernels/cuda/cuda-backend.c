@@ -516,7 +516,7 @@ static int cuda_matmul_blocks(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim
                                              (const char *)w->data + o0 * row_bytes, c->mq_scratch);
         if (rc == 0)
             rc = gang__cuda_gemm_half_f32(c, GANG_DTYPE_BF16, m, cnt, kdim, c->mm_scratch,
-                                          c->mq_scratch, cnt == n ? y : (float *)c->mq_out);
+                                          c->mq_scratch, 0.0f, cnt == n ? y : (float *)c->mq_out);
         if (rc == 0 && cnt < n)
             rc = gang__cuda_err(cudaMemcpy2DAsync(y + o0, n * sizeof(float), c->mq_out,
                                                   cnt * sizeof(float), cnt * sizeof(float), m,
@@ -545,7 +545,7 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
         return rc;
     if (w->type == GANG_KW_I8)
         return gang__cuda_launch_matmul_i8(c->stream, GANG_CUDA_GLU_NONE, c->pdl, m, n, kdim, x,
-                                           w->data, w->scales, y);
+                                           w->data, w->scales, 0, y);
     if (gang_kernels_wtype_block(w->type, NULL, NULL))
         rc = cuda_matmul_blocks(c, m, n, kdim, x, w, y);
     else if (w->type != GANG_KW_BF16 && w->type != GANG_KW_F16)
@@ -560,7 +560,7 @@ static int cuda_matmul(void *ctx, size_t m, size_t n, size_t kdim, const float *
             (rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2)) == 0 &&
             (rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, x, dt, c->mm_scratch,
                                             m * kdim)) == 0)
-            rc = gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, y);
+            rc = gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data, 0.0f, y);
     }
     if (rc == GANG_ENOSYS)
         gang_error("cuda: no matmul kernel for %s weights", gang_kernels_wtype_name(w->type));
@@ -584,7 +584,7 @@ static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim,
     rc = GANG_ENOSYS;
     if (w->type == GANG_KW_I8)
         rc = gang__cuda_launch_matmul_i8(c->stream, glu, c->pdl, m, n, kdim, gu, w->data, w->scales,
-                                         y);
+                                         0, y);
     else if (gang_kernels_wtype_block(w->type, NULL, NULL) && m <= GANG_CUDA_QGEMV_ROWS)
         rc = gang__cuda_launch_gemv_q(c->stream, (int)w->type, glu, c->pdl, m, n, kdim, gu, w->data,
                                       y);
@@ -597,6 +597,38 @@ static int cuda_matmul_glu(void *ctx, int gelu, size_t m, size_t n, size_t kdim,
     return rc != 0 ? rc : cuda_matmul(ctx, m, n, kdim, scratch, w, y);
 }
 
+/*
+ * gang_kernels_matmul_fused over half weights through cuBLASLt (more rows than the decode
+ * GEMV takes, or --half-gemv 0): the input step writes x's rows in the weight's type into
+ * mm_scratch (the norm and its rounding in one launch; the gated unit into scratch, then
+ * the conversion; or the conversion), and the GEMM adds to y itself where f adds (beta 1:
+ * the product plus y rounded once, as the add kernel rounds it). glu_out is not this
+ * path's (the caller's GEMV).
+ */
+static int cuda_fused_lt(gang__cuda_ctx *c, size_t m, size_t n, size_t kdim, const float *x,
+                         const gang_kernels_weight *w, const gang_kernels_fusion *f, float *scratch,
+                         float *y)
+{
+    const gang_dtype dt = w->type == GANG_KW_BF16 ? GANG_DTYPE_BF16 : GANG_DTYPE_F16;
+    const float *in = x;
+    int rc = cuda_scratch(c, &c->mm_scratch, &c->mm_scratch_bytes, m * kdim * 2);
+
+    if (rc == 0 && f->norm != NULL)
+        rc =
+            gang__cuda_launch_rmsnorm_to(c->stream, x, f->norm, f->eps, m, kdim, dt, c->mm_scratch);
+    else if (rc == 0) {
+        if (f->glu_in >= 0 &&
+            (rc = gang__cuda_launch_glu(c->stream, f->glu_in, x, m, kdim, scratch)) == 0)
+            in = scratch;
+        if (rc == 0)
+            rc = gang__cuda_launch_convert(c->stream, GANG_DTYPE_F32, in, dt, c->mm_scratch,
+                                           m * kdim);
+    }
+    return rc != 0 ? rc
+                   : gang__cuda_gemm_half_f32(c, dt, m, n, kdim, c->mm_scratch, w->data,
+                                              f->accumulate ? 1.0f : 0.0f, y);
+}
+
 /* A fusion step of gang_kernels_fusion (-1, 0 SiLU, 1 GELU) as a GANG_CUDA_GLU_*. */
 static int cuda_glu_of(int step)
 {
@@ -605,12 +637,13 @@ static int cuda_glu_of(int step)
 
 /*
  * gang_kernels_matmul_fused: the whole of f in one decode GEMV where it applies (bf16 / f16
- * unless half_gemv is off, int8; m <= 8; a norm's rows whole in its tile). Otherwise each
- * step runs as its own kernel: the norm into scratch (rmsnorm_kernel), the product (the
- * GEMV for glu_out, which is GANG_ENOSYS where that GEMV does not apply, block weights
- * included: their GEMV takes the unit in the down product instead; cuda_matmul, or
+ * unless half_gemv is off, int8; m <= 8; a norm's rows whole in its tile). Half weights
+ * past it: cuda_fused_lt (the norm or the conversion, then cuBLASLt adding). Otherwise the
+ * norm into scratch (rmsnorm_kernel), then the GEMV on the normed rows (glu_out: GANG_ENOSYS
+ * where that GEMV does not apply, block weights included: their GEMV takes the unit in the
+ * down product instead), int8's row kernel (adding), or the product (cuda_matmul,
  * cuda_matmul_glu for glu_in) into y or, to be added, into fuse_tmp, then the add: the
- * numbers of the separate calls.
+ * numbers of the separate calls, 2-3 kernels where the GEMV alone did it.
  */
 static int cuda_matmul_fused(void *ctx, size_t m, size_t n, size_t kdim, const float *x,
                              const gang_kernels_weight *w, const gang_kernels_fusion *f,
@@ -637,20 +670,37 @@ static int cuda_matmul_fused(void *ctx, size_t m, size_t n, size_t kdim, const f
 
     if ((rc = ctx_enter(c)) < 0)
         return rc;
+    /* a gated output only where the GEMV takes the weight (checked first: no norm wasted) */
+    if (f->glu_out >= 0 && (!gemv || m > GANG_CUDA_GEMV_ROWS || ((uintptr_t)w->data & 15) != 0 ||
+                            kdim % (w->type == GANG_KW_I8 ? 16 : 8) != 0))
+        return GANG_ENOSYS;
     rc = gemv ? gang__cuda_launch_gemv_fused(c->stream, (int)w->type, c->pdl, &a) : GANG_ENOSYS;
-    if (rc != GANG_ENOSYS || (f->glu_out >= 0 && (!gemv || f->norm == NULL)))
+    if (rc != GANG_ENOSYS || (f->glu_out >= 0 && f->norm == NULL))
         return rc;
+    if ((w->type == GANG_KW_BF16 || w->type == GANG_KW_F16) && f->glu_out < 0 &&
+        !(c->half_gemv && m <= GANG_CUDA_GEMV_ROWS))
+        return cuda_fused_lt(c, m, n, kdim, x, w, f, scratch, y);
     if (f->norm != NULL) {
         rc = gang__cuda_launch_rmsnorm(c->stream, x, f->norm, f->eps, m, kdim, scratch);
         if (rc < 0)
             return rc;
         in = scratch;
     }
-    if (f->glu_out >= 0) { /* rows the norm did not fit in the GEMV: it takes the normed rows */
+    if (gemv) { /* the GEMV on the normed rows (a norm it could not fit), or its refusal */
         gang__cuda_gemv_fused b = a;
 
-        b.x = scratch, b.norm = NULL;
-        return gang__cuda_launch_gemv_fused(c->stream, (int)w->type, c->pdl, &b);
+        b.x = in, b.norm = NULL;
+        rc = gang__cuda_launch_gemv_fused(c->stream, (int)w->type, c->pdl, &b);
+        if (rc != GANG_ENOSYS || f->glu_out >= 0)
+            return rc;
+    }
+    if (w->type == GANG_KW_I8) { /* its row kernel adds too */
+        if (f->glu_in >= 0 &&
+            (rc = gang__cuda_launch_glu(c->stream, f->glu_in, x, m, kdim, scratch)) < 0)
+            return rc;
+        return gang__cuda_launch_matmul_i8(c->stream, GANG_CUDA_GLU_NONE, c->pdl, m, n, kdim,
+                                           f->glu_in >= 0 ? scratch : in, w->data, w->scales,
+                                           f->accumulate, y);
     }
     if (f->accumulate) {
         if (m > SIZE_MAX / sizeof(float) / n)

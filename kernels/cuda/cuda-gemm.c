@@ -293,9 +293,9 @@ int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, s
 }
 
 int gang__cuda_gemm_half_f32(gang__cuda_ctx *c, gang_dtype dt, size_t m, size_t n, size_t kdim,
-                             const void *a, const void *b, float *cmat)
+                             const void *a, const void *b, float beta, float *cmat)
 {
-    return gemm_run(c, dt, 1, 1, m, n, kdim, 1.0f, a, b, 0.0f, cmat);
+    return gemm_run(c, dt, 1, 1, m, n, kdim, 1.0f, a, b, beta, cmat);
 }
 
 /* The peer of the benchmark: the same column-major mapping through cublasGemmEx. */

@@ -121,10 +121,11 @@ int gang__cuda_gemm_init(gang__cuda_ctx *c);
 void gang__cuda_gemm_fini(gang__cuda_ctx *c);
 int gang__cuda_gemm(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                     float alpha, const void *a, const void *b, float beta, void *cmat);
-/* y[m, n] (f32) = a[m, k] . b[n, k]^T with a and b of half type dt (bf16 / f16), f32
- * accumulation: the cuBLASLt half of gang_kernels_matmul. The device is current. */
+/* y[m, n] (f32) = a[m, k] . b[n, k]^T + beta y with a and b of half type dt (bf16 / f16),
+ * f32 accumulation: the cuBLASLt half of gang_kernels_matmul (beta 0), and of a residual
+ * add (beta 1: y + the product, rounded once, the add's numbers). The device is current. */
 int gang__cuda_gemm_half_f32(gang__cuda_ctx *c, gang_dtype dt, size_t m, size_t n, size_t kdim,
-                             const void *a, const void *b, float *cmat);
+                             const void *a, const void *b, float beta, float *cmat);
 int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t n, size_t kdim,
                          const void *a, const void *b, void *c_ours, void *c_ref, float *ours_ms,
                          float *ref_ms);
@@ -135,6 +136,10 @@ int gang__cuda_gemm_pair(void *ctx, gang_dtype dt, int trans_b, size_t m, size_t
  * --------------------------------------------------------------------------------- */
 int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
                               size_t rows, size_t dim, float *out);
+/* The same rows' RMSNorm stored as odt (f32, bf16, f16: rounded as gang__cuda_launch_convert
+ * rounds): the norm and the conversion of a half GEMM's input in one launch. */
+int gang__cuda_launch_rmsnorm_to(cudaStream_t s, const float *x, const float *w, float eps,
+                                 size_t rows, size_t dim, gang_dtype odt, void *out);
 int gang__cuda_launch_rope(cudaStream_t s, float *x, const int32_t *positions, size_t tokens,
                            size_t heads, size_t head_dim, const float *inv_freq, float scale,
                            int *flag);
@@ -163,16 +168,18 @@ int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t rows, size_t
 #define GANG_CUDA_GLU_NONE 0
 #define GANG_CUDA_GLU_SILU 1
 #define GANG_CUDA_GLU_GELU 2
-/* cuda-matmul.cu: y = x . W^T for an int8 weight (w, scales), dequantized on the fly
+/* cuda-matmul.cu: y [+]= x . W^T (add) for an int8 weight (w, scales), dequantized on the fly
  * (glu other than NONE: only where the GEMV applies, else GANG_ENOSYS); the embedding
  * over a typed table (wtype a gang_kernels_wtype; scales for int8). */
 int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size_t n, size_t kdim,
-                                const float *x, const int8_t *w, const float *scales, float *y);
+                                const float *x, const int8_t *w, const float *scales, int add,
+                                float *y);
 /* y = x . W^T for m <= 8 rows of x by a bf16 (bf16 != 0) or f16 weight, kdim a multiple
  * of 8 and w 16-byte aligned (else GANG_ENOSYS): x rounded to the weight's type. pdl (of
  * both GEMVs): launched as a programmatic dependent of the kernel before it (cuda-pdl.h). */
 int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int bf16, size_t m, size_t n,
                                 size_t kdim, const float *x, const void *w, float *y);
+#define GANG_CUDA_GEMV_ROWS 8 /* the most rows of x the decode GEMVs take */
 /* One decode GEMV with its fusions (gang_kernels_matmul_fused): y [m, n] = [y +]
  * out(in(x) . W^T), W [n, kdim] (glu_out: [2 n, kdim], gate rows then up rows, y the gated
  * unit) in wtype (GANG_KW_BF16, _F16 or _I8 with its scales); in: x RMS-normed with norm

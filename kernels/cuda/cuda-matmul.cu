@@ -30,7 +30,7 @@
 #include "cuda-vec.h"
 
 #define MM_THREADS 128
-#define MM_ROWS 8
+#define MM_ROWS GANG_CUDA_GEMV_ROWS
 #define EMB_THREADS 256
 #define EMB_MAX_BLOCKS 4096
 
@@ -51,7 +51,7 @@ __device__ static float mm_block_sum(float v, float *shared)
 }
 
 __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const float *x,
-                                        const int8_t *w, const float *scales, float *y)
+                                        const int8_t *w, const float *scales, int add, float *y)
 {
     __shared__ float shared[MM_THREADS / 32];
     size_t o = blockIdx.x;
@@ -76,8 +76,11 @@ __global__ static void matmul_i8_kernel(size_t m, size_t n, size_t kdim, const f
             if ((size_t)r >= nr)
                 break;
             s = mm_block_sum(acc[r], shared);
-            if (threadIdx.x == 0)
-                y[(r0 + r) * n + o] = s * scales[o];
+            if (threadIdx.x == 0) {
+                const float p = s * scales[o];
+
+                y[(r0 + r) * n + o] = add ? y[(r0 + r) * n + o] + p : p;
+            }
         }
     }
 }
@@ -423,17 +426,17 @@ static int gemv_launch(cudaStream_t s, const gemv_fuse &f, int pdl, size_t m, si
 
 extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size_t n,
                                            size_t kdim, const float *x, const int8_t *w,
-                                           const float *scales, float *y)
+                                           const float *scales, int add, float *y)
 {
     gemv_fuse f = gemv_plain;
     int rc;
 
-    f.glu = glu;
+    f.glu = glu, f.acc = add;
     rc = gemv_launch<int8_t>(s, f, pdl, m, n, kdim, x, w, scales, y);
 
     if (rc != GANG_ENOSYS || glu != GANG_CUDA_GLU_NONE)
         return rc;
-    matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, y);
+    matmul_i8_kernel<<<(unsigned)n, MM_THREADS, 0, s>>>(m, n, kdim, x, w, scales, add, y);
     return gang__cuda_err(cudaGetLastError(), "int8 matmul launch");
 }
 

@@ -73,6 +73,27 @@ __device__ static float block_max(float v, float *shared)
     return v;
 }
 
+/* Element i of p in storage dt (f32, bf16, f16) as f32, and back (round to nearest even):
+ * the conversions' and the norms' output. */
+__device__ static float load_as_f32(const void *p, int dt, size_t i)
+{
+    if (dt == GANG_DTYPE_F16)
+        return __half2float(((const __half *)p)[i]);
+    if (dt == GANG_DTYPE_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ static void store_from_f32(void *p, int dt, size_t i, float v)
+{
+    if (dt == GANG_DTYPE_F16)
+        ((__half *)p)[i] = __float2half_rn(v);
+    else if (dt == GANG_DTYPE_BF16)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)p)[i] = v;
+}
+
 /* ---------------------------------------------------------------------------------
  * RMSNorm: one block per row. out may alias x: each element is read before it is written
  * by the same thread, after the whole row was reduced.
@@ -85,11 +106,12 @@ __device__ static float block_max(float v, float *shared)
  * --------------------------------------------------------------------------------- */
 #define NORM_U 8
 
-/* Row r's RMSNorm into orow, the row's mean of squares ss (summed by each thread over its
- * elements) reduced here: rmsnorm_kernel and add_rmsnorm_kernel share it, so the numbers
- * of the fused kernel are rmsnorm's. */
+/* Row r's RMSNorm into orow (storage odt: f32, or bf16 / f16 rounded as
+ * gang__cuda_launch_convert rounds), the row's mean of squares ss (summed by each thread
+ * over its elements) reduced here: rmsnorm_kernel and add_rmsnorm_kernel share it, so the
+ * numbers of the fused kernel are rmsnorm's. */
 __device__ static void rmsnorm_finish(const float *xr, const float *w, float eps, size_t dim,
-                                      double ss, double *red, float *orow)
+                                      double ss, double *red, int odt, void *orow)
 {
     ss = block_sum(ss, red);
     float scale = rms_scale(ss, dim, eps);
@@ -97,11 +119,11 @@ __device__ static void rmsnorm_finish(const float *xr, const float *w, float eps
 
     strided_rounds<NORM_U, OPS_THREADS>(
         dim, [&](int u, size_t i) { xv[u] = xr[i], wv[u] = w[i]; },
-        [&](int u, size_t i) { orow[i] = xv[u] * scale * wv[u]; });
+        [&](int u, size_t i) { store_from_f32(orow, odt, i, xv[u] * scale * wv[u]); });
 }
 
 __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps, size_t dim,
-                                      float *out)
+                                      int odt, void *out)
 {
     __shared__ double red[OPS_THREADS / 32];
     const float *xr = x + blockIdx.x * dim;
@@ -113,7 +135,8 @@ __global__ static void rmsnorm_kernel(const float *x, const float *w, float eps,
     strided_rounds<NORM_U, OPS_THREADS>(
         dim, [&](int u, size_t i) { xv[u] = xr[i]; },
         [&](int u, size_t) { ss += (double)xv[u] * (double)xv[u]; });
-    rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
+    rmsnorm_finish(xr, w, eps, dim, ss, red, odt,
+                   (char *)out + blockIdx.x * dim * (odt == GANG_DTYPE_F32 ? 4 : 2));
 }
 
 /* The residual add and the next RMSNorm (gang_kernels_add_rmsnorm): one block per row, each
@@ -138,7 +161,7 @@ __global__ static void add_rmsnorm_kernel(float *x, const float *y, const float 
             xr[i] = v;
             ss += (double)v * (double)v;
         });
-    rmsnorm_finish(xr, w, eps, dim, ss, red, out + blockIdx.x * dim);
+    rmsnorm_finish(xr, w, eps, dim, ss, red, GANG_DTYPE_F32, out + blockIdx.x * dim);
 }
 
 extern "C" int gang__cuda_launch_add_rmsnorm(cudaStream_t s, float *x, const float *y,
@@ -156,7 +179,17 @@ extern "C" int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const f
 {
     if (rows > 0x7fffffffu)
         return GANG_ERANGE;
-    rmsnorm_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, w, eps, dim, out);
+    rmsnorm_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, w, eps, dim, GANG_DTYPE_F32, out);
+    return launch_result("rmsnorm launch");
+}
+
+extern "C" int gang__cuda_launch_rmsnorm_to(cudaStream_t s, const float *x, const float *w,
+                                            float eps, size_t rows, size_t dim, gang_dtype odt,
+                                            void *out)
+{
+    if (rows > 0x7fffffffu)
+        return GANG_ERANGE;
+    rmsnorm_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, w, eps, dim, (int)odt, out);
     return launch_result("rmsnorm launch");
 }
 
@@ -471,25 +504,6 @@ extern "C" int gang__cuda_launch_argmax(cudaStream_t s, const float *x, size_t r
  * Conversion between storage types (through f32, round to nearest even) and the
  * benchmark's random fill.
  * --------------------------------------------------------------------------------- */
-__device__ static float load_as_f32(const void *p, int dt, size_t i)
-{
-    if (dt == GANG_DTYPE_F16)
-        return __half2float(((const __half *)p)[i]);
-    if (dt == GANG_DTYPE_BF16)
-        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    return ((const float *)p)[i];
-}
-
-__device__ static void store_from_f32(void *p, int dt, size_t i, float v)
-{
-    if (dt == GANG_DTYPE_F16)
-        ((__half *)p)[i] = __float2half_rn(v);
-    else if (dt == GANG_DTYPE_BF16)
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else
-        ((float *)p)[i] = v;
-}
-
 __global__ static void convert_kernel(int from, const void *src, int to, void *dst, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

@@ -5,16 +5,17 @@
  * GANG_CUDA_LIBRARY_DIR (so the loading path is the one a device run takes).
  *
  * A matmul is the textbook column-major product D = alpha op(A) op(B) + beta C over
- * f32 / f16 / bf16 matrices with a double accumulator, D rounded to its type to nearest
- * even, enqueued on the call's stream (recorded when the stream is captured). Layouts
- * that do not agree, descriptor attributes it does not implement (an epilogue, a bias) and
- * a scale type other than f32 are refused, never ignored. The heuristic offers two
- * algorithms; with GANG_EMU_LT_REFUSE_FIRST=1 a matmul on the first answers
- * CUBLAS_STATUS_NOT_SUPPORTED, which is how a test reaches the backend's fallback to the
- * next algorithm.
+ * f32 / f16 / bf16 matrices with a double accumulator rounded to f32 (the compute type),
+ * then alpha and beta C applied in f32, D rounded to its type to nearest even, enqueued on the
+ * call's stream (recorded when the stream is captured). Layouts that do not agree, descriptor
+ * attributes it does not implement (an epilogue, a bias) and a scale type other than f32 are
+ * refused, never ignored. The heuristic offers two algorithms; with GANG_EMU_LT_REFUSE_FIRST=1 a
+ * matmul on the first answers CUBLAS_STATUS_NOT_SUPPORTED, which is how a test reaches the
+ * backend's fallback to the next algorithm.
  */
 #include "emu-kernel.h" /* first: its qualifiers come before the CUDA headers' */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,10 +100,13 @@ cublasStatus_t gemm(cudaStream_t stream, cublasOperation_t ta, cublasOperation_t
 
                     s += load(a.type, pa, ia) * load(b.type, pb, ib);
                 }
-                s *= alpha;
+                /* the f32 accumulator (CUBLAS_COMPUTE_32F) rounded, then the epilogue in f32:
+                 * a residual add (beta 1) rounds as an add kernel does */
+                float r = (float)s * alpha;
+
                 if (beta != 0.0f)
-                    s += beta * load(c.type, pc, i + j * (size_t)c.ld);
-                store(d.type, pd, i + j * (size_t)d.ld, s);
+                    r = fmaf(beta, (float)load(c.type, pc, i + j * (size_t)c.ld), r);
+                store(d.type, pd, i + j * (size_t)d.ld, r);
             }
     });
     return CUBLAS_STATUS_SUCCESS;

@@ -36,8 +36,9 @@
  *                           unit of its input with the add, its norm with its output's
  *                           gated unit, or nothing (bf16 / f16 / int8 / f32, m = 1, 3, 8,
  *                           12, k = 8 and 576, and the 1B / 8B norms' rows of 2048 and
- *                           4096): the GPU's separate calls bit for bit, one launch
- *                           counted; GANG_ENOSYS, nothing written, where a gated output is
+ *                           4096): the GPU's separate calls bit for bit (a residual add
+ *                           in cuBLASLt's epilogue, half weights past 8 rows: 2 ulp), one
+ *                           launch counted; GANG_ENOSYS, nothing written, where a gated output is
  *                           not fused and for f32 weights, and on the CPU; the front's
  *                           refusals
  *   graphs                  a captured add + scale does nothing until launched, each
@@ -797,10 +798,15 @@ static void matmul_fused_case(gang_kernels_wtype t, size_t m, size_t n, size_t k
             assert_int_equal(gang_kernels_download(gpu, want, dprod, m * n * 4), 0);
         if ((steps & FUSE_ACC) || glu_out)
             fetch(want, dy2, m * n * 4);
-        for (size_t i = 0; i < m * n; i++)
-            if (memcmp(&got[i], &want[i], 4) != 0)
-                fail_msg("%s: y[%zu] = %.9g, the separate calls %.9g", what, i, (double)got[i],
-                         (double)want[i]);
+        /* half weights past the GEMV's rows add in cuBLASLt's epilogue (beta 1), which a
+         * split-K algorithm may round differently from the add kernel: within 2 ulp */
+        if ((steps & FUSE_ACC) && m > 8 && (t == GANG_KW_BF16 || t == GANG_KW_F16))
+            near(got, want, m * n, 2.5e-7, what);
+        else
+            for (size_t i = 0; i < m * n; i++)
+                if (memcmp(&got[i], &want[i], 4) != 0)
+                    fail_msg("%s: y[%zu] = %.9g, the separate calls %.9g", what, i, (double)got[i],
+                             (double)want[i]);
     }
     gang_kernels_free(gpu, dw), gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dg);
     gang_kernels_free(gpu, dy), gang_kernels_free(gpu, dy2), gang_kernels_free(gpu, dscr);
