@@ -166,6 +166,8 @@ typedef struct bd_rank {
       "cuda: bf16 / f16 decode products by ganglion's GEMV (1) or cuBLASLt (0)")                   \
     X("cuda-pdl", cuda_pdl, 0, 0, 0, 0, 0, 1,                                                      \
       "cuda: the decode GEMVs as programmatic dependent launches (Hopper's PDL)")                  \
+    X("fuse-residual", fuse_residual, 1, 1, 1, 1, 0, 1,                                            \
+      "cuda: norms and residual adds in the decode products (1) or kernels of their own (0)")      \
     X("trace-kernels", trace_kernels, 0, 0, 0, 0, 0, 1,                                            \
       "cuda: the one-rank points' decode steps traced kernel by kernel (CUPTI)")                   \
     X("nccl-wait-each", nccl_wait_each, 0, 0, 0, 0, 0, 1,                                          \
@@ -542,6 +544,7 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
     ko.pool_mb = o->gpu_pool_mb;
     ko.half_gemv = (int)o->half_gemv;
     ko.pdl = (int)o->cuda_pdl;
+    ko.fuse_residual = (int)o->fuse_residual;
     ko.trace = (int)o->trace_kernels; /* CUPTI enabled before any graph; spans: bd_traces */
     return gang_kernels_open_opts(&ko, k);
 }
@@ -786,6 +789,7 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         cJSON_AddBoolToObject(line, "model_kept", r->model_kept); /* bd_gpu_keep */
         cJSON_AddBoolToObject(line, "half_gemv", o->half_gemv != 0);
         cJSON_AddBoolToObject(line, "pdl", o->cuda_pdl != 0);
+        cJSON_AddBoolToObject(line, "fuse_residual", o->fuse_residual != 0);
         gang__bd_emit_trace(line, r->traced, &r->trace);
     }
     if (o->cuda && o->copy_gbps > 0.0 && r->stream_bytes > 0.0) {

@@ -50,6 +50,7 @@ typedef struct bd_opts {
     uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s, cuda_graphs, nccl_wait_each;
     uint32_t half_gemv;     /* cuda: gang_kernels_options.half_gemv */
     uint32_t cuda_pdl;      /* cuda: gang_kernels_options.pdl */
+    uint32_t fuse_residual; /* cuda: gang_kernels_options.fuse_residual */
     uint32_t trace_kernels; /* cuda: the one-rank points' decode steps traced (CUPTI) */
     uint32_t bw_mib, bw_passes, peer_iters, peer_timeout_s, peer_budget_s;
     uint32_t batches[BD_MAX_BATCHES];

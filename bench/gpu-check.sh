@@ -21,7 +21,8 @@
 # timeout is cut to what is left, and a step past the budget is recorded "not-run", which
 # fails the check (nothing passes by having checked nothing). The steps at the end are not
 # gates, what issue #24's figures do not need (their status is reported apart, in
-# summary.json's "extras"): the GEMVs as PDL launches (bench-decode-pdl), the kernel
+# summary.json's "extras"): the GEMVs as PDL launches (bench-decode-pdl), the norms and
+# residual adds as kernels of their own (bench-decode-unfused), the kernel
 # traces of the decode step (test-cuda-trace, profile), the decode products by cuBLASLt
 # (bench-decode-cublas), the GPU health gauges (gpu-health), the long-context decode
 # (bench-decode-long) and the 8B step's trace (profile-8b), each only when enough of the
@@ -58,7 +59,7 @@ if [ $# -ne 1 ] || [[ $1 == --* ]]; then
     exit 2
 fi
 # Every step's name, for --only's check (a misspelt name would select nothing).
-ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-wait-each bench-decode-8b torch-decode bench-decode-pdl test-cuda-trace profile bench-decode-cublas gpu-health bench-decode-long profile-8b "
+ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-wait-each bench-decode-8b torch-decode bench-decode-pdl bench-decode-unfused test-cuda-trace profile bench-decode-cublas gpu-health bench-decode-long profile-8b "
 if [ -n "$ONLY" ]; then
     for n in ${ONLY//,/ }; do
         if [[ $ALL_STEPS != *" $n "* ]]; then
@@ -287,6 +288,11 @@ step torch-decode 75 python3 "$SCRIPTS/torch-peer.py" decode --shapes 1b,8b --ba
 # roofline target is, against bench-decode-8b's batch-1 point of this run.
 extra bench-decode-pdl 80 60 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
     --layouts 1x1 --batch 1 --tokens 32 --iters 2 --warmup 1 --cuda-pdl 1 "${BD_ARGS[@]}"
+# The decode step as it was before its norms and residual adds went into the products
+# (--fuse-residual 0: an add+norm kernel twice a layer, gang_kernels_matmul_fused's norm
+# and add refused): the 8B shape at batch 1, against bench-decode-8b's batch-1 point.
+extra bench-decode-unfused 80 60 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
+    --layouts 1x1 --batch 1 --tokens 32 --iters 2 --warmup 1 --fuse-residual 0 "${BD_ARGS[@]}"
 
 # Where a decode step's device time goes, kernel by kernel, inside its graph as it replays
 # (--trace-kernels: CUPTI's kernel records in the bench's own process, from the image's
@@ -378,7 +384,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
             "$(grep -o '"max_abs_logprob_diff": [0-9.e-]*' <<<"$l" | cut -d' ' -f2)" \
             "$(grep -o '"ok": [a-z]*' <<<"$l" | cut -d' ' -f2)"
     done
-    grep -E '"step":"(bench-decode(-8b|-wait-each|-cublas|-long|-pdl)?|profile(-8b)?)".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
+    grep -E '"step":"(bench-decode(-8b|-wait-each|-cublas|-long|-pdl|-unfused)?|profile(-8b)?)".*"decode_tok_s"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\"([^\"]*)\".*\"tp\":([0-9]+).*\"batch\":([0-9]+).*\"decode_tok_s\":([0-9.]+).*\"roofline_ratio\":([0-9.]+) ]] || continue
         printf '  decode %-2s tp %s batch %-3s ganglion %10s tok/s  roofline ratio %s' \
             "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}" \
@@ -387,6 +393,7 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
             printf '  +%s ms/step vs 1x1' "${BASH_REMATCH[1]}"
         [[ $l =~ \"half_gemv\":false ]] && printf ' (cuBLASLt for the decode products)'
         [[ $l =~ \"pdl\":true ]] && printf ' (GEMVs as PDL launches)'
+        [[ $l =~ \"fuse_residual\":false ]] && printf ' (norms and adds as kernels of their own)'
         [[ $l =~ \"step\":\"bench-decode-wait-each\" ]] && printf ' (no graphs)'
         [[ $l =~ \"trace\":\{ ]] && printf ' (kernels traced)'
         [[ $l =~ \"step\":\"bench-decode-long\".*\"prompt\":([0-9]+).*\"kv_bytes_per_step\":([0-9.e+]+) ]] &&

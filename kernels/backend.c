@@ -123,6 +123,7 @@ void gang_kernels_options_init(gang_kernels_options *o)
     o->half_gemv = 1;
     o->pdl = 0;
     o->trace = 0;
+    o->fuse_residual = 1;
 }
 
 int gang_kernels_open(const char *device, gang_kernels **out)

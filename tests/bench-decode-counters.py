@@ -17,7 +17,8 @@ counts one graph launch instead of its kernels). A third run adds the nccl point
 one-rank nccl TP group, on the NCCL emulator) and, with GANG_EMU_DEVICES >= 2, the
 2x1-nccl point (TP 2 on two emulated GPUs over NCCL, the all-reduces in the step's graph):
 each must count what 1x1 counts (the busiest rank's counters). A fourth, with --cuda-pdl 1,
-must count what the first counted. Then --trace-kernels 1 (the emulated CUPTI): the
+must count what the first counted. --fuse-residual 0 (no graphs) must count 2 x layers + 1
+more launches than the fused step. Then --trace-kernels 1 (the emulated CUPTI): the
 one-rank points' traces held together (traced()).
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
@@ -27,6 +28,7 @@ import subprocess
 import sys
 
 VOCAB = 128
+LAYERS = 2
 FIELDS = ("host_syncs_per_step", "launches_per_step", "allocs_per_step",
           "h2d_bytes_per_step", "d2h_bytes_per_step")
 
@@ -39,7 +41,7 @@ def fail(msg):
 def run_points(binary, device, batches, prompt, extra=(), log=None):
     """The decode points of one bench run (bf16 and int8, 1x1) as parsed JSON lines (its
     stderr appended to the list log, when given)."""
-    cmd = [binary, "bench", "decode", "--device", device, "--layers", "2",
+    cmd = [binary, "bench", "decode", "--device", device, "--layers", str(LAYERS),
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
            "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256",
@@ -76,6 +78,33 @@ def same_as_fake(binary):
         if (f["storage"], f["batch"]) != (c["storage"], c["batch"]) or a != b:
             fail("%s batch %d: the CUDA backend's counters differ from the fake device's"
                  % (f["storage"], f["batch"]))
+    return cuda
+
+
+def unfused_counts(binary, fused):
+    """--fuse-residual 0 (gang_kernels_matmul_fused's norms and adds refused: the step as it
+    was before they went into the products), without graphs: 2 x layers + 1 more launches a
+    step than with them (an add+norm twice a layer, the first layer's norm and the last
+    add's, where the products did it), every other counter the same, the points saying
+    fuse_residual false."""
+    pts = run_points(binary, "cuda", "1,4", "4", ["--cuda-graphs", "0", "--fuse-residual", "0"])
+    want = {(d["storage"], d["batch"]): d for d in fused}
+    if len(pts) != 4:
+        fail("--fuse-residual 0: expected 4 points, got %d" % len(pts))
+    for d in pts:
+        f = want.get((d["storage"], d["batch"]))
+        print("%s batch %d: --fuse-residual 0 %s launches/step, fused %s"
+              % (d["storage"], d["batch"], d["launches_per_step"],
+                 None if f is None else f["launches_per_step"]))
+        if f is None or d.get("fuse_residual") is not False or f.get("fuse_residual") is not True:
+            fail("%s batch %d: --fuse-residual 0: no fused point to compare, or the points "
+                 "do not say which they are" % (d["storage"], d["batch"]))
+        if abs(d["launches_per_step"] - f["launches_per_step"] - (2 * LAYERS + 1)) > 1e-9 or \
+                [d[k] for k in FIELDS if k != "launches_per_step"] != \
+                [f[k] for k in FIELDS if k != "launches_per_step"]:
+            fail("%s batch %d: --fuse-residual 0 counts %s, fused %s (want %d more launches)"
+                 % (d["storage"], d["batch"], [d[k] for k in FIELDS],
+                    [f[k] for k in FIELDS], 2 * LAYERS + 1))
 
 
 def nccl_same_as_socket(binary):
@@ -221,7 +250,7 @@ def main():
         if len(seen) != 1:
             fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))
     if device == "cuda":
-        same_as_fake(sys.argv[1])
+        unfused_counts(sys.argv[1], same_as_fake(sys.argv[1]))
         nccl_same_as_socket(sys.argv[1])
         pdl_same_counts(sys.argv[1], points)
         traced(sys.argv[1], points)

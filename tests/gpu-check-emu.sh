@@ -2,7 +2,7 @@
 # The device check's benchmark steps on the CUDA emulator (ctest gpu-check-emu):
 # bench/gpu-check.sh itself, from the emulator's build, --only its `bench decode` steps
 # (and test-cuda-trace, before the traced ones), each with its own flags (the layouts, --nccl-wait-each with graphs off, the 8B shape's
-# path, --cuda-pdl, --half-gemv 0, a prompt long enough to split the step attention) on a
+# path, --cuda-pdl, --fuse-residual 0, --half-gemv 0, a prompt long enough to split the step attention) on a
 # tiny shape (GANG_GPU_BENCH_ARGS), so that a step whose flags the engine or the emulator
 # refuses (the emulator, as a device, refuses a host wait inside a capture) fails here
 # before it costs device time.
@@ -11,7 +11,8 @@
 #   gpu-check-emu.sh SCRIPT BUILD WORKDIR
 set -u
 SCRIPT=$1 BUILD=$2 WORK=$3
-STEPS=bench-decode,bench-decode-wait-each,bench-decode-8b,bench-decode-pdl,bench-decode-cublas
+STEPS=bench-decode,bench-decode-wait-each,bench-decode-8b,bench-decode-pdl,bench-decode-unfused
+STEPS=$STEPS,bench-decode-cublas
 STEPS=$STEPS,bench-decode-long,test-cuda-trace,profile,profile-8b
 rm -rf "$WORK"
 mkdir -p "$WORK" || exit 1
@@ -32,12 +33,13 @@ grep -q "\"result\":\"pass\",\"only\":\"$STEPS\"" "$WORK/out/summary.json" ||
     fail "summary.json: not a pass of the selection"
 sum=$WORK/out/summary.txt
 # bench-decode: 1x1 / 2x1 / nccl at batch 1 and 64; wait-each: 1x1 and nccl, 2 batches;
-# 8b: 1x1 at 2 batches; pdl, cublas: 1; long: 2; profile: 2; profile-8b: 1. Each line with
-# its counters.
+# 8b: 1x1 at 2 batches; pdl, unfused, cublas: 1; long: 2; profile: 2; profile-8b: 1. Each
+# line with its counters.
 n=$(grep -c '^  decode .*syncs/step [0-9.]* launches/step [0-9.]*' "$sum")
-[ "$n" = 19 ] || fail "$n decode lines with counters in summary.txt, expected 19"
+[ "$n" = 20 ] || fail "$n decode lines with counters in summary.txt, expected 20"
 grep -q '(nccl, a wait per collective).*syncs/step' "$sum" || fail "no wait-each nccl point"
 grep -q '(GEMVs as PDL launches)' "$sum" || fail "no PDL point"
+grep -q '(norms and adds as kernels of their own)' "$sum" || fail "no unfused point"
 grep -q '(cuBLASLt for the decode products)' "$sum" || fail "no cuBLASLt point"
 grep -q '(260-token prompts, KV [0-9.e+]* B/step)' "$sum" || fail "no long-context point"
 grep -q 'target: 8B bf16 batch-1 decode >= 0.7 of the HBM roofline: ratio' "$sum" ||

@@ -672,10 +672,14 @@ typedef struct gang_kernels_options {
                               start before it ends; 1), or after it as usual (0, default) */
     int trace;             /* cuda: record the device's kernels for gang_kernels_trace_*
                               (1; CUPTI must load, else open fails), or not (0, default) */
+    int fuse_residual;     /* cuda: gang_kernels_matmul_fused's input norm and residual add
+                              (1, default), or GANG_ENOSYS for them, so that the caller
+                              makes the separate calls (0: the step before they were fused,
+                              for measuring the difference) */
 } gang_kernels_options;
 
 /* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90,
- * half_gemv 1, pdl 0, trace 0. */
+ * half_gemv 1, pdl 0, trace 0, fuse_residual 1. */
 void gang_kernels_options_init(gang_kernels_options *o);
 
 /*

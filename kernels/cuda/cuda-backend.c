@@ -162,6 +162,7 @@ static int cuda_open(const gang_kernels_options *o, void **out)
     c->device = o->device_index;
     c->trace = o->trace != 0;
     c->half_gemv = o->half_gemv;
+    c->fuse_residual = o->fuse_residual;
     if ((rc = ctx_enter(c)) < 0)
         goto out_free;
     if ((rc = gang__cuda_err(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo")) < 0)
@@ -670,6 +671,8 @@ static int cuda_matmul_fused(void *ctx, size_t m, size_t n, size_t kdim, const f
 
     if ((rc = ctx_enter(c)) < 0)
         return rc;
+    if (!c->fuse_residual && (f->norm != NULL || f->accumulate))
+        return GANG_ENOSYS; /* the separate calls, the caller's */
     /* a gated output only where the GEMV takes the weight (checked first: no norm wasted) */
     if (f->glu_out >= 0 && (!gemv || m > GANG_CUDA_GEMV_ROWS || ((uintptr_t)w->data & 15) != 0 ||
                             kdim % (w->type == GANG_KW_I8 ? 16 : 8) != 0))

@@ -102,9 +102,10 @@ typedef struct gang__cuda_ctx {
      * x scratch) is never returned to the pool when it grows, since a graph replays the
      * old address (also one captured earlier in the same graph). */
     unsigned graphs;
-    int half_gemv; /* gang_kernels_options.half_gemv */
-    int pdl;       /* gang_kernels_options.pdl, on a device of compute capability >= 9 */
-    int trace;     /* gang_kernels_options.trace: CUPTI enabled for this handle */
+    int half_gemv;     /* gang_kernels_options.half_gemv */
+    int fuse_residual; /* gang_kernels_options.fuse_residual */
+    int pdl;           /* gang_kernels_options.pdl, on a device of compute capability >= 9 */
+    int trace;         /* gang_kernels_options.trace: CUPTI enabled for this handle */
 } gang__cuda_ctx;
 
 /* Bits of dev_flag. */
