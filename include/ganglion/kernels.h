@@ -316,8 +316,9 @@ typedef struct gang_kernels_fusion {
  * gang_kernels_matmul, gang_kernels_glu, gang_kernels_add). Why (issue #24): the decode
  * step's residual stream without a norm or an add kernel between its products, where the
  * CUDA decode GEMV (m <= 8; bf16 / f16 unless half_gemv is off, int8 with kdim a multiple
- * of 16) norms x as it stages it (rows that fit its tile at once: kdim <= 8192 at one row,
- * 4096 at two, ...), computes either gated unit and adds in its epilogue. For another
+ * of 16) norms x as it stages it (rows that fit its tile at once with the norm's weights:
+ * kdim <= 4096 at one row, 2048 at two or three, ...), computes either gated unit and adds
+ * in its epilogue. For another
  * shape or storage the backend runs the separate kernels itself: scratch [m, kdim] (only
  * with norm or glu_in; NULL otherwise allowed) receives the normed or gated input, its
  * contents unspecified after the call. glu_out is only ever fused: where no kernel does

@@ -184,16 +184,17 @@ __device__ static inline void gemv_stream(float *acc, size_t m, const float *xs,
 /*
  * The GEMV's input RMS-normed as it is staged (gang_kernels_matmul_fused's norm): the m
  * rows of x [m, kdim] whole in the tile (kdim <= tile, so k0 = 0 is the only tile) and
- * the weights g after them (at xs + m tile: gemv_launch leaves the room), staged as they
- * are; each row's sum of squares reduced in double over the block; then every staged
- * element replaced by round(x * scale * g[e]) with rms_scale's scale: what rmsnorm_kernel
- * writes, then the GEMV stages of it (the double sums' order aside, which moves the f32
- * scale with a probability of about 1e-9). The passes after the staging walk the tile in
- * the order of its banks (vec_unswz). Every thread of the block calls it; x 16-byte
- * aligned, kdim % 4 == 0 (xv). Its loops are unrolled twice (the staging) or not at all:
- * more, or g read from global memory in the last pass, pushed the kernel past its 64
- * registers (ptxas -v: 4-32 bytes of spills); the weight loads issued before it
- * (gemv_first_loads) stream meanwhile.
+ * the weights g after them (at xs + m tile, laid out as a row of x: gemv_launch leaves a
+ * tile's room), staged as they are; each row's sum of squares reduced in double over the
+ * block; then every staged element replaced by round(x * scale * g[e]) with rms_scale's
+ * scale: what rmsnorm_kernel writes, then the GEMV stages of it (the double sums' order
+ * aside, which moves the f32 scale with a probability of about 1e-9). The passes after
+ * the staging walk the tile in the order of its banks (vec_unswz), g's copy too. Every
+ * thread of the block calls it; x 16-byte aligned, kdim % 4 == 0 (xv). Its loops are not
+ * unrolled: unrolled (or g read from global memory in the last pass) they pushed the
+ * kernel past its 64 registers (ptxas -v: 4-32 bytes of spills), so the staging is a
+ * round trip to L2 per 4 elements of x a thread (4 for the 8B shape's rows of 4096); the
+ * weight loads issued before it (gemv_first_loads) stream meanwhile.
  */
 template <typename T>
 __device__ static void gemv_stage_norm(float *xs, unsigned tile, const float *x, size_t m,
@@ -207,15 +208,15 @@ __device__ static void gemv_stage_norm(float *xs, unsigned tile, const float *x,
     const unsigned kpad = (kdim + chunk - 1) / chunk * chunk; /* <= tile */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-#pragma unroll 2
+#pragma unroll 1
     for (unsigned q = threadIdx.x; q < groups; q += NT) {
         const unsigned r = 4 * q / kdim, e = 4 * q - r * kdim;
         float v[4];
 
         gemv_x4(x, GANG_CUDA_GLU_NONE, kdim, r, e, v);
-        if (r == 0)
+        if (r == 0) /* at x's positions: the last pass reads both in the banks' order */
             for (int d = 0; d < 4; d++)
-                gs[e + d] = g[e + d];
+                gs[vec_swz<V>(e + d)] = g[e + d];
         for (int d = 0; d < 4; d++)
             xs[r * tile + vec_swz<V>(e + d)] = v[d];
     }
@@ -249,7 +250,7 @@ __device__ static void gemv_stage_norm(float *xs, unsigned tile, const float *x,
             const unsigned e = vec_unswz<V>(p);
 
             if (e < kdim)
-                xs[r * tile + p] = vec_io<T>::round(xs[r * tile + p] * scale * gs[e]);
+                xs[r * tile + p] = vec_io<T>::round(xs[r * tile + p] * scale * gs[p]);
         }
     }
 }
@@ -405,7 +406,7 @@ static int gemv_launch(cudaStream_t s, const gemv_fuse &f, int pdl, size_t m, si
     const unsigned tile = f.g != NULL ? (unsigned)ntile : gemv_tile(m);
 
     if (f.g != NULL &&
-        (!xv || f.glu != GANG_CUDA_GLU_NONE || kdim > GEMV_SMEM || m * ntile + kdim > GEMV_SMEM))
+        (!xv || f.glu != GANG_CUDA_GLU_NONE || kdim > GEMV_SMEM || (m + 1) * ntile > GEMV_SMEM))
         return GANG_ENOSYS;
 #if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
     if (pdl) {
