@@ -37,15 +37,6 @@ static gang_kernels_wtype tp_wtype(const gang_tp_layer *l, const void *w)
     return l->wtype;
 }
 
-/* y [tokens, out] = x [tokens, in] . W^T for a matrix of l in its storage (tp_wtype). */
-static int tp_matmul(gang_kernels *k, const gang_tp_layer *l, const float *x, size_t tokens,
-                     size_t in, const void *w, size_t out, float *y)
-{
-    gang_kernels_weight v = gang_kernels_weight_view(tp_wtype(l, w), w, out, in);
-
-    return gang_kernels_matmul(k, tokens, out, in, x, &v, y);
-}
-
 /* y[i] [tokens, out[i]] = x . W_i^T for count matrices of l read from the same x, in one
  * call (gang_kernels_matmul_n: the host backend shares x's preparation and its threads). */
 static int tp_matmul_n(gang_kernels *k, const gang_tp_layer *l, const float *x, size_t tokens,
@@ -99,7 +90,7 @@ static int tp_linear_row_staged(gang_kernels *k, gang_comm *comm, gang_tp_stage 
         }
     }
     if (rc == GANG_ENOSYS)
-        rc = in.glu < 0 ? tp_matmul(k, l, in.x, tokens, in_shard, w_shard, out, y)
+        rc = in.glu < 0 ? gang_kernels_matmul(k, tokens, out, in_shard, in.x, &v, y)
                         : gang_kernels_matmul_glu(k, in.glu, tokens, out, in_shard, in.x, &v,
                                                   in.glu_out, y);
     if (rc != 0)
@@ -143,10 +134,10 @@ static int tp_in_ready(gang_kernels *k, const gang_tp_layer *l, gang_tp_scratch 
 static int tp_matmul_in(gang_kernels *k, const gang_tp_layer *l, gang_tp_scratch *s, tp_in in,
                         size_t total, const void *w, size_t out, float *y)
 {
+    gang_kernels_weight v = gang_kernels_weight_view(tp_wtype(l, w), w, out, l->hidden);
     int rc;
 
     if (in.norm != NULL) {
-        gang_kernels_weight v = gang_kernels_weight_view(tp_wtype(l, w), w, out, l->hidden);
         const gang_kernels_fusion f = {
             .norm = in.norm, .eps = l->norm_eps, .glu_in = -1, .glu_out = -1};
 
@@ -154,7 +145,7 @@ static int tp_matmul_in(gang_kernels *k, const gang_tp_layer *l, gang_tp_scratch
         if (rc != GANG_ENOSYS || (rc = tp_in_ready(k, l, s, &in, total)) != 0)
             return rc;
     }
-    return tp_matmul(k, l, in.x, total, l->hidden, w, out, y);
+    return gang_kernels_matmul(k, total, out, l->hidden, in.x, &v, y);
 }
 
 /* ---------------------------------------------------------------------------------

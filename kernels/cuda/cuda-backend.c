@@ -674,8 +674,7 @@ static int cuda_matmul_fused(void *ctx, size_t m, size_t n, size_t kdim, const f
     if (!c->fuse_residual && (f->norm != NULL || f->accumulate))
         return GANG_ENOSYS; /* the separate calls, the caller's */
     /* a gated output only where the GEMV takes the weight (checked first: no norm wasted) */
-    if (f->glu_out >= 0 && (!gemv || m > GANG_CUDA_GEMV_ROWS || ((uintptr_t)w->data & 15) != 0 ||
-                            kdim % (w->type == GANG_KW_I8 ? 16 : 8) != 0))
+    if (f->glu_out >= 0 && (!gemv || !gang__cuda_gemv_takes((int)w->type, m, kdim, w->data)))
         return GANG_ENOSYS;
     rc = gemv ? gang__cuda_launch_gemv_fused(c->stream, (int)w->type, c->pdl, &a) : GANG_ENOSYS;
     if (rc != GANG_ENOSYS || (f->glu_out >= 0 && f->norm == NULL))

@@ -199,6 +199,9 @@ typedef struct gang__cuda_gemv_fused {
  * do not fit its tile at once, glu_in with a norm or glu_out with acc, other storage). */
 int gang__cuda_launch_gemv_fused(cudaStream_t s, int wtype, int pdl,
                                  const gang__cuda_gemv_fused *a);
+/* 1 when the decode GEMV takes a weight w of wtype (GANG_KW_BF16, _F16, _I8) for m rows of x
+ * (at most GANG_CUDA_GEMV_ROWS, rows of whole 16-byte loads on 16-byte boundaries). */
+int gang__cuda_gemv_takes(int wtype, size_t m, size_t kdim, const void *w);
 int gang__cuda_launch_embedding_w(cudaStream_t s, int wtype, const void *table, const float *scales,
                                   size_t dim, const int32_t *ids, size_t n_ids, const int *flag,
                                   float *out);

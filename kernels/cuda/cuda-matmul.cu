@@ -371,69 +371,78 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
     }
 }
 
-/* What a decode GEMV launch does around its product (gemv_kernel's glu, gout, g, eps, acc). */
-typedef struct gemv_fuse {
-    int glu, gout;  /* GANG_CUDA_GLU_*: the gated unit of x's rows, of the product's */
-    const float *g; /* x RMS-normed with these weights first (NULL: not) */
-    float eps;
-    int acc; /* y += the product */
-} gemv_fuse;
+/* 1 when the decode GEMV takes a weight of element type T for m rows of x: at most MM_ROWS,
+ * rows of whole 16-byte loads starting on 16-byte boundaries. */
+template <typename T> static int gemv_takes(size_t m, size_t kdim, const void *w)
+{
+    return m != 0 && m <= MM_ROWS && kdim % vec_io<T>::VEC == 0 && ((uintptr_t)w & 15) == 0;
+}
 
-static const gemv_fuse gemv_plain = {GANG_CUDA_GLU_NONE, GANG_CUDA_GLU_NONE, NULL, 0.0f, 0};
+extern "C" int gang__cuda_gemv_takes(int wtype, size_t m, size_t kdim, const void *w)
+{
+    if (wtype == GANG_KW_BF16 || wtype == GANG_KW_F16)
+        return gemv_takes<__half>(m, kdim, w);
+    return wtype == GANG_KW_I8 && gemv_takes<int8_t>(m, kdim, w);
+}
 
 /*
- * The decode GEMV over T weights where it applies (m <= MM_ROWS rows of x, rows of whole
- * 16-byte loads starting on 16-byte boundaries; with a norm, x 16-byte aligned and its rows
- * whole in one tile): launched, its launch status returned; GANG_ENOSYS where it does not
- * apply (the caller takes another kernel).
+ * The decode GEMV a (cuda-internal.h) over weights of element type T where it applies
+ * (gemv_takes; with a norm, x 16-byte aligned and its rows and the norm's weights in one
+ * tile each): launched, its launch status returned; GANG_ENOSYS where it does not apply
+ * (the caller takes another kernel).
  */
 template <typename T>
-static int gemv_launch(cudaStream_t s, const gemv_fuse &f, int pdl, size_t m, size_t n, size_t kdim,
-                       const float *x, const T *w, const float *scales, float *y)
+static int gemv_launch(cudaStream_t s, int pdl, const gang__cuda_gemv_fused &a)
 {
-    const size_t per = f.gout == GANG_CUDA_GLU_NONE ? GEMV_WARPS : GEMV_WARPS / 2;
-    size_t blocks = (n + per - 1) / per;
+    const size_t per = a.glu_out == GANG_CUDA_GLU_NONE ? GEMV_WARPS : GEMV_WARPS / 2;
+    size_t blocks = (a.n + per - 1) / per;
 
-    if (m == 0 || m > MM_ROWS || kdim % vec_io<T>::VEC != 0 || ((uintptr_t)w & 15) != 0 ||
-        blocks > INT32_MAX || (f.glu != GANG_CUDA_GLU_NONE && f.gout != GANG_CUDA_GLU_NONE) ||
-        (f.acc && f.gout != GANG_CUDA_GLU_NONE))
+    if (!gemv_takes<T>(a.m, a.kdim, a.w) || blocks > INT32_MAX ||
+        (a.glu_in != GANG_CUDA_GLU_NONE && a.glu_out != GANG_CUDA_GLU_NONE) ||
+        (a.acc && a.glu_out != GANG_CUDA_GLU_NONE))
         return GANG_ENOSYS;
     /* x staged four elements a load where its rows are 16-byte aligned (kdim % 4 == 0: V is
      * 8 or 16) */
-    const int xv = ((uintptr_t)x & 15) == 0;
+    const int xv = ((uintptr_t)a.x & 15) == 0;
     /* a norm's tile: the whole rows, a multiple of 512 (gemv_tile), the weights after them */
-    const size_t ntile = (kdim + 511) / 512 * 512;
-    const unsigned tile = f.g != NULL ? (unsigned)ntile : gemv_tile(m);
+    const size_t ntile = (a.kdim + 511) / 512 * 512;
+    const unsigned tile = a.norm != NULL ? (unsigned)ntile : gemv_tile(a.m);
+    const T *w = (const T *)a.w;
 
-    if (f.g != NULL &&
-        (!xv || f.glu != GANG_CUDA_GLU_NONE || kdim > GEMV_SMEM || (m + 1) * ntile > GEMV_SMEM))
+    if (a.norm != NULL && (!xv || a.glu_in != GANG_CUDA_GLU_NONE || (a.m + 1) * ntile > GEMV_SMEM))
         return GANG_ENOSYS;
 #if defined(__CUDACC__) /* nvcc; the emulator runs a stream's kernels in order anyway */
     if (pdl) {
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg = pdl_config(dim3((unsigned)blocks), dim3(32 * GEMV_WARPS), s, &at);
 
-        return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, m, n, kdim, tile, x, xv,
-                                                 f.glu, f.gout, w, scales, f.g, f.eps, f.acc, y),
+        return gang__cuda_err(cudaLaunchKernelEx(&cfg, gemv_kernel<T>, a.m, a.n, a.kdim, tile, a.x,
+                                                 xv, a.glu_in, a.glu_out, w, a.scales, a.norm,
+                                                 a.eps, a.acc, a.y),
                               "gemv launch (PDL)");
     }
 #else
     (void)pdl;
 #endif
-    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(
-        m, n, kdim, tile, x, xv, f.glu, f.gout, w, scales, f.g, f.eps, f.acc, y);
+    gemv_kernel<T><<<(unsigned)blocks, 32 * GEMV_WARPS, 0, s>>>(a.m, a.n, a.kdim, tile, a.x, xv,
+                                                                a.glu_in, a.glu_out, w, a.scales,
+                                                                a.norm, a.eps, a.acc, a.y);
     return gang__cuda_err(cudaGetLastError(), "gemv launch");
+}
+
+/* The arguments of a plain decode GEMV (no norm, no gated output): y [+]= in(x) . W^T. */
+static gang__cuda_gemv_fused gemv_plain(size_t m, size_t n, size_t kdim, const float *x,
+                                        const void *w, const float *scales, int glu, int add,
+                                        float *y)
+{
+    return {m, n, kdim, x, w, scales, NULL, 0.0f, glu, GANG_CUDA_GLU_NONE, add, y};
 }
 
 extern "C" int gang__cuda_launch_matmul_i8(cudaStream_t s, int glu, int pdl, size_t m, size_t n,
                                            size_t kdim, const float *x, const int8_t *w,
                                            const float *scales, int add, float *y)
 {
-    gemv_fuse f = gemv_plain;
-    int rc;
-
-    f.glu = glu, f.acc = add;
-    rc = gemv_launch<int8_t>(s, f, pdl, m, n, kdim, x, w, scales, y);
+    int rc = gemv_launch<int8_t>(s, pdl, gemv_plain(m, n, kdim, x, w, scales, glu, add, y));
 
     if (rc != GANG_ENOSYS || glu != GANG_CUDA_GLU_NONE)
         return rc;
@@ -447,11 +456,9 @@ extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int
                                            size_t n, size_t kdim, const float *x, const void *w,
                                            float *y)
 {
-    gemv_fuse f = gemv_plain;
+    const gang__cuda_gemv_fused a = gemv_plain(m, n, kdim, x, w, NULL, glu, 0, y);
 
-    f.glu = glu;
-    return bf16 ? gemv_launch(s, f, pdl, m, n, kdim, x, (const __nv_bfloat16 *)w, NULL, y)
-                : gemv_launch(s, f, pdl, m, n, kdim, x, (const __half *)w, NULL, y);
+    return bf16 ? gemv_launch<__nv_bfloat16>(s, pdl, a) : gemv_launch<__half>(s, pdl, a);
 }
 
 /* The decode GEMV with its fusions (gang__cuda_gemv_fused, cuda-internal.h); GANG_ENOSYS where it
@@ -459,16 +466,12 @@ extern "C" int gang__cuda_launch_gemv_half(cudaStream_t s, int glu, int pdl, int
 extern "C" int gang__cuda_launch_gemv_fused(cudaStream_t s, int wtype, int pdl,
                                             const gang__cuda_gemv_fused *a)
 {
-    const gemv_fuse f = {a->glu_in, a->glu_out, a->norm, a->eps, a->acc};
-
     if (wtype == GANG_KW_BF16)
-        return gemv_launch(s, f, pdl, a->m, a->n, a->kdim, a->x, (const __nv_bfloat16 *)a->w, NULL,
-                           a->y);
+        return gemv_launch<__nv_bfloat16>(s, pdl, *a);
     if (wtype == GANG_KW_F16)
-        return gemv_launch(s, f, pdl, a->m, a->n, a->kdim, a->x, (const __half *)a->w, NULL, a->y);
+        return gemv_launch<__half>(s, pdl, *a);
     if (wtype == GANG_KW_I8)
-        return gemv_launch(s, f, pdl, a->m, a->n, a->kdim, a->x, (const int8_t *)a->w, a->scales,
-                           a->y);
+        return gemv_launch<int8_t>(s, pdl, *a);
     return GANG_ENOSYS;
 }
 

@@ -177,10 +177,7 @@ extern "C" int gang__cuda_launch_add_rmsnorm(cudaStream_t s, float *x, const flo
 extern "C" int gang__cuda_launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps,
                                          size_t rows, size_t dim, float *out)
 {
-    if (rows > 0x7fffffffu)
-        return GANG_ERANGE;
-    rmsnorm_kernel<<<(unsigned)rows, OPS_THREADS, 0, s>>>(x, w, eps, dim, GANG_DTYPE_F32, out);
-    return launch_result("rmsnorm launch");
+    return gang__cuda_launch_rmsnorm_to(s, x, w, eps, rows, dim, GANG_DTYPE_F32, out);
 }
 
 extern "C" int gang__cuda_launch_rmsnorm_to(cudaStream_t s, const float *x, const float *w,

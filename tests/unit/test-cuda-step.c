@@ -577,10 +577,7 @@ static void matmul_glu_case(gang_kernels_wtype t, size_t m, size_t n, size_t kd,
 
     assert_non_null(wf), assert_non_null(gu), assert_non_null(got), assert_non_null(want);
     assert_non_null(blob);
-    for (size_t i = 0; i < n * kd; i++)
-        wf[i] = rnd();
-    for (size_t i = 0; i < m * 2 * kd; i++)
-        gu[i] = 3.0f * rnd();
+    fill(wf, n * kd, 1.0f, 0.0f), fill(gu, m * 2 * kd, 3.0f, 0.0f);
     assert_int_equal(gang_kernels_weight_pack(t, wf, n, kd, blob), 0);
     dw = dev_copy(blob, wbytes), dgu = dev_copy(gu, m * 2 * kd * 4);
     assert_int_equal(gang_kernels_alloc(gpu, m * kd * 4, &dscr), 0);
@@ -660,12 +657,8 @@ static void matmul_to_glu_case(gang_kernels_wtype t, size_t m, size_t ffn, size_
 
     assert_non_null(wf), assert_non_null(x), assert_non_null(got), assert_non_null(want);
     assert_non_null(blob);
-    for (size_t i = 0; i < n * kd; i++)
-        wf[i] = rnd();
-    for (size_t i = 0; i < m * kd; i++)
-        x[i] = 3.0f * rnd();
-    for (size_t i = 0; i < m * ffn; i++)
-        want[i] = -7.0f; /* y's contents where nothing may be written */
+    fill(wf, n * kd, 1.0f, 0.0f), fill(x, m * kd, 3.0f, 0.0f);
+    fill(want, m * ffn, 0.0f, -7.0f); /* y's contents where nothing may be written */
     assert_int_equal(gang_kernels_weight_pack(t, wf, n, kd, blob), 0);
     dw = dev_copy(blob, wbytes), dx = dev_copy(x, m * kd * 4), dy = dev_copy(want, m * ffn * 4);
     assert_int_equal(gang_kernels_alloc(gpu, m * n * 4, &dgu), 0);
