@@ -3,8 +3,9 @@
  * (g++ -include) into each of kernels/cuda's .cu files, after rewrite-launch.py has turned its
  * `kernel<<<grid, block, shared, stream>>>(args)` launches into gang_emu_launch calls, so
  * that the kernels the device runs are compiled as host C++ and executed by
- * emu-runtime.cpp: every CUDA thread of a block a fiber, blocks one after another,
- * __syncthreads and the warp shuffles the points where fibers switch. The device code is
+ * emu-runtime.cpp: every CUDA thread of a block a fiber, blocks one after another (in
+ * alternating orders), __syncthreads and the warp shuffles the points where fibers switch,
+ * a block's shared arrays poisoned as it starts. The device code is
  * the same text nvcc compiles for the H200; only the qualifiers and the built-ins below are
  * host definitions: those the kernels use (a kernel that calls another built-in fails to
  * compile here until it is added).
@@ -84,6 +85,11 @@ static inline void gang_emu_launch_args(const gang_emu_cfg &cfg, const char *nam
         args);
     gang_emu_launch(cfg, name, [args, fn]() { std::apply(fn, args); });
 }
+
+/* Called by the first thread of a block to reach a __shared__ array's declaration (the
+ * call rewrite-launch.py appends to it): sets its bytes to 0xff, once per block, as the
+ * device gives a block shared memory it did not write (emu-runtime.cpp). */
+void gang_emu_shared_fresh(void *p, size_t bytes);
 
 /* Runs op now, or records it into the graph being captured on stream (the emulated
  * cuBLASLt enqueues its products with it). */

@@ -7,7 +7,9 @@
  *
  * Execution. A launch runs its grid's blocks one after another, under one process-wide
  * lock (a kernel's __shared__ arrays are function statics here, so two kernels never run
- * at once). The threads of a block are fibers (on x86-64 a stack switch of our own that
+ * at once): in ascending order in one kernel run and descending in the next (block_order),
+ * each block's shared arrays poisoned as it starts (gang_emu_shared_fresh). The threads of
+ * a block are fibers (on x86-64 a stack switch of our own that
  * saves the callee-saved registers, a few ns; elsewhere ucontext, whose swapcontext
  * is a system call), started in thread order; a fiber
  * runs until it finishes or reaches a synchronisation point: __syncthreads (it waits until
@@ -71,6 +73,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -174,12 +177,22 @@ struct block_run {
     int q_head, q_len;
     int live, at_barrier;
     int warp_live[MAX_THREADS / 32], warp_arrived[MAX_THREADS / 32];
-    int reverse; /* this block starts and releases its threads from the last one */
+    int reverse;               /* this block starts and releases its threads from the last one */
+    unsigned long long serial; /* blocks run so far, this one included (shared poisoning) */
 };
 
 block_run B;
 std::mutex kernel_lock; /* one kernel at a time: __shared__ arrays are statics */
 int order_flip = -1;    /* GANG_EMU_ORDER_FLIP, read at the first launch */
+int shared_poison = -1; /* GANG_EMU_SHARED_POISON (default 1), read at the first launch */
+/* GANG_EMU_BLOCK_ORDER=ascending (1): every run's blocks in ascending order; by default (0)
+ * every other kernel run takes them from the last one back, so that a block reading what
+ * another block of the same grid writes (no order between them on the device) sees it
+ * written in one run and not in the next. */
+int block_order = 0;
+unsigned long long runs_done; /* kernel runs so far (launches and graph replays) */
+/* Each __shared__ array's address and the block (B.serial) that last poisoned it. */
+std::unordered_map<const void *, unsigned long long> shared_fresh;
 
 /* Kernels run, by name, appended to GANG_EMU_STATS at exit when it is set: which of the
  * backend's kernels the tests reach (tests/cuda-emu/kernel-coverage.py). */
@@ -668,6 +681,25 @@ cudaError_t emu_free(void *p, int pinned)
 /* ------------------------------------------------------------------------------------
  * Kernel side (emu-kernel.h).
  * ------------------------------------------------------------------------------------ */
+/* A __shared__ array's first reach in a block (rewrite-launch.py puts the call after each
+ * declaration): its bytes are set to 0xff (a NaN as float or double, -1 as an integer) the
+ * first time a thread of the block reaches it, and left alone by the block's others. On the
+ * device a block's shared memory holds whatever it held before; here the arrays are
+ * statics, which keep the previous block's values, often the very ones this block would
+ * have written (every block of a GEMV stages the same x): a read of an element the block
+ * never wrote would pass unseen. GANG_EMU_SHARED_POISON=0 keeps the old values. */
+void gang_emu_shared_fresh(void *p, size_t bytes)
+{
+    if (shared_poison == 0)
+        return;
+    unsigned long long &at = shared_fresh[p];
+
+    if (at != B.serial) {
+        at = B.serial;
+        memset(p, 0xff, bytes);
+    }
+}
+
 void gang_emu_check_pointer(const char *kernel, int arg, const void *p)
 {
     if (p == NULL || inside_allocation(p))
@@ -786,6 +818,10 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
         if (order_flip < 0) {
             const char *e = getenv("GANG_EMU_ORDER_FLIP");
             order_flip = e != NULL && strcmp(e, "1") == 0;
+            e = getenv("GANG_EMU_SHARED_POISON");
+            shared_poison = e == NULL || strcmp(e, "0") != 0;
+            e = getenv("GANG_EMU_BLOCK_ORDER");
+            block_order = e != NULL && strcmp(e, "ascending") == 0;
         }
         count_run(name);
         unsigned long long t0 = gang_emu_now_ns();
@@ -794,13 +830,20 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
         B.n = (int)threads;
         gang_emu_grid_dim = grid;
         gang_emu_block_dim = block;
-        for (unsigned z = 0; z < grid.z; z++)
-            for (unsigned y = 0; y < grid.y; y++)
-                for (unsigned x = 0; x < grid.x; x++) {
+        /* every other run from the last block back (block_order) */
+        const int down = block_order == 0 && (runs_done++ & 1);
+        for (unsigned zi = 0; zi < grid.z; zi++)
+            for (unsigned yi = 0; yi < grid.y; yi++)
+                for (unsigned xi = 0; xi < grid.x; xi++) {
+                    const unsigned x = down ? grid.x - 1 - xi : xi;
+                    const unsigned y = down ? grid.y - 1 - yi : yi;
+                    const unsigned z = down ? grid.z - 1 - zi : zi;
+
                     gang_emu_block_idx.x = x;
                     gang_emu_block_idx.y = y;
                     gang_emu_block_idx.z = z;
                     B.reverse = (int)((x + y + z) & 1) ^ order_flip;
+                    B.serial++;
                     run_block();
                 }
         gang_emu_kernel_hook hook = kernel_hook.load();

@@ -10,9 +10,13 @@
 
 the arguments evaluated and copied once at the launch (an array decays to its pointer), as
 the device copies a kernel's parameters, each pointer among them checked to be device (or
-pinned) memory, and the kernel called with those copies by each thread. Everything else is kept
-byte for byte (a #line directive keeps compiler messages pointing at IN.cu). A file with a
-`<<<` this cannot parse is an error, never passed through.
+pinned) memory, and the kernel called with those copies by each thread. A `__shared__`
+declaration (one or more arrays or scalars, no initializer) is followed on its own line by
+`gang_emu_shared_fresh(&NAME, sizeof NAME);` for each name it declares: the emulator sets
+their bytes to 0xff once per block, so that a read of what the block never wrote shows (a
+static keeps the previous block's values). Everything else is kept byte for byte (a #line
+directive keeps compiler messages pointing at IN.cu). A file with a `<<<` or a `__shared__`
+this cannot parse is an error, never passed through.
 """
 import os
 import re
@@ -70,16 +74,74 @@ def rewrite(src, path):
     return "".join(out), count
 
 
+SHARED = re.compile(r"__shared__\s+([^;{}=]*);")
+DECLARATOR = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(\[[^\]]+\]\s*)*$")
+
+
+def split_top(text):
+    """text split at its commas outside brackets."""
+    parts, depth, cur = [], 0, ""
+    for c in text:
+        if c in "[<":
+            depth += 1
+        elif c in "]>":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    return parts + [cur]
+
+
+def fresh_shared(src, path):
+    """src with each __shared__ declaration followed by its gang_emu_shared_fresh calls."""
+    out, pos, count, seen = [], 0, 0, 0
+    for m in SHARED.finditer(src):
+        line = src[src.rfind("\n", 0, m.start()) + 1:m.start()].strip()
+        if line.startswith(("*", "/*")) or "//" in line:
+            continue  # a comment's words
+        seen += 1
+        if "extern" in src[max(0, m.start() - 8):m.start()]:
+            sys.exit(f"{path}: extern __shared__ (dynamic shared memory) at offset "
+                     f"{m.start()}: the emulator does not poison it")
+        parts = split_top(m.group(1))
+        # the first part holds the type: the declarator is its last word and what follows
+        first = re.match(r"^(.*?)([A-Za-z_][A-Za-z_0-9]*\s*(\[[^\]]+\]\s*)*)$",
+                         parts[0].strip(), re.S)
+        if first is None or not first.group(1).strip():
+            sys.exit(f"{path}: a __shared__ declaration this cannot read at offset {m.start()}")
+        names = []
+        for d in [first.group(2)] + parts[1:]:
+            dm = DECLARATOR.match(d)
+            if dm is None:
+                sys.exit(f"{path}: a __shared__ declarator this cannot read: '{d.strip()}'")
+            names.append(dm.group(1))
+        out.append(src[pos:m.end()])
+        out.append("".join(f" gang_emu_shared_fresh(&{n}, sizeof {n});" for n in names))
+        pos = m.end()
+        count += len(names)
+    out.append(src[pos:])
+    code = [ln for ln in src.split("\n") if "__shared__" in ln and
+            not ln.strip().startswith(("*", "/*")) and "//" not in ln.split("__shared__")[0]]
+    if sum(ln.count("__shared__") for ln in code) != seen:
+        sys.exit(f"{path}: a __shared__ this cannot read (declarations found: {seen}, "
+                 f"lines naming it: {len(code)})")
+    return "".join(out), count
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     src = open(sys.argv[1]).read()
     text, n = rewrite(src, sys.argv[1])
+    text, n_shared = fresh_shared(text, sys.argv[1])
     os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)
     with open(sys.argv[2], "w") as f:
         f.write(f'#line 1 "{sys.argv[1]}"\n')
         f.write(text)
-    print(f"{sys.argv[1]}: {n} launches rewritten", file=sys.stderr)
+    print(f"{sys.argv[1]}: {n} launches rewritten, {n_shared} shared arrays poisoned per block",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@
  * stops, naming the kernel, where a device would hang or read garbage (a shuffle under a
  * divergent branch, a shuffle reading a lane that has exited, a kernel given a host
  * pointer, a 16-byte load the kernels' vec_load16 makes at an address that is not a multiple
- * of 16), and that a missing
- * __syncthreads shows as stale reads in one of two neighbouring blocks; and the pending
+ * of 16), that a missing
+ * __syncthreads shows as stale reads in one of two neighbouring blocks, that a block's
+ * shared memory starts poisoned, not with the block before's values, and that two runs of a
+ * grid take its blocks in opposite orders; and the pending
  * operations the NCCL emulator builds on (emu-sync.h): a stream that waited for an event
  * recorded after one is not ready, and its next kernel runs only once another thread
  * completed it; a stream that waits for an event of a capture joins the capture. Compiled
@@ -115,6 +117,28 @@ __global__ static void racy_kernel(int *out)
     out[blockIdx.x * 64 + t] = slot[(t + 1) % 64];
     __syncthreads();
     slot[t] = 0; /* the next block's threads start from a cleared array */
+}
+
+/* Block 0's threads each write their slot, block 1's only the even ones; after the barrier
+ * out[block * 64 + t] = slot t: what block 1 never wrote is the emulator's poison (0xff
+ * bytes), not block 0's values, which a static array would have kept. */
+__global__ static void unwritten_kernel(int *out)
+{
+    __shared__ int slot[64];
+    int t = threadIdx.x;
+
+    if (blockIdx.x == 0 || t % 2 == 0)
+        slot[t] = 1000 * (int)blockIdx.x + t + 1;
+    __syncthreads();
+    out[blockIdx.x * 64 + t] = slot[t];
+}
+
+/* Thread 0 of each block appends the block's index to log (at *n): the order the blocks
+ * ran in, which the device does not fix. */
+__global__ static void order_kernel(int *log, int *n)
+{
+    if (threadIdx.x == 0)
+        log[(*n)++] = (int)blockIdx.x;
 }
 
 /* x[i] = i for i < n. */
@@ -314,6 +338,52 @@ static void test_race_shows(void **state)
     cudaFree(out);
 }
 
+/* A block's __shared__ arrays start poisoned (0xff bytes) whatever the block before wrote,
+ * and only once per block: block 0 reads back every slot its threads wrote, though every
+ * thread after the first reaches the declaration after the first thread's write. */
+static void test_shared_starts_poisoned(void **state)
+{
+    int *out = (int *)dev_alloc(2 * 64 * sizeof(int));
+
+    (void)state;
+    unwritten_kernel<<<2, 64>>>(out);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    for (int t = 0; t < 64; t++) {
+        assert_int_equal(out[t], t + 1);
+        assert_int_equal(out[64 + t], t % 2 == 0 ? 1000 + t + 1 : -1);
+    }
+    cudaFree(out);
+}
+
+/* Two runs of a grid take its blocks in opposite orders (a block that reads another's
+ * writes sees them in one run and not in the other); each block runs once in each. */
+static void test_block_order_alternates(void **state)
+{
+    int *log = (int *)dev_alloc(2 * 3 * sizeof(int)), *n = (int *)dev_alloc(sizeof(int));
+    int in_order = 0;
+
+    (void)state;
+    *n = 0;
+    order_kernel<<<3, 32>>>(log, n);
+    order_kernel<<<3, 32>>>(log, n);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    assert_int_equal(*n, 6);
+    for (int r = 0; r < 2; r++) {
+        int seen = 0;
+
+        for (int i = 0; i < 3; i++)
+            seen |= 1 << log[3 * r + i];
+        assert_int_equal(seen, 7);
+    }
+    for (int i = 0; i < 3; i++)
+        in_order += log[i] == log[3 + i];
+    print_message("blocks ran %d %d %d, then %d %d %d\n", log[0], log[1], log[2], log[3], log[4],
+                  log[5]);
+    assert_int_equal(in_order, 1); /* the middle block only */
+    cudaFree(log);
+    cudaFree(n);
+}
+
 static void test_launch_limits(void **state)
 {
     float *x = (float *)dev_alloc(4 * sizeof(float));
@@ -480,6 +550,8 @@ int main(void)
         cmocka_unit_test(test_host_pointer_stops),
         cmocka_unit_test(test_misaligned_load_stops),
         cmocka_unit_test(test_race_shows),
+        cmocka_unit_test(test_shared_starts_poisoned),
+        cmocka_unit_test(test_block_order_alternates),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_pending_and_join),
