@@ -242,6 +242,15 @@ if(GANGLION_CUDA_EMU)
     set_tests_properties(engine-cuda-nccl-delay PROPERTIES LABELS cuda-emu TIMEOUT 600
       ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4;GANG_EMU_NCCL_DELAY_US=2000"
       FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
+    # The engine's cases and the decode step's kernels with the device running 300 us
+    # behind the host (GANG_EMU_LAG_US: every stream's work deferred, as on a GPU): the
+    # host reusing a pinned upload's buffer too early, or reading a result before its
+    # synchronisation, shows (the first stops the process, naming the bytes).
+    add_test(NAME engine-cuda-lag COMMAND test-engine-cuda)
+    add_test(NAME cuda-step-lag COMMAND test-cuda-step)
+    set_tests_properties(engine-cuda-lag cuda-step-lag PROPERTIES LABELS cuda-emu TIMEOUT 600
+      ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4;GANG_EMU_LAG_US=300"
+      FAIL_REGULAR_EXPRESSION "no GPU;SKIP")
     add_test(NAME kv-pair-nccl-emu COMMAND $<TARGET_FILE:test-kv-pair>)
     # RUN_SERIAL: alone while run-emu.sh runs the others two at a time (their deadlines
     # are measured: init 700 ms, a settle's 300 ms)

@@ -5,7 +5,8 @@
 # CUPTI) and test-engine-cuda (its NCCL
 # layouts on emulated GPUs), test-comm-nccl and test-kv-pair's NCCL pair on the device
 # code nvcc compiles (there they run instead of skipping), the cuBLASLt fallback, the
-# emulator's own test, the decode step's counters of the real backend, and the gang's
+# emulator's own test, the engine and the step's kernels with the device lagging the host
+# (GANG_EMU_LAG_US), the decode step's counters of the real backend, and the gang's
 # NCCL paths between processes (serve, MoE, P/D, k8s-sim Pods; docs/gpu.md). Only in a CUDA
 # build without sanitizers (the emulator's fibers switch stacks behind ASAN's back) and not
 # inside the emulator's own build.

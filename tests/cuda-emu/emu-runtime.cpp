@@ -386,6 +386,7 @@ struct emu_stream {
     std::deque<deferred_op> deferred;
     std::thread drainer;
     bool stop = false;
+    int device = 0; /* the creating thread's current device */
 };
 
 struct emu_event {
@@ -434,6 +435,15 @@ int waits_prune(emu_waits &w)
                        [](const std::shared_ptr<gang_emu_pending> &p) { return p->done.load(); }),
         w.end());
     return w.empty();
+}
+
+/* Appends the operations of from that w does not hold yet (a stream waiting for the same
+ * event again, or for events that carry each other's waits, adds each once). */
+void waits_add(emu_waits &w, const emu_waits &from)
+{
+    for (auto &p : from)
+        if (std::find(w.begin(), w.end(), p) == w.end())
+            w.push_back(p);
 }
 
 /* Waits on pend_cv (g holds pend_lock) until done() holds, at most GANG_EMU_WAIT_MS;
@@ -501,6 +511,18 @@ void stream_wait(emu_stream *st, const char *what)
         g, [&]() { return st->deferred.empty() && waits_prune(st->waits); }, what);
 }
 
+/* Waits until the default stream and the streams created on the calling thread's device
+ * have no deferred work left (a stream is not destroyed meanwhile: streams_lock). */
+void all_streams_wait(const char *what)
+{
+    std::lock_guard<std::mutex> g(streams_lock);
+
+    stream_wait(&default_stream, what);
+    for (emu_stream *st : live_streams)
+        if (!st->capturing && st->device == current_device)
+            stream_wait(st, what);
+}
+
 emu_stream *stream_of(cudaStream_t s)
 {
     if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread)
@@ -516,9 +538,30 @@ double now_ms()
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* GANG_EMU_LAG_US (default 0): when set, every operation of a stream is deferred to the
+ * stream's thread and carried out no sooner than that many microseconds after it was
+ * enqueued: the device runs behind the host, as it does on a GPU, so that the host
+ * rewriting a pinned buffer an upload has not read yet, reading a download before its
+ * synchronisation, or handing a buffer to the next step before the device is done with
+ * it, gives the wrong numbers here too (streams are otherwise synchronous). */
+std::atomic<long long> lag_setting{-1}; /* -1: GANG_EMU_LAG_US not read yet */
+
+long long lag_us()
+{
+    long long v = lag_setting.load();
+
+    if (v < 0) {
+        const char *e = getenv("GANG_EMU_LAG_US");
+
+        v = e != NULL && atoll(e) > 0 ? atoll(e) : 0;
+        lag_setting.store(v);
+    }
+    return v;
+}
+
 /* Runs op now, or defers it (to the stream's thread) behind the pending operations s
- * waits for and the work already deferred, or records it into the graph being captured
- * on s. */
+ * waits for and the work already deferred (always, with lag_us), or records it into the
+ * graph being captured on s. */
 cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
 {
     emu_stream *st = stream_of(s);
@@ -529,7 +572,17 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
     }
     {
         std::unique_lock<std::mutex> g(pend_lock);
-        if (!st->deferred.empty() || !waits_prune(st->waits)) {
+        if (lag_us() > 0) {
+            const auto due = std::chrono::steady_clock::now() + std::chrono::microseconds(lag_us());
+
+            op = [due, op = std::move(op)]() {
+                std::this_thread::sleep_until(due);
+                op();
+            };
+        }
+        const bool waiting = !waits_prune(st->waits); /* pruned whatever the lag */
+
+        if (lag_us() > 0 || !st->deferred.empty() || waiting) {
             defer(st, st->waits, std::move(op));
             st->deps.clear(); /* the deferred work waits for them; what follows, for it */
             return cudaSuccess;
@@ -639,6 +692,19 @@ int inside_allocation(const void *p)
     return 0;
 }
 
+/* Where p lies: 0 in no allocation (pageable host memory), 1 pinned host memory
+ * (cudaMallocHost), 2 device memory (cudaMalloc). */
+int memory_kind(const void *p)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    uintptr_t a = (uintptr_t)p;
+
+    for (auto &x : allocations)
+        if (a >= (uintptr_t)x.p && a - (uintptr_t)x.p < x.bytes)
+            return x.pinned ? 1 : 2;
+    return 0;
+}
+
 cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
 {
     std::lock_guard<std::mutex> g(mem_lock);
@@ -661,6 +727,8 @@ cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
 
 cudaError_t emu_free(void *p, int pinned)
 {
+    if (lag_us() > 0 && p != NULL) /* as cudaFree does: the device's work finishes first */
+        all_streams_wait("cudaFree");
     std::lock_guard<std::mutex> g(mem_lock);
 
     if (p == NULL)
@@ -992,6 +1060,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
     emu_stream *st = new emu_stream();
 
     (void)flags;
+    st->device = current_device;
     {
         std::lock_guard<std::mutex> g(streams_lock);
         live_streams.insert(st);
@@ -1025,8 +1094,15 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
         return cudaSuccess;
     }
     if (!st->capturing) {
-        st->waits.insert(st->waits.end(), ev->waits.begin(), ev->waits.end());
-        st->deps.insert(st->deps.end(), ev->waits.begin(), ev->waits.end());
+        /* what completed is dropped first: a stream that only waits (an NCCL stream of a
+         * one-rank group, GANG_EMU_LAG_US's event marks) would otherwise gather every
+         * event's waits, and its events pass them back */
+        std::lock_guard<std::mutex> g(pend_lock);
+        waits_prune(ev->waits);
+        waits_prune(st->waits);
+        waits_prune(st->deps);
+        waits_add(st->waits, ev->waits);
+        waits_add(st->deps, ev->waits);
     }
     return cudaSuccess;
 }
@@ -1063,10 +1139,62 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     return sync_point(s);
 }
 
+/* FNV-1a of n bytes: what a pinned upload's source held when it was enqueued. */
+static uint64_t bytes_hash(const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 14695981039346656037ull;
+
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* A copy while the device lags (GANG_EMU_LAG_US), as the device makes it: from pageable
+ * host memory the bytes are taken at the call, into pageable memory the call returns once
+ * the copy is done (the runtime's staging), and from pinned memory the copy reads it when
+ * the stream gets there, which stops the process, naming the copy, when the host has
+ * rewritten those bytes meanwhile: an upload from a staging buffer the host reused before
+ * the device read it, wrong numbers on a GPU (checked up to 64 MiB). */
+static cudaError_t lagged_copy(void *dst, const void *src, size_t count, cudaStream_t s)
+{
+    const int from = memory_kind(src), to = memory_kind(dst);
+
+    if (from == 0) {
+        auto bytes =
+            std::make_shared<std::vector<char>>((const char *)src, (const char *)src + count);
+        return enqueue(s, [=]() { memmove(dst, bytes->data(), count); });
+    }
+    if (to == 0) {
+        enqueue(s, [=]() { memmove(dst, src, count); });
+        stream_wait(stream_of(s), "a copy into pageable memory");
+        return cudaSuccess;
+    }
+    if (from == 1 && count <= ((size_t)64 << 20)) {
+        const uint64_t h = bytes_hash(src, count);
+
+        return enqueue(s, [=]() {
+            if (bytes_hash(src, count) != h) {
+                fprintf(stderr,
+                        "cuda-emu: the host rewrote %zu bytes of pinned memory at %p after "
+                        "cudaMemcpyAsync was called on them and before the stream copied "
+                        "them (GANG_EMU_LAG_US=%lld): on a device the copy takes the new bytes "
+                        "or the old ones, as the timing falls\n",
+                        count, src, lag_us());
+                abort();
+            }
+            memmove(dst, src, count);
+        });
+    }
+    return enqueue(s, [=]() { memmove(dst, src, count); });
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t s)
 {
     (void)kind;
+    if (lag_us() > 0 && !stream_of(s)->capturing)
+        return lagged_copy(dst, src, count, s);
     return enqueue(s, [=]() { memmove(dst, src, count); });
 }
 
@@ -1292,6 +1420,11 @@ int gang_emu_stream_capturing(cudaStream_t s)
 cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op)
 {
     return enqueue(s, std::move(op));
+}
+
+void gang_emu_set_lag_us(long long us)
+{
+    lag_setting.store(us < 0 ? 0 : us);
 }
 
 int gang_emu_current_device()

@@ -50,6 +50,10 @@ int gang_emu_stream_capturing(cudaStream_t s);
  * the graph s is capturing. */
 cudaError_t gang_emu_stream_run(cudaStream_t s, std::function<void()> op);
 
+/* Sets the device's lag behind the host (GANG_EMU_LAG_US, emu-runtime.cpp; 0: streams run
+ * their work as it is enqueued), for the operations enqueued from then on. */
+void gang_emu_set_lag_us(long long us);
+
 /* The calling thread's current device (of GANG_EMU_DEVICES, default 1, at most 8). */
 int gang_emu_current_device();
 

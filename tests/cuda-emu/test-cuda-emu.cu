@@ -8,7 +8,8 @@
  * of 16), that a missing
  * __syncthreads shows as stale reads in one of two neighbouring blocks, that a block's
  * shared memory starts poisoned, not with the block before's values, and that two runs of a
- * grid take its blocks in opposite orders; and the pending
+ * grid take its blocks in opposite orders; that with a lag the device runs behind the host
+ * as a GPU does, and a pinned upload's source rewritten too early stops it; and the pending
  * operations the NCCL emulator builds on (emu-sync.h): a stream that waited for an event
  * recorded after one is not ready, and its next kernel runs only once another thread
  * completed it; a stream that waits for an event of a capture joins the capture. Compiled
@@ -384,6 +385,54 @@ static void test_block_order_alternates(void **state)
     cudaFree(n);
 }
 
+static void run_pinned_rewrite(void)
+{
+    float *host, *dev;
+    cudaStream_t s; /* a stream of the child's own: the default one's thread was the parent's */
+
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMallocHost((void **)&host, 64 * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&dev, 64 * sizeof(float)) != cudaSuccess)
+        return;
+    for (int i = 0; i < 64; i++)
+        host[i] = (float)i;
+    cudaMemcpyAsync(dev, host, 64 * sizeof(float), cudaMemcpyHostToDevice, s);
+    host[5] = -1.0f; /* reused before the stream read it */
+    cudaStreamSynchronize(s);
+}
+
+/* With a lag (GANG_EMU_LAG_US) the device runs behind the host: a kernel's writes show only
+ * after a synchronisation, an upload from pageable memory takes the bytes of the call, a
+ * download into pageable memory has them when the call returns, and the host rewriting
+ * pinned memory an upload has not read yet stops the process, naming it. */
+static void test_lag_runs_behind(void **state)
+{
+    float *x = (float *)dev_alloc(64 * sizeof(float)), *y = (float *)dev_alloc(64 * sizeof(float));
+    float page[64], back[64];
+
+    (void)state;
+    memset(x, 0, 64 * sizeof(float));
+    gang_emu_set_lag_us(20000);
+    fill_kernel<<<1, 64>>>(x, 64);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    assert_int_equal(cudaStreamQuery(0), cudaErrorNotReady);
+    assert_float_equal(x[63], 0.0f, 0.0f); /* not run yet */
+    assert_int_equal(cudaStreamSynchronize(0), cudaSuccess);
+    assert_float_equal(x[63], 63.0f, 0.0f);
+    for (int i = 0; i < 64; i++)
+        page[i] = 2.0f * i;
+    assert_int_equal(cudaMemcpyAsync(y, page, sizeof(page), cudaMemcpyHostToDevice, 0),
+                     cudaSuccess);
+    page[7] = -1.0f; /* pageable: the call took the bytes */
+    assert_int_equal(cudaMemcpyAsync(back, y, sizeof(back), cudaMemcpyDeviceToHost, 0),
+                     cudaSuccess);
+    assert_float_equal(back[7], 14.0f, 0.0f); /* pageable: done when the call returns */
+    expect_abort(run_pinned_rewrite, "the host rewrote 256 bytes of pinned memory");
+    gang_emu_set_lag_us(0);
+    cudaFree(x);
+    cudaFree(y);
+}
+
 static void test_launch_limits(void **state)
 {
     float *x = (float *)dev_alloc(4 * sizeof(float));
@@ -552,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_race_shows),
         cmocka_unit_test(test_shared_starts_poisoned),
         cmocka_unit_test(test_block_order_alternates),
+        cmocka_unit_test(test_lag_runs_behind),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_pending_and_join),
