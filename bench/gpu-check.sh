@@ -25,8 +25,8 @@
 # residual adds as kernels of their own (bench-decode-unfused), the kernel
 # traces of the decode step (test-cuda-trace, profile), the decode products by cuBLASLt
 # (bench-decode-cublas), the GPU health gauges (gpu-health), the long-context decode
-# (bench-decode-long) and the 8B step's trace (profile-8b), each only when enough of the
-# budget is left.
+# (bench-decode-long), the 8B step's trace (profile-8b) and the step's kernels under
+# compute-sanitizer (sanitize), each only when enough of the budget is left.
 #
 # It starts with the preflight (bench/gpu-preflight.sh, ~5 s): a missing driver, device,
 # carried library, NCCL or cuBLASLt stops the check at once with those lines as the reason.
@@ -59,7 +59,7 @@ if [ $# -ne 1 ] || [[ $1 == --* ]]; then
     exit 2
 fi
 # Every step's name, for --only's check (a misspelt name would select nothing).
-ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-wait-each bench-decode-8b torch-decode bench-decode-pdl bench-decode-unfused test-cuda-trace profile bench-decode-cublas gpu-health bench-decode-long profile-8b "
+ALL_STEPS=" test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference moe-cuda torch-gemm bench-gemm bench-decode bench-decode-wait-each bench-decode-8b torch-decode bench-decode-pdl bench-decode-unfused test-cuda-trace profile bench-decode-cublas gpu-health bench-decode-long profile-8b sanitize "
 if [ -n "$ONLY" ]; then
     for n in ${ONLY//,/ }; do
         if [[ $ALL_STEPS != *" $n "* ]]; then
@@ -323,6 +323,10 @@ extra bench-decode-long 70 45 "$BIN" bench decode --device cuda --dtypes bf16 --
     "${BD_ARGS[@]}"
 extra profile-8b 80 75 "$BIN" bench decode --device cuda --shape 8b --dtypes bf16 \
     --layouts 1x1 --batch 1 --tokens 16 --iters 1 --warmup 1 --trace-kernels 1 "${BD_ARGS[@]}"
+# The decode step's kernels (test-cuda-step) under compute-sanitizer's memcheck, racecheck
+# and initcheck: what the CUDA emulator cannot see, shared-memory races beyond its two
+# thread orders and reads of device memory nothing wrote (bench/gpu-sanitize.sh).
+extra sanitize 100 95 bash "$SCRIPTS/gpu-sanitize.sh" "$TESTS"
 
 
 # --- summary ------------------------------------------------------------------------------
@@ -409,6 +413,12 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         printf '\n'
     done
     python3 "$SCRIPTS/gpu-trace-sum.py" "$OUT/results.jsonl" 2>&1
+    grep '"measure":"sanitizer"' "$OUT/results.jsonl" | while IFS= read -r l; do
+        [[ $l =~ \"tool\":\"([a-z]+)\".*\"errors\":([0-9a-z]+).*\"seconds\":([0-9.]+).*\"reason\":\"([^\"]*)\" ]] ||
+            continue
+        printf '  sanitizer %-9s test-cuda-step: %s error(s) in %s s (%s)\n' "${BASH_REMATCH[1]}" \
+            "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}"
+    done
     grep '"measure": *"torch_decode"' "$OUT/results.jsonl" | while IFS= read -r l; do
         [[ $l =~ \"shape\":\ \"([^\"]*)\".*\"batch\":\ ([0-9]+).*\"decode_tok_s\":\ ([0-9.]+) ]] || continue
         printf '  decode %-2s      batch %-3s torch    %10s tok/s\n' "${BASH_REMATCH[1]}" \

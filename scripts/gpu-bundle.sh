@@ -18,7 +18,7 @@
 #             only) for the CPU reference paths the GPU tests compare against: OpenBLAS
 #             is 36 MB and the device image has none that exports cblas_sgemm
 #   bench/    the check's scripts (gpu-check.sh, gpu-preflight.sh, gpu-health-check.py,
-#             gpu-moe-check.sh, gpu-trace-sum.py,
+#             gpu-moe-check.sh, gpu-trace-sum.py, gpu-sanitize.sh,
 #             gpu-reference.py, torch-peer.py, local_serve.py, device-image.txt): the
 #             bundle runs alone
 #   MANIFEST  commit, date, toolkit, every file with its size, the newest GLIBC needed
@@ -112,7 +112,7 @@ for l in "$OUT"/lib/*; do
 done
 
 for s in gpu-check.sh gpu-preflight.sh gpu-health-check.py gpu-reference.py torch-peer.py \
-    local_serve.py device-image.txt gpu-moe-check.sh gpu-trace-sum.py; do
+    local_serve.py device-image.txt gpu-moe-check.sh gpu-trace-sum.py gpu-sanitize.sh; do
     cp "$ROOT/bench/$s" "$OUT/bench/"
 done
 

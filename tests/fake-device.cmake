@@ -77,6 +77,13 @@ add_test(NAME gpu-check-dry-run
           ${CMAKE_CURRENT_BINARY_DIR}/gpu-check-dry-run)
 set_tests_properties(gpu-check-dry-run PROPERTIES TIMEOUT 60)
 
+# bench/gpu-sanitize.sh (the device check's compute-sanitizer step) with a stand-in for the
+# tool: its reading of the tools' summaries and its failures.
+add_test(NAME gpu-sanitize-fake
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpu-sanitize-fake.sh
+          ${PROJECT_SOURCE_DIR}/bench/gpu-sanitize.sh ${CMAKE_CURRENT_BINARY_DIR}/gpu-sanitize-fake)
+set_tests_properties(gpu-sanitize-fake PROPERTIES TIMEOUT 60)
+
 # The device bundle made from this build and rehearsed in a stripped environment: every
 # library resolved in the bundle or the device image, NCCL/cuBLASLt through a Python
 # environment, the preflight and the device check from the bundle (issue #24).
