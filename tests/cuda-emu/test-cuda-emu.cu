@@ -493,6 +493,15 @@ static void test_graph_capture(void **state)
     assert_int_equal(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
     assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
     cudaGetLastError();
+
+    /* a copy from pageable memory (synchronous for the host) is refused in a capture */
+    float page[4] = {1, 2, 3, 4};
+
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(dev, page, sizeof(page), cudaMemcpyHostToDevice, s),
+                     cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
     cudaFree(dev);
     cudaFreeHost(host);
     cudaFreeHost(back);
