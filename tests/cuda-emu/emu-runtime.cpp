@@ -1193,9 +1193,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
                             cudaStream_t s)
 {
     (void)kind;
-    /* A copy from or into pageable memory is synchronous for the host: the runtime refuses
-     * it inside a capture, and the capture is invalidated (a graph's copies are pinned or
-     * device memory). */
+    /* A copy from or into pageable memory is synchronous for the host, which a graph cannot
+     * hold: refused inside a capture (cudaErrorStreamCaptureUnsupported, what the runtime
+     * answers a synchronous call there), the capture invalidated, the stricter reading. */
     if (stream_of(s)->capturing && (memory_kind(src) == 0 || memory_kind(dst) == 0))
         return refuse_in_capture(stream_of(s));
     if (lag_us() > 0 && !stream_of(s)->capturing)
