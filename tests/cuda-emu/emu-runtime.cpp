@@ -60,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -705,6 +706,60 @@ int memory_kind(const void *p)
     return 0;
 }
 
+/* Fresh device memory's contents: 0xff bytes (a NaN as float, -1 as an integer) unless
+ * GANG_EMU_POISON_MALLOC=0 (then zeros). The device gives whatever its pages held; zeros
+ * (which anonymous pages would give) would hide a kernel that reads what nothing wrote, or
+ * multiplies a value it means to mask by 0, where the device may hold a NaN. */
+int poison_malloc()
+{
+    static const int v = []() {
+        const char *e = getenv("GANG_EMU_POISON_MALLOC");
+        return e == NULL || strcmp(e, "0") != 0;
+    }();
+    return v;
+}
+
+constexpr size_t POISON_CHUNK = (size_t)16 << 20;
+
+/* A memory file of POISON_CHUNK bytes of 0xff, made once (-1 if it cannot be). */
+int poison_fd()
+{
+    static const int fd = []() {
+        int f = (int)syscall(SYS_memfd_create, "gang-emu-poison", 0);
+        if (f < 0 || ftruncate(f, (off_t)POISON_CHUNK) != 0)
+            return -1;
+        void *m = mmap(NULL, POISON_CHUNK, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        if (m == MAP_FAILED)
+            return -1;
+        memset(m, 0xff, POISON_CHUNK);
+        munmap(m, POISON_CHUNK);
+        return f;
+    }();
+    return fd;
+}
+
+/* rounded bytes of address space whose pages read 0xff until written: private (copy on
+ * write) mappings of the poison file, one per POISON_CHUNK, so that only the pages written
+ * cost memory, as anonymous pages would. MAP_FAILED when it cannot. */
+void *map_poisoned(size_t rounded)
+{
+    const int fd = poison_fd();
+    void *m = mmap(NULL, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+    if (fd < 0 || m == MAP_FAILED)
+        return MAP_FAILED;
+    for (size_t off = 0; off < rounded; off += POISON_CHUNK) {
+        const size_t len = rounded - off < POISON_CHUNK ? rounded - off : POISON_CHUNK;
+
+        if (mmap((char *)m + off, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0) ==
+            MAP_FAILED) {
+            munmap(m, rounded);
+            return MAP_FAILED;
+        }
+    }
+    return m;
+}
+
 cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
 {
     std::lock_guard<std::mutex> g(mem_lock);
@@ -714,8 +769,9 @@ cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
         return last_error = cudaErrorStreamCaptureUnsupported;
     if (!pinned && mem_used + rounded > device_bytes())
         return last_error = cudaErrorMemoryAllocation;
-    void *m = mmap(NULL, rounded, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *m = !pinned && poison_malloc() ? map_poisoned(rounded)
+                                         : mmap(NULL, rounded, PROT_READ | PROT_WRITE,
+                                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
         return last_error = cudaErrorMemoryAllocation;
     allocations.push_back({m, rounded, pinned});

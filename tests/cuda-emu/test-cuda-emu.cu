@@ -9,12 +9,14 @@
  * __syncthreads shows as stale reads in one of two neighbouring blocks, that a block's
  * shared memory starts poisoned, not with the block before's values, and that two runs of a
  * grid take its blocks in opposite orders; that with a lag the device runs behind the host
- * as a GPU does, and a pinned upload's source rewritten too early stops it; and the pending
+ * as a GPU does, and a pinned upload's source rewritten too early stops it; that fresh
+ * device memory reads as 0xff bytes, not zeros; and the pending
  * operations the NCCL emulator builds on (emu-sync.h): a stream that waited for an event
  * recorded after one is not ready, and its next kernel runs only once another thread
  * completed it; a stream that waits for an event of a capture joins the capture. Compiled
  * only for the emulator (rewrite-launch.py, then the host compiler), never by nvcc.
  */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -433,6 +435,28 @@ static void test_lag_runs_behind(void **state)
     cudaFree(y);
 }
 
+/* Fresh device memory reads 0xff bytes (a NaN as float) until written, past the poison
+ * file's 16 MiB chunks too; what is written stays. */
+static void test_fresh_memory_poisoned(void **state)
+{
+    const size_t n = (size_t)40 << 20;
+    unsigned char *d = (unsigned char *)dev_alloc(n);
+    float f;
+
+    (void)state;
+    for (size_t at = 0; at < n; at += 4093)
+        assert_int_equal(d[at], 0xff);
+    memcpy(&f, d + n - 4, sizeof(f));
+    assert_true(isnan(f));
+    d[17u << 20] = 7;
+    assert_int_equal(d[17u << 20], 7);
+    assert_int_equal(d[(17u << 20) + 1], 0xff);
+    cudaFree(d);
+    d = (unsigned char *)dev_alloc(n); /* a new allocation is fresh again */
+    assert_int_equal(d[17u << 20], 0xff);
+    cudaFree(d);
+}
+
 static void test_launch_limits(void **state)
 {
     float *x = (float *)dev_alloc(4 * sizeof(float));
@@ -611,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_shared_starts_poisoned),
         cmocka_unit_test(test_block_order_alternates),
         cmocka_unit_test(test_lag_runs_behind),
+        cmocka_unit_test(test_fresh_memory_poisoned),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_pending_and_join),
