@@ -2,7 +2,8 @@
 # The device check in one command (issue #24, docs/gpu.md "Running the device check"):
 # GPU tests, correctness against transformers on the same GPU, and the GPU benchmarks
 # against the image's PyTorch in the same run, from binaries built elsewhere. Meant for the
-# rare minutes on an H200 lent by the device tool: nothing is built or installed there.
+# rare minutes on a GPU lent by the device tool (an H200 or an H100, the same image):
+# nothing is built or installed there.
 #
 #   bash bench/gpu-check.sh [--bundle DIR] [--dry-run] [--only NAMES] OUTDIR
 #
