@@ -573,8 +573,10 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
     }
     {
         std::unique_lock<std::mutex> g(pend_lock);
-        if (lag_us() > 0) {
-            const auto due = std::chrono::steady_clock::now() + std::chrono::microseconds(lag_us());
+        const long long lag = lag_us();
+
+        if (lag > 0) {
+            const auto due = std::chrono::steady_clock::now() + std::chrono::microseconds(lag);
 
             op = [due, op = std::move(op)]() {
                 std::this_thread::sleep_until(due);
@@ -583,7 +585,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op)
         }
         const bool waiting = !waits_prune(st->waits); /* pruned whatever the lag */
 
-        if (lag_us() > 0 || !st->deferred.empty() || waiting) {
+        if (lag > 0 || !st->deferred.empty() || waiting) {
             defer(st, st->waits, std::move(op));
             st->deps.clear(); /* the deferred work waits for them; what follows, for it */
             return cudaSuccess;
@@ -681,18 +683,6 @@ struct allocation {
 };
 std::vector<allocation> allocations;
 
-/* 1 when p lies inside an allocation (device or pinned). */
-int inside_allocation(const void *p)
-{
-    std::lock_guard<std::mutex> g(mem_lock);
-    uintptr_t a = (uintptr_t)p;
-
-    for (auto &x : allocations)
-        if (a >= (uintptr_t)x.p && a - (uintptr_t)x.p < x.bytes)
-            return 1;
-    return 0;
-}
-
 /* Where p lies: 0 in no allocation (pageable host memory), 1 pinned host memory
  * (cudaMallocHost), 2 device memory (cudaMalloc). */
 int memory_kind(const void *p)
@@ -704,6 +694,12 @@ int memory_kind(const void *p)
         if (a >= (uintptr_t)x.p && a - (uintptr_t)x.p < x.bytes)
             return x.pinned ? 1 : 2;
     return 0;
+}
+
+/* 1 when p lies inside an allocation (device or pinned). */
+int inside_allocation(const void *p)
+{
+    return memory_kind(p) != 0;
 }
 
 /* Fresh device memory's contents: 0xff bytes (a NaN as float, -1 as an integer) unless

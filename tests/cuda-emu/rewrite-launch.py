@@ -11,8 +11,9 @@
 the arguments evaluated and copied once at the launch (an array decays to its pointer), as
 the device copies a kernel's parameters, each pointer among them checked to be device (or
 pinned) memory, and the kernel called with those copies by each thread. A `__shared__`
-declaration (one or more arrays or scalars, no initializer) is followed on its own line by
-`gang_emu_shared_fresh(&NAME, sizeof NAME);` for each name it declares: the emulator sets
+declaration (one or more arrays or scalars, no initializer) is followed, on the same line
+(the line numbers stay), by `gang_emu_shared_fresh(&NAME, sizeof NAME);` for each name it
+declares: the emulator sets
 their bytes to 0xff once per block, so that a read of what the block never wrote shows (a
 static keeps the previous block's values). Everything else is kept byte for byte (a #line
 directive keeps compiler messages pointing at IN.cu). A file with a `<<<` or a `__shared__`
@@ -94,12 +95,17 @@ def split_top(text):
     return parts + [cur]
 
 
+def in_comment(prefix):
+    """1 when a line that begins with prefix is a comment's text there."""
+    prefix = prefix.strip()
+    return prefix.startswith(("*", "/*")) or "//" in prefix
+
+
 def fresh_shared(src, path):
     """src with each __shared__ declaration followed by its gang_emu_shared_fresh calls."""
     out, pos, count, seen = [], 0, 0, 0
     for m in SHARED.finditer(src):
-        line = src[src.rfind("\n", 0, m.start()) + 1:m.start()].strip()
-        if line.startswith(("*", "/*")) or "//" in line:
+        if in_comment(src[src.rfind("\n", 0, m.start()) + 1:m.start()]):
             continue  # a comment's words
         seen += 1
         if "extern" in src[max(0, m.start() - 8):m.start()]:
@@ -122,8 +128,8 @@ def fresh_shared(src, path):
         pos = m.end()
         count += len(names)
     out.append(src[pos:])
-    code = [ln for ln in src.split("\n") if "__shared__" in ln and
-            not ln.strip().startswith(("*", "/*")) and "//" not in ln.split("__shared__")[0]]
+    code = [ln for ln in src.split("\n")
+            if "__shared__" in ln and not in_comment(ln.split("__shared__")[0])]
     if sum(ln.count("__shared__") for ln in code) != seen:
         sys.exit(f"{path}: a __shared__ this cannot read (declarations found: {seen}, "
                  f"lines naming it: {len(code)})")
