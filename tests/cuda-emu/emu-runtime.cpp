@@ -45,8 +45,10 @@
  * afresh at each replay, the graph's later nodes waiting for it. GANG_EMU_CAPTURE_FAIL=D
  * makes every capture ended on device D fail (as one that met an uncapturable call).
  *
- * Device memory is host memory (a pointer is valid on both sides, so a host pointer given
- * to a kernel is not caught here); GANG_EMU_MEMORY_MB (default 2048) is each device's
+ * Device memory is host memory (a pointer is valid on both sides; a kernel argument that
+ * points into no allocation stops the launch), each allocation between guard pages (an
+ * access past either end stops the process, naming the kernel; guard_fault);
+ * GANG_EMU_MEMORY_MB (default 2048) is each device's
  * size; GANG_EMU_DEVICES (default 1, at most 8) devices, each thread with its own current
  * one (they share the memory, so a kernel may read another device's, unlike the device).
  * The device reports itself as "ganglion CUDA emulator", compute capability 9.0, 132
@@ -56,6 +58,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -676,12 +679,22 @@ size_t device_bytes()
 
 std::mutex mem_lock;
 size_t mem_used;
+/* One cudaMalloc / cudaMallocHost. Device memory lies between two guard pages, its end
+ * where CUDA's 256-byte alignment lets it be closest to the second: [guard][head slack]
+ * [the bytes asked][tail slack < 256][guard] (guard_layout); pinned memory is its pages. */
 struct allocation {
     void *p;
-    size_t bytes;
+    size_t bytes;     /* asked */
+    size_t span;      /* bytes rounded to 256: what counts as inside it */
+    void *map;        /* the mapping, guard pages included */
+    size_t map_bytes; /* its length */
+    size_t acct;      /* counted against the device's memory */
     int pinned;
+    unsigned char fill; /* what its slack holds until written: 0xff poisoned, else 0 */
 };
 std::vector<allocation> allocations;
+constexpr size_t PAGE = 4096;
+constexpr size_t DEVICE_ALIGN = 256; /* cudaMalloc's guarantee, which kernels rely on */
 
 /* Where p lies: 0 in no allocation (pageable host memory), 1 pinned host memory
  * (cudaMallocHost), 2 device memory (cudaMalloc). */
@@ -691,7 +704,7 @@ int memory_kind(const void *p)
     uintptr_t a = (uintptr_t)p;
 
     for (auto &x : allocations)
-        if (a >= (uintptr_t)x.p && a - (uintptr_t)x.p < x.bytes)
+        if (a >= (uintptr_t)x.p && a - (uintptr_t)x.p < x.span)
             return x.pinned ? 1 : 2;
     return 0;
 }
@@ -756,24 +769,157 @@ void *map_poisoned(size_t rounded)
     return m;
 }
 
+/* ------------------------------------------------------------------------------------
+ * Guard pages: an access past either end of a device allocation (beyond the tail slack
+ * that CUDA's alignment leaves) meets a page that cannot be touched; the fault handler
+ * names the allocation, the distance and the kernel, block and thread that made it, and
+ * aborts, as compute-sanitizer's memcheck would report it on the device (where the access
+ * might instead land silently in a neighbour). Writes into the slacks are found at
+ * cudaFree. A fault anywhere else goes to the handler installed before (ASan's, or the
+ * default).
+ * ------------------------------------------------------------------------------------ */
+thread_local const char *running_kernel; /* the kernel whose blocks this thread runs */
+struct sigaction previous_segv;
+
+/* Writes "label: N bytes past the end of / before the start of ..." for a fault at a in a
+ * guard page of x, and aborts. Only async-signal-safe calls (snprintf of integers and
+ * strings, write). */
+[[noreturn]] void guard_report(const allocation &x, uintptr_t a)
+{
+    const uintptr_t p = (uintptr_t)x.p;
+    char where[160], line[512];
+    int n;
+
+    if (running_kernel != NULL)
+        snprintf(where, sizeof(where), "kernel %s, block (%u,%u,%u), thread %d", running_kernel,
+                 gang_emu_block_idx.x, gang_emu_block_idx.y, gang_emu_block_idx.z, B.cur);
+    else
+        snprintf(where, sizeof(where), "outside a kernel (a copy, a memset or the host)");
+    if (a >= p)
+        n = snprintf(line, sizeof(line),
+                     "cuda-emu: %s: an access %zu bytes past the end of a device allocation of "
+                     "%zu bytes at %p\n",
+                     where, (size_t)(a - p - x.bytes), x.bytes, x.p);
+    else
+        n = snprintf(line, sizeof(line),
+                     "cuda-emu: %s: an access %zu bytes before the start of a device allocation "
+                     "of %zu bytes at %p\n",
+                     where, (size_t)(p - a), x.bytes, x.p);
+    if (n > 0 && write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1) < 0)
+        n = 0;
+    abort();
+}
+
+/* The SIGSEGV handler: a guard page's fault is reported (guard_report); any other goes
+ * back to the handler before this one, which the faulting access meets again on return.
+ * The allocation list is read without its lock: the process ends here either way. */
+void guard_fault(int sig, siginfo_t *si, void *uc)
+{
+    const uintptr_t a = (uintptr_t)si->si_addr;
+
+    (void)sig, (void)uc;
+    for (const allocation &x : allocations) {
+        const uintptr_t lo = (uintptr_t)x.map, hi = lo + x.map_bytes - PAGE;
+
+        if (!x.pinned && ((a >= lo && a < lo + PAGE) || (a >= hi && a < hi + PAGE)))
+            guard_report(x, a);
+    }
+    sigaction(SIGSEGV, &previous_segv, NULL);
+}
+
+/* Makes guard_fault the SIGSEGV handler unless it is: called at every device allocation
+ * and kernel launch, since a test harness may put its own back between two tests (cmocka
+ * does), which would take over a guard page's fault and go on with the next test. */
+void guard_install()
+{
+    static std::mutex lock;
+    std::lock_guard<std::mutex> g(lock);
+    struct sigaction cur, sa;
+
+    if (sigaction(SIGSEGV, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) != 0 &&
+        cur.sa_sigaction == guard_fault)
+        return;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = guard_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+}
+
+/* Device memory of bytes (guard_layout above), its pages reading as poison_malloc says;
+ * x filled in. 0, or -1 when it cannot be mapped. */
+int guard_map(size_t bytes, allocation *x)
+{
+    const size_t span =
+        bytes == 0 ? DEVICE_ALIGN : (bytes + DEVICE_ALIGN - 1) & ~(DEVICE_ALIGN - 1);
+    const size_t data = (span + PAGE - 1) & ~(PAGE - 1), total = data + 2 * PAGE;
+    char *m = (char *)(poison_malloc() ? map_poisoned(total)
+                                       : mmap(NULL, total, PROT_READ | PROT_WRITE,
+                                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+
+    if ((void *)m == MAP_FAILED)
+        return -1;
+    if (mprotect(m, PAGE, PROT_NONE) != 0 || mprotect(m + PAGE + data, PAGE, PROT_NONE) != 0) {
+        munmap(m, total);
+        return -1;
+    }
+    guard_install();
+    *x = {m + PAGE + data - span,
+          bytes,
+          span,
+          m,
+          total,
+          data,
+          0,
+          (unsigned char)(poison_malloc() ? 0xff : 0)};
+    return 0;
+}
+
+/* Aborts, naming them, when bytes of x's slacks (before it on its first page, after it up
+ * to the guard) no longer hold what they were mapped with: something wrote past an end. */
+void guard_check_slack(const allocation &x)
+{
+    const unsigned char *lo = (const unsigned char *)x.map + PAGE, *p = (const unsigned char *)x.p;
+    const unsigned char *end = p + x.bytes, *hi = (const unsigned char *)x.map + x.map_bytes - PAGE;
+    size_t before = 0, after = 0, first_after = 0;
+
+    for (const unsigned char *q = lo; q < p; q++)
+        before += *q != x.fill;
+    for (const unsigned char *q = end; q < hi; q++)
+        if (*q != x.fill && after++ == 0)
+            first_after = (size_t)(q - end);
+    if (before == 0 && after == 0)
+        return;
+    fprintf(stderr,
+            "cuda-emu: cudaFree of a device allocation of %zu bytes at %p: something wrote %zu "
+            "bytes of the slack after its end (the first at end + %zu) and %zu before its "
+            "start\n",
+            x.bytes, x.p, after, first_after, before);
+    abort();
+}
+
 cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
 {
     std::lock_guard<std::mutex> g(mem_lock);
-    size_t rounded = bytes == 0 ? 4096 : (bytes + 4095) & ~(size_t)4095;
+    size_t rounded = bytes == 0 ? PAGE : (bytes + PAGE - 1) & ~(PAGE - 1);
+    allocation x;
 
     if (unsafe_call_refused())
         return last_error = cudaErrorStreamCaptureUnsupported;
     if (!pinned && mem_used + rounded > device_bytes())
         return last_error = cudaErrorMemoryAllocation;
-    void *m = !pinned && poison_malloc() ? map_poisoned(rounded)
-                                         : mmap(NULL, rounded, PROT_READ | PROT_WRITE,
-                                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
+    if (pinned) {
+        void *m = mmap(NULL, rounded, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED)
+            return last_error = cudaErrorMemoryAllocation;
+        x = {m, rounded, rounded, m, rounded, 0, 1, 0};
+    } else if (guard_map(bytes, &x) != 0) {
         return last_error = cudaErrorMemoryAllocation;
-    allocations.push_back({m, rounded, pinned});
-    if (!pinned)
-        mem_used += rounded;
-    *p = m;
+    }
+    allocations.push_back(x);
+    mem_used += x.acct;
+    *p = x.p;
     return cudaSuccess;
 }
 
@@ -787,10 +933,13 @@ cudaError_t emu_free(void *p, int pinned)
         return cudaSuccess;
     for (size_t i = 0; i < allocations.size(); i++)
         if (allocations[i].p == p && allocations[i].pinned == pinned) {
-            munmap(p, allocations[i].bytes);
+            const allocation x = allocations[i];
+
             if (!pinned)
-                mem_used -= allocations[i].bytes;
+                guard_check_slack(x);
             allocations.erase(allocations.begin() + (long)i);
+            munmap(x.map, x.map_bytes);
+            mem_used -= x.acct;
             return cudaSuccess;
         }
     return last_error = cudaErrorInvalidValue;
@@ -944,6 +1093,8 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
             block_order = e != NULL && strcmp(e, "ascending") == 0;
         }
         count_run(name);
+        guard_install();
+        running_kernel = name; /* for guard_report */
         unsigned long long t0 = gang_emu_now_ns();
         B.body = &body;
         B.name = name;
@@ -966,6 +1117,7 @@ void gang_emu_launch(const gang_emu_cfg &cfg, const char *name, std::function<vo
                     B.serial++;
                     run_block();
                 }
+        running_kernel = NULL;
         gang_emu_kernel_hook hook = kernel_hook.load();
         if (hook != nullptr)
             hook(name, t0, gang_emu_now_ns(), grid, in_graph_replay);

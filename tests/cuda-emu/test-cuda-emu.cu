@@ -457,6 +457,57 @@ static void test_fresh_memory_poisoned(void **state)
     cudaFree(d);
 }
 
+static void run_overrun(void)
+{
+    float *x;
+
+    if (cudaMalloc((void **)&x, 1000 * sizeof(float)) != cudaSuccess)
+        return;
+    fill_kernel<<<5, 256>>>(x, 1025); /* element 1024: past the 256-byte-aligned end */
+    cudaStreamSynchronize(0);
+}
+
+static void run_slack_write(void)
+{
+    float *x;
+
+    if (cudaMalloc((void **)&x, 1000 * sizeof(float)) != cudaSuccess)
+        return;
+    fill_kernel<<<4, 256>>>(x, 1010); /* ten elements into the alignment's slack */
+    cudaStreamSynchronize(0);
+    cudaFree(x);
+}
+
+static void run_host_underrun(void)
+{
+    volatile unsigned char *d;
+
+    if (cudaMalloc((void **)&d, 4096) != cudaSuccess)
+        return;
+    (void)d[-3];
+}
+
+/* A device allocation lies between guard pages: an access past its end (beyond CUDA's
+ * 256-byte alignment) or before its start stops the process, naming the kernel, its block
+ * and the distance; a write into the alignment's slack is found at cudaFree. Inside the
+ * allocation, every byte up to its end can be written. */
+static void test_guard_pages_stop_overruns(void **state)
+{
+    float *x = (float *)dev_alloc(1000 * sizeof(float));
+
+    (void)state;
+    fill_kernel<<<4, 256>>>(x, 1000);
+    assert_int_equal(cudaStreamSynchronize(0), cudaSuccess);
+    assert_float_equal(x[999], 999.0f, 0.0f);
+    assert_int_equal(cudaFree(x), cudaSuccess);
+    expect_abort(run_overrun, "kernel fill_kernel, block (4,0,0), thread 0: an access 96 bytes "
+                              "past the end of a device allocation of 4000 bytes");
+    expect_abort(run_slack_write, "something wrote 40 bytes of the slack after its end (the "
+                                  "first at end + 0) and 0 before its start");
+    expect_abort(run_host_underrun, "outside a kernel (a copy, a memset or the host): an access "
+                                    "3 bytes before the start of a device allocation of 4096");
+}
+
 static void test_launch_limits(void **state)
 {
     float *x = (float *)dev_alloc(4 * sizeof(float));
@@ -636,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_block_order_alternates),
         cmocka_unit_test(test_lag_runs_behind),
         cmocka_unit_test(test_fresh_memory_poisoned),
+        cmocka_unit_test(test_guard_pages_stop_overruns),
         cmocka_unit_test(test_launch_limits),
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_pending_and_join),
