@@ -21,7 +21,8 @@ used) on --device in bf16 as the reference, and `ganglion serve --local --device
 same directory for each layout (1x1; tp2 = TP=2 on the one device over the socket backend;
 nccl = 1x1 with the workers' data plane on NCCL, a world of one; tp2-nccl = TP=2 as two
 workers on two GPUs over NCCL, not in the default list: NCCL refuses two ranks on one GPU;
-1x1-pdl = 1x1 with --cuda-pdl, whose worker must say it took it, not in the default list),
+1x1-pdl = 1x1 with --cuda-pdl, whose worker must say it took it, not in the default list;
+1x1-split = 1x1 with --gpu-pool-split, every tensor its own cudaMalloc, the same),
 asking /v1/completions for greedy tokens with the top-5 logprobs.
 
 Agreement, per prompt, step by step while the two sequences are equal:
@@ -119,8 +120,12 @@ def reference(model_dir, prompts, tokens, device):
     return out, info
 
 
-# What a worker's CUDA backend logs when it takes --cuda-pdl (kernels/cuda/cuda-backend.c).
-PDL_LINE = "the decode GEMVs launch as programmatic dependents (PDL)"
+# What a worker's CUDA backend logs when it takes --cuda-pdl or --gpu-pool-split
+# (kernels/cuda/cuda-backend.c), by layout.
+TAKEN_LINE = {
+    "1x1-pdl": ("pdl_on", "the decode GEMVs launch as programmatic dependents (PDL)"),
+    "1x1-split": ("split_on", "split: every buffer its own cudaMalloc (--gpu-pool-split)"),
+}
 
 
 def ganglion(args, model_dir, prompts, tokens, layout, log):
@@ -137,6 +142,8 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
         argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "nccl"]
     elif layout == "1x1-pdl":
         argv += ["--nproc-per-node", "1", "--cuda-pdl"]
+    elif layout == "1x1-split":
+        argv += ["--nproc-per-node", "1", "--gpu-pool-split"]
     else:
         argv += ["--nproc-per-node", "1"]
     if args.device == "cuda":
@@ -245,10 +252,11 @@ def main():
                     line.update(compare(ref, got, layers, args.tie))
                 except Exception as e:
                     line.update({"ok": False, "error": "ganglion: %s" % str(e)[:400]})
-            if layout == "1x1-pdl":  # the worker must have taken --cuda-pdl
+            if layout in TAKEN_LINE:  # the worker must have taken the flag
+                key, text = TAKEN_LINE[layout]
                 with open(log.name) as f:
-                    line["pdl_on"] = PDL_LINE in f.read()
-                line["ok"] = bool(line["ok"]) and line["pdl_on"]
+                    line[key] = text in f.read()
+                line["ok"] = bool(line["ok"]) and line[key]
             line["ganglion_s"] = round(time.time() - t3, 1)
             all_ok &= bool(line["ok"])
             print(json.dumps(line), flush=True)

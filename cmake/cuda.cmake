@@ -52,7 +52,7 @@ endfunction()
 # The CUDA backend's sources, the same in both builds: host C (pool, cuBLASLt, device
 # query, the backend) and the .cu kernels (nvcc's, or rewritten for the emulator).
 set(gang_cuda_host_sources kernels/cuda/cuda-backend.c kernels/cuda/cuda-pool.c
-  kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c kernels/cuda/cuda-device.c
+  kernels/cuda/cuda-mem.c   kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c kernels/cuda/cuda-device.c
   kernels/cuda/cuda-trace.c)
 set(gang_cuda_kernel_sources kernels/cuda/cuda-ops.cu kernels/cuda/cuda-attention.cu
   kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-qmatmul.cu kernels/cuda/cuda-step.cu)
@@ -222,19 +222,25 @@ endif()
 # backend's ordinary search (GANGLION_CUDA_LIBRARY_DIR), and a test that says it found no
 # GPU fails. unit-cuda-lt-fallback runs test-cuda again with the emulated cuBLASLt refusing
 # the first algorithm of every plan, so every product goes through the backend's fallback
-# to the next one. test-cuda-emu tests the emulator itself.
+# to the next one. test-cuda-emu tests the emulator itself. The kernels' own tests (and the
+# engine's) run with the backend's pool split (GANGLION_GPU_POOL_SPLIT=1: every tensor its
+# own cudaMalloc, which the emulator puts between guard pages), so that an access past a
+# tensor stops the test rather than reading its neighbour in the pool; the lag, delay and
+# fallback runs keep the one pool, so both are exercised.
 if(GANGLION_CUDA_EMU)
   set(gang_emu_env "GANGLION_CUDA_LIBRARY_DIR=${GANG_CUDA_EMU_LIBDIR};GANGLION_NCCL_LIBRARY=${GANG_CUDA_EMU_LIBDIR}")
+  set(gang_emu_split "GANGLION_GPU_POOL_SPLIT=1")
   add_test(NAME unit-cuda-lt-fallback COMMAND test-cuda)
   set_tests_properties(unit-cuda-step unit-cuda-blocks PROPERTIES
-    ENVIRONMENT "${gang_emu_env}")
+    ENVIRONMENT "${gang_emu_env};${gang_emu_split}")
   # test-cuda opens a second handle beside its fixture's 2 GiB pool (test_gpu_gemv_pdl)
-  set_tests_properties(unit-cuda PROPERTIES ENVIRONMENT "${gang_emu_env};GANG_EMU_MEMORY_MB=4096")
+  set_tests_properties(unit-cuda PROPERTIES
+    ENVIRONMENT "${gang_emu_env};${gang_emu_split};GANG_EMU_MEMORY_MB=4096")
   # The engine over nccl TP / PP groups and the communicator's own tests on the NCCL
   # emulator (tests/cuda-emu/emu-nccl.cpp: ranks as threads, one emulated GPU each), and
   # the P/D pair's KV transfers over NCCL: the multi-GPU cases that skip on one GPU.
   set_tests_properties(unit-engine-cuda PROPERTIES
-    ENVIRONMENT "${gang_emu_env};GANG_EMU_DEVICES=4")
+    ENVIRONMENT "${gang_emu_env};${gang_emu_split};GANG_EMU_DEVICES=4")
   if(GANG_HAVE_NCCL)
     # The same engine cases with every NCCL operation carried out 2 ms after its last rank
     # posted it (GANG_EMU_NCCL_DELAY_US): a missing event wait shows on every rank.

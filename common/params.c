@@ -160,6 +160,26 @@ int gang_opts_set(const gang_opt_table *t, void *base, const char *flag, const c
     return set_param(base, pi, value, err, errlen);
 }
 
+int gang_param_env_bool(const char *flag, int *out)
+{
+    const gang_param_info *pi = gang_opts_find(&params_table, flag, strlen(flag));
+    char name[96], err[160];
+    const char *v;
+    int b;
+
+    if (pi == NULL || pi->type != GANG_PARAM_BOOL)
+        return GANG_EINVAL;
+    gang_param_env_name(flag, name, sizeof(name));
+    if ((v = getenv(name)) == NULL)
+        return 0;
+    if (set_bool(pi, v, &b, err, sizeof(err)) != 0) {
+        gang_warn("%s (%s): ignored", err, name);
+        return GANG_EUSAGE;
+    }
+    *out = b;
+    return 1;
+}
+
 void gang_params_defaults(gang_params *p)
 {
     memset(p, 0, sizeof(*p));

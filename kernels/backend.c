@@ -124,6 +124,8 @@ void gang_kernels_options_init(gang_kernels_options *o)
     o->pdl = 0;
     o->trace = 0;
     o->fuse_residual = 1;
+    o->pool_split = 0;
+    gang_param_env_bool("gpu-pool-split", &o->pool_split);
 }
 
 int gang_kernels_open(const char *device, gang_kernels **out)

@@ -472,6 +472,7 @@ static void wres_config_from_params(const gang_params *p, const gang_layout *l,
     out->kv_cache_bytes = (uint64_t)p->kv_cache_mb << 20;
     out->prefix_caching = p->enable_prefix_caching ? 1u : 0u;
     out->cuda_graphs = p->cuda_graphs ? 1u : 0u;
+    out->gpu_pool_split = p->gpu_pool_split ? 1u : 0u;
     out->cuda_pdl = p->cuda_pdl ? 1u : 0u;
     (void)gang_role_parse(p->role, &out->role); /* checked by gang_layout_from_params */
     out->kv_port = (uint32_t)p->kv_port;

@@ -182,6 +182,7 @@ static int wres_open_kernels(gang__wres *r, const char *dev, char *err, size_t c
                       "this one's pool takes %u%%",
                       gpu, (unsigned)c->gpu_memory_percent, (unsigned)ko.pool_percent);
         ko.pdl = c->cuda_pdl ? 1 : 0;
+        ko.pool_split = c->gpu_pool_split ? 1 : 0;
     }
     rc = gang_kernels_open_opts(&ko, &r->k);
     if (rc != 0)

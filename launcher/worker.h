@@ -47,6 +47,7 @@ typedef struct gang__wres_config {
     uint64_t kv_cache_bytes;
     uint32_t prefix_caching; /* --enable-prefix-caching */
     uint32_t cuda_graphs;    /* --cuda-graphs */
+    uint32_t gpu_pool_split; /* --gpu-pool-split */
     uint32_t cuda_pdl;       /* --cuda-pdl */
     char gpu_bus_id[32];     /* PCI bus id of the GPU placement chose (worker-gpu.c); "" =
                                 the GPU of the local rank's index */

@@ -254,6 +254,12 @@ int gang_parse_i64_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int
 
 /* Writes the environment twin of a flag ("GANGLION_HTTP_PORT") into out. */
 void gang_param_env_name(const char *flag, char *out, size_t cap);
+/* The environment twin of the registered boolean flag, for code that runs without a loaded
+ * registry (a library's defaults, in the test binaries and benches): 1 with *out set when
+ * it is set, 0 (*out untouched) when it is not, GANG_EUSAGE (a warning logged, *out
+ * untouched) when it is not a boolean, GANG_EINVAL for a flag that is not a registered
+ * boolean. */
+int gang_param_env_bool(const char *flag, int *out);
 /* The registry, in declaration order; *count receives its length. */
 const gang_param_info *gang_params_registry(size_t *count);
 /* Fills p with every default. */

@@ -677,10 +677,14 @@ typedef struct gang_kernels_options {
                               (1, default), or GANG_ENOSYS for them, so that the caller
                               makes the separate calls (0: the step before they were fused,
                               for measuring the difference) */
+    int pool_split;        /* cuda: every buffer its own cudaMalloc, the pool's size still
+                              the cap (1: a debugging mode, compute-sanitizer then sees each
+                              buffer's bounds), or pieces of one allocation (0, default) */
 } gang_kernels_options;
 
 /* Fills o with the defaults: device "auto", index 0, pool_mb 0, pool_percent 90,
- * half_gemv 1, pdl 0, trace 0, fuse_residual 1. */
+ * half_gemv 1, pdl 0, trace 0, fuse_residual 1, pool_split from the environment twin of
+ * --gpu-pool-split (GANGLION_GPU_POOL_SPLIT; 0 when unset). */
 void gang_kernels_options_init(gang_kernels_options *o);
 
 /*

@@ -4,9 +4,10 @@
  *
  * Lifetime: open selects the GPU, creates one non-blocking stream, allocates the whole
  * device pool with the handle's only cudaMalloc, and creates the cuBLASLt handle and its
- * workspace (from the pool). Everything after that allocates from the pool, so the steady
- * state of a forward pass performs no device allocation. close waits for the stream and
- * releases everything in reverse order.
+ * workspace (from the pool). Everything after that allocates from the pool (cuda-mem.c;
+ * split, gang_kernels_options.pool_split, each buffer is a cudaMalloc of its own), so the
+ * steady state of a forward pass performs no device allocation. close waits for the stream
+ * and releases everything in reverse order.
  *
  * Threads: like every kernels handle, one thread at a time. Each entry first makes the
  * handle's device current on the calling thread (cudaSetDevice is a cheap thread-local
@@ -130,7 +131,6 @@ static int cuda_open(const gang_kernels_options *o, void **out)
 {
     gang__cuda_ctx *c;
     size_t free_b = 0, total_b = 0, pool_b = 0;
-    uintptr_t addr;
     int count = 0, rc;
     cudaError_t e;
 
@@ -173,15 +173,19 @@ static int cuda_open(const gang_kernels_options *o, void **out)
                         "cudaStreamCreate");
     if (rc < 0)
         goto out_free;
-    rc = gang__cuda_err(cudaMalloc(&c->pool_mem, pool_b), "cudaMalloc of the device pool");
+    c->split = o->pool_split != 0;
+    if (!c->split) {
+        rc = gang__cuda_err(cudaMalloc(&c->pool_mem, pool_b), "cudaMalloc of the device pool");
+        if (rc < 0)
+            goto out_close;
+    }
+    /* split: the bookkeeping's addresses start at the alignment, never dereferenced */
+    rc = gang__cuda_pool_init(&c->pool, c->split ? GANG_CUDA_POOL_ALIGN : (uintptr_t)c->pool_mem,
+                              pool_b);
     if (rc < 0)
         goto out_close;
-    if ((rc = gang__cuda_pool_init(&c->pool, (uintptr_t)c->pool_mem, pool_b)) < 0)
+    if ((rc = gang__cuda_mem_alloc(c, 2 * sizeof(int), (void **)&c->dev_flag)) < 0)
         goto out_close;
-    rc = gang__cuda_pool_alloc(&c->pool, 2 * sizeof(int), &addr);
-    if (rc < 0)
-        goto out_close;
-    c->dev_flag = (int *)addr;
     rc = gang__cuda_err(cudaMallocHost((void **)&c->host_flag, 2 * sizeof(int)), "cudaMallocHost");
     if (rc < 0)
         goto out_close;
@@ -203,15 +207,14 @@ static int cuda_open(const gang_kernels_options *o, void **out)
     /* Split-key attention is an optimisation: without room for its scratch, attention
      * simply runs in one pass. */
     if (gang__cuda_pool_largest_free(&c->pool) >= 8 * (size_t)GANG_CUDA_ATT_SCRATCH &&
-        gang__cuda_pool_alloc(&c->pool, GANG_CUDA_ATT_SCRATCH, &addr) == 0) {
-        c->att_scratch = (float *)addr;
+        gang__cuda_mem_alloc(c, GANG_CUDA_ATT_SCRATCH, (void **)&c->att_scratch) == 0)
         c->att_scratch_floats = GANG_CUDA_ATT_SCRATCH / sizeof(float);
-    }
     rc = gang__cuda_err(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize");
     if (rc < 0)
         goto out_close;
-    gang_info("kernels/cuda: device %d, pool %.0f MiB (%.0f MiB free of %.0f MiB)", c->device,
-              (double)pool_b / 1048576.0, (double)free_b / 1048576.0, (double)total_b / 1048576.0);
+    gang_info("kernels/cuda: device %d, pool %.0f MiB (%.0f MiB free of %.0f MiB)%s", c->device,
+              (double)pool_b / 1048576.0, (double)free_b / 1048576.0, (double)total_b / 1048576.0,
+              c->split ? ", split: every buffer its own cudaMalloc (--gpu-pool-split)" : "");
     *out = c;
     return 0;
 
@@ -240,6 +243,9 @@ static void cuda_close(void *ctx)
         cudaFreeHost(c->host_flag);
     if (c->stage != NULL)
         cudaFreeHost(c->stage);
+    for (size_t i = 0; i < c->nsplit; i++)
+        cudaFree(c->split_bufs[i].dev);
+    free(c->split_bufs);
     gang__cuda_pool_fini(&c->pool);
     if (c->pool_mem != NULL)
         cudaFree(c->pool_mem);
@@ -250,21 +256,12 @@ static void cuda_close(void *ctx)
 
 static int cuda_alloc(void *ctx, size_t bytes, void **out)
 {
-    gang__cuda_ctx *c = ctx;
-    uintptr_t addr;
-    int rc = gang__cuda_pool_alloc(&c->pool, bytes, &addr);
-
-    if (rc < 0)
-        return rc;
-    *out = (void *)addr;
-    return 0;
+    return gang__cuda_mem_alloc(ctx, bytes, out);
 }
 
 static int cuda_free(void *ctx, void *p)
 {
-    gang__cuda_ctx *c = ctx;
-
-    return gang__cuda_pool_free(&c->pool, (uintptr_t)p);
+    return gang__cuda_mem_free(ctx, p);
 }
 
 /*
@@ -466,18 +463,16 @@ static int cuda_scale(void *ctx, float *x, float a, size_t n)
  */
 static int cuda_scratch(gang__cuda_ctx *c, void **buf, size_t *have, size_t need)
 {
-    uintptr_t addr;
     int rc;
 
     if (need <= *have)
         return 0;
     if (*buf != NULL && c->graphs == 0)
-        gang__cuda_pool_free(&c->pool, (uintptr_t)*buf);
+        gang__cuda_mem_free(c, *buf);
     *buf = NULL;
     *have = 0;
-    if ((rc = gang__cuda_pool_alloc(&c->pool, need, &addr)) < 0)
+    if ((rc = gang__cuda_mem_alloc(c, need, buf)) < 0)
         return rc;
-    *buf = (void *)addr;
     *have = need;
     return 0;
 }

@@ -94,7 +94,6 @@ static void plan_release(gang__cuda_plan *p)
 int gang__cuda_gemm_init(gang__cuda_ctx *c)
 {
     cublasLtHandle_t lt = NULL;
-    uintptr_t ws;
     int rc;
 
     if ((rc = gang__blas_load()) < 0)
@@ -111,9 +110,8 @@ int gang__cuda_gemm_init(gang__cuda_ctx *c)
     if (c->workspace_bytes > c->pool.size / 8)
         c->workspace_bytes = c->pool.size / 8 / GANG_CUDA_POOL_ALIGN * GANG_CUDA_POOL_ALIGN;
     if (c->workspace_bytes > 0) {
-        if ((rc = gang__cuda_pool_alloc(&c->pool, c->workspace_bytes, &ws)) < 0)
+        if ((rc = gang__cuda_mem_alloc(c, c->workspace_bytes, &c->workspace)) < 0)
             return rc;
-        c->workspace = (void *)ws;
     }
     return 0;
 }

@@ -48,6 +48,13 @@ int gang__cuda_pool_alloc(gang__cuda_pool *p, size_t bytes, uintptr_t *out);
 int gang__cuda_pool_free(gang__cuda_pool *p, uintptr_t addr);
 size_t gang__cuda_pool_largest_free(const gang__cuda_pool *p);
 
+/* A buffer of a split pool (gang_kernels_options.pool_split): its own device allocation
+ * and the address the pool's bookkeeping gave it. */
+typedef struct gang__cuda_split_buf {
+    void *dev;
+    uintptr_t book;
+} gang__cuda_split_buf;
+
 /* ---------------------------------------------------------------------------------
  * Per-handle state.
  * --------------------------------------------------------------------------------- */
@@ -73,8 +80,13 @@ void gang__cuda_trace_release(const void *owner);
 typedef struct gang__cuda_ctx {
     int device;          /* CUDA ordinal */
     cudaStream_t stream; /* every operation of the handle runs here */
-    void *pool_mem;      /* the one cudaMalloc of the handle */
+    void *pool_mem;      /* the one cudaMalloc of the handle (NULL when split) */
     gang__cuda_pool pool;
+    /* gang_kernels_options.pool_split: every buffer its own cudaMalloc (split_bufs, nsplit
+     * of split_cap), the pool's bookkeeping over addresses never dereferenced */
+    int split;
+    gang__cuda_split_buf *split_bufs;
+    size_t nsplit, split_cap;
     void *lt;        /* cublasLtHandle_t */
     void *blas;      /* cublasHandle_t, created by the first benchmark */
     void *workspace; /* GANG_CUDA_WORKSPACE bytes from the pool (or less) */
@@ -107,6 +119,12 @@ typedef struct gang__cuda_ctx {
     int pdl;           /* gang_kernels_options.pdl, on a device of compute capability >= 9 */
     int trace;         /* gang_kernels_options.trace: CUPTI enabled for this handle */
 } gang__cuda_ctx;
+
+/* Device memory of a handle (cuda-backend.c): a piece of the pool or, split, its own
+ * allocation; GANG_ENOMEM (with the pool's log line) when the pool cannot hold it. */
+int gang__cuda_mem_alloc(gang__cuda_ctx *c, size_t bytes, void **out);
+/* GANG_EINVAL for a pointer that is not a live buffer of the handle. */
+int gang__cuda_mem_free(gang__cuda_ctx *c, void *p);
 
 /* Bits of dev_flag. */
 #define GANG_CUDA_FLAG_BAD_POSITION 1 /* rope: a negative position */

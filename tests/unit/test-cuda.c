@@ -291,6 +291,33 @@ static void test_open_errors(void **state)
     assert_null(k);
 }
 
+/* pool_split's default is the environment twin of --gpu-pool-split: unset 0, a boolean
+ * taken, anything else ignored (with a warning). The variable is put back as it was (the
+ * emulated suite runs this binary with it set). */
+static void test_pool_split_env(void **state)
+{
+    const char *was = getenv("GANGLION_GPU_POOL_SPLIT");
+    char *keep = was != NULL ? strdup(was) : NULL;
+    gang_kernels_options o;
+
+    (void)state;
+    unsetenv("GANGLION_GPU_POOL_SPLIT");
+    gang_kernels_options_init(&o);
+    assert_int_equal(o.pool_split, 0);
+    setenv("GANGLION_GPU_POOL_SPLIT", "true", 1);
+    gang_kernels_options_init(&o);
+    assert_int_equal(o.pool_split, 1);
+    setenv("GANGLION_GPU_POOL_SPLIT", "sometimes", 1);
+    gang_kernels_options_init(&o);
+    assert_int_equal(o.pool_split, 0);
+    assert_int_equal(gang_param_env_bool("gpu-memory-mb", &o.pool_split), GANG_EINVAL);
+    if (keep != NULL)
+        setenv("GANGLION_GPU_POOL_SPLIT", keep, 1);
+    else
+        unsetenv("GANGLION_GPU_POOL_SPLIT");
+    free(keep);
+}
+
 /* The memory API also works on the cpu backend (host memory), with the same semantics. */
 static void test_cpu_memory_api(void **state)
 {
@@ -383,6 +410,64 @@ static void test_gpu_pool(void **state)
     gang_kernels_free(fx.gpu, b); /* logged and ignored */
     assert_int_equal(gang_kernels_pool_stats_get(fx.gpu, &st), 0);
     assert_int_equal(st.used_bytes + 0, st.used_bytes);
+}
+
+/*
+ * A split pool (pool_split): every buffer its own device allocation, the pool's size still
+ * the cap: the same requests fit or fail as in one pool, the buffers hold what is written
+ * and kernels run on them, and freeing gives the bytes back. What tells the two apart here:
+ * in one pool the second buffer starts where the first one's 1024 bytes end (first fit),
+ * split it does not.
+ */
+static void pool_split_case(int split)
+{
+    gang_kernels_options o;
+    gang_kernels_pool_stats st, after;
+    gang_kernels *k = NULL;
+    float host[250], back[250];
+    void *a = NULL, *b = NULL;
+
+    gang_kernels_options_init(&o);
+    o.device = "cuda";
+    o.pool_mb = 64;
+    o.pool_split = split;
+    assert_int_equal(gang_kernels_open_opts(&o, &k), 0);
+    assert_int_equal(gang_kernels_pool_stats_get(k, &st), 0);
+    assert_int_equal(st.pool_bytes, 64ull << 20);
+    assert_true(st.used_bytes > 0); /* the GEMM workspace and the error words */
+    assert_int_equal(gang_kernels_alloc(k, (size_t)st.pool_bytes, &a), GANG_ENOMEM);
+    assert_null(a);
+    assert_int_equal(gang_kernels_alloc(k, sizeof(host), &a), 0);
+    assert_int_equal(gang_kernels_alloc(k, st.largest_free - 1024, &b), 0);
+    assert_int_equal((uintptr_t)a % 256, 0);
+    if (split)
+        assert_true((char *)b != (char *)a + 1024);
+    else
+        assert_ptr_equal(b, (char *)a + 1024);
+    assert_int_equal(gang_kernels_pool_stats_get(k, &after), 0);
+    assert_int_equal(after.used_bytes, st.used_bytes + st.largest_free);
+    assert_int_equal(after.largest_free, 0);
+    for (int i = 0; i < 250; i++)
+        host[i] = (float)i;
+    assert_int_equal(gang_kernels_upload(k, a, host, sizeof(host)), 0);
+    assert_int_equal(gang_kernels_scale(k, a, 2.0f, 250), 0);
+    assert_int_equal(gang_kernels_download(k, back, a, sizeof(back)), 0);
+    for (int i = 0; i < 250; i++)
+        assert_float_equal(back[i], 2.0f * i, 0.0f);
+    gang_kernels_free(k, b);
+    gang_kernels_free(k, a);
+    gang_kernels_free(k, a); /* logged and ignored */
+    assert_int_equal(gang_kernels_pool_stats_get(k, &after), 0);
+    assert_int_equal(after.used_bytes, st.used_bytes);
+    gang_kernels_close(k);
+}
+
+static void test_gpu_pool_split(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    pool_split_case(0);
+    pool_split_case(1);
 }
 
 /* ---------------------------------------------------------------------------------
@@ -1043,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_cuda_err_clears_last_error),
         cmocka_unit_test(test_pool_first_fit),
         cmocka_unit_test(test_pool_coalesce),
+        cmocka_unit_test(test_pool_split_env),
         cmocka_unit_test(test_blas_load),
         cmocka_unit_test(test_device_queries),
         cmocka_unit_test(test_open_errors),
@@ -1050,6 +1136,7 @@ int main(void)
         cmocka_unit_test(test_cpu_copy_add_rows),
         cmocka_unit_test(test_gpu_copy_add_rows),
         cmocka_unit_test(test_gpu_pool),
+        cmocka_unit_test(test_gpu_pool_split),
         cmocka_unit_test(test_gpu_gemm_f32),
         cmocka_unit_test(test_gpu_gemm_half),
         cmocka_unit_test(test_gpu_matmul_typed),
