@@ -4,14 +4,16 @@
 # the step attention with its KV append, the sampler, the table scatter, the conversions)
 # run once under each tool:
 #   memcheck   out-of-bounds and misaligned accesses to global, local and shared memory,
-#              and the device's exceptions (at the granularity of cudaMalloc: the backend's
-#              pool is one allocation, so an access past a tensor inside it is not seen);
+#              and the device's exceptions, at the granularity of cudaMalloc: so it runs
+#              with the backend's pool split (GANGLION_GPU_POOL_SPLIT=1, every tensor its
+#              own cudaMalloc), else an access past a tensor inside the one pool is not seen;
 #   racecheck  shared-memory hazards between a block's threads, which the CUDA emulator
 #              shows only in part (its threads run in two orders, and only at barriers);
-#   initcheck  reads of device memory that nothing wrote, which a fresh cudaMalloc's
-#              zeros hide on the device and the emulator's zero-filled pages hide here.
-# One JSON line per tool: "measure": "sanitizer", the tool, the errors compute-sanitizer
-# counted, the test's exit status, seconds, "ok" (no error and the test passed); the first
+#   initcheck  reads of device memory that nothing wrote, the pool split too (a tensor
+#              reusing pool memory that an earlier one wrote would count as written).
+# One JSON line per tool: "measure": "sanitizer", the tool, whether the pool was split, the
+# errors compute-sanitizer counted, the test's exit status, seconds, "ok" (no error and the
+# test passed); the first
 # error lines of each go to stderr (the check's logs.txt keeps the step's tail). Exit 0 when
 # every tool is ok, 1 otherwise (a tool that cannot run, compute-sanitizer not found
 # included), 2 on usage.
@@ -40,9 +42,13 @@ else
         [ -x "$c" ] && CS=$c
     done
 fi
+# The tools that see allocations' bounds run with the pool split.
+declare -A SPLIT=([memcheck]=1 [racecheck]=0 [initcheck]=1 [synccheck]=0)
 emit() { # tool errors rc seconds ok reason
-    printf '{"measure":"sanitizer","tool":"%s","binary":"test-cuda-step","errors":%s,"rc":%s,"seconds":%s,"ok":%s,"reason":"%s"}\n' \
-        "$1" "$2" "$3" "$4" "$5" "$6"
+    local split=false
+    [ "${SPLIT[$1]:-0}" = 1 ] && split=true
+    printf '{"measure":"sanitizer","tool":"%s","binary":"test-cuda-step","pool_split":%s,"errors":%s,"rc":%s,"seconds":%s,"ok":%s,"reason":"%s"}\n' \
+        "$1" "$split" "$2" "$3" "$4" "$5" "$6"
 }
 status=0
 for tool in ${TOOLS//,/ }; do
@@ -62,8 +68,8 @@ for tool in ${TOOLS//,/ }; do
     fi
     log=$(mktemp)
     t0=$(date +%s.%N)
-    timeout --kill-after=5 "${TMO[$tool]}" "$CS" --tool "$tool" --error-exitcode 3 \
-        --report-api-errors no "$BIN" >"$log" 2>&1
+    GANGLION_GPU_POOL_SPLIT=${SPLIT[$tool]} timeout --kill-after=5 "${TMO[$tool]}" "$CS" \
+        --tool "$tool" --error-exitcode 3 --report-api-errors no "$BIN" >"$log" 2>&1
     rc=$?
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
     # memcheck and initcheck end with "ERROR SUMMARY: N errors", racecheck with

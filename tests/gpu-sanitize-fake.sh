@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu-sanitize.sh without a GPU (ctest gpu-sanitize-fake): compute-sanitizer replaced
 # by a stand-in (GANG_COMPUTE_SANITIZER) that prints what the real tool ends with, so that
-# the script's reading of it is checked here: a clean run of each tool is ok (exit 0), a
+# the script's reading of it is checked here: a clean run of each tool is ok (exit 0; the
+# stand-in counts an error when memcheck or initcheck run without the pool split), a
 # memcheck error or racecheck hazard count fails it (exit 1) with the count, a test that
 # failed under the tool fails it, output without a summary fails it, and a missing tool
 # fails every tool with that reason. The real tool runs only on the device.
@@ -23,6 +24,14 @@ cat >"$WORK/cs" <<'CS'
 tool=$2
 echo "========= COMPUTE-SANITIZER"
 echo "[  PASSED  ] 11 test(s)."
+split=${GANGLION_GPU_POOL_SPLIT:-unset}
+case $FAKE_CS_MODE:$tool:$split in
+clean:memcheck:1 | clean:initcheck:1 | clean:racecheck:0) ;;
+clean:*)
+    echo "========= the pool split is $split for $tool"
+    echo "========= ERROR SUMMARY: 1 errors"
+    exit 3 ;;
+esac
 case $FAKE_CS_MODE:$tool in
 clean:racecheck) echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" ;;
 clean:*) echo "========= ERROR SUMMARY: 0 errors" ;;
@@ -53,6 +62,8 @@ run clean
 for t in memcheck racecheck initcheck; do
     line $t | grep -q '"errors":0,"rc":0,.*"ok":true' || fail "clean: $t not ok"
 done
+line memcheck | grep -q '"pool_split":true' || fail "clean: memcheck's pool not split"
+line racecheck | grep -q '"pool_split":false' || fail "clean: racecheck's pool split"
 run dirty
 [ $rc = 1 ] || fail "dirty: exit $rc"
 line memcheck | grep -q '"errors":2,"rc":3,.*"ok":false' || fail "dirty: memcheck's 2 errors"
