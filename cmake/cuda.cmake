@@ -92,11 +92,12 @@ else()
   set(GANG_HAVE_CUDA_KERNELS 1)
 
   # The PTX of the decode step's streaming kernels (the GEMV, the step attention; the
-  # norms and the sampler), for tests/ptx-loads.py: their weight and KV loads must stay
-  # 16-byte loads (ptxas -v does not show byte loads; 08e3041 had turned them into sixteen
-  # each, unnoticed); and for tests/sass-loads.py (their loads in flight).
+  # norms and the sampler; the block weights' GEMV), for tests/ptx-loads.py: their weight
+  # and KV loads must stay 16-byte loads (ptxas -v does not show byte loads; 08e3041 had
+  # turned them into sixteen each, unnoticed); for tests/sass-loads.py (their loads in
+  # flight); and for tests/ptx-pdl.py (nothing but read-only loads before a PDL wait).
   add_library(gang_kernels_ptx OBJECT kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-step.cu
-    kernels/cuda/cuda-ops.cu)
+    kernels/cuda/cuda-ops.cu kernels/cuda/cuda-qmatmul.cu)
   set_target_properties(gang_kernels_ptx PROPERTIES CUDA_PTX_COMPILATION ON
     CUDA_ARCHITECTURES 90-virtual)
   target_include_directories(gang_kernels_ptx PRIVATE
@@ -172,6 +173,16 @@ if(NOT GANGLION_CUDA_EMU)
             $<TARGET_OBJECTS:gang_kernels_ptx>
     COMMAND_EXPAND_LISTS)
   set_tests_properties(ptx-loads PROPERTIES TIMEOUT 60 LABELS unit)
+  # A kernel launched as a programmatic dependent (--cuda-pdl) touches only what no kernel
+  # writes before its wait, on every path of its PTX (which the emulator, running a
+  # stream's kernels in order, cannot show); the check's own cases first.
+  add_test(NAME ptx-pdl
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/ptx-pdl.py
+            $<TARGET_OBJECTS:gang_kernels_ptx>
+    COMMAND_EXPAND_LISTS)
+  add_test(NAME ptx-pdl-selftest
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/ptx-pdl.py --selftest)
+  set_tests_properties(ptx-pdl ptx-pdl-selftest PROPERTIES TIMEOUT 60 LABELS unit)
   # The same PTX assembled for sm_90 and read as SASS (nvdisasm from PyPI,
   # scripts/fetch-nvdisasm.sh): the decode GEMV's weight loads stay in flight GEMV_PRE at a
   # time, the norms' and the sampler's 8 a round, which only the machine code shows.

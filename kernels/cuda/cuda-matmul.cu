@@ -314,8 +314,9 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
 
         if (valid)
             gemv_first_loads<T>(wv, row + k0, i0, kt);
-        if (k0 == 0)
-            pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
+        /* x, and y's last readers, are the earlier kernels': the first tile waits for them
+         * (the later ones return at once), on a path tests/ptx-pdl.py sees every pass take */
+        pdl_wait();
         __syncthreads(); /* the previous tile is no longer read */
         if (g != NULL)
             gemv_stage_norm<T>(xs, tile, x, m, kt, g, eps); /* one tile: kt = kdim */
@@ -354,6 +355,7 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS, 4)
             continue;
         gemv_stream<T>(acc, m, xs, tile, wv, row + k0, i0, kt);
     }
+    pdl_wait(); /* at once after a tile's; a grid with no tile (kdim 0) still writes y after */
     if (gout != GANG_CUDA_GLU_NONE) {
         gemv_glu_out(acc, m, n, gout, valid, o, idx, scales, y);
         return;

@@ -11,7 +11,10 @@
  *
  * Both are no-ops where they do not apply: in a kernel launched without the attribute
  * (pdl_wait returns at once), when compiled for an older device, and on the CUDA emulator
- * (tests/cuda-emu), which runs a stream's kernels one after another.
+ * (tests/cuda-emu), which runs a stream's kernels one after another. So the rule above is
+ * held on the PTX instead (tests/ptx-pdl.py): on every path of a waiting kernel, nothing
+ * but read-only loads and prefetches before a wait. That analysis does not follow
+ * conditions: wait where every path passes (a second pdl_wait returns at once).
  */
 #ifndef GANG_CUDA_PDL_H
 #define GANG_CUDA_PDL_H

@@ -70,12 +70,11 @@ __global__ static void gemv_q_kernel(size_t m, size_t n, size_t kdim, const floa
     }
     for (int r = 0; r < QG_ROWS; r++)
         acc[r] = 0.0f;
+    pdl_wait(); /* x, and y's last readers, are the earlier kernels' */
     for (size_t k0 = 0; k0 < kdim; k0 += QG_TILE) {
         size_t kt = kdim - k0 < QG_TILE ? kdim - k0 : QG_TILE;
         const unsigned ukt = (unsigned)kt, total = (unsigned)(m * kt); /* <= 8192 */
 
-        if (k0 == 0)
-            pdl_wait();  /* x, and y's last readers, are the earlier kernels' */
         __syncthreads(); /* the previous tile is no longer read */
         for (unsigned i = threadIdx.x; i < total; i += 32 * QG_WARPS) {
             unsigned r = i / ukt, e = i - r * ukt; /* 32-bit division: a few instructions */
