@@ -111,6 +111,33 @@ static void test_params_env_and_precedence(void **state)
     assert_int_equal(gang_params_load(&p, bad, 0, NULL, NULL, NULL, err, sizeof(err)), GANG_EUSAGE);
 }
 
+/* The environment twin of a registered boolean, read alone (gang_param_env_bool): unset
+ * leaves the value, a boolean sets it, anything else is refused and leaves it, and a flag
+ * that is not a registered boolean is refused. */
+static void test_param_env_bool(void **state)
+{
+    int v = 7;
+
+    (void)state;
+    unsetenv("GANGLION_CUDA_PDL");
+    assert_int_equal(gang_param_env_bool("cuda-pdl", &v), 0);
+    assert_int_equal(v, 7);
+    setenv("GANGLION_CUDA_PDL", "on", 1);
+    assert_int_equal(gang_param_env_bool("cuda-pdl", &v), 1);
+    assert_int_equal(v, 1);
+    setenv("GANGLION_CUDA_PDL", "false", 1);
+    assert_int_equal(gang_param_env_bool("cuda-pdl", &v), 1);
+    assert_int_equal(v, 0);
+    setenv("GANGLION_CUDA_PDL", "2", 1);
+    v = 7;
+    assert_int_equal(gang_param_env_bool("cuda-pdl", &v), GANG_EUSAGE);
+    assert_int_equal(v, 7);
+    unsetenv("GANGLION_CUDA_PDL");
+    assert_int_equal(gang_param_env_bool("tp", &v), GANG_EINVAL);
+    assert_int_equal(gang_param_env_bool("no-such-flag", &v), GANG_EINVAL);
+    assert_int_equal(v, 7);
+}
+
 static void test_params_registry_complete(void **state)
 {
     (void)state;
@@ -636,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_parallel_slices),
         cmocka_unit_test(test_params_errors),
         cmocka_unit_test(test_params_env_and_precedence),
+        cmocka_unit_test(test_param_env_bool),
         cmocka_unit_test(test_params_registry_complete),
         cmocka_unit_test(test_option_tables),
         cmocka_unit_test(test_option_cli),
