@@ -120,11 +120,13 @@ def reference(model_dir, prompts, tokens, device):
     return out, info
 
 
-# What a worker's CUDA backend logs when it takes --cuda-pdl or --gpu-pool-split
-# (kernels/cuda/cuda-backend.c), by layout.
-TAKEN_LINE = {
-    "1x1-pdl": ("pdl_on", "the decode GEMVs launch as programmatic dependents (PDL)"),
-    "1x1-split": ("split_on", "split: every buffer its own cudaMalloc (--gpu-pool-split)"),
+# The 1x1 layouts that add one flag: the flag, the result's key, and what a worker's CUDA
+# backend logs when it takes the flag (kernels/cuda/cuda-backend.c).
+FLAG_LAYOUTS = {
+    "1x1-pdl": ("--cuda-pdl", "pdl_on",
+                "the decode GEMVs launch as programmatic dependents (PDL)"),
+    "1x1-split": ("--gpu-pool-split", "split_on",
+                  "split: every buffer its own cudaMalloc (--gpu-pool-split)"),
 }
 
 
@@ -140,10 +142,8 @@ def ganglion(args, model_dir, prompts, tokens, layout, log):
         argv += ["--nproc-per-node", "1", "--backend", "nccl"]
     elif layout == "tp2-nccl":
         argv += ["--nproc-per-node", "2", "--tp", "2", "--backend", "nccl"]
-    elif layout == "1x1-pdl":
-        argv += ["--nproc-per-node", "1", "--cuda-pdl"]
-    elif layout == "1x1-split":
-        argv += ["--nproc-per-node", "1", "--gpu-pool-split"]
+    elif layout in FLAG_LAYOUTS:
+        argv += ["--nproc-per-node", "1", FLAG_LAYOUTS[layout][0]]
     else:
         argv += ["--nproc-per-node", "1"]
     if args.device == "cuda":
@@ -252,8 +252,8 @@ def main():
                     line.update(compare(ref, got, layers, args.tie))
                 except Exception as e:
                     line.update({"ok": False, "error": "ganglion: %s" % str(e)[:400]})
-            if layout in TAKEN_LINE:  # the worker must have taken the flag
-                key, text = TAKEN_LINE[layout]
+            if layout in FLAG_LAYOUTS:  # the worker must have taken the flag
+                _, key, text = FLAG_LAYOUTS[layout]
                 with open(log.name) as f:
                     line[key] = text in f.read()
                 line["ok"] = bool(line["ok"]) and line[key]

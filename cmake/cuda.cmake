@@ -52,8 +52,8 @@ endfunction()
 # The CUDA backend's sources, the same in both builds: host C (pool, cuBLASLt, device
 # query, the backend) and the .cu kernels (nvcc's, or rewritten for the emulator).
 set(gang_cuda_host_sources kernels/cuda/cuda-backend.c kernels/cuda/cuda-pool.c
-  kernels/cuda/cuda-mem.c   kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c kernels/cuda/cuda-device.c
-  kernels/cuda/cuda-trace.c)
+  kernels/cuda/cuda-mem.c kernels/cuda/cuda-blas.c kernels/cuda/cuda-gemm.c
+  kernels/cuda/cuda-device.c kernels/cuda/cuda-trace.c)
 set(gang_cuda_kernel_sources kernels/cuda/cuda-ops.cu kernels/cuda/cuda-attention.cu
   kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-qmatmul.cu kernels/cuda/cuda-step.cu)
 

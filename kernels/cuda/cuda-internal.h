@@ -120,7 +120,7 @@ typedef struct gang__cuda_ctx {
     int trace;         /* gang_kernels_options.trace: CUPTI enabled for this handle */
 } gang__cuda_ctx;
 
-/* Device memory of a handle (cuda-backend.c): a piece of the pool or, split, its own
+/* Device memory of a handle (cuda-mem.c): a piece of the pool or, split, its own
  * allocation; GANG_ENOMEM (with the pool's log line) when the pool cannot hold it. */
 int gang__cuda_mem_alloc(gang__cuda_ctx *c, size_t bytes, void **out);
 /* GANG_EINVAL for a pointer that is not a live buffer of the handle. */

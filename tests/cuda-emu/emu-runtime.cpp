@@ -688,7 +688,7 @@ struct allocation {
     size_t span;      /* bytes rounded to 256: what counts as inside it */
     void *map;        /* the mapping, guard pages included */
     size_t map_bytes; /* its length */
-    size_t acct;      /* counted against the device's memory */
+    size_t acct;      /* counted against the device's memory (emu_alloc's rounded) */
     int pinned;
     unsigned char fill; /* what its slack holds until written: 0xff poisoned, else 0 */
 };
@@ -847,7 +847,7 @@ void guard_install()
 }
 
 /* Device memory of bytes (guard_layout above), its pages reading as poison_malloc says;
- * x filled in. 0, or -1 when it cannot be mapped. */
+ * x filled in but for acct (emu_alloc's). 0, or -1 when it cannot be mapped. */
 int guard_map(size_t bytes, allocation *x)
 {
     const size_t span =
@@ -869,7 +869,7 @@ int guard_map(size_t bytes, allocation *x)
           span,
           m,
           total,
-          data,
+          0,
           0,
           (unsigned char)(poison_malloc() ? 0xff : 0)};
     return 0;
@@ -916,6 +916,8 @@ cudaError_t emu_alloc(void **p, size_t bytes, int pinned)
         x = {m, rounded, rounded, m, rounded, 0, 1, 0};
     } else if (guard_map(bytes, &x) != 0) {
         return last_error = cudaErrorMemoryAllocation;
+    } else {
+        x.acct = rounded; /* what the capacity check above counted */
     }
     allocations.push_back(x);
     mem_used += x.acct;
