@@ -198,6 +198,7 @@ typedef struct bd_flags {
     char dtypes[64];
     char layouts[64];
     char shape[8];
+    char variants[64];
     char peer_python[BD_PATH_MAX];
     char peer_script[BD_PATH_MAX];
     int no_peer;
@@ -223,6 +224,10 @@ typedef struct bd_flags {
            "cuda / fake: 1b (the defaults above) or 8b (Llama-3-8B: 32 layers, hidden 4096, 32 "   \
            "heads, 8 kv heads, ffn 14336, vocab 128256; --dtypes bf16, --layouts 1x1, "            \
            "--tokens 32, --gpu-memory-mb 24576)")                                                  \
+    BD_STR("variants", variants, "",                                                               \
+           "cuda / fake: the 1x1 point of every batch again with one launch choice changed, on "   \
+           "the same model: pdl (--cuda-pdl 1), unfused (--fuse-residual 0), cublas "              \
+           "(--half-gemv 0), comma-separated")                                                     \
     BD_STR("peer-python", peer_python, "/opt/ganglion-ref-venv/bin/python",                        \
            "--model: the reference Python (scripts/fetch-reference.sh)")                           \
     BD_STR("peer-script", peer_script, GANG_BENCH_DIR "/hf-decode.py",                             \
@@ -290,6 +295,8 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
     o->shape = shape == 1 ? "8b" : "1b";
     if (f.trace_kernels && !(o->cuda && strcmp(o->kdev, "cuda") == 0))
         return gang_opts_usage_error(&bd_cmd, "--trace-kernels needs --device cuda");
+    if (f.variants[0] != '\0' && !o->cuda)
+        return gang_opts_usage_error(&bd_cmd, "--variants is for --device cuda or fake");
     if (o->cuda || f.model[0] != '\0') {
         gang_opt_cmd again = bd_cmd;
         again.table = !o->cuda ? &bd_model_table : shape == 1 ? &bd_gpu8_table : &bd_gpu_table;
@@ -314,6 +321,8 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
 #define BD_COPY(f_, fld, dc, dg, dm, d8, l, h, hp) o->fld = (uint32_t)f.fld;
     BD_INT_FLAGS(BD_COPY)
 #undef BD_COPY
+    if (gang__bd_parse_variants(o, f.variants, err, sizeof(err)) != 0)
+        return gang_opts_usage_error(&bd_cmd, "%s", err);
     return 0;
 }
 
@@ -522,7 +531,9 @@ void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch, gan
 /*
  * The rank's kernels handle: with keeps (a one-rank point of the cuda path) the handle and
  * model the storage's previous one-rank point kept (bd_gpu_keep), taken out of the keep
- * (*m set, r->model_kept); otherwise a new handle (*m stays NULL). Returns 0 or an error.
+ * (*m set, r->model_kept) and given this point's launch choices (a --variants point's, or
+ * the flags' again after one); otherwise a new handle (*m stays NULL). Returns 0 or an
+ * error (*k and *m set all the same: the caller releases them).
  */
 static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model **m)
 {
@@ -530,12 +541,6 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
     const bd_opts *o = r->o;
     gang_kernels_options ko;
 
-    if (keeps && o->keep->m != NULL) {
-        *k = o->keep->k, *m = o->keep->m;
-        o->keep->k = NULL, o->keep->m = NULL;
-        r->model_kept = 1; /* the only rank of the point: no lock needed */
-        return 0;
-    }
     if (!o->cuda)
         return gang_kernels_open("cpu", k);
     gang_kernels_options_init(&ko);
@@ -546,6 +551,12 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
     ko.pdl = (int)o->cuda_pdl;
     ko.fuse_residual = (int)o->fuse_residual;
     ko.trace = (int)o->trace_kernels; /* CUPTI enabled before any graph; spans: bd_traces */
+    if (keeps && o->keep->m != NULL) {
+        *k = o->keep->k, *m = o->keep->m;
+        o->keep->k = NULL, o->keep->m = NULL;
+        r->model_kept = 1; /* the only rank of the point: no lock needed */
+        return gang_kernels_retune(*k, &ko);
+    }
     return gang_kernels_open_opts(&ko, k);
 }
 
@@ -749,6 +760,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
         cJSON_AddStringToObject(line, "storage", o->storage);
     if (o->cuda)
         cJSON_AddStringToObject(line, "shape", o->shape);
+    if (o->variant != NULL)
+        cJSON_AddStringToObject(line, "variant", o->variant);
     cJSON_AddNumberToObject(line, "tp", r->tp);
     if (r->stage > r->tp)
         cJSON_AddNumberToObject(line, "ep", r->stage);

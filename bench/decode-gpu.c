@@ -19,6 +19,11 @@
  * it, it does not stream it), plus the KV cache the decode steps read (kv_bytes_per_step,
  * as decode-model.c counts it: what matters at long contexts, --prompt).
  *
+ * Variants (--variants, bd_variants): the 1x1 point of every batch again with one launch
+ * choice changed (PDL, the norms and adds unfused, cuBLASLt for the decode products), on
+ * the handle and model the one-rank points keep, through gang_kernels_retune; each is
+ * compared with its batch's 1x1 point like a layout.
+ *
  * Agreement per storage, each layout against the 1x1 point of the same storage and batch.
  * The tolerance on a flip (bench-decode.c's file comment) depends on the storage: f32
  * BD_GAP_TOL; bf16 / f16 3e-2, because the cuda GEMM rounds the activations to the
@@ -28,6 +33,7 @@
  * quantization of the same weights than 1x1 (tests/unit/test-layers.c measures it).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,6 +372,82 @@ static int bd_gpu_parse_layouts(const bd_opts *o, bd_gpu_layouts *L)
     return 0;
 }
 
+/*
+ * --variants: each a launch choice changed from the flags for the 1x1 point of every batch
+ * again, on the handle and model the storage's one-rank points keep (gang_kernels_retune),
+ * so that the choice is measured without drawing the model again (the 8B shape's host
+ * build is most of a minute on the device machine) and against the same run's point.
+ */
+static const struct bd_variant {
+    const char *name, *flag;
+    size_t field; /* offsetof the bd_opts field it sets */
+    uint32_t value;
+} bd_variants[BD_MAX_VARIANTS] = {
+    {"pdl", "--cuda-pdl 1", offsetof(bd_opts, cuda_pdl), 1},
+    {"unfused", "--fuse-residual 0", offsetof(bd_opts, fuse_residual), 0},
+    {"cublas", "--half-gemv 0", offsetof(bd_opts, half_gemv), 0},
+};
+
+/* The bd_opts field variant v sets. */
+static uint32_t *bd_variant_field(bd_opts *o, uint32_t v)
+{
+    return (uint32_t *)(void *)((char *)o + bd_variants[v].field);
+}
+
+int gang__bd_parse_variants(bd_opts *o, const char *list, char *err, size_t errlen)
+{
+    char buf[64], *save = NULL, *tok;
+    uint32_t v, seen = 0;
+
+    o->n_variants = 0;
+    if (strlen(list) >= sizeof(buf)) {
+        snprintf(err, errlen, "--variants: '%s' is too long", list);
+        return GANG_EUSAGE;
+    }
+    gang_strlcpy(buf, list, sizeof(buf));
+    for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        for (v = 0; v < BD_MAX_VARIANTS && strcmp(tok, bd_variants[v].name) != 0; v++)
+            ;
+        if (v == BD_MAX_VARIANTS || (seen & (1u << v))) {
+            snprintf(err, errlen, "--variants: '%s' is %s (pdl, unfused, cublas, each once)", tok,
+                     v == BD_MAX_VARIANTS ? "not a variant" : "named twice");
+            return GANG_EUSAGE;
+        }
+        if (*bd_variant_field(o, v) == bd_variants[v].value) {
+            snprintf(err, errlen, "--variants: '%s' is %s, which the flags already say", tok,
+                     bd_variants[v].flag);
+            return GANG_EUSAGE;
+        }
+        seen |= 1u << v;
+        o->variants[o->n_variants++] = v;
+    }
+    return 0;
+}
+
+/*
+ * The 1x1 point of batch `batch` once per --variants entry, each against base (the batch's
+ * 1x1 point with the flags as given) for agreement. Returns the number of failed points.
+ */
+static uint32_t bd_gpu_variant_points(const bd_opts *o, const gang_model_config *mc, uint32_t batch,
+                                      const bd_result *base)
+{
+    bd_result res;
+    uint32_t v, failed = 0;
+
+    for (v = 0; v < o->n_variants; v++) {
+        bd_opts ov = *o; /* the keep is shared: the same handle and model */
+        const struct bd_variant *d = &bd_variants[o->variants[v]];
+
+        *bd_variant_field(&ov, o->variants[v]) = d->value;
+        ov.variant = d->name;
+        if (gang__bd_point(&ov, mc, 1, 1, batch, 0, base, &res) != 0)
+            failed++;
+        else
+            free(res.dec);
+    }
+    return failed;
+}
+
 /* One "skipped" line and the reason on stderr: --device cuda without a GPU. */
 static void bd_gpu_skipped(void)
 {
@@ -418,8 +500,9 @@ static void bd_gpu_storage(bd_opts *o, const char *name)
 
 /*
  * Every point of the current storage: batches x layouts (1x1 first; a failed 1x1 skips
- * the batch's other layouts), then its "summary" line with the batch-1 roofline ratio of
- * the 1x1 point against the issue's 0.7 target. Returns the number of failed points.
+ * the batch's other layouts), then the batch's --variants points, then its "summary" line with the
+ * batch-1 roofline ratio of the 1x1 point against the issue's 0.7 target. Returns the number of
+ * failed points.
  */
 static uint32_t bd_gpu_storage_points(const bd_opts *o, const gang_model_config *mc,
                                       const bd_gpu_layouts *L)
@@ -446,6 +529,8 @@ static uint32_t bd_gpu_storage_points(const bd_opts *o, const gang_model_config 
                 ratio1 = base.roofline_ratio;
             }
         }
+        if (base.dec != NULL)
+            failed += bd_gpu_variant_points(o, mc, o->batches[b], &base);
         free(base.dec);
     }
     line = cJSON_CreateObject();
@@ -480,7 +565,7 @@ int gang__bd_main_cuda(bd_opts *o)
     }
     if (bd_gpu_parse_layouts(o, &L) != 0)
         return GANG_EXIT_USAGE;
-    o->no_agree = L.n == 1;
+    o->no_agree = L.n == 1 && o->n_variants == 0;
     if (strcmp(o->kdev, "cuda") == 0 && gang_kernels_device_count() == 0) {
         bd_gpu_skipped();
         return GANG_EXIT_OK;

@@ -26,6 +26,7 @@
 #define BD_MAX_LAYOUTS 4
 #define BD_MAX_STORAGES 4
 #define BD_PATH_MAX 1024
+#define BD_MAX_VARIANTS 3
 /* A token flip counts against a layout only where 1x1's top-2 log-probability gap is
  * above this: about 100 x the f32 disagreement expected between layouts (~1e-4 on the
  * 1B shape's logits), far below the gaps a wrong shard or a missed reduction produces.
@@ -65,6 +66,10 @@ typedef struct bd_opts {
     double gap_tol;           /* the agreement's tolerance for this storage; 0: BD_GAP_TOL */
     gang_kernels_wtype wtype; /* cuda: the storage of the points being run */
     bd_gpu_keep *keep;        /* cuda: the one-rank points' model (above); NULL: none */
+    /* cuda / fake: --variants, the launch choices each changes (gang__bd_parse_variants) */
+    uint32_t variants[BD_MAX_VARIANTS];
+    uint32_t n_variants;
+    const char *variant; /* the variant of the point being run; NULL: the flags as given */
     /* --model (decode-model.c) */
     char model[BD_PATH_MAX];       /* "": the random model */
     char dtypes[64];               /* storages, comma-separated: f32, bf16, f16, int8 */
@@ -109,6 +114,14 @@ int gang__bd_point(const bd_opts *o, const gang_model_config *mc, uint32_t tp, u
  */
 void gang__bd_engine_setup(const bd_opts *o, uint32_t ranks, uint32_t batch,
                            gang_engine_setup *out);
+
+/*
+ * --variants (decode-gpu.c): a comma-separated list of pdl (--cuda-pdl 1), unfused
+ * (--fuse-residual 0) and cublas (--half-gemv 0), each at most once and none the flags'
+ * own setting already, into o->variants (indices of those names); "" is none. Returns 0,
+ * or GANG_EUSAGE with the reason in err.
+ */
+int gang__bd_parse_variants(bd_opts *o, const char *list, char *err, size_t errlen);
 
 /* Frees what keep holds (the model's device memory, then its handle); keep may be NULL. */
 void gang__bd_gpu_keep_release(bd_gpu_keep *keep);

@@ -185,6 +185,17 @@ out_close:
     return rc;
 }
 
+int gang_kernels_retune(gang_kernels *k, const gang_kernels_options *o)
+{
+    if (k == NULL || o == NULL)
+        return GANG_EINVAL;
+    if (k->capturing) {
+        gang_error("kernels: new launch choices while capturing a graph (refused)");
+        return GANG_EINVAL;
+    }
+    return k->be->retune != NULL ? k->be->retune(k->ctx, o) : 0;
+}
+
 void gang_kernels_close(gang_kernels *k)
 {
     if (k != NULL && k->be->close != NULL)

@@ -26,6 +26,8 @@ typedef struct gang__kernels_backend {
      * NULL when there is nothing to open (ctx is then NULL). */
     int (*open)(const gang_kernels_options *o, void **ctx);
     void (*close)(void *ctx);
+    /* Optional: new launch choices (gang_kernels_retune); NULL: the backend has none. */
+    int (*retune)(void *ctx, const gang_kernels_options *o);
 
     /* Tensor memory (bytes > 0 for all but sync; dst != src for copies). */
     int (*alloc)(void *ctx, size_t bytes, void **out);

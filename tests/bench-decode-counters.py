@@ -18,7 +18,8 @@ one-rank nccl TP group, on the NCCL emulator) and, with GANG_EMU_DEVICES >= 2, t
 2x1-nccl point (TP 2 on two emulated GPUs over NCCL, the all-reduces in the step's graph):
 each must count what 1x1 counts (the busiest rank's counters). A fourth, with --cuda-pdl 1,
 must count what the first counted. --fuse-residual 0 (no graphs) must count 2 x layers + 1
-more launches than the fused step. Then --trace-kernels 1 (the emulated CUPTI): the
+more launches than the fused step, and so must --variants unfused beside its own run's 1x1
+point (variants()). Then --trace-kernels 1 (the emulated CUPTI): the
 one-rank points' traces held together (traced()).
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
@@ -153,6 +154,49 @@ def pdl_same_counts(binary, plain):
                     want.get((d["storage"], d["batch"]))))
 
 
+def variants(binary, fused):
+    """--variants cublas,pdl,unfused (without graphs): after each batch's 1x1 point the same
+    point again per variant, on the kept handle and model (model_kept true; gang_kernels_retune
+    changes the launch choice): unfused counts 2 x layers + 1 more launches than its batch's
+    1x1 point and its other counters the same, pdl counts what it counts, cublas says
+    half_gemv false; every variant gives 1x1's tokens; and the next batch's 1x1 point is back
+    to the flags' choices (pdl false, fused: the count of fused, the run without graphs;
+    unfused last, so that a handle left as the last variant had it would count more)."""
+    log = []
+    pts = run_points(binary, "cuda", "1,4", "4",
+                     ["--cuda-graphs", "0", "--variants", "cublas,pdl,unfused"], log)
+    if "launch as programmatic dependents (PDL)" not in log[0]:
+        fail("--variants pdl: the backend did not say it launches the GEMVs with PDL")
+    want = {(d["storage"], d["batch"]): d for d in fused}
+    base = {(d["storage"], d["batch"]): d for d in pts if "variant" not in d}
+    if len(pts) != 16 or len(base) != 4:
+        fail("--variants: expected 16 points (2 storages x 2 batches x 4), got %d" % len(pts))
+    for d in pts:
+        key = (d["storage"], d["batch"])
+        b, v = base[key], d.get("variant")
+        got, ref = [d[k] for k in FIELDS], [b[k] for k in FIELDS]
+        print("%s batch %d %s: %s (pdl %s, fused %s, half gemv %s)"
+              % (key[0], key[1], v or "1x1", got, d.get("pdl"), d.get("fuse_residual"),
+                 d.get("half_gemv")))
+        if v is None:
+            if got[1] != want[key]["launches_per_step"] or d["pdl"] or not d["fuse_residual"] \
+                    or not d["half_gemv"]:
+                fail("%s batch %d: the 1x1 point is not back to the flags' choices" % key)
+            continue
+        marks = {k: d.get(k) for k in ("model_kept", "tokens_match_1x1", "logits_match_1x1")}
+        if list(marks.values()) != [True, True, True]:
+            fail("%s batch %d %s: a new model, or other tokens than 1x1's: %s"
+                 % (key[0], key[1], v, marks))
+        extra = 2 * LAYERS + 1 if v == "unfused" else 0
+        if v in ("unfused", "pdl") and (got[1] != ref[1] + extra or
+                                        got[:1] + got[2:] != ref[:1] + ref[2:]):
+            fail("%s batch %d %s: counts %s, 1x1 %s (want %d more launches)"
+                 % (key[0], key[1], v, got, ref, extra))
+        if (v == "unfused") == d["fuse_residual"] or (v == "pdl") != d["pdl"] or \
+                (v == "cublas") == d["half_gemv"]:
+            fail("%s batch %d %s: the line says other choices" % (key[0], key[1], v))
+
+
 def check_trace(d, graphs):
     """One traced point's "trace" object: every timed decode step traced, the kernels all in
     the ops, busy <= device <= the step's wall time, the step's kernels in its graph (or
@@ -250,9 +294,11 @@ def main():
         if len(seen) != 1:
             fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))
     if device == "cuda":
-        unfused_counts(sys.argv[1], same_as_fake(sys.argv[1]))
+        fused = same_as_fake(sys.argv[1])
+        unfused_counts(sys.argv[1], fused)
         nccl_same_as_socket(sys.argv[1])
         pdl_same_counts(sys.argv[1], points)
+        variants(sys.argv[1], fused)
         traced(sys.argv[1], points)
     print("PASS")
 

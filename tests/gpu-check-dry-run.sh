@@ -18,7 +18,7 @@ GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run "$WOR
     >"$WORK/out.txt" 2>&1 || fail "the dry run exited $?"
 for want in test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference torch-gemm bench-gemm \
     bench-decode bench-decode-wait-each bench-decode-8b torch-decode gpu-health moe-cuda bench-decode-long \
-    bench-decode-pdl bench-decode-unfused test-cuda-trace profile profile-8b sanitize; do
+    test-cuda-trace profile profile-8b sanitize; do
     grep -q "^DRY  $want: would run with a [0-9]* s timeout" "$WORK/out.txt" ||
         fail "no dry-run line for the step $want"
     grep -q "\"step\":\"$want\",\"status\":\"dry-run\"" "$WORK/out/steps.jsonl" ||
@@ -36,11 +36,11 @@ if [ -z "$all" ] || [ "$all" != "$recorded" ]; then
 fi
 # --only: just those steps, the selection named in the summary; an unknown name refused.
 GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run \
-    --only test-cuda,bench-gemm,bench-decode-pdl "$WORK/only" >"$WORK/out.txt" 2>&1 ||
+    --only test-cuda,bench-gemm,profile "$WORK/only" >"$WORK/out.txt" 2>&1 ||
     fail "the --only dry run exited $?"
 recorded=$(grep -o '"step":"[^"]*"' "$WORK/only/steps.jsonl" | cut -d'"' -f4 | sort | paste -sd,)
-[ "$recorded" = bench-decode-pdl,bench-gemm,test-cuda ] || fail "--only recorded: $recorded"
-grep -q '"result":"dry-run","only":"test-cuda,bench-gemm,bench-decode-pdl"' \
+[ "$recorded" = bench-gemm,profile,test-cuda ] || fail "--only recorded: $recorded"
+grep -q '"result":"dry-run","only":"test-cuda,bench-gemm,profile"' \
     "$WORK/only/summary.json" || fail "--only: summary.json does not name the selection"
 GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run --only test-cuda,nosuch \
     "$WORK/bad" >"$WORK/out.txt" 2>&1

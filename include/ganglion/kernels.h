@@ -698,6 +698,17 @@ void gang_kernels_options_init(gang_kernels_options *o);
 int gang_kernels_open_opts(const gang_kernels_options *o, gang_kernels **out);
 
 /*
+ * Changes the launch choices of an open handle for what is enqueued after the call:
+ * o->half_gemv, o->pdl and o->fuse_residual, read as gang_kernels_open_opts reads them; the
+ * other fields are not read (the device, its pool and tracing stay as opened). A graph
+ * captured before replays with the choices it was captured with. So one model on one
+ * handle can be measured with and without a choice (`bench decode --variants`). A backend
+ * without these choices ("cpu", "fake": their open ignores them too) returns 0 and changes
+ * nothing. GANG_EINVAL for NULL, and while the handle captures a graph.
+ */
+int gang_kernels_retune(gang_kernels *k, const gang_kernels_options *o);
+
+/*
  * Capabilities of a handle's backend, so that callers ask what it can do instead of which
  * backend it is:
  *  - GANG_KERNELS_CAP_HOST_MEM: tensors are host memory, any host pointer works ("cpu");

@@ -127,6 +127,17 @@ static int cuda_pdl_mode(gang__cuda_ctx *c, const gang_kernels_options *o)
     return 0;
 }
 
+/* gang_kernels_retune: the choices cuda_open takes from o, taken again. */
+static int cuda_retune(void *ctx, const gang_kernels_options *o)
+{
+    gang__cuda_ctx *c = ctx;
+
+    c->half_gemv = o->half_gemv;
+    c->fuse_residual = o->fuse_residual;
+    c->pdl = 0;
+    return cuda_pdl_mode(c, o);
+}
+
 static int cuda_open(const gang_kernels_options *o, void **out)
 {
     gang__cuda_ctx *c;
@@ -935,6 +946,7 @@ const gang__kernels_backend gang__kernels_cuda_backend = {
     .caps = GANG_KERNELS_CAP_DEVICE_MEM | GANG_KERNELS_CAP_HALF_GEMM,
     .open = cuda_open,
     .close = cuda_close,
+    .retune = cuda_retune,
     .alloc = cuda_alloc,
     .free = cuda_free,
     .upload = cuda_upload,

@@ -322,6 +322,37 @@ static void test_stream_bytes(void **state)
     assert_true(fabs(gang__bd_stream_bytes(&m) - 2.0 * params) < 1e-6);
 }
 
+/*
+ * --variants: the names each once, in the order given, and each a change from the flags
+ * (a variant the flags already say is refused, as are an unknown name, a repeat and an
+ * over-long list); "" is none.
+ */
+static void test_parse_variants(void **state)
+{
+    char err[256], lng[80];
+    bd_opts o;
+
+    (void)state;
+    memset(&o, 0, sizeof(o));
+    o.half_gemv = 1, o.fuse_residual = 1, o.cuda_pdl = 0;
+    assert_int_equal(gang__bd_parse_variants(&o, "", err, sizeof(err)), 0);
+    assert_int_equal(o.n_variants, 0);
+    assert_int_equal(gang__bd_parse_variants(&o, "unfused,pdl,cublas", err, sizeof(err)), 0);
+    assert_int_equal(o.n_variants, 3);
+    assert_int_equal(o.variants[0], 1), assert_int_equal(o.variants[1], 0);
+    assert_int_equal(o.variants[2], 2);
+    assert_int_equal(gang__bd_parse_variants(&o, "pdl,nope", err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "'nope' is not a variant"));
+    assert_int_equal(gang__bd_parse_variants(&o, "pdl,pdl", err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "named twice"));
+    o.fuse_residual = 0; /* --fuse-residual 0: the unfused variant would be the same point */
+    assert_int_equal(gang__bd_parse_variants(&o, "unfused", err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "--fuse-residual 0, which the flags already say"));
+    memset(lng, 'p', sizeof(lng) - 1), lng[sizeof(lng) - 1] = '\0';
+    assert_int_equal(gang__bd_parse_variants(&o, lng, err, sizeof(err)), GANG_EUSAGE);
+    assert_non_null(strstr(err, "too long"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -333,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_decode_agreement),
         cmocka_unit_test(test_read_bandwidth),
         cmocka_unit_test(test_stream_bytes),
+        cmocka_unit_test(test_parse_variants),
     };
     return cmocka_run_group_tests_name("bench", tests, NULL, NULL);
 }

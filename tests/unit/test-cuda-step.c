@@ -44,6 +44,11 @@
  *   graphs                  a captured add + scale does nothing until launched, each
  *                           launch runs it once; a sync while capturing is refused and
  *                           voids the graph
+ *   retune                  new launch choices on the open handle: fuse_residual 0 turns
+ *                           a fused norm off, half_gemv 0 a fused gated output of bf16
+ *                           (GANG_ENOSYS), the defaults turn them on again, with PDL
+ *                           either way; refused while capturing (the capture unharmed);
+ *                           nothing to do on the CPU
  */
 #include <math.h>
 #include <setjmp.h>
@@ -857,6 +862,68 @@ static void test_matmul_fused(void **state)
     matmul_fused_case(GANG_KW_BF16, 1, 40, 4096, FUSE_ACC);
 }
 
+/*
+ * gang_kernels_retune: the launch choices change on the open handle. Observed through
+ * matmul_fused, which answers GANG_ENOSYS (nothing written) where a choice turns its fused
+ * kernel off: fuse_residual 0 for a norm, half_gemv 0 for a gated output of a bf16 weight
+ * (only the GEMV has it); back to the defaults it runs again. Refused while capturing.
+ */
+static void test_retune(void **state)
+{
+    float x[16], g[16], w[6 * 16], y[3], scr[16];
+    const gang_kernels_fusion glu = {.glu_in = -1, .glu_out = 0};
+    gang_kernels_fusion norm = {.eps = 1e-5f, .glu_in = -1, .glu_out = -1};
+    gang_kernels_options o;
+    gang_kernels_graph *gr = NULL;
+    gang_kernels_weight v, v2;
+    uint16_t wb[6 * 16];
+    void *dx, *dg, *dw, *dy, *dscr;
+
+    (void)state;
+    gang_kernels_options_init(&o);
+    assert_int_equal(gang_kernels_retune(NULL, &o), GANG_EINVAL);
+    assert_int_equal(gang_kernels_retune(cpu, NULL), GANG_EINVAL);
+    o.pdl = 1, o.fuse_residual = 0, o.half_gemv = 0;
+    assert_int_equal(gang_kernels_retune(cpu, &o), 0); /* no such choices: nothing to do */
+    NEED_GPU();
+    fill(x, 16, 1.0f, 0.0f), fill(g, 16, 0.0f, 1.0f), fill(w, 6 * 16, 1.0f, 0.0f);
+    fill(y, 3, 0.0f, -7.0f), fill(scr, 16, 0.0f, 0.0f);
+    assert_int_equal(gang_f32_to_bf16_array(w, wb, 6 * 16), 0);
+    dx = dev_copy(x, sizeof(x)), dg = dev_copy(g, sizeof(g)), dw = dev_copy(wb, sizeof(wb));
+    dy = dev_copy(y, sizeof(y)), dscr = dev_copy(scr, sizeof(scr));
+    v = gang_kernels_weight_view(GANG_KW_BF16, dw, 3, 16);  /* a plain product's 3 rows */
+    v2 = gang_kernels_weight_view(GANG_KW_BF16, dw, 6, 16); /* gate | up, 3 rows each */
+    norm.norm = dg;
+    for (int pass = 0; pass < 2; pass++) {
+        gang_kernels_options_init(&o);
+        o.pdl = pass; /* either way: these products do not depend on it */
+        assert_int_equal(gang_kernels_retune(gpu, &o), 0);
+        assert_int_equal(gang_kernels_matmul_fused(gpu, 1, 3, 16, dx, &v, &norm, dscr, dy), 0);
+        assert_int_equal(gang_kernels_matmul_fused(gpu, 1, 3, 16, dx, &v2, &glu, dscr, dy), 0);
+        o.fuse_residual = 0;
+        assert_int_equal(gang_kernels_retune(gpu, &o), 0);
+        assert_int_equal(gang_kernels_matmul_fused(gpu, 1, 3, 16, dx, &v, &norm, dscr, dy),
+                         GANG_ENOSYS);
+        o.fuse_residual = 1, o.half_gemv = 0;
+        assert_int_equal(gang_kernels_retune(gpu, &o), 0);
+        assert_int_equal(gang_kernels_matmul_fused(gpu, 1, 3, 16, dx, &v2, &glu, dscr, dy),
+                         GANG_ENOSYS);
+    }
+    /* While capturing: refused, the capture unharmed, the choices as they were. */
+    assert_int_equal(gang_kernels_graph_begin(gpu), 0);
+    gang_kernels_options_init(&o);
+    assert_int_equal(gang_kernels_retune(gpu, &o), GANG_EINVAL);
+    assert_int_equal(gang_kernels_graph_end(gpu, &gr), 0);
+    gang_kernels_graph_free(gpu, gr);
+    assert_int_equal(gang_kernels_matmul_fused(gpu, 1, 3, 16, dx, &v2, &glu, dscr, dy),
+                     GANG_ENOSYS);
+    assert_int_equal(gang_kernels_retune(gpu, &o), 0);
+    assert_int_equal(gang_kernels_matmul_fused(gpu, 1, 3, 16, dx, &v2, &glu, dscr, dy), 0);
+    assert_int_equal(gang_kernels_sync(gpu), 0);
+    gang_kernels_free(gpu, dx), gang_kernels_free(gpu, dg), gang_kernels_free(gpu, dw);
+    gang_kernels_free(gpu, dy), gang_kernels_free(gpu, dscr);
+}
+
 static void test_graphs(void **state)
 {
     float x[256], y[256], got[256];
@@ -897,7 +964,7 @@ int main(void)
         cmocka_unit_test(test_split_glu),      cmocka_unit_test(test_fusions_cpu),
         cmocka_unit_test(test_fusions),        cmocka_unit_test(test_matmul_glu),
         cmocka_unit_test(test_matmul_to_glu),  cmocka_unit_test(test_matmul_fused),
-        cmocka_unit_test(test_graphs),
+        cmocka_unit_test(test_graphs),         cmocka_unit_test(test_retune),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
