@@ -122,6 +122,8 @@ typedef struct bd_run {
     char load_err[256];                /* lock: --model: the loader's message (refusals) */
     double weight_bytes, stream_bytes; /* lock: --model, cuda: summed over the ranks */
     int model_kept;                    /* cuda: the previous one-rank point's model reused */
+    int built;                         /* lock, cuda: rank 0 built its model (build) */
+    bd_build_stats build;              /* lock, cuda: how rank 0 built it */
     size_t kv_elem_bytes;              /* lock: bytes of one element of the KV cache */
     /* Each rank's kernels counters over the decode steps (all but the first step) of the
      * timed iterations, and how many steps that was; written by the rank's own thread. */
@@ -560,6 +562,53 @@ static int bd_rank_kernels(bd_rank *x, int keeps, gang_kernels **k, gang_model *
     return gang_kernels_open_opts(&ko, k);
 }
 
+/*
+ * The rank's model: on the cuda path the one the keep handed over (*m already set) or a
+ * new draw on k (gang__bd_gpu_model, rank 0's build recorded), otherwise the model the
+ * flags name loaded on the CPU; its stored and streamed bytes added to the point's.
+ * Returns 0 or the error (a load's message printed, or kept for a refusal's line).
+ */
+static int bd_rank_model(bd_rank *x, gang_kernels *k, gang_model **mp)
+{
+    bd_run *r = x->run;
+    const bd_opts *o = r->o;
+    char err[512];
+    int rc = 0;
+
+    if (o->cuda) {
+        bd_build_stats st;
+
+        if (*mp == NULL) {
+            rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, mp, &st);
+            pthread_mutex_lock(&r->lock);
+            if (rc == 0 && x->rank == 0)
+                r->built = 1, r->build = st;
+            pthread_mutex_unlock(&r->lock);
+        }
+        pthread_mutex_lock(&r->lock);
+        if (rc == 0) {
+            r->weight_bytes += (double)(*mp)->weight_bytes;
+            r->stream_bytes += gang__bd_stream_bytes(*mp);
+        }
+        pthread_mutex_unlock(&r->lock);
+    } else {
+        rc = gang_model_load_ex(o->model[0] ? o->model : o->dir, &r->topo, x->rank,
+                                o->model[0] || o->load.ep > 1 ? &o->load : NULL, mp, err,
+                                sizeof(err));
+        pthread_mutex_lock(&r->lock);
+        if (rc != 0 && r->load_err[0] == '\0')
+            gang_strlcpy(r->load_err, err, sizeof(r->load_err));
+        if (rc == 0 && o->model[0]) {
+            r->weight_bytes += (double)(*mp)->weight_bytes;
+            r->stream_bytes += gang__bd_stream_bytes(*mp);
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (rc != 0 && rc != GANG_ENOSYS)
+            fprintf(stderr, "ganglion bench decode: %s\n", err);
+    }
+    return rc;
+}
+
 static void *bd_rank_main(void *arg)
 {
     bd_rank *x = arg;
@@ -589,30 +638,7 @@ static void *bd_rank_main(void *arg)
     if (r->nccl && (rc = bd_use_nccl(x, k, c, &nworld)) != 0)
         goto out_fail;
     what = "model";
-    if (o->cuda) {
-        if (m == NULL)
-            rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, &m);
-        pthread_mutex_lock(&r->lock);
-        if (rc == 0) {
-            r->weight_bytes += (double)m->weight_bytes;
-            r->stream_bytes += gang__bd_stream_bytes(m);
-        }
-        pthread_mutex_unlock(&r->lock);
-    } else {
-        rc = gang_model_load_ex(o->model[0] ? o->model : o->dir, &r->topo, x->rank,
-                                o->model[0] || o->load.ep > 1 ? &o->load : NULL, &m, err,
-                                sizeof(err));
-        pthread_mutex_lock(&r->lock);
-        if (rc != 0 && r->load_err[0] == '\0')
-            gang_strlcpy(r->load_err, err, sizeof(r->load_err));
-        if (rc == 0 && o->model[0]) {
-            r->weight_bytes += (double)m->weight_bytes;
-            r->stream_bytes += gang__bd_stream_bytes(m);
-        }
-        pthread_mutex_unlock(&r->lock);
-        if (rc != 0 && rc != GANG_ENOSYS)
-            fprintf(stderr, "ganglion bench decode: %s\n", err);
-    }
+    rc = bd_rank_model(x, k, &m);
     if (rc != 0)
         goto out_fail;
     what = "engine init";
@@ -687,29 +713,6 @@ static int bd_remove_one(const char *path, const struct stat *st, int flag, stru
     (void)flag;
     (void)ftw;
     return remove(path);
-}
-
-/* The agreement of res with the 1x1 point base (file comment), added to line. */
-static void bd_emit_agreement(cJSON *line, const bd_opts *o, uint32_t batch, const bd_result *base,
-                              const bd_result *res)
-{
-    double tol = o->gap_tol > 0.0 ? o->gap_tol : BD_GAP_TOL;
-    gang__agreement ag;
-    int same = 1;
-
-    gang__decode_agree(base->dec, res->dec, batch, o->tokens, tol, &ag);
-    for (size_t i = 0; i < (size_t)batch * o->tokens && same; i++)
-        same = base->dec[i].token == res->dec[i].token;
-    cJSON_AddBoolToObject(line, "tokens_match_1x1", same);
-    cJSON_AddNumberToObject(line, "decisions_compared", ag.compared);
-    cJSON_AddNumberToObject(line, "top1_agreement",
-                            ag.compared ? gang_report_round((double)ag.agree / ag.compared, 4)
-                                        : 0.0);
-    cJSON_AddNumberToObject(line, "max_abs_logprob_diff", ag.max_abs_diff);
-    cJSON_AddNumberToObject(line, "divergences", ag.divergences);
-    cJSON_AddNumberToObject(line, "max_top2_gap_at_divergence", ag.max_gap_diverged);
-    cJSON_AddNumberToObject(line, "gap_tol", tol);
-    cJSON_AddBoolToObject(line, "logits_match_1x1", ag.over_tol == 0);
 }
 
 /*
@@ -800,6 +803,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
     if (o->cuda) {
         bd_emit_counters(line, r);
         cJSON_AddBoolToObject(line, "model_kept", r->model_kept); /* bd_gpu_keep */
+        if (r->built)
+            gang__bd_emit_build(line, &r->build);
         cJSON_AddBoolToObject(line, "half_gemv", o->half_gemv != 0);
         cJSON_AddBoolToObject(line, "pdl", o->cuda_pdl != 0);
         cJSON_AddBoolToObject(line, "fuse_residual", o->fuse_residual != 0);
@@ -835,7 +840,8 @@ static void bd_emit_point(const bd_opts *o, bd_run *r, int rc, const bd_result *
             cJSON_AddNumberToObject(
                 line, "decode_step_overhead_ms_vs_1x1",
                 gang_report_round((dec - base->decode_ms) / (double)(o->tokens - 1), 4));
-        bd_emit_agreement(line, o, batch, base, res);
+        gang__decode_agree_emit(line, base->dec, res->dec, batch, o->tokens,
+                                o->gap_tol > 0.0 ? o->gap_tol : BD_GAP_TOL);
     }
     gang_report_emit(line);
 }

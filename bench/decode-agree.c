@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "decode-agree.h"
+#include "report.h"
 
 /* The largest |lp difference| over the candidates both decisions reported. */
 static double decision_diff(const gang__decision *a, const gang__decision *b)
@@ -44,4 +45,25 @@ void gang__decode_agree(const gang__decision *base, const gang__decision *got, u
             break; /* the contexts differ from here on */
         }
     }
+}
+
+void gang__decode_agree_emit(cJSON *line, const gang__decision *base, const gang__decision *got,
+                             uint32_t seqs, uint32_t steps, double gap_tol)
+{
+    gang__agreement ag;
+    int same = 1;
+
+    gang__decode_agree(base, got, seqs, steps, gap_tol, &ag);
+    for (size_t i = 0; i < (size_t)seqs * steps && same; i++)
+        same = base[i].token == got[i].token;
+    cJSON_AddBoolToObject(line, "tokens_match_1x1", same);
+    cJSON_AddNumberToObject(line, "decisions_compared", ag.compared);
+    cJSON_AddNumberToObject(line, "top1_agreement",
+                            ag.compared ? gang_report_round((double)ag.agree / ag.compared, 4)
+                                        : 0.0);
+    cJSON_AddNumberToObject(line, "max_abs_logprob_diff", ag.max_abs_diff);
+    cJSON_AddNumberToObject(line, "divergences", ag.divergences);
+    cJSON_AddNumberToObject(line, "max_top2_gap_at_divergence", ag.max_gap_diverged);
+    cJSON_AddNumberToObject(line, "gap_tol", gap_tol);
+    cJSON_AddBoolToObject(line, "logits_match_1x1", ag.over_tol == 0);
 }

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #define GANG_AGREE_TOP 5 /* raw log-probabilities recorded per decision */
 
 /* One greedy decision as the TOKEN event reported it (the request asked for logprobs). */
@@ -41,5 +43,14 @@ typedef struct gang__agreement {
  */
 void gang__decode_agree(const gang__decision *base, const gang__decision *got, uint32_t seqs,
                         uint32_t steps, double gap_tol, gang__agreement *out);
+
+/*
+ * The agreement of got with base (gang__decode_agree at gap_tol) added to a point's JSON
+ * line: tokens_match_1x1 (every token equal), the decisions compared, the top-1 agreement,
+ * the largest log-prob difference, the divergences and the largest 1x1 gap at one,
+ * gap_tol, and logits_match_1x1 (no divergence over gap_tol).
+ */
+void gang__decode_agree_emit(cJSON *line, const gang__decision *base, const gang__decision *got,
+                             uint32_t seqs, uint32_t steps, double gap_tol);
 
 #endif

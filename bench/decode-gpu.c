@@ -32,12 +32,16 @@
  * down_proj) carries its own scale per output row, so TP=2 holds a slightly different
  * quantization of the same weights than 1x1 (tests/unit/test-layers.c measures it).
  */
+#include <limits.h>
+#include <malloc.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <cjson/cJSON.h>
 
@@ -158,18 +162,72 @@ static int bd_draw_layer(const bd_opts *o, bd_full_layer *f, uint32_t li)
     return 0;
 }
 
+/* The process's minor page faults so far (0 when getrusage fails). */
+static double bd_minor_faults(void)
+{
+    struct rusage ru;
+
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_minflt : 0.0;
+}
+
+void gang__bd_host_heap_reuse(void)
+{
+    (void)mallopt(M_ARENA_MAX, 1); /* before any rank thread takes an arena of its own */
+}
+
+/* The ranks drawing their layers now (bd_heap_layers), under its lock. */
+static struct {
+    pthread_mutex_t mu;
+    int drawing;
+} bd_heap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/*
+ * The host heap around the layer loops of the ranks (begin 1 on entry, 0 on exit). glibc
+ * maps every block above its mmap threshold (32 MiB at most) apart and unmaps it at free,
+ * and a thread's arena cannot hold such a block, so each layer's cut and packed matrices
+ * (1.3 GB for the 8B shape) came back as fresh pages, faulted in and zeroed by the kernel
+ * every layer. While a rank draws, the one arena (gang__bd_host_heap_reuse) maps nothing
+ * apart and keeps what it frees, so a layer reuses the pages the previous one freed; when
+ * the last rank is done, glibc's mapping of large blocks again and the kept pages
+ * returned (malloc_trim), so the embedding table and the LM head, drawn once, do not push
+ * the process onto more memory than it holds at once. mallopt failing leaves glibc's
+ * defaults: slower, not wrong.
+ */
+static void bd_heap_layers(int begin)
+{
+    pthread_mutex_lock(&bd_heap.mu);
+    if (begin && bd_heap.drawing++ == 0) {
+        (void)mallopt(M_MMAP_MAX, 0);
+        (void)mallopt(M_TRIM_THRESHOLD, INT_MAX);
+    } else if (!begin && --bd_heap.drawing == 0) {
+        (void)mallopt(M_MMAP_MAX, 65536);            /* glibc's default */
+        (void)mallopt(M_TRIM_THRESHOLD, 128 * 1024); /* glibc's default */
+        (void)malloc_trim(0);
+    }
+    pthread_mutex_unlock(&bd_heap.mu);
+}
+
 /*
  * Draws, packs (o->wtype) and moves rank m's layers to k one at a time (file comment),
- * counting their stored bytes and their f32 norms in m->weight_bytes.
+ * counting their stored bytes and their f32 norms in m->weight_bytes; the layers' seconds
+ * and their faults per layer after the first into st.
  */
-static int bd_gpu_layers(const bd_opts *o, const gang_topology *t, gang_kernels *k, gang_model *m)
+static int bd_gpu_layers(const bd_opts *o, const gang_topology *t, gang_kernels *k, gang_model *m,
+                         bd_build_stats *st)
 {
     bd_full_layer f = {0};
+    uint64_t t0 = gang_now_ns();
+    double faults = 0.0, bytes0 = 0.0;
     uint32_t i;
     int rc = 0;
 
     for (i = 0; i < m->layer_count && rc == 0; i++) {
         gang_tp_layer *l = &m->layers[i];
+
+        if (i == 1) { /* the first layer's pages are new: count from the second */
+            faults = bd_minor_faults();
+            bytes0 = (double)m->weight_bytes;
+        }
 
         rc = bd_draw_layer(o, &f, m->layer_first + i);
         if (rc == 0)
@@ -182,6 +240,12 @@ static int bd_gpu_layers(const bd_opts *o, const gang_topology *t, gang_kernels 
         if (rc == 0)
             rc = gang_tp_layer_to_device(l, k);
     }
+    st->layers_s = (double)(gang_now_ns() - t0) / 1e9;
+    st->faults_per_later_layer = -1.0;
+    if (rc == 0 && m->layer_count > 1) {
+        st->faults_per_later_layer = (bd_minor_faults() - faults) / (m->layer_count - 1);
+        st->layer_bytes = ((double)m->weight_bytes - bytes0) / (m->layer_count - 1);
+    }
     free(f.buf);
     return rc;
 }
@@ -193,20 +257,25 @@ static int bd_gpu_layers(const bd_opts *o, const gang_topology *t, gang_kernels 
  * m->weight_bytes is the bytes stored on the device.
  */
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
-                       gang_model **out)
+                       gang_model **out, bd_build_stats *st)
 {
+    uint64_t t0 = gang_now_ns();
     gang_model *m;
     size_t h = o->hidden, rows;
     int rc;
 
     *out = NULL;
+    memset(st, 0, sizeof(*st));
     m = calloc(1, sizeof(*m));
     if (m == NULL)
         return GANG_ENOMEM;
     bd_model_config(o, &m->cfg);
     rc = gang_model_place(m, t, rank);
-    if (rc == 0)
-        rc = bd_gpu_layers(o, t, k, m);
+    if (rc == 0) {
+        bd_heap_layers(1);
+        rc = bd_gpu_layers(o, t, k, m, st);
+        bd_heap_layers(0);
+    }
     if (rc != 0)
         goto out_free;
     if (m->place.pp_stage == 0) {
@@ -234,6 +303,7 @@ int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, 
     if (rc == 0)
         rc = gang_model_to_device(m, k);
     if (rc == 0) {
+        st->seconds = (double)(gang_now_ns() - t0) / 1e9;
         *out = m;
         return 0;
     }
@@ -570,6 +640,7 @@ int gang__bd_main_cuda(bd_opts *o)
         bd_gpu_skipped();
         return GANG_EXIT_OK;
     }
+    gang__bd_host_heap_reuse();
     bd_model_config(o, &mc);
     o->kv_token_elems = (double)mc.n_layers * 2.0 * mc.n_kv_heads * mc.head_dim;
     rc = bd_copy_bandwidth(o, &o->copy_gbps);
@@ -586,6 +657,19 @@ int gang__bd_main_cuda(bd_opts *o)
         gang__bd_gpu_keep_release(&keep);
     }
     return failed > 0 ? GANG_EXIT_TEMPFAIL : GANG_EXIT_OK;
+}
+
+void gang__bd_emit_build(cJSON *line, const bd_build_stats *st)
+{
+    cJSON *b = cJSON_AddObjectToObject(line, "model_build");
+
+    if (b == NULL)
+        return;
+    cJSON_AddNumberToObject(b, "seconds", gang_report_round(st->seconds, 2));
+    cJSON_AddNumberToObject(b, "layers_s", gang_report_round(st->layers_s, 2));
+    cJSON_AddNumberToObject(b, "faults_per_later_layer",
+                            gang_report_round(st->faults_per_later_layer, 0));
+    cJSON_AddNumberToObject(b, "layer_bytes", gang_report_round(st->layer_bytes, 0));
 }
 
 /*

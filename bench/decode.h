@@ -46,6 +46,19 @@ typedef struct bd_gpu_keep {
     double weight_bytes, stream_bytes;
 } bd_gpu_keep;
 
+/*
+ * How a rank's model was built (gang__bd_gpu_model): the wall seconds of the whole build
+ * and of its layers, and per layer after the first the process's minor page faults and
+ * the bytes the layer stores on the device (on a GPU the faults are the host heap's: ~0
+ * once it reuses the first layer's pages, bd_host_heap_reuse; on the fake device, whose
+ * memory is host pages, the stored bytes' pages too). faults_per_later_layer is -1 with
+ * fewer than 2 layers.
+ */
+typedef struct bd_build_stats {
+    double seconds, layers_s;
+    double faults_per_later_layer, layer_bytes;
+} bd_build_stats;
+
 typedef struct bd_opts {
     uint32_t layers, hidden, heads, kv_heads, ffn, vocab;
     uint32_t prompt, tokens, iters, warmup, microbatches, timeout_s, cuda_graphs, nccl_wait_each;
@@ -133,12 +146,23 @@ void gang__bd_gpu_keep_release(bd_gpu_keep *keep);
  */
 void gang__bd_emit_trace(cJSON *line, int traced, const gang_kernels_trace *t);
 
+/* The "model_build" object of a point whose rank 0 built its model (decode-gpu.c). */
+void gang__bd_emit_build(cJSON *line, const bd_build_stats *st);
+
 /*
  * --device cuda or fake (decode-gpu.c): rank `rank`'s shard of the in-memory random model
- * of o's shape for layout t, on the device of k. Returns 0 and *out, or a GANG_E* code.
+ * of o's shape for layout t, on the device of k, and how it was built (*st). Returns 0
+ * and *out, or a GANG_E* code.
  */
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
-                       gang_model **out);
+                       gang_model **out, bd_build_stats *st);
+
+/*
+ * The host heap of a --device cuda / fake run (decode-gpu.c): one malloc arena that keeps
+ * what it frees and maps nothing apart, so that every layer of the model build reuses the
+ * pages the previous one freed instead of faulting in fresh ones (docs/benchmarks.md).
+ */
+void gang__bd_host_heap_reuse(void);
 
 /*
  * --dtypes (decode-model.c): the comma-separated storages of list (f32, bf16, f16, int8)

@@ -397,6 +397,8 @@ G_TORCH=$(figure '"measure": *"torch_gemm"' tflops)
         [[ $l =~ \"fuse_residual\":false ]] && printf ' (norms and adds as kernels of their own)'
         [[ $l =~ \"step\":\"bench-decode-wait-each\" ]] && printf ' (no graphs)'
         [[ $l =~ \"trace\":\{ ]] && printf ' (kernels traced)'
+        [[ $l =~ \"model_build\":\{\"seconds\":([0-9.]+),\"layers_s\":([0-9.]+) ]] &&
+            printf ' (model built in %s s, layers %s s)' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
         [[ $l =~ \"step\":\"bench-decode-long\".*\"prompt\":([0-9]+).*\"kv_bytes_per_step\":([0-9.e+]+) ]] &&
             printf ' (%s-token prompts, KV %s B/step)' "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
         [[ $l =~ \"backend\":\"nccl\" ]] && {

@@ -20,7 +20,8 @@ each must count what 1x1 counts (the busiest rank's counters). A fourth, with --
 must count what the first counted. --fuse-residual 0 (no graphs) must count 2 x layers + 1
 more launches than the fused step, and so must --variants unfused beside its own run's 1x1
 point (variants()). Then --trace-kernels 1 (the emulated CUPTI): the
-one-rank points' traces held together (traced()).
+one-rank points' traces held together (traced()). On "fake", the model's host build
+reuses its heap from layer to layer (build_reuses_heap()).
 Usage: bench-decode-counters.py GANGLION_BINARY [fake|cuda]
 """
 import json
@@ -197,6 +198,31 @@ def variants(binary, fused):
             fail("%s batch %d %s: the line says other choices" % (key[0], key[1], v))
 
 
+def build_reuses_heap(binary):
+    """The model's host build reuses its heap (bench/decode-gpu.c, bd_heap_layers): three
+    layers of the 1B shape (cut matrices of up to 64 MiB in f32, which glibc would map
+    apart and unmap at free), and per layer after the first the process faults in no more
+    than 1.5 x the bytes the layer stores: the fake device's memory is host pages, so the
+    upload itself faults 1 x; a build that took fresh pages for its f32 cut (2 x) and its
+    packed block would fault 3 x."""
+    out = subprocess.run([binary, "bench", "decode", "--device", "fake", "--layers", "3",
+                          "--vocab", "2048", "--dtypes", "bf16", "--layouts", "1x1", "--batch",
+                          "1", "--tokens", "2", "--iters", "1", "--warmup", "0"],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        fail("the heap run: exit %d: %s" % (out.returncode, out.stderr[-1000:]))
+    b = [json.loads(x) for x in out.stdout.splitlines() if '"model_build"' in x]
+    if len(b) != 1:
+        fail("the heap run: %d lines with model_build, want 1" % len(b))
+    mb = b[0]["model_build"]
+    ratio = mb["faults_per_later_layer"] * 4096.0 / mb["layer_bytes"]
+    print("model build: %s (pages faulted per layer / the layer's stored bytes: %.2f)"
+          % (mb, ratio))
+    if not 0 < ratio <= 1.5:
+        fail("the layers' host build faults in %.2f x the bytes a layer stores (want <= 1.5)"
+             % ratio)
+
+
 def check_trace(d, graphs):
     """One traced point's "trace" object: every timed decode step traced, the kernels all in
     the ops, busy <= device <= the step's wall time, the step's kernels in its graph (or
@@ -293,6 +319,8 @@ def main():
     for st, seen in launches.items():
         if len(seen) != 1:
             fail("%s: launches per step depend on the batch: %s" % (st, sorted(seen)))
+    if device == "fake":
+        build_reuses_heap(sys.argv[1])
     if device == "cuda":
         fused = same_as_fake(sys.argv[1])
         unfused_counts(sys.argv[1], fused)

@@ -38,6 +38,8 @@ sum=$WORK/out/summary.txt
 n=$(grep -c '^  decode .*syncs/step [0-9.]* launches/step [0-9.]*' "$sum")
 [ "$n" = 23 ] || fail "$n decode lines with counters in summary.txt, expected 23"
 grep -q '(nccl, a wait per collective).*syncs/step' "$sum" || fail "no wait-each nccl point"
+grep -q '^  decode 8b tp 1 batch 1 .*(model built in [0-9.]* s, layers [0-9.]* s)' "$sum" ||
+    fail "no model build time on the 8B step's first point"
 grep -q '(GEMVs as PDL launches)' "$sum" || fail "no PDL point"
 grep -q '(norms and adds as kernels of their own)' "$sum" || fail "no unfused point"
 grep -q '(cuBLASLt for the decode products)' "$sum" || fail "no cuBLASLt point"

@@ -252,15 +252,16 @@ int gang_topology_tp_shard(const gang_topology *t, uint32_t tp_rank, gang_tp_sha
 
 /*
  * Copies rows [row_first, row_first + row_count) of the row-major matrix src [rows, cols]
- * into dst [row_count, cols]: the shard of a column-parallel weight. Returns 0, or
- * GANG_EINVAL for a NULL pointer, a zero size or a band outside the matrix.
+ * into dst [row_count, cols]: the shard of a column-parallel weight. Large copies run on
+ * several threads (gang_parallel_slices, at least 4 MiB each). Returns 0, or GANG_EINVAL
+ * for a NULL pointer, a zero size or a band outside the matrix.
  */
 int gang_tp_slice_rows(const float *src, size_t rows, size_t cols, size_t row_first,
                        size_t row_count, float *dst);
 
 /*
  * Copies columns [col_first, col_first + col_count) of src [rows, cols] into dst
- * [rows, col_count]: the shard of a row-parallel weight. Same errors as above.
+ * [rows, col_count]: the shard of a row-parallel weight. Threads and errors as above.
  */
 int gang_tp_slice_cols(const float *src, size_t rows, size_t cols, size_t col_first,
                        size_t col_count, float *dst);

@@ -468,6 +468,40 @@ static void test_slices(void **state)
     assert_int_equal(gang_tp_slice_cols(src, 3, 4, 0, 0, dst), GANG_EINVAL);
 }
 
+/*
+ * Cuts large enough to be split over threads (several 4 MiB slices: rows 1100 of 4096
+ * floats) give the row-by-row copy's bytes, a band of rows and a band of columns (an odd
+ * first column, so that no slice starts aligned), where each slice begins and ends.
+ */
+static void test_slices_threaded(void **state)
+{
+    const size_t rows = 1100, cols = 4096, first = 333, count = 2049;
+    float *src = malloc(rows * cols * sizeof(float)), *dst = malloc(rows * cols * sizeof(float));
+    size_t r, c;
+
+    (void)state;
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (r = 0; r < rows * cols; r++)
+        src[r] = (float)r;
+    assert_int_equal(gang_tp_slice_rows(src, rows, cols, first, rows - first, dst), 0);
+    for (r = 0; r < rows - first; r++)
+        for (c = 0; c < cols; c++)
+            if (dst[r * cols + c] != (float)((first + r) * cols + c))
+                fail_msg("rows: [%zu][%zu] = %g", r, c, (double)dst[r * cols + c]);
+    memset(dst, 0, rows * cols * sizeof(float));
+    assert_int_equal(gang_tp_slice_cols(src, rows, cols, first, count, dst), 0);
+    for (r = 0; r < rows; r++)
+        for (c = 0; c < count; c++)
+            if (dst[r * count + c] != (float)(r * cols + first + c))
+                fail_msg("cols: [%zu][%zu] = %g", r, c, (double)dst[r * count + c]);
+    for (r = rows * count; r < rows * cols; r++) /* nothing past the shard written */
+        if (dst[r] != 0.0f)
+            fail_msg("cols: wrote past the shard at %zu", r);
+    free(src);
+    free(dst);
+}
+
 /* out [tokens, HIDDEN] = rmsnorm(x) * w, in double as the naive MLP. */
 static void naive_rmsnorm(const float *x, const float *w, size_t tokens, float *out)
 {
@@ -1106,6 +1140,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slices),
+        cmocka_unit_test(test_slices_threaded),
         cmocka_unit_test(test_init_invalid),
         cmocka_unit_test(test_scratch_invalid),
         cmocka_unit_test(test_forward_invalid),
