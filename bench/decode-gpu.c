@@ -32,10 +32,7 @@
  * down_proj) carries its own scale per output row, so TP=2 holds a slightly different
  * quantization of the same weights than 1x1 (tests/unit/test-layers.c measures it).
  */
-#include <limits.h>
-#include <malloc.h>
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -170,43 +167,6 @@ static double bd_minor_faults(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_minflt : 0.0;
 }
 
-void gang__bd_host_heap_reuse(void)
-{
-    (void)mallopt(M_ARENA_MAX, 1); /* before any rank thread takes an arena of its own */
-}
-
-/* The ranks drawing their layers now (bd_heap_layers), under its lock. */
-static struct {
-    pthread_mutex_t mu;
-    int drawing;
-} bd_heap = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-/*
- * The host heap around the layer loops of the ranks (begin 1 on entry, 0 on exit). glibc
- * maps every block above its mmap threshold (32 MiB at most) apart and unmaps it at free,
- * and a thread's arena cannot hold such a block, so each layer's cut and packed matrices
- * (1.3 GB for the 8B shape) came back as fresh pages, faulted in and zeroed by the kernel
- * every layer. While a rank draws, the one arena (gang__bd_host_heap_reuse) maps nothing
- * apart and keeps what it frees, so a layer reuses the pages the previous one freed; when
- * the last rank is done, glibc's mapping of large blocks again and the kept pages
- * returned (malloc_trim), so the embedding table and the LM head, drawn once, do not push
- * the process onto more memory than it holds at once. mallopt failing leaves glibc's
- * defaults: slower, not wrong.
- */
-static void bd_heap_layers(int begin)
-{
-    pthread_mutex_lock(&bd_heap.mu);
-    if (begin && bd_heap.drawing++ == 0) {
-        (void)mallopt(M_MMAP_MAX, 0);
-        (void)mallopt(M_TRIM_THRESHOLD, INT_MAX);
-    } else if (!begin && --bd_heap.drawing == 0) {
-        (void)mallopt(M_MMAP_MAX, 65536);            /* glibc's default */
-        (void)mallopt(M_TRIM_THRESHOLD, 128 * 1024); /* glibc's default */
-        (void)malloc_trim(0);
-    }
-    pthread_mutex_unlock(&bd_heap.mu);
-}
-
 /*
  * Draws, packs (o->wtype) and moves rank m's layers to k one at a time (file comment),
  * counting their stored bytes and their f32 norms in m->weight_bytes; the layers' seconds
@@ -272,9 +232,9 @@ int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, 
     bd_model_config(o, &m->cfg);
     rc = gang_model_place(m, t, rank);
     if (rc == 0) {
-        bd_heap_layers(1);
+        gang_heap_reuse_begin(); /* each layer on the previous one's pages */
         rc = bd_gpu_layers(o, t, k, m, st);
-        bd_heap_layers(0);
+        gang_heap_reuse_end();
     }
     if (rc != 0)
         goto out_free;
@@ -640,7 +600,7 @@ int gang__bd_main_cuda(bd_opts *o)
         bd_gpu_skipped();
         return GANG_EXIT_OK;
     }
-    gang__bd_host_heap_reuse();
+    gang_heap_single_arena(); /* before the ranks' threads: their layers' blocks shared */
     bd_model_config(o, &mc);
     o->kv_token_elems = (double)mc.n_layers * 2.0 * mc.n_kv_heads * mc.head_dim;
     rc = bd_copy_bandwidth(o, &o->copy_gbps);

@@ -50,9 +50,9 @@ typedef struct bd_gpu_keep {
  * How a rank's model was built (gang__bd_gpu_model): the wall seconds of the whole build
  * and of its layers, and per layer after the first the process's minor page faults and
  * the bytes the layer stores on the device (on a GPU the faults are the host heap's: ~0
- * once it reuses the first layer's pages, bd_host_heap_reuse; on the fake device, whose
- * memory is host pages, the stored bytes' pages too). faults_per_later_layer is -1 with
- * fewer than 2 layers.
+ * once it reuses the first layer's pages, gang_heap_reuse_begin; on the fake
+ * device, whose memory is host pages, the stored bytes' pages too).
+ * faults_per_later_layer is -1 with fewer than 2 layers.
  */
 typedef struct bd_build_stats {
     double seconds, layers_s;
@@ -156,13 +156,6 @@ void gang__bd_emit_build(cJSON *line, const bd_build_stats *st);
  */
 int gang__bd_gpu_model(const bd_opts *o, const gang_topology *t, uint32_t rank, gang_kernels *k,
                        gang_model **out, bd_build_stats *st);
-
-/*
- * The host heap of a --device cuda / fake run (decode-gpu.c): one malloc arena that keeps
- * what it frees and maps nothing apart, so that every layer of the model build reuses the
- * pages the previous one freed instead of faulting in fresh ones (docs/benchmarks.md).
- */
-void gang__bd_host_heap_reuse(void);
 
 /*
  * --dtypes (decode-model.c): the comma-separated storages of list (f32, bf16, f16, int8)

@@ -1,5 +1,7 @@
 /* Small string and number helpers shared by every module. */
 #include <errno.h>
+#include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -106,4 +108,36 @@ void gang_parallel_slices(size_t n, size_t align, size_t min_per_thread,
     for (i = 1; i < nt; i++)
         if (started[i])
             pthread_join(s[i].th, NULL);
+}
+
+/* The callers between gang_heap_reuse_begin and _end, under its lock. */
+static struct {
+    pthread_mutex_t mu;
+    int inside;
+} gang__heap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+void gang_heap_single_arena(void)
+{
+    (void)mallopt(M_ARENA_MAX, 1);
+}
+
+void gang_heap_reuse_begin(void)
+{
+    pthread_mutex_lock(&gang__heap.mu);
+    if (gang__heap.inside++ == 0) {
+        (void)mallopt(M_MMAP_MAX, 0);
+        (void)mallopt(M_TRIM_THRESHOLD, INT_MAX);
+    }
+    pthread_mutex_unlock(&gang__heap.mu);
+}
+
+void gang_heap_reuse_end(void)
+{
+    pthread_mutex_lock(&gang__heap.mu);
+    if (gang__heap.inside > 0 && --gang__heap.inside == 0) {
+        (void)mallopt(M_MMAP_MAX, 65536); /* glibc's defaults */
+        (void)mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+        (void)malloc_trim(0);
+    }
+    pthread_mutex_unlock(&gang__heap.mu);
 }

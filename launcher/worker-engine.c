@@ -232,15 +232,19 @@ static int wres_load(gang__wres *r)
                             .no_mmap = c->layout.no_mmap,
                             /* a device's block kernels read the file's layout */
                             .keep_layout = strcmp(dev, "cpu") != 0};
+    /* A device worker's host copies of its layers are transient (read, packed, moved,
+     * freed): each layer reuses the previous one's pages (gang_heap_reuse_begin). */
+    const int transient = strcmp(dev, "cpu") != 0;
+    if (transient)
+        gang_heap_reuse_begin();
     rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
+    /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
+    if (rc == 0 && (rc = gang_model_to_device(r->model, r->k)) != 0)
+        snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev, gang_strerror(rc));
+    if (transient)
+        gang_heap_reuse_end(); /* the pages kept go back */
     if (rc != 0)
         goto out_err;
-    /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
-    rc = gang_model_to_device(r->model, r->k);
-    if (rc != 0) {
-        snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev, gang_strerror(rc));
-        goto out_err;
-    }
     gang_engine_setup es;
     gang_engine_config ec;
     gang__wres_engine_setup(c, &es);
@@ -322,6 +326,8 @@ int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd, g
         *out = r;
         return 0;
     }
+    if (strcmp(cfg->layout.device, "cpu") != 0)
+        gang_heap_single_arena(); /* the loader's layers in the arena that keeps them */
     int rc = pthread_create(&r->loader, NULL, wres_thread, r);
     if (rc != 0) {
         pthread_mutex_destroy(&r->mu);

@@ -507,6 +507,26 @@ int gang_strlcpy(char *dst, const char *src, size_t cap);
 #define GANG_SLICES_MAX 16
 void gang_parallel_slices(size_t n, size_t align, size_t min_per_thread,
                           void (*fn)(void *ctx, size_t lo, size_t hi), void *ctx);
+
+/*
+ * The host heap of a phase that builds something big out of large temporary blocks, one
+ * after another: a model's layers for a device, each read or drawn, cut, packed, moved
+ * and freed. glibc maps every block above its mmap threshold (32 MiB at most) apart and
+ * unmaps it at free, and a thread's own arena gives back what its heaps free, so every
+ * layer came back as fresh pages that the kernel faults in and zeroes again (1.3 GB a
+ * layer for an 8B model: most of the build's time). From the first gang_heap_reuse_begin
+ * to the last gang_heap_reuse_end (they nest, from any threads) glibc maps no block apart
+ * and keeps what is freed, so each layer reuses the previous one's pages; the last end
+ * brings glibc's defaults back and returns the pages kept (malloc_trim). Blocks allocated
+ * inside live on as usual. gang_heap_single_arena, called before the threads that
+ * allocate are created, has them share the main arena, which keeps what they free (an
+ * arena once made stays). Not for memory whose pages matter after the phase (weights the
+ * CPU streams from huge pages): a reused page is a page of whatever was freed before it.
+ * mallopt failing leaves the defaults: slower, not wrong.
+ */
+void gang_heap_single_arena(void);
+void gang_heap_reuse_begin(void);
+void gang_heap_reuse_end(void);
 /*
  * Formats a one-line error message into err[0..errlen) for functions that report why they
  * refused something. Does nothing when err is NULL or errlen is 0; always NUL-terminates.

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -109,6 +110,68 @@ static void test_params_env_and_precedence(void **state)
     assert_int_equal(nrest, 1);
     assert_string_equal(rest[0], "extra");
     assert_int_equal(gang_params_load(&p, bad, 0, NULL, NULL, NULL, err, sizeof(err)), GANG_EUSAGE);
+}
+
+/* The process's minor page faults so far. */
+static long minor_faults(void)
+{
+    struct rusage ru;
+
+    assert_int_equal(getrusage(RUSAGE_SELF, &ru), 0);
+    return ru.ru_minflt;
+}
+
+/* Pages faulted in by three rounds of a 64 MiB block allocated, written and freed, the
+ * first round not counted. */
+static long heap_rounds(void)
+{
+    const size_t n = (size_t)64 << 20;
+    long f = 0;
+
+    for (int i = 0; i < 3; i++) {
+        char *p = malloc(n);
+
+        assert_non_null(p);
+        memset(p, i + 1, n);
+        assert_true(p[n - 1] == (char)(i + 1));
+        free(p);
+        if (i == 0)
+            f = minor_faults();
+    }
+    return minor_faults() - f;
+}
+
+/*
+ * gang_heap_reuse_begin / _end: inside (nested, the outer end what counts) a freed 64 MiB
+ * block's pages serve the next one (a handful of faults where a fresh block takes
+ * 16,384 pages); after the last end glibc maps such a block apart again, fresh each time.
+ */
+static void test_heap_reuse(void **state)
+{
+    const long pages = (64l << 20) / 4096;
+    long inside, nested, after;
+
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    print_message("test_heap_reuse: skipped: the sanitizer's allocator replaces glibc's malloc, "
+                  "which mallopt tunes\n");
+    skip();
+#endif
+    gang_heap_single_arena();
+    gang_heap_reuse_begin();
+    inside = heap_rounds();
+    gang_heap_reuse_begin();
+    gang_heap_reuse_end(); /* an inner end: still inside */
+    nested = heap_rounds();
+    gang_heap_reuse_end();
+    gang_heap_reuse_end(); /* one end too many: ignored */
+    after = heap_rounds();
+    print_message("faults of two 64 MiB rounds: inside %ld, after an inner end %ld, after the "
+                  "last end %ld (a fresh block: %ld)\n",
+                  inside, nested, after, pages);
+    assert_true(inside < pages / 10);
+    assert_true(nested < pages / 10);
+    assert_true(after > pages); /* two fresh blocks */
 }
 
 /* The environment twin of a registered boolean, read alone (gang_param_env_bool): unset
@@ -664,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_params_errors),
         cmocka_unit_test(test_params_env_and_precedence),
         cmocka_unit_test(test_param_env_bool),
+        cmocka_unit_test(test_heap_reuse),
         cmocka_unit_test(test_params_registry_complete),
         cmocka_unit_test(test_option_tables),
         cmocka_unit_test(test_option_cli),
