@@ -530,24 +530,24 @@ static void bd_gpu_storage(bd_opts *o, const char *name)
 
 /*
  * Every point of the current storage: batches x layouts (1x1 first; a failed 1x1 skips
- * the batch's other layouts), then the batch's --variants points, then its "summary" line with the
- * batch-1 roofline ratio of the 1x1 point against the issue's 0.7 target. Returns the number of
- * failed points.
+ * the batch's other layouts), then each batch's --variants points, then its "summary" line
+ * with the batch-1 roofline ratio of the 1x1 point against the issue's 0.7 target. Returns
+ * the number of failed points.
  */
 static uint32_t bd_gpu_storage_points(const bd_opts *o, const gang_model_config *mc,
                                       const bd_gpu_layouts *L)
 {
-    bd_result base, res;
+    bd_result base[BD_MAX_BATCHES], res;
     double ratio1 = -1.0;
     uint32_t b, l, failed = 0;
     cJSON *line;
 
+    memset(base, 0, sizeof(base));
     for (b = 0; b < o->n_batches; b++) {
-        memset(&base, 0, sizeof(base));
         for (l = 0; l < L->n; l++) {
             int prc =
                 gang__bd_point(o, mc, L->lay[l][0], L->lay[l][1], o->batches[b], (int)L->lay[l][2],
-                               l == 0 ? NULL : &base, l == 0 ? &base : &res);
+                               l == 0 ? NULL : &base[b], l == 0 ? &base[b] : &res);
 
             if (prc != 0) {
                 failed++;
@@ -556,12 +556,16 @@ static uint32_t bd_gpu_storage_points(const bd_opts *o, const gang_model_config 
             } else if (l > 0) {
                 free(res.dec);
             } else if (o->batches[b] == 1) {
-                ratio1 = base.roofline_ratio;
+                ratio1 = base[b].roofline_ratio;
             }
         }
-        if (base.dec != NULL)
-            failed += bd_gpu_variant_points(o, mc, o->batches[b], &base);
-        free(base.dec);
+    }
+    /* The variants after every point of the flags, whose figures a failing variant (an
+     * option not yet run on a device) then cannot take down with it. */
+    for (b = 0; b < o->n_batches; b++) {
+        if (base[b].dec != NULL)
+            failed += bd_gpu_variant_points(o, mc, o->batches[b], &base[b]);
+        free(base[b].dec);
     }
     line = cJSON_CreateObject();
     cJSON_AddStringToObject(line, "bench", "decode");

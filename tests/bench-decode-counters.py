@@ -41,13 +41,15 @@ def fail(msg):
 
 
 def run_points(binary, device, batches, prompt, extra=(), log=None):
-    """The decode points of one bench run (bf16 and int8, 1x1) as parsed JSON lines (its
-    stderr appended to the list log, when given)."""
+    """The decode points of one bench run (bf16 and int8 unless extra names --dtypes, 1x1
+    unless it names --layouts) as parsed JSON lines (its stderr appended to the list log,
+    when given)."""
     cmd = [binary, "bench", "decode", "--device", device, "--layers", str(LAYERS),
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
-           "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256",
-           "--dtypes", "bf16,int8"] + list(extra)
+           "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256"] + list(extra)
+    if "--dtypes" not in extra:
+        cmd += ["--dtypes", "bf16,int8"]
     if "--layouts" not in extra:
         cmd += ["--layouts", "1x1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -156,22 +158,26 @@ def pdl_same_counts(binary, plain):
 
 
 def variants(binary, fused):
-    """--variants cublas,pdl,unfused (without graphs): after each batch's 1x1 point the same
-    point again per variant, on the kept handle and model (model_kept true; gang_kernels_retune
-    changes the launch choice): unfused counts 2 x layers + 1 more launches than its batch's
-    1x1 point and its other counters the same, pdl counts what it counts, cublas says
-    half_gemv false; every variant gives 1x1's tokens; and the next batch's 1x1 point is back
-    to the flags' choices (pdl false, fused: the count of fused, the run without graphs;
-    unfused last, so that a handle left as the last variant had it would count more)."""
+    """--variants cublas,pdl,unfused (bf16, without graphs): after the points of the flags,
+    the 1x1 point of each batch again per variant, on the kept handle and model (model_kept true;
+    gang_kernels_retune sets the point's choices): unfused counts 2 x layers + 1 more
+    launches than its batch's 1x1 point and its other counters the same, pdl and cublas
+    count what it counts (a cuBLASLt product is one backend call too); every variant gives
+    1x1's tokens; the 1x1 points, all run first, say the flags' choices. Batch 4's cublas
+    point comes after batch 1's unfused one, so a handle left unfused would count more."""
     log = []
     pts = run_points(binary, "cuda", "1,4", "4",
-                     ["--cuda-graphs", "0", "--variants", "cublas,pdl,unfused"], log)
+                     ["--cuda-graphs", "0", "--variants", "cublas,pdl,unfused", "--dtypes",
+                      "bf16"], log)
     if "launch as programmatic dependents (PDL)" not in log[0]:
         fail("--variants pdl: the backend did not say it launches the GEMVs with PDL")
     want = {(d["storage"], d["batch"]): d for d in fused}
     base = {(d["storage"], d["batch"]): d for d in pts if "variant" not in d}
-    if len(pts) != 16 or len(base) != 4:
-        fail("--variants: expected 16 points (2 storages x 2 batches x 4), got %d" % len(pts))
+    order = [(d["storage"], d["batch"], d.get("variant")) for d in pts]
+    if order != [("bf16", 1, None), ("bf16", 4, None)] + \
+            [("bf16", b, v) for b in (1, 4) for v in ("cublas", "pdl", "unfused")] or \
+            len(base) != 2:
+        fail("--variants: the points ran in the order %s" % order)
     for d in pts:
         key = (d["storage"], d["batch"])
         b, v = base[key], d.get("variant")
@@ -182,15 +188,14 @@ def variants(binary, fused):
         if v is None:
             if got[1] != want[key]["launches_per_step"] or d["pdl"] or not d["fuse_residual"] \
                     or not d["half_gemv"]:
-                fail("%s batch %d: the 1x1 point is not back to the flags' choices" % key)
+                fail("%s batch %d: the 1x1 point is not the flags' choices" % key)
             continue
         marks = {k: d.get(k) for k in ("model_kept", "tokens_match_1x1", "logits_match_1x1")}
         if list(marks.values()) != [True, True, True]:
             fail("%s batch %d %s: a new model, or other tokens than 1x1's: %s"
                  % (key[0], key[1], v, marks))
         extra = 2 * LAYERS + 1 if v == "unfused" else 0
-        if v in ("unfused", "pdl") and (got[1] != ref[1] + extra or
-                                        got[:1] + got[2:] != ref[:1] + ref[2:]):
+        if got[1] != ref[1] + extra or got[:1] + got[2:] != ref[:1] + ref[2:]:
             fail("%s batch %d %s: counts %s, 1x1 %s (want %d more launches)"
                  % (key[0], key[1], v, got, ref, extra))
         if (v == "unfused") == d["fuse_residual"] or (v == "pdl") != d["pdl"] or \

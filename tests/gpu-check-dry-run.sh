@@ -18,7 +18,7 @@ GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch bash "$SCRIPT" --dry-run "$WOR
     >"$WORK/out.txt" 2>&1 || fail "the dry run exited $?"
 for want in test-cuda test-cuda-step test-cuda-blocks test-engine-cuda test-comm-nccl test-kv-pair-2gpu reference torch-gemm bench-gemm \
     bench-decode bench-decode-wait-each bench-decode-8b torch-decode gpu-health moe-cuda bench-decode-long \
-    test-cuda-trace profile profile-8b sanitize; do
+    bench-decode-8b-variants test-cuda-trace profile profile-8b sanitize; do
     grep -q "^DRY  $want: would run with a [0-9]* s timeout" "$WORK/out.txt" ||
         fail "no dry-run line for the step $want"
     grep -q "\"step\":\"$want\",\"status\":\"dry-run\"" "$WORK/out/steps.jsonl" ||
