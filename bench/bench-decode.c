@@ -576,16 +576,14 @@ static int bd_rank_model(bd_rank *x, gang_kernels *k, gang_model **mp)
     int rc = 0;
 
     if (o->cuda) {
+        const int draw = *mp == NULL;
         bd_build_stats st;
 
-        if (*mp == NULL) {
+        if (draw)
             rc = gang__bd_gpu_model(o, &r->topo, x->rank, k, mp, &st);
-            pthread_mutex_lock(&r->lock);
-            if (rc == 0 && x->rank == 0)
-                r->built = 1, r->build = st;
-            pthread_mutex_unlock(&r->lock);
-        }
         pthread_mutex_lock(&r->lock);
+        if (rc == 0 && draw && x->rank == 0)
+            r->built = 1, r->build = st;
         if (rc == 0) {
             r->weight_bytes += (double)(*mp)->weight_bytes;
             r->stream_bytes += gang__bd_stream_bytes(*mp);

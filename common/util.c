@@ -135,7 +135,7 @@ void gang_heap_reuse_end(void)
 {
     pthread_mutex_lock(&gang__heap.mu);
     if (gang__heap.inside > 0 && --gang__heap.inside == 0) {
-        (void)mallopt(M_MMAP_MAX, 65536); /* glibc's defaults */
+        (void)mallopt(M_MMAP_MAX, 65536); /* glibc's default values (common.h) */
         (void)mallopt(M_TRIM_THRESHOLD, 128 * 1024);
         (void)malloc_trim(0);
     }

@@ -226,22 +226,22 @@ static int wres_load(gang__wres *r)
     rc = wres_open_kernels(r, dev, err, sizeof(err));
     if (rc != 0)
         goto out_err;
+    const int on_device = strcmp(dev, "cpu") != 0;
     gang_load_options lo = {.dtype = c->layout.dtype,
                             .quantize = c->layout.quantize,
                             .ep = c->layout.ep,
                             .no_mmap = c->layout.no_mmap,
                             /* a device's block kernels read the file's layout */
-                            .keep_layout = strcmp(dev, "cpu") != 0};
+                            .keep_layout = on_device};
     /* A device worker's host copies of its layers are transient (read, packed, moved,
      * freed): each layer reuses the previous one's pages (gang_heap_reuse_begin). */
-    const int transient = strcmp(dev, "cpu") != 0;
-    if (transient)
+    if (on_device)
         gang_heap_reuse_begin();
     rc = gang_model_load_ex(model, &r->topo, r->rank, &lo, &r->model, err, sizeof(err));
     /* A GPU worker keeps no host copy of its weights: they move to the pool once. */
     if (rc == 0 && (rc = gang_model_to_device(r->model, r->k)) != 0)
         snprintf(err, sizeof(err), "moving the weights to device '%s': %s", dev, gang_strerror(rc));
-    if (transient)
+    if (on_device)
         gang_heap_reuse_end(); /* the pages kept go back */
     if (rc != 0)
         goto out_err;

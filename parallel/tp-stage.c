@@ -15,7 +15,7 @@
  * Slicing
  * --------------------------------------------------------------------------------- */
 /* A cut of rows [lo, hi) of dst [rows, count] out of src [rows, cols] from column first
- * (a band of rows: count == cols and first 0, one block), for gang_parallel_slices. */
+ * (a band of rows: count == cols and first 0), for gang_parallel_slices. */
 typedef struct tp_slice_job {
     const float *src;
     float *dst;
@@ -26,10 +26,6 @@ static void tp_slice_part(void *arg, size_t lo, size_t hi)
 {
     const tp_slice_job *j = arg;
 
-    if (j->count == j->cols) {
-        memcpy(j->dst + lo * j->cols, j->src + lo * j->cols, (hi - lo) * j->cols * sizeof(float));
-        return;
-    }
     for (size_t r = lo; r < hi; r++)
         memcpy(j->dst + r * j->count, j->src + r * j->cols + j->first, j->count * sizeof(float));
 }

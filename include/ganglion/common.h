@@ -517,12 +517,14 @@ void gang_parallel_slices(size_t n, size_t align, size_t min_per_thread,
  * layer for an 8B model: most of the build's time). From the first gang_heap_reuse_begin
  * to the last gang_heap_reuse_end (they nest, from any threads) glibc maps no block apart
  * and keeps what is freed, so each layer reuses the previous one's pages; the last end
- * brings glibc's defaults back and returns the pages kept (malloc_trim). Blocks allocated
- * inside live on as usual. gang_heap_single_arena, called before the threads that
- * allocate are created, has them share the main arena, which keeps what they free (an
- * arena once made stays). Not for memory whose pages matter after the phase (weights the
- * CPU streams from huge pages): a reused page is a page of whatever was freed before it.
- * mallopt failing leaves the defaults: slower, not wrong.
+ * brings glibc's default values back (its mmap threshold then no longer rises on its
+ * own, as any mallopt of the trim threshold leaves it) and returns the pages kept
+ * (malloc_trim). Blocks allocated inside live on as usual. gang_heap_single_arena,
+ * called before the threads that allocate are created, has them share the main arena,
+ * which keeps what they free (an arena once made stays). Not for memory whose pages
+ * matter after the phase (weights the CPU streams from huge pages): a reused page is a
+ * page of whatever was freed before it. mallopt failing leaves the defaults: slower, not
+ * wrong.
  */
 void gang_heap_single_arena(void);
 void gang_heap_reuse_begin(void);
