@@ -13,8 +13,8 @@
  * that storage's 1x1. --shape 8b: Llama-3-8B's shape (32 layers, hidden 4096, 32 heads, 8
  * kv heads, ffn 14336, vocab 128256: 8.03 G parameters), bf16, 1x1 (decode-gpu.c builds
  * it layer by layer, so host memory stays at a few layers). Before the points it
- * measures the device-to-device copy bandwidth (1 GiB gang_kernels_copy, read + write
- * bytes over the time, median of 10) and reports, per line, the HBM roofline
+ * measures the device-to-device copy bandwidth (gang_kernels_copy of --bw-mib, 1 GiB; read +
+ * write bytes over the time, median of 10) and reports, per line, the HBM roofline
  *   roofline_tok_s = batch x bandwidth / bytes read per decode step
  * (the weights: the bytes the ranks store, m->weight_bytes in the point's storage, less
  * the embedding table, of which a step gathers one row per sequence; and the KV cache,
@@ -180,7 +180,7 @@ typedef struct bd_rank {
     X("gpu-memory-mb", gpu_pool_mb, 16384, 16384, 16384, 24576, 256, 1 << 22,                      \
       "cuda: each rank's pool")                                                                    \
     X("bw-mib", bw_mib, 1024, 1024, 1024, 1024, 1, 1 << 20,                                        \
-      "--model: buffer of the read-bandwidth measurement, MiB")                                    \
+      "MiB of the bandwidth measurement (--model: read; cuda: device copy; fake: <= 16)")          \
     X("bw-passes", bw_passes, 7, 7, 7, 7, 1, 1000, "--model: timed passes over that buffer")       \
     X("peer-iters", peer_iters, 1, 1, 1, 1, 1, BD_MAX_ITERS,                                       \
       "--model: timed iterations of each transformers point")                                      \
@@ -285,7 +285,6 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
         return gang_opts_usage_error(&bd_cmd, "%s", err);
     o->cuda = rc != 0;
     o->kdev = rc == 2 ? "fake" : "cuda";
-    o->copy_bytes = rc == 2 ? (size_t)16 << 20 : (size_t)1 << 30;
     if (o->cuda && f.model[0] != '\0')
         return gang_opts_usage_error(&bd_cmd, "--model runs on the CPU: not with --device %s",
                                      f.device);
@@ -323,6 +322,7 @@ static int bd_parse(int argc, char **argv, bd_opts *o)
 #define BD_COPY(f_, fld, dc, dg, dm, d8, l, h, hp) o->fld = (uint32_t)f.fld;
     BD_INT_FLAGS(BD_COPY)
 #undef BD_COPY
+    o->copy_bytes = (size_t)(strcmp(o->kdev, "fake") == 0 && o->bw_mib > 16 ? 16 : o->bw_mib) << 20;
     if (gang__bd_parse_variants(o, f.variants, err, sizeof(err)) != 0)
         return gang_opts_usage_error(&bd_cmd, "%s", err);
     return 0;

@@ -285,7 +285,7 @@ void gang__bd_gpu_keep_release(bd_gpu_keep *keep)
 }
 
 /*
- * Device copy bandwidth: median over 10 copies of 1 GiB between two pool buffers (after 3
+ * Device copy bandwidth: median over 10 copies of --bw-mib between two pool buffers (after 3
  * warm-up copies), counting the bytes read and the bytes written, in GB/s (1e9).
  */
 static int bd_copy_bandwidth(const bd_opts *o, double *gbps)

@@ -72,7 +72,7 @@ typedef struct bd_opts {
     char dir[64];             /* the temporary model directory (cpu) */
     int cuda;                 /* --device cuda or fake: in-memory model, ranks on device 0 */
     const char *kdev;         /* the kernels device of that path: "cuda" or "fake" */
-    size_t copy_bytes;        /* the bandwidth copy: 1 GiB on cuda, 16 MiB on fake */
+    size_t copy_bytes;        /* the bandwidth copy: --bw-mib (1 GiB) on cuda, <= 16 MiB on fake */
     uint32_t gpu_pool_mb;     /* cuda: the pool of every rank's handle */
     double copy_gbps;         /* cuda: measured device copy bandwidth, GB/s (read + write) */
     const char *shape;        /* cuda: "1b" or "8b" (--shape) */

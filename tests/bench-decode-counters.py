@@ -47,7 +47,8 @@ def run_points(binary, device, batches, prompt, extra=(), log=None):
     cmd = [binary, "bench", "decode", "--device", device, "--layers", str(LAYERS),
            "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
            "--vocab", str(VOCAB), "--prompt", prompt, "--tokens", "6", "--iters", "2",
-           "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256"] + list(extra)
+           "--warmup", "1", "--batch", batches, "--gpu-memory-mb", "256",
+           "--bw-mib", "16"] + list(extra)
     if "--dtypes" not in extra:
         cmd += ["--dtypes", "bf16,int8"]
     if "--layouts" not in extra:

@@ -24,7 +24,7 @@ fail() {
 }
 GANG_GPU_BUILD=$BUILD GANG_GPU_WORK=$WORK/scratch GANG_GPU_BUDGET_S=1200 \
     GANG_GPU_BENCH_ARGS="--layers 1 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 256 \
---tokens 4 --iters 1 --warmup 0 --gpu-memory-mb 512" GANG_GPU_LONG_PROMPT=260 \
+--tokens 4 --iters 1 --warmup 0 --gpu-memory-mb 512 --bw-mib 16" GANG_GPU_LONG_PROMPT=260 \
     bash "$SCRIPT" --only "$STEPS" "$WORK/out" >"$WORK/out.txt" 2>&1 || fail "gpu-check exited $?"
 for s in ${STEPS//,/ }; do
     grep -q "\"step\":\"$s\",\"status\":\"pass\"" "$WORK/out/steps.jsonl" || fail "$s did not pass"
