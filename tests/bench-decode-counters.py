@@ -207,7 +207,7 @@ def variants(binary, fused):
 
 
 def build_reuses_heap(binary):
-    """The model's host build reuses its heap (bench/decode-gpu.c, bd_heap_layers): three
+    """The model's host build reuses its heap (bench/decode-gpu.c, gang__bd_gpu_model): three
     layers of the 1B shape (cut matrices of up to 64 MiB in f32, which glibc would map
     apart and unmap at free), and per layer after the first the process faults in no more
     than 1.5 x the bytes the layer stores: the fake device's memory is host pages, so the
