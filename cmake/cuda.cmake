@@ -95,9 +95,9 @@ else()
   # norms and the sampler; the block weights' GEMV), for tests/ptx-loads.py: their weight
   # and KV loads must stay 16-byte loads (ptxas -v does not show byte loads; 08e3041 had
   # turned them into sixteen each, unnoticed); for tests/sass-loads.py (their loads in
-  # flight); and for tests/ptx-pdl.py (nothing but read-only loads before a PDL wait).
-  add_library(gang_kernels_ptx OBJECT kernels/cuda/cuda-matmul.cu kernels/cuda/cuda-step.cu
-    kernels/cuda/cuda-ops.cu kernels/cuda/cuda-qmatmul.cu)
+  # flight); for tests/ptx-pdl.py (nothing but read-only loads before a PDL wait); and, all
+  # five files, for tests/kernel-resources.py (every launch fits a multiprocessor).
+  add_library(gang_kernels_ptx OBJECT ${gang_cuda_kernel_sources})
   set_target_properties(gang_kernels_ptx PROPERTIES CUDA_PTX_COMPILATION ON
     CUDA_ARCHITECTURES 90-virtual)
   target_include_directories(gang_kernels_ptx PRIVATE
@@ -194,6 +194,18 @@ if(NOT GANGLION_CUDA_EMU)
             $<TARGET_OBJECTS:gang_kernels_ptx>
     COMMAND_EXPAND_LISTS)
   set_tests_properties(sass-loads PROPERTIES TIMEOUT 120 LABELS unit SKIP_RETURN_CODE 77)
+  # Registers x threads, shared memory and __launch_bounds__ of every launch against what
+  # an sm_90 multiprocessor has (ptxas -v on the same PTX): "too many resources requested
+  # for launch" is the device's answer, which neither the emulator nor the fake device gives.
+  add_test(NAME kernel-resources
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/kernel-resources.py
+            --ptxas ${gang_cuda_bindir}/ptxas --src ${PROJECT_SOURCE_DIR}/kernels/cuda
+            $<TARGET_OBJECTS:gang_kernels_ptx>
+    COMMAND_EXPAND_LISTS)
+  add_test(NAME kernel-resources-selftest
+    COMMAND ${Python3_EXECUTABLE} -B ${PROJECT_SOURCE_DIR}/tests/kernel-resources.py --selftest)
+  set_tests_properties(kernel-resources kernel-resources-selftest PROPERTIES TIMEOUT 60
+    LABELS unit)
 endif()
 
 # Kernel traces through CUPTI (a binary of its own: CUPTI is enabled once per process).
