@@ -13,10 +13,11 @@ count). So this assembles the PTX nvcc makes of the kernels (the CMake object li
 gang_kernels_ptx) for sm_90 with the toolkit's ptxas -v, reads each kernel instance's
 registers, spills and static shared memory, reads every launch of KERNELS_DIR's .cu files
 (`kernel<<<grid, block, shared, stream>>>` and the programmatic-dependent launches of
-pdl_config / cudaLaunchKernelEx) with its block size evaluated from the files' #defines,
-and fails (one FAIL line each) on:
+pdl_config / cudaLaunchKernelEx) with its block size evaluated from its file's #defines
+(over those of the .h files), and fails (one FAIL line each) on:
 
-  * a launch over the limits above, or with a block size this cannot evaluate;
+  * a launch over the limits above, or with a block size or __launch_bounds__ this cannot
+    evaluate;
   * static plus dynamic shared memory over the 48 KiB a block gets without opting in;
   * a kernel instance that spills registers to local memory (the decode step's kernels are
     designed without; a spill is a slow load on every pass of a loop);
@@ -26,7 +27,7 @@ and fails (one FAIL line each) on:
 
 Each launch's resources and resident blocks per multiprocessor are printed, for the device
 run's profile to be read against. --selftest runs the check on small texts with a known
-answer (one clean, seven faults).
+answer (three clean, eight faults).
 """
 import argparse
 import glob
@@ -111,34 +112,46 @@ def evaluate(expr, defines, depth=0):
 
 
 def read_sources(texts):
-    """(launches, bounds, defines) of the .cu texts {path: text}. launches: (kernel, block
-    expression, shared expression, where); bounds: kernel -> its __launch_bounds__ args."""
-    defines, launches, bounds = {}, [], {}
+    """(launches, bounds) of the kernel sources {path: text}. launches: (kernel, block
+    expression, its value, shared expression, its value, where), a value None when it is
+    not a constant; bounds: kernel -> its __launch_bounds__ values. Each file's expressions
+    are read with its own #defines over those of the headers (.h)."""
+    launches, bounds, common = [], {}, {}
     clean = {p: strip_comments(t) for p, t in texts.items()}
     for p, t in clean.items():
-        for m in DEFINE.finditer(t):
-            defines.setdefault(m.group(1), m.group(2))
+        if p.endswith(".h"):
+            for m in DEFINE.finditer(t):
+                common.setdefault(m.group(1), m.group(2))
     for p, t in clean.items():
+        if p.endswith(".h"):
+            continue  # its definitions (pdl_config's own) are not launches
+        defs = dict(common)
+        defs.update((m.group(1), m.group(2)) for m in DEFINE.finditer(t))
+
         def where(i):
             return "%s:%d" % (os.path.basename(p), t.count("\n", 0, i) + 1)
+
+        def launch(name, block_e, shared_e, at):
+            launches.append((name, block_e, evaluate(block_e, defs), shared_e,
+                             evaluate(shared_e, defs), where(at)))
+
         for m in LAUNCH.finditer(t):
-            end = t.find(">>>", m.end())
-            cfg = split_args(t[m.end():end])
-            launches.append((m.group(1), cfg[1] if len(cfg) > 1 else "",
-                             cfg[2] if len(cfg) > 2 else "0", where(m.start())))
+            cfg = split_args(t[m.end():t.find(">>>", m.end())])
+            launch(m.group(1), cfg[1] if len(cfg) > 1 else "", cfg[2] if len(cfg) > 2 else "0",
+                   m.start())
         for m in PDL.finditer(t):
             args = split_args(t[m.end():close_of(t, m.end() - 1) - 1])
             k = PDL_KERNEL.search(t, m.end())
             if k is None or len(args) < 2:
-                launches.append(("?", "", "0", where(m.start())))
-                continue
-            launches.append((k.group(1), args[1], "0", where(m.start())))
+                launch("?", "", "0", m.start())
+            else:
+                launch(k.group(1), args[1], "0", m.start())
         for m in BOUNDS.finditer(t):
             args = split_args(t[m.end():close_of(t, m.end() - 1) - 1])
             name = re.match(r"\s*([A-Za-z_]\w*)\s*\(", t[close_of(t, m.end() - 1):])
             if name:
-                bounds[name.group(1)] = args
-    return launches, bounds, defines
+                bounds[name.group(1)] = [evaluate(a, defs) for a in args]
+    return launches, bounds
 
 
 def read_ptxas(text):
@@ -172,15 +185,13 @@ def resident(threads, regs, smem):
                SMEM_PER_SM // (smem + SMEM_RESERVED))
 
 
-def check(kernels, launches, bounds, defines):
+def check(kernels, launches, bounds):
     """The problems (strings) of the launches against the kernels' resources; prints one
     line per launch and kernel instance."""
     bad = []
     launched = set()
-    for name, block_e, shared_e, where in launches:
+    for name, block_e, block, shared_e, shared, where in launches:
         launched.add(name)
-        block = evaluate(block_e, defines)
-        shared = evaluate(shared_e, defines)
         if name not in kernels:
             bad.append("%s: a launch of %s, which the PTX does not hold" % (where, name))
             continue
@@ -189,8 +200,11 @@ def check(kernels, launches, bounds, defines):
                        % (where, name, block_e, shared_e))
             continue
         lb = bounds.get(name)
-        max_t = evaluate(lb[0], defines) if lb else None
-        min_b = evaluate(lb[1], defines) if lb and len(lb) > 1 else None
+        if lb and None in lb:
+            bad.append("%s: %s's __launch_bounds__ is not a constant this reads" % (where, name))
+            continue
+        max_t = lb[0] if lb else None
+        min_b = lb[1] if lb and len(lb) > 1 else None
         for mangled, regs, smem, spill in kernels[name]:
             warps = -(-block // 32)
             need = warps * -(-regs * 32 // REG_UNIT) * REG_UNIT
@@ -224,11 +238,11 @@ def check(kernels, launches, bounds, defines):
 
 
 def run(ptxas_text, texts):
-    launches, bounds, defines = read_sources(texts)
+    launches, bounds = read_sources(texts)
     kernels = read_ptxas(ptxas_text)
     if not kernels or not launches:
         return ["no kernel in the ptxas output or no launch in the sources"]
-    return check(kernels, launches, bounds, defines)
+    return check(kernels, launches, bounds)
 
 
 SELF_SRC = """
@@ -259,7 +273,8 @@ def self_ptxas(regs_a=64, regs_b=40, smem_b=1024, spill_b=0):
 
 
 def selftest():
-    """Cases with a known answer: (what, ptxas text, sources, substring of the failure)."""
+    """Cases with a known answer: (what, ptxas text, sources (a text: self.cu's), substring
+    of the failure or None)."""
     cases = [
         ("clean", self_ptxas(), SELF_SRC, None),
         ("registers over the block's", self_ptxas(regs_b=255), SELF_SRC.replace(
@@ -276,10 +291,19 @@ def selftest():
          "no launch of it"),
         ("resident under the minimum", self_ptxas(regs_a=160), SELF_SRC,
          "asks for 2"),
+        ("a header's #define", self_ptxas(), {
+            "self.cu": SELF_SRC.replace("#define WARPS 8", ""), "self.h": "#define WARPS 8"},
+         None),
+        ("another file's #define", self_ptxas(), {
+            "other.cu": "#define THREADS 2048 /* read first, not self.cu's */",
+            "self.cu": SELF_SRC}, None),
+        ("__launch_bounds__ not constant", self_ptxas(), SELF_SRC.replace(
+            "__launch_bounds__(THREADS, 2)", "__launch_bounds__(THREADS, minb)"),
+         "__launch_bounds__ is not a constant"),
     ]
     failed = 0
     for what, ptx, src, want in cases:
-        bad = run(ptx, {"self.cu": src})
+        bad = run(ptx, src if isinstance(src, dict) else {"self.cu": src})
         ok = (not bad) if want is None else any(want in b for b in bad)
         print("%s selftest %s: %s" % ("PASS" if ok else "FAIL", what, bad or "no problem"))
         failed += not ok
@@ -299,7 +323,8 @@ def main():
         ap.print_usage(sys.stderr)
         return 2
     texts = {}
-    for path in sorted(glob.glob(os.path.join(args.src, "*.cu"))):
+    for path in sorted(glob.glob(os.path.join(args.src, "*.cu")) +
+                       glob.glob(os.path.join(args.src, "*.h"))):
         with open(path, encoding="utf-8") as f:
             texts[path] = f.read()
     ptxas = []
