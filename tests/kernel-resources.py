@@ -176,12 +176,16 @@ def read_ptxas(text):
     return out
 
 
+def block_registers(threads, regs):
+    """Registers a block of threads takes: regs a thread, allocated REG_UNIT a warp."""
+    return -(-threads // 32) * (-(-regs * 32 // REG_UNIT) * REG_UNIT)
+
+
 def resident(threads, regs, smem):
     """Blocks of this shape one multiprocessor holds at once (0: none fits)."""
-    warps = -(-threads // 32)
-    per_warp = -(-regs * 32 // REG_UNIT) * REG_UNIT
-    by_regs = REGS_PER_SM // (warps * per_warp) if per_warp else BLOCKS_PER_SM
-    return min(BLOCKS_PER_SM, THREADS_PER_SM // (warps * 32), by_regs,
+    need = block_registers(threads, regs)
+    by_regs = REGS_PER_SM // need if need else BLOCKS_PER_SM
+    return min(BLOCKS_PER_SM, THREADS_PER_SM // (-(-threads // 32) * 32), by_regs,
                SMEM_PER_SM // (smem + SMEM_RESERVED))
 
 
@@ -206,8 +210,7 @@ def check(kernels, launches, bounds):
         max_t = lb[0] if lb else None
         min_b = lb[1] if lb and len(lb) > 1 else None
         for mangled, regs, smem, spill in kernels[name]:
-            warps = -(-block // 32)
-            need = warps * -(-regs * 32 // REG_UNIT) * REG_UNIT
+            need = block_registers(block, regs)
             fit = resident(block, regs, smem + shared)
             print("%-22s %-58s block %4d, %3d registers (%5d a block), smem %5d, "
                   "%2d blocks/SM" % (where, mangled[:58], block, regs, need, smem + shared, fit))
