@@ -357,6 +357,20 @@ void gang__wres_close(gang__wres *r)
     free(r);
 }
 
+int gang__wres_load_error(gang__wres *r, char *err, size_t cap)
+{
+    int rc = 0;
+    if (r == NULL)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    if (r->state < 0) {
+        rc = r->state;
+        gang_strlcpy(err, r->err, cap);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
 int gang__wres_has_model(const gang__wres *r)
 {
     return r != NULL && r->cfg.layout.model[0] != '\0';

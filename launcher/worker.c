@@ -39,47 +39,10 @@
 
 #include "ganglion/gpu.h"
 #include "wctl.h"
+#include "worker-state.h"
 #include "worker.h"
 
 extern char **environ;
-
-#define WORKER_NO_RANK UINT32_MAX /* ERROR / HEARTBEAT rank before START gives one */
-
-/* A prompt longer than one packet, being assembled from its PROMPT pieces. */
-typedef struct worker_piece {
-    struct worker_piece *next;
-    gang_req_msg head; /* the SUBMIT: request fields */
-    uint32_t got;      /* ids received */
-    int32_t ids[];     /* [head.n_prompt] */
-} worker_piece;
-
-#define WORKER_MAX_PIECES 64            /* prompts in assembly at once */
-#define WORKER_MAX_PIECE_IDS (1u << 22) /* their ids together (16 MiB) */
-
-typedef struct worker {
-    gang_worker_config conf; /* derived once from the parameters (layout.c) */
-    uint32_t local_rank;
-    int node;             /* node index, -1 when the agent did not say */
-    pid_t ppid;           /* the agent; a different parent means it is gone */
-    int agent_fd;         /* SOCK_SEQPACKET to the agent, non-blocking */
-    int ev_rd;            /* events of the data thread (read end, non-blocking) */
-    int ev_wr;            /* handed to each data thread */
-    uint64_t gen;         /* highest generation named by the agent */
-    uint32_t state;       /* gang_rank_state reported in heartbeats */
-    uint32_t rank;        /* global rank in gen, WORKER_NO_RANK when none */
-    gang_bootstrap *boot; /* rank 0's data-plane bootstrap (listener), NULL when none */
-    uint64_t listen_gen;  /* the generation it was opened for */
-    gang__wres *res;      /* model shard and engine, for the worker's whole life */
-    gang__wgpu *gpu;      /* its GPU's placement and health watch, NULL when none */
-    gang__wstep *step;    /* running data plane, NULL when none */
-    uint64_t step_gen;    /* its generation */
-    uint64_t next_hb_ms;  /* when the next heartbeat is due */
-    worker_piece *pieces; /* prompts in assembly (rank 0) */
-    uint32_t n_pieces;
-    uint32_t piece_ids; /* ids those hold room for */
-    int quit;           /* leave the loop with exit_code */
-    int exit_code;
-} worker;
 
 /* -------------------------------------------------------------------------------------
  * Command line
@@ -106,7 +69,7 @@ static const gang_opt_table worker_opts_table = GANG_OPT_TABLE(worker_opt_items)
  * (--agent-socket, --local-rank; anything else is an error), then
  * gang_worker_config_from_params. Returns 0 or GANG_EUSAGE after logging what is wrong.
  */
-static int worker_parse(worker *w, int argc, char **argv)
+static int worker_parse(gang__worker *w, int argc, char **argv)
 {
     char err[256];
     int rc, nrest = 0;
@@ -159,7 +122,7 @@ static int ms_until(uint64_t deadline)
 }
 
 /* A message of type for generation gen, addressed from this worker. */
-static void worker_msg(const worker *w, gang_wctl *m, gang_wctl_type type, uint64_t gen)
+static void worker_msg(const gang__worker *w, gang_wctl *m, gang_wctl_type type, uint64_t gen)
 {
     memset(m, 0, sizeof(*m));
     m->type = type;
@@ -177,7 +140,7 @@ static void worker_msg(const worker *w, gang_wctl *m, gang_wctl_type type, uint6
  * this worker can tell. Returns 0, GANG_EAGAIN (heartbeat dropped), or an error after
  * which the channel is lost: the caller leaves with exit code 75.
  */
-static int worker_send_bytes(worker *w, const uint8_t *buf, size_t len, int wait)
+static int worker_send_bytes(gang__worker *w, const uint8_t *buf, size_t len, int wait)
 {
     uint64_t deadline = gang_now_ms() + w->conf.heartbeat_timeout_ms;
     for (;;) {
@@ -202,7 +165,7 @@ static int worker_send_bytes(worker *w, const uint8_t *buf, size_t len, int wait
 }
 
 /* Sends control message m (see worker_send_bytes). */
-static int worker_send(worker *w, const gang_wctl *m, int wait)
+static int worker_send(gang__worker *w, const gang_wctl *m, int wait)
 {
     uint8_t buf[GANG_WCTL_PACKET_MAX];
     size_t len = 0;
@@ -211,7 +174,7 @@ static int worker_send(worker *w, const gang_wctl *m, int wait)
 }
 
 /* Marks the channel lost: the loop ends and the worker exits 75. */
-static void worker_channel_lost(worker *w, const char *what, int err)
+static void worker_channel_lost(gang__worker *w, const char *what, int err)
 {
     gang_error("agent channel lost (%s: %s); exiting %d", what, gang_strerror(err),
                GANG_EXIT_TEMPFAIL);
@@ -220,7 +183,7 @@ static void worker_channel_lost(worker *w, const char *what, int err)
 }
 
 /* Sends a reply that must arrive (not a heartbeat); a failure ends the worker. */
-static void worker_reply(worker *w, const gang_wctl *m)
+static void worker_reply(gang__worker *w, const gang_wctl *m)
 {
     int rc = worker_send(w, m, 1);
     if (rc != 0)
@@ -228,7 +191,7 @@ static void worker_reply(worker *w, const gang_wctl *m)
 }
 
 /* Sends request message r (TOKEN, DONE), which must arrive; a failure ends the worker. */
-static void worker_reply_req(worker *w, const gang_req_msg *r)
+void gang__worker_reply_req(gang__worker *w, const gang_req_msg *r)
 {
     uint8_t buf[GANG_WCTL_PACKET_MAX];
     size_t len = 0;
@@ -244,7 +207,7 @@ static void worker_reply_req(worker *w, const gang_req_msg *r)
  * exports it in /metrics and shows it in /status. Dropped like a heartbeat when the
  * channel is full. Returns 0, GANG_EAGAIN, or a channel error.
  */
-static int worker_send_gpu(worker *w)
+static int worker_send_gpu(gang__worker *w)
 {
     gang_wctl m;
     gang_gpu_sample gs;
@@ -261,7 +224,7 @@ static int worker_send_gpu(worker *w)
  * published it: the agent exports it in /metrics. Dropped like a heartbeat when the
  * channel is full. Returns 0, GANG_EAGAIN, or a channel error.
  */
-static int worker_send_moe(worker *w)
+static int worker_send_moe(gang__worker *w)
 {
     gang_wctl m;
     gang_moe_load_sample ms;
@@ -274,7 +237,7 @@ static int worker_send_moe(worker *w)
     return worker_send(w, &m, 0);
 }
 
-static void worker_heartbeat(worker *w)
+static void worker_heartbeat(gang__worker *w)
 {
     gang_wctl m;
     worker_msg(w, &m, GANG_WCTL_HEARTBEAT, w->gen);
@@ -294,10 +257,10 @@ static void worker_heartbeat(worker *w)
  * rank the global rank at fault (the own rank, or WORKER_NO_RANK before START, when the
  * fault is local). The worker is FAILED until the agent aborts the generation.
  */
-static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank, const char *fmt,
-                                ...) __attribute__((format(printf, 5, 6)));
-static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank, const char *fmt,
-                                ...)
+static void worker_report_error(gang__worker *w, uint64_t gen, int code, uint32_t rank,
+                                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void worker_report_error(gang__worker *w, uint64_t gen, int code, uint32_t rank,
+                                const char *fmt, ...)
 {
     gang_wctl m;
     w->state = GANG_RANK_FAILED;
@@ -322,7 +285,7 @@ static void worker_report_error(worker *w, uint64_t gen, int code, uint32_t rank
  * nothing happens now: the next START checks, whatever the state. Returns 1 when it
  * reported.
  */
-static int worker_gpu_check(worker *w, uint64_t gen, int at_start)
+static int worker_gpu_check(gang__worker *w, uint64_t gen, int at_start)
 {
     char why[GANG_GPU_FAULT_MAX];
     if ((!at_start && w->state == GANG_RANK_FAILED) ||
@@ -338,12 +301,42 @@ static int worker_gpu_check(worker *w, uint64_t gen, int at_start)
  * Data plane lifetime
  * ------------------------------------------------------------------------------------- */
 
-/* Drops every event in the pipe (those of a data thread that has been joined). */
-static void worker_drain_events(worker *w)
+/*
+ * Acts on a failed load of the shard, which a retry cannot fix: reports it as ERROR of the
+ * current generation and makes the worker leave its loop with the model's exit code (3),
+ * so that its agent stops instead of restarting it. The loader's state decides, not its
+ * LOADED event: a data thread that waited for the load reports the same error as FAILED
+ * and may be torn down (its events drained, LOADED among them) before LOADED is read.
+ * Returns 1 when the worker is leaving (now or already), 0 while the load is fine or
+ * still running.
+ */
+static int worker_load_failed(gang__worker *w)
+{
+    char why[GANG_REASON_MAX];
+    if (w->quit)
+        return 1;
+    int rc = gang__wres_load_error(w->res, why, sizeof(why));
+    if (rc == 0)
+        return 0;
+    worker_report_error(w, w->gen, rc, w->rank, "%s", why);
+    gang_error("cannot load the model: %s", why);
+    w->quit = 1;
+    w->exit_code = gang_exit_code_for(rc);
+    return 1;
+}
+
+/*
+ * Drops every event in the pipe: those of a data thread that has been joined, and the
+ * loader's or the GPU watch's that came meanwhile. Neither is lost: a failed load is read
+ * back from the loader's state here, and a GPU fault stays pending in the watch until the
+ * next START checks it.
+ */
+static void worker_drain_events(gang__worker *w)
 {
     gang__wevent ev;
     while (read(w->ev_rd, &ev, sizeof(ev)) > 0)
         ;
+    worker_load_failed(w);
 }
 
 /*
@@ -351,10 +344,9 @@ static void worker_drain_events(worker *w)
  * generation is open and no event of one is pending. Bounded by the abort latency of the
  * data thread (milliseconds).
  */
-static void worker_drop_pieces(worker *w);
-static void worker_teardown(worker *w)
+static void worker_teardown(gang__worker *w)
 {
-    worker_drop_pieces(w);
+    gang__worker_drop_pieces(w);
     if (w->step != NULL) {
         gang__wstep_stop(w->step);
         w->step = NULL;
@@ -371,7 +363,7 @@ static void worker_teardown(worker *w)
  * (a newer one supersedes a data plane still running for an older generation), or
  * GANG_ESTALE after logging that it is ignored.
  */
-static int worker_fence(worker *w, uint64_t gen, const char *what)
+int gang__worker_fence(gang__worker *w, uint64_t gen, const char *what)
 {
     if (gen < w->gen) {
         gang_debug("ignoring %s of generation %llu: generation %llu is current", what,
@@ -391,10 +383,6 @@ static int worker_fence(worker *w, uint64_t gen, const char *what)
 }
 
 /* -------------------------------------------------------------------------------------
- * Which data plane a worker wants (the blob's format: gang_bootstrap_* in ganglion/comm.h)
- * ------------------------------------------------------------------------------------- */
-
-/* -------------------------------------------------------------------------------------
  * Messages from the agent
  * ------------------------------------------------------------------------------------- */
 
@@ -405,9 +393,9 @@ static int worker_fence(worker *w, uint64_t gen, const char *what)
  * bootstrap root lives as long as the worker: the data thread of G joins it like every
  * other rank.
  */
-static void on_blob_request(worker *w, const gang_wctl *m)
+static void on_blob_request(gang__worker *w, const gang_wctl *m)
 {
-    if (worker_fence(w, m->generation, "BLOB_REQUEST") != 0)
+    if (gang__worker_fence(w, m->generation, "BLOB_REQUEST") != 0)
         return;
     if (w->node != 0 || w->local_rank != 0)
         gang_warn("BLOB_REQUEST sent to node %d local rank %u; expected node 0 local rank 0",
@@ -443,18 +431,20 @@ static void on_blob_request(worker *w, const gang_wctl *m)
 }
 
 /* START(G, rank, world, blob): join the data plane of G on a new data thread. */
-static void on_start(worker *w, const gang_wctl *m)
+static void on_start(gang__worker *w, const gang_wctl *m)
 {
     uint64_t g = m->generation;
-    if (worker_fence(w, m->generation, "START") != 0)
+    if (gang__worker_fence(w, m->generation, "START") != 0)
+        return;
+    if (worker_load_failed(w)) /* said so already, or now: a new data plane cannot serve */
         return;
     if (w->step != NULL && w->step_gen == g) {
         gang_warn("duplicate START of generation %llu ignored", (unsigned long long)g);
         return;
     }
     if (w->step != NULL) {
-        /* Defensive: worker_fence() tears down older generations, and a data plane of
-         * another generation must never run beside this one. */
+        /* Defensive: gang__worker_fence() tears down older generations, and a data plane
+         * of another generation must never run beside this one. */
         gang__wstep_stop(w->step);
         w->step = NULL;
         worker_drain_events(w);
@@ -533,138 +523,10 @@ static void on_start(worker *w, const gang_wctl *m)
     gang_info("START: rank %u of %u joins the data plane", m->rank, m->world_size);
 }
 
-/* Refuses request id of generation gen back to the agent: DONE with code and the reason. */
-static void worker_refuse(worker *w, uint64_t gen, uint64_t id, int code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void worker_refuse(worker *w, uint64_t gen, uint64_t id, int code, const char *fmt, ...)
-{
-    gang_req_msg d;
-    va_list ap;
-    memset(&d, 0, sizeof(d));
-    d.kind = GANG_REQ_DONE;
-    d.generation = gen;
-    d.id = id;
-    d.code = code;
-    va_start(ap, fmt);
-    vsnprintf(d.reason, sizeof(d.reason), fmt, ap);
-    va_end(ap);
-    worker_reply_req(w, &d);
-}
-
-/* Queues a complete request (header m, prompt ids) for the data thread. */
-static void worker_queue(worker *w, const gang_req_msg *m, const int32_t *prompt, uint32_t n_prompt)
-{
-    gang_gen_request r = {.id = m->id,
-                          .prompt = prompt,
-                          .n_prompt = n_prompt,
-                          .max_tokens = m->max_tokens,
-                          .sampling = m->sampling,
-                          .kv = m->kv};
-    int rc = gang__wstep_submit(w->step, &r);
-    if (rc != 0)
-        worker_refuse(w, m->generation, m->id, rc, "cannot queue the request: %s",
-                      gang_strerror(rc));
-}
-
-/* Drops every prompt being assembled (their generation ended, or the worker stops). */
-static void worker_drop_pieces(worker *w)
-{
-    while (w->pieces != NULL) {
-        worker_piece *p = w->pieces;
-        w->pieces = p->next;
-        free(p);
-    }
-    w->n_pieces = 0;
-    w->piece_ids = 0;
-}
-
-/* Whether rank 0 of generation gen can take a request now (logs a dropped one). */
-static int worker_takes(worker *w, const gang_req_msg *m, const char *what)
-{
-    if (worker_fence(w, m->generation, what) != 0)
-        return 0;
-    if (w->step == NULL || w->step_gen != m->generation || w->rank != 0) {
-        gang_debug("%s of request %llu dropped: no rank-0 data plane in generation %llu", what,
-                   (unsigned long long)m->id, (unsigned long long)m->generation);
-        return 0;
-    }
-    return 1;
-}
-
-/*
- * SUBMIT(G, request): rank 0 of generation G queues it for its data thread, at once when
- * the packet holds the whole prompt, else after its PROMPT pieces. A request for another
- * generation, or arriving where no data thread runs, is dropped: the agent submits
- * everything it still owes again after the next START. A prompt longer than the context,
- * or more prompts in assembly than WORKER_MAX_PIECES, is refused (DONE with an error).
- */
-static void on_submit(worker *w, const gang_req_msg *m)
-{
-    if (!worker_takes(w, m, "SUBMIT"))
-        return;
-    uint32_t here = m->n_ids, total = m->n_prompt ? m->n_prompt : here;
-    if (total == here) {
-        worker_queue(w, m, m->ids, here);
-        return;
-    }
-    if (total < here || total > WORKER_MAX_PIECE_IDS - w->piece_ids ||
-        w->n_pieces >= WORKER_MAX_PIECES) {
-        worker_refuse(w, m->generation, m->id, GANG_EINVAL,
-                      "a prompt of %u ids does not fit (%u prompts of %u ids in assembly)", total,
-                      w->n_pieces, w->piece_ids);
-        return;
-    }
-    worker_piece *p = malloc(sizeof(*p) + (size_t)total * sizeof(int32_t));
-    if (p == NULL) {
-        worker_refuse(w, m->generation, m->id, GANG_ENOMEM, "no memory for the prompt");
-        return;
-    }
-    p->head = *m;
-    p->got = here;
-    memcpy(p->ids, m->ids, (size_t)here * sizeof(int32_t));
-    p->next = w->pieces;
-    w->pieces = p;
-    w->n_pieces++;
-    w->piece_ids += total;
-}
-
-/* PROMPT(G, request, offset, ids): the next piece of a prompt; the last one queues it. */
-static void on_prompt_piece(worker *w, const gang_req_msg *m)
-{
-    if (!worker_takes(w, m, "PROMPT"))
-        return;
-    worker_piece **pp = &w->pieces;
-    while (*pp != NULL && ((*pp)->head.id != m->id || (*pp)->head.generation != m->generation))
-        pp = &(*pp)->next;
-    worker_piece *p = *pp;
-    uint32_t n = m->n_ids;
-    if (p == NULL || m->index != p->got || n > p->head.n_prompt - p->got) {
-        if (p != NULL) {
-            *pp = p->next;
-            w->n_pieces--;
-            w->piece_ids -= p->head.n_prompt;
-            free(p);
-        }
-        worker_refuse(w, m->generation, m->id, GANG_EPROTO,
-                      "prompt piece at %u of request %llu out of order", m->index,
-                      (unsigned long long)m->id);
-        return;
-    }
-    memcpy(p->ids + p->got, m->ids, (size_t)n * sizeof(int32_t));
-    p->got += n;
-    if (p->got < p->head.n_prompt)
-        return;
-    *pp = p->next;
-    w->n_pieces--;
-    w->piece_ids -= p->head.n_prompt;
-    worker_queue(w, &p->head, p->ids, p->got);
-    free(p);
-}
-
 /* ABORT(G): tear the data plane down in place and confirm with ABORTED(G). */
-static void on_abort(worker *w, const gang_wctl *m)
+static void on_abort(gang__worker *w, const gang_wctl *m)
 {
-    if (worker_fence(w, m->generation, "ABORT") != 0)
+    if (gang__worker_fence(w, m->generation, "ABORT") != 0)
         return;
     uint64_t t0 = gang_now_ms();
     w->state = GANG_RANK_ABORTING;
@@ -678,38 +540,11 @@ static void on_abort(worker *w, const gang_wctl *m)
     worker_reply(w, &r);
 }
 
-/* CANCEL(G, id): rank 0 of generation G drops the request. */
-static void on_cancel(worker *w, const gang_req_msg *r)
-{
-    if (worker_fence(w, r->generation, "CANCEL") == 0 && w->step != NULL &&
-        w->step_gen == r->generation && w->rank == 0 && gang__wstep_cancel(w->step, r->id) != 0)
-        gang_warn("cannot queue the cancellation of request %llu", (unsigned long long)r->id);
-}
-
-/* Acts on a request message from the agent (rank 0 of node 0). */
-static void worker_on_req(worker *w, const gang_req_msg *r)
-{
-    switch (r->kind) {
-    case GANG_REQ_SUBMIT:
-        on_submit(w, r);
-        break;
-    case GANG_REQ_PROMPT:
-        on_prompt_piece(w, r);
-        break;
-    case GANG_REQ_CANCEL:
-        on_cancel(w, r);
-        break;
-    default:
-        gang_warn("ignoring agent request message of kind %u", r->kind);
-        break;
-    }
-}
-
 /*
  * Receives one packet from the agent and acts on it. A closed channel, an error or a
  * packet that does not decode ends the worker with exit code 75.
  */
-static void worker_on_agent(worker *w)
+static void worker_on_agent(gang__worker *w)
 {
     uint8_t buf[GANG_WCTL_PACKET_MAX + 1]; /* + 1: an oversize packet is seen */
     gang_wctl m;
@@ -738,7 +573,7 @@ static void worker_on_agent(worker *w)
         return;
     }
     if (gang_req_kind_valid((uint32_t)type)) {
-        worker_on_req(w, &r);
+        gang__worker_on_req(w, &r);
         return;
     }
     switch (m.type) {
@@ -765,7 +600,7 @@ static void worker_on_agent(worker *w)
 }
 
 /* Acts on what the data thread reported: READY goes to the agent, a failure as ERROR. */
-static void worker_on_events(worker *w)
+static void worker_on_events(gang__worker *w)
 {
     gang__wevent ev;
     for (;;) {
@@ -775,15 +610,10 @@ static void worker_on_events(worker *w)
         if (n != (ssize_t)sizeof(ev))
             return; /* empty (EAGAIN); events are written whole, so never partial */
         if (ev.type == GANG__WEV_LOADED) {
-            if (ev.code == 0)
-                continue;
             /* A model that cannot be loaded will not load on a retry either. */
-            ev.reason[sizeof(ev.reason) - 1] = '\0';
-            worker_report_error(w, w->gen, ev.code, w->rank, "%s", ev.reason);
-            gang_error("cannot load the model: %s", ev.reason);
-            w->quit = 1;
-            w->exit_code = gang_exit_code_for(ev.code);
-            return;
+            if (ev.code != 0 && worker_load_failed(w))
+                return;
+            continue;
         }
         if (ev.type == GANG__WEV_GPU) {
             if (w->step != NULL)
@@ -814,6 +644,8 @@ static void worker_on_events(worker *w)
             if (rc != 0 && rc != GANG_EAGAIN)
                 worker_channel_lost(w, "KV report", rc);
         } else if (ev.type == GANG__WEV_FAILED) {
+            if (worker_load_failed(w)) /* the load's error, which the thread waited for */
+                return;
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             worker_report_error(w, ev.generation, ev.code, (uint32_t)ev.rank, "%s", ev.reason);
         } else if (ev.type == GANG__WEV_TOKEN || ev.type == GANG__WEV_DONE) {
@@ -839,7 +671,7 @@ static void worker_on_events(worker *w)
             r.kv_layout = gang_kv_layout_valid(&ev.kv_layout) ? ev.kv_layout : (gang_kv_layout){0};
             ev.reason[sizeof(ev.reason) - 1] = '\0';
             gang_strlcpy(r.reason, ev.reason, sizeof(r.reason));
-            worker_reply_req(w, &r);
+            gang__worker_reply_req(w, &r);
         }
     }
 }
@@ -849,7 +681,7 @@ static void worker_on_events(worker *w)
  * ------------------------------------------------------------------------------------- */
 
 /* Connects to the agent's socket and says HELLO. Returns 0 or an error (exit 75). */
-static int worker_connect(worker *w)
+static int worker_connect(gang__worker *w)
 {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof(sa));
@@ -872,7 +704,7 @@ static int worker_connect(worker *w)
 }
 
 /* The main thread's loop: heartbeats on time, agent messages, data-plane events. */
-static void worker_loop(worker *w)
+static void worker_loop(gang__worker *w)
 {
     while (!w->quit) {
         uint64_t now = gang_now_ms();
@@ -904,7 +736,7 @@ static void worker_loop(worker *w)
 
 int gang_worker_main(int argc, char **argv)
 {
-    worker w;
+    gang__worker w;
     memset(&w, 0, sizeof(w));
     w.agent_fd = w.ev_rd = w.ev_wr = -1;
     w.rank = WORKER_NO_RANK;

@@ -197,6 +197,12 @@ typedef struct gang__wres gang__wres;
  */
 int gang__wres_open(const gang__wres_config *cfg, uint32_t rank, int event_fd, gang__wres **out);
 void gang__wres_close(gang__wres *r);
+/*
+ * The loader's verdict, read from its state under the lock (not from its LOADED event,
+ * which a teardown's drain of the pipe can take): 0 while it loads or once it loaded,
+ * else the load error (negative GANG_E*) and its message in err. Any thread; NULL: 0.
+ */
+int gang__wres_load_error(gang__wres *r, char *err, size_t cap);
 /* 1 when the worker serves a model (--model was given). */
 int gang__wres_has_model(const gang__wres *r);
 /* The load of the shard's MoE layers as the data thread last published it (about once per

@@ -34,6 +34,7 @@
 #include <cmocka.h>
 
 #include "ganglion/common.h"
+#include "ganglion/model.h"
 #include "launcher-tests.h"
 #include "supervisor.h"
 #include "wctl.h"
@@ -125,6 +126,12 @@ static int tw_teardown(void **state)
     }
     close(c->lfd);
     unlink(c->path);
+    if (c->model[0] != '\0') { /* tw_bad_model's, under c->dir */
+        char cmd[200];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", c->model);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", c->model);
+    }
     rmdir(c->dir);
     free(c);
     return 0;
@@ -678,6 +685,96 @@ static void test_rank0_dies(void **state)
     tw_shutdown_all(c, &g[1], 1);
 }
 
+/*
+ * Writes a tiny model under the test's directory whose weights file is cut in half (its
+ * header parses, its data section is short) and makes it the --model of the workers
+ * spawned next.
+ */
+static void tw_bad_model(tw_ctx *c)
+{
+    char dir[160], st[200], err[256];
+    snprintf(dir, sizeof(dir), "%s/model", c->dir);
+    gang_mkmodel_opts o = {.out_dir = dir,
+                           .arch = GANG_ARCH_LLAMA,
+                           .layers = 2,
+                           .hidden = 64,
+                           .heads = 4,
+                           .kv_heads = 2,
+                           .ffn = 128,
+                           .vocab = 97,
+                           .max_pos = 64,
+                           .seed = 5,
+                           .dtype = GANG_DTYPE_F32,
+                           .shards = 1};
+    gang_strlcpy(c->model, dir, sizeof(c->model));
+    if (gang_mkmodel(&o, err, sizeof(err)) != 0)
+        fail_msg("mkmodel: %s", err);
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    struct stat sb;
+    assert_int_equal(stat(st, &sb), 0);
+    assert_int_equal(truncate(st, sb.st_size / 2), 0);
+}
+
+/*
+ * Takes worker i's next message within timeout_ms and fails unless it is an ERROR of
+ * generation 0 or gen carrying GANG_EMODEL and naming the weights file.
+ */
+static void tw_expect_model_error(tw_ctx *c, size_t i, uint64_t gen, int timeout_ms)
+{
+    tw_worker *w = &c->w[i];
+    uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
+    while (w->qlen == 0) {
+        uint64_t now = gang_now_ms();
+        if (now >= deadline || w->eof)
+            fail_msg("worker %zu: no ERROR within %d ms%s", i, timeout_ms,
+                     w->eof ? " (channel closed)" : "");
+        tw_pump(c, (int)(deadline - now));
+    }
+    gang_wctl m = w->q[0];
+    memmove(&w->q[0], &w->q[1], (w->qlen - 1) * sizeof(w->q[0]));
+    w->qlen--;
+    if (m.type != GANG_WCTL_ERROR || (m.generation != 0 && m.generation != gen) ||
+        m.code != GANG_EMODEL || strstr(m.reason, "model.safetensors") == NULL)
+        fail_msg("worker %zu: expected ERROR (GANG_EMODEL) of generation 0 or %llu, got type "
+                 "%u generation %llu code %d ('%s')",
+                 i, (unsigned long long)gen, m.type, (unsigned long long)m.generation, m.code,
+                 m.reason);
+}
+
+/*
+ * A shard that cannot be loaded is fatal, never retried: the worker says why (ERROR with
+ * GANG_EMODEL naming the weights file) and exits 3, which stops its agent. Both when the
+ * loader fails while the worker is idle, and when a START came at once (a world of one:
+ * the data thread waits for the loader and meets the failure) and an ABORT follows the
+ * ERROR: that ABORT's teardown drains the event pipe, and the worker must not go back to
+ * IDLE for the next START of a gang that cannot form (CI saw it restart until its budget
+ * ran out, then exit 75, when the loader's LOADED event was drained with the data thread's
+ * FAILED; the verdict is now read from the loader's state).
+ */
+static void test_bad_model_exits_3(void **state)
+{
+    tw_ctx *c = *state;
+    tw_bad_model(c);
+
+    size_t a = tw_spawn(c, 0);
+    tw_expect_model_error(c, a, 0, 5000);
+    tw_assert_exit(tw_reap(c, a, 3000), GANG_EXIT_MODEL);
+
+    size_t b = tw_spawn(c, 0);
+    tw_send(c, b, GANG_WCTL_START, 3, 0, 1, NULL, 0);
+    tw_expect_model_error(c, b, 3, 5000);
+    /* It may have gone already (then the send fails, which is fine). */
+    static uint8_t buf[GANG_WCTL_PACKET_MAX];
+    gang_wctl m;
+    size_t len = 0;
+    memset(&m, 0, sizeof(m));
+    m.type = GANG_WCTL_ABORT;
+    m.generation = 3;
+    assert_int_equal(gang_wctl_encode(&m, buf, sizeof(buf), &len), 0);
+    (void)send(c->w[b].fd, buf, len, MSG_NOSIGNAL);
+    tw_assert_exit(tw_reap(c, b, 3000), GANG_EXIT_MODEL);
+}
+
 /* ABORT reaches a data thread blocked forming the communicator (no peer comes) promptly. */
 static void test_abort_while_starting(void **state)
 {
@@ -910,6 +1007,7 @@ int gang_test_worker(void)
         cmocka_unit_test_setup_teardown(test_stopped_worker, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_rank0_dies, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_abort_while_starting, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_model_exits_3, tw_setup, tw_teardown),
     };
     return cmocka_run_group_tests_name("worker", tests, NULL, NULL);
 }
