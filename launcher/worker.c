@@ -255,7 +255,8 @@ static void worker_heartbeat(gang__worker *w)
 /*
  * Reports a failure of generation gen to the agent: ERROR(gen, code, rank, reason) with
  * rank the global rank at fault (the own rank, or WORKER_NO_RANK before START, when the
- * fault is local). The worker is FAILED until the agent aborts the generation.
+ * fault is local). The worker is FAILED until the agent aborts the generation (or, when
+ * it is leaving, w->quit, until it exits).
  */
 static void worker_report_error(gang__worker *w, uint64_t gen, int code, uint32_t rank,
                                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -271,8 +272,8 @@ static void worker_report_error(gang__worker *w, uint64_t gen, int code, uint32_
     va_start(ap, fmt);
     vsnprintf(m.reason, sizeof(m.reason), fmt, ap);
     va_end(ap);
-    gang_error("generation %llu failed: %s (%s); waiting for ABORT", (unsigned long long)gen,
-               m.reason, gang_err_name(code));
+    gang_error("generation %llu failed: %s (%s); %s", (unsigned long long)gen, m.reason,
+               gang_err_name(code), w->quit ? "exiting" : "waiting for ABORT");
     worker_reply(w, &m);
 }
 
@@ -318,10 +319,9 @@ static int worker_load_failed(gang__worker *w)
     int rc = gang__wres_load_error(w->res, why, sizeof(why));
     if (rc == 0)
         return 0;
-    worker_report_error(w, w->gen, rc, w->rank, "%s", why);
-    gang_error("cannot load the model: %s", why);
     w->quit = 1;
     w->exit_code = gang_exit_code_for(rc);
+    worker_report_error(w, w->gen, rc, w->rank, "%s", why);
     return 1;
 }
 
