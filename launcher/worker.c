@@ -448,6 +448,8 @@ static void on_start(gang__worker *w, const gang_wctl *m)
         gang__wstep_stop(w->step);
         w->step = NULL;
         worker_drain_events(w);
+        if (w->quit) /* the drain found the load failed */
+            return;
     }
 
     w->rank = m->rank;
