@@ -219,25 +219,36 @@ static void tw_wait_state(tw_ctx *c, size_t i, uint32_t state, int timeout_ms)
 }
 
 /*
+ * Takes worker i's next message that is not a heartbeat, pumping until the deadline (a
+ * gang_now_ms() time); fails the test, naming the type it waited for and timeout_ms, when
+ * none comes by then or the channel closed.
+ */
+static gang_wctl tw_next(tw_ctx *c, size_t i, uint32_t type, uint64_t deadline, int timeout_ms)
+{
+    tw_worker *w = &c->w[i];
+    while (w->qlen == 0) {
+        uint64_t now = gang_now_ms();
+        if (now >= deadline || w->eof)
+            fail_msg("worker %zu: no message of type %u within %d ms%s", i, type, timeout_ms,
+                     w->eof ? " (channel closed)" : "");
+        tw_pump(c, (int)(deadline - now));
+    }
+    gang_wctl m = w->q[0];
+    memmove(&w->q[0], &w->q[1], (w->qlen - 1) * sizeof(w->q[0]));
+    w->qlen--;
+    return m;
+}
+
+/*
  * Takes worker i's next message that is not a heartbeat (skipping any of type skip, 0 for
  * none) within timeout_ms, and fails the test unless it is of type and generation gen.
  */
 static gang_wctl tw_expect(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, int timeout_ms,
                            uint32_t skip)
 {
-    tw_worker *w = &c->w[i];
     uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
-        while (w->qlen == 0) {
-            uint64_t now = gang_now_ms();
-            if (now >= deadline || w->eof)
-                fail_msg("worker %zu: no message of type %u within %d ms%s", i, type, timeout_ms,
-                         w->eof ? " (channel closed)" : "");
-            tw_pump(c, (int)(deadline - now));
-        }
-        gang_wctl m = w->q[0];
-        memmove(&w->q[0], &w->q[1], (w->qlen - 1) * sizeof(w->q[0]));
-        w->qlen--;
+        gang_wctl m = tw_next(c, i, type, deadline, timeout_ms);
         if (skip != 0 && m.type == skip)
             continue;
         if (m.type != type || m.generation != gen)
@@ -249,9 +260,10 @@ static gang_wctl tw_expect(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, int
     }
 }
 
-/* Sends one control message to worker i. */
-static void tw_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t rank, uint32_t world,
-                    const uint8_t *blob, uint32_t blob_len)
+/* Sends one control message to worker i; returns what send(2) did (the message is whole
+ * or not sent: the channel is SOCK_SEQPACKET). */
+static ssize_t tw_try_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t rank,
+                           uint32_t world, const uint8_t *blob, uint32_t blob_len)
 {
     static gang_wctl m;
     static uint8_t buf[GANG_WCTL_PACKET_MAX];
@@ -266,7 +278,16 @@ static void tw_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t r
     if (blob_len > 0)
         memcpy(m.blob, blob, blob_len);
     assert_int_equal(gang_wctl_encode(&m, buf, sizeof(buf), &len), 0);
-    assert_int_equal(send(c->w[i].fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+    ssize_t n = send(c->w[i].fd, buf, len, MSG_NOSIGNAL);
+    assert_true(n < 0 || n == (ssize_t)len);
+    return n;
+}
+
+/* Sends one control message to worker i, which must take it. */
+static void tw_send(tw_ctx *c, size_t i, uint32_t type, uint64_t gen, uint32_t rank, uint32_t world,
+                    const uint8_t *blob, uint32_t blob_len)
+{
+    assert_true(tw_try_send(c, i, type, gen, rank, world, blob, blob_len) >= 0);
 }
 
 /* Closes every descriptor of the fake agent; for forked children. */
@@ -721,18 +742,7 @@ static void tw_bad_model(tw_ctx *c)
  */
 static void tw_expect_model_error(tw_ctx *c, size_t i, uint64_t gen, int timeout_ms)
 {
-    tw_worker *w = &c->w[i];
-    uint64_t deadline = gang_now_ms() + (uint64_t)timeout_ms;
-    while (w->qlen == 0) {
-        uint64_t now = gang_now_ms();
-        if (now >= deadline || w->eof)
-            fail_msg("worker %zu: no ERROR within %d ms%s", i, timeout_ms,
-                     w->eof ? " (channel closed)" : "");
-        tw_pump(c, (int)(deadline - now));
-    }
-    gang_wctl m = w->q[0];
-    memmove(&w->q[0], &w->q[1], (w->qlen - 1) * sizeof(w->q[0]));
-    w->qlen--;
+    gang_wctl m = tw_next(c, i, GANG_WCTL_ERROR, gang_now_ms() + (uint64_t)timeout_ms, timeout_ms);
     if (m.type != GANG_WCTL_ERROR || (m.generation != 0 && m.generation != gen) ||
         m.code != GANG_EMODEL || strstr(m.reason, "model.safetensors") == NULL)
         fail_msg("worker %zu: expected ERROR (GANG_EMODEL) of generation 0 or %llu, got type "
@@ -763,15 +773,7 @@ static void test_bad_model_exits_3(void **state)
     size_t b = tw_spawn(c, 0);
     tw_send(c, b, GANG_WCTL_START, 3, 0, 1, NULL, 0);
     tw_expect_model_error(c, b, 3, 5000);
-    /* It may have gone already (then the send fails, which is fine). */
-    static uint8_t buf[GANG_WCTL_PACKET_MAX];
-    gang_wctl m;
-    size_t len = 0;
-    memset(&m, 0, sizeof(m));
-    m.type = GANG_WCTL_ABORT;
-    m.generation = 3;
-    assert_int_equal(gang_wctl_encode(&m, buf, sizeof(buf), &len), 0);
-    (void)send(c->w[b].fd, buf, len, MSG_NOSIGNAL);
+    tw_try_send(c, b, GANG_WCTL_ABORT, 3, 0, 0, NULL, 0); /* fails once it has gone: fine */
     tw_assert_exit(tw_reap(c, b, 3000), GANG_EXIT_MODEL);
 }
 
